@@ -1,0 +1,70 @@
+# tunefleet's front door. `make demo` and `make test` work on a fresh machine: they build
+# what they need (a Python venv, the control-plane binaries from Go modules) and start the
+# local control plane and S3 server themselves.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+STATE   ?= $(CURDIR)/.tunefleet
+export TUNEFLEET_STATE := $(STATE)
+
+.PHONY: help venv tools demo test lint unit e2e cluster-up cluster-down run bench sync-crds clean
+
+help:
+	@echo "make demo          set up and run the whole flow on the local control plane"
+	@echo "make test          lint, unit tests and end-to-end tests (starts the cluster if needed)"
+	@echo "make cluster-up    start etcd, kube-apiserver, controller-manager, scheduler, kwok, S3"
+	@echo "                   kubeconfig: $(STATE)/kubeconfig   S3 settings: $(STATE)/s3.env"
+	@echo "make cluster-down  stop exactly what cluster-up started and remove its state"
+	@echo "make run           the operator in the foreground against \$$KUBECONFIG"
+	@echo "make bench         benchmarks; figures land in bench/results.md"
+
+$(VENV)/.stamp: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(VENV)/.stamp
+
+tools:
+	hack/build-tools.sh >/dev/null
+
+cluster-up: venv tools
+	hack/cluster-up.sh
+
+cluster-down:
+	hack/cluster-down.sh
+
+lint: venv tools
+	$(VENV)/bin/ruff check operator tuner_job tests bench
+	$(VENV)/bin/ruff format --check operator tuner_job tests bench
+	$(VENV)/bin/mypy
+	PATH="$$(hack/build-tools.sh --dir):$$PATH" helm lint charts/tunefleet
+
+unit: venv
+	$(VENV)/bin/pytest -m "not e2e and not gpu"
+
+e2e: venv tools
+	$(VENV)/bin/pytest -m e2e
+
+# One pytest run for everything: the e2e fixtures start the local cluster when it is not up.
+test: lint
+	$(VENV)/bin/pytest -m "not gpu"
+
+run: venv
+	@test -n "$$KUBECONFIG" || { echo "set KUBECONFIG (make cluster-up writes $(STATE)/kubeconfig)"; exit 2; }
+	$(VENV)/bin/tunefleet-operator
+
+demo: venv tools
+	hack/demo.sh
+
+bench: venv tools
+	$(PY) -m bench
+
+sync-crds:
+	cp crds/tunefleet.io_tuningprofiles.yaml charts/tunefleet/crds/tunefleet.io_tuningprofiles.yaml
+
+clean: cluster-down
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
