@@ -1,0 +1,155 @@
+"""Pydantic models of TuningProfile's spec and status.
+
+They mirror crds/tunefleet.io_tuningprofiles.yaml field for field (names, required fields,
+enums, bounds, defaults); tests/unit/test_schema_drift.py fails when the two disagree. The
+API server already enforces the schema, so the models matter for what it cannot judge and
+for objects written before a schema change: they are the operator's last line of defence.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+Vendor = Literal["amd", "nvidia"]
+DType = Literal["float16", "bfloat16", "float32"]
+
+
+class _Model(BaseModel):
+    # extra="forbid": a field the models don't know means the CRD and models drifted.
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class NamedRef(_Model):
+    name: str = Field(min_length=1, max_length=253)
+
+
+class GpuSpec(_Model):
+    vendor: Vendor
+    models: list[str] = Field(min_length=1, max_length=16)
+    label_key: str | None = Field(default=None, min_length=1, max_length=316)
+    resource_name: str | None = Field(default=None, min_length=1, max_length=253)
+    count: int = Field(default=1, ge=1, le=16)
+
+    @model_validator(mode="after")
+    def _unique_models(self) -> GpuSpec:
+        if len(set(self.models)) != len(self.models):
+            raise ValueError("gpu.models lists a model more than once")
+        return self
+
+
+class EnvVar(_Model):
+    name: str = Field(min_length=1, max_length=256)
+    value: str | None = None
+    value_from: dict[str, Any] | None = None
+
+
+class Shape(_Model):
+    m: int = Field(ge=1, le=1048576)
+    n: int = Field(ge=1, le=1048576)
+    k: int = Field(ge=1, le=1048576)
+    batch: int = Field(default=1, ge=1, le=65536)
+    dtype: DType = "bfloat16"
+    trans_a: bool = Field(default=False, alias="transA")
+    trans_b: bool = Field(default=False, alias="transB")
+
+
+class WorkloadSpec(_Model):
+    command: list[str] | None = Field(default=None, min_length=1, max_length=64)
+    args: list[str] | None = Field(default=None, max_length=256)
+    env: list[EnvVar] | None = Field(default=None, max_length=128)
+    shapes: list[Shape] | None = Field(default=None, min_length=1, max_length=4096)
+
+    @model_validator(mode="after")
+    def _has_source(self) -> WorkloadSpec:
+        if not self.command and not self.shapes:
+            raise ValueError(
+                "workload needs a command (run under record mode to find the GEMMs) "
+                "or shapes (an explicit list of GEMMs), or both"
+            )
+        for var in self.env or []:
+            if var.name.startswith("PYTORCH_TUNABLEOP_"):
+                raise ValueError(
+                    f"workload.env sets {var.name}: PYTORCH_TUNABLEOP_* variables are set "
+                    "by the tuner; use spec.tuning instead"
+                )
+        return self
+
+
+class TuningLimits(_Model):
+    max_duration_ms: int = Field(default=30, ge=1, le=60000)
+    max_iterations: int = Field(default=100, ge=1, le=100000)
+    warmup_duration_ms: int = Field(default=0, ge=0, le=60000)
+    warmup_iterations: int = Field(default=0, ge=0, le=100000)
+    rotating_buffer_mb: int = Field(default=0, ge=0, le=65536, alias="rotatingBufferMB")
+    numerical_check: bool = False
+    budget_seconds: int = Field(default=3600, ge=30, le=172800)
+    active_deadline_seconds: int = Field(default=7200, ge=60, le=259200)
+    backoff_limit: int = Field(default=1, ge=0, le=6)
+
+    @model_validator(mode="after")
+    def _deadline_after_budget(self) -> TuningLimits:
+        if self.active_deadline_seconds <= self.budget_seconds:
+            raise ValueError(
+                "tuning.activeDeadlineSeconds must be greater than tuning.budgetSeconds, "
+                "so the tuner can finish and publish before the Job is stopped"
+            )
+        return self
+
+
+class StorageSpec(_Model):
+    uri: str = Field(max_length=1024, pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?$")
+    endpoint: str | None = Field(
+        default=None, max_length=1024, pattern=r"^https?://[^\s/]+(/[^\s]*)?$"
+    )
+    region: str | None = Field(default=None, max_length=64)
+    credentials_secret: NamedRef | None = None
+
+    @property
+    def bucket(self) -> str:
+        return self.uri[len("s3://") :].split("/", 1)[0]
+
+
+class ServingSpec(_Model):
+    fail_closed: bool = False
+
+
+class TuningProfileSpec(_Model):
+    image: str = Field(min_length=1, max_length=512)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    image_pull_secrets: list[NamedRef] | None = Field(default=None, max_length=16)
+    gpu: GpuSpec
+    workload: WorkloadSpec
+    tuning: TuningLimits = TuningLimits()
+    storage: StorageSpec
+    serving: ServingSpec = ServingSpec()
+
+
+# --- status -------------------------------------------------------------------------------
+
+
+class Condition(_Model):
+    """Shaped like metav1.Condition."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str
+    last_transition_time: str
+    observed_generation: int | None = None
+
+
+class Artifact(_Model):
+    gpu_model: str
+    uri: str
+    sha256: str
+    gemms: int | None = None
+    revision: str | None = None
+    tuned_at: str | None = None
+    tuning_seconds: float | None = None
+    job: str | None = None
+    identity: dict[str, str] | None = None

@@ -1,0 +1,194 @@
+"""The tuning Job for one GPU model of a profile (design: bootstrap, tune, publish)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tunefleet import GROUP, KIND, VERSION, naming
+from tunefleet.api import TuningProfileSpec
+from tunefleet.builders.security import SMALL_RESOURCES, hardened
+from tunefleet.config import Config
+
+TOOLS_DIR = "/tunefleet/tools"
+OUT_DIR = "/tunefleet/out"
+# The user's image decides where python lives; prefer python3, accept python.
+TUNE_SCRIPT = (
+    'py="$(command -v python3 || command -v python)" || '
+    '{ echo "tunefleet: no python3 or python in this image" | tee /dev/termination-log; '
+    "exit 127; }; "
+    f'exec "$py" -m tuner_job run --out {OUT_DIR}'
+)
+
+
+def owner_reference(name: str, uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def tuning_config(
+    spec: TuningProfileSpec, namespace: str, profile: str, model: str, rev: str
+) -> dict[str, Any]:
+    """What the tuner reads from TUNEFLEET_TUNING_CONFIG (tuner_job's contract)."""
+    workload = spec.workload.model_dump(by_alias=True, exclude_none=True, exclude={"env"})
+    tuning = spec.tuning.model_dump(
+        by_alias=True, exclude={"active_deadline_seconds", "backoff_limit"}
+    )
+    return {
+        "namespace": namespace,
+        "profile": profile,
+        "gpuModel": model,
+        "revision": rev,
+        "gpus": spec.gpu.count,
+        "workload": workload,
+        "tuning": tuning,
+    }
+
+
+def storage_env(spec: TuningProfileSpec, config: Config) -> list[dict[str, Any]]:
+    """S3 credentials by reference only: the Secret's keys, never their values."""
+    env: list[dict[str, Any]] = []
+    secret = (
+        spec.storage.credentials_secret.name
+        if spec.storage.credentials_secret
+        else config.default_credentials_secret
+    )
+    if secret:
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            env.append({"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
+    if spec.storage.region:
+        env.append({"name": "AWS_REGION", "value": spec.storage.region})
+    return env
+
+
+def storage_args(spec: TuningProfileSpec, config: Config) -> list[str]:
+    args: list[str] = []
+    endpoint = spec.storage.endpoint or config.default_s3_endpoint
+    if endpoint:
+        args += ["--endpoint-url", endpoint]
+    if spec.storage.region:
+        args += ["--region", spec.storage.region]
+    return args
+
+
+def build_tuning_job(
+    spec: TuningProfileSpec,
+    *,
+    namespace: str,
+    profile: str,
+    uid: str,
+    model: str,
+    config: Config,
+) -> dict[str, Any]:
+    rev = naming.revision(spec)
+    name = naming.job_name(profile, model, rev)
+    labels = naming.job_labels(profile, uid, model, rev)
+    resource = naming.resource_name(spec)
+    gpus = str(spec.gpu.count)
+
+    user_env = [e.model_dump(by_alias=True, exclude_none=True) for e in spec.workload.env or []]
+    tune_env = [
+        {"name": "PYTHONPATH", "value": TOOLS_DIR},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+        {
+            "name": "TUNEFLEET_TUNING_CONFIG",
+            "value": json.dumps(
+                tuning_config(spec, namespace, profile, model, rev), separators=(",", ":")
+            ),
+        },
+        *user_env,
+    ]
+    volumes = [
+        {"name": "tools", "emptyDir": {"sizeLimit": "64Mi"}},
+        {"name": "out", "emptyDir": {"sizeLimit": "1Gi"}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    bootstrap = {
+        "name": "bootstrap",
+        "image": config.image,
+        "imagePullPolicy": config.image_pull_policy,
+        "command": ["tunefleet-bootstrap", "--dest", TOOLS_DIR],
+        "volumeMounts": [{"name": "tools", "mountPath": TOOLS_DIR}],
+        "securityContext": hardened(),
+        "resources": SMALL_RESOURCES,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    tune = {
+        "name": "tune",
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["/bin/sh", "-c", TUNE_SCRIPT],
+        "env": tune_env,
+        "resources": {"requests": {resource: gpus}, "limits": {resource: gpus}},
+        "volumeMounts": [
+            {"name": "tools", "mountPath": TOOLS_DIR, "readOnly": True},
+            {"name": "out", "mountPath": OUT_DIR},
+        ],
+        # The user's image decides its user and writes where it likes; we only take away
+        # what tuning never needs.
+        "securityContext": hardened(read_only_root=False, run_as_user=None),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    publish = {
+        "name": "publish",
+        "image": config.image,
+        "imagePullPolicy": config.image_pull_policy,
+        "command": [
+            "tunefleet-publish",
+            "--dir",
+            OUT_DIR,
+            "--uri",
+            spec.storage.uri,
+            "--namespace",
+            namespace,
+            "--profile",
+            profile,
+            "--gpu-model",
+            model,
+            *storage_args(spec, config),
+        ],
+        "env": storage_env(spec, config),
+        "volumeMounts": [
+            {"name": "out", "mountPath": OUT_DIR, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+        "securityContext": hardened(),
+        "resources": SMALL_RESOURCES,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "nodeSelector": {naming.label_key(spec): model},
+        # GPU nodes are commonly tainted with their resource name; tolerate only that.
+        "tolerations": [{"key": resource, "operator": "Exists", "effect": "NoSchedule"}],
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "volumes": volumes,
+        "initContainers": [bootstrap, tune],
+        "containers": [publish],
+    }
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s.name} for s in spec.image_pull_secrets]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": {"tunefleet.io/gpu-model": model},
+            "ownerReferences": [owner_reference(profile, uid)],
+        },
+        "spec": {
+            "backoffLimit": spec.tuning.backoff_limit,
+            "activeDeadlineSeconds": spec.tuning.active_deadline_seconds,
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }

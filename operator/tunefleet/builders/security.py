@@ -1,0 +1,28 @@
+"""Security contexts shared by every container tunefleet adds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The tunefleet image runs as this non-root user (see Dockerfile).
+TUNEFLEET_UID = 65532
+
+
+def hardened(
+    read_only_root: bool = True, run_as_user: int | None = TUNEFLEET_UID
+) -> dict[str, Any]:
+    ctx: dict[str, Any] = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": read_only_root,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    if run_as_user is not None:
+        ctx.update(runAsNonRoot=True, runAsUser=run_as_user, runAsGroup=run_as_user)
+    return ctx
+
+
+SMALL_RESOURCES: dict[str, Any] = {
+    "requests": {"cpu": "50m", "memory": "64Mi"},
+    "limits": {"memory": "256Mi"},
+}

@@ -1,0 +1,236 @@
+"""The pod webhook's registration and the injection it applies, as pure functions.
+
+`inject` turns (pod, profile) into the pod to admit, or a refusal, and is idempotent: a pod
+that already carries the fetch init container comes back unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from tunefleet import naming
+from tunefleet.api import TuningProfileSpec
+from tunefleet.builders.job import storage_args, storage_env
+from tunefleet.builders.security import SMALL_RESOURCES, hardened
+from tunefleet.config import Config
+
+HANDLER_ID = "pod-inject"
+FETCH_CONTAINER = "tunefleet-fetch"
+VOLUME = "tunefleet-results"
+RESULTS_DIR = "/tunefleet/results"
+FILENAME = f"{RESULTS_DIR}/tunableop_results%d.csv"
+
+ANN_STATUS = "tunefleet.io/status"
+ANN_URI = "tunefleet.io/artifact-uri"
+ANN_SHA = "tunefleet.io/artifact-sha256"
+ANN_MODEL = "tunefleet.io/gpu-model"
+ANN_IMAGE_WARNING = "tunefleet.io/image-warning"
+
+
+def build_webhook_configuration(
+    name: str,
+    client_config: dict[str, Any],
+    timeout_seconds: int = 5,
+    failure_policy: str = "Ignore",
+) -> dict[str, Any]:
+    """Only labelled pods ever reach us; Ignore keeps pod creation working when we're down."""
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "tunefleet"}},
+        "webhooks": [
+            {
+                "name": "pods.tunefleet.io",
+                "admissionReviewVersions": ["v1"],
+                "sideEffects": "None",
+                "failurePolicy": failure_policy,
+                "timeoutSeconds": timeout_seconds,
+                "reinvocationPolicy": "Never",
+                "matchPolicy": "Equivalent",
+                "clientConfig": client_config,
+                "objectSelector": {
+                    "matchExpressions": [{"key": naming.PROFILE_LABEL, "operator": "Exists"}]
+                },
+                "rules": [
+                    {
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE"],
+                        "resources": ["pods"],
+                        "scope": "Namespaced",
+                    }
+                ],
+            }
+        ],
+    }
+
+
+@dataclass
+class Decision:
+    pod: dict[str, Any]  # the pod to admit (a copy; unchanged when nothing applies)
+    injected: bool = False
+    deny: str | None = None  # set: refuse the pod with this message
+    reason: str = ""  # why the pod starts untuned, when it does
+    warnings: list[str] = field(default_factory=list)
+
+
+def gpu_count(pod: dict[str, Any], resource: str) -> int:
+    """GPUs each container sees as ordinals 0..n-1; the largest request decides."""
+    counts = [1]
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        res = c.get("resources") or {}
+        for part in ("limits", "requests"):
+            value = (res.get(part) or {}).get(resource)
+            if value is not None:
+                with contextlib.suppress(ValueError):
+                    counts.append(int(str(value)))
+    return max(counts)
+
+
+def _untuned(pod: dict[str, Any], reason: str, fail_closed: bool, fix: str) -> Decision:
+    if fail_closed:
+        return Decision(pod=pod, deny=f"tunefleet: {reason}. {fix}".strip())
+    out = copy.deepcopy(pod)
+    anns = out.setdefault("metadata", {}).setdefault("annotations", {})
+    anns[ANN_STATUS] = f"untuned: {reason}"
+    return Decision(pod=out, reason=reason)
+
+
+def inject(
+    pod: dict[str, Any],
+    profile_name: str,
+    profile: dict[str, Any] | None,
+    config: Config,
+) -> Decision:
+    spec_ = pod.get("spec") or {}
+    if any(c.get("name") == FETCH_CONTAINER for c in spec_.get("initContainers") or []):
+        return Decision(pod=pod)  # already injected: admission is re-run, nothing more to do
+
+    if profile is None:
+        return _untuned(
+            pod,
+            f"TuningProfile {profile_name!r} does not exist in this namespace",
+            False,
+            "",
+        )
+    from pydantic import ValidationError
+
+    try:
+        spec = TuningProfileSpec.model_validate(profile.get("spec") or {})
+    except ValidationError:
+        return _untuned(
+            pod,
+            f"TuningProfile {profile_name!r} has an invalid spec (see its status)",
+            False,
+            "",
+        )
+    fail_closed = spec.serving.fail_closed
+    key = naming.label_key(spec)
+    selector = dict(spec_.get("nodeSelector") or {})
+    model = selector.get(key)
+    pin = False
+    if model is None:
+        if len(spec.gpu.models) != 1:
+            return _untuned(
+                pod,
+                f"pod has no nodeSelector on {key}, and TuningProfile {profile_name!r} tunes "
+                f"{len(spec.gpu.models)} GPU models",
+                fail_closed,
+                f"Add nodeSelector {{{key}: <one of {', '.join(spec.gpu.models)}>}} to the pod.",
+            )
+        model, pin = spec.gpu.models[0], True
+    elif model not in spec.gpu.models:
+        return _untuned(
+            pod,
+            f"pod selects {key}={model}, which TuningProfile {profile_name!r} does not tune",
+            fail_closed,
+            f"Add {model} to the profile's spec.gpu.models or select one of "
+            f"{', '.join(spec.gpu.models)}.",
+        )
+
+    status = profile.get("status") or {}
+    artifact = next((a for a in status.get("artifacts") or [] if a.get("gpuModel") == model), None)
+    if artifact is None:
+        phase = status.get("phase") or "Pending"
+        return _untuned(
+            pod,
+            f"TuningProfile {profile_name!r} has no artifact for {model} yet (phase {phase})",
+            fail_closed,
+            f"Wait until `kubectl get tp {profile_name}` shows Ready, then recreate the pod.",
+        )
+
+    out = copy.deepcopy(pod)
+    meta = out.setdefault("metadata", {})
+    anns = meta.setdefault("annotations", {})
+    pspec = out.setdefault("spec", {})
+    if pin:
+        pspec["nodeSelector"] = {**selector, key: model}
+
+    devices = gpu_count(out, naming.resource_name(spec))
+    fetch_cmd = [
+        "tunefleet-fetch",
+        "--uri",
+        artifact["uri"],
+        "--sha256",
+        artifact["sha256"],
+        "--dest",
+        RESULTS_DIR,
+        "--devices",
+        str(devices),
+        "--gpu-model",
+        model,
+        *storage_args(spec, config),
+    ]
+    if fail_closed:
+        fetch_cmd.append("--fail-closed")
+    fetch = {
+        "name": FETCH_CONTAINER,
+        "image": config.image,
+        "imagePullPolicy": config.image_pull_policy,
+        "command": fetch_cmd,
+        "env": storage_env(spec, config),
+        "volumeMounts": [{"name": VOLUME, "mountPath": RESULTS_DIR}],
+        "securityContext": hardened(),
+        "resources": SMALL_RESOURCES,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    pspec["initContainers"] = [fetch, *(pspec.get("initContainers") or [])]
+    pspec["volumes"] = [
+        *(pspec.get("volumes") or []),
+        {"name": VOLUME, "emptyDir": {"sizeLimit": "256Mi"}},
+    ]
+    tunable_env = {
+        "PYTORCH_TUNABLEOP_ENABLED": "1",
+        "PYTORCH_TUNABLEOP_TUNING": "0",
+        "PYTORCH_TUNABLEOP_RECORD_UNTUNED": "0",
+        "PYTORCH_TUNABLEOP_FILENAME": FILENAME,
+    }
+    warnings = []
+    for c in pspec.get("containers") or []:
+        env = c.setdefault("env", [])
+        have = {e.get("name") for e in env}
+        # What the user set on a container wins: they may want tuning on, or another file.
+        env.extend({"name": k, "value": v} for k, v in tunable_env.items() if k not in have)
+        mounts = c.setdefault("volumeMounts", [])
+        if not any(m.get("mountPath") == RESULTS_DIR for m in mounts):
+            mounts.append({"name": VOLUME, "mountPath": RESULTS_DIR, "readOnly": True})
+        if c.get("image") != spec.image:
+            warnings.append(
+                f"container {c.get('name')} runs {c.get('image')}, but TuningProfile "
+                f"{profile_name!r} was tuned in {spec.image}: TunableOp may reject the results "
+                "file if the PyTorch or BLAS versions differ"
+            )
+    anns.update(
+        {
+            ANN_STATUS: "injected",
+            ANN_URI: artifact["uri"],
+            ANN_SHA: artifact["sha256"],
+            ANN_MODEL: model,
+        }
+    )
+    if warnings:
+        anns[ANN_IMAGE_WARNING] = "; ".join(warnings)[:1000]
+    return Decision(pod=out, injected=True, warnings=warnings)

@@ -1,0 +1,52 @@
+"""Operator settings, read once from the environment (the chart sets them)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    return raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class Config:
+    # The tunefleet image: runs bootstrap and publish in tuning Jobs, fetch in model pods.
+    image: str = "ghcr.io/tunefleet/tunefleet:0.1.0"
+    image_pull_policy: str = "IfNotPresent"
+    # Used when a profile names no credentials Secret; empty means the pod's cloud identity.
+    default_credentials_secret: str = ""
+    default_s3_endpoint: str = ""
+    webhook_enabled: bool = True
+    webhook_addr: str = "0.0.0.0"
+    webhook_port: int = 9443
+    webhook_host: str = ""  # how the API server reaches us, for self-registration and certs
+    webhook_certfile: str = ""
+    webhook_keyfile: str = ""
+    # Set (to a configuration name) only where nothing else registers the webhook: `make run`.
+    webhook_register: str = ""
+    webhook_timeout_seconds: int = 5
+    namespaces: tuple[str, ...] = field(default_factory=tuple)
+
+    @classmethod
+    def from_env(cls) -> Config:
+        env = os.environ.get
+        return cls(
+            image=env("TUNEFLEET_IMAGE", cls.image),
+            image_pull_policy=env("TUNEFLEET_IMAGE_PULL_POLICY", cls.image_pull_policy),
+            default_credentials_secret=env("TUNEFLEET_DEFAULT_CREDENTIALS_SECRET", ""),
+            default_s3_endpoint=env("TUNEFLEET_DEFAULT_S3_ENDPOINT", ""),
+            webhook_enabled=_env_bool("TUNEFLEET_WEBHOOK_ENABLED", True),
+            webhook_addr=env("TUNEFLEET_WEBHOOK_ADDR", cls.webhook_addr),
+            webhook_port=int(env("TUNEFLEET_WEBHOOK_PORT", str(cls.webhook_port))),
+            webhook_host=env("TUNEFLEET_WEBHOOK_HOST", ""),
+            webhook_certfile=env("TUNEFLEET_WEBHOOK_CERT", ""),
+            webhook_keyfile=env("TUNEFLEET_WEBHOOK_KEY", ""),
+            webhook_register=env("TUNEFLEET_WEBHOOK_REGISTER", ""),
+            webhook_timeout_seconds=int(env("TUNEFLEET_WEBHOOK_TIMEOUT_SECONDS", "5")),
+            namespaces=tuple(n for n in env("TUNEFLEET_NAMESPACES", "").split(",") if n),
+        )

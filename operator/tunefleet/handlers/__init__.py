@@ -1,0 +1,8 @@
+"""kopf handlers, thin by design: each names its kind and event and delegates.
+
+Importing this package registers every handler with kopf.
+"""
+
+from tunefleet.handlers import job, pod, startup, tuningprofile
+
+__all__ = ["job", "pod", "startup", "tuningprofile"]

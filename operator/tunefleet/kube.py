@@ -1,0 +1,125 @@
+"""The few Kubernetes API calls the handlers make, with errors sorted for kopf.
+
+Transient failures (timeouts, 5xx, 429, RBAC not yet in place) become kopf.TemporaryError so
+kopf retries with a delay; nothing here decides policy.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import kopf
+import kubernetes
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+from tunefleet import GROUP, PLURAL, VERSION, naming
+
+_api: kubernetes.client.ApiClient | None = None
+
+
+def login() -> None:
+    """In a pod use its ServiceAccount, elsewhere $KUBECONFIG (as kopf itself does)."""
+    global _api
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()
+    _api = kubernetes.client.ApiClient()
+
+
+def api() -> kubernetes.client.ApiClient:
+    if _api is None:
+        login()
+    assert _api is not None
+    return _api
+
+
+@contextmanager
+def transient(what: str) -> Iterator[None]:
+    try:
+        yield
+    except ApiException as e:
+        if e.status in (401, 403):
+            raise kopf.TemporaryError(
+                f"{what}: forbidden ({e.status}); check the operator's RBAC (charts/tunefleet)",
+                delay=30,
+            ) from e
+        if e.status in (408, 409, 429) or (e.status or 0) >= 500:
+            raise kopf.TemporaryError(f"{what}: {e.status} {e.reason}", delay=10) from e
+        raise
+    except (urllib3.exceptions.HTTPError, OSError) as e:
+        raise kopf.TemporaryError(f"{what}: {e}", delay=10) from e
+
+
+def _json(resp: Any) -> Any:
+    return json.loads(resp.data)
+
+
+def create_job_if_missing(job: dict[str, Any]) -> bool:
+    """Create the Job; False when it already exists (the deterministic name says it's ours)."""
+    batch = kubernetes.client.BatchV1Api(api())
+    ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
+    try:
+        with transient(f"creating Job {ns}/{name}"):
+            batch.create_namespaced_job(ns, job)
+    except ApiException as e:
+        if e.status == 409:
+            return False
+        raise
+    return True
+
+
+def list_jobs(namespace: str, uid: str) -> list[dict[str, Any]]:
+    batch = kubernetes.client.BatchV1Api(api())
+    with transient(f"listing Jobs in {namespace}"):
+        resp = batch.list_namespaced_job(
+            namespace,
+            label_selector=f"{naming.PROFILE_UID_LABEL}={uid}",
+            _preload_content=False,
+        )
+    items: list[dict[str, Any]] = _json(resp)["items"]
+    return items
+
+
+def job_pods(namespace: str, job_uid: str) -> list[dict[str, Any]]:
+    core = kubernetes.client.CoreV1Api(api())
+    with transient(f"listing pods in {namespace}"):
+        resp = core.list_namespaced_pod(
+            namespace,
+            label_selector=f"batch.kubernetes.io/controller-uid={job_uid}",
+            _preload_content=False,
+        )
+    items: list[dict[str, Any]] = _json(resp)["items"]
+    return items
+
+
+def get_profile(namespace: str, name: str) -> dict[str, Any] | None:
+    custom = kubernetes.client.CustomObjectsApi(api())
+    try:
+        with transient(f"reading TuningProfile {namespace}/{name}"):
+            resp = custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, _preload_content=False
+            )
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+    profile: dict[str, Any] = _json(resp)
+    return profile
+
+
+def patch_profile_status(namespace: str, name: str, status: dict[str, Any]) -> None:
+    custom = kubernetes.client.CustomObjectsApi(api())
+    try:
+        with transient(f"writing the status of TuningProfile {namespace}/{name}"):
+            custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, PLURAL, name, {"status": status}
+            )
+    except ApiException as e:
+        if e.status == 404:
+            return  # deleted meanwhile: nothing left to report on
+        raise

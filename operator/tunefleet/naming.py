@@ -1,0 +1,117 @@
+"""Deterministic names, labels and the spec revision.
+
+A Job's name is a pure function of (profile, GPU model, revision), so a re-delivered event,
+a resync or an operator restart finds the Job it already created instead of making another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any
+
+from tunefleet.api import TuningProfileSpec
+
+PROFILE_LABEL = "tunefleet.io/profile"  # pod opt-in; also on Jobs (names are <= 63 chars)
+PROFILE_UID_LABEL = "tunefleet.io/profile-uid"
+MODEL_LABEL = "tunefleet.io/gpu-model"
+REVISION_LABEL = "tunefleet.io/revision"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "tunefleet"}
+
+DEFAULT_LABEL_KEYS = {"amd": "amd.com/gpu.product-name", "nvidia": "nvidia.com/gpu.product"}
+DEFAULT_RESOURCES = {"amd": "amd.com/gpu", "nvidia": "nvidia.com/gpu"}
+
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_DNS_LABEL_CHARS = re.compile(r"[^a-z0-9-]+")
+_QUALIFIED_NAME = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+
+
+def revision(spec: TuningProfileSpec) -> str:
+    """Hash of the spec fields that shape tuning results.
+
+    Models are left out on purpose: adding a model must not retune the others. Storage and
+    serving are left out too: they move or serve results without changing them.
+    """
+    shaping: dict[str, Any] = {
+        "image": spec.image,
+        "gpu": spec.gpu.model_dump(by_alias=True, exclude={"models"}),
+        "workload": spec.workload.model_dump(by_alias=True, exclude_none=True),
+        "tuning": spec.tuning.model_dump(
+            by_alias=True, exclude={"active_deadline_seconds", "backoff_limit"}
+        ),
+    }
+    blob = json.dumps(shaping, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:10]
+
+
+def job_name(profile: str, model: str, rev: str) -> str:
+    """A DNS-1123 label (<= 63 chars) unique per (profile, model, revision).
+
+    Readable prefixes are truncated; the hash keeps distinct inputs apart, whatever their
+    length or characters.
+    """
+    digest = hashlib.sha256(f"{profile}\0{model}\0{rev}".encode()).hexdigest()[:8]
+    slug = _DNS_LABEL_CHARS.sub("-", model.lower()).strip("-")
+    # Vendor words say little and would eat the readable part of the name.
+    for noise in ("amd-instinct-", "nvidia-", "amd-"):
+        slug = slug.removeprefix(noise)
+    name = _DNS_LABEL_CHARS.sub("-", profile)[:28].strip("-")
+    return f"tune-{name}-{slug[:16].strip('-')}-{digest}".replace("--", "-")
+
+
+def label_key(spec: TuningProfileSpec) -> str:
+    return spec.gpu.label_key or DEFAULT_LABEL_KEYS[spec.gpu.vendor]
+
+
+def resource_name(spec: TuningProfileSpec) -> str:
+    return spec.gpu.resource_name or DEFAULT_RESOURCES[spec.gpu.vendor]
+
+
+def is_label_value(value: str) -> bool:
+    return len(value) <= 63 and bool(_LABEL_VALUE.match(value))
+
+
+def is_qualified_name(value: str) -> bool:
+    name = value.rsplit("/", 1)[-1]
+    prefix = value.rsplit("/", 1)[0] if "/" in value else ""
+    return len(name) <= 63 and len(prefix) <= 253 and bool(_QUALIFIED_NAME.match(value))
+
+
+def spec_problems(spec: TuningProfileSpec) -> list[str]:
+    """What the schema cannot judge but Kubernetes will refuse later, each with the fix."""
+    problems = []
+    for model in spec.gpu.models:
+        if not is_label_value(model):
+            problems.append(
+                f"gpu.models: {model!r} can't be a node label value (at most 63 of A-Z a-z "
+                "0-9 - _ . , starting and ending alphanumeric); use the value of the node "
+                f"label {label_key(spec)} exactly as `kubectl get nodes -L {label_key(spec)}` "
+                "shows it"
+            )
+    if not is_qualified_name(label_key(spec)):
+        problems.append(
+            f"gpu.labelKey: {label_key(spec)!r} is not a valid label key "
+            "(optional DNS prefix/, then a name of at most 63 characters)"
+        )
+    if not is_qualified_name(resource_name(spec)):
+        problems.append(
+            f"gpu.resourceName: {resource_name(spec)!r} is not a valid extended resource "
+            "name such as amd.com/gpu"
+        )
+    return problems
+
+
+def job_labels(profile: str, uid: str, model: str, rev: str) -> dict[str, str]:
+    labels = {
+        **MANAGED_BY,
+        PROFILE_LABEL: profile,
+        PROFILE_UID_LABEL: uid,
+        REVISION_LABEL: rev,
+    }
+    # A model that can't be a label value is reported by spec_problems and never gets here.
+    labels[MODEL_LABEL] = model
+    return labels

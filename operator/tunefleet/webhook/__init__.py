@@ -1,0 +1,1 @@
+"""The pod admission webhook: serving TLS, registration, and the injection it applies."""
