@@ -64,7 +64,7 @@ bench: venv tools
 	$(PY) -m bench
 
 sync-crds:
-	cp crds/tunefleet.io_tuningprofiles.yaml charts/tunefleet/crds/tunefleet.io_tuningprofiles.yaml
+	cp crds/tunefleet.io_tuningprofiles.yaml charts/tunefleet/files/tunefleet.io_tuningprofiles.yaml
 
 clean: cluster-down
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -8,13 +8,15 @@ for objects written before a schema change: they are the operator's last line of
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 Vendor = Literal["amd", "nvidia"]
 DType = Literal["float16", "bfloat16", "float32"]
+ModelName = Annotated[str, Field(min_length=1, max_length=63)]
+Arg = Annotated[str, Field(max_length=4096)]
 
 
 class _Model(BaseModel):
@@ -30,7 +32,7 @@ class NamedRef(_Model):
 
 class GpuSpec(_Model):
     vendor: Vendor
-    models: list[str] = Field(min_length=1, max_length=16)
+    models: list[ModelName] = Field(min_length=1, max_length=16)
     label_key: str | None = Field(default=None, min_length=1, max_length=316)
     resource_name: str | None = Field(default=None, min_length=1, max_length=253)
     count: int = Field(default=1, ge=1, le=16)
@@ -59,8 +61,8 @@ class Shape(_Model):
 
 
 class WorkloadSpec(_Model):
-    command: list[str] | None = Field(default=None, min_length=1, max_length=64)
-    args: list[str] | None = Field(default=None, max_length=256)
+    command: list[Arg] | None = Field(default=None, min_length=1, max_length=64)
+    args: list[Arg] | None = Field(default=None, max_length=256)
     env: list[EnvVar] | None = Field(default=None, max_length=128)
     shapes: list[Shape] | None = Field(default=None, min_length=1, max_length=4096)
 

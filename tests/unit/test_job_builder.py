@@ -1,0 +1,134 @@
+"""The tuning Job manifest: names, scheduling, the three steps, no inline credentials."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+
+from tunefleet import naming
+from tunefleet.api import TuningProfileSpec
+from tunefleet.builders.job import build_tuning_job
+from tunefleet.config import Config
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def spec(**over: Any) -> TuningProfileSpec:
+    raw: dict[str, Any] = {
+        "image": "registry.example.com/serve:1",
+        "gpu": {"vendor": "amd", "models": ["AMD_Instinct_MI300X_OAM", "AMD_Instinct_MI325X_OAM"]},
+        "workload": {
+            "command": ["python3", "serve.py"],
+            "env": [{"name": "HF_HOME", "value": "/x"}],
+        },
+        "storage": {"uri": "s3://bucket/prefix", "credentialsSecret": {"name": "s3"}},
+    }
+    raw.update(over)
+    return TuningProfileSpec.model_validate(raw)
+
+
+def job(
+    s: TuningProfileSpec, model: str = "AMD_Instinct_MI300X_OAM", name: str = "llama"
+) -> dict[str, Any]:
+    return build_tuning_job(
+        s, namespace="ml", profile=name, uid="uid-1", model=model, config=Config(image="tf:1")
+    )
+
+
+def test_job_is_scheduled_on_its_model_with_gpus_and_deadline() -> None:
+    s = spec(gpu={"vendor": "amd", "models": ["AMD_Instinct_MI300X_OAM"], "count": 4})
+    j = job(s)
+    pod = j["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM"}
+    tune = next(c for c in pod["initContainers"] if c["name"] == "tune")
+    assert tune["image"] == "registry.example.com/serve:1"
+    assert tune["resources"]["limits"] == {"amd.com/gpu": "4"}
+    assert j["spec"]["activeDeadlineSeconds"] == 7200
+    assert j["spec"]["backoffLimit"] == 1
+    assert [c["name"] for c in pod["initContainers"]] == ["bootstrap", "tune"]
+    assert [c["name"] for c in pod["containers"]] == ["publish"]
+
+
+def test_nvidia_defaults_and_overrides() -> None:
+    s = spec(
+        gpu={
+            "vendor": "nvidia",
+            "models": ["NVIDIA-H200"],
+            "labelKey": "gpu.example/model",
+            "resourceName": "example.com/gpu",
+        }
+    )
+    pod = job(s, model="NVIDIA-H200")["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"gpu.example/model": "NVIDIA-H200"}
+    assert "example.com/gpu" in pod["initContainers"][1]["resources"]["limits"]
+    plain = spec(gpu={"vendor": "nvidia", "models": ["NVIDIA-H200"]})
+    pod = job(plain, model="NVIDIA-H200")["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
+
+
+def test_owned_labelled_and_deterministic() -> None:
+    s = spec()
+    a, b = job(s), job(s)
+    assert a == b
+    meta = a["metadata"]
+    assert meta["ownerReferences"][0]["uid"] == "uid-1"
+    assert meta["ownerReferences"][0]["controller"] is True
+    assert meta["labels"][naming.PROFILE_UID_LABEL] == "uid-1"
+    assert meta["labels"][naming.REVISION_LABEL] == naming.revision(s)
+    other = job(s, model="AMD_Instinct_MI325X_OAM")
+    assert other["metadata"]["name"] != meta["name"]
+
+
+@pytest.mark.parametrize("name", ["a", "x" * 63, "my.dotted.profile-name", "a-" * 31 + "b"])
+def test_job_names_are_dns_labels_for_any_profile_name(name: str) -> None:
+    n = job(spec(), name=name)["metadata"]["name"]
+    assert len(n) <= 63 and DNS_LABEL.match(n), n
+
+
+def test_revision_follows_tuning_inputs_only() -> None:
+    base = spec()
+    assert naming.revision(base) == naming.revision(spec(storage={"uri": "s3://other-bucket"}))
+    assert naming.revision(base) == naming.revision(
+        spec(gpu={"vendor": "amd", "models": ["AMD_Instinct_MI300X_OAM"]})
+    )
+    assert naming.revision(base) != naming.revision(spec(image="registry.example.com/serve:2"))
+    assert naming.revision(base) != naming.revision(spec(tuning={"maxIterations": 5}))
+
+
+def test_credentials_by_reference_and_tuning_config() -> None:
+    j = job(spec())
+    pod = j["spec"]["template"]["spec"]
+    publish = pod["containers"][0]
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in publish["env"] if "valueFrom" in e}
+    assert refs["AWS_ACCESS_KEY_ID"] == {"name": "s3", "key": "AWS_ACCESS_KEY_ID"}
+    assert all("value" not in e for e in publish["env"] if e["name"].startswith("AWS_SECRET"))
+    tune = pod["initContainers"][1]
+    env = {e["name"]: e.get("value") for e in tune["env"]}
+    assert env["HF_HOME"] == "/x"
+    cfg = json.loads(env["TUNEFLEET_TUNING_CONFIG"])
+    assert cfg["gpuModel"] == "AMD_Instinct_MI300X_OAM"
+    assert cfg["workload"]["command"] == ["python3", "serve.py"]
+    assert cfg["tuning"]["budgetSeconds"] == 3600
+    assert "--uri" in publish["command"] and "s3://bucket/prefix" in publish["command"]
+
+
+def test_hardened_containers() -> None:
+    pod = job(spec())["spec"]["template"]["spec"]
+    for c in pod["initContainers"] + pod["containers"]:
+        ctx = c["securityContext"]
+        assert ctx["allowPrivilegeEscalation"] is False
+        assert ctx["capabilities"] == {"drop": ["ALL"]}
+    for c in (pod["initContainers"][0], pod["containers"][0]):
+        assert c["securityContext"]["runAsNonRoot"] is True
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["automountServiceAccountToken"] is False
+
+
+def test_spec_problems_catch_what_the_schema_cannot() -> None:
+    bad = spec(gpu={"vendor": "amd", "models": ["MI300X OAM"]})
+    problems = naming.spec_problems(bad)
+    assert len(problems) == 1 and "can't be a node label value" in problems[0]
+    assert naming.spec_problems(spec()) == []

@@ -1,0 +1,145 @@
+"""The pod injection: env, init container, volumes, model choice, fail open/closed, idempotence."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from tunefleet.builders.webhook import FETCH_CONTAINER, build_webhook_configuration, inject
+from tunefleet.config import Config
+
+CFG = Config(image="tunefleet:1")
+SHA = "ab" * 32
+
+
+def profile(models: list[str], fail_closed: bool = False, artifacts: bool = True) -> dict[str, Any]:
+    return {
+        "spec": {
+            "image": "serve:1",
+            "gpu": {"vendor": "nvidia", "models": models},
+            "workload": {"shapes": [{"m": 8, "n": 8, "k": 8}]},
+            "storage": {
+                "uri": "s3://bkt/p",
+                "endpoint": "http://127.0.0.1:8333",
+                "credentialsSecret": {"name": "s3"},
+            },
+            "serving": {"failClosed": fail_closed},
+        },
+        "status": {
+            "phase": "Ready",
+            "artifacts": [
+                {"gpuModel": m, "uri": f"s3://bkt/p/ns/x/{m}/{SHA}", "sha256": SHA} for m in models
+            ]
+            if artifacts
+            else [],
+        },
+    }
+
+
+def pod(
+    gpus: int | None = 2, selector: dict[str, str] | None = None, env: list[Any] | None = None
+) -> dict[str, Any]:
+    res = {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
+    return {
+        "metadata": {"generateName": "m-", "labels": {"tunefleet.io/profile": "x"}},
+        "spec": {
+            "nodeSelector": selector or {},
+            "containers": [
+                {"name": "server", "image": "serve:1", "resources": res, "env": env or []},
+                {"name": "sidecar", "image": "serve:1"},
+            ],
+        },
+    }
+
+
+def test_injects_fetch_env_and_mounts() -> None:
+    d = inject(
+        pod(selector={"nvidia.com/gpu.product": "NVIDIA-H200"}),
+        "x",
+        profile(["NVIDIA-H100-80GB-HBM3", "NVIDIA-H200"]),
+        CFG,
+    )
+    assert d.injected and d.deny is None
+    spec = d.pod["spec"]
+    init = spec["initContainers"][0]
+    assert init["name"] == FETCH_CONTAINER and init["image"] == "tunefleet:1"
+    cmd = init["command"]
+    assert cmd[cmd.index("--sha256") + 1] == SHA
+    assert cmd[cmd.index("--devices") + 1] == "2"
+    assert "NVIDIA-H200" in cmd[cmd.index("--uri") + 1]
+    assert cmd[cmd.index("--endpoint-url") + 1] == "http://127.0.0.1:8333"
+    assert init["securityContext"]["runAsNonRoot"] is True
+    for c in spec["containers"]:
+        env = {e["name"]: e["value"] for e in c["env"]}
+        assert env["PYTORCH_TUNABLEOP_ENABLED"] == "1"
+        assert env["PYTORCH_TUNABLEOP_TUNING"] == "0"
+        assert env["PYTORCH_TUNABLEOP_RECORD_UNTUNED"] == "0"
+        assert env["PYTORCH_TUNABLEOP_FILENAME"].endswith("tunableop_results%d.csv")
+        assert any(m["readOnly"] for m in c["volumeMounts"])
+    assert d.pod["metadata"]["annotations"]["tunefleet.io/artifact-sha256"] == SHA
+
+
+def test_is_idempotent() -> None:
+    first = inject(pod(), "x", profile(["NVIDIA-H200"]), CFG)
+    second = inject(copy.deepcopy(first.pod), "x", profile(["NVIDIA-H200"]), CFG)
+    assert second.pod == first.pod and not second.injected
+
+
+def test_user_values_win() -> None:
+    d = inject(
+        pod(env=[{"name": "PYTORCH_TUNABLEOP_TUNING", "value": "1"}]),
+        "x",
+        profile(["NVIDIA-H200"]),
+        CFG,
+    )
+    env = d.pod["spec"]["containers"][0]["env"]
+    assert [e["value"] for e in env if e["name"] == "PYTORCH_TUNABLEOP_TUNING"] == ["1"]
+
+
+def test_single_model_is_pinned_and_gpu_count_defaults_to_one() -> None:
+    d = inject(pod(gpus=None), "x", profile(["NVIDIA-H200"]), CFG)
+    assert d.pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
+    cmd = d.pod["spec"]["initContainers"][0]["command"]
+    assert cmd[cmd.index("--devices") + 1] == "1"
+
+
+def test_fail_open_cases_annotate_and_leave_pod_otherwise_alone() -> None:
+    cases = [
+        (pod(), profile(["NVIDIA-H100-80GB-HBM3", "NVIDIA-H200"]), "no nodeSelector"),
+        (
+            pod(selector={"nvidia.com/gpu.product": "NVIDIA-A100"}),
+            profile(["NVIDIA-H200"]),
+            "does not tune",
+        ),
+        (pod(), profile(["NVIDIA-H200"], artifacts=False), "no artifact"),
+        (pod(), None, "does not exist"),
+    ]
+    for p, prof, words in cases:
+        d = inject(p, "x", prof, CFG)
+        assert d.deny is None and not d.injected
+        assert words in d.reason
+        assert d.pod["metadata"]["annotations"]["tunefleet.io/status"].startswith("untuned:")
+        assert d.pod["spec"] == p["spec"]
+
+
+def test_fail_closed_denies_with_what_to_add() -> None:
+    d = inject(pod(), "x", profile(["NVIDIA-H100-80GB-HBM3", "NVIDIA-H200"], fail_closed=True), CFG)
+    assert d.deny and "nodeSelector" in d.deny and "NVIDIA-H200" in d.deny
+    d = inject(pod(), "x", profile(["NVIDIA-H200"], fail_closed=True, artifacts=False), CFG)
+    assert d.deny and "Ready" in d.deny
+
+
+def test_image_mismatch_warns() -> None:
+    p = pod()
+    p["spec"]["containers"][1]["image"] = "other:2"
+    d = inject(p, "x", profile(["NVIDIA-H200"]), CFG)
+    assert d.injected and len(d.warnings) == 1 and "other:2" in d.warnings[0]
+    assert "tunefleet.io/image-warning" in d.pod["metadata"]["annotations"]
+
+
+def test_webhook_configuration_only_sees_labelled_pods() -> None:
+    cfg = build_webhook_configuration("tf", {"url": "https://127.0.0.1:9443/pod-inject"})
+    (hook,) = cfg["webhooks"]
+    assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
+    assert hook["objectSelector"]["matchExpressions"][0]["key"] == "tunefleet.io/profile"
+    assert hook["timeoutSeconds"] <= 10
