@@ -14,7 +14,7 @@ SPEC = TuningProfileSpec.model_validate(
     {
         "image": "img:1",
         "gpu": {"vendor": "amd", "models": MODELS},
-        "workload": {"shapes": [{"m": 8, "n": 8, "k": 8}]},
+        "workload": {"shapes": [{"mnk": [8, 8, 8]}]},
         "storage": {"uri": "s3://bkt/p"},
     }
 )

@@ -17,7 +17,7 @@ def profile(models: list[str], fail_closed: bool = False, artifacts: bool = True
         "spec": {
             "image": "serve:1",
             "gpu": {"vendor": "nvidia", "models": models},
-            "workload": {"shapes": [{"m": 8, "n": 8, "k": 8}]},
+            "workload": {"shapes": [{"mnk": [8, 8, 8]}]},
             "storage": {
                 "uri": "s3://bkt/p",
                 "endpoint": "http://127.0.0.1:8333",

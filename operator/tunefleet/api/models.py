@@ -17,6 +17,7 @@ Vendor = Literal["amd", "nvidia"]
 DType = Literal["float16", "bfloat16", "float32"]
 ModelName = Annotated[str, Field(min_length=1, max_length=63)]
 Arg = Annotated[str, Field(max_length=4096)]
+Dim = Annotated[int, Field(ge=1, le=1048576)]
 
 
 class _Model(BaseModel):
@@ -51,9 +52,7 @@ class EnvVar(_Model):
 
 
 class Shape(_Model):
-    m: int = Field(ge=1, le=1048576)
-    n: int = Field(ge=1, le=1048576)
-    k: int = Field(ge=1, le=1048576)
+    mnk: list[Dim] = Field(min_length=3, max_length=3)
     batch: int = Field(default=1, ge=1, le=65536)
     dtype: DType = "bfloat16"
     trans_a: bool = Field(default=False, alias="transA")

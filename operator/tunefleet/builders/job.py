@@ -37,6 +37,8 @@ def tuning_config(
 ) -> dict[str, Any]:
     """What the tuner reads from TUNEFLEET_TUNING_CONFIG (tuner_job's contract)."""
     workload = spec.workload.model_dump(by_alias=True, exclude_none=True, exclude={"env"})
+    for shape in workload.get("shapes", []):
+        shape["m"], shape["n"], shape["k"] = shape.pop("mnk")
     tuning = spec.tuning.model_dump(
         by_alias=True, exclude={"active_deadline_seconds", "backoff_limit"}
     )
