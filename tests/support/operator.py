@@ -1,0 +1,304 @@
+"""Run tunefleet on the local control plane as users run it: chart installed, operator with
+the chart's ServiceAccount (not cluster-admin), webhook reached by URL on 127.0.0.1.
+
+Containers do not run on kwok's fake nodes, so `carry_out_publish` plays a tuning pod's last
+step itself: the real publish CLI uploads a stand-in results file to the real S3 server, and
+the pod's status gets the termination message the real step would have left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+RELEASE = "tunefleet"
+SYSTEM_NS = "tunefleet-system"
+SA = "tunefleet"
+
+
+class Kubectl(Protocol):
+    def __call__(self, *args: str, check: bool = ..., input: str | None = ...) -> Any: ...
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def helm(bin_dir: str, kubeconfig: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [f"{bin_dir}/helm", "--kubeconfig", kubeconfig, *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def sa_kubeconfig(kubectl: Kubectl, admin_kubeconfig: str, path: Path) -> Path:
+    """A kubeconfig that authenticates as the chart's ServiceAccount."""
+    token = kubectl("create", "token", SA, "-n", SYSTEM_NS, "--duration", "6h").stdout.strip()
+    admin = yaml.safe_load(Path(admin_kubeconfig).read_text())
+    cluster = admin["clusters"][0]["cluster"]
+    cfg = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "local", "cluster": cluster}],
+        "users": [{"name": SA, "user": {"token": token}}],
+        "contexts": [{"name": SA, "context": {"cluster": "local", "user": SA}}],
+        "current-context": SA,
+    }
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@dataclass
+class Operator:
+    """The operator process; restartable, so tests can kill it mid-way."""
+
+    kubeconfig: Path
+    env: dict[str, str]
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        out = self.log.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tunefleet"],
+            env={**os.environ, **self.env, "KUBECONFIG": str(self.kubeconfig)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 30
+        port = int(self.env["TUNEFLEET_WEBHOOK_PORT"])
+        while time.monotonic() < deadline:  # the webhook port listening means startup is done
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"operator exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}"
+                )
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    return
+            time.sleep(0.2)
+        raise RuntimeError(f"operator did not start:\n{self.log.read_text()[-3000:]}")
+
+    def kill(self) -> None:
+        """SIGKILL: no graceful shutdown, as a crash or an evicted pod would be."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def logs(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def install(cluster: Any, s3_endpoint: str) -> Operator:
+    """helm install the chart, then start the operator as its ServiceAccount."""
+    from tunefleet.webhook import tls
+
+    work = Path(tempfile.mkdtemp(prefix="tunefleet-e2e-"))
+    ca, cert, key = tls.generate(work / "webhook", ["127.0.0.1"])
+    port = free_port()
+    helm(
+        cluster.bin_dir,
+        cluster.kubeconfig,
+        "upgrade",
+        "--install",
+        RELEASE,
+        str(ROOT / "charts" / "tunefleet"),
+        "--namespace",
+        SYSTEM_NS,
+        "--create-namespace",
+        # The operator runs on this machine (containers don't run on kwok nodes): no replica
+        # in the cluster, and the API server calls the webhook by URL.
+        "--set",
+        "operator.replicas=0",
+        "--set",
+        f"webhook.url=https://127.0.0.1:{port}",
+        "--set-file",
+        f"webhook.caBundle={ca}",
+        "--set",
+        "image.tag=e2e",
+        "--wait",
+        "--timeout",
+        "120s",
+    )
+    op = Operator(
+        kubeconfig=sa_kubeconfig(cluster.kubectl, cluster.kubeconfig, work / "sa.kubeconfig"),
+        env={
+            "TUNEFLEET_IMAGE": "ghcr.io/tunefleet/tunefleet:e2e",
+            "TUNEFLEET_WEBHOOK_PORT": str(port),
+            "TUNEFLEET_WEBHOOK_ADDR": "127.0.0.1",
+            "TUNEFLEET_WEBHOOK_HOST": "127.0.0.1",
+            "TUNEFLEET_WEBHOOK_CERT": str(cert),
+            "TUNEFLEET_WEBHOOK_KEY": str(key),
+            "TUNEFLEET_DEFAULT_S3_ENDPOINT": s3_endpoint,
+        },
+        log=work / "operator.log",
+    )
+    op.start()
+    return op
+
+
+# --- a tuning pod's steps, carried out by the test ----------------------------------------
+
+STAND_IN_NOTE = (
+    "stand-in: no GPU here, so this results file is a hand-written sample in TunableOp's "
+    "format, not tuning output"
+)
+
+
+def stand_in_tuner_output(out: Path, config: dict[str, Any]) -> None:
+    """What the tune step leaves for publish (results.csv + manifest.json), without a GPU."""
+    from tuner_job import manifest as mf
+    from tuner_job._fs import sha256_hex
+
+    results = (
+        "Validator,PT_VERSION,2.11.0\n"
+        "Validator,ROCM_VERSION,6.4.0\n"
+        "Validator,HIPBLASLT_VERSION,0.12.0\n"
+        "Validator,GCN_ARCH_NAME,gfx942:sramecc+:xnack-\n"
+        "GemmTunableOp_BFloat16_TN,tn_4096_4096_4096_ld_4096_4096_4096,Gemm_Hipblaslt_1234,0.512\n"
+        f"GemmTunableOp_BFloat16_TN,tn_128_14336_4096_ld_4096_4096_128,Gemm_Rocblas_{len(config['profile'])},0.081\n"
+    ).encode()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.csv").write_bytes(results)
+    manifest = mf.Manifest(
+        namespace=config["namespace"],
+        profile=config["profile"],
+        revision=config["revision"],
+        gpu_model=config["gpuModel"],
+        results_sha256=sha256_hex(results),
+        gemms=2,
+        recorded=2,
+        validators={
+            "PT_VERSION": "2.11.0",
+            "ROCM_VERSION": "6.4.0",
+            "HIPBLASLT_VERSION": "0.12.0",
+            "GCN_ARCH_NAME": "gfx942:sramecc+:xnack-",
+        },
+        identity={"gpuName": "stand-in (no GPU in this test)", "torch": "2.11.0"},
+        tuning_seconds=1.0,
+        tuned_at=mf.rfc3339_utc(),
+        tool_version="tunefleet-e2e-stand-in",
+    )
+    (out / "manifest.json").write_bytes(manifest.to_json())
+
+
+def container(pod: dict[str, Any], name: str) -> dict[str, Any]:
+    spec = pod["spec"]
+    return next(c for c in spec.get("initContainers", []) + spec["containers"] if c["name"] == name)
+
+
+def carry_out_publish(
+    kubectl: Kubectl, pod: dict[str, Any], s3_env: dict[str, str]
+) -> dict[str, Any]:
+    """Run the pod's own publish command for real, then record its outcome in the pod status."""
+    tune_env = {e["name"]: e.get("value") for e in container(pod, "tune").get("env", [])}
+    config = json.loads(tune_env["TUNEFLEET_TUNING_CONFIG"] or "{}")
+    work = Path(tempfile.mkdtemp(prefix="tunefleet-pod-"))
+    stand_in_tuner_output(work / "out", config)
+    cmd = list(container(pod, "publish")["command"])
+    cmd[cmd.index("--dir") + 1] = str(work / "out")
+    done = subprocess.run(
+        [*cmd, "--termination-log", str(work / "termination-log")],
+        env={**os.environ, **s3_env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, f"publish failed: {done.stderr}"
+    message = (work / "termination-log").read_text()
+    set_pod_outcome(kubectl, pod, succeeded=True, container_name="publish", message=message)
+    return dict(json.loads(message))
+
+
+def set_pod_outcome(
+    kubectl: Kubectl, pod: dict[str, Any], *, succeeded: bool, container_name: str, message: str
+) -> None:
+    """Write what a kubelet would: the pod's phase and its containers' terminated states."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    code = 0 if succeeded else 1
+
+    def term(name: str, exit_code: int, msg: str = "") -> dict[str, Any]:
+        t = {
+            "exitCode": exit_code,
+            "reason": "Completed" if exit_code == 0 else "Error",
+            "startedAt": now,
+            "finishedAt": now,
+        }
+        if msg:
+            t["message"] = msg
+        return {
+            "name": name,
+            "ready": False,
+            "restartCount": 0,
+            "image": "x",
+            "imageID": "",
+            "state": {"terminated": t},
+        }
+
+    inits = [c["name"] for c in pod["spec"].get("initContainers", [])]
+    mains = [c["name"] for c in pod["spec"]["containers"]]
+    init_statuses = [
+        term(n, code if n == container_name else 0, message if n == container_name else "")
+        for n in inits
+    ]
+    main_statuses = [
+        term(n, code if n == container_name else 0, message if n == container_name else "")
+        for n in mains
+    ]
+    if not succeeded and container_name in inits:
+        # The pod stops at the failed init container: the later ones never ran.
+        idx = inits.index(container_name)
+        for s in init_statuses[idx + 1 :]:
+            s["state"] = {"waiting": {"reason": "PodInitializing"}}
+        main_statuses = [
+            {
+                "name": n,
+                "ready": False,
+                "restartCount": 0,
+                "image": "x",
+                "imageID": "",
+                "state": {"waiting": {"reason": "PodInitializing"}},
+            }
+            for n in mains
+        ]
+    status = {
+        "phase": "Succeeded" if succeeded else "Failed",
+        "initContainerStatuses": init_statuses,
+        "containerStatuses": main_statuses,
+    }
+    kubectl(
+        "patch",
+        "pod",
+        "-n",
+        pod["metadata"]["namespace"],
+        pod["metadata"]["name"],
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": status}),
+    )
