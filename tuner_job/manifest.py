@@ -1,0 +1,136 @@
+"""manifest.json: what a results file is, where and how it was tuned (stdlib only).
+
+Written by the tuner next to results.csv, uploaded by publish and checked by fetch, so the one
+definition here is shared by both images.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+SCHEMA = "tunefleet.io/manifest/v1"
+_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+_RFC3339_UTC_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z$")
+
+
+class ManifestError(ValueError):
+    """A manifest that is not a tunefleet.io/manifest/v1 document."""
+
+
+@dataclass(frozen=True)
+class Manifest:
+    namespace: str
+    profile: str
+    revision: str
+    gpu_model: str
+    results_sha256: str
+    gemms: int
+    recorded: int
+    validators: dict[str, str]
+    identity: dict[str, str]
+    tuning_seconds: float
+    tuned_at: str
+    tool_version: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "namespace": self.namespace,
+            "profile": self.profile,
+            "revision": self.revision,
+            "gpuModel": self.gpu_model,
+            "resultsSha256": self.results_sha256,
+            "gemms": self.gemms,
+            "recorded": self.recorded,
+            "validators": dict(sorted(self.validators.items())),
+            "identity": dict(sorted(self.identity.items())),
+            "tuningSeconds": self.tuning_seconds,
+            "tunedAt": self.tuned_at,
+            "toolVersion": self.tool_version,
+        }
+
+    def to_json(self) -> bytes:
+        return (json.dumps(self.to_dict(), indent=2) + "\n").encode("utf-8")
+
+
+def rfc3339_utc(when: datetime | None = None) -> str:
+    moment = (when or datetime.now(UTC)).astimezone(UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _str(doc: dict[str, Any], key: str) -> str:
+    value = doc.get(key)
+    if not isinstance(value, str) or value == "":
+        raise ManifestError(f"manifest field {key!r} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _int(doc: dict[str, Any], key: str) -> int:
+    value = doc.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ManifestError(f"manifest field {key!r} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _str_map(doc: dict[str, Any], key: str) -> dict[str, str]:
+    value = doc.get(key)
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ManifestError(f"manifest field {key!r} must map strings to strings")
+    return dict(value)
+
+
+def from_dict(doc: Any) -> Manifest:
+    if not isinstance(doc, dict):
+        raise ManifestError("manifest is not a JSON object")
+    if doc.get("schema") != SCHEMA:
+        raise ManifestError(f"manifest schema is {doc.get('schema')!r}, expected {SCHEMA!r}")
+    sha = _str(doc, "resultsSha256")
+    if not _SHA_RE.match(sha):
+        raise ManifestError(f"manifest resultsSha256 {sha!r} is not 64 lowercase hex digits")
+    seconds = doc.get("tuningSeconds")
+    if (
+        not isinstance(seconds, int | float)
+        or isinstance(seconds, bool)
+        or not math.isfinite(seconds)
+        or seconds < 0
+    ):
+        raise ManifestError(
+            f"manifest tuningSeconds must be a non-negative number, got {seconds!r}"
+        )
+    tuned_at = _str(doc, "tunedAt")
+    if not _RFC3339_UTC_RE.match(tuned_at):
+        raise ManifestError(f"manifest tunedAt {tuned_at!r} is not RFC 3339 UTC (…Z)")
+    gemms = _int(doc, "gemms")
+    recorded = _int(doc, "recorded")
+    validators = _str_map(doc, "validators")
+    if "PT_VERSION" not in validators:
+        raise ManifestError("manifest validators lack PT_VERSION")
+    return Manifest(
+        namespace=_str(doc, "namespace"),
+        profile=_str(doc, "profile"),
+        revision=_str(doc, "revision"),
+        gpu_model=_str(doc, "gpuModel"),
+        results_sha256=sha,
+        gemms=gemms,
+        recorded=recorded,
+        validators=validators,
+        identity=_str_map(doc, "identity"),
+        tuning_seconds=float(seconds),
+        tuned_at=tuned_at,
+        tool_version=_str(doc, "toolVersion"),
+    )
+
+
+def loads(data: bytes | str) -> Manifest:
+    try:
+        doc = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"manifest is not JSON: {exc}") from None
+    return from_dict(doc)
