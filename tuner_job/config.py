@@ -1,0 +1,211 @@
+"""The tuning configuration the operator hands the tune container (TUNEFLEET_TUNING_CONFIG)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ENV_VAR = "TUNEFLEET_TUNING_CONFIG"
+
+# torch dtype names a shape may use; float8 ones go through torch._scaled_mm.
+SHAPE_DTYPES = (
+    "bfloat16",
+    "float16",
+    "half",
+    "float32",
+    "float",
+    "float64",
+    "double",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float8_e4m3fnuz",
+    "float8_e5m2fnuz",
+)
+
+
+class ConfigError(ValueError):
+    """The tuning configuration is missing or malformed."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+    dtype: str = "bfloat16"
+    trans_a: bool = False
+    trans_b: bool = False
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_duration_ms: int = 30
+    max_iterations: int = 100
+    warmup_duration_ms: int = 0
+    warmup_iterations: int = 0
+    rotating_buffer_mb: int = 0
+    numerical_check: bool = False
+    budget_seconds: float = 3600.0
+
+
+@dataclass(frozen=True)
+class TuningConfig:
+    namespace: str = ""
+    profile: str = ""
+    gpu_model: str = ""
+    revision: str = ""
+    gpus: int = 1
+    command: tuple[str, ...] = ()
+    args: tuple[str, ...] = ()
+    shapes: tuple[Shape, ...] = ()
+    limits: Limits = field(default_factory=Limits)
+
+    @property
+    def workload_argv(self) -> list[str]:
+        return [*self.command, *self.args] if self.command else []
+
+    def require_identity(self) -> None:
+        missing = [
+            name
+            for name, value in (
+                ("namespace", self.namespace),
+                ("profile", self.profile),
+                ("gpuModel", self.gpu_model),
+                ("revision", self.revision),
+            )
+            if not value
+        ]
+        if missing:
+            raise ConfigError("tuning config lacks " + ", ".join(missing))
+
+    def require_workload(self) -> None:
+        if not self.command and not self.shapes:
+            raise ConfigError("tuning config has neither workload.command nor workload.shapes")
+
+
+def _get(doc: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    value = doc.get(key)
+    if value is None:
+        return None
+    # bool is an int in Python; a JSON true where a number belongs is a mistake, not a 1.
+    if isinstance(value, bool) and kind is not bool:
+        raise ConfigError(f"{where}.{key} must be {_kind_name(kind)}, got {value!r}")
+    if not isinstance(value, kind):
+        raise ConfigError(f"{where}.{key} must be {_kind_name(kind)}, got {value!r}")
+    return value
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(
+        {"str": "a string", "int": "an integer", "float": "a number"}.get(k.__name__, k.__name__)
+        for k in kinds
+    )
+
+
+def _str_list(doc: dict[str, Any], key: str, where: str) -> tuple[str, ...]:
+    value = _get(doc, key, list, where)
+    if value is None:
+        return ()
+    if not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where}.{key} must be a list of strings")
+    return tuple(value)
+
+
+def _nonneg_int(doc: dict[str, Any], key: str, default: int, where: str) -> int:
+    value = _get(doc, key, int, where)
+    if value is None:
+        return default
+    if value < 0:
+        raise ConfigError(f"{where}.{key} must be >= 0, got {value}")
+    return int(value)
+
+
+def _shape(doc: Any, i: int) -> Shape:
+    where = f"workload.shapes[{i}]"
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{where} must be an object")
+    dims = {}
+    for key in ("m", "n", "k"):
+        value = _get(doc, key, int, where)
+        if value is None or value < 1:
+            raise ConfigError(f"{where}.{key} must be an integer >= 1")
+        dims[key] = value
+    batch = _get(doc, "batch", int, where)
+    if batch is not None and batch < 1:
+        raise ConfigError(f"{where}.batch must be >= 1")
+    dtype = _get(doc, "dtype", str, where) or "bfloat16"
+    if dtype not in SHAPE_DTYPES:
+        raise ConfigError(f"{where}.dtype {dtype!r} is not one of {', '.join(SHAPE_DTYPES)}")
+    trans_a = bool(_get(doc, "transA", bool, where) or False)
+    trans_b = bool(_get(doc, "transB", bool, where) or False)
+    if dtype.startswith("float8"):
+        # torch._scaled_mm only takes row-major A and column-major B.
+        if trans_a or not trans_b:
+            raise ConfigError(f"{where}: float8 GEMMs need transA=false and transB=true")
+        if (batch or 1) != 1:
+            raise ConfigError(f"{where}: float8 GEMMs cannot be batched")
+    return Shape(dims["m"], dims["n"], dims["k"], batch or 1, dtype, trans_a, trans_b)
+
+
+def from_dict(doc: Any) -> TuningConfig:
+    if not isinstance(doc, dict):
+        raise ConfigError("tuning config must be a JSON object")
+    workload = _get(doc, "workload", dict, "config") or {}
+    tuning = _get(doc, "tuning", dict, "config") or {}
+    shapes_doc = _get(workload, "shapes", list, "workload") or []
+    budget = _get(tuning, "budgetSeconds", (int, float), "tuning")
+    if budget is not None and budget <= 0:
+        raise ConfigError("tuning.budgetSeconds must be > 0")
+    numerical = _get(tuning, "numericalCheck", bool, "tuning")
+    limits = Limits(
+        max_duration_ms=_nonneg_int(tuning, "maxDurationMs", 30, "tuning"),
+        max_iterations=_nonneg_int(tuning, "maxIterations", 100, "tuning"),
+        warmup_duration_ms=_nonneg_int(tuning, "warmupDurationMs", 0, "tuning"),
+        warmup_iterations=_nonneg_int(tuning, "warmupIterations", 0, "tuning"),
+        rotating_buffer_mb=_nonneg_int(tuning, "rotatingBufferMB", 0, "tuning"),
+        numerical_check=bool(numerical) if numerical is not None else False,
+        budget_seconds=float(budget) if budget is not None else 3600.0,
+    )
+    gpus = _get(doc, "gpus", int, "config")
+    if gpus is not None and gpus < 1:
+        raise ConfigError("config.gpus must be >= 1")
+    command = _str_list(workload, "command", "workload")
+    args = _str_list(workload, "args", "workload")
+    if args and not command:
+        raise ConfigError("workload.args given without workload.command")
+    return TuningConfig(
+        namespace=_get(doc, "namespace", str, "config") or "",
+        profile=_get(doc, "profile", str, "config") or "",
+        gpu_model=_get(doc, "gpuModel", str, "config") or "",
+        revision=_get(doc, "revision", str, "config") or "",
+        gpus=gpus or 1,
+        command=command,
+        args=args,
+        shapes=tuple(_shape(s, i) for i, s in enumerate(shapes_doc)),
+        limits=limits,
+    )
+
+
+def load(path: str | None) -> TuningConfig:
+    """From --config FILE, else from $TUNEFLEET_TUNING_CONFIG."""
+    if path:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+        source = path
+    else:
+        env = os.environ.get(ENV_VAR)
+        if not env:
+            raise ConfigError(f"no tuning config: pass --config FILE or set {ENV_VAR}")
+        text, source = env, ENV_VAR
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{source} is not JSON: {exc}") from None
+    return from_dict(doc)
