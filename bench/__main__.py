@@ -1,0 +1,250 @@
+"""`make bench`: operator scale, webhook latency, artifact transfer; figures to bench/results.md.
+
+Medians and ratios only: this machine (2 cores, shared) is noisy. Run on the local control
+plane (started if needed) with the operator running as the chart's ServiceAccount.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from hack.demo import Cluster, s3_env  # noqa: E402
+from tests.support.operator import Operator, carry_out_publish, install  # noqa: E402
+from tests.support.poll import eventually  # noqa: E402
+
+STATE = Path(os.environ.get("TUNEFLEET_STATE", ROOT / ".tunefleet"))
+OUT = ROOT / "bench" / "results.md"
+
+
+def profile(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "tunefleet.io/v1alpha1",
+        "kind": "TuningProfile",
+        "metadata": {"name": name},
+        "spec": {
+            "image": "registry.example.com/serve:1",
+            "gpu": {"vendor": "nvidia", "models": ["NVIDIA-H200"]},
+            "workload": {"shapes": [{"mnk": [64, 64, 64]}]},
+            "storage": {"uri": "s3://tunefleet/bench"},
+        },
+    }
+
+
+def count_jobs(cluster: Cluster, ns: str) -> int:
+    out = cluster.kubectl("get", "jobs", "-n", ns, "-o", "name").stdout
+    return len(out.split())
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def apply_to_jobs(cluster: Cluster, n: int, run: int) -> float:
+    """Seconds from `kubectl apply` of n profiles to n Jobs existing."""
+    ns = f"bench-{n}-{run}-{int(time.time())}"
+    cluster.kubectl("create", "namespace", ns)
+    docs = "\n---\n".join(yaml.safe_dump(profile(f"p{i}")) for i in range(n))
+    start = time.perf_counter()
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=docs)
+    eventually(
+        lambda: count_jobs(cluster, ns), lambda c: c >= n, f"{n} Jobs", timeout=600, interval=0.2
+    )
+    return time.perf_counter() - start
+
+
+def histogram(cluster: Cluster) -> dict[float, float]:
+    metrics = cluster.kubectl("get", "--raw", "/metrics").stdout
+    buckets: dict[float, float] = {}
+    for line in metrics.splitlines():
+        if (
+            line.startswith("apiserver_admission_webhook_admission_duration_seconds_bucket")
+            and 'name="pods.tunefleet.io"' in line
+        ):
+            le = re.search(r'le="([^"]+)"', line)
+            if le:
+                b = float("inf") if le.group(1) == "+Inf" else float(le.group(1))
+                buckets[b] = buckets.get(b, 0.0) + float(line.rsplit(" ", 1)[1])
+    return buckets
+
+
+def quantile(q: float, before: dict[float, float], after: dict[float, float]) -> float:
+    """histogram_quantile over the buckets' increase, as Prometheus computes it."""
+    edges = sorted(after)
+    counts = [after[e] - before.get(e, 0.0) for e in edges]
+    total = counts[-1]
+    rank = q * total
+    prev_edge, prev_count = 0.0, 0.0
+    for edge, count in zip(edges, counts, strict=True):
+        if count >= rank:
+            if edge == float("inf"):
+                return prev_edge
+            return prev_edge + (edge - prev_edge) * (rank - prev_count) / max(
+                count - prev_count, 1e-9
+            )
+        prev_edge, prev_count = edge, count
+    return float("nan")
+
+
+def webhook_latency(
+    cluster: Cluster, operator: Operator, env: dict[str, str], pods: int = 50
+) -> dict[str, Any]:
+    ns = f"bench-webhook-{int(time.time())}"
+    cluster.kubectl("create", "namespace", ns)
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(profile("serve")))
+    pod = eventually(
+        lambda: json.loads(cluster.kubectl("get", "pods", "-n", ns, "-o", "json").stdout)["items"],
+        lambda ps: len(ps) == 1 and ps[0]["spec"].get("nodeName"),
+        "tuning pod",
+    )[0]
+    carry_out_publish(cluster.kubectl, pod, env)
+    eventually(
+        lambda: json.loads(cluster.kubectl("get", "tp", "-n", ns, "serve", "-o", "json").stdout),
+        lambda p: (p.get("status") or {}).get("phase") == "Ready",
+        "Ready",
+    )
+    api = kubernetes.client.CoreV1Api(
+        kubernetes.config.new_client_from_config(str(STATE / "kubeconfig"))
+    )
+    before, log_before = histogram(cluster), len(operator.logs().splitlines())
+
+    def create(i: int) -> float:
+        body = {
+            "metadata": {"name": f"m{i}", "labels": {"tunefleet.io/profile": "serve"}},
+            "spec": {"containers": [{"name": "s", "image": "registry.example.com/serve:1"}]},
+        }
+        t = time.perf_counter()
+        api.create_namespaced_pod(ns, body)
+        return (time.perf_counter() - t) * 1000
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=pods) as pool:
+        client_ms = sorted(pool.map(create, range(pods)))
+    time.sleep(1)
+    after = histogram(cluster)
+    lines = operator.logs().splitlines()[log_before:]
+    handler_ms = sorted(
+        float(m.group(1))
+        for line in lines
+        if (m := re.search(rf"admission pod {ns}/\S+: injected in ([0-9.]+) ms", line))
+    )
+    injected = sum(
+        1
+        for p in json.loads(
+            cluster.kubectl(
+                "get", "pods", "-n", ns, "-l", "tunefleet.io/profile=serve", "-o", "json"
+            ).stdout
+        )["items"]
+        if p["spec"].get("initContainers", [{}])[0].get("name") == "tunefleet-fetch"
+    )
+
+    def pct(xs: list[float], q: float) -> float:
+        return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else float("nan")
+
+    return {
+        "pods": pods,
+        "injected": injected,
+        "handler_p50_ms": pct(handler_ms, 0.5),
+        "handler_p99_ms": pct(handler_ms, 0.99),
+        "handler_samples": len(handler_ms),
+        "apiserver_p50_ms": quantile(0.5, before, after) * 1000,
+        "apiserver_p99_ms": quantile(0.99, before, after) * 1000,
+        "client_create_p50_ms": pct(client_ms, 0.5),
+        "client_create_p99_ms": pct(client_ms, 0.99),
+    }
+
+
+def artifacts(env: dict[str, str]) -> dict[str, Any]:
+    try:
+        from bench import bench_artifacts  # written alongside publish/fetch
+    except ImportError:
+        return {"skipped": "bench/bench_artifacts.py not present"}
+    from tests.support.cluster import S3Settings  # type: ignore[attr-defined]
+
+    s3 = S3Settings(
+        endpoint=env["AWS_ENDPOINT_URL_S3"],
+        access_key=env["AWS_ACCESS_KEY_ID"],
+        secret_key=env["AWS_SECRET_ACCESS_KEY"],
+        region=env.get("AWS_REGION", "us-east-1"),
+        bucket=env.get("TUNEFLEET_S3_BUCKET", "tunefleet"),
+    )
+    return dict(bench_artifacts.run(s3))
+
+
+def main() -> None:
+    subprocess.run([str(ROOT / "hack/cluster-up.sh")], check=True)
+    bin_dir = subprocess.run(
+        [str(ROOT / "hack/build-tools.sh"), "--dir"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    cluster = Cluster(bin_dir, str(STATE / "kubeconfig"))
+    env = s3_env()
+    operator = install(cluster, env["AWS_ENDPOINT_URL_S3"])
+    assert operator.proc is not None
+    results: dict[str, Any] = {}
+    try:
+        idle = rss_mib(operator.proc.pid)
+        one = [apply_to_jobs(cluster, 1, r) for r in range(5)]
+        many = [apply_to_jobs(cluster, 200, 0)]
+        time.sleep(5)  # let status writes settle before reading memory
+        rss_200 = rss_mib(operator.proc.pid)
+        many.append(apply_to_jobs(cluster, 200, 1))
+        results["scale"] = {
+            "apply_to_jobs_1_profile_s_median": statistics.median(one),
+            "runs_1": len(one),
+            "apply_to_jobs_200_profiles_s_median": statistics.median(many),
+            "runs_200": len(many),
+            "operator_rss_idle_mib": idle,
+            "operator_rss_mib_with_205_profiles": rss_200,
+            "operator_rss_mib_with_405_profiles": rss_mib(operator.proc.pid),
+        }
+        results["webhook"] = webhook_latency(cluster, operator, env)
+        results["artifacts"] = artifacts(env)
+    finally:
+        operator.stop()
+    write(results)
+
+
+def write(results: dict[str, Any]) -> None:
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    lines = [
+        "# tunefleet benchmarks",
+        "",
+        f"Written by `make bench` on {time.strftime('%Y-%m-%d')}: {os.cpu_count()} cores ({cpu}), "
+        f"Python {platform.python_version()}, local control plane (kube-apiserver v1.36.3, kwok, SeaweedFS) on loopback. "
+        "Medians; this machine is shared and noisy, so read ratios, not absolutes.",
+        "",
+        "```json",
+        json.dumps(results, indent=2),
+        "```",
+    ]
+    OUT.write_text("\n".join(lines) + "\n")
+    print(OUT.read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""tunefleet-fetch: the serving pod's init container. Download one pinned artifact, verify it,
+and write DEST/tunableop_results<i>.csv for every device ordinal i in 0..N-1.
+
+Verification before anything is written: SHA-256 of results.csv equals the pinned --sha256 (and
+the URI's last segment), the manifest parses, names the same SHA-256 (and --gpu-model when given)
+and GEMM count, and the CSV parses. Files appear atomically (temp file, then rename), all or none.
+
+Policy on any problem: fail open (default) -> "starting untuned: <reason>", exit 0, the app runs
+without tuned GEMMs; --fail-closed -> "refusing to start: <reason>", exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+from tuner_job._fs import sha256_hex
+from tuner_job.manifest import ManifestError, loads
+from tuner_job.results import CsvFormatError, parse_results
+
+from .store import (
+    MANIFEST_NAME,
+    RESULTS_NAME,
+    Store,
+    StoreError,
+    check_sha256,
+    open_store,
+    parse_uri,
+)
+
+PROG = "tunefleet-fetch"
+FILE_PATTERN = "tunableop_results{}.csv"  # PYTORCH_TUNABLEOP_FILENAME=DEST/tunableop_results%d.csv
+MAX_RESULTS_BYTES = 256 << 20
+MAX_MANIFEST_BYTES = 1 << 20
+MAX_DEVICES = 256
+
+
+class FetchError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Fetched:
+    paths: list[Path]
+    gemms: int
+    sha256: str
+
+
+def _verify(results: bytes, manifest_bytes: bytes, sha: str, gpu_model: str | None) -> int:
+    actual = sha256_hex(results)
+    if actual != sha:
+        raise FetchError(
+            f"results.csv has SHA-256 {actual}, expected {sha} (corrupted or truncated)"
+        )
+    try:
+        manifest = loads(manifest_bytes)
+    except ManifestError as exc:
+        raise FetchError(str(exc)) from None
+    if manifest.results_sha256 != sha:
+        raise FetchError(f"manifest describes results {manifest.results_sha256}, not {sha}")
+    if gpu_model and manifest.gpu_model != gpu_model:
+        raise FetchError(
+            f"artifact was tuned on {manifest.gpu_model!r}, this pod runs {gpu_model!r}"
+        )
+    try:
+        parsed = parse_results(results.decode("utf-8"), RESULTS_NAME, require_rows=True)
+    except (CsvFormatError, UnicodeDecodeError) as exc:
+        raise FetchError(f"results.csv does not parse: {exc}") from None
+    if parsed.gemms != manifest.gemms:
+        raise FetchError(f"manifest says {manifest.gemms} GEMMs, results.csv has {parsed.gemms}")
+    if parsed.validators != manifest.validators:
+        raise FetchError("manifest validators differ from results.csv")
+    return parsed.gemms
+
+
+def write_device_files(dest: Path, data: bytes, devices: int) -> list[Path]:
+    """One identical file per ordinal; temp files first, then renames, then none on failure."""
+    dest.mkdir(parents=True, exist_ok=True)
+    temps: list[tuple[str, Path]] = []
+    done: list[Path] = []
+    try:
+        for i in range(devices):
+            fd, tmp = tempfile.mkstemp(prefix=".tunableop_results.", suffix=".tmp", dir=dest)
+            temps.append((tmp, dest / FILE_PATTERN.format(i)))
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o444)
+        for tmp, final in temps:
+            os.replace(tmp, final)
+            done.append(final)
+    except OSError as exc:
+        for tmp, _ in temps:
+            Path(tmp).unlink(missing_ok=True)
+        for final in done:
+            final.unlink(missing_ok=True)
+        raise FetchError(f"cannot write into {dest}: {exc.strerror or exc}") from None
+    return done
+
+
+def fetch(
+    uri: str,
+    sha256: str,
+    dest: Path,
+    devices: int,
+    *,
+    gpu_model: str | None = None,
+    store: Store | None = None,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    timeout_s: float = 60.0,
+) -> Fetched:
+    try:
+        sha = check_sha256(sha256)
+        location = parse_uri(uri)
+    except ValueError as exc:
+        raise FetchError(str(exc)) from None
+    if not 1 <= devices <= MAX_DEVICES:
+        raise FetchError(f"--devices must be 1..{MAX_DEVICES}, got {devices}")
+    last = (location.prefix or location.bucket).rstrip("/").rsplit("/", 1)[-1]
+    if last != sha:
+        raise FetchError(f"URI {uri} does not end in the pinned SHA-256 {sha}")
+    if store is None:
+        store = open_store(location, endpoint_url=endpoint_url, region=region, timeout_s=timeout_s)
+    try:
+        manifest_bytes = store.get(location.key(MANIFEST_NAME), MAX_MANIFEST_BYTES)
+        results = store.get(location.key(RESULTS_NAME), MAX_RESULTS_BYTES)
+    except StoreError as exc:
+        raise FetchError(str(exc)) from None
+    gemms = _verify(results, manifest_bytes, sha, gpu_model)
+    paths = write_device_files(dest, results, devices)
+    return Fetched(paths, gemms, sha)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # A bad command line must follow the fail-open/closed policy too, not block the pod.
+        raise FetchError(f"bad arguments: {message}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--uri", required=True, help="s3://bucket/prefix/ns/profile/model/<sha256>")
+    p.add_argument("--sha256", required=True, help="the pinned SHA-256 of results.csv")
+    p.add_argument("--dest", required=True, help="directory for tunableop_results<i>.csv")
+    p.add_argument("--devices", required=True, type=int, help="GPUs the pod uses (files 0..N-1)")
+    p.add_argument("--gpu-model", help="refuse an artifact tuned on another GPU model")
+    p.add_argument("--endpoint-url", help="S3 endpoint (default: $AWS_ENDPOINT_URL_S3, else AWS)")
+    p.add_argument("--region")
+    p.add_argument("--fail-closed", action="store_true", help="exit 1 instead of starting untuned")
+    p.add_argument("--timeout-seconds", type=float, default=60.0, help="overall time limit")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    raw = list(sys.argv[1:] if argv is None else argv)
+    fail_closed = "--fail-closed" in raw
+    try:
+        args = _parser().parse_args(raw)
+        got = fetch(
+            args.uri,
+            args.sha256,
+            Path(args.dest),
+            args.devices,
+            gpu_model=args.gpu_model,
+            endpoint_url=args.endpoint_url,
+            region=args.region,
+            timeout_s=args.timeout_seconds,
+        )
+    except Exception as exc:  # any problem at all follows the policy: that is its point
+        known = isinstance(exc, FetchError | StoreError)
+        reason = " ".join(
+            (str(exc) if known else f"internal error: {type(exc).__name__}: {exc}").split()
+        )
+        if fail_closed:
+            print(f"{PROG}: refusing to start: {reason}", file=sys.stderr)
+            return 1
+        print(f"{PROG}: starting untuned: {reason}", file=sys.stderr)
+        return 0
+    print(
+        f"{PROG}: wrote {len(got.paths)} results file(s) with {got.gemms} tuned GEMMs "
+        f"(sha256 {got.sha256}) to {Path(args.dest) / 'tunableop_results%d.csv'}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

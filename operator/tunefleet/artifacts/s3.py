@@ -1,0 +1,151 @@
+"""S3 (and S3-compatible: MinIO, Ceph RGW, SeaweedFS, ...) access for artifacts, via boto3.
+
+Writes are conditional (If-None-Match: *) and carry a SHA-256 checksum the server verifies;
+retries use botocore's standard mode; every call is bounded by connect/read timeouts and the
+whole operation by a deadline.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+from .store import ConflictError, Location, StoreError
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+MAX_ATTEMPTS = 5
+# AWS answers 409 ConditionalRequestConflict while another conditional write to the key is in
+# flight; botocore does not retry it, so we do, a few times.
+CONFLICT_RETRIES = 3
+
+
+def resolve_endpoint(endpoint_url: str | None) -> str | None:
+    """--endpoint-url, else AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL (boto3's own order)."""
+    return (
+        endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    )
+
+
+def make_client(
+    endpoint_url: str | None = None, region: str | None = None, timeout_s: float = 60.0
+) -> S3Client:
+    endpoint = resolve_endpoint(endpoint_url)
+    config = Config(
+        retries={"mode": "standard", "max_attempts": MAX_ATTEMPTS},
+        connect_timeout=max(1.0, min(10.0, timeout_s / 4)),
+        read_timeout=max(1.0, min(30.0, timeout_s / 2)),
+        # Self-hosted stores are reached by IP or a service name: virtual-host style would put
+        # the bucket into the hostname.
+        s3={"addressing_style": "path" if endpoint else "auto"},
+    )
+    region_name = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    return boto3.client(
+        "s3", endpoint_url=endpoint, region_name=region_name or "us-east-1", config=config
+    )
+
+
+def _code(exc: ClientError) -> tuple[str, int]:
+    err = exc.response.get("Error", {})
+    meta = exc.response.get("ResponseMetadata", {})
+    return str(err.get("Code", "")), int(meta.get("HTTPStatusCode", 0))
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, NoCredentialsError):
+        return (
+            "no S3 credentials (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY from a Secret, "
+            "or give the pod a cloud identity)"
+        )
+    if isinstance(exc, ClientError):
+        code, status = _code(exc)
+        message = exc.response.get("Error", {}).get("Message", "")
+        return f"{code or 'error'} (HTTP {status}){': ' + message if message else ''}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+class S3Store:
+    def __init__(
+        self,
+        location: Location,
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        timeout_s: float = 60.0,
+        client: Any = None,
+    ) -> None:
+        self.location = location
+        self.bucket = location.bucket
+        self.deadline = time.monotonic() + timeout_s
+        self.timeout_s = timeout_s
+        self.client: S3Client = client or make_client(endpoint_url, region, timeout_s)
+
+    def _check_deadline(self, what: str) -> None:
+        if time.monotonic() > self.deadline:
+            raise StoreError(f"gave up on {what}: over the {self.timeout_s:.0f}s time limit")
+
+    def uri(self, key: str) -> str:
+        return self.location.uri(key)
+
+    def put_if_absent(self, key: str, data: bytes, content_type: str) -> bool:
+        checksum = base64.b64encode(hashlib.sha256(data).digest()).decode("ascii")
+        for attempt in range(CONFLICT_RETRIES + 1):
+            self._check_deadline(f"uploading {self.uri(key)}")
+            try:
+                self.client.put_object(
+                    Bucket=self.bucket,
+                    Key=key,
+                    Body=data,
+                    ContentType=content_type,
+                    ChecksumAlgorithm="SHA256",
+                    ChecksumSHA256=checksum,  # the server recomputes it and refuses a mismatch
+                    IfNoneMatch="*",
+                )
+                return True
+            except ClientError as exc:
+                code, status = _code(exc)
+                if status == 412 or code == "PreconditionFailed":
+                    break  # something is there already: compare below
+                if status == 409 and attempt < CONFLICT_RETRIES:
+                    time.sleep(0.5 * (attempt + 1))
+                    continue
+                raise StoreError(f"uploading {self.uri(key)} failed: {_describe(exc)}") from None
+            except BotoCoreError as exc:
+                raise StoreError(f"uploading {self.uri(key)} failed: {_describe(exc)}") from None
+        existing = self.get(key, len(data) + 1)
+        if existing != data:
+            raise ConflictError(f"a different object already exists at {self.uri(key)}")
+        return False
+
+    def get(self, key: str, max_bytes: int) -> bytes:
+        self._check_deadline(f"downloading {self.uri(key)}")
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
+            size = int(resp.get("ContentLength", 0))
+            if size > max_bytes:
+                resp["Body"].close()
+                raise StoreError(f"{self.uri(key)} is {size} bytes, more than {max_bytes}")
+            data = resp["Body"].read()
+        except ClientError as exc:
+            code, status = _code(exc)
+            if code in ("NoSuchKey", "404") or status == 404:
+                raise StoreError(f"no object at {self.uri(key)}") from None
+            raise StoreError(f"downloading {self.uri(key)} failed: {_describe(exc)}") from None
+        except BotoCoreError as exc:
+            # Includes botocore's own response checksum validation failing.
+            raise StoreError(f"downloading {self.uri(key)} failed: {_describe(exc)}") from None
+        stored = resp.get("ChecksumSHA256")
+        # A whole-object checksum (multipart uploads have "...-N" composites) must match.
+        if stored and "-" not in stored:
+            actual = base64.b64encode(hashlib.sha256(data).digest()).decode("ascii")
+            if actual != stored:
+                raise StoreError(f"{self.uri(key)} does not match its stored SHA-256 checksum")
+        return data
