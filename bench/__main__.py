@@ -14,7 +14,6 @@ import re
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -157,7 +156,7 @@ def webhook_latency(
     )
 
     def pct(xs: list[float], q: float) -> float:
-        return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else float("nan")
+        return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] if xs else float("nan")
 
     return {
         "pods": pods,
