@@ -89,9 +89,7 @@ def main() -> None:
     finally:
         operator.stop()
     step("Done")
-    print(
-        f"The demo took {time.monotonic() - started:.0f}s. The cluster is still up:"
-    )
+    print(f"The demo took {time.monotonic() - started:.0f}s. The cluster is still up:")
     print(f"  export KUBECONFIG={STATE / 'kubeconfig'}")
     print(f"  {bin_dir}/kubectl get tuningprofiles,jobs,pods -n {NS} -o wide")
     print("Clean up with:  make cluster-down   (stops every process cluster-up started)")
