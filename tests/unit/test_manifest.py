@@ -1,0 +1,90 @@
+"""manifest.json: round trip and refusal of anything that is not a v1 manifest."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tuner_job.manifest import SCHEMA, Manifest, ManifestError, from_dict, loads, rfc3339_utc
+
+
+def manifest(**over: Any) -> Manifest:
+    fields: dict[str, Any] = {
+        "namespace": "ml",
+        "profile": "llama",
+        "revision": "3f2a9c01de",
+        "gpu_model": "AMD_Instinct_MI300X_OAM",
+        "results_sha256": "ab" * 32,
+        "gemms": 12,
+        "recorded": 14,
+        "validators": {"PT_VERSION": "2.11.0", "GCN_ARCH_NAME": "gfx942:sramecc+:xnack-"},
+        "identity": {"gpuName": "AMD Instinct MI300X", "arch": "gfx942", "gpuCount": "8"},
+        "tuning_seconds": 812.5,
+        "tuned_at": "2026-11-29T20:00:00Z",
+        "tool_version": "0.1.0",
+    }
+    fields.update(over)
+    return Manifest(**fields)
+
+
+def test_round_trip_keeps_every_field_under_the_contract_names() -> None:
+    m = manifest()
+    doc = json.loads(m.to_json())
+    assert set(doc) == {
+        "schema",
+        "namespace",
+        "profile",
+        "revision",
+        "gpuModel",
+        "resultsSha256",
+        "gemms",
+        "recorded",
+        "validators",
+        "identity",
+        "tuningSeconds",
+        "tunedAt",
+        "toolVersion",
+    }
+    assert doc["schema"] == SCHEMA == "tunefleet.io/manifest/v1"
+    assert doc["gpuModel"] == "AMD_Instinct_MI300X_OAM" and doc["resultsSha256"] == "ab" * 32
+    assert loads(m.to_json()) == m
+
+
+def test_rfc3339_utc_is_what_the_manifest_accepts() -> None:
+    stamp = rfc3339_utc()
+    assert loads(manifest(tuned_at=stamp).to_json()).tuned_at == stamp
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        ({"schema": "tunefleet.io/manifest/v2"}, "schema"),
+        ({"resultsSha256": "AB" * 32}, "64 lowercase hex"),
+        ({"resultsSha256": "ab" * 31}, "64 lowercase hex"),
+        ({"gemms": -1}, "non-negative integer"),
+        ({"gemms": True}, "non-negative integer"),
+        ({"recorded": "14"}, "non-negative integer"),
+        ({"tunedAt": "2026-11-29 20:00:00"}, "RFC 3339"),
+        ({"tunedAt": "2026-11-29T20:00:00+02:00"}, "RFC 3339"),
+        ({"tuningSeconds": -3}, "tuningSeconds"),
+        ({"tuningSeconds": "812"}, "tuningSeconds"),
+        ({"validators": {"ROCM_VERSION": "6.4"}}, "PT_VERSION"),
+        ({"identity": {"gpuCount": 8}}, "strings to strings"),
+        ({"namespace": ""}, "namespace"),
+        ({"profile": None}, "profile"),
+    ],
+)
+def test_bad_manifests_are_refused(change: dict[str, Any], fragment: str) -> None:
+    doc = json.loads(manifest().to_json())
+    doc.update(change)
+    with pytest.raises(ManifestError, match=fragment):
+        from_dict(doc)
+
+
+def test_non_json_and_non_objects_are_refused() -> None:
+    with pytest.raises(ManifestError, match="not JSON"):
+        loads(b'{"schema": ')
+    with pytest.raises(ManifestError, match="not a JSON object"):
+        loads(b"[]")

@@ -1,0 +1,279 @@
+"""The one TunableOp CSV parser: real formats in, malformed files out with line numbers."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from tuner_job.results import (
+    CsvFormatError,
+    ResultRow,
+    ResultsFile,
+    ValidatorMismatchError,
+    dedupe_untuned,
+    format_results,
+    merge_results,
+    parse_op_signature,
+    parse_param_signature,
+    parse_results,
+    parse_untuned,
+    read_results,
+    read_untuned,
+)
+
+DATA = Path(__file__).parent / "data"
+
+
+def raw_rows(path: Path) -> list[list[str]]:
+    """An independent reading of a sample: split lines by comma, ignore validators."""
+    return [
+        line.split(",")
+        for line in path.read_text().splitlines()
+        if line and not line.startswith("Validator,")
+    ]
+
+
+def test_rocm_results_file_parses_with_every_validator_and_row() -> None:
+    path = DATA / "rocm_results.csv"
+    parsed = read_results(path)
+    expected_validators = {
+        line.split(",")[1]: line.split(",")[2]
+        for line in path.read_text().splitlines()
+        if line.startswith("Validator,")
+    }
+    assert parsed.validators == expected_validators
+    assert "GCN_ARCH_NAME" in parsed.validators
+    rows = raw_rows(path)
+    assert [(r.op, r.params, r.solution, r.ms_text) for r in parsed.rows] == [
+        tuple(r) for r in rows
+    ]
+    assert [r.line for r in parsed.rows] == list(range(7, 7 + len(rows)))
+
+
+def test_families_and_parameter_signatures_are_understood() -> None:
+    parsed: dict[str, ResultRow] = {}
+    for r in read_results(DATA / "rocm_results.csv").rows:
+        parsed.setdefault(r.op.split("TunableOp_")[0], r)  # first row of each family
+    assert set(parsed) == {"Gemm", "GemmStridedBatched", "GemmAndBias", "ScaledGemm"}
+
+    batched = parsed["GemmStridedBatched"]
+    sig = parse_param_signature(batched.params, parse_op_signature(batched.op))
+    assert (sig.trans_a, sig.trans_b, sig.m, sig.n, sig.k, sig.batch) == (
+        "t",
+        "n",
+        128,
+        128,
+        64,
+        256,
+    )
+    assert (sig.lda, sig.ldb, sig.ldc) == (64, 64, 128)
+
+    scaled = parsed["ScaledGemm"]
+    op = parse_op_signature(scaled.op)
+    assert op.family == "ScaledGemm" and op.layout == "TN"
+    assert op.types.startswith("Float8_e4m3fnuz_Float8_e4m3fnuz_")
+    assert parse_param_signature(scaled.params, op).rest.startswith("_rw_")
+
+
+def test_wildcard_dimensions_of_recent_torch_parse_as_unknown() -> None:
+    op = parse_op_signature("GemmTunableOp_BFloat16_TN")
+    sig = parse_param_signature("tn_*_4096_4096_ld_4096_4096_*", op)
+    assert sig.m is None and sig.ldc is None and sig.n == 4096
+
+
+def test_cuda_legacy_and_blaslog_results_parse() -> None:
+    cuda = read_results(DATA / "cuda_results.csv")
+    assert list(cuda.validators) == ["PT_VERSION"]
+    assert cuda.gemms == len(raw_rows(DATA / "cuda_results.csv"))
+
+    legacy = read_results(DATA / "legacy_results.csv")
+    assert [r.params for r in legacy.rows] == ["nt_25088_4096_64", "nt_4096_4096_64"]
+
+    blas = read_results(DATA / "results_blaslog.csv").rows[0]
+    assert blas.ms == pytest.approx(0.512)
+    assert blas.blas is not None and blas.blas.startswith("BLAS_PARAMS: - { function: matmul,")
+    assert blas.blas.endswith("compute_type: f32_r }")
+
+
+def test_untuned_files_parse_including_blas_params() -> None:
+    rows = read_untuned(DATA / "untuned0.csv").rows
+    assert [(r.op, r.params) for r in rows] == [tuple(r) for r in raw_rows(DATA / "untuned0.csv")]
+    blas = read_untuned(DATA / "untuned_blaslog.csv").rows
+    assert len(blas) == 2 and all(r.blas and "function: matmul" in r.blas for r in blas)
+
+
+def test_format_is_canonical_and_round_trips() -> None:
+    original = read_results(DATA / "rocm_results.csv")
+    text = format_results(original)
+    again = parse_results(text)
+    assert again.validators == original.validators
+    assert {(r.key, r.solution, r.ms_text) for r in again.rows} == {
+        (r.key, r.solution, r.ms_text) for r in original.rows
+    }
+    shuffled = list(original.rows)
+    random.Random(7).shuffle(shuffled)
+    reordered = ResultsFile(dict(reversed(list(original.validators.items()))), shuffled)
+    assert format_results(reordered) == text  # same content, same bytes, same SHA-256
+    assert text.startswith("Validator,")
+    blas_text = (DATA / "results_blaslog.csv").read_text()
+    assert format_results(parse_results(blas_text)) == blas_text
+
+
+V = "Validator,PT_VERSION,2.11.0\n"
+GOOD = "GemmTunableOp_BFloat16_TN,tn_64_64_64_ld_64_64_64,Gemm_Hipblaslt_1,0.01\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "fragment"),
+    [
+        pytest.param(GOOD, 0, "no Validator,PT_VERSION", id="no-pt-version"),
+        pytest.param(V + GOOD + GOOD[:40], 3, "no newline", id="truncated-last-line"),
+        pytest.param(
+            V + "GemmTunableOp_BFloat16_TN,tn_4096_4096_4096_ld_4096_40,Default,0.1\n",
+            2,
+            "unexpected trailing",
+            id="cut-parameter-signature",
+        ),
+        pytest.param(
+            V + "GemmTunableOp_BFloat16_TN,tn_64_64_64_ld_64_64_64\n",
+            2,
+            "4 fields",
+            id="two-fields",
+        ),
+        pytest.param(V + GOOD.replace("0.01", "fast"), 2, "not a number", id="bad-time"),
+        pytest.param(V + GOOD.replace("0.01", "-1"), 2, "non-negative", id="negative-time"),
+        pytest.param(V + GOOD.replace("0.01", "nan"), 2, "non-negative", id="nan-time"),
+        pytest.param(V + GOOD.replace("_TN,", "_NN,"), 2, "disagrees", id="layout-mismatch"),
+        pytest.param(V + GOOD + "\n" + GOOD, 4, "already appears on line 2", id="duplicate-gemm"),
+        pytest.param(
+            V + GOOD + "Validator,PT_VERSION,2.10.0\n", 3, "on line 1", id="conflicting-validator"
+        ),
+        pytest.param(
+            "Validator,PT_VERSION,2.11.0,extra\n", 1, "exactly 3 fields", id="validator-4-fields"
+        ),
+        pytest.param("Validator,pt_version,2.11.0\n", 1, "UPPER_CASE", id="validator-key-case"),
+        pytest.param(
+            V + "MatmulOp_BFloat16_TN,tn_1_1_1_ld_1_1_1,x,1\n", 2, "TunableOp_", id="bad-op"
+        ),
+        pytest.param(
+            V + GOOD.replace("Gemm_Hipblaslt_1", "Gemm Hipblaslt"), 2, "spaces", id="solution-space"
+        ),
+        pytest.param(
+            V + "GemmStridedBatchedTunableOp_float_NN,nn_64_64_64_ld_64_64_64,Default,0.1\n",
+            2,
+            "no _B_",
+            id="batched-without-batch",
+        ),
+        pytest.param(
+            V + "GemmTunableOp_float_NN,nn_64_64_64_B_2_ld_64_64_64,Default,0.1\n",
+            2,
+            "has a batch part",
+            id="plain-with-batch",
+        ),
+        pytest.param(V + GOOD.replace("64_64_64_ld", "0_64_64_ld"), 2, "m=0", id="zero-dim"),
+        pytest.param(V + "\x00" + GOOD, 2, "NUL", id="nul-byte"),
+    ],
+)
+def test_malformed_results_are_refused_with_their_line(text: str, line: int, fragment: str) -> None:
+    with pytest.raises(CsvFormatError) as err:
+        parse_results(text, "sample.csv")
+    assert err.value.line == line
+    assert fragment in err.value.message
+    prefix = f"sample.csv:{line}: " if line else "sample.csv: "
+    assert str(err.value).startswith(prefix)
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "fragment"),
+    [
+        pytest.param("Validator,PT_VERSION,2.11.0\n", 1, "results file", id="validator"),
+        pytest.param(GOOD, 1, "2 fields", id="results-row"),
+        pytest.param(
+            "GemmTunableOp_BFloat16_TN,tn_1_1_1_ld_1_1_1\nGemmTunableOp_BFloat16_TN\n",
+            2,
+            "2 fields",
+            id="one-field",
+        ),
+    ],
+)
+def test_malformed_untuned_files_are_refused_with_their_line(
+    text: str, line: int, fragment: str
+) -> None:
+    with pytest.raises(CsvFormatError) as err:
+        parse_untuned(text, "untuned0.csv")
+    assert (err.value.line, fragment in err.value.message) == (line, True)
+
+
+def test_non_utf8_file_is_refused_with_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "r.csv"
+    path.write_bytes(V.encode() + GOOD.encode() + b"GemmTunableOp_\xff\n")
+    with pytest.raises(CsvFormatError) as err:
+        read_results(path)
+    assert err.value.line == 3 and "UTF-8" in err.value.message
+
+
+def test_require_rows_refuses_a_file_with_only_validators() -> None:
+    assert parse_results(V).gemms == 0
+    with pytest.raises(CsvFormatError, match="no tuned GEMM rows"):
+        parse_results(V, require_rows=True)
+
+
+def test_dedupe_across_device_files_keeps_first_seen_order() -> None:
+    files = [read_untuned(DATA / "untuned0.csv"), read_untuned(DATA / "untuned1.csv")]
+    unique = dedupe_untuned(files)
+    expected: list[tuple[str, str]] = []
+    for name in ("untuned0.csv", "untuned1.csv"):
+        for op, params in raw_rows(DATA / name):
+            if (op, params) not in expected:
+                expected.append((op, params))
+    assert [r.key for r in unique] == expected
+    assert len(unique) < sum(len(f.rows) for f in files)  # the samples do overlap
+    assert unique[0].source.endswith("untuned0.csv")
+
+
+def row(op: str, params: str, solution: str, ms: str | None) -> ResultRow:
+    return ResultRow(op, params, solution, ms)
+
+
+OP = "GemmTunableOp_BFloat16_TN"
+
+
+def test_merge_is_a_union_where_the_faster_solution_wins() -> None:
+    validators = {"PT_VERSION": "2.11.0", "GCN_ARCH_NAME": "gfx942"}
+    a = ResultsFile(
+        dict(validators),
+        [
+            row(OP, "tn_1_1_1_ld_1_1_1", "Gemm_Rocblas_1", "0.50"),
+            row(OP, "tn_2_2_2_ld_2_2_2", "Gemm_Rocblas_2", "0.20"),
+            row(OP, "tn_4_4_4_ld_4_4_4", "Default", None),
+        ],
+    )
+    b = ResultsFile(
+        dict(validators),
+        [
+            row(OP, "tn_1_1_1_ld_1_1_1", "Gemm_Hipblaslt_9", "0.25"),
+            row(OP, "tn_2_2_2_ld_2_2_2", "Gemm_Hipblaslt_8", "0.30"),
+            row(OP, "tn_3_3_3_ld_3_3_3", "Gemm_Hipblaslt_7", "0.10"),
+            row(OP, "tn_4_4_4_ld_4_4_4", "Gemm_Hipblaslt_6", "9.0"),
+        ],
+    )
+    merged = merge_results([a, b])
+    chosen = {r.params: r.solution for r in merged.rows}
+    assert chosen == {
+        "tn_1_1_1_ld_1_1_1": "Gemm_Hipblaslt_9",  # 0.25 < 0.50
+        "tn_2_2_2_ld_2_2_2": "Gemm_Rocblas_2",  # 0.20 < 0.30
+        "tn_3_3_3_ld_3_3_3": "Gemm_Hipblaslt_7",  # only in b
+        "tn_4_4_4_ld_4_4_4": "Gemm_Hipblaslt_6",  # a timed row beats one without a time
+    }
+    assert merged.validators == validators
+    assert format_results(merge_results([b, a])) == format_results(merged)
+    assert parse_results(format_results(merged)).gemms == 4
+
+
+def test_merge_refuses_results_tuned_under_different_validators() -> None:
+    a = ResultsFile({"PT_VERSION": "2.11.0", "GCN_ARCH_NAME": "gfx942"}, [])
+    b = ResultsFile({"PT_VERSION": "2.11.0", "GCN_ARCH_NAME": "gfx90a"}, [])
+    with pytest.raises(ValidatorMismatchError, match="GCN_ARCH_NAME"):
+        merge_results([a, b])

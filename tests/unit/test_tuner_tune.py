@@ -1,0 +1,230 @@
+"""`tuner_job tune` against a stub torch: the call sequence of the single- and multi-GPU paths,
+how limits reach TunableOp, mgpu's path quirks, failures of one GEMM, and the wall-clock budget.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tuner_job.gpu import TunerError
+from tuner_job.results import read_results
+from tuner_job.tune import make_tuning_dir, path_is_mgpu_safe
+
+FAKE_TORCH = Path(__file__).parent / "data" / "fake_torch"
+REPO = Path(__file__).resolve().parents[2]
+DATA = Path(__file__).parent / "data"
+
+LIMITS = {
+    "maxDurationMs": 7,
+    "maxIterations": 11,
+    "warmupDurationMs": 3,
+    "warmupIterations": 2,
+    "rotatingBufferMB": 5,
+    "numericalCheck": True,
+    "budgetSeconds": 60,
+}
+
+
+def tune(
+    tmp: Path, *untuned: Path, gpus: int = 1, limits: dict[str, Any] | None = None, **env: str
+) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
+    (tmp / "config.json").write_text(json.dumps({"gpus": gpus, "tuning": limits or LIMITS}))
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("PYTORCH_", "TUNEFLEET_"))}
+    full.update(
+        PYTHONPATH=os.pathsep.join([str(FAKE_TORCH), str(REPO)]),
+        FAKE_TORCH_LOG=str(tmp / "calls.jsonl"),
+        FAKE_TORCH_GPUS=str(max(gpus, 1)),
+        **env,
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "tuner_job", "--termination-log", str(tmp / "tl"), "tune"]
+        + ["--config", str(tmp / "config.json"), "--out", str(tmp / "results.csv"), "--untuned"]
+        + [str(p) for p in untuned],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    log = tmp / "calls.jsonl"
+    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return done, calls
+
+
+def unique_keys(*paths: Path) -> set[tuple[str, str]]:
+    return {tuple(line.split(",")[:2]) for p in paths for line in p.read_text().splitlines()}  # type: ignore[misc]
+
+
+def many_gemms(tmp: Path, n: int, marker: str = "") -> Path:
+    path = tmp / "many_untuned0.csv"
+    path.write_text(
+        "".join(
+            f"GemmTunableOp_BFloat16_TN,tn_{64 + i}_64_64{marker}_ld_64_64_{64 + i}\n"
+            for i in range(n)
+        )
+    )
+    return path
+
+
+def test_single_gpu_sets_limits_through_the_python_api_then_tunes_each_gemm(
+    tmp_path: Path,
+) -> None:
+    files = (DATA / "untuned0.csv", DATA / "untuned1.csv")
+    # A user's own env value would override the Python API: the tuner drops it for the child.
+    done, calls = tune(tmp_path, *files, PYTORCH_TUNABLEOP_MAX_TUNING_ITERATIONS="999")
+    assert done.returncode == 0, done.stderr
+
+    names = [c["event"] for c in calls]
+    first_tune = names.index("tune_gemm_in_file")
+    api = {c["event"]: c.get("value") for c in calls[:first_tune]}
+    assert api["set_max_tuning_duration"] == 7
+    assert api["set_max_tuning_iterations"] == 11
+    assert api["set_max_warmup_duration"] == 3
+    assert api["set_max_warmup_iterations"] == 2
+    assert api["set_rotating_buffer_size"] == 5
+    assert api["set_numerical_check_tolerances"][0] is True
+    assert api["enable"] is True and api["tuning_enable"] is True
+    assert api["record_untuned_enable"] is False
+
+    tunes = [c for c in calls if c["event"] == "tune_gemm_in_file"]
+    expected = unique_keys(*files)
+    assert len(tunes) == len(expected)  # de-duplicated: each GEMM tuned once
+    assert "mgpu_tune_gemm_in_file" not in names
+    for call in tunes:
+        env = call["env"]
+        assert env["MAX_TUNING_ITERATIONS"] is None and env["MAX_TUNING_DURATION_MS"] is None
+        assert env["FILENAME"].endswith("tuned%d.csv")  # a fresh results path per run
+
+    results = read_results(tmp_path / "results.csv")
+    assert results.keys() == expected
+    assert results.validators == {"PT_VERSION": "2.11.0+fake"}
+
+
+def test_multi_gpu_uses_mgpu_in_a_safe_directory_with_limits_as_env(tmp_path: Path) -> None:
+    files = (DATA / "untuned0.csv", DATA / "untuned1.csv")
+    done, calls = tune(tmp_path, *files, gpus=2)
+    assert done.returncode == 0, done.stderr
+    mgpu = [c for c in calls if c["event"] == "mgpu_tune_gemm_in_file"]
+    assert len(mgpu) == 1 and mgpu[0]["gpus"] == 2
+    assert not [c for c in calls if c["event"] == "tune_gemm_in_file"]
+    pattern = mgpu[0]["pattern"]
+    directory = os.path.dirname(pattern)
+    assert path_is_mgpu_safe(directory), directory
+    assert "?" in os.path.basename(pattern) or "*" in os.path.basename(pattern)
+    env = mgpu[0]["env"]
+    # Spawned workers never see this process's API calls: the limits must be in the env.
+    assert env["MAX_TUNING_DURATION_MS"] == "7"
+    assert env["MAX_TUNING_ITERATIONS"] == "11"
+    assert env["MAX_WARMUP_DURATION_MS"] == "3"
+    assert env["MAX_WARMUP_ITERATIONS"] == "2"
+    assert env["ROTATING_BUFFER_SIZE"] == "5"
+    assert env["NUMERICAL_CHECK"] == "0.01_0.01"  # recent torch's atol_rtol form
+    assert read_results(tmp_path / "results.csv").keys() == unique_keys(*files)
+    assert not os.path.exists(directory)  # cleaned up
+
+
+def test_numerical_check_off_reaches_mgpu_workers_as_zero(tmp_path: Path) -> None:
+    done, calls = tune(
+        tmp_path, DATA / "untuned0.csv", gpus=2, limits={**LIMITS, "numericalCheck": False}
+    )
+    assert done.returncode == 0, done.stderr
+    (mgpu,) = [c for c in calls if c["event"] == "mgpu_tune_gemm_in_file"]
+    assert mgpu["env"]["NUMERICAL_CHECK"] == "0"
+
+
+def test_one_gemm_torch_refuses_does_not_cost_the_others(tmp_path: Path) -> None:
+    path = many_gemms(tmp_path, 3)
+    text = path.read_text() + "GemmTunableOp_BFloat16_TN,tn_7777_64_64_ld_64_64_7777\n"
+    path.write_text(text)
+    done, _ = tune(tmp_path, path)
+    assert done.returncode == 0, done.stderr
+    assert "AssertionError: unsupported GEMM" in done.stderr
+    assert "tuned 3 of 4 GEMM(s)" in done.stderr
+    assert len(read_results(tmp_path / "results.csv").rows) == 3
+
+
+def test_budget_stops_between_gemms_and_keeps_what_was_tuned(tmp_path: Path) -> None:
+    # The child stops 10% of the budget early (0.4s here), more than one GEMM takes (0.25s).
+    path = many_gemms(tmp_path, 30)
+    start = time.monotonic()
+    done, calls = tune(
+        tmp_path, path, limits={**LIMITS, "budgetSeconds": 4}, FAKE_TORCH_TUNE_SLEEP="0.25"
+    )
+    elapsed = time.monotonic() - start
+    assert done.returncode == 0, done.stderr
+    tuned = len(read_results(tmp_path / "results.csv").rows)
+    assert 1 <= tuned < 30
+    assert tuned == len([c for c in calls if c["event"] == "tune_gemm_in_file"])
+    assert f"budget reached after {tuned} of 30 GEMMs" in done.stderr
+    assert "stopping the tuning process" not in done.stderr  # a clean stop, no kill
+    assert "tuning budget ran out" in done.stderr
+    assert elapsed < 4 + 3  # stopped near the budget, not after all 30 x 0.25s
+
+
+def test_budget_kills_a_tuning_process_stuck_inside_torch(tmp_path: Path) -> None:
+    # mgpu gives no chance to stop between GEMMs: the process group is killed at the budget,
+    # and the results torch had already appended survive.
+    path = many_gemms(tmp_path, 8)
+    start = time.monotonic()
+    done, _ = tune(
+        tmp_path, path, gpus=2, limits={**LIMITS, "budgetSeconds": 2}, FAKE_TORCH_TUNE_SLEEP="0.6"
+    )
+    elapsed = time.monotonic() - start
+    assert done.returncode == 0, done.stderr
+    assert "stopping the tuning process" in done.stderr
+    tuned = len(read_results(tmp_path / "results.csv").rows)
+    assert 1 <= tuned < 8
+    assert elapsed < 2 + 10
+
+
+def test_budget_gone_before_anything_was_tuned_is_an_error(tmp_path: Path) -> None:
+    path = many_gemms(tmp_path, 2)
+    done, _ = tune(
+        tmp_path, path, gpus=2, limits={**LIMITS, "budgetSeconds": 1}, FAKE_TORCH_TUNE_SLEEP="3"
+    )
+    assert done.returncode == 1
+    assert "tuning produced no results for 2 GEMM(s): the budget ran out first" in done.stderr
+    assert not (tmp_path / "results.csv").exists()
+
+
+def test_malformed_untuned_input_is_refused_with_its_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad0.csv"
+    bad.write_text("GemmTunableOp_BFloat16_TN,tn_64_64_64_ld_64_64_64\nGemmTunableOp_BFloat16_TN\n")
+    done, calls = tune(tmp_path, bad)
+    assert done.returncode == 1
+    assert f"{bad}:2:" in done.stderr.strip().splitlines()[-1]
+    assert not calls  # nothing reached torch
+
+
+@pytest.mark.parametrize(
+    ("path", "safe"),
+    [
+        ("/tmp/tunefleet-tune-abc", True),
+        ("/tmp/run.1/x", False),  # mgpu's glob is built around the first '.'
+        ("/var/tmp/job0/x", False),  # its copies use replace("0", i) on the whole path
+    ],
+)
+def test_mgpu_path_rules(path: str, safe: bool) -> None:
+    assert path_is_mgpu_safe(path) is safe
+
+
+def test_tuning_dir_skips_unsafe_bases() -> None:
+    base = make_tuning_dir(["/tmp"])  # pytest's own tmp paths end in digits like 0
+    try:
+        assert path_is_mgpu_safe(str(base))
+        unsafe = base / "with.dot"
+        unsafe.mkdir()
+        made = make_tuning_dir([str(unsafe), str(base)])
+        assert made.parent == base and path_is_mgpu_safe(str(made))
+        with pytest.raises(TunerError, match="no writable directory"):
+            make_tuning_dir([str(unsafe)])
+    finally:
+        shutil.rmtree(base)
