@@ -17,7 +17,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-from .store import ConflictError, Location, StoreError
+from .store import ConflictError, Location, StoreError, TooLargeError, same_object
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -120,8 +120,7 @@ class S3Store:
                 raise StoreError(f"uploading {self.uri(key)} failed: {_describe(exc)}") from None
             except BotoCoreError as exc:
                 raise StoreError(f"uploading {self.uri(key)} failed: {_describe(exc)}") from None
-        existing = self.get(key, len(data) + 1)
-        if existing != data:
+        if not same_object(self, key, data):
             raise ConflictError(f"a different object already exists at {self.uri(key)}")
         return False
 
@@ -132,7 +131,7 @@ class S3Store:
             size = int(resp.get("ContentLength", 0))
             if size > max_bytes:
                 resp["Body"].close()
-                raise StoreError(f"{self.uri(key)} is {size} bytes, more than {max_bytes}")
+                raise TooLargeError(f"{self.uri(key)} is {size} bytes, more than {max_bytes}")
             data = resp["Body"].read()
         except ClientError as exc:
             code, status = _code(exc)

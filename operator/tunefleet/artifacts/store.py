@@ -33,6 +33,18 @@ class ConflictError(StoreError):
     """A different object already sits under a content-addressed key."""
 
 
+class TooLargeError(StoreError):
+    """An object is larger than the caller allows (checked before it is downloaded)."""
+
+
+def same_object(store: Store, key: str, data: bytes) -> bool:
+    """Whether the object at key is exactly data (used after a create-if-absent lost)."""
+    try:
+        return store.get(key, len(data)) == data
+    except TooLargeError:
+        return False
+
+
 class Store(Protocol):
     def put_if_absent(self, key: str, data: bytes, content_type: str) -> bool:
         """Write once. True if written, False if an identical object was already there."""
@@ -129,7 +141,7 @@ class DirStore:
                 Path(tmp).unlink(missing_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from None
-        if self.get(key, len(data) + 1) != data:
+        if not same_object(self, key, data):
             raise ConflictError(f"a different object already exists at {self.uri(key)}")
         return False
 
@@ -138,7 +150,7 @@ class DirStore:
         try:
             size = path.stat().st_size
             if size > max_bytes:
-                raise StoreError(f"{self.uri(key)} is {size} bytes, more than {max_bytes}")
+                raise TooLargeError(f"{self.uri(key)} is {size} bytes, more than {max_bytes}")
             return path.read_bytes()
         except FileNotFoundError:
             raise StoreError(f"no object at {self.uri(key)}") from None

@@ -1,0 +1,350 @@
+"""publish, fetch and bootstrap over the directory store (file://), as CLIs and functions.
+
+The S3 path, same code plus boto3, is in tests/e2e/test_artifacts_s3.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tunefleet.artifacts import fetch as fetch_mod
+from tunefleet.artifacts import publish as publish_mod
+from tunefleet.artifacts.bootstrap import bootstrap
+from tunefleet.artifacts.store import Location, parse_uri
+from tuner_job._fs import sha256_hex
+from tuner_job.manifest import Manifest, rfc3339_utc
+from tuner_job.results import read_results
+
+DATA = Path(__file__).parent / "data"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def tuner_output(out: Path, results: Path = DATA / "rocm_results.csv", **over: object) -> Manifest:
+    """What `tuner_job run` leaves: results.csv + a manifest describing it."""
+    out.mkdir(parents=True, exist_ok=True)
+    data = results.read_bytes()
+    (out / "results.csv").write_bytes(data)
+    parsed = read_results(results)
+    fields: dict[str, object] = {
+        "namespace": "ml",
+        "profile": "llama",
+        "revision": "3f2a9c01de",
+        "gpu_model": "AMD_Instinct_MI300X_OAM",
+        "results_sha256": sha256_hex(data),
+        "gemms": parsed.gemms,
+        "recorded": parsed.gemms + 2,
+        "validators": parsed.validators,
+        "identity": {"gpuName": "AMD Instinct MI300X", "arch": "gfx942:sramecc+:xnack-"},
+        "tuning_seconds": 812.5,
+        "tuned_at": rfc3339_utc(),
+        "tool_version": "0.1.0",
+    }
+    fields.update(over)
+    manifest = Manifest(**fields)  # type: ignore[arg-type]
+    (out / "manifest.json").write_bytes(manifest.to_json())
+    return manifest
+
+
+def cli(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "operator"), str(REPO)])}
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def publish_args(
+    out: Path, store: Path, tl: Path, model: str = "AMD_Instinct_MI300X_OAM"
+) -> list[str]:
+    return [
+        "--dir",
+        str(out),
+        "--uri",
+        f"file://{store}",
+        "--namespace",
+        "ml",
+        "--profile",
+        "llama",
+        "--gpu-model",
+        model,
+        "--termination-log",
+        str(tl),
+    ]
+
+
+def test_publish_then_fetch_writes_one_verified_file_per_ordinal(tmp_path: Path) -> None:
+    manifest = tuner_output(tmp_path / "out")
+    store = tmp_path / "store"
+    done = cli(
+        "tunefleet.artifacts.publish", *publish_args(tmp_path / "out", store, tmp_path / "tl")
+    )
+    assert done.returncode == 0, done.stderr
+    message = json.loads(done.stdout)
+    assert (tmp_path / "tl").read_text().strip() == done.stdout.strip()
+    sha = manifest.results_sha256
+    assert message == {
+        "uri": f"file://{store}/ml/llama/AMD_Instinct_MI300X_OAM/{sha}",
+        "sha256": sha,
+        "gemms": manifest.gemms,
+        "tunedAt": manifest.tuned_at,
+        "tuningSeconds": 812.5,
+        "revision": "3f2a9c01de",
+        "identity": manifest.identity,
+    }
+    stored = store / "ml" / "llama" / "AMD_Instinct_MI300X_OAM" / sha
+    assert (stored / "results.csv").read_bytes() == (tmp_path / "out" / "results.csv").read_bytes()
+
+    dest = tmp_path / "artifact"
+    args = ["--uri", message["uri"], "--sha256", sha, "--dest", str(dest), "--devices", "3"]
+    done = cli("tunefleet.artifacts.fetch", *args, "--gpu-model", "AMD_Instinct_MI300X_OAM")
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in dest.iterdir()) == [f"tunableop_results{i}.csv" for i in range(3)]
+    for i in range(3):
+        assert sha256_hex((dest / f"tunableop_results{i}.csv").read_bytes()) == sha
+    assert done.stdout.count("\n") == 1 and f"with {manifest.gemms} tuned GEMMs" in done.stdout
+
+
+def test_publishing_the_same_artifact_again_succeeds_without_rewriting(tmp_path: Path) -> None:
+    tuner_output(tmp_path / "out")
+    args = publish_args(tmp_path / "out", tmp_path / "store", tmp_path / "tl")
+    first = cli("tunefleet.artifacts.publish", *args)
+    again = cli("tunefleet.artifacts.publish", *args)
+    assert first.returncode == again.returncode == 0, again.stderr
+    assert first.stdout == again.stdout
+    assert "already published" in again.stderr
+
+
+def test_retuned_identical_results_keep_the_stored_manifest(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    tuner_output(tmp_path / "a")
+    tuner_output(tmp_path / "b", revision="99aa77", tuning_seconds=3.0)
+    assert (
+        cli(
+            "tunefleet.artifacts.publish", *publish_args(tmp_path / "a", store, tmp_path / "t")
+        ).returncode
+        == 0
+    )
+    done = cli("tunefleet.artifacts.publish", *publish_args(tmp_path / "b", store, tmp_path / "t"))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["revision"] == "99aa77"  # this run's revision for the operator
+    assert "kept the manifest already stored" in done.stderr
+
+
+def test_a_different_object_under_the_content_key_is_an_error(tmp_path: Path) -> None:
+    manifest = tuner_output(tmp_path / "out")
+    store = tmp_path / "store"
+    squatter = store / "ml" / "llama" / "AMD_Instinct_MI300X_OAM" / manifest.results_sha256
+    squatter.mkdir(parents=True)
+    (squatter / "results.csv").write_text("something else\n")
+    done = cli(
+        "tunefleet.artifacts.publish", *publish_args(tmp_path / "out", store, tmp_path / "tl")
+    )
+    assert done.returncode == 1
+    assert "a different object already exists" in done.stderr
+    assert (tmp_path / "tl").read_text().startswith("tunefleet-publish: a different object")
+    assert not (squatter / "manifest.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("tamper", "fragment"),
+    [
+        ("results", "is not the SHA-256 of results.csv"),
+        ("namespace", "manifest namespace 'other' is not 'ml'"),
+        ("gemms", "manifest says 99 GEMMs"),
+        ("csv", "no Validator,PT_VERSION"),
+    ],
+)
+def test_publish_refuses_inconsistent_output_before_uploading(
+    tmp_path: Path, tamper: str, fragment: str
+) -> None:
+    out = tmp_path / "out"
+    if tamper == "namespace":
+        tuner_output(out, namespace="other")
+    elif tamper == "gemms":
+        tuner_output(out, gemms=99)
+    else:
+        tuner_output(out)
+    if tamper == "results":
+        with (out / "results.csv").open("a") as f:
+            f.write("GemmTunableOp_float_NN,nn_8_8_8_ld_8_8_8,Default,0.1\n")
+    if tamper == "csv":
+        text = (out / "results.csv").read_text().replace("Validator,PT_VERSION,2.11.0\n", "")
+        (out / "results.csv").write_text(text)
+    done = cli(
+        "tunefleet.artifacts.publish", *publish_args(out, tmp_path / "store", tmp_path / "tl")
+    )
+    assert done.returncode == 1
+    assert fragment in done.stderr
+    assert not (tmp_path / "store").exists()
+
+
+def test_termination_message_stays_under_4096_bytes_by_trimming_identity(tmp_path: Path) -> None:
+    identity = {"gpuName": "MI300X", "notes": "x" * 3000, "more": "y" * 2000, "arch": "gfx942"}
+    manifest = tuner_output(tmp_path / "out", identity=identity)
+    pub = publish_mod.Published(
+        "s3://b/p/" + manifest.results_sha256, manifest.results_sha256, manifest, True, False
+    )
+    message = publish_mod.termination_message(pub)
+    assert len(message.encode()) <= 4096
+    doc = json.loads(message)
+    assert doc["identity"] == {"gpuName": "MI300X", "more": "y" * 2000, "arch": "gfx942"}
+    assert doc["sha256"] == manifest.results_sha256 and doc["gemms"] == manifest.gemms
+    small = publish_mod.termination_message(pub, limit=400)
+    assert len(small.encode()) <= 400 and json.loads(small)["identity"] == {
+        "arch": "gfx942",
+        "gpuName": "MI300X",
+    }
+
+
+@pytest.fixture
+def published(tmp_path: Path) -> tuple[Path, str]:
+    manifest = tuner_output(tmp_path / "out")
+    store = tmp_path / "store"
+    pub = publish_mod.publish(
+        tmp_path / "out", f"file://{store}", "ml", "llama", "AMD_Instinct_MI300X_OAM"
+    )
+    assert pub.created
+    return Path(parse_uri(pub.uri).bucket), manifest.results_sha256
+
+
+def fetch_cli(
+    artifact: Path, sha: str, dest: Path, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    return cli(
+        "tunefleet.artifacts.fetch",
+        "--uri",
+        f"file://{artifact}",
+        "--sha256",
+        sha,
+        "--dest",
+        str(dest),
+        "--devices",
+        "2",
+        *extra,
+    )
+
+
+def corrupt(path: Path, how: str) -> None:
+    data = path.read_bytes()
+    path.chmod(0o644)
+    if how == "flip":
+        data = data[:100] + bytes([data[100] ^ 0x01]) + data[101:]
+    elif how == "truncate":
+        data = data[: len(data) // 2]
+    path.write_bytes(data)
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate"])
+@pytest.mark.parametrize("closed", [False, True])
+def test_fetch_refuses_a_corrupted_or_truncated_object(
+    tmp_path: Path, published: tuple[Path, str], how: str, closed: bool
+) -> None:
+    artifact, sha = published
+    corrupt(artifact / "results.csv", how)
+    dest = tmp_path / "dest"
+    done = fetch_cli(artifact, sha, dest, *(["--fail-closed"] if closed else []))
+    verb = "refusing to start" if closed else "starting untuned"
+    assert done.returncode == (1 if closed else 0)
+    assert done.stderr.startswith(f"tunefleet-fetch: {verb}: results.csv has SHA-256 ")
+    assert done.stderr.count("\n") == 1 and "(corrupted or truncated)" in done.stderr
+    assert not dest.exists() or not list(dest.iterdir())  # no partial files
+
+
+@pytest.mark.parametrize(
+    ("case", "fragment"),
+    [
+        ("gpu-model", "tuned on 'AMD_Instinct_MI300X_OAM', this pod runs 'NVIDIA-H200'"),
+        ("manifest-sha", "manifest describes results"),
+        ("manifest-garbage", "manifest is not JSON"),
+        ("missing", "no object at file://"),
+        ("wrong-pin", "does not end in the pinned SHA-256"),
+        ("bad-args", "bad arguments"),
+        ("bad-sha", "is not a SHA-256"),
+    ],
+)
+def test_fetch_follows_the_policy_on_every_problem(
+    tmp_path: Path, published: tuple[Path, str], case: str, fragment: str
+) -> None:
+    artifact, sha = published
+    extra: list[str] = []
+    pin = sha
+    if case == "gpu-model":
+        extra = ["--gpu-model", "NVIDIA-H200"]
+    elif case == "manifest-sha":
+        doc = json.loads((artifact / "manifest.json").read_text())
+        doc["resultsSha256"] = "0" * 64
+        (artifact / "manifest.json").chmod(0o644)
+        (artifact / "manifest.json").write_text(json.dumps(doc))
+    elif case == "manifest-garbage":
+        (artifact / "manifest.json").chmod(0o644)
+        (artifact / "manifest.json").write_text("{")
+    elif case == "missing":
+        (artifact / "results.csv").unlink()
+    elif case == "wrong-pin":
+        pin = "f" * 64
+    elif case == "bad-args":
+        extra = ["--devices", "two"]
+    elif case == "bad-sha":
+        pin = "xyz"
+    for closed in (False, True):
+        dest = tmp_path / f"dest-{closed}"
+        done = fetch_cli(artifact, pin, dest, *extra, *(["--fail-closed"] if closed else []))
+        assert done.returncode == (1 if closed else 0), done.stderr
+        verb = "refusing to start" if closed else "starting untuned"
+        assert done.stderr.startswith(f"tunefleet-fetch: {verb}: ") and fragment in done.stderr
+        assert not dest.exists() or not list(dest.iterdir())
+
+
+def test_fetch_replaces_files_from_an_earlier_attempt_atomically(
+    tmp_path: Path, published: tuple[Path, str]
+) -> None:
+    artifact, sha = published
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "tunableop_results0.csv").write_text("stale\n")
+    got = fetch_mod.fetch(f"file://{artifact}", sha, dest, 2)
+    assert [p.name for p in got.paths] == ["tunableop_results0.csv", "tunableop_results1.csv"]
+    assert sorted(p.name for p in dest.iterdir()) == [
+        "tunableop_results0.csv",
+        "tunableop_results1.csv",
+    ]
+    assert all(sha256_hex(p.read_bytes()) == sha for p in got.paths)
+
+
+def test_uri_parsing_and_key_layout() -> None:
+    loc = parse_uri("s3://bucket/some/prefix/")
+    assert loc == Location("s3", "bucket", "some/prefix")
+    assert loc.key("ml", "p", "M", "abc", "results.csv") == "some/prefix/ml/p/M/abc/results.csv"
+    assert loc.uri(loc.key("ml")) == "s3://bucket/some/prefix/ml"
+    assert parse_uri("s3://bucket").key("ml", "results.csv") == "ml/results.csv"
+    assert parse_uri("file:///srv/store").bucket == "/srv/store"
+    for bad in ("http://x/y", "s3:///nobucket", "s3://b/../etc", "file://host/x"):
+        with pytest.raises(ValueError):
+            parse_uri(bad)
+
+
+def test_bootstrap_copies_a_runnable_tuner_without_caches(tmp_path: Path) -> None:
+    target = bootstrap(tmp_path / "tools")
+    assert target == tmp_path / "tools" / "tuner_job"
+    names = {p.name for p in target.rglob("*")}
+    assert {"__init__.py", "__main__.py", "results.py", "tune.py"} <= names
+    assert "__pycache__" not in names and not any(n.endswith(".pyc") for n in names)
+    bootstrap(tmp_path / "tools")  # a restarted init container copies again, cleanly
+    assert sorted(p.name for p in (tmp_path / "tools").iterdir()) == ["tuner_job"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(tmp_path / "tools")
+    done = subprocess.run(
+        [sys.executable, "-c", "import tuner_job, sys; print(tuner_job.__file__)"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert done.stdout.strip() == str(target / "__init__.py")
+    shutil.rmtree(tmp_path / "tools")
