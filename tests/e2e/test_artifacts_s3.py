@@ -1,0 +1,185 @@
+"""publish and fetch against the real S3 server (SeaweedFS from hack/cluster-up.sh --s3-only).
+
+The CLIs run as the pods run them: subprocesses with AWS_* credentials and AWS_ENDPOINT_URL_S3
+in their environment, nothing else configured.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tuner_job._fs import sha256_hex
+from tuner_job.manifest import Manifest, rfc3339_utc
+from tuner_job.results import read_results
+
+pytestmark = pytest.mark.e2e
+
+DATA = Path(__file__).resolve().parents[1] / "unit" / "data"
+REPO = Path(__file__).resolve().parents[2]
+MODEL = "AMD_Instinct_MI300X_OAM"
+
+
+def tuner_output(out: Path) -> Manifest:
+    out.mkdir(parents=True, exist_ok=True)
+    data = (DATA / "rocm_results.csv").read_bytes()
+    (out / "results.csv").write_bytes(data)
+    parsed = read_results(DATA / "rocm_results.csv")
+    manifest = Manifest(
+        namespace="ml",
+        profile="llama",
+        revision="3f2a9c01de",
+        gpu_model=MODEL,
+        results_sha256=sha256_hex(data),
+        gemms=parsed.gemms,
+        recorded=parsed.gemms,
+        validators=parsed.validators,
+        identity={"gpuName": "sample (hand-written results, no GPU here)"},
+        tuning_seconds=1.5,
+        tuned_at=rfc3339_utc(),
+        tool_version="0.1.0",
+    )
+    (out / "manifest.json").write_bytes(manifest.to_json())
+    return manifest
+
+
+def cli(s3: Any, module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(s3.env())
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "operator"), str(REPO)])
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"artifacts-test/{uuid.uuid4().hex[:12]}"
+
+
+def publish(s3: Any, out: Path, prefix: str, tmp: Path) -> subprocess.CompletedProcess[str]:
+    return cli(
+        s3,
+        "tunefleet.artifacts.publish",
+        "--dir",
+        str(out),
+        "--uri",
+        f"s3://{s3.bucket}/{prefix}",
+        "--namespace",
+        "ml",
+        "--profile",
+        "llama",
+        "--gpu-model",
+        MODEL,
+        "--termination-log",
+        str(tmp / "termination-log"),
+        "--timeout-seconds",
+        "60",
+    )
+
+
+def fetch(s3: Any, uri: str, sha: str, dest: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return cli(
+        s3,
+        "tunefleet.artifacts.fetch",
+        "--uri",
+        uri,
+        "--sha256",
+        sha,
+        "--dest",
+        str(dest),
+        "--devices",
+        "2",
+        "--gpu-model",
+        MODEL,
+        "--timeout-seconds",
+        "30",
+        *extra,
+    )
+
+
+def test_publish_then_fetch_round_trip(s3: Any, prefix: str, tmp_path: Path) -> None:
+    manifest = tuner_output(tmp_path / "out")
+    done = publish(s3, tmp_path / "out", prefix, tmp_path)
+    assert done.returncode == 0, done.stderr
+    message = json.loads(done.stdout)
+    sha = manifest.results_sha256
+    key = f"{prefix}/ml/llama/{MODEL}/{sha}"
+    assert message["uri"] == f"s3://{s3.bucket}/{key}"
+    assert (message["sha256"], message["gemms"]) == (sha, manifest.gemms)
+    assert json.loads((tmp_path / "termination-log").read_text()) == message
+
+    # Stored with the SHA-256 checksum the server verified on upload.
+    client = s3.client()
+    data = (tmp_path / "out" / "results.csv").read_bytes()
+    head = client.head_object(Bucket=s3.bucket, Key=f"{key}/results.csv", ChecksumMode="ENABLED")
+    assert head["ChecksumSHA256"] == base64.b64encode(hashlib.sha256(data).digest()).decode()
+    assert head["ContentLength"] == len(data)
+
+    done = fetch(s3, message["uri"], sha, tmp_path / "dest")
+    assert done.returncode == 0, done.stderr
+    for i in range(2):
+        assert (tmp_path / "dest" / f"tunableop_results{i}.csv").read_bytes() == data
+
+    again = publish(s3, tmp_path / "out", prefix, tmp_path)
+    assert again.returncode == 0, again.stderr  # identical artifact already there: success
+    assert "already published" in again.stderr
+
+
+def test_a_different_object_under_the_content_key_fails_publish(
+    s3: Any, prefix: str, tmp_path: Path
+) -> None:
+    manifest = tuner_output(tmp_path / "out")
+    key = f"{prefix}/ml/llama/{MODEL}/{manifest.results_sha256}/results.csv"
+    s3.client().put_object(Bucket=s3.bucket, Key=key, Body=b"not these results\n")
+    done = publish(s3, tmp_path / "out", prefix, tmp_path)
+    assert done.returncode == 1
+    assert "a different object already exists" in done.stderr
+
+
+@pytest.mark.parametrize("how", ["corrupted", "truncated"])
+def test_fetch_refuses_a_corrupted_or_truncated_object(
+    s3: Any, prefix: str, tmp_path: Path, how: str
+) -> None:
+    manifest = tuner_output(tmp_path / "out")
+    done = publish(s3, tmp_path / "out", prefix, tmp_path)
+    assert done.returncode == 0, done.stderr
+    uri = json.loads(done.stdout)["uri"]
+    data = (tmp_path / "out" / "results.csv").read_bytes()
+    bad = (
+        data.replace(b"Gemm_Hipblaslt_1219", b"Gemm_Hipblaslt_1218")
+        if how == "corrupted"
+        else data[:-30]
+    )
+    # Overwritten behind tunefleet's back (no If-None-Match), as a faulty store or a person might.
+    key = uri.removeprefix(f"s3://{s3.bucket}/") + "/results.csv"
+    s3.client().put_object(Bucket=s3.bucket, Key=key, Body=bad)
+
+    closed = fetch(s3, uri, manifest.results_sha256, tmp_path / "closed", "--fail-closed")
+    assert closed.returncode == 1
+    assert closed.stderr.startswith("tunefleet-fetch: refusing to start: results.csv has SHA-256")
+    opened = fetch(s3, uri, manifest.results_sha256, tmp_path / "open")
+    assert opened.returncode == 0
+    assert opened.stderr.startswith("tunefleet-fetch: starting untuned: results.csv has SHA-256")
+    for dest in (tmp_path / "closed", tmp_path / "open"):
+        assert not dest.exists() or not list(dest.iterdir())
+
+
+def test_fetch_of_a_missing_artifact_follows_the_policy(
+    s3: Any, prefix: str, tmp_path: Path
+) -> None:
+    sha = "ab" * 32
+    uri = f"s3://{s3.bucket}/{prefix}/ml/llama/{MODEL}/{sha}"
+    done = fetch(s3, uri, sha, tmp_path / "dest", "--fail-closed")
+    assert done.returncode == 1 and "no object at s3://" in done.stderr
+    done = fetch(s3, uri, sha, tmp_path / "dest")
+    assert done.returncode == 0 and "starting untuned: no object" in done.stderr
