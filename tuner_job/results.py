@@ -23,6 +23,7 @@ This module is stdlib-only: it runs in the user's image (tuner) and in ours (pub
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterable, Sequence
@@ -39,7 +40,7 @@ KNOWN_FAMILIES = ("Gemm", "GemmStridedBatched", "GemmAndBias", "ScaledGemm")
 _OP_RE = re.compile(
     r"^(?P<family>[A-Za-z]+)TunableOp_(?P<types>[A-Za-z0-9_:<>]+)_(?P<layout>[NT]{2})$"
 )
-_DIM = r"(?:\d+|\*)"
+_DIM = r"(?:[1-9]\d*|\*)"  # no zero (and no leading zeros) dimension
 _PARAM_RE = re.compile(
     rf"^(?P<ta>[ntcNTC])(?P<tb>[ntcNTC])_(?P<m>{_DIM})_(?P<n>{_DIM})_(?P<k>{_DIM})"
     rf"(?:_B_(?P<batch>{_DIM}))?"
@@ -138,7 +139,9 @@ class UntunedFile:
     rows: list[UntunedRow] = field(default_factory=list)
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_op_signature(text: str) -> OpSignature:
+    # Cached: a file has thousands of rows but only a handful of distinct operators.
     m = _OP_RE.match(text)
     if m is None:
         raise ValueError(
@@ -153,11 +156,37 @@ def _dim(value: str | None) -> int | None:
     return int(value)
 
 
-def parse_param_signature(text: str, op: OpSignature | None = None) -> ParamSignature:
+def _match_params(text: str, op: OpSignature | None) -> re.Match[str]:
+    """Validate a parameter signature (against its operator when given); cheap, per row."""
     m = _PARAM_RE.match(text)
     if m is None:
-        raise ValueError(f"parameter signature {text!r} is not <ab>_<m>_<n>_<k>[_B_<b>]_ld_...")
-    sig = ParamSignature(
+        raise ValueError(
+            f"parameter signature {text!r} is not <ab>_<m>_<n>_<k>[_B_<b>]_ld_... "
+            "with positive dimensions"
+        )
+    if op is not None:
+        # The op's layout letters and the params' trans flags come from the same call; a
+        # disagreement means a hand edit or a spliced line ('c', conjugate, is a transpose).
+        flags = ("N" if m["ta"] in "nN" else "T") + ("N" if m["tb"] in "nN" else "T")
+        if flags != op.layout:
+            raise ValueError(f"layout {op.layout} of {op.raw} disagrees with {text!r}")
+        if op.family == "GemmStridedBatched" and m["batch"] is None:
+            raise ValueError(f"strided-batched GEMM {text!r} has no _B_<batch> part")
+        if op.family != "GemmStridedBatched" and m["batch"] is not None:
+            raise ValueError(f"{op.family} GEMM {text!r} has a batch part")
+        rest = m["rest"]
+        if op.family == "ScaledGemm":
+            if rest and not _SCALED_REST_RE.match(rest):
+                raise ValueError(f"scaled GEMM {text!r} does not end in _rw_<0|1>_bias_<type>")
+        elif rest and op.family in KNOWN_FAMILIES:
+            # e.g. a cut-off "..._ld_4096_40": the ld group did not match and fell through here.
+            raise ValueError(f"parameter signature {text!r} has unexpected trailing {rest!r}")
+    return m
+
+
+def parse_param_signature(text: str, op: OpSignature | None = None) -> ParamSignature:
+    m = _match_params(text, op)
+    return ParamSignature(
         raw=text,
         trans_a=m["ta"].lower(),
         trans_b=m["tb"].lower(),
@@ -170,27 +199,6 @@ def parse_param_signature(text: str, op: OpSignature | None = None) -> ParamSign
         ldc=_dim(m["ldc"]),
         rest=m["rest"],
     )
-    for name in ("m", "n", "k", "batch", "lda", "ldb", "ldc"):
-        value = getattr(sig, name)
-        if value is not None and value <= 0:
-            raise ValueError(f"parameter signature {text!r} has {name}={value}")
-    if op is not None:
-        # The op's layout letters and the params' trans flags come from the same call; a
-        # disagreement means a hand edit or a spliced line ('c', conjugate, is a transpose).
-        flags = "".join("t" if c in "tc" else "n" for c in (sig.trans_a, sig.trans_b))
-        if flags != op.layout.lower():
-            raise ValueError(f"layout {op.layout} of {op.raw} disagrees with {text!r}")
-        if op.family == "GemmStridedBatched" and m["batch"] is None:
-            raise ValueError(f"strided-batched GEMM {text!r} has no _B_<batch> part")
-        if op.family != "GemmStridedBatched" and m["batch"] is not None:
-            raise ValueError(f"{op.family} GEMM {text!r} has a batch part")
-        if op.family == "ScaledGemm":
-            if sig.rest and not _SCALED_REST_RE.match(sig.rest):
-                raise ValueError(f"scaled GEMM {text!r} does not end in _rw_<0|1>_bias_<type>")
-        elif op.family in KNOWN_FAMILIES and sig.rest:
-            # e.g. a cut-off "..._ld_4096_40": the ld group did not match and fell through here.
-            raise ValueError(f"parameter signature {text!r} has unexpected trailing {sig.rest!r}")
-    return sig
 
 
 def _split(line: str) -> tuple[list[str], str | None]:
@@ -258,8 +266,7 @@ def parse_results(
                 raise ValueError(
                     f"result row needs 4 fields (OpSig,ParamSig,Solution,ms), has {len(fields)}"
                 )
-            op = parse_op_signature(fields[0])
-            parse_param_signature(fields[1], op)
+            _match_params(fields[1], parse_op_signature(fields[0]))
             solution = fields[2]
             if not _SOLUTION_RE.match(solution):
                 raise ValueError(f"solution {solution!r} is empty or has spaces or quotes")
@@ -293,8 +300,7 @@ def parse_untuned(text: str, source: str = "<untuned>") -> UntunedFile:
                 raise ValueError("validator line in an untuned file (is this a results file?)")
             if len(fields) != 2:
                 raise ValueError(f"untuned row needs 2 fields (OpSig,ParamSig), has {len(fields)}")
-            op = parse_op_signature(fields[0])
-            parse_param_signature(fields[1], op)
+            _match_params(fields[1], parse_op_signature(fields[0]))
         except ValueError as exc:
             raise CsvFormatError(source, number, str(exc)) from None
         out.rows.append(UntunedRow(fields[0], fields[1], blas, number, source))

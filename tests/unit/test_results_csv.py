@@ -172,7 +172,9 @@ GOOD = "GemmTunableOp_BFloat16_TN,tn_64_64_64_ld_64_64_64,Gemm_Hipblaslt_1,0.01\
             "has a batch part",
             id="plain-with-batch",
         ),
-        pytest.param(V + GOOD.replace("64_64_64_ld", "0_64_64_ld"), 2, "m=0", id="zero-dim"),
+        pytest.param(
+            V + GOOD.replace("64_64_64_ld", "0_64_64_ld"), 2, "positive dimensions", id="zero-dim"
+        ),
         pytest.param(V + "\x00" + GOOD, 2, "NUL", id="nul-byte"),
     ],
 )

@@ -1,0 +1,212 @@
+"""Publish and fetch time for a 1 MB results file against a real S3 server (median of N runs).
+
+Two views of each: the library call the CLIs make (upload/download, checks and file writes,
+a warm boto3 client), and the CLI as a pod runs it (a fresh Python process: interpreter start,
+boto3 import, client, transfer, checks), which is what an init container adds to pod start.
+
+Each run publishes a different file (one row's solution changes) so that every publish really
+uploads instead of finding its identical artifact already there. The results file is generated
+in TunableOp's format; its rows are synthetic.
+
+    python -m bench.bench_artifacts [--runs N]   # S3 from $AWS_* env or .tunefleet/s3.env
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Protocol
+
+import boto3
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
+
+from tunefleet.artifacts.fetch import fetch  # noqa: E402
+from tunefleet.artifacts.publish import publish  # noqa: E402
+from tunefleet.artifacts.s3 import S3Store  # noqa: E402
+from tunefleet.artifacts.store import parse_uri  # noqa: E402
+from tuner_job._fs import sha256_hex  # noqa: E402
+from tuner_job.manifest import Manifest, rfc3339_utc  # noqa: E402
+from tuner_job.results import parse_results  # noqa: E402
+
+SIZE = 1_000_000
+MODEL = "BENCH-GPU"
+
+
+class S3Like(Protocol):
+    endpoint: str
+    access_key: str
+    secret_key: str
+    region: str
+    bucket: str
+
+
+def results_text(variant: int, size: int = SIZE) -> str:
+    head = (
+        "Validator,PT_VERSION,2.11.0\nValidator,ROCM_VERSION,6.4.1\n"
+        "Validator,HIPBLASLT_VERSION,100000-43e8d0cd1e\nValidator,GCN_ARCH_NAME,gfx942\n"
+    )
+    rows, i = [], 0
+    total = len(head)
+    while total < size:
+        m, n, k = 128 * (1 + i % 97), 64 * (1 + i // 97), 4096
+        solution = variant if i == 0 else 1000 + i
+        line = (
+            f"GemmTunableOp_BFloat16_TN,tn_{m}_{n}_{k}_ld_{k}_{k}_{m},"
+            f"Gemm_Hipblaslt_{solution},{0.001 * (i % 500 + 1):.4f}\n"
+        )
+        rows.append(line)
+        total += len(line)
+        i += 1
+    return head + "".join(rows)
+
+
+def write_artifact(out: Path, variant: int) -> Manifest:
+    out.mkdir(parents=True, exist_ok=True)
+    text = results_text(variant)
+    data = text.encode()
+    parsed = parse_results(text)
+    (out / "results.csv").write_bytes(data)
+    manifest = Manifest(
+        namespace="bench",
+        profile="artifacts",
+        revision="bench",
+        gpu_model=MODEL,
+        results_sha256=sha256_hex(data),
+        gemms=parsed.gemms,
+        recorded=parsed.gemms,
+        validators=parsed.validators,
+        identity={"gpuName": "synthetic bench data"},
+        tuning_seconds=0.0,
+        tuned_at=rfc3339_utc(),
+        tool_version="bench",
+    )
+    (out / "manifest.json").write_bytes(manifest.to_json())
+    return manifest
+
+
+def _ms(values: list[float]) -> float:
+    return round(statistics.median(values) * 1000, 1)
+
+
+def run(s3_settings: S3Like, runs: int = 7) -> dict[str, Any]:
+    s3 = s3_settings
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3.endpoint,
+        aws_access_key_id=s3.access_key,
+        aws_secret_access_key=s3.secret_key,
+        region_name=s3.region,
+    )
+    base_uri = f"s3://{s3.bucket}/bench-artifacts/{uuid.uuid4().hex[:10]}"
+    env = {
+        **os.environ,
+        "AWS_ACCESS_KEY_ID": s3.access_key,
+        "AWS_SECRET_ACCESS_KEY": s3.secret_key,
+        "AWS_REGION": s3.region,
+        "AWS_ENDPOINT_URL_S3": s3.endpoint,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT)]),
+    }
+    pub_s, fetch_s, cli_pub_s, cli_fetch_s = [], [], [], []
+    size = 0
+    with tempfile.TemporaryDirectory(prefix="bench-artifacts-") as tmp:
+        work = Path(tmp)
+        for i in range(runs):
+            out = work / f"out{i}"
+            manifest = write_artifact(out, variant=i)
+            size = (out / "results.csv").stat().st_size
+            store = S3Store(parse_uri(base_uri), client=client, timeout_s=60)
+            t0 = time.perf_counter()
+            pub = publish(out, base_uri, "bench", "artifacts", MODEL, store=store)
+            pub_s.append(time.perf_counter() - t0)
+            assert pub.created
+            fstore = S3Store(parse_uri(pub.uri), client=client, timeout_s=60)
+            t0 = time.perf_counter()
+            got = fetch(pub.uri, manifest.results_sha256, work / f"dest{i}", 1, store=fstore)
+            fetch_s.append(time.perf_counter() - t0)
+            assert got.sha256 == manifest.results_sha256
+
+            cli_out = work / f"cli{i}"
+            cli_manifest = write_artifact(cli_out, variant=10_000 + i)
+            publish_cmd = [
+                sys.executable, "-m", "tunefleet.artifacts.publish", "--dir", str(cli_out),
+                "--uri", base_uri, "--namespace", "bench", "--profile", "artifacts",
+                "--gpu-model", MODEL, "--termination-log", str(work / "tl"),
+            ]  # fmt: skip
+            t0 = time.perf_counter()
+            done = subprocess.run(publish_cmd, env=env, capture_output=True, text=True)
+            cli_pub_s.append(time.perf_counter() - t0)
+            if done.returncode != 0:
+                raise RuntimeError(f"{shlex.join(publish_cmd)}: {done.stderr}")
+            uri = json.loads(done.stdout)["uri"]
+            fetch_cmd = [
+                sys.executable, "-m", "tunefleet.artifacts.fetch", "--uri", uri,
+                "--sha256", cli_manifest.results_sha256, "--dest", str(work / f"cdest{i}"),
+                "--devices", "8", "--fail-closed",
+            ]  # fmt: skip
+            t0 = time.perf_counter()
+            done = subprocess.run(fetch_cmd, env=env, capture_output=True, text=True)
+            cli_fetch_s.append(time.perf_counter() - t0)
+            if done.returncode != 0:
+                raise RuntimeError(f"{shlex.join(fetch_cmd)}: {done.stderr}")
+    return {
+        "results_bytes": size,
+        "runs": runs,
+        "publish_median_ms": _ms(pub_s),
+        "fetch_median_ms": _ms(fetch_s),
+        "cli_publish_median_ms": _ms(cli_pub_s),
+        "cli_fetch_8_devices_median_ms": _ms(cli_fetch_s),
+        "note": (
+            "library: warm boto3 client, upload/download + parse + verify + write; "
+            "cli: a fresh process as a pod runs it (fetch writes 8 per-ordinal files)"
+        ),
+    }
+
+
+class _Settings:
+    def __init__(self, env: dict[str, str], bucket: str) -> None:
+        self.endpoint = env["AWS_ENDPOINT_URL_S3"]
+        self.access_key = env["AWS_ACCESS_KEY_ID"]
+        self.secret_key = env["AWS_SECRET_ACCESS_KEY"]
+        self.region = env.get("AWS_REGION", "us-east-1")
+        self.bucket = bucket
+
+
+def _settings_from_environment() -> _Settings:
+    env = dict(os.environ)
+    state = Path(os.environ.get("TUNEFLEET_STATE", ROOT / ".tunefleet")) / "s3.env"
+    if "AWS_ENDPOINT_URL_S3" not in env and state.exists():
+        for line in state.read_text().splitlines():
+            line = line.strip().removeprefix("export ")
+            if "=" in line and not line.startswith("#"):
+                key, _, value = line.partition("=")
+                env.setdefault(key.strip(), shlex.split(value)[0] if value.strip() else "")
+    missing = [
+        k
+        for k in ("AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+        if k not in env
+    ]
+    if missing:
+        raise SystemExit(f"no S3 settings ({', '.join(missing)}): run hack/cluster-up.sh --s3-only")
+    return _Settings(env, env.get("TUNEFLEET_S3_BUCKET", "tunefleet"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--runs", type=int, default=7)
+    args = parser.parse_args()
+    print(json.dumps(run(_settings_from_environment(), runs=args.runs), indent=2))
+
+
+if __name__ == "__main__":
+    main()
