@@ -220,5 +220,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         message, code = _one_line(f"internal error: {type(exc).__name__}: {exc}"), 1
     print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
     if args.command != "_tune-child":
-        write_termination_log(args.termination_log, f"{PROG}: {message}")
+        write_termination_log(args.termination_log, f"{PROG}: error: {message}")
     return code

@@ -147,7 +147,7 @@ def test_a_different_object_under_the_content_key_is_an_error(tmp_path: Path) ->
     )
     assert done.returncode == 1
     assert "a different object already exists" in done.stderr
-    assert (tmp_path / "tl").read_text().startswith("tunefleet-publish: a different object")
+    assert (tmp_path / "tl").read_text().startswith("tunefleet-publish: error: a different object")
     assert not (squatter / "manifest.json").exists()
 
 

@@ -192,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (PublishError, StoreError, ManifestError) as exc:
         line = " ".join(str(exc).split())
         print(f"{PROG}: error: {line}", file=sys.stderr)
-        write_termination_log(args.termination_log, f"{PROG}: {line}"[:TERMINATION_LIMIT])
+        write_termination_log(args.termination_log, f"{PROG}: error: {line}"[:TERMINATION_LIMIT])
         return 1
     if not pub.created:
         print(f"{PROG}: {pub.uri} was already published: nothing uploaded", file=sys.stderr)
