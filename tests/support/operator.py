@@ -39,13 +39,15 @@ def free_port() -> int:
 
 
 def helm(bin_dir: str, kubeconfig: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    done = subprocess.run(
         [f"{bin_dir}/helm", "--kubeconfig", kubeconfig, *args],
-        check=True,
         capture_output=True,
         text=True,
         timeout=300,
     )
+    if done.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args[:2])} failed: {done.stderr.strip()}")
+    return done
 
 
 def sa_kubeconfig(kubectl: Kubectl, admin_kubeconfig: str, path: Path) -> Path:
