@@ -1,0 +1,395 @@
+"""The local control plane and S3 server as tests see them (docs/local-cluster.md).
+
+`ensure_cluster()` / `ensure_s3()` run hack/cluster-up.sh (idempotent: a running cluster is
+reused, a dead component restarted) and return handles built from what it wrote:
+$TUNEFLEET_STATE/kubeconfig and $TUNEFLEET_STATE/s3.env. Nothing here tears the cluster
+down; `make cluster-down` does.
+
+Also: polling helpers that fail with what they last saw, and small getters that return
+objects as plain dicts shaped like `kubectl get -o json`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import yaml
+
+if TYPE_CHECKING:
+    import kubernetes.client
+    from mypy_boto3_s3 import S3Client
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTER_UP = ROOT / "hack" / "cluster-up.sh"
+BUILD_TOOLS = ROOT / "hack" / "build-tools.sh"
+FLEET_FILE = ROOT / "hack" / "fleet.yaml"
+TOOLS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")
+
+T = TypeVar("T")
+
+
+def state_dir() -> Path:
+    """$TUNEFLEET_STATE, default <repo>/.tunefleet (the Makefile exports the same)."""
+    return Path(os.environ.get("TUNEFLEET_STATE") or ROOT / ".tunefleet")
+
+
+def tools_bin_dir() -> str:
+    """Where hack/build-tools.sh keeps kubectl, kube-apiserver, kwok, helm, ... (no build)."""
+    out = subprocess.run(
+        [str(BUILD_TOOLS), "--dir"], capture_output=True, text=True, check=True, timeout=60
+    )
+    return out.stdout.strip().splitlines()[-1]
+
+
+def fleet() -> list[dict[str, Any]]:
+    """The fake nodes of hack/fleet.yaml, as Node manifests."""
+    docs = yaml.safe_load_all(FLEET_FILE.read_text())
+    return [d for d in docs if d and d.get("kind") == "Node"]
+
+
+class KubectlError(subprocess.CalledProcessError):
+    """A failed kubectl call whose message carries kubectl's own stderr."""
+
+    def __str__(self) -> str:
+        args = " ".join(str(a) for a in self.cmd[3:])  # drop kubectl --kubeconfig PATH
+        err = (self.stderr or "").strip() or (self.stdout or "").strip()
+        return f"kubectl {args} exited {self.returncode}: {err}"
+
+
+def _run_cluster_up(*args: str, timeout: float) -> None:
+    done = subprocess.run(
+        [str(CLUSTER_UP), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "TUNEFLEET_STATE": str(state_dir())},
+    )
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"hack/cluster-up.sh {' '.join(args)} failed ({done.returncode}); logs in "
+            f"{state_dir() / 'logs'}\n{done.stdout}\n{done.stderr}"
+        )
+
+
+# --- the Kubernetes side ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cluster:
+    kubeconfig: str
+    bin_dir: str
+    state_dir: str
+
+    def kubectl(
+        self, *args: str, check: bool = True, input: str | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the built kubectl (v1.36) against this cluster as admin; text in, text out."""
+        cmd = [f"{self.bin_dir}/kubectl", "--kubeconfig", self.kubeconfig, *args]
+        done = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
+        if check and done.returncode != 0:
+            raise KubectlError(done.returncode, cmd, done.stdout, done.stderr)
+        return done
+
+    def kubectl_json(self, *args: str) -> Any:
+        """`kubectl get ... -o json`, parsed."""
+        import json
+
+        return json.loads(self.kubectl(*args, "-o", "json").stdout)
+
+    def api_client(self) -> kubernetes.client.ApiClient:
+        """A fresh kubernetes.client.ApiClient authenticated as admin (close it when done)."""
+        import kubernetes.config
+
+        return kubernetes.config.new_client_from_config(config_file=self.kubeconfig)
+
+
+def ensure_cluster(timeout: float = 300) -> Cluster:
+    """The running local cluster, started (hack/cluster-up.sh) if it is not up."""
+    bin_dir = tools_bin_dir()
+    missing = [t for t in TOOLS if not os.access(f"{bin_dir}/{t}", os.X_OK)]
+    if missing:
+        raise RuntimeError(
+            f"control-plane binaries not built ({', '.join(missing)} missing in {bin_dir}): run "
+            "`make tools` first (a cold build takes ~15 minutes; `make e2e`/`make test` do it)"
+        )
+    _run_cluster_up(timeout=timeout)
+    state = state_dir()
+    return Cluster(kubeconfig=str(state / "kubeconfig"), bin_dir=bin_dir, state_dir=str(state))
+
+
+# --- S3 ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    endpoint: str
+    access_key: str
+    secret_key: str
+    region: str
+    bucket: str
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> S3Settings:
+        return cls(
+            endpoint=env["AWS_ENDPOINT_URL_S3"],
+            access_key=env["AWS_ACCESS_KEY_ID"],
+            secret_key=env["AWS_SECRET_ACCESS_KEY"],
+            region=env.get("AWS_REGION", "us-east-1"),
+            bucket=env.get("TUNEFLEET_S3_BUCKET", "tunefleet"),
+        )
+
+    @classmethod
+    def from_file(cls, path: Path) -> S3Settings:
+        """Read a shell-sourceable KEY=VALUE file such as $TUNEFLEET_STATE/s3.env."""
+        env: dict[str, str] = {}
+        for line in path.read_text().splitlines():
+            line = line.strip()
+            if line and not line.startswith("#") and "=" in line:
+                key, value = line.split("=", 1)
+                env[key.strip()] = value.strip().strip("'\"")
+        return cls.from_env(env)
+
+    def env(self) -> dict[str, str]:
+        """The environment a process (boto3, the publish/fetch CLIs) needs to reach it."""
+        return {
+            "AWS_ENDPOINT_URL_S3": self.endpoint,
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_REGION": self.region,
+            "TUNEFLEET_S3_BUCKET": self.bucket,
+        }
+
+    def client(self) -> S3Client:
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name=self.region,
+            config=Config(
+                retries={"mode": "standard", "max_attempts": 3},
+                connect_timeout=5,
+                read_timeout=30,
+                s3={"addressing_style": "path"},
+            ),
+        )
+
+
+def ensure_s3(timeout: float = 180) -> S3Settings:
+    """The running S3 server (hack/cluster-up.sh --s3-only starts it if it is not up)."""
+    _run_cluster_up("--s3-only", timeout=timeout)
+    return S3Settings.from_file(state_dir() / "s3.env")
+
+
+# --- polling -----------------------------------------------------------------------------
+
+
+def wait_for(
+    probe: Callable[[], T],
+    timeout: float = 60.0,
+    interval: float = 0.25,
+    describe: str = "condition",
+    until: Callable[[T], object] = bool,
+) -> T:
+    """Call `probe` until `until(value)` is true (default: the value is truthy); return it.
+
+    On timeout, fail with `describe`, the last value seen and the last exception `probe`
+    raised, if any (exceptions count as "not yet").
+    """
+    deadline = time.monotonic() + timeout
+    last: Any = "<never returned>"
+    error: BaseException | None = None
+    while True:
+        try:
+            last = probe()
+            error = None
+            if until(last):
+                return last
+        except Exception as e:
+            error = e
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(interval)
+    msg = f"timed out after {timeout:g}s waiting for {describe}; last seen: {_short(last)}"
+    if error is not None:
+        msg += f"; last error: {error!r}"
+    raise AssertionError(msg)
+
+
+def _short(value: Any, limit: int = 2000) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
+
+
+def condition(obj: Mapping[str, Any] | None, type_: str) -> dict[str, Any] | None:
+    """The status.conditions[] entry of this type, or None."""
+    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if c.get("type") == type_:
+            return dict(c)
+    return None
+
+
+def wait_for_condition(
+    get: Callable[[], Mapping[str, Any] | None],
+    type_: str,
+    status: str = "True",
+    *,
+    reason: str | None = None,
+    timeout: float = 60.0,
+    describe: str | None = None,
+) -> dict[str, Any]:
+    """Poll `get` (returns the object as a dict) until it has condition `type_` with
+    `status` (and `reason`, if given); return the object. Fails showing the conditions seen.
+    """
+
+    def ok(obj: Mapping[str, Any] | None) -> bool:
+        c = condition(obj, type_)
+        return c is not None and c.get("status") == status and reason in (None, c.get("reason"))
+
+    what = describe or f"condition {type_}={status}" + (f" reason={reason}" if reason else "")
+    last_conditions: list[Any] = []
+
+    def probe() -> Mapping[str, Any] | None:
+        obj = get()
+        last_conditions[:] = ((obj or {}).get("status") or {}).get("conditions") or []
+        return obj
+
+    try:
+        obj = wait_for(probe, timeout=timeout, describe=what, until=ok)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\nconditions: {last_conditions!r}") from None
+    return dict(obj or {})
+
+
+# --- getters (plain dicts, shaped like kubectl's JSON) -------------------------------------
+
+
+def to_dict(api: kubernetes.client.ApiClient, obj: Any) -> dict[str, Any]:
+    return dict(api.sanitize_for_serialization(obj))
+
+
+def _not_found(e: Exception) -> bool:
+    return getattr(e, "status", None) == 404
+
+
+def get_custom(
+    api: kubernetes.client.ApiClient,
+    group: str,
+    version: str,
+    plural: str,
+    name: str,
+    namespace: str | None = None,
+) -> dict[str, Any] | None:
+    """A custom object (for example a TuningProfile), or None if it does not exist."""
+    from kubernetes.client import CustomObjectsApi
+    from kubernetes.client.exceptions import ApiException
+
+    co = CustomObjectsApi(api)
+    try:
+        if namespace is None:
+            return dict(co.get_cluster_custom_object(group, version, plural, name))
+        return dict(co.get_namespaced_custom_object(group, version, namespace, plural, name))
+    except ApiException as e:
+        if _not_found(e):
+            return None
+        raise
+
+
+def get_pod(api: kubernetes.client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
+    from kubernetes.client import CoreV1Api
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        return to_dict(api, CoreV1Api(api).read_namespaced_pod(name, namespace))
+    except ApiException as e:
+        if _not_found(e):
+            return None
+        raise
+
+
+def list_pods(
+    api: kubernetes.client.ApiClient, namespace: str, label_selector: str = ""
+) -> list[dict[str, Any]]:
+    from kubernetes.client import CoreV1Api
+
+    pods = CoreV1Api(api).list_namespaced_pod(namespace, label_selector=label_selector)
+    return [to_dict(api, p) for p in pods.items]
+
+
+def get_job(api: kubernetes.client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
+    from kubernetes.client import BatchV1Api
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        return to_dict(api, BatchV1Api(api).read_namespaced_job(name, namespace))
+    except ApiException as e:
+        if _not_found(e):
+            return None
+        raise
+
+
+def get_config_map(
+    api: kubernetes.client.ApiClient, namespace: str, name: str
+) -> dict[str, Any] | None:
+    from kubernetes.client import CoreV1Api
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        return to_dict(api, CoreV1Api(api).read_namespaced_config_map(name, namespace))
+    except ApiException as e:
+        if _not_found(e):
+            return None
+        raise
+
+
+def get_nodes(api: kubernetes.client.ApiClient, label_selector: str = "") -> list[dict[str, Any]]:
+    from kubernetes.client import CoreV1Api
+
+    return [to_dict(api, n) for n in CoreV1Api(api).list_node(label_selector=label_selector).items]
+
+
+# --- namespaces --------------------------------------------------------------------------
+
+
+def namespace_name(hint: str) -> str:
+    """A fresh DNS-1123 namespace name that says which test made it."""
+    base = re.sub(r"[^a-z0-9]+", "-", hint.lower()).strip("-")[:40].strip("-") or "t"
+    return f"{base}-{secrets.token_hex(3)}"
+
+
+def create_namespace(api: kubernetes.client.ApiClient, name: str, timeout: float = 60) -> None:
+    """Create it and wait for its "default" ServiceAccount (pods can't be created before)."""
+    from kubernetes.client import CoreV1Api, V1Namespace, V1ObjectMeta
+
+    core = CoreV1Api(api)
+    core.create_namespace(
+        V1Namespace(metadata=V1ObjectMeta(name=name, labels={"tunefleet.io/test": "true"}))
+    )
+    wait_for(
+        lambda: core.read_namespaced_service_account("default", name),
+        timeout=timeout,
+        describe=f"ServiceAccount {name}/default",
+    )
+
+
+def delete_namespace(api: kubernetes.client.ApiClient, name: str) -> None:
+    """Start deleting it (not waiting: the namespace controller finishes on its own)."""
+    from kubernetes.client import CoreV1Api
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        CoreV1Api(api).delete_namespace(name)
+    except ApiException as e:
+        if not _not_found(e):
+            raise
