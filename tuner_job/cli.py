@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -155,8 +156,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     deadline = started + cfg.limits.budget_seconds
     torch = _gpu(cfg.gpus)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="tunefleet-work-"))
-    unique = _record(cfg, torch, work / "record", deadline)
-    outcome = tune(unique, gpus=cfg.gpus, limits=cfg.limits, budget_s=deadline - time.monotonic())
+    try:
+        unique = _record(cfg, torch, work / "record", deadline)
+        outcome = tune(
+            unique, gpus=cfg.gpus, limits=cfg.limits, budget_s=deadline - time.monotonic()
+        )
+    finally:
+        if not args.work:  # a scratch directory of our own; --work is kept for inspection
+            shutil.rmtree(work, ignore_errors=True)
     if outcome.identity is not None:
         identity = outcome.identity
     else:  # the tuning process was stopped before it could describe the machine
