@@ -16,6 +16,7 @@ path), parsed and merged. A child stopped at the budget leaves real, partial res
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -204,6 +205,10 @@ def tune(
     except BaseException:
         _kill_group(proc)
         raise
+    else:
+        # Stray members of its group (mgpu workers) must not outlive it holding GPU memory.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
     seconds = time.monotonic() - started
     try:
         return _gather(tuning_dir, len(gemms), seconds, rc, killed, log)
