@@ -262,6 +262,7 @@ def test_fetch_refuses_a_corrupted_or_truncated_object(
         ("gpu-model", "tuned on 'AMD_Instinct_MI300X_OAM', this pod runs 'NVIDIA-H200'"),
         ("manifest-sha", "manifest describes results"),
         ("manifest-garbage", "manifest is not JSON"),
+        ("manifest-profile", "manifest is for ml/other/AMD_Instinct_MI300X_OAM, the URI says"),
         ("missing", "no object at file://"),
         ("wrong-pin", "does not end in the pinned SHA-256"),
         ("bad-args", "bad arguments"),
@@ -279,6 +280,11 @@ def test_fetch_follows_the_policy_on_every_problem(
     elif case == "manifest-sha":
         doc = json.loads((artifact / "manifest.json").read_text())
         doc["resultsSha256"] = "0" * 64
+        (artifact / "manifest.json").chmod(0o644)
+        (artifact / "manifest.json").write_text(json.dumps(doc))
+    elif case == "manifest-profile":
+        doc = json.loads((artifact / "manifest.json").read_text())
+        doc["profile"] = "other"
         (artifact / "manifest.json").chmod(0o644)
         (artifact / "manifest.json").write_text(json.dumps(doc))
     elif case == "manifest-garbage":

@@ -52,7 +52,13 @@ class Fetched:
     sha256: str
 
 
-def _verify(results: bytes, manifest_bytes: bytes, sha: str, gpu_model: str | None) -> int:
+def _verify(
+    results: bytes,
+    manifest_bytes: bytes,
+    sha: str,
+    gpu_model: str | None,
+    key_parts: tuple[str, ...],
+) -> int:
     actual = sha256_hex(results)
     if actual != sha:
         raise FetchError(
@@ -64,6 +70,12 @@ def _verify(results: bytes, manifest_bytes: bytes, sha: str, gpu_model: str | No
         raise FetchError(str(exc)) from None
     if manifest.results_sha256 != sha:
         raise FetchError(f"manifest describes results {manifest.results_sha256}, not {sha}")
+    # The key is <prefix>/<namespace>/<profile>/<gpu-model>/<sha256>: the manifest must agree.
+    described = (manifest.namespace, manifest.profile, manifest.gpu_model)
+    if len(key_parts) >= 3 and tuple(key_parts[-3:]) != described:
+        raise FetchError(
+            f"manifest is for {'/'.join(described)}, the URI says {'/'.join(key_parts[-3:])}"
+        )
     if gpu_model and manifest.gpu_model != gpu_model:
         raise FetchError(
             f"artifact was tuned on {manifest.gpu_model!r}, this pod runs {gpu_model!r}"
@@ -134,7 +146,8 @@ def fetch(
         results = store.get(location.key(RESULTS_NAME), MAX_RESULTS_BYTES)
     except StoreError as exc:
         raise FetchError(str(exc)) from None
-    gemms = _verify(results, manifest_bytes, sha, gpu_model)
+    path = (location.prefix or location.bucket).strip("/").split("/")
+    gemms = _verify(results, manifest_bytes, sha, gpu_model, tuple(path[:-1]))
     paths = write_device_files(dest, results, devices)
     return Fetched(paths, gemms, sha)
 
