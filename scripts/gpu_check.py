@@ -288,7 +288,8 @@ def check(args: argparse.Namespace) -> int:
         # 2. publish to a directory store, then fetch and verify, with the real CLIs
         store = work / "store"
         cmd = [
-            sys.executable, "-m", "tunefleet.artifacts.publish", "--dir", str(out), "--uri", f"file://{store}",
+            sys.executable, "-m", "tunefleet.artifacts.publish", "--dir", str(out),
+            "--uri", f"file://{store}",
             "--namespace", "gpu-check", "--profile", "transformer", "--gpu-model", model_label,
             "--termination-log", str(work / "publish-termination-log"),
         ]  # fmt: skip
