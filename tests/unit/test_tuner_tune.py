@@ -152,11 +152,11 @@ def test_one_gemm_torch_refuses_does_not_cost_the_others(tmp_path: Path) -> None
 
 
 def test_budget_stops_between_gemms_and_keeps_what_was_tuned(tmp_path: Path) -> None:
-    # The child stops 10% of the budget early (0.4s here), more than one GEMM takes (0.25s).
+    # The child stops 10% of the budget early (0.4s here), more than one GEMM takes (0.15s).
     path = many_gemms(tmp_path, 30)
     start = time.monotonic()
     done, calls = tune(
-        tmp_path, path, limits={**LIMITS, "budgetSeconds": 4}, FAKE_TORCH_TUNE_SLEEP="0.25"
+        tmp_path, path, limits={**LIMITS, "budgetSeconds": 4}, FAKE_TORCH_TUNE_SLEEP="0.15"
     )
     elapsed = time.monotonic() - start
     assert done.returncode == 0, done.stderr
@@ -166,7 +166,7 @@ def test_budget_stops_between_gemms_and_keeps_what_was_tuned(tmp_path: Path) -> 
     assert f"budget reached after {tuned} of 30 GEMMs" in done.stderr
     assert "stopping the tuning process" not in done.stderr  # a clean stop, no kill
     assert "tuning budget ran out" in done.stderr
-    assert elapsed < 4 + 3  # stopped near the budget, not after all 30 x 0.25s
+    assert elapsed < 4 + 3  # stopped near the budget, not after all 30 x 0.15s
 
 
 def test_budget_kills_a_tuning_process_stuck_inside_torch(tmp_path: Path) -> None:
