@@ -159,6 +159,10 @@ def run(s3_settings: S3Like, runs: int = 7) -> dict[str, Any]:
             cli_fetch_s.append(time.perf_counter() - t0)
             if done.returncode != 0:
                 raise RuntimeError(f"{shlex.join(fetch_cmd)}: {done.stderr}")
+    prefix = parse_uri(base_uri).prefix + "/"
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=s3.bucket, Prefix=prefix):
+        for obj in page.get("Contents", []):
+            client.delete_object(Bucket=s3.bucket, Key=obj["Key"])
     return {
         "results_bytes": size,
         "runs": runs,
