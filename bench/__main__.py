@@ -111,7 +111,11 @@ def webhook_latency(
     cluster.kubectl("create", "namespace", ns)
     cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(profile("serve")))
     pod = eventually(
-        lambda: json.loads(cluster.kubectl("get", "pods", "-n", ns, "-o", "json").stdout)["items"],
+        lambda: json.loads(
+            cluster.kubectl(
+                "get", "pods", "-n", ns, "-l", "tunefleet.io/tuning-profile=serve", "-o", "json"
+            ).stdout
+        )["items"],
         lambda ps: len(ps) == 1 and ps[0]["spec"].get("nodeName"),
         "tuning pod",
     )[0]

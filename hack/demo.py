@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.support.operator import STAND_IN_NOTE, carry_out_publish, install  # noqa: E402
+from tests.support.operator import STAND_IN_NOTE, carry_out_publish, install, tool_env  # noqa: E402
 from tests.support.poll import eventually  # noqa: E402
 
 STATE = Path(os.environ.get("TUNEFLEET_STATE", ROOT / ".tunefleet"))
@@ -114,7 +114,7 @@ def run_flow(cluster: Cluster, env: dict[str, str]) -> None:
     cluster.kubectl("apply", "-n", NS, "-f", str(ROOT / "examples/tuningprofile-nvidia.yaml"))
 
     step("4. The operator made one tuning Job, scheduled on a node with that GPU model")
-    sel = "tunefleet.io/profile=mistral-7b-cuda"
+    sel = "tunefleet.io/tuning-profile=mistral-7b-cuda"
     pods = eventually(
         lambda: json.loads(
             cluster.kubectl("get", "pods", "-n", NS, "-l", sel, "-o", "json").stdout
@@ -185,7 +185,7 @@ def run_flow(cluster: Cluster, env: dict[str, str]) -> None:
     cmd[cmd.index("--dest") + 1] = str(dest)
     print("$ " + " ".join(cmd))
     done = subprocess.run(
-        cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=120
+        cmd, env=tool_env(env), capture_output=True, text=True, timeout=120
     )
     print((done.stdout + done.stderr).strip())
     for f in sorted(dest.iterdir()):

@@ -6,7 +6,10 @@ kopf retries with a delay; nothing here decides policy.
 
 from __future__ import annotations
 
+import concurrent.futures
+import datetime
 import json
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -18,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from tunefleet import GROUP, PLURAL, VERSION, naming
 
+log = logging.getLogger(__name__)
 _api: kubernetes.client.ApiClient | None = None
 
 
@@ -123,3 +127,38 @@ def patch_profile_status(namespace: str, name: str, status: dict[str, Any]) -> N
         if e.status == 404:
             return  # deleted meanwhile: nothing left to report on
         raise
+
+
+# Admission must answer in milliseconds: Events about it are posted off the request path.
+_events = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="events")
+
+
+def post_event_soon(ref: dict[str, Any], type_: str, reason: str, message: str) -> None:
+    """Post a core/v1 Event about `ref` in the background; losing one is only logged."""
+
+    def post() -> None:
+        meta = ref["metadata"]
+        now = datetime.datetime.now(datetime.UTC)
+        body = {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": ref["apiVersion"],
+                "kind": ref["kind"],
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": "tunefleet"},
+            "firstTimestamp": now.isoformat(),
+            "lastTimestamp": now.isoformat(),
+            "count": 1,
+        }
+        try:
+            kubernetes.client.CoreV1Api(api()).create_namespaced_event(meta["namespace"], body)
+        except Exception as e:  # an Event is best effort by nature
+            log.warning(f"could not post Event {reason} on {meta['name']}: {e}")
+
+    _events.submit(post)

@@ -13,7 +13,9 @@ from typing import Any
 
 from tunefleet.api import TuningProfileSpec
 
-PROFILE_LABEL = "tunefleet.io/profile"  # pod opt-in; also on Jobs (names are <= 63 chars)
+PROFILE_LABEL = "tunefleet.io/profile"  # a model pod's opt-in: the webhook selects on it
+# Tuning Jobs and their pods: deliberately not PROFILE_LABEL, so the webhook never sees them.
+TUNING_PROFILE_LABEL = "tunefleet.io/tuning-profile"
 PROFILE_UID_LABEL = "tunefleet.io/profile-uid"
 MODEL_LABEL = "tunefleet.io/gpu-model"
 REVISION_LABEL = "tunefleet.io/revision"
@@ -108,7 +110,7 @@ def spec_problems(spec: TuningProfileSpec) -> list[str]:
 def job_labels(profile: str, uid: str, model: str, rev: str) -> dict[str, str]:
     labels = {
         **MANAGED_BY,
-        PROFILE_LABEL: profile,
+        TUNING_PROFILE_LABEL: profile,
         PROFILE_UID_LABEL: uid,
         REVISION_LABEL: rev,
     }

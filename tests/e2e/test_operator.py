@@ -64,15 +64,17 @@ def apply(cluster: Any, namespace: str, *docs: dict[str, Any], check: bool = Tru
 
 
 def jobs_of(cluster: Any, namespace: str, profile: str) -> list[dict[str, Any]]:
-    items = get_json(cluster, "jobs", "-n", namespace, "-l", f"tunefleet.io/profile={profile}")[
-        "items"
-    ]
+    items = get_json(
+        cluster, "jobs", "-n", namespace, "-l", f"tunefleet.io/tuning-profile={profile}"
+    )["items"]
     return list(items)
 
 
 def tuning_pods(cluster: Any, namespace: str, profile: str) -> list[dict[str, Any]]:
     return list(
-        get_json(cluster, "pods", "-n", namespace, "-l", f"tunefleet.io/profile={profile}")["items"]
+        get_json(cluster, "pods", "-n", namespace, "-l", f"tunefleet.io/tuning-profile={profile}")[
+            "items"
+        ]
     )
 
 
@@ -85,7 +87,8 @@ def condition(profile: dict[str, Any], type_: str) -> dict[str, Any]:
 def test_chart_lints_and_renders_objects_the_api_server_accepts(cluster: Any) -> None:
     chart = str(ROOT / "charts" / "tunefleet")
     helm(cluster.bin_dir, cluster.kubeconfig, "lint", chart)
-    cluster.kubectl("create", "namespace", SYSTEM_NS, check=False)  # namespaced objects need it
+    # Another release name, so the dry run does not merge into the installed release.
+    cluster.kubectl("create", "namespace", "tunefleet-dryrun", check=False)
     for extra in (
         [],
         ["--set", "operator.watchNamespaces={default,kube-public}"],
@@ -95,10 +98,10 @@ def test_chart_lints_and_renders_objects_the_api_server_accepts(cluster: Any) ->
             cluster.bin_dir,
             cluster.kubeconfig,
             "template",
-            "tunefleet",
+            "dryrun",
             chart,
             "-n",
-            SYSTEM_NS,
+            "tunefleet-dryrun",
             "--kube-version",
             "1.36.3",
             *extra,

@@ -5,7 +5,6 @@ reach the webhook, and every fail-open / fail-closed case says what to do.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import tempfile
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 import yaml
 
 from tests.e2e.test_operator import apply, condition, get_json, profile_doc, tuning_pods
-from tests.support.operator import STAND_IN_NOTE, Operator, carry_out_publish
+from tests.support.operator import STAND_IN_NOTE, Operator, carry_out_publish, tool_env
 from tests.support.poll import eventually
 
 pytestmark = pytest.mark.e2e
@@ -148,7 +147,7 @@ def test_labelled_deployment_pods_are_injected_and_pinned_to_the_artifact(
     dest = Path(tempfile.mkdtemp(prefix="tunefleet-fetch-"))
     cmd[cmd.index("--dest") + 1] = str(dest)
     done = subprocess.run(
-        cmd, env={**os.environ, **s3.env()}, capture_output=True, text=True, timeout=120
+        cmd, env=tool_env(s3.env()), capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
     files = sorted(p.name for p in dest.iterdir() if p.suffix == ".csv")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, cast
+from typing import Any
 
 import kopf
 
-from tunefleet import naming
-from tunefleet.builders.webhook import HANDLER_ID, inject
+from tunefleet import kube, naming
+from tunefleet.builders.webhook import HANDLER_ID, Decision, inject
 from tunefleet.handlers.startup import CONFIG
 
 # Not kopf's per-object logger: that one posts Events, and an admitted pod has no uid yet.
@@ -33,36 +33,48 @@ def pod_mutate(
     **kwargs: Any,
 ) -> None:
     started = time.perf_counter()
-    index: kopf.Index[tuple[str, str], dict[str, Any]] = kwargs["tuningprofile_index"]
-    pod = dict(body)
     namespace = body.metadata.namespace or ""
-    profile_name = body.metadata.labels.get(naming.PROFILE_LABEL, "")
-    entries = list(index.get((namespace, profile_name), []))
-    decision = inject(pod, profile_name, entries[0] if entries else None, CONFIG.get())
     pod_name = body.metadata.name or f"{body.metadata.get('generateName', '')}*"
+    try:
+        index: kopf.Index[tuple[str, str], dict[str, Any]] = kwargs["tuningprofile_index"]
+        profile_name = body.metadata.labels.get(naming.PROFILE_LABEL, "")
+        entries = list(index.get((namespace, profile_name), []))
+        entry = entries[0] if entries else None
+        decision = inject(dict(body), profile_name, entry, CONFIG.get())
+    except Exception:
+        # A bug here must not block pods: a handler error would reach the API server as a
+        # refusal, which failurePolicy: Ignore does not cover. Admit unchanged instead.
+        log.exception(f"admission of pod {namespace}/{pod_name} failed; admitted untuned")
+        return
     if decision.deny:
         log.info(f"refused pod {namespace}/{pod_name}: {decision.deny}")
         raise kopf.AdmissionError(decision.deny, code=403)
-    if decision.reason:
-        log.warning(f"pod {namespace}/{pod_name} starts untuned: {decision.reason}")
-        if entries:
-            kopf.warn(
-                kopf.Body(cast(kopf.RawBody, entries[0]["ref"])),
-                reason="PodUntuned",
-                message=f"pod {pod_name} starts untuned: {decision.reason}",
-            )
+    apply(body, patch, decision)
     warnings.extend(decision.warnings)
-    if decision.warnings and entries:
-        kopf.warn(
-            kopf.Body(cast(kopf.RawBody, entries[0]["ref"])),
-            reason="ImageMismatch",
-            message="; ".join(decision.warnings)[:1000],
-        )
-    for key in ("metadata", "spec"):
-        for field, value in (decision.pod.get(key) or {}).items():
-            if (pod.get(key) or {}).get(field) != value:
-                patch.setdefault(key, {})[field] = value
+    if entry is not None:
+        announce(entry["ref"], pod_name, decision)
     # One line per admission with the handler's own duration: `make bench` reads these.
     took = (time.perf_counter() - started) * 1000
     outcome = "injected" if decision.injected else ("untuned" if decision.reason else "unchanged")
     log.info(f"admission pod {namespace}/{pod_name}: {outcome} in {took:.2f} ms")
+
+
+def apply(body: kopf.Body, patch: kopf.Patch, decision: Decision) -> None:
+    """Set what changed; kopf turns it into the JSON patch against the original pod."""
+    for key in ("metadata", "spec"):
+        for field, value in (decision.pod.get(key) or {}).items():
+            if (body.get(key) or {}).get(field) != value:
+                patch.setdefault(key, {})[field] = value
+
+
+def announce(profile_ref: dict[str, Any], pod_name: str, decision: Decision) -> None:
+    if decision.reason:
+        log.warning(f"pod {pod_name} starts untuned: {decision.reason}")
+        kube.post_event_soon(
+            profile_ref,
+            "Warning",
+            "PodUntuned",
+            f"pod {pod_name} starts untuned: {decision.reason}",
+        )
+    if decision.warnings:
+        kube.post_event_soon(profile_ref, "Warning", "ImageMismatch", "; ".join(decision.warnings))
