@@ -29,7 +29,7 @@ elapsed() { echo "$(( ($(date +%s%N) - start_ns) / 1000000 ))ms"; }
 VENV="$repo/.venv"
 WEED="$VENV/bin/weed"
 PY="$VENV/bin/python"
-BIN="$("$repo/hack/build-tools.sh" --dir)"
+BIN="$("$repo/hack/build-tools.sh" --dir)" || die "hack/build-tools.sh --dir failed (it needs Go on PATH)"
 KUBECTL="$BIN/kubectl"
 KUBECONFIG_ADMIN="$STATE/kubeconfig"
 S3_ENV="$STATE/s3.env"
@@ -171,7 +171,7 @@ gen_pki() {
 write_kubeconfig() { # out user
   local out="$1" user="$2"
   [[ -s "$out" ]] && return 0
-  umask 077
+  touch "$out.tmp" && chmod 600 "$out.tmp"
   cat >"$out.tmp" <<EOF
 apiVersion: v1
 kind: Config
@@ -309,13 +309,14 @@ up_s3() {
   local dir="$STATE/s3"
   mkdir -p "$dir/data"
   if [[ ! -s "$dir/credentials" ]]; then
-    umask 077
+    touch "$dir/credentials" && chmod 600 "$dir/credentials"
     printf 'AWS_ACCESS_KEY_ID=tunefleet\nAWS_SECRET_ACCESS_KEY=%s\n' "$(openssl rand -hex 20)" \
       >"$dir/credentials"
   fi
   local key secret
   key="$(sed -n 's/^AWS_ACCESS_KEY_ID=//p' "$dir/credentials")"
   secret="$(sed -n 's/^AWS_SECRET_ACCESS_KEY=//p' "$dir/credentials")"
+  touch "$dir/s3.json" && chmod 600 "$dir/s3.json"
   cat >"$dir/s3.json" <<EOF
 {"identities": [{"name": "tunefleet",
   "credentials": [{"accessKey": "$key", "secretKey": "$secret"}],
@@ -333,6 +334,7 @@ EOF
     start s3 "$WEED" server -dir="$dir/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
       -master.port="$WEED_MASTER_PORT" -master.port.grpc="$WEED_MASTER_GRPC_PORT" \
       -master.telemetry=false -master.volumeSizeLimitMB=64 -volume.max=0 \
+      -master.electionTimeout=2s \
       -volume.port="$WEED_VOLUME_PORT" -volume.port.grpc="$WEED_VOLUME_GRPC_PORT" \
       -volume.preStopSeconds=0 \
       -filer -filer.port="$WEED_FILER_PORT" -filer.port.grpc="$WEED_FILER_GRPC_PORT" \
@@ -340,6 +342,7 @@ EOF
       -s3.port.iceberg=0 -s3.port.lance=0 -webdav=false -sftp=false
   fi
   local env_tmp="$S3_ENV.tmp"
+  touch "$env_tmp" && chmod 600 "$env_tmp"
   cat >"$env_tmp" <<EOF
 AWS_ENDPOINT_URL_S3=http://127.0.0.1:$S3_PORT
 AWS_ACCESS_KEY_ID=$key
@@ -368,7 +371,6 @@ EOF
     (( $(date +%s) < deadline )) || die "S3 server not ready after 90s: ${out##*$'\n'} (log: $LOGS/s3.log)"
     sleep 0.5
   done
-  chmod 600 "$env_tmp"
   mv "$env_tmp" "$S3_ENV"
 }
 
