@@ -5,6 +5,7 @@ controllers, admission webhooks, RBAC, and the S3 server's checksums and conditi
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import os
@@ -13,7 +14,7 @@ import subprocess
 import tempfile
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -173,7 +174,7 @@ def test_unsatisfiable_gpu_requests_stay_pending_with_the_schedulers_reason(
         ("too-many-gpus", "Insufficient amd.com/gpu"),
     ):
         got = wait_for_condition(
-            lambda name=name: get_pod(api, namespace, name),
+            functools.partial(get_pod, api, namespace, name),
             "PodScheduled",
             "False",
             reason="Unschedulable",
@@ -411,10 +412,11 @@ def test_service_account_token_is_refused_until_rbac_allows_it(
         )
         assert pods.items == []
         # Only in its namespace, and only what the Role says.
-        for call in (
+        calls: list[Callable[[], object]] = [
             lambda: reader.list_namespaced_pod("default"),
             lambda: reader.list_namespaced_config_map(namespace),
-        ):
+        ]
+        for call in calls:
             with pytest.raises(ApiException) as still_refused:
                 call()
             assert still_refused.value.status == 403

@@ -212,10 +212,10 @@ def wait_for(
     error: BaseException | None = None
     while True:
         try:
-            last = probe()
-            error = None
-            if until(last):
-                return last
+            value = probe()
+            last, error = value, None
+            if until(value):
+                return value
         except Exception as e:
             error = e
         if time.monotonic() >= deadline:
