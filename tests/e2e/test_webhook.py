@@ -174,7 +174,7 @@ def test_unlabelled_pods_never_reach_the_webhook_and_labelled_ones_do(
     assert webhook_calls(cluster) == before
     assert "initContainers" not in stored(cluster, namespace, "plain")["spec"]
     create(cluster, namespace, pod_doc("labelled", "nothing-here"))
-    assert webhook_calls(cluster) == before + 1
+    assert webhook_calls(cluster) >= before + 1
 
 
 def test_same_spec_same_result_and_reinjection_changes_nothing(
