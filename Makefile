@@ -53,8 +53,14 @@ e2e: venv tools
 test: lint
 	$(VENV)/bin/pytest -m "not gpu"
 
+# Outside a cluster the operator registers its own webhook by URL on loopback (needs rights
+# to write MutatingWebhookConfigurations); set WEBHOOK_REGISTER= to skip that.
+WEBHOOK_REGISTER ?= tunefleet-dev
+WEBHOOK_PORT ?= 9443
 run: venv
 	@test -n "$$KUBECONFIG" || { echo "set KUBECONFIG (make cluster-up writes $(STATE)/kubeconfig)"; exit 2; }
+	TUNEFLEET_WEBHOOK_ADDR=127.0.0.1 TUNEFLEET_WEBHOOK_HOST=127.0.0.1 \
+	TUNEFLEET_WEBHOOK_PORT=$(WEBHOOK_PORT) TUNEFLEET_WEBHOOK_REGISTER=$(WEBHOOK_REGISTER) \
 	$(VENV)/bin/tunefleet-operator
 
 demo: venv tools

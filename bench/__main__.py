@@ -12,7 +12,6 @@ import os
 import platform
 import re
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,11 +23,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hack.demo import Cluster, s3_env  # noqa: E402
+from tests.support.cluster import Cluster, S3Settings, ensure_cluster, ensure_s3  # noqa: E402
 from tests.support.operator import Operator, carry_out_publish, install  # noqa: E402
 from tests.support.poll import eventually  # noqa: E402
 
-STATE = Path(os.environ.get("TUNEFLEET_STATE", ROOT / ".tunefleet"))
 OUT = ROOT / "bench" / "results.md"
 
 
@@ -126,7 +124,7 @@ def webhook_latency(
         "Ready",
     )
     api = kubernetes.client.CoreV1Api(
-        kubernetes.config.new_client_from_config(str(STATE / "kubeconfig"))
+        cluster.api_client()
     )
     before, log_before = histogram(cluster), len(operator.logs().splitlines())
 
@@ -175,31 +173,16 @@ def webhook_latency(
     }
 
 
-def artifacts(env: dict[str, str]) -> dict[str, Any]:
-    try:
-        from bench import bench_artifacts  # written alongside publish/fetch
-    except ImportError:
-        return {"skipped": "bench/bench_artifacts.py not present"}
-    from tests.support.cluster import S3Settings  # type: ignore[attr-defined]
+def artifacts(s3: S3Settings) -> dict[str, Any]:
+    from bench import bench_artifacts
 
-    s3 = S3Settings(
-        endpoint=env["AWS_ENDPOINT_URL_S3"],
-        access_key=env["AWS_ACCESS_KEY_ID"],
-        secret_key=env["AWS_SECRET_ACCESS_KEY"],
-        region=env.get("AWS_REGION", "us-east-1"),
-        bucket=env.get("TUNEFLEET_S3_BUCKET", "tunefleet"),
-    )
     return dict(bench_artifacts.run(s3))
 
 
 def main() -> None:
-    subprocess.run([str(ROOT / "hack/cluster-up.sh")], check=True)
-    bin_dir = subprocess.run(
-        [str(ROOT / "hack/build-tools.sh"), "--dir"], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    cluster = Cluster(bin_dir, str(STATE / "kubeconfig"))
-    env = s3_env()
-    operator = install(cluster, env["AWS_ENDPOINT_URL_S3"])
+    cluster, s3 = ensure_cluster(), ensure_s3()
+    env = s3.env()
+    operator = install(cluster, s3.endpoint)
     assert operator.proc is not None
     results: dict[str, Any] = {}
     try:
@@ -219,7 +202,7 @@ def main() -> None:
             "operator_rss_mib_with_405_profiles": rss_mib(operator.proc.pid),
         }
         results["webhook"] = webhook_latency(cluster, operator, env)
-        results["artifacts"] = artifacts(env)
+        results["artifacts"] = artifacts(s3)
     finally:
         operator.stop()
     write(results)

@@ -9,40 +9,26 @@ command against the real S3 server.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.support.operator import STAND_IN_NOTE, carry_out_publish, install, tool_env  # noqa: E402
+from tests.support.cluster import Cluster, S3Settings, ensure_cluster, ensure_s3  # noqa: E402
+from tests.support.operator import (  # noqa: E402
+    STAND_IN_NOTE,
+    carry_out_publish,
+    create_s3_secret,
+    install,
+    tool_env,
+)
 from tests.support.poll import eventually  # noqa: E402
 
-STATE = Path(os.environ.get("TUNEFLEET_STATE", ROOT / ".tunefleet"))
 NS = "demo"
-
-
-@dataclass
-class Cluster:
-    bin_dir: str
-    kubeconfig: str
-
-    def kubectl(
-        self, *args: str, check: bool = True, input: str | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [f"{self.bin_dir}/kubectl", "--kubeconfig", self.kubeconfig, *args],
-            check=check,
-            capture_output=True,
-            text=True,
-            input=input,
-            timeout=120,
-        )
 
 
 def step(title: str) -> None:
@@ -55,15 +41,6 @@ def show(cluster: Cluster, *args: str) -> str:
     return out
 
 
-def s3_env() -> dict[str, str]:
-    env = {}
-    for line in (STATE / "s3.env").read_text().splitlines():
-        if "=" in line and not line.startswith("#"):
-            k, v = line.split("=", 1)
-            env[k.removeprefix("export ").strip()] = v.strip().strip('"')
-    return env
-
-
 def gpu_present() -> bool:
     probe = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
     return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
@@ -71,43 +48,30 @@ def gpu_present() -> bool:
 
 def main() -> None:
     started = time.monotonic()
-    bin_dir = subprocess.run(
-        [str(ROOT / "hack/build-tools.sh"), "--dir"], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    cluster = Cluster(bin_dir, str(STATE / "kubeconfig"))
-    env = s3_env()
+    cluster, s3 = ensure_cluster(), ensure_s3()
 
     step("1. The local control plane: a real kube-apiserver and a fake mixed GPU fleet (kwok)")
     print(cluster.kubectl("version").stdout.strip())
     show(cluster, "get", "nodes", "-L", "amd.com/gpu.product-name,nvidia.com/gpu.product")
 
     step("2. Install the chart; the operator runs here as the chart's ServiceAccount")
-    operator = install(cluster, env["AWS_ENDPOINT_URL_S3"])
+    operator = install(cluster, s3.endpoint)
     print(f"operator PID {operator.proc.pid if operator.proc else '?'}, log {operator.log}")
     try:
-        run_flow(cluster, env)
+        run_flow(cluster, s3)
     finally:
         operator.stop()
     step("Done")
     print(f"The demo took {time.monotonic() - started:.0f}s. The cluster is still up:")
-    print(f"  export KUBECONFIG={STATE / 'kubeconfig'}")
-    print(f"  {bin_dir}/kubectl get tuningprofiles,jobs,pods -n {NS} -o wide")
+    print(f"  export KUBECONFIG={cluster.kubeconfig}")
+    print(f"  {cluster.bin_dir}/kubectl get tuningprofiles,jobs,pods -n {NS} -o wide")
     print("Clean up with:  make cluster-down   (stops every process cluster-up started)")
 
 
-def run_flow(cluster: Cluster, env: dict[str, str]) -> None:
+def run_flow(cluster: Cluster, s3: S3Settings) -> None:
+    env = s3.env()
     cluster.kubectl("create", "namespace", NS, check=False)
-    cluster.kubectl(
-        "create",
-        "secret",
-        "generic",
-        "s3-credentials",
-        "-n",
-        NS,
-        f"--from-literal=AWS_ACCESS_KEY_ID={env['AWS_ACCESS_KEY_ID']}",
-        f"--from-literal=AWS_SECRET_ACCESS_KEY={env['AWS_SECRET_ACCESS_KEY']}",
-        check=False,
-    )
+    create_s3_secret(cluster.kubectl, NS, s3.access_key, s3.secret_key)
 
     step("3. Apply a TuningProfile (examples/tuningprofile-nvidia.yaml)")
     print((ROOT / "examples/tuningprofile-nvidia.yaml").read_text())
@@ -184,9 +148,7 @@ def run_flow(cluster: Cluster, env: dict[str, str]) -> None:
     dest = Path(tempfile.mkdtemp(prefix="tunefleet-demo-"))
     cmd[cmd.index("--dest") + 1] = str(dest)
     print("$ " + " ".join(cmd))
-    done = subprocess.run(
-        cmd, env=tool_env(env), capture_output=True, text=True, timeout=120
-    )
+    done = subprocess.run(cmd, env=tool_env(env), capture_output=True, text=True, timeout=120)
     print((done.stdout + done.stderr).strip())
     for f in sorted(dest.iterdir()):
         print(f"  {f}  {f.stat().st_size} bytes")

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.operator import Operator, install
+from tests.support.operator import Operator, create_s3_secret, install
 
 
 @pytest.fixture(scope="session")
@@ -19,15 +19,4 @@ def operator(cluster: Any, s3: Any) -> Iterator[Operator]:
 
 @pytest.fixture
 def s3_secret(cluster: Any, s3: Any, namespace: str) -> str:
-    """The Secret a real user would create for tuning Jobs and model pods."""
-    cluster.kubectl(
-        "create",
-        "secret",
-        "generic",
-        "s3-credentials",
-        "-n",
-        namespace,
-        f"--from-literal=AWS_ACCESS_KEY_ID={s3.access_key}",
-        f"--from-literal=AWS_SECRET_ACCESS_KEY={s3.secret_key}",
-    )
-    return "s3-credentials"
+    return create_s3_secret(cluster.kubectl, namespace, s3.access_key, s3.secret_key)

@@ -323,3 +323,53 @@ def test_failed_job_becomes_failed_condition_with_the_pods_message(
         "a TuningFailed Event",
     )
     assert why in events[0]["message"]
+
+
+def test_a_spec_change_retunes_keeps_serving_and_keeps_history(
+    cluster: Any, operator: Operator, s3: Any, namespace: str
+) -> None:
+    apply(cluster, namespace, profile_doc("retune"))
+    (first,) = eventually(
+        lambda: tuning_pods(cluster, namespace, "retune"),
+        lambda ps: len(ps) == 1 and ps[0]["spec"].get("nodeName"),
+        "the first tuning pod",
+    )
+    old = carry_out_publish(cluster.kubectl, first, s3.env())
+    v1 = eventually(
+        lambda: get_json(cluster, "tp", "-n", namespace, "retune"),
+        lambda p: (p.get("status") or {}).get("phase") == "Ready",
+        "revision 1 Ready",
+    )
+    # The image shapes tuning: a new revision, a new Job; the old artifact keeps serving.
+    apply(cluster, namespace, profile_doc("retune", image="registry.example.com/serve:2"))
+    v2 = eventually(
+        lambda: get_json(cluster, "tp", "-n", namespace, "retune"),
+        lambda p: (p.get("status") or {}).get("revision") not in (None, v1["status"]["revision"]),
+        "a new revision",
+    )
+    assert condition(v2, "Ready")["status"] == "True"
+    assert "Serving earlier artifacts" in condition(v2, "Ready")["message"]
+    assert v2["status"]["artifacts"][0]["sha256"] == old["sha256"]
+    jobs = jobs_of(cluster, namespace, "retune")
+    assert len(jobs) == 2 and len({j["metadata"]["name"] for j in jobs}) == 2
+    (second,) = eventually(
+        lambda: [
+            p
+            for p in tuning_pods(cluster, namespace, "retune")
+            if p["metadata"]["uid"] != first["metadata"]["uid"]
+        ],
+        lambda ps: len(ps) == 1 and ps[0]["spec"].get("nodeName"),
+        "the second tuning pod",
+    )
+    # The stand-in results differ per revision only in the manifest; make the CSV differ too.
+    new = carry_out_publish(cluster.kubectl, second, s3.env(), salt="v2")
+    v3 = eventually(
+        lambda: get_json(cluster, "tp", "-n", namespace, "retune"),
+        lambda p: (
+            (p.get("status") or {}).get("phase") == "Ready"
+            and p["status"]["artifacts"][0]["sha256"] == new["sha256"]
+        ),
+        "revision 2 Ready",
+    )
+    assert [h["sha256"] for h in v3["status"]["history"]] == [old["sha256"]]
+    assert v3["status"]["artifacts"][0]["revision"] == v3["status"]["revision"]

@@ -164,6 +164,22 @@ def install(cluster: Any, s3_endpoint: str) -> Operator:
     return op
 
 
+def create_s3_secret(kubectl: Kubectl, namespace: str, access_key: str, secret_key: str) -> str:
+    """The Secret a user creates for tuning Jobs and model pods (profile's credentialsSecret)."""
+    kubectl(
+        "create",
+        "secret",
+        "generic",
+        "s3-credentials",
+        "-n",
+        namespace,
+        f"--from-literal=AWS_ACCESS_KEY_ID={access_key}",
+        f"--from-literal=AWS_SECRET_ACCESS_KEY={secret_key}",
+        check=False,  # already there from an earlier run: same content
+    )
+    return "s3-credentials"
+
+
 # --- a tuning pod's steps, carried out by the test ----------------------------------------
 
 STAND_IN_NOTE = (
@@ -172,7 +188,7 @@ STAND_IN_NOTE = (
 )
 
 
-def stand_in_tuner_output(out: Path, config: dict[str, Any]) -> None:
+def stand_in_tuner_output(out: Path, config: dict[str, Any], salt: str = "") -> None:
     """What the tune step leaves for publish (results.csv + manifest.json), without a GPU."""
     from tuner_job import manifest as mf
     from tuner_job._fs import sha256_hex
@@ -183,7 +199,7 @@ def stand_in_tuner_output(out: Path, config: dict[str, Any]) -> None:
         "Validator,HIPBLASLT_VERSION,0.12.0\n"
         "Validator,GCN_ARCH_NAME,gfx942:sramecc+:xnack-\n"
         "GemmTunableOp_BFloat16_TN,tn_4096_4096_4096_ld_4096_4096_4096,Gemm_Hipblaslt_1234,0.512\n"
-        f"GemmTunableOp_BFloat16_TN,tn_128_14336_4096_ld_4096_4096_128,Gemm_Rocblas_{len(config['profile'])},0.081\n"
+        f"GemmTunableOp_BFloat16_TN,tn_128_14336_4096_ld_4096_4096_128,Gemm_Rocblas_42{salt},0.081\n"
     ).encode()
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.csv").write_bytes(results)
@@ -221,13 +237,13 @@ def tool_env(extra: dict[str, str]) -> dict[str, str]:
 
 
 def carry_out_publish(
-    kubectl: Kubectl, pod: dict[str, Any], s3_env: dict[str, str]
+    kubectl: Kubectl, pod: dict[str, Any], s3_env: dict[str, str], salt: str = ""
 ) -> dict[str, Any]:
     """Run the pod's own publish command for real, then record its outcome in the pod status."""
     tune_env = {e["name"]: e.get("value") for e in container(pod, "tune").get("env", [])}
     config = json.loads(tune_env["TUNEFLEET_TUNING_CONFIG"] or "{}")
     work = Path(tempfile.mkdtemp(prefix="tunefleet-pod-"))
-    stand_in_tuner_output(work / "out", config)
+    stand_in_tuner_output(work / "out", config, salt)
     cmd = list(container(pod, "publish")["command"])
     cmd[cmd.index("--dir") + 1] = str(work / "out")
     done = subprocess.run(

@@ -1,34 +1,23 @@
-"""Polling with a deadline that fails with what was last seen, not just 'timed out'."""
+"""`eventually(probe, ok, what)`: the argument order the operator tests read best in.
+
+A thin front to tests.support.cluster.wait_for, which does the polling and the failure message.
+"""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TypeVar
+
+from tests.support.cluster import wait_for
 
 T = TypeVar("T")
 
 
 def eventually(
     probe: Callable[[], T],
-    ok: Callable[[T], bool],
+    ok: Callable[[T], object],
     what: str,
     timeout: float = 60.0,
     interval: float = 0.5,
 ) -> T:
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    error: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            last = probe()
-            error = None
-            if ok(last):
-                return last
-        except Exception as e:
-            error = e
-        time.sleep(interval)
-    raise AssertionError(
-        f"timed out after {timeout:.0f}s waiting for {what}; last seen: {last!r}"
-        + (f"; last error: {error!r}" if error else "")
-    )
+    return wait_for(probe, timeout=timeout, interval=interval, describe=what, until=ok)
