@@ -123,9 +123,7 @@ def webhook_latency(
         lambda p: (p.get("status") or {}).get("phase") == "Ready",
         "Ready",
     )
-    api = kubernetes.client.CoreV1Api(
-        cluster.api_client()
-    )
+    api = kubernetes.client.CoreV1Api(cluster.api_client())
     before, log_before = histogram(cluster), len(operator.logs().splitlines())
 
     def create(i: int) -> float:
