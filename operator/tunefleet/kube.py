@@ -48,8 +48,10 @@ def transient(what: str) -> Iterator[None]:
         yield
     except ApiException as e:
         if e.status in (401, 403):
+            # Also returned for a namespace being deleted; the API's own words tell which.
             raise kopf.TemporaryError(
-                f"{what}: forbidden ({e.status}); check the operator's RBAC (charts/tunefleet)",
+                f"{what}: {e.status} {_api_message(e)} (if this is RBAC, compare the "
+                "operator's ServiceAccount with charts/tunefleet/templates/rbac.yaml)",
                 delay=30,
             ) from e
         if e.status in (408, 409, 429) or (e.status or 0) >= 500:
@@ -57,6 +59,13 @@ def transient(what: str) -> Iterator[None]:
         raise
     except (urllib3.exceptions.HTTPError, OSError) as e:
         raise kopf.TemporaryError(f"{what}: {e}", delay=10) from e
+
+
+def _api_message(e: ApiException) -> str:
+    try:
+        return str(json.loads(e.body or "{}").get("message") or e.reason)
+    except ValueError:
+        return str(e.reason)
 
 
 def _json(resp: Any) -> Any:

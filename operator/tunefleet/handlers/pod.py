@@ -26,12 +26,15 @@ log = logging.getLogger("tunefleet.webhook")
     ignore_failures=True,
     side_effects=False,
 )
-def pod_mutate(
+async def pod_mutate(
     body: kopf.Body,
     patch: kopf.Patch,
     warnings: list[str],
     **kwargs: Any,
 ) -> None:
+    # async on purpose: kopf runs sync handlers in its shared thread pool, where admission
+    # would queue behind reconciles (seen: 9 s at startup with 400 profiles, past the API
+    # server's timeout). inject() is pure and sub-millisecond, fine on the event loop.
     started = time.perf_counter()
     namespace = body.metadata.namespace or ""
     pod_name = body.metadata.name or f"{body.metadata.get('generateName', '')}*"
