@@ -10,13 +10,13 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ._proc import kill_group
 from .config import Shape
 from .gpu import TunerError
 from .results import UntunedFile, read_untuned
@@ -46,19 +46,6 @@ def record_env(record_dir: Path, basename: str) -> dict[str, str]:
     }
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def record_workload(
     argv: Sequence[str], record_dir: Path, timeout_s: float, log: Log = _log
 ) -> None:
@@ -75,13 +62,13 @@ def record_workload(
     try:
         rc = proc.wait(timeout=max(timeout_s, 1.0))
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        kill_group(proc)
         raise TunerError(
             f"workload command did not exit within the {timeout_s:.0f}s tuning budget: "
             f"{shlex.join(argv)}"
         ) from None
     except BaseException:
-        _kill_group(proc)
+        kill_group(proc)
         raise
     if rc != 0:
         raise TunerError(f"workload command exited with status {rc}: {shlex.join(argv)}")

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ._fs import atomic_write_bytes
+from ._proc import kill_group
 from .config import Limits
 from .gpu import TunerError, identify, import_torch, require_gpu, require_offline_api
 from .results import (
@@ -144,19 +145,6 @@ def tuning_env(base: dict[str, str], tuning_dir: Path) -> dict[str, str]:
     return env
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=KILL_GRACE_S)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def tune(
     gemms: Sequence[UntunedRow],
     *,
@@ -200,10 +188,10 @@ def tune(
         rc = proc.wait(timeout=max(hard_deadline - time.time(), 1.0))
     except subprocess.TimeoutExpired:
         log(f"tuning budget of {budget_s:.0f}s reached: stopping the tuning process")
-        _kill_group(proc)
+        kill_group(proc, KILL_GRACE_S)
         killed, rc = True, proc.returncode
     except BaseException:
-        _kill_group(proc)
+        kill_group(proc, KILL_GRACE_S)
         raise
     else:
         # Stray members of its group (mgpu workers) must not outlive it holding GPU memory.
