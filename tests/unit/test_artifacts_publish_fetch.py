@@ -354,3 +354,26 @@ def test_bootstrap_copies_a_runnable_tuner_without_caches(tmp_path: Path) -> Non
     )
     assert done.stdout.strip() == str(target / "__init__.py")
     shutil.rmtree(tmp_path / "tools")
+
+
+@pytest.mark.parametrize("closed", [False, True])
+def test_fetch_leaves_its_outcome_as_the_termination_message(
+    tmp_path: Path, published: tuple[Path, str], closed: bool
+) -> None:
+    """A fail-open start exits 0, so only this file tells `kubectl describe pod` why."""
+    artifact, sha = published
+    log = tmp_path / "termination-log"
+    bad = fetch_cli(
+        artifact,
+        "f" * 64,
+        tmp_path / "d1",
+        "--termination-log",
+        str(log),
+        *(["--fail-closed"] if closed else []),
+    )
+    verb = "refusing to start" if closed else "starting untuned"
+    assert log.read_text().startswith(f"tunefleet-fetch: {verb}: ")
+    assert log.read_text().strip() == bad.stderr.strip()
+    good = fetch_cli(artifact, sha, tmp_path / "d2", "--termination-log", str(log))
+    assert good.returncode == 0
+    assert log.read_text().startswith("tunefleet-fetch: wrote 2 results file(s)")

@@ -18,9 +18,9 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TextIO
 
-from tuner_job._fs import sha256_hex
+from tuner_job._fs import sha256_hex, write_termination_log
 from tuner_job.manifest import ManifestError, loads
 from tuner_job.results import CsvFormatError, parse_results
 
@@ -169,12 +169,29 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--region")
     p.add_argument("--fail-closed", action="store_true", help="exit 1 instead of starting untuned")
     p.add_argument("--timeout-seconds", type=float, default=60.0, help="overall time limit")
+    p.add_argument(
+        "--termination-log",
+        default="/dev/termination-log",
+        help="where the outcome line also goes (the pod status shows it)",
+    )
     return p
+
+
+def _say(line: str, termination_log: str | None, stream: TextIO) -> None:
+    """Print the outcome and leave it as the container's termination message: a fail-open
+    start exits 0, where FallbackToLogsOnError would record nothing, so `kubectl describe pod`
+    still shows why the pod runs untuned."""
+    print(line, file=stream)
+    write_termination_log(termination_log, line)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     fail_closed = "--fail-closed" in raw
+    # Read before parsing: a bad-arguments failure must still reach the termination log.
+    log_path: str | None = "/dev/termination-log"
+    if "--termination-log" in raw[:-1]:
+        log_path = raw[raw.index("--termination-log") + 1]
     try:
         args = _parser().parse_args(raw)
         got = fetch(
@@ -193,13 +210,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             (str(exc) if known else f"internal error: {type(exc).__name__}: {exc}").split()
         )
         if fail_closed:
-            print(f"{PROG}: refusing to start: {reason}", file=sys.stderr)
+            _say(f"{PROG}: refusing to start: {reason}", log_path, sys.stderr)
             return 1
-        print(f"{PROG}: starting untuned: {reason}", file=sys.stderr)
+        _say(f"{PROG}: starting untuned: {reason}", log_path, sys.stderr)
         return 0
-    print(
+    _say(
         f"{PROG}: wrote {len(got.paths)} results file(s) with {got.gemms} tuned GEMMs "
-        f"(sha256 {got.sha256}) to {Path(args.dest) / 'tunableop_results%d.csv'}"
+        f"(sha256 {got.sha256}) to {Path(args.dest) / 'tunableop_results%d.csv'}",
+        log_path,
+        sys.stdout,
     )
     return 0
 
