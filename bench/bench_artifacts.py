@@ -35,8 +35,8 @@ from tunefleet.artifacts.fetch import fetch  # noqa: E402
 from tunefleet.artifacts.publish import publish  # noqa: E402
 from tunefleet.artifacts.s3 import S3Store  # noqa: E402
 from tunefleet.artifacts.store import parse_uri  # noqa: E402
-from tuner_job._fs import sha256_hex  # noqa: E402
-from tuner_job.manifest import Manifest, rfc3339_utc  # noqa: E402
+from tuner_job.manifest import Manifest  # noqa: E402
+from tuner_job.output import write_output  # noqa: E402
 from tuner_job.results import parse_results  # noqa: E402
 
 SIZE = 1_000_000
@@ -72,27 +72,19 @@ def results_text(variant: int, size: int = SIZE) -> str:
 
 
 def write_artifact(out: Path, variant: int) -> Manifest:
-    out.mkdir(parents=True, exist_ok=True)
-    text = results_text(variant)
-    data = text.encode()
-    parsed = parse_results(text)
-    (out / "results.csv").write_bytes(data)
-    manifest = Manifest(
+    results = parse_results(results_text(variant))
+    return write_output(
+        out,
+        results,
         namespace="bench",
         profile="artifacts",
         revision="bench",
         gpu_model=MODEL,
-        results_sha256=sha256_hex(data),
-        gemms=parsed.gemms,
-        recorded=parsed.gemms,
-        validators=parsed.validators,
+        recorded=results.gemms,
         identity={"gpuName": "synthetic bench data"},
         tuning_seconds=0.0,
-        tuned_at=rfc3339_utc(),
         tool_version="bench",
     )
-    (out / "manifest.json").write_bytes(manifest.to_json())
-    return manifest
 
 
 def _ms(values: list[float]) -> float:

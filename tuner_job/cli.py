@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import __version__
-from ._fs import atomic_write_bytes, sha256_hex, write_termination_log
+from ._fs import atomic_write_bytes, write_termination_log
 from .config import ConfigError, TuningConfig
 from .config import load as load_config
 from .gpu import (
@@ -25,14 +25,12 @@ from .gpu import (
     require_gpu,
     require_offline_api,
 )
-from .manifest import Manifest, rfc3339_utc
+from .output import MANIFEST_NAME, RESULTS_NAME, write_output
 from .record import collect_untuned, record_shapes, record_workload
 from .results import CsvFormatError, UntunedRow, dedupe_untuned, format_results, read_untuned
 from .tune import child_main, tune
 
 PROG = "tuner_job"
-RESULTS_NAME = "results.csv"
-MANIFEST_NAME = "manifest.json"
 
 
 def _log(msg: str) -> None:
@@ -168,31 +166,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         identity = outcome.identity
     else:  # the tuning process was stopped before it could describe the machine
         identity, _ = identify(torch)
-    data = format_results(outcome.results).encode("utf-8")
-    sha = sha256_hex(data)
-    manifest = Manifest(
+    out = Path(args.out)
+    manifest = write_output(
+        out,
+        outcome.results,
         namespace=cfg.namespace,
         profile=cfg.profile,
         revision=cfg.revision,
         gpu_model=cfg.gpu_model,
-        results_sha256=sha,
-        gemms=outcome.results.gemms,
         recorded=len(unique),
-        validators=outcome.results.validators,
         identity=identity,
-        tuning_seconds=round(outcome.seconds, 3),
-        tuned_at=rfc3339_utc(),
-        tool_version=__version__,
+        tuning_seconds=outcome.seconds,
     )
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    # results first: a manifest on disk always describes a complete results file.
-    atomic_write_bytes(out / RESULTS_NAME, data)
-    atomic_write_bytes(out / MANIFEST_NAME, manifest.to_json())
     _report_partial(outcome.stopped_early, outcome.results.gemms, len(unique))
     print(
         f"{PROG}: recorded {len(unique)} GEMM(s), tuned {outcome.results.gemms} in "
-        f"{outcome.seconds:.1f}s; wrote {out / RESULTS_NAME} (sha256 {sha}) and "
+        f"{outcome.seconds:.1f}s; wrote {out / RESULTS_NAME} "
+        f"(sha256 {manifest.results_sha256}) and "
         f"{out / MANIFEST_NAME}"
     )
     return 0

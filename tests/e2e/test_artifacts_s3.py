@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from tuner_job._fs import sha256_hex
-from tuner_job.manifest import Manifest, rfc3339_utc
+from tuner_job.manifest import Manifest
+from tuner_job.output import write_output
 from tuner_job.results import read_results
 
 pytestmark = pytest.mark.e2e
@@ -31,26 +31,17 @@ MODEL = "AMD_Instinct_MI300X_OAM"
 
 
 def tuner_output(out: Path) -> Manifest:
-    out.mkdir(parents=True, exist_ok=True)
-    data = (DATA / "rocm_results.csv").read_bytes()
-    (out / "results.csv").write_bytes(data)
-    parsed = read_results(DATA / "rocm_results.csv")
-    manifest = Manifest(
+    return write_output(
+        out,
+        read_results(DATA / "rocm_results.csv"),
         namespace="ml",
         profile="llama",
         revision="3f2a9c01de",
         gpu_model=MODEL,
-        results_sha256=sha256_hex(data),
-        gemms=parsed.gemms,
-        recorded=parsed.gemms,
-        validators=parsed.validators,
+        recorded=3,
         identity={"gpuName": "sample (hand-written results, no GPU here)"},
         tuning_seconds=1.5,
-        tuned_at=rfc3339_utc(),
-        tool_version="0.1.0",
     )
-    (out / "manifest.json").write_bytes(manifest.to_json())
-    return manifest
 
 
 def cli(s3: Any, module: str, *args: str) -> subprocess.CompletedProcess[str]:

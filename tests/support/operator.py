@@ -190,39 +190,29 @@ STAND_IN_NOTE = (
 
 def stand_in_tuner_output(out: Path, config: dict[str, Any], salt: str = "") -> None:
     """What the tune step leaves for publish (results.csv + manifest.json), without a GPU."""
-    from tuner_job import manifest as mf
-    from tuner_job._fs import sha256_hex
+    from tuner_job.output import write_output
+    from tuner_job.results import parse_results
 
-    results = (
+    results = parse_results(
         "Validator,PT_VERSION,2.11.0\n"
         "Validator,ROCM_VERSION,6.4.0\n"
         "Validator,HIPBLASLT_VERSION,0.12.0\n"
         "Validator,GCN_ARCH_NAME,gfx942:sramecc+:xnack-\n"
         "GemmTunableOp_BFloat16_TN,tn_4096_4096_4096_ld_4096_4096_4096,Gemm_Hipblaslt_1234,0.512\n"
         f"GemmTunableOp_BFloat16_TN,tn_128_14336_4096_ld_4096_4096_128,Gemm_Rocblas_42{salt},0.081\n"
-    ).encode()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.csv").write_bytes(results)
-    manifest = mf.Manifest(
+    )
+    write_output(
+        out,
+        results,
         namespace=config["namespace"],
         profile=config["profile"],
         revision=config["revision"],
         gpu_model=config["gpuModel"],
-        results_sha256=sha256_hex(results),
-        gemms=2,
-        recorded=2,
-        validators={
-            "PT_VERSION": "2.11.0",
-            "ROCM_VERSION": "6.4.0",
-            "HIPBLASLT_VERSION": "0.12.0",
-            "GCN_ARCH_NAME": "gfx942:sramecc+:xnack-",
-        },
+        recorded=results.gemms,
         identity={"gpuName": "stand-in (no GPU in this test)", "torch": "2.11.0"},
         tuning_seconds=1.0,
-        tuned_at=mf.rfc3339_utc(),
         tool_version="tunefleet-e2e-stand-in",
     )
-    (out / "manifest.json").write_bytes(manifest.to_json())
 
 
 def container(pod: dict[str, Any], name: str) -> dict[str, Any]:

@@ -22,11 +22,10 @@ from typing import NoReturn, TextIO
 
 from tuner_job._fs import sha256_hex, write_termination_log
 from tuner_job.manifest import ManifestError, loads
+from tuner_job.output import MANIFEST_NAME, RESULTS_NAME
 from tuner_job.results import CsvFormatError, parse_results
 
 from .store import (
-    MANIFEST_NAME,
-    RESULTS_NAME,
     Store,
     StoreError,
     check_sha256,

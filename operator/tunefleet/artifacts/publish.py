@@ -18,11 +18,10 @@ from typing import Any
 
 from tuner_job._fs import sha256_hex, write_termination_log
 from tuner_job.manifest import Manifest, ManifestError, loads
+from tuner_job.output import MANIFEST_NAME, RESULTS_NAME
 from tuner_job.results import CsvFormatError, parse_results
 
 from .store import (
-    MANIFEST_NAME,
-    RESULTS_NAME,
     ConflictError,
     Store,
     StoreError,

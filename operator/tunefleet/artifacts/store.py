@@ -16,9 +16,6 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import unquote, urlparse
 
-RESULTS_NAME = "results.csv"
-MANIFEST_NAME = "manifest.json"
-
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 _DNS_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _LABEL_VALUE_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")

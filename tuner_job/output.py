@@ -1,0 +1,54 @@
+"""The tuner's output directory, the contract between the tune and publish steps:
+results.csv and the manifest.json that describes it (stdlib only).
+
+Written here only, so every writer (the tuner, and the stand-ins that tests, the demo and the
+benchmarks use where no GPU is present) produces the same canonical bytes and manifest.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import __version__
+from ._fs import atomic_write_bytes, sha256_hex
+from .manifest import Manifest, rfc3339_utc
+from .results import ResultsFile, format_results
+
+RESULTS_NAME = "results.csv"
+MANIFEST_NAME = "manifest.json"
+
+
+def write_output(
+    out: Path,
+    results: ResultsFile,
+    *,
+    namespace: str,
+    profile: str,
+    revision: str,
+    gpu_model: str,
+    recorded: int,
+    identity: dict[str, str],
+    tuning_seconds: float,
+    tool_version: str = __version__,
+) -> Manifest:
+    """Write results.csv (canonical form) and then its manifest; returns the manifest."""
+    data = format_results(results).encode("utf-8")
+    manifest = Manifest(
+        namespace=namespace,
+        profile=profile,
+        revision=revision,
+        gpu_model=gpu_model,
+        results_sha256=sha256_hex(data),
+        gemms=results.gemms,
+        recorded=recorded,
+        validators=results.validators,
+        identity=identity,
+        tuning_seconds=round(tuning_seconds, 3),
+        tuned_at=rfc3339_utc(),
+        tool_version=tool_version,
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    # results first: a manifest on disk always describes a complete results file.
+    atomic_write_bytes(out / RESULTS_NAME, data)
+    atomic_write_bytes(out / MANIFEST_NAME, manifest.to_json())
+    return manifest
