@@ -13,8 +13,13 @@ OpSig is ``<Family>TunableOp_<types>_<AB>``: ``GemmTunableOp_BFloat16_TN``,
 ``ScaledGemmTunableOp_Float8_e4m3fn_Float8_e4m3fn_BFloat16_TN``.
 ParamSig is ``<ab>_<m>_<n>_<k>[_B_<batch>]_ld_<lda>_<ldb>_<ldc>[...]``, for example
 ``tn_4096_4096_4096_ld_4096_4096_4096`` or ``tn_128_128_64_B_96_ld_64_64_128``; scaled GEMMs end
-in ``_rw_<0|1>_bias_<dtype|None>``. Dimensions may be ``*`` (wildcard entries of recent torch),
-and torch before 2.4 wrote no ``_ld_`` part.
+in ``_rw_<0|1>_bias_<dtype|None>``. Dimensions may be ``*`` (wildcard entries of recent torch).
+The ``_ld_`` part is optional: files written by torch 2.4 and 2.6 have none, 2.7.1's have it.
+The letters and dimensions are cuBLAS's column-major ones: ``torch.mm(A, B)`` on row-major
+tensors runs as ``C^T = B^T A^T``, so its ``m`` is the product's columns, ``n`` its rows.
+
+TunableOp reads a file with ``std::getline`` (lines end at LF only) and compares validators as
+exact strings: a CRLF file or a byte-order mark makes it drop the whole file. Both are refused.
 
 The parser is strict on purpose: a results file is content-addressed and shipped to every pod of
 a fleet, so anything TunableOp would misread is refused here, with its line number, instead.
@@ -210,6 +215,14 @@ def _split(line: str) -> tuple[list[str], str | None]:
 
 
 def _lines(text: str, source: str) -> Iterable[tuple[int, str]]:
+    if text.startswith("\ufeff"):
+        raise CsvFormatError(
+            source,
+            1,
+            "starts with a UTF-8 byte-order mark (BOM): TunableOp reads the BOM as part of the "
+            "first line, which is then no Validator line, and drops the whole file; "
+            "save the file as UTF-8 without a BOM",
+        )
     if "\x00" in text:
         raise CsvFormatError(source, text[: text.index("\x00")].count("\n") + 1, "NUL byte")
     if text and not text.endswith("\n"):
@@ -217,8 +230,20 @@ def _lines(text: str, source: str) -> Iterable[tuple[int, str]]:
         raise CsvFormatError(
             source, text.count("\n") + 1, "last line has no newline (truncated file?)"
         )
-    for number, raw in enumerate(text.split("\n")[:-1], start=1):
-        line = raw[:-1] if raw.endswith("\r") else raw
+    for number, line in enumerate(text.split("\n")[:-1], start=1):
+        if "\r" in line:
+            # TunableOp splits on \n only: "2.11.0\r" would not equal this torch's PT_VERSION.
+            what = (
+                "CRLF line ending (\\r\\n)"
+                if line.endswith("\r") and "\r" not in line[:-1]
+                else "a carriage return (\\r)"
+            )
+            raise CsvFormatError(
+                source,
+                number,
+                f"{what}: TunableOp splits lines on \\n only, keeps the \\r in the last field "
+                "and so drops the whole file; convert the file to LF line endings",
+            )
         if line.strip() == "":
             continue  # TunableOp skips empty lines too
         yield number, line
@@ -362,15 +387,33 @@ def dedupe_untuned(files: Sequence[UntunedFile]) -> list[UntunedRow]:
     return out
 
 
-def _speed(row: ResultRow) -> tuple[float, str]:
-    # A row without a time is kept only when nothing timed competes with it; the solution
-    # name breaks ties so that merge(a, b) == merge(b, a).
+DEFAULT_SOLUTION = "Default"  # TunableOp's name for the untuned BLAS call (ResultEntry::Default)
+
+
+def is_placeholder(row: ResultRow) -> bool:
+    """A row that records no measurement: no time, or ``Default`` with time 0.
+
+    ``ResultEntry::Default()`` in torch is ("Default", 0.0): what TunableOp falls back to without
+    timing anything. A ``Default`` row with a positive time was measured like any other solution.
+    """
     ms = row.ms
-    return (math.inf if ms is None else ms, row.solution)
+    return ms is None or (row.solution == DEFAULT_SOLUTION and ms == 0.0)
+
+
+def _rank(row: ResultRow) -> tuple[int, float, str, str, str]:
+    # A measured solution beats a placeholder; among measured ones the faster wins. The rest of
+    # the key orders every distinct row, so merge(a, b) == merge(b, a) byte for byte.
+    placeholder = is_placeholder(row)
+    ms = 0.0 if placeholder else float(row.ms_text or 0)
+    return (int(placeholder), ms, row.solution, row.ms_text or "", row.blas or "")
 
 
 def merge_results(files: Sequence[ResultsFile]) -> ResultsFile:
-    """Union of results; for the same operator and parameters, the faster solution.
+    """Union of results; for the same operator and parameters, the measured and faster solution.
+
+    A timed row beats a placeholder (no time, or ``Default`` with time 0); among timed rows the
+    lower time wins; remaining ties go by solution name, so the result does not depend on the
+    order of the inputs.
 
     All inputs must carry the same validators: TunableOp loads a file only when every validator
     matches the running process, so rows tuned under different ones can never be served together.
@@ -379,18 +422,48 @@ def merge_results(files: Sequence[ResultsFile]) -> ResultsFile:
         raise ValueError("nothing to merge")
     validators = dict(files[0].validators)
     best: dict[tuple[str, str], ResultRow] = {}
-    for f in files:
+    for number, f in enumerate(files, start=1):
         if f.validators != validators:
-            diff = sorted(
-                k
-                for k in set(validators) | set(f.validators)
-                if validators.get(k) != f.validators.get(k)
-            )
             raise ValidatorMismatchError(
-                "results were tuned under different validators: " + ", ".join(diff)
+                f"results were tuned under different validators (input 1 vs input {number}): "
+                + "; ".join(
+                    f"{k} {_shown(validators.get(k))} vs {_shown(f.validators.get(k))}"
+                    for k in sorted(set(validators) | set(f.validators))
+                    if validators.get(k) != f.validators.get(k)
+                )
             )
         for row in f.rows:
             current = best.get(row.key)
-            if current is None or _speed(row) < _speed(current):
+            if current is None or _rank(row) < _rank(current):
                 best[row.key] = row
     return ResultsFile(validators, [best[k] for k in sorted(best)])
+
+
+def _shown(value: str | None) -> str:
+    return "(absent)" if value is None else repr(value)
+
+
+@dataclass(frozen=True)
+class Outcomes:
+    """How a results file's GEMMs came out: ``tuned + default == gemms``.
+
+    ``tuned``: a solution other than ``Default`` won. ``default``: ``Default`` won, or was the
+    only candidate (CUDA builds of torch before 2.14 have no other), so TunableOp only adds its
+    per-GEMM lookup to what the untuned call costs.
+    """
+
+    tuned: int
+    default: int
+
+    @property
+    def gemms(self) -> int:
+        return self.tuned + self.default
+
+    def to_dict(self) -> dict[str, int]:
+        return {"tuned": self.tuned, "default": self.default}
+
+
+def count_outcomes(results: ResultsFile) -> Outcomes:
+    """Count a results file's GEMMs by outcome (one row per GEMM: its winning solution)."""
+    default = sum(1 for r in results.rows if r.solution == DEFAULT_SOLUTION)
+    return Outcomes(tuned=len(results.rows) - default, default=default)

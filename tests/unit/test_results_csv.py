@@ -9,9 +9,11 @@ import pytest
 
 from tuner_job.results import (
     CsvFormatError,
+    Outcomes,
     ResultRow,
     ResultsFile,
     ValidatorMismatchError,
+    count_outcomes,
     dedupe_untuned,
     format_results,
     merge_results,
@@ -176,6 +178,11 @@ GOOD = "GemmTunableOp_BFloat16_TN,tn_64_64_64_ld_64_64_64,Gemm_Hipblaslt_1,0.01\
             V + GOOD.replace("64_64_64_ld", "0_64_64_ld"), 2, "positive dimensions", id="zero-dim"
         ),
         pytest.param(V + "\x00" + GOOD, 2, "NUL", id="nul-byte"),
+        # TunableOp splits on \n only: PT_VERSION would read "2.11.0\r" and the file be dropped.
+        pytest.param(V.replace("\n", "\r\n") + GOOD, 1, "CRLF line ending", id="crlf-first-line"),
+        pytest.param(V + GOOD.replace("\n", "\r\n"), 2, "CRLF line ending", id="crlf-row"),
+        pytest.param(V + GOOD.replace(",0.01", ",0.01\r,"), 2, "carriage return", id="bare-cr"),
+        pytest.param("\ufeff" + V + GOOD, 1, "byte-order mark (BOM)", id="bom"),
     ],
 )
 def test_malformed_results_are_refused_with_their_line(text: str, line: int, fragment: str) -> None:
@@ -279,3 +286,87 @@ def test_merge_refuses_results_tuned_under_different_validators() -> None:
     b = ResultsFile({"PT_VERSION": "2.11.0", "GCN_ARCH_NAME": "gfx90a"}, [])
     with pytest.raises(ValidatorMismatchError, match="GCN_ARCH_NAME"):
         merge_results([a, b])
+
+
+def test_crlf_and_bom_messages_say_what_to_do() -> None:
+    with pytest.raises(CsvFormatError) as crlf:
+        parse_untuned("GemmTunableOp_BFloat16_TN,tn_1_1_1_ld_1_1_1\r\n", "u0.csv")
+    assert str(crlf.value).startswith("u0.csv:1: CRLF line ending")
+    assert "LF line endings" in crlf.value.message
+    with pytest.raises(CsvFormatError) as bom:
+        parse_results("\ufeff" + V + GOOD, "r.csv")
+    assert "without a BOM" in bom.value.message and "signature" not in bom.value.message
+
+
+def test_bom_in_a_file_on_disk_is_refused_as_a_bom(tmp_path: Path) -> None:
+    path = tmp_path / "r.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + (V + GOOD).encode())
+    with pytest.raises(CsvFormatError, match="byte-order mark"):
+        read_results(path)
+
+
+def test_a_timed_solution_beats_a_default_placeholder_in_either_order() -> None:
+    # ResultEntry::Default() is ("Default", 0.0): no measurement, so it must not win on "0 ms".
+    validators = {"PT_VERSION": "2.11.0"}
+    placeholder = ResultsFile(dict(validators), [row(OP, "tn_1_1_1_ld_1_1_1", "Default", "0")])
+    timed = ResultsFile(dict(validators), [row(OP, "tn_1_1_1_ld_1_1_1", "Gemm_Rocblas_7", "0.3")])
+    for files in ([placeholder, timed], [timed, placeholder]):
+        (winner,) = merge_results(files).rows
+        assert (winner.solution, winner.ms_text) == ("Gemm_Rocblas_7", "0.3")
+
+
+def test_a_measured_default_competes_on_its_time() -> None:
+    validators = {"PT_VERSION": "2.11.0"}
+    measured = ResultsFile(dict(validators), [row(OP, "tn_1_1_1_ld_1_1_1", "Default", "0.1")])
+    slower = ResultsFile(dict(validators), [row(OP, "tn_1_1_1_ld_1_1_1", "Gemm_Rocblas_7", "0.3")])
+    assert merge_results([slower, measured]).rows[0].solution == "Default"
+    assert merge_results([measured, slower]).rows[0].solution == "Default"
+
+
+def test_merge_is_order_independent_for_every_permutation() -> None:
+    import itertools
+
+    key = "tn_1_1_1_ld_1_1_1"
+    candidates = [
+        row(OP, key, "Default", "0"),
+        row(OP, key, "Default", None),
+        row(OP, key, "Gemm_Hipblaslt_2", None),
+        row(OP, key, "Gemm_Hipblaslt_1", "0.2"),
+        row(OP, key, "Gemm_Rocblas_1", "0.2"),  # a tie on time: the name decides
+        row(OP, key, "Gemm_Rocblas_9", "0.50"),
+    ]
+    files = [ResultsFile({"PT_VERSION": "2.11.0"}, [c]) for c in candidates]
+    outputs = {format_results(merge_results(list(p))) for p in itertools.permutations(files)}
+    assert len(outputs) == 1
+    assert ",Gemm_Hipblaslt_1,0.2\n" in outputs.pop()
+
+
+def test_merge_keeps_a_placeholder_only_when_nothing_was_measured() -> None:
+    key = "tn_1_1_1_ld_1_1_1"
+    files = [
+        ResultsFile({"PT_VERSION": "2.11.0"}, [row(OP, key, "Gemm_Hipblaslt_2", None)]),
+        ResultsFile({"PT_VERSION": "2.11.0"}, [row(OP, key, "Default", "0")]),
+    ]
+    assert merge_results(files).rows[0].solution == "Default"  # by name, deterministically
+
+
+def test_validator_mismatch_names_both_values_of_each_differing_key() -> None:
+    a = ResultsFile({"PT_VERSION": "2.11.0", "GCN_ARCH_NAME": "gfx942", "HIP_VERSION": "1"}, [])
+    b = ResultsFile({"PT_VERSION": "2.11.0", "GCN_ARCH_NAME": "gfx90a", "ROCM_VERSION": "6.4"}, [])
+    with pytest.raises(ValidatorMismatchError) as err:
+        merge_results([a, b])
+    text = str(err.value)
+    assert "GCN_ARCH_NAME 'gfx942' vs 'gfx90a'" in text
+    assert "HIP_VERSION '1' vs (absent)" in text
+    assert "ROCM_VERSION (absent) vs '6.4'" in text
+    assert "PT_VERSION" not in text
+
+
+def test_outcomes_count_default_and_other_winners() -> None:
+    rocm = read_results(DATA / "rocm_results.csv")
+    defaults = sum(1 for r in raw_rows(DATA / "rocm_results.csv") if r[2] == "Default")
+    assert count_outcomes(rocm) == Outcomes(tuned=rocm.gemms - defaults, default=defaults)
+    assert defaults == 1
+    only_default = parse_results(V + GOOD.replace("Gemm_Hipblaslt_1,0.01", "Default,0.02"))
+    assert count_outcomes(only_default) == Outcomes(tuned=0, default=1)
+    assert count_outcomes(parse_results(V)).to_dict() == {"tuned": 0, "default": 0}
