@@ -1,7 +1,7 @@
 """manifest.json: what a results file is, where and how it was tuned (stdlib only).
 
 Written by the tuner next to results.csv, uploaded by publish and checked by fetch, so the one
-definition here is shared by both images.
+definition here is shared by both images. Runs on Python 3.10 (the user's image may have it).
 """
 
 from __future__ import annotations
@@ -10,8 +10,10 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
+
+from .results import Outcomes
 
 SCHEMA = "tunefleet.io/manifest/v1"
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -36,9 +38,12 @@ class Manifest:
     tuning_seconds: float
     tuned_at: str
     tool_version: str
+    # How the GEMMs came out (tuned: a non-Default solution won; default: Default won or was the
+    # only candidate); tuned + default == gemms. None for manifests written before the field.
+    outcomes: Outcomes | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "schema": SCHEMA,
             "namespace": self.namespace,
             "profile": self.profile,
@@ -53,13 +58,16 @@ class Manifest:
             "tunedAt": self.tuned_at,
             "toolVersion": self.tool_version,
         }
+        if self.outcomes is not None:
+            doc["outcomes"] = self.outcomes.to_dict()
+        return doc
 
     def to_json(self) -> bytes:
         return (json.dumps(self.to_dict(), indent=2) + "\n").encode("utf-8")
 
 
 def rfc3339_utc(when: datetime | None = None) -> str:
-    moment = (when or datetime.now(UTC)).astimezone(UTC)
+    moment = (when or datetime.now(timezone.utc)).astimezone(timezone.utc)
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -70,10 +78,12 @@ def _str(doc: dict[str, Any], key: str) -> str:
     return value
 
 
-def _int(doc: dict[str, Any], key: str) -> int:
+def _int(doc: dict[str, Any], key: str, where: str = "") -> int:
     value = doc.get(key)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ManifestError(f"manifest field {key!r} must be a non-negative integer, got {value!r}")
+        raise ManifestError(
+            f"manifest field {where + key!r} must be a non-negative integer, got {value!r}"
+        )
     return value
 
 
@@ -84,6 +94,25 @@ def _str_map(doc: dict[str, Any], key: str) -> dict[str, str]:
     ):
         raise ManifestError(f"manifest field {key!r} must map strings to strings")
     return dict(value)
+
+
+def _outcomes(doc: dict[str, Any], gemms: int) -> Outcomes | None:
+    value = doc.get("outcomes")
+    if value is None and "outcomes" not in doc:
+        return None  # a manifest from before the field
+    if not isinstance(value, dict) or set(value) != {"tuned", "default"}:
+        raise ManifestError(
+            f'manifest field \'outcomes\' must be {{"tuned": N, "default": N}}, got {value!r}'
+        )
+    outcomes = Outcomes(
+        tuned=_int(value, "tuned", "outcomes."), default=_int(value, "default", "outcomes.")
+    )
+    if outcomes.gemms != gemms:
+        raise ManifestError(
+            f"manifest outcomes add up to {outcomes.gemms} GEMMs "
+            f"(tuned {outcomes.tuned} + default {outcomes.default}), but gemms is {gemms}"
+        )
+    return outcomes
 
 
 def from_dict(doc: Any) -> Manifest:
@@ -125,6 +154,7 @@ def from_dict(doc: Any) -> Manifest:
         tuning_seconds=float(seconds),
         tuned_at=tuned_at,
         tool_version=_str(doc, "toolVersion"),
+        outcomes=_outcomes(doc, gemms),
     )
 
 

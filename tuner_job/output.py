@@ -12,7 +12,7 @@ from pathlib import Path
 from . import __version__
 from ._fs import atomic_write_bytes, sha256_hex
 from .manifest import Manifest, rfc3339_utc
-from .results import ResultsFile, format_results
+from .results import ResultsFile, count_outcomes, format_results
 
 RESULTS_NAME = "results.csv"
 MANIFEST_NAME = "manifest.json"
@@ -31,7 +31,10 @@ def write_output(
     tuning_seconds: float,
     tool_version: str = __version__,
 ) -> Manifest:
-    """Write results.csv (canonical form) and then its manifest; returns the manifest."""
+    """Write results.csv (canonical form) and then its manifest; returns the manifest.
+
+    The manifest's ``outcomes`` counts the rows by winner (see ``results.count_outcomes``).
+    """
     data = format_results(results).encode("utf-8")
     manifest = Manifest(
         namespace=namespace,
@@ -46,6 +49,7 @@ def write_output(
         tuning_seconds=round(tuning_seconds, 3),
         tuned_at=rfc3339_utc(),
         tool_version=tool_version,
+        outcomes=count_outcomes(results),
     )
     out.mkdir(parents=True, exist_ok=True)
     # results first: a manifest on disk always describes a complete results file.

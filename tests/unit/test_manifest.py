@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from tuner_job.manifest import SCHEMA, Manifest, ManifestError, from_dict, loads, rfc3339_utc
+from tuner_job.results import Outcomes
 
 
 def manifest(**over: Any) -> Manifest:
@@ -24,6 +25,7 @@ def manifest(**over: Any) -> Manifest:
         "tuning_seconds": 812.5,
         "tuned_at": "2026-11-29T20:00:00Z",
         "tool_version": "0.1.0",
+        "outcomes": Outcomes(tuned=9, default=3),
     }
     fields.update(over)
     return Manifest(**fields)
@@ -46,7 +48,9 @@ def test_round_trip_keeps_every_field_under_the_contract_names() -> None:
         "tuningSeconds",
         "tunedAt",
         "toolVersion",
+        "outcomes",
     }
+    assert doc["outcomes"] == {"tuned": 9, "default": 3}
     assert doc["schema"] == SCHEMA == "tunefleet.io/manifest/v1"
     assert doc["gpuModel"] == "AMD_Instinct_MI300X_OAM" and doc["resultsSha256"] == "ab" * 32
     assert loads(m.to_json()) == m
@@ -74,6 +78,13 @@ def test_rfc3339_utc_is_what_the_manifest_accepts() -> None:
         ({"identity": {"gpuCount": 8}}, "strings to strings"),
         ({"namespace": ""}, "namespace"),
         ({"profile": None}, "profile"),
+        ({"outcomes": {"tuned": 9, "default": 4}}, "add up to 13 GEMMs"),
+        ({"outcomes": {"tuned": 12}}, "outcomes"),
+        ({"outcomes": {"tuned": 12, "default": 0, "other": 0}}, "outcomes"),
+        ({"outcomes": {"tuned": -1, "default": 13}}, "outcomes.tuned"),
+        ({"outcomes": {"tuned": 12, "default": True}}, "outcomes.default"),
+        ({"outcomes": None}, "outcomes"),
+        ({"outcomes": [12, 0]}, "outcomes"),
     ],
 )
 def test_bad_manifests_are_refused(change: dict[str, Any], fragment: str) -> None:
@@ -88,3 +99,18 @@ def test_non_json_and_non_objects_are_refused() -> None:
         loads(b'{"schema": ')
     with pytest.raises(ManifestError, match="not a JSON object"):
         loads(b"[]")
+
+
+def test_a_manifest_from_before_outcomes_still_reads() -> None:
+    doc = json.loads(manifest().to_json())
+    del doc["outcomes"]
+    old = from_dict(doc)
+    assert old.outcomes is None
+    assert "outcomes" not in old.to_dict()  # written back as it was
+    assert old == manifest(outcomes=None)
+
+
+def test_outcomes_round_trip_and_schema_stays_v1() -> None:
+    m = loads(manifest(gemms=5, outcomes=Outcomes(tuned=0, default=5)).to_json())
+    assert m.outcomes == Outcomes(tuned=0, default=5) and m.outcomes.gemms == 5
+    assert m.to_dict()["schema"] == "tunefleet.io/manifest/v1"
