@@ -21,7 +21,7 @@ bin="$cache_root/tools-$key/bin"
 
 if [[ "${1:-}" == "--dir" ]]; then echo "$bin"; exit 0; fi
 
-want=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm)
+want=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy kwok helm)
 missing=()
 for b in "${want[@]}"; do [[ -x "$bin/$b" ]] || missing+=("$b"); done
 if [[ ${#missing[@]} -eq 0 ]]; then echo "$bin"; exit 0; fi
@@ -39,10 +39,12 @@ for p in $vpkg $cpkg; do
   ldflags+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
 done
 
-if [[ ! -x "$bin.partial/kube-apiserver" || ! -x "$bin.partial/kubectl" ]]; then
-  (cd "$here/tools/kube" && go build -trimpath -ldflags "$ldflags" -o "$bin.partial/" \
-      k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-      k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)
+kube_missing=()
+for b in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy; do
+  [[ -x "$bin.partial/$b" ]] || kube_missing+=("k8s.io/kubernetes/cmd/$b")
+done
+if [[ ${#kube_missing[@]} -gt 0 ]]; then
+  (cd "$here/tools/kube" && go build -trimpath -ldflags "$ldflags" -o "$bin.partial/" "${kube_missing[@]}")
 fi
 if [[ ! -x "$bin.partial/etcd" ]]; then
   (cd "$here/tools/etcd" && go build -trimpath -ldflags "-s -w" -o "$bin.partial/etcd" .)
