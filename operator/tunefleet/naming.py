@@ -1,7 +1,9 @@
 """Deterministic names, labels and the spec revision.
 
-A Job's name is a pure function of (profile, GPU model, revision), so a re-delivered event,
-a resync or an operator restart finds the Job it already created instead of making another.
+A Job's name is a pure function of (profile, its uid, GPU model, revision), so a re-delivered
+event, a resync or an operator restart finds the Job it already created instead of making
+another, and a profile deleted and created again under the same name never meets the Jobs of
+its predecessor (still being garbage-collected).
 """
 
 from __future__ import annotations
@@ -19,7 +21,13 @@ TUNING_PROFILE_LABEL = "tunefleet.io/tuning-profile"
 PROFILE_UID_LABEL = "tunefleet.io/profile-uid"
 MODEL_LABEL = "tunefleet.io/gpu-model"
 REVISION_LABEL = "tunefleet.io/revision"
-MANAGED_BY = {"app.kubernetes.io/managed-by": "tunefleet"}
+MODEL_ANNOTATION = "tunefleet.io/gpu-model"  # on Jobs and ConfigMaps too, read first
+JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"  # set by the Job controller on its pods
+# Set by the webhook on every labelled pod it admits: pods without it were created while the
+# webhook was unreachable (`kubectl get pods -l 'tunefleet.io/profile,!tunefleet.io/admission'`).
+ADMISSION_LABEL = "tunefleet.io/admission"
+MANAGED_KEY, MANAGED_VALUE = "app.kubernetes.io/managed-by", "tunefleet"
+MANAGED_BY = {MANAGED_KEY: MANAGED_VALUE}
 
 DEFAULT_LABEL_KEYS = {"amd": "amd.com/gpu.product-name", "nvidia": "nvidia.com/gpu.product"}
 DEFAULT_RESOURCES = {"amd": "amd.com/gpu", "nvidia": "nvidia.com/gpu"}
@@ -50,13 +58,13 @@ def revision(spec: TuningProfileSpec) -> str:
     return hashlib.sha256(blob).hexdigest()[:10]
 
 
-def job_name(profile: str, model: str, rev: str) -> str:
-    """A DNS-1123 label (<= 63 chars) unique per (profile, model, revision).
+def job_name(profile: str, model: str, rev: str, uid: str) -> str:
+    """A DNS-1123 label (<= 63 chars) unique per (profile incarnation, model, revision).
 
     Readable prefixes are truncated; the hash keeps distinct inputs apart, whatever their
     length or characters.
     """
-    digest = hashlib.sha256(f"{profile}\0{model}\0{rev}".encode()).hexdigest()[:8]
+    digest = hashlib.sha256(f"{profile}\0{uid}\0{model}\0{rev}".encode()).hexdigest()[:8]
     slug = _DNS_LABEL_CHARS.sub("-", model.lower()).strip("-")
     # Vendor words say little and would eat the readable part of the name.
     for noise in ("amd-instinct-", "nvidia-", "amd-"):

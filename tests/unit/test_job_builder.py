@@ -10,7 +10,7 @@ import pytest
 
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
-from tunefleet.builders.job import build_tuning_job
+from tunefleet.builders.job import build_tuning_config_map, build_tuning_job
 from tunefleet.config import Config
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -99,7 +99,10 @@ def test_revision_follows_tuning_inputs_only() -> None:
 
 
 def test_credentials_by_reference_and_tuning_config() -> None:
-    j = job(spec())
+    s = spec(
+        workload={**spec().workload.model_dump(by_alias=True, exclude_none=True), "args": ["--x"]}
+    )
+    j = job(s)
     pod = j["spec"]["template"]["spec"]
     publish = pod["containers"][0]
     refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in publish["env"] if "valueFrom" in e}
@@ -108,11 +111,36 @@ def test_credentials_by_reference_and_tuning_config() -> None:
     tune = pod["initContainers"][1]
     env = {e["name"]: e.get("value") for e in tune["env"]}
     assert env["HF_HOME"] == "/x"
-    cfg = json.loads(env["TUNEFLEET_TUNING_CONFIG"])
+    # No configuration in the environment (one string may not pass 128 KiB): a ConfigMap file,
+    # and the workload command as the tune container's own argv.
+    assert not any(e["name"] == "TUNEFLEET_TUNING_CONFIG" for e in tune["env"])
+    assert tune["args"] == ["python3", "serve.py", "--x"]
+    assert tune["command"][:2] == ["/bin/sh", "-c"] and '-- "$@"' in tune["command"][2]
+    (vol,) = [v for v in pod["volumes"] if v["name"] == "config"]
+    cm = build_tuning_config_map(
+        s, namespace="ml", profile="llama", uid="uid-1", model="AMD_Instinct_MI300X_OAM"
+    )
+    assert vol["configMap"]["name"] == cm["metadata"]["name"] == j["metadata"]["name"]
+    assert cm["metadata"]["ownerReferences"] == j["metadata"]["ownerReferences"]
+    cfg = json.loads(cm["data"]["config.json"])
     assert cfg["gpuModel"] == "AMD_Instinct_MI300X_OAM"
-    assert cfg["workload"]["command"] == ["python3", "serve.py"]
+    assert "command" not in cfg["workload"] and "args" not in cfg["workload"]
     assert cfg["tuning"]["budgetSeconds"] == 3600
     assert "--uri" in publish["command"] and "s3://bucket/prefix" in publish["command"]
+
+
+def test_a_profile_made_again_under_the_same_name_gets_other_jobs() -> None:
+    s = spec()
+    first = job(s)["metadata"]["name"]
+    again = build_tuning_job(
+        s,
+        namespace="ml",
+        profile="llama",
+        uid="uid-2",
+        model="AMD_Instinct_MI300X_OAM",
+        config=Config(image="tf:1"),
+    )["metadata"]["name"]
+    assert first != again
 
 
 def test_hardened_containers() -> None:

@@ -50,6 +50,8 @@ def _resolve(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
 
 def diff(crd: dict[str, Any], model: dict[str, Any], defs: dict[str, Any], path: str) -> list[str]:
     """Every disagreement between a CRD schema node and a pydantic JSON schema node."""
+    if crd.get("x-kubernetes-int-or-string"):
+        return []  # int | str in the model; nothing more to compare
     model = _resolve(model, defs)
     out: list[str] = []
     if crd.get("x-kubernetes-preserve-unknown-fields") or "additionalProperties" in crd:

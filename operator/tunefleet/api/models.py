@@ -8,16 +8,22 @@ for objects written before a schema change: they are the operator's last line of
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
+
+from tunefleet.images import REFERENCE_PATTERN
 
 Vendor = Literal["amd", "nvidia"]
 DType = Literal["float16", "bfloat16", "float32"]
 ModelName = Annotated[str, Field(min_length=1, max_length=63)]
 Arg = Annotated[str, Field(max_length=4096)]
 Dim = Annotated[int, Field(ge=1, le=1048576)]
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# What exec(2) and the API server take of the tune container's argv and environment.
+MAX_ARGV_CHARS = 262144
+MAX_ENV_VALUE_CHARS = 131072
 
 
 class _Model(BaseModel):
@@ -28,7 +34,7 @@ class _Model(BaseModel):
 
 
 class NamedRef(_Model):
-    name: str = Field(min_length=1, max_length=253)
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)
 
 
 class GpuSpec(_Model):
@@ -45,10 +51,50 @@ class GpuSpec(_Model):
         return self
 
 
+class KeyRef(_Model):
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)
+    key: str = Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
+    optional: bool | None = None
+
+
+class FieldRef(_Model):
+    api_version: str | None = Field(default=None, max_length=64)
+    field_path: str = Field(min_length=1, max_length=256)
+
+
+class ResourceFieldRef(_Model):
+    container_name: str | None = Field(default=None, max_length=63)
+    resource: str = Field(min_length=1, max_length=253)
+    divisor: int | str | None = None
+
+
+class EnvVarSource(_Model):
+    secret_key_ref: KeyRef | None = None
+    config_map_key_ref: KeyRef | None = None
+    field_ref: FieldRef | None = None
+    resource_field_ref: ResourceFieldRef | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> EnvVarSource:
+        given = [v for v in self.__dict__.values() if v is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "valueFrom needs exactly one of secretKeyRef, configMapKeyRef, fieldRef, "
+                "resourceFieldRef"
+            )
+        return self
+
+
 class EnvVar(_Model):
-    name: str = Field(min_length=1, max_length=256)
-    value: str | None = None
-    value_from: dict[str, Any] | None = None
+    name: str = Field(min_length=1, max_length=256, pattern=r"^[ -<>-~]+$")
+    value: str | None = Field(default=None, max_length=32768)
+    value_from: EnvVarSource | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvVar:
+        if self.value is not None and self.value_from is not None:
+            raise ValueError("an env entry has either value or valueFrom, not both")
+        return self
 
 
 class Shape(_Model):
@@ -57,6 +103,16 @@ class Shape(_Model):
     dtype: DType = "bfloat16"
     trans_a: bool = Field(default=False, alias="transA")
     trans_b: bool = Field(default=False, alias="transB")
+    bias: bool = False
+    tf32: bool = False
+
+    @model_validator(mode="after")
+    def _combinations(self) -> Shape:
+        if self.bias and self.batch != 1:
+            raise ValueError("a shape with bias is a linear layer (addmm) and cannot be batched")
+        if self.tf32 and self.dtype != "float32":
+            raise ValueError("tf32 applies to float32 GEMMs only")
+        return self
 
 
 class WorkloadSpec(_Model):
@@ -78,6 +134,18 @@ class WorkloadSpec(_Model):
                     f"workload.env sets {var.name}: PYTORCH_TUNABLEOP_* variables are set "
                     "by the tuner; use spec.tuning instead"
                 )
+        argv = sum(len(a) for a in [*(self.command or []), *(self.args or [])])
+        if argv > MAX_ARGV_CHARS:
+            raise ValueError(
+                f"workload.command and workload.args must be at most {MAX_ARGV_CHARS} "
+                f"characters in all, not {argv}"
+            )
+        env = sum(len(v.value or "") for v in self.env or [])
+        if env > MAX_ENV_VALUE_CHARS:
+            raise ValueError(
+                f"workload.env values must be at most {MAX_ENV_VALUE_CHARS} characters in all, "
+                f"not {env}"
+            )
         return self
 
 
@@ -120,7 +188,7 @@ class ServingSpec(_Model):
 
 
 class TuningProfileSpec(_Model):
-    image: str = Field(min_length=1, max_length=512)
+    image: str = Field(min_length=1, max_length=512, pattern=REFERENCE_PATTERN)
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     image_pull_secrets: list[NamedRef] | None = Field(default=None, max_length=16)
     gpu: GpuSpec

@@ -1,4 +1,11 @@
-"""The tuning Job for one GPU model of a profile (design: bootstrap, tune, publish)."""
+"""The tuning Job for one GPU model of a profile (design: bootstrap, tune, publish), and the
+ConfigMap that carries its tuning configuration.
+
+Sizes: the configuration (shapes, limits) travels as a file from a ConfigMap, never as one
+environment string (Linux refuses any single one over 128 KiB); the workload's command and
+args are the tune container's own argv, verbatim. The CRD's bounds keep both, and the Job,
+within what Kubernetes and exec(2) accept (tests/unit/test_size_limits.py).
+"""
 
 from __future__ import annotations
 
@@ -12,12 +19,15 @@ from tunefleet.config import Config
 
 TOOLS_DIR = "/tunefleet/tools"
 OUT_DIR = "/tunefleet/out"
-# The user's image decides where python lives; prefer python3, accept python.
+CONFIG_DIR = "/tunefleet/config"
+CONFIG_KEY = "config.json"
+# The user's image decides where python lives; prefer python3, accept python. The workload
+# command arrives as this script's positional arguments ("$@"), passed on untouched.
 TUNE_SCRIPT = (
     'py="$(command -v python3 || command -v python)" || '
     '{ echo "tunefleet: no python3 or python in this image" | tee /dev/termination-log; '
     "exit 127; }; "
-    f'exec "$py" -m tuner_job run --out {OUT_DIR}'
+    f'exec "$py" -m tuner_job run --config {CONFIG_DIR}/{CONFIG_KEY} --out {OUT_DIR} -- "$@"'
 )
 
 
@@ -35,8 +45,11 @@ def owner_reference(name: str, uid: str) -> dict[str, Any]:
 def tuning_config(
     spec: TuningProfileSpec, namespace: str, profile: str, model: str, rev: str
 ) -> dict[str, Any]:
-    """What the tuner reads from TUNEFLEET_TUNING_CONFIG (tuner_job's contract)."""
-    workload = spec.workload.model_dump(by_alias=True, exclude_none=True, exclude={"env"})
+    """What the tuner reads from --config (tuner_job's contract). The workload command is not
+    in it: it is the tune container's argv (see TUNE_SCRIPT)."""
+    workload = spec.workload.model_dump(
+        by_alias=True, exclude_none=True, exclude={"env", "command", "args"}
+    )
     for shape in workload.get("shapes", []):
         shape["m"], shape["n"], shape["k"] = shape.pop("mnk")
     tuning = spec.tuning.model_dump(
@@ -79,6 +92,33 @@ def storage_args(spec: TuningProfileSpec, config: Config) -> list[str]:
     return args
 
 
+def build_tuning_config_map(
+    spec: TuningProfileSpec,
+    *,
+    namespace: str,
+    profile: str,
+    uid: str,
+    model: str,
+) -> dict[str, Any]:
+    """The tune step's configuration, under the Job's own name (made before the Job)."""
+    rev = naming.revision(spec)
+    data = json.dumps(
+        tuning_config(spec, namespace, profile, model, rev), separators=(",", ":"), sort_keys=True
+    )
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": naming.job_name(profile, model, rev, uid),
+            "namespace": namespace,
+            "labels": naming.job_labels(profile, uid, model, rev),
+            "annotations": {naming.MODEL_ANNOTATION: model},
+            "ownerReferences": [owner_reference(profile, uid)],
+        },
+        "data": {CONFIG_KEY: data},
+    }
+
+
 def build_tuning_job(
     spec: TuningProfileSpec,
     *,
@@ -89,7 +129,7 @@ def build_tuning_job(
     config: Config,
 ) -> dict[str, Any]:
     rev = naming.revision(spec)
-    name = naming.job_name(profile, model, rev)
+    name = naming.job_name(profile, model, rev, uid)
     labels = naming.job_labels(profile, uid, model, rev)
     resource = naming.resource_name(spec)
     gpus = str(spec.gpu.count)
@@ -98,18 +138,16 @@ def build_tuning_job(
     tune_env = [
         {"name": "PYTHONPATH", "value": TOOLS_DIR},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
-        {
-            "name": "TUNEFLEET_TUNING_CONFIG",
-            "value": json.dumps(
-                tuning_config(spec, namespace, profile, model, rev), separators=(",", ":")
-            ),
-        },
         *user_env,
     ]
     volumes = [
         {"name": "tools", "emptyDir": {"sizeLimit": "64Mi"}},
         {"name": "out", "emptyDir": {"sizeLimit": "1Gi"}},
         {"name": "tmp", "emptyDir": {}},
+        {
+            "name": "config",
+            "configMap": {"name": name, "items": [{"key": CONFIG_KEY, "path": CONFIG_KEY}]},
+        },
     ]
     bootstrap = {
         "name": "bootstrap",
@@ -125,11 +163,14 @@ def build_tuning_job(
         "name": "tune",
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
-        "command": ["/bin/sh", "-c", TUNE_SCRIPT],
+        # "tune" is $0 of the script; the workload's argv follows as "$@".
+        "command": ["/bin/sh", "-c", TUNE_SCRIPT, "tune"],
+        "args": [*(spec.workload.command or []), *(spec.workload.args or [])],
         "env": tune_env,
         "resources": {"requests": {resource: gpus}, "limits": {resource: gpus}},
         "volumeMounts": [
             {"name": "tools", "mountPath": TOOLS_DIR, "readOnly": True},
+            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "out", "mountPath": OUT_DIR},
         ],
         # The user's image decides its user and writes where it likes; we only take away
@@ -185,7 +226,7 @@ def build_tuning_job(
             "name": name,
             "namespace": namespace,
             "labels": labels,
-            "annotations": {"tunefleet.io/gpu-model": model},
+            "annotations": {naming.MODEL_ANNOTATION: model},
             "ownerReferences": [owner_reference(profile, uid)],
         },
         "spec": {

@@ -1,0 +1,97 @@
+"""Size limits hold everywhere: the largest profile the CRD accepts, and every object tunefleet
+derives from it, fit what the API server, etcd and exec(2) take; one character more is refused.
+
+Limits (Kubernetes 1.36, Linux): an object in etcd <= 1.5 MiB (--max-request-bytes), a
+ConfigMap's data <= 1 MiB, one argv or environment string <= 128 KiB (MAX_ARG_STRLEN), all of
+argv + environment <= 2 MiB with the usual 8 MiB stack (a quarter of RLIMIT_STACK), and, since
+kopf keeps nothing of ours in annotations, nothing is bounded by the 256 KiB annotation limit.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from tests.support.largest import largest_spec
+from tunefleet.api import TuningProfileSpec
+from tunefleet.builders.job import TUNE_SCRIPT, build_tuning_config_map, build_tuning_job
+from tunefleet.config import Config
+
+ETCD_OBJECT = 1536 * 1024
+CONFIGMAP_DATA = 1024 * 1024
+ARG_STRLEN = 128 * 1024
+ARG_MAX = 2 * 1024 * 1024
+# What the tuner adds when it runs the workload: PYTORCH_TUNABLEOP_* and paths; generous.
+TUNER_EXTRA = 16 * 1024
+
+
+def size(obj: Any) -> int:
+    return len(json.dumps(obj, separators=(",", ":")).encode())
+
+
+@pytest.fixture(scope="module")
+def spec() -> TuningProfileSpec:
+    return TuningProfileSpec.model_validate(largest_spec())
+
+
+def derived(spec: TuningProfileSpec) -> tuple[dict[str, Any], dict[str, Any]]:
+    args = {
+        "namespace": "n" * 63,
+        "profile": "p" * 63,
+        "uid": "0" * 36,
+        "model": spec.gpu.models[0],
+    }
+    cm = build_tuning_config_map(spec, **args)
+    job = build_tuning_job(spec, config=Config(), **args)
+    return cm, job
+
+
+def test_the_largest_profile_fits_in_etcd_with_room_for_status() -> None:
+    profile = {
+        "apiVersion": "tunefleet.io/v1alpha1",
+        "kind": "TuningProfile",
+        "metadata": {"name": "p" * 63, "namespace": "n" * 63},
+        "spec": largest_spec(),
+    }
+    assert size(profile) < ETCD_OBJECT - 256 * 1024, size(profile)
+
+
+def test_its_configmap_and_job_fit(spec: TuningProfileSpec) -> None:
+    cm, job = derived(spec)
+    assert sum(len(v.encode()) for v in cm["data"].values()) < CONFIGMAP_DATA
+    assert size(job) < ETCD_OBJECT
+    assert size(cm) < ETCD_OBJECT
+
+
+def test_the_tune_container_can_exec_and_so_can_the_workload(spec: TuningProfileSpec) -> None:
+    _, job = derived(spec)
+    tune = next(c for c in job["spec"]["template"]["spec"]["initContainers"] if c["name"] == "tune")
+    argv = [*tune["command"], *tune["args"]]
+    env = [f"{e['name']}={e.get('value', '')}" for e in tune["env"]]
+    assert TUNE_SCRIPT in argv
+    for s in argv + env:
+        assert len(s.encode()) + 1 <= ARG_STRLEN
+    total = sum(len(s.encode()) + 1 + 8 for s in argv + env)  # string, NUL, pointer
+    assert total + TUNER_EXTRA < ARG_MAX, total
+
+
+@pytest.mark.parametrize(
+    ("over", "message"),
+    [
+        ({"argv_extra": 1}, "workload.command and workload.args must be at most 262144"),
+        ({"env_extra": 1}, "workload.env values must be at most 131072"),
+    ],
+)
+def test_one_character_over_is_refused(over: dict[str, int], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        TuningProfileSpec.model_validate(largest_spec(**over))
+
+
+def test_one_shape_over_is_refused() -> None:
+    raw = largest_spec()
+    raw["workload"]["shapes"].append(raw["workload"]["shapes"][0])
+    with pytest.raises(ValidationError, match="at most 4096"):
+        TuningProfileSpec.model_validate(raw)
