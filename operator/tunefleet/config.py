@@ -31,6 +31,9 @@ class Config:
     webhook_register: str = ""
     webhook_timeout_seconds: int = 5
     namespaces: tuple[str, ...] = field(default_factory=tuple)
+    # Reconcile workers (threads making API calls) and the full resync interval.
+    workers: int = 8
+    resync_seconds: float = 600.0
 
     @classmethod
     def from_env(cls) -> Config:
@@ -49,4 +52,6 @@ class Config:
             webhook_register=env("TUNEFLEET_WEBHOOK_REGISTER", ""),
             webhook_timeout_seconds=int(env("TUNEFLEET_WEBHOOK_TIMEOUT_SECONDS", "5")),
             namespaces=tuple(n for n in env("TUNEFLEET_NAMESPACES", "").split(",") if n),
+            workers=max(1, int(env("TUNEFLEET_WORKERS", "8"))),
+            resync_seconds=max(10.0, float(env("TUNEFLEET_RESYNC_SECONDS", "600"))),
         )

@@ -1,7 +1,8 @@
-"""The few Kubernetes API calls the handlers make, with errors sorted for kopf.
+"""The few Kubernetes API calls the operator makes, with errors sorted for the reconciler.
 
-Transient failures (timeouts, 5xx, 429, RBAC not yet in place) become kopf.TemporaryError so
-kopf retries with a delay; nothing here decides policy.
+Transient failures (timeouts, 5xx, 429, RBAC not yet in place) become kopf.TemporaryError
+with a suggested delay; a request the API server refuses for good (422) becomes
+kopf.PermanentError; "already exists" on a create is success. Nothing here decides policy.
 """
 
 from __future__ import annotations
@@ -10,29 +11,39 @@ import concurrent.futures
 import datetime
 import json
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar, cast
 
 import kopf
 import kubernetes
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from tunefleet import GROUP, PLURAL, VERSION, naming
+from tunefleet import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
 _api: kubernetes.client.ApiClient | None = None
+T = TypeVar("T")
+
+# Sized to the reconciler's workers plus the Event poster and the occasional scan, so that no
+# request waits for (or discards) a pooled connection: urllib3's pool defaults to 5 x cores.
+DEFAULT_POOL_SIZE = 16
 
 
-def login() -> None:
+class Gone(Exception):
+    """The namespace or object is gone or going: nothing left to do for it."""
+
+
+def login(pool_size: int = DEFAULT_POOL_SIZE) -> None:
     """In a pod use its ServiceAccount, elsewhere $KUBECONFIG (as kopf itself does)."""
     global _api
+    config = kubernetes.client.Configuration()
     try:
-        kubernetes.config.load_incluster_config()
+        kubernetes.config.load_incluster_config(client_configuration=config)
     except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config()
-    _api = kubernetes.client.ApiClient()
+        kubernetes.config.load_kube_config(client_configuration=config)
+    config.connection_pool_maxsize = pool_size
+    _api = kubernetes.client.ApiClient(configuration=config)
 
 
 def api() -> kubernetes.client.ApiClient:
@@ -42,103 +53,146 @@ def api() -> kubernetes.client.ApiClient:
     return _api
 
 
-@contextmanager
-def transient(what: str) -> Iterator[None]:
-    try:
-        yield
-    except ApiException as e:
-        if e.status in (401, 403):
-            # Also returned for a namespace being deleted; the API's own words tell which.
-            raise kopf.TemporaryError(
-                f"{what}: {e.status} {_api_message(e)} (if this is RBAC, compare the "
-                "operator's ServiceAccount with charts/tunefleet/templates/rbac.yaml)",
-                delay=30,
-            ) from e
-        if e.status in (408, 409, 429) or (e.status or 0) >= 500:
-            raise kopf.TemporaryError(f"{what}: {e.status} {e.reason}", delay=10) from e
-        raise
-    except (urllib3.exceptions.HTTPError, OSError) as e:
-        raise kopf.TemporaryError(f"{what}: {e}", delay=10) from e
-
-
-def _api_message(e: ApiException) -> str:
+def api_message(e: ApiException) -> str:
     try:
         return str(json.loads(e.body or "{}").get("message") or e.reason)
     except ValueError:
         return str(e.reason)
 
 
+def translate(what: str, e: Exception) -> Exception:
+    """The error the reconciler acts on, for a failed API call (raise it `from e`)."""
+    if isinstance(e, ApiException):
+        message = api_message(e)
+        status = int(e.status or 0)
+        if status == 403 and "being terminated" in message:
+            return Gone(f"{what}: {message}")
+        if status == 404 and "namespaces" in message:
+            return Gone(f"{what}: {message}")
+        if status in (401, 403):
+            return kopf.TemporaryError(
+                f"{what}: {status} {message} (if this is RBAC, compare the operator's "
+                "ServiceAccount with charts/tunefleet/templates/rbac.yaml)",
+                delay=30,
+            )
+        if status == 422:
+            return kopf.PermanentError(f"{what}: the API server refused it: {message}")
+        if status in (408, 409, 429) or status >= 500:
+            return kopf.TemporaryError(f"{what}: {status} {message}", delay=5)
+        return cast(Exception, e)
+    if isinstance(e, urllib3.exceptions.HTTPError | OSError):
+        return kopf.TemporaryError(f"{what}: {e}", delay=5)
+    return e
+
+
+def reraise(what: str, e: Exception) -> NoReturn:
+    translated = translate(what, e)
+    if translated is e:
+        raise e
+    raise translated from e
+
+
+def call(what: str, fn: Callable[[], T]) -> T:
+    """Run one API call; a failure comes out translated (see `translate`)."""
+    try:
+        return fn()
+    except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+        reraise(what, e)
+
+
 def _json(resp: Any) -> Any:
     return json.loads(resp.data)
 
 
-def create_job_if_missing(job: dict[str, Any]) -> bool:
-    """Create the Job; False when it already exists (the deterministic name says it's ours)."""
-    batch = kubernetes.client.BatchV1Api(api())
-    ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
+def create_if_missing(obj: dict[str, Any]) -> bool:
+    """Create a namespaced Job or ConfigMap; False when one of that name already exists.
+
+    Names are deterministic per (profile incarnation, model, revision), so an existing one is
+    the one we made earlier: that is success, not an error.
+    """
+    meta = obj["metadata"]
+    ns, name, kind = meta["namespace"], meta["name"], obj["kind"]
+    if kind == "Job":
+        batch = kubernetes.client.BatchV1Api(api())
+
+        def create() -> Any:
+            return batch.create_namespaced_job(ns, obj, _preload_content=False)
+    elif kind == "ConfigMap":
+        core = kubernetes.client.CoreV1Api(api())
+
+        def create() -> Any:
+            return core.create_namespaced_config_map(ns, obj, _preload_content=False)
+    else:
+        raise ValueError(f"create_if_missing does not handle {kind}")
     try:
-        with transient(f"creating Job {ns}/{name}"):
-            batch.create_namespaced_job(ns, job)
+        create()
     except ApiException as e:
-        if e.status == 409:
+        if e.status == 409:  # read before any translation: it means "done"
             return False
-        raise
+        reraise(f"creating {kind} {ns}/{name}", e)
+    except (urllib3.exceptions.HTTPError, OSError) as e:
+        reraise(f"creating {kind} {ns}/{name}", e)
     return True
-
-
-def list_jobs(namespace: str, uid: str) -> list[dict[str, Any]]:
-    batch = kubernetes.client.BatchV1Api(api())
-    with transient(f"listing Jobs in {namespace}"):
-        resp = batch.list_namespaced_job(
-            namespace,
-            label_selector=f"{naming.PROFILE_UID_LABEL}={uid}",
-            _preload_content=False,
-        )
-    items: list[dict[str, Any]] = _json(resp)["items"]
-    return items
-
-
-def job_pods(namespace: str, job_uid: str) -> list[dict[str, Any]]:
-    core = kubernetes.client.CoreV1Api(api())
-    with transient(f"listing pods in {namespace}"):
-        resp = core.list_namespaced_pod(
-            namespace,
-            label_selector=f"batch.kubernetes.io/controller-uid={job_uid}",
-            _preload_content=False,
-        )
-    items: list[dict[str, Any]] = _json(resp)["items"]
-    return items
-
-
-def get_profile(namespace: str, name: str) -> dict[str, Any] | None:
-    custom = kubernetes.client.CustomObjectsApi(api())
-    try:
-        with transient(f"reading TuningProfile {namespace}/{name}"):
-            resp = custom.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, name, _preload_content=False
-            )
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise
-    profile: dict[str, Any] = _json(resp)
-    return profile
 
 
 def patch_profile_status(namespace: str, name: str, status: dict[str, Any]) -> None:
     custom = kubernetes.client.CustomObjectsApi(api())
     try:
-        with transient(f"writing the status of TuningProfile {namespace}/{name}"):
-            custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, PLURAL, name, {"status": status}
-            )
+        call(
+            f"writing the status of TuningProfile {namespace}/{name}",
+            lambda: custom.patch_namespaced_custom_object_status(
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                {"status": status},
+                _preload_content=False,
+            ),
+        )
     except ApiException as e:
         if e.status == 404:
-            return  # deleted meanwhile: nothing left to report on
+            raise Gone(f"TuningProfile {namespace}/{name} is gone") from e
         raise
 
 
-# Admission must answer in milliseconds: Events about it are posted off the request path.
+def list_pods(namespace: str | None, label_selector: str) -> list[dict[str, Any]]:
+    """Pods across all namespaces (None) or one, as plain dicts."""
+    core = kubernetes.client.CoreV1Api(api())
+    if namespace is None:
+        resp = call(
+            "listing pods",
+            lambda: core.list_pod_for_all_namespaces(
+                label_selector=label_selector, _preload_content=False
+            ),
+        )
+    else:
+        resp = call(
+            f"listing pods in {namespace}",
+            lambda: core.list_namespaced_pod(
+                namespace, label_selector=label_selector, _preload_content=False
+            ),
+        )
+    items: list[dict[str, Any]] = _json(resp)["items"]
+    return items
+
+
+def pod_events(namespace: str, pod_name: str) -> list[dict[str, Any]]:
+    """The Events the kubelet and scheduler posted about one pod (why it can't start)."""
+    core = kubernetes.client.CoreV1Api(api())
+    resp = call(
+        f"listing Events of pod {namespace}/{pod_name}",
+        lambda: core.list_namespaced_event(
+            namespace,
+            field_selector=f"involvedObject.kind=Pod,involvedObject.name={pod_name}",
+            _preload_content=False,
+        ),
+    )
+    items: list[dict[str, Any]] = _json(resp)["items"]
+    return items
+
+
+# Events are posted off the request and reconcile paths, by a small pool of their own.
 _events = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="events")
 
 
@@ -161,13 +215,16 @@ def post_event_soon(ref: dict[str, Any], type_: str, reason: str, message: str) 
             "reason": reason,
             "message": message[:1024],
             "source": {"component": "tunefleet"},
+            "reportingComponent": "tunefleet.io/operator",
             "firstTimestamp": now.isoformat(),
             "lastTimestamp": now.isoformat(),
             "count": 1,
         }
         try:
-            kubernetes.client.CoreV1Api(api()).create_namespaced_event(meta["namespace"], body)
+            kubernetes.client.CoreV1Api(api()).create_namespaced_event(
+                meta["namespace"], body, _preload_content=False
+            )
         except Exception as e:  # an Event is best effort by nature
-            log.warning(f"could not post Event {reason} on {meta['name']}: {e}")
+            log.info(f"could not post Event {reason} on {meta['name']}: {e}")
 
     _events.submit(post)

@@ -7,6 +7,7 @@ repeated event never leaves it wrong, and it is written only when it changes.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -26,6 +27,10 @@ class JobObservation:
     message: str = ""
     # The publish step's termination message, parsed; None until it has one.
     result: dict[str, Any] | None = None
+    uid: str = ""
+    # Why a Job that is not finished makes no progress (Unschedulable, ImagePullFailed,
+    # SecretMissing, ...): set with `message` while state is Pending.
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,8 @@ class Observed:
     problems: list[str] = field(default_factory=list)
     jobs: list[JobObservation] = field(default_factory=list)
     previous: dict[str, Any] = field(default_factory=dict)
+    # Labelled pods the webhook never saw (created while it was unreachable).
+    unadmitted: int = 0
 
 
 def parse_result(message: str | None) -> dict[str, Any] | None:
@@ -130,6 +137,7 @@ def compute_status(obs: Observed, now: str) -> dict[str, Any]:
             "artifacts": list(prev_artifacts.values()),
             "history": history,
             "jobs": [],
+            "unadmittedPods": obs.unadmitted,
         }
 
     spec = obs.spec
@@ -154,19 +162,28 @@ def compute_status(obs: Observed, now: str) -> dict[str, Any]:
     history = history[:HISTORY_LIMIT]
 
     failed = [j for m, j in current.items() if j.state == "Failed"]
+    blocked = [j for m, j in current.items() if j.state == "Pending" and j.reason]
     running = [
         m for m in models if current.get(m) is None or current[m].state in ("Pending", "Running")
     ]
     up_to_date = [m for m in models if artifacts.get(m, {}).get("revision") == rev]
     served = [m for m in models if m in artifacts]
 
+    fail_msg = " | ".join(f"{j.model}: {j.message}" for j in failed)
+    block_msg = " | ".join(f"{j.model}: {j.message}" for j in blocked)
     if failed:
-        fail_msg = " | ".join(f"{j.model}: {j.message}" for j in failed)
         failed_cond = cond("Failed", True, "TuningFailed", fail_msg)
     else:
         failed_cond = cond("Failed", False, "NoFailures", "No tuning Job of this revision failed.")
 
-    if running:
+    if blocked:
+        progressing = cond(
+            "Progressing",
+            True,
+            blocked[0].reason,
+            f"{len(blocked)} of {len(models)} tuning Jobs cannot start. {block_msg}",
+        )
+    elif running:
         progressing = cond(
             "Progressing",
             True,
@@ -182,6 +199,8 @@ def compute_status(obs: Observed, now: str) -> dict[str, Any]:
         stale = [m for m in models if m not in up_to_date]
         if stale:
             msg = f"Serving earlier artifacts for {', '.join(stale)} while revision {rev} tunes."
+            if blocked:
+                msg += f" It cannot start: {block_msg}"
         else:
             msg = f"{len(models)} of {len(models)} GPU models have an artifact."
         ready = cond("Ready", True, "ArtifactsPublished", msg)
@@ -191,6 +210,14 @@ def compute_status(obs: Observed, now: str) -> dict[str, Any]:
             False,
             "TuningFailed",
             f"No artifact for {', '.join(m for m in models if m not in served)}. {fail_msg}",
+        )
+    elif blocked:
+        ready = cond(
+            "Ready",
+            False,
+            blocked[0].reason,
+            f"No artifact for {', '.join(m for m in models if m not in served)}: "
+            f"{len(blocked)} tuning Job(s) cannot start. {block_msg}",
         )
     else:
         waiting = [m for m in models if m not in served]
@@ -205,24 +232,30 @@ def compute_status(obs: Observed, now: str) -> dict[str, Any]:
         phase = "Failed"
     elif len(up_to_date) == len(models):
         phase = "Ready"
-    elif any(current.get(m) and current[m].state == "Running" for m in models):
+    elif any(current.get(m) and current[m].state == "Running" for m in models) and not blocked:
         phase = "Tuning"
     else:
         phase = "Pending"
 
     ordered = [artifacts[m] for m in models if m in artifacts]
+    jobs = []
+    for j in (current[m] for m in models if m in current):
+        entry = {"gpuModel": j.model, "name": j.name, "state": j.state, "message": j.message}
+        if j.uid:
+            entry["uid"] = j.uid
+        if j.reason:
+            entry["reason"] = j.reason
+        jobs.append(entry)
     return {
         "observedGeneration": gen,
         "phase": phase,
         "revision": rev,
         **_summary(ordered, models),
         "conditions": [ready, progressing, failed_cond],
-        "jobs": [
-            {"gpuModel": j.model, "name": j.name, "state": j.state, "message": j.message}
-            for j in (current[m] for m in models if m in current)
-        ],
+        "jobs": jobs,
         "artifacts": ordered,
         "history": history,
+        "unadmittedPods": obs.unadmitted,
     }
 
 
@@ -264,12 +297,163 @@ def _newest_first(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp", ""), reverse=True)
 
 
-def observe_job(job: dict[str, Any], pods: list[dict[str, Any]]) -> JobObservation:
+@dataclass(frozen=True)
+class Hints:
+    """What the spec says about a tuning pod, so a stuck pod's message can name the fix."""
+
+    label_key: str = ""
+    resource: str = ""
+    credentials_secret: str = ""
+    pull_secrets: tuple[str, ...] = ()
+    # Named by the kubelet's FailedToRetrieveImagePullSecret Events, when they were read.
+    missing_pull_secrets: tuple[str, ...] = ()
+
+
+_SCHED_RE = re.compile(r"^0/(\d+) nodes are available: (.*?)\.(?: preemption:.*)?$", re.S)
+_SCHED_PART_RE = re.compile(r"(\d+) (.+)")
+_SECRET_RE = re.compile(r'secret "([^"]+)" not found', re.I)
+_SECRET_KEY_RE = re.compile(r"couldn't find key (\S+) in Secret (\S+)", re.I)
+_CONFIGMAP_RE = re.compile(r'configmaps? "([^"]+)" not found', re.I)
+PULL_REASONS = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
+)
+CONTAINER_ERRORS = frozenset({"CreateContainerError", "RunContainerError", "StartError"})
+
+
+def explain_unschedulable(message: str, model: str, hints: Hints) -> str:
+    """The scheduler's verdict in the user's terms, then the scheduler's own words."""
+    key, res = hints.label_key or "the GPU model label", hints.resource or "GPUs"
+    why = "no node can take the tuning pod"
+    m = _SCHED_RE.match(message.strip())
+    if m:
+        total = int(m.group(1))
+        parts: dict[str, int] = {}
+        for part in m.group(2).split(", "):
+            pm = _SCHED_PART_RE.match(part.strip())
+            if pm:
+                parts[pm.group(2)] = parts.get(pm.group(2), 0) + int(pm.group(1))
+        mismatched = sum(n for p, n in parts.items() if "didn't match Pod's node affinity" in p)
+        if total and mismatched >= total:
+            why = (
+                f"no node has {key}={model}: label the nodes that have this GPU "
+                f"(kubectl label node <node> {key}={model}) or fix spec.gpu.models"
+            )
+        elif any(p == f"Insufficient {res}" for p in parts):
+            why = (
+                f"every node with {key}={model} has its {res} in use: the Job starts when "
+                "one is free (or lower spec.gpu.count)"
+            )
+        elif any("untolerated taint" in p for p in parts):
+            why = (
+                f"the nodes with {key}={model} have a taint the tuning pod does not tolerate "
+                f"(it tolerates {res} only)"
+            )
+    return f"{why} (scheduler: {' '.join(message.split())})"
+
+
+def pull_secrets_missing(events: list[dict[str, Any]]) -> tuple[str, ...]:
+    """Names from the kubelet's "Unable to retrieve some image pull secrets (a, b)" Events."""
+    names: list[str] = []
+    for ev in events:
+        if ev.get("reason") != "FailedToRetrieveImagePullSecret":
+            continue
+        m = re.search(r"image pull secrets \(([^)]*)\)", ev.get("message") or "")
+        if m:
+            names += [n.strip() for n in m.group(1).split(",") if n.strip()]
+    return tuple(dict.fromkeys(names))
+
+
+def pod_blocker(pod: dict[str, Any], model: str, hints: Hints) -> tuple[str, str] | None:
+    """(reason, message) when a tuning pod that has not finished cannot make progress."""
+    meta = pod.get("metadata") or {}
+    ns = meta.get("namespace", "")
+    st = pod.get("status") or {}
+    for c in st.get("conditions") or []:
+        if (c.get("type"), c.get("status"), c.get("reason")) == (
+            "PodScheduled",
+            "False",
+            "Unschedulable",
+        ):
+            return "Unschedulable", explain_unschedulable(c.get("message") or "", model, hints)
+    for cs in (st.get("initContainerStatuses") or []) + (st.get("containerStatuses") or []):
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        reason, msg = waiting.get("reason") or "", " ".join((waiting.get("message") or "").split())
+        step = cs.get("name", "?")
+        if reason in PULL_REASONS:
+            text = f"step {step} cannot pull image {cs.get('image', '?')}: {reason}: {msg}"
+            if hints.missing_pull_secrets:
+                missing = ", ".join(hints.missing_pull_secrets)
+                text += (
+                    f". The image pull Secret(s) {missing} do not exist in namespace {ns}: "
+                    f"create them (kubectl create secret docker-registry -n {ns} ...) or fix "
+                    "spec.imagePullSecrets"
+                )
+            elif hints.pull_secrets:
+                text += (
+                    f". It pulls with imagePullSecrets {', '.join(hints.pull_secrets)}: check "
+                    "that they hold credentials for this registry"
+                )
+            else:
+                text += (
+                    ". Check the image reference, or add spec.imagePullSecrets for a private "
+                    "registry"
+                )
+            return "ImagePullFailed", text
+        if reason == "CreateContainerConfigError":
+            sm, km, cm = (
+                _SECRET_RE.search(msg),
+                _SECRET_KEY_RE.search(msg),
+                _CONFIGMAP_RE.search(msg),
+            )
+            if sm:
+                name = sm.group(1)
+                if name == hints.credentials_secret:
+                    fix = (
+                        f"Secret {name} (S3 credentials for publishing) does not exist in "
+                        f"namespace {ns}: create it with kubectl create secret generic {name} "
+                        f"-n {ns} --from-literal=AWS_ACCESS_KEY_ID=... "
+                        "--from-literal=AWS_SECRET_ACCESS_KEY=..., or name another in "
+                        "spec.storage.credentialsSecret"
+                    )
+                else:
+                    fix = (
+                        f"Secret {name}, referenced by spec.workload.env, does not exist in "
+                        f"namespace {ns}: create it or fix the reference"
+                    )
+                return "SecretMissing", f"step {step} cannot start: {fix}"
+            if km:
+                return "SecretMissing", (
+                    f"step {step} cannot start: Secret {km.group(2)} has no key "
+                    f"{km.group(1)}: add it (S3 credentials need AWS_ACCESS_KEY_ID and "
+                    "AWS_SECRET_ACCESS_KEY)"
+                )
+            if cm:
+                return "ConfigMapMissing", f"step {step} cannot start: {msg}"
+            return "ContainerConfigError", f"step {step} cannot start: {msg}"
+        if reason in CONTAINER_ERRORS:
+            return "ContainerError", f"step {step} cannot start: {reason}: {msg}"
+    return None
+
+
+def _scheduled(pod: dict[str, Any]) -> bool:
+    if (pod.get("spec") or {}).get("nodeName"):
+        return True
+    return any(
+        c.get("type") == "PodScheduled" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
+def observe_job(
+    job: dict[str, Any], pods: list[dict[str, Any]], hints: Hints | None = None
+) -> JobObservation:
+    """What one tuning Job (a view, see views.job_view) and its pods say, in status terms."""
+    hints = hints or Hints()
     meta = job["metadata"]
     labels = meta.get("labels") or {}
-    name = meta["name"]
+    name, uid = meta["name"], meta.get("uid", "")
     ns = meta.get("namespace", "")
-    model = (meta.get("annotations") or {}).get("tunefleet.io/gpu-model") or labels.get(
+    model = (meta.get("annotations") or {}).get(naming.MODEL_ANNOTATION) or labels.get(
         naming.MODEL_LABEL, ""
     )
     rev = labels.get(naming.REVISION_LABEL, "")
@@ -296,8 +480,9 @@ def observe_job(job: dict[str, Any], pods: list[dict[str, Any]]) -> JobObservati
                 "Failed",
                 f"Job {name} completed but its publish step left no artifact record "
                 f"(termination message). {retry}",
+                uid=uid,
             )
-        return JobObservation(name, model, rev, "Succeeded", "", result)
+        return JobObservation(name, model, rev, "Succeeded", "", result, uid=uid)
 
     if "Failed" in conds or "FailureTarget" in conds:
         c = conds.get("Failed") or conds["FailureTarget"]
@@ -311,7 +496,16 @@ def observe_job(job: dict[str, Any], pods: list[dict[str, Any]]) -> JobObservati
         if detail:
             msg += f"; {detail}"
         hint = f" Logs: `kubectl logs -n {ns} job/{name} --all-containers`. {retry}"
-        return JobObservation(name, model, rev, "Failed", msg + "." + hint)
+        return JobObservation(name, model, rev, "Failed", msg + "." + hint, uid=uid)
 
-    active = (job.get("status") or {}).get("active") or 0
-    return JobObservation(name, model, rev, "Running" if active else "Pending")
+    live = [
+        p for p in _newest_first(pods) if not (p.get("metadata") or {}).get("deletionTimestamp")
+    ]
+    for pod in live[:1]:
+        blocker = pod_blocker(pod, model, hints)
+        if blocker:
+            reason, message = blocker
+            return JobObservation(name, model, rev, "Pending", message, uid=uid, reason=reason)
+        if _scheduled(pod):
+            return JobObservation(name, model, rev, "Running", uid=uid)
+    return JobObservation(name, model, rev, "Pending", uid=uid)

@@ -226,12 +226,28 @@ def tool_env(extra: dict[str, str]) -> dict[str, str]:
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", **extra}
 
 
+def tuning_config(kubectl: Kubectl, pod: dict[str, Any]) -> dict[str, Any]:
+    """The tune step's configuration, from the ConfigMap its pod mounts."""
+    (vol,) = [v for v in pod["spec"]["volumes"] if v["name"] == "config"]
+    cm = json.loads(
+        kubectl(
+            "get",
+            "configmap",
+            "-n",
+            pod["metadata"]["namespace"],
+            vol["configMap"]["name"],
+            "-o",
+            "json",
+        ).stdout
+    )
+    return dict(json.loads(cm["data"]["config.json"]))
+
+
 def carry_out_publish(
     kubectl: Kubectl, pod: dict[str, Any], s3_env: dict[str, str], salt: str = ""
 ) -> dict[str, Any]:
     """Run the pod's own publish command for real, then record its outcome in the pod status."""
-    tune_env = {e["name"]: e.get("value") for e in container(pod, "tune").get("env", [])}
-    config = json.loads(tune_env["TUNEFLEET_TUNING_CONFIG"] or "{}")
+    config = tuning_config(kubectl, pod)
     work = Path(tempfile.mkdtemp(prefix="tunefleet-pod-"))
     stand_in_tuner_output(work / "out", config, salt)
     cmd = list(container(pod, "publish")["command"])

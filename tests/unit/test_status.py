@@ -7,7 +7,15 @@ from typing import Any
 
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
-from tunefleet.status import JobObservation, Observed, compute_status, observe_job, status_changed
+from tunefleet.status import (
+    Hints,
+    JobObservation,
+    Observed,
+    compute_status,
+    observe_job,
+    pull_secrets_missing,
+    status_changed,
+)
 
 MODELS = ["AMD_Instinct_MI300X_OAM", "AMD_Instinct_MI325X_OAM"]
 SPEC = TuningProfileSpec.model_validate(
@@ -151,6 +159,101 @@ def test_observe_failed_job_quotes_the_failing_container() -> None:
     assert "kubectl delete job -n ml tune-x" in obs.message
 
 
-def test_observe_running() -> None:
-    assert observe_job(_job([], active=1), []).state == "Running"
+def _live(conditions: list[dict[str, Any]], node: str = "", **statuses: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "p", "namespace": "ml", "uid": "pu", "creationTimestamp": "t"},
+        "spec": {"nodeName": node} if node else {},
+        "status": {"phase": "Pending", "conditions": conditions, **statuses},
+    }
+
+
+def test_observe_running_needs_a_scheduled_pod() -> None:
+    scheduled = _live([{"type": "PodScheduled", "status": "True"}], node="n1")
+    assert observe_job(_job([], active=1), [scheduled]).state == "Running"
+    # A Job's "active" counts pods that are not even scheduled: that is not tuning.
+    assert observe_job(_job([], active=1), []).state == "Pending"
     assert observe_job(_job([]), []).state == "Pending"
+
+
+SCHED = Hints(label_key="amd.com/gpu.product-name", resource="amd.com/gpu", credentials_secret="s3")
+
+
+def unschedulable(message: str) -> dict[str, Any]:
+    return _live(
+        [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]
+    )
+
+
+def test_no_node_with_the_model_is_named_with_the_fix() -> None:
+    msg = "0/7 nodes are available: 7 node(s) didn't match Pod's node affinity/selector. preemption: 0/7 nodes are available: 7 Preemption is not helpful for scheduling."
+    obs = observe_job(_job([], active=1), [unschedulable(msg)], SCHED)
+    assert obs.state == "Pending" and obs.reason == "Unschedulable"
+    assert f"no node has amd.com/gpu.product-name={MODELS[0]}" in obs.message
+    assert "kubectl label node" in obs.message and "scheduler: 0/7 nodes" in obs.message
+
+
+def test_all_gpus_taken_is_named() -> None:
+    msg = "0/7 nodes are available: 1 Insufficient amd.com/gpu, 6 node(s) didn't match Pod's node affinity/selector. preemption: 0/7 nodes are available: 1 No preemption victims found for incoming pod, 6 Preemption is not helpful for scheduling."
+    obs = observe_job(_job([], active=1), [unschedulable(msg)], SCHED)
+    assert obs.reason == "Unschedulable" and "has its amd.com/gpu in use" in obs.message
+
+
+def waiting(name: str, reason: str, message: str, image: str = "img:1") -> dict[str, Any]:
+    cs = {
+        "name": name,
+        "image": image,
+        "state": {"waiting": {"reason": reason, "message": message}},
+    }
+    return _live(
+        [{"type": "PodScheduled", "status": "True"}], node="n1", initContainerStatuses=[cs]
+    )
+
+
+def test_missing_credentials_secret_is_named_with_the_fix() -> None:
+    pod = waiting("publish", "CreateContainerConfigError", 'secret "s3" not found')
+    obs = observe_job(_job([], active=1), [pod], SCHED)
+    assert obs.state == "Pending" and obs.reason == "SecretMissing"
+    assert "Secret s3 (S3 credentials for publishing) does not exist in namespace ml" in obs.message
+    assert "kubectl create secret generic s3 -n ml" in obs.message
+    pod = waiting("tune", "CreateContainerConfigError", 'secret "hf-token" not found')
+    obs = observe_job(_job([], active=1), [pod], SCHED)
+    assert "Secret hf-token, referenced by spec.workload.env" in obs.message
+    pod = waiting(
+        "publish",
+        "CreateContainerConfigError",
+        "couldn't find key AWS_SECRET_ACCESS_KEY in Secret ml/s3",
+    )
+    obs = observe_job(_job([], active=1), [pod], SCHED)
+    assert obs.reason == "SecretMissing" and "has no key AWS_SECRET_ACCESS_KEY" in obs.message
+
+
+def test_image_pull_failure_names_missing_pull_secrets() -> None:
+    pod = waiting("tune", "ImagePullBackOff", 'Back-off pulling image "reg.example.com/x:1"')
+    obs = observe_job(_job([], active=1), [pod], SCHED)
+    assert obs.reason == "ImagePullFailed" and "spec.imagePullSecrets" in obs.message
+    events = [
+        {
+            "reason": "FailedToRetrieveImagePullSecret",
+            "message": "Unable to retrieve some image pull secrets (regcred, other); attempting to pull the image may not succeed.",
+        }
+    ]
+    missing = pull_secrets_missing(events)
+    assert missing == ("regcred", "other")
+    hints = Hints(
+        **{**SCHED.__dict__, "pull_secrets": ("regcred", "other"), "missing_pull_secrets": missing}
+    )
+    obs = observe_job(_job([], active=1), [pod], hints)
+    assert "image pull Secret(s) regcred, other do not exist in namespace ml" in obs.message
+
+
+def test_blocked_jobs_make_the_profile_pending_with_the_reason() -> None:
+    jobs = [
+        JobObservation("j0", MODELS[0], REV, "Pending", "no node has X", reason="Unschedulable"),
+        JobObservation("j1", MODELS[1], REV, "Running"),
+    ]
+    st = compute_status(Observed(generation=1, spec=SPEC, jobs=jobs), "t")
+    assert st["phase"] == "Pending"
+    assert cond(st, "Ready")["reason"] == "Unschedulable"
+    assert "no node has X" in cond(st, "Ready")["message"]
+    assert cond(st, "Progressing")["reason"] == "Unschedulable"
+    assert st["jobs"][0]["reason"] == "Unschedulable"

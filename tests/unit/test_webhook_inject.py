@@ -131,10 +131,45 @@ def test_fail_closed_denies_with_what_to_add() -> None:
 
 def test_image_mismatch_warns() -> None:
     p = pod()
-    p["spec"]["containers"][1]["image"] = "other:2"
+    p["spec"]["containers"][1]["image"] = "serve:2"
     d = inject(p, "x", profile(["NVIDIA-H200"]), CFG)
-    assert d.injected and len(d.warnings) == 1 and "other:2" in d.warnings[0]
+    assert d.injected and len(d.warnings) == 1 and "serve:2" in d.warnings[0]
     assert "tunefleet.io/image-warning" in d.pod["metadata"]["annotations"]
+
+
+def envs(d: Any) -> dict[str, set[str]]:
+    return {c["name"]: {e["name"] for e in c.get("env") or []} for c in d.pod["spec"]["containers"]}
+
+
+def test_sidecars_of_other_images_get_nothing_and_raise_no_warning() -> None:
+    p = pod()
+    p["spec"]["containers"][1]["image"] = "docker.io/envoyproxy/envoy:v1.30"
+    d = inject(p, "x", profile(["NVIDIA-H200"]), CFG)
+    assert d.injected and d.warnings == []
+    assert "PYTORCH_TUNABLEOP_ENABLED" in envs(d)["server"]
+    assert envs(d)["sidecar"] == set()
+    assert not d.pod["spec"]["containers"][1].get("volumeMounts")
+
+
+def test_containers_annotation_chooses_who_loads_results() -> None:
+    p = pod()
+    p["spec"]["containers"][0]["image"] = "serve-prod:7"
+    p["metadata"]["annotations"] = {"tunefleet.io/containers": "server"}
+    d = inject(p, "x", profile(["NVIDIA-H200"]), CFG)
+    assert envs(d)["sidecar"] == set() and "PYTORCH_TUNABLEOP_ENABLED" in envs(d)["server"]
+    assert len(d.warnings) == 1 and "serve-prod:7" in d.warnings[0]
+    p["metadata"]["annotations"] = {"tunefleet.io/containers": "server,nope"}
+    d = inject(p, "x", profile(["NVIDIA-H200"]), CFG)
+    assert any("nope" in w for w in d.warnings)
+
+
+def test_every_admitted_pod_is_labelled_with_the_outcome() -> None:
+    d = inject(pod(), "x", profile(["NVIDIA-H200"]), CFG)
+    assert d.pod["metadata"]["labels"]["tunefleet.io/admission"] == "injected"
+    d = inject(pod(), "x", profile(["NVIDIA-H200"], artifacts=False), CFG)
+    assert d.pod["metadata"]["labels"]["tunefleet.io/admission"] == "untuned"
+    d = inject(pod(), "x", None, CFG)
+    assert d.pod["metadata"]["labels"]["tunefleet.io/admission"] == "untuned"
 
 
 def test_webhook_configuration_only_sees_labelled_pods() -> None:

@@ -11,7 +11,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from tunefleet import naming
+from tunefleet import images, naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.builders.job import storage_args, storage_env
 from tunefleet.builders.security import SMALL_RESOURCES, hardened
@@ -28,6 +28,10 @@ ANN_URI = "tunefleet.io/artifact-uri"
 ANN_SHA = "tunefleet.io/artifact-sha256"
 ANN_MODEL = "tunefleet.io/gpu-model"
 ANN_IMAGE_WARNING = "tunefleet.io/image-warning"
+# Comma-separated names of the containers that load TunableOp results (get the env and mount,
+# and have their image compared with the tuned one). Default: the containers that run the
+# profile's image repository; when none does, every container.
+ANN_CONTAINERS = "tunefleet.io/containers"
 
 
 def build_webhook_configuration(
@@ -90,13 +94,42 @@ def gpu_count(pod: dict[str, Any], resource: str) -> int:
     return max(counts)
 
 
+def _mark(pod: dict[str, Any], outcome: str) -> dict[str, Any]:
+    """Every pod the webhook admits says so in a label: pods without it were never seen."""
+    labels = pod.setdefault("metadata", {}).setdefault("labels", {})
+    labels[naming.ADMISSION_LABEL] = outcome
+    return pod
+
+
 def _untuned(pod: dict[str, Any], reason: str, fail_closed: bool, fix: str) -> Decision:
     if fail_closed:
         return Decision(pod=pod, deny=f"tunefleet: {reason}. {fix}".strip())
-    out = copy.deepcopy(pod)
-    anns = out.setdefault("metadata", {}).setdefault("annotations", {})
+    out = _mark(copy.deepcopy(pod), "untuned")
+    anns = out["metadata"].setdefault("annotations", {})
     anns[ANN_STATUS] = f"untuned: {reason}"
     return Decision(pod=out, reason=reason)
+
+
+def serving_containers(pod: dict[str, Any], tuned_image: str) -> tuple[list[str], list[str]]:
+    """(names of the containers that load TunableOp results, warnings about the choice)."""
+    containers = [c.get("name", "") for c in (pod.get("spec") or {}).get("containers") or []]
+    named = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANN_CONTAINERS)
+    if named is not None:
+        wanted = [n.strip() for n in named.split(",") if n.strip()]
+        unknown = [n for n in wanted if n not in containers]
+        warnings = (
+            [f"annotation {ANN_CONTAINERS} names {', '.join(unknown)}, not in this pod"]
+            if unknown
+            else []
+        )
+        return [n for n in containers if n in wanted], warnings
+    repo = images.repository(tuned_image)
+    same = [
+        c.get("name", "")
+        for c in (pod.get("spec") or {}).get("containers") or []
+        if repo is not None and images.repository(c.get("image") or "") == repo
+    ]
+    return (same or containers), []
 
 
 def inject(
@@ -107,7 +140,8 @@ def inject(
 ) -> Decision:
     spec_ = pod.get("spec") or {}
     if any(c.get("name") == FETCH_CONTAINER for c in spec_.get("initContainers") or []):
-        return Decision(pod=pod)  # already injected: admission is re-run, nothing more to do
+        # Already injected (admission re-run, or a copied pod spec): only say it was seen.
+        return Decision(pod=_mark(copy.deepcopy(pod), "injected"))
 
     if profile is None:
         return _untuned(
@@ -208,8 +242,10 @@ def inject(
         "PYTORCH_TUNABLEOP_RECORD_UNTUNED": "0",
         "PYTORCH_TUNABLEOP_FILENAME": FILENAME,
     }
-    warnings = []
+    chosen, warnings = serving_containers(out, spec.image)
     for c in pspec.get("containers") or []:
+        if c.get("name") not in chosen:
+            continue  # a sidecar that never loads PyTorch: nothing to give, nothing to compare
         env = c.setdefault("env", [])
         have = {e.get("name") for e in env}
         # What the user set on a container wins: they may want tuning on, or another file.
@@ -223,6 +259,7 @@ def inject(
                 f"{profile_name!r} was tuned in {spec.image}: TunableOp may reject the results "
                 "file if the PyTorch or BLAS versions differ"
             )
+    _mark(out, "injected")
     anns.update(
         {
             ANN_STATUS: "injected",

@@ -1,4 +1,4 @@
-"""Events of tuning Jobs: any change may move the owning profile's status."""
+"""Tuning Jobs: kept in an index by profile uid; any change queues the owning profile."""
 
 from __future__ import annotations
 
@@ -6,26 +6,29 @@ from typing import Any
 
 import kopf
 
-from tunefleet import KIND, kube
-from tunefleet.handlers.startup import CONFIG
-from tunefleet.reconcile import sync_profile
+from tunefleet import naming, views
+from tunefleet.handlers.startup import CONTROLLER, EVENT_DELAY
 
 
-@kopf.on.event("batch", "v1", "jobs", labels={"app.kubernetes.io/managed-by": "tunefleet"})
-def job_event(body: kopf.Body, type: str | None, logger: kopf.Logger, **_: Any) -> None:
-    owner = next(
-        (o for o in body.metadata.get("ownerReferences") or [] if o.get("kind") == KIND), None
-    )
-    if owner is None or body.metadata.namespace is None:
-        return
-    profile = kube.get_profile(body.metadata.namespace, owner["name"])
-    if profile is None or profile["metadata"]["uid"] != owner.get("uid"):
-        return  # the profile is gone; garbage collection takes the Job
-    try:
-        # A deleted Job is recreated: deleting a failed Job is how a user asks for a retry.
-        sync_profile(profile, CONFIG.get(), ensure_jobs=type == "DELETED")
-    except kopf.PermanentError:
-        pass  # an invalid spec is reported in the profile's own status and events
-    except kopf.TemporaryError as e:
-        # Event handlers are not retried by kopf; the profile's next event or resume will.
-        logger.warning(f"could not update TuningProfile {owner['name']}: {e}")
+@kopf.index(
+    "batch",
+    "v1",
+    "jobs",
+    labels={naming.MANAGED_KEY: naming.MANAGED_VALUE, naming.PROFILE_UID_LABEL: kopf.PRESENT},
+)
+async def job_index(body: kopf.Body, labels: kopf.Labels, **_: Any) -> dict[str, Any]:
+    return {labels[naming.PROFILE_UID_LABEL]: views.job_view(body)}
+
+
+@kopf.on.event(
+    "batch",
+    "v1",
+    "jobs",
+    labels={naming.MANAGED_KEY: naming.MANAGED_VALUE, naming.PROFILE_UID_LABEL: kopf.PRESENT},
+)
+async def job_event(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
+    # A deleted Job is made again by the reconcile this queues: deleting a failed Job is how
+    # a user asks for a retry. The short delay folds a burst of one Job's events into one.
+    profile = labels.get(naming.TUNING_PROFILE_LABEL)
+    if profile and namespace:
+        CONTROLLER.get().enqueue((namespace, profile), EVENT_DELAY)

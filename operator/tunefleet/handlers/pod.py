@@ -1,4 +1,6 @@
-"""Pod admission: labelled pods get the profile's artifact (builders/webhook.py decides)."""
+"""Pods: admission of model pods (labelled pods get the profile's artifact; builders/webhook.py
+decides), and tuning pods, kept in an index because they say why a tuning Job waits or how
+its steps ended."""
 
 from __future__ import annotations
 
@@ -8,9 +10,9 @@ from typing import Any
 
 import kopf
 
-from tunefleet import kube, naming
+from tunefleet import kube, naming, views
 from tunefleet.builders.webhook import HANDLER_ID, Decision, inject
-from tunefleet.handlers.startup import CONFIG
+from tunefleet.handlers.startup import CONFIG, CONTROLLER, EVENT_DELAY
 
 # Not kopf's per-object logger: that one posts Events, and an admitted pod has no uid yet.
 log = logging.getLogger("tunefleet.webhook")
@@ -55,7 +57,7 @@ async def pod_mutate(
     apply(body, patch, decision)
     warnings.extend(decision.warnings)
     if entry is not None:
-        announce(entry["ref"], pod_name, decision)
+        announce(views.profile_ref(entry), pod_name, decision)
     # One line per admission with the handler's own duration: `make bench` reads these.
     took = (time.perf_counter() - started) * 1000
     outcome = "injected" if decision.injected else ("untuned" if decision.reason else "unchanged")
@@ -81,3 +83,26 @@ def announce(profile_ref: dict[str, Any], pod_name: str, decision: Decision) -> 
         )
     if decision.warnings:
         kube.post_event_soon(profile_ref, "Warning", "ImageMismatch", "; ".join(decision.warnings))
+
+
+# Tuning pods carry their Job's labels; model pods carry tunefleet.io/profile instead.
+@kopf.index(
+    "",
+    "v1",
+    "pods",
+    labels={naming.MANAGED_KEY: naming.MANAGED_VALUE, naming.PROFILE_UID_LABEL: kopf.PRESENT},
+)
+async def pod_index(body: kopf.Body, labels: kopf.Labels, **_: Any) -> dict[str, Any]:
+    return {labels[naming.PROFILE_UID_LABEL]: views.pod_view(body)}
+
+
+@kopf.on.event(
+    "",
+    "v1",
+    "pods",
+    labels={naming.MANAGED_KEY: naming.MANAGED_VALUE, naming.PROFILE_UID_LABEL: kopf.PRESENT},
+)
+async def pod_event(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
+    profile = labels.get(naming.TUNING_PROFILE_LABEL)
+    if profile and namespace:
+        CONTROLLER.get().enqueue((namespace, profile), EVENT_DELAY)

@@ -1,54 +1,109 @@
-"""The one startup handler: kopf settings, API login, the webhook server."""
+"""The one startup handler: kopf settings, API login, the webhook server, the reconciler."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
 import kopf
 
-from tunefleet import kube
+from tunefleet import kube, naming
 from tunefleet.config import Config
+from tunefleet.controller import Controller, Indexes, Key
 from tunefleet.webhook import server as webhook_server
 
+# Seconds a Job or pod event waits before its profile is reconciled: a pod's start is a
+# burst of events (scheduled, pulling, init started, ...) and one reconcile covers them all.
+EVENT_DELAY = 0.5
 
-class _ConfigHolder:
-    """Read once at startup; handlers get it without re-reading the environment."""
+
+class _Holder:
+    """Made once at startup; handlers reach it without re-reading the environment."""
 
     def __init__(self) -> None:
         self._config: Config | None = None
+        self._controller: Controller | None = None
 
-    def set(self, config: Config) -> None:
+    def set(self, config: Config, controller: Controller | None = None) -> None:
         self._config = config
+        self._controller = controller
 
+
+class _ConfigHolder(_Holder):
     def get(self) -> Config:
         if self._config is None:
             self._config = Config.from_env()
         return self._config
 
 
+class _ControllerHolder(_Holder):
+    def get(self) -> Controller:
+        if self._controller is None:
+            raise RuntimeError("the reconciler is not running (operator_startup did not run)")
+        return self._controller
+
+
 CONFIG = _ConfigHolder()
+CONTROLLER = _ControllerHolder()
+
+
+def _indexes(kwargs: dict[str, Any]) -> Indexes:
+    """Readers over kopf's indexes. They run in worker threads: list() copies a store in one
+    C-level step, so a concurrent update by the event loop is never seen half-done."""
+    profiles: kopf.Index[Key, dict[str, Any]] = kwargs["tuningprofile_index"]
+    jobs: kopf.Index[str, dict[str, Any]] = kwargs["job_index"]
+    pods: kopf.Index[str, dict[str, Any]] = kwargs["pod_index"]
+
+    def profile(key: Key) -> dict[str, Any] | None:
+        found = list(profiles.get(key, ()))
+        return found[0] if found else None
+
+    return Indexes(
+        profile=profile,
+        profiles=lambda: [(ns or "", name) for ns, name in list(profiles)],
+        jobs=lambda uid: list(jobs.get(uid, ())),
+        pods=lambda uid: list(pods.get(uid, ())),
+    )
 
 
 @kopf.on.startup()
-async def operator_startup(settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any) -> None:
+async def operator_startup(
+    settings: kopf.OperatorSettings, logger: kopf.Logger, **kwargs: Any
+) -> None:
     config = Config.from_env()
-    CONFIG.set(config)
-    # Our own keys, so kopf's bookkeeping on profiles is recognisable and never collides.
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="tunefleet.io")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="tunefleet.io", key="last-handled-configuration"
-    )
+    # kopf keeps nothing on our objects: no finalizer (deletion always works, whatever the
+    # reconciler's state) and no copy of the spec in annotations (no 256 KiB limit): all
+    # handlers are indexes and event handlers, and the reconciler is level-based.
+    # Earlier versions added this finalizer; naming it lets kopf remove it from their profiles.
     settings.persistence.finalizer = "tunefleet.io/finalizer"
-    settings.posting.level = logging.INFO
+    # Only what we index crosses the wire: tuning Jobs and tuning pods, selected server-side.
+    managed = ",".join(f"{k}={v}" for k, v in naming.MANAGED_BY.items())
+    settings.watching.label_selectors["batch", "v1", "jobs"] = managed
+    settings.watching.label_selectors["", "v1", "pods"] = f"{managed},{naming.PROFILE_UID_LABEL}"
+    # kopf's own per-object log lines stay in the log; Events are posted by us, on purpose.
+    settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.batching.error_delays = [1, 2, 5, 10, 30, 60]
-    # Sync handlers call the blocking client; enough workers for many profiles at once.
-    settings.execution.max_workers = 20
-    kube.login()
+    kube.login(pool_size=config.workers + 6)
+    controller = Controller(
+        config, _indexes(kwargs), workers=config.workers, resync_seconds=config.resync_seconds
+    )
+    CONFIG.set(config)
+    CONTROLLER.set(config, controller)
+    controller.start()
     if config.webhook_enabled:
         settings.admission.server = webhook_server.build(config)
         if config.webhook_register:
             settings.admission.managed = None
             await webhook_server.register_when_ready(settings.admission.server, config, logger)
-    logger.info(f"tunefleet operator started; tuning Jobs use image {config.image}")
+    logger.info(
+        f"tunefleet operator started: {config.workers} reconcile workers, resync every "
+        f"{config.resync_seconds:.0f}s; tuning Jobs use image {config.image}"
+    )
+
+
+@kopf.on.cleanup()
+async def operator_cleanup(**_: Any) -> None:
+    with contextlib.suppress(RuntimeError):  # startup never got that far
+        CONTROLLER.get().stop()

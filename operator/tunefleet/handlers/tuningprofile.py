@@ -1,4 +1,4 @@
-"""TuningProfile events."""
+"""TuningProfile: kept in an index (admission and reconciles read it), queued on every event."""
 
 from __future__ import annotations
 
@@ -6,45 +6,28 @@ from typing import Any
 
 import kopf
 
-from tunefleet import GROUP, PLURAL, VERSION
-from tunefleet.handlers.startup import CONFIG
-from tunefleet.reconcile import sync_profile
-
-
-@kopf.on.create(GROUP, VERSION, PLURAL)
-def tuningprofile_create(body: kopf.Body, **_: Any) -> None:
-    sync_profile(dict(body), CONFIG.get())
-
-
-@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-def tuningprofile_update(body: kopf.Body, **_: Any) -> None:
-    sync_profile(dict(body), CONFIG.get())
-
-
-@kopf.on.resume(GROUP, VERSION, PLURAL)
-def tuningprofile_resume(body: kopf.Body, **_: Any) -> None:
-    sync_profile(dict(body), CONFIG.get())
+from tunefleet import GROUP, PLURAL, VERSION, views
+from tunefleet.handlers.startup import CONTROLLER
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
-def tuningprofile_index(
-    body: kopf.Body,
-    namespace: str | None,
-    name: str,
-    spec: kopf.Spec,
-    status: kopf.Status,
-    **_: Any,
+async def tuningprofile_index(
+    body: kopf.Body, namespace: str | None, name: str, **_: Any
 ) -> dict[tuple[str | None, str], dict[str, Any]]:
-    """What the pod webhook needs, kept in memory so admission never waits on the API."""
-    ref = {
-        "apiVersion": body.get("apiVersion"),
-        "kind": body.get("kind"),
-        "metadata": {"namespace": namespace, "name": name, "uid": body.metadata.uid},
-    }
-    return {(namespace, name): {"spec": dict(spec), "status": dict(status), "ref": ref}}
+    """What the pod webhook and the reconciler need, so neither waits on the API server."""
+    return {(namespace, name): views.profile_view(body)}
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=60, idle=60)
-def tuningprofile_timer(body: kopf.Body, **_: Any) -> None:
-    """A slow safety net: a Job event lost while the API was unreachable is caught here."""
-    sync_profile(dict(body), CONFIG.get())
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def tuningprofile_event(
+    type: str | None, body: kopf.Body, namespace: str | None, name: str, **_: Any
+) -> None:
+    # Level-based: whatever changed (created, spec edited, deleted, seen again after a
+    # restart), the reconciler recomputes from the indexes. Our own status writes come back
+    # here too and end as no-op reconciles.
+    key = (namespace or "", name)
+    if type == "DELETED":
+        CONTROLLER.get().forget(key, body.metadata.uid)
+        return
+    if CONTROLLER.get().wants(views.profile_view(body)):
+        CONTROLLER.get().enqueue(key)

@@ -1,0 +1,199 @@
+"""The reconciler's engine: a work queue of profiles, worker threads, and a slow resync.
+
+kopf watches TuningProfiles, tuning Jobs and tuning pods and keeps each in an index
+(handlers/); its event handlers only add the owning profile to the queue. Workers take keys
+and run `reconcile.sync_profile` against the indexes. A reconcile that fails transiently is
+retried with per-profile exponential backoff (1 s doubling to 5 min); a permanent problem is
+reported in status once and waits for the next change. Every `resync_seconds` all profiles
+are queued again (a no-op unless something drifted) and labelled pods that the webhook never
+saw are counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from tunefleet import kube, naming
+from tunefleet.builders.webhook import ANN_STATUS
+from tunefleet.config import Config
+from tunefleet.reconcile import Memory, sync_profile
+from tunefleet.workqueue import Backoff, WorkQueue
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]  # (namespace, profile name)
+
+
+@dataclass
+class Indexes:
+    """Readers of kopf's indexes (see handlers/). Each returns plain views."""
+
+    profile: Callable[[Key], dict[str, Any] | None]
+    profiles: Callable[[], list[Key]]
+    jobs: Callable[[str], list[dict[str, Any]]]  # by profile uid
+    pods: Callable[[str], list[dict[str, Any]]]  # by profile uid
+
+
+class Controller:
+    def __init__(
+        self,
+        config: Config,
+        indexes: Indexes,
+        *,
+        workers: int = 8,
+        resync_seconds: float = 600.0,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.config = config
+        self.indexes = indexes
+        self.workers = workers
+        self.resync_seconds = resync_seconds
+        self.queue: WorkQueue[Key] = WorkQueue(backoff or Backoff(base=1.0, cap=300.0))
+        self.memory = Memory()
+        self._threads: list[threading.Thread] = []
+        self._stop = threading.Event()
+        self._synced = threading.Event()  # kopf's indexes have been filled once
+
+    # --- triggers -------------------------------------------------------------------------
+
+    def enqueue(self, key: Key, delay: float = 0.0) -> None:
+        # The first event kopf hands us proves its indexes are filled (it waits for that).
+        self._synced.set()
+        self.queue.add_after(key, delay)
+
+    def wants(self, profile: dict[str, Any]) -> bool:
+        """Whether a profile event can change anything: not when it only brings back the
+        status we wrote ourselves (every write echoes through the watch)."""
+        meta = profile.get("metadata") or {}
+        written = self.memory.written.get(meta.get("uid", ""))
+        if written is None or meta.get("deletionTimestamp"):
+            return True
+        status = profile.get("status") or {}
+        same = {k: status.get(k) for k in written} == written
+        return not (same and written.get("observedGeneration") == meta.get("generation"))
+
+    def forget(self, key: Key, uid: str | None) -> None:
+        """The profile is gone: drop what we remember of it."""
+        if uid:
+            self.memory.forget(uid)
+        self.memory.unadmitted.pop(key, None)
+        self.queue.forget(key)
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for i in range(self.workers):
+            t = threading.Thread(target=self._work, name=f"reconcile-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        t = threading.Thread(target=self._resync_loop, name="resync", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.queue.shutdown()
+
+    # --- work -----------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while not self._stop.is_set():
+            key = self.queue.get()
+            if key is None:
+                return
+            try:
+                self.process(key)
+            finally:
+                self.queue.done(key)
+
+    def process(self, key: Key) -> None:
+        ns, name = key
+        profile = self.indexes.profile(key)
+        if profile is None:
+            self.forget(key, None)
+            return  # deleted: garbage collection takes its children
+        uid = profile["metadata"].get("uid", "")
+        try:
+            sync_profile(
+                profile, self.indexes.jobs(uid), self.indexes.pods(uid), self.config, self.memory
+            )
+        except kopf.PermanentError as e:
+            # Reported in the profile's status (and an Event on the transition); nothing to
+            # retry until the spec changes.
+            self.queue.forget(key)
+            log.debug(f"TuningProfile {ns}/{name}: {e}")
+        except kopf.TemporaryError as e:
+            delay = self.queue.retry(key, float(e.delay or 0))
+            log.warning(
+                f"TuningProfile {ns}/{name}: {e} (attempt {self.queue.failures(key)}, "
+                f"next in {delay:.0f}s)"
+            )
+        except kube.Gone as e:
+            self.forget(key, uid)
+            log.info(f"TuningProfile {ns}/{name}: {e}")
+        except Exception:
+            # A bug must not stop reconciliation of this profile or any other.
+            delay = self.queue.retry(key)
+            log.exception(f"TuningProfile {ns}/{name}: reconcile failed; next in {delay:.0f}s")
+        else:
+            self.queue.forget(key)
+
+    # --- resync ---------------------------------------------------------------------------
+
+    def _resync_loop(self) -> None:
+        # The first pass waits for kopf's indexes, then runs at once: after a restart it finds
+        # what changed while nobody watched (pods admitted while the webhook was down).
+        while not self._stop.is_set():
+            if self._synced.wait(timeout=1.0):
+                break
+        first = True
+        while not self._stop.is_set():
+            try:
+                self.resync(scan_only=first)
+            except Exception:
+                log.exception("resync failed; trying again at the next interval")
+            first = False
+            self._stop.wait(self.resync_seconds)
+
+    def resync(self, scan_only: bool = False) -> None:
+        changed = self.scan_unadmitted()
+        keys = changed if scan_only else set(self.indexes.profiles())
+        for key in keys:
+            self.queue.add(key)
+
+    def scan_unadmitted(self) -> set[Key]:
+        """Count labelled pods the webhook never admitted; returns the profiles whose count
+        changed. One label-selected list per watched namespace (or one cluster-wide)."""
+        selector = f"{naming.PROFILE_LABEL},!{naming.ADMISSION_LABEL}"
+        namespaces: Iterable[str | None] = self.config.namespaces or [None]
+        found: dict[Key, list[str]] = defaultdict(list)
+        for ns in namespaces:
+            try:
+                pods = kube.list_pods(ns, selector)
+            except (kopf.TemporaryError, kube.Gone) as e:
+                log.warning(f"could not look for pods the webhook missed: {e}")
+                return set()
+            for pod in pods:
+                meta = pod.get("metadata") or {}
+                anns = meta.get("annotations") or {}
+                if anns.get(ANN_STATUS):
+                    continue  # admitted by a version that did not set the label yet
+                if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                    continue
+                profile = (meta.get("labels") or {}).get(naming.PROFILE_LABEL, "")
+                found[(meta.get("namespace", ""), profile)].append(meta.get("name", ""))
+        before = self.memory.unadmitted
+        changed = {
+            k
+            for k in set(before) | set(found)
+            if sorted(before.get(k, [])) != sorted(found.get(k, []))
+        }
+        self.memory.unadmitted = {k: sorted(v) for k, v in found.items()}
+        return changed

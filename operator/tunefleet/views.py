@@ -1,0 +1,119 @@
+"""The few fields of watched objects that the operator keeps in memory (kopf indexes).
+
+Pure functions from a watched body to a small plain dict. Kept small on purpose: the indexes
+hold one entry per profile, tuning Job and tuning pod for the operator's lifetime, and
+reconciles read them instead of listing from the API server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tunefleet import naming
+
+
+def _pick(d: Mapping[str, Any] | None, *keys: str) -> dict[str, Any]:
+    d = d or {}
+    return {k: d[k] for k in keys if d.get(k) is not None}
+
+
+def profile_view(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What admission and reconciliation need of a TuningProfile."""
+    meta = body.get("metadata") or {}
+    return {
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "metadata": _pick(
+            meta, "name", "namespace", "uid", "generation", "deletionTimestamp", "resourceVersion"
+        ),
+        "spec": dict(body.get("spec") or {}),
+        "status": dict(body.get("status") or {}),
+    }
+
+
+def profile_ref(view: Mapping[str, Any]) -> dict[str, Any]:
+    """An object reference for Events about the profile."""
+    meta = view.get("metadata") or {}
+    return {
+        "apiVersion": view.get("apiVersion"),
+        "kind": view.get("kind"),
+        "metadata": _pick(meta, "name", "namespace", "uid"),
+    }
+
+
+def job_view(body: Mapping[str, Any]) -> dict[str, Any]:
+    meta = body.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    status = body.get("status") or {}
+    return {
+        "metadata": {
+            **_pick(meta, "name", "namespace", "uid", "creationTimestamp", "deletionTimestamp"),
+            "labels": _pick(
+                labels, naming.PROFILE_UID_LABEL, naming.REVISION_LABEL, naming.MODEL_LABEL
+            ),
+            "annotations": _pick(meta.get("annotations"), naming.MODEL_ANNOTATION),
+        },
+        "status": {
+            **_pick(status, "active", "ready", "failed", "succeeded", "startTime"),
+            "conditions": [
+                _pick(c, "type", "status", "reason", "message")
+                for c in status.get("conditions") or []
+            ],
+        },
+    }
+
+
+def _container_status(cs: Mapping[str, Any]) -> dict[str, Any]:
+    out = _pick(cs, "name", "image", "imageID", "restartCount")
+    for key in ("state", "lastState"):
+        state = cs.get(key) or {}
+        if state.get("terminated"):
+            out[key] = {
+                "terminated": _pick(
+                    state["terminated"], "exitCode", "reason", "message", "finishedAt"
+                )
+            }
+        elif state.get("waiting"):
+            out[key] = {"waiting": _pick(state["waiting"], "reason", "message")}
+        elif state.get("running"):
+            out[key] = {"running": {}}
+    return out
+
+
+def pod_view(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A tuning pod: where it stands, why it waits, how its steps ended."""
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    status = body.get("status") or {}
+    return {
+        "metadata": {
+            **_pick(meta, "name", "namespace", "uid", "creationTimestamp", "deletionTimestamp"),
+            "labels": _pick(
+                meta.get("labels"),
+                naming.JOB_UID_LABEL,
+                naming.PROFILE_UID_LABEL,
+                naming.REVISION_LABEL,
+                naming.MODEL_LABEL,
+            ),
+        },
+        "spec": {
+            **_pick(spec, "nodeName"),
+            "imagePullSecrets": [
+                s.get("name") for s in spec.get("imagePullSecrets") or [] if s.get("name")
+            ],
+        },
+        "status": {
+            **_pick(status, "phase", "reason", "message"),
+            "conditions": [
+                _pick(c, "type", "status", "reason", "message")
+                for c in status.get("conditions") or []
+            ],
+            "initContainerStatuses": [
+                _container_status(c) for c in status.get("initContainerStatuses") or []
+            ],
+            "containerStatuses": [
+                _container_status(c) for c in status.get("containerStatuses") or []
+            ],
+        },
+    }

@@ -1,0 +1,194 @@
+"""sync_profile against a recording stand-in for the API (tunefleet.kube): what it creates,
+writes and announces, and what it does not (unit tier: the API calls are stubbed)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import kopf
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from tunefleet import kube
+from tunefleet.api import TuningProfileSpec
+from tunefleet.builders.job import build_tuning_job
+from tunefleet.config import Config
+from tunefleet.reconcile import Memory, sync_profile
+from tunefleet.views import job_view, profile_view
+
+CFG = Config(image="tunefleet:1")
+MODELS = ["AMD_Instinct_MI300X_OAM", "AMD_Instinct_MI325X_OAM"]
+
+
+def profile(**spec_over: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "image": "registry.example.com/serve:1",
+        "gpu": {"vendor": "amd", "models": MODELS},
+        "workload": {"shapes": [{"mnk": [8, 8, 8]}]},
+        "storage": {"uri": "s3://bkt/p"},
+    }
+    spec.update(spec_over)
+    return profile_view(
+        {
+            "apiVersion": "tunefleet.io/v1alpha1",
+            "kind": "TuningProfile",
+            "metadata": {"name": "p", "namespace": "ml", "uid": "uid-1", "generation": 1},
+            "spec": spec,
+        }
+    )
+
+
+class FakeApi:
+    """Records calls; `existing` names answer 409 like the API server does."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, existing: set[str] | None = None):
+        self.existing = set(existing or ())
+        self.created: list[tuple[str, str]] = []
+        self.patches: list[dict[str, Any]] = []
+        self.events: list[tuple[str, str]] = []
+        self.fail_job_with: Exception | None = None
+        monkeypatch.setattr(kube, "create_if_missing", self.create_if_missing)
+        monkeypatch.setattr(kube, "patch_profile_status", self.patch)
+        monkeypatch.setattr(kube, "post_event_soon", self.event)
+        monkeypatch.setattr(kube, "pod_events", lambda ns, name: [])
+
+    def create_if_missing(self, obj: dict[str, Any]) -> bool:
+        if obj["kind"] == "Job" and self.fail_job_with is not None:
+            raise self.fail_job_with
+        name = obj["metadata"]["name"]
+        if (obj["kind"], name) in {(k, n) for k, n in self.created} or name in self.existing:
+            return False
+        self.created.append((obj["kind"], name))
+        return True
+
+    def patch(self, ns: str, name: str, status: dict[str, Any]) -> None:
+        self.patches.append(status)
+
+    def event(self, ref: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        self.events.append((reason, message))
+
+
+def jobs_for(p: dict[str, Any], models: list[str]) -> list[dict[str, Any]]:
+    spec = TuningProfileSpec.model_validate(p["spec"])
+    return [
+        job_view(
+            build_tuning_job(spec, namespace="ml", profile="p", uid="uid-1", model=m, config=CFG)
+        )
+        for m in models
+    ]
+
+
+def test_every_missing_job_is_made_even_when_an_earlier_one_exists(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The old bug: "already exists" for the first model ended the reconcile with an error,
+    # so later models never got their Job.
+    p = profile()
+    first = jobs_for(p, MODELS[:1])
+    api = FakeApi(monkeypatch, existing={first[0]["metadata"]["name"]})
+    sync_profile(p, first, [], CFG, Memory())
+    made = [n for k, n in api.created if k == "Job"]
+    assert made == [jobs_for(p, MODELS[1:])[0]["metadata"]["name"]]
+    assert ("ConfigMap", made[0]) in api.created  # its configuration, first
+
+
+def test_an_existing_job_the_index_has_not_seen_yet_is_success(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    p = profile()
+    names = {j["metadata"]["name"] for j in jobs_for(p, MODELS)}
+    api = FakeApi(monkeypatch, existing=names)
+    status = sync_profile(p, [], [], CFG, Memory())  # no exception: 409 means done
+    assert api.created == []  # both 409: nothing made twice, and no error
+    assert status["phase"] == "Pending"
+
+
+def test_a_settled_profile_costs_no_api_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    p = profile()
+    jobs = jobs_for(p, MODELS)
+    api = FakeApi(monkeypatch)
+    memory = Memory()
+    sync_profile(p, jobs, [], CFG, memory)
+    assert api.created == [] and len(api.patches) == 1
+    for _ in range(3):  # resyncs, echoes of our own status write
+        sync_profile({**p, "status": api.patches[-1]}, jobs, [], CFG, memory)
+    assert api.created == [] and len(api.patches) == 1 and len(api.events) == 0
+
+
+def test_invalid_spec_is_a_condition_and_a_permanent_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    p = profile(gpu={"vendor": "amd", "models": ["MI300X OAM"]})
+    api = FakeApi(monkeypatch)
+    with pytest.raises(kopf.PermanentError, match="can't be a node label value"):
+        sync_profile(p, [], [], CFG, Memory())
+    assert api.created == []
+    (status,) = api.patches
+    assert status["phase"] == "Invalid"
+    assert [r for r, _ in api.events] == ["InvalidSpec"]
+
+
+def test_a_job_the_api_server_refuses_is_reported_not_retried(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    api = FakeApi(monkeypatch)
+    api.fail_job_with = kopf.PermanentError("creating Job ml/x: the API server refused it: bad")
+    with pytest.raises(kopf.PermanentError):
+        sync_profile(profile(), [], [], CFG, Memory())
+    (status,) = api.patches
+    assert "the API server refused it: bad" in status["conditions"][0]["message"]
+
+
+def test_unadmitted_pods_are_counted_and_announced_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    p = profile()
+    jobs = jobs_for(p, MODELS)
+    api = FakeApi(monkeypatch)
+    memory = Memory()
+    memory.unadmitted[("ml", "p")] = ["model-a", "model-b"]
+    status = sync_profile(p, jobs, [], CFG, memory)
+    assert status["unadmittedPods"] == 2
+    (event,) = [m for r, m in api.events if r == "PodsNotAdmitted"]
+    assert "model-a" in event and "!tunefleet.io/admission" in event
+    sync_profile({**p, "status": status}, jobs, [], CFG, memory)
+    assert len([r for r, _ in api.events if r == "PodsNotAdmitted"]) == 1
+
+
+def api_exception(status: int, message: str = "") -> ApiException:
+    e = ApiException(status=status, reason="x")
+    e.body = json.dumps({"message": message})
+    return e
+
+
+def test_create_if_missing_reads_already_exists_before_translating(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class Batch:
+        def __init__(self, *_: Any) -> None:
+            pass
+
+        def create_namespaced_job(self, ns: str, body: Any, **_: Any) -> None:
+            raise api_exception(409, "already exists")
+
+    monkeypatch.setattr(kube.kubernetes.client, "BatchV1Api", Batch)
+    monkeypatch.setattr(kube, "api", lambda: None)
+    job = {"kind": "Job", "metadata": {"namespace": "ml", "name": "j"}}
+    assert kube.create_if_missing(job) is False
+
+
+@pytest.mark.parametrize(
+    ("status", "message", "expected"),
+    [
+        (500, "etcd", kopf.TemporaryError),
+        (429, "slow down", kopf.TemporaryError),
+        (403, "forbidden", kopf.TemporaryError),
+        (422, "spec.template: Invalid value", kopf.PermanentError),
+        (
+            403,
+            "unable to create new content in namespace x because it is being terminated",
+            kube.Gone,
+        ),
+    ],
+)
+def test_api_errors_are_sorted_for_the_reconciler(
+    status: int, message: str, expected: type[Exception]
+) -> None:
+    assert isinstance(kube.translate("creating Job", api_exception(status, message)), expected)
