@@ -69,6 +69,8 @@ def translate(what: str, e: Exception) -> Exception:
             return Gone(f"{what}: {message}")
         if status == 404 and "namespaces" in message:
             return Gone(f"{what}: {message}")
+        if status == 403 and "exceeded quota" in message:
+            return kopf.TemporaryError(f"{what}: {message}", delay=30)
         if status in (401, 403):
             return kopf.TemporaryError(
                 f"{what}: {status} {message} (if this is RBAC, compare the operator's "

@@ -187,6 +187,7 @@ def sync_profile(
     with memory.locks[uid]:
         spec, problems = memory.spec(uid, generation, profile.get("spec") or {})
         problems = list(problems)
+        create_error: kopf.TemporaryError | None = None
         if spec and not problems and not meta.get("deletionTimestamp"):
             rev = naming.revision(spec)
             have = _present(jobs)
@@ -211,6 +212,10 @@ def sync_profile(
                     # The API server refused what the spec made: a spec problem to report.
                     problems.append(f"gpu model {model}: {e}")
                     break
+                except kopf.TemporaryError as e:
+                    # Quota, RBAC, an API hiccup: say so in status, then retry with backoff.
+                    create_error = e
+                    break
         hints = hints_for(spec, config)
         observations = observe(jobs, pods, hints, memory)
         for obs in observations:
@@ -230,6 +235,7 @@ def sync_profile(
                 jobs=observations,
                 previous=previous,
                 unadmitted=len(memory.unadmitted.get((ns, name), [])),
+                create_error=str(create_error or "")[:MESSAGE_LIMIT],
             ),
             now(),
         )
@@ -240,6 +246,8 @@ def sync_profile(
         if problems or spec is None:
             message = "; ".join(problems) or "invalid spec"
             raise kopf.PermanentError(message[:MESSAGE_LIMIT])
+        if create_error is not None:
+            raise create_error
         return status
 
 

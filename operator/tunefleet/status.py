@@ -42,6 +42,8 @@ class Observed:
     previous: dict[str, Any] = field(default_factory=dict)
     # Labelled pods the webhook never saw (created while it was unreachable).
     unadmitted: int = 0
+    # A tuning Job (or its ConfigMap) could not be made just now; retried with backoff.
+    create_error: str = ""
 
 
 def parse_result(message: str | None) -> dict[str, Any] | None:
@@ -176,7 +178,14 @@ def compute_status(obs: Observed, now: str) -> dict[str, Any]:
     else:
         failed_cond = cond("Failed", False, "NoFailures", "No tuning Job of this revision failed.")
 
-    if blocked:
+    if obs.create_error:
+        progressing = cond(
+            "Progressing",
+            False,
+            "JobCreateFailed",
+            f"{obs.create_error}. Retrying with backoff.",
+        )
+    elif blocked:
         progressing = cond(
             "Progressing",
             True,
@@ -204,6 +213,14 @@ def compute_status(obs: Observed, now: str) -> dict[str, Any]:
         else:
             msg = f"{len(models)} of {len(models)} GPU models have an artifact."
         ready = cond("Ready", True, "ArtifactsPublished", msg)
+    elif obs.create_error:
+        ready = cond(
+            "Ready",
+            False,
+            "JobCreateFailed",
+            f"No artifact for {', '.join(m for m in models if m not in served)}: "
+            f"{obs.create_error}. Retrying with backoff.",
+        )
     elif failed:
         ready = cond(
             "Ready",

@@ -192,3 +192,17 @@ def test_api_errors_are_sorted_for_the_reconciler(
     status: int, message: str, expected: type[Exception]
 ) -> None:
     assert isinstance(kube.translate("creating Job", api_exception(status, message)), expected)
+
+
+def test_a_job_that_cannot_be_made_now_is_said_in_status_then_retried(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    api = FakeApi(monkeypatch)
+    api.fail_job_with = kopf.TemporaryError(
+        'creating Job ml/x: jobs "x" is forbidden: exceeded quota: no-jobs', delay=30
+    )
+    with pytest.raises(kopf.TemporaryError):
+        sync_profile(profile(), [], [], CFG, Memory())
+    (status,) = api.patches
+    ready = status["conditions"][0]
+    assert ready["reason"] == "JobCreateFailed" and "exceeded quota" in ready["message"]
