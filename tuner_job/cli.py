@@ -26,9 +26,9 @@ from .gpu import (
     require_offline_api,
 )
 from .output import MANIFEST_NAME, RESULTS_NAME, write_output
-from .record import collect_untuned, record_shapes, record_workload
+from .record import check_shapes, collect_untuned, record_shapes, record_workload
 from .results import CsvFormatError, UntunedRow, dedupe_untuned, format_results, read_untuned
-from .tune import child_main, tune
+from .tune import TuneOutcome, child_main, tune
 
 PROG = "tuner_job"
 
@@ -91,13 +91,21 @@ def _gpu(gpus: int) -> object:
     return torch
 
 
-def _record(cfg: TuningConfig, torch: object, work: Path, deadline: float) -> list[UntunedRow]:
+def _record(
+    cfg: TuningConfig, torch: object, work: Path, deadline: float
+) -> tuple[list[UntunedRow], Path]:
+    """Record into a new directory under ``work``: torch appends to an untuned file that is
+    already there, so a reused directory would bring back the GEMMs of an earlier run."""
+    check_shapes(torch, cfg.shapes)  # before anything runs: a refusal costs no recording
     work.mkdir(parents=True, exist_ok=True)
+    record_dir = Path(tempfile.mkdtemp(prefix="record-", dir=work))
+    _log(f"recording into {record_dir}")
+    started = time.monotonic()
     if cfg.command:
-        record_workload(cfg.workload_argv, work, deadline - time.monotonic())
+        record_workload(cfg.workload_argv, record_dir, deadline - time.monotonic())
     if cfg.shapes:
-        record_shapes(torch, cfg.shapes, work)
-    found = collect_untuned(work)
+        record_shapes(torch, cfg.shapes, record_dir)
+    found = collect_untuned(record_dir)
     for path, f in found:
         _log(f"{path.name}: {len(f.rows)} GEMM(s)")
     unique = dedupe_untuned([f for _, f in found])
@@ -106,16 +114,20 @@ def _record(cfg: TuningConfig, torch: object, work: Path, deadline: float) -> li
             "recording found no GEMMs: the workload ran no matmul through TunableOp on the GPU "
             "(is it using this torch, and the GPU?)"
         )
-    _log(f"recorded {len(unique)} unique GEMM(s) in {len(found)} file(s)")
-    return unique
+    _log(
+        f"recorded {len(unique)} unique GEMM(s) in {len(found)} file(s) "
+        f"in {time.monotonic() - started:.2f}s"
+    )
+    return unique, record_dir
 
 
 def cmd_record(args: argparse.Namespace) -> int:
     cfg = _load(args)
     cfg.require_workload()
     torch = _gpu(cfg.gpus)
-    unique = _record(cfg, torch, Path(args.work), time.monotonic() + cfg.limits.budget_seconds)
-    print(f"{PROG}: recorded {len(unique)} unique GEMM(s) into {args.work}")
+    deadline = time.monotonic() + cfg.limits.budget_seconds
+    unique, record_dir = _record(cfg, torch, Path(args.work), deadline)
+    print(f"{PROG}: recorded {len(unique)} unique GEMM(s) into {record_dir}")
     return 0
 
 
@@ -127,6 +139,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     unique = dedupe_untuned([read_untuned(p) for p in args.untuned])
     outcome = tune(unique, gpus=gpus, limits=cfg.limits, budget_s=budget)
     atomic_write_bytes(args.out, format_results(outcome.results).encode("utf-8"))
+    _report_timing(outcome)
     _report_partial(outcome.stopped_early, outcome.results.gemms, len(unique))
     print(f"{PROG}: tuned {outcome.results.gemms} of {len(unique)} GEMM(s) into {args.out}")
     return 0
@@ -138,6 +151,16 @@ def cmd_identify(args: argparse.Namespace) -> int:
     identity, validators = identify(torch)
     print(json.dumps({"identity": identity, "validators": validators}, indent=2, sort_keys=True))
     return 0
+
+
+def _report_timing(outcome: TuneOutcome) -> None:
+    if outcome.loop_seconds is None:
+        return
+    _log(
+        f"tuning loop: {outcome.loop_seconds:.2f}s of the tuning process's "
+        f"{outcome.seconds:.2f}s (the rest is its start-up: interpreter, torch import, GPU "
+        "initialisation, and its report)"
+    )
 
 
 def _report_partial(stopped: bool, tuned: int, total: int) -> None:
@@ -155,7 +178,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     torch = _gpu(cfg.gpus)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="tunefleet-work-"))
     try:
-        unique = _record(cfg, torch, work / "record", deadline)
+        unique, _ = _record(cfg, torch, work, deadline)
         outcome = tune(
             unique, gpus=cfg.gpus, limits=cfg.limits, budget_s=deadline - time.monotonic()
         )
@@ -178,6 +201,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         identity=identity,
         tuning_seconds=outcome.seconds,
     )
+    _report_timing(outcome)
     _report_partial(outcome.stopped_early, outcome.results.gemms, len(unique))
     print(
         f"{PROG}: recorded {len(unique)} GEMM(s), tuned {outcome.results.gemms} in "

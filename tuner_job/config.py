@@ -30,8 +30,20 @@ class ConfigError(ValueError):
     """The tuning configuration is missing or malformed."""
 
 
+FLOAT32_NAMES = ("float32", "float")
+
+
 @dataclass(frozen=True)
 class Shape:
+    """One GEMM of the profile: C (m x n) = A (m x k) @ B (k x n), in the user's terms.
+
+    ``trans_a``/``trans_b``: the operand is a transposed (column-major) view, as ``x @ W.t()`` is
+    for B. ``batch > 1``: ``torch.bmm``. ``bias``: ``torch.addmm(bias, A, B)`` with a 1-D bias of
+    n elements, what ``nn.Linear`` runs (TunableOp's GemmAndBias). ``tf32``: a float32 GEMM run
+    with ``torch.backends.cuda.matmul.allow_tf32`` set (TunableOp names it ``tf32``, not
+    ``float``). float8 dtypes: ``torch._scaled_mm`` (per-tensor scales, bfloat16 output).
+    """
+
     m: int
     n: int
     k: int
@@ -39,6 +51,15 @@ class Shape:
     dtype: str = "bfloat16"
     trans_a: bool = False
     trans_b: bool = False
+    bias: bool = False
+    tf32: bool = False
+
+    def describe(self) -> str:
+        flags = [f"transA={str(self.trans_a).lower()}", f"transB={str(self.trans_b).lower()}"]
+        flags += [name for name, on in (("bias", self.bias), ("tf32", self.tf32)) if on]
+        return f"m={self.m} n={self.n} k={self.k} batch={self.batch} {self.dtype} " + " ".join(
+            flags
+        )
 
 
 @dataclass(frozen=True)
@@ -143,13 +164,46 @@ def _shape(doc: Any, i: int) -> Shape:
         raise ConfigError(f"{where}.dtype {dtype!r} is not one of {', '.join(SHAPE_DTYPES)}")
     trans_a = bool(_get(doc, "transA", bool, where) or False)
     trans_b = bool(_get(doc, "transB", bool, where) or False)
-    if dtype.startswith("float8"):
-        # torch._scaled_mm only takes row-major A and column-major B.
-        if trans_a or not trans_b:
-            raise ConfigError(f"{where}: float8 GEMMs need transA=false and transB=true")
-        if (batch or 1) != 1:
-            raise ConfigError(f"{where}: float8 GEMMs cannot be batched")
-    return Shape(dims["m"], dims["n"], dims["k"], batch or 1, dtype, trans_a, trans_b)
+    bias = bool(_get(doc, "bias", bool, where) or False)
+    tf32 = bool(_get(doc, "tf32", bool, where) or False)
+    shape = Shape(dims["m"], dims["n"], dims["k"], batch or 1, dtype, trans_a, trans_b, bias, tf32)
+    why = _unroutable(shape)
+    if why:
+        raise ConfigError(f"{where} ({shape.describe()}): {why}")
+    return shape
+
+
+def _unroutable(s: Shape) -> str | None:
+    """Why torch would not run this shape through TunableOp as described, on any GPU."""
+    if s.tf32 and s.dtype not in FLOAT32_NAMES:
+        return "tf32 applies to float32 GEMMs only (it lets cuBLAS/hipBLASLt use TF32 for them)"
+    if s.dtype.startswith("float8"):
+        if s.trans_a or not s.trans_b:
+            # torch._scaled_mm only takes row-major A and column-major B.
+            return "float8 GEMMs need transA=false and transB=true"
+        if s.batch != 1:
+            return "float8 GEMMs cannot be batched"
+        if s.k % 16 or s.n % 16:
+            return "torch._scaled_mm needs k and n divisible by 16"
+        return None
+    if s.bias:
+        if s.batch != 1:
+            return (
+                "bias needs batch 1: torch has no batched GEMM with a bias (nn.Linear on a "
+                "(b, s, k) input runs one (b*s, k) GEMM: give m = b*s)"
+            )
+        if s.trans_a == s.trans_b:
+            return (
+                "bias needs exactly one of transA/transB (nn.Linear is transA=false, "
+                "transB=true): torch's offline tuner refuses a GemmAndBias GEMM with both or "
+                "neither transposed"
+            )
+        if 1 in (s.m, s.n, s.k):
+            return (
+                "bias needs m, n and k > 1: addmm takes the cuBLASLt/hipBLASLt bias path only "
+                "when both matrices have more than one row and column (else it is a plain GEMM)"
+            )
+    return None
 
 
 def from_dict(doc: Any) -> TuningConfig:

@@ -165,6 +165,9 @@ def identify(torch: Any) -> tuple[dict[str, str], dict[str, str]]:
         for key, name in (
             ("ROCBLAS_VERSION", "rocblas"),
             ("HIPBLASLT_VERSION", "hipblaslt"),
+            # Recent torch validates HIP_VERSION (TORCH_HIP_VERSION of its build); older torch
+            # wrote ROCM_VERSION instead. Either, as found, so old and new files both describe.
+            ("HIP_VERSION", "hipVersion"),
             ("ROCM_VERSION", "rocm"),
         ):
             if key in validators:

@@ -94,6 +94,7 @@ class TuneOutcome:
     stopped_early: bool
     failures: int
     identity: dict[str, str] | None
+    loop_seconds: float | None = None  # torch's tuning calls alone, without process start-up
 
 
 def path_is_mgpu_safe(path: str) -> bool:
@@ -252,6 +253,7 @@ def _gather(
         stopped_early=stopped,
         failures=int(report.get("failures", 0)),
         identity=dict(identity) if isinstance(identity, dict) else None,
+        loop_seconds=float(report["loopSeconds"]) if "loopSeconds" in report else None,
     )
 
 
@@ -326,6 +328,7 @@ def child_main(spec_path: str) -> int:
     rows = read_untuned(tuning_dir / GEMMS_FILE).rows
     failures = 0
     stopped = False
+    loop_started = time.monotonic()
     if mgpu:
         # Its workers are spawned: they re-import our __main__ (guarded) and read the env set
         # in _apply_limits; its copies land in tuning_dir, a path without '.' or '0'.
@@ -349,6 +352,7 @@ def child_main(spec_path: str) -> int:
                 _log(f"[{i}/{len(rows)}] {row.op},{row.params}: {type(exc).__name__}: {exc}")
                 continue
             _log(f"[{i}/{len(rows)}] {row.op},{row.params} in {time.monotonic() - t0:.1f}s")
+    loop_seconds = time.monotonic() - loop_started
     results = [[str(r[0]), str(r[1]), str(r[2]), float(r[3])] for r in tunable.get_results()]
     identity, validators = identify(torch)
     report = {
@@ -357,6 +361,7 @@ def child_main(spec_path: str) -> int:
         "identity": identity,
         "stoppedEarly": stopped,
         "failures": failures,
+        "loopSeconds": round(loop_seconds, 3),
     }
     atomic_write_bytes(tuning_dir / REPORT_FILE, json.dumps(report).encode("utf-8"))
     return 0

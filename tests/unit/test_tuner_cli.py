@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ import pytest
 
 from tuner_job._fs import sha256_hex
 from tuner_job.manifest import loads
-from tuner_job.results import read_results, read_untuned
+from tuner_job.results import Outcomes, count_outcomes, read_results, read_untuned
 
 FAKE_TORCH = Path(__file__).parent / "data" / "fake_torch"
 REPO = Path(__file__).resolve().parents[2]
@@ -74,10 +75,18 @@ def write_config(tmp: Path, **over: Any) -> Path:
     return path
 
 
+STANDIN = "[stand-in torch]"
+
+
 def error_line(done: subprocess.CompletedProcess[str]) -> str:
     lines = done.stderr.strip().splitlines()
     assert lines, "no error printed"
     return lines[-1]
+
+
+def own_stderr(done: subprocess.CompletedProcess[str]) -> list[str]:
+    """stderr without the stand-in torch's own lines (each of which says what it is)."""
+    return [ln for ln in done.stderr.strip().splitlines() if not ln.startswith(STANDIN)]
 
 
 def test_help_works_without_torch(tmp_path: Path) -> None:
@@ -90,18 +99,18 @@ def test_help_works_without_torch(tmp_path: Path) -> None:
     [
         (
             "no-device",
-            "tuner_job: error: TunableOp needs a ROCm or CUDA GPU: torch 2.11.0+fake reports no "
-            "GPU device (torch.cuda.is_available() is False)",
+            "tuner_job: error: TunableOp needs a ROCm or CUDA GPU: torch 2.11.0+standin reports "
+            "no GPU device (torch.cuda.is_available() is False)",
         ),
         (
             "cpu-build",
-            "tuner_job: error: TunableOp needs a ROCm or CUDA GPU: torch 2.11.0+cpu is a CPU-only "
-            "build (torch.version.cuda and torch.version.hip are both None)",
+            "tuner_job: error: TunableOp needs a ROCm or CUDA GPU: torch 2.11.0+cpu.standin is a "
+            "CPU-only build (torch.version.cuda and torch.version.hip are both None)",
         ),
         (
             "broken",
-            "tuner_job: error: torch is not importable in this image (ImportError: libcudart.so.13: "
-            "cannot open shared object file: No such file or directory)",
+            "tuner_job: error: torch is not importable in this image (ImportError: [stand-in torch] "
+            "libcudart.so.13: cannot open shared object file: No such file or directory)",
         ),
     ],
 )
@@ -116,7 +125,8 @@ def test_without_a_gpu_it_says_so_in_one_line_and_fails(
     )
     done = tuner(tmp_path, *args, fake=fake)
     assert done.returncode == 3
-    assert done.stderr.strip() == expected  # exactly one line, nothing else
+    assert own_stderr(done) == [expected]  # exactly one line of the tuner's own
+    assert error_line(done) == expected  # and it is the last
     assert (tmp_path / "termination-log").read_text() == expected + "\n"
     assert not (tmp_path / "out").exists()  # never invented results
 
@@ -136,7 +146,7 @@ def test_more_gpus_than_present_is_refused(tmp_path: Path) -> None:
         tmp_path, "run", "--config", str(cfg), "--out", "out", env={"FAKE_TORCH_GPUS": "2"}
     )
     assert done.returncode == 3
-    assert "asks for 4 GPUs but torch 2.11.0+fake sees 2" in error_line(done)
+    assert "asks for 4 GPUs but torch 2.11.0+standin sees 2" in error_line(done)
 
 
 @pytest.mark.parametrize(
@@ -181,15 +191,21 @@ if len(sys.argv) > 1:  # one process per device, as torchrun would start
     a = torch.rand(128, 64, dtype=torch.bfloat16, device="cuda")
     b = torch.rand(64, 32, dtype=torch.bfloat16, device="cuda")
     torch.mm(a, b)
-    torch.mm(a, b)
+    torch.mm(a, b)  # torch records a GEMM once per process
     if sys.argv[1] == "1":
-        torch.mm(torch.rand(32, 16, dtype=torch.bfloat16), torch.rand(16, 8, dtype=torch.bfloat16))
+        torch.mm(b.t(), a.t())
+    # on the CPU: no TunableOp, nothing recorded
+    torch.mm(torch.rand(32, 16, dtype=torch.bfloat16), torch.rand(16, 8, dtype=torch.bfloat16))
     sys.exit(0)
 for rank in ("0", "1"):
     subprocess.run([sys.executable, __file__, rank], check=True)
 assert os.environ["PYTORCH_TUNABLEOP_RECORD_UNTUNED"] == "1"
 assert os.environ["SERVE_SETTING"] == "kept"  # the container's own env reaches the workload
 """
+
+
+def record_dirs(work: Path) -> list[Path]:
+    return sorted(p for p in work.iterdir() if p.name.startswith("record-"))
 
 
 def test_run_records_workload_and_shapes_tunes_and_writes_the_artifact(tmp_path: Path) -> None:
@@ -211,7 +227,8 @@ def test_run_records_workload_and_shapes_tunes_and_writes_the_artifact(tmp_path:
     )
     assert done.returncode == 0, done.stderr
 
-    untuned = sorted((tmp_path / "work" / "record").glob("*_untuned*.csv"))
+    (record,) = record_dirs(tmp_path / "work")
+    untuned = sorted(record.glob("*_untuned*.csv"))
     assert [p.name for p in untuned] == [
         "shapes_untuned0.csv",
         "workload_untuned0.csv",
@@ -220,6 +237,7 @@ def test_run_records_workload_and_shapes_tunes_and_writes_the_artifact(tmp_path:
     keys = [r.key for p in untuned for r in read_untuned(p).rows]
     unique = set(keys)
     assert len(keys) > len(unique)  # the per-device files overlap; tuning sees each GEMM once
+    assert len(unique) == 4  # 2 from the workload (the CPU matmul is not one), 2 shapes
 
     data = (tmp_path / "out" / "results.csv").read_bytes()
     results = read_results(tmp_path / "out" / "results.csv")
@@ -227,17 +245,69 @@ def test_run_records_workload_and_shapes_tunes_and_writes_the_artifact(tmp_path:
     manifest = loads((tmp_path / "out" / "manifest.json").read_bytes())
     assert manifest.results_sha256 == sha256_hex(data)
     assert (manifest.gemms, manifest.recorded) == (len(unique), len(unique))
-    assert manifest.validators == results.validators == {"PT_VERSION": "2.11.0+fake"}
+    assert manifest.validators == results.validators == {"PT_VERSION": "2.11.0+standin"}
+    # On CUDA, torch 2.11 has no candidate but Default: nothing was tuned, and it says so.
+    assert manifest.outcomes == Outcomes(tuned=0, default=len(unique))
+    assert {r.solution for r in results.rows} == {"Default"}
     assert (manifest.namespace, manifest.profile, manifest.gpu_model, manifest.revision) == (
         "ml",
         "llama",
         "NVIDIA-H200",
         "3f2a9c01de",
     )
-    assert manifest.identity["gpuName"] == "Fake GPU 80GB"
+    assert manifest.identity["gpuName"] == "Stand-in GPU (tunefleet test image: computes nothing)"
     assert manifest.identity["gpuCount"] == "2" and manifest.identity["arch"] == "sm_90"
+    assert re.search(r"tuning loop: \d+\.\d\ds of the tuning process's \d+\.\d\ds", done.stderr)
     assert done.stdout.strip().endswith("out/manifest.json")
     assert sha256_hex(data) in done.stdout
+
+
+def test_run_on_a_rocm_build_records_its_identity_and_outcomes(tmp_path: Path) -> None:
+    cfg = write_config(
+        tmp_path,
+        workload={
+            "shapes": [
+                {"m": 64 * i, "n": 128, "k": 64, "dtype": "bfloat16", "transB": True}
+                for i in range(1, 9)
+            ]
+            + [{"m": 64, "n": 128, "k": 64, "dtype": "float8_e4m3fnuz", "transB": True}]
+        },
+    )
+    done = tuner(tmp_path, "run", "--config", str(cfg), "--out", "out", "--work", "work",
+                 env={"FAKE_TORCH_BACKEND": "rocm"})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    manifest = loads((tmp_path / "out" / "manifest.json").read_bytes())
+    results = read_results(tmp_path / "out" / "results.csv")
+    assert manifest.outcomes is not None and manifest.outcomes.gemms == manifest.gemms == 9
+    assert manifest.outcomes == count_outcomes(results)
+    (record,) = record_dirs(tmp_path / "work")
+    recorded = {r.key for p in record.glob("*_untuned*.csv") for r in read_untuned(p).rows}
+    assert results.keys() == recorded  # the offline tuner tuned exactly the recorded keys
+    assert manifest.outcomes.tuned > 0 and manifest.outcomes.default > 0  # this stub mixes both
+    assert "ScaledGemmTunableOp_Float8_e4m3fnuz_Float8_e4m3fnuz_BFloat16_TN" in {
+        r.op for r in results.rows
+    }
+    assert {"HIP_VERSION", "GCN_ARCH_NAME", "PT_VERSION"} <= set(manifest.validators)
+    assert "ROCM_VERSION" not in manifest.validators  # recent torch validates HIP_VERSION
+    assert manifest.identity["hipVersion"] == manifest.validators["HIP_VERSION"]
+    assert manifest.identity["arch"] == "gfx942:sramecc+:xnack-"
+
+
+def test_a_reused_work_directory_records_afresh(tmp_path: Path) -> None:
+    # torch appends to an existing untuned file: a second run into the same file would bring
+    # back the first run's GEMMs. Each run records into a directory of its own.
+    first = write_config(tmp_path, workload={"shapes": [{"m": 64, "n": 32, "k": 16}]})
+    done = tuner(tmp_path, "record", "--config", str(first), "--work", "w")
+    assert done.returncode == 0, done.stderr
+    second = write_config(tmp_path, workload={"shapes": [{"m": 256, "n": 128, "k": 64}]})
+    done = tuner(tmp_path, "record", "--config", str(second), "--work", "w")
+    assert done.returncode == 0, done.stderr
+    assert "recorded 1 unique GEMM(s)" in done.stdout
+    older, newer = sorted(record_dirs(tmp_path / "w"), key=lambda p: p.stat().st_mtime_ns)
+    assert done.stdout.strip().endswith(f"into {Path('w') / newer.name}")
+    (row,) = read_untuned(newer / "shapes_untuned0.csv").rows
+    assert row.params == "nn_128_256_64_ld_128_64_128"
+    assert len(read_untuned(older / "shapes_untuned0.csv").rows) == 1
 
 
 def test_a_failing_workload_fails_the_run(tmp_path: Path) -> None:
@@ -257,22 +327,145 @@ def test_a_workload_without_gemms_is_an_error_not_an_empty_artifact(tmp_path: Pa
     assert "recording found no GEMMs" in error_line(done)
 
 
-def test_record_subcommand_writes_untuned_files(tmp_path: Path) -> None:
+def test_record_writes_what_torch_writes_column_major(tmp_path: Path) -> None:
+    # torch.mm(A, B.t()) on row-major tensors is cuBLAS's C^T = B^T A^T: layout TN, and the
+    # product's n (512) before its m (256).
     done = tuner(tmp_path, "record", "--config", str(write_config(tmp_path)), "--work", "w")
     assert done.returncode == 0, done.stderr
-    rows = read_untuned(tmp_path / "w" / "shapes_untuned0.csv").rows
-    assert [r.op for r in rows] == [
-        "GemmTunableOp_BFloat16_NT",
-        "GemmStridedBatchedTunableOp_Half_NN",
-        "GemmTunableOp_BFloat16_NT",
-    ]
+    (record,) = record_dirs(tmp_path / "w")
+    rows = read_untuned(record / "shapes_untuned0.csv").rows
+    assert [(r.op, r.params) for r in rows] == [
+        ("GemmTunableOp_BFloat16_TN", "tn_512_256_128_ld_128_128_512"),
+        ("GemmStridedBatchedTunableOp_Half_NN", "nn_64_64_32_B_8_ld_64_32_64"),
+    ]  # the third shape repeats the first: torch writes a GEMM once per process
     assert "recorded 2 unique GEMM(s)" in done.stdout
+
+
+SHAPE = {"m": 256, "n": 512, "k": 128, "transB": True}
+
+
+def test_bias_and_tf32_shapes_record_the_rows_serving_looks_up_and_tune(tmp_path: Path) -> None:
+    shapes = [
+        {**SHAPE, "dtype": "bfloat16", "bias": True},
+        {**SHAPE, "dtype": "float32", "tf32": True},
+        {**SHAPE, "dtype": "float32"},
+        {**SHAPE, "dtype": "float16", "transA": True, "transB": False, "bias": True},
+    ]
+    cfg = write_config(tmp_path, workload={"shapes": shapes})
+    done = tuner(tmp_path, "run", "--config", str(cfg), "--out", "out", "--work", "w")
+    assert done.returncode == 0, done.stderr
+    (record,) = record_dirs(tmp_path / "w")
+    rows = [(r.op, r.params) for r in read_untuned(record / "shapes_untuned0.csv").rows]
+    assert rows == [
+        ("GemmAndBiasTunableOp_BFloat16_TN", "tn_512_256_128_ld_128_128_512"),
+        ("GemmTunableOp_tf32_TN", "tn_512_256_128_ld_128_128_512"),
+        ("GemmTunableOp_float_TN", "tn_512_256_128_ld_128_128_512"),
+        ("GemmAndBiasTunableOp_Half_NT", "nt_512_256_128_ld_512_256_512"),
+    ]
+    # torch's offline tuner rebuilds each of them and tunes exactly that key
+    assert read_results(tmp_path / "out" / "results.csv").keys() == set(rows)
+
+
+def config_error(tmp_path: Path, shape: dict[str, Any], **env: str) -> tuple[int, str]:
+    marker = tmp_path / "workload-ran"
+    cfg = write_config(
+        tmp_path,
+        workload={
+            "command": [sys.executable, "-c", f"open({str(marker)!r}, 'w')"],
+            "shapes": [{"m": 64, "n": 64, "k": 64}, shape],
+        },
+    )
+    done = tuner(tmp_path, "run", "--config", str(cfg), "--out", "out", "--work", "w", env=env)
+    assert not marker.exists(), "refused after the workload had run"
+    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "w").exists() or not record_dirs(tmp_path / "w")
+    return done.returncode, error_line(done)
+
+
+FP8 = {"m": 64, "n": 128, "k": 64, "transB": True}
+
+
+@pytest.mark.parametrize(
+    ("shape", "env", "fragments"),
+    [
+        pytest.param(
+            {**FP8, "dtype": "float8_e4m3fn"},
+            {},
+            ["workload.shapes[1]", "float8_e4m3fn", "without TunableOp", "on CUDA"],
+            id="fp8-on-cuda",
+        ),
+        pytest.param(
+            {**FP8, "dtype": "float8_e5m2"},
+            {},
+            ["float8_e5m2", "e5m2 x e5m2", "use float8_e4m3fn"],
+            id="e5m2-on-cuda",
+        ),
+        pytest.param(
+            {**FP8, "dtype": "float8_e4m3fnuz"},
+            {},
+            ["float8_e4m3fnuz", "ROCm-only"],
+            id="fnuz-on-cuda",
+        ),
+        pytest.param(
+            {**SHAPE, "bias": True},
+            {"DISABLE_ADDMM_CUDA_LT": "1"},
+            ["bias", "DISABLE_ADDMM_CUDA_LT=1"],
+            id="bias-with-lt-disabled",
+        ),
+        pytest.param(
+            {**SHAPE, "dtype": "float64", "bias": True},
+            {"FAKE_TORCH_BACKEND": "rocm"},
+            ["float64", "on ROCm", "drop bias"],
+            id="float64-bias-on-rocm",
+        ),
+    ],
+)
+def test_shapes_this_torch_cannot_tune_are_refused_before_recording(
+    tmp_path: Path, shape: dict[str, Any], env: dict[str, str], fragments: list[str]
+) -> None:
+    code, line = config_error(tmp_path, shape, **env)
+    assert code == 2, line
+    assert line.startswith("tuner_job: error: workload.shapes[1] (m=")
+    for fragment in fragments:
+        assert fragment in line
+
+
+@pytest.mark.parametrize(
+    ("shape", "fragment"),
+    [
+        ({**SHAPE, "dtype": "bfloat16", "tf32": True}, "tf32 applies to float32 GEMMs only"),
+        ({**SHAPE, "batch": 4, "bias": True}, "bias needs batch 1"),
+        ({**SHAPE, "transB": False, "bias": True}, "exactly one of transA/transB"),
+        ({**SHAPE, "transA": True, "bias": True}, "exactly one of transA/transB"),
+        ({**SHAPE, "m": 1, "bias": True}, "m, n and k > 1"),
+        ({**FP8, "dtype": "float8_e4m3fn", "k": 72}, "divisible by 16"),
+        ({**SHAPE, "bias": "yes"}, "bias must be bool"),
+    ],
+)
+def test_shapes_no_torch_routes_through_tunableop_are_bad_configs(
+    tmp_path: Path, shape: dict[str, Any], fragment: str
+) -> None:
+    code, line = config_error(tmp_path, shape)
+    assert code == 2 and fragment in line, line
+
+
+def test_float8_on_rocm_records_a_scaled_gemm(tmp_path: Path) -> None:
+    cfg = write_config(
+        tmp_path, workload={"shapes": [{**FP8, "dtype": "float8_e4m3fn", "bias": True}]}
+    )
+    done = tuner(tmp_path, "record", "--config", str(cfg), "--work", "w",
+                 env={"FAKE_TORCH_BACKEND": "rocm"})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (record,) = record_dirs(tmp_path / "w")
+    (row,) = read_untuned(record / "shapes_untuned0.csv").rows
+    assert row.op == "ScaledGemmTunableOp_Float8_e4m3fn_Float8_e4m3fn_BFloat16_TN"
+    assert row.params == "tn_128_64_64_ld_64_64_128_rw_0_bias_BFloat16"
 
 
 def test_identify_prints_identity_and_validators(tmp_path: Path) -> None:
     done = tuner(tmp_path, "identify")
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
-    assert doc["validators"] == {"PT_VERSION": "2.11.0+fake"}
+    assert doc["validators"] == {"PT_VERSION": "2.11.0+standin"}
     assert all(isinstance(v, str) for v in doc["identity"].values())
     assert {"gpuName", "arch", "gpuCount", "driver", "torch", "cuda"} <= set(doc["identity"])

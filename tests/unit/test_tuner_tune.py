@@ -63,6 +63,11 @@ def unique_keys(*paths: Path) -> set[tuple[str, str]]:
     return {tuple(line.split(",")[:2]) for p in paths for line in p.read_text().splitlines()}  # type: ignore[misc]
 
 
+def tunable_on_cuda(keys: set[tuple[str, str]]) -> set[tuple[str, str]]:
+    """torch 2.11 on CUDA runs _scaled_mm outside TunableOp: its untuned rows tune to nothing."""
+    return {k for k in keys if not k[0].startswith("ScaledGemm")}
+
+
 def many_gemms(tmp: Path, n: int, marker: str = "") -> Path:
     path = tmp / "many_untuned0.csv"
     path.write_text(
@@ -87,9 +92,9 @@ def test_single_gpu_sets_limits_through_the_python_api_then_tunes_each_gemm(
     api = {c["event"]: c.get("value") for c in calls[:first_tune]}
     assert api["set_max_tuning_duration"] == 7
     assert api["set_max_tuning_iterations"] == 11
-    assert api["set_max_warmup_duration"] == 3
-    assert api["set_max_warmup_iterations"] == 2
     assert api["set_rotating_buffer_size"] == 5
+    # torch 2.11 has no Python API for the warm-up limits: they go by environment variable.
+    assert "set_max_warmup_duration" not in names and "set_max_warmup_iterations" not in names
     assert api["set_numerical_check_tolerances"][0] is True
     assert api["enable"] is True and api["tuning_enable"] is True
     assert api["record_untuned_enable"] is False
@@ -101,11 +106,14 @@ def test_single_gpu_sets_limits_through_the_python_api_then_tunes_each_gemm(
     for call in tunes:
         env = call["env"]
         assert env["MAX_TUNING_ITERATIONS"] is None and env["MAX_TUNING_DURATION_MS"] is None
+        assert (env["MAX_WARMUP_DURATION_MS"], env["MAX_WARMUP_ITERATIONS"]) == ("3", "2")
         assert env["FILENAME"].endswith("tuned%d.csv")  # a fresh results path per run
 
     results = read_results(tmp_path / "results.csv")
-    assert results.keys() == expected
-    assert results.validators == {"PT_VERSION": "2.11.0+fake"}
+    assert results.keys() == tunable_on_cuda(expected) != expected
+    assert f"tuned {len(results.keys())} of {len(expected)} GEMM(s)" in done.stderr
+    assert results.validators == {"PT_VERSION": "2.11.0+standin"}
+    assert {r.solution for r in results.rows} == {"Default"}  # CUDA's only candidate
 
 
 def test_multi_gpu_uses_mgpu_in_a_safe_directory_with_limits_as_env(tmp_path: Path) -> None:
@@ -127,7 +135,7 @@ def test_multi_gpu_uses_mgpu_in_a_safe_directory_with_limits_as_env(tmp_path: Pa
     assert env["MAX_WARMUP_ITERATIONS"] == "2"
     assert env["ROTATING_BUFFER_SIZE"] == "5"
     assert env["NUMERICAL_CHECK"] == "0.01_0.01"  # recent torch's atol_rtol form
-    assert read_results(tmp_path / "results.csv").keys() == unique_keys(*files)
+    assert read_results(tmp_path / "results.csv").keys() == tunable_on_cuda(unique_keys(*files))
     assert not os.path.exists(directory)  # cleaned up
 
 
@@ -142,12 +150,16 @@ def test_numerical_check_off_reaches_mgpu_workers_as_zero(tmp_path: Path) -> Non
 
 def test_one_gemm_torch_refuses_does_not_cost_the_others(tmp_path: Path) -> None:
     path = many_gemms(tmp_path, 3)
-    text = path.read_text() + "GemmTunableOp_BFloat16_TN,tn_7777_64_64_ld_64_64_7777\n"
-    path.write_text(text)
+    # torch's offline tuner asserts that a GemmAndBias GEMM has exactly one operand transposed,
+    # and skips (with a warning) GEMMs with a size-1 dimension in some layouts.
+    refused = "GemmAndBiasTunableOp_BFloat16_NN,nn_64_64_64_ld_64_64_64\n"
+    skipped = "GemmTunableOp_BFloat16_TN,tn_64_1_64_ld_64_64_64\n"
+    path.write_text(path.read_text() + refused + skipped)
     done, _ = tune(tmp_path, path)
     assert done.returncode == 0, done.stderr
-    assert "AssertionError: unsupported GEMM" in done.stderr
-    assert "tuned 3 of 4 GEMM(s)" in done.stderr
+    assert "AssertionError: [stand-in torch] transA and transB must differ" in done.stderr
+    assert "Offline tuning is not supported for this GEMM" in done.stderr
+    assert "tuned 3 of 5 GEMM(s)" in done.stderr
     assert len(read_results(tmp_path / "results.csv").rows) == 3
 
 
