@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "operator")]
 
 from tuner_job.manifest import loads  # noqa: E402
-from tuner_job.results import read_results, read_untuned  # noqa: E402
+from tuner_job.results import count_outcomes, read_results, read_untuned  # noqa: E402
 
 try:
     import pytest
@@ -60,36 +60,51 @@ def _skip(why: str) -> Any:
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTORCH_TUNABLEOP_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "operator")])
+    ours = [str(REPO), str(REPO / "operator")]
+    theirs = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in ours]
+    env["PYTHONPATH"] = os.pathsep.join([*ours, *theirs])  # appended to, not replaced
     env.update(extra)
     return env
+
+
+def _run_tuner(work: Path, shapes: list[dict[str, Any]]) -> subprocess.CompletedProcess[str]:
+    work.mkdir(parents=True, exist_ok=True)
+    config = {
+        "namespace": "gpu-test",
+        "profile": "shapes",
+        "gpuModel": "GPU-TEST",
+        "revision": "gputest",
+        "workload": {"shapes": shapes},
+        "tuning": TUNING,
+    }
+    (work / "config.json").write_text(json.dumps(config))
+    return subprocess.run(
+        [
+            *(sys.executable, "-m", "tuner_job", "--termination-log", str(work / "tl")),
+            *("run", "--config", str(work / "config.json"), "--out", str(work / "out")),
+            *("--work", str(work / "w")),
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def _recorded(work: Path) -> set[tuple[str, str]]:
+    # Each run records into a fresh record-* directory under --work.
+    return {
+        r.key
+        for p in (work / "w").glob("record-*/shapes_untuned*.csv")
+        for r in read_untuned(p).rows
+    }
 
 
 def _tuner_run() -> dict[str, Any]:
     """One real `tuner_job run` on the profile shapes, shared by the tests."""
     if not _RUN:
         work = Path(tempfile.mkdtemp(prefix="tunefleet-gputest-"))
-        config = {
-            "namespace": "gpu-test",
-            "profile": "shapes",
-            "gpuModel": "GPU-TEST",
-            "revision": "gputest",
-            "workload": {"shapes": SHAPES},
-            "tuning": TUNING,
-        }
-        (work / "config.json").write_text(json.dumps(config))
-        done = subprocess.run(
-            [
-                *(sys.executable, "-m", "tuner_job", "--termination-log", str(work / "tl")),
-                *("run", "--config", str(work / "config.json"), "--out", str(work / "out")),
-                *("--work", str(work / "w")),
-            ],
-            env=_env(),
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        _RUN.update(work=work, done=done)
+        _RUN.update(work=work, done=_run_tuner(work, SHAPES))
     return _RUN
 
 
@@ -98,9 +113,8 @@ def test_tuner_records_and_tunes_real_gemms() -> None:
     run = _tuner_run()
     done, work = run["done"], run["work"]
     assert done.returncode == 0, done.stderr
-    untuned = sorted((work / "w" / "record").glob("shapes_untuned*.csv"))
-    assert untuned, "torch wrote no untuned file in record mode"
-    recorded = {r.key for p in untuned for r in read_untuned(p).rows}  # torch's own rows parse
+    recorded = _recorded(work)  # torch's own rows parse
+    assert recorded, "torch wrote no untuned file in record mode"
     assert len(recorded) == len(SHAPES)
     families = {op.split("TunableOp_")[0] for op, _ in recorded}
     assert {"Gemm", "GemmStridedBatched"} <= families
@@ -111,6 +125,9 @@ def test_tuner_records_and_tunes_real_gemms() -> None:
     manifest = loads((work / "out" / "manifest.json").read_bytes())
     assert (manifest.gemms, manifest.recorded) == (results.gemms, len(recorded))
     assert manifest.identity["gpuName"] == torch.cuda.get_device_name(0)
+    assert manifest.outcomes == count_outcomes(results)
+    if not torch.version.hip:  # CUDA builds before 2.14 have no candidate but Default
+        assert manifest.outcomes is not None and manifest.outcomes.tuned == 0
 
 
 LOAD_BACK = """
@@ -153,6 +170,76 @@ def test_tuned_results_load_back_into_tunableop() -> None:
     assert {(op, p, s) for op, p, s in loaded["results"]} == {
         (r.op, r.params, r.solution) for r in results.rows
     }
+
+
+# nn.Linear's GEMM (addmm with a 1-D bias: GemmAndBias) and a float32 GEMM with TF32 allowed
+# (typed tf32): the rows a serving process looks up only if they were recorded the same way.
+SERVED_SHAPES = [
+    {"m": 512, "n": 1024, "k": 256, "dtype": "bfloat16", "transB": True, "bias": True},
+    {"m": 64, "n": 128, "k": 64, "dtype": "float32", "tf32": True},
+]
+SERVE = """
+import torch
+dev = "cuda"
+x = torch.rand(512, 256, dtype=torch.bfloat16, device=dev)
+linear = torch.nn.Linear(256, 1024, device=dev, dtype=torch.bfloat16)
+with torch.no_grad():
+    linear(x)
+torch.backends.cuda.matmul.allow_tf32 = True
+torch.mm(torch.rand(64, 64, device=dev), torch.rand(64, 128, device=dev))
+torch.cuda.synchronize()
+"""
+
+
+def test_bias_and_tf32_rows_are_the_ones_serving_looks_up() -> None:
+    torch = _torch()
+    work = Path(tempfile.mkdtemp(prefix="tunefleet-gputest-served-"))
+    done = _run_tuner(work, SERVED_SHAPES)
+    assert done.returncode == 0, done.stderr
+    recorded = _recorded(work)
+    families = sorted(op.split("TunableOp_")[0] + "/" + op.split("_")[1] for op, _ in recorded)
+    assert families == ["Gemm/tf32", "GemmAndBias/BFloat16"], families
+    tuned = read_results(work / "out" / "results.csv", require_rows=True).keys()
+    assert tuned == recorded
+    serve = work / "serve"
+    serve.mkdir()
+    shutil.copy(work / "out" / "results.csv", serve / "tunableop_results0.csv")
+    log = serve / "tunableop-verbose.log"
+    served = subprocess.run(
+        [sys.executable, "-c", SERVE],
+        env=_env(
+            PYTORCH_TUNABLEOP_ENABLED="1",
+            PYTORCH_TUNABLEOP_TUNING="0",
+            PYTORCH_TUNABLEOP_FILENAME=str(serve / "tunableop_results%d.csv"),
+            # level 3 logs every lookup: "ResultEntry found for OP,PARAMS" or
+            # "missing ..._signature, returning null ResultEntry for OP,PARAMS" (Tunable.cpp)
+            PYTORCH_TUNABLEOP_VERBOSE="3",
+            PYTORCH_TUNABLEOP_VERBOSE_FILENAME=str(log),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert served.returncode == 0, served.stderr
+    text = log.read_text() if log.exists() else ""
+    missed = [ln for ln in text.splitlines() if "returning null ResultEntry for" in ln]
+    found = {ln.split("ResultEntry found for ", 1)[1].strip() for ln in text.splitlines()
+             if "ResultEntry found for " in ln}  # fmt: skip
+    assert not missed, missed
+    assert found == {f"{op},{params}" for op, params in tuned}, (found, torch.__version__)
+
+
+def test_float8_on_cuda_is_refused_before_recording() -> None:
+    torch = _torch()
+    if torch.version.hip:
+        _skip("ROCm routes torch._scaled_mm through TunableOp")
+    work = Path(tempfile.mkdtemp(prefix="tunefleet-gputest-fp8-"))
+    shape = {"m": 64, "n": 128, "k": 64, "dtype": "float8_e4m3fn", "transB": True}
+    done = _run_tuner(work, [shape])
+    assert done.returncode == 2, done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    assert "workload.shapes[0]" in line and "float8_e4m3fn" in line, line
+    assert not (work / "w").exists() or not list((work / "w").glob("record-*"))
 
 
 def test_identify_describes_this_machine() -> None:

@@ -720,8 +720,36 @@ def _prod(dims: tuple[int, ...]) -> int:
     return out
 
 
+class _Linear:
+    """nn.Linear: y = x W^T + b, a GemmAndBias GEMM when it has a bias (at::linear -> addmm)."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device: Any = None,
+        dtype: dtype | None = None,
+    ) -> None:
+        self.weight = rand(out_features, in_features, dtype=dtype, device=device)
+        self.bias = rand(out_features, dtype=dtype, device=device) if bias else None
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return _linear(x, self.weight, self.bias)
+
+
+class _NoGrad:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+no_grad = inference_mode = _NoGrad
 functional.linear = _linear  # type: ignore[attr-defined]
 nn.functional = functional  # type: ignore[attr-defined]
+nn.Linear = _Linear  # type: ignore[attr-defined]
 sys.modules["torch.nn"] = nn
 sys.modules["torch.nn.functional"] = functional
 
