@@ -221,6 +221,25 @@ def tensor(value: Any, dtype: dtype | None = None, device: Any = None) -> Tensor
     return Tensor((), dtype or float32, _device(device))
 
 
+int64 = long = dtype("int64", "long")
+
+
+def randint(low: int, high: int, size: Any, device: Any = None, **_: Any) -> Tensor:
+    return _new(tuple(size), int64, device)
+
+
+def manual_seed(seed: int) -> None:
+    return None
+
+
+class Generator:
+    def __init__(self, device: Any = None) -> None:
+        self.device = device
+
+    def manual_seed(self, seed: int) -> Generator:
+        return self
+
+
 # --- torch.backends.cuda.matmul.allow_tf32 ----------------------------------------------------
 
 backends = types.ModuleType("torch.backends")
