@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -52,9 +53,14 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="{record,tune,identify,run}")
 
     config_help = "tuning config JSON file (default: $TUNEFLEET_TUNING_CONFIG)"
+    workload_help = (
+        "the workload command and its arguments, after --, instead of workload.command in the "
+        "config (the operator's Job passes them so, verbatim)"
+    )
     rec = sub.add_parser("record", help="record the workload's GEMMs as untuned files")
     rec.add_argument("--config", metavar="FILE", help=config_help)
     rec.add_argument("--work", required=True, metavar="DIR", help="where untuned files go")
+    rec.add_argument("workload", nargs="*", metavar="-- COMMAND [ARG]", help=workload_help)
 
     tn = sub.add_parser("tune", help="de-duplicate untuned GEMMs and tune them")
     tn.add_argument("--config", metavar="FILE", help=config_help + "; limits and gpus")
@@ -69,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--config", metavar="FILE", help=config_help)
     run.add_argument("--out", required=True, metavar="DIR", help="directory publish reads")
     run.add_argument("--work", metavar="DIR", help="scratch directory (default: a temp dir)")
+    run.add_argument("workload", nargs="*", metavar="-- COMMAND [ARG]", help=workload_help)
 
     child = sub.add_parser("_tune-child")  # internal: no help= keeps it out of --help
     child.add_argument("--spec", required=True)
@@ -77,11 +84,19 @@ def _parser() -> argparse.ArgumentParser:
 
 def _load(args: argparse.Namespace, *, optional: bool = False) -> TuningConfig:
     try:
-        return load_config(args.config)
+        cfg = load_config(args.config)
     except ConfigError:
         if optional and not args.config and not os.environ.get("TUNEFLEET_TUNING_CONFIG"):
             return TuningConfig()
         raise
+    argv = getattr(args, "workload", None)
+    if not argv:
+        return cfg
+    if cfg.command:
+        raise ConfigError(
+            "the workload command is given twice: after -- and as workload.command in the config"
+        )
+    return dataclasses.replace(cfg, command=tuple(argv), args=())
 
 
 def _gpu(gpus: int) -> object:

@@ -310,6 +310,21 @@ def test_a_reused_work_directory_records_afresh(tmp_path: Path) -> None:
     assert len(read_untuned(older / "shapes_untuned0.csv").rows) == 1
 
 
+def test_the_workload_command_can_come_after_a_double_dash(tmp_path: Path) -> None:
+    # The operator's Job passes the user's command as the tune container's argv:
+    # `tuner_job run --config FILE --out DIR -- COMMAND ARG...`, verbatim.
+    (tmp_path / "serve.py").write_text(WORKLOAD)
+    cfg = write_config(tmp_path, workload={})
+    argv = ["--", sys.executable, str(tmp_path / "serve.py")]
+    done = tuner(tmp_path, "run", "--config", str(cfg), "--out", "out", *argv,
+                 env={"SERVE_SETTING": "kept", "FAKE_TORCH_GPUS": "2"})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert loads((tmp_path / "out" / "manifest.json").read_bytes()).gemms == 2
+    twice = write_config(tmp_path, workload={"command": [sys.executable, "-c", "pass"]})
+    done = tuner(tmp_path, "run", "--config", str(twice), "--out", "out2", *argv)
+    assert done.returncode == 2 and "workload command is given twice" in error_line(done)
+
+
 def test_a_failing_workload_fails_the_run(tmp_path: Path) -> None:
     cfg = write_config(
         tmp_path, workload={"command": [sys.executable, "-c", "raise SystemExit(7)"]}
