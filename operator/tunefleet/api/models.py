@@ -110,6 +110,10 @@ class Shape(_Model):
     def _combinations(self) -> Shape:
         if self.bias and self.batch != 1:
             raise ValueError("a shape with bias is a linear layer (addmm) and cannot be batched")
+        if self.bias and self.trans_a == self.trans_b:
+            raise ValueError("a shape with bias needs exactly one of transA and transB")
+        if self.bias and min(self.mnk) <= 1:
+            raise ValueError("a shape with bias needs M, N and K above 1")
         if self.tf32 and self.dtype != "float32":
             raise ValueError("tf32 applies to float32 GEMMs only")
         return self
