@@ -11,17 +11,20 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 K8S_VERSION="v1.36.3"      # keep in step with hack/tools/kube/go.mod
 KWOK_VERSION="v0.8.0"
 HELM_VERSION="v3.22.0"
+# crictl: the real node's CRI client (cluster-down removes pods through it). Debian bookworm
+# has no cri-tools package.
+CRICTL_VERSION="v1.34.0"
 cache_root="${TUNEFLEET_CACHE:-$HOME/.cache/tunefleet}"
 
 key="$(cat "$here/tools/kube/go.sum" "$here/tools/kube/go.mod" "$here/tools/etcd/go.sum" \
           "$here/tools/etcd/go.mod" "$here/tools/etcd/main.go" \
-       | { cat; echo "$K8S_VERSION $KWOK_VERSION $HELM_VERSION $(go env GOVERSION)"; } \
+       | { cat; echo "$K8S_VERSION $KWOK_VERSION $HELM_VERSION $CRICTL_VERSION $(go env GOVERSION)"; } \
        | sha256sum | cut -c1-16)"
 bin="$cache_root/tools-$key/bin"
 
 if [[ "${1:-}" == "--dir" ]]; then echo "$bin"; exit 0; fi
 
-want=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy kwok helm)
+want=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy kwok helm crictl)
 missing=()
 for b in "${want[@]}"; do [[ -x "$bin/$b" ]] || missing+=("$b"); done
 if [[ ${#missing[@]} -eq 0 ]]; then echo "$bin"; exit 0; fi
@@ -51,6 +54,9 @@ if [[ ! -x "$bin.partial/etcd" ]]; then
 fi
 [[ -x "$bin.partial/kwok" ]] || GOBIN="$bin.partial" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
 [[ -x "$bin.partial/helm" ]] || GOBIN="$bin.partial" go install -trimpath -ldflags "-s -w" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+[[ -x "$bin.partial/crictl" ]] || GOBIN="$bin.partial" go install -trimpath \
+  -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$CRICTL_VERSION" \
+  "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
 
 rm -rf "$bin" && mv "$bin.partial" "$bin"
 echo "built in $(( $(date +%s) - start ))s" >&2
