@@ -9,13 +9,15 @@ PY      := $(VENV)/bin/python
 STATE   ?= $(CURDIR)/.tunefleet
 export TUNEFLEET_STATE := $(STATE)
 
-.PHONY: help venv tools demo test lint unit e2e cluster-up cluster-down run bench sync-crds clean
+.PHONY: help venv tools images demo test lint unit e2e cluster-up cluster-down run bench sync-crds clean
 
 help:
 	@echo "make demo          set up and run the whole flow on the local control plane"
 	@echo "make test          lint, unit tests and end-to-end tests (starts the cluster if needed)"
 	@echo "make cluster-up    start etcd, kube-apiserver, controller-manager, scheduler, kwok, S3"
+	@echo "                   and one real node (containerd, kubelet, kube-proxy; no GPU)"
 	@echo "                   kubeconfig: $(STATE)/kubeconfig   S3 settings: $(STATE)/s3.env"
+	@echo "make images        build the tunefleet and stand-in images (buildah), load them on the node"
 	@echo "make cluster-down  stop exactly what cluster-up started and remove its state"
 	@echo "make run           the operator in the foreground against \$$KUBECONFIG"
 	@echo "make bench         benchmarks; figures land in bench/results.md"
@@ -31,7 +33,12 @@ venv: $(VENV)/.stamp
 tools:
 	hack/build-tools.sh >/dev/null
 
-cluster-up: venv tools
+# Rebuilds only what changed (seconds when nothing did); imports into the real node if it is up,
+# else cluster-up does.
+images:
+	hack/images.sh
+
+cluster-up: venv tools images
 	hack/cluster-up.sh
 
 cluster-down:
@@ -46,11 +53,11 @@ lint: venv tools
 unit: venv
 	$(VENV)/bin/pytest -m "not e2e and not gpu"
 
-e2e: venv tools
+e2e: venv tools images
 	$(VENV)/bin/pytest -m e2e
 
 # One pytest run for everything: the e2e fixtures start the local cluster when it is not up.
-test: lint
+test: lint images
 	$(VENV)/bin/pytest -m "not gpu"
 
 # Outside a cluster the operator registers its own webhook by URL on loopback (needs rights
@@ -63,7 +70,7 @@ run: venv
 	TUNEFLEET_WEBHOOK_PORT=$(WEBHOOK_PORT) TUNEFLEET_WEBHOOK_REGISTER=$(WEBHOOK_REGISTER) \
 	$(VENV)/bin/tunefleet-operator
 
-demo: venv tools
+demo: venv tools images
 	hack/demo.sh
 
 bench: venv tools

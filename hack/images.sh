@@ -1,0 +1,238 @@
+#!/usr/bin/env bash
+# Builds the local cluster's images without a registry and imports them into the real node's
+# containerd (namespace k8s.io), where pods use them with imagePullPolicy IfNotPresent/Never.
+#
+#   hack/images.sh             build what is missing or out of date; import if the node is up
+#   hack/images.sh --import    (cluster-up) import what is built; builds only the pause image
+#   hack/images.sh --list      print "name image archive" for each image (no build)
+#
+# Images (docs/local-cluster.md):
+#   ghcr.io/tunefleet/tunefleet:<appVersion>               Dockerfile (the chart's default image)
+#   tunefleet.local/standin-inference:2.11.0-standin       hack/images/standin (tests/demo only)
+#   tunefleet.local/standin-inference:2.11.0-standin-nogpu  same, its torch sees no GPU
+#   tunefleet.local/pause:local                            the pod sandbox (hack/images/pause)
+#   tunefleet.local/debian-python:bookworm-<key>           the base the others build FROM
+#
+# Built with buildah (Debian's), storage in ~/.cache/tunefleet/buildah; each image is cached as
+# a docker-archive in ~/.cache/tunefleet/images, named by a hash of its inputs, so it is rebuilt
+# only when those change. Layers: buildah's cache (--layers) keeps the dependency layer of the
+# tunefleet image, so a code-only change rebuilds in seconds.
+set -euo pipefail
+# shellcheck source=hack/lib/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+
+mode=build
+case "${1:-}" in
+  "") ;;
+  --import) mode=import ;;
+  --list) mode=list ;;
+  -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) die "unknown argument: $1 (try --help)" ;;
+esac
+
+CACHE="${TUNEFLEET_CACHE:-$HOME/.cache/tunefleet}"
+ARCHIVES="$CACHE/images"
+BUILDAH_ROOT="$CACHE/buildah/storage"
+APP_VERSION="$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' "$repo/charts/tunefleet/Chart.yaml")"
+[[ -n "$APP_VERSION" ]] || die "no appVersion in charts/tunefleet/Chart.yaml"
+
+TUNEFLEET_IMAGE="ghcr.io/tunefleet/tunefleet:$APP_VERSION"
+STANDIN_IMAGE="tunefleet.local/standin-inference:2.11.0-standin"
+STANDIN_NOGPU_IMAGE="tunefleet.local/standin-inference:2.11.0-standin-nogpu"
+# PAUSE_IMAGE is in common.sh (containerd's sandbox_image names it).
+
+# hash_inputs PATH...: a short hash of the names and contents of every file under PATHs
+# (relative to the repo), leaving out caches that running the code or tests leaves behind.
+hash_inputs() {
+  (cd "$repo" && find "$@" -type f ! -path '*/__pycache__/*' ! -name '*.pyc' \
+      ! -path '*.egg-info/*' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum) |
+    { cat; printf '%s\n' "${EXTRA_KEY:-}"; } | sha256sum | cut -c1-16
+}
+
+BASE_KEY="$(hash_inputs hack/images/base.sh)"
+BASE_IMAGE="tunefleet.local/debian-python:bookworm-$BASE_KEY"
+PAUSE_KEY="$(EXTRA_KEY="$(go env GOVERSION 2>/dev/null || echo go)" hash_inputs hack/images/pause)"
+TUNEFLEET_KEY="$(EXTRA_KEY="$BASE_KEY $APP_VERSION" hash_inputs Dockerfile .dockerignore \
+  pyproject.toml README.md operator tuner_job hack/images.sh)"
+STANDIN_KEY="$(EXTRA_KEY="$BASE_KEY" hash_inputs hack/images/standin \
+  tests/unit/data/fake_torch/torch .dockerignore hack/images.sh)"
+
+# name image key
+IMAGES=(
+  "pause $PAUSE_IMAGE $PAUSE_KEY"
+  "base $BASE_IMAGE $BASE_KEY"
+  "tunefleet $TUNEFLEET_IMAGE $TUNEFLEET_KEY"
+  "standin $STANDIN_IMAGE $STANDIN_KEY"
+  "standin-nogpu $STANDIN_NOGPU_IMAGE $STANDIN_KEY"
+)
+archive_of() { echo "$ARCHIVES/$1-$2.tar"; }
+
+if [[ "$mode" == list ]]; then
+  for entry in "${IMAGES[@]}"; do
+    read -r name image key <<<"$entry"
+    printf '%s %s %s\n' "$name" "$image" "$(archive_of "$name" "$key")"
+  done
+  exit 0
+fi
+
+# ---------------------------------------------------------------------------------------
+# building
+
+BUILDAH=""
+RUNROOT=""
+cleanup_buildah() {
+  [[ -n "$RUNROOT" ]] || return 0
+  $BUILDAH rm --all >/dev/null 2>&1 || true
+  # Its run-time state (locks, mount counts) is only meaningful while buildah runs.
+  rm -rf "$RUNROOT"
+  # buildah keeps a blob-info cache in /var/lib/containers and a lock in /etc/cni/net.d (its
+  # network setup, unused with --network host): leave none where there was none.
+  if [[ "${var_lib_containers_existed:-true}" == false ]]; then rm -rf /var/lib/containers; fi
+  if [[ "${etc_cni_existed:-true}" == false ]]; then
+    rm -f /etc/cni/net.d/cni.lock
+    rmdir /etc/cni/net.d /etc/cni 2>/dev/null || true
+  fi
+}
+
+setup_buildah() {
+  [[ -n "$BUILDAH" ]] && return 0
+  ensure_debs "${IMAGE_DEBS[@]}"
+  mkdir -p "$ARCHIVES" "$BUILDAH_ROOT"
+  var_lib_containers_existed=true etc_cni_existed=true
+  [[ -e /var/lib/containers ]] || var_lib_containers_existed=false
+  [[ -e /etc/cni ]] || etc_cni_existed=false
+  RUNROOT="$(mktemp -d "$CACHE/buildah/run.XXXXXX")"
+  # Our own storage, never /var/lib/containers; overlay leaves no mount behind once done.
+  BUILDAH="buildah --root $BUILDAH_ROOT --runroot $RUNROOT --storage-driver overlay"
+  trap cleanup_buildah EXIT
+}
+
+have_image() { $BUILDAH inspect --type image "$1" >/dev/null 2>&1; }
+
+# save NAME IMAGE KEY: write the image to its archive (atomically) and drop older archives.
+save() {
+  local name="$1" image="$2" key="$3" out
+  out="$(archive_of "$name" "$key")"
+  rm -f "$out.tmp"
+  $BUILDAH push -q "$image" "docker-archive:$out.tmp:$image" >/dev/null
+  mv "$out.tmp" "$out"
+  find "$ARCHIVES" -maxdepth 1 -name "$name-*.tar" ! -path "$out" -delete
+  log "image $image: $(du -m "$out" | cut -f1) MiB archive, $out"
+}
+
+# timed NAME CMD...: run CMD and log how long building NAME took.
+timed() {
+  local name="$1"; shift
+  local t0; t0=$(date +%s%N)
+  "$@"
+  log "built $name in $(( ($(date +%s%N) - t0) / 1000000 ))ms"
+}
+
+build_pause() {
+  local tmp c
+  tmp="$(mktemp -d)"
+  (cd "$repo/hack/images/pause" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$tmp/pause" .)
+  c="$($BUILDAH from scratch)"
+  $BUILDAH copy -q "$c" "$tmp/pause" /pause >/dev/null
+  $BUILDAH config --entrypoint '["/pause"]' --user 65535:65535 \
+    --label org.opencontainers.image.title="tunefleet local pause (pod sandbox)" "$c"
+  $BUILDAH commit -q --rm "$c" "$PAUSE_IMAGE" >/dev/null
+  rm -rf "$tmp"
+}
+
+ensure_base() {
+  local archive; archive="$(archive_of base "$BASE_KEY")"
+  if [[ -s "$archive" ]]; then
+    have_image "$BASE_IMAGE" || $BUILDAH pull -q "docker-archive:$archive" >/dev/null
+    return 0
+  fi
+  log "building the base image $BASE_IMAGE (debootstrap from Debian's packages, ~1 min)"
+  timed base env BUILDAH="$BUILDAH" "$repo/hack/images/base.sh" "$BASE_IMAGE"
+  save base "$BASE_IMAGE" "$BASE_KEY"
+}
+
+# bud ARGS...: buildah bud with the layer cache, from the repo root as context.
+bud() {
+  local args=(--layers --pull=never --build-arg "BASE_IMAGE=$BASE_IMAGE")
+  # RUN steps use the host's network (pip reaches PyPI; no CNI setup for builds) and, read-only
+  # and only while building, its CA bundle (HTTPS here may go through a TLS-inspecting proxy).
+  # It is mounted over the image's own bundle (both bases have one): a new mount point would
+  # leave an empty file behind in the layer; this leaves the image's file as it was.
+  args+=(--network host)
+  if [[ -s /etc/ssl/certs/ca-certificates.crt ]]; then
+    args+=(--volume /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro
+           --build-arg PIP_CERT=/etc/ssl/certs/ca-certificates.crt)
+  fi
+  (cd "$repo" && $BUILDAH bud -q "${args[@]}" "$@" . >/dev/null)
+}
+
+build_tunefleet() {
+  bud -f Dockerfile --build-arg "VERSION=$APP_VERSION" -t "$TUNEFLEET_IMAGE"
+}
+
+build_standin() {
+  bud -f hack/images/standin/Containerfile --target standin -t "$STANDIN_IMAGE"
+  bud -f hack/images/standin/Containerfile --target nogpu -t "$STANDIN_NOGPU_IMAGE"
+}
+
+build_all() {
+  mkdir -p "$ARCHIVES"
+  exec 8>"$ARCHIVES/.lock"
+  flock -w 1800 8 || die "another hack/images.sh holds $ARCHIVES/.lock"
+  if [[ ! -s "$(archive_of pause "$PAUSE_KEY")" ]]; then
+    setup_buildah
+    timed pause build_pause
+    save pause "$PAUSE_IMAGE" "$PAUSE_KEY"
+  fi
+  [[ "$mode" == import ]] && return 0
+  if [[ ! -s "$(archive_of tunefleet "$TUNEFLEET_KEY")" ]]; then
+    setup_buildah; ensure_base
+    timed "$TUNEFLEET_IMAGE" build_tunefleet
+    save tunefleet "$TUNEFLEET_IMAGE" "$TUNEFLEET_KEY"
+  fi
+  if [[ ! -s "$(archive_of standin "$STANDIN_KEY")" || ! -s "$(archive_of standin-nogpu "$STANDIN_KEY")" ]]; then
+    setup_buildah; ensure_base
+    timed "$STANDIN_IMAGE (+ -nogpu)" build_standin
+    save standin "$STANDIN_IMAGE" "$STANDIN_KEY"
+    save standin-nogpu "$STANDIN_NOGPU_IMAGE" "$STANDIN_KEY"
+  fi
+  exec 8>&-
+}
+
+# ---------------------------------------------------------------------------------------
+# importing into the real node's containerd
+
+node_up() { alive containerd && [[ -S "$CONTAINERD_SOCK" ]]; }
+
+import_all() {
+  local entry name image key archive marker imported=() missing=()
+  mkdir -p "$NODE/images"
+  for entry in "${IMAGES[@]}"; do
+    read -r name image key <<<"$entry"
+    [[ "$name" == base ]] && continue   # only built FROM, never run
+    archive="$(archive_of "$name" "$key")"
+    marker="$NODE/images/$name"
+    if [[ ! -s "$archive" ]]; then missing+=("$image"); continue; fi
+    # Imported already (containerd's content goes with the state dir, and so does the marker).
+    [[ "$(cat "$marker" 2>/dev/null)" == "$key" ]] && continue
+    ctr --address "$CONTAINERD_SOCK" -n k8s.io images import "$archive" >/dev/null \
+      || die "ctr images import $archive failed"
+    echo "$key" >"$marker"
+    imported+=("$image")
+  done
+  [[ ${#imported[@]} -eq 0 ]] || log "imported into the real node: ${imported[*]}"
+  [[ ${#missing[@]} -eq 0 ]] ||
+    log "not built yet, so not on the real node: ${missing[*]} (make images builds them)"
+}
+
+build_all
+if node_up; then
+  if [[ "$mode" == import ]]; then
+    import_all   # cluster-up holds the cluster lock
+  else
+    take_lock
+    if node_up; then import_all; fi
+  fi
+elif [[ "$mode" == build ]]; then
+  log "images built; the real node is not up: cluster-up imports them"
+fi

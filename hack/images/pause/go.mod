@@ -1,0 +1,3 @@
+module tunefleet.local/pause
+
+go 1.22
