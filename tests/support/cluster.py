@@ -5,6 +5,12 @@ reused, a dead component restarted) and return handles built from what it wrote:
 $TUNEFLEET_STATE/kubeconfig and $TUNEFLEET_STATE/s3.env. Nothing here tears the cluster
 down; `make cluster-down` does.
 
+The real node (REAL_NODE, no GPU) runs containers: pods get there by requesting nvidia.com/gpu
+or with REAL_NODE_SELECTOR + REAL_NODE_TOLERATIONS, and use the images `ensure_images()`
+builds and imports (TUNEFLEET_IMAGE, STANDIN_IMAGE, STANDIN_NOGPU_IMAGE) with
+imagePullPolicy IfNotPresent or Never. From pods, S3 is at `S3Settings.pod_endpoint` and the
+API server behind the `kubernetes` Service (in-cluster config).
+
 Also: polling helpers that fail with what they last saw, and small getters that return
 objects as plain dicts shaped like `kubectl get -o json`.
 """
@@ -30,8 +36,37 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_UP = ROOT / "hack" / "cluster-up.sh"
 BUILD_TOOLS = ROOT / "hack" / "build-tools.sh"
+IMAGES = ROOT / "hack" / "images.sh"
 FLEET_FILE = ROOT / "hack" / "fleet.yaml"
-TOOLS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")
+TOOLS = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "kwok",
+    "kubelet",
+    "kube-proxy",
+    "crictl",
+)
+
+# The real node (hack/lib/node.sh). It has NO GPU: its nvidia.com/gpu capacity is fake and its
+# GPU model label says so. Tainted: only pods that request nvidia.com/gpu (the API server's
+# ExtendedResourceToleration plugin adds the toleration) or tolerate the taint land there.
+REAL_NODE = "tunefleet-real-0"
+REAL_NODE_IP = "10.250.0.1"  # also the host address pods reach the API server and S3 on
+REAL_NODE_GPU_MODEL = "STANDIN-NO-GPU"  # its nvidia.com/gpu.product label
+REAL_NODE_GPUS = 4
+REAL_NODE_SELECTOR = {"type": "real"}
+REAL_NODE_TOLERATIONS = [
+    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+]
+
+# Images on the real node (hack/images.sh). The stand-in ones are for tests and the demo only:
+# a stand-in torch (tests/unit/data/fake_torch) that computes nothing, and a stand-in model
+# server that prints "[stand-in] ..." lines about the TunableOp env and results files.
+STANDIN_IMAGE = "tunefleet.local/standin-inference:2.11.0-standin"
+STANDIN_NOGPU_IMAGE = "tunefleet.local/standin-inference:2.11.0-standin-nogpu"
 
 T = TypeVar("T")
 
@@ -47,6 +82,30 @@ def tools_bin_dir() -> str:
         [str(BUILD_TOOLS), "--dir"], capture_output=True, text=True, check=True, timeout=60
     )
     return out.stdout.strip().splitlines()[-1]
+
+
+def app_version() -> str:
+    """charts/tunefleet/Chart.yaml appVersion: the tag of the chart's default image."""
+    chart = yaml.safe_load((ROOT / "charts" / "tunefleet" / "Chart.yaml").read_text())
+    return str(chart["appVersion"])
+
+
+TUNEFLEET_IMAGE = f"ghcr.io/tunefleet/tunefleet:{app_version()}"
+
+
+def ensure_images(timeout: float = 1800) -> list[str]:
+    """Build what is out of date (hack/images.sh; seconds when nothing changed, a few minutes
+    cold) and import it into the real node if it is up. Returns the image names."""
+    done = subprocess.run(
+        [str(IMAGES)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "TUNEFLEET_STATE": str(state_dir())},
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"hack/images.sh failed ({done.returncode})\n{done.stderr[-4000:]}")
+    return [TUNEFLEET_IMAGE, STANDIN_IMAGE, STANDIN_NOGPU_IMAGE]
 
 
 def fleet() -> list[dict[str, Any]]:
@@ -135,6 +194,13 @@ class S3Settings:
     secret_key: str
     region: str
     bucket: str
+    # Where pods on the real node reach the same server (s3.env TUNEFLEET_S3_POD_ENDPOINT);
+    # empty: same as `endpoint`.
+    pod_endpoint: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.pod_endpoint:
+            object.__setattr__(self, "pod_endpoint", self.endpoint)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> S3Settings:
@@ -144,6 +210,7 @@ class S3Settings:
             secret_key=env["AWS_SECRET_ACCESS_KEY"],
             region=env.get("AWS_REGION", "us-east-1"),
             bucket=env.get("TUNEFLEET_S3_BUCKET", "tunefleet"),
+            pod_endpoint=env.get("TUNEFLEET_S3_POD_ENDPOINT", ""),
         )
 
     @classmethod
@@ -166,6 +233,10 @@ class S3Settings:
             "AWS_REGION": self.region,
             "TUNEFLEET_S3_BUCKET": self.bucket,
         }
+
+    def pod_env(self) -> dict[str, str]:
+        """Like env(), with the endpoint pods use (put the keys in a Secret, not a spec)."""
+        return {**self.env(), "AWS_ENDPOINT_URL_S3": self.pod_endpoint}
 
     def client(self) -> S3Client:
         import boto3
@@ -357,6 +428,12 @@ def get_nodes(api: kubernetes.client.ApiClient, label_selector: str = "") -> lis
     from kubernetes.client import CoreV1Api
 
     return [to_dict(api, n) for n in CoreV1Api(api).list_node(label_selector=label_selector).items]
+
+
+def images_on_node(cluster: Cluster, node: str = REAL_NODE) -> set[str]:
+    """Image names the node's kubelet reports (node status), e.g. to check ensure_images()."""
+    status = cluster.kubectl_json("get", "node", node)["status"]
+    return {name for image in status.get("images") or [] for name in image.get("names") or []}
 
 
 # --- namespaces --------------------------------------------------------------------------
