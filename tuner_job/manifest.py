@@ -25,6 +25,25 @@ class ManifestError(ValueError):
 
 
 @dataclass(frozen=True)
+class ImageRef:
+    """The image the tune step ran in: the reference asked for, and the kubelet's imageID
+    (``repo@sha256:...`` when the image has a registry digest, else ``sha256:...``; empty when
+    it could not be learnt before publishing)."""
+
+    reference: str
+    id: str = ""
+
+    @property
+    def digest(self) -> str | None:
+        """The sha256:... digest the imageID names, if any."""
+        tail = self.id.rsplit("@", 1)[-1]
+        return tail if tail.startswith("sha256:") else None
+
+    def to_dict(self) -> dict[str, str]:
+        return {"reference": self.reference, "id": self.id}
+
+
+@dataclass(frozen=True)
 class Manifest:
     namespace: str
     profile: str
@@ -41,6 +60,8 @@ class Manifest:
     # How the GEMMs came out (tuned: a non-Default solution won; default: Default won or was the
     # only candidate); tuned + default == gemms. None for manifests written before the field.
     outcomes: Outcomes | None = None
+    # Added by publish (the tune step cannot see its own image digest); None before that.
+    image: ImageRef | None = None
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -60,6 +81,8 @@ class Manifest:
         }
         if self.outcomes is not None:
             doc["outcomes"] = self.outcomes.to_dict()
+        if self.image is not None:
+            doc["image"] = self.image.to_dict()
         return doc
 
     def to_json(self) -> bytes:
@@ -115,6 +138,21 @@ def _outcomes(doc: dict[str, Any], gemms: int) -> Outcomes | None:
     return outcomes
 
 
+def _image(doc: dict[str, Any]) -> ImageRef | None:
+    value = doc.get("image")
+    if value is None:
+        return None
+    if (
+        not isinstance(value, dict)
+        or not isinstance(value.get("reference"), str)
+        or not isinstance(value.get("id", ""), str)
+    ):
+        raise ManifestError(
+            f'manifest field \'image\' must be {{"reference": "...", "id": "..."}}, got {value!r}'
+        )
+    return ImageRef(reference=value["reference"], id=value.get("id", ""))
+
+
 def from_dict(doc: Any) -> Manifest:
     if not isinstance(doc, dict):
         raise ManifestError("manifest is not a JSON object")
@@ -155,6 +193,7 @@ def from_dict(doc: Any) -> Manifest:
         tuned_at=tuned_at,
         tool_version=_str(doc, "toolVersion"),
         outcomes=_outcomes(doc, gemms),
+        image=_image(doc),
     )
 
 

@@ -158,6 +158,20 @@ def patch_profile_status(namespace: str, name: str, status: dict[str, Any]) -> N
         raise
 
 
+def patch_config_map(namespace: str, name: str, data: dict[str, str]) -> None:
+    core = kubernetes.client.CoreV1Api(api())
+    try:
+        call(
+            f"writing ConfigMap {namespace}/{name}",
+            lambda: core.patch_namespaced_config_map(
+                name, namespace, {"data": data}, _preload_content=False
+            ),
+        )
+    except ApiException as e:
+        if e.status != 404:  # gone with its Job: nothing left to tell
+            raise
+
+
 def list_pods(namespace: str | None, label_selector: str) -> list[dict[str, Any]]:
     """Pods across all namespaces (None) or one, as plain dicts."""
     core = kubernetes.client.CoreV1Api(api())

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from tunefleet import kube, naming
 from tunefleet.api import TuningProfileSpec
-from tunefleet.builders.job import build_tuning_config_map, build_tuning_job
+from tunefleet.builders.job import IMAGE_ID_KEY, build_tuning_config_map, build_tuning_job
 from tunefleet.config import Config
 from tunefleet.status import (
     Hints,
@@ -75,6 +75,8 @@ class Memory:
     )
     # Labelled pods the webhook never saw, by (namespace, profile name).
     unadmitted: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    # The tune step's imageID already written to a Job's ConfigMap, by Job uid.
+    image_ids: dict[str, str] = field(default_factory=dict)
     # The kubelet's Events about a stuck pod, by pod uid: (read at, events).
     pod_events: dict[str, tuple[float, list[dict[str, Any]]]] = field(default_factory=dict)
     locks: defaultdict[str, threading.Lock] = field(
@@ -219,6 +221,15 @@ def sync_profile(
         hints = hints_for(spec, config)
         observations = observe(jobs, pods, hints, memory)
         for obs in observations:
+            if (
+                obs.state == "Running"
+                and obs.image_id
+                and memory.image_ids.get(obs.uid) != obs.image_id
+            ):
+                # The tune step has ended: tell publish (waiting in the same pod) which image
+                # it ran, through the Job's ConfigMap, for the manifest.
+                kube.patch_config_map(ns, obs.name, {IMAGE_ID_KEY: obs.image_id})
+                memory.image_ids[obs.uid] = obs.image_id
             if obs.reason == "ConfigMapMissing" and spec is not None:
                 # Someone deleted a tuning Job's ConfigMap: make it again, the pod waits for it.
                 kube.create_if_missing(

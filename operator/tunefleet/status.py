@@ -31,6 +31,8 @@ class JobObservation:
     # Why a Job that is not finished makes no progress (Unschedulable, ImagePullFailed,
     # SecretMissing, ...): set with `message` while state is Pending.
     reason: str = ""
+    # The kubelet's imageID of the tune step, once it has ended well.
+    image_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,46 @@ def artifact_from(job: JobObservation) -> dict[str, Any]:
     identity = result.get("identity")
     if isinstance(identity, dict):
         artifact["identity"] = {str(k): str(v) for k, v in identity.items()}
+    outcomes = result.get("outcomes")
+    if isinstance(outcomes, dict) and all(
+        isinstance(outcomes.get(k), int) for k in ("tuned", "default")
+    ):
+        artifact["outcomes"] = {"tuned": outcomes["tuned"], "default": outcomes["default"]}
+    if isinstance(result.get("manifestSha256"), str) and result["manifestSha256"]:
+        artifact["manifestSha256"] = result["manifestSha256"]
+    image: dict[str, Any] = result["image"] if isinstance(result.get("image"), dict) else {}
+    reference, image_id = str(image.get("reference") or ""), str(image.get("id") or "")
+    if reference or image_id or job.image_id:
+        # The manifest's word first; the pod's own status if publish could not wait for it.
+        artifact["image"] = {"reference": reference, "id": image_id or job.image_id}
     return artifact
+
+
+def default_only(artifact: dict[str, Any]) -> bool:
+    """No GEMM where a kernel other than Default won (unknown for artifacts without counts)."""
+    outcomes = artifact.get("outcomes") or {}
+    return outcomes.get("tuned") == 0 and (outcomes.get("default") or 0) > 0
+
+
+def _torch_version(text: str) -> tuple[int, int] | None:
+    m = re.match(r"^(\d+)\.(\d+)", text)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def no_gain_reason(artifact: dict[str, Any]) -> str:
+    """Why a Default-only artifact came out so, in one clause."""
+    identity = artifact.get("identity") or {}
+    torch = identity.get("torch", "")
+    version = _torch_version(torch)
+    if identity.get("cuda") and not identity.get("hip") and version and version < (2, 14):
+        return (
+            f"torch {torch} on CUDA offers only Default; TunableOp chooses cuBLASLt kernels "
+            "from torch 2.14"
+        )
+    return (
+        "no kernel beat Default within the tuning limits (raise spec.tuning.maxDurationMs or "
+        "maxIterations, or Default is simply the fastest here)"
+    )
 
 
 def condition(
@@ -108,6 +149,19 @@ def _summary(artifacts: list[dict[str, Any]], models: list[str]) -> dict[str, An
     current = [a for a in artifacts if a["gpuModel"] in models]
     if current:
         out["gemms"] = sum(int(a.get("gemms") or 0) for a in current)
+        counted = [a for a in current if a.get("outcomes")]
+        if len(counted) == len(current):
+            won = sum(int(a["outcomes"]["tuned"]) for a in current)
+            out["tunedGemms"] = f"{won}/{out['gemms']}"
+        else:
+            out["tunedGemms"] = f"?/{out['gemms']}"  # artifacts from before outcomes were counted
+        flat = [a["gpuModel"] for a in current if default_only(a)]
+        if flat and len(flat) == len(current):
+            out["note"] = "Default only: no gain, not served"
+        elif flat:
+            out["note"] = f"Default only on {', '.join(flat)}"
+        else:
+            out["note"] = ""
         out["shortSha256"] = ",".join(a["sha256"][:12] for a in current)
         tuned = [a["tunedAt"] for a in current if a.get("tunedAt")]
         if tuned:
@@ -212,6 +266,12 @@ def compute_status(obs: Observed, now: str) -> dict[str, Any]:
                 msg += f" It cannot start: {block_msg}"
         else:
             msg = f"{len(models)} of {len(models)} GPU models have an artifact."
+        for m in models:
+            if default_only(artifacts[m]):
+                msg += (
+                    f" {m}: no GEMM where a kernel beat Default ({no_gain_reason(artifacts[m])}):"
+                    " it gains nothing, so pods get it only with spec.serving.serveDefaultOnly."
+                )
         ready = cond("Ready", True, "ArtifactsPublished", msg)
     elif obs.create_error:
         ready = cond(
@@ -452,6 +512,16 @@ def pod_blocker(pod: dict[str, Any], model: str, hints: Hints) -> tuple[str, str
     return None
 
 
+def _tune_image_id(pods: list[dict[str, Any]]) -> str:
+    """The imageID of the newest pod's tune step, once that step has ended well."""
+    for pod in _newest_first(pods):
+        for cs in (pod.get("status") or {}).get("initContainerStatuses") or []:
+            term = (cs.get("state") or {}).get("terminated") or {}
+            if cs.get("name") == "tune" and term.get("exitCode") == 0 and cs.get("imageID"):
+                return str(cs["imageID"])
+    return ""
+
+
 def _scheduled(pod: dict[str, Any]) -> bool:
     if (pod.get("spec") or {}).get("nodeName"):
         return True
@@ -499,7 +569,9 @@ def observe_job(
                 f"(termination message). {retry}",
                 uid=uid,
             )
-        return JobObservation(name, model, rev, "Succeeded", "", result, uid=uid)
+        return JobObservation(
+            name, model, rev, "Succeeded", "", result, uid=uid, image_id=_tune_image_id(pods)
+        )
 
     if "Failed" in conds or "FailureTarget" in conds:
         c = conds.get("Failed") or conds["FailureTarget"]
@@ -524,5 +596,7 @@ def observe_job(
             reason, message = blocker
             return JobObservation(name, model, rev, "Pending", message, uid=uid, reason=reason)
         if _scheduled(pod):
-            return JobObservation(name, model, rev, "Running", uid=uid)
+            return JobObservation(
+                name, model, rev, "Running", uid=uid, image_id=_tune_image_id([pod])
+            )
     return JobObservation(name, model, rev, "Pending", uid=uid)

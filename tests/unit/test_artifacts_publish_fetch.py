@@ -5,6 +5,7 @@ The S3 path, same code plus boto3, is in tests/e2e/test_artifacts_s3.py.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -96,9 +97,15 @@ def test_publish_then_fetch_writes_one_verified_file_per_ordinal(tmp_path: Path)
         "tuningSeconds": 812.5,
         "revision": "3f2a9c01de",
         "identity": manifest.identity,
+        "manifestSha256": message["manifestSha256"],
+        **({"outcomes": manifest.outcomes.to_dict()} if manifest.outcomes else {}),
     }
     stored = store / "ml" / "llama" / "AMD_Instinct_MI300X_OAM" / sha
     assert (stored / "results.csv").read_bytes() == (tmp_path / "out" / "results.csv").read_bytes()
+    assert (
+        message["manifestSha256"]
+        == hashlib.sha256((stored / "manifest.json").read_bytes()).hexdigest()
+    )
 
     dest = tmp_path / "artifact"
     args = ["--uri", message["uri"], "--sha256", sha, "--dest", str(dest), "--devices", "3"]
@@ -377,3 +384,102 @@ def test_fetch_leaves_its_outcome_as_the_termination_message(
     good = fetch_cli(artifact, sha, tmp_path / "d2", "--termination-log", str(log))
     assert good.returncode == 0
     assert log.read_text().startswith("tunefleet-fetch: wrote 2 results file(s)")
+
+
+def test_a_manifest_changed_after_publishing_is_refused_when_pinned(tmp_path: Path) -> None:
+    store, tl = tmp_path / "store", tmp_path / "tl"
+    tuner_output(tmp_path / "out")
+    done = cli("tunefleet.artifacts.publish", *publish_args(tmp_path / "out", store, tl))
+    message = json.loads(done.stdout)
+    artifact = Path(message["uri"][len("file://") :])
+    # Tamper with what the manifest claims, keeping it self-consistent with the results.
+    doc = json.loads((artifact / "manifest.json").read_text())
+    doc["identity"]["gpuName"] = "something else"
+    (artifact / "manifest.json").chmod(0o644)
+    (artifact / "manifest.json").write_text(json.dumps(doc))
+    args = ["--uri", message["uri"], "--sha256", message["sha256"], "--dest", str(tmp_path / "d")]
+    unpinned = cli("tunefleet.artifacts.fetch", *args, "--devices", "1")
+    assert "wrote 1 results file" in unpinned.stdout  # what an old artifact without a pin gets
+    pinned = cli(
+        "tunefleet.artifacts.fetch",
+        *args,
+        "--devices",
+        "1",
+        "--manifest-sha256",
+        message["manifestSha256"],
+        "--fail-closed",
+    )
+    assert pinned.returncode == 1
+    assert (
+        "manifest.json has SHA-256" in pinned.stderr and "changed after publishing" in pinned.stderr
+    )
+
+
+def test_publish_records_the_tune_steps_image_once_the_operator_names_it(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    tuner_output(tmp_path / "out")
+    id_file = tmp_path / "tune-image-id"
+    image_id = "registry.example.com/serve@sha256:" + "e" * 64
+    id_file.write_text(image_id + "\n")
+    pub = publish_mod.publish(
+        tmp_path / "out",
+        f"file://{store}",
+        "ml",
+        "llama",
+        "AMD_Instinct_MI300X_OAM",
+        image_reference="registry.example.com/serve:1",
+        image_id_file=id_file,
+        image_id_timeout_s=5,
+    )
+    assert pub.manifest.image is not None and pub.manifest.image.id == image_id
+    assert pub.manifest.image.digest == "sha256:" + "e" * 64
+    message = json.loads(publish_mod.termination_message(pub))
+    assert message["image"] == {"reference": "registry.example.com/serve:1", "id": image_id}
+
+
+def test_publish_without_the_image_id_records_the_reference_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tuner_output(tmp_path / "out")
+    pub = publish_mod.publish(
+        tmp_path / "out",
+        f"file://{tmp_path / 'store'}",
+        "ml",
+        "llama",
+        "AMD_Instinct_MI300X_OAM",
+        image_reference="registry.example.com/serve:1",
+        image_id_file=tmp_path / "never-written",
+        image_id_timeout_s=0.2,
+    )
+    assert pub.manifest.image is not None and pub.manifest.image.id == ""
+    assert "did not arrive" in capsys.readouterr().err
+
+
+def test_outcomes_that_do_not_match_the_results_are_refused(tmp_path: Path) -> None:
+    from tuner_job.results import Outcomes
+
+    parsed = read_results(DATA / "rocm_results.csv")
+    wrong = Outcomes(tuned=0, default=parsed.gemms)  # claims Default-only: it is not
+    tuner_output(tmp_path / "out", outcomes=wrong)
+    store, tl = tmp_path / "store", tmp_path / "tl"
+    done = cli("tunefleet.artifacts.publish", *publish_args(tmp_path / "out", store, tl))
+    assert done.returncode == 1 and "manifest outcomes" in done.stderr  # refused before upload
+    # The same inconsistency put into the store by hand is refused by fetch too.
+    tuner_output(tmp_path / "good")
+    done = cli("tunefleet.artifacts.publish", *publish_args(tmp_path / "good", store, tl))
+    message = json.loads(done.stdout)
+    artifact = Path(message["uri"][len("file://") :])
+    (artifact / "manifest.json").chmod(0o644)
+    shutil.copy(tmp_path / "out" / "manifest.json", artifact / "manifest.json")
+    got = cli(
+        "tunefleet.artifacts.fetch",
+        "--uri",
+        message["uri"],
+        "--sha256",
+        message["sha256"],
+        "--dest",
+        str(tmp_path / "d"),
+        "--devices",
+        "1",
+    )
+    assert "manifest outcomes" in got.stderr and "differ from results.csv" in got.stderr

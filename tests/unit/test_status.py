@@ -257,3 +257,43 @@ def test_blocked_jobs_make_the_profile_pending_with_the_reason() -> None:
     assert "no node has X" in cond(st, "Ready")["message"]
     assert cond(st, "Progressing")["reason"] == "Unschedulable"
     assert st["jobs"][0]["reason"] == "Unschedulable"
+
+
+def test_outcomes_show_as_tuned_over_total_and_default_only_is_said() -> None:
+    cuda = {"torch": "2.11.0+cu130", "cuda": "13.0", "gpuName": "H100"}
+    jobs = [
+        JobObservation(
+            "j0",
+            MODELS[0],
+            REV,
+            "Succeeded",
+            result={
+                **result("a" * 64, 4),
+                "outcomes": {"tuned": 0, "default": 4},
+                "identity": cuda,
+            },
+        ),
+        JobObservation(
+            "j1",
+            MODELS[1],
+            REV,
+            "Succeeded",
+            result={**result("b" * 64, 5), "outcomes": {"tuned": 3, "default": 2}},
+            image_id="reg.example.com/img@sha256:" + "c" * 64,
+        ),
+    ]
+    st = compute_status(Observed(generation=1, spec=SPEC, jobs=jobs), "t")
+    assert st["tunedGemms"] == "3/9"
+    assert st["note"] == f"Default only on {MODELS[0]}"
+    ready = cond(st, "Ready")["message"]
+    assert "torch 2.11.0+cu130 on CUDA offers only Default" in ready
+    assert "TunableOp chooses cuBLASLt kernels from torch 2.14" in ready
+    assert st["artifacts"][0]["outcomes"] == {"tuned": 0, "default": 4}
+    # The pod's imageID stands in when publish could not learn it.
+    assert st["artifacts"][1]["image"]["id"].endswith("c" * 64)
+
+
+def test_artifacts_from_before_outcomes_show_unknown() -> None:
+    jobs = [JobObservation("j0", MODELS[0], REV, "Succeeded", result=result("a" * 64))]
+    st = compute_status(Observed(generation=1, spec=SPEC, jobs=jobs), "t")
+    assert st["tunedGemms"] == "?/3"

@@ -178,3 +178,88 @@ def test_webhook_configuration_only_sees_labelled_pods() -> None:
     assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
     assert hook["objectSelector"]["matchExpressions"][0]["key"] == "tunefleet.io/profile"
     assert hook["timeoutSeconds"] <= 10
+
+
+DIGEST = "sha256:" + "d" * 64
+
+
+def tuned_profile(
+    outcomes: dict[str, int] | None = None,
+    image_id: str = f"registry.example.com/serve@{DIGEST}",
+    **serving: Any,
+) -> dict[str, Any]:
+    prof = profile(["NVIDIA-H200"])
+    prof["spec"]["image"] = "registry.example.com/serve:1"
+    prof["spec"]["serving"].update(serving)
+    art = prof["status"]["artifacts"][0]
+    art["outcomes"] = outcomes or {"tuned": 3, "default": 1}
+    art["manifestSha256"] = "cd" * 32
+    art["image"] = {"reference": "registry.example.com/serve:1", "id": image_id}
+    art["identity"] = {"torch": "2.11.0+cu130", "cuda": "13.0"}
+    return prof
+
+
+def model_pod(image: str) -> dict[str, Any]:
+    p = pod()
+    p["spec"]["containers"] = [{"name": "server", "image": image}]
+    return p
+
+
+def test_fetch_is_pinned_to_the_manifest_too() -> None:
+    d = inject(model_pod("registry.example.com/serve:1"), "x", tuned_profile(), CFG)
+    cmd = d.pod["spec"]["initContainers"][0]["command"]
+    assert cmd[cmd.index("--manifest-sha256") + 1] == "cd" * 32
+
+
+def test_a_default_only_artifact_is_not_switched_on_unless_asked() -> None:
+    prof = tuned_profile(outcomes={"tuned": 0, "default": 4})
+    d = inject(model_pod("registry.example.com/serve:1"), "x", prof, CFG)
+    assert not d.injected and d.reason
+    assert "no GEMM where a kernel beat Default" in d.reason
+    assert "torch 2.11.0+cu130 on CUDA offers only Default" in d.reason
+    assert "serveDefaultOnly" in d.reason
+    assert d.pod["metadata"]["annotations"]["tunefleet.io/status"].startswith("untuned: ")
+    prof = tuned_profile(outcomes={"tuned": 0, "default": 4}, serveDefaultOnly=True)
+    assert inject(model_pod("registry.example.com/serve:1"), "x", prof, CFG).injected
+
+
+def test_images_compare_by_digest_where_the_pod_names_one() -> None:
+    same = inject(model_pod(f"registry.example.com/serve@{DIGEST}"), "x", tuned_profile(), CFG)
+    assert same.injected and same.warnings == []
+    other = inject(
+        model_pod("registry.example.com/serve@sha256:" + "e" * 64), "x", tuned_profile(), CFG
+    )
+    assert other.injected and len(other.warnings) == 1
+    assert "other digest" in other.warnings[0] and DIGEST in other.warnings[0]
+    by_ref = inject(model_pod("registry.example.com/serve:2"), "x", tuned_profile(), CFG)
+    assert "registry.example.com/serve:2" in by_ref.warnings[0]
+    assert "registry.example.com/serve:1 (imageID" in by_ref.warnings[0]
+
+
+def test_fail_closed_refuses_another_image_showing_both() -> None:
+    d = inject(model_pod("registry.example.com/serve:2"), "x", tuned_profile(failClosed=True), CFG)
+    assert d.deny and "registry.example.com/serve:2" in d.deny
+    assert f"registry.example.com/serve@{DIGEST}" in d.deny and "pinImage" in d.deny
+
+
+def test_pin_image_rewrites_to_the_tuned_digest() -> None:
+    d = inject(model_pod("registry.example.com/serve:1"), "x", tuned_profile(pinImage=True), CFG)
+    assert d.injected and d.warnings == []
+    assert d.pod["spec"]["containers"][0]["image"] == f"registry.example.com/serve@{DIGEST}"
+    # A sidecar of another repository is left alone.
+    p = model_pod("registry.example.com/serve:2")
+    p["spec"]["containers"].append({"name": "proxy", "image": "docker.io/envoyproxy/envoy:v1"})
+    d = inject(p, "x", tuned_profile(pinImage=True), CFG)
+    assert [c["image"] for c in d.pod["spec"]["containers"]] == [
+        f"registry.example.com/serve@{DIGEST}",
+        "docker.io/envoyproxy/envoy:v1",
+    ]
+
+
+def test_pin_image_without_a_registry_digest_says_so() -> None:
+    prof = tuned_profile(image_id="sha256:" + "f" * 64, pinImage=True)
+    d = inject(model_pod("registry.example.com/serve:1"), "x", prof, CFG)
+    assert d.injected and "cannot be pinned" in d.warnings[0]
+    prof["spec"]["serving"]["failClosed"] = True
+    d = inject(model_pod("registry.example.com/serve:1"), "x", prof, CFG)
+    assert d.deny and "no registry digest" in d.deny

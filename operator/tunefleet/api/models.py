@@ -189,6 +189,8 @@ class StorageSpec(_Model):
 
 class ServingSpec(_Model):
     fail_closed: bool = False
+    serve_default_only: bool = False
+    pin_image: bool = False
 
 
 class TuningProfileSpec(_Model):
@@ -216,11 +218,24 @@ class Condition(_Model):
     observed_generation: int | None = None
 
 
+class Outcomes(_Model):
+    tuned: int | None = None
+    default: int | None = None
+
+
+class ImageRef(_Model):
+    reference: str | None = None
+    id: str | None = None
+
+
 class Artifact(_Model):
     gpu_model: str
     uri: str
     sha256: str
     gemms: int | None = None
+    outcomes: Outcomes | None = None
+    manifest_sha256: str | None = Field(default=None, alias="manifestSha256")
+    image: ImageRef | None = None
     revision: str | None = None
     tuned_at: str | None = None
     tuning_seconds: float | None = None

@@ -2,8 +2,10 @@
 and write DEST/tunableop_results<i>.csv for every device ordinal i in 0..N-1.
 
 Verification before anything is written: SHA-256 of results.csv equals the pinned --sha256 (and
-the URI's last segment), the manifest parses, names the same SHA-256 (and --gpu-model when given)
-and GEMM count, and the CSV parses. Files appear atomically (temp file, then rename), all or none.
+the URI's last segment), the manifest's SHA-256 equals the pinned --manifest-sha256 (when the
+artifact's status records one), the manifest parses, names the same SHA-256 (and --gpu-model
+when given), GEMM count and outcomes, and the CSV parses. Files appear atomically (temp file,
+then rename), all or none.
 
 Policy on any problem: fail open (default) -> "starting untuned: <reason>", exit 0, the app runs
 without tuned GEMMs; --fail-closed -> "refusing to start: <reason>", exit 1.
@@ -23,7 +25,7 @@ from typing import NoReturn, TextIO
 from tuner_job._fs import sha256_hex, write_termination_log
 from tuner_job.manifest import ManifestError, loads
 from tuner_job.output import MANIFEST_NAME, RESULTS_NAME
-from tuner_job.results import CsvFormatError, parse_results
+from tuner_job.results import CsvFormatError, count_outcomes, parse_results
 
 from .store import (
     Store,
@@ -57,11 +59,17 @@ def _verify(
     sha: str,
     gpu_model: str | None,
     key_parts: tuple[str, ...],
+    manifest_sha: str | None = None,
 ) -> int:
     actual = sha256_hex(results)
     if actual != sha:
         raise FetchError(
             f"results.csv has SHA-256 {actual}, expected {sha} (corrupted or truncated)"
+        )
+    if manifest_sha is not None and sha256_hex(manifest_bytes) != manifest_sha:
+        raise FetchError(
+            f"manifest.json has SHA-256 {sha256_hex(manifest_bytes)}, expected {manifest_sha} "
+            "(changed after publishing)"
         )
     try:
         manifest = loads(manifest_bytes)
@@ -87,6 +95,11 @@ def _verify(
         raise FetchError(f"manifest says {manifest.gemms} GEMMs, results.csv has {parsed.gemms}")
     if parsed.validators != manifest.validators:
         raise FetchError("manifest validators differ from results.csv")
+    if manifest.outcomes is not None and count_outcomes(parsed) != manifest.outcomes:
+        raise FetchError(
+            f"manifest outcomes {manifest.outcomes.to_dict()} differ from results.csv's "
+            f"{count_outcomes(parsed).to_dict()}"
+        )
     return parsed.gemms
 
 
@@ -127,9 +140,11 @@ def fetch(
     endpoint_url: str | None = None,
     region: str | None = None,
     timeout_s: float = 60.0,
+    manifest_sha256: str | None = None,
 ) -> Fetched:
     try:
         sha = check_sha256(sha256)
+        manifest_sha = check_sha256(manifest_sha256) if manifest_sha256 else None
         location = parse_uri(uri)
     except ValueError as exc:
         raise FetchError(str(exc)) from None
@@ -146,7 +161,7 @@ def fetch(
     except StoreError as exc:
         raise FetchError(str(exc)) from None
     path = (location.prefix or location.bucket).strip("/").split("/")
-    gemms = _verify(results, manifest_bytes, sha, gpu_model, tuple(path[:-1]))
+    gemms = _verify(results, manifest_bytes, sha, gpu_model, tuple(path[:-1]), manifest_sha)
     paths = write_device_files(dest, results, devices)
     return Fetched(paths, gemms, sha)
 
@@ -161,6 +176,7 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--uri", required=True, help="s3://bucket/prefix/ns/profile/model/<sha256>")
     p.add_argument("--sha256", required=True, help="the pinned SHA-256 of results.csv")
+    p.add_argument("--manifest-sha256", help="the pinned SHA-256 of manifest.json")
     p.add_argument("--dest", required=True, help="directory for tunableop_results<i>.csv")
     p.add_argument("--devices", required=True, type=int, help="GPUs the pod uses (files 0..N-1)")
     p.add_argument("--gpu-model", help="refuse an artifact tuned on another GPU model")
@@ -202,6 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             endpoint_url=args.endpoint_url,
             region=args.region,
             timeout_s=args.timeout_seconds,
+            manifest_sha256=args.manifest_sha256,
         )
     except Exception as exc:  # any problem at all follows the policy: that is its point
         known = isinstance(exc, FetchError | StoreError)

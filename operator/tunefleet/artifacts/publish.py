@@ -2,24 +2,29 @@
 
 Runs as the tuning Job's last container. Keys:
 ``<prefix>/<namespace>/<profile>/<gpu-model>/<sha256 of results.csv>/{results.csv,manifest.json}``.
-results.csv goes first, so a manifest in the store always has its results. On success the
-termination message (one JSON line, also on stdout) is what the operator reads.
+results.csv goes first, so a manifest in the store always has its results. The manifest gets
+the tune step's image (reference and the kubelet's imageID): the operator writes the imageID
+into the Job's ConfigMap once the tune step has ended, and publish waits for it, bounded,
+while results.csv uploads. On success the termination message (one JSON line, also on
+stdout) is what the operator reads; it pins the manifest too (its SHA-256).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tuner_job._fs import sha256_hex, write_termination_log
-from tuner_job.manifest import Manifest, ManifestError, loads
+from tuner_job.manifest import ImageRef, Manifest, ManifestError, loads
 from tuner_job.output import MANIFEST_NAME, RESULTS_NAME
-from tuner_job.results import CsvFormatError, parse_results
+from tuner_job.results import CsvFormatError, count_outcomes, parse_results
 
 from .store import (
     ConflictError,
@@ -42,9 +47,25 @@ class PublishError(Exception):
 class Published:
     uri: str
     sha256: str
-    manifest: Manifest
+    manifest: Manifest  # this run's (the stored one may be an earlier run's: see kept)
     created: bool  # False: the identical results were already there
     kept_existing_manifest: bool
+    manifest_sha256: str = ""
+
+
+def wait_for_image_id(path: Path | None, timeout_s: float, poll_s: float = 1.0) -> str:
+    """The tune step's imageID, from the file the operator fills in; "" if it never comes."""
+    if path is None:
+        return ""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            value = path.read_text(encoding="utf-8").strip()
+        except OSError:
+            value = ""
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(poll_s)
 
 
 def _read(path: Path) -> bytes:
@@ -80,6 +101,11 @@ def load_artifact(
         ),
         (manifest.validators == parsed.validators, "manifest validators differ from results.csv"),
         (
+            manifest.outcomes is None or manifest.outcomes == count_outcomes(parsed),
+            f"manifest outcomes {manifest.outcomes and manifest.outcomes.to_dict()} differ from "
+            f"results.csv's {count_outcomes(parsed).to_dict()}",
+        ),
+        (
             manifest.namespace == namespace,
             f"manifest namespace {manifest.namespace!r} is not {namespace!r}",
         ),
@@ -106,25 +132,43 @@ def publish(
     endpoint_url: str | None = None,
     region: str | None = None,
     timeout_s: float = 120.0,
+    image_reference: str = "",
+    image_id_file: Path | None = None,
+    image_id_timeout_s: float = 120.0,
 ) -> Published:
     try:
         location = parse_uri(uri)
         check_key_parts(namespace, profile, gpu_model)
     except ValueError as exc:
         raise PublishError(str(exc)) from None
-    results, manifest_bytes, manifest = load_artifact(directory, namespace, profile, gpu_model)
+    results, _, manifest = load_artifact(directory, namespace, profile, gpu_model)
     sha = manifest.results_sha256
     if store is None:
-        store = open_store(location, endpoint_url=endpoint_url, region=region, timeout_s=timeout_s)
+        # The wait for the imageID is not S3 time: the store's deadline leaves room for it.
+        waits = image_id_timeout_s if image_reference and image_id_file else 0.0
+        store = open_store(
+            location, endpoint_url=endpoint_url, region=region, timeout_s=timeout_s + waits
+        )
     base = location.key(namespace, profile, gpu_model, sha)
     created = store.put_if_absent(f"{base}/{RESULTS_NAME}", results, "text/csv")
+    if image_reference:
+        image_id = wait_for_image_id(image_id_file, image_id_timeout_s)
+        if not image_id and image_id_file is not None:
+            print(
+                f"{PROG}: the tune step's imageID did not arrive within "
+                f"{image_id_timeout_s:.0f}s: the manifest records the reference only",
+                file=sys.stderr,
+            )
+        manifest = dataclasses.replace(manifest, image=ImageRef(image_reference, image_id))
+    manifest_bytes = manifest.to_json()
     kept = False
     try:
         store.put_if_absent(f"{base}/{MANIFEST_NAME}", manifest_bytes, "application/json")
     except ConflictError:
         # Byte-identical results tuned again (another run, another revision): the artifact is
         # the results, and they are there. The stored manifest stays, if it describes them.
-        existing = loads(store.get(f"{base}/{MANIFEST_NAME}", 1 << 20))
+        manifest_bytes = store.get(f"{base}/{MANIFEST_NAME}", 1 << 20)
+        existing = loads(manifest_bytes)
         if (existing.results_sha256, existing.namespace, existing.profile, existing.gpu_model) != (
             sha,
             namespace,
@@ -132,8 +176,8 @@ def publish(
             gpu_model,
         ):
             raise
-        kept = True
-    return Published(location.uri(base), sha, manifest, created, kept)
+        kept = True  # the message still speaks for this run; the pin is the stored manifest
+    return Published(location.uri(base), sha, manifest, created, kept, sha256_hex(manifest_bytes))
 
 
 def termination_message(pub: Published, limit: int = TERMINATION_LIMIT) -> str:
@@ -146,8 +190,13 @@ def termination_message(pub: Published, limit: int = TERMINATION_LIMIT) -> str:
         "tunedAt": m.tuned_at,
         "tuningSeconds": m.tuning_seconds,
         "revision": m.revision,
+        "manifestSha256": pub.manifest_sha256,
         "identity": dict(m.identity),
     }
+    if m.outcomes is not None:
+        doc["outcomes"] = m.outcomes.to_dict()
+    if m.image is not None:
+        doc["image"] = m.image.to_dict()
 
     def encoded() -> bytes:
         return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode("utf-8")
@@ -171,6 +220,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--region", help="S3 region (default: $AWS_REGION or us-east-1)")
     p.add_argument("--termination-log", default="/dev/termination-log")
     p.add_argument("--timeout-seconds", type=float, default=120.0, help="overall time limit")
+    p.add_argument("--image-reference", default="", help="the image the tune step ran in")
+    p.add_argument(
+        "--image-id-file",
+        type=Path,
+        help="file where the operator puts the tune step's imageID (waited for, bounded)",
+    )
+    p.add_argument("--image-id-timeout-seconds", type=float, default=120.0)
     return p
 
 
@@ -186,6 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             endpoint_url=args.endpoint_url,
             region=args.region,
             timeout_s=args.timeout_seconds,
+            image_reference=args.image_reference,
+            image_id_file=args.image_id_file,
+            image_id_timeout_s=args.image_id_timeout_seconds,
         )
         message = termination_message(pub)
     except (PublishError, StoreError, ManifestError) as exc:

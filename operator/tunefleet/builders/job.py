@@ -21,6 +21,9 @@ TOOLS_DIR = "/tunefleet/tools"
 OUT_DIR = "/tunefleet/out"
 CONFIG_DIR = "/tunefleet/config"
 CONFIG_KEY = "config.json"
+# The operator adds this key to the Job's ConfigMap once the tune step has ended: the kubelet's
+# imageID of the tune container, which publish records in the manifest.
+IMAGE_ID_KEY = "tune-image-id"
 # The user's image decides where python lives; prefer python3, accept python. The workload
 # command arrives as this script's positional arguments ("$@"), passed on untouched.
 TUNE_SCRIPT = (
@@ -144,10 +147,8 @@ def build_tuning_job(
         {"name": "tools", "emptyDir": {"sizeLimit": "64Mi"}},
         {"name": "out", "emptyDir": {"sizeLimit": "1Gi"}},
         {"name": "tmp", "emptyDir": {}},
-        {
-            "name": "config",
-            "configMap": {"name": name, "items": [{"key": CONFIG_KEY, "path": CONFIG_KEY}]},
-        },
+        # Every key, so that IMAGE_ID_KEY appears in publish's mount when the operator adds it.
+        {"name": "config", "configMap": {"name": name}},
     ]
     bootstrap = {
         "name": "bootstrap",
@@ -194,11 +195,16 @@ def build_tuning_job(
             profile,
             "--gpu-model",
             model,
+            "--image-reference",
+            spec.image,
+            "--image-id-file",
+            f"{CONFIG_DIR}/{IMAGE_ID_KEY}",
             *storage_args(spec, config),
         ],
         "env": storage_env(spec, config),
         "volumeMounts": [
             {"name": "out", "mountPath": OUT_DIR, "readOnly": True},
+            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
         "securityContext": hardened(),

@@ -16,6 +16,7 @@ from tunefleet.api import TuningProfileSpec
 from tunefleet.builders.job import storage_args, storage_env
 from tunefleet.builders.security import SMALL_RESOURCES, hardened
 from tunefleet.config import Config
+from tunefleet.status import default_only, no_gain_reason
 
 HANDLER_ID = "pod-inject"
 FETCH_CONTAINER = "tunefleet-fetch"
@@ -110,6 +111,47 @@ def _untuned(pod: dict[str, Any], reason: str, fail_closed: bool, fix: str) -> D
     return Decision(pod=out, reason=reason)
 
 
+@dataclass(frozen=True)
+class TunedImage:
+    reference: str  # what the tuning Job asked for
+    id: str  # the kubelet's imageID: repo@sha256:... (registry digest) or sha256:... or ""
+
+    @property
+    def repo_digest(self) -> tuple[str, str] | None:
+        """(repository, sha256:...) when the imageID names a registry digest."""
+        if "@" in self.id:
+            repo, digest = self.id.rsplit("@", 1)
+            if digest.startswith("sha256:") and repo:
+                return repo, digest
+        return None
+
+    def describe(self) -> str:
+        return f"{self.reference} (imageID {self.id})" if self.id else self.reference
+
+
+def _tuned_image(artifact: dict[str, Any], fallback: str) -> TunedImage:
+    image = artifact.get("image") or {}
+    return TunedImage(str(image.get("reference") or fallback), str(image.get("id") or ""))
+
+
+def _pin_target(tuned: TunedImage) -> str | None:
+    found = tuned.repo_digest
+    return f"{found[0]}@{found[1]}" if found else None
+
+
+def image_mismatch(image: str, tuned: TunedImage) -> str | None:
+    """Why a container's image is not the tuned one, or None. By digest where the pod names
+    one (and the tuned imageID has a registry digest to compare with), else by reference."""
+    if "@" in image and tuned.repo_digest:
+        digest = image.rsplit("@", 1)[1]
+        if digest == tuned.repo_digest[1]:
+            return None
+        return f"runs {image}, but the artifact was tuned in {tuned.describe()}: other digest"
+    if image == tuned.reference or (tuned.repo_digest and image == _pin_target(tuned)):
+        return None
+    return f"runs {image}, but the artifact was tuned in {tuned.describe()}"
+
+
 def serving_containers(pod: dict[str, Any], tuned_image: str) -> tuple[list[str], list[str]]:
     """(names of the containers that load TunableOp results, warnings about the choice)."""
     containers = [c.get("name", "") for c in (pod.get("spec") or {}).get("containers") or []]
@@ -195,6 +237,47 @@ def inject(
             fail_closed,
             f"Wait until `kubectl get tp {profile_name}` shows Ready, then recreate the pod.",
         )
+    if default_only(artifact) and not spec.serving.serve_default_only:
+        # Nothing to gain and a lookup to pay on every GEMM: not switched on unless asked.
+        return _untuned(
+            pod,
+            f"the artifact of TuningProfile {profile_name!r} for {model} has no GEMM where a "
+            f"kernel beat Default ({no_gain_reason(artifact)}); set "
+            "spec.serving.serveDefaultOnly: true to switch TunableOp on anyway",
+            False,
+            "",
+        )
+    tuned = _tuned_image(artifact, spec.image)
+    pinned: dict[str, str] = {}
+    mismatches: list[str] = []
+    chosen, warnings = serving_containers(pod, tuned.reference)
+    for c in spec_.get("containers") or []:
+        if c.get("name") not in chosen:
+            continue  # a sidecar that never loads PyTorch: nothing to give, nothing to compare
+        image = c.get("image") or ""
+        if spec.serving.pin_image and images.repository(image) == images.repository(
+            tuned.reference
+        ):
+            target = _pin_target(tuned)
+            if target:
+                pinned[c.get("name", "")] = target
+                continue
+            mismatches.append(
+                f"container {c.get('name')} cannot be pinned: the image the artifact was tuned "
+                f"in has no registry digest (imageID {tuned.id or 'unknown'})"
+            )
+            continue
+        why = image_mismatch(image, tuned)
+        if why:
+            mismatches.append(f"container {c.get('name')} {why}")
+    if mismatches and fail_closed:
+        return Decision(
+            pod=pod,
+            deny=f"tunefleet: {'; '.join(mismatches)}. TuningProfile {profile_name!r} serves "
+            "only the image it was tuned in (spec.serving.failClosed): run that image, set "
+            "spec.serving.pinImage, or retune in this one.",
+        )
+    warnings += [f"{m}: TunableOp may reject the results file" for m in mismatches]
 
     out = copy.deepcopy(pod)
     meta = out.setdefault("metadata", {})
@@ -218,6 +301,8 @@ def inject(
         model,
         *storage_args(spec, config),
     ]
+    if artifact.get("manifestSha256"):
+        fetch_cmd += ["--manifest-sha256", artifact["manifestSha256"]]
     if fail_closed:
         fetch_cmd.append("--fail-closed")
     fetch = {
@@ -242,10 +327,9 @@ def inject(
         "PYTORCH_TUNABLEOP_RECORD_UNTUNED": "0",
         "PYTORCH_TUNABLEOP_FILENAME": FILENAME,
     }
-    chosen, warnings = serving_containers(out, spec.image)
     for c in pspec.get("containers") or []:
         if c.get("name") not in chosen:
-            continue  # a sidecar that never loads PyTorch: nothing to give, nothing to compare
+            continue
         env = c.setdefault("env", [])
         have = {e.get("name") for e in env}
         # What the user set on a container wins: they may want tuning on, or another file.
@@ -253,12 +337,8 @@ def inject(
         mounts = c.setdefault("volumeMounts", [])
         if not any(m.get("mountPath") == RESULTS_DIR for m in mounts):
             mounts.append({"name": VOLUME, "mountPath": RESULTS_DIR, "readOnly": True})
-        if c.get("image") != spec.image:
-            warnings.append(
-                f"container {c.get('name')} runs {c.get('image')}, but TuningProfile "
-                f"{profile_name!r} was tuned in {spec.image}: TunableOp may reject the results "
-                "file if the PyTorch or BLAS versions differ"
-            )
+        if c.get("name") in pinned:
+            c["image"] = pinned[c["name"]]
     _mark(out, "injected")
     anns.update(
         {
