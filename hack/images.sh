@@ -86,21 +86,24 @@ cleanup_buildah() {
   # Its run-time state (locks, mount counts) is only meaningful while buildah runs.
   rm -rf "$RUNROOT"
   # buildah keeps a blob-info cache in /var/lib/containers and a lock in /etc/cni/net.d (its
-  # network setup, unused with --network host): leave none where there was none.
+  # network setup, unused with --network host); debootstrap's mounts make libmount create
+  # /run/mount: leave none where there was none.
   if [[ "${var_lib_containers_existed:-true}" == false ]]; then rm -rf /var/lib/containers; fi
   if [[ "${etc_cni_existed:-true}" == false ]]; then
     rm -f /etc/cni/net.d/cni.lock
     rmdir /etc/cni/net.d /etc/cni 2>/dev/null || true
   fi
+  if [[ "${run_mount_existed:-true}" == false ]]; then rmdir /run/mount 2>/dev/null || true; fi
 }
 
 setup_buildah() {
   [[ -n "$BUILDAH" ]] && return 0
   ensure_debs "${IMAGE_DEBS[@]}"
   mkdir -p "$ARCHIVES" "$BUILDAH_ROOT"
-  var_lib_containers_existed=true etc_cni_existed=true
+  var_lib_containers_existed=true etc_cni_existed=true run_mount_existed=true
   [[ -e /var/lib/containers ]] || var_lib_containers_existed=false
   [[ -e /etc/cni ]] || etc_cni_existed=false
+  [[ -e /run/mount ]] || run_mount_existed=false
   RUNROOT="$(mktemp -d "$CACHE/buildah/run.XXXXXX")"
   # Our own storage, never /var/lib/containers; overlay leaves no mount behind once done.
   BUILDAH="buildah --root $BUILDAH_ROOT --runroot $RUNROOT --storage-driver overlay"
@@ -153,7 +156,9 @@ ensure_base() {
 
 # bud ARGS...: buildah bud with the layer cache, from the repo root as context.
 bud() {
-  local args=(--layers --pull=never --build-arg "BASE_IMAGE=$BASE_IMAGE")
+  # runc keeps its state of RUN steps under our run root, not /run/runc.
+  local args=(--layers --pull=never --build-arg "BASE_IMAGE=$BASE_IMAGE"
+              --runtime-flag "root=$RUNROOT/runc")
   # RUN steps use the host's network (pip reaches PyPI; no CNI setup for builds) and, read-only
   # and only while building, its CA bundle (HTTPS here may go through a TLS-inspecting proxy).
   # It is mounted over the image's own bundle (both bases have one): a new mount point would

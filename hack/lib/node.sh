@@ -10,8 +10,9 @@
 #   - kube-proxy's iptables rules (removed with `kube-proxy --cleanup`), the kubelet's own
 #     chains (KUBE-FIREWALL, KUBE-KUBELET-CANARY, KUBE-IPTABLES-HINT), kube-proxy's nfacct
 #     counters, and the iptables (nf_tables) tables they all created: removed when absent before;
-#   - cgroups named k8s.io, /var/lib/cni/results, /run/containerd/s (shim sockets) and the
-#     kubelet's /var/log/containers links: removed when cluster-down leaves them empty.
+#   - cgroups named k8s.io, /var/lib/cni/results, /run/containerd/s (shim sockets), the
+#     kubelet's /var/log/containers links and device-plugin socket, /run/mount (libmount):
+#     removed when cluster-down leaves them empty.
 
 NODE_GPUS=4
 NODE_LABELS="type=real,nvidia.com/gpu.product=STANDIN-NO-GPU"
@@ -20,7 +21,7 @@ HOST_DIR="$STATE/host"
 # Host paths these tools create when missing; those absent before the first cluster-up are
 # removed by cluster-down if empty (listed deepest first).
 HOST_PATHS=(/run/containerd/s /run/containerd /var/lib/cni/results /var/lib/cni /var/log/containers
-  /var/log/pods /var/lib/kubelet/device-plugins /var/lib/kubelet)
+  /var/log/pods /var/lib/kubelet/device-plugins /var/lib/kubelet /run/mount)
 # The kubelet's device manager ignores --root-dir: its socket and checkpoint are always here.
 DEVICE_PLUGIN_FILES=(/var/lib/kubelet/device-plugins/kubelet.sock
   /var/lib/kubelet/device-plugins/kubelet_internal_checkpoint)
@@ -117,6 +118,18 @@ netfilter_down() {
       grep -qx "nfacct $name" "$HOST_DIR/netfilter" && continue
       nfacct del "$name" >/dev/null 2>&1 || true
     done
+  fi
+  # Connections tracked while the tables were there stay in the conntrack table (established
+  # ones for days). Where nobody had tables before, every entry is this cluster's.
+  if command -v conntrack >/dev/null; then
+    if ! grep -q '^table ' "$HOST_DIR/netfilter" && [[ -z "$(nft list tables 2>/dev/null)" ]]; then
+      conntrack -F >/dev/null 2>&1 || true
+    else
+      for name in "$POD_CIDR" "$SERVICE_CIDR" "$HOST_IP"; do
+        conntrack -D -s "$name" >/dev/null 2>&1 || true
+        conntrack -D -d "$name" >/dev/null 2>&1 || true
+      done
+    fi
   fi
 }
 
