@@ -34,6 +34,14 @@ class Config:
     # Reconcile workers (threads making API calls) and the full resync interval.
     workers: int = 8
     resync_seconds: float = 600.0
+    # Prometheus metrics port (0: off).
+    metrics_port: int = 8081
+    # Leader election: the Lease's namespace (the chart sets the release's); empty means no
+    # election, this process always reconciles (one replica, `make run`).
+    lease_namespace: str = ""
+    lease_name: str = "tunefleet-operator"
+    # Library scope for tuning Jobs: "namespace" (default) or "cluster".
+    library_scope: str = "namespace"
 
     @classmethod
     def from_env(cls) -> Config:
@@ -54,4 +62,8 @@ class Config:
             namespaces=tuple(n for n in env("TUNEFLEET_NAMESPACES", "").split(",") if n),
             workers=max(1, int(env("TUNEFLEET_WORKERS", "8"))),
             resync_seconds=max(10.0, float(env("TUNEFLEET_RESYNC_SECONDS", "600"))),
+            metrics_port=int(env("TUNEFLEET_METRICS_PORT", "8081")),
+            lease_namespace=env("TUNEFLEET_LEASE_NAMESPACE", ""),
+            lease_name=env("TUNEFLEET_LEASE_NAME", "tunefleet-operator"),
+            library_scope=env("TUNEFLEET_LIBRARY_SCOPE", "namespace"),
         )

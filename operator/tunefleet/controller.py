@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from typing import Any
 
 import kopf
 
-from tunefleet import kube, naming
+from tunefleet import kube, metrics, naming
 from tunefleet.builders.webhook import ANN_STATUS
 from tunefleet.config import Config
 from tunefleet.reconcile import Memory, sync_profile
@@ -60,6 +61,9 @@ class Controller:
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         self._synced = threading.Event()  # kopf's indexes have been filled once
+        # Set while this replica leads (always, without leader election): only then do the
+        # workers take keys. Keys queued meanwhile wait, deduplicated.
+        self.active = threading.Event()
 
     # --- triggers -------------------------------------------------------------------------
 
@@ -103,11 +107,29 @@ class Controller:
 
     # --- work -----------------------------------------------------------------------------
 
+    def lead(self) -> None:
+        """This replica leads now: reconcile everything once (the last leader's work may have
+        stopped midway), then follow events."""
+        self.active.set()
+        metrics.LEADER.set(1)
+        if self._synced.is_set():
+            self.resync()
+
+    def follow(self) -> None:
+        self.active.clear()
+        metrics.LEADER.set(0)
+
     def _work(self) -> None:
         while not self._stop.is_set():
-            key = self.queue.get()
+            if not self.active.wait(timeout=1.0):
+                continue
+            key = self.queue.get(timeout=1.0)
             if key is None:
-                return
+                continue
+            if not self.active.is_set():  # lost the lead while waiting: keep it for later
+                self.queue.done(key)
+                self.queue.add(key)
+                continue
             try:
                 self.process(key)
             finally:
@@ -120,6 +142,8 @@ class Controller:
             self.forget(key, None)
             return  # deleted: garbage collection takes its children
         uid = profile["metadata"].get("uid", "")
+        metrics.HANDLER_CALLS.labels("reconcile").inc()
+        started = time.perf_counter()
         try:
             sync_profile(
                 profile, self.indexes.jobs(uid), self.indexes.pods(uid), self.config, self.memory
@@ -127,9 +151,12 @@ class Controller:
         except kopf.PermanentError as e:
             # Reported in the profile's status (and an Event on the transition); nothing to
             # retry until the spec changes.
+            metrics.HANDLER_ERRORS.labels("reconcile", "permanent").inc()
             self.queue.forget(key)
             log.debug(f"TuningProfile {ns}/{name}: {e}")
         except kopf.TemporaryError as e:
+            metrics.HANDLER_ERRORS.labels("reconcile", "temporary").inc()
+            metrics.QUEUE_RETRIES.inc()
             delay = self.queue.retry(key, float(e.delay or 0))
             log.warning(
                 f"TuningProfile {ns}/{name}: {e} (attempt {self.queue.failures(key)}, "
@@ -140,10 +167,14 @@ class Controller:
             log.info(f"TuningProfile {ns}/{name}: {e}")
         except Exception:
             # A bug must not stop reconciliation of this profile or any other.
+            metrics.HANDLER_ERRORS.labels("reconcile", "unexpected").inc()
+            metrics.QUEUE_RETRIES.inc()
             delay = self.queue.retry(key)
             log.exception(f"TuningProfile {ns}/{name}: reconcile failed; next in {delay:.0f}s")
         else:
             self.queue.forget(key)
+        finally:
+            metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
 
     # --- resync ---------------------------------------------------------------------------
 
@@ -155,12 +186,15 @@ class Controller:
                 break
         first = True
         while not self._stop.is_set():
-            try:
-                self.resync(scan_only=first)
-            except Exception:
-                log.exception("resync failed; trying again at the next interval")
-            first = False
-            self._stop.wait(self.resync_seconds)
+            if self.active.is_set():
+                metrics.HANDLER_CALLS.labels("resync").inc()
+                try:
+                    self.resync(scan_only=first)
+                except Exception:
+                    metrics.HANDLER_ERRORS.labels("resync", "unexpected").inc()
+                    log.exception("resync failed; trying again at the next interval")
+                first = False
+            self._stop.wait(self.resync_seconds if not first else 1.0)
 
     def resync(self, scan_only: bool = False) -> None:
         changed = self.scan_unadmitted()

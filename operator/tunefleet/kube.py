@@ -137,6 +137,27 @@ def create_if_missing(obj: dict[str, Any]) -> bool:
     return True
 
 
+def get_profile(namespace: str, name: str, timeout_s: float = 2.0) -> dict[str, Any] | None:
+    """One TuningProfile as a plain dict, or None when it does not exist."""
+    custom = kubernetes.client.CustomObjectsApi(api())
+    try:
+        resp = custom.get_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            name,
+            _preload_content=False,
+            _request_timeout=timeout_s,
+        )
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+    profile: dict[str, Any] = _json(resp)
+    return profile
+
+
 def patch_profile_status(namespace: str, name: str, status: dict[str, Any]) -> None:
     custom = kubernetes.client.CustomObjectsApi(api())
     try:

@@ -21,7 +21,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from tunefleet import kube, naming
+from tunefleet import kube, metrics, naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.builders.job import IMAGE_ID_KEY, build_tuning_config_map, build_tuning_job
 from tunefleet.config import Config
@@ -289,6 +289,12 @@ def announce(
         now_p.get("message"),
     ):
         kube.post_event_soon(ref, "Warning", now_p["reason"], now_p["message"][:MESSAGE_LIMIT])
+    old_shas = {a.get("gpuModel"): a.get("sha256") for a in before.get("artifacts") or []}
+    for art in after.get("artifacts") or []:
+        if old_shas.get(art.get("gpuModel")) != art.get("sha256"):
+            metrics.ARTIFACTS_PUBLISHED.inc()
+            if isinstance(art.get("tuningSeconds"), int | float):
+                metrics.TUNING_SECONDS.observe(float(art["tuningSeconds"]))
     was_phase, phase = before.get("phase"), after.get("phase")
     if phase == "Ready" and was_phase != "Ready":
         arts = ", ".join(

@@ -80,6 +80,17 @@ class Decision:
     deny: str | None = None  # set: refuse the pod with this message
     reason: str = ""  # why the pod starts untuned, when it does
     warnings: list[str] = field(default_factory=list)
+    # A reason code from a small fixed set, for metrics: none, no_profile, invalid_profile,
+    # no_model_selector, model_not_tuned, no_artifact, default_only, image_mismatch.
+    code: str = "none"
+
+    @property
+    def outcome(self) -> str:
+        if self.deny:
+            return "refused"
+        if self.injected:
+            return "injected"
+        return "untuned" if self.reason else "unchanged"
 
 
 def gpu_count(pod: dict[str, Any], resource: str) -> int:
@@ -102,13 +113,13 @@ def _mark(pod: dict[str, Any], outcome: str) -> dict[str, Any]:
     return pod
 
 
-def _untuned(pod: dict[str, Any], reason: str, fail_closed: bool, fix: str) -> Decision:
+def _untuned(pod: dict[str, Any], reason: str, fail_closed: bool, fix: str, code: str) -> Decision:
     if fail_closed:
-        return Decision(pod=pod, deny=f"tunefleet: {reason}. {fix}".strip())
+        return Decision(pod=pod, deny=f"tunefleet: {reason}. {fix}".strip(), code=code)
     out = _mark(copy.deepcopy(pod), "untuned")
     anns = out["metadata"].setdefault("annotations", {})
     anns[ANN_STATUS] = f"untuned: {reason}"
-    return Decision(pod=out, reason=reason)
+    return Decision(pod=out, reason=reason, code=code)
 
 
 @dataclass(frozen=True)
@@ -191,6 +202,7 @@ def inject(
             f"TuningProfile {profile_name!r} does not exist in this namespace",
             False,
             "",
+            "no_profile",
         )
     from pydantic import ValidationError
 
@@ -202,6 +214,7 @@ def inject(
             f"TuningProfile {profile_name!r} has an invalid spec (see its status)",
             False,
             "",
+            "invalid_profile",
         )
     fail_closed = spec.serving.fail_closed
     key = naming.label_key(spec)
@@ -216,6 +229,7 @@ def inject(
                 f"{len(spec.gpu.models)} GPU models",
                 fail_closed,
                 f"Add nodeSelector {{{key}: <one of {', '.join(spec.gpu.models)}>}} to the pod.",
+                "no_model_selector",
             )
         model, pin = spec.gpu.models[0], True
     elif model not in spec.gpu.models:
@@ -225,6 +239,7 @@ def inject(
             fail_closed,
             f"Add {model} to the profile's spec.gpu.models or select one of "
             f"{', '.join(spec.gpu.models)}.",
+            "model_not_tuned",
         )
 
     status = profile.get("status") or {}
@@ -236,6 +251,7 @@ def inject(
             f"TuningProfile {profile_name!r} has no artifact for {model} yet (phase {phase})",
             fail_closed,
             f"Wait until `kubectl get tp {profile_name}` shows Ready, then recreate the pod.",
+            "no_artifact",
         )
     if default_only(artifact) and not spec.serving.serve_default_only:
         # Nothing to gain and a lookup to pay on every GEMM: not switched on unless asked.
@@ -246,6 +262,7 @@ def inject(
             "spec.serving.serveDefaultOnly: true to switch TunableOp on anyway",
             False,
             "",
+            "default_only",
         )
     tuned = _tuned_image(artifact, spec.image)
     pinned: dict[str, str] = {}
@@ -276,6 +293,7 @@ def inject(
             deny=f"tunefleet: {'; '.join(mismatches)}. TuningProfile {profile_name!r} serves "
             "only the image it was tuned in (spec.serving.failClosed): run that image, set "
             "spec.serving.pinImage, or retune in this one.",
+            code="image_mismatch",
         )
     warnings += [f"{m}: TunableOp may reject the results file" for m in mismatches]
 
@@ -350,4 +368,6 @@ def inject(
     )
     if warnings:
         anns[ANN_IMAGE_WARNING] = "; ".join(warnings)[:1000]
-    return Decision(pod=out, injected=True, warnings=warnings)
+    return Decision(
+        pod=out, injected=True, warnings=warnings, code="image_mismatch" if mismatches else "none"
+    )

@@ -4,13 +4,14 @@ its steps ended."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
 
 import kopf
 
-from tunefleet import kube, naming, views
+from tunefleet import kube, metrics, naming, views
 from tunefleet.builders.webhook import HANDLER_ID, Decision, inject
 from tunefleet.handlers.startup import CONFIG, CONTROLLER, EVENT_DELAY
 
@@ -40,17 +41,23 @@ async def pod_mutate(
     started = time.perf_counter()
     namespace = body.metadata.namespace or ""
     pod_name = body.metadata.name or f"{body.metadata.get('generateName', '')}*"
+    metrics.HANDLER_CALLS.labels("pod_mutate").inc()
     try:
         index: kopf.Index[tuple[str, str], dict[str, Any]] = kwargs["tuningprofile_index"]
         profile_name = body.metadata.labels.get(naming.PROFILE_LABEL, "")
         entries = list(index.get((namespace, profile_name), []))
-        entry = entries[0] if entries else None
+        entry = entries[0] if entries else await _read_profile(namespace, profile_name)
         decision = inject(dict(body), profile_name, entry, CONFIG.get())
     except Exception:
         # A bug here must not block pods: a handler error would reach the API server as a
         # refusal, which failurePolicy: Ignore does not cover. Admit unchanged instead.
+        metrics.HANDLER_ERRORS.labels("pod_mutate", "unexpected").inc()
+        metrics.ADMISSIONS.labels("unchanged", "error").inc()
         log.exception(f"admission of pod {namespace}/{pod_name} failed; admitted untuned")
         return
+    took = time.perf_counter() - started
+    metrics.ADMISSION_SECONDS.observe(took)
+    metrics.ADMISSIONS.labels(decision.outcome, decision.code).inc()
     if decision.deny:
         log.info(f"refused pod {namespace}/{pod_name}: {decision.deny}")
         raise kopf.AdmissionError(decision.deny, code=403)
@@ -59,9 +66,23 @@ async def pod_mutate(
     if entry is not None:
         announce(views.profile_ref(entry), pod_name, decision)
     # One line per admission with the handler's own duration: `make bench` reads these.
-    took = (time.perf_counter() - started) * 1000
-    outcome = "injected" if decision.injected else ("untuned" if decision.reason else "unchanged")
-    log.info(f"admission pod {namespace}/{pod_name}: {outcome} in {took:.2f} ms")
+    log.info(f"admission pod {namespace}/{pod_name}: {decision.outcome} in {took * 1000:.2f} ms")
+
+
+async def _read_profile(namespace: str, name: str) -> dict[str, Any] | None:
+    """A profile the index does not hold: ask the API server (right after this replica
+    started, before its index filled, or a profile created a moment ago). Misses only, and
+    bounded: admission must stay well inside the webhook's timeout."""
+    if not name:
+        return None
+    try:
+        raw = await asyncio.wait_for(
+            asyncio.to_thread(kube.get_profile, namespace, name, 1.5), timeout=2.0
+        )
+    except Exception as e:
+        log.info(f"admission: could not read TuningProfile {namespace}/{name}: {e}")
+        return None
+    return views.profile_view(raw) if raw is not None else None
 
 
 def apply(body: kopf.Body, patch: kopf.Patch, decision: Decision) -> None:
@@ -103,6 +124,7 @@ async def pod_index(body: kopf.Body, labels: kopf.Labels, **_: Any) -> dict[str,
     labels={naming.MANAGED_KEY: naming.MANAGED_VALUE, naming.PROFILE_UID_LABEL: kopf.PRESENT},
 )
 async def pod_event(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
+    metrics.HANDLER_CALLS.labels("pod_event").inc()
     profile = labels.get(naming.TUNING_PROFILE_LABEL)
     if profile and namespace:
         CONTROLLER.get().enqueue((namespace, profile), EVENT_DELAY)

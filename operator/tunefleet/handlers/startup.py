@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import os
+import socket
 from typing import Any
 
 import kopf
 
-from tunefleet import kube, naming
+from tunefleet import kube, metrics, naming
 from tunefleet.config import Config
 from tunefleet.controller import Controller, Indexes, Key
+from tunefleet.leader import LeaseElector
 from tunefleet.webhook import server as webhook_server
 
 # Seconds a Job or pod event waits before its profile is reconciled: a pod's start is a
@@ -44,8 +48,13 @@ class _ControllerHolder(_Holder):
         return self._controller
 
 
+class _ElectorHolder:
+    elector: LeaseElector | None = None
+
+
 CONFIG = _ConfigHolder()
 CONTROLLER = _ControllerHolder()
+ELECTOR = _ElectorHolder()
 
 
 def _indexes(kwargs: dict[str, Any]) -> Indexes:
@@ -86,12 +95,34 @@ async def operator_startup(
     settings.watching.server_timeout = 300
     settings.batching.error_delays = [1, 2, 5, 10, 30, 60]
     kube.login(pool_size=config.workers + 6)
+    indexes = _indexes(kwargs)
     controller = Controller(
-        config, _indexes(kwargs), workers=config.workers, resync_seconds=config.resync_seconds
+        config, indexes, workers=config.workers, resync_seconds=config.resync_seconds
     )
     CONFIG.set(config)
     CONTROLLER.set(config, controller)
     controller.start()
+    metrics.REGISTRY.register(
+        metrics.IndexCollector(
+            statuses=lambda: [
+                p.get("status") or {} for p in map(indexes.profile, indexes.profiles()) if p
+            ],
+            queue_depth=controller.queue.pending,
+        )
+    )
+    metrics.serve(config.metrics_port)
+    if config.lease_namespace:
+        identity = f"{os.environ.get('HOSTNAME') or socket.gethostname()}_{os.getpid()}"
+        ELECTOR.elector = LeaseElector(
+            config.lease_name,
+            config.lease_namespace,
+            identity,
+            on_started=controller.lead,
+            on_stopped=controller.follow,
+        )
+        ELECTOR.elector.start()
+    else:
+        controller.lead()  # one replica: nobody to elect
     if config.webhook_enabled:
         settings.admission.server = webhook_server.build(config)
         if config.webhook_register:
@@ -105,5 +136,8 @@ async def operator_startup(
 
 @kopf.on.cleanup()
 async def operator_cleanup(**_: Any) -> None:
+    if ELECTOR.elector is not None:
+        # Hand the Lease over at once rather than after it expires.
+        await asyncio.to_thread(ELECTOR.elector.stop, True)
     with contextlib.suppress(RuntimeError):  # startup never got that far
         CONTROLLER.get().stop()

@@ -6,7 +6,7 @@ from typing import Any
 
 import kopf
 
-from tunefleet import GROUP, PLURAL, VERSION, views
+from tunefleet import GROUP, PLURAL, VERSION, metrics, views
 from tunefleet.handlers.startup import CONTROLLER
 
 
@@ -25,6 +25,7 @@ async def tuningprofile_event(
     # Level-based: whatever changed (created, spec edited, deleted, seen again after a
     # restart), the reconciler recomputes from the indexes. Our own status writes come back
     # here too and end as no-op reconciles.
+    metrics.HANDLER_CALLS.labels("tuningprofile_event").inc()
     key = (namespace or "", name)
     if type == "DELETED":
         CONTROLLER.get().forget(key, body.metadata.uid)

@@ -1,0 +1,140 @@
+"""Prometheus metrics of the operator (docs/metrics.md lists them all).
+
+Names carry the `tunefleet_` prefix and base units; label values come from small fixed sets
+(handler names, phases, states, outcome and reason codes), never from object names, so the
+series count stays bounded however many profiles and pods there are. Gauges about profiles
+and Jobs are computed at scrape time from the indexes every replica keeps.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+HANDLER_CALLS = Counter(
+    "tunefleet_handler_calls_total",
+    "Handler invocations: kopf event handlers, admission, reconciles, resyncs.",
+    ["handler"],
+    registry=REGISTRY,
+)
+HANDLER_ERRORS = Counter(
+    "tunefleet_handler_errors_total",
+    "Handler invocations that failed, by kind: temporary (retried with backoff), permanent "
+    "(reported in status), unexpected (a bug; retried).",
+    ["handler", "kind"],
+    registry=REGISTRY,
+)
+RECONCILE_SECONDS = Histogram(
+    "tunefleet_reconcile_duration_seconds",
+    "Time one profile reconcile took.",
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30),
+    registry=REGISTRY,
+)
+TUNING_SECONDS = Histogram(
+    "tunefleet_tuning_duration_seconds",
+    "GPU time a published artifact took to tune (the manifest's tuningSeconds).",
+    buckets=(10, 60, 300, 900, 1800, 3600, 7200, 14400, 43200, 86400),
+    registry=REGISTRY,
+)
+ARTIFACTS_PUBLISHED = Counter(
+    "tunefleet_artifacts_published_total",
+    "Artifacts that became current for a (profile, GPU model), as seen by this operator.",
+    registry=REGISTRY,
+)
+ADMISSIONS = Counter(
+    "tunefleet_admissions_total",
+    "Pod admissions by outcome (injected, untuned, refused, unchanged) and reason code.",
+    ["outcome", "reason"],
+    registry=REGISTRY,
+)
+ADMISSION_SECONDS = Histogram(
+    "tunefleet_admission_duration_seconds",
+    "Time the webhook handler took per admission (the API server adds its own transport).",
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
+    registry=REGISTRY,
+)
+LEADER = Gauge(
+    "tunefleet_leader",
+    "1 while this replica holds the lease and runs the reconciler, else 0.",
+    registry=REGISTRY,
+)
+QUEUE_RETRIES = Counter(
+    "tunefleet_workqueue_retries_total",
+    "Profiles put back on the work queue after a failed reconcile.",
+    registry=REGISTRY,
+)
+
+PHASES = ("Pending", "Tuning", "Ready", "Failed", "Invalid")
+JOB_STATES = ("Pending", "Running", "Succeeded", "Failed")
+
+
+class IndexCollector(Collector):
+    """Profiles by phase, tuning Jobs by state, pods the webhook missed, queue depth."""
+
+    def __init__(
+        self,
+        statuses: Callable[[], Iterable[dict[str, Any]]],
+        queue_depth: Callable[[], int],
+    ) -> None:
+        self.statuses = statuses
+        self.queue_depth = queue_depth
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        phases: Tally[str] = Tally()
+        states: Tally[str] = Tally()
+        unadmitted = 0
+        for status in self.statuses():
+            phases[status.get("phase") or "Pending"] += 1
+            for job in status.get("jobs") or []:
+                states[job.get("state") or "Pending"] += 1
+            unadmitted += int(status.get("unadmittedPods") or 0)
+        profiles = GaugeMetricFamily(
+            "tunefleet_profiles", "TuningProfiles by status.phase.", labels=["phase"]
+        )
+        for phase in PHASES:
+            profiles.add_metric([phase], phases.get(phase, 0))
+        yield profiles
+        jobs = GaugeMetricFamily(
+            "tunefleet_tuning_jobs",
+            "Tuning Jobs of the profiles' current revisions, by state.",
+            labels=["state"],
+        )
+        for state in JOB_STATES:
+            jobs.add_metric([state], states.get(state, 0))
+        yield jobs
+        yield GaugeMetricFamily(
+            "tunefleet_unadmitted_pods",
+            "Running labelled pods the webhook never saw (created while it was unreachable).",
+            value=unadmitted,
+        )
+        yield GaugeMetricFamily(
+            "tunefleet_workqueue_depth",
+            "Profiles waiting for a reconcile (queued, delayed or in progress).",
+            value=self.queue_depth(),
+        )
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())  # computed at scrape time
+
+
+def serve(port: int, addr: str = "0.0.0.0") -> None:
+    """Serve /metrics on its own port, in a thread of prometheus_client's."""
+    if port:
+        start_http_server(port, addr=addr, registry=REGISTRY)
+        log.info(f"metrics on http://{addr}:{port}/metrics")
