@@ -13,15 +13,22 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def atomic_write_bytes(path: str | Path, data: bytes, mode: int = 0o644) -> None:
-    """Write via a temp file in the same directory and rename: readers see all or nothing."""
+def atomic_write_bytes(
+    path: str | Path, data: bytes, mode: int = 0o644, *, fsync: bool = True
+) -> None:
+    """Write via a temp file in the same directory and rename: readers see all or nothing.
+
+    fsync=False for files rewritten often whose loss in a machine crash does not matter (they
+    live in the pod's emptyDir, gone with the pod anyway): the rename alone keeps them whole.
+    """
     target = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if fsync:
+                os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, target)
     except BaseException:

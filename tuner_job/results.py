@@ -420,23 +420,48 @@ def merge_results(files: Sequence[ResultsFile]) -> ResultsFile:
     """
     if not files:
         raise ValueError("nothing to merge")
-    validators = dict(files[0].validators)
-    best: dict[tuple[str, str], ResultRow] = {}
-    for number, f in enumerate(files, start=1):
-        if f.validators != validators:
+    merger = ResultsMerger()
+    for f in files:
+        merger.add(f)
+    return merger.result()
+
+
+class ResultsMerger:
+    """merge_results one file at a time: memory grows with the distinct GEMMs, not the inputs
+    (the sync sidecar merges a library of many overlapping entries this way)."""
+
+    def __init__(self) -> None:
+        self.validators: dict[str, str] | None = None
+        self.best: dict[tuple[str, str], ResultRow] = {}
+        self.inputs = 0
+
+    def add(self, f: ResultsFile) -> None:
+        """Raises ValidatorMismatchError (and keeps nothing of f) on other validators."""
+        self.inputs += 1
+        if self.validators is None:
+            self.validators = dict(f.validators)
+        elif f.validators != self.validators:
+            validators = self.validators
             raise ValidatorMismatchError(
-                f"results were tuned under different validators (input 1 vs input {number}): "
+                f"results were tuned under different validators (input 1 vs input {self.inputs}): "
                 + "; ".join(
                     f"{k} {_shown(validators.get(k))} vs {_shown(f.validators.get(k))}"
                     for k in sorted(set(validators) | set(f.validators))
                     if validators.get(k) != f.validators.get(k)
                 )
             )
+        best = self.best
         for row in f.rows:
             current = best.get(row.key)
             if current is None or _rank(row) < _rank(current):
                 best[row.key] = row
-    return ResultsFile(validators, [best[k] for k in sorted(best)])
+
+    def keys(self) -> set[tuple[str, str]]:
+        return set(self.best)
+
+    def result(self) -> ResultsFile:
+        best = self.best
+        return ResultsFile(dict(self.validators or {}), [best[k] for k in sorted(best)])
 
 
 def _shown(value: str | None) -> str:
