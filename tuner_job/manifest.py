@@ -44,6 +44,82 @@ class ImageRef:
 
 
 @dataclass(frozen=True)
+class LibraryInfo:
+    """What the GEMM library gave a run: entries merged, and entries skipped as unusable
+    (the first MAX_SKIPPED listed, all counted)."""
+
+    entries: int = 0
+    skipped: tuple[tuple[str, str], ...] = ()  # (object, reason)
+    skipped_count: int = 0
+    error: str | None = None  # the library could not be used at all
+
+    MAX_SKIPPED = 10
+
+    def to_dict(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "entries": self.entries,
+            "skipped": [{"object": o, "reason": r} for o, r in self.skipped],
+            "skippedCount": self.skipped_count,
+        }
+        if self.error is not None:
+            doc["error"] = self.error
+        return doc
+
+
+@dataclass(frozen=True)
+class ResumeInfo:
+    """Whether a run resumed from its checkpoint: status resumed | none | ignored, and why."""
+
+    status: str
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return {"status": self.status, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class ManifestExtra:
+    """Fleet-wide reuse, sharding and resume (all optional: absent from older manifests).
+
+    For one pod, recorded == reused + resumed + newlyTuned + (recorded - gemms): every recorded
+    GEMM came from the library, from the checkpoint, from this run's tuning, or was left
+    untuned (the budget ran out, or torch's offline tuner skipped it). A shard's manifest counts
+    its share: reused + resumed + newlyTuned == gemms. tuningSeconds is GPU time in the tuning
+    process (a merge: the sum over shards); wallSeconds the whole run (a merge: the longest
+    shard).
+    """
+
+    reused: int | None = None
+    resumed: int | None = None
+    newly_tuned: int | None = None
+    library_key: str | None = None
+    shards: int | None = None
+    shard: int | None = None  # set in a shard's own manifest only
+    library: LibraryInfo | None = None
+    resume: ResumeInfo | None = None
+    wall_seconds: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {}
+        for name, value in (
+            ("reused", self.reused),
+            ("resumed", self.resumed),
+            ("newlyTuned", self.newly_tuned),
+            ("libraryKey", self.library_key),
+            ("shards", self.shards),
+            ("shard", self.shard),
+            ("wallSeconds", self.wall_seconds),
+        ):
+            if value is not None:
+                doc[name] = value
+        if self.library is not None:
+            doc["library"] = self.library.to_dict()
+        if self.resume is not None:
+            doc["resume"] = self.resume.to_dict()
+        return doc
+
+
+@dataclass(frozen=True)
 class Manifest:
     namespace: str
     profile: str
@@ -62,6 +138,7 @@ class Manifest:
     outcomes: Outcomes | None = None
     # Added by publish (the tune step cannot see its own image digest); None before that.
     image: ImageRef | None = None
+    extra: ManifestExtra = ManifestExtra()
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -83,6 +160,7 @@ class Manifest:
             doc["outcomes"] = self.outcomes.to_dict()
         if self.image is not None:
             doc["image"] = self.image.to_dict()
+        doc.update(self.extra.to_dict())
         return doc
 
     def to_json(self) -> bytes:
@@ -153,6 +231,81 @@ def _image(doc: dict[str, Any]) -> ImageRef | None:
     return ImageRef(reference=value["reference"], id=value.get("id", ""))
 
 
+def _opt_int(doc: dict[str, Any], key: str, minimum: int = 0) -> int | None:
+    if key not in doc:
+        return None
+    value = doc[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ManifestError(
+            f"manifest field {key!r} must be an integer >= {minimum}, got {value!r}"
+        )
+    return value
+
+
+def _library(doc: dict[str, Any]) -> LibraryInfo | None:
+    value = doc.get("library")
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ManifestError(f"manifest field 'library' must be an object, got {value!r}")
+    entries = _opt_int(value, "entries") or 0
+    skipped_doc = value.get("skipped", [])
+    if not isinstance(skipped_doc, list) or not all(
+        isinstance(s, dict)
+        and isinstance(s.get("object"), str)
+        and isinstance(s.get("reason"), str)
+        for s in skipped_doc
+    ):
+        raise ManifestError('manifest field \'library.skipped\' must be [{"object", "reason"}]')
+    skipped = tuple((s["object"], s["reason"]) for s in skipped_doc)
+    count = _opt_int(value, "skippedCount")
+    error = value.get("error")
+    if error is not None and not isinstance(error, str):
+        raise ManifestError(f"manifest field 'library.error' must be a string, got {error!r}")
+    return LibraryInfo(entries, skipped, len(skipped) if count is None else count, error)
+
+
+def _resume(doc: dict[str, Any]) -> ResumeInfo | None:
+    value = doc.get("resume")
+    if value is None:
+        return None
+    if (
+        not isinstance(value, dict)
+        or value.get("status") not in ("resumed", "none", "ignored")
+        or not isinstance(value.get("reason", ""), str)
+    ):
+        raise ManifestError(
+            'manifest field \'resume\' must be {"status": "resumed"|"none"|"ignored", '
+            f'"reason": "..."}}, got {value!r}'
+        )
+    return ResumeInfo(value["status"], value.get("reason", ""))
+
+
+def _extra(doc: dict[str, Any]) -> ManifestExtra:
+    key = doc.get("libraryKey")
+    if key is not None and not (isinstance(key, str) and _SHA_RE.match(key)):
+        raise ManifestError(f"manifest libraryKey {key!r} is not 64 lowercase hex digits")
+    wall = doc.get("wallSeconds")
+    if wall is not None and (
+        not isinstance(wall, int | float)
+        or isinstance(wall, bool)
+        or not math.isfinite(wall)
+        or wall < 0
+    ):
+        raise ManifestError(f"manifest wallSeconds must be a non-negative number, got {wall!r}")
+    return ManifestExtra(
+        reused=_opt_int(doc, "reused"),
+        resumed=_opt_int(doc, "resumed"),
+        newly_tuned=_opt_int(doc, "newlyTuned"),
+        library_key=key,
+        shards=_opt_int(doc, "shards", 1),
+        shard=_opt_int(doc, "shard"),
+        library=_library(doc),
+        resume=_resume(doc),
+        wall_seconds=float(wall) if wall is not None else None,
+    )
+
+
 def from_dict(doc: Any) -> Manifest:
     if not isinstance(doc, dict):
         raise ManifestError("manifest is not a JSON object")
@@ -194,6 +347,7 @@ def from_dict(doc: Any) -> Manifest:
         tool_version=_str(doc, "toolVersion"),
         outcomes=_outcomes(doc, gemms),
         image=_image(doc),
+        extra=_extra(doc),
     )
 
 

@@ -7,19 +7,19 @@ benchmarks use where no GPU is present) produces the same canonical bytes and ma
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from . import __version__
 from ._fs import atomic_write_bytes, sha256_hex
-from .manifest import Manifest, rfc3339_utc
+from .manifest import Manifest, ManifestExtra, rfc3339_utc
 from .results import ResultsFile, count_outcomes, format_results
 
 RESULTS_NAME = "results.csv"
 MANIFEST_NAME = "manifest.json"
 
 
-def write_output(
-    out: Path,
+def build_output(
     results: ResultsFile,
     *,
     namespace: str,
@@ -30,8 +30,9 @@ def write_output(
     identity: dict[str, str],
     tuning_seconds: float,
     tool_version: str = __version__,
-) -> Manifest:
-    """Write results.csv (canonical form) and then its manifest; returns the manifest.
+    extra: ManifestExtra | None = None,
+) -> tuple[bytes, Manifest]:
+    """results.csv's bytes (canonical form) and the manifest that describes them.
 
     The manifest's ``outcomes`` counts the rows by winner (see ``results.count_outcomes``).
     """
@@ -50,9 +51,46 @@ def write_output(
         tuned_at=rfc3339_utc(),
         tool_version=tool_version,
         outcomes=count_outcomes(results),
+        extra=_rounded(extra or ManifestExtra()),
+    )
+    return data, manifest
+
+
+def write_output(
+    out: Path,
+    results: ResultsFile,
+    *,
+    namespace: str,
+    profile: str,
+    revision: str,
+    gpu_model: str,
+    recorded: int,
+    identity: dict[str, str],
+    tuning_seconds: float,
+    tool_version: str = __version__,
+    extra: ManifestExtra | None = None,
+) -> Manifest:
+    """Write results.csv and then its manifest (see build_output); returns the manifest."""
+    data, manifest = build_output(
+        results,
+        namespace=namespace,
+        profile=profile,
+        revision=revision,
+        gpu_model=gpu_model,
+        recorded=recorded,
+        identity=identity,
+        tuning_seconds=tuning_seconds,
+        tool_version=tool_version,
+        extra=extra,
     )
     out.mkdir(parents=True, exist_ok=True)
     # results first: a manifest on disk always describes a complete results file.
     atomic_write_bytes(out / RESULTS_NAME, data)
     atomic_write_bytes(out / MANIFEST_NAME, manifest.to_json())
     return manifest
+
+
+def _rounded(extra: ManifestExtra) -> ManifestExtra:
+    if extra.wall_seconds is None:
+        return extra
+    return dataclasses.replace(extra, wall_seconds=round(extra.wall_seconds, 3))
