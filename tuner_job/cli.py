@@ -12,9 +12,11 @@ import tempfile
 import time
 import traceback
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
+from . import exchange as ex
 from ._fs import atomic_write_bytes, write_termination_log
 from .config import ConfigError, TuningConfig
 from .config import load as load_config
@@ -26,9 +28,19 @@ from .gpu import (
     require_gpu,
     require_offline_api,
 )
+from .library import keys_of, library_key, partition, rows_for
+from .manifest import ManifestExtra
 from .output import MANIFEST_NAME, RESULTS_NAME, write_output
 from .record import check_shapes, collect_untuned, record_shapes, record_workload
-from .results import CsvFormatError, UntunedRow, dedupe_untuned, format_results, read_untuned
+from .results import (
+    CsvFormatError,
+    ResultsFile,
+    UntunedRow,
+    dedupe_untuned,
+    format_results,
+    merge_results,
+    read_untuned,
+)
 from .tune import TuneOutcome, child_main, tune
 
 PROG = "tuner_job"
@@ -188,43 +200,145 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = _load(args)
     cfg.require_identity()
     cfg.require_workload()
+    shard = cfg.shard_index()
+    exchange = Path(cfg.exchange_dir) if cfg.exchange_dir else None
+    if exchange is not None:
+        ex.begin(exchange)
+    ok, newly = False, 0
+    try:
+        newly = _run(args, cfg, shard, exchange)
+        ok = True
+    finally:
+        # Success or failure, the sidecar makes its final checkpoint upload when it sees this.
+        if exchange is not None:
+            try:
+                ex.finish(exchange, ok, newly)
+            except OSError as exc:
+                _log(f"warning: cannot write {exchange / ex.TUNE_DONE}: {exc}")
+    return 0
+
+
+@dataclass
+class _Plan:
+    """This pod's share of the recorded GEMMs, and where each comes from."""
+
+    share: list[UntunedRow]
+    reused: ResultsFile  # library rows for GEMMs of the share
+    resumed: ResultsFile  # checkpoint rows for the rest of the share
+    to_tune: list[UntunedRow]  # the share's misses
+
+
+def _plan(unique: list[UntunedRow], cfg: TuningConfig, shard: int, prior: ex.Prior) -> _Plan:
+    # The shares partition what every pod of the Job records alike, not each pod's own view
+    # of the misses: pods read the library at different moments and each has its own
+    # checkpoint, so shares of their misses could disagree and leave a GEMM to nobody.
+    share = partition(unique, cfg.shards)[shard] if cfg.shards > 1 else list(unique)
+    keys = keys_of(share)
+    reused = rows_for(prior.library, keys)
+    resumed = rows_for(prior.checkpoint, keys - reused.keys())
+    done = reused.keys() | resumed.keys()
+    return _Plan(share, reused, resumed, [r for r in share if r.key not in done])
+
+
+def _run(args: argparse.Namespace, cfg: TuningConfig, shard: int, exchange: Path | None) -> int:
+    """record, identify, reuse, tune the misses, write the output; returns GEMMs newly tuned."""
     started = time.monotonic()
     deadline = started + cfg.limits.budget_seconds
     torch = _gpu(cfg.gpus)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="tunefleet-work-"))
+    outcome: TuneOutcome | None = None
     try:
         unique, _ = _record(cfg, torch, work, deadline)
-        outcome = tune(
-            unique, gpus=cfg.gpus, limits=cfg.limits, budget_s=deadline - time.monotonic()
-        )
+        identity, validators = identify(torch)
+        key = library_key(cfg.gpu_model, validators, identity)
+        prior = ex.Prior()
+        if exchange is not None:
+            prior = ex.gather(
+                exchange,
+                wait_s=min(cfg.exchange_wait_s, max(deadline - time.monotonic(), 0.0)),
+                gpu_model=cfg.gpu_model,
+                validators=validators,
+                identity=identity,
+                key=key,
+                log=_log,
+            )
+        plan = _plan(unique, cfg, shard, prior)
+        if cfg.shards > 1 or exchange is not None:
+            where = f"shard {shard} of {cfg.shards}: " if cfg.shards > 1 else ""
+            _log(
+                f"{where}{len(plan.share)} GEMM(s): {len(plan.reused.rows)} reused from the "
+                f"library, {len(plan.resumed.rows)} resumed from the checkpoint, "
+                f"{len(plan.to_tune)} to tune"
+            )
+        if plan.to_tune:
+            outcome = tune(
+                plan.to_tune,
+                gpus=cfg.gpus,
+                limits=cfg.limits,
+                budget_s=deadline - time.monotonic(),
+                progress=exchange / ex.PROGRESS_CSV if exchange is not None else None,
+                # Rows from the library or checkpoint, or a shard's share, are worth
+                # publishing even if torch tuned none of the misses.
+                allow_empty=bool(plan.reused.rows or plan.resumed.rows) or cfg.shards > 1,
+            )
     finally:
         if not args.work:  # a scratch directory of our own; --work is kept for inspection
             shutil.rmtree(work, ignore_errors=True)
-    if outcome.identity is not None:
-        identity = outcome.identity
-    else:  # the tuning process was stopped before it could describe the machine
-        identity, _ = identify(torch)
+    results, newly = _combine(plan, outcome, validators)
     out = Path(args.out)
     manifest = write_output(
         out,
-        outcome.results,
+        results,
         namespace=cfg.namespace,
         profile=cfg.profile,
         revision=cfg.revision,
         gpu_model=cfg.gpu_model,
         recorded=len(unique),
         identity=identity,
-        tuning_seconds=outcome.seconds,
+        tuning_seconds=outcome.seconds if outcome is not None else 0.0,
+        extra=ManifestExtra(
+            reused=len(plan.reused.rows),
+            resumed=len(plan.resumed.rows),
+            newly_tuned=newly,
+            library_key=library_key(cfg.gpu_model, results.validators, identity),
+            shards=cfg.shards,
+            shard=shard if cfg.shards > 1 else None,
+            library=prior.library_info,
+            resume=prior.resume_info,
+            wall_seconds=time.monotonic() - started,
+        ),
     )
-    _report_timing(outcome)
-    _report_partial(outcome.stopped_early, outcome.results.gemms, len(unique))
+    if outcome is not None:
+        _report_timing(outcome)
+        _report_partial(outcome.stopped_early, newly, len(plan.to_tune))
+    seconds = outcome.seconds if outcome is not None else 0.0
     print(
-        f"{PROG}: recorded {len(unique)} GEMM(s), tuned {outcome.results.gemms} in "
-        f"{outcome.seconds:.1f}s; wrote {out / RESULTS_NAME} "
-        f"(sha256 {manifest.results_sha256}) and "
-        f"{out / MANIFEST_NAME}"
+        f"{PROG}: recorded {len(unique)} GEMM(s), reused {len(plan.reused.rows)}, resumed "
+        f"{len(plan.resumed.rows)}, tuned {newly} in {seconds:.1f}s; wrote "
+        f"{out / RESULTS_NAME} ({results.gemms} GEMM(s), sha256 {manifest.results_sha256}) "
+        f"and {out / MANIFEST_NAME}"
     )
-    return 0
+    return newly
+
+
+def _combine(
+    plan: _Plan, outcome: TuneOutcome | None, validators: dict[str, str]
+) -> tuple[ResultsFile, int]:
+    """The share's results: reused + resumed + newly tuned rows (disjoint GEMMs)."""
+    newly = rows_for(outcome.results if outcome is not None else None, keys_of(plan.to_tune))
+    prior_rows = plan.reused.rows or plan.resumed.rows
+    if newly.rows and newly.validators != validators and prior_rows:
+        # identify() in this process and the tuning process must agree: reused rows were
+        # checked against the former, and TunableOp loads a file only if every one matches.
+        raise TunerError(
+            "torch reported other validators in the tuning process than before it "
+            f"({newly.validators} vs {validators}): rows from the library or checkpoint "
+            "cannot be published with its results"
+        )
+    parts = [p for p in (plan.reused, plan.resumed, newly) if p.rows]
+    if not parts:
+        return ResultsFile(dict(validators), []), 0
+    return merge_results(parts), len(newly.rows)
 
 
 def _one_line(text: str) -> str:

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 ENV_VAR = "TUNEFLEET_TUNING_CONFIG"
+# An Indexed Job gives each pod its index here; the pod tunes that share of the GEMMs.
+SHARD_ENV = "JOB_COMPLETION_INDEX"
+MAX_SHARDS = 1024
+DEFAULT_EXCHANGE_WAIT_S = 300.0
 
 # torch dtype names a shape may use; float8 ones go through torch._scaled_mm.
 SHAPE_DTYPES = (
@@ -84,6 +89,11 @@ class TuningConfig:
     args: tuple[str, ...] = ()
     shapes: tuple[Shape, ...] = ()
     limits: Limits = field(default_factory=Limits)
+    shards: int = 1
+    # The directory shared with the tunefleet-sync sidecar; "" for a standalone run (no waiting,
+    # nothing reused, no progress written).
+    exchange_dir: str = ""
+    exchange_wait_s: float = DEFAULT_EXCHANGE_WAIT_S
 
     @property
     def workload_argv(self) -> list[str]:
@@ -102,6 +112,18 @@ class TuningConfig:
         ]
         if missing:
             raise ConfigError("tuning config lacks " + ", ".join(missing))
+
+    def shard_index(self, environ: Mapping[str, str] | None = None) -> int:
+        """This pod's share, from $JOB_COMPLETION_INDEX (0 when unset)."""
+        raw = (os.environ if environ is None else environ).get(SHARD_ENV, "").strip()
+        if not raw:
+            return 0
+        if not raw.isdigit() or int(raw) >= self.shards:
+            raise ConfigError(
+                f"{SHARD_ENV}={raw!r} is not a shard index 0..{self.shards - 1} "
+                f"(the config says shards: {self.shards})"
+            )
+        return int(raw)
 
     def require_workload(self) -> None:
         if not self.command and not self.shapes:
@@ -228,6 +250,16 @@ def from_dict(doc: Any) -> TuningConfig:
     gpus = _get(doc, "gpus", int, "config")
     if gpus is not None and gpus < 1:
         raise ConfigError("config.gpus must be >= 1")
+    shards = _get(doc, "shards", int, "config")
+    if shards is not None and not 1 <= shards <= MAX_SHARDS:
+        raise ConfigError(f"config.shards must be 1..{MAX_SHARDS}, got {shards}")
+    exchange = _get(doc, "exchange", dict, "config") or {}
+    exchange_dir = _get(exchange, "dir", str, "exchange") or ""
+    if exchange and not exchange_dir.startswith("/"):
+        raise ConfigError("exchange.dir must be an absolute path")
+    wait = _get(exchange, "waitSeconds", (int, float), "exchange")
+    if wait is not None and wait < 0:
+        raise ConfigError("exchange.waitSeconds must be >= 0")
     command = _str_list(workload, "command", "workload")
     args = _str_list(workload, "args", "workload")
     if args and not command:
@@ -242,6 +274,9 @@ def from_dict(doc: Any) -> TuningConfig:
         args=args,
         shapes=tuple(_shape(s, i) for i, s in enumerate(shapes_doc)),
         limits=limits,
+        shards=shards or 1,
+        exchange_dir=exchange_dir,
+        exchange_wait_s=float(wait) if wait is not None else DEFAULT_EXCHANGE_WAIT_S,
     )
 
 

@@ -6,8 +6,13 @@ stop at the budget. The child:
 
 * on one GPU, applies the profile's limits through the Python API and calls
   ``tune_gemm_in_file`` one GEMM at a time, checking the budget between GEMMs;
-* on N GPUs, calls ``mgpu_tune_gemm_in_file``, whose worker processes are spawned fresh and so
-  see only environment variables: the same limits go to them that way.
+* on N GPUs, calls ``mgpu_tune_gemm_in_file`` on chunks of the GEMMs (checking the budget
+  between chunks); its worker processes are spawned fresh and so see only environment
+  variables: the same limits go to them that way.
+
+With a progress path (the exchange directory's progress.csv), the child rewrites it with what
+torch has tuned so far after every GEMM (one GPU) or chunk (N GPUs), for the sync sidecar to
+checkpoint.
 
 Results are taken from what torch itself produced: ``get_results()`` of the child and every
 results file torch wrote (per ordinal, realtime-appended by recent torch, gathered by the mgpu
@@ -80,6 +85,10 @@ RESULTS_ENV_NAME = "tuned%d.csv"
 REPORT_FILE = "report.json"
 SPEC_FILE = "spec.json"
 KILL_GRACE_S = 10.0
+# N GPUs: mgpu_tune_gemm_in_file spawns a worker per GPU (a torch import and GPU start-up each)
+# on every call, so chunks are big enough to pay for that, and small enough that progress is
+# written and the budget checked now and then.
+MGPU_CHUNK_PER_GPU = 16
 
 
 def _log(msg: str) -> None:
@@ -155,8 +164,15 @@ def tune(
     python: str = sys.executable,
     keep_dir: bool = False,
     log: Log = _log,
+    progress: Path | None = None,
+    allow_empty: bool = False,
 ) -> TuneOutcome:
-    """Tune unique GEMMs; return torch's results (possibly partial when the budget ran out)."""
+    """Tune unique GEMMs; return torch's results (possibly partial when the budget ran out).
+
+    progress: a file the tuning process rewrites with its results so far, as it goes.
+    allow_empty: tuning that produced nothing returns empty results instead of failing (the
+    caller has other rows to publish).
+    """
     if not gemms:
         raise TunerError("no GEMMs to tune")
     if budget_s <= 0:
@@ -173,6 +189,7 @@ def tune(
         "dir": str(tuning_dir),
         "deadline": soft_deadline,
         "limits": asdict(limits),
+        "progress": str(progress) if progress is not None else None,
     }
     (tuning_dir / SPEC_FILE).write_text(json.dumps(spec), encoding="utf-8")
     env = tuning_env(dict(os.environ), tuning_dir)
@@ -200,7 +217,7 @@ def tune(
             os.killpg(proc.pid, signal.SIGKILL)
     seconds = time.monotonic() - started
     try:
-        return _gather(tuning_dir, len(gemms), seconds, rc, killed, log)
+        return _gather(tuning_dir, len(gemms), seconds, rc, killed, log, allow_empty)
     finally:
         if not keep_dir:
             _remove_tree(tuning_dir)
@@ -210,8 +227,26 @@ def _remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _torch_files(tuning_dir: Path, log: Log) -> list[ResultsFile]:
+    """Every results file torch wrote into the tuning directory (realtime-appended per ordinal,
+    and mgpu's gathered copies), parsed; a file cut off by a kill is skipped."""
+    out: list[ResultsFile] = []
+    for path in sorted(tuning_dir.glob("tuned*.csv")):
+        try:
+            out.append(read_results(path))
+        except CsvFormatError as exc:
+            log(f"skipping a results file torch left unfinished: {exc}")
+    return out
+
+
 def _gather(
-    tuning_dir: Path, attempted: int, seconds: float, rc: int | None, killed: bool, log: Log
+    tuning_dir: Path,
+    attempted: int,
+    seconds: float,
+    rc: int | None,
+    killed: bool,
+    log: Log,
+    allow_empty: bool = False,
 ) -> TuneOutcome:
     report: dict[str, Any] = {}
     report_path = tuning_dir / REPORT_FILE
@@ -230,20 +265,19 @@ def _gather(
             sources.append(parse_results(text, "torch.cuda.tunable.get_results()"))
         except CsvFormatError as exc:
             raise TunerError(f"torch returned results this tuner cannot read: {exc}") from None
-    for path in sorted(tuning_dir.glob("tuned*.csv")):
-        try:
-            sources.append(read_results(path))
-        except CsvFormatError as exc:
-            # A file cut off by the budget's kill; the other sources still count.
-            log(f"skipping a results file torch left unfinished: {exc}")
+    # A file cut off by the budget's kill is skipped; the other sources still count.
+    sources += _torch_files(tuning_dir, log)
     sources = [s for s in sources if s.rows]
-    if not sources:
+    if sources:
+        try:
+            merged = merge_results(sources)
+        except ValidatorMismatchError as exc:
+            raise TunerError(str(exc)) from None
+    elif allow_empty:
+        merged = ResultsFile(dict(report.get("validators") or {}), [])
+    else:
         why = "the budget ran out first" if killed else "torch tuned none of them"
         raise TunerError(f"tuning produced no results for {attempted} GEMM(s): {why}")
-    try:
-        merged = merge_results(sources)
-    except ValidatorMismatchError as exc:
-        raise TunerError(str(exc)) from None
     stopped = killed or bool(report.get("stoppedEarly"))
     identity = report.get("identity")
     return TuneOutcome(
@@ -309,6 +343,43 @@ def _apply_limits(tunable: Any, limits: Limits, mgpu: bool) -> None:
         )
 
 
+class _Progress:
+    """progress.csv: what torch has tuned in this run so far, validators and rows, rewritten
+    whole (temp file + rename) so that the sync sidecar only ever reads a complete file."""
+
+    def __init__(self, path: Path | None, tunable: Any) -> None:
+        self.path = path
+        self.tunable = tunable
+
+    def _write(self, results: ResultsFile) -> None:
+        assert self.path is not None
+        data = format_results(results).encode("utf-8")
+        # Rewritten after every GEMM: no fsync (the file lives and dies with the pod).
+        atomic_write_bytes(self.path, data, fsync=False)
+
+    def write_api(self) -> None:
+        """One GPU: this process's get_results() (all it tuned; nothing was loaded)."""
+        if self.path is None:
+            return
+        validators = {str(k): str(v) for k, v in self.tunable.get_validators()}
+        rows = [
+            ResultRow(str(op), str(params), str(sol), format_ms(float(ms)))
+            for op, params, sol, ms in self.tunable.get_results()
+        ]
+        self._write(ResultsFile(validators, rows))
+
+    def write_files(self, tuning_dir: Path) -> None:
+        """N GPUs: the results files the workers appended to."""
+        if self.path is None:
+            return
+        files = [f for f in _torch_files(tuning_dir, _log) if f.rows]
+        if files:
+            try:
+                self._write(merge_results(files))
+            except ValidatorMismatchError as exc:
+                _log(f"progress not written: {exc}")
+
+
 def child_main(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     tuning_dir = Path(spec["dir"])
@@ -326,14 +397,26 @@ def child_main(spec_path: str) -> int:
     if hasattr(tunable, "record_untuned_enable"):
         tunable.record_untuned_enable(False)
     rows = read_untuned(tuning_dir / GEMMS_FILE).rows
+    progress = _Progress(Path(spec["progress"]) if spec.get("progress") else None, tunable)
     failures = 0
     stopped = False
     loop_started = time.monotonic()
     if mgpu:
         # Its workers are spawned: they re-import our __main__ (guarded) and read the env set
         # in _apply_limits; its copies land in tuning_dir, a path without '.' or '0'.
-        tunable.mgpu_tune_gemm_in_file(str(tuning_dir / GEMMS_PATTERN), gpus)
-        torch.cuda.synchronize()
+        size = MGPU_CHUNK_PER_GPU * gpus
+        for start in range(0, len(rows), size):
+            if time.time() >= deadline:
+                stopped = True
+                _log(f"budget reached after {start} of {len(rows)} GEMMs")
+                break
+            chunk = rows[start : start + size]
+            (tuning_dir / GEMMS_FILE).write_text(format_untuned(chunk), encoding="utf-8")
+            tunable.mgpu_tune_gemm_in_file(str(tuning_dir / GEMMS_PATTERN), gpus)
+            torch.cuda.synchronize()
+            # The workers' results are in their files, not in this process.
+            progress.write_files(tuning_dir)
+            _log(f"[{start + len(chunk)}/{len(rows)}] chunk of {len(chunk)} GEMM(s) tuned")
     else:
         one = tuning_dir / "current-gemm.csv"
         for i, row in enumerate(rows, start=1):
@@ -351,6 +434,7 @@ def child_main(spec_path: str) -> int:
                 failures += 1
                 _log(f"[{i}/{len(rows)}] {row.op},{row.params}: {type(exc).__name__}: {exc}")
                 continue
+            progress.write_api()
             _log(f"[{i}/{len(rows)}] {row.op},{row.params} in {time.monotonic() - t0:.1f}s")
     loop_seconds = time.monotonic() - loop_started
     results = [[str(r[0]), str(r[1]), str(r[2]), float(r[3])] for r in tunable.get_results()]
