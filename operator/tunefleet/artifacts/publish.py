@@ -5,8 +5,13 @@ Runs as the tuning Job's last container. Keys:
 results.csv goes first, so a manifest in the store always has its results. The manifest gets
 the tune step's image (reference and the kubelet's imageID): the operator writes the imageID
 into the Job's ConfigMap once the tune step has ended, and publish waits for it, bounded,
-while results.csv uploads. On success the termination message (one JSON line, also on
-stdout) is what the operator reads; it pins the manifest too (its SHA-256).
+while results.csv uploads. Then the artifact is added to the GEMM library of its identity
+(library.py). On success the termination message (one JSON line, also on stdout) is what the
+operator reads; it pins the manifest too (its SHA-256).
+
+With ``--shards N`` (N > 1, this pod's index in $JOB_COMPLETION_INDEX) it publishes no artifact:
+it uploads the shard's output to scratch keys for tunefleet-merge, and its termination message
+describes the shard.
 """
 
 from __future__ import annotations
@@ -14,20 +19,24 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tuner_job._fs import sha256_hex, write_termination_log
+from tuner_job.config import SHARD_ENV
 from tuner_job.manifest import ImageRef, Manifest, ManifestError, loads
 from tuner_job.output import MANIFEST_NAME, RESULTS_NAME
 from tuner_job.results import CsvFormatError, count_outcomes, parse_results
 
+from .library import SCOPES, Added, add_entry, check_revision, check_scope, check_shard, shard_base
 from .store import (
     ConflictError,
+    Location,
     Store,
     StoreError,
     check_key_parts,
@@ -51,6 +60,17 @@ class Published:
     created: bool  # False: the identical results were already there
     kept_existing_manifest: bool
     manifest_sha256: str = ""
+    library: Added | None = None  # the library entry; None if it could not be added
+    library_error: str = ""
+
+
+@dataclass(frozen=True)
+class ShardPublished:
+    uri: str  # the shard's scratch prefix
+    sha256: str
+    manifest: Manifest
+    shard: int
+    shards: int
 
 
 def wait_for_image_id(path: Path | None, timeout_s: float, poll_s: float = 1.0) -> str:
@@ -76,17 +96,41 @@ def _read(path: Path) -> bytes:
 
 
 def load_artifact(
-    directory: Path, namespace: str, profile: str, gpu_model: str
+    directory: Path, namespace: str, profile: str, gpu_model: str, *, require_rows: bool = True
 ) -> tuple[bytes, bytes, Manifest]:
     """Read and cross-check what the tuner wrote before anything leaves the pod."""
     results = _read(directory / RESULTS_NAME)
     manifest_bytes = _read(directory / MANIFEST_NAME)
     try:
-        parsed = parse_results(
-            results.decode("utf-8"), str(directory / RESULTS_NAME), require_rows=True
-        )
         manifest = loads(manifest_bytes)
-    except (CsvFormatError, ManifestError, UnicodeDecodeError) as exc:
+    except ManifestError as exc:
+        raise PublishError(str(exc)) from None
+    check_artifact(
+        results,
+        manifest,
+        namespace,
+        profile,
+        gpu_model,
+        str(directory / RESULTS_NAME),
+        require_rows=require_rows,
+    )
+    return results, manifest_bytes, manifest
+
+
+def check_artifact(
+    results: bytes,
+    manifest: Manifest,
+    namespace: str,
+    profile: str,
+    gpu_model: str,
+    source: str,
+    *,
+    require_rows: bool = True,
+) -> None:
+    """results.csv against its manifest (SHA-256, GEMMs, validators, outcomes, names)."""
+    try:
+        parsed = parse_results(results.decode("utf-8"), source, require_rows=require_rows)
+    except (CsvFormatError, UnicodeDecodeError) as exc:
         raise PublishError(str(exc)) from None
     sha = sha256_hex(results)
     checks = [
@@ -118,7 +162,6 @@ def load_artifact(
     for ok, message in checks:
         if not ok:
             raise PublishError(message)
-    return results, manifest_bytes, manifest
 
 
 def publish(
@@ -135,31 +178,59 @@ def publish(
     image_reference: str = "",
     image_id_file: Path | None = None,
     image_id_timeout_s: float = 120.0,
+    library_scope: str = "namespace",
 ) -> Published:
     try:
         location = parse_uri(uri)
         check_key_parts(namespace, profile, gpu_model)
+        check_scope(library_scope)
     except ValueError as exc:
         raise PublishError(str(exc)) from None
     results, _, manifest = load_artifact(directory, namespace, profile, gpu_model)
-    sha = manifest.results_sha256
     if store is None:
         # The wait for the imageID is not S3 time: the store's deadline leaves room for it.
         waits = image_id_timeout_s if image_reference and image_id_file else 0.0
         store = open_store(
             location, endpoint_url=endpoint_url, region=region, timeout_s=timeout_s + waits
         )
+
+    def with_image(m: Manifest) -> Manifest:
+        if not image_reference:
+            return m
+        return dataclasses.replace(
+            m, image=ImageRef(image_reference, _image_id(image_id_file, image_id_timeout_s))
+        )
+
+    pub = upload_artifact(store, location, results, manifest, with_image)
+    return add_to_library(store, location, library_scope, pub, results)
+
+
+def _image_id(image_id_file: Path | None, timeout_s: float) -> str:
+    image_id = wait_for_image_id(image_id_file, timeout_s)
+    if not image_id and image_id_file is not None:
+        print(
+            f"{PROG}: the tune step's imageID did not arrive within "
+            f"{timeout_s:.0f}s: the manifest records the reference only",
+            file=sys.stderr,
+        )
+    return image_id
+
+
+def upload_artifact(
+    store: Store,
+    location: Location,
+    results: bytes,
+    manifest: Manifest,
+    finish: Callable[[Manifest], Manifest] | None = None,
+) -> Published:
+    """results.csv, then the manifest (``finish`` completes it meanwhile: the image), under
+    ``<prefix>/<ns>/<profile>/<model>/<sha256>/``; publish and merge both end here."""
+    sha = manifest.results_sha256
+    namespace, profile, gpu_model = manifest.namespace, manifest.profile, manifest.gpu_model
     base = location.key(namespace, profile, gpu_model, sha)
     created = store.put_if_absent(f"{base}/{RESULTS_NAME}", results, "text/csv")
-    if image_reference:
-        image_id = wait_for_image_id(image_id_file, image_id_timeout_s)
-        if not image_id and image_id_file is not None:
-            print(
-                f"{PROG}: the tune step's imageID did not arrive within "
-                f"{image_id_timeout_s:.0f}s: the manifest records the reference only",
-                file=sys.stderr,
-            )
-        manifest = dataclasses.replace(manifest, image=ImageRef(image_reference, image_id))
+    if finish is not None:
+        manifest = finish(manifest)
     manifest_bytes = manifest.to_json()
     kept = False
     try:
@@ -180,6 +251,96 @@ def publish(
     return Published(location.uri(base), sha, manifest, created, kept, sha256_hex(manifest_bytes))
 
 
+def add_to_library(
+    store: Store,
+    location: Location,
+    scope: str,
+    pub: Published,
+    results: bytes,
+    prog: str = PROG,
+) -> Published:
+    """Add the published artifact to its library. The artifact is what serving needs; a library
+    that refuses the entry costs later reuse only, so that is said, not failed."""
+    try:
+        added = add_entry(store, location, scope, pub.manifest, results)
+    except (StoreError, UnicodeDecodeError) as exc:
+        reason = " ".join(str(exc).split())
+        print(f"{prog}: warning: not added to the GEMM library: {reason}", file=sys.stderr)
+        return dataclasses.replace(pub, library_error=reason)
+    verb = "added to" if added.created else "already in"
+    print(f"{prog}: {verb} the GEMM library: {added.uri}", file=sys.stderr)
+    return dataclasses.replace(pub, library=added)
+
+
+def publish_shard(
+    directory: Path,
+    uri: str,
+    namespace: str,
+    profile: str,
+    gpu_model: str,
+    shard: int,
+    shards: int,
+    *,
+    store: Store | None = None,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    timeout_s: float = 120.0,
+    image_reference: str = "",
+    image_id_file: Path | None = None,
+    image_id_timeout_s: float = 120.0,
+) -> ShardPublished:
+    """Upload one shard's output for tunefleet-merge (scratch keys: a retried index replaces
+    them). A shard may hold no GEMM at all (more shards than work)."""
+    try:
+        location = parse_uri(uri)
+        check_key_parts(namespace, profile, gpu_model)
+        check_shard(shard, shards)
+    except ValueError as exc:
+        raise PublishError(str(exc)) from None
+    results, _, manifest = load_artifact(
+        directory, namespace, profile, gpu_model, require_rows=False
+    )
+    got = (manifest.extra.shard, manifest.extra.shards)
+    if got != (shard, shards):
+        raise PublishError(
+            f"the tuner's manifest is for shard {got[0]} of {got[1]}, this pod is shard {shard} "
+            f"of {shards} (${SHARD_ENV} and the config's shards must agree)"
+        )
+    try:
+        check_revision(manifest.revision)
+    except ValueError as exc:
+        raise PublishError(str(exc)) from None
+    if image_reference:
+        image = ImageRef(image_reference, _image_id(image_id_file, image_id_timeout_s))
+        manifest = dataclasses.replace(manifest, image=image)
+    if store is None:
+        waits = image_id_timeout_s if image_reference and image_id_file else 0.0
+        store = open_store(
+            location, endpoint_url=endpoint_url, region=region, timeout_s=timeout_s + waits
+        )
+    base = shard_base(location, namespace, profile, gpu_model, manifest.revision, shard, shards)
+    # results first: a manifest in the store describes results that are there.
+    store.put(f"{base}/{RESULTS_NAME}", results, "text/csv")
+    store.put(f"{base}/{MANIFEST_NAME}", manifest.to_json(), "application/json")
+    return ShardPublished(location.uri(base), manifest.results_sha256, manifest, shard, shards)
+
+
+def shard_message(pub: ShardPublished) -> str:
+    m = pub.manifest
+    doc = {
+        "shard": pub.shard,
+        "shards": pub.shards,
+        "gemms": m.gemms,
+        "newlyTuned": m.extra.newly_tuned or 0,
+        "reused": m.extra.reused or 0,
+        "resumed": m.extra.resumed or 0,
+        "recorded": m.recorded,
+        "sha256": pub.sha256,
+        "uri": pub.uri,
+    }
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+
+
 def termination_message(pub: Published, limit: int = TERMINATION_LIMIT) -> str:
     """One JSON line of at most `limit` bytes; identity is trimmed (longest values first)."""
     m = pub.manifest
@@ -197,6 +358,7 @@ def termination_message(pub: Published, limit: int = TERMINATION_LIMIT) -> str:
         doc["outcomes"] = m.outcomes.to_dict()
     if m.image is not None:
         doc["image"] = m.image.to_dict()
+    doc.update(reuse_fields(m))
 
     def encoded() -> bytes:
         return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode("utf-8")
@@ -205,8 +367,35 @@ def termination_message(pub: Published, limit: int = TERMINATION_LIMIT) -> str:
     while len(encoded()) > limit and identity:
         del identity[max(identity, key=lambda k: (len(identity[k]), k))]
     if len(encoded()) > limit:
+        doc["librarySkippedReason"] = doc["librarySkippedReason"][:40]
+    if len(encoded()) > limit:
         raise PublishError("termination message over 4096 bytes even without identity")
     return encoded().decode("utf-8")
+
+
+REASON_LIMIT = 200  # characters of the first skipped library entry's reason in the message
+
+
+def reuse_fields(m: Manifest) -> dict[str, Any]:
+    """What the operator reads about reuse, sharding and resume (defaults for a manifest
+    from before these fields: nothing reused, everything tuned by one pod)."""
+    x = m.extra
+    library = x.library
+    skipped = library.skipped_count if library is not None else 0
+    reason = ""
+    if library is not None:
+        reason = library.skipped[0][1] if library.skipped else (library.error or "")
+    if len(reason) > REASON_LIMIT:
+        reason = reason[: REASON_LIMIT - 3] + "..."
+    return {
+        "recorded": m.recorded,
+        "reused": x.reused or 0,
+        "resumed": x.resumed or 0,
+        "newlyTuned": x.newly_tuned if x.newly_tuned is not None else m.gemms,
+        "shards": x.shards or 1,
+        "librarySkipped": skipped,
+        "librarySkippedReason": reason,
+    }
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -227,35 +416,56 @@ def _parser() -> argparse.ArgumentParser:
         help="file where the operator puts the tune step's imageID (waited for, bounded)",
     )
     p.add_argument("--image-id-timeout-seconds", type=float, default=120.0)
+    p.add_argument(
+        "--library-scope",
+        choices=SCOPES,
+        default="namespace",
+        help="whose GEMM library the artifact joins (default: %(default)s)",
+    )
+    p.add_argument(
+        "--shards",
+        type=int,
+        default=1,
+        help=f"N > 1: upload this shard's output (index in ${SHARD_ENV}) for tunefleet-merge",
+    )
     return p
+
+
+def shard_index() -> int:
+    raw = os.environ.get(SHARD_ENV, "").strip() or "0"
+    if not raw.isdigit():
+        raise PublishError(f"{SHARD_ENV}={raw!r} is not a shard index")
+    return int(raw)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    common: dict[str, Any] = {
+        "endpoint_url": args.endpoint_url,
+        "region": args.region,
+        "timeout_s": args.timeout_seconds,
+        "image_reference": args.image_reference,
+        "image_id_file": args.image_id_file,
+        "image_id_timeout_s": args.image_id_timeout_seconds,
+    }
+    where = (Path(args.dir), args.uri, args.namespace, args.profile, args.gpu_model)
     try:
-        pub = publish(
-            Path(args.dir),
-            args.uri,
-            args.namespace,
-            args.profile,
-            args.gpu_model,
-            endpoint_url=args.endpoint_url,
-            region=args.region,
-            timeout_s=args.timeout_seconds,
-            image_reference=args.image_reference,
-            image_id_file=args.image_id_file,
-            image_id_timeout_s=args.image_id_timeout_seconds,
-        )
-        message = termination_message(pub)
+        if args.shards > 1:
+            shard = publish_shard(*where, shard_index(), args.shards, **common)
+            message = shard_message(shard)
+        else:
+            pub = publish(*where, library_scope=args.library_scope, **common)
+            message = termination_message(pub)
     except (PublishError, StoreError, ManifestError) as exc:
         line = " ".join(str(exc).split())
         print(f"{PROG}: error: {line}", file=sys.stderr)
         write_termination_log(args.termination_log, f"{PROG}: error: {line}"[:TERMINATION_LIMIT])
         return 1
-    if not pub.created:
-        print(f"{PROG}: {pub.uri} was already published: nothing uploaded", file=sys.stderr)
-    if pub.kept_existing_manifest:
-        print(f"{PROG}: kept the manifest already stored for these results", file=sys.stderr)
+    if args.shards <= 1:
+        if not pub.created:
+            print(f"{PROG}: {pub.uri} was already published: nothing uploaded", file=sys.stderr)
+        if pub.kept_existing_manifest:
+            print(f"{PROG}: kept the manifest already stored for these results", file=sys.stderr)
     write_termination_log(args.termination_log, message)
     print(message)
     return 0

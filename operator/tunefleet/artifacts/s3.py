@@ -17,7 +17,15 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-from .store import ConflictError, Location, StoreError, TooLargeError, same_object
+from .store import (
+    ConflictError,
+    Listed,
+    Location,
+    NotFoundError,
+    StoreError,
+    TooLargeError,
+    same_object,
+)
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -124,6 +132,44 @@ class S3Store:
             raise ConflictError(f"a different object already exists at {self.uri(key)}")
         return False
 
+    def put(self, key: str, data: bytes, content_type: str) -> None:
+        checksum = base64.b64encode(hashlib.sha256(data).digest()).decode("ascii")
+        self._check_deadline(f"uploading {self.uri(key)}")
+        try:
+            self.client.put_object(
+                Bucket=self.bucket,
+                Key=key,
+                Body=data,
+                ContentType=content_type,
+                ChecksumAlgorithm="SHA256",
+                ChecksumSHA256=checksum,
+            )
+        except (ClientError, BotoCoreError) as exc:
+            raise StoreError(f"uploading {self.uri(key)} failed: {_describe(exc)}") from None
+
+    def list(self, prefix: str, limit: int) -> list[Listed]:
+        out: list[Listed] = []
+        token: str | None = None
+        while len(out) < limit:
+            self._check_deadline(f"listing {self.uri(prefix)}/")
+            args: dict[str, Any] = {
+                "Bucket": self.bucket,
+                "Prefix": prefix.rstrip("/") + "/",
+                "MaxKeys": min(1000, limit - len(out)),
+            }
+            if token:
+                args["ContinuationToken"] = token
+            try:
+                resp = self.client.list_objects_v2(**args)
+            except (ClientError, BotoCoreError) as exc:
+                raise StoreError(f"listing {self.uri(prefix)}/ failed: {_describe(exc)}") from None
+            for obj in resp.get("Contents", []):
+                out.append(Listed(obj["Key"], int(obj["Size"]), obj["LastModified"].timestamp()))
+            if not resp.get("IsTruncated"):
+                break
+            token = resp.get("NextContinuationToken")
+        return out[:limit]
+
     def get(self, key: str, max_bytes: int) -> bytes:
         self._check_deadline(f"downloading {self.uri(key)}")
         try:
@@ -136,7 +182,7 @@ class S3Store:
         except ClientError as exc:
             code, status = _code(exc)
             if code in ("NoSuchKey", "404") or status == 404:
-                raise StoreError(f"no object at {self.uri(key)}") from None
+                raise NotFoundError(f"no object at {self.uri(key)}") from None
             raise StoreError(f"downloading {self.uri(key)} failed: {_describe(exc)}") from None
         except BotoCoreError as exc:
             # Includes botocore's own response checksum validation failing.

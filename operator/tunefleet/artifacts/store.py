@@ -3,7 +3,8 @@
 The directory store exists so the same publish/fetch code runs where boto3 or an S3 server does
 not (scripts/gpu-check.sh on a GPU machine, unit tests); boto3 is imported only for s3:// URIs.
 Both stores give the same guarantee: an object is written once, under its content-addressed key,
-and an identical object already there is success while a different one is an error.
+and an identical object already there is success while a different one is an error. Scratch
+objects (checkpoints, shard outputs) are the exception: `put` replaces them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -34,6 +35,17 @@ class TooLargeError(StoreError):
     """An object is larger than the caller allows (checked before it is downloaded)."""
 
 
+class NotFoundError(StoreError):
+    """No object under the key."""
+
+
+@dataclass(frozen=True)
+class Listed:
+    key: str  # the full key, as get() takes it
+    size: int
+    modified: float  # seconds since the epoch
+
+
 def same_object(store: Store, key: str, data: bytes) -> bool:
     """Whether the object at key is exactly data (used after a create-if-absent lost)."""
     try:
@@ -46,7 +58,14 @@ class Store(Protocol):
     def put_if_absent(self, key: str, data: bytes, content_type: str) -> bool:
         """Write once. True if written, False if an identical object was already there."""
 
-    def get(self, key: str, max_bytes: int) -> bytes: ...
+    def put(self, key: str, data: bytes, content_type: str) -> None:
+        """Write, replacing what is there (scratch objects only: checkpoints, shard outputs)."""
+
+    def get(self, key: str, max_bytes: int) -> bytes:
+        """The object's bytes; NotFoundError if there is none."""
+
+    def list(self, prefix: str, limit: int) -> list[Listed]:
+        """Objects under ``prefix + "/"``, by key, at most ``limit`` of them."""
 
     def uri(self, key: str) -> str: ...
 
@@ -150,9 +169,45 @@ class DirStore:
                 raise TooLargeError(f"{self.uri(key)} is {size} bytes, more than {max_bytes}")
             return path.read_bytes()
         except FileNotFoundError:
-            raise StoreError(f"no object at {self.uri(key)}") from None
+            raise NotFoundError(f"no object at {self.uri(key)}") from None
         except OSError as exc:
             raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+    def put(self, key: str, data: bytes, content_type: str) -> None:
+        path = self._path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            finally:
+                Path(tmp).unlink(missing_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+    def list(self, prefix: str, limit: int) -> list[Listed]:
+        top = self._path(prefix)
+        out: list[Listed] = []
+        try:
+            # Sorted walk, so the first `limit` are the first by key, as S3 lists them.
+            for dirpath, dirnames, filenames in os.walk(top):
+                dirnames.sort()
+                for name in sorted(filenames):
+                    if name.startswith("."):
+                        continue  # a temp file of a write in progress
+                    path = Path(dirpath) / name
+                    st = path.stat()
+                    out.append(
+                        Listed(path.relative_to(self.root).as_posix(), st.st_size, st.st_mtime)
+                    )
+        except OSError as exc:
+            raise StoreError(f"cannot list {top}: {exc.strerror or exc}") from None
+        out.sort(key=lambda o: o.key)
+        return out[:limit]
 
     def uri(self, key: str) -> str:
         return self.location.uri(key)
@@ -164,9 +219,14 @@ def open_store(
     endpoint_url: str | None = None,
     region: str | None = None,
     timeout_s: float = 60.0,
+    client: Any = None,
 ) -> Store:
+    """A store for the location; ``client``: a boto3 S3 client to reuse (long-running callers
+    open a store per operation, so that each gets its own deadline, without a new client)."""
     if location.scheme == "file":
         return DirStore(location)
     from .s3 import S3Store  # boto3 only where S3 is used
 
-    return S3Store(location, endpoint_url=endpoint_url, region=region, timeout_s=timeout_s)
+    return S3Store(
+        location, endpoint_url=endpoint_url, region=region, timeout_s=timeout_s, client=client
+    )

@@ -1,0 +1,208 @@
+"""The GEMM library, checkpoints and shard outputs in the object store (tunefleet's image).
+
+Keys (``<prefix>`` is the storage URI's prefix):
+
+* library, scope ``namespace`` (default):
+  ``<prefix>/<namespace>/_library/<gpu-model>/<key>/<sha256 of entry>.json``;
+  scope ``cluster``: ``<prefix>/_library/<gpu-model>/<key>/<sha256 of entry>.json``.
+  Profile and namespace names are DNS labels, so ``_library`` never collides with either.
+* checkpoint: ``<prefix>/<ns>/<profile>/<gpu-model>/_checkpoints/<revision>/<i>-of-<N>.json``
+* shard output: ``<prefix>/<ns>/<profile>/<gpu-model>/_shards/<revision>/<i>-of-<N>/
+  {results.csv,manifest.json}``
+
+Library entries are append-only: each is written once (If-None-Match: *, SHA-256 checksum)
+under the hash of its own bytes, never replaced, so two Jobs publishing at the same moment each
+add their own object and lose nothing; readers list the key's prefix and merge. Checkpoints and
+shard outputs are scratch, replaced by a retried pod.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from tuner_job._fs import sha256_hex
+from tuner_job.library import (
+    CheckpointId,
+    EntrySource,
+    LibraryEntryError,
+    library_key,
+    make_entry,
+    parse_entry,
+)
+from tuner_job.manifest import Manifest
+from tuner_job.results import ResultsFile, ResultsMerger, ValidatorMismatchError
+
+from .store import Location, Store, StoreError, TooLargeError
+
+SCOPES = ("namespace", "cluster")
+LIBRARY_DIR = "_library"
+CHECKPOINTS_DIR = "_checkpoints"
+SHARDS_DIR = "_shards"
+
+# Bounds on reading one library (the sidecar has a small memory limit; it keeps one row per
+# distinct GEMM, not every entry). Past MAX_ENTRIES the newest entries are read and the rest
+# reported as skipped; an entry over MAX_ENTRY_BYTES, or past MAX_TOTAL_BYTES, is skipped too.
+MAX_ENTRIES = 500
+MAX_ENTRY_BYTES = 16 << 20
+MAX_TOTAL_BYTES = 64 << 20
+MAX_LISTED = 100_000  # keys listed at most, to find the newest entries
+MAX_CHECKPOINT_BYTES = 64 << 20
+
+_REVISION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+_ENTRY_NAME_RE = re.compile(r"^([0-9a-f]{64})\.json$")
+
+
+def check_scope(scope: str) -> str:
+    if scope not in SCOPES:
+        raise ValueError(f"library scope {scope!r} is not one of {', '.join(SCOPES)}")
+    return scope
+
+
+def check_revision(revision: str) -> str:
+    if not _REVISION_RE.match(revision):
+        raise ValueError(f"revision {revision!r} is not a key-safe name (letters, digits, - _)")
+    return revision
+
+
+def check_shard(shard: int, shards: int) -> None:
+    if not 1 <= shards <= 1024 or not 0 <= shard < shards:
+        raise ValueError(f"shard {shard} of {shards} is not 0..N-1 with N in 1..1024")
+
+
+def library_prefix(location: Location, scope: str, namespace: str, gpu_model: str, key: str) -> str:
+    check_scope(scope)
+    if scope == "cluster":
+        return location.key(LIBRARY_DIR, gpu_model, key)
+    return location.key(namespace, LIBRARY_DIR, gpu_model, key)
+
+
+def checkpoint_key(location: Location, ident: CheckpointId) -> str:
+    return location.key(
+        ident.namespace,
+        ident.profile,
+        ident.gpu_model,
+        CHECKPOINTS_DIR,
+        ident.revision,
+        f"{ident.shard}-of-{ident.shards}.json",
+    )
+
+
+def shard_base(
+    location: Location,
+    namespace: str,
+    profile: str,
+    gpu_model: str,
+    revision: str,
+    shard: int,
+    shards: int,
+) -> str:
+    return location.key(namespace, profile, gpu_model, SHARDS_DIR, revision, f"{shard}-of-{shards}")
+
+
+@dataclass(frozen=True)
+class Added:
+    uri: str
+    created: bool  # False: the identical entry was there already
+
+
+def add_entry(
+    store: Store, location: Location, scope: str, manifest: Manifest, results: bytes
+) -> Added:
+    """Add a published artifact to the library of its identity (create-only, own hash)."""
+    entry = make_entry(
+        gpu_model=manifest.gpu_model,
+        validators=manifest.validators,
+        identity=manifest.identity,
+        source=EntrySource(
+            manifest.namespace, manifest.profile, manifest.revision, manifest.results_sha256
+        ),
+        results_text=results.decode("utf-8"),
+    )
+    key = manifest.extra.library_key
+    computed = library_key(manifest.gpu_model, manifest.validators, manifest.identity)
+    if key is not None and key != computed:
+        raise StoreError(
+            f"the manifest's libraryKey {key} is not its identity's key {computed}: not adding it"
+        )
+    prefix = library_prefix(location, scope, manifest.namespace, manifest.gpu_model, computed)
+    object_key = f"{prefix}/{sha256_hex(entry)}.json"
+    created = store.put_if_absent(object_key, entry, "application/json")
+    return Added(store.uri(object_key), created)
+
+
+@dataclass
+class LibraryView:
+    """A library as read: the merged rows of every good entry, and what was skipped."""
+
+    key: str
+    results: ResultsFile | None = None  # None: no good entry with rows
+    entries: int = 0
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (object, reason)
+
+    @property
+    def gemms(self) -> int:
+        return self.results.gemms if self.results is not None else 0
+
+
+def read_library(
+    store: Store,
+    location: Location,
+    scope: str,
+    namespace: str,
+    gpu_model: str,
+    key: str,
+    validators: dict[str, str],
+) -> LibraryView:
+    """List the key's entries, verify each, merge the good ones (merge_results' rule).
+
+    A listing or store failure raises StoreError (the caller reports it as the library's
+    error); a bad entry is skipped and reported, never merged.
+    """
+    prefix = library_prefix(location, scope, namespace, gpu_model, key)
+    listed = store.list(prefix, MAX_LISTED)
+    view = LibraryView(key)
+    entries = []
+    for o in listed:
+        if "/" in o.key[len(prefix) + 1 :]:
+            view.skipped.append((o.key, "not an entry (a nested key)"))
+        else:
+            entries.append(o)
+    if len(entries) > MAX_ENTRIES:
+        # Newest first: what was tuned recently is what the fleet runs now.
+        entries.sort(key=lambda o: (-o.modified, o.key))
+        for o in entries[MAX_ENTRIES:]:
+            view.skipped.append((o.key, f"over the limit of {MAX_ENTRIES} entries read"))
+        entries = entries[:MAX_ENTRIES]
+    merger = ResultsMerger()
+    total = 0
+    for o in sorted(entries, key=lambda o: o.key):
+        name = o.key.rsplit("/", 1)[-1]
+        m = _ENTRY_NAME_RE.match(name)
+        if m is None:
+            view.skipped.append((o.key, "name is not <sha256>.json"))
+            continue
+        if o.size > MAX_ENTRY_BYTES:
+            view.skipped.append((o.key, f"{o.size} bytes, over the {MAX_ENTRY_BYTES} limit"))
+            continue
+        if total + o.size > MAX_TOTAL_BYTES:
+            view.skipped.append((o.key, f"over the {MAX_TOTAL_BYTES} bytes read per library"))
+            continue
+        try:
+            data = store.get(o.key, MAX_ENTRY_BYTES)
+        except TooLargeError as exc:
+            view.skipped.append((o.key, str(exc)))
+            continue
+        total += len(data)
+        try:
+            _, results = parse_entry(
+                data, name_sha256=m.group(1), key=key, gpu_model=gpu_model, validators=validators
+            )
+            merger.add(results)
+        except (LibraryEntryError, ValidatorMismatchError) as exc:
+            view.skipped.append((o.key, str(exc)))
+            continue
+        view.entries += 1
+    if view.entries:
+        view.results = merger.result()
+    return view
