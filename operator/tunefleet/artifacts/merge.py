@@ -1,0 +1,330 @@
+"""tunefleet-merge: one artifact from the N shards of a sharded tuning Job.
+
+Runs once every index of the Indexed Job has completed (its own pod, tunefleet's image, no GPU).
+Downloads each shard's output from
+``<prefix>/<ns>/<profile>/<gpu-model>/_shards/<revision>/<i>-of-<N>/{results.csv,manifest.json}``,
+verifies it (the manifest names this namespace, profile, GPU model, revision and shard; the
+results hash to the manifest's SHA-256 and agree with it; every shard has the same validators and
+library key), merges the results (merge_results' rule) and publishes the artifact exactly as
+tunefleet-publish does (same keys, checks and termination message), then adds it to the GEMM
+library. A missing or inconsistent shard is refused with one line naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tuner_job._fs import write_termination_log
+from tuner_job.manifest import (
+    ImageRef,
+    LibraryInfo,
+    Manifest,
+    ManifestError,
+    ManifestExtra,
+    ResumeInfo,
+    loads,
+)
+from tuner_job.output import MANIFEST_NAME, RESULTS_NAME, build_output
+from tuner_job.results import ResultsFile, merge_results, parse_results
+
+from .library import SCOPES, check_revision, check_scope, check_shard, shard_base
+from .publish import (
+    TERMINATION_LIMIT,
+    Published,
+    PublishError,
+    add_to_library,
+    check_artifact,
+    termination_message,
+    upload_artifact,
+)
+from .store import (
+    Location,
+    NotFoundError,
+    Store,
+    StoreError,
+    check_key_parts,
+    open_store,
+    parse_uri,
+)
+
+PROG = "tunefleet-merge"
+MAX_RESULTS_BYTES = 256 << 20
+MAX_MANIFEST_BYTES = 1 << 20
+REASON_LIMIT = 1000
+
+
+class MergeError(Exception):
+    pass
+
+
+def _log(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Shard:
+    index: int
+    uri: str
+    manifest: Manifest
+    results: ResultsFile
+
+
+def read_shard(
+    store: Store,
+    location: Location,
+    namespace: str,
+    profile: str,
+    gpu_model: str,
+    revision: str,
+    shard: int,
+    shards: int,
+) -> Shard:
+    base = shard_base(location, namespace, profile, gpu_model, revision, shard, shards)
+    uri = store.uri(base)
+    where = f"shard {shard} of {shards}"
+    try:
+        manifest_bytes = store.get(f"{base}/{MANIFEST_NAME}", MAX_MANIFEST_BYTES)
+        results_bytes = store.get(f"{base}/{RESULTS_NAME}", MAX_RESULTS_BYTES)
+    except NotFoundError:
+        raise MergeError(
+            f"{where} has no output at {uri}/ (did index {shard} complete and publish?)"
+        ) from None
+    try:
+        manifest = loads(manifest_bytes)
+        check_artifact(
+            results_bytes, manifest, namespace, profile, gpu_model, uri, require_rows=False
+        )
+    except (ManifestError, PublishError) as exc:
+        raise MergeError(f"{where} at {uri}/: {exc}") from None
+    got = (manifest.revision, manifest.extra.shard, manifest.extra.shards)
+    if got != (revision, shard, shards):
+        raise MergeError(
+            f"{where} at {uri}/ describes revision {got[0]!r} shard {got[1]} of {got[2]}, "
+            f"not revision {revision!r} shard {shard} of {shards}"
+        )
+    results = parse_results(results_bytes.decode("utf-8"), uri)
+    return Shard(shard, uri, manifest, results)
+
+
+def _check_consistent(shards: list[Shard]) -> None:
+    first = shards[0]
+    for s in shards[1:]:
+        if s.manifest.validators != first.manifest.validators:
+            diff = "; ".join(
+                f"{k} {first.manifest.validators.get(k)!r} vs {s.manifest.validators.get(k)!r}"
+                for k in sorted(set(first.manifest.validators) | set(s.manifest.validators))
+                if first.manifest.validators.get(k) != s.manifest.validators.get(k)
+            )
+            raise MergeError(
+                f"shard {s.index} was tuned under other validators than shard 0 ({diff}): "
+                "TunableOp would load neither file's rows with the other's"
+            )
+        if s.manifest.extra.library_key != first.manifest.extra.library_key:
+            raise MergeError(
+                f"shard {s.index} ran on another software identity than shard 0 (library key "
+                f"{s.manifest.extra.library_key} vs {first.manifest.extra.library_key})"
+            )
+
+
+def _image(shards: list[Shard], image_reference: str) -> ImageRef | None:
+    """The shards' image, when they agree on it (each publish waited for its imageID)."""
+    ids = {s.manifest.image.id for s in shards if s.manifest.image is not None}
+    ids.discard("")
+    if len(ids) > 1:
+        _log(f"warning: the shards ran different image IDs ({', '.join(sorted(ids))})")
+    image_id = ids.pop() if len(ids) == 1 else ""
+    refs = {s.manifest.image.reference for s in shards if s.manifest.image is not None}
+    reference = image_reference or (refs.pop() if len(refs) == 1 else "")
+    return ImageRef(reference, image_id) if reference else None
+
+
+def _library(shards: list[Shard]) -> LibraryInfo | None:
+    infos = [(s.index, s.manifest.extra.library) for s in shards if s.manifest.extra.library]
+    if not infos:
+        return None
+    skipped: dict[str, str] = {}
+    for _, info in infos:
+        assert info is not None
+        for obj, reason in info.skipped:
+            skipped.setdefault(obj, reason)
+    errors = [f"shard {i}: {info.error}" for i, info in infos if info is not None and info.error]
+    return LibraryInfo(
+        entries=max(info.entries for _, info in infos if info is not None),
+        skipped=tuple(sorted(skipped.items())[: LibraryInfo.MAX_SKIPPED]),
+        skipped_count=max(info.skipped_count for _, info in infos if info is not None),
+        error="; ".join(errors)[:REASON_LIMIT] if errors else None,
+    )
+
+
+def _resume(shards: list[Shard]) -> ResumeInfo | None:
+    infos = [(s.index, s.manifest.extra.resume) for s in shards if s.manifest.extra.resume]
+    if not infos:
+        return None
+    statuses = {info.status for _, info in infos if info is not None}
+    status = "resumed" if "resumed" in statuses else "ignored" if "ignored" in statuses else "none"
+    reason = "; ".join(
+        f"shard {i}: {info.reason}" for i, info in infos if info is not None and info.reason
+    )
+    return ResumeInfo(status, reason[:REASON_LIMIT])
+
+
+def merge_shards(
+    shards: list[Shard],
+    *,
+    namespace: str,
+    profile: str,
+    gpu_model: str,
+    revision: str,
+    image_reference: str,
+    log: Callable[[str], None] = _log,
+) -> tuple[bytes, Manifest]:
+    """The merged results.csv and its manifest (counts summed over the disjoint shares)."""
+    _check_consistent(shards)
+    merged = merge_results([s.results for s in shards])
+    ms = [s.manifest for s in shards]
+    recorded = max(m.recorded for m in ms)
+    if len({m.recorded for m in ms}) > 1:
+        counts = ", ".join(f"shard {s.index}: {s.manifest.recorded}" for s in shards)
+        log(
+            f"warning: the shards recorded different numbers of GEMMs ({counts}): the workload "
+            "does not record the same GEMMs every time; counts below use the largest"
+        )
+    overlap = sum(m.gemms for m in ms) - merged.gemms
+    if overlap:
+        log(f"warning: {overlap} GEMM(s) came from more than one shard (the faster row kept)")
+
+    def total(get: Callable[[ManifestExtra], int | None]) -> int:
+        return sum(get(m.extra) or 0 for m in ms)
+
+    walls = [m.extra.wall_seconds or m.tuning_seconds for m in ms]
+    extra = ManifestExtra(
+        reused=total(lambda x: x.reused),
+        resumed=total(lambda x: x.resumed),
+        newly_tuned=total(lambda x: x.newly_tuned),
+        library_key=ms[0].extra.library_key,
+        shards=len(shards),
+        library=_library(shards),
+        resume=_resume(shards),
+        wall_seconds=max(walls),
+    )
+    data, manifest = build_output(
+        merged,
+        namespace=namespace,
+        profile=profile,
+        revision=revision,
+        gpu_model=gpu_model,
+        recorded=recorded,
+        identity=dict(ms[0].identity),
+        tuning_seconds=sum(m.tuning_seconds for m in ms),
+        extra=extra,
+    )
+    image = _image(shards, image_reference)
+    if image is not None:
+        manifest = dataclasses.replace(manifest, image=image)
+    log(
+        f"merged {len(shards)} shard(s): {merged.gemms} of {recorded} recorded GEMM(s) "
+        f"({extra.reused} reused, {extra.resumed} resumed, {extra.newly_tuned} newly tuned; "
+        f"{recorded - merged.gemms} left untuned)"
+    )
+    return data, manifest
+
+
+def merge(
+    uri: str,
+    namespace: str,
+    profile: str,
+    gpu_model: str,
+    revision: str,
+    shards: int,
+    *,
+    library_scope: str = "namespace",
+    image_reference: str = "",
+    store: Store | None = None,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    timeout_s: float = 300.0,
+) -> Published:
+    try:
+        location = parse_uri(uri)
+        check_key_parts(namespace, profile, gpu_model)
+        check_revision(revision)
+        check_shard(0, shards)
+        check_scope(library_scope)
+    except ValueError as exc:
+        raise MergeError(str(exc)) from None
+    if store is None:
+        store = open_store(location, endpoint_url=endpoint_url, region=region, timeout_s=timeout_s)
+    parts = [
+        read_shard(store, location, namespace, profile, gpu_model, revision, i, shards)
+        for i in range(shards)
+    ]
+    data, manifest = merge_shards(
+        parts,
+        namespace=namespace,
+        profile=profile,
+        gpu_model=gpu_model,
+        revision=revision,
+        image_reference=image_reference,
+    )
+    if not manifest.gemms:
+        raise MergeError(f"the {shards} shards hold no tuned GEMM at all: nothing to publish")
+    pub = upload_artifact(store, location, data, manifest)
+    return add_to_library(store, location, library_scope, pub, data, PROG)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--uri", required=True, help="s3://bucket/prefix (or file:///dir)")
+    p.add_argument("--namespace", required=True)
+    p.add_argument("--profile", required=True)
+    p.add_argument("--gpu-model", required=True)
+    p.add_argument("--revision", required=True)
+    p.add_argument("--shards", required=True, type=int)
+    p.add_argument("--library-scope", choices=SCOPES, default="namespace")
+    p.add_argument("--image-reference", default="", help="the image the shards were tuned in")
+    p.add_argument("--endpoint-url", help="S3 endpoint (default: $AWS_ENDPOINT_URL_S3, else AWS)")
+    p.add_argument("--region", help="S3 region (default: $AWS_REGION or us-east-1)")
+    p.add_argument("--termination-log", default="/dev/termination-log")
+    p.add_argument("--timeout-seconds", type=float, default=300.0, help="overall time limit")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    kwargs: dict[str, Any] = {
+        "library_scope": args.library_scope,
+        "image_reference": args.image_reference,
+        "endpoint_url": args.endpoint_url,
+        "region": args.region,
+        "timeout_s": args.timeout_seconds,
+    }
+    try:
+        pub = merge(
+            args.uri,
+            args.namespace,
+            args.profile,
+            args.gpu_model,
+            args.revision,
+            args.shards,
+            **kwargs,
+        )
+        message = termination_message(pub)
+    except (MergeError, PublishError, StoreError, ManifestError) as exc:
+        line = " ".join(str(exc).split())
+        print(f"{PROG}: error: {line}", file=sys.stderr)
+        write_termination_log(args.termination_log, f"{PROG}: error: {line}"[:TERMINATION_LIMIT])
+        return 1
+    if not pub.created:
+        print(f"{PROG}: {pub.uri} was already published: nothing uploaded", file=sys.stderr)
+    write_termination_log(args.termination_log, message)
+    print(message)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
