@@ -81,6 +81,8 @@ def _describe(exc: Exception) -> str:
 
 
 class S3Store:
+    page_size = 1000  # keys per ListObjectsV2 call (S3's own maximum)
+
     def __init__(
         self,
         location: Location,
@@ -155,7 +157,7 @@ class S3Store:
             args: dict[str, Any] = {
                 "Bucket": self.bucket,
                 "Prefix": prefix.rstrip("/") + "/",
-                "MaxKeys": min(1000, limit - len(out)),
+                "MaxKeys": min(self.page_size, limit - len(out)),
             }
             if token:
                 args["ContinuationToken"] = token
