@@ -193,6 +193,15 @@ def patch_config_map(namespace: str, name: str, data: dict[str, str]) -> None:
             raise
 
 
+def count_nodes(label_selector: str) -> int:
+    core = kubernetes.client.CoreV1Api(api())
+    resp = call(
+        "listing nodes",
+        lambda: core.list_node(label_selector=label_selector, _preload_content=False),
+    )
+    return len(_json(resp)["items"])
+
+
 def list_pods(namespace: str | None, label_selector: str) -> list[dict[str, Any]]:
     """Pods across all namespaces (None) or one, as plain dicts."""
     core = kubernetes.client.CoreV1Api(api())

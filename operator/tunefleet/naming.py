@@ -21,6 +21,9 @@ TUNING_PROFILE_LABEL = "tunefleet.io/tuning-profile"
 PROFILE_UID_LABEL = "tunefleet.io/profile-uid"
 MODEL_LABEL = "tunefleet.io/gpu-model"
 REVISION_LABEL = "tunefleet.io/revision"
+# "tune" (the tuning Job: one pod, or one per share with parallelism) or "merge" (the Job that
+# publishes one artifact from the shares). Jobs of versions before 0.2 have none: tune.
+ROLE_LABEL = "tunefleet.io/role"
 MODEL_ANNOTATION = "tunefleet.io/gpu-model"  # on Jobs and ConfigMaps too, read first
 JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"  # set by the Job controller on its pods
 # Set by the webhook on every labelled pod it admits: pods without it were created while the
@@ -46,31 +49,39 @@ def revision(spec: TuningProfileSpec) -> str:
     Models are left out on purpose: adding a model must not retune the others. Storage and
     serving are left out too: they move or serve results without changing them.
     """
+    workload = spec.workload.model_dump(by_alias=True, exclude_none=True)
+    for shape in workload.get("shapes") or []:
+        # Fields added after v0.1 count only when set: an upgrade must not retune everything.
+        for added in ("bias", "tf32"):
+            if not shape.get(added):
+                shape.pop(added, None)
     shaping: dict[str, Any] = {
         "image": spec.image,
-        "gpu": spec.gpu.model_dump(by_alias=True, exclude={"models"}),
-        "workload": spec.workload.model_dump(by_alias=True, exclude_none=True),
+        # parallelism splits the work, it does not change the results.
+        "gpu": spec.gpu.model_dump(by_alias=True, exclude={"models", "parallelism"}),
+        "workload": workload,
         "tuning": spec.tuning.model_dump(
-            by_alias=True, exclude={"active_deadline_seconds", "backoff_limit"}
+            by_alias=True, exclude={"active_deadline_seconds", "backoff_limit", "checkpoint"}
         ),
     }
     blob = json.dumps(shaping, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:10]
 
 
-def job_name(profile: str, model: str, rev: str, uid: str) -> str:
-    """A DNS-1123 label (<= 63 chars) unique per (profile incarnation, model, revision).
+def job_name(profile: str, model: str, rev: str, uid: str, step: str = "tune") -> str:
+    """A DNS-1123 label (<= 63 chars) unique per (profile incarnation, model, revision, step).
 
     Readable prefixes are truncated; the hash keeps distinct inputs apart, whatever their
     length or characters.
     """
-    digest = hashlib.sha256(f"{profile}\0{uid}\0{model}\0{rev}".encode()).hexdigest()[:8]
+    key = f"{profile}\0{uid}\0{model}\0{rev}" + ("" if step == "tune" else f"\0{step}")
+    digest = hashlib.sha256(key.encode()).hexdigest()[:8]
     slug = _DNS_LABEL_CHARS.sub("-", model.lower()).strip("-")
     # Vendor words say little and would eat the readable part of the name.
     for noise in ("amd-instinct-", "nvidia-", "amd-"):
         slug = slug.removeprefix(noise)
     name = _DNS_LABEL_CHARS.sub("-", profile)[:28].strip("-")
-    return f"tune-{name}-{slug[:16].strip('-')}-{digest}".replace("--", "-")
+    return f"{step}-{name}-{slug[:16].strip('-')}-{digest}".replace("--", "-")
 
 
 def label_key(spec: TuningProfileSpec) -> str:
@@ -115,12 +126,13 @@ def spec_problems(spec: TuningProfileSpec) -> list[str]:
     return problems
 
 
-def job_labels(profile: str, uid: str, model: str, rev: str) -> dict[str, str]:
+def job_labels(profile: str, uid: str, model: str, rev: str, role: str = "tune") -> dict[str, str]:
     labels = {
         **MANAGED_BY,
         TUNING_PROFILE_LABEL: profile,
         PROFILE_UID_LABEL: uid,
         REVISION_LABEL: rev,
+        ROLE_LABEL: role,
     }
     # A model that can't be a label value is reported by spec_problems and never gets here.
     labels[MODEL_LABEL] = model

@@ -23,7 +23,12 @@ from pydantic import ValidationError
 
 from tunefleet import kube, metrics, naming
 from tunefleet.api import TuningProfileSpec
-from tunefleet.builders.job import IMAGE_ID_KEY, build_tuning_config_map, build_tuning_job
+from tunefleet.builders.job import (
+    IMAGE_ID_KEY,
+    build_merge_job,
+    build_tuning_config_map,
+    build_tuning_job,
+)
 from tunefleet.config import Config
 from tunefleet.status import (
     Hints,
@@ -75,6 +80,8 @@ class Memory:
     )
     # Labelled pods the webhook never saw, by (namespace, profile name).
     unadmitted: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    # Nodes per (label key, model): (read at, count), for parallelism checks.
+    node_counts: dict[tuple[str, str], tuple[float, int]] = field(default_factory=dict)
     # The tune step's imageID already written to a Job's ConfigMap, by Job uid.
     image_ids: dict[str, str] = field(default_factory=dict)
     # The kubelet's Events about a stuck pod, by pod uid: (read at, events).
@@ -158,12 +165,37 @@ def observe(
     return out
 
 
-def _present(jobs: Iterable[dict[str, Any]]) -> set[tuple[str, str]]:
-    """(model, revision) of every Job the profile has; names of older versions count too."""
+NODES_TTL = 60.0  # seconds a node count is trusted (parallelism checks only)
+
+
+def _too_few_nodes(spec: TuningProfileSpec, memory: Memory) -> dict[str, str]:
+    """Models with fewer nodes than spec.gpu.parallelism: each share needs a node of its own."""
+    key = naming.label_key(spec)
+    out = {}
+    for model in spec.gpu.models:
+        cached = memory.node_counts.get((key, model))
+        if cached is None or time.monotonic() - cached[0] > NODES_TTL:
+            cached = (time.monotonic(), kube.count_nodes(f"{key}={model}"))
+            memory.node_counts[(key, model)] = cached
+        nodes = cached[1]
+        if nodes < spec.gpu.parallelism:
+            out[model] = (
+                f"spec.gpu.parallelism is {spec.gpu.parallelism} but {nodes} node(s) have "
+                f"{key}={model}: each share runs on a node of its own. Lower "
+                f"spec.gpu.parallelism to at most {max(nodes, 1)}, or add nodes; nothing was "
+                "started for this model"
+            )
+    return out
+
+
+def _present(jobs: Iterable[dict[str, Any]], role: str = "tune") -> set[tuple[str, str]]:
+    """(model, revision) of the profile's Jobs of one role; names of older versions count too."""
     out = set()
     for job in jobs:
         meta = job.get("metadata") or {}
         labels = meta.get("labels") or {}
+        if labels.get(naming.ROLE_LABEL, "tune") != role:
+            continue
         model = (meta.get("annotations") or {}).get(naming.MODEL_ANNOTATION) or labels.get(
             naming.MODEL_LABEL, ""
         )
@@ -190,11 +222,14 @@ def sync_profile(
         spec, problems = memory.spec(uid, generation, profile.get("spec") or {})
         problems = list(problems)
         create_error: kopf.TemporaryError | None = None
+        too_few: dict[str, str] = {}
+        if spec and not problems and spec.gpu.parallelism > 1:
+            too_few = _too_few_nodes(spec, memory)
         if spec and not problems and not meta.get("deletionTimestamp"):
             rev = naming.revision(spec)
             have = _present(jobs)
             for model in spec.gpu.models:
-                if (model, rev) in have:
+                if (model, rev) in have or model in too_few:
                     continue
                 args = {"namespace": ns, "profile": name, "uid": uid, "model": model}
                 try:
@@ -220,6 +255,23 @@ def sync_profile(
                     break
         hints = hints_for(spec, config)
         observations = observe(jobs, pods, hints, memory)
+        if spec is not None and not problems and not meta.get("deletionTimestamp"):
+            merged = _present(jobs, role="merge")
+            rev = naming.revision(spec)
+            for obs in observations:
+                shares_done = obs.role == "tune" and obs.shards > 1 and obs.state == "Succeeded"
+                if shares_done and obs.revision == rev and (obs.model, rev) not in merged:
+                    # Every share is in: one Job merges them into the artifact.
+                    kube.create_if_missing(
+                        build_merge_job(
+                            spec,
+                            namespace=ns,
+                            profile=name,
+                            uid=uid,
+                            model=obs.model,
+                            config=config,
+                        )
+                    )
         for obs in observations:
             if (
                 obs.state == "Running"
@@ -247,6 +299,7 @@ def sync_profile(
                 previous=previous,
                 unadmitted=len(memory.unadmitted.get((ns, name), [])),
                 create_error=str(create_error or "")[:MESSAGE_LIMIT],
+                capacity=too_few,
             ),
             now(),
         )
@@ -293,6 +346,14 @@ def announce(
     for art in after.get("artifacts") or []:
         if old_shas.get(art.get("gpuModel")) != art.get("sha256"):
             metrics.ARTIFACTS_PUBLISHED.inc()
+            if art.get("librarySkipped"):
+                kube.post_event_soon(
+                    ref,
+                    "Warning",
+                    "LibraryEntrySkipped",
+                    f"{art['gpuModel']}: {art['librarySkipped']} library entr(y/ies) failed "
+                    f"verification and were not used: {art.get('librarySkippedReason', '')}",
+                )
             if isinstance(art.get("tuningSeconds"), int | float):
                 metrics.TUNING_SECONDS.observe(float(art["tuningSeconds"]))
     was_phase, phase = before.get("phase"), after.get("phase")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from tunefleet import naming
@@ -33,6 +33,9 @@ class JobObservation:
     reason: str = ""
     # The kubelet's imageID of the tune step, once it has ended well.
     image_id: str = ""
+    role: str = "tune"  # or "merge" (parallelism > 1: publishes one artifact from the shares)
+    shards_done: int = 0
+    shards: int = 1
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,8 @@ class Observed:
     unadmitted: int = 0
     # A tuning Job (or its ConfigMap) could not be made just now; retried with backoff.
     create_error: str = ""
+    # Models whose Jobs were not started because too few nodes have them (parallelism).
+    capacity: dict[str, str] = field(default_factory=dict)
 
 
 def parse_result(message: str | None) -> dict[str, Any] | None:
@@ -79,6 +84,14 @@ def artifact_from(job: JobObservation) -> dict[str, Any]:
     identity = result.get("identity")
     if isinstance(identity, dict):
         artifact["identity"] = {str(k): str(v) for k, v in identity.items()}
+    for key in ("recorded", "reused", "resumed", "newlyTuned", "shards"):
+        if isinstance(result.get(key), int) and not isinstance(result.get(key), bool):
+            artifact[key] = result[key]
+    if isinstance(result.get("libraryKey"), str) and result["libraryKey"]:
+        artifact["libraryKey"] = result["libraryKey"]
+    if isinstance(result.get("librarySkipped"), int) and result["librarySkipped"] > 0:
+        artifact["librarySkipped"] = result["librarySkipped"]
+        artifact["librarySkippedReason"] = str(result.get("librarySkippedReason") or "")[:300]
     outcomes = result.get("outcomes")
     if isinstance(outcomes, dict) and all(
         isinstance(outcomes.get(k), int) for k in ("tuned", "default")
@@ -162,6 +175,12 @@ def _summary(artifacts: list[dict[str, Any]], models: list[str]) -> dict[str, An
             out["note"] = f"Default only on {', '.join(flat)}"
         else:
             out["note"] = ""
+        if all(isinstance(a.get("reused"), int) and a.get("recorded") for a in current):
+            reused = sum(int(a["reused"]) for a in current)
+            recorded = sum(int(a["recorded"]) for a in current)
+            out["reuse"] = f"{reused}/{recorded}"
+        else:
+            out["reuse"] = ""
         out["shortSha256"] = ",".join(a["sha256"][:12] for a in current)
         tuned = [a["tunedAt"] for a in current if a.get("tunedAt")]
         if tuned:
@@ -199,7 +218,12 @@ def compute_status(obs: Observed, now: str) -> dict[str, Any]:
     spec = obs.spec
     rev = naming.revision(spec)
     models = list(spec.gpu.models)
-    current = {j.model: j for j in obs.jobs if j.revision == rev and j.model in models}
+    mine = [j for j in obs.jobs if j.revision == rev and j.model in models]
+    current: dict[str, JobObservation] = {}
+    for m in models:
+        found = effective([j for j in mine if j.model == m])
+        if found is not None:
+            current[m] = found
 
     artifacts: dict[str, dict[str, Any]] = {}
     for model in models:
@@ -232,7 +256,14 @@ def compute_status(obs: Observed, now: str) -> dict[str, Any]:
     else:
         failed_cond = cond("Failed", False, "NoFailures", "No tuning Job of this revision failed.")
 
-    if obs.create_error:
+    if obs.capacity:
+        progressing = cond(
+            "Progressing",
+            False,
+            "ParallelismTooHigh",
+            " | ".join(f"{m}: {msg}" for m, msg in obs.capacity.items()) + ".",
+        )
+    elif obs.create_error:
         progressing = cond(
             "Progressing",
             False,
@@ -273,6 +304,15 @@ def compute_status(obs: Observed, now: str) -> dict[str, Any]:
                     " it gains nothing, so pods get it only with spec.serving.serveDefaultOnly."
                 )
         ready = cond("Ready", True, "ArtifactsPublished", msg)
+    elif obs.capacity:
+        ready = cond(
+            "Ready",
+            False,
+            "ParallelismTooHigh",
+            f"No artifact for {', '.join(m for m in models if m not in served)}: "
+            + " | ".join(f"{m}: {msg}" for m, msg in obs.capacity.items())
+            + ".",
+        )
     elif obs.create_error:
         ready = cond(
             "Ready",
@@ -316,13 +356,32 @@ def compute_status(obs: Observed, now: str) -> dict[str, Any]:
 
     ordered = [artifacts[m] for m in models if m in artifacts]
     jobs = []
-    for j in (current[m] for m in models if m in current):
-        entry = {"gpuModel": j.model, "name": j.name, "state": j.state, "message": j.message}
+    for j in sorted(mine, key=lambda j: (models.index(j.model), j.role != "tune")):
+        entry: dict[str, Any] = {
+            "gpuModel": j.model,
+            "name": j.name,
+            "state": j.state,
+            "message": j.message,
+        }
         if j.uid:
             entry["uid"] = j.uid
         if j.reason:
             entry["reason"] = j.reason
+        if j.role == "tune" and j.shards > 1:
+            entry["shards"] = f"{j.shards_done}/{j.shards}"
         jobs.append(entry)
+    progress = []
+    for m in models:
+        now_ = current.get(m)
+        if now_ is None or now_.state in ("Succeeded", "Failed"):
+            continue
+        tune = next((t for t in mine if t.model == m and t.role == "tune"), None)
+        if now_.role == "merge" or (tune and tune.shards > 1 and tune.state == "Succeeded"):
+            progress.append(f"{m}: merging")
+        elif tune and tune.shards > 1:
+            progress.append(f"{m}: {tune.shards_done}/{tune.shards} shards")
+        else:
+            progress.append(f"{m}: {now_.state.lower()}")
     return {
         "observedGeneration": gen,
         "phase": phase,
@@ -330,10 +389,23 @@ def compute_status(obs: Observed, now: str) -> dict[str, Any]:
         **_summary(ordered, models),
         "conditions": [ready, progressing, failed_cond],
         "jobs": jobs,
+        "progress": "; ".join(progress),
         "artifacts": ordered,
         "history": history,
         "unadmittedPods": obs.unadmitted,
     }
+
+
+def effective(jobs: list[JobObservation]) -> JobObservation | None:
+    """What one model's Jobs of a revision amount to: the merge Job's word once there is
+    one; a sharded tuning Job whose shares are all done is still running (merging)."""
+    merge = next((j for j in jobs if j.role == "merge"), None)
+    if merge is not None:
+        return merge
+    tune = next((j for j in jobs if j.role == "tune"), None)
+    if tune is not None and tune.shards > 1 and tune.state == "Succeeded":
+        return replace(tune, state="Running", result=None)
+    return tune
 
 
 def status_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
@@ -544,13 +616,17 @@ def observe_job(
         naming.MODEL_LABEL, ""
     )
     rev = labels.get(naming.REVISION_LABEL, "")
-    conds = {
-        c["type"]: c
-        for c in (job.get("status") or {}).get("conditions") or []
-        if c.get("status") == "True"
-    }
+    role = labels.get(naming.ROLE_LABEL, "tune")
+    jstatus = job.get("status") or {}
+    shards = int((job.get("spec") or {}).get("completions") or 1) if role == "tune" else 1
+    done = _count_indexes(jstatus.get("completedIndexes") or "")
+    conds = {c["type"]: c for c in jstatus.get("conditions") or [] if c.get("status") == "True"}
     retry = f"Fix the cause, then `kubectl delete job -n {ns} {name}` to tune again."
+    more = {"uid": uid, "role": role, "shards": shards, "shards_done": done}
 
+    if ("Complete" in conds or "SuccessCriteriaMet" in conds) and shards > 1:
+        # The shares are in; the merge Job publishes the artifact.
+        return JobObservation(name, model, rev, "Succeeded", **{**more, "shards_done": shards})
     if "Complete" in conds or "SuccessCriteriaMet" in conds:
         result = None
         for pod in _newest_first(pods):
@@ -560,17 +636,18 @@ def observe_job(
             if result:
                 break
         if result is None:
+            step = "merge" if role == "merge" else "publish"
             return JobObservation(
                 name,
                 model,
                 rev,
                 "Failed",
-                f"Job {name} completed but its publish step left no artifact record "
+                f"Job {name} completed but its {step} step left no artifact record "
                 f"(termination message). {retry}",
-                uid=uid,
+                **more,
             )
         return JobObservation(
-            name, model, rev, "Succeeded", "", result, uid=uid, image_id=_tune_image_id(pods)
+            name, model, rev, "Succeeded", "", result, image_id=_tune_image_id(pods), **more
         )
 
     if "Failed" in conds or "FailureTarget" in conds:
@@ -584,8 +661,10 @@ def observe_job(
         msg = f"Job {name} failed ({why})"
         if detail:
             msg += f"; {detail}"
+        if shards > 1 and jstatus.get("failedIndexes"):
+            msg += f"; shares {jstatus['failedIndexes']} of 0-{shards - 1} failed"
         hint = f" Logs: `kubectl logs -n {ns} job/{name} --all-containers`. {retry}"
-        return JobObservation(name, model, rev, "Failed", msg + "." + hint, uid=uid)
+        return JobObservation(name, model, rev, "Failed", msg + "." + hint, **more)
 
     live = [
         p for p in _newest_first(pods) if not (p.get("metadata") or {}).get("deletionTimestamp")
@@ -594,9 +673,18 @@ def observe_job(
         blocker = pod_blocker(pod, model, hints)
         if blocker:
             reason, message = blocker
-            return JobObservation(name, model, rev, "Pending", message, uid=uid, reason=reason)
+            return JobObservation(name, model, rev, "Pending", message, reason=reason, **more)
         if _scheduled(pod):
             return JobObservation(
-                name, model, rev, "Running", uid=uid, image_id=_tune_image_id([pod])
+                name, model, rev, "Running", image_id=_tune_image_id([pod]), **more
             )
-    return JobObservation(name, model, rev, "Pending", uid=uid)
+    return JobObservation(name, model, rev, "Pending", **more)
+
+
+def _count_indexes(ranges: str) -> int:
+    """How many indexes a Job's "1,3-5" notation names."""
+    total = 0
+    for part in filter(None, ranges.split(",")):
+        lo, _, hi = part.partition("-")
+        total += int(hi or lo) - int(lo) + 1
+    return total

@@ -50,12 +50,26 @@ def job_view(body: Mapping[str, Any]) -> dict[str, Any]:
         "metadata": {
             **_pick(meta, "name", "namespace", "uid", "creationTimestamp", "deletionTimestamp"),
             "labels": _pick(
-                labels, naming.PROFILE_UID_LABEL, naming.REVISION_LABEL, naming.MODEL_LABEL
+                labels,
+                naming.PROFILE_UID_LABEL,
+                naming.REVISION_LABEL,
+                naming.MODEL_LABEL,
+                naming.ROLE_LABEL,
             ),
             "annotations": _pick(meta.get("annotations"), naming.MODEL_ANNOTATION),
         },
+        "spec": _pick(body.get("spec"), "completions", "completionMode"),
         "status": {
-            **_pick(status, "active", "ready", "failed", "succeeded", "startTime"),
+            **_pick(
+                status,
+                "active",
+                "ready",
+                "failed",
+                "succeeded",
+                "startTime",
+                "completedIndexes",
+                "failedIndexes",
+            ),
             "conditions": [
                 _pick(c, "type", "status", "reason", "message")
                 for c in status.get("conditions") or []

@@ -10,7 +10,7 @@ import pytest
 
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
-from tunefleet.builders.job import build_tuning_config_map, build_tuning_job
+from tunefleet.builders.job import build_merge_job, build_tuning_config_map, build_tuning_job
 from tunefleet.config import Config
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -30,6 +30,10 @@ def spec(**over: Any) -> TuningProfileSpec:
     return TuningProfileSpec.model_validate(raw)
 
 
+def step(pod: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(c for c in pod["initContainers"] + pod["containers"] if c["name"] == name)
+
+
 def job(
     s: TuningProfileSpec, model: str = "AMD_Instinct_MI300X_OAM", name: str = "llama"
 ) -> dict[str, Any]:
@@ -47,8 +51,10 @@ def test_job_is_scheduled_on_its_model_with_gpus_and_deadline() -> None:
     assert tune["image"] == "registry.example.com/serve:1"
     assert tune["resources"]["limits"] == {"amd.com/gpu": "4"}
     assert j["spec"]["activeDeadlineSeconds"] == 7200
-    assert j["spec"]["backoffLimit"] == 1
-    assert [c["name"] for c in pod["initContainers"]] == ["bootstrap", "tune"]
+    assert j["spec"]["backoffLimitPerIndex"] == 1
+    assert j["spec"]["completionMode"] == "Indexed" and j["spec"]["completions"] == 1
+    assert [c["name"] for c in pod["initContainers"]] == ["bootstrap", "sync", "tune"]
+    assert pod["initContainers"][1]["restartPolicy"] == "Always"  # a native sidecar
     assert [c["name"] for c in pod["containers"]] == ["publish"]
 
 
@@ -63,7 +69,7 @@ def test_nvidia_defaults_and_overrides() -> None:
     )
     pod = job(s, model="NVIDIA-H200")["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"gpu.example/model": "NVIDIA-H200"}
-    assert "example.com/gpu" in pod["initContainers"][1]["resources"]["limits"]
+    assert "example.com/gpu" in step(pod, "tune")["resources"]["limits"]
     plain = spec(gpu={"vendor": "nvidia", "models": ["NVIDIA-H200"]})
     pod = job(plain, model="NVIDIA-H200")["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
@@ -108,7 +114,7 @@ def test_credentials_by_reference_and_tuning_config() -> None:
     refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in publish["env"] if "valueFrom" in e}
     assert refs["AWS_ACCESS_KEY_ID"] == {"name": "s3", "key": "AWS_ACCESS_KEY_ID"}
     assert all("value" not in e for e in publish["env"] if e["name"].startswith("AWS_SECRET"))
-    tune = pod["initContainers"][1]
+    tune = step(pod, "tune")
     env = {e["name"]: e.get("value") for e in tune["env"]}
     assert env["HF_HOME"] == "/x"
     # No configuration in the environment (one string may not pass 128 KiB): a ConfigMap file,
@@ -160,3 +166,77 @@ def test_spec_problems_catch_what_the_schema_cannot() -> None:
     problems = naming.spec_problems(bad)
     assert len(problems) == 1 and "can't be a node label value" in problems[0]
     assert naming.spec_problems(spec()) == []
+
+
+def test_parallelism_makes_one_share_per_node_and_a_merge_job() -> None:
+    s = spec(gpu={"vendor": "amd", "models": ["AMD_Instinct_MI300X_OAM"], "parallelism": 3})
+    j = job(s)
+    assert j["spec"]["completions"] == j["spec"]["parallelism"] == 3
+    pod = j["spec"]["template"]["spec"]
+    (term,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"] == j["spec"]["template"]["metadata"]["labels"]
+    publish = step(pod, "publish")["command"]
+    assert publish[publish.index("--shards") + 1] == "3"
+    sync = step(pod, "sync")["command"]
+    assert sync[sync.index("--shards") + 1] == "3" and "--library-scope" in sync
+    merge = build_merge_job(
+        s,
+        namespace="ml",
+        profile="llama",
+        uid="uid-1",
+        model="AMD_Instinct_MI300X_OAM",
+        config=Config(image="tf:1"),
+    )
+    assert merge["metadata"]["name"] != j["metadata"]["name"]
+    assert merge["metadata"]["labels"][naming.ROLE_LABEL] == "merge"
+    (c,) = merge["spec"]["template"]["spec"]["containers"]
+    assert c["command"][0] == "tunefleet-merge" and "resources" in c
+    assert not any("gpu" in k for k in c["resources"].get("limits", {}))
+
+
+def test_parallelism_and_checkpoints_do_not_change_the_revision() -> None:
+    base = spec()
+    more = spec(
+        gpu={**base.gpu.model_dump(by_alias=True), "parallelism": 4},
+        tuning={"checkpoint": {"everyGemms": 1}},
+    )
+    assert naming.revision(base) == naming.revision(more)
+
+
+def test_a_v0_1_spec_keeps_its_revision() -> None:
+    """Revisions name Jobs and artifacts: an upgrade that changed them would retune every
+    profile. The expected value is what tunefleet 0.1 (commit 78f2856) computed."""
+    old = TuningProfileSpec.model_validate(
+        {
+            "image": "registry.example.com/ml/llama-serve:2.4.0-rocm6.4",
+            "gpu": {"vendor": "amd", "models": ["AMD_Instinct_MI300X_OAM"], "count": 1},
+            "workload": {
+                "command": ["python3", "-m", "serve", "--warmup-only"],
+                "args": ["--max-batch-size", "32"],
+                "env": [
+                    {"name": "HF_HOME", "value": "/x"},
+                    {
+                        "name": "TOKEN",
+                        "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}},
+                    },
+                ],
+                "shapes": [
+                    {"mnk": [4096, 4096, 4096], "dtype": "bfloat16", "transB": True},
+                    {"mnk": [128, 14336, 4096], "batch": 4},
+                ],
+            },
+            "tuning": {
+                "maxDurationMs": 30,
+                "maxIterations": 100,
+                "rotatingBufferMB": 256,
+                "budgetSeconds": 3600,
+                "activeDeadlineSeconds": 7200,
+            },
+            "storage": {
+                "uri": "s3://tunefleet/artifacts",
+                "credentialsSecret": {"name": "s3-credentials"},
+            },
+        }
+    )
+    assert naming.revision(old) == "78cdb2e08b"

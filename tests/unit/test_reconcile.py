@@ -206,3 +206,51 @@ def test_a_job_that_cannot_be_made_now_is_said_in_status_then_retried(
     (status,) = api.patches
     ready = status["conditions"][0]
     assert ready["reason"] == "JobCreateFailed" and "exceeded quota" in ready["message"]
+
+
+def sharded(monkeypatch: pytest.MonkeyPatch, nodes: int) -> tuple[dict[str, Any], FakeApi]:
+    p = profile(gpu={"vendor": "amd", "models": MODELS[:1], "parallelism": 2})
+    monkeypatch.setattr(kube, "count_nodes", lambda selector: nodes)
+    return p, FakeApi(monkeypatch)
+
+
+def test_parallelism_beyond_the_nodes_of_a_model_starts_nothing_and_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    p, api = sharded(monkeypatch, nodes=1)
+    status = sync_profile(p, [], [], CFG, Memory())
+    assert api.created == []
+    ready = status["conditions"][0]
+    assert ready["reason"] == "ParallelismTooHigh"
+    assert (
+        "spec.gpu.parallelism is 2 but 1 node(s) have amd.com/gpu.product-name=" in ready["message"]
+    )
+
+
+def test_shares_done_bring_a_merge_job_and_progress_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    p, api = sharded(monkeypatch, nodes=2)
+    sync_profile(p, [], [], CFG, Memory())
+    (tune_name,) = [n for k, n in api.created if k == "Job"]
+    (tune,) = jobs_for(p, MODELS[:1])
+    tune = {
+        **tune,
+        "spec": {"completions": 2},
+        "status": {"completedIndexes": "1", "conditions": []},
+    }
+    memory = Memory()
+    status = sync_profile(p, [tune], [], CFG, memory)
+    assert status["jobs"][0]["shards"] == "1/2"
+    assert status["progress"] == f"{MODELS[0]}: 1/2 shards"
+    done = {
+        **tune,
+        "status": {
+            "completedIndexes": "0-1",
+            "conditions": [{"type": "Complete", "status": "True"}],
+        },
+    }
+    status = sync_profile({**p, "status": status}, [done], [], CFG, memory)
+    merges = [n for k, n in api.created if k == "Job" and n.startswith("merge-")]
+    assert len(merges) == 1 and status["progress"] == f"{MODELS[0]}: merging"
+    assert status["phase"] != "Failed"  # no artifact record from shares is expected

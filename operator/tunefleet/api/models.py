@@ -43,6 +43,7 @@ class GpuSpec(_Model):
     label_key: str | None = Field(default=None, min_length=1, max_length=316)
     resource_name: str | None = Field(default=None, min_length=1, max_length=253)
     count: int = Field(default=1, ge=1, le=16)
+    parallelism: int = Field(default=1, ge=1, le=64)
 
     @model_validator(mode="after")
     def _unique_models(self) -> GpuSpec:
@@ -153,6 +154,11 @@ class WorkloadSpec(_Model):
         return self
 
 
+class Checkpoint(_Model):
+    every_gemms: int = Field(default=16, ge=1, le=4096)
+    every_seconds: int = Field(default=120, ge=10, le=3600)
+
+
 class TuningLimits(_Model):
     max_duration_ms: int = Field(default=30, ge=1, le=60000)
     max_iterations: int = Field(default=100, ge=1, le=100000)
@@ -163,6 +169,7 @@ class TuningLimits(_Model):
     budget_seconds: int = Field(default=3600, ge=30, le=172800)
     active_deadline_seconds: int = Field(default=7200, ge=60, le=259200)
     backoff_limit: int = Field(default=1, ge=0, le=6)
+    checkpoint: Checkpoint = Checkpoint()
 
     @model_validator(mode="after")
     def _deadline_after_budget(self) -> TuningLimits:
@@ -236,6 +243,14 @@ class Artifact(_Model):
     outcomes: Outcomes | None = None
     manifest_sha256: str | None = Field(default=None, alias="manifestSha256")
     image: ImageRef | None = None
+    recorded: int | None = None
+    reused: int | None = None
+    resumed: int | None = None
+    newly_tuned: int | None = None
+    shards: int | None = None
+    library_key: str | None = None
+    library_skipped: int | None = None
+    library_skipped_reason: str | None = None
     revision: str | None = None
     tuned_at: str | None = None
     tuning_seconds: float | None = None

@@ -24,6 +24,10 @@ CONFIG_KEY = "config.json"
 # The operator adds this key to the Job's ConfigMap once the tune step has ended: the kubelet's
 # imageID of the tune container, which publish records in the manifest.
 IMAGE_ID_KEY = "tune-image-id"
+# Shared by sync (the sidecar), tune and publish: library, checkpoints, progress (see
+# tuner_job/exchange.py). No '.' and no '0' in the path: mgpu_tune_gemm_in_file's quirks.
+EXCHANGE_DIR = "/tunefleet/exchange"
+EXCHANGE_WAIT_SECONDS = 300
 # The user's image decides where python lives; prefer python3, accept python. The workload
 # command arrives as this script's positional arguments ("$@"), passed on untouched.
 TUNE_SCRIPT = (
@@ -56,7 +60,7 @@ def tuning_config(
     for shape in workload.get("shapes", []):
         shape["m"], shape["n"], shape["k"] = shape.pop("mnk")
     tuning = spec.tuning.model_dump(
-        by_alias=True, exclude={"active_deadline_seconds", "backoff_limit"}
+        by_alias=True, exclude={"active_deadline_seconds", "backoff_limit", "checkpoint"}
     )
     return {
         "namespace": namespace,
@@ -64,6 +68,8 @@ def tuning_config(
         "gpuModel": model,
         "revision": rev,
         "gpus": spec.gpu.count,
+        "shards": spec.gpu.parallelism,
+        "exchange": {"dir": EXCHANGE_DIR, "waitSeconds": EXCHANGE_WAIT_SECONDS},
         "workload": workload,
         "tuning": tuning,
     }
@@ -122,6 +128,51 @@ def build_tuning_config_map(
     }
 
 
+def _sync_container(
+    spec: TuningProfileSpec, config: Config, *, namespace: str, profile: str, model: str, rev: str
+) -> dict[str, Any]:
+    """The tuning pod's native sidecar: library in, checkpoints out (tuner_job can't do S3)."""
+    every = spec.tuning.checkpoint
+    return {
+        "name": "sync",
+        "image": config.image,
+        "imagePullPolicy": config.image_pull_policy,
+        # A native sidecar: starts before tune, runs beside it and publish, stopped after.
+        "restartPolicy": "Always",
+        "command": [
+            "tunefleet-sync",
+            "--exchange",
+            EXCHANGE_DIR,
+            "--uri",
+            spec.storage.uri,
+            "--namespace",
+            namespace,
+            "--profile",
+            profile,
+            "--gpu-model",
+            model,
+            "--revision",
+            rev,
+            "--shards",
+            str(spec.gpu.parallelism),
+            "--library-scope",
+            config.library_scope,
+            "--checkpoint-every-gemms",
+            str(every.every_gemms),
+            "--checkpoint-every-seconds",
+            str(every.every_seconds),
+            *storage_args(spec, config),
+        ],
+        "env": storage_env(spec, config),
+        "volumeMounts": [
+            {"name": "exchange", "mountPath": EXCHANGE_DIR},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+        "securityContext": hardened(),
+        "resources": SMALL_RESOURCES,
+    }
+
+
 def build_tuning_job(
     spec: TuningProfileSpec,
     *,
@@ -131,11 +182,13 @@ def build_tuning_job(
     model: str,
     config: Config,
 ) -> dict[str, Any]:
+    """One Indexed Job per GPU model: spec.gpu.parallelism pods, each tuning its share."""
     rev = naming.revision(spec)
     name = naming.job_name(profile, model, rev, uid)
     labels = naming.job_labels(profile, uid, model, rev)
     resource = naming.resource_name(spec)
     gpus = str(spec.gpu.count)
+    shards = spec.gpu.parallelism
 
     user_env = [e.model_dump(by_alias=True, exclude_none=True) for e in spec.workload.env or []]
     tune_env = [
@@ -146,6 +199,7 @@ def build_tuning_job(
     volumes = [
         {"name": "tools", "emptyDir": {"sizeLimit": "64Mi"}},
         {"name": "out", "emptyDir": {"sizeLimit": "1Gi"}},
+        {"name": "exchange", "emptyDir": {"sizeLimit": "1Gi"}},
         {"name": "tmp", "emptyDir": {}},
         # Every key, so that IMAGE_ID_KEY appears in publish's mount when the operator adds it.
         {"name": "config", "configMap": {"name": name}},
@@ -173,6 +227,7 @@ def build_tuning_job(
             {"name": "tools", "mountPath": TOOLS_DIR, "readOnly": True},
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "out", "mountPath": OUT_DIR},
+            {"name": "exchange", "mountPath": EXCHANGE_DIR},
         ],
         # The user's image decides its user and writes where it likes; we only take away
         # what tuning never needs.
@@ -199,12 +254,16 @@ def build_tuning_job(
             spec.image,
             "--image-id-file",
             f"{CONFIG_DIR}/{IMAGE_ID_KEY}",
+            "--library-scope",
+            config.library_scope,
+            *(["--shards", str(shards)] if shards > 1 else []),
             *storage_args(spec, config),
         ],
         "env": storage_env(spec, config),
         "volumeMounts": [
             {"name": "out", "mountPath": OUT_DIR, "readOnly": True},
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": "exchange", "mountPath": EXCHANGE_DIR, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
         "securityContext": hardened(),
@@ -220,9 +279,27 @@ def build_tuning_job(
         "tolerations": [{"key": resource, "operator": "Exists", "effect": "NoSchedule"}],
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "volumes": volumes,
-        "initContainers": [bootstrap, tune],
+        "initContainers": [
+            bootstrap,
+            _sync_container(
+                spec, config, namespace=namespace, profile=profile, model=model, rev=rev
+            ),
+            tune,
+        ],
         "containers": [publish],
     }
+    if shards > 1:
+        # One share per node: the point of parallelism is more nodes' GPUs at once.
+        pod_spec["affinity"] = {
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "topologyKey": "kubernetes.io/hostname",
+                        "labelSelector": {"matchLabels": labels},
+                    }
+                ]
+            }
+        }
     if spec.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": s.name} for s in spec.image_pull_secrets]
     return {
@@ -236,8 +313,81 @@ def build_tuning_job(
             "ownerReferences": [owner_reference(profile, uid)],
         },
         "spec": {
-            "backoffLimit": spec.tuning.backoff_limit,
+            # Indexed: pod i tunes share i (JOB_COMPLETION_INDEX); a failed share is retried
+            # alone, up to backoffLimit times.
+            "completionMode": "Indexed",
+            "completions": shards,
+            "parallelism": shards,
+            "backoffLimitPerIndex": spec.tuning.backoff_limit,
             "activeDeadlineSeconds": spec.tuning.active_deadline_seconds,
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }
+
+
+def build_merge_job(
+    spec: TuningProfileSpec,
+    *,
+    namespace: str,
+    profile: str,
+    uid: str,
+    model: str,
+    config: Config,
+) -> dict[str, Any]:
+    """With parallelism > 1: publish one artifact from the shares (no GPU, our image)."""
+    rev = naming.revision(spec)
+    labels = naming.job_labels(profile, uid, model, rev, role="merge")
+    merge = {
+        "name": "merge",
+        "image": config.image,
+        "imagePullPolicy": config.image_pull_policy,
+        "command": [
+            "tunefleet-merge",
+            "--uri",
+            spec.storage.uri,
+            "--namespace",
+            namespace,
+            "--profile",
+            profile,
+            "--gpu-model",
+            model,
+            "--revision",
+            rev,
+            "--shards",
+            str(spec.gpu.parallelism),
+            "--library-scope",
+            config.library_scope,
+            "--image-reference",
+            spec.image,
+            *storage_args(spec, config),
+        ],
+        "env": storage_env(spec, config),
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "securityContext": hardened(),
+        "resources": SMALL_RESOURCES,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "volumes": [{"name": "tmp", "emptyDir": {}}],
+        "containers": [merge],
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": naming.job_name(profile, model, rev, uid, step="merge"),
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": {naming.MODEL_ANNOTATION: model},
+            "ownerReferences": [owner_reference(profile, uid)],
+        },
+        "spec": {
+            "backoffLimit": 2,
+            "activeDeadlineSeconds": 1800,
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }
