@@ -350,11 +350,14 @@ class _Progress:
     def __init__(self, path: Path | None, tunable: Any) -> None:
         self.path = path
         self.tunable = tunable
+        # Each row's text, formatted once: the file is rewritten after every GEMM.
+        self.lines: dict[tuple[str, str], tuple[tuple[str, str, float], str]] = {}
 
-    def _write(self, results: ResultsFile) -> None:
+    def _write(self, validators: dict[str, str], rows: list[str]) -> None:
         assert self.path is not None
-        data = format_results(results).encode("utf-8")
-        # Rewritten after every GEMM: no fsync (the file lives and dies with the pod).
+        head = "".join(f"Validator,{k},{v}\n" for k, v in sorted(validators.items()))
+        data = (head + "".join(rows)).encode("utf-8")
+        # No fsync: the file lives and dies with the pod; the rename keeps it whole.
         atomic_write_bytes(self.path, data, fsync=False)
 
     def write_api(self) -> None:
@@ -362,11 +365,12 @@ class _Progress:
         if self.path is None:
             return
         validators = {str(k): str(v) for k, v in self.tunable.get_validators()}
-        rows = [
-            ResultRow(str(op), str(params), str(sol), format_ms(float(ms)))
-            for op, params, sol, ms in self.tunable.get_results()
-        ]
-        self._write(ResultsFile(validators, rows))
+        for op, params, sol, ms in self.tunable.get_results():
+            key, value = (str(op), str(params)), (str(sol), str(ms), float(ms))
+            cached = self.lines.get(key)
+            if cached is None or cached[0] != value:
+                self.lines[key] = (value, f"{key[0]},{key[1]},{value[0]},{format_ms(value[2])}\n")
+        self._write(validators, [self.lines[k][1] for k in sorted(self.lines)])
 
     def write_files(self, tuning_dir: Path) -> None:
         """N GPUs: the results files the workers appended to."""
@@ -375,9 +379,12 @@ class _Progress:
         files = [f for f in _torch_files(tuning_dir, _log) if f.rows]
         if files:
             try:
-                self._write(merge_results(files))
+                merged = merge_results(files)
             except ValidatorMismatchError as exc:
                 _log(f"progress not written: {exc}")
+                return
+            text = format_results(merged)
+            self._write({}, [text])
 
 
 def child_main(spec_path: str) -> int:
