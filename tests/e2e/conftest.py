@@ -1,4 +1,9 @@
-"""Fixtures for the operator's end-to-end tests (the cluster and S3 ones are in tests/conftest.py)."""
+"""Fixtures for the operator's end-to-end tests (the cluster and S3 ones are in tests/conftest.py).
+
+The operator runs one way at a time (see tests/support/operator.py): `operator` gives the
+process on this machine, `in_cluster` the chart's Deployment on the real node; asking for
+one stops the other, so two operators never reconcile side by side.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +12,49 @@ from typing import Any
 
 import pytest
 
-from tests.support.operator import Operator, create_s3_secret, install
+from tests.support.cluster import ensure_images
+from tests.support.operator import (
+    InCluster,
+    Operator,
+    create_s3_secret,
+    install,
+    install_in_cluster,
+)
+
+_running: dict[str, Any] = {"process": None, "in_cluster": None}
 
 
-@pytest.fixture(scope="session")
-def operator(cluster: Any, s3: Any) -> Iterator[Operator]:
-    op = install(cluster, s3.endpoint)
-    yield op
-    op.stop()
+@pytest.fixture(scope="session", autouse=True)
+def _stop_operators() -> Iterator[None]:
+    yield
+    if _running["process"] is not None:
+        _running["process"].stop()
+
+
+@pytest.fixture
+def operator(cluster: Any, s3: Any) -> Operator:
+    if _running["in_cluster"] is not None:
+        _running["in_cluster"].uninstall()
+        _running["in_cluster"] = None
+    op: Operator | None = _running["process"]
+    if op is None:
+        op = install(cluster, s3.endpoint)
+        _running["process"] = op
+    elif op.proc is None or op.proc.poll() is not None:
+        op.start()
+    return op
+
+
+@pytest.fixture
+def in_cluster(cluster: Any, s3: Any) -> InCluster:
+    if _running["process"] is not None:
+        _running["process"].stop()
+        _running["process"] = None
+    if _running["in_cluster"] is None:
+        ensure_images()
+        _running["in_cluster"] = install_in_cluster(cluster, s3.pod_endpoint)
+    deployed: InCluster = _running["in_cluster"]
+    return deployed
 
 
 @pytest.fixture

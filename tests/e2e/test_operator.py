@@ -177,10 +177,14 @@ def test_examples_tune_one_job_per_model_and_turn_ready(
 
     table = cluster.kubectl("get", "tuningprofiles", "-n", namespace).stdout
     header = table.splitlines()[0].split()
-    assert header == ["NAME", "MODELS", "PHASE", "GEMMS", "AGE"], table
+    assert header == ["NAME", "MODELS", "PHASE", "GEMMS", "PROGRESS", "AGE"], table
     assert "llama-8b-rocm" in table and "Ready" in table and "AMD_Instinct_MI325X_OAM" in table
+    row = next(line for line in table.splitlines() if line.startswith("llama-8b-rocm"))
+    assert row.split()[3] == "4/4"  # tuned/total: in the sample every GEMM beat Default
     wide = cluster.kubectl("get", "tuningprofiles", "-n", namespace, "-o", "wide").stdout
-    assert wide.splitlines()[0].split()[5:] == ["SHA256", "TUNED", "MESSAGE"], wide
+    assert wide.splitlines()[0].split()[6:] == ["SHA256", "TUNED", "REUSED", "NOTE", "MESSAGE"], (
+        wide
+    )
     assert published["mistral-7b-cuda"][0][:12] in wide
 
     # Deleting a profile deletes its Jobs (garbage collection), never the artifacts.
@@ -252,6 +256,37 @@ INVALID = [
     ),
     ("shape-not-mnk", {"workload": {"shapes": [{"mnk": [1, 2]}]}}, "spec.workload.shapes[0].mnk"),
     ("x" * 64, {}, "at most 63 characters"),
+    (
+        "image-with-space",
+        {"image": "registry.example.com/serve 1"},
+        "spec.image must be a container image reference",
+    ),
+    (
+        "image-uppercase",
+        {"image": "Serve/Model:1"},
+        "spec.image must be a container image reference",
+    ),
+    (
+        "env-both",
+        {
+            "workload": {
+                "command": ["x"],
+                "env": [
+                    {
+                        "name": "A",
+                        "value": "1",
+                        "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+                    }
+                ],
+            }
+        },
+        "either value or valueFrom",
+    ),
+    (
+        "bias-batched",
+        {"workload": {"shapes": [{"mnk": [8, 8, 8], "batch": 2, "bias": True, "transB": True}]}},
+        "cannot be batched",
+    ),
 ]
 
 

@@ -1,9 +1,17 @@
-"""Run tunefleet on the local control plane as users run it: chart installed, operator with
-the chart's ServiceAccount (not cluster-admin), webhook reached by URL on 127.0.0.1.
+"""Run tunefleet on the local control plane as users run it.
 
-Containers do not run on kwok's fake nodes, so `carry_out_publish` plays a tuning pod's last
-step itself: the real publish CLI uploads a stand-in results file to the real S3 server, and
-the pod's status gets the termination message the real step would have left.
+Two ways, one at a time (both are the release "tunefleet" in tunefleet-system):
+- `install()`: the chart installed without replicas and the operator as a process on this
+  machine with the chart's ServiceAccount token, webhook reached by URL on 127.0.0.1. Fast to
+  kill and restart (kill storms, scale benchmarks), and what the kwok-fleet tests use.
+- `install_in_cluster()`: the chart's Deployment, from the image `make images` built, on the
+  real node: ServiceAccount token, webhook through the chart's Service via kube-proxy, leader
+  election between replicas. Tuning Jobs and model pods for the real node's GPU model run
+  every step in real containers.
+
+Containers do not run on kwok's fake nodes, so for those `carry_out_publish` plays a tuning
+pod's last step itself: the real publish CLI uploads a stand-in results file to the real S3
+server, and the pod's status gets the termination message the real step would have left.
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import yaml
+
+from tests.support.cluster import REAL_NODE_SELECTOR, REAL_NODE_TOLERATIONS, TUNEFLEET_IMAGE
 
 ROOT = Path(__file__).resolve().parents[2]
 RELEASE = "tunefleet"
@@ -76,7 +86,8 @@ class Operator:
     log: Path
     proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
+    def start(self, wait: bool = True) -> None:
+        """Start the process; with wait, return once its webhook port listens (startup done)."""
         out = self.log.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tunefleet"],
@@ -85,6 +96,8 @@ class Operator:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        if not wait:
+            return
         deadline = time.monotonic() + 30
         port = int(self.env["TUNEFLEET_WEBHOOK_PORT"])
         while time.monotonic() < deadline:  # the webhook port listening means startup is done
@@ -112,8 +125,21 @@ class Operator:
             except subprocess.TimeoutExpired:
                 self.kill()
 
-    def logs(self) -> str:
-        return self.log.read_text(errors="replace")
+    def logs(self, since: int = 0) -> str:
+        """The log, from byte offset `since` (see log_size) on."""
+        with self.log.open("rb") as f:
+            f.seek(since)
+            return f.read().decode(errors="replace")
+
+    def log_size(self) -> int:
+        return self.log.stat().st_size if self.log.exists() else 0
+
+    def rss_mib(self) -> float:
+        assert self.proc is not None
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
 
 
 def install(cluster: Any, s3_endpoint: str) -> Operator:
@@ -142,7 +168,7 @@ def install(cluster: Any, s3_endpoint: str) -> Operator:
         "--set-file",
         f"webhook.caBundle={ca}",
         "--set",
-        "image.tag=e2e",
+        "webhook.enabled=true",
         "--wait",
         "--timeout",
         "120s",
@@ -150,7 +176,9 @@ def install(cluster: Any, s3_endpoint: str) -> Operator:
     op = Operator(
         kubeconfig=sa_kubeconfig(cluster.kubectl, cluster.kubeconfig, work / "sa.kubeconfig"),
         env={
-            "TUNEFLEET_IMAGE": "ghcr.io/tunefleet/tunefleet:e2e",
+            "TUNEFLEET_IMAGE": TUNEFLEET_IMAGE,
+            "TUNEFLEET_IMAGE_PULL_POLICY": "Never",
+            "TUNEFLEET_METRICS_PORT": str(free_port()),
             "TUNEFLEET_WEBHOOK_PORT": str(port),
             "TUNEFLEET_WEBHOOK_ADDR": "127.0.0.1",
             "TUNEFLEET_WEBHOOK_HOST": "127.0.0.1",
@@ -252,6 +280,10 @@ def carry_out_publish(
     stand_in_tuner_output(work / "out", config, salt)
     cmd = list(container(pod, "publish")["command"])
     cmd[cmd.index("--dir") + 1] = str(work / "out")
+    # No kubelet here to tell the operator the tune step's imageID: record the reference only.
+    if "--image-id-file" in cmd:
+        cmd[cmd.index("--image-id-file") + 1] = str(work / "no-image-id")
+        cmd += ["--image-id-timeout-seconds", "0"]
     done = subprocess.run(
         [*cmd, "--termination-log", str(work / "termination-log")],
         env=tool_env(s3_env),
@@ -289,3 +321,83 @@ def set_pod_outcome(
         "--overwrite",
         *(f"{k}={v}" for k, v in annotations.items()),
     )
+
+
+# --- the chart's Deployment on the real node ---------------------------------------------
+
+
+@dataclass
+class InCluster:
+    """The operator as the chart deploys it; `kubectl` reaches it, nothing runs here."""
+
+    cluster: Any
+    replicas: int
+
+    def pods(self) -> list[dict[str, Any]]:
+        out = self.cluster.kubectl(
+            "get", "pods", "-n", SYSTEM_NS, "-l", "app.kubernetes.io/name=tunefleet", "-o", "json"
+        ).stdout
+        return [p for p in json.loads(out)["items"] if not p["metadata"].get("deletionTimestamp")]
+
+    def leader(self) -> str:
+        """The holder of the Lease (pod name_pid)."""
+        lease = json.loads(
+            self.cluster.kubectl(
+                "get", "lease", "-n", SYSTEM_NS, f"{RELEASE}-operator", "-o", "json"
+            ).stdout
+        )
+        return str(lease["spec"].get("holderIdentity") or "")
+
+    def logs(self, pod: str, previous: bool = False) -> str:
+        args = ["logs", "-n", SYSTEM_NS, pod]
+        if previous:
+            args.append("--previous")
+        return str(self.cluster.kubectl(*args, check=False).stdout)
+
+    def uninstall(self) -> None:
+        """Back to no replicas (the process mode's chart), so a later install() stands alone."""
+        self.cluster.kubectl(
+            "scale", "deployment", "-n", SYSTEM_NS, RELEASE, "--replicas=0", check=False
+        )
+
+
+def chart_values_for_real_node(s3_pod_endpoint: str, replicas: int) -> list[str]:
+    values = {
+        "image": {"pullPolicy": "Never"},
+        "operator": {
+            "replicas": replicas,
+            "nodeSelector": REAL_NODE_SELECTOR,
+            "tolerations": REAL_NODE_TOLERATIONS,
+            "defaultS3Endpoint": s3_pod_endpoint,
+            "resyncSeconds": 600,
+        },
+    }
+    path = Path(tempfile.mkdtemp(prefix="tunefleet-values-")) / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return ["-f", str(path)]
+
+
+def install_in_cluster(cluster: Any, s3_pod_endpoint: str, replicas: int = 2) -> InCluster:
+    """helm upgrade --install the chart with its Deployment on the real node; wait for it."""
+    helm(
+        cluster.bin_dir,
+        cluster.kubeconfig,
+        "upgrade",
+        "--install",
+        RELEASE,
+        str(ROOT / "charts" / "tunefleet"),
+        "--namespace",
+        SYSTEM_NS,
+        "--create-namespace",
+        *chart_values_for_real_node(s3_pod_endpoint, replicas),
+        "--set",
+        "webhook.url=",
+        "--set",
+        "webhook.caBundle=",
+        "--wait",
+        "--timeout",
+        "180s",
+    )
+    # A webhook CA from an earlier process-mode install may still be in place: the release
+    # just rewrote the configuration, and --wait saw every replica Ready.
+    return InCluster(cluster, replicas)
