@@ -303,6 +303,21 @@ def test_past_the_entry_limit_the_newest_are_read_and_the_rest_reported(
     assert MAX_ENTRIES == 500  # the real bound, documented in docs/tuner.md
 
 
+def test_an_entry_that_would_pass_the_gemm_bound_is_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tunefleet.artifacts.library as lib
+
+    monkeypatch.setattr(lib, "MAX_GEMMS", 5)
+    store = DirStore(parse_uri(f"file://{tmp_path}"))
+    one = place(store, entry_bytes(rows(ROCM, slice(0, 4)), profile="a"))
+    other = place(store, entry_bytes(rows(ROCM, slice(4, 8)), profile="b"))
+    view = read(store)  # whichever comes first fits; the other would make 8 GEMMs
+    assert (view.gemms, view.entries) == (4, 1)
+    ((skipped, reason),) = view.skipped
+    assert skipped in (one, other) and reason == "over the 5 GEMMs kept per library"
+
+
 # --- publishing adds entries; concurrent publishes lose nothing ------------------------------
 
 

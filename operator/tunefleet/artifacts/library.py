@@ -40,12 +40,15 @@ LIBRARY_DIR = "_library"
 CHECKPOINTS_DIR = "_checkpoints"
 SHARDS_DIR = "_shards"
 
-# Bounds on reading one library (the sidecar has a small memory limit; it keeps one row per
-# distinct GEMM, not every entry). Past MAX_ENTRIES the newest entries are read and the rest
-# reported as skipped; an entry over MAX_ENTRY_BYTES, or past MAX_TOTAL_BYTES, is skipped too.
+# Bounds on reading one library, for the sidecar's small memory limit: it keeps one row per
+# distinct GEMM (~0.5 KB each), and parsing an entry takes ~1 KB per row while it lasts (a
+# 4 MiB entry holds ~45,000 rows). Past MAX_ENTRIES the newest entries are read and the rest
+# reported as skipped; an entry over MAX_ENTRY_BYTES, past MAX_TOTAL_BYTES, or that would take
+# the library past MAX_GEMMS distinct GEMMs is skipped and reported too.
 MAX_ENTRIES = 500
-MAX_ENTRY_BYTES = 16 << 20
-MAX_TOTAL_BYTES = 64 << 20
+MAX_ENTRY_BYTES = 4 << 20
+MAX_TOTAL_BYTES = 32 << 20
+MAX_GEMMS = 100_000
 MAX_LISTED = 100_000  # keys listed at most, to find the newest entries
 MAX_CHECKPOINT_BYTES = 64 << 20
 
@@ -198,6 +201,10 @@ def read_library(
             _, results = parse_entry(
                 data, name_sha256=m.group(1), key=key, gpu_model=gpu_model, validators=validators
             )
+            new = sum(1 for r in results.rows if r.key not in merger.best)
+            if len(merger.best) + new > MAX_GEMMS:
+                view.skipped.append((o.key, f"over the {MAX_GEMMS} GEMMs kept per library"))
+                continue
             merger.add(results)
         except (LibraryEntryError, ValidatorMismatchError) as exc:
             view.skipped.append((o.key, str(exc)))
