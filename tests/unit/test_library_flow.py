@@ -151,6 +151,21 @@ def test_shards_tune_disjoint_shares_and_the_merge_is_their_union(tmp_path: Path
     assert sum(r.manifest()["reused"] for r in again) == 40
 
 
+def test_a_shard_is_not_published_as_the_profiles_artifact(tmp_path: Path) -> None:
+    spec = job(tmp_path, "llama", range(6), shards=2)
+    pod = Pod(spec, tmp_path / "pod", 1)
+    pod.start_sync()
+    pod.start_tune()
+    assert pod.wait_tune().returncode == 0
+    pod.stop_sync()
+    pod.job = JobSpec(**{**spec.__dict__, "shards": 1})  # publish without --shards
+    done = pod.publish()
+    assert done.returncode == 1
+    assert "the tuner's output is shard 1 of 2: publish it with --shards 2" in done.stderr
+    model_dir = tmp_path / "store" / "ml" / "llama" / spec.model
+    assert [p.name for p in model_dir.iterdir()] == ["_checkpoints"]  # no artifact
+
+
 def test_the_merge_refuses_a_missing_or_inconsistent_shard(tmp_path: Path) -> None:
     spec = job(tmp_path, "llama", range(12), shards=2)
     runs = run_job(spec, tmp_path / "job")

@@ -93,3 +93,29 @@ def test_a_whole_run_works_on_python_310(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["outcomes"] == {"tuned": 0, "default": 1}
+
+
+@needs_310
+def test_a_shard_with_an_exchange_directory_runs_on_python_310(tmp_path: Path) -> None:
+    # The reuse/sharding path (no sidecar here: it waits 0 s and says so), on 3.10.
+    config = {
+        "namespace": "ml",
+        "profile": "p",
+        "gpuModel": "NVIDIA-H200",
+        "revision": "r1",
+        "shards": 2,
+        "exchange": {"dir": str(tmp_path / "exchange"), "waitSeconds": 0},
+        "workload": {"shapes": [{"m": 64 * i, "n": 32, "k": 16} for i in range(1, 7)]},
+        "tuning": {"budgetSeconds": 60},
+    }
+    (tmp_path / "c.json").write_text(json.dumps(config))
+    done = run310(
+        "-m", "tuner_job", "--termination-log", str(tmp_path / "tl"),
+        "run", "--config", "c.json", "--out", "out",
+        cwd=tmp_path, fake=True, env={"JOB_COMPLETION_INDEX": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert (manifest["shard"], manifest["shards"], manifest["newlyTuned"]) == (1, 2, 3)
+    assert manifest["resume"]["status"] == "none"
+    assert (tmp_path / "exchange" / "progress.csv").exists()

@@ -187,6 +187,12 @@ def publish(
     except ValueError as exc:
         raise PublishError(str(exc)) from None
     results, _, manifest = load_artifact(directory, namespace, profile, gpu_model)
+    if (manifest.extra.shards or 1) > 1:
+        # One share published as the profile's artifact would serve most GEMMs untuned.
+        raise PublishError(
+            f"the tuner's output is shard {manifest.extra.shard} of {manifest.extra.shards}: "
+            f"publish it with --shards {manifest.extra.shards}, for tunefleet-merge"
+        )
     if store is None:
         # The wait for the imageID is not S3 time: the store's deadline leaves room for it.
         waits = image_id_timeout_s if image_reference and image_id_file else 0.0

@@ -355,6 +355,10 @@ class Sync:
             self.log(f"error in the final upload: {exc!r}")
 
     def run(self) -> int:
+        try:
+            self.s.exchange.mkdir(parents=True, exist_ok=True)  # an emptyDir in a pod
+        except OSError as exc:
+            self.log(f"error: cannot create {self.s.exchange}: {exc}")
         self.start()
         while not self.stopping.is_set():
             self.step()
