@@ -25,7 +25,7 @@ from tunefleet.artifacts.library import (
     library_prefix,
     read_library,
 )
-from tunefleet.artifacts.store import DirStore, Location, NotFoundError, parse_uri
+from tunefleet.artifacts.store import DirStore, Location, NotFoundError, StoreError, parse_uri
 from tuner_job.library import (
     COST_CAP,
     COST_FLOOR,
@@ -275,6 +275,21 @@ def test_an_entry_whose_key_field_lies_is_skipped(tmp_path: Path) -> None:
         dict(read(store).skipped)[obj]
         == "its key does not match its own gpuModel/validators/identity"
     )
+
+
+def test_an_entry_the_store_fails_to_give_is_skipped_and_the_rest_read(tmp_path: Path) -> None:
+    class Flaky(DirStore):
+        def get(self, key: str, max_bytes: int) -> bytes:
+            if key == broken:
+                raise StoreError(f"downloading {key} failed: SlowDown (HTTP 503)")
+            return super().get(key, max_bytes)
+
+    store = Flaky(parse_uri(f"file://{tmp_path}"))
+    place(store, entry_bytes(rows(ROCM, slice(0, 3)), profile="a"))
+    broken = place(store, entry_bytes(rows(ROCM, slice(3, 6)), profile="b"))
+    view = read(store)
+    assert view.entries == 1 and view.gemms == 3
+    assert view.skipped == [(broken, f"not read: downloading {broken} failed: SlowDown (HTTP 503)")]
 
 
 def test_reading_an_empty_library_gives_nothing(tmp_path: Path) -> None:

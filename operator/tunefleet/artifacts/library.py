@@ -33,7 +33,7 @@ from tuner_job.library import (
 from tuner_job.manifest import Manifest
 from tuner_job.results import ResultsFile, ResultsMerger, ValidatorMismatchError
 
-from .store import Location, Store, StoreError, TooLargeError
+from .store import Location, Store, StoreError
 
 SCOPES = ("namespace", "cluster")
 LIBRARY_DIR = "_library"
@@ -159,8 +159,8 @@ def read_library(
 ) -> LibraryView:
     """List the key's entries, verify each, merge the good ones (merge_results' rule).
 
-    A listing or store failure raises StoreError (the caller reports it as the library's
-    error); a bad entry is skipped and reported, never merged.
+    A listing failure raises StoreError (the caller reports it as the library's error); an entry
+    that cannot be read, or is bad, is skipped and reported, never merged.
     """
     prefix = library_prefix(location, scope, namespace, gpu_model, key)
     listed = store.list(prefix, MAX_LISTED)
@@ -193,8 +193,8 @@ def read_library(
             continue
         try:
             data = store.get(o.key, MAX_ENTRY_BYTES)
-        except TooLargeError as exc:
-            view.skipped.append((o.key, str(exc)))
+        except StoreError as exc:  # too large, gone, or the store failed: less to reuse
+            view.skipped.append((o.key, f"not read: {exc}"))
             continue
         total += len(data)
         try:

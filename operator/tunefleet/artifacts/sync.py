@@ -73,6 +73,8 @@ PROG = "tunefleet-sync"
 MIN_UPLOAD_INTERVAL_S = 2.0
 POLL_S = 0.5
 OPERATION_TIMEOUT_S = 60.0  # each S3 operation's own deadline (a sidecar lives for hours)
+# Reading a library is up to 500 downloads; the tuner waits 300 s by default for all of it.
+LIBRARY_TIMEOUT_S = 240.0
 
 
 def _log(message: str) -> None:
@@ -125,7 +127,7 @@ class Sync:
 
     # --- the store ---------------------------------------------------------------------------
 
-    def store(self) -> Store:
+    def store(self, timeout_s: float = OPERATION_TIMEOUT_S) -> Store:
         """A store per operation, so each gets its own deadline; one boto3 client for all."""
         if self._store_factory is not None:
             return self._store_factory()
@@ -133,7 +135,7 @@ class Sync:
             from .s3 import make_client
 
             self._client = make_client(self.s.endpoint_url, self.s.region, OPERATION_TIMEOUT_S)
-        return open_store(self.s.location, timeout_s=OPERATION_TIMEOUT_S, client=self._client)
+        return open_store(self.s.location, timeout_s=timeout_s, client=self._client)
 
     def path(self, name: str) -> Path:
         return self.s.exchange / name
@@ -206,7 +208,7 @@ class Sync:
         try:
             validators, key = self._identity(doc)
             view = read_library(
-                self.store(),
+                self.store(LIBRARY_TIMEOUT_S),
                 self.s.location,
                 self.s.scope,
                 self.s.ident.namespace,
