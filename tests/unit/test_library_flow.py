@@ -368,3 +368,52 @@ def test_progress_is_what_torch_tuned_so_far_in_results_format(tmp_path: Path) -
     parsed = parse_results(progress, "progress.csv", require_rows=True)
     final = read_results(run.out / "results.csv")
     assert format_results(parsed) == format_results(final)  # everything was new: same rows
+
+
+def test_an_unreadable_checkpoint_is_never_overwritten_before_it_is_read(tmp_path: Path) -> None:
+    from tunefleet.artifacts.store import StoreError
+    from tunefleet.artifacts.sync import Settings, Sync
+
+    ident = CheckpointId("ml", "llama", "M", "3f2a9c01de", 0, 1)
+    old_rows = "Validator,PT_VERSION,2.11.0+standin\nGemmTunableOp_BFloat16_TN,tn_8_8_8_ld_8_8_8,Default,0.5\n"
+
+    class Flaky(DirStore):
+        failing = True
+
+        def get(self, key: str, max_bytes: int) -> bytes:
+            if self.failing:
+                raise StoreError("downloading ... failed: InternalError (HTTP 500)")
+            return super().get(key, max_bytes)
+
+    store = Flaky(parse_uri(f"file://{tmp_path / 'store'}"))
+    settings = Settings(
+        exchange=tmp_path / "exchange",
+        location=store.location,
+        ident=ident,
+        scope="namespace",
+        every_gemms=1,
+        every_seconds=60,
+        min_interval_s=0,
+    )
+    key = checkpoint_key(store.location, ident)
+    store.put(key, make_checkpoint(ident, old_rows, "t0"), "application/json")
+    logs: list[str] = []
+    sync = Sync(settings, store=lambda: store, log=logs.append)
+    settings.exchange.mkdir()
+    sync.start()
+    status = json.loads((settings.exchange / "checkpoint.json").read_text())
+    assert status["status"] == "none" and "could not read the checkpoint" in status["reason"]
+    (settings.exchange / "progress.csv").write_text(
+        "Validator,PT_VERSION,2.11.0+standin\nGemmTunableOp_BFloat16_TN,tn_16_8_8_ld_8_8_16,Default,0.25\n"
+    )
+    sync.step()  # due, but the stored checkpoint is still unreadable: not replaced
+    assert "checkpoint not uploaded: the stored one cannot be read (retrying)" in logs
+    store.failing = False
+    intact = parse_checkpoint(store.get(key, 1 << 20), ident)
+    assert intact.keys() == {("GemmTunableOp_BFloat16_TN", "tn_8_8_8_ld_8_8_8")}  # the old one
+    sync.step()
+    merged = parse_checkpoint(store.get(key, 1 << 20), ident)
+    assert merged.keys() == {
+        ("GemmTunableOp_BFloat16_TN", "tn_8_8_8_ld_8_8_8"),
+        ("GemmTunableOp_BFloat16_TN", "tn_16_8_8_ld_8_8_16"),
+    }  # the earlier attempt's rows kept, this run's added

@@ -309,6 +309,9 @@ class Sync:
         try:
             if self.base_state == "unknown":
                 self._read_checkpoint()  # its rows must not be lost by this upload
+                if self.base_state == "unknown":
+                    self.log("checkpoint not uploaded: the stored one cannot be read (retrying)")
+                    return
             progress = self.progress.result()
             merged = progress
             if self.base is not None and self.base.rows:
