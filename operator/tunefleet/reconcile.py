@@ -278,8 +278,8 @@ def sync_profile(
                 and obs.image_id
                 and memory.image_ids.get(obs.uid) != obs.image_id
             ):
-                # The tune step has ended: tell publish (waiting in the same pod) which image
-                # it ran, through the Job's ConfigMap, for the manifest.
+                # The tune step runs: tell publish (in the same pod, later) which image it is,
+                # through the Job's ConfigMap, for the manifest.
                 kube.patch_config_map(ns, obs.name, {IMAGE_ID_KEY: obs.image_id})
                 memory.image_ids[obs.uid] = obs.image_id
             if obs.reason == "ConfigMapMissing" and spec is not None:

@@ -585,11 +585,14 @@ def pod_blocker(pod: dict[str, Any], model: str, hints: Hints) -> tuple[str, str
 
 
 def _tune_image_id(pods: list[dict[str, Any]]) -> str:
-    """The imageID of the newest pod's tune step, once that step has ended well."""
+    """The imageID of the newest pod's tune step, as soon as the kubelet reports it (the step
+    started): written into the Job's ConfigMap while tuning runs, it is in publish's mount by
+    the time publish starts."""
     for pod in _newest_first(pods):
         for cs in (pod.get("status") or {}).get("initContainerStatuses") or []:
-            term = (cs.get("state") or {}).get("terminated") or {}
-            if cs.get("name") == "tune" and term.get("exitCode") == 0 and cs.get("imageID"):
+            state = cs.get("state") or {}
+            failed = (state.get("terminated") or {}).get("exitCode", 0) != 0
+            if cs.get("name") == "tune" and cs.get("imageID") and not failed:
                 return str(cs["imageID"])
     return ""
 

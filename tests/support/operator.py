@@ -361,10 +361,21 @@ class InCluster:
         )
 
 
+def image_build() -> str:
+    """The input hash of the tunefleet image `make images` built last (its archive's name):
+    as a pod annotation it rolls the Deployment when the code changed under the same tag."""
+    out = subprocess.run(
+        [str(ROOT / "hack" / "images.sh"), "--list"], capture_output=True, text=True, check=True
+    ).stdout
+    line = next(line for line in out.splitlines() if line.startswith("tunefleet "))
+    return Path(line.split()[-1]).stem
+
+
 def chart_values_for_real_node(s3_pod_endpoint: str, replicas: int) -> list[str]:
     values = {
         "image": {"pullPolicy": "Never"},
         "operator": {
+            "podAnnotations": {"tunefleet.io/image-build": image_build()},
             "replicas": replicas,
             "nodeSelector": REAL_NODE_SELECTOR,
             "tolerations": REAL_NODE_TOLERATIONS,

@@ -232,7 +232,7 @@ def test_shares_done_bring_a_merge_job_and_progress_says_so(
 ) -> None:
     p, api = sharded(monkeypatch, nodes=2)
     sync_profile(p, [], [], CFG, Memory())
-    (tune_name,) = [n for k, n in api.created if k == "Job"]
+    assert [k for k, _ in api.created] == ["ConfigMap", "Job"]
     (tune,) = jobs_for(p, MODELS[:1])
     tune = {
         **tune,

@@ -1,0 +1,306 @@
+"""Every pod step for real, on the real node: the operator as the chart's Deployment (image
+from `make images`), a tuning Job (bootstrap, sync, tune in the stand-in inference image,
+publish to S3), the same Job where torch sees no GPU, model pods whose injected fetch runs,
+corrupted artifacts under fail open and fail closed, a missing credentials Secret.
+
+The stand-in image's torch follows TunableOp's formats and offline API but computes nothing;
+everything it writes says so (PT_VERSION ...+standin). The real node has no GPU: its 4
+nvidia.com/gpu are a fake resource.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.e2e.test_operator import apply, condition, get_json, jobs_of
+from tests.support.cluster import REAL_NODE, REAL_NODE_GPU_MODEL, STANDIN_IMAGE, STANDIN_NOGPU_IMAGE
+from tests.support.operator import SYSTEM_NS, InCluster, helm
+from tests.support.poll import eventually
+
+pytestmark = pytest.mark.e2e
+
+KEY = "nvidia.com/gpu.product"
+SHAPES = [
+    {"mnk": [64, 128, 256], "dtype": "bfloat16", "transB": True},
+    {"mnk": [32, 4096, 4096], "dtype": "float16", "transB": True},
+    {"mnk": [128, 128, 64], "batch": 8, "dtype": "bfloat16"},
+    {"mnk": [1, 4096, 4096], "dtype": "bfloat16", "transB": True},
+    {"mnk": [16, 14336, 4096], "dtype": "bfloat16", "transB": True},
+    {"mnk": [16, 4096, 14336], "dtype": "bfloat16", "transB": True},
+    {"mnk": [256, 1024, 1024], "dtype": "float32"},
+    {"mnk": [512, 512, 512], "dtype": "bfloat16", "transA": True},
+]
+
+
+def real_profile(
+    name: str, s3: Any, secret: str, image: str = STANDIN_IMAGE, **spec_over: Any
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "image": image,
+        "imagePullPolicy": "Never",
+        "gpu": {"vendor": "nvidia", "models": [REAL_NODE_GPU_MODEL]},
+        # The stand-in on a "ROCm" backend offers kernels besides Default, so tuning gains.
+        "workload": {"shapes": SHAPES, "env": [{"name": "FAKE_TORCH_BACKEND", "value": "rocm"}]},
+        "tuning": {"backoffLimit": 0, "budgetSeconds": 300, "activeDeadlineSeconds": 600},
+        "storage": {
+            "uri": f"s3://{s3.bucket}/real",
+            "endpoint": s3.pod_endpoint,
+            "credentialsSecret": {"name": secret},
+        },
+    }
+    spec.update(spec_over)
+    return {
+        "apiVersion": "tunefleet.io/v1alpha1",
+        "kind": "TuningProfile",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def model_pod(name: str, profile: str, gpus: int = 2, **labels: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"tunefleet.io/profile": profile, **labels}},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": {KEY: REAL_NODE_GPU_MODEL},
+            "containers": [
+                {
+                    "name": "server",
+                    "image": STANDIN_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["standin-server", "--once"],
+                    "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+                }
+            ],
+        },
+    }
+
+
+def create(cluster: Any, namespace: str, doc: dict[str, Any], check: bool = True) -> Any:
+    return cluster.kubectl(
+        "create", "-n", namespace, "-f", "-", input=yaml.safe_dump(doc), check=check
+    )
+
+
+def pod_of(cluster: Any, namespace: str, name: str) -> dict[str, Any]:
+    return dict(get_json(cluster, "pod", "-n", namespace, name))
+
+
+def statuses(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    st = pod.get("status") or {}
+    return {
+        c["name"]: c
+        for c in (st.get("initContainerStatuses") or []) + (st.get("containerStatuses") or [])
+    }
+
+
+def ready(cluster: Any, namespace: str, name: str, timeout: float = 180) -> dict[str, Any]:
+    return dict(
+        eventually(
+            lambda: get_json(cluster, "tp", "-n", namespace, name),
+            lambda p: (p.get("status") or {}).get("phase") in ("Ready", "Failed"),
+            f"{name} Ready",
+            timeout=timeout,
+            interval=1,
+        )
+    )
+
+
+def test_the_operator_runs_as_the_charts_deployment_and_elects_one_leader(
+    cluster: Any, in_cluster: InCluster
+) -> None:
+    pods = in_cluster.pods()
+    assert len(pods) == 2
+    for pod in pods:
+        assert pod["spec"]["nodeName"] == REAL_NODE
+        assert pod["status"]["phase"] == "Running"
+        (c,) = pod["spec"]["containers"]
+        assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        assert any(v["name"].startswith("kube-api-access") for v in pod["spec"]["volumes"])
+    holder = eventually(in_cluster.leader, bool, "a Lease holder", timeout=30)
+    assert holder.split("_")[0] in {p["metadata"]["name"] for p in pods}
+    leaders = 0
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        text = cluster.kubectl(
+            "get", "--raw", f"/api/v1/namespaces/{SYSTEM_NS}/pods/{name}:8081/proxy/metrics"
+        ).stdout
+        leaders += int(
+            float(
+                next(
+                    line for line in text.splitlines() if line.startswith("tunefleet_leader ")
+                ).split()[1]
+            )
+        )
+    assert leaders == 1
+    # helm test: a probe admission through the webhook Service, checked against its CA.
+    out = helm(
+        cluster.bin_dir,
+        cluster.kubeconfig,
+        "test",
+        "tunefleet",
+        "-n",
+        SYSTEM_NS,
+        "--logs",
+        "--timeout",
+        "120s",
+    )
+    assert "admitted the probe pod untuned" in out.stdout, out.stdout
+
+
+def test_a_tuning_job_runs_every_step_for_real_and_a_model_pod_gets_its_files(
+    cluster: Any, in_cluster: InCluster, s3: Any, namespace: str, s3_secret: str
+) -> None:
+    started = time.monotonic()
+    apply(cluster, namespace, real_profile("real", s3, s3_secret))
+    prof = ready(cluster, namespace, "real")
+    took = time.monotonic() - started
+    assert prof["status"]["phase"] == "Ready", json.dumps(prof["status"], indent=2)[:4000]
+    (job,) = jobs_of(cluster, namespace, "real")
+    (pod,) = get_json(
+        cluster,
+        "pods",
+        "-n",
+        namespace,
+        "-l",
+        f"batch.kubernetes.io/job-name={job['metadata']['name']}",
+    )["items"]
+    assert pod["spec"]["nodeName"] == REAL_NODE
+    steps = statuses(pod)
+    for step in ("bootstrap", "tune", "publish"):
+        term = steps[step]["state"].get("terminated") or steps[step].get("lastState", {}).get(
+            "terminated"
+        )
+        assert term and term["exitCode"] == 0, (step, steps[step])
+    # No ServiceAccount token where none is needed; hardened steps ran as they were told.
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    assert not any(v["name"].startswith("kube-api-access") for v in pod["spec"]["volumes"])
+    for c in pod["spec"]["initContainers"] + pod["spec"]["containers"]:
+        if c["name"] != "tune":
+            assert c["securityContext"]["readOnlyRootFilesystem"] is True
+            assert c["securityContext"]["runAsUser"] == 65532
+    (art,) = prof["status"]["artifacts"]
+    # The publish step's own termination message made the artifact; the imageID came through
+    # the ConfigMap; outcomes and reuse figures are counted.
+    assert art["image"]["reference"] == STANDIN_IMAGE and "sha256:" in art["image"]["id"]
+    assert art["outcomes"]["tuned"] > 0 and art["recorded"] == len(SHAPES)
+    # torch's offline tuner leaves some GEMMs (e.g. M=1) untuned: gemms may be < recorded.
+    assert art["newlyTuned"] + art["reused"] + art.get("resumed", 0) == art["gemms"]
+    assert art["gemms"] <= art["recorded"]
+    bucket, key = art["uri"][len("s3://") :].split("/", 1)
+    manifest = json.loads(
+        s3.client().get_object(Bucket=bucket, Key=f"{key}/manifest.json")["Body"].read()
+    )
+    assert manifest["image"]["id"] == art["image"]["id"]
+    assert manifest["validators"]["PT_VERSION"].endswith("+standin")
+    print(f"tuning Job on the real node: profile applied -> Ready in {took:.1f}s")
+
+    # A model pod: the injected fetch runs for real and the app sees one file per GPU.
+    create(cluster, namespace, model_pod("model", "real", gpus=2))
+    done = eventually(
+        lambda: pod_of(cluster, namespace, "model"),
+        lambda p: p["status"].get("phase") in ("Succeeded", "Failed"),
+        "the model pod to run",
+        timeout=120,
+        interval=1,
+    )
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    fetch = statuses(done)["tunefleet-fetch"]["state"]["terminated"]
+    assert fetch["exitCode"] == 0 and "wrote 2 results file(s)" in fetch["message"]
+    log = cluster.kubectl("logs", "-n", namespace, "model", "-c", "server").stdout
+    assert all(line.startswith("[stand-in") for line in log.splitlines() if line.strip())
+    assert "PYTORCH_TUNABLEOP_TUNING=0" in log
+    assert "tunableop_results0.csv" in log and "tunableop_results1.csv" in log
+    assert "+standin" in log
+
+
+def test_the_same_job_where_torch_sees_no_gpu_fails_with_its_refusal(
+    cluster: Any, in_cluster: InCluster, s3: Any, namespace: str, s3_secret: str
+) -> None:
+    apply(cluster, namespace, real_profile("nogpu", s3, s3_secret, image=STANDIN_NOGPU_IMAGE))
+    prof = eventually(
+        lambda: get_json(cluster, "tp", "-n", namespace, "nogpu"),
+        lambda p: condition(p, "Failed").get("status") == "True",
+        "nogpu Failed",
+        timeout=180,
+        interval=1,
+    )
+    message = condition(prof, "Failed")["message"]
+    assert "container tune exited 3" in message
+    assert "TunableOp needs a ROCm or CUDA GPU" in message
+    assert "kubectl delete job" in message
+
+
+def test_corrupted_artifacts_fail_open_with_the_reason_and_fail_closed_refuse(
+    cluster: Any, in_cluster: InCluster, s3: Any, namespace: str, s3_secret: str
+) -> None:
+    apply(cluster, namespace, real_profile("corrupt", s3, s3_secret))
+    prof = ready(cluster, namespace, "corrupt")
+    (art,) = prof["status"]["artifacts"]
+    bucket, key = art["uri"][len("s3://") :].split("/", 1)
+    # Someone overwrites the object behind tunefleet's back (no If-None-Match here).
+    s3.client().put_object(
+        Bucket=bucket, Key=f"{key}/results.csv", Body=b"Validator,PT_VERSION,x\n"
+    )
+    create(cluster, namespace, model_pod("open", "corrupt"))
+    opened = eventually(
+        lambda: pod_of(cluster, namespace, "open"),
+        lambda p: p["status"].get("phase") in ("Succeeded", "Failed"),
+        "the fail-open pod to run",
+        timeout=120,
+        interval=1,
+    )
+    assert opened["status"]["phase"] == "Succeeded"
+    fetch = statuses(opened)["tunefleet-fetch"]["state"]["terminated"]
+    assert (
+        fetch["exitCode"] == 0 and "starting untuned: results.csv has SHA-256" in fetch["message"]
+    )
+    described = cluster.kubectl("describe", "pod", "-n", namespace, "open").stdout
+    assert "starting untuned" in described
+    # Fail closed: the same artifact keeps the pod from starting.
+    closed = real_profile("corrupt", s3, s3_secret, serving={"failClosed": True})
+    apply(cluster, namespace, closed)
+    eventually(
+        lambda: get_json(cluster, "tp", "-n", namespace, "corrupt")["status"]["observedGeneration"],
+        lambda g: g == 2,
+        "the fail-closed spec observed",
+    )
+    create(cluster, namespace, model_pod("closed", "corrupt"))
+    shut = eventually(
+        lambda: pod_of(cluster, namespace, "closed"),
+        lambda p: p["status"].get("phase") in ("Succeeded", "Failed"),
+        "the fail-closed pod to end",
+        timeout=120,
+        interval=1,
+    )
+    assert shut["status"]["phase"] == "Failed"
+    fetch = statuses(shut)["tunefleet-fetch"]["state"]["terminated"]
+    assert fetch["exitCode"] == 1 and "refusing to start" in fetch["message"]
+    assert statuses(shut)["server"]["state"].get("running") is None
+
+
+def test_a_missing_credentials_secret_is_named_with_the_fix(
+    cluster: Any, in_cluster: InCluster, s3: Any, namespace: str
+) -> None:
+    apply(cluster, namespace, real_profile("nosecret", s3, "no-such-secret"))
+    prof = eventually(
+        lambda: get_json(cluster, "tp", "-n", namespace, "nosecret"),
+        lambda p: condition(p, "Ready").get("reason") == "SecretMissing",
+        "SecretMissing",
+        timeout=120,
+        interval=1,
+    )
+    message = condition(prof, "Ready")["message"]
+    assert (
+        f"Secret no-such-secret (S3 credentials for publishing) does not exist in namespace {namespace}"
+        in message
+    )
+    assert f"kubectl create secret generic no-such-secret -n {namespace}" in message
+    assert prof["status"]["phase"] == "Pending"
