@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 
 import kopf
@@ -31,6 +32,10 @@ def main() -> None:
     import tunefleet.handlers  # noqa: F401  (registers the handlers with kopf)
 
     kopf.configure(verbose=args.verbose)
+    if not args.verbose:
+        # "Handler 'job_event' succeeded." for every watch event is noise at this scale: the
+        # reconciler logs what it does; kopf's warnings and errors still show.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     kopf.run(
         standalone=True,  # one replica; no peering CRD to install
         clusterwide=not namespaces,

@@ -634,7 +634,7 @@ def observe_job(
         result = None
         for pod in _newest_first(pods):
             for cname, term in _terminated(pod):
-                if cname == "publish" and term.get("exitCode") == 0:
+                if cname in ("publish", "merge") and term.get("exitCode") == 0:
                     result = parse_result(term.get("message"))
             if result:
                 break

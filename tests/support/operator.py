@@ -412,3 +412,160 @@ def install_in_cluster(cluster: Any, s3_pod_endpoint: str, replicas: int = 2) ->
     # A webhook CA from an earlier process-mode install may still be in place: the release
     # just rewrote the configuration, and --wait saw every replica Ready.
     return InCluster(cluster, replicas)
+
+
+# --- a whole tuning pod's steps on this machine, for kwok pods ---------------------------
+
+FAKE_TORCH = ROOT / "tests" / "unit" / "data" / "fake_torch"
+TUNED_LINE = "tuner_job: ["  # "[3/40] GemmTunableOp_...,tn_... in 0.1s": one GEMM tuned
+
+
+@dataclass
+class CarriedPod:
+    """What one kwok tuning pod's steps did when this machine ran them."""
+
+    index: int
+    tune_rc: int
+    tuned: list[str]  # GEMMs the tuning process finished (op,params)
+    message: str  # publish's termination message
+    work: Path
+
+
+def _index(pod: dict[str, Any]) -> str:
+    meta = pod["metadata"]
+    return str(
+        (meta.get("annotations") or {}).get("batch.kubernetes.io/job-completion-index")
+        or (meta.get("labels") or {}).get("batch.kubernetes.io/job-completion-index")
+        or "0"
+    )
+
+
+def carry_out_tuning_pod(
+    kubectl: Kubectl,
+    pod: dict[str, Any],
+    s3_env: dict[str, str],
+    torch_env: dict[str, str],
+    *,
+    kill_after_gemms: int | None = None,
+    outcome: bool = True,
+) -> CarriedPod:
+    """Run a kwok tuning pod's own steps here, with the stand-in torch: sync (the sidecar),
+    tune (`python -m tuner_job run`, the pod's argv), publish; then tell kwok how it ended.
+
+    With kill_after_gemms, the tuning process group is SIGKILLed once that many GEMMs are in
+    progress.csv (a node lost mid-tuning), the sidecar gets the kubelet's SIGTERM, and the pod
+    is reported Failed: the Job makes a new pod for the index, which should resume.
+    """
+    index = _index(pod)
+    work = Path(tempfile.mkdtemp(prefix=f"tunefleet-pod-{index}-"))
+    exchange, out = work / "exchange", work / "out"
+    exchange.mkdir()
+    out.mkdir()
+    config = tuning_config(kubectl, pod)
+    config["exchange"]["dir"] = str(exchange)
+    (work / "config.json").write_text(json.dumps(config))
+    index_env = {"JOB_COMPLETION_INDEX": index}
+
+    def here(cmd: list[str]) -> list[str]:
+        cmd = list(cmd)
+        for flag, value in (("--exchange", exchange), ("--dir", out)):
+            if flag in cmd:
+                cmd[cmd.index(flag) + 1] = str(value)
+        return cmd
+
+    sync = subprocess.Popen(
+        here(container(pod, "sync")["command"]),
+        env=tool_env({**s3_env, **index_env}),
+        stdout=subprocess.DEVNULL,
+        stderr=(work / "sync.log").open("w"),
+        start_new_session=True,
+    )
+    tuner_env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("AWS_", "PYTORCH_", "TUNEFLEET_", "FAKE_TORCH_"))
+    }
+    tuner_env.update(torch_env)
+    tuner_env.update(index_env)
+    tuner_env["PYTHONPATH"] = os.pathsep.join([str(FAKE_TORCH), str(ROOT)])
+    tune_args = container(pod, "tune").get("args") or []
+    tuner = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tuner_job",
+            "--termination-log",
+            str(work / "tune-tl"),
+            "run",
+            "--config",
+            str(work / "config.json"),
+            "--out",
+            str(out),
+            "--",
+            *tune_args,
+        ],
+        env=tuner_env,
+        cwd=work,
+        stdout=(work / "tune.out").open("w"),
+        stderr=(work / "tune.log").open("w"),
+        start_new_session=True,
+    )
+    killed = False
+    if kill_after_gemms is not None:
+        progress = exchange / "progress.csv"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and tuner.poll() is None:
+            rows = progress.read_text().splitlines() if progress.exists() else []
+            if sum(1 for r in rows if not r.startswith("Validator,")) >= kill_after_gemms:
+                os.killpg(tuner.pid, signal.SIGKILL)
+                killed = True
+                break
+            time.sleep(0.05)
+    rc = tuner.wait(timeout=600)
+    message, published = "", False
+    if rc == 0 and not killed:
+        cmd = here(container(pod, "publish")["command"])
+        if "--image-id-file" in cmd:
+            cmd[cmd.index("--image-id-file") + 1] = str(work / "no-image-id")
+            cmd += ["--image-id-timeout-seconds", "0"]
+        done = subprocess.run(
+            [*cmd, "--termination-log", str(work / "publish-tl")],
+            env=tool_env({**s3_env, **index_env}),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert done.returncode == 0, f"publish failed: {done.stderr}"
+        message, published = (work / "publish-tl").read_text(), True
+    sync.send_signal(signal.SIGTERM)  # the kubelet, once the pod's main container is done
+    sync.wait(timeout=60)
+    tuned = [
+        line.split("] ", 1)[1].rsplit(" in ", 1)[0]
+        for line in (work / "tune.log").read_text().splitlines()
+        if line.startswith(TUNED_LINE) and "] " in line
+    ]
+    if outcome:
+        if published:
+            set_pod_outcome(kubectl, pod, succeeded=True, container_name="publish", message=message)
+        else:
+            reason = "tuner_job: killed (node lost)" if killed else (work / "tune-tl").read_text()
+            set_pod_outcome(kubectl, pod, succeeded=False, container_name="tune", message=reason)
+    return CarriedPod(int(index), rc, tuned, message, work)
+
+
+def carry_out_merge(
+    kubectl: Kubectl, pod: dict[str, Any], s3_env: dict[str, str]
+) -> dict[str, Any]:
+    """Run the merge Job's pod's own command here, then tell kwok it succeeded."""
+    work = Path(tempfile.mkdtemp(prefix="tunefleet-merge-"))
+    done = subprocess.run(
+        [*container(pod, "merge")["command"], "--termination-log", str(work / "tl")],
+        env=tool_env(s3_env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, f"merge failed: {done.stderr}"
+    message = (work / "tl").read_text()
+    set_pod_outcome(kubectl, pod, succeeded=True, container_name="merge", message=message)
+    return dict(json.loads(message))

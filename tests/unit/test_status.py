@@ -297,3 +297,11 @@ def test_artifacts_from_before_outcomes_show_unknown() -> None:
     jobs = [JobObservation("j0", MODELS[0], REV, "Succeeded", result=result("a" * 64))]
     st = compute_status(Observed(generation=1, spec=SPEC, jobs=jobs), "t")
     assert st["tunedGemms"] == "?/3"
+
+
+def test_a_merge_jobs_record_is_the_artifact() -> None:
+    merge = _job([{"type": "Complete", "status": "True"}])
+    merge["metadata"]["labels"][naming.ROLE_LABEL] = "merge"
+    msg = json.dumps({**result("d" * 64), "shards": 2})
+    obs = observe_job(merge, [_pod("merge", 0, msg)])
+    assert obs.state == "Succeeded" and obs.role == "merge" and obs.result is not None
