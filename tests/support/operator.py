@@ -337,7 +337,15 @@ class InCluster:
         out = self.cluster.kubectl(
             "get", "pods", "-n", SYSTEM_NS, "-l", "app.kubernetes.io/name=tunefleet", "-o", "json"
         ).stdout
-        return [p for p in json.loads(out)["items"] if not p["metadata"].get("deletionTimestamp")]
+        return [
+            p
+            for p in json.loads(out)["items"]
+            if not p["metadata"].get("deletionTimestamp")
+            # The Deployment's replicas, not the helm test's probe pod.
+            and any(
+                o.get("kind") == "ReplicaSet" for o in p["metadata"].get("ownerReferences") or []
+            )
+        ]
 
     def leader(self) -> str:
         """The holder of the Lease (pod name_pid)."""

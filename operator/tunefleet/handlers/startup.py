@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import socket
+import uuid
 from typing import Any
 
 import kopf
@@ -112,7 +113,9 @@ async def operator_startup(
     )
     metrics.serve(config.metrics_port)
     if config.lease_namespace:
-        identity = f"{os.environ.get('HOSTNAME') or socket.gethostname()}_{os.getpid()}"
+        # Unique per process: a replica restarted in the same pod (same hostname, same PID 1)
+        # must not take the dead process's Lease for its own.
+        identity = f"{os.environ.get('HOSTNAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
         ELECTOR.elector = LeaseElector(
             config.lease_name,
             config.lease_namespace,
