@@ -1,18 +1,23 @@
-"""`make bench`: operator scale, webhook latency, artifact transfer; figures to bench/results.md.
+"""`make bench`: operator scale and restarts, webhook cost, reuse/sharding/resume, real-node
+pod start-up, artifact transfer; figures to bench/results.md (with the goals they answer to).
 
-Medians and ratios only: this machine (2 cores, shared) is noisy. Run on the local control
-plane (started if needed) with the operator running as the chart's ServiceAccount.
+Medians and ratios: this machine (2 cores, shared) is noisy. Run on the local control plane
+(started if needed). The operator runs as the chart's ServiceAccount, as a process here for
+scale, kill storms and the webhook (kwok fleet), and as the chart's Deployment on the real node
+for the pod start-up figures. `python -m bench --only scale,webhook` runs a part.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import os
 import platform
 import re
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +33,7 @@ from tests.support.operator import Operator, carry_out_publish, install  # noqa:
 from tests.support.poll import eventually  # noqa: E402
 
 OUT = ROOT / "bench" / "results.md"
+JSON_OUT = ROOT / "bench" / "results.json"  # the figures, for partial reruns to merge into
 
 
 # Namespaces this run made; removed at the end so a bench leaves the cluster as it found it.
@@ -216,32 +222,337 @@ def artifacts(s3: S3Settings) -> dict[str, Any]:
     return dict(bench_artifacts.run(s3))
 
 
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class RssSampler:
+    """The operator's resident memory, sampled every 0.25 s: the peak between start and stop."""
+
+    def __init__(self, operator: Operator) -> None:
+        self.operator, self.peak, self._stop = operator, 0.0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(OSError, AssertionError):  # between kill and start
+                self.peak = max(self.peak, self.operator.rss_mib())
+            self._stop.wait(0.25)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def settled_count(cluster: Cluster, ns: str) -> int:
+    items = json.loads(cluster.kubectl("get", "tp", "-n", ns, "-o", "json", timeout=300).stdout)[
+        "items"
+    ]
+    return sum(1 for p in items if (p.get("status") or {}).get("jobs"))
+
+
+def scale_1000(cluster: Cluster, operator: Operator, n: int = 1000) -> dict[str, Any]:
+    """Issue 8's goals: 1,000 one-model profiles applied at once."""
+    assert operator.proc is not None
+    ns = f"bench-scale-{int(time.time())}"
+    cluster.kubectl("create", "namespace", ns)
+    CREATED.append(ns)
+    docs = "\n---\n".join(yaml.safe_dump(profile(f"p{i:04d}")) for i in range(n))
+    out: dict[str, Any] = {"profiles": n}
+    with RssSampler(operator) as rss:
+        start = time.perf_counter()
+        cluster.kubectl("create", "-n", ns, "-f", "-", input=docs, timeout=600)
+        out["kubectl_create_s"] = round(time.perf_counter() - start, 1)
+        eventually(
+            lambda: count_jobs(cluster, ns), lambda c: c >= n, f"{n} Jobs", timeout=900, interval=1
+        )
+        out["apply_to_all_jobs_s"] = round(time.perf_counter() - start, 1)
+        eventually(
+            lambda: settled_count(cluster, ns),
+            lambda c: c >= n,
+            "every status written",
+            timeout=900,
+            interval=2,
+        )
+        out["apply_to_all_statuses_s"] = round(time.perf_counter() - start, 1)
+    out["rss_peak_during_apply_mib"] = round(rss.peak, 1)
+    time.sleep(15)  # the last Job and pod events land
+    pid = operator.proc.pid
+    before, t0 = cpu_seconds(pid), time.monotonic()
+    time.sleep(60)
+    out["idle_cpu_percent_of_a_core"] = round(
+        100 * (cpu_seconds(pid) - before) / (time.monotonic() - t0), 2
+    )
+    out["rss_settled_mib"] = round(operator.rss_mib(), 1)
+    operator.kill()
+    start = time.perf_counter()
+    operator.start()
+    with RssSampler(operator) as rss:
+        time.sleep(45)  # every profile seen again through the initial list, reconciled
+    out["rss_peak_after_restart_with_1000_mib"] = round(rss.peak, 1)
+    out["restart_to_webhook_listening_s"] = round(time.perf_counter() - start - 45, 1)
+    start = time.perf_counter()
+    cluster.kubectl("delete", "tp", "--all", "-n", ns, "--wait=false", timeout=600)
+    eventually(
+        lambda: count_jobs(cluster, ns), lambda c: c == 0, "all Jobs gone", timeout=900, interval=1
+    )
+    out["delete_to_all_jobs_gone_s"] = round(time.perf_counter() - start, 1)
+    time.sleep(30)
+    out["rss_after_delete_mib"] = round(operator.rss_mib(), 1)
+    out["goals"] = {
+        "apply_to_all_jobs_s": "<= 60",
+        "rss_mib": "<= 256 at peak, after a restart with 1000 present, after deletion",
+        "idle_cpu_percent_of_a_core": "<= 2",
+        "delete_to_all_jobs_gone_s": "<= 60",
+    }
+    print(f"scale: {json.dumps(out)}", flush=True)
+    return out
+
+
+def kill_storm(cluster: Cluster, operator: Operator, kills: int = 100) -> dict[str, Any]:
+    """20 two-model profiles created while the operator is SIGKILLed `kills` times."""
+    import random
+    import threading as th
+
+    ns = f"bench-storm-{int(time.time())}"
+    cluster.kubectl("create", "namespace", ns)
+    CREATED.append(ns)
+    models = ["AMD_Instinct_MI300X_OAM", "AMD_Instinct_MI325X_OAM"]
+    rng = random.Random(12)
+
+    def create() -> None:
+        for i in range(20):
+            doc = profile(f"storm-{i:02d}")
+            doc["spec"]["gpu"] = {"vendor": "amd", "models": models}
+            cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(doc))
+            time.sleep(rng.uniform(0.05, 0.4))
+
+    creator = th.Thread(target=create)
+    creator.start()
+    for i in range(kills):
+        operator.kill()
+        operator.start(wait=False)
+        time.sleep(rng.uniform(0.0, 2.0) if i % 10 else rng.uniform(2.0, 4.0))
+    creator.join()
+    operator.kill()
+    operator.start()
+    start = time.perf_counter()
+
+    def picture() -> tuple[int, int, int]:
+        jobs = json.loads(cluster.kubectl("get", "jobs", "-n", ns, "-o", "json").stdout)["items"]
+        pairs = {
+            (
+                j["metadata"]["labels"]["tunefleet.io/tuning-profile"],
+                j["metadata"]["labels"]["tunefleet.io/gpu-model"],
+            )
+            for j in jobs
+        }
+        listed = sum(
+            len((p.get("status") or {}).get("jobs") or [])
+            for p in json.loads(cluster.kubectl("get", "tp", "-n", ns, "-o", "json").stdout)[
+                "items"
+            ]
+        )
+        return len(jobs), len(pairs), listed
+
+    final = eventually(
+        picture,
+        lambda t: t == (40, 40, 40),
+        "40 Jobs, one per pair, all listed",
+        timeout=120,
+        interval=0.5,
+    )
+    out = {
+        "kills": kills,
+        "profiles": 20,
+        "models_each": 2,
+        "settled_after_last_restart_s": round(time.perf_counter() - start, 1),
+        "jobs": final[0],
+        "goal": "every (profile, model) exactly one Job, statuses matching, within 30 s",
+    }
+    print(f"kill storm: {json.dumps(out)}", flush=True)
+    return out
+
+
+def webhook_ratio(
+    cluster: Cluster, operator: Operator, env: dict[str, str], n: int = 50
+) -> dict[str, Any]:
+    """50 labelled and 50 unlabelled pods created at the same moment: the webhook's cost as
+    the client sees it, as a ratio of p50 and p99 create latency."""
+    ns = f"bench-ratio-{int(time.time())}"
+    cluster.kubectl("create", "namespace", ns)
+    CREATED.append(ns)
+    serve = profile("serve", "NVIDIA-H100-80GB-HBM3")
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(serve))
+    pod = eventually(
+        lambda: json.loads(
+            cluster.kubectl(
+                "get", "pods", "-n", ns, "-l", "tunefleet.io/tuning-profile=serve", "-o", "json"
+            ).stdout
+        )["items"],
+        lambda ps: len(ps) == 1 and ps[0]["spec"].get("nodeName"),
+        "tuning pod",
+    )[0]
+    carry_out_publish(cluster.kubectl, pod, env)
+    eventually(
+        lambda: json.loads(cluster.kubectl("get", "tp", "-n", ns, "serve", "-o", "json").stdout),
+        lambda p: (p.get("status") or {}).get("phase") == "Ready",
+        "Ready",
+    )
+    api = kubernetes.client.CoreV1Api(cluster.api_client())
+    runs = []
+    for run in range(3):
+        barrier = threading.Barrier(2 * n)
+
+        def create(
+            i: int, run: int = run, barrier: threading.Barrier = barrier
+        ) -> tuple[bool, float]:
+            labelled = i % 2 == 0
+            labels = {"tunefleet.io/profile": "serve"} if labelled else {"app": "plain"}
+            body = {
+                "metadata": {"name": f"r{run}-{i:03d}", "labels": labels},
+                "spec": {"containers": [{"name": "s", "image": "registry.example.com/serve:1"}]},
+            }
+            barrier.wait()
+            t = time.perf_counter()
+            api.create_namespaced_pod(ns, body)
+            return labelled, (time.perf_counter() - t) * 1000
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=2 * n) as pool:
+            got = list(pool.map(create, range(2 * n)))
+        with_hook = sorted(ms for labelled, ms in got if labelled)
+        without = sorted(ms for labelled, ms in got if not labelled)
+
+        def pct(xs: list[float], q: float) -> float:
+            return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
+
+        runs.append(
+            {
+                "labelled_p50_ms": round(pct(with_hook, 0.5), 1),
+                "labelled_p99_ms": round(pct(with_hook, 0.99), 1),
+                "unlabelled_p50_ms": round(pct(without, 0.5), 1),
+                "unlabelled_p99_ms": round(pct(without, 0.99), 1),
+            }
+        )
+        time.sleep(2)
+    for r in runs:
+        r["p50_ratio"] = round(r["labelled_p50_ms"] / r["unlabelled_p50_ms"], 2)
+        r["p99_ratio"] = round(r["labelled_p99_ms"] / r["unlabelled_p99_ms"], 2)
+    out = {
+        "pods_per_run": f"{n} labelled + {n} unlabelled, created at the same moment",
+        "runs": runs,
+        "p50_ratio_median": statistics.median(r["p50_ratio"] for r in runs),
+        "p99_ratio_median": statistics.median(r["p99_ratio"] for r in runs),
+        "goal": "p99 ratio <= 1.3",
+    }
+    print(f"webhook ratio: {json.dumps(out)}", flush=True)
+    return out
+
+
+def real_node(cluster: Cluster, s3: S3Settings) -> dict[str, Any]:
+    """On the real node, with the operator as the chart's Deployment: a tuning Job's duration
+    (stand-in image) and model pod start-up with and without the injected init container."""
+    from tests.e2e.test_real_pods import model_pod, real_profile
+    from tests.support.cluster import ensure_images
+    from tests.support.operator import create_s3_secret, install_in_cluster
+
+    ensure_images()
+    deployed = install_in_cluster(cluster, s3.pod_endpoint)
+    ns = f"bench-real-{int(time.time())}"
+    cluster.kubectl("create", "namespace", ns)
+    CREATED.append(ns)
+    secret = create_s3_secret(cluster.kubectl, ns, s3.access_key, s3.secret_key)
+    durations = []
+    for i in range(3):
+        name = f"tune{i}"
+        doc = real_profile(name, s3, secret)
+        doc["spec"]["workload"]["shapes"][0]["mnk"][0] += i  # a distinct profile each run
+        start = time.perf_counter()
+        cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(doc))
+        eventually(
+            lambda name=name: json.loads(
+                cluster.kubectl("get", "tp", "-n", ns, name, "-o", "json").stdout
+            ),
+            lambda p: (p.get("status") or {}).get("phase") == "Ready",
+            f"{name} Ready",
+            timeout=300,
+            interval=0.5,
+        )
+        durations.append(time.perf_counter() - start)
+
+    def start_to_running(doc: dict[str, Any]) -> float:
+        name = doc["metadata"]["name"]
+        doc["spec"]["restartPolicy"] = "Always"
+        doc["spec"]["containers"][0]["command"] = ["standin-server"]
+        t = time.perf_counter()
+        cluster.kubectl("create", "-n", ns, "-f", "-", input=yaml.safe_dump(doc))
+        eventually(
+            lambda: json.loads(cluster.kubectl("get", "pod", "-n", ns, name, "-o", "json").stdout),
+            lambda p: (p.get("status") or {}).get("phase") == "Running",
+            f"{name} Running",
+            timeout=120,
+            interval=0.1,
+        )
+        took = time.perf_counter() - t
+        cluster.kubectl("delete", "pod", "-n", ns, name, "--wait=false")
+        return took
+
+    with_init, without = [], []
+    for i in range(5):
+        with_init.append(start_to_running(model_pod(f"with-{i}", "tune0")))
+        plain = model_pod(f"without-{i}", "tune0")
+        del plain["metadata"]["labels"]["tunefleet.io/profile"]
+        without.append(start_to_running(plain))
+    deployed.uninstall()
+    out = {
+        "tuning_job_apply_to_ready_s": [round(d, 1) for d in durations],
+        "tuning_job_apply_to_ready_s_median": round(statistics.median(durations), 1),
+        "model_pod_start_to_running_with_fetch_s_median": round(statistics.median(with_init), 2),
+        "model_pod_start_to_running_without_s_median": round(statistics.median(without), 2),
+        "start_up_ratio": round(statistics.median(with_init) / statistics.median(without), 2),
+        "note": "stand-in inference image (no GPU, no real torch); 8 shapes tuned in 'microseconds' by the stand-in",
+    }
+    print(f"real node: {json.dumps(out)}", flush=True)
+    return out
+
+
+PARTS = ("scale", "storm", "webhook", "library", "artifacts", "real")
+
+
 def main() -> None:
+    only = set(PARTS)
+    if "--only" in sys.argv:
+        only = set(sys.argv[sys.argv.index("--only") + 1].split(","))
     cluster, s3 = ensure_cluster(), ensure_s3()
     env = s3.env()
+    results: dict[str, Any] = json.loads(JSON_OUT.read_text()) if JSON_OUT.exists() else {}
     operator = install(cluster, s3.endpoint)
     assert operator.proc is not None
-    results: dict[str, Any] = {}
     try:
-        idle = rss_mib(operator.proc.pid)
-        one = [apply_to_jobs(cluster, 1, r) for r in range(5)]
-        many = [apply_to_jobs(cluster, 200, 0)]
-        time.sleep(5)  # let status writes settle before reading memory
-        rss_200 = rss_mib(operator.proc.pid)
-        many.append(apply_to_jobs(cluster, 200, 1))
-        results["scale"] = {
-            "apply_to_jobs_1_profile_s_median": statistics.median(one),
-            "runs_1": len(one),
-            "apply_to_jobs_200_profiles_s_median": statistics.median(many),
-            "runs_200": len(many),
-            "operator_rss_idle_mib": idle,
-            "operator_rss_mib_with_205_profiles": rss_200,
-            "operator_rss_mib_with_405_profiles": rss_mib(operator.proc.pid),
-        }
-        results["webhook"] = webhook_latency(cluster, operator, env)
-        results["artifacts"] = artifacts(s3)
+        if "scale" in only:
+            results["scale_1000_profiles"] = scale_1000(cluster, operator)
+        if "storm" in only:
+            results["kill_storm"] = kill_storm(cluster, operator)
+        if "webhook" in only:
+            results["webhook"] = webhook_latency(cluster, operator, env)
+            results["webhook_cost_ratio"] = webhook_ratio(cluster, operator, env)
     finally:
         operator.stop()
+    try:
+        if "library" in only:
+            from bench import bench_library
+
+            results["library"] = bench_library.run(s3)
+        if "artifacts" in only:
+            results["artifacts"] = artifacts(s3)
+        if "real" in only:
+            results["real_node"] = real_node(cluster, s3)
+    finally:
         for ns in CREATED:
             cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
     write(results)
@@ -268,6 +579,7 @@ def write(results: dict[str, Any]) -> None:
         "```",
     ]
     OUT.write_text("\n".join(lines) + "\n")
+    JSON_OUT.write_text(json.dumps(results, indent=2) + "\n")
     print(OUT.read_text())
 
 

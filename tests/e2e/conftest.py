@@ -29,6 +29,8 @@ def _stop_operators() -> Iterator[None]:
     yield
     if _running["process"] is not None:
         _running["process"].stop()
+    if _running["in_cluster"] is not None:
+        _running["in_cluster"].uninstall()
 
 
 @pytest.fixture
