@@ -1,0 +1,149 @@
+"""The plugin's API server access: kubeconfig as kubectl reads it, a few reads, errors as one
+line each. Objects come back as plain dicts shaped like `kubectl get -o json`."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import kubernetes
+import urllib3
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+from tunefleet import GROUP, KIND, PLURAL, VERSION
+
+from .errors import PluginError
+
+T = TypeVar("T")
+REQUEST_TIMEOUT = (5, 30)  # (connect, read) seconds per request
+SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def _message(e: ApiException) -> str:
+    try:
+        return str(json.loads(e.body or "{}").get("message") or e.reason)
+    except (ValueError, AttributeError):
+        return str(e.reason)
+
+
+class Cluster:
+    """Reads for one kubeconfig context."""
+
+    def __init__(self, api: Any, namespace: str, host: str) -> None:
+        self.api = api
+        self.namespace = namespace  # the context's namespace, or -n
+        self.host = host
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T | None:
+        """Run one read; None when the object is not found, PluginError for the rest."""
+        try:
+            return fn()
+        except ApiException as e:
+            status = int(e.status or 0)
+            if status == 404:
+                return None
+            if status == 401:
+                raise PluginError(
+                    f"the API server at {self.host} refused the credentials while reading "
+                    f"{what} (401 Unauthorized): log in again or pick another --context"
+                ) from None
+            if status == 403:
+                raise PluginError(
+                    f"not allowed to read {what}: {_message(e)}: ask for read access "
+                    "(get/list) to it, or use another --context"
+                ) from None
+            raise PluginError(
+                f"reading {what} failed: {status} {_message(e)}: try again; if it persists, "
+                "check the API server"
+            ) from None
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            reason = getattr(e, "reason", None) or e
+            raise PluginError(
+                f"cannot reach the API server at {self.host} ({reason}): check --kubeconfig/"
+                "--context and that the cluster is up"
+            ) from None
+
+    def _get(self, what: str, path: str, query: list[tuple[str, str]] | None = None) -> Any:
+        def call() -> Any:
+            resp = self.api.call_api(
+                path,
+                "GET",
+                query_params=query or [],
+                header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+                _preload_content=False,
+                _request_timeout=REQUEST_TIMEOUT,
+            )
+            return json.loads(resp.data)
+
+        return self._call(what, call)
+
+    def profile(self, namespace: str, name: str) -> dict[str, Any] | None:
+        got = self._get(
+            f"{KIND} {namespace}/{name}",
+            f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}",
+        )
+        return dict(got) if got is not None else None
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        got = self._get(f"Pod {namespace}/{name}", f"/api/v1/namespaces/{namespace}/pods/{name}")
+        return dict(got) if got is not None else None
+
+    def profile_events(self, profile: dict[str, Any]) -> list[dict[str, Any]]:
+        """The core/v1 Events about this profile (this incarnation: same uid)."""
+        meta = profile.get("metadata") or {}
+        ns, name, uid = meta.get("namespace", ""), meta.get("name", ""), meta.get("uid")
+        selector = f"involvedObject.kind={KIND},involvedObject.name={name}"
+        got = self._get(
+            f"Events of {KIND} {ns}/{name}",
+            f"/api/v1/namespaces/{ns}/events",
+            [("fieldSelector", selector)],
+        )
+        items = list((got or {}).get("items") or [])
+        return [
+            e
+            for e in items
+            if not uid or (e.get("involvedObject") or {}).get("uid") in (None, "", uid)
+        ]
+
+
+def connect(kubeconfig: str | None, context: str | None, namespace: str | None) -> Cluster:
+    """A Cluster for the kubeconfig (--kubeconfig, else $KUBECONFIG, else ~/.kube/config) and
+    context (--context, else the current one); in a pod without one, its ServiceAccount."""
+    from kubernetes.config.config_exception import ConfigException
+
+    path = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+    config = kubernetes.client.Configuration()
+    try:
+        kubernetes.config.load_kube_config(
+            config_file=path, context=context, client_configuration=config, persist_config=False
+        )
+        contexts, current = kubernetes.config.list_kube_config_contexts(config_file=path)
+        chosen = next(
+            (c for c in contexts if c.get("name") == (context or (current or {}).get("name"))),
+            current or {},
+        )
+        default_ns = (chosen.get("context") or {}).get("namespace") or "default"
+    except ConfigException as e:
+        in_pod = os.environ.get("KUBERNETES_SERVICE_HOST") and SA_NAMESPACE.exists()
+        if kubeconfig or context or not in_pod:
+            raise PluginError(
+                f"cannot use kubeconfig {path}"
+                + (f" (context {context})" if context else "")
+                + f": {str(e).rstrip('.')}: set KUBECONFIG or pass --kubeconfig (and --context)"
+            ) from None
+        kubernetes.config.load_incluster_config(client_configuration=config)
+        default_ns = SA_NAMESPACE.read_text().strip() or "default"
+    except (OSError, ValueError, TypeError, KeyError, yaml.YAMLError) as e:
+        raise PluginError(
+            f"cannot read kubeconfig {path}: {str(e).rstrip('.')}: set KUBECONFIG or pass "
+            "--kubeconfig"
+        ) from None
+    config.retries = 1  # urllib3's default retries 3 times: a down API server fails fast
+    api = kubernetes.client.ApiClient(configuration=config)
+    return Cluster(api, namespace or default_ns, str(config.host))

@@ -1,0 +1,232 @@
+"""kubectl-tunefleet: the CLI (argument parsing, reads, output); the reports are pure modules.
+
+Exit status: 0 on success; 1 on an error (one line on stderr: what happened, what to do);
+2 on a usage error. `diff` exits like diff(1) and `kubectl diff`: 0 when A and B are the
+same, 1 when they differ, 2 on an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from tunefleet import __version__
+from tunefleet.artifacts.fetch import MAX_DEVICES
+
+from . import cluster as cluster_mod
+from .artifacts import (
+    S3Options,
+    download,
+    format_download,
+    load_side,
+    not_found_profile,
+)
+from .diff import diff_results, format_diff, parse_ref
+from .errors import PluginError
+from .status import format_status, status_report
+from .why import explain, format_why
+
+PROG = "kubectl-tunefleet"
+DEBUG_ENV = "KUBECTL_TUNEFLEET_DEBUG"  # set to 1: unexpected errors print their traceback
+
+
+class UsageError(PluginError):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, like every other error (argparse would print the usage block first).
+        if message.endswith("required: command"):
+            message = "name a command: status, why, download or diff"
+        sub = self.prog.split()[2:]  # "kubectl tunefleet <command>"
+        raise UsageError(f"{message}: see `kubectl tunefleet {' '.join([*sub, '--help'])}`")
+
+
+def _devices(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_DEVICES:
+        raise argparse.ArgumentTypeError(f"must be 1..{MAX_DEVICES}, got {text!r}")
+    return value
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    # SUPPRESS: the flags may come before or after the subcommand without one undoing the other.
+    s = argparse.SUPPRESS
+    p.add_argument("-n", "--namespace", default=s, help="namespace (default: the context's)")
+    p.add_argument("--kubeconfig", default=s, help="kubeconfig file (default: $KUBECONFIG)")
+    p.add_argument("--context", default=s, help="kubeconfig context (default: the current one)")
+    p.add_argument(
+        "-o", "--output", default=s, choices=["text", "json"], help="text (default) or json"
+    )
+
+
+def _s3(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--endpoint-url",
+        help="S3 endpoint (default: $AWS_ENDPOINT_URL_S3, else the profile's "
+        "spec.storage.endpoint, else AWS)",
+    )
+    p.add_argument("--region", help="S3 region (default: the profile's, else $AWS_REGION)")
+    p.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds for all S3 reads (default 60)"
+    )
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="kubectl tunefleet",
+        description="Inspect tunefleet TuningProfiles and their artifacts.",
+    )
+    p.add_argument("--version", action="version", version=f"kubectl-tunefleet {__version__}")
+    _common(p)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    st = sub.add_parser("status", help="a profile's phase, conditions, artifacts, Jobs, Events")
+    st.add_argument("profile")
+    why = sub.add_parser("why", help="whether a pod got its artifact, why (not), and the fix")
+    why.add_argument("pod")
+    dl = sub.add_parser(
+        "download", help="fetch and verify a profile's current artifact into a directory"
+    )
+    dl.add_argument("profile")
+    dl.add_argument("--gpu-model", help="required when the profile tunes several models")
+    dl.add_argument("--dest", required=True, help="directory for the files")
+    dl.add_argument(
+        "--devices",
+        type=_devices,
+        default=1,
+        metavar="N",
+        help="results files to write, one per GPU ordinal (default 1)",
+    )
+    _s3(dl)
+    df = sub.add_parser(
+        "diff",
+        help="GEMMs added, removed and changed between two artifacts",
+        description="A and B: s3://.../<sha256>, a local directory (results.csv or "
+        "tunableop_results0.csv) or CSV file, or [namespace/]profile[:gpuModel] (its current "
+        "artifact). Exits 0 when they are the same, 1 when they differ, 2 on an error.",
+    )
+    df.add_argument("a", metavar="A")
+    df.add_argument("b", metavar="B")
+    _s3(df)
+    for sp in (st, why, dl, df):
+        _common(sp)
+    return p
+
+
+def _opt(args: argparse.Namespace, name: str) -> Any:
+    return getattr(args, name, None)
+
+
+def _connect(args: argparse.Namespace) -> cluster_mod.Cluster:
+    return cluster_mod.connect(
+        _opt(args, "kubeconfig"), _opt(args, "context"), _opt(args, "namespace")
+    )
+
+
+def _s3_options(args: argparse.Namespace) -> S3Options:
+    if args.timeout <= 0:
+        raise UsageError("--timeout must be positive")
+    return S3Options(args.endpoint_url, args.region, args.timeout)
+
+
+def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
+    if _opt(args, "output") == "json":
+        sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    else:
+        sys.stdout.write(text)
+
+
+def run(args: argparse.Namespace) -> int:
+    now = datetime.datetime.now(datetime.UTC)
+    if args.command == "status":
+        kube = _connect(args)
+        profile = kube.profile(kube.namespace, args.profile)
+        if profile is None:
+            raise not_found_profile(args.profile, kube.namespace)
+        report = status_report(profile, kube.profile_events(profile))
+        _emit(args, report, format_status(report, now))
+        return 0
+    if args.command == "why":
+        kube = _connect(args)
+        pod = kube.pod(kube.namespace, args.pod)
+        if pod is None:
+            raise PluginError(
+                f"Pod {args.pod!r} not found in namespace {kube.namespace!r}: list them with "
+                f"`kubectl get pods -n {kube.namespace}`"
+            )
+        from tunefleet import naming
+
+        name = ((pod.get("metadata") or {}).get("labels") or {}).get(naming.PROFILE_LABEL)
+        profile = kube.profile(kube.namespace, name) if name else None
+        events = kube.profile_events(profile) if profile else []
+        report = explain(pod, profile, events)
+        _emit(args, report, format_why(report, now))
+        return 0
+    if args.command == "download":
+        opts = _s3_options(args)
+        kube = _connect(args)
+        profile = kube.profile(kube.namespace, args.profile)
+        if profile is None:
+            raise not_found_profile(args.profile, kube.namespace)
+        report = download(profile, args.gpu_model, Path(args.dest), args.devices, opts)
+        _emit(args, report, format_download(report))
+        return 0
+    # diff
+    opts = _s3_options(args)
+    try:
+        refs = [parse_ref(args.a), parse_ref(args.b)]
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    connected: list[cluster_mod.Cluster] = []
+
+    def lazy() -> cluster_mod.Cluster:
+        # Only profile references need the API server: diffing two URIs works without one.
+        if not connected:
+            connected.append(_connect(args))
+        return connected[0]
+
+    (ra, side_a), (rb, side_b) = (load_side(r, lazy, opts) for r in refs)
+    report = {"a": side_a, "b": side_b, **diff_results(ra, rb)}
+    _emit(args, report, format_diff(report))
+    return 0 if report["summary"]["identical"] else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    command = ""
+    try:
+        args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+        command = args.command
+        return run(args)
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except PluginError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2 if command == "diff" else 1
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # a bug: still one line, the traceback on request
+        if os.environ.get(DEBUG_ENV):
+            traceback.print_exc()
+        reason = " ".join(f"{type(e).__name__}: {e}".split())
+        print(
+            f"{PROG}: error: internal error ({reason}): rerun with {DEBUG_ENV}=1 for the "
+            "traceback and report it",
+            file=sys.stderr,
+        )
+        return 2 if command == "diff" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""`kubectl tunefleet status`: one screen about a TuningProfile, from its object and Events."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from tunefleet import naming
+from tunefleet.status import default_only
+
+from .common import age, event_lines, recent_events, short, table
+
+CONDITIONS = ("Ready", "Progressing", "Failed")
+# Artifact fields shown as "GEMMs: ..." counts, in this order, with their words.
+COUNTS = (
+    ("recorded", "recorded"),
+    ("reused", "reused"),
+    ("resumed", "resumed"),
+    ("newlyTuned", "newly tuned"),
+    ("shards", "shards"),
+)
+
+
+def _artifact(art: dict[str, Any], revision: str) -> dict[str, Any]:
+    """The artifact as status holds it, plus what the screen derives from it."""
+    out = dict(art)
+    out["shortSha256"] = short(art.get("sha256"))
+    out["current"] = bool(revision) and art.get("revision") == revision
+    out["defaultOnly"] = default_only(art)
+    return out
+
+
+def status_report(profile: dict[str, Any], events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Everything `status` shows, as plain data (the `-o json` form)."""
+    meta = profile.get("metadata") or {}
+    spec = profile.get("spec") or {}
+    st = profile.get("status") or {}
+    revision = str(st.get("revision") or "")
+    models = [str(m) for m in (spec.get("gpu") or {}).get("models") or []]
+    arts = {a.get("gpuModel"): a for a in st.get("artifacts") or [] if isinstance(a, dict)}
+    # Models of the spec first, in its order; then any artifact of a model no longer there.
+    order = models + [str(m) for m in arts if m not in models]
+    conditions = {c.get("type"): c for c in st.get("conditions") or [] if isinstance(c, dict)}
+    history = [h for h in st.get("history") or [] if isinstance(h, dict)]
+    return {
+        "namespace": meta.get("namespace", ""),
+        "name": meta.get("name", ""),
+        "generation": meta.get("generation"),
+        "observedGeneration": st.get("observedGeneration"),
+        "phase": st.get("phase") or "Pending",
+        "revision": revision,
+        "conditions": [
+            {
+                "type": t,
+                "status": str(conditions.get(t, {}).get("status") or "Unknown"),
+                "reason": str(conditions.get(t, {}).get("reason") or ""),
+                "message": str(conditions.get(t, {}).get("message") or ""),
+                "lastTransitionTime": conditions.get(t, {}).get("lastTransitionTime"),
+            }
+            for t in CONDITIONS
+        ],
+        "models": [
+            {
+                "gpuModel": m,
+                "inSpec": m in models,
+                "artifact": _artifact(arts[m], revision) if m in arts else None,
+            }
+            for m in order
+        ],
+        "jobs": [dict(j) for j in st.get("jobs") or [] if isinstance(j, dict)],
+        "progress": str(st.get("progress") or ""),
+        "unadmittedPods": int(st.get("unadmittedPods") or 0),
+        "history": {
+            "count": len(history),
+            "artifacts": [
+                {k: h.get(k) for k in ("gpuModel", "sha256", "revision", "tunedAt", "uri")}
+                for h in history
+            ],
+        },
+        "events": recent_events(events),
+    }
+
+
+def _seconds(value: Any) -> str:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{value:.1f}s" if value < 600 else f"{value / 60:.1f}m"
+    return "?"
+
+
+def _artifact_lines(
+    model: str,
+    art: dict[str, Any] | None,
+    in_spec: bool,
+    report: dict[str, Any],
+    now: datetime.datetime,
+) -> list[str]:
+    if art is None:
+        return [f"  {model}  no artifact yet (phase {report['phase']})"]
+    outcomes = art.get("outcomes") or {}
+    gemms = art.get("gemms")
+    if isinstance(outcomes.get("tuned"), int):
+        total = gemms if isinstance(gemms, int) else outcomes["tuned"] + outcomes.get("default", 0)
+        head = f"{outcomes['tuned']}/{total} GEMMs tuned ({outcomes.get('default', 0)} Default)"
+    else:
+        head = f"{gemms if gemms is not None else '?'} GEMMs (outcomes not recorded)"
+    lines = [f"  {model}  {art['shortSha256']}  {head}"]
+    rows = [["uri", str(art.get("uri") or "?")]]
+    counts = [f"{words} {art[key]}" for key, words in COUNTS if isinstance(art.get(key), int)]
+    if counts:
+        rows.append(["GEMMs", ", ".join(counts)])
+    tuned_at = art.get("tunedAt")
+    when = f"{tuned_at} ({age(tuned_at, now)} ago)" if tuned_at else "?"
+    rows.append(["tuned at", f"{when}, tuning {_seconds(art.get('tuningSeconds'))}"])
+    image = art.get("image") or {}
+    if image:
+        rows.append(
+            ["image", f"{image.get('reference') or '?'} (id {image.get('id') or 'unknown'})"]
+        )
+    rev = art.get("revision") or "?"
+    if art["current"]:
+        rows.append(["revision", f"{rev} (current)"])
+    else:
+        rows.append(["revision", f"{rev} (earlier; revision {report['revision'] or '?'} tunes)"])
+    if art.get("manifestSha256"):
+        rows.append(["manifest", f"sha256 {art['manifestSha256']}"])
+    if art.get("librarySkipped"):
+        rows.append(
+            [
+                "library",
+                f"{art['librarySkipped']} entr(y/ies) skipped: {art.get('librarySkippedReason')}",
+            ]
+        )
+    if art["defaultOnly"]:
+        rows.append(
+            [
+                "note",
+                "no GEMM where a kernel beat Default: pods get it only with "
+                "spec.serving.serveDefaultOnly",
+            ]
+        )
+    if not in_spec:
+        rows.append(["note", "this GPU model is no longer in spec.gpu.models"])
+    return lines + table(rows, indent=4)
+
+
+def format_status(report: dict[str, Any], now: datetime.datetime | None = None) -> str:
+    now = now or datetime.datetime.now(datetime.UTC)
+    ns, name = report["namespace"], report["name"]
+    gen, observed = report.get("generation"), report.get("observedGeneration")
+    head = f"TuningProfile {ns}/{name}: {report['phase']}"
+    details = [f"revision {report['revision']}"] if report["revision"] else []
+    if gen is not None:
+        details.append(f"generation {gen}, observed {observed if observed is not None else '-'}")
+    if details:
+        head += f" ({'; '.join(details)})"
+    lines = [head, "Conditions:"]
+    lines += table(
+        [[c["type"], c["status"], c["reason"] or "-", c["message"]] for c in report["conditions"]],
+        indent=2,
+    )
+    lines.append("Artifacts:")
+    if not report["models"]:
+        lines.append("  (no GPU models)")
+    for m in report["models"]:
+        lines += _artifact_lines(m["gpuModel"], m["artifact"], m["inSpec"], report, now)
+    lines.append("Tuning Jobs:")
+    if not report["jobs"]:
+        lines.append("  (none for this revision)")
+    lines += table(
+        [
+            [
+                str(j.get("gpuModel") or "?"),
+                str(j.get("name") or "?"),
+                str(j.get("state") or "?"),
+                ", ".join(
+                    p
+                    for p in (
+                        str(j.get("reason") or ""),
+                        f"shards {j['shards']}" if j.get("shards") else "",
+                    )
+                    if p
+                )
+                or "-",
+                " ".join(str(j.get("message") or "").split()),
+            ]
+            for j in report["jobs"]
+        ],
+        indent=2,
+    )
+    unadmitted = report["unadmittedPods"]
+    pods = str(unadmitted)
+    if unadmitted:
+        pods += (
+            " (created while the webhook was unreachable; they run without the artifact: "
+            f"kubectl get pods -n {ns} -l '{naming.PROFILE_LABEL}={name},"
+            f"!{naming.ADMISSION_LABEL}', then recreate them)"
+        )
+    count = report["history"]["count"]
+    lines += table(
+        [
+            ["Progress:", report["progress"] or "-"],
+            ["Unadmitted pods:", pods],
+            ["History:", f"{count} earlier artifact{'s' if count != 1 else ''}"],
+        ]
+    )
+    lines.append("Events (newest first):")
+    lines += event_lines(report["events"], now)
+    return "\n".join(lines) + "\n"
