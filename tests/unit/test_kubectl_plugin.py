@@ -1,0 +1,866 @@
+"""kubectl tunefleet without a cluster: status and why from fixture dicts (pods admitted by the
+real webhook code, so a drift in its reasons or annotations fails here), diff on small CSVs,
+download through tunefleet-fetch's checks on a directory store, and one-line errors."""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tunefleet.builders.webhook import inject
+from tunefleet.config import Config
+from tunefleet.plugin import cluster as cluster_mod
+from tunefleet.plugin import main as main_mod
+from tunefleet.plugin.diff import diff_results, format_diff, parse_ref
+from tunefleet.plugin.status import format_status, status_report
+from tunefleet.plugin.why import explain, format_why
+from tuner_job._fs import sha256_hex
+from tuner_job.output import build_output
+from tuner_job.results import parse_results
+
+NOW = datetime.datetime(2026, 11, 30, 12, 0, 0, tzinfo=datetime.UTC)
+H100, H200 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-H200"
+SHA, SHA2 = "ab" * 32, "cd" * 32
+KEY = "nvidia.com/gpu.product"
+
+
+def artifact(
+    model: str = H200, sha: str = SHA, revision: str = "rev2", **over: Any
+) -> dict[str, Any]:
+    art: dict[str, Any] = {
+        "gpuModel": model,
+        "uri": f"s3://bkt/p/ml/llm/{model}/{sha}",
+        "sha256": sha,
+        "manifestSha256": "ef" * 32,
+        "gemms": 412,
+        "outcomes": {"tuned": 400, "default": 12},
+        "recorded": 412,
+        "reused": 300,
+        "resumed": 10,
+        "newlyTuned": 102,
+        "shards": 4,
+        "tunedAt": "2026-11-30T11:00:00Z",
+        "tuningSeconds": 1234.5,
+        "image": {
+            "reference": "registry.example.com/serve:1",
+            "id": "registry.example.com/serve@sha256:" + "1" * 64,
+        },
+        "revision": revision,
+        "job": f"tune-llm-{model.lower()}-1234",
+    }
+    art.update(over)
+    return art
+
+
+def profile(
+    models: tuple[str, ...] = (H200,),
+    artifacts: list[dict[str, Any]] | None = None,
+    **status: Any,
+) -> dict[str, Any]:
+    st: dict[str, Any] = {
+        "observedGeneration": 3,
+        "phase": "Ready",
+        "revision": "rev2",
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "ArtifactsPublished",
+                "message": "1 of 1 GPU models have an artifact.",
+            },
+            {
+                "type": "Progressing",
+                "status": "False",
+                "reason": "TuningFinished",
+                "message": "Tuning of revision rev2 has finished.",
+            },
+            {
+                "type": "Failed",
+                "status": "False",
+                "reason": "NoFailures",
+                "message": "No tuning Job of this revision failed.",
+            },
+        ],
+        "artifacts": [artifact()] if artifacts is None else artifacts,
+        "jobs": [
+            {"gpuModel": H200, "name": "tune-llm-h200-1234", "state": "Succeeded", "message": ""}
+        ],
+        "history": [artifact(sha=SHA2, revision="rev1")],
+        "unadmittedPods": 0,
+        "progress": "",
+    }
+    st.update(status)
+    return {
+        "apiVersion": "tunefleet.io/v1alpha1",
+        "kind": "TuningProfile",
+        "metadata": {"namespace": "ml", "name": "llm", "uid": "u1", "generation": 3},
+        "spec": {
+            "image": "registry.example.com/serve:1",
+            "gpu": {"vendor": "nvidia", "models": list(models)},
+            "workload": {"shapes": [{"mnk": [8, 8, 8]}]},
+            "storage": {"uri": "s3://bkt/p"},
+        },
+        "status": st,
+    }
+
+
+def event(
+    reason: str, message: str, minutes_ago: int, type_: str = "Normal", **over: Any
+) -> dict[str, Any]:
+    when = (NOW - datetime.timedelta(minutes=minutes_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    ev = {"type": type_, "reason": reason, "message": message, "lastTimestamp": when, "count": 1}
+    ev.update(over)
+    return ev
+
+
+# --- status ------------------------------------------------------------------------------
+
+
+def test_status_of_a_ready_profile_shows_the_artifact_jobs_history_and_events() -> None:
+    events = [
+        event("TuningJobCreated", "Created tuning Job tune-llm-h200-1234.", 70),
+        event("Ready", "Artifacts published: NVIDIA-H200@abababababab", 59, count=2),
+    ]
+    report = status_report(profile(), events)
+    text = format_status(report, NOW)
+    assert text.splitlines()[:12] == [
+        "TuningProfile ml/llm: Ready (revision rev2; generation 3, observed 3)",
+        "Conditions:",
+        "  Ready        True   ArtifactsPublished  1 of 1 GPU models have an artifact.",
+        "  Progressing  False  TuningFinished      Tuning of revision rev2 has finished.",
+        "  Failed       False  NoFailures          No tuning Job of this revision failed.",
+        "Artifacts:",
+        "  NVIDIA-H200  abababababab  400/412 GEMMs tuned (12 Default)",
+        f"    uri       s3://bkt/p/ml/llm/NVIDIA-H200/{SHA}",
+        "    GEMMs     recorded 412, reused 300, resumed 10, newly tuned 102, shards 4",
+        "    tuned at  2026-11-30T11:00:00Z (60m ago), tuning 20.6m",
+        "    image     registry.example.com/serve:1 (id registry.example.com/serve@sha256:"
+        + "1" * 64
+        + ")",
+        "    revision  rev2 (current)",
+    ]
+    assert "  NVIDIA-H200  tune-llm-h200-1234  Succeeded  -" in text
+    assert "History:          1 earlier artifact\n" in text
+    assert "Unadmitted pods:  0\n" in text
+    assert text.endswith(
+        "Events (newest first):\n"
+        "  59m  Normal  Ready             Artifacts published: NVIDIA-H200@abababababab (x2)\n"
+        "  70m  Normal  TuningJobCreated  Created tuning Job tune-llm-h200-1234.\n"
+    )
+    # The json form carries the same content.
+    data = json.loads(json.dumps(report))
+    assert data["phase"] == "Ready" and data["history"]["count"] == 1
+    art = data["models"][0]["artifact"]
+    assert (art["sha256"], art["shortSha256"], art["current"]) == (SHA, SHA[:12], True)
+    assert [e["reason"] for e in data["events"]] == ["Ready", "TuningJobCreated"]
+
+
+def test_status_while_retuning_shows_earlier_artifacts_blocked_and_sharded_jobs() -> None:
+    prof = profile(
+        models=(H100, H200),
+        artifacts=[artifact(H200, revision="rev1")],
+        phase="Pending",
+        progress=f"{H100}: pending; {H200}: 1/4 shards",
+        unadmittedPods=2,
+        jobs=[
+            {
+                "gpuModel": H100,
+                "name": "tune-a",
+                "state": "Pending",
+                "reason": "Unschedulable",
+                "message": "no node has nvidia.com/gpu.product=X",
+            },
+            {
+                "gpuModel": H200,
+                "name": "tune-b",
+                "state": "Running",
+                "shards": "1/4",
+                "message": "",
+            },
+        ],
+    )
+    text = format_status(status_report(prof, []), NOW)
+    assert f"  {H100}  no artifact yet (phase Pending)" in text
+    assert "    revision  rev1 (earlier; revision rev2 tunes)" in text
+    assert f"  {H100}  tune-a  Pending  Unschedulable  no node has nvidia.com/gpu.product=X" in text
+    assert f"  {H200.ljust(len(H100))}  tune-b  Running  shards 1/4" in text
+    assert f"Progress:         {H100}: pending; {H200}: 1/4 shards" in text
+    assert "Unadmitted pods:  2 (created while the webhook was unreachable" in text
+    assert "'tunefleet.io/profile=llm,!tunefleet.io/admission'" in text
+    assert text.endswith("Events (newest first):\n  (none)\n")
+
+
+def test_status_of_a_new_profile_without_status_and_a_default_only_artifact() -> None:
+    fresh = profile()
+    del fresh["status"]
+    report = status_report(fresh, [])
+    text = format_status(report, NOW)
+    assert text.startswith("TuningProfile ml/llm: Pending (generation 3, observed -)\n")
+    assert "  Ready        Unknown  -" in text
+    assert f"  {H200}  no artifact yet (phase Pending)" in text
+    assert "  (none for this revision)" in text
+    flat = artifact(
+        outcomes={"tuned": 0, "default": 412}, librarySkipped=2, librarySkippedReason="bad sha"
+    )
+    text = format_status(status_report(profile(artifacts=[flat]), []), NOW)
+    assert "0/412 GEMMs tuned (412 Default)" in text
+    assert "note      no GEMM where a kernel beat Default" in text
+    assert "library   2 entr(y/ies) skipped: bad sha" in text
+
+
+def test_status_shows_the_ten_newest_events_of_many() -> None:
+    events = [event("E", f"event {i}", minutes_ago=i) for i in range(1, 16)]
+    report = status_report(profile(), list(reversed(events)))
+    assert [e["message"] for e in report["events"]] == [f"event {i}" for i in range(1, 11)]
+    # eventTime-only Events (events.k8s.io posters) sort in too.
+    newer = {
+        "type": "Warning",
+        "reason": "X",
+        "message": "newest",
+        "eventTime": "2026-11-30T11:59:59.123456Z",
+    }
+    assert status_report(profile(), [*events, newer])["events"][0]["message"] == "newest"
+
+
+# --- why ---------------------------------------------------------------------------------
+
+CFG = Config(image="tunefleet:1")
+
+
+def model_pod(
+    name: str = "m-1", selector: dict[str, str] | None = None, **over: Any
+) -> dict[str, Any]:
+    pod: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ml", "labels": {"tunefleet.io/profile": "llm"}},
+        "spec": {
+            "nodeSelector": selector or {},
+            "containers": [
+                {
+                    "name": "server",
+                    "image": "registry.example.com/serve:1",
+                    "resources": {"limits": {"nvidia.com/gpu": "2"}},
+                },
+                {"name": "proxy", "image": "envoy:1"},
+            ],
+        },
+    }
+    pod["metadata"].update(over)
+    return pod
+
+
+def admitted(pod: dict[str, Any], prof: dict[str, Any] | None) -> dict[str, Any]:
+    """The pod as the webhook's own code admits it (fail open)."""
+    decision = inject(pod, "llm", prof, CFG)
+    assert decision.deny is None
+    return dict(decision.pod)
+
+
+def fetch_ended(pod: dict[str, Any], message: str, exit_code: int = 0) -> dict[str, Any]:
+    pod = copy.deepcopy(pod)
+    pod["status"] = {
+        "initContainerStatuses": [
+            {
+                "name": "tunefleet-fetch",
+                "state": {"terminated": {"exitCode": exit_code, "message": message}},
+            }
+        ]
+    }
+    return pod
+
+
+LOADED = f"tunefleet-fetch: wrote 2 results file(s) with 412 tuned GEMMs (sha256 {SHA}) to /tunefleet/results/tunableop_results%d.csv"
+
+
+def test_why_injected_and_loaded_names_the_artifact_and_the_containers() -> None:
+    prof = profile()
+    pod = fetch_ended(admitted(model_pod(), prof), LOADED)
+    report = explain(pod, prof, [])
+    assert (report["verdict"], report["tuned"]) == ("injected", True)
+    assert report["artifact"] == {
+        "uri": f"s3://bkt/p/ml/llm/{H200}/{SHA}",
+        "sha256": SHA,
+        "gpuModel": H200,
+    }
+    assert [c["name"] for c in report["containers"]] == ["server"]  # proxy runs another image
+    text = format_why(report, NOW)
+    assert (
+        text.splitlines()[0]
+        == f"Pod ml/m-1: tuned: injected, artifact {SHA[:12]} loaded for {H200}"
+    )
+    assert (
+        "  Containers:  server (ENABLED=1, TUNING=0, RECORD_UNTUNED=0, FILENAME=/tunefleet/results/tunableop_results%d.csv)"
+        in text
+    )
+    assert "Fix:" not in text
+
+
+def test_why_injected_but_not_yet_fetched_and_with_warnings_and_overrides() -> None:
+    prof = profile()
+    pod = model_pod()
+    pod["spec"]["containers"][0]["image"] = "registry.example.com/serve:2"
+    pod["spec"]["containers"][0]["env"] = [{"name": "PYTORCH_TUNABLEOP_ENABLED", "value": "0"}]
+    pod = admitted(pod, prof)
+    pod["status"] = {
+        "initContainerStatuses": [{"name": "tunefleet-fetch", "state": {"running": {}}}]
+    }
+    report = explain(pod, prof, [])
+    assert (report["verdict"], report["tuned"], report["fetch"]["state"]) == (
+        "injected",
+        None,
+        "running",
+    )
+    text = format_why(report, NOW)
+    assert "tunefleet-fetch has not finished yet (running)" in text.splitlines()[0]
+    assert (
+        "Image warning:  container server runs registry.example.com/serve:2, but the artifact was tuned in"
+        in text
+    )
+    assert (
+        "Note:           container server sets PYTORCH_TUNABLEOP_ENABLED=0 itself: TunableOp is off in it"
+        in text
+    )
+
+
+def test_why_untuned_at_start_quotes_fetch_and_names_the_fix() -> None:
+    prof = profile()
+    pod = admitted(model_pod(), prof)
+    corrupt = f"results.csv has SHA-256 {SHA2}, expected {SHA} (corrupted or truncated)"
+    report = explain(fetch_ended(pod, f"tunefleet-fetch: starting untuned: {corrupt}"), prof, [])
+    assert (report["verdict"], report["tuned"], report["reason"]) == (
+        "untuned-at-start",
+        False,
+        corrupt,
+    )
+    text = format_why(report, NOW)
+    assert (
+        "not tuned: injected, but the fetch init container started it untuned (fail open)" in text
+    )
+    assert f'Reason:      "{corrupt}" (from tunefleet-fetch\'s termination message)' in text
+    assert f"kubectl tunefleet download llm -n ml --gpu-model {H200} --dest <dir>" in text
+    assert f"kubectl delete job -n ml tune-llm-{H200.lower()}-1234" in text
+
+    creds = (
+        "downloading s3://bkt/x/manifest.json failed: InvalidAccessKeyId (HTTP 403): no such key"
+    )
+    report = explain(fetch_ended(pod, f"tunefleet-fetch: starting untuned: {creds}"), prof, [])
+    assert "S3 credentials were missing or refused" in report["fix"]
+    refused = explain(
+        fetch_ended(pod, f"tunefleet-fetch: refusing to start: {corrupt}", 1), prof, []
+    )
+    assert refused["verdict"] == "refused-at-start" and "failClosed" in refused["summary"]
+
+
+@pytest.mark.parametrize(
+    ("case", "code", "fix"),
+    [
+        ("no-profile", "no_profile", "create TuningProfile 'llm' in namespace ml"),
+        ("invalid", "invalid_profile", "fix the profile's spec"),
+        (
+            "no-selector",
+            "no_model_selector",
+            f"add nodeSelector {{{KEY}: <one of {H100}, {H200}>}}",
+        ),
+        (
+            "other-model",
+            "model_not_tuned",
+            f"add NVIDIA-A100 to TuningProfile 'llm''s spec.gpu.models, or select one of {H100}, {H200}",
+        ),
+        (
+            "no-artifact",
+            "no_artifact",
+            "wait until `kubectl tunefleet status llm -n ml` shows Ready, then recreate the pod",
+        ),
+        (
+            "default-only",
+            "default_only",
+            "set spec.serving.serveDefaultOnly: true on TuningProfile 'llm'",
+        ),
+    ],
+)
+def test_why_untuned_by_the_webhook_quotes_its_reason_and_gives_the_fix(
+    case: str, code: str, fix: str
+) -> None:
+    prof: dict[str, Any] | None = profile(
+        models=(H100, H200), artifacts=[artifact(H100), artifact(H200)]
+    )
+    pod = model_pod(selector={KEY: H200})
+    if case == "no-profile":
+        prof = None
+    elif case == "invalid":
+        assert prof is not None
+        prof["spec"]["gpu"]["vendor"] = "intel"
+    elif case == "no-selector":
+        pod = model_pod()
+    elif case == "other-model":
+        pod = model_pod(selector={KEY: "NVIDIA-A100"})
+    elif case == "no-artifact":
+        assert prof is not None
+        prof["status"]["artifacts"] = [artifact(H100)]
+        prof["status"]["phase"] = "Tuning"
+    elif case == "default-only":
+        assert prof is not None
+        prof["status"]["artifacts"][1]["outcomes"] = {"tuned": 0, "default": 412}
+    pod = admitted(pod, prof)
+    report = explain(pod, prof, [])
+    reason = pod["metadata"]["annotations"]["tunefleet.io/status"].removeprefix("untuned: ")
+    assert (report["verdict"], report["code"], report["reason"]) == ("untuned", code, reason)
+    assert fix in report["fix"]
+    text = format_why(report, NOW)
+    assert text.splitlines()[0] == "Pod ml/m-1: not tuned: the webhook admitted it untuned"
+    assert f'  Reason:   "{reason}" (from annotation tunefleet.io/status)' in text
+    assert "kubectl get pod -n ml m-1 -o yaml | kubectl replace --force -f -" in text
+
+
+def test_why_no_artifact_changes_its_fix_with_what_the_profile_has_now() -> None:
+    waiting = profile(artifacts=[], phase="Tuning")
+    pod = admitted(model_pod(), waiting)
+    assert "wait until" in explain(pod, waiting, [])["fix"]
+    assert (
+        "has an artifact for NVIDIA-H200 now (abababababab)" in explain(pod, profile(), [])["fix"]
+    )
+    failed = profile(artifacts=[], phase="Failed")
+    assert explain(pod, failed, [])["fix"].startswith(
+        "tuning failed (see `kubectl tunefleet status llm"
+    )
+    # A profile that came into being after the pod: recreate once Ready.
+    orphan = admitted(model_pod(), None)
+    assert "exists now" in explain(orphan, profile(), [])["fix"]
+
+
+def test_why_a_pod_the_webhook_never_saw_and_one_that_never_asked() -> None:
+    prof = profile(unadmittedPods=3)
+    pod = model_pod()  # labelled, no admission label: the webhook never saw it
+    report = explain(pod, prof, [])
+    assert report["verdict"] == "unadmitted" and report["tuned"] is False
+    text = format_why(report, NOW)
+    assert "not tuned: the tunefleet webhook never saw this pod" in text
+    assert "recreate it while the tunefleet webhook is up" in text
+    assert "TuningProfile 'llm' counts 3 such pod(s)" in text
+    plain = model_pod()
+    del plain["metadata"]["labels"]["tunefleet.io/profile"]
+    report = explain(plain, None, [])
+    assert report["verdict"] == "not-requested"
+    text = format_why(report, NOW)
+    assert "it never asked for tuning" in text and "Events" not in text
+
+
+def test_why_shows_the_profiles_events_about_this_pod_and_how_to_recreate_it() -> None:
+    prof = profile(artifacts=[], phase="Tuning")
+    pod = model_pod(
+        name="model-7d9f-abcde",
+        generateName="model-7d9f-",
+        ownerReferences=[{"kind": "ReplicaSet", "name": "model-7d9f", "controller": True}],
+    )
+    pod["metadata"]["labels"]["pod-template-hash"] = "7d9f"
+    pod = admitted(pod, prof)
+    events = [
+        event("PodUntuned", "pod model-7d9f-* starts untuned: no artifact", 1, "Warning"),
+        event("PodUntuned", "pod other-* starts untuned: no artifact", 2, "Warning"),
+        event("Ready", "Artifacts published", 3),
+    ]
+    report = explain(pod, prof, events)
+    assert [e["message"] for e in report["events"]] == [
+        "pod model-7d9f-* starts untuned: no artifact"
+    ]
+    assert (
+        "kubectl delete pod -n ml model-7d9f-abcde (its ReplicaSet model-7d9f makes a new one), or kubectl rollout restart deployment -n ml model"
+        in report["fix"]
+    )
+    assert format_why(report, NOW).endswith(
+        "Events on TuningProfile llm about this pod (newest first):\n"
+        "  60s  Warning  PodUntuned  pod model-7d9f-* starts untuned: no artifact\n"
+    )
+
+
+def test_why_a_fetch_that_ended_without_a_word_points_at_its_log() -> None:
+    pod = fetch_ended(admitted(model_pod(), profile()), "", exit_code=0)
+    report = explain(pod, profile(), [])
+    assert report["verdict"] == "injected" and report["tuned"] is None
+    text = format_why(report, NOW)
+    assert "tunefleet-fetch ended (exit 0) without saying what it wrote" in text
+    assert "tunefleet-fetch exited 0 and left no termination message (from pod status)" in text
+    assert "kubectl logs -n ml m-1 -c tunefleet-fetch" in text
+
+
+def test_why_notes_a_newer_artifact_than_the_pinned_one() -> None:
+    pod = fetch_ended(admitted(model_pod(), profile()), LOADED)
+    newer = profile(artifacts=[artifact(sha=SHA2)])
+    notes = explain(pod, newer, [])["notes"]
+    assert any("has a newer artifact for NVIDIA-H200 now (cdcdcdcdcdcd)" in n for n in notes)
+
+
+# --- diff --------------------------------------------------------------------------------
+
+A = (
+    "Validator,PT_VERSION,2.11.0\n"
+    "Validator,ROCM_VERSION,6.4.0\n"
+    "GemmTunableOp_BFloat16_TN,tn_4096_4096_4096_ld_4096_4096_4096,Gemm_Hipblaslt_1234,0.5\n"
+    "GemmTunableOp_BFloat16_TN,tn_128_14336_4096_ld_4096_4096_128,Gemm_Rocblas_42,0.08\n"
+    "GemmTunableOp_BFloat16_TN,tn_64_64_64_ld_64_64_64,Default,0\n"
+    "GemmTunableOp_Half_NN,nn_32_32_32_ld_32_32_32,Gemm_Rocblas_7,0.01\n"
+    "GemmTunableOp_Half_NN,nn_16_16_16_ld_16_16_16,Gemm_Rocblas_9,0.002\n"
+)
+B = (
+    "Validator,PT_VERSION,2.11.0\n"
+    "Validator,HIP_VERSION,6.4.1\n"
+    "GemmTunableOp_BFloat16_TN,tn_4096_4096_4096_ld_4096_4096_4096,Gemm_Hipblaslt_999,0.4\n"
+    "GemmTunableOp_BFloat16_TN,tn_128_14336_4096_ld_4096_4096_128,Gemm_Rocblas_42,0.09\n"
+    "GemmTunableOp_BFloat16_TN,tn_64_64_64_ld_64_64_64,Gemm_Rocblas_1,0.003\n"
+    "GemmTunableOp_Half_NN,nn_16_16_16_ld_16_16_16,Gemm_Rocblas_9,0.002\n"
+    "GemmTunableOp_Float_TT,tt_8_8_8_ld_8_8_8,Gemm_Rocblas_3,0.001\n"
+)
+
+
+def diff_report(a: str = A, b: str = B) -> dict[str, Any]:
+    ra, rb = parse_results(a), parse_results(b)
+    side_a = {"source": "a/results.csv", "gemms": ra.gemms, "sha256": sha256_hex(a.encode())}
+    side_b = {"source": "b/results.csv", "gemms": rb.gemms, "gpuModel": "AMD_Instinct_MI300X_OAM"}
+    return {"a": side_a, "b": side_b, **diff_results(ra, rb)}
+
+
+def test_diff_lists_added_removed_changed_with_time_deltas_and_validators() -> None:
+    report = diff_report()
+    s = report["summary"]
+    assert (s["added"], s["removed"], s["changed"], s["retimed"], s["unchanged"]) == (1, 1, 2, 1, 1)
+    big = next(c for c in report["changed"] if c["params"].startswith("tn_4096"))
+    assert big["before"] == {"solution": "Gemm_Hipblaslt_1234", "ms": 0.5}
+    assert big["after"] == {"solution": "Gemm_Hipblaslt_999", "ms": 0.4}
+    assert big["deltaMs"] == pytest.approx(-0.1) and big["ratio"] == pytest.approx(0.8)
+    placeholder = next(c for c in report["changed"] if c["params"].startswith("tn_64"))
+    assert placeholder["deltaMs"] is None and placeholder["ratio"] is None  # Default,0 is no time
+    assert report["validators"] == [
+        {"key": "HIP_VERSION", "before": None, "after": "6.4.1"},
+        {"key": "ROCM_VERSION", "before": "6.4.0", "after": None},
+    ]
+    assert format_diff(report) == (
+        f"--- a/results.csv (5 GEMMs, sha256 {sha256_hex(A.encode())[:12]})\n"
+        "+++ b/results.csv (AMD_Instinct_MI300X_OAM, 5 GEMMs)\n"
+        "Validators (2 differ: TunableOp loads a file only where every validator matches, so "
+        "these serve different stacks):\n"
+        "  ~ HIP_VERSION: (absent) -> 6.4.1\n"
+        "  ~ ROCM_VERSION: 6.4.0 -> (absent)\n"
+        "Changed (2): another solution won\n"
+        "  ~ GemmTunableOp_BFloat16_TN tn_4096_4096_4096_ld_4096_4096_4096\n"
+        "      Gemm_Hipblaslt_1234 0.5 ms -> Gemm_Hipblaslt_999 0.4 ms (-0.1 ms, x0.80)\n"
+        "  ~ GemmTunableOp_BFloat16_TN tn_64_64_64_ld_64_64_64\n"
+        "      Default 0 ms -> Gemm_Rocblas_1 0.003 ms (no time to compare)\n"
+        "Added (1):\n"
+        "  + GemmTunableOp_Float_TT tt_8_8_8_ld_8_8_8  Gemm_Rocblas_3 0.001 ms\n"
+        "Removed (1):\n"
+        "  - GemmTunableOp_Half_NN nn_32_32_32_ld_32_32_32  Gemm_Rocblas_7 0.01 ms\n"
+        "Summary: 2 changed, 1 added, 1 removed, 2 same solution (1 with another time), "
+        "2 validator(s) differ; the 4 GEMMs in both: 0.582 ms -> 0.495 ms, x0.85\n"
+    )
+
+
+def test_diff_of_identical_files_says_so() -> None:
+    report = diff_report(A, A)
+    assert report["summary"]["identical"] is True
+    assert format_diff(report).endswith("(identical)\n")
+    assert not diff_report(A, A.replace("0.08\n", "0.081\n"))["summary"]["identical"]  # retimed
+
+
+def test_parse_ref_tells_artifacts_paths_and_profiles_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert parse_ref(f"s3://b/p/{SHA}").kind == "s3"
+    assert parse_ref("./x").kind == "local" and parse_ref("/abs").kind == "local"
+    ref = parse_ref(f"ml/llm:{H200}")
+    assert (ref.kind, ref.namespace, ref.name, ref.gpu_model) == ("profile", "ml", "llm", H200)
+    ref = parse_ref("llm")
+    assert (ref.kind, ref.namespace, ref.gpu_model) == ("profile", None, None)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "llm").mkdir()
+    assert parse_ref("llm").kind == "local"  # an existing path wins
+    for bad in ("Bad_Name", "ml/llm:", "a/b/c", "llm:bad model"):
+        with pytest.raises(ValueError, match="neither an artifact"):
+            parse_ref(bad)
+
+
+def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main_mod.main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def error_line(err: str) -> str:
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kubectl-tunefleet: error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def test_diff_cli_on_local_files_json_and_exit_codes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "results.csv").write_text(A)
+    (tmp_path / "b.csv").write_text(B)
+    code, out, err = run_main(
+        capsys, "diff", str(tmp_path / "a"), str(tmp_path / "b.csv"), "-o", "json"
+    )
+    assert (code, err) == (1, "")
+    data = json.loads(out)
+    assert data["summary"]["changed"] == 2 and data["a"]["source"] == str(
+        tmp_path / "a" / "results.csv"
+    )
+    assert data["added"][0]["params"] == "tt_8_8_8_ld_8_8_8"
+    code, out, err = run_main(
+        capsys, "diff", str(tmp_path / "a"), str(tmp_path / "a" / "results.csv")
+    )
+    assert code == 0 and "(identical)" in out
+    # A directory `kubectl tunefleet download` wrote has tunableop_results0.csv.
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "tunableop_results0.csv").write_text(A)
+    assert run_main(capsys, "diff", str(tmp_path / "d"), str(tmp_path / "a"))[0] == 0
+
+
+# --- download and errors -------------------------------------------------------------------
+
+
+class FakeCluster:
+    def __init__(self, profiles: dict[str, dict[str, Any]], namespace: str = "ml") -> None:
+        self.profiles = profiles
+        self.namespace = namespace
+
+    def profile(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.profiles.get(f"{namespace}/{name}")
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
+
+    def profile_events(self, profile: dict[str, Any]) -> list[dict[str, Any]]:
+        return []
+
+
+def use(monkeypatch: pytest.MonkeyPatch, fake: FakeCluster) -> None:
+    monkeypatch.setattr(cluster_mod, "connect", lambda *a: fake)
+
+
+def published(root: Path, model: str = H200) -> dict[str, Any]:
+    """An artifact in a directory store laid out as S3's keys are (file:// URI)."""
+    results = parse_results(A)
+    data, manifest = build_output(
+        results,
+        namespace="ml",
+        profile="llm",
+        revision="rev2",
+        gpu_model=model,
+        recorded=results.gemms,
+        identity={"gpuName": "test"},
+        tuning_seconds=1.0,
+    )
+    sha = sha256_hex(data)
+    where = root / "ml" / "llm" / model / sha
+    where.mkdir(parents=True)
+    (where / "results.csv").write_bytes(data)
+    (where / "manifest.json").write_bytes(manifest.to_json())
+    return artifact(
+        model, sha=sha, uri=f"file://{where}", manifestSha256=sha256_hex(manifest.to_json())
+    )
+
+
+def test_download_writes_verified_files_and_the_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    art = published(tmp_path / "store")
+    use(monkeypatch, FakeCluster({"ml/llm": profile(artifacts=[art])}))
+    dest = tmp_path / "out"
+    code, out, err = run_main(capsys, "download", "llm", "--dest", str(dest), "--devices", "2")
+    assert (code, err) == (0, "")
+    assert sorted(p.name for p in dest.iterdir()) == [
+        "manifest.json",
+        "tunableop_results0.csv",
+        "tunableop_results1.csv",
+    ]
+    assert sha256_hex((dest / "tunableop_results1.csv").read_bytes()) == art["sha256"]
+    assert sha256_hex((dest / "manifest.json").read_bytes()) == art["manifestSha256"]
+    assert out.splitlines()[0] == f"Verified {art['uri']}"
+    assert f"  {dest / 'manifest.json'}" in out
+    code, out, _ = run_main(
+        capsys, "download", "llm", "--dest", str(dest), "--gpu-model", H200, "-o", "json"
+    )
+    assert code == 0 and json.loads(out)["files"] == [str(dest / "tunableop_results0.csv")]
+
+
+def test_download_refuses_an_artifact_that_does_not_verify(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    art = published(tmp_path / "store")
+    use(monkeypatch, FakeCluster({"ml/llm": profile(artifacts=[art])}))
+    where = Path(art["uri"].removeprefix("file://"))
+    (where / "manifest.json").chmod(0o644)
+    (where / "manifest.json").write_text(
+        (where / "manifest.json").read_text().replace('"rev2"', '"rev3"')
+    )
+    dest = tmp_path / "out"
+    code, out, err = run_main(capsys, "download", "llm", "--dest", str(dest))
+    assert code == 1 and out == ""
+    line = error_line(err)
+    assert (
+        f"artifact {art['uri']} failed verification, nothing was written: manifest.json has SHA-256"
+        in line
+    )
+    assert not dest.exists() or not any(dest.iterdir())
+    (where / "results.csv").unlink()
+    line = error_line(run_main(capsys, "download", "llm", "--dest", str(dest))[2])
+    assert "cannot download the artifact (no object at file://" in line and "--endpoint-url" in line
+
+
+@pytest.mark.parametrize(
+    ("args", "profiles", "code", "expected"),
+    [
+        (
+            ["status", "x"],
+            {},
+            1,
+            "TuningProfile 'x' not found in namespace 'ml': list them with `kubectl get tp -n ml`",
+        ),
+        (
+            ["status", "x", "-n", "other"],
+            {},
+            1,
+            "TuningProfile 'x' not found in namespace 'other': list them with `kubectl get tp -n other`",
+        ),
+        (
+            ["why", "p"],
+            {},
+            1,
+            "Pod 'p' not found in namespace 'ml': list them with `kubectl get pods -n ml`",
+        ),
+        (
+            ["download", "llm", "--dest", "/tmp/x"],
+            {"ml/llm": profile(artifacts=[], phase="Tuning")},
+            1,
+            "TuningProfile 'llm' has no artifact for NVIDIA-H200 yet (phase Tuning): wait until `kubectl tunefleet status llm -n ml` shows Ready",
+        ),
+        (
+            ["download", "llm", "--dest", "/tmp/x"],
+            {"ml/llm": profile(models=(H100, H200))},
+            1,
+            f"TuningProfile 'llm' tunes several GPU models ({H100}, {H200}): name one with --gpu-model (or ml/llm:<model> in diff)",
+        ),
+        (
+            ["download", "llm", "--dest", "/tmp/x", "--gpu-model", "A100"],
+            {"ml/llm": profile()},
+            1,
+            f"TuningProfile 'llm' does not tune GPU model 'A100': use one of {H200}",
+        ),
+        (
+            ["diff", "/nonexistent/dir", "llm"],
+            {},
+            2,
+            "/nonexistent/dir: no such file or directory (an artifact is s3://.../<sha256>, a profile [namespace/]profile[:gpuModel])",
+        ),
+        (
+            ["diff", "ml/gone:M", "/nonexistent"],
+            {},
+            2,
+            "TuningProfile 'gone' not found in namespace 'ml': list them with `kubectl get tp -n ml`",
+        ),
+        (
+            ["diff", "s3://bkt/p/not-a-sha", "llm"],
+            {},
+            2,
+            "s3://bkt/p/not-a-sha does not end in a SHA-256: name an artifact directory as status.artifacts[].uri shows it (s3://bucket/.../<gpu-model>/<sha256>)",
+        ),
+        (
+            ["download", "llm"],
+            {},
+            2,
+            "the following arguments are required: --dest: see `kubectl tunefleet download --help`",
+        ),
+        (
+            ["download", "llm", "--dest", "d", "--devices", "0"],
+            {},
+            2,
+            "argument --devices: must be 1..256, got '0': see `kubectl tunefleet download --help`",
+        ),
+        (
+            [],
+            {},
+            2,
+            "name a command: status, why, download or diff: see `kubectl tunefleet --help`",
+        ),
+    ],
+)
+def test_expected_failures_are_one_line_that_says_what_to_do(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    profiles: dict[str, dict[str, Any]],
+    code: int,
+    expected: str,
+) -> None:
+    use(monkeypatch, FakeCluster(profiles, namespace="ml"))
+    monkeypatch.setattr(
+        cluster_mod, "connect", lambda kc, ctx, ns: FakeCluster(profiles, ns or "ml")
+    )
+    got, out, err = run_main(capsys, *args)
+    assert (got, out) == (code, "")
+    assert error_line(err) == f"kubectl-tunefleet: error: {expected}"
+
+
+def test_a_bad_results_file_and_an_unexpected_bug_are_one_line_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("Validator,PT_VERSION,2.11.0\r\n")
+    code, _, err = run_main(capsys, "diff", str(bad), str(bad))
+    assert (
+        code == 2
+        and f"{bad} is not a TunableOp results file: {bad}:1: CRLF line ending" in error_line(err)
+    )
+
+    def boom(*a: Any) -> Any:
+        raise RuntimeError("unexpected\nmulti-line")
+
+    monkeypatch.setattr(cluster_mod, "connect", boom)
+    code, _, err = run_main(capsys, "status", "x")
+    assert code == 1
+    assert error_line(err) == (
+        "kubectl-tunefleet: error: internal error (RuntimeError: unexpected multi-line): rerun "
+        "with KUBECTL_TUNEFLEET_DEBUG=1 for the traceback and report it"
+    )
+
+
+def test_kubeconfig_problems_and_an_unreachable_api_server(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, _, err = run_main(capsys, "status", "x", "--kubeconfig", str(tmp_path / "missing"))
+    assert code == 1
+    assert f"cannot use kubeconfig {tmp_path / 'missing'}" in error_line(err)
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [
+                    {"name": "x", "context": {"cluster": "c", "user": "u", "namespace": "team"}}
+                ],
+                "current-context": "x",
+            }
+        )
+    )
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    assert cluster_mod.connect(None, None, None).namespace == "team"  # the context's namespace
+    assert cluster_mod.connect(None, None, "other").namespace == "other"
+    code, _, err = run_main(capsys, "status", "x")
+    assert code == 1
+    line = error_line(err)
+    assert line.startswith(
+        "kubectl-tunefleet: error: cannot reach the API server at https://127.0.0.1:1 ("
+    )
+    assert line.endswith("check --kubeconfig/--context and that the cluster is up")
+    code, _, err = run_main(capsys, "status", "x", "--context", "nope")
+    assert code == 1 and "(context nope)" in error_line(err)
