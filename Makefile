@@ -73,7 +73,7 @@ run: venv
 demo: venv tools images
 	hack/demo.sh
 
-bench: venv tools
+bench: venv tools images
 	$(PY) -m bench
 
 sync-crds:

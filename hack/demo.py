@@ -1,9 +1,14 @@
 """`make demo`: the whole tunefleet flow on the local control plane, narrated.
 
-Everything is real except what this machine cannot do: containers do not run on kwok's fake
-nodes and there is no GPU, so the tuning pod's tune step is stood in for by a recorded
-results file (said so when it happens), and its publish step is run here with the pod's own
-command against the real S3 server.
+What runs where, said as it happens:
+- real containers, on the real node (containerd, runc; it has NO GPU, its nvidia.com/gpu is a
+  fake resource): the operator (the chart's Deployment, two replicas), a tuning Job's steps
+  (bootstrap, the sync sidecar, tune in a STAND-IN inference image whose torch computes
+  nothing, publish to the S3 server) and a model Deployment's pod (the injected fetch, a
+  stand-in model server);
+- kwok's fake GPU fleet: scheduling only; no container runs there, so for a kwok tuning pod
+  the demo carries out the publish step itself (the pod's own command, with a hand-written
+  results file in TunableOp's format) and says so.
 """
 
 from __future__ import annotations
@@ -11,24 +16,35 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 
-from tests.support.cluster import Cluster, S3Settings, ensure_cluster, ensure_s3  # noqa: E402
+from tests.support.cluster import (  # noqa: E402
+    REAL_NODE,
+    REAL_NODE_GPU_MODEL,
+    STANDIN_IMAGE,
+    Cluster,
+    S3Settings,
+    ensure_cluster,
+    ensure_images,
+    ensure_s3,
+)
 from tests.support.operator import (  # noqa: E402
     STAND_IN_NOTE,
     carry_out_publish,
     create_s3_secret,
-    install,
-    tool_env,
+    install_in_cluster,
 )
 from tests.support.poll import eventually  # noqa: E402
 
 NS = "demo"
+WHERE: list[tuple[str, str]] = []
 
 
 def step(title: str) -> None:
@@ -37,123 +53,176 @@ def step(title: str) -> None:
 
 def show(cluster: Cluster, *args: str) -> str:
     out = cluster.kubectl(*args).stdout
-    print(f"$ kubectl {' '.join(args)}\n{out.rstrip()}")
+    print(f"$ kubectl {' '.join(args)}\n{out.rstrip()}", flush=True)
     return out
 
 
-def gpu_present() -> bool:
-    probe = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
-    return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
+def plugin(cluster: Cluster, s3: S3Settings, *args: str) -> None:
+    """The kubectl plugin, as a user runs it (kubectl finds kubectl-tunefleet on PATH)."""
+    exe = Path(sys.executable).parent / "kubectl-tunefleet"
+    if not exe.exists():
+        return
+    env = {"KUBECONFIG": cluster.kubeconfig, "PATH": f"{exe.parent}:/usr/bin:/bin", **s3.env()}
+    done = subprocess.run([str(exe), *args], capture_output=True, text=True, env=env, timeout=120)
+    print(f"$ kubectl tunefleet {' '.join(args)}\n{(done.stdout + done.stderr).rstrip()}")
+
+
+def get(cluster: Cluster, *args: str) -> Any:
+    return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
 
 
 def main() -> None:
     started = time.monotonic()
     cluster, s3 = ensure_cluster(), ensure_s3()
 
-    step("1. The local control plane: a real kube-apiserver and a fake mixed GPU fleet (kwok)")
+    step(
+        "1. The local control plane: a real kube-apiserver, a fake GPU fleet (kwok), one real node"
+    )
     print(cluster.kubectl("version").stdout.strip())
-    show(cluster, "get", "nodes", "-L", "amd.com/gpu.product-name,nvidia.com/gpu.product")
+    show(cluster, "get", "nodes", "-L", "type,amd.com/gpu.product-name,nvidia.com/gpu.product")
+    print(
+        f"{REAL_NODE} runs real containers (containerd) but has NO GPU: its nvidia.com/gpu is a "
+        f"fake resource and its label {REAL_NODE_GPU_MODEL} names no real model."
+    )
 
-    step("2. Install the chart; the operator runs here as the chart's ServiceAccount")
-    operator = install(cluster, s3.endpoint)
-    print(f"operator PID {operator.proc.pid if operator.proc else '?'}, log {operator.log}")
-    try:
-        run_flow(cluster, s3)
-    finally:
-        operator.stop()
+    step("2. Build the images (buildah, no registry) and install the chart on the real node")
+    ensure_images()
+    deployed = install_in_cluster(cluster, s3.pod_endpoint)
+    show(cluster, "get", "pods", "-n", "tunefleet-system", "-o", "wide")
+    WHERE.append(("operator (2 replicas, Lease, webhook via Service)", "real containers"))
+
+    cluster.kubectl("create", "namespace", NS, check=False)
+    secret = create_s3_secret(cluster.kubectl, NS, s3.access_key, s3.secret_key)
+
+    step(f"3. Tune for the real node's model: a profile in the stand-in image ({STANDIN_IMAGE})")
+    print(
+        "NOTE: the stand-in image's torch follows TunableOp's file formats and offline API but "
+        "computes nothing; everything it writes says +standin, so no real torch would load it."
+    )
+    profile = standin_profile(s3, secret)
+    print(yaml.safe_dump(profile, sort_keys=False).rstrip())
+    cluster.kubectl("apply", "-n", NS, "-f", "-", input=yaml.safe_dump(profile))
+    eventually(
+        lambda: get(cluster, "tp", "-n", NS, "standin-llm"),
+        lambda p: (p.get("status") or {}).get("phase") in ("Ready", "Failed"),
+        "standin-llm Ready",
+        timeout=300,
+        interval=1,
+    )
+    show(cluster, "get", "pods", "-n", NS, "-l", "tunefleet.io/tuning-profile=standin-llm")
+    show(cluster, "get", "tuningprofiles", "-n", NS)
+    show(cluster, "get", "tuningprofiles", "-n", NS, "-o", "wide")
+    WHERE.append(("tuning Job: bootstrap, sync, tune (stand-in torch), publish", "real containers"))
+    plugin(cluster, s3, "status", "standin-llm", "-n", NS)
+
+    step("4. Serve: a model Deployment labelled tunefleet.io/profile=standin-llm")
+    cluster.kubectl("apply", "-n", NS, "-f", "-", input=yaml.safe_dump(model_deployment()))
+    pod = eventually(
+        lambda: [
+            p
+            for p in get(cluster, "pods", "-n", NS, "-l", "app=standin-llm")["items"]
+            if (p.get("status") or {}).get("phase") == "Running"
+        ],
+        lambda ps: len(ps) == 1,
+        "the model pod Running",
+        timeout=180,
+        interval=1,
+    )[0]
+    name = pod["metadata"]["name"]
+    fetch = next(
+        c for c in pod["status"]["initContainerStatuses"] if c["name"] == "tunefleet-fetch"
+    )
+    print(f"injected init container said: {fetch['state']['terminated']['message'].strip()}")
+    show(cluster, "logs", "-n", NS, name, "-c", "server")
+    WHERE.append(("model pod: injected fetch, stand-in server", "real containers"))
+    plugin(cluster, s3, "why", name, "-n", NS)
+
+    step("5. The kwok fleet: examples/tuningprofile-nvidia.yaml on a fake H100 node")
+    cluster.kubectl("apply", "-n", NS, "-f", str(ROOT / "examples/tuningprofile-nvidia.yaml"))
+    kwok_pod = eventually(
+        lambda: get(cluster, "pods", "-n", NS, "-l", "tunefleet.io/tuning-profile=mistral-7b-cuda")[
+            "items"
+        ],
+        lambda ps: len(ps) == 1 and ps[0]["spec"].get("nodeName"),
+        "the kwok tuning pod",
+    )[0]
+    print(f"scheduled on {kwok_pod['spec']['nodeName']} (kwok: no container runs there).")
+    print(f"NOTE: {STAND_IN_NOTE}; the pod's own publish command runs here, for real, against S3.")
+    carry_out_publish(cluster.kubectl, kwok_pod, s3.env())
+    eventually(
+        lambda: get(cluster, "tp", "-n", NS, "mistral-7b-cuda"),
+        lambda p: (p.get("status") or {}).get("phase") == "Ready",
+        "mistral-7b-cuda Ready",
+    )
+    show(cluster, "get", "tuningprofiles", "-n", NS)
+    WHERE.append(("kwok tuning pod: scheduling (real), publish (carried out here)", "kwok"))
+
+    step("Where each step ran")
+    for what, where in WHERE:
+        print(f"  {where:16} {what}")
+    deployed.uninstall()
     step("Done")
     print(f"The demo took {time.monotonic() - started:.0f}s. The cluster is still up:")
     print(f"  export KUBECONFIG={cluster.kubeconfig}")
     print(f"  {cluster.bin_dir}/kubectl get tuningprofiles,jobs,pods -n {NS} -o wide")
+    print("The operator replicas were scaled to 0 at the end; `make run` runs one here.")
     print("Clean up with:  make cluster-down   (stops every process cluster-up started)")
 
 
-def run_flow(cluster: Cluster, s3: S3Settings) -> None:
-    env = s3.env()
-    cluster.kubectl("create", "namespace", NS, check=False)
-    create_s3_secret(cluster.kubectl, NS, s3.access_key, s3.secret_key)
-
-    step("3. Apply a TuningProfile (examples/tuningprofile-nvidia.yaml)")
-    print((ROOT / "examples/tuningprofile-nvidia.yaml").read_text())
-    cluster.kubectl("apply", "-n", NS, "-f", str(ROOT / "examples/tuningprofile-nvidia.yaml"))
-
-    step("4. The operator made one tuning Job, scheduled on a node with that GPU model")
-    sel = "tunefleet.io/tuning-profile=mistral-7b-cuda"
-    pods = eventually(
-        lambda: json.loads(
-            cluster.kubectl("get", "pods", "-n", NS, "-l", sel, "-o", "json").stdout
-        )["items"],
-        lambda ps: len(ps) == 1 and ps[0]["spec"].get("nodeName"),
-        "the tuning pod",
-    )
-    show(cluster, "get", "jobs", "-n", NS, "-o", "wide")
-    show(cluster, "get", "pods", "-n", NS, "-l", sel, "-o", "wide")
-    show(cluster, "get", "node", pods[0]["spec"]["nodeName"], "-L", "nvidia.com/gpu.product")
-
-    step("5. The tuning pod's steps: tune, then publish to S3")
-    if gpu_present():
-        print(
-            "A GPU is present, but kwok's fake nodes run no containers; see scripts/gpu-check.sh "
-            "for the real TunableOp path on this GPU."
-        )
-    print(f"NOTE: {STAND_IN_NOTE}.")
-    result = carry_out_publish(cluster.kubectl, pods[0], env)
-    print("publish (the pod's own command, run for real) wrote the termination message:")
-    print(json.dumps(result, indent=2))
-
-    step("6. The profile is Ready with its artifact")
-    eventually(
-        lambda: json.loads(
-            cluster.kubectl("get", "tp", "-n", NS, "mistral-7b-cuda", "-o", "json").stdout
-        ),
-        lambda p: (p.get("status") or {}).get("phase") == "Ready",
-        "Ready",
-    )
-    show(cluster, "get", "tuningprofiles", "-n", NS)
-    show(cluster, "get", "tuningprofiles", "-n", NS, "-o", "wide")
-
-    step("7. Deploy a model that references the profile (examples/model-deployment.yaml)")
-    cluster.kubectl("apply", "-n", NS, "-f", str(ROOT / "examples/model-deployment.yaml"))
-    pod = eventually(
-        lambda: json.loads(
-            cluster.kubectl("get", "pods", "-n", NS, "-l", "app=mistral-7b", "-o", "json").stdout
-        )["items"],
-        lambda ps: len(ps) == 1,
-        "the model pod",
-    )[0]
-    spec = pod["spec"]
-    print("Injected init container (from the stored pod):")
-    print(json.dumps(spec["initContainers"][0], indent=2))
-    print("App container env and mounts:")
-    print(
-        json.dumps(
-            {
-                "env": spec["containers"][0]["env"],
-                "volumeMounts": spec["containers"][0]["volumeMounts"],
+def standin_profile(s3: S3Settings, secret: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "tunefleet.io/v1alpha1",
+        "kind": "TuningProfile",
+        "metadata": {"name": "standin-llm"},
+        "spec": {
+            "image": STANDIN_IMAGE,
+            "imagePullPolicy": "Never",
+            "gpu": {"vendor": "nvidia", "models": [REAL_NODE_GPU_MODEL]},
+            "workload": {
+                "shapes": [
+                    {"mnk": [m, n, k], "dtype": "bfloat16", "transB": True}
+                    for m in (1, 16, 128)
+                    for n, k in ((4096, 4096), (14336, 4096), (4096, 14336))
+                ],
+                # The stand-in offers kernels besides Default on its "ROCm" backend.
+                "env": [{"name": "FAKE_TORCH_BACKEND", "value": "rocm"}],
             },
-            indent=2,
-        )
-    )
-    print("Volumes:", json.dumps(spec["volumes"]))
-    print(
-        "Annotations:",
-        json.dumps(
-            {k: v for k, v in pod["metadata"]["annotations"].items() if k.startswith("tunefleet")},
-            indent=2,
-        ),
-    )
+            "tuning": {"budgetSeconds": 300, "activeDeadlineSeconds": 600},
+            "storage": {
+                "uri": f"s3://{s3.bucket}/demo",
+                "endpoint": s3.pod_endpoint,
+                "credentialsSecret": {"name": secret},
+            },
+        },
+    }
 
-    step("8. Run that init container's fetch for real")
-    cmd = list(spec["initContainers"][0]["command"])
-    dest = Path(tempfile.mkdtemp(prefix="tunefleet-demo-"))
-    cmd[cmd.index("--dest") + 1] = str(dest)
-    print("$ " + " ".join(cmd))
-    done = subprocess.run(cmd, env=tool_env(env), capture_output=True, text=True, timeout=120)
-    print((done.stdout + done.stderr).strip())
-    for f in sorted(dest.iterdir()):
-        print(f"  {f}  {f.stat().st_size} bytes")
-    if done.returncode != 0:
-        raise SystemExit("fetch failed")
+
+def model_deployment() -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "standin-llm"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "standin-llm"}},
+            "template": {
+                "metadata": {
+                    "labels": {"app": "standin-llm", "tunefleet.io/profile": "standin-llm"}
+                },
+                "spec": {
+                    "nodeSelector": {"nvidia.com/gpu.product": REAL_NODE_GPU_MODEL},
+                    "containers": [
+                        {
+                            "name": "server",
+                            "image": STANDIN_IMAGE,
+                            "imagePullPolicy": "Never",
+                            "resources": {"limits": {"nvidia.com/gpu": "2"}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
 
 
 if __name__ == "__main__":
