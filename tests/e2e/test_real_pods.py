@@ -93,6 +93,19 @@ def pod_of(cluster: Any, namespace: str, name: str) -> dict[str, Any]:
     return dict(get_json(cluster, "pod", "-n", namespace, name))
 
 
+def ended(cluster: Any, namespace: str, name: str, what: str) -> dict[str, Any]:
+    """The pod once it has run to its end (restartPolicy Never), Succeeded or Failed."""
+    return dict(
+        eventually(
+            lambda: pod_of(cluster, namespace, name),
+            lambda p: p["status"].get("phase") in ("Succeeded", "Failed"),
+            what,
+            timeout=120,
+            interval=1,
+        )
+    )
+
+
 def statuses(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
     st = pod.get("status") or {}
     return {
@@ -204,13 +217,7 @@ def test_a_tuning_job_runs_every_step_for_real_and_a_model_pod_gets_its_files(
 
     # A model pod: the injected fetch runs for real and the app sees one file per GPU.
     create(cluster, namespace, model_pod("model", "real", gpus=2))
-    done = eventually(
-        lambda: pod_of(cluster, namespace, "model"),
-        lambda p: p["status"].get("phase") in ("Succeeded", "Failed"),
-        "the model pod to run",
-        timeout=120,
-        interval=1,
-    )
+    done = ended(cluster, namespace, "model", "the model pod to run")
     assert done["status"]["phase"] == "Succeeded", done["status"]
     fetch = statuses(done)["tunefleet-fetch"]["state"]["terminated"]
     assert fetch["exitCode"] == 0 and "wrote 2 results file(s)" in fetch["message"]
@@ -250,13 +257,7 @@ def test_corrupted_artifacts_fail_open_with_the_reason_and_fail_closed_refuse(
         Bucket=bucket, Key=f"{key}/results.csv", Body=b"Validator,PT_VERSION,x\n"
     )
     create(cluster, namespace, model_pod("open", "corrupt"))
-    opened = eventually(
-        lambda: pod_of(cluster, namespace, "open"),
-        lambda p: p["status"].get("phase") in ("Succeeded", "Failed"),
-        "the fail-open pod to run",
-        timeout=120,
-        interval=1,
-    )
+    opened = ended(cluster, namespace, "open", "the fail-open pod to run")
     assert opened["status"]["phase"] == "Succeeded"
     fetch = statuses(opened)["tunefleet-fetch"]["state"]["terminated"]
     assert (
@@ -273,13 +274,7 @@ def test_corrupted_artifacts_fail_open_with_the_reason_and_fail_closed_refuse(
         "the fail-closed spec observed",
     )
     create(cluster, namespace, model_pod("closed", "corrupt"))
-    shut = eventually(
-        lambda: pod_of(cluster, namespace, "closed"),
-        lambda p: p["status"].get("phase") in ("Succeeded", "Failed"),
-        "the fail-closed pod to end",
-        timeout=120,
-        interval=1,
-    )
+    shut = ended(cluster, namespace, "closed", "the fail-closed pod to end")
     assert shut["status"]["phase"] == "Failed"
     fetch = statuses(shut)["tunefleet-fetch"]["state"]["terminated"]
     assert fetch["exitCode"] == 1 and "refusing to start" in fetch["message"]

@@ -60,6 +60,22 @@ def helm(bin_dir: str, kubeconfig: str, *args: str) -> subprocess.CompletedProce
     return done
 
 
+def upgrade_release(cluster: Any, *args: str) -> subprocess.CompletedProcess[str]:
+    """helm upgrade --install the chart as the release both ways of running use."""
+    return helm(
+        cluster.bin_dir,
+        cluster.kubeconfig,
+        "upgrade",
+        "--install",
+        RELEASE,
+        str(ROOT / "charts" / "tunefleet"),
+        "--namespace",
+        SYSTEM_NS,
+        "--create-namespace",
+        *args,
+    )
+
+
 def sa_kubeconfig(kubectl: Kubectl, admin_kubeconfig: str, path: Path) -> Path:
     """A kubeconfig that authenticates as the chart's ServiceAccount."""
     token = kubectl("create", "token", SA, "-n", SYSTEM_NS, "--duration", "6h").stdout.strip()
@@ -149,16 +165,8 @@ def install(cluster: Any, s3_endpoint: str) -> Operator:
     work = Path(tempfile.mkdtemp(prefix="tunefleet-e2e-"))
     ca, cert, key = tls.generate(work / "webhook", ["127.0.0.1"])
     port = free_port()
-    helm(
-        cluster.bin_dir,
-        cluster.kubeconfig,
-        "upgrade",
-        "--install",
-        RELEASE,
-        str(ROOT / "charts" / "tunefleet"),
-        "--namespace",
-        SYSTEM_NS,
-        "--create-namespace",
+    upgrade_release(
+        cluster,
         # The operator runs on this machine (containers don't run on kwok nodes): no replica
         # in the cluster, and the API server calls the webhook by URL.
         "--set",
@@ -271,6 +279,17 @@ def tuning_config(kubectl: Kubectl, pod: dict[str, Any]) -> dict[str, Any]:
     return dict(json.loads(cm["data"]["config.json"]))
 
 
+def played_publish(command: list[str], out: Path, work: Path) -> list[str]:
+    """A pod's publish command as it runs here: its output directory here, and, with no
+    kubelet to tell the operator the tune step's imageID, the image recorded by reference."""
+    cmd = list(command)
+    cmd[cmd.index("--dir") + 1] = str(out)
+    if "--image-id-file" in cmd:
+        cmd[cmd.index("--image-id-file") + 1] = str(work / "no-image-id")
+        cmd += ["--image-id-timeout-seconds", "0"]
+    return cmd
+
+
 def carry_out_publish(
     kubectl: Kubectl, pod: dict[str, Any], s3_env: dict[str, str], salt: str = ""
 ) -> dict[str, Any]:
@@ -278,12 +297,7 @@ def carry_out_publish(
     config = tuning_config(kubectl, pod)
     work = Path(tempfile.mkdtemp(prefix="tunefleet-pod-"))
     stand_in_tuner_output(work / "out", config, salt)
-    cmd = list(container(pod, "publish")["command"])
-    cmd[cmd.index("--dir") + 1] = str(work / "out")
-    # No kubelet here to tell the operator the tune step's imageID: record the reference only.
-    if "--image-id-file" in cmd:
-        cmd[cmd.index("--image-id-file") + 1] = str(work / "no-image-id")
-        cmd += ["--image-id-timeout-seconds", "0"]
+    cmd = played_publish(container(pod, "publish")["command"], work / "out", work)
     done = subprocess.run(
         [*cmd, "--termination-log", str(work / "termination-log")],
         env=tool_env(s3_env),
@@ -398,16 +412,8 @@ def chart_values_for_real_node(s3_pod_endpoint: str, replicas: int) -> list[str]
 
 def install_in_cluster(cluster: Any, s3_pod_endpoint: str, replicas: int = 2) -> InCluster:
     """helm upgrade --install the chart with its Deployment on the real node; wait for it."""
-    helm(
-        cluster.bin_dir,
-        cluster.kubeconfig,
-        "upgrade",
-        "--install",
-        RELEASE,
-        str(ROOT / "charts" / "tunefleet"),
-        "--namespace",
-        SYSTEM_NS,
-        "--create-namespace",
+    upgrade_release(
+        cluster,
         *chart_values_for_real_node(s3_pod_endpoint, replicas),
         "--set",
         "webhook.url=",
@@ -532,10 +538,7 @@ def carry_out_tuning_pod(
     rc = tuner.wait(timeout=600)
     message, published = "", False
     if rc == 0 and not killed:
-        cmd = here(container(pod, "publish")["command"])
-        if "--image-id-file" in cmd:
-            cmd[cmd.index("--image-id-file") + 1] = str(work / "no-image-id")
-            cmd += ["--image-id-timeout-seconds", "0"]
+        cmd = played_publish(container(pod, "publish")["command"], out, work)
         done = subprocess.run(
             [*cmd, "--termination-log", str(work / "publish-tl")],
             env=tool_env({**s3_env, **index_env}),

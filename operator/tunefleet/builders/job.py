@@ -101,6 +101,21 @@ def storage_args(spec: TuningProfileSpec, config: Config) -> list[str]:
     return args
 
 
+def where_args(spec: TuningProfileSpec, namespace: str, profile: str, model: str) -> list[str]:
+    """Where an artifact of (namespace, profile, model) lives: the arguments every S3 step of
+    a tuning pod or the merge Job takes (sync, publish, merge)."""
+    return [
+        "--uri",
+        spec.storage.uri,
+        "--namespace",
+        namespace,
+        "--profile",
+        profile,
+        "--gpu-model",
+        model,
+    ]
+
+
 def build_tuning_config_map(
     spec: TuningProfileSpec,
     *,
@@ -143,14 +158,7 @@ def _sync_container(
             "tunefleet-sync",
             "--exchange",
             EXCHANGE_DIR,
-            "--uri",
-            spec.storage.uri,
-            "--namespace",
-            namespace,
-            "--profile",
-            profile,
-            "--gpu-model",
-            model,
+            *where_args(spec, namespace, profile, model),
             "--revision",
             rev,
             "--shards",
@@ -243,14 +251,7 @@ def build_tuning_job(
             "tunefleet-publish",
             "--dir",
             OUT_DIR,
-            "--uri",
-            spec.storage.uri,
-            "--namespace",
-            namespace,
-            "--profile",
-            profile,
-            "--gpu-model",
-            model,
+            *where_args(spec, namespace, profile, model),
             "--image-reference",
             spec.image,
             "--image-id-file",
@@ -343,14 +344,7 @@ def build_merge_job(
         "imagePullPolicy": config.image_pull_policy,
         "command": [
             "tunefleet-merge",
-            "--uri",
-            spec.storage.uri,
-            "--namespace",
-            namespace,
-            "--profile",
-            profile,
-            "--gpu-model",
-            model,
+            *where_args(spec, namespace, profile, model),
             "--revision",
             rev,
             "--shards",
