@@ -36,6 +36,8 @@ def main() -> None:
         # "Handler 'job_event' succeeded." for every watch event is noise at this scale: the
         # reconciler logs what it does; kopf's warnings and errors still show.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+        # One access line per admission besides ours ("admission pod ...: injected in ms").
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     kopf.run(
         standalone=True,  # one replica; no peering CRD to install
         clusterwide=not namespaces,

@@ -11,6 +11,8 @@ saw are counted.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import threading
 import time
@@ -30,6 +32,7 @@ from tunefleet.workqueue import Backoff, WorkQueue
 log = logging.getLogger(__name__)
 
 Key = tuple[str, str]  # (namespace, profile name)
+HOUSEKEEPING_SECONDS = 30.0
 
 
 @dataclass
@@ -40,6 +43,13 @@ class Indexes:
     profiles: Callable[[], list[Key]]
     jobs: Callable[[str], list[dict[str, Any]]]  # by profile uid
     pods: Callable[[str], list[dict[str, Any]]]  # by profile uid
+
+
+def release_memory() -> None:
+    """Give freed heap back to the system (glibc keeps it otherwise): after a burst of
+    thousands of events the resident size would stay at the burst's peak."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 class Controller:
@@ -184,17 +194,20 @@ class Controller:
         while not self._stop.is_set():
             if self._synced.wait(timeout=1.0):
                 break
-        first = True
+        first, due = True, 0.0
         while not self._stop.is_set():
-            if self.active.is_set():
+            if self.active.is_set() and time.monotonic() >= due:
                 metrics.HANDLER_CALLS.labels("resync").inc()
                 try:
                     self.resync(scan_only=first)
                 except Exception:
                     metrics.HANDLER_ERRORS.labels("resync", "unexpected").inc()
                     log.exception("resync failed; trying again at the next interval")
-                first = False
-            self._stop.wait(self.resync_seconds if not first else 1.0)
+                first, due = False, time.monotonic() + self.resync_seconds
+            # Between resyncs, hand back what bursts of events (a restart's listing, a mass
+            # apply or delete) left on the heap, so the resident size follows the load down.
+            release_memory()
+            self._stop.wait(HOUSEKEEPING_SECONDS if not first else 1.0)
 
     def resync(self, scan_only: bool = False) -> None:
         changed = self.scan_unadmitted()

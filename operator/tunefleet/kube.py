@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime
+import functools
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, TypeVar, cast
 
 import kopf
@@ -191,6 +192,53 @@ def patch_config_map(namespace: str, name: str, data: dict[str, str]) -> None:
     except ApiException as e:
         if e.status != 404:  # gone with its Job: nothing left to tell
             raise
+
+
+LIST_PAGE = 500  # objects per page of a startup list: bounded memory, few round trips
+
+
+def list_all(
+    kind: str, label_selector: str = "", namespace: str | None = None
+) -> Iterator[dict[str, Any]]:
+    """Every TuningProfile, Job or Pod (cluster-wide, or in one namespace), page by page."""
+    if kind == "tuningprofiles":
+        custom = kubernetes.client.CustomObjectsApi(api())
+
+        def page(token: str | None) -> Any:
+            extra = {"_continue": token} if token else {}
+            if namespace:
+                return custom.list_namespaced_custom_object(
+                    GROUP, VERSION, namespace, PLURAL, limit=LIST_PAGE,
+                    label_selector=label_selector, _preload_content=False, **extra,
+                )  # fmt: skip
+            return custom.list_cluster_custom_object(
+                GROUP, VERSION, PLURAL, limit=LIST_PAGE, label_selector=label_selector,
+                _preload_content=False, **extra,
+            )  # fmt: skip
+    else:
+        client: Any = (
+            kubernetes.client.BatchV1Api(api())
+            if kind == "jobs"
+            else kubernetes.client.CoreV1Api(api())
+        )
+        verb = {"jobs": "job", "pods": "pod"}[kind]
+
+        def page(token: str | None) -> Any:
+            extra = {"_continue": token} if token else {}
+            args = {"label_selector": label_selector, "limit": LIST_PAGE, **extra}
+            if namespace:
+                fn = getattr(client, f"list_namespaced_{verb}")
+                return fn(namespace, _preload_content=False, **args)
+            fn = getattr(client, f"list_{verb}_for_all_namespaces")
+            return fn(_preload_content=False, **args)
+
+    token: str | None = None
+    while True:
+        resp = _json(call(f"listing {kind}", functools.partial(page, token)))
+        yield from resp.get("items") or []
+        token = (resp.get("metadata") or {}).get("continue")
+        if not token:
+            return
 
 
 def count_nodes(label_selector: str) -> int:

@@ -103,3 +103,32 @@ def test_scan_counts_pods_without_the_admission_label(monkeypatch: pytest.Monkey
     assert c.memory.unadmitted == {("ml", "p"): ["a"]}
     assert seen == ["tunefleet.io/profile,!tunefleet.io/admission"]
     assert c.scan_unadmitted() == set()  # unchanged: nothing to reconcile
+
+
+def test_the_cache_primes_from_lists_and_follows_events() -> None:
+    from tunefleet.cache import Cache
+
+    cache = Cache()
+    profile = {"metadata": {"name": "p", "namespace": "ml", "uid": "u"}, "spec": {}}
+    job = {
+        "metadata": {
+            "name": "j",
+            "namespace": "ml",
+            "uid": "j1",
+            "labels": {"tunefleet.io/profile-uid": "u"},
+        }
+    }
+    cache.prime(
+        lambda: [profile],
+        lambda: [job],
+        lambda: [],
+        owner_of=lambda b: b["metadata"].get("labels", {}).get("tunefleet.io/profile-uid"),
+    )
+    assert cache.primed.is_set()
+    assert cache.profile(("ml", "p")) is not None and [
+        j["metadata"]["name"] for j in cache.jobs("u")
+    ] == ["j"]
+    cache.drop_job("u", "j1")
+    assert cache.jobs("u") == []
+    cache.drop_profile(("ml", "p"))
+    assert cache.profiles() == []

@@ -13,7 +13,7 @@ import kopf
 
 from tunefleet import kube, metrics, naming, views
 from tunefleet.builders.webhook import HANDLER_ID, Decision, inject
-from tunefleet.handlers.startup import CONFIG, CONTROLLER, EVENT_DELAY
+from tunefleet.handlers.startup import CACHE, CONFIG, CONTROLLER, EVENT_DELAY
 
 # Not kopf's per-object logger: that one posts Events, and an admitted pod has no uid yet.
 log = logging.getLogger("tunefleet.webhook")
@@ -43,10 +43,10 @@ async def pod_mutate(
     pod_name = body.metadata.name or f"{body.metadata.get('generateName', '')}*"
     metrics.HANDLER_CALLS.labels("pod_mutate").inc()
     try:
-        index: kopf.Index[tuple[str, str], dict[str, Any]] = kwargs["tuningprofile_index"]
         profile_name = body.metadata.labels.get(naming.PROFILE_LABEL, "")
-        entries = list(index.get((namespace, profile_name), []))
-        entry = entries[0] if entries else await _read_profile(namespace, profile_name)
+        entry = CACHE.profile((namespace, profile_name)) or await _read_profile(
+            namespace, profile_name
+        )
         decision = inject(dict(body), profile_name, entry, CONFIG.get())
     except Exception:
         # A bug here must not block pods: a handler error would reach the API server as a
@@ -70,9 +70,9 @@ async def pod_mutate(
 
 
 async def _read_profile(namespace: str, name: str) -> dict[str, Any] | None:
-    """A profile the index does not hold: ask the API server (right after this replica
-    started, before its index filled, or a profile created a moment ago). Misses only, and
-    bounded: admission must stay well inside the webhook's timeout."""
+    """A profile the cache does not hold: ask the API server (a profile created a moment
+    ago, or one this replica has not seen yet). Misses only, and bounded: admission must
+    stay well inside the webhook's timeout."""
     if not name:
         return None
     try:
@@ -107,24 +107,21 @@ def announce(profile_ref: dict[str, Any], pod_name: str, decision: Decision) -> 
 
 
 # Tuning pods carry their Job's labels; model pods carry tunefleet.io/profile instead.
-@kopf.index(
-    "",
-    "v1",
-    "pods",
-    labels={naming.MANAGED_KEY: naming.MANAGED_VALUE, naming.PROFILE_UID_LABEL: kopf.PRESENT},
-)
-async def pod_index(body: kopf.Body, labels: kopf.Labels, **_: Any) -> dict[str, Any]:
-    return {labels[naming.PROFILE_UID_LABEL]: views.pod_view(body)}
-
-
 @kopf.on.event(
     "",
     "v1",
     "pods",
     labels={naming.MANAGED_KEY: naming.MANAGED_VALUE, naming.PROFILE_UID_LABEL: kopf.PRESENT},
 )
-async def pod_event(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
+async def pod_event(
+    type: str | None, body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any
+) -> None:
     metrics.HANDLER_CALLS.labels("pod_event").inc()
+    owner = labels[naming.PROFILE_UID_LABEL]
+    if type == "DELETED":
+        CACHE.drop_pod(owner, body.metadata.uid or "")
+    else:
+        CACHE.put_pod(owner, dict(body))
     profile = labels.get(naming.TUNING_PROFILE_LABEL)
     if profile and namespace:
         CONTROLLER.get().enqueue((namespace, profile), EVENT_DELAY)

@@ -8,13 +8,15 @@ import logging
 import os
 import socket
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import kopf
 
 from tunefleet import kube, metrics, naming
+from tunefleet.cache import Cache
 from tunefleet.config import Config
-from tunefleet.controller import Controller, Indexes, Key
+from tunefleet.controller import Controller, Indexes
 from tunefleet.leader import LeaseElector
 from tunefleet.webhook import server as webhook_server
 
@@ -55,25 +57,28 @@ class _ElectorHolder:
 
 CONFIG = _ConfigHolder()
 CONTROLLER = _ControllerHolder()
+CACHE = Cache()
 ELECTOR = _ElectorHolder()
 
 
-def _indexes(kwargs: dict[str, Any]) -> Indexes:
-    """Readers over kopf's indexes. They run in worker threads: list() copies a store in one
-    C-level step, so a concurrent update by the event loop is never seen half-done."""
-    profiles: kopf.Index[Key, dict[str, Any]] = kwargs["tuningprofile_index"]
-    jobs: kopf.Index[str, dict[str, Any]] = kwargs["job_index"]
-    pods: kopf.Index[str, dict[str, Any]] = kwargs["pod_index"]
+def _prime(config: Config) -> None:
+    """One paginated list of each watched kind, before the reconciler runs: it never takes
+    a Job it has not seen yet for a missing one."""
+    managed = ",".join(f"{k}={v}" for k, v in naming.MANAGED_BY.items())
+    selector = f"{managed},{naming.PROFILE_UID_LABEL}"
+    spaces: list[str | None] = list(config.namespaces) or [None]
 
-    def profile(key: Key) -> dict[str, Any] | None:
-        found = list(profiles.get(key, ()))
-        return found[0] if found else None
+    def each(kind: str, labels: str = "") -> Iterator[dict[str, Any]]:
+        for ns in spaces:
+            yield from kube.list_all(kind, labels, ns)
 
-    return Indexes(
-        profile=profile,
-        profiles=lambda: [(ns or "", name) for ns, name in list(profiles)],
-        jobs=lambda uid: list(jobs.get(uid, ())),
-        pods=lambda uid: list(pods.get(uid, ())),
+    CACHE.prime(
+        lambda: each("tuningprofiles"),
+        lambda: each("jobs", selector),
+        lambda: each("pods", selector),
+        owner_of=lambda body: ((body.get("metadata") or {}).get("labels") or {}).get(
+            naming.PROFILE_UID_LABEL
+        ),
     )
 
 
@@ -84,32 +89,36 @@ async def operator_startup(
     config = Config.from_env()
     # kopf keeps nothing on our objects: no finalizer (deletion always works, whatever the
     # reconciler's state) and no copy of the spec in annotations (no 256 KiB limit): all
-    # handlers are indexes and event handlers, and the reconciler is level-based.
+    # handlers are event handlers, and the reconciler is level-based.
     # Earlier versions added this finalizer; naming it lets kopf remove it from their profiles.
     settings.persistence.finalizer = "tunefleet.io/finalizer"
-    # Only what we index crosses the wire: tuning Jobs and tuning pods, selected server-side.
+    # Only what we cache crosses the wire: tuning Jobs and tuning pods, selected server-side.
     managed = ",".join(f"{k}={v}" for k, v in naming.MANAGED_BY.items())
     settings.watching.label_selectors["batch", "v1", "jobs"] = managed
     settings.watching.label_selectors["", "v1", "pods"] = f"{managed},{naming.PROFILE_UID_LABEL}"
     # kopf's own per-object log lines stay in the log; Events are posted by us, on purpose.
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
+    # Memory (1,000 profiles, Jobs and pods, restart: 291 MiB peak, 261 settled before):
+    # kopf keeps each object's worker, and with it that object's last event, 5 s after its
+    # last event; after a restart's listing that is every object at once. 0.5 s: 225 / 195.
+    settings.batching.idle_timeout = 0.5
+    # Its initial listing in pages, as ours (kube.LIST_PAGE).
+    settings.watching.chunk_size = kube.LIST_PAGE
     settings.batching.error_delays = [1, 2, 5, 10, 30, 60]
     kube.login(pool_size=config.workers + 6)
-    indexes = _indexes(kwargs)
+    indexes = Indexes(
+        profile=CACHE.profile, profiles=CACHE.profiles, jobs=CACHE.jobs, pods=CACHE.pods
+    )
     controller = Controller(
         config, indexes, workers=config.workers, resync_seconds=config.resync_seconds
     )
     CONFIG.set(config)
     CONTROLLER.set(config, controller)
+    await asyncio.to_thread(_prime, config)
     controller.start()
     metrics.REGISTRY.register(
-        metrics.IndexCollector(
-            statuses=lambda: [
-                p.get("status") or {} for p in map(indexes.profile, indexes.profiles()) if p
-            ],
-            queue_depth=controller.queue.pending,
-        )
+        metrics.IndexCollector(statuses=CACHE.statuses, queue_depth=controller.queue.pending)
     )
     metrics.serve(config.metrics_port)
     if config.lease_namespace:
