@@ -86,6 +86,16 @@ class Cache:
     def drop_pod(self, owner: str, uid: str) -> None:
         self._drop(self._pods, owner, uid)
 
+    def follow(self, kind: str, event: str | None, owner: str, body: dict[str, Any]) -> None:
+        """A tuning Job's or pod's watch event: keep its view, or drop it when deleted."""
+        put, drop = (
+            (self.put_job, self.drop_job) if kind == "jobs" else (self.put_pod, self.drop_pod)
+        )
+        if event == "DELETED":
+            drop(owner, (body.get("metadata") or {}).get("uid", ""))
+        else:
+            put(owner, body)
+
     def jobs(self, owner: str) -> list[dict[str, Any]]:
         with self._lock:
             return list((self._jobs.get(owner) or {}).values())

@@ -1,8 +1,8 @@
 """The reconciler's engine: a work queue of profiles, worker threads, and a slow resync.
 
-kopf watches TuningProfiles, tuning Jobs and tuning pods and keeps each in an index
-(handlers/); its event handlers only add the owning profile to the queue. Workers take keys
-and run `reconcile.sync_profile` against the indexes. A reconcile that fails transiently is
+kopf watches TuningProfiles, tuning Jobs and tuning pods; its event handlers (handlers/) keep
+a small view of each in the cache (cache.py) and add the owning profile to the queue. Workers
+take keys and run `reconcile.sync_profile` against the cache. A reconcile that fails transiently is
 retried with per-profile exponential backoff (1 s doubling to 5 min); a permanent problem is
 reported in status once and waits for the next change. Every `resync_seconds` all profiles
 are queued again (a no-op unless something drifted) and labelled pods that the webhook never
@@ -33,11 +33,12 @@ log = logging.getLogger(__name__)
 
 Key = tuple[str, str]  # (namespace, profile name)
 HOUSEKEEPING_SECONDS = 30.0
+EVENT_DELAY = 0.5
 
 
 @dataclass
 class Indexes:
-    """Readers of kopf's indexes (see handlers/). Each returns plain views."""
+    """Readers of the cache (cache.py). Each returns plain views."""
 
     profile: Callable[[Key], dict[str, Any] | None]
     profiles: Callable[[], list[Key]]
@@ -70,7 +71,7 @@ class Controller:
         self.memory = Memory()
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
-        self._synced = threading.Event()  # kopf's indexes have been filled once
+        self._synced = threading.Event()  # the cache has been primed: resyncs may run
         # Set while this replica leads (always, without leader election): only then do the
         # workers take keys. Keys queued meanwhile wait, deduplicated.
         self.active = threading.Event()
@@ -78,9 +79,13 @@ class Controller:
     # --- triggers -------------------------------------------------------------------------
 
     def enqueue(self, key: Key, delay: float = 0.0) -> None:
-        # The first event kopf hands us proves its indexes are filled (it waits for that).
-        self._synced.set()
         self.queue.add_after(key, delay)
+
+    def enqueue_owner(self, namespace: str | None, profile: str | None) -> None:
+        """A tuning Job or pod changed: its profile, after EVENT_DELAY (a pod's start is a
+        burst of events: scheduled, pulling, init started...; one reconcile covers them)."""
+        if namespace and profile:
+            self.enqueue((namespace, profile), EVENT_DELAY)
 
     def wants(self, profile: dict[str, Any]) -> bool:
         """Whether a profile event can change anything: not when it only brings back the
@@ -103,6 +108,8 @@ class Controller:
     # --- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Start the workers and the resync; the caller has primed what `indexes` read."""
+        self._synced.set()
         for i in range(self.workers):
             t = threading.Thread(target=self._work, name=f"reconcile-{i}", daemon=True)
             t.start()

@@ -14,7 +14,7 @@ from typing import Any
 
 from tunefleet import GROUP, KIND, VERSION, naming
 from tunefleet.api import TuningProfileSpec
-from tunefleet.builders.security import SMALL_RESOURCES, hardened
+from tunefleet.builders.security import SMALL_RESOURCES, hardened, tunefleet_container
 from tunefleet.config import Config
 
 TOOLS_DIR = "/tunefleet/tools"
@@ -148,13 +148,9 @@ def _sync_container(
 ) -> dict[str, Any]:
     """The tuning pod's native sidecar: library in, checkpoints out (tuner_job can't do S3)."""
     every = spec.tuning.checkpoint
-    return {
-        "name": "sync",
-        "image": config.image,
-        "imagePullPolicy": config.image_pull_policy,
-        # A native sidecar: starts before tune, runs beside it and publish, stopped after.
-        "restartPolicy": "Always",
-        "command": [
+    sync = tunefleet_container(
+        "sync",
+        [
             "tunefleet-sync",
             "--exchange",
             EXCHANGE_DIR,
@@ -171,15 +167,20 @@ def _sync_container(
             str(every.every_seconds),
             *storage_args(spec, config),
         ],
-        "env": storage_env(spec, config),
-        "volumeMounts": [
+        image=config.image,
+        pull_policy=config.image_pull_policy,
+        mounts=[
             {"name": "exchange", "mountPath": EXCHANGE_DIR},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
-        "securityContext": hardened(),
+        env=storage_env(spec, config),
         # Merging a large library (bounded: 500 entries, 32 MiB) peaks near 130 MiB.
-        "resources": {**SMALL_RESOURCES, "limits": {"memory": "384Mi"}},
-    }
+        resources={**SMALL_RESOURCES, "limits": {"memory": "384Mi"}},
+    )
+    # A native sidecar: starts before tune, runs beside it and publish, stopped after.
+    sync["restartPolicy"] = "Always"
+    del sync["terminationMessagePolicy"]  # its end is the kubelet stopping it, not a verdict
+    return sync
 
 
 def build_tuning_job(
@@ -213,16 +214,13 @@ def build_tuning_job(
         # Every key, so that IMAGE_ID_KEY appears in publish's mount when the operator adds it.
         {"name": "config", "configMap": {"name": name}},
     ]
-    bootstrap = {
-        "name": "bootstrap",
-        "image": config.image,
-        "imagePullPolicy": config.image_pull_policy,
-        "command": ["tunefleet-bootstrap", "--dest", TOOLS_DIR],
-        "volumeMounts": [{"name": "tools", "mountPath": TOOLS_DIR}],
-        "securityContext": hardened(),
-        "resources": SMALL_RESOURCES,
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-    }
+    bootstrap = tunefleet_container(
+        "bootstrap",
+        ["tunefleet-bootstrap", "--dest", TOOLS_DIR],
+        mounts=[{"name": "tools", "mountPath": TOOLS_DIR}],
+        image=config.image,
+        pull_policy=config.image_pull_policy,
+    )
     tune = {
         "name": "tune",
         "image": spec.image,
@@ -243,11 +241,9 @@ def build_tuning_job(
         "securityContext": hardened(read_only_root=False, run_as_user=None),
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    publish = {
-        "name": "publish",
-        "image": config.image,
-        "imagePullPolicy": config.image_pull_policy,
-        "command": [
+    publish = tunefleet_container(
+        "publish",
+        [
             "tunefleet-publish",
             "--dir",
             OUT_DIR,
@@ -261,16 +257,15 @@ def build_tuning_job(
             *(["--shards", str(shards)] if shards > 1 else []),
             *storage_args(spec, config),
         ],
-        "env": storage_env(spec, config),
-        "volumeMounts": [
+        mounts=[
             {"name": "out", "mountPath": OUT_DIR, "readOnly": True},
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
-        "securityContext": hardened(),
-        "resources": SMALL_RESOURCES,
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-    }
+        env=storage_env(spec, config),
+        image=config.image,
+        pull_policy=config.image_pull_policy,
+    )
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
@@ -338,11 +333,9 @@ def build_merge_job(
     """With parallelism > 1: publish one artifact from the shares (no GPU, our image)."""
     rev = naming.revision(spec)
     labels = naming.job_labels(profile, uid, model, rev, role="merge")
-    merge = {
-        "name": "merge",
-        "image": config.image,
-        "imagePullPolicy": config.image_pull_policy,
-        "command": [
+    merge = tunefleet_container(
+        "merge",
+        [
             "tunefleet-merge",
             *where_args(spec, namespace, profile, model),
             "--revision",
@@ -355,12 +348,11 @@ def build_merge_job(
             spec.image,
             *storage_args(spec, config),
         ],
-        "env": storage_env(spec, config),
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
-        "securityContext": hardened(),
-        "resources": SMALL_RESOURCES,
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-    }
+        image=config.image,
+        pull_policy=config.image_pull_policy,
+        mounts=[{"name": "tmp", "mountPath": "/tmp"}],
+        env=storage_env(spec, config),
+    )
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,

@@ -26,3 +26,29 @@ SMALL_RESOURCES: dict[str, Any] = {
     "requests": {"cpu": "50m", "memory": "64Mi"},
     "limits": {"memory": "256Mi"},
 }
+
+
+def tunefleet_container(
+    name: str,
+    command: list[str],
+    *,
+    image: str,
+    pull_policy: str,
+    mounts: list[dict[str, Any]],
+    env: list[dict[str, Any]] | None = None,
+    resources: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A step in tunefleet's own image: hardened, small, its last words kept for status."""
+    container: dict[str, Any] = {
+        "name": name,
+        "image": image,
+        "imagePullPolicy": pull_policy,
+        "command": command,
+        "volumeMounts": mounts,
+        "securityContext": hardened(),
+        "resources": resources or SMALL_RESOURCES,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if env:
+        container["env"] = env
+    return container

@@ -14,7 +14,7 @@ from typing import Any
 from tunefleet import images, naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.builders.job import storage_args, storage_env
-from tunefleet.builders.security import SMALL_RESOURCES, hardened
+from tunefleet.builders.security import tunefleet_container
 from tunefleet.config import Config
 from tunefleet.status import default_only, no_gain_reason
 
@@ -323,17 +323,14 @@ def inject(
         fetch_cmd += ["--manifest-sha256", artifact["manifestSha256"]]
     if fail_closed:
         fetch_cmd.append("--fail-closed")
-    fetch = {
-        "name": FETCH_CONTAINER,
-        "image": config.image,
-        "imagePullPolicy": config.image_pull_policy,
-        "command": fetch_cmd,
-        "env": storage_env(spec, config),
-        "volumeMounts": [{"name": VOLUME, "mountPath": RESULTS_DIR}],
-        "securityContext": hardened(),
-        "resources": SMALL_RESOURCES,
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-    }
+    fetch = tunefleet_container(
+        FETCH_CONTAINER,
+        fetch_cmd,
+        image=config.image,
+        pull_policy=config.image_pull_policy,
+        mounts=[{"name": VOLUME, "mountPath": RESULTS_DIR}],
+        env=storage_env(spec, config),
+    )
     pspec["initContainers"] = [fetch, *(pspec.get("initContainers") or [])]
     pspec["volumes"] = [
         *(pspec.get("volumes") or []),

@@ -7,7 +7,7 @@ from typing import Any
 import kopf
 
 from tunefleet import metrics, naming
-from tunefleet.handlers.startup import CACHE, CONTROLLER, EVENT_DELAY
+from tunefleet.handlers.startup import CACHE, CONTROLLER
 
 
 @kopf.on.event(
@@ -22,11 +22,5 @@ async def job_event(
     # A deleted Job is made again by the reconcile this queues: deleting a failed Job is how
     # a user asks for a retry. The short delay folds a burst of one Job's events into one.
     metrics.HANDLER_CALLS.labels("job_event").inc()
-    owner = labels[naming.PROFILE_UID_LABEL]
-    if type == "DELETED":
-        CACHE.drop_job(owner, body.metadata.uid or "")
-    else:
-        CACHE.put_job(owner, dict(body))
-    profile = labels.get(naming.TUNING_PROFILE_LABEL)
-    if profile and namespace:
-        CONTROLLER.get().enqueue((namespace, profile), EVENT_DELAY)
+    CACHE.follow("jobs", type, labels[naming.PROFILE_UID_LABEL], dict(body))
+    CONTROLLER.get().enqueue_owner(namespace, labels.get(naming.TUNING_PROFILE_LABEL))

@@ -13,7 +13,7 @@ import kopf
 
 from tunefleet import kube, metrics, naming, views
 from tunefleet.builders.webhook import HANDLER_ID, Decision, inject
-from tunefleet.handlers.startup import CACHE, CONFIG, CONTROLLER, EVENT_DELAY
+from tunefleet.handlers.startup import CACHE, CONFIG, CONTROLLER
 
 # Not kopf's per-object logger: that one posts Events, and an admitted pod has no uid yet.
 log = logging.getLogger("tunefleet.webhook")
@@ -117,11 +117,5 @@ async def pod_event(
     type: str | None, body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any
 ) -> None:
     metrics.HANDLER_CALLS.labels("pod_event").inc()
-    owner = labels[naming.PROFILE_UID_LABEL]
-    if type == "DELETED":
-        CACHE.drop_pod(owner, body.metadata.uid or "")
-    else:
-        CACHE.put_pod(owner, dict(body))
-    profile = labels.get(naming.TUNING_PROFILE_LABEL)
-    if profile and namespace:
-        CONTROLLER.get().enqueue((namespace, profile), EVENT_DELAY)
+    CACHE.follow("pods", type, labels[naming.PROFILE_UID_LABEL], dict(body))
+    CONTROLLER.get().enqueue_owner(namespace, labels.get(naming.TUNING_PROFILE_LABEL))

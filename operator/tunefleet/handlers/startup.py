@@ -20,10 +20,6 @@ from tunefleet.controller import Controller, Indexes
 from tunefleet.leader import LeaseElector
 from tunefleet.webhook import server as webhook_server
 
-# Seconds a Job or pod event waits before its profile is reconciled: a pod's start is a
-# burst of events (scheduled, pulling, init started, ...) and one reconcile covers them all.
-EVENT_DELAY = 0.5
-
 
 class _Holder:
     """Made once at startup; handlers reach it without re-reading the environment."""
