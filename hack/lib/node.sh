@@ -41,16 +41,51 @@ crictl_() {
 # ---------------------------------------------------------------------------------------
 # host network (both cluster-up modes: the S3 server listens on HOST_IP too)
 
-host_net_up() {
-  mkdir -p "$HOST_DIR"
-  if ip link show "$BRIDGE" >/dev/null 2>&1; then
-    [[ -f "$HOST_DIR/bridge" ]] || die "a network interface named $BRIDGE exists but $STATE did not create it.
+# Which state dir made the bridge, kept beside it (both go at a reboot): a cluster-up from
+# another checkout can then tell a running cluster from one whose processes were killed.
+BRIDGE_OWNER="/run/tunefleet/$BRIDGE.owner"
+
+# True when a process recorded in state dir $1 is still running (the same test as alive()).
+state_running() {
+  local STATE="$1" PIDS="$1/pids" name
+  for name in "${ALL_PROCS[@]}"; do alive "$name" && return 0; done
+  return 1
+}
+
+# The bridge exists and this state dir did not make it. A leftover of a cluster whose
+# processes are all gone (a killed session, a CI run cut short) is taken down the way its own
+# cluster-down would; a running one is left alone.
+take_over_bridge() {
+  local owner=""
+  [[ -r "$BRIDGE_OWNER" ]] && owner="$(cat "$BRIDGE_OWNER")"
+  if [[ -z "$owner" || "$owner" == "$STATE" ]]; then
+    die "a network interface named $BRIDGE exists but $STATE did not create it.
   Is a cluster from another state dir running? Stop it (make cluster-down there), or remove a
   leftover with: ip link del $BRIDGE"
+  fi
+  if state_running "$owner"; then
+    die "the local cluster of $owner is running (it owns $BRIDGE and the fixed ports).
+  Stop it first: TUNEFLEET_STATE=$owner $repo/hack/cluster-down.sh"
+  fi
+  log "$BRIDGE is a leftover of $owner (none of its processes runs): taking that cluster down"
+  TUNEFLEET_STATE="$owner" "$repo/hack/cluster-down.sh" >&2 \
+    || die "could not take down the leftover cluster of $owner"
+  ! ip link show "$BRIDGE" >/dev/null 2>&1 || ip link del "$BRIDGE" 2>/dev/null || true
+}
+
+host_net_up() {
+  mkdir -p "$HOST_DIR"
+  if ip link show "$BRIDGE" >/dev/null 2>&1 && [[ ! -f "$HOST_DIR/bridge" ]]; then
+    take_over_bridge
+  fi
+  if ip link show "$BRIDGE" >/dev/null 2>&1; then
+    :
   else
     save_host_state
     ip link add "$BRIDGE" type bridge || die "ip link add $BRIDGE type bridge failed (needs root)"
     touch "$HOST_DIR/bridge"
+    mkdir -p "$(dirname "$BRIDGE_OWNER")"
+    printf '%s\n' "$STATE" >"$BRIDGE_OWNER"
     log "created bridge $BRIDGE ($HOST_IP/${POD_CIDR#*/})"
   fi
   ip addr replace "$HOST_IP/${POD_CIDR#*/}" dev "$BRIDGE"
@@ -139,6 +174,7 @@ host_net_down() {
   if [[ -f "$HOST_DIR/bridge" ]]; then
     # Its address and the Service route go with it.
     ip link del "$BRIDGE" 2>/dev/null || true
+    [[ "$(cat "$BRIDGE_OWNER" 2>/dev/null)" == "$STATE" ]] && rm -f "$BRIDGE_OWNER"
     ip route del unreachable "$KWOK_POD_CIDR" 2>/dev/null || true
     log "removed bridge $BRIDGE and the route for $KWOK_POD_CIDR"
   fi
