@@ -115,10 +115,10 @@ def quantile(q: float, before: dict[float, float], after: dict[float, float]) ->
     return float("nan")
 
 
-def webhook_latency(
-    cluster: Cluster, operator: Operator, env: dict[str, str], pods: int = 50
-) -> dict[str, Any]:
-    ns = f"bench-webhook-{int(time.time())}"
+def ready_profile(cluster: Cluster, env: dict[str, str], prefix: str) -> str:
+    """A new namespace holding a Ready profile named "serve" (its publish step played here, as
+    the kwok node runs nothing); returns the namespace."""
+    ns = f"{prefix}-{int(time.time())}"
     cluster.kubectl("create", "namespace", ns)
     CREATED.append(ns)
     # H100, because the scale runs fill the H200 node's 8 GPUs with pending tuning pods.
@@ -139,6 +139,13 @@ def webhook_latency(
         lambda p: (p.get("status") or {}).get("phase") == "Ready",
         "Ready",
     )
+    return ns
+
+
+def webhook_latency(
+    cluster: Cluster, operator: Operator, env: dict[str, str], pods: int = 50
+) -> dict[str, Any]:
+    ns = ready_profile(cluster, env, "bench-webhook")
     api = kubernetes.client.CoreV1Api(cluster.api_client())
     # Alone (one create at a time) the figures show the webhook's own cost; at `pods`
     # concurrent creates they show it under the API server's and this machine's queueing.
@@ -384,26 +391,7 @@ def webhook_ratio(
 ) -> dict[str, Any]:
     """50 labelled and 50 unlabelled pods created at the same moment: the webhook's cost as
     the client sees it, as a ratio of p50 and p99 create latency."""
-    ns = f"bench-ratio-{int(time.time())}"
-    cluster.kubectl("create", "namespace", ns)
-    CREATED.append(ns)
-    serve = profile("serve", "NVIDIA-H100-80GB-HBM3")
-    cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(serve))
-    pod = eventually(
-        lambda: json.loads(
-            cluster.kubectl(
-                "get", "pods", "-n", ns, "-l", "tunefleet.io/tuning-profile=serve", "-o", "json"
-            ).stdout
-        )["items"],
-        lambda ps: len(ps) == 1 and ps[0]["spec"].get("nodeName"),
-        "tuning pod",
-    )[0]
-    carry_out_publish(cluster.kubectl, pod, env)
-    eventually(
-        lambda: json.loads(cluster.kubectl("get", "tp", "-n", ns, "serve", "-o", "json").stdout),
-        lambda p: (p.get("status") or {}).get("phase") == "Ready",
-        "Ready",
-    )
+    ns = ready_profile(cluster, env, "bench-ratio")
     api = kubernetes.client.CoreV1Api(cluster.api_client())
     runs = []
     for run in range(3):

@@ -138,25 +138,37 @@ class DirStore:
             raise StoreError(f"unsafe key {key!r}")
         return self.root / key
 
+    @staticmethod
+    def _write_temp(path: Path, data: bytes) -> str:
+        """A synced temporary file beside `path` holding `data` (the caller links or renames
+        it into place, so readers never see a partial object)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return tmp
+
     def put_if_absent(self, key: str, data: bytes, content_type: str) -> bool:
         path = self._path(key)
+        tmp = ""
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.chmod(tmp, 0o444)
-                os.link(tmp, path)  # fails if the key exists: the If-None-Match of a directory
-                return True
-            except FileExistsError:
-                pass
-            finally:
-                Path(tmp).unlink(missing_ok=True)
+            tmp = self._write_temp(path, data)
+            os.chmod(tmp, 0o444)
+            os.link(tmp, path)  # fails if the key exists: the If-None-Match of a directory
+            return True
+        except FileExistsError:
+            pass
         except OSError as exc:
             raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from None
+        finally:
+            if tmp:
+                Path(tmp).unlink(missing_ok=True)
         if not same_object(self, key, data):
             raise ConflictError(f"a different object already exists at {self.uri(key)}")
         return False
@@ -175,19 +187,15 @@ class DirStore:
 
     def put(self, key: str, data: bytes, content_type: str) -> None:
         path = self._path(key)
+        tmp = ""
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
-            finally:
-                Path(tmp).unlink(missing_ok=True)
+            tmp = self._write_temp(path, data)
+            os.replace(tmp, path)
         except OSError as exc:
             raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from None
+        finally:
+            if tmp:
+                Path(tmp).unlink(missing_ok=True)
 
     def list(self, prefix: str, limit: int) -> list[Listed]:
         top = self._path(prefix)
