@@ -78,6 +78,33 @@ def tuning_pods(cluster: Any, namespace: str, profile: str) -> list[dict[str, An
     )
 
 
+def publish_next_revision(
+    cluster: Any, s3: Any, namespace: str, profile: str, first: dict[str, Any]
+) -> dict[str, Any]:
+    """After a spec change: play the publish step of the new tuning pod (not `first`) with
+    results that differ from the first revision's, and return the profile once it serves
+    them."""
+    (second,) = eventually(
+        lambda: [
+            p
+            for p in tuning_pods(cluster, namespace, profile)
+            if p["metadata"]["uid"] != first["metadata"]["uid"]
+        ],
+        lambda ps: len(ps) == 1 and ps[0]["spec"].get("nodeName"),
+        "the second tuning pod",
+    )
+    # The stand-in results differ per revision only in the manifest; make the CSV differ too.
+    new = carry_out_publish(cluster.kubectl, second, s3.env(), salt="v2")
+    return eventually(
+        lambda: get_json(cluster, "tp", "-n", namespace, profile),
+        lambda p: (
+            (p.get("status") or {}).get("phase") == "Ready"
+            and p["status"]["artifacts"][0]["sha256"] == new["sha256"]
+        ),
+        "revision 2 Ready",
+    )
+
+
 def condition(profile: dict[str, Any], type_: str) -> dict[str, Any]:
     return next(
         (c for c in (profile.get("status") or {}).get("conditions", []) if c["type"] == type_), {}
@@ -387,24 +414,6 @@ def test_a_spec_change_retunes_keeps_serving_and_keeps_history(
     assert v2["status"]["artifacts"][0]["sha256"] == old["sha256"]
     jobs = jobs_of(cluster, namespace, "retune")
     assert len(jobs) == 2 and len({j["metadata"]["name"] for j in jobs}) == 2
-    (second,) = eventually(
-        lambda: [
-            p
-            for p in tuning_pods(cluster, namespace, "retune")
-            if p["metadata"]["uid"] != first["metadata"]["uid"]
-        ],
-        lambda ps: len(ps) == 1 and ps[0]["spec"].get("nodeName"),
-        "the second tuning pod",
-    )
-    # The stand-in results differ per revision only in the manifest; make the CSV differ too.
-    new = carry_out_publish(cluster.kubectl, second, s3.env(), salt="v2")
-    v3 = eventually(
-        lambda: get_json(cluster, "tp", "-n", namespace, "retune"),
-        lambda p: (
-            (p.get("status") or {}).get("phase") == "Ready"
-            and p["status"]["artifacts"][0]["sha256"] == new["sha256"]
-        ),
-        "revision 2 Ready",
-    )
+    v3 = publish_next_revision(cluster, s3, namespace, "retune", first)
     assert [h["sha256"] for h in v3["status"]["history"]] == [old["sha256"]]
     assert v3["status"]["artifacts"][0]["revision"] == v3["status"]["revision"]

@@ -21,7 +21,13 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_operator import apply, get_json, profile_doc, tuning_pods
+from tests.e2e.test_operator import (
+    apply,
+    get_json,
+    profile_doc,
+    publish_next_revision,
+    tuning_pods,
+)
 from tests.e2e.test_webhook import create, pod_doc, ready_profile, stored
 from tests.support.operator import (
     STAND_IN_NOTE,
@@ -285,24 +291,7 @@ def test_download_verifies_and_diff_shows_what_a_retune_changed(
 
     # A spec change retunes; a different result is published.
     apply(cluster, namespace, profile_doc("retune", image="registry.example.com/serve:2"))
-    (second,) = eventually(
-        lambda: [
-            p
-            for p in tuning_pods(cluster, namespace, "retune")
-            if p["metadata"]["uid"] != first["metadata"]["uid"]
-        ],
-        lambda ps: len(ps) == 1 and ps[0]["spec"].get("nodeName"),
-        "the second tuning pod",
-    )
-    new = carry_out_publish(cluster.kubectl, second, s3.env(), salt="v2")
-    v2 = eventually(
-        lambda: get_json(cluster, "tp", "-n", namespace, "retune"),
-        lambda p: (
-            (p.get("status") or {}).get("phase") == "Ready"
-            and p["status"]["artifacts"][0]["sha256"] == new["sha256"]
-        ),
-        "revision 2 Ready",
-    )
+    v2 = publish_next_revision(cluster, s3, namespace, "retune", first)
     new_uri = v2["status"]["artifacts"][0]["uri"]
     assert "1 earlier artifact" in ok(cluster, s3, "status", "retune", *ns)
     assert as_json(cluster, s3, "status", "retune", *ns)["history"]["count"] == 1
