@@ -7,6 +7,7 @@ one stops the other, so two operators never reconcile side by side.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -62,3 +63,11 @@ def in_cluster(cluster: Any, s3: Any) -> InCluster:
 @pytest.fixture
 def s3_secret(cluster: Any, s3: Any, namespace: str) -> str:
     return create_s3_secret(cluster.kubectl, namespace, s3.access_key, s3.secret_key)
+
+
+@pytest.fixture
+def prefix(request: pytest.FixtureRequest, s3: Any) -> Iterator[str]:
+    """An S3 key prefix of this test's own, emptied afterwards."""
+    value = f"{request.module.__name__.rsplit('.', 1)[-1]}/{uuid.uuid4().hex[:12]}"
+    yield value
+    s3.delete_prefix(value + "/")

@@ -12,8 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,20 +49,6 @@ def cli(s3: Any, module: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", module, *args], env=env, capture_output=True, text=True, timeout=120
     )
-
-
-def delete_prefix(s3: Any, prefix: str) -> None:
-    client = s3.client()
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=s3.bucket, Prefix=prefix):
-        for obj in page.get("Contents", []):
-            client.delete_object(Bucket=s3.bucket, Key=obj["Key"])
-
-
-@pytest.fixture
-def prefix(s3: Any) -> Iterator[str]:
-    value = f"artifacts-test/{uuid.uuid4().hex[:12]}"
-    yield value
-    delete_prefix(s3, value + "/")
 
 
 def publish(s3: Any, out: Path, prefix: str, tmp: Path) -> subprocess.CompletedProcess[str]:

@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,20 +43,6 @@ pytestmark = pytest.mark.e2e
 ROCM = {"FAKE_TORCH_BACKEND": "rocm"}
 VALIDATORS = {"PT_VERSION": "2.11.0", "GCN_ARCH_NAME": "gfx942:sramecc+:xnack-"}
 IDENTITY = {"gpuName": "AMD Instinct MI300X", "arch": "gfx942:sramecc+:xnack-"}
-
-
-def delete_prefix(s3: Any, prefix: str) -> None:
-    client = s3.client()
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=s3.bucket, Prefix=prefix):
-        for obj in page.get("Contents", []):
-            client.delete_object(Bucket=s3.bucket, Key=obj["Key"])
-
-
-@pytest.fixture
-def prefix(s3: Any) -> Iterator[str]:
-    value = f"library-test/{uuid.uuid4().hex[:12]}"
-    yield value
-    delete_prefix(s3, value + "/")
 
 
 def job(s3: Any, prefix: str, profile: str, gemms: range, **over: Any) -> JobSpec:
@@ -107,7 +91,7 @@ def test_reuse_through_s3_tunes_only_the_misses(s3: Any, prefix: str, tmp_path: 
 
 def test_sharding_through_s3_merges_into_one_artifact(s3: Any, prefix: str, tmp_path: Path) -> None:
     alone = Pod(job(s3, prefix + "-alone", "llama", range(30)), tmp_path / "alone").run()
-    delete_prefix(s3, prefix + "-alone/")
+    s3.delete_prefix(prefix + "-alone/")
     spec = job(s3, prefix, "llama", range(30), shards=3)
     runs = run_job(spec, tmp_path / "job")
     for r in runs:

@@ -238,6 +238,14 @@ class S3Settings:
         """Like env(), with the endpoint pods use (put the keys in a Secret, not a spec)."""
         return {**self.env(), "AWS_ENDPOINT_URL_S3": self.pod_endpoint}
 
+    def delete_prefix(self, prefix: str) -> None:
+        """Delete every object under `prefix` (what a test wrote)."""
+        client = self.client()
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+        for page in pages:
+            for obj in page.get("Contents", []):
+                client.delete_object(Bucket=self.bucket, Key=obj["Key"])
+
     def client(self) -> S3Client:
         import boto3
         from botocore.config import Config
