@@ -78,6 +78,26 @@ def tuning_pods(cluster: Any, namespace: str, profile: str) -> list[dict[str, An
     )
 
 
+def publish_first_revision(
+    cluster: Any, s3: Any, namespace: str, profile: str
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Apply a profile, play its tuning pod's publish step and wait for Ready. Returns (the
+    tuning pod, what was published, the profile)."""
+    apply(cluster, namespace, profile_doc(profile))
+    (first,) = eventually(
+        lambda: tuning_pods(cluster, namespace, profile),
+        lambda ps: len(ps) == 1 and ps[0]["spec"].get("nodeName"),
+        "the first tuning pod",
+    )
+    published = carry_out_publish(cluster.kubectl, first, s3.env())
+    ready = eventually(
+        lambda: get_json(cluster, "tp", "-n", namespace, profile),
+        lambda p: (p.get("status") or {}).get("phase") == "Ready",
+        "revision 1 Ready",
+    )
+    return first, published, ready
+
+
 def publish_next_revision(
     cluster: Any, s3: Any, namespace: str, profile: str, first: dict[str, Any]
 ) -> dict[str, Any]:
@@ -390,18 +410,7 @@ def test_failed_job_becomes_failed_condition_with_the_pods_message(
 def test_a_spec_change_retunes_keeps_serving_and_keeps_history(
     cluster: Any, operator: Operator, s3: Any, namespace: str
 ) -> None:
-    apply(cluster, namespace, profile_doc("retune"))
-    (first,) = eventually(
-        lambda: tuning_pods(cluster, namespace, "retune"),
-        lambda ps: len(ps) == 1 and ps[0]["spec"].get("nodeName"),
-        "the first tuning pod",
-    )
-    old = carry_out_publish(cluster.kubectl, first, s3.env())
-    v1 = eventually(
-        lambda: get_json(cluster, "tp", "-n", namespace, "retune"),
-        lambda p: (p.get("status") or {}).get("phase") == "Ready",
-        "revision 1 Ready",
-    )
+    first, old, v1 = publish_first_revision(cluster, s3, namespace, "retune")
     # The image shapes tuning: a new revision, a new Job; the old artifact keeps serving.
     apply(cluster, namespace, profile_doc("retune", image="registry.example.com/serve:2"))
     v2 = eventually(

@@ -23,16 +23,14 @@ import pytest
 
 from tests.e2e.test_operator import (
     apply,
-    get_json,
     profile_doc,
+    publish_first_revision,
     publish_next_revision,
-    tuning_pods,
 )
 from tests.e2e.test_webhook import create, pod_doc, ready_profile, stored
 from tests.support.operator import (
     STAND_IN_NOTE,
     Operator,
-    carry_out_publish,
     container,
     free_port,
     tool_env,
@@ -226,18 +224,7 @@ def test_download_verifies_and_diff_shows_what_a_retune_changed(
 ) -> None:
     print(STAND_IN_NOTE)
     ns = ["-n", namespace]
-    apply(cluster, namespace, profile_doc("retune"))
-    (first,) = eventually(
-        lambda: tuning_pods(cluster, namespace, "retune"),
-        lambda ps: len(ps) == 1 and ps[0]["spec"].get("nodeName"),
-        "the first tuning pod",
-    )
-    old = carry_out_publish(cluster.kubectl, first, s3.env())
-    v1 = eventually(
-        lambda: get_json(cluster, "tp", "-n", namespace, "retune"),
-        lambda p: (p.get("status") or {}).get("phase") == "Ready",
-        "revision 1 Ready",
-    )
+    first, old, v1 = publish_first_revision(cluster, s3, namespace, "retune")
     art = v1["status"]["artifacts"][0]
 
     # download: the verified results, one file per device, and the manifest status pins.

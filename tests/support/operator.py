@@ -298,17 +298,25 @@ def carry_out_publish(
     work = Path(tempfile.mkdtemp(prefix="tunefleet-pod-"))
     stand_in_tuner_output(work / "out", config, salt)
     cmd = played_publish(container(pod, "publish")["command"], work / "out", work)
-    done = subprocess.run(
-        [*cmd, "--termination-log", str(work / "termination-log")],
-        env=tool_env(s3_env),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, f"publish failed: {done.stderr}"
-    message = (work / "termination-log").read_text()
+    message = run_step_here("publish", cmd, tool_env(s3_env), work / "termination-log", 120)
     set_pod_outcome(kubectl, pod, succeeded=True, container_name="publish", message=message)
     return dict(json.loads(message))
+
+
+def run_step_here(
+    step: str, cmd: list[str], env: dict[str, str], termination_log: Path, timeout: float
+) -> str:
+    """Run one of our pod steps' commands in this process's place; it must succeed. Returns
+    the termination message it wrote (what the kubelet would have put in the pod status)."""
+    done = subprocess.run(
+        [*cmd, "--termination-log", str(termination_log)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, f"{step} failed: {done.stderr}"
+    return termination_log.read_text()
 
 
 def set_pod_outcome(
@@ -539,15 +547,9 @@ def carry_out_tuning_pod(
     message, published = "", False
     if rc == 0 and not killed:
         cmd = played_publish(container(pod, "publish")["command"], out, work)
-        done = subprocess.run(
-            [*cmd, "--termination-log", str(work / "publish-tl")],
-            env=tool_env({**s3_env, **index_env}),
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-        assert done.returncode == 0, f"publish failed: {done.stderr}"
-        message, published = (work / "publish-tl").read_text(), True
+        env = tool_env({**s3_env, **index_env})
+        message = run_step_here("publish", cmd, env, work / "publish-tl", 180)
+        published = True
     sync.send_signal(signal.SIGTERM)  # the kubelet, once the pod's main container is done
     sync.wait(timeout=60)
     tuned = [
@@ -569,14 +571,7 @@ def carry_out_merge(
 ) -> dict[str, Any]:
     """Run the merge Job's pod's own command here, then tell kwok it succeeded."""
     work = Path(tempfile.mkdtemp(prefix="tunefleet-merge-"))
-    done = subprocess.run(
-        [*container(pod, "merge")["command"], "--termination-log", str(work / "tl")],
-        env=tool_env(s3_env),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, f"merge failed: {done.stderr}"
-    message = (work / "tl").read_text()
+    cmd = container(pod, "merge")["command"]
+    message = run_step_here("merge", cmd, tool_env(s3_env), work / "tl", 300)
     set_pod_outcome(kubectl, pod, succeeded=True, container_name="merge", message=message)
     return dict(json.loads(message))
