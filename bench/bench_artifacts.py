@@ -33,8 +33,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 
 from tunefleet.artifacts.fetch import fetch  # noqa: E402
 from tunefleet.artifacts.publish import publish  # noqa: E402
-from tunefleet.artifacts.s3 import S3Store  # noqa: E402
-from tunefleet.artifacts.store import parse_uri  # noqa: E402
+from tunefleet.storage.registry import parse_uri  # noqa: E402
+from tunefleet.storage.s3 import S3Store  # noqa: E402
 from tuner_job.manifest import Manifest  # noqa: E402
 from tuner_job.output import write_output  # noqa: E402
 from tuner_job.results import parse_results  # noqa: E402

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from . import __version__
 from . import exchange as ex
-from ._fs import atomic_write_bytes, write_termination_log
 from .config import ConfigError, TuningConfig
 from .config import load as load_config
+from .files import atomic_write_bytes, write_termination_log
 from .gpu import (
     EXIT_USAGE,
     TunerError,

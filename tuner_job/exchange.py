@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._fs import atomic_write_bytes
+from .files import atomic_write_bytes
 from .manifest import LibraryInfo, ResumeInfo
 from .results import CsvFormatError, ResultsFile, read_results
 
@@ -99,9 +99,8 @@ def _checkpoint(
 ) -> tuple[ResultsFile | None, ResumeInfo]:
     if not arrived:
         return None, ResumeInfo("none", f"the sync sidecar gave no checkpoint within {wait_s:.0f}s")
-    doc = read_json(directory / CHECKPOINT_JSON) or {}
-    status = str(doc.get("status") or "none")
-    reason = str(doc.get("reason") or "")
+    answer = CheckpointAnswer.read(directory)
+    status, reason = answer.status, answer.reason
     if status != "resumed":
         return None, ResumeInfo(status if status == "ignored" else "none", reason)
     try:
@@ -119,21 +118,15 @@ def _library(
 ) -> tuple[ResultsFile | None, LibraryInfo]:
     if not arrived:
         return None, LibraryInfo(error=f"the sync sidecar gave no library within {wait_s:.0f}s")
-    doc = read_json(directory / LIBRARY_JSON) or {"error": "library.json is missing or not JSON"}
-    skipped = [
-        (str(s.get("object", "")), str(s.get("reason", "")))
-        for s in doc.get("skipped") or []
-        if isinstance(s, dict)
-    ]
-    entries = doc.get("entries")
+    answer = LibraryAnswer.read(directory)
     info = LibraryInfo(
-        entries=entries if isinstance(entries, int) and entries >= 0 else 0,
-        skipped=tuple(skipped[: LibraryInfo.MAX_SKIPPED]),
-        skipped_count=len(skipped),
+        entries=answer.entries,
+        skipped=answer.skipped[: LibraryInfo.MAX_SKIPPED],
+        skipped_count=len(answer.skipped),
     )
-    error = doc.get("error")
-    if not error and doc.get("key") != key:
-        error = f"library.json is for key {doc.get('key')!r}, this run's key is {key}"
+    error = answer.error
+    if not error and answer.key != key:
+        error = f"library.json is for key {answer.key!r}, this run's key is {key}"
     results = None
     if not error and (directory / LIBRARY_CSV).exists():  # no library.csv: an empty library
         try:
@@ -191,6 +184,83 @@ def gather(
     for obj, reason in info.skipped:
         log(f"library entry skipped: {obj}: {reason}")
     return Prior(library, checkpoint, info, resume)
+
+
+# --- the sidecar's answers (written by tunefleet-sync, read by gather) ----------------------
+
+
+@dataclass(frozen=True)
+class CheckpointAnswer:
+    """checkpoint.json: whether this shard resumes, and why (checkpoint.csv holds the rows)."""
+
+    status: str  # "resumed", "none" or "ignored"
+    reason: str = ""
+    gemms: int = 0
+
+    def write(self, directory: Path) -> None:
+        doc = {"status": self.status, "reason": self.reason, "gemms": self.gemms}
+        write_json(directory / CHECKPOINT_JSON, doc)
+
+    @classmethod
+    def read(cls, directory: Path) -> CheckpointAnswer:
+        doc = read_json(directory / CHECKPOINT_JSON) or {}
+        status = str(doc.get("status") or "none")
+        gemms = doc.get("gemms")
+        return cls(
+            status if status in ("resumed", "none", "ignored") else "none",
+            str(doc.get("reason") or ""),
+            gemms if isinstance(gemms, int) and not isinstance(gemms, bool) else 0,
+        )
+
+
+@dataclass(frozen=True)
+class LibraryAnswer:
+    """library.json: what the library of `key` gave (library.csv holds its merged rows)."""
+
+    key: str
+    entries: int = 0
+    gemms: int = 0
+    skipped: tuple[tuple[str, str], ...] = ()  # (object, reason)
+    error: str | None = None  # the library could not be read at all
+
+    def write(self, directory: Path) -> None:
+        doc = {
+            "key": self.key,
+            "entries": self.entries,
+            "gemms": self.gemms,
+            "skipped": [{"object": o, "reason": r} for o, r in self.skipped],
+            "error": self.error,
+        }
+        write_json(directory / LIBRARY_JSON, doc)
+
+    @classmethod
+    def read(cls, directory: Path) -> LibraryAnswer:
+        doc = read_json(directory / LIBRARY_JSON)
+        if doc is None:
+            return cls("", error="library.json is missing or not JSON")
+        skipped = tuple(
+            (str(s.get("object", "")), str(s.get("reason", "")))
+            for s in doc.get("skipped") or []
+            if isinstance(s, dict)
+        )
+        entries, gemms = doc.get("entries"), doc.get("gemms")
+        error = doc.get("error")
+        return cls(
+            key=str(doc.get("key") or ""),
+            entries=entries if isinstance(entries, int) and entries >= 0 else 0,
+            gemms=gemms if isinstance(gemms, int) and gemms >= 0 else 0,
+            skipped=skipped,
+            error=str(error) if error else None,
+        )
+
+
+def answer_without(directory: Path, reason: str) -> None:
+    """The sidecar cannot help (bad arguments, no store): tell the tuner not to wait."""
+    directory.mkdir(parents=True, exist_ok=True)
+    CheckpointAnswer("none", reason).write(directory)
+    mark(directory / CHECKPOINT_DONE)
+    LibraryAnswer("", error=reason).write(directory)
+    mark(directory / LIBRARY_DONE)
 
 
 def begin(directory: Path) -> None:

@@ -11,7 +11,7 @@ import dataclasses
 from pathlib import Path
 
 from . import __version__
-from ._fs import atomic_write_bytes, sha256_hex
+from .files import atomic_write_bytes, sha256_hex
 from .manifest import Manifest, ManifestExtra, rfc3339_utc
 from .results import ResultsFile, count_outcomes, format_results
 

@@ -36,9 +36,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ._fs import atomic_write_bytes
 from ._proc import kill_group
 from .config import Limits
+from .files import atomic_write_bytes
 from .gpu import TunerError, identify, import_torch, require_gpu, require_offline_api
 from .results import (
     CsvFormatError,

@@ -24,7 +24,6 @@ from typing import Any
 import kopf
 
 from tunefleet import kube, metrics, naming
-from tunefleet.builders.webhook import ANN_STATUS
 from tunefleet.config import Config
 from tunefleet.reconcile import Memory, sync_profile
 from tunefleet.workqueue import Backoff, WorkQueue
@@ -237,7 +236,7 @@ class Controller:
             for pod in pods:
                 meta = pod.get("metadata") or {}
                 anns = meta.get("annotations") or {}
-                if anns.get(ANN_STATUS):
+                if anns.get(naming.STATUS_ANNOTATION):
                     continue  # admitted by a version that did not set the label yet
                 if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                     continue

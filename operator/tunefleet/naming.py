@@ -29,6 +29,18 @@ JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"  # set by the Job controlle
 # Set by the webhook on every labelled pod it admits: pods without it were created while the
 # webhook was unreachable (`kubectl get pods -l 'tunefleet.io/profile,!tunefleet.io/admission'`).
 ADMISSION_LABEL = "tunefleet.io/admission"
+# What the webhook writes on a model pod it admits (contracts/admission.py writes and reads
+# them): its decision, the artifact it pinned, and warnings.
+DECISION_ANNOTATION = "tunefleet.io/decision"  # a code of contracts.admission.Code
+STATUS_ANNOTATION = "tunefleet.io/status"  # "injected" or "untuned: <reason>", for people
+ARTIFACT_URI_ANNOTATION = "tunefleet.io/artifact-uri"
+ARTIFACT_SHA_ANNOTATION = "tunefleet.io/artifact-sha256"
+POD_MODEL_ANNOTATION = "tunefleet.io/gpu-model"
+IMAGE_WARNING_ANNOTATION = "tunefleet.io/image-warning"
+# Set by the user: comma-separated names of the containers that load TunableOp results (they
+# get the env and mount, and have their image compared with the tuned one). Default: the
+# containers that run the profile's image repository; when none does, every container.
+CONTAINERS_ANNOTATION = "tunefleet.io/containers"
 MANAGED_KEY, MANAGED_VALUE = "app.kubernetes.io/managed-by", "tunefleet"
 MANAGED_BY = {MANAGED_KEY: MANAGED_VALUE}
 
@@ -43,26 +55,60 @@ _QUALIFIED_NAME = re.compile(
 )
 
 
-def revision(spec: TuningProfileSpec) -> str:
-    """Hash of the spec fields that shape tuning results.
+# Tuning settings that bound a Job's run but not what it measures: out of the revision and
+# out of the tuner's configuration (builders/job.py), both from this one set.
+TUNING_NOT_SHAPING = frozenset({"active_deadline_seconds", "backoff_limit", "checkpoint"})
+# Fields that bound the run's scheduling or where results go, not the results: out of the
+# revision. Models are out on purpose too: adding a model must not retune the others.
+GPU_NOT_SHAPING = frozenset({"models", "parallelism"})
 
-    Models are left out on purpose: adding a model must not retune the others. Storage and
-    serving are left out too: they move or serve results without changing them.
-    """
-    workload = spec.workload.model_dump(by_alias=True, exclude_none=True)
-    for shape in workload.get("shapes") or []:
-        # Fields added after v0.1 count only when set: an upgrade must not retune everything.
-        for added in ("bias", "tf32"):
-            if not shape.get(added):
-                shape.pop(added, None)
+# What tunefleet 0.1 hashed at its defaults. The revision hashes every shaping field that differs
+# from its default; fields of this baseline count at their default too, exactly as 0.1 hashed
+# them, so no upgrade changes the revision of an existing profile. A field added later is left
+# out at its default by that rule alone: adding an option never retunes the fleet.
+_REVISION_BASELINE: dict[str, Any] = {
+    "gpu": {"labelKey": None, "resourceName": None, "count": 1},
+    "tuning": {
+        "maxDurationMs": 30,
+        "maxIterations": 100,
+        "warmupDurationMs": 0,
+        "warmupIterations": 0,
+        "rotatingBufferMB": 0,
+        "numericalCheck": False,
+        "budgetSeconds": 3600,
+    },
+}
+_SHAPE_BASELINE: dict[str, Any] = {
+    "batch": 1,
+    "dtype": "bfloat16",
+    "transA": False,
+    "transB": False,
+}
+
+
+def revision(spec: TuningProfileSpec) -> str:
+    """Hash of the spec fields that shape tuning results (storage and serving move or serve
+    results without changing them)."""
+    workload = spec.workload.model_dump(by_alias=True, exclude_defaults=True)
+    workload["shapes"] = [{**_SHAPE_BASELINE, **s} for s in workload.get("shapes") or []]
+    if not workload["shapes"]:
+        del workload["shapes"]
     shaping: dict[str, Any] = {
         "image": spec.image,
-        # parallelism splits the work, it does not change the results.
-        "gpu": spec.gpu.model_dump(by_alias=True, exclude={"models", "parallelism"}),
+        "gpu": {
+            **_REVISION_BASELINE["gpu"],
+            **spec.gpu.model_dump(
+                by_alias=True, exclude_defaults=True, exclude=set(GPU_NOT_SHAPING)
+            ),
+            "vendor": spec.gpu.vendor,
+        },
         "workload": workload,
-        "tuning": spec.tuning.model_dump(
-            by_alias=True, exclude={"active_deadline_seconds", "backoff_limit", "checkpoint"}
-        ),
+        "tuning": {
+            **_REVISION_BASELINE["tuning"],
+            **spec.tuning.model_dump(
+                by_alias=True, exclude_defaults=True, exclude=set(TUNING_NOT_SHAPING)
+            ),
+        },
     }
     blob = json.dumps(shaping, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:10]

@@ -1,10 +1,10 @@
 """One profile's reconciliation: make the children that should exist, then report what is.
 
 `sync_profile` is level-based and idempotent. It reads the profile, its Jobs and their pods
-from the operator's in-memory indexes (views.py), so a reconcile that changes nothing makes
-no API call at all; it creates only what is missing (a ConfigMap and a Job per GPU model of
-the current revision) and writes status only when it changed. Events mark transitions, so a
-resync never repeats them.
+from the operator's cache (cache.py), so a reconcile that changes nothing makes no API call at
+all; it creates only what is missing (a ConfigMap and a Job per GPU model of the current
+revision, a merge Job once a sharded Job's shares are in) and writes status only when it
+changed. Events mark transitions, so a resync never repeats them.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -29,21 +29,16 @@ from tunefleet.builders.job import (
     build_tuning_config_map,
     build_tuning_job,
 )
+from tunefleet.builders.storage import pod_storage
+from tunefleet.conditions import BLOCKED, EventReason, Reason, Type, find, truncate
 from tunefleet.config import Config
-from tunefleet.status import (
-    Hints,
-    JobObservation,
-    Observed,
-    compute_status,
-    observe_job,
-    pull_secrets_missing,
-    status_changed,
-)
+from tunefleet.observe import Hints, JobObservation, observe
+from tunefleet.status import Observed, compute_status, status_changed
 from tunefleet.views import profile_ref
 
 log = logging.getLogger(__name__)
-MESSAGE_LIMIT = 2000  # kopf and Events keep messages; a condition message stays readable
 EVENTS_TTL = 60.0  # seconds a pod's kubelet Events are trusted before being read again
+NODES_TTL = 60.0  # seconds a node count is trusted (parallelism checks only)
 
 
 def now() -> str:
@@ -105,67 +100,30 @@ class Memory:
         for old in [k for k in self.specs if k[0] == uid]:
             del self.specs[old]
 
+    def events_of(self, pod: dict[str, Any]) -> list[dict[str, Any]]:
+        """The kubelet's Events about a pod, read at most every EVENTS_TTL seconds."""
+        meta = pod.get("metadata") or {}
+        uid = meta.get("uid", "")
+        cached = self.pod_events.get(uid)
+        if cached and time.monotonic() - cached[0] < EVENTS_TTL:
+            return cached[1]
+        events = kube.pod_events(meta.get("namespace", ""), meta.get("name", ""))
+        self.pod_events[uid] = (time.monotonic(), events)
+        return events
+
 
 def hints_for(spec: TuningProfileSpec | None, config: Config) -> Hints:
     if spec is None:
         return Hints()
-    secret = (
-        spec.storage.credentials_secret.name
-        if spec.storage.credentials_secret
-        else config.default_credentials_secret
-    )
+    storage = pod_storage(spec, config)
     return Hints(
         label_key=naming.label_key(spec),
         resource=naming.resource_name(spec),
-        credentials_secret=secret,
+        credentials_secret=storage.credentials_secret,
+        credentials_kind=storage.credentials_kind or "storage credentials",
+        credential_keys=storage.credential_keys,
         pull_secrets=tuple(s.name for s in spec.image_pull_secrets or []),
     )
-
-
-def _pods_by_job(pods: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for pod in pods:
-        job_uid = ((pod.get("metadata") or {}).get("labels") or {}).get(naming.JOB_UID_LABEL)
-        if job_uid:
-            out[job_uid].append(pod)
-    return out
-
-
-def _events_of(memory: Memory, pod: dict[str, Any]) -> list[dict[str, Any]]:
-    meta = pod.get("metadata") or {}
-    uid = meta.get("uid", "")
-    cached = memory.pod_events.get(uid)
-    if cached and time.monotonic() - cached[0] < EVENTS_TTL:
-        return cached[1]
-    events = kube.pod_events(meta.get("namespace", ""), meta.get("name", ""))
-    memory.pod_events[uid] = (time.monotonic(), events)
-    return events
-
-
-def observe(
-    jobs: Iterable[dict[str, Any]],
-    pods: Iterable[dict[str, Any]],
-    hints: Hints,
-    memory: Memory,
-) -> list[JobObservation]:
-    by_job = _pods_by_job(pods)
-    out = []
-    for job in jobs:
-        if (job.get("metadata") or {}).get("deletionTimestamp"):
-            continue  # a Job on its way out (deleted to retry) is not part of the picture
-        job_pods = by_job.get(job["metadata"].get("uid", ""), [])
-        obs = observe_job(job, job_pods, hints)
-        if obs.reason == "ImagePullFailed" and hints.pull_secrets and job_pods:
-            # Whether a pull Secret is missing only the kubelet's Events say (the operator
-            # may not read Secrets): read them for this one stuck pod, now and then.
-            missing = pull_secrets_missing(_events_of(memory, job_pods[0]))
-            if missing:
-                obs = observe_job(job, job_pods, replace(hints, missing_pull_secrets=missing))
-        out.append(obs)
-    return out
-
-
-NODES_TTL = 60.0  # seconds a node count is trusted (parallelism checks only)
 
 
 def _too_few_nodes(spec: TuningProfileSpec, memory: Memory) -> dict[str, str]:
@@ -203,6 +161,122 @@ def _present(jobs: Iterable[dict[str, Any]], role: str = "tune") -> set[tuple[st
     return out
 
 
+@dataclass
+class _Sync:
+    """One reconcile of one profile: its parts, and what the steps found."""
+
+    profile: dict[str, Any]
+    jobs: list[dict[str, Any]]
+    pods: list[dict[str, Any]]
+    config: Config
+    memory: Memory
+    spec: TuningProfileSpec | None = None
+    problems: list[str] = field(default_factory=list)
+    too_few: dict[str, str] = field(default_factory=dict)
+    create_error: kopf.TemporaryError | None = None
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        meta: dict[str, Any] = self.profile["metadata"]
+        return meta
+
+    @property
+    def child_args(self) -> dict[str, str]:
+        m = self.meta
+        return {"namespace": m["namespace"], "profile": m["name"], "uid": m["uid"]}
+
+    @property
+    def acting(self) -> bool:
+        """Whether children may be made: a valid spec, and a profile not being deleted."""
+        return (
+            self.spec is not None and not self.problems and not self.meta.get("deletionTimestamp")
+        )
+
+
+def _create_missing(s: _Sync) -> None:
+    """A ConfigMap and a Job for every model of the current revision that has none."""
+    assert s.spec is not None
+    spec = s.spec
+    have = _present(s.jobs)
+    rev = naming.revision(spec)
+    for model in spec.gpu.models:
+        if (model, rev) in have or model in s.too_few:
+            continue
+        try:
+            # The ConfigMap first: the Job's pod mounts it.
+            kube.create_if_missing(build_tuning_config_map(spec, **s.child_args, model=model))
+            job = build_tuning_job(spec, **s.child_args, model=model, config=s.config)
+            if kube.create_if_missing(job):
+                name, ns = job["metadata"]["name"], s.meta["namespace"]
+                log.info(f"created tuning Job {ns}/{name} for TuningProfile {s.meta['name']}")
+                kube.post_event_soon(
+                    profile_ref(s.profile),
+                    "Normal",
+                    EventReason.TUNING_JOB_CREATED,
+                    f"Created tuning Job {name}.",
+                )
+        except kopf.PermanentError as e:
+            # The API server refused what the spec made: a spec problem to report.
+            s.problems.append(f"gpu model {model}: {e}")
+            return
+        except kopf.TemporaryError as e:
+            # Quota, RBAC, an API hiccup: say so in status, then retry with backoff.
+            s.create_error = e
+            return
+
+
+def _merge_when_shares_are_in(s: _Sync, observations: list[JobObservation]) -> None:
+    assert s.spec is not None
+    merged, rev = _present(s.jobs, role="merge"), naming.revision(s.spec)
+    for obs in observations:
+        shares_done = obs.role == "tune" and obs.shards > 1 and obs.state == "Succeeded"
+        if shares_done and obs.revision == rev and (obs.model, rev) not in merged:
+            # Every share is in: one Job merges them into the artifact.
+            kube.create_if_missing(
+                build_merge_job(s.spec, **s.child_args, model=obs.model, config=s.config)
+            )
+
+
+def _tend_running(s: _Sync, observations: list[JobObservation]) -> None:
+    """Tell publish which image tune ran (through the Job's ConfigMap, for the manifest), and
+    make a ConfigMap that someone deleted again (the pod waits for it)."""
+    ns = s.meta["namespace"]
+    for obs in observations:
+        if (
+            obs.state == "Running"
+            and obs.image_id
+            and s.memory.image_ids.get(obs.uid) != obs.image_id
+        ):
+            kube.patch_config_map(ns, obs.name, {IMAGE_ID_KEY: obs.image_id})
+            s.memory.image_ids[obs.uid] = obs.image_id
+        if obs.reason == Reason.CONFIG_MAP_MISSING and s.spec is not None:
+            kube.create_if_missing(build_tuning_config_map(s.spec, **s.child_args, model=obs.model))
+
+
+def _report(s: _Sync, observations: list[JobObservation]) -> dict[str, Any]:
+    """Compute status; write it only when it changed, with Events on transitions."""
+    ns, name, uid = s.meta["namespace"], s.meta["name"], s.meta["uid"]
+    previous = s.memory.written.get(uid) or s.profile.get("status") or {}
+    status = compute_status(
+        Observed(
+            generation=int(s.meta.get("generation") or 0),
+            spec=s.spec,
+            problems=s.problems,
+            jobs=observations,
+            previous=previous,
+            unadmitted=len(s.memory.unadmitted.get((ns, name), [])),
+            create_error=truncate(str(s.create_error or "")),
+            capacity=s.too_few,
+        ),
+        now(),
+    )
+    if status_changed(previous, status):
+        kube.patch_profile_status(ns, name, status)
+        s.memory.written[uid] = status
+        announce(s.profile, previous, status, s.memory)
+    return status
+
+
 def sync_profile(
     profile: dict[str, Any],
     jobs: list[dict[str, Any]],
@@ -215,108 +289,25 @@ def sync_profile(
     Raises kopf.PermanentError for a spec that can't be tuned (after reporting it in status),
     kopf.TemporaryError for what may pass, kube.Gone when the profile or namespace is going.
     """
-    meta = profile["metadata"]
-    ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
-    generation = int(meta.get("generation") or 0)
-    with memory.locks[uid]:
-        spec, problems = memory.spec(uid, generation, profile.get("spec") or {})
-        problems = list(problems)
-        create_error: kopf.TemporaryError | None = None
-        too_few: dict[str, str] = {}
-        if spec and not problems and spec.gpu.parallelism > 1:
-            too_few = _too_few_nodes(spec, memory)
-        if spec and not problems and not meta.get("deletionTimestamp"):
-            rev = naming.revision(spec)
-            have = _present(jobs)
-            for model in spec.gpu.models:
-                if (model, rev) in have or model in too_few:
-                    continue
-                args = {"namespace": ns, "profile": name, "uid": uid, "model": model}
-                try:
-                    # The ConfigMap first: the Job's pod mounts it.
-                    kube.create_if_missing(build_tuning_config_map(spec, **args))
-                    job = build_tuning_job(spec, config=config, **args)
-                    if kube.create_if_missing(job):
-                        job_name = job["metadata"]["name"]
-                        log.info(f"created tuning Job {ns}/{job_name} for TuningProfile {name}")
-                        kube.post_event_soon(
-                            profile_ref(profile),
-                            "Normal",
-                            "TuningJobCreated",
-                            f"Created tuning Job {job_name}.",
-                        )
-                except kopf.PermanentError as e:
-                    # The API server refused what the spec made: a spec problem to report.
-                    problems.append(f"gpu model {model}: {e}")
-                    break
-                except kopf.TemporaryError as e:
-                    # Quota, RBAC, an API hiccup: say so in status, then retry with backoff.
-                    create_error = e
-                    break
-        hints = hints_for(spec, config)
-        observations = observe(jobs, pods, hints, memory)
-        if spec is not None and not problems and not meta.get("deletionTimestamp"):
-            merged = _present(jobs, role="merge")
-            rev = naming.revision(spec)
-            for obs in observations:
-                shares_done = obs.role == "tune" and obs.shards > 1 and obs.state == "Succeeded"
-                if shares_done and obs.revision == rev and (obs.model, rev) not in merged:
-                    # Every share is in: one Job merges them into the artifact.
-                    kube.create_if_missing(
-                        build_merge_job(
-                            spec,
-                            namespace=ns,
-                            profile=name,
-                            uid=uid,
-                            model=obs.model,
-                            config=config,
-                        )
-                    )
-        for obs in observations:
-            if (
-                obs.state == "Running"
-                and obs.image_id
-                and memory.image_ids.get(obs.uid) != obs.image_id
-            ):
-                # The tune step runs: tell publish (in the same pod, later) which image it is,
-                # through the Job's ConfigMap, for the manifest.
-                kube.patch_config_map(ns, obs.name, {IMAGE_ID_KEY: obs.image_id})
-                memory.image_ids[obs.uid] = obs.image_id
-            if obs.reason == "ConfigMapMissing" and spec is not None:
-                # Someone deleted a tuning Job's ConfigMap: make it again, the pod waits for it.
-                kube.create_if_missing(
-                    build_tuning_config_map(
-                        spec, namespace=ns, profile=name, uid=uid, model=obs.model
-                    )
-                )
-        previous = memory.written.get(uid) or profile.get("status") or {}
-        status = compute_status(
-            Observed(
-                generation=generation,
-                spec=spec,
-                problems=problems,
-                jobs=observations,
-                previous=previous,
-                unadmitted=len(memory.unadmitted.get((ns, name), [])),
-                create_error=str(create_error or "")[:MESSAGE_LIMIT],
-                capacity=too_few,
-            ),
-            now(),
-        )
-        if status_changed(previous, status):
-            kube.patch_profile_status(ns, name, status)
-            memory.written[uid] = status
-            announce(profile, previous, status, memory)
-        if problems or spec is None:
-            message = "; ".join(problems) or "invalid spec"
-            raise kopf.PermanentError(message[:MESSAGE_LIMIT])
-        if create_error is not None:
-            raise create_error
+    s = _Sync(profile, jobs, pods, config, memory)
+    with memory.locks[s.meta["uid"]]:
+        generation = int(s.meta.get("generation") or 0)
+        s.spec, problems = memory.spec(s.meta["uid"], generation, profile.get("spec") or {})
+        s.problems = list(problems)
+        if s.acting and s.spec is not None and s.spec.gpu.parallelism > 1:
+            s.too_few = _too_few_nodes(s.spec, memory)
+        if s.acting:
+            _create_missing(s)
+        observations = observe(jobs, pods, hints_for(s.spec, config), memory.events_of)
+        if s.acting:
+            _merge_when_shares_are_in(s, observations)
+        _tend_running(s, observations)
+        status = _report(s, observations)
+        if s.problems or s.spec is None:
+            raise kopf.PermanentError(truncate("; ".join(s.problems) or "invalid spec"))
+        if s.create_error is not None:
+            raise s.create_error
         return status
-
-
-def _cond(status: dict[str, Any], type_: str) -> dict[str, Any]:
-    return next((c for c in status.get("conditions") or [] if c["type"] == type_), {})
 
 
 def announce(
@@ -325,54 +316,66 @@ def announce(
     """Events on transitions only, so a resync never repeats them."""
     ref = profile_ref(profile)
     meta = profile["metadata"]
-    was, now_ = _cond(before, "Failed"), _cond(after, "Failed")
+    was, now_ = find(before, Type.FAILED), find(after, Type.FAILED)
     if now_.get("status") == "True" and (
         was.get("status") != "True" or was.get("message") != now_.get("message")
     ):
-        reason = now_.get("reason", "TuningFailed")
+        reason = now_.get("reason", Reason.TUNING_FAILED)
         log.info(f"TuningProfile {meta['namespace']}/{meta['name']}: {reason}")
-        kube.post_event_soon(ref, "Warning", reason, now_["message"][:MESSAGE_LIMIT])
-    was_p, now_p = _cond(before, "Progressing"), _cond(after, "Progressing")
-    blocked = now_p.get("status") == "True" and now_p.get("reason") not in (
-        "TuningJobsRunning",
-        None,
-    )
+        kube.post_event_soon(ref, "Warning", reason, now_["message"])
+    was_p, now_p = find(before, Type.PROGRESSING), find(after, Type.PROGRESSING)
+    blocked = now_p.get("status") == "True" and now_p.get("reason") in BLOCKED
     if blocked and (was_p.get("reason"), was_p.get("message")) != (
         now_p.get("reason"),
         now_p.get("message"),
     ):
-        kube.post_event_soon(ref, "Warning", now_p["reason"], now_p["message"][:MESSAGE_LIMIT])
-    old_shas = {a.get("gpuModel"): a.get("sha256") for a in before.get("artifacts") or []}
-    for art in after.get("artifacts") or []:
-        if old_shas.get(art.get("gpuModel")) != art.get("sha256"):
-            metrics.ARTIFACTS_PUBLISHED.inc()
-            if art.get("librarySkipped"):
-                kube.post_event_soon(
-                    ref,
-                    "Warning",
-                    "LibraryEntrySkipped",
-                    f"{art['gpuModel']}: {art['librarySkipped']} library entr(y/ies) failed "
-                    f"verification and were not used: {art.get('librarySkippedReason', '')}",
-                )
-            if isinstance(art.get("tuningSeconds"), int | float):
-                metrics.TUNING_SECONDS.observe(float(art["tuningSeconds"]))
-    was_phase, phase = before.get("phase"), after.get("phase")
-    if phase == "Ready" and was_phase != "Ready":
+        kube.post_event_soon(ref, "Warning", now_p["reason"], now_p["message"])
+    _announce_artifacts(ref, before, after)
+    if after.get("phase") == "Ready" and before.get("phase") != "Ready":
         arts = ", ".join(
             f"{a['gpuModel']}@{a['sha256'][:12]}" for a in after.get("artifacts") or []
         )
-        kube.post_event_soon(ref, "Normal", "Ready", f"Artifacts published: {arts}")
+        kube.post_event_soon(ref, "Normal", EventReason.READY, f"Artifacts published: {arts}")
+    _announce_unadmitted(ref, meta, before, after, memory)
+
+
+def _announce_artifacts(ref: dict[str, Any], before: dict[str, Any], after: dict[str, Any]) -> None:
+    old_shas = {a.get("gpuModel"): a.get("sha256") for a in before.get("artifacts") or []}
+    for art in after.get("artifacts") or []:
+        if old_shas.get(art.get("gpuModel")) == art.get("sha256"):
+            continue
+        metrics.ARTIFACTS_PUBLISHED.inc()
+        if art.get("librarySkipped"):
+            kube.post_event_soon(
+                ref,
+                "Warning",
+                EventReason.LIBRARY_ENTRY_SKIPPED,
+                f"{art['gpuModel']}: {art['librarySkipped']} library entr(y/ies) failed "
+                f"verification and were not used: {art.get('librarySkippedReason', '')}",
+            )
+        if isinstance(art.get("tuningSeconds"), int | float):
+            metrics.TUNING_SECONDS.observe(float(art["tuningSeconds"]))
+
+
+def _announce_unadmitted(
+    ref: dict[str, Any],
+    meta: dict[str, Any],
+    before: dict[str, Any],
+    after: dict[str, Any],
+    memory: Memory,
+) -> None:
     count, before_count = after.get("unadmittedPods") or 0, before.get("unadmittedPods") or 0
-    if count > before_count:
-        names = memory.unadmitted.get((meta["namespace"], meta["name"]), [])
-        shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
-        kube.post_event_soon(
-            ref,
-            "Warning",
-            "PodsNotAdmitted",
-            f"{count} pod(s) labelled {naming.PROFILE_LABEL}={meta['name']} were created while "
-            f"the tunefleet webhook was unreachable and run without the artifact: {shown}. "
-            f"List them: kubectl get pods -n {meta['namespace']} -l "
-            f"'{naming.PROFILE_LABEL}={meta['name']},!{naming.ADMISSION_LABEL}'; recreate them "
-            "(e.g. kubectl rollout restart) to get it.",
-        )
+    if count <= before_count:
+        return
+    names = memory.unadmitted.get((meta["namespace"], meta["name"]), [])
+    shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
+    kube.post_event_soon(
+        ref,
+        "Warning",
+        EventReason.PODS_NOT_ADMITTED,
+        f"{count} pod(s) labelled {naming.PROFILE_LABEL}={meta['name']} were created while "
+        f"the tunefleet webhook was unreachable and run without the artifact: {shown}. "
+        f"List them: kubectl get pods -n {meta['namespace']} -l "
+        f"'{naming.PROFILE_LABEL}={meta['name']},!{naming.ADMISSION_LABEL}'; recreate them "
+        "(e.g. kubectl rollout restart) to get it.",
+    )

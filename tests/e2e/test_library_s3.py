@@ -31,8 +31,8 @@ from tests.unit.library_pod import (
 )
 from tunefleet.artifacts.fetch import fetch
 from tunefleet.artifacts.library import read_library
-from tunefleet.artifacts.s3 import S3Store
-from tunefleet.artifacts.store import parse_uri
+from tunefleet.storage.registry import parse_uri
+from tunefleet.storage.s3 import S3Store
 from tuner_job.library import library_key
 from tuner_job.manifest import ManifestExtra
 from tuner_job.output import write_output
@@ -145,7 +145,8 @@ PUBLISH = """
 import sys
 from pathlib import Path
 from tunefleet.artifacts.publish import publish
-pub = publish(Path(sys.argv[1]), sys.argv[2], "ml", sys.argv[3], sys.argv[4], timeout_s=60)
+from tunefleet.storage.store import StoreOptions
+pub = publish(Path(sys.argv[1]), sys.argv[2], "ml", sys.argv[3], sys.argv[4], options=StoreOptions(timeout_s=60))
 assert pub.library is not None and pub.library.created, pub.library_error
 """
 

@@ -18,8 +18,9 @@ import pytest
 from tunefleet.artifacts import fetch as fetch_mod
 from tunefleet.artifacts import publish as publish_mod
 from tunefleet.artifacts.bootstrap import bootstrap
-from tunefleet.artifacts.store import Location, parse_uri
-from tuner_job._fs import sha256_hex
+from tunefleet.storage.registry import parse_uri
+from tunefleet.storage.store import Location
+from tuner_job.files import sha256_hex
 from tuner_job.manifest import Manifest, rfc3339_utc
 from tuner_job.results import read_results
 

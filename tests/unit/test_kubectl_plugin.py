@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from tunefleet.builders.webhook import inject
 from tunefleet.config import Config
 from tunefleet.plugin import cluster as cluster_mod
 from tunefleet.plugin import main as main_mod
 from tunefleet.plugin.diff import diff_results, format_diff, parse_ref
 from tunefleet.plugin.status import format_status, status_report
 from tunefleet.plugin.why import explain, format_why
-from tuner_job._fs import sha256_hex
+from tunefleet.webhook.admission import admit as inject
+from tuner_job.files import sha256_hex
 from tuner_job.output import build_output
 from tuner_job.results import parse_results
 

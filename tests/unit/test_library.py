@@ -25,7 +25,9 @@ from tunefleet.artifacts.library import (
     library_prefix,
     read_library,
 )
-from tunefleet.artifacts.store import DirStore, Location, NotFoundError, StoreError, parse_uri
+from tunefleet.storage.filesystem import DirStore
+from tunefleet.storage.registry import parse_uri
+from tunefleet.storage.store import Location, NotFoundError, StoreError
 from tuner_job.library import (
     COST_CAP,
     COST_FLOOR,

@@ -28,7 +28,8 @@ from tests.unit.library_pod import (
 )
 from tunefleet.artifacts.fetch import fetch
 from tunefleet.artifacts.library import checkpoint_key
-from tunefleet.artifacts.store import DirStore, parse_uri
+from tunefleet.storage.filesystem import DirStore
+from tunefleet.storage.registry import parse_uri
 from tuner_job.library import CheckpointId, make_checkpoint, parse_checkpoint
 from tuner_job.results import ResultRow, format_results, parse_results, read_results
 
@@ -371,8 +372,8 @@ def test_progress_is_what_torch_tuned_so_far_in_results_format(tmp_path: Path) -
 
 
 def test_an_unreadable_checkpoint_is_never_overwritten_before_it_is_read(tmp_path: Path) -> None:
-    from tunefleet.artifacts.store import StoreError
     from tunefleet.artifacts.sync import Settings, Sync
+    from tunefleet.storage.store import StoreError
 
     ident = CheckpointId("ml", "llama", "M", "3f2a9c01de", 0, 1)
     old_rows = "Validator,PT_VERSION,2.11.0+standin\nGemmTunableOp_BFloat16_TN,tn_8_8_8_ld_8_8_8,Default,0.5\n"

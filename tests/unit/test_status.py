@@ -7,15 +7,17 @@ from typing import Any
 
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
-from tunefleet.status import (
-    Hints,
-    JobObservation,
-    Observed,
-    compute_status,
-    observe_job,
-    pull_secrets_missing,
-    status_changed,
-)
+from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.observe import Hints, observe_job, pull_secrets_missing
+from tunefleet.observe import JobObservation as _Observation
+from tunefleet.status import Observed, compute_status, status_changed
+
+
+def JobObservation(*args: Any, result: dict[str, Any] | None = None, **kw: Any) -> _Observation:
+    """An observation whose publish step left `result` as its termination message."""
+    record = ArtifactRecord.from_message(json.dumps(result)) if result is not None else None
+    return _Observation(*args, record=record, **kw)
+
 
 MODELS = ["AMD_Instinct_MI300X_OAM", "AMD_Instinct_MI325X_OAM"]
 SPEC = TuningProfileSpec.model_validate(
@@ -137,7 +139,7 @@ def _pod(name: str, code: int, message: str, init: bool = False) -> dict[str, An
 def test_observe_completed_job_reads_the_publish_message() -> None:
     msg = json.dumps(result("c" * 64))
     obs = observe_job(_job([{"type": "Complete", "status": "True"}]), [_pod("publish", 0, msg)])
-    assert obs.state == "Succeeded" and obs.result is not None and obs.result["sha256"] == "c" * 64
+    assert obs.state == "Succeeded" and obs.record is not None and obs.record.sha256 == "c" * 64
 
 
 def test_observe_completed_job_without_record_is_a_failure() -> None:
@@ -175,7 +177,13 @@ def test_observe_running_needs_a_scheduled_pod() -> None:
     assert observe_job(_job([]), []).state == "Pending"
 
 
-SCHED = Hints(label_key="amd.com/gpu.product-name", resource="amd.com/gpu", credentials_secret="s3")
+SCHED = Hints(
+    label_key="amd.com/gpu.product-name",
+    resource="amd.com/gpu",
+    credentials_secret="s3",
+    credentials_kind="S3 credentials",
+    credential_keys=("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"),
+)
 
 
 def unschedulable(message: str) -> dict[str, Any]:
@@ -304,4 +312,4 @@ def test_a_merge_jobs_record_is_the_artifact() -> None:
     merge["metadata"]["labels"][naming.ROLE_LABEL] = "merge"
     msg = json.dumps({**result("d" * 64), "shards": 2})
     obs = observe_job(merge, [_pod("merge", 0, msg)])
-    assert obs.state == "Succeeded" and obs.role == "merge" and obs.result is not None
+    assert obs.state == "Succeeded" and obs.role == "merge" and obs.record is not None

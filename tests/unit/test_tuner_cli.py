@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tuner_job._fs import sha256_hex
+from tuner_job.files import sha256_hex
 from tuner_job.manifest import loads
 from tuner_job.results import Outcomes, count_outcomes, read_results, read_untuned
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from tunefleet.builders.webhook import FETCH_CONTAINER, build_webhook_configuration, inject
+from tunefleet.builders.webhook import build_webhook_configuration
 from tunefleet.config import Config
+from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
+from tunefleet.webhook.admission import admit as inject
 
 CFG = Config(image="tunefleet:1")
 SHA = "ab" * 32

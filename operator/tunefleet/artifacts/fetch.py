@@ -22,20 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn, TextIO
 
-from tuner_job._fs import sha256_hex, write_termination_log
+from tunefleet.contracts.fetch import LOADED, PROG, REFUSED, UNTUNED, FetchOutcome
+from tunefleet.storage import cli as storage_cli
+from tunefleet.storage.registry import open_store, parse_uri
+from tunefleet.storage.store import Store, StoreError, StoreOptions, check_sha256
+from tuner_job.files import sha256_hex, write_termination_log
 from tuner_job.manifest import ManifestError, loads
 from tuner_job.output import MANIFEST_NAME, RESULTS_NAME
 from tuner_job.results import CsvFormatError, count_outcomes, parse_results
 
-from .store import (
-    Store,
-    StoreError,
-    check_sha256,
-    open_store,
-    parse_uri,
-)
-
-PROG = "tunefleet-fetch"
 FILE_PATTERN = "tunableop_results{}.csv"  # PYTORCH_TUNABLEOP_FILENAME=DEST/tunableop_results%d.csv
 MAX_RESULTS_BYTES = 256 << 20
 MAX_MANIFEST_BYTES = 1 << 20
@@ -137,9 +132,7 @@ def fetch(
     *,
     gpu_model: str | None = None,
     store: Store | None = None,
-    endpoint_url: str | None = None,
-    region: str | None = None,
-    timeout_s: float = 60.0,
+    options: StoreOptions | None = None,
     manifest_sha256: str | None = None,
 ) -> Fetched:
     try:
@@ -154,7 +147,7 @@ def fetch(
     if last != sha:
         raise FetchError(f"URI {uri} does not end in the pinned SHA-256 {sha}")
     if store is None:
-        store = open_store(location, endpoint_url=endpoint_url, region=region, timeout_s=timeout_s)
+        store = open_store(location, options or StoreOptions(timeout_s=60.0))
     try:
         manifest_bytes = store.get(location.key(MANIFEST_NAME), MAX_MANIFEST_BYTES)
         results = store.get(location.key(RESULTS_NAME), MAX_RESULTS_BYTES)
@@ -180,10 +173,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dest", required=True, help="directory for tunableop_results<i>.csv")
     p.add_argument("--devices", required=True, type=int, help="GPUs the pod uses (files 0..N-1)")
     p.add_argument("--gpu-model", help="refuse an artifact tuned on another GPU model")
-    p.add_argument("--endpoint-url", help="S3 endpoint (default: $AWS_ENDPOINT_URL_S3, else AWS)")
-    p.add_argument("--region")
     p.add_argument("--fail-closed", action="store_true", help="exit 1 instead of starting untuned")
-    p.add_argument("--timeout-seconds", type=float, default=60.0, help="overall time limit")
+    storage_cli.add_arguments(p, timeout_s=60.0)
     p.add_argument(
         "--termination-log",
         default="/dev/termination-log",
@@ -215,9 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             Path(args.dest),
             args.devices,
             gpu_model=args.gpu_model,
-            endpoint_url=args.endpoint_url,
-            region=args.region,
-            timeout_s=args.timeout_seconds,
+            options=storage_cli.options(args),
             manifest_sha256=args.manifest_sha256,
         )
     except Exception as exc:  # any problem at all follows the policy: that is its point
@@ -226,16 +215,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             (str(exc) if known else f"internal error: {type(exc).__name__}: {exc}").split()
         )
         if fail_closed:
-            _say(f"{PROG}: refusing to start: {reason}", log_path, sys.stderr)
+            _say(FetchOutcome(REFUSED, reason).line(), log_path, sys.stderr)
             return 1
-        _say(f"{PROG}: starting untuned: {reason}", log_path, sys.stderr)
+        _say(FetchOutcome(UNTUNED, reason).line(), log_path, sys.stderr)
         return 0
-    _say(
-        f"{PROG}: wrote {len(got.paths)} results file(s) with {got.gemms} tuned GEMMs "
-        f"(sha256 {got.sha256}) to {Path(args.dest) / 'tunableop_results%d.csv'}",
-        log_path,
-        sys.stdout,
+    loaded = FetchOutcome(
+        LOADED,
+        files=len(got.paths),
+        gemms=got.gemms,
+        sha256=got.sha256,
+        dest=str(Path(args.dest) / "tunableop_results%d.csv"),
     )
+    _say(loaded.line(), log_path, sys.stdout)
     return 0
 
 

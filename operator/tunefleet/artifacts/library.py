@@ -21,7 +21,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from tuner_job._fs import sha256_hex
+from tunefleet.storage.store import Location, Store, StoreError
+from tuner_job.files import sha256_hex
 from tuner_job.library import (
     CheckpointId,
     EntrySource,
@@ -32,8 +33,6 @@ from tuner_job.library import (
 )
 from tuner_job.manifest import Manifest
 from tuner_job.results import ResultsFile, ResultsMerger, ValidatorMismatchError
-
-from .store import Location, Store, StoreError
 
 SCOPES = ("namespace", "cluster")
 LIBRARY_DIR = "_library"

@@ -17,9 +17,10 @@ import dataclasses
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from tuner_job._fs import write_termination_log
+from tunefleet.storage import cli as storage_cli
+from tunefleet.storage.registry import open_store, parse_uri
+from tunefleet.storage.store import Location, NotFoundError, Store, StoreOptions, check_key_parts
 from tuner_job.manifest import (
     ImageRef,
     LibraryInfo,
@@ -32,24 +33,15 @@ from tuner_job.manifest import (
 from tuner_job.output import MANIFEST_NAME, RESULTS_NAME, build_output
 from tuner_job.results import ResultsFile, merge_results, parse_results
 
+from . import cli
 from .library import SCOPES, check_revision, check_scope, check_shard, shard_base
 from .publish import (
-    TERMINATION_LIMIT,
     Published,
     PublishError,
     add_to_library,
     check_artifact,
     termination_message,
     upload_artifact,
-)
-from .store import (
-    Location,
-    NotFoundError,
-    Store,
-    StoreError,
-    check_key_parts,
-    open_store,
-    parse_uri,
 )
 
 PROG = "tunefleet-merge"
@@ -245,9 +237,7 @@ def merge(
     library_scope: str = "namespace",
     image_reference: str = "",
     store: Store | None = None,
-    endpoint_url: str | None = None,
-    region: str | None = None,
-    timeout_s: float = 300.0,
+    options: StoreOptions | None = None,
 ) -> Published:
     try:
         location = parse_uri(uri)
@@ -258,7 +248,7 @@ def merge(
     except ValueError as exc:
         raise MergeError(str(exc)) from None
     if store is None:
-        store = open_store(location, endpoint_url=endpoint_url, region=region, timeout_s=timeout_s)
+        store = open_store(location, options or StoreOptions(timeout_s=300.0))
     parts = [
         read_shard(store, location, namespace, profile, gpu_model, revision, i, shards)
         for i in range(shards)
@@ -279,31 +269,19 @@ def merge(
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--uri", required=True, help="s3://bucket/prefix (or file:///dir)")
-    p.add_argument("--namespace", required=True)
-    p.add_argument("--profile", required=True)
-    p.add_argument("--gpu-model", required=True)
+    cli.add_where(p)
     p.add_argument("--revision", required=True)
     p.add_argument("--shards", required=True, type=int)
     p.add_argument("--library-scope", choices=SCOPES, default="namespace")
     p.add_argument("--image-reference", default="", help="the image the shards were tuned in")
-    p.add_argument("--endpoint-url", help="S3 endpoint (default: $AWS_ENDPOINT_URL_S3, else AWS)")
-    p.add_argument("--region", help="S3 region (default: $AWS_REGION or us-east-1)")
-    p.add_argument("--termination-log", default="/dev/termination-log")
-    p.add_argument("--timeout-seconds", type=float, default=300.0, help="overall time limit")
+    cli.add_common(p, timeout_s=300.0)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    kwargs: dict[str, Any] = {
-        "library_scope": args.library_scope,
-        "image_reference": args.image_reference,
-        "endpoint_url": args.endpoint_url,
-        "region": args.region,
-        "timeout_s": args.timeout_seconds,
-    }
-    try:
+
+    def run() -> str:
         pub = merge(
             args.uri,
             args.namespace,
@@ -311,19 +289,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.gpu_model,
             args.revision,
             args.shards,
-            **kwargs,
+            library_scope=args.library_scope,
+            image_reference=args.image_reference,
+            options=storage_cli.options(args),
         )
-        message = termination_message(pub)
-    except (MergeError, PublishError, StoreError, ManifestError) as exc:
-        line = " ".join(str(exc).split())
-        print(f"{PROG}: error: {line}", file=sys.stderr)
-        write_termination_log(args.termination_log, f"{PROG}: error: {line}"[:TERMINATION_LIMIT])
-        return 1
-    if not pub.created:
-        print(f"{PROG}: {pub.uri} was already published: nothing uploaded", file=sys.stderr)
-    write_termination_log(args.termination_log, message)
-    print(message)
-    return 0
+        if not pub.created:
+            print(f"{PROG}: {pub.uri} was already published: nothing uploaded", file=sys.stderr)
+        return termination_message(pub)
+
+    return cli.finish(PROG, args.termination_log, run, (MergeError, PublishError))
 
 
 if __name__ == "__main__":

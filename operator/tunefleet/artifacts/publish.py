@@ -17,35 +17,36 @@ describes the shard.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tuner_job._fs import sha256_hex, write_termination_log
-from tuner_job.config import SHARD_ENV
-from tuner_job.manifest import ImageRef, Manifest, ManifestError, loads
-from tuner_job.output import MANIFEST_NAME, RESULTS_NAME
-from tuner_job.results import CsvFormatError, count_outcomes, parse_results
-
-from .library import SCOPES, Added, add_entry, check_revision, check_scope, check_shard, shard_base
-from .store import (
+from tunefleet.contracts.artifact import ArtifactRecord, ShardRecord
+from tunefleet.storage import cli as storage_cli
+from tunefleet.storage.registry import open_store, parse_uri
+from tunefleet.storage.store import (
     ConflictError,
     Location,
     Store,
     StoreError,
+    StoreOptions,
     check_key_parts,
-    open_store,
-    parse_uri,
 )
+from tuner_job.config import SHARD_ENV
+from tuner_job.files import sha256_hex
+from tuner_job.manifest import ImageRef, Manifest, ManifestError, loads
+from tuner_job.output import MANIFEST_NAME, RESULTS_NAME
+from tuner_job.results import CsvFormatError, count_outcomes, parse_results
+
+from . import cli
+from .library import SCOPES, Added, add_entry, check_revision, check_scope, check_shard, shard_base
 
 PROG = "tunefleet-publish"
-TERMINATION_LIMIT = 4096  # bytes Kubernetes keeps of a termination message
+TERMINATION_LIMIT = cli.TERMINATION_LIMIT
 
 
 class PublishError(Exception):
@@ -164,6 +165,39 @@ def check_artifact(
             raise PublishError(message)
 
 
+def _checked(
+    directory: Path,
+    uri: str,
+    namespace: str,
+    profile: str,
+    gpu_model: str,
+    *,
+    require_rows: bool,
+    check: Callable[[], object] = lambda: None,
+) -> tuple[Location, bytes, Manifest]:
+    """The arguments and the tuner's output, checked, before anything leaves the pod."""
+    try:
+        location = parse_uri(uri)
+        check_key_parts(namespace, profile, gpu_model)
+        check()
+    except ValueError as exc:
+        raise PublishError(str(exc)) from None
+    results, _, manifest = load_artifact(
+        directory, namespace, profile, gpu_model, require_rows=require_rows
+    )
+    return location, results, manifest
+
+
+def _open(
+    location: Location, options: StoreOptions | None, image: tuple[str, Path | None, float]
+) -> Store:
+    # The wait for the imageID is not store time: the store's deadline leaves room for it.
+    options = options or StoreOptions(timeout_s=120.0)
+    reference, id_file, wait = image
+    waits = wait if reference and id_file else 0.0
+    return open_store(location, replace(options, timeout_s=options.timeout_s + waits))
+
+
 def publish(
     directory: Path,
     uri: str,
@@ -172,40 +206,30 @@ def publish(
     gpu_model: str,
     *,
     store: Store | None = None,
-    endpoint_url: str | None = None,
-    region: str | None = None,
-    timeout_s: float = 120.0,
+    options: StoreOptions | None = None,
     image_reference: str = "",
     image_id_file: Path | None = None,
     image_id_timeout_s: float = 120.0,
     library_scope: str = "namespace",
 ) -> Published:
-    try:
-        location = parse_uri(uri)
-        check_key_parts(namespace, profile, gpu_model)
-        check_scope(library_scope)
-    except ValueError as exc:
-        raise PublishError(str(exc)) from None
-    results, _, manifest = load_artifact(directory, namespace, profile, gpu_model)
+    location, results, manifest = _checked(
+        directory, uri, namespace, profile, gpu_model, require_rows=True,
+        check=lambda: check_scope(library_scope),
+    )  # fmt: skip
     if (manifest.extra.shards or 1) > 1:
         # One share published as the profile's artifact would serve most GEMMs untuned.
         raise PublishError(
             f"the tuner's output is shard {manifest.extra.shard} of {manifest.extra.shards}: "
             f"publish it with --shards {manifest.extra.shards}, for tunefleet-merge"
         )
-    if store is None:
-        # The wait for the imageID is not S3 time: the store's deadline leaves room for it.
-        waits = image_id_timeout_s if image_reference and image_id_file else 0.0
-        store = open_store(
-            location, endpoint_url=endpoint_url, region=region, timeout_s=timeout_s + waits
-        )
+    image = (image_reference, image_id_file, image_id_timeout_s)
+    store = store or _open(location, options, image)
 
     def with_image(m: Manifest) -> Manifest:
         if not image_reference:
             return m
-        return dataclasses.replace(
-            m, image=ImageRef(image_reference, _image_id(image_id_file, image_id_timeout_s))
-        )
+        image_id = _image_id(image_id_file, image_id_timeout_s)
+        return replace(m, image=ImageRef(image_reference, image_id))
 
     pub = upload_artifact(store, location, results, manifest, with_image)
     return add_to_library(store, location, library_scope, pub, results)
@@ -272,10 +296,10 @@ def add_to_library(
     except (StoreError, UnicodeDecodeError) as exc:
         reason = " ".join(str(exc).split())
         print(f"{prog}: warning: not added to the GEMM library: {reason}", file=sys.stderr)
-        return dataclasses.replace(pub, library_error=reason)
+        return replace(pub, library_error=reason)
     verb = "added to" if added.created else "already in"
     print(f"{prog}: {verb} the GEMM library: {added.uri}", file=sys.stderr)
-    return dataclasses.replace(pub, library=added)
+    return replace(pub, library=added)
 
 
 def publish_shard(
@@ -288,24 +312,17 @@ def publish_shard(
     shards: int,
     *,
     store: Store | None = None,
-    endpoint_url: str | None = None,
-    region: str | None = None,
-    timeout_s: float = 120.0,
+    options: StoreOptions | None = None,
     image_reference: str = "",
     image_id_file: Path | None = None,
     image_id_timeout_s: float = 120.0,
 ) -> ShardPublished:
     """Upload one shard's output for tunefleet-merge (scratch keys: a retried index replaces
     them). A shard may hold no GEMM at all (more shards than work)."""
-    try:
-        location = parse_uri(uri)
-        check_key_parts(namespace, profile, gpu_model)
-        check_shard(shard, shards)
-    except ValueError as exc:
-        raise PublishError(str(exc)) from None
-    results, _, manifest = load_artifact(
-        directory, namespace, profile, gpu_model, require_rows=False
-    )
+    location, results, manifest = _checked(
+        directory, uri, namespace, profile, gpu_model, require_rows=False,
+        check=lambda: check_shard(shard, shards),
+    )  # fmt: skip
     got = (manifest.extra.shard, manifest.extra.shards)
     if got != (shard, shards):
         raise PublishError(
@@ -317,13 +334,9 @@ def publish_shard(
     except ValueError as exc:
         raise PublishError(str(exc)) from None
     if image_reference:
-        image = ImageRef(image_reference, _image_id(image_id_file, image_id_timeout_s))
-        manifest = dataclasses.replace(manifest, image=image)
-    if store is None:
-        waits = image_id_timeout_s if image_reference and image_id_file else 0.0
-        store = open_store(
-            location, endpoint_url=endpoint_url, region=region, timeout_s=timeout_s + waits
-        )
+        image_id = _image_id(image_id_file, image_id_timeout_s)
+        manifest = replace(manifest, image=ImageRef(image_reference, image_id))
+    store = store or _open(location, options, (image_reference, image_id_file, image_id_timeout_s))
     base = shard_base(location, namespace, profile, gpu_model, manifest.revision, shard, shards)
     # results first: a manifest in the store describes results that are there.
     store.put(f"{base}/{RESULTS_NAME}", results, "text/csv")
@@ -333,88 +346,35 @@ def publish_shard(
 
 def shard_message(pub: ShardPublished) -> str:
     m = pub.manifest
-    doc = {
-        "shard": pub.shard,
-        "shards": pub.shards,
-        "gemms": m.gemms,
-        "newlyTuned": m.extra.newly_tuned or 0,
-        "reused": m.extra.reused or 0,
-        "resumed": m.extra.resumed or 0,
-        "recorded": m.recorded,
-        "sha256": pub.sha256,
-        "uri": pub.uri,
-    }
-    return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+    return ShardRecord(
+        shard=pub.shard,
+        shards=pub.shards,
+        uri=pub.uri,
+        sha256=pub.sha256,
+        gemms=m.gemms,
+        recorded=m.recorded,
+        reused=m.extra.reused or 0,
+        resumed=m.extra.resumed or 0,
+        newly_tuned=m.extra.newly_tuned or 0,
+    ).to_message()
 
 
 def termination_message(pub: Published, limit: int = TERMINATION_LIMIT) -> str:
-    """One JSON line of at most `limit` bytes; identity is trimmed (longest values first)."""
-    m = pub.manifest
-    doc: dict[str, Any] = {
-        "uri": pub.uri,
-        "sha256": pub.sha256,
-        "gemms": m.gemms,
-        "tunedAt": m.tuned_at,
-        "tuningSeconds": m.tuning_seconds,
-        "revision": m.revision,
-        "manifestSha256": pub.manifest_sha256,
-        "identity": dict(m.identity),
-    }
-    if m.outcomes is not None:
-        doc["outcomes"] = m.outcomes.to_dict()
-    if m.image is not None:
-        doc["image"] = m.image.to_dict()
-    doc.update(reuse_fields(m))
-
-    def encoded() -> bytes:
-        return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode("utf-8")
-
-    identity: dict[str, str] = doc["identity"]
-    while len(encoded()) > limit and identity:
-        del identity[max(identity, key=lambda k: (len(identity[k]), k))]
-    if len(encoded()) > limit:
-        doc["librarySkippedReason"] = doc["librarySkippedReason"][:40]
-    if len(encoded()) > limit:
-        raise PublishError("termination message over 4096 bytes even without identity")
-    return encoded().decode("utf-8")
-
-
-REASON_LIMIT = 200  # characters of the first skipped library entry's reason in the message
-
-
-def reuse_fields(m: Manifest) -> dict[str, Any]:
-    """What the operator reads about reuse, sharding and resume (defaults for a manifest
-    from before these fields: nothing reused, everything tuned by one pod)."""
-    x = m.extra
-    library = x.library
-    skipped = library.skipped_count if library is not None else 0
-    reason = ""
-    if library is not None:
-        reason = library.skipped[0][1] if library.skipped else (library.error or "")
-    if len(reason) > REASON_LIMIT:
-        reason = reason[: REASON_LIMIT - 3] + "..."
-    return {
-        "recorded": m.recorded,
-        "reused": x.reused or 0,
-        "resumed": x.resumed or 0,
-        "newlyTuned": x.newly_tuned if x.newly_tuned is not None else m.gemms,
-        "shards": x.shards or 1,
-        "librarySkipped": skipped,
-        "librarySkippedReason": reason,
-    }
+    """The artifact record (contracts/artifact.py) as one JSON line of at most `limit` bytes."""
+    record = ArtifactRecord.from_manifest(
+        pub.manifest, uri=pub.uri, manifest_sha256=pub.manifest_sha256
+    )
+    try:
+        return record.to_message(limit)
+    except ValueError as exc:
+        raise PublishError(str(exc)) from None
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--dir", required=True, help="directory with results.csv and manifest.json")
-    p.add_argument("--uri", required=True, help="s3://bucket/prefix (or file:///dir)")
-    p.add_argument("--namespace", required=True)
-    p.add_argument("--profile", required=True)
-    p.add_argument("--gpu-model", required=True)
-    p.add_argument("--endpoint-url", help="S3 endpoint (default: $AWS_ENDPOINT_URL_S3, else AWS)")
-    p.add_argument("--region", help="S3 region (default: $AWS_REGION or us-east-1)")
-    p.add_argument("--termination-log", default="/dev/termination-log")
-    p.add_argument("--timeout-seconds", type=float, default=120.0, help="overall time limit")
+    cli.add_where(p)
+    cli.add_common(p, timeout_s=120.0)
     p.add_argument("--image-reference", default="", help="the image the tune step ran in")
     p.add_argument(
         "--image-id-file",
@@ -447,34 +407,24 @@ def shard_index() -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     common: dict[str, Any] = {
-        "endpoint_url": args.endpoint_url,
-        "region": args.region,
-        "timeout_s": args.timeout_seconds,
+        "options": storage_cli.options(args),
         "image_reference": args.image_reference,
         "image_id_file": args.image_id_file,
         "image_id_timeout_s": args.image_id_timeout_seconds,
     }
     where = (Path(args.dir), args.uri, args.namespace, args.profile, args.gpu_model)
-    try:
+
+    def run() -> str:
         if args.shards > 1:
-            shard = publish_shard(*where, shard_index(), args.shards, **common)
-            message = shard_message(shard)
-        else:
-            pub = publish(*where, library_scope=args.library_scope, **common)
-            message = termination_message(pub)
-    except (PublishError, StoreError, ManifestError) as exc:
-        line = " ".join(str(exc).split())
-        print(f"{PROG}: error: {line}", file=sys.stderr)
-        write_termination_log(args.termination_log, f"{PROG}: error: {line}"[:TERMINATION_LIMIT])
-        return 1
-    if args.shards <= 1:
+            return shard_message(publish_shard(*where, shard_index(), args.shards, **common))
+        pub = publish(*where, library_scope=args.library_scope, **common)
         if not pub.created:
             print(f"{PROG}: {pub.uri} was already published: nothing uploaded", file=sys.stderr)
         if pub.kept_existing_manifest:
             print(f"{PROG}: kept the manifest already stored for these results", file=sys.stderr)
-    write_termination_log(args.termination_log, message)
-    print(message)
-    return 0
+        return termination_message(pub)
+
+    return cli.finish(PROG, args.termination_log, run, (PublishError,))
 
 
 if __name__ == "__main__":

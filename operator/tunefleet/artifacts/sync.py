@@ -25,13 +25,23 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
+from tunefleet.storage import cli as storage_cli
+from tunefleet.storage.registry import open_store, parse_uri
+from tunefleet.storage.store import (
+    Location,
+    NotFoundError,
+    Store,
+    StoreError,
+    StoreOptions,
+    check_key_parts,
+)
 from tuner_job import exchange as ex
-from tuner_job._fs import atomic_write_bytes
 from tuner_job.config import SHARD_ENV
+from tuner_job.files import atomic_write_bytes
 from tuner_job.library import (
     CheckpointError,
     CheckpointId,
@@ -50,6 +60,7 @@ from tuner_job.results import (
     read_results,
 )
 
+from . import cli
 from .library import (
     MAX_CHECKPOINT_BYTES,
     SCOPES,
@@ -58,15 +69,6 @@ from .library import (
     check_shard,
     checkpoint_key,
     read_library,
-)
-from .store import (
-    Location,
-    NotFoundError,
-    Store,
-    StoreError,
-    check_key_parts,
-    open_store,
-    parse_uri,
 )
 
 PROG = "tunefleet-sync"
@@ -91,8 +93,9 @@ class Settings:
     every_seconds: float
     min_interval_s: float = MIN_UPLOAD_INTERVAL_S
     poll_s: float = POLL_S
-    endpoint_url: str | None = None
-    region: str | None = None
+    options: StoreOptions = field(
+        default_factory=lambda: StoreOptions(timeout_s=OPERATION_TIMEOUT_S)
+    )
 
 
 class Sync:
@@ -132,10 +135,12 @@ class Sync:
         if self._store_factory is not None:
             return self._store_factory()
         if self.s.location.scheme == "s3" and self._client is None:
-            from .s3 import make_client
+            from tunefleet.storage.s3 import make_client
 
-            self._client = make_client(self.s.endpoint_url, self.s.region, OPERATION_TIMEOUT_S)
-        return open_store(self.s.location, timeout_s=timeout_s, client=self._client)
+            o = self.s.options
+            self._client = make_client(o.endpoint_url, o.region, OPERATION_TIMEOUT_S)
+        options = replace(self.s.options, timeout_s=timeout_s, client=self._client)
+        return open_store(self.s.location, options)
 
     def path(self, name: str) -> Path:
         return self.s.exchange / name
@@ -183,9 +188,7 @@ class Sync:
                 atomic_write_bytes(
                     self.path(ex.CHECKPOINT_CSV), format_results(self.base).encode("utf-8")
                 )
-            ex.write_json(
-                self.path(ex.CHECKPOINT_JSON), {"status": status, "reason": reason, "gemms": gemms}
-            )
+            ex.CheckpointAnswer(status, reason, gemms).write(self.s.exchange)
             ex.mark(self.path(ex.CHECKPOINT_DONE))
         except OSError as exc:
             self.log(f"error: cannot write into {self.s.exchange}: {exc}")
@@ -203,8 +206,7 @@ class Sync:
         self.library_done = True
         if self.path(ex.LIBRARY_DONE).exists():
             return  # a restarted sidecar: done already
-        key = str(doc.get("libraryKey", ""))
-        out: dict[str, Any] = {"key": key, "entries": 0, "gemms": 0, "skipped": [], "error": None}
+        answer = ex.LibraryAnswer(str(doc.get("libraryKey", "")))
         try:
             validators, key = self._identity(doc)
             view = read_library(
@@ -220,11 +222,7 @@ class Sync:
                 atomic_write_bytes(
                     self.path(ex.LIBRARY_CSV), format_results(view.results).encode("utf-8")
                 )
-            out.update(
-                entries=view.entries,
-                gemms=view.gemms,
-                skipped=[{"object": o, "reason": r} for o, r in view.skipped],
-            )
+            answer = ex.LibraryAnswer(key, view.entries, view.gemms, tuple(view.skipped))
             self.log(
                 f"library {key[:12]}...: {view.entries} entries, {view.gemms} GEMM(s), "
                 f"{len(view.skipped)} skipped"
@@ -232,13 +230,13 @@ class Sync:
             for obj, reason in view.skipped:
                 self.log(f"library entry skipped: {obj}: {reason}")
         except (StoreError, ValueError, OSError) as exc:
-            out["error"] = " ".join(str(exc).split())
-            self.log(f"library not read: {out['error']}")
+            answer = replace(answer, error=" ".join(str(exc).split()))
+            self.log(f"library not read: {answer.error}")
         except Exception as exc:
-            out["error"] = f"internal error: {exc!r}"
-            self.log(f"library not read: {out['error']}")
+            answer = replace(answer, error=f"internal error: {exc!r}")
+            self.log(f"library not read: {answer.error}")
         try:
-            ex.write_json(self.path(ex.LIBRARY_JSON), out)
+            answer.write(self.s.exchange)
             ex.mark(self.path(ex.LIBRARY_DONE))
         except OSError as exc:
             self.log(f"error: cannot write into {self.s.exchange}: {exc}")
@@ -386,10 +384,7 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--exchange", required=True, type=Path, help="the directory shared with tune")
-    p.add_argument("--uri", required=True, help="s3://bucket/prefix (or file:///dir)")
-    p.add_argument("--namespace", required=True)
-    p.add_argument("--profile", required=True)
-    p.add_argument("--gpu-model", required=True)
+    cli.add_where(p)
     p.add_argument("--revision", required=True)
     p.add_argument("--shards", type=int, default=1, help=f"N; this pod's index is ${SHARD_ENV}")
     p.add_argument("--library-scope", choices=SCOPES, default="namespace")
@@ -402,8 +397,7 @@ def _parser() -> argparse.ArgumentParser:
         help="never upload more often than this (default: %(default)s)",
     )
     p.add_argument("--poll-seconds", type=float, default=POLL_S, help=argparse.SUPPRESS)
-    p.add_argument("--endpoint-url", help="S3 endpoint (default: $AWS_ENDPOINT_URL_S3, else AWS)")
-    p.add_argument("--region", help="S3 region (default: $AWS_REGION or us-east-1)")
+    storage_cli.add_arguments(p, timeout_s=OPERATION_TIMEOUT_S)
     return p
 
 
@@ -429,8 +423,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         every_seconds=args.checkpoint_every_seconds,
         min_interval_s=max(args.min_upload_interval_seconds, 0.0),
         poll_s=max(args.poll_seconds, 0.05),
-        endpoint_url=args.endpoint_url,
-        region=args.region,
+        options=storage_cli.options(args),
     )
 
 
@@ -440,16 +433,7 @@ def _unusable(raw: Sequence[str], reason: str, stop: threading.Event) -> int:
     if "--exchange" in raw[:-1]:
         directory = Path(raw[raw.index("--exchange") + 1])
         try:
-            directory.mkdir(parents=True, exist_ok=True)
-            ex.write_json(
-                directory / ex.CHECKPOINT_JSON, {"status": "none", "reason": reason, "gemms": 0}
-            )
-            ex.mark(directory / ex.CHECKPOINT_DONE)
-            ex.write_json(
-                directory / ex.LIBRARY_JSON,
-                {"key": "", "entries": 0, "gemms": 0, "skipped": [], "error": reason},
-            )
-            ex.mark(directory / ex.LIBRARY_DONE)
+            ex.answer_without(directory, reason)
         except OSError as exc:
             _log(f"error: cannot write into {directory}: {exc}")
     while not stop.wait(1.0):

@@ -1,5 +1,5 @@
-"""The tuning Job for one GPU model of a profile (design: bootstrap, tune, publish), and the
-ConfigMap that carries its tuning configuration.
+"""The tuning Job for one GPU model of a profile (design: bootstrap, tune, publish), the merge
+Job of a sharded one, and the ConfigMap that carries the tuning configuration.
 
 Sizes: the configuration (shapes, limits) travels as a file from a ConfigMap, never as one
 environment string (Linux refuses any single one over 128 KiB); the workload's command and
@@ -10,12 +10,15 @@ within what Kubernetes and exec(2) accept (tests/unit/test_size_limits.py).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from tunefleet import GROUP, KIND, VERSION, naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.builders.security import SMALL_RESOURCES, hardened, tunefleet_container
+from tunefleet.builders.storage import pod_storage, with_storage
 from tunefleet.config import Config
+from tunefleet.storage.store import PodStorage
 
 TOOLS_DIR = "/tunefleet/tools"
 OUT_DIR = "/tunefleet/out"
@@ -49,19 +52,68 @@ def owner_reference(name: str, uid: str) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class Child:
+    """What every child of a profile's GPU model is named and labelled by."""
+
+    spec: TuningProfileSpec
+    namespace: str
+    profile: str
+    uid: str
+    model: str
+    config: Config
+
+    @property
+    def revision(self) -> str:
+        return naming.revision(self.spec)
+
+    def name(self, step: str = "tune") -> str:
+        return naming.job_name(self.profile, self.model, self.revision, self.uid, step)
+
+    def labels(self, role: str = "tune") -> dict[str, str]:
+        return naming.job_labels(self.profile, self.uid, self.model, self.revision, role)
+
+    def metadata(self, name: str, labels: dict[str, str]) -> dict[str, Any]:
+        return {
+            "name": name,
+            "namespace": self.namespace,
+            "labels": labels,
+            "annotations": {naming.MODEL_ANNOTATION: self.model},
+            "ownerReferences": [owner_reference(self.profile, self.uid)],
+        }
+
+    def where(self) -> list[str]:
+        """Where an artifact of (namespace, profile, model) lives: the arguments every store
+        step of a tuning pod or the merge Job takes (sync, publish, merge)."""
+        return [
+            "--uri", self.spec.storage.uri, "--namespace", self.namespace,
+            "--profile", self.profile, "--gpu-model", self.model,
+        ]  # fmt: skip
+
+    def step(
+        self, name: str, command: list[str], mounts: list[dict[str, Any]], **kw: Any
+    ) -> dict[str, Any]:
+        """A container of tunefleet's own image."""
+        return tunefleet_container(
+            name,
+            command,
+            image=self.config.image,
+            pull_policy=self.config.image_pull_policy,
+            mounts=mounts,
+            **kw,
+        )
+
+
 def tuning_config(
     spec: TuningProfileSpec, namespace: str, profile: str, model: str, rev: str
 ) -> dict[str, Any]:
-    """What the tuner reads from --config (tuner_job's contract). The workload command is not
-    in it: it is the tune container's argv (see TUNE_SCRIPT)."""
+    """What the tuner reads from --config (tuner_job/config.py's contract). The workload
+    command is not in it: it is the tune container's argv (see TUNE_SCRIPT)."""
     workload = spec.workload.model_dump(
         by_alias=True, exclude_none=True, exclude={"env", "command", "args"}
     )
     for shape in workload.get("shapes", []):
         shape["m"], shape["n"], shape["k"] = shape.pop("mnk")
-    tuning = spec.tuning.model_dump(
-        by_alias=True, exclude={"active_deadline_seconds", "backoff_limit", "checkpoint"}
-    )
     return {
         "namespace": namespace,
         "profile": profile,
@@ -71,164 +123,97 @@ def tuning_config(
         "shards": spec.gpu.parallelism,
         "exchange": {"dir": EXCHANGE_DIR, "waitSeconds": EXCHANGE_WAIT_SECONDS},
         "workload": workload,
-        "tuning": tuning,
+        "tuning": spec.tuning.model_dump(by_alias=True, exclude=set(naming.TUNING_NOT_SHAPING)),
     }
 
 
-def storage_env(spec: TuningProfileSpec, config: Config) -> list[dict[str, Any]]:
-    """S3 credentials by reference only: the Secret's keys, never their values."""
-    env: list[dict[str, Any]] = []
-    secret = (
-        spec.storage.credentials_secret.name
-        if spec.storage.credentials_secret
-        else config.default_credentials_secret
-    )
-    if secret:
-        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-            env.append({"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
-    if spec.storage.region:
-        env.append({"name": "AWS_REGION", "value": spec.storage.region})
-    return env
-
-
-def storage_args(spec: TuningProfileSpec, config: Config) -> list[str]:
-    args: list[str] = []
-    endpoint = spec.storage.endpoint or config.default_s3_endpoint
-    if endpoint:
-        args += ["--endpoint-url", endpoint]
-    if spec.storage.region:
-        args += ["--region", spec.storage.region]
-    return args
-
-
-def where_args(spec: TuningProfileSpec, namespace: str, profile: str, model: str) -> list[str]:
-    """Where an artifact of (namespace, profile, model) lives: the arguments every S3 step of
-    a tuning pod or the merge Job takes (sync, publish, merge)."""
-    return [
-        "--uri",
-        spec.storage.uri,
-        "--namespace",
-        namespace,
-        "--profile",
-        profile,
-        "--gpu-model",
-        model,
-    ]
-
-
 def build_tuning_config_map(
-    spec: TuningProfileSpec,
-    *,
-    namespace: str,
-    profile: str,
-    uid: str,
-    model: str,
+    spec: TuningProfileSpec, *, namespace: str, profile: str, uid: str, model: str
 ) -> dict[str, Any]:
     """The tune step's configuration, under the Job's own name (made before the Job)."""
-    rev = naming.revision(spec)
+    c = Child(spec, namespace, profile, uid, model, Config())
     data = json.dumps(
-        tuning_config(spec, namespace, profile, model, rev), separators=(",", ":"), sort_keys=True
+        tuning_config(spec, namespace, profile, model, c.revision),
+        separators=(",", ":"),
+        sort_keys=True,
     )
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {
-            "name": naming.job_name(profile, model, rev, uid),
-            "namespace": namespace,
-            "labels": naming.job_labels(profile, uid, model, rev),
-            "annotations": {naming.MODEL_ANNOTATION: model},
-            "ownerReferences": [owner_reference(profile, uid)],
-        },
+        "metadata": c.metadata(c.name(), c.labels()),
         "data": {CONFIG_KEY: data},
     }
 
 
-def _sync_container(
-    spec: TuningProfileSpec, config: Config, *, namespace: str, profile: str, model: str, rev: str
+def _pod_spec(
+    containers: list[dict[str, Any]], volumes: list[dict[str, Any]], storage: PodStorage
 ) -> dict[str, Any]:
-    """The tuning pod's native sidecar: library in, checkpoints out (tuner_job can't do S3)."""
-    every = spec.tuning.checkpoint
-    sync = tunefleet_container(
-        "sync",
-        [
-            "tunefleet-sync",
-            "--exchange",
-            EXCHANGE_DIR,
-            *where_args(spec, namespace, profile, model),
-            "--revision",
-            rev,
-            "--shards",
-            str(spec.gpu.parallelism),
-            "--library-scope",
-            config.library_scope,
-            "--checkpoint-every-gemms",
-            str(every.every_gemms),
-            "--checkpoint-every-seconds",
-            str(every.every_seconds),
-            *storage_args(spec, config),
-        ],
-        image=config.image,
-        pull_policy=config.image_pull_policy,
-        mounts=[
-            {"name": "exchange", "mountPath": EXCHANGE_DIR},
-            {"name": "tmp", "mountPath": "/tmp"},
-        ],
-        env=storage_env(spec, config),
-        # Merging a large library (bounded: 500 entries, 32 MiB) peaks near 130 MiB.
-        resources={**SMALL_RESOURCES, "limits": {"memory": "384Mi"}},
-    )
+    """What every pod of tunefleet's Jobs has: no token, no service links, no retries in place
+    (the Job retries), RuntimeDefault seccomp; the store's volumes."""
+    security: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
+    if storage.fs_group is not None:
+        security["fsGroup"] = storage.fs_group
+    return {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": security,
+        "volumes": [*volumes, *storage.volumes],
+        "containers": containers,
+    }
+
+
+def _job(
+    c: Child, name: str, labels: dict[str, str], pod: dict[str, Any], **spec: Any
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": c.metadata(name, labels),
+        "spec": {**spec, "template": {"metadata": {"labels": labels}, "spec": pod}},
+    }
+
+
+def _sync_container(c: Child, storage: PodStorage) -> dict[str, Any]:
+    """The tuning pod's native sidecar: library in, checkpoints out (tuner_job can't reach
+    the store)."""
+    every = c.spec.tuning.checkpoint
+    command = [
+        "tunefleet-sync", "--exchange", EXCHANGE_DIR, *c.where(), "--revision", c.revision,
+        "--shards", str(c.spec.gpu.parallelism), "--library-scope", c.config.library_scope,
+        "--checkpoint-every-gemms", str(every.every_gemms),
+        "--checkpoint-every-seconds", str(every.every_seconds),
+    ]  # fmt: skip
+    mounts = [
+        {"name": "exchange", "mountPath": EXCHANGE_DIR},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    # Merging a large library (bounded: 500 entries, 32 MiB) peaks near 130 MiB.
+    resources = {**SMALL_RESOURCES, "limits": {"memory": "384Mi"}}
+    sync = with_storage(c.step("sync", command, mounts, resources=resources), storage)
     # A native sidecar: starts before tune, runs beside it and publish, stopped after.
     sync["restartPolicy"] = "Always"
     del sync["terminationMessagePolicy"]  # its end is the kubelet stopping it, not a verdict
     return sync
 
 
-def build_tuning_job(
-    spec: TuningProfileSpec,
-    *,
-    namespace: str,
-    profile: str,
-    uid: str,
-    model: str,
-    config: Config,
-) -> dict[str, Any]:
-    """One Indexed Job per GPU model: spec.gpu.parallelism pods, each tuning its share."""
-    rev = naming.revision(spec)
-    name = naming.job_name(profile, model, rev, uid)
-    labels = naming.job_labels(profile, uid, model, rev)
-    resource = naming.resource_name(spec)
-    gpus = str(spec.gpu.count)
-    shards = spec.gpu.parallelism
-
+def _tune_container(c: Child) -> dict[str, Any]:
+    """The user's image, with the GPUs: records, reuses, tunes, writes results + manifest."""
+    spec = c.spec
+    resource, gpus = naming.resource_name(spec), str(spec.gpu.count)
     user_env = [e.model_dump(by_alias=True, exclude_none=True) for e in spec.workload.env or []]
-    tune_env = [
-        {"name": "PYTHONPATH", "value": TOOLS_DIR},
-        {"name": "PYTHONUNBUFFERED", "value": "1"},
-        *user_env,
-    ]
-    volumes = [
-        {"name": "tools", "emptyDir": {"sizeLimit": "64Mi"}},
-        {"name": "out", "emptyDir": {"sizeLimit": "1Gi"}},
-        {"name": "exchange", "emptyDir": {"sizeLimit": "1Gi"}},
-        {"name": "tmp", "emptyDir": {}},
-        # Every key, so that IMAGE_ID_KEY appears in publish's mount when the operator adds it.
-        {"name": "config", "configMap": {"name": name}},
-    ]
-    bootstrap = tunefleet_container(
-        "bootstrap",
-        ["tunefleet-bootstrap", "--dest", TOOLS_DIR],
-        mounts=[{"name": "tools", "mountPath": TOOLS_DIR}],
-        image=config.image,
-        pull_policy=config.image_pull_policy,
-    )
-    tune = {
+    return {
         "name": "tune",
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         # "tune" is $0 of the script; the workload's argv follows as "$@".
         "command": ["/bin/sh", "-c", TUNE_SCRIPT, "tune"],
         "args": [*(spec.workload.command or []), *(spec.workload.args or [])],
-        "env": tune_env,
+        "env": [
+            {"name": "PYTHONPATH", "value": TOOLS_DIR},
+            {"name": "PYTHONUNBUFFERED", "value": "1"},
+            *user_env,
+        ],
         "resources": {"requests": {resource: gpus}, "limits": {resource: gpus}},
         "volumeMounts": [
             {"name": "tools", "mountPath": TOOLS_DIR, "readOnly": True},
@@ -241,52 +226,60 @@ def build_tuning_job(
         "securityContext": hardened(read_only_root=False, run_as_user=None),
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    publish = tunefleet_container(
-        "publish",
-        [
-            "tunefleet-publish",
-            "--dir",
-            OUT_DIR,
-            *where_args(spec, namespace, profile, model),
-            "--image-reference",
-            spec.image,
-            "--image-id-file",
-            f"{CONFIG_DIR}/{IMAGE_ID_KEY}",
-            "--library-scope",
-            config.library_scope,
-            *(["--shards", str(shards)] if shards > 1 else []),
-            *storage_args(spec, config),
-        ],
-        mounts=[
-            {"name": "out", "mountPath": OUT_DIR, "readOnly": True},
-            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
-            {"name": "tmp", "mountPath": "/tmp"},
-        ],
-        env=storage_env(spec, config),
-        image=config.image,
-        pull_policy=config.image_pull_policy,
+
+
+def _publish_container(c: Child, storage: PodStorage) -> dict[str, Any]:
+    shards = c.spec.gpu.parallelism
+    command = [
+        "tunefleet-publish", "--dir", OUT_DIR, *c.where(),
+        "--image-reference", c.spec.image, "--image-id-file", f"{CONFIG_DIR}/{IMAGE_ID_KEY}",
+        "--library-scope", c.config.library_scope,
+        *(["--shards", str(shards)] if shards > 1 else []),
+    ]  # fmt: skip
+    mounts: list[dict[str, Any]] = [
+        {"name": "out", "mountPath": OUT_DIR, "readOnly": True},
+        {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    return with_storage(c.step("publish", command, mounts), storage)
+
+
+def build_tuning_job(
+    spec: TuningProfileSpec,
+    *,
+    namespace: str,
+    profile: str,
+    uid: str,
+    model: str,
+    config: Config,
+) -> dict[str, Any]:
+    """One Indexed Job per GPU model: spec.gpu.parallelism pods, each tuning its share."""
+    c = Child(spec, namespace, profile, uid, model, config)
+    storage = pod_storage(spec, config)
+    labels = c.labels()
+    bootstrap = c.step(
+        "bootstrap",
+        ["tunefleet-bootstrap", "--dest", TOOLS_DIR],
+        [{"name": "tools", "mountPath": TOOLS_DIR}],
     )
-    pod_spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "nodeSelector": {naming.label_key(spec): model},
-        # GPU nodes are commonly tainted with their resource name; tolerate only that.
-        "tolerations": [{"key": resource, "operator": "Exists", "effect": "NoSchedule"}],
-        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
-        "volumes": volumes,
-        "initContainers": [
-            bootstrap,
-            _sync_container(
-                spec, config, namespace=namespace, profile=profile, model=model, rev=rev
-            ),
-            tune,
-        ],
-        "containers": [publish],
-    }
-    if shards > 1:
+    volumes = [
+        {"name": "tools", "emptyDir": {"sizeLimit": "64Mi"}},
+        {"name": "out", "emptyDir": {"sizeLimit": "1Gi"}},
+        {"name": "exchange", "emptyDir": {"sizeLimit": "1Gi"}},
+        {"name": "tmp", "emptyDir": {}},
+        # Every key, so that IMAGE_ID_KEY appears in publish's mount when the operator adds it.
+        {"name": "config", "configMap": {"name": c.name()}},
+    ]
+    pod = _pod_spec([_publish_container(c, storage)], volumes, storage)
+    pod["initContainers"] = [bootstrap, _sync_container(c, storage), _tune_container(c)]
+    pod["nodeSelector"] = {naming.label_key(spec): model}
+    # GPU nodes are commonly tainted with their resource name; tolerate only that.
+    pod["tolerations"] = [
+        {"key": naming.resource_name(spec), "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    if spec.gpu.parallelism > 1:
         # One share per node: the point of parallelism is more nodes' GPUs at once.
-        pod_spec["affinity"] = {
+        pod["affinity"] = {
             "podAntiAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": [
                     {
@@ -297,28 +290,16 @@ def build_tuning_job(
             }
         }
     if spec.image_pull_secrets:
-        pod_spec["imagePullSecrets"] = [{"name": s.name} for s in spec.image_pull_secrets]
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": labels,
-            "annotations": {naming.MODEL_ANNOTATION: model},
-            "ownerReferences": [owner_reference(profile, uid)],
-        },
-        "spec": {
-            # Indexed: pod i tunes share i (JOB_COMPLETION_INDEX); a failed share is retried
-            # alone, up to backoffLimit times.
-            "completionMode": "Indexed",
-            "completions": shards,
-            "parallelism": shards,
-            "backoffLimitPerIndex": spec.tuning.backoff_limit,
-            "activeDeadlineSeconds": spec.tuning.active_deadline_seconds,
-            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
-        },
-    }
+        pod["imagePullSecrets"] = [{"name": s.name} for s in spec.image_pull_secrets]
+    shards = spec.gpu.parallelism
+    # Indexed: pod i tunes share i (JOB_COMPLETION_INDEX); a failed share is retried alone,
+    # up to backoffLimitPerIndex times.
+    return _job(
+        c, c.name(), labels, pod,
+        completionMode="Indexed", completions=shards, parallelism=shards,
+        backoffLimitPerIndex=spec.tuning.backoff_limit,
+        activeDeadlineSeconds=spec.tuning.active_deadline_seconds,
+    )  # fmt: skip
 
 
 def build_merge_job(
@@ -331,49 +312,14 @@ def build_merge_job(
     config: Config,
 ) -> dict[str, Any]:
     """With parallelism > 1: publish one artifact from the shares (no GPU, our image)."""
-    rev = naming.revision(spec)
-    labels = naming.job_labels(profile, uid, model, rev, role="merge")
-    merge = tunefleet_container(
-        "merge",
-        [
-            "tunefleet-merge",
-            *where_args(spec, namespace, profile, model),
-            "--revision",
-            rev,
-            "--shards",
-            str(spec.gpu.parallelism),
-            "--library-scope",
-            config.library_scope,
-            "--image-reference",
-            spec.image,
-            *storage_args(spec, config),
-        ],
-        image=config.image,
-        pull_policy=config.image_pull_policy,
-        mounts=[{"name": "tmp", "mountPath": "/tmp"}],
-        env=storage_env(spec, config),
-    )
-    pod_spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
-        "volumes": [{"name": "tmp", "emptyDir": {}}],
-        "containers": [merge],
-    }
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": naming.job_name(profile, model, rev, uid, step="merge"),
-            "namespace": namespace,
-            "labels": labels,
-            "annotations": {naming.MODEL_ANNOTATION: model},
-            "ownerReferences": [owner_reference(profile, uid)],
-        },
-        "spec": {
-            "backoffLimit": 2,
-            "activeDeadlineSeconds": 1800,
-            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
-        },
-    }
+    c = Child(spec, namespace, profile, uid, model, config)
+    storage = pod_storage(spec, config)
+    command = [
+        "tunefleet-merge", *c.where(), "--revision", c.revision,
+        "--shards", str(spec.gpu.parallelism), "--library-scope", config.library_scope,
+        "--image-reference", spec.image,
+    ]  # fmt: skip
+    merge = with_storage(c.step("merge", command, [{"name": "tmp", "mountPath": "/tmp"}]), storage)
+    pod = _pod_spec([merge], [{"name": "tmp", "emptyDir": {}}], storage)
+    labels = c.labels(role="merge")
+    return _job(c, c.name("merge"), labels, pod, backoffLimit=2, activeDeadlineSeconds=1800)

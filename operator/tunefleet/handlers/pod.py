@@ -1,5 +1,5 @@
-"""Pods: admission of model pods (labelled pods get the profile's artifact; builders/webhook.py
-decides), and tuning pods, kept in an index because they say why a tuning Job waits or how
+"""Pods: admission of model pods (labelled pods get the profile's artifact; webhook/admission.py
+decides), and tuning pods, kept in the cache because they say why a tuning Job waits or how
 its steps ended."""
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ from typing import Any
 import kopf
 
 from tunefleet import kube, metrics, naming, views
-from tunefleet.builders.webhook import HANDLER_ID, Decision, inject
-from tunefleet.handlers.startup import CACHE, CONFIG, CONTROLLER
+from tunefleet.builders.webhook import HANDLER_ID
+from tunefleet.conditions import EventReason
+from tunefleet.handlers.startup import CACHE, CONFIG, follow_child
+from tunefleet.webhook.admission import Decision, admit
 
 # Not kopf's per-object logger: that one posts Events, and an admitted pod has no uid yet.
 log = logging.getLogger("tunefleet.webhook")
@@ -37,7 +39,7 @@ async def pod_mutate(
 ) -> None:
     # async on purpose: kopf runs sync handlers in its shared thread pool, where admission
     # would queue behind reconciles (seen: 9 s at startup with 400 profiles, past the API
-    # server's timeout). inject() is pure and sub-millisecond, fine on the event loop.
+    # server's timeout). admit() is pure and sub-millisecond, fine on the event loop.
     started = time.perf_counter()
     namespace = body.metadata.namespace or ""
     pod_name = body.metadata.name or f"{body.metadata.get('generateName', '')}*"
@@ -47,7 +49,7 @@ async def pod_mutate(
         entry = CACHE.profile((namespace, profile_name)) or await _read_profile(
             namespace, profile_name
         )
-        decision = inject(dict(body), profile_name, entry, CONFIG.get())
+        decision = admit(dict(body), profile_name, entry, CONFIG.get())
     except Exception:
         # A bug here must not block pods: a handler error would reach the API server as a
         # refusal, which failurePolicy: Ignore does not cover. Admit unchanged instead.
@@ -99,11 +101,13 @@ def announce(profile_ref: dict[str, Any], pod_name: str, decision: Decision) -> 
         kube.post_event_soon(
             profile_ref,
             "Warning",
-            "PodUntuned",
+            EventReason.POD_UNTUNED,
             f"pod {pod_name} starts untuned: {decision.reason}",
         )
     if decision.warnings:
-        kube.post_event_soon(profile_ref, "Warning", "ImageMismatch", "; ".join(decision.warnings))
+        kube.post_event_soon(
+            profile_ref, "Warning", EventReason.IMAGE_MISMATCH, "; ".join(decision.warnings)
+        )
 
 
 # Tuning pods carry their Job's labels; model pods carry tunefleet.io/profile instead.
@@ -113,9 +117,5 @@ def announce(profile_ref: dict[str, Any], pod_name: str, decision: Decision) -> 
     "pods",
     labels={naming.MANAGED_KEY: naming.MANAGED_VALUE, naming.PROFILE_UID_LABEL: kopf.PRESENT},
 )
-async def pod_event(
-    type: str | None, body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any
-) -> None:
-    metrics.HANDLER_CALLS.labels("pod_event").inc()
-    CACHE.follow("pods", type, labels[naming.PROFILE_UID_LABEL], dict(body))
-    CONTROLLER.get().enqueue_owner(namespace, labels.get(naming.TUNING_PROFILE_LABEL))
+async def pod_event(type: str | None, body: kopf.Body, **_: Any) -> None:
+    follow_child("pods", type, body)

@@ -78,6 +78,16 @@ def _prime(config: Config) -> None:
     )
 
 
+def follow_child(kind: str, event: str | None, body: kopf.Body) -> None:
+    """A tuning Job's or pod's watch event (handlers/job.py, pod.py): keep its view in the
+    cache, and queue its profile (after a short delay that folds a burst of one object's
+    events into one reconcile)."""
+    metrics.HANDLER_CALLS.labels(f"{kind[:-1]}_event").inc()
+    labels = body.metadata.labels
+    CACHE.follow(kind, event, labels.get(naming.PROFILE_UID_LABEL, ""), dict(body))
+    CONTROLLER.get().enqueue_owner(body.metadata.namespace, labels.get(naming.TUNING_PROFILE_LABEL))
+
+
 @kopf.on.startup()
 async def operator_startup(
     settings: kopf.OperatorSettings, logger: kopf.Logger, **kwargs: Any

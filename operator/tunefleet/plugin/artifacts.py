@@ -1,10 +1,11 @@
 """Artifacts on this machine: download + verify through tunefleet-fetch's own code, and the
-sides of a diff (an S3 artifact, a local directory or file, a profile's current artifact).
+sides of a diff (an artifact in a store, a local directory or file, a profile's current one).
 
 S3 settings: --endpoint-url, else AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, else the profile's
 spec.storage.endpoint (what pods use: it may be a name only the cluster resolves, so this
 machine's own settings come first); credentials as boto3 finds them (AWS_* variables,
-~/.aws, a cloud identity). Secrets in the cluster are never read.
+~/.aws, a cloud identity). Secrets in the cluster are never read. A pvc:// store is read where
+its claim is mounted on this machine (--pvc-root).
 """
 
 from __future__ import annotations
@@ -17,17 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from tunefleet.artifacts.fetch import FILE_PATTERN, FetchError, fetch
-from tunefleet.artifacts.s3 import resolve_endpoint
-from tunefleet.artifacts.store import (
+from tunefleet.storage.registry import open_store, parse_uri
+from tunefleet.storage.s3 import resolve_endpoint
+from tunefleet.storage.store import (
     Listed,
     NotFoundError,
     Store,
     StoreError,
+    StoreOptions,
     check_sha256,
-    open_store,
-    parse_uri,
 )
-from tuner_job._fs import sha256_hex
+from tuner_job.files import sha256_hex
 from tuner_job.manifest import ManifestError, loads
 from tuner_job.output import MANIFEST_NAME, RESULTS_NAME
 from tuner_job.results import CsvFormatError, ResultsFile, parse_results, read_results
@@ -37,13 +38,17 @@ from .diff import Ref
 from .errors import PluginError
 
 LOCAL_NAMES = (RESULTS_NAME, FILE_PATTERN.format(0))  # publish's name, then fetch's
+REMOTE_KINDS = ("s3", "pvc")  # diff sides in a store (plugin/diff.py parse_ref)
 
 
 @dataclass(frozen=True)
 class S3Options:
+    """The plugin's storage flags (the profile fills in what they leave out)."""
+
     endpoint_url: str | None = None
     region: str | None = None
     timeout_s: float = 60.0
+    pvc_root: str = StoreOptions.pvc_root
 
 
 @dataclass
@@ -73,6 +78,9 @@ class Recording:
     def list(self, prefix: str, limit: int) -> list[Listed]:
         return self.inner.list(prefix, limit)
 
+    def delete(self, key: str) -> None:
+        raise StoreError("the plugin only reads artifacts")
+
     def uri(self, key: str) -> str:
         return self.inner.uri(key)
 
@@ -85,6 +93,15 @@ def endpoint_for(opts: S3Options, profile: dict[str, Any] | None) -> str | None:
 def region_for(opts: S3Options, profile: dict[str, Any] | None) -> str | None:
     storage = ((profile or {}).get("spec") or {}).get("storage") or {}
     return opts.region or storage.get("region") or None
+
+
+def store_options(opts: S3Options, profile: dict[str, Any] | None) -> StoreOptions:
+    return StoreOptions(
+        endpoint_url=endpoint_for(opts, profile),
+        region=region_for(opts, profile),
+        timeout_s=opts.timeout_s,
+        pvc_root=opts.pvc_root,
+    )
 
 
 def pick_artifact(profile: dict[str, Any], gpu_model: str | None) -> dict[str, Any]:
@@ -141,16 +158,13 @@ def fetch_verified(
     *,
     gpu_model: str | None,
     manifest_sha256: str | None,
-    endpoint: str | None,
-    region: str | None,
-    timeout_s: float,
+    options: StoreOptions,
 ) -> Verified:
     """tunefleet-fetch's download and checks, with errors as one line that says what to do."""
+    endpoint = options.endpoint_url
     try:
         location = parse_uri(uri)
-        store = Recording(
-            open_store(location, endpoint_url=endpoint, region=region, timeout_s=timeout_s)
-        )
+        store = Recording(open_store(location, options))
     except ValueError as e:
         raise PluginError(f"{uri}: {e}") from None
     try:
@@ -203,7 +217,6 @@ def download(
     model = str(art["gpuModel"])
     if dest.exists() and not dest.is_dir():
         raise PluginError(f"--dest {dest} exists and is not a directory: pick another")
-    endpoint = endpoint_for(opts, profile)
     got = fetch_verified(
         str(art["uri"]),
         str(art["sha256"]),
@@ -211,9 +224,7 @@ def download(
         devices,
         gpu_model=model,
         manifest_sha256=art.get("manifestSha256") or None,
-        endpoint=endpoint,
-        region=region_for(opts, profile),
-        timeout_s=opts.timeout_s,
+        options=store_options(opts, profile),
     )
     manifest_path = dest / MANIFEST_NAME
     try:
@@ -303,9 +314,7 @@ def load_remote(
     sha256: str,
     gpu_model: str | None,
     manifest_sha256: str | None,
-    endpoint: str | None,
-    region: str | None,
-    timeout_s: float,
+    options: StoreOptions,
 ) -> tuple[ResultsFile, dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="kubectl-tunefleet-") as tmp:
         got = fetch_verified(
@@ -315,12 +324,11 @@ def load_remote(
             1,
             gpu_model=gpu_model,
             manifest_sha256=manifest_sha256,
-            endpoint=endpoint,
-            region=region,
-            timeout_s=timeout_s,
+            options=options,
         )
         text = got.paths[0].read_text(encoding="utf-8")
-    side: dict[str, Any] = {"kind": "s3", "source": uri, "gemms": got.gemms, "sha256": got.sha256}
+    kind = parse_uri(uri).scheme
+    side: dict[str, Any] = {"kind": kind, "source": uri, "gemms": got.gemms, "sha256": got.sha256}
     side.update(_manifest_about(got.manifest))
     return parse_results(text, uri), side
 
@@ -331,7 +339,7 @@ def load_side(
     """The results file a diff side names, verified as fetch verifies it where it is remote."""
     if ref.kind == "local":
         return load_local(ref.text)
-    if ref.kind == "s3":
+    if ref.kind in REMOTE_KINDS:
         last = ref.text.rstrip("/").rsplit("/", 1)[-1]
         try:
             sha = check_sha256(last)
@@ -345,9 +353,7 @@ def load_side(
             sha256=sha,
             gpu_model=None,
             manifest_sha256=None,
-            endpoint=endpoint_for(opts, None),
-            region=region_for(opts, None),
-            timeout_s=opts.timeout_s,
+            options=store_options(opts, None),
         )
     kube = cluster()
     ns = ref.namespace or kube.namespace
@@ -360,9 +366,7 @@ def load_side(
         sha256=str(art["sha256"]),
         gpu_model=str(art["gpuModel"]),
         manifest_sha256=art.get("manifestSha256") or None,
-        endpoint=endpoint_for(opts, profile),
-        region=region_for(opts, profile),
-        timeout_s=opts.timeout_s,
+        options=store_options(opts, profile),
     )
     side.update(kind="profile", source=f"{ns}/{ref.name}:{art['gpuModel']}", uri=art["uri"])
     return results, side

@@ -23,7 +23,7 @@ _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 class Ref:
     """One side of a diff, as the user named it."""
 
-    kind: str  # "s3" (an artifact URI), "local" (a directory or file), "profile"
+    kind: str  # "s3" or "pvc" (an artifact URI), "local" (a directory or file), "profile"
     text: str
     namespace: str | None = None  # profile refs: None = the current namespace
     name: str = ""
@@ -35,8 +35,9 @@ def parse_ref(text: str) -> Ref:
 
     A local path is one that starts with /, ./, ../ or ~, a file:// URI, or any existing path:
     name ./x for a local directory x that shadows a profile x."""
-    if text.startswith("s3://"):
-        return Ref("s3", text)
+    for scheme in ("s3", "pvc"):
+        if text.startswith(f"{scheme}://"):
+            return Ref(scheme, text)
     if text.startswith(("/", "./", "../", "~", "file://")) or os.path.exists(text):
         return Ref("local", text)
     head, _, model = text.partition(":")

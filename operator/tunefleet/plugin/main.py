@@ -79,7 +79,12 @@ def _s3(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--region", help="S3 region (default: the profile's, else $AWS_REGION)")
     p.add_argument(
-        "--timeout", type=float, default=60.0, help="seconds for all S3 reads (default 60)"
+        "--timeout", type=float, default=60.0, help="seconds for all store reads (default 60)"
+    )
+    p.add_argument(
+        "--pvc-root",
+        default=S3Options.pvc_root,
+        help="where a pvc:// store's claim is mounted on this machine (default: %(default)s)",
     )
 
 
@@ -137,7 +142,7 @@ def _connect(args: argparse.Namespace) -> cluster_mod.Cluster:
 def _s3_options(args: argparse.Namespace) -> S3Options:
     if args.timeout <= 0:
         raise UsageError("--timeout must be positive")
-    return S3Options(args.endpoint_url, args.region, args.timeout)
+    return S3Options(args.endpoint_url, args.region, args.timeout, args.pvc_root)
 
 
 def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:

@@ -6,11 +6,12 @@ import datetime
 from typing import Any
 
 from tunefleet import naming
-from tunefleet.status import default_only
+from tunefleet.conditions import TYPES
+from tunefleet.contracts.artifact import ArtifactRecord
 
 from .common import age, event_lines, recent_events, short, table
 
-CONDITIONS = ("Ready", "Progressing", "Failed")
+CONDITIONS = tuple(str(t) for t in TYPES)
 # Artifact fields shown as "GEMMs: ..." counts, in this order, with their words.
 COUNTS = (
     ("recorded", "recorded"),
@@ -26,7 +27,8 @@ def _artifact(art: dict[str, Any], revision: str) -> dict[str, Any]:
     out = dict(art)
     out["shortSha256"] = short(art.get("sha256"))
     out["current"] = bool(revision) and art.get("revision") == revision
-    out["defaultOnly"] = default_only(art)
+    record = ArtifactRecord.from_status(art)
+    out["defaultOnly"] = record.default_only if record is not None else False
     return out
 
 

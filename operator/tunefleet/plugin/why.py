@@ -2,69 +2,135 @@
 
 The evidence, in the order it is trusted:
 - the label tunefleet.io/profile: without it the pod never asked for tuning;
-- the label tunefleet.io/admission, which the webhook sets on every pod it admits: without it
-  the webhook never saw the pod (created while it was unreachable, or labelled afterwards);
-- the webhook's annotations: tunefleet.io/status ("injected" or "untuned: <reason>"), the
-  artifact's URI and SHA-256, the GPU model, image warnings;
-- the fetch init container's termination message: a fail-open start ("starting untuned: ...")
-  or a fail-closed refusal, after admission injected the pod;
+- what the webhook wrote at admission (contracts/admission.py): without its label the webhook
+  never saw the pod (created while it was unreachable, or labelled afterwards); its decision
+  code picks the fix from FIXES below, its reason is quoted; the pinned artifact and warnings;
+- the fetch init container's outcome (contracts/fetch.py): a fail-open start or a fail-closed
+  refusal, after admission injected the pod;
 - the profile now (its phase, current artifacts) and its Events about the pod.
 """
 
 from __future__ import annotations
 
 import datetime
-import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from tunefleet import naming
-from tunefleet.builders.webhook import (
-    ANN_IMAGE_WARNING,
-    ANN_MODEL,
-    ANN_SHA,
-    ANN_STATUS,
-    ANN_URI,
-    FETCH_CONTAINER,
-    FILENAME,
-    RESULTS_DIR,
-)
+from tunefleet.builders.webhook import FILENAME, RESULTS_DIR, TUNABLE_ENV
+from tunefleet.conditions import Type
+from tunefleet.contracts.admission import UNTUNED, Admission, Code
+from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
+from tunefleet.contracts.fetch import LOADED, REFUSED, FetchOutcome
 
 from .common import event_lines, recent_events, short
 
-TUNABLEOP_ENV = (
-    "PYTORCH_TUNABLEOP_ENABLED",
-    "PYTORCH_TUNABLEOP_TUNING",
-    "PYTORCH_TUNABLEOP_RECORD_UNTUNED",
-    "PYTORCH_TUNABLEOP_FILENAME",
-)
-
-# The webhook's reasons (builders/webhook.py inject), by its metrics code.
-REASONS = (
-    ("no_profile", re.compile(r"TuningProfile '.*' does not exist in this namespace")),
-    ("invalid_profile", re.compile(r"TuningProfile '.*' has an invalid spec")),
-    ("no_model_selector", re.compile(r"^pod has no nodeSelector on (?P<key>\S+), and")),
-    (
-        "model_not_tuned",
-        re.compile(r"^pod selects (?P<key>[^=\s]+)=(?P<model>\S+), which TuningProfile"),
-    ),
-    ("no_artifact", re.compile(r"has no artifact for (?P<model>\S+) yet")),
-    (
-        "default_only",
-        re.compile(r"for (?P<model>\S+) has no GEMM where a kernel beat Default"),
-    ),
-)
-FELL_BACK = "starting untuned:"  # tunefleet-fetch's fail-open line (artifacts/fetch.py)
-REFUSED = "refusing to start:"  # ... and its fail-closed one
-LOADED = re.compile(r"wrote (\d+) results file\(s\) with (\d+) tuned GEMMs")
+TUNABLEOP_ENV = tuple(TUNABLE_ENV)
 
 
-def classify(reason: str) -> tuple[str, dict[str, str]]:
-    """(code, named parts) of a webhook reason; ("unknown", {}) for one we do not know."""
-    for code, pattern in REASONS:
-        m = pattern.search(reason)
-        if m:
-            return code, {k: v for k, v in m.groupdict().items() if v}
-    return "unknown", {}
+@dataclass(frozen=True)
+class _Pod:
+    """One pod and its profile, as the fixes need them."""
+
+    pod: dict[str, Any]
+    profile: dict[str, Any] | None
+    name: str  # the profile's name, from the pod's label
+    namespace: str
+    recreate: str
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return (self.profile or {}).get("status") or {}
+
+    @property
+    def models(self) -> list[str]:
+        spec = (self.profile or {}).get("spec") or {}
+        return [str(m) for m in (spec.get("gpu") or {}).get("models") or []]
+
+    @property
+    def label_key(self) -> str:
+        gpu = ((self.profile or {}).get("spec") or {}).get("gpu") or {}
+        key = gpu.get("labelKey") or naming.DEFAULT_LABEL_KEYS.get(str(gpu.get("vendor")), "")
+        return str(key) or "<GPU model label>"
+
+    @property
+    def status_cmd(self) -> str:
+        return f"kubectl tunefleet status {self.name} -n {self.namespace}"
+
+
+def _fix_no_profile(p: _Pod, a: Admission) -> str:
+    if p.profile is not None:
+        return (
+            f"TuningProfile {p.name!r} exists now: once `{p.status_cmd}` shows Ready, recreate "
+            f"the pod: {p.recreate}"
+        )
+    return (
+        f"create TuningProfile {p.name!r} in namespace {p.namespace} (or fix the pod's label "
+        f"{naming.PROFILE_LABEL}), wait until `{p.status_cmd}` shows Ready, then recreate the "
+        f"pod: {p.recreate}"
+    )
+
+
+def _fix_invalid(p: _Pod, a: Admission) -> str:
+    return (
+        f"fix the profile's spec (its Ready condition says what: `{p.status_cmd}`), wait for "
+        f"Ready, then recreate the pod: {p.recreate}"
+    )
+
+
+def _fix_no_selector(p: _Pod, a: Admission) -> str:
+    choices = ", ".join(p.models) or "the profile's spec.gpu.models"
+    return (
+        f"add nodeSelector {{{p.label_key}: <one of {choices}>}} to the pod (or its template), "
+        f"then recreate it: {p.recreate}"
+    )
+
+
+def _fix_other_model(p: _Pod, a: Admission) -> str:
+    return (
+        f"add {a.gpu_model} to TuningProfile {p.name!r}'s spec.gpu.models, or select one of "
+        f"{', '.join(p.models) or 'its models'}; then recreate the pod: {p.recreate}"
+    )
+
+
+def _fix_no_artifact(p: _Pod, a: Admission) -> str:
+    now_art = {x.get("gpuModel"): x for x in p.status.get("artifacts") or []}.get(a.gpu_model)
+    if now_art:
+        return (
+            f"the profile has an artifact for {a.gpu_model} now ({short(now_art.get('sha256'))})"
+            f": recreate the pod to get it (pods are pinned at admission): {p.recreate}"
+        )
+    if p.status.get("phase") == "Failed":
+        return (
+            f"tuning failed (see `{p.status_cmd}`): fix it, wait for Ready, then recreate the "
+            f"pod: {p.recreate}"
+        )
+    return f"wait until `{p.status_cmd}` shows Ready, then recreate the pod: {p.recreate}"
+
+
+def _fix_default_only(p: _Pod, a: Admission) -> str:
+    return (
+        f"nothing to gain from this artifact; to switch TunableOp on anyway, set "
+        f"spec.serving.serveDefaultOnly: true on TuningProfile {p.name!r}, or retune where "
+        "kernels can beat Default (the reason says why none did); then recreate the pod: "
+        f"{p.recreate}"
+    )
+
+
+def _fix_unknown(p: _Pod, a: Admission) -> str:
+    return "the reason above says what is missing; fix it, then recreate the pod: " + p.recreate
+
+
+# The fix for each reason the webhook admits a pod untuned (contracts.admission.Code).
+FIXES: dict[Code, Callable[[_Pod, Admission], str]] = {
+    Code.NO_PROFILE: _fix_no_profile,
+    Code.INVALID_PROFILE: _fix_invalid,
+    Code.NO_MODEL_SELECTOR: _fix_no_selector,
+    Code.MODEL_NOT_TUNED: _fix_other_model,
+    Code.NO_ARTIFACT: _fix_no_artifact,
+    Code.DEFAULT_ONLY: _fix_default_only,
+}
 
 
 def recreate_hint(pod: dict[str, Any]) -> str:
@@ -191,30 +257,15 @@ def _fix_for_fetch(
     )
 
 
-def explain(
-    pod: dict[str, Any],
-    profile: dict[str, Any] | None,
-    events: list[dict[str, Any]],
-) -> dict[str, Any]:
-    """The verdict on one pod, as plain data (the `-o json` form).
-
-    verdict: not-requested, unadmitted, untuned (the webhook's reason in `code`), injected
-    (fetch loaded the artifact, or has not finished: `fetch.state`), untuned-at-start (the
-    fetch init container failed open), refused-at-start (it failed closed).
-    """
-    meta = pod.get("metadata") or {}
-    ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
-    labels = meta.get("labels") or {}
-    anns = meta.get("annotations") or {}
-    profile_name = labels.get(naming.PROFILE_LABEL)
-    admission = labels.get(naming.ADMISSION_LABEL)
-    recreate = recreate_hint(pod)
-    out: dict[str, Any] = {
-        "namespace": ns,
-        "pod": name,
-        "profile": profile_name,
-        "profileExists": profile is not None,
-        "profilePhase": ((profile or {}).get("status") or {}).get("phase"),
+def _report(p: _Pod, admission: str | None) -> dict[str, Any]:
+    pstatus = p.status
+    meta = p.pod.get("metadata") or {}
+    return {
+        "namespace": p.namespace,
+        "pod": str(meta.get("name") or ""),
+        "profile": p.name or None,
+        "profileExists": p.profile is not None,
+        "profilePhase": pstatus.get("phase"),
         "admission": admission,
         "tuned": False,
         "verdict": "",
@@ -230,156 +281,63 @@ def explain(
         "notes": [],
         "events": [],
     }
-    if profile_name is None:
-        out.update(
-            verdict="not-requested",
-            summary="not tuned: it never asked for tuning",
-            reason=f"the pod has no label {naming.PROFILE_LABEL}, so the tunefleet webhook never "
-            "sees it (its objectSelector) and nothing is injected",
-            reasonSource="the pod's labels",
-            fix=f"to tune it, add the label {naming.PROFILE_LABEL}=<TuningProfile> to the pod "
-            f"(or its template) and recreate it: {recreate}",
-        )
-        return out
-    out["events"] = recent_events(_pod_events(pod, events))
-    pstatus = (profile or {}).get("status") or {}
-    pspec = (profile or {}).get("spec") or {}
-    models = [str(m) for m in (pspec.get("gpu") or {}).get("models") or []]
-    status_cmd = f"kubectl tunefleet status {profile_name} -n {ns}"
-    if profile is None:
-        out["notes"].append(f"TuningProfile {profile_name!r} does not exist in namespace {ns} now")
 
-    if admission is None:
-        out.update(
-            verdict="unadmitted",
-            summary="not tuned: the tunefleet webhook never saw this pod",
-            reason=f"it has the label {naming.PROFILE_LABEL}={profile_name} but not "
-            f"{naming.ADMISSION_LABEL}, which the webhook sets on every pod it admits: it was "
-            "created while the webhook was unreachable (failurePolicy Ignore lets pods through "
-            "untouched), or the label was added after it was created",
-            reasonSource="the pod's labels",
-            fix=f"recreate it while the tunefleet webhook is up: {recreate}",
-        )
-        if pstatus.get("unadmittedPods"):
-            out["notes"].append(
-                f"TuningProfile {profile_name!r} counts {pstatus['unadmittedPods']} such pod(s)"
-            )
-        return out
 
-    status_ann = str(anns.get(ANN_STATUS) or "")
-    if admission == "untuned" or status_ann.startswith("untuned"):
-        reason = status_ann.removeprefix("untuned:").strip() or "(no reason recorded)"
-        code, parts = classify(reason)
-        model = parts.get("model", "")
-        arts = {a.get("gpuModel"): a for a in pstatus.get("artifacts") or []}
-        if code == "no_profile":
-            if profile is not None:
-                fix = (
-                    f"TuningProfile {profile_name!r} exists now: once `{status_cmd}` shows Ready, "
-                    f"recreate the pod: {recreate}"
-                )
-            else:
-                fix = (
-                    f"create TuningProfile {profile_name!r} in namespace {ns} (or fix the pod's "
-                    f"label {naming.PROFILE_LABEL}), wait until `{status_cmd}` shows Ready, then "
-                    f"recreate the pod: {recreate}"
-                )
-        elif code == "invalid_profile":
-            fix = (
-                f"fix the profile's spec (its Ready condition says what: `{status_cmd}`), wait "
-                f"for Ready, then recreate the pod: {recreate}"
-            )
-        elif code == "no_model_selector":
-            key = parts.get("key") or "<GPU model label>"
-            choices = ", ".join(models) or "the profile's spec.gpu.models"
-            fix = (
-                f"add nodeSelector {{{key}: <one of {choices}>}} to the pod (or its template), "
-                f"then recreate it: {recreate}"
-            )
-        elif code == "model_not_tuned":
-            fix = (
-                f"add {model} to TuningProfile {profile_name!r}'s spec.gpu.models, or select one "
-                f"of {', '.join(models) or 'its models'}; then recreate the pod: {recreate}"
-            )
-        elif code == "no_artifact":
-            now_art = arts.get(model)
-            if now_art:
-                fix = (
-                    f"the profile has an artifact for {model} now ({short(now_art.get('sha256'))})"
-                    f": recreate the pod to get it (pods are pinned at admission): {recreate}"
-                )
-            elif pstatus.get("phase") == "Failed":
-                fix = (
-                    f"tuning failed (see `{status_cmd}`): fix it, wait for Ready, then recreate "
-                    f"the pod: {recreate}"
-                )
-            else:
-                fix = f"wait until `{status_cmd}` shows Ready, then recreate the pod: {recreate}"
-        elif code == "default_only":
-            fix = (
-                f"nothing to gain from this artifact; to switch TunableOp on anyway, set "
-                f"spec.serving.serveDefaultOnly: true on TuningProfile {profile_name!r}, or "
-                "retune where kernels can beat Default (the reason says why none did); then "
-                f"recreate the pod: {recreate}"
-            )
-        else:
-            fix = (
-                "the reason above says what is missing; fix it, then recreate the pod: " + recreate
-            )
-        out.update(
-            verdict="untuned",
-            code=code,
-            summary="not tuned: the webhook admitted it untuned",
-            reason=reason,
-            reasonSource=f"annotation {ANN_STATUS}",
-            fix=fix,
+def _unadmitted(p: _Pod, out: dict[str, Any]) -> dict[str, Any]:
+    out.update(
+        verdict="unadmitted",
+        summary="not tuned: the tunefleet webhook never saw this pod",
+        reason=f"it has the label {naming.PROFILE_LABEL}={p.name} but not "
+        f"{naming.ADMISSION_LABEL}, which the webhook sets on every pod it admits: it was "
+        "created while the webhook was unreachable (failurePolicy Ignore lets pods through "
+        "untouched), or the label was added after it was created",
+        reasonSource="the pod's labels",
+        fix=f"recreate it while the tunefleet webhook is up: {p.recreate}",
+    )
+    if p.status.get("unadmittedPods"):
+        out["notes"].append(
+            f"TuningProfile {p.name!r} counts {p.status['unadmittedPods']} such pod(s)"
         )
-        if profile is not None and pstatus.get("phase"):
-            ready: dict[str, Any] = next(
-                (c for c in pstatus.get("conditions") or [] if c.get("type") == "Ready"), {}
-            )
-            out["notes"].append(
-                f"TuningProfile {profile_name!r} is {pstatus['phase']} now"
-                + (f": {ready['message']}" if ready.get("message") else "")
-            )
-        return out
+    return out
 
-    # Injected: the webhook pinned an artifact; the fetch init container says how start-up went.
-    model = str(anns.get(ANN_MODEL) or "")
-    out["artifact"] = {
-        "uri": anns.get(ANN_URI),
-        "sha256": anns.get(ANN_SHA),
-        "gpuModel": model or None,
-    }
-    out["containers"] = _containers(pod)
-    warning = str(anns.get(ANN_IMAGE_WARNING) or "")
-    out["imageWarnings"] = [w.strip() for w in warning.split("; ") if w.strip()]
-    fetch = _fetch_state(pod)
-    out["fetch"] = fetch
+
+def _untuned(p: _Pod, a: Admission, out: dict[str, Any]) -> dict[str, Any]:
+    out.update(
+        verdict="untuned",
+        code=str(a.code),
+        summary="not tuned: the webhook admitted it untuned",
+        reason=a.reason or "(no reason recorded)",
+        reasonSource=f"annotation {naming.STATUS_ANNOTATION}",
+        fix=FIXES.get(a.code, _fix_unknown)(p, a),
+    )
+    if p.profile is not None and p.status.get("phase"):
+        ready: dict[str, Any] = next(
+            (c for c in p.status.get("conditions") or [] if c.get("type") == Type.READY), {}
+        )
+        out["notes"].append(
+            f"TuningProfile {p.name!r} is {p.status['phase']} now"
+            + (f": {ready['message']}" if ready.get("message") else "")
+        )
+    return out
+
+
+def _fetch_verdict(p: _Pod, a: Admission, out: dict[str, Any], fetch: dict[str, Any]) -> None:
+    """What the fetch init container's state says of a pod the webhook injected."""
+    sha, ns, name = short(a.sha256), p.namespace, out["pod"]
+    message = fetch.get("message", "")
+    outcome = FetchOutcome.parse(message) if fetch["state"] == "terminated" else None
     # The Job that published the pinned artifact, if status still lists it.
     pinned_job = next(
         (
-            str(a.get("job") or "")
-            for a in [*(pstatus.get("artifacts") or []), *(pstatus.get("history") or [])]
-            if a.get("sha256") == anns.get(ANN_SHA)
+            str(x.get("job") or "")
+            for x in [*(p.status.get("artifacts") or []), *(p.status.get("history") or [])]
+            if x.get("sha256") == a.sha256
         ),
         "",
     )
-    sha = short(anns.get(ANN_SHA))
-    message = (fetch or {}).get("message", "")
-    if fetch is None:
-        out.update(
-            verdict="injected",
-            summary=f"injected: pinned to artifact {sha}, but the pod has no {FETCH_CONTAINER} "
-            "init container (its spec was changed after admission?)",
-            reason="the webhook's annotations say injected",
-            reasonSource=f"annotation {ANN_STATUS}",
-            fix=f"recreate the pod: {recreate}",
-        )
-    elif FELL_BACK in message or REFUSED in message:
-        refused = REFUSED in message
-        marker = REFUSED if refused else FELL_BACK
-        reason = message.split(marker, 1)[1].strip()
+    source = f"{FETCH_CONTAINER}'s termination message"
+    if outcome is not None and outcome.verdict != LOADED:
+        refused = outcome.verdict == REFUSED
         out.update(
             verdict="refused-at-start" if refused else "untuned-at-start",
             summary=(
@@ -389,27 +347,25 @@ def explain(
                 else "not tuned: injected, but the fetch init container started it untuned "
                 "(fail open)"
             ),
-            reason=reason,
-            reasonSource=f"{FETCH_CONTAINER}'s termination message",
-            fix=_fix_for_fetch(reason, profile_name, model, ns, recreate, pinned_job),
+            reason=outcome.reason,
+            reasonSource=source,
+            fix=_fix_for_fetch(outcome.reason, p.name, a.gpu_model, ns, p.recreate, pinned_job),
         )
-    elif fetch["state"] == "terminated" and LOADED.search(message):
+    elif outcome is not None:
+        summary = f"tuned: injected, artifact {sha} loaded"
+        summary += f" for {a.gpu_model}" if a.gpu_model else ""
         out.update(
-            tuned=True,
-            verdict="injected",
-            summary=f"tuned: injected, artifact {sha} loaded" + (f" for {model}" if model else ""),
-            reason=message,
-            reasonSource=f"{FETCH_CONTAINER}'s termination message",
+            tuned=True, verdict="injected", summary=summary, reason=message, reasonSource=source
         )
     elif fetch["state"] == "terminated":
+        code = fetch.get("exitCode")
         out.update(
             tuned=None,  # fetch did not say: unknown
             verdict="injected",
             summary=f"injected: pinned to artifact {sha}; {FETCH_CONTAINER} ended "
-            f"(exit {fetch.get('exitCode')}) without saying what it wrote",
-            reason=message
-            or f"{FETCH_CONTAINER} exited {fetch.get('exitCode')} and left no termination message",
-            reasonSource=f"{FETCH_CONTAINER}'s termination message" if message else "pod status",
+            f"(exit {code}) without saying what it wrote",
+            reason=message or f"{FETCH_CONTAINER} exited {code} and left no termination message",
+            reasonSource=source if message else "pod status",
             fix=f"look at its log: kubectl logs -n {ns} {name} -c {FETCH_CONTAINER}",
         )
     else:
@@ -419,21 +375,85 @@ def explain(
             summary=f"injected: pinned to artifact {sha}; {FETCH_CONTAINER} has not finished "
             f"yet ({fetch['state']}{': ' + message if message else ''})",
             reason="the webhook's annotations say injected",
-            reasonSource=f"annotation {ANN_STATUS}",
+            reasonSource=f"annotation {naming.STATUS_ANNOTATION}",
         )
+
+
+def _injected(p: _Pod, a: Admission, out: dict[str, Any]) -> dict[str, Any]:
+    out["artifact"] = {
+        "uri": a.uri or None,
+        "sha256": a.sha256 or None,
+        "gpuModel": a.gpu_model or None,
+    }
+    out["containers"] = _containers(p.pod)
+    out["imageWarnings"] = [w.strip() for w in a.image_warning.split("; ") if w.strip()]
+    fetch = _fetch_state(p.pod)
+    out["fetch"] = fetch
+    if fetch is None:
+        out.update(
+            verdict="injected",
+            summary=f"injected: pinned to artifact {short(a.sha256)}, but the pod has no "
+            f"{FETCH_CONTAINER} init container (its spec was changed after admission?)",
+            reason="the webhook's annotations say injected",
+            reasonSource=f"annotation {naming.STATUS_ANNOTATION}",
+            fix=f"recreate the pod: {p.recreate}",
+        )
+    else:
+        _fetch_verdict(p, a, out, fetch)
     if out["verdict"] == "injected" and not out["containers"]:
         out["notes"].append("no app container has TunableOp's environment and results mount")
     for c in out["containers"]:
         for note in c["notes"]:
             out["notes"].append(f"container {c['name']} {note}")
-    current = next((a for a in pstatus.get("artifacts") or [] if a.get("gpuModel") == model), None)
-    if current and anns.get(ANN_SHA) and current.get("sha256") != anns.get(ANN_SHA):
+    current = next(
+        (x for x in p.status.get("artifacts") or [] if x.get("gpuModel") == a.gpu_model), None
+    )
+    if current and a.sha256 and current.get("sha256") != a.sha256:
         out["notes"].append(
-            f"TuningProfile {profile_name!r} has a newer artifact for {model} now "
+            f"TuningProfile {p.name!r} has a newer artifact for {a.gpu_model} now "
             f"({short(current.get('sha256'))}); pods keep the one pinned at admission: "
-            f"recreate the pod to get it: {recreate}"
+            f"recreate the pod to get it: {p.recreate}"
         )
     return out
+
+
+def explain(
+    pod: dict[str, Any],
+    profile: dict[str, Any] | None,
+    events: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The verdict on one pod, as plain data (the `-o json` form).
+
+    verdict: not-requested, unadmitted, untuned (the webhook's decision in `code`), injected
+    (fetch loaded the artifact, or has not finished: `fetch.state`), untuned-at-start (the
+    fetch init container failed open), refused-at-start (it failed closed).
+    """
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    ns = str(meta.get("namespace") or "")
+    name = labels.get(naming.PROFILE_LABEL)
+    p = _Pod(pod, profile, name or "", ns, recreate_hint(pod))
+    a = Admission.read(pod)
+    out = _report(p, labels.get(naming.ADMISSION_LABEL))
+    if name is None:
+        out.update(
+            verdict="not-requested",
+            summary="not tuned: it never asked for tuning",
+            reason=f"the pod has no label {naming.PROFILE_LABEL}, so the tunefleet webhook "
+            "never sees it (its objectSelector) and nothing is injected",
+            reasonSource="the pod's labels",
+            fix=f"to tune it, add the label {naming.PROFILE_LABEL}=<TuningProfile> to the pod "
+            f"(or its template) and recreate it: {p.recreate}",
+        )
+        return out
+    out["events"] = recent_events(_pod_events(pod, events))
+    if profile is None:
+        out["notes"].append(f"TuningProfile {name!r} does not exist in namespace {ns} now")
+    if a is None or labels.get(naming.ADMISSION_LABEL) is None:
+        return _unadmitted(p, out)
+    if a.outcome == UNTUNED:
+        return _untuned(p, a, out)
+    return _injected(p, a, out)
 
 
 def format_why(report: dict[str, Any], now: datetime.datetime | None = None) -> str:

@@ -1,8 +1,10 @@
-"""S3 (and S3-compatible: MinIO, Ceph RGW, SeaweedFS, ...) access for artifacts, via boto3.
+"""``s3://bucket/prefix``: AWS S3 and S3-compatible stores (MinIO, Ceph RGW, SeaweedFS, ...),
+via boto3.
 
 Writes are conditional (If-None-Match: *) and carry a SHA-256 checksum the server verifies;
 retries use botocore's standard mode; every call is bounded by connect/read timeouts and the
-whole operation by a deadline.
+whole operation by a deadline. Pods get credentials by Secret reference only (or their cloud
+identity, e.g. IRSA, when no Secret is named).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import hashlib
 import os
 import time
 from typing import TYPE_CHECKING, Any
+from urllib.parse import ParseResult
 
 import boto3
 from botocore.config import Config
@@ -22,10 +25,16 @@ from .store import (
     Listed,
     Location,
     NotFoundError,
+    PodStorage,
     StoreError,
+    StoreOptions,
     TooLargeError,
+    check_prefix,
     same_object,
 )
+
+SCHEMES: tuple[str, ...] = ("s3",)
+CREDENTIAL_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -34,6 +43,44 @@ MAX_ATTEMPTS = 5
 # AWS answers 409 ConditionalRequestConflict while another conditional write to the key is in
 # flight; botocore does not retry it, so we do, a few times.
 CONFLICT_RETRIES = 3
+
+
+def parse(uri: str, parsed: ParseResult) -> Location:
+    if not parsed.netloc:
+        raise ValueError(f"{uri!r} has no bucket (expected s3://bucket/prefix)")
+    return Location("s3", parsed.netloc, check_prefix(uri, parsed.path.strip("/")))
+
+
+def open_store(location: Location, options: StoreOptions) -> S3Store:
+    return S3Store(
+        location,
+        endpoint_url=options.endpoint_url,
+        region=options.region,
+        timeout_s=options.timeout_s,
+        client=options.client,
+    )
+
+
+def pod_storage(
+    location: Location, *, read_only: bool, secret: str, endpoint: str, region: str
+) -> PodStorage:
+    """The Secret's keys by reference (never their values), the endpoint and region as flags."""
+    env: list[dict[str, Any]] = [
+        {"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+        for key in (CREDENTIAL_KEYS if secret else ())
+    ]
+    if region:
+        env.append({"name": "AWS_REGION", "value": region})
+    args = ["--endpoint-url", endpoint] if endpoint else []
+    args += ["--region", region] if region else []
+    keys = CREDENTIAL_KEYS if secret else ()
+    return PodStorage(
+        env=env,
+        args=args,
+        credentials_secret=secret,
+        credentials_kind="S3 credentials",
+        credential_keys=keys,
+    )
 
 
 def resolve_endpoint(endpoint_url: str | None) -> str | None:
@@ -171,6 +218,13 @@ class S3Store:
                 break
             token = resp.get("NextContinuationToken")
         return out[:limit]
+
+    def delete(self, key: str) -> None:
+        self._check_deadline(f"deleting {self.uri(key)}")
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=key)
+        except (ClientError, BotoCoreError) as exc:
+            raise StoreError(f"deleting {self.uri(key)} failed: {_describe(exc)}") from None
 
     def get(self, key: str, max_bytes: int) -> bytes:
         self._check_deadline(f"downloading {self.uri(key)}")

@@ -1,0 +1,48 @@
+"""What the artifact CLIs (publish, merge, fetch, sync) share: where an artifact lives, the
+termination log, and the one way they end (a JSON line, or one error line)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from tunefleet.storage import cli as storage_cli
+from tunefleet.storage.store import StoreError
+from tuner_job.files import write_termination_log
+from tuner_job.manifest import ManifestError
+
+TERMINATION_LIMIT = 4096  # bytes Kubernetes keeps of a termination message
+
+
+def add_where(p: argparse.ArgumentParser) -> None:
+    """The artifact's place: a store URI and (namespace, profile, GPU model)."""
+    p.add_argument(
+        "--uri", required=True, help="s3://bucket/prefix, pvc://claim/prefix or file:///dir"
+    )
+    p.add_argument("--namespace", required=True)
+    p.add_argument("--profile", required=True)
+    p.add_argument("--gpu-model", required=True)
+
+
+def add_common(p: argparse.ArgumentParser, *, timeout_s: float) -> None:
+    storage_cli.add_arguments(p, timeout_s=timeout_s)
+    p.add_argument("--termination-log", default="/dev/termination-log")
+
+
+def finish(
+    prog: str, termination_log: str, run: Callable[[], str], errors: tuple[type[Exception], ...]
+) -> int:
+    """Run; its message (the record) goes to stdout and the termination log. An expected
+    failure is one line there instead, and exit status 1."""
+    caught: tuple[type[Exception], ...] = (StoreError, ManifestError, *errors)
+    try:
+        message = run()
+    except caught as exc:
+        line = " ".join(str(exc).split())
+        print(f"{prog}: error: {line}", file=sys.stderr)
+        write_termination_log(termination_log, f"{prog}: error: {line}"[:TERMINATION_LIMIT])
+        return 1
+    write_termination_log(termination_log, message)
+    print(message)
+    return 0

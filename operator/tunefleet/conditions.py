@@ -1,0 +1,105 @@
+"""Condition types and reasons of a TuningProfile, and of the Events the operator posts, named
+once (as kueue's workload_types.go does). Reconcile, status, events and `kubectl tunefleet`
+use these names; a new reason is added here, with what it means.
+
+Conditions are shaped like metav1.Condition: type, status, reason, message (capped at
+MESSAGE_LIMIT where it is set), lastTransitionTime (moves only when status flips) and
+observedGeneration.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+# Kubernetes allows 32 KiB; a condition message stays readable in `kubectl get -o wide`.
+MESSAGE_LIMIT = 2000
+
+
+class Type(StrEnum):
+    READY = "Ready"  # True: every GPU model of the spec has an artifact that pods get
+    PROGRESSING = "Progressing"  # True: tuning Jobs of the current revision are underway
+    FAILED = "Failed"  # True: a tuning Job of the current revision failed, or the spec is invalid
+
+
+TYPES = (Type.READY, Type.PROGRESSING, Type.FAILED)
+
+
+class Reason(StrEnum):
+    # Ready
+    ARTIFACTS_PUBLISHED = "ArtifactsPublished"  # every model has an artifact
+    TUNING = "Tuning"  # waiting for the Jobs to publish
+    # Progressing
+    TUNING_JOBS_RUNNING = "TuningJobsRunning"
+    TUNING_FINISHED = "TuningFinished"
+    # Failed
+    NO_FAILURES = "NoFailures"
+    TUNING_FAILED = "TuningFailed"  # also Ready's, while no artifact is left to serve
+    # Any of the three
+    INVALID_SPEC = "InvalidSpec"  # the spec can't be tuned; nothing runs until it changes
+    PARALLELISM_TOO_HIGH = "ParallelismTooHigh"  # fewer nodes of a model than shares
+    JOB_CREATE_FAILED = "JobCreateFailed"  # the API server refused a Job for now; retried
+    # Why a tuning pod cannot start (Progressing True, Ready False): observe.pod_blocker.
+    UNSCHEDULABLE = "Unschedulable"
+    IMAGE_PULL_FAILED = "ImagePullFailed"
+    SECRET_MISSING = "SecretMissing"
+    CONFIG_MAP_MISSING = "ConfigMapMissing"
+    CONTAINER_CONFIG_ERROR = "ContainerConfigError"
+    CONTAINER_ERROR = "ContainerError"
+
+
+# What a tuning pod stuck before it ran is waiting on: the Job is not failing (yet).
+BLOCKED = frozenset(
+    {
+        Reason.UNSCHEDULABLE,
+        Reason.IMAGE_PULL_FAILED,
+        Reason.SECRET_MISSING,
+        Reason.CONFIG_MAP_MISSING,
+        Reason.CONTAINER_CONFIG_ERROR,
+        Reason.CONTAINER_ERROR,
+    }
+)
+
+
+class EventReason(StrEnum):
+    """Reasons of the Events the operator posts on a TuningProfile (beside the condition
+    reasons above, posted on a transition of Failed or a blocked Progressing)."""
+
+    TUNING_JOB_CREATED = "TuningJobCreated"
+    READY = "Ready"
+    LIBRARY_ENTRY_SKIPPED = "LibraryEntrySkipped"
+    PODS_NOT_ADMITTED = "PodsNotAdmitted"  # labelled pods the webhook never saw
+    POD_UNTUNED = "PodUntuned"  # the webhook admitted a model pod untuned
+    IMAGE_MISMATCH = "ImageMismatch"  # a model pod runs another image than the tuned one
+
+
+def truncate(message: str, limit: int = MESSAGE_LIMIT) -> str:
+    return message if len(message) <= limit else message[: limit - 3] + "..."
+
+
+def condition(
+    previous: list[dict[str, Any]],
+    type_: Type,
+    status: bool,
+    reason: Reason,
+    message: str,
+    generation: int,
+    now: str,
+) -> dict[str, Any]:
+    """A metav1.Condition; lastTransitionTime moves only when status flips."""
+    value = "True" if status else "False"
+    before = next((c for c in previous if c.get("type") == type_), None)
+    since = before["lastTransitionTime"] if before and before.get("status") == value else now
+    return {
+        "type": str(type_),
+        "status": value,
+        "reason": str(reason),
+        "message": truncate(message),
+        "lastTransitionTime": since,
+        "observedGeneration": generation,
+    }
+
+
+def find(status: dict[str, Any], type_: Type) -> dict[str, Any]:
+    """The condition of that type in a status, or {}."""
+    return next((c for c in status.get("conditions") or [] if c.get("type") == type_), {})

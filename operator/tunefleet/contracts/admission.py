@@ -1,0 +1,90 @@
+"""What the webhook writes on a model pod it admits, and what others read of it.
+
+Written by the webhook (webhook/admission.py) at admission; read by the reconciler (pods the
+webhook never saw: no admission label) and by `kubectl tunefleet why` (the decision code picks
+the fix from its table; the reason is for people). A pod admitted by a version before the
+decision annotation reads as code `unknown` with its reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from tunefleet import naming
+
+
+class Code(StrEnum):
+    """Why the webhook admitted a pod as it did (also the `code` label of the metric)."""
+
+    NONE = "none"  # injected, nothing to say
+    NO_PROFILE = "no_profile"  # the pod names a TuningProfile that does not exist
+    INVALID_PROFILE = "invalid_profile"  # the profile's spec does not parse
+    NO_MODEL_SELECTOR = "no_model_selector"  # several models, and the pod selects none
+    MODEL_NOT_TUNED = "model_not_tuned"  # the pod selects a model the profile does not tune
+    NO_ARTIFACT = "no_artifact"  # the profile has no artifact for the model yet
+    DEFAULT_ONLY = "default_only"  # nothing beat Default: not switched on unless asked
+    IMAGE_MISMATCH = "image_mismatch"  # injected, but a container runs another image
+    ERROR = "error"  # the webhook failed: admitted unchanged
+    UNKNOWN = "unknown"  # read from a pod without a code (an older version admitted it)
+
+
+INJECTED, UNTUNED = "injected", "untuned"
+
+
+@dataclass(frozen=True)
+class Admission:
+    outcome: str  # INJECTED or UNTUNED
+    code: Code = Code.NONE
+    reason: str = ""  # why it starts untuned, in words
+    uri: str = ""  # the artifact pinned at admission (injected only)
+    sha256: str = ""
+    gpu_model: str = ""
+    image_warning: str = ""
+
+    def write(self, pod: dict[str, Any]) -> None:
+        """Mark `pod` (in place): the label every admitted pod gets, and the annotations."""
+        meta = pod.setdefault("metadata", {})
+        meta.setdefault("labels", {})[naming.ADMISSION_LABEL] = self.outcome
+        anns = meta.setdefault("annotations", {})
+        anns[naming.DECISION_ANNOTATION] = str(self.code)
+        anns[naming.STATUS_ANNOTATION] = (
+            INJECTED if self.outcome == INJECTED else f"{UNTUNED}: {self.reason}"
+        )
+        for key, value in (
+            (naming.ARTIFACT_URI_ANNOTATION, self.uri),
+            (naming.ARTIFACT_SHA_ANNOTATION, self.sha256),
+            (naming.POD_MODEL_ANNOTATION, self.gpu_model),
+            (naming.IMAGE_WARNING_ANNOTATION, self.image_warning[:1000]),
+        ):
+            if value:
+                anns[key] = value
+
+    @classmethod
+    def read(cls, pod: dict[str, Any]) -> Admission | None:
+        """What the webhook wrote; None for a pod it never admitted."""
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        anns = meta.get("annotations") or {}
+        status = str(anns.get(naming.STATUS_ANNOTATION) or "")
+        outcome = labels.get(naming.ADMISSION_LABEL)
+        if outcome is None and status:
+            # Admitted by a version that set the annotation only.
+            outcome = UNTUNED if status.startswith(UNTUNED) else INJECTED
+        if outcome not in (INJECTED, UNTUNED):
+            return None
+        raw = str(anns.get(naming.DECISION_ANNOTATION) or "")
+        code = Code(raw) if raw in Code._value2member_map_ else Code.UNKNOWN
+        if not raw and outcome == INJECTED and not status.startswith(UNTUNED):
+            code = Code.NONE
+        untuned = outcome == UNTUNED or status.startswith(UNTUNED)
+        return cls(
+            outcome=UNTUNED if untuned else INJECTED,
+            code=code,
+            reason=status.removeprefix(f"{UNTUNED}:").strip() if untuned else "",
+            uri=str(anns.get(naming.ARTIFACT_URI_ANNOTATION) or ""),
+            sha256=str(anns.get(naming.ARTIFACT_SHA_ANNOTATION) or ""),
+            gpu_model=str(anns.get(naming.POD_MODEL_ANNOTATION) or ""),
+            image_warning=str(anns.get(naming.IMAGE_WARNING_ANNOTATION) or ""),
+        )

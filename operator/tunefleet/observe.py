@@ -1,0 +1,388 @@
+"""What the operator observes of tuning Jobs, their pods and the kubelet's Events, in status
+terms: from watched objects (views.py) to JobObservations. status.py turns observations into
+conditions; nothing here decides status, and the only outside call (a stuck pod's Events) is
+the caller's, passed in.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from tunefleet import naming
+from tunefleet.conditions import Reason
+from tunefleet.contracts.artifact import ArtifactRecord
+
+JobState = Literal["Pending", "Running", "Succeeded", "Failed"]
+# The steps whose termination message is the artifact record (contracts/artifact.py).
+RECORD_STEPS = ("publish", "merge")
+
+
+@dataclass(frozen=True)
+class JobObservation:
+    name: str
+    model: str
+    revision: str
+    state: JobState
+    message: str = ""
+    # The publish (or merge) step's artifact record; None until it has one.
+    record: ArtifactRecord | None = None
+    uid: str = ""
+    # Why a Job that is not finished makes no progress (Unschedulable, ImagePullFailed,
+    # SecretMissing, ...): set with `message` while state is Pending.
+    reason: str = ""
+    # The kubelet's imageID of the tune step, once it has ended well.
+    image_id: str = ""
+    role: str = "tune"  # or "merge" (parallelism > 1: publishes one artifact from the shares)
+    shards_done: int = 0
+    shards: int = 1
+
+
+@dataclass(frozen=True)
+class Hints:
+    """What the spec says about a tuning pod, so a stuck pod's message can name the fix."""
+
+    label_key: str = ""
+    resource: str = ""
+    credentials_secret: str = ""
+    credentials_kind: str = "storage credentials"
+    credential_keys: tuple[str, ...] = ()
+    pull_secrets: tuple[str, ...] = ()
+    # Named by the kubelet's FailedToRetrieveImagePullSecret Events, when they were read.
+    missing_pull_secrets: tuple[str, ...] = ()
+
+
+# --- pods -------------------------------------------------------------------------------------
+
+
+def _statuses(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    st = pod.get("status") or {}
+    return list(st.get("initContainerStatuses") or []) + list(st.get("containerStatuses") or [])
+
+
+def _terminated(pod: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for cs in _statuses(pod):
+        for key in ("state", "lastState"):
+            term = (cs.get(key) or {}).get("terminated")
+            if term:
+                out.append((cs["name"], term))
+                break
+    return out
+
+
+def _pod_failure(pod: dict[str, Any]) -> str:
+    """The most telling line a failed tuning pod left: a container's own message first."""
+    for name, term in _terminated(pod):
+        if term.get("exitCode", 0) != 0:
+            msg = (term.get("message") or "").strip().splitlines()
+            detail = msg[-1] if msg else term.get("reason") or "no message"
+            return f"container {name} exited {term.get('exitCode')}: {detail}"
+    for cs in _statuses(pod):
+        waiting = (cs.get("state") or {}).get("waiting")
+        if waiting and waiting.get("reason") not in (None, "PodInitializing", "ContainerCreating"):
+            detail = f"{waiting.get('reason')}: {waiting.get('message', '')}"
+            return f"container {cs['name']} {detail}".strip()
+    message = (pod.get("status") or {}).get("message")
+    return str(message) if message else ""
+
+
+def _newest_first(pods: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp", ""), reverse=True)
+
+
+_SCHED_RE = re.compile(r"^0/(\d+) nodes are available: (.*?)\.(?: preemption:.*)?$", re.S)
+_SCHED_PART_RE = re.compile(r"(\d+) (.+)")
+_SECRET_RE = re.compile(r'secret "([^"]+)" not found', re.I)
+_SECRET_KEY_RE = re.compile(r"couldn't find key (\S+) in Secret (\S+)", re.I)
+_CONFIGMAP_RE = re.compile(r'configmaps? "([^"]+)" not found', re.I)
+PULL_REASONS = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
+)
+CONTAINER_ERRORS = frozenset({"CreateContainerError", "RunContainerError", "StartError"})
+
+
+def explain_unschedulable(message: str, model: str, hints: Hints) -> str:
+    """The scheduler's verdict in the user's terms, then the scheduler's own words."""
+    key, res = hints.label_key or "the GPU model label", hints.resource or "GPUs"
+    why = "no node can take the tuning pod"
+    m = _SCHED_RE.match(message.strip())
+    if m:
+        total = int(m.group(1))
+        parts: dict[str, int] = {}
+        for part in m.group(2).split(", "):
+            pm = _SCHED_PART_RE.match(part.strip())
+            if pm:
+                parts[pm.group(2)] = parts.get(pm.group(2), 0) + int(pm.group(1))
+        mismatched = sum(n for p, n in parts.items() if "didn't match Pod's node affinity" in p)
+        if total and mismatched >= total:
+            why = (
+                f"no node has {key}={model}: label the nodes that have this GPU "
+                f"(kubectl label node <node> {key}={model}) or fix spec.gpu.models"
+            )
+        elif any(p == f"Insufficient {res}" for p in parts):
+            why = (
+                f"every node with {key}={model} has its {res} in use: the Job starts when "
+                "one is free (or lower spec.gpu.count)"
+            )
+        elif any("untolerated taint" in p for p in parts):
+            why = (
+                f"the nodes with {key}={model} have a taint the tuning pod does not tolerate "
+                f"(it tolerates {res} only)"
+            )
+    return f"{why} (scheduler: {' '.join(message.split())})"
+
+
+def pull_secrets_missing(events: list[dict[str, Any]]) -> tuple[str, ...]:
+    """Names from the kubelet's "Unable to retrieve some image pull secrets (a, b)" Events."""
+    names: list[str] = []
+    for ev in events:
+        if ev.get("reason") != "FailedToRetrieveImagePullSecret":
+            continue
+        m = re.search(r"image pull secrets \(([^)]*)\)", ev.get("message") or "")
+        if m:
+            names += [n.strip() for n in m.group(1).split(",") if n.strip()]
+    return tuple(dict.fromkeys(names))
+
+
+def _pull_failure(step: str, image: str, reason: str, msg: str, ns: str, hints: Hints) -> str:
+    text = f"step {step} cannot pull image {image}: {reason}: {msg}"
+    if hints.missing_pull_secrets:
+        missing = ", ".join(hints.missing_pull_secrets)
+        return text + (
+            f". The image pull Secret(s) {missing} do not exist in namespace {ns}: create them "
+            f"(kubectl create secret docker-registry -n {ns} ...) or fix spec.imagePullSecrets"
+        )
+    if hints.pull_secrets:
+        return text + (
+            f". It pulls with imagePullSecrets {', '.join(hints.pull_secrets)}: check that they "
+            "hold credentials for this registry"
+        )
+    return text + ". Check the image reference, or add spec.imagePullSecrets for a private registry"
+
+
+def _config_error(step: str, msg: str, ns: str, hints: Hints) -> tuple[Reason, str]:
+    sm, km, cm = _SECRET_RE.search(msg), _SECRET_KEY_RE.search(msg), _CONFIGMAP_RE.search(msg)
+    if sm:
+        name = sm.group(1)
+        if name == hints.credentials_secret:
+            literals = " ".join(f"--from-literal={k}=..." for k in hints.credential_keys)
+            fix = (
+                f"Secret {name} ({hints.credentials_kind} for publishing) does not exist in "
+                f"namespace {ns}: create it with kubectl create secret generic {name} -n {ns} "
+                f"{literals}, or name another in spec.storage.credentialsSecret"
+            )
+        else:
+            fix = (
+                f"Secret {name}, referenced by spec.workload.env, does not exist in namespace "
+                f"{ns}: create it or fix the reference"
+            )
+        return Reason.SECRET_MISSING, f"step {step} cannot start: {fix}"
+    if km:
+        keys = " and ".join(hints.credential_keys) or "the keys the reference names"
+        return Reason.SECRET_MISSING, (
+            f"step {step} cannot start: Secret {km.group(2)} has no key {km.group(1)}: add it "
+            f"({hints.credentials_kind} need {keys})"
+        )
+    if cm:
+        return Reason.CONFIG_MAP_MISSING, f"step {step} cannot start: {msg}"
+    return Reason.CONTAINER_CONFIG_ERROR, f"step {step} cannot start: {msg}"
+
+
+def pod_blocker(pod: dict[str, Any], model: str, hints: Hints) -> tuple[Reason, str] | None:
+    """(reason, message) when a tuning pod that has not finished cannot make progress."""
+    ns = (pod.get("metadata") or {}).get("namespace", "")
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if (c.get("type"), c.get("status"), c.get("reason")) == (
+            "PodScheduled",
+            "False",
+            "Unschedulable",
+        ):
+            message = explain_unschedulable(c.get("message") or "", model, hints)
+            return Reason.UNSCHEDULABLE, message
+    for cs in _statuses(pod):
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        reason, msg = waiting.get("reason") or "", " ".join((waiting.get("message") or "").split())
+        step = cs.get("name", "?")
+        if reason in PULL_REASONS:
+            image = cs.get("image", "?")
+            return Reason.IMAGE_PULL_FAILED, _pull_failure(step, image, reason, msg, ns, hints)
+        if reason == "CreateContainerConfigError":
+            return _config_error(step, msg, ns, hints)
+        if reason in CONTAINER_ERRORS:
+            return Reason.CONTAINER_ERROR, f"step {step} cannot start: {reason}: {msg}"
+    return None
+
+
+def _tune_image_id(pods: Iterable[dict[str, Any]]) -> str:
+    """The imageID of the newest pod's tune step, as soon as the kubelet reports it (the step
+    started): written into the Job's ConfigMap while tuning runs, it is in publish's mount by
+    the time publish starts."""
+    for pod in _newest_first(pods):
+        for cs in (pod.get("status") or {}).get("initContainerStatuses") or []:
+            state = cs.get("state") or {}
+            failed = (state.get("terminated") or {}).get("exitCode", 0) != 0
+            if cs.get("name") == "tune" and cs.get("imageID") and not failed:
+                return str(cs["imageID"])
+    return ""
+
+
+def _scheduled(pod: dict[str, Any]) -> bool:
+    if (pod.get("spec") or {}).get("nodeName"):
+        return True
+    return any(
+        c.get("type") == "PodScheduled" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
+def published_record(pods: Iterable[dict[str, Any]]) -> ArtifactRecord | None:
+    """The artifact record the newest pod's publish (or merge) step left on success."""
+    for pod in _newest_first(pods):
+        for cname, term in _terminated(pod):
+            if cname in RECORD_STEPS and term.get("exitCode") == 0:
+                record = ArtifactRecord.from_message(term.get("message"))
+                if record is not None:
+                    return record
+    return None
+
+
+# --- Jobs -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Job:
+    """The parts of a Job view that every verdict below needs."""
+
+    obs: JobObservation  # state Pending, no message: the verdicts replace what they know
+    namespace: str
+    conditions: dict[str, dict[str, Any]]
+    failed_indexes: str
+
+    @property
+    def retry(self) -> str:
+        return (
+            f"Fix the cause, then `kubectl delete job -n {self.namespace} {self.obs.name}` "
+            "to tune again."
+        )
+
+
+def _read_job(job: dict[str, Any]) -> _Job:
+    meta = job["metadata"]
+    labels = meta.get("labels") or {}
+    model = (meta.get("annotations") or {}).get(naming.MODEL_ANNOTATION) or labels.get(
+        naming.MODEL_LABEL, ""
+    )
+    role = labels.get(naming.ROLE_LABEL, "tune")
+    jstatus = job.get("status") or {}
+    shards = int((job.get("spec") or {}).get("completions") or 1) if role == "tune" else 1
+    obs = JobObservation(
+        meta["name"],
+        model,
+        labels.get(naming.REVISION_LABEL, ""),
+        "Pending",
+        uid=meta.get("uid", ""),
+        role=role,
+        shards=shards,
+        shards_done=_count_indexes(jstatus.get("completedIndexes") or ""),
+    )
+    conds = {c["type"]: c for c in jstatus.get("conditions") or [] if c.get("status") == "True"}
+    return _Job(obs, meta.get("namespace", ""), conds, str(jstatus.get("failedIndexes") or ""))
+
+
+def _completed(j: _Job, pods: list[dict[str, Any]]) -> JobObservation:
+    obs = j.obs
+    if obs.shards > 1:  # the shares are in; the merge Job publishes the artifact
+        return replace(obs, state="Succeeded", shards_done=obs.shards)
+    record = published_record(pods)
+    if record is None:
+        step = "merge" if obs.role == "merge" else "publish"
+        message = (
+            f"Job {obs.name} completed but its {step} step left no artifact record "
+            f"(termination message). {j.retry}"
+        )
+        return replace(obs, state="Failed", message=message)
+    return replace(obs, state="Succeeded", record=record, image_id=_tune_image_id(pods))
+
+
+def _failed(j: _Job, pods: list[dict[str, Any]]) -> JobObservation:
+    obs = j.obs
+    c = j.conditions.get("Failed") or j.conditions["FailureTarget"]
+    detail = next((d for d in map(_pod_failure, _newest_first(pods)) if d), "")
+    why = f"{c.get('reason', 'Failed')}: {c.get('message', '')}".strip()
+    msg = f"Job {obs.name} failed ({why})"
+    if detail:
+        msg += f"; {detail}"
+    if obs.shards > 1 and j.failed_indexes:
+        msg += f"; shares {j.failed_indexes} of 0-{obs.shards - 1} failed"
+    hint = f" Logs: `kubectl logs -n {j.namespace} job/{obs.name} --all-containers`. {j.retry}"
+    return replace(obs, state="Failed", message=msg + "." + hint)
+
+
+def _underway(j: _Job, pods: list[dict[str, Any]], hints: Hints) -> JobObservation:
+    live = [p for p in _newest_first(pods) if not p["metadata"].get("deletionTimestamp")]
+    for pod in live[:1]:
+        blocker = pod_blocker(pod, j.obs.model, hints)
+        if blocker:
+            return replace(j.obs, message=blocker[1], reason=blocker[0])
+        if _scheduled(pod):
+            return replace(j.obs, state="Running", image_id=_tune_image_id([pod]))
+    return j.obs
+
+
+def observe_job(
+    job: dict[str, Any], pods: list[dict[str, Any]], hints: Hints | None = None
+) -> JobObservation:
+    """What one tuning Job (a view, see views.job_view) and its pods say, in status terms."""
+    j = _read_job(job)
+    if "Complete" in j.conditions or "SuccessCriteriaMet" in j.conditions:
+        return _completed(j, pods)
+    if "Failed" in j.conditions or "FailureTarget" in j.conditions:
+        return _failed(j, pods)
+    return _underway(j, pods, hints or Hints())
+
+
+def _count_indexes(ranges: str) -> int:
+    """How many indexes a Job's "1,3-5" notation names."""
+    total = 0
+    for part in filter(None, ranges.split(",")):
+        lo, _, hi = part.partition("-")
+        total += int(hi or lo) - int(lo) + 1
+    return total
+
+
+def pods_by_job(pods: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for pod in pods:
+        job_uid = ((pod.get("metadata") or {}).get("labels") or {}).get(naming.JOB_UID_LABEL)
+        if job_uid:
+            out[job_uid].append(pod)
+    return out
+
+
+def observe(
+    jobs: Iterable[dict[str, Any]],
+    pods: Iterable[dict[str, Any]],
+    hints: Hints,
+    events_of: Callable[[dict[str, Any]], list[dict[str, Any]]],
+) -> list[JobObservation]:
+    """Every Job that is not on its way out, observed with its pods. `events_of(pod)` gives
+    the kubelet's Events about a pod (read only for a pod stuck pulling with pull Secrets)."""
+    by_job = pods_by_job(pods)
+    out = []
+    for job in jobs:
+        if (job.get("metadata") or {}).get("deletionTimestamp"):
+            continue  # a Job on its way out (deleted to retry) is not part of the picture
+        job_pods = by_job.get(job["metadata"].get("uid", ""), [])
+        obs = observe_job(job, job_pods, hints)
+        if obs.reason == Reason.IMAGE_PULL_FAILED and hints.pull_secrets and job_pods:
+            # Whether a pull Secret is missing only the kubelet's Events say (the operator
+            # may not read Secrets): read them for this one stuck pod, now and then.
+            missing = pull_secrets_missing(events_of(job_pods[0]))
+            if missing:
+                obs = observe_job(job, job_pods, replace(hints, missing_pull_secrets=missing))
+        out.append(obs)
+    return out

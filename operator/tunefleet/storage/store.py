@@ -1,0 +1,139 @@
+"""The storage contract: what every artifact store offers, its errors, and where things are.
+
+A backend (s3.py, filesystem.py) implements `Store` for the URI schemes it owns; registry.py
+picks one by scheme. Every backend gives the same guarantee: an object is written once, under
+its content-addressed key, and an identical object already there is success while a different
+one is an error. Scratch objects (checkpoints, shard outputs) are the exception: `put`
+replaces them. Nothing here imports a backend, so the contract never depends on one.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+_DNS_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+_LABEL_VALUE_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
+PREFIX_SEGMENT_RE = re.compile(r"^[A-Za-z0-9._=-]+$")
+
+
+class StoreError(Exception):
+    """The object store refused, failed, or holds something unexpected."""
+
+
+class ConflictError(StoreError):
+    """A different object already sits under a content-addressed key."""
+
+
+class TooLargeError(StoreError):
+    """An object is larger than the caller allows (checked before it is downloaded)."""
+
+
+class NotFoundError(StoreError):
+    """No object under the key."""
+
+
+@dataclass(frozen=True)
+class Listed:
+    key: str  # the full key, as get() takes it
+    size: int
+    modified: float  # seconds since the epoch
+
+
+class Store(Protocol):
+    def put_if_absent(self, key: str, data: bytes, content_type: str) -> bool:
+        """Write once. True if written, False if an identical object was already there."""
+
+    def put(self, key: str, data: bytes, content_type: str) -> None:
+        """Write, replacing what is there (scratch objects only: checkpoints, shard outputs)."""
+
+    def get(self, key: str, max_bytes: int) -> bytes:
+        """The object's bytes; NotFoundError if there is none."""
+
+    def list(self, prefix: str, limit: int) -> list[Listed]:
+        """Objects under ``prefix + "/"``, by key, at most ``limit`` of them."""
+
+    def delete(self, key: str) -> None:
+        """Remove one object; one that is already gone is success."""
+
+    def uri(self, key: str) -> str: ...
+
+
+def same_object(store: Store, key: str, data: bytes) -> bool:
+    """Whether the object at key is exactly data (used after a create-if-absent lost)."""
+    try:
+        return store.get(key, len(data)) == data
+    except TooLargeError:
+        return False
+
+
+@dataclass(frozen=True)
+class Location:
+    """A parsed storage URI: ``<scheme>://<bucket>/<prefix>``. For s3 the bucket is the
+    bucket; for pvc the PersistentVolumeClaim's name; for file the directory itself."""
+
+    scheme: str
+    bucket: str
+    prefix: str  # key prefix without leading or trailing "/", may be ""
+
+    def key(self, *parts: str) -> str:
+        return "/".join(p for p in (self.prefix, *parts) if p)
+
+    def uri(self, key: str = "") -> str:
+        """The URI of a full key (as returned by key())."""
+        root = f"{self.scheme}://{self.bucket.rstrip('/')}"
+        return f"{root}/{key}" if key else root
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """How to reach a store from this process: what the CLIs' storage flags say."""
+
+    endpoint_url: str | None = None  # s3: the endpoint (else AWS_ENDPOINT_URL_S3, else AWS)
+    region: str | None = None  # s3
+    timeout_s: float = 60.0  # the whole operation's wall-clock bound
+    # pvc: where the claim is mounted in this container (tunefleet's pods mount it here).
+    pvc_root: str = "/tunefleet/store"
+    client: Any = None  # s3: a boto3 client to reuse (one per long-running process)
+
+
+@dataclass(frozen=True)
+class PodStorage:
+    """What a pod's container needs to reach the store: the backend decides (registry.py)."""
+
+    env: list[dict[str, Any]] = field(default_factory=list)  # credentials by reference only
+    args: list[str] = field(default_factory=list)  # the CLIs' storage flags
+    volumes: list[dict[str, Any]] = field(default_factory=list)  # pod volumes (pvc)
+    mounts: list[dict[str, Any]] = field(default_factory=list)  # the container's mounts
+    # The Secret the env refers to ("" when none): a missing one is named in status.
+    credentials_secret: str = ""
+    # What the Secret holds, in words, and its keys: for the fix a condition message gives.
+    credentials_kind: str = ""
+    credential_keys: tuple[str, ...] = ()
+    # The pod's fsGroup the store's files need (a volume written by tunefleet's user).
+    fs_group: int | None = None
+
+
+def check_prefix(uri: str, prefix: str) -> str:
+    for seg in prefix.split("/") if prefix else []:
+        if not PREFIX_SEGMENT_RE.match(seg) or seg in (".", ".."):
+            raise ValueError(f"{uri!r} has an unsafe key segment {seg!r}")
+    return prefix
+
+
+def check_key_parts(namespace: str, profile: str, gpu_model: str) -> None:
+    if not _DNS_RE.match(namespace) or len(namespace) > 63:
+        raise ValueError(f"namespace {namespace!r} is not a Kubernetes namespace name")
+    if not _DNS_RE.match(profile) or len(profile) > 253:
+        raise ValueError(f"profile {profile!r} is not a Kubernetes object name")
+    if not _LABEL_VALUE_RE.match(gpu_model) or len(gpu_model) > 63:
+        raise ValueError(f"GPU model {gpu_model!r} is not a Kubernetes label value")
+
+
+def check_sha256(sha: str) -> str:
+    value = sha.strip().lower()
+    if not _SHA_RE.match(value):
+        raise ValueError(f"{sha!r} is not a SHA-256 (64 hex digits)")
+    return value

@@ -1,0 +1,161 @@
+"""The house rules of the code's layout, read from the source (no imports run):
+
+- the operator imports only tuner_job's public format layer (tuner_job.FORMAT_LAYER);
+- that layer imports nothing but the standard library and itself (it runs in users' images);
+- no import circle among tunefleet's modules, lazy imports inside functions included;
+- builders/ build manifests: they never import admission, status or reconcile code.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import tuner_job
+
+ROOT = Path(__file__).resolve().parents[2]
+OPERATOR = ROOT / "operator" / "tunefleet"
+TUNER = ROOT / "tuner_job"
+
+
+def module_name(path: Path, base: Path, package: str) -> str:
+    rel = path.relative_to(base).with_suffix("")
+    parts = [package, *rel.parts]
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _in_type_checking(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            return True
+    return False
+
+
+def imports(path: Path, module: str) -> Iterator[str]:
+    """Every module `path` imports (absolute names), wherever the import statement stands."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(tree):
+        if _in_type_checking(node, parents):
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                base = base if is_package else base[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module or ""
+            yield prefix
+            for alias in node.names:
+                yield f"{prefix}.{alias.name}"
+
+
+def graph(base: Path, package: str) -> dict[str, set[str]]:
+    mods = {module_name(p, base, package): p for p in base.rglob("*.py")}
+    out: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        out[name] = {m for m in imports(path, name) if m in mods and m != name}
+    return out
+
+
+def test_the_operator_imports_only_the_public_format_layer_of_tuner_job() -> None:
+    allowed = {f"tuner_job.{m}" for m in tuner_job.FORMAT_LAYER}
+    bad = []
+    for path in OPERATOR.rglob("*.py"):
+        name = module_name(path, OPERATOR, "tunefleet")
+        for imported in imports(path, name):
+            if not imported.startswith("tuner_job") or imported == "tuner_job":
+                continue  # the package itself (bootstrap copies it) has no code to share
+            top = ".".join(imported.split(".")[:2])
+            if top == "tuner_job.__version__":
+                continue
+            leaf = imported.rsplit(".", 1)[-1]
+            if top not in allowed or leaf.startswith("_") or "._" in imported:
+                bad.append(f"{path.relative_to(ROOT)} imports {imported}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_format_layer_is_stdlib_only() -> None:
+    bad = []
+    stdlib = sys.stdlib_module_names
+    for m in tuner_job.FORMAT_LAYER:
+        path = TUNER / f"{m}.py"
+        for imported in imports(path, f"tuner_job.{m}"):
+            top = imported.split(".")[0]
+            if top == "tuner_job":
+                mod = imported.split(".")[1] if "." in imported else ""
+                if mod and mod not in tuner_job.FORMAT_LAYER and mod != "__version__":
+                    bad.append(f"tuner_job/{m}.py imports {imported} (not the format layer)")
+            elif top not in stdlib and top != "__future__":
+                bad.append(f"tuner_job/{m}.py imports {imported} (not the standard library)")
+    assert not bad, "\n".join(bad)
+
+
+def _cycle(g: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(g.get(n, ())):
+            # A package importing its own submodules (re-exports) is not a circle.
+            if m.startswith(n + "."):
+                continue
+            if state.get(m) == 1:
+                return [*stack[stack.index(m) :], m]
+            if state.get(m) is None:
+                found = visit(m)
+                if found:
+                    return found
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(g):
+        if state.get(n) is None:
+            found = visit(n)
+            if found:
+                return found
+    return None
+
+
+def test_no_import_circle_in_tunefleet() -> None:
+    g = graph(OPERATOR, "tunefleet")
+    # A submodule's import of its own package's __init__ is how Python loads it, not a circle.
+    for name, deps in g.items():
+        deps -= {p for p in deps if name.startswith(p + ".")}
+    circle = _cycle(g)
+    assert circle is None, " -> ".join(circle or [])
+
+
+def test_no_import_circle_in_tuner_job() -> None:
+    g = graph(TUNER, "tuner_job")
+    for name, deps in g.items():
+        deps -= {p for p in deps if name.startswith(p + ".") or p == "tuner_job"}
+    circle = _cycle(g)
+    assert circle is None, " -> ".join(circle or [])
+
+
+def test_builders_build_manifests_only() -> None:
+    """builders/ may use names, the API types, settings and the storage seam; never the
+    admission, status or reconcile code that decides what to build."""
+    forbidden = ("tunefleet.webhook", "tunefleet.status", "tunefleet.reconcile",
+                 "tunefleet.observe", "tunefleet.controller", "tunefleet.handlers")  # fmt: skip
+    bad = []
+    for path in (OPERATOR / "builders").rglob("*.py"):
+        name = module_name(path, OPERATOR, "tunefleet")
+        for imported in imports(path, name):
+            if imported.startswith(forbidden):
+                bad.append(f"{path.relative_to(ROOT)} imports {imported}")
+    assert not bad, "\n".join(bad)
