@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 from tunefleet.api import TuningProfileSpec
+from tunefleet.storage import registry
 
 PROFILE_LABEL = "tunefleet.io/profile"  # a model pod's opt-in: the webhook selects on it
 # Tuning Jobs and their pods: deliberately not PROFILE_LABEL, so the webhook never sees them.
@@ -164,6 +165,10 @@ def spec_problems(spec: TuningProfileSpec) -> list[str]:
             f"gpu.labelKey: {label_key(spec)!r} is not a valid label key "
             "(optional DNS prefix/, then a name of at most 63 characters)"
         )
+    try:
+        registry.parse_uri(spec.storage.uri)
+    except ValueError as exc:
+        problems.append(f"storage.uri: {exc}")
     if not is_qualified_name(resource_name(spec)):
         problems.append(
             f"gpu.resourceName: {resource_name(spec)!r} is not a valid extended resource "

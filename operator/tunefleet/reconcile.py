@@ -25,6 +25,7 @@ from tunefleet import kube, metrics, naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.builders.job import (
     IMAGE_ID_KEY,
+    Child,
     build_merge_job,
     build_tuning_config_map,
     build_tuning_job,
@@ -233,7 +234,7 @@ def _merge_when_shares_are_in(s: _Sync, observations: list[JobObservation]) -> N
         if shares_done and obs.revision == rev and (obs.model, rev) not in merged:
             # Every share is in: one Job merges them into the artifact.
             kube.create_if_missing(
-                build_merge_job(s.spec, **s.child_args, model=obs.model, config=s.config)
+                build_merge_job(Child(s.spec, **s.child_args, model=obs.model, config=s.config))
             )
 
 

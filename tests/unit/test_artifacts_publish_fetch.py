@@ -436,9 +436,7 @@ def test_publish_records_the_tune_steps_image_once_the_operator_names_it(tmp_pat
         "ml",
         "llama",
         "AMD_Instinct_MI300X_OAM",
-        image_reference="registry.example.com/serve:1",
-        image_id_file=id_file,
-        image_id_timeout_s=5,
+        image=publish_mod.TuneImage("registry.example.com/serve:1", id_file, 5),
     )
     assert pub.manifest.image is not None and pub.manifest.image.id == image_id
     assert pub.manifest.image.digest == "sha256:" + "e" * 64
@@ -456,9 +454,9 @@ def test_publish_without_the_image_id_records_the_reference_and_says_so(
         "ml",
         "llama",
         "AMD_Instinct_MI300X_OAM",
-        image_reference="registry.example.com/serve:1",
-        image_id_file=tmp_path / "never-written",
-        image_id_timeout_s=0.2,
+        image=publish_mod.TuneImage(
+            "registry.example.com/serve:1", tmp_path / "never-written", 0.2
+        ),
     )
     assert pub.manifest.image is not None and pub.manifest.image.id == ""
     assert "did not arrive" in capsys.readouterr().err

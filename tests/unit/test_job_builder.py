@@ -10,7 +10,12 @@ import pytest
 
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
-from tunefleet.builders.job import build_merge_job, build_tuning_config_map, build_tuning_job
+from tunefleet.builders.job import (
+    Child,
+    build_merge_job,
+    build_tuning_config_map,
+    build_tuning_job,
+)
 from tunefleet.config import Config
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -181,12 +186,14 @@ def test_parallelism_makes_one_share_per_node_and_a_merge_job() -> None:
     sync = step(pod, "sync")["command"]
     assert sync[sync.index("--shards") + 1] == "3" and "--library-scope" in sync
     merge = build_merge_job(
-        s,
-        namespace="ml",
-        profile="llama",
-        uid="uid-1",
-        model="AMD_Instinct_MI300X_OAM",
-        config=Config(image="tf:1"),
+        Child(
+            s,
+            namespace="ml",
+            profile="llama",
+            uid="uid-1",
+            model="AMD_Instinct_MI300X_OAM",
+            config=Config(image="tf:1"),
+        )
     )
     assert merge["metadata"]["name"] != j["metadata"]["name"]
     assert merge["metadata"]["labels"][naming.ROLE_LABEL] == "merge"

@@ -24,6 +24,11 @@ DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?
 # What exec(2) and the API server take of the tune container's argv and environment.
 MAX_ARGV_CHARS = 262144
 MAX_ENV_VALUE_CHARS = 131072
+# s3://bucket or pvc://claim, then key-safe prefix segments (storage/store.py checks the rest).
+STORAGE_URI = (
+    r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]|pvc://[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?)"
+    r"(/[A-Za-z0-9._=-]+)*/?$"
+)
 
 
 class _Model(BaseModel):
@@ -182,16 +187,12 @@ class TuningLimits(_Model):
 
 
 class StorageSpec(_Model):
-    uri: str = Field(max_length=1024, pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?$")
+    uri: str = Field(max_length=1024, pattern=STORAGE_URI)
     endpoint: str | None = Field(
         default=None, max_length=1024, pattern=r"^https?://[^\s/]+(/[^\s]*)?$"
     )
     region: str | None = Field(default=None, max_length=64)
     credentials_secret: NamedRef | None = None
-
-    @property
-    def bucket(self) -> str:
-        return self.uri[len("s3://") :].split("/", 1)[0]
 
 
 class ServingSpec(_Model):

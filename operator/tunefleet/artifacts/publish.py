@@ -21,9 +21,8 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import astuple, dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from tunefleet.contracts.artifact import ArtifactRecord, ShardRecord
 from tunefleet.storage import cli as storage_cli
@@ -165,37 +164,61 @@ def check_artifact(
             raise PublishError(message)
 
 
-def _checked(
-    directory: Path,
-    uri: str,
-    namespace: str,
-    profile: str,
-    gpu_model: str,
-    *,
-    require_rows: bool,
-    check: Callable[[], object] = lambda: None,
-) -> tuple[Location, bytes, Manifest]:
-    """The arguments and the tuner's output, checked, before anything leaves the pod."""
-    try:
-        location = parse_uri(uri)
-        check_key_parts(namespace, profile, gpu_model)
-        check()
-    except ValueError as exc:
-        raise PublishError(str(exc)) from None
-    results, _, manifest = load_artifact(
-        directory, namespace, profile, gpu_model, require_rows=require_rows
-    )
-    return location, results, manifest
+@dataclass(frozen=True)
+class Output:
+    """The tuner's output directory, and where its artifact goes."""
+
+    directory: Path
+    uri: str
+    namespace: str
+    profile: str
+    gpu_model: str
+
+    def checked(
+        self, *, require_rows: bool, check: Callable[[], object] = lambda: None
+    ) -> tuple[Location, bytes, Manifest]:
+        """The arguments and the tuner's output, checked, before anything leaves the pod."""
+        try:
+            location = parse_uri(self.uri)
+            check_key_parts(self.namespace, self.profile, self.gpu_model)
+            check()
+        except ValueError as exc:
+            raise PublishError(str(exc)) from None
+        results, _, manifest = load_artifact(
+            self.directory, self.namespace, self.profile, self.gpu_model, require_rows=require_rows
+        )
+        return location, results, manifest
 
 
-def _open(
-    location: Location, options: StoreOptions | None, image: tuple[str, Path | None, float]
-) -> Store:
-    # The wait for the imageID is not store time: the store's deadline leaves room for it.
-    options = options or StoreOptions(timeout_s=120.0)
-    reference, id_file, wait = image
-    waits = wait if reference and id_file else 0.0
-    return open_store(location, replace(options, timeout_s=options.timeout_s + waits))
+@dataclass(frozen=True)
+class TuneImage:
+    """The image the tune step ran: the reference asked for, and the file where the operator
+    puts the kubelet's imageID once it knows it (waited for, bounded)."""
+
+    reference: str = ""
+    id_file: Path | None = None
+    timeout_s: float = 120.0
+
+    @property
+    def waits(self) -> float:
+        return self.timeout_s if self.reference and self.id_file else 0.0
+
+    def ref(self) -> ImageRef | None:
+        if not self.reference:
+            return None
+        image_id = wait_for_image_id(self.id_file, self.timeout_s)
+        if not image_id and self.id_file is not None:
+            print(
+                f"{PROG}: the tune step's imageID did not arrive within {self.timeout_s:.0f}s: "
+                "the manifest records the reference only",
+                file=sys.stderr,
+            )
+        return ImageRef(self.reference, image_id)
+
+    def open(self, location: Location, options: StoreOptions | None) -> Store:
+        # The wait for the imageID is not store time: the store's deadline leaves room for it.
+        options = options or StoreOptions(timeout_s=120.0)
+        return open_store(location, replace(options, timeout_s=options.timeout_s + self.waits))
 
 
 def publish(
@@ -207,43 +230,28 @@ def publish(
     *,
     store: Store | None = None,
     options: StoreOptions | None = None,
-    image_reference: str = "",
-    image_id_file: Path | None = None,
-    image_id_timeout_s: float = 120.0,
+    image: TuneImage | None = None,
     library_scope: str = "namespace",
 ) -> Published:
-    location, results, manifest = _checked(
-        directory, uri, namespace, profile, gpu_model, require_rows=True,
-        check=lambda: check_scope(library_scope),
-    )  # fmt: skip
+    out = Output(directory, uri, namespace, profile, gpu_model)
+    location, results, manifest = out.checked(
+        require_rows=True, check=lambda: check_scope(library_scope)
+    )
     if (manifest.extra.shards or 1) > 1:
         # One share published as the profile's artifact would serve most GEMMs untuned.
         raise PublishError(
             f"the tuner's output is shard {manifest.extra.shard} of {manifest.extra.shards}: "
             f"publish it with --shards {manifest.extra.shards}, for tunefleet-merge"
         )
-    image = (image_reference, image_id_file, image_id_timeout_s)
-    store = store or _open(location, options, image)
+    image = image or TuneImage()
+    store = store or image.open(location, options)
 
     def with_image(m: Manifest) -> Manifest:
-        if not image_reference:
-            return m
-        image_id = _image_id(image_id_file, image_id_timeout_s)
-        return replace(m, image=ImageRef(image_reference, image_id))
+        ref = image.ref()
+        return replace(m, image=ref) if ref is not None else m
 
     pub = upload_artifact(store, location, results, manifest, with_image)
     return add_to_library(store, location, library_scope, pub, results)
-
-
-def _image_id(image_id_file: Path | None, timeout_s: float) -> str:
-    image_id = wait_for_image_id(image_id_file, timeout_s)
-    if not image_id and image_id_file is not None:
-        print(
-            f"{PROG}: the tune step's imageID did not arrive within "
-            f"{timeout_s:.0f}s: the manifest records the reference only",
-            file=sys.stderr,
-        )
-    return image_id
 
 
 def upload_artifact(
@@ -303,26 +311,19 @@ def add_to_library(
 
 
 def publish_shard(
-    directory: Path,
-    uri: str,
-    namespace: str,
-    profile: str,
-    gpu_model: str,
+    out: Output,
     shard: int,
     shards: int,
     *,
     store: Store | None = None,
     options: StoreOptions | None = None,
-    image_reference: str = "",
-    image_id_file: Path | None = None,
-    image_id_timeout_s: float = 120.0,
+    image: TuneImage | None = None,
 ) -> ShardPublished:
     """Upload one shard's output for tunefleet-merge (scratch keys: a retried index replaces
     them). A shard may hold no GEMM at all (more shards than work)."""
-    location, results, manifest = _checked(
-        directory, uri, namespace, profile, gpu_model, require_rows=False,
-        check=lambda: check_shard(shard, shards),
-    )  # fmt: skip
+    location, results, manifest = out.checked(
+        require_rows=False, check=lambda: check_shard(shard, shards)
+    )
     got = (manifest.extra.shard, manifest.extra.shards)
     if got != (shard, shards):
         raise PublishError(
@@ -333,11 +334,13 @@ def publish_shard(
         check_revision(manifest.revision)
     except ValueError as exc:
         raise PublishError(str(exc)) from None
-    if image_reference:
-        image_id = _image_id(image_id_file, image_id_timeout_s)
-        manifest = replace(manifest, image=ImageRef(image_reference, image_id))
-    store = store or _open(location, options, (image_reference, image_id_file, image_id_timeout_s))
-    base = shard_base(location, namespace, profile, gpu_model, manifest.revision, shard, shards)
+    image = image or TuneImage()
+    ref = image.ref()
+    if ref is not None:
+        manifest = replace(manifest, image=ref)
+    store = store or image.open(location, options)
+    rev = manifest.revision
+    base = shard_base(location, out.namespace, out.profile, out.gpu_model, rev, shard, shards)
     # results first: a manifest in the store describes results that are there.
     store.put(f"{base}/{RESULTS_NAME}", results, "text/csv")
     store.put(f"{base}/{MANIFEST_NAME}", manifest.to_json(), "application/json")
@@ -406,18 +409,15 @@ def shard_index() -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    common: dict[str, Any] = {
-        "options": storage_cli.options(args),
-        "image_reference": args.image_reference,
-        "image_id_file": args.image_id_file,
-        "image_id_timeout_s": args.image_id_timeout_seconds,
-    }
-    where = (Path(args.dir), args.uri, args.namespace, args.profile, args.gpu_model)
+    options = storage_cli.options(args)
+    image = TuneImage(args.image_reference, args.image_id_file, args.image_id_timeout_seconds)
+    out = Output(Path(args.dir), args.uri, args.namespace, args.profile, args.gpu_model)
 
     def run() -> str:
         if args.shards > 1:
-            return shard_message(publish_shard(*where, shard_index(), args.shards, **common))
-        pub = publish(*where, library_scope=args.library_scope, **common)
+            shard = publish_shard(out, shard_index(), args.shards, options=options, image=image)
+            return shard_message(shard)
+        pub = publish(*astuple(out), options=options, image=image, library_scope=args.library_scope)
         if not pub.created:
             print(f"{PROG}: {pub.uri} was already published: nothing uploaded", file=sys.stderr)
         if pub.kept_existing_manifest:

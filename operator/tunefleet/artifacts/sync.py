@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from tunefleet.storage import cli as storage_cli
-from tunefleet.storage.registry import open_store, parse_uri
+from tunefleet.storage.registry import open_store, parse_uri, session
 from tunefleet.storage.store import (
     Location,
     NotFoundError,
@@ -112,7 +112,7 @@ class Sync:
         self.s = settings
         self.clock = clock
         self.log = log
-        self._client: Any = None
+        self._session: StoreOptions | None = None
         self._store_factory = store
         self.key = checkpoint_key(settings.location, settings.ident)
         # The checkpoint read at start: loaded, absent, ignored (another Job's), or unknown (the
@@ -134,13 +134,9 @@ class Sync:
         """A store per operation, so each gets its own deadline; one boto3 client for all."""
         if self._store_factory is not None:
             return self._store_factory()
-        if self.s.location.scheme == "s3" and self._client is None:
-            from tunefleet.storage.s3 import make_client
-
-            o = self.s.options
-            self._client = make_client(o.endpoint_url, o.region, OPERATION_TIMEOUT_S)
-        options = replace(self.s.options, timeout_s=timeout_s, client=self._client)
-        return open_store(self.s.location, options)
+        if self._session is None:
+            self._session = session(self.s.location, self.s.options)
+        return open_store(self.s.location, replace(self._session, timeout_s=timeout_s))
 
     def path(self, name: str) -> Path:
         return self.s.exchange / name

@@ -302,17 +302,9 @@ def build_tuning_job(
     )  # fmt: skip
 
 
-def build_merge_job(
-    spec: TuningProfileSpec,
-    *,
-    namespace: str,
-    profile: str,
-    uid: str,
-    model: str,
-    config: Config,
-) -> dict[str, Any]:
+def build_merge_job(c: Child) -> dict[str, Any]:
     """With parallelism > 1: publish one artifact from the shares (no GPU, our image)."""
-    c = Child(spec, namespace, profile, uid, model, config)
+    spec, config = c.spec, c.config
     storage = pod_storage(spec, config)
     command = [
         "tunefleet-merge", *c.where(), "--revision", c.revision,

@@ -6,16 +6,10 @@ from typing import Any
 
 import kopf
 
-from tunefleet import naming
-from tunefleet.handlers.startup import follow_child
+from tunefleet.handlers.startup import CHILD_LABELS, follow_child
 
 
-@kopf.on.event(
-    "batch",
-    "v1",
-    "jobs",
-    labels={naming.MANAGED_KEY: naming.MANAGED_VALUE, naming.PROFILE_UID_LABEL: kopf.PRESENT},
-)
+@kopf.on.event("batch", "v1", "jobs", labels=CHILD_LABELS)
 async def job_event(type: str | None, body: kopf.Body, **_: Any) -> None:
     # A deleted Job is made again by the reconcile this queues: deleting a failed Job is how
     # a user asks for a retry.

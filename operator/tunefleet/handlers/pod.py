@@ -14,7 +14,7 @@ import kopf
 from tunefleet import kube, metrics, naming, views
 from tunefleet.builders.webhook import HANDLER_ID
 from tunefleet.conditions import EventReason
-from tunefleet.handlers.startup import CACHE, CONFIG, follow_child
+from tunefleet.handlers.startup import CACHE, CHILD_LABELS, CONFIG, follow_child
 from tunefleet.webhook.admission import Decision, admit
 
 # Not kopf's per-object logger: that one posts Events, and an admitted pod has no uid yet.
@@ -110,12 +110,6 @@ def announce(profile_ref: dict[str, Any], pod_name: str, decision: Decision) -> 
         )
 
 
-# Tuning pods carry their Job's labels; model pods carry tunefleet.io/profile instead.
-@kopf.on.event(
-    "",
-    "v1",
-    "pods",
-    labels={naming.MANAGED_KEY: naming.MANAGED_VALUE, naming.PROFILE_UID_LABEL: kopf.PRESENT},
-)
+@kopf.on.event("", "v1", "pods", labels=CHILD_LABELS)
 async def pod_event(type: str | None, body: kopf.Body, **_: Any) -> None:
     follow_child("pods", type, body)

@@ -78,6 +78,13 @@ def _prime(config: Config) -> None:
     )
 
 
+# Tuning Jobs and their pods carry these; model pods carry tunefleet.io/profile instead.
+CHILD_LABELS: dict[str, Any] = {
+    naming.MANAGED_KEY: naming.MANAGED_VALUE,
+    naming.PROFILE_UID_LABEL: kopf.PRESENT,
+}
+
+
 def follow_child(kind: str, event: str | None, body: kopf.Body) -> None:
     """A tuning Job's or pod's watch event (handlers/job.py, pod.py): keep its view in the
     cache, and queue its profile (after a short delay that folds a burst of one object's

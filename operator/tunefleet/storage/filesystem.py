@@ -61,6 +61,10 @@ def open_store(location: Location, options: StoreOptions) -> DirStore:
     return DirStore(location, Path(location.bucket))
 
 
+def session(options: StoreOptions) -> StoreOptions:
+    return options  # nothing to keep between operations
+
+
 def pod_storage(
     location: Location, *, read_only: bool, secret: str, endpoint: str, region: str
 ) -> PodStorage:

@@ -22,6 +22,8 @@ class Backend(Protocol):
 
     def open_store(self, location: Location, options: StoreOptions) -> Store: ...
 
+    def session(self, options: StoreOptions) -> StoreOptions: ...
+
     def pod_storage(
         self, location: Location, *, read_only: bool, secret: str, endpoint: str, region: str
     ) -> PodStorage: ...
@@ -51,6 +53,12 @@ def parse_uri(uri: str) -> Location:
 
 def open_store(location: Location, options: StoreOptions | None = None) -> Store:
     return backend(location.scheme).open_store(location, options or StoreOptions())
+
+
+def session(location: Location, options: StoreOptions) -> StoreOptions:
+    """Options for a long-running process that opens a store per operation (each with its own
+    deadline): what can be reused between them (an S3 connection pool) is made once here."""
+    return backend(location.scheme).session(options)
 
 
 def pod_storage(

@@ -13,6 +13,7 @@ import base64
 import hashlib
 import os
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import ParseResult
 
@@ -59,6 +60,13 @@ def open_store(location: Location, options: StoreOptions) -> S3Store:
         timeout_s=options.timeout_s,
         client=options.client,
     )
+
+
+def session(options: StoreOptions) -> StoreOptions:
+    if options.client is not None:
+        return options
+    client = make_client(options.endpoint_url, options.region, options.timeout_s)
+    return replace(options, client=client)
 
 
 def pod_storage(
@@ -152,20 +160,24 @@ class S3Store:
     def uri(self, key: str) -> str:
         return self.location.uri(key)
 
-    def put_if_absent(self, key: str, data: bytes, content_type: str) -> bool:
+    def _put(self, key: str, data: bytes, content_type: str, **conditions: str) -> None:
+        # A checksum the server recomputes and refuses on mismatch: no torn or flipped upload.
         checksum = base64.b64encode(hashlib.sha256(data).digest()).decode("ascii")
+        self._check_deadline(f"uploading {self.uri(key)}")
+        self.client.put_object(
+            Bucket=self.bucket,
+            Key=key,
+            Body=data,
+            ContentType=content_type,
+            ChecksumAlgorithm="SHA256",
+            ChecksumSHA256=checksum,
+            **conditions,  # type: ignore[arg-type]
+        )
+
+    def put_if_absent(self, key: str, data: bytes, content_type: str) -> bool:
         for attempt in range(CONFLICT_RETRIES + 1):
-            self._check_deadline(f"uploading {self.uri(key)}")
             try:
-                self.client.put_object(
-                    Bucket=self.bucket,
-                    Key=key,
-                    Body=data,
-                    ContentType=content_type,
-                    ChecksumAlgorithm="SHA256",
-                    ChecksumSHA256=checksum,  # the server recomputes it and refuses a mismatch
-                    IfNoneMatch="*",
-                )
+                self._put(key, data, content_type, IfNoneMatch="*")
                 return True
             except ClientError as exc:
                 code, status = _code(exc)
@@ -182,17 +194,8 @@ class S3Store:
         return False
 
     def put(self, key: str, data: bytes, content_type: str) -> None:
-        checksum = base64.b64encode(hashlib.sha256(data).digest()).decode("ascii")
-        self._check_deadline(f"uploading {self.uri(key)}")
         try:
-            self.client.put_object(
-                Bucket=self.bucket,
-                Key=key,
-                Body=data,
-                ContentType=content_type,
-                ChecksumAlgorithm="SHA256",
-                ChecksumSHA256=checksum,
-            )
+            self._put(key, data, content_type)
         except (ClientError, BotoCoreError) as exc:
             raise StoreError(f"uploading {self.uri(key)} failed: {_describe(exc)}") from None
 

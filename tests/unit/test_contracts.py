@@ -1,0 +1,187 @@
+"""Each contract between processes, written and read by its one owner: what one side writes
+the other reads back whole, and every field the CRD declares is carried."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tunefleet import naming
+from tunefleet.api import TuningLimits, TuningProfileSpec
+from tunefleet.contracts.admission import INJECTED, UNTUNED, Admission, Code
+from tunefleet.contracts.artifact import ArtifactRecord, ShardRecord, status_fields
+from tunefleet.contracts.fetch import LOADED, REFUSED, FetchOutcome
+from tunefleet.contracts.fetch import UNTUNED as FETCH_UNTUNED
+from tunefleet.plugin.why import FIXES
+from tuner_job import exchange as ex
+
+ROOT = Path(__file__).resolve().parents[2]
+SHA = "ab" * 32
+
+
+def crd_artifact_fields() -> dict[str, Any]:
+    crd = yaml.safe_load((ROOT / "crds" / "tunefleet.io_tuningprofiles.yaml").read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    props: dict[str, Any] = schema["properties"]["status"]["properties"]["artifacts"]["items"][
+        "properties"
+    ]
+    return props
+
+
+def full_record() -> ArtifactRecord:
+    """A value in every field, none at its default."""
+    return ArtifactRecord(
+        uri=f"s3://b/p/ml/llm/M/{SHA}",
+        sha256=SHA,
+        gemms=12,
+        tuned_at="2026-12-01T10:00:00Z",
+        tuning_seconds=3.5,
+        revision="0123456789",
+        manifest_sha256="cd" * 32,
+        identity={"gpuName": "MI300X", "torch": "2.11.0"},
+        outcomes=(9, 3),
+        image_reference="registry.example.com/serve:1",
+        image_id="registry.example.com/serve@sha256:" + "e" * 64,
+        counts={"recorded": 14, "reused": 4, "resumed": 1, "newlyTuned": 7, "shards": 2},
+        library_key="f" * 64,
+        library_skipped=2,
+        library_skipped_reason="tuned under other validators",
+        gpu_model="M",
+        job="tune-llm-m-1234",
+    )
+
+
+def test_every_artifact_field_the_crd_declares_survives_message_and_status() -> None:
+    declared = crd_artifact_fields()
+    assert set(declared) == status_fields()
+    record = full_record()
+    # The pod writes its termination message; the operator reads it and adds the Job's part.
+    read = ArtifactRecord.from_message(record.to_message())
+    assert read is not None
+    read = read.for_job(gpu_model="M", revision=record.revision, job=record.job, image_id="")
+    status = read.to_status()
+    assert set(status) == set(declared)  # libraryKey included: it was never written before
+    assert status["libraryKey"] == "f" * 64
+    assert ArtifactRecord.from_status(status) == record
+    for name, schema in declared.items():  # each value has the type the CRD gives it
+        kind = {"string": str, "integer": int, "number": float, "object": dict}[schema["type"]]
+        assert isinstance(status[name], kind), name
+
+
+def test_the_message_fits_the_kubelets_4096_bytes_by_trimming_identity() -> None:
+    big = ArtifactRecord(uri="s3://b/x", sha256=SHA, identity={"a": "x" * 3000, "b": "y" * 2000})
+    message = big.to_message()
+    assert len(message.encode()) <= 4096 and json.loads(message)["identity"] == {"b": "y" * 2000}
+
+
+def test_a_shard_message_is_not_an_artifact_record() -> None:
+    shard = ShardRecord(1, 3, "s3://b/x/_shards/r/1-of-3", SHA, 5, 9, 2, 0, 3)
+    assert ArtifactRecord.from_message(shard.to_message()) is None
+    assert ShardRecord.from_message(shard.to_message()) == shard
+
+
+def test_records_of_the_wrong_shape_are_not_trusted() -> None:
+    assert ArtifactRecord.from_message("not json") is None
+    assert ArtifactRecord.from_message(json.dumps({"uri": 5, "sha256": SHA})) is None
+    odd = ArtifactRecord.from_message(json.dumps({"uri": "s3://b", "sha256": SHA, "gemms": "12"}))
+    assert odd is not None and odd.gemms is None
+
+
+@pytest.mark.parametrize("code", list(Code))
+def test_the_admission_marks_read_back_as_written(code: Code) -> None:
+    outcome = INJECTED if code in (Code.NONE, Code.IMAGE_MISMATCH) else UNTUNED
+    mark = Admission(outcome, code, "" if outcome == INJECTED else "why", SHA[:8], SHA, "M", "w")
+    pod: dict[str, Any] = {"metadata": {}}
+    mark.write(pod)
+    assert pod["metadata"]["labels"][naming.ADMISSION_LABEL] == outcome
+    assert Admission.read(pod) == mark
+
+
+def test_every_untuned_code_has_a_fix() -> None:
+    untuned = set(Code) - {Code.NONE, Code.IMAGE_MISMATCH, Code.ERROR, Code.UNKNOWN}
+    assert untuned == set(FIXES)
+
+
+def test_a_pod_of_an_older_version_reads_as_unknown_with_its_reason() -> None:
+    pod = {
+        "metadata": {
+            "labels": {naming.ADMISSION_LABEL: "untuned"},
+            "annotations": {naming.STATUS_ANNOTATION: "untuned: something"},
+        }
+    }
+    read = Admission.read(pod)
+    assert read is not None and (read.code, read.reason) == (Code.UNKNOWN, "something")
+    assert Admission.read({"metadata": {"labels": {}}}) is None
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        FetchOutcome(LOADED, files=2, gemms=12, sha256=SHA, dest="/r/tunableop_results%d.csv"),
+        FetchOutcome(FETCH_UNTUNED, "results.csv has SHA-256 x, expected y"),
+        FetchOutcome(REFUSED, "no object at s3://b/k"),
+    ],
+)
+def test_the_fetch_outcome_line_reads_back(outcome: FetchOutcome) -> None:
+    assert FetchOutcome.parse(outcome.line()) == outcome
+
+
+def test_the_sidecars_answers_read_back_as_written(tmp_path: Path) -> None:
+    ex.CheckpointAnswer("resumed", "3 GEMM(s) tuned earlier", 3).write(tmp_path)
+    assert ex.CheckpointAnswer.read(tmp_path) == ex.CheckpointAnswer(
+        "resumed", "3 GEMM(s) tuned earlier", 3
+    )
+    answer = ex.LibraryAnswer("k" * 64, 2, 10, (("o1", "bad"),), None)
+    answer.write(tmp_path)
+    assert ex.LibraryAnswer.read(tmp_path) == answer
+    ex.answer_without(tmp_path / "x", "bad arguments")
+    assert ex.LibraryAnswer.read(tmp_path / "x").error == "bad arguments"
+    assert (tmp_path / "x" / ex.CHECKPOINT_DONE).exists() and (
+        tmp_path / "x" / ex.LIBRARY_DONE
+    ).exists()
+
+
+# --- the revision --------------------------------------------------------------------------
+
+BASE = {
+    "image": "registry.example.com/serve:1",
+    "gpu": {"vendor": "amd", "models": ["AMD_Instinct_MI300X_OAM"]},
+    "workload": {"shapes": [{"mnk": [64, 64, 64]}]},
+    "storage": {"uri": "s3://bkt/p"},
+}
+
+
+class FutureTuning(TuningLimits):
+    """What a later version adds: a new tuning option, with a default."""
+
+    future_knob: int = 7
+
+
+class FutureSpec(TuningProfileSpec):
+    tuning: FutureTuning = FutureTuning()
+
+
+def test_a_new_option_at_its_default_keeps_every_revision() -> None:
+    today = naming.revision(TuningProfileSpec.model_validate(BASE))
+    assert naming.revision(FutureSpec.model_validate(BASE)) == today
+    set_explicitly = FutureSpec.model_validate({**BASE, "tuning": {"futureKnob": 7}})
+    assert naming.revision(set_explicitly) == today
+    changed = FutureSpec.model_validate({**BASE, "tuning": {"futureKnob": 8}})
+    assert naming.revision(changed) != today
+
+
+def test_settings_that_do_not_shape_results_are_one_set_for_revision_and_tuner() -> None:
+    from tunefleet.builders.job import tuning_config
+
+    spec = TuningProfileSpec.model_validate(BASE)
+    config = tuning_config(spec, "ml", "p", "M", naming.revision(spec))
+    excluded = {
+        f.alias or n for n, f in TuningLimits.model_fields.items() if n in naming.TUNING_NOT_SHAPING
+    }
+    assert excluded and not excluded & set(config["tuning"])
+    other = TuningProfileSpec.model_validate({**BASE, "tuning": {"backoffLimit": 3}})
+    assert naming.revision(other) == naming.revision(spec)
