@@ -135,6 +135,9 @@ def _record(
     found = collect_untuned(record_dir)
     for path, f in found:
         _log(f"{path.name}: {len(f.rows)} GEMM(s)")
+        for warning in f.warnings(path.name):
+            # One row torch's offline tuner could not rebuild must not cost the others.
+            _log(f"warning: not tuning {warning}")
     unique = dedupe_untuned([f for _, f in found])
     if not unique:
         raise TunerError(
@@ -163,7 +166,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
     gpus = args.gpus or cfg.gpus
     budget = args.budget_seconds or cfg.limits.budget_seconds
     _gpu(gpus)
-    unique = dedupe_untuned([read_untuned(p) for p in args.untuned])
+    files = []
+    for path in args.untuned:
+        f = read_untuned(path)
+        for warning in f.warnings(str(path)):
+            _log(f"warning: dropped {warning}")
+        files.append(f)
+    unique = dedupe_untuned(files)
     outcome = tune(unique, gpus=gpus, limits=cfg.limits, budget_s=budget)
     atomic_write_bytes(args.out, format_results(outcome.results).encode("utf-8"))
     _report_timing(outcome)

@@ -11,18 +11,40 @@ which itself contains commas, so it is taken as the rest of the line.
 OpSig is ``<Family>TunableOp_<types>_<AB>``: ``GemmTunableOp_BFloat16_TN``,
 ``GemmStridedBatchedTunableOp_float_NN``, ``GemmAndBiasTunableOp_Half_TN``,
 ``ScaledGemmTunableOp_Float8_e4m3fn_Float8_e4m3fn_BFloat16_TN``.
-ParamSig is ``<ab>_<m>_<n>_<k>[_B_<batch>]_ld_<lda>_<ldb>_<ldc>[...]``, for example
-``tn_4096_4096_4096_ld_4096_4096_4096`` or ``tn_128_128_64_B_96_ld_64_64_128``; scaled GEMMs end
-in ``_rw_<0|1>_bias_<dtype|None>``. Dimensions may be ``*`` (wildcard entries of recent torch).
-The ``_ld_`` part is optional: files written by torch 2.4 and 2.6 have none, 2.7.1's have it.
+ParamSig is ``<ab>_<m>_<n>_<k>[_B_<batch>][_ld_<lda>_<ldb>_<ldc>][<suffix>]`` (GemmCommon.h's
+``Signature()``): ``tn_4096_4096_4096_ld_4096_4096_4096``, ``tn_128_128_64_B_96_ld_64_64_128``.
+Dimensions are non-negative (a leading dimension can be 0) or ``*`` (the wildcard entries of
+torch 2.15's dynamic shapes). Suffixes: scaled GEMMs end in ``_rw_<0|1>_bias_<dtype|None>``
+(ROCm, and CUDA's wildcard form), plus ``_swz_<a>_<b>`` on ROCm 2.15, or in CUDA 2.15's labelled
+``_a_<T>_b_<T>_c_<T>_as_<T>_bs_<T>_ast_<n>_bst_<n>_dscale_<0|1>_fast_<0|1>_bias_<T>``; float GEMMs
+of 2.15 may end in a compute type (``_compute_bf16x9_r``). A suffix this module does not know
+(a newer torch's) is kept verbatim. The ``_ld_`` part is absent in files of torch 2.4 and 2.6.
 The letters and dimensions are cuBLAS's column-major ones: ``torch.mm(A, B)`` on row-major
 tensors runs as ``C^T = B^T A^T``, so its ``m`` is the product's columns, ``n`` its rows.
 
-TunableOp reads a file with ``std::getline`` (lines end at LF only) and compares validators as
-exact strings: a CRLF file or a byte-order mark makes it drop the whole file. Both are refused.
+Torch's own reader (TuningContext::ReadFile) is the reference for what a file means, and this
+parser reads as it reads: lines split on ``\n`` only, blank lines skipped, fields split on ``,``
+the way ``std::getline`` does (a trailing empty field is no field), a line of one or two fields
+dropped, a row of three fields has time 0, fields after the fourth are ignored, validator lines
+may come anywhere, the first row of a repeated key wins, times are read C-style (``atof``:
+``0.25ms`` is 0.25, ``abc`` is 0). On top of that, because a results file is content-addressed
+and shipped to every pod of a fleet:
 
-The parser is strict on purpose: a results file is content-addressed and shipped to every pod of
-a fleet, so anything TunableOp would misread is refused here, with its line number, instead.
+* a row that torch would load as garbage (no solution; a number where the solution goes; a
+  solution with spaces, quotes or control characters; an operator or parameter signature no
+  GEMM ever looks up; a row cut off at the end of the file; a solution other than ``Default`` on
+  a CUDA torch before 2.14, whose TunableOp then throws) is *dropped* from what is published,
+  with its line and reason in ``ResultsFile.dropped``, and never counted;
+* a repeated key keeps its first row, as in torch, and is counted in ``ResultsFile.duplicates``;
+* the whole file is refused (``CsvFormatError``, with its line) only for what makes torch drop
+  the whole file or load rows tuned under other validators: a byte-order mark, a carriage return
+  or NUL or non-UTF-8 byte in a validator line (CRLF files), no PT_VERSION validator, or one
+  validator given twice with different values (torch keeps the last).
+
+``check_validators`` is the other half of torch's check (ValidateAll): the file's validator set
+must be exactly the loading torch's, value for value. docs/tuner.md lists every deliberate
+difference from torch's reader; tests/conformance checks the rest against real torch.
+
 This module is stdlib-only: it runs in the user's image (tuner) and in ours (publish, fetch).
 """
 
@@ -31,7 +53,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,16 +67,36 @@ KNOWN_FAMILIES = ("Gemm", "GemmStridedBatched", "GemmAndBias", "ScaledGemm")
 _OP_RE = re.compile(
     r"^(?P<family>[A-Za-z]+)TunableOp_(?P<types>[A-Za-z0-9_:<>]+)_(?P<layout>[NT]{2})$"
 )
-_DIM = r"(?:[1-9]\d*|\*)"  # no zero (and no leading zeros) dimension
+_DIM = r"(?:\d+|\*)"  # ints as %ld writes them (0 included: a leading dimension can be 0), or *
 _PARAM_RE = re.compile(
     rf"^(?P<ta>[ntcNTC])(?P<tb>[ntcNTC])_(?P<m>{_DIM})_(?P<n>{_DIM})_(?P<k>{_DIM})"
     rf"(?:_B_(?P<batch>{_DIM}))?"
     rf"(?:_ld_(?P<lda>{_DIM})_(?P<ldb>{_DIM})_(?P<ldc>{_DIM}))?"
-    r"(?P<rest>(?:_[A-Za-z0-9.]+)*)$"
+    r"(?P<rest>(?:_[^_,\s]+)*)$"
 )
-_SCALED_REST_RE = re.compile(r"^_rw_[01]_bias_[A-Za-z0-9]+$")
-_VALIDATOR_KEY_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
-_SOLUTION_RE = re.compile(r"^[^\s,\"]+$")
+# A suffix starts with a word, never a number or the ld/B parts (those mean a cut-off or
+# mangled signature): "_compute_bf16x9_r", "_rw_0_bias_None_swz_1_1", "_a_Float8_e4m3fn_...".
+_SUFFIX_RE = re.compile(r"^_(?!ld_|B_)[A-Za-z][A-Za-z0-9]*(?:_[^_,\s]+)*$")
+_TYPE = r"[A-Za-z][A-Za-z0-9_]*?"
+SCALED_ROCM_RE = re.compile(rf"^_rw_[01]_bias_{_TYPE}(?:_swz_\d+_\d+)?$")
+SCALED_CUDA_RE = re.compile(
+    rf"^_a_{_TYPE}_b_{_TYPE}_c_{_TYPE}_as_{_TYPE}_bs_{_TYPE}_ast_\d+_bst_\d+"
+    rf"_dscale_[01]_fast_[01]_bias_{_TYPE}$"
+)
+COMPUTE_RE = re.compile(r"^_compute_[A-Za-z0-9_]+$")
+_NUMBER_RE = re.compile(
+    r"^[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|0[xX][0-9a-fA-F.]+(?:[pP][+-]?\d+)?"
+    r"|inf(?:inity)?|nan(?:\([^)]*\))?)$",
+    re.IGNORECASE,
+)
+# What a solution name looks like: Default, Gemm_Rocblas_-123, Gemm_Hipblaslt_TN_6139,
+# Gemm_Cublaslt_id_..._cluster_0. Spaces, quotes, control or non-ASCII characters never occur.
+_SOLUTION_RE = re.compile(r"^[A-Za-z][\x21-\x7e]*$")
+_BAD_SOLUTION_CHARS = re.compile(r"[\",']")
+DEFAULT_SOLUTION = "Default"  # TunableOp's name for the untuned BLAS call (ResultEntry::Default)
+# CUDA builds before this release register only the Default candidate (TunableGemm.h); from it
+# on they have cuBLASLt candidates and the CUBLASLT_VERSION and CUDA_DEVICE validators.
+CUDA_CANDIDATES_FROM = (2, 14)
 
 
 class CsvFormatError(ValueError):
@@ -92,7 +134,46 @@ class ParamSignature:
     lda: int | None
     ldb: int | None
     ldc: int | None
-    rest: str
+    rest: str  # the suffix after the dimensions, verbatim ("" when none)
+
+    @property
+    def wildcard(self) -> bool:
+        return None in (self.m, self.n, self.k) or "*" in self.raw
+
+
+def c_atof(text: str) -> float:
+    """What C's atof (strtod) reads from text: the longest number at its start, else 0."""
+    s = text.lstrip(" \t\n\v\f\r")
+    m = re.match(
+        r"[+-]?(?:0[xX](?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)(?:[pP][+-]?\d+)?"
+        r"|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf(?:inity)?|nan(?:\([0-9A-Za-z_]*\))?)",
+        s,
+        re.IGNORECASE,
+    )
+    if m is None:
+        return 0.0
+    num = m.group(0)
+    low = num.lower().lstrip("+-")
+    sign = -1.0 if num.startswith("-") else 1.0
+    if low.startswith("0x"):
+        body = low[2:]
+        exp = 0
+        if "p" in body:
+            body, e = body.split("p", 1)
+            exp = int(e)
+        whole, _, frac = body.partition(".")
+        value = float(int(whole or "0", 16))
+        for i, ch in enumerate(frac, start=1):
+            value += int(ch, 16) / 16.0**i
+        return sign * value * 2.0**exp
+    if low.startswith("nan"):
+        return math.nan
+    if low.startswith("inf"):
+        return sign * math.inf
+    try:
+        return float(num)
+    except OverflowError:  # pragma: no cover - float() returns inf rather than raising
+        return sign * math.inf
 
 
 @dataclass(frozen=True)
@@ -100,7 +181,7 @@ class ResultRow:
     op: str
     params: str
     solution: str
-    ms_text: str | None  # exactly as written, so a round trip keeps the bytes
+    ms_text: str | None  # exactly as written, so a round trip keeps the bytes; None: 3 fields
     blas: str | None = None
     line: int = 0
 
@@ -110,7 +191,18 @@ class ResultRow:
 
     @property
     def ms(self) -> float | None:
-        return None if self.ms_text is None else float(self.ms_text)
+        """The measured time, or None when there is none: no time field, or one that is not a
+        finite non-negative number as written (torch would read ``abc`` as 0 and ``-1`` as -1,
+        neither of which is a measurement)."""
+        if self.ms_text is None or not _NUMBER_RE.match(self.ms_text.strip()):
+            return None
+        value = c_atof(self.ms_text)
+        return value if math.isfinite(value) and value >= 0 else None
+
+    @property
+    def torch_ms(self) -> float:
+        """The time torch reads from this row: atof of the field, 0 without one."""
+        return 0.0 if self.ms_text is None else c_atof(self.ms_text)
 
 
 @dataclass(frozen=True)
@@ -126,10 +218,28 @@ class UntunedRow:
         return (self.op, self.params)
 
 
+@dataclass(frozen=True)
+class Dropped:
+    """A line kept out of what is published, and why (what torch would do with it first)."""
+
+    line: int
+    reason: str
+    text: str = ""
+
+    def describe(self, source: str = "") -> str:
+        where = f"{source}:{self.line}" if source else f"line {self.line}"
+        shown = self.text if len(self.text) <= 120 else self.text[:117] + "..."
+        return f"{where}: {self.reason}: {shown!r}"
+
+
 @dataclass
 class ResultsFile:
     validators: dict[str, str] = field(default_factory=dict)
     rows: list[ResultRow] = field(default_factory=list)
+    # Rows torch would load as garbage, and lines it skips itself: not in rows, not counted.
+    dropped: list[Dropped] = field(default_factory=list)
+    # (line, line of the first row with that key): torch keeps the first, and so do we.
+    duplicates: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def gemms(self) -> int:
@@ -138,10 +248,29 @@ class ResultsFile:
     def keys(self) -> set[tuple[str, str]]:
         return {r.key for r in self.rows}
 
+    def warnings(self, source: str = "") -> list[str]:
+        """One line per dropped line, then one for the repeated keys (the first 20 each)."""
+        out = [d.describe(source) for d in self.dropped[:20]]
+        if len(self.dropped) > 20:
+            out.append(f"{source or 'results'}: {len(self.dropped) - 20} more lines dropped")
+        if self.duplicates:
+            pairs = ", ".join(f"{a}<-{b}" for a, b in self.duplicates[:20])
+            more = f" and {len(self.duplicates) - 20} more" if len(self.duplicates) > 20 else ""
+            out.append(
+                f"{source or 'results'}: {len(self.duplicates)} GEMM key(s) appear more than "
+                f"once; the first row of each is kept, as TunableOp does (line<-first: "
+                f"{pairs}{more})"
+            )
+        return out
+
 
 @dataclass
 class UntunedFile:
     rows: list[UntunedRow] = field(default_factory=list)
+    dropped: list[Dropped] = field(default_factory=list)
+
+    def warnings(self, source: str = "") -> list[str]:
+        return [d.describe(source) for d in self.dropped]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -166,9 +295,12 @@ def _match_params(text: str, op: OpSignature | None) -> re.Match[str]:
     m = _PARAM_RE.match(text)
     if m is None:
         raise ValueError(
-            f"parameter signature {text!r} is not <ab>_<m>_<n>_<k>[_B_<b>]_ld_... "
-            "with positive dimensions"
+            f"parameter signature {text!r} is not <ab>_<m>_<n>_<k>[_B_<b>][_ld_...][_suffix]"
         )
+    rest = m["rest"]
+    if rest and not _SUFFIX_RE.match(rest):
+        # e.g. a cut-off "..._ld_4096_40": the ld group did not match and fell through here.
+        raise ValueError(f"parameter signature {text!r} has unexpected trailing {rest!r}")
     if op is not None:
         # The op's layout letters and the params' trans flags come from the same call; a
         # disagreement means a hand edit or a spliced line ('c', conjugate, is a transpose).
@@ -177,15 +309,8 @@ def _match_params(text: str, op: OpSignature | None) -> re.Match[str]:
             raise ValueError(f"layout {op.layout} of {op.raw} disagrees with {text!r}")
         if op.family == "GemmStridedBatched" and m["batch"] is None:
             raise ValueError(f"strided-batched GEMM {text!r} has no _B_<batch> part")
-        if op.family != "GemmStridedBatched" and m["batch"] is not None:
+        if op.family in KNOWN_FAMILIES and op.family != "GemmStridedBatched" and m["batch"]:
             raise ValueError(f"{op.family} GEMM {text!r} has a batch part")
-        rest = m["rest"]
-        if op.family == "ScaledGemm":
-            if rest and not _SCALED_REST_RE.match(rest):
-                raise ValueError(f"scaled GEMM {text!r} does not end in _rw_<0|1>_bias_<type>")
-        elif rest and op.family in KNOWN_FAMILIES:
-            # e.g. a cut-off "..._ld_4096_40": the ld group did not match and fell through here.
-            raise ValueError(f"parameter signature {text!r} has unexpected trailing {rest!r}")
     return m
 
 
@@ -206,15 +331,83 @@ def parse_param_signature(text: str, op: OpSignature | None = None) -> ParamSign
     )
 
 
+def check_signatures(op: str, params: str) -> str | None:
+    """Why no GEMM would ever look this (op, params) up, or None when one can."""
+    try:
+        _match_params(params, parse_op_signature(op))
+    except ValueError as exc:
+        return f"never looked up: {exc}"
+    return None
+
+
+def solution_problem(solution: str) -> str | None:
+    """Why torch would load this solution as garbage, or None."""
+    if solution == "":
+        return "no solution"
+    if _NUMBER_RE.match(solution.strip()):
+        return f"a number where the solution goes ({solution!r}: a row that lost its solution?)"
+    if not _SOLUTION_RE.match(solution) or _BAD_SOLUTION_CHARS.search(solution):
+        return (
+            f"solution {solution!r} is not a name TunableOp registers (it has spaces, quotes, "
+            "control or non-ASCII characters)"
+        )
+    return None
+
+
+def _release(version: str) -> tuple[int, int] | None:
+    m = re.match(r"^(\d+)\.(\d+)", version)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def only_default_candidates(validators: Mapping[str, str]) -> bool:
+    """A CUDA torch before 2.14 (its only validator is PT_VERSION; ROCm builds always add HIP,
+    BLAS and arch validators): TunableOp registers Default alone, and a row naming any other
+    solution makes its GEMM throw (TunableOp.h: TORCH_CHECK(iter != ops_.end()))."""
+    if set(validators) != {MANDATORY_VALIDATOR}:
+        return False
+    release = _release(validators[MANDATORY_VALIDATOR])
+    return release is not None and release < CUDA_CANDIDATES_FROM
+
+
+def getline_fields(line: str) -> list[str]:
+    """Fields as ``std::getline(ss, field, ',')`` yields them: a trailing empty one is none."""
+    fields = line.split(",")
+    if len(fields) > 1 and fields[-1] == "":
+        fields.pop()
+    elif fields == [""]:
+        return []
+    return fields
+
+
 def _split(line: str) -> tuple[list[str], str | None]:
     """Split a CSV line, keeping a BLAS_PARAMS tail (which contains commas) whole."""
     idx = line.find("," + BLAS_PREFIX)
     if idx >= 0:
-        return line[:idx].split(","), line[idx + 1 :]
-    return line.split(","), None
+        return getline_fields(line[:idx]) or [""], line[idx + 1 :]
+    return getline_fields(line), None
 
 
-def _lines(text: str, source: str) -> Iterable[tuple[int, str]]:
+_CRLF_FIX = (
+    "TunableOp splits lines on \\n only, keeps the \\r in the last field and so drops the whole "
+    "file; convert the file to LF line endings"
+)
+
+
+def _bad_chars(line: str) -> str | None:
+    if "\r" in line:
+        if line.endswith("\r") and "\r" not in line[:-1]:
+            return "CRLF line ending (\\r\\n)"
+        return "a carriage return (\\r)"
+    if "\x00" in line:
+        return "NUL byte"
+    if any("\udc80" <= ch <= "\udcff" for ch in line):
+        return "not UTF-8 text"
+    return None
+
+
+def _lines(text: str, source: str) -> Iterable[tuple[int, str, bool]]:
+    """(number, line, complete): every non-blank line; complete is False for a last line
+    without its newline (TunableOp reads it as is; a file torch wrote always ends in one)."""
     if text.startswith("\ufeff"):
         raise CsvFormatError(
             source,
@@ -223,111 +416,137 @@ def _lines(text: str, source: str) -> Iterable[tuple[int, str]]:
             "first line, which is then no Validator line, and drops the whole file; "
             "save the file as UTF-8 without a BOM",
         )
-    if "\x00" in text:
-        raise CsvFormatError(source, text[: text.index("\x00")].count("\n") + 1, "NUL byte")
-    if text and not text.endswith("\n"):
-        # TunableOp ends every line with a newline; a missing one is a cut-off file.
-        raise CsvFormatError(
-            source, text.count("\n") + 1, "last line has no newline (truncated file?)"
-        )
-    for number, line in enumerate(text.split("\n")[:-1], start=1):
-        if "\r" in line:
-            # TunableOp splits on \n only: "2.11.0\r" would not equal this torch's PT_VERSION.
-            what = (
-                "CRLF line ending (\\r\\n)"
-                if line.endswith("\r") and "\r" not in line[:-1]
-                else "a carriage return (\\r)"
-            )
-            raise CsvFormatError(
-                source,
-                number,
-                f"{what}: TunableOp splits lines on \\n only, keeps the \\r in the last field "
-                "and so drops the whole file; convert the file to LF line endings",
-            )
-        if line.strip() == "":
-            continue  # TunableOp skips empty lines too
-        yield number, line
-
-
-def _check_ms(value: str) -> None:
-    try:
-        ms = float(value)
-    except ValueError:
-        raise ValueError(f"time {value!r} is not a number") from None
-    if math.isnan(ms) or ms < 0:
-        raise ValueError(f"time {value!r} is not a non-negative number")
+    lines = text.split("\n")
+    last = len(lines)
+    for number, line in enumerate(lines, start=1):
+        if line.strip(" \t") == "":
+            continue  # TunableOp skips empty lines (and drops whitespace-only ones)
+        yield number, line, number < last
 
 
 def parse_results(
     text: str, source: str = "<results>", *, require_rows: bool = False
 ) -> ResultsFile:
-    """Parse a TunableOp results CSV; raise CsvFormatError naming the offending line."""
+    """Parse a TunableOp results CSV as torch reads it (see the module docstring).
+
+    Rows torch would load as garbage go to ``dropped``; repeated keys keep their first row and
+    are counted in ``duplicates``. Raises CsvFormatError, naming the line, only for what makes
+    torch drop the whole file (or mix tunings).
+    """
     out = ResultsFile()
     validator_lines: dict[str, int] = {}
     seen: dict[tuple[str, str], int] = {}
-    for number, line in _lines(text, source):
+    for number, line, complete in _lines(text, source):
         fields, blas = _split(line)
-        try:
-            if fields[0] == VALIDATOR:
-                if blas is not None or len(fields) != 3:
-                    raise ValueError(
-                        f"validator line needs exactly 3 fields (Validator,KEY,VALUE), "
-                        f"has {len(fields) + (blas is not None)}"
-                    )
-                key, value = fields[1], fields[2]
-                if not _VALIDATOR_KEY_RE.match(key):
-                    raise ValueError(f"validator key {key!r} is not UPPER_CASE")
-                if value == "" or value != value.strip():
-                    raise ValueError(f"validator {key} has an empty or padded value")
-                if key in out.validators and out.validators[key] != value:
-                    raise ValueError(
-                        f"validator {key} is {value!r} here but {out.validators[key]!r} "
-                        f"on line {validator_lines[key]}"
-                    )
-                out.validators[key] = value
-                validator_lines.setdefault(key, number)
+        bad = _bad_chars(line)
+        if fields and fields[0] == VALIDATOR:
+            if bad:
+                what = f"{bad} in a validator line"
+                fix = _CRLF_FIX if "\r" in line else "TunableOp would compare it and drop the file"
+                raise CsvFormatError(source, number, f"{what}: {fix}")
+            if len(fields) < 3:
+                out.dropped.append(Dropped(number, "a Validator line needs 3 fields", line))
                 continue
-            if len(fields) not in (3, 4):
-                raise ValueError(
-                    f"result row needs 4 fields (OpSig,ParamSig,Solution,ms), has {len(fields)}"
+            key, value = fields[1], fields[2]
+            if key in out.validators and out.validators[key] != value:
+                raise CsvFormatError(
+                    source,
+                    number,
+                    f"validator {key} is {value!r} here but {out.validators[key]!r} on line "
+                    f"{validator_lines[key]}: TunableOp keeps the last, and the rows tuned "
+                    "under the other would load as if tuned under it",
                 )
-            _match_params(fields[1], parse_op_signature(fields[0]))
-            solution = fields[2]
-            if not _SOLUTION_RE.match(solution):
-                raise ValueError(f"solution {solution!r} is empty or has spaces or quotes")
-            ms_text = fields[3] if len(fields) == 4 else None
-            if ms_text is not None:
-                _check_ms(ms_text)
-            row_key = (fields[0], fields[1])
-            if row_key in seen:
-                # TunableOp keeps the first and silently drops the rest: refuse the ambiguity.
-                raise ValueError(f"{fields[0]},{fields[1]} already appears on line {seen[row_key]}")
-            seen[row_key] = number
-            out.rows.append(ResultRow(fields[0], fields[1], solution, ms_text, blas, number))
-        except ValueError as exc:
-            raise CsvFormatError(source, number, str(exc)) from None
+            out.validators[key] = value
+            validator_lines.setdefault(key, number)
+            continue
+        if len(fields) < 3:
+            # TunableOp: "could not parse line"; a 2-field row is an untuned file's.
+            out.dropped.append(Dropped(number, f"{len(fields)} field(s): not a result row", line))
+            continue
+        op, params, solution = fields[0], fields[1], fields[2]
+        row_key = (op, params)
+        if row_key in seen:
+            out.duplicates.append((number, seen[row_key]))
+            continue
+        seen[row_key] = number
+        why = None
+        if not complete:
+            why = "last line has no newline (cut off?)"
+        elif bad:
+            why = bad
+        else:
+            why = solution_problem(solution) or check_signatures(op, params)
+        if why:
+            out.dropped.append(Dropped(number, why, line))
+            continue
+        ms_text = fields[3] if len(fields) >= 4 else None
+        out.rows.append(ResultRow(op, params, solution, ms_text, blas, number))
     if MANDATORY_VALIDATOR not in out.validators:
         raise CsvFormatError(
             source, 0, f"no Validator,{MANDATORY_VALIDATOR} line: TunableOp would ignore the file"
         )
+    if only_default_candidates(out.validators):
+        kept = []
+        for row in out.rows:
+            if row.solution == DEFAULT_SOLUTION:
+                kept.append(row)
+                continue
+            why = (
+                f"solution {row.solution!r} on CUDA torch {out.validators[MANDATORY_VALIDATOR]}, "
+                "which registers only Default: TunableOp would throw on this GEMM"
+            )
+            out.dropped.append(Dropped(row.line, why, f"{row.op},{row.params},{row.solution}"))
+        out.rows = kept
     if require_rows and not out.rows:
         raise CsvFormatError(source, 0, "no tuned GEMM rows")
     return out
 
 
+def check_validators(results: ResultsFile, expected: Mapping[str, str]) -> None:
+    """TunableOp's ValidateAll: exactly the loading torch's validators, value for value, or it
+    loads nothing. Raises ValidatorMismatchError naming each difference."""
+    got = results.validators
+    if got == dict(expected):
+        return
+    problems = []
+    for k in sorted(set(got) | set(expected)):
+        if k not in expected:
+            problems.append(f'"{k}" is provided, but this torch does not consume it')
+        elif k not in got:
+            problems.append(f'"{k}" is required, but the file does not provide it')
+        elif got[k] != expected[k]:
+            problems.append(f"{k} {got[k]!r}, this torch {expected[k]!r}")
+    raise ValidatorMismatchError("TunableOp would load nothing: " + "; ".join(problems))
+
+
 def parse_untuned(text: str, source: str = "<untuned>") -> UntunedFile:
-    """Parse an untuned-GEMM CSV written by PYTORCH_TUNABLEOP_RECORD_UNTUNED=1."""
+    """Parse an untuned-GEMM CSV written by PYTORCH_TUNABLEOP_RECORD_UNTUNED=1.
+
+    A row that torch's offline tuner could not rebuild (an operator or parameter signature no
+    GEMM has, a cut-off last line, stray characters) is dropped with its reason; a results file
+    (validator lines) is refused.
+    """
     out = UntunedFile()
-    for number, line in _lines(text, source):
+    seen: set[tuple[str, str]] = set()
+    for number, line, complete in _lines(text, source):
         fields, blas = _split(line)
-        try:
-            if fields[0] == VALIDATOR:
-                raise ValueError("validator line in an untuned file (is this a results file?)")
-            if len(fields) != 2:
-                raise ValueError(f"untuned row needs 2 fields (OpSig,ParamSig), has {len(fields)}")
-            _match_params(fields[1], parse_op_signature(fields[0]))
-        except ValueError as exc:
-            raise CsvFormatError(source, number, str(exc)) from None
+        if fields and fields[0] == VALIDATOR:
+            raise CsvFormatError(
+                source, number, "validator line in an untuned file (is this a results file?)"
+            )
+        why = _bad_chars(line)
+        if why is None and not complete:
+            why = "last line has no newline (cut off?)"
+        if why is None and len(fields) != 2:
+            why = f"untuned row needs 2 fields (OpSig,ParamSig), has {len(fields)}"
+        if why is None:
+            why = check_signatures(fields[0], fields[1])
+        if why:
+            out.dropped.append(Dropped(number, why, line))
+            continue
+        if (fields[0], fields[1]) in seen:
+            continue  # torch writes a GEMM once per process; a second one changes nothing
+        seen.add((fields[0], fields[1]))
         out.rows.append(UntunedRow(fields[0], fields[1], blas, number, source))
     return out
 
@@ -343,12 +562,14 @@ def read_untuned(path: str | Path) -> UntunedFile:
 
 
 def _read_text(path: Path) -> str:
-    data = path.read_bytes()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise CsvFormatError(str(path), line, "not UTF-8 text") from None
+    """The file's text; bytes that are not UTF-8 become surrogates, so that the lines holding
+    them are dropped (or, in a validator line, refused) like any other bad line."""
+    return path.read_bytes().decode("utf-8", errors="surrogateescape")
+
+
+def decode(data: bytes) -> str:
+    """Bytes of a results file as parse_results takes them (see _read_text)."""
+    return data.decode("utf-8", errors="surrogateescape")
 
 
 def format_ms(value: float) -> str:
@@ -387,11 +608,9 @@ def dedupe_untuned(files: Sequence[UntunedFile]) -> list[UntunedRow]:
     return out
 
 
-DEFAULT_SOLUTION = "Default"  # TunableOp's name for the untuned BLAS call (ResultEntry::Default)
-
-
 def is_placeholder(row: ResultRow) -> bool:
-    """A row that records no measurement: no time, or ``Default`` with time 0.
+    """A row that records no measurement: no time (or none that is a finite non-negative
+    number), or ``Default`` with time 0.
 
     ``ResultEntry::Default()`` in torch is ("Default", 0.0): what TunableOp falls back to without
     timing anything. A ``Default`` row with a positive time was measured like any other solution.
@@ -404,7 +623,7 @@ def _rank(row: ResultRow) -> tuple[int, float, str, str, str]:
     # A measured solution beats a placeholder; among measured ones the faster wins. The rest of
     # the key orders every distinct row, so merge(a, b) == merge(b, a) byte for byte.
     placeholder = is_placeholder(row)
-    ms = 0.0 if placeholder else float(row.ms_text or 0)
+    ms = 0.0 if placeholder else (row.ms or 0.0)
     return (int(placeholder), ms, row.solution, row.ms_text or "", row.blas or "")
 
 

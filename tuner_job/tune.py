@@ -228,14 +228,19 @@ def _remove_tree(path: Path) -> None:
 
 
 def _torch_files(tuning_dir: Path, log: Log) -> list[ResultsFile]:
-    """Every results file torch wrote into the tuning directory (realtime-appended per ordinal,
-    and mgpu's gathered copies), parsed; a file cut off by a kill is skipped."""
+    """Every results file torch wrote into the tuning directory (realtime-appended per ordinal),
+    parsed as torch reads them: a row cut off by a kill is dropped, never the whole file."""
     out: list[ResultsFile] = []
     for path in sorted(tuning_dir.glob("tuned*.csv")):
         try:
-            out.append(read_results(path))
+            parsed = read_results(path)
         except CsvFormatError as exc:
             log(f"skipping a results file torch left unfinished: {exc}")
+            continue
+        # A row cut off by a kill is dropped; the rest of the file still counts.
+        for warning in parsed.warnings(path.name):
+            log(f"warning: {warning}")
+        out.append(parsed)
     return out
 
 

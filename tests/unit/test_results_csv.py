@@ -87,7 +87,7 @@ def test_wildcard_dimensions_of_recent_torch_parse_as_unknown() -> None:
 
 def test_cuda_legacy_and_blaslog_results_parse() -> None:
     cuda = read_results(DATA / "cuda_results.csv")
-    assert list(cuda.validators) == ["PT_VERSION"]
+    assert list(cuda.validators) == ["PT_VERSION", "CUBLASLT_VERSION", "CUDA_DEVICE"]
     assert cuda.gemms == len(raw_rows(DATA / "cuda_results.csv"))
 
     legacy = read_results(DATA / "legacy_results.csv")
@@ -124,6 +124,11 @@ def test_format_is_canonical_and_round_trips() -> None:
 
 
 V = "Validator,PT_VERSION,2.11.0\n"
+# A ROCm file's validators: a CUDA file of torch 2.11 (PT_VERSION alone) can hold Default only.
+ROCM_V = (
+    "Validator,PT_VERSION,2.11.0\nValidator,HIP_VERSION,702\nValidator,HIPBLASLT_VERSION,1-a\n"
+    "Validator,ROCBLAS_VERSION,5.2.0\nValidator,GCN_ARCH_NAME,gfx942:sramecc+:xnack-\n"
+)
 GOOD = "GemmTunableOp_BFloat16_TN,tn_64_64_64_ld_64_64_64,Gemm_Hipblaslt_1,0.01\n"
 
 
@@ -131,61 +136,20 @@ GOOD = "GemmTunableOp_BFloat16_TN,tn_64_64_64_ld_64_64_64,Gemm_Hipblaslt_1,0.01\
     ("text", "line", "fragment"),
     [
         pytest.param(GOOD, 0, "no Validator,PT_VERSION", id="no-pt-version"),
-        pytest.param(V + GOOD + GOOD[:40], 3, "no newline", id="truncated-last-line"),
-        pytest.param(
-            V + "GemmTunableOp_BFloat16_TN,tn_4096_4096_4096_ld_4096_40,Default,0.1\n",
-            2,
-            "unexpected trailing",
-            id="cut-parameter-signature",
-        ),
-        pytest.param(
-            V + "GemmTunableOp_BFloat16_TN,tn_64_64_64_ld_64_64_64\n",
-            2,
-            "4 fields",
-            id="two-fields",
-        ),
-        pytest.param(V + GOOD.replace("0.01", "fast"), 2, "not a number", id="bad-time"),
-        pytest.param(V + GOOD.replace("0.01", "-1"), 2, "non-negative", id="negative-time"),
-        pytest.param(V + GOOD.replace("0.01", "nan"), 2, "non-negative", id="nan-time"),
-        pytest.param(V + GOOD.replace("_TN,", "_NN,"), 2, "disagrees", id="layout-mismatch"),
-        pytest.param(V + GOOD + "\n" + GOOD, 4, "already appears on line 2", id="duplicate-gemm"),
         pytest.param(
             V + GOOD + "Validator,PT_VERSION,2.10.0\n", 3, "on line 1", id="conflicting-validator"
         ),
-        pytest.param(
-            "Validator,PT_VERSION,2.11.0,extra\n", 1, "exactly 3 fields", id="validator-4-fields"
-        ),
-        pytest.param("Validator,pt_version,2.11.0\n", 1, "UPPER_CASE", id="validator-key-case"),
-        pytest.param(
-            V + "MatmulOp_BFloat16_TN,tn_1_1_1_ld_1_1_1,x,1\n", 2, "TunableOp_", id="bad-op"
-        ),
-        pytest.param(
-            V + GOOD.replace("Gemm_Hipblaslt_1", "Gemm Hipblaslt"), 2, "spaces", id="solution-space"
-        ),
-        pytest.param(
-            V + "GemmStridedBatchedTunableOp_float_NN,nn_64_64_64_ld_64_64_64,Default,0.1\n",
-            2,
-            "no _B_",
-            id="batched-without-batch",
-        ),
-        pytest.param(
-            V + "GemmTunableOp_float_NN,nn_64_64_64_B_2_ld_64_64_64,Default,0.1\n",
-            2,
-            "has a batch part",
-            id="plain-with-batch",
-        ),
-        pytest.param(
-            V + GOOD.replace("64_64_64_ld", "0_64_64_ld"), 2, "positive dimensions", id="zero-dim"
-        ),
-        pytest.param(V + "\x00" + GOOD, 2, "NUL", id="nul-byte"),
+        pytest.param("Validator,pt_version,2.11.0\n", 0, "no Validator,PT_VERSION", id="key-case"),
+        pytest.param("Validator,PT_VERSION,\n" + GOOD, 0, "no Validator,PT", id="empty-value"),
         # TunableOp splits on \n only: PT_VERSION would read "2.11.0\r" and the file be dropped.
         pytest.param(V.replace("\n", "\r\n") + GOOD, 1, "CRLF line ending", id="crlf-first-line"),
-        pytest.param(V + GOOD.replace("\n", "\r\n"), 2, "CRLF line ending", id="crlf-row"),
-        pytest.param(V + GOOD.replace(",0.01", ",0.01\r,"), 2, "carriage return", id="bare-cr"),
+        pytest.param(V + GOOD + V.replace(",2.11", ",2.\x0011"), 3, "NUL", id="nul-validator"),
         pytest.param("\ufeff" + V + GOOD, 1, "byte-order mark (BOM)", id="bom"),
     ],
 )
-def test_malformed_results_are_refused_with_their_line(text: str, line: int, fragment: str) -> None:
+def test_what_makes_torch_drop_the_whole_file_is_refused_with_its_line(
+    text: str, line: int, fragment: str
+) -> None:
     with pytest.raises(CsvFormatError) as err:
         parse_results(text, "sample.csv")
     assert err.value.line == line
@@ -195,32 +159,103 @@ def test_malformed_results_are_refused_with_their_line(text: str, line: int, fra
 
 
 @pytest.mark.parametrize(
-    ("text", "line", "fragment"),
+    ("bad", "fragment"),
     [
-        pytest.param("Validator,PT_VERSION,2.11.0\n", 1, "results file", id="validator"),
-        pytest.param(GOOD, 1, "2 fields", id="results-row"),
+        pytest.param(GOOD[:60], "no newline", id="truncated-last-line"),
         pytest.param(
-            "GemmTunableOp_BFloat16_TN,tn_1_1_1_ld_1_1_1\nGemmTunableOp_BFloat16_TN\n",
-            2,
-            "2 fields",
-            id="one-field",
+            "GemmTunableOp_BFloat16_TN,tn_4096_4096_4096_ld_4096_40,Default,0.1",
+            "unexpected trailing",
+            id="cut-parameter-signature",
         ),
+        pytest.param(
+            "GemmTunableOp_BFloat16_TN,tn_64_64_64_ld_64_64_64", "2 field(s)", id="two-fields"
+        ),
+        pytest.param("# a comment", "1 field(s)", id="comment"),
+        pytest.param(GOOD.replace("_TN,", "_NN,").strip(), "disagrees", id="layout-mismatch"),
+        pytest.param("MatmulOp_BFloat16_TN,tn_1_1_1_ld_1_1_1,x,1", "TunableOp_", id="bad-op"),
+        pytest.param(
+            GOOD.replace("Gemm_Hipblaslt_1", "Gemm Hipblaslt").strip(), "spaces", id="space"
+        ),
+        pytest.param(GOOD.replace("Gemm_Hipblaslt_1", "").strip(), "no solution", id="no-solution"),
+        pytest.param(
+            "GemmTunableOp_BFloat16_TN,tn_64_64_64_ld_64_64_64,0.0403",
+            "a number where the solution goes",
+            id="lost-solution",
+        ),
+        pytest.param(
+            "GemmStridedBatchedTunableOp_float_NN,nn_64_64_64_ld_64_64_64,Default,0.1",
+            "no _B_",
+            id="batched-without-batch",
+        ),
+        pytest.param(
+            "GemmTunableOp_float_NN,nn_64_64_64_B_2_ld_64_64_64,Default,0.1",
+            "has a batch part",
+            id="plain-with-batch",
+        ),
+        pytest.param(GOOD.replace("Hipblaslt", "Hip\x00blaslt").strip(), "NUL", id="nul-byte"),
+        pytest.param(GOOD.strip() + "\r", "CRLF line ending", id="crlf-row"),
+        pytest.param(GOOD.replace(",0.01", ",0.01\r,").strip(), "carriage return", id="bare-cr"),
+        pytest.param("Validator,FOO", "needs 3 fields", id="validator-2-fields"),
     ],
 )
-def test_malformed_untuned_files_are_refused_with_their_line(
-    text: str, line: int, fragment: str
-) -> None:
-    with pytest.raises(CsvFormatError) as err:
-        parse_untuned(text, "untuned0.csv")
-    assert (err.value.line, fragment in err.value.message) == (line, True)
+def test_a_bad_row_is_dropped_with_its_line_and_the_rest_kept(bad: str, fragment: str) -> None:
+    other = "GemmTunableOp_BFloat16_TN,tn_8_8_8_ld_8_8_8,Gemm_Hipblaslt_2,0.02\n"
+    text = ROCM_V + other + bad + ("\n" if "no newline" not in fragment else "")
+    parsed = parse_results(text, "sample.csv")
+    assert [r.params for r in parsed.rows] == ["tn_8_8_8_ld_8_8_8"]
+    (dropped,) = parsed.dropped
+    assert dropped.line == 7 and fragment in dropped.reason, dropped
+    assert parsed.warnings("sample.csv")[0].startswith("sample.csv:7: ")
 
 
-def test_non_utf8_file_is_refused_with_its_line(tmp_path: Path) -> None:
+def test_rows_are_read_as_torch_reads_them() -> None:
+    text = (
+        "Validator,PT_VERSION,2.11.0,ignored\n"  # extra fields of a validator are ignored
+        "\n   \n"
+        "GemmTunableOp_float_NN,nn_256_32_1_ld_0_1_256,Default,0.25ms\n"  # ld 0; atof
+        "GemmTunableOp_float_NN,nn_0_32_1_ld_1_1_1,Default\n"  # a zero dim; 3 fields: time 0
+        "GemmTunableOp_float_NT,nt_64_64_64_ld_64_64_64,Default,0.01,extra,fields\n"
+        "GemmTunableOp_float_NT,nt_8_8_8_ld_8_8_8,Default,0.5,\n"  # a trailing comma
+        "GemmTunableOp_BFloat16_TN,tn_*_4096_4096_ld_4096_4096_*,Default,abc\n"
+    )
+    parsed = parse_results(text)
+    assert parsed.validators == {"PT_VERSION": "2.11.0"}
+    got = {r.params: (r.solution, r.torch_ms, r.ms) for r in parsed.rows}
+    assert got == {
+        "nn_256_32_1_ld_0_1_256": ("Default", 0.25, None),
+        "nn_0_32_1_ld_1_1_1": ("Default", 0.0, None),
+        "nt_64_64_64_ld_64_64_64": ("Default", 0.01, 0.01),
+        "nt_8_8_8_ld_8_8_8": ("Default", 0.5, 0.5),
+        "tn_*_4096_4096_ld_4096_4096_*": ("Default", 0.0, None),
+    }
+    assert parsed.dropped == [] and parsed.duplicates == []
+
+
+def test_non_utf8_bytes_drop_their_row_or_refuse_a_validator(tmp_path: Path) -> None:
     path = tmp_path / "r.csv"
-    path.write_bytes(V.encode() + GOOD.encode() + b"GemmTunableOp_\xff\n")
+    bad_row = b"GemmTunableOp_BFloat16_TN,tn_1_1_1_ld_1_1_1,G\xff,1\n"
+    path.write_bytes(ROCM_V.encode() + GOOD.encode() + bad_row)
+    parsed = read_results(path)
+    assert parsed.gemms == 1 and "UTF-8" in parsed.dropped[0].reason
+    path.write_bytes(b"Validator,PT_VERSION,2.11.0\xe9\n" + GOOD.encode())
     with pytest.raises(CsvFormatError) as err:
         read_results(path)
-    assert err.value.line == 3 and "UTF-8" in err.value.message
+    assert err.value.line == 1 and "UTF-8" in err.value.message
+
+
+def test_an_untuned_file_drops_rows_the_offline_tuner_cannot_rebuild() -> None:
+    text = (
+        "GemmTunableOp_BFloat16_TN,tn_1_1_1_ld_1_1_1\n"
+        + GOOD  # a results row: 4 fields
+        + "GemmTunableOp_BFloat16_TN\n"
+        + "GemmTunableOp_BFloat16_TN,tn_1_1_1_ld_1_1_1\n"  # again: torch writes it once
+        + "GemmTunableOp_float_NN,nn_256_32_1_ld_0_1_256\n"
+    )
+    parsed = parse_untuned(text, "untuned0.csv")
+    assert [r.params for r in parsed.rows] == ["tn_1_1_1_ld_1_1_1", "nn_256_32_1_ld_0_1_256"]
+    assert [(d.line, "2 fields" in d.reason) for d in parsed.dropped] == [(2, True), (3, True)]
+    with pytest.raises(CsvFormatError, match="results file"):
+        parse_untuned("Validator,PT_VERSION,2.11.0\n", "untuned0.csv")
 
 
 def test_require_rows_refuses_a_file_with_only_validators() -> None:
@@ -290,9 +325,11 @@ def test_merge_refuses_results_tuned_under_different_validators() -> None:
 
 def test_crlf_and_bom_messages_say_what_to_do() -> None:
     with pytest.raises(CsvFormatError) as crlf:
-        parse_untuned("GemmTunableOp_BFloat16_TN,tn_1_1_1_ld_1_1_1\r\n", "u0.csv")
-    assert str(crlf.value).startswith("u0.csv:1: CRLF line ending")
+        parse_results((V + GOOD).replace("\n", "\r\n"), "r.csv")
+    assert str(crlf.value).startswith("r.csv:1: CRLF line ending")
     assert "LF line endings" in crlf.value.message
+    untuned = parse_untuned("GemmTunableOp_BFloat16_TN,tn_1_1_1_ld_1_1_1\r\n", "u0.csv")
+    assert untuned.rows == [] and "CRLF" in untuned.dropped[0].reason
     with pytest.raises(CsvFormatError) as bom:
         parse_results("\ufeff" + V + GOOD, "r.csv")
     assert "without a BOM" in bom.value.message and "signature" not in bom.value.message
