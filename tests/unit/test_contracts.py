@@ -121,13 +121,21 @@ def test_a_pod_of_an_older_version_reads_as_unknown_with_its_reason() -> None:
 @pytest.mark.parametrize(
     "outcome",
     [
-        FetchOutcome(LOADED, files=2, gemms=12, sha256=SHA, dest="/r/tunableop_results%d.csv"),
+        FetchOutcome(LOADED, files=2, gemms=12, sha256=SHA, dest="/r/%d.csv", tuned=10, default=2),
         FetchOutcome(FETCH_UNTUNED, "results.csv has SHA-256 x, expected y"),
         FetchOutcome(REFUSED, "no object at s3://b/k"),
     ],
 )
 def test_the_fetch_outcome_line_reads_back(outcome: FetchOutcome) -> None:
     assert FetchOutcome.parse(outcome.line()) == outcome
+
+
+def test_fetch_counts_tuned_and_default_rows_and_reads_its_older_line() -> None:
+    line = FetchOutcome(LOADED, files=1, gemms=3, sha256=SHA, dest="/d", tuned=1, default=2).line()
+    assert "with 3 GEMMs (1 tuned, 2 Default)" in line and "tuned GEMMs" not in line
+    old = f"tunefleet-fetch: wrote 2 results file(s) with 412 tuned GEMMs (sha256 {SHA}) to /d"
+    parsed = FetchOutcome.parse(old)
+    assert parsed is not None and (parsed.gemms, parsed.tuned) == (412, None)
 
 
 def test_the_sidecars_answers_read_back_as_written(tmp_path: Path) -> None:

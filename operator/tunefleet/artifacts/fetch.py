@@ -29,7 +29,7 @@ from tunefleet.storage.store import Store, StoreError, StoreOptions, check_sha25
 from tuner_job.files import sha256_hex, write_termination_log
 from tuner_job.manifest import ManifestError, loads
 from tuner_job.output import MANIFEST_NAME, RESULTS_NAME
-from tuner_job.results import CsvFormatError, count_outcomes, parse_results
+from tuner_job.results import CsvFormatError, Outcomes, count_outcomes, decode, parse_results
 
 FILE_PATTERN = "tunableop_results{}.csv"  # PYTORCH_TUNABLEOP_FILENAME=DEST/tunableop_results%d.csv
 MAX_RESULTS_BYTES = 256 << 20
@@ -46,6 +46,7 @@ class Fetched:
     paths: list[Path]
     gemms: int
     sha256: str
+    outcomes: Outcomes | None = None  # tuned and Default rows, as the manifest and status count
 
 
 def _verify(
@@ -55,7 +56,7 @@ def _verify(
     gpu_model: str | None,
     key_parts: tuple[str, ...],
     manifest_sha: str | None = None,
-) -> int:
+) -> Outcomes:
     actual = sha256_hex(results)
     if actual != sha:
         raise FetchError(
@@ -83,9 +84,15 @@ def _verify(
             f"artifact was tuned on {manifest.gpu_model!r}, this pod runs {gpu_model!r}"
         )
     try:
-        parsed = parse_results(results.decode("utf-8"), RESULTS_NAME, require_rows=True)
-    except (CsvFormatError, UnicodeDecodeError) as exc:
+        parsed = parse_results(decode(results), RESULTS_NAME, require_rows=True)
+    except CsvFormatError as exc:
         raise FetchError(f"results.csv does not parse: {exc}") from None
+    if parsed.dropped or parsed.duplicates:
+        # Published files are canonical: torch would load something here that no tuner wrote.
+        raise FetchError(
+            "results.csv holds rows TunableOp would load as garbage or twice: "
+            + "; ".join(parsed.warnings(RESULTS_NAME)[:3])
+        )
     if parsed.gemms != manifest.gemms:
         raise FetchError(f"manifest says {manifest.gemms} GEMMs, results.csv has {parsed.gemms}")
     if parsed.validators != manifest.validators:
@@ -95,7 +102,7 @@ def _verify(
             f"manifest outcomes {manifest.outcomes.to_dict()} differ from results.csv's "
             f"{count_outcomes(parsed).to_dict()}"
         )
-    return parsed.gemms
+    return count_outcomes(parsed)
 
 
 def write_device_files(dest: Path, data: bytes, devices: int) -> list[Path]:
@@ -154,9 +161,9 @@ def fetch(
     except StoreError as exc:
         raise FetchError(str(exc)) from None
     path = (location.prefix or location.bucket).strip("/").split("/")
-    gemms = _verify(results, manifest_bytes, sha, gpu_model, tuple(path[:-1]), manifest_sha)
+    outcomes = _verify(results, manifest_bytes, sha, gpu_model, tuple(path[:-1]), manifest_sha)
     paths = write_device_files(dest, results, devices)
-    return Fetched(paths, gemms, sha)
+    return Fetched(paths, outcomes.gemms, sha, outcomes)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -225,6 +232,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         gemms=got.gemms,
         sha256=got.sha256,
         dest=str(Path(args.dest) / "tunableop_results%d.csv"),
+        tuned=got.outcomes.tuned if got.outcomes else None,
+        default=got.outcomes.default if got.outcomes else None,
     )
     _say(loaded.line(), log_path, sys.stdout)
     return 0

@@ -31,7 +31,7 @@ from tuner_job.manifest import (
     loads,
 )
 from tuner_job.output import MANIFEST_NAME, RESULTS_NAME, build_output
-from tuner_job.results import ResultsFile, merge_results, parse_results
+from tuner_job.results import ResultsFile, decode, merge_results, parse_results
 
 from . import cli
 from .library import SCOPES, check_revision, check_scope, check_shard, shard_base
@@ -99,7 +99,7 @@ def read_shard(
             f"{where} at {uri}/ describes revision {got[0]!r} shard {got[1]} of {got[2]}, "
             f"not revision {revision!r} shard {shard} of {shards}"
         )
-    results = parse_results(results_bytes.decode("utf-8"), uri)
+    results = parse_results(decode(results_bytes), uri)
     return Shard(shard, uri, manifest, results)
 
 

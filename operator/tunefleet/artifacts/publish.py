@@ -39,7 +39,7 @@ from tuner_job.config import SHARD_ENV
 from tuner_job.files import sha256_hex
 from tuner_job.manifest import ImageRef, Manifest, ManifestError, loads
 from tuner_job.output import MANIFEST_NAME, RESULTS_NAME
-from tuner_job.results import CsvFormatError, count_outcomes, parse_results
+from tuner_job.results import CsvFormatError, count_outcomes, decode, parse_results
 
 from . import cli
 from .library import SCOPES, Added, add_entry, check_revision, check_scope, check_shard, shard_base
@@ -129,11 +129,17 @@ def check_artifact(
 ) -> None:
     """results.csv against its manifest (SHA-256, GEMMs, validators, outcomes, names)."""
     try:
-        parsed = parse_results(results.decode("utf-8"), source, require_rows=require_rows)
-    except (CsvFormatError, UnicodeDecodeError) as exc:
+        parsed = parse_results(decode(results), source, require_rows=require_rows)
+    except CsvFormatError as exc:
         raise PublishError(str(exc)) from None
     sha = sha256_hex(results)
     checks = [
+        (
+            not parsed.dropped and not parsed.duplicates,
+            # The tuner writes only rows torch reads as written; anything else is not published.
+            "results.csv holds rows TunableOp would load as garbage or twice: "
+            + "; ".join(parsed.warnings(source)[:3]),
+        ),
         (
             manifest.results_sha256 == sha,
             f"manifest resultsSha256 {manifest.results_sha256} "

@@ -14,8 +14,11 @@ CONTAINER = "tunefleet-fetch"  # the init container's name in a model pod
 LOADED, UNTUNED, REFUSED = "loaded", "untuned", "refused"
 _UNTUNED_WORDS = "starting untuned:"
 _REFUSED_WORDS = "refusing to start:"
+# "with 412 GEMMs (400 tuned, 12 Default)": tuned and Default counted as status counts them
+# (count_outcomes); fetch before that wrote "with 412 tuned GEMMs", counting every row.
 _LOADED_RE = re.compile(
-    r"wrote (?P<files>\d+) results file\(s\) with (?P<gemms>\d+) tuned GEMMs "
+    r"wrote (?P<files>\d+) results file\(s\) with (?P<gemms>\d+) "
+    r"(?:GEMMs \((?P<tuned>\d+) tuned, (?P<default>\d+) Default\)|tuned GEMMs) "
     r"\(sha256 (?P<sha>[0-9a-f]+)\) to (?P<dest>\S+)"
 )
 
@@ -28,12 +31,15 @@ class FetchOutcome:
     gemms: int = 0
     sha256: str = ""
     dest: str = ""
+    tuned: int | None = None  # GEMMs where a kernel other than Default won
+    default: int | None = None  # GEMMs where Default won or was the only candidate
 
     def line(self) -> str:
         if self.verdict == LOADED:
+            tuned, default = self.tuned or 0, self.default or 0
             return (
-                f"{PROG}: wrote {self.files} results file(s) with {self.gemms} tuned GEMMs "
-                f"(sha256 {self.sha256}) to {self.dest}"
+                f"{PROG}: wrote {self.files} results file(s) with {self.gemms} GEMMs "
+                f"({tuned} tuned, {default} Default) (sha256 {self.sha256}) to {self.dest}"
             )
         words = _REFUSED_WORDS if self.verdict == REFUSED else _UNTUNED_WORDS
         return f"{PROG}: {words} {self.reason}"
@@ -52,5 +58,7 @@ class FetchOutcome:
                 gemms=int(m["gemms"]),
                 sha256=m["sha"],
                 dest=m["dest"],
+                tuned=int(m["tuned"]) if m["tuned"] is not None else None,
+                default=int(m["default"]) if m["default"] is not None else None,
             )
         return None
