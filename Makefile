@@ -9,11 +9,13 @@ PY      := $(VENV)/bin/python
 STATE   ?= $(CURDIR)/.tunefleet
 export TUNEFLEET_STATE := $(STATE)
 
-.PHONY: help venv tools images demo test lint unit e2e cluster-up cluster-down run bench sync-crds clean
+.PHONY: help venv tools torch-venvs images demo test lint unit conformance e2e cluster-up cluster-down run bench sync-crds clean
 
 help:
 	@echo "make demo          set up and run the whole flow on the local control plane"
-	@echo "make test          lint, unit tests and end-to-end tests (starts the cluster if needed)"
+	@echo "make test          lint, unit, conformance (real torch wheels) and end-to-end tests"
+	@echo "                   (builds the torch venvs and starts the cluster if needed)"
+	@echo "make conformance   tunefleet against the real torch 2.11 and newest wheels (no GPU)"
 	@echo "make cluster-up    start etcd, kube-apiserver, controller-manager, scheduler, kwok, S3"
 	@echo "                   and one real node (containerd, kubelet, kube-proxy; no GPU)"
 	@echo "                   kubeconfig: $(STATE)/kubeconfig   S3 settings: $(STATE)/s3.env"
@@ -33,6 +35,11 @@ venv: $(VENV)/.stamp
 tools:
 	hack/build-tools.sh >/dev/null
 
+# Real torch for the conformance suite, in venvs cached outside the repo (~10 GB, minutes cold,
+# about a second warm); the project's .venv never gets torch.
+torch-venvs:
+	hack/torch-venvs.sh >/dev/null
+
 # Rebuilds only what changed (seconds when nothing did); imports into the real node if it is up,
 # else cluster-up does.
 images:
@@ -51,14 +58,18 @@ lint: venv tools
 	PATH="$$(hack/build-tools.sh --dir):$$PATH" helm lint charts/tunefleet
 
 unit: venv
-	$(VENV)/bin/pytest -m "not e2e and not gpu"
+	$(VENV)/bin/pytest -m "not e2e and not gpu and not conformance"
+
+conformance: venv torch-venvs
+	TUNEFLEET_CONFORMANCE=required $(VENV)/bin/pytest -m conformance
 
 e2e: venv tools images
 	$(VENV)/bin/pytest -m e2e
 
-# One pytest run for everything: the e2e fixtures start the local cluster when it is not up.
-test: lint images
-	$(VENV)/bin/pytest -m "not gpu"
+# One pytest run for everything: the e2e fixtures start the local cluster when it is not up;
+# the conformance suite must find its torch venvs (a missing one fails it, not skips it).
+test: lint images torch-venvs
+	TUNEFLEET_CONFORMANCE=required $(VENV)/bin/pytest -m "not gpu"
 
 # Outside a cluster the operator registers its own webhook by URL on loopback (needs rights
 # to write MutatingWebhookConfigurations); set WEBHOOK_REGISTER= to skip that.

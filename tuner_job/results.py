@@ -100,12 +100,13 @@ CUDA_CANDIDATES_FROM = (2, 14)
 
 
 class CsvFormatError(ValueError):
-    """A TunableOp CSV that TunableOp would misread; names the file and line."""
+    """A TunableOp CSV that TunableOp would misread; names the file, line and rule."""
 
-    def __init__(self, source: str, line: int, message: str) -> None:
+    def __init__(self, source: str, line: int, message: str, rule: str = "") -> None:
         self.source = source
         self.line = line
         self.message = message
+        self.rule = rule  # one of FILE_RULES
         where = f"{source}:{line}" if line > 0 else source
         super().__init__(f"{where}: {message}")
 
@@ -218,6 +219,29 @@ class UntunedRow:
         return (self.op, self.params)
 
 
+# Why a whole file is refused, and why a line is kept out of what is published. Rules marked
+# torch=True are what torch's reader does too (it drops such lines); the others are deliberate
+# differences, each listed in docs/tuner.md ("What the parser does differently from torch").
+FILE_RULES = {
+    "bom": "a byte-order mark at the start",
+    "validator-bad-bytes": "a CR, NUL or non-UTF-8 byte in a validator line",
+    "conflicting-validator": "one validator given twice with different values",
+    "no-pt-version": "no PT_VERSION validator",
+    "no-rows": "no GEMM rows where rows are required",
+}
+ROW_RULES = {
+    "short-line": ("a line of 1 or 2 fields", True),
+    "short-validator": ("a Validator line of 2 fields", True),
+    "cut-off": ("a last line without its newline", False),
+    "bad-bytes": ("a CR, NUL or non-UTF-8 byte in a row", False),
+    "no-solution": ("an empty solution", False),
+    "number-as-solution": ("a number where the solution goes", False),
+    "bad-solution": ("a solution with spaces, quotes, control or non-ASCII characters", False),
+    "never-looked-up": ("an operator or parameter signature no GEMM looks up", False),
+    "cuda-default-only": ("a solution other than Default on CUDA torch before 2.14", False),
+}
+
+
 @dataclass(frozen=True)
 class Dropped:
     """A line kept out of what is published, and why (what torch would do with it first)."""
@@ -225,6 +249,8 @@ class Dropped:
     line: int
     reason: str
     text: str = ""
+    rule: str = ""  # one of ROW_RULES
+    key: tuple[str, str] | None = None  # for a row: its (op, params), which torch loads
 
     def describe(self, source: str = "") -> str:
         where = f"{source}:{self.line}" if source else f"line {self.line}"
@@ -340,14 +366,16 @@ def check_signatures(op: str, params: str) -> str | None:
     return None
 
 
-def solution_problem(solution: str) -> str | None:
-    """Why torch would load this solution as garbage, or None."""
+def solution_problem(solution: str) -> tuple[str, str] | None:
+    """(rule, reason) when torch would load this solution as garbage, else None."""
     if solution == "":
-        return "no solution"
+        return "no-solution", "no solution"
     if _NUMBER_RE.match(solution.strip()):
-        return f"a number where the solution goes ({solution!r}: a row that lost its solution?)"
+        return "number-as-solution", (
+            f"a number where the solution goes ({solution!r}: a row that lost its solution?)"
+        )
     if not _SOLUTION_RE.match(solution) or _BAD_SOLUTION_CHARS.search(solution):
-        return (
+        return "bad-solution", (
             f"solution {solution!r} is not a name TunableOp registers (it has spaces, quotes, "
             "control or non-ASCII characters)"
         )
@@ -415,6 +443,7 @@ def _lines(text: str, source: str) -> Iterable[tuple[int, str, bool]]:
             "starts with a UTF-8 byte-order mark (BOM): TunableOp reads the BOM as part of the "
             "first line, which is then no Validator line, and drops the whole file; "
             "save the file as UTF-8 without a BOM",
+            "bom",
         )
     lines = text.split("\n")
     last = len(lines)
@@ -422,6 +451,20 @@ def _lines(text: str, source: str) -> Iterable[tuple[int, str, bool]]:
         if line.strip(" \t") == "":
             continue  # TunableOp skips empty lines (and drops whitespace-only ones)
         yield number, line, number < last
+
+
+def _row_problem(
+    op: str, params: str, solution: str, bad: str | None, complete: bool
+) -> tuple[str, str] | None:
+    if not complete:
+        return "cut-off", "last line has no newline (cut off?)"
+    if bad:
+        return "bad-bytes", bad
+    found = solution_problem(solution)
+    if found:
+        return found
+    why = check_signatures(op, params)
+    return ("never-looked-up", why) if why else None
 
 
 def parse_results(
@@ -443,9 +486,10 @@ def parse_results(
             if bad:
                 what = f"{bad} in a validator line"
                 fix = _CRLF_FIX if "\r" in line else "TunableOp would compare it and drop the file"
-                raise CsvFormatError(source, number, f"{what}: {fix}")
+                raise CsvFormatError(source, number, f"{what}: {fix}", "validator-bad-bytes")
             if len(fields) < 3:
-                out.dropped.append(Dropped(number, "a Validator line needs 3 fields", line))
+                why = "a Validator line needs 3 fields (TunableOp skips it)"
+                out.dropped.append(Dropped(number, why, line, "short-validator"))
                 continue
             key, value = fields[1], fields[2]
             if key in out.validators and out.validators[key] != value:
@@ -455,13 +499,15 @@ def parse_results(
                     f"validator {key} is {value!r} here but {out.validators[key]!r} on line "
                     f"{validator_lines[key]}: TunableOp keeps the last, and the rows tuned "
                     "under the other would load as if tuned under it",
+                    "conflicting-validator",
                 )
             out.validators[key] = value
             validator_lines.setdefault(key, number)
             continue
         if len(fields) < 3:
             # TunableOp: "could not parse line"; a 2-field row is an untuned file's.
-            out.dropped.append(Dropped(number, f"{len(fields)} field(s): not a result row", line))
+            why = f"{len(fields)} field(s): not a result row (TunableOp drops it too)"
+            out.dropped.append(Dropped(number, why, line, "short-line"))
             continue
         op, params, solution = fields[0], fields[1], fields[2]
         row_key = (op, params)
@@ -469,21 +515,18 @@ def parse_results(
             out.duplicates.append((number, seen[row_key]))
             continue
         seen[row_key] = number
-        why = None
-        if not complete:
-            why = "last line has no newline (cut off?)"
-        elif bad:
-            why = bad
-        else:
-            why = solution_problem(solution) or check_signatures(op, params)
-        if why:
-            out.dropped.append(Dropped(number, why, line))
+        problem = _row_problem(op, params, solution, bad, complete)
+        if problem:
+            out.dropped.append(Dropped(number, problem[1], line, problem[0], row_key))
             continue
         ms_text = fields[3] if len(fields) >= 4 else None
         out.rows.append(ResultRow(op, params, solution, ms_text, blas, number))
     if MANDATORY_VALIDATOR not in out.validators:
         raise CsvFormatError(
-            source, 0, f"no Validator,{MANDATORY_VALIDATOR} line: TunableOp would ignore the file"
+            source,
+            0,
+            f"no Validator,{MANDATORY_VALIDATOR} line: TunableOp would ignore the file",
+            "no-pt-version",
         )
     if only_default_candidates(out.validators):
         kept = []
@@ -495,10 +538,11 @@ def parse_results(
                 f"solution {row.solution!r} on CUDA torch {out.validators[MANDATORY_VALIDATOR]}, "
                 "which registers only Default: TunableOp would throw on this GEMM"
             )
-            out.dropped.append(Dropped(row.line, why, f"{row.op},{row.params},{row.solution}"))
+            text_ = f"{row.op},{row.params},{row.solution}"
+            out.dropped.append(Dropped(row.line, why, text_, "cuda-default-only", row.key))
         out.rows = kept
     if require_rows and not out.rows:
-        raise CsvFormatError(source, 0, "no tuned GEMM rows")
+        raise CsvFormatError(source, 0, "no tuned GEMM rows", "no-rows")
     return out
 
 
@@ -534,15 +578,20 @@ def parse_untuned(text: str, source: str = "<untuned>") -> UntunedFile:
             raise CsvFormatError(
                 source, number, "validator line in an untuned file (is this a results file?)"
             )
-        why = _bad_chars(line)
-        if why is None and not complete:
-            why = "last line has no newline (cut off?)"
-        if why is None and len(fields) != 2:
+        problem: tuple[str, str] | None = None
+        bad = _bad_chars(line)
+        if bad:
+            problem = "bad-bytes", bad
+        elif not complete:
+            problem = "cut-off", "last line has no newline (cut off?)"
+        elif len(fields) != 2:
             why = f"untuned row needs 2 fields (OpSig,ParamSig), has {len(fields)}"
-        if why is None:
-            why = check_signatures(fields[0], fields[1])
-        if why:
-            out.dropped.append(Dropped(number, why, line))
+            problem = "short-line", why
+        else:
+            signatures = check_signatures(fields[0], fields[1])
+            problem = ("never-looked-up", signatures) if signatures else None
+        if problem:
+            out.dropped.append(Dropped(number, problem[1], line, problem[0]))
             continue
         if (fields[0], fields[1]) in seen:
             continue  # torch writes a GEMM once per process; a second one changes nothing
