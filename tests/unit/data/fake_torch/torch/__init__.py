@@ -1,4 +1,4 @@
-"""A stand-in for torch 2.11, for tunefleet's unit tests and its stand-in inference image.
+"""A stand-in for torch 2.11 (and, as a persona, 2.15), for tunefleet's tests and stand-in image.
 
 It computes nothing. It follows what tuner_job relies on from torch 2.11, read from PyTorch's
 source (aten/src/ATen/cuda/tunable/*, aten/src/ATen/native/cuda/Blas.cpp and ScaledBlas.cpp,
@@ -24,10 +24,28 @@ It says it is a stand-in wherever it shows: ``torch.__version__`` (and so the PT
 validator, which a real torch rejects) is ``2.11.0+standin``, the device is "Stand-in GPU ...",
 and whatever it prints starts with ``[stand-in torch]``. Its "results" are not measurements.
 
+Personas (FAKE_TORCH_PERSONA 2.11 (default) | 2.15): what each release of torch does, as checked
+by tests/conformance against the real wheels. 2.15: PT_VERSION, CUBLASLT_VERSION and CUDA_DEVICE
+validators on CUDA (they need the device: without one get_validators() raises and no file
+loads), ``Gemm_Cublaslt_id_..._cluster_<n>`` candidates (Default plus
+PYTORCH_TUNABLEOP_CUBLASLT_REQUESTED_ALGO_COUNT of them, 8 by default, at least 1), its
+parameter formats (``_compute_bf16x9_r`` and op type ``bfx9`` for float32 GEMMs under BF16x9
+precision, which the stand-in turns on with FAKE_TORCH_FP32_PRECISION=bf16x9; the labelled CUDA
+ScaledGemm signature: _scaled_mm goes through TunableOp on CUDA from 2.14; the ``*`` entries of
+``dynamic_dims_mask``), its API additions, and its mgpu_tune_gemm_in_file (one process per GPU
+with set_device, "offline tuning processes failed" when one raises, nothing gathered then).
+
+Without a device (FAKE_TORCH_MODE=no-device) it raises where real torch raises: get_results()
+before set_filename, set_filename(x, True), get_rotating_buffer_size(), tune_gemm_in_file()
+("Found no NVIDIA driver"), mgpu_tune_gemm_in_file(), and on 2.15 get_validators().
+
 Environment: FAKE_TORCH_MODE gpu (default) | cpu-build | no-device | broken;
 FAKE_TORCH_BACKEND cuda (default) | rocm; FAKE_TORCH_GPUS device count (default 1);
 FAKE_TORCH_CURRENT_DEVICE; FAKE_TORCH_TUNE_SLEEP seconds per tuned GEMM; FAKE_TORCH_LOG a file
-that gets one JSON line per tunable API call (for tests).
+that gets one JSON line per tunable API call (for tests), and a "cuda_context" line the first
+time a process does what creates a CUDA context (set_device, a GEMM, synchronize);
+FAKE_TORCH_TUNE_HANG_AFTER N: a process hangs in its (N+1)th tuned GEMM (a GEMM stuck in torch);
+FAKE_TORCH_FP32_PRECISION ieee (default) | bf16x9 (2.15: float32 GEMMs as bfx9).
 """
 
 from __future__ import annotations
@@ -54,10 +72,14 @@ if MODE == "broken":
 if MODE not in ("gpu", "cpu-build", "no-device") or BACKEND not in ("cuda", "rocm"):
     raise ImportError(f"{PREFIX} FAKE_TORCH_MODE={MODE!r} / FAKE_TORCH_BACKEND={BACKEND!r}?")
 
-__version__ = "2.11.0+cpu.standin" if MODE == "cpu-build" else "2.11.0+standin"
+PERSONA = os.environ.get("FAKE_TORCH_PERSONA", "2.11").removesuffix(".0")
+if PERSONA not in ("2.11", "2.15"):
+    raise ImportError(f"{PREFIX} FAKE_TORCH_PERSONA={PERSONA!r}? (2.11 or 2.15)")
+_V215 = PERSONA == "2.15"
+__version__ = f"{PERSONA}.0+cpu.standin" if MODE == "cpu-build" else f"{PERSONA}.0+standin"
 _ROCM = BACKEND == "rocm"
 version = types.SimpleNamespace(
-    cuda=None if MODE == "cpu-build" or _ROCM else "13.0",
+    cuda=None if MODE == "cpu-build" or _ROCM else ("13.2" if _V215 else "13.0"),
     hip="7.0.0-standin" if MODE != "cpu-build" and _ROCM else None,
 )
 DEVICE_NAME = "Stand-in GPU (tunefleet test image: computes nothing)"
@@ -75,6 +97,9 @@ def _log(event: str, **fields: Any) -> None:
     if path:
         with open(path, "a", encoding="utf-8") as f:
             f.write(json.dumps({"event": event, "pid": os.getpid(), **fields}) + "\n")
+
+
+_log("import", argv=sys.argv, persona=PERSONA)
 
 
 # --- dtypes and tensors (shapes and strides only) --------------------------------------------
@@ -265,13 +290,42 @@ def _gpus() -> int:
     return int(os.environ.get("FAKE_TORCH_GPUS", "1")) if MODE == "gpu" else 0
 
 
+class AcceleratorError(RuntimeError):
+    """torch.AcceleratorError: what a CUDA call raises without a usable driver."""
+
+
+_NO_DRIVER = "CUDA error: CUDA driver version is insufficient for CUDA runtime version"
+_NO_NVIDIA = (
+    "Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU and "
+    "installed a driver from http://www.nvidia.com/Download/index.aspx"
+)
+
+
+def _need_device(what: str = "") -> None:
+    if MODE != "gpu":
+        raise AcceleratorError(f"{PREFIX} {_NO_DRIVER}")
+
+
+def _context(why: str) -> None:
+    """A CUDA context on the current device: made once per process and device, and logged."""
+    _need_device()
+    made = _state.setdefault("contexts", set())
+    if _state["device"] not in made:
+        made.add(_state["device"])
+        _log("cuda_context", device=_state["device"], why=why)
+
+
+def _device_name(i: int = 0) -> str:
+    return os.environ.get("FAKE_TORCH_DEVICE_NAME", DEVICE_NAME)
+
+
 def _properties(i: int = 0) -> types.SimpleNamespace:
     props = types.SimpleNamespace(
-        name=DEVICE_NAME,
+        name=_device_name(i),
         total_memory=80 * 1024**3,
         major=9,
         minor=4 if _ROCM else 0,
-        multi_processor_count=132,
+        multi_processor_count=int(os.environ.get("FAKE_TORCH_CUS", "304" if _ROCM else "132")),
         l2CacheSize=50 * 1024**2,
     )
     if _ROCM:
@@ -281,10 +335,23 @@ def _properties(i: int = 0) -> types.SimpleNamespace:
 
 cuda.is_available = lambda: MODE == "gpu"  # type: ignore[attr-defined]
 cuda.device_count = _gpus  # type: ignore[attr-defined]
-cuda.current_device = lambda: _state["device"]  # type: ignore[attr-defined]
-cuda.set_device = lambda i: _state.__setitem__("device", int(i))  # type: ignore[attr-defined]
-cuda.synchronize = lambda device=None: None  # type: ignore[attr-defined]
-cuda.get_device_name = lambda i=0: DEVICE_NAME  # type: ignore[attr-defined]
+
+
+def _current_device() -> int:
+    if MODE != "gpu":
+        raise RuntimeError(f"{PREFIX} {_NO_NVIDIA}")
+    return int(_state["device"])
+
+
+def _set_device(i: int) -> None:
+    _state["device"] = int(i)
+    _context("set_device")  # CUDA 12+: cudaSetDevice makes the device's primary context
+
+
+cuda.current_device = _current_device  # type: ignore[attr-defined]
+cuda.set_device = _set_device  # type: ignore[attr-defined]
+cuda.synchronize = lambda device=None: _context("synchronize")  # type: ignore[attr-defined]
+cuda.get_device_name = _device_name  # type: ignore[attr-defined]
 cuda.get_device_capability = lambda i=0: (9, 4) if _ROCM else (9, 0)  # type: ignore[attr-defined]
 cuda.get_device_properties = _properties  # type: ignore[attr-defined]
 
@@ -304,6 +371,10 @@ def _env(name: str) -> str | None:
 
 def _validators() -> dict[str, str]:
     out = {"PT_VERSION": __version__}
+    if _V215 and not _ROCM:
+        # 2.15 on CUDA: both are read from the device (so they need one, like torch's).
+        _need_device()
+        out.update(CUBLASLT_VERSION="130401-standin", CUDA_DEVICE=_device_name())
     if _ROCM:
         out.update(
             HIP_VERSION="0-standin",
@@ -403,6 +474,8 @@ def get_max_tuning_iterations() -> int:
 
 
 def set_filename(filename: str, insert_device_ordinal: bool = False) -> None:
+    if filename and insert_device_ordinal:
+        _need_device()  # the ordinal is the current device's
     _ctx["filename"] = (
         _ordinal_name(filename, _state["device"])
         if filename and insert_device_ordinal
@@ -418,39 +491,98 @@ def get_filename() -> str:
 def _manager() -> dict[tuple[str, str], tuple[str, float]]:
     """GetTuningResultsManager: on first use, settle the filename and read it unless recording."""
     if not _ctx["manager"]:
-        _ctx["manager"] = True
         if not _ctx["filename"]:
+            _need_device()  # the default name takes the device ordinal
             name = _env("FILENAME") or "tunableop_results.csv"
             _ctx["filename"] = _ordinal_name(name, _state["device"])
+        _ctx["manager"] = True
         if not tunable.record_untuned_is_enabled():
+            # With record-untuned on, the lazy start reads no results (2.11 and 2.15 alike).
             _read(_ctx["filename"])
     results: dict[tuple[str, str], tuple[str, float]] = _ctx["results"]
     return results
 
 
+def _registered() -> tuple[str, ...]:
+    """The validator keys this build registers (their values may need the device)."""
+    if _ROCM:
+        return (
+            "PT_VERSION",
+            "HIP_VERSION",
+            "GCN_ARCH_NAME",
+            "ROCBLAS_VERSION",
+            "HIPBLASLT_VERSION",
+        )
+    return ("PT_VERSION", "CUBLASLT_VERSION", "CUDA_DEVICE") if _V215 else ("PT_VERSION",)
+
+
+def _fields(line: str) -> list[str]:
+    """std::getline(ss, field, ','): a trailing empty field is no field."""
+    parts = line.split(",")
+    if parts and parts[-1] == "":
+        parts.pop()
+    return parts
+
+
+def _validate(validators: dict[str, str]) -> bool:
+    """TuningResultsValidator::ValidateAll: mandatory key, exactly the registered set (each
+    stranger and each absentee warned), then every value compared as a string."""
+    if "PT_VERSION" not in validators:
+        _verbose(1, 'key="PT_VERSION" is not provided for validation. ')
+        return False
+    registered = _registered()
+    ok = True
+    for key in validators:
+        if key not in registered:
+            warnings.warn(
+                f'Unmatched validator: "{key}" is provided, but pytorch is unable to consume it. ',
+                stacklevel=3,
+            )
+            ok = False
+    for key in registered:
+        if key not in validators:
+            warnings.warn(
+                f'Unmatched validator: "{key}" is required, but the tuning results does not '
+                "provide it. ",
+                stacklevel=3,
+            )
+            ok = False
+    if not ok:
+        return False
+    mine = _validators()  # 2.15 on CUDA: needs the device, raises without one
+    for key in registered:
+        if validators[key] != mine[key]:
+            _verbose(1, key, " validation: expect ", validators[key], " to match ", mine[key])
+            warnings.warn(f"Failed validator: {key}", stacklevel=3)
+            return False
+    return True
+
+
 def _read(filename: str) -> bool:
-    """TuningContext::ReadFile: std::getline (\\n only), split on ',', validate, then load."""
+    """TuningContext::ReadFile: std::getline (\\n only), split on ',' with getline's rules,
+    atof for times, the first of two equal keys kept, validate, then load."""
     try:
-        with open(filename, encoding="utf-8", newline="") as f:
+        with open(filename, encoding="utf-8", errors="surrogateescape", newline="") as f:
             text = f.read()
     except OSError:
         _verbose(1, "could not open ", filename, " for reading tuning results")
         return False
+    _verbose(1, "reading tuning results from ", filename)
     validators: dict[str, str] = {}
     rows: dict[tuple[str, str], tuple[str, float]] = {}
     for line in text.split("\n"):
         if not line:
             continue
-        parts = line.split(",")
-        if parts[0] == "Validator" and len(parts) >= 3:
+        parts = _fields(line)
+        if len(parts) < 3:
+            _verbose(1, "could not parse line: ", line)
+        elif parts[0] == "Validator":
             validators[parts[1]] = parts[2]
-        elif len(parts) >= 3:
+        else:
             ms = 0.0 if len(parts) == 3 else _atof(parts[3])
             rows.setdefault((parts[0], parts[1]), (parts[2], ms))
-    if validators != _validators():
+    if not _validate(validators):
         _verbose(1, "results validator check failed")
-        if validators.get("PT_VERSION") != __version__:
-            warnings.warn(f"{PREFIX} Failed validator: PT_VERSION", stacklevel=2)
         return False
     for key, value in rows.items():
         _ctx["results"].setdefault(key, value)
@@ -458,10 +590,33 @@ def _read(filename: str) -> bool:
 
 
 def _atof(text: str) -> float:
-    try:
-        return builtins.float(text)
-    except ValueError:
+    """C's atof: the longest number at the start (after blanks), else 0."""
+    import re
+
+    t = text.lstrip(" \t\n\v\f\r")
+    m = re.match(
+        r"[+-]?(?:0[xX](?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)(?:[pP][+-]?\d+)?"
+        r"|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf(?:inity)?|nan(?:\([0-9A-Za-z_]*\))?)",
+        t,
+        re.IGNORECASE,
+    )
+    if m is None:
         return 0.0
+    num = m.group(0)
+    low = num.lower()
+    if "x" in low:
+        sign = -1.0 if low.startswith("-") else 1.0
+        body = low.lstrip("+-")[2:]
+        exp = 0
+        if "p" in body:
+            body, e = body.split("p", 1)
+            exp = int(e)
+        whole, _, frac = body.partition(".")
+        value = builtins.float(int(whole or "0", 16))
+        for i, ch in enumerate(frac, start=1):
+            value += int(ch, 16) / 16.0**i
+        return sign * value * 2.0**exp
+    return builtins.float(num)
 
 
 def read_file(filename: str | None = None) -> bool:
@@ -469,7 +624,11 @@ def read_file(filename: str | None = None) -> bool:
 
 
 def get_results() -> tuple[tuple[str, str, str, float], ...]:
-    return tuple((op, p, s, ms) for (op, p), (s, ms) in sorted(_manager().items()))
+    out = tuple((op, p, s, ms) for (op, p), (s, ms) in sorted(_manager().items()))
+    for row in out:  # pybind11 decodes the C++ strings as UTF-8, and raises on what is not
+        for text in row[:3]:
+            text.encode("utf-8")
+    return out
 
 
 def get_validators() -> tuple[tuple[str, str], ...]:
@@ -484,15 +643,82 @@ def set_rotating_buffer_size(buffer_size: int) -> None:
 def get_rotating_buffer_size() -> int:
     env = _env("ROTATING_BUFFER_SIZE")
     mb = int(env) if env is not None else int(_ctx["rotating_mb"])
+    if mb < 0:
+        _need_device()  # the L2 size is the device's
     return _properties().l2CacheSize if mb < 0 else mb * 1024 * 1024
 
 
 def set_numerical_check_tolerances(enable: bool, atol: float = 1e-5, rtol: float = 1e-5) -> None:
+    # Tunable.cpp checks both, whatever `enable` says: > 0 (NaN fails, inf passes).
+    if not (atol > 0 and rtol > 0):
+        raise RuntimeError(
+            f"{PREFIX} Numerical check tolerances must be positive. Got atol={atol:g}, "
+            f"rtol={rtol:g}"
+        )
+    _ctx["numerical"] = (bool(enable), atol, rtol)
     _log("set_numerical_check_tolerances", value=[enable, atol, rtol])
 
 
+def set_cublaslt_requested_algo_count(count: int) -> None:
+    _ctx["algo_count"] = max(int(count), 1)
+    _log("set_cublaslt_requested_algo_count", value=count)
+
+
+def get_cublaslt_requested_algo_count() -> int:
+    env = _env("CUBLASLT_REQUESTED_ALGO_COUNT")
+    if env is not None:
+        try:
+            return max(int(env), 1)
+        except ValueError:
+            warnings.warn(
+                f"PYTORCH_TUNABLEOP_CUBLASLT_REQUESTED_ALGO_COUNT is not a valid integer (got "
+                f"{env!r}). Falling back to the value set via "
+                "torch.cuda.tunable.set_cublaslt_requested_algo_count.",
+                stacklevel=2,
+            )
+    return int(_ctx.get("algo_count", 8))
+
+
+def wildcard_fallback_enable(val: bool = True) -> None:
+    _ctx["wildcard_fallback"] = bool(val)
+
+
+def wildcard_fallback_is_enabled() -> bool:
+    return _env("WILDCARD_FALLBACK") == "1" or bool(_ctx.get("wildcard_fallback", False))
+
+
+class _DimsMask:
+    def __init__(self, m: bool, n: bool, k: bool, batch: bool) -> None:
+        self.mask = (m, n, k, batch)
+
+    def __enter__(self) -> None:
+        _ctx.setdefault("masks", []).append(self.mask)
+
+    def __exit__(self, *exc: object) -> None:
+        _ctx["masks"].pop()
+
+
+def dynamic_dims_mask(
+    M: bool = False, N: bool = False, K: bool = False, BATCH: bool = False
+) -> _DimsMask:
+    """2.15: GEMMs run inside are dynamic in these dims (tuning adds a '*' entry too)."""
+    return _DimsMask(M, N, K, BATCH)
+
+
+_CUBLASLT = (
+    "Gemm_Cublaslt_id_{}_tile_{}_stages_{}_splitk_1_red_0_swizzle_0_custom_0_inner_0_cluster_0"
+)
+
+
 def _candidates(op: str) -> list[str]:
-    """Registered solutions: on CUDA builds before 2.14 only Default (TunableGemm.h)."""
+    """Registered solutions: on CUDA builds before 2.14 only Default (TunableGemm.h); 2.15 on
+    CUDA: Default and the cuBLASLt heuristic's first `algo count` algorithms."""
+    if not _ROCM and _V215:
+        h = zlib.crc32(op.encode())
+        count = tunable.get_cublaslt_requested_algo_count()
+        return ["Default"] + [
+            _CUBLASLT.format(h % 97 + i, 20 + i % 8, 2 + i % 6) for i in range(count)
+        ]
     if not _ROCM:
         return ["Default"]
     if op.startswith(("GemmAndBias", "ScaledGemm")):
@@ -501,11 +727,18 @@ def _candidates(op: str) -> list[str]:
 
 
 def _find_fastest(op: str, params: str) -> tuple[str, float]:
+    tuned = _ctx["tuned_count"] = _ctx.get("tuned_count", 0) + 1
+    hang = os.environ.get("FAKE_TORCH_TUNE_HANG_AFTER")
+    if hang is not None and tuned > int(hang):
+        time.sleep(3600)  # a GEMM stuck in torch: only a kill ends it
     time.sleep(builtins.float(os.environ.get("FAKE_TORCH_TUNE_SLEEP", "0")))
     h = zlib.crc32(f"{op},{params}".encode())
     names = _candidates(op)
     pick = names[h % len(names)] if len(names) > 1 and h % 4 else names[0]
-    solution = pick if pick == "Default" else f"{pick}{1000 + h % 9000}"
+    if pick == "Default" or pick.startswith("Gemm_Cublaslt_"):
+        solution = pick
+    else:
+        solution = f"{pick}{1000 + h % 9000}"
     return solution, round(0.001 + (h % 997) / 1000.0, 4)
 
 
@@ -532,8 +765,12 @@ def _record_untuned(op: str, params: str) -> None:
     _ctx["untuned_file"].flush()  # std::endl
 
 
-def _tunable(op: str, params: str) -> None:
-    """TunableOp<...>::operator(): look up, else tune (tuning on) or record (recording on)."""
+def _tunable(op: str, params: str, dynamic: str | None = None) -> None:
+    """TunableOp<...>::operator(): look up, else tune (tuning on) or record (recording on).
+
+    dynamic: 2.15's DynamicSignature() when a dynamic_dims_mask is active; tuning adds the
+    '*' entry too, recording writes only the concrete one."""
+    _context("gemm")
     if not tunable.is_enabled():
         return
     results = _manager()
@@ -545,9 +782,10 @@ def _tunable(op: str, params: str) -> None:
     _verbose(3, "missing ", which, ", returning null ResultEntry for ", op, ",", params)
     if tunable.tuning_is_enabled():
         entry = _find_fastest(op, params)
-        results[(op, params)] = entry
-        if not tunable.record_untuned_is_enabled():
-            _append_result(op, params, entry)
+        for sig in (params, dynamic) if dynamic and dynamic != params else (params,):
+            results[(op, sig)] = entry
+            if not tunable.record_untuned_is_enabled():
+                _append_result(op, sig, entry)
         return
     if tunable.record_untuned_is_enabled():
         _record_untuned(op, params)
@@ -588,11 +826,35 @@ def _blas_args(mat1: Tensor, mat2: Tensor) -> tuple[str, str, int, int, int, int
 
 def _gemm_sig(
     family: str, type_name: str, args: tuple[Any, ...], batch: int = 0
-) -> tuple[str, str]:
+) -> tuple[str, str, str | None]:
+    """(OpSig, ParamSig, 2.15's DynamicSignature or None), GemmCommon.h's formats."""
     ta, tb, m, n, k, lda, ldb, ldc = args
+    compute = ""
+    if type_name == "float" and _V215 and _bf16x9():
+        type_name, compute = "bfx9", "_compute_bf16x9_r"  # ComputeTypeSignature<float>
     op = f"{family}TunableOp_{type_name}_{ta.upper()}{tb.upper()}"
     mid = f"_B_{batch}" if family == "GemmStridedBatched" else ""
-    return op, f"{ta}{tb}_{m}_{n}_{k}{mid}_ld_{lda}_{ldb}_{ldc}"
+    params = f"{ta}{tb}_{m}_{n}_{k}{mid}_ld_{lda}_{ldb}_{ldc}{compute}"
+    masks = _ctx.get("masks") or []
+    if not (_V215 and masks):
+        return op, params, None
+    dm, dn, dk, db = masks[-1]
+
+    def w(value: int, on: bool) -> str:
+        return "*" if on else str(value)
+
+    wa = (dm and lda == m) if ta == "n" else (dk and lda == k)
+    wb = (dk and ldb == k) if tb == "n" else (dn and ldb == n)
+    dmid = f"_B_{w(batch, db)}" if family == "GemmStridedBatched" else ""
+    dynamic = (
+        f"{ta}{tb}_{w(m, dm)}_{w(n, dn)}_{w(k, dk)}{dmid}"
+        f"_ld_{w(lda, wa)}_{w(ldb, wb)}_{w(ldc, dm and ldc == m)}{compute}"
+    )
+    return op, params, dynamic
+
+
+def _bf16x9() -> bool:
+    return os.environ.get("FAKE_TORCH_FP32_PRECISION", "ieee") == "bf16x9"
 
 
 def _check_2d(a: Tensor, b: Tensor, what: str) -> None:
@@ -707,7 +969,8 @@ def _scaled_mm(
             raise ValueError(
                 f"{PREFIX} Multiplication of two Float8_e5m2 matrices is not supported"
             )
-        return out  # ScaledBlas.cpp: on CUDA, _scaled_mm never goes through TunableOp
+        if not _V215:
+            return out  # ScaledBlas.cpp before 2.14: on CUDA, _scaled_mm bypasses TunableOp
     args = _blas_args(a, b)
     if (args[0], args[1]) != ("t", "n"):
         raise RuntimeError(
@@ -717,7 +980,18 @@ def _scaled_mm(
     ta, tb, m, n, k, lda, ldb, ldc = args
     op = f"ScaledGemmTunableOp_{a.dtype.sig}_{b.dtype.sig}_{out.dtype.sig}_{ta.upper()}{tb.upper()}"
     bias_sig = bias.dtype.sig if bias is not None else "None"
-    _tunable(op, f"{ta}{tb}_{m}_{n}_{k}_ld_{lda}_{ldb}_{ldc}_rw_{rowwise}_bias_{bias_sig}")
+    if _ROCM:
+        _tunable(op, f"{ta}{tb}_{m}_{n}_{k}_ld_{lda}_{ldb}_{ldc}_rw_{rowwise}_bias_{bias_sig}")
+        return out
+    # 2.15 CUDA: ScaledGemmParams' labelled Signature() (at::toString of each ScalarType; the
+    # scaling types TensorWise 0, RowWise 1; whether a result scale is given; fast accumulation).
+    kind = 1 if rowwise else 0
+    _tunable(
+        op,
+        f"{ta}{tb}_{m}_{n}_{k}_ld_{lda}_{ldb}_{ldc}_a_{a.dtype.sig}_b_{b.dtype.sig}_c_{out.dtype.sig}"
+        f"_as_Float_bs_Float_ast_{kind}_bst_{kind}_dscale_{int(scale_result is not None)}"
+        f"_fast_{int(use_fast_accum)}_bias_{bias_sig}",
+    )
     return out
 
 
@@ -786,6 +1060,8 @@ _OFFLINE_DTYPES = {
     "Float8_e4m3fnuz": float8_e4m3fnuz,
     "Float8_e5m2fnuz": float8_e5m2fnuz,
 }
+if _V215:
+    _OFFLINE_DTYPES["Float"] = float32  # 2.15's map adds it; neither maps "bfx9"
 
 
 def _matrices(
@@ -816,7 +1092,9 @@ def _process_single_offline_gemm(line: str, gpu_id: int) -> None:
     n, m, k = (int(x) for x in p[1:4])
     if len(op_parts) == 3:
         backends.cuda.matmul.allow_tf32 = op_parts[1] == "tf32"  # type: ignore[attr-defined]
-        dt = _OFFLINE_DTYPES[op_parts[1]]
+        dt = _OFFLINE_DTYPES.get(op_parts[1])  # type: ignore[assignment]
+        if dt is None:  # torch.rand(..., dtype=None) in torch's offline tuner
+            raise TypeError(f"{PREFIX} dtype must be a torch.dtype, but got None")
     if family == "GemmStridedBatchedTunableOp":
         if p[6] != "ld":
             raise AssertionError(f"{PREFIX} expected 'ld' at index 6, got {p[6]!r}")
@@ -857,10 +1135,14 @@ def _process_single_offline_gemm(line: str, gpu_id: int) -> None:
         db = _OFFLINE_DTYPES[op_parts[3] + "_" + op_parts[4]]
         c = _OFFLINE_DTYPES["_".join(op_parts[5:-1])]
         a, b = _matrices(m, n, k, lds, ta, tb, da, dev)
-        rowwise = p[9] == "1"
+        if len(p) > 9 and p[8] == "a" and _V215:  # 2.15 CUDA: the labelled signature
+            labels = fields[1].split("_ast_")[1].split("_")
+            rowwise, bias_name = labels[0] == "1", fields[1].rsplit("_bias_", 1)[1]
+        else:
+            rowwise, bias_name = p[9] == "1", p[11]
         scale_a = ones((m, 1)) if rowwise else tensor(0.8)
         scale_b = ones((1, n)) if rowwise else tensor(0.9)
-        bias = None if p[11] == "None" else full((n,), 0.1, dtype=_OFFLINE_DTYPES[p[11]])
+        bias = None if bias_name == "None" else full((n,), 0.1, dtype=_OFFLINE_DTYPES[bias_name])
         _scaled_mm(a, b.to(db), scale_a, scale_b, bias=bias, out_dtype=c)
     elif family == "GemmAndBiasTunableOp":
         if ta == tb:
@@ -892,11 +1174,12 @@ def tune_gemm_in_file(filename: str) -> None:
         raise AssertionError(f"{PREFIX} TunableOp is not enabled")
     if not tunable.tuning_is_enabled():
         raise AssertionError(f"{PREFIX} Tuning is not enabled")
-    _log("tune_gemm_in_file", filename=filename, env=_limits_env())
+    device = cuda.current_device()  # raises without a device, as torch's does
+    _log("tune_gemm_in_file", filename=filename, device=device, env=_limits_env())
     with open(filename, encoding="utf-8") as f:
         for line in f:
             if line.startswith(("Gemm", "ScaledGemm")):
-                _process_single_offline_gemm(line, _state["device"])
+                _process_single_offline_gemm(line, device)
 
 
 def mgpu_tune_gemm_in_file(filename_pattern: str, num_gpus: int) -> None:
@@ -907,16 +1190,39 @@ def mgpu_tune_gemm_in_file(filename_pattern: str, num_gpus: int) -> None:
             lines |= {ln for ln in f if ln.startswith(("Gemm", "ScaledGemm"))}
     if not 1 <= num_gpus <= _gpus():
         raise AssertionError(f"num_gpus must be between 1 and {_gpus()}, got {num_gpus}")
-    # torch spawns one worker process per GPU, each with its own per-ordinal results file; here
-    # this process plays each worker in turn.
+    # torch starts worker processes with their own per-ordinal results files; here this
+    # process plays each worker in turn.
     tunable.enable(True)
     _manager()
     home, home_file = _state["device"], _ctx["filename"]
-    for i, line in enumerate(sorted(lines)):
-        _state["device"] = i % num_gpus
-        _ctx["filename"] = _ordinal_name(_env("FILENAME") or "tunableop_results.csv", i % num_gpus)
-        _process_single_offline_gemm(line, i % num_gpus)
-    _state["device"], _ctx["filename"] = home, home_file
+    name = _env("FILENAME") or "tunableop_results.csv"
+    if _V215:
+        # One process per GPU on a round-robin share; set_device per GEMM; no per-GEMM try: a
+        # raising GEMM ends its GPU's share, and the parent raises without gathering.
+        failed = []
+        for gpu in range(num_gpus):
+            share = sorted(lines)[gpu::num_gpus]
+            _ctx["filename"] = _ordinal_name(name, gpu)
+            try:
+                for line in share:
+                    _set_device(gpu)
+                    _process_single_offline_gemm(line, gpu)
+            except Exception:
+                failed.append(gpu)
+        _state["device"], _ctx["filename"] = home, home_file
+        if failed:
+            raise RuntimeError(f"{PREFIX} offline tuning processes failed: {failed}")
+    else:
+        # 2.11: a process pool; the first worker exception re-raises in the parent (future
+        # .result()), so nothing is gathered.
+        try:
+            for i, line in enumerate(sorted(lines)):
+                _state["device"] = i % num_gpus
+                _ctx["filename"] = _ordinal_name(name, i % num_gpus)
+                _process_single_offline_gemm(line, i % num_gpus)
+        finally:
+            _state["device"], _ctx["filename"] = home, home_file
+    cuda.synchronize()  # in the parent: a CUDA context on the current device
     _gather_tunableop_results()
 
 
@@ -973,10 +1279,25 @@ TUNABLE_API = (
     "get_rotating_buffer_size",
     "set_numerical_check_tolerances",
 )
+# What 2.15 adds to __all__ (nothing was removed).
+TUNABLE_API_215 = (
+    "wildcard_fallback_enable",
+    "wildcard_fallback_is_enabled",
+    "set_cublaslt_requested_algo_count",
+    "get_cublaslt_requested_algo_count",
+    "dynamic_dims_mask",
+)
+if _V215:
+    TUNABLE_API = TUNABLE_API + TUNABLE_API_215
+else:
+    for _name in TUNABLE_API_215:
+        del globals()[_name]
 tunable = types.ModuleType("torch.cuda.tunable")
 tunable.__all__ = list(TUNABLE_API)  # type: ignore[attr-defined]
 for _name in TUNABLE_API:
     setattr(tunable, _name, globals().pop(_name))  # torch.enable etc. do not exist
 cuda.tunable = tunable  # type: ignore[attr-defined]
+for _name in TUNABLE_API:  # a module's functions say where they live (inspect relies on it)
+    getattr(tunable, _name).__module__ = "torch.cuda.tunable"
 sys.modules["torch.cuda"] = cuda
 sys.modules["torch.cuda.tunable"] = tunable
