@@ -20,18 +20,12 @@ from . import exchange as ex
 from .config import ConfigError, TuningConfig
 from .config import load as load_config
 from .files import atomic_write_bytes, write_termination_log
-from .gpu import (
-    EXIT_USAGE,
-    TunerError,
-    identify,
-    import_torch,
-    require_gpu,
-    require_offline_api,
-)
+from .gpu import EXIT_USAGE, TunerError
 from .library import keys_of, library_key, partition, rows_for
+from .machine import Machine, probe, probe_main
 from .manifest import ManifestExtra
 from .output import MANIFEST_NAME, RESULTS_NAME, write_output
-from .record import check_shapes, collect_untuned, record_shapes, record_workload
+from .record import collect_untuned, record_workload
 from .results import (
     CsvFormatError,
     ResultsFile,
@@ -41,7 +35,7 @@ from .results import (
     merge_results,
     read_untuned,
 )
-from .tune import TuneOutcome, child_main, tune
+from .tune import TuneOutcome, child_main, tune, worker_main
 
 PROG = "tuner_job"
 
@@ -89,8 +83,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--work", metavar="DIR", help="scratch directory (default: a temp dir)")
     run.add_argument("workload", nargs="*", metavar="-- COMMAND [ARG]", help=workload_help)
 
-    child = sub.add_parser("_tune-child")  # internal: no help= keeps it out of --help
+    # Internal (no help= keeps them out of --help): the tuning process, its workers, the probe.
+    child = sub.add_parser("_tune-child")
     child.add_argument("--spec", required=True)
+    worker = sub.add_parser("_tune-worker")
+    worker.add_argument("--spec", required=True)
+    worker.add_argument("--gpu", type=int, required=True)
+    probe_ = sub.add_parser("_probe")
+    probe_.add_argument("--spec", required=True)
     return p
 
 
@@ -111,27 +111,28 @@ def _load(args: argparse.Namespace, *, optional: bool = False) -> TuningConfig:
     return dataclasses.replace(cfg, command=tuple(argv), args=())
 
 
-def _gpu(gpus: int) -> object:
-    torch = import_torch()
-    require_gpu(torch, gpus)
-    require_offline_api(torch, gpus)
-    return torch
-
-
 def _record(
-    cfg: TuningConfig, torch: object, work: Path, deadline: float
-) -> tuple[list[UntunedRow], Path]:
+    cfg: TuningConfig, work: Path, deadline: float
+) -> tuple[list[UntunedRow], Path, Machine]:
     """Record into a new directory under ``work``: torch appends to an untuned file that is
-    already there, so a reused directory would bring back the GEMMs of an earlier run."""
-    check_shapes(torch, cfg.shapes)  # before anything runs: a refusal costs no recording
+    already there, so a reused directory would bring back the GEMMs of an earlier run.
+
+    The probe child checks torch, the GPU and the shapes (a refusal costs no recording),
+    records the shapes and reads the identity; then the workload runs. This process never
+    touches the GPU (see machine.py)."""
     work.mkdir(parents=True, exist_ok=True)
     record_dir = Path(tempfile.mkdtemp(prefix="record-", dir=work))
-    _log(f"recording into {record_dir}")
     started = time.monotonic()
+    try:
+        machine = probe(
+            work, gpus=cfg.gpus, shapes=cfg.shapes, record_dir=record_dir, limits=cfg.limits
+        )
+    except BaseException:
+        shutil.rmtree(record_dir, ignore_errors=True)  # a refusal leaves nothing recorded
+        raise
+    _log(f"recording into {record_dir}")
     if cfg.command:
         record_workload(cfg.workload_argv, record_dir, deadline - time.monotonic())
-    if cfg.shapes:
-        record_shapes(torch, cfg.shapes, record_dir)
     found = collect_untuned(record_dir)
     for path, f in found:
         _log(f"{path.name}: {len(f.rows)} GEMM(s)")
@@ -148,15 +149,14 @@ def _record(
         f"recorded {len(unique)} unique GEMM(s) in {len(found)} file(s) "
         f"in {time.monotonic() - started:.2f}s"
     )
-    return unique, record_dir
+    return unique, record_dir, machine
 
 
 def cmd_record(args: argparse.Namespace) -> int:
     cfg = _load(args)
     cfg.require_workload()
-    torch = _gpu(cfg.gpus)
     deadline = time.monotonic() + cfg.limits.budget_seconds
-    unique, record_dir = _record(cfg, torch, Path(args.work), deadline)
+    unique, record_dir, _ = _record(cfg, Path(args.work), deadline)
     print(f"{PROG}: recorded {len(unique)} unique GEMM(s) into {record_dir}")
     return 0
 
@@ -165,7 +165,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
     cfg = _load(args, optional=True)
     gpus = args.gpus or cfg.gpus
     budget = args.budget_seconds or cfg.limits.budget_seconds
-    _gpu(gpus)
     files = []
     for path in args.untuned:
         f = read_untuned(path)
@@ -176,16 +175,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
     outcome = tune(unique, gpus=gpus, limits=cfg.limits, budget_s=budget)
     atomic_write_bytes(args.out, format_results(outcome.results).encode("utf-8"))
     _report_timing(outcome)
-    _report_partial(outcome.stopped_early, outcome.results.gemms, len(unique))
+    _report_partial(outcome, outcome.results.gemms, len(unique))
     print(f"{PROG}: tuned {outcome.results.gemms} of {len(unique)} GEMM(s) into {args.out}")
     return 0
 
 
 def cmd_identify(args: argparse.Namespace) -> int:
-    torch = import_torch()
-    require_gpu(torch, 1)
-    identity, validators = identify(torch)
-    print(json.dumps({"identity": identity, "validators": validators}, indent=2, sort_keys=True))
+    with tempfile.TemporaryDirectory(prefix="tunefleet-identify-") as work:
+        machine = probe(Path(work), gpus=1)
+    doc = {"identity": machine.identity, "validators": machine.validators}
+    print(json.dumps(doc, indent=2, sort_keys=True))
     return 0
 
 
@@ -199,9 +198,14 @@ def _report_timing(outcome: TuneOutcome) -> None:
     )
 
 
-def _report_partial(stopped: bool, tuned: int, total: int) -> None:
+def _report_partial(outcome: TuneOutcome, tuned: int, total: int) -> None:
+    stopped = outcome.stopped_early
+    for r in outcome.rejected:
+        _log(f"warning: torch's offline tuner rejected {r['op']},{r['params']}: {r['error']}")
     if stopped or tuned < total:
-        why = "the tuning budget ran out" if stopped else "torch skipped or failed some"
+        why = "the tuning budget ran out" if stopped else "torch skipped or rejected some"
+        if outcome.rejected:
+            why += f"; {len(outcome.rejected)} rejected"
         _log(f"warning: tuned {tuned} of {total} GEMM(s) ({why}); the rest run untuned")
 
 
@@ -253,12 +257,11 @@ def _run(args: argparse.Namespace, cfg: TuningConfig, shard: int, exchange: Path
     """record, identify, reuse, tune the misses, write the output; returns GEMMs newly tuned."""
     started = time.monotonic()
     deadline = started + cfg.limits.budget_seconds
-    torch = _gpu(cfg.gpus)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="tunefleet-work-"))
     outcome: TuneOutcome | None = None
     try:
-        unique, _ = _record(cfg, torch, work, deadline)
-        identity, validators = identify(torch)
+        unique, _, machine = _record(cfg, work, deadline)
+        identity, validators = machine.identity, machine.validators
         key = library_key(cfg.gpu_model, validators, identity)
         prior = ex.Prior()
         if exchange is not None:
@@ -319,7 +322,7 @@ def _run(args: argparse.Namespace, cfg: TuningConfig, shard: int, exchange: Path
     )
     if outcome is not None:
         _report_timing(outcome)
-        _report_partial(outcome.stopped_early, newly, len(plan.to_tune))
+        _report_partial(outcome, newly, len(plan.to_tune))
     seconds = outcome.seconds if outcome is not None else 0.0
     print(
         f"{PROG}: recorded {len(unique)} GEMM(s), reused {len(plan.reused.rows)}, resumed "
@@ -366,6 +369,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "_tune-child":
             return child_main(args.spec)
+        if args.command == "_tune-worker":
+            return worker_main(args.spec, args.gpu)
+        if args.command == "_probe":
+            return probe_main(args.spec)
         return handlers[args.command](args)
     except (TunerError, ConfigError, CsvFormatError) as exc:
         code = exc.exit_code if isinstance(exc, TunerError) else EXIT_USAGE
@@ -378,6 +385,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         traceback.print_exc()
         message, code = _one_line(f"internal error: {type(exc).__name__}: {exc}"), 1
     print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
-    if args.command != "_tune-child":
+    if not args.command.startswith("_"):
         write_termination_log(args.termination_log, f"{PROG}: error: {message}")
     return code

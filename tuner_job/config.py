@@ -73,9 +73,12 @@ class Limits:
     max_iterations: int = 100
     warmup_duration_ms: int = 0
     warmup_iterations: int = 0
-    rotating_buffer_mb: int = 0
+    # TunableOp's rotating buffer in MiB: -1 the GPU's L2 cache size (torch's default), 0 off.
+    rotating_buffer_mb: int = -1
     numerical_check: bool = False
     budget_seconds: float = 3600.0
+    # PYTORCH_TUNABLEOP_CUBLASLT_REQUESTED_ALGO_COUNT (torch 2.14+ on CUDA); None: torch's (8).
+    cublaslt_algo_count: int | None = None
 
 
 @dataclass(frozen=True)
@@ -168,6 +171,26 @@ def _nonneg_int(doc: dict[str, Any], key: str, default: int, where: str) -> int:
     return int(value)
 
 
+def _rotating(tuning: dict[str, Any]) -> int:
+    value = _get(tuning, "rotatingBufferMB", int, "tuning")
+    if value is None:
+        return -1
+    if value < -1:
+        raise ConfigError(
+            f"tuning.rotatingBufferMB must be -1 (L2 size), 0 (off) or MiB, got {value}"
+        )
+    return int(value)
+
+
+def _algo_count(tuning: dict[str, Any]) -> int | None:
+    value = _get(tuning, "cublasltAlgoCount", int, "tuning")
+    if value is None:
+        return None
+    if value < 1:
+        raise ConfigError(f"tuning.cublasltAlgoCount must be >= 1, got {value}")
+    return int(value)
+
+
 def _shape(doc: Any, i: int) -> Shape:
     where = f"workload.shapes[{i}]"
     if not isinstance(doc, dict):
@@ -243,9 +266,10 @@ def from_dict(doc: Any) -> TuningConfig:
         max_iterations=_nonneg_int(tuning, "maxIterations", 100, "tuning"),
         warmup_duration_ms=_nonneg_int(tuning, "warmupDurationMs", 0, "tuning"),
         warmup_iterations=_nonneg_int(tuning, "warmupIterations", 0, "tuning"),
-        rotating_buffer_mb=_nonneg_int(tuning, "rotatingBufferMB", 0, "tuning"),
+        rotating_buffer_mb=_rotating(tuning),
         numerical_check=bool(numerical) if numerical is not None else False,
         budget_seconds=float(budget) if budget is not None else 3600.0,
+        cublaslt_algo_count=_algo_count(tuning),
     )
     gpus = _get(doc, "gpus", int, "config")
     if gpus is not None and gpus < 1:

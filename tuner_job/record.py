@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ._proc import kill_group
+from ._proc import end_group, kill_group
 from .config import Shape
 from .gpu import EXIT_USAGE, TunerError
 from .results import (
@@ -76,6 +76,10 @@ def record_workload(
     except BaseException:
         kill_group(proc)
         raise
+    # What the workload left running in its group (a server's workers, a data loader) may hold
+    # GPU memory that tuning needs: it ends here, with the workload.
+    if end_group(proc.pid):
+        log("ended the processes the workload left running in its process group")
     if rc != 0:
         raise TunerError(f"workload command exited with status {rc}: {shlex.join(argv)}")
 

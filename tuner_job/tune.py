@@ -1,22 +1,29 @@
 """Tune recorded GEMMs with TunableOp's offline API, within a wall-clock budget.
 
 TunableOp's duration and iteration caps bound one solution's timing, not a run: a GEMM on ROCm
-can have thousands of candidate solutions. So tuning runs in a child process that this one can
-stop at the budget. The child:
+can have thousands of candidate solutions. So tuning runs in processes this one can stop:
 
-* on one GPU, applies the profile's limits through the Python API and calls
-  ``tune_gemm_in_file`` one GEMM at a time, checking the budget between GEMMs;
-* on N GPUs, calls ``mgpu_tune_gemm_in_file`` on chunks of the GEMMs (checking the budget
-  between chunks); its worker processes are spawned fresh and so see only environment
-  variables: the same limits go to them that way.
+* the tuning process (``_tune-child``, its own session): with N GPUs an orchestrator that never
+  imports torch, splitting the GEMMs into one share per GPU (balanced by estimated cost) and
+  starting one worker per GPU; with one GPU it is that GPU's worker itself;
+* each worker (``_tune-worker``) imports torch, selects its GPU, applies the profile's limits
+  through the Python API and calls ``tune_gemm_in_file`` one GEMM at a time, checking the budget
+  between GEMMs. A GEMM torch's offline tuner rejects is skipped and reported, as torch's own
+  single-GPU path would; the others go on.
 
-With a progress path (the exchange directory's progress.csv), the child rewrites it with what
-torch has tuned so far after every GEMM (one GPU) or chunk (N GPUs), for the sync sidecar to
-checkpoint.
+Why not ``mgpu_tune_gemm_in_file``: in torch 2.11 it is a process pool whose worker names its
+results file after the first GEMM it runs and never selects a device, so GEMMs meant for two GPUs
+can be timed on one at once; one rejected GEMM re-raises in the parent and discards every result
+(2.15: "offline tuning processes failed"); and its parent calls torch.cuda.synchronize(), which
+holds a CUDA context on GPU 0 while the workers tune. One process per GPU, as 2.15 does it, with
+a per-GEMM try, keeps every finished GEMM, and no process but the workers touches a GPU.
 
-Results are taken from what torch itself produced: ``get_results()`` of the child and every
-results file torch wrote (per ordinal, realtime-appended by recent torch, gathered by the mgpu
-path), parsed and merged. A child stopped at the budget leaves real, partial results.
+With a progress path (the exchange directory's progress.csv), the orchestrator rewrites it with
+what the workers have tuned so far, for the sync sidecar to checkpoint.
+
+Results are taken from what torch itself produced: each worker's ``get_results()`` and every
+results file torch wrote (one per worker, realtime-appended by recent torch), parsed and
+merged. A run stopped at the budget leaves real, partial results.
 """
 
 from __future__ import annotations
@@ -32,14 +39,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ._proc import kill_group
 from .config import Limits
 from .files import atomic_write_bytes
-from .gpu import TunerError, identify, import_torch, require_gpu, require_offline_api
+from .gpu import EXIT_FAILED, TunerError, identify, import_torch, require_gpu, require_offline_api
+from .library import partition
 from .results import (
     CsvFormatError,
     ResultRow,
@@ -54,41 +62,24 @@ from .results import (
     read_results,
     read_untuned,
 )
+from .torchapi import OWNED_ENV, apply_limits
 
 Log = Callable[[str], None]
 
-# numericalCheck: true means "reject solutions whose output differs from the default GEMM".
-# Recent torch takes tolerances; 1e-2 lets half-precision GEMMs that merely sum in another order
-# pass (the 1e-5 default would keep only the default solution for bf16).
-NUMERICAL_ATOL = 1e-2
-NUMERICAL_RTOL = 1e-2
+# The tuner_job package directory: child processes run it by path (`python <dir> ...`), so the
+# image's PYTHONPATH stays as it is and a user's PYTHONPATH cannot shadow this package.
+PACKAGE_DIR = Path(__file__).resolve().parent
 
-# Settings the tuner owns in the tuning process; the user's values for them (env vars win over
-# the Python API) are dropped so the profile decides. Library selection and logging are kept.
-_OWNED_ENV = (
-    "PYTORCH_TUNABLEOP_ENABLED",
-    "PYTORCH_TUNABLEOP_TUNING",
-    "PYTORCH_TUNABLEOP_RECORD_UNTUNED",
-    "PYTORCH_TUNABLEOP_FILENAME",
-    "PYTORCH_TUNABLEOP_UNTUNED_FILENAME",
-    "PYTORCH_TUNABLEOP_MAX_TUNING_DURATION_MS",
-    "PYTORCH_TUNABLEOP_MAX_TUNING_ITERATIONS",
-    "PYTORCH_TUNABLEOP_MAX_WARMUP_DURATION_MS",
-    "PYTORCH_TUNABLEOP_MAX_WARMUP_ITERATIONS",
-    "PYTORCH_TUNABLEOP_ROTATING_BUFFER_SIZE",
-    "PYTORCH_TUNABLEOP_NUMERICAL_CHECK",
-)
-
-GEMMS_FILE = "unique-a.csv"
-GEMMS_PATTERN = "unique-?.csv"  # mgpu wants a wildcard; it matches exactly GEMMS_FILE
+GEMMS_FILE = "unique-gemms.csv"
+SHARE_FILE = "share-{}.csv"
 RESULTS_ENV_NAME = "tuned%d.csv"
+RESULTS_FILE = "tuned{}.csv"  # each worker's results file (set_filename, not the env ordinal)
+PROGRESS_FILE = "progress-{}.csv"
+WORKER_REPORT = "report-{}.json"
 REPORT_FILE = "report.json"
 SPEC_FILE = "spec.json"
 KILL_GRACE_S = 10.0
-# N GPUs: mgpu_tune_gemm_in_file spawns a worker per GPU (a torch import and GPU start-up each)
-# on every call, so chunks are big enough to pay for that, and small enough that progress is
-# written and the budget checked now and then.
-MGPU_CHUNK_PER_GPU = 16
+POLL_S = 0.1
 
 
 def _log(msg: str) -> None:
@@ -104,11 +95,14 @@ class TuneOutcome:
     failures: int
     identity: dict[str, str] | None
     loop_seconds: float | None = None  # torch's tuning calls alone, without process start-up
+    rejected: list[dict[str, str]] = field(default_factory=list)  # GEMMs torch refused
+    applied: dict[str, Any] = field(default_factory=dict)  # what TunableOp reported back
 
 
 def path_is_mgpu_safe(path: str) -> bool:
     """mgpu_tune_gemm_in_file builds its glob from the character before the first '.' of the
-    results path and names its copies with replace("0", i) over the whole path."""
+    results path and names its copies with replace("0", i) over the whole path. The tuner no
+    longer calls it, but keeps its directories safe for it (scripts and users still may)."""
     return "." not in path and "0" not in path
 
 
@@ -132,27 +126,29 @@ def make_tuning_dir(bases: Sequence[str | None] | None = None) -> Path:
                 continue
             return path
     raise TunerError(
-        "no writable directory whose path has no '.' and no '0' (mgpu_tune_gemm_in_file needs "
-        "one); set TMPDIR to such a directory"
+        "no writable directory whose path has no '.' and no '0'; set TMPDIR to such a directory"
     )
 
 
 def tuning_env(base: dict[str, str], tuning_dir: Path) -> dict[str, str]:
-    env = {k: v for k, v in base.items() if k not in _OWNED_ENV}
+    """The tuning processes' environment: the container's, less what the tuner owns. PYTHONPATH
+    is left as the image has it (the children are started by path)."""
+    env = {k: v for k, v in base.items() if k not in OWNED_ENV}
     env.update(
         {
             "PYTORCH_TUNABLEOP_ENABLED": "1",
             "PYTORCH_TUNABLEOP_TUNING": "1",
             "PYTORCH_TUNABLEOP_RECORD_UNTUNED": "0",
-            # Fresh per run: recent torch appends to an existing results file.
+            # Fresh per run: recent torch appends to an existing results file. Each worker also
+            # names its own file (set_filename wins over this variable).
             "PYTORCH_TUNABLEOP_FILENAME": str(tuning_dir / RESULTS_ENV_NAME),
         }
     )
-    # The child must import this very package, wherever it was copied to.
-    pkg_parent = str(Path(__file__).resolve().parent.parent)
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join([pkg_parent, *[p for p in paths if p != pkg_parent]])
     return env
+
+
+def package_command(python: str, *args: str) -> list[str]:
+    return [python, str(PACKAGE_DIR), *args]
 
 
 def tune(
@@ -169,7 +165,7 @@ def tune(
 ) -> TuneOutcome:
     """Tune unique GEMMs; return torch's results (possibly partial when the budget ran out).
 
-    progress: a file the tuning process rewrites with its results so far, as it goes.
+    progress: a file rewritten with the results so far, as the workers go.
     allow_empty: tuning that produced nothing returns empty results instead of failing (the
     caller has other rows to publish).
     """
@@ -181,10 +177,10 @@ def tune(
     (tuning_dir / GEMMS_FILE).write_text(format_untuned(gemms), encoding="utf-8")
     started = time.monotonic()
     hard_deadline = time.time() + budget_s
-    # The child stops between GEMMs a little before the hard deadline, leaving time to report.
-    soft_deadline = hard_deadline - min(30.0, 0.1 * budget_s)
+    # Workers stop between GEMMs a little before the hard deadline, leaving time to report
+    # (their get_results() and identity, the orchestrator's merge).
+    soft_deadline = hard_deadline - min(30.0, max(1.0, 0.1 * budget_s))
     spec = {
-        "mode": "mgpu" if gpus > 1 else "single",
         "gpus": gpus,
         "dir": str(tuning_dir),
         "deadline": soft_deadline,
@@ -195,10 +191,10 @@ def tune(
     env = tuning_env(dict(os.environ), tuning_dir)
     log(f"tuning {len(gemms)} unique GEMM(s) on {gpus} GPU(s), budget {budget_s:.0f}s")
     proc = subprocess.Popen(
-        [python, "-m", "tuner_job", "_tune-child", "--spec", str(tuning_dir / SPEC_FILE)],
+        package_command(python, "_tune-child", "--spec", str(tuning_dir / SPEC_FILE)),
         env=env,
         cwd=tuning_dir,
-        start_new_session=True,  # the mgpu workers join its group, so a kill reaches them
+        start_new_session=True,  # the workers join its group, so a kill reaches them
         stdout=sys.stderr,
     )
     killed = False
@@ -212,7 +208,7 @@ def tune(
         kill_group(proc, KILL_GRACE_S)
         raise
     else:
-        # Stray members of its group (mgpu workers) must not outlive it holding GPU memory.
+        # Stray members of its group (workers) must not outlive it holding GPU memory.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
     seconds = time.monotonic() - started
@@ -228,7 +224,7 @@ def _remove_tree(path: Path) -> None:
 
 
 def _torch_files(tuning_dir: Path, log: Log) -> list[ResultsFile]:
-    """Every results file torch wrote into the tuning directory (realtime-appended per ordinal),
+    """Every results file torch wrote into the tuning directory (realtime-appended per worker),
     parsed as torch reads them: a row cut off by a kill is dropped, never the whole file."""
     out: list[ResultsFile] = []
     for path in sorted(tuning_dir.glob("tuned*.csv")):
@@ -242,6 +238,20 @@ def _torch_files(tuning_dir: Path, log: Log) -> list[ResultsFile]:
             log(f"warning: {warning}")
         out.append(parsed)
     return out
+
+
+def _report_results(report: dict[str, Any]) -> ResultsFile | None:
+    if not report.get("results"):
+        return None
+    rows = [
+        ResultRow(str(r[0]), str(r[1]), str(r[2]), format_ms(float(r[3])))
+        for r in report["results"]
+    ]
+    text = format_results(ResultsFile(dict(report["validators"]), rows))
+    try:
+        return parse_results(text, "torch.cuda.tunable.get_results()")
+    except CsvFormatError as exc:
+        raise TunerError(f"torch returned results this tuner cannot read: {exc}") from None
 
 
 def _gather(
@@ -259,98 +269,186 @@ def _gather(
         report = json.loads(report_path.read_text(encoding="utf-8"))
     elif not killed:
         raise TunerError(f"the tuning process failed (exit status {rc}); see the log above")
+    else:  # killed before the orchestrator reported: what the workers did report still counts
+        report = _merge_reports(_worker_reports(tuning_dir))
     sources: list[ResultsFile] = []
-    if report.get("results"):
-        rows = [
-            ResultRow(str(r[0]), str(r[1]), str(r[2]), format_ms(float(r[3])))
-            for r in report["results"]
-        ]
-        text = format_results(ResultsFile(dict(report["validators"]), rows))
-        try:
-            sources.append(parse_results(text, "torch.cuda.tunable.get_results()"))
-        except CsvFormatError as exc:
-            raise TunerError(f"torch returned results this tuner cannot read: {exc}") from None
-    # A file cut off by the budget's kill is skipped; the other sources still count.
+    from_api = _report_results(report)
+    if from_api is not None:
+        sources.append(from_api)
+    # A file cut off by the budget's kill loses its last row; the other sources still count.
     sources += _torch_files(tuning_dir, log)
     sources = [s for s in sources if s.rows]
+    error = report.get("error")
     if sources:
         try:
             merged = merge_results(sources)
         except ValidatorMismatchError as exc:
             raise TunerError(str(exc)) from None
+    elif error and not killed:
+        raise TunerError(str(error["message"]), int(error.get("code", EXIT_FAILED)))
     elif allow_empty:
         merged = ResultsFile(dict(report.get("validators") or {}), [])
     else:
-        why = "the budget ran out first" if killed else "torch tuned none of them"
+        ran_out = killed or bool(report.get("stoppedEarly"))
+        why = "the budget ran out first" if ran_out else "torch tuned none of them"
         raise TunerError(f"tuning produced no results for {attempted} GEMM(s): {why}")
+    if error:
+        log(f"warning: {error['message']}")
     stopped = killed or bool(report.get("stoppedEarly"))
     identity = report.get("identity")
+    rejected = [dict(r) for r in report.get("rejected") or []]
     return TuneOutcome(
         results=merged,
         attempted=attempted,
         seconds=seconds,
         stopped_early=stopped,
-        failures=int(report.get("failures", 0)),
+        failures=int(report.get("failures", len(rejected))),
         identity=dict(identity) if isinstance(identity, dict) else None,
         loop_seconds=float(report["loopSeconds"]) if "loopSeconds" in report else None,
+        rejected=rejected,
+        applied=dict(report.get("applied") or {}),
     )
 
 
-# --- the child process ---------------------------------------------------------------------
+# --- the tuning process: an orchestrator without torch --------------------------------------
 
 
-def _apply_limits(tunable: Any, limits: Limits, mgpu: bool) -> None:
-    """Python API where torch has it; environment variables for what it lacks and for the mgpu
-    workers (fresh processes that never see this process's API calls). Nothing in this process
-    has used TunableOp yet, so environment variables set now are still read."""
-    has_tolerances = hasattr(tunable, "set_numerical_check_tolerances")
-    if limits.numerical_check:
-        numerical_env = f"{NUMERICAL_ATOL}_{NUMERICAL_RTOL}" if has_tolerances else "1"
-    else:
-        numerical_env = "0"
-    settings: list[tuple[str, str, Any]] = [
-        (
-            "set_max_tuning_duration",
-            "PYTORCH_TUNABLEOP_MAX_TUNING_DURATION_MS",
-            limits.max_duration_ms,
-        ),
-        (
-            "set_max_tuning_iterations",
-            "PYTORCH_TUNABLEOP_MAX_TUNING_ITERATIONS",
-            limits.max_iterations,
-        ),
-        (
-            "set_max_warmup_duration",
-            "PYTORCH_TUNABLEOP_MAX_WARMUP_DURATION_MS",
-            limits.warmup_duration_ms,
-        ),
-        (
-            "set_max_warmup_iterations",
-            "PYTORCH_TUNABLEOP_MAX_WARMUP_ITERATIONS",
-            limits.warmup_iterations,
-        ),
-        (
-            "set_rotating_buffer_size",
-            "PYTORCH_TUNABLEOP_ROTATING_BUFFER_SIZE",
-            limits.rotating_buffer_mb,
-        ),
-    ]
-    for api, env, value in settings:
-        if mgpu or not hasattr(tunable, api):
-            os.environ[env] = str(value)
-        if hasattr(tunable, api):
-            getattr(tunable, api)(value)
-    if mgpu or not has_tolerances:
-        os.environ["PYTORCH_TUNABLEOP_NUMERICAL_CHECK"] = numerical_env
-    if has_tolerances:
-        tunable.set_numerical_check_tolerances(
-            limits.numerical_check, NUMERICAL_ATOL, NUMERICAL_RTOL
+def _worker_reports(tuning_dir: Path) -> list[dict[str, Any]]:
+    out = []
+    for path in sorted(tuning_dir.glob(WORKER_REPORT.format("*"))):
+        with contextlib.suppress(OSError, ValueError):
+            out.append(json.loads(path.read_text(encoding="utf-8")))
+    return out
+
+
+def _merge_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """One report from the workers': their results (disjoint shares), the first worker's
+    identity and validators, every rejected GEMM, the first error when a worker failed."""
+    merged: dict[str, Any] = {
+        "results": [],
+        "validators": {},
+        "identity": None,
+        "stoppedEarly": False,
+        "rejected": [],
+        "failures": 0,
+        "applied": {},
+    }
+    loops = [float(r["loopSeconds"]) for r in reports if "loopSeconds" in r]
+    if loops:  # the workers ran side by side: the longest is the loop's time
+        merged["loopSeconds"] = round(max(loops), 3)
+    for r in sorted(reports, key=lambda r: int(r.get("gpu", 0))):
+        merged["results"] += r.get("results") or []
+        if r.get("validators") and not merged["validators"]:
+            merged["validators"] = r["validators"]
+        if r.get("identity") and merged["identity"] is None:
+            merged["identity"] = r["identity"]
+        if r.get("applied") and not merged["applied"]:
+            merged["applied"] = r["applied"]
+        merged["stoppedEarly"] |= bool(r.get("stoppedEarly"))
+        merged["rejected"] += r.get("rejected") or []
+        if r.get("error") and "error" not in merged:
+            merged["error"] = r["error"]
+    merged["failures"] = len(merged["rejected"])
+    return merged
+
+
+class _ProgressMerger:
+    """progress.csv: the workers' progress files merged, rewritten when one of them changed
+    (temp file + rename) so that the sync sidecar only ever reads a complete file."""
+
+    def __init__(self, path: Path | None, tuning_dir: Path) -> None:
+        self.path = path
+        self.tuning_dir = tuning_dir
+        self.seen: dict[str, int] = {}
+
+    def poll(self) -> None:
+        if self.path is None:
+            return
+        files = sorted(self.tuning_dir.glob(PROGRESS_FILE.format("*")))
+        stamps: dict[str, int] = {}
+        for f in files:
+            with contextlib.suppress(OSError):
+                stamps[f.name] = f.stat().st_mtime_ns
+        if stamps == self.seen:
+            return
+        self.seen = stamps
+        parsed = []
+        for f in files:
+            with contextlib.suppress(OSError, CsvFormatError):
+                got = read_results(f)
+                if got.rows:
+                    parsed.append(got)
+        if not parsed:
+            return
+        try:
+            merged = merge_results(parsed)
+        except ValidatorMismatchError as exc:
+            _log(f"progress not written: {exc}")
+            return
+        atomic_write_bytes(self.path, format_results(merged).encode("utf-8"), fsync=False)
+
+
+def child_main(spec_path: str) -> int:
+    """The orchestrator: one worker per GPU with work, each on its share; no torch here."""
+    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    tuning_dir = Path(spec["dir"])
+    gpus = int(spec["gpus"])
+    rows = read_untuned(tuning_dir / GEMMS_FILE).rows
+    if gpus == 1:
+        # One GPU: this process is its worker (its parent, the tuner, holds no GPU).
+        (tuning_dir / SHARE_FILE.format(0)).write_text(format_untuned(rows), encoding="utf-8")
+        progress_path = spec.get("progress")
+        worker_main(spec_path, 0, progress=Path(progress_path) if progress_path else None)
+        merged = _merge_reports(_worker_reports(tuning_dir))
+        atomic_write_bytes(tuning_dir / REPORT_FILE, json.dumps(merged).encode("utf-8"))
+        return 0
+    shares = partition(rows, gpus)
+    workers: list[tuple[int, subprocess.Popen[bytes]]] = []
+    for gpu, share in enumerate(shares):
+        if not share:
+            continue
+        (tuning_dir / SHARE_FILE.format(gpu)).write_text(format_untuned(share), encoding="utf-8")
+        cmd = package_command(
+            sys.executable, "_tune-worker", "--spec", spec_path, "--gpu", str(gpu)
         )
+        workers.append((gpu, subprocess.Popen(cmd, cwd=tuning_dir, stdout=sys.stderr)))
+    if gpus > 1:
+        sizes = ", ".join(f"GPU {g}: {len(shares[g])}" for g, _ in workers)
+        _log(f"{len(rows)} GEMM(s) split across {len(workers)} GPU(s) ({sizes})")
+    progress = _ProgressMerger(Path(spec["progress"]) if spec.get("progress") else None, tuning_dir)
+    codes: dict[int, int] = {}
+    while len(codes) < len(workers):
+        for gpu, proc in workers:
+            if gpu not in codes and proc.poll() is not None:
+                codes[gpu] = proc.returncode
+        progress.poll()
+        if len(codes) < len(workers):
+            time.sleep(POLL_S)
+    progress.poll()
+    reports = _worker_reports(tuning_dir)
+    reported = {int(r.get("gpu", -1)) for r in reports}
+    for gpu, code in sorted(codes.items()):
+        if gpu not in reported:
+            reports.append(
+                {
+                    "gpu": gpu,
+                    "error": {
+                        "message": f"the tuning worker of GPU {gpu} failed (exit status {code})",
+                        "code": EXIT_FAILED,
+                    },
+                }
+            )
+    merged = _merge_reports(reports)
+    atomic_write_bytes(tuning_dir / REPORT_FILE, json.dumps(merged).encode("utf-8"))
+    return 0
+
+
+# --- a worker: one GPU, its share, one GEMM at a time ---------------------------------------
 
 
 class _Progress:
-    """progress.csv: what torch has tuned in this run so far, validators and rows, rewritten
-    whole (temp file + rename) so that the sync sidecar only ever reads a complete file."""
+    """This worker's progress file: what torch has tuned so far (nothing was loaded, so
+    get_results() is exactly that), rewritten whole after every GEMM."""
 
     def __init__(self, path: Path | None, tunable: Any) -> None:
         self.path = path
@@ -358,15 +456,7 @@ class _Progress:
         # Each row's text, formatted once: the file is rewritten after every GEMM.
         self.lines: dict[tuple[str, str], tuple[tuple[str, str, float], str]] = {}
 
-    def _write(self, validators: dict[str, str], rows: list[str]) -> None:
-        assert self.path is not None
-        head = "".join(f"Validator,{k},{v}\n" for k, v in sorted(validators.items()))
-        data = (head + "".join(rows)).encode("utf-8")
-        # No fsync: the file lives and dies with the pod; the rename keeps it whole.
-        atomic_write_bytes(self.path, data, fsync=False)
-
-    def write_api(self) -> None:
-        """One GPU: this process's get_results() (all it tuned; nothing was loaded)."""
+    def write(self) -> None:
         if self.path is None:
             return
         validators = {str(k): str(v) for k, v in self.tunable.get_validators()}
@@ -375,89 +465,81 @@ class _Progress:
             cached = self.lines.get(key)
             if cached is None or cached[0] != value:
                 self.lines[key] = (value, f"{key[0]},{key[1]},{value[0]},{format_ms(value[2])}\n")
-        self._write(validators, [self.lines[k][1] for k in sorted(self.lines)])
-
-    def write_files(self, tuning_dir: Path) -> None:
-        """N GPUs: the results files the workers appended to."""
-        if self.path is None:
-            return
-        files = [f for f in _torch_files(tuning_dir, _log) if f.rows]
-        if files:
-            try:
-                merged = merge_results(files)
-            except ValidatorMismatchError as exc:
-                _log(f"progress not written: {exc}")
-                return
-            text = format_results(merged)
-            self._write({}, [text])
+        head = "".join(f"Validator,{k},{v}\n" for k, v in sorted(validators.items()))
+        data = head + "".join(self.lines[k][1] for k in sorted(self.lines))
+        # No fsync: the file lives and dies with the pod; the rename keeps it whole.
+        atomic_write_bytes(self.path, data.encode("utf-8"), fsync=False)
 
 
-def child_main(spec_path: str) -> int:
+def worker_main(spec_path: str, gpu: int, progress: Path | None = None) -> int:
+    """progress: where to write progress directly (one GPU: no orchestrator merges for it)."""
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     tuning_dir = Path(spec["dir"])
+    report_path = tuning_dir / WORKER_REPORT.format(gpu)
+    try:
+        report = _work(spec, tuning_dir, gpu, progress)
+    except TunerError as exc:
+        report = {"gpu": gpu, "error": {"message": str(exc), "code": exc.exit_code}}
+    atomic_write_bytes(report_path, json.dumps(report).encode("utf-8"))
+    return 0
+
+
+def _work(
+    spec: dict[str, Any], tuning_dir: Path, gpu: int, progress_path: Path | None
+) -> dict[str, Any]:
     gpus = int(spec["gpus"])
     deadline = float(spec["deadline"])
     limits = Limits(**spec["limits"])
-    mgpu = spec["mode"] == "mgpu"
     torch = import_torch()
     require_gpu(torch, gpus)
-    require_offline_api(torch, gpus)
+    require_offline_api(torch, 1)
+    torch.cuda.set_device(gpu)  # before TunableOp starts: its context belongs to this GPU
     tunable = torch.cuda.tunable
-    _apply_limits(tunable, limits, mgpu)
+    tunable.set_filename(str(tuning_dir / RESULTS_FILE.format(gpu)), False)
+    try:
+        applied = apply_limits(tunable, limits, _log)
+    except ValueError as exc:
+        raise TunerError(str(exc)) from None
     tunable.enable(True)
     tunable.tuning_enable(True)
-    if hasattr(tunable, "record_untuned_enable"):
-        tunable.record_untuned_enable(False)
-    rows = read_untuned(tuning_dir / GEMMS_FILE).rows
-    progress = _Progress(Path(spec["progress"]) if spec.get("progress") else None, tunable)
-    failures = 0
+    tunable.record_untuned_enable(False)
+    rows = read_untuned(tuning_dir / SHARE_FILE.format(gpu)).rows
+    progress = _Progress(progress_path or tuning_dir / PROGRESS_FILE.format(gpu), tunable)
+    rejected: list[dict[str, str]] = []
     stopped = False
+    where = f"GPU {gpu} " if gpus > 1 else ""
+    one = tuning_dir / f"current-{gpu}.csv"
     loop_started = time.monotonic()
-    if mgpu:
-        # Its workers are spawned: they re-import our __main__ (guarded) and read the env set
-        # in _apply_limits; its copies land in tuning_dir, a path without '.' or '0'.
-        size = MGPU_CHUNK_PER_GPU * gpus
-        for start in range(0, len(rows), size):
-            if time.time() >= deadline:
-                stopped = True
-                _log(f"budget reached after {start} of {len(rows)} GEMMs")
-                break
-            chunk = rows[start : start + size]
-            (tuning_dir / GEMMS_FILE).write_text(format_untuned(chunk), encoding="utf-8")
-            tunable.mgpu_tune_gemm_in_file(str(tuning_dir / GEMMS_PATTERN), gpus)
+    for i, row in enumerate(rows, start=1):
+        if time.time() >= deadline:
+            stopped = True
+            _log(f"{where}budget reached after {i - 1} of {len(rows)} GEMMs")
+            break
+        one.write_text(format_untuned([row]), encoding="utf-8")
+        t0 = time.monotonic()
+        try:
+            tunable.tune_gemm_in_file(str(one))
             torch.cuda.synchronize()
-            # The workers' results are in their files, not in this process.
-            progress.write_files(tuning_dir)
-            _log(f"[{start + len(chunk)}/{len(rows)}] chunk of {len(chunk)} GEMM(s) tuned")
-    else:
-        one = tuning_dir / "current-gemm.csv"
-        for i, row in enumerate(rows, start=1):
-            if time.time() >= deadline:
-                stopped = True
-                _log(f"budget reached after {i - 1} of {len(rows)} GEMMs")
-                break
-            one.write_text(format_untuned([row]), encoding="utf-8")
-            t0 = time.monotonic()
-            try:
-                tunable.tune_gemm_in_file(str(one))
-                torch.cuda.synchronize()
-            except Exception as exc:
-                # One GEMM torch cannot tune offline must not cost the others.
-                failures += 1
-                _log(f"[{i}/{len(rows)}] {row.op},{row.params}: {type(exc).__name__}: {exc}")
-                continue
-            progress.write_api()
-            _log(f"[{i}/{len(rows)}] {row.op},{row.params} in {time.monotonic() - t0:.1f}s")
+        except Exception as exc:
+            # One GEMM torch cannot tune offline must not cost the others (on any GPU).
+            reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            rejected.append({"op": row.op, "params": row.params, "error": reason})
+            _log(f"{where}[{i}/{len(rows)}] {row.op},{row.params}: {reason}")
+            continue
+        progress.write()
+        _log(f"{where}[{i}/{len(rows)}] {row.op},{row.params} in {time.monotonic() - t0:.1f}s")
     loop_seconds = time.monotonic() - loop_started
     results = [[str(r[0]), str(r[1]), str(r[2]), float(r[3])] for r in tunable.get_results()]
     identity, validators = identify(torch)
-    report = {
+    with contextlib.suppress(Exception):  # raises on some builds without a device
+        applied["rotatingBufferSize"] = int(tunable.get_rotating_buffer_size())
+    return {
+        "gpu": gpu,
         "results": results,
         "validators": validators,
         "identity": identity,
         "stoppedEarly": stopped,
-        "failures": failures,
+        "rejected": rejected,
         "loopSeconds": round(loop_seconds, 3),
+        "applied": applied,
     }
-    atomic_write_bytes(tuning_dir / REPORT_FILE, json.dumps(report).encode("utf-8"))
-    return 0

@@ -484,3 +484,95 @@ def test_identify_prints_identity_and_validators(tmp_path: Path) -> None:
     assert doc["validators"] == {"PT_VERSION": "2.11.0+standin"}
     assert all(isinstance(v, str) for v in doc["identity"].values())
     assert {"gpuName", "arch", "gpuCount", "driver", "torch", "cuda"} <= set(doc["identity"])
+
+
+def _calls(tmp: Path) -> list[dict[str, Any]]:
+    log = tmp / "torch-calls.jsonl"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+LINGER = """
+import os, subprocess, sys, time, torch
+# A server that leaves a worker behind (a data loader, a model shard): it would hold GPU memory.
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+open(sys.argv[1], "w").write(str(child.pid))
+torch.mm(torch.rand(64, 64, device="cuda"), torch.rand(64, 64, device="cuda"))
+"""
+
+
+def test_what_the_workload_leaves_running_is_ended_after_recording(tmp_path: Path) -> None:
+    """Defect: the workload's process group was not ended after a normal exit, so its children
+    could hold GPU memory while tuning ran."""
+    (tmp_path / "serve.py").write_text(LINGER)
+    pid_file = tmp_path / "child.pid"
+    cfg = write_config(tmp_path, workload={"command": [sys.executable, "serve.py", str(pid_file)]})
+    done = tuner(tmp_path, "run", "--config", str(cfg), "--out", "out")
+    assert done.returncode == 0, done.stderr
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert "ended the processes the workload left running" in done.stderr
+
+
+def test_the_tuners_own_process_never_imports_torch_or_makes_a_cuda_context(
+    tmp_path: Path,
+) -> None:
+    """Defect: the tuner's process recorded the shapes and read the identity itself, keeping a
+    CUDA context on GPU 0 while its child tuned."""
+    cfg = write_config(tmp_path, gpus=2)
+    done = tuner(
+        tmp_path, "run", "--config", str(cfg), "--out", "out", env={"FAKE_TORCH_GPUS": "2"}
+    )
+    assert done.returncode == 0, done.stderr
+    calls = _calls(tmp_path)
+    imports = {c["pid"]: c["argv"] for c in calls if c["event"] == "import"}
+    roles = sorted(next(a for a in argv if a.startswith("_")) for argv in imports.values())
+    assert roles == ["_probe", "_tune-worker", "_tune-worker"], imports
+    contexts = {c["pid"] for c in calls if c["event"] == "cuda_context"}
+    probe_pid = next(p for p, argv in imports.items() if "_probe" in argv)
+    first_tune = min(i for i, c in enumerate(calls) if c["event"] == "tune_gemm_in_file")
+    # The probe (which ran the shapes) has exited before any GEMM is tuned.
+    assert all(c["pid"] != probe_pid for c in calls[first_tune:])
+    assert contexts <= set(imports)
+
+
+def test_the_images_pythonpath_reaches_the_workload_and_a_users_cannot_hide_the_tuner(
+    tmp_path: Path,
+) -> None:
+    """Run by path, as the Job runs it: a PYTHONPATH with another `tuner_job` first is the
+    image's business, and neither it nor the tuner's children lose it."""
+    shadow = tmp_path / "shadow" / "tuner_job"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text(
+        "raise ImportError('the user image has its own tuner_job')\n"
+    )
+    (tmp_path / "serve.py").write_text(
+        "import os, sys, torch\n"
+        "open(sys.argv[1], 'w').write(os.environ['PYTHONPATH'])\n"
+        "torch.mm(torch.rand(8, 8, device='cuda'), torch.rand(8, 8, device='cuda'))\n"
+    )
+    seen = tmp_path / "pythonpath"
+    cfg = write_config(tmp_path, workload={"command": [sys.executable, "serve.py", str(seen)]})
+    pythonpath = os.pathsep.join([str(tmp_path / "shadow"), str(FAKE_TORCH)])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTORCH_", "TUNEFLEET_"))}
+    env.update(PYTHONPATH=pythonpath, FAKE_TORCH_LOG=str(tmp_path / "torch-calls.jsonl"))
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tuner_job"),
+            "--termination-log",
+            str(tmp_path / "tl"),
+            "run",
+            "--config",
+            str(cfg),
+            "--out",
+            "out",
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert seen.read_text() == pythonpath  # the image's PYTHONPATH, untouched
