@@ -74,10 +74,44 @@ def _terminated(pod: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+# runc's words when the tune step's command is not in the image: `exec: "python3": executable
+# file not found in $PATH` (the tune container starts python3 directly, without a shell).
+_NOT_FOUND_RE = re.compile(r'exec: "([^"]+)": (?:executable file not found|stat \S+: no such file)')
+
+
+def start_failure(step: str, image: str, message: str) -> str | None:
+    """tunefleet's own words for a container the runtime could not start, when it knows why."""
+    m = _NOT_FOUND_RE.search(message)
+    if m is None:
+        return None
+    if step == "tune":
+        return (
+            f"step tune cannot start: the image {image} has no {m.group(1)} on its PATH. "
+            f"tunefleet starts the tuner as `{m.group(1)} /tunefleet/tools/tuner_job` without a "
+            "shell (an image without /bin/sh works, one without Python cannot tune): tune in the "
+            f"image that serves, with Python 3 and torch (a {m.group(1)} symlink to the image's "
+            f"python is enough). runtime: {' '.join(message.split())}"
+        )
+    return (
+        f"step {step} cannot start: {m.group(1)} is not in its image ({' '.join(message.split())})"
+    )
+
+
+def _image_of(pod: dict[str, Any], name: str) -> str:
+    spec = pod.get("spec") or {}
+    for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        if c.get("name") == name:
+            return str(c.get("image") or "?")
+    return "?"
+
+
 def _pod_failure(pod: dict[str, Any]) -> str:
     """The most telling line a failed tuning pod left: a container's own message first."""
     for name, term in _terminated(pod):
         if term.get("exitCode", 0) != 0:
+            told = start_failure(name, _image_of(pod, name), term.get("message") or "")
+            if told:
+                return told
             msg = (term.get("message") or "").strip().splitlines()
             detail = msg[-1] if msg else term.get("reason") or "no message"
             return f"container {name} exited {term.get('exitCode')}: {detail}"
@@ -213,7 +247,8 @@ def pod_blocker(pod: dict[str, Any], model: str, hints: Hints) -> tuple[Reason, 
         if reason == "CreateContainerConfigError":
             return _config_error(step, msg, ns, hints)
         if reason in CONTAINER_ERRORS:
-            return Reason.CONTAINER_ERROR, f"step {step} cannot start: {reason}: {msg}"
+            told = start_failure(step, cs.get("image") or _image_of(pod, step), msg)
+            return Reason.CONTAINER_ERROR, told or f"step {step} cannot start: {reason}: {msg}"
     return None
 
 

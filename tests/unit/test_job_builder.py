@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -126,7 +127,7 @@ def test_credentials_by_reference_and_tuning_config() -> None:
     # and the workload command as the tune container's own argv.
     assert not any(e["name"] == "TUNEFLEET_TUNING_CONFIG" for e in tune["env"])
     assert tune["args"] == ["python3", "serve.py", "--x"]
-    assert tune["command"][:2] == ["/bin/sh", "-c"] and '-- "$@"' in tune["command"][2]
+    assert tune["command"][-1] == "--"  # the workload's argv follows, verbatim
     (vol,) = [v for v in pod["volumes"] if v["name"] == "config"]
     cm = build_tuning_config_map(
         s, namespace="ml", profile="llama", uid="uid-1", model="AMD_Instinct_MI300X_OAM"
@@ -247,3 +248,17 @@ def test_a_v0_1_spec_keeps_its_revision() -> None:
         }
     )
     assert naming.revision(old) == "78cdb2e08b"
+
+
+def test_the_tune_step_needs_no_shell_and_leaves_pythonpath_alone() -> None:
+    """Defects: the tune step ran /bin/sh (an image without a shell failed with runc's 'exec:
+    "/bin/sh": stat /bin/sh: no such file or directory'), and set PYTHONPATH, which replaced the
+    image's own (the workload was recorded without it) and which a user's PYTHONPATH in
+    workload.env replaced in turn (the import of tuner_job then failed)."""
+    s = spec(workload={"command": ["serve"], "env": [{"name": "PYTHONPATH", "value": "/app"}]})
+    tune = step(job(s)["spec"]["template"]["spec"], "tune")
+    assert tune["command"][:2] == ["python3", "/tunefleet/tools/tuner_job"]
+    assert not any(Path(part).name == "sh" for part in tune["command"])
+    names = [e["name"] for e in tune["env"]]
+    assert names.count("PYTHONPATH") == 1  # the user's, as given
+    assert {e["name"]: e.get("value") for e in tune["env"]}["PYTHONPATH"] == "/app"

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from tests.support.largest import largest_spec
 from tunefleet.api import TuningProfileSpec
-from tunefleet.builders.job import TUNE_SCRIPT, build_tuning_config_map, build_tuning_job
+from tunefleet.builders.job import TUNE_COMMAND, build_tuning_config_map, build_tuning_job
 from tunefleet.config import Config
 
 ETCD_OBJECT = 1536 * 1024
@@ -71,7 +71,7 @@ def test_the_tune_container_can_exec_and_so_can_the_workload(spec: TuningProfile
     tune = next(c for c in job["spec"]["template"]["spec"]["initContainers"] if c["name"] == "tune")
     argv = [*tune["command"], *tune["args"]]
     env = [f"{e['name']}={e.get('value', '')}" for e in tune["env"]]
-    assert TUNE_SCRIPT in argv
+    assert argv[: len(TUNE_COMMAND)] == TUNE_COMMAND
     for s in argv + env:
         assert len(s.encode()) + 1 <= ARG_STRLEN
     total = sum(len(s.encode()) + 1 + 8 for s in argv + env)  # string, NUL, pointer

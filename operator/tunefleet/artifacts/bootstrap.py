@@ -1,9 +1,9 @@
 """tunefleet-bootstrap: copy the tuner_job package into a shared volume.
 
 The tuning Job's first init container (our image) runs this; the next one (the user's image,
-which has torch but none of our dependencies) then runs `python3 -m tuner_job` with
-PYTHONPATH=DEST. The copy is made beside the target and renamed into place, so a restarted init
-container never leaves a half-copied package behind.
+which has torch but none of our dependencies) then runs `python3 DEST/tuner_job` (by path: the
+image's PYTHONPATH is left as it is). The copy is made beside the target and renamed into
+place, so a restarted init container never leaves a half-copied package behind.
 """
 
 from __future__ import annotations

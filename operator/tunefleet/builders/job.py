@@ -31,14 +31,17 @@ IMAGE_ID_KEY = "tune-image-id"
 # tuner_job/exchange.py). No '.' and no '0' in the path: mgpu_tune_gemm_in_file's quirks.
 EXCHANGE_DIR = "/tunefleet/exchange"
 EXCHANGE_WAIT_SECONDS = 300
-# The user's image decides where python lives; prefer python3, accept python. The workload
-# command arrives as this script's positional arguments ("$@"), passed on untouched.
-TUNE_SCRIPT = (
-    'py="$(command -v python3 || command -v python)" || '
-    '{ echo "tunefleet: no python3 or python in this image" | tee /dev/termination-log; '
-    "exit 127; }; "
-    f'exec "$py" -m tuner_job run --config {CONFIG_DIR}/{CONFIG_KEY} --out {OUT_DIR} -- "$@"'
-)
+# The tune container starts python3 itself, with no shell (distroless Python images have none)
+# and runs the tuner by its path, so neither the image's PYTHONPATH nor a user's PYTHONPATH in
+# workload.env is replaced or can hide the package. The workload's command and args follow
+# "--" as the container's args, verbatim. An image without python3 on its PATH fails to start
+# with the kubelet's 'executable file not found'; observe.py says what that means.
+TUNE_PYTHON = "python3"
+TUNER_PATH = f"{TOOLS_DIR}/tuner_job"
+TUNE_COMMAND = [
+    TUNE_PYTHON, TUNER_PATH, "run", "--config", f"{CONFIG_DIR}/{CONFIG_KEY}", "--out", OUT_DIR,
+    "--",
+]  # fmt: skip
 
 
 def owner_reference(name: str, uid: str) -> dict[str, Any]:
@@ -108,7 +111,7 @@ def tuning_config(
     spec: TuningProfileSpec, namespace: str, profile: str, model: str, rev: str
 ) -> dict[str, Any]:
     """What the tuner reads from --config (tuner_job/config.py's contract). The workload
-    command is not in it: it is the tune container's argv (see TUNE_SCRIPT)."""
+    command is not in it: it is the tune container's argv (see TUNE_COMMAND)."""
     workload = spec.workload.model_dump(
         by_alias=True, exclude_none=True, exclude={"env", "command", "args"}
     )
@@ -206,14 +209,10 @@ def _tune_container(c: Child) -> dict[str, Any]:
         "name": "tune",
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
-        # "tune" is $0 of the script; the workload's argv follows as "$@".
-        "command": ["/bin/sh", "-c", TUNE_SCRIPT, "tune"],
+        "command": list(TUNE_COMMAND),
         "args": [*(spec.workload.command or []), *(spec.workload.args or [])],
-        "env": [
-            {"name": "PYTHONPATH", "value": TOOLS_DIR},
-            {"name": "PYTHONUNBUFFERED", "value": "1"},
-            *user_env,
-        ],
+        # No PYTHONPATH: the image's own stays in force for the workload it records.
+        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, *user_env],
         "resources": {"requests": {resource: gpus}, "limits": {resource: gpus}},
         "volumeMounts": [
             {"name": "tools", "mountPath": TOOLS_DIR, "readOnly": True},
