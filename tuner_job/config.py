@@ -31,6 +31,9 @@ SHAPE_DTYPES = (
 )
 
 
+DEFAULT_ALGO_COUNT = 8  # torch 2.14+'s default cuBLASLt heuristic count
+
+
 class ConfigError(ValueError):
     """The tuning configuration is missing or malformed."""
 
@@ -77,8 +80,8 @@ class Limits:
     rotating_buffer_mb: int = -1
     numerical_check: bool = False
     budget_seconds: float = 3600.0
-    # PYTORCH_TUNABLEOP_CUBLASLT_REQUESTED_ALGO_COUNT (torch 2.14+ on CUDA); None: torch's (8).
-    cublaslt_algo_count: int | None = None
+    # PYTORCH_TUNABLEOP_CUBLASLT_REQUESTED_ALGO_COUNT (torch 2.14+ on CUDA; torch's default 8).
+    cublaslt_algo_count: int = DEFAULT_ALGO_COUNT
 
 
 @dataclass(frozen=True)
@@ -182,10 +185,10 @@ def _rotating(tuning: dict[str, Any]) -> int:
     return int(value)
 
 
-def _algo_count(tuning: dict[str, Any]) -> int | None:
+def _algo_count(tuning: dict[str, Any]) -> int:
     value = _get(tuning, "cublasltAlgoCount", int, "tuning")
     if value is None:
-        return None
+        return DEFAULT_ALGO_COUNT
     if value < 1:
         raise ConfigError(f"tuning.cublasltAlgoCount must be >= 1, got {value}")
     return int(value)

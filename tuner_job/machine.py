@@ -101,8 +101,7 @@ def _probe(spec: dict[str, Any]) -> dict[str, Any]:
     tunable = torch.cuda.tunable
     applied: dict[str, Any] = {}
     if hasattr(tunable, "set_cublaslt_requested_algo_count"):
-        if limits.cublaslt_algo_count is not None:
-            tunable.set_cublaslt_requested_algo_count(limits.cublaslt_algo_count)
+        tunable.set_cublaslt_requested_algo_count(limits.cublaslt_algo_count)
         applied["cublasltAlgoCount"] = int(tunable.get_cublaslt_requested_algo_count())
     identity, validators = identify(torch)
     if "cublasltAlgoCount" in applied:

@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from .config import Limits
+from .config import DEFAULT_ALGO_COUNT, Limits
 
 # torch.cuda.tunable functions: name -> (the parameters we pass, by name, in order; the first
 # release that has it). Calls of functions newer than 2.11 are guarded by hasattr.
@@ -109,10 +109,9 @@ def apply_limits(tunable: Any, limits: Limits, log: Log) -> dict[str, Any]:
     else:  # torch before the tolerances API reads only the switch
         os.environ["PYTORCH_TUNABLEOP_NUMERICAL_CHECK"] = "1" if limits.numerical_check else "0"
     if hasattr(tunable, "set_cublaslt_requested_algo_count"):
-        if limits.cublaslt_algo_count is not None:
-            tunable.set_cublaslt_requested_algo_count(limits.cublaslt_algo_count)
+        tunable.set_cublaslt_requested_algo_count(limits.cublaslt_algo_count)
         applied["cublasltAlgoCount"] = int(tunable.get_cublaslt_requested_algo_count())
-    elif limits.cublaslt_algo_count is not None:
+    elif limits.cublaslt_algo_count != DEFAULT_ALGO_COUNT:
         log(
             "warning: tuning.cublasltAlgoCount is ignored: this torch has no cuBLASLt candidates "
             "(CUDA torch before 2.14, or ROCm)"

@@ -66,7 +66,8 @@ GPU_NOT_SHAPING = frozenset({"models", "parallelism"})
 # What tunefleet 0.1 hashed at its defaults. The revision hashes every shaping field that differs
 # from its default; fields of this baseline count at their default too, exactly as 0.1 hashed
 # them, so no upgrade changes the revision of an existing profile. A field added later is left
-# out at its default by that rule alone: adding an option never retunes the fleet.
+# out at its default by that rule alone: adding an option never retunes the fleet. A field
+# whose default changes is hashed as set (see rotatingBufferMB in revision()).
 _REVISION_BASELINE: dict[str, Any] = {
     "gpu": {"labelKey": None, "resourceName": None, "count": 1},
     "tuning": {
@@ -109,6 +110,11 @@ def revision(spec: TuningProfileSpec) -> str:
             **spec.tuning.model_dump(
                 by_alias=True, exclude_defaults=True, exclude=set(TUNING_NOT_SHAPING)
             ),
+            # Its default changed (0 -> -1, torch's L2 size) after 0.1: hashed as set, always,
+            # so -1 and 0 stay apart. Profiles stored before keep the 0 the API server wrote
+            # into them at creation, so their revision (0, the baseline's) does not change and
+            # nothing retunes; setting -1 is a new revision that retunes with the L2 buffer.
+            "rotatingBufferMB": spec.tuning.rotating_buffer_mb,
         },
     }
     blob = json.dumps(shaping, sort_keys=True, separators=(",", ":")).encode()

@@ -169,8 +169,10 @@ class TuningLimits(_Model):
     max_iterations: int = Field(default=100, ge=1, le=100000)
     warmup_duration_ms: int = Field(default=0, ge=0, le=60000)
     warmup_iterations: int = Field(default=0, ge=0, le=100000)
-    rotating_buffer_mb: int = Field(default=0, ge=0, le=65536, alias="rotatingBufferMB")
+    # -1: the L2 cache size (torch's default); 0: off. See naming.revision for old profiles.
+    rotating_buffer_mb: int = Field(default=-1, ge=-1, le=65536, alias="rotatingBufferMB")
     numerical_check: bool = False
+    cublaslt_algo_count: int = Field(default=8, ge=1, le=1024, alias="cublasltAlgoCount")
     budget_seconds: int = Field(default=3600, ge=30, le=172800)
     active_deadline_seconds: int = Field(default=7200, ge=60, le=259200)
     backoff_limit: int = Field(default=1, ge=0, le=6)
