@@ -35,6 +35,7 @@ from .results import (
     merge_results,
     read_untuned,
 )
+from .torchapi import settings_of
 from .tune import TuneOutcome, child_main, tune, worker_main
 
 PROG = "tuner_job"
@@ -262,6 +263,7 @@ def _run(args: argparse.Namespace, cfg: TuningConfig, shard: int, exchange: Path
     try:
         unique, _, machine = _record(cfg, work, deadline)
         identity, validators = machine.identity, machine.validators
+        settings = settings_of(cfg.limits, machine.applied)
         key = library_key(cfg.gpu_model, validators, identity)
         prior = ex.Prior()
         if exchange is not None:
@@ -273,6 +275,7 @@ def _run(args: argparse.Namespace, cfg: TuningConfig, shard: int, exchange: Path
                 identity=identity,
                 key=key,
                 log=_log,
+                settings=settings.to_dict(),
             )
         plan = _plan(unique, cfg, shard, prior)
         if cfg.shards > 1 or exchange is not None:
@@ -318,6 +321,7 @@ def _run(args: argparse.Namespace, cfg: TuningConfig, shard: int, exchange: Path
             library=prior.library_info,
             resume=prior.resume_info,
             wall_seconds=time.monotonic() - started,
+            settings=settings.to_dict(),
         ),
     )
     if outcome is not None:

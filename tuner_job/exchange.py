@@ -114,7 +114,12 @@ def _checkpoint(
 
 
 def _library(
-    directory: Path, arrived: bool, wait_s: float, key: str, validators: Mapping[str, str]
+    directory: Path,
+    arrived: bool,
+    wait_s: float,
+    key: str,
+    validators: Mapping[str, str],
+    settings: Mapping[str, Any] | None = None,
 ) -> tuple[ResultsFile | None, LibraryInfo]:
     if not arrived:
         return None, LibraryInfo(error=f"the sync sidecar gave no library within {wait_s:.0f}s")
@@ -127,6 +132,8 @@ def _library(
     error = answer.error
     if not error and answer.key != key:
         error = f"library.json is for key {answer.key!r}, this run's key is {key}"
+    if not error and settings is not None and answer.settings != dict(settings):
+        error = "library.json was read for other tuning settings than this run's"
     results = None
     if not error and (directory / LIBRARY_CSV).exists():  # no library.csv: an empty library
         try:
@@ -152,6 +159,7 @@ def gather(
     identity: Mapping[str, str],
     key: str,
     log: Log,
+    settings: Mapping[str, Any] | None = None,
 ) -> Prior:
     """Say who we are (identity.json), then wait, bounded, for the sidecar's checkpoint and
     library. Whatever does not come, or does not fit, is left out and said."""
@@ -162,13 +170,15 @@ def gather(
             "validators": dict(validators),
             "identity": dict(identity),
             "libraryKey": key,
+            # The sidecar reuses only entries tuned with the same or stronger settings.
+            "settings": dict(settings) if settings is not None else None,
         },
     )
     deadline = time.monotonic() + max(wait_s, 0.0)
     arrived_checkpoint = wait_for([directory / CHECKPOINT_DONE], deadline)
     arrived_library = wait_for([directory / LIBRARY_DONE], deadline)
     checkpoint, resume = _checkpoint(directory, arrived_checkpoint, wait_s, validators)
-    library, info = _library(directory, arrived_library, wait_s, key, validators)
+    library, info = _library(directory, arrived_library, wait_s, key, validators, settings)
     if checkpoint is not None:
         log(f"checkpoint: {checkpoint.gemms} GEMM(s) tuned by an earlier attempt")
     elif resume.status == "ignored" or not arrived_checkpoint:
@@ -222,9 +232,11 @@ class LibraryAnswer:
     gemms: int = 0
     skipped: tuple[tuple[str, str], ...] = ()  # (object, reason)
     error: str | None = None  # the library could not be read at all
+    settings: dict[str, Any] | None = None  # the settings entries were checked against
 
     def write(self, directory: Path) -> None:
         doc = {
+            "settings": self.settings,
             "key": self.key,
             "entries": self.entries,
             "gemms": self.gemms,
@@ -245,7 +257,9 @@ class LibraryAnswer:
         )
         entries, gemms = doc.get("entries"), doc.get("gemms")
         error = doc.get("error")
+        settings = doc.get("settings")
         return cls(
+            settings=settings if isinstance(settings, dict) else None,
             key=str(doc.get("key") or ""),
             entries=entries if isinstance(entries, int) and entries >= 0 else 0,
             gemms=gemms if isinstance(gemms, int) and gemms >= 0 else 0,

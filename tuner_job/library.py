@@ -132,6 +132,113 @@ def share_cost(rows: Iterable[UntunedRow]) -> int:
     return sum(gemm_cost(r) for r in rows)
 
 
+# --- tuning settings -------------------------------------------------------------------------
+
+SETTINGS_FIELDS = (
+    "maxDurationMs",
+    "maxIterations",
+    "warmupDurationMs",
+    "warmupIterations",
+    "rotatingBufferMB",
+    "numericalCheck",
+    "atol",
+    "rtol",
+    "cublasltAlgoCount",
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The tuning settings that choose a GEMM's winner: how long and how often each candidate
+    is timed (and warmed up), whether the cache is kept cold (rotating buffer), whether
+    candidates must agree with Default (and how closely), and how many cuBLASLt algorithms
+    take part. A library entry records them; a run reuses an entry only if the entry's settings
+    are the same as or stronger than its own (``covers``), so that asking for more (the no-gain
+    advice: raise maxDurationMs or maxIterations; turn numericalCheck on) really retunes."""
+
+    max_duration_ms: int
+    max_iterations: int
+    warmup_duration_ms: int
+    warmup_iterations: int
+    rotating_buffer_mb: int  # -1: the L2 cache size, 0: off
+    numerical_check: bool
+    atol: float
+    rtol: float
+    cublaslt_algo_count: int | None  # None: this torch has no cuBLASLt candidates
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "maxDurationMs": self.max_duration_ms,
+            "maxIterations": self.max_iterations,
+            "warmupDurationMs": self.warmup_duration_ms,
+            "warmupIterations": self.warmup_iterations,
+            "rotatingBufferMB": self.rotating_buffer_mb,
+            "numericalCheck": self.numerical_check,
+            "atol": self.atol,
+            "rtol": self.rtol,
+            "cublasltAlgoCount": self.cublaslt_algo_count,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> Settings:
+        """Raises ValueError on anything but a complete settings document."""
+        if not isinstance(doc, dict) or set(doc) != set(SETTINGS_FIELDS):
+            raise ValueError(f"tuning settings must have exactly {', '.join(SETTINGS_FIELDS)}")
+        ints = ("maxDurationMs", "maxIterations", "warmupDurationMs", "warmupIterations")
+        for name in (*ints, "rotatingBufferMB"):
+            if not isinstance(doc[name], int) or isinstance(doc[name], bool):
+                raise ValueError(f"tuning settings: {name} is not an integer")
+        if not isinstance(doc["numericalCheck"], bool):
+            raise ValueError("tuning settings: numericalCheck is not a boolean")
+        for name in ("atol", "rtol"):
+            if not isinstance(doc[name], int | float) or isinstance(doc[name], bool):
+                raise ValueError(f"tuning settings: {name} is not a number")
+        count = doc["cublasltAlgoCount"]
+        if count is not None and (not isinstance(count, int) or isinstance(count, bool)):
+            raise ValueError("tuning settings: cublasltAlgoCount is not an integer or null")
+        return cls(
+            doc["maxDurationMs"],
+            doc["maxIterations"],
+            doc["warmupDurationMs"],
+            doc["warmupIterations"],
+            doc["rotatingBufferMB"],
+            doc["numericalCheck"],
+            float(doc["atol"]),
+            float(doc["rtol"]),
+            count,
+        )
+
+    def falls_short_of(self, wanted: Settings) -> str | None:
+        """Why rows tuned with these settings must not serve a run that wants ``wanted``, or
+        None when these are the same or stronger in every respect."""
+        short = []
+        for name, mine, theirs in (
+            ("maxDurationMs", self.max_duration_ms, wanted.max_duration_ms),
+            ("maxIterations", self.max_iterations, wanted.max_iterations),
+            ("warmupDurationMs", self.warmup_duration_ms, wanted.warmup_duration_ms),
+            ("warmupIterations", self.warmup_iterations, wanted.warmup_iterations),
+        ):
+            if mine < theirs:
+                short.append(f"{name} {mine} < {theirs}")
+        rb, want_rb = self.rotating_buffer_mb, wanted.rotating_buffer_mb
+        # 0 (off) is the weakest; among sizes a larger buffer is colder. The L2 size (-1) and
+        # an explicit size are not comparable without the GPU's L2 size: only equal covers.
+        if want_rb != 0 and rb != want_rb and not (rb > 0 and want_rb > 0 and rb > want_rb):
+            short.append(f"rotatingBufferMB {rb} vs {want_rb}")
+        if wanted.numerical_check:
+            if not self.numerical_check:
+                short.append("numericalCheck off, this run checks")
+            elif self.atol > wanted.atol or self.rtol > wanted.rtol:
+                short.append(
+                    f"checked with atol/rtol {self.atol:g}/{self.rtol:g}, looser than "
+                    f"{wanted.atol:g}/{wanted.rtol:g}"
+                )
+        mine_n, want_n = self.cublaslt_algo_count, wanted.cublaslt_algo_count
+        if want_n is not None and (mine_n is None or mine_n < want_n):
+            short.append(f"cublasltAlgoCount {mine_n} < {want_n}")
+        return "; ".join(short) or None
+
+
 # --- library entries -------------------------------------------------------------------------
 
 
@@ -162,9 +269,12 @@ def make_entry(
     identity: Mapping[str, str],
     source: EntrySource,
     results_text: str,
+    settings: Settings | None = None,
 ) -> bytes:
-    """An entry's bytes; it is stored under the SHA-256 of exactly these bytes."""
-    doc = {
+    """An entry's bytes; it is stored under the SHA-256 of exactly these bytes. settings: what
+    the rows were tuned with (an artifact from before tunefleet recorded them has none, and its
+    entry is then reused by no run)."""
+    doc: dict[str, Any] = {
         "schema": ENTRY_SCHEMA,
         "gpuModel": gpu_model,
         "key": library_key(gpu_model, validators, identity),
@@ -173,6 +283,8 @@ def make_entry(
         "source": source.to_dict(),
         "results": results_text,
     }
+    if settings is not None:
+        doc["settings"] = settings.to_dict()
     return canonical_json(doc) + b"\n"
 
 
@@ -192,12 +304,15 @@ def parse_entry(
     key: str,
     gpu_model: str,
     validators: Mapping[str, str],
+    settings: Settings | None = None,
 ) -> tuple[EntrySource, ResultsFile]:
     """Verify one entry read from ``<...>/<gpu_model>/<key>/<name_sha256>.json``.
 
     Checks, in order: the bytes hash to the name; they are an entry document; its validators and
     GPU model are the reader's; its key recomputes from its own fields and is the directory's;
-    its results parse strictly, under the same validators. Raises LibraryEntryError(reason).
+    (with ``settings``, the reader's) it was tuned with the same or stronger settings; its
+    results parse, under the same validators, with no row torch would load as garbage.
+    Raises LibraryEntryError(reason).
     """
     actual = hashlib.sha256(data).hexdigest()
     if not _SHA_RE.match(name_sha256) or actual != name_sha256:
@@ -227,6 +342,19 @@ def parse_entry(
         raise LibraryEntryError("its key does not match its own gpuModel/validators/identity")
     if recomputed != key:
         raise LibraryEntryError(f"it belongs to library key {recomputed[:12]}..., not this one")
+    if settings is not None:
+        if "settings" not in doc:
+            raise LibraryEntryError(
+                "it records no tuning settings (published before tunefleet recorded them): "
+                "not reused, its GEMMs are tuned again"
+            )
+        try:
+            tuned_with = Settings.from_dict(doc["settings"])
+        except ValueError as exc:
+            raise LibraryEntryError(str(exc)) from None
+        short = tuned_with.falls_short_of(settings)
+        if short:
+            raise LibraryEntryError(f"tuned with weaker settings than this run's ({short})")
     source = doc.get("source")
     if not isinstance(source, dict) or not all(
         isinstance(source.get(f), str) for f in ("namespace", "profile", "revision", "sha256")
@@ -239,6 +367,8 @@ def parse_entry(
         results = parse_results(text, "results", require_rows=True)
     except CsvFormatError as exc:
         raise LibraryEntryError(f"results do not parse: {exc}") from None
+    if results.dropped or results.duplicates:
+        raise LibraryEntryError(f"results hold rows torch would misread: {results.warnings()[0]}")
     if results.validators != entry_validators:
         raise LibraryEntryError("its results carry other validators than the entry")
     src = EntrySource(source["namespace"], source["profile"], source["revision"], source["sha256"])

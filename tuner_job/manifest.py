@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from .library import Settings
 from .results import Outcomes
 
 SCHEMA = "tunefleet.io/manifest/v1"
@@ -98,6 +99,9 @@ class ManifestExtra:
     library: LibraryInfo | None = None
     resume: ResumeInfo | None = None
     wall_seconds: float | None = None
+    # What the rows were tuned with (library.Settings.to_dict()): the library reuses an entry
+    # only for runs that want the same or weaker settings.
+    settings: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {}
@@ -116,6 +120,8 @@ class ManifestExtra:
             doc["library"] = self.library.to_dict()
         if self.resume is not None:
             doc["resume"] = self.resume.to_dict()
+        if self.settings is not None:
+            doc["settings"] = dict(self.settings)
         return doc
 
 
@@ -293,7 +299,14 @@ def _extra(doc: dict[str, Any]) -> ManifestExtra:
         or wall < 0
     ):
         raise ManifestError(f"manifest wallSeconds must be a non-negative number, got {wall!r}")
+    settings = doc.get("settings")
+    if settings is not None:
+        try:
+            settings = Settings.from_dict(settings).to_dict()
+        except ValueError as exc:
+            raise ManifestError(f"manifest {exc}") from None
     return ManifestExtra(
+        settings=settings,
         reused=_opt_int(doc, "reused"),
         resumed=_opt_int(doc, "resumed"),
         newly_tuned=_opt_int(doc, "newlyTuned"),

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .config import DEFAULT_ALGO_COUNT, Limits
+from .library import Settings
 
 # torch.cuda.tunable functions: name -> (the parameters we pass, by name, in order; the first
 # release that has it). Calls of functions newer than 2.11 are guarded by hasattr.
@@ -78,6 +79,23 @@ OWNED_ENV = (
 )
 
 Log = Callable[[str], None]
+
+
+def settings_of(limits: Limits, applied: dict[str, Any]) -> Settings:
+    """The settings a run tunes with, as its library entries record them. The algorithm count
+    is what torch reported back (None where it has no cuBLASLt candidates)."""
+    count = applied.get("cublasltAlgoCount")
+    return Settings(
+        max_duration_ms=limits.max_duration_ms,
+        max_iterations=limits.max_iterations,
+        warmup_duration_ms=limits.warmup_duration_ms,
+        warmup_iterations=limits.warmup_iterations,
+        rotating_buffer_mb=limits.rotating_buffer_mb,
+        numerical_check=limits.numerical_check,
+        atol=NUMERICAL_ATOL,
+        rtol=NUMERICAL_RTOL,
+        cublaslt_algo_count=int(count) if count is not None else None,
+    )
 
 
 def check_tolerances(atol: float, rtol: float) -> None:
