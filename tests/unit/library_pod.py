@@ -89,6 +89,7 @@ class JobSpec:
     budget_s: float = 600.0
     s3_env: dict[str, str] | None = None
     torch_env: dict[str, str] = field(default_factory=dict)  # FAKE_TORCH_* for the tune step
+    tuning: dict[str, Any] = field(default_factory=dict)  # spec.tuning's shaping fields
     namespace: str = NAMESPACE
     model: str = MODEL
 
@@ -140,7 +141,7 @@ class Pod:
                     "shards": job.shards,
                     "exchange": {"dir": str(self.exchange), "waitSeconds": job.wait_s},
                     "workload": {"shapes": job.gemms},
-                    "tuning": {"budgetSeconds": job.budget_s},
+                    "tuning": {"budgetSeconds": job.budget_s, **job.tuning},
                 }
             )
         )

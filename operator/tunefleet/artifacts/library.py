@@ -27,6 +27,7 @@ from tuner_job.library import (
     CheckpointId,
     EntrySource,
     LibraryEntryError,
+    Settings,
     library_key,
     make_entry,
     parse_entry,
@@ -120,6 +121,7 @@ def add_entry(
             manifest.namespace, manifest.profile, manifest.revision, manifest.results_sha256
         ),
         results_text=results.decode("utf-8"),
+        settings=Settings.from_dict(manifest.extra.settings) if manifest.extra.settings else None,
     )
     key = manifest.extra.library_key
     computed = library_key(manifest.gpu_model, manifest.validators, manifest.identity)
@@ -155,8 +157,10 @@ def read_library(
     gpu_model: str,
     key: str,
     validators: dict[str, str],
+    settings: Settings | None = None,
 ) -> LibraryView:
     """List the key's entries, verify each, merge the good ones (merge_results' rule).
+    settings: the reader's; entries tuned with weaker ones (or none recorded) are skipped.
 
     A listing failure raises StoreError (the caller reports it as the library's error); an entry
     that cannot be read, or is bad, is skipped and reported, never merged.
@@ -198,7 +202,12 @@ def read_library(
         total += len(data)
         try:
             _, results = parse_entry(
-                data, name_sha256=m.group(1), key=key, gpu_model=gpu_model, validators=validators
+                data,
+                name_sha256=m.group(1),
+                key=key,
+                gpu_model=gpu_model,
+                validators=validators,
+                settings=settings,
             )
             new = sum(1 for r in results.rows if r.key not in merger.best)
             if len(merger.best) + new > MAX_GEMMS:

@@ -116,6 +116,11 @@ def _check_consistent(shards: list[Shard]) -> None:
                 f"shard {s.index} was tuned under other validators than shard 0 ({diff}): "
                 "TunableOp would load neither file's rows with the other's"
             )
+        if s.manifest.extra.settings != first.manifest.extra.settings:
+            raise MergeError(
+                f"shard {s.index} was tuned with other settings than shard 0: one revision "
+                "tunes with one set"
+            )
         if s.manifest.extra.library_key != first.manifest.extra.library_key:
             raise MergeError(
                 f"shard {s.index} ran on another software identity than shard 0 (library key "
@@ -203,6 +208,7 @@ def merge_shards(
         library=_library(shards),
         resume=_resume(shards),
         wall_seconds=max(walls),
+        settings=ms[0].extra.settings,
     )
     data, manifest = build_output(
         merged,

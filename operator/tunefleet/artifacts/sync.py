@@ -49,6 +49,9 @@ from tuner_job.library import (
     make_checkpoint,
     parse_checkpoint,
 )
+from tuner_job.library import (
+    Settings as TuningSettings,
+)
 from tuner_job.manifest import rfc3339_utc
 from tuner_job.results import (
     CsvFormatError,
@@ -205,6 +208,8 @@ class Sync:
         answer = ex.LibraryAnswer(str(doc.get("libraryKey", "")))
         try:
             validators, key = self._identity(doc)
+            raw = doc.get("settings")
+            settings = TuningSettings.from_dict(raw) if raw is not None else None
             view = read_library(
                 self.store(LIBRARY_TIMEOUT_S),
                 self.s.location,
@@ -213,12 +218,15 @@ class Sync:
                 self.s.ident.gpu_model,
                 key,
                 validators,
+                settings,
             )
             if view.results is not None and view.results.rows:
                 atomic_write_bytes(
                     self.path(ex.LIBRARY_CSV), format_results(view.results).encode("utf-8")
                 )
-            answer = ex.LibraryAnswer(key, view.entries, view.gemms, tuple(view.skipped))
+            answer = ex.LibraryAnswer(
+                key, view.entries, view.gemms, tuple(view.skipped), settings=raw
+            )
             self.log(
                 f"library {key[:12]}...: {view.entries} entries, {view.gemms} GEMM(s), "
                 f"{len(view.skipped)} skipped"
