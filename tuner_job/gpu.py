@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import os
 import re
 from pathlib import Path
 from typing import Any
+
+from .library import partition_name
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -141,6 +144,52 @@ def _driver(is_rocm: bool) -> str:
     return "unknown"
 
 
+# Where the amdgpu driver shows a GPU's partition modes (what the AMD device plugin reads).
+_AMD_PARTITION_GLOB = "module/amdgpu/drivers/pci:amdgpu/*/current_compute_partition"
+_MIG_NAME_RE = re.compile(r"\bMIG\s+((?:\d+c\.)?\d+g\.\d+gb)\b", re.IGNORECASE)
+
+
+def _sysfs() -> Path:
+    return Path(os.environ.get("TUNEFLEET_SYSFS", "/sys"))
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def amd_partition(props: Any, root: Path | None = None) -> tuple[str, str]:
+    """(compute, memory) partition modes of the device, from the amdgpu driver's sysfs files
+    (current_compute_partition, current_memory_partition): its PCI function when torch names
+    it, else every amdgpu device when they agree. ('', '') where the driver has none."""
+    root = root or _sysfs()
+    candidates = []
+    bus = getattr(props, "pci_bus_id", None)
+    if isinstance(bus, int):
+        domain = int(getattr(props, "pci_domain_id", 0) or 0)
+        device = int(getattr(props, "pci_device_id", 0) or 0)
+        candidates = [root / "bus" / "pci" / "devices" / f"{domain:04x}:{bus:02x}:{device:02x}.0"]
+    found = [c for c in candidates if (c / "current_compute_partition").exists()]
+    if not found:
+        found = [p.parent for p in sorted(root.glob(_AMD_PARTITION_GLOB))]
+    modes = {
+        (
+            _read(d / "current_compute_partition").lower(),
+            _read(d / "current_memory_partition").lower(),
+        )
+        for d in found
+    }
+    return modes.pop() if len(modes) == 1 else ("", "")
+
+
+def mig_profile(name: str) -> str:
+    """The MIG profile in a device name ('NVIDIA A100-SXM4-40GB MIG 1g.5gb' -> '1g.5gb')."""
+    m = _MIG_NAME_RE.search(name)
+    return m.group(1).lower() if m else ""
+
+
 def identify(torch: Any) -> tuple[dict[str, str], dict[str, str]]:
     """(identity, validators): what the manifest records about this machine.
 
@@ -151,13 +200,29 @@ def identify(torch: Any) -> tuple[dict[str, str], dict[str, str]]:
     validators = {str(k): str(v) for k, v in tunable.get_validators()}
     hip = getattr(torch.version, "hip", None)
     props = torch.cuda.get_device_properties(0)
+    name = str(torch.cuda.get_device_name(0))
     identity: dict[str, str] = {
-        "gpuName": str(torch.cuda.get_device_name(0)),
+        "gpuName": name,
         "gpuCount": str(torch.cuda.device_count()),
         "gpuMemoryMiB": str(int(props.total_memory) // (1024 * 1024)),
         "torch": str(torch.__version__),
         "driver": _driver(bool(hip)),
     }
+    count = getattr(props, "multi_processor_count", None)
+    if isinstance(count, int):  # CUs on ROCm, SMs on CUDA: a partition has fewer
+        identity["multiProcessorCount"] = str(count)
+    if hip:
+        compute, memory = amd_partition(props)
+        if compute:
+            identity["computePartition"] = compute
+        if memory:
+            identity["memoryPartition"] = memory
+        identity["partition"] = partition_name(compute, memory)
+    else:
+        mig = mig_profile(name)
+        if mig:
+            identity["migProfile"] = mig
+        identity["partition"] = partition_name(mig=mig)
     if hip:
         identity["hip"] = str(hip)
         identity["arch"] = str(getattr(props, "gcnArchName", "") or "unknown")

@@ -16,7 +16,8 @@ What goes into the key, and why (docs/tuner.md says the same):
   differs, so rows tuned under other validators can never be served together.
 * from the manifest's identity, only what decides which kernels exist and how fast they are but
   is not (always) a validator: ``arch``, ``computeCapability``, ``cuda``, ``cublas``,
-  ``cublasLt``, ``hip``, ``hipVersion``, ``hipblaslt``, ``rocblas``, ``rocm``.
+  ``cublasLt``, ``hip``, ``hipVersion``, ``hipblaslt``, ``rocblas``, ``rocm``, and the device's
+  ``multiProcessorCount`` and ``partition`` (a GPU partition is not the whole GPU).
 
 Left out: ``gpuName`` (the model says it), ``gpuCount`` (tuning is per GPU), ``gpuMemoryMiB``
 (memory size does not change a kernel's speed), ``driver`` (a node's driver update would split
@@ -55,7 +56,27 @@ IDENTITY_FIELDS = (
     "hipblaslt",
     "rocblas",
     "rocm",
+    # What the tuner's own device reports: a partition of a GPU (AMD CPX, NVIDIA MIG) has the
+    # arch, validators and product label of the whole GPU but fewer compute units, and other
+    # kernels win on it.
+    "multiProcessorCount",
+    "partition",
 )
+WHOLE_GPU = "whole"
+
+
+def partition_name(compute: str = "", memory: str = "", mig: str = "") -> str:
+    """One name for a GPU partition, as the identity's ``partition`` and the webhook use it:
+    ``whole``; an AMD compute and memory partition mode as the AMD device plugin names them
+    (``cpx_nps1``; SPX with NPS1 is the whole GPU); an NVIDIA MIG profile (``mig-1g.10gb``)."""
+    if mig:
+        return f"mig-{mig.lower()}"
+    c, m = compute.strip().lower(), memory.strip().lower()
+    if c in ("", "spx") and m in ("", "nps1"):
+        return WHOLE_GPU
+    return f"{c or 'spx'}_{m or 'nps1'}"
+
+
 ENTRY_SCHEMA = "tunefleet.io/library-entry/v1"
 CHECKPOINT_SCHEMA = "tunefleet.io/checkpoint/v1"
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
