@@ -25,6 +25,8 @@ class Code(StrEnum):
     MODEL_NOT_TUNED = "model_not_tuned"  # the pod selects a model the profile does not tune
     NO_ARTIFACT = "no_artifact"  # the profile has no artifact for the model yet
     DEFAULT_ONLY = "default_only"  # nothing beat Default: not switched on unless asked
+    PARTITION_MISMATCH = "partition_mismatch"  # tuned on a whole GPU, the pod a partition (or...)
+    PARTITION_UNKNOWN = "partition_unknown"  # the pod's GPU partition cannot be told (DRA)
     IMAGE_MISMATCH = "image_mismatch"  # injected, but a container runs another image
     ERROR = "error"  # the webhook failed: admitted unchanged
     UNKNOWN = "unknown"  # read from a pod without a code (an older version admitted it)

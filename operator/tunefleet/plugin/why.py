@@ -118,6 +118,16 @@ def _fix_default_only(p: _Pod, a: Admission) -> str:
     )
 
 
+def _fix_partition(p: _Pod, a: Admission) -> str:
+    return (
+        "serve the pod on the GPU partition the artifact was tuned on (or a whole GPU), or tune "
+        f"TuningProfile {p.name!r} on nodes with the pod's partition (a model per partition: a "
+        "MIG product label, or a profile whose nodes are partitioned alike); if the pod's "
+        "partition was guessed wrong, annotate it tunefleet.io/gpu-partition: whole|<partition>; "
+        f"then recreate the pod: {p.recreate}"
+    )
+
+
 def _fix_unknown(p: _Pod, a: Admission) -> str:
     return "the reason above says what is missing; fix it, then recreate the pod: " + p.recreate
 
@@ -130,6 +140,8 @@ FIXES: dict[Code, Callable[[_Pod, Admission], str]] = {
     Code.MODEL_NOT_TUNED: _fix_other_model,
     Code.NO_ARTIFACT: _fix_no_artifact,
     Code.DEFAULT_ONLY: _fix_default_only,
+    Code.PARTITION_MISMATCH: _fix_partition,
+    Code.PARTITION_UNKNOWN: _fix_partition,
 }
 
 

@@ -34,6 +34,7 @@ from tunefleet.config import Config
 from tunefleet.contracts.admission import INJECTED, UNTUNED, Admission, Code
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
+from tunefleet.webhook.partition import PARTITION_ANNOTATION, partition_problem
 
 
 @dataclass
@@ -121,6 +122,16 @@ def choose_artifact(
         reason = f"TuningProfile {profile_name!r} has no artifact for {model} yet (phase {phase})"
         fix = f"Wait until `kubectl get tp {profile_name}` shows Ready, then recreate the pod."
         return _untuned(pod, reason, Code.NO_ARTIFACT, fail_closed=closed, fix=fix, model=model)
+    mismatch = partition_problem(pod, artifact.identity)
+    if mismatch is not None:
+        # A partition is not the whole GPU: other kernels win on fewer compute units.
+        why, unknown = mismatch
+        code = Code.PARTITION_UNKNOWN if unknown else Code.PARTITION_MISMATCH
+        fix = (
+            f"Annotate the pod {PARTITION_ANNOTATION}: whole|<partition>, or tune the profile "
+            "on the partition it runs on."
+        )
+        return _untuned(pod, why, code, fail_closed=closed, fix=fix, model=model)
     if artifact.default_only and not spec.serving.serve_default_only:
         # Nothing to gain and a lookup to pay on every GEMM: not switched on unless asked.
         reason = (
