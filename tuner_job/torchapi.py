@@ -21,6 +21,7 @@ from .library import Settings
 API: dict[str, tuple[tuple[str, ...], tuple[int, int]]] = {
     "enable": (("val",), (2, 11)),
     "is_enabled": ((), (2, 11)),
+    "tuning_is_enabled": ((), (2, 11)),
     "tuning_enable": (("val",), (2, 11)),
     "record_untuned_enable": (("val",), (2, 11)),
     "set_max_tuning_duration": (("duration",), (2, 11)),
@@ -52,6 +53,7 @@ ENV: dict[str, tuple[int, int]] = {
     "PYTORCH_TUNABLEOP_NUMERICAL_CHECK": (2, 11),
     "PYTORCH_TUNABLEOP_CUBLASLT_REQUESTED_ALGO_COUNT": (2, 14),
     "PYTORCH_TUNABLEOP_VERBOSE": (2, 11),
+    "PYTORCH_TUNABLEOP_BLAS_LOG": (2, 11),  # the user's to set; results.py reads its tail
     "PYTORCH_TUNABLEOP_VERBOSE_FILENAME": (2, 11),
 }
 

@@ -56,7 +56,18 @@ class Torch:
         return f"stand-in {self.version}" if self.standin else f"torch {self.version}"
 
     def run(self, *args: str, timeout: float = 600, env: dict[str, str] | None = None) -> Any:
-        """Run a probe; its one JSON document."""
+        """Run a probe; its one JSON document. Probes without files or extra environment are
+        asked once per session (their answers depend on the torch alone)."""
+        cacheable = env is None and args[0] in ("api", "env-names", "no-device")
+        key = (self, args)
+        if cacheable and key in _ANSWERS:
+            return _ANSWERS[key]
+        answer = self._run(args, timeout, env)
+        if cacheable:
+            _ANSWERS[key] = answer
+        return answer
+
+    def _run(self, args: tuple[str, ...], timeout: float, env: dict[str, str] | None) -> Any:
         full = {
             k: v
             for k, v in os.environ.items()
@@ -82,6 +93,9 @@ class Torch:
     def read(self, paths: Sequence[Path]) -> list[dict[str, Any]]:
         answers: list[dict[str, Any]] = self.run("read", *map(str, paths))
         return answers
+
+
+_ANSWERS: dict[tuple[Torch, tuple[str, ...]], Any] = {}
 
 
 @cache
