@@ -81,7 +81,7 @@ def test_the_cublaslt_algo_count_is_owned_by_the_spec_and_in_the_revision() -> N
     with pytest.raises(ValueError, match="cublasltAlgoCount"):
         spec(cublasltAlgoCount=0)
     env = {"name": "PYTORCH_TUNABLEOP_CUBLASLT_REQUESTED_ALGO_COUNT", "value": "4"}
-    with pytest.raises(ValueError, match="spec.tuning instead"):
+    with pytest.raises(ValueError, match=r"spec\.tuning instead"):
         TuningProfileSpec.model_validate({**BASE, "workload": {**BASE["workload"], "env": [env]}})
 
 
@@ -96,8 +96,10 @@ def run_tune(tmp: Path, persona: str, tuning: dict[str, Any]) -> tuple[str, list
         PYTORCH_TUNABLEOP_CUBLASLT_REQUESTED_ALGO_COUNT="99",  # the user's: the tuner owns it
     )
     done = subprocess.run(
-        [sys.executable, "-m", "tuner_job", "--termination-log", str(tmp / "tl"), "tune"]
-        + ["--config", str(tmp / "c.json"), "--untuned", str(tmp / "u0.csv"), "--out", "r.csv"],
+        [
+            *(sys.executable, "-m", "tuner_job", "--termination-log", str(tmp / "tl"), "tune"),
+            *("--config", str(tmp / "c.json"), "--untuned", str(tmp / "u0.csv"), "--out", "r.csv"),
+        ],
         env=env,
         cwd=tmp,
         capture_output=True,
