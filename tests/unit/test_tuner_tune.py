@@ -289,3 +289,22 @@ def test_tuning_dir_skips_unsafe_bases() -> None:
             make_tuning_dir([str(unsafe)])
     finally:
         shutil.rmtree(base)
+
+
+def test_a_torch_results_file_with_repeated_keys_or_a_cut_row_is_kept_not_dropped(
+    tmp_path: Path,
+) -> None:
+    """Defect: a results file torch left with a key written twice was dropped whole as
+    'unfinished' (2,038 GEMMs lost in a real file); torch keeps the first row of each key."""
+    from tuner_job.tune import _torch_files
+
+    rows = "".join(
+        f"GemmTunableOp_Half_TN,tn_{i}_8_8_ld_8_8_{i},Default,0.0{i % 9 + 1}\n"
+        for i in range(1, 40)
+    )
+    text = "Validator,PT_VERSION,2.11.0\n" + rows + rows.splitlines(keepends=True)[3]
+    (tmp_path / "tuned0.csv").write_text(text + "GemmTunableOp_Half_TN,tn_99_8_8_ld_8_8_99,Defa")
+    logged: list[str] = []
+    (parsed,) = _torch_files(tmp_path, logged.append)
+    assert parsed.gemms == 39 and parsed.duplicates
+    assert any("cut off" in line for line in logged)
