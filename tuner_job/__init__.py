@@ -18,10 +18,14 @@ The format layer (stdlib only, public, the contracts both images read and write)
 
 Only in the user's image (they may import torch, and start the workload):
   cli       `python -m tuner_job {record,tune,identify,run}`
+  machine   the probe child: torch, the GPU, the shapes and the identity (the tuner's own
+            process never imports torch)
   record    run the workload or the shape list under TunableOp's record mode
-  tune      offline tuning in a child process, under a budget
-  gpu       torch, the GPU and the machine's identity
-  _proc     process-group handling for the workload and torch's workers
+  tune      offline tuning: an orchestrator and one worker process per GPU, under a budget
+  torchapi  every torch.cuda.tunable function and PYTORCH_TUNABLEOP_* variable used, and how
+            the profile's settings reach TunableOp
+  gpu       torch, the GPU and the machine's identity (partitions included)
+  _proc     process-group handling for the workload and the tuning processes
 """
 
 __version__ = "0.1.0"
