@@ -26,6 +26,9 @@ REVISION_LABEL = "tunefleet.io/revision"
 # publishes one artifact from the shares). Jobs of versions before 0.2 have none: tune.
 ROLE_LABEL = "tunefleet.io/role"
 MODEL_ANNOTATION = "tunefleet.io/gpu-model"  # on Jobs and ConfigMaps too, read first
+# On a tuning (or merge) Job, written by the operator when it first reads the publish step's
+# termination message: the artifact record (contracts/artifact.py) outlives the Job's pods.
+RECORD_ANNOTATION = "tunefleet.io/artifact-record"
 JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"  # set by the Job controller on its pods
 # Set by the webhook on every labelled pod it admits: pods without it were created while the
 # webhook was unreachable (`kubectl get pods -l 'tunefleet.io/profile,!tunefleet.io/admission'`).
