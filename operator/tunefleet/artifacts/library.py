@@ -112,22 +112,49 @@ def add_entry(
     store: Store, location: Location, scope: str, manifest: Manifest, results: bytes
 ) -> Added:
     """Add a published artifact to the library of its identity (create-only, own hash)."""
-    entry = make_entry(
-        gpu_model=manifest.gpu_model,
-        validators=manifest.validators,
-        identity=manifest.identity,
-        source=EntrySource(
-            manifest.namespace, manifest.profile, manifest.revision, manifest.results_sha256
-        ),
-        results_text=results.decode("utf-8"),
-    )
     key = manifest.extra.library_key
     computed = library_key(manifest.gpu_model, manifest.validators, manifest.identity)
     if key is not None and key != computed:
         raise StoreError(
             f"the manifest's libraryKey {key} is not its identity's key {computed}: not adding it"
         )
-    prefix = library_prefix(location, scope, manifest.namespace, manifest.gpu_model, computed)
+    source = EntrySource(
+        manifest.namespace, manifest.profile, manifest.revision, manifest.results_sha256
+    )
+    return add_rows(
+        store,
+        location,
+        scope,
+        gpu_model=manifest.gpu_model,
+        validators=manifest.validators,
+        identity=manifest.identity,
+        source=source,
+        results_text=results.decode("utf-8"),
+    )
+
+
+def add_rows(
+    store: Store,
+    location: Location,
+    scope: str,
+    *,
+    gpu_model: str,
+    validators: dict[str, str],
+    identity: dict[str, str],
+    source: EntrySource,
+    results_text: str,
+) -> Added:
+    """Add tuned rows to the library of their identity: a published artifact's, or what a
+    stopped Job tuned before it was stopped (its sync sidecar's last act)."""
+    entry = make_entry(
+        gpu_model=gpu_model,
+        validators=validators,
+        identity=identity,
+        source=source,
+        results_text=results_text,
+    )
+    key = library_key(gpu_model, validators, identity)
+    prefix = library_prefix(location, scope, source.namespace, gpu_model, key)
     object_key = f"{prefix}/{sha256_hex(entry)}.json"
     created = store.put_if_absent(object_key, entry, "application/json")
     return Added(store.uri(object_key), created)
