@@ -54,6 +54,7 @@ TOOLS = (
 # GPU model label says so. Tainted: only pods that request nvidia.com/gpu (the API server's
 # ExtendedResourceToleration plugin adds the toleration) or tolerate the taint land there.
 REAL_NODE = "tunefleet-real-0"
+APISERVER_PORT = 16443  # hack/lib/common.sh: where the API server listens on the node's bridge
 REAL_NODE_IP = "10.250.0.1"  # also the host address pods reach the API server and S3 on
 REAL_NODE_GPU_MODEL = "STANDIN-NO-GPU"  # its nvidia.com/gpu.product label
 REAL_NODE_GPUS = 4
