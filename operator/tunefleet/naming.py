@@ -40,7 +40,12 @@ STATUS_ANNOTATION = "tunefleet.io/status"  # "injected" or "untuned: <reason>", 
 ARTIFACT_URI_ANNOTATION = "tunefleet.io/artifact-uri"
 ARTIFACT_SHA_ANNOTATION = "tunefleet.io/artifact-sha256"
 POD_MODEL_ANNOTATION = "tunefleet.io/gpu-model"
+ARTIFACT_CONFIG_MAP_ANNOTATION = "tunefleet.io/artifact-configmap"
 IMAGE_WARNING_ANNOTATION = "tunefleet.io/image-warning"
+# On an artifact's ConfigMap (builders/artifact.py): the manifest's SHA-256, and whether the
+# results are gzipped into binaryData ("gzip") or plain data ("none").
+MANIFEST_SHA_ANNOTATION = "tunefleet.io/manifest-sha256"
+PACKED_ANNOTATION = "tunefleet.io/packed"
 # Set by the user: comma-separated names of the containers that load TunableOp results (they
 # get the env and mount, and have their image compared with the tuned one). Default: the
 # containers that run the profile's image repository; when none does, every container.

@@ -20,8 +20,9 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from tunefleet import kube, metrics, naming, views
+from tunefleet import delivery, kube, metrics, naming, views
 from tunefleet.api import TuningProfileSpec
+from tunefleet.artifacts.fetch import FetchError
 from tunefleet.builders.job import (
     IMAGE_ID_KEY,
     Child,
@@ -36,6 +37,7 @@ from tunefleet.config import Config
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.observe import Hints, JobObservation, observe
 from tunefleet.status import Observed, compute_status, status_changed
+from tunefleet.storage.store import StoreError
 from tunefleet.views import profile_ref
 
 log = logging.getLogger(__name__)
@@ -81,6 +83,8 @@ class ProfileMemory:
     reported: set[str] = field(default_factory=set)
     # The failed attempt last announced, by Job uid (one Event per distinct cause).
     failures: dict[str, str] = field(default_factory=dict)
+    # A delivery that failed, by artifact SHA-256: (when, why); tried again after a while.
+    deliveries: dict[str, tuple[float, str]] = field(default_factory=dict)
 
     def events_of(self, pod: dict[str, Any]) -> list[dict[str, Any]]:
         """The kubelet's Events about one of the profile's pods, read at most every
@@ -108,6 +112,10 @@ class ProfileMemory:
             for uid in [u for u in table if u not in alive]:
                 del table[uid]
         self.reported &= untrusted
+
+    def prune_deliveries(self, shas: set[str]) -> None:
+        for sha in [k for k in self.deliveries if k not in shas]:
+            del self.deliveries[sha]
 
 
 @dataclass
@@ -347,6 +355,47 @@ def _tend(s: _Sync, observations: list[JobObservation]) -> None:
             kube.create_owned(build_tuning_config_map(s.child(obs.model)))
 
 
+def _deliver(s: _Sync, status: dict[str, Any]) -> None:
+    """Each current artifact that has no ConfigMap yet gets one (delivery.py), or a word on
+    why not; status then says how pods get it."""
+    if s.spec is None or s.spec.serving.delivery != "ConfigMap" or not status.get("artifacts"):
+        return
+    why_not = delivery.deliverable(s.config)
+    artifacts = [dict(a) for a in status["artifacts"]]  # never the previous status's dicts
+    status["artifacts"] = artifacts
+    storage = s.spec.storage
+    endpoint = storage.endpoint or s.config.default_s3_endpoint
+    for entry in artifacts:
+        if entry.get("configMap"):
+            continue
+        record = ArtifactRecord.from_status(entry)
+        tried = s.memory.deliveries.get(entry.get("sha256", ""))
+        if why_not or record is None:
+            entry["delivery"] = f"Store: {why_not}" if why_not else "Store"
+            continue
+        if tried and time.monotonic() - tried[0] < delivery.DELIVERY_RETRY_S:
+            entry["delivery"] = tried[1]
+            continue
+        try:
+            got = delivery.deliver(
+                record,
+                namespace=s.meta["namespace"],
+                profile=s.meta["name"],
+                uid=s.meta["uid"],
+                endpoint=endpoint,
+                region=storage.region or "",
+                config=s.config,
+            )
+        except (FetchError, StoreError, kube.NotOurs, kopf.TemporaryError) as e:
+            note = truncate(f"Store: delivery as a ConfigMap failed: {e}", 300)
+            s.memory.deliveries[record.sha256] = (time.monotonic(), note)
+            entry["delivery"] = note
+            continue
+        entry["configMap"] = {"name": got.name, "uid": got.uid}
+        entry["delivery"] = got.note
+    s.memory.prune_deliveries({a.get("sha256", "") for a in artifacts})
+
+
 def _report(s: _Sync, observations: list[JobObservation]) -> dict[str, Any]:
     """Compute status; write it only when it changed, over the version it was computed from."""
     ns, name = s.meta["namespace"], s.meta["name"]
@@ -364,6 +413,7 @@ def _report(s: _Sync, observations: list[JobObservation]) -> dict[str, Any]:
         ),
         now(),
     )
+    _deliver(s, status)
     if status_changed(previous, status):
         rv = str(s.meta.get("resourceVersion") or "")
         written = kube.replace_profile_status(ns, name, rv, status)

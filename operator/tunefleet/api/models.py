@@ -200,6 +200,8 @@ class StorageSpec(_Model):
 class ServingSpec(_Model):
     fail_closed: bool = False
     serve_default_only: bool = False
+    delivery: Literal["ConfigMap", "Store"] = "ConfigMap"
+    credentials_secret: NamedRef | None = None
     pin_image: bool = False
 
 
@@ -238,6 +240,11 @@ class ImageRef(_Model):
     id: str | None = None
 
 
+class ConfigMapRef(_Model):
+    name: str | None = None
+    uid: str | None = None
+
+
 class Artifact(_Model):
     gpu_model: str
     uri: str
@@ -258,4 +265,6 @@ class Artifact(_Model):
     tuned_at: str | None = None
     tuning_seconds: float | None = None
     job: str | None = None
+    config_map: ConfigMapRef | None = None
+    delivery: str | None = None
     identity: dict[str, str] | None = None

@@ -26,6 +26,7 @@ class Code(StrEnum):
     NO_ARTIFACT = "no_artifact"  # the profile has no artifact for the model yet
     DEFAULT_ONLY = "default_only"  # nothing beat Default: not switched on unless asked
     IMAGE_MISMATCH = "image_mismatch"  # injected, but a container runs another image
+    CONFIG_MAP_REPLACED = "config_map_replaced"  # its ConfigMap is gone or not the one made
     ERROR = "error"  # the webhook failed: admitted unchanged
     UNKNOWN = "unknown"  # read from a pod without a code (an older version admitted it)
 
@@ -42,6 +43,7 @@ class Admission:
     sha256: str = ""
     gpu_model: str = ""
     image_warning: str = ""
+    config_map: str = ""  # the ConfigMap the artifact is mounted from ("": fetched)
 
     def write(self, pod: dict[str, Any]) -> None:
         """Mark `pod` (in place): the label every admitted pod gets, and the annotations."""
@@ -57,6 +59,7 @@ class Admission:
             (naming.ARTIFACT_SHA_ANNOTATION, self.sha256),
             (naming.POD_MODEL_ANNOTATION, self.gpu_model),
             (naming.IMAGE_WARNING_ANNOTATION, self.image_warning[:1000]),
+            (naming.ARTIFACT_CONFIG_MAP_ANNOTATION, self.config_map),
         ):
             if value:
                 anns[key] = value
@@ -87,4 +90,5 @@ class Admission:
             sha256=str(anns.get(naming.ARTIFACT_SHA_ANNOTATION) or ""),
             gpu_model=str(anns.get(naming.POD_MODEL_ANNOTATION) or ""),
             image_warning=str(anns.get(naming.IMAGE_WARNING_ANNOTATION) or ""),
+            config_map=str(anns.get(naming.ARTIFACT_CONFIG_MAP_ANNOTATION) or ""),
         )
