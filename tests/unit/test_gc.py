@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.unit.test_chart import rendered, template
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.artifacts import gc
@@ -739,3 +740,76 @@ def test_durations() -> None:
     ]  # fmt: skip
     assert [gc.duration_text(s) for s in (21600, 600, 90, 0)] == ["6h", "10m", "90s", "0s"]
     assert [gc.age_text(s) for s in (3 * DAY + 5, 5400, 59)] == ["3d", "1h", "59s"]
+
+
+# --- the chart's CronJob ----------------------------------------------------------------------
+
+
+def test_the_chart_has_no_gc_unless_asked() -> None:
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in rendered()}
+    assert not any(kind == "CronJob" or name.endswith("-gc") for kind, name in kinds)
+
+
+def test_the_gc_cronjob_runs_a_dry_run_by_default_with_least_rights() -> None:
+    docs = rendered("gc.enabled=true", "gc.uri=s3://tunefleet/prod", "gc.credentialsSecret=s3")
+    (cron,) = [d for d in docs if d["kind"] == "CronJob"]
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+    pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["command"][0] == "tunefleet-gc" and "--apply" not in c["command"]
+    assert c["command"][c["command"].index("--uri") + 1] == "s3://tunefleet/prod"
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    env = {e["name"]: e for e in c["env"]}
+    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"] == {
+        "name": "s3",
+        "key": "AWS_SECRET_ACCESS_KEY",
+    }
+    role = next(
+        d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "tf-tunefleet-gc"
+    )
+    assert role["rules"] == [
+        {"apiGroups": ["tunefleet.io"], "resources": ["tuningprofiles"], "verbs": ["get", "list"]}
+    ]
+    assert pod["serviceAccountName"] == "tf-tunefleet-gc"
+    assert any(
+        d["kind"] == "ClusterRoleBinding" and d["metadata"]["name"] == "tf-tunefleet-gc"
+        for d in docs
+    )
+
+
+def test_the_gc_cronjob_follows_watch_namespaces_and_applies_when_asked() -> None:
+    docs = rendered(
+        "gc.enabled=true", "gc.uri=s3://tunefleet/prod", "gc.apply=true",
+        "operator.watchNamespaces={ml,vision}",
+    )  # fmt: skip
+    (cron,) = [d for d in docs if d["kind"] == "CronJob"]
+    (c,) = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    cmd = c["command"]
+    assert "--apply" in cmd
+    assert [cmd[i + 1] for i, a in enumerate(cmd) if a == "--namespace"] == ["ml", "vision"]
+    bindings = [
+        d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["name"] == "tf-tunefleet-gc"
+    ]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["ml", "vision"]
+    assert not any(
+        d["kind"] == "ClusterRoleBinding" and d["metadata"]["name"] == "tf-tunefleet-gc"
+        for d in docs
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        ("gc.uri=gs://x", "/gc/uri"),
+        ("gc.grace=soon", "/gc/grace"),
+        ("gc.keep=-1", "/gc/keep"),
+    ],
+)
+def test_bad_gc_values_are_refused_naming_them(value: str, named: str) -> None:
+    out = template("gc.enabled=true", value)
+    assert out.returncode != 0 and named in out.stderr, out.stderr
+
+
+def test_an_enabled_gc_needs_a_uri() -> None:
+    out = template("gc.enabled=true")
+    assert out.returncode != 0 and "gc.uri" in out.stderr
