@@ -310,7 +310,7 @@ def test_the_command_reads_real_profiles_and_reports_a_dry_run(
     would = [line for line in lines if line.startswith("would delete artifact ")]
     assert len(would) == 2  # per profile: the middle one of three (newest and first are named)
     assert any(line.startswith("would write compacted library entry ") for line in lines)
-    assert f"{PROFILES} profiles read ({PROFILES} name this store)" in done.stdout
+    assert f"read {PROFILES} profiles, {PROFILES} naming this store" in done.stdout
     assert fleet.objects() == listing
 
 

@@ -879,15 +879,15 @@ def age_text(seconds: float) -> str:
     return f"{max(seconds, 0.0):.0f}s"
 
 
-def _objects(n: int) -> str:
-    return f"{n} object" + ("" if n == 1 else "s")
+def counted(n: int, what: str, many: str = "") -> str:
+    return f"{n} {what if n == 1 else many or what + 's'}"
 
 
 def delete_line(d: Delete, rules: Rules, *, applied: bool) -> str:
     verb = "deleted" if applied else "would delete"
     age = age_text(rules.now - d.newest)
     return (
-        f"{verb} {d.kind} {d.where} ({_objects(len(d.keys))}, {size_text(d.size)}, "
+        f"{verb} {d.kind} {d.where} ({counted(len(d.keys), 'object')}, {size_text(d.size)}, "
         f"newest written {age} ago): {d.reason}"
     )
 
@@ -918,13 +918,16 @@ def totals_lines(plan: Plan, *, applied: bool) -> Iterator[str]:
         by_kind[d.kind] += len(d.keys)
     verb = "deleted" if applied else "would delete"
     kinds = ", ".join(f"{k} {n}" for k, n in sorted(by_kind.items()))
-    kept = sum(plan.kept.values())
+    entries = counted(len(plan.writes), "compacted library entry", "compacted library entries")
     yield (
-        f"total: {plan.listed} objects ({size_text(plan.listed_bytes)}) listed under "
-        f"{store_uri(plan.location)}, {plan.profiles} profiles read ({plan.using_store} name this "
-        f"store); {verb} {objects} objects ({size_text(size)}){': ' + kinds if kinds else ''}; "
-        f"{'wrote' if applied else 'would write'} {len(plan.writes)} compacted library entries; "
-        f"kept {kept}"
+        f"total: listed {counted(plan.listed, 'object')} ({size_text(plan.listed_bytes)}) under "
+        f"{store_uri(plan.location)}; read {counted(plan.profiles, 'profile')}, "
+        f"{plan.using_store} naming this store"
+    )
+    yield (
+        f"total: {verb} {counted(objects, 'object')} ({size_text(size)})"
+        f"{': ' + kinds if kinds else ''}; {'wrote' if applied else 'would write'} {entries}; "
+        f"kept {counted(sum(plan.kept.values()), 'object')}:"
     )
     for why, n in sorted(plan.kept.items(), key=lambda kv: (-kv[1], kv[0])):
         if n:
