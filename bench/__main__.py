@@ -553,7 +553,7 @@ def real_node(cluster: Cluster, s3: S3Settings) -> dict[str, Any]:
     return out
 
 
-PARTS = ("scale", "storm", "churn", "webhook", "library", "artifacts", "real")
+PARTS = ("scale", "storm", "churn", "webhook", "library", "artifacts", "gc", "real")
 
 
 def main() -> None:
@@ -584,6 +584,10 @@ def main() -> None:
             results["library"] = bench_library.run(s3)
         if "artifacts" in only:
             results["artifacts"] = artifacts(s3)
+        if "gc" in only:
+            from bench import bench_gc
+
+            results["gc_10000_objects"] = bench_gc.run(s3)
         if "real" in only:
             results["real_node"] = real_node(cluster, s3)
     finally:
