@@ -68,6 +68,10 @@ REAL_NODE_SELECTOR = {"type": "real"}
 REAL_NODE_TOLERATIONS = [
     {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
 ]
+# The chart's values for this cluster (operator on the real node, local S3 endpoint), shared
+# by the README's steps, the demo and the tests that install the chart's Deployment.
+LOCAL_CLUSTER_VALUES = ROOT / "hack" / "local-cluster-values.yaml"
+
 # kwok's own taint, on kwok-cpu-0 (hack/fleet.yaml); its GPU nodes carry the vendor's
 # <vendor>.com/gpu=present:NoSchedule instead. Test namespaces tolerate it by default
 # (PodTolerationRestriction's namespace annotation), so their CPU pods land there.

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from tests.support.cluster import REAL_NODE_SELECTOR, REAL_NODE_TOLERATIONS, TUNEFLEET_IMAGE
+from tests.support.cluster import LOCAL_CLUSTER_VALUES, TUNEFLEET_IMAGE
 
 ROOT = Path(__file__).resolve().parents[2]
 RELEASE = "tunefleet"
@@ -402,20 +402,19 @@ def image_build() -> str:
 
 
 def chart_values_for_real_node(s3_pod_endpoint: str, replicas: int) -> list[str]:
+    """The README's values for this cluster (hack/local-cluster-values.yaml: the real node,
+    its taint, pull policy Never), plus what tests need on top."""
     values = {
-        "image": {"pullPolicy": "Never"},
         "operator": {
             "podAnnotations": {"tunefleet.io/image-build": image_build()},
             "replicas": replicas,
-            "nodeSelector": REAL_NODE_SELECTOR,
-            "tolerations": REAL_NODE_TOLERATIONS,
             "defaultS3Endpoint": s3_pod_endpoint,
             "resyncSeconds": 600,
         },
     }
     path = Path(tempfile.mkdtemp(prefix="tunefleet-values-")) / "values.yaml"
     path.write_text(yaml.safe_dump(values))
-    return ["-f", str(path)]
+    return ["-f", str(LOCAL_CLUSTER_VALUES), "-f", str(path)]
 
 
 def install_in_cluster(cluster: Any, s3_pod_endpoint: str, replicas: int = 2) -> InCluster:
