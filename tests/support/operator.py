@@ -76,6 +76,19 @@ def upgrade_release(cluster: Any, *args: str) -> subprocess.CompletedProcess[str
     )
 
 
+def uninstall_release(cluster: Any) -> None:
+    """helm uninstall the release (if there is one) and wait until its pods are gone. The CRD
+    stays (crds.keep) and with it every TuningProfile; a later `helm install` as the README
+    writes it then finds the name free."""
+    done = subprocess.run(
+        [f"{cluster.bin_dir}/helm", "--kubeconfig", cluster.kubeconfig, "status", RELEASE,
+         "-n", SYSTEM_NS],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    if done.returncode == 0:
+        helm(cluster.bin_dir, cluster.kubeconfig, "uninstall", RELEASE, "-n", SYSTEM_NS, "--wait")
+
+
 def sa_kubeconfig(kubectl: Kubectl, admin_kubeconfig: str, path: Path) -> Path:
     """A kubeconfig that authenticates as the chart's ServiceAccount."""
     token = kubectl("create", "token", SA, "-n", SYSTEM_NS, "--duration", "6h").stdout.strip()
