@@ -115,13 +115,25 @@ def test_killing_the_active_replica_hands_over_within_15s_and_admission_never_st
             gpu={"vendor": "amd", "models": ["AMD_Instinct_MI300X_OAM", "AMD_Instinct_MI325X_OAM"]},
         ),
     )
-    new_leader = eventually(
-        in_cluster.leader,
-        lambda holder: holder and not holder.startswith(leader_pod + "_"),
-        "another replica holding the Lease",
-        timeout=20,
-        interval=0.2,
-    )
+    try:
+        new_leader = eventually(
+            in_cluster.leader,
+            lambda holder: holder and not holder.startswith(leader_pod + "_"),
+            "another replica holding the Lease",
+            timeout=20,
+            interval=0.2,
+        )
+    except AssertionError as e:
+        # What each replica said (the session uninstalls the chart when it ends, and its logs
+        # with it): election lines, errors, and the last few lines.
+        def said(pod: str, previous: bool = False) -> list[str]:
+            lines = in_cluster.logs(pod, previous=previous).splitlines()
+            picked = [ln for ln in lines if "leader" in ln.lower() or "error" in ln.lower()]
+            return picked[-10:] + lines[-5:]
+
+        logs = {p["metadata"]["name"]: said(p["metadata"]["name"]) for p in in_cluster.pods()}
+        logs[f"{leader_pod} (killed)"] = said(leader_pod, previous=True)
+        raise AssertionError(f"{e}\nthe replicas' logs: {json.dumps(logs, indent=1)}") from None
     takeover = time.monotonic() - killed_at
     creator.join()
     assert errors == []
