@@ -172,8 +172,8 @@ def main() -> None:
 
     step("Done: what the demo leaves")
     stop_what_runs(cluster)
-    print(f"The demo took {time.monotonic() - started:.0f}s. The cluster is still up, and runs")
-    print("nothing of the demo's:")
+    print(f"The demo took {time.monotonic() - started:.0f}s. The cluster is still up; nothing")
+    print("of the demo's runs there:")
     print(f"  - Deployment {NS}/standin-llm: scaled to 0, so it holds none of {REAL_NODE}'s")
     print(f"    fake GPUs (`kubectl scale deployment -n {NS} standin-llm --replicas=1` brings")
     print("    its pod back, which gets the artifact again once an operator runs);")
