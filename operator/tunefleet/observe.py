@@ -129,10 +129,19 @@ def explain_unschedulable(message: str, model: str, hints: Hints) -> str:
             if pm:
                 parts[pm.group(2)] = parts.get(pm.group(2), 0) + int(pm.group(1))
         mismatched = sum(n for p, n in parts.items() if "didn't match Pod's node affinity" in p)
-        if total and mismatched >= total:
-            why = (
-                f"no node has {key}={model}: label the nodes that have this GPU "
-                f"(kubectl label node <node> {key}={model}) or fix spec.gpu.models"
+        # The scheduler checks taints before labels: a node of another tainted pool (another
+        # vendor's GPUs, say) is counted here whatever its labels.
+        tainted = sum(n for p, n in parts.items() if "untolerated taint" in p)
+        if total and mismatched and mismatched + tainted >= total:
+            why = f"no node has {key}={model}"
+            if tainted:
+                why += (
+                    f" among those the tuning pod tolerates ({tainted} more have a taint it "
+                    f"does not tolerate: it tolerates {res} only)"
+                )
+            why += (
+                f": label the nodes that have this GPU (kubectl label node <node> "
+                f"{key}={model}) or fix spec.gpu.models"
             )
         elif any(p == f"Insufficient {res}" for p in parts):
             why = (

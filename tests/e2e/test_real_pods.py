@@ -4,8 +4,9 @@ publish to S3), the same Job where torch sees no GPU, model pods whose injected 
 corrupted artifacts under fail open and fail closed, a missing credentials Secret.
 
 The stand-in image's torch follows TunableOp's formats and offline API but computes nothing;
-everything it writes says so (PT_VERSION ...+standin). The real node has no GPU: its 4
-nvidia.com/gpu are a fake resource.
+everything it writes says so (PT_VERSION ...+standin). The real node has no GPU: its 8
+nvidia.com/gpu are a fake resource, shared with whatever else runs there (each test waits
+for the 3 it takes at most, or names what holds them).
 """
 
 from __future__ import annotations
@@ -18,13 +19,20 @@ import pytest
 import yaml
 
 from tests.e2e.test_operator import apply, condition, get_json, jobs_of
-from tests.support.cluster import REAL_NODE, REAL_NODE_GPU_MODEL, STANDIN_IMAGE, STANDIN_NOGPU_IMAGE
+from tests.support.cluster import (
+    REAL_NODE,
+    REAL_NODE_GPU_MODEL,
+    STANDIN_IMAGE,
+    STANDIN_NOGPU_IMAGE,
+    wait_for_real_node_gpus,
+)
 from tests.support.operator import SYSTEM_NS, InCluster, helm
 from tests.support.poll import eventually
 
 pytestmark = pytest.mark.e2e
 
 KEY = "nvidia.com/gpu.product"
+
 SHAPES = [
     {"mnk": [64, 128, 256], "dtype": "bfloat16", "transB": True},
     {"mnk": [32, 4096, 4096], "dtype": "float16", "transB": True},
@@ -35,6 +43,12 @@ SHAPES = [
     {"mnk": [256, 1024, 1024], "dtype": "float32"},
     {"mnk": [512, 512, 512], "dtype": "bfloat16", "transA": True},
 ]
+
+
+@pytest.fixture(autouse=True)
+def _real_node_gpus(cluster: Any) -> None:
+    """A tuning Job's pod (1 GPU) and a model pod (2) at once, at most."""
+    wait_for_real_node_gpus(cluster, 3)
 
 
 def real_profile(

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from tests.support.cluster import REAL_NODE_SELECTOR, REAL_NODE_TOLERATIONS, TUNEFLEET_IMAGE
+from tests.support.cluster import LOCAL_CLUSTER_VALUES, TUNEFLEET_IMAGE, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 RELEASE = "tunefleet"
@@ -74,6 +74,40 @@ def upgrade_release(cluster: Any, *args: str) -> subprocess.CompletedProcess[str
         "--create-namespace",
         *args,
     )
+
+
+def uninstall_release(cluster: Any) -> None:
+    """helm uninstall the release (if there is one) and wait until its pods are gone. The CRD
+    stays (crds.keep) and with it every TuningProfile; a later `helm install` as the README
+    writes it then finds the name free.
+
+    The replicas are stopped first: a replica gives up the leader Lease as it stops, which
+    needs the RBAC that `helm uninstall` deletes alongside the Deployment. Stopped by the
+    uninstall itself, the leader would leave its name in the Lease, and the next install's
+    replicas would wait out its duration (and show a dead leader meanwhile)."""
+    done = subprocess.run(
+        [f"{cluster.bin_dir}/helm", "--kubeconfig", cluster.kubeconfig, "status", RELEASE,
+         "-n", SYSTEM_NS],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    if done.returncode != 0:
+        return
+    InCluster(cluster, 0).uninstall()
+
+    def replicas() -> list[str]:  # terminating ones too: they release the Lease as they go
+        out = cluster.kubectl(
+            "get", "pods", "-n", SYSTEM_NS, "-l", "app.kubernetes.io/name=tunefleet", "-o", "json"
+        ).stdout
+        return [
+            p["metadata"]["name"]
+            for p in json.loads(out)["items"]
+            if any(
+                o.get("kind") == "ReplicaSet" for o in p["metadata"].get("ownerReferences") or []
+            )
+        ]
+
+    wait_for(replicas, timeout=120, describe="the operator replicas gone", until=lambda n: not n)
+    helm(cluster.bin_dir, cluster.kubeconfig, "uninstall", RELEASE, "-n", SYSTEM_NS, "--wait")
 
 
 def sa_kubeconfig(kubectl: Kubectl, admin_kubeconfig: str, path: Path) -> Path:
@@ -402,20 +436,19 @@ def image_build() -> str:
 
 
 def chart_values_for_real_node(s3_pod_endpoint: str, replicas: int) -> list[str]:
+    """The README's values for this cluster (hack/local-cluster-values.yaml: the real node,
+    its taint, pull policy Never), plus what tests need on top."""
     values = {
-        "image": {"pullPolicy": "Never"},
         "operator": {
             "podAnnotations": {"tunefleet.io/image-build": image_build()},
             "replicas": replicas,
-            "nodeSelector": REAL_NODE_SELECTOR,
-            "tolerations": REAL_NODE_TOLERATIONS,
             "defaultS3Endpoint": s3_pod_endpoint,
             "resyncSeconds": 600,
         },
     }
     path = Path(tempfile.mkdtemp(prefix="tunefleet-values-")) / "values.yaml"
     path.write_text(yaml.safe_dump(values))
-    return ["-f", str(path)]
+    return ["-f", str(LOCAL_CLUSTER_VALUES), "-f", str(path)]
 
 
 def install_in_cluster(cluster: Any, s3_pod_endpoint: str, replicas: int = 2) -> InCluster:
