@@ -494,7 +494,7 @@ def real_node(cluster: Cluster, s3: S3Settings) -> dict[str, Any]:
     from tests.support.operator import create_s3_secret, install_in_cluster
 
     ensure_images()
-    deployed = install_in_cluster(cluster, s3.pod_endpoint)
+    deployed = install_in_cluster(cluster, s3)
     ns = f"bench-real-{int(time.time())}"
     cluster.kubectl("create", "namespace", ns)
     CREATED.append(ns)

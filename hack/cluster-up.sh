@@ -287,6 +287,9 @@ up_control_plane() {
       --kubelet-certificate-authority="$PKI/ca.crt" \
       --kubelet-preferred-address-types=InternalIP \
       --allow-privileged=true --profiling=false --event-ttl=1h \
+      --audit-policy-file="$repo/hack/lib/audit-policy.yaml" \
+      --audit-log-path="$LOGS/audit.log" --audit-log-maxsize=200 --audit-log-maxbackup=1 \
+      --audit-log-format=json \
       --v=1
   fi
   wait_until 90 "kube-apiserver /readyz" apiserver_ready
@@ -373,14 +376,26 @@ up_s3() {
     printf 'AWS_ACCESS_KEY_ID=tunefleet\nAWS_SECRET_ACCESS_KEY=%s\n' "$(openssl rand -hex 20)" \
       >"$dir/credentials"
   fi
-  local key secret
+  # A second identity that may only read: what model pods and the operator's delivery get
+  # (docs/serving.md); the e2e tests prove it cannot write.
+  if [[ ! -s "$dir/reader" ]]; then
+    touch "$dir/reader" && chmod 600 "$dir/reader"
+    printf 'AWS_ACCESS_KEY_ID=tunefleet-reader\nAWS_SECRET_ACCESS_KEY=%s\n' "$(openssl rand -hex 20)" \
+      >"$dir/reader"
+  fi
+  local key secret rkey rsecret
   key="$(sed -n 's/^AWS_ACCESS_KEY_ID=//p' "$dir/credentials")"
   secret="$(sed -n 's/^AWS_SECRET_ACCESS_KEY=//p' "$dir/credentials")"
+  rkey="$(sed -n 's/^AWS_ACCESS_KEY_ID=//p' "$dir/reader")"
+  rsecret="$(sed -n 's/^AWS_SECRET_ACCESS_KEY=//p' "$dir/reader")"
   touch "$dir/s3.json" && chmod 600 "$dir/s3.json"
   cat >"$dir/s3.json" <<EOF
 {"identities": [{"name": "tunefleet",
   "credentials": [{"accessKey": "$key", "secretKey": "$secret"}],
-  "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}
+  "actions": ["Admin", "Read", "Write", "List", "Tagging"]},
+ {"name": "tunefleet-reader",
+  "credentials": [{"accessKey": "$rkey", "secretKey": "$rsecret"}],
+  "actions": ["Read", "List"]}]}
 EOF
   if ! alive s3; then
     local p
@@ -408,6 +423,8 @@ AWS_ENDPOINT_URL_S3=http://$HOST_IP:$S3_PORT
 TUNEFLEET_S3_POD_ENDPOINT=http://$HOST_IP:$S3_PORT
 AWS_ACCESS_KEY_ID=$key
 AWS_SECRET_ACCESS_KEY=$secret
+TUNEFLEET_S3_READER_ACCESS_KEY_ID=$rkey
+TUNEFLEET_S3_READER_SECRET_ACCESS_KEY=$rsecret
 AWS_REGION=us-east-1
 TUNEFLEET_S3_BUCKET=tunefleet
 EOF

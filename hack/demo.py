@@ -43,6 +43,7 @@ from tests.support.cluster import (  # noqa: E402
 )
 from tests.support.operator import (  # noqa: E402
     RELEASE,
+    SERVING_SECRET,
     STAND_IN_NOTE,
     SYSTEM_NS,
     carry_out_publish,
@@ -96,12 +97,16 @@ def main() -> None:
 
     step("2. Build the images (buildah, no registry) and install the chart on the real node")
     ensure_images()
-    install_in_cluster(cluster, s3.pod_endpoint)
+    install_in_cluster(cluster, s3)
     show(cluster, "get", "pods", "-n", "tunefleet-system", "-o", "wide")
     WHERE.append(("operator (2 replicas, Lease, webhook via Service)", "real containers"))
 
     cluster.kubectl("create", "namespace", NS, check=False)
     secret = create_s3_secret(cluster.kubectl, NS, s3.access_key, s3.secret_key)
+    # Model pods that fetch from the store get read-only credentials, never the publish ones.
+    create_s3_secret(
+        cluster.kubectl, NS, s3.reader_access_key, s3.reader_secret_key, SERVING_SECRET
+    )
 
     step(f"3. Tune for the real node's model: a profile in the stand-in image ({STANDIN_IMAGE})")
     print(
@@ -138,12 +143,16 @@ def main() -> None:
         interval=1,
     )[0]
     name = pod["metadata"]["name"]
-    fetch = next(
-        c for c in pod["status"]["initContainerStatuses"] if c["name"] == "tunefleet-fetch"
+    art = get(cluster, "tp", "-n", NS, "standin-llm")["status"]["artifacts"][0]
+    print(
+        f"the artifact's delivery: {art.get('delivery')} {art.get('configMap', {}).get('name', '')}"
     )
-    print(f"injected init container said: {fetch['state']['terminated']['message'].strip()}")
+    print(
+        "the model pod mounts it: no init container, no storage credentials, no store request "
+        f"(init containers: {[c['name'] for c in pod['spec'].get('initContainers') or []]})"
+    )
     show(cluster, "logs", "-n", NS, name, "-c", "server")
-    WHERE.append(("model pod: injected fetch, stand-in server", "real containers"))
+    WHERE.append(("model pod: artifact from its ConfigMap, stand-in server", "real containers"))
     plugin(cluster, s3, "why", name, "-n", NS)
 
     step("5. The kwok fleet: examples/tuningprofile-nvidia.yaml on a fake H100 node")

@@ -48,8 +48,9 @@ KUBE_PROXY_METRICS_PORT=20249
 
 # Bumped when a state dir of an older cluster-up can't be reused (cluster-up says so, even
 # while that cluster runs): 2 added the real node; 3 tainted the kwok fleet, gave the real
-# node 8 fake GPUs and the API server PodTolerationRestriction.
-STATE_LAYOUT=3
+# node 8 fake GPUs and the API server PodTolerationRestriction; 4 added the API server's audit
+# log and a read-only S3 identity.
+STATE_LAYOUT=4
 
 # Start order; cluster-down stops them in reverse (the node first, with its pods).
 CONTROL_PLANE=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)

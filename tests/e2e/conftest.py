@@ -19,6 +19,7 @@ import pytest
 
 from tests.support.cluster import ensure_images
 from tests.support.operator import (
+    SERVING_SECRET,
     InCluster,
     Operator,
     create_s3_secret,
@@ -63,7 +64,7 @@ def in_cluster(cluster: Any, s3: Any) -> InCluster:
     if _running["in_cluster"] is None:
         ensure_images()
         _running["cluster"] = cluster
-        _running["in_cluster"] = install_in_cluster(cluster, s3.pod_endpoint)
+        _running["in_cluster"] = install_in_cluster(cluster, s3)
     deployed: InCluster = _running["in_cluster"]
     return deployed
 
@@ -81,6 +82,10 @@ def no_release(cluster: Any) -> Iterator[None]:
 
 @pytest.fixture
 def s3_secret(cluster: Any, s3: Any, namespace: str) -> str:
+    """The publish Secret (returned), and beside it the read-only one model pods fetch with."""
+    create_s3_secret(
+        cluster.kubectl, namespace, s3.reader_access_key, s3.reader_secret_key, SERVING_SECRET
+    )
     return create_s3_secret(cluster.kubectl, namespace, s3.access_key, s3.secret_key)
 
 

@@ -213,6 +213,9 @@ class S3Settings:
     # Where pods on the real node reach the same server (s3.env TUNEFLEET_S3_POD_ENDPOINT);
     # empty: same as `endpoint`.
     pod_endpoint: str = ""
+    # An identity that may only read (model pods' fetch, the operator's delivery).
+    reader_access_key: str = ""
+    reader_secret_key: str = ""
 
     def __post_init__(self) -> None:
         if not self.pod_endpoint:
@@ -227,6 +230,8 @@ class S3Settings:
             region=env.get("AWS_REGION", "us-east-1"),
             bucket=env.get("TUNEFLEET_S3_BUCKET", "tunefleet"),
             pod_endpoint=env.get("TUNEFLEET_S3_POD_ENDPOINT", ""),
+            reader_access_key=env.get("TUNEFLEET_S3_READER_ACCESS_KEY_ID", ""),
+            reader_secret_key=env.get("TUNEFLEET_S3_READER_SECRET_ACCESS_KEY", ""),
         )
 
     @classmethod

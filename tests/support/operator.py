@@ -234,20 +234,30 @@ def install(cluster: Any, s3_endpoint: str) -> Operator:
     return op
 
 
-def create_s3_secret(kubectl: Kubectl, namespace: str, access_key: str, secret_key: str) -> str:
-    """The Secret a user creates for tuning Jobs and model pods (profile's credentialsSecret)."""
+SERVING_SECRET = "s3-reader"  # read-only: model pods' fetch (the chart's default serving Secret)
+DELIVERY_SECRET = "tunefleet-delivery"  # read-only: the operator's delivery, in SYSTEM_NS
+
+
+def create_s3_secret(
+    kubectl: Kubectl,
+    namespace: str,
+    access_key: str,
+    secret_key: str,
+    name: str = "s3-credentials",
+) -> str:
+    """The Secret a user creates for tuning Jobs (profile's credentialsSecret), or another."""
     kubectl(
         "create",
         "secret",
         "generic",
-        "s3-credentials",
+        name,
         "-n",
         namespace,
         f"--from-literal=AWS_ACCESS_KEY_ID={access_key}",
         f"--from-literal=AWS_SECRET_ACCESS_KEY={secret_key}",
         check=False,  # already there from an earlier run: same content
     )
-    return "s3-credentials"
+    return name
 
 
 # --- a tuning pod's steps, carried out by the test ----------------------------------------
@@ -437,25 +447,32 @@ def image_build() -> str:
 
 def chart_values_for_real_node(s3_pod_endpoint: str, replicas: int) -> list[str]:
     """The README's values for this cluster (hack/local-cluster-values.yaml: the real node,
-    its taint, pull policy Never), plus what tests need on top."""
+    its taint, pull policy Never), plus what tests need on top: model pods fetch with the
+    read-only Secret, the operator delivers artifacts as ConfigMaps with its read-only one."""
     values = {
         "operator": {
             "podAnnotations": {"tunefleet.io/image-build": image_build()},
             "replicas": replicas,
             "defaultS3Endpoint": s3_pod_endpoint,
+            "defaultServingCredentialsSecret": SERVING_SECRET,
             "resyncSeconds": 600,
         },
+        "delivery": {"credentialsSecret": DELIVERY_SECRET},
     }
     path = Path(tempfile.mkdtemp(prefix="tunefleet-values-")) / "values.yaml"
     path.write_text(yaml.safe_dump(values))
     return ["-f", str(LOCAL_CLUSTER_VALUES), "-f", str(path)]
 
 
-def install_in_cluster(cluster: Any, s3_pod_endpoint: str, replicas: int = 2) -> InCluster:
+def install_in_cluster(cluster: Any, s3: Any, replicas: int = 2) -> InCluster:
     """helm upgrade --install the chart with its Deployment on the real node; wait for it."""
+    cluster.kubectl("create", "namespace", SYSTEM_NS, check=False)
+    create_s3_secret(
+        cluster.kubectl, SYSTEM_NS, s3.reader_access_key, s3.reader_secret_key, DELIVERY_SECRET
+    )
     upgrade_release(
         cluster,
-        *chart_values_for_real_node(s3_pod_endpoint, replicas),
+        *chart_values_for_real_node(s3.pod_endpoint, replicas),
         "--set",
         "webhook.url=",
         "--set",
