@@ -227,6 +227,10 @@ def install(cluster: Any, s3_endpoint: str) -> Operator:
             "TUNEFLEET_WEBHOOK_CERT": str(cert),
             "TUNEFLEET_WEBHOOK_KEY": str(key),
             "TUNEFLEET_DEFAULT_S3_ENDPOINT": s3_endpoint,
+            # Model pods fetch with the read-only Secret (the s3_secret fixture makes it). This
+            # process has no read identity of its own: artifacts are not delivered as
+            # ConfigMaps, and kwok pods show the store path.
+            "TUNEFLEET_DEFAULT_SERVING_CREDENTIALS_SECRET": SERVING_SECRET,
         },
         log=work / "operator.log",
     )
