@@ -125,6 +125,17 @@ def _artifacts(p: _Picture) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]
             )
             if old and (old[0].sha256, old[0].uri) != (fresh.sha256, fresh.uri):
                 history.insert(0, old[1])
+            elif old:
+                # The same artifact: it stays delivered as status says (its ConfigMap's name
+                # and uid), or every reconcile while the Job is kept would read it from the
+                # store again, and a ConfigMap replaced since would be taken up by its new uid.
+                was = old[0]
+                fresh = replace(
+                    fresh,
+                    config_map=was.config_map,
+                    config_map_uid=was.config_map_uid,
+                    delivery=was.delivery,
+                )
             p.artifacts[model], served[model] = fresh, fresh.to_status()
         elif old:
             p.artifacts[model], served[model] = old

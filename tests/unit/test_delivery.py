@@ -191,6 +191,10 @@ def test_the_operator_delivers_a_fresh_artifact_and_status_says_how_pods_get_it(
         "tunefleet-artifact-" + SHA
     )
     assert ("ConfigMap", art["configMap"]["name"]) in api.created and calls == [uri]
+    # The next reconcile, with the Job still kept: delivered as status says, not read again
+    # (and a ConfigMap replaced meanwhile is not taken up by its new uid).
+    again = sync_profile({**p, "status": status}, [job], [published_pod(job, uri)], SERVING, Memory())
+    assert again["artifacts"][0]["configMap"] == art["configMap"] and calls == [uri]
     # Without a read identity for the operator: the store path, and why.
     plain = sync_profile(p, [job], [published_pod(job, uri)], CFG, Memory())
     assert plain["artifacts"][0]["delivery"].startswith("Store: the operator has no read identity")
