@@ -276,7 +276,11 @@ def scale_1000(cluster: Cluster, operator: Operator, n: int = 1000) -> dict[str,
         cluster.kubectl("create", "-n", ns, "-f", "-", input=docs, timeout=600)
         out["kubectl_create_s"] = round(time.perf_counter() - start, 1)
         eventually(
-            lambda: count_jobs(cluster, ns), lambda c: c >= n, f"{n} Jobs", timeout=900, interval=1
+            lambda ns=ns: count_jobs(cluster, ns),
+            lambda c: c >= n,
+            f"{n} Jobs",
+            timeout=900,
+            interval=1,
         )
         out["apply_to_all_jobs_s"] = round(time.perf_counter() - start, 1)
         eventually(
@@ -318,6 +322,46 @@ def scale_1000(cluster: Cluster, operator: Operator, n: int = 1000) -> dict[str,
         "delete_to_all_jobs_gone_s": "<= 60",
     }
     print(f"scale: {json.dumps(out)}", flush=True)
+    return out
+
+
+def churn(cluster: Cluster, operator: Operator, n: int = 1000, cycles: int = 5) -> dict[str, Any]:
+    """Issue 16's lifecycle goal: create and delete `n` profiles `cycles` times; the operator's
+    memory after the last cycle within 10% of after the first (every map pruned with what it
+    describes)."""
+    docs = "\n---\n".join(yaml.safe_dump(profile(f"c{i:04d}")) for i in range(n))
+    after: list[float] = []
+    for cycle in range(cycles):
+        ns = f"bench-churn-{int(time.time())}-{cycle}"
+        cluster.kubectl("create", "namespace", ns)
+        CREATED.append(ns)
+        cluster.kubectl("create", "-n", ns, "-f", "-", input=docs, timeout=600)
+        eventually(
+            lambda ns=ns: count_jobs(cluster, ns),
+            lambda c: c >= n,
+            f"{n} Jobs",
+            timeout=900,
+            interval=1,
+        )
+        cluster.kubectl("delete", "tp", "--all", "-n", ns, "--wait=false", timeout=600)
+        eventually(
+            lambda ns=ns: count_jobs(cluster, ns),
+            lambda c: c == 0,
+            "all Jobs gone",
+            timeout=900,
+            interval=1,
+        )
+        time.sleep(40)  # housekeeping (every 30 s) hands freed memory back
+        after.append(round(operator.rss_mib(), 1))
+        print(f"churn: cycle {cycle + 1}: {after[-1]} MiB", flush=True)
+    out = {
+        "profiles_per_cycle": n,
+        "cycles": cycles,
+        "rss_after_each_cycle_mib": after,
+        "last_over_first": round(after[-1] / after[0], 3),
+        "goal": "last_over_first <= 1.10",
+    }
+    print(f"churn: {json.dumps(out)}", flush=True)
     return out
 
 
@@ -450,7 +494,7 @@ def real_node(cluster: Cluster, s3: S3Settings) -> dict[str, Any]:
     from tests.support.operator import create_s3_secret, install_in_cluster
 
     ensure_images()
-    deployed = install_in_cluster(cluster, s3.pod_endpoint)
+    deployed = install_in_cluster(cluster, s3)
     ns = f"bench-real-{int(time.time())}"
     cluster.kubectl("create", "namespace", ns)
     CREATED.append(ns)
@@ -509,7 +553,7 @@ def real_node(cluster: Cluster, s3: S3Settings) -> dict[str, Any]:
     return out
 
 
-PARTS = ("scale", "storm", "webhook", "library", "artifacts", "real")
+PARTS = ("scale", "storm", "churn", "webhook", "library", "artifacts", "gc", "real")
 
 
 def main() -> None:
@@ -526,6 +570,8 @@ def main() -> None:
             results["scale_1000_profiles"] = scale_1000(cluster, operator)
         if "storm" in only:
             results["kill_storm"] = kill_storm(cluster, operator)
+        if "churn" in only:
+            results["churn_create_delete"] = churn(cluster, operator)
         if "webhook" in only:
             results["webhook"] = webhook_latency(cluster, operator, env)
             results["webhook_cost_ratio"] = webhook_ratio(cluster, operator, env)
@@ -538,6 +584,10 @@ def main() -> None:
             results["library"] = bench_library.run(s3)
         if "artifacts" in only:
             results["artifacts"] = artifacts(s3)
+        if "gc" in only:
+            from bench import bench_gc
+
+            results["gc_10000_objects"] = bench_gc.run(s3)
         if "real" in only:
             results["real_node"] = real_node(cluster, s3)
     finally:

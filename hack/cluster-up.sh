@@ -67,6 +67,17 @@ node_healthy() {
   [[ -f "$STATE/.node-ready" ]] && ip link show "$BRIDGE" >/dev/null 2>&1
 }
 
+# A state dir of an older cluster-up can't be upgraded in place (its certificates, fleet, node
+# or API server flags differ: see STATE_LAYOUT). Checked before the "already up" shortcut, so
+# a cluster an older checkout started says so rather than passing for this one.
+stale_layout() {
+  [[ "$(cat "$STATE/.layout" 2>/dev/null || echo 1)" != "$STATE_LAYOUT" && ( -d "$PKI" || -d "$STATE/s3" ) ]]
+}
+stale_message() {
+  echo "$STATE was made by an older cluster-up (state layout $(cat "$STATE/.layout" 2>/dev/null || echo 1), this one needs $STATE_LAYOUT: see STATE_LAYOUT in hack/lib/common.sh): run make cluster-down first, then make cluster-up"
+}
+if stale_layout; then die "$(stale_message)"; fi
+
 if $s3_only; then
   if s3_healthy; then log "S3 server already up ($S3_ENV)"; exit 0; fi
 elif s3_healthy && control_plane_healthy && node_healthy; then
@@ -75,11 +86,7 @@ elif s3_healthy && control_plane_healthy && node_healthy; then
 fi
 
 take_lock
-# A state dir from a cluster-up without the real node (everything on 127.0.0.1) can't be
-# upgraded in place: its certificates and addresses differ.
-if [[ "$(cat "$STATE/.layout" 2>/dev/null)" != "$STATE_LAYOUT" && ( -d "$PKI" || -d "$STATE/s3" ) ]]; then
-  die "$STATE was made by an older cluster-up (no real node): run make cluster-down first"
-fi
+if stale_layout; then die "$(stale_message)"; fi
 mkdir -p "$PIDS" "$LOGS" "$PKI"
 echo "$STATE_LAYOUT" >"$STATE/.layout"
 
@@ -263,7 +270,7 @@ up_control_plane() {
       --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" \
       --client-ca-file="$PKI/ca.crt" \
       --authorization-mode=Node,RBAC \
-      --enable-admission-plugins=NodeRestriction,ExtendedResourceToleration \
+      --enable-admission-plugins=NodeRestriction,ExtendedResourceToleration,PodTolerationRestriction \
       --service-account-issuer=https://kubernetes.default.svc.cluster.local \
       --service-account-key-file="$PKI/sa.pub" \
       --service-account-signing-key-file="$PKI/sa.key" \
@@ -280,6 +287,9 @@ up_control_plane() {
       --kubelet-certificate-authority="$PKI/ca.crt" \
       --kubelet-preferred-address-types=InternalIP \
       --allow-privileged=true --profiling=false --event-ttl=1h \
+      --audit-policy-file="$repo/hack/lib/audit-policy.yaml" \
+      --audit-log-path="$LOGS/audit.log" --audit-log-maxsize=200 --audit-log-maxbackup=1 \
+      --audit-log-format=json \
       --v=1
   fi
   wait_until 90 "kube-apiserver /readyz" apiserver_ready
@@ -337,21 +347,22 @@ subjects:
 - {apiGroup: rbac.authorization.k8s.io, kind: User, name: kube-apiserver-kubelet-client}
 EOF
     die "RBAC for the API server's kubelet client failed"
-  wait_until 90 "every fleet node Ready and untainted" fleet_ready
+  wait_until 90 "every fleet node Ready, with only its own taint" fleet_ready
   # Pods can only be created once the namespace's "default" ServiceAccount exists.
   wait_until 60 "ServiceAccount default/default" \
     "$KUBECTL" --kubeconfig "$KUBECONFIG_ADMIN" get serviceaccount default -n default
   touch "$STATE/.fleet-ready"
 }
 
-# All nodes of hack/fleet.yaml Ready, and the node lifecycle controller has lifted the
-# not-ready taint it puts on new nodes (else the first pods see "untolerated taint").
+# All nodes of hack/fleet.yaml Ready, each with the taint fleet.yaml gives it and no other: the
+# node lifecycle controller has lifted the not-ready taint it puts on new nodes (else the
+# first pods see "untolerated taint").
 fleet_ready() {
   local want got
   want="$(grep -c '^kind: Node' "$repo/hack/fleet.yaml")"
   got="$("$KUBECTL" --kubeconfig "$KUBECONFIG_ADMIN" get nodes -l type=kwok -o \
-    jsonpath='{range .items[*]}{.metadata.name}{" "}{range .status.conditions[?(@.type=="Ready")]}{.status}{end}{" "}{.spec.taints}{"\n"}{end}')" || return 1
-  [[ "$(grep -c ' True $' <<<"$got")" -eq "$want" ]]
+    jsonpath='{range .items[*]}{.metadata.name}{" "}{range .status.conditions[?(@.type=="Ready")]}{.status}{end}{" "}{.spec.taints[*].key}{"\n"}{end}')" || return 1
+  [[ "$(grep -cE ' True (amd.com/gpu|nvidia.com/gpu|kwok.x-k8s.io/node)$' <<<"$got")" -eq "$want" ]]
 }
 
 # ---------------------------------------------------------------------------------------
@@ -365,14 +376,26 @@ up_s3() {
     printf 'AWS_ACCESS_KEY_ID=tunefleet\nAWS_SECRET_ACCESS_KEY=%s\n' "$(openssl rand -hex 20)" \
       >"$dir/credentials"
   fi
-  local key secret
+  # A second identity that may only read: what model pods and the operator's delivery get
+  # (docs/serving.md); the e2e tests prove it cannot write.
+  if [[ ! -s "$dir/reader" ]]; then
+    touch "$dir/reader" && chmod 600 "$dir/reader"
+    printf 'AWS_ACCESS_KEY_ID=tunefleet-reader\nAWS_SECRET_ACCESS_KEY=%s\n' "$(openssl rand -hex 20)" \
+      >"$dir/reader"
+  fi
+  local key secret rkey rsecret
   key="$(sed -n 's/^AWS_ACCESS_KEY_ID=//p' "$dir/credentials")"
   secret="$(sed -n 's/^AWS_SECRET_ACCESS_KEY=//p' "$dir/credentials")"
+  rkey="$(sed -n 's/^AWS_ACCESS_KEY_ID=//p' "$dir/reader")"
+  rsecret="$(sed -n 's/^AWS_SECRET_ACCESS_KEY=//p' "$dir/reader")"
   touch "$dir/s3.json" && chmod 600 "$dir/s3.json"
   cat >"$dir/s3.json" <<EOF
 {"identities": [{"name": "tunefleet",
   "credentials": [{"accessKey": "$key", "secretKey": "$secret"}],
-  "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}
+  "actions": ["Admin", "Read", "Write", "List", "Tagging"]},
+ {"name": "tunefleet-reader",
+  "credentials": [{"accessKey": "$rkey", "secretKey": "$rsecret"}],
+  "actions": ["Read", "List"]}]}
 EOF
   if ! alive s3; then
     local p
@@ -400,6 +423,8 @@ AWS_ENDPOINT_URL_S3=http://$HOST_IP:$S3_PORT
 TUNEFLEET_S3_POD_ENDPOINT=http://$HOST_IP:$S3_PORT
 AWS_ACCESS_KEY_ID=$key
 AWS_SECRET_ACCESS_KEY=$secret
+TUNEFLEET_S3_READER_ACCESS_KEY_ID=$rkey
+TUNEFLEET_S3_READER_SECRET_ACCESS_KEY=$rsecret
 AWS_REGION=us-east-1
 TUNEFLEET_S3_BUCKET=tunefleet
 EOF
@@ -448,9 +473,12 @@ echo "local cluster up in $(elapsed) (state: $STATE)"
 if ! $s3_only; then
   echo "  kubeconfig : export KUBECONFIG=$KUBECONFIG_ADMIN   (API server https://$HOST_IP:$APISERVER_PORT)"
   echo "  kubectl    : $KUBECTL"
-  echo "  nodes      : 6 kwok nodes (fake GPU fleet; no container runs there) and the real node"
-  echo "               $NODE_NAME ($HOST_IP, containerd). It has NO GPU: its nvidia.com/gpu: $NODE_GPUS"
-  echo "               is a fake resource, label nvidia.com/gpu.product=STANDIN-NO-GPU, taint $NODE_TAINT_KEY"
+  echo "  nodes      : 6 kwok nodes (fake GPU fleet; no container runs there; tainted like GPU pools,"
+  echo "               kwok-cpu-0 with kwok's taint) and the real node $NODE_NAME ($HOST_IP,"
+  echo "               containerd). It has NO GPU: its nvidia.com/gpu: $NODE_GPUS is a fake resource,"
+  echo "               label nvidia.com/gpu.product=STANDIN-NO-GPU, taint $NODE_TAINT_KEY=present"
+  echo "  chart      : helm install ... -f hack/local-cluster-values.yaml runs the operator on the"
+  echo "               real node (README.md, \"Using it\")"
 fi
 echo "  S3         : set -a; source $S3_ENV; set +a   (endpoint http://$HOST_IP:$S3_PORT, bucket tunefleet)"
 echo "  logs       : $LOGS"

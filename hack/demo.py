@@ -9,6 +9,11 @@ What runs where, said as it happens:
 - kwok's fake GPU fleet: scheduling only; no container runs there, so for a kwok tuning pod
   the demo carries out the publish step itself (the pod's own command, with a hand-written
   results file in TunableOp's format) and says so.
+
+When it ends, nothing of it runs: the model Deployment is scaled to 0 (so it holds none of
+the real node's fake GPUs, which `make test` needs) and the chart is uninstalled (so the
+README's `helm install` finds the name free); the profiles, their Jobs and artifacts stay,
+and the demo lists what it left.
 """
 
 from __future__ import annotations
@@ -34,12 +39,17 @@ from tests.support.cluster import (  # noqa: E402
     ensure_cluster,
     ensure_images,
     ensure_s3,
+    real_node_gpu_holders,
 )
 from tests.support.operator import (  # noqa: E402
+    RELEASE,
+    SERVING_SECRET,
     STAND_IN_NOTE,
+    SYSTEM_NS,
     carry_out_publish,
     create_s3_secret,
     install_in_cluster,
+    uninstall_release,
 )
 from tests.support.poll import eventually  # noqa: E402
 
@@ -87,12 +97,16 @@ def main() -> None:
 
     step("2. Build the images (buildah, no registry) and install the chart on the real node")
     ensure_images()
-    deployed = install_in_cluster(cluster, s3.pod_endpoint)
+    install_in_cluster(cluster, s3)
     show(cluster, "get", "pods", "-n", "tunefleet-system", "-o", "wide")
     WHERE.append(("operator (2 replicas, Lease, webhook via Service)", "real containers"))
 
     cluster.kubectl("create", "namespace", NS, check=False)
     secret = create_s3_secret(cluster.kubectl, NS, s3.access_key, s3.secret_key)
+    # Model pods that fetch from the store get read-only credentials, never the publish ones.
+    create_s3_secret(
+        cluster.kubectl, NS, s3.reader_access_key, s3.reader_secret_key, SERVING_SECRET
+    )
 
     step(f"3. Tune for the real node's model: a profile in the stand-in image ({STANDIN_IMAGE})")
     print(
@@ -129,12 +143,16 @@ def main() -> None:
         interval=1,
     )[0]
     name = pod["metadata"]["name"]
-    fetch = next(
-        c for c in pod["status"]["initContainerStatuses"] if c["name"] == "tunefleet-fetch"
+    art = get(cluster, "tp", "-n", NS, "standin-llm")["status"]["artifacts"][0]
+    print(
+        f"the artifact's delivery: {art.get('delivery')} {art.get('configMap', {}).get('name', '')}"
     )
-    print(f"injected init container said: {fetch['state']['terminated']['message'].strip()}")
+    print(
+        "the model pod mounts it: no init container, no storage credentials, no store request "
+        f"(init containers: {[c['name'] for c in pod['spec'].get('initContainers') or []]})"
+    )
     show(cluster, "logs", "-n", NS, name, "-c", "server")
-    WHERE.append(("model pod: injected fetch, stand-in server", "real containers"))
+    WHERE.append(("model pod: artifact from its ConfigMap, stand-in server", "real containers"))
     plugin(cluster, s3, "why", name, "-n", NS)
 
     step("5. The kwok fleet: examples/tuningprofile-nvidia.yaml on a fake H100 node")
@@ -160,13 +178,39 @@ def main() -> None:
     step("Where each step ran")
     for what, where in WHERE:
         print(f"  {where:16} {what}")
-    deployed.uninstall()
-    step("Done")
-    print(f"The demo took {time.monotonic() - started:.0f}s. The cluster is still up:")
+
+    step("Done: what the demo leaves")
+    stop_what_runs(cluster)
+    print(f"The demo took {time.monotonic() - started:.0f}s. The cluster is still up; nothing")
+    print("of the demo's runs there:")
+    print(f"  - Deployment {NS}/standin-llm: scaled to 0, so it holds none of {REAL_NODE}'s")
+    print(f"    fake GPUs (`kubectl scale deployment -n {NS} standin-llm --replicas=1` brings")
+    print("    its pod back, which gets the artifact again once an operator runs);")
+    print(f"  - the chart (release {RELEASE} in {SYSTEM_NS}): uninstalled, so the README's")
+    print("    `helm install` finds the name free; the TuningProfile CRD stays;")
+    print(f"  - in namespace {NS}: the TuningProfiles standin-llm and mistral-7b-cuda (Ready),")
+    print("    their finished Jobs, and the s3-credentials Secret; their artifacts in S3.")
+    holders = real_node_gpu_holders(cluster)
+    held = ", ".join(f"{name} ({gpus}, {state})" for name, gpus, state in holders)
+    print(f"Pods holding {REAL_NODE}'s fake GPUs now: {held or 'none'}.")
     print(f"  export KUBECONFIG={cluster.kubeconfig}")
     print(f"  {cluster.bin_dir}/kubectl get tuningprofiles,jobs,pods -n {NS} -o wide")
-    print("The operator replicas were scaled to 0 at the end; `make run` runs one here.")
+    print('`make run` runs the operator here; README.md, "Using it", installs the chart.')
     print("Clean up with:  make cluster-down   (stops every process cluster-up started)")
+
+
+def stop_what_runs(cluster: Cluster) -> None:
+    """Scale the model Deployment to 0 and wait until its pod is gone (it held 2 of the real
+    node's fake GPUs, which `make test` needs), then uninstall the chart."""
+    cluster.kubectl("scale", "deployment", "-n", NS, "standin-llm", "--replicas=0")
+    eventually(
+        lambda: get(cluster, "pods", "-n", NS, "-l", "app=standin-llm")["items"],
+        lambda ps: not ps,
+        "the model pod gone",
+        timeout=120,
+        interval=1,
+    )
+    uninstall_release(cluster)
 
 
 def standin_profile(s3: S3Settings, secret: str) -> dict[str, Any]:

@@ -248,8 +248,10 @@ def _plan(unique: list[UntunedRow], cfg: TuningConfig, shard: int, prior: ex.Pri
     # checkpoint, so shares of their misses could disagree and leave a GEMM to nobody.
     share = partition(unique, cfg.shards)[shard] if cfg.shards > 1 else list(unique)
     keys = keys_of(share)
-    reused = rows_for(prior.library, keys)
-    resumed = rows_for(prior.checkpoint, keys - reused.keys())
+    # This Job's own checkpoint first: a retried pod resumes what it tuned (a stopped pod's
+    # sidecar also adds those rows to the library, which is for other Jobs and revisions).
+    resumed = rows_for(prior.checkpoint, keys)
+    reused = rows_for(prior.library, keys - resumed.keys())
     done = reused.keys() | resumed.keys()
     return _Plan(share, reused, resumed, [r for r in share if r.key not in done])
 

@@ -46,8 +46,11 @@ CONTAINERD_STREAM_PORT=20251  # containerd's exec/attach/port-forward streams (t
 KUBE_PROXY_HEALTHZ_PORT=20256
 KUBE_PROXY_METRICS_PORT=20249
 
-# Bumped when a state dir of an older cluster-up can't be reused (cluster-up says so).
-STATE_LAYOUT=2
+# Bumped when a state dir of an older cluster-up can't be reused (cluster-up says so, even
+# while that cluster runs): 2 added the real node; 3 tainted the kwok fleet, gave the real
+# node 8 fake GPUs and the API server PodTolerationRestriction; 4 added the API server's audit
+# log and a read-only S3 identity.
+STATE_LAYOUT=4
 
 # Start order; cluster-down stops them in reverse (the node first, with its pods).
 CONTROL_PLANE=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)

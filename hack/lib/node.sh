@@ -14,7 +14,10 @@
 #     kubelet's /var/log/containers links and device-plugin socket, /run/mount (libmount):
 #     removed when cluster-down leaves them empty.
 
-NODE_GPUS=4
+# Fake GPUs (an extended resource; there is no GPU). 8, like the fleet's GPU nodes: room for
+# the largest e2e test (4 at once) beside a model pod someone left running (the demo's takes 2,
+# and the demo scales it to 0 when it ends); tests name the pods that hold them when short.
+NODE_GPUS=8
 NODE_LABELS="type=real,nvidia.com/gpu.product=STANDIN-NO-GPU"
 NODE_TAINT_KEY=nvidia.com/gpu
 HOST_DIR="$STATE/host"

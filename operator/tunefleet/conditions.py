@@ -31,6 +31,8 @@ class Reason(StrEnum):
     TUNING = "Tuning"  # waiting for the Jobs to publish
     # Progressing
     TUNING_JOBS_RUNNING = "TuningJobsRunning"
+    # A Job's attempt failed and the Job retries (its backoff limit not reached yet).
+    ATTEMPT_FAILED = "AttemptFailed"
     TUNING_FINISHED = "TuningFinished"
     # Failed
     NO_FAILURES = "NoFailures"
@@ -71,6 +73,8 @@ class EventReason(StrEnum):
     PODS_NOT_ADMITTED = "PodsNotAdmitted"  # labelled pods the webhook never saw
     POD_UNTUNED = "PodUntuned"  # the webhook admitted a model pod untuned
     IMAGE_MISMATCH = "ImageMismatch"  # a model pod runs another image than the tuned one
+    UNTRUSTED_OBJECT = "UntrustedObject"  # a Job or pod with our labels that is not ours
+    SUPERSEDED = "TuningJobSuperseded"  # a Job of an earlier revision was stopped or removed
 
 
 def truncate(message: str, limit: int = MESSAGE_LIMIT) -> str:

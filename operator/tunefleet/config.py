@@ -42,6 +42,14 @@ class Config:
     lease_name: str = "tunefleet-operator"
     # Library scope for tuning Jobs: "namespace" (default) or "cluster".
     library_scope: str = "namespace"
+    # Read-only store credentials for model pods' fetch (a Secret in the profile's namespace)
+    # when a profile names none; never the tuning Jobs' publish Secret.
+    default_serving_credentials_secret: str = ""
+    # The operator's own read identity for delivering artifacts as ConfigMaps (delivery.py):
+    # the name of the Secret the chart put in its environment, or its cloud identity.
+    delivery_credentials_secret: str = ""
+    delivery_cloud_identity: bool = False
+    delivery_timeout_s: float = 30.0
 
     @classmethod
     def from_env(cls) -> Config:
@@ -66,4 +74,10 @@ class Config:
             lease_namespace=env("TUNEFLEET_LEASE_NAMESPACE", ""),
             lease_name=env("TUNEFLEET_LEASE_NAME", "tunefleet-operator"),
             library_scope=env("TUNEFLEET_LIBRARY_SCOPE", "namespace"),
+            default_serving_credentials_secret=env(
+                "TUNEFLEET_DEFAULT_SERVING_CREDENTIALS_SECRET", ""
+            ),
+            delivery_credentials_secret=env("TUNEFLEET_DELIVERY_CREDENTIALS_SECRET", ""),
+            delivery_cloud_identity=_env_bool("TUNEFLEET_DELIVERY_CLOUD_IDENTITY", False),
+            delivery_timeout_s=float(env("TUNEFLEET_DELIVERY_TIMEOUT_SECONDS", "30")),
         )

@@ -24,6 +24,7 @@ from typing import Any
 import kopf
 
 from tunefleet import kube, metrics, naming
+from tunefleet.cache import Untrusted
 from tunefleet.config import Config
 from tunefleet.reconcile import Memory, sync_profile
 from tunefleet.workqueue import Backoff, WorkQueue
@@ -37,12 +38,17 @@ EVENT_DELAY = 0.5
 
 @dataclass
 class Indexes:
-    """Readers of the cache (cache.py). Each returns plain views."""
+    """Readers of the cache (cache.py), and where a status write's answer goes back."""
 
     profile: Callable[[Key], dict[str, Any] | None]
     profiles: Callable[[], list[Key]]
-    jobs: Callable[[str], list[dict[str, Any]]]  # by profile uid
-    pods: Callable[[str], list[dict[str, Any]]]  # by profile uid
+    jobs: Callable[[str, str], list[dict[str, Any]]]  # (namespace, profile uid): controlled
+    pods: Callable[[str, str], list[dict[str, Any]]]  # (namespace, Job uid): controlled
+    untrusted: Callable[[str], list[Untrusted]] = lambda uid: []
+    # (key, resourceVersion, status): what the API server holds after our write.
+    written: Callable[[Key, str, dict[str, Any]], None] = lambda key, rv, status: None
+    # A profile read again from the API server (after a conflict).
+    refresh: Callable[[dict[str, Any]], object] = lambda body: None
 
 
 def release_memory() -> None:
@@ -88,14 +94,13 @@ class Controller:
 
     def wants(self, profile: dict[str, Any]) -> bool:
         """Whether a profile event can change anything: not when it only brings back the
-        status we wrote ourselves (every write echoes through the watch)."""
+        status we wrote ourselves (every write echoes through the watch, with the very
+        resourceVersion our write was answered with)."""
         meta = profile.get("metadata") or {}
-        written = self.memory.written.get(meta.get("uid", ""))
-        if written is None or meta.get("deletionTimestamp"):
+        if meta.get("deletionTimestamp"):
             return True
-        status = profile.get("status") or {}
-        same = {k: status.get(k) for k in written} == written
-        return not (same and written.get("observedGeneration") == meta.get("generation"))
+        mine = self.memory.profiles.get(meta.get("uid", ""))
+        return mine is None or not mine.written_rv or mine.written_rv != meta.get("resourceVersion")
 
     def forget(self, key: Key, uid: str | None) -> None:
         """The profile is gone: drop what we remember of it."""
@@ -132,8 +137,11 @@ class Controller:
             self.resync()
 
     def follow(self) -> None:
+        """This replica no longer leads: it stops writing at once (kube's fence) and forgets
+        what it remembered as leader; a later lead starts from what the API server holds."""
         self.active.clear()
         metrics.LEADER.set(0)
+        self.memory = Memory()
 
     def _work(self) -> None:
         while not self._stop.is_set():
@@ -160,9 +168,17 @@ class Controller:
         uid = profile["metadata"].get("uid", "")
         metrics.HANDLER_CALLS.labels("reconcile").inc()
         started = time.perf_counter()
+        jobs = self.indexes.jobs(ns, uid)
+        pods = [p for j in jobs for p in self.indexes.pods(ns, j["metadata"].get("uid", ""))]
         try:
             sync_profile(
-                profile, self.indexes.jobs(uid), self.indexes.pods(uid), self.config, self.memory
+                profile,
+                jobs,
+                pods,
+                self.config,
+                self.memory,
+                untrusted=self.indexes.untrusted(uid),
+                on_written=lambda rv, status: self.indexes.written(key, rv, status),
             )
         except kopf.PermanentError as e:
             # Reported in the profile's status (and an Event on the transition); nothing to
@@ -181,6 +197,18 @@ class Controller:
         except kube.Gone as e:
             self.forget(key, uid)
             log.info(f"TuningProfile {ns}/{name}: {e}")
+        except kube.NotLeading as e:
+            # Lost (or losing) the Lease: the next leader reconciles it; keep it for later.
+            self.queue.forget(key)
+            self.queue.add_after(key, 2.0)
+            log.info(f"TuningProfile {ns}/{name}: {e}")
+        except kube.Conflict as e:
+            # The profile changed since it was read: read it again, compute again.
+            metrics.STATUS_CONFLICTS.inc()
+            self._refresh(ns, name)
+            self.queue.forget(key)
+            self.queue.add_after(key, 0.1)
+            log.debug(f"TuningProfile {ns}/{name}: {e}")
         except Exception:
             # A bug must not stop reconciliation of this profile or any other.
             metrics.HANDLER_ERRORS.labels("reconcile", "unexpected").inc()
@@ -191,6 +219,15 @@ class Controller:
             self.queue.forget(key)
         finally:
             metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+
+    def _refresh(self, namespace: str, name: str) -> None:
+        try:
+            fresh = kube.get_profile(namespace, name, kube.REQUEST_TIMEOUT)
+        except Exception as e:  # the watch will bring it; this only saves a round
+            log.info(f"could not read TuningProfile {namespace}/{name} again: {e}")
+            return
+        if fresh is not None:
+            self.indexes.refresh(fresh)
 
     # --- resync ---------------------------------------------------------------------------
 
@@ -212,6 +249,7 @@ class Controller:
                 first, due = False, time.monotonic() + self.resync_seconds
             # Between resyncs, hand back what bursts of events (a restart's listing, a mass
             # apply or delete) left on the heap, so the resident size follows the load down.
+            self.memory.prune_node_counts()
             release_memory()
             self._stop.wait(HOUSEKEEPING_SECONDS if not first else 1.0)
 

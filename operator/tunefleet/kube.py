@@ -2,7 +2,13 @@
 
 Transient failures (timeouts, 5xx, 429, RBAC not yet in place) become kopf.TemporaryError
 with a suggested delay; a request the API server refuses for good (422) becomes
-kopf.PermanentError; "already exists" on a create is success. Nothing here decides policy.
+kopf.PermanentError; "already exists" on a create is success when the object there is ours.
+Nothing here decides policy.
+
+Every call has a timeout: a hung connection (half-open TCP, an overloaded API server) ends
+the call rather than the caller. Every write passes the fence first (`set_fence`): a replica
+that cannot prove it still holds the Lease long enough for the write to finish does not make
+it (NotLeading), so two replicas never write at once.
 """
 
 from __future__ import annotations
@@ -31,8 +37,45 @@ T = TypeVar("T")
 DEFAULT_POOL_SIZE = 16
 
 
+# Seconds one read may take; writes get at most this, and never more than the fence allows.
+REQUEST_TIMEOUT = 10.0
+MIN_WRITE_SECONDS = 1.0  # a write with less time than this left under the Lease is not begun
+
+
+def _fence() -> float | None:
+    return None
+
+
 class Gone(Exception):
     """The namespace or object is gone or going: nothing left to do for it."""
+
+
+class NotLeading(Exception):
+    """This replica may not write now: it has not renewed the Lease recently enough."""
+
+
+class Conflict(Exception):
+    """The object changed since it was read (409 on a write with its resourceVersion)."""
+
+
+class NotOurs(Exception):
+    """An object of the name we would create exists and is not controlled by its owner."""
+
+
+def set_fence(fence: Callable[[], float | None]) -> None:
+    """`fence()`: seconds this replica may still write (None: no leader election)."""
+    global _fence
+    _fence = fence
+
+
+def write_timeout() -> float:
+    """The timeout of a write about to be made; NotLeading when none may be made."""
+    left = _fence()
+    if left is None:
+        return REQUEST_TIMEOUT
+    if left < MIN_WRITE_SECONDS:
+        raise NotLeading(f"not writing: {max(left, 0.0):.1f}s left under the Lease")
+    return min(REQUEST_TIMEOUT, left)
 
 
 def login(pool_size: int = DEFAULT_POOL_SIZE) -> None:
@@ -107,37 +150,6 @@ def _json(resp: Any) -> Any:
     return json.loads(resp.data)
 
 
-def create_if_missing(obj: dict[str, Any]) -> bool:
-    """Create a namespaced Job or ConfigMap; False when one of that name already exists.
-
-    Names are deterministic per (profile incarnation, model, revision), so an existing one is
-    the one we made earlier: that is success, not an error.
-    """
-    meta = obj["metadata"]
-    ns, name, kind = meta["namespace"], meta["name"], obj["kind"]
-    if kind == "Job":
-        batch = kubernetes.client.BatchV1Api(api())
-
-        def create() -> Any:
-            return batch.create_namespaced_job(ns, obj, _preload_content=False)
-    elif kind == "ConfigMap":
-        core = kubernetes.client.CoreV1Api(api())
-
-        def create() -> Any:
-            return core.create_namespaced_config_map(ns, obj, _preload_content=False)
-    else:
-        raise ValueError(f"create_if_missing does not handle {kind}")
-    try:
-        create()
-    except ApiException as e:
-        if e.status == 409:  # read before any translation: it means "done"
-            return False
-        reraise(f"creating {kind} {ns}/{name}", e)
-    except (urllib3.exceptions.HTTPError, OSError) as e:
-        reraise(f"creating {kind} {ns}/{name}", e)
-    return True
-
-
 def get_profile(namespace: str, name: str, timeout_s: float = 2.0) -> dict[str, Any] | None:
     """One TuningProfile as a plain dict, or None when it does not exist."""
     custom = kubernetes.client.CustomObjectsApi(api())
@@ -159,42 +171,38 @@ def get_profile(namespace: str, name: str, timeout_s: float = 2.0) -> dict[str, 
     return profile
 
 
-def patch_profile_status(namespace: str, name: str, status: dict[str, Any]) -> None:
+def replace_profile_status(
+    namespace: str, name: str, resource_version: str, status: dict[str, Any]
+) -> str:
+    """Write the whole status, refereed by the API server: only over the version it was
+    computed from (Conflict otherwise), and fields it no longer has are gone. Returns the new
+    resourceVersion."""
     custom = kubernetes.client.CustomObjectsApi(api())
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "TuningProfile",
+        "metadata": {"name": name, "namespace": namespace, "resourceVersion": resource_version},
+        "status": status,
+    }
+    what = f"writing the status of TuningProfile {namespace}/{name}"
     try:
-        call(
-            f"writing the status of TuningProfile {namespace}/{name}",
-            lambda: custom.patch_namespaced_custom_object_status(
-                GROUP,
-                VERSION,
-                namespace,
-                PLURAL,
-                name,
-                {"status": status},
-                _preload_content=False,
-            ),
-        )
+        resp = custom.replace_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, name, body,
+            _preload_content=False, _request_timeout=write_timeout(),
+        )  # fmt: skip
     except ApiException as e:
         if e.status == 404:
             raise Gone(f"TuningProfile {namespace}/{name} is gone") from e
-        raise
-
-
-def patch_config_map(namespace: str, name: str, data: dict[str, str]) -> None:
-    core = kubernetes.client.CoreV1Api(api())
-    try:
-        call(
-            f"writing ConfigMap {namespace}/{name}",
-            lambda: core.patch_namespaced_config_map(
-                name, namespace, {"data": data}, _preload_content=False
-            ),
-        )
-    except ApiException as e:
-        if e.status != 404:  # gone with its Job: nothing left to tell
-            raise
+        if e.status == 409:
+            raise Conflict(f"{what}: it changed since it was read") from e
+        reraise(what, e)
+    except (urllib3.exceptions.HTTPError, OSError) as e:
+        reraise(what, e)
+    return str(((_json(resp).get("metadata")) or {}).get("resourceVersion") or "")
 
 
 LIST_PAGE = 500  # objects per page of a startup list: bounded memory, few round trips
+LIST_TIMEOUT = 60.0  # a page of 500 pods can be several MiB
 
 
 def list_all(
@@ -209,11 +217,12 @@ def list_all(
             if namespace:
                 return custom.list_namespaced_custom_object(
                     GROUP, VERSION, namespace, PLURAL, limit=LIST_PAGE,
-                    label_selector=label_selector, _preload_content=False, **extra,
+                    label_selector=label_selector, _preload_content=False,
+                    _request_timeout=LIST_TIMEOUT, **extra,
                 )  # fmt: skip
             return custom.list_cluster_custom_object(
                 GROUP, VERSION, PLURAL, limit=LIST_PAGE, label_selector=label_selector,
-                _preload_content=False, **extra,
+                _preload_content=False, _request_timeout=LIST_TIMEOUT, **extra,
             )  # fmt: skip
     else:
         client: Any = (
@@ -225,7 +234,12 @@ def list_all(
 
         def page(token: str | None) -> Any:
             extra = {"_continue": token} if token else {}
-            args = {"label_selector": label_selector, "limit": LIST_PAGE, **extra}
+            args = {
+                "label_selector": label_selector,
+                "limit": LIST_PAGE,
+                "_request_timeout": LIST_TIMEOUT,
+                **extra,
+            }
             if namespace:
                 fn = getattr(client, f"list_namespaced_{verb}")
                 return fn(namespace, _preload_content=False, **args)
@@ -245,7 +259,11 @@ def count_nodes(label_selector: str) -> int:
     core = kubernetes.client.CoreV1Api(api())
     resp = call(
         "listing nodes",
-        lambda: core.list_node(label_selector=label_selector, _preload_content=False),
+        lambda: core.list_node(
+            label_selector=label_selector,
+            _preload_content=False,
+            _request_timeout=REQUEST_TIMEOUT,
+        ),
     )
     return len(_json(resp)["items"])
 
@@ -257,14 +275,17 @@ def list_pods(namespace: str | None, label_selector: str) -> list[dict[str, Any]
         resp = call(
             "listing pods",
             lambda: core.list_pod_for_all_namespaces(
-                label_selector=label_selector, _preload_content=False
+                label_selector=label_selector, _preload_content=False, _request_timeout=LIST_TIMEOUT
             ),
         )
     else:
         resp = call(
             f"listing pods in {namespace}",
             lambda: core.list_namespaced_pod(
-                namespace, label_selector=label_selector, _preload_content=False
+                namespace,
+                label_selector=label_selector,
+                _preload_content=False,
+                _request_timeout=LIST_TIMEOUT,
             ),
         )
     items: list[dict[str, Any]] = _json(resp)["items"]
@@ -280,6 +301,7 @@ def pod_events(namespace: str, pod_name: str) -> list[dict[str, Any]]:
             namespace,
             field_selector=f"involvedObject.kind=Pod,involvedObject.name={pod_name}",
             _preload_content=False,
+            _request_timeout=REQUEST_TIMEOUT,
         ),
     )
     items: list[dict[str, Any]] = _json(resp)["items"]
@@ -316,9 +338,123 @@ def post_event_soon(ref: dict[str, Any], type_: str, reason: str, message: str) 
         }
         try:
             kubernetes.client.CoreV1Api(api()).create_namespaced_event(
-                meta["namespace"], body, _preload_content=False
+                meta["namespace"], body, _preload_content=False, _request_timeout=write_timeout()
             )
+        except NotLeading:
+            return  # the new leader says what needs saying
         except Exception as e:  # an Event is best effort by nature
             log.info(f"could not post Event {reason} on {meta['name']}: {e}")
 
     _events.submit(post)
+
+
+# --- owned objects ----------------------------------------------------------------------------
+
+
+def _controller_uid(obj: dict[str, Any]) -> str:
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return str(ref.get("uid") or "")
+    return ""
+
+
+def _client_for(kind: str) -> tuple[Any, str]:
+    if kind == "Job":
+        return kubernetes.client.BatchV1Api(api()), "job"
+    if kind == "ConfigMap":
+        return kubernetes.client.CoreV1Api(api()), "config_map"
+    raise ValueError(f"no client for {kind}")
+
+
+def read(kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+    client, verb = _client_for(kind)
+    fn = getattr(client, f"read_namespaced_{verb}")
+    try:
+        resp = fn(name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        reraise(f"reading {kind} {namespace}/{name}", e)
+    except (urllib3.exceptions.HTTPError, OSError) as e:
+        reraise(f"reading {kind} {namespace}/{name}", e)
+    found: dict[str, Any] = _json(resp)
+    return found
+
+
+def create_owned(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """Create a Job or ConfigMap controlled by its (first) owner reference. Returns what the
+    API server made, or None when one of that name is already there and controlled by the same
+    owner (names are deterministic: an earlier reconcile made it). Raises NotOurs when the one
+    there is someone else's (a forged object under our name must never be taken for ours)."""
+    meta = obj["metadata"]
+    ns, name, kind = meta["namespace"], meta["name"], obj["kind"]
+    owner = _controller_uid(obj)
+    client, verb = _client_for(kind)
+    fn = getattr(client, f"create_namespaced_{verb}")
+    try:
+        resp = fn(ns, obj, _preload_content=False, _request_timeout=write_timeout())
+    except ApiException as e:
+        if e.status != 409:
+            reraise(f"creating {kind} {ns}/{name}", e)
+        there = read(kind, ns, name)
+        if there is None or _controller_uid(there) == owner:
+            return None
+        raise NotOurs(
+            f"{kind} {ns}/{name} exists but is not controlled by TuningProfile "
+            f"{_owner_name(obj)} (uid {owner}): it is not used; delete it "
+            f"(kubectl delete {kind.lower()} -n {ns} {name}) so tunefleet can make its own"
+        ) from None
+    except (urllib3.exceptions.HTTPError, OSError) as e:
+        reraise(f"creating {kind} {ns}/{name}", e)
+    made: dict[str, Any] = _json(resp)
+    return made
+
+
+def _owner_name(obj: dict[str, Any]) -> str:
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return str(ref.get("name") or "")
+    return ""
+
+
+def patch_owned(
+    kind: str, namespace: str, name: str, owner_uid: str, patch: dict[str, Any]
+) -> bool:
+    """Merge-patch an object only if it is controlled by owner_uid, and only the version that
+    was checked (its resourceVersion in the patch: a 409 if it changed meanwhile). False when
+    it is gone or not ours; it is then left alone."""
+    there = read(kind, namespace, name)
+    if there is None or _controller_uid(there) != owner_uid:
+        if there is not None:
+            log.warning(f"not patching {kind} {namespace}/{name}: not controlled by {owner_uid}")
+        return False
+    rv = there["metadata"]["resourceVersion"]
+    body = {**patch, "metadata": {**(patch.get("metadata") or {}), "resourceVersion": rv}}
+    client, verb = _client_for(kind)
+    fn = getattr(client, f"patch_namespaced_{verb}")
+    try:
+        fn(name, namespace, body, _preload_content=False, _request_timeout=write_timeout())
+    except ApiException as e:
+        if e.status == 404:
+            return False
+        reraise(f"writing {kind} {namespace}/{name}", e)
+    except (urllib3.exceptions.HTTPError, OSError) as e:
+        reraise(f"writing {kind} {namespace}/{name}", e)
+    return True
+
+
+def delete_owned(kind: str, namespace: str, name: str, uid: str) -> None:
+    """Delete exactly the object seen (its uid as a precondition), pods of a Job with it."""
+    client, verb = _client_for(kind)
+    fn = getattr(client, f"delete_namespaced_{verb}")
+    body = kubernetes.client.V1DeleteOptions(
+        propagation_policy="Background", preconditions=kubernetes.client.V1Preconditions(uid=uid)
+    )
+    try:
+        fn(name, namespace, body=body, _preload_content=False, _request_timeout=write_timeout())
+    except ApiException as e:
+        if e.status in (404, 409):  # gone, or another object of that name now: not ours to delete
+            return
+        reraise(f"deleting {kind} {namespace}/{name}", e)
+    except (urllib3.exceptions.HTTPError, OSError) as e:
+        reraise(f"deleting {kind} {namespace}/{name}", e)

@@ -7,6 +7,13 @@ the reconcile workers. The holder renews every `retry` seconds; a Lease not rene
 concurrency on the Lease's resourceVersion, clock-free: a candidate waits `duration` from the
 moment it last saw the record change). A replica that stops cleanly releases the Lease, so
 the next one takes over at once.
+
+The fence: a holder may write only until `renew_deadline` after it *began* its last successful
+renewal (the API server applied it later than that, so no other replica can take the Lease
+before `duration` after it). Every Lease call times out well inside that, so a hung
+connection cannot hold the loop; writes ask `fence()` how long they may take (kube.py), and
+stop being made at the deadline even if this thread is stuck. The gap between `renew_deadline`
+and `duration` is the longest a write in flight may still land.
 """
 
 from __future__ import annotations
@@ -30,8 +37,11 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Timing:
     duration: float = 10.0  # a Lease older than this is up for grabs
-    renew_deadline: float = 7.0  # the holder steps down if it could not renew for this long
+    # The holder writes only this long after the start of its last good renewal, and steps
+    # down when it passes; duration - renew_deadline bounds a write still in flight.
+    renew_deadline: float = 7.0
     retry: float = 2.0  # how often to try to acquire or renew
+    call_timeout: float = 2.0  # each Lease read or write: well inside renew_deadline
 
 
 def _now() -> datetime.datetime:
@@ -60,10 +70,17 @@ class LeaseElector:
         self._seen: tuple[str, str] | None = None
         self._seen_at = 0.0
         self._renewed_at = 0.0
+        self._valid_until = 0.0  # monotonic: the fence (see the module docstring)
 
     @property
     def leading(self) -> bool:
         return self._leading
+
+    def fence(self) -> float:
+        """Seconds this replica may still write: 0 unless it leads and renewed in time."""
+        if not self._leading:
+            return 0.0
+        return max(self._valid_until - time.monotonic(), 0.0)
 
     def coordination(self) -> Any:
         return self._api or kubernetes.client.CoordinationV1Api(kube.api())
@@ -82,6 +99,7 @@ class LeaseElector:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            began = time.monotonic()
             try:
                 got = self.try_acquire_or_renew()
             except Exception as e:  # the API is unreachable, RBAC, ...: not the holder's fault
@@ -89,8 +107,9 @@ class LeaseElector:
                 got = False
             if got:
                 self._renewed_at = time.monotonic()
+                self._valid_until = began + self.timing.renew_deadline
                 self._set_leading(True)
-            elif self._leading and time.monotonic() - self._renewed_at > self.timing.renew_deadline:
+            elif self._leading and time.monotonic() >= self._valid_until:
                 log.warning("leader election: could not renew the Lease in time; stepping down")
                 self._set_leading(False)
             self._stop.wait(self.timing.retry)
@@ -123,12 +142,16 @@ class LeaseElector:
     def try_acquire_or_renew(self) -> bool:
         api = self.coordination()
         try:
-            lease = api.read_namespaced_lease(self.name, self.namespace)
+            lease = api.read_namespaced_lease(
+                self.name, self.namespace, _request_timeout=self.timing.call_timeout
+            )
         except ApiException as e:
             if e.status != 404:
                 raise
             try:
-                api.create_namespaced_lease(self.namespace, self._body(None, 0))
+                api.create_namespaced_lease(
+                    self.namespace, self._body(None, 0), _request_timeout=self.timing.call_timeout
+                )
             except ApiException as ce:
                 if ce.status == 409:
                     return False  # another replica created it first
@@ -148,7 +171,9 @@ class LeaseElector:
         if holder == self.identity and spec.acquire_time is not None:
             body["spec"]["acquireTime"] = spec.acquire_time.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         try:
-            api.replace_namespaced_lease(self.name, self.namespace, body)
+            api.replace_namespaced_lease(
+                self.name, self.namespace, body, _request_timeout=self.timing.call_timeout
+            )
         except ApiException as e:
             if e.status == 409:
                 return False  # someone else wrote it between our read and write
@@ -158,7 +183,9 @@ class LeaseElector:
     def _release(self) -> None:
         try:
             api = self.coordination()
-            lease = api.read_namespaced_lease(self.name, self.namespace)
+            lease = api.read_namespaced_lease(
+                self.name, self.namespace, _request_timeout=self.timing.call_timeout
+            )
             if lease.spec.holder_identity != self.identity:
                 return
             body = self._body(
@@ -166,7 +193,9 @@ class LeaseElector:
             )
             body["spec"]["holderIdentity"] = ""
             body["spec"]["leaseDurationSeconds"] = 1
-            api.replace_namespaced_lease(self.name, self.namespace, body)
+            api.replace_namespaced_lease(
+                self.name, self.namespace, body, _request_timeout=self.timing.call_timeout
+            )
             log.info("leader election: released the Lease")
         except Exception as e:
             log.info(f"leader election: could not release the Lease: {e}")

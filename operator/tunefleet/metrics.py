@@ -74,6 +74,19 @@ LEADER = Gauge(
     "1 while this replica holds the lease and runs the reconciler, else 0.",
     registry=REGISTRY,
 )
+UNTRUSTED_OBJECTS = Counter(
+    "tunefleet_untrusted_objects_total",
+    "Jobs and pods seen with tunefleet's labels but without the controller ownerReference "
+    "that makes them a profile's (or a tuning Job's): ignored, never read as children.",
+    ["kind"],
+    registry=REGISTRY,
+)
+STATUS_CONFLICTS = Counter(
+    "tunefleet_status_conflicts_total",
+    "Status writes the API server refused because the profile changed since it was read "
+    "(409): recomputed from a fresh read.",
+    registry=REGISTRY,
+)
 QUEUE_RETRIES = Counter(
     "tunefleet_workqueue_retries_total",
     "Profiles put back on the work queue after a failed reconcile.",

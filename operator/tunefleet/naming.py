@@ -26,6 +26,9 @@ REVISION_LABEL = "tunefleet.io/revision"
 # publishes one artifact from the shares). Jobs of versions before 0.2 have none: tune.
 ROLE_LABEL = "tunefleet.io/role"
 MODEL_ANNOTATION = "tunefleet.io/gpu-model"  # on Jobs and ConfigMaps too, read first
+# On a tuning (or merge) Job, written by the operator when it first reads the publish step's
+# termination message: the artifact record (contracts/artifact.py) outlives the Job's pods.
+RECORD_ANNOTATION = "tunefleet.io/artifact-record"
 JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"  # set by the Job controller on its pods
 # Set by the webhook on every labelled pod it admits: pods without it were created while the
 # webhook was unreachable (`kubectl get pods -l 'tunefleet.io/profile,!tunefleet.io/admission'`).
@@ -37,7 +40,12 @@ STATUS_ANNOTATION = "tunefleet.io/status"  # "injected" or "untuned: <reason>", 
 ARTIFACT_URI_ANNOTATION = "tunefleet.io/artifact-uri"
 ARTIFACT_SHA_ANNOTATION = "tunefleet.io/artifact-sha256"
 POD_MODEL_ANNOTATION = "tunefleet.io/gpu-model"
+ARTIFACT_CONFIG_MAP_ANNOTATION = "tunefleet.io/artifact-configmap"
 IMAGE_WARNING_ANNOTATION = "tunefleet.io/image-warning"
+# On an artifact's ConfigMap (builders/artifact.py): the manifest's SHA-256, and whether the
+# results are gzipped into binaryData ("gzip") or plain data ("none").
+MANIFEST_SHA_ANNOTATION = "tunefleet.io/manifest-sha256"
+PACKED_ANNOTATION = "tunefleet.io/packed"
 # Set by the user: comma-separated names of the containers that load TunableOp results (they
 # get the env and mount, and have their image compared with the tuned one). Default: the
 # containers that run the profile's image repository; when none does, every container.

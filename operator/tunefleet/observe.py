@@ -2,6 +2,11 @@
 terms: from watched objects (views.py) to JobObservations. status.py turns observations into
 conditions; nothing here decides status, and the only outside call (a stuck pod's Events) is
 the caller's, passed in.
+
+A Job's artifact record is read where it lasts longest first: the Job's own annotation (the
+operator copies it there when it first reads it), then the publish step's termination message
+in a pod, then the profile's status (a Job whose pods were deleted or garbage-collected after
+the record was served). Only the first two are a fresh word from the Job.
 """
 
 from __future__ import annotations
@@ -39,6 +44,12 @@ class JobObservation:
     role: str = "tune"  # or "merge" (parallelism > 1: publishes one artifact from the shares)
     shards_done: int = 0
     shards: int = 1
+    # The record came from a pod and is not on the Job yet: the operator copies it there.
+    record_to_keep: bool = False
+    # Attempts that failed while the Job still retries, and what the newest one said.
+    failed_attempts: int = 0
+    attempts: int = 1  # the Job's allowance: backoffLimit(PerIndex) + 1
+    last_failure: str = ""
 
 
 @dataclass(frozen=True)
@@ -152,10 +163,19 @@ def explain_unschedulable(message: str, model: str, hints: Hints) -> str:
             if pm:
                 parts[pm.group(2)] = parts.get(pm.group(2), 0) + int(pm.group(1))
         mismatched = sum(n for p, n in parts.items() if "didn't match Pod's node affinity" in p)
-        if total and mismatched >= total:
-            why = (
-                f"no node has {key}={model}: label the nodes that have this GPU "
-                f"(kubectl label node <node> {key}={model}) or fix spec.gpu.models"
+        # The scheduler checks taints before labels: a node of another tainted pool (another
+        # vendor's GPUs, say) is counted here whatever its labels.
+        tainted = sum(n for p, n in parts.items() if "untolerated taint" in p)
+        if total and mismatched and mismatched + tainted >= total:
+            why = f"no node has {key}={model}"
+            if tainted:
+                why += (
+                    f" among those the tuning pod tolerates ({tainted} more have a taint it "
+                    f"does not tolerate: it tolerates {res} only)"
+                )
+            why += (
+                f": label the nodes that have this GPU (kubectl label node <node> "
+                f"{key}={model}) or fix spec.gpu.models"
             )
         elif any(p == f"Insufficient {res}" for p in parts):
             why = (
@@ -296,6 +316,7 @@ class _Job:
     namespace: str
     conditions: dict[str, dict[str, Any]]
     failed_indexes: str
+    kept: ArtifactRecord | None  # the record on the Job's annotation
 
     @property
     def retry(self) -> str:
@@ -313,7 +334,9 @@ def _read_job(job: dict[str, Any]) -> _Job:
     )
     role = labels.get(naming.ROLE_LABEL, "tune")
     jstatus = job.get("status") or {}
-    shards = int((job.get("spec") or {}).get("completions") or 1) if role == "tune" else 1
+    jspec = job.get("spec") or {}
+    shards = int(jspec.get("completions") or 1) if role == "tune" else 1
+    limit = jspec.get("backoffLimitPerIndex", jspec.get("backoffLimit"))
     obs = JobObservation(
         meta["name"],
         model,
@@ -323,24 +346,40 @@ def _read_job(job: dict[str, Any]) -> _Job:
         role=role,
         shards=shards,
         shards_done=_count_indexes(jstatus.get("completedIndexes") or ""),
+        failed_attempts=int(jstatus.get("failed") or 0),
+        attempts=int(limit) + 1 if isinstance(limit, int) else 1,
     )
     conds = {c["type"]: c for c in jstatus.get("conditions") or [] if c.get("status") == "True"}
-    return _Job(obs, meta.get("namespace", ""), conds, str(jstatus.get("failedIndexes") or ""))
+    kept = ArtifactRecord.from_message(
+        (meta.get("annotations") or {}).get(naming.RECORD_ANNOTATION)
+    )
+    return _Job(
+        obs, meta.get("namespace", ""), conds, str(jstatus.get("failedIndexes") or ""), kept
+    )
 
 
-def _completed(j: _Job, pods: list[dict[str, Any]]) -> JobObservation:
+def _completed(
+    j: _Job, pods: list[dict[str, Any]], served: ArtifactRecord | None
+) -> JobObservation:
     obs = j.obs
     if obs.shards > 1:  # the shares are in; the merge Job publishes the artifact
         return replace(obs, state="Succeeded", shards_done=obs.shards)
+    if j.kept is not None:
+        return replace(obs, state="Succeeded", record=j.kept, image_id=_tune_image_id(pods))
     record = published_record(pods)
-    if record is None:
-        step = "merge" if obs.role == "merge" else "publish"
-        message = (
-            f"Job {obs.name} completed but its {step} step left no artifact record "
-            f"(termination message). {j.retry}"
-        )
-        return replace(obs, state="Failed", message=message)
-    return replace(obs, state="Succeeded", record=record, image_id=_tune_image_id(pods))
+    if record is not None:
+        image_id = _tune_image_id(pods)
+        keep = replace(record, image_id=record.image_id or image_id)
+        return replace(obs, state="Succeeded", record=keep, image_id=image_id, record_to_keep=True)
+    if served is not None:
+        # Its pods are gone (deleted, garbage-collected) but the record was read before.
+        return replace(obs, state="Succeeded", record=served)
+    step = "merge" if obs.role == "merge" else "publish"
+    message = (
+        f"Job {obs.name} completed but its {step} step left no artifact record "
+        f"(termination message). {j.retry}"
+    )
+    return replace(obs, state="Failed", message=message)
 
 
 def _failed(j: _Job, pods: list[dict[str, Any]]) -> JobObservation:
@@ -357,24 +396,38 @@ def _failed(j: _Job, pods: list[dict[str, Any]]) -> JobObservation:
     return replace(obs, state="Failed", message=msg + "." + hint)
 
 
+def _last_failure(pods: list[dict[str, Any]]) -> str:
+    """What the newest failed attempt of a Job that still retries said."""
+    failed = [p for p in _newest_first(pods) if (p.get("status") or {}).get("phase") == "Failed"]
+    return next((d for d in map(_pod_failure, failed) if d), "a pod failed" if failed else "")
+
+
 def _underway(j: _Job, pods: list[dict[str, Any]], hints: Hints) -> JobObservation:
+    obs = j.obs
+    if obs.failed_attempts:
+        obs = replace(obs, last_failure=_last_failure(pods))
     live = [p for p in _newest_first(pods) if not p["metadata"].get("deletionTimestamp")]
+    live = [p for p in live if (p.get("status") or {}).get("phase") != "Failed"]
     for pod in live[:1]:
-        blocker = pod_blocker(pod, j.obs.model, hints)
+        blocker = pod_blocker(pod, obs.model, hints)
         if blocker:
-            return replace(j.obs, message=blocker[1], reason=blocker[0])
+            return replace(obs, message=blocker[1], reason=blocker[0])
         if _scheduled(pod):
-            return replace(j.obs, state="Running", image_id=_tune_image_id([pod]))
-    return j.obs
+            return replace(obs, state="Running", image_id=_tune_image_id([pod]))
+    return obs
 
 
 def observe_job(
-    job: dict[str, Any], pods: list[dict[str, Any]], hints: Hints | None = None
+    job: dict[str, Any],
+    pods: list[dict[str, Any]],
+    hints: Hints | None = None,
+    served: ArtifactRecord | None = None,
 ) -> JobObservation:
-    """What one tuning Job (a view, see views.job_view) and its pods say, in status terms."""
+    """What one tuning Job (a view, see views.job_view) and its pods say, in status terms.
+    `served`: the artifact status holds from this Job, if any (its record, read earlier)."""
     j = _read_job(job)
     if "Complete" in j.conditions or "SuccessCriteriaMet" in j.conditions:
-        return _completed(j, pods)
+        return _completed(j, pods, served)
     if "Failed" in j.conditions or "FailureTarget" in j.conditions:
         return _failed(j, pods)
     return _underway(j, pods, hints or Hints())
@@ -390,9 +443,10 @@ def _count_indexes(ranges: str) -> int:
 
 
 def pods_by_job(pods: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Pods by the Job that controls them (their controller ownerReference, views.pod_view)."""
     out: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for pod in pods:
-        job_uid = ((pod.get("metadata") or {}).get("labels") or {}).get(naming.JOB_UID_LABEL)
+        job_uid = (pod.get("metadata") or {}).get("owner")
         if job_uid:
             out[job_uid].append(pod)
     return out
@@ -403,21 +457,25 @@ def observe(
     pods: Iterable[dict[str, Any]],
     hints: Hints,
     events_of: Callable[[dict[str, Any]], list[dict[str, Any]]],
+    served: dict[str, ArtifactRecord] | None = None,
 ) -> list[JobObservation]:
-    """Every Job that is not on its way out, observed with its pods. `events_of(pod)` gives
-    the kubelet's Events about a pod (read only for a pod stuck pulling with pull Secrets)."""
+    """Every Job that is not on its way out, observed with its pods (those it controls).
+    `events_of(pod)` gives the kubelet's Events about a pod (read only for a pod stuck pulling
+    with pull Secrets); `served`: status's artifacts by the name of the Job that made them."""
     by_job = pods_by_job(pods)
     out = []
     for job in jobs:
         if (job.get("metadata") or {}).get("deletionTimestamp"):
             continue  # a Job on its way out (deleted to retry) is not part of the picture
         job_pods = by_job.get(job["metadata"].get("uid", ""), [])
-        obs = observe_job(job, job_pods, hints)
+        known = (served or {}).get(job["metadata"]["name"])
+        obs = observe_job(job, job_pods, hints, known)
         if obs.reason == Reason.IMAGE_PULL_FAILED and hints.pull_secrets and job_pods:
             # Whether a pull Secret is missing only the kubelet's Events say (the operator
             # may not read Secrets): read them for this one stuck pod, now and then.
             missing = pull_secrets_missing(events_of(job_pods[0]))
             if missing:
-                obs = observe_job(job, job_pods, replace(hints, missing_pull_secrets=missing))
+                hinted = replace(hints, missing_pull_secrets=missing)
+                obs = observe_job(job, job_pods, hinted, known)
         out.append(obs)
     return out

@@ -13,16 +13,16 @@ import datetime
 import logging
 import threading
 import time
-from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 from pydantic import ValidationError
 
-from tunefleet import kube, metrics, naming
+from tunefleet import delivery, kube, metrics, naming, views
 from tunefleet.api import TuningProfileSpec
+from tunefleet.artifacts.fetch import FetchError
 from tunefleet.builders.job import (
     IMAGE_ID_KEY,
     Child,
@@ -31,10 +31,13 @@ from tunefleet.builders.job import (
     build_tuning_job,
 )
 from tunefleet.builders.storage import pod_storage
+from tunefleet.cache import Untrusted
 from tunefleet.conditions import BLOCKED, EventReason, Reason, Type, find, truncate
 from tunefleet.config import Config
+from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.observe import Hints, JobObservation, observe
 from tunefleet.status import Observed, compute_status, status_changed
+from tunefleet.storage.store import StoreError
 from tunefleet.views import profile_ref
 
 log = logging.getLogger(__name__)
@@ -63,46 +66,29 @@ def parse_spec(raw: dict[str, Any]) -> tuple[TuningProfileSpec | None, list[str]
 
 
 @dataclass
-class Memory:
-    """What the operator remembers between reconciles of a profile (lost on restart, which
-    is fine: everything here can be read again)."""
+class ProfileMemory:
+    """What the operator remembers of one profile between its reconciles. None of it is the
+    truth about the profile (that is what the API server holds): it saves calls and repeats."""
 
-    # The status we last wrote, by profile uid: fresher than the watch's copy right after
-    # a write, so two quick reconciles never compute from a stale previous status.
-    written: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # Parsed spec by (uid, generation): generation changes exactly when the spec does.
-    specs: dict[tuple[str, int], tuple[TuningProfileSpec | None, list[str]]] = field(
-        default_factory=dict
-    )
-    # Labelled pods the webhook never saw, by (namespace, profile name).
-    unadmitted: dict[tuple[str, str], list[str]] = field(default_factory=dict)
-    # Nodes per (label key, model): (read at, count), for parallelism checks.
-    node_counts: dict[tuple[str, str], tuple[float, int]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    # The parsed spec and its generation: generation changes exactly when the spec does.
+    spec: tuple[int, tuple[TuningProfileSpec | None, list[str]]] | None = None
+    # The resourceVersion our last status write made: its watch echo needs no reconcile.
+    written_rv: str = ""
     # The tune step's imageID already written to a Job's ConfigMap, by Job uid.
     image_ids: dict[str, str] = field(default_factory=dict)
     # The kubelet's Events about a stuck pod, by pod uid: (read at, events).
     pod_events: dict[str, tuple[float, list[dict[str, Any]]]] = field(default_factory=dict)
-    locks: defaultdict[str, threading.Lock] = field(
-        default_factory=lambda: defaultdict(threading.Lock)
-    )
-
-    def spec(
-        self, uid: str, generation: int, raw: dict[str, Any]
-    ) -> tuple[TuningProfileSpec | None, list[str]]:
-        key = (uid, generation)
-        if key not in self.specs:
-            for old in [k for k in self.specs if k[0] == uid]:
-                del self.specs[old]
-            self.specs[key] = parse_spec(raw)
-        return self.specs[key]
-
-    def forget(self, uid: str) -> None:
-        self.written.pop(uid, None)
-        for old in [k for k in self.specs if k[0] == uid]:
-            del self.specs[old]
+    # Untrusted objects (cache.Untrusted) already reported, by uid.
+    reported: set[str] = field(default_factory=set)
+    # The failed attempt last announced, by Job uid (one Event per distinct cause).
+    failures: dict[str, str] = field(default_factory=dict)
+    # A delivery that failed, by artifact SHA-256: (when, why); tried again after a while.
+    deliveries: dict[str, tuple[float, str]] = field(default_factory=dict)
 
     def events_of(self, pod: dict[str, Any]) -> list[dict[str, Any]]:
-        """The kubelet's Events about a pod, read at most every EVENTS_TTL seconds."""
+        """The kubelet's Events about one of the profile's pods, read at most every
+        EVENTS_TTL seconds."""
         meta = pod.get("metadata") or {}
         uid = meta.get("uid", "")
         cached = self.pod_events.get(uid)
@@ -111,6 +97,71 @@ class Memory:
         events = kube.pod_events(meta.get("namespace", ""), meta.get("name", ""))
         self.pod_events[uid] = (time.monotonic(), events)
         return events
+
+    def prune(
+        self, jobs: list[dict[str, Any]], pods: list[dict[str, Any]], untrusted: set[str]
+    ) -> None:
+        """Keep only what describes objects that still exist."""
+        job_uids = {j["metadata"].get("uid", "") for j in jobs}
+        pod_uids = {p["metadata"].get("uid", "") for p in pods}
+        for table, alive in (
+            (self.image_ids, job_uids),
+            (self.failures, job_uids),
+            (self.pod_events, pod_uids),
+        ):
+            for uid in [u for u in table if u not in alive]:
+                del table[uid]
+        self.reported &= untrusted
+
+    def prune_deliveries(self, shas: set[str]) -> None:
+        for sha in [k for k in self.deliveries if k not in shas]:
+            del self.deliveries[sha]
+
+
+@dataclass
+class Memory:
+    """What the operator remembers between reconciles (lost on restart, and on losing the
+    Lease, which is fine: everything here can be read again)."""
+
+    profiles: dict[str, ProfileMemory] = field(default_factory=dict)
+    # Labelled pods the webhook never saw, by (namespace, profile name).
+    unadmitted: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    # Nodes per (label key, model): (read at, count), for parallelism checks.
+    node_counts: dict[tuple[str, str], tuple[float, int]] = field(default_factory=dict)
+    _guard: threading.Lock = field(default_factory=threading.Lock)
+
+    def of(self, uid: str) -> ProfileMemory:
+        with self._guard:
+            found = self.profiles.get(uid)
+            if found is None:
+                found = self.profiles[uid] = ProfileMemory()
+            return found
+
+    def spec(
+        self, uid: str, generation: int, raw: dict[str, Any]
+    ) -> tuple[TuningProfileSpec | None, list[str]]:
+        mine = self.of(uid)
+        if mine.spec is None or mine.spec[0] != generation:
+            mine.spec = (generation, parse_spec(raw))
+        return mine.spec[1]
+
+    def forget(self, uid: str) -> None:
+        with self._guard:
+            self.profiles.pop(uid, None)
+
+    def prune_node_counts(self) -> None:
+        stale = time.monotonic() - NODES_TTL
+        for key in [k for k, (at, _) in self.node_counts.items() if at < stale]:
+            self.node_counts.pop(key, None)
+
+    def sizes(self) -> dict[str, int]:
+        return {
+            "profiles": len(self.profiles),
+            "unadmitted": len(self.unadmitted),
+            "node_counts": len(self.node_counts),
+            "image_ids": sum(len(m.image_ids) for m in list(self.profiles.values())),
+            "pod_events": sum(len(m.pod_events) for m in list(self.profiles.values())),
+        }
 
 
 def hints_for(spec: TuningProfileSpec | None, config: Config) -> Hints:
@@ -167,24 +218,26 @@ class _Sync:
     """One reconcile of one profile: its parts, and what the steps found."""
 
     profile: dict[str, Any]
-    jobs: list[dict[str, Any]]
-    pods: list[dict[str, Any]]
+    jobs: list[dict[str, Any]]  # the Jobs the profile controls (cache.py), nothing else
+    pods: list[dict[str, Any]]  # the pods those Jobs control
     config: Config
-    memory: Memory
+    memory: ProfileMemory
     spec: TuningProfileSpec | None = None
     problems: list[str] = field(default_factory=list)
     too_few: dict[str, str] = field(default_factory=dict)
     create_error: kopf.TemporaryError | None = None
+    unadmitted: list[str] = field(default_factory=list)  # labelled pods the webhook never saw
+    on_written: Callable[[str, dict[str, Any]], None] = lambda rv, status: None
 
     @property
     def meta(self) -> dict[str, Any]:
         meta: dict[str, Any] = self.profile["metadata"]
         return meta
 
-    @property
-    def child_args(self) -> dict[str, str]:
+    def child(self, model: str) -> Child:
+        assert self.spec is not None
         m = self.meta
-        return {"namespace": m["namespace"], "profile": m["name"], "uid": m["uid"]}
+        return Child(self.spec, m["namespace"], m["name"], m["uid"], model, self.config)
 
     @property
     def acting(self) -> bool:
@@ -193,21 +246,35 @@ class _Sync:
             self.spec is not None and not self.problems and not self.meta.get("deletionTimestamp")
         )
 
+    @property
+    def served(self) -> dict[str, ArtifactRecord]:
+        """Status's artifacts of the current revision, by model."""
+        rev = naming.revision(self.spec) if self.spec is not None else ""
+        out = {}
+        for entry in (self.profile.get("status") or {}).get("artifacts") or []:
+            record = ArtifactRecord.from_status(entry)
+            if record is not None and record.revision == rev:
+                out[record.gpu_model] = record
+        return out
+
 
 def _create_missing(s: _Sync) -> None:
-    """A ConfigMap and a Job for every model of the current revision that has none."""
+    """A ConfigMap and a Job for every model of the current revision that has neither a Job
+    nor an artifact of this revision already (a finished Job removed after its record was
+    served is not made again: deleting a failed Job is how to retry)."""
     assert s.spec is not None
-    spec = s.spec
     have = _present(s.jobs)
-    rev = naming.revision(spec)
-    for model in spec.gpu.models:
-        if (model, rev) in have or model in s.too_few:
+    rev = naming.revision(s.spec)
+    done = set(s.served)
+    for model in s.spec.gpu.models:
+        if (model, rev) in have or model in s.too_few or model in done:
             continue
+        child = s.child(model)
         try:
             # The ConfigMap first: the Job's pod mounts it.
-            kube.create_if_missing(build_tuning_config_map(spec, **s.child_args, model=model))
-            job = build_tuning_job(spec, **s.child_args, model=model, config=s.config)
-            if kube.create_if_missing(job):
+            kube.create_owned(build_tuning_config_map(child))
+            job = build_tuning_job(child)
+            if kube.create_owned(job) is not None:
                 name, ns = job["metadata"]["name"], s.meta["namespace"]
                 log.info(f"created tuning Job {ns}/{name} for TuningProfile {s.meta['name']}")
                 kube.post_event_soon(
@@ -219,6 +286,10 @@ def _create_missing(s: _Sync) -> None:
         except kopf.PermanentError as e:
             # The API server refused what the spec made: a spec problem to report.
             s.problems.append(f"gpu model {model}: {e}")
+            return
+        except kube.NotOurs as e:
+            # Someone else's object sits under our deterministic name: never use it.
+            s.create_error = kopf.TemporaryError(str(e), delay=30)
             return
         except kopf.TemporaryError as e:
             # Quota, RBAC, an API hiccup: say so in status, then retry with backoff.
@@ -233,31 +304,102 @@ def _merge_when_shares_are_in(s: _Sync, observations: list[JobObservation]) -> N
         shares_done = obs.role == "tune" and obs.shards > 1 and obs.state == "Succeeded"
         if shares_done and obs.revision == rev and (obs.model, rev) not in merged:
             # Every share is in: one Job merges them into the artifact.
-            kube.create_if_missing(
-                build_merge_job(Child(s.spec, **s.child_args, model=obs.model, config=s.config))
-            )
+            kube.create_owned(build_merge_job(s.child(obs.model)))
 
 
-def _tend_running(s: _Sync, observations: list[JobObservation]) -> None:
-    """Tell publish which image tune ran (through the Job's ConfigMap, for the manifest), and
-    make a ConfigMap that someone deleted again (the pod waits for it)."""
-    ns = s.meta["namespace"]
+def _stop_superseded(s: _Sync) -> None:
+    """Jobs of an earlier revision are not served: stop the running ones (their sync sidecar
+    keeps what they tuned: its final checkpoint, and a library entry) and remove the finished
+    ones, with their ConfigMaps and pods. Their artifacts stay in status.history."""
+    assert s.spec is not None
+    rev, uid, ns = naming.revision(s.spec), s.meta["uid"], s.meta["namespace"]
+    for job in s.jobs:
+        meta = job["metadata"]
+        if meta.get("deletionTimestamp") or meta["labels"].get(naming.REVISION_LABEL) == rev:
+            continue
+        name = meta["name"]
+        kube.delete_owned("Job", ns, name, meta["uid"])
+        config_map = kube.read("ConfigMap", ns, name)
+        if config_map is not None and views.owning_profile(config_map["metadata"]) == uid:
+            kube.delete_owned("ConfigMap", ns, name, config_map["metadata"]["uid"])
+        log.info(f"TuningProfile {ns}/{s.meta['name']}: removed Job {name} of an earlier revision")
+        kube.post_event_soon(
+            profile_ref(s.profile),
+            "Normal",
+            EventReason.SUPERSEDED,
+            f"Removed tuning Job {name} of revision {meta['labels'].get(naming.REVISION_LABEL)}: "
+            f"revision {rev} replaces it.",
+        )
+
+
+def _tend(s: _Sync, observations: list[JobObservation]) -> None:
+    """Tell publish which image tune ran (through the Job's ConfigMap, for the manifest); keep
+    a record read from a pod on its Job, where it outlives the pods; make a ConfigMap that
+    someone deleted again (the pod waits for it)."""
+    ns, uid = s.meta["namespace"], s.meta["uid"]
     for obs in observations:
         if (
             obs.state == "Running"
             and obs.image_id
             and s.memory.image_ids.get(obs.uid) != obs.image_id
         ):
-            kube.patch_config_map(ns, obs.name, {IMAGE_ID_KEY: obs.image_id})
+            patch = {"data": {IMAGE_ID_KEY: obs.image_id}}
+            kube.patch_owned("ConfigMap", ns, obs.name, uid, patch)
             s.memory.image_ids[obs.uid] = obs.image_id
+        if obs.record_to_keep and obs.record is not None:
+            kept = {
+                "metadata": {"annotations": {naming.RECORD_ANNOTATION: obs.record.to_message()}}
+            }
+            kube.patch_owned("Job", ns, obs.name, uid, kept)
         if obs.reason == Reason.CONFIG_MAP_MISSING and s.spec is not None:
-            kube.create_if_missing(build_tuning_config_map(s.spec, **s.child_args, model=obs.model))
+            kube.create_owned(build_tuning_config_map(s.child(obs.model)))
+
+
+def _deliver(s: _Sync, status: dict[str, Any]) -> None:
+    """Each current artifact that has no ConfigMap yet gets one (delivery.py), or a word on
+    why not; status then says how pods get it."""
+    if s.spec is None or s.spec.serving.delivery != "ConfigMap" or not status.get("artifacts"):
+        return
+    why_not = delivery.deliverable(s.config)
+    artifacts = [dict(a) for a in status["artifacts"]]  # never the previous status's dicts
+    status["artifacts"] = artifacts
+    storage = s.spec.storage
+    endpoint = storage.endpoint or s.config.default_s3_endpoint
+    for entry in artifacts:
+        if entry.get("configMap"):
+            continue
+        record = ArtifactRecord.from_status(entry)
+        tried = s.memory.deliveries.get(entry.get("sha256", ""))
+        if why_not or record is None:
+            entry["delivery"] = f"Store: {why_not}" if why_not else "Store"
+            continue
+        if tried and time.monotonic() - tried[0] < delivery.DELIVERY_RETRY_S:
+            entry["delivery"] = tried[1]
+            continue
+        try:
+            got = delivery.deliver(
+                record,
+                namespace=s.meta["namespace"],
+                profile=s.meta["name"],
+                uid=s.meta["uid"],
+                endpoint=endpoint,
+                region=storage.region or "",
+                config=s.config,
+            )
+        except (FetchError, StoreError, kube.NotOurs, kopf.TemporaryError) as e:
+            note = truncate(f"Store: delivery as a ConfigMap failed: {e}", 300)
+            s.memory.deliveries[record.sha256] = (time.monotonic(), note)
+            entry["delivery"] = note
+            continue
+        entry["configMap"] = {"name": got.name, "uid": got.uid}
+        entry["delivery"] = got.note
+    s.memory.prune_deliveries({a.get("sha256", "") for a in artifacts})
 
 
 def _report(s: _Sync, observations: list[JobObservation]) -> dict[str, Any]:
-    """Compute status; write it only when it changed, with Events on transitions."""
-    ns, name, uid = s.meta["namespace"], s.meta["name"], s.meta["uid"]
-    previous = s.memory.written.get(uid) or s.profile.get("status") or {}
+    """Compute status; write it only when it changed, over the version it was computed from."""
+    ns, name = s.meta["namespace"], s.meta["name"]
+    previous = s.profile.get("status") or {}
     status = compute_status(
         Observed(
             generation=int(s.meta.get("generation") or 0),
@@ -265,17 +407,37 @@ def _report(s: _Sync, observations: list[JobObservation]) -> dict[str, Any]:
             problems=s.problems,
             jobs=observations,
             previous=previous,
-            unadmitted=len(s.memory.unadmitted.get((ns, name), [])),
+            unadmitted=len(s.unadmitted),
             create_error=truncate(str(s.create_error or "")),
             capacity=s.too_few,
         ),
         now(),
     )
+    _deliver(s, status)
     if status_changed(previous, status):
-        kube.patch_profile_status(ns, name, status)
-        s.memory.written[uid] = status
-        announce(s.profile, previous, status, s.memory)
+        rv = str(s.meta.get("resourceVersion") or "")
+        written = kube.replace_profile_status(ns, name, rv, status)
+        s.memory.written_rv = written
+        s.on_written(written, status)
+        announce(s.profile, previous, status, s.unadmitted)
     return status
+
+
+def _report_untrusted(s: _Sync, untrusted: list[Untrusted]) -> None:
+    """Objects that claim the profile by its labels without being owned by it: said once."""
+    for obj in untrusted:
+        if obj.uid in s.memory.reported:
+            continue
+        s.memory.reported.add(obj.uid)
+        kube.post_event_soon(
+            profile_ref(s.profile),
+            "Warning",
+            EventReason.UNTRUSTED_OBJECT,
+            f"{obj.kind[:-1].capitalize()} {obj.namespace}/{obj.name} carries tunefleet's labels "
+            f"for TuningProfile {s.meta['name']} but is not controlled by it (no controller "
+            "ownerReference to it in its namespace): it is ignored, never read as one of its "
+            "tuning Jobs or pods. Delete it if nothing else needs it.",
+        )
 
 
 def sync_profile(
@@ -284,26 +446,39 @@ def sync_profile(
     pods: list[dict[str, Any]],
     config: Config,
     memory: Memory,
+    *,
+    untrusted: list[Untrusted] | None = None,
+    on_written: Callable[[str, dict[str, Any]], None] = lambda rv, status: None,
 ) -> dict[str, Any]:
     """Reconcile one profile (a view, see views.profile_view); returns the status it holds.
+    `on_written(resourceVersion, status)`: what the API server answered to a status write.
 
     Raises kopf.PermanentError for a spec that can't be tuned (after reporting it in status),
-    kopf.TemporaryError for what may pass, kube.Gone when the profile or namespace is going.
+    kopf.TemporaryError for what may pass, kube.Gone when the profile or namespace is going,
+    kube.Conflict when the profile changed since it was read, kube.NotLeading when this
+    replica may no longer write.
     """
-    s = _Sync(profile, jobs, pods, config, memory)
-    with memory.locks[s.meta["uid"]]:
-        generation = int(s.meta.get("generation") or 0)
-        s.spec, problems = memory.spec(s.meta["uid"], generation, profile.get("spec") or {})
+    meta = profile["metadata"]
+    mine = memory.of(meta["uid"])
+    unadmitted = memory.unadmitted.get((meta["namespace"], meta["name"]), [])
+    s = _Sync(profile, jobs, pods, config, mine, unadmitted=unadmitted, on_written=on_written)
+    with mine.lock:
+        generation = int(meta.get("generation") or 0)
+        s.spec, problems = memory.spec(meta["uid"], generation, profile.get("spec") or {})
         s.problems = list(problems)
+        _report_untrusted(s, untrusted or [])
         if s.acting and s.spec is not None and s.spec.gpu.parallelism > 1:
             s.too_few = _too_few_nodes(s.spec, memory)
         if s.acting:
             _create_missing(s)
-        observations = observe(jobs, pods, hints_for(s.spec, config), memory.events_of)
+            _stop_superseded(s)
+        by_job = {r.job: r for r in s.served.values() if r.job}
+        observations = observe(jobs, pods, hints_for(s.spec, config), mine.events_of, by_job)
         if s.acting:
             _merge_when_shares_are_in(s, observations)
-        _tend_running(s, observations)
+        _tend(s, observations)
         status = _report(s, observations)
+        mine.prune(jobs, pods, {u.uid for u in untrusted or []})
         if s.problems or s.spec is None:
             raise kopf.PermanentError(truncate("; ".join(s.problems) or "invalid spec"))
         if s.create_error is not None:
@@ -312,7 +487,7 @@ def sync_profile(
 
 
 def announce(
-    profile: dict[str, Any], before: dict[str, Any], after: dict[str, Any], memory: Memory
+    profile: dict[str, Any], before: dict[str, Any], after: dict[str, Any], unadmitted: list[str]
 ) -> None:
     """Events on transitions only, so a resync never repeats them."""
     ref = profile_ref(profile)
@@ -337,7 +512,8 @@ def announce(
             f"{a['gpuModel']}@{a['sha256'][:12]}" for a in after.get("artifacts") or []
         )
         kube.post_event_soon(ref, "Normal", EventReason.READY, f"Artifacts published: {arts}")
-    _announce_unadmitted(ref, meta, before, after, memory)
+    _announce_failed_attempts(ref, before, after)
+    _announce_unadmitted(ref, meta, before, after, unadmitted)
 
 
 def _announce_artifacts(ref: dict[str, Any], before: dict[str, Any], after: dict[str, Any]) -> None:
@@ -358,17 +534,33 @@ def _announce_artifacts(ref: dict[str, Any], before: dict[str, Any], after: dict
             metrics.TUNING_SECONDS.observe(float(art["tuningSeconds"]))
 
 
+def _announce_failed_attempts(
+    ref: dict[str, Any], before: dict[str, Any], after: dict[str, Any]
+) -> None:
+    """One Event per distinct cause of a failed attempt (the Job retries; status says so)."""
+    said = {j.get("name"): j.get("lastFailure") for j in before.get("jobs") or []}
+    for job in after.get("jobs") or []:
+        cause = job.get("lastFailure")
+        if cause and said.get(job.get("name")) != cause:
+            kube.post_event_soon(
+                ref,
+                "Warning",
+                Reason.ATTEMPT_FAILED,
+                f"{job['gpuModel']}: an attempt of Job {job['name']} failed ({cause}); "
+                f"{job.get('failedAttempts', 1)} so far, the Job retries",
+            )
+
+
 def _announce_unadmitted(
     ref: dict[str, Any],
     meta: dict[str, Any],
     before: dict[str, Any],
     after: dict[str, Any],
-    memory: Memory,
+    names: list[str],
 ) -> None:
     count, before_count = after.get("unadmittedPods") or 0, before.get("unadmittedPods") or 0
     if count <= before_count:
         return
-    names = memory.unadmitted.get((meta["namespace"], meta["name"]), [])
     shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
     kube.post_event_soon(
         ref,

@@ -125,6 +125,17 @@ def _artifacts(p: _Picture) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]
             )
             if old and (old[0].sha256, old[0].uri) != (fresh.sha256, fresh.uri):
                 history.insert(0, old[1])
+            elif old:
+                # The same artifact: it stays delivered as status says (its ConfigMap's name
+                # and uid), or every reconcile while the Job is kept would read it from the
+                # store again, and a ConfigMap replaced since would be taken up by its new uid.
+                was = old[0]
+                fresh = replace(
+                    fresh,
+                    config_map=was.config_map,
+                    config_map_uid=was.config_map_uid,
+                    delivery=was.delivery,
+                )
             p.artifacts[model], served[model] = fresh, fresh.to_status()
         elif old:
             p.artifacts[model], served[model] = old
@@ -148,6 +159,21 @@ def _running(p: _Picture) -> list[str]:
     ]
 
 
+def _retrying(p: _Picture) -> list[JobObservation]:
+    """Jobs still underway after failed attempts (the Job retries them)."""
+    return [
+        j for j in p.current.values() if j.state in ("Pending", "Running") and j.failed_attempts
+    ]
+
+
+def attempt_message(j: JobObservation) -> str:
+    return (
+        f"{j.model}: attempt {j.failed_attempts} of {j.attempts} failed"
+        + (f" ({j.last_failure})" if j.last_failure else "")
+        + f"; Job {j.name} tries again"
+    )
+
+
 def _progressing_condition(p: _Picture) -> dict[str, Any]:
     obs, blocked, n = p.obs, p.blocked, len(p.models)
     if obs.capacity:
@@ -158,6 +184,10 @@ def _progressing_condition(p: _Picture) -> dict[str, Any]:
     if blocked:
         message = f"{len(blocked)} of {n} tuning Jobs cannot start. {_joined(blocked)}"
         return p.cond(Type.PROGRESSING, True, Reason(blocked[0].reason), message)
+    retrying = _retrying(p)
+    if retrying:
+        message = " | ".join(attempt_message(j) for j in retrying)
+        return p.cond(Type.PROGRESSING, True, Reason.ATTEMPT_FAILED, message)
     running = _running(p)
     if running:
         message = f"Tuning {len(running)} of {n} GPU models: " + ", ".join(running)
@@ -203,6 +233,9 @@ def _ready_condition(p: _Picture) -> dict[str, Any]:
         message = f"{missing}: {len(p.blocked)} tuning Job(s) cannot start. {_joined(p.blocked)}"
         return p.cond(Type.READY, False, Reason(p.blocked[0].reason), message)
     message = f"Waiting for tuning Jobs of {p.unserved} to publish."
+    retrying = _retrying(p)
+    if retrying:
+        message += " " + " | ".join(attempt_message(j) for j in retrying) + "."
     return p.cond(Type.READY, False, Reason.TUNING, message)
 
 
@@ -230,6 +263,10 @@ def _job_lines(p: _Picture) -> list[dict[str, Any]]:
             entry["reason"] = j.reason
         if j.role == "tune" and j.shards > 1:
             entry["shards"] = f"{j.shards_done}/{j.shards}"
+        if j.failed_attempts and j.state in ("Pending", "Running"):
+            entry["failedAttempts"] = j.failed_attempts
+            if j.last_failure:
+                entry["lastFailure"] = j.last_failure[:1000]
         lines.append(entry)
     return lines
 
@@ -320,4 +357,6 @@ def effective(jobs: list[JobObservation]) -> JobObservation | None:
 
 
 def status_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
-    return {k: old.get(k) for k in new} != new
+    """Whether the status must be written. The write replaces the whole status, so a field
+    the new one no longer has (an Invalid profile's old figures) is a change too."""
+    return old != new

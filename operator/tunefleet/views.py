@@ -1,8 +1,12 @@
-"""The few fields of watched objects that the operator keeps in memory (kopf indexes).
+"""The few fields of watched objects that the operator keeps in memory (cache.py).
 
-Pure functions from a watched body to a small plain dict. Kept small on purpose: the indexes
-hold one entry per profile, tuning Job and tuning pod for the operator's lifetime, and
+Pure functions from a watched body to a small plain dict. Kept small on purpose: the cache
+holds one entry per profile, tuning Job and tuning pod for the operator's lifetime, and
 reconciles read them instead of listing from the API server.
+
+Who owns an object is read from its controller ownerReference, never from its labels: anyone
+who may create a Job or a pod can copy tunefleet's labels; a controller reference the API
+server accepted in the same namespace is what garbage collection, and tunefleet, go by.
 """
 
 from __future__ import annotations
@@ -16,6 +20,37 @@ from tunefleet import naming
 def _pick(d: Mapping[str, Any] | None, *keys: str) -> dict[str, Any]:
     d = d or {}
     return {k: d[k] for k in keys if d.get(k) is not None}
+
+
+PROFILE_API_GROUP = "tunefleet.io"
+
+
+def controller_of(meta: Mapping[str, Any]) -> dict[str, str] | None:
+    """The object's controller ownerReference: {apiVersion, kind, uid, name}, or None."""
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("controller"):
+            return {k: str(ref.get(k) or "") for k in ("apiVersion", "kind", "uid", "name")}
+    return None
+
+
+def owning_profile(meta: Mapping[str, Any]) -> str | None:
+    """The uid of the TuningProfile that controls this object (a Job, a ConfigMap), or None."""
+    ref = controller_of(meta)
+    if (
+        ref
+        and ref["kind"] == "TuningProfile"
+        and ref["apiVersion"].startswith(f"{PROFILE_API_GROUP}/")
+    ):
+        return ref["uid"] or None
+    return None
+
+
+def owning_job(meta: Mapping[str, Any]) -> str | None:
+    """The uid of the Job that controls this pod, or None."""
+    ref = controller_of(meta)
+    if ref and ref["kind"] == "Job" and ref["apiVersion"] == "batch/v1":
+        return ref["uid"] or None
+    return None
 
 
 def profile_view(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -52,13 +87,17 @@ def job_view(body: Mapping[str, Any]) -> dict[str, Any]:
             "labels": _pick(
                 labels,
                 naming.PROFILE_UID_LABEL,
+                naming.TUNING_PROFILE_LABEL,
                 naming.REVISION_LABEL,
                 naming.MODEL_LABEL,
                 naming.ROLE_LABEL,
             ),
-            "annotations": _pick(meta.get("annotations"), naming.MODEL_ANNOTATION),
+            "annotations": _pick(
+                meta.get("annotations"), naming.MODEL_ANNOTATION, naming.RECORD_ANNOTATION
+            ),
+            "owner": owning_profile(meta),
         },
-        "spec": _pick(body.get("spec"), "completions", "completionMode"),
+        "spec": _pick(body.get("spec"), "completions", "completionMode", "backoffLimitPerIndex"),
         "status": {
             **_pick(
                 status,
@@ -107,9 +146,11 @@ def pod_view(body: Mapping[str, Any]) -> dict[str, Any]:
                 meta.get("labels"),
                 naming.JOB_UID_LABEL,
                 naming.PROFILE_UID_LABEL,
+                naming.TUNING_PROFILE_LABEL,
                 naming.REVISION_LABEL,
                 naming.MODEL_LABEL,
             ),
+            "owner": owning_job(meta),
         },
         "spec": {
             **_pick(spec, "nodeName"),

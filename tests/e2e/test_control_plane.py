@@ -100,7 +100,13 @@ def test_fake_gpu_nodes_are_ready_with_the_fleets_labels_and_capacity(cluster: C
         gpus = {k: v for k, v in got["status"]["capacity"].items() if k.endswith("/gpu")}
         expected = {k: v for k, v in node["status"]["capacity"].items() if k.endswith("/gpu")}
         assert gpus == expected, name
-        assert not got["spec"].get("taints"), (name, got["spec"].get("taints"))
+        # Tainted as real GPU pools are (<vendor>.com/gpu=present:NoSchedule), the CPU node
+        # with kwok's own taint: nothing lands where no container runs by accident.
+        (resource,) = expected or {"kwok.x-k8s.io/node": None}
+        value = "fake" if resource.startswith("kwok") else "present"
+        want_taint = {"key": resource, "value": value, "effect": "NoSchedule"}
+        assert got["spec"].get("taints") == [want_taint], (name, got["spec"].get("taints"))
+        assert node["spec"]["taints"] == [want_taint], name
 
 
 # --- scheduler and Job controller ---------------------------------------------------------

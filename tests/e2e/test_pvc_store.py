@@ -52,7 +52,11 @@ def claim(cluster: Any, namespace: str) -> Iterator[tuple[str, Path]]:
                     "nodeSelectorTerms": [
                         {
                             "matchExpressions": [
-                                {"key": "kubernetes.io/hostname", "operator": "In", "values": [REAL_NODE]}
+                                {
+                                    "key": "kubernetes.io/hostname",
+                                    "operator": "In",
+                                    "values": [REAL_NODE],
+                                }
                             ]
                         }
                     ]
@@ -91,7 +95,10 @@ def test_a_pvc_store_tunes_publishes_and_serves_without_credentials(
             "image": STANDIN_IMAGE,
             "imagePullPolicy": "Never",
             "gpu": {"vendor": "nvidia", "models": [REAL_NODE_GPU_MODEL]},
-            "workload": {"shapes": SHAPES, "env": [{"name": "FAKE_TORCH_BACKEND", "value": "rocm"}]},
+            "workload": {
+                "shapes": SHAPES,
+                "env": [{"name": "FAKE_TORCH_BACKEND", "value": "rocm"}],
+            },
             "tuning": {"backoffLimit": 0, "budgetSeconds": 300, "activeDeadlineSeconds": 600},
             "storage": {"uri": f"pvc://{name}/artifacts"},
         },

@@ -41,6 +41,7 @@ from tests.support.cluster import (
     fleet,
     images_on_node,
     wait_for,
+    wait_for_real_node_gpus,
 )
 
 pytestmark = pytest.mark.e2e
@@ -608,6 +609,9 @@ def test_standin_inference_image_reports_tunableop_env_and_results(
         doc["spec"]["volumes"].append({"name": "results", "configMap": {"name": "results"}})
         return doc
 
+    # The node's fake GPUs are shared (the demo, a developer's pods): wait for 2 x 2 of them,
+    # or fail naming what holds them.
+    wait_for_real_node_gpus(cluster, 4)
     apply(cluster, namespace, files, model_pod("model", STANDIN_IMAGE))
     apply(cluster, namespace, model_pod("model-nogpu", STANDIN_NOGPU_IMAGE))
     for name in ("model", "model-nogpu"):
@@ -650,7 +654,9 @@ def test_pods_without_gpu_requests_never_land_on_the_real_node(
     # Asked for by name, without tolerating its taint: the scheduler says why not.
     pinned = pod_doc("pinned", "registry.invalid/never-pulled:1", ["true"], on_real_node=False)
     pinned["spec"]["nodeSelector"] = {"kubernetes.io/hostname": REAL_NODE}
-    # Ordinary pods: all of them go to kwok nodes.
+    # Ordinary pods: all of them go to kwok-cpu-0, whose taint test namespaces tolerate by
+    # default (tests/support/cluster.py: create_namespace); the GPU nodes' taints keep them off
+    # the rest of the fleet.
     plain = [
         pod_doc(f"plain-{i}", "registry.invalid/never-pulled:1", ["true"], on_real_node=False)
         for i in range(8)
@@ -678,10 +684,14 @@ def test_pods_without_gpu_requests_never_land_on_the_real_node(
     refused = by_name.pop("pinned")
     assert not refused["spec"].get("nodeName")
     message = (condition(refused, "PodScheduled") or {}).get("message", "")
-    assert "1 node(s) had untolerated taint" in message, message
-    kwok = {n["metadata"]["name"] for n in fleet()}
+    # kwok-cpu-0 (its taint tolerated) is not the one asked for; the other six, the real node
+    # among them, have a GPU taint the pod does not tolerate.
+    assert "1 node(s) didn't match Pod's node affinity/selector" in message, message
+    assert "6 node(s) had untolerated taint" in message, message
+    tolerations = by_name["plain-0"]["spec"].get("tolerations") or []
+    assert any(t.get("key") == "kwok.x-k8s.io/node" for t in tolerations), tolerations
     for name, pod in by_name.items():
-        assert pod["spec"]["nodeName"] in kwok, (name, pod["spec"]["nodeName"])
+        assert pod["spec"]["nodeName"] == "kwok-cpu-0", (name, pod["spec"]["nodeName"])
 
 
 def test_pod_logs_are_not_readable_without_kubelet_rights(cluster: Cluster) -> None:

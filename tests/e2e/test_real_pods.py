@@ -4,8 +4,9 @@ publish to S3), the same Job where torch sees no GPU, model pods whose injected 
 corrupted artifacts under fail open and fail closed, a missing credentials Secret.
 
 The stand-in image's torch follows TunableOp's formats and offline API but computes nothing;
-everything it writes says so (PT_VERSION ...+standin). The real node has no GPU: its 4
-nvidia.com/gpu are a fake resource.
+everything it writes says so (PT_VERSION ...+standin). The real node has no GPU: its 8
+nvidia.com/gpu are a fake resource, shared with whatever else runs there (each test waits
+for the 3 it takes at most, or names what holds them).
 """
 
 from __future__ import annotations
@@ -18,13 +19,20 @@ import pytest
 import yaml
 
 from tests.e2e.test_operator import apply, condition, get_json, jobs_of
-from tests.support.cluster import REAL_NODE, REAL_NODE_GPU_MODEL, STANDIN_IMAGE, STANDIN_NOGPU_IMAGE
+from tests.support.cluster import (
+    REAL_NODE,
+    REAL_NODE_GPU_MODEL,
+    STANDIN_IMAGE,
+    STANDIN_NOGPU_IMAGE,
+    wait_for_real_node_gpus,
+)
 from tests.support.operator import SYSTEM_NS, InCluster, helm
 from tests.support.poll import eventually
 
 pytestmark = pytest.mark.e2e
 
 KEY = "nvidia.com/gpu.product"
+
 SHAPES = [
     {"mnk": [64, 128, 256], "dtype": "bfloat16", "transB": True},
     {"mnk": [32, 4096, 4096], "dtype": "float16", "transB": True},
@@ -35,6 +43,12 @@ SHAPES = [
     {"mnk": [256, 1024, 1024], "dtype": "float32"},
     {"mnk": [512, 512, 512], "dtype": "bfloat16", "transA": True},
 ]
+
+
+@pytest.fixture(autouse=True)
+def _real_node_gpus(cluster: Any) -> None:
+    """A tuning Job's pod (1 GPU) and a model pod (2) at once, at most."""
+    wait_for_real_node_gpus(cluster, 3)
 
 
 def real_profile(
@@ -215,12 +229,19 @@ def test_a_tuning_job_runs_every_step_for_real_and_a_model_pod_gets_its_files(
     assert manifest["validators"]["PT_VERSION"].endswith("+standin")
     print(f"tuning Job on the real node: profile applied -> Ready in {took:.1f}s")
 
-    # A model pod: the injected fetch runs for real and the app sees one file per GPU.
+    # The operator delivered it as an immutable ConfigMap, read with its read-only identity.
+    assert art["delivery"] == "ConfigMap", art
+    cm = get_json(cluster, "configmap", "-n", namespace, art["configMap"]["name"])
+    assert cm["immutable"] is True and cm["metadata"]["uid"] == art["configMap"]["uid"]
+    assert cm["metadata"]["ownerReferences"][0]["uid"] == prof["metadata"]["uid"]
+    # A model pod mounts it: no init container, no credentials; one file per GPU.
     create(cluster, namespace, model_pod("model", "real", gpus=2))
     done = ended(cluster, namespace, "model", "the model pod to run")
     assert done["status"]["phase"] == "Succeeded", done["status"]
-    fetch = statuses(done)["tunefleet-fetch"]["state"]["terminated"]
-    assert fetch["exitCode"] == 0 and "wrote 2 results file(s)" in fetch["message"]
+    assert not done["spec"].get("initContainers")
+    assert not any(
+        e.get("valueFrom") for c in done["spec"]["containers"] for e in c.get("env") or []
+    )
     log = cluster.kubectl("logs", "-n", namespace, "model", "-c", "server").stdout
     assert all(line.startswith("[stand-in") for line in log.splitlines() if line.strip())
     assert "PYTORCH_TUNABLEOP_TUNING=0" in log
@@ -248,7 +269,8 @@ def test_the_same_job_where_torch_sees_no_gpu_fails_with_its_refusal(
 def test_corrupted_artifacts_fail_open_with_the_reason_and_fail_closed_refuse(
     cluster: Any, in_cluster: InCluster, s3: Any, namespace: str, s3_secret: str
 ) -> None:
-    apply(cluster, namespace, real_profile("corrupt", s3, s3_secret))
+    # From the store: the fetch init container, with read-only credentials.
+    apply(cluster, namespace, real_profile("corrupt", s3, s3_secret, serving={"delivery": "Store"}))
     prof = ready(cluster, namespace, "corrupt")
     (art,) = prof["status"]["artifacts"]
     bucket, key = art["uri"][len("s3://") :].split("/", 1)
@@ -266,7 +288,9 @@ def test_corrupted_artifacts_fail_open_with_the_reason_and_fail_closed_refuse(
     described = cluster.kubectl("describe", "pod", "-n", namespace, "open").stdout
     assert "starting untuned" in described
     # Fail closed: the same artifact keeps the pod from starting.
-    closed = real_profile("corrupt", s3, s3_secret, serving={"failClosed": True})
+    closed = real_profile(
+        "corrupt", s3, s3_secret, serving={"failClosed": True, "delivery": "Store"}
+    )
     apply(cluster, namespace, closed)
     eventually(
         lambda: get_json(cluster, "tp", "-n", namespace, "corrupt")["status"]["observedGeneration"],
@@ -299,3 +323,78 @@ def test_a_missing_credentials_secret_is_named_with_the_fix(
     )
     assert f"kubectl create secret generic no-such-secret -n {namespace}" in message
     assert prof["status"]["phase"] == "Pending"
+
+
+def test_a_replaced_artifact_config_map_fails_open_with_the_reason_and_closed_refuses(
+    cluster: Any, in_cluster: InCluster, s3: Any, namespace: str, s3_secret: str
+) -> None:
+    apply(cluster, namespace, real_profile("swapped", s3, s3_secret))
+    prof = ready(cluster, namespace, "swapped")
+    (art,) = prof["status"]["artifacts"]
+    name = art["configMap"]["name"]
+    cm = get_json(cluster, "configmap", "-n", namespace, name)
+    # Someone deletes it and puts another of the same name in its place.
+    cluster.kubectl("delete", "configmap", "-n", namespace, name)
+    forged = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": namespace, "labels": cm["metadata"]["labels"]},
+        "data": {
+            "results.csv": "Validator,PT_VERSION,2.11.0\nGemmTunableOp_Half_TN,tn_8_8_8_ld_8_8_8,Evil,0.1\n"
+        },
+    }
+    cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(forged))
+    time.sleep(31)  # admission's 30 s memory of the ConfigMap's uid
+    create(cluster, namespace, model_pod("open", "swapped"))
+    anns = pod_of(cluster, namespace, "open")["metadata"]["annotations"]
+    assert anns["tunefleet.io/decision"] == "config_map_replaced", anns
+    assert "was replaced" in anns["tunefleet.io/status"]
+    closed = real_profile("swapped", s3, s3_secret, serving={"failClosed": True})
+    apply(cluster, namespace, closed)
+    eventually(
+        lambda: get_json(cluster, "tp", "-n", namespace, "swapped")["status"]["observedGeneration"],
+        lambda g: g == 2,
+        "the fail-closed spec observed",
+    )
+    refused = create(cluster, namespace, model_pod("closed", "swapped"), check=False)
+    assert refused.returncode != 0 and "was replaced" in refused.stderr, refused.stderr
+
+
+def test_model_pods_credentials_cannot_write_to_the_bucket(
+    cluster: Any, in_cluster: InCluster, s3: Any, namespace: str, s3_secret: str
+) -> None:
+    """The fetch path's credentials are the read-only Secret: they read, they cannot write."""
+    import boto3
+    from botocore.exceptions import ClientError
+
+    apply(cluster, namespace, real_profile("ro", s3, s3_secret, serving={"delivery": "Store"}))
+    prof = ready(cluster, namespace, "ro")
+    create(cluster, namespace, model_pod("model", "ro"))
+    pod = pod_of(cluster, namespace, "model")
+    (fetch,) = pod["spec"]["initContainers"]
+    refs = {
+        e["valueFrom"]["secretKeyRef"]["name"] for e in fetch.get("env") or [] if "valueFrom" in e
+    }
+    assert refs == {"s3-reader"} and s3_secret not in refs  # never the publish Secret
+    secret = get_json(cluster, "secret", "-n", namespace, "s3-reader")["data"]
+    import base64
+
+    reader = boto3.client(
+        "s3",
+        endpoint_url=s3.endpoint,
+        aws_access_key_id=base64.b64decode(secret["AWS_ACCESS_KEY_ID"]).decode(),
+        aws_secret_access_key=base64.b64decode(secret["AWS_SECRET_ACCESS_KEY"]).decode(),
+        region_name=s3.region,
+    )
+    bucket, key = prof["status"]["artifacts"][0]["uri"][len("s3://") :].split("/", 1)
+    assert reader.get_object(Bucket=bucket, Key=f"{key}/manifest.json")["Body"].read()
+    for attempt in (
+        lambda: reader.put_object(Bucket=bucket, Key=f"{key}/evil.csv", Body=b"x"),
+        lambda: reader.delete_object(Bucket=bucket, Key=f"{key}/results.csv"),
+    ):
+        with pytest.raises(ClientError) as refused:
+            attempt()
+        assert refused.value.response["Error"]["Code"] == "AccessDenied"
+    done = ended(cluster, namespace, "model", "the model pod to run")
+    fetched = statuses(done)["tunefleet-fetch"]["state"]["terminated"]
+    assert fetched["exitCode"] == 0 and "wrote 2 results file(s)" in fetched["message"], fetched

@@ -14,7 +14,13 @@ import pytest
 import yaml
 
 from tests.e2e.test_operator import apply, condition, get_json, profile_doc, tuning_pods
-from tests.support.operator import STAND_IN_NOTE, Operator, carry_out_publish, tool_env
+from tests.support.operator import (
+    SERVING_SECRET,
+    STAND_IN_NOTE,
+    Operator,
+    carry_out_publish,
+    tool_env,
+)
 from tests.support.poll import eventually
 
 pytestmark = pytest.mark.e2e
@@ -144,7 +150,7 @@ def test_labelled_deployment_pods_are_injected_and_pinned_to_the_artifact(
         assert init["command"][init["command"].index("--sha256") + 1] == sha
         assert init["command"][init["command"].index("--devices") + 1] == "2"
         refs = [e["valueFrom"]["secretKeyRef"]["name"] for e in init["env"] if "valueFrom" in e]
-        assert refs == [s3_secret, s3_secret]
+        assert refs == [SERVING_SECRET, SERVING_SECRET] and s3_secret not in refs  # read-only
         env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
         assert env["PYTORCH_TUNABLEOP_ENABLED"] == "1" and env["PYTORCH_TUNABLEOP_TUNING"] == "0"
         assert env["PYTORCH_TUNABLEOP_FILENAME"] == "/tunefleet/results/tunableop_results%d.csv"

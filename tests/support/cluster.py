@@ -9,7 +9,13 @@ The real node (REAL_NODE, no GPU) runs containers: pods get there by requesting 
 or with REAL_NODE_SELECTOR + REAL_NODE_TOLERATIONS, and use the images `ensure_images()`
 builds and imports (TUNEFLEET_IMAGE, STANDIN_IMAGE, STANDIN_NOGPU_IMAGE) with
 imagePullPolicy IfNotPresent or Never. From pods, S3 is at `S3Settings.pod_endpoint` and the
-API server behind the `kubernetes` Service (in-cluster config).
+API server behind the `kubernetes` Service (in-cluster config). Its fake GPUs are shared with
+whatever else runs there (the demo, a developer's pods): `wait_for_real_node_gpus()` waits
+for enough of them and otherwise names the pods that hold them.
+
+Every kwok node is tainted (GPU nodes like real GPU pools, kwok-cpu-0 with KWOK_TAINT);
+namespaces made by `create_namespace()` tolerate KWOK_TAINT by default, so a test's pods that
+need no GPU (plain pods, a merge Job's) land on kwok-cpu-0 and never on the real node.
 
 Also: polling helpers that fail with what they last saw, and small getters that return
 objects as plain dicts shaped like `kubectl get -o json`.
@@ -17,6 +23,7 @@ objects as plain dicts shaped like `kubectl get -o json`.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -54,13 +61,24 @@ TOOLS = (
 # GPU model label says so. Tainted: only pods that request nvidia.com/gpu (the API server's
 # ExtendedResourceToleration plugin adds the toleration) or tolerate the taint land there.
 REAL_NODE = "tunefleet-real-0"
+APISERVER_PORT = 16443  # hack/lib/common.sh: where the API server listens on the node's bridge
 REAL_NODE_IP = "10.250.0.1"  # also the host address pods reach the API server and S3 on
 REAL_NODE_GPU_MODEL = "STANDIN-NO-GPU"  # its nvidia.com/gpu.product label
-REAL_NODE_GPUS = 4
+REAL_NODE_GPUS = 8  # NODE_GPUS in hack/lib/node.sh
 REAL_NODE_SELECTOR = {"type": "real"}
 REAL_NODE_TOLERATIONS = [
     {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
 ]
+# The chart's values for this cluster (operator on the real node, local S3 endpoint), shared
+# by the README's steps, the demo and the tests that install the chart's Deployment.
+LOCAL_CLUSTER_VALUES = ROOT / "hack" / "local-cluster-values.yaml"
+
+# kwok's own taint, on kwok-cpu-0 (hack/fleet.yaml); its GPU nodes carry the vendor's
+# <vendor>.com/gpu=present:NoSchedule instead. Test namespaces tolerate it by default
+# (PodTolerationRestriction's namespace annotation), so their CPU pods land there.
+KWOK_TAINT = {"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}
+KWOK_TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
+DEFAULT_TOLERATIONS_ANNOTATION = "scheduler.alpha.kubernetes.io/defaultTolerations"
 
 # Images on the real node (hack/images.sh). The stand-in ones are for tests and the demo only:
 # a stand-in torch (tests/unit/data/fake_torch) that computes nothing, and a stand-in model
@@ -159,8 +177,6 @@ class Cluster:
 
     def kubectl_json(self, *args: str) -> Any:
         """`kubectl get ... -o json`, parsed."""
-        import json
-
         return json.loads(self.kubectl(*args, "-o", "json").stdout)
 
     def api_client(self) -> kubernetes.client.ApiClient:
@@ -197,6 +213,9 @@ class S3Settings:
     # Where pods on the real node reach the same server (s3.env TUNEFLEET_S3_POD_ENDPOINT);
     # empty: same as `endpoint`.
     pod_endpoint: str = ""
+    # An identity that may only read (model pods' fetch, the operator's delivery).
+    reader_access_key: str = ""
+    reader_secret_key: str = ""
 
     def __post_init__(self) -> None:
         if not self.pod_endpoint:
@@ -211,6 +230,8 @@ class S3Settings:
             region=env.get("AWS_REGION", "us-east-1"),
             bucket=env.get("TUNEFLEET_S3_BUCKET", "tunefleet"),
             pod_endpoint=env.get("TUNEFLEET_S3_POD_ENDPOINT", ""),
+            reader_access_key=env.get("TUNEFLEET_S3_READER_ACCESS_KEY_ID", ""),
+            reader_secret_key=env.get("TUNEFLEET_S3_READER_SECRET_ACCESS_KEY", ""),
         )
 
     @classmethod
@@ -438,6 +459,62 @@ def get_nodes(api: kubernetes.client.ApiClient, label_selector: str = "") -> lis
     return [to_dict(api, n) for n in CoreV1Api(api).list_node(label_selector=label_selector).items]
 
 
+def _gpus(pod: Mapping[str, Any], resource: str) -> int:
+    """What a pod holds of an extended resource while it is scheduled (as the scheduler
+    counts: the larger of its containers' sum and its largest init container)."""
+    from kubernetes.utils import parse_quantity
+
+    def amount(c: Mapping[str, Any]) -> int:
+        res = c.get("resources") or {}
+        qty = (res.get("requests") or {}).get(resource) or (res.get("limits") or {}).get(resource)
+        return int(parse_quantity(qty)) if qty else 0
+
+    spec = pod.get("spec") or {}
+    app = sum(amount(c) for c in spec.get("containers") or [])
+    return max([app, *(amount(c) for c in spec.get("initContainers") or [])])
+
+
+def real_node_gpu_holders(cluster: Cluster) -> list[tuple[str, int, str]]:
+    """(namespace/name, GPUs, state) of every pod that holds some of the real node's fake
+    GPUs: bound to it and not finished (a terminating pod holds them until it is gone)."""
+    pods = cluster.kubectl_json(
+        "get", "pods", "-A", "--field-selector", f"spec.nodeName={REAL_NODE}"
+    )
+    held = []
+    for pod in pods["items"]:
+        phase = (pod.get("status") or {}).get("phase", "")
+        gpus = _gpus(pod, "nvidia.com/gpu")
+        if gpus and phase not in ("Succeeded", "Failed"):
+            meta = pod["metadata"]
+            state = "terminating" if meta.get("deletionTimestamp") else phase
+            held.append((f"{meta['namespace']}/{meta['name']}", gpus, state))
+    return held
+
+
+def wait_for_real_node_gpus(cluster: Cluster, count: int, timeout: float = 90) -> None:
+    """Wait until `count` of the real node's fake GPUs are free (pods of an earlier test may
+    still be terminating); otherwise fail naming the pods that hold them, and the fix."""
+    node = cluster.kubectl_json("get", "node", REAL_NODE)
+    total = int((node["status"].get("allocatable") or {}).get("nvidia.com/gpu") or 0)
+    holders: list[tuple[str, int, str]] = []
+
+    def free() -> int:
+        holders[:] = real_node_gpu_holders(cluster)
+        return total - sum(g for _, g, _ in holders)
+
+    try:
+        wait_for(free, timeout=timeout, interval=1, until=lambda n: n >= count)
+    except AssertionError:
+        held = ", ".join(f"{name} ({gpus}, {state})" for name, gpus, state in holders)
+        raise AssertionError(
+            f"this test needs {count} of {REAL_NODE}'s {total} fake nvidia.com/gpu, but "
+            f"{total - sum(g for _, g, _ in holders)} are free after {timeout:g}s; held by: "
+            f"{held or 'nothing (check the node capacity: make cluster-down && make cluster-up)'}."
+            " Stop those pods (`make demo` leaves none: its Deployment demo/standin-llm is "
+            "scaled to 0), or give the node more (NODE_GPUS in hack/lib/node.sh)."
+        ) from None
+
+
 def images_on_node(cluster: Cluster, node: str = REAL_NODE) -> set[str]:
     """Image names the node's kubelet reports (node status), e.g. to check ensure_images()."""
     status = cluster.kubectl_json("get", "node", node)["status"]
@@ -454,13 +531,21 @@ def namespace_name(hint: str) -> str:
 
 
 def create_namespace(api: kubernetes.client.ApiClient, name: str, timeout: float = 60) -> None:
-    """Create it and wait for its "default" ServiceAccount (pods can't be created before)."""
+    """Create it and wait for its "default" ServiceAccount (pods can't be created before).
+
+    Its pods tolerate kwok's taint by default, so those that need no GPU (a test's plain pods,
+    a sharded profile's merge Job) are scheduled on kwok-cpu-0 as they would be on a real
+    cluster's CPU nodes; GPU pods keep going by their GPU model's label and taint.
+    """
     from kubernetes.client import CoreV1Api, V1Namespace, V1ObjectMeta
 
     core = CoreV1Api(api)
-    core.create_namespace(
-        V1Namespace(metadata=V1ObjectMeta(name=name, labels={"tunefleet.io/test": "true"}))
+    meta = V1ObjectMeta(
+        name=name,
+        labels={"tunefleet.io/test": "true"},
+        annotations={DEFAULT_TOLERATIONS_ANNOTATION: json.dumps([KWOK_TOLERATION])},
     )
+    core.create_namespace(V1Namespace(metadata=meta))
     wait_for(
         lambda: core.read_namespaced_service_account("default", name),
         timeout=timeout,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunefleet.api.models import MAX_ARGV_CHARS, MAX_ENV_VALUE_CHARS
+from tunefleet.api.models import MAX_ARGV_CHARS, MAX_ENV_VALUE_CHARS, STORAGE_URI_MAX
 
 
 def _dns(n: int, fill: str) -> str:
@@ -20,6 +20,15 @@ def _dns(n: int, fill: str) -> str:
         left -= size + 1
     name = ".".join(labels)
     return name[:n].rstrip(".") if len(name) > n else name
+
+
+# The longest storage URI the CRD takes: a 63-character bucket, then 255-character segments.
+_PREFIX = STORAGE_URI_MAX - len("s3://") - 63
+LONGEST_URI = (
+    "s3://"
+    + "b" * 63
+    + "".join("/" + "p" * min(255, _PREFIX - i - 1) for i in range(0, _PREFIX, 256))
+)
 
 
 def largest_spec(argv_extra: int = 0, env_extra: int = 0) -> dict[str, Any]:
@@ -73,7 +82,7 @@ def largest_spec(argv_extra: int = 0, env_extra: int = 0) -> dict[str, Any]:
             "backoffLimit": 6,
         },
         "storage": {
-            "uri": "s3://" + "b" * 63 + "/" + "p" * (1024 - 5 - 63 - 1),
+            "uri": LONGEST_URI,
             "endpoint": "https://" + "e" * 200 + "/" + "q" * (1024 - 8 - 200 - 1),
             "region": "r" * 64,
             "credentialsSecret": {"name": _dns(253, "s")},

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from tests.support.cluster import REAL_NODE_SELECTOR, REAL_NODE_TOLERATIONS, TUNEFLEET_IMAGE
+from tests.support.cluster import LOCAL_CLUSTER_VALUES, TUNEFLEET_IMAGE, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 RELEASE = "tunefleet"
@@ -74,6 +74,40 @@ def upgrade_release(cluster: Any, *args: str) -> subprocess.CompletedProcess[str
         "--create-namespace",
         *args,
     )
+
+
+def uninstall_release(cluster: Any) -> None:
+    """helm uninstall the release (if there is one) and wait until its pods are gone. The CRD
+    stays (crds.keep) and with it every TuningProfile; a later `helm install` as the README
+    writes it then finds the name free.
+
+    The replicas are stopped first: a replica gives up the leader Lease as it stops, which
+    needs the RBAC that `helm uninstall` deletes alongside the Deployment. Stopped by the
+    uninstall itself, the leader would leave its name in the Lease, and the next install's
+    replicas would wait out its duration (and show a dead leader meanwhile)."""
+    done = subprocess.run(
+        [f"{cluster.bin_dir}/helm", "--kubeconfig", cluster.kubeconfig, "status", RELEASE,
+         "-n", SYSTEM_NS],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    if done.returncode != 0:
+        return
+    InCluster(cluster, 0).uninstall()
+
+    def replicas() -> list[str]:  # terminating ones too: they release the Lease as they go
+        out = cluster.kubectl(
+            "get", "pods", "-n", SYSTEM_NS, "-l", "app.kubernetes.io/name=tunefleet", "-o", "json"
+        ).stdout
+        return [
+            p["metadata"]["name"]
+            for p in json.loads(out)["items"]
+            if any(
+                o.get("kind") == "ReplicaSet" for o in p["metadata"].get("ownerReferences") or []
+            )
+        ]
+
+    wait_for(replicas, timeout=120, describe="the operator replicas gone", until=lambda n: not n)
+    helm(cluster.bin_dir, cluster.kubeconfig, "uninstall", RELEASE, "-n", SYSTEM_NS, "--wait")
 
 
 def sa_kubeconfig(kubectl: Kubectl, admin_kubeconfig: str, path: Path) -> Path:
@@ -193,6 +227,10 @@ def install(cluster: Any, s3_endpoint: str) -> Operator:
             "TUNEFLEET_WEBHOOK_CERT": str(cert),
             "TUNEFLEET_WEBHOOK_KEY": str(key),
             "TUNEFLEET_DEFAULT_S3_ENDPOINT": s3_endpoint,
+            # Model pods fetch with the read-only Secret (the s3_secret fixture makes it). This
+            # process has no read identity of its own: artifacts are not delivered as
+            # ConfigMaps, and kwok pods show the store path.
+            "TUNEFLEET_DEFAULT_SERVING_CREDENTIALS_SECRET": SERVING_SECRET,
         },
         log=work / "operator.log",
     )
@@ -200,20 +238,30 @@ def install(cluster: Any, s3_endpoint: str) -> Operator:
     return op
 
 
-def create_s3_secret(kubectl: Kubectl, namespace: str, access_key: str, secret_key: str) -> str:
-    """The Secret a user creates for tuning Jobs and model pods (profile's credentialsSecret)."""
+SERVING_SECRET = "s3-reader"  # read-only: model pods' fetch (the chart's default serving Secret)
+DELIVERY_SECRET = "tunefleet-delivery"  # read-only: the operator's delivery, in SYSTEM_NS
+
+
+def create_s3_secret(
+    kubectl: Kubectl,
+    namespace: str,
+    access_key: str,
+    secret_key: str,
+    name: str = "s3-credentials",
+) -> str:
+    """The Secret a user creates for tuning Jobs (profile's credentialsSecret), or another."""
     kubectl(
         "create",
         "secret",
         "generic",
-        "s3-credentials",
+        name,
         "-n",
         namespace,
         f"--from-literal=AWS_ACCESS_KEY_ID={access_key}",
         f"--from-literal=AWS_SECRET_ACCESS_KEY={secret_key}",
         check=False,  # already there from an earlier run: same content
     )
-    return "s3-credentials"
+    return name
 
 
 # --- a tuning pod's steps, carried out by the test ----------------------------------------
@@ -402,27 +450,33 @@ def image_build() -> str:
 
 
 def chart_values_for_real_node(s3_pod_endpoint: str, replicas: int) -> list[str]:
+    """The README's values for this cluster (hack/local-cluster-values.yaml: the real node,
+    its taint, pull policy Never), plus what tests need on top: model pods fetch with the
+    read-only Secret, the operator delivers artifacts as ConfigMaps with its read-only one."""
     values = {
-        "image": {"pullPolicy": "Never"},
         "operator": {
             "podAnnotations": {"tunefleet.io/image-build": image_build()},
             "replicas": replicas,
-            "nodeSelector": REAL_NODE_SELECTOR,
-            "tolerations": REAL_NODE_TOLERATIONS,
             "defaultS3Endpoint": s3_pod_endpoint,
+            "defaultServingCredentialsSecret": SERVING_SECRET,
             "resyncSeconds": 600,
         },
+        "delivery": {"credentialsSecret": DELIVERY_SECRET},
     }
     path = Path(tempfile.mkdtemp(prefix="tunefleet-values-")) / "values.yaml"
     path.write_text(yaml.safe_dump(values))
-    return ["-f", str(path)]
+    return ["-f", str(LOCAL_CLUSTER_VALUES), "-f", str(path)]
 
 
-def install_in_cluster(cluster: Any, s3_pod_endpoint: str, replicas: int = 2) -> InCluster:
+def install_in_cluster(cluster: Any, s3: Any, replicas: int = 2) -> InCluster:
     """helm upgrade --install the chart with its Deployment on the real node; wait for it."""
+    cluster.kubectl("create", "namespace", SYSTEM_NS, check=False)
+    create_s3_secret(
+        cluster.kubectl, SYSTEM_NS, s3.reader_access_key, s3.reader_secret_key, DELIVERY_SECRET
+    )
     upgrade_release(
         cluster,
-        *chart_values_for_real_node(s3_pod_endpoint, replicas),
+        *chart_values_for_real_node(s3.pod_endpoint, replicas),
         "--set",
         "webhook.url=",
         "--set",

@@ -4,6 +4,7 @@ the other reads back whole, and every field the CRD declares is carried."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,9 @@ def full_record() -> ArtifactRecord:
         library_skipped_reason="tuned under other validators",
         gpu_model="M",
         job="tune-llm-m-1234",
+        config_map="tunefleet-artifact-" + SHA,
+        config_map_uid="cm-uid-1",
+        delivery="ConfigMap",
     )
 
 
@@ -63,6 +67,11 @@ def test_every_artifact_field_the_crd_declares_survives_message_and_status() -> 
     read = ArtifactRecord.from_message(record.to_message())
     assert read is not None
     read = read.for_job(gpu_model="M", revision=record.revision, job=record.job, image_id="")
+    # What only the operator adds, after the fact: the ConfigMap it delivered the artifact in.
+    assert read.config_map == "" and "configMap" not in json.loads(record.to_message())
+    read = replace(
+        read, config_map=record.config_map, config_map_uid="cm-uid-1", delivery="ConfigMap"
+    )
     status = read.to_status()
     assert set(status) == set(declared)  # libraryKey included: it was never written before
     assert status["libraryKey"] == "f" * 64

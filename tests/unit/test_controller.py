@@ -18,11 +18,11 @@ def make(monkeypatch: pytest.MonkeyPatch, outcome: Exception | None) -> Controll
     indexes = Indexes(
         profile=profiles.get,
         profiles=lambda: list(profiles),
-        jobs=lambda uid: [],
-        pods=lambda uid: [],
+        jobs=lambda ns, uid: [],
+        pods=lambda ns, uid: [],
     )
 
-    def sync(*_: Any) -> dict[str, Any]:
+    def sync(*_: Any, **__: Any) -> dict[str, Any]:
         if outcome is not None:
             raise outcome
         return {}
@@ -64,11 +64,11 @@ def test_a_deleted_profile_is_forgotten(monkeypatch: pytest.MonkeyPatch) -> None
 def test_our_own_status_echo_is_not_reconciled_again(monkeypatch: pytest.MonkeyPatch) -> None:
     c = make(monkeypatch, None)
     written = {"observedGeneration": 2, "phase": "Ready"}
-    c.memory.written["u"] = written
-    view = {"metadata": {"uid": "u", "generation": 2}, "status": dict(written)}
+    c.memory.of("u").written_rv = "41"
+    view = {"metadata": {"uid": "u", "generation": 2, "resourceVersion": "41"}, "status": written}
     assert c.wants(view) is False
-    assert c.wants({**view, "metadata": {"uid": "u", "generation": 3}}) is True
-    assert c.wants({**view, "status": {"phase": "Pending"}}) is True
+    assert c.wants({**view, "metadata": {"uid": "u", "generation": 3, "resourceVersion": "42"}})
+    assert c.wants({**view, "metadata": {"uid": "other", "resourceVersion": "41"}}) is True
 
 
 def test_scan_counts_pods_without_the_admission_label(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -116,19 +116,22 @@ def test_the_cache_primes_from_lists_and_follows_events() -> None:
             "namespace": "ml",
             "uid": "j1",
             "labels": {"tunefleet.io/profile-uid": "u"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "tunefleet.io/v1alpha1",
+                    "kind": "TuningProfile",
+                    "uid": "u",
+                    "controller": True,
+                }
+            ],
         }
     }
-    cache.prime(
-        lambda: [profile],
-        lambda: [job],
-        lambda: [],
-        owner_of=lambda b: b["metadata"].get("labels", {}).get("tunefleet.io/profile-uid"),
-    )
+    cache.prime(lambda: [profile], lambda: [job], lambda: [])
     assert cache.primed.is_set()
     assert cache.profile(("ml", "p")) is not None and [
-        j["metadata"]["name"] for j in cache.jobs("u")
+        j["metadata"]["name"] for j in cache.jobs("ml", "u")
     ] == ["j"]
-    cache.drop_job("u", "j1")
-    assert cache.jobs("u") == []
+    cache.follow("jobs", "DELETED", job)
+    assert cache.jobs("ml", "u") == []
     cache.drop_profile(("ml", "p"))
     assert cache.profiles() == []

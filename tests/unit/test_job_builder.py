@@ -43,9 +43,7 @@ def step(pod: dict[str, Any], name: str) -> dict[str, Any]:
 def job(
     s: TuningProfileSpec, model: str = "AMD_Instinct_MI300X_OAM", name: str = "llama"
 ) -> dict[str, Any]:
-    return build_tuning_job(
-        s, namespace="ml", profile=name, uid="uid-1", model=model, config=Config(image="tf:1")
-    )
+    return build_tuning_job(Child(s, "ml", name, "uid-1", model, Config(image="tf:1")))
 
 
 def test_job_is_scheduled_on_its_model_with_gpus_and_deadline() -> None:
@@ -129,9 +127,7 @@ def test_credentials_by_reference_and_tuning_config() -> None:
     assert tune["args"] == ["python3", "serve.py", "--x"]
     assert tune["command"][-1] == "--"  # the workload's argv follows, verbatim
     (vol,) = [v for v in pod["volumes"] if v["name"] == "config"]
-    cm = build_tuning_config_map(
-        s, namespace="ml", profile="llama", uid="uid-1", model="AMD_Instinct_MI300X_OAM"
-    )
+    cm = build_tuning_config_map(Child(s, "ml", "llama", "uid-1", "AMD_Instinct_MI300X_OAM"))
     assert vol["configMap"]["name"] == cm["metadata"]["name"] == j["metadata"]["name"]
     assert cm["metadata"]["ownerReferences"] == j["metadata"]["ownerReferences"]
     cfg = json.loads(cm["data"]["config.json"])
@@ -145,12 +141,7 @@ def test_a_profile_made_again_under_the_same_name_gets_other_jobs() -> None:
     s = spec()
     first = job(s)["metadata"]["name"]
     again = build_tuning_job(
-        s,
-        namespace="ml",
-        profile="llama",
-        uid="uid-2",
-        model="AMD_Instinct_MI300X_OAM",
-        config=Config(image="tf:1"),
+        Child(s, "ml", "llama", "uid-2", "AMD_Instinct_MI300X_OAM", Config(image="tf:1"))
     )["metadata"]["name"]
     assert first != again
 

@@ -39,17 +39,17 @@ class LeaseApi:
             ),
         )
 
-    def read_namespaced_lease(self, name: str, ns: str) -> Any:
+    def read_namespaced_lease(self, name: str, ns: str, **_: Any) -> Any:
         if self.lease is None:
             raise ApiException(status=404)
         return self._obj()
 
-    def create_namespaced_lease(self, ns: str, body: dict[str, Any]) -> None:
+    def create_namespaced_lease(self, ns: str, body: dict[str, Any], **_: Any) -> None:
         if self.lease is not None:
             raise ApiException(status=409)
         self.lease, self.version = body, self.version + 1
 
-    def replace_namespaced_lease(self, name: str, ns: str, body: dict[str, Any]) -> None:
+    def replace_namespaced_lease(self, name: str, ns: str, body: dict[str, Any], **_: Any) -> None:
         if body["metadata"].get("resourceVersion") != str(self.version):
             raise ApiException(status=409)
         self.lease, self.version = body, self.version + 1

@@ -418,3 +418,23 @@ def test_an_unreadable_checkpoint_is_never_overwritten_before_it_is_read(tmp_pat
         ("GemmTunableOp_BFloat16_TN", "tn_8_8_8_ld_8_8_8"),
         ("GemmTunableOp_BFloat16_TN", "tn_16_8_8_ld_8_8_16"),
     }  # the earlier attempt's rows kept, this run's added
+
+
+def test_a_job_stopped_midway_keeps_what_it_tuned_for_the_next_revision(tmp_path: Path) -> None:
+    """A new revision stops the Jobs of the old one (the operator deletes them): the kubelet
+    SIGTERMs the sidecar while tuning still runs, and what was tuned joins the library."""
+    slow = {**ROCM, "FAKE_TORCH_TUNE_SLEEP": "0.2"}
+    old = job(tmp_path, "llama", range(16), every_gemms=100, torch_env=slow)
+    pod = Pod(old, tmp_path / "old")
+    pod.start_sync()
+    pod.start_tune()
+    wait_until(lambda: pod.progress_gemms() >= 6, 120, "some GEMMs tuned")
+    assert pod.stop_sync() == 0  # the Job is deleted: SIGTERM, tuning not done
+    stopped = [k for k in tuned_keys(pod.tune_log())]
+    pod.kill(sidecar_too=False)
+    pod.wait_tune()
+    assert "kept in the library" in pod.sync_log(), pod.sync_log()
+    newer = Pod(job(tmp_path, "llama", range(16), revision="9c0ffee123"), tmp_path / "new").run()
+    assert newer.tune.returncode == 0, newer.tune.stderr
+    assert newer.message()["reused"] >= 6
+    assert not set(stopped) & set(newer.tuned)  # nothing tuned twice across the revisions

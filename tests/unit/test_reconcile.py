@@ -12,7 +12,7 @@ from kubernetes.client.exceptions import ApiException
 
 from tunefleet import kube
 from tunefleet.api import TuningProfileSpec
-from tunefleet.builders.job import build_tuning_job
+from tunefleet.builders.job import Child, build_tuning_job
 from tunefleet.config import Config
 from tunefleet.reconcile import Memory, sync_profile
 from tunefleet.views import job_view, profile_view
@@ -40,30 +40,58 @@ def profile(**spec_over: Any) -> dict[str, Any]:
 
 
 class FakeApi:
-    """Records calls; `existing` names answer 409 like the API server does."""
+    """Records calls; `existing` names answer as the API server does to a create of an object
+    that is there (ours: None; `foreign`: someone else's, NotOurs)."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, existing: set[str] | None = None):
+    def __init__(
+        self,
+        monkeypatch: pytest.MonkeyPatch,
+        existing: set[str] | None = None,
+        foreign: set[str] | None = None,
+    ):
         self.existing = set(existing or ())
+        self.foreign = set(foreign or ())
         self.created: list[tuple[str, str]] = []
         self.patches: list[dict[str, Any]] = []
+        self.owned_patches: list[tuple[str, str, dict[str, Any]]] = []
+        self.deleted: list[tuple[str, str]] = []
         self.events: list[tuple[str, str]] = []
         self.fail_job_with: Exception | None = None
-        monkeypatch.setattr(kube, "create_if_missing", self.create_if_missing)
-        monkeypatch.setattr(kube, "patch_profile_status", self.patch)
+        self.conflict = False
+        monkeypatch.setattr(kube, "create_owned", self.create_owned)
+        monkeypatch.setattr(kube, "replace_profile_status", self.replace_status)
+        monkeypatch.setattr(kube, "patch_owned", self.patch_owned)
+        monkeypatch.setattr(kube, "delete_owned", self.delete_owned)
+        monkeypatch.setattr(kube, "read", lambda kind, ns, name: None)
         monkeypatch.setattr(kube, "post_event_soon", self.event)
         monkeypatch.setattr(kube, "pod_events", lambda ns, name: [])
 
-    def create_if_missing(self, obj: dict[str, Any]) -> bool:
+    def create_owned(self, obj: dict[str, Any]) -> dict[str, Any] | None:
         if obj["kind"] == "Job" and self.fail_job_with is not None:
             raise self.fail_job_with
         name = obj["metadata"]["name"]
+        if name in self.foreign:
+            raise kube.NotOurs(
+                f"{obj['kind']} ml/{name} exists but is not controlled by it: it is not used; "
+                "delete it"
+            )
         if (obj["kind"], name) in {(k, n) for k, n in self.created} or name in self.existing:
-            return False
+            return None
         self.created.append((obj["kind"], name))
+        return obj
+
+    def replace_status(self, ns: str, name: str, rv: str, status: dict[str, Any]) -> str:
+        if self.conflict:
+            raise kube.Conflict("changed")
+        self.patches.append(status)
+        return f"rv-{len(self.patches)}"
+
+    def patch_owned(self, kind: str, ns: str, name: str, owner: str, patch: dict[str, Any]) -> bool:
+        self.owned_patches.append((kind, name, patch))
         return True
 
-    def patch(self, ns: str, name: str, status: dict[str, Any]) -> None:
-        self.patches.append(status)
+    def delete_owned(self, kind: str, ns: str, name: str, uid: str) -> None:
+        self.deleted.append((kind, name))
 
     def event(self, ref: dict[str, Any], type_: str, reason: str, message: str) -> None:
         self.events.append((reason, message))
@@ -71,12 +99,10 @@ class FakeApi:
 
 def jobs_for(p: dict[str, Any], models: list[str]) -> list[dict[str, Any]]:
     spec = TuningProfileSpec.model_validate(p["spec"])
-    return [
-        job_view(
-            build_tuning_job(spec, namespace="ml", profile="p", uid="uid-1", model=m, config=CFG)
-        )
-        for m in models
-    ]
+    jobs = [build_tuning_job(Child(spec, "ml", "p", "uid-1", m, CFG)) for m in models]
+    for job in jobs:  # as the API server answers: with a uid
+        job["metadata"]["uid"] = f"juid-{job['metadata']['name']}"
+    return [job_view(job) for job in jobs]
 
 
 def test_every_missing_job_is_made_even_when_an_earlier_one_exists(
@@ -158,9 +184,11 @@ def api_exception(status: int, message: str = "") -> ApiException:
     return e
 
 
-def test_create_if_missing_reads_already_exists_before_translating(
+def test_create_owned_reads_already_exists_before_translating(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    there: dict[str, Any] = {"metadata": {"ownerReferences": [{"controller": True, "uid": "u"}]}}
+
     class Batch:
         def __init__(self, *_: Any) -> None:
             pass
@@ -168,10 +196,23 @@ def test_create_if_missing_reads_already_exists_before_translating(
         def create_namespaced_job(self, ns: str, body: Any, **_: Any) -> None:
             raise api_exception(409, "already exists")
 
+        def read_namespaced_job(self, name: str, ns: str, **_: Any) -> Any:
+            return type("R", (), {"data": json.dumps(there).encode()})()
+
     monkeypatch.setattr(kube.kubernetes.client, "BatchV1Api", Batch)
     monkeypatch.setattr(kube, "api", lambda: None)
-    job = {"kind": "Job", "metadata": {"namespace": "ml", "name": "j"}}
-    assert kube.create_if_missing(job) is False
+    job = {
+        "kind": "Job",
+        "metadata": {
+            "namespace": "ml",
+            "name": "j",
+            "ownerReferences": [{"controller": True, "uid": "u", "name": "p"}],
+        },
+    }
+    assert kube.create_owned(job) is None  # ours, made earlier: done
+    there["metadata"]["ownerReferences"][0]["uid"] = "someone-else"
+    with pytest.raises(kube.NotOurs, match="not controlled by TuningProfile p"):
+        kube.create_owned(job)
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from tests.support.largest import largest_spec
 from tunefleet.api import TuningProfileSpec
-from tunefleet.builders.job import TUNE_COMMAND, build_tuning_config_map, build_tuning_job
+from tunefleet.builders.job import TUNE_COMMAND, Child, build_tuning_config_map, build_tuning_job
 from tunefleet.config import Config
 
 ETCD_OBJECT = 1536 * 1024
@@ -44,8 +44,9 @@ def derived(spec: TuningProfileSpec) -> tuple[dict[str, Any], dict[str, Any]]:
         "uid": "0" * 36,
         "model": spec.gpu.models[0],
     }
-    cm = build_tuning_config_map(spec, **args)
-    job = build_tuning_job(spec, config=Config(), **args)
+    child = Child(spec, config=Config(), **args)
+    cm = build_tuning_config_map(child)
+    job = build_tuning_job(child)
     return cm, job
 
 
@@ -94,4 +95,42 @@ def test_one_shape_over_is_refused() -> None:
     raw = largest_spec()
     raw["workload"]["shapes"].append(raw["workload"]["shapes"][0])
     with pytest.raises(ValidationError, match="at most 4096"):
+        TuningProfileSpec.model_validate(raw)
+
+
+S3_KEY_BYTES = 1024  # S3's limit on an object key
+
+
+def test_every_key_derived_from_the_longest_storage_uri_fits_s3() -> None:
+    """With the longest URI, namespace, profile name, GPU model and revision the API server
+    takes, every object tunefleet writes has a key S3 accepts (the old 1,024-character URI
+    bound let publish fail with KeyTooLongError on every try)."""
+    from tunefleet.artifacts.library import (
+        CHECKPOINTS_DIR,
+        checkpoint_key,
+        library_prefix,
+        shard_base,
+    )
+    from tunefleet.storage.registry import parse_uri
+    from tuner_job.library import CheckpointId
+
+    loc = parse_uri(largest_spec()["storage"]["uri"])
+    ns, profile, model, rev = "n" * 63, "p" * 253, "M" * 63, "r" * 10
+    sha = "f" * 64
+    keys = [
+        loc.key(ns, profile, model, sha, "manifest.json"),  # the artifact (publish, merge)
+        checkpoint_key(loc, CheckpointId(ns, profile, model, rev, 63, 64)),
+        shard_base(loc, ns, profile, model, rev, 63, 64) + "/manifest.json",
+        library_prefix(loc, "namespace", ns, model, sha) + f"/{sha}.json",
+    ]
+    assert CHECKPOINTS_DIR in keys[1]
+    for key in keys:
+        assert len(key.encode()) <= S3_KEY_BYTES, (len(key), key[:80])
+    assert max(len(k.encode()) for k in keys) > S3_KEY_BYTES - 120  # the bound is not loose
+
+
+def test_a_storage_uri_one_character_over_is_refused() -> None:
+    raw = largest_spec()
+    raw["storage"]["uri"] += "x"
+    with pytest.raises(ValidationError, match="at most 560"):
         TuningProfileSpec.model_validate(raw)

@@ -200,6 +200,23 @@ def test_no_node_with_the_model_is_named_with_the_fix() -> None:
     assert "kubectl label node" in obs.message and "scheduler: 0/7 nodes" in obs.message
 
 
+def test_no_node_with_the_model_is_named_where_other_pools_are_tainted() -> None:
+    # GPU pools tainted as on real clusters: the scheduler names the other pools' taints, not
+    # their labels, for the nodes the tuning pod does not tolerate.
+    msg = "0/7 nodes are available: 3 node(s) didn't match Pod's node affinity/selector, 4 node(s) had untolerated taint(s). no new claims to deallocate, preemption: 0/7 nodes are available: 7 Preemption is not helpful for scheduling."
+    obs = observe_job(_job([], active=1), [unschedulable(msg)], SCHED)
+    assert obs.reason == "Unschedulable"
+    assert f"no node has amd.com/gpu.product-name={MODELS[0]} among those" in obs.message
+    assert "4 more have a taint it does not tolerate: it tolerates amd.com/gpu only" in obs.message
+    assert "kubectl label node" in obs.message
+
+
+def test_a_taint_on_every_node_is_named() -> None:
+    msg = "0/3 nodes are available: 3 node(s) had untolerated taint {dedicated: team-a}. preemption: 0/3 nodes are available: 3 Preemption is not helpful for scheduling."
+    obs = observe_job(_job([], active=1), [unschedulable(msg)], SCHED)
+    assert "have a taint the tuning pod does not tolerate" in obs.message, obs.message
+
+
 def test_all_gpus_taken_is_named() -> None:
     msg = "0/7 nodes are available: 1 Insufficient amd.com/gpu, 6 node(s) didn't match Pod's node affinity/selector. preemption: 0/7 nodes are available: 1 No preemption victims found for incoming pod, 6 Preemption is not helpful for scheduling."
     obs = observe_job(_job([], active=1), [unschedulable(msg)], SCHED)

@@ -81,9 +81,7 @@ def test_a_pvc_profiles_jobs_mount_the_claim_and_carry_no_credentials() -> None:
     s = spec("pvc://artifacts/team")
     child = Child(s, "ml", "llm", "uid-1", "NVIDIA-H200", CFG)
     for job in (
-        build_tuning_job(
-            s, namespace="ml", profile="llm", uid="uid-1", model="NVIDIA-H200", config=CFG
-        ),
+        build_tuning_job(child),
         build_merge_job(child),
     ):
         pod = job["spec"]["template"]["spec"]

@@ -24,10 +24,12 @@ DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?
 # What exec(2) and the API server take of the tune container's argv and environment.
 MAX_ARGV_CHARS = 262144
 MAX_ENV_VALUE_CHARS = 131072
-# s3://bucket or pvc://claim, then key-safe prefix segments (storage/store.py checks the rest).
+# s3://bucket or pvc://claim, then key-safe prefix segments (storage/store.py checks the rest);
+# short enough that every key derived from it fits S3's 1,024 bytes with the longest names.
+STORAGE_URI_MAX = 560
 STORAGE_URI = (
     r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]|pvc://[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?)"
-    r"(/[A-Za-z0-9._=-]+)*/?$"
+    r"(/[A-Za-z0-9._=-]{1,255})*/?$"
 )
 
 
@@ -189,7 +191,7 @@ class TuningLimits(_Model):
 
 
 class StorageSpec(_Model):
-    uri: str = Field(max_length=1024, pattern=STORAGE_URI)
+    uri: str = Field(max_length=STORAGE_URI_MAX, pattern=STORAGE_URI)
     endpoint: str | None = Field(
         default=None, max_length=1024, pattern=r"^https?://[^\s/]+(/[^\s]*)?$"
     )
@@ -200,6 +202,8 @@ class StorageSpec(_Model):
 class ServingSpec(_Model):
     fail_closed: bool = False
     serve_default_only: bool = False
+    delivery: Literal["ConfigMap", "Store"] = "ConfigMap"
+    credentials_secret: NamedRef | None = None
     pin_image: bool = False
 
 
@@ -238,6 +242,11 @@ class ImageRef(_Model):
     id: str | None = None
 
 
+class ConfigMapRef(_Model):
+    name: str | None = None
+    uid: str | None = None
+
+
 class Artifact(_Model):
     gpu_model: str
     uri: str
@@ -258,4 +267,6 @@ class Artifact(_Model):
     tuned_at: str | None = None
     tuning_seconds: float | None = None
     job: str | None = None
+    config_map: ConfigMapRef | None = None
+    delivery: str | None = None
     identity: dict[str, str] | None = None

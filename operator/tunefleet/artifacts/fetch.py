@@ -9,15 +9,23 @@ then rename), all or none.
 
 Policy on any problem: fail open (default) -> "starting untuned: <reason>", exit 0, the app runs
 without tuned GEMMs; --fail-closed -> "refusing to start: <reason>", exit 1.
+
+The time limit is wall-clock: an alarm ends whatever call is under way (a frozen store, a
+half-open connection) when --timeout-seconds have passed since the start, so a pod waits at
+most that long. A directory holding `results.csv.gz` instead of `results.csv` (a compressed
+artifact ConfigMap, mounted) is read the same way, locally.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gzip
 import os
+import signal
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn, TextIO
@@ -25,7 +33,14 @@ from typing import NoReturn, TextIO
 from tunefleet.contracts.fetch import LOADED, PROG, REFUSED, UNTUNED, FetchOutcome
 from tunefleet.storage import cli as storage_cli
 from tunefleet.storage.registry import open_store, parse_uri
-from tunefleet.storage.store import Store, StoreError, StoreOptions, check_sha256
+from tunefleet.storage.store import (
+    Location,
+    NotFoundError,
+    Store,
+    StoreError,
+    StoreOptions,
+    check_sha256,
+)
 from tuner_job.files import sha256_hex, write_termination_log
 from tuner_job.manifest import ManifestError, loads
 from tuner_job.output import MANIFEST_NAME, RESULTS_NAME
@@ -131,6 +146,66 @@ def write_device_files(dest: Path, data: bytes, devices: int) -> list[Path]:
     return done
 
 
+@dataclass(frozen=True)
+class Verified:
+    """An artifact's bytes, checked against its pins."""
+
+    results: bytes
+    manifest: bytes
+    gemms: int
+    sha256: str
+    outcomes: Outcomes | None = None  # tuned and Default rows, as the manifest and status count
+
+
+def _results(store: Store, location: Location) -> bytes:
+    """results.csv, or results.csv.gz where only that is there (a compressed ConfigMap)."""
+    try:
+        return store.get(location.key(RESULTS_NAME), MAX_RESULTS_BYTES)
+    except NotFoundError:
+        if location.scheme != "file":
+            raise
+    packed = store.get(location.key(RESULTS_NAME + ".gz"), MAX_RESULTS_BYTES)
+    try:
+        data = gzip.decompress(packed)
+    except (OSError, EOFError) as exc:
+        raise FetchError(f"results.csv.gz does not decompress: {exc}") from None
+    if len(data) > MAX_RESULTS_BYTES:
+        raise FetchError(f"results.csv.gz holds more than {MAX_RESULTS_BYTES} bytes")
+    return data
+
+
+def download_verified(
+    uri: str,
+    sha256: str,
+    *,
+    gpu_model: str | None = None,
+    store: Store | None = None,
+    options: StoreOptions | None = None,
+    manifest_sha256: str | None = None,
+) -> Verified:
+    """Download one pinned artifact and verify it (see the module docstring); nothing is
+    written. Used by the fetch init container and by the operator's delivery."""
+    try:
+        sha = check_sha256(sha256)
+        manifest_sha = check_sha256(manifest_sha256) if manifest_sha256 else None
+        location = parse_uri(uri)
+    except ValueError as exc:
+        raise FetchError(str(exc)) from None
+    last = (location.prefix or location.bucket).rstrip("/").rsplit("/", 1)[-1]
+    if last != sha:
+        raise FetchError(f"URI {uri} does not end in the pinned SHA-256 {sha}")
+    if store is None:
+        store = open_store(location, options or StoreOptions(timeout_s=60.0))
+    try:
+        manifest_bytes = store.get(location.key(MANIFEST_NAME), MAX_MANIFEST_BYTES)
+        results = _results(store, location)
+    except StoreError as exc:
+        raise FetchError(str(exc)) from None
+    path = (location.prefix or location.bucket).strip("/").split("/")
+    outcomes = _verify(results, manifest_bytes, sha, gpu_model, tuple(path[:-1]), manifest_sha)
+    return Verified(results, manifest_bytes, outcomes.gemms, sha, outcomes)
+
+
 def fetch(
     uri: str,
     sha256: str,
@@ -142,28 +217,41 @@ def fetch(
     options: StoreOptions | None = None,
     manifest_sha256: str | None = None,
 ) -> Fetched:
-    try:
-        sha = check_sha256(sha256)
-        manifest_sha = check_sha256(manifest_sha256) if manifest_sha256 else None
-        location = parse_uri(uri)
-    except ValueError as exc:
-        raise FetchError(str(exc)) from None
     if not 1 <= devices <= MAX_DEVICES:
         raise FetchError(f"--devices must be 1..{MAX_DEVICES}, got {devices}")
-    last = (location.prefix or location.bucket).rstrip("/").rsplit("/", 1)[-1]
-    if last != sha:
-        raise FetchError(f"URI {uri} does not end in the pinned SHA-256 {sha}")
-    if store is None:
-        store = open_store(location, options or StoreOptions(timeout_s=60.0))
+    got = download_verified(
+        uri,
+        sha256,
+        gpu_model=gpu_model,
+        store=store,
+        options=options,
+        manifest_sha256=manifest_sha256,
+    )
+    paths = write_device_files(dest, got.results, devices)
+    return Fetched(paths, got.gemms, got.sha256, got.outcomes)
+
+
+class _OverTime(BaseException):
+    """Not an Exception: the store's libraries catch those broadly (and retry)."""
+
+
+@contextlib.contextmanager
+def wall_clock(seconds: float) -> Iterator[None]:
+    """End whatever runs when `seconds` have passed (SIGALRM: the handler's exception stops
+    a blocked socket call too, PEP 475), as FetchError. Main thread only."""
+
+    def over(signum: int, frame: object) -> None:
+        raise _OverTime()
+
+    previous = signal.signal(signal.SIGALRM, over)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.01))
     try:
-        manifest_bytes = store.get(location.key(MANIFEST_NAME), MAX_MANIFEST_BYTES)
-        results = store.get(location.key(RESULTS_NAME), MAX_RESULTS_BYTES)
-    except StoreError as exc:
-        raise FetchError(str(exc)) from None
-    path = (location.prefix or location.bucket).strip("/").split("/")
-    outcomes = _verify(results, manifest_bytes, sha, gpu_model, tuple(path[:-1]), manifest_sha)
-    paths = write_device_files(dest, results, devices)
-    return Fetched(paths, outcomes.gemms, sha, outcomes)
+        yield
+    except _OverTime:
+        raise FetchError(f"gave up: over the {seconds:.0f}s time limit") from None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -207,15 +295,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         log_path = raw[raw.index("--termination-log") + 1]
     try:
         args = _parser().parse_args(raw)
-        got = fetch(
-            args.uri,
-            args.sha256,
-            Path(args.dest),
-            args.devices,
-            gpu_model=args.gpu_model,
-            options=storage_cli.options(args),
-            manifest_sha256=args.manifest_sha256,
-        )
+        with wall_clock(args.timeout_seconds):
+            got = fetch(
+                args.uri,
+                args.sha256,
+                Path(args.dest),
+                args.devices,
+                gpu_model=args.gpu_model,
+                options=storage_cli.options(args),
+                manifest_sha256=args.manifest_sha256,
+            )
     except Exception as exc:  # any problem at all follows the policy: that is its point
         known = isinstance(exc, FetchError | StoreError)
         reason = " ".join(

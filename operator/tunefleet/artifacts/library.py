@@ -42,9 +42,10 @@ SHARDS_DIR = "_shards"
 
 # Bounds on reading one library, for the sidecar's small memory limit: it keeps one row per
 # distinct GEMM (~0.5 KB each), and parsing an entry takes ~1 KB per row while it lasts (a
-# 4 MiB entry holds ~45,000 rows). Past MAX_ENTRIES the newest entries are read and the rest
-# reported as skipped; an entry over MAX_ENTRY_BYTES, past MAX_TOTAL_BYTES, or that would take
-# the library past MAX_GEMMS distinct GEMMs is skipped and reported too.
+# 4 MiB entry holds ~45,000 rows). Entries are read newest first, so whichever bound binds, what
+# is left out is the oldest: past MAX_ENTRIES the rest is reported as skipped; an entry over
+# MAX_ENTRY_BYTES, past MAX_TOTAL_BYTES, or that would take the library past MAX_GEMMS distinct
+# GEMMs is skipped and reported too.
 MAX_ENTRIES = 500
 MAX_ENTRY_BYTES = 4 << 20
 MAX_TOTAL_BYTES = 32 << 20
@@ -54,6 +55,12 @@ MAX_CHECKPOINT_BYTES = 64 << 20
 
 _REVISION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 _ENTRY_NAME_RE = re.compile(r"^([0-9a-f]{64})\.json$")
+
+
+def entry_sha256(name: str) -> str | None:
+    """The SHA-256 a library entry's object name claims (``<sha256>.json``), or None."""
+    m = _ENTRY_NAME_RE.match(name)
+    return m.group(1) if m else None
 
 
 def check_scope(scope: str) -> str:
@@ -113,23 +120,53 @@ def add_entry(
     store: Store, location: Location, scope: str, manifest: Manifest, results: bytes
 ) -> Added:
     """Add a published artifact to the library of its identity (create-only, own hash)."""
-    entry = make_entry(
-        gpu_model=manifest.gpu_model,
-        validators=manifest.validators,
-        identity=manifest.identity,
-        source=EntrySource(
-            manifest.namespace, manifest.profile, manifest.revision, manifest.results_sha256
-        ),
-        results_text=results.decode("utf-8"),
-        settings=Settings.from_dict(manifest.extra.settings) if manifest.extra.settings else None,
-    )
     key = manifest.extra.library_key
     computed = library_key(manifest.gpu_model, manifest.validators, manifest.identity)
     if key is not None and key != computed:
         raise StoreError(
             f"the manifest's libraryKey {key} is not its identity's key {computed}: not adding it"
         )
-    prefix = library_prefix(location, scope, manifest.namespace, manifest.gpu_model, computed)
+    source = EntrySource(
+        manifest.namespace, manifest.profile, manifest.revision, manifest.results_sha256
+    )
+    return add_rows(
+        store,
+        location,
+        scope,
+        gpu_model=manifest.gpu_model,
+        validators=manifest.validators,
+        identity=manifest.identity,
+        source=source,
+        results_text=results.decode("utf-8"),
+        settings=Settings.from_dict(manifest.extra.settings) if manifest.extra.settings else None,
+    )
+
+
+def add_rows(
+    store: Store,
+    location: Location,
+    scope: str,
+    *,
+    gpu_model: str,
+    validators: dict[str, str],
+    identity: dict[str, str],
+    source: EntrySource,
+    results_text: str,
+    settings: Settings | None = None,
+) -> Added:
+    """Add tuned rows to the library of their identity: a published artifact's, or what a
+    stopped Job tuned before it was stopped (its sync sidecar's last act). `settings`: what
+    they were tuned with (None: not recorded, so only readers that ask for none reuse them)."""
+    entry = make_entry(
+        gpu_model=gpu_model,
+        validators=validators,
+        identity=identity,
+        source=source,
+        results_text=results_text,
+        settings=settings,
+    )
+    key = library_key(gpu_model, validators, identity)
+    prefix = library_prefix(location, scope, source.namespace, gpu_model, key)
     object_key = f"{prefix}/{sha256_hex(entry)}.json"
     created = store.put_if_absent(object_key, entry, "application/json")
     return Added(store.uri(object_key), created)
@@ -174,18 +211,17 @@ def read_library(
             view.skipped.append((o.key, "not an entry (a nested key)"))
         else:
             entries.append(o)
-    if len(entries) > MAX_ENTRIES:
-        # Newest first: what was tuned recently is what the fleet runs now.
-        entries.sort(key=lambda o: (-o.modified, o.key))
-        for o in entries[MAX_ENTRIES:]:
-            view.skipped.append((o.key, f"over the limit of {MAX_ENTRIES} entries read"))
-        entries = entries[:MAX_ENTRIES]
+    # Newest first, for every bound below: what was tuned recently (and what tunefleet-gc
+    # compacted, which it writes anew) is what the fleet runs now. Ties go by key.
+    entries.sort(key=lambda o: (-o.modified, o.key))
+    for o in entries[MAX_ENTRIES:]:
+        view.skipped.append((o.key, f"over the limit of {MAX_ENTRIES} entries read"))
     merger = ResultsMerger()
     total = 0
-    for o in sorted(entries, key=lambda o: o.key):
+    for o in entries[:MAX_ENTRIES]:
         name = o.key.rsplit("/", 1)[-1]
-        m = _ENTRY_NAME_RE.match(name)
-        if m is None:
+        sha = entry_sha256(name)
+        if sha is None:
             view.skipped.append((o.key, "name is not <sha256>.json"))
             continue
         if o.size > MAX_ENTRY_BYTES:
@@ -203,7 +239,7 @@ def read_library(
         try:
             _, results = parse_entry(
                 data,
-                name_sha256=m.group(1),
+                name_sha256=sha,
                 key=key,
                 gpu_model=gpu_model,
                 validators=validators,

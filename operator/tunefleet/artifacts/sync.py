@@ -41,10 +41,11 @@ from tunefleet.storage.store import (
 )
 from tuner_job import exchange as ex
 from tuner_job.config import SHARD_ENV
-from tuner_job.files import atomic_write_bytes
+from tuner_job.files import atomic_write_bytes, sha256_hex
 from tuner_job.library import (
     CheckpointError,
     CheckpointId,
+    EntrySource,
     library_key,
     make_checkpoint,
     parse_checkpoint,
@@ -67,6 +68,7 @@ from . import cli
 from .library import (
     MAX_CHECKPOINT_BYTES,
     SCOPES,
+    add_rows,
     check_revision,
     check_scope,
     check_shard,
@@ -358,8 +360,43 @@ class Sync:
             self.poll_progress()
             if self.pending():
                 self.upload("terminating")
+            if self.tune_done_stamp is None:
+                self.keep_in_library()
         except Exception as exc:
             self.log(f"error in the final upload: {exc!r}")
+
+    def keep_in_library(self) -> None:
+        """Stopped before tuning ended (a new revision superseded this Job, the deadline, a
+        drain): what it tuned joins the library of its identity, so the next run that records
+        the same GEMMs does not tune them again. Published artifacts do this too; the entry is
+        create-only under its own hash."""
+        doc = ex.read_json(self.path(ex.IDENTITY_JSON))
+        rows = self.progress.result()
+        if doc is None or not rows.rows:
+            return
+        validators, _ = self._identity(doc)
+        if rows.validators != validators:
+            return
+        text = format_results(rows)
+        ident = self.s.ident
+        source = EntrySource(
+            ident.namespace, ident.profile, ident.revision, sha256_hex(text.encode())
+        )
+        added = add_rows(
+            self.store(),
+            self.s.location,
+            self.s.scope,
+            gpu_model=ident.gpu_model,
+            validators=validators,
+            identity={str(k): str(v) for k, v in (doc.get("identity") or {}).items()},
+            source=source,
+            results_text=text,
+            # Tuned with the settings identity.json names: readers asking for stronger skip it.
+            settings=TuningSettings.from_dict(doc["settings"]) if doc.get("settings") else None,
+        )
+        self.log(
+            f"stopped before tuning ended: {rows.gemms} GEMM(s) kept in the library ({added.uri})"
+        )
 
     def run(self) -> int:
         try:

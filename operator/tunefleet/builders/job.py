@@ -10,7 +10,7 @@ within what Kubernetes and exec(2) accept (tests/unit/test_size_limits.py).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tunefleet import GROUP, KIND, VERSION, naming
@@ -64,7 +64,7 @@ class Child:
     profile: str
     uid: str
     model: str
-    config: Config
+    config: Config = field(default_factory=Config)
 
     @property
     def revision(self) -> str:
@@ -130,13 +130,10 @@ def tuning_config(
     }
 
 
-def build_tuning_config_map(
-    spec: TuningProfileSpec, *, namespace: str, profile: str, uid: str, model: str
-) -> dict[str, Any]:
+def build_tuning_config_map(c: Child) -> dict[str, Any]:
     """The tune step's configuration, under the Job's own name (made before the Job)."""
-    c = Child(spec, namespace, profile, uid, model, Config())
     data = json.dumps(
-        tuning_config(spec, namespace, profile, model, c.revision),
+        tuning_config(c.spec, c.namespace, c.profile, c.model, c.revision),
         separators=(",", ":"),
         sort_keys=True,
     )
@@ -243,18 +240,10 @@ def _publish_container(c: Child, storage: PodStorage) -> dict[str, Any]:
     return with_storage(c.step("publish", command, mounts), storage)
 
 
-def build_tuning_job(
-    spec: TuningProfileSpec,
-    *,
-    namespace: str,
-    profile: str,
-    uid: str,
-    model: str,
-    config: Config,
-) -> dict[str, Any]:
+def build_tuning_job(c: Child) -> dict[str, Any]:
     """One Indexed Job per GPU model: spec.gpu.parallelism pods, each tuning its share."""
-    c = Child(spec, namespace, profile, uid, model, config)
-    storage = pod_storage(spec, config)
+    spec, model = c.spec, c.model
+    storage = pod_storage(spec, c.config)
     labels = c.labels()
     bootstrap = c.step(
         "bootstrap",

@@ -12,13 +12,18 @@ from tunefleet.storage import registry
 from tunefleet.storage.store import PodStorage
 
 
-def pod_storage(spec: TuningProfileSpec, config: Config, *, read_only: bool = False) -> PodStorage:
+def pod_storage(
+    spec: TuningProfileSpec, config: Config, *, read_only: bool = False, serving: bool = False
+) -> PodStorage:
+    """`serving`: for a model pod's fetch: the read-only credentials (spec.serving's, else the
+    operator's default serving Secret, else the pod's cloud identity), never the publish ones."""
     storage = spec.storage
-    secret = (
-        storage.credentials_secret.name
-        if storage.credentials_secret
-        else config.default_credentials_secret
-    )
+    if serving:
+        chosen = spec.serving.credentials_secret
+        secret = chosen.name if chosen else config.default_serving_credentials_secret
+    else:
+        chosen = storage.credentials_secret
+        secret = chosen.name if chosen else config.default_credentials_secret
     return registry.pod_storage(
         storage.uri,
         read_only=read_only,

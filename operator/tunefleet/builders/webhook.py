@@ -13,11 +13,14 @@ from tunefleet.builders.storage import with_storage
 from tunefleet.config import Config
 from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
 from tunefleet.storage.store import PodStorage
+from tuner_job.output import RESULTS_NAME
 
 HANDLER_ID = "pod-inject"
 VOLUME = "tunefleet-results"
+PACKED_VOLUME = "tunefleet-packed"
 RESULTS_DIR = "/tunefleet/results"
 FILENAME = f"{RESULTS_DIR}/tunableop_results%d.csv"
+FILE_PATTERN = "tunableop_results{}.csv"  # the file of GPU ordinal i
 # What the containers that load results get; a value the user set on a container wins.
 TUNABLE_ENV = {
     "PYTORCH_TUNABLEOP_ENABLED": "1",
@@ -91,6 +94,59 @@ def build_fetch_container(
         mounts=[{"name": VOLUME, "mountPath": RESULTS_DIR}],
     )
     return with_storage(fetch, storage)
+
+
+PACKED_DIR = "/tunefleet/packed"  # a gzipped artifact's ConfigMap, unpacked by fetch
+
+
+def results_config_map_volume(name: str, devices: int, optional: bool) -> dict[str, Any]:
+    """The artifact's ConfigMap as the results directory: one file per GPU ordinal, read-only.
+    `optional`: a ConfigMap gone after admission lets the pod start (untuned); else it waits."""
+    items = [{"key": RESULTS_NAME, "path": FILE_PATTERN.format(i)} for i in range(devices)]
+    return {
+        "name": VOLUME,
+        "projected": {
+            "defaultMode": 0o444,
+            "sources": [{"configMap": {"name": name, "items": items, "optional": optional}}],
+        },
+    }
+
+
+def packed_volume(name: str) -> dict[str, Any]:
+    return {"name": PACKED_VOLUME, "configMap": {"name": name, "defaultMode": 0o444}}
+
+
+def build_unpack_container(
+    *,
+    where: tuple[str, str, str],
+    sha256: str,
+    manifest_sha256: str,
+    devices: int,
+    gpu_model: str,
+    fail_closed: bool,
+    config: Config,
+) -> dict[str, Any]:
+    """fetch, reading the mounted ConfigMap (no network, no credentials) into the results.
+    `where`: (namespace, profile, GPU model): mounted under the artifact's own key layout, so
+    fetch checks the manifest against it as it does in the store."""
+    packed = "/".join((PACKED_DIR, *where, sha256))
+    command = [
+        "tunefleet-fetch", "--uri", f"file://{packed}", "--sha256", sha256,
+        "--dest", RESULTS_DIR, "--devices", str(devices), "--gpu-model", gpu_model,
+        *(["--manifest-sha256", manifest_sha256] if manifest_sha256 else []),
+        *(["--fail-closed"] if fail_closed else []),
+    ]  # fmt: skip
+    mounts: list[dict[str, Any]] = [
+        {"name": VOLUME, "mountPath": RESULTS_DIR},
+        {"name": PACKED_VOLUME, "mountPath": packed, "readOnly": True},
+    ]
+    return tunefleet_container(
+        FETCH_CONTAINER,
+        command,
+        image=config.image,
+        pull_policy=config.image_pull_policy,
+        mounts=mounts,
+    )
 
 
 def results_volume() -> dict[str, Any]:

@@ -28,6 +28,7 @@ class Code(StrEnum):
     PARTITION_MISMATCH = "partition_mismatch"  # tuned on a whole GPU, the pod a partition (or...)
     PARTITION_UNKNOWN = "partition_unknown"  # the pod's GPU partition cannot be told (DRA)
     IMAGE_MISMATCH = "image_mismatch"  # injected, but a container runs another image
+    CONFIG_MAP_REPLACED = "config_map_replaced"  # its ConfigMap is gone or not the one made
     ERROR = "error"  # the webhook failed: admitted unchanged
     UNKNOWN = "unknown"  # read from a pod without a code (an older version admitted it)
 
@@ -44,6 +45,7 @@ class Admission:
     sha256: str = ""
     gpu_model: str = ""
     image_warning: str = ""
+    config_map: str = ""  # the ConfigMap the artifact is mounted from ("": fetched)
 
     def write(self, pod: dict[str, Any]) -> None:
         """Mark `pod` (in place): the label every admitted pod gets, and the annotations."""
@@ -59,6 +61,7 @@ class Admission:
             (naming.ARTIFACT_SHA_ANNOTATION, self.sha256),
             (naming.POD_MODEL_ANNOTATION, self.gpu_model),
             (naming.IMAGE_WARNING_ANNOTATION, self.image_warning[:1000]),
+            (naming.ARTIFACT_CONFIG_MAP_ANNOTATION, self.config_map),
         ):
             if value:
                 anns[key] = value
@@ -89,4 +92,5 @@ class Admission:
             sha256=str(anns.get(naming.ARTIFACT_SHA_ANNOTATION) or ""),
             gpu_model=str(anns.get(naming.POD_MODEL_ANNOTATION) or ""),
             image_warning=str(anns.get(naming.IMAGE_WARNING_ANNOTATION) or ""),
+            config_map=str(anns.get(naming.ARTIFACT_CONFIG_MAP_ANNOTATION) or ""),
         )

@@ -70,6 +70,11 @@ class ArtifactRecord:
     # Known to the operator, not to the pod: set by `for_job`.
     gpu_model: str = ""
     job: str = ""
+    # How model pods get it: the immutable ConfigMap the operator made of it (name and uid:
+    # a same-named replacement has another uid), or "" and why not (`delivery`).
+    config_map: str = ""
+    config_map_uid: str = ""
+    delivery: str = ""
 
     # --- the pod's side -------------------------------------------------------------------
 
@@ -169,6 +174,7 @@ class ArtifactRecord:
         image = doc.get("image") if isinstance(doc.get("image"), dict) else {}
         identity = doc.get("identity") if isinstance(doc.get("identity"), dict) else {}
         skipped = _int(doc.get("librarySkipped")) or 0
+        cm: dict[str, Any] = doc["configMap"] if isinstance(doc.get("configMap"), dict) else {}
         return cls(
             uri=str(doc["uri"]),
             sha256=str(doc["sha256"]),
@@ -187,6 +193,9 @@ class ArtifactRecord:
             library_skipped_reason=_text(doc.get("librarySkippedReason"), 300) if skipped else "",
             gpu_model=_text(doc.get("gpuModel")),
             job=_text(doc.get("job")),
+            config_map=_text(cm.get("name")),
+            config_map_uid=_text(cm.get("uid")),
+            delivery=_text(doc.get("delivery"), 300),
         )
 
     def _doc(self, *, with_job: bool) -> dict[str, Any]:
@@ -194,6 +203,10 @@ class ArtifactRecord:
         if with_job:
             doc["gpuModel"] = self.gpu_model
             doc["job"] = self.job
+            if self.config_map:
+                doc["configMap"] = {"name": self.config_map, "uid": self.config_map_uid}
+            if self.delivery:
+                doc["delivery"] = self.delivery
         doc["revision"] = self.revision
         optional: dict[str, Any] = {
             "gemms": self.gemms,
@@ -242,9 +255,9 @@ def status_fields() -> set[str]:
     names = {
         "uri", "sha256", "gpuModel", "job", "revision", "gemms", "tunedAt", "tuningSeconds",
         "manifestSha256", "identity", "libraryKey", "librarySkipped", "librarySkippedReason",
-        "outcomes", "image", *_COUNTS,
+        "outcomes", "image", "configMap", "delivery", *_COUNTS,
     }  # fmt: skip
-    assert len(fields(ArtifactRecord)) == 17  # a new field must be named above too
+    assert len(fields(ArtifactRecord)) == 20  # a new field must be named above too
     return names
 
 

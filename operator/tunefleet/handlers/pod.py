@@ -49,7 +49,8 @@ async def pod_mutate(
         entry = CACHE.profile((namespace, profile_name)) or await _read_profile(
             namespace, profile_name
         )
-        decision = admit(dict(body), profile_name, entry, CONFIG.get())
+        config_maps = await _config_map_uids(namespace, entry)
+        decision = admit(dict(body), profile_name, entry, CONFIG.get(), config_maps)
     except Exception:
         # A bug here must not block pods: a handler error would reach the API server as a
         # refusal, which failurePolicy: Ignore does not cover. Admit unchanged instead.
@@ -85,6 +86,41 @@ async def _read_profile(namespace: str, name: str) -> dict[str, Any] | None:
         log.info(f"admission: could not read TuningProfile {namespace}/{name}: {e}")
         return None
     return views.profile_view(raw) if raw is not None else None
+
+
+# name -> (read at, uid or ""): a scale-up of N pods reads each artifact ConfigMap once.
+_CONFIG_MAPS: dict[tuple[str, str], tuple[float, str]] = {}
+CONFIG_MAP_TTL = 30.0
+
+
+async def _config_map_uids(namespace: str, entry: dict[str, Any] | None) -> dict[str, str] | None:
+    """The uid each of the profile's artifact ConfigMaps has now ("" when gone), so admission
+    can tell one replaced since it was made; None when it cannot be read in time (the pod then
+    mounts it by name, as it is)."""
+    names = [
+        str(a["configMap"]["name"])
+        for a in ((entry or {}).get("status") or {}).get("artifacts") or []
+        if isinstance(a.get("configMap"), dict) and a["configMap"].get("name")
+    ]
+    if not names:
+        return {}
+    now, out = time.monotonic(), {}
+    for key in [k for k, (at, _) in _CONFIG_MAPS.items() if now - at > CONFIG_MAP_TTL]:
+        _CONFIG_MAPS.pop(key, None)
+    for name in names:
+        cached = _CONFIG_MAPS.get((namespace, name))
+        if cached is None:
+            try:
+                found = await asyncio.wait_for(
+                    asyncio.to_thread(kube.read, "ConfigMap", namespace, name), timeout=1.5
+                )
+            except Exception as e:
+                log.info(f"admission: could not read ConfigMap {namespace}/{name}: {e}")
+                return None
+            uid = str(((found or {}).get("metadata") or {}).get("uid") or "")
+            cached = _CONFIG_MAPS[(namespace, name)] = (now, uid)
+        out[name] = cached[1]
+    return out
 
 
 def apply(body: kopf.Body, patch: kopf.Patch, decision: Decision) -> None:

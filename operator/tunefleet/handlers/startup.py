@@ -72,9 +72,6 @@ def _prime(config: Config) -> None:
         lambda: each("tuningprofiles"),
         lambda: each("jobs", selector),
         lambda: each("pods", selector),
-        owner_of=lambda body: ((body.get("metadata") or {}).get("labels") or {}).get(
-            naming.PROFILE_UID_LABEL
-        ),
     )
 
 
@@ -90,9 +87,10 @@ def follow_child(kind: str, event: str | None, body: kopf.Body) -> None:
     cache, and queue its profile (after a short delay that folds a burst of one object's
     events into one reconcile)."""
     metrics.HANDLER_CALLS.labels(f"{kind[:-1]}_event").inc()
-    labels = body.metadata.labels
-    CACHE.follow(kind, event, labels.get(naming.PROFILE_UID_LABEL, ""), dict(body))
-    CONTROLLER.get().enqueue_owner(body.metadata.namespace, labels.get(naming.TUNING_PROFILE_LABEL))
+    CACHE.follow(kind, event, dict(body))
+    # By the profile the object names: only a trigger, the reconcile reads what is owned.
+    profile = body.metadata.labels.get(naming.TUNING_PROFILE_LABEL)
+    CONTROLLER.get().enqueue_owner(body.metadata.namespace, profile)
 
 
 @kopf.on.startup()
@@ -121,7 +119,13 @@ async def operator_startup(
     settings.batching.error_delays = [1, 2, 5, 10, 30, 60]
     kube.login(pool_size=config.workers + 6)
     indexes = Indexes(
-        profile=CACHE.profile, profiles=CACHE.profiles, jobs=CACHE.jobs, pods=CACHE.pods
+        profile=CACHE.profile,
+        profiles=CACHE.profiles,
+        jobs=CACHE.jobs,
+        pods=CACHE.pods,
+        untrusted=CACHE.untrusted,
+        written=CACHE.written,
+        refresh=CACHE.put_profile,
     )
     controller = Controller(
         config, indexes, workers=config.workers, resync_seconds=config.resync_seconds
@@ -145,6 +149,8 @@ async def operator_startup(
             on_started=controller.lead,
             on_stopped=controller.follow,
         )
+        # Every write of this process passes the Lease's fence first (kube.py, leader.py).
+        kube.set_fence(ELECTOR.elector.fence)
         ELECTOR.elector.start()
     else:
         controller.lead()  # one replica: nobody to elect

@@ -128,6 +128,13 @@ def _fix_partition(p: _Pod, a: Admission) -> str:
     )
 
 
+def _fix_config_map(p: _Pod, a: Admission) -> str:
+    return (
+        "the operator makes the artifact's ConfigMap again when it reconciles the profile "
+        f"(`{p.status_cmd}` shows the artifact's delivery); then recreate the pod: {p.recreate}"
+    )
+
+
 def _fix_unknown(p: _Pod, a: Admission) -> str:
     return "the reason above says what is missing; fix it, then recreate the pod: " + p.recreate
 
@@ -142,6 +149,7 @@ FIXES: dict[Code, Callable[[_Pod, Admission], str]] = {
     Code.DEFAULT_ONLY: _fix_default_only,
     Code.PARTITION_MISMATCH: _fix_partition,
     Code.PARTITION_UNKNOWN: _fix_partition,
+    Code.CONFIG_MAP_REPLACED: _fix_config_map,
 }
 
 
@@ -401,7 +409,18 @@ def _injected(p: _Pod, a: Admission, out: dict[str, Any]) -> dict[str, Any]:
     out["imageWarnings"] = [w.strip() for w in a.image_warning.split("; ") if w.strip()]
     fetch = _fetch_state(p.pod)
     out["fetch"] = fetch
-    if fetch is None:
+    if fetch is None and a.config_map:
+        started = (p.pod.get("status") or {}).get("phase") in ("Running", "Succeeded")
+        model = f" for {a.gpu_model}" if a.gpu_model else ""
+        out.update(
+            tuned=True if started else None,
+            verdict="injected",
+            summary=f"{'tuned' if started else 'injected'}: artifact {short(a.sha256)} mounted "
+            f"from ConfigMap {a.config_map}{model}",
+            reason="the webhook mounted the artifact's ConfigMap (no fetch, no store request)",
+            reasonSource=f"annotation {naming.ARTIFACT_CONFIG_MAP_ANNOTATION}",
+        )
+    elif fetch is None:
         out.update(
             verdict="injected",
             summary=f"injected: pinned to artifact {short(a.sha256)}, but the pod has no "

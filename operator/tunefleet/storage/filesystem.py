@@ -164,7 +164,7 @@ class DirStore:
             raise StoreError(f"cannot delete {path}: {exc.strerror or exc}") from None
 
     def list(self, prefix: str, limit: int) -> list[Listed]:
-        top = self._path(prefix)
+        top = self._path(prefix) if prefix else self.root  # "": the whole store
         out: list[Listed] = []
         try:
             # Sorted walk, so the first `limit` are the first by key, as S3 lists them.
@@ -174,7 +174,10 @@ class DirStore:
                     if name.startswith("."):
                         continue  # a temp file of a write in progress
                     path = Path(dirpath) / name
-                    st = path.stat()
+                    try:
+                        st = path.stat()
+                    except FileNotFoundError:
+                        continue  # deleted since the walk saw it (tunefleet-gc): not listed
                     out.append(
                         Listed(path.relative_to(self.root).as_posix(), st.st_size, st.st_mtime)
                     )

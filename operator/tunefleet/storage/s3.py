@@ -206,7 +206,8 @@ class S3Store:
             self._check_deadline(f"listing {self.uri(prefix)}/")
             args: dict[str, Any] = {
                 "Bucket": self.bucket,
-                "Prefix": prefix.rstrip("/") + "/",
+                # "" is the whole bucket (tunefleet-gc on a URI without a prefix).
+                "Prefix": prefix.rstrip("/") + "/" if prefix else "",
                 "MaxKeys": min(self.page_size, limit - len(out)),
             }
             if token:

@@ -53,7 +53,8 @@ class Store(Protocol):
         """The object's bytes; NotFoundError if there is none."""
 
     def list(self, prefix: str, limit: int) -> list[Listed]:
-        """Objects under ``prefix + "/"``, by key, at most ``limit`` of them."""
+        """Objects under ``prefix + "/"`` (every object when prefix is ""), by key, at most
+        ``limit`` of them."""
 
     def delete(self, key: str) -> None:
         """Remove one object; one that is already gone is success."""

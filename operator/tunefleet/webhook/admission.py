@@ -7,8 +7,14 @@
 3. `build_patch`: the pod to admit: the fetch init container, the results volume and mounts,
    TunableOp's environment, and the marks the contract writes.
 
-`admit` runs them; it is idempotent: a pod that already carries the fetch init container comes
-back marked only. The kopf handler (handlers/pod.py) turns the decision into the patch.
+`admit` runs them; it is idempotent: a pod that already carries the fetch init container or
+the results volume comes back marked only. The kopf handler (handlers/pod.py) turns the
+decision into the patch.
+
+An artifact the operator delivered as a ConfigMap (delivery.py) is mounted from it: no init
+container, no credentials (a gzipped one is unpacked by a local init container). The handler
+passes the uid each such ConfigMap has now; one that is gone or was replaced (another uid than
+the one made) starts the pod untuned with the reason, or refuses it (failClosed).
 """
 
 from __future__ import annotations
@@ -25,7 +31,11 @@ from tunefleet.api import TuningProfileSpec
 from tunefleet.builders.storage import pod_storage
 from tunefleet.builders.webhook import (
     RESULTS_DIR,
+    VOLUME,
     build_fetch_container,
+    build_unpack_container,
+    packed_volume,
+    results_config_map_volume,
     results_mount,
     results_volume,
     tunable_env,
@@ -80,6 +90,10 @@ class Choice:
     model: str
     artifact: ArtifactRecord
     pin_model: bool  # the profile's only model: the pod is pinned to it
+
+    @property
+    def from_config_map(self) -> bool:
+        return bool(self.artifact.config_map) and self.spec.serving.delivery == "ConfigMap"
 
 
 def choose_artifact(
@@ -251,8 +265,58 @@ def gpu_count(pod: dict[str, Any], resource: str) -> int:
     return max(counts)
 
 
+def config_map_problem(choice: Choice, seen: dict[str, str] | None) -> str:
+    """Why the artifact's ConfigMap cannot be trusted now ("" when it can, or is not known)."""
+    name, made = choice.artifact.config_map, choice.artifact.config_map_uid
+    if seen is None or name not in seen:
+        return ""  # not known now: mounted as it is (the kubelet reads it by name)
+    now = seen[name]
+    if now == made:
+        return ""
+    state = f"was replaced (uid {now}, made as {made})" if now else "is gone"
+    return f"the ConfigMap {name} that holds the artifact for {choice.model} {state}"
+
+
+def _mount_from_config_map(
+    pspec: dict[str, Any], choice: Choice, devices: int, config: Config, where: tuple[str, str]
+) -> None:
+    art, closed = choice.artifact, choice.spec.serving.fail_closed
+    volumes = pspec.get("volumes") or []
+    if "gzip" not in art.delivery:
+        pspec["volumes"] = [
+            *volumes,
+            results_config_map_volume(art.config_map, devices, not closed),
+        ]
+        return
+    unpack = build_unpack_container(
+        where=(*where, choice.model),
+        sha256=art.sha256, manifest_sha256=art.manifest_sha256, devices=devices,
+        gpu_model=choice.model, fail_closed=closed, config=config,
+    )  # fmt: skip
+    pspec["initContainers"] = [unpack, *(pspec.get("initContainers") or [])]
+    pspec["volumes"] = [*volumes, results_volume(), packed_volume(art.config_map)]
+
+
+def _fetch_from_store(pspec: dict[str, Any], choice: Choice, devices: int, config: Config) -> None:
+    spec, art = choice.spec, choice.artifact
+    # Read-only credentials (spec.serving's or the default serving Secret), never publish's.
+    storage = pod_storage(spec, config, read_only=True, serving=True)
+    fetch = build_fetch_container(
+        uri=art.uri,
+        sha256=art.sha256,
+        manifest_sha256=art.manifest_sha256,
+        devices=devices,
+        gpu_model=choice.model,
+        fail_closed=spec.serving.fail_closed,
+        storage=storage,
+        config=config,
+    )
+    pspec["initContainers"] = [fetch, *(pspec.get("initContainers") or [])]
+    pspec["volumes"] = [*(pspec.get("volumes") or []), results_volume(), *storage.volumes]
+
+
 def build_patch(
-    pod: dict[str, Any], choice: Choice, check: ImageCheck, config: Config
+    pod: dict[str, Any], choice: Choice, check: ImageCheck, config: Config, profile_name: str = ""
 ) -> dict[str, Any]:
     """The pod to admit, injected: a copy of `pod`."""
     spec, art = choice.spec, choice.artifact
@@ -263,19 +327,12 @@ def build_patch(
             **(pspec.get("nodeSelector") or {}),
             naming.label_key(spec): choice.model,
         }
-    storage = pod_storage(spec, config, read_only=True)
-    fetch = build_fetch_container(
-        uri=art.uri,
-        sha256=art.sha256,
-        manifest_sha256=art.manifest_sha256,
-        devices=gpu_count(out, naming.resource_name(spec)),
-        gpu_model=choice.model,
-        fail_closed=spec.serving.fail_closed,
-        storage=storage,
-        config=config,
-    )
-    pspec["initContainers"] = [fetch, *(pspec.get("initContainers") or [])]
-    pspec["volumes"] = [*(pspec.get("volumes") or []), results_volume(), *storage.volumes]
+    devices = gpu_count(out, naming.resource_name(spec))
+    if choice.from_config_map:
+        where = (str((out.get("metadata") or {}).get("namespace") or ""), profile_name)
+        _mount_from_config_map(pspec, choice, devices, config, where)
+    else:
+        _fetch_from_store(pspec, choice, devices, config)
     for c in pspec.get("containers") or []:
         if c.get("name") not in check.chosen:
             continue
@@ -294,16 +351,25 @@ def build_patch(
         sha256=art.sha256,
         gpu_model=choice.model,
         image_warning="; ".join(check.warnings),
+        config_map=art.config_map if choice.from_config_map else "",
     )
     mark.write(out)
     return out
 
 
 def admit(
-    pod: dict[str, Any], profile_name: str, profile: dict[str, Any] | None, config: Config
+    pod: dict[str, Any],
+    profile_name: str,
+    profile: dict[str, Any] | None,
+    config: Config,
+    config_maps: dict[str, str] | None = None,
 ) -> Decision:
+    """`config_maps`: the uid each artifact ConfigMap of the profile has now, by name ("" for
+    one that does not exist); None when not known (the pod then mounts it as it is)."""
     spec_ = pod.get("spec") or {}
-    if any(c.get("name") == FETCH_CONTAINER for c in spec_.get("initContainers") or []):
+    injected = any(c.get("name") == FETCH_CONTAINER for c in spec_.get("initContainers") or [])
+    injected = injected or any(v.get("name") == VOLUME for v in spec_.get("volumes") or [])
+    if injected:
         # Already injected (admission re-run, or a copied pod spec): only say it was seen.
         out = copy.deepcopy(pod)
         out.setdefault("metadata", {}).setdefault("labels", {})[naming.ADMISSION_LABEL] = INJECTED
@@ -311,6 +377,12 @@ def admit(
     choice = choose_artifact(pod, profile_name, profile)
     if isinstance(choice, Decision):
         return choice
+    problem = config_map_problem(choice, config_maps) if choice.from_config_map else ""
+    if problem:
+        fix = "The operator makes it again when it reconciles the profile; recreate the pod then."
+        closed = choice.spec.serving.fail_closed
+        code = Code.CONFIG_MAP_REPLACED
+        return _untuned(pod, problem, code, fail_closed=closed, fix=fix, model=choice.model)
     check = check_images(pod, choice)
     if check.mismatches and choice.spec.serving.fail_closed:
         return Decision(
@@ -320,6 +392,6 @@ def admit(
             "set spec.serving.pinImage, or retune in this one.",
             code=Code.IMAGE_MISMATCH,
         )
-    out = build_patch(pod, choice, check, config)
+    out = build_patch(pod, choice, check, config, profile_name)
     code = Code.IMAGE_MISMATCH if check.mismatches else Code.NONE
     return Decision(pod=out, injected=True, warnings=check.warnings, code=code)

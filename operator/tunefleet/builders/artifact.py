@@ -1,0 +1,87 @@
+"""The immutable ConfigMap an artifact is delivered in (pure): model pods mount it, so a pod's
+start needs no init container, no storage credentials and no store request, and the kubelet of
+each node caches it for every pod there.
+
+An artifact too big for a ConfigMap's 1 MiB (what etcd takes) is gzipped into binaryData (the
+fetch init container then unpacks it, locally); one that does not fit even so is served from
+the store (None here).
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+from typing import Any
+
+from tunefleet import naming
+from tunefleet.builders.job import owner_reference
+from tuner_job.output import MANIFEST_NAME, RESULTS_NAME
+
+# A ConfigMap's data and binaryData together: 1 MiB, less room for its metadata.
+CONFIG_MAP_BYTES = 1024 * 1024 - 16 * 1024
+PACKED_NAME = RESULTS_NAME + ".gz"
+
+
+def artifact_config_map_name(sha256: str, profile_uid: str) -> str:
+    """Named by the artifact's SHA-256, and the profile's: two profiles that tuned identical
+    results own a ConfigMap each."""
+    owner = hashlib.sha256(profile_uid.encode()).hexdigest()[:8]
+    return f"tunefleet-artifact-{sha256}-{owner}"
+
+
+def build_artifact_config_map(
+    *,
+    namespace: str,
+    profile: str,
+    uid: str,
+    gpu_model: str,
+    sha256: str,
+    manifest_sha256: str,
+    results: bytes,
+    manifest: bytes,
+) -> dict[str, Any] | None:
+    """The ConfigMap of one verified artifact, or None when it cannot fit one."""
+    data: dict[str, str] = {MANIFEST_NAME: manifest.decode("utf-8")}
+    binary: dict[str, str] = {}
+    if len(results) + len(manifest) <= CONFIG_MAP_BYTES:
+        data[RESULTS_NAME] = results.decode("utf-8")
+        packed = False
+    else:
+        # mtime 0: the same results always pack to the same bytes.
+        blob = base64.b64encode(gzip.compress(results, mtime=0)).decode("ascii")
+        if len(blob) + len(manifest) > CONFIG_MAP_BYTES:
+            return None
+        binary[PACKED_NAME] = blob
+        packed = True
+    cm: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": artifact_config_map_name(sha256, uid),
+            "namespace": namespace,
+            "labels": {
+                **naming.MANAGED_BY,
+                naming.PROFILE_UID_LABEL: uid,
+                naming.ROLE_LABEL: "artifact",
+            },
+            "annotations": {
+                naming.MODEL_ANNOTATION: gpu_model,
+                naming.ARTIFACT_SHA_ANNOTATION: sha256,
+                naming.MANIFEST_SHA_ANNOTATION: manifest_sha256,
+                naming.PACKED_ANNOTATION: "gzip" if packed else "none",
+            },
+            "ownerReferences": [owner_reference(profile, uid)],
+        },
+        # Immutable: the kubelet stops watching it, and only a delete and a new object (with
+        # another uid, which admission checks) could change what pods mount.
+        "immutable": True,
+        "data": data,
+    }
+    if binary:
+        cm["binaryData"] = binary
+    return cm
+
+
+def is_packed(config_map: dict[str, Any]) -> bool:
+    return PACKED_NAME in (config_map.get("binaryData") or {})

@@ -1,0 +1,293 @@
+"""Serving that costs a model pod nothing: artifacts delivered as immutable ConfigMaps, mounted
+with no init container and no credentials; read-only credentials where the store is still
+used; a fetch whose time limit holds against a frozen store."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.unit.test_reconcile import CFG, MODELS, FakeApi, jobs_for, profile
+from tests.unit.test_trust import completed, published_pod
+from tunefleet import delivery, kube
+from tunefleet.artifacts import fetch as fetch_mod
+from tunefleet.builders.artifact import CONFIG_MAP_BYTES, build_artifact_config_map
+from tunefleet.config import Config
+from tunefleet.contracts.admission import Admission, Code
+from tunefleet.reconcile import Memory, sync_profile
+from tunefleet.webhook.admission import admit
+from tuner_job.files import sha256_hex
+
+SHA = "ab" * 32
+MANIFEST = b'{"schema": "tunefleet.io/manifest/v1"}'
+SERVING = Config(image="tunefleet:1", delivery_credentials_secret="reader")
+
+
+def model_profile(delivered: dict[str, Any] | None, **serving: Any) -> dict[str, Any]:
+    art: dict[str, Any] = {
+        "gpuModel": "NVIDIA-H200",
+        "uri": f"s3://bkt/p/ns/x/NVIDIA-H200/{SHA}",
+        "sha256": SHA,
+    }
+    if delivered:
+        art.update(delivered)
+    return {
+        "spec": {
+            "image": "serve:1",
+            "gpu": {"vendor": "nvidia", "models": ["NVIDIA-H200"]},
+            "workload": {"shapes": [{"mnk": [8, 8, 8]}]},
+            "storage": {"uri": "s3://bkt/p", "credentialsSecret": {"name": "publisher"}},
+            "serving": serving,
+        },
+        "status": {"phase": "Ready", "artifacts": [art]},
+    }
+
+
+def model_pod(gpus: int = 2) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "m", "namespace": "ml", "labels": {"tunefleet.io/profile": "x"}},
+        "spec": {
+            "containers": [
+                {
+                    "name": "server",
+                    "image": "serve:1",
+                    "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+                }
+            ]
+        },
+    }
+
+
+CM = {"configMap": {"name": "tunefleet-artifact-x", "uid": "cm-1"}, "delivery": "ConfigMap"}
+
+
+def test_a_delivered_artifact_is_mounted_with_no_init_container_and_no_credentials() -> None:
+    d = admit(model_pod(), "x", model_profile(CM), SERVING, {"tunefleet-artifact-x": "cm-1"})
+    assert d.injected
+    spec = d.pod["spec"]
+    assert not spec.get("initContainers")
+    (vol,) = [v for v in spec["volumes"] if v["name"] == "tunefleet-results"]
+    (source,) = vol["projected"]["sources"]
+    assert source["configMap"]["name"] == "tunefleet-artifact-x" and source["configMap"]["optional"]
+    assert [i["path"] for i in source["configMap"]["items"]] == [
+        "tunableop_results0.csv",
+        "tunableop_results1.csv",
+    ]
+    (server,) = spec["containers"]
+    env = {e["name"]: e["value"] for e in server["env"]}
+    assert env["PYTORCH_TUNABLEOP_FILENAME"] == "/tunefleet/results/tunableop_results%d.csv"
+    assert not any(e["name"].startswith("AWS_") for e in server["env"])
+    assert Admission.read(d.pod).config_map == "tunefleet-artifact-x"  # type: ignore[union-attr]
+
+
+def test_a_gzipped_artifact_is_unpacked_locally_without_network_or_credentials() -> None:
+    packed = {**CM, "delivery": "ConfigMap gzip"}
+    d = admit(model_pod(), "x", model_profile(packed), SERVING, {"tunefleet-artifact-x": "cm-1"})
+    (init,) = d.pod["spec"]["initContainers"]
+    cmd = init["command"]
+    assert cmd[cmd.index("--uri") + 1] == f"file:///tunefleet/packed/ml/x/NVIDIA-H200/{SHA}"
+    assert "--endpoint-url" not in cmd and not init.get("env")
+    assert {m["name"] for m in init["volumeMounts"]} == {"tunefleet-results", "tunefleet-packed"}
+
+
+@pytest.mark.parametrize(
+    ("seen", "words"),
+    [({"tunefleet-artifact-x": ""}, "is gone"), ({"tunefleet-artifact-x": "cm-2"}, "was replaced")],
+)
+def test_a_gone_or_replaced_config_map_starts_untuned_or_is_refused(
+    seen: dict[str, str], words: str
+) -> None:
+    d = admit(model_pod(), "x", model_profile(CM), SERVING, seen)
+    assert not d.injected and words in d.reason and d.code == Code.CONFIG_MAP_REPLACED
+    closed = admit(model_pod(), "x", model_profile(CM, failClosed=True), SERVING, seen)
+    assert closed.deny and words in closed.deny
+    # Not known right now (the API server did not answer in time): mounted by name as it is.
+    assert admit(model_pod(), "x", model_profile(CM), SERVING, None).injected
+
+
+def test_the_store_path_uses_read_only_credentials_never_the_publish_secret() -> None:
+    prof = model_profile(None)
+    d = admit(model_pod(), "x", prof, SERVING)
+    (fetch,) = d.pod["spec"]["initContainers"]
+    assert not any(e.get("valueFrom") for e in fetch.get("env") or [])  # nothing: cloud identity
+    with_reader = admit(
+        model_pod(), "x", model_profile(None, credentialsSecret={"name": "reader"}), SERVING
+    )
+    refs = {
+        e["valueFrom"]["secretKeyRef"]["name"]
+        for e in with_reader.pod["spec"]["initContainers"][0]["env"]
+        if "valueFrom" in e
+    }
+    assert refs == {"reader"}
+    default = admit(
+        model_pod(), "x", prof, Config(image="t", default_serving_credentials_secret="ro")
+    )
+    refs = {
+        e["valueFrom"]["secretKeyRef"]["name"]
+        for e in default.pod["spec"]["initContainers"][0]["env"]
+        if "valueFrom" in e
+    }
+    assert refs == {"ro"}
+    # A profile that asks for the store path gets it even when delivered.
+    store = admit(
+        model_pod(),
+        "x",
+        model_profile(CM, delivery="Store"),
+        SERVING,
+        {"tunefleet-artifact-x": "cm-1"},
+    )
+    assert store.pod["spec"]["initContainers"][0]["name"] == "tunefleet-fetch"
+
+
+def test_the_config_map_holds_every_real_size_or_says_it_cannot() -> None:
+    row = "GemmTunableOp_BFloat16_TN,tn_{}_4096_4096_ld_4096_4096_4096,Gemm_Hipblaslt_1234,0.0123\n"
+    big = ("Validator,PT_VERSION,2.11.0\n" + "".join(row.format(i) for i in range(13_243))).encode()
+    assert len(big) > 1_000_000  # the largest real file seen: 13,243 GEMMs, 1.24 MB
+    cm = build_artifact_config_map(
+        namespace="ml", profile="p", uid="u", gpu_model="M", sha256=SHA, manifest_sha256="m" * 64,
+        results=big, manifest=MANIFEST,
+    )  # fmt: skip
+    assert cm is not None and cm["immutable"] is True and "results.csv" not in cm["data"]
+    assert gzip.decompress(base64.b64decode(cm["binaryData"]["results.csv.gz"])) == big
+    small = build_artifact_config_map(
+        namespace="ml", profile="p", uid="u", gpu_model="M", sha256=SHA, manifest_sha256="m" * 64,
+        results=b"Validator,PT_VERSION,2.11.0\n", manifest=MANIFEST,
+    )  # fmt: skip
+    assert small is not None and small["data"]["results.csv"].startswith("Validator")
+    noise = os.urandom(CONFIG_MAP_BYTES)  # does not compress
+    assert build_artifact_config_map(
+        namespace="ml", profile="p", uid="u", gpu_model="M", sha256=SHA, manifest_sha256="",
+        results=noise, manifest=MANIFEST,
+    ) is None  # fmt: skip
+
+
+def test_the_operator_delivers_a_fresh_artifact_and_status_says_how_pods_get_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    p = profile(gpu={"vendor": "amd", "models": MODELS[:1]})
+    job = completed(p)
+    api = FakeApi(monkeypatch)
+    calls: list[str] = []
+
+    def download(uri: str, sha: str, **_: Any) -> fetch_mod.Verified:
+        calls.append(uri)
+        return fetch_mod.Verified(b"Validator,PT_VERSION,2.11.0\n", MANIFEST, 0, sha)
+
+    monkeypatch.setattr(delivery, "download_verified", download)
+    uri = f"s3://bkt/p/ml/p/{MODELS[0]}/{SHA}"
+    status = sync_profile(p, [job], [published_pod(job, uri)], SERVING, Memory())
+    (art,) = status["artifacts"]
+    assert art["delivery"] == "ConfigMap" and art["configMap"]["name"].startswith(
+        "tunefleet-artifact-" + SHA
+    )
+    assert ("ConfigMap", art["configMap"]["name"]) in api.created and calls == [uri]
+    # The next reconcile, with the Job still kept: delivered as status says, not read again
+    # (and a ConfigMap replaced meanwhile is not taken up by its new uid).
+    again = sync_profile(
+        {**p, "status": status}, [job], [published_pod(job, uri)], SERVING, Memory()
+    )
+    assert again["artifacts"][0]["configMap"] == art["configMap"] and calls == [uri]
+    # Without a read identity for the operator: the store path, and why.
+    plain = sync_profile(p, [job], [published_pod(job, uri)], CFG, Memory())
+    assert plain["artifacts"][0]["delivery"].startswith("Store: the operator has no read identity")
+
+
+def test_a_failed_delivery_is_said_and_not_tried_again_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    p = profile(gpu={"vendor": "amd", "models": MODELS[:1]})
+    job = completed(p)
+    FakeApi(monkeypatch)
+    tries: list[int] = []
+
+    def failing(*_: Any, **__: Any) -> Any:
+        tries.append(1)
+        raise fetch_mod.FetchError("downloading s3://bkt/x failed: InternalError (HTTP 500)")
+
+    monkeypatch.setattr(delivery, "download_verified", failing)
+    memory = Memory()
+    pods = [published_pod(job, f"s3://bkt/p/ml/p/{MODELS[0]}/{SHA}")]
+    first = sync_profile(p, [job], pods, SERVING, memory)
+    assert "HTTP 500" in first["artifacts"][0]["delivery"]
+    sync_profile({**p, "status": first}, [job], pods, SERVING, memory)
+    assert len(tries) == 1
+
+
+def test_fetch_gives_up_at_its_time_limit_against_a_store_that_never_answers(
+    tmp_path: Path,
+) -> None:
+    """A frozen S3 server: it accepts connections and never answers (SIGSTOP does that)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    threading.Thread(target=accept, daemon=True).start()
+    port = server.getsockname()[1]
+    repo = Path(__file__).resolve().parents[2]
+    env = {
+        "PYTHONPATH": f"{repo / 'operator'}:{repo}",
+        "AWS_ACCESS_KEY_ID": "x",
+        "AWS_SECRET_ACCESS_KEY": "y",
+        "PATH": "/usr/bin:/bin",
+    }
+    started = time.monotonic()
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "tunefleet.artifacts.fetch", "--uri", f"s3://bkt/p/ml/x/M/{SHA}",
+            "--sha256", SHA, "--dest", str(tmp_path / "d"), "--devices", "1",
+            "--endpoint-url", f"http://127.0.0.1:{port}", "--timeout-seconds", "3",
+            "--termination-log", str(tmp_path / "log"),
+        ],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    took = time.monotonic() - started
+    stop.set()
+    server.close()
+    assert done.returncode == 0 and "over the 3s time limit" in done.stderr, done.stderr
+    assert took < 3 + 4  # the limit, plus the interpreter's start: never 5 x 30 s of retries
+
+
+def test_fetch_reads_a_mounted_gzipped_artifact(tmp_path: Path) -> None:
+    from tests.unit.test_artifacts_publish_fetch import tuner_output
+
+    manifest = tuner_output(tmp_path / "out")
+    results = (tmp_path / "out" / "results.csv").read_bytes()
+    packed = (
+        tmp_path / "packed" / "ml" / "llama" / "AMD_Instinct_MI300X_OAM" / manifest.results_sha256
+    )
+    packed.mkdir(parents=True)
+    (packed / "results.csv.gz").write_bytes(gzip.compress(results))
+    (packed / "manifest.json").write_bytes((tmp_path / "out" / "manifest.json").read_bytes())
+    got = fetch_mod.fetch(f"file://{packed}", manifest.results_sha256, tmp_path / "dest", 2)
+    assert [p.read_bytes() for p in got.paths] == [results, results]
+    assert sha256_hex(results) == manifest.results_sha256
+
+
+def test_a_job_view_of_an_unrelated_profile_does_not_matter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # kube.read is not called for profiles that are not delivered (no read identity).
+    FakeApi(monkeypatch)
+    monkeypatch.setattr(kube, "read", lambda *a: pytest.fail("read"))
+    p = profile()
+    sync_profile(p, jobs_for(p, MODELS), [], CFG, Memory())

@@ -1,0 +1,386 @@
+"""Trust the API server, not labels or memory: ownership is identity, records outlive pods,
+status writes are refereed, superseded Jobs go, failed attempts show, the leader is fenced,
+and what the operator remembers is pruned with what it describes."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import kopf
+import pytest
+
+from tests.unit.test_reconcile import CFG, MODELS, FakeApi, jobs_for, profile
+from tunefleet import kube, naming
+from tunefleet.cache import Cache
+from tunefleet.controller import Controller, Indexes
+from tunefleet.leader import LeaseElector, Timing
+from tunefleet.reconcile import Memory, sync_profile
+
+SHA = "ab" * 32
+OWNER = {
+    "apiVersion": "tunefleet.io/v1alpha1",
+    "kind": "TuningProfile",
+    "uid": "uid-1",
+    "controller": True,
+}
+
+
+def job_body(
+    name: str, ns: str = "ml", owner: dict[str, Any] | None = OWNER, uid: str = ""
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": ns,
+        "uid": uid or f"uid-{name}",
+        "labels": {
+            naming.MANAGED_KEY: naming.MANAGED_VALUE,
+            naming.PROFILE_UID_LABEL: "uid-1",
+            naming.TUNING_PROFILE_LABEL: "p",
+        },
+    }
+    if owner is not None:
+        meta["ownerReferences"] = [owner]
+    return {"metadata": meta, "spec": {}, "status": {}}
+
+
+def pod_body(name: str, job_uid: str | None, message: str = "", ns: str = "ml") -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": ns,
+        "uid": f"uid-{name}",
+        "labels": {naming.PROFILE_UID_LABEL: "uid-1", naming.JOB_UID_LABEL: job_uid or "x"},
+    }
+    if job_uid:
+        meta["ownerReferences"] = [
+            {"apiVersion": "batch/v1", "kind": "Job", "uid": job_uid, "controller": True}
+        ]
+    term = {"exitCode": 0, "message": message}
+    return {
+        "metadata": meta,
+        "spec": {"nodeName": "n"},
+        "status": {
+            "phase": "Succeeded",
+            "containerStatuses": [{"name": "publish", "state": {"terminated": term}}],
+        },
+    }
+
+
+def record(uri: str = f"s3://evil/x/{SHA}") -> str:
+    return json.dumps({"uri": uri, "sha256": SHA, "gemms": 1, "identity": {}})
+
+
+# --- ownership is identity -------------------------------------------------------------------
+
+
+def test_only_children_the_profile_controls_in_its_namespace_count() -> None:
+    cache = Cache()
+    cache.follow("jobs", None, job_body("real"))
+    cache.follow("jobs", None, job_body("no-owner", owner=None))
+    cache.follow("jobs", None, job_body("elsewhere", ns="other"))  # owner uid right, ns wrong
+    assert [j["metadata"]["name"] for j in cache.jobs("ml", "uid-1")] == ["real"]
+    assert {u.name for u in cache.untrusted("uid-1")} == {"no-owner"}
+    cache.follow("pods", None, pod_body("real-0", "uid-real"))
+    cache.follow("pods", None, pod_body("forged", None, record()))  # labels only
+    cache.follow("pods", None, pod_body("of-forged-job", "uid-no-owner", record()))
+    assert [p["metadata"]["name"] for p in cache.pods("ml", "uid-real")] == ["real-0"]
+    assert {u.name for u in cache.untrusted("uid-1")} == {"no-owner", "forged"}
+    # An owner reference taken away later: no longer a child.
+    cache.follow("jobs", "MODIFIED", job_body("real", owner=None))
+    assert cache.jobs("ml", "uid-1") == []
+    cache.follow("jobs", "DELETED", job_body("real", owner=None))
+    cache.follow("jobs", "DELETED", job_body("no-owner", owner=None))
+    cache.follow("pods", "DELETED", pod_body("forged", None))
+    assert cache.untrusted("uid-1") == []
+    cache.follow("pods", "DELETED", pod_body("real-0", "uid-real"))
+    cache.follow("pods", "DELETED", pod_body("of-forged-job", "uid-no-owner"))
+    cache.follow("jobs", "DELETED", job_body("elsewhere", ns="other"))
+    assert cache.sizes() == {"profiles": 0, "jobs": 0, "pods": 0, "untrusted": 0, "placed": 0}
+
+
+def test_a_forged_record_never_reaches_status_and_is_reported_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cache = Cache()
+    for body in (job_body("forged", owner=None), pod_body("forged-0", None, record())):
+        cache.follow("jobs" if "spec" in body and not body["spec"] else "pods", None, body)
+    api = FakeApi(monkeypatch)
+    memory = Memory()
+    p = profile(gpu={"vendor": "amd", "models": MODELS[:1]})
+    status = sync_profile(p, [], [], CFG, memory, untrusted=cache.untrusted("uid-1"))
+    assert status["artifacts"] == [] and status["phase"] == "Pending"
+    assert [k for k, _ in api.created] == ["ConfigMap", "Job"]  # the real Job is made
+    untrusted = [m for r, m in api.events if r == "UntrustedObject"]
+    assert len(untrusted) == 2 and all("is ignored" in m for m in untrusted)
+    assert {m.split()[1] for m in untrusted} == {"ml/forged", "ml/forged-0"}
+    sync_profile({**p, "status": status}, [], [], CFG, memory, untrusted=cache.untrusted("uid-1"))
+    assert len([r for r, _ in api.events if r == "UntrustedObject"]) == 2  # said once each
+
+
+def test_an_object_of_someone_else_under_our_name_is_never_used(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    p = profile(gpu={"vendor": "amd", "models": MODELS[:1]})
+    (job,) = jobs_for(p, MODELS[:1])
+    api = FakeApi(monkeypatch, foreign={job["metadata"]["name"]})
+    with pytest.raises(kopf.TemporaryError, match="not controlled by"):
+        sync_profile(p, [], [], CFG, Memory())
+    assert api.created == []
+    ready = api.patches[-1]["conditions"][0]
+    assert ready["reason"] == "JobCreateFailed" and "delete it" in ready["message"]
+
+
+# --- records that outlive pods ----------------------------------------------------------------
+
+
+def completed(p: dict[str, Any], annotation: str | None = None) -> dict[str, Any]:
+    (job,) = jobs_for(p, MODELS[:1])
+    job = {**job, "status": {"conditions": [{"type": "Complete", "status": "True"}]}}
+    if annotation:
+        job["metadata"]["annotations"][naming.RECORD_ANNOTATION] = annotation
+    return job
+
+
+def published_pod(job: dict[str, Any], uri: str) -> dict[str, Any]:
+    from tunefleet.views import pod_view
+
+    return pod_view(pod_body("tune-0", job["metadata"]["uid"], record(uri)))
+
+
+def test_a_record_read_from_a_pod_is_kept_on_its_job_and_outlives_the_pods(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    p = profile(gpu={"vendor": "amd", "models": MODELS[:1]})
+    job = completed(p)
+    uri = f"s3://bkt/p/ml/p/{MODELS[0]}/{SHA}"
+    api = FakeApi(monkeypatch)
+    status = sync_profile(p, [job], [published_pod(job, uri)], CFG, Memory())
+    assert status["phase"] == "Ready"
+    (kind, name, patch), *_ = api.owned_patches
+    assert (kind, name) == ("Job", job["metadata"]["name"])
+    kept = patch["metadata"]["annotations"][naming.RECORD_ANNOTATION]
+    # The pods are deleted (by hand, by terminated-pod GC, by a drain): still Ready.
+    for annotated, previous in ((completed(p, kept), {}), (completed(p), status)):
+        again = sync_profile({**p, "status": previous}, [annotated], [], CFG, Memory())
+        assert again["phase"] == "Ready" and again["artifacts"][0]["uri"] == uri
+        assert not [r for r, _ in api.events if r == "TuningFailed"]
+
+
+# --- refereed status writes -------------------------------------------------------------------
+
+
+def test_status_is_written_over_the_version_read_and_an_invalid_profile_keeps_no_stale_figure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[str] = []
+    api = FakeApi(monkeypatch)
+    monkeypatch.setattr(
+        kube,
+        "replace_profile_status",
+        lambda ns, n, rv, st: (seen.append(rv), api.patches.append(st), "9")[-1],
+    )
+    p = profile(gpu={"vendor": "amd", "models": MODELS[:1]})
+    job = completed(p)
+    p["metadata"]["resourceVersion"] = "7"
+    ready = sync_profile(p, [job], [published_pod(job, f"s3://bkt/x/{SHA}")], CFG, Memory())
+    assert seen == ["7"] and ready["tunedGemms"] and ready["revision"]
+    broken = profile(gpu={"vendor": "amd", "models": ["MI300X OAM"]})
+    broken["metadata"]["resourceVersion"] = "9"
+    with pytest.raises(kopf.PermanentError):
+        sync_profile({**broken, "status": ready}, [], [], CFG, Memory())
+    invalid = api.patches[-1]
+    assert invalid["phase"] == "Invalid" and invalid["artifacts"] == ready["artifacts"]
+    for stale in ("tunedGemms", "gemms", "note", "revision", "progress", "reuse", "shortSha256"):
+        assert stale not in invalid, stale
+
+
+def test_a_conflict_reads_again_and_memory_never_overrides_the_api_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    api = FakeApi(monkeypatch)
+    api.conflict = True
+    p = profile()
+    refreshed: list[Any] = []
+    monkeypatch.setattr(kube, "get_profile", lambda ns, name, t=2.0: {"metadata": {"name": name}})
+    indexes = Indexes(
+        profile=lambda key: p,
+        profiles=lambda: [("ml", "p")],
+        jobs=lambda ns, uid: [],
+        pods=lambda ns, uid: [],
+        refresh=refreshed.append,
+    )
+    c = Controller(CFG, indexes, workers=1)
+    c.process(("ml", "p"))
+    assert refreshed == [{"metadata": {"name": "p"}}]
+    assert c.queue.pending() == 1  # computed again from the fresh read, soon
+
+
+# --- superseded Jobs and failed attempts -------------------------------------------------------
+
+
+def test_jobs_of_an_earlier_revision_are_removed_with_their_configmaps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    old = profile(image="registry.example.com/serve:1")
+    old_jobs = jobs_for(old, MODELS)
+    api = FakeApi(monkeypatch)
+    cm = {"metadata": {"uid": "cm-uid", "ownerReferences": [OWNER]}}
+    monkeypatch.setattr(kube, "read", lambda kind, ns, name: cm if kind == "ConfigMap" else None)
+    new = profile(image="registry.example.com/serve:2")
+    sync_profile(new, old_jobs, [], CFG, Memory())
+    names = {j["metadata"]["name"] for j in old_jobs}
+    assert {n for k, n in api.deleted if k == "Job"} == names
+    assert {n for k, n in api.deleted if k == "ConfigMap"} == names
+    assert len([n for k, n in api.created if k == "Job"]) == 2  # the new revision's
+    assert [r for r, _ in api.events].count("TuningJobSuperseded") == 2
+
+
+def test_a_failed_attempt_of_a_retrying_job_shows_with_its_cause_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    p = profile(gpu={"vendor": "amd", "models": MODELS[:1]})
+    (job,) = jobs_for(p, MODELS[:1])
+    job = {**job, "status": {"failed": 1, "active": 1, "conditions": []}}
+    failed = pod_body("tune-a", job["metadata"]["uid"])
+    failed["status"] = {
+        "phase": "Failed",
+        "containerStatuses": [
+            {
+                "name": "publish",
+                "state": {
+                    "terminated": {
+                        "exitCode": 1,
+                        "message": "tunefleet-publish: error: InternalError (HTTP 500)",
+                    }
+                },
+            }
+        ],
+    }
+    from tunefleet.views import pod_view
+
+    api = FakeApi(monkeypatch)
+    memory = Memory()
+    status = sync_profile(p, [job], [pod_view(failed)], CFG, memory)
+    progressing = status["conditions"][1]
+    assert (
+        progressing["reason"] == "AttemptFailed"
+        and "attempt 1 of 2 failed" in progressing["message"]
+    )
+    assert "HTTP 500" in progressing["message"] and status["jobs"][0]["failedAttempts"] == 1
+    sync_profile({**p, "status": status}, [job], [pod_view(failed)], CFG, memory)
+    assert len([r for r, _ in api.events if r == "AttemptFailed"]) == 1
+
+
+# --- the fenced leader --------------------------------------------------------------------------
+
+
+class HangingLeases:
+    """A Lease API whose calls hang once `hang` is set (a frozen TCP peer)."""
+
+    def __init__(self) -> None:
+        self.hang = threading.Event()
+        self.lease: Any = None
+
+    def _wait(self, timeout: float) -> None:
+        if self.hang.is_set():
+            time.sleep(timeout)
+            raise TimeoutError("read timed out")
+
+    def read_namespaced_lease(self, name: str, ns: str, _request_timeout: float = 0) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
+        self._wait(_request_timeout)
+        if self.lease is None:
+            raise ApiException(status=404)
+        return self.lease
+
+    def create_namespaced_lease(
+        self, ns: str, body: dict[str, Any], _request_timeout: float = 0
+    ) -> None:
+        import types
+
+        self._wait(_request_timeout)
+        self.lease = types.SimpleNamespace(
+            metadata=types.SimpleNamespace(resource_version="1"),
+            spec=types.SimpleNamespace(
+                holder_identity=body["spec"]["holderIdentity"], renew_time="t",
+                acquire_time=None, lease_duration_seconds=1, lease_transitions=0,
+            ),
+        )  # fmt: skip
+
+    def replace_namespaced_lease(
+        self, name: str, ns: str, body: dict[str, Any], _request_timeout: float = 0
+    ) -> None:
+        self._wait(_request_timeout)
+
+
+def test_a_leader_whose_calls_hang_stops_writing_before_its_lease_can_be_taken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(kube, "MIN_WRITE_SECONDS", 0.05)
+    api = HangingLeases()
+    events: list[str] = []
+    timing = Timing(duration=1.0, renew_deadline=0.6, retry=0.1, call_timeout=0.2)
+    elector = LeaseElector(
+        "l",
+        "ns",
+        "a",
+        lambda: events.append("leads"),
+        lambda: events.append("follows"),
+        timing,
+        api,
+    )
+    kube.set_fence(elector.fence)
+    try:
+        elector.start()
+        deadline = time.monotonic() + 5
+        while not elector.leading and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert elector.leading and kube.write_timeout() > 0
+        api.hang.set()
+        hung_at = time.monotonic()
+        while elector.fence() > 0:
+            time.sleep(0.01)
+        # Fenced within the renew deadline of the last good renewal, before `duration`.
+        assert time.monotonic() - hung_at <= timing.renew_deadline + 0.05
+        with pytest.raises(kube.NotLeading):
+            kube.write_timeout()
+        while "follows" not in events and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert events == ["leads", "follows"]
+    finally:
+        api.hang.clear()
+        elector.stop(release=False)
+        kube.set_fence(lambda: None)
+
+
+def test_a_replica_that_stops_leading_forgets_what_it_remembered() -> None:
+    c = Controller(
+        CFG, Indexes(lambda k: None, list, lambda ns, u: [], lambda ns, u: []), workers=1
+    )
+    c.memory.of("uid-1").written_rv = "5"
+    c.memory.unadmitted[("ml", "p")] = ["x"]
+    c.follow()
+    assert c.memory.profiles == {} and c.memory.unadmitted == {}
+
+
+def test_what_is_remembered_of_a_profile_is_pruned_with_its_objects(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    FakeApi(monkeypatch)
+    memory = Memory()
+    mine = memory.of("uid-1")
+    mine.image_ids.update({"gone-job": "x"})
+    mine.pod_events.update({"gone-pod": (0.0, [])})
+    mine.reported.add("gone-object")
+    p = profile()
+    jobs = jobs_for(p, MODELS)
+    sync_profile(p, jobs, [], CFG, memory)
+    assert (mine.image_ids, mine.pod_events, mine.reported) == ({}, {}, set())
+    memory.node_counts[("k", "m")] = (time.monotonic() - 3600, 1)
+    memory.prune_node_counts()
+    assert memory.node_counts == {}
+    memory.forget("uid-1")
+    assert memory.profiles == {}
