@@ -10,6 +10,8 @@
 #   ghcr.io/tunefleet/tunefleet:<appVersion>               Dockerfile (the chart's default image)
 #   tunefleet.local/standin-inference:2.11.0-standin       hack/images/standin (tests/demo only)
 #   tunefleet.local/standin-inference:2.11.0-standin-nogpu  same, its torch sees no GPU
+#   tunefleet.local/standin-inference:2.11.0-standin-noshell  same, no shell (distroless-like)
+#   tunefleet.local/standin-inference:2.11.0-standin-nopython same, no python3 on its PATH
 #   tunefleet.local/pause:local                            the pod sandbox (hack/images/pause)
 #   tunefleet.local/debian-python:bookworm-<key>           the base the others build FROM
 #
@@ -39,6 +41,8 @@ APP_VERSION="$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' "$repo
 TUNEFLEET_IMAGE="ghcr.io/tunefleet/tunefleet:$APP_VERSION"
 STANDIN_IMAGE="tunefleet.local/standin-inference:2.11.0-standin"
 STANDIN_NOGPU_IMAGE="tunefleet.local/standin-inference:2.11.0-standin-nogpu"
+STANDIN_NOSHELL_IMAGE="tunefleet.local/standin-inference:2.11.0-standin-noshell"
+STANDIN_NOPYTHON_IMAGE="tunefleet.local/standin-inference:2.11.0-standin-nopython"
 # PAUSE_IMAGE is in common.sh (containerd's sandbox_image names it).
 
 # hash_inputs PATH...: a short hash of the names and contents of every file under PATHs
@@ -64,7 +68,11 @@ IMAGES=(
   "tunefleet $TUNEFLEET_IMAGE $TUNEFLEET_KEY"
   "standin $STANDIN_IMAGE $STANDIN_KEY"
   "standin-nogpu $STANDIN_NOGPU_IMAGE $STANDIN_KEY"
+  "standin-noshell $STANDIN_NOSHELL_IMAGE $STANDIN_KEY"
+  "standin-nopython $STANDIN_NOPYTHON_IMAGE $STANDIN_KEY"
 )
+# The stand-in's variants: one Containerfile, one key, built and saved together.
+STANDINS=(standin standin-nogpu standin-noshell standin-nopython)
 archive_of() { echo "$ARCHIVES/$1-$2.tar"; }
 
 if [[ "$mode" == list ]]; then
@@ -119,7 +127,8 @@ save() {
   rm -f "$out.tmp"
   $BUILDAH push -q "$image" "docker-archive:$out.tmp:$image" >/dev/null
   mv "$out.tmp" "$out"
-  find "$ARCHIVES" -maxdepth 1 -name "$name-*.tar" ! -path "$out" -delete
+  # Its own older archives only: "standin-*" would match standin-nogpu's too (keys: 16 hex).
+  find "$ARCHIVES" -maxdepth 1 -name "$name-????????????????.tar" ! -path "$out" -delete
   log "image $image: $(du -m "$out" | cut -f1) MiB archive, $out"
 }
 
@@ -178,6 +187,18 @@ build_tunefleet() {
 build_standin() {
   bud -f hack/images/standin/Containerfile --target standin -t "$STANDIN_IMAGE"
   bud -f hack/images/standin/Containerfile --target nogpu -t "$STANDIN_NOGPU_IMAGE"
+  bud -f hack/images/standin/Containerfile --target noshell -t "$STANDIN_NOSHELL_IMAGE"
+  bud -f hack/images/standin/Containerfile --target nopython -t "$STANDIN_NOPYTHON_IMAGE"
+}
+
+# image_of NAME: the image of an IMAGES entry.
+image_of() {
+  local entry name image key
+  for entry in "${IMAGES[@]}"; do
+    read -r name image key <<<"$entry"
+    [[ "$name" == "$1" ]] && { echo "$image"; return 0; }
+  done
+  return 1
 }
 
 build_all() {
@@ -195,11 +216,16 @@ build_all() {
     timed "$TUNEFLEET_IMAGE" build_tunefleet
     save tunefleet "$TUNEFLEET_IMAGE" "$TUNEFLEET_KEY"
   fi
-  if [[ ! -s "$(archive_of standin "$STANDIN_KEY")" || ! -s "$(archive_of standin-nogpu "$STANDIN_KEY")" ]]; then
+  local name stale=false
+  for name in "${STANDINS[@]}"; do
+    [[ -s "$(archive_of "$name" "$STANDIN_KEY")" ]] || stale=true
+  done
+  if [[ "$stale" == true ]]; then
     setup_buildah; ensure_base
-    timed "$STANDIN_IMAGE (+ -nogpu)" build_standin
-    save standin "$STANDIN_IMAGE" "$STANDIN_KEY"
-    save standin-nogpu "$STANDIN_NOGPU_IMAGE" "$STANDIN_KEY"
+    timed "$STANDIN_IMAGE (+ -nogpu, -noshell, -nopython)" build_standin
+    for name in "${STANDINS[@]}"; do
+      save "$name" "$(image_of "$name")" "$STANDIN_KEY"
+    done
   fi
   exec 8>&-
 }

@@ -6,15 +6,13 @@ in the profile's workload.env: CUBLASLT_VERSION and CUDA_DEVICE validators,
 Gemm_Cublaslt_id_... candidates, its formats. It computes nothing and says so.
 
 The no-shell and no-python images are targets of hack/images/standin/Containerfile
-(`noshell`, `nopython`); hack/images.sh must build and import them as
-tunefleet.local/standin-inference:2.11.0-standin-noshell and ...-nopython. Where it does not
-(yet), those two tests are skipped with that reason.
+(`noshell`, `nopython`), built and imported by hack/images.sh as
+tunefleet.local/standin-inference:2.11.0-standin-noshell and ...-nopython.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,6 @@ import pytest
 
 from tests.e2e.test_operator import apply, condition, get_json
 from tests.e2e.test_real_pods import create, ended, model_pod, ready, real_profile, statuses
-from tests.support.cluster import IMAGES
 from tests.support.operator import InCluster
 from tests.support.poll import eventually
 from tests.unit.library_pod import JobSpec, Pod, shapes
@@ -35,16 +32,6 @@ pytestmark = pytest.mark.e2e
 PERSONA_215 = [{"name": "FAKE_TORCH_PERSONA", "value": "2.15"}]
 NOSHELL_IMAGE = "tunefleet.local/standin-inference:2.11.0-standin-noshell"
 NOPYTHON_IMAGE = "tunefleet.local/standin-inference:2.11.0-standin-nopython"
-
-
-def _listed_images() -> set[str]:
-    done = subprocess.run([str(IMAGES), "list"], capture_output=True, text=True, check=False)
-    return {line.split()[1] for line in done.stdout.splitlines() if len(line.split()) >= 2}
-
-
-def needs_image(image: str) -> None:
-    if image not in _listed_images():
-        pytest.skip(f"hack/images.sh does not build {image} (Containerfile target exists)")
 
 
 def test_the_215_persona_tunes_publishes_and_serves_on_the_real_node(
@@ -78,7 +65,6 @@ def test_the_215_persona_tunes_publishes_and_serves_on_the_real_node(
 def test_an_image_without_a_shell_tunes(
     cluster: Any, in_cluster: InCluster, s3: Any, namespace: str, s3_secret: str
 ) -> None:
-    needs_image(NOSHELL_IMAGE)
     apply(cluster, namespace, real_profile("noshell", s3, s3_secret, image=NOSHELL_IMAGE))
     prof = ready(cluster, namespace, "noshell")
     assert prof["status"]["phase"] == "Ready", json.dumps(prof["status"], indent=2)[:4000]
@@ -87,7 +73,6 @@ def test_an_image_without_a_shell_tunes(
 def test_an_image_without_python_fails_saying_so(
     cluster: Any, in_cluster: InCluster, s3: Any, namespace: str, s3_secret: str
 ) -> None:
-    needs_image(NOPYTHON_IMAGE)
     apply(cluster, namespace, real_profile("nopython", s3, s3_secret, image=NOPYTHON_IMAGE))
     prof = eventually(
         lambda: get_json(cluster, "tp", "-n", namespace, "nopython"),
