@@ -109,10 +109,17 @@ def start_failure(step: str, image: str, message: str) -> str | None:
 
 
 def _image_of(pod: dict[str, Any], name: str) -> str:
-    spec = pod.get("spec") or {}
-    for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
-        if c.get("name") == name:
-            return str(c.get("image") or "?")
+    """A step's image: its status says (the cache's pod view keeps no container specs), else
+    its spec."""
+    status, spec = pod.get("status") or {}, pod.get("spec") or {}
+    for c in [
+        *(status.get("initContainerStatuses") or []),
+        *(status.get("containerStatuses") or []),
+        *(spec.get("initContainers") or []),
+        *(spec.get("containers") or []),
+    ]:
+        if c.get("name") == name and c.get("image"):
+            return str(c["image"])
     return "?"
 
 

@@ -39,7 +39,13 @@ def test_the_215_persona_tunes_publishes_and_serves_on_the_real_node(
 ) -> None:
     workload = {"shapes": real_profile("x", s3, s3_secret)["spec"]["workload"]["shapes"]}
     workload["env"] = PERSONA_215  # on CUDA: its candidates are cuBLASLt's
-    apply(cluster, namespace, real_profile("p215", s3, s3_secret, workload=workload))
+    # Served from the store: the fetch init container verifies and counts a 2.15 file.
+    serving = {"delivery": "Store"}
+    apply(
+        cluster,
+        namespace,
+        real_profile("p215", s3, s3_secret, workload=workload, serving=serving),
+    )
     prof = ready(cluster, namespace, "p215")
     assert prof["status"]["phase"] == "Ready", json.dumps(prof["status"], indent=2)[:4000]
     (art,) = prof["status"]["artifacts"]

@@ -11,6 +11,7 @@ from typing import Any
 
 from tunefleet import naming
 from tunefleet.observe import observe_job, pod_blocker
+from tunefleet.views import pod_view
 
 NOT_FOUND = (
     "failed to create containerd task: failed to create shim task: OCI runtime create failed: "
@@ -50,6 +51,12 @@ def test_an_image_without_python_fails_with_tunefleets_own_message() -> None:
     obs = observe_job(job(failed), [pod(terminated)])
     assert obs.state == "Failed"
     assert "the image registry.example.com/distroless:1 has no python3 on its PATH" in obs.message
+    # As the operator's cache holds the pod: no container specs, the image in its status.
+    seen = pod(terminated)
+    del seen["spec"]
+    seen["status"]["initContainerStatuses"][0]["image"] = "registry.example.com/distroless:1"
+    viewed = observe_job(job(failed), [pod_view(seen)])
+    assert "the image registry.example.com/distroless:1 has no python3" in viewed.message
     assert (
         "without a shell" in obs.message
         and "runtime: failed to create containerd task" in obs.message
