@@ -1,8 +1,14 @@
 """What the operator keeps of the watched objects: small views (views.py), by owner.
 
-Filled once at startup by a paginated list of each kind (`prime`), then kept current by
-kopf's event handlers (handlers/). Readers are the reconcile workers (threads) and the
-webhook (the event loop), so every access holds a lock and returns copies of the lists.
+Filled by the reflectors (watch.py): their lists (at startup, and again after a watch
+expired) and their watch events, through the event handlers (handlers/). Readers are the
+reconcile workers (threads) and the webhook (the event loop), so every access holds a lock, and
+every reader gets its own copy.
+
+Each view is kept as compact JSON bytes (and read back with json.loads, ~5-15 microseconds),
+not as dicts: a profile's view as dicts took ~10 KB, as bytes ~2 KB, and bytes this size live
+outside Python's small-object arenas, so what a deletion frees goes back to the system
+(controller.release_memory) instead of pinning half-empty arenas (bench/scale.md).
 
 Ownership is identity: a Job belongs to a profile only through its controller ownerReference
 (to a TuningProfile, in the Job's own namespace), a pod to a Job only through its own. Jobs and
@@ -10,16 +16,15 @@ pods that carry tunefleet's labels without that ownership are kept apart as untr
 profile they claim, so the reconcile of that profile can report them; they are never read as
 its children.
 
-Why not kopf's own indexes: kopf holds every event of every indexed object until all of
-them are indexed, waking each waiter on every step; with a few thousand profiles, Jobs and
-pods that cost ~50 s of a core and ~380 MiB at each operator start (measured, 1,222 profiles).
+Every entry leaves with what it describes: on its DELETED event, or when a reflector's list no
+longer returns it (`known` and `stub` let the reflector find and hand those back as DELETED).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +36,16 @@ Key = tuple[str, str]  # (namespace, name)
 Owner = tuple[str, str]  # (namespace, owner uid)
 
 
-@dataclass(frozen=True)
+def _pack(view: dict[str, Any]) -> bytes:
+    return json.dumps(view, separators=(",", ":")).encode()
+
+
+def _unpack(blob: bytes) -> dict[str, Any]:
+    view: dict[str, Any] = json.loads(blob)
+    return view
+
+
+@dataclass(frozen=True, slots=True)
 class Untrusted:
     """A Job or pod that claims a profile by its labels without being owned by it."""
 
@@ -41,19 +55,52 @@ class Untrusted:
     uid: str
 
 
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """What the metrics read of a profile's status, kept beside its view (no parse a scrape)."""
+
+    phase: str
+    job_states: tuple[str, ...]
+    unadmitted: int
+
+    @classmethod
+    def of(cls, status: dict[str, Any]) -> Summary:
+        return cls(
+            str(status.get("phase") or "Pending"),
+            tuple(str(j.get("state") or "Pending") for j in status.get("jobs") or []),
+            int(status.get("unadmittedPods") or 0),
+        )
+
+
+@dataclass(slots=True)
+class _Profile:
+    uid: str
+    blob: bytes
+    summary: Summary
+
+
+@dataclass(frozen=True, slots=True)
+class _Placed:
+    """Where a Job's or pod's view is kept: under its owner, or as untrusted (claimed uid)."""
+
+    kind: str
+    namespace: str
+    owner: str  # the owner's uid ("" when untrusted)
+    claimed: str  # the profile uid its label claims
+
+
 class Cache:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._profiles: dict[Key, dict[str, Any]] = {}
+        self._profiles: dict[Key, _Profile] = {}
         self._uids: dict[str, Key] = {}  # profile uid -> key
         # (namespace, owner uid) -> object uid -> view: Jobs by profile, pods by Job.
-        self._jobs: dict[Owner, dict[str, dict[str, Any]]] = {}
-        self._pods: dict[Owner, dict[str, dict[str, Any]]] = {}
+        self._jobs: dict[Owner, dict[str, bytes]] = {}
+        self._pods: dict[Owner, dict[str, bytes]] = {}
         # claimed profile uid -> object uid -> what it is
         self._untrusted: dict[str, dict[str, Untrusted]] = {}
-        # object uid -> where it is kept: (kind, owner) or (kind, ("", claimed uid))
-        self._at: dict[str, tuple[str, Owner]] = {}
-        self.primed = threading.Event()
+        # object uid -> where it is kept
+        self._at: dict[str, _Placed] = {}
 
     # --- profiles ---------------------------------------------------------------------------
 
@@ -61,79 +108,103 @@ class Cache:
         view = views.profile_view(body)
         meta = view["metadata"]
         key = (meta.get("namespace", ""), meta.get("name", ""))
+        uid = meta.get("uid", "")
+        entry = _Profile(uid, _pack(view), Summary.of(view.get("status") or {}))
         with self._lock:
             old = self._profiles.get(key)
-            if old is not None and old["metadata"].get("uid") != meta.get("uid"):
-                self._uids.pop(old["metadata"].get("uid", ""), None)
-            self._profiles[key] = view
-            self._uids[meta.get("uid", "")] = key
+            if old is not None and old.uid != uid:
+                self._uids.pop(old.uid, None)
+            self._profiles[key] = entry
+            self._uids[uid] = key
         return view
 
     def written(self, key: Key, resource_version: str, status: dict[str, Any]) -> None:
         """What the API server answered to our status write: fresher than the watch, until
         the watch brings the same (or newer) back."""
         with self._lock:
-            view = self._profiles.get(key)
-            if view is not None:
-                self._profiles[key] = {
-                    **view,
-                    "metadata": {**view["metadata"], "resourceVersion": resource_version},
-                    "status": status,
-                }
+            entry = self._profiles.get(key)
+            if entry is None:
+                return
+            view = _unpack(entry.blob)
+            view["metadata"]["resourceVersion"] = resource_version
+            view["status"] = status
+            self._profiles[key] = _Profile(entry.uid, _pack(view), Summary.of(status))
 
     def drop_profile(self, key: Key) -> None:
         with self._lock:
-            view = self._profiles.pop(key, None)
-            if view is not None:
-                uid = view["metadata"].get("uid", "")
-                self._uids.pop(uid, None)
-                self._untrusted.pop(uid, None)
+            entry = self._profiles.pop(key, None)
+            if entry is not None:
+                self._uids.pop(entry.uid, None)
+                self._untrusted.pop(entry.uid, None)
 
     def profile(self, key: Key) -> dict[str, Any] | None:
         with self._lock:
-            return self._profiles.get(key)
+            entry = self._profiles.get(key)
+        return _unpack(entry.blob) if entry is not None else None
 
     def profiles(self) -> list[Key]:
         with self._lock:
             return list(self._profiles)
 
-    def statuses(self) -> list[dict[str, Any]]:
+    def has_profile_uid(self, uid: str) -> bool:
         with self._lock:
-            return [p.get("status") or {} for p in self._profiles.values()]
+            return uid in self._uids
+
+    def statuses(self) -> list[dict[str, Any]]:
+        """The part of each profile's status the metrics count (metrics.IndexCollector)."""
+        with self._lock:
+            summaries = [e.summary for e in self._profiles.values()]
+        return [
+            {
+                "phase": s.phase,
+                "jobs": [{"state": state} for state in s.job_states],
+                "unadmittedPods": s.unadmitted,
+            }
+            for s in summaries
+        ]
 
     # --- tuning Jobs and pods, by owner -----------------------------------------------------
 
     def follow(self, kind: str, event: str | None, body: dict[str, Any]) -> None:
         """A tuning Job's or pod's watch event: keep its view under its owner (or as
         untrusted, under the profile it claims), or drop it when deleted."""
+        meta_in = body.get("metadata") or {}
+        uid, ns = meta_in.get("uid", ""), meta_in.get("namespace", "")
+        if event == "DELETED":
+            with self._lock:
+                self._unplace(uid)
+            return
         view = views.job_view(body) if kind == "jobs" else views.pod_view(body)
         meta = view["metadata"]
-        uid, ns = meta.get("uid", ""), meta.get("namespace", "")
-        owner = meta.get("owner")
-        table = self._jobs if kind == "jobs" else self._pods
+        owner = meta.get("owner") or ""
         claimed = (meta.get("labels") or {}).get(naming.PROFILE_UID_LABEL, "")
+        table = self._jobs if kind == "jobs" else self._pods
+        blob = _pack(view) if owner else b""
         with self._lock:
             # Wherever it was kept before: its owner reference may have changed since.
-            before = self._at.pop(uid, None)
-            if before is not None:
-                self._drop(self._jobs if before[0] == "jobs" else self._pods, before[1], uid)
-                self._forget_untrusted(before[1][1], uid)
-            if event == "DELETED":
-                return
+            self._unplace(uid)
             if owner:
-                table.setdefault((ns, owner), {})[uid] = view
-                self._at[uid] = (kind, (ns, owner))
+                table.setdefault((ns, owner), {})[uid] = blob
+                self._at[uid] = _Placed(kind, ns, owner, claimed)
             elif claimed:
                 name = meta.get("name", "")
                 self._remember_untrusted(kind, claimed, Untrusted(kind, ns, name, uid))
-                self._at[uid] = (kind, ("", claimed))
+                self._at[uid] = _Placed(kind, ns, "", claimed)
 
-    def _drop(self, table: dict[Owner, dict[str, dict[str, Any]]], owner: Owner, uid: str) -> None:
-        found = table.get(owner)
-        if found is not None:
-            found.pop(uid, None)
-            if not found:
-                del table[owner]
+    def _unplace(self, uid: str) -> None:
+        placed = self._at.pop(uid, None)
+        if placed is None:
+            return
+        if placed.owner:
+            table = self._jobs if placed.kind == "jobs" else self._pods
+            key = (placed.namespace, placed.owner)
+            children = table.get(key)
+            if children is not None:
+                children.pop(uid, None)
+                if not children:
+                    del table[key]
+        else:
+            self._forget_untrusted(placed.claimed, uid)
 
     def _remember_untrusted(self, kind: str, claimed: str, obj: Untrusted) -> None:
         seen = self._untrusted.setdefault(claimed, {})
@@ -156,16 +227,64 @@ class Cache:
     def jobs(self, namespace: str, profile_uid: str) -> list[dict[str, Any]]:
         """The Jobs a profile controls, in its own namespace."""
         with self._lock:
-            return list((self._jobs.get((namespace, profile_uid)) or {}).values())
+            blobs = list((self._jobs.get((namespace, profile_uid)) or {}).values())
+        return [_unpack(b) for b in blobs]
 
     def pods(self, namespace: str, job_uid: str) -> list[dict[str, Any]]:
         """The pods a Job controls."""
         with self._lock:
-            return list((self._pods.get((namespace, job_uid)) or {}).values())
+            blobs = list((self._pods.get((namespace, job_uid)) or {}).values())
+        return [_unpack(b) for b in blobs]
 
     def untrusted(self, profile_uid: str) -> list[Untrusted]:
         with self._lock:
             return list((self._untrusted.get(profile_uid) or {}).values())
+
+    # --- what a reflector's list is checked against -----------------------------------------
+
+    def known(self, kind: str, namespace: str | None) -> set[str]:
+        """The uids of this kind (in this namespace, or all) the cache holds."""
+        with self._lock:
+            if kind == "tuningprofiles":
+                return {
+                    e.uid
+                    for key, e in self._profiles.items()
+                    if namespace is None or key[0] == namespace
+                }
+            return {
+                uid
+                for uid, placed in self._at.items()
+                if placed.kind == kind and (namespace is None or placed.namespace == namespace)
+            }
+
+    def stub(self, kind: str, uid: str) -> dict[str, Any]:
+        """What a DELETED event of a known object needs: its metadata as the cache has it."""
+        with self._lock:
+            if kind == "tuningprofiles":
+                key = self._uids.get(uid)
+                return (
+                    {"metadata": {"namespace": key[0], "name": key[1], "uid": uid}} if key else {}
+                )
+            placed = self._at.get(uid)
+            if placed is None:
+                return {}
+            if not placed.owner:  # untrusted: nothing of it is kept but where it was
+                return {"metadata": {"namespace": placed.namespace, "uid": uid}}
+            table = self._jobs if kind == "jobs" else self._pods
+            blob = (table.get((placed.namespace, placed.owner)) or {}).get(uid, b"")
+        if not blob:
+            return {"metadata": {"namespace": placed.namespace, "uid": uid}}
+        meta = _unpack(blob)["metadata"]
+        labels = meta.get("labels") or {}
+        name = labels.get(naming.TUNING_PROFILE_LABEL)
+        return {
+            "metadata": {
+                "namespace": placed.namespace,
+                "name": meta.get("name", ""),
+                "uid": uid,
+                "labels": {naming.TUNING_PROFILE_LABEL: name} if name else {},
+            }
+        }
 
     def sizes(self) -> dict[str, int]:
         """Entries per table (the memory figures of bench/ and a test of pruning)."""
@@ -176,24 +295,8 @@ class Cache:
                 "pods": sum(len(v) for v in self._pods.values()),
                 "untrusted": sum(len(v) for v in self._untrusted.values()),
                 "placed": len(self._at),
+                "bytes": sum(len(e.blob) for e in self._profiles.values())
+                + sum(
+                    len(b) for t in (self._jobs, self._pods) for v in t.values() for b in v.values()
+                ),
             }
-
-    # --- startup ----------------------------------------------------------------------------
-
-    def prime(
-        self,
-        list_profiles: Callable[[], Iterable[dict[str, Any]]],
-        list_jobs: Callable[[], Iterable[dict[str, Any]]],
-        list_pods: Callable[[], Iterable[dict[str, Any]]],
-    ) -> None:
-        """Fill from one list of each kind; the reconciler starts only after this."""
-        profiles = sum(1 for body in list_profiles() if self.put_profile(body))
-        jobs = pods = 0
-        for body in list_jobs():
-            self.follow("jobs", None, body)
-            jobs += 1
-        for body in list_pods():
-            self.follow("pods", None, body)
-            pods += 1
-        self.primed.set()
-        log.info(f"cache primed: {profiles} profiles, {jobs} tuning Jobs, {pods} tuning pods")

@@ -49,6 +49,8 @@ class Indexes:
     written: Callable[[Key, str, dict[str, Any]], None] = lambda key, rv, status: None
     # A profile read again from the API server (after a conflict).
     refresh: Callable[[dict[str, Any]], object] = lambda body: None
+    # Whether the cache holds a profile of this uid (what is remembered follows it).
+    has_profile: Callable[[str], bool] = lambda uid: True
 
 
 def release_memory() -> None:
@@ -247,11 +249,18 @@ class Controller:
                     metrics.HANDLER_ERRORS.labels("resync", "unexpected").inc()
                     log.exception("resync failed; trying again at the next interval")
                 first, due = False, time.monotonic() + self.resync_seconds
-            # Between resyncs, hand back what bursts of events (a restart's listing, a mass
-            # apply or delete) left on the heap, so the resident size follows the load down.
-            self.memory.prune_node_counts()
-            release_memory()
+            # Between resyncs: what is remembered follows what the cache holds, and what bursts
+            # of events (a restart's listing, a mass apply or delete) left on the heap goes
+            # back to the system, so the resident size follows the load down.
+            self.housekeeping()
             self._stop.wait(HOUSEKEEPING_SECONDS if not first else 1.0)
+
+    def housekeeping(self) -> None:
+        keys = set(self.indexes.profiles())
+        self.memory.prune(self.indexes.has_profile, keys)
+        self.memory.prune_node_counts()
+        self.queue.prune(keys.__contains__)
+        release_memory()
 
     def resync(self, scan_only: bool = False) -> None:
         changed = self.scan_unadmitted()

@@ -13,12 +13,13 @@ it (NotLeading), so two replicas never write at once.
 
 from __future__ import annotations
 
-import concurrent.futures
 import datetime
 import functools
 import json
 import logging
-from collections.abc import Callable, Iterator
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NoReturn, TypeVar, cast
 
 import kopf
@@ -26,7 +27,7 @@ import kubernetes
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from tunefleet import GROUP, PLURAL, VERSION
+from tunefleet import GROUP, PLURAL, VERSION, metrics
 
 log = logging.getLogger(__name__)
 _api: kubernetes.client.ApiClient | None = None
@@ -58,6 +59,10 @@ class Conflict(Exception):
     """The object changed since it was read (409 on a write with its resourceVersion)."""
 
 
+class Expired(Exception):
+    """410 Gone on a list or watch: the version asked for is gone; list again."""
+
+
 class NotOurs(Exception):
     """An object of the name we would create exists and is not controlled by its owner."""
 
@@ -78,14 +83,19 @@ def write_timeout() -> float:
     return min(REQUEST_TIMEOUT, left)
 
 
-def login(pool_size: int = DEFAULT_POOL_SIZE) -> None:
-    """In a pod use its ServiceAccount, elsewhere $KUBECONFIG (as kopf itself does)."""
-    global _api
+def _configuration() -> kubernetes.client.Configuration:
+    """In a pod its ServiceAccount, elsewhere $KUBECONFIG (as kopf itself does)."""
     config = kubernetes.client.Configuration()
     try:
         kubernetes.config.load_incluster_config(client_configuration=config)
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config(client_configuration=config)
+    return config
+
+
+def login(pool_size: int = DEFAULT_POOL_SIZE) -> None:
+    global _api
+    config = _configuration()
     config.connection_pool_maxsize = pool_size
     _api = kubernetes.client.ApiClient(configuration=config)
 
@@ -171,6 +181,35 @@ def get_profile(namespace: str, name: str, timeout_s: float = 2.0) -> dict[str, 
     return profile
 
 
+def remove_profile_finalizer(
+    namespace: str, name: str, uid: str, finalizers: list[str], finalizer: str
+) -> None:
+    """Take one finalizer off a profile: a JSON patch that holds only if the profile is still
+    the one seen (uid) and the finalizer still where it was seen."""
+    index = finalizers.index(finalizer)
+    ops = [
+        {"op": "test", "path": "/metadata/uid", "value": uid},
+        {"op": "test", "path": f"/metadata/finalizers/{index}", "value": finalizer},
+        {"op": "remove", "path": f"/metadata/finalizers/{index}"},
+    ]
+    custom = kubernetes.client.CustomObjectsApi(api())
+    what = f"removing finalizer {finalizer} from TuningProfile {namespace}/{name}"
+    try:
+        custom.api_client.call_api(
+            f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}", "PATCH",
+            header_params={"Content-Type": "application/json-patch+json",
+                           "Accept": "application/json"},
+            body=ops, auth_settings=["BearerToken"], _preload_content=False,
+            _return_http_data_only=True, _request_timeout=write_timeout(),
+        )  # fmt: skip
+    except ApiException as e:
+        if e.status in (404, 422):  # gone, or it changed since: the next event says what is
+            return
+        reraise(what, e)
+    except (urllib3.exceptions.HTTPError, OSError) as e:
+        reraise(what, e)
+
+
 def replace_profile_status(
     namespace: str, name: str, resource_version: str, status: dict[str, Any]
 ) -> str:
@@ -201,8 +240,69 @@ def replace_profile_status(
     return str(((_json(resp).get("metadata")) or {}).get("resourceVersion") or "")
 
 
-LIST_PAGE = 500  # objects per page of a startup list: bounded memory, few round trips
+LIST_PAGE = 500  # objects per page of a list: bounded memory, few round trips
 LIST_TIMEOUT = 60.0  # a page of 500 pods can be several MiB
+
+
+# No byte for this long on a watch (no event, and no bookmark, which come ~1 a minute): the
+# stream is dead (half-open TCP); the reflector resumes from the last version it saw.
+WATCH_READ_TIMEOUT = 90.0
+
+
+def parse_lines(chunks: Iterable[bytes]) -> Iterator[dict[str, Any]]:
+    """Watch events from a stream of bytes: one JSON object a line."""
+    rest = b""
+    for chunk in chunks:
+        rest += chunk
+        *lines, rest = rest.split(b"\n")
+        for line in lines:
+            if line.strip():
+                yield json.loads(line)
+    if rest.strip():
+        yield json.loads(rest)
+
+
+class WatchApi:
+    """watch.Reflector's two calls over the API server, on a connection pool of their own:
+    each watch holds its connection for minutes, and must not take one from the reconcile
+    workers' pool (or be dropped from it)."""
+
+    def __init__(self, connections: int) -> None:
+        config = _configuration()
+        config.connection_pool_maxsize = connections
+        self.client = kubernetes.client.ApiClient(configuration=config)
+
+    def _get(self, path: str, params: dict[str, str], timeout: Any) -> Any:
+        return self.client.call_api(
+            path, "GET", query_params=list(params.items()),
+            header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
+            _preload_content=False, _return_http_data_only=True, _request_timeout=timeout,
+        )  # fmt: skip
+
+    def list_page(self, path: str, params: dict[str, str]) -> dict[str, Any]:
+        try:
+            page: dict[str, Any] = _json(self._get(path, params, LIST_TIMEOUT))
+        except ApiException as e:
+            if e.status == 410:
+                raise Expired(api_message(e)) from e
+            reraise(f"listing {path}", e)
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            reraise(f"listing {path}", e)
+        return page
+
+    def watch(self, path: str, params: dict[str, str]) -> Iterator[dict[str, Any]]:
+        try:
+            resp = self._get(path, params, (REQUEST_TIMEOUT, WATCH_READ_TIMEOUT))
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+            reraise(f"watching {path}", e)
+        try:
+            yield from parse_lines(resp.stream(1 << 16))
+        except (urllib3.exceptions.ReadTimeoutError, urllib3.exceptions.ProtocolError) as e:
+            # Silence past READ_TIMEOUT (no event, no bookmark), or the server hung up: the
+            # reflector resumes from the last version it saw.
+            log.debug(f"watching {path}: {e}; resuming")
+        finally:
+            resp.release_conn()
 
 
 def list_all(
@@ -308,8 +408,41 @@ def pod_events(namespace: str, pod_name: str) -> list[dict[str, Any]]:
     return items
 
 
-# Events are posted off the request and reconcile paths, by a small pool of their own.
-_events = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="events")
+class _Poster:
+    """Events are posted off the request and reconcile paths, by two threads of their own,
+    from a bounded queue: past EVENT_QUEUE waiting, a new Event is dropped and counted, as
+    client-go's recorder does (Events are best effort; a burst of 10,000 profiles must not
+    queue 20,000 API writes behind the ones that make Jobs, nor hold them all in memory)."""
+
+    def __init__(self, workers: int = 2, size: int = 1000) -> None:
+        self.queue: queue.Queue[Callable[[], None]] = queue.Queue(maxsize=size)
+        self.workers, self._started, self._lock = workers, False, threading.Lock()
+        self.dropped = 0
+
+    def submit(self, post: Callable[[], None]) -> None:
+        with self._lock:
+            if not self._started:
+                for i in range(self.workers):
+                    threading.Thread(target=self._run, name=f"events-{i}", daemon=True).start()
+                self._started = True
+        try:
+            self.queue.put_nowait(post)
+        except queue.Full:
+            metrics.EVENTS_DROPPED.inc()
+            self.dropped += 1
+            if self.dropped % 1000 == 1:
+                log.info(f"{self.dropped} Event(s) dropped so far: {self.queue.maxsize} waiting")
+
+    def _run(self) -> None:
+        while True:
+            post = self.queue.get()
+            try:
+                post()
+            except Exception:  # post() logs its own failures; this is a bug, not a stop
+                log.exception("posting an Event failed")
+
+
+_events = _Poster()
 
 
 def post_event_soon(ref: dict[str, Any], type_: str, reason: str, message: str) -> None:

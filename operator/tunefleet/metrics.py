@@ -87,6 +87,12 @@ STATUS_CONFLICTS = Counter(
     "(409): recomputed from a fresh read.",
     registry=REGISTRY,
 )
+EVENTS_DROPPED = Counter(
+    "tunefleet_events_dropped_total",
+    "Kubernetes Events not posted because 1,000 were already waiting (a burst): best effort, "
+    "as client-go's recorder.",
+    registry=REGISTRY,
+)
 QUEUE_RETRIES = Counter(
     "tunefleet_workqueue_retries_total",
     "Profiles put back on the work queue after a failed reconcile.",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import threading
 from typing import Any
 
 from tunefleet.api import TuningProfileSpec
@@ -50,6 +51,8 @@ PACKED_ANNOTATION = "tunefleet.io/packed"
 # get the env and mount, and have their image compared with the tuned one). Default: the
 # containers that run the profile's image repository; when none does, every container.
 CONTAINERS_ANNOTATION = "tunefleet.io/containers"
+# Versions before 0.2 put this finalizer on every profile; the operator takes it off.
+LEGACY_FINALIZER = "tunefleet.io/finalizer"
 MANAGED_KEY, MANAGED_VALUE = "app.kubernetes.io/managed-by", "tunefleet"
 MANAGED_BY = {MANAGED_KEY: MANAGED_VALUE}
 
@@ -96,9 +99,28 @@ _SHAPE_BASELINE: dict[str, Any] = {
 }
 
 
+# The last specs hashed, by identity (a reconcile asks for one spec's revision ~10 times).
+_REVISIONS: dict[int, tuple[TuningProfileSpec, str]] = {}
+_REVISIONS_KEPT = 64
+_REVISIONS_LOCK = threading.Lock()
+
+
 def revision(spec: TuningProfileSpec) -> str:
     """Hash of the spec fields that shape tuning results (storage and serving move or serve
     results without changing them)."""
+    with _REVISIONS_LOCK:
+        found = _REVISIONS.get(id(spec))
+    if found is not None and found[0] is spec:
+        return found[1]
+    rev = _revision(spec)
+    with _REVISIONS_LOCK:
+        if len(_REVISIONS) >= _REVISIONS_KEPT:
+            del _REVISIONS[next(iter(_REVISIONS))]
+        _REVISIONS[id(spec)] = (spec, rev)  # the spec is kept: its id is not reused meanwhile
+    return rev
+
+
+def _revision(spec: TuningProfileSpec) -> str:
     workload = spec.workload.model_dump(by_alias=True, exclude_defaults=True)
     workload["shapes"] = [{**_SHAPE_BASELINE, **s} for s in workload.get("shapes") or []]
     if not workload["shapes"]:

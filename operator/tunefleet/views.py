@@ -56,12 +56,16 @@ def owning_job(meta: Mapping[str, Any]) -> str | None:
 def profile_view(body: Mapping[str, Any]) -> dict[str, Any]:
     """What admission and reconciliation need of a TuningProfile."""
     meta = body.get("metadata") or {}
+    kept = _pick(
+        meta, "name", "namespace", "uid", "generation", "deletionTimestamp", "resourceVersion"
+    )
+    finalizers = meta.get("finalizers") or []
+    if naming.LEGACY_FINALIZER in finalizers:
+        kept["finalizers"] = list(finalizers)  # the reconcile takes the legacy one off
     return {
         "apiVersion": body.get("apiVersion"),
         "kind": body.get("kind"),
-        "metadata": _pick(
-            meta, "name", "namespace", "uid", "generation", "deletionTimestamp", "resourceVersion"
-        ),
+        "metadata": kept,
         "spec": dict(body.get("spec") or {}),
         "status": dict(body.get("status") or {}),
     }

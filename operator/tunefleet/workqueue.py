@@ -102,6 +102,13 @@ class WorkQueue(Generic[K]):
         with self._cond:
             self._failures.pop(key, None)
 
+    def prune(self, keep: Callable[[K], bool]) -> None:
+        """Forget the failure counts of keys that no longer exist (a profile deleted while it
+        backed off)."""
+        with self._cond:
+            for key in [k for k in self._failures if not keep(k)]:
+                del self._failures[key]
+
     def failures(self, key: K) -> int:
         with self._cond:
             return self._failures.get(key, 0)

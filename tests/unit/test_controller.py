@@ -103,35 +103,3 @@ def test_scan_counts_pods_without_the_admission_label(monkeypatch: pytest.Monkey
     assert c.memory.unadmitted == {("ml", "p"): ["a"]}
     assert seen == ["tunefleet.io/profile,!tunefleet.io/admission"]
     assert c.scan_unadmitted() == set()  # unchanged: nothing to reconcile
-
-
-def test_the_cache_primes_from_lists_and_follows_events() -> None:
-    from tunefleet.cache import Cache
-
-    cache = Cache()
-    profile = {"metadata": {"name": "p", "namespace": "ml", "uid": "u"}, "spec": {}}
-    job = {
-        "metadata": {
-            "name": "j",
-            "namespace": "ml",
-            "uid": "j1",
-            "labels": {"tunefleet.io/profile-uid": "u"},
-            "ownerReferences": [
-                {
-                    "apiVersion": "tunefleet.io/v1alpha1",
-                    "kind": "TuningProfile",
-                    "uid": "u",
-                    "controller": True,
-                }
-            ],
-        }
-    }
-    cache.prime(lambda: [profile], lambda: [job], lambda: [])
-    assert cache.primed.is_set()
-    assert cache.profile(("ml", "p")) is not None and [
-        j["metadata"]["name"] for j in cache.jobs("ml", "u")
-    ] == ["j"]
-    cache.follow("jobs", "DELETED", job)
-    assert cache.jobs("ml", "u") == []
-    cache.drop_profile(("ml", "p"))
-    assert cache.profiles() == []

@@ -295,3 +295,41 @@ def test_shares_done_bring_a_merge_job_and_progress_says_so(
     merges = [n for k, n in api.created if k == "Job" and n.startswith("merge-")]
     assert len(merges) == 1 and status["progress"] == f"{MODELS[0]}: merging"
     assert status["phase"] != "Failed"  # no artifact record from shares is expected
+
+
+def test_the_finalizer_of_versions_before_0_2_is_taken_off_even_while_deleting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    FakeApi(monkeypatch)
+    removed: list[tuple[str, str, str, list[str], str]] = []
+    monkeypatch.setattr(kube, "remove_profile_finalizer", lambda *a: removed.append(a))
+    p = profile()
+    raw = {
+        "apiVersion": "tunefleet.io/v1alpha1",
+        "kind": "TuningProfile",
+        "metadata": {
+            **p["metadata"],
+            "deletionTimestamp": "2026-01-01T00:00:00Z",
+            "finalizers": ["example.com/keep", "tunefleet.io/finalizer"],
+        },
+        "spec": p["spec"],
+    }
+    sync_profile(profile_view(raw), [], [], CFG, Memory())
+    assert removed == [
+        (
+            "ml",
+            "p",
+            "uid-1",
+            ["example.com/keep", "tunefleet.io/finalizer"],
+            "tunefleet.io/finalizer",
+        )
+    ]
+    removed.clear()
+    sync_profile(profile(), [], [], CFG, Memory())  # none of ours: nothing to take off
+    assert removed == []
+    assert (
+        "finalizers"
+        not in profile_view({**raw, "metadata": {**raw["metadata"], "finalizers": ["x"]}})[
+            "metadata"
+        ]
+    )

@@ -30,6 +30,7 @@ class Code(StrEnum):
     IMAGE_MISMATCH = "image_mismatch"  # injected, but a container runs another image
     CONFIG_MAP_REPLACED = "config_map_replaced"  # its ConfigMap is gone or not the one made
     ERROR = "error"  # the webhook failed: admitted unchanged
+    NOT_WATCHED = "not_watched"  # a namespace this release does not watch: left to its own
     UNKNOWN = "unknown"  # read from a pod without a code (an older version admitted it)
 
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import kopf
+from tunefleet import watch
+from tunefleet.handlers.startup import follow_child
 
-from tunefleet.handlers.startup import CHILD_LABELS, follow_child
 
-
-@kopf.on.event("batch", "v1", "jobs", labels=CHILD_LABELS)
-async def job_event(type: str | None, body: kopf.Body, **_: Any) -> None:
+@watch.on(watch.JOBS)
+def job_event(type: str | None, body: dict[str, Any]) -> None:
     # A deleted Job is made again by the reconcile this queues: deleting a failed Job is how
     # a user asks for a retry.
     follow_child("jobs", type, body)

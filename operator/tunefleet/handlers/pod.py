@@ -11,10 +11,11 @@ from typing import Any
 
 import kopf
 
-from tunefleet import kube, metrics, naming, views
+from tunefleet import kube, metrics, naming, views, watch
 from tunefleet.builders.webhook import HANDLER_ID
 from tunefleet.conditions import EventReason
-from tunefleet.handlers.startup import CACHE, CHILD_LABELS, CONFIG, follow_child
+from tunefleet.contracts.admission import Code
+from tunefleet.handlers.startup import CACHE, CONFIG, follow_child
 from tunefleet.webhook.admission import Decision, admit
 
 # Not kopf's per-object logger: that one posts Events, and an admitted pod has no uid yet.
@@ -44,6 +45,12 @@ async def pod_mutate(
     namespace = body.metadata.namespace or ""
     pod_name = body.metadata.name or f"{body.metadata.get('generateName', '')}*"
     metrics.HANDLER_CALLS.labels("pod_mutate").inc()
+    watched = CONFIG.get().namespaces
+    if watched and namespace not in watched:
+        # Another release's namespace (its webhook's namespaceSelector keeps such pods away
+        # from ours; this holds if a configuration says otherwise): not ours to label or patch.
+        metrics.ADMISSIONS.labels("unchanged", Code.NOT_WATCHED).inc()
+        return
     try:
         profile_name = body.metadata.labels.get(naming.PROFILE_LABEL, "")
         entry = CACHE.profile((namespace, profile_name)) or await _read_profile(
@@ -146,6 +153,7 @@ def announce(profile_ref: dict[str, Any], pod_name: str, decision: Decision) -> 
         )
 
 
-@kopf.on.event("", "v1", "pods", labels=CHILD_LABELS)
-async def pod_event(type: str | None, body: kopf.Body, **_: Any) -> None:
+@watch.on(watch.PODS)
+def pod_event(type: str | None, body: dict[str, Any]) -> None:
+    """A tuning pod (watch.PODS selects them): kept in the cache under its Job."""
     follow_child("pods", type, body)

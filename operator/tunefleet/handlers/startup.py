@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import kopf
 
-from tunefleet import kube, metrics, naming
+from tunefleet import kube, metrics, naming, watch
 from tunefleet.cache import Cache
 from tunefleet.config import Config
 from tunefleet.controller import Controller, Indexes
 from tunefleet.leader import LeaseElector
+from tunefleet.watch import Reflectors
 from tunefleet.webhook import server as webhook_server
 
 
@@ -57,40 +58,41 @@ CACHE = Cache()
 ELECTOR = _ElectorHolder()
 
 
-def _prime(config: Config) -> None:
-    """One paginated list of each watched kind, before the reconciler runs: it never takes
-    a Job it has not seen yet for a missing one."""
-    managed = ",".join(f"{k}={v}" for k, v in naming.MANAGED_BY.items())
-    selector = f"{managed},{naming.PROFILE_UID_LABEL}"
+class _ReflectorsHolder:
+    reflectors: Reflectors | None = None
+
+
+REFLECTORS = _ReflectorsHolder()
+
+
+def reflectors(config: Config) -> Reflectors:
+    """A reflector per watched kind and namespace (all namespaces: one per kind), each
+    feeding its event handler (@watch.on in handlers/)."""
     spaces: list[str | None] = list(config.namespaces) or [None]
+    kinds = list(watch.HANDLERS.values())
+    api = kube.WatchApi(connections=len(spaces) * len(kinds) + 2)
+    out = []
+    for ns in spaces:
+        for kind, handler in kinds:
 
-    def each(kind: str, labels: str = "") -> Iterator[dict[str, Any]]:
-        for ns in spaces:
-            yield from kube.list_all(kind, labels, ns)
+            def forget(uid: str, kind: watch.Kind = kind, handler: watch.Handler = handler) -> None:
+                handler("DELETED", CACHE.stub(kind.name, uid))
 
-    CACHE.prime(
-        lambda: each("tuningprofiles"),
-        lambda: each("jobs", selector),
-        lambda: each("pods", selector),
-    )
-
-
-# Tuning Jobs and their pods carry these; model pods carry tunefleet.io/profile instead.
-CHILD_LABELS: dict[str, Any] = {
-    naming.MANAGED_KEY: naming.MANAGED_VALUE,
-    naming.PROFILE_UID_LABEL: kopf.PRESENT,
-}
+            known = functools.partial(CACHE.known, kind.name, ns)
+            out.append(watch.Reflector(api, kind, ns, handler, known, forget))
+    return Reflectors(out)
 
 
-def follow_child(kind: str, event: str | None, body: kopf.Body) -> None:
+def follow_child(kind: str, event: str | None, body: dict[str, Any]) -> None:
     """A tuning Job's or pod's watch event (handlers/job.py, pod.py): keep its view in the
     cache, and queue its profile (after a short delay that folds a burst of one object's
     events into one reconcile)."""
     metrics.HANDLER_CALLS.labels(f"{kind[:-1]}_event").inc()
-    CACHE.follow(kind, event, dict(body))
+    CACHE.follow(kind, event, body)
     # By the profile the object names: only a trigger, the reconcile reads what is owned.
-    profile = body.metadata.labels.get(naming.TUNING_PROFILE_LABEL)
-    CONTROLLER.get().enqueue_owner(body.metadata.namespace, profile)
+    meta = body.get("metadata") or {}
+    profile = (meta.get("labels") or {}).get(naming.TUNING_PROFILE_LABEL)
+    CONTROLLER.get().enqueue_owner(meta.get("namespace"), profile)
 
 
 @kopf.on.startup()
@@ -98,25 +100,11 @@ async def operator_startup(
     settings: kopf.OperatorSettings, logger: kopf.Logger, **kwargs: Any
 ) -> None:
     config = Config.from_env()
-    # kopf keeps nothing on our objects: no finalizer (deletion always works, whatever the
-    # reconciler's state) and no copy of the spec in annotations (no 256 KiB limit): all
-    # handlers are event handlers, and the reconciler is level-based.
-    # Earlier versions added this finalizer; naming it lets kopf remove it from their profiles.
-    settings.persistence.finalizer = "tunefleet.io/finalizer"
-    # Only what we cache crosses the wire: tuning Jobs and tuning pods, selected server-side.
-    managed = ",".join(f"{k}={v}" for k, v in naming.MANAGED_BY.items())
-    settings.watching.label_selectors["batch", "v1", "jobs"] = managed
-    settings.watching.label_selectors["", "v1", "pods"] = f"{managed},{naming.PROFILE_UID_LABEL}"
-    # kopf's own per-object log lines stay in the log; Events are posted by us, on purpose.
+    # kopf watches nothing of ours (watch.py does: its reflectors feed handlers/), so it keeps
+    # nothing on our objects (no finalizer, no copy of the spec in annotations) and no state
+    # of its own about them; it serves the webhook and runs this startup. Events are posted
+    # by us, on purpose.
     settings.posting.level = logging.WARNING
-    settings.watching.server_timeout = 300
-    # Memory (1,000 profiles, Jobs and pods, restart: 291 MiB peak, 261 settled before):
-    # kopf keeps each object's worker, and with it that object's last event, 5 s after its
-    # last event; after a restart's listing that is every object at once. 0.5 s: 225 / 195.
-    settings.batching.idle_timeout = 0.5
-    # Its initial listing in pages, as ours (kube.LIST_PAGE).
-    settings.watching.chunk_size = kube.LIST_PAGE
-    settings.batching.error_delays = [1, 2, 5, 10, 30, 60]
     kube.login(pool_size=config.workers + 6)
     indexes = Indexes(
         profile=CACHE.profile,
@@ -126,13 +114,22 @@ async def operator_startup(
         untrusted=CACHE.untrusted,
         written=CACHE.written,
         refresh=CACHE.put_profile,
+        has_profile=CACHE.has_profile_uid,
     )
     controller = Controller(
         config, indexes, workers=config.workers, resync_seconds=config.resync_seconds
     )
     CONFIG.set(config)
     CONTROLLER.set(config, controller)
-    await asyncio.to_thread(_prime, config)
+    # Each kind listed (page by page) into the cache before the reconciler starts: it never
+    # takes a Job it has not seen yet for a missing one.
+    REFLECTORS.reflectors = reflectors(config).start()
+    await asyncio.to_thread(REFLECTORS.reflectors.wait_listed)
+    sizes = CACHE.sizes()
+    logger.info(
+        f"cache primed: {sizes['profiles']} profiles, {sizes['jobs']} tuning Jobs, "
+        f"{sizes['pods']} tuning pods"
+    )
     controller.start()
     metrics.REGISTRY.register(
         metrics.IndexCollector(statuses=CACHE.statuses, queue_depth=controller.queue.pending)
@@ -167,6 +164,8 @@ async def operator_startup(
 
 @kopf.on.cleanup()
 async def operator_cleanup(**_: Any) -> None:
+    if REFLECTORS.reflectors is not None:
+        REFLECTORS.reflectors.stop()
     if ELECTOR.elector is not None:
         # Hand the Lease over at once rather than after it expires.
         await asyncio.to_thread(ELECTOR.elector.stop, True)

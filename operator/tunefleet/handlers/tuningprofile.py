@@ -4,25 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
-import kopf
-
-from tunefleet import GROUP, PLURAL, VERSION, metrics
+from tunefleet import metrics, watch
 from tunefleet.handlers.startup import CACHE, CONTROLLER
 
 
-@kopf.on.event(GROUP, VERSION, PLURAL)
-async def tuningprofile_event(
-    type: str | None, body: kopf.Body, namespace: str | None, name: str, **_: Any
-) -> None:
-    # Level-based: whatever changed (created, spec edited, deleted, seen again after a
+@watch.on(watch.PROFILES)
+def tuningprofile_event(type: str | None, body: dict[str, Any]) -> None:
+    # Level-based: whatever changed (created, spec edited, deleted, listed again after a
     # restart), the reconciler recomputes from the cache. Our own status writes come back
     # here too and end as no-op reconciles, or none at all (Controller.wants).
     metrics.HANDLER_CALLS.labels("tuningprofile_event").inc()
-    key = (namespace or "", name)
+    meta = body.get("metadata") or {}
+    key = (meta.get("namespace") or "", meta.get("name") or "")
     if type == "DELETED":
         CACHE.drop_profile(key)
-        CONTROLLER.get().forget(key, body.metadata.uid)
+        CONTROLLER.get().forget(key, meta.get("uid"))
         return
-    view = CACHE.put_profile(dict(body))
+    view = CACHE.put_profile(body)
     if CONTROLLER.get().wants(view):
         CONTROLLER.get().enqueue(key)

@@ -135,6 +135,13 @@ def _fix_config_map(p: _Pod, a: Admission) -> str:
     )
 
 
+def _fix_not_watched(p: _Pod, a: Admission) -> str:
+    return (
+        f"no tunefleet release watches namespace {p.namespace}: add it to one release's "
+        f"watchNamespaces (helm upgrade), then recreate the pod: {p.recreate}"
+    )
+
+
 def _fix_unknown(p: _Pod, a: Admission) -> str:
     return "the reason above says what is missing; fix it, then recreate the pod: " + p.recreate
 
@@ -150,6 +157,7 @@ FIXES: dict[Code, Callable[[_Pod, Admission], str]] = {
     Code.PARTITION_MISMATCH: _fix_partition,
     Code.PARTITION_UNKNOWN: _fix_partition,
     Code.CONFIG_MAP_REPLACED: _fix_config_map,
+    Code.NOT_WATCHED: _fix_not_watched,
 }
 
 

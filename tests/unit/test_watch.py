@@ -1,0 +1,288 @@
+"""The reflectors (watch.py) and the cache they fill: lists page by page, watch from the list's
+version, resume a dropped stream where it was, list again when the version expired, and after
+every list nothing of what the API server no longer has stays in the cache. And the cache's
+own lifecycle: compact views in, the same dicts out, every entry gone with its object."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tunefleet import kube, watch
+from tunefleet.cache import Cache
+from tunefleet.config import Config
+from tunefleet.controller import Controller, Indexes
+from tunefleet.reconcile import Memory
+
+
+def profile(name: str, uid: str, ns: str = "ml", rv: str = "1") -> dict[str, Any]:
+    return {
+        "apiVersion": "tunefleet.io/v1alpha1",
+        "kind": "TuningProfile",
+        "metadata": {"name": name, "namespace": ns, "uid": uid, "resourceVersion": rv},
+        "spec": {"image": "x"},
+        "status": {"phase": "Pending", "jobs": [{"state": "Running"}]},
+    }
+
+
+def job(name: str, uid: str, owner: str, ns: str = "ml") -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "uid": uid,
+            "labels": {"tunefleet.io/profile-uid": owner, "tunefleet.io/tuning-profile": "p"},
+            "ownerReferences": [
+                {"apiVersion": "tunefleet.io/v1alpha1", "kind": "TuningProfile", "uid": owner,
+                 "controller": True},
+            ],
+        },
+        "status": {"active": 1},
+    }  # fmt: skip
+
+
+class FakeApi:
+    """Serves pages and scripted watch streams; records what was asked."""
+
+    def __init__(self, items: list[dict[str, Any]], page: int = 2, rv: str = "10") -> None:
+        self.items, self.page, self.rv = items, page, rv
+        self.lists: list[dict[str, str]] = []
+        self.watches: list[dict[str, str]] = []
+        self.streams: list[list[dict[str, Any]] | Exception] = []
+        self.expire_continue = 0  # answer this many continued pages with 410
+
+    def list_page(self, path: str, params: dict[str, str]) -> dict[str, Any]:
+        self.lists.append(params)
+        start = int(params.get("continue") or 0)
+        if start and self.expire_continue:
+            self.expire_continue -= 1
+            raise kube.Expired("continue token expired")
+        chunk = self.items[start : start + self.page]
+        more = start + self.page < len(self.items)
+        meta = {
+            "resourceVersion": self.rv,
+            **({"continue": str(start + self.page)} if more else {}),
+        }
+        return {"items": chunk, "metadata": meta}
+
+    def watch(self, path: str, params: dict[str, str]) -> Iterator[dict[str, Any]]:
+        self.watches.append(params)
+        if not self.streams:
+            raise StopTest
+        stream = self.streams.pop(0)
+        if isinstance(stream, Exception):
+            raise stream
+        yield from stream
+
+
+class StopTest(BaseException):
+    """The fake ran out of scripted streams (not an Exception: the reflector retries those)."""
+
+
+def reflector(api: FakeApi, cache: Cache, seen: list[tuple[str | None, str]]) -> watch.Reflector:
+    def handler(kind: str | None, body: dict[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        seen.append((kind, meta.get("name", "")))
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        if kind == "DELETED":
+            cache.drop_profile(key)
+        else:
+            cache.put_profile(body)
+
+    def forget(uid: str) -> None:
+        handler("DELETED", cache.stub("tuningprofiles", uid))
+
+    return watch.Reflector(
+        api, watch.PROFILES, "ml", handler, lambda: cache.known("tuningprofiles", "ml"), forget,
+        sleep=lambda s: False,
+    )  # fmt: skip
+
+
+def run_until_stop(r: watch.Reflector) -> None:
+    """Run the reflector's loop until the fake runs out of scripted streams."""
+    with pytest.raises(StopTest):
+        r.run()
+
+
+def test_the_list_comes_page_by_page_then_the_watch_starts_at_its_version() -> None:
+    cache, seen = Cache(), []
+    api = FakeApi([profile(f"p{i}", f"u{i}") for i in range(5)], page=2, rv="42")
+    api.streams = [[{"type": "ADDED", "object": profile("p5", "u5", rv="43")}]]
+    r = reflector(api, cache, seen)
+    run_until_stop(r)
+    assert [p.get("continue", "") for p in api.lists] == ["", "2", "4"]
+    assert all(p["limit"] == str(kube.LIST_PAGE) for p in api.lists)
+    assert api.watches[0]["resourceVersion"] == "42"
+    assert api.watches[0]["allowWatchBookmarks"] == "true"
+    # The second watch resumes after the last event seen, without listing again.
+    assert api.watches[1]["resourceVersion"] == "43" and len(api.lists) == 3
+    assert r.listed.is_set() and sorted(k[1] for k in cache.profiles()) == [
+        f"p{i}" for i in range(6)
+    ]
+    assert seen[:5] == [(None, f"p{i}") for i in range(5)] and seen[5] == ("ADDED", "p5")
+
+
+def test_an_expired_version_lists_again_and_drops_what_the_list_no_longer_has() -> None:
+    cache, seen = Cache(), []
+    api = FakeApi([profile("a", "ua"), profile("b", "ub")], rv="5")
+    api.streams = [[{"type": "ERROR", "object": {"code": 410, "message": "too old"}}]]
+    r = reflector(api, cache, seen)
+
+    def relist_without_b(version: str) -> str:
+        api.items = [profile("a", "ua", rv="9")]  # b was deleted while nobody watched
+        return watch.Reflector.watch(r, version)
+
+    r.watch = relist_without_b  # type: ignore[method-assign]
+    run_until_stop(r)
+    assert r.lists == 2
+    assert cache.profiles() == [("ml", "a")]
+    assert ("DELETED", "b") in seen
+
+
+def test_an_expired_continue_token_starts_the_list_over() -> None:
+    cache, seen = Cache(), []
+    api = FakeApi([profile(f"p{i}", f"u{i}") for i in range(3)], page=1)
+    api.expire_continue = 1
+    r = reflector(api, cache, seen)
+    assert r.list_all() == "10"
+    assert [p.get("continue", "") for p in api.lists] == ["", "1", "", "1", "2"]
+    assert len(cache.profiles()) == 3
+
+
+def test_a_failed_call_backs_off_and_resumes_from_the_version_it_had() -> None:
+    cache, seen = Cache(), []
+    api = FakeApi([profile("a", "ua")], rv="7")
+    api.streams = [
+        [{"type": "MODIFIED", "object": profile("a", "ua", rv="8")}],
+        RuntimeError("connection refused"),
+        [{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "12"}}}],
+    ]
+    slept: list[float] = []
+    r = reflector(api, cache, seen)
+    r._sleep = lambda s: slept.append(s) or False  # type: ignore[assignment, func-returns-value]
+    run_until_stop(r)
+    assert [w["resourceVersion"] for w in api.watches] == ["7", "8", "8", "12"]
+    assert slept == [watch.BACKOFF[0]] and len(api.lists) == 1
+    assert cache.profile(("ml", "a"))["metadata"]["resourceVersion"] == "8"  # type: ignore[index]
+
+
+def test_a_watch_error_other_than_expiry_is_retried_not_fatal() -> None:
+    cache, seen = Cache(), []
+    api = FakeApi([], rv="3")
+    api.streams = [[{"type": "ERROR", "object": {"code": 500, "message": "etcd"}}], []]
+    slept: list[float] = []
+    r = reflector(api, cache, seen)
+    r._sleep = lambda s: slept.append(s) or False  # type: ignore[assignment, func-returns-value]
+    run_until_stop(r)
+    assert slept and len(api.lists) == 1
+
+
+def test_wait_listed_waits_for_every_reflector() -> None:
+    a, b = threading.Event(), threading.Event()
+
+    class R:
+        def __init__(self, e: threading.Event) -> None:
+            self.listed = e
+
+    group = watch.Reflectors([R(a), R(b)])  # type: ignore[list-item]
+    a.set()
+    assert not group.wait_listed(timeout=0.05)
+    b.set()
+    assert group.wait_listed(timeout=0.05)
+
+
+def test_watch_lines_are_split_across_chunks() -> None:
+    chunks = [b'{"type":"ADDED","obj', b'ect":{}}\n{"type":"DEL', b'ETED","object":{}}\n']
+    assert [e["type"] for e in kube.parse_lines(chunks)] == ["ADDED", "DELETED"]
+
+
+# --- the cache ------------------------------------------------------------------------------
+
+
+def test_views_go_in_compact_and_come_out_as_the_dicts_they_were() -> None:
+    cache = Cache()
+    view = cache.put_profile(profile("p", "u"))
+    assert cache.profile(("ml", "p")) == view
+    cache.follow("jobs", None, job("j", "j1", "u"))
+    (got,) = cache.jobs("ml", "u")
+    assert got["metadata"]["name"] == "j" and got["status"]["active"] == 1
+    got["status"]["active"] = 99  # a reader's copy: the cache is not changed through it
+    assert cache.jobs("ml", "u")[0]["status"]["active"] == 1
+    cache.written(("ml", "p"), "2", {"phase": "Ready", "jobs": []})
+    assert cache.profile(("ml", "p"))["metadata"]["resourceVersion"] == "2"  # type: ignore[index]
+    assert cache.statuses() == [{"phase": "Ready", "jobs": [], "unadmittedPods": 0}]
+
+
+def test_known_and_stub_let_a_relist_hand_back_what_is_gone() -> None:
+    cache = Cache()
+    cache.put_profile(profile("p", "u"))
+    cache.put_profile(profile("q", "v", ns="other"))
+    cache.follow("jobs", None, job("j", "j1", "u"))
+    cache.follow("jobs", None, job("forged", "j2", "u") | {"metadata": {
+        **job("forged", "j2", "u")["metadata"], "ownerReferences": []}})  # fmt: skip
+    assert cache.known("tuningprofiles", "ml") == {"u"}
+    assert cache.known("tuningprofiles", None) == {"u", "v"}
+    assert cache.known("jobs", "ml") == {"j1", "j2"} and cache.known("jobs", "other") == set()
+    stub = cache.stub("jobs", "j1")
+    assert stub["metadata"]["name"] == "j"
+    assert stub["metadata"]["labels"] == {"tunefleet.io/tuning-profile": "p"}
+    cache.follow("jobs", "DELETED", stub)
+    cache.follow("jobs", "DELETED", cache.stub("jobs", "j2"))
+    cache.drop_profile(("ml", "p"))
+    cache.drop_profile(("other", "q"))
+    assert cache.sizes() == {
+        "profiles": 0, "jobs": 0, "pods": 0, "untrusted": 0, "placed": 0, "bytes": 0,
+    }  # fmt: skip
+
+
+def test_what_is_remembered_follows_what_the_cache_holds() -> None:
+    """A reconcile under way when its profile was deleted may remember it after the
+    deletion's forget: housekeeping drops it, and the queue's failure count with it."""
+    cache = Cache()
+    cache.put_profile(profile("p", "u"))
+    c = Controller(
+        Config(),
+        Indexes(cache.profile, cache.profiles, cache.jobs, cache.pods,
+                has_profile=cache.has_profile_uid),
+        workers=1,
+    )  # fmt: skip
+    c.memory.of("u").written_rv = "3"
+    c.memory.of("gone-uid").written_rv = "4"
+    c.memory.unadmitted[("ml", "gone")] = ["x"]
+    c.memory.unadmitted[("ml", "p")] = ["y"]
+    c.queue.retry(("ml", "gone"))
+    c.queue.retry(("ml", "p"))
+    c.housekeeping()
+    assert set(c.memory.profiles) == {"u"}
+    assert set(c.memory.unadmitted) == {("ml", "p")}
+    assert c.queue.failures(("ml", "gone")) == 0 and c.queue.failures(("ml", "p")) == 1
+
+
+def test_memory_prune_counts_what_went() -> None:
+    m = Memory()
+    m.of("a")
+    m.of("b")
+    assert m.prune(lambda uid: uid == "a", set()) == 1 and set(m.profiles) == {"a"}
+
+
+def test_a_burst_of_events_drops_past_the_queue_and_never_blocks() -> None:
+    gate = threading.Event()
+    poster = kube._Poster(workers=1, size=2)
+    done: list[int] = []
+
+    def post(i: int) -> None:
+        gate.wait(5)
+        done.append(i)
+
+    for i in range(5):
+        poster.submit(lambda i=i: post(i))  # one running, two waiting, two dropped
+    assert poster.dropped >= 2
+    gate.set()
+    deadline = time.monotonic() + 5
+    while len(done) < 5 - poster.dropped and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(done) == 5 - poster.dropped
