@@ -60,23 +60,26 @@ def helm(bin_dir: str, kubeconfig: str, *args: str) -> subprocess.CompletedProce
     return done
 
 
-def upgrade_release(cluster: Any, *args: str) -> subprocess.CompletedProcess[str]:
-    """helm upgrade --install the chart as the release both ways of running use."""
+def upgrade_release(
+    cluster: Any, *args: str, release: str = RELEASE, namespace: str = SYSTEM_NS
+) -> subprocess.CompletedProcess[str]:
+    """helm upgrade --install the chart as the release both ways of running use (or another
+    release, in a namespace of its own: tests/e2e/test_two_releases.py)."""
     return helm(
         cluster.bin_dir,
         cluster.kubeconfig,
         "upgrade",
         "--install",
-        RELEASE,
+        release,
         str(ROOT / "charts" / "tunefleet"),
         "--namespace",
-        SYSTEM_NS,
+        namespace,
         "--create-namespace",
         *args,
     )
 
 
-def uninstall_release(cluster: Any) -> None:
+def uninstall_release(cluster: Any, release: str = RELEASE, namespace: str = SYSTEM_NS) -> None:
     """helm uninstall the release (if there is one) and wait until its pods are gone. The CRD
     stays (crds.keep) and with it every TuningProfile; a later `helm install` as the README
     writes it then finds the name free.
@@ -86,18 +89,19 @@ def uninstall_release(cluster: Any) -> None:
     uninstall itself, the leader would leave its name in the Lease, and the next install's
     replicas would wait out its duration (and show a dead leader meanwhile)."""
     done = subprocess.run(
-        [f"{cluster.bin_dir}/helm", "--kubeconfig", cluster.kubeconfig, "status", RELEASE,
-         "-n", SYSTEM_NS],
+        [f"{cluster.bin_dir}/helm", "--kubeconfig", cluster.kubeconfig, "status", release,
+         "-n", namespace],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     if done.returncode != 0:
         return
-    InCluster(cluster, 0).uninstall()
+    InCluster(cluster, 0, release, namespace).uninstall()
 
     def replicas() -> list[str]:  # terminating ones too: they release the Lease as they go
         out = cluster.kubectl(
-            "get", "pods", "-n", SYSTEM_NS, "-l", "app.kubernetes.io/name=tunefleet", "-o", "json"
-        ).stdout
+            "get", "pods", "-n", namespace, "-l", f"app.kubernetes.io/instance={release}",
+            "-o", "json",
+        ).stdout  # fmt: skip
         return [
             p["metadata"]["name"]
             for p in json.loads(out)["items"]
@@ -107,7 +111,7 @@ def uninstall_release(cluster: Any) -> None:
         ]
 
     wait_for(replicas, timeout=120, describe="the operator replicas gone", until=lambda n: not n)
-    helm(cluster.bin_dir, cluster.kubeconfig, "uninstall", RELEASE, "-n", SYSTEM_NS, "--wait")
+    helm(cluster.bin_dir, cluster.kubeconfig, "uninstall", release, "-n", namespace, "--wait")
 
 
 def sa_kubeconfig(kubectl: Kubectl, admin_kubeconfig: str, path: Path) -> Path:
@@ -136,7 +140,7 @@ class Operator:
     log: Path
     proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, wait: bool = True) -> None:
+    def start(self, wait: bool = True, timeout: float = 30.0) -> None:
         """Start the process; with wait, return once its webhook port listens (startup done)."""
         out = self.log.open("ab")
         self.proc = subprocess.Popen(
@@ -148,7 +152,7 @@ class Operator:
         )
         if not wait:
             return
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + timeout
         port = int(self.env["TUNEFLEET_WEBHOOK_PORT"])
         while time.monotonic() < deadline:  # the webhook port listening means startup is done
             if self.proc.poll() is not None:
@@ -402,11 +406,20 @@ class InCluster:
 
     cluster: Any
     replicas: int
+    release: str = RELEASE
+    namespace: str = SYSTEM_NS
+
+    @property
+    def name(self) -> str:
+        """The chart's fullname: the Deployment, ServiceAccount, ClusterRole, Lease prefix."""
+        return self.release if "tunefleet" in self.release else f"{self.release}-tunefleet"
 
     def pods(self) -> list[dict[str, Any]]:
         out = self.cluster.kubectl(
-            "get", "pods", "-n", SYSTEM_NS, "-l", "app.kubernetes.io/name=tunefleet", "-o", "json"
-        ).stdout
+            "get", "pods", "-n", self.namespace, "-l",
+            f"app.kubernetes.io/name=tunefleet,app.kubernetes.io/instance={self.release}",
+            "-o", "json",
+        ).stdout  # fmt: skip
         return [
             p
             for p in json.loads(out)["items"]
@@ -421,13 +434,13 @@ class InCluster:
         """The holder of the Lease (pod name_pid)."""
         lease = json.loads(
             self.cluster.kubectl(
-                "get", "lease", "-n", SYSTEM_NS, f"{RELEASE}-operator", "-o", "json"
+                "get", "lease", "-n", self.namespace, f"{self.name}-operator", "-o", "json"
             ).stdout
         )
         return str(lease["spec"].get("holderIdentity") or "")
 
     def logs(self, pod: str, previous: bool = False) -> str:
-        args = ["logs", "-n", SYSTEM_NS, pod]
+        args = ["logs", "-n", self.namespace, pod]
         if previous:
             args.append("--previous")
         return str(self.cluster.kubectl(*args, check=False).stdout)
@@ -435,7 +448,7 @@ class InCluster:
     def uninstall(self) -> None:
         """Back to no replicas (the process mode's chart), so a later install() stands alone."""
         self.cluster.kubectl(
-            "scale", "deployment", "-n", SYSTEM_NS, RELEASE, "--replicas=0", check=False
+            "scale", "deployment", "-n", self.namespace, self.name, "--replicas=0", check=False
         )
 
 
@@ -468,11 +481,19 @@ def chart_values_for_real_node(s3_pod_endpoint: str, replicas: int) -> list[str]
     return ["-f", str(LOCAL_CLUSTER_VALUES), "-f", str(path)]
 
 
-def install_in_cluster(cluster: Any, s3: Any, replicas: int = 2) -> InCluster:
-    """helm upgrade --install the chart with its Deployment on the real node; wait for it."""
-    cluster.kubectl("create", "namespace", SYSTEM_NS, check=False)
+def install_in_cluster(
+    cluster: Any,
+    s3: Any,
+    replicas: int = 2,
+    release: str = RELEASE,
+    namespace: str = SYSTEM_NS,
+    extra: tuple[str, ...] = (),
+) -> InCluster:
+    """helm upgrade --install the chart with its Deployment on the real node; wait for it.
+    `extra`: more helm arguments (another release's watchNamespaces, crds.install, ...)."""
+    cluster.kubectl("create", "namespace", namespace, check=False)
     create_s3_secret(
-        cluster.kubectl, SYSTEM_NS, s3.reader_access_key, s3.reader_secret_key, DELIVERY_SECRET
+        cluster.kubectl, namespace, s3.reader_access_key, s3.reader_secret_key, DELIVERY_SECRET
     )
     upgrade_release(
         cluster,
@@ -481,13 +502,16 @@ def install_in_cluster(cluster: Any, s3: Any, replicas: int = 2) -> InCluster:
         "webhook.url=",
         "--set",
         "webhook.caBundle=",
+        *extra,
         "--wait",
         "--timeout",
         "180s",
+        release=release,
+        namespace=namespace,
     )
     # A webhook CA from an earlier process-mode install may still be in place: the release
     # just rewrote the configuration, and --wait saw every replica Ready.
-    return InCluster(cluster, replicas)
+    return InCluster(cluster, replicas, release, namespace)
 
 
 # --- a whole tuning pod's steps on this machine, for kwok pods ---------------------------

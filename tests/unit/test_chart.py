@@ -128,3 +128,42 @@ def test_optional_objects_appear_only_when_asked() -> None:
     assert {"NetworkPolicy", "ServiceMonitor"} <= kinds
     test_pod = next(d for d in rendered() if d["kind"] == "Pod")
     assert test_pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+
+
+def test_a_release_that_watches_namespaces_admits_and_binds_in_those_only() -> None:
+    """Several releases split a cluster by namespace: each webhook is called for its own
+    namespaces (as the operator registers itself: builders.webhook), its RBAC is bound there
+    alone, and its ClusterRole says what it watches for the next release's overlap check."""
+    from tunefleet.builders.webhook import namespace_selector
+
+    docs = rendered("operator.watchNamespaces={ml,vision}")
+    (hook,) = next(d for d in docs if d["kind"] == "MutatingWebhookConfiguration")["webhooks"]
+    assert hook["namespaceSelector"] == namespace_selector(["vision", "ml"])
+    bound = {
+        d["metadata"]["namespace"]
+        for d in docs
+        if d["kind"] == "RoleBinding" and d["roleRef"]["name"] == "tf-tunefleet"
+    }
+    assert bound == {"ml", "vision"}
+    assert not any(
+        d["kind"] == "ClusterRoleBinding" and d["roleRef"]["name"] == "tf-tunefleet" for d in docs
+    )
+    role = next(
+        d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "tf-tunefleet"
+    )
+    assert role["metadata"]["annotations"]["tunefleet.io/watch-namespaces"] == "ml,vision"
+    deploy = next(d for d in docs if d["kind"] == "Deployment")
+    env = {
+        e["name"]: e.get("value")
+        for e in deploy["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["TUNEFLEET_NAMESPACES"] == "ml,vision"
+    assert env["TUNEFLEET_LEASE_NAME"] == "tf-tunefleet-operator"
+
+    docs = rendered()
+    (hook,) = next(d for d in docs if d["kind"] == "MutatingWebhookConfiguration")["webhooks"]
+    assert "namespaceSelector" not in hook
+    role = next(
+        d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "tf-tunefleet"
+    )
+    assert role["metadata"]["annotations"]["tunefleet.io/watch-namespaces"] == "*"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
+
 from tunefleet.builders.webhook import build_webhook_configuration
 from tunefleet.config import Config
 from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
@@ -180,6 +182,39 @@ def test_webhook_configuration_only_sees_labelled_pods() -> None:
     assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
     assert hook["objectSelector"]["matchExpressions"][0]["key"] == "tunefleet.io/profile"
     assert hook["timeoutSeconds"] <= 10
+    assert "namespaceSelector" not in hook  # every namespace: a cluster-wide release
+
+
+def test_a_release_that_watches_namespaces_is_called_for_those_only() -> None:
+    cfg = build_webhook_configuration("tf", {"url": "https://x"}, namespaces=("b", "a", "a"))
+    (expr,) = cfg["webhooks"][0]["namespaceSelector"]["matchExpressions"]
+    assert expr == {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["a", "b"]}
+
+
+def test_a_pod_in_a_namespace_this_release_does_not_watch_is_left_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another release's namespace: no label, no patch, whatever reached us."""
+    import asyncio
+    from dataclasses import replace
+
+    import kopf
+
+    from tunefleet import metrics
+    from tunefleet.handlers import pod as pod_handlers
+    from tunefleet.handlers.startup import CONFIG
+
+    def no_api(*_: Any) -> None:
+        raise AssertionError("no API call for another release's pod")
+
+    monkeypatch.setattr(CONFIG, "_config", replace(CFG, namespaces=("mine",)))
+    monkeypatch.setattr(pod_handlers, "_read_profile", no_api)
+    counted = metrics.ADMISSIONS.labels("unchanged", "not_watched")
+    before = counted._value.get()
+    body = kopf.Body({**pod(), "metadata": {**pod()["metadata"], "namespace": "theirs"}})
+    patch = kopf.Patch()
+    asyncio.run(pod_handlers.pod_mutate(body=body, patch=patch, warnings=[]))
+    assert not patch and counted._value.get() == before + 1
 
 
 DIGEST = "sha256:" + "d" * 64

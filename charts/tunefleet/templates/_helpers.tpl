@@ -26,3 +26,36 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "tunefleet.image" -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
+
+{{- /* The namespaces this release watches, sorted and comma-joined; "*" for all. */ -}}
+{{- define "tunefleet.watchNamespaces" -}}
+{{- if .Values.operator.watchNamespaces -}}
+{{- .Values.operator.watchNamespaces | uniq | sortAlpha | join "," -}}
+{{- else -}}*{{- end -}}
+{{- end -}}
+
+{{- /*
+Several releases may share a cluster only on disjoint namespaces: two operators reconciling
+one profile would fight over its status and Jobs, and two webhooks would both admit its pods.
+Every release's main ClusterRole says what it watches (tunefleet.io/watch-namespaces); an
+install or upgrade that would overlap another release fails here, naming it. Renderers
+without cluster access (helm template) see no other release and check nothing.
+*/ -}}
+{{- define "tunefleet.checkWatchOverlap" -}}
+{{- $mine := include "tunefleet.watchNamespaces" . | splitList "," -}}
+{{- $roles := lookup "rbac.authorization.k8s.io/v1" "ClusterRole" "" "" -}}
+{{- range ($roles.items | default list) -}}
+{{- $ann := .metadata.annotations | default dict -}}
+{{- $theirs := index $ann "tunefleet.io/watch-namespaces" | default "" -}}
+{{- $release := index $ann "meta.helm.sh/release-name" | default "" -}}
+{{- $releaseNs := index $ann "meta.helm.sh/release-namespace" | default "" -}}
+{{- if and $theirs (not (and (eq $release $.Release.Name) (eq $releaseNs $.Release.Namespace))) -}}
+{{- $theirList := splitList "," $theirs -}}
+{{- $both := list -}}
+{{- range $mine -}}{{- if has . $theirList -}}{{- $both = append $both . -}}{{- end -}}{{- end -}}
+{{- if or (has "*" $mine) (has "*" $theirList) $both -}}
+{{- fail (printf "operator.watchNamespaces (%s) overlaps tunefleet release %s in namespace %s, which watches %s: releases that share a cluster must watch disjoint namespaces (and neither may watch all of them); set operator.watchNamespaces of each to its own namespaces" (join "," $mine) $release $releaseNs $theirs) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}

@@ -5,6 +5,7 @@ decides whether and what to inject; this module only builds.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from tunefleet import naming
@@ -16,6 +17,8 @@ from tunefleet.storage.store import PodStorage
 from tuner_job.output import RESULTS_NAME
 
 HANDLER_ID = "pod-inject"
+# Set by the API server on every namespace (since 1.21): a namespace selector by name.
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 VOLUME = "tunefleet-results"
 PACKED_VOLUME = "tunefleet-packed"
 RESULTS_DIR = "/tunefleet/results"
@@ -30,41 +33,57 @@ TUNABLE_ENV = {
 }
 
 
+def namespace_selector(namespaces: Sequence[str]) -> dict[str, Any] | None:
+    """The namespaces a release's webhook is called for: those it watches (None: all). Several
+    releases, each watching its own namespaces, then never admit each other's pods."""
+    if not namespaces:
+        return None
+    return {
+        "matchExpressions": [
+            {"key": NAMESPACE_NAME_LABEL, "operator": "In", "values": sorted(set(namespaces))}
+        ]
+    }
+
+
 def build_webhook_configuration(
     name: str,
     client_config: dict[str, Any],
     timeout_seconds: int = 5,
     failure_policy: str = "Ignore",
+    namespaces: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Only labelled pods ever reach us; Ignore keeps pod creation working when we're down."""
+    """Only labelled pods ever reach us, and only in the namespaces we watch; Ignore keeps pod
+    creation working when we're down."""
+    hook: dict[str, Any] = {
+        "name": "pods.tunefleet.io",
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "None",
+        "failurePolicy": failure_policy,
+        "timeoutSeconds": timeout_seconds,
+        "reinvocationPolicy": "Never",
+        "matchPolicy": "Equivalent",
+        "clientConfig": client_config,
+        "objectSelector": {
+            "matchExpressions": [{"key": naming.PROFILE_LABEL, "operator": "Exists"}]
+        },
+        "rules": [
+            {
+                "apiGroups": [""],
+                "apiVersions": ["v1"],
+                "operations": ["CREATE"],
+                "resources": ["pods"],
+                "scope": "Namespaced",
+            }
+        ],
+    }
+    selector = namespace_selector(namespaces)
+    if selector is not None:
+        hook["namespaceSelector"] = selector
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "tunefleet"}},
-        "webhooks": [
-            {
-                "name": "pods.tunefleet.io",
-                "admissionReviewVersions": ["v1"],
-                "sideEffects": "None",
-                "failurePolicy": failure_policy,
-                "timeoutSeconds": timeout_seconds,
-                "reinvocationPolicy": "Never",
-                "matchPolicy": "Equivalent",
-                "clientConfig": client_config,
-                "objectSelector": {
-                    "matchExpressions": [{"key": naming.PROFILE_LABEL, "operator": "Exists"}]
-                },
-                "rules": [
-                    {
-                        "apiGroups": [""],
-                        "apiVersions": ["v1"],
-                        "operations": ["CREATE"],
-                        "resources": ["pods"],
-                        "scope": "Namespaced",
-                    }
-                ],
-            }
-        ],
+        "webhooks": [hook],
     }
 
 

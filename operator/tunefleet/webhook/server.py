@@ -46,6 +46,7 @@ async def register_when_ready(
         config.webhook_register,
         {"url": url, "caBundle": base64.b64encode(ca).decode()},
         timeout_seconds=config.webhook_timeout_seconds,
+        namespaces=config.namespaces,
     )
     admission = kubernetes.client.AdmissionregistrationV1Api(kube.api())
     try:
