@@ -4,13 +4,14 @@ pod start-up, artifact transfer; figures to bench/results.md (with the goals the
 Medians and ratios: this machine (2 cores, shared) is noisy. Run on the local control plane
 (started if needed). The operator runs as the chart's ServiceAccount, as a process here for
 scale, kill storms and the webhook (kwok fleet), and as the chart's Deployment on the real node
-for the pod start-up figures. `python -m bench --only scale,webhook` runs a part.
+for the pod start-up figures. `python -m bench --only scale,webhook` runs a part;
+`python -m bench scale --profiles 10000 --namespaces 100` one size of the scale routine
+(bench/bench_scale.py).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import json
 import os
 import platform
@@ -57,29 +58,6 @@ def profile(name: str, model: str = "NVIDIA-H200") -> dict[str, Any]:
 def count_jobs(cluster: Cluster, ns: str) -> int:
     out = cluster.kubectl("get", "jobs", "-n", ns, "-o", "name").stdout
     return len(out.split())
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def apply_to_jobs(cluster: Cluster, n: int, run: int) -> float:
-    """Seconds from `kubectl apply` of n profiles to n Jobs existing."""
-    ns = f"bench-{n}-{run}-{int(time.time())}"
-    cluster.kubectl("create", "namespace", ns)
-    CREATED.append(ns)
-    docs = "\n---\n".join(yaml.safe_dump(profile(f"p{i}")) for i in range(n))
-    start = time.perf_counter()
-    cluster.kubectl("apply", "-n", ns, "-f", "-", input=docs)
-    eventually(
-        lambda: count_jobs(cluster, ns), lambda c: c >= n, f"{n} Jobs", timeout=600, interval=0.2
-    )
-    took = time.perf_counter() - start
-    print(f"{n} profiles: all Jobs {took:.2f}s after apply", flush=True)
-    return took
 
 
 def histogram(cluster: Cluster) -> dict[float, float]:
@@ -227,102 +205,6 @@ def artifacts(s3: S3Settings) -> dict[str, Any]:
     from bench import bench_artifacts
 
     return dict(bench_artifacts.run(s3))
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-class RssSampler:
-    """The operator's resident memory, sampled every 0.25 s: the peak between start and stop."""
-
-    def __init__(self, operator: Operator) -> None:
-        self.operator, self.peak, self._stop = operator, 0.0, threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            with contextlib.suppress(OSError, AssertionError):  # between kill and start
-                self.peak = max(self.peak, self.operator.rss_mib())
-            self._stop.wait(0.25)
-
-    def __enter__(self) -> RssSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-def settled_count(cluster: Cluster, ns: str) -> int:
-    items = json.loads(cluster.kubectl("get", "tp", "-n", ns, "-o", "json", timeout=300).stdout)[
-        "items"
-    ]
-    return sum(1 for p in items if (p.get("status") or {}).get("jobs"))
-
-
-def scale_1000(cluster: Cluster, operator: Operator, n: int = 1000) -> dict[str, Any]:
-    """Issue 8's goals: 1,000 one-model profiles applied at once."""
-    assert operator.proc is not None
-    ns = f"bench-scale-{int(time.time())}"
-    cluster.kubectl("create", "namespace", ns)
-    CREATED.append(ns)
-    docs = "\n---\n".join(yaml.safe_dump(profile(f"p{i:04d}")) for i in range(n))
-    out: dict[str, Any] = {"profiles": n}
-    with RssSampler(operator) as rss:
-        start = time.perf_counter()
-        cluster.kubectl("create", "-n", ns, "-f", "-", input=docs, timeout=600)
-        out["kubectl_create_s"] = round(time.perf_counter() - start, 1)
-        eventually(
-            lambda ns=ns: count_jobs(cluster, ns),
-            lambda c: c >= n,
-            f"{n} Jobs",
-            timeout=900,
-            interval=1,
-        )
-        out["apply_to_all_jobs_s"] = round(time.perf_counter() - start, 1)
-        eventually(
-            lambda: settled_count(cluster, ns),
-            lambda c: c >= n,
-            "every status written",
-            timeout=900,
-            interval=2,
-        )
-        out["apply_to_all_statuses_s"] = round(time.perf_counter() - start, 1)
-    out["rss_peak_during_apply_mib"] = round(rss.peak, 1)
-    time.sleep(15)  # the last Job and pod events land
-    pid = operator.proc.pid
-    before, t0 = cpu_seconds(pid), time.monotonic()
-    time.sleep(60)
-    out["idle_cpu_percent_of_a_core"] = round(
-        100 * (cpu_seconds(pid) - before) / (time.monotonic() - t0), 2
-    )
-    out["rss_settled_mib"] = round(operator.rss_mib(), 1)
-    operator.kill()
-    start = time.perf_counter()
-    operator.start()
-    with RssSampler(operator) as rss:
-        time.sleep(45)  # every profile seen again through the initial list, reconciled
-    out["rss_peak_after_restart_with_1000_mib"] = round(rss.peak, 1)
-    out["restart_to_webhook_listening_s"] = round(time.perf_counter() - start - 45, 1)
-    start = time.perf_counter()
-    cluster.kubectl("delete", "tp", "--all", "-n", ns, "--wait=false", timeout=600)
-    eventually(
-        lambda: count_jobs(cluster, ns), lambda c: c == 0, "all Jobs gone", timeout=900, interval=1
-    )
-    out["delete_to_all_jobs_gone_s"] = round(time.perf_counter() - start, 1)
-    time.sleep(30)
-    out["rss_after_delete_mib"] = round(operator.rss_mib(), 1)
-    out["goals"] = {
-        "apply_to_all_jobs_s": "<= 60",
-        "rss_mib": "<= 256 at peak, after a restart with 1000 present, after deletion",
-        "idle_cpu_percent_of_a_core": "<= 2",
-        "delete_to_all_jobs_gone_s": "<= 60",
-    }
-    print(f"scale: {json.dumps(out)}", flush=True)
-    return out
 
 
 def churn(cluster: Cluster, operator: Operator, n: int = 1000, cycles: int = 5) -> dict[str, Any]:
@@ -557,6 +439,11 @@ PARTS = ("scale", "storm", "churn", "webhook", "library", "artifacts", "gc", "re
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["scale"]:
+        from bench import bench_scale
+
+        bench_scale.main(sys.argv[2:])
+        return
     only = set(PARTS)
     if "--only" in sys.argv:
         only = set(sys.argv[sys.argv.index("--only") + 1].split(","))
@@ -567,7 +454,13 @@ def main() -> None:
     assert operator.proc is not None
     try:
         if "scale" in only:
-            results["scale_1000_profiles"] = scale_1000(cluster, operator)
+            from bench import bench_scale
+
+            results.pop("scale_1000_profiles", None)
+            results["scale"] = {
+                str(n): bench_scale.run(cluster, operator, n, m)
+                for n, m in bench_scale.parse_sizes(bench_scale.SIZES)
+            }
         if "storm" in only:
             results["kill_storm"] = kill_storm(cluster, operator)
         if "churn" in only:

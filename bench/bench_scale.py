@@ -1,0 +1,538 @@
+"""Operator scale: N one-model TuningProfiles over M namespaces, created at once, then a
+restart with all of them present, then all deleted; the operator's lag behind the API server,
+its resident memory at every point, its CPU.
+
+    python -m bench scale --profiles 10000 --namespaces 100     # one size, merged into results
+    python -m bench scale --sizes 1000:10,3000:30,10000:100     # what `make bench` runs
+    python -m bench scale --profiles 3000 --namespaces 30 --py-spy /tmp/prof --no-write
+
+What the clock starts on. The profiles are created by this process, through the API
+server's REST API (8 connections, one POST each; `kubectl create` does the same POSTs one at a
+time, ~60 ms each here, so 10,000 of them took ~10 minutes). "Last Job after create" starts
+when the last of the N POSTs has been answered 201 (the moment `kubectl create` returns: every
+profile is in etcd) and stops when the API server has sent the Nth tuning Job's ADDED event
+on a watch (metadata only) opened before the first create. Creating faster than kubectl
+does leaves the operator less slack during the creates, not more.
+
+How fast the API server takes creates alone (no operator running, same 8 connections, same
+profile bodies) is measured first, on min(N, 3000) profiles in a namespace of its own, so the
+target can be judged against it.
+
+Memory is the operator process's VmRSS (/proc/<pid>/status) sampled every 0.25 s; CPU is its
+utime + stime (/proc/<pid>/stat). The "empty" figure is the operator's settled RSS after a
+fresh start with none of this run's profiles present: the baseline deletion must return to.
+
+--py-spy DIR records the operator with py-spy (collapsed stacks, --gil, 50 Hz) during the
+apply and the restart; --tracemalloc DIR runs it under tracemalloc (25 frames) and dumps a
+snapshot at each phase (bench/tracemalloc_hook/): slower, so its figures are not written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+
+ROOT = Path(__file__).resolve().parents[1]
+HOOK = ROOT / "bench" / "tracemalloc_hook"
+GROUP, VERSION, PLURAL = "tunefleet.io", "v1alpha1", "tuningprofiles"
+JOB_SELECTOR = "app.kubernetes.io/managed-by=tunefleet,tunefleet.io/profile-uid"
+CREATE_CONNECTIONS = 8
+META_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+
+
+def profile(name: str, i: int) -> dict[str, Any]:
+    """One-model profile; each one's shapes differ, so nothing can be shared between them
+    (real fleets' profiles differ) and each makes its own revision."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "TuningProfile",
+        "metadata": {"name": name},
+        "spec": {
+            "image": "registry.example.com/serve:1",
+            "gpu": {"vendor": "nvidia", "models": ["NVIDIA-H200"]},
+            "workload": {"shapes": [{"mnk": [64 + i % 4096, 64 + i // 4096, 64]}]},
+            "storage": {"uri": "s3://tunefleet/bench"},
+        },
+    }
+
+
+# --- the API server, as cheaply as this process can reach it ------------------------------
+
+
+class Api:
+    """Raw REST calls over the admin kubeconfig's connection pool: the bench must not be what
+    the 2 cores spend their time on (kubernetes.client's (de)serialization costs ~ms a call)."""
+
+    def __init__(self, kubeconfig: str) -> None:
+        self.client = kubernetes.config.new_client_from_config(config_file=kubeconfig)
+        self.client.configuration.connection_pool_maxsize = CREATE_CONNECTIONS + 4
+        self.client.rest_client = kubernetes.client.rest.RESTClientObject(
+            self.client.configuration, maxsize=CREATE_CONNECTIONS + 4
+        )
+        self.host = self.client.configuration.host
+        self.pool = self.client.rest_client.pool_manager
+        self.headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        self.client.update_params_for_auth(self.headers, [], ["BearerToken"])
+
+    def request(
+        self, method: str, path: str, body: bytes | None = None, **kw: Any
+    ) -> Any:  # urllib3.BaseHTTPResponse
+        return self.pool.request(
+            method, self.host + path, body=body, headers={**self.headers, **kw.pop("headers", {})},
+            **kw,
+        )  # fmt: skip
+
+    def create_profile(self, ns: str, body: bytes) -> None:
+        resp = self.request("POST", f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}", body)
+        if resp.status != 201:
+            raise RuntimeError(f"create in {ns}: {resp.status} {resp.data[:300]!r}")
+
+    def namespace(self, ns: str) -> None:
+        body = json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        resp = self.request("POST", "/api/v1/namespaces", body.encode())
+        if resp.status not in (201, 409):
+            raise RuntimeError(f"namespace {ns}: {resp.status} {resp.data[:300]!r}")
+
+    def delete_namespace(self, ns: str) -> None:
+        self.request("DELETE", f"/api/v1/namespaces/{ns}")
+
+    def namespace_exists(self, ns: str) -> bool:
+        return bool(self.request("GET", f"/api/v1/namespaces/{ns}").status == 200)
+
+    def delete_profiles(self, ns: str) -> None:
+        """One DELETE of the collection per namespace (what `kubectl delete tp --all` asks,
+        without listing first)."""
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}"
+        resp = self.request("DELETE", path, timeout=600.0)
+        if resp.status != 200:
+            raise RuntimeError(f"delete in {ns}: {resp.status} {resp.data[:300]!r}")
+
+    def stream(
+        self, path: str, params: dict[str, str], meta_only: bool
+    ) -> Iterator[dict[str, Any]]:
+        """A watch's events, parsed, until the server ends it."""
+        query = "&".join(f"{k}={v}" for k, v in params.items())
+        headers = {"Accept": META_ONLY} if meta_only else {}
+        resp = self.request(
+            "GET", f"{path}?{query}", headers=headers, preload_content=False, timeout=None
+        )
+        if resp.status != 200:
+            raise RuntimeError(f"watch {path}: {resp.status} {resp.data[:300]!r}")
+        buf = b""
+        try:
+            for chunk in resp.stream(1 << 16):
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
+        finally:
+            resp.release_conn()
+
+
+class Watch:
+    """One kind, cluster-wide, from before the first create: when each object of this run's
+    namespaces was first seen, and which are still there."""
+
+    def __init__(
+        self,
+        api: Api,
+        path: str,
+        prefix: str,
+        labels: str = "",
+        meta_only: bool = True,
+        done: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> None:
+        self.api, self.path, self.prefix, self.labels = api, path, prefix, labels
+        self.meta_only, self.done = meta_only, done
+        self.alive: set[str] = set()
+        self.finished: set[str] = set()  # uids for which done(object) was true
+        self.added_at: list[float] = []  # the monotonic time of each first ADDED
+        self.changed = threading.Condition()
+        self._stop = False
+        self._rv = ""
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> Watch:
+        # Start from "now": the list's resourceVersion (nothing of this run exists yet).
+        resp = self.api.request("GET", f"{self.path}?limit=1")
+        self._rv = json.loads(resp.data)["metadata"]["resourceVersion"]
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop = True
+
+    def _run(self) -> None:
+        while not self._stop:
+            params = {"watch": "true", "allowWatchBookmarks": "true", "timeoutSeconds": "600",
+                      "resourceVersion": self._rv}  # fmt: skip
+            if self.labels:
+                params["labelSelector"] = self.labels
+            try:
+                for event in self.api.stream(self.path, params, self.meta_only):
+                    self._event(event)
+                    if self._stop:
+                        return
+            except Exception as e:  # a dropped stream: resume from the last version seen
+                print(f"bench watch {self.path}: {e}; resuming", flush=True)
+                time.sleep(0.5)
+
+    def _event(self, event: dict[str, Any]) -> None:
+        obj = event.get("object") or {}
+        meta = obj.get("metadata") or {}
+        self._rv = meta.get("resourceVersion") or self._rv
+        if event.get("type") == "ERROR":
+            raise RuntimeError(f"watch error: {obj}")
+        if event.get("type") == "BOOKMARK" or not meta.get("namespace", "").startswith(self.prefix):
+            return
+        uid, now = meta["uid"], time.monotonic()
+        with self.changed:
+            if event["type"] == "DELETED":
+                self.alive.discard(uid)
+                self.finished.discard(uid)
+            else:
+                if uid not in self.alive:
+                    self.alive.add(uid)
+                    if event["type"] == "ADDED":
+                        self.added_at.append(now)
+                if self.done is not None and self.done(obj):
+                    self.finished.add(uid)
+            self.changed.notify_all()
+
+    def wait(self, ok: Callable[[Watch], bool], what: str, timeout: float) -> float:
+        """Block until ok(self); returns the monotonic time it first held."""
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while not ok(self):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(
+                        f"{what}: not within {timeout:.0f}s ({len(self.alive)} present, "
+                        f"{len(self.finished)} done)"
+                    )
+                self.changed.wait(min(left, 1.0))
+            return time.monotonic()
+
+
+def create_all(api: Api, items: list[tuple[str, bytes]]) -> tuple[float, float]:
+    """POST every profile over CREATE_CONNECTIONS connections; (first sent, last answered)."""
+    start = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=CREATE_CONNECTIONS) as pool:
+        for f in concurrent.futures.as_completed(
+            [pool.submit(api.create_profile, ns, body) for ns, body in items]
+        ):
+            f.result()
+    return start, time.monotonic()
+
+
+def bodies(namespaces: list[str], n: int) -> list[tuple[str, bytes]]:
+    """Round-robin over the namespaces, so every namespace fills at once."""
+    return [
+        (namespaces[i % len(namespaces)], json.dumps(profile(f"p{i:05d}", i)).encode())
+        for i in range(n)
+    ]
+
+
+# --- the operator process -----------------------------------------------------------------
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Sampler:
+    """The operator's RSS every 0.25 s: peak, and the series (for the notes)."""
+
+    def __init__(self, pid: Callable[[], int]) -> None:
+        self.pid, self.peak = pid, 0.0
+        self.series: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._t0 = time.monotonic()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(OSError, ValueError, AssertionError):
+                rss = rss_mib(self.pid())
+                self.peak = max(self.peak, rss)
+                self.series.append((round(time.monotonic() - self._t0, 1), round(rss, 1)))
+            self._stop.wait(0.25)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def idle_cpu(pid: int, seconds: float) -> float:
+    before, t0 = cpu_seconds(pid), time.monotonic()
+    time.sleep(seconds)
+    return round(100 * (cpu_seconds(pid) - before) / (time.monotonic() - t0), 2)
+
+
+def settle(pid: int, quiet: float = 5.0, below: float = 5.0, timeout: float = 600.0) -> float:
+    """Wait until the operator spends under `below`% of a core over `quiet` s; returns the
+    seconds waited (how long the work after a restart or a deletion kept it busy)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if idle_cpu(pid, quiet) < below:
+            return round(time.monotonic() - t0 - quiet, 1)
+    return round(time.monotonic() - t0, 1)
+
+
+class PySpy:
+    """py-spy recording the operator (collapsed stacks of the GIL holder) into DIR/NAME.txt."""
+
+    def __init__(self, out: Path | None, name: str, pid: int) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        if out is None:
+            return
+        out.mkdir(parents=True, exist_ok=True)
+        exe = Path(sys.executable).parent / "py-spy"
+        self.proc = subprocess.Popen(
+            [str(exe), "record", "--pid", str(pid), "--rate", "50", "--gil", "--nonblocking",
+             "--format", "raw", "--output", str(out / f"{name}.txt")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            self.proc.wait(timeout=60)
+
+
+def snapshot(operator: Any, out: Path | None, name: str) -> None:
+    """--tracemalloc: ask the operator for a snapshot (bench/tracemalloc_hook) and wait for it."""
+    if out is None:
+        return
+    target = out / f"{name}.snapshot"
+    target.unlink(missing_ok=True)
+    (out / "next").write_text(str(target))
+    os.kill(operator.proc.pid, signal.SIGUSR2)
+    deadline = time.monotonic() + 120
+    while not target.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+# --- the routine --------------------------------------------------------------------------
+
+
+def run(
+    cluster: Any,
+    operator: Any,
+    n: int,
+    spaces: int,
+    py_spy: Path | None = None,
+    tracemalloc: Path | None = None,
+) -> dict[str, Any]:
+    api = Api(cluster.kubeconfig)
+    stamp = f"{int(time.time()) % 100000}"
+    prefix = f"bench-s{n}-{stamp}-"
+    namespaces = [f"{prefix}{k:03d}" for k in range(spaces)]
+    items = bodies(namespaces, n)
+    out: dict[str, Any] = {"profiles": n, "namespaces": spaces}
+    series: dict[str, list[tuple[float, float]]] = {}
+    start_timeout = 300.0 if tracemalloc is not None else 120.0  # tracemalloc: ~10x slower
+    if tracemalloc is not None:
+        tracemalloc.mkdir(parents=True, exist_ok=True)
+        operator.env.update(
+            {"PYTHONTRACEMALLOC": "25", "PYTHONPATH": str(HOOK),
+             "TUNEFLEET_BENCH_SNAPSHOT": str(tracemalloc / "next")}
+        )  # fmt: skip
+    try:
+        # 1. The API server alone: creates with no operator running.
+        operator.kill()
+        alone_ns = f"bench-alone-{stamp}"
+        api.namespace(alone_ns)
+        sample = items[: min(n, 3000)]
+        first, last = create_all(api, [(alone_ns, body) for _, body in sample])
+        out["apiserver_alone_creates_per_s"] = round(len(sample) / (last - first), 1)
+        out["apiserver_alone_sample"] = len(sample)
+        api.delete_namespace(alone_ns)
+        deadline = time.monotonic() + 600
+        while api.namespace_exists(alone_ns) and time.monotonic() < deadline:
+            time.sleep(2)
+
+        # 2. The empty operator: a fresh start, settled.
+        operator.start(timeout=start_timeout)
+        settle(operator.proc.pid)
+        time.sleep(45)  # past a housekeeping pass (every 30 s), which hands back the heap
+        out["rss_empty_mib"] = round(operator.rss_mib(), 1)
+        snapshot(operator, tracemalloc, "0-empty")
+
+        # 3. Apply.
+        for ns in namespaces:
+            api.namespace(ns)
+        jobs = Watch(api, "/apis/batch/v1/jobs", prefix, labels=JOB_SELECTOR).start()
+        profiles = Watch(
+            api,
+            f"/apis/{GROUP}/{VERSION}/{PLURAL}",
+            prefix,
+            meta_only=False,
+            done=lambda p: bool((p.get("status") or {}).get("jobs")),
+        ).start()
+        pid = operator.proc.pid
+        cpu0 = cpu_seconds(pid)
+        spy = PySpy(py_spy, "apply", pid)
+        with Sampler(lambda: pid) as rss:
+            first, last = create_all(api, items)
+            cpu_create = cpu_seconds(pid)
+            out["create_s"] = round(last - first, 1)
+            out["create_per_s"] = round(n / (last - first), 1)
+            out["jobs_present_when_create_returned"] = len(jobs.alive)
+            at = jobs.wait(lambda w: len(w.alive) >= n, f"{n} Jobs", timeout=1800)
+            out["last_job_after_create_s"] = round(at - last, 1)
+            at = profiles.wait(lambda w: len(w.finished) >= n, "every status", timeout=1800)
+            out["last_status_after_create_s"] = round(at - last, 1)
+        spy.stop()
+        out["operator_cpu_s_during_create"] = round(cpu_create - cpu0, 1)
+        out["operator_cpu_s_apply"] = round(cpu_seconds(pid) - cpu0, 1)
+        out["rss_peak_apply_mib"] = round(rss.peak, 1)
+        series["apply"] = rss.series
+        time.sleep(15)  # the last Job and pod events land
+        out["idle_cpu_percent_of_a_core"] = idle_cpu(pid, 60)
+        out["rss_settled_mib"] = round(operator.rss_mib(), 1)
+        snapshot(operator, tracemalloc, "1-settled")
+
+        # 4. Restart with everything present.
+        operator.kill()
+        t0 = time.monotonic()
+        with Sampler(lambda: operator.proc.pid) as rss:
+            operator.start(timeout=start_timeout)
+            out["restart_to_webhook_listening_s"] = round(time.monotonic() - t0, 1)
+            spy = PySpy(py_spy, "restart", operator.proc.pid)
+            cpu0 = cpu_seconds(operator.proc.pid)
+            out["restart_busy_s"] = settle(operator.proc.pid, quiet=5.0)
+            spy.stop()
+            time.sleep(10)
+        out["operator_cpu_s_restart"] = round(cpu_seconds(operator.proc.pid) - cpu0, 1)
+        out["rss_peak_restart_mib"] = round(rss.peak, 1)
+        series["restart"] = rss.series
+        out["rss_after_restart_mib"] = round(operator.rss_mib(), 1)
+        snapshot(operator, tracemalloc, "2-restarted")
+
+        # 5. Delete every profile (garbage collection takes Jobs, ConfigMaps, pods).
+        pid = operator.proc.pid
+        with Sampler(lambda: pid) as rss:
+            t0 = time.monotonic()
+            with concurrent.futures.ThreadPoolExecutor(max_workers=CREATE_CONNECTIONS) as pool:
+                list(pool.map(api.delete_profiles, namespaces))
+            at = jobs.wait(lambda w: not w.alive, "all Jobs gone", timeout=1800)
+            out["delete_to_all_jobs_gone_s"] = round(at - t0, 1)
+            profiles.wait(lambda w: not w.alive, "all profiles gone", timeout=600)
+            settle(pid)
+            time.sleep(40)  # housekeeping (every 30 s) hands freed memory back
+        out["rss_peak_delete_mib"] = round(rss.peak, 1)
+        series["delete"] = rss.series
+        out["rss_after_delete_mib"] = round(operator.rss_mib(), 1)
+        out["rss_after_delete_over_empty"] = round(
+            out["rss_after_delete_mib"] / out["rss_empty_mib"], 3
+        )
+        snapshot(operator, tracemalloc, "3-deleted")
+        jobs.stop()
+        profiles.stop()
+    finally:
+        for ns in namespaces:
+            api.delete_namespace(ns)
+        for where in (py_spy, tracemalloc):
+            if where is not None:
+                (where / f"rss-{n}.json").write_text(json.dumps(series))
+        operator.env.pop("PYTHONTRACEMALLOC", None)
+        operator.env.pop("PYTHONPATH", None)
+    out["rss_max_mib"] = max(
+        out[k] for k in ("rss_peak_apply_mib", "rss_settled_mib", "rss_peak_restart_mib",
+                         "rss_peak_delete_mib", "rss_after_delete_mib")
+    )  # fmt: skip
+    out["namespaces_removed"] = wait_namespaces_gone(api, namespaces)
+    out["goals"] = GOALS
+    print(f"scale {n}: {json.dumps(out)}", flush=True)
+    return out
+
+
+GOALS = {
+    "last_job_after_create_s": "<= 30 (10,000 profiles over 100 namespaces)",
+    "rss_max_mib": "<= 384 at every point: apply, settled, restart, deletion",
+    "rss_after_delete_over_empty": "<= 1.10",
+    "idle_cpu_percent_of_a_core": "<= 2",
+}
+
+
+def wait_namespaces_gone(api: Api, prefix_spaces: list[str], timeout: float = 900) -> bool:
+    deadline = time.monotonic() + timeout
+    left = list(prefix_spaces)
+    while left and time.monotonic() < deadline:
+        left = [ns for ns in left if api.namespace_exists(ns)]
+        if left:
+            time.sleep(3)
+    return not left
+
+
+def parse_sizes(text: str) -> list[tuple[int, int]]:
+    out = []
+    for part in text.split(","):
+        n, _, m = part.partition(":")
+        out.append((int(n), int(m or max(1, int(n) // 100))))
+    return out
+
+
+SIZES = "1000:10,3000:30,10000:100"
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench scale", description=__doc__)
+    parser.add_argument("--profiles", type=int)
+    parser.add_argument("--namespaces", type=int)
+    parser.add_argument("--sizes", default=SIZES, help="N:namespaces,... (default %(default)s)")
+    parser.add_argument("--py-spy", type=Path)
+    parser.add_argument("--tracemalloc", type=Path)
+    parser.add_argument("--no-write", action="store_true", help="print, do not merge results")
+    args = parser.parse_args(argv)
+    sizes = (
+        [(args.profiles, args.namespaces or max(1, args.profiles // 100))]
+        if args.profiles
+        else parse_sizes(args.sizes)
+    )
+    from bench.__main__ import JSON_OUT, write
+    from tests.support.cluster import ensure_cluster, ensure_s3
+    from tests.support.operator import install
+
+    cluster, s3 = ensure_cluster(), ensure_s3()
+    operator = install(cluster, s3.endpoint)
+    got: dict[str, Any] = {}
+    try:
+        for n, m in sizes:
+            got[str(n)] = run(cluster, operator, n, m, args.py_spy, args.tracemalloc)
+    finally:
+        operator.stop()
+        print(f"operator log: {operator.log}", flush=True)
+    if args.no_write or args.tracemalloc:
+        return
+    results: dict[str, Any] = json.loads(JSON_OUT.read_text()) if JSON_OUT.exists() else {}
+    results.pop("scale_1000_profiles", None)
+    results.setdefault("scale", {}).update(got)
+    write(results)
