@@ -277,9 +277,11 @@ def test_pods_admitted_while_the_webhook_was_down_are_counted_and_listed(
     assert "missed" in events[0]["message"]
 
 
-def test_the_chart_leaves_a_crd_applied_apart_alone(cluster: Any, operator: Operator) -> None:
-    # The CRD exists (applied by the session's release); another release must install next to
-    # it instead of refusing, and say so. Same path as a CRD from `kubectl apply -f crds/`.
+def test_the_chart_leaves_a_crd_applied_apart_alone(cluster: Any, no_release: None) -> None:
+    # The CRD exists (applied by the session's release, kept when no_release uninstalled it);
+    # another release must install next to it instead of refusing, and say so. Same path as a
+    # CRD from `kubectl apply -f crds/`. No release is installed meanwhile: one watching every
+    # namespace would (rightly) refuse a second (tests/e2e/test_two_releases.py).
     ns = "tunefleet-crd-apart"
     cluster.kubectl("create", "namespace", ns, check=False)
     try:

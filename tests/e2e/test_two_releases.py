@@ -25,7 +25,10 @@ from tests.support.cluster import (
     namespace_name,
 )
 from tests.support.operator import (
+    RELEASE,
+    ROOT,
     SERVING_SECRET,
+    SYSTEM_NS,
     InCluster,
     carry_out_publish,
     create_s3_secret,
@@ -38,6 +41,8 @@ from tests.support.poll import eventually
 pytestmark = pytest.mark.e2e
 
 H100 = "NVIDIA-H100-80GB-HBM3"
+CRD = "tuningprofiles.tunefleet.io"
+CRD_FILE = ROOT / "crds" / "tunefleet.io_tuningprofiles.yaml"
 
 
 @pytest.fixture
@@ -53,6 +58,19 @@ def spaces(cluster: Any, no_release: None) -> Iterator[dict[str, str]]:
         for ns in made.values():
             delete_namespace(api, ns)
         api.close()
+
+
+def crd_for_the_session_release(cluster: Any) -> None:
+    """The CRD as the session's release owns it (README.md, "The CRD": handed to a release), so
+    that neither release here creates it: one that did would own it after this test, and the
+    session's release would then leave it alone for every later test on this cluster."""
+    if cluster.kubectl("get", "crd", CRD, check=False).returncode != 0:
+        cluster.kubectl("apply", "--server-side", "-f", str(CRD_FILE))
+    cluster.kubectl(
+        "annotate", "--overwrite", "crd", CRD, "helm.sh/resource-policy=keep",
+        f"meta.helm.sh/release-name={RELEASE}", f"meta.helm.sh/release-namespace={SYSTEM_NS}",
+    )  # fmt: skip
+    cluster.kubectl("label", "--overwrite", "crd", CRD, "app.kubernetes.io/managed-by=Helm")
 
 
 def model_pod(name: str, profile: str) -> dict[str, Any]:
@@ -93,14 +111,16 @@ def test_two_releases_own_disjoint_namespaces_and_never_touch_each_others(
         "a": ("tunefleet-a", "tunefleet-a-system"),
         "b": ("tunefleet-b", "tunefleet-b-system"),
     }
+    crd_for_the_session_release(cluster)
+    no_crd = ("--set", "crds.install=false")
     try:
         a = install_in_cluster(
             cluster, s3, replicas=1, release=releases["a"][0], namespace=releases["a"][1],
-            extra=("--set-json", f"operator.watchNamespaces={json.dumps(a_spaces)}"),
+            extra=(*no_crd, "--set-json", f"operator.watchNamespaces={json.dumps(a_spaces)}"),
         )  # fmt: skip
         b = install_in_cluster(
             cluster, s3, replicas=1, release=releases["b"][0], namespace=releases["b"][1],
-            extra=("--set-json", f"operator.watchNamespaces={json.dumps(b_spaces)}"),
+            extra=(*no_crd, "--set-json", f"operator.watchNamespaces={json.dumps(b_spaces)}"),
         )  # fmt: skip
 
         # A third release that would watch one of B's namespaces, or every namespace, is refused
@@ -143,9 +163,17 @@ def test_two_releases_own_disjoint_namespaces_and_never_touch_each_others(
             apply(cluster, ns, profile_doc("p", gpu={"vendor": "nvidia", "models": [H100]},
                                            storage=storage))  # fmt: skip
         for ns in (*a_spaces, *b_spaces):
-            eventually(
-                lambda ns=ns: jobs_of(cluster, ns, "p"), lambda js: len(js) == 1, f"{ns}'s Job"
-            )
+            try:
+                eventually(
+                    lambda ns=ns: jobs_of(cluster, ns, "p"), lambda js: len(js) == 1, f"{ns}'s Job"
+                )
+            except AssertionError as e:
+                said = {
+                    p["metadata"]["name"]: d.logs(p["metadata"]["name"]).splitlines()[-30:]
+                    for d in (a, b)
+                    for p in d.pods()
+                }
+                raise AssertionError(f"{e}\nthe operators' logs: {json.dumps(said, indent=1)}")
             eventually(
                 lambda ns=ns: get_json(cluster, "tp", "-n", ns, "p"),
                 lambda p: (p.get("status") or {}).get("jobs"),
@@ -190,6 +218,9 @@ def test_two_releases_own_disjoint_namespaces_and_never_touch_each_others(
         assert admitted_namespaces(b) == {spaces["b1"]}
         # Each release elected its own leader, in its own namespace.
         assert a.leader() and b.leader() and a.leader() != b.leader()
+        # Neither took the CRD from the session's release.
+        crd = get_json(cluster, "crd", CRD)["metadata"]["annotations"]
+        assert crd["meta.helm.sh/release-namespace"] == SYSTEM_NS
     finally:
         for release, ns in releases.values():
             uninstall_release(cluster, release, ns)
