@@ -5,6 +5,7 @@ its resident memory at every point, its CPU.
     python -m bench scale --profiles 10000 --namespaces 100     # one size, merged into results
     python -m bench scale --sizes 1000:10,3000:30,10000:100     # what `make bench` runs
     python -m bench scale --profiles 3000 --namespaces 30 --py-spy /tmp/prof --no-write
+    python -m bench scale --sizes 1000:10 --operator-source /tmp/checkout-of-before
 
 What the clock starts on. The profiles are created by this process, through the API
 server's REST API (8 connections, one POST each; `kubectl create` does the same POSTs one at a
@@ -358,10 +359,12 @@ def run(
     out: dict[str, Any] = {"profiles": n, "namespaces": spaces}
     series: dict[str, list[tuple[float, float]]] = {}
     start_timeout = 300.0 if tracemalloc is not None else 120.0  # tracemalloc: ~10x slower
+    before_path = operator.env.get("PYTHONPATH")
     if tracemalloc is not None:
         tracemalloc.mkdir(parents=True, exist_ok=True)
+        path = os.pathsep.join(p for p in (str(HOOK), before_path) if p)
         operator.env.update(
-            {"PYTHONTRACEMALLOC": "25", "PYTHONPATH": str(HOOK),
+            {"PYTHONTRACEMALLOC": "25", "PYTHONPATH": path,
              "TUNEFLEET_BENCH_SNAPSHOT": str(tracemalloc / "next")}
         )  # fmt: skip
     try:
@@ -464,6 +467,8 @@ def run(
                 (where / f"rss-{n}.json").write_text(json.dumps(series))
         operator.env.pop("PYTHONTRACEMALLOC", None)
         operator.env.pop("PYTHONPATH", None)
+        if before_path is not None:
+            operator.env["PYTHONPATH"] = before_path
     out["rss_max_mib"] = max(
         out[k] for k in ("rss_peak_apply_mib", "rss_settled_mib", "rss_peak_restart_mib",
                          "rss_peak_delete_mib", "rss_after_delete_mib")
@@ -511,6 +516,12 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--py-spy", type=Path)
     parser.add_argument("--tracemalloc", type=Path)
     parser.add_argument("--no-write", action="store_true", help="print, do not merge results")
+    parser.add_argument(
+        "--operator-source",
+        type=Path,
+        help="run the operator from another checkout's operator/ (a change's 'before'); "
+        "its figures are printed, not written",
+    )
     args = parser.parse_args(argv)
     sizes = (
         [(args.profiles, args.namespaces or max(1, args.profiles // 100))]
@@ -523,6 +534,8 @@ def main(argv: list[str]) -> None:
 
     cluster, s3 = ensure_cluster(), ensure_s3()
     operator = install(cluster, s3.endpoint)
+    if args.operator_source:
+        operator.env["PYTHONPATH"] = str(args.operator_source.resolve() / "operator")
     got: dict[str, Any] = {}
     try:
         for n, m in sizes:
@@ -530,7 +543,7 @@ def main(argv: list[str]) -> None:
     finally:
         operator.stop()
         print(f"operator log: {operator.log}", flush=True)
-    if args.no_write or args.tracemalloc:
+    if args.no_write or args.tracemalloc or args.operator_source:
         return
     results: dict[str, Any] = json.loads(JSON_OUT.read_text()) if JSON_OUT.exists() else {}
     results.pop("scale_1000_profiles", None)
