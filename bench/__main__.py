@@ -633,8 +633,20 @@ def real_node(cluster: Cluster, s3: S3Settings, runs: int = 10, burst: int = 20)
             bursts[arm] = burst_of(f"burst-{arm}", arms[arm])
             bursts[arm]["s3_connections_from_pods"] = counter.connections() - before
         counter.block()
-        outage = {
-            arm: burst_of(f"down-{arm}", arms[arm], timeout=900) for arm in ("configmap", "store")
+        down: dict[str, list[float]] = {"none": [], "configmap": []}
+        for i in range(runs):
+            for arm in down:
+                down[arm].append(start_to_running(f"down-{arm}-{i}", arms[arm]))
+        down_medians = {arm: statistics.median(ts) for arm, ts in down.items()}
+        outage: dict[str, Any] = {
+            "create_to_running_s_median": {a: round(m, 2) for a, m in down_medians.items()},
+            "configmap_ratio_to_no_profile": round(
+                down_medians["configmap"] / down_medians["none"], 2
+            ),
+        }
+        outage |= {
+            f"burst_{arm}": burst_of(f"down-burst-{arm}", arms[arm], timeout=900)
+            for arm in ("configmap", "store")
         }
     finally:
         counter.close()
