@@ -20,7 +20,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from tunefleet import delivery, kube, metrics, naming, views
+from tunefleet import delivery, kube, metrics, naming, policy, views
 from tunefleet.api import TuningProfileSpec
 from tunefleet.artifacts.fetch import FetchError
 from tunefleet.builders.job import (
@@ -224,6 +224,8 @@ class _Sync:
     memory: ProfileMemory
     spec: TuningProfileSpec | None = None
     problems: list[str] = field(default_factory=list)
+    # What of spec.template the profile policy refuses (policy.py): nothing is made.
+    refused: list[str] = field(default_factory=list)
     too_few: dict[str, str] = field(default_factory=dict)
     create_error: kopf.TemporaryError | None = None
     unadmitted: list[str] = field(default_factory=list)  # labelled pods the webhook never saw
@@ -243,7 +245,10 @@ class _Sync:
     def acting(self) -> bool:
         """Whether children may be made: a valid spec, and a profile not being deleted."""
         return (
-            self.spec is not None and not self.problems and not self.meta.get("deletionTimestamp")
+            self.spec is not None
+            and not self.problems
+            and not self.refused
+            and not self.meta.get("deletionTimestamp")
         )
 
     @property
@@ -405,6 +410,7 @@ def _report(s: _Sync, observations: list[JobObservation]) -> dict[str, Any]:
             generation=int(s.meta.get("generation") or 0),
             spec=s.spec,
             problems=s.problems,
+            refused=s.refused,
             jobs=observations,
             previous=previous,
             unadmitted=len(s.unadmitted),
@@ -466,6 +472,8 @@ def sync_profile(
         generation = int(meta.get("generation") or 0)
         s.spec, problems = memory.spec(meta["uid"], generation, profile.get("spec") or {})
         s.problems = list(problems)
+        if s.spec is not None and not s.problems:
+            s.refused = policy.refusals(s.spec, config.profile_policy)
         _report_untrusted(s, untrusted or [])
         if s.acting and s.spec is not None and s.spec.gpu.parallelism > 1:
             s.too_few = _too_few_nodes(s.spec, memory)
@@ -479,8 +487,9 @@ def sync_profile(
         _tend(s, observations)
         status = _report(s, observations)
         mine.prune(jobs, pods, {u.uid for u in untrusted or []})
-        if s.problems or s.spec is None:
-            raise kopf.PermanentError(truncate("; ".join(s.problems) or "invalid spec"))
+        if s.problems or s.spec is None or s.refused:
+            why = s.problems or s.refused
+            raise kopf.PermanentError(truncate("; ".join(why) or "invalid spec"))
         if s.create_error is not None:
             raise s.create_error
         return status
