@@ -51,6 +51,9 @@ class Reason(StrEnum):
     CONFIG_MAP_MISSING = "ConfigMapMissing"
     CONTAINER_CONFIG_ERROR = "ContainerConfigError"
     CONTAINER_ERROR = "ContainerError"
+    # The Job controller cannot make the tuning pod: admission refuses it (a ServiceAccount,
+    # PriorityClass or RuntimeClass spec.template names that does not exist, a quota).
+    POD_CREATE_FAILED = "PodCreateFailed"
 
 
 # What a tuning pod stuck before it ran is waiting on: the Job is not failing (yet).
@@ -62,6 +65,7 @@ BLOCKED = frozenset(
         Reason.CONFIG_MAP_MISSING,
         Reason.CONTAINER_CONFIG_ERROR,
         Reason.CONTAINER_ERROR,
+        Reason.POD_CREATE_FAILED,
     }
 )
 

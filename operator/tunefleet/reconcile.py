@@ -98,6 +98,18 @@ class ProfileMemory:
         self.pod_events[uid] = (time.monotonic(), events)
         return events
 
+    def job_events_of(self, job: dict[str, Any]) -> list[dict[str, Any]]:
+        """The Job controller's Events about one of the profile's Jobs, read at most every
+        EVENTS_TTL seconds (kept beside the pods', by uid)."""
+        meta = job.get("metadata") or {}
+        uid = meta.get("uid", "")
+        cached = self.pod_events.get(uid)
+        if cached and time.monotonic() - cached[0] < EVENTS_TTL:
+            return cached[1]
+        events = kube.job_events(meta.get("namespace", ""), meta.get("name", ""))
+        self.pod_events[uid] = (time.monotonic(), events)
+        return events
+
     def prune(
         self, jobs: list[dict[str, Any]], pods: list[dict[str, Any]], untrusted: set[str]
     ) -> None:
@@ -107,7 +119,7 @@ class ProfileMemory:
         for table, alive in (
             (self.image_ids, job_uids),
             (self.failures, job_uids),
-            (self.pod_events, pod_uids),
+            (self.pod_events, pod_uids | job_uids),
         ):
             for uid in [u for u in table if u not in alive]:
                 del table[uid]
@@ -175,6 +187,12 @@ def hints_for(spec: TuningProfileSpec | None, config: Config) -> Hints:
         credentials_kind=storage.credentials_kind or "storage credentials",
         credential_keys=storage.credential_keys,
         pull_secrets=tuple(s.name for s in spec.image_pull_secrets or []),
+        tolerations=tuple(
+            str(t.get("key") or "every taint")
+            for t in (
+                spec.template.spec.tolerations or [] if spec.template and spec.template.spec else []
+            )
+        ),
     )
 
 
@@ -481,7 +499,9 @@ def sync_profile(
             _create_missing(s)
             _stop_superseded(s)
         by_job = {r.job: r for r in s.served.values() if r.job}
-        observations = observe(jobs, pods, hints_for(s.spec, config), mine.events_of, by_job)
+        observations = observe(
+            jobs, pods, hints_for(s.spec, config), mine.events_of, by_job, mine.job_events_of
+        )
         if s.acting:
             _merge_when_shares_are_in(s, observations)
         _tend(s, observations)

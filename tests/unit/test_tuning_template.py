@@ -544,3 +544,106 @@ def test_every_example_profile_is_valid_and_allowed() -> None:
         s = TuningProfileSpec.model_validate(doc["spec"])
         assert naming.spec_problems(s) == []
         assert refusals(s, ProfilePolicy()) == [], doc["metadata"]["name"]
+
+
+# --- what status says of a tuning pod the template keeps from running --------------------------
+
+
+def test_a_taint_the_pod_does_not_tolerate_names_the_templates_tolerations() -> None:
+    from tunefleet.observe import Hints, explain_unschedulable
+    from tunefleet.reconcile import hints_for
+
+    assert hints_for(spec(TEMPLATE), CFG).tolerations == ("dedicated",)
+    msg = "0/3 nodes are available: 3 node(s) had untolerated taint {spot: true}. preemption: 0/3 nodes are available: 3 Preemption is not helpful for scheduling."
+    hints = Hints(
+        label_key="nvidia.com/gpu.product", resource="nvidia.com/gpu", tolerations=("dedicated",)
+    )
+    out = explain_unschedulable(msg, MODEL, hints)
+    assert "it tolerates nvidia.com/gpu, dedicated" in out
+    assert "add the taint to spec.template.spec.tolerations" in out
+
+
+def started_job(name: str = "tune-x") -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ml",
+            "uid": "ju",
+            "labels": {naming.REVISION_LABEL: "r"},
+            "annotations": {naming.MODEL_ANNOTATION: MODEL},
+        },
+        "status": {"startTime": "2026-12-01T10:00:00Z", "active": 0, "conditions": []},
+    }
+
+
+def test_a_pod_the_api_server_refuses_is_named_with_the_field_to_fix() -> None:
+    from tunefleet.observe import Hints, observe
+
+    events = [
+        {
+            "reason": "FailedCreate",
+            "lastTimestamp": "2026-12-01T10:00:05Z",
+            "message": 'Error creating: pods "tune-x-0-abc" is forbidden: error looking up service '
+            'account ml/weights-reader: serviceaccount "weights-reader" not found',
+        },
+        {"reason": "SuccessfulCreate", "lastTimestamp": "2026-12-01T09:00:00Z", "message": "x"},
+    ]
+    asked: list[str] = []
+
+    def job_events(job: dict[str, Any]) -> list[dict[str, Any]]:
+        asked.append(job["metadata"]["name"])
+        return events
+
+    (obs,) = observe([started_job()], [], Hints(), lambda pod: [], None, job_events)
+    assert (obs.state, obs.reason) == ("Pending", Reason.POD_CREATE_FAILED)
+    assert 'serviceaccount "weights-reader" not found' in obs.message
+    assert "fix spec.template.spec.serviceAccountName" in obs.message
+    # A Job not started yet, or one with a pod, is not asked about.
+    fresh = started_job()
+    del fresh["status"]["startTime"]
+    (obs,) = observe([fresh], [], Hints(), lambda pod: [], None, job_events)
+    assert not obs.reason and asked == ["tune-x"]
+    runtime = [
+        {
+            **events[0],
+            "message": 'pods "x" is forbidden: pod rejected: RuntimeClass "gpu" not found',
+        }
+    ]
+    (obs,) = observe([started_job()], [], Hints(), lambda pod: [], None, lambda job: runtime)
+    assert "fix spec.template.spec.runtimeClassName" in obs.message
+
+
+def test_reconcile_reads_a_podless_jobs_events_once_a_minute(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    s = spec(with_template("spec.serviceAccountName", "missing"))
+    raw = json.loads(s.model_dump_json(by_alias=True, exclude_none=True))
+    p = profile_view(
+        {
+            "apiVersion": "tunefleet.io/v1alpha1",
+            "kind": "TuningProfile",
+            "metadata": {"name": "llama", "namespace": "ml", "uid": "uid-1", "generation": 1},
+            "spec": raw,
+        }
+    )
+    from tunefleet.views import job_view
+
+    job = build_tuning_job(child(s))
+    job["metadata"]["uid"] = "ju"
+    job["status"] = {"startTime": "2026-12-01T10:00:00Z"}
+    FakeApi(monkeypatch, existing={job["metadata"]["name"]})
+    calls = []
+
+    def counting(ns: str, name: str) -> list[dict[str, Any]]:
+        calls.append(name)
+        return [{"reason": "FailedCreate", "message": 'serviceaccount "missing" not found'}]
+
+    monkeypatch.setattr("tunefleet.kube.job_events", counting)
+    memory = Memory()
+    status = sync_profile(p, [job_view(job)], [], CFG, memory)
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert "serviceaccount" in ready["message"] and "serviceAccountName" in ready["message"]
+    progressing = next(c for c in status["conditions"] if c["type"] == "Progressing")
+    assert progressing["reason"] == Reason.POD_CREATE_FAILED
+    sync_profile(p, [job_view(job)], [], CFG, memory)
+    assert calls == [job["metadata"]["name"]]  # the second read came from memory
