@@ -3,8 +3,8 @@ writes and announces, and what it does not (unit tier: the API calls are stubbed
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import kopf
