@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from tunefleet.policy import ProfilePolicy
+
 
 def _env_bool(name: str, default: bool) -> bool:
     raw = os.environ.get(name)
@@ -50,6 +52,8 @@ class Config:
     delivery_credentials_secret: str = ""
     delivery_cloud_identity: bool = False
     delivery_timeout_s: float = 30.0
+    # What a profile's spec.template may ask for (policy.py; the chart's profilePolicy).
+    profile_policy: ProfilePolicy = field(default_factory=ProfilePolicy)
 
     @classmethod
     def from_env(cls) -> Config:
@@ -80,4 +84,5 @@ class Config:
             delivery_credentials_secret=env("TUNEFLEET_DELIVERY_CREDENTIALS_SECRET", ""),
             delivery_cloud_identity=_env_bool("TUNEFLEET_DELIVERY_CLOUD_IDENTITY", False),
             delivery_timeout_s=float(env("TUNEFLEET_DELIVERY_TIMEOUT_SECONDS", "30")),
+            profile_policy=ProfilePolicy.from_json(env("TUNEFLEET_PROFILE_POLICY", "")),
         )

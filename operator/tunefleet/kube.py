@@ -309,6 +309,22 @@ def pod_events(namespace: str, pod_name: str) -> list[dict[str, Any]]:
     return items
 
 
+def job_events(namespace: str, job_name: str) -> list[dict[str, Any]]:
+    """The Events the Job controller posted about one Job (why it cannot make its pods)."""
+    core = kubernetes.client.CoreV1Api(api())
+    resp = call(
+        f"listing Events of Job {namespace}/{job_name}",
+        lambda: core.list_namespaced_event(
+            namespace,
+            field_selector=f"involvedObject.kind=Job,involvedObject.name={job_name}",
+            _preload_content=False,
+            _request_timeout=REQUEST_TIMEOUT,
+        ),
+    )
+    items: list[dict[str, Any]] = _json(resp)["items"]
+    return items
+
+
 # Events are posted off the request and reconcile paths, by a small pool of their own.
 _events = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="events")
 

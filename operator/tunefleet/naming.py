@@ -13,7 +13,7 @@ import json
 import re
 from typing import Any
 
-from tunefleet.api import TuningProfileSpec
+from tunefleet.api import TuningProfileSpec, base
 from tunefleet.storage import registry
 
 PROFILE_LABEL = "tunefleet.io/profile"  # a model pod's opt-in: the webhook selects on it
@@ -53,8 +53,7 @@ CONTAINERS_ANNOTATION = "tunefleet.io/containers"
 MANAGED_KEY, MANAGED_VALUE = "app.kubernetes.io/managed-by", "tunefleet"
 MANAGED_BY = {MANAGED_KEY: MANAGED_VALUE}
 
-DEFAULT_LABEL_KEYS = {"amd": "amd.com/gpu.product-name", "nvidia": "nvidia.com/gpu.product"}
-DEFAULT_RESOURCES = {"amd": "amd.com/gpu", "nvidia": "nvidia.com/gpu"}
+DEFAULT_LABEL_KEYS, DEFAULT_RESOURCES = base.DEFAULT_LABEL_KEYS, base.DEFAULT_RESOURCES
 
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _DNS_LABEL_CHARS = re.compile(r"[^a-z0-9-]+")
@@ -70,6 +69,12 @@ TUNING_NOT_SHAPING = frozenset({"active_deadline_seconds", "backoff_limit", "che
 # Fields that bound the run's scheduling or where results go, not the results: out of the
 # revision. Models are out on purpose too: adding a model must not retune the others.
 GPU_NOT_SHAPING = frozenset({"models", "parallelism"})
+# spec.template's fields that say where and when a tuning pod runs, or how it is labelled, not
+# what its record run sees (its data, environment, resources, runtime and identity): out of
+# the revision. By their path in the template (docs/operator.md has the table).
+TEMPLATE_NOT_SHAPING = frozenset(
+    {"metadata", "spec.affinity", "spec.nodeSelector", "spec.priorityClassName", "spec.tolerations"}
+)
 
 # What tunefleet 0.1 hashed at its defaults. The revision hashes every shaping field that differs
 # from its default; fields of this baseline count at their default too, exactly as 0.1 hashed
@@ -94,6 +99,28 @@ _SHAPE_BASELINE: dict[str, Any] = {
     "transA": False,
     "transB": False,
 }
+
+
+def _template_shaping(spec: TuningProfileSpec) -> dict[str, Any]:
+    """What of spec.template shapes tuning; {} when nothing does (no template, or one of
+    placement and labels only), so that such a profile hashes exactly as one without."""
+    if spec.template is None:
+        return {}
+    template: dict[str, Any] = spec.template.model_dump(by_alias=True, exclude_none=True)
+    for path in TEMPLATE_NOT_SHAPING:
+        section, _, name = path.partition(".")
+        if name:
+            template.get(section, {}).pop(name, None)
+        else:
+            template.pop(section, None)
+    out: dict[str, Any] = {}
+    for key, value in template.items():
+        if isinstance(value, dict):  # a section: its empty fields say nothing
+            value = {k: v for k, v in value.items() if v not in ({}, [])}
+            if not value:
+                continue
+        out[key] = value
+    return out
 
 
 def revision(spec: TuningProfileSpec) -> str:
@@ -125,6 +152,9 @@ def revision(spec: TuningProfileSpec) -> str:
             "rotatingBufferMB": spec.tuning.rotating_buffer_mb,
         },
     }
+    template = _template_shaping(spec)
+    if template:
+        shaping["template"] = template
     blob = json.dumps(shaping, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:10]
 

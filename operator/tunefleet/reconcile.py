@@ -20,7 +20,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from tunefleet import delivery, kube, metrics, naming, views
+from tunefleet import delivery, kube, metrics, naming, policy, views
 from tunefleet.api import TuningProfileSpec
 from tunefleet.artifacts.fetch import FetchError
 from tunefleet.builders.job import (
@@ -102,6 +102,18 @@ class ProfileMemory:
         self.pod_events[uid] = (time.monotonic(), events)
         return events
 
+    def job_events_of(self, job: dict[str, Any]) -> list[dict[str, Any]]:
+        """The Job controller's Events about one of the profile's Jobs, read at most every
+        EVENTS_TTL seconds (kept beside the pods', by uid)."""
+        meta = job.get("metadata") or {}
+        uid = meta.get("uid", "")
+        cached = self.pod_events.get(uid)
+        if cached and time.monotonic() - cached[0] < EVENTS_TTL:
+            return cached[1]
+        events = kube.job_events(meta.get("namespace", ""), meta.get("name", ""))
+        self.pod_events[uid] = (time.monotonic(), events)
+        return events
+
     def prune(
         self, jobs: list[dict[str, Any]], pods: list[dict[str, Any]], untrusted: set[str]
     ) -> None:
@@ -111,7 +123,7 @@ class ProfileMemory:
         for table, alive in (
             (self.image_ids, job_uids),
             (self.failures, job_uids),
-            (self.pod_events, pod_uids),
+            (self.pod_events, pod_uids | job_uids),
         ):
             for uid in [u for u in table if u not in alive]:
                 del table[uid]
@@ -179,6 +191,12 @@ def hints_for(spec: TuningProfileSpec | None, config: Config) -> Hints:
         credentials_kind=storage.credentials_kind or "storage credentials",
         credential_keys=storage.credential_keys,
         pull_secrets=tuple(s.name for s in spec.image_pull_secrets or []),
+        tolerations=tuple(
+            str(t.get("key") or "every taint")
+            for t in (
+                spec.template.spec.tolerations or [] if spec.template and spec.template.spec else []
+            )
+        ),
     )
 
 
@@ -228,6 +246,8 @@ class _Sync:
     memory: ProfileMemory
     spec: TuningProfileSpec | None = None
     problems: list[str] = field(default_factory=list)
+    # What of spec.template the profile policy refuses (policy.py): nothing is made.
+    refused: list[str] = field(default_factory=list)
     too_few: dict[str, str] = field(default_factory=dict)
     create_error: kopf.TemporaryError | None = None
     unadmitted: list[str] = field(default_factory=list)  # labelled pods the webhook never saw
@@ -247,7 +267,10 @@ class _Sync:
     def acting(self) -> bool:
         """Whether children may be made: a valid spec, and a profile not being deleted."""
         return (
-            self.spec is not None and not self.problems and not self.meta.get("deletionTimestamp")
+            self.spec is not None
+            and not self.problems
+            and not self.refused
+            and not self.meta.get("deletionTimestamp")
         )
 
     @property
@@ -430,6 +453,7 @@ def _report(s: _Sync, observations: list[JobObservation]) -> dict[str, Any]:
             generation=int(s.meta.get("generation") or 0),
             spec=s.spec,
             problems=s.problems,
+            refused=s.refused,
             jobs=observations,
             previous=previous,
             unadmitted=len(s.unadmitted),
@@ -493,6 +517,8 @@ def sync_profile(
         generation = int(meta.get("generation") or 0)
         s.spec, problems = memory.spec(meta["uid"], generation, profile.get("spec") or {})
         s.problems = list(problems)
+        if s.spec is not None and not s.problems:
+            s.refused = policy.refusals(s.spec, config.profile_policy)
         _report_untrusted(s, untrusted or [])
         if s.acting and s.spec is not None and s.spec.gpu.parallelism > 1:
             s.too_few = _too_few_nodes(s.spec, memory)
@@ -500,14 +526,17 @@ def sync_profile(
             _create_missing(s)
             _stop_superseded(s)
         by_job = {r.job: r for r in s.served.values() if r.job}
-        observations = observe(jobs, pods, hints_for(s.spec, config), mine.events_of, by_job)
+        observations = observe(
+            jobs, pods, hints_for(s.spec, config), mine.events_of, by_job, mine.job_events_of
+        )
         if s.acting:
             _merge_when_shares_are_in(s, observations)
         _tend(s, observations)
         status = _report(s, observations)
         mine.prune(jobs, pods, {u.uid for u in untrusted or []})
-        if s.problems or s.spec is None:
-            raise kopf.PermanentError(truncate("; ".join(s.problems) or "invalid spec"))
+        if s.problems or s.spec is None or s.refused:
+            why = s.problems or s.refused
+            raise kopf.PermanentError(truncate("; ".join(why) or "invalid spec"))
         if s.create_error is not None:
             raise s.create_error
         return status

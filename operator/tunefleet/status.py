@@ -25,6 +25,8 @@ class Observed:
     generation: int
     spec: TuningProfileSpec | None
     problems: list[str] = field(default_factory=list)
+    # What of spec.template the operator's profile policy refuses (policy.py).
+    refused: list[str] = field(default_factory=list)
     jobs: list[JobObservation] = field(default_factory=list)
     previous: dict[str, Any] = field(default_factory=dict)
     # Labelled pods the webhook never saw (created while it was unreachable).
@@ -87,16 +89,25 @@ def _invalid(obs: Observed, now: str) -> dict[str, Any]:
     """Nothing is tuned for an invalid spec; what was served stays, nothing else is shown."""
     previous = list(obs.previous.get("conditions") or [])
     gen = obs.generation
-    message = "; ".join(obs.problems) or "the spec is invalid"
-    message = f"Invalid spec, nothing was tuned. Fix and re-apply: {message}"
-    no_jobs = "No tuning Jobs for an invalid spec."
+    if obs.spec is not None and not obs.problems and obs.refused:
+        reason = Reason.TEMPLATE_REFUSED
+        message = (
+            "Refused by the operator's profile policy, nothing was tuned. Change the spec or "
+            f"the policy: {'; '.join(obs.refused)}"
+        )
+        no_jobs = "No tuning Jobs for a spec the profile policy refuses."
+    else:
+        reason = Reason.INVALID_SPEC
+        message = "; ".join(obs.problems) or "the spec is invalid"
+        message = f"Invalid spec, nothing was tuned. Fix and re-apply: {message}"
+        no_jobs = "No tuning Jobs for an invalid spec."
     return {
         "observedGeneration": gen,
         "phase": "Invalid",
         "conditions": [
-            condition(previous, Type.READY, False, Reason.INVALID_SPEC, message, gen, now),
-            condition(previous, Type.PROGRESSING, False, Reason.INVALID_SPEC, no_jobs, gen, now),
-            condition(previous, Type.FAILED, True, Reason.INVALID_SPEC, message, gen, now),
+            condition(previous, Type.READY, False, reason, message, gen, now),
+            condition(previous, Type.PROGRESSING, False, reason, no_jobs, gen, now),
+            condition(previous, Type.FAILED, True, reason, message, gen, now),
         ],
         "artifacts": list(obs.previous.get("artifacts") or []),
         "history": list(obs.previous.get("history") or []),
@@ -316,7 +327,7 @@ def _summary(artifacts: list[ArtifactRecord], models: list[str]) -> dict[str, An
 
 
 def compute_status(obs: Observed, now: str) -> dict[str, Any]:
-    if obs.spec is None or obs.problems:
+    if obs.spec is None or obs.problems or obs.refused:
         return _invalid(obs, now)
     spec = obs.spec
     rev = naming.revision(spec)

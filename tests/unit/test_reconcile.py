@@ -70,6 +70,8 @@ class FakeApi:
         monkeypatch.setattr(kube, "read", lambda kind, ns, name: None)
         monkeypatch.setattr(kube, "post_event_soon", self.event)
         monkeypatch.setattr(kube, "pod_events", lambda ns, name: [])
+        self.job_events: list[dict[str, Any]] = []
+        monkeypatch.setattr(kube, "job_events", lambda ns, name: self.job_events)
 
     def create_owned(self, obj: dict[str, Any]) -> dict[str, Any] | None:
         if obj["kind"] == "Job" and self.fail_job_with is not None:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import Field, model_validator
 
+from tunefleet.api.base import DEFAULT_LABEL_KEYS, DEFAULT_RESOURCES, DNS_SUBDOMAIN
+from tunefleet.api.base import Model as _Model
+from tunefleet.api.template import PodTemplate
 from tunefleet.images import REFERENCE_PATTERN
 
 Vendor = Literal["amd", "nvidia"]
@@ -20,7 +22,6 @@ DType = Literal["float16", "bfloat16", "float32"]
 ModelName = Annotated[str, Field(min_length=1, max_length=63)]
 Arg = Annotated[str, Field(max_length=4096)]
 Dim = Annotated[int, Field(ge=1, le=1048576)]
-DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # What exec(2) and the API server take of the tune container's argv and environment.
 MAX_ARGV_CHARS = 262144
 MAX_ENV_VALUE_CHARS = 131072
@@ -31,13 +32,6 @@ STORAGE_URI = (
     r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]|pvc://[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?)"
     r"(/[A-Za-z0-9._=-]{1,255})*/?$"
 )
-
-
-class _Model(BaseModel):
-    # extra="forbid": a field the models don't know means the CRD and models drifted.
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
-    )
 
 
 class NamedRef(_Model):
@@ -216,6 +210,16 @@ class TuningProfileSpec(_Model):
     tuning: TuningLimits = TuningLimits()
     storage: StorageSpec
     serving: ServingSpec = ServingSpec()
+    template: PodTemplate | None = None
+
+    @model_validator(mode="after")
+    def _template_adds_to_the_gpu(self) -> TuningProfileSpec:
+        if self.template is not None:
+            self.template.check_gpu(
+                self.gpu.resource_name or DEFAULT_RESOURCES[self.gpu.vendor],
+                self.gpu.label_key or DEFAULT_LABEL_KEYS[self.gpu.vendor],
+            )
+        return self
 
 
 # --- status -------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from tunefleet import GROUP, KIND, VERSION, naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.builders.security import SMALL_RESOURCES, hardened, tunefleet_container
 from tunefleet.builders.storage import pod_storage, with_storage
+from tunefleet.builders.template import apply_to_merge_job, apply_to_tuning_job
 from tunefleet.config import Config
 from tunefleet.storage.store import PodStorage
 
@@ -282,12 +283,13 @@ def build_tuning_job(c: Child) -> dict[str, Any]:
     shards = spec.gpu.parallelism
     # Indexed: pod i tunes share i (JOB_COMPLETION_INDEX); a failed share is retried alone,
     # up to backoffLimitPerIndex times.
-    return _job(
+    job = _job(
         c, c.name(), labels, pod,
         completionMode="Indexed", completions=shards, parallelism=shards,
         backoffLimitPerIndex=spec.tuning.backoff_limit,
         activeDeadlineSeconds=spec.tuning.active_deadline_seconds,
     )  # fmt: skip
+    return apply_to_tuning_job(job, spec)
 
 
 def build_merge_job(c: Child) -> dict[str, Any]:
@@ -302,4 +304,5 @@ def build_merge_job(c: Child) -> dict[str, Any]:
     merge = with_storage(c.step("merge", command, [{"name": "tmp", "mountPath": "/tmp"}]), storage)
     pod = _pod_spec([merge], [{"name": "tmp", "emptyDir": {}}], storage)
     labels = c.labels(role="merge")
-    return _job(c, c.name("merge"), labels, pod, backoffLimit=2, activeDeadlineSeconds=1800)
+    job = _job(c, c.name("merge"), labels, pod, backoffLimit=2, activeDeadlineSeconds=1800)
+    return apply_to_merge_job(job, spec)
