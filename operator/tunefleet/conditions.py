@@ -48,6 +48,8 @@ class Reason(StrEnum):
     CONFIG_MAP_MISSING = "ConfigMapMissing"
     CONTAINER_CONFIG_ERROR = "ContainerConfigError"
     CONTAINER_ERROR = "ContainerError"
+    # A Job waits in its Kueue LocalQueue (spec.tuning.queueName): Kueue's reason in the message.
+    QUEUED = "Queued"
 
 
 # What a tuning pod stuck before it ran is waiting on: the Job is not failing (yet).

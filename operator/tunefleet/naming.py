@@ -69,7 +69,9 @@ _QUALIFIED_NAME = re.compile(
 
 # Tuning settings that bound a Job's run but not what it measures: out of the revision and
 # out of the tuner's configuration (builders/job.py), both from this one set.
-TUNING_NOT_SHAPING = frozenset({"active_deadline_seconds", "backoff_limit", "checkpoint"})
+TUNING_NOT_SHAPING = frozenset(
+    {"active_deadline_seconds", "backoff_limit", "checkpoint", "queue_name"}
+)
 # Fields that bound the run's scheduling or where results go, not the results: out of the
 # revision. Models are out on purpose too: adding a model must not retune the others.
 GPU_NOT_SHAPING = frozenset({"models", "parallelism"})
