@@ -100,7 +100,7 @@ QUEUE_RETRIES = Counter(
     registry=REGISTRY,
 )
 
-PHASES = ("Pending", "Tuning", "Ready", "Failed", "Invalid")
+PHASES = ("Pending", "Queued", "Tuning", "Ready", "Failed", "Invalid")
 JOB_STATES = ("Pending", "Running", "Succeeded", "Failed")
 
 
