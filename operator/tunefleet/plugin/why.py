@@ -23,6 +23,7 @@ from tunefleet.conditions import Type
 from tunefleet.contracts.admission import UNTUNED, Admission, Code
 from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
 from tunefleet.contracts.fetch import LOADED, REFUSED, FetchOutcome
+from tunefleet.contracts.nodemap import ROLE as NODE_MAP_ROLE
 
 from .common import event_lines, recent_events, short
 
@@ -250,7 +251,7 @@ def _fix_for_fetch(
             "the pod could not tell its node's GPU model (a node that joined moments ago, or "
             "of a GPU model the pod's affinity allows but the profile does not tune): "
             f"recreate the pod once `kubectl get configmap -n {ns} -l "
-            f"{naming.ROLE_LABEL}=node-map -o yaml` lists its node: {recreate}"
+            f"{naming.ROLE_LABEL}={NODE_MAP_ROLE} -o yaml` lists its node: {recreate}"
         )
     if any(
         w in lowered
