@@ -11,6 +11,7 @@ resumes a Job, and never takes a suspended one for a failed one.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from typing import Any
@@ -34,15 +35,19 @@ def workloads_of(namespace: str, job_uid: str) -> list[dict[str, Any]] | str:
     custom = kubernetes.client.CustomObjectsApi(kube.api())
     for version in VERSIONS:
         try:
-            resp = custom.list_namespaced_custom_object(
-                GROUP, version, namespace, "workloads",
-                label_selector=f"{JOB_UID_LABEL}={job_uid}",
-                _preload_content=False, _request_timeout=kube.REQUEST_TIMEOUT,
+            resp = kube.call(
+                f"listing Kueue Workloads in {namespace}",
+                functools.partial(
+                    custom.list_namespaced_custom_object,
+                    GROUP, version, namespace, "workloads",
+                    label_selector=f"{JOB_UID_LABEL}={job_uid}",
+                    _preload_content=False, _request_timeout=kube.REQUEST_TIMEOUT,
+                ),
             )  # fmt: skip
-        except ApiException as e:
+        except ApiException as e:  # what kube.call leaves untranslated: a 404 among others
             if e.status == 404:
                 continue  # this version (or Kueue) is not served
-            kube.reraise(f"listing Kueue Workloads in {namespace}", e)
+            raise
         items: list[dict[str, Any]] = json.loads(resp.data).get("items") or []
         return items
     return NOT_INSTALLED

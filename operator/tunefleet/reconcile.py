@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from tunefleet import delivery, kube, kueue, metrics, naming, views
@@ -101,7 +102,7 @@ class ProfileMemory:
             return cached[1]
         try:
             found = kueue.workloads_of(meta.get("namespace", ""), uid)
-        except (kopf.TemporaryError, kube.Gone) as e:
+        except (kopf.TemporaryError, kopf.PermanentError, kube.Gone, ApiException) as e:
             # Only the reason is missing: the Job waits all the same.
             message = f"{kueue.why_queued(job, [])} (its Workload could not be read: {e})"
         else:

@@ -149,3 +149,37 @@ def test_a_job_that_has_not_started_follows_the_queue_name(
     api = FakeApi(monkeypatch)
     sync_profile(profile(tuning=QUEUED, gpu=one), [running], [], CFG, Memory())
     assert not api.owned_patches and not api.deleted
+
+
+def test_workloads_are_read_in_the_newest_version_served_or_kueue_is_not_installed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import json as _json
+
+    import kubernetes
+    from kubernetes.client.exceptions import ApiException
+
+    served: set[str] = {"v1beta1"}
+    asked: list[tuple[str, str]] = []
+
+    class Custom:
+        def __init__(self, api: Any) -> None:
+            pass
+
+        def list_namespaced_custom_object(
+            self, group: str, version: str, *a: Any, **kw: Any
+        ) -> Any:
+            asked.append((version, kw["label_selector"]))
+            if version not in served:
+                raise ApiException(status=404, reason="Not Found")
+            return type("R", (), {"data": _json.dumps({"items": [{"v": version}]}).encode()})()
+
+    monkeypatch.setattr(kubernetes.client, "CustomObjectsApi", Custom)
+    monkeypatch.setattr(kueue.kube, "api", lambda: None)
+    assert kueue.workloads_of("ml", "u-1") == [{"v": "v1beta1"}]
+    assert asked == [
+        ("v1beta2", "kueue.x-k8s.io/job-uid=u-1"),
+        ("v1beta1", "kueue.x-k8s.io/job-uid=u-1"),
+    ]
+    served.clear()
+    assert kueue.workloads_of("ml", "u-1") == kueue.NOT_INSTALLED
