@@ -673,7 +673,7 @@ def real_node(cluster: Cluster, s3: S3Settings, runs: int = 10, burst: int = 20)
     return out
 
 
-PARTS = ("scale", "storm", "churn", "webhook", "library", "artifacts", "gc", "real")
+PARTS = ("scale", "storm", "churn", "webhook", "library", "artifacts", "gc", "real", "nodemap")
 
 
 def main() -> None:
@@ -710,6 +710,10 @@ def main() -> None:
             results["gc_10000_objects"] = bench_gc.run(s3)
         if "real" in only:
             results["real_node"] = real_node(cluster, s3)
+        if "nodemap" in only:
+            from bench import bench_nodemap
+
+            results["node_map_10000_nodes"] = bench_nodemap.run()
     finally:
         for ns in CREATED:
             cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)

@@ -54,6 +54,8 @@ class Reason(StrEnum):
     # The Job controller cannot make the tuning pod: admission refuses it (a ServiceAccount,
     # PriorityClass or RuntimeClass spec.template names that does not exist, a quota).
     POD_CREATE_FAILED = "PodCreateFailed"
+    # A Job waits in its Kueue LocalQueue (spec.tuning.queueName): Kueue's reason in the message.
+    QUEUED = "Queued"
 
 
 # What a tuning pod stuck before it ran is waiting on: the Job is not failing (yet).

@@ -25,8 +25,9 @@ import kopf
 
 from tunefleet import kube, metrics, naming
 from tunefleet.cache import Untrusted
+from tunefleet.conditions import Reason
 from tunefleet.config import Config
-from tunefleet.reconcile import Memory, sync_profile
+from tunefleet.reconcile import QUEUED_TTL, Memory, sync_profile
 from tunefleet.workqueue import Backoff, WorkQueue
 
 log = logging.getLogger(__name__)
@@ -171,7 +172,7 @@ class Controller:
         jobs = self.indexes.jobs(ns, uid)
         pods = [p for j in jobs for p in self.indexes.pods(ns, j["metadata"].get("uid", ""))]
         try:
-            sync_profile(
+            status = sync_profile(
                 profile,
                 jobs,
                 pods,
@@ -217,6 +218,9 @@ class Controller:
             log.exception(f"TuningProfile {ns}/{name}: reconcile failed; next in {delay:.0f}s")
         else:
             self.queue.forget(key)
+            if any(j.get("reason") == Reason.QUEUED for j in status.get("jobs") or []):
+                # Nothing of a queued Job changes while Kueue's reason for it does: look again.
+                self.queue.add_after(key, QUEUED_TTL)
         finally:
             metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
 

@@ -52,6 +52,13 @@ TUNING_SECONDS = Histogram(
     buckets=(10, 60, 300, 900, 1800, 3600, 7200, 14400, 43200, 86400),
     registry=REGISTRY,
 )
+NODE_MAP_WRITES = Counter(
+    "tunefleet_node_map_writes_total",
+    "Writes of the node maps pods pick their GPU model by (nodemap.py), by outcome: written, "
+    "failed (retried), not_ours (a ConfigMap of its name that tunefleet did not make).",
+    ["outcome"],
+    registry=REGISTRY,
+)
 ARTIFACTS_PUBLISHED = Counter(
     "tunefleet_artifacts_published_total",
     "Artifacts that became current for a (profile, GPU model), as seen by this operator.",
@@ -93,7 +100,7 @@ QUEUE_RETRIES = Counter(
     registry=REGISTRY,
 )
 
-PHASES = ("Pending", "Tuning", "Ready", "Failed", "Invalid")
+PHASES = ("Pending", "Queued", "Tuning", "Ready", "Failed", "Invalid")
 JOB_STATES = ("Pending", "Running", "Succeeded", "Failed")
 
 

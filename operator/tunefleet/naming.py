@@ -42,6 +42,9 @@ ARTIFACT_SHA_ANNOTATION = "tunefleet.io/artifact-sha256"
 POD_MODEL_ANNOTATION = "tunefleet.io/gpu-model"
 ARTIFACT_CONFIG_MAP_ANNOTATION = "tunefleet.io/artifact-configmap"
 IMAGE_WARNING_ANNOTATION = "tunefleet.io/image-warning"
+# A pod whose GPU model is picked where it lands (webhook/placement.py): the models offered,
+# JSON {model: sha256 of its pinned artifact, or "" where it starts untuned}.
+CANDIDATES_ANNOTATION = "tunefleet.io/gpu-model-candidates"
 # On an artifact's ConfigMap (builders/artifact.py): the manifest's SHA-256, and whether the
 # results are gzipped into binaryData ("gzip") or plain data ("none").
 MANIFEST_SHA_ANNOTATION = "tunefleet.io/manifest-sha256"
@@ -65,7 +68,9 @@ _QUALIFIED_NAME = re.compile(
 
 # Tuning settings that bound a Job's run but not what it measures: out of the revision and
 # out of the tuner's configuration (builders/job.py), both from this one set.
-TUNING_NOT_SHAPING = frozenset({"active_deadline_seconds", "backoff_limit", "checkpoint"})
+TUNING_NOT_SHAPING = frozenset(
+    {"active_deadline_seconds", "backoff_limit", "checkpoint", "queue_name"}
+)
 # Fields that bound the run's scheduling or where results go, not the results: out of the
 # revision. Models are out on purpose too: adding a model must not retune the others.
 GPU_NOT_SHAPING = frozenset({"models", "parallelism"})

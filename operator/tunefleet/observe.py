@@ -458,14 +458,21 @@ def observe_job(
     pods: list[dict[str, Any]],
     hints: Hints | None = None,
     served: ArtifactRecord | None = None,
+    queued_of: Callable[[dict[str, Any]], str] | None = None,
 ) -> JobObservation:
     """What one tuning Job (a view, see views.job_view) and its pods say, in status terms.
-    `served`: the artifact status holds from this Job, if any (its record, read earlier)."""
+    `served`: the artifact status holds from this Job, if any (its record, read earlier);
+    `queued_of(job)`: why a suspended Job waits (Kueue's word, kueue.py)."""
     j = _read_job(job)
     if "Complete" in j.conditions or "SuccessCriteriaMet" in j.conditions:
         return _completed(j, pods, served)
     if "Failed" in j.conditions or "FailureTarget" in j.conditions:
         return _failed(j, pods)
+    if (job.get("spec") or {}).get("suspend"):
+        # Waiting in its queue (or suspended again by Kueue: preempted, evicted): not failing,
+        # and not ours to resume.
+        why = queued_of(job) if queued_of is not None else ""
+        return replace(j.obs, reason=Reason.QUEUED, message=why or "the Job is suspended")
     return _underway(j, pods, hints or Hints())
 
 
@@ -495,12 +502,13 @@ def observe(
     events_of: Callable[[dict[str, Any]], list[dict[str, Any]]],
     served: dict[str, ArtifactRecord] | None = None,
     job_events_of: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None,
+    queued_of: Callable[[dict[str, Any]], str] | None = None,
 ) -> list[JobObservation]:
     """Every Job that is not on its way out, observed with its pods (those it controls).
     `events_of(pod)` gives the kubelet's Events about a pod (read only for a pod stuck pulling
     with pull Secrets); `served`: status's artifacts by the name of the Job that made them;
     `job_events_of(job)` the Job controller's Events about a Job (read only for a started Job
-    that has no pod)."""
+    that has no pod); `queued_of(job)`: why a suspended Job waits."""
     by_job = pods_by_job(pods)
     out = []
     for job in jobs:
@@ -508,7 +516,7 @@ def observe(
             continue  # a Job on its way out (deleted to retry) is not part of the picture
         job_pods = by_job.get(job["metadata"].get("uid", ""), [])
         known = (served or {}).get(job["metadata"]["name"])
-        obs = observe_job(job, job_pods, hints, known)
+        obs = observe_job(job, job_pods, hints, known, queued_of)
         if obs.reason == Reason.IMAGE_PULL_FAILED and hints.pull_secrets and job_pods:
             # Whether a pull Secret is missing only the kubelet's Events say (the operator
             # may not read Secrets): read them for this one stuck pod, now and then.

@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from tunefleet import delivery, kube, metrics, naming, policy, views
+from tunefleet import delivery, kube, kueue, metrics, naming, policy, views
 from tunefleet.api import TuningProfileSpec
 from tunefleet.artifacts.fetch import FetchError
 from tunefleet.builders.job import (
@@ -30,6 +31,7 @@ from tunefleet.builders.job import (
     build_tuning_config_map,
     build_tuning_job,
 )
+from tunefleet.builders.kueue import QUEUE_LABEL
 from tunefleet.builders.storage import pod_storage
 from tunefleet.cache import Untrusted
 from tunefleet.conditions import BLOCKED, EventReason, Reason, Type, find, truncate
@@ -42,6 +44,9 @@ from tunefleet.views import profile_ref
 
 log = logging.getLogger(__name__)
 EVENTS_TTL = 60.0  # seconds a pod's kubelet Events are trusted before being read again
+# Seconds Kueue's word on a queued Job is trusted; the controller reconciles a profile with a
+# queued Job that often (kueue.py: nothing of the Job changes while its Workload waits).
+QUEUED_TTL = 15.0
 NODES_TTL = 60.0  # seconds a node count is trusted (parallelism checks only)
 
 
@@ -89,6 +94,25 @@ class ProfileMemory:
     # were last checked (None: never since this replica started, so not known).
     retiring: set[str] | None = None
     retired_at: float = 0.0
+    # Why a suspended Job waits (Kueue's Workload), by Job uid: (read at, message).
+    queued: dict[str, tuple[float, str]] = field(default_factory=dict)
+
+    def queued_of(self, job: dict[str, Any]) -> str:
+        """Kueue's word on a queued Job, read at most every QUEUED_TTL seconds."""
+        meta = job.get("metadata") or {}
+        uid = meta.get("uid", "")
+        cached = self.queued.get(uid)
+        if cached and time.monotonic() - cached[0] < QUEUED_TTL:
+            return cached[1]
+        try:
+            found = kueue.workloads_of(meta.get("namespace", ""), uid)
+        except (kopf.TemporaryError, kopf.PermanentError, kube.Gone, ApiException) as e:
+            # Only the reason is missing: the Job waits all the same.
+            message = f"{kueue.why_queued(job, [])} (its Workload could not be read: {e})"
+        else:
+            message = kueue.why_queued(job, found)
+        self.queued[uid] = (time.monotonic(), message)
+        return message
 
     def events_of(self, pod: dict[str, Any]) -> list[dict[str, Any]]:
         """The kubelet's Events about one of the profile's pods, read at most every
@@ -124,6 +148,7 @@ class ProfileMemory:
             (self.image_ids, job_uids),
             (self.failures, job_uids),
             (self.pod_events, pod_uids | job_uids),
+            (self.queued, job_uids),
         ):
             for uid in [u for u in table if u not in alive]:
                 del table[uid]
@@ -359,6 +384,32 @@ def _stop_superseded(s: _Sync) -> None:
         )
 
 
+def _follow_queue(s: _Sync) -> None:
+    """A Job that has not started follows spec.tuning.queueName: moved to the new LocalQueue
+    (Kueue takes a suspended Job's new label), or, once the spec names none, made again
+    outside Kueue (a suspended Job nobody admits would wait forever; tunefleet never resumes
+    one). A running Job keeps its queue, and its name never changes."""
+    assert s.spec is not None
+    want, ns, uid = s.spec.tuning.queue_name, s.meta["namespace"], s.meta["uid"]
+    rev = naming.revision(s.spec)
+    for job in s.jobs:
+        meta = job["metadata"]
+        labels = meta.get("labels") or {}
+        have = labels.get(QUEUE_LABEL)
+        suspended = bool((job.get("spec") or {}).get("suspend"))
+        if meta.get("deletionTimestamp") or labels.get(naming.REVISION_LABEL) != rev:
+            continue
+        if not suspended or (job.get("status") or {}).get("startTime") or have == want:
+            continue
+        if want and have:
+            patch = {"metadata": {"labels": {QUEUE_LABEL: want}}}
+            if kube.patch_owned("Job", ns, meta["name"], uid, patch):
+                log.info(f"Job {ns}/{meta['name']}: moved to Kueue LocalQueue {want}")
+        elif not want and have:
+            kube.delete_owned("Job", ns, meta["name"], meta["uid"])
+            log.info(f"Job {ns}/{meta['name']}: no queue any more; made again outside Kueue")
+
+
 def _tend(s: _Sync, observations: list[JobObservation]) -> None:
     """Tell publish which image tune ran (through the Job's ConfigMap, for the manifest); keep
     a record read from a pod on its Job, where it outlives the pods; make a ConfigMap that
@@ -525,9 +576,11 @@ def sync_profile(
         if s.acting:
             _create_missing(s)
             _stop_superseded(s)
+            _follow_queue(s)
         by_job = {r.job: r for r in s.served.values() if r.job}
+        hints = hints_for(s.spec, config)
         observations = observe(
-            jobs, pods, hints_for(s.spec, config), mine.events_of, by_job, mine.job_events_of
+            jobs, pods, hints, mine.events_of, by_job, mine.job_events_of, mine.queued_of
         )
         if s.acting:
             _merge_when_shares_are_in(s, observations)

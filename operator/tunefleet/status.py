@@ -81,6 +81,15 @@ def _joined(jobs: list[JobObservation]) -> str:
     return " | ".join(f"{j.model}: {j.message}" for j in jobs)
 
 
+def _queued_only(jobs: list[JobObservation]) -> bool:
+    """Every Job that waits, waits in its Kueue queue (quota, not a fault)."""
+    return bool(jobs) and all(j.reason == Reason.QUEUED for j in jobs)
+
+
+def _wait_words(jobs: list[JobObservation]) -> str:
+    return "are queued in Kueue" if _queued_only(jobs) else "cannot start"
+
+
 def _capacity(obs: Observed) -> str:
     return " | ".join(f"{m}: {msg}" for m, msg in obs.capacity.items()) + "."
 
@@ -193,7 +202,7 @@ def _progressing_condition(p: _Picture) -> dict[str, Any]:
         message = f"{obs.create_error}. Retrying with backoff."
         return p.cond(Type.PROGRESSING, False, Reason.JOB_CREATE_FAILED, message)
     if blocked:
-        message = f"{len(blocked)} of {n} tuning Jobs cannot start. {_joined(blocked)}"
+        message = f"{len(blocked)} of {n} tuning Jobs {_wait_words(blocked)}. {_joined(blocked)}"
         return p.cond(Type.PROGRESSING, True, Reason(blocked[0].reason), message)
     retrying = _retrying(p)
     if retrying:
@@ -213,7 +222,8 @@ def _served_message(p: _Picture) -> str:
     if stale:
         msg = f"Serving earlier artifacts for {', '.join(stale)} while revision {p.rev} tunes."
         if p.blocked:
-            msg += f" It cannot start: {_joined(p.blocked)}"
+            words = "It is queued in Kueue" if _queued_only(p.blocked) else "It cannot start"
+            msg += f" {words}: {_joined(p.blocked)}"
     else:
         msg = f"{n} of {n} GPU models have an artifact."
     for m in p.models:
@@ -241,7 +251,8 @@ def _ready_condition(p: _Picture) -> dict[str, Any]:
     if p.failed:
         return p.cond(Type.READY, False, Reason.TUNING_FAILED, f"{missing}. {_joined(p.failed)}")
     if p.blocked:
-        message = f"{missing}: {len(p.blocked)} tuning Job(s) cannot start. {_joined(p.blocked)}"
+        words = _wait_words(p.blocked)
+        message = f"{missing}: {len(p.blocked)} tuning Job(s) {words}. {_joined(p.blocked)}"
         return p.cond(Type.READY, False, Reason(p.blocked[0].reason), message)
     message = f"Waiting for tuning Jobs of {p.unserved} to publish."
     retrying = _retrying(p)
@@ -256,6 +267,8 @@ def _phase(p: _Picture) -> str:
     if len(p.up_to_date) == len(p.models):
         return "Ready"
     running = any(p.current.get(m) and p.current[m].state == "Running" for m in p.models)
+    if _queued_only(p.blocked):
+        return "Tuning" if running else "Queued"
     return "Tuning" if running and not p.blocked else "Pending"
 
 

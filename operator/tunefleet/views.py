@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tunefleet import naming
+from tunefleet.builders.kueue import QUEUE_LABEL
 
 
 def _pick(d: Mapping[str, Any] | None, *keys: str) -> dict[str, Any]:
@@ -91,13 +92,16 @@ def job_view(body: Mapping[str, Any]) -> dict[str, Any]:
                 naming.REVISION_LABEL,
                 naming.MODEL_LABEL,
                 naming.ROLE_LABEL,
+                QUEUE_LABEL,
             ),
             "annotations": _pick(
                 meta.get("annotations"), naming.MODEL_ANNOTATION, naming.RECORD_ANNOTATION
             ),
             "owner": owning_profile(meta),
         },
-        "spec": _pick(body.get("spec"), "completions", "completionMode", "backoffLimitPerIndex"),
+        "spec": _pick(
+            body.get("spec"), "completions", "completionMode", "backoffLimitPerIndex", "suspend"
+        ),
         "status": {
             **_pick(
                 status,

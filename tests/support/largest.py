@@ -191,6 +191,7 @@ def largest_spec(argv_extra: int = 0, env_extra: int = 0, template: bool = False
             "budgetSeconds": 172800,
             "activeDeadlineSeconds": 259200,
             "backoffLimit": 6,
+            "queueName": _dns(63, "q"),
         },
         "storage": {
             "uri": LONGEST_URI,

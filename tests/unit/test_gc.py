@@ -787,8 +787,10 @@ def test_the_gc_cronjob_runs_a_dry_run_by_default_with_least_rights() -> None:
     role = next(
         d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "tf-tunefleet-gc"
     )
+    # Read only: profiles for what status names, pods for what running model pods pin.
     assert role["rules"] == [
-        {"apiGroups": ["tunefleet.io"], "resources": ["tuningprofiles"], "verbs": ["get", "list"]}
+        {"apiGroups": ["tunefleet.io"], "resources": ["tuningprofiles"], "verbs": ["get", "list"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
     ]
     assert pod["serviceAccountName"] == "tf-tunefleet-gc"
     assert any(

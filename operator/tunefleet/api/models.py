@@ -172,6 +172,10 @@ class TuningLimits(_Model):
     budget_seconds: int = Field(default=3600, ge=30, le=172800)
     active_deadline_seconds: int = Field(default=7200, ge=60, le=259200)
     backoff_limit: int = Field(default=1, ge=0, le=6)
+    # A Kueue LocalQueue: Jobs created suspended under it (builders/kueue.py); not shaping.
+    queue_name: str | None = Field(
+        default=None, min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+    )
     checkpoint: Checkpoint = Checkpoint()
 
     @model_validator(mode="after")

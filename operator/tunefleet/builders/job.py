@@ -15,6 +15,7 @@ from typing import Any
 
 from tunefleet import GROUP, KIND, VERSION, naming
 from tunefleet.api import TuningProfileSpec
+from tunefleet.builders.kueue import under_queue
 from tunefleet.builders.security import SMALL_RESOURCES, hardened, tunefleet_container
 from tunefleet.builders.storage import pod_storage, with_storage
 from tunefleet.builders.template import apply_to_merge_job, apply_to_tuning_job
@@ -167,12 +168,14 @@ def _pod_spec(
 def _job(
     c: Child, name: str, labels: dict[str, str], pod: dict[str, Any], **spec: Any
 ) -> dict[str, Any]:
-    return {
+    job = {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": c.metadata(name, labels),
         "spec": {**spec, "template": {"metadata": {"labels": labels}, "spec": pod}},
     }
+    # Kueue's label on the Job only (not the pod template's labels, which select its pods).
+    return under_queue(job, c.spec.tuning.queue_name)
 
 
 def _sync_container(c: Child, storage: PodStorage) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from tunefleet.cache import Cache
 from tunefleet.config import Config
 from tunefleet.controller import Controller, Indexes
 from tunefleet.leader import LeaseElector
+from tunefleet.nodemap import NodeMaps
 from tunefleet.webhook import server as webhook_server
 
 
@@ -51,10 +52,19 @@ class _ElectorHolder:
     elector: LeaseElector | None = None
 
 
+class _NodeMapsHolder:
+    maps: NodeMaps | None = None
+
+    def profile_changed(self, namespace: str) -> None:
+        if self.maps is not None:
+            self.maps.profile_changed(namespace)
+
+
 CONFIG = _ConfigHolder()
 CONTROLLER = _ControllerHolder()
 CACHE = Cache()
 ELECTOR = _ElectorHolder()
+NODE_MAPS = _NodeMapsHolder()
 
 
 def _prime(config: Config) -> None:
@@ -134,6 +144,19 @@ async def operator_startup(
     CONTROLLER.set(config, controller)
     await asyncio.to_thread(_prime, config)
     controller.start()
+    # The node maps pods pick their GPU model by (nodemap.py): written while leading only.
+    maps = NodeMaps(CACHE.profiles, CACHE.profile, controller.active)
+    NODE_MAPS.maps = maps
+    maps.start()
+
+    def lead() -> None:
+        controller.lead()
+        maps.lead()
+
+    def follow() -> None:
+        controller.follow()
+        maps.follow()
+
     metrics.REGISTRY.register(
         metrics.IndexCollector(statuses=CACHE.statuses, queue_depth=controller.queue.pending)
     )
@@ -146,14 +169,14 @@ async def operator_startup(
             config.lease_name,
             config.lease_namespace,
             identity,
-            on_started=controller.lead,
-            on_stopped=controller.follow,
+            on_started=lead,
+            on_stopped=follow,
         )
         # Every write of this process passes the Lease's fence first (kube.py, leader.py).
         kube.set_fence(ELECTOR.elector.fence)
         ELECTOR.elector.start()
     else:
-        controller.lead()  # one replica: nobody to elect
+        lead()  # one replica: nobody to elect
     if config.webhook_enabled:
         settings.admission.server = webhook_server.build(config)
         if config.webhook_register:
@@ -172,3 +195,5 @@ async def operator_cleanup(**_: Any) -> None:
         await asyncio.to_thread(ELECTOR.elector.stop, True)
     with contextlib.suppress(RuntimeError):  # startup never got that far
         CONTROLLER.get().stop()
+    if NODE_MAPS.maps is not None:
+        NODE_MAPS.maps.stop()

@@ -7,7 +7,7 @@ from typing import Any
 import kopf
 
 from tunefleet import GROUP, PLURAL, VERSION, metrics
-from tunefleet.handlers.startup import CACHE, CONTROLLER
+from tunefleet.handlers.startup import CACHE, CONTROLLER, NODE_MAPS
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -22,7 +22,9 @@ async def tuningprofile_event(
     if type == "DELETED":
         CACHE.drop_profile(key)
         CONTROLLER.get().forget(key, body.metadata.uid)
+        NODE_MAPS.profile_changed(key[0])
         return
     view = CACHE.put_profile(dict(body))
+    NODE_MAPS.profile_changed(key[0])
     if CONTROLLER.get().wants(view):
         CONTROLLER.get().enqueue(key)
