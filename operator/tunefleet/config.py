@@ -50,6 +50,15 @@ class Config:
     delivery_credentials_secret: str = ""
     delivery_cloud_identity: bool = False
     delivery_timeout_s: float = 30.0
+    # The capture endpoint (capture/endpoint.py): its port on every replica (0: off), and how
+    # model pods reach it: an explicit URL, else the Service (name.namespace) and its port.
+    # Its address and CA are learnt at startup (handlers/capture.py), not configured.
+    capture_port: int = 8443
+    capture_url: str = ""
+    capture_service: str = ""
+    capture_service_port: int = 8443
+    capture_address: str = ""
+    capture_ca: str = ""
 
     @classmethod
     def from_env(cls) -> Config:
@@ -80,4 +89,9 @@ class Config:
             delivery_credentials_secret=env("TUNEFLEET_DELIVERY_CREDENTIALS_SECRET", ""),
             delivery_cloud_identity=_env_bool("TUNEFLEET_DELIVERY_CLOUD_IDENTITY", False),
             delivery_timeout_s=float(env("TUNEFLEET_DELIVERY_TIMEOUT_SECONDS", "30")),
+            capture_port=int(env("TUNEFLEET_CAPTURE_PORT", str(cls.capture_port))),
+            capture_url=env("TUNEFLEET_CAPTURE_URL", ""),
+            capture_service=env("TUNEFLEET_CAPTURE_SERVICE", ""),
+            capture_service_port=int(env("TUNEFLEET_CAPTURE_SERVICE_PORT", "8443")),
+            capture_address=env("TUNEFLEET_CAPTURE_ADDRESS", ""),
         )

@@ -208,7 +208,8 @@ LIST_TIMEOUT = 60.0  # a page of 500 pods can be several MiB
 def list_all(
     kind: str, label_selector: str = "", namespace: str | None = None
 ) -> Iterator[dict[str, Any]]:
-    """Every TuningProfile, Job or Pod (cluster-wide, or in one namespace), page by page."""
+    """Every TuningProfile, Job, Pod or ConfigMap (cluster-wide, or in one namespace), page by
+    page."""
     if kind == "tuningprofiles":
         custom = kubernetes.client.CustomObjectsApi(api())
 
@@ -230,7 +231,7 @@ def list_all(
             if kind == "jobs"
             else kubernetes.client.CoreV1Api(api())
         )
-        verb = {"jobs": "job", "pods": "pod"}[kind]
+        verb = {"jobs": "job", "pods": "pod", "configmaps": "config_map"}[kind]
 
         def page(token: str | None) -> Any:
             extra = {"_continue": token} if token else {}
