@@ -232,6 +232,7 @@ class _Sync:
     # Production misses (capture/step.py): the revision each model tunes under (a retune's,
     # or the spec's), status.capture, and the Events to post once the status is written.
     capture: capture_step.Outcome = field(default_factory=capture_step.Outcome)
+    captures: capture_step.CaptureSource | None = None
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -439,6 +440,7 @@ def _report(s: _Sync, observations: list[JobObservation]) -> dict[str, Any]:
         now(),
     )
     _deliver(s, status)
+    _capture_against_new_artifacts(s, previous, status)
     if status_changed(previous, status):
         rv = str(s.meta.get("resourceVersion") or "")
         written = kube.replace_profile_status(ns, name, rv, status)
@@ -450,6 +452,34 @@ def _report(s: _Sync, observations: list[JobObservation]) -> dict[str, Any]:
         for reason in s.capture.retunes:
             metrics.RETUNES.labels(reason).inc()
     return status
+
+
+def _capture_against_new_artifacts(
+    s: _Sync, previous: dict[str, Any], status: dict[str, Any]
+) -> None:
+    """status.capture counts against the artifacts this status serves: when one is new, the
+    counts are made again against it (no retune is decided on this pass; our own write's
+    echo brings no reconcile, the next event or resync decides)."""
+    if s.spec is None or s.capture.entries is None or not s.acting:
+        return
+    before = {a.get("gpuModel"): a.get("sha256") for a in previous.get("artifacts") or []}
+    after = {a.get("gpuModel"): a.get("sha256") for a in status.get("artifacts") or []}
+    if before == after:
+        return
+    storage = s.spec.storage
+    again = capture_step.run(
+        s.captures, s.spec, {**s.profile, "status": status}, naming.revision(s.spec),
+        endpoint=storage.endpoint or s.config.default_s3_endpoint, region=storage.region or "",
+        decide=False,
+    )  # fmt: skip
+    if again.entries is not None:
+        if again.entries:
+            status["capture"] = again.entries
+        if again.coverage:
+            status["coverage"] = again.coverage
+        else:
+            status.pop("coverage", None)
+        s.capture.events += [e for e in again.events if e not in s.capture.events]
 
 
 def _report_untrusted(s: _Sync, untrusted: list[Untrusted]) -> None:
@@ -491,7 +521,10 @@ def sync_profile(
     meta = profile["metadata"]
     mine = memory.of(meta["uid"])
     unadmitted = memory.unadmitted.get((meta["namespace"], meta["name"]), [])
-    s = _Sync(profile, jobs, pods, config, mine, unadmitted=unadmitted, on_written=on_written)
+    s = _Sync(
+        profile, jobs, pods, config, mine, unadmitted=unadmitted, on_written=on_written,
+        captures=captures,
+    )  # fmt: skip
     with mine.lock:
         generation = int(meta.get("generation") or 0)
         s.spec, problems = memory.spec(meta["uid"], generation, profile.get("spec") or {})

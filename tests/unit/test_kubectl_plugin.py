@@ -787,7 +787,7 @@ def test_download_refuses_an_artifact_that_does_not_verify(
             [],
             {},
             2,
-            "name a command: status, why, download or diff: see `kubectl tunefleet --help`",
+            "name a command: status, why, download, diff or retune: see `kubectl tunefleet --help`",
         ),
     ],
 )

@@ -65,7 +65,8 @@ def volumes() -> list[dict[str, Any]]:
         {
             "name": TOKEN_VOLUME,
             "projected": {
-                "defaultMode": 0o440,
+                # Mounted in the sidecar alone, which runs as its own user (not the pod's).
+                "defaultMode": 0o444,
                 "sources": [
                     {
                         "serviceAccountToken": {

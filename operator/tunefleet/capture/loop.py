@@ -167,7 +167,9 @@ def plan_model(
     inp: ModelInput,
     now: float,
     request: RetuneRequest | None,
+    decide: bool = True,
 ) -> ModelPlan:
+    """decide=False: the figures only (a status that just took a new artifact), no retune."""
     previous = inp.previous or {}
     retune = Retune.from_status(previous.get("retune"))
     art = inp.artifact
@@ -231,7 +233,9 @@ def plan_model(
     asked = request is not None and request.applies_to(inp.model) and request.nonce != handled
     message = ""
     settled = art is not None and art.revision == inp.revision
-    if not settled:
+    if not decide:
+        message = str(previous.get("message") or "") if settled else ""
+    elif not settled:
         message = "tuning in progress: a retune waits until the model's artifact is current"
         if asked:
             message = f"retune asked ({request.nonce}): waits for the current tuning"  # type: ignore[union-attr]
@@ -357,6 +361,7 @@ def plan(
     keys_of: Callable[[ArtifactRecord], frozenset[str] | None],
     now: float,
     request: RetuneRequest | None,
+    decide: bool = True,
 ) -> Plan:
     previous = previous_entries(status)
     artifacts = {}
@@ -378,7 +383,7 @@ def plan(
         )
         got = plan_model(
             capture, namespace=namespace, profile=profile, profile_uid=profile_uid, base=base,
-            inp=inp, now=now, request=request,
+            inp=inp, now=now, request=request, decide=decide,
         )  # fmt: skip
         out.revisions[model] = got.revision
         if got.entry is not None:

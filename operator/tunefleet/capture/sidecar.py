@@ -206,7 +206,10 @@ class Sender:
 
     def send(self, upload: Upload) -> Reply:
         body = upload.encode()
-        token = self.token_file.read_text().strip()  # the kubelet rotates it: read each time
+        try:
+            token = self.token_file.read_text().strip()  # the kubelet rotates it: read each time
+        except OSError as e:
+            raise SendError(f"cannot read the token {self.token_file}: {e}") from None
         p = self._parsed
         conn: http.client.HTTPConnection
         if self._context is not None:
@@ -304,7 +307,10 @@ class Sidecar:
         upload = Upload(tuple(rows), len(c.not_loaded), c.dropped + c.skipped)
         try:
             reply = self.sender(upload)
-        except SendError as e:
+        except Exception as e:
+            # Whatever goes wrong here must not stop the sidecar: serving does not wait on it.
+            if not isinstance(e, SendError):
+                e = SendError(f"{type(e).__name__}: {e}")
             if e.drop:
                 log(f"the operator refused {len(rows)} row(s) for good ({e}); dropped")
                 c.done(rows)
@@ -399,8 +405,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         sender = Sender(args.url, args.token, os.environ.get(args.ca_env, ""), args.address)
     except (ValueError, ssl.SSLError) as e:
-        log(f"error: {e}")
-        return 2
+        # Idle rather than exit: a native sidecar that exits is restarted, and one that keeps
+        # failing holds up nothing but must not look like the serving pod's problem.
+        log(f"error: {e}; capturing nothing (fix the pod's capture settings)")
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        while True:
+            time.sleep(3600)
     args.dir.mkdir(parents=True, exist_ok=True)
     car = Sidecar(args.dir, args.results, sender.send, settings)
     known = len(car.collector.known_artifact)

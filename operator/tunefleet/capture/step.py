@@ -65,7 +65,9 @@ def run(
     endpoint: str = "",
     region: str = "",
     now: float | None = None,
+    decide: bool = True,
 ) -> Outcome:
+    """decide=False: status.capture's figures only (after a new artifact), no retune made."""
     meta, status = profile["metadata"], profile.get("status") or {}
     if source is None:
         return revisions_only(spec, base, status)
@@ -87,6 +89,7 @@ def run(
         keys_of=keys_of,
         now=time.time() if now is None else now,
         request=RetuneRequest.read(profile),
+        decide=decide,
     )
     previous = loop.previous_entries(status)
     made = []
