@@ -4,7 +4,8 @@ pod start-up, artifact transfer; figures to bench/results.md (with the goals the
 Medians and ratios: this machine (2 cores, shared) is noisy. Run on the local control plane
 (started if needed). The operator runs as the chart's ServiceAccount, as a process here for
 scale, kill storms and the webhook (kwok fleet), and as the chart's Deployment on the real node
-for the pod start-up figures. `python -m bench --only scale,webhook` runs a part.
+for the pod start-up figures. `python -m bench --only scale,webhook` runs a part;
+`python -m bench.bench_capture` the capture sidecar's figures alone (no cluster).
 """
 
 from __future__ import annotations
@@ -553,7 +554,7 @@ def real_node(cluster: Cluster, s3: S3Settings) -> dict[str, Any]:
     return out
 
 
-PARTS = ("scale", "storm", "churn", "webhook", "library", "artifacts", "gc", "real")
+PARTS = ("scale", "storm", "churn", "webhook", "library", "artifacts", "gc", "real", "capture")
 
 
 def main() -> None:
@@ -590,6 +591,10 @@ def main() -> None:
             results["gc_10000_objects"] = bench_gc.run(s3)
         if "real" in only:
             results["real_node"] = real_node(cluster, s3)
+        if "capture" in only:
+            from bench import bench_capture
+
+            results["capture"] = bench_capture.run()
     finally:
         for ns in CREATED:
             cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)

@@ -112,7 +112,7 @@ def serve(cluster: Cluster, test: Callable[[Call], Awaitable[None]]) -> None:
         try:
 
             async def call(
-                body: bytes | None = None, token: str | None = "good", **headers: str
+                body: Any = None, token: str | None = "good", **headers: str
             ) -> tuple[int, dict[str, Any], dict[str, str]]:
                 if token is not None:
                     headers["Authorization"] = f"Bearer {token}"
@@ -257,6 +257,13 @@ def test_an_oversize_or_malformed_body_is_refused_before_it_is_kept() -> None:
 
     async def t(call: Call) -> None:
         status, reply, _ = await call(body=b"x" * (MAX_BODY_BYTES + 1))
+        assert status == 413
+
+        async def chunks() -> Any:  # no Content-Length: bounded as it is read
+            for _ in range(40):
+                yield b"x" * 8192
+
+        status, reply, _ = await call(body=chunks())
         assert status == 413
         status, reply, _ = await call(body=b"{not json")
         assert status == 400 and "not UTF-8 JSON" in reply["message"]

@@ -313,7 +313,9 @@ class Endpoint:
         if wait is not None:
             raise Denied(429, "rate_limited", "too many uploads from this pod", round(wait, 1))
         try:
-            body = await request.content.read(MAX_BODY_BYTES + 1)
+            body = await request.read()  # client_max_size bounds it, with or without a length
+        except web.HTTPRequestEntityTooLarge:
+            raise Denied(413, "too_large", f"an upload is at most {MAX_BODY_BYTES} bytes") from None
         except (TimeoutError, OSError) as e:
             raise Denied(400, "bad_request", f"the body could not be read: {e}") from None
         if len(body) > MAX_BODY_BYTES:

@@ -35,6 +35,11 @@ ScaledGemm signature: _scaled_mm goes through TunableOp on CUDA from 2.14; the `
 ``dynamic_dims_mask``), its API additions, and its mgpu_tune_gemm_in_file (one process per GPU
 with set_device, "offline tuning processes failed" when one raises, nothing gathered then).
 
+``torch.cuda`` initialises lazily, as torch's does: callables given to ``torch.cuda._lazy_call``
+are queued until the first CUDA tensor, set_device (before it selects the device),
+current_device, a GEMM or ``torch.cuda.init()``, then run in order (tunefleet's capture hook
+queues its results load there).
+
 Without a device (FAKE_TORCH_MODE=no-device) it raises where real torch raises: get_results()
 before set_filename, set_filename(x, True), get_rotating_buffer_size(), tune_gemm_in_file()
 ("Found no NVIDIA driver"), mgpu_tune_gemm_in_file(), and on 2.15 get_validators().
