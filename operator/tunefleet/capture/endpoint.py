@@ -387,7 +387,11 @@ def _read_pod(namespace: str, name: str) -> dict[str, Any] | None:
 def real_deps(
     profile_from_cache: Callable[[str, str], dict[str, Any] | None],
     writer: Any,
+    cached_store: Callable[[str, str], Any] = lambda ns, name: None,
 ) -> Deps:
+    """`cached_store(namespace, name)`: the capture cache's view of a store, so an upload of
+    rows it holds already (every pod of a scale-up reports the same misses) costs no API call."""
+
     async def review(token: str) -> dict[str, Any]:
         return await asyncio.to_thread(_review, token)
 
@@ -401,6 +405,15 @@ def real_deps(
         return await asyncio.to_thread(kube.get_profile, namespace, name, 2.0)
 
     async def add(key: StoreKey, upload: Upload, max_shapes: int, pod: str) -> tuple[int, int]:
+        view = cached_store(key.namespace, key.name)
+        if (
+            view is not None
+            and view.key.profile_uid == key.profile_uid
+            and all(r in view.rows for r in upload.rows)
+            and upload.not_loaded <= view.not_loaded.get(pod, 0)
+            and not upload.dropped
+        ):
+            return 0, len(view.rows)
         result: tuple[int, int] = await asyncio.to_thread(
             writer.add, key, upload.rows, max_shapes=max_shapes, pod=pod,
             not_loaded=upload.not_loaded, dropped=upload.dropped,

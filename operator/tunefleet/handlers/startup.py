@@ -213,7 +213,9 @@ async def _start_capture(config: Config, server: kopf.WebhookServer, logger: kop
 
     from tunefleet.capture.store import Writer
 
-    deps = capture_endpoint.real_deps(lambda ns, name: CACHE.profile((ns, name)), Writer())
+    deps = capture_endpoint.real_deps(
+        lambda ns, name: CACHE.profile((ns, name)), Writer(), CAPTURES.store
+    )
     ENDPOINT.server = capture_endpoint.Server(
         capture_endpoint.Endpoint(deps),
         config.webhook_addr,

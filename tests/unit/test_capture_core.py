@@ -289,3 +289,103 @@ def test_the_retune_request_contract_reads_what_it_writes() -> None:
 def test_a_retune_without_a_threshold_is_refused(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="needs misses"):
         CaptureSpec.model_validate({"enabled": True, "retune": bad})
+
+
+# --- the write from any replica: compare-and-swap --------------------------------------------
+
+
+class _Resp:
+    def __init__(self, doc: dict[str, Any]) -> None:
+        import json
+
+        self.data = json.dumps(doc).encode()
+
+
+class FakeCore:
+    """A ConfigMap API with one object, resourceVersions, and a rival writer on demand."""
+
+    def __init__(self) -> None:
+        self.cm: dict[str, Any] | None = None
+        self.rv = 0
+        self.rival: list[str] = []  # rows another replica writes just before our next write
+        self.writes = 0
+
+    def _store(self, cm: dict[str, Any]) -> None:
+        self.rv += 1
+        cm["metadata"]["resourceVersion"] = str(self.rv)
+        cm["metadata"].setdefault("uid", "cm-uid")
+        self.cm = cm
+
+    def _race(self) -> None:
+        if self.rival and self.cm is not None:
+            view = parse_store(self.cm)
+            assert view is not None
+            merged, _ = merge(view, self.rival, 50, max_shapes=100)
+            self.rival = []
+            self._store(build_store_config_map(merged))
+
+    def read_namespaced_config_map(self, name: str, ns: str, **_: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
+        if self.cm is None:
+            raise ApiException(status=404)
+        return _Resp(self.cm)
+
+    def create_namespaced_config_map(self, ns: str, body: dict[str, Any], **_: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
+        if self.rival:  # another replica created it first
+            view, _ = merge(StoreView(KEY), self.rival, 50, max_shapes=100)
+            self.rival = []
+            self._store(build_store_config_map(view))
+            raise ApiException(status=409)
+        self.writes += 1
+        self._store(body)
+        return _Resp(body)
+
+    def patch_namespaced_config_map(
+        self, name: str, ns: str, body: dict[str, Any], **_: Any
+    ) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
+        self._race()
+        assert self.cm is not None
+        if body["metadata"]["resourceVersion"] != self.cm["metadata"]["resourceVersion"]:
+            raise ApiException(status=409)
+        self.writes += 1
+        self.cm["data"] = body["data"]
+        self._store(self.cm)
+        return _Resp(self.cm)
+
+
+def writer(core: FakeCore) -> Any:
+    from tunefleet.capture.store import Writer
+
+    w = Writer()
+    w._core = lambda: core  # type: ignore[method-assign]
+    return w
+
+
+def test_concurrent_replicas_lose_no_rows_and_a_known_row_costs_no_write() -> None:
+    core = FakeCore()
+    w = writer(core)
+    core.rival = [S1[0]]  # the other replica creates the store as we try to
+    assert w.add(KEY, (S2[0],), max_shapes=100, now=NOW) == (1, 2)
+    core.rival = [S1[1]]  # and writes between our read and our write
+    assert w.add(KEY, (S2[1],), max_shapes=100, now=NOW) == (1, 4)
+    view = parse_store(core.cm or {})
+    assert view is not None and set(view.rows) == {S1[0], S1[1], S2[0], S2[1]}
+    before = core.writes
+    assert w.add(KEY, (S2[0],), max_shapes=100, now=NOW) == (0, 4)
+    assert core.writes == before
+
+
+def test_a_configmap_under_the_stores_name_that_is_not_the_profiles_is_never_written() -> None:
+    from tunefleet import kube
+
+    core = FakeCore()
+    forged = build_store_config_map(StoreView(KEY))
+    forged["metadata"]["ownerReferences"] = []
+    core._store(forged)
+    with pytest.raises(kube.NotOurs, match="not a capture store"):
+        writer(core).add(KEY, (S2[0],), max_shapes=100, now=NOW)
