@@ -222,3 +222,18 @@ def test_capture_without_an_endpoint_is_said_and_changes_nothing() -> None:
         "p", pp, CAPTURE_CFG, {},
     )  # fmt: skip
     assert any("valueFrom" in n for n in d.notes)
+
+
+def test_retune_sets_no_status_names_are_removed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tunefleet.capture.store import RetuneSet, build_retune_config_map
+
+    p = capture_profile()
+    src = source(S2)
+    old = build_retune_config_map(RetuneSet("ml", "p", "uid-1", MODEL, "oldrev0000", (S2[0],)))
+    old["metadata"]["uid"] = "old-set-uid"
+    src.cache.follow("ADDED", old)
+    api = FakeApi(monkeypatch)
+    status = sync_profile(p, [], [], CFG, Memory(), captures=src)
+    kept = status["capture"][0]["retune"]["configMap"]
+    assert ("ConfigMap", old["metadata"]["name"]) in api.deleted
+    assert ("ConfigMap", kept) not in api.deleted

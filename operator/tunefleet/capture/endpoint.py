@@ -330,9 +330,14 @@ class Endpoint:
             raise Denied(503, "unavailable", "the endpoint is busy", 5)
         async with self._busy:
             try:
-                new, total = await self.deps.add(
-                    where.key, upload, where.capture.limits.max_shapes, caller.pod_name
+                new, total = await asyncio.wait_for(
+                    self.deps.add(
+                        where.key, upload, where.capture.limits.max_shapes, caller.pod_name
+                    ),
+                    timeout=30.0,  # a hung API server: the sidecar keeps its rows and retries
                 )
+            except TimeoutError:
+                raise Denied(503, "unavailable", "the store write timed out", 30) from None
             except (StoreUnavailable, kube.NotOurs) as e:
                 log.info(f"capture from {caller.namespace}/{caller.pod_name} not kept: {e}")
                 raise Denied(503, "unavailable", str(e), 15) from None

@@ -116,4 +116,21 @@ def run(
         for e in plan.entries
         if any(f.model == e.get("gpuModel") for f in made)
     ]
+    if decide:
+        _remove_old_sets(source, ns, uid, plan.entries)
     return out
+
+
+def _remove_old_sets(
+    source: CaptureSource, namespace: str, uid: str, entries: list[dict[str, Any]]
+) -> None:
+    """Retune sets no status entry names: their Jobs were superseded (a later set, a spec
+    change), so nothing mounts them. Each is up to 900 KiB: they do not pile up in etcd."""
+    kept = {str((e.get("retune") or {}).get("configMap") or "") for e in entries}
+    for old in source.cache.retunes(uid):
+        if old.name in kept or not old.uid:
+            continue
+        try:
+            kube.delete_owned("ConfigMap", namespace, old.name, old.uid)
+        except (kopf.TemporaryError, kopf.PermanentError) as e:
+            log.info(f"retune set {namespace}/{old.name} not removed now: {e}")

@@ -255,6 +255,7 @@ class RetuneSet:
     base_revision: str
     rows: tuple[str, ...]  # sorted
     name: str = ""
+    uid: str = ""
 
     @property
     def digest(self) -> str:
@@ -310,6 +311,7 @@ def parse_retune(cm: dict[str, Any]) -> RetuneSet | None:
         base_revision=str(anns.get(BASE_ANNOTATION) or ""),
         rows=rows,
         name=str(meta.get("name") or ""),
+        uid=str(meta.get("uid") or ""),
     )
     # A set whose rows are not what its name says was changed by someone: not ours to use.
     if anns.get(DIGEST_ANNOTATION) != found.digest or found.name != found.config_map_name:
