@@ -50,10 +50,10 @@ class Config:
     delivery_credentials_secret: str = ""
     delivery_cloud_identity: bool = False
     delivery_timeout_s: float = 30.0
-    # The capture endpoint (capture/endpoint.py): its port on every replica (0: off), and how
-    # model pods reach it: an explicit URL, else the Service (name.namespace) and its port.
-    # Its address and CA are learnt at startup (handlers/capture.py), not configured.
-    capture_port: int = 8443
+    # The capture endpoint (capture/endpoint.py): its port on every replica (0, the default
+    # outside the chart: off), and how model pods reach it: an explicit URL, else the Service
+    # (name.namespace) and its port. Its address and CA are learnt at startup, not configured.
+    capture_port: int = 0
     capture_url: str = ""
     capture_service: str = ""
     capture_service_port: int = 8443

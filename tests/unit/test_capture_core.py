@@ -389,3 +389,40 @@ def test_a_configmap_under_the_stores_name_that_is_not_the_profiles_is_never_wri
     core._store(forged)
     with pytest.raises(kube.NotOurs, match="not a capture store"):
         writer(core).add(KEY, (S2[0],), max_shapes=100, now=NOW)
+
+
+# --- the upload contract (contracts/capture.py) -----------------------------------------------
+
+
+def test_the_upload_contract_reads_what_it_writes_and_refuses_what_it_bounds() -> None:
+    from tunefleet.contracts.capture import (
+        MAX_ROW_CHARS,
+        MAX_ROWS,
+        BodyError,
+        Reply,
+        Upload,
+        row_problem,
+    )
+
+    up = Upload((S2[0], S2[1]), not_loaded=2, dropped=1)
+    assert Upload.decode(up.encode()) == up
+    assert Upload.decode(
+        b'{"version":1,"rows":["%s","%s"]}' % (S2[0].encode(), S2[0].encode())
+    ).rows == (S2[0],)  # a repeat counts once
+    for bad, words in [
+        (b'{"version":2,"rows":[]}', "version must be 1"),
+        (b'{"version":1,"rows":"x"}', "rows must be a list"),
+        (b'{"version":1,"rows":[],"dropped":-1}', "non-negative"),
+        (b'{"version":1,"rows":[],"notLoaded":true}', "non-negative"),
+        (b"[1]", "JSON object"),
+    ]:
+        with pytest.raises(BodyError, match=words):
+            Upload.decode(bad)
+    with pytest.raises(BodyError, match=f"at most {MAX_ROWS} rows"):
+        Upload(tuple(S2[:1]) * (MAX_ROWS + 1)).encode()
+    assert row_problem("GemmTunableOp_BFloat16_TN,tn_*_64_64_ld_64_64_*") is None  # wildcards
+    assert row_problem("a b,c") and row_problem("onlyone") and row_problem(3)
+    assert row_problem("G," + "1" * MAX_ROW_CHARS)
+    reply = Reply(accepted=3, new=1, message="ok", retry_after=2.5)
+    assert Reply.decode(reply.encode()) == reply
+    assert Reply.decode(b"<html>bad gateway</html>").message.startswith("<html>")

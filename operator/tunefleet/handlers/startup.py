@@ -223,7 +223,12 @@ async def _start_capture(config: Config, server: kopf.WebhookServer, logger: kop
         str(server.certfile),
         str(server.pkeyfile),
     )
-    await ENDPOINT.server.start()
+    try:
+        await ENDPOINT.server.start()
+    except OSError as e:  # the port is taken: the webhook and reconciler go on without capture
+        logger.warning(f"capture endpoint not started on port {config.capture_port}: {e}")
+        ENDPOINT.server = None
+        return config
     url, address = config.capture_url, config.capture_address
     if not url and config.capture_service:
         name, _, namespace = config.capture_service.partition(".")
