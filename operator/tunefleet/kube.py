@@ -208,8 +208,8 @@ LIST_TIMEOUT = 60.0  # a page of 500 pods can be several MiB
 def list_all(
     kind: str, label_selector: str = "", namespace: str | None = None
 ) -> Iterator[dict[str, Any]]:
-    """Every TuningProfile, Job, Pod or ConfigMap (cluster-wide, or in one namespace), page by
-    page."""
+    """Every TuningProfile, Job, Pod or ConfigMap (cluster-wide, or in one namespace), page
+    by page."""
     if kind == "tuningprofiles":
         custom = kubernetes.client.CustomObjectsApi(api())
 

@@ -86,6 +86,10 @@ class ProfileMemory:
     failures: dict[str, str] = field(default_factory=dict)
     # A delivery that failed, by artifact SHA-256: (when, why); tried again after a while.
     deliveries: dict[str, tuple[float, str]] = field(default_factory=dict)
+    # Artifact ConfigMaps that status stopped naming but a pod may still mount, and when they
+    # were last checked (None: never since this replica started, so not known).
+    retiring: set[str] | None = None
+    retired_at: float = 0.0
 
     def events_of(self, pod: dict[str, Any]) -> list[dict[str, Any]]:
         """The kubelet's Events about one of the profile's pods, read at most every
@@ -419,6 +423,27 @@ def _deliver(s: _Sync, status: dict[str, Any]) -> None:
     s.memory.prune_deliveries({a.get("sha256", "") for a in artifacts})
 
 
+def _retire_config_maps(s: _Sync, previous: dict[str, Any], status: dict[str, Any]) -> None:
+    """Artifact ConfigMaps status no longer names (a retune pushed one out of the bounded
+    history) go once no model pod mounts them (delivery.retire). Checked when status drops
+    one, every RETIRE_EVERY_S while one is still mounted, and once after a restart for a
+    profile with history (what was waiting before is not remembered)."""
+    mem, now_ = s.memory, time.monotonic()
+    dropped = delivery.referenced_names(previous) - delivery.referenced_names(status)
+    first = mem.retiring is None
+    waiting = bool(mem.retiring) and now_ - mem.retired_at >= delivery.RETIRE_EVERY_S
+    if not (dropped or waiting or (first and status.get("history"))):
+        mem.retiring = mem.retiring or set()
+        return
+    mem.retired_at = now_
+    meta = s.meta
+    try:
+        mem.retiring = set(delivery.retire(meta["namespace"], meta["name"], meta["uid"], status))
+    except kopf.TemporaryError as e:
+        mem.retiring = (mem.retiring or set()) | dropped | {""}  # checked again later
+        log.info(f"TuningProfile {meta['namespace']}/{meta['name']}: retiring ConfigMaps: {e}")
+
+
 def _report(s: _Sync, observations: list[JobObservation]) -> dict[str, Any]:
     """Compute status; write it only when it changed, over the version it was computed from."""
     ns, name = s.meta["namespace"], s.meta["name"]
@@ -441,6 +466,8 @@ def _report(s: _Sync, observations: list[JobObservation]) -> dict[str, Any]:
     )
     _deliver(s, status)
     _capture_against_new_artifacts(s, previous, status)
+    if s.acting:
+        _retire_config_maps(s, previous, status)
     if status_changed(previous, status):
         rv = str(s.meta.get("resourceVersion") or "")
         written = kube.replace_profile_status(ns, name, rv, status)

@@ -3,6 +3,7 @@ writes and announces, and what it does not (unit tier: the API calls are stubbed
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 import json
 from typing import Any
 
@@ -58,6 +59,10 @@ class FakeApi:
         self.events: list[tuple[str, str]] = []
         self.fail_job_with: Exception | None = None
         self.conflict = False
+        # What a list answers, by kind ("configmaps", "pods"), and the lists made.
+        self.listed: dict[str, list[dict[str, Any]]] = {}
+        self.lists: list[tuple[str, str]] = []
+        monkeypatch.setattr(kube, "list_all", self.list_all)
         monkeypatch.setattr(kube, "create_owned", self.create_owned)
         monkeypatch.setattr(kube, "replace_profile_status", self.replace_status)
         monkeypatch.setattr(kube, "patch_owned", self.patch_owned)
@@ -92,6 +97,12 @@ class FakeApi:
 
     def delete_owned(self, kind: str, ns: str, name: str, uid: str) -> None:
         self.deleted.append((kind, name))
+
+    def list_all(
+        self, kind: str, label_selector: str = "", namespace: str | None = None
+    ) -> Iterator[dict[str, Any]]:
+        self.lists.append((kind, label_selector))
+        yield from self.listed.get(kind, [])
 
     def event(self, ref: dict[str, Any], type_: str, reason: str, message: str) -> None:
         self.events.append((reason, message))
