@@ -14,6 +14,7 @@ computes nothing (its "tuning" is not a measurement, and says so).
 
 from __future__ import annotations
 
+import datetime
 import json
 import time
 from typing import Any
@@ -22,7 +23,7 @@ import pytest
 import yaml
 
 from tests.e2e.test_operator import apply, get_json, jobs_of
-from tests.e2e.test_real_pods import KEY, create, ready, real_profile
+from tests.e2e.test_real_pods import KEY, create, pod_of, ready, real_profile
 from tests.support.cluster import REAL_NODE_GPU_MODEL, STANDIN_IMAGE, wait_for_real_node_gpus
 from tests.support.operator import SERVING_SECRET, InCluster
 from tests.support.poll import eventually
@@ -172,7 +173,6 @@ def test_capture_closes_the_loop(
     env = {e["name"]: e.get("value") for e in server["env"]}
     assert env["PYTORCH_TUNABLEOP_RECORD_UNTUNED"] == "1"
     assert env["PYTHONPATH"].startswith("/tunefleet/capture/hook")
-    started = time.monotonic()
 
     # The sidecar uploads S2, and only S2: the hook loaded A1, so S1 are hits, never recorded.
     (store,) = eventually(
@@ -182,7 +182,15 @@ def test_capture_closes_the_loop(
         timeout=120,
         interval=1,
     )
-    uploaded = time.monotonic() - started
+    # From the serving container's start (it runs its GEMMs at once) to the rows' first-seen
+    # time in the store: a miss to its upload, through the real endpoint (1 s resolution).
+    (server_status,) = [
+        c for c in pod_of(cluster, namespace, old_name)["status"]["containerStatuses"]
+        if c["name"] == "server"
+    ]  # fmt: skip
+    began = datetime.datetime.fromisoformat(server_status["state"]["running"]["startedAt"])
+    seen_at = min(int(line.split(" ", 1)[0]) for line in store["data"]["rows"].splitlines())
+    uploaded = max(seen_at - began.timestamp(), 0.0)
     rows = store_rows(store)
     assert sorted(dims(r) for r in rows) == shape_dims(S2), rows
     assert not set(rows) & s1_keys
