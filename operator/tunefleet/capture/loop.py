@@ -230,7 +230,8 @@ def plan_model(
             "seen": len({r for s in apart for r in s.rows}),
         }
     handled = str(previous.get("handledNonce") or "")
-    asked = request is not None and request.applies_to(inp.model) and request.nonce != handled
+    nonce = request.nonce if request is not None and request.applies_to(inp.model) else ""
+    asked = bool(nonce) and nonce != handled
     message = ""
     settled = art is not None and art.revision == inp.revision
     if not decide:
@@ -238,7 +239,7 @@ def plan_model(
     elif not settled:
         message = "tuning in progress: a retune waits until the model's artifact is current"
         if asked:
-            message = f"retune asked ({request.nonce}): waits for the current tuning"  # type: ignore[union-attr]
+            message = f"retune asked ({nonce}): waits for the current tuning"
     elif asked or capture.retune is not None:
         freeze, message, reason = None, "", ""
         cfg = capture.retune
@@ -248,7 +249,7 @@ def plan_model(
             if since is not None:
                 interval_left = since + cfg.min_interval_seconds - now
         if asked:
-            handled = request.nonce  # type: ignore[union-attr]
+            handled = nonce
             if untuned:
                 freeze, reason = untuned, MANUAL
             else:

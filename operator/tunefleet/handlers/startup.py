@@ -9,6 +9,7 @@ import os
 import socket
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from tunefleet.capture import endpoint as capture_endpoint
 from tunefleet.capture.cache import CaptureCache
 from tunefleet.capture.keys import ArtifactKeys
 from tunefleet.capture.step import CaptureSource
-from tunefleet.capture.store import ROLE_CAPTURE, ROLE_RETUNE
+from tunefleet.capture.store import ROLE_CAPTURE, ROLE_RETUNE, Writer
 from tunefleet.config import Config
 from tunefleet.controller import Controller, Indexes
 from tunefleet.leader import LeaseElector
@@ -209,10 +210,6 @@ async def _start_capture(config: Config, server: kopf.WebhookServer, logger: kop
     it (URL, address, CA), for admission."""
     if not config.capture_port or not (server.certfile and server.pkeyfile):
         return config
-    from dataclasses import replace
-
-    from tunefleet.capture.store import Writer
-
     deps = capture_endpoint.real_deps(
         lambda ns, name: CACHE.profile((ns, name)), Writer(), CAPTURES.store
     )
