@@ -4,7 +4,8 @@ pod start-up, artifact transfer; figures to bench/results.md (with the goals the
 Medians and ratios: this machine (2 cores, shared) is noisy. Run on the local control plane
 (started if needed). The operator runs as the chart's ServiceAccount, as a process here for
 scale, kill storms and the webhook (kwok fleet), and as the chart's Deployment on the real node
-for the pod start-up figures. `python -m bench --only scale,webhook` runs a part.
+for the pod start-up figures. `python -m bench --only scale,webhook` runs a part;
+`python -m bench.bench_capture` the capture sidecar's figures alone (no cluster).
 """
 
 from __future__ import annotations
@@ -673,7 +674,9 @@ def real_node(cluster: Cluster, s3: S3Settings, runs: int = 10, burst: int = 20)
     return out
 
 
-PARTS = ("scale", "storm", "churn", "webhook", "library", "artifacts", "gc", "real", "nodemap")
+PARTS = (
+    "scale", "storm", "churn", "webhook", "library", "artifacts", "gc", "real", "nodemap", "capture",
+)  # fmt: skip
 
 
 def main() -> None:
@@ -714,6 +717,10 @@ def main() -> None:
             from bench import bench_nodemap
 
             results["node_map_10000_nodes"] = bench_nodemap.run()
+        if "capture" in only:
+            from bench import bench_capture
+
+            results["capture"] = bench_capture.run()
     finally:
         for ns in CREATED:
             cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)

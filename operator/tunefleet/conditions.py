@@ -84,6 +84,11 @@ class EventReason(StrEnum):
     IMAGE_MISMATCH = "ImageMismatch"  # a model pod runs another image than the tuned one
     UNTRUSTED_OBJECT = "UntrustedObject"  # a Job or pod with our labels that is not ours
     SUPERSEDED = "TuningJobSuperseded"  # a Job of an earlier revision was stopped or removed
+    # Captures (docs/capture.md): a retune of captured misses started; model pods recorded
+    # GEMMs their artifact has (their process did not load the results while recording).
+    RETUNE_STARTED = "RetuneStarted"
+    RETUNE_NOT_STARTED = "RetuneNotStarted"  # asked for (or due), and why it could not be
+    CAPTURE_NOT_LOADED = "CaptureResultsNotLoaded"
 
 
 def truncate(message: str, limit: int = MESSAGE_LIMIT) -> str:

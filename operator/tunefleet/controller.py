@@ -25,6 +25,7 @@ import kopf
 
 from tunefleet import kube, metrics, naming
 from tunefleet.cache import Untrusted
+from tunefleet.capture.step import CaptureSource
 from tunefleet.conditions import Reason
 from tunefleet.config import Config
 from tunefleet.reconcile import QUEUED_TTL, Memory, sync_profile
@@ -50,6 +51,8 @@ class Indexes:
     written: Callable[[Key, str, dict[str, Any]], None] = lambda key, rv, status: None
     # A profile read again from the API server (after a conflict).
     refresh: Callable[[dict[str, Any]], object] = lambda body: None
+    # Capture stores and retune sets (capture/step.py); None: no capture.
+    captures: CaptureSource | None = None
 
 
 def release_memory() -> None:
@@ -180,6 +183,7 @@ class Controller:
                 self.memory,
                 untrusted=self.indexes.untrusted(uid),
                 on_written=lambda rv, status: self.indexes.written(key, rv, status),
+                captures=self.indexes.captures,
             )
         except kopf.PermanentError as e:
             # Reported in the profile's status (and an Event on the transition); nothing to

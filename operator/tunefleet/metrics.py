@@ -99,6 +99,32 @@ QUEUE_RETRIES = Counter(
     "Profiles put back on the work queue after a failed reconcile.",
     registry=REGISTRY,
 )
+CAPTURE_UPLOADS = Counter(
+    "tunefleet_capture_uploads_total",
+    "Capture uploads from model pods' sidecars, by outcome: accepted, unauthenticated (no or "
+    "a bad token), forbidden (not a pod tunefleet injected for a profile with capture on), "
+    "bad_request, too_large, rate_limited, unavailable (the store could not be written now).",
+    ["outcome"],
+    registry=REGISTRY,
+)
+CAPTURE_ROWS = Counter(
+    "tunefleet_capture_rows_total",
+    "Captured GEMM rows accepted from model pods: new (not in the store before) or known.",
+    ["kind"],
+    registry=REGISTRY,
+)
+CAPTURE_SECONDS = Histogram(
+    "tunefleet_capture_duration_seconds",
+    "Time the capture endpoint took per upload (token review, pod read, store write).",
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 5),
+    registry=REGISTRY,
+)
+RETUNES = Counter(
+    "tunefleet_retunes_total",
+    "Retunes of captured misses started, by reason (Threshold, Manual).",
+    ["reason"],
+    registry=REGISTRY,
+)
 
 PHASES = ("Pending", "Queued", "Tuning", "Ready", "Failed", "Invalid")
 JOB_STATES = ("Pending", "Running", "Succeeded", "Failed")

@@ -164,6 +164,13 @@ def revision(spec: TuningProfileSpec) -> str:
     return hashlib.sha256(blob).hexdigest()[:10]
 
 
+def retune_revision(base: str, digest: str) -> str:
+    """The revision a retune of captured misses tunes under: the spec's revision and the
+    digest of the shape set the retune froze (capture/loop.py). Stable across reconciles and
+    restarts (both are kept in status), and another set is another revision."""
+    return hashlib.sha256(f"{base}\0capture\0{digest}".encode()).hexdigest()[:10]
+
+
 def job_name(profile: str, model: str, rev: str, uid: str, step: str = "tune") -> str:
     """A DNS-1123 label (<= 63 chars) unique per (profile incarnation, model, revision, step).
 

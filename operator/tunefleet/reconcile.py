@@ -34,6 +34,7 @@ from tunefleet.builders.job import (
 from tunefleet.builders.kueue import QUEUE_LABEL
 from tunefleet.builders.storage import pod_storage
 from tunefleet.cache import Untrusted
+from tunefleet.capture import step as capture_step
 from tunefleet.conditions import BLOCKED, EventReason, Reason, Type, find, truncate
 from tunefleet.config import Config
 from tunefleet.contracts.artifact import ArtifactRecord
@@ -277,16 +278,31 @@ class _Sync:
     create_error: kopf.TemporaryError | None = None
     unadmitted: list[str] = field(default_factory=list)  # labelled pods the webhook never saw
     on_written: Callable[[str, dict[str, Any]], None] = lambda rv, status: None
+    # Production misses (capture/step.py): the revision each model tunes under (a retune's,
+    # or the spec's), status.capture, and the Events to post once the status is written.
+    capture: capture_step.Outcome = field(default_factory=capture_step.Outcome)
+    captures: capture_step.CaptureSource | None = None
 
     @property
     def meta(self) -> dict[str, Any]:
         meta: dict[str, Any] = self.profile["metadata"]
         return meta
 
+    def rev(self, model: str) -> str:
+        """The revision a GPU model tunes under now."""
+        assert self.spec is not None
+        return self.capture.revisions.get(model) or naming.revision(self.spec)
+
     def child(self, model: str) -> Child:
         assert self.spec is not None
         m = self.meta
-        return Child(self.spec, m["namespace"], m["name"], m["uid"], model, self.config)
+        rev = self.rev(model)
+        base = naming.revision(self.spec)
+        return Child(
+            self.spec, m["namespace"], m["name"], m["uid"], model, self.config,
+            revision_override=rev if rev != base else "",
+            captured=self.capture.captured.get(model, "") if rev != base else "",
+        )  # fmt: skip
 
     @property
     def acting(self) -> bool:
@@ -300,12 +316,15 @@ class _Sync:
 
     @property
     def served(self) -> dict[str, ArtifactRecord]:
-        """Status's artifacts of the current revision, by model."""
-        rev = naming.revision(self.spec) if self.spec is not None else ""
+        """Status's artifacts of each model's current revision, by model."""
         out = {}
         for entry in (self.profile.get("status") or {}).get("artifacts") or []:
             record = ArtifactRecord.from_status(entry)
-            if record is not None and record.revision == rev:
+            if (
+                record is not None
+                and self.spec is not None
+                and record.revision == self.rev(record.gpu_model)
+            ):
                 out[record.gpu_model] = record
         return out
 
@@ -316,10 +335,9 @@ def _create_missing(s: _Sync) -> None:
     served is not made again: deleting a failed Job is how to retry)."""
     assert s.spec is not None
     have = _present(s.jobs)
-    rev = naming.revision(s.spec)
     done = set(s.served)
     for model in s.spec.gpu.models:
-        if (model, rev) in have or model in s.too_few or model in done:
+        if (model, s.rev(model)) in have or model in s.too_few or model in done:
             continue
         child = s.child(model)
         try:
@@ -351,8 +369,9 @@ def _create_missing(s: _Sync) -> None:
 
 def _merge_when_shares_are_in(s: _Sync, observations: list[JobObservation]) -> None:
     assert s.spec is not None
-    merged, rev = _present(s.jobs, role="merge"), naming.revision(s.spec)
+    merged = _present(s.jobs, role="merge")
     for obs in observations:
+        rev = s.rev(obs.model)
         shares_done = obs.role == "tune" and obs.shards > 1 and obs.state == "Succeeded"
         if shares_done and obs.revision == rev and (obs.model, rev) not in merged:
             # Every share is in: one Job merges them into the artifact.
@@ -364,9 +383,13 @@ def _stop_superseded(s: _Sync) -> None:
     keeps what they tuned: its final checkpoint, and a library entry) and remove the finished
     ones, with their ConfigMaps and pods. Their artifacts stay in status.history."""
     assert s.spec is not None
-    rev, uid, ns = naming.revision(s.spec), s.meta["uid"], s.meta["namespace"]
+    uid, ns = s.meta["uid"], s.meta["namespace"]
     for job in s.jobs:
         meta = job["metadata"]
+        model = (meta.get("annotations") or {}).get(naming.MODEL_ANNOTATION) or meta["labels"].get(
+            naming.MODEL_LABEL, ""
+        )
+        rev = s.rev(model)
         if meta.get("deletionTimestamp") or meta["labels"].get(naming.REVISION_LABEL) == rev:
             continue
         name = meta["name"]
@@ -510,10 +533,14 @@ def _report(s: _Sync, observations: list[JobObservation]) -> dict[str, Any]:
             unadmitted=len(s.unadmitted),
             create_error=truncate(str(s.create_error or "")),
             capacity=s.too_few,
+            revisions=s.capture.revisions,
+            capture=s.capture.entries,
+            coverage=s.capture.coverage,
         ),
         now(),
     )
     _deliver(s, status)
+    _capture_against_new_artifacts(s, previous, status)
     if s.acting:
         _retire_config_maps(s, previous, status)
     if status_changed(previous, status):
@@ -522,7 +549,39 @@ def _report(s: _Sync, observations: list[JobObservation]) -> dict[str, Any]:
         s.memory.written_rv = written
         s.on_written(written, status)
         announce(s.profile, previous, status, s.unadmitted)
+        for type_, reason, message in s.capture.events:
+            kube.post_event_soon(profile_ref(s.profile), type_, reason, message)
+        for reason in s.capture.retunes:
+            metrics.RETUNES.labels(reason).inc()
     return status
+
+
+def _capture_against_new_artifacts(
+    s: _Sync, previous: dict[str, Any], status: dict[str, Any]
+) -> None:
+    """status.capture counts against the artifacts this status serves: when one is new, the
+    counts are made again against it (no retune is decided on this pass; our own write's
+    echo brings no reconcile, the next event or resync decides)."""
+    if s.spec is None or s.capture.entries is None or not s.acting:
+        return
+    before = {a.get("gpuModel"): a.get("sha256") for a in previous.get("artifacts") or []}
+    after = {a.get("gpuModel"): a.get("sha256") for a in status.get("artifacts") or []}
+    if before == after:
+        return
+    storage = s.spec.storage
+    again = capture_step.run(
+        s.captures, s.spec, {**s.profile, "status": status}, naming.revision(s.spec),
+        endpoint=storage.endpoint or s.config.default_s3_endpoint, region=storage.region or "",
+        decide=False,
+    )  # fmt: skip
+    if again.entries is not None:
+        if again.entries:
+            status["capture"] = again.entries
+        if again.coverage:
+            status["coverage"] = again.coverage
+        else:
+            status.pop("coverage", None)
+        s.capture.events += [e for e in again.events if e not in s.capture.events]
 
 
 def _report_untrusted(s: _Sync, untrusted: list[Untrusted]) -> None:
@@ -551,6 +610,7 @@ def sync_profile(
     *,
     untrusted: list[Untrusted] | None = None,
     on_written: Callable[[str, dict[str, Any]], None] = lambda rv, status: None,
+    captures: capture_step.CaptureSource | None = None,
 ) -> dict[str, Any]:
     """Reconcile one profile (a view, see views.profile_view); returns the status it holds.
     `on_written(resourceVersion, status)`: what the API server answered to a status write.
@@ -563,7 +623,10 @@ def sync_profile(
     meta = profile["metadata"]
     mine = memory.of(meta["uid"])
     unadmitted = memory.unadmitted.get((meta["namespace"], meta["name"]), [])
-    s = _Sync(profile, jobs, pods, config, mine, unadmitted=unadmitted, on_written=on_written)
+    s = _Sync(
+        profile, jobs, pods, config, mine, unadmitted=unadmitted, on_written=on_written,
+        captures=captures,
+    )  # fmt: skip
     with mine.lock:
         generation = int(meta.get("generation") or 0)
         s.spec, problems = memory.spec(meta["uid"], generation, profile.get("spec") or {})
@@ -573,6 +636,17 @@ def sync_profile(
         _report_untrusted(s, untrusted or [])
         if s.acting and s.spec is not None and s.spec.gpu.parallelism > 1:
             s.too_few = _too_few_nodes(s.spec, memory)
+        if s.spec is not None:
+            base = naming.revision(s.spec)
+            if s.acting:
+                storage = s.spec.storage
+                s.capture = capture_step.run(
+                    captures, s.spec, profile, base,
+                    endpoint=storage.endpoint or config.default_s3_endpoint,
+                    region=storage.region or "",
+                )  # fmt: skip
+            else:
+                s.capture = capture_step.revisions_only(s.spec, base, profile.get("status") or {})
         if s.acting:
             _create_missing(s)
             _stop_superseded(s)

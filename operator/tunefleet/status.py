@@ -35,6 +35,11 @@ class Observed:
     create_error: str = ""
     # Models whose Jobs were not started because too few nodes have them (parallelism).
     capacity: dict[str, str] = field(default_factory=dict)
+    # The revision each GPU model tunes under when it is not the spec's: a retune of captured
+    # misses (capture/loop.py); and status.capture with its printer column.
+    revisions: dict[str, str] = field(default_factory=dict)
+    capture: list[dict[str, Any]] | None = None
+    coverage: str = ""
 
 
 @dataclass
@@ -49,6 +54,10 @@ class _Picture:
     current: dict[str, JobObservation]  # what each model's Jobs amount to
     artifacts: dict[str, ArtifactRecord]
     now: str
+    revs: dict[str, str] = field(default_factory=dict)
+
+    def rev_of(self, model: str) -> str:
+        return self.revs.get(model, self.rev)
 
     def cond(self, type_: Type, status: bool, reason: Reason, message: str) -> dict[str, Any]:
         previous = list(self.obs.previous.get("conditions") or [])
@@ -73,7 +82,9 @@ class _Picture:
     @property
     def up_to_date(self) -> list[str]:
         return [
-            m for m in self.models if m in self.artifacts and self.artifacts[m].revision == self.rev
+            m
+            for m in self.models
+            if m in self.artifacts and self.artifacts[m].revision == self.rev_of(m)
         ]
 
 
@@ -220,7 +231,8 @@ def _served_message(p: _Picture) -> str:
     stale = [m for m in p.models if m not in p.up_to_date]
     n = len(p.models)
     if stale:
-        msg = f"Serving earlier artifacts for {', '.join(stale)} while revision {p.rev} tunes."
+        revs = ", ".join(sorted({p.rev_of(m) for m in stale}))
+        msg = f"Serving earlier artifacts for {', '.join(stale)} while revision {revs} tunes."
         if p.blocked:
             words = "It is queued in Kueue" if _queued_only(p.blocked) else "It cannot start"
             msg += f" {words}: {_joined(p.blocked)}"
@@ -345,16 +357,17 @@ def compute_status(obs: Observed, now: str) -> dict[str, Any]:
     spec = obs.spec
     rev = naming.revision(spec)
     models = list(spec.gpu.models)
-    mine = [j for j in obs.jobs if j.revision == rev and j.model in models]
+    revs = {m: obs.revisions.get(m, rev) for m in models}
+    mine = [j for j in obs.jobs if j.model in models and j.revision == revs[j.model]]
     current = {}
     for m in models:
         found = effective([j for j in mine if j.model == m])
         if found is not None:
             current[m] = found
-    p = _Picture(obs, spec, rev, models, mine, current, {}, now)
+    p = _Picture(obs, spec, rev, models, mine, current, {}, now, revs)
     artifacts, history = _artifacts(p)
     ordered = [p.artifacts[m] for m in models if m in p.artifacts]
-    return {
+    out = {
         "observedGeneration": obs.generation,
         "phase": _phase(p),
         "revision": rev,
@@ -366,6 +379,11 @@ def compute_status(obs: Observed, now: str) -> dict[str, Any]:
         "history": history,
         "unadmittedPods": obs.unadmitted,
     }
+    if obs.capture:
+        out["capture"] = obs.capture
+    if obs.coverage:
+        out["coverage"] = obs.coverage
+    return out
 
 
 def effective(jobs: list[JobObservation]) -> JobObservation | None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from tunefleet import naming
 from tunefleet.builders.kueue import QUEUE_LABEL
+from tunefleet.contracts.retune import ANNOTATION as RETUNE_ANNOTATION
 
 
 def _pick(d: Mapping[str, Any] | None, *keys: str) -> dict[str, Any]:
@@ -55,14 +56,19 @@ def owning_job(meta: Mapping[str, Any]) -> str | None:
 
 
 def profile_view(body: Mapping[str, Any]) -> dict[str, Any]:
-    """What admission and reconciliation need of a TuningProfile."""
+    """What admission and reconciliation need of a TuningProfile (of its annotations, only
+    a retune request: contracts/retune.py)."""
     meta = body.get("metadata") or {}
+    picked = _pick(
+        meta, "name", "namespace", "uid", "generation", "deletionTimestamp", "resourceVersion"
+    )
+    annotations = _pick(meta.get("annotations"), RETUNE_ANNOTATION)
+    if annotations:
+        picked["annotations"] = annotations
     return {
         "apiVersion": body.get("apiVersion"),
         "kind": body.get("kind"),
-        "metadata": _pick(
-            meta, "name", "namespace", "uid", "generation", "deletionTimestamp", "resourceVersion"
-        ),
+        "metadata": picked,
         "spec": dict(body.get("spec") or {}),
         "status": dict(body.get("status") or {}),
     }

@@ -205,6 +205,33 @@ class ServingSpec(_Model):
     pin_image: bool = False
 
 
+class RetuneSpec(_Model):
+    misses: int | None = Field(default=None, ge=1, le=100000)
+    coverage: int | None = Field(default=None, ge=1, le=100)
+    min_interval_seconds: int = Field(default=3600, ge=60, le=2592000)
+
+    @model_validator(mode="after")
+    def _threshold(self) -> RetuneSpec:
+        if self.misses is None and self.coverage is None:
+            raise ValueError(
+                "capture.retune needs misses (retune at this many new untuned shapes) or "
+                "coverage (retune below this percent), or both; omit retune to retune by hand"
+            )
+        return self
+
+
+class CaptureLimits(_Model):
+    max_shapes: int = Field(default=1024, ge=1, le=4096)
+    upload_interval_seconds: int = Field(default=30, ge=1, le=3600)
+    max_rows_per_upload: int = Field(default=256, ge=1, le=512)
+
+
+class CaptureSpec(_Model):
+    enabled: bool = False
+    retune: RetuneSpec | None = None
+    limits: CaptureLimits = CaptureLimits()
+
+
 class TuningProfileSpec(_Model):
     image: str = Field(min_length=1, max_length=512, pattern=REFERENCE_PATTERN)
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
@@ -214,6 +241,7 @@ class TuningProfileSpec(_Model):
     tuning: TuningLimits = TuningLimits()
     storage: StorageSpec
     serving: ServingSpec = ServingSpec()
+    capture: CaptureSpec = CaptureSpec()
     template: PodTemplate | None = None
 
     @model_validator(mode="after")
@@ -278,3 +306,38 @@ class Artifact(_Model):
     config_map: ConfigMapRef | None = None
     delivery: str | None = None
     identity: dict[str, str] | None = None
+
+
+class CaptureRetune(_Model):
+    base_revision: str
+    digest: str
+    revision: str
+    shapes: int | None = None
+    reason: str | None = None
+    requested_at: str | None = None
+    config_map: str | None = None
+    nonce: str | None = None
+    state: str | None = None
+
+
+class CaptureApart(_Model):
+    stores: int | None = None
+    seen: int | None = None
+
+
+class CaptureStatus(_Model):
+    """status.capture[]: production misses of one GPU model (capture/loop.py)."""
+
+    gpu_model: str
+    identity: str | None = None
+    seen: int | None = None
+    tuned: int | None = None
+    untuned: int | None = None
+    coverage: int | None = None
+    last_capture: str | None = None
+    dropped: int | None = None
+    not_loaded_pods: int | None = None
+    apart: CaptureApart | None = None
+    retune: CaptureRetune | None = None
+    handled_nonce: str | None = None
+    message: str | None = None

@@ -9,12 +9,19 @@ import os
 import socket
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import kopf
 
 from tunefleet import kube, metrics, naming
 from tunefleet.cache import Cache
+from tunefleet.capture import endpoint as capture_endpoint
+from tunefleet.capture.cache import CaptureCache
+from tunefleet.capture.keys import ArtifactKeys
+from tunefleet.capture.step import CaptureSource
+from tunefleet.capture.store import ROLE_CAPTURE, ROLE_RETUNE, Writer
 from tunefleet.config import Config
 from tunefleet.controller import Controller, Indexes
 from tunefleet.leader import LeaseElector
@@ -65,6 +72,19 @@ CONTROLLER = _ControllerHolder()
 CACHE = Cache()
 ELECTOR = _ElectorHolder()
 NODE_MAPS = _NodeMapsHolder()
+CAPTURES = CaptureCache()  # capture stores and retune sets (handlers/capture.py follows them)
+# Capture stores and retune sets: the ConfigMaps the capture watch selects, server-side.
+CAPTURE_SELECTOR = (
+    ",".join(f"{k}={v}" for k, v in naming.MANAGED_BY.items())
+    + f",{naming.ROLE_LABEL} in ({ROLE_CAPTURE},{ROLE_RETUNE})"
+)
+
+
+class _EndpointHolder:
+    server: capture_endpoint.Server | None = None
+
+
+ENDPOINT = _EndpointHolder()
 
 
 def _prime(config: Config) -> None:
@@ -83,6 +103,8 @@ def _prime(config: Config) -> None:
         lambda: each("jobs", selector),
         lambda: each("pods", selector),
     )
+    # Before the reconciler too: what a retune froze is read from here.
+    CAPTURES.prime(each("configmaps", CAPTURE_SELECTOR))
 
 
 # Tuning Jobs and their pods carry these; model pods carry tunefleet.io/profile instead.
@@ -117,6 +139,7 @@ async def operator_startup(
     managed = ",".join(f"{k}={v}" for k, v in naming.MANAGED_BY.items())
     settings.watching.label_selectors["batch", "v1", "jobs"] = managed
     settings.watching.label_selectors["", "v1", "pods"] = f"{managed},{naming.PROFILE_UID_LABEL}"
+    settings.watching.label_selectors["", "v1", "configmaps"] = CAPTURE_SELECTOR
     # kopf's own per-object log lines stay in the log; Events are posted by us, on purpose.
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
@@ -136,6 +159,7 @@ async def operator_startup(
         untrusted=CACHE.untrusted,
         written=CACHE.written,
         refresh=CACHE.put_profile,
+        captures=CaptureSource(CAPTURES, ArtifactKeys(config)),
     )
     controller = Controller(
         config, indexes, workers=config.workers, resync_seconds=config.resync_seconds
@@ -178,7 +202,10 @@ async def operator_startup(
     else:
         lead()  # one replica: nobody to elect
     if config.webhook_enabled:
-        settings.admission.server = webhook_server.build(config)
+        server = webhook_server.build(config)
+        settings.admission.server = server
+        config = await _start_capture(config, server, logger)
+        CONFIG.set(config, controller)
         if config.webhook_register:
             settings.admission.managed = None
             await webhook_server.register_when_ready(settings.admission.server, config, logger)
@@ -186,6 +213,63 @@ async def operator_startup(
         f"tunefleet operator started: {config.workers} reconcile workers, resync every "
         f"{config.resync_seconds:.0f}s; tuning Jobs use image {config.image}"
     )
+
+
+def _service_address(service: str) -> str:
+    """The cluster IP of the Service (name.namespace) model pods reach the endpoint through:
+    for clusters whose pods have no DNS (the sidecar connects there, and checks the
+    certificate against the Service's name)."""
+    import kubernetes
+
+    name, _, namespace = service.partition(".")
+    core = kubernetes.client.CoreV1Api(kube.api())
+    svc = core.read_namespaced_service(name, namespace, _request_timeout=kube.REQUEST_TIMEOUT)
+    ip = str(svc.spec.cluster_ip or "")
+    return "" if ip == "None" else ip
+
+
+async def _start_capture(config: Config, server: kopf.WebhookServer, logger: kopf.Logger) -> Config:
+    """The capture endpoint beside the webhook, with its certificate; and how model pods reach
+    it (URL, address, CA), for admission."""
+    if not config.capture_port or not (server.certfile and server.pkeyfile):
+        return config
+    deps = capture_endpoint.real_deps(
+        lambda ns, name: CACHE.profile((ns, name)), Writer(), CAPTURES.store
+    )
+    ENDPOINT.server = capture_endpoint.Server(
+        capture_endpoint.Endpoint(deps),
+        config.webhook_addr,
+        config.capture_port,
+        str(server.certfile),
+        str(server.pkeyfile),
+    )
+    try:
+        await ENDPOINT.server.start()
+    except OSError as e:  # the port is taken: the webhook and reconciler go on without capture
+        logger.warning(f"capture endpoint not started on port {config.capture_port}: {e}")
+        ENDPOINT.server = None
+        return config
+    url, address = config.capture_url, config.capture_address
+    if not url and config.capture_service:
+        name, _, namespace = config.capture_service.partition(".")
+        url = f"https://{name}.{namespace}.svc:{config.capture_service_port}"
+    if config.capture_service and not address:
+        try:
+            address = await asyncio.to_thread(_service_address, config.capture_service)
+        except Exception as e:
+            logger.warning(f"capture: cannot read Service {config.capture_service}: {e}")
+    ca = ""
+    bundle = [server.cafile] if server.cafile else []
+    if server.certfile:
+        bundle.append(str(Path(str(server.certfile)).with_name("ca-previous.crt")))
+    for path in bundle:
+        with contextlib.suppress(OSError):
+            ca += Path(str(path)).read_text()
+    if url:
+        logger.info(
+            f"capture endpoint for model pods: {url}" + (f" ({address})" if address else "")
+        )
+    return replace(config, capture_url=url, capture_address=address, capture_ca=ca)
 
 
 @kopf.on.cleanup()
@@ -197,3 +281,5 @@ async def operator_cleanup(**_: Any) -> None:
         CONTROLLER.get().stop()
     if NODE_MAPS.maps is not None:
         NODE_MAPS.maps.stop()
+    if ENDPOINT.server is not None:
+        await ENDPOINT.server.stop()

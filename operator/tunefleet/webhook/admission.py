@@ -33,6 +33,7 @@ from pydantic import ValidationError
 
 from tunefleet import images, naming
 from tunefleet.api import TuningProfileSpec
+from tunefleet.builders import capture as capture_b
 from tunefleet.builders.placement import (
     Mounted,
     build_pick_container,
@@ -69,6 +70,7 @@ class Decision:
     reason: str = ""  # why the pod starts untuned, when it does
     warnings: list[str] = field(default_factory=list)
     code: Code = Code.NONE
+    notes: list[str] = field(default_factory=list)  # capture's, shown to the pod's creator
 
     @property
     def outcome(self) -> str:
@@ -317,6 +319,7 @@ class ImageCheck:
     pinned: dict[str, str]  # container -> the tuned digest it is rewritten to
     mismatches: list[str]
     warnings: list[str]
+    notes: list[str] = field(default_factory=list)
 
 
 def check_images(pod: dict[str, Any], choice: Choice | AtNode) -> ImageCheck:
@@ -498,6 +501,7 @@ def build_patch(
     out = copy.deepcopy(pod)
     pspec = out.setdefault("spec", {})
     devices = gpu_count(out, naming.resource_name(spec))
+    capture = _add_capture(pspec, choice, check, config)
     where = (str((out.get("metadata") or {}).get("namespace") or ""), profile_name)
     code = Code.IMAGE_MISMATCH if check.mismatches else Code.NONE
     warning = "; ".join(check.warnings)
@@ -524,14 +528,47 @@ def build_patch(
             continue
         env = c.setdefault("env", [])
         # What the user set on a container wins: they may want tuning on, or another file.
-        env.extend(tunable_env({e.get("name") for e in env}))
+        env.extend(tunable_env({e.get("name") for e in env}, capture))
         mounts = c.setdefault("volumeMounts", [])
         if not any(m.get("mountPath") == RESULTS_DIR for m in mounts):
             mounts.append(results_mount())
+        if capture:
+            c["env"] = capture_b.serving_env(env)
+            mounts.extend(capture_b.serving_mounts())
         if c.get("name") in check.pinned:
             c["image"] = check.pinned[c["name"]]
     mark.write(out)
     return out
+
+
+def _add_capture(
+    pspec: dict[str, Any], choice: Choice | AtNode, check: ImageCheck, config: Config
+) -> bool:
+    """Capture's volumes, hook and sidecar (before fetch, which goes first: the sidecar reads
+    the pinned artifact when it starts); False when capture is off or cannot be had."""
+    endpoint = capture_b.endpoint_of(config)
+    if not choice.spec.capture.enabled or endpoint is None:
+        if choice.spec.capture.enabled:
+            check.notes.append(
+                "spec.capture is enabled, but this operator has no capture endpoint (the "
+                "chart's capture settings): the pod does not record its misses"
+            )
+        return False
+    for c in pspec.get("containers") or []:
+        if c.get("name") not in check.chosen:
+            continue
+        for e in c.get("env") or []:
+            if e.get("name") == "PYTHONPATH" and e.get("valueFrom") is not None:
+                check.notes.append(
+                    f"container {c.get('name')} sets PYTHONPATH from valueFrom: tunefleet "
+                    "cannot put its capture hook first on it, so that container records every "
+                    "GEMM and serves untuned; set PYTHONPATH as a value"
+                )
+    sidecar = capture_b.build_sidecar(config, choice.spec.capture, endpoint, VOLUME, RESULTS_DIR)
+    hook = capture_b.build_hook_container(config)
+    pspec["initContainers"] = [hook, sidecar, *(pspec.get("initContainers") or [])]
+    pspec["volumes"] = [*(pspec.get("volumes") or []), *capture_b.volumes()]
+    return True
 
 
 def admit(
@@ -574,7 +611,7 @@ def admit(
         )
     out = build_patch(pod, choice, check, config, profile_name)
     code = Code.IMAGE_MISMATCH if check.mismatches else Code.NONE
-    return Decision(pod=out, injected=True, warnings=check.warnings, code=code)
+    return Decision(pod=out, injected=True, warnings=check.warnings, code=code, notes=check.notes)
 
 
 def _settle_config_maps(
