@@ -293,36 +293,29 @@ def list_pods(namespace: str | None, label_selector: str) -> list[dict[str, Any]
     return items
 
 
-def pod_events(namespace: str, pod_name: str) -> list[dict[str, Any]]:
-    """The Events the kubelet and scheduler posted about one pod (why it can't start)."""
+def events_about(kind: str, namespace: str, name: str) -> list[dict[str, Any]]:
+    """The Events posted about one object: the kubelet's and scheduler's about a Pod (why it
+    can't start), the Job controller's about a Job (why it cannot make its pods)."""
     core = kubernetes.client.CoreV1Api(api())
     resp = call(
-        f"listing Events of pod {namespace}/{pod_name}",
+        f"listing Events of {kind} {namespace}/{name}",
         lambda: core.list_namespaced_event(
             namespace,
-            field_selector=f"involvedObject.kind=Pod,involvedObject.name={pod_name}",
+            field_selector=f"involvedObject.kind={kind},involvedObject.name={name}",
             _preload_content=False,
             _request_timeout=REQUEST_TIMEOUT,
         ),
     )
     items: list[dict[str, Any]] = _json(resp)["items"]
     return items
+
+
+def pod_events(namespace: str, pod_name: str) -> list[dict[str, Any]]:
+    return events_about("Pod", namespace, pod_name)
 
 
 def job_events(namespace: str, job_name: str) -> list[dict[str, Any]]:
-    """The Events the Job controller posted about one Job (why it cannot make its pods)."""
-    core = kubernetes.client.CoreV1Api(api())
-    resp = call(
-        f"listing Events of Job {namespace}/{job_name}",
-        lambda: core.list_namespaced_event(
-            namespace,
-            field_selector=f"involvedObject.kind=Job,involvedObject.name={job_name}",
-            _preload_content=False,
-            _request_timeout=REQUEST_TIMEOUT,
-        ),
-    )
-    items: list[dict[str, Any]] = _json(resp)["items"]
-    return items
+    return events_about("Job", namespace, job_name)
 
 
 # Events are posted off the request and reconcile paths, by a small pool of their own.

@@ -116,26 +116,23 @@ class ProfileMemory:
         return message
 
     def events_of(self, pod: dict[str, Any]) -> list[dict[str, Any]]:
-        """The kubelet's Events about one of the profile's pods, read at most every
-        EVENTS_TTL seconds."""
-        meta = pod.get("metadata") or {}
-        uid = meta.get("uid", "")
-        cached = self.pod_events.get(uid)
-        if cached and time.monotonic() - cached[0] < EVENTS_TTL:
-            return cached[1]
-        events = kube.pod_events(meta.get("namespace", ""), meta.get("name", ""))
-        self.pod_events[uid] = (time.monotonic(), events)
-        return events
+        """The kubelet's Events about one of the profile's pods."""
+        return self._events(pod, kube.pod_events)
 
     def job_events_of(self, job: dict[str, Any]) -> list[dict[str, Any]]:
-        """The Job controller's Events about one of the profile's Jobs, read at most every
-        EVENTS_TTL seconds (kept beside the pods', by uid)."""
-        meta = job.get("metadata") or {}
+        """The Job controller's Events about one of the profile's Jobs."""
+        return self._events(job, kube.job_events)
+
+    def _events(
+        self, obj: dict[str, Any], read: Callable[[str, str], list[dict[str, Any]]]
+    ) -> list[dict[str, Any]]:
+        """Events about a pod or Job, read at most every EVENTS_TTL seconds (kept by uid)."""
+        meta = obj.get("metadata") or {}
         uid = meta.get("uid", "")
         cached = self.pod_events.get(uid)
         if cached and time.monotonic() - cached[0] < EVENTS_TTL:
             return cached[1]
-        events = kube.job_events(meta.get("namespace", ""), meta.get("name", ""))
+        events = read(meta.get("namespace", ""), meta.get("name", ""))
         self.pod_events[uid] = (time.monotonic(), events)
         return events
 

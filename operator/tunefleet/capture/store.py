@@ -195,15 +195,23 @@ def build_store_config_map(view: StoreView) -> dict[str, Any]:
     }
 
 
+def _owned_as(meta: dict[str, Any], role: str) -> str | None:
+    """The uid of the profile that controls a ConfigMap of `role`, None when it is not one:
+    labels alone are not identity (anyone may copy them)."""
+    labels = meta.get("labels") or {}
+    owner = views.owning_profile(meta)
+    if owner is None or owner != labels.get(naming.PROFILE_UID_LABEL):
+        return None
+    return owner if labels.get(naming.ROLE_LABEL) == role else None
+
+
 def parse_store(cm: dict[str, Any]) -> StoreView | None:
     """A capture store from its ConfigMap; None when it is not one the profile owns."""
     meta = cm.get("metadata") or {}
     labels = meta.get("labels") or {}
     anns = meta.get("annotations") or {}
-    owner = views.owning_profile(meta)
-    if owner is None or owner != labels.get(naming.PROFILE_UID_LABEL):
-        return None
-    if labels.get(naming.ROLE_LABEL) != ROLE_CAPTURE:
+    owner = _owned_as(meta, ROLE_CAPTURE)
+    if owner is None:
         return None
     data = cm.get("data") or {}
     rows: dict[str, int] = {}
@@ -297,10 +305,8 @@ def parse_retune(cm: dict[str, Any]) -> RetuneSet | None:
     meta = cm.get("metadata") or {}
     labels = meta.get("labels") or {}
     anns = meta.get("annotations") or {}
-    owner = views.owning_profile(meta)
-    if owner is None or owner != labels.get(naming.PROFILE_UID_LABEL):
-        return None
-    if labels.get(naming.ROLE_LABEL) != ROLE_RETUNE:
+    owner = _owned_as(meta, ROLE_RETUNE)
+    if owner is None:
         return None
     rows = tuple(sorted(r for r in str((cm.get("data") or {}).get(UNTUNED_KEY) or "").split()))
     found = RetuneSet(
