@@ -36,6 +36,7 @@ import yaml
 
 from tests.support.cluster import BUILD_TOOLS, ROOT, Cluster, wait_for
 from tests.support.operator import free_port
+from tests.support.poll import eventually
 
 NAMESPACE = "kueue-system"
 SERVICE_ACCOUNT = "kueue-controller-manager"
@@ -244,9 +245,19 @@ def start_kueue(cluster: Cluster) -> Kueue:
     crds = module / "config" / "components" / "crd" / "bases"
     # Server-side: the Workload CRD is over client-side apply's 256 KiB annotation.
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds), timeout=300)
+    # Polled, not `kubectl wait`: a CRD created a moment ago has no status.conditions yet, and
+    # kubectl wait fails on that rather than waiting.
+    established = '{.status.conditions[?(@.type=="Established")].status}'
     for crd in ("workloads", "clusterqueues", "localqueues", "resourceflavors"):
-        cluster.kubectl(
-            "wait", "--for=condition=Established", f"crd/{crd}.{GROUP}", "--timeout=60s"
+        eventually(
+            lambda crd=crd: (
+                cluster.kubectl(
+                    "get", f"crd/{crd}.{GROUP}", "-o", f"jsonpath={established}", check=False
+                ).stdout
+            ),
+            lambda out: out == "True",
+            f"the {crd} CRD Established",
+            timeout=60,
         )
     cluster.kubectl(
         "apply", "-f", "-", input="\n---\n".join(yaml.safe_dump(d) for d in _rbac(module))
