@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tunefleet import naming
-from tunefleet.api import CaptureSpec
+from tunefleet.api import CaptureSpec, RetuneSpec
 from tunefleet.capture.store import MAX_BYTES, RetuneSet, StoreView, now_iso
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.contracts.retune import RetuneRequest
@@ -146,7 +146,7 @@ class ModelPlan:
     events: list[tuple[str, str, str]] = field(default_factory=list)
 
 
-def _bounded(rows: list[str], limit: int) -> list[str]:
+def _bounded(rows: Sequence[str], limit: int) -> list[str]:
     out: list[str] = []
     size = 0
     for row in rows:
@@ -154,6 +154,229 @@ def _bounded(rows: list[str], limit: int) -> list[str]:
             break
         out.append(row)
         size += len(row) + 1
+    return out
+
+
+_Event = tuple[str, str, str]  # (type, reason, message)
+
+
+@dataclass(frozen=True)
+class _Captured:
+    """A GPU model's captured GEMMs, judged against its current artifact."""
+
+    identity: str  # the artifact's (identity_of); "" without an artifact
+    current: list[StoreView]  # the stores of that identity: the only ones counted
+    apart: list[StoreView]
+    rows: dict[str, int]  # OpSig,ParamSig -> first seen (unix), over the current stores
+    tuned: list[str]
+    untuned: list[str]  # oldest capture first, so a bounded freeze keeps the oldest misses
+    new: list[str]  # untuned and not in the set the last retune of this revision tuned
+
+
+@dataclass(frozen=True)
+class _Decision:
+    """Whether a retune is due: what to freeze (nothing: no retune) and what status says."""
+
+    handled: str  # the last retune request's nonce acted on (status handledNonce)
+    message: str
+    freeze: tuple[str, ...] = ()
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class _Started:
+    """A retune that starts: the set to create, the status it is kept under, its Event."""
+
+    frozen: RetuneSet
+    retune: Retune
+    message: str
+    event: _Event
+
+
+def _captured(inp: ModelInput, retune: Retune | None, base: str) -> _Captured:
+    art = inp.artifact
+    identity = identity_of(art) if art is not None else ""
+    current = [s for s in inp.stores if not s.key.apart and identity and s.key.identity == identity]
+    apart = [s for s in inp.stores if s not in current]
+    rows: dict[str, int] = {}
+    for store in current:
+        for row, at in store.rows.items():
+            rows[row] = min(at, rows.get(row, at))
+    last_set: frozenset[str] = frozenset()
+    if retune is not None and retune.base_revision == base:
+        found = next((r for r in inp.retunes if r.config_map_name == retune.config_map), None)
+        last_set = frozenset(found.rows) if found is not None else frozenset()
+    keys = inp.artifact_keys
+    if keys is None and art is not None and retune is not None and art.revision == retune.revision:
+        keys = last_set  # no read path to the artifact: what its retune froze counts as tuned
+    keys = keys or frozenset()
+    tuned = [r for r in rows if r in keys]
+    untuned = sorted((r for r in rows if r not in keys), key=lambda r: (rows[r], r))
+    new = [r for r in untuned if r not in last_set]
+    return _Captured(identity, current, apart, rows, tuned, untuned, new)
+
+
+def _figures(
+    model: str, captured: _Captured, previous: dict[str, Any]
+) -> tuple[dict[str, Any], list[_Event]]:
+    """status.capture[]'s figures for the model, and the Event a new unloaded pod is worth."""
+    rows, current, apart = captured.rows, captured.current, captured.apart
+    entry: dict[str, Any] = {
+        "gpuModel": model,
+        "seen": len(rows),
+        "tuned": len(captured.tuned),
+        "untuned": len(captured.untuned),
+    }
+    if captured.identity:
+        entry["identity"] = captured.identity.removeprefix("sha256:")[:16]
+    if rows:
+        entry["coverage"] = round(100 * len(captured.tuned) / len(rows))
+    last = max((s.last_capture for s in current if s.last_capture), default="")
+    if last:
+        entry["lastCapture"] = last
+    dropped = sum(s.dropped for s in current)
+    if dropped:
+        entry["dropped"] = dropped
+    events: list[_Event] = []
+    not_loaded = {p for s in current for p in s.not_loaded}
+    if not_loaded:
+        entry["notLoadedPods"] = len(not_loaded)
+        # Warn only when more pods are affected than last time, so a reconcile loop of the
+        # same pods does not repeat the Event.
+        if len(not_loaded) > int(previous.get("notLoadedPods") or 0):
+            events.append(
+                (
+                    "Warning",
+                    "CaptureResultsNotLoaded",
+                    f"{model}: {len(not_loaded)} pod(s) recorded GEMMs their artifact has: "
+                    "their process did not load the TunableOp results while recording, so it "
+                    "serves untuned (e.g. " + ", ".join(sorted(not_loaded)[:3]) + "). See "
+                    "docs/capture.md, 'Results not loaded'.",
+                )
+            )
+    if apart:
+        entry["apart"] = {
+            "stores": len(apart),
+            "seen": len({r for s in apart for r in s.rows}),
+        }
+    return entry, events
+
+
+def _decide(
+    capture: CaptureSpec,
+    inp: ModelInput,
+    captured: _Captured,
+    retune: Retune | None,
+    request: RetuneRequest | None,
+    *,
+    now: float,
+    decide: bool,
+) -> _Decision:
+    previous = inp.previous or {}
+    handled = str(previous.get("handledNonce") or "")
+    nonce = request.nonce if request is not None and request.applies_to(inp.model) else ""
+    asked = bool(nonce) and nonce != handled
+    settled = inp.artifact is not None and inp.artifact.revision == inp.revision
+    if not decide:
+        return _Decision(handled, str(previous.get("message") or "") if settled else "")
+    if not settled:
+        if asked:  # not handled yet: the request stays pending until the model settles
+            return _Decision(handled, f"retune asked ({nonce}): waits for the current tuning")
+        return _Decision(
+            handled, "tuning in progress: a retune waits until the model's artifact is current"
+        )
+    if asked:
+        if captured.untuned:
+            return _Decision(nonce, "", tuple(captured.untuned), MANUAL)
+        return _Decision(nonce, f"retune asked ({nonce}): every captured shape is in the artifact")
+    if capture.retune is not None and captured.new:
+        return _threshold(capture.retune, captured, retune, handled, now)
+    return _Decision(handled, "")
+
+
+def _threshold(
+    cfg: RetuneSpec, captured: _Captured, retune: Retune | None, handled: str, now: float
+) -> _Decision:
+    rows, new = captured.rows, captured.new
+    coverage = 100 * len(captured.tuned) / len(rows) if rows else 100.0
+    due = (cfg.misses is not None and len(new) >= cfg.misses) or (
+        cfg.coverage is not None and coverage < cfg.coverage
+    )
+    if not due:
+        return _Decision(handled, f"{len(new)} new untuned shape(s), below the retune threshold")
+    interval_left = 0.0
+    since = _ts(retune.requested_at) if retune is not None else None
+    if since is not None:
+        interval_left = since + cfg.min_interval_seconds - now
+    if interval_left > 0:
+        return _Decision(
+            handled,
+            f"{len(new)} new untuned shape(s); the next retune may start at "
+            f"{now_iso(now + interval_left)} (minIntervalSeconds)",
+        )
+    return _Decision(handled, "", tuple(captured.untuned), THRESHOLD)
+
+
+def _start_retune(
+    capture: CaptureSpec,
+    decision: _Decision,
+    *,
+    namespace: str,
+    profile: str,
+    profile_uid: str,
+    model: str,
+    base: str,
+    new: int,
+    last: Retune | None,
+    now: float,
+) -> _Started | None:
+    """None: the set is the one the last retune of this revision froze; its revision would be
+    the same, so starting it again would tune nothing and retune forever."""
+    chosen = tuple(sorted(_bounded(decision.freeze, capture.limits.max_shapes)))
+    frozen = RetuneSet(namespace, profile, profile_uid, model, base, chosen)
+    if last is not None and last.base_revision == base and frozen.digest == last.digest:
+        return None
+    manual = decision.reason == MANUAL
+    retune = Retune(
+        base_revision=base,
+        digest=frozen.digest,
+        shapes=len(chosen),
+        reason=decision.reason,
+        requested_at=now_iso(now),
+        config_map=frozen.config_map_name,
+        nonce=decision.handled if manual else "",
+    )
+    why = "asked for" if manual else "threshold reached"
+    return _Started(
+        frozen,
+        retune,
+        f"retuning {len(chosen)} captured shape(s) under revision {retune.revision}",
+        (
+            "Normal",
+            "RetuneStarted",
+            f"{model}: retuning {len(chosen)} captured shape(s) ({why}; "
+            f"{new} new) under revision {retune.revision}",
+        ),
+    )
+
+
+def _retune_fields(
+    *, handled: str, retune: Retune | None, message: str, base: str, art: ArtifactRecord | None
+) -> dict[str, Any]:
+    """status.capture[]'s retune state: the request handled, the last retune, the message."""
+    out: dict[str, Any] = {}
+    if handled:
+        out["handledNonce"] = handled
+    if retune is not None:
+        if retune.base_revision != base:
+            state = SUPERSEDED
+        elif art is not None and art.revision == retune.revision:
+            state = PUBLISHED
+        else:
+            state = TUNING
+        out["retune"] = retune.to_status(state)
+    if message:
+        out["message"] = message
     return out
 
 
@@ -172,148 +395,28 @@ def plan_model(
     """decide=False: the figures only (a status that just took a new artifact), no retune."""
     previous = inp.previous or {}
     retune = Retune.from_status(previous.get("retune"))
-    art = inp.artifact
-    identity = identity_of(art) if art is not None else ""
-    current = [s for s in inp.stores if not s.key.apart and identity and s.key.identity == identity]
-    apart = [s for s in inp.stores if s not in current]
     plan = ModelPlan(entry=None, revision=inp.revision)
     if not inp.stores and retune is None and not capture.enabled:
         return plan  # nothing captured, nothing asked: no entry
-    rows: dict[str, int] = {}
-    for store in current:
-        for row, at in store.rows.items():
-            rows[row] = min(at, rows.get(row, at))
-    last_set: frozenset[str] = frozenset()
-    if retune is not None and retune.base_revision == base:
-        found = next((r for r in inp.retunes if r.config_map_name == retune.config_map), None)
-        last_set = frozenset(found.rows) if found is not None else frozenset()
-    keys = inp.artifact_keys
-    if keys is None and art is not None and retune is not None and art.revision == retune.revision:
-        keys = last_set  # no read path to the artifact: what its retune froze counts as tuned
-    keys = keys or frozenset()
-    tuned = [r for r in rows if r in keys]
-    untuned = sorted((r for r in rows if r not in keys), key=lambda r: (rows[r], r))
-    new = [r for r in untuned if r not in last_set]
-    entry: dict[str, Any] = {
-        "gpuModel": inp.model,
-        "seen": len(rows),
-        "tuned": len(tuned),
-        "untuned": len(untuned),
-    }
-    if identity:
-        entry["identity"] = identity.removeprefix("sha256:")[:16]
-    if rows:
-        entry["coverage"] = round(100 * len(tuned) / len(rows))
-    last = max((s.last_capture for s in current if s.last_capture), default="")
-    if last:
-        entry["lastCapture"] = last
-    dropped = sum(s.dropped for s in current)
-    if dropped:
-        entry["dropped"] = dropped
-    not_loaded = {p for s in current for p in s.not_loaded}
-    if not_loaded:
-        entry["notLoadedPods"] = len(not_loaded)
-        if len(not_loaded) > int(previous.get("notLoadedPods") or 0):
-            plan.events.append(
-                (
-                    "Warning",
-                    "CaptureResultsNotLoaded",
-                    f"{inp.model}: {len(not_loaded)} pod(s) recorded GEMMs their artifact has: "
-                    "their process did not load the TunableOp results while recording, so it "
-                    "serves untuned (e.g. " + ", ".join(sorted(not_loaded)[:3]) + "). See "
-                    "docs/capture.md, 'Results not loaded'.",
-                )
-            )
-    if apart:
-        entry["apart"] = {
-            "stores": len(apart),
-            "seen": len({r for s in apart for r in s.rows}),
-        }
-    handled = str(previous.get("handledNonce") or "")
-    nonce = request.nonce if request is not None and request.applies_to(inp.model) else ""
-    asked = bool(nonce) and nonce != handled
-    message = ""
-    settled = art is not None and art.revision == inp.revision
-    if not decide:
-        message = str(previous.get("message") or "") if settled else ""
-    elif not settled:
-        message = "tuning in progress: a retune waits until the model's artifact is current"
-        if asked:
-            message = f"retune asked ({nonce}): waits for the current tuning"
-    elif asked or capture.retune is not None:
-        freeze, message, reason = None, "", ""
-        cfg = capture.retune
-        interval_left = 0.0
-        if retune is not None and cfg is not None:
-            since = _ts(retune.requested_at)
-            if since is not None:
-                interval_left = since + cfg.min_interval_seconds - now
-        if asked:
-            handled = nonce
-            if untuned:
-                freeze, reason = untuned, MANUAL
-            else:
-                message = f"retune asked ({handled}): every captured shape is in the artifact"
-        elif cfg is not None and new:
-            coverage = 100 * len(tuned) / len(rows) if rows else 100.0
-            due = (cfg.misses is not None and len(new) >= cfg.misses) or (
-                cfg.coverage is not None and coverage < cfg.coverage
-            )
-            if due and interval_left > 0:
-                message = (
-                    f"{len(new)} new untuned shape(s); the next retune may start at "
-                    f"{now_iso(now + interval_left)} (minIntervalSeconds)"
-                )
-            elif due:
-                freeze, reason = untuned, THRESHOLD
-            else:
-                message = f"{len(new)} new untuned shape(s), below the retune threshold"
-        if freeze:
-            chosen = tuple(sorted(_bounded(freeze, capture.limits.max_shapes)))
-            frozen = RetuneSet(namespace, profile, profile_uid, inp.model, base, chosen)
-            if (
-                retune is not None
-                and retune.base_revision == base
-                and (frozen.digest == retune.digest)
-            ):
-                message = "the captured untuned shapes are those the last retune tuned"
-            else:
-                plan.freeze = frozen
-                retune = Retune(
-                    base_revision=base,
-                    digest=frozen.digest,
-                    shapes=len(chosen),
-                    reason=reason,
-                    requested_at=now_iso(now),
-                    config_map=frozen.config_map_name,
-                    nonce=handled if reason == MANUAL else "",
-                )
-                plan.revision = retune.revision
-                message = (
-                    f"retuning {len(chosen)} captured shape(s) under revision {retune.revision}"
-                )
-                why = "asked for" if reason == MANUAL else "threshold reached"
-                plan.events.append(
-                    (
-                        "Normal",
-                        "RetuneStarted",
-                        f"{inp.model}: retuning {len(chosen)} captured shape(s) ({why}; "
-                        f"{len(new)} new) under revision {retune.revision}",
-                    )
-                )
-    if handled:
-        entry["handledNonce"] = handled
-    if retune is not None:
-        if retune.base_revision != base:
-            state = SUPERSEDED
-        elif art is not None and art.revision == retune.revision:
-            state = PUBLISHED
+    captured = _captured(inp, retune, base)
+    entry, plan.events = _figures(inp.model, captured, previous)
+    decision = _decide(capture, inp, captured, retune, request, now=now, decide=decide)
+    message = decision.message
+    if decision.freeze:
+        started = _start_retune(
+            capture, decision, namespace=namespace, profile=profile, profile_uid=profile_uid,
+            model=inp.model, base=base, new=len(captured.new), last=retune, now=now,
+        )  # fmt: skip
+        if started is None:
+            message = "the captured untuned shapes are those the last retune tuned"
         else:
-            state = TUNING
-        entry["retune"] = retune.to_status(state)
-    if message:
-        entry["message"] = message
-    plan.entry = entry
+            plan.freeze, retune, message = started.frozen, started.retune, started.message
+            plan.revision = retune.revision
+            plan.events.append(started.event)
+    fields = _retune_fields(
+        handled=decision.handled, retune=retune, message=message, base=base, art=inp.artifact
+    )
+    plan.entry = entry | fields
     return plan
 
 
