@@ -49,7 +49,7 @@ COPY tuner_job /src/tuner_job
 RUN pip install --no-deps --no-build-isolation /src \
  && rm -rf /src /tmp/* \
  && tunefleet-operator --help >/dev/null \
- && for c in tunefleet-publish tunefleet-fetch tunefleet-bootstrap; do "$c" --help >/dev/null; done
+ && for c in tunefleet-publish tunefleet-fetch tunefleet-bootstrap tunefleet-capture; do "$c" --help >/dev/null; done
 
 USER 65532:65532
 WORKDIR /tmp

@@ -6,7 +6,8 @@ Medians and ratios: this machine (2 cores, shared) is noisy. Run on the local co
 scale, kill storms and the webhook (kwok fleet), and as the chart's Deployment on the real node
 for the pod start-up figures. `python -m bench --only scale,webhook` runs a part;
 `python -m bench scale --profiles 10000 --namespaces 100` one size of the scale routine
-(bench/bench_scale.py).
+(bench/bench_scale.py); `python -m bench.bench_capture` the capture sidecar's figures alone (no
+cluster).
 """
 
 from __future__ import annotations
@@ -368,12 +369,55 @@ def webhook_ratio(
     return out
 
 
-def real_node(cluster: Cluster, s3: S3Settings) -> dict[str, Any]:
+class S3FromPods:
+    """nftables on this machine (the real node): counts new TCP connections from pods to the
+    S3 server, and can drop them (the store unreachable from pods; the operator, a process on
+    the host network, is not a pod and still reaches it)."""
+
+    TABLE = "tunefleet_bench_s3"
+
+    def __init__(self, pod_cidr: str, s3_host: str, s3_port: int) -> None:
+        import subprocess
+
+        self._nft = lambda *a: subprocess.run(["nft", *a], check=True, capture_output=True)
+        self.match = ["ip", "saddr", pod_cidr, "ip", "daddr", s3_host, "tcp", "dport", str(s3_port)]
+        self._nft("add", "table", "inet", self.TABLE)
+        hook = "{ type filter hook input priority -10 ; }"
+        self._nft("add", "chain", "inet", self.TABLE, "input", hook)
+        self._nft("add", "rule", "inet", self.TABLE, "input", *self.match, "ct", "state", "new",
+                  "counter")  # fmt: skip
+
+    def connections(self) -> int:
+        import subprocess
+
+        out = subprocess.run(
+            ["nft", "list", "table", "inet", self.TABLE], check=True, capture_output=True,
+            text=True,
+        ).stdout  # fmt: skip
+        m = re.search(r"ct state new counter packets (\d+)", out)
+        return int(m.group(1)) if m else 0
+
+    def block(self) -> None:
+        self._nft("add", "rule", "inet", self.TABLE, "input", *self.match, "drop")
+
+    def close(self) -> None:
+        import subprocess
+
+        subprocess.run(["nft", "delete", "table", "inet", self.TABLE], capture_output=True)
+
+
+def real_node(cluster: Cluster, s3: S3Settings, runs: int = 10, burst: int = 20) -> dict[str, Any]:
     """On the real node, with the operator as the chart's Deployment: a tuning Job's duration
-    (stand-in image) and model pod start-up with and without the injected init container."""
+    (stand-in image), then model pod start-up (create to Running) three ways, interleaved,
+    `runs` times each: no profile (the baseline), the artifact delivered as a ConfigMap (the
+    default), and fetched from the store by the init container; then a burst of `burst` pods
+    each way, counting the S3 connections pods opened; then the same with the store
+    unreachable from pods."""
+    from urllib.parse import urlsplit
+
     from tests.e2e.test_real_pods import model_pod, real_profile
-    from tests.support.cluster import ensure_images
-    from tests.support.operator import create_s3_secret, install_in_cluster
+    from tests.support.cluster import REAL_NODE, ensure_images
+    from tests.support.operator import SERVING_SECRET, create_s3_secret, install_in_cluster
 
     ensure_images()
     deployed = install_in_cluster(cluster, s3)
@@ -381,61 +425,140 @@ def real_node(cluster: Cluster, s3: S3Settings) -> dict[str, Any]:
     cluster.kubectl("create", "namespace", ns)
     CREATED.append(ns)
     secret = create_s3_secret(cluster.kubectl, ns, s3.access_key, s3.secret_key)
+    create_s3_secret(
+        cluster.kubectl, ns, s3.reader_access_key, s3.reader_secret_key, SERVING_SECRET
+    )
+
+    def get(kind: str, name: str) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads(
+            cluster.kubectl("get", kind, "-n", ns, name, "-o", "json").stdout
+        )
+        return doc
+
     durations = []
-    for i in range(3):
+    for i, delivery in enumerate(["ConfigMap", "Store", "ConfigMap"]):
         name = f"tune{i}"
-        doc = real_profile(name, s3, secret)
+        doc = real_profile(name, s3, secret, serving={"delivery": delivery})
         doc["spec"]["workload"]["shapes"][0]["mnk"][0] += i  # a distinct profile each run
         start = time.perf_counter()
         cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(doc))
         eventually(
-            lambda name=name: json.loads(
-                cluster.kubectl("get", "tp", "-n", ns, name, "-o", "json").stdout
+            lambda name=name: get("tp", name),
+            lambda p: (
+                (p.get("status") or {}).get("phase") == "Ready"
+                and all(a.get("delivery") for a in p["status"].get("artifacts") or [])
             ),
-            lambda p: (p.get("status") or {}).get("phase") == "Ready",
             f"{name} Ready",
             timeout=300,
             interval=0.5,
         )
         durations.append(time.perf_counter() - start)
+    arms = {"none": None, "configmap": "tune0", "store": "tune1"}
+    assert get("tp", "tune0")["status"]["artifacts"][0]["delivery"].startswith("ConfigMap")
 
-    def start_to_running(doc: dict[str, Any]) -> float:
-        name = doc["metadata"]["name"]
-        doc["spec"]["restartPolicy"] = "Always"
-        doc["spec"]["containers"][0]["command"] = ["standin-server"]
-        t = time.perf_counter()
-        cluster.kubectl("create", "-n", ns, "-f", "-", input=yaml.safe_dump(doc))
-        eventually(
-            lambda: json.loads(cluster.kubectl("get", "pod", "-n", ns, name, "-o", "json").stdout),
-            lambda p: (p.get("status") or {}).get("phase") == "Running",
-            f"{name} Running",
-            timeout=120,
+    def pod_doc(name: str, profile: str | None, once: bool = False) -> dict[str, Any]:
+        # One fake GPU each: the real node has 8, and a burst queues for them.
+        doc = model_pod(name, profile or "tune0", gpus=1)
+        if profile is None:
+            del doc["metadata"]["labels"]["tunefleet.io/profile"]
+        if not once:
+            doc["spec"]["restartPolicy"] = "Always"
+            doc["spec"]["containers"][0]["command"] = ["standin-server"]
+        return doc
+
+    def phase(name: str, want: str, timeout: float = 180) -> dict[str, Any]:
+        return eventually(
+            lambda: get("pod", name),
+            lambda p: (p.get("status") or {}).get("phase") == want,
+            f"{name} {want}",
+            timeout=timeout,
             interval=0.1,
         )
+
+    def start_to_running(name: str, profile: str | None) -> float:
+        t = time.perf_counter()
+        cluster.kubectl("create", "-n", ns, "-f", "-", input=yaml.safe_dump(pod_doc(name, profile)))
+        phase(name, "Running")
         took = time.perf_counter() - t
         cluster.kubectl("delete", "pod", "-n", ns, name, "--wait=false")
         return took
 
-    with_init, without = [], []
-    for i in range(5):
-        with_init.append(start_to_running(model_pod(f"with-{i}", "tune0")))
-        plain = model_pod(f"without-{i}", "tune0")
-        del plain["metadata"]["labels"]["tunefleet.io/profile"]
-        without.append(start_to_running(plain))
-    deployed.uninstall()
+    def tuned(name: str) -> bool:
+        logs = cluster.kubectl("logs", "-n", ns, name, "-c", "server", check=False).stdout
+        return "results file(s) in" in logs
+
+    def burst_of(prefix: str, profile: str | None, timeout: float = 300) -> dict[str, Any]:
+        """`burst` pods at once that report what they got and end (so that all of them get
+        one of the node's 8 fake GPUs in turn)."""
+        names = [f"{prefix}-{i}" for i in range(burst)]
+        t = time.perf_counter()
+        docs = "\n---\n".join(yaml.safe_dump(pod_doc(n, profile, once=True)) for n in names)
+        cluster.kubectl("create", "-n", ns, "-f", "-", input=docs)
+        for n in names:
+            phase(n, "Succeeded", timeout)
+        took = time.perf_counter() - t
+        started_tuned = sum(tuned(n) for n in names)
+        cluster.kubectl("delete", "pod", "-n", ns, *names, "--wait=false")
+        return {"pods": burst, "all_done_s": round(took, 1), "started_tuned": started_tuned}
+
+    pod_cidr = cluster.kubectl_json("get", "node", REAL_NODE)["spec"]["podCIDR"]
+    endpoint = urlsplit(s3.pod_endpoint)
+    counter = S3FromPods(pod_cidr, endpoint.hostname or "", endpoint.port or 80)
+    try:
+        times: dict[str, list[float]] = {arm: [] for arm in arms}
+        for i in range(runs):
+            for arm, prof in arms.items():
+                times[arm].append(start_to_running(f"{arm}-{i}", prof))
+        medians = {arm: statistics.median(ts) for arm, ts in times.items()}
+        bursts = {}
+        for arm in ("configmap", "store"):
+            before = counter.connections()
+            bursts[arm] = burst_of(f"burst-{arm}", arms[arm])
+            bursts[arm]["s3_connections_from_pods"] = counter.connections() - before
+        counter.block()
+        down: dict[str, list[float]] = {"none": [], "configmap": []}
+        for i in range(runs):
+            for arm in down:
+                down[arm].append(start_to_running(f"down-{arm}-{i}", arms[arm]))
+        down_medians = {arm: statistics.median(ts) for arm, ts in down.items()}
+        outage: dict[str, Any] = {
+            "create_to_running_s_median": {a: round(m, 2) for a, m in down_medians.items()},
+            "configmap_ratio_to_no_profile": round(
+                down_medians["configmap"] / down_medians["none"], 2
+            ),
+        }
+        outage |= {
+            f"burst_{arm}": burst_of(f"down-burst-{arm}", arms[arm], timeout=900)
+            for arm in ("configmap", "store")
+        }
+    finally:
+        counter.close()
+        deployed.uninstall()
     out = {
         "tuning_job_apply_to_ready_s": [round(d, 1) for d in durations],
         "tuning_job_apply_to_ready_s_median": round(statistics.median(durations), 1),
-        "model_pod_start_to_running_with_fetch_s_median": round(statistics.median(with_init), 2),
-        "model_pod_start_to_running_without_s_median": round(statistics.median(without), 2),
-        "start_up_ratio": round(statistics.median(with_init) / statistics.median(without), 2),
-        "note": "stand-in inference image (no GPU, no real torch); 8 shapes tuned in 'microseconds' by the stand-in",
+        "model_pod_create_to_running_s_median": {a: round(m, 2) for a, m in medians.items()},
+        "model_pod_create_to_running_s_all": {
+            a: [round(t, 2) for t in ts] for a, ts in times.items()
+        },
+        "ratio_to_no_profile": {
+            a: round(medians[a] / medians["none"], 2) for a in ("configmap", "store")
+        },
+        "burst": bursts,
+        "store_unreachable_from_pods": outage,
+        "note": (
+            f"{runs} pods per arm, interleaved; stand-in inference image (no GPU, no real "
+            "torch); the stand-in tunes 8 shapes in 'microseconds'. Store-path pods with the "
+            "store unreachable start untuned after the fetch's wall-clock limit (60 s)."
+        ),
     }
     print(f"real node: {json.dumps(out)}", flush=True)
     return out
 
 
-PARTS = ("scale", "storm", "churn", "webhook", "library", "artifacts", "gc", "real")
+PARTS = (
+    "scale", "storm", "churn", "webhook", "library", "artifacts", "gc", "real", "nodemap", "capture",
+)  # fmt: skip
 
 
 def main() -> None:
@@ -483,6 +606,14 @@ def main() -> None:
             results["gc_10000_objects"] = bench_gc.run(s3)
         if "real" in only:
             results["real_node"] = real_node(cluster, s3)
+        if "nodemap" in only:
+            from bench import bench_nodemap
+
+            results["node_map_10000_nodes"] = bench_nodemap.run()
+        if "capture" in only:
+            from bench import bench_capture
+
+            results["capture"] = bench_capture.run()
     finally:
         for ns in CREATED:
             cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)

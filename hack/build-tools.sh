@@ -5,6 +5,11 @@
 #
 #   hack/build-tools.sh            build if missing, print the bin dir
 #   hack/build-tools.sh --dir      print the bin dir only (no build)
+#   hack/build-tools.sh --kueue    print the kueue binary's path only (no build)
+#
+# Kueue (the e2e tests of spec.tuning.queueName run a real one beside the cluster) is cached
+# apart, by its own version, so adding or bumping it never invalidates the control plane's
+# cache: a cold build of it takes about 5 minutes on 2 cores.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -14,7 +19,28 @@ HELM_VERSION="v3.22.0"
 # crictl: the real node's CRI client (cluster-down removes pods through it). Debian bookworm
 # has no cri-tools package.
 CRICTL_VERSION="v1.34.0"
+KUEUE_VERSION="v0.17.0"
 cache_root="${TUNEFLEET_CACHE:-$HOME/.cache/tunefleet}"
+kueue="$cache_root/kueue/bin/kueue"
+
+if [[ "${1:-}" == "--kueue" ]]; then echo "$kueue"; exit 0; fi
+
+# The cached kueue, when it is the wanted version (Go records it in the binary).
+kueue_current() {
+  [[ -x "$kueue" ]] && go version -m "$kueue" 2>/dev/null \
+    | grep -qE "^[[:space:]]+mod[[:space:]]+sigs.k8s.io/kueue[[:space:]]+$KUEUE_VERSION([[:space:]]|$)"
+}
+
+ensure_kueue() {
+  kueue_current && return 0
+  echo "building kueue $KUEUE_VERSION into $(dirname "$kueue") (about 5 minutes cold on 2 cores)" >&2
+  mkdir -p "$(dirname "$kueue").partial"
+  GOBIN="$(dirname "$kueue").partial" go install -trimpath -ldflags "-s -w" \
+    "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
+  mkdir -p "$(dirname "$kueue")"
+  mv -f "$(dirname "$kueue").partial/kueue" "$kueue"
+  rmdir "$(dirname "$kueue").partial"
+}
 
 key="$(cat "$here/tools/kube/go.sum" "$here/tools/kube/go.mod" "$here/tools/etcd/go.sum" \
           "$here/tools/etcd/go.mod" "$here/tools/etcd/main.go" \
@@ -27,7 +53,7 @@ if [[ "${1:-}" == "--dir" ]]; then echo "$bin"; exit 0; fi
 want=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy kwok helm crictl)
 missing=()
 for b in "${want[@]}"; do [[ -x "$bin/$b" ]] || missing+=("$b"); done
-if [[ ${#missing[@]} -eq 0 ]]; then echo "$bin"; exit 0; fi
+if [[ ${#missing[@]} -eq 0 ]]; then ensure_kueue; echo "$bin"; exit 0; fi
 
 echo "building control-plane tools into $bin (missing: ${missing[*]}); a cold build takes tens of minutes on 2 cores" >&2
 mkdir -p "$bin.partial"
@@ -59,5 +85,6 @@ fi
   "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
 
 rm -rf "$bin" && mv "$bin.partial" "$bin"
+ensure_kueue
 echo "built in $(( $(date +%s) - start ))s" >&2
 echo "$bin"

@@ -667,6 +667,42 @@ def _steps(
     except (Skipped, Failed) as exc:
         rep.notes.append(f"record-untuned capture not measured: {exc}")
 
+    # 4c. CAPTURE WITH TUNEFLEET'S HOOK (docs/capture.md; the conformance suite checks the rest
+    # without a GPU): the same run with the capture hook first on PYTHONPATH, as the webhook
+    # sets up model pods. The hook loads the results at CUDA's initialisation, so the GEMMs the
+    # results have are hits, never recorded, and the process holds every fetched result.
+    from tunefleet.capture.sidecar import install_hook
+
+    hooked = work / "capture-hook"
+    hooked.mkdir()
+    hook_dir = work / "hook"
+    install_hook(hook_dir)
+    hook_env = {
+        **capture_env,
+        "PYTORCH_TUNABLEOP_UNTUNED_FILENAME": str(hooked / "untuned.csv"),
+        "PYTHONPATH": os.pathsep.join([str(hook_dir), env.get("PYTHONPATH", "")]).rstrip(":"),
+    }
+    try:
+        doc = timing_run("offline", hook_env, work, 2, clock.cap(120, 80), "(capture hook)")
+        seen = keys_in(sorted(hooked.glob("untuned*.csv")))
+        also_tuned = seen & tuned_keys
+        rep.facts["capture_hook"] = (
+            f"{len(seen)} GEMM(s) recorded with the hook, {len(also_tuned)} of them tuned ones; "
+            f"{doc['results_in_memory']} result(s) loaded"
+        )
+        if also_tuned:
+            rep.failures.append(
+                f"capture hook: {len(also_tuned)} tuned GEMM(s) were recorded as misses: the "
+                "hook did not load the results before the first GEMM"
+            )
+        if doc["results_in_memory"] < len(tuned_keys):
+            rep.failures.append(
+                f"capture hook: the process holds {doc['results_in_memory']} results, "
+                f"expected the {len(tuned_keys)} fetched ones"
+            )
+    except (Skipped, Failed) as exc:
+        rep.notes.append(f"capture hook not measured: {exc}")
+
     # 5. the tests marked gpu, with what is left
     pytest_ok = (
         subprocess.run(

@@ -29,6 +29,7 @@ from .record import collect_untuned, record_workload
 from .results import (
     CsvFormatError,
     ResultsFile,
+    UntunedFile,
     UntunedRow,
     dedupe_untuned,
     format_results,
@@ -140,7 +141,14 @@ def _record(
         for warning in f.warnings(path.name):
             # One row torch's offline tuner could not rebuild must not cost the others.
             _log(f"warning: not tuning {warning}")
-    unique = dedupe_untuned([f for _, f in found])
+    recorded = dedupe_untuned([f for _, f in found])
+    captured = _captured(cfg)
+    unique = dedupe_untuned([f for _, f in found] + captured)
+    if captured:
+        _log(
+            f"{len(unique) - len(recorded)} captured GEMM(s) added to the "
+            f"{len(recorded)} recorded (of {sum(len(f.rows) for f in captured)} captured)"
+        )
     if not unique:
         raise TunerError(
             "recording found no GEMMs: the workload ran no matmul through TunableOp on the GPU "
@@ -151,6 +159,21 @@ def _record(
         f"in {time.monotonic() - started:.2f}s"
     )
     return unique, record_dir, machine
+
+
+def _captured(cfg: TuningConfig) -> list[UntunedFile]:
+    """The untuned files the config adds (a retune's production misses), read as torch's
+    offline tuner would read them: a row it could not rebuild is left out, with why."""
+    out = []
+    for name in cfg.untuned_files:
+        try:
+            f = read_untuned(name)
+        except OSError as exc:
+            raise TunerError(f"cannot read the captured GEMMs {name}: {exc.strerror}") from None
+        for warning in f.warnings(Path(name).name):
+            _log(f"warning: not tuning captured {warning}")
+        out.append(f)
+    return out
 
 
 def cmd_record(args: argparse.Namespace) -> int:

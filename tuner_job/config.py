@@ -96,6 +96,9 @@ class TuningConfig:
     shapes: tuple[Shape, ...] = ()
     limits: Limits = field(default_factory=Limits)
     shards: int = 1
+    # Untuned files (TunableOp's OpSig,ParamSig rows) tuned besides what the workload records:
+    # a retune's captured production misses (the operator mounts them).
+    untuned_files: tuple[str, ...] = ()
     # The directory shared with the tunefleet-sync sidecar; "" for a standalone run (no waiting,
     # nothing reused, no progress written).
     exchange_dir: str = ""
@@ -287,6 +290,10 @@ def from_dict(doc: Any) -> TuningConfig:
     wait = _get(exchange, "waitSeconds", (int, float), "exchange")
     if wait is not None and wait < 0:
         raise ConfigError("exchange.waitSeconds must be >= 0")
+    untuned_files = _str_list(workload, "untunedFiles", "workload")
+    for path in untuned_files:
+        if not path.startswith("/"):
+            raise ConfigError(f"workload.untunedFiles: {path!r} must be an absolute path")
     command = _str_list(workload, "command", "workload")
     args = _str_list(workload, "args", "workload")
     if args and not command:
@@ -302,6 +309,7 @@ def from_dict(doc: Any) -> TuningConfig:
         shapes=tuple(_shape(s, i) for i, s in enumerate(shapes_doc)),
         limits=limits,
         shards=shards or 1,
+        untuned_files=untuned_files,
         exchange_dir=exchange_dir,
         exchange_wait_s=float(wait) if wait is not None else DEFAULT_EXCHANGE_WAIT_S,
     )

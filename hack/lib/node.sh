@@ -244,6 +244,8 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
+    # The handler name "runc" is what a RuntimeClass names (tests/e2e/test_tuning_template.py
+    # makes one with handler: runc for a tuning pod's spec.template.spec.runtimeClassName).
     # runc, not crun: crun refuses this machine's hybrid cgroup v1 layout.
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"

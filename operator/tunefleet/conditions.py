@@ -39,6 +39,9 @@ class Reason(StrEnum):
     TUNING_FAILED = "TuningFailed"  # also Ready's, while no artifact is left to serve
     # Any of the three
     INVALID_SPEC = "InvalidSpec"  # the spec can't be tuned; nothing runs until it changes
+    # spec.template asks for what the operator's profile policy (policy.py) does not allow;
+    # nothing runs until the spec or the policy changes.
+    TEMPLATE_REFUSED = "TemplateRefused"
     PARALLELISM_TOO_HIGH = "ParallelismTooHigh"  # fewer nodes of a model than shares
     JOB_CREATE_FAILED = "JobCreateFailed"  # the API server refused a Job for now; retried
     # Why a tuning pod cannot start (Progressing True, Ready False): observe.pod_blocker.
@@ -48,6 +51,11 @@ class Reason(StrEnum):
     CONFIG_MAP_MISSING = "ConfigMapMissing"
     CONTAINER_CONFIG_ERROR = "ContainerConfigError"
     CONTAINER_ERROR = "ContainerError"
+    # The Job controller cannot make the tuning pod: admission refuses it (a ServiceAccount,
+    # PriorityClass or RuntimeClass spec.template names that does not exist, a quota).
+    POD_CREATE_FAILED = "PodCreateFailed"
+    # A Job waits in its Kueue LocalQueue (spec.tuning.queueName): Kueue's reason in the message.
+    QUEUED = "Queued"
 
 
 # What a tuning pod stuck before it ran is waiting on: the Job is not failing (yet).
@@ -59,6 +67,7 @@ BLOCKED = frozenset(
         Reason.CONFIG_MAP_MISSING,
         Reason.CONTAINER_CONFIG_ERROR,
         Reason.CONTAINER_ERROR,
+        Reason.POD_CREATE_FAILED,
     }
 )
 
@@ -75,6 +84,11 @@ class EventReason(StrEnum):
     IMAGE_MISMATCH = "ImageMismatch"  # a model pod runs another image than the tuned one
     UNTRUSTED_OBJECT = "UntrustedObject"  # a Job or pod with our labels that is not ours
     SUPERSEDED = "TuningJobSuperseded"  # a Job of an earlier revision was stopped or removed
+    # Captures (docs/capture.md): a retune of captured misses started; model pods recorded
+    # GEMMs their artifact has (their process did not load the results while recording).
+    RETUNE_STARTED = "RetuneStarted"
+    RETUNE_NOT_STARTED = "RetuneNotStarted"  # asked for (or due), and why it could not be
+    CAPTURE_NOT_LOADED = "CaptureResultsNotLoaded"
 
 
 def truncate(message: str, limit: int = MESSAGE_LIMIT) -> str:

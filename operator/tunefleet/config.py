@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from tunefleet.policy import ProfilePolicy
+
 
 def _env_bool(name: str, default: bool) -> bool:
     raw = os.environ.get(name)
@@ -50,6 +52,17 @@ class Config:
     delivery_credentials_secret: str = ""
     delivery_cloud_identity: bool = False
     delivery_timeout_s: float = 30.0
+    # What a profile's spec.template may ask for (policy.py; the chart's profilePolicy).
+    profile_policy: ProfilePolicy = field(default_factory=ProfilePolicy)
+    # The capture endpoint (capture/endpoint.py): its port on every replica (0, the default
+    # outside the chart: off), and how model pods reach it: an explicit URL, else the Service
+    # (name.namespace) and its port. Its address and CA are learnt at startup, not configured.
+    capture_port: int = 0
+    capture_url: str = ""
+    capture_service: str = ""
+    capture_service_port: int = 8443
+    capture_address: str = ""
+    capture_ca: str = ""
 
     @classmethod
     def from_env(cls) -> Config:
@@ -80,4 +93,10 @@ class Config:
             delivery_credentials_secret=env("TUNEFLEET_DELIVERY_CREDENTIALS_SECRET", ""),
             delivery_cloud_identity=_env_bool("TUNEFLEET_DELIVERY_CLOUD_IDENTITY", False),
             delivery_timeout_s=float(env("TUNEFLEET_DELIVERY_TIMEOUT_SECONDS", "30")),
+            profile_policy=ProfilePolicy.from_json(env("TUNEFLEET_PROFILE_POLICY", "")),
+            capture_port=int(env("TUNEFLEET_CAPTURE_PORT", str(cls.capture_port))),
+            capture_url=env("TUNEFLEET_CAPTURE_URL", ""),
+            capture_service=env("TUNEFLEET_CAPTURE_SERVICE", ""),
+            capture_service_port=int(env("TUNEFLEET_CAPTURE_SERVICE_PORT", "8443")),
+            capture_address=env("TUNEFLEET_CAPTURE_ADDRESS", ""),
         )

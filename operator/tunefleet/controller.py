@@ -25,8 +25,10 @@ import kopf
 
 from tunefleet import kube, metrics, naming
 from tunefleet.cache import Untrusted
+from tunefleet.capture.step import CaptureSource
+from tunefleet.conditions import Reason
 from tunefleet.config import Config
-from tunefleet.reconcile import Memory, sync_profile
+from tunefleet.reconcile import QUEUED_TTL, Memory, sync_profile
 from tunefleet.workqueue import Backoff, WorkQueue
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,8 @@ class Indexes:
     refresh: Callable[[dict[str, Any]], object] = lambda body: None
     # Whether the cache holds a profile of this uid (what is remembered follows it).
     has_profile: Callable[[str], bool] = lambda uid: True
+    # Capture stores and retune sets (capture/step.py); None: no capture.
+    captures: CaptureSource | None = None
 
 
 def release_memory() -> None:
@@ -173,7 +177,7 @@ class Controller:
         jobs = self.indexes.jobs(ns, uid)
         pods = [p for j in jobs for p in self.indexes.pods(ns, j["metadata"].get("uid", ""))]
         try:
-            sync_profile(
+            status = sync_profile(
                 profile,
                 jobs,
                 pods,
@@ -181,6 +185,7 @@ class Controller:
                 self.memory,
                 untrusted=self.indexes.untrusted(uid),
                 on_written=lambda rv, status: self.indexes.written(key, rv, status),
+                captures=self.indexes.captures,
             )
         except kopf.PermanentError as e:
             # Reported in the profile's status (and an Event on the transition); nothing to
@@ -219,6 +224,9 @@ class Controller:
             log.exception(f"TuningProfile {ns}/{name}: reconcile failed; next in {delay:.0f}s")
         else:
             self.queue.forget(key)
+            if any(j.get("reason") == Reason.QUEUED for j in status.get("jobs") or []):
+                # Nothing of a queued Job changes while Kueue's reason for it does: look again.
+                self.queue.add_after(key, QUEUED_TTL)
         finally:
             metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
 

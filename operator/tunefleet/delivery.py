@@ -13,12 +13,15 @@ again after DELIVERY_RETRY_S.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
-from tunefleet import kube
+from tunefleet import kube, naming, views
 from tunefleet.artifacts.fetch import FetchError, download_verified
 from tunefleet.builders.artifact import build_artifact_config_map, is_packed
 from tunefleet.config import Config
+from tunefleet.contracts.admission import Admission
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import StoreError, StoreOptions
@@ -26,6 +29,8 @@ from tunefleet.storage.store import StoreError, StoreOptions
 log = logging.getLogger(__name__)
 
 DELIVERY_RETRY_S = 300.0
+# How often a profile's artifact ConfigMaps are checked for ones nothing uses any more.
+RETIRE_EVERY_S = 600.0
 CONFIG_MAP = "ConfigMap"  # status.artifacts[].delivery of a delivered artifact
 
 
@@ -92,3 +97,57 @@ def deliver(
         raise StoreError(f"ConfigMap {namespace}/{name} vanished as it was made")
     log.info(f"delivered {record.uri} as ConfigMap {namespace}/{name}")
     return Delivered(name, str(made["metadata"].get("uid") or ""), is_packed(cm))
+
+
+def referenced_names(status: dict[str, Any]) -> set[str]:
+    """The artifact ConfigMaps status still serves or keeps for the record (history)."""
+    names = set()
+    for where in ("artifacts", "history"):
+        for entry in status.get(where) or []:
+            cm = entry.get("configMap") if isinstance(entry, dict) else None
+            if isinstance(cm, dict) and cm.get("name"):
+                names.add(str(cm["name"]))
+    return names
+
+
+def retirable(
+    config_maps: Iterable[dict[str, Any]],
+    profile_uid: str,
+    status: dict[str, Any],
+    pods: Iterable[dict[str, Any]],
+) -> list[tuple[str, str]]:
+    """(name, uid) of the profile's artifact ConfigMaps that neither its status nor any model
+    pod not yet ended names: a pod mounts its ConfigMap by name for its whole life (a
+    restarted container, an init container run again), so one stays while a pod was pinned
+    to it, however old. Only ConfigMaps the profile controls count (labels are not identity)."""
+    keep = referenced_names(status)
+    for pod in pods:
+        phase = (pod.get("status") or {}).get("phase")
+        admitted = Admission.read(pod)
+        if phase not in ("Succeeded", "Failed") and admitted is not None and admitted.config_map:
+            keep.add(admitted.config_map)
+    out = []
+    for cm in config_maps:
+        meta = cm.get("metadata") or {}
+        ours = views.owning_profile(meta) == profile_uid
+        artifact = (meta.get("labels") or {}).get(naming.ROLE_LABEL) == "artifact"
+        if ours and artifact and not meta.get("deletionTimestamp") and meta["name"] not in keep:
+            out.append((str(meta["name"]), str(meta.get("uid") or "")))
+    return sorted(out)
+
+
+def retire(namespace: str, profile: str, profile_uid: str, status: dict[str, Any]) -> list[str]:
+    """Delete the profile's artifact ConfigMaps nothing uses any more (see retirable); returns
+    the names of those still mounted by a pod (to check again later). Pods are listed only
+    when there is a candidate."""
+    selector = f"{naming.PROFILE_UID_LABEL}={profile_uid},{naming.ROLE_LABEL}=artifact"
+    config_maps = list(kube.list_all("configmaps", selector, namespace))
+    candidates = retirable(config_maps, profile_uid, status, ())
+    if not candidates:
+        return []
+    pods = kube.list_all("pods", f"{naming.PROFILE_LABEL}={profile}", namespace)
+    unused = retirable(config_maps, profile_uid, status, pods)
+    for name, uid in unused:
+        kube.delete_owned("ConfigMap", namespace, name, uid)
+        log.info(f"removed artifact ConfigMap {namespace}/{name}: no status or pod names it")
+    return sorted({name for name, _ in candidates} - {name for name, _ in unused})

@@ -308,7 +308,8 @@ class WatchApi:
 def list_all(
     kind: str, label_selector: str = "", namespace: str | None = None
 ) -> Iterator[dict[str, Any]]:
-    """Every TuningProfile, Job or Pod (cluster-wide, or in one namespace), page by page."""
+    """Every TuningProfile, Job, Pod or ConfigMap (cluster-wide, or in one namespace), page
+    by page."""
     if kind == "tuningprofiles":
         custom = kubernetes.client.CustomObjectsApi(api())
 
@@ -330,7 +331,7 @@ def list_all(
             if kind == "jobs"
             else kubernetes.client.CoreV1Api(api())
         )
-        verb = {"jobs": "job", "pods": "pod"}[kind]
+        verb = {"jobs": "job", "pods": "pod", "configmaps": "config_map"}[kind]
 
         def page(token: str | None) -> Any:
             extra = {"_continue": token} if token else {}
@@ -392,20 +393,29 @@ def list_pods(namespace: str | None, label_selector: str) -> list[dict[str, Any]
     return items
 
 
-def pod_events(namespace: str, pod_name: str) -> list[dict[str, Any]]:
-    """The Events the kubelet and scheduler posted about one pod (why it can't start)."""
+def events_about(kind: str, namespace: str, name: str) -> list[dict[str, Any]]:
+    """The Events posted about one object: the kubelet's and scheduler's about a Pod (why it
+    can't start), the Job controller's about a Job (why it cannot make its pods)."""
     core = kubernetes.client.CoreV1Api(api())
     resp = call(
-        f"listing Events of pod {namespace}/{pod_name}",
+        f"listing Events of {kind} {namespace}/{name}",
         lambda: core.list_namespaced_event(
             namespace,
-            field_selector=f"involvedObject.kind=Pod,involvedObject.name={pod_name}",
+            field_selector=f"involvedObject.kind={kind},involvedObject.name={name}",
             _preload_content=False,
             _request_timeout=REQUEST_TIMEOUT,
         ),
     )
     items: list[dict[str, Any]] = _json(resp)["items"]
     return items
+
+
+def pod_events(namespace: str, pod_name: str) -> list[dict[str, Any]]:
+    return events_about("Pod", namespace, pod_name)
+
+
+def job_events(namespace: str, job_name: str) -> list[dict[str, Any]]:
+    return events_about("Job", namespace, job_name)
 
 
 class _Poster:
@@ -591,3 +601,112 @@ def delete_owned(kind: str, namespace: str, name: str, uid: str) -> None:
         reraise(f"deleting {kind} {namespace}/{name}", e)
     except (urllib3.exceptions.HTTPError, OSError) as e:
         reraise(f"deleting {kind} {namespace}/{name}", e)
+
+
+# --- nodes, as metadata only (the node map: nodemap.py) ----------------------------------------
+
+# PartialObjectMetadata: a Node's labels without its status (images, conditions: ~20 KiB each
+# at scale); the API server serves it for every kind.
+_META_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+_META_WATCH = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+
+
+def _get_nodes(query: dict[str, Any], accept: str, timeout: Any) -> Any:
+    """GET /api/v1/nodes with our own Accept (the generated client replaces any given)."""
+    return api().call_api(
+        "/api/v1/nodes",
+        "GET",
+        query_params=[(k, v) for k, v in query.items() if v not in (None, "")],
+        header_params={"Accept": accept},
+        auth_settings=["BearerToken"],
+        _return_http_data_only=True,
+        _preload_content=False,
+        _request_timeout=timeout,
+    )
+
+
+def list_node_metadata(label_selector: str) -> tuple[list[dict[str, Any]], str]:
+    """Every node with the label (selector), metadata only, page by page; and the list's
+    resourceVersion to watch from."""
+    items: list[dict[str, Any]] = []
+    token: str | None = None
+    while True:
+        query = {"labelSelector": label_selector, "limit": LIST_PAGE, "continue": token}
+        page = functools.partial(_get_nodes, query, _META_LIST, LIST_TIMEOUT)
+        resp = _json(call("listing nodes", page))
+        items += resp.get("items") or []
+        meta = resp.get("metadata") or {}
+        token = meta.get("continue")
+        if not token:
+            return items, str(meta.get("resourceVersion") or "")
+
+
+def watch_node_metadata(
+    label_selector: str, resource_version: str, timeout_s: int
+) -> Iterator[dict[str, Any]]:
+    """Watch events ({type, object}) of nodes with the label, metadata only, from
+    resource_version, for about timeout_s (the server ends the watch; bookmarks keep the
+    version fresh). An ERROR event carries a Status (410: the version is too old, list again)."""
+    query = {
+        "labelSelector": label_selector,
+        "watch": "true",
+        "resourceVersion": resource_version,
+        "allowWatchBookmarks": "true",
+        "timeoutSeconds": str(timeout_s),
+    }
+    # No read may stall longer than a bookmark interval (about a minute) plus slack.
+    resp = call(
+        "watching nodes",
+        lambda: _get_nodes(query, _META_WATCH, (REQUEST_TIMEOUT, timeout_s + 90)),
+    )
+    try:
+        for line in kubernetes.watch.watch.iter_resp_lines(resp):
+            if line:
+                yield json.loads(line)
+    except (urllib3.exceptions.HTTPError, OSError) as e:
+        reraise("watching nodes", e)
+    finally:
+        resp.release_conn()
+
+
+def create_config_map(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """Create a ConfigMap; None when one of that name exists (the caller reads and judges it)."""
+    meta = obj["metadata"]
+    core = kubernetes.client.CoreV1Api(api())
+    what = f"creating ConfigMap {meta['namespace']}/{meta['name']}"
+    try:
+        resp = core.create_namespaced_config_map(
+            meta["namespace"], obj, _preload_content=False, _request_timeout=write_timeout()
+        )
+    except ApiException as e:
+        if e.status == 409:
+            return None
+        reraise(what, e)
+    except (urllib3.exceptions.HTTPError, OSError) as e:
+        reraise(what, e)
+    made: dict[str, Any] = _json(resp)
+    return made
+
+
+def patch_config_map(
+    namespace: str, name: str, resource_version: str, patch: dict[str, Any]
+) -> dict[str, Any] | None:
+    """Merge-patch the version that was read (Conflict if it changed since); None when gone."""
+    core = kubernetes.client.CoreV1Api(api())
+    meta = {**(patch.get("metadata") or {}), "resourceVersion": resource_version}
+    what = f"writing ConfigMap {namespace}/{name}"
+    try:
+        resp = core.patch_namespaced_config_map(
+            name, namespace, {**patch, "metadata": meta},
+            _preload_content=False, _request_timeout=write_timeout(),
+        )  # fmt: skip
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        if e.status == 409:
+            raise Conflict(f"{what}: it changed since it was read") from e
+        reraise(what, e)
+    except (urllib3.exceptions.HTTPError, OSError) as e:
+        reraise(what, e)
+    found: dict[str, Any] = _json(resp)
+    return found

@@ -52,6 +52,13 @@ TUNING_SECONDS = Histogram(
     buckets=(10, 60, 300, 900, 1800, 3600, 7200, 14400, 43200, 86400),
     registry=REGISTRY,
 )
+NODE_MAP_WRITES = Counter(
+    "tunefleet_node_map_writes_total",
+    "Writes of the node maps pods pick their GPU model by (nodemap.py), by outcome: written, "
+    "failed (retried), not_ours (a ConfigMap of its name that tunefleet did not make).",
+    ["outcome"],
+    registry=REGISTRY,
+)
 ARTIFACTS_PUBLISHED = Counter(
     "tunefleet_artifacts_published_total",
     "Artifacts that became current for a (profile, GPU model), as seen by this operator.",
@@ -98,8 +105,34 @@ QUEUE_RETRIES = Counter(
     "Profiles put back on the work queue after a failed reconcile.",
     registry=REGISTRY,
 )
+CAPTURE_UPLOADS = Counter(
+    "tunefleet_capture_uploads_total",
+    "Capture uploads from model pods' sidecars, by outcome: accepted, unauthenticated (no or "
+    "a bad token), forbidden (not a pod tunefleet injected for a profile with capture on), "
+    "bad_request, too_large, rate_limited, unavailable (the store could not be written now).",
+    ["outcome"],
+    registry=REGISTRY,
+)
+CAPTURE_ROWS = Counter(
+    "tunefleet_capture_rows_total",
+    "Captured GEMM rows accepted from model pods: new (not in the store before) or known.",
+    ["kind"],
+    registry=REGISTRY,
+)
+CAPTURE_SECONDS = Histogram(
+    "tunefleet_capture_duration_seconds",
+    "Time the capture endpoint took per upload (token review, pod read, store write).",
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 5),
+    registry=REGISTRY,
+)
+RETUNES = Counter(
+    "tunefleet_retunes_total",
+    "Retunes of captured misses started, by reason (Threshold, Manual).",
+    ["reason"],
+    registry=REGISTRY,
+)
 
-PHASES = ("Pending", "Tuning", "Ready", "Failed", "Invalid")
+PHASES = ("Pending", "Queued", "Tuning", "Ready", "Failed", "Invalid")
 JOB_STATES = ("Pending", "Running", "Succeeded", "Failed")
 
 

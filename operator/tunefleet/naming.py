@@ -14,7 +14,7 @@ import re
 import threading
 from typing import Any
 
-from tunefleet.api import TuningProfileSpec
+from tunefleet.api import TuningProfileSpec, base
 from tunefleet.storage import registry
 
 PROFILE_LABEL = "tunefleet.io/profile"  # a model pod's opt-in: the webhook selects on it
@@ -43,6 +43,9 @@ ARTIFACT_SHA_ANNOTATION = "tunefleet.io/artifact-sha256"
 POD_MODEL_ANNOTATION = "tunefleet.io/gpu-model"
 ARTIFACT_CONFIG_MAP_ANNOTATION = "tunefleet.io/artifact-configmap"
 IMAGE_WARNING_ANNOTATION = "tunefleet.io/image-warning"
+# A pod whose GPU model is picked where it lands (webhook/placement.py): the models offered,
+# JSON {model: sha256 of its pinned artifact, or "" where it starts untuned}.
+CANDIDATES_ANNOTATION = "tunefleet.io/gpu-model-candidates"
 # On an artifact's ConfigMap (builders/artifact.py): the manifest's SHA-256, and whether the
 # results are gzipped into binaryData ("gzip") or plain data ("none").
 MANIFEST_SHA_ANNOTATION = "tunefleet.io/manifest-sha256"
@@ -56,8 +59,7 @@ LEGACY_FINALIZER = "tunefleet.io/finalizer"
 MANAGED_KEY, MANAGED_VALUE = "app.kubernetes.io/managed-by", "tunefleet"
 MANAGED_BY = {MANAGED_KEY: MANAGED_VALUE}
 
-DEFAULT_LABEL_KEYS = {"amd": "amd.com/gpu.product-name", "nvidia": "nvidia.com/gpu.product"}
-DEFAULT_RESOURCES = {"amd": "amd.com/gpu", "nvidia": "nvidia.com/gpu"}
+DEFAULT_LABEL_KEYS, DEFAULT_RESOURCES = base.DEFAULT_LABEL_KEYS, base.DEFAULT_RESOURCES
 
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _DNS_LABEL_CHARS = re.compile(r"[^a-z0-9-]+")
@@ -69,10 +71,18 @@ _QUALIFIED_NAME = re.compile(
 
 # Tuning settings that bound a Job's run but not what it measures: out of the revision and
 # out of the tuner's configuration (builders/job.py), both from this one set.
-TUNING_NOT_SHAPING = frozenset({"active_deadline_seconds", "backoff_limit", "checkpoint"})
+TUNING_NOT_SHAPING = frozenset(
+    {"active_deadline_seconds", "backoff_limit", "checkpoint", "queue_name"}
+)
 # Fields that bound the run's scheduling or where results go, not the results: out of the
 # revision. Models are out on purpose too: adding a model must not retune the others.
 GPU_NOT_SHAPING = frozenset({"models", "parallelism"})
+# spec.template's fields that say where and when a tuning pod runs, or how it is labelled, not
+# what its record run sees (its data, environment, resources, runtime and identity): out of
+# the revision. By their path in the template (docs/operator.md has the table).
+TEMPLATE_NOT_SHAPING = frozenset(
+    {"metadata", "spec.affinity", "spec.nodeSelector", "spec.priorityClassName", "spec.tolerations"}
+)
 
 # What tunefleet 0.1 hashed at its defaults. The revision hashes every shaping field that differs
 # from its default; fields of this baseline count at their default too, exactly as 0.1 hashed
@@ -97,6 +107,28 @@ _SHAPE_BASELINE: dict[str, Any] = {
     "transA": False,
     "transB": False,
 }
+
+
+def _template_shaping(spec: TuningProfileSpec) -> dict[str, Any]:
+    """What of spec.template shapes tuning; {} when nothing does (no template, or one of
+    placement and labels only), so that such a profile hashes exactly as one without."""
+    if spec.template is None:
+        return {}
+    template: dict[str, Any] = spec.template.model_dump(by_alias=True, exclude_none=True)
+    for path in TEMPLATE_NOT_SHAPING:
+        section, _, name = path.partition(".")
+        if name:
+            template.get(section, {}).pop(name, None)
+        else:
+            template.pop(section, None)
+    out: dict[str, Any] = {}
+    for key, value in template.items():
+        if isinstance(value, dict):  # a section: its empty fields say nothing
+            value = {k: v for k, v in value.items() if v not in ({}, [])}
+            if not value:
+                continue
+        out[key] = value
+    return out
 
 
 # The last specs hashed, by identity (a reconcile asks for one spec's revision ~10 times).
@@ -147,8 +179,18 @@ def _revision(spec: TuningProfileSpec) -> str:
             "rotatingBufferMB": spec.tuning.rotating_buffer_mb,
         },
     }
+    template = _template_shaping(spec)
+    if template:
+        shaping["template"] = template
     blob = json.dumps(shaping, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:10]
+
+
+def retune_revision(base: str, digest: str) -> str:
+    """The revision a retune of captured misses tunes under: the spec's revision and the
+    digest of the shape set the retune froze (capture/loop.py). Stable across reconciles and
+    restarts (both are kept in status), and another set is another revision."""
+    return hashlib.sha256(f"{base}\0capture\0{digest}".encode()).hexdigest()[:10]
 
 
 def job_name(profile: str, model: str, rev: str, uid: str, step: str = "tune") -> str:

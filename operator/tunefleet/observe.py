@@ -62,6 +62,8 @@ class Hints:
     credentials_kind: str = "storage credentials"
     credential_keys: tuple[str, ...] = ()
     pull_secrets: tuple[str, ...] = ()
+    # Taint keys spec.template.spec.tolerations adds to the GPU resource's.
+    tolerations: tuple[str, ...] = ()
     # Named by the kubelet's FailedToRetrieveImagePullSecret Events, when they were read.
     missing_pull_secrets: tuple[str, ...] = ()
 
@@ -160,6 +162,8 @@ CONTAINER_ERRORS = frozenset({"CreateContainerError", "RunContainerError", "Star
 def explain_unschedulable(message: str, model: str, hints: Hints) -> str:
     """The scheduler's verdict in the user's terms, then the scheduler's own words."""
     key, res = hints.label_key or "the GPU model label", hints.resource or "GPUs"
+    tolerated = f"{res} only" if not hints.tolerations else ", ".join((res, *hints.tolerations))
+    tolerate_more = "; add the taint to spec.template.spec.tolerations"
     why = "no node can take the tuning pod"
     m = _SCHED_RE.match(message.strip())
     if m:
@@ -178,7 +182,7 @@ def explain_unschedulable(message: str, model: str, hints: Hints) -> str:
             if tainted:
                 why += (
                     f" among those the tuning pod tolerates ({tainted} more have a taint it "
-                    f"does not tolerate: it tolerates {res} only)"
+                    f"does not tolerate: it tolerates {tolerated})"
                 )
             why += (
                 f": label the nodes that have this GPU (kubectl label node <node> "
@@ -192,7 +196,7 @@ def explain_unschedulable(message: str, model: str, hints: Hints) -> str:
         elif any("untolerated taint" in p for p in parts):
             why = (
                 f"the nodes with {key}={model} have a taint the tuning pod does not tolerate "
-                f"(it tolerates {res} only)"
+                f"(it tolerates {tolerated}){tolerate_more}"
             )
     return f"{why} (scheduler: {' '.join(message.split())})"
 
@@ -238,7 +242,8 @@ def _config_error(step: str, msg: str, ns: str, hints: Hints) -> tuple[Reason, s
             )
         else:
             fix = (
-                f"Secret {name}, referenced by spec.workload.env, does not exist in namespace "
+                f"Secret {name}, referenced by spec.workload.env or "
+                f"spec.template.tune.envFrom, does not exist in namespace "
                 f"{ns}: create it or fix the reference"
             )
         return Reason.SECRET_MISSING, f"step {step} cannot start: {fix}"
@@ -277,6 +282,30 @@ def pod_blocker(pod: dict[str, Any], model: str, hints: Hints) -> tuple[Reason, 
             told = start_failure(step, cs.get("image") or _image_of(pod, step), msg)
             return Reason.CONTAINER_ERROR, told or f"step {step} cannot start: {reason}: {msg}"
     return None
+
+
+# What in the API server's refusal of a pod points at which field of the spec.
+_CREATE_FIXES = (
+    ("service account", "spec.template.spec.serviceAccountName"),
+    ("serviceaccount", "spec.template.spec.serviceAccountName"),
+    ("priorityclass", "spec.template.spec.priorityClassName"),
+    ("runtimeclass", "spec.template.spec.runtimeClassName"),
+    ("exceeded quota", "the namespace's ResourceQuota (or spec.template.tune.resources)"),
+)
+
+
+def pod_create_failure(events: list[dict[str, Any]]) -> str | None:
+    """The newest of the Job controller's FailedCreate Events about a Job, with the fix."""
+    failed = [e for e in events if e.get("reason") == "FailedCreate"]
+    if not failed:
+        return None
+    newest = max(failed, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+    said = " ".join(str(newest.get("message") or "").split())
+    fix = next((f for key, f in _CREATE_FIXES if key in said.lower()), "the spec")
+    return (
+        f"the Job controller cannot create the tuning pod ({said}): create what it names, or "
+        f"fix {fix}"
+    )
 
 
 def _tune_image_id(pods: Iterable[dict[str, Any]]) -> str:
@@ -429,14 +458,21 @@ def observe_job(
     pods: list[dict[str, Any]],
     hints: Hints | None = None,
     served: ArtifactRecord | None = None,
+    queued_of: Callable[[dict[str, Any]], str] | None = None,
 ) -> JobObservation:
     """What one tuning Job (a view, see views.job_view) and its pods say, in status terms.
-    `served`: the artifact status holds from this Job, if any (its record, read earlier)."""
+    `served`: the artifact status holds from this Job, if any (its record, read earlier);
+    `queued_of(job)`: why a suspended Job waits (Kueue's word, kueue.py)."""
     j = _read_job(job)
     if "Complete" in j.conditions or "SuccessCriteriaMet" in j.conditions:
         return _completed(j, pods, served)
     if "Failed" in j.conditions or "FailureTarget" in j.conditions:
         return _failed(j, pods)
+    if (job.get("spec") or {}).get("suspend"):
+        # Waiting in its queue (or suspended again by Kueue: preempted, evicted): not failing,
+        # and not ours to resume.
+        why = queued_of(job) if queued_of is not None else ""
+        return replace(j.obs, reason=Reason.QUEUED, message=why or "the Job is suspended")
     return _underway(j, pods, hints or Hints())
 
 
@@ -465,10 +501,14 @@ def observe(
     hints: Hints,
     events_of: Callable[[dict[str, Any]], list[dict[str, Any]]],
     served: dict[str, ArtifactRecord] | None = None,
+    job_events_of: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None,
+    queued_of: Callable[[dict[str, Any]], str] | None = None,
 ) -> list[JobObservation]:
     """Every Job that is not on its way out, observed with its pods (those it controls).
     `events_of(pod)` gives the kubelet's Events about a pod (read only for a pod stuck pulling
-    with pull Secrets); `served`: status's artifacts by the name of the Job that made them."""
+    with pull Secrets); `served`: status's artifacts by the name of the Job that made them;
+    `job_events_of(job)` the Job controller's Events about a Job (read only for a started Job
+    that has no pod); `queued_of(job)`: why a suspended Job waits."""
     by_job = pods_by_job(pods)
     out = []
     for job in jobs:
@@ -476,7 +516,7 @@ def observe(
             continue  # a Job on its way out (deleted to retry) is not part of the picture
         job_pods = by_job.get(job["metadata"].get("uid", ""), [])
         known = (served or {}).get(job["metadata"]["name"])
-        obs = observe_job(job, job_pods, hints, known)
+        obs = observe_job(job, job_pods, hints, known, queued_of)
         if obs.reason == Reason.IMAGE_PULL_FAILED and hints.pull_secrets and job_pods:
             # Whether a pull Secret is missing only the kubelet's Events say (the operator
             # may not read Secrets): read them for this one stuck pod, now and then.
@@ -484,5 +524,12 @@ def observe(
             if missing:
                 hinted = replace(hints, missing_pull_secrets=missing)
                 obs = observe_job(job, job_pods, hinted, known)
+        started = (job.get("status") or {}).get("startTime")
+        if obs.state == "Pending" and not obs.reason and not job_pods and started:
+            # A started Job with no pod: the Job controller's Events say whether the API
+            # server refuses its pods (read only then, now and then).
+            refused = pod_create_failure(job_events_of(job)) if job_events_of else None
+            if refused:
+                obs = replace(obs, reason=Reason.POD_CREATE_FAILED, message=refused)
         out.append(obs)
     return out

@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from tunefleet import delivery, kube, metrics, naming, views
+from tunefleet import delivery, kube, kueue, metrics, naming, policy, views
 from tunefleet.api import TuningProfileSpec
 from tunefleet.artifacts.fetch import FetchError
 from tunefleet.builders.job import (
@@ -30,8 +31,10 @@ from tunefleet.builders.job import (
     build_tuning_config_map,
     build_tuning_job,
 )
+from tunefleet.builders.kueue import QUEUE_LABEL
 from tunefleet.builders.storage import pod_storage
 from tunefleet.cache import Untrusted
+from tunefleet.capture import step as capture_step
 from tunefleet.conditions import BLOCKED, EventReason, Reason, Type, find, truncate
 from tunefleet.config import Config
 from tunefleet.contracts.artifact import ArtifactRecord
@@ -42,6 +45,9 @@ from tunefleet.views import profile_ref
 
 log = logging.getLogger(__name__)
 EVENTS_TTL = 60.0  # seconds a pod's kubelet Events are trusted before being read again
+# Seconds Kueue's word on a queued Job is trusted; the controller reconciles a profile with a
+# queued Job that often (kueue.py: nothing of the Job changes while its Workload waits).
+QUEUED_TTL = 15.0
 NODES_TTL = 60.0  # seconds a node count is trusted (parallelism checks only)
 
 
@@ -85,16 +91,48 @@ class ProfileMemory:
     failures: dict[str, str] = field(default_factory=dict)
     # A delivery that failed, by artifact SHA-256: (when, why); tried again after a while.
     deliveries: dict[str, tuple[float, str]] = field(default_factory=dict)
+    # Artifact ConfigMaps that status stopped naming but a pod may still mount, and when they
+    # were last checked (None: never since this replica started, so not known).
+    retiring: set[str] | None = None
+    retired_at: float = 0.0
+    # Why a suspended Job waits (Kueue's Workload), by Job uid: (read at, message).
+    queued: dict[str, tuple[float, str]] = field(default_factory=dict)
+
+    def queued_of(self, job: dict[str, Any]) -> str:
+        """Kueue's word on a queued Job, read at most every QUEUED_TTL seconds."""
+        meta = job.get("metadata") or {}
+        uid = meta.get("uid", "")
+        cached = self.queued.get(uid)
+        if cached and time.monotonic() - cached[0] < QUEUED_TTL:
+            return cached[1]
+        try:
+            found = kueue.workloads_of(meta.get("namespace", ""), uid)
+        except (kopf.TemporaryError, kopf.PermanentError, kube.Gone, ApiException) as e:
+            # Only the reason is missing: the Job waits all the same.
+            message = f"{kueue.why_queued(job, [])} (its Workload could not be read: {e})"
+        else:
+            message = kueue.why_queued(job, found)
+        self.queued[uid] = (time.monotonic(), message)
+        return message
 
     def events_of(self, pod: dict[str, Any]) -> list[dict[str, Any]]:
-        """The kubelet's Events about one of the profile's pods, read at most every
-        EVENTS_TTL seconds."""
-        meta = pod.get("metadata") or {}
+        """The kubelet's Events about one of the profile's pods."""
+        return self._events(pod, kube.pod_events)
+
+    def job_events_of(self, job: dict[str, Any]) -> list[dict[str, Any]]:
+        """The Job controller's Events about one of the profile's Jobs."""
+        return self._events(job, kube.job_events)
+
+    def _events(
+        self, obj: dict[str, Any], read: Callable[[str, str], list[dict[str, Any]]]
+    ) -> list[dict[str, Any]]:
+        """Events about a pod or Job, read at most every EVENTS_TTL seconds (kept by uid)."""
+        meta = obj.get("metadata") or {}
         uid = meta.get("uid", "")
         cached = self.pod_events.get(uid)
         if cached and time.monotonic() - cached[0] < EVENTS_TTL:
             return cached[1]
-        events = kube.pod_events(meta.get("namespace", ""), meta.get("name", ""))
+        events = read(meta.get("namespace", ""), meta.get("name", ""))
         self.pod_events[uid] = (time.monotonic(), events)
         return events
 
@@ -107,7 +145,8 @@ class ProfileMemory:
         for table, alive in (
             (self.image_ids, job_uids),
             (self.failures, job_uids),
-            (self.pod_events, pod_uids),
+            (self.pod_events, pod_uids | job_uids),
+            (self.queued, job_uids),
         ):
             for uid in [u for u in table if u not in alive]:
                 del table[uid]
@@ -180,6 +219,12 @@ def hints_for(spec: TuningProfileSpec | None, config: Config) -> Hints:
         credentials_kind=storage.credentials_kind or "storage credentials",
         credential_keys=storage.credential_keys,
         pull_secrets=tuple(s.name for s in spec.image_pull_secrets or []),
+        tolerations=tuple(
+            str(t.get("key") or "every taint")
+            for t in (
+                spec.template.spec.tolerations or [] if spec.template and spec.template.spec else []
+            )
+        ),
     )
 
 
@@ -229,36 +274,59 @@ class _Sync:
     memory: ProfileMemory
     spec: TuningProfileSpec | None = None
     problems: list[str] = field(default_factory=list)
+    # What of spec.template the profile policy refuses (policy.py): nothing is made.
+    refused: list[str] = field(default_factory=list)
     too_few: dict[str, str] = field(default_factory=dict)
     create_error: kopf.TemporaryError | None = None
     unadmitted: list[str] = field(default_factory=list)  # labelled pods the webhook never saw
     on_written: Callable[[str, dict[str, Any]], None] = lambda rv, status: None
+    # Production misses (capture/step.py): the revision each model tunes under (a retune's,
+    # or the spec's), status.capture, and the Events to post once the status is written.
+    capture: capture_step.Outcome = field(default_factory=capture_step.Outcome)
+    captures: capture_step.CaptureSource | None = None
 
     @property
     def meta(self) -> dict[str, Any]:
         meta: dict[str, Any] = self.profile["metadata"]
         return meta
 
+    def rev(self, model: str) -> str:
+        """The revision a GPU model tunes under now."""
+        assert self.spec is not None
+        return self.capture.revisions.get(model) or naming.revision(self.spec)
+
     def child(self, model: str) -> Child:
         assert self.spec is not None
         m = self.meta
-        return Child(self.spec, m["namespace"], m["name"], m["uid"], model, self.config)
+        rev = self.rev(model)
+        base = naming.revision(self.spec)
+        return Child(
+            self.spec, m["namespace"], m["name"], m["uid"], model, self.config,
+            revision_override=rev if rev != base else "",
+            captured=self.capture.captured.get(model, "") if rev != base else "",
+        )  # fmt: skip
 
     @property
     def acting(self) -> bool:
         """Whether children may be made: a valid spec, and a profile not being deleted."""
         return (
-            self.spec is not None and not self.problems and not self.meta.get("deletionTimestamp")
+            self.spec is not None
+            and not self.problems
+            and not self.refused
+            and not self.meta.get("deletionTimestamp")
         )
 
     @property
     def served(self) -> dict[str, ArtifactRecord]:
-        """Status's artifacts of the current revision, by model."""
-        rev = naming.revision(self.spec) if self.spec is not None else ""
+        """Status's artifacts of each model's current revision, by model."""
         out = {}
         for entry in (self.profile.get("status") or {}).get("artifacts") or []:
             record = ArtifactRecord.from_status(entry)
-            if record is not None and record.revision == rev:
+            if (
+                record is not None
+                and self.spec is not None
+                and record.revision == self.rev(record.gpu_model)
+            ):
                 out[record.gpu_model] = record
         return out
 
@@ -269,10 +337,9 @@ def _create_missing(s: _Sync) -> None:
     served is not made again: deleting a failed Job is how to retry)."""
     assert s.spec is not None
     have = _present(s.jobs)
-    rev = naming.revision(s.spec)
     done = set(s.served)
     for model in s.spec.gpu.models:
-        if (model, rev) in have or model in s.too_few or model in done:
+        if (model, s.rev(model)) in have or model in s.too_few or model in done:
             continue
         child = s.child(model)
         try:
@@ -304,8 +371,9 @@ def _create_missing(s: _Sync) -> None:
 
 def _merge_when_shares_are_in(s: _Sync, observations: list[JobObservation]) -> None:
     assert s.spec is not None
-    merged, rev = _present(s.jobs, role="merge"), naming.revision(s.spec)
+    merged = _present(s.jobs, role="merge")
     for obs in observations:
+        rev = s.rev(obs.model)
         shares_done = obs.role == "tune" and obs.shards > 1 and obs.state == "Succeeded"
         if shares_done and obs.revision == rev and (obs.model, rev) not in merged:
             # Every share is in: one Job merges them into the artifact.
@@ -317,9 +385,13 @@ def _stop_superseded(s: _Sync) -> None:
     keeps what they tuned: its final checkpoint, and a library entry) and remove the finished
     ones, with their ConfigMaps and pods. Their artifacts stay in status.history."""
     assert s.spec is not None
-    rev, uid, ns = naming.revision(s.spec), s.meta["uid"], s.meta["namespace"]
+    uid, ns = s.meta["uid"], s.meta["namespace"]
     for job in s.jobs:
         meta = job["metadata"]
+        model = (meta.get("annotations") or {}).get(naming.MODEL_ANNOTATION) or meta["labels"].get(
+            naming.MODEL_LABEL, ""
+        )
+        rev = s.rev(model)
         if meta.get("deletionTimestamp") or meta["labels"].get(naming.REVISION_LABEL) == rev:
             continue
         name = meta["name"]
@@ -335,6 +407,32 @@ def _stop_superseded(s: _Sync) -> None:
             f"Removed tuning Job {name} of revision {meta['labels'].get(naming.REVISION_LABEL)}: "
             f"revision {rev} replaces it.",
         )
+
+
+def _follow_queue(s: _Sync) -> None:
+    """A Job that has not started follows spec.tuning.queueName: moved to the new LocalQueue
+    (Kueue takes a suspended Job's new label), or, once the spec names none, made again
+    outside Kueue (a suspended Job nobody admits would wait forever; tunefleet never resumes
+    one). A running Job keeps its queue, and its name never changes."""
+    assert s.spec is not None
+    want, ns, uid = s.spec.tuning.queue_name, s.meta["namespace"], s.meta["uid"]
+    rev = naming.revision(s.spec)
+    for job in s.jobs:
+        meta = job["metadata"]
+        labels = meta.get("labels") or {}
+        have = labels.get(QUEUE_LABEL)
+        suspended = bool((job.get("spec") or {}).get("suspend"))
+        if meta.get("deletionTimestamp") or labels.get(naming.REVISION_LABEL) != rev:
+            continue
+        if not suspended or (job.get("status") or {}).get("startTime") or have == want:
+            continue
+        if want and have:
+            patch = {"metadata": {"labels": {QUEUE_LABEL: want}}}
+            if kube.patch_owned("Job", ns, meta["name"], uid, patch):
+                log.info(f"Job {ns}/{meta['name']}: moved to Kueue LocalQueue {want}")
+        elif not want and have:
+            kube.delete_owned("Job", ns, meta["name"], meta["uid"])
+            log.info(f"Job {ns}/{meta['name']}: no queue any more; made again outside Kueue")
 
 
 def _tend(s: _Sync, observations: list[JobObservation]) -> None:
@@ -401,6 +499,27 @@ def _deliver(s: _Sync, status: dict[str, Any]) -> None:
     s.memory.prune_deliveries({a.get("sha256", "") for a in artifacts})
 
 
+def _retire_config_maps(s: _Sync, previous: dict[str, Any], status: dict[str, Any]) -> None:
+    """Artifact ConfigMaps status no longer names (a retune pushed one out of the bounded
+    history) go once no model pod mounts them (delivery.retire). Checked when status drops
+    one, every RETIRE_EVERY_S while one is still mounted, and once after a restart for a
+    profile with history (what was waiting before is not remembered)."""
+    mem, now_ = s.memory, time.monotonic()
+    dropped = delivery.referenced_names(previous) - delivery.referenced_names(status)
+    first = mem.retiring is None
+    waiting = bool(mem.retiring) and now_ - mem.retired_at >= delivery.RETIRE_EVERY_S
+    if not (dropped or waiting or (first and status.get("history"))):
+        mem.retiring = mem.retiring or set()
+        return
+    mem.retired_at = now_
+    meta = s.meta
+    try:
+        mem.retiring = set(delivery.retire(meta["namespace"], meta["name"], meta["uid"], status))
+    except kopf.TemporaryError as e:
+        mem.retiring = (mem.retiring or set()) | dropped | {""}  # checked again later
+        log.info(f"TuningProfile {meta['namespace']}/{meta['name']}: retiring ConfigMaps: {e}")
+
+
 def _report(s: _Sync, observations: list[JobObservation]) -> dict[str, Any]:
     """Compute status; write it only when it changed, over the version it was computed from."""
     ns, name = s.meta["namespace"], s.meta["name"]
@@ -410,22 +529,61 @@ def _report(s: _Sync, observations: list[JobObservation]) -> dict[str, Any]:
             generation=int(s.meta.get("generation") or 0),
             spec=s.spec,
             problems=s.problems,
+            refused=s.refused,
             jobs=observations,
             previous=previous,
             unadmitted=len(s.unadmitted),
             create_error=truncate(str(s.create_error or "")),
             capacity=s.too_few,
+            revisions=s.capture.revisions,
+            capture=s.capture.entries,
+            coverage=s.capture.coverage,
         ),
         now(),
     )
     _deliver(s, status)
+    _capture_against_new_artifacts(s, previous, status)
+    if s.acting:
+        _retire_config_maps(s, previous, status)
     if status_changed(previous, status):
         rv = str(s.meta.get("resourceVersion") or "")
         written = kube.replace_profile_status(ns, name, rv, status)
         s.memory.written_rv = written
         s.on_written(written, status)
         announce(s.profile, previous, status, s.unadmitted)
+        for type_, reason, message in s.capture.events:
+            kube.post_event_soon(profile_ref(s.profile), type_, reason, message)
+        for reason in s.capture.retunes:
+            metrics.RETUNES.labels(reason).inc()
     return status
+
+
+def _capture_against_new_artifacts(
+    s: _Sync, previous: dict[str, Any], status: dict[str, Any]
+) -> None:
+    """status.capture counts against the artifacts this status serves: when one is new, the
+    counts are made again against it (no retune is decided on this pass; our own write's
+    echo brings no reconcile, the next event or resync decides)."""
+    if s.spec is None or s.capture.entries is None or not s.acting:
+        return
+    before = {a.get("gpuModel"): a.get("sha256") for a in previous.get("artifacts") or []}
+    after = {a.get("gpuModel"): a.get("sha256") for a in status.get("artifacts") or []}
+    if before == after:
+        return
+    storage = s.spec.storage
+    again = capture_step.run(
+        s.captures, s.spec, {**s.profile, "status": status}, naming.revision(s.spec),
+        endpoint=storage.endpoint or s.config.default_s3_endpoint, region=storage.region or "",
+        decide=False,
+    )  # fmt: skip
+    if again.entries is not None:
+        if again.entries:
+            status["capture"] = again.entries
+        if again.coverage:
+            status["coverage"] = again.coverage
+        else:
+            status.pop("coverage", None)
+        s.capture.events += [e for e in again.events if e not in s.capture.events]
 
 
 def _report_untrusted(s: _Sync, untrusted: list[Untrusted]) -> None:
@@ -454,6 +612,7 @@ def sync_profile(
     *,
     untrusted: list[Untrusted] | None = None,
     on_written: Callable[[str, dict[str, Any]], None] = lambda rv, status: None,
+    captures: capture_step.CaptureSource | None = None,
 ) -> dict[str, Any]:
     """Reconcile one profile (a view, see views.profile_view); returns the status it holds.
     `on_written(resourceVersion, status)`: what the API server answered to a status write.
@@ -466,7 +625,10 @@ def sync_profile(
     meta = profile["metadata"]
     mine = memory.of(meta["uid"])
     unadmitted = memory.unadmitted.get((meta["namespace"], meta["name"]), [])
-    s = _Sync(profile, jobs, pods, config, mine, unadmitted=unadmitted, on_written=on_written)
+    s = _Sync(
+        profile, jobs, pods, config, mine, unadmitted=unadmitted, on_written=on_written,
+        captures=captures,
+    )  # fmt: skip
     with mine.lock:
         if naming.LEGACY_FINALIZER in (meta.get("finalizers") or []):
             # Versions before 0.2 held deletion with it; nothing does now.
@@ -476,21 +638,39 @@ def sync_profile(
             )  # fmt: skip
         s.spec, problems = parse_spec(profile.get("spec") or {})
         s.problems = list(problems)
+        if s.spec is not None and not s.problems:
+            s.refused = policy.refusals(s.spec, config.profile_policy)
         _report_untrusted(s, untrusted or [])
         if s.acting and s.spec is not None and s.spec.gpu.parallelism > 1:
             s.too_few = _too_few_nodes(s.spec, memory)
+        if s.spec is not None:
+            base = naming.revision(s.spec)
+            if s.acting:
+                storage = s.spec.storage
+                s.capture = capture_step.run(
+                    captures, s.spec, profile, base,
+                    endpoint=storage.endpoint or config.default_s3_endpoint,
+                    region=storage.region or "",
+                )  # fmt: skip
+            else:
+                s.capture = capture_step.revisions_only(s.spec, base, profile.get("status") or {})
         if s.acting:
             _create_missing(s)
             _stop_superseded(s)
+            _follow_queue(s)
         by_job = {r.job: r for r in s.served.values() if r.job}
-        observations = observe(jobs, pods, hints_for(s.spec, config), mine.events_of, by_job)
+        hints = hints_for(s.spec, config)
+        observations = observe(
+            jobs, pods, hints, mine.events_of, by_job, mine.job_events_of, mine.queued_of
+        )
         if s.acting:
             _merge_when_shares_are_in(s, observations)
         _tend(s, observations)
         status = _report(s, observations)
         mine.prune(jobs, pods, {u.uid for u in untrusted or []})
-        if s.problems or s.spec is None:
-            raise kopf.PermanentError(truncate("; ".join(s.problems) or "invalid spec"))
+        if s.problems or s.spec is None or s.refused:
+            why = s.problems or s.refused
+            raise kopf.PermanentError(truncate("; ".join(why) or "invalid spec"))
         if s.create_error is not None:
             raise s.create_error
         return status

@@ -25,6 +25,8 @@ class Observed:
     generation: int
     spec: TuningProfileSpec | None
     problems: list[str] = field(default_factory=list)
+    # What of spec.template the operator's profile policy refuses (policy.py).
+    refused: list[str] = field(default_factory=list)
     jobs: list[JobObservation] = field(default_factory=list)
     previous: dict[str, Any] = field(default_factory=dict)
     # Labelled pods the webhook never saw (created while it was unreachable).
@@ -33,6 +35,11 @@ class Observed:
     create_error: str = ""
     # Models whose Jobs were not started because too few nodes have them (parallelism).
     capacity: dict[str, str] = field(default_factory=dict)
+    # The revision each GPU model tunes under when it is not the spec's: a retune of captured
+    # misses (capture/loop.py); and status.capture with its printer column.
+    revisions: dict[str, str] = field(default_factory=dict)
+    capture: list[dict[str, Any]] | None = None
+    coverage: str = ""
 
 
 @dataclass
@@ -47,6 +54,10 @@ class _Picture:
     current: dict[str, JobObservation]  # what each model's Jobs amount to
     artifacts: dict[str, ArtifactRecord]
     now: str
+    revs: dict[str, str] = field(default_factory=dict)
+
+    def rev_of(self, model: str) -> str:
+        return self.revs.get(model, self.rev)
 
     def cond(self, type_: Type, status: bool, reason: Reason, message: str) -> dict[str, Any]:
         previous = list(self.obs.previous.get("conditions") or [])
@@ -71,12 +82,23 @@ class _Picture:
     @property
     def up_to_date(self) -> list[str]:
         return [
-            m for m in self.models if m in self.artifacts and self.artifacts[m].revision == self.rev
+            m
+            for m in self.models
+            if m in self.artifacts and self.artifacts[m].revision == self.rev_of(m)
         ]
 
 
 def _joined(jobs: list[JobObservation]) -> str:
     return " | ".join(f"{j.model}: {j.message}" for j in jobs)
+
+
+def _queued_only(jobs: list[JobObservation]) -> bool:
+    """Every Job that waits, waits in its Kueue queue (quota, not a fault)."""
+    return bool(jobs) and all(j.reason == Reason.QUEUED for j in jobs)
+
+
+def _wait_words(jobs: list[JobObservation]) -> str:
+    return "are queued in Kueue" if _queued_only(jobs) else "cannot start"
 
 
 def _capacity(obs: Observed) -> str:
@@ -87,16 +109,25 @@ def _invalid(obs: Observed, now: str) -> dict[str, Any]:
     """Nothing is tuned for an invalid spec; what was served stays, nothing else is shown."""
     previous = list(obs.previous.get("conditions") or [])
     gen = obs.generation
-    message = "; ".join(obs.problems) or "the spec is invalid"
-    message = f"Invalid spec, nothing was tuned. Fix and re-apply: {message}"
-    no_jobs = "No tuning Jobs for an invalid spec."
+    if obs.spec is not None and not obs.problems and obs.refused:
+        reason = Reason.TEMPLATE_REFUSED
+        message = (
+            "Refused by the operator's profile policy, nothing was tuned. Change the spec or "
+            f"the policy: {'; '.join(obs.refused)}"
+        )
+        no_jobs = "No tuning Jobs for a spec the profile policy refuses."
+    else:
+        reason = Reason.INVALID_SPEC
+        message = "; ".join(obs.problems) or "the spec is invalid"
+        message = f"Invalid spec, nothing was tuned. Fix and re-apply: {message}"
+        no_jobs = "No tuning Jobs for an invalid spec."
     return {
         "observedGeneration": gen,
         "phase": "Invalid",
         "conditions": [
-            condition(previous, Type.READY, False, Reason.INVALID_SPEC, message, gen, now),
-            condition(previous, Type.PROGRESSING, False, Reason.INVALID_SPEC, no_jobs, gen, now),
-            condition(previous, Type.FAILED, True, Reason.INVALID_SPEC, message, gen, now),
+            condition(previous, Type.READY, False, reason, message, gen, now),
+            condition(previous, Type.PROGRESSING, False, reason, no_jobs, gen, now),
+            condition(previous, Type.FAILED, True, reason, message, gen, now),
         ],
         "artifacts": list(obs.previous.get("artifacts") or []),
         "history": list(obs.previous.get("history") or []),
@@ -182,7 +213,7 @@ def _progressing_condition(p: _Picture) -> dict[str, Any]:
         message = f"{obs.create_error}. Retrying with backoff."
         return p.cond(Type.PROGRESSING, False, Reason.JOB_CREATE_FAILED, message)
     if blocked:
-        message = f"{len(blocked)} of {n} tuning Jobs cannot start. {_joined(blocked)}"
+        message = f"{len(blocked)} of {n} tuning Jobs {_wait_words(blocked)}. {_joined(blocked)}"
         return p.cond(Type.PROGRESSING, True, Reason(blocked[0].reason), message)
     retrying = _retrying(p)
     if retrying:
@@ -200,9 +231,11 @@ def _served_message(p: _Picture) -> str:
     stale = [m for m in p.models if m not in p.up_to_date]
     n = len(p.models)
     if stale:
-        msg = f"Serving earlier artifacts for {', '.join(stale)} while revision {p.rev} tunes."
+        revs = ", ".join(sorted({p.rev_of(m) for m in stale}))
+        msg = f"Serving earlier artifacts for {', '.join(stale)} while revision {revs} tunes."
         if p.blocked:
-            msg += f" It cannot start: {_joined(p.blocked)}"
+            words = "It is queued in Kueue" if _queued_only(p.blocked) else "It cannot start"
+            msg += f" {words}: {_joined(p.blocked)}"
     else:
         msg = f"{n} of {n} GPU models have an artifact."
     for m in p.models:
@@ -230,7 +263,8 @@ def _ready_condition(p: _Picture) -> dict[str, Any]:
     if p.failed:
         return p.cond(Type.READY, False, Reason.TUNING_FAILED, f"{missing}. {_joined(p.failed)}")
     if p.blocked:
-        message = f"{missing}: {len(p.blocked)} tuning Job(s) cannot start. {_joined(p.blocked)}"
+        words = _wait_words(p.blocked)
+        message = f"{missing}: {len(p.blocked)} tuning Job(s) {words}. {_joined(p.blocked)}"
         return p.cond(Type.READY, False, Reason(p.blocked[0].reason), message)
     message = f"Waiting for tuning Jobs of {p.unserved} to publish."
     retrying = _retrying(p)
@@ -245,6 +279,8 @@ def _phase(p: _Picture) -> str:
     if len(p.up_to_date) == len(p.models):
         return "Ready"
     running = any(p.current.get(m) and p.current[m].state == "Running" for m in p.models)
+    if _queued_only(p.blocked):
+        return "Tuning" if running else "Queued"
     return "Tuning" if running and not p.blocked else "Pending"
 
 
@@ -316,21 +352,22 @@ def _summary(artifacts: list[ArtifactRecord], models: list[str]) -> dict[str, An
 
 
 def compute_status(obs: Observed, now: str) -> dict[str, Any]:
-    if obs.spec is None or obs.problems:
+    if obs.spec is None or obs.problems or obs.refused:
         return _invalid(obs, now)
     spec = obs.spec
     rev = naming.revision(spec)
     models = list(spec.gpu.models)
-    mine = [j for j in obs.jobs if j.revision == rev and j.model in models]
+    revs = {m: obs.revisions.get(m, rev) for m in models}
+    mine = [j for j in obs.jobs if j.model in models and j.revision == revs[j.model]]
     current = {}
     for m in models:
         found = effective([j for j in mine if j.model == m])
         if found is not None:
             current[m] = found
-    p = _Picture(obs, spec, rev, models, mine, current, {}, now)
+    p = _Picture(obs, spec, rev, models, mine, current, {}, now, revs)
     artifacts, history = _artifacts(p)
     ordered = [p.artifacts[m] for m in models if m in p.artifacts]
-    return {
+    out = {
         "observedGeneration": obs.generation,
         "phase": _phase(p),
         "revision": rev,
@@ -342,6 +379,11 @@ def compute_status(obs: Observed, now: str) -> dict[str, Any]:
         "history": history,
         "unadmittedPods": obs.unadmitted,
     }
+    if obs.capture:
+        out["capture"] = obs.capture
+    if obs.coverage:
+        out["coverage"] = obs.coverage
+    return out
 
 
 def effective(jobs: list[JobObservation]) -> JobObservation | None:

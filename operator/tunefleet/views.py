@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from tunefleet import naming
+from tunefleet.builders.kueue import QUEUE_LABEL
+from tunefleet.contracts.retune import ANNOTATION as RETUNE_ANNOTATION
 
 
 def _pick(d: Mapping[str, Any] | None, *keys: str) -> dict[str, Any]:
@@ -54,11 +56,15 @@ def owning_job(meta: Mapping[str, Any]) -> str | None:
 
 
 def profile_view(body: Mapping[str, Any]) -> dict[str, Any]:
-    """What admission and reconciliation need of a TuningProfile."""
+    """What admission and reconciliation need of a TuningProfile (of its annotations, only
+    a retune request: contracts/retune.py)."""
     meta = body.get("metadata") or {}
     kept = _pick(
         meta, "name", "namespace", "uid", "generation", "deletionTimestamp", "resourceVersion"
     )
+    annotations = _pick(meta.get("annotations"), RETUNE_ANNOTATION)
+    if annotations:
+        kept["annotations"] = annotations
     finalizers = meta.get("finalizers") or []
     if naming.LEGACY_FINALIZER in finalizers:
         kept["finalizers"] = list(finalizers)  # the reconcile takes the legacy one off
@@ -95,13 +101,16 @@ def job_view(body: Mapping[str, Any]) -> dict[str, Any]:
                 naming.REVISION_LABEL,
                 naming.MODEL_LABEL,
                 naming.ROLE_LABEL,
+                QUEUE_LABEL,
             ),
             "annotations": _pick(
                 meta.get("annotations"), naming.MODEL_ANNOTATION, naming.RECORD_ANNOTATION
             ),
             "owner": owning_profile(meta),
         },
-        "spec": _pick(body.get("spec"), "completions", "completionMode", "backoffLimitPerIndex"),
+        "spec": _pick(
+            body.get("spec"), "completions", "completionMode", "backoffLimitPerIndex", "suspend"
+        ),
         "status": {
             **_pick(
                 status,

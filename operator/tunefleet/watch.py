@@ -1,6 +1,6 @@
-"""List, then watch: how the operator follows TuningProfiles, tuning Jobs and tuning pods
-(client-go's reflector, in short). One thread per kind and watched namespace (or one per kind,
-cluster-wide).
+"""List, then watch: how the operator follows TuningProfiles, tuning Jobs, tuning pods and
+capture ConfigMaps (client-go's reflector, in short). One thread per kind and watched
+namespace (or one per kind, cluster-wide).
 
 A reflector lists its kind page by page (kube.LIST_PAGE objects a page): each object goes to
 the event handler (handlers/) as it is read, where it becomes a small view (views.py) in the
@@ -18,6 +18,10 @@ invocation): ~300 microseconds of the event loop an event after its own settings
 down, against ~40 here (json + view), and it keeps a record of every object it ever saw. With
 10,000 profiles, their Jobs and pods (~16 events a profile while they start), that was most
 of the operator's CPU, and the webhook shares that event loop (bench/scale.md).
+
+The Node watch of nodemap.py is not one of these: it follows a set of label keys that changes
+with the profiles (a watch started and stopped per key), metadata only, and keeps no views in
+this cache; it is a list-then-watch thread of its own, as these are.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tunefleet import GROUP, PLURAL, VERSION, kube, naming
+from tunefleet.capture.store import ROLE_CAPTURE, ROLE_RETUNE
 from tunefleet.kube import Expired
 
 log = logging.getLogger(__name__)
@@ -59,6 +64,11 @@ PROFILES = Kind("tuningprofiles", f"/apis/{GROUP}/{VERSION}", PLURAL)
 # Only what the cache keeps crosses the wire: tuning Jobs and tuning pods, selected by label.
 JOBS = Kind("jobs", "/apis/batch/v1", "jobs", f"{_MANAGED},{naming.PROFILE_UID_LABEL}")
 PODS = Kind("pods", "/api/v1", "pods", f"{_MANAGED},{naming.PROFILE_UID_LABEL}")
+# Capture stores and retune sets (capture/store.py): the ConfigMaps the capture cache keeps.
+CAPTURE_CONFIGMAPS = Kind(
+    "configmaps", "/api/v1", "configmaps",
+    f"{_MANAGED},{naming.ROLE_LABEL} in ({ROLE_CAPTURE},{ROLE_RETUNE})",
+)  # fmt: skip
 
 
 # kind name -> its event handler (handlers/ register theirs with @on, as kopf's decorators do)

@@ -21,6 +21,12 @@ Probes (no GPU needed; what each needs was found on the real 2.11.0 and 2.15.0 w
                       set_filename(FILE): does get_results() load FILE lazily, and does an
                       explicit read_file(FILE) load it
   lazy FILE           the same without record-untuned (the control)
+  capture-hook FILE   started with tunefleet's capture hook first on PYTHONPATH and
+                      PYTORCH_TUNABLEOP_RECORD_UNTUNED=1: whether importing torch queued the
+                      hook's load for CUDA's initialisation (and initialised nothing), and
+                      whether that queued call, run as CUDA's initialisation runs it, loads
+                      FILE while recording (set_filename(FILE) first: without a GPU the default
+                      name needs the device ordinal)
 
 read: set_filename(<a fresh path>) comes first. Without it get_results() needs the device
 ordinal and raises without a GPU; and get_results() also reads the path set there and merges
@@ -290,6 +296,37 @@ def probe_lazy(path: str) -> dict[str, Any]:
     return out
 
 
+def probe_capture_hook(path: str) -> dict[str, Any]:
+    """What tunefleet's capture hook (operator/tunefleet/capture/hook.py, installed as
+    sitecustomize on PYTHONPATH) does under this torch, without a GPU."""
+    import torch
+
+    cuda = torch.cuda
+    queued = [c for c, _ in getattr(cuda, "_queued_calls", [])]
+    names = [getattr(c, "__name__", "") for c in queued]
+    out: dict[str, Any] = {
+        "hook": "sitecustomize" in sys.modules
+        and "capture hook" in (sys.modules["sitecustomize"].__doc__ or ""),
+        "queued": "_tunefleet_load_results" in names,
+        "initialized": bool(cuda.is_initialized()),
+    }
+    tunable = _tunable()
+    os.environ["PYTORCH_TUNABLEOP_VERBOSE"] = "3"
+    tunable.set_filename(path)
+    out["record_untuned"] = tunable.record_untuned_is_enabled()
+    with _Stderr() as log:
+        for call in queued:
+            if getattr(call, "__name__", "") == "_tunefleet_load_results":
+                call()  # as torch.cuda._lazy_init runs its queued calls
+        try:
+            out["rows"] = len(tunable.get_results())
+        except Exception as e:  # 2.15 without a device: its validators need one
+            out["rows"] = f"{type(e).__name__}: {e}"
+    out["reads"] = sum("reading tuning results from" in ln for ln in log.lines)
+    out["hook_said"] = [ln for ln in log.lines if "[tunefleet capture]" in ln]
+    return out
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         sys.stderr.write(__doc__ or "")
@@ -309,6 +346,8 @@ def main(argv: list[str]) -> int:
         doc = probe_lazy(args[0])
     elif probe == "lazy":
         doc = probe_lazy(args[0])
+    elif probe == "capture-hook":
+        doc = probe_capture_hook(args[0])
     else:
         sys.stderr.write(f"unknown probe {probe!r}\n")
         return 2

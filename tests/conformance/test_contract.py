@@ -6,15 +6,20 @@ one table of what is used is tuner_job/torchapi.py; a source scan keeps it compl
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 import pytest
 
-from tests.conformance.conftest import REPO, Torch
+from tests.conformance.conftest import REPO, Torch, standin
 from tuner_job.torchapi import API, ENV
 
-SOURCES = [*sorted((REPO / "tuner_job").glob("*.py")), REPO / "scripts" / "gpu_check.py"]
+SOURCES = [
+    *sorted((REPO / "tuner_job").glob("*.py")),
+    REPO / "scripts" / "gpu_check.py",
+    REPO / "operator" / "tunefleet" / "capture" / "hook.py",  # runs in the user's torch too
+]
 
 
 def _params(signature: str) -> list[str]:
@@ -101,3 +106,42 @@ def test_torchs_defaults_are_what_tunefleet_assumes(
     nodev = torch.run("no-device")
     assert not nodev["get_rotating_buffer_size()"]["ok"]
     assert all(api["setters"][f"rotating({v})"] is None for v in (-1, 0, 64))
+
+
+@pytest.mark.parametrize("which", ["2.11", "newest", "stand-in"])
+def test_the_capture_hook_loads_the_results_while_misses_are_recorded(
+    which: str, torch211: Torch, newest: Torch, tmp_path: Path
+) -> None:
+    """docs/capture.md's claim, on the real wheels: with the hook first on PYTHONPATH and
+    record-untuned on, importing torch queues the results load for CUDA's initialisation
+    (nothing is initialised at import), and that call loads the results file while recording,
+    which torch's own lazy start does not (the test above). Where it runs at a real CUDA
+    initialisation, and that a GEMM the file has is then not recorded, needs a GPU:
+    scripts/gpu-check.sh checks it (step 4c)."""
+    from tunefleet.capture.sidecar import install_hook
+
+    torch = {"2.11": torch211, "newest": newest}.get(which) or standin("2.11.0")
+    hook = tmp_path / "hook"
+    install_hook(hook)
+    pt = torch.version if not torch.standin else f"{torch.version}+standin"
+    path = tmp_path / "r0.csv"
+    path.write_text(
+        f"Validator,PT_VERSION,{pt}\nGemmTunableOp_float_NT,nt_8_8_8_ld_8_8_8,Default,0.1\n"
+    )
+    paths = [str(hook), *(p for p in [dict(torch.env).get("PYTHONPATH", "")] if p)]
+    env = {
+        "PYTHONPATH": os.pathsep.join(paths),
+        "PYTORCH_TUNABLEOP_ENABLED": "1",
+        "PYTORCH_TUNABLEOP_TUNING": "0",
+        "PYTORCH_TUNABLEOP_RECORD_UNTUNED": "1",
+        "PYTORCH_TUNABLEOP_FILENAME": str(tmp_path / "r%d.csv"),
+    }
+    got = torch.run("capture-hook", str(path), env=env)
+    assert got["hook"] and got["queued"], got
+    assert not got["initialized"]  # the hook touches no GPU at import
+    assert got["record_untuned"]
+    if torch.release < (2, 14):  # 2.15 loads nothing without a device (its validators)
+        assert got["rows"] == 1 and got["reads"] == 1, got
+        assert any("loaded TunableOp results" in ln for ln in got["hook_said"]), got
+    else:
+        assert got["hook_said"], got  # one line saying it could not, no exception

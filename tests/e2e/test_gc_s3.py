@@ -27,6 +27,7 @@ from tunefleet.api import TuningProfileSpec
 from tunefleet.artifacts import gc
 from tunefleet.artifacts.library import checkpoint_key, library_prefix, read_library, shard_base
 from tunefleet.artifacts.publish import publish
+from tunefleet.contracts.admission import INJECTED, Admission
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.s3 import S3Store
 from tuner_job.library import CheckpointId, library_key
@@ -297,6 +298,21 @@ def test_the_command_reads_real_profiles_and_reports_a_dry_run(
             )  # fmt: skip
             fleet.published[p].append({"uri": pub.uri, "sha256": pub.sha256})
         fleet.set_status(p)
+    # A model pod still pending, pinned at admission to p0's middle artifact (in no status).
+    pinned = fleet.published[0][1]
+    pod = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "pinned", "labels": {"tunefleet.io/profile": "p0"}},
+        "spec": {
+            "nodeSelector": {"tunefleet.io/e2e-nowhere": "true"},  # stays Pending
+            "containers": [{"name": "server", "image": "registry.example.com/serve:1"}],
+        },
+    }  # fmt: skip
+    cluster.kubectl("create", "-n", namespace, "-f", "-", input=yaml.safe_dump(pod))
+    marked: dict[str, Any] = {"metadata": {}}
+    Admission(INJECTED, uri=pinned["uri"], sha256=pinned["sha256"]).write(marked)
+    annotations = [f"{k}={v}" for k, v in marked["metadata"]["annotations"].items()]
+    cluster.kubectl("annotate", "--overwrite", "pod", "-n", namespace, "pinned", *annotations)
     listing = fleet.objects()
     env = {**tool_env(s3.env()), "KUBECONFIG": cluster.kubeconfig}
     done = subprocess.run(
@@ -308,7 +324,9 @@ def test_the_command_reads_real_profiles_and_reports_a_dry_run(
     lines = done.stdout.splitlines()
     assert lines[0] == f"tunefleet-gc: {fleet.uri}: dry run, nothing is deleted (--apply deletes)"
     would = [line for line in lines if line.startswith("would delete artifact ")]
-    assert len(would) == 2  # per profile: the middle one of three (newest and first are named)
+    # Per profile the middle one of three (newest and first are named), but p0's is pinned.
+    assert len(would) == 1 and "/p1/" in would[0], would
+    assert gc.KEPT_PINNED in done.stdout
     assert any(line.startswith("would write compacted library entry ") for line in lines)
     assert f"read {PROFILES} profiles, {PROFILES} naming this store" in done.stdout
     assert fleet.objects() == listing

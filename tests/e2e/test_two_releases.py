@@ -173,7 +173,9 @@ def test_two_releases_own_disjoint_namespaces_and_never_touch_each_others(
                     for d in (a, b)
                     for p in d.pods()
                 }
-                raise AssertionError(f"{e}\nthe operators' logs: {json.dumps(said, indent=1)}")
+                raise AssertionError(
+                    f"{e}\nthe operators' logs: {json.dumps(said, indent=1)}"
+                ) from None
             eventually(
                 lambda ns=ns: get_json(cluster, "tp", "-n", ns, "p"),
                 lambda p: (p.get("status") or {}).get("jobs"),

@@ -230,7 +230,10 @@ def test_fail_open_cases_admit_untouched_with_a_reason(
     apply(cluster, namespace, profile_doc("pending", gpu={"vendor": "nvidia", "models": [H200]}))
     cases = {
         "missing": (pod_doc("missing", "no-such-profile"), "does not exist"),
-        "no-selector": (pod_doc("no-selector", "two"), f"no nodeSelector on {KEY}"),
+        "no-selector": (
+            pod_doc("no-selector", "two"),
+            f"no nodeSelector or required node affinity on {KEY}",
+        ),
         "other-model": (pod_doc("other-model", "two", {KEY: "NVIDIA-A100"}), "does not tune"),
         "not-ready": (pod_doc("not-ready", "pending"), "has no artifact"),
     }

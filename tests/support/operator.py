@@ -96,21 +96,6 @@ def uninstall_release(cluster: Any, release: str = RELEASE, namespace: str = SYS
     if done.returncode != 0:
         return
     InCluster(cluster, 0, release, namespace).uninstall()
-
-    def replicas() -> list[str]:  # terminating ones too: they release the Lease as they go
-        out = cluster.kubectl(
-            "get", "pods", "-n", namespace, "-l", f"app.kubernetes.io/instance={release}",
-            "-o", "json",
-        ).stdout  # fmt: skip
-        return [
-            p["metadata"]["name"]
-            for p in json.loads(out)["items"]
-            if any(
-                o.get("kind") == "ReplicaSet" for o in p["metadata"].get("ownerReferences") or []
-            )
-        ]
-
-    wait_for(replicas, timeout=120, describe="the operator replicas gone", until=lambda n: not n)
     helm(cluster.bin_dir, cluster.kubeconfig, "uninstall", release, "-n", namespace, "--wait")
 
 
@@ -446,9 +431,31 @@ class InCluster:
         return str(self.cluster.kubectl(*args, check=False).stdout)
 
     def uninstall(self) -> None:
-        """Back to no replicas (the process mode's chart), so a later install() stands alone."""
+        """Back to no replicas (the process mode's chart), so a later install() stands alone,
+        and wait until they are gone: a replica draining (the chart's preStop sleep) still
+        leads and reconciles, and would deliver, admit and write status beside the process
+        operator that comes next. Gone, they have released the Lease, too."""
         self.cluster.kubectl(
             "scale", "deployment", "-n", self.namespace, self.name, "--replicas=0", check=False
+        )
+
+        def replicas() -> list[str]:  # terminating ones too
+            out = self.cluster.kubectl(
+                "get", "pods", "-n", self.namespace, "-l",
+                f"app.kubernetes.io/name=tunefleet,app.kubernetes.io/instance={self.release}",
+                "-o", "json",
+            ).stdout  # fmt: skip
+            return [
+                p["metadata"]["name"]
+                for p in json.loads(out)["items"]
+                if any(
+                    o.get("kind") == "ReplicaSet"
+                    for o in p["metadata"].get("ownerReferences") or []
+                )
+            ]
+
+        wait_for(
+            replicas, timeout=120, describe="the operator replicas gone", until=lambda n: not n
         )
 
 

@@ -291,3 +291,71 @@ def test_a_job_view_of_an_unrelated_profile_does_not_matter(
     monkeypatch.setattr(kube, "read", lambda *a: pytest.fail("read"))
     p = profile()
     sync_profile(p, jobs_for(p, MODELS), [], CFG, Memory())
+
+
+# --- retiring artifact ConfigMaps -------------------------------------------------------------
+
+
+def artifact_cm(name: str, owner: str = "uid-1", role: str = "artifact") -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "uid": f"cm-{name}",
+            "labels": {"tunefleet.io/role": role, "tunefleet.io/profile-uid": owner},
+            "ownerReferences": [
+                {
+                    "apiVersion": "tunefleet.io/v1alpha1",
+                    "kind": "TuningProfile",
+                    "uid": owner,
+                    "controller": True,
+                    "name": "p",
+                }
+            ],
+        }
+    }
+
+
+def mounting(cm: str, phase: str = "Running") -> dict[str, Any]:
+    pod: dict[str, Any] = {"metadata": {"name": f"pod-{cm}"}, "status": {"phase": phase}}
+    Admission("injected", uri="s3://b/x", sha256=SHA, config_map=cm).write(pod)
+    return pod
+
+
+def test_only_artifact_config_maps_no_status_or_running_pod_names_are_retired() -> None:
+    status = {
+        "artifacts": [{"configMap": {"name": "served", "uid": "u"}}],
+        "history": [{"configMap": {"name": "earlier", "uid": "u"}}],
+    }
+    cms = [artifact_cm(n) for n in ("served", "earlier", "mounted", "ended", "unused")] + [
+        artifact_cm("forged", owner="someone-else"),  # our labels, not ours
+        artifact_cm("tuning-config", role="tune"),
+    ]
+    pods = [mounting("mounted"), mounting("ended", phase="Succeeded")]
+    assert delivery.retirable(cms, "uid-1", status, pods) == [
+        ("ended", "cm-ended"),
+        ("unused", "cm-unused"),
+    ]
+
+
+def test_after_a_restart_a_config_map_no_status_names_goes_once_its_pods_have_ended(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    p = profile(gpu={"vendor": "amd", "models": MODELS[:1]})
+    api = FakeApi(monkeypatch)
+    earlier = {"configMap": {"name": "earlier", "uid": "cm-earlier"}, "gpuModel": MODELS[0]}
+    api.listed["configmaps"] = [artifact_cm("earlier"), artifact_cm("old")]
+    api.listed["pods"] = [mounting("old")]
+    memory = Memory()
+    with_history = {**p, "status": {"history": [earlier]}}
+    # A fresh replica checks once (it does not know what was waiting): a pod holds "old".
+    sync_profile(with_history, [], [], CFG, memory)
+    selector = "tunefleet.io/profile-uid=uid-1,tunefleet.io/role=artifact"
+    assert api.lists == [("configmaps", selector), ("pods", "tunefleet.io/profile=p")]
+    assert api.deleted == [] and memory.of("uid-1").retiring == {"old"}
+    sync_profile(with_history, [], [], CFG, memory)
+    assert len(api.lists) == 2  # not due again yet
+    # The pod ended; once the check is due again, "old" goes and "earlier" (history) stays.
+    api.listed["pods"] = [mounting("old", phase="Succeeded")]
+    memory.of("uid-1").retired_at -= delivery.RETIRE_EVERY_S
+    sync_profile(with_history, [], [], CFG, memory)
+    assert api.deleted == [("ConfigMap", "old")] and memory.of("uid-1").retiring == set()

@@ -249,9 +249,28 @@ def test_referenced_artifacts_are_kept_and_old_unreferenced_ones_deleted(world: 
         assert artifact_keys(e, world) <= kept
     why = {d.where: d.reason for d in plan.deletes if d.kind == gc.ARTIFACT}
     assert (
-        "not referenced by any profile's status, not among the newest 1" in why[dropped[0]["uri"]]
+        "not referenced by any profile's status or running pod, not among the newest 1"
+        in why[dropped[0]["uri"]]
     )
     assert plan.kept[gc.KEPT_REFERENCED] == 4 and plan.kept[gc.kept_newest(plan.rules)] == 2
+
+
+def test_an_artifact_a_running_pod_was_pinned_to_is_kept_however_old(world: World) -> None:
+    """Status and history are bounded; a model pod pinned to an artifact that fell out of
+    both still reads it when its init containers run again."""
+    served = world.publish("llama", rows(1))
+    pinned = world.publish("llama", rows(2))
+    other = world.publish("llama", rows(3))
+    for i, e in enumerate([served, pinned, other]):
+        world.age(e["uri"].removeprefix(world.uri + "/"), OLD + 600 - i * 60, NOW)
+    llama = profile(world, "llama", artifacts=[served])
+    pods = [pinned["uri"], "s3://elsewhere/not-an-artifact"]
+
+    plan = gc.collect(world.store, world.location, [llama], gc.Rules(0, GRACE, NOW), None, pods)
+
+    gone = {d.where for d in plan.deletes if d.kind == gc.ARTIFACT}
+    assert gone == {other["uri"]}
+    assert plan.kept[gc.KEPT_PINNED] == 2
 
 
 def test_the_newest_n_are_kept_per_profile_and_model_even_when_the_profile_is_gone(
@@ -609,6 +628,7 @@ def test_the_whole_store_lists_with_an_empty_prefix(world: World) -> None:
 def cli(monkeypatch: pytest.MonkeyPatch, capsys: Any, *argv: str, profiles: Any = ()) -> Any:
     if profiles is not None:
         monkeypatch.setattr(gc, "read_profiles", lambda *a: list(profiles))
+        monkeypatch.setattr(gc, "read_pinned", lambda *a: [])
     capsys.readouterr()  # what the test's own publishing printed
     code = gc.main(list(argv))
     out = capsys.readouterr()
@@ -767,8 +787,10 @@ def test_the_gc_cronjob_runs_a_dry_run_by_default_with_least_rights() -> None:
     role = next(
         d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "tf-tunefleet-gc"
     )
+    # Read only: profiles for what status names, pods for what running model pods pin.
     assert role["rules"] == [
-        {"apiGroups": ["tunefleet.io"], "resources": ["tuningprofiles"], "verbs": ["get", "list"]}
+        {"apiGroups": ["tunefleet.io"], "resources": ["tuningprofiles"], "verbs": ["get", "list"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
     ]
     assert pod["serviceAccountName"] == "tf-tunefleet-gc"
     assert any(

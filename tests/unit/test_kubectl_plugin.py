@@ -787,7 +787,7 @@ def test_download_refuses_an_artifact_that_does_not_verify(
             [],
             {},
             2,
-            "name a command: status, why, download or diff: see `kubectl tunefleet --help`",
+            "name a command: status, why, download, diff or retune: see `kubectl tunefleet --help`",
         ),
     ],
 )
@@ -864,3 +864,69 @@ def test_kubeconfig_problems_and_an_unreachable_api_server(
     assert line.endswith("check --kubeconfig/--context and that the cluster is up")
     code, _, err = run_main(capsys, "status", "x", "--context", "nope")
     assert code == 1 and "(context nope)" in error_line(err)
+
+
+# --- capture -------------------------------------------------------------------------------
+
+
+def test_status_shows_the_capture_section_and_a_retunes_artifact_as_current() -> None:
+    from tunefleet import naming
+
+    p = profile()
+    retune_rev = naming.retune_revision("rev2", "d" * 16)
+    p["status"]["artifacts"][0]["revision"] = retune_rev
+    p["status"]["capture"] = [
+        {
+            "gpuModel": H200,
+            "seen": 5,
+            "tuned": 4,
+            "untuned": 1,
+            "coverage": 80,
+            "lastCapture": "2026-11-30T11:57:00Z",
+            "notLoadedPods": 1,
+            "apart": {"stores": 1, "seen": 3},
+            "retune": {
+                "baseRevision": "rev2", "digest": "d" * 16, "revision": retune_rev,
+                "shapes": 4, "reason": "Threshold", "requestedAt": "2026-11-30T11:30:00Z",
+                "state": "Published",
+            },
+            "message": "1 new untuned shape(s), below the retune threshold",
+        }
+    ]  # fmt: skip
+    text = format_status(status_report(p, []), NOW)
+    assert f"    revision  {retune_rev} (current)" in text
+    assert "Capture (production misses):" in text
+    assert f"  {H200}  4/5 captured shapes tuned (80%), 1 untuned; last capture 3m ago" in text
+    assert (
+        f"retune   Published: 4 shape(s) (Threshold) under revision {retune_rev}, 30m ago" in text
+    )
+    assert "3 shape(s) from 1 other identit(y/ies)" in text
+    assert "did not load the results while recording" in text
+    assert "below the retune threshold" in text
+    assert "Capture" not in format_status(status_report(profile(), []), NOW)  # off, none kept
+
+
+def test_retune_asks_once_by_annotation_and_says_what_it_will_find(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tunefleet.contracts.retune import ANNOTATION
+
+    p = profile()
+    p["status"]["capture"] = [{"gpuModel": H200, "seen": 3, "tuned": 1, "untuned": 2}]
+    patches: list[dict[str, Any]] = []
+
+    class Patching(FakeCluster):
+        def patch_profile(self, ns: str, name: str, patch: dict[str, Any]) -> Any:
+            patches.append(patch)
+            return self.profile(ns, name)
+
+    use(monkeypatch, Patching({"ml/llm": p}))
+    code, out, _ = run_main(capsys, "retune", "llm", "-n", "ml")
+    assert code == 0
+    (patch,) = patches
+    nonce = patch["metadata"]["annotations"][ANNOTATION]
+    assert f"(request {nonce})" in out
+    assert f"{H200}: 2 of 3 captured shape(s) untuned" in out
+    assert "spec.capture.enabled is false" in out
+    code, out, err = run_main(capsys, "retune", "llm", "-n", "ml", "--gpu-model", "Other")
+    assert code == 1 and "does not tune Other" in err

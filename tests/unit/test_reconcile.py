@@ -4,6 +4,7 @@ writes and announces, and what it does not (unit tier: the API calls are stubbed
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import kopf
@@ -58,6 +59,10 @@ class FakeApi:
         self.events: list[tuple[str, str]] = []
         self.fail_job_with: Exception | None = None
         self.conflict = False
+        # What a list answers, by kind ("configmaps", "pods"), and the lists made.
+        self.listed: dict[str, list[dict[str, Any]]] = {}
+        self.lists: list[tuple[str, str]] = []
+        monkeypatch.setattr(kube, "list_all", self.list_all)
         monkeypatch.setattr(kube, "create_owned", self.create_owned)
         monkeypatch.setattr(kube, "replace_profile_status", self.replace_status)
         monkeypatch.setattr(kube, "patch_owned", self.patch_owned)
@@ -65,6 +70,8 @@ class FakeApi:
         monkeypatch.setattr(kube, "read", lambda kind, ns, name: None)
         monkeypatch.setattr(kube, "post_event_soon", self.event)
         monkeypatch.setattr(kube, "pod_events", lambda ns, name: [])
+        self.job_events: list[dict[str, Any]] = []
+        monkeypatch.setattr(kube, "job_events", lambda ns, name: self.job_events)
 
     def create_owned(self, obj: dict[str, Any]) -> dict[str, Any] | None:
         if obj["kind"] == "Job" and self.fail_job_with is not None:
@@ -92,6 +99,12 @@ class FakeApi:
 
     def delete_owned(self, kind: str, ns: str, name: str, uid: str) -> None:
         self.deleted.append((kind, name))
+
+    def list_all(
+        self, kind: str, label_selector: str = "", namespace: str | None = None
+    ) -> Iterator[dict[str, Any]]:
+        self.lists.append((kind, label_selector))
+        yield from self.listed.get(kind, [])
 
     def event(self, ref: dict[str, Any], type_: str, reason: str, message: str) -> None:
         self.events.append((reason, message))

@@ -9,7 +9,8 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from tunefleet.api import Artifact, Condition, TuningProfileSpec
+from tunefleet.api import Artifact, CaptureStatus, Condition, TuningProfileSpec
+from tunefleet.api.template import VOLUME_TYPES
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "tunefleet.io_tuningprofiles.yaml"
@@ -23,6 +24,17 @@ COMPARED = (
     "minItems",
     "maxItems",
     "pattern",
+)
+
+# Fields the models pass on as the API server validated and stored them (a free dict in the
+# model, tunefleet.api.template.Passthrough): the CRD must validate each with a real schema
+# (test_passthrough_fields_have_real_schemas). A free dict anywhere else is drift.
+PASSTHROUGH = frozenset(
+    {
+        "spec.template.spec.affinity",
+        "spec.template.spec.tolerations[]",
+        *(f"spec.template.spec.volumes[].{t}" for t in VOLUME_TYPES),
+    }
 )
 
 
@@ -54,6 +66,10 @@ def diff(crd: dict[str, Any], model: dict[str, Any], defs: dict[str, Any], path:
         return []  # int | str in the model; nothing more to compare
     model = _resolve(model, defs)
     out: list[str] = []
+    if model.get("type") == "object" and "properties" not in model and "properties" in crd:
+        if path not in PASSTHROUGH:
+            out.append(f"{path}: the model takes any object where the CRD has fields")
+        return out
     if crd.get("x-kubernetes-preserve-unknown-fields") or "additionalProperties" in crd:
         return out  # free-form maps (valueFrom, identity)
     if crd.get("type") == "object" and "properties" in crd:
@@ -99,12 +115,54 @@ def test_spec_model_matches_crd() -> None:
 
 
 @pytest.mark.parametrize(
-    ("path", "model"), [("conditions", Condition), ("artifacts", Artifact), ("history", Artifact)]
+    ("path", "model"),
+    [
+        ("conditions", Condition),
+        ("artifacts", Artifact),
+        ("history", Artifact),
+        ("capture", CaptureStatus),
+    ],
 )
 def test_status_models_match_crd(path: str, model: type[BaseModel]) -> None:
     node = crd_schema()["properties"]["status"]["properties"][path]["items"]
     js = model.model_json_schema(by_alias=True)
     assert set(node["properties"]) == set(js["properties"]), f"status.{path} drifted"
+    if path == "capture":  # nested, and with what loop.py writes
+        problems = _check(node, model, f"status.{path}")
+        assert not problems, "\n".join(problems)
+
+
+def _nodes(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    out: list[tuple[str, dict[str, Any]]] = []
+    if isinstance(node, dict):
+        out.append((path, node))
+        for name, child in (node.get("properties") or {}).items():
+            out += _nodes(child, f"{path}.{name}")
+        if isinstance(node.get("items"), dict):
+            out += _nodes(node["items"], f"{path}[]")
+        if isinstance(node.get("additionalProperties"), dict):
+            out += _nodes(node["additionalProperties"], f"{path}{{}}")
+    return out
+
+
+def test_passthrough_fields_have_real_schemas() -> None:
+    """What the operator passes on unjudged is still validated by the API server: a typed,
+    bounded schema with fields, and nowhere in spec.template does the CRD keep unknown fields."""
+    spec = crd_schema()["properties"]["spec"]
+    nodes = dict(_nodes(spec, "spec"))
+    for path in PASSTHROUGH:
+        assert path in nodes, f"{path} is not in the CRD"
+        assert nodes[path].get("type") == "object" and nodes[path].get("properties"), path
+    for path, node in nodes.items():
+        if path.startswith("spec.template"):
+            assert not node.get("x-kubernetes-preserve-unknown-fields"), path
+            assert "type" in node or node.get("x-kubernetes-int-or-string"), path
+            if node.get("type") == "string" and "enum" not in node:
+                assert "maxLength" in node, f"{path} is unbounded"
+            if node.get("type") == "array":
+                assert "maxItems" in node, f"{path} is unbounded"
+            if node.get("type") == "object" and "additionalProperties" in node:
+                assert "maxProperties" in node, f"{path} is unbounded"
 
 
 def test_drift_check_can_fail() -> None:
@@ -113,7 +171,18 @@ def test_drift_check_can_fail() -> None:
     spec["properties"]["gpu"]["properties"]["count"]["maximum"] = 99
     spec["properties"]["gpu"]["properties"]["vendor"]["enum"].append("intel")
     del spec["properties"]["serving"]
+    template = spec["properties"]["template"]["properties"]
+    mount = template["tune"]["properties"]["volumeMounts"]["items"]["properties"]
+    mount["subPath"]["maxLength"] = 4096
+    del mount["recursiveReadOnly"]
     problems = "\n".join(_check(spec, TuningProfileSpec, "spec"))
     assert "spec.gpu.count: maximum" in problems
     assert "spec.gpu.vendor: enum" in problems
     assert "serving" in problems
+    assert "spec.template.tune.volumeMounts[].subPath: maxLength" in problems
+    assert "spec.template.tune.volumeMounts[]: CRD fields" in problems
+    # A free dict where the CRD has fields is drift, unless the field is a named passthrough.
+    free = {"type": "object", "additionalProperties": True}
+    sc = template["spec"]["properties"]["securityContext"]
+    assert diff(sc, free, {}, "spec.template.spec.securityContext")
+    assert not diff(sc, free, {}, "spec.template.spec.affinity")

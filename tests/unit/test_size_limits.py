@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from tests.support.largest import largest_spec
+from tests.support.largest import json_bound, largest_spec, largest_template, template_schema
 from tunefleet.api import TuningProfileSpec
 from tunefleet.builders.job import TUNE_COMMAND, Child, build_tuning_config_map, build_tuning_job
 from tunefleet.config import Config
@@ -34,7 +34,7 @@ def size(obj: Any) -> int:
 
 @pytest.fixture(scope="module")
 def spec() -> TuningProfileSpec:
-    return TuningProfileSpec.model_validate(largest_spec())
+    return TuningProfileSpec.model_validate(largest_spec(template=True))
 
 
 def derived(spec: TuningProfileSpec) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -55,9 +55,26 @@ def test_the_largest_profile_fits_in_etcd_with_room_for_status() -> None:
         "apiVersion": "tunefleet.io/v1alpha1",
         "kind": "TuningProfile",
         "metadata": {"name": "p" * 63, "namespace": "n" * 63},
-        "spec": largest_spec(),
+        "spec": largest_spec(template=True),
     }
     assert size(profile) < ETCD_OBJECT - 256 * 1024, size(profile)
+
+
+def test_the_largest_template_is_the_most_its_schema_takes() -> None:
+    """spec.template's bounds come from hack/crd_core_schemas.py: its largest instance takes
+    exactly what the schema allows at most (so the check above covers every template)."""
+    template = largest_template()
+    assert size(template) == json_bound(template_schema())
+    # The template is a fifth of the profile at most: room for what comes next.
+    assert size(template) < 300 * 1024, size(template)
+
+
+def test_one_volume_more_is_refused() -> None:
+    raw = largest_spec(template=True)
+    volumes = raw["template"]["spec"]["volumes"]
+    volumes.append({**volumes[0], "name": "one-more"})
+    with pytest.raises(ValidationError, match="at most 12"):
+        TuningProfileSpec.model_validate(raw)
 
 
 def test_its_configmap_and_job_fit(spec: TuningProfileSpec) -> None:

@@ -242,7 +242,10 @@ def test_missing_credentials_secret_is_named_with_the_fix() -> None:
     assert "kubectl create secret generic s3 -n ml" in obs.message
     pod = waiting("tune", "CreateContainerConfigError", 'secret "hf-token" not found')
     obs = observe_job(_job([], active=1), [pod], SCHED)
-    assert "Secret hf-token, referenced by spec.workload.env" in obs.message
+    assert (
+        "Secret hf-token, referenced by spec.workload.env or spec.template.tune.envFrom"
+        in obs.message
+    )
     pod = waiting(
         "publish",
         "CreateContainerConfigError",

@@ -576,3 +576,43 @@ def test_the_images_pythonpath_reaches_the_workload_and_a_users_cannot_hide_the_
     )
     assert done.returncode == 0, done.stderr
     assert seen.read_text() == pythonpath  # the image's PYTHONPATH, untouched
+
+
+def test_captured_untuned_files_are_tuned_with_what_the_workload_records(tmp_path: Path) -> None:
+    """A retune's production misses (workload.untunedFiles): tuned beside the recorded GEMMs,
+    once each; a row torch's offline tuner could not rebuild is left out with why."""
+    recorded = "GemmTunableOp_BFloat16_TN,tn_512_256_128_ld_128_128_512"  # shapes[0], as recorded
+    captured = tmp_path / "captured.csv"
+    captured.write_text(
+        f"{recorded}\n"
+        "GemmTunableOp_BFloat16_TN,tn_96_4096_512_ld_512_512_96\n"
+        "GemmTunableOp_Half_TN,tn_48_2048_1024_ld_1024_1024_48\n"
+        "NotAGemm,whatever\n"
+    )
+    cfg = write_config(tmp_path)
+    doc = json.loads(cfg.read_text())
+    doc["workload"]["untunedFiles"] = [str(captured)]
+    cfg.write_text(json.dumps(doc))
+    done = tuner(tmp_path, "run", "--config", str(cfg), "--out", "out", "--work", "work")
+    assert done.returncode == 0, done.stderr
+    keys = {f"{r.op},{r.params}" for r in read_results(tmp_path / "out" / "results.csv").rows}
+    assert {
+        "GemmTunableOp_BFloat16_TN,tn_96_4096_512_ld_512_512_96",
+        "GemmTunableOp_Half_TN,tn_48_2048_1024_ld_1024_1024_48",
+        recorded,
+    } <= keys
+    assert len(keys) == 4  # 2 shapes recorded + 2 captured ones new to them
+    assert "2 captured GEMM(s) added to the 2 recorded (of 3 captured)" in done.stderr
+    assert "not tuning captured" in done.stderr  # the bad row, said and left out
+    manifest = loads((tmp_path / "out" / "manifest.json").read_bytes())
+    assert manifest.recorded == 4
+
+
+def test_a_missing_captured_file_is_a_clear_error(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path)
+    doc = json.loads(cfg.read_text())
+    doc["workload"]["untunedFiles"] = [str(tmp_path / "absent.csv")]
+    cfg.write_text(json.dumps(doc))
+    done = tuner(tmp_path, "run", "--config", str(cfg), "--out", "out")
+    assert done.returncode != 0
+    assert "cannot read the captured GEMMs" in error_line(done)

@@ -286,3 +286,39 @@ def test_a_burst_of_events_drops_past_the_queue_and_never_blocks() -> None:
     while len(done) < 5 - poster.dropped and time.monotonic() < deadline:
         time.sleep(0.01)
     assert len(done) == 5 - poster.dropped
+
+
+def test_a_relist_hands_back_the_capture_configmaps_it_no_longer_returns() -> None:
+    """The capture cache is a reflector's table as the main cache is: its known uids, and a
+    stub that its DELETED follow takes."""
+    from tunefleet.capture.cache import CaptureCache
+    from tunefleet.capture.store import StoreKey, StoreView, build_store_config_map, merge
+
+    captures = CaptureCache()
+    model = "AMD_Instinct_MI300X_OAM"
+    rows = ["GemmTunableOp_BFloat16_NN,nn_8_8_8_ld_8_8_8"]
+    view, _ = merge(
+        StoreView(StoreKey("ml", "p", "uid-1", model, "lib-1")), rows, 100, max_shapes=64
+    )
+    cm = build_store_config_map(view)
+    cm["metadata"]["uid"] = "cm-1"
+    assert captures.follow("ADDED", cm) == "uid-1"
+    assert captures.known("configmaps", "ml") == {"cm-1"}
+    assert captures.known("configmaps", "other") == set()
+    assert captures.known("configmaps", None) == {"cm-1"}
+
+    stub = captures.stub("configmaps", "cm-1")
+    assert stub["metadata"]["name"] == cm["metadata"]["name"]
+    assert captures.follow("DELETED", stub) == "uid-1"
+    assert captures.known("configmaps", None) == set()
+    assert captures.sizes() == {"stores": 0, "retunes": 0}
+    assert captures.stub("configmaps", "cm-1") == {}
+
+
+def test_the_capture_configmaps_are_selected_server_side_by_role() -> None:
+    from tunefleet.capture.store import ROLE_CAPTURE, ROLE_RETUNE
+
+    selector = watch.CAPTURE_CONFIGMAPS.label_selector
+    assert "app.kubernetes.io/managed-by=tunefleet" in selector
+    assert f"in ({ROLE_CAPTURE},{ROLE_RETUNE})" in selector
+    assert watch.CAPTURE_CONFIGMAPS.path("ml") == "/api/v1/namespaces/ml/configmaps"

@@ -7,15 +7,26 @@ PYTORCH_TUNABLEOP_* variables are set, and which per-ordinal results files
 sizes and PT_VERSION validator line. Every line it prints starts with "[stand-in]". Then
 it sleeps, so a Deployment stays Running, until SIGTERM/SIGINT (or exits at once with
 --once). The torch in this image is a stand-in package that computes nothing.
+
+With --gemms JSON (or $STANDIN_GEMMS), a list of shapes in spec.workload.shapes' form
+([{"mnk": [m, n, k], "dtype": "bfloat16", "transA": false, "transB": true, "bias": false,
+"batch": 1}, ...]), it runs those GEMMs through the stand-in torch as serving would
+(torch.mm, addmm with a bias, bmm; operands made as tuner_job's record step makes them),
+with whatever TunableOp settings the pod has, once at start and then every
+$STANDIN_GEMMS_EVERY seconds (default 10): so a test can make production hit shapes an
+artifact lacks. After each round it says how many TunableOp results the process holds and
+how many rows its untuned file has.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 PREFIX = "[stand-in]"
 MAX_ORDINALS = 64
@@ -92,14 +103,78 @@ def report() -> None:
         say(f"{found} results file(s) in {directory}")
 
 
+def _operands(torch: Any, shape: dict[str, Any], dtype: Any) -> tuple[Any, Any]:
+    m, n, k = (int(d) for d in shape["mnk"])
+    batch = int(shape.get("batch") or 1)
+    if batch > 1:
+        a = torch.rand(batch, m, k, dtype=dtype, device="cuda")
+        return a, torch.rand(batch, k, n, dtype=dtype, device="cuda")
+    a = (
+        torch.rand(k, m, dtype=dtype, device="cuda").t()
+        if shape.get("transA")
+        else torch.rand(m, k, dtype=dtype, device="cuda")
+    )
+    b = (
+        torch.rand(n, k, dtype=dtype, device="cuda").t()
+        if shape.get("transB")
+        else torch.rand(k, n, dtype=dtype, device="cuda")
+    )
+    return a, b
+
+
+def run_gemms(shapes: list[dict[str, Any]]) -> None:
+    """One round of the shapes' GEMMs, as a serving process runs them."""
+    import torch  # the stand-in package
+
+    for shape in shapes:
+        dtype = getattr(torch, str(shape.get("dtype") or "bfloat16"))
+        a, b = _operands(torch, shape, dtype)
+        if int(shape.get("batch") or 1) > 1:
+            torch.bmm(a, b)
+        elif shape.get("bias"):
+            n = int(shape["mnk"][1])
+            torch.addmm(torch.rand(n, dtype=dtype, device="cuda"), a, b)
+        else:
+            torch.mm(a, b)
+    loaded = len(torch.cuda.tunable.get_results())
+    untuned = os.environ.get("PYTORCH_TUNABLEOP_UNTUNED_FILENAME")
+    rows = "no untuned file"
+    if untuned:
+        stem, dot, ext = untuned.rpartition(".")
+        path = Path(f"{stem}{torch.cuda.current_device()}.{ext}" if dot else f"{untuned}0")
+        count = len(path.read_text().splitlines()) if path.is_file() else 0
+        rows = f"untuned file {path}: {count} row(s)"
+    say(f"ran {len(shapes)} GEMM(s); TunableOp holds {loaded} result(s); {rows}")
+
+
+def gemm_shapes(argv: list[str]) -> list[dict[str, Any]]:
+    raw = os.environ.get("STANDIN_GEMMS", "")
+    if "--gemms" in argv:
+        raw = argv[argv.index("--gemms") + 1]
+    if not raw:
+        return []
+    shapes = json.loads(raw)
+    if not isinstance(shapes, list) or not all(
+        isinstance(s, dict) and len(s.get("mnk") or []) == 3 for s in shapes
+    ):
+        raise SystemExit(f"{PREFIX} --gemms: a JSON list of {{mnk: [m, n, k], ...}} shapes")
+    return shapes
+
+
 def main(argv: list[str]) -> int:
     report()
+    shapes = gemm_shapes(argv)
+    if shapes:
+        run_gemms(shapes)
     if "--once" in argv:
         return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    say("sleeping (SIGTERM to stop)")
+    every = float(os.environ.get("STANDIN_GEMMS_EVERY", "10"))
+    say("serving (SIGTERM to stop)" if shapes else "sleeping (SIGTERM to stop)")
     while True:
-        time.sleep(3600)
+        time.sleep(every if shapes else 3600)
+        if shapes:
+            run_gemms(shapes)
 
 
 if __name__ == "__main__":

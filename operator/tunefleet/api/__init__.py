@@ -2,8 +2,11 @@
 
 from tunefleet.api.models import (
     Artifact,
+    CaptureSpec,
+    CaptureStatus,
     Condition,
     GpuSpec,
+    RetuneSpec,
     ServingSpec,
     Shape,
     StorageSpec,
@@ -14,8 +17,11 @@ from tunefleet.api.models import (
 
 __all__ = [
     "Artifact",
+    "CaptureSpec",
+    "CaptureStatus",
     "Condition",
     "GpuSpec",
+    "RetuneSpec",
     "ServingSpec",
     "Shape",
     "StorageSpec",

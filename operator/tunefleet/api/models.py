@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import Field, model_validator
 
+from tunefleet.api.base import DEFAULT_LABEL_KEYS, DEFAULT_RESOURCES, DNS_SUBDOMAIN
+from tunefleet.api.base import Model as _Model
+from tunefleet.api.template import PodTemplate
 from tunefleet.images import REFERENCE_PATTERN
 
 Vendor = Literal["amd", "nvidia"]
@@ -20,7 +22,6 @@ DType = Literal["float16", "bfloat16", "float32"]
 ModelName = Annotated[str, Field(min_length=1, max_length=63)]
 Arg = Annotated[str, Field(max_length=4096)]
 Dim = Annotated[int, Field(ge=1, le=1048576)]
-DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # What exec(2) and the API server take of the tune container's argv and environment.
 MAX_ARGV_CHARS = 262144
 MAX_ENV_VALUE_CHARS = 131072
@@ -31,13 +32,6 @@ STORAGE_URI = (
     r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]|pvc://[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?)"
     r"(/[A-Za-z0-9._=-]{1,255})*/?$"
 )
-
-
-class _Model(BaseModel):
-    # extra="forbid": a field the models don't know means the CRD and models drifted.
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
-    )
 
 
 class NamedRef(_Model):
@@ -178,6 +172,10 @@ class TuningLimits(_Model):
     budget_seconds: int = Field(default=3600, ge=30, le=172800)
     active_deadline_seconds: int = Field(default=7200, ge=60, le=259200)
     backoff_limit: int = Field(default=1, ge=0, le=6)
+    # A Kueue LocalQueue: Jobs created suspended under it (builders/kueue.py); not shaping.
+    queue_name: str | None = Field(
+        default=None, min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+    )
     checkpoint: Checkpoint = Checkpoint()
 
     @model_validator(mode="after")
@@ -207,6 +205,33 @@ class ServingSpec(_Model):
     pin_image: bool = False
 
 
+class RetuneSpec(_Model):
+    misses: int | None = Field(default=None, ge=1, le=100000)
+    coverage: int | None = Field(default=None, ge=1, le=100)
+    min_interval_seconds: int = Field(default=3600, ge=60, le=2592000)
+
+    @model_validator(mode="after")
+    def _threshold(self) -> RetuneSpec:
+        if self.misses is None and self.coverage is None:
+            raise ValueError(
+                "capture.retune needs misses (retune at this many new untuned shapes) or "
+                "coverage (retune below this percent), or both; omit retune to retune by hand"
+            )
+        return self
+
+
+class CaptureLimits(_Model):
+    max_shapes: int = Field(default=1024, ge=1, le=4096)
+    upload_interval_seconds: int = Field(default=30, ge=1, le=3600)
+    max_rows_per_upload: int = Field(default=256, ge=1, le=512)
+
+
+class CaptureSpec(_Model):
+    enabled: bool = False
+    retune: RetuneSpec | None = None
+    limits: CaptureLimits = CaptureLimits()
+
+
 class TuningProfileSpec(_Model):
     image: str = Field(min_length=1, max_length=512, pattern=REFERENCE_PATTERN)
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
@@ -216,6 +241,17 @@ class TuningProfileSpec(_Model):
     tuning: TuningLimits = TuningLimits()
     storage: StorageSpec
     serving: ServingSpec = ServingSpec()
+    capture: CaptureSpec = CaptureSpec()
+    template: PodTemplate | None = None
+
+    @model_validator(mode="after")
+    def _template_adds_to_the_gpu(self) -> TuningProfileSpec:
+        if self.template is not None:
+            self.template.check_gpu(
+                self.gpu.resource_name or DEFAULT_RESOURCES[self.gpu.vendor],
+                self.gpu.label_key or DEFAULT_LABEL_KEYS[self.gpu.vendor],
+            )
+        return self
 
 
 # --- status -------------------------------------------------------------------------------
@@ -270,3 +306,38 @@ class Artifact(_Model):
     config_map: ConfigMapRef | None = None
     delivery: str | None = None
     identity: dict[str, str] | None = None
+
+
+class CaptureRetune(_Model):
+    base_revision: str
+    digest: str
+    revision: str
+    shapes: int | None = None
+    reason: str | None = None
+    requested_at: str | None = None
+    config_map: str | None = None
+    nonce: str | None = None
+    state: str | None = None
+
+
+class CaptureApart(_Model):
+    stores: int | None = None
+    seen: int | None = None
+
+
+class CaptureStatus(_Model):
+    """status.capture[]: production misses of one GPU model (capture/loop.py)."""
+
+    gpu_model: str
+    identity: str | None = None
+    seen: int | None = None
+    tuned: int | None = None
+    untuned: int | None = None
+    coverage: int | None = None
+    last_capture: str | None = None
+    dropped: int | None = None
+    not_loaded_pods: int | None = None
+    apart: CaptureApart | None = None
+    retune: CaptureRetune | None = None
+    handled_nonce: str | None = None
+    message: str | None = None

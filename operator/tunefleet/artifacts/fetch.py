@@ -14,6 +14,12 @@ The time limit is wall-clock: an alarm ends whatever call is under way (a frozen
 half-open connection) when --timeout-seconds have passed since the start, so a pod waits at
 most that long. A directory holding `results.csv.gz` instead of `results.csv` (a compressed
 artifact ConfigMap, mounted) is read the same way, locally.
+
+With --candidate (one per GPU model the pod may land on, instead of --uri and --sha256) the
+artifact is picked where the pod runs: the node's name from $TUNEFLEET_NODE_NAME (the
+Downward API), its model from the node map mounted at --node-map (contracts/nodemap.py). A
+node the map does not list, or lists under several models, gets no artifact (the policy
+above): a model is never guessed.
 """
 
 from __future__ import annotations
@@ -26,11 +32,12 @@ import signal
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NoReturn, TextIO
 
-from tunefleet.contracts.fetch import LOADED, PROG, REFUSED, UNTUNED, FetchOutcome
+from tunefleet.contracts import nodemap
+from tunefleet.contracts.fetch import LOADED, PROG, REFUSED, UNTUNED, Candidate, FetchOutcome
 from tunefleet.storage import cli as storage_cli
 from tunefleet.storage.registry import open_store, parse_uri
 from tunefleet.storage.store import (
@@ -254,6 +261,53 @@ def wall_clock(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
+@dataclass(frozen=True)
+class Picked:
+    candidate: Candidate
+    node: str
+
+    def mark(self, outcome: FetchOutcome) -> FetchOutcome:
+        """The outcome, naming the model picked and the node."""
+        return replace(outcome, gpu_model=self.candidate.gpu_model, node=self.node)
+
+
+def pick(raw: list[str], node_map: str | None, map_name: str = "") -> Picked:
+    """The candidate of the node this pod runs on, by the mounted node map; FetchError when
+    the map cannot say (never a guess)."""
+    try:
+        candidates = [Candidate.from_arg(c) for c in raw]
+    except ValueError as exc:
+        raise FetchError(f"bad arguments: {exc}") from None
+    node = os.environ.get(nodemap.NODE_ENV, "").strip()
+    if not node:
+        raise FetchError(
+            f"${nodemap.NODE_ENV} is not set: this pod cannot tell which node it runs on"
+        )
+    if not node_map:
+        raise FetchError("bad arguments: --candidate needs --node-map")
+    models = [c.gpu_model for c in candidates]
+    lists = nodemap.read_lists(Path(node_map), models)
+    found = nodemap.models_of(node, lists)
+    where = f"tunefleet's node map{f' (ConfigMap {map_name})' if map_name else ''}"
+    if len(found) == 1:
+        return Picked(next(c for c in candidates if c.gpu_model == found[0]), node)
+    if found:
+        raise FetchError(
+            f"node {node} is listed under several GPU models in {where} ({', '.join(found)}): "
+            "it was relabelled moments ago; no artifact is picked for an unsure model"
+        )
+    if all(v is None for v in lists.values()):
+        raise FetchError(
+            f"{where} was not there when this pod started (the operator makes it for each "
+            "namespace with TuningProfiles): its GPU model cannot be told"
+        )
+    raise FetchError(
+        f"node {node} is not listed under any of the GPU models this pod can be served for "
+        f"({', '.join(models)}) in {where}: it joined moments ago (the map follows the "
+        "nodes within seconds), or its GPU model is another"
+    )
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # A bad command line must follow the fail-open/closed policy too, not block the pod.
@@ -262,8 +316,16 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--uri", required=True, help="s3://bucket/prefix/ns/profile/model/<sha256>")
-    p.add_argument("--sha256", required=True, help="the pinned SHA-256 of results.csv")
+    p.add_argument("--uri", help="s3://bucket/prefix/ns/profile/model/<sha256>")
+    p.add_argument("--sha256", help="the pinned SHA-256 of results.csv")
+    p.add_argument(
+        "--candidate",
+        action="append",
+        default=[],
+        help="a GPU model the pod may land on (JSON: contracts.fetch.Candidate); picked by node",
+    )
+    p.add_argument("--node-map", help="directory of the node map's lists, one file per model")
+    p.add_argument("--node-map-name", default="", help="the node map's ConfigMap, for messages")
     p.add_argument("--manifest-sha256", help="the pinned SHA-256 of manifest.json")
     p.add_argument("--dest", required=True, help="directory for tunableop_results<i>.csv")
     p.add_argument("--devices", required=True, type=int, help="GPUs the pod uses (files 0..N-1)")
@@ -293,28 +355,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     log_path: str | None = "/dev/termination-log"
     if "--termination-log" in raw[:-1]:
         log_path = raw[raw.index("--termination-log") + 1]
+    picked: Picked | None = None
     try:
         args = _parser().parse_args(raw)
+        uri, sha, gpu_model, manifest_sha = (
+            args.uri, args.sha256, args.gpu_model, args.manifest_sha256,
+        )  # fmt: skip
+        if args.candidate:
+            picked = pick(args.candidate, args.node_map, args.node_map_name)
+            chosen = picked.candidate
+            if chosen.untuned:
+                # The node's model is one the pod could land on, with nothing to serve.
+                verdict = REFUSED if chosen.fail_closed else UNTUNED
+                outcome = picked.mark(FetchOutcome(verdict, chosen.untuned))
+                _say(outcome.line(), log_path, sys.stderr)
+                return 1 if verdict == REFUSED else 0
+            uri, sha, gpu_model = chosen.uri, chosen.sha256, chosen.gpu_model
+            manifest_sha = chosen.manifest_sha256 or None
+        elif not (uri and sha):
+            raise FetchError("bad arguments: --uri and --sha256 (or --candidate) are required")
         with wall_clock(args.timeout_seconds):
             got = fetch(
-                args.uri,
-                args.sha256,
+                uri,
+                sha,
                 Path(args.dest),
                 args.devices,
-                gpu_model=args.gpu_model,
+                gpu_model=gpu_model,
                 options=storage_cli.options(args),
-                manifest_sha256=args.manifest_sha256,
+                manifest_sha256=manifest_sha,
             )
     except Exception as exc:  # any problem at all follows the policy: that is its point
         known = isinstance(exc, FetchError | StoreError)
         reason = " ".join(
             (str(exc) if known else f"internal error: {type(exc).__name__}: {exc}").split()
         )
-        if fail_closed:
-            _say(FetchOutcome(REFUSED, reason).line(), log_path, sys.stderr)
-            return 1
-        _say(FetchOutcome(UNTUNED, reason).line(), log_path, sys.stderr)
-        return 0
+        verdict = REFUSED if fail_closed else UNTUNED
+        outcome = FetchOutcome(verdict, reason)
+        if picked is not None:
+            outcome = picked.mark(outcome)
+        _say(outcome.line(), log_path, sys.stderr)
+        return 1 if fail_closed else 0
     loaded = FetchOutcome(
         LOADED,
         files=len(got.paths),
@@ -324,6 +404,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         tuned=got.outcomes.tuned if got.outcomes else None,
         default=got.outcomes.default if got.outcomes else None,
     )
+    if picked is not None:
+        loaded = picked.mark(loaded)
     _say(loaded.line(), log_path, sys.stdout)
     return 0
 

@@ -47,6 +47,7 @@ from pydantic import ValidationError
 
 from tunefleet import GROUP, PLURAL, VERSION, naming
 from tunefleet.api import TuningProfileSpec
+from tunefleet.contracts.admission import Admission
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.storage import cli as storage_cli
 from tunefleet.storage.filesystem import DirStore
@@ -309,6 +310,7 @@ class ProfileFacts:
 class Fleet:
     profiles: dict[tuple[str, str], ProfileFacts] = field(default_factory=dict)
     referenced: set[ArtifactId] = field(default_factory=set)
+    pinned: set[ArtifactId] = field(default_factory=set)  # by model pods that still run
     using_store: int = 0  # profiles whose spec.storage.uri is this store
 
 
@@ -364,10 +366,24 @@ def add_profile(fleet: Fleet, doc: dict[str, Any], location: Location) -> None:
     fleet.using_store += _same_store(doc.get("spec"), location)
 
 
-def fleet_of(docs: Iterable[dict[str, Any]], location: Location) -> Fleet:
+def pinned_ids(uris: Iterable[str]) -> set[ArtifactId]:
+    """The artifacts model pods were pinned to at admission, by their URIs' last four
+    segments (`<ns>/<profile>/<model>/<sha256>`)."""
+    ids: set[ArtifactId] = set()
+    for uri in uris:
+        tail = uri.rstrip("/").split("/")[-4:]
+        if len(tail) == 4 and _SHA_RE.match(tail[3]):
+            ids.add((tail[0], tail[1], tail[2], tail[3]))
+    return ids
+
+
+def fleet_of(
+    docs: Iterable[dict[str, Any]], location: Location, pinned: Iterable[str] = ()
+) -> Fleet:
     fleet = Fleet()
     for doc in docs:
         add_profile(fleet, doc, location)
+    fleet.pinned = pinned_ids(pinned)
     return fleet
 
 
@@ -388,18 +404,53 @@ def read_profiles(
     return docs
 
 
+def read_pinned(
+    kubeconfig: str | None, context: str | None, namespaces: Sequence[str] | None
+) -> list[str]:
+    """The artifact URIs that model pods not yet ended were pinned to at admission (their
+    annotations, read by the contract's owner). A pod that restarts (its init containers run
+    again) or whose fetch has not run yet still reads its artifact, however old: status and
+    history are bounded, pods are not. A pod can only keep an artifact, never remove one."""
+    from tunefleet.plugin.cluster import connect
+    from tunefleet.plugin.errors import PluginError
+
+    try:
+        cluster = connect(kubeconfig, context, None)
+    except PluginError as e:
+        raise GcError(str(e)) from None
+    uris: list[str] = []
+    for namespace in namespaces if namespaces is not None else [None]:
+        path = "/api/v1/" + (f"namespaces/{namespace}/" if namespace else "") + "pods"
+        where = f"in namespace {namespace}" if namespace else "cluster-wide"
+        query = [
+            ("labelSelector", naming.PROFILE_LABEL),
+            ("fieldSelector", "status.phase!=Succeeded,status.phase!=Failed"),
+        ]
+        for pod in _pages(cluster.api, cluster.host, path, query, f"pods {where}"):
+            admitted = Admission.read(pod)
+            if admitted is not None and admitted.uri:
+                uris.append(admitted.uri)
+    return uris
+
+
+def _pages(
+    api: Any, host: str, path: str, query: list[tuple[str, str]], what: str
+) -> Iterator[dict[str, Any]]:
+    """Every item of a list, a page at a time (only one page is held)."""
+    token = ""
+    while True:
+        paged = [*query, ("limit", str(PROFILE_PAGE))] + ([("continue", token)] if token else [])
+        page = _api_get(api, host, path, paged, what)
+        yield from (d for d in page.get("items") or [] if isinstance(d, dict))
+        token = str((page.get("metadata") or {}).get("continue") or "")
+        if not token:
+            return
+
+
 def _list_profiles(api: Any, host: str, namespace: str | None) -> list[dict[str, Any]]:
     where = f"in namespace {namespace}" if namespace else "cluster-wide"
     path = f"/apis/{GROUP}/{VERSION}/" + (f"namespaces/{namespace}/" if namespace else "") + PLURAL
-    docs: list[dict[str, Any]] = []
-    token = ""
-    while True:
-        query = [("limit", str(PROFILE_PAGE))] + ([("continue", token)] if token else [])
-        page = _api_get(api, host, path, query, f"tuningprofiles.{GROUP} {where}")
-        docs += [d for d in page.get("items") or [] if isinstance(d, dict)]
-        token = str((page.get("metadata") or {}).get("continue") or "")
-        if not token:
-            return docs
+    return list(_pages(api, host, path, [], f"tuningprofiles.{GROUP} {where}"))
 
 
 def _api_get(api: Any, host: str, path: str, query: list[tuple[str, str]], what: str) -> Any:
@@ -431,8 +482,8 @@ def _api_refusal(e: Any, host: str, what: str) -> str:
         message = str(e.reason)
     fixes = {
         401: "log in again or pick another --context",
-        403: f"grant get/list on tuningprofiles.{GROUP} (the chart's gc RBAC does), or "
-        "restrict gc to namespaces it may read with --namespace",
+        403: f"grant get/list on tuningprofiles.{GROUP} and list on pods (the chart's gc RBAC "
+        "does), or restrict gc to namespaces it may read with --namespace",
         404: "is the TuningProfile CRD installed in this cluster?",
     }
     fix = fixes.get(status, "try again; if it persists, check the API server")
@@ -492,6 +543,7 @@ def kept_young(rules: Rules) -> str:
 
 
 KEPT_REFERENCED = "artifacts referenced by a profile's status"
+KEPT_PINNED = "artifacts a model pod still running was pinned to"
 KEPT_CURRENT = "scratch of a current revision not yet published"
 KEPT_UNKNOWN = "objects of no layout tunefleet writes (left alone)"
 KEPT_ENTRY = "library entries holding a GEMM row no older entry has"
@@ -521,6 +573,8 @@ def _artifact_verdict(
     count = len(group.objects)
     if ident in fleet.referenced:
         plan.keep(KEPT_REFERENCED, count)
+    elif ident in fleet.pinned:
+        plan.keep(KEPT_PINNED, count)
     elif among_newest:
         plan.keep(kept_newest(plan.rules), count)
     elif plan.rules.young(group.newest):
@@ -529,8 +583,8 @@ def _artifact_verdict(
         return "incomplete (no manifest.json: a publish that never finished), not referenced"
     else:
         return (
-            f"not referenced by any profile's status, not among the newest {plan.rules.keep} "
-            f"of {ident[0]}/{ident[1]}/{ident[2]}"
+            f"not referenced by any profile's status or running pod, not among the newest "
+            f"{plan.rules.keep} of {ident[0]}/{ident[1]}/{ident[2]}"
         )
     return ""
 
@@ -785,11 +839,13 @@ def collect(
     profiles: Iterable[dict[str, Any]],
     rules: Rules,
     namespaces: Sequence[str] | None = None,
+    pinned: Iterable[str] = (),
 ) -> Plan:
-    """Decide everything (reads only). Profiles come first: read before the store is listed,
-    an artifact published in between is younger than the grace period."""
+    """Decide everything (reads only). Profiles and pods come first: read before the store
+    is listed, an artifact published (or pinned by a new pod) in between is younger than the
+    grace period. `pinned`: artifact URIs running model pods were pinned to (read_pinned)."""
     docs = list(profiles)
-    fleet = fleet_of(docs, location)
+    fleet = fleet_of(docs, location, pinned)
     inv = list_store(store, location, namespaces)
     if not rules.now:
         rules = Rules(rules.keep, rules.grace_s, clock())
@@ -1029,8 +1085,9 @@ def open_checked(location: Location, options: StoreOptions) -> Store:
 def run(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     a = check_args(args)
     profiles = read_profiles(args.kubeconfig, args.context, a.namespaces)
+    pinned = read_pinned(args.kubeconfig, args.context, a.namespaces)
     store = open_checked(a.location, a.options)
-    plan = collect(store, a.location, profiles, a.rules, a.namespaces)
+    plan = collect(store, a.location, profiles, a.rules, a.namespaces, pinned)
     if args.apply and plan.deletes and not plan.using_store and not args.unused_store_ok:
         raise GcError(
             f"refusing to apply: none of the {plan.profiles} profiles read names "

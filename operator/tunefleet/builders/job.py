@@ -15,8 +15,10 @@ from typing import Any
 
 from tunefleet import GROUP, KIND, VERSION, naming
 from tunefleet.api import TuningProfileSpec
+from tunefleet.builders.kueue import under_queue
 from tunefleet.builders.security import SMALL_RESOURCES, hardened, tunefleet_container
 from tunefleet.builders.storage import pod_storage, with_storage
+from tunefleet.builders.template import apply_to_merge_job, apply_to_tuning_job
 from tunefleet.config import Config
 from tunefleet.storage.store import PodStorage
 
@@ -31,6 +33,9 @@ IMAGE_ID_KEY = "tune-image-id"
 # tuner_job/exchange.py). No '.' and no '0' in the path: mgpu_tune_gemm_in_file's quirks.
 EXCHANGE_DIR = "/tunefleet/exchange"
 EXCHANGE_WAIT_SECONDS = 300
+# A retune's captured shapes (capture/store.py's retune set), as an untuned file the tuner adds.
+CAPTURED_DIR = "/tunefleet/captured"
+CAPTURED_KEY = "untuned.csv"
 # The tune container starts python3 itself, with no shell (distroless Python images have none)
 # and runs the tuner by its path, so neither the image's PYTHONPATH nor a user's PYTHONPATH in
 # workload.env is replaced or can hide the package. The workload's command and args follow
@@ -65,10 +70,14 @@ class Child:
     uid: str
     model: str
     config: Config = field(default_factory=Config)
+    # A retune of captured misses (capture/loop.py): the revision it tunes under, and the
+    # immutable ConfigMap of the shapes it adds to what the workload records.
+    revision_override: str = ""
+    captured: str = ""
 
     @property
     def revision(self) -> str:
-        return naming.revision(self.spec)
+        return self.revision_override or naming.revision(self.spec)
 
     def name(self, step: str = "tune") -> str:
         return naming.job_name(self.profile, self.model, self.revision, self.uid, step)
@@ -108,7 +117,12 @@ class Child:
 
 
 def tuning_config(
-    spec: TuningProfileSpec, namespace: str, profile: str, model: str, rev: str
+    spec: TuningProfileSpec,
+    namespace: str,
+    profile: str,
+    model: str,
+    rev: str,
+    captured: bool = False,
 ) -> dict[str, Any]:
     """What the tuner reads from --config (tuner_job/config.py's contract). The workload
     command is not in it: it is the tune container's argv (see TUNE_COMMAND)."""
@@ -117,6 +131,8 @@ def tuning_config(
     )
     for shape in workload.get("shapes", []):
         shape["m"], shape["n"], shape["k"] = shape.pop("mnk")
+    if captured:
+        workload["untunedFiles"] = [f"{CAPTURED_DIR}/{CAPTURED_KEY}"]
     return {
         "namespace": namespace,
         "profile": profile,
@@ -133,7 +149,7 @@ def tuning_config(
 def build_tuning_config_map(c: Child) -> dict[str, Any]:
     """The tune step's configuration, under the Job's own name (made before the Job)."""
     data = json.dumps(
-        tuning_config(c.spec, c.namespace, c.profile, c.model, c.revision),
+        tuning_config(c.spec, c.namespace, c.profile, c.model, c.revision, bool(c.captured)),
         separators=(",", ":"),
         sort_keys=True,
     )
@@ -166,12 +182,14 @@ def _pod_spec(
 def _job(
     c: Child, name: str, labels: dict[str, str], pod: dict[str, Any], **spec: Any
 ) -> dict[str, Any]:
-    return {
+    job = {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": c.metadata(name, labels),
         "spec": {**spec, "template": {"metadata": {"labels": labels}, "spec": pod}},
     }
+    # Kueue's label on the Job only (not the pod template's labels, which select its pods).
+    return under_queue(job, c.spec.tuning.queue_name)
 
 
 def _sync_container(c: Child, storage: PodStorage) -> dict[str, Any]:
@@ -258,8 +276,14 @@ def build_tuning_job(c: Child) -> dict[str, Any]:
         # Every key, so that IMAGE_ID_KEY appears in publish's mount when the operator adds it.
         {"name": "config", "configMap": {"name": c.name()}},
     ]
+    tune = _tune_container(c)
+    if c.captured:
+        volumes.append({"name": "captured", "configMap": {"name": c.captured}})
+        tune["volumeMounts"].append(
+            {"name": "captured", "mountPath": CAPTURED_DIR, "readOnly": True}
+        )
     pod = _pod_spec([_publish_container(c, storage)], volumes, storage)
-    pod["initContainers"] = [bootstrap, _sync_container(c, storage), _tune_container(c)]
+    pod["initContainers"] = [bootstrap, _sync_container(c, storage), tune]
     pod["nodeSelector"] = {naming.label_key(spec): model}
     # GPU nodes are commonly tainted with their resource name; tolerate only that.
     pod["tolerations"] = [
@@ -282,12 +306,13 @@ def build_tuning_job(c: Child) -> dict[str, Any]:
     shards = spec.gpu.parallelism
     # Indexed: pod i tunes share i (JOB_COMPLETION_INDEX); a failed share is retried alone,
     # up to backoffLimitPerIndex times.
-    return _job(
+    job = _job(
         c, c.name(), labels, pod,
         completionMode="Indexed", completions=shards, parallelism=shards,
         backoffLimitPerIndex=spec.tuning.backoff_limit,
         activeDeadlineSeconds=spec.tuning.active_deadline_seconds,
     )  # fmt: skip
+    return apply_to_tuning_job(job, spec)
 
 
 def build_merge_job(c: Child) -> dict[str, Any]:
@@ -302,4 +327,5 @@ def build_merge_job(c: Child) -> dict[str, Any]:
     merge = with_storage(c.step("merge", command, [{"name": "tmp", "mountPath": "/tmp"}]), storage)
     pod = _pod_spec([merge], [{"name": "tmp", "emptyDir": {}}], storage)
     labels = c.labels(role="merge")
-    return _job(c, c.name("merge"), labels, pod, backoffLimit=2, activeDeadlineSeconds=1800)
+    job = _job(c, c.name("merge"), labels, pod, backoffLimit=2, activeDeadlineSeconds=1800)
+    return apply_to_merge_job(job, spec)

@@ -176,6 +176,8 @@ def results_mount() -> dict[str, Any]:
     return {"name": VOLUME, "mountPath": RESULTS_DIR, "readOnly": True}
 
 
-def tunable_env(have: set[str]) -> list[dict[str, str]]:
-    """TunableOp's settings for a container that loads results, but those it sets itself."""
-    return [{"name": k, "value": v} for k, v in TUNABLE_ENV.items() if k not in have]
+def tunable_env(have: set[str], capture: bool = False) -> list[dict[str, str]]:
+    """TunableOp's settings for a container that loads results, but those it sets itself.
+    With capture, it records what it finds no result for (builders/capture.py adds where)."""
+    wanted = {**TUNABLE_ENV, **({"PYTORCH_TUNABLEOP_RECORD_UNTUNED": "1"} if capture else {})}
+    return [{"name": k, "value": v} for k, v in wanted.items() if k not in have]

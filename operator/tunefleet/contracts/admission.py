@@ -8,7 +8,8 @@ decision annotation reads as code `unknown` with its reason.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -47,6 +48,9 @@ class Admission:
     gpu_model: str = ""
     image_warning: str = ""
     config_map: str = ""  # the ConfigMap the artifact is mounted from ("": fetched)
+    # Picked where the pod lands: {model: pinned sha256, or "" where it starts untuned}. The
+    # model picked is in the fetch init container's outcome (contracts/fetch.py).
+    candidates: dict[str, str] = field(default_factory=dict)
 
     def write(self, pod: dict[str, Any]) -> None:
         """Mark `pod` (in place): the label every admitted pod gets, and the annotations."""
@@ -66,6 +70,10 @@ class Admission:
         ):
             if value:
                 anns[key] = value
+        if self.candidates:
+            anns[naming.CANDIDATES_ANNOTATION] = json.dumps(
+                self.candidates, separators=(",", ":"), sort_keys=True
+            )
 
     @classmethod
     def read(cls, pod: dict[str, Any]) -> Admission | None:
@@ -94,4 +102,15 @@ class Admission:
             gpu_model=str(anns.get(naming.POD_MODEL_ANNOTATION) or ""),
             image_warning=str(anns.get(naming.IMAGE_WARNING_ANNOTATION) or ""),
             config_map=str(anns.get(naming.ARTIFACT_CONFIG_MAP_ANNOTATION) or ""),
+            candidates=_candidates(anns.get(naming.CANDIDATES_ANNOTATION)),
         )
+
+
+def _candidates(raw: object) -> dict[str, str]:
+    try:
+        found = json.loads(str(raw)) if raw else {}
+    except ValueError:
+        return {}
+    if not isinstance(found, dict):
+        return {}
+    return {str(k): str(v or "") for k, v in found.items()}

@@ -72,7 +72,9 @@ async def pod_mutate(
         log.info(f"refused pod {namespace}/{pod_name}: {decision.deny}")
         raise kopf.AdmissionError(decision.deny, code=403)
     apply(body, patch, decision)
-    warnings.extend(decision.warnings)
+    warnings.extend([*decision.warnings, *decision.notes])
+    for note in decision.notes:
+        log.info(f"pod {namespace}/{pod_name}: {note}")
     if entry is not None:
         announce(views.profile_ref(entry), pod_name, decision)
     # One line per admission with the handler's own duration: `make bench` reads these.

@@ -9,15 +9,23 @@ import logging
 import os
 import socket
 import uuid
-from typing import Any
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Protocol
 
 import kopf
 
 from tunefleet import kube, metrics, naming, watch
 from tunefleet.cache import Cache
+from tunefleet.capture import endpoint as capture_endpoint
+from tunefleet.capture.cache import CaptureCache
+from tunefleet.capture.keys import ArtifactKeys
+from tunefleet.capture.step import CaptureSource
+from tunefleet.capture.store import Writer
 from tunefleet.config import Config
 from tunefleet.controller import Controller, Indexes
 from tunefleet.leader import LeaseElector
+from tunefleet.nodemap import NodeMaps
 from tunefleet.watch import Reflectors
 from tunefleet.webhook import server as webhook_server
 
@@ -52,10 +60,27 @@ class _ElectorHolder:
     elector: LeaseElector | None = None
 
 
+class _NodeMapsHolder:
+    maps: NodeMaps | None = None
+
+    def profile_changed(self, namespace: str) -> None:
+        if self.maps is not None:
+            self.maps.profile_changed(namespace)
+
+
 CONFIG = _ConfigHolder()
 CONTROLLER = _ControllerHolder()
 CACHE = Cache()
 ELECTOR = _ElectorHolder()
+NODE_MAPS = _NodeMapsHolder()
+CAPTURES = CaptureCache()  # capture stores and retune sets (handlers/capture.py follows them)
+
+
+class _EndpointHolder:
+    server: capture_endpoint.Server | None = None
+
+
+ENDPOINT = _EndpointHolder()
 
 
 class _ReflectorsHolder:
@@ -74,13 +99,26 @@ def reflectors(config: Config) -> Reflectors:
     out = []
     for ns in spaces:
         for kind, handler in kinds:
+            # Where what this kind's handler keeps is: the capture cache, or the main one.
+            table: _Table = CAPTURES if kind == watch.CAPTURE_CONFIGMAPS else CACHE
 
-            def forget(uid: str, kind: watch.Kind = kind, handler: watch.Handler = handler) -> None:
-                handler("DELETED", CACHE.stub(kind.name, uid))
+            def forget(
+                uid: str, kind: watch.Kind = kind, handler: watch.Handler = handler,
+                table: _Table = table,
+            ) -> None:  # fmt: skip
+                handler("DELETED", table.stub(kind.name, uid))
 
-            known = functools.partial(CACHE.known, kind.name, ns)
+            known = functools.partial(table.known, kind.name, ns)
             out.append(watch.Reflector(api, kind, ns, handler, known, forget))
     return Reflectors(out)
+
+
+class _Table(Protocol):
+    """What a reflector checks its lists against (cache.Cache, capture.cache.CaptureCache)."""
+
+    def known(self, kind: str, namespace: str | None) -> set[str]: ...
+
+    def stub(self, kind: str, uid: str) -> dict[str, Any]: ...
 
 
 def follow_child(kind: str, event: str | None, body: dict[str, Any]) -> None:
@@ -115,6 +153,7 @@ async def operator_startup(
         written=CACHE.written,
         refresh=CACHE.put_profile,
         has_profile=CACHE.has_profile_uid,
+        captures=CaptureSource(CAPTURES, ArtifactKeys(config)),
     )
     controller = Controller(
         config, indexes, workers=config.workers, resync_seconds=config.resync_seconds
@@ -131,6 +170,19 @@ async def operator_startup(
         f"{sizes['pods']} tuning pods"
     )
     controller.start()
+    # The node maps pods pick their GPU model by (nodemap.py): written while leading only.
+    maps = NodeMaps(CACHE.profiles, CACHE.profile, controller.active)
+    NODE_MAPS.maps = maps
+    maps.start()
+
+    def lead() -> None:
+        controller.lead()
+        maps.lead()
+
+    def follow() -> None:
+        controller.follow()
+        maps.follow()
+
     metrics.REGISTRY.register(
         metrics.IndexCollector(statuses=CACHE.statuses, queue_depth=controller.queue.pending)
     )
@@ -143,16 +195,19 @@ async def operator_startup(
             config.lease_name,
             config.lease_namespace,
             identity,
-            on_started=controller.lead,
-            on_stopped=controller.follow,
+            on_started=lead,
+            on_stopped=follow,
         )
         # Every write of this process passes the Lease's fence first (kube.py, leader.py).
         kube.set_fence(ELECTOR.elector.fence)
         ELECTOR.elector.start()
     else:
-        controller.lead()  # one replica: nobody to elect
+        lead()  # one replica: nobody to elect
     if config.webhook_enabled:
-        settings.admission.server = webhook_server.build(config)
+        server = webhook_server.build(config)
+        settings.admission.server = server
+        config = await _start_capture(config, server, logger)
+        CONFIG.set(config, controller)
         if config.webhook_register:
             settings.admission.managed = None
             await webhook_server.register_when_ready(settings.admission.server, config, logger)
@@ -160,6 +215,63 @@ async def operator_startup(
         f"tunefleet operator started: {config.workers} reconcile workers, resync every "
         f"{config.resync_seconds:.0f}s; tuning Jobs use image {config.image}"
     )
+
+
+def _service_address(service: str) -> str:
+    """The cluster IP of the Service (name.namespace) model pods reach the endpoint through:
+    for clusters whose pods have no DNS (the sidecar connects there, and checks the
+    certificate against the Service's name)."""
+    import kubernetes
+
+    name, _, namespace = service.partition(".")
+    core = kubernetes.client.CoreV1Api(kube.api())
+    svc = core.read_namespaced_service(name, namespace, _request_timeout=kube.REQUEST_TIMEOUT)
+    ip = str(svc.spec.cluster_ip or "")
+    return "" if ip == "None" else ip
+
+
+async def _start_capture(config: Config, server: kopf.WebhookServer, logger: kopf.Logger) -> Config:
+    """The capture endpoint beside the webhook, with its certificate; and how model pods reach
+    it (URL, address, CA), for admission."""
+    if not config.capture_port or not (server.certfile and server.pkeyfile):
+        return config
+    deps = capture_endpoint.real_deps(
+        lambda ns, name: CACHE.profile((ns, name)), Writer(), CAPTURES.store
+    )
+    ENDPOINT.server = capture_endpoint.Server(
+        capture_endpoint.Endpoint(deps),
+        config.webhook_addr,
+        config.capture_port,
+        str(server.certfile),
+        str(server.pkeyfile),
+    )
+    try:
+        await ENDPOINT.server.start()
+    except OSError as e:  # the port is taken: the webhook and reconciler go on without capture
+        logger.warning(f"capture endpoint not started on port {config.capture_port}: {e}")
+        ENDPOINT.server = None
+        return config
+    url, address = config.capture_url, config.capture_address
+    if not url and config.capture_service:
+        name, _, namespace = config.capture_service.partition(".")
+        url = f"https://{name}.{namespace}.svc:{config.capture_service_port}"
+    if config.capture_service and not address:
+        try:
+            address = await asyncio.to_thread(_service_address, config.capture_service)
+        except Exception as e:
+            logger.warning(f"capture: cannot read Service {config.capture_service}: {e}")
+    ca = ""
+    bundle = [server.cafile] if server.cafile else []
+    if server.certfile:
+        bundle.append(str(Path(str(server.certfile)).with_name("ca-previous.crt")))
+    for path in bundle:
+        with contextlib.suppress(OSError):
+            ca += Path(str(path)).read_text()
+    if url:
+        logger.info(
+            f"capture endpoint for model pods: {url}" + (f" ({address})" if address else "")
+        )
+    return replace(config, capture_url=url, capture_address=address, capture_ca=ca)
 
 
 @kopf.on.cleanup()
@@ -171,3 +283,7 @@ async def operator_cleanup(**_: Any) -> None:
         await asyncio.to_thread(ELECTOR.elector.stop, True)
     with contextlib.suppress(RuntimeError):  # startup never got that far
         CONTROLLER.get().stop()
+    if NODE_MAPS.maps is not None:
+        NODE_MAPS.maps.stop()
+    if ENDPOINT.server is not None:
+        await ENDPOINT.server.stop()

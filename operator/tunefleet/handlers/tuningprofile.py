@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tunefleet import metrics, watch
-from tunefleet.handlers.startup import CACHE, CONTROLLER
+from tunefleet.handlers.startup import CACHE, CONTROLLER, NODE_MAPS
 
 
 @watch.on(watch.PROFILES)
@@ -19,7 +19,9 @@ def tuningprofile_event(type: str | None, body: dict[str, Any]) -> None:
     if type == "DELETED":
         CACHE.drop_profile(key)
         CONTROLLER.get().forget(key, meta.get("uid"))
+        NODE_MAPS.profile_changed(key[0])
         return
     view = CACHE.put_profile(body)
+    NODE_MAPS.profile_changed(key[0])
     if CONTROLLER.get().wants(view):
         CONTROLLER.get().enqueue(key)

@@ -90,6 +90,39 @@ class Cluster:
         )
         return dict(got) if got is not None else None
 
+    def patch_profile(
+        self, namespace: str, name: str, patch: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """Merge-patch a TuningProfile (metadata only, here); None when it does not exist."""
+        what = f"{KIND} {namespace}/{name}"
+
+        def call() -> Any:
+            resp = self.api.call_api(
+                f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}",
+                "PATCH",
+                body=patch,
+                header_params={
+                    "Accept": "application/json",
+                    "Content-Type": "application/merge-patch+json",
+                },
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+                _preload_content=False,
+                _request_timeout=REQUEST_TIMEOUT,
+            )
+            return json.loads(resp.data)
+
+        try:
+            got = self._call(what, call)
+        except PluginError as e:
+            if "not allowed to read" in str(e):
+                raise PluginError(
+                    f"not allowed to annotate {what}: ask for patch access to tuningprofiles "
+                    "(or annotate it yourself: kubectl annotate tp ...)"
+                ) from None
+            raise
+        return dict(got) if got is not None else None
+
     def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         got = self._get(f"Pod {namespace}/{name}", f"/api/v1/namespaces/{namespace}/pods/{name}")
         return dict(got) if got is not None else None

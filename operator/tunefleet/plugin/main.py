@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 
 from tunefleet import __version__
 from tunefleet.artifacts.fetch import MAX_DEVICES
+from tunefleet.contracts.retune import RetuneRequest
 
 from . import cluster as cluster_mod
 from .artifacts import (
@@ -30,6 +31,7 @@ from .artifacts import (
 )
 from .diff import diff_results, format_diff, parse_ref
 from .errors import PluginError
+from .retune import format_retune, retune_request
 from .status import format_status, status_report
 from .why import explain, format_why
 
@@ -45,7 +47,7 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # One line, like every other error (argparse would print the usage block first).
         if message.endswith("required: command"):
-            message = "name a command: status, why, download or diff"
+            message = "name a command: status, why, download, diff or retune"
         sub = self.prog.split()[2:]  # "kubectl tunefleet <command>"
         raise UsageError(f"{message}: see `kubectl tunefleet {' '.join([*sub, '--help'])}`")
 
@@ -124,7 +126,16 @@ def parser() -> argparse.ArgumentParser:
     df.add_argument("a", metavar="A")
     df.add_argument("b", metavar="B")
     _s3(df)
-    for sp in (st, why, dl, df):
+    rt = sub.add_parser(
+        "retune",
+        help="retune a profile now from its captured misses (whatever spec.capture.retune says)",
+        description="Asks the operator to tune the captured shapes the current artifact lacks "
+        "(status.capture), once, by annotating the profile (tunefleet.io/retune). It starts "
+        "when the GPU model's tuning is settled; `kubectl tunefleet status` shows it.",
+    )
+    rt.add_argument("profile")
+    rt.add_argument("--gpu-model", default="", help="only this GPU model (default: every one)")
+    for sp in (st, why, dl, df, rt):
         _common(sp)
     return p
 
@@ -177,6 +188,17 @@ def run(args: argparse.Namespace) -> int:
         events = kube.profile_events(profile) if profile else []
         report = explain(pod, profile, events)
         _emit(args, report, format_why(report, now))
+        return 0
+    if args.command == "retune":
+        kube = _connect(args)
+        profile = kube.profile(kube.namespace, args.profile)
+        if profile is None:
+            raise not_found_profile(args.profile, kube.namespace)
+        report = retune_request(profile, args.gpu_model)
+        request = RetuneRequest(report["nonce"], args.gpu_model)
+        if kube.patch_profile(kube.namespace, args.profile, request.patch()) is None:
+            raise not_found_profile(args.profile, kube.namespace)
+        _emit(args, report, format_retune(report))
         return 0
     if args.command == "download":
         opts = _s3_options(args)

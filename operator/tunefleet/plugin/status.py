@@ -6,6 +6,7 @@ import datetime
 from typing import Any
 
 from tunefleet import naming
+from tunefleet.capture.loop import model_revision
 from tunefleet.conditions import TYPES
 from tunefleet.contracts.artifact import ArtifactRecord
 
@@ -38,6 +39,8 @@ def status_report(profile: dict[str, Any], events: list[dict[str, Any]]) -> dict
     spec = profile.get("spec") or {}
     st = profile.get("status") or {}
     revision = str(st.get("revision") or "")
+    capture = [dict(e) for e in st.get("capture") or [] if isinstance(e, dict)]
+    by_model = {str(e.get("gpuModel")): e for e in capture}
     models = [str(m) for m in (spec.get("gpu") or {}).get("models") or []]
     arts = {a.get("gpuModel"): a for a in st.get("artifacts") or [] if isinstance(a, dict)}
     # Models of the spec first, in its order; then any artifact of a model no longer there.
@@ -65,13 +68,20 @@ def status_report(profile: dict[str, Any], events: list[dict[str, Any]]) -> dict
             {
                 "gpuModel": m,
                 "inSpec": m in models,
-                "artifact": _artifact(arts[m], revision) if m in arts else None,
+                "artifact": (
+                    _artifact(arts[m], model_revision(revision, by_model.get(m)))
+                    if m in arts
+                    else None
+                ),
             }
             for m in order
         ],
         "jobs": [dict(j) for j in st.get("jobs") or [] if isinstance(j, dict)],
         "progress": str(st.get("progress") or ""),
         "unadmittedPods": int(st.get("unadmittedPods") or 0),
+        "capture": capture,
+        "captureEnabled": bool((spec.get("capture") or {}).get("enabled")),
+        "coverage": str(st.get("coverage") or ""),
         "history": {
             "count": len(history),
             "artifacts": [
@@ -145,6 +155,59 @@ def _artifact_lines(
     return lines + table(rows, indent=4)
 
 
+def _capture_lines(report: dict[str, Any], now: datetime.datetime) -> list[str]:
+    """Production misses per GPU model (status.capture), when capture is on or has data."""
+    entries = report.get("capture") or []
+    if not entries and not report.get("captureEnabled"):
+        return []
+    lines = ["Capture (production misses):"]
+    if not entries:
+        lines.append("  (nothing captured yet)")
+    for e in entries:
+        seen, tuned = int(e.get("seen") or 0), int(e.get("tuned") or 0)
+        cov = f" ({e['coverage']}%)" if isinstance(e.get("coverage"), int) else ""
+        head = f"  {e.get('gpuModel')}  {tuned}/{seen} captured shapes tuned{cov}"
+        head += f", {int(e.get('untuned') or 0)} untuned"
+        if e.get("lastCapture"):
+            head += f"; last capture {age(e['lastCapture'], now)} ago"
+        lines.append(head)
+        rows = []
+        retune = e.get("retune") or {}
+        if retune:
+            at = retune.get("requestedAt")
+            rows.append(
+                [
+                    "retune",
+                    f"{retune.get('state') or '?'}: {retune.get('shapes', '?')} shape(s) "
+                    f"({retune.get('reason') or '?'}) under revision {retune.get('revision')}"
+                    + (f", {age(at, now)} ago" if at else ""),
+                ]
+            )
+        apart = e.get("apart") or {}
+        if apart:
+            rows.append(
+                [
+                    "apart",
+                    f"{apart.get('seen', 0)} shape(s) from {apart.get('stores', 0)} other "
+                    "identit(y/ies) (another image or artifact): not tuned here",
+                ]
+            )
+        if e.get("notLoadedPods"):
+            rows.append(
+                [
+                    "warning",
+                    f"{e['notLoadedPods']} pod(s) recorded GEMMs their artifact has: they did "
+                    "not load the results while recording (see docs/capture.md)",
+                ]
+            )
+        if e.get("dropped"):
+            rows.append(["dropped", f"{e['dropped']} shape(s) not kept (limits.maxShapes)"])
+        if e.get("message"):
+            rows.append(["note", str(e["message"])])
+        lines += table(rows, indent=4)
+    return lines
+
+
 def format_status(report: dict[str, Any], now: datetime.datetime | None = None) -> str:
     now = now or datetime.datetime.now(datetime.UTC)
     ns, name = report["namespace"], report["name"]
@@ -165,6 +228,7 @@ def format_status(report: dict[str, Any], now: datetime.datetime | None = None) 
         lines.append("  (no GPU models)")
     for m in report["models"]:
         lines += _artifact_lines(m["gpuModel"], m["artifact"], m["inSpec"], report, now)
+    lines += _capture_lines(report, now)
     lines.append("Tuning Jobs:")
     if not report["jobs"]:
         lines.append("  (none for this revision)")

@@ -23,6 +23,7 @@ from tunefleet.conditions import Type
 from tunefleet.contracts.admission import UNTUNED, Admission, Code
 from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
 from tunefleet.contracts.fetch import LOADED, REFUSED, FetchOutcome
+from tunefleet.contracts.nodemap import ROLE as NODE_MAP_ROLE
 
 from .common import event_lines, recent_events, short
 
@@ -253,6 +254,13 @@ def _fix_for_fetch(
         "--dest <dir>"
     )
     lowered = reason.lower()
+    if "node map" in lowered:
+        return (
+            "the pod could not tell its node's GPU model (a node that joined moments ago, or "
+            "of a GPU model the pod's affinity allows but the profile does not tune): "
+            f"recreate the pod once `kubectl get configmap -n {ns} -l "
+            f"{naming.ROLE_LABEL}={NODE_MAP_ROLE} -o yaml` lists its node: {recreate}"
+        )
     if any(
         w in lowered
         for w in ("credential", "accessdenied", "invalidaccesskeyid", "signature", "http 403")
@@ -351,15 +359,23 @@ def _untuned(p: _Pod, a: Admission, out: dict[str, Any]) -> dict[str, Any]:
 
 def _fetch_verdict(p: _Pod, a: Admission, out: dict[str, Any], fetch: dict[str, Any]) -> None:
     """What the fetch init container's state says of a pod the webhook injected."""
-    sha, ns, name = short(a.sha256), p.namespace, out["pod"]
+    ns, name = p.namespace, out["pod"]
     message = fetch.get("message", "")
     outcome = FetchOutcome.parse(message) if fetch["state"] == "terminated" else None
+    model, pinned = a.gpu_model, a.sha256
+    if outcome is not None and outcome.gpu_model:
+        # Picked at the node among the candidates: what it picked is fetch's word.
+        model = outcome.gpu_model
+        pinned = a.candidates.get(model, "") or outcome.sha256
+        out["artifact"] = {**(out["artifact"] or {}), "gpuModel": model, "sha256": pinned or None}
+        out["notes"].append(f"picked {model} on node {outcome.node} (its GPU model)")
+    sha = short(pinned)
     # The Job that published the pinned artifact, if status still lists it.
     pinned_job = next(
         (
             str(x.get("job") or "")
             for x in [*(p.status.get("artifacts") or []), *(p.status.get("history") or [])]
-            if x.get("sha256") == a.sha256
+            if x.get("sha256") == pinned
         ),
         "",
     )
@@ -377,11 +393,11 @@ def _fetch_verdict(p: _Pod, a: Admission, out: dict[str, Any], fetch: dict[str, 
             ),
             reason=outcome.reason,
             reasonSource=source,
-            fix=_fix_for_fetch(outcome.reason, p.name, a.gpu_model, ns, p.recreate, pinned_job),
+            fix=_fix_for_fetch(outcome.reason, p.name, model, ns, p.recreate, pinned_job),
         )
     elif outcome is not None:
         summary = f"tuned: injected, artifact {sha} loaded"
-        summary += f" for {a.gpu_model}" if a.gpu_model else ""
+        summary += f" for {model}" if model else ""
         out.update(
             tuned=True, verdict="injected", summary=summary, reason=message, reasonSource=source
         )
@@ -413,6 +429,9 @@ def _injected(p: _Pod, a: Admission, out: dict[str, Any]) -> dict[str, Any]:
         "sha256": a.sha256 or None,
         "gpuModel": a.gpu_model or None,
     }
+    if a.candidates:
+        # The pod may land on several models: picked where it lands, among these.
+        out["artifact"]["candidates"] = dict(a.candidates)
     out["containers"] = _containers(p.pod)
     out["imageWarnings"] = [w.strip() for w in a.image_warning.split("; ") if w.strip()]
     fetch = _fetch_state(p.pod)
@@ -512,7 +531,13 @@ def format_why(report: dict[str, Any], now: datetime.datetime | None = None) -> 
         text = f'"{report["reason"]}"' if quoted else report["reason"]
         rows.append(("Reason:", f"{text} (from {report['reasonSource']})"))
     art = report.get("artifact")
-    if art:
+    if art and art.get("candidates"):
+        offered = ", ".join(
+            f"{m} ({short(sha) if sha else 'untuned there'})"
+            for m, sha in art["candidates"].items()
+        )
+        rows.append(("Candidates:", f"picked at the node among {offered}"))
+    if art and (art.get("uri") or art.get("sha256")):
         rows.append(
             (
                 "Artifact:",

@@ -15,6 +15,11 @@ An artifact the operator delivered as a ConfigMap (delivery.py) is mounted from 
 container, no credentials (a gzipped one is unpacked by a local init container). The handler
 passes the uid each such ConfigMap has now; one that is gone or was replaced (another uid than
 the one made) starts the pod untuned with the reason, or refuses it (failClosed).
+
+The pod's GPU model comes from its nodeSelector or its required node affinity
+(webhook/placement.py). A pod that can land on several of the profile's models (or on one and
+on others) gets every candidate and the node map, and its init container picks the artifact
+of the node it lands on (`AtNode`).
 """
 
 from __future__ import annotations
@@ -28,6 +33,13 @@ from pydantic import ValidationError
 
 from tunefleet import images, naming
 from tunefleet.api import TuningProfileSpec
+from tunefleet.builders import capture as capture_b
+from tunefleet.builders.placement import (
+    Mounted,
+    build_pick_container,
+    candidates_volume,
+    mounted_uri,
+)
 from tunefleet.builders.storage import pod_storage
 from tunefleet.builders.webhook import (
     RESULTS_DIR,
@@ -41,10 +53,13 @@ from tunefleet.builders.webhook import (
     tunable_env,
 )
 from tunefleet.config import Config
+from tunefleet.contracts import nodemap
 from tunefleet.contracts.admission import INJECTED, UNTUNED, Admission, Code
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
+from tunefleet.contracts.fetch import Candidate
 from tunefleet.webhook.partition import PARTITION_ANNOTATION, partition_problem
+from tunefleet.webhook.placement import reach
 
 
 @dataclass
@@ -55,6 +70,7 @@ class Decision:
     reason: str = ""  # why the pod starts untuned, when it does
     warnings: list[str] = field(default_factory=list)
     code: Code = Code.NONE
+    notes: list[str] = field(default_factory=list)  # capture's, shown to the pod's creator
 
     @property
     def outcome(self) -> str:
@@ -96,10 +112,82 @@ class Choice:
         return bool(self.artifact.config_map) and self.spec.serving.delivery == "ConfigMap"
 
 
+@dataclass(frozen=True)
+class Untuned:
+    """Why a model's pods start untuned: the decision code, the reason, its fix."""
+
+    code: Code
+    reason: str
+    fix: str = ""
+    closable: bool = True  # failClosed refuses the pod (not for DEFAULT_ONLY: nothing is wrong)
+
+
+@dataclass(frozen=True)
+class Offer:
+    """One model a pod may land on: its artifact, or why it starts untuned there."""
+
+    model: str
+    artifact: ArtifactRecord | None
+    untuned: Untuned | None = None
+
+    def from_config_map(self, spec: TuningProfileSpec) -> bool:
+        art = self.artifact
+        return art is not None and bool(art.config_map) and spec.serving.delivery == "ConfigMap"
+
+
+@dataclass(frozen=True)
+class AtNode:
+    """The pod may land on several models: the artifact is picked where it lands."""
+
+    spec: TuningProfileSpec
+    offers: tuple[Offer, ...]
+
+    @property
+    def served(self) -> list[Offer]:
+        return [o for o in self.offers if o.artifact is not None]
+
+
+def _artifact_of(
+    pod: dict[str, Any],
+    spec: TuningProfileSpec,
+    profile_name: str,
+    status: dict[str, Any],
+    model: str,
+) -> ArtifactRecord | Untuned:
+    """The artifact for `model`, or why the pod starts untuned with it."""
+    entry = next((a for a in status.get("artifacts") or [] if a.get("gpuModel") == model), None)
+    artifact = ArtifactRecord.from_status(entry) if entry else None
+    if artifact is None:
+        phase = status.get("phase") or "Pending"
+        reason = f"TuningProfile {profile_name!r} has no artifact for {model} yet (phase {phase})"
+        fix = f"Wait until `kubectl get tp {profile_name}` shows Ready, then recreate the pod."
+        return Untuned(Code.NO_ARTIFACT, reason, fix)
+    mismatch = partition_problem(pod, artifact.identity)
+    if mismatch is not None:
+        # A partition is not the whole GPU: other kernels win on fewer compute units.
+        why, unknown = mismatch
+        code = Code.PARTITION_UNKNOWN if unknown else Code.PARTITION_MISMATCH
+        fix = (
+            f"Annotate the pod {PARTITION_ANNOTATION}: whole|<partition>, or tune the profile "
+            "on the partition it runs on."
+        )
+        return Untuned(code, why, fix)
+    if artifact.default_only and not spec.serving.serve_default_only:
+        # Nothing to gain and a lookup to pay on every GEMM: not switched on unless asked.
+        reason = (
+            f"the artifact of TuningProfile {profile_name!r} for {model} has no GEMM where a "
+            f"kernel beat Default ({artifact.no_gain_reason()}); set "
+            "spec.serving.serveDefaultOnly: true to switch TunableOp on anyway"
+        )
+        return Untuned(Code.DEFAULT_ONLY, reason, closable=False)
+    return artifact
+
+
 def choose_artifact(
     pod: dict[str, Any], profile_name: str, profile: dict[str, Any] | None
-) -> Choice | Decision:
-    """The artifact for the GPU model the pod runs on, or the untuned Decision with its code."""
+) -> Choice | AtNode | Decision:
+    """The artifact for the GPU model the pod runs on (or, where that is known only once it
+    lands, its candidates), or the untuned Decision with its code."""
     if profile is None:
         reason = f"TuningProfile {profile_name!r} does not exist in this namespace"
         return _untuned(pod, reason, Code.NO_PROFILE)
@@ -110,51 +198,61 @@ def choose_artifact(
         return _untuned(pod, reason, Code.INVALID_PROFILE)
     closed = spec.serving.fail_closed
     key = naming.label_key(spec)
-    model = ((pod.get("spec") or {}).get("nodeSelector") or {}).get(key)
-    pin = model is None
-    if model is None:
-        if len(spec.gpu.models) != 1:
+    models = list(spec.gpu.models)
+    where = reach(pod, key, models)
+    status = profile.get("status") or {}
+    if not where.said:
+        if len(models) != 1:
             reason = (
-                f"pod has no nodeSelector on {key}, and TuningProfile {profile_name!r} tunes "
-                f"{len(spec.gpu.models)} GPU models"
+                f"pod has no nodeSelector or required node affinity on {key}, and "
+                f"TuningProfile {profile_name!r} tunes {len(models)} GPU models"
             )
-            fix = f"Add nodeSelector {{{key}: <one of {', '.join(spec.gpu.models)}>}} to the pod."
+            fix = (
+                f"Add nodeSelector {{{key}: <one of {', '.join(models)}>}} to the pod, or a "
+                f"required node affinity {key} In [the models it may run on]."
+            )
             return _untuned(pod, reason, Code.NO_MODEL_SELECTOR, fail_closed=closed, fix=fix)
-        model = spec.gpu.models[0]
-    elif model not in spec.gpu.models:
-        reason = f"pod selects {key}={model}, which TuningProfile {profile_name!r} does not tune"
+        model, pin = models[0], True
+    elif where.exact is not None:
+        model, pin = where.exact, False
+    elif where.selector is not None or not where.models:
+        model = where.selector or (where.others[0] if len(where.others) == 1 else "")
+        said = (
+            f"pod selects {key}={where.selector}"
+            if where.selector is not None
+            else f"pod's required node affinity allows {key} "
+            + (f"in {', '.join(where.others)} only" if where.others else "in none of them")
+        )
+        reason = f"{said}, which TuningProfile {profile_name!r} does not tune"
         fix = (
-            f"Add {model} to the profile's spec.gpu.models or select one of "
-            f"{', '.join(spec.gpu.models)}."
+            f"Add {model or 'the model'} to the profile's spec.gpu.models or select one of "
+            f"{', '.join(models)}."
         )
         return _untuned(pod, reason, Code.MODEL_NOT_TUNED, fail_closed=closed, fix=fix, model=model)
-    status = profile.get("status") or {}
-    entry = next((a for a in status.get("artifacts") or [] if a.get("gpuModel") == model), None)
-    artifact = ArtifactRecord.from_status(entry) if entry else None
-    if artifact is None:
-        phase = status.get("phase") or "Pending"
-        reason = f"TuningProfile {profile_name!r} has no artifact for {model} yet (phase {phase})"
-        fix = f"Wait until `kubectl get tp {profile_name}` shows Ready, then recreate the pod."
-        return _untuned(pod, reason, Code.NO_ARTIFACT, fail_closed=closed, fix=fix, model=model)
-    mismatch = partition_problem(pod, artifact.identity)
-    if mismatch is not None:
-        # A partition is not the whole GPU: other kernels win on fewer compute units.
-        why, unknown = mismatch
-        code = Code.PARTITION_UNKNOWN if unknown else Code.PARTITION_MISMATCH
-        fix = (
-            f"Annotate the pod {PARTITION_ANNOTATION}: whole|<partition>, or tune the profile "
-            "on the partition it runs on."
-        )
-        return _untuned(pod, why, code, fail_closed=closed, fix=fix, model=model)
-    if artifact.default_only and not spec.serving.serve_default_only:
-        # Nothing to gain and a lookup to pay on every GEMM: not switched on unless asked.
-        reason = (
-            f"the artifact of TuningProfile {profile_name!r} for {model} has no GEMM where a "
-            f"kernel beat Default ({artifact.no_gain_reason()}); set "
-            "spec.serving.serveDefaultOnly: true to switch TunableOp on anyway"
-        )
-        return _untuned(pod, reason, Code.DEFAULT_ONLY, model=model)
-    return Choice(spec, model, artifact, pin)
+    else:
+        offers = []
+        for m in where.models:
+            got = _artifact_of(pod, spec, profile_name, status, m)
+            offers.append(Offer(m, None, got) if isinstance(got, Untuned) else Offer(m, got))
+        at = AtNode(spec, tuple(offers))
+        return at if at.served else _none_served(pod, at, closed)
+    got = _artifact_of(pod, spec, profile_name, status, model)
+    if isinstance(got, Untuned):
+        return _untuned(
+            pod, got.reason, got.code, fail_closed=closed and got.closable, fix=got.fix,
+            model=model,
+        )  # fmt: skip
+    return Choice(spec, model, got, pin)
+
+
+def _none_served(pod: dict[str, Any], at: AtNode, closed: bool) -> Decision:
+    """No model the pod may land on has an artifact to serve: untuned wherever it lands."""
+    whys = [o.untuned for o in at.offers if o.untuned is not None]
+    codes = {w.code for w in whys}
+    code = whys[0].code if len(codes) == 1 else Code.NO_ARTIFACT
+    reason = "; ".join(w.reason for w in whys)
+    closed = closed and all(w.closable for w in whys)
+    return _untuned(pod, reason, code, fail_closed=closed, fix=whys[0].fix)
 
 
 # --- 2. the images --------------------------------------------------------------------------
@@ -221,9 +319,12 @@ class ImageCheck:
     pinned: dict[str, str]  # container -> the tuned digest it is rewritten to
     mismatches: list[str]
     warnings: list[str]
+    notes: list[str] = field(default_factory=list)
 
 
-def check_images(pod: dict[str, Any], choice: Choice) -> ImageCheck:
+def check_images(pod: dict[str, Any], choice: Choice | AtNode) -> ImageCheck:
+    if isinstance(choice, AtNode):
+        return _check_candidates(pod, choice)
     image = choice.artifact
     tuned = TunedImage(image.image_reference or choice.spec.image, image.image_id)
     chosen, warnings = serving_containers(pod, tuned.reference)
@@ -247,6 +348,36 @@ def check_images(pod: dict[str, Any], choice: Choice) -> ImageCheck:
             check.mismatches.append(f"container {name} {why}")
     check.warnings += [f"{m}: TunableOp may reject the results file" for m in check.mismatches]
     return check
+
+
+def _check_candidates(pod: dict[str, Any], at: AtNode) -> ImageCheck:
+    """Every candidate's image check: the containers load whichever is picked, so each
+    mismatch is said; an image is pinned only to a digest every candidate was tuned in."""
+    checks = [
+        check_images(pod, Choice(at.spec, o.model, o.artifact, False))
+        for o in at.served
+        if o.artifact is not None
+    ]
+    first = checks[0]
+    out = ImageCheck(first.chosen, dict(first.pinned), [], [])
+    for c in checks:
+        out.mismatches += [m for m in c.mismatches if m not in out.mismatches]
+        out.warnings += [w for w in c.warnings if w not in out.warnings]
+    if any(c.pinned != first.pinned for c in checks[1:]):
+        why = (
+            "containers cannot be pinned: the candidates' artifacts were tuned in different "
+            "images ("
+            + "; ".join(
+                f"{o.model}: {o.artifact.image_id or '?'}"
+                for o in at.served
+                if o.artifact is not None
+            )
+            + ")"
+        )
+        out.pinned = {}
+        out.mismatches.append(why)
+        out.warnings.append(f"{why}: TunableOp may reject the results file")
+    return out
 
 
 # --- 3. the patch ---------------------------------------------------------------------------
@@ -315,46 +446,129 @@ def _fetch_from_store(pspec: dict[str, Any], choice: Choice, devices: int, confi
     pspec["volumes"] = [*(pspec.get("volumes") or []), results_volume(), *storage.volumes]
 
 
+def _pick_at_node(
+    pspec: dict[str, Any], at: AtNode, devices: int, config: Config, where: tuple[str, str]
+) -> dict[str, str]:
+    """Every candidate and the node map, and the init container that picks by its node.
+    Returns the candidates offered ({model: pinned sha256, "" where untuned})."""
+    spec, closed = at.spec, at.spec.serving.fail_closed
+    mounted: list[Mounted] = []
+    candidates: list[Candidate] = []
+    from_store = False
+    for o in at.offers:
+        art = o.artifact
+        if art is None:
+            why = o.untuned
+            assert why is not None
+            closes = closed and why.closable
+            candidates.append(Candidate(o.model, untuned=why.reason, fail_closed=closes))
+            continue
+        if o.from_config_map(spec):
+            m = Mounted(o.model, art.config_map, art.sha256, "gzip" in art.delivery)
+            mounted.append(m)
+            uri = mounted_uri(m, *where)
+        else:
+            uri, from_store = art.uri, True
+        candidates.append(Candidate(o.model, uri, art.sha256, art.manifest_sha256))
+    # Read-only credentials (spec.serving's or the default serving Secret), and only when a
+    # candidate is fetched from the store: mounted ones need none.
+    storage = pod_storage(spec, config, read_only=True, serving=True) if from_store else None
+    node_map = nodemap.config_map_name(naming.label_key(spec))
+    pick = build_pick_container(
+        candidates=candidates, node_map=node_map, devices=devices, fail_closed=closed,
+        storage=storage, config=config,
+    )  # fmt: skip
+    pspec["initContainers"] = [pick, *(pspec.get("initContainers") or [])]
+    models = [o.model for o in at.offers]
+    pspec["volumes"] = [
+        *(pspec.get("volumes") or []),
+        results_volume(),
+        candidates_volume(node_map, models, mounted, *where),
+        *(storage.volumes if storage is not None else []),
+    ]
+    return {o.model: o.artifact.sha256 if o.artifact else "" for o in at.offers}
+
+
 def build_patch(
-    pod: dict[str, Any], choice: Choice, check: ImageCheck, config: Config, profile_name: str = ""
+    pod: dict[str, Any],
+    choice: Choice | AtNode,
+    check: ImageCheck,
+    config: Config,
+    profile_name: str = "",
 ) -> dict[str, Any]:
     """The pod to admit, injected: a copy of `pod`."""
-    spec, art = choice.spec, choice.artifact
+    spec = choice.spec
     out = copy.deepcopy(pod)
     pspec = out.setdefault("spec", {})
-    if choice.pin_model:
-        pspec["nodeSelector"] = {
-            **(pspec.get("nodeSelector") or {}),
-            naming.label_key(spec): choice.model,
-        }
     devices = gpu_count(out, naming.resource_name(spec))
-    if choice.from_config_map:
-        where = (str((out.get("metadata") or {}).get("namespace") or ""), profile_name)
-        _mount_from_config_map(pspec, choice, devices, config, where)
+    capture = _add_capture(pspec, choice, check, config)
+    where = (str((out.get("metadata") or {}).get("namespace") or ""), profile_name)
+    code = Code.IMAGE_MISMATCH if check.mismatches else Code.NONE
+    warning = "; ".join(check.warnings)
+    if isinstance(choice, AtNode):
+        offered = _pick_at_node(pspec, choice, devices, config, where)
+        mark = Admission(INJECTED, code, image_warning=warning, candidates=offered)
     else:
-        _fetch_from_store(pspec, choice, devices, config)
+        art = choice.artifact
+        if choice.pin_model:
+            pspec["nodeSelector"] = {
+                **(pspec.get("nodeSelector") or {}),
+                naming.label_key(spec): choice.model,
+            }
+        if choice.from_config_map:
+            _mount_from_config_map(pspec, choice, devices, config, where)
+        else:
+            _fetch_from_store(pspec, choice, devices, config)
+        mark = Admission(
+            INJECTED, code, uri=art.uri, sha256=art.sha256, gpu_model=choice.model,
+            image_warning=warning, config_map=art.config_map if choice.from_config_map else "",
+        )  # fmt: skip
     for c in pspec.get("containers") or []:
         if c.get("name") not in check.chosen:
             continue
         env = c.setdefault("env", [])
         # What the user set on a container wins: they may want tuning on, or another file.
-        env.extend(tunable_env({e.get("name") for e in env}))
+        env.extend(tunable_env({e.get("name") for e in env}, capture))
         mounts = c.setdefault("volumeMounts", [])
         if not any(m.get("mountPath") == RESULTS_DIR for m in mounts):
             mounts.append(results_mount())
+        if capture:
+            c["env"] = capture_b.serving_env(env)
+            mounts.extend(capture_b.serving_mounts())
         if c.get("name") in check.pinned:
             c["image"] = check.pinned[c["name"]]
-    mark = Admission(
-        INJECTED,
-        Code.IMAGE_MISMATCH if check.mismatches else Code.NONE,
-        uri=art.uri,
-        sha256=art.sha256,
-        gpu_model=choice.model,
-        image_warning="; ".join(check.warnings),
-        config_map=art.config_map if choice.from_config_map else "",
-    )
     mark.write(out)
     return out
+
+
+def _add_capture(
+    pspec: dict[str, Any], choice: Choice | AtNode, check: ImageCheck, config: Config
+) -> bool:
+    """Capture's volumes, hook and sidecar (before fetch, which goes first: the sidecar reads
+    the pinned artifact when it starts); False when capture is off or cannot be had."""
+    endpoint = capture_b.endpoint_of(config)
+    if not choice.spec.capture.enabled or endpoint is None:
+        if choice.spec.capture.enabled:
+            check.notes.append(
+                "spec.capture is enabled, but this operator has no capture endpoint (the "
+                "chart's capture settings): the pod does not record its misses"
+            )
+        return False
+    for c in pspec.get("containers") or []:
+        if c.get("name") not in check.chosen:
+            continue
+        for e in c.get("env") or []:
+            if e.get("name") == "PYTHONPATH" and e.get("valueFrom") is not None:
+                check.notes.append(
+                    f"container {c.get('name')} sets PYTHONPATH from valueFrom: tunefleet "
+                    "cannot put its capture hook first on it, so that container records every "
+                    "GEMM and serves untuned; set PYTHONPATH as a value"
+                )
+    sidecar = capture_b.build_sidecar(config, choice.spec.capture, endpoint, VOLUME, RESULTS_DIR)
+    hook = capture_b.build_hook_container(config)
+    pspec["initContainers"] = [hook, sidecar, *(pspec.get("initContainers") or [])]
+    pspec["volumes"] = [*(pspec.get("volumes") or []), *capture_b.volumes()]
+    return True
 
 
 def admit(
@@ -377,8 +591,11 @@ def admit(
     choice = choose_artifact(pod, profile_name, profile)
     if isinstance(choice, Decision):
         return choice
-    problem = config_map_problem(choice, config_maps) if choice.from_config_map else ""
-    if problem:
+    if isinstance(choice, AtNode):
+        choice = _settle_config_maps(pod, choice, config_maps)
+        if isinstance(choice, Decision):
+            return choice
+    elif choice.from_config_map and (problem := config_map_problem(choice, config_maps)):
         fix = "The operator makes it again when it reconciles the profile; recreate the pod then."
         closed = choice.spec.serving.fail_closed
         code = Code.CONFIG_MAP_REPLACED
@@ -394,4 +611,21 @@ def admit(
         )
     out = build_patch(pod, choice, check, config, profile_name)
     code = Code.IMAGE_MISMATCH if check.mismatches else Code.NONE
-    return Decision(pod=out, injected=True, warnings=check.warnings, code=code)
+    return Decision(pod=out, injected=True, warnings=check.warnings, code=code, notes=check.notes)
+
+
+def _settle_config_maps(
+    pod: dict[str, Any], at: AtNode, seen: dict[str, str] | None
+) -> AtNode | Decision:
+    """Candidates whose ConfigMap is gone or replaced start untuned where they are picked."""
+    offers = []
+    for o in at.offers:
+        problem = ""
+        if o.artifact is not None and o.from_config_map(at.spec):
+            problem = config_map_problem(Choice(at.spec, o.model, o.artifact, False), seen)
+        if problem:
+            fix = "The operator makes it again when it reconciles the profile; recreate the pod."
+            o = Offer(o.model, None, Untuned(Code.CONFIG_MAP_REPLACED, problem, fix))
+        offers.append(o)
+    settled = AtNode(at.spec, tuple(offers))
+    return settled if settled.served else _none_served(pod, settled, at.spec.serving.fail_closed)

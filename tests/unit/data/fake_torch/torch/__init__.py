@@ -35,6 +35,11 @@ ScaledGemm signature: _scaled_mm goes through TunableOp on CUDA from 2.14; the `
 ``dynamic_dims_mask``), its API additions, and its mgpu_tune_gemm_in_file (one process per GPU
 with set_device, "offline tuning processes failed" when one raises, nothing gathered then).
 
+``torch.cuda`` initialises lazily, as torch's does: callables given to ``torch.cuda._lazy_call``
+are queued until the first CUDA tensor, set_device (before it selects the device),
+current_device, a GEMM or ``torch.cuda.init()``, then run in order (tunefleet's capture hook
+queues its results load there).
+
 Without a device (FAKE_TORCH_MODE=no-device) it raises where real torch raises: get_results()
 before set_filename, set_filename(x, True), get_rotating_buffer_size(), tune_gemm_in_file()
 ("Found no NVIDIA driver"), mgpu_tune_gemm_in_file(), and on 2.15 get_validators().
@@ -209,6 +214,7 @@ class Tensor:
     def to(self, *args: Any, **kwargs: Any) -> Tensor:
         dt = next((a for a in (*args, kwargs.get("dtype")) if isinstance(a, dtype)), self.dtype)
         dev = next((a for a in (*args, kwargs.get("device")) if isinstance(a, str)), self.device)
+        _touch(dev)
         return Tensor(self.shape, dt, dev, self._strides)
 
     def cuda(self) -> Tensor:
@@ -228,7 +234,14 @@ def _device(device: Any) -> str:
 
 def _new(shape: tuple[Any, ...], dt: dtype | None, device: Any) -> Tensor:
     dims = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], tuple) else shape
+    _touch(_device(device))
     return Tensor(tuple(int(d) for d in dims), dt or float32, _device(device))
+
+
+def _touch(device: str) -> None:
+    """A CUDA tensor initialises torch's CUDA state first (torch.cuda._lazy_init)."""
+    if device.startswith("cuda"):
+        _lazy_init_if_gpu()
 
 
 def rand(*shape: Any, dtype: dtype | None = None, device: Any = None, **_: Any) -> Tensor:
@@ -309,6 +322,7 @@ def _need_device(what: str = "") -> None:
 def _context(why: str) -> None:
     """A CUDA context on the current device: made once per process and device, and logged."""
     _need_device()
+    _lazy_init_if_gpu()
     made = _state.setdefault("contexts", set())
     if _state["device"] not in made:
         made.add(_state["device"])
@@ -340,12 +354,71 @@ cuda.device_count = _gpus  # type: ignore[attr-defined]
 def _current_device() -> int:
     if MODE != "gpu":
         raise RuntimeError(f"{PREFIX} {_NO_NVIDIA}")
+    _lazy_init_if_gpu()
     return int(_state["device"])
 
 
 def _set_device(i: int) -> None:
+    # torch._C._cuda_setDevice initialises the CUDA state (its queued calls run) before it
+    # selects the device: those calls see the device that was current, not this one.
+    _lazy_init_if_gpu()
     _state["device"] = int(i)
     _context("set_device")  # CUDA 12+: cudaSetDevice makes the device's primary context
+
+
+# torch.cuda's lazy initialisation (torch/cuda/__init__.py): callables given to _lazy_call
+# before it are queued and run, in order, once CUDA initialises (the first CUDA tensor,
+# set_device, current_device, a GEMM, init()); after it they run at once. A queued call that
+# raises fails the initialisation (DeferredCudaCallError), as in torch.
+_queued_calls: list[tuple[Any, list[str]]] = []
+_lazy: dict[str, bool] = {"initialized": False, "initializing": False}
+
+
+class DeferredCudaCallError(Exception):
+    pass
+
+
+def _is_initialized() -> bool:
+    return _lazy["initialized"]
+
+
+def _lazy_call(callable: Any, **kwargs: Any) -> None:
+    if _lazy["initialized"]:
+        callable()
+    else:
+        _queued_calls.append((callable, []))
+
+
+def _lazy_init() -> None:
+    if _lazy["initialized"] or _lazy["initializing"]:
+        return
+    if MODE != "gpu":
+        raise RuntimeError(f"{PREFIX} {_NO_NVIDIA}")
+    _lazy["initializing"] = True
+    try:
+        for queued_call, _ in _queued_calls:
+            try:
+                queued_call()
+            except Exception as e:
+                raise DeferredCudaCallError(
+                    f"{PREFIX} CUDA call failed lazily at initialization with error: {e}"
+                ) from e
+    finally:
+        _lazy["initializing"] = False
+    _lazy["initialized"] = True
+
+
+def _lazy_init_if_gpu() -> None:
+    if MODE == "gpu":
+        _lazy_init()
+
+
+cuda.is_initialized = _is_initialized  # type: ignore[attr-defined]
+cuda.init = _lazy_init  # type: ignore[attr-defined]
+cuda._lazy_init = _lazy_init  # type: ignore[attr-defined]
+cuda._lazy_call = _lazy_call  # type: ignore[attr-defined]
+cuda._queued_calls = _queued_calls  # type: ignore[attr-defined]
+cuda.DeferredCudaCallError = DeferredCudaCallError  # type: ignore[attr-defined]
 
 
 cuda.current_device = _current_device  # type: ignore[attr-defined]

@@ -1,0 +1,472 @@
+"""The operator's capture endpoint: HTTPS, beside kopf's webhook server, on every replica.
+
+A request (contracts/capture.py) is taken only from a pod that tunefleet injected:
+
+1. its bearer token is reviewed by the API server (TokenReview) for the capture audience
+   only: a token for anything else (the API server's audience, another service's) fails; a
+   token that is not bound to a pod (no pod name and uid in its claims) fails;
+2. the pod is read from the API server, and must be the one the token was issued to: same
+   namespace, same name, same uid (a deleted pod's token is refused, even when a pod of that
+   name exists again), run as the token's ServiceAccount;
+3. it carries ``tunefleet.io/profile`` and the webhook's marks of an injected pod (the artifact
+   it pinned: contracts/admission.py), and that profile, in the pod's namespace, has capture on.
+
+The rows are then attributed to (namespace, profile, GPU model, software identity of the
+pinned artifact) as read from the pod and the profile, never from the body, and kept in the
+profile's capture store (capture/store.py), or in a store apart when the pod runs another
+image than the artifact's or pins an artifact the profile does not know. Bounded: the body
+(MAX_BODY_BYTES, before it is read), rows per request (MAX_ROWS), uploads per pod (a token
+bucket per pod uid), concurrent store writes (beyond: 503 and Retry-After).
+
+Every replica receives captures; the leader alone reconciles. A receiving replica writes the
+store itself (compare-and-swap, store.py), so nothing it accepted is lost when it is not the
+leader, or stops a moment later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import ssl
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+from aiohttp import web
+from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from tunefleet import kube, metrics, naming
+from tunefleet.api import CaptureSpec, TuningProfileSpec
+from tunefleet.capture.loop import identity_of
+from tunefleet.capture.store import StoreKey, StoreUnavailable
+from tunefleet.contracts.admission import INJECTED, Admission, Code
+from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.contracts.capture import AUDIENCE, MAX_BODY_BYTES, PATH, BodyError, Reply, Upload
+
+log = logging.getLogger(__name__)
+
+POD_NAME_CLAIM = "authentication.kubernetes.io/pod-name"
+POD_UID_CLAIM = "authentication.kubernetes.io/pod-uid"
+SA_PREFIX = "system:serviceaccount:"
+REVIEW_TTL_S = 60.0  # a reviewed token is trusted this long (a refused one 10 s)
+POD_TTL_S = 10.0
+CACHE_ENTRIES = 4096
+BURST = 6  # uploads a pod may make at once; then one per (its upload interval / 4)
+
+
+class Denied(Exception):
+    def __init__(self, status: int, outcome: str, message: str, retry_after: float | None = None):
+        super().__init__(message)
+        self.status = status
+        self.outcome = outcome
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class Caller:
+    namespace: str
+    service_account: str
+    pod_name: str
+    pod_uid: str
+
+
+def caller_of(review_status: dict[str, Any]) -> Caller:
+    """Who a TokenReview's status says the token belongs to; Denied unless it is a pod-bound
+    ServiceAccount token of our audience."""
+    if not review_status.get("authenticated"):
+        why = review_status.get("error") or "not authenticated"
+        raise Denied(401, "unauthenticated", f"the token was refused: {why}")
+    if AUDIENCE not in (review_status.get("audiences") or []):
+        raise Denied(401, "unauthenticated", f"the token is not for audience {AUDIENCE}")
+    user = review_status.get("user") or {}
+    name = str(user.get("username") or "")
+    if not name.startswith(SA_PREFIX) or name.count(":") != 3:
+        raise Denied(403, "forbidden", f"{name or 'the caller'} is not a ServiceAccount")
+    namespace, sa = name[len(SA_PREFIX) :].split(":")
+    extra = user.get("extra") or {}
+    pod_name = (extra.get(POD_NAME_CLAIM) or [""])[0]
+    pod_uid = (extra.get(POD_UID_CLAIM) or [""])[0]
+    if not (pod_name and pod_uid):
+        raise Denied(403, "forbidden", "the token is not bound to a pod (use the projected token)")
+    return Caller(namespace, sa, pod_name, pod_uid)
+
+
+@dataclass(frozen=True)
+class Attribution:
+    key: StoreKey
+    capture: CaptureSpec
+
+
+def _record_for(status: dict[str, Any], sha: str) -> ArtifactRecord | None:
+    for doc in [*(status.get("artifacts") or []), *(status.get("history") or [])]:
+        record = ArtifactRecord.from_status(doc) if isinstance(doc, dict) else None
+        if record is not None and record.sha256 == sha:
+            return record
+    return None
+
+
+def attribute(
+    caller: Caller, pod: dict[str, Any] | None, profile: dict[str, Any] | None
+) -> Attribution:
+    """Where the rows of this caller go, read from the pod as admitted and its profile;
+    Denied with the reason otherwise. Pure."""
+    where = f"pod {caller.namespace}/{caller.pod_name}"
+    meta = (pod or {}).get("metadata") or {}
+    if pod is None or meta.get("uid") != caller.pod_uid:
+        raise Denied(
+            403,
+            "forbidden",
+            f"{where} (uid {caller.pod_uid}) no longer exists: its token is not accepted, "
+            "whatever pod has its name now",
+        )
+    if meta.get("namespace") != caller.namespace:
+        raise Denied(403, "forbidden", f"{where} is not in the token's namespace")
+    sa = ((pod.get("spec") or {}).get("serviceAccountName")) or "default"
+    if sa != caller.service_account:
+        raise Denied(403, "forbidden", f"{where} does not run as {caller.service_account}")
+    profile_name = (meta.get("labels") or {}).get(naming.PROFILE_LABEL)
+    if not profile_name:
+        raise Denied(403, "forbidden", f"{where} has no {naming.PROFILE_LABEL} label")
+    admitted = Admission.read(pod)
+    if admitted is None or admitted.outcome != INJECTED or not admitted.sha256:
+        raise Denied(
+            403, "forbidden", f"{where} was not injected with an artifact by tunefleet's webhook"
+        )
+    if not admitted.gpu_model:
+        raise Denied(403, "forbidden", f"{where} has no GPU model pinned at admission")
+    pmeta = (profile or {}).get("metadata") or {}
+    if profile is None or pmeta.get("namespace") != caller.namespace:
+        raise Denied(
+            403, "forbidden", f"TuningProfile {caller.namespace}/{profile_name} does not exist"
+        )
+    try:
+        spec = TuningProfileSpec.model_validate(profile.get("spec") or {})
+    except ValidationError:
+        raise Denied(
+            403, "forbidden", f"TuningProfile {profile_name} has an invalid spec"
+        ) from None
+    if not spec.capture.enabled:
+        raise Denied(403, "forbidden", f"capture is off for TuningProfile {profile_name}")
+    record = _record_for(profile.get("status") or {}, admitted.sha256)
+    apart = ""
+    if record is None:
+        identity = f"sha256:{admitted.sha256}"
+        apart = "an artifact the profile does not list"
+    else:
+        identity = identity_of(record)
+        if record.gpu_model and record.gpu_model != admitted.gpu_model:
+            apart = "an artifact of another GPU model"
+    if admitted.code == Code.IMAGE_MISMATCH:
+        apart = "another image than the artifact was tuned in"
+    key = StoreKey(
+        namespace=caller.namespace,
+        profile=str(profile_name),
+        profile_uid=str(pmeta.get("uid") or ""),
+        model=admitted.gpu_model,
+        identity=identity,
+        apart=apart,
+    )
+    return Attribution(key, spec.capture)
+
+
+class RateLimiter:
+    """A token bucket per pod uid (bounded: the least recently seen are forgotten)."""
+
+    def __init__(self, burst: int = BURST, entries: int = CACHE_ENTRIES) -> None:
+        self.burst = burst
+        self.entries = entries
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
+
+    def take(self, uid: str, every_s: float, now: float) -> float | None:
+        """None when allowed; else seconds until the next upload is."""
+        tokens, at = self._buckets.pop(uid, (float(self.burst), now))
+        tokens = min(float(self.burst), tokens + (now - at) / max(every_s, 0.1))
+        if tokens < 1.0:
+            self._buckets[uid] = (tokens, now)
+            return (1.0 - tokens) * max(every_s, 0.1)
+        self._buckets[uid] = (tokens - 1.0, now)
+        while len(self._buckets) > self.entries:
+            self._buckets.popitem(last=False)
+        return None
+
+
+class _Ttl:
+    def __init__(self, entries: int = CACHE_ENTRIES) -> None:
+        self.entries = entries
+        self._data: OrderedDict[str, tuple[float, Any]] = OrderedDict()
+
+    def get(self, key: str, now: float) -> tuple[bool, Any]:
+        found = self._data.get(key)
+        if found is None or found[0] < now:
+            self._data.pop(key, None)
+            return False, None
+        return True, found[1]
+
+    def put(self, key: str, value: Any, until: float) -> None:
+        self._data.pop(key, None)
+        self._data[key] = (until, value)
+        while len(self._data) > self.entries:
+            self._data.popitem(last=False)
+
+
+@dataclass
+class Deps:
+    """What the endpoint asks of the cluster (the real ones below; tests give their own)."""
+
+    review: Callable[[str], Awaitable[dict[str, Any]]]  # TokenReview status
+    read_pod: Callable[[str, str], Awaitable[dict[str, Any] | None]]
+    read_profile: Callable[[str, str], Awaitable[dict[str, Any] | None]]
+    add: Callable[[StoreKey, Upload, int, str], Awaitable[tuple[int, int]]]
+
+
+class Endpoint:
+    def __init__(
+        self, deps: Deps, clock: Callable[[], float] = time.monotonic, concurrency: int = 8
+    ) -> None:
+        self.deps = deps
+        self.clock = clock
+        self.limiter = RateLimiter()
+        self._reviews = _Ttl()
+        self._pods = _Ttl()
+        self._busy = asyncio.Semaphore(concurrency)
+
+    async def _caller(self, token: str) -> Caller:
+        key = hashlib.sha256(token.encode()).hexdigest()
+        now = self.clock()
+        hit, cached = self._reviews.get(key, now)
+        if not hit:
+            try:
+                status = await asyncio.wait_for(self.deps.review(token), timeout=5.0)
+            except Exception as e:
+                raise Denied(
+                    503, "unavailable", f"the token could not be reviewed now: {e}", 10
+                ) from None
+            try:
+                cached = caller_of(status)
+                self._reviews.put(key, cached, now + REVIEW_TTL_S)
+            except Denied as d:
+                cached = d
+                self._reviews.put(key, d, now + 10.0)  # a flood of bad tokens costs little
+        if isinstance(cached, Denied):
+            raise cached
+        caller: Caller = cached
+        return caller
+
+    async def _pod(self, caller: Caller) -> dict[str, Any] | None:
+        key = f"{caller.namespace}/{caller.pod_name}"
+        now = self.clock()
+        hit, pod = self._pods.get(key, now)
+        if not hit or ((pod or {}).get("metadata") or {}).get("uid") != caller.pod_uid:
+            try:
+                pod = await asyncio.wait_for(
+                    self.deps.read_pod(caller.namespace, caller.pod_name), timeout=5.0
+                )
+            except Exception as e:
+                raise Denied(
+                    503, "unavailable", f"the pod could not be read now: {e}", 10
+                ) from None
+            self._pods.put(key, pod, now + POD_TTL_S)
+        result: dict[str, Any] | None = pod
+        return result
+
+    async def handle(self, request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        try:
+            reply = await self._handle(request)
+            outcome, status, retry = "accepted", 200, None
+        except Denied as d:
+            reply = Reply(message=str(d), retry_after=d.retry_after)
+            outcome, status, retry = d.outcome, d.status, d.retry_after
+        metrics.CAPTURE_UPLOADS.labels(outcome).inc()
+        metrics.CAPTURE_SECONDS.observe(time.perf_counter() - started)
+        headers = {"Retry-After": str(int(retry + 0.999))} if retry is not None else {}
+        return web.Response(
+            body=reply.encode(), status=status, content_type="application/json", headers=headers
+        )
+
+    async def _handle(self, request: web.Request) -> Reply:
+        length = request.content_length
+        if length is not None and length > MAX_BODY_BYTES:
+            raise Denied(413, "too_large", f"an upload is at most {MAX_BODY_BYTES} bytes")
+        auth = request.headers.get("Authorization", "")
+        if not auth.startswith("Bearer ") or len(auth) > 16384:
+            raise Denied(401, "unauthenticated", "no bearer token")
+        caller = await self._caller(auth[len("Bearer ") :].strip())
+        pod = await self._pod(caller)
+        profile_name = (
+            ((pod or {}).get("metadata") or {}).get("labels", {}).get(naming.PROFILE_LABEL, "")
+        )
+        profile = (
+            await self.deps.read_profile(caller.namespace, profile_name) if profile_name else None
+        )
+        where = attribute(caller, pod, profile)
+        every = where.capture.limits.upload_interval_seconds / 4
+        wait = self.limiter.take(caller.pod_uid, every, self.clock())
+        if wait is not None:
+            raise Denied(429, "rate_limited", "too many uploads from this pod", round(wait, 1))
+        try:
+            body = await request.read()  # client_max_size bounds it, with or without a length
+        except web.HTTPRequestEntityTooLarge:
+            raise Denied(413, "too_large", f"an upload is at most {MAX_BODY_BYTES} bytes") from None
+        except (TimeoutError, OSError) as e:
+            raise Denied(400, "bad_request", f"the body could not be read: {e}") from None
+        if len(body) > MAX_BODY_BYTES:
+            raise Denied(413, "too_large", f"an upload is at most {MAX_BODY_BYTES} bytes")
+        try:
+            upload = Upload.decode(body)
+        except BodyError as e:
+            raise Denied(400, "bad_request", str(e)) from None
+        rows = upload.rows[: where.capture.limits.max_rows_per_upload]
+        upload = Upload(rows, upload.not_loaded, upload.dropped)
+        if self._busy.locked():
+            raise Denied(503, "unavailable", "the endpoint is busy", 5)
+        async with self._busy:
+            try:
+                new, total = await asyncio.wait_for(
+                    self.deps.add(
+                        where.key, upload, where.capture.limits.max_shapes, caller.pod_name
+                    ),
+                    timeout=30.0,  # a hung API server: the sidecar keeps its rows and retries
+                )
+            except TimeoutError:
+                raise Denied(503, "unavailable", "the store write timed out", 30) from None
+            except (StoreUnavailable, kube.NotOurs) as e:
+                log.info(f"capture from {caller.namespace}/{caller.pod_name} not kept: {e}")
+                raise Denied(503, "unavailable", str(e), 15) from None
+        metrics.CAPTURE_ROWS.labels("new").inc(new)
+        metrics.CAPTURE_ROWS.labels("known").inc(max(len(rows) - new, 0))
+        if new:
+            log.info(
+                f"capture: {new} new GEMM(s) from pod {caller.namespace}/{caller.pod_name} for "
+                f"TuningProfile {where.key.profile} ({where.key.model}"
+                + (f", kept apart: {where.key.apart}" if where.key.apart else "")
+                + f"); {total} in its store"
+            )
+        return Reply(accepted=len(rows), new=new)
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app.add_routes([web.post(PATH, self.handle)])
+        return app
+
+
+# --- the real dependencies --------------------------------------------------------------------
+
+
+def _review(token: str) -> dict[str, Any]:
+    auth = kubernetes.client.AuthenticationV1Api(kube.api())
+    body = {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenReview",
+        "spec": {"token": token, "audiences": [AUDIENCE]},
+    }
+    resp = auth.create_token_review(
+        body, _preload_content=False, _request_timeout=kube.REQUEST_TIMEOUT
+    )
+    status: dict[str, Any] = json.loads(resp.data).get("status") or {}
+    return status
+
+
+def _read_pod(namespace: str, name: str) -> dict[str, Any] | None:
+    core = kubernetes.client.CoreV1Api(kube.api())
+    try:
+        resp = core.read_namespaced_pod(
+            name, namespace, _preload_content=False, _request_timeout=kube.REQUEST_TIMEOUT
+        )
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+    pod: dict[str, Any] = json.loads(resp.data)
+    return pod
+
+
+def real_deps(
+    profile_from_cache: Callable[[str, str], dict[str, Any] | None],
+    writer: Any,
+    cached_store: Callable[[str, str], Any] = lambda ns, name: None,
+) -> Deps:
+    """`cached_store(namespace, name)`: the capture cache's view of a store, so an upload of
+    rows it holds already (every pod of a scale-up reports the same misses) costs no API call."""
+
+    async def review(token: str) -> dict[str, Any]:
+        return await asyncio.to_thread(_review, token)
+
+    async def read_pod(namespace: str, name: str) -> dict[str, Any] | None:
+        return await asyncio.to_thread(_read_pod, namespace, name)
+
+    async def read_profile(namespace: str, name: str) -> dict[str, Any] | None:
+        found = profile_from_cache(namespace, name)
+        if found is not None:
+            return found
+        return await asyncio.to_thread(kube.get_profile, namespace, name, 2.0)
+
+    async def add(key: StoreKey, upload: Upload, max_shapes: int, pod: str) -> tuple[int, int]:
+        view = cached_store(key.namespace, key.name)
+        if (
+            view is not None
+            and view.key.profile_uid == key.profile_uid
+            and all(r in view.rows for r in upload.rows)
+            and upload.not_loaded <= view.not_loaded.get(pod, 0)
+            and not upload.dropped
+        ):
+            return 0, len(view.rows)
+        result: tuple[int, int] = await asyncio.to_thread(
+            writer.add, key, upload.rows, max_shapes=max_shapes, pod=pod,
+            not_loaded=upload.not_loaded, dropped=upload.dropped,
+        )  # fmt: skip
+        return result
+
+    return Deps(review, read_pod, read_profile, add)
+
+
+class Server:
+    """The endpoint on its own TLS port; the certificate is read again when its files change
+    (cert-manager renews it in place)."""
+
+    def __init__(self, endpoint: Endpoint, addr: str, port: int, certfile: str, keyfile: str):
+        self.endpoint = endpoint
+        self.addr, self.port = addr, port
+        self.certfile, self.keyfile = certfile, keyfile
+        self._runner: web.AppRunner | None = None
+        self._watch: asyncio.Task[None] | None = None
+        self._mtimes: tuple[float, float] = (0.0, 0.0)
+        self.context: ssl.SSLContext | None = None
+
+    def _load(self) -> None:
+        assert self.context is not None
+        self.context.load_cert_chain(self.certfile, self.keyfile)
+        self._mtimes = (Path(self.certfile).stat().st_mtime, Path(self.keyfile).stat().st_mtime)
+
+    async def start(self) -> None:
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self._load()
+        self._runner = web.AppRunner(self.endpoint.app(), handle_signals=False, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.addr, self.port, ssl_context=self.context)
+        await site.start()
+        self._watch = asyncio.create_task(self._reload())
+        log.info(f"capture endpoint on https://{self.addr}:{self.port}{PATH}")
+
+    async def _reload(self) -> None:
+        while True:
+            await asyncio.sleep(30)
+            with contextlib.suppress(OSError, ssl.SSLError):
+                now = (Path(self.certfile).stat().st_mtime, Path(self.keyfile).stat().st_mtime)
+                if now != self._mtimes:
+                    self._load()
+                    log.info("capture endpoint: certificate reloaded")
+
+    async def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+        if self._runner is not None:
+            await self._runner.cleanup()

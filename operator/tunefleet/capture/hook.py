@@ -1,0 +1,195 @@
+"""tunefleet's capture hook for model pods: loads the TunableOp results while misses are recorded.
+
+It runs in the USER's serving containers, installed as ``sitecustomize.py`` in a directory
+that the webhook puts first on their PYTHONPATH (``tunefleet-capture install-hook``): so it is
+standard library only, for any Python 3.8+, and does nothing at all unless
+``PYTORCH_TUNABLEOP_RECORD_UNTUNED=1``.
+
+Why it exists: with ``PYTORCH_TUNABLEOP_RECORD_UNTUNED=1`` the results manager's lazy start
+does not read the results file (torch 2.11 and 2.15 alike, TuningContext::
+GetTuningResultsManager; tests/conformance checks it on the real wheels): a process recording
+its misses would serve untuned and record every GEMM. An explicit
+``torch.cuda.tunable.read_file()`` before the first GEMM loads the results while recording,
+and TunableOp then records exactly the GEMMs it finds no result for.
+
+When: not at interpreter start, and not when torch is imported (that must not touch the GPU),
+but through ``torch.cuda._lazy_call``: torch runs queued calls when its CUDA state initialises,
+which comes before any GEMM can run. A failure here is one line on stderr, never an exception
+in the user's process: the process then serves untuned, and the capture sidecar reports it.
+
+An image's own ``sitecustomize`` (which this one shadows) is found further down sys.path and
+run after this one.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+PREFIX = "[tunefleet capture]"
+RECORD_ENV = "PYTORCH_TUNABLEOP_RECORD_UNTUNED"
+FILENAME_ENV = "PYTORCH_TUNABLEOP_FILENAME"
+DEFAULT_RESULTS = "tunableop_results.csv"  # TunableOp's default results file name
+LOADER_NAME = "_tunefleet_load_results"  # the queued call's name (tests look for it)
+
+
+def _say(message: str) -> None:
+    try:
+        sys.stderr.write(f"{PREFIX} pid {os.getpid()}: {message}\n")
+        sys.stderr.flush()
+    except Exception:
+        pass
+
+
+def ordinal_name(name: str, ordinal: int) -> str:
+    """TuningContext::SetFilename's rule: the ordinal replaces the first %d, else goes before
+    the last '.', else at the end."""
+    if "%d" in name:
+        return name.replace("%d", str(ordinal), 1)
+    dot = name.rfind(".")
+    return name[:dot] + str(ordinal) + name[dot:] if dot >= 0 else name + str(ordinal)
+
+
+def results_file(torch: object) -> str:
+    """The results file torch would have read: the one set_filename() named (it wins over the
+    environment), else $PYTORCH_TUNABLEOP_FILENAME or the default with the current device's
+    ordinal. tunefleet writes the same artifact for every ordinal of a pod."""
+    tunable = torch.cuda.tunable  # type: ignore[attr-defined]
+    name = str(tunable.get_filename() or "")
+    if name:
+        return name
+    try:
+        device = int(torch.cuda.current_device())  # type: ignore[attr-defined]
+    except Exception:
+        device = 0
+    return ordinal_name(os.environ.get(FILENAME_ENV) or DEFAULT_RESULTS, device)
+
+
+def load_results(torch: object) -> bool:
+    """Read the results file into TunableOp; True when it loaded. Never raises."""
+    try:
+        path = results_file(torch)
+        loaded = bool(torch.cuda.tunable.read_file(path))  # type: ignore[attr-defined]
+    except Exception as e:
+        _say(
+            f"could not load TunableOp results ({type(e).__name__}: {e}): this process serves "
+            "untuned and records every GEMM"
+        )
+        return False
+    if loaded:
+        _say(f"loaded TunableOp results from {path}; recording only GEMMs it has no result for")
+    else:
+        _say(
+            f"TunableOp did not load {path} (missing, or its validators differ from this "
+            "torch's): this process serves untuned and records every GEMM"
+        )
+    return loaded
+
+
+def after_torch(torch: object) -> None:
+    """Queue load_results for when torch initialises CUDA (or run it, if it has)."""
+    cuda = getattr(torch, "cuda", None)
+    lazy_call = getattr(cuda, "_lazy_call", None)
+    if lazy_call is None or getattr(cuda, "tunable", None) is None:
+        _say(
+            "this torch has no torch.cuda._lazy_call or torch.cuda.tunable: TunableOp results "
+            "are not loaded while recording"
+        )
+        return
+
+    def _tunefleet_load_results() -> None:
+        load_results(torch)
+
+    try:
+        lazy_call(_tunefleet_load_results)
+    except Exception as e:
+        _say(f"could not queue the results load ({type(e).__name__}: {e})")
+
+
+class _Loader:
+    """torch's own loader, and after_torch once torch's module has run."""
+
+    def __init__(self, loader: object) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: object) -> object:
+        create = getattr(self._loader, "create_module", None)
+        return create(spec) if create is not None else None
+
+    def exec_module(self, module: object) -> None:
+        self._loader.exec_module(module)  # type: ignore[attr-defined]
+        try:
+            after_torch(module)
+        except Exception as e:
+            _say(f"hook failed ({type(e).__name__}: {e})")
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._loader, name)
+
+
+class TorchFinder:
+    """A meta path finder for `torch` alone: it finds torch as the others would, and wraps
+    its loader. One use: it leaves sys.meta_path as soon as torch is found."""
+
+    def __init__(self) -> None:
+        self._busy = False
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "torch" or self._busy:
+            return None
+        self._busy = True
+        try:
+            spec = None
+            for finder in list(sys.meta_path):
+                find = getattr(finder, "find_spec", None)
+                if finder is self or find is None:  # type: ignore[comparison-overlap]
+                    continue
+                spec = find(name, path, target)
+                if spec is not None:
+                    break
+        finally:
+            self._busy = False
+            if self in sys.meta_path:  # type: ignore[comparison-overlap]
+                sys.meta_path.remove(self)  # type: ignore[arg-type]
+        loader = getattr(spec, "loader", None)
+        if spec is None or loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        spec.loader = _Loader(loader)  # type: ignore[attr-defined]
+        return spec
+
+
+def install() -> bool:
+    """Hook torch's import when this process records misses; True when installed."""
+    if os.environ.get(RECORD_ENV) != "1":
+        return False
+    if "torch" in sys.modules:  # imported already (not at interpreter start): too late to wait
+        after_torch(sys.modules["torch"])
+        return True
+    sys.meta_path.insert(0, TorchFinder())  # type: ignore[arg-type]
+    return True
+
+
+def _chain() -> None:
+    """Run the sitecustomize this file shadows, if the image has one."""
+    import importlib.machinery
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+
+if __name__ == "sitecustomize":
+    try:
+        install()
+    except Exception as e:
+        _say(f"hook not installed ({type(e).__name__}: {e})")
+    try:
+        _chain()
+    except Exception as e:
+        _say(f"the image's own sitecustomize failed ({type(e).__name__}: {e})")

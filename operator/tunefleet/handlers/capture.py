@@ -1,0 +1,20 @@
+"""Capture stores and retune sets (capture/store.py): kept in the capture cache on every
+replica; a change queues the profile it belongs to (the leader recomputes status.capture)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tunefleet import metrics, naming, watch
+from tunefleet.handlers.startup import CAPTURES, CONTROLLER
+
+
+@watch.on(watch.CAPTURE_CONFIGMAPS)
+def capture_event(type: str | None, body: dict[str, Any]) -> None:
+    metrics.HANDLER_CALLS.labels("capture_event").inc()
+    if CAPTURES.follow(type, body) is None:
+        return
+    # By the name its label gives: only a trigger; the reconcile reads what the profile owns.
+    meta = body.get("metadata") or {}
+    profile = (meta.get("labels") or {}).get(naming.TUNING_PROFILE_LABEL)
+    CONTROLLER.get().enqueue_owner(meta.get("namespace"), profile)

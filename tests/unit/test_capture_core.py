@@ -1,0 +1,428 @@
+"""The production loop's pure core (capture/loop.py) and its stores (capture/store.py):
+aggregation, the thresholds and interval, no retune loop, manual requests, revision
+stability; the store's bounds and what a forged ConfigMap is worth."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tunefleet import naming
+from tunefleet.api import CaptureSpec, CaptureStatus
+from tunefleet.capture import loop
+from tunefleet.capture.store import (
+    MAX_BYTES,
+    RetuneSet,
+    StoreKey,
+    StoreView,
+    build_retune_config_map,
+    build_store_config_map,
+    digest_of,
+    merge,
+    parse_retune,
+    parse_store,
+)
+from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.contracts.retune import ANNOTATION, RetuneRequest
+
+BASE = "base000001"
+MODEL = "NVIDIA-H100"
+S1 = [f"GemmTunableOp_BFloat16_TN,tn_{n}_64_64_ld_64_64_{n}" for n in (64, 128, 256)]
+S2 = [f"GemmTunableOp_BFloat16_TN,tn_{n}_96_96_ld_96_96_{n}" for n in (8, 16)]
+NOW = 1_800_000_000.0
+KEY = StoreKey("ml", "p", "uid-1", MODEL, "lib-key-1")
+
+
+def record(revision: str = BASE, sha: str = "a" * 64, key: str = "lib-key-1") -> ArtifactRecord:
+    return ArtifactRecord(
+        uri=f"s3://bkt/p/ml/p/{MODEL}/{sha}",
+        sha256=sha,
+        revision=revision,
+        gpu_model=MODEL,
+        library_key=key,
+    )
+
+
+def status(art: ArtifactRecord | None, capture: list[dict[str, Any]] | None = None) -> Any:
+    out: dict[str, Any] = {"artifacts": [art.to_status()] if art else []}
+    if capture is not None:
+        out["capture"] = capture
+    return out
+
+
+def store(rows: list[str], key: StoreKey = KEY, at: int = 100) -> StoreView:
+    view, _ = merge(StoreView(key), rows, at, max_shapes=1024)
+    return view
+
+
+def spec(**over: Any) -> CaptureSpec:
+    return CaptureSpec.model_validate({"enabled": True, **over})
+
+
+def run(
+    cap: CaptureSpec,
+    st: dict[str, Any],
+    stores: list[StoreView],
+    keys: frozenset[str] | None = frozenset(S1),
+    retunes: list[RetuneSet] | None = None,
+    request: RetuneRequest | None = None,
+    now: float = NOW,
+    base: str = BASE,
+) -> loop.Plan:
+    return loop.plan(
+        cap, namespace="ml", profile="p", profile_uid="uid-1", base=base, models=[MODEL],
+        status=st, stores=stores, retunes=retunes or [], keys_of=lambda r: keys, now=now,
+        request=request,
+    )  # fmt: skip
+
+
+def test_seen_tuned_and_coverage_count_the_current_identitys_misses_against_the_artifact() -> None:
+    plan = run(spec(), status(record()), [store(S2 + S1[:1])])
+    (entry,) = plan.entries
+    assert (entry["seen"], entry["tuned"], entry["untuned"], entry["coverage"]) == (3, 1, 2, 33)
+    assert plan.coverage == "1/3 33%"
+    assert plan.revisions == {MODEL: BASE}  # no retune configured: nothing frozen
+    assert not plan.freezes
+
+
+def test_captures_of_another_identity_or_image_are_kept_apart_never_counted_or_tuned() -> None:
+    other = store(S2, StoreKey("ml", "p", "uid-1", MODEL, "lib-key-OTHER"))
+    image = store(S2, StoreKey("ml", "p", "uid-1", MODEL, "lib-key-1", apart="another image"))
+    plan = run(spec(retune={"misses": 1}), status(record()), [other, image])
+    (entry,) = plan.entries
+    assert entry["seen"] == 0 and entry["apart"] == {"stores": 2, "seen": 2}
+    assert not plan.freezes
+
+
+def test_the_misses_threshold_freezes_every_untuned_shape_under_a_stable_revision() -> None:
+    cap = spec(retune={"misses": 2, "minIntervalSeconds": 600})
+    assert not run(cap, status(record()), [store(S2[:1])]).freezes  # one is below it
+    plan = run(cap, status(record()), [store(S2)])
+    (frozen,) = plan.freezes
+    assert sorted(frozen.rows) == sorted(S2) and frozen.base_revision == BASE
+    rev = naming.retune_revision(BASE, digest_of(S2))
+    assert plan.revisions == {MODEL: rev} and rev != BASE
+    (entry,) = plan.entries
+    assert entry["retune"]["revision"] == rev and entry["retune"]["state"] == "Tuning"
+    assert entry["retune"]["reason"] == "Threshold"
+    assert any(e[1] == "RetuneStarted" for e in plan.events)
+    CaptureStatus.model_validate(entry)  # what the CRD's status.capture[] declares
+    # Stable: the status this wrote gives the same revision on every later reconcile (and a
+    # restarted operator, which reads it back), and freezes nothing more while it tunes.
+    again = run(cap, status(record(), plan.entries), [store(S2)], now=NOW + 5)
+    assert again.revisions == {MODEL: rev} and not again.freezes
+    assert loop.revisions(BASE, status(record(), plan.entries), [MODEL]) == {MODEL: rev}
+
+
+def test_the_interval_holds_the_next_retune_back() -> None:
+    cap = spec(retune={"misses": 1, "minIntervalSeconds": 600})
+    first = run(cap, status(record()), [store(S2[:1])])
+    (frozen,) = first.freezes
+    # Its artifact is out: the model is settled again; a new miss comes 60 s later.
+    published = record(revision=first.revisions[MODEL], sha="b" * 64)
+    later = run(
+        cap, status(published, first.entries), [store(S2)], keys=frozenset(S1 + S2[:1]),
+        retunes=[frozen], now=NOW + 60,
+    )  # fmt: skip
+    assert not later.freezes
+    assert "next retune may start at" in later.entries[0]["message"]
+    due = run(
+        cap, status(published, first.entries), [store(S2)], keys=frozenset(S1 + S2[:1]),
+        retunes=[frozen], now=NOW + 601,
+    )  # fmt: skip
+    assert [sorted(f.rows) for f in due.freezes] == [[S2[1]]]
+
+
+def test_a_shape_torch_rejects_does_not_retune_forever() -> None:
+    cap = spec(retune={"misses": 1, "minIntervalSeconds": 60})
+    first = run(cap, status(record()), [store(S2)])
+    (frozen,) = first.freezes
+    # The retune published, but without S2[1] (torch rejected it): it stays untuned...
+    published = record(revision=first.revisions[MODEL], sha="b" * 64)
+    keys = frozenset(S1 + S2[:1])
+    for minutes in (2, 60, 6000):
+        plan = run(
+            cap, status(published, first.entries), [store(S2)], keys=keys, retunes=[frozen],
+            now=NOW + 60 * minutes,
+        )  # fmt: skip
+        (entry,) = plan.entries
+        assert entry["untuned"] == 1 and entry["retune"]["state"] == "Published"
+        assert not plan.freezes, minutes  # ...and never triggers a retune by itself
+    # A new shape does; the rejected one goes along (it may tune this time).
+    new = "GemmTunableOp_Half_NT,nt_32_32_32_ld_32_32_32"
+    plan = run(
+        cap, status(published, first.entries), [store([*S2, new])], keys=keys,
+        retunes=[frozen], now=NOW + 120,
+    )  # fmt: skip
+    assert [sorted(f.rows) for f in plan.freezes] == [sorted([S2[1], new])]
+
+
+def test_coverage_threshold_needs_a_new_shape_too() -> None:
+    cap = spec(retune={"coverage": 90})
+    plan = run(cap, status(record()), [store(S1 + S2[:1])])  # 2/3 covered, one new
+    assert len(plan.freezes) == 1
+    enough = run(spec(retune={"coverage": 50}), status(record()), [store(S1 + S2[:1])])
+    assert not enough.freezes
+
+
+def test_nothing_is_frozen_while_the_model_tunes() -> None:
+    cap = spec(retune={"misses": 1})
+    tuning = run(cap, status(record(revision="older")), [store(S2)])  # not this revision's
+    assert not tuning.freezes
+    assert "tuning in progress" in tuning.entries[0]["message"]
+    assert not run(cap, status(None), [store(S2)]).freezes
+
+
+def test_a_manual_request_retunes_once_whatever_the_thresholds() -> None:
+    request = RetuneRequest("n1")
+    plan = run(spec(), status(record()), [store(S2[:1])], request=request)
+    (frozen,) = plan.freezes
+    (entry,) = plan.entries
+    assert entry["retune"]["reason"] == "Manual" and entry["handledNonce"] == "n1"
+    published = record(revision=plan.revisions[MODEL], sha="b" * 64)
+    again = run(
+        spec(), status(published, plan.entries), [store(S2)], keys=frozenset(S1 + S2[:1]),
+        retunes=[frozen], request=request,
+    )  # fmt: skip
+    assert not again.freezes  # the same nonce: acted on already
+    other = run(
+        spec(), status(published, plan.entries), [store(S2)], keys=frozenset(S1 + S2[:1]),
+        retunes=[frozen], request=RetuneRequest("n2", "another-model"),
+    )  # fmt: skip
+    assert not other.freezes  # for another model
+    nothing = run(spec(), status(record()), [store([])], request=RetuneRequest("n3"))
+    assert not nothing.freezes
+    assert "every captured shape is in the artifact" in nothing.entries[0]["message"]
+
+
+def test_a_manual_request_waits_for_the_running_tuning() -> None:
+    plan = run(spec(), status(record(revision="older")), [store(S2)], request=RetuneRequest("n"))
+    assert not plan.freezes and "handledNonce" not in plan.entries[0]
+    assert "waits for the current tuning" in plan.entries[0]["message"]
+
+
+def test_a_spec_change_supersedes_the_retune_and_tunes_the_spec_again() -> None:
+    cap = spec(retune={"misses": 1})
+    first = run(cap, status(record()), [store(S2)])
+    plan = run(cap, status(record(), first.entries), [store(S2)], base="base000002")
+    assert plan.revisions == {MODEL: "base000002"}  # the new spec's own revision
+    assert plan.entries[0]["retune"]["state"] == "Superseded"
+
+
+def test_without_a_read_path_the_retunes_set_counts_as_tuned() -> None:
+    cap = spec(retune={"misses": 1})
+    first = run(cap, status(record()), [store(S2)])
+    (frozen,) = first.freezes
+    published = record(revision=first.revisions[MODEL], sha="b" * 64)
+    plan = run(cap, status(published, first.entries), [store(S2)], keys=None, retunes=[frozen])
+    assert plan.entries[0]["tuned"] == 2 and not plan.freezes
+
+
+def test_no_capture_and_nothing_captured_shows_nothing() -> None:
+    plan = run(CaptureSpec(), status(record()), [])
+    assert plan.entries == [] and plan.coverage == ""
+
+
+def test_a_frozen_set_that_cannot_be_made_leaves_the_model_as_it_was() -> None:
+    plan = run(spec(retune={"misses": 1}), status(record()), [store(S2)])
+    plan.revert(MODEL, None, BASE, "ConfigMap ml/x exists but is not controlled by it")
+    assert plan.revisions == {MODEL: BASE} and not plan.freezes
+    assert "retune not started" in plan.entries[0]["message"]
+    assert [e[1] for e in plan.events] == ["RetuneNotStarted"]
+
+
+# --- the store ---------------------------------------------------------------------------------
+
+
+def test_merging_adds_new_rows_first_seen_kept_and_bounds_what_is_kept() -> None:
+    view, added = merge(StoreView(KEY), S2, 100, max_shapes=3)
+    assert added == 2 and view.rows == {S2[0]: 100, S2[1]: 100}
+    view, added = merge(view, [*S2, *S1], 200, max_shapes=3, pod="pod-a", not_loaded=4)
+    assert added == 1 and len(view.rows) == 3 and view.dropped == 2
+    assert view.rows[S2[0]] == 100  # first seen stays
+    assert view.not_loaded == {"pod-a": 4}
+    big = [f"GemmTunableOp_BFloat16_TN,tn_{i}_" + "9" * 900 for i in range(2000)]
+    huge, _ = merge(StoreView(KEY), big, 1, max_shapes=4096)
+    assert len("".join(f"{at} {r}\n" for r, at in huge.rows.items())) < MAX_BYTES
+    assert huge.dropped > 0
+
+
+def test_the_store_round_trips_through_its_configmap_and_a_forged_one_is_nothing() -> None:
+    view, _ = merge(StoreView(KEY), S2, 100, max_shapes=10, pod="x", not_loaded=1)
+    cm = build_store_config_map(view)
+    cm["metadata"]["uid"] = "cm-1"
+    back = parse_store(cm)
+    assert back is not None and back.rows == view.rows and back.key == KEY
+    assert back.not_loaded == {"x": 1}
+    forged = build_store_config_map(view)
+    forged["metadata"]["ownerReferences"] = []  # our labels, nobody's ownership
+    assert parse_store(forged) is None
+    other = build_store_config_map(view)
+    other["metadata"]["labels"][naming.PROFILE_UID_LABEL] = "uid-2"  # claims another profile
+    assert parse_store(other) is None
+
+
+def test_a_retune_set_is_named_by_its_rows_and_refused_once_changed() -> None:
+    r = RetuneSet("ml", "p", "uid-1", MODEL, BASE, tuple(sorted(S2)))
+    cm = build_retune_config_map(r)
+    assert cm["immutable"] is True
+    back = parse_retune(cm)
+    assert back is not None and back.digest == r.digest == digest_of(list(reversed(S2)))
+    tampered = build_retune_config_map(r)
+    tampered["data"]["untuned.csv"] += S1[0] + "\n"
+    assert parse_retune(tampered) is None
+    other = RetuneSet("ml", "p", "uid-1", MODEL, "base000002", r.rows)
+    assert other.config_map_name != r.config_map_name
+
+
+def test_the_retune_request_contract_reads_what_it_writes() -> None:
+    req = RetuneRequest.new("NVIDIA-H100")
+    profile = req.patch()
+    assert RetuneRequest.read(profile) == req
+    assert RetuneRequest.read({"metadata": {"annotations": {ANNOTATION: "bad nonce!"}}}) is None
+    assert RetuneRequest.read({"metadata": {}}) is None
+    assert RetuneRequest("n").applies_to("any") and not req.applies_to("other")
+
+
+@pytest.mark.parametrize("bad", [{}, {"minIntervalSeconds": 60}])
+def test_a_retune_without_a_threshold_is_refused(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="needs misses"):
+        CaptureSpec.model_validate({"enabled": True, "retune": bad})
+
+
+# --- the write from any replica: compare-and-swap --------------------------------------------
+
+
+class _Resp:
+    def __init__(self, doc: dict[str, Any]) -> None:
+        import json
+
+        self.data = json.dumps(doc).encode()
+
+
+class FakeCore:
+    """A ConfigMap API with one object, resourceVersions, and a rival writer on demand."""
+
+    def __init__(self) -> None:
+        self.cm: dict[str, Any] | None = None
+        self.rv = 0
+        self.rival: list[str] = []  # rows another replica writes just before our next write
+        self.writes = 0
+
+    def _store(self, cm: dict[str, Any]) -> None:
+        self.rv += 1
+        cm["metadata"]["resourceVersion"] = str(self.rv)
+        cm["metadata"].setdefault("uid", "cm-uid")
+        self.cm = cm
+
+    def _race(self) -> None:
+        if self.rival and self.cm is not None:
+            view = parse_store(self.cm)
+            assert view is not None
+            merged, _ = merge(view, self.rival, 50, max_shapes=100)
+            self.rival = []
+            self._store(build_store_config_map(merged))
+
+    def read_namespaced_config_map(self, name: str, ns: str, **_: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
+        if self.cm is None:
+            raise ApiException(status=404)
+        return _Resp(self.cm)
+
+    def create_namespaced_config_map(self, ns: str, body: dict[str, Any], **_: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
+        if self.rival:  # another replica created it first
+            view, _ = merge(StoreView(KEY), self.rival, 50, max_shapes=100)
+            self.rival = []
+            self._store(build_store_config_map(view))
+            raise ApiException(status=409)
+        self.writes += 1
+        self._store(body)
+        return _Resp(body)
+
+    def patch_namespaced_config_map(
+        self, name: str, ns: str, body: dict[str, Any], **_: Any
+    ) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
+        self._race()
+        assert self.cm is not None
+        if body["metadata"]["resourceVersion"] != self.cm["metadata"]["resourceVersion"]:
+            raise ApiException(status=409)
+        self.writes += 1
+        self.cm["data"] = body["data"]
+        self._store(self.cm)
+        return _Resp(self.cm)
+
+
+def writer(core: FakeCore) -> Any:
+    from tunefleet.capture.store import Writer
+
+    w = Writer()
+    w._core = lambda: core  # type: ignore[method-assign]
+    return w
+
+
+def test_concurrent_replicas_lose_no_rows_and_a_known_row_costs_no_write() -> None:
+    core = FakeCore()
+    w = writer(core)
+    core.rival = [S1[0]]  # the other replica creates the store as we try to
+    assert w.add(KEY, (S2[0],), max_shapes=100, now=NOW) == (1, 2)
+    core.rival = [S1[1]]  # and writes between our read and our write
+    assert w.add(KEY, (S2[1],), max_shapes=100, now=NOW) == (1, 4)
+    view = parse_store(core.cm or {})
+    assert view is not None and set(view.rows) == {S1[0], S1[1], S2[0], S2[1]}
+    before = core.writes
+    assert w.add(KEY, (S2[0],), max_shapes=100, now=NOW) == (0, 4)
+    assert core.writes == before
+
+
+def test_a_configmap_under_the_stores_name_that_is_not_the_profiles_is_never_written() -> None:
+    from tunefleet import kube
+
+    core = FakeCore()
+    forged = build_store_config_map(StoreView(KEY))
+    forged["metadata"]["ownerReferences"] = []
+    core._store(forged)
+    with pytest.raises(kube.NotOurs, match="not a capture store"):
+        writer(core).add(KEY, (S2[0],), max_shapes=100, now=NOW)
+
+
+# --- the upload contract (contracts/capture.py) -----------------------------------------------
+
+
+def test_the_upload_contract_reads_what_it_writes_and_refuses_what_it_bounds() -> None:
+    from tunefleet.contracts.capture import (
+        MAX_ROW_CHARS,
+        MAX_ROWS,
+        BodyError,
+        Reply,
+        Upload,
+        row_problem,
+    )
+
+    up = Upload((S2[0], S2[1]), not_loaded=2, dropped=1)
+    assert Upload.decode(up.encode()) == up
+    assert Upload.decode(
+        b'{"version":1,"rows":["%s","%s"]}' % (S2[0].encode(), S2[0].encode())
+    ).rows == (S2[0],)  # a repeat counts once
+    for bad, words in [
+        (b'{"version":2,"rows":[]}', "version must be 1"),
+        (b'{"version":1,"rows":"x"}', "rows must be a list"),
+        (b'{"version":1,"rows":[],"dropped":-1}', "non-negative"),
+        (b'{"version":1,"rows":[],"notLoaded":true}', "non-negative"),
+        (b"[1]", "JSON object"),
+    ]:
+        with pytest.raises(BodyError, match=words):
+            Upload.decode(bad)
+    with pytest.raises(BodyError, match=f"at most {MAX_ROWS} rows"):
+        Upload(tuple(S2[:1]) * (MAX_ROWS + 1)).encode()
+    assert row_problem("GemmTunableOp_BFloat16_TN,tn_*_64_64_ld_64_64_*") is None  # wildcards
+    assert row_problem("a b,c") and row_problem("onlyone") and row_problem(3)
+    assert row_problem("G," + "1" * MAX_ROW_CHARS)
+    reply = Reply(accepted=3, new=1, message="ok", retry_after=2.5)
+    assert Reply.decode(reply.encode()) == reply
+    assert Reply.decode(b"<html>bad gateway</html>").message.startswith("<html>")

@@ -1,0 +1,185 @@
+"""Tuning Jobs under Kueue: spec.tuning.queueName makes them suspended in a LocalQueue (the
+label, the same name, the same revision); a suspended Job is Queued with Kueue's reason, never
+failed and never resumed by tunefleet; a Job that has not started follows the queue name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.unit.test_reconcile import CFG, MODELS, FakeApi, jobs_for, profile
+from tunefleet import kueue, naming
+from tunefleet.api import TuningProfileSpec
+from tunefleet.builders.job import Child, build_merge_job, build_tuning_job, tuning_config
+from tunefleet.builders.kueue import QUEUE_LABEL
+from tunefleet.conditions import Reason, Type, find
+from tunefleet.observe import observe_job
+from tunefleet.reconcile import Memory, sync_profile
+from tunefleet.status import Observed, compute_status
+
+QUEUED = {"backoffLimit": 0, "queueName": "gpu-team"}
+
+
+def spec(**tuning: Any) -> TuningProfileSpec:
+    return TuningProfileSpec.model_validate({**profile()["spec"], "tuning": tuning})
+
+
+def test_a_queue_name_makes_suspended_jobs_in_it_under_the_same_name_and_revision() -> None:
+    plain, queued = spec(backoffLimit=0), spec(**QUEUED)
+    assert naming.revision(plain) == naming.revision(queued)
+    for build in (build_tuning_job, build_merge_job):
+        a = build(Child(plain, "ml", "p", "uid-1", MODELS[0], CFG))
+        b = build(Child(queued, "ml", "p", "uid-1", MODELS[0], CFG))
+        assert a["metadata"]["name"] == b["metadata"]["name"]
+        assert b["metadata"]["labels"][QUEUE_LABEL] == "gpu-team"
+        assert b["spec"]["suspend"] is True
+        # Not on the pods: their labels select them, and Kueue reads the Job's.
+        assert QUEUE_LABEL not in b["spec"]["template"]["metadata"]["labels"]
+        assert "suspend" not in a["spec"] and QUEUE_LABEL not in a["metadata"]["labels"]
+    config = tuning_config(queued, "ml", "p", MODELS[0], naming.revision(queued))
+    assert "queueName" not in config["tuning"]
+
+
+def test_the_queue_name_is_a_local_queue_name() -> None:
+    with pytest.raises(ValueError):
+        spec(queueName="Not_A_Queue")
+    with pytest.raises(ValueError):
+        spec(queueName="q" * 64)
+
+
+def suspended_job(queue: str | None = "gpu-team") -> dict[str, Any]:
+    p = profile(tuning={"queueName": queue} if queue else {})
+    (job,) = jobs_for(p, MODELS[:1])
+    job["spec"]["suspend"] = True
+    return job
+
+
+def workload(job: dict[str, Any], **conds: tuple[str, str]) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "job-x-1",
+            "ownerReferences": [{"kind": "Job", "controller": True, "uid": job["metadata"]["uid"]}],
+        },
+        "status": {
+            "conditions": [
+                {"type": t, "status": s, "reason": "Pending", "message": m}
+                for t, (s, m) in conds.items()
+            ]
+        },
+    }
+
+
+def test_a_suspended_job_is_queued_with_kueues_reason_never_failed() -> None:
+    job = suspended_job()
+    short = "couldn't assign flavors to pod set main: insufficient unused quota for nvidia.com/gpu"
+    wl = workload(job, QuotaReserved=("False", short))
+    obs = observe_job(job, [], queued_of=lambda j: kueue.why_queued(j, [wl]))
+    assert (obs.state, obs.reason) == ("Pending", Reason.QUEUED)
+    assert obs.message == f"queued in Kueue LocalQueue gpu-team: {short}"
+    # Suspended again after a pod failed (Kueue evicted it): still queued, not failed.
+    job["status"]["failed"] = 1
+    evicted = workload(job, Evicted=("True", "Preempted to accommodate a workload"))
+    obs = observe_job(job, [], queued_of=lambda j: kueue.why_queued(j, [evicted]))
+    assert obs.state == "Pending" and "evicted by Kueue" in obs.message
+
+
+def test_why_a_job_waits_when_kueue_cannot_say() -> None:
+    job = suspended_job()
+    assert "no Kueue" in kueue.why_queued(job, kueue.NOT_INSTALLED)
+    assert "no Workload" in kueue.why_queued(job, [])
+    # A Workload that names the Job by label but is not controlled by it does not speak for it.
+    other = workload(job, QuotaReserved=("False", "forged"))
+    other["metadata"]["ownerReferences"][0]["uid"] = "someone-else"
+    assert "forged" not in kueue.why_queued(job, [other])
+    assert "not in a Kueue queue" in kueue.why_queued(suspended_job(None), [])
+
+
+def test_status_says_queued_and_the_phase_follows() -> None:
+    p = profile(tuning=QUEUED)
+    parsed = TuningProfileSpec.model_validate(p["spec"])
+    job = suspended_job()
+    queued = observe_job(job, [], queued_of=lambda j: "queued in Kueue LocalQueue gpu-team: x")
+    st = compute_status(Observed(generation=1, spec=parsed, jobs=[queued]), "now")
+    assert st["phase"] == "Queued"
+    prog, ready = find(st, Type.PROGRESSING), find(st, Type.READY)
+    assert (prog["status"], prog["reason"]) == ("True", Reason.QUEUED)
+    assert "are queued in Kueue" in prog["message"] and "LocalQueue gpu-team" in prog["message"]
+    assert ready["reason"] == Reason.QUEUED
+    assert find(st, Type.FAILED)["status"] == "False"
+    assert st["jobs"][0]["reason"] == Reason.QUEUED
+
+
+def test_a_queued_job_reads_its_workload_now_and_then(monkeypatch: pytest.MonkeyPatch) -> None:
+    FakeApi(monkeypatch)
+    calls: list[str] = []
+
+    def workloads_of(ns: str, uid: str) -> list[dict[str, Any]]:
+        calls.append(uid)
+        return []
+
+    monkeypatch.setattr(kueue, "workloads_of", workloads_of)
+    p = profile(tuning=QUEUED, gpu={"vendor": "amd", "models": MODELS[:1]})
+    job = suspended_job()
+    memory = Memory()
+    for _ in range(3):
+        status = sync_profile(p, [job], [], CFG, memory)
+    assert len(calls) == 1  # cached for QUEUED_TTL
+    assert status["jobs"][0]["reason"] == Reason.QUEUED
+
+
+def test_a_job_that_has_not_started_follows_the_queue_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(kueue, "workloads_of", lambda ns, uid: [])
+    one = {"vendor": "amd", "models": MODELS[:1]}
+    job = suspended_job("old-queue")
+    api = FakeApi(monkeypatch)
+    sync_profile(profile(tuning=QUEUED, gpu=one), [job], [], CFG, Memory())
+    assert api.owned_patches == [
+        ("Job", job["metadata"]["name"], {"metadata": {"labels": {QUEUE_LABEL: "gpu-team"}}})
+    ]
+    # No queue any more: a suspended Job nobody would admit is made again outside Kueue.
+    api = FakeApi(monkeypatch)
+    sync_profile(profile(tuning={"backoffLimit": 0}, gpu=one), [job], [], CFG, Memory())
+    assert api.deleted == [("Job", job["metadata"]["name"])]
+    # A Job that runs keeps its queue; tunefleet never resumes or moves it.
+    running = suspended_job("old-queue")
+    running["spec"]["suspend"] = False
+    api = FakeApi(monkeypatch)
+    sync_profile(profile(tuning=QUEUED, gpu=one), [running], [], CFG, Memory())
+    assert not api.owned_patches and not api.deleted
+
+
+def test_workloads_are_read_in_the_newest_version_served_or_kueue_is_not_installed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import json as _json
+
+    import kubernetes
+    from kubernetes.client.exceptions import ApiException
+
+    served: set[str] = {"v1beta1"}
+    asked: list[tuple[str, str]] = []
+
+    class Custom:
+        def __init__(self, api: Any) -> None:
+            pass
+
+        def list_namespaced_custom_object(
+            self, group: str, version: str, *a: Any, **kw: Any
+        ) -> Any:
+            asked.append((version, kw["label_selector"]))
+            if version not in served:
+                raise ApiException(status=404, reason="Not Found")
+            return type("R", (), {"data": _json.dumps({"items": [{"v": version}]}).encode()})()
+
+    monkeypatch.setattr(kubernetes.client, "CustomObjectsApi", Custom)
+    monkeypatch.setattr(kueue.kube, "api", lambda: None)
+    assert kueue.workloads_of("ml", "u-1") == [{"v": "v1beta1"}]
+    assert asked == [
+        ("v1beta2", "kueue.x-k8s.io/job-uid=u-1"),
+        ("v1beta1", "kueue.x-k8s.io/job-uid=u-1"),
+    ]
+    served.clear()
+    assert kueue.workloads_of("ml", "u-1") == kueue.NOT_INSTALLED
