@@ -264,7 +264,14 @@ class NodeMaps:
             self._last[m] = now
             try:
                 self._write(m)
-            except (kopf.TemporaryError, kube.Conflict, kube.NotLeading, kube.Gone) as e:
+            except kube.Gone as e:
+                # The namespace is going: nothing to write there, and retrying every few
+                # seconds only fills the log until it is gone. A profile change there
+                # wants the map again.
+                log.debug(f"node map {m[0]}/{nodemap.config_map_name(m[1])}: {e}; dropped")
+                with self._lock:
+                    self._want.pop(m, None)
+            except (kopf.TemporaryError, kube.Conflict, kube.NotLeading) as e:
                 log.info(f"node map {m[0]}/{nodemap.config_map_name(m[1])}: {e}; retrying")
                 metrics.NODE_MAP_WRITES.labels("failed").inc()
                 with self._lock:

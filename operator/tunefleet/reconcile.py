@@ -456,11 +456,15 @@ def _tend(s: _Sync, observations: list[JobObservation]) -> None:
 def _deliver(s: _Sync, status: dict[str, Any]) -> None:
     """Each current artifact that has no ConfigMap yet gets one (delivery.py), or a word on
     why not; status then says how pods get it."""
-    if s.spec is None or s.spec.serving.delivery != "ConfigMap" or not status.get("artifacts"):
+    if s.spec is None or not status.get("artifacts"):
         return
-    why_not = delivery.deliverable(s.config)
     artifacts = [dict(a) for a in status["artifacts"]]  # never the previous status's dicts
     status["artifacts"] = artifacts
+    if s.spec.serving.delivery != "ConfigMap":
+        for entry in artifacts:
+            entry["delivery"] = "Store (spec.serving.delivery)"
+        return
+    why_not = delivery.deliverable(s.config)
     storage = s.spec.storage
     endpoint = storage.endpoint or s.config.default_s3_endpoint
     for entry in artifacts:

@@ -200,6 +200,11 @@ def test_the_operator_delivers_a_fresh_artifact_and_status_says_how_pods_get_it(
     # Without a read identity for the operator: the store path, and why.
     plain = sync_profile(p, [job], [published_pod(job, uri)], CFG, Memory())
     assert plain["artifacts"][0]["delivery"].startswith("Store: the operator has no read identity")
+    # Asked for: the store path, said so (status always says how pods get an artifact).
+    asked = {**p, "spec": {**p["spec"], "serving": {"delivery": "Store"}}}
+    store = sync_profile(asked, [job], [published_pod(job, uri)], SERVING, Memory())
+    assert store["artifacts"][0]["delivery"] == "Store (spec.serving.delivery)"
+    assert "configMap" not in store["artifacts"][0] and calls == [uri]
 
 
 def test_a_failed_delivery_is_said_and_not_tried_again_at_once(

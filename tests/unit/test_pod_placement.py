@@ -577,3 +577,27 @@ def test_why_says_which_model_was_picked_at_the_node() -> None:
     injected["status"]["initContainerStatuses"][0]["state"]["terminated"]["message"] = untuned
     report = explain(injected, profile([H100, H200]), [])
     assert report["verdict"] == "untuned-at-start" and "node-map" in report["fix"]
+
+
+def test_a_namespace_being_deleted_is_not_retried_every_few_seconds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    FakeMaps(monkeypatch)
+    tries: list[str] = []
+
+    def terminating(cm: dict[str, Any]) -> dict[str, Any]:
+        tries.append(cm["metadata"]["namespace"])
+        raise kube.Gone("namespace ml is being terminated")
+
+    monkeypatch.setattr(kube, "create_config_map", terminating)
+    active = threading.Event()
+    active.set()
+    maps = keeper({("ml", "llama"): profile([H100])}, active)
+    maps.index.load(KEY, [node("n1", H100)])
+    maps.lead()
+    for t in range(1, 60, 5):
+        maps.step(now=float(t))
+    assert tries == ["ml"]  # one try; a profile change there wants the map again
+    maps.profile_changed("ml")
+    maps.step(now=100.0)
+    assert tries == ["ml", "ml"]
