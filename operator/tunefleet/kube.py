@@ -18,6 +18,7 @@ import datetime
 import functools
 import json
 import logging
+import socket
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, TypeVar, cast
 
@@ -40,6 +41,13 @@ DEFAULT_POOL_SIZE = 16
 # Seconds one read may take; writes get at most this, and never more than the fence allows.
 REQUEST_TIMEOUT = 10.0
 MIN_WRITE_SECONDS = 1.0  # a write with less time than this left under the Lease is not begun
+# A request the API server has not acknowledged for this long aborts its connection in the
+# kernel (TCP_USER_TIMEOUT). A client-side timeout alone does not stop a write: the kernel keeps
+# retransmitting what it sent, and a path that comes back (a frozen node, a partition healed)
+# would deliver the write long after the fence closed, beside the next leader. With this, a
+# write begun inside the fence lands within UNACKED_ABORT_S or never (leader.py's margin:
+# MIN_WRITE_SECONDS + lease duration - renew deadline > UNACKED_ABORT_S).
+UNACKED_ABORT_S = 2.0
 
 
 def _fence() -> float | None:
@@ -78,16 +86,30 @@ def write_timeout() -> float:
     return min(REQUEST_TIMEOUT, left)
 
 
-def login(pool_size: int = DEFAULT_POOL_SIZE) -> None:
-    """In a pod use its ServiceAccount, elsewhere $KUBECONFIG (as kopf itself does)."""
-    global _api
+def _configuration() -> kubernetes.client.Configuration:
+    """In a pod its ServiceAccount, elsewhere $KUBECONFIG (as kopf itself does)."""
     config = kubernetes.client.Configuration()
     try:
         kubernetes.config.load_incluster_config(client_configuration=config)
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config(client_configuration=config)
+    return config
+
+
+def login(pool_size: int = DEFAULT_POOL_SIZE) -> None:
+    global _api
+    config = _configuration()
     config.connection_pool_maxsize = pool_size
+    _abort_unacknowledged(config)
     _api = kubernetes.client.ApiClient(configuration=config)
+
+
+def _abort_unacknowledged(config: kubernetes.client.Configuration) -> None:
+    if hasattr(socket, "TCP_USER_TIMEOUT"):  # Linux; elsewhere the client timeouts alone
+        config.socket_options = [
+            *urllib3.connection.HTTPConnection.default_socket_options,
+            (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(UNACKED_ABORT_S * 1000)),
+        ]
 
 
 def api() -> kubernetes.client.ApiClient:

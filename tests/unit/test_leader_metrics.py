@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import socket
 import types
 from typing import Any
 
@@ -122,3 +123,28 @@ def test_metrics_are_named_and_labelled_by_convention() -> None:
     for line in text.splitlines():
         if line and not line.startswith("#"):
             assert line.startswith("tunefleet_"), line
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_USER_TIMEOUT"), reason="Linux only")
+def test_a_write_the_api_server_never_acknowledged_cannot_land_after_the_fence(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The kernel aborts a connection whose data stays unacknowledged (a frozen path), so a
+    timed-out write is not delivered later by retransmission; the margin covers it."""
+    import kubernetes
+
+    from tunefleet import kube
+
+    monkeypatch.setattr(kube, "_configuration", kubernetes.client.Configuration)
+    monkeypatch.setattr(kube, "_api", None)  # given back after the test
+    kube.login(pool_size=2)
+    options = kube.api().configuration.socket_options
+    assert (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 2000) in options
+    assert (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1) in options  # urllib3's own kept
+    pool = kube.api().rest_client.pool_manager
+    assert (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 2000) in pool.connection_pool_kw[
+        "socket_options"
+    ]
+    timing = Timing()
+    margin = timing.duration - timing.renew_deadline + kube.MIN_WRITE_SECONDS
+    assert margin > kube.UNACKED_ABORT_S
