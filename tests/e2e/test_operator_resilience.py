@@ -44,7 +44,13 @@ def settled(cluster: Any, namespace: str, names: list[str], models: list[str]) -
     jobs = all_jobs(cluster, namespace)
     cms = list(
         get_json(
-            cluster, "configmaps", "-n", namespace, "-l", "app.kubernetes.io/managed-by=tunefleet"
+            # A tuning Job's own ConfigMap (role tune); the namespace's node map is not one.
+            cluster,
+            "configmaps",
+            "-n",
+            namespace,
+            "-l",
+            "app.kubernetes.io/managed-by=tunefleet,tunefleet.io/role=tune",
         )["items"]
     )
     by_profile: dict[str, list[dict[str, Any]]] = {}
