@@ -36,6 +36,7 @@ from tests.support.cluster import (
     REAL_NODE_GPU_MODEL,
     ROOT,
     STANDIN_IMAGE,
+    real_node_volume,
     wait_for_real_node_gpus,
 )
 from tests.support.operator import SERVING_SECRET, InCluster
@@ -86,28 +87,8 @@ def claims(cluster: Any, namespace: str) -> Iterator[Callable[[str], Path]]:
         path.mkdir(parents=True)
         path.chmod(0o777)
         made.append((pv, path))
-        on_real_node = {
-            "key": "kubernetes.io/hostname",
-            "operator": "In",
-            "values": [REAL_NODE],
-        }
         docs = [
-            {
-                "apiVersion": "v1",
-                "kind": "PersistentVolume",
-                "metadata": {"name": pv},
-                "spec": {
-                    "capacity": {"storage": "1Gi"},
-                    "accessModes": ["ReadWriteOnce", "ReadOnlyMany"],
-                    "persistentVolumeReclaimPolicy": "Retain",
-                    "storageClassName": "tunefleet-e2e",
-                    "hostPath": {"path": str(path), "type": "Directory"},
-                    "claimRef": {"namespace": namespace, "name": claim},
-                    "nodeAffinity": {
-                        "required": {"nodeSelectorTerms": [{"matchExpressions": [on_real_node]}]}
-                    },
-                },
-            },
+            real_node_volume(pv, path, namespace, claim, ["ReadWriteOnce", "ReadOnlyMany"]),
             {
                 "apiVersion": "v1",
                 "kind": "PersistentVolumeClaim",
