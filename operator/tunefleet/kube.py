@@ -101,20 +101,20 @@ def _configuration() -> kubernetes.client.Configuration:
     return config
 
 
-def _abort_unacknowledged(config: kubernetes.client.Configuration) -> None:
-    if hasattr(socket, "TCP_USER_TIMEOUT"):  # Linux; elsewhere the client timeouts alone
-        config.socket_options = [
-            *urllib3.connection.HTTPConnection.default_socket_options,
-            (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(UNACKED_ABORT_S * 1000)),
-        ]
-
-
 def login(pool_size: int = DEFAULT_POOL_SIZE) -> None:
     global _api
     config = _configuration()
     config.connection_pool_maxsize = pool_size
     _abort_unacknowledged(config)
     _api = kubernetes.client.ApiClient(configuration=config)
+
+
+def _abort_unacknowledged(config: kubernetes.client.Configuration) -> None:
+    if hasattr(socket, "TCP_USER_TIMEOUT"):  # Linux; elsewhere the client timeouts alone
+        config.socket_options = [
+            *urllib3.connection.HTTPConnection.default_socket_options,
+            (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(UNACKED_ABORT_S * 1000)),
+        ]
 
 
 def api() -> kubernetes.client.ApiClient:

@@ -232,9 +232,14 @@ def test_examples_tune_one_job_per_model_and_turn_ready(
     row = next(line for line in table.splitlines() if line.startswith("llama-8b-rocm"))
     assert row.split()[3] == "4/4"  # tuned/total: in the sample every GEMM beat Default
     wide = cluster.kubectl("get", "tuningprofiles", "-n", namespace, "-o", "wide").stdout
-    assert wide.splitlines()[0].split()[6:] == ["SHA256", "TUNED", "REUSED", "NOTE", "MESSAGE"], (
-        wide
-    )
+    assert wide.splitlines()[0].split()[6:] == [
+        "SHA256",
+        "TUNED",
+        "REUSED",
+        "NOTE",
+        "COVERAGE",
+        "MESSAGE",
+    ], wide
     assert published["mistral-7b-cuda"][0][:12] in wide
 
     # Deleting a profile deletes its Jobs (garbage collection), never the artifacts.

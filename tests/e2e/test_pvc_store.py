@@ -21,7 +21,7 @@ import yaml
 
 from tests.e2e.test_operator import apply, get_json, jobs_of
 from tests.e2e.test_real_pods import SHAPES, create, ended, model_pod, ready, statuses
-from tests.support.cluster import REAL_NODE, REAL_NODE_GPU_MODEL, STANDIN_IMAGE
+from tests.support.cluster import REAL_NODE_GPU_MODEL, STANDIN_IMAGE, real_node_volume
 from tests.support.operator import InCluster
 
 pytestmark = pytest.mark.e2e
@@ -36,34 +36,7 @@ def claim(cluster: Any, namespace: str) -> Iterator[tuple[str, Path]]:
     path = HOST_ROOT / name
     path.mkdir(parents=True)
     path.chmod(0o777)  # hostPath ignores fsGroup: tunefleet's user (65532) writes here
-    pv = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": name},
-        "spec": {
-            "capacity": {"storage": "1Gi"},
-            "accessModes": ["ReadWriteOnce"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "storageClassName": "tunefleet-e2e",
-            "hostPath": {"path": str(path), "type": "Directory"},
-            "claimRef": {"namespace": namespace, "name": "artifacts"},
-            "nodeAffinity": {
-                "required": {
-                    "nodeSelectorTerms": [
-                        {
-                            "matchExpressions": [
-                                {
-                                    "key": "kubernetes.io/hostname",
-                                    "operator": "In",
-                                    "values": [REAL_NODE],
-                                }
-                            ]
-                        }
-                    ]
-                }
-            },
-        },
-    }
+    pv = real_node_volume(name, path, namespace, "artifacts", ["ReadWriteOnce"])
     pvc = {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",

@@ -26,7 +26,12 @@ import yaml
 
 from tests.e2e.test_operator import apply, condition, get_json, jobs_of
 from tests.e2e.test_real_pods import real_profile, statuses
-from tests.support.cluster import REAL_NODE, STANDIN_IMAGE, wait_for_real_node_gpus
+from tests.support.cluster import (
+    REAL_NODE,
+    STANDIN_IMAGE,
+    real_node_volume,
+    wait_for_real_node_gpus,
+)
 from tests.support.largest import largest_template
 from tests.support.operator import InCluster
 from tests.support.poll import eventually
@@ -64,34 +69,7 @@ WORKLOAD = textwrap.dedent(
 
 
 def _pv(name: str, path: Path, namespace: str, claim: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": name},
-        "spec": {
-            "capacity": {"storage": "1Gi"},
-            "accessModes": ["ReadOnlyMany"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "storageClassName": "tunefleet-e2e",
-            "hostPath": {"path": str(path), "type": "Directory"},
-            "claimRef": {"namespace": namespace, "name": claim},
-            "nodeAffinity": {
-                "required": {
-                    "nodeSelectorTerms": [
-                        {
-                            "matchExpressions": [
-                                {
-                                    "key": "kubernetes.io/hostname",
-                                    "operator": "In",
-                                    "values": [REAL_NODE],
-                                }
-                            ]
-                        }
-                    ]
-                }
-            },
-        },
-    }
+    return real_node_volume(name, path, namespace, claim, ["ReadOnlyMany"])
 
 
 @pytest.fixture

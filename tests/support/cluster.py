@@ -563,3 +563,28 @@ def delete_namespace(api: kubernetes.client.ApiClient, name: str) -> None:
     except ApiException as e:
         if not _not_found(e):
             raise
+
+
+def real_node_volume(
+    name: str, path: Path, namespace: str, claim: str, access_modes: list[str]
+) -> dict[str, Any]:
+    """A PersistentVolume for `claim`: a hostPath directory on the real node (the local
+    cluster has no provisioner), bound to that claim by claimRef, of storage class
+    tunefleet-e2e."""
+    on_real_node = {"key": "kubernetes.io/hostname", "operator": "In", "values": [REAL_NODE]}
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": access_modes,
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "tunefleet-e2e",
+            "hostPath": {"path": str(path), "type": "Directory"},
+            "claimRef": {"namespace": namespace, "name": claim},
+            "nodeAffinity": {
+                "required": {"nodeSelectorTerms": [{"matchExpressions": [on_real_node]}]}
+            },
+        },
+    }

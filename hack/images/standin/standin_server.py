@@ -16,6 +16,19 @@ with whatever TunableOp settings the pod has, once at start and then every
 $STANDIN_GEMMS_EVERY seconds (default 10): so a test can make production hit shapes an
 artifact lacks. After each round it says how many TunableOp results the process holds and
 how many rows its untuned file has.
+
+With --tp N it starts N workers, one process per GPU ordinal as vLLM's and TGI's tensor
+parallel workers are (each `--rank i`: torch.cuda.set_device(i) before its first GEMM, so
+TunableOp reads and records the files of ordinal i), and waits for them.
+
+With --tgi-warmup it replays, in that order, the TunableOp calls of TGI's ROCm warmup
+(text-generation-inference server/text_generation_server/models/flash_causal_lm.py, warmup()):
+tuning_enable(False) when PYTORCH_TUNABLEOP_ENABLED is set, a first round of GEMMs (TGI's
+memory-profiling prefill), then enable(), tuning_enable(True) unless
+PYTORCH_TUNABLEOP_TUNING=0, set_filename($HUGGINGFACE_HUB_CACHE/tunableop_<model>_tp<N>_rank<R>
+.csv, False), read_file() of it if it exists, a warmup round, write_file() of it (where this
+torch has one), tuning_enable(False) unless PYTORCH_TUNABLEOP_TUNING_AFTER_WARMUP=1. It shows
+which settings win when a server drives TunableOp through the Python API (docs/serving.md).
 """
 
 from __future__ import annotations
@@ -23,6 +36,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,7 +47,9 @@ MAX_ORDINALS = 64
 
 
 def say(msg: str) -> None:
-    print(f"{PREFIX} {msg}", flush=True)
+    # One write per line: the workers of --tp share the pod's stdout.
+    sys.stdout.write(f"{PREFIX} {msg}\n")
+    sys.stdout.flush()
 
 
 def ordinal_path(pattern: str, i: int) -> Path:
@@ -137,14 +153,15 @@ def run_gemms(shapes: list[dict[str, Any]]) -> None:
         else:
             torch.mm(a, b)
     loaded = len(torch.cuda.tunable.get_results())
+    device = torch.cuda.current_device()
     untuned = os.environ.get("PYTORCH_TUNABLEOP_UNTUNED_FILENAME")
     rows = "no untuned file"
     if untuned:
         stem, dot, ext = untuned.rpartition(".")
-        path = Path(f"{stem}{torch.cuda.current_device()}.{ext}" if dot else f"{untuned}0")
+        path = Path(f"{stem}{device}.{ext}" if dot else f"{untuned}{device}")
         count = len(path.read_text().splitlines()) if path.is_file() else 0
         rows = f"untuned file {path}: {count} row(s)"
-    say(f"ran {len(shapes)} GEMM(s); TunableOp holds {loaded} result(s); {rows}")
+    say(f"ran {len(shapes)} GEMM(s) on device {device}; TunableOp holds {loaded} result(s); {rows}")
 
 
 def gemm_shapes(argv: list[str]) -> list[dict[str, Any]]:
@@ -161,10 +178,74 @@ def gemm_shapes(argv: list[str]) -> list[dict[str, Any]]:
     return shapes
 
 
+def tgi_warmup(shapes: list[dict[str, Any]], rank: int, world: int) -> None:
+    """TGI's ROCm warmup, its TunableOp calls in its order (see the module's docstring)."""
+    import torch  # the stand-in package
+
+    tunable = torch.cuda.tunable
+    env = os.environ.get
+    if env("PYTORCH_TUNABLEOP_ENABLED"):
+        tunable.tuning_enable(False)
+    run_gemms(shapes)  # TGI's first generate_token: TunableOp's first use
+    if env("PYTORCH_TUNABLEOP_ENABLED") not in (None, "1"):
+        say("tgi warmup: TunableOp disabled by PYTORCH_TUNABLEOP_ENABLED")
+        return
+    tunable.enable()
+    if env("PYTORCH_TUNABLEOP_TUNING") != "0":
+        tunable.tuning_enable(True)
+    during = tunable.tuning_is_enabled()
+    model = env("MODEL_ID", "standin/model").replace("/", "-")
+    cache = env("HUGGINGFACE_HUB_CACHE", "/tmp/hub")
+    path = os.path.join(cache, f"tunableop_{model}_tp{world}_rank{rank}.csv")
+    tunable.set_filename(path, False)
+    reused = os.path.isfile(path) and tunable.read_file(path)
+    os.makedirs(cache, exist_ok=True)
+    run_gemms(shapes)  # tunableop_warmup
+    wrote = hasattr(tunable, "write_file") and tunable.write_file(path)
+    if env("PYTORCH_TUNABLEOP_TUNING_AFTER_WARMUP") != "1":
+        tunable.tuning_enable(False)
+    say(
+        f"tgi warmup rank {rank}: filename {tunable.get_filename()} (reused: {bool(reused)}, "
+        f"written: {bool(wrote)}); TunableOp holds {len(tunable.get_results())} result(s); "
+        f"tuning during warmup: {during}, after: {tunable.tuning_is_enabled()}"
+    )
+
+
+def _without(argv: list[str], flag: str) -> list[str]:
+    i = argv.index(flag)
+    return argv[:i] + argv[i + 2 :]
+
+
+def run_workers(argv: list[str]) -> int:
+    """--tp N: one worker process per GPU ordinal; the exit status is the worst of theirs."""
+    n = int(argv[argv.index("--tp") + 1])
+    rest = _without(argv, "--tp")
+    env = {**os.environ, "FAKE_TORCH_GPUS": os.environ.get("FAKE_TORCH_GPUS", str(n))}
+    workers = [
+        subprocess.Popen(
+            [sys.executable, __file__, *rest, "--rank", str(i), "--world", str(n)], env=env
+        )
+        for i in range(n)
+    ]
+    signal.signal(signal.SIGTERM, lambda *_: [w.terminate() for w in workers])
+    return max(w.wait() for w in workers)
+
+
 def main(argv: list[str]) -> int:
+    if "--tp" in argv:
+        return run_workers(argv)
+    rank = int(argv[argv.index("--rank") + 1]) if "--rank" in argv else 0
+    world = int(argv[argv.index("--world") + 1]) if "--world" in argv else 1
+    if "--rank" in argv:
+        import torch  # the stand-in package
+
+        torch.cuda.set_device(rank)  # before any GEMM, as a tensor parallel worker does
+        say(f"worker rank {rank} of {world}: device {torch.cuda.current_device()}")
     report()
     shapes = gemm_shapes(argv)
-    if shapes:
+    if shapes and "--tgi-warmup" in argv:
+        tgi_warmup(shapes, rank, world)
+    elif shapes:
         run_gemms(shapes)
     if "--once" in argv:
         return 0
