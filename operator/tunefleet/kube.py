@@ -177,6 +177,14 @@ def _json(resp: Any) -> Any:
     return json.loads(resp.data)
 
 
+def release(resp: Any) -> None:
+    """Read the rest of a response the caller has no use for. With _preload_content=False,
+    urllib3 returns a connection to the pool only once its response is read to the end: an
+    unread one is dropped, and the next call opens a new connection (a TLS handshake on both
+    sides, ~2 per profile in a burst before this: bench/scale.md)."""
+    getattr(resp, "data", None)
+
+
 def get_profile(namespace: str, name: str, timeout_s: float = 2.0) -> dict[str, Any] | None:
     """One TuningProfile as a plain dict, or None when it does not exist."""
     custom = kubernetes.client.CustomObjectsApi(api())
@@ -212,13 +220,14 @@ def remove_profile_finalizer(
     custom = kubernetes.client.CustomObjectsApi(api())
     what = f"removing finalizer {finalizer} from TuningProfile {namespace}/{name}"
     try:
-        custom.api_client.call_api(
+        resp = custom.api_client.call_api(
             f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}", "PATCH",
             header_params={"Content-Type": "application/json-patch+json",
                            "Accept": "application/json"},
             body=ops, auth_settings=["BearerToken"], _preload_content=False,
             _return_http_data_only=True, _request_timeout=write_timeout(),
         )  # fmt: skip
+        release(resp)
     except ApiException as e:
         if e.status in (404, 422):  # gone, or it changed since: the next event says what is
             return
@@ -497,9 +506,12 @@ def post_event_soon(ref: dict[str, Any], type_: str, reason: str, message: str) 
             "count": 1,
         }
         try:
-            kubernetes.client.CoreV1Api(api()).create_namespaced_event(
-                meta["namespace"], body, _preload_content=False, _request_timeout=write_timeout()
-            )
+            release(
+                kubernetes.client.CoreV1Api(api()).create_namespaced_event(
+                    meta["namespace"], body, _preload_content=False,
+                    _request_timeout=write_timeout(),
+                )
+            )  # fmt: skip
         except NotLeading:
             return  # the new leader says what needs saying
         except Exception as e:  # an Event is best effort by nature
@@ -593,7 +605,7 @@ def patch_owned(
     client, verb = _client_for(kind)
     fn = getattr(client, f"patch_namespaced_{verb}")
     try:
-        fn(name, namespace, body, _preload_content=False, _request_timeout=write_timeout())
+        release(fn(name, namespace, body, _preload_content=False, _request_timeout=write_timeout()))
     except ApiException as e:
         if e.status == 404:
             return False
@@ -611,7 +623,12 @@ def delete_owned(kind: str, namespace: str, name: str, uid: str) -> None:
         propagation_policy="Background", preconditions=kubernetes.client.V1Preconditions(uid=uid)
     )
     try:
-        fn(name, namespace, body=body, _preload_content=False, _request_timeout=write_timeout())
+        release(
+            fn(
+                name, namespace, body=body, _preload_content=False,
+                _request_timeout=write_timeout(),
+            )
+        )  # fmt: skip
     except ApiException as e:
         if e.status in (404, 409):  # gone, or another object of that name now: not ours to delete
             return

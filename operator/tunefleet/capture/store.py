@@ -391,18 +391,19 @@ class Writer:
             body = build_store_config_map(merged)
             try:
                 if there is None:
-                    core.create_namespaced_config_map(
+                    resp = core.create_namespaced_config_map(
                         key.namespace, body, _preload_content=False,
                         _request_timeout=self.timeout_s,
                     )  # fmt: skip
                 else:
                     body["metadata"]["resourceVersion"] = view.resource_version
-                    core.patch_namespaced_config_map(
+                    resp = core.patch_namespaced_config_map(
                         key.name, key.namespace,
                         {"metadata": {"resourceVersion": view.resource_version},
                          "data": body["data"]},
                         _preload_content=False, _request_timeout=self.timeout_s,
                     )  # fmt: skip
+                kube.release(resp)
                 return added, len(merged.rows)
             except ApiException as e:
                 if e.status == 409:  # another replica wrote first: merge into what it wrote
