@@ -72,11 +72,23 @@ class Summary:
         )
 
 
+def spec_seen(obj: dict[str, Any]) -> tuple[str, int, bool]:
+    """(uid, generation, being deleted) of a profile: what tells a change of its spec (or a
+    new object under its name, or its deletion) from a status write."""
+    meta = obj.get("metadata") or {}
+    return (
+        str(meta.get("uid") or ""),
+        int(meta.get("generation") or 0),
+        bool(meta.get("deletionTimestamp")),
+    )
+
+
 @dataclass(slots=True)
 class _Profile:
     uid: str
     blob: bytes
     summary: Summary
+    seen: tuple[str, int, bool] = ("", 0, False)  # spec_seen()
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +121,7 @@ class Cache:
         meta = view["metadata"]
         key = (meta.get("namespace", ""), meta.get("name", ""))
         uid = meta.get("uid", "")
-        entry = _Profile(uid, _pack(view), Summary.of(view.get("status") or {}))
+        entry = _Profile(uid, _pack(view), Summary.of(view.get("status") or {}), spec_seen(view))
         with self._lock:
             old = self._profiles.get(key)
             if old is not None and old.uid != uid:
@@ -128,7 +140,13 @@ class Cache:
             view = _unpack(entry.blob)
             view["metadata"]["resourceVersion"] = resource_version
             view["status"] = status
-            self._profiles[key] = _Profile(entry.uid, _pack(view), Summary.of(status))
+            self._profiles[key] = _Profile(entry.uid, _pack(view), Summary.of(status), entry.seen)
+
+    def spec_seen(self, key: Key) -> tuple[str, int, bool] | None:
+        """spec_seen() of the profile held under `key`, without unpacking its view."""
+        with self._lock:
+            entry = self._profiles.get(key)
+        return entry.seen if entry is not None else None
 
     def drop_profile(self, key: Key) -> None:
         with self._lock:

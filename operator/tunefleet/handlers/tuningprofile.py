@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tunefleet import metrics, watch
+from tunefleet.cache import spec_seen
 from tunefleet.handlers.startup import CACHE, CONTROLLER, NODE_MAPS
 
 
@@ -21,7 +22,11 @@ def tuningprofile_event(type: str | None, body: dict[str, Any]) -> None:
         CONTROLLER.get().forget(key, meta.get("uid"))
         NODE_MAPS.profile_changed(key[0])
         return
+    before = CACHE.spec_seen(key)
     view = CACHE.put_profile(body)
-    NODE_MAPS.profile_changed(key[0])
+    if before != spec_seen(body):
+        # The node maps follow specs: a status write (most events in a burst) changes
+        # nothing they hold, and recomputing a namespace unpacks every profile in it.
+        NODE_MAPS.profile_changed(key[0])
     if CONTROLLER.get().wants(view):
         CONTROLLER.get().enqueue(key)
