@@ -162,6 +162,7 @@ class Watch:
         self.alive: set[str] = set()
         self.finished: set[str] = set()  # uids for which done(object) was true
         self.added_at: list[float] = []  # the monotonic time of each first ADDED
+        self.last_event = time.monotonic()  # of the last event about this run's objects
         self.changed = threading.Condition()
         self._stop = False
         self._rv = ""
@@ -201,6 +202,7 @@ class Watch:
         if event.get("type") == "BOOKMARK" or not meta.get("namespace", "").startswith(self.prefix):
             return
         uid, now = meta["uid"], time.monotonic()
+        self.last_event = now
         with self.changed:
             if event["type"] == "DELETED":
                 self.alive.discard(uid)
@@ -227,6 +229,18 @@ class Watch:
                     )
                 self.changed.wait(min(left, 1.0))
             return time.monotonic()
+
+
+def quiet(watches: list[Watch], seconds: float, timeout: float = 600.0) -> float:
+    """Wait until none of `watches` has seen an event for `seconds` (the burst's tail: status
+    rewritten as pods are scheduled); returns when the last event came (monotonic)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        last = max(w.last_event for w in watches)
+        if time.monotonic() - last >= seconds:
+            return last
+        time.sleep(1.0)
+    return max(w.last_event for w in watches)
 
 
 def create_all(api: Api, items: list[tuple[str, bytes]]) -> tuple[float, float]:
@@ -417,7 +431,9 @@ def run(
         out["operator_cpu_s_apply"] = round(cpu_seconds(pid) - cpu0, 1)
         out["rss_peak_apply_mib"] = round(rss.peak, 1)
         series["apply"] = rss.series
-        time.sleep(15)  # the last Job and pod events land
+        # Idle is after the burst's tail: no status or Job written for 20 s.
+        tail = quiet([jobs, profiles], 20.0)
+        out["last_write_after_create_s"] = round(tail - last, 1)
         out["idle_cpu_percent_of_a_core"] = idle_cpu(pid, 60)
         out["rss_settled_mib"] = round(operator.rss_mib(), 1)
         snapshot(operator, tracemalloc, "1-settled")
