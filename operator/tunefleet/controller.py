@@ -94,9 +94,10 @@ class Controller:
 
     def enqueue_owner(self, namespace: str | None, profile: str | None) -> None:
         """A tuning Job or pod changed: its profile, after EVENT_DELAY (a pod's start is a
-        burst of events: scheduled, pulling, init started...; one reconcile covers them)."""
+        burst of events: scheduled, pulling, init started...; one reconcile covers them), in
+        the refresh lane (behind profiles' own changes: workqueue.py)."""
         if namespace and profile:
-            self.enqueue((namespace, profile), EVENT_DELAY)
+            self.queue.add_after((namespace, profile), EVENT_DELAY, urgent=False)
 
     def wants(self, profile: dict[str, Any]) -> bool:
         """Whether a profile event can change anything: not when it only brings back the
@@ -274,7 +275,7 @@ class Controller:
         changed = self.scan_unadmitted()
         keys = changed if scan_only else set(self.indexes.profiles())
         for key in keys:
-            self.queue.add(key)
+            self.queue.add(key, urgent=False)
 
     def scan_unadmitted(self) -> set[Key]:
         """Count labelled pods the webhook never admitted; returns the profiles whose count

@@ -7,7 +7,12 @@ What that buys over reconciling inside each event:
   events for one profile (its Job, its pods, its own status write) becomes one reconcile;
 * concurrency is bounded (workers <= the API client's connection pool), whatever the burst;
 * failures back off per key, exponentially, to a cap, and success forgets the failures;
-  nothing retries forever at a fixed short interval.
+  nothing retries forever at a fixed short interval;
+* two lanes: what a profile's own change asks (`urgent`: a new profile needs its Jobs) is
+  taken before a refresh its children's events or the resync ask. In a burst of 10,000
+  profiles the Jobs are not made behind status refreshes of the first ones, and a refresh
+  that waits gathers every event of its pods meanwhile into one reconcile (one status write
+  where each event would have made its own).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import heapq
 import itertools
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -34,11 +40,15 @@ class Backoff:
         return float(min(self.cap, self.base * 2.0 ** max(0, failures - 1)))
 
 
+URGENT, REFRESH = 0, 1  # the lanes, taken in this order
+
+
 @dataclass(order=True)
 class _Delayed(Generic[K]):
     due: float
     seq: int
     key: K = field(compare=False)
+    lane: int = field(compare=False, default=URGENT)
 
 
 class WorkQueue(Generic[K]):
@@ -46,10 +56,12 @@ class WorkQueue(Generic[K]):
         self.backoff = backoff or Backoff()
         self._clock = clock
         self._cond = threading.Condition()
-        self._queue: list[K] = []  # FIFO of keys ready now
-        self._queued: set[K] = set()
+        # FIFO of keys ready now, per lane. A key moved to the urgent lane leaves a stale
+        # entry in the other, skipped when taken: _lane says where each queued key is.
+        self._lanes: tuple[deque[K], deque[K]] = (deque(), deque())
+        self._lane: dict[K, int] = {}
         self._processing: set[K] = set()
-        self._dirty: set[K] = set()  # added while processing: requeue when done
+        self._dirty: dict[K, int] = {}  # added while processing (with its lane): requeued
         self._delayed: list[_Delayed[K]] = []
         self._due: dict[K, float] = {}  # earliest pending delayed add per key
         self._failures: dict[K, int] = {}
@@ -58,25 +70,28 @@ class WorkQueue(Generic[K]):
 
     # --- adding ---------------------------------------------------------------------------
 
-    def add(self, key: K) -> None:
+    def add(self, key: K, *, urgent: bool = True) -> None:
         with self._cond:
-            self._add_locked(key)
+            self._add_locked(key, URGENT if urgent else REFRESH)
 
-    def _add_locked(self, key: K) -> None:
+    def _add_locked(self, key: K, lane: int) -> None:
         if self._shut:
             return
         if key in self._processing:
-            self._dirty.add(key)
+            self._dirty[key] = min(lane, self._dirty.get(key, lane))
             return
-        if key not in self._queued:
-            self._queued.add(key)
-            self._queue.append(key)
+        now = self._lane.get(key)
+        if now is None or lane < now:
+            self._lane[key] = lane
+            self._lanes[lane].append(key)
             self._cond.notify()
 
-    def add_after(self, key: K, delay: float) -> None:
+    def add_after(self, key: K, delay: float, *, urgent: bool = True) -> None:
         """Add once `delay` seconds have passed; an earlier pending add for the key wins."""
+        lane = URGENT if urgent else REFRESH
         if delay <= 0:
-            self.add(key)
+            with self._cond:
+                self._add_locked(key, lane)
             return
         with self._cond:
             if self._shut:
@@ -85,7 +100,7 @@ class WorkQueue(Generic[K]):
             if key in self._due and self._due[key] <= due:
                 return
             self._due[key] = due
-            heapq.heappush(self._delayed, _Delayed(due, next(self._seq), key))
+            heapq.heappush(self._delayed, _Delayed(due, next(self._seq), key, lane))
             self._cond.notify()
 
     def retry(self, key: K, at_least: float = 0.0) -> float:
@@ -124,9 +139,8 @@ class WorkQueue(Generic[K]):
                 if self._shut:
                     return None
                 self._promote_locked()
-                if self._queue:
-                    key = self._queue.pop(0)
-                    self._queued.discard(key)
+                key = self._take_locked()
+                if key is not None:
                     self._processing.add(key)
                     return key
                 wait = self._next_due_locked()
@@ -137,12 +151,21 @@ class WorkQueue(Generic[K]):
                     wait = left if wait is None else min(wait, left)
                 self._cond.wait(wait)
 
+    def _take_locked(self) -> K | None:
+        for lane, ready in enumerate(self._lanes):
+            while ready:
+                key = ready.popleft()
+                if self._lane.get(key) == lane:  # else a stale entry: the key moved or went
+                    del self._lane[key]
+                    return key
+        return None
+
     def done(self, key: K) -> None:
         with self._cond:
             self._processing.discard(key)
-            if key in self._dirty:
-                self._dirty.discard(key)
-                self._add_locked(key)
+            lane = self._dirty.pop(key, None)
+            if lane is not None:
+                self._add_locked(key, lane)
 
     def _promote_locked(self) -> None:
         now = self._clock()
@@ -150,7 +173,7 @@ class WorkQueue(Generic[K]):
             item = heapq.heappop(self._delayed)
             if self._due.get(item.key) == item.due:
                 del self._due[item.key]
-                self._add_locked(item.key)
+                self._add_locked(item.key, item.lane)
 
     def _next_due_locked(self) -> float | None:
         if not self._delayed:
@@ -166,9 +189,9 @@ class WorkQueue(Generic[K]):
 
     def __len__(self) -> int:
         with self._cond:
-            return len(self._queue)
+            return len(self._lane)
 
     def pending(self) -> int:
         """Keys queued, delayed or being processed (for metrics and tests)."""
         with self._cond:
-            return len(self._queued | self._processing | set(self._due))
+            return len(self._lane.keys() | self._processing | self._due.keys())

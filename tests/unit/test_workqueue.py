@@ -74,3 +74,38 @@ def test_get_blocks_until_a_key_arrives_and_shutdown_releases_workers() -> None:
     q.shutdown()
     t.join(5)
     assert got == ["x", None]
+
+
+def test_urgent_keys_are_taken_before_refreshes_and_each_key_once() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    for k in ("r1", "r2", "r3"):
+        q.add(k, urgent=False)  # a pod event, the resync
+    q.add("new")  # a profile created
+    q.add("r2")  # r2's spec changed meanwhile: it moves up, and is not taken twice
+    taken = [q.get(timeout=0) for _ in range(5)]
+    assert taken == ["new", "r2", "r1", "r3", None]
+    assert len(q) == 0 and q.pending() == 4  # the four still being processed
+
+
+def test_a_refresh_never_demotes_an_urgent_key() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    q.add("a", urgent=False)
+    q.add("b")
+    q.add("b", urgent=False)
+    assert [q.get(timeout=0), q.get(timeout=0)] == ["b", "a"]
+
+
+def test_the_lane_survives_processing_and_delay() -> None:
+    clock = Clock()
+    q: WorkQueue[str] = WorkQueue(clock=clock)
+    q.add("a", urgent=False)
+    assert q.get(timeout=0) == "a"
+    q.add("a", urgent=False)
+    q.add("a")  # urgent while being processed: urgent when it comes back
+    q.add("b", urgent=False)
+    q.done("a")
+    assert q.get(timeout=0) == "a"
+    q.add_after("c", 1.0, urgent=False)
+    q.add_after("d", 2.0)
+    clock.t += 3
+    assert [q.get(timeout=0), q.get(timeout=0), q.get(timeout=0)] == ["d", "b", "c"]
