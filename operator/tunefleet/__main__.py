@@ -5,11 +5,32 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 
 import kopf
 
+# The allocator the operator runs under, unless the environment names its own. glibc's malloc
+# for every object (PYTHONMALLOC=malloc), so that malloc_trim hands back each freed page: under
+# pymalloc a 1 MiB arena stays while any small object in it lives, and after a restart's list
+# or the deletion of thousands of profiles most arenas kept one. Two glibc arenas rather than
+# eight per core: each thread (reflectors, workers, the webhook) would keep freed memory in
+# an arena of its own. Measured in bench/scale.md.
+ALLOCATOR_ENV = {"PYTHONMALLOC": "malloc", "MALLOC_ARENA_MAX": "2"}
+
+
+def _with_allocator() -> None:
+    """Start again (same process, exec) under ALLOCATOR_ENV: both are read only as the
+    interpreter and libc start."""
+    missing = {k: v for k, v in ALLOCATOR_ENV.items() if k not in os.environ}
+    if missing:
+        os.execve(
+            sys.executable, [sys.executable, "-m", "tunefleet", *sys.argv[1:]],
+            {**os.environ, **missing},
+        )  # fmt: skip
+
 
 def main() -> None:
+    _with_allocator()
     parser = argparse.ArgumentParser(prog="tunefleet-operator", description=__doc__)
     parser.add_argument(
         "--namespace",

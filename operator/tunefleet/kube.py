@@ -266,8 +266,8 @@ def replace_profile_status(
     return str(((_json(resp).get("metadata")) or {}).get("resourceVersion") or "")
 
 
-LIST_PAGE = 500  # objects per page of a list: bounded memory, few round trips
-LIST_TIMEOUT = 60.0  # a page of 500 pods can be several MiB
+LIST_PAGE = 100  # objects per page of a list: what a restart holds at once (bench/scale.md)
+LIST_TIMEOUT = 60.0  # a page of pods can be a MiB or more
 
 
 # No byte for this long on a watch (no event, and no bookmark, which come ~1 a minute): the
