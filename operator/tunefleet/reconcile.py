@@ -346,7 +346,11 @@ def _create_missing(s: _Sync) -> None:
             # The ConfigMap first: the Job's pod mounts it.
             kube.create_owned(build_tuning_config_map(child))
             job = build_tuning_job(child)
-            if kube.create_owned(job) is not None:
+            made = kube.create_owned(job)
+            if made is not None:
+                # Observed in this reconcile's status: the watch's echo of it then finds the
+                # status already saying so (one status write a Job fewer).
+                s.jobs = [*s.jobs, views.job_view(made)]
                 name, ns = job["metadata"]["name"], s.meta["namespace"]
                 log.info(f"created tuning Job {ns}/{name} for TuningProfile {s.meta['name']}")
                 kube.post_event_soon(
@@ -665,13 +669,13 @@ def sync_profile(
         by_job = {r.job: r for r in s.served.values() if r.job}
         hints = hints_for(s.spec, config)
         observations = observe(
-            jobs, pods, hints, mine.events_of, by_job, mine.job_events_of, mine.queued_of
+            s.jobs, pods, hints, mine.events_of, by_job, mine.job_events_of, mine.queued_of
         )
         if s.acting:
             _merge_when_shares_are_in(s, observations)
         _tend(s, observations)
         status = _report(s, observations)
-        mine.prune(jobs, pods, {u.uid for u in untrusted or []})
+        mine.prune(s.jobs, pods, {u.uid for u in untrusted or []})
         if s.problems or s.spec is None or s.refused:
             why = s.problems or s.refused
             raise kopf.PermanentError(truncate("; ".join(why) or "invalid spec"))

@@ -85,7 +85,7 @@ class FakeApi:
         if (obj["kind"], name) in {(k, n) for k, n in self.created} or name in self.existing:
             return None
         self.created.append((obj["kind"], name))
-        return obj
+        return {**obj, "metadata": {**obj["metadata"], "uid": f"juid-{name}"}}  # as jobs_for
 
     def replace_status(self, ns: str, name: str, rv: str, status: dict[str, Any]) -> str:
         if self.conflict:
@@ -153,6 +153,21 @@ def test_a_settled_profile_costs_no_api_call(monkeypatch: pytest.MonkeyPatch) ->
     for _ in range(3):  # resyncs, echoes of our own status write
         sync_profile({**p, "status": api.patches[-1]}, jobs, [], CFG, memory)
     assert api.created == [] and len(api.patches) == 1 and len(api.events) == 0
+
+
+def test_the_status_written_with_new_jobs_lists_them_so_their_echo_writes_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    p = profile()
+    api = FakeApi(monkeypatch)
+    memory = Memory()
+    sync_profile(p, [], [], CFG, memory)
+    assert len(api.patches) == 1
+    names = sorted(j["name"] for j in api.patches[0].get("jobs") or [])
+    assert names == sorted(j["metadata"]["name"] for j in jobs_for(p, MODELS))
+    # The watch brings the Jobs just made: the status already says what they say.
+    sync_profile({**p, "status": api.patches[-1]}, jobs_for(p, MODELS), [], CFG, memory)
+    assert len(api.patches) == 1
 
 
 def test_invalid_spec_is_a_condition_and_a_permanent_error(monkeypatch: pytest.MonkeyPatch) -> None:
