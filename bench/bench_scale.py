@@ -232,19 +232,22 @@ class Watch:
 
 
 def warm(api: Api, ns: str) -> None:
-    """One profile, until its status lists its Job, then deleted with its namespace."""
+    """One profile, until its status lists its Job; then deleted, until its Job is gone (its
+    namespace is deleted without waiting: on this cluster one deleted seconds after its
+    first objects can stay Terminating for many minutes)."""
     api.namespace(ns)
-    watch = Watch(
+    profiles = Watch(
         api, f"/apis/{GROUP}/{VERSION}/{PLURAL}", ns, meta_only=False,
         done=lambda p: bool((p.get("status") or {}).get("jobs")),
     ).start()  # fmt: skip
+    jobs = Watch(api, "/apis/batch/v1/jobs", ns, labels=JOB_SELECTOR).start()
     api.create_profile(ns, json.dumps(profile("warm", 0)).encode())
-    watch.wait(lambda w: len(w.finished) >= 1, "the warm-up profile's status", timeout=300)
-    watch.stop()
+    profiles.wait(lambda w: len(w.finished) >= 1, "the warm-up profile's status", timeout=300)
+    api.delete_profiles(ns)
+    jobs.wait(lambda w: not w.alive, "the warm-up Job gone", timeout=300)
+    profiles.stop()
+    jobs.stop()
     api.delete_namespace(ns)
-    deadline = time.monotonic() + 600
-    while api.namespace_exists(ns) and time.monotonic() < deadline:
-        time.sleep(2)
 
 
 def quiet(watches: list[Watch], seconds: float, timeout: float = 600.0) -> float:
