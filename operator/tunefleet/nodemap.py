@@ -11,6 +11,9 @@ their profiles tune (builders/placement.py builds it):
   models, a profile's models changed. Node status updates (a Node's most frequent change)
   change nothing here and cost no write;
 - at most every MIN_INTERVAL_S per map: a burst of node changes (a scale-up) is one write;
+  a change of its owners alone (profiles added to a namespace that has the map) at most
+  every OWNERS_INTERVAL_S: ownership only decides when garbage collection may remove it, and
+  a burst of 10,000 profiles over 100 namespaces would otherwise rewrite 100 maps every 2 s;
 - owned by the namespace's profiles that use it, none its controller: garbage collection
   removes it with the last of them. One of that name that is not ours is left alone (and its
   namespace's pods then start untuned where the map would have told their model).
@@ -41,6 +44,7 @@ log = logging.getLogger(__name__)
 Key = tuple[str, str]  # (namespace, profile name)
 Map = tuple[str, str]  # (namespace, GPU label key)
 MIN_INTERVAL_S = 2.0
+OWNERS_INTERVAL_S = 30.0
 WATCH_TIMEOUT_S = 300
 RETRY_S = 5.0
 LOOP_S = 0.5
@@ -172,10 +176,11 @@ class NodeMaps:
         active: threading.Event,
         *,
         min_interval: float = MIN_INTERVAL_S,
+        owners_interval: float = OWNERS_INTERVAL_S,
         index: NodeIndex | None = None,
     ) -> None:
         self._profiles, self._profile, self._active = profiles, profile, active
-        self.min_interval = min_interval
+        self.min_interval, self.owners_interval = min_interval, owners_interval
         self.index = index or NodeIndex()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -183,6 +188,7 @@ class NodeMaps:
         self._all = True  # recompute every namespace (startup, lead)
         self._want: dict[Map, Want] = {}
         self._dirty: dict[Map, float] = {}  # map -> not before (monotonic)
+        self._urgent: set[Map] = set()  # dirty for more than its owners (nodes, models, new)
         self._last: dict[Map, float] = {}  # map -> last write attempt
         self._written: dict[Map, str] = {}  # map -> content last written or found (leader)
         self._reported: set[str] = set()  # uids of maps found not ours, said once
@@ -203,6 +209,7 @@ class NodeMaps:
             self._written.clear()
             for m in self._want:
                 self._dirty[m] = 0.0
+                self._urgent.add(m)
 
     def follow(self) -> None:
         with self._lock:
@@ -214,7 +221,8 @@ class NodeMaps:
         with self._lock:
             for m, want in self._want.items():
                 if m[1] == key and want.models & models:
-                    self._dirty.setdefault(m, 0.0)
+                    self._dirty[m] = 0.0  # due now, even if waiting for OWNERS_INTERVAL_S
+                    self._urgent.add(m)
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -254,13 +262,19 @@ class NodeMaps:
             if not self.index.synced(m[1]):
                 continue  # not listed yet: an empty map would send every pod untuned
             last = self._last.get(m)
-            if last is not None and now - last < self.min_interval:
+            with self._lock:
+                interval = (
+                    self.min_interval if m in self._urgent
+                    else max(self.min_interval, self.owners_interval)
+                )  # fmt: skip
+            if last is not None and now - last < interval:
                 with self._lock:
-                    self._dirty[m] = last + self.min_interval
+                    self._dirty[m] = last + interval
                 continue
             with self._lock:
                 # Taken before the write: a change during it marks the map again.
                 self._dirty.pop(m, None)
+                self._urgent.discard(m)
             self._last[m] = now
             try:
                 self._write(m)
@@ -271,6 +285,7 @@ class NodeMaps:
                 log.debug(f"node map {m[0]}/{nodemap.config_map_name(m[1])}: {e}; dropped")
                 with self._lock:
                     self._want.pop(m, None)
+                    self._urgent.discard(m)
             except (kopf.TemporaryError, kube.Conflict, kube.NotLeading) as e:
                 log.info(f"node map {m[0]}/{nodemap.config_map_name(m[1])}: {e}; retrying")
                 metrics.NODE_MAP_WRITES.labels("failed").inc()
@@ -303,12 +318,17 @@ class NodeMaps:
                 # with it by garbage collection; one that changed its key does not).
                 del self._want[m]
                 self._dirty.pop(m, None)
+                self._urgent.discard(m)
                 self._retired.append(m)
             for m, (models, owners) in found.items():
                 want = Want(frozenset(models), tuple(sorted(owners, key=lambda o: o[1])))
-                if self._want.get(m) != want:
+                old = self._want.get(m)
+                if old != want:
                     self._want[m] = want
                     self._dirty.setdefault(m, 0.0)
+                    if old is None or old.models != want.models:
+                        self._dirty[m] = 0.0
+                        self._urgent.add(m)
 
     def wanted(self) -> dict[Map, Want]:
         with self._lock:

@@ -513,6 +513,49 @@ def test_the_leader_writes_a_map_per_namespace_and_key_only_when_it_changes(
     assert ("ml", nodemap.config_map_name("amd.com/gpu.product-name")) not in api.cms
 
 
+def test_new_owners_alone_wait_longer_than_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A burst of profiles into a namespace that has its map changes only who owns it: one
+    # write per OWNERS_INTERVAL_S, not one per MIN_INTERVAL_S; nodes still go at the minimum.
+    api = FakeMaps(monkeypatch)
+    profiles = {("ml", "llama"): profile([H100, H200])}
+    active = threading.Event()
+    active.set()
+    maps = NodeMaps(lambda: list(profiles), profiles.get, active, min_interval=2.0,
+                    owners_interval=30.0)  # fmt: skip
+    maps._follow_keys = lambda: None  # type: ignore[method-assign]
+    maps.index.load(KEY, [node("n1", H100), node("n2", H200)])
+    maps.step(now=0.0)
+    assert api.writes == 1  # a new map: at once
+    cm = api.cms[("ml", nodemap.config_map_name(KEY))]
+    for i in range(20):
+        p = {**profile([H200]), "metadata": {"name": f"p{i}", "namespace": "ml", "uid": f"u{i}"}}
+        profiles[("ml", f"p{i}")] = p
+        maps.profile_changed("ml")
+        maps.step(now=1.0 + i)
+    assert api.writes == 1  # 20 s of new owners: not yet
+    maps.nodes_changed(KEY, maps.index.apply(KEY, "ADDED", node("n3", H200)))
+    maps.step(now=21.0)
+    assert api.writes == 2  # a node: at the minimum interval, with every owner so far
+    assert len(cm["metadata"]["ownerReferences"]) == 21
+    profiles[("ml", "late")] = {
+        **profile([H200]), "metadata": {"name": "late", "namespace": "ml", "uid": "late"}
+    }  # fmt: skip
+    maps.profile_changed("ml")
+    maps.step(now=30.0)
+    assert api.writes == 2
+    maps.step(now=51.5)
+    assert api.writes == 3 and len(cm["metadata"]["ownerReferences"]) == 22
+    # A change of models is more than owners: at the minimum interval again.
+    profiles[("ml", "late")]["spec"]["gpu"]["models"] = [H100]
+    profiles[("ml", "llama")]["spec"]["gpu"]["models"] = [H100]
+    for k in list(profiles):
+        if k[1].startswith("p"):
+            del profiles[k]
+    maps.profile_changed("ml")
+    maps.step(now=54.0)
+    assert api.writes == 4 and H200 not in cm["data"]
+
+
 def test_a_node_map_that_is_not_ours_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     api = FakeMaps(monkeypatch)
     name = nodemap.config_map_name(KEY)
