@@ -524,10 +524,13 @@ def observe(
             if missing:
                 hinted = replace(hints, missing_pull_secrets=missing)
                 obs = observe_job(job, job_pods, hinted, known)
-        started = (job.get("status") or {}).get("startTime")
-        if obs.state == "Pending" and not obs.reason and not job_pods and started:
+        job_status = job.get("status") or {}
+        started, active = job_status.get("startTime"), job_status.get("active")
+        if obs.state == "Pending" and not obs.reason and not job_pods and started and not active:
             # A started Job with no pod: the Job controller's Events say whether the API
-            # server refuses its pods (read only then, now and then).
+            # server refuses its pods (read only then, now and then). One it counts active
+            # has its pod, only not in the cache yet (the pod watch trails the Job's in a
+            # burst: reading Events for each was a list call a profile).
             refused = pod_create_failure(job_events_of(job)) if job_events_of else None
             if refused:
                 obs = replace(obs, reason=Reason.POD_CREATE_FAILED, message=refused)

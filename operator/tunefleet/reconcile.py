@@ -44,6 +44,7 @@ from tunefleet.storage.store import StoreError
 from tunefleet.views import profile_ref
 
 log = logging.getLogger(__name__)
+_EVENT_FIELDS = ("reason", "message", "type", "lastTimestamp", "eventTime")  # what observe reads
 EVENTS_TTL = 60.0  # seconds a pod's kubelet Events are trusted before being read again
 # Seconds Kueue's word on a queued Job is trusted; the controller reconciles a profile with a
 # queued Job that often (kueue.py: nothing of the Job changes while its Workload waits).
@@ -132,7 +133,10 @@ class ProfileMemory:
         cached = self.pod_events.get(uid)
         if cached and time.monotonic() - cached[0] < EVENTS_TTL:
             return cached[1]
-        events = read(meta.get("namespace", ""), meta.get("name", ""))
+        events = [
+            {k: e[k] for k in _EVENT_FIELDS if k in e}  # kept: raw Events were ~2 KB a Job
+            for e in read(meta.get("namespace", ""), meta.get("name", ""))
+        ]
         self.pod_events[uid] = (time.monotonic(), events)
         return events
 

@@ -603,6 +603,11 @@ def test_a_pod_the_api_server_refuses_is_named_with_the_field_to_fix() -> None:
     del fresh["status"]["startTime"]
     (obs,) = observe([fresh], [], Hints(), lambda pod: [], None, job_events)
     assert not obs.reason and asked == ["tune-x"]
+    # Nor one the Job controller counts an active pod for (the pod watch trails the Job's).
+    counted = started_job()
+    counted["status"]["active"] = 1
+    (obs,) = observe([counted], [], Hints(), lambda pod: [], None, job_events)
+    assert not obs.reason and asked == ["tune-x"]
     runtime = [
         {
             **events[0],
