@@ -14,8 +14,14 @@ import kopf
 # pymalloc a 1 MiB arena stays while any small object in it lives, and after a restart's list
 # or the deletion of thousands of profiles most arenas kept one. Two glibc arenas rather than
 # eight per core: each thread (reflectors, workers, the webhook) would keep freed memory in
-# an arena of its own. Measured in bench/scale.md.
-ALLOCATOR_ENV = {"PYTHONMALLOC": "malloc", "MALLOC_ARENA_MAX": "2"}
+# an arena of its own. And a fixed mmap threshold (glibc's starting one, 128 KiB): glibc raises
+# it after each large free, so list pages and watch buffers came to live in the heap, where
+# what they leave behind is not handed back. Measured in bench/scale.md.
+ALLOCATOR_ENV = {
+    "PYTHONMALLOC": "malloc",
+    "MALLOC_ARENA_MAX": "2",
+    "MALLOC_MMAP_THRESHOLD_": "131072",
+}
 
 
 def _with_allocator() -> None:
