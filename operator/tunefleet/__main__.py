@@ -26,13 +26,18 @@ ALLOCATOR_ENV = {
 
 def _with_allocator() -> None:
     """Start again (same process, exec) under ALLOCATOR_ENV: both are read only as the
-    interpreter and libc start."""
+    interpreter and libc start. The command line stays what it was (`python
+    .../tunefleet-operator ARGS`, or `python -m tunefleet ARGS`): what ps, pkill and the
+    tests find the operator by."""
     missing = {k: v for k, v in ALLOCATOR_ENV.items() if k not in os.environ}
-    if missing:
-        os.execve(
-            sys.executable, [sys.executable, "-m", "tunefleet", *sys.argv[1:]],
-            {**os.environ, **missing},
-        )  # fmt: skip
+    if not missing:
+        return
+    script = sys.argv[0]
+    if not script or os.path.basename(script) == "__main__.py" or not os.path.isfile(script):
+        how = ["-m", "tunefleet"]  # started as a module (the script itself is the package's)
+    else:
+        how = [script]  # the console script, run again by the same interpreter
+    os.execve(sys.executable, [sys.executable, *how, *sys.argv[1:]], {**os.environ, **missing})
 
 
 def main() -> None:

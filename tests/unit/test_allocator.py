@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,16 +13,26 @@ import pytest
 from tunefleet import __main__ as entry
 
 
-def test_it_starts_again_under_the_allocator_when_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_it_starts_again_under_the_allocator_when_unset(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     calls: list[tuple[str, list[str], dict[str, str]]] = []
     monkeypatch.delenv("PYTHONMALLOC", raising=False)
     monkeypatch.setenv("MALLOC_ARENA_MAX", "4")  # set by the user: kept
-    monkeypatch.setattr(sys, "argv", ["tunefleet-operator", "--verbose"])
+    script = tmp_path / "tunefleet-operator"  # the console script, as the chart starts it
+    script.write_text("")
+    monkeypatch.setattr(sys, "argv", [str(script), "--verbose"])
     monkeypatch.setattr(os, "execve", lambda *a: calls.append(a))
     entry._with_allocator()
     ((exe, argv, env),) = calls
-    assert exe == sys.executable and argv[1:] == ["-m", "tunefleet", "--verbose"]
+    # The same command line as before: ps, pkill and the e2e find it by the script's name.
+    assert exe == sys.executable and argv[1:] == [str(script), "--verbose"]
     assert env["PYTHONMALLOC"] == "malloc" and env["MALLOC_ARENA_MAX"] == "4"
+    # Started as `python -m tunefleet` (sys.argv[0] is the package's __main__.py): as a module.
+    calls.clear()
+    monkeypatch.setattr(sys, "argv", [entry.__file__, "--verbose"])
+    entry._with_allocator()
+    assert calls[0][1][1:] == ["-m", "tunefleet", "--verbose"]
 
 
 def test_it_does_not_start_again_when_set(monkeypatch: pytest.MonkeyPatch) -> None:
