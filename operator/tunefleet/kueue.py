@@ -68,6 +68,14 @@ def _condition(workload: dict[str, Any], type_: str) -> dict[str, Any]:
     return {}
 
 
+def has_workload(job: dict[str, Any], workloads: list[dict[str, Any]] | str) -> bool:
+    """Whether Kueue answered for this Job: it has no Workload API, or a Workload of it."""
+    if workloads == NOT_INSTALLED:
+        return True
+    uid = str((job.get("metadata") or {}).get("uid") or "")
+    return any(isinstance(w, dict) and _owned_by(w, uid) for w in workloads)
+
+
 def why_queued(job: dict[str, Any], workloads: list[dict[str, Any]] | str) -> str:
     """Why a suspended tuning Job (a view) has not started, in Kueue's words when it has any."""
     labels = (job.get("metadata") or {}).get("labels") or {}

@@ -86,8 +86,13 @@ def test_the_second_model_waits_queued_with_kueues_reason_and_runs_when_quota_fr
     assert first["spec"]["nodeSelector"]["type"] == "kwok"  # Kueue's flavor label
     prof = eventually(
         lambda: get_json(cluster, "tp", "-n", namespace, "queued"),
-        lambda p: job_lines(p).get(second_model, {}).get("reason") == "Queued",
-        "the second model Queued",
+        # Queued at once; Kueue's reason once it has made the Workload (read again each
+        # reconcile until then).
+        lambda p: (
+            job_lines(p).get(second_model, {}).get("reason") == "Queued"
+            and "insufficient unused quota" in job_lines(p)[second_model].get("message", "")
+        ),
+        "the second model Queued with Kueue's reason",
         timeout=60,
     )
     line = job_lines(prof)[second_model]

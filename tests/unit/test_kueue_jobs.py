@@ -114,18 +114,25 @@ def test_a_queued_job_reads_its_workload_now_and_then(monkeypatch: pytest.Monkey
     FakeApi(monkeypatch)
     calls: list[str] = []
 
+    found: list[dict[str, Any]] = []
+
     def workloads_of(ns: str, uid: str) -> list[dict[str, Any]]:
         calls.append(uid)
-        return []
+        return found
 
     monkeypatch.setattr(kueue, "workloads_of", workloads_of)
     p = profile(tuning=QUEUED, gpu={"vendor": "amd", "models": MODELS[:1]})
     job = suspended_job()
     memory = Memory()
+    for _ in range(2):  # no Workload yet (Kueue makes it moments after the Job): asked again
+        status = sync_profile(p, [job], [], CFG, memory)
+    assert len(calls) == 2 and "no Workload" in status["jobs"][0]["message"]
+    found.append(workload(job, QuotaReserved=("False", "insufficient unused quota")))
     for _ in range(3):
         status = sync_profile(p, [job], [], CFG, memory)
-    assert len(calls) == 1  # cached for QUEUED_TTL
+    assert len(calls) == 3  # Kueue's answer: cached for QUEUED_TTL
     assert status["jobs"][0]["reason"] == Reason.QUEUED
+    assert "insufficient unused quota" in status["jobs"][0]["message"]
 
 
 def test_a_job_that_has_not_started_follows_the_queue_name(

@@ -170,6 +170,20 @@ def test_the_status_written_with_new_jobs_lists_them_so_their_echo_writes_nothin
     assert len(api.patches) == 1
 
 
+def test_a_job_made_for_kueue_is_not_observed_before_kueue_has_seen_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A suspended Job just made has no Workload yet: saying why it waits is Kueue's, read by
+    # the reconcile its echo brings (its status would otherwise blame Kueue for 15 s).
+    p = profile(tuning={"queueName": "tuning"})
+    api = FakeApi(monkeypatch)
+    asked: list[str] = []
+    monkeypatch.setattr("tunefleet.kueue.workloads_of", lambda ns, uid: asked.append(uid) or [])
+    sync_profile(p, [], [], CFG, Memory())
+    assert [k for k, _ in api.created].count("Job") == 2
+    assert not (api.patches[-1].get("jobs") if api.patches else None) and asked == []
+
+
 def test_invalid_spec_is_a_condition_and_a_permanent_error(monkeypatch: pytest.MonkeyPatch) -> None:
     p = profile(gpu={"vendor": "amd", "models": ["MI300X OAM"]})
     api = FakeApi(monkeypatch)
