@@ -68,12 +68,16 @@ def _condition(workload: dict[str, Any], type_: str) -> dict[str, Any]:
     return {}
 
 
+def _of_job(job: dict[str, Any], workloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    uid = str((job.get("metadata") or {}).get("uid") or "")
+    return [w for w in workloads if isinstance(w, dict) and _owned_by(w, uid)]
+
+
 def has_workload(job: dict[str, Any], workloads: list[dict[str, Any]] | str) -> bool:
     """Whether Kueue answered for this Job: it has no Workload API, or a Workload of it."""
-    if workloads == NOT_INSTALLED:
-        return True
-    uid = str((job.get("metadata") or {}).get("uid") or "")
-    return any(isinstance(w, dict) and _owned_by(w, uid) for w in workloads)
+    if isinstance(workloads, str):
+        return workloads == NOT_INSTALLED
+    return bool(_of_job(job, workloads))
 
 
 def why_queued(job: dict[str, Any], workloads: list[dict[str, Any]] | str) -> str:
@@ -93,8 +97,7 @@ def why_queued(job: dict[str, Any], workloads: list[dict[str, Any]] | str) -> st
             f"{where}, but this cluster has no Kueue (no workloads.{GROUP} API): the Job "
             "stays suspended until Kueue admits it; install Kueue or unset spec.tuning.queueName"
         )
-    uid = str((job.get("metadata") or {}).get("uid") or "")
-    mine = [w for w in workloads if isinstance(w, dict) and _owned_by(w, uid)]
+    mine = _of_job(job, workloads) if not isinstance(workloads, str) else []
     if not mine:
         return (
             f"{where}: Kueue has made no Workload for the Job yet (is Kueue running, and does its "

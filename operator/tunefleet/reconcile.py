@@ -355,13 +355,13 @@ def _create_missing(s: _Sync) -> None:
             kube.create_owned(build_tuning_config_map(child))
             job = build_tuning_job(child)
             made = kube.create_owned(job)
-            if made is not None and not (made.get("spec") or {}).get("suspend"):
-                # Observed in this reconcile's status: the watch's echo of it then finds the
-                # status already saying so (one status write a Job fewer). Not a suspended
-                # (Kueue) one: Kueue cannot have made its Workload yet, and why it waits is
-                # Kueue's to say once it has (its echo's reconcile reads it).
-                s.jobs = [*s.jobs, views.job_view(made)]
             if made is not None:
+                if not (made.get("spec") or {}).get("suspend"):
+                    # Observed in this reconcile's status: the watch's echo of it then finds
+                    # the status already saying so (one status write a Job fewer). Not a
+                    # suspended (Kueue) one: Kueue cannot have made its Workload yet, and why
+                    # it waits is Kueue's to say once it has (its echo's reconcile reads it).
+                    s.jobs = [*s.jobs, views.job_view(made)]
                 name, ns = job["metadata"]["name"], s.meta["namespace"]
                 log.info(f"created tuning Job {ns}/{name} for TuningProfile {s.meta['name']}")
                 kube.post_event_soon(
