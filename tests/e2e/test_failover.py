@@ -87,8 +87,11 @@ def test_killing_the_active_replica_hands_over_within_15s_and_admission_never_st
 
     errors: list[str] = []
 
+    created_at: dict[str, float] = {}
+
     def create_during() -> None:
         for i in range(CREATES):
+            created_at[f"during-{i:03d}"] = time.monotonic()
             out = cluster.kubectl(
                 "create",
                 "-n",
@@ -157,12 +160,27 @@ def test_killing_the_active_replica_hands_over_within_15s_and_admission_never_st
         for p in pods
         if (p["metadata"].get("annotations") or {}).get("tunefleet.io/status") != "injected"
     ]
+    # What each untuned pod carries (no annotation at all: the webhook was never reached) and
+    # when it was sent, from the kill: the cause differs between the two.
+    why = {
+        p["metadata"]["name"]: {
+            "sent_after_kill_s": round(created_at[p["metadata"]["name"]] - killed_at, 2),
+            "annotations": {
+                k: v
+                for k, v in (p["metadata"].get("annotations") or {}).items()
+                if k.startswith("tunefleet.io/")
+            },
+        }
+        for p in pods
+        if p["metadata"]["name"] in untuned
+    }
     summary = {
         "takeover_seconds": round(takeover, 1),
         "new_leader": new_leader,
         "same_pod_restarted": new_leader.startswith(leader_pod + "_"),
         "creates": CREATES,
         "untuned": len(untuned),
+        "untuned_pods": why,
     }
     print("failover:", json.dumps(summary))
     assert takeover <= 15, summary

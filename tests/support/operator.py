@@ -396,7 +396,7 @@ class InCluster:
 
     @property
     def name(self) -> str:
-        """The chart's fullname: the Deployment, ServiceAccount, ClusterRole, Lease prefix."""
+        """The chart's fullname: slot 0's Deployment, ServiceAccount, ClusterRole, Lease prefix."""
         return self.release if "tunefleet" in self.release else f"{self.release}-tunefleet"
 
     def pods(self) -> list[dict[str, Any]]:
@@ -409,7 +409,7 @@ class InCluster:
             p
             for p in json.loads(out)["items"]
             if not p["metadata"].get("deletionTimestamp")
-            # The Deployment's replicas, not the helm test's probe pod.
+            # The Deployments' replicas (one per slot), not the helm test's probe pod.
             and any(
                 o.get("kind") == "ReplicaSet" for o in p["metadata"].get("ownerReferences") or []
             )
@@ -436,8 +436,10 @@ class InCluster:
         leads and reconciles, and would deliver, admit and write status beside the process
         operator that comes next. Gone, they have released the Lease, too."""
         self.cluster.kubectl(
-            "scale", "deployment", "-n", self.namespace, self.name, "--replicas=0", check=False
-        )
+            "scale", "deployment", "-n", self.namespace, "--replicas=0", "-l",
+            f"app.kubernetes.io/name=tunefleet,app.kubernetes.io/instance={self.release}",
+            check=False,
+        )  # fmt: skip
 
         def replicas() -> list[str]:  # terminating ones too
             out = self.cluster.kubectl(

@@ -89,23 +89,86 @@ def test_a_bad_value_is_refused_naming_it(value: str, named: str) -> None:
     assert out.returncode != 0 and named in out.stderr, out.stderr
 
 
+def hooks(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return list(next(d for d in docs if d["kind"] == "MutatingWebhookConfiguration")["webhooks"])
+
+
 def test_the_charts_webhook_registration_matches_the_operators() -> None:
-    (hook,) = next(d for d in rendered() if d["kind"] == "MutatingWebhookConfiguration")["webhooks"]
     (ours,) = build_webhook_configuration("x", {"url": "https://x"})["webhooks"]
-    for key in (
-        "objectSelector",
-        "rules",
-        "sideEffects",
-        "failurePolicy",
-        "admissionReviewVersions",
-    ):
-        assert hook[key] == ours[key], key
+    for hook in hooks(rendered()):
+        for key in ("objectSelector", "rules", "sideEffects", "admissionReviewVersions"):
+            assert hook[key] == ours[key], (hook["name"], key)
+    assert hooks(rendered())[-1]["failurePolicy"] == ours["failurePolicy"]
+
+
+def test_each_replica_is_its_own_webhook_entry_called_before_the_shared_one() -> None:
+    """A pod created while one replica is dead or frozen: the API server calls the entries in
+    turn, so the next replica admits it (a shared Service alone sends some calls to the dead
+    one). Slot entries fail open whatever the policy; the last carries webhook.failurePolicy."""
+    docs = rendered("webhook.failurePolicy=Fail", "operator.replicas=3")
+    got = [
+        (h["name"], h["clientConfig"]["service"]["name"], h["failurePolicy"]) for h in hooks(docs)
+    ]
+    assert got == [
+        ("slot-0.pods.tunefleet.io", "tf-tunefleet-webhook-0", "Ignore"),
+        ("slot-1.pods.tunefleet.io", "tf-tunefleet-webhook-1", "Ignore"),
+        ("slot-2.pods.tunefleet.io", "tf-tunefleet-webhook-2", "Ignore"),
+        ("pods.tunefleet.io", "tf-tunefleet-webhook", "Fail"),
+    ]
+    deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+    # Slot 0 keeps the release's name (and its selector, immutable): an upgrade rolls it.
+    assert sorted(deployments) == ["tf-tunefleet", "tf-tunefleet-1", "tf-tunefleet-2"]
+    services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    for slot in range(3):
+        name = "tf-tunefleet" if slot == 0 else f"tf-tunefleet-{slot}"
+        deploy = deployments[name]
+        assert deploy["spec"]["replicas"] == 1
+        pod_labels = deploy["spec"]["template"]["metadata"]["labels"]
+        selector = services[f"tf-tunefleet-webhook-{slot}"]["spec"]["selector"]
+        # The slot's Service selects this Deployment's pod and no other slot's.
+        assert selector.items() <= pod_labels.items()
+        for other in set(deployments) - {name}:
+            other_labels = deployments[other]["spec"]["template"]["metadata"]["labels"]
+            assert not selector.items() <= other_labels.items(), (slot, other)
+        # A Deployment's selector picks its own pods (slot 0's also others': it predates slots).
+        assert deploy["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    secret = next(d for d in docs if d["kind"] == "Secret" and d["type"] == "kubernetes.io/tls")
+    hosts = secret["metadata"]["annotations"]["tunefleet.io/hosts"].split(",")
+    assert hosts == [
+        f"{s}.tf-system.svc"
+        for s in ["tf-tunefleet-webhook", *[f"tf-tunefleet-webhook-{i}" for i in range(3)]]
+    ]
+
+
+def test_the_certificate_names_every_webhook_service() -> None:
+    import base64
+
+    from cryptography import x509
+
+    docs = rendered()
+    secret = next(d for d in docs if d["kind"] == "Secret" and d["type"] == "kubernetes.io/tls")
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    names = set(
+        cert.extensions.get_extension_for_class(
+            x509.SubjectAlternativeName
+        ).value.get_values_for_type(x509.DNSName)
+    )
+    for hook in hooks(docs):
+        svc = hook["clientConfig"]["service"]
+        # The API server checks the certificate against <service>.<namespace>.svc.
+        assert f"{svc['name']}.{svc['namespace']}.svc" in names, hook["name"]
+    cm = rendered("webhook.certManager.enabled=true")
+    certificate = next(d for d in cm if d["kind"] == "Certificate")
+    for hook in hooks(cm):
+        svc = hook["clientConfig"]["service"]
+        assert f"{svc['name']}.{svc['namespace']}.svc" in certificate["spec"]["dnsNames"]
 
 
 def test_two_replicas_elect_a_leader_and_survive_drains() -> None:
     docs = rendered()
-    deploy = next(d for d in docs if d["kind"] == "Deployment")
-    assert deploy["spec"]["replicas"] == 2
+    deploys = [d for d in docs if d["kind"] == "Deployment"]
+    assert [d["spec"]["replicas"] for d in deploys] == [1, 1]
+    deploy = deploys[0]
     (container,) = deploy["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["TUNEFLEET_LEASE_NAMESPACE"] == "tf-system"
@@ -137,8 +200,8 @@ def test_a_release_that_watches_namespaces_admits_and_binds_in_those_only() -> N
     from tunefleet.builders.webhook import namespace_selector
 
     docs = rendered("operator.watchNamespaces={ml,vision}")
-    (hook,) = next(d for d in docs if d["kind"] == "MutatingWebhookConfiguration")["webhooks"]
-    assert hook["namespaceSelector"] == namespace_selector(["vision", "ml"])
+    for hook in hooks(docs):
+        assert hook["namespaceSelector"] == namespace_selector(["vision", "ml"])
     bound = {
         d["metadata"]["namespace"]
         for d in docs
@@ -161,8 +224,7 @@ def test_a_release_that_watches_namespaces_admits_and_binds_in_those_only() -> N
     assert env["TUNEFLEET_LEASE_NAME"] == "tf-tunefleet-operator"
 
     docs = rendered()
-    (hook,) = next(d for d in docs if d["kind"] == "MutatingWebhookConfiguration")["webhooks"]
-    assert "namespaceSelector" not in hook
+    assert not any("namespaceSelector" in hook for hook in hooks(docs))
     role = next(
         d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "tf-tunefleet"
     )

@@ -300,3 +300,70 @@ def test_pin_image_without_a_registry_digest_says_so() -> None:
     prof["spec"]["serving"]["failClosed"] = True
     d = inject(model_pod("registry.example.com/serve:1"), "x", prof, CFG)
     assert d.deny and "no registry digest" in d.deny
+
+
+def _call(pod_handlers: Any, body: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """One webhook entry's call: the patch it answers, and the pod as the next entry sees it."""
+    import asyncio
+
+    import kopf
+
+    patch = kopf.Patch()
+    asyncio.run(
+        pod_handlers.pod_mutate(body=kopf.Body(copy.deepcopy(body)), patch=patch, warnings=[])
+    )
+    after = copy.deepcopy(body)
+    for key in ("metadata", "spec"):
+        for field_, value in (patch.get(key) or {}).items():
+            after.setdefault(key, {})[field_] = value
+    return patch, after
+
+
+def test_the_entries_after_the_first_see_the_pod_decided_and_change_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The chart registers one webhook entry per replica, called in turn: the first injects,
+    the next ones make no lookup, patch nothing and count `already_admitted`."""
+    from tunefleet import metrics
+    from tunefleet.handlers import pod as pod_handlers
+    from tunefleet.handlers.startup import CACHE, CONFIG
+
+    monkeypatch.setattr(CONFIG, "_config", CFG)
+    monkeypatch.setattr(CACHE, "profile", lambda key: profile(["NVIDIA-H200"]))
+    monkeypatch.setattr(pod_handlers, "_config_map_uids", _no_config_maps)
+    body = {**pod(), "metadata": {**pod()["metadata"], "namespace": "ml"}}
+    first, after = _call(pod_handlers, body)
+    assert first["spec"]["initContainers"]
+
+    def no_lookup(*_: Any) -> Any:
+        raise AssertionError("an injected pod needs no lookup")
+
+    monkeypatch.setattr(CACHE, "profile", no_lookup)
+    monkeypatch.setattr(pod_handlers, "_read_profile", no_lookup)
+    counted = metrics.ADMISSIONS.labels("unchanged", "already_admitted")
+    before = counted._value.get()
+    second, again = _call(pod_handlers, after)
+    assert not second and again == after and counted._value.get() == before + 1
+
+
+def test_an_untuned_decision_repeated_by_a_later_entry_is_announced_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tunefleet.handlers import pod as pod_handlers
+    from tunefleet.handlers.startup import CACHE, CONFIG
+
+    monkeypatch.setattr(CONFIG, "_config", CFG)
+    monkeypatch.setattr(CACHE, "profile", lambda key: profile(["NVIDIA-H200"], artifacts=False))
+    monkeypatch.setattr(pod_handlers, "_config_map_uids", _no_config_maps)
+    announced: list[str] = []
+    monkeypatch.setattr(pod_handlers, "announce", lambda ref, name, d: announced.append(d.reason))
+    body = {**pod(), "metadata": {**pod()["metadata"], "namespace": "ml"}}
+    _, after = _call(pod_handlers, body)
+    assert after["metadata"]["annotations"]["tunefleet.io/status"].startswith("untuned")
+    second, again = _call(pod_handlers, after)
+    assert not second and again == after
+    assert len(announced) == 1, announced
+
+
+async def _no_config_maps(namespace: str, entry: Any) -> dict[str, str]:
+    return {}

@@ -59,3 +59,15 @@ without cluster access (helm template) see no other release and check nothing.
 {{- end -}}
 {{- end -}}
 {{- end -}}
+
+{{- /* The label that names an operator pod's replica slot (deployment.yaml, webhook.yaml). */ -}}
+{{- define "tunefleet.slotLabel" -}}
+tunefleet.io/webhook-slot
+{{- end -}}
+
+{{- /* Slot N's Deployment: slot 0 keeps the release's fullname, the others end in -N. Called
+  with (list $ N). */ -}}
+{{- define "tunefleet.slotName" -}}
+{{- $name := include "tunefleet.fullname" (index . 0) -}}
+{{- if index . 1 }}{{ printf "%s-%d" $name (index . 1) }}{{ else }}{{ $name }}{{ end -}}
+{{- end -}}

@@ -32,6 +32,9 @@ class Code(StrEnum):
     CONFIG_MAP_REPLACED = "config_map_replaced"  # its ConfigMap is gone or not the one made
     ERROR = "error"  # the webhook failed: admitted unchanged
     NOT_WATCHED = "not_watched"  # a namespace this release does not watch: left to its own
+    # Decided before: an earlier webhook entry of ours (one per replica, charts' webhook.yaml)
+    # injected the pod or said why not, or a copied pod spec carries an injection: unchanged.
+    ALREADY_ADMITTED = "already_admitted"
     UNKNOWN = "unknown"  # read from a pod without a code (an older version admitted it)
 
 

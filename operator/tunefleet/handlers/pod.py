@@ -16,7 +16,7 @@ from tunefleet.builders.webhook import HANDLER_ID
 from tunefleet.conditions import EventReason
 from tunefleet.contracts.admission import Code
 from tunefleet.handlers.startup import CACHE, CONFIG, follow_child
-from tunefleet.webhook.admission import Decision, admit
+from tunefleet.webhook.admission import Decision, admit, already_injected, repeats, seen_injected
 
 # Not kopf's per-object logger: that one posts Events, and an admitted pod has no uid yet.
 log = logging.getLogger("tunefleet.webhook")
@@ -51,6 +51,11 @@ async def pod_mutate(
         # from ours; this holds if a configuration says otherwise): not ours to label or patch.
         metrics.ADMISSIONS.labels("unchanged", Code.NOT_WATCHED).inc()
         return
+    if already_injected(dict(body)):
+        # The usual call of every entry after the first (one per replica, in turn): no lookup.
+        metrics.ADMISSIONS.labels("unchanged", Code.ALREADY_ADMITTED).inc()
+        apply(body, patch, seen_injected(dict(body)))
+        return
     try:
         profile_name = body.metadata.labels.get(naming.PROFILE_LABEL, "")
         entry = CACHE.profile((namespace, profile_name)) or await _read_profile(
@@ -67,6 +72,10 @@ async def pod_mutate(
         return
     took = time.perf_counter() - started
     metrics.ADMISSION_SECONDS.observe(took)
+    if repeats(dict(body), decision):
+        metrics.ADMISSIONS.labels("unchanged", Code.ALREADY_ADMITTED).inc()
+        apply(body, patch, decision)
+        return
     metrics.ADMISSIONS.labels(decision.outcome, decision.code).inc()
     if decision.deny:
         log.info(f"refused pod {namespace}/{pod_name}: {decision.deny}")

@@ -571,6 +571,33 @@ def _add_capture(
     return True
 
 
+def already_injected(pod: dict[str, Any]) -> bool:
+    """The pod has our results volume or fetch container: an earlier webhook entry of ours
+    injected it (the chart registers one per replica, called in turn), or a copied pod spec
+    carries an injection. Told from the pod alone, before any lookup."""
+    spec_ = pod.get("spec") or {}
+    if any(c.get("name") == FETCH_CONTAINER for c in spec_.get("initContainers") or []):
+        return True
+    return any(v.get("name") == VOLUME for v in spec_.get("volumes") or [])
+
+
+def seen_injected(pod: dict[str, Any]) -> Decision:
+    """An injected pod admitted again: only say it was seen (the label, if it lacks it)."""
+    out = copy.deepcopy(pod)
+    out.setdefault("metadata", {}).setdefault("labels", {})[naming.ADMISSION_LABEL] = INJECTED
+    return Decision(pod=out, code=Code.ALREADY_ADMITTED)
+
+
+def repeats(pod: dict[str, Any], decision: Decision) -> bool:
+    """The decision says what the pod already says (an earlier entry of ours decided it
+    untuned the same way): admitted as it is, not announced twice."""
+    said = ((pod.get("metadata") or {}).get("annotations") or {}).get(naming.STATUS_ANNOTATION)
+    now = ((decision.pod.get("metadata") or {}).get("annotations") or {}).get(
+        naming.STATUS_ANNOTATION
+    )
+    return bool(decision.reason) and not decision.deny and said is not None and said == now
+
+
 def admit(
     pod: dict[str, Any],
     profile_name: str,
@@ -580,14 +607,8 @@ def admit(
 ) -> Decision:
     """`config_maps`: the uid each artifact ConfigMap of the profile has now, by name ("" for
     one that does not exist); None when not known (the pod then mounts it as it is)."""
-    spec_ = pod.get("spec") or {}
-    injected = any(c.get("name") == FETCH_CONTAINER for c in spec_.get("initContainers") or [])
-    injected = injected or any(v.get("name") == VOLUME for v in spec_.get("volumes") or [])
-    if injected:
-        # Already injected (admission re-run, or a copied pod spec): only say it was seen.
-        out = copy.deepcopy(pod)
-        out.setdefault("metadata", {}).setdefault("labels", {})[naming.ADMISSION_LABEL] = INJECTED
-        return Decision(pod=out)
+    if already_injected(pod):
+        return seen_injected(pod)
     choice = choose_artifact(pod, profile_name, profile)
     if isinstance(choice, Decision):
         return choice
