@@ -26,6 +26,8 @@ fresh start with none of this run's profiles present: the baseline deletion must
 --py-spy DIR records the operator with py-spy (collapsed stacks, --gil, 50 Hz) during the
 apply and the restart; --tracemalloc DIR runs it under tracemalloc (25 frames) and dumps a
 snapshot at each phase (bench/tracemalloc_hook/): slower, so its figures are not written.
+--malloc-info DIR dumps glibc's malloc_info and the process's smaps at each phase instead,
+untraced (the allocator's layout as in production): what the heap keeps that Python does not.
 """
 
 from __future__ import annotations
@@ -383,7 +385,10 @@ def run(
     spaces: int,
     py_spy: Path | None = None,
     tracemalloc: Path | None = None,
+    trace: bool = True,
 ) -> dict[str, Any]:
+    """`tracemalloc`: where the hook's dumps go at each phase; `trace`: under tracemalloc (else
+    malloc_info and smaps only, with the allocator's layout as in production)."""
     api = Api(cluster.kubeconfig)
     stamp = f"{int(time.time()) % 100000}"
     prefix = f"bench-s{n}-{stamp}-"
@@ -391,15 +396,16 @@ def run(
     items = bodies(namespaces, n)
     out: dict[str, Any] = {"profiles": n, "namespaces": spaces}
     series: dict[str, list[tuple[float, float]]] = {}
-    start_timeout = 300.0 if tracemalloc is not None else 120.0  # tracemalloc: ~10x slower
+    start_timeout = 300.0 if tracemalloc is not None and trace else 120.0  # ~10x slower traced
     before_path = operator.env.get("PYTHONPATH")
     if tracemalloc is not None:
         tracemalloc.mkdir(parents=True, exist_ok=True)
         path = os.pathsep.join(p for p in (str(HOOK), before_path) if p)
         operator.env.update(
-            {"PYTHONTRACEMALLOC": "25", "PYTHONPATH": path,
-             "TUNEFLEET_BENCH_SNAPSHOT": str(tracemalloc / "next")}
-        )  # fmt: skip
+            {"PYTHONPATH": path, "TUNEFLEET_BENCH_SNAPSHOT": str(tracemalloc / "next")}
+        )
+        if trace:
+            operator.env["PYTHONTRACEMALLOC"] = "25"
     try:
         # 1. The API server alone: creates with no operator running.
         operator.kill()
@@ -559,6 +565,11 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--sizes", default=SIZES, help="N:namespaces,... (default %(default)s)")
     parser.add_argument("--py-spy", type=Path)
     parser.add_argument("--tracemalloc", type=Path)
+    parser.add_argument(
+        "--malloc-info",
+        type=Path,
+        help="dump glibc's malloc_info and smaps at each phase here (no tracemalloc)",
+    )
     parser.add_argument("--no-write", action="store_true", help="print, do not merge results")
     parser.add_argument(
         "--operator-source",
@@ -583,11 +594,14 @@ def main(argv: list[str]) -> None:
     got: dict[str, Any] = {}
     try:
         for n, m in sizes:
-            got[str(n)] = run(cluster, operator, n, m, args.py_spy, args.tracemalloc)
+            dumps, trace = (
+                (args.tracemalloc, True) if args.tracemalloc else (args.malloc_info, False)
+            )
+            got[str(n)] = run(cluster, operator, n, m, args.py_spy, dumps, trace)
     finally:
         operator.stop()
         print(f"operator log: {operator.log}", flush=True)
-    if args.no_write or args.tracemalloc or args.operator_source:
+    if args.no_write or args.tracemalloc or args.malloc_info or args.operator_source:
         return
     results: dict[str, Any] = json.loads(JSON_OUT.read_text()) if JSON_OUT.exists() else {}
     results.pop("scale_1000_profiles", None)
