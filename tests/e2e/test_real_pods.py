@@ -167,7 +167,7 @@ def test_the_operator_runs_as_the_charts_deployment_and_elects_one_leader(
             )
         )
     assert leaders == 1
-    # helm test: a probe admission through the webhook Service, checked against its CA.
+    # helm test: a probe admission through each webhook Service, checked against its CA.
     out = helm(
         cluster.bin_dir,
         cluster.kubeconfig,
@@ -179,7 +179,8 @@ def test_the_operator_runs_as_the_charts_deployment_and_elects_one_leader(
         "--timeout",
         "120s",
     )
-    assert "admitted the probe pod untuned" in out.stdout, out.stdout
+    # The shared Service and each replica slot's (one webhook entry each): all answered.
+    assert out.stdout.count("admitted the probe pod untuned") == 1 + in_cluster.replicas, out.stdout
 
 
 def test_a_tuning_job_runs_every_step_for_real_and_a_model_pod_gets_its_files(

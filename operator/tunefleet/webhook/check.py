@@ -87,48 +87,64 @@ def _dechunk(data: bytes) -> bytes:
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--address", help="IP or host to connect to")
-    p.add_argument("--address-env", help="environment variable holding it (a Service's)")
-    p.add_argument("--port", type=int, default=443)
-    p.add_argument("--server-name", required=True, help="DNS name the certificate is for")
-    p.add_argument("--ca", required=True, help="CA bundle that signed the webhook certificate")
-    p.add_argument("--path", default="/pod-inject")
-    p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", "default"))
-    args = p.parse_args(argv)
-    address = args.address or os.environ.get(args.address_env or "", "")
-    if not address:
-        print(f"{PROG}: error: no address (--address or --address-env)", file=sys.stderr)
-        return 2
+def check(address: str, port: int, server_name: str, ca: str, path: str, namespace: str) -> int:
+    """One webhook address: 0 when it admits the probe pod untuned and labels it."""
     try:
         answer = json.loads(
-            call(
-                address,
-                args.port,
-                args.server_name,
-                args.ca,
-                args.path,
-                json.dumps(review(args.namespace)).encode(),
-            )
+            call(address, port, server_name, ca, path, json.dumps(review(namespace)).encode())
         )
         response = answer["response"]
         patch = json.loads(base64.b64decode(response.get("patch") or b"W10=")) or []
     except Exception as e:
-        print(f"{PROG}: error: the webhook at {address}:{args.port} did not answer: {e}")
+        print(f"{PROG}: error: the webhook at {address}:{port} ({server_name}) did not answer: {e}")
         return 1
     labelled = any(
         "tunefleet.io/admission" in json.dumps(op.get("value")) or "admission" in op.get("path", "")
         for op in patch
     )
     if not response.get("allowed") or not labelled:
-        print(f"{PROG}: error: unexpected answer: {json.dumps(response)[:2000]}")
+        print(f"{PROG}: error: unexpected answer from {server_name}: {json.dumps(response)[:2000]}")
         return 1
     print(
-        f"{PROG}: ok: the webhook at {address}:{args.port} ({args.server_name}) admitted the "
+        f"{PROG}: ok: the webhook at {address}:{port} ({server_name}) admitted the "
         f"probe pod untuned and labelled it ({len(patch)} patch operation(s))"
     )
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--address", help="IP or host to connect to")
+    p.add_argument("--address-env", help="environment variable holding it (a Service's)")
+    p.add_argument("--port", type=int, default=443)
+    p.add_argument("--server-name", required=True, help="DNS name the certificate is for")
+    p.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="ADDRESS_ENV=SERVER_NAME",
+        help="another Service to check the same way (each replica slot's; repeatable)",
+    )
+    p.add_argument("--ca", required=True, help="CA bundle that signed the webhook certificate")
+    p.add_argument("--path", default="/pod-inject")
+    p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", "default"))
+    args = p.parse_args(argv)
+    targets = [(args.address or os.environ.get(args.address_env or "", ""), args.server_name)]
+    for also in args.also:
+        env, sep, name = also.partition("=")
+        if not sep or not name:
+            print(f"{PROG}: error: --also {also!r}: give ADDRESS_ENV=SERVER_NAME", file=sys.stderr)
+            return 2
+        targets.append((os.environ.get(env, ""), name))
+    if not all(address for address, _ in targets):
+        missing = [name for address, name in targets if not address]
+        print(f"{PROG}: error: no address for {', '.join(missing)} (--address or --address-env, "
+              "and each --also's variable)", file=sys.stderr)  # fmt: skip
+        return 2
+    worst = 0
+    for address, name in targets:
+        worst = max(worst, check(address, args.port, name, args.ca, args.path, args.namespace))
+    return worst
 
 
 if __name__ == "__main__":
