@@ -239,17 +239,20 @@ def test_known_and_stub_let_a_relist_hand_back_what_is_gone() -> None:
     }  # fmt: skip
 
 
+def controller_of(cache: Cache) -> Controller:
+    """A controller reading `cache`, not started."""
+    indexes = Indexes(
+        cache.profile, cache.profiles, cache.jobs, cache.pods, has_profile=cache.has_profile_uid
+    )
+    return Controller(Config(), indexes, workers=1)
+
+
 def test_what_is_remembered_follows_what_the_cache_holds() -> None:
     """A reconcile under way when its profile was deleted may remember it after the
     deletion's forget: housekeeping drops it, and the queue's failure count with it."""
     cache = Cache()
     cache.put_profile(profile("p", "u"))
-    c = Controller(
-        Config(),
-        Indexes(cache.profile, cache.profiles, cache.jobs, cache.pods,
-                has_profile=cache.has_profile_uid),
-        workers=1,
-    )  # fmt: skip
+    c = controller_of(cache)
     c.memory.of("u").written_rv = "3"
     c.memory.of("gone-uid").written_rv = "4"
     c.memory.unadmitted[("ml", "gone")] = ["x"]
@@ -277,12 +280,7 @@ def test_housekeeping_collects_fully_only_after_profiles_went(
     cache = Cache()
     cache.put_profile(profile("p", "u"))
     cache.put_profile(profile("q", "v"))
-    c = Controller(
-        Config(),
-        Indexes(cache.profile, cache.profiles, cache.jobs, cache.pods,
-                has_profile=cache.has_profile_uid),
-        workers=1,
-    )  # fmt: skip
+    c = controller_of(cache)
     c.housekeeping()
     c.housekeeping()
     assert collected == []
