@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import gc
 import logging
 import threading
 import time
@@ -81,7 +80,6 @@ class Controller:
         self.resync_seconds = resync_seconds
         self.queue: WorkQueue[Key] = WorkQueue(backoff or Backoff(base=1.0, cap=300.0))
         self.memory = Memory()
-        self._profiles_counted = 0  # at the last housekeeping pass: fewer now, some were deleted
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         self._synced = threading.Event()  # the cache has been primed: resyncs may run
@@ -271,13 +269,6 @@ class Controller:
         self.memory.prune(self.indexes.has_profile, keys)
         self.memory.prune_node_counts()
         self.queue.prune(keys.__contains__)
-        if len(keys) < self._profiles_counted:
-            # Profiles were deleted: a full collection also empties the interpreter's free
-            # lists (tuples, lists, dicts kept for reuse), whose scattered objects otherwise
-            # keep the heap pages of what was deleted from being handed back below (3,000
-            # deleted: 33k free chunks of ~1.8 KB between survivors, bench --malloc-info).
-            gc.collect()
-        self._profiles_counted = len(keys)
         release_memory()
 
     def resync(self, scan_only: bool = False) -> None:

@@ -265,32 +265,6 @@ def test_what_is_remembered_follows_what_the_cache_holds() -> None:
     assert c.queue.failures(("ml", "gone")) == 0 and c.queue.failures(("ml", "p")) == 1
 
 
-def test_housekeeping_collects_fully_only_after_profiles_went(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A full collection (it empties the free lists that pin a deleted profile's heap pages)
-    when the cache holds fewer profiles than at the last pass, not on every pass."""
-    import gc
-
-    from tunefleet import controller as controller_mod
-
-    collected: list[int] = []
-    monkeypatch.setattr(gc, "collect", lambda *a: collected.append(1) or 0)
-    monkeypatch.setattr(controller_mod, "release_memory", lambda: None)
-    cache = Cache()
-    cache.put_profile(profile("p", "u"))
-    cache.put_profile(profile("q", "v"))
-    c = controller_of(cache)
-    c.housekeeping()
-    c.housekeeping()
-    assert collected == []
-    cache.drop_profile(("ml", "q"))
-    c.housekeeping()
-    assert collected == [1]
-    c.housekeeping()
-    assert collected == [1]
-
-
 def test_memory_prune_counts_what_went() -> None:
     m = Memory()
     m.of("a")
