@@ -51,12 +51,13 @@ async def pod_mutate(
         # from ours; this holds if a configuration says otherwise): not ours to label or patch.
         metrics.ADMISSIONS.labels("unchanged", Code.NOT_WATCHED).inc()
         return
-    if already_injected(dict(body)):
-        # The usual call of every entry after the first (one per replica, in turn): no lookup.
-        metrics.ADMISSIONS.labels("unchanged", Code.ALREADY_ADMITTED).inc()
-        apply(body, patch, seen_injected(dict(body)))
-        return
     try:
+        if already_injected(dict(body)):
+            # The usual call of every entry after the first (one per replica, in turn): no
+            # lookup, nothing to change but the label if it lacks it.
+            metrics.ADMISSIONS.labels("unchanged", Code.ALREADY_ADMITTED).inc()
+            apply(body, patch, seen_injected(dict(body)))
+            return
         profile_name = body.metadata.labels.get(naming.PROFILE_LABEL, "")
         entry = CACHE.profile((namespace, profile_name)) or await _read_profile(
             namespace, profile_name
