@@ -399,10 +399,15 @@ class InCluster:
         """The chart's fullname: slot 0's Deployment, ServiceAccount, ClusterRole, Lease prefix."""
         return self.release if "tunefleet" in self.release else f"{self.release}-tunefleet"
 
+    @property
+    def selector(self) -> str:
+        """The labels of the release's operator pods and Deployments (one per replica slot)."""
+        return f"app.kubernetes.io/name=tunefleet,app.kubernetes.io/instance={self.release}"
+
     def pods(self) -> list[dict[str, Any]]:
         out = self.cluster.kubectl(
             "get", "pods", "-n", self.namespace, "-l",
-            f"app.kubernetes.io/name=tunefleet,app.kubernetes.io/instance={self.release}",
+            self.selector,
             "-o", "json",
         ).stdout  # fmt: skip
         return [
@@ -437,14 +442,14 @@ class InCluster:
         operator that comes next. Gone, they have released the Lease, too."""
         self.cluster.kubectl(
             "scale", "deployment", "-n", self.namespace, "--replicas=0", "-l",
-            f"app.kubernetes.io/name=tunefleet,app.kubernetes.io/instance={self.release}",
+            self.selector,
             check=False,
         )  # fmt: skip
 
         def replicas() -> list[str]:  # terminating ones too
             out = self.cluster.kubectl(
                 "get", "pods", "-n", self.namespace, "-l",
-                f"app.kubernetes.io/name=tunefleet,app.kubernetes.io/instance={self.release}",
+                self.selector,
                 "-o", "json",
             ).stdout  # fmt: skip
             return [

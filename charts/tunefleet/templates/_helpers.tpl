@@ -71,3 +71,8 @@ tunefleet.io/webhook-slot
 {{- $name := include "tunefleet.fullname" (index . 0) -}}
 {{- if index . 1 }}{{ printf "%s-%d" $name (index . 1) }}{{ else }}{{ $name }}{{ end -}}
 {{- end -}}
+
+{{- /* Slot N's own webhook Service (webhook.yaml, the helm test). Called with (list $ N). */ -}}
+{{- define "tunefleet.slotService" -}}
+{{- printf "%s-webhook-%d" (include "tunefleet.fullname" (index . 0)) (index . 1) -}}
+{{- end -}}
