@@ -30,6 +30,13 @@ ARG PIP_NO_CACHE_DIR=1
 ARG PIP_DISABLE_PIP_VERSION_CHECK=1
 ARG PIP_CERT
 
+# jemalloc: the allocator the operator runs under where it is installed (tunefleet/__main__.py;
+# memory handed back after thousands of profiles are deleted, bench/scale.md). Debian's package
+# on both bases (python:3.11-slim is Debian too); the package lists are not kept.
+RUN apt-get update -qq \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libjemalloc2 >/dev/null \
+ && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb /var/log/*
+
 # UID/GID 65532 (builders/security.py TUNEFLEET_UID, the chart's securityContext), named so
 # that tools which look the user up find it; its home is the writable /tmp.
 RUN python3 -m venv "$VIRTUAL_ENV" \
@@ -49,6 +56,7 @@ COPY tuner_job /src/tuner_job
 RUN pip install --no-deps --no-build-isolation /src \
  && rm -rf /src /tmp/* \
  && tunefleet-operator --help >/dev/null \
+ && TUNEFLEET_ALLOCATOR=jemalloc tunefleet-operator --help >/dev/null \
  && for c in tunefleet-publish tunefleet-fetch tunefleet-bootstrap tunefleet-capture; do "$c" --help >/dev/null; done
 
 USER 65532:65532

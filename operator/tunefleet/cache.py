@@ -30,6 +30,7 @@ from typing import Any
 import orjson
 
 from tunefleet import metrics, naming, views
+from tunefleet.heap import compacted
 
 log = logging.getLogger(__name__)
 
@@ -198,12 +199,13 @@ class Cache:
         meta = view["metadata"]
         owner = meta.get("owner") or ""
         claimed = (meta.get("labels") or {}).get(naming.PROFILE_UID_LABEL, "")
-        table = self._jobs if kind == "jobs" else self._pods
         blob = _pack(view) if owner else b""
         with self._lock:
             # Wherever it was kept before: its owner reference may have changed since.
             self._unplace(uid)
             if owner:
+                # Chosen under the lock: compact() may have swapped the tables in between.
+                table = self._jobs if kind == "jobs" else self._pods
                 table.setdefault((ns, owner), {})[uid] = blob
                 self._at[uid] = _Placed(kind, ns, owner, claimed)
             elif claimed:
@@ -305,6 +307,17 @@ class Cache:
                 "labels": {naming.TUNING_PROFILE_LABEL: name} if name else {},
             }
         }
+
+    def compact(self) -> None:
+        """Rebuild the tables a burst grew and a deletion emptied (heap.compacted): a dict
+        keeps its peak's table otherwise."""
+        with self._lock:
+            self._profiles = compacted(self._profiles)
+            self._uids = compacted(self._uids)
+            self._jobs = compacted(self._jobs)
+            self._pods = compacted(self._pods)
+            self._untrusted = compacted(self._untrusted)
+            self._at = compacted(self._at)
 
     def sizes(self) -> dict[str, int]:
         """Entries per table (the memory figures of bench/ and a test of pruning)."""

@@ -11,8 +11,6 @@ saw are counted.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import logging
 import threading
 import time
@@ -28,6 +26,7 @@ from tunefleet.cache import Untrusted
 from tunefleet.capture.step import CaptureSource
 from tunefleet.conditions import Reason
 from tunefleet.config import Config
+from tunefleet.heap import release_memory
 from tunefleet.reconcile import QUEUED_TTL, Memory, sync_profile
 from tunefleet.workqueue import Backoff, WorkQueue
 
@@ -53,15 +52,10 @@ class Indexes:
     refresh: Callable[[dict[str, Any]], object] = lambda body: None
     # Whether the cache holds a profile of this uid (what is remembered follows it).
     has_profile: Callable[[str], bool] = lambda uid: True
+    # Rebuild the cache's tables once a deletion emptied them (heap.compacted).
+    compact: Callable[[], None] = lambda: None
     # Capture stores and retune sets (capture/step.py); None: no capture.
     captures: CaptureSource | None = None
-
-
-def release_memory() -> None:
-    """Give freed heap back to the system (glibc keeps it otherwise): after a burst of
-    thousands of events the resident size would stay at the burst's peak."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 class Controller:
@@ -269,6 +263,7 @@ class Controller:
         self.memory.prune(self.indexes.has_profile, keys)
         self.memory.prune_node_counts()
         self.queue.prune(keys.__contains__)
+        self.indexes.compact()
         release_memory()
 
     def resync(self, scan_only: bool = False) -> None:

@@ -38,6 +38,7 @@ from tunefleet.capture import step as capture_step
 from tunefleet.conditions import BLOCKED, EventReason, Reason, Type, find, truncate
 from tunefleet.config import Config
 from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.heap import compacted
 from tunefleet.observe import Hints, JobObservation, observe
 from tunefleet.status import Observed, compute_status, status_changed
 from tunefleet.storage.store import StoreError
@@ -196,9 +197,11 @@ class Memory:
             gone = [uid for uid in self.profiles if not alive(uid)]
             for uid in gone:
                 del self.profiles[uid]
+            self.profiles = compacted(self.profiles)
         stale = [k for k in self.unadmitted if k not in keys]
         for k in stale:
             self.unadmitted.pop(k, None)
+        self.unadmitted = compacted(self.unadmitted)
         return len(gone) + len(stale)
 
     def prune_node_counts(self) -> None:

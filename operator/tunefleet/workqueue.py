@@ -26,6 +26,8 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from tunefleet.heap import compacted
+
 K = TypeVar("K", bound=Hashable)
 
 
@@ -123,6 +125,11 @@ class WorkQueue(Generic[K]):
         with self._cond:
             for key in [k for k in self._failures if not keep(k)]:
                 del self._failures[key]
+            # A burst's keys have left these tables; their size stays unless rebuilt.
+            self._failures = compacted(self._failures)
+            self._lane = compacted(self._lane)
+            self._dirty = compacted(self._dirty)
+            self._due = compacted(self._due)
 
     def failures(self, key: K) -> int:
         with self._cond:

@@ -167,6 +167,14 @@ def test_the_operator_runs_as_the_charts_deployment_and_elects_one_leader(
             )
         )
     assert leaders == 1
+    # Under jemalloc, as the image is built for (tunefleet/__main__.py): the library is mapped
+    # into the operator's process (PID 1, exec'd in place) and the start says so.
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        maps = cluster.kubectl("exec", "-n", SYSTEM_NS, name, "--", "cat", "/proc/1/maps").stdout
+        assert "libjemalloc.so.2" in maps, name
+        log = cluster.kubectl("logs", "-n", SYSTEM_NS, name, "--limit-bytes", "200000").stdout
+        assert "allocator: jemalloc" in log, log[-3000:]
     # helm test: a probe admission through each webhook Service, checked against its CA.
     out = helm(
         cluster.bin_dir,

@@ -153,6 +153,7 @@ async def operator_startup(
         written=CACHE.written,
         refresh=CACHE.put_profile,
         has_profile=CACHE.has_profile_uid,
+        compact=CACHE.compact,
         captures=CaptureSource(CAPTURES, ArtifactKeys(config)),
     )
     controller = Controller(

@@ -1,0 +1,73 @@
+"""heap.compacted: a table a burst grew is rebuilt once emptied; the cache, the queue and what
+is remembered swap theirs in at housekeeping without losing an entry."""
+
+from __future__ import annotations
+
+import sys
+
+from tunefleet import heap
+from tunefleet.cache import Cache
+from tunefleet.workqueue import WorkQueue
+
+
+def test_a_table_emptied_by_a_burst_is_rebuilt_small_and_a_full_one_is_kept() -> None:
+    table = {f"uid-{i}": i for i in range(10_000)}
+    peak = sys.getsizeof(table)
+    assert heap.compacted(table) is table  # full: a copy would be no smaller
+    for k in list(table)[:9_990]:
+        del table[k]
+    assert sys.getsizeof(table) == peak  # what the fix is for: dicts never shrink
+    small = heap.compacted(table)
+    assert small == table and small is not table
+    assert sys.getsizeof(small) < peak / 100
+    tiny: dict[str, int] = {"a": 1}
+    assert heap.compacted(tiny) is tiny
+
+
+def job(uid: str, owner: str) -> dict[str, object]:
+    return {
+        "metadata": {
+            "uid": uid,
+            "namespace": "ns",
+            "name": uid,
+            "ownerReferences": [
+                {
+                    "apiVersion": "tunefleet.io/v1alpha1",
+                    "kind": "TuningProfile",
+                    "name": "p",
+                    "uid": owner,
+                    "controller": True,
+                }
+            ],
+        }
+    }
+
+
+def test_the_cache_compacts_and_keeps_following_events() -> None:
+    cache = Cache()
+    for i in range(5_000):
+        cache.follow("jobs", "ADDED", job(f"j{i}", f"p{i}"))
+    before = sys.getsizeof(cache._at)
+    for i in range(4_990):
+        cache.follow("jobs", "DELETED", job(f"j{i}", f"p{i}"))
+    cache.compact()
+    assert sys.getsizeof(cache._at) < before / 10
+    assert cache.sizes()["jobs"] == 10 and cache.sizes()["placed"] == 10
+    # Events after the swap land in the new tables: nothing written to the old ones.
+    cache.follow("jobs", "ADDED", job("new", "p-new"))
+    assert [j["metadata"]["uid"] for j in cache.jobs("ns", "p-new")] == ["new"]
+    cache.follow("jobs", "DELETED", job("j4999", "p4999"))
+    assert cache.jobs("ns", "p4999") == []
+
+
+def test_the_queue_compacts_its_tables_on_prune() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    for i in range(5_000):
+        q.add(f"k{i}")
+    while q.get(timeout=0) is not None:
+        pass
+    peak = sys.getsizeof(q._lane)
+    q.prune(lambda k: True)
+    assert sys.getsizeof(q._lane) < peak / 10
+    q.add("again")
+    assert q.get(timeout=0) == "again"
