@@ -18,18 +18,20 @@ import kopf
 #
 # jemalloc where it is installed (the image has Debian's libjemalloc2; LD_PRELOAD, read as the
 # process starts): its size classes keep objects of a size together in slabs and hand emptied
-# ones back (a background thread, dirty pages after 1 s). Under glibc the survivors of a
-# deletion pinned the small free chunks between them (33k chunks of ~1.8 KB at 3,000 deleted
-# profiles), which malloc_trim cannot hand back: after deletion 1.21 of the empty operator at
-# 3,000 under glibc, 1.10 under jemalloc (bench/scale.md). Two arenas rather than four per core:
-# each thread (reflectors, workers, the webhook) would keep freed memory in an arena of its own.
+# ones back (a background thread, dirty pages after 1 s, and at each housekeeping pass). Under
+# glibc the survivors of a deletion pinned the small free chunks between them (33k chunks of
+# ~1.8 KB at 3,000 deleted profiles), which malloc_trim cannot hand back: after deletion 1.21
+# of the empty operator at 3,000 under glibc, 1.08 under jemalloc (bench/scale.md). One arena
+# and no thread caches: the GIL lets one thread allocate at a time, so more arenas only split
+# the same objects over more half-used slabs, and an idle thread's cache keeps what the burst
+# freed (and the slabs it sits in) until that thread allocates again.
 #
 # Without jemalloc (or TUNEFLEET_ALLOCATOR=glibc): glibc with two arenas and a fixed mmap
 # threshold (glibc's starting one, 128 KiB): glibc raises it after each large free, so list
 # pages and watch buffers came to live in the heap, where what they leave behind is not handed
 # back.
 JEMALLOC = "libjemalloc.so.2"
-JEMALLOC_CONF = "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0,narenas:2"
+JEMALLOC_CONF = "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0,narenas:1,tcache:false"
 GLIBC_ENV = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": "131072"}
 ALLOCATORS = ("auto", "jemalloc", "glibc")
 
