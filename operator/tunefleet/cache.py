@@ -8,7 +8,7 @@ every reader gets its own copy.
 Each view is kept as compact JSON bytes (orjson's, read back in ~2-5 microseconds),
 not as dicts: a profile's view as dicts took ~10 KB, as bytes ~2 KB, and bytes this size live
 outside Python's small-object arenas, so what a deletion frees goes back to the system
-(controller.release_memory) instead of pinning half-empty arenas (bench/scale.md).
+(heap.release_memory) instead of pinning half-empty arenas (bench/scale.md).
 
 Ownership is identity: a Job belongs to a profile only through its controller ownerReference
 (to a TuningProfile, in the Job's own namespace), a pod to a Job only through its own. Jobs and
