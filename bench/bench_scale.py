@@ -279,12 +279,12 @@ def create_all(api: Api, items: list[tuple[str, bytes]]) -> tuple[float, float]:
 
 def kubectl_create(cluster: Any, items: list[tuple[str, bytes]]) -> tuple[float, float]:
     """`kubectl create -f` of one List holding every profile; (started, kubectl exited)."""
-    listed = {
-        "apiVersion": "v1",
-        "kind": "List",
-        "items": [{**json.loads(body), "metadata": {**json.loads(body)["metadata"], "namespace": ns}}
-                  for ns, body in items],
-    }  # fmt: skip
+    profiles = []
+    for ns, body in items:
+        item = json.loads(body)
+        item["metadata"]["namespace"] = ns  # the REST path names it in the URL instead
+        profiles.append(item)
+    listed = {"apiVersion": "v1", "kind": "List", "items": profiles}
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="bench-scale-") as f:
         json.dump(listed, f)
         f.flush()
