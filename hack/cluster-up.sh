@@ -129,12 +129,21 @@ port_free() {
 # record its pid, and fail at once if it dies within a moment.
 start() {
   local name="$1"; shift
-  local logf="$LOGS/$name.log"
+  local logf="$LOGS/$name.log" pid i
   echo "--- $(date -Is) starting: $*" >>"$logf"
   # 9>&-: the children must not inherit (and so hold forever) the lock of take_lock.
   setsid "$@" </dev/null >>"$logf" 2>&1 9>&- &
-  echo $! >"$PIDS/$name.pid"
+  pid=$!
+  echo "$pid" >"$PIDS/$name.pid"
   sleep 0.2
+  # Until the forked shell has exec'd the command its command line is still this script's,
+  # which alive() does not take for ours: on a loaded machine (a cold page cache, two cores
+  # busy building) that can take longer than 0.2 s. Wait for one or the other: ours, or gone.
+  for ((i = 0; i < 50; i++)); do
+    alive "$name" && break
+    [[ -d "/proc/$pid" && "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != "Z" ]] || break
+    sleep 0.1
+  done
   alive "$name" || { tail -n 30 "$logf" >&2; die "$name exited at once; log: $logf"; }
   log "started $name (pid $(pid_of "$name")), log: $logf"
 }
