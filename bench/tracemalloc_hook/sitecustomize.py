@@ -44,6 +44,18 @@ def _jemalloc_stats(path: str) -> None:
         out[name] = value.value
     with open(path, "w") as f:
         json.dump(out, f)
+    # And everything jemalloc reports (per size class: regions live, slabs held, utilisation;
+    # metadata by kind), as JSON: which size classes a deletion leaves half-held.
+    printer = getattr(ctypes.CDLL(None), "malloc_stats_print", None)
+    if printer is None:
+        return
+    chunks: list[bytes] = []
+    write = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p)(
+        lambda _opaque, text: chunks.append(text)
+    )
+    printer(write, None, b"J")
+    with open(path.replace(".json", ".stats.json"), "wb") as f:
+        f.write(b"".join(chunks))
 
 
 def _containers(path: str) -> None:
