@@ -71,3 +71,22 @@ def test_the_queue_compacts_its_tables_on_prune() -> None:
     assert sys.getsizeof(q._lane) < peak / 10
     q.add("again")
     assert q.get(timeout=0) == "again"
+
+
+def test_a_cached_view_takes_its_length_not_the_serializer_s_buffer() -> None:
+    """orjson's output is its whole write buffer (4 KiB for 1 KB of JSON); the cache keeps a
+    view for the object's life, so it must keep the bytes alone."""
+    import tracemalloc
+
+    from tunefleet.cache import _pack
+
+    view = {"metadata": {"name": "p" * 40, "uid": "u" * 36}, "spec": {"x": "y" * 900}}
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        blob = _pack(view)
+        taken = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert 1000 < len(blob) < 1100
+    assert taken < len(blob) + 256, f"{taken} bytes held for {len(blob)} bytes of view"
