@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import threading
+import weakref
 from typing import Any
 
 from tunefleet.api import TuningProfileSpec, base
@@ -131,24 +131,23 @@ def _template_shaping(spec: TuningProfileSpec) -> dict[str, Any]:
     return out
 
 
-# The last specs hashed, by identity (a reconcile asks for one spec's revision ~10 times).
-_REVISIONS: dict[int, tuple[TuningProfileSpec, str]] = {}
-_REVISIONS_KEPT = 64
-_REVISIONS_LOCK = threading.Lock()
+# The revision of each parsed spec alive, by identity (a reconcile asks its spec ~10 times).
+# An entry goes when its spec does (the weak reference's callback, before the id can be
+# reused): a table of the last 64 specs hashed kept ~400 KB made during a burst alive after
+# it, each object keeping its slab of the heap the burst grew (bench/scale.md). Plain dict
+# operations only, each atomic under the GIL: no lock a finalizer could wait on.
+_REVISIONS: dict[int, tuple[weakref.ref[TuningProfileSpec], str]] = {}
 
 
 def revision(spec: TuningProfileSpec) -> str:
     """Hash of the spec fields that shape tuning results (storage and serving move or serve
     results without changing them)."""
-    with _REVISIONS_LOCK:
-        found = _REVISIONS.get(id(spec))
-    if found is not None and found[0] is spec:
+    key = id(spec)
+    found = _REVISIONS.get(key)
+    if found is not None and found[0]() is spec:
         return found[1]
     rev = _revision(spec)
-    with _REVISIONS_LOCK:
-        if len(_REVISIONS) >= _REVISIONS_KEPT:
-            del _REVISIONS[next(iter(_REVISIONS))]
-        _REVISIONS[id(spec)] = (spec, rev)  # the spec is kept: its id is not reused meanwhile
+    _REVISIONS[key] = (weakref.ref(spec, lambda _ref: _REVISIONS.pop(key, None)), rev)
     return rev
 
 

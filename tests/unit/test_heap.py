@@ -90,3 +90,33 @@ def test_a_cached_view_takes_its_length_not_the_serializer_s_buffer() -> None:
         tracemalloc.stop()
     assert 1000 < len(blob) < 1100
     assert taken < len(blob) + 256, f"{taken} bytes held for {len(blob)} bytes of view"
+
+
+def test_a_spec_s_revision_is_kept_while_the_spec_lives_and_goes_with_it(monkeypatch) -> None:
+    """naming.revision is asked ~10 times a reconcile: computed once per parsed spec, and
+    nothing of a spec outlives it (a table of the last specs kept them past a deletion)."""
+    import gc
+
+    from tunefleet import naming
+    from tunefleet.reconcile import parse_spec
+
+    raw = {
+        "image": "registry.example.com/serve:1",
+        "gpu": {"vendor": "nvidia", "models": ["NVIDIA-H100-80GB-HBM3"]},
+        "workload": {"command": ["python3", "serve.py"]},
+        "storage": {"uri": "s3://bucket/prefix", "credentialsSecret": {"name": "s3"}},
+    }
+    computed: list[int] = []
+    real = naming._revision
+    monkeypatch.setattr(naming, "_revision", lambda s: computed.append(1) or real(s))
+    spec, problems = parse_spec(raw)
+    assert spec is not None, problems
+    first = naming.revision(spec)
+    assert naming.revision(spec) == first and len(computed) == 1
+    other, _ = parse_spec(raw)
+    assert other is not None and naming.revision(other) == first and len(computed) == 2
+    assert other == spec  # the memo is not part of the model (equality, hashing, schema)
+    held = len(naming._REVISIONS)
+    del spec, other
+    gc.collect()
+    assert len(naming._REVISIONS) == held - 2
