@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import sys
 from typing import TypeVar
 
@@ -23,12 +24,26 @@ _PURGE_ALL_ARENAS = b"arena.4096.purge"
 # A table is rebuilt when a copy would take less than this share of its bytes.
 _REBUILD_BELOW = 0.5
 
+# Set when `compacted` rebuilt a table (thousands of entries just went): the next
+# `release_memory` runs a full collection first. Python's free lists (tuples, lists, dicts,
+# floats: thousands of objects) keep the last objects a deletion freed, scattered over the
+# slabs the burst filled, and each keeps its slab; a full collection empties the free lists and
+# takes the cycles the burst left in the oldest generation, which Python collects only once it
+# has grown by a quarter.
+_shrunk = False
+
 
 def release_memory() -> None:
     """Give freed heap back to the system now: after a burst of thousands of events the
     resident size would stay at the burst's peak (glibc keeps it; jemalloc would in ~1 s,
     tunefleet/__main__.py). Under jemalloc (preloaded, so its mallctl is in the process's
-    global symbols) its arenas are purged; otherwise glibc's malloc_trim."""
+    global symbols) its arenas are purged; otherwise glibc's malloc_trim. After a table was
+    rebuilt, a full collection first: it holds the GIL for as long as it takes over what is
+    left (bench/scale.md), once after a mass deletion, not at every pass."""
+    global _shrunk
+    if _shrunk:
+        _shrunk = False
+        gc.collect()
     with contextlib.suppress(OSError, AttributeError):
         mallctl = getattr(ctypes.CDLL(None), "mallctl", None)
         if mallctl is not None:
@@ -43,5 +58,9 @@ def compacted(table: dict[K, V]) -> dict[K, V]:
     entries takes ~0.3 ms; this runs every housekeeping pass (30 s)."""
     if sys.getsizeof(table) < 4096:
         return table  # a small table: nothing worth a copy
+    global _shrunk
     copy = dict(table)
-    return copy if sys.getsizeof(copy) < _REBUILD_BELOW * sys.getsizeof(table) else table
+    if sys.getsizeof(copy) < _REBUILD_BELOW * sys.getsizeof(table):
+        _shrunk = True
+        return copy
+    return table

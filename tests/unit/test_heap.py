@@ -73,6 +73,24 @@ def test_the_queue_compacts_its_tables_on_prune() -> None:
     assert q.get(timeout=0) == "again"
 
 
+def test_a_full_collection_follows_a_rebuild_once_and_not_every_pass(monkeypatch) -> None:
+    """After a mass deletion Python's free lists keep objects scattered over the burst's slabs;
+    the pass after a table was rebuilt collects fully (which empties them), later passes don't."""
+    calls: list[int] = []
+    monkeypatch.setattr(heap.gc, "collect", lambda *a: calls.append(1) or 0)
+    monkeypatch.setattr(heap, "_shrunk", False)
+    table = {i: i for i in range(10_000)}
+    heap.compacted(table)
+    heap.release_memory()
+    assert calls == []  # nothing rebuilt: no collection
+    for k in range(9_990):
+        del table[k]
+    heap.compacted(table)
+    heap.release_memory()
+    heap.release_memory()
+    assert calls == [1]
+
+
 def test_a_cached_view_takes_its_length_not_the_serializer_s_buffer() -> None:
     """orjson's output is its whole write buffer (4 KiB for 1 KB of JSON); the cache keeps a
     view for the object's life, so it must keep the bytes alone."""
