@@ -141,7 +141,7 @@ start() {
   # busy building) that can take longer than 0.2 s. Wait for one or the other: ours, or gone.
   for ((i = 0; i < 50; i++)); do
     alive "$name" && break
-    [[ -d "/proc/$pid" && "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != "Z" ]] || break
+    pid_running "$pid" || break
     sleep 0.1
   done
   alive "$name" || { tail -n 30 "$logf" >&2; die "$name exited at once; log: $logf"; }

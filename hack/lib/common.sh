@@ -80,13 +80,18 @@ take_lock() {
 
 pid_of() { [[ -s "$PIDS/$1.pid" ]] && cat "$PIDS/$1.pid"; }
 
+# True when process $1 exists and is not a zombie (whatever it runs).
+pid_running() {
+  [[ -r "/proc/$1/cmdline" ]] || return 1
+  [[ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != "Z" ]]
+}
+
 # True when the process named $1 is running and is ours: its pid file points at a live,
 # non-zombie process whose command line mentions this state dir (guards against pid reuse).
 alive() {
   local pid
   pid="$(pid_of "$1")" || return 1
-  [[ -r "/proc/$pid/cmdline" ]] || return 1
-  [[ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != "Z" ]] || return 1
+  pid_running "$pid" || return 1
   tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$STATE"
 }
 

@@ -133,7 +133,7 @@ def test_a_spec_s_revision_is_kept_while_the_spec_lives_and_goes_with_it(monkeyp
     assert naming.revision(spec) == first and len(computed) == 1
     other, _ = parse_spec(raw)
     assert other is not None and naming.revision(other) == first and len(computed) == 2
-    assert other == spec  # the memo is not part of the model (equality, hashing, schema)
+    assert other == spec  # the memo is not part of the model: equal specs stay equal
     held = len(naming._REVISIONS)
     del spec, other
     gc.collect()
