@@ -15,7 +15,8 @@ help:
 	@echo "make demo          set up and run the whole flow on the local control plane"
 	@echo "make test          lint, unit, conformance (real torch wheels) and end-to-end tests"
 	@echo "                   (builds the torch venvs and starts the cluster if needed)"
-	@echo "make conformance   tunefleet against the real torch 2.11 and newest wheels (no GPU)"
+	@echo "make conformance   tunefleet against the real torch wheels pinned in"
+	@echo "                   hack/torch-versions.txt (no GPU)"
 	@echo "make cluster-up    start etcd, kube-apiserver, controller-manager, scheduler, kwok, S3"
 	@echo "                   and one real node (containerd, kubelet, kube-proxy; no GPU)"
 	@echo "                   kubeconfig: $(STATE)/kubeconfig   S3 settings: $(STATE)/s3.env"
@@ -36,7 +37,8 @@ tools:
 	hack/build-tools.sh >/dev/null
 
 # Real torch for the conformance suite, in venvs cached outside the repo (~10 GB, minutes cold,
-# about a second warm); the project's .venv never gets torch.
+# about a second warm), for exactly the versions in hack/torch-versions.txt; a newer torch on
+# PyPI is a notice on stderr, never a failure. The project's .venv never gets torch.
 torch-venvs:
 	hack/torch-venvs.sh >/dev/null
 

@@ -4,53 +4,72 @@
 #
 #   ${TUNEFLEET_CACHE:-$HOME/.cache/tunefleet}/torch/<version>/venv
 #
-# for torch 2.11.0 and the newest torch PyPI serves (PyPI's default wheels: the CUDA build with
-# its nvidia-* dependencies, ~5 GB per venv; they import without a GPU). The project's own
-# .venv never gets torch: the suite runs these interpreters as subprocesses.
+# for exactly the versions pinned in hack/torch-versions.txt, the single list of the torch
+# versions CI tests (PyPI's default wheels: the CUDA build with its nvidia-* dependencies,
+# ~5 GB per venv; they import without a GPU). The project's own .venv never gets torch: the
+# suite runs these interpreters as subprocesses.
 #
 #   hack/torch-venvs.sh           build what is missing (minutes cold, ~1 s warm), print
 #                                 "<version> <python>" per venv, record them in torch/venvs
 #   hack/torch-venvs.sh --list    print the recorded list only (no build, no network)
+#   hack/torch-venvs.sh --pinned  print the pinned versions only (no build, no network)
 #
-#   TUNEFLEET_TORCH_VERSIONS="2.11.0 2.15.0"  pin the list (skips the PyPI look-up)
-#   TUNEFLEET_TORCH_NEWEST=2.15.0             pin only the newest
-# Without a pin, the newest is asked of PyPI (`pip index versions torch`) and remembered in
-# torch/newest; offline, the remembered value is used. A venv counts as built only once a stamp
-# file, written after a verified import, names its version; a half-built one is rebuilt.
+#   TUNEFLEET_TORCH_VERSIONS="2.11.0 2.15.0"  override the pinned list (this run only)
+#   TUNEFLEET_TORCH_PYPI_CHECK=0              skip the look-up below
+#
+# After building, PyPI is asked (by the newest venv's pip, within TUNEFLEET_TORCH_PYPI_TIMEOUT
+# seconds, 20 by default) for its newest torch: one newer than the newest pinned is reported as
+# one notice line on stderr, never a failure; offline, or on any failure, the look-up says
+# nothing. Nothing follows PyPI by itself: a version enters the matrix by a change to
+# hack/torch-versions.txt (docs/tuner.md, "Adding a torch version"). A venv counts as built only
+# once a stamp file, written after a verified import, names its version; a half-built one is
+# rebuilt.
 set -euo pipefail
 
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+MATRIX="$HERE/torch-versions.txt"
 CACHE="${TUNEFLEET_CACHE:-$HOME/.cache/tunefleet}"
 ROOT="$CACHE/torch"
 PYTHON="${PYTHON:-python3}"
-BASELINE="2.11.0"
 export PIP_CACHE_DIR="$ROOT/pip-cache"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-mkdir -p "$ROOT"
 
 log() { printf 'torch-venvs: %s\n' "$*" >&2; }
 
-if [[ "${1:-}" == "--list" ]]; then
-  [[ -s "$ROOT/venvs" ]] && cat "$ROOT/venvs"
-  exit 0
-fi
-[[ $# -eq 0 ]] || { log "usage: $0 [--list]"; exit 2; }
+# The pinned versions, one a line: TUNEFLEET_TORCH_VERSIONS, else the matrix file.
+pinned() {
+  if [[ -n "${TUNEFLEET_TORCH_VERSIONS:-}" ]]; then
+    local -a listed
+    read -r -a listed <<<"$TUNEFLEET_TORCH_VERSIONS"
+    printf '%s\n' "${listed[@]}"
+    return
+  fi
+  [[ -s "$MATRIX" ]] || { log "no torch versions pinned: $MATRIX is missing or empty"; return 1; }
+  sed -e 's/#.*//' -e 's/[[:space:]]//g' "$MATRIX" | grep -v '^$' || true
+}
 
+case "${1:-}" in
+  --list)
+    [[ -s "$ROOT/venvs" ]] && cat "$ROOT/venvs"
+    exit 0 ;;
+  --pinned)
+    pinned
+    exit 0 ;;
+  "") ;;
+  *) log "usage: $0 [--list | --pinned]"; exit 2 ;;
+esac
+[[ $# -le 1 ]] || { log "usage: $0 [--list | --pinned]"; exit 2; }
+
+mapfile -t versions < <(pinned)
+[[ ${#versions[@]} -gt 0 ]] || { log "no torch versions pinned in $MATRIX"; exit 1; }
+for v in "${versions[@]}"; do
+  [[ "$v" =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || { log "not a torch release: '$v' (in $MATRIX)"; exit 1; }
+done
+
+mkdir -p "$ROOT"
 # One builder at a time (make test and a developer's run may start together).
 exec 9>"$ROOT/.lock"
 flock -w 1800 9 || { log "another hack/torch-venvs.sh holds $ROOT/.lock"; exit 1; }
-
-newest() {
-  if [[ -n "${TUNEFLEET_TORCH_NEWEST:-}" ]]; then echo "$TUNEFLEET_TORCH_NEWEST"; return; fi
-  local v=""
-  # "torch (2.15.0)" is the first line of `pip index versions torch`.
-  if v=$(timeout 60 "$PYTHON" -m pip index versions torch 2>/dev/null \
-        | sed -n 's/^torch (\([0-9][0-9.]*\)).*/\1/p' | head -n1) && [[ -n "$v" ]]; then
-    echo "$v" >"$ROOT/newest.tmp" && mv "$ROOT/newest.tmp" "$ROOT/newest"
-    echo "$v"; return
-  fi
-  if [[ -s "$ROOT/newest" ]]; then log "PyPI not reachable; using the remembered newest"; cat "$ROOT/newest"; return; fi
-  log "cannot find the newest torch (PyPI unreachable, nothing remembered)"; return 1
-}
 
 ensure() {
   local ver="$1" dir="$ROOT/$1" venv="$ROOT/$1/venv" stamp="$ROOT/$1/stamp-$1"
@@ -72,14 +91,26 @@ ensure() {
   echo "$ver $py"
 }
 
-if [[ -n "${TUNEFLEET_TORCH_VERSIONS:-}" ]]; then
-  read -r -a versions <<<"$TUNEFLEET_TORCH_VERSIONS"
-else
-  n=$(newest)
-  versions=("$BASELINE")
-  [[ "$n" != "$BASELINE" ]] && versions+=("$n")
-fi
+# A newer torch on PyPI than the newest pinned: one notice line, never a failure. Every failure
+# of the look-up (offline, a timeout, pip without `index`, output it does not expect) is silent.
+notice_newer() {
+  [[ "${TUNEFLEET_TORCH_PYPI_CHECK:-1}" != "0" ]] || return 0
+  local newest latest py
+  newest=$(printf '%s\n' "${versions[@]}" | sort -V | tail -n1)
+  py="$ROOT/$newest/venv/bin/python"  # just built or checked: it has pip
+  # "torch (2.15.0)" is the first line of `pip index versions torch` (stable releases only).
+  latest=$(timeout "${TUNEFLEET_TORCH_PYPI_TIMEOUT:-20}" "$py" -m pip index versions torch \
+             2>/dev/null </dev/null | sed -n 's/^torch (\([0-9][0-9.]*\)).*/\1/p' | head -n1) \
+    || return 0
+  [[ -n "$latest" && "$latest" != "$newest" ]] || return 0
+  [[ "$(printf '%s\n%s\n' "$newest" "$latest" | sort -V | tail -n1)" == "$latest" ]] || return 0
+  log "notice: torch $latest is on PyPI; the matrix tests ${versions[*]}." \
+    "To add it: pin it in hack/torch-versions.txt and give the stand-in torch its persona" \
+    "(docs/tuner.md, \"Adding a torch version\")"
+}
+
 out=""
 for v in "${versions[@]}"; do out+="$(ensure "$v")"$'\n'; done
 printf '%s' "$out" >"$ROOT/venvs.tmp" && mv "$ROOT/venvs.tmp" "$ROOT/venvs"
 printf '%s' "$out"
+notice_newer || true

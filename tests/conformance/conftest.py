@@ -1,12 +1,14 @@
 """Fixtures of the conformance suite: real torch as the reference, run as subprocesses.
 
 The real wheels live in venvs outside the repo (hack/torch-venvs.sh, which `make test` runs
-first): torch 2.11.0 and the newest release. The project's .venv never imports torch; every
+first): exactly the versions pinned in hack/torch-versions.txt (2.11.0, the reader's oracle,
+and the newest pinned, which plays "the newest release"; TUNEFLEET_TORCH_VERSIONS overrides the
+file as it does for the script). The project's .venv never imports torch; every
 question to a torch goes through tests/conformance/probe.py run by that torch's interpreter,
 or by this interpreter with the stand-in torch on PYTHONPATH (the same probes, so the stand-in
 is checked where it claims to behave as torch).
 
-Without the venvs the suite is skipped, unless TUNEFLEET_CONFORMANCE=required (make test sets
+Without the pinned venvs the suite is skipped, unless TUNEFLEET_CONFORMANCE=required (make test sets
 it), where their absence fails it.
 """
 
@@ -98,14 +100,26 @@ class Torch:
 _ANSWERS: dict[tuple[Torch, tuple[str, ...]], Any] = {}
 
 
+SCRIPT = REPO / "hack" / "torch-venvs.sh"
+
+
+@cache
+def pinned() -> tuple[str, ...]:
+    """The torch versions CI tests (hack/torch-versions.txt, or TUNEFLEET_TORCH_VERSIONS)."""
+    done = subprocess.run(
+        [str(SCRIPT), "--pinned"], capture_output=True, text=True, check=True, timeout=60
+    )
+    return tuple(done.stdout.split())
+
+
 @cache
 def _listed() -> dict[str, str]:
-    script = REPO / "hack" / "torch-venvs.sh"
-    done = subprocess.run([str(script), "--list"], capture_output=True, text=True, check=False)
+    """The built venvs of the pinned versions (others a past run built are not tested)."""
+    done = subprocess.run([str(SCRIPT), "--list"], capture_output=True, text=True, check=False)
     found = {}
     for line in done.stdout.splitlines():
         parts = line.split()
-        if len(parts) == 2 and Path(parts[1]).is_file():
+        if len(parts) == 2 and parts[0] in pinned() and Path(parts[1]).is_file():
             found[parts[0]] = parts[1]
     return found
 
@@ -117,10 +131,17 @@ def _version_key(v: str) -> tuple[int, ...]:
 @pytest.fixture(scope="session")
 def venvs() -> dict[str, str]:
     found = _listed()
-    if BASELINE not in found or len(found) < 2:
+    missing = [v for v in pinned() if v not in found]
+    if BASELINE not in pinned() or len(pinned()) < 2:
+        pytest.fail(
+            f"the torch matrix {list(pinned())} must pin {BASELINE} and a newer release "
+            "(hack/torch-versions.txt)",
+            pytrace=False,
+        )
+    if missing:
         why = (
-            f"the real-torch venvs are not built (found {sorted(found) or 'none'}): run "
-            "hack/torch-venvs.sh (make test does)"
+            f"the real-torch venvs of {missing} are not built (pinned {list(pinned())}, found "
+            f"{sorted(found) or 'none'}): run hack/torch-venvs.sh (make test does)"
         )
         if os.environ.get("TUNEFLEET_CONFORMANCE") == "required":
             pytest.fail(why, pytrace=False)
@@ -135,7 +156,8 @@ def torch211(venvs: dict[str, str]) -> Torch:
 
 @pytest.fixture(scope="session")
 def newest(venvs: dict[str, str]) -> Torch:
-    version = max(venvs, key=_version_key)
+    """The newest pinned torch (hack/torch-versions.txt), never whatever PyPI has now."""
+    version = max(pinned(), key=_version_key)
     return Torch(version, venvs[version])
 
 

@@ -1,6 +1,6 @@
 """Contract: every torch.cuda.tunable function and PYTORCH_TUNABLEOP_* variable tuner_job (and
 scripts/gpu_check.py) uses exists, with the parameters used, in torch 2.11 and the newest
-release; read from the modules (inspect) and from the strings in the wheels' libraries. The
+pinned release (hack/torch-versions.txt); read from the modules (inspect) and from the strings in the wheels' libraries. The
 one table of what is used is tuner_job/torchapi.py; a source scan keeps it complete.
 """
 

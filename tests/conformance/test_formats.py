@@ -2,9 +2,9 @@
 torch/include/ATen/cuda/tunable/*.h), instantiated, accepted by the parser, by record's
 collection and by the library key; every solution-name format too.
 
-The formats are read from the headers of torch 2.11.0 and the newest release, not written down
-here: a new form in a later release fails this test until the parser knows it (or keeps it
-verbatim as an unknown suffix).
+The formats are read from the headers of torch 2.11.0 and the newest pinned release
+(hack/torch-versions.txt), not written down here: a new form in a later release, once pinned,
+fails this test until the parser knows it (or keeps it verbatim as an unknown suffix).
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ def test_the_api_has_the_functions_and_parameters_of_the_release(
 ) -> None:
     ref, fake = _persona(which, real, newest)
     if fake.release != ref.release:
-        pytest.skip(f"the stand-in has no {ref.version} persona (it knows 2.11 and 2.15)")
+        pytest.skip(f"the stand-in has no {ref.version} persona (tests/unit/test_torch_matrix.py)")
     theirs, ours = ref.run("api"), fake.run("api")
     assert ours["all"] == theirs["all"]
     assert {n: _params(s) for n, s in ours["functions"].items()} == {
@@ -133,7 +133,7 @@ def test_the_215_persona_refuses_files_without_its_validators_as_215_does(
     newest: Torch, tmp_path: Path
 ) -> None:
     if newest.release != (2, 15):
-        pytest.skip(f"the stand-in's newest persona is 2.15, PyPI's newest is {newest.version}")
+        pytest.skip(f"this checks 2.15's validators; the newest pinned torch is {newest.version}")
     path = tmp_path / "only-pt.csv"
     cases = {
         "pt-only": "Validator,PT_VERSION,{v}\n",
