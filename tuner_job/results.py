@@ -32,9 +32,11 @@ and shipped to every pod of a fleet:
 
 * a row that torch would load as garbage (no solution; a number where the solution goes; a
   solution with spaces, quotes or control characters; an operator or parameter signature no
-  GEMM ever looks up; a row cut off at the end of the file; a solution other than ``Default`` on
-  a CUDA torch before 2.14, whose TunableOp then throws) is *dropped* from what is published,
-  with its line and reason in ``ResultsFile.dropped``, and never counted;
+  GEMM ever looks up; a last line without its newline that ends before its time field, so that
+  its solution may be a fragment; a solution other than ``Default`` on a CUDA torch before
+  2.14, whose TunableOp then throws) is *dropped* from what is published, with its line and
+  reason in ``ResultsFile.dropped``, and never counted (a complete last row without its
+  newline is read as torch reads it: loaded);
 * a repeated key keeps its first row, as in torch, and is counted in ``ResultsFile.duplicates``;
 * the whole file is refused (``CsvFormatError``, with its line) only for what makes torch drop
   the whole file or load rows tuned under other validators: a byte-order mark, a carriage return
@@ -232,7 +234,7 @@ FILE_RULES = {
 ROW_RULES = {
     "short-line": ("a line of 1 or 2 fields", True),
     "short-validator": ("a Validator line of 2 fields", True),
-    "cut-off": ("a last line without its newline", False),
+    "cut-off": ("a last line without its newline, cut before its time field", False),
     "bad-bytes": ("a CR, NUL or non-UTF-8 byte in a row", False),
     "no-solution": ("an empty solution", False),
     "number-as-solution": ("a number where the solution goes", False),
@@ -453,11 +455,19 @@ def _lines(text: str, source: str) -> Iterable[tuple[int, str, bool]]:
         yield number, line, number < last
 
 
+def _time_begun(line: str) -> bool:
+    """Whether a row's solution field ended (a comma follows it): what comes after it, the
+    time and any BLAS_PARAMS tail, is all a cut could have shortened."""
+    idx = line.find("," + BLAS_PREFIX)
+    head = line[:idx] if idx >= 0 else line
+    return head.count(",") >= 3 or (idx >= 0 and head.count(",") >= 2)
+
+
 def _row_problem(
     op: str, params: str, solution: str, bad: str | None, complete: bool
 ) -> tuple[str, str] | None:
     if not complete:
-        return "cut-off", "last line has no newline (cut off?)"
+        return "cut-off", "last line has no newline and ends before its time (cut off?)"
     if bad:
         return "bad-bytes", bad
     found = solution_problem(solution)
@@ -482,6 +492,12 @@ def parse_results(
     for number, line, complete in _lines(text, source):
         fields, blas = _split(line)
         bad = _bad_chars(line)
+        if not complete and _time_begun(line):
+            # torch reads a last line without its newline as any other (std::getline): where
+            # its solution ended with a comma, only the time (or the BLAS tail) may be short.
+            complete = True
+            if blas is not None and not blas.rstrip().endswith("}"):
+                blas = None  # a BLAS_PARAMS tail cut off is no record of the GEMM
         if fields and fields[0] == VALIDATOR:
             if bad:
                 what = f"{bad} in a validator line"

@@ -118,7 +118,14 @@ CASES: dict[str, str] = {
     "solution-cublaslt-on-211": PT + row(solution=LT) + CONTROL,
     "solution-hipblaslt-on-211": PT + row(solution="Gemm_Hipblaslt_1285") + CONTROL,
     "no-trailing-newline": PT + row() + CONTROL.rstrip("\n"),
+    "no-trailing-newline-time-cut": PT + row() + CONTROL.rstrip("\n")[:-1],
+    "no-trailing-newline-time-empty": PT + row() + CONTROL[: CONTROL.rindex(",") + 1],
+    "no-trailing-newline-blas": PT
+    + row()
+    + row("nt_128_128_128_ld_128_128_128", ms="0.02,BLAS_PARAMS: - { a: 1, b: 2 }").rstrip("\n"),
     "cut-last-row": PT + row() + CONTROL[:40],
+    "cut-in-solution": PT + row() + CONTROL[: CONTROL.index(",Default,") + 5],
+    "cut-after-solution": PT + row() + CONTROL[: CONTROL.rindex(",")],
 }
 
 _OPS = [

@@ -126,6 +126,24 @@ def test_every_deliberate_difference_is_listed_in_the_docs() -> None:
     assert not missing, f"docs/tuner.md does not list {missing}"
 
 
+def test_a_complete_last_row_without_its_newline_loads_as_in_torch_211(
+    torch211: Torch, tmp_path: Path
+) -> None:
+    """torch reads lines with std::getline: a last line without '\\n' is still a line. Where
+    the row's solution ended with a comma, tunefleet keeps exactly the rows torch keeps."""
+    names = [n for n in CASES if n.startswith("no-trailing-newline")]
+    for name in names:
+        (tmp_path / f"{name}.csv").write_text(CASES[name], encoding="utf-8", newline="")
+    answers = torch211.read([tmp_path / f"{n}.csv" for n in names])
+    for name, answer in zip(names, answers, strict=True):
+        assert answer["loaded"] and len(answer["rows"]) == 2, (name, answer)
+        ours = tunefleet(CASES[name].encode())
+        assert isinstance(ours, ResultsFile), (name, ours)
+        assert not ours.dropped, (name, ours.dropped)
+        theirs = {(r[0], r[1]): (r[2], _ms(r[3])) for r in answer["rows"]}
+        assert {r.key: (r.solution, r.torch_ms) for r in ours.rows} == theirs, name
+
+
 def test_non_utf8_and_nul_bytes_read_as_torch_reads_them(torch211: Torch, tmp_path: Path) -> None:
     files = {
         "latin1-solution": b"Validator,PT_VERSION,2.11.0\n"

@@ -189,3 +189,53 @@ def test_crlf_file_is_refused_but_a_crlf_row_only_drops_that_row() -> None:
 def test_untuned_rows_with_new_formats_are_kept_for_tuning() -> None:
     text = "".join(f"{op},{p}\n" for op, p in FORMATS_215)
     assert len(parse_untuned(text).rows) == len(FORMATS_215)
+
+
+_ROW = "GemmTunableOp_float_NT,nt_64_64_64_ld_64_64_64,Default,0.01\n"
+_LAST = "GemmTunableOp_float_NT,nt_128_128_128_ld_128_128_128,Default,0.0234"
+_BLAS = ",BLAS_PARAMS: - { function: matmul, M: 128, N: 128, transA: 'N' }"
+
+
+@pytest.mark.parametrize(
+    ("last", "ms", "blas"),
+    [
+        pytest.param(_LAST, 0.0234, None, id="complete"),
+        pytest.param(_LAST[:-2], 0.02, None, id="time-cut-short"),  # torch reads 0.02 too
+        pytest.param(_LAST[: _LAST.rindex(",") + 1], 0.0, None, id="time-empty"),
+        pytest.param(_LAST + _BLAS, 0.0234, _BLAS[1:], id="with-blas-tail"),
+        pytest.param(_LAST + _BLAS[:30], 0.0234, None, id="blas-tail-cut"),
+    ],
+)
+def test_a_complete_last_row_without_its_newline_is_loaded_as_torch_loads_it(
+    last: str, ms: float, blas: str | None
+) -> None:
+    """torch reads lines with std::getline: a last line without '\\n' is still a line, and
+    2.11 loads it. Its solution ended with a comma, so only the time (or a BLAS tail) can be
+    short; the row is kept (a cut BLAS tail is left out)."""
+    parsed = parse_results(CUDA211 + _ROW + last)
+    assert not parsed.dropped
+    assert [r.params for r in parsed.rows] == [
+        "nt_64_64_64_ld_64_64_64",
+        "nt_128_128_128_ld_128_128_128",
+    ]
+    assert parsed.rows[1].torch_ms == ms and parsed.rows[1].blas == blas
+    assert parsed.rows[1].line == 3
+    # What is published ends in a newline again, and reads back the same.
+    again = parse_results(format_results(parsed))
+    assert {(r.key, r.solution) for r in again.rows} == {(r.key, r.solution) for r in parsed.rows}
+
+
+@pytest.mark.parametrize(
+    "last",
+    [
+        pytest.param(_LAST[: _LAST.rindex(",")], id="ends-after-solution"),  # Default or Defa..?
+        pytest.param(_LAST[:56], id="solution-cut"),  # "...,Defa"
+    ],
+)
+def test_a_last_row_cut_before_its_time_is_still_dropped(last: str) -> None:
+    """Without a comma after the solution, the solution (or a signature) may be a fragment of
+    another GEMM's: a deliberate difference from torch (docs/tuner.md, `cut-off`)."""
+    parsed = parse_results(CUDA211 + _ROW + last)
+    assert [r.params for r in parsed.rows] == ["nt_64_64_64_ld_64_64_64"]
+    (dropped,) = parsed.dropped
+    assert dropped.rule == "cut-off" and dropped.line == 3
