@@ -1,7 +1,7 @@
 # The tunefleet image: the operator, and the bootstrap / publish / fetch steps it adds to
 # tuning Jobs and model pods. The tuner itself runs in the user's image (copied by bootstrap).
 #
-#   docker build -t ghcr.io/tunefleet/tunefleet:0.1.0 --build-arg VERSION=0.1.0 .
+#   docker build -t ghcr.io/tunefleet/tunefleet:0.2.0 --build-arg VERSION=0.2.0 .
 #
 # BASE_IMAGE: any image with Python 3.11+ and its venv module. The default is the official
 # python:3.11-slim; `make images` builds with a local Debian bookworm base instead (Docker Hub

@@ -28,7 +28,9 @@ Only in the user's image (they may import torch, and start the workload):
   _proc     process-group handling for the workload and the tuning processes
 """
 
-__version__ = "0.1.0"
+# tunefleet's release (tunefleet.__version__; tuner_job cannot import it), written into every
+# manifest as toolVersion. tests/unit/test_version.py keeps them in step.
+__version__ = "0.2.0"
 
 # The modules the tunefleet image may import (see above); tests/unit/test_layering.py checks.
 FORMAT_LAYER = ("results", "manifest", "output", "library", "exchange", "config", "files")

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 
 import kopf
 
+from tunefleet import __version__
+
 # The allocator the operator runs under, unless the environment names its own. Every object
 # through malloc (PYTHONMALLOC=malloc), so that freed memory can go back to the system: under
 # pymalloc a 1 MiB arena stays while any small object in it lives, and after a restart's list
@@ -89,6 +91,13 @@ def _with_allocator() -> None:
     os.execve(sys.executable, [sys.executable, *how, *sys.argv[1:]], {**os.environ, **missing})
 
 
+def startup_line(environ: Mapping[str, str]) -> str:
+    """The operator's first log line: its release (what `kubectl tunefleet version` and the
+    chart's app.kubernetes.io/version label say) and the allocator it runs under."""
+    allocator = "jemalloc" if JEMALLOC in environ.get("LD_PRELOAD", "") else "glibc"
+    return f"tunefleet operator {__version__} starting; allocator: {allocator}"
+
+
 def main() -> None:
     _with_allocator()
     parser = argparse.ArgumentParser(prog="tunefleet-operator", description=__doc__)
@@ -105,6 +114,7 @@ def main() -> None:
         help="serve kopf's liveness probe here, e.g. http://0.0.0.0:8080/healthz",
     )
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--version", action="version", version=f"tunefleet-operator {__version__}")
     args = parser.parse_args()
     namespaces = args.namespace or [
         n for n in os.environ.get("TUNEFLEET_NAMESPACES", "").split(",") if n
@@ -113,9 +123,7 @@ def main() -> None:
     import tunefleet.handlers  # noqa: F401  (registers the handlers with kopf)
 
     kopf.configure(verbose=args.verbose)
-    logging.getLogger("tunefleet").info(
-        "allocator: %s", "jemalloc" if JEMALLOC in os.environ.get("LD_PRELOAD", "") else "glibc"
-    )
+    logging.getLogger("tunefleet").info(startup_line(os.environ))
     if not args.verbose:
         # "Handler 'job_event' succeeded." for every watch event is noise at this scale: the
         # reconciler logs what it does; kopf's warnings and errors still show.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from tunefleet import __version__
 from tunefleet.policy import ProfilePolicy
 
 
@@ -18,7 +19,7 @@ def _env_bool(name: str, default: bool) -> bool:
 @dataclass(frozen=True)
 class Config:
     # The tunefleet image: runs bootstrap and publish in tuning Jobs, fetch in model pods.
-    image: str = "ghcr.io/tunefleet/tunefleet:0.1.0"
+    image: str = f"ghcr.io/tunefleet/tunefleet:{__version__}"
     image_pull_policy: str = "IfNotPresent"
     # Used when a profile names no credentials Secret; empty means the pod's cloud identity.
     default_credentials_secret: str = ""

@@ -787,7 +787,7 @@ def test_download_refuses_an_artifact_that_does_not_verify(
             [],
             {},
             2,
-            "name a command: status, why, download, diff or retune: see `kubectl tunefleet --help`",
+            "name a command: status, why, download, diff, retune or version: see `kubectl tunefleet --help`",
         ),
     ],
 )
@@ -930,3 +930,161 @@ def test_retune_asks_once_by_annotation_and_says_what_it_will_find(
     assert "spec.capture.enabled is false" in out
     code, out, err = run_main(capsys, "retune", "llm", "-n", "ml", "--gpu-model", "Other")
     assert code == 1 and "does not tune Other" in err
+
+
+# --- version -------------------------------------------------------------------------------
+
+
+def operator_deployment(
+    name: str = "tunefleet",
+    namespace: str = "tunefleet-system",
+    version: str | None = "0.2.0",
+    image: str = "ghcr.io/tunefleet/tunefleet:0.2.0",
+    ready: int = 1,
+    release: str = "tunefleet",
+) -> dict[str, Any]:
+    """A replica slot's Deployment as the chart labels it (_helpers.tpl tunefleet.labels)."""
+    labels = {"app.kubernetes.io/name": "tunefleet", "app.kubernetes.io/instance": release}
+    if version is not None:
+        labels["app.kubernetes.io/version"] = version
+    return {
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {
+            "replicas": 1,
+            "template": {"spec": {"containers": [{"name": "operator", "image": image}]}},
+        },
+        "status": {"readyReplicas": ready},
+    }
+
+
+class Deployed(FakeCluster):
+    """A cluster whose Deployments list answers with `deployments` (by namespace, or all)."""
+
+    def __init__(self, deployments: list[dict[str, Any]], namespace: str = "ml") -> None:
+        super().__init__({}, namespace)
+        self.deployments_ = deployments
+        self.asked: list[tuple[str | None, str]] = []
+
+    def deployments(self, namespace: str | None, selector: str) -> list[dict[str, Any]]:
+        self.asked.append((namespace, selector))
+        return [
+            d
+            for d in self.deployments_
+            if namespace is None or d["metadata"]["namespace"] == namespace
+        ]
+
+
+def test_version_prints_the_client_and_each_operator_release(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tunefleet import __version__
+
+    fake = Deployed(
+        [
+            operator_deployment(),
+            operator_deployment("tunefleet-1", ready=0),
+            operator_deployment(
+                "team-b-tunefleet", "team-b-system", "0.1.0",
+                "ghcr.io/tunefleet/tunefleet:0.1.0", release="team-b",
+            ),
+        ]
+    )  # fmt: skip
+    use(monkeypatch, fake)
+    code, out, err = run_main(capsys, "version")
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        f"Client:   kubectl-tunefleet {__version__}",
+        "Operator: 0.1.0 (release team-b in team-b-system, 1/1 replicas ready, image "
+        "ghcr.io/tunefleet/tunefleet:0.1.0)",
+        "Operator: 0.2.0 (release tunefleet in tunefleet-system, 1/2 replicas ready, image "
+        "ghcr.io/tunefleet/tunefleet:0.2.0)",
+    ]
+    # Every namespace, by the chart's name label, unless -n names one.
+    assert fake.asked == [(None, "app.kubernetes.io/name=tunefleet")]
+    code, out, _ = run_main(capsys, "version", "-n", "team-b-system", "-o", "json")
+    data = json.loads(out)
+    assert code == 0 and fake.asked[-1][0] == "team-b-system"
+    assert data["client"] == {"version": __version__} and data["searched"] == "team-b-system"
+    (op,) = data["operators"]
+    assert (op["release"], op["versions"]) == ("team-b", ["0.1.0"])
+    assert op["deployments"] == ["team-b-tunefleet"]
+
+
+def test_version_mid_upgrade_and_without_the_chart_label() -> None:
+    from tunefleet.plugin.version import format_version, image_tag, version_report
+
+    rolling = version_report(
+        [
+            operator_deployment(version="0.1.0", image="ghcr.io/tunefleet/tunefleet:0.1.0"),
+            operator_deployment("tunefleet-1"),
+        ]
+    )
+    assert "Operator: 0.1.0, 0.2.0 (rolling) (release tunefleet" in format_version(rolling)
+    # A Deployment made by hand: its operator image's tag says the version.
+    bare = version_report([operator_deployment(version=None, image="reg:5000/tf/op:1.2.3")])
+    assert bare["operators"][0]["versions"] == ["1.2.3"]
+    assert image_tag("reg:5000/tf/op@sha256:" + "a" * 64) == ""
+    assert image_tag("reg:5000/tf/op:9.9.9@sha256:" + "a" * 64) == "9.9.9"
+    unknown = version_report([operator_deployment(version=None, image="op@sha256:" + "a" * 64)])
+    assert unknown["operators"][0]["versions"] == ["unknown"]
+
+
+def test_version_without_an_operator_says_so_and_exits_0(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tunefleet import __version__
+
+    use(monkeypatch, Deployed([]))
+    code, out, err = run_main(capsys, "version")
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        f"Client:   kubectl-tunefleet {__version__}",
+        "Operator: not found: no tunefleet operator Deployment (label "
+        "app.kubernetes.io/name=tunefleet) in any namespace; install it with `helm install "
+        "tunefleet charts/tunefleet -n tunefleet-system --create-namespace`",
+    ]
+    use(monkeypatch, Deployed([operator_deployment()]))
+    code, out, _ = run_main(capsys, "version", "-n", "elsewhere")
+    assert code == 0 and "in namespace elsewhere; install it" in out
+    assert "or look in another namespace (drop -n)" in out
+    code, out, _ = run_main(capsys, "version", "-o", "json")
+    assert code == 0 and json.loads(out)["operators"][0]["versions"] == [__version__]
+
+
+def test_version_client_only_and_when_the_cluster_cannot_be_read(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from tunefleet import __version__
+    from tunefleet.plugin.errors import PluginError
+
+    real_connect = cluster_mod.connect
+
+    def unreachable(*a: Any) -> Any:
+        raise AssertionError("--client must not connect")
+
+    monkeypatch.setattr(cluster_mod, "connect", unreachable)
+    code, out, err = run_main(capsys, "version", "--client")
+    assert (code, out, err) == (0, f"Client:   kubectl-tunefleet {__version__}\n", "")
+    code, out, _ = run_main(capsys, "version", "--client", "-o", "json")
+    assert code == 0 and json.loads(out) == {
+        "client": {"version": __version__}, "operators": None, "searched": "*"
+    }  # fmt: skip
+
+    class Forbidden(FakeCluster):
+        def deployments(self, namespace: str | None, selector: str) -> Any:
+            raise PluginError(
+                "not allowed to read Deployments in all namespaces: forbidden: ask for read "
+                "access (get/list) to it, or use another --context"
+            )
+
+    use(monkeypatch, Forbidden({}))
+    code, out, err = run_main(capsys, "version")
+    assert code == 1 and out == f"Client:   kubectl-tunefleet {__version__}\n"
+    assert error_line(err).endswith(
+        "(or name the operator's namespace: kubectl tunefleet version -n NAMESPACE)"
+    )
+    # No cluster at all: the client's version, then the one-line error.
+    monkeypatch.setattr(cluster_mod, "connect", real_connect)
+    code, out, err = run_main(capsys, "version", "--kubeconfig", str(tmp_path / "missing"))
+    assert code == 1 and out == f"Client:   kubectl-tunefleet {__version__}\n"
+    assert f"cannot use kubeconfig {tmp_path / 'missing'}" in error_line(err)

@@ -127,6 +127,16 @@ class Cluster:
         got = self._get(f"Pod {namespace}/{name}", f"/api/v1/namespaces/{namespace}/pods/{name}")
         return dict(got) if got is not None else None
 
+    def deployments(self, namespace: str | None, selector: str) -> list[dict[str, Any]]:
+        """Deployments with these labels, in one namespace or (None) in every namespace."""
+        if namespace is None:
+            what, path = "Deployments in all namespaces", "/apis/apps/v1/deployments"
+        else:
+            what = f"Deployments in namespace {namespace}"
+            path = f"/apis/apps/v1/namespaces/{namespace}/deployments"
+        got = self._get(what, path, [("labelSelector", selector)])
+        return list((got or {}).get("items") or [])
+
     def profile_events(self, profile: dict[str, Any]) -> list[dict[str, Any]]:
         """The core/v1 Events about this profile (this incarnation: same uid)."""
         meta = profile.get("metadata") or {}

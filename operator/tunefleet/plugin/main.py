@@ -33,6 +33,7 @@ from .diff import diff_results, format_diff, parse_ref
 from .errors import PluginError
 from .retune import format_retune, retune_request
 from .status import format_status, status_report
+from .version import SELECTOR, format_version, version_report
 from .why import explain, format_why
 
 PROG = "kubectl-tunefleet"
@@ -47,7 +48,7 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # One line, like every other error (argparse would print the usage block first).
         if message.endswith("required: command"):
-            message = "name a command: status, why, download, diff or retune"
+            message = "name a command: status, why, download, diff, retune or version"
         sub = self.prog.split()[2:]  # "kubectl tunefleet <command>"
         raise UsageError(f"{message}: see `kubectl tunefleet {' '.join([*sub, '--help'])}`")
 
@@ -135,7 +136,18 @@ def parser() -> argparse.ArgumentParser:
     )
     rt.add_argument("profile")
     rt.add_argument("--gpu-model", default="", help="only this GPU model (default: every one)")
-    for sp in (st, why, dl, df, rt):
+    ver = sub.add_parser(
+        "version",
+        help="this client's version and the operator's (read from the cluster)",
+        description="Prints this client's version, then each tunefleet operator release the "
+        "context can see: its version (the chart's app.kubernetes.io/version label on the "
+        "operator Deployments), namespace, ready replicas and image. Looks in every namespace, "
+        "or only in -n NAMESPACE. No operator found is said, not an error (exit 0).",
+    )
+    ver.add_argument(
+        "--client", action="store_true", help="only this client's version (no cluster needed)"
+    )
+    for sp in (st, why, dl, df, rt, ver):
         _common(sp)
     return p
 
@@ -163,8 +175,35 @@ def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
         sys.stdout.write(text)
 
 
+def _version(args: argparse.Namespace) -> int:
+    if args.client:
+        report = version_report([])
+        report["operators"] = None
+        _emit(args, report, format_version(report))
+        return 0
+    namespace = _opt(args, "namespace")  # given: that namespace only; else every one
+    try:
+        kube = _connect(args)
+        deployments = kube.deployments(namespace, SELECTOR)
+    except PluginError as e:
+        if _opt(args, "output") != "json":
+            # The client's version still, as `kubectl version` prints it before the server's.
+            client_only = {"client": {"version": __version__}, "operators": None}
+            sys.stdout.write(format_version(client_only))
+        if namespace is None and "not allowed to read Deployments" in str(e):
+            raise PluginError(
+                f"{e} (or name the operator's namespace: kubectl tunefleet version -n NAMESPACE)"
+            ) from None
+        raise
+    report = version_report(deployments, namespace)
+    _emit(args, report, format_version(report))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     now = datetime.datetime.now(datetime.UTC)
+    if args.command == "version":
+        return _version(args)
     if args.command == "status":
         kube = _connect(args)
         profile = kube.profile(kube.namespace, args.profile)
