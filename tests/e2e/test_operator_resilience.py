@@ -285,11 +285,32 @@ def test_pods_admitted_while_the_webhook_was_down_are_counted_and_listed(
     assert "missed" in events[0]["message"]
 
 
+def _crd_owner(crd: dict[str, Any]) -> dict[str, Any]:
+    """What says who owns the CRD: its identity and Helm's ownership marks (none at all when
+    it was applied with `kubectl apply -f crds/`)."""
+    meta = crd["metadata"]
+    annotations = meta.get("annotations") or {}
+    labels = meta.get("labels") or {}
+    return {
+        "uid": meta["uid"],
+        "annotations": {k: v for k, v in annotations.items() if k.startswith("meta.helm.sh/")},
+        "managed-by": labels.get("app.kubernetes.io/managed-by"),
+        "resource-policy": annotations.get("helm.sh/resource-policy"),
+    }
+
+
 def test_the_chart_leaves_a_crd_applied_apart_alone(cluster: Any, no_release: None) -> None:
-    # The CRD exists (applied by the session's release, kept when no_release uninstalled it);
-    # another release must install next to it instead of refusing, and say so. Same path as a
-    # CRD from `kubectl apply -f crds/`. No release is installed meanwhile: one watching every
+    # The CRD exists apart from the release about to be installed: the session's release's
+    # (kept when no_release uninstalled it), or one from `kubectl apply -f crds/` before any
+    # chart (the README allows both); applied here when neither is. Another release must
+    # install next to it instead of refusing, say so, and leave it exactly as it was, owner
+    # marks included, when uninstalled. No release is installed meanwhile: one watching every
     # namespace would (rightly) refuse a second (tests/e2e/test_two_releases.py).
+    name = "tuningprofiles.tunefleet.io"
+    if cluster.kubectl("get", "crd", name, check=False).returncode != 0:
+        cluster.kubectl("apply", "-f", str(ROOT / "crds" / "tunefleet.io_tuningprofiles.yaml"))
+    before = _crd_owner(get_json(cluster, "crd", name))
+    assert before["annotations"].get("meta.helm.sh/release-name") != "apart"
     ns = "tunefleet-crd-apart"
     cluster.kubectl("create", "namespace", ns, check=False)
     try:
@@ -309,8 +330,13 @@ def test_the_chart_leaves_a_crd_applied_apart_alone(cluster: Any, no_release: No
         assert "already existed and is not managed by this release" in out.stdout
         manifest = helm(cluster.bin_dir, cluster.kubeconfig, "get", "manifest", "apart", "-n", ns)
         assert "CustomResourceDefinition" not in manifest.stdout
+        assert _crd_owner(get_json(cluster, "crd", name)) == before  # not adopted
     finally:
         helm(cluster.bin_dir, cluster.kubeconfig, "uninstall", "apart", "-n", ns)
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
-    crd = get_json(cluster, "crd", "tuningprofiles.tunefleet.io")
-    assert crd["metadata"]["annotations"]["meta.helm.sh/release-namespace"] == SYSTEM_NS
+    # Still there, the same object (not deleted and re-created), owned as before: the session's
+    # release still owns one it installed, and one applied apart still has no Helm owner.
+    after = _crd_owner(get_json(cluster, "crd", name))
+    assert after == before
+    if before["annotations"]:
+        assert before["annotations"]["meta.helm.sh/release-namespace"] == SYSTEM_NS
