@@ -64,6 +64,10 @@ class Config:
     capture_service_port: int = 8443
     capture_address: str = ""
     capture_ca: str = ""
+    # GPU models that name no real GPU (a test fleet: kwok nodes, the local cluster's real
+    # node), whose artifacts may be the stand-in torch's output (artifacts/fit.py); "*": every
+    # model. Models named STANDIN... are stand-ins without being listed.
+    stand_in_models: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls) -> Config:
@@ -100,4 +104,7 @@ class Config:
             capture_service=env("TUNEFLEET_CAPTURE_SERVICE", ""),
             capture_service_port=int(env("TUNEFLEET_CAPTURE_SERVICE_PORT", "8443")),
             capture_address=env("TUNEFLEET_CAPTURE_ADDRESS", ""),
+            stand_in_models=tuple(
+                m.strip() for m in env("TUNEFLEET_STAND_IN_MODELS", "").split(",") if m.strip()
+            ),
         )

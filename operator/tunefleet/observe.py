@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from tunefleet import naming
+from tunefleet.artifacts import fit
 from tunefleet.conditions import Reason
 from tunefleet.contracts.artifact import ArtifactRecord
 
@@ -66,6 +67,16 @@ class Hints:
     tolerations: tuple[str, ...] = ()
     # Named by the kubelet's FailedToRetrieveImagePullSecret Events, when they were read.
     missing_pull_secrets: tuple[str, ...] = ()
+    # What a published record must fit (artifacts/fit.py): spec.gpu.vendor ("" when unknown:
+    # records are taken as they are) and the operator's stand-in models (config).
+    gpu_vendor: str = ""
+    stand_in_models: tuple[str, ...] = ()
+
+    def fit_target(self, model: str) -> fit.Target | None:
+        if not self.gpu_vendor:
+            return None
+        stand_in = fit.is_stand_in_model(model, self.stand_in_models)
+        return fit.Target(model, self.gpu_vendor, stand_in)
 
 
 # --- pods -------------------------------------------------------------------------------------
@@ -394,12 +405,32 @@ def _read_job(job: dict[str, Any]) -> _Job:
     )
 
 
+def _unfit(j: _Job, record: ArtifactRecord, hints: Hints) -> JobObservation | None:
+    """A record whose identity does not fit the model (artifacts/fit.py) is not served: the
+    Job counts as failed, with why (a publish from before the check, or another publisher)."""
+    target = hints.fit_target(j.obs.model)
+    found = fit.record_refusals(record.identity, target) if target is not None else []
+    if target is None or not found:
+        return None
+    message = (
+        f"Job {j.obs.name} published {record.uri}, which is not served: "
+        f"{fit.summary(found, target)}. {j.retry}"
+    )
+    return replace(j.obs, state="Failed", message=message)
+
+
 def _completed(
-    j: _Job, pods: list[dict[str, Any]], served: ArtifactRecord | None
+    j: _Job, pods: list[dict[str, Any]], served: ArtifactRecord | None, hints: Hints | None = None
 ) -> JobObservation:
     obs = j.obs
     if obs.shards > 1:  # the shares are in; the merge Job publishes the artifact
         return replace(obs, state="Succeeded", shards_done=obs.shards)
+    for record in (j.kept, published_record(pods), served):
+        if record is not None:
+            unfit = _unfit(j, record, hints or Hints())
+            if unfit is not None:
+                return unfit
+            break
     if j.kept is not None:
         return replace(obs, state="Succeeded", record=j.kept, image_id=_tune_image_id(pods))
     record = published_record(pods)
@@ -465,7 +496,7 @@ def observe_job(
     `queued_of(job)`: why a suspended Job waits (Kueue's word, kueue.py)."""
     j = _read_job(job)
     if "Complete" in j.conditions or "SuccessCriteriaMet" in j.conditions:
-        return _completed(j, pods, served)
+        return _completed(j, pods, served, hints)
     if "Failed" in j.conditions or "FailureTarget" in j.conditions:
         return _failed(j, pods)
     if (job.get("spec") or {}).get("suspend"):

@@ -220,6 +220,9 @@ def install(cluster: Any, s3_endpoint: str) -> Operator:
             # process has no read identity of its own: artifacts are not delivered as
             # ConfigMaps, and kwok pods show the store path.
             "TUNEFLEET_DEFAULT_SERVING_CREDENTIALS_SECRET": SERVING_SECRET,
+            # No model here has a real GPU: the tests write stand-in output for kwok's models
+            # (hack/local-cluster-values.yaml says the same to the chart's operator).
+            "TUNEFLEET_STAND_IN_MODELS": "*",
         },
         log=work / "operator.log",
     )
@@ -261,18 +264,65 @@ STAND_IN_NOTE = (
 )
 
 
-def stand_in_tuner_output(out: Path, config: dict[str, Any], salt: str = "") -> None:
-    """What the tune step leaves for publish (results.csv + manifest.json), without a GPU."""
+# The stand-in torch's own marks (tests/unit/data/fake_torch): what its ROCm build and its 2.15
+# CUDA persona write. A hand-written sample for a kwok model carries them too, so that the
+# product knows it for stand-in output (artifacts/fit.py: served to stand-in models only) and
+# its validators, solutions and identity fit the model's vendor, as a real tuner's would.
+_STAND_IN_DEVICE = "Stand-in GPU (tunefleet test image: computes nothing)"
+_STAND_IN_VALIDATORS = {
+    "amd": {
+        "PT_VERSION": "2.11.0+standin",
+        "HIP_VERSION": "0-standin",
+        "GCN_ARCH_NAME": "gfx942:sramecc+:xnack-",
+        "ROCBLAS_VERSION": "0.0.0-standin",
+        "HIPBLASLT_VERSION": "0-standin",
+    },
+    # CUDA torch before 2.14 has only Default: the 2.15 persona, with cuBLASLt candidates.
+    "nvidia": {
+        "PT_VERSION": "2.15.0+standin",
+        "CUBLASLT_VERSION": "130401-standin",
+        "CUDA_DEVICE": _STAND_IN_DEVICE,
+    },
+}
+_STAND_IN_IDENTITY = {
+    "amd": {"torch": "2.11.0+standin", "hip": "7.0.0-standin", "arch": "gfx942:sramecc+:xnack-"},
+    "nvidia": {"torch": "2.15.0+standin", "cuda": "13.2", "arch": "sm_90"},
+}
+_CUBLASLT = (
+    "Gemm_Cublaslt_id_{}_tile_20_stages_2_splitk_1_red_0_swizzle_0_custom_0_inner_0_cluster_0"
+)
+
+
+def model_vendor(gpu_model: str) -> str:
+    """The vendor of one of the local fleet's models (hack/fleet.yaml; the real node's
+    STANDIN-NO-GPU carries NVIDIA's label)."""
+    return "amd" if gpu_model.upper().startswith("AMD") else "nvidia"
+
+
+def stand_in_solution(vendor: str, which: int, salt: str = "") -> str:
+    """The sample's winning solution for its GEMM `which` (0 or 1; the salt changes GEMM 1's):
+    a hipBLASLt and a rocBLAS kernel on AMD, two cuBLASLt ones on NVIDIA."""
+    if vendor == "amd":
+        return "Gemm_Hipblaslt_1234" if which == 0 else f"Gemm_Rocblas_42{salt}"
+    return _CUBLASLT.format("1234" if which == 0 else f"42{salt}")
+
+
+def stand_in_tuner_output(
+    out: Path, config: dict[str, Any], salt: str = "", vendor: str = ""
+) -> None:
+    """What the tune step leaves for publish (results.csv + manifest.json), without a GPU:
+    the stand-in torch's marks, and validators and solutions of the model's vendor."""
     from tuner_job.output import write_output
     from tuner_job.results import parse_results
 
+    vendor = vendor or model_vendor(config["gpuModel"])
+    validators = "".join(f"Validator,{k},{v}\n" for k, v in _STAND_IN_VALIDATORS[vendor].items())
     results = parse_results(
-        "Validator,PT_VERSION,2.11.0\n"
-        "Validator,ROCM_VERSION,6.4.0\n"
-        "Validator,HIPBLASLT_VERSION,0.12.0\n"
-        "Validator,GCN_ARCH_NAME,gfx942:sramecc+:xnack-\n"
-        "GemmTunableOp_BFloat16_TN,tn_4096_4096_4096_ld_4096_4096_4096,Gemm_Hipblaslt_1234,0.512\n"
-        f"GemmTunableOp_BFloat16_TN,tn_128_14336_4096_ld_4096_4096_128,Gemm_Rocblas_42{salt},0.081\n"
+        validators
+        + "GemmTunableOp_BFloat16_TN,tn_4096_4096_4096_ld_4096_4096_4096,"
+        + f"{stand_in_solution(vendor, 0)},0.512\n"
+        + "GemmTunableOp_BFloat16_TN,tn_128_14336_4096_ld_4096_4096_128,"
+        + f"{stand_in_solution(vendor, 1, salt)},0.081\n"
     )
     write_output(
         out,
@@ -282,7 +332,7 @@ def stand_in_tuner_output(out: Path, config: dict[str, Any], salt: str = "") -> 
         revision=config["revision"],
         gpu_model=config["gpuModel"],
         recorded=results.gemms,
-        identity={"gpuName": "stand-in (no GPU in this test)", "torch": "2.11.0"},
+        identity={"gpuName": _STAND_IN_DEVICE, **_STAND_IN_IDENTITY[vendor]},
         tuning_seconds=1.0,
         tool_version="tunefleet-e2e-stand-in",
     )
@@ -333,8 +383,9 @@ def carry_out_publish(
     """Run the pod's own publish command for real, then record its outcome in the pod status."""
     config = tuning_config(kubectl, pod)
     work = Path(tempfile.mkdtemp(prefix="tunefleet-pod-"))
-    stand_in_tuner_output(work / "out", config, salt)
     cmd = played_publish(container(pod, "publish")["command"], work / "out", work)
+    vendor = cmd[cmd.index("--gpu-vendor") + 1] if "--gpu-vendor" in cmd else ""
+    stand_in_tuner_output(work / "out", config, salt, vendor)
     message = run_step_here("publish", cmd, tool_env(s3_env), work / "termination-log", 120)
     set_pod_outcome(kubectl, pod, succeeded=True, container_name="publish", message=message)
     return dict(json.loads(message))

@@ -12,6 +12,8 @@ from tunefleet.storage.store import StoreError
 from tuner_job.files import write_termination_log
 from tuner_job.manifest import ManifestError
 
+from . import fit
+
 TERMINATION_LIMIT = 4096  # bytes Kubernetes keeps of a termination message
 
 
@@ -23,6 +25,28 @@ def add_where(p: argparse.ArgumentParser) -> None:
     p.add_argument("--namespace", required=True)
     p.add_argument("--profile", required=True)
     p.add_argument("--gpu-model", required=True)
+
+
+def add_fit(p: argparse.ArgumentParser) -> None:
+    """What the artifact must fit (fit.py): the GPU model's vendor and whether it is a
+    stand-in. The operator's Job passes both; without --gpu-vendor the vendor rules are
+    skipped (a Job made before them)."""
+    p.add_argument("--gpu-vendor", choices=sorted(fit.VENDORS), help="the GPU model's vendor")
+    p.add_argument(
+        "--stand-in-model",
+        action="store_true",
+        help="the GPU model names no real GPU (tests, demos): stand-in torch output fits it",
+    )
+
+
+def target(args: argparse.Namespace) -> fit.Target:
+    """The target of add_fit's arguments. A command from before them (no --gpu-vendor) does
+    not say whether its model is a stand-in either (None: that rule is skipped), unless the
+    model's name does."""
+    stand_in: bool | None = args.stand_in_model or fit.is_stand_in_model(args.gpu_model)
+    if not stand_in and not args.gpu_vendor:
+        stand_in = None
+    return fit.Target(args.gpu_model, args.gpu_vendor or "", stand_in)
 
 
 def add_common(p: argparse.ArgumentParser, *, timeout_s: float) -> None:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NoReturn, TextIO
 
+from tunefleet.artifacts import fit
 from tunefleet.contracts import nodemap
 from tunefleet.contracts.fetch import LOADED, PROG, REFUSED, UNTUNED, Candidate, FetchOutcome
 from tunefleet.storage import cli as storage_cli
@@ -78,6 +79,7 @@ def _verify(
     gpu_model: str | None,
     key_parts: tuple[str, ...],
     manifest_sha: str | None = None,
+    target: fit.Target | None = None,
 ) -> Outcomes:
     actual = sha256_hex(results)
     if actual != sha:
@@ -124,6 +126,14 @@ def _verify(
             f"manifest outcomes {manifest.outcomes.to_dict()} differ from results.csv's "
             f"{count_outcomes(parsed).to_dict()}"
         )
+    # What it must fit (fit.py): the caller's target, or what the model's name alone says (the
+    # vendor unknown: the validators, solutions and torch must still hold together).
+    model = manifest.gpu_model
+    target = target or fit.Target(model, stand_in=True if fit.is_stand_in_model(model) else None)
+    solutions = (row.solution for row in parsed.rows)
+    found = fit.refusals(parsed.validators, solutions, manifest.identity, target)
+    if found:
+        raise FetchError(fit.summary(found, target))
     return count_outcomes(parsed)
 
 
@@ -189,6 +199,7 @@ def download_verified(
     store: Store | None = None,
     options: StoreOptions | None = None,
     manifest_sha256: str | None = None,
+    target: fit.Target | None = None,
 ) -> Verified:
     """Download one pinned artifact and verify it (see the module docstring); nothing is
     written. Used by the fetch init container and by the operator's delivery."""
@@ -209,7 +220,9 @@ def download_verified(
     except StoreError as exc:
         raise FetchError(str(exc)) from None
     path = (location.prefix or location.bucket).strip("/").split("/")
-    outcomes = _verify(results, manifest_bytes, sha, gpu_model, tuple(path[:-1]), manifest_sha)
+    outcomes = _verify(
+        results, manifest_bytes, sha, gpu_model, tuple(path[:-1]), manifest_sha, target
+    )
     return Verified(results, manifest_bytes, outcomes.gemms, sha, outcomes)
 
 
@@ -223,6 +236,7 @@ def fetch(
     store: Store | None = None,
     options: StoreOptions | None = None,
     manifest_sha256: str | None = None,
+    target: fit.Target | None = None,
 ) -> Fetched:
     if not 1 <= devices <= MAX_DEVICES:
         raise FetchError(f"--devices must be 1..{MAX_DEVICES}, got {devices}")
@@ -233,6 +247,7 @@ def fetch(
         store=store,
         options=options,
         manifest_sha256=manifest_sha256,
+        target=target,
     )
     paths = write_device_files(dest, got.results, devices)
     return Fetched(paths, got.gemms, got.sha256, got.outcomes)
@@ -331,6 +346,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--devices", required=True, type=int, help="GPUs the pod uses (files 0..N-1)")
     p.add_argument("--gpu-model", help="refuse an artifact tuned on another GPU model")
     p.add_argument("--fail-closed", action="store_true", help="exit 1 instead of starting untuned")
+    p.add_argument("--gpu-vendor", choices=sorted(fit.VENDORS), help="the GPU model's vendor")
+    p.add_argument(
+        "--stand-in-model",
+        action="store_true",
+        help="the GPU model names no real GPU (tests, demos): stand-in torch output fits it",
+    )
     storage_cli.add_arguments(p, timeout_s=60.0)
     p.add_argument(
         "--termination-log",
@@ -374,6 +395,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             manifest_sha = chosen.manifest_sha256 or None
         elif not (uri and sha):
             raise FetchError("bad arguments: --uri and --sha256 (or --candidate) are required")
+        target = None
+        if gpu_model and (args.gpu_vendor or args.stand_in_model):
+            stand_in = args.stand_in_model or fit.is_stand_in_model(gpu_model)
+            target = fit.Target(gpu_model, args.gpu_vendor or "", stand_in)
         with wall_clock(args.timeout_seconds):
             got = fetch(
                 uri,
@@ -383,6 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 gpu_model=gpu_model,
                 options=storage_cli.options(args),
                 manifest_sha256=manifest_sha,
+                target=target,
             )
     except Exception as exc:  # any problem at all follows the policy: that is its point
         known = isinstance(exc, FetchError | StoreError)

@@ -33,7 +33,7 @@ from tuner_job.manifest import (
 from tuner_job.output import MANIFEST_NAME, RESULTS_NAME, build_output
 from tuner_job.results import ResultsFile, decode, merge_results, parse_results
 
-from . import cli
+from . import cli, fit
 from .library import SCOPES, check_revision, check_scope, check_shard, shard_base
 from .publish import (
     Published,
@@ -244,6 +244,7 @@ def merge(
     image_reference: str = "",
     store: Store | None = None,
     options: StoreOptions | None = None,
+    target: fit.Target | None = None,
 ) -> Published:
     try:
         location = parse_uri(uri)
@@ -269,6 +270,13 @@ def merge(
     )
     if not manifest.gemms:
         raise MergeError(f"the {shards} shards hold no tuned GEMM at all: nothing to publish")
+    if target is not None:
+        # Before anything is uploaded: what the shards tuned must fit the model (fit.py).
+        merged = parse_results(decode(data))
+        solutions = (row.solution for row in merged.rows)
+        found = fit.refusals(merged.validators, solutions, manifest.identity, target)
+        if found:
+            raise MergeError(fit.summary(found, target))
     pub = upload_artifact(store, location, data, manifest)
     return add_to_library(store, location, library_scope, pub, data, PROG)
 
@@ -276,6 +284,7 @@ def merge(
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
     cli.add_where(p)
+    cli.add_fit(p)
     p.add_argument("--revision", required=True)
     p.add_argument("--shards", required=True, type=int)
     p.add_argument("--library-scope", choices=SCOPES, default="namespace")
@@ -298,6 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             library_scope=args.library_scope,
             image_reference=args.image_reference,
             options=storage_cli.options(args),
+            target=cli.target(args),
         )
         if not pub.created:
             print(f"{PROG}: {pub.uri} was already published: nothing uploaded", file=sys.stderr)

@@ -41,7 +41,7 @@ from tuner_job.manifest import ImageRef, Manifest, ManifestError, loads
 from tuner_job.output import MANIFEST_NAME, RESULTS_NAME
 from tuner_job.results import CsvFormatError, count_outcomes, decode, parse_results
 
-from . import cli
+from . import cli, fit
 from .library import SCOPES, Added, add_entry, check_revision, check_scope, check_shard, shard_base
 
 PROG = "tunefleet-publish"
@@ -96,7 +96,13 @@ def _read(path: Path) -> bytes:
 
 
 def load_artifact(
-    directory: Path, namespace: str, profile: str, gpu_model: str, *, require_rows: bool = True
+    directory: Path,
+    namespace: str,
+    profile: str,
+    gpu_model: str,
+    *,
+    require_rows: bool = True,
+    target: fit.Target | None = None,
 ) -> tuple[bytes, bytes, Manifest]:
     """Read and cross-check what the tuner wrote before anything leaves the pod."""
     results = _read(directory / RESULTS_NAME)
@@ -113,6 +119,7 @@ def load_artifact(
         gpu_model,
         str(directory / RESULTS_NAME),
         require_rows=require_rows,
+        target=target,
     )
     return results, manifest_bytes, manifest
 
@@ -126,8 +133,10 @@ def check_artifact(
     source: str,
     *,
     require_rows: bool = True,
+    target: fit.Target | None = None,
 ) -> None:
-    """results.csv against its manifest (SHA-256, GEMMs, validators, outcomes, names)."""
+    """results.csv against its manifest (SHA-256, GEMMs, validators, outcomes, names), and,
+    with a target, both against what they are for (fit.py: vendor, torch, stand-in)."""
     try:
         parsed = parse_results(decode(results), source, require_rows=require_rows)
     except CsvFormatError as exc:
@@ -168,6 +177,11 @@ def check_artifact(
     for ok, message in checks:
         if not ok:
             raise PublishError(message)
+    if target is not None:
+        solutions = (row.solution for row in parsed.rows)
+        found = fit.refusals(parsed.validators, solutions, manifest.identity, target)
+        if found:
+            raise PublishError(fit.summary(found, target))
 
 
 @dataclass(frozen=True)
@@ -179,6 +193,9 @@ class Output:
     namespace: str
     profile: str
     gpu_model: str
+    # The model's vendor and whether it is a stand-in (the Job's --gpu-vendor, --stand-in-model):
+    # what the output must fit. None: an older Job's command, which says neither.
+    target: fit.Target | None = None
 
     def checked(
         self, *, require_rows: bool, check: Callable[[], object] = lambda: None
@@ -191,7 +208,12 @@ class Output:
         except ValueError as exc:
             raise PublishError(str(exc)) from None
         results, _, manifest = load_artifact(
-            self.directory, self.namespace, self.profile, self.gpu_model, require_rows=require_rows
+            self.directory,
+            self.namespace,
+            self.profile,
+            self.gpu_model,
+            require_rows=require_rows,
+            target=self.target,
         )
         return location, results, manifest
 
@@ -238,8 +260,9 @@ def publish(
     options: StoreOptions | None = None,
     image: TuneImage | None = None,
     library_scope: str = "namespace",
+    target: fit.Target | None = None,
 ) -> Published:
-    out = Output(directory, uri, namespace, profile, gpu_model)
+    out = Output(directory, uri, namespace, profile, gpu_model, target)
     location, results, manifest = out.checked(
         require_rows=True, check=lambda: check_scope(library_scope)
     )
@@ -383,6 +406,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--dir", required=True, help="directory with results.csv and manifest.json")
     cli.add_where(p)
+    cli.add_fit(p)
     cli.add_common(p, timeout_s=120.0)
     p.add_argument("--image-reference", default="", help="the image the tune step ran in")
     p.add_argument(
@@ -417,13 +441,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     options = storage_cli.options(args)
     image = TuneImage(args.image_reference, args.image_id_file, args.image_id_timeout_seconds)
-    out = Output(Path(args.dir), args.uri, args.namespace, args.profile, args.gpu_model)
+    out = Output(
+        Path(args.dir), args.uri, args.namespace, args.profile, args.gpu_model, cli.target(args)
+    )
 
     def run() -> str:
         if args.shards > 1:
             shard = publish_shard(out, shard_index(), args.shards, options=options, image=image)
             return shard_message(shard)
-        pub = publish(*astuple(out), options=options, image=image, library_scope=args.library_scope)
+        pub = publish(
+            *astuple(out)[:5],
+            options=options,
+            image=image,
+            library_scope=args.library_scope,
+            target=out.target,
+        )
         if not pub.created:
             print(f"{PROG}: {pub.uri} was already published: nothing uploaded", file=sys.stderr)
         if pub.kept_existing_manifest:

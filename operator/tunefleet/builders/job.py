@@ -15,6 +15,7 @@ from typing import Any
 
 from tunefleet import GROUP, KIND, VERSION, naming
 from tunefleet.api import TuningProfileSpec
+from tunefleet.artifacts import fit
 from tunefleet.builders.kueue import under_queue
 from tunefleet.builders.security import SMALL_RESOURCES, hardened, tunefleet_container
 from tunefleet.builders.storage import pod_storage, with_storage
@@ -242,10 +243,18 @@ def _tune_container(c: Child) -> dict[str, Any]:
     }
 
 
+def _fit_args(c: Child) -> list[str]:
+    """What the artifact must fit (artifacts/fit.py): publish and merge refuse output whose
+    validators or solutions the model's vendor's torch would refuse, or the stand-in torch's
+    output for a model that is not a stand-in."""
+    stand_in = fit.is_stand_in_model(c.model, c.config.stand_in_models)
+    return ["--gpu-vendor", c.spec.gpu.vendor, *(["--stand-in-model"] if stand_in else [])]
+
+
 def _publish_container(c: Child, storage: PodStorage) -> dict[str, Any]:
     shards = c.spec.gpu.parallelism
     command = [
-        "tunefleet-publish", "--dir", OUT_DIR, *c.where(),
+        "tunefleet-publish", "--dir", OUT_DIR, *c.where(), *_fit_args(c),
         "--image-reference", c.spec.image, "--image-id-file", f"{CONFIG_DIR}/{IMAGE_ID_KEY}",
         "--library-scope", c.config.library_scope,
         *(["--shards", str(shards)] if shards > 1 else []),
@@ -320,7 +329,7 @@ def build_merge_job(c: Child) -> dict[str, Any]:
     spec, config = c.spec, c.config
     storage = pod_storage(spec, config)
     command = [
-        "tunefleet-merge", *c.where(), "--revision", c.revision,
+        "tunefleet-merge", *c.where(), *_fit_args(c), "--revision", c.revision,
         "--shards", str(spec.gpu.parallelism), "--library-scope", config.library_scope,
         "--image-reference", spec.image,
     ]  # fmt: skip
