@@ -4,8 +4,10 @@ and write DEST/tunableop_results<i>.csv for every device ordinal i in 0..N-1.
 Verification before anything is written: SHA-256 of results.csv equals the pinned --sha256 (and
 the URI's last segment), the manifest's SHA-256 equals the pinned --manifest-sha256 (when the
 artifact's status records one), the manifest parses, names the same SHA-256 (and --gpu-model
-when given), GEMM count and outcomes, and the CSV parses. Files appear atomically (temp file,
-then rename), all or none.
+when given), GEMM count and outcomes, the CSV parses, and the artifact fits its identity
+(fit.py: validators, solutions and torch of one backend, PT_VERSION the recorded torch's; with
+--gpu-vendor / --stand-in-model, the model's vendor and stand-in output too). Files appear
+atomically (temp file, then rename), all or none.
 
 Policy on any problem: fail open (default) -> "starting untuned: <reason>", exit 0, the app runs
 without tuned GEMMs; --fail-closed -> "refusing to start: <reason>", exit 1.
