@@ -1,661 +1,111 @@
-"""`make bench`: operator scale and restarts, webhook cost, reuse/sharding/resume, real-node
-pod start-up, artifact transfer; figures to bench/results.md (with the goals they answer to).
+"""`make bench`: tunefleet's benchmarks; figures to bench/results.json and, generated from it,
+bench/results.md (each figure group with the commit and date of the run that made it).
 
-Medians and ratios: this machine (2 cores, shared) is noisy. Run on the local control plane
-(started if needed). The operator runs as the chart's ServiceAccount, as a process here for
-scale, kill storms and the webhook (kwok fleet), and as the chart's Deployment on the real node
-for the pod start-up figures. `python -m bench --only scale,webhook` runs a part;
-`python -m bench scale --profiles 10000 --namespaces 100` one size of the scale routine
-(bench/bench_scale.py); `python -m bench.bench_capture` the capture sidecar's figures alone (no
-cluster).
+    python -m bench                      every routine, in order (what `make bench` runs)
+    python -m bench --only scale,gc      some routines
+    python -m bench gc                   one routine (options: python -m bench <routine> --help)
+    python -m bench scale --profiles 10000 --namespaces 100    one size of the scale routine
+    python -m bench --list               the routines
+
+The routines need the local control plane (started if needed). Progress lines
+go to stderr. This module imports nothing heavy before the arguments are read.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import json
-import os
-import platform
-import re
-import statistics
+import argparse
 import sys
-import threading
-import time
-from pathlib import Path
-from typing import Any
 
-import kubernetes
-import yaml
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tests.support.cluster import Cluster, S3Settings, ensure_cluster, ensure_s3  # noqa: E402
-from tests.support.operator import Operator, carry_out_publish, install  # noqa: E402
-from tests.support.poll import eventually  # noqa: E402
-
-OUT = ROOT / "bench" / "results.md"
-JSON_OUT = ROOT / "bench" / "results.json"  # the figures, for partial reruns to merge into
+# The routines, in the order a full run takes them, with what each measures (bench/suite.py
+# defines them; kept here too so that --help imports nothing heavy).
+ROUTINES = {
+    "scale": "operator scale: 1,000 / 3,000 / 10,000 profiles created, restarted, deleted",
+    "storm": "100 SIGKILLs while 20 two-model profiles are created",
+    "churn": "1,000 profiles created and deleted 5 times: the operator's memory",
+    "webhook": "webhook latency and its cost as a ratio of pod create latency",
+    "library": "GEMM library reuse, sharding and resume (stand-in torch)",
+    "artifacts": "publish and fetch of a 1 MB results file",
+    "gc": "tunefleet-gc on a store of 10,000 objects",
+    "real": "real node: tuning Job and model pod start-up, bursts, the store unreachable",
+    "nodemap": "the node map at 10,000 nodes (no cluster)",
+    "capture": "the capture sidecar and loop",
+}
 
 
-# Namespaces this run made; removed at the end so a bench leaves the cluster as it found it.
-CREATED: list[str] = []
+def _add_options(p: argparse.ArgumentParser, routine: str | None) -> None:
+    """The options of one routine (all of them for a full run)."""
+    every = routine is None
+    if every or routine == "storm":
+        p.add_argument("--kills", type=int, default=100, help="storm: SIGKILLs (%(default)s)")
+    if every or routine == "churn":
+        p.add_argument(
+            "--churn-profiles", type=int, default=1000, help="churn: profiles (%(default)s)"
+        )
+        p.add_argument("--cycles", type=int, default=5, help="churn: cycles (%(default)s)")
+    if every or routine == "artifacts":
+        p.add_argument("--runs", type=int, default=7, help="artifacts: runs (%(default)s)")
+    if every or routine == "nodemap":
+        p.add_argument("--nodes", type=int, default=10_000, help="nodemap: nodes (%(default)s)")
+    if every or routine == "capture":
+        p.add_argument(
+            "--no-loop",
+            dest="loop",
+            action="store_false",
+            help="capture: the sidecar's figures only, not the loop on the real node",
+        )
 
 
-def profile(name: str, model: str = "NVIDIA-H200") -> dict[str, Any]:
-    return {
-        "apiVersion": "tunefleet.io/v1alpha1",
-        "kind": "TuningProfile",
-        "metadata": {"name": name},
-        "spec": {
-            "image": "registry.example.com/serve:1",
-            "gpu": {"vendor": "nvidia", "models": [model]},
-            "workload": {"shapes": [{"mnk": [64, 64, 64]}]},
-            "storage": {"uri": "s3://tunefleet/bench"},
-        },
-    }
-
-
-def count_jobs(cluster: Cluster, ns: str) -> int:
-    out = cluster.kubectl("get", "jobs", "-n", ns, "-o", "name").stdout
-    return len(out.split())
-
-
-def histogram(cluster: Cluster) -> dict[float, float]:
-    metrics = cluster.kubectl("get", "--raw", "/metrics").stdout
-    buckets: dict[float, float] = {}
-    for line in metrics.splitlines():
-        if (
-            line.startswith("apiserver_admission_webhook_admission_duration_seconds_bucket")
-            and 'name="pods.tunefleet.io"' in line
-        ):
-            le = re.search(r'le="([^"]+)"', line)
-            if le:
-                b = float("inf") if le.group(1) == "+Inf" else float(le.group(1))
-                buckets[b] = buckets.get(b, 0.0) + float(line.rsplit(" ", 1)[1])
-    return buckets
-
-
-def quantile(q: float, before: dict[float, float], after: dict[float, float]) -> float:
-    """histogram_quantile over the buckets' increase, as Prometheus computes it."""
-    edges = sorted(after)
-    counts = [after[e] - before.get(e, 0.0) for e in edges]
-    total = counts[-1]
-    rank = q * total
-    prev_edge, prev_count = 0.0, 0.0
-    for edge, count in zip(edges, counts, strict=True):
-        if count >= rank:
-            if edge == float("inf"):
-                return prev_edge
-            return prev_edge + (edge - prev_edge) * (rank - prev_count) / max(
-                count - prev_count, 1e-9
-            )
-        prev_edge, prev_count = edge, count
-    return float("nan")
-
-
-def ready_profile(cluster: Cluster, env: dict[str, str], prefix: str) -> str:
-    """A new namespace holding a Ready profile named "serve" (its publish step played here, as
-    the kwok node runs nothing); returns the namespace."""
-    ns = f"{prefix}-{int(time.time())}"
-    cluster.kubectl("create", "namespace", ns)
-    CREATED.append(ns)
-    # H100, because the scale runs fill the H200 node's 8 GPUs with pending tuning pods.
-    serve = profile("serve", "NVIDIA-H100-80GB-HBM3")
-    cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(serve))
-    pod = eventually(
-        lambda: json.loads(
-            cluster.kubectl(
-                "get", "pods", "-n", ns, "-l", "tunefleet.io/tuning-profile=serve", "-o", "json"
-            ).stdout
-        )["items"],
-        lambda ps: len(ps) == 1 and ps[0]["spec"].get("nodeName"),
-        "tuning pod",
-    )[0]
-    carry_out_publish(cluster.kubectl, pod, env)
-    eventually(
-        lambda: json.loads(cluster.kubectl("get", "tp", "-n", ns, "serve", "-o", "json").stdout),
-        lambda p: (p.get("status") or {}).get("phase") == "Ready",
-        "Ready",
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="tunefleet's benchmarks (make bench): figures to bench/results.json and "
+        "bench/results.md, each group stamped with the commit and date of its run.",
     )
-    return ns
-
-
-def webhook_latency(
-    cluster: Cluster, operator: Operator, env: dict[str, str], pods: int = 50
-) -> dict[str, Any]:
-    ns = ready_profile(cluster, env, "bench-webhook")
-    api = kubernetes.client.CoreV1Api(cluster.api_client())
-    # Alone (one create at a time) the figures show the webhook's own cost; at `pods`
-    # concurrent creates they show it under the API server's and this machine's queueing.
-    return {
-        "sequential": admit(cluster, operator, api, ns, "seq", count=20, concurrency=1),
-        "concurrent": admit(cluster, operator, api, ns, "con", count=pods, concurrency=pods),
-    }
-
-
-def bucket(q: float, before: dict[float, float], after: dict[float, float]) -> str:
-    """The histogram bucket the q-quantile falls in: the honest resolution of the metric."""
-    edges = sorted(after)
-    counts = [after[e] - before.get(e, 0.0) for e in edges]
-    lower = 0.0
-    for edge, count in zip(edges, counts, strict=True):
-        if count >= q * counts[-1]:
-            return f"({lower * 1000:g}, {edge * 1000:g}] ms"
-        lower = edge
-    return "?"
-
-
-def admit(
-    cluster: Cluster,
-    operator: Operator,
-    api: Any,
-    ns: str,
-    prefix: str,
-    count: int,
-    concurrency: int,
-) -> dict[str, Any]:
-    before, log_before = histogram(cluster), len(operator.logs().splitlines())
-
-    def create(i: int) -> float:
-        body = {
-            "metadata": {"name": f"{prefix}{i}", "labels": {"tunefleet.io/profile": "serve"}},
-            "spec": {"containers": [{"name": "s", "image": "registry.example.com/serve:1"}]},
-        }
-        t = time.perf_counter()
-        api.create_namespaced_pod(ns, body)
-        return (time.perf_counter() - t) * 1000
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=concurrency) as pool:
-        client_ms = sorted(pool.map(create, range(count)))
-    time.sleep(1)
-    after = histogram(cluster)
-    lines = operator.logs().splitlines()[log_before:]
-    handler_ms = sorted(
-        float(m.group(1))
-        for line in lines
-        if (m := re.search(rf"admission pod {ns}/{prefix}\d+: injected in ([0-9.]+) ms", line))
+    p.add_argument(
+        "--only",
+        metavar="ROUTINES",
+        help="comma-separated routines to run (default: all, in the order listed)",
     )
-    pods = json.loads(cluster.kubectl("get", "pods", "-n", ns, "-o", "json").stdout)["items"]
-    injected = sum(
-        1
-        for p in pods
-        if p["metadata"]["name"].startswith(prefix)
-        and p["spec"].get("initContainers", [{}])[0].get("name") == "tunefleet-fetch"
-    )
-
-    def pct(xs: list[float], q: float) -> float:
-        return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] if xs else float("nan")
-
-    return {
-        "pods": count,
-        "concurrency": concurrency,
-        "injected": injected,
-        "handler_p50_ms": pct(handler_ms, 0.5),
-        "handler_p99_ms": pct(handler_ms, 0.99),
-        "apiserver_p50_ms_estimate": round(quantile(0.5, before, after) * 1000, 1),
-        "apiserver_p50_bucket": bucket(0.5, before, after),
-        "apiserver_p99_ms_estimate": round(quantile(0.99, before, after) * 1000, 1),
-        "apiserver_p99_bucket": bucket(0.99, before, after),
-        "client_create_p50_ms": round(pct(client_ms, 0.5), 1),
-        "client_create_p99_ms": round(pct(client_ms, 0.99), 1),
-    }
+    p.add_argument("--list", action="store_true", help="list the routines and exit")
+    _add_options(p, None)
+    sub = p.add_subparsers(dest="routine", metavar="ROUTINE")
+    for name, what in ROUTINES.items():
+        if name == "scale":
+            # Its own parser (bench/bench_scale.py): sizes, profilers, --create, --no-write.
+            sub.add_parser(name, help=what + " (python -m bench scale --help)", add_help=False)
+            continue
+        _add_options(sub.add_parser(name, help=what, description=what), name)
+    return p
 
 
-def artifacts(s3: S3Settings) -> dict[str, Any]:
-    from bench import bench_artifacts
-
-    return dict(bench_artifacts.run(s3))
-
-
-def churn(cluster: Cluster, operator: Operator, n: int = 1000, cycles: int = 5) -> dict[str, Any]:
-    """Issue 16's lifecycle goal: create and delete `n` profiles `cycles` times; the operator's
-    memory after the last cycle within 10% of after the first (every map pruned with what it
-    describes)."""
-    docs = "\n---\n".join(yaml.safe_dump(profile(f"c{i:04d}")) for i in range(n))
-    after: list[float] = []
-    for cycle in range(cycles):
-        ns = f"bench-churn-{int(time.time())}-{cycle}"
-        cluster.kubectl("create", "namespace", ns)
-        CREATED.append(ns)
-        cluster.kubectl("create", "-n", ns, "-f", "-", input=docs, timeout=600)
-        eventually(
-            lambda ns=ns: count_jobs(cluster, ns),
-            lambda c: c >= n,
-            f"{n} Jobs",
-            timeout=900,
-            interval=1,
-        )
-        cluster.kubectl("delete", "tp", "--all", "-n", ns, "--wait=false", timeout=600)
-        eventually(
-            lambda ns=ns: count_jobs(cluster, ns),
-            lambda c: c == 0,
-            "all Jobs gone",
-            timeout=900,
-            interval=1,
-        )
-        time.sleep(40)  # housekeeping (every 30 s) hands freed memory back
-        after.append(round(operator.rss_mib(), 1))
-        print(f"churn: cycle {cycle + 1}: {after[-1]} MiB", flush=True)
-    out = {
-        "profiles_per_cycle": n,
-        "cycles": cycles,
-        "rss_after_each_cycle_mib": after,
-        "last_over_first": round(after[-1] / after[0], 3),
-        "goal": "last_over_first <= 1.10",
-    }
-    print(f"churn: {json.dumps(out)}", flush=True)
-    return out
-
-
-def kill_storm(cluster: Cluster, operator: Operator, kills: int = 100) -> dict[str, Any]:
-    """20 two-model profiles created while the operator is SIGKILLed `kills` times."""
-    import random
-    import threading as th
-
-    ns = f"bench-storm-{int(time.time())}"
-    cluster.kubectl("create", "namespace", ns)
-    CREATED.append(ns)
-    models = ["AMD_Instinct_MI300X_OAM", "AMD_Instinct_MI325X_OAM"]
-    rng = random.Random(12)
-
-    def create() -> None:
-        for i in range(20):
-            doc = profile(f"storm-{i:02d}")
-            doc["spec"]["gpu"] = {"vendor": "amd", "models": models}
-            cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(doc))
-            time.sleep(rng.uniform(0.05, 0.4))
-
-    creator = th.Thread(target=create)
-    creator.start()
-    for i in range(kills):
-        operator.kill()
-        operator.start(wait=False)
-        time.sleep(rng.uniform(0.0, 2.0) if i % 10 else rng.uniform(2.0, 4.0))
-    creator.join()
-    operator.kill()
-    operator.start()
-    start = time.perf_counter()
-
-    def picture() -> tuple[int, int, int]:
-        jobs = json.loads(cluster.kubectl("get", "jobs", "-n", ns, "-o", "json").stdout)["items"]
-        pairs = {
-            (
-                j["metadata"]["labels"]["tunefleet.io/tuning-profile"],
-                j["metadata"]["labels"]["tunefleet.io/gpu-model"],
-            )
-            for j in jobs
-        }
-        listed = sum(
-            len((p.get("status") or {}).get("jobs") or [])
-            for p in json.loads(cluster.kubectl("get", "tp", "-n", ns, "-o", "json").stdout)[
-                "items"
-            ]
-        )
-        return len(jobs), len(pairs), listed
-
-    final = eventually(
-        picture,
-        lambda t: t == (40, 40, 40),
-        "40 Jobs, one per pair, all listed",
-        timeout=120,
-        interval=0.5,
-    )
-    out = {
-        "kills": kills,
-        "profiles": 20,
-        "models_each": 2,
-        "settled_after_last_restart_s": round(time.perf_counter() - start, 1),
-        "jobs": final[0],
-        "goal": "every (profile, model) exactly one Job, statuses matching, within 30 s",
-    }
-    print(f"kill storm: {json.dumps(out)}", flush=True)
-    return out
-
-
-def webhook_ratio(
-    cluster: Cluster, operator: Operator, env: dict[str, str], n: int = 50
-) -> dict[str, Any]:
-    """50 labelled and 50 unlabelled pods created at the same moment: the webhook's cost as
-    the client sees it, as a ratio of p50 and p99 create latency."""
-    ns = ready_profile(cluster, env, "bench-ratio")
-    api = kubernetes.client.CoreV1Api(cluster.api_client())
-    runs = []
-    for run in range(3):
-        barrier = threading.Barrier(2 * n)
-
-        def create(
-            i: int, run: int = run, barrier: threading.Barrier = barrier
-        ) -> tuple[bool, float]:
-            labelled = i % 2 == 0
-            labels = {"tunefleet.io/profile": "serve"} if labelled else {"app": "plain"}
-            body = {
-                "metadata": {"name": f"r{run}-{i:03d}", "labels": labels},
-                "spec": {"containers": [{"name": "s", "image": "registry.example.com/serve:1"}]},
-            }
-            barrier.wait()
-            t = time.perf_counter()
-            api.create_namespaced_pod(ns, body)
-            return labelled, (time.perf_counter() - t) * 1000
-
-        with concurrent.futures.ThreadPoolExecutor(max_workers=2 * n) as pool:
-            got = list(pool.map(create, range(2 * n)))
-        with_hook = sorted(ms for labelled, ms in got if labelled)
-        without = sorted(ms for labelled, ms in got if not labelled)
-
-        def pct(xs: list[float], q: float) -> float:
-            return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
-
-        runs.append(
-            {
-                "labelled_p50_ms": round(pct(with_hook, 0.5), 1),
-                "labelled_p99_ms": round(pct(with_hook, 0.99), 1),
-                "unlabelled_p50_ms": round(pct(without, 0.5), 1),
-                "unlabelled_p99_ms": round(pct(without, 0.99), 1),
-            }
-        )
-        time.sleep(2)
-    for r in runs:
-        r["p50_ratio"] = round(r["labelled_p50_ms"] / r["unlabelled_p50_ms"], 2)
-        r["p99_ratio"] = round(r["labelled_p99_ms"] / r["unlabelled_p99_ms"], 2)
-    out = {
-        "pods_per_run": f"{n} labelled + {n} unlabelled, created at the same moment",
-        "runs": runs,
-        "p50_ratio_median": statistics.median(r["p50_ratio"] for r in runs),
-        "p99_ratio_median": statistics.median(r["p99_ratio"] for r in runs),
-        "goal": "p99 ratio <= 1.3",
-    }
-    print(f"webhook ratio: {json.dumps(out)}", flush=True)
-    return out
-
-
-class S3FromPods:
-    """nftables on this machine (the real node): counts new TCP connections from pods to the
-    S3 server, and can drop them (the store unreachable from pods: the in-cluster operator's
-    too, so its deliveries are made before; counted, they are part of the figure)."""
-
-    TABLE = "tunefleet_bench_s3"
-
-    def __init__(self, pod_cidr: str, s3_host: str, s3_port: int) -> None:
-        import subprocess
-
-        self._nft = lambda *a: subprocess.run(["nft", *a], check=True, capture_output=True)
-        self.match = ["ip", "saddr", pod_cidr, "ip", "daddr", s3_host, "tcp", "dport", str(s3_port)]
-        self._nft("add", "table", "inet", self.TABLE)
-        hook = "{ type filter hook input priority -10 ; }"
-        self._nft("add", "chain", "inet", self.TABLE, "input", hook)
-        self._nft("add", "rule", "inet", self.TABLE, "input", *self.match, "ct", "state", "new",
-                  "counter")  # fmt: skip
-
-    def connections(self) -> int:
-        import subprocess
-
-        out = subprocess.run(
-            ["nft", "list", "table", "inet", self.TABLE], check=True, capture_output=True,
-            text=True,
-        ).stdout  # fmt: skip
-        m = re.search(r"ct state new counter packets (\d+)", out)
-        return int(m.group(1)) if m else 0
-
-    def block(self) -> None:
-        self._nft("add", "rule", "inet", self.TABLE, "input", *self.match, "drop")
-
-    def close(self) -> None:
-        import subprocess
-
-        subprocess.run(["nft", "delete", "table", "inet", self.TABLE], capture_output=True)
-
-
-def _pod_addresses() -> str:
-    """The real node's pod addresses as an nftables range: its bridge's network (POD_CIDR in
-    hack/lib/common.sh; the kubelet's CNI config sets no node podCIDR) without the bridge's own
-    address, which is the host's (its own connections to S3 are not pods')."""
-    import ipaddress
-
-    text = (ROOT / "hack" / "lib" / "common.sh").read_text()
-    cidr = re.search(r"^POD_CIDR=(\S+)", text, re.M)
-    assert cidr, "POD_CIDR not found in hack/lib/common.sh"
-    net = ipaddress.ip_network(cidr.group(1))
-    return f"{net.network_address + 2}-{net.broadcast_address - 1}"
-
-
-def real_node(cluster: Cluster, s3: S3Settings, runs: int = 10, burst: int = 20) -> dict[str, Any]:
-    """On the real node, with the operator as the chart's Deployment: a tuning Job's duration
-    (stand-in image), then model pod start-up (create to Running) three ways, interleaved,
-    `runs` times each: no profile (the baseline), the artifact delivered as a ConfigMap (the
-    default), and fetched from the store by the init container; then a burst of `burst` pods
-    each way, counting the S3 connections pods opened; then the same with the store
-    unreachable from pods."""
-    from urllib.parse import urlsplit
-
-    from tests.e2e.test_real_pods import model_pod, real_profile
-    from tests.support.cluster import ensure_images
-    from tests.support.operator import SERVING_SECRET, create_s3_secret, install_in_cluster
-
-    ensure_images()
-    deployed = install_in_cluster(cluster, s3)
-    ns = f"bench-real-{int(time.time())}"
-    cluster.kubectl("create", "namespace", ns)
-    CREATED.append(ns)
-    secret = create_s3_secret(cluster.kubectl, ns, s3.access_key, s3.secret_key)
-    create_s3_secret(
-        cluster.kubectl, ns, s3.reader_access_key, s3.reader_secret_key, SERVING_SECRET
-    )
-
-    def get(kind: str, name: str) -> dict[str, Any]:
-        doc: dict[str, Any] = json.loads(
-            cluster.kubectl("get", kind, "-n", ns, name, "-o", "json").stdout
-        )
-        return doc
-
-    durations = []
-    for i, delivery in enumerate(["ConfigMap", "Store", "ConfigMap"]):
-        name = f"tune{i}"
-        doc = real_profile(name, s3, secret, serving={"delivery": delivery})
-        doc["spec"]["workload"]["shapes"][0]["mnk"][0] += i  # a distinct profile each run
-        start = time.perf_counter()
-        cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(doc))
-        eventually(
-            lambda name=name: get("tp", name),
-            lambda p: (
-                (p.get("status") or {}).get("phase") == "Ready"
-                and all(a.get("delivery") for a in p["status"].get("artifacts") or [])
-            ),
-            f"{name} Ready",
-            timeout=300,
-            interval=0.5,
-        )
-        durations.append(time.perf_counter() - start)
-    arms = {"none": None, "configmap": "tune0", "store": "tune1"}
-    assert get("tp", "tune0")["status"]["artifacts"][0]["delivery"].startswith("ConfigMap")
-
-    def pod_doc(name: str, profile: str | None, once: bool = False) -> dict[str, Any]:
-        # One fake GPU each: the real node has 8, and a burst queues for them.
-        doc = model_pod(name, profile or "tune0", gpus=1)
-        if profile is None:
-            del doc["metadata"]["labels"]["tunefleet.io/profile"]
-        if not once:
-            doc["spec"]["restartPolicy"] = "Always"
-            doc["spec"]["containers"][0]["command"] = ["standin-server"]
-        return doc
-
-    def phase(name: str, want: str, timeout: float = 180) -> dict[str, Any]:
-        return eventually(
-            lambda: get("pod", name),
-            lambda p: (p.get("status") or {}).get("phase") == want,
-            f"{name} {want}",
-            timeout=timeout,
-            interval=0.1,
-        )
-
-    def start_to_running(name: str, profile: str | None) -> float:
-        t = time.perf_counter()
-        cluster.kubectl("create", "-n", ns, "-f", "-", input=yaml.safe_dump(pod_doc(name, profile)))
-        phase(name, "Running")
-        took = time.perf_counter() - t
-        cluster.kubectl("delete", "pod", "-n", ns, name, "--wait=false")
-        return took
-
-    def tuned(name: str) -> bool:
-        logs = cluster.kubectl("logs", "-n", ns, name, "-c", "server", check=False).stdout
-        return "results file(s) in" in logs
-
-    def burst_of(prefix: str, profile: str | None, timeout: float = 300) -> dict[str, Any]:
-        """`burst` pods at once that report what they got and end (so that all of them get
-        one of the node's 8 fake GPUs in turn)."""
-        names = [f"{prefix}-{i}" for i in range(burst)]
-        t = time.perf_counter()
-        docs = "\n---\n".join(yaml.safe_dump(pod_doc(n, profile, once=True)) for n in names)
-        cluster.kubectl("create", "-n", ns, "-f", "-", input=docs)
-        for n in names:
-            phase(n, "Succeeded", timeout)
-        took = time.perf_counter() - t
-        started_tuned = sum(tuned(n) for n in names)
-        cluster.kubectl("delete", "pod", "-n", ns, *names, "--wait=false")
-        return {"pods": burst, "all_done_s": round(took, 1), "started_tuned": started_tuned}
-
-    pod_cidr = _pod_addresses()
-    endpoint = urlsplit(s3.pod_endpoint)
-    counter = S3FromPods(pod_cidr, endpoint.hostname or "", endpoint.port or 80)
-    try:
-        times: dict[str, list[float]] = {arm: [] for arm in arms}
-        for i in range(runs):
-            for arm, prof in arms.items():
-                times[arm].append(start_to_running(f"{arm}-{i}", prof))
-        medians = {arm: statistics.median(ts) for arm, ts in times.items()}
-        bursts = {}
-        for arm in ("configmap", "store"):
-            before = counter.connections()
-            bursts[arm] = burst_of(f"burst-{arm}", arms[arm])
-            bursts[arm]["s3_connections_from_pods"] = counter.connections() - before
-        counter.block()
-        down: dict[str, list[float]] = {"none": [], "configmap": []}
-        for i in range(runs):
-            for arm in down:
-                down[arm].append(start_to_running(f"down-{arm}-{i}", arms[arm]))
-        down_medians = {arm: statistics.median(ts) for arm, ts in down.items()}
-        outage: dict[str, Any] = {
-            "create_to_running_s_median": {a: round(m, 2) for a, m in down_medians.items()},
-            "configmap_ratio_to_no_profile": round(
-                down_medians["configmap"] / down_medians["none"], 2
-            ),
-        }
-        outage |= {
-            f"burst_{arm}": burst_of(f"down-burst-{arm}", arms[arm], timeout=900)
-            for arm in ("configmap", "store")
-        }
-    finally:
-        counter.close()
-        deployed.uninstall()
-    out = {
-        "tuning_job_apply_to_ready_s": [round(d, 1) for d in durations],
-        "tuning_job_apply_to_ready_s_median": round(statistics.median(durations), 1),
-        "model_pod_create_to_running_s_median": {a: round(m, 2) for a, m in medians.items()},
-        "model_pod_create_to_running_s_all": {
-            a: [round(t, 2) for t in ts] for a, ts in times.items()
-        },
-        "ratio_to_no_profile": {
-            a: round(medians[a] / medians["none"], 2) for a in ("configmap", "store")
-        },
-        "burst": bursts,
-        "store_unreachable_from_pods": outage,
-        "note": (
-            f"{runs} pods per arm, interleaved; stand-in inference image (no GPU, no real "
-            "torch); the stand-in tunes 8 shapes in 'microseconds'. Store-path pods with the "
-            "store unreachable start untuned after the fetch's wall-clock limit (60 s)."
-        ),
-    }
-    print(f"real node: {json.dumps(out)}", flush=True)
-    return out
-
-
-PARTS = (
-    "scale", "storm", "churn", "webhook", "library", "artifacts", "gc", "real", "nodemap", "capture",
-)  # fmt: skip
-
-
-def main() -> None:
-    if sys.argv[1:2] == ["scale"]:
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["scale"]:
         from bench import bench_scale
 
-        bench_scale.main(sys.argv[2:])
+        bench_scale.main(argv[1:])
         return
-    only = set(PARTS)
-    if "--only" in sys.argv:
-        only = set(sys.argv[sys.argv.index("--only") + 1].split(","))
-    cluster, s3 = ensure_cluster(), ensure_s3()
-    env = s3.env()
-    results: dict[str, Any] = json.loads(JSON_OUT.read_text()) if JSON_OUT.exists() else {}
-    operator = install(cluster, s3.endpoint)
-    assert operator.proc is not None
-    try:
-        if "scale" in only:
-            from bench import bench_scale
+    args = parser().parse_args(argv)
+    if args.list:
+        for name, what in ROUTINES.items():
+            print(f"{name:<10} {what}")
+        return
+    if args.routine:
+        only = [args.routine]
+    elif args.only:
+        only = [r.strip() for r in args.only.split(",") if r.strip()]
+        unknown = [r for r in only if r not in ROUTINES]
+        if unknown:
+            parser().error(f"unknown routine(s) {unknown}; choose from {list(ROUTINES)}")
+        only = [r for r in ROUTINES if r in only]  # the full run's order
+    else:
+        only = list(ROUTINES)
+    defaults = {"kills": 100, "churn_profiles": 1000, "cycles": 5, "runs": 7, "nodes": 10_000}
+    options = {**defaults, "loop": True, **vars(args)}
 
-            results.pop("scale_1000_profiles", None)
-            results["scale"] = {
-                str(n): bench_scale.run(cluster, operator, n, m)
-                for n, m in bench_scale.parse_sizes(bench_scale.SIZES)
-            }
-        if "storm" in only:
-            results["kill_storm"] = kill_storm(cluster, operator)
-        if "churn" in only:
-            results["churn_create_delete"] = churn(cluster, operator)
-        if "webhook" in only:
-            results["webhook"] = webhook_latency(cluster, operator, env)
-            results["webhook_cost_ratio"] = webhook_ratio(cluster, operator, env)
-    finally:
-        operator.stop()
-    try:
-        if "library" in only:
-            from bench import bench_library
+    from bench import suite  # the cluster, kubernetes and the test support: only now
 
-            results["library"] = bench_library.run(s3)
-        if "artifacts" in only:
-            results["artifacts"] = artifacts(s3)
-        if "gc" in only:
-            from bench import bench_gc
-
-            results["gc_10000_objects"] = bench_gc.run(s3)
-        if "real" in only:
-            results["real_node"] = real_node(cluster, s3)
-        if "nodemap" in only:
-            from bench import bench_nodemap
-
-            results["node_map_10000_nodes"] = bench_nodemap.run()
-        if "capture" in only:
-            from bench import bench_capture
-
-            results["capture"] = bench_capture.run()
-    finally:
-        for ns in CREATED:
-            cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
-    write(results)
-
-
-def write(results: dict[str, Any]) -> None:
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
-    lines = [
-        "# tunefleet benchmarks",
-        "",
-        f"Written by `make bench` on {time.strftime('%Y-%m-%d')}: {os.cpu_count()} cores ({cpu}), "
-        f"Python {platform.python_version()}, local control plane (kube-apiserver v1.36.3, kwok, SeaweedFS) on loopback. "
-        "Medians; this machine is shared and noisy, so read ratios, not absolutes.",
-        "",
-        "```json",
-        json.dumps(results, indent=2),
-        "```",
-    ]
-    OUT.write_text("\n".join(lines) + "\n")
-    JSON_OUT.write_text(json.dumps(results, indent=2) + "\n")
-    print(OUT.read_text())
+    suite.run_parts(only, options)
 
 
 if __name__ == "__main__":

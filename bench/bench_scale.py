@@ -617,7 +617,7 @@ def main(argv: list[str]) -> None:
         if args.profiles
         else parse_sizes(args.sizes)
     )
-    from bench.__main__ import JSON_OUT, write
+    from bench.results import load, progress, stamped, write
     from tests.support.cluster import ensure_cluster, ensure_s3
     from tests.support.operator import install
 
@@ -627,19 +627,20 @@ def main(argv: list[str]) -> None:
         operator.env["PYTHONPATH"] = str(args.operator_source.resolve() / "operator")
     got: dict[str, Any] = {}
     try:
-        for n, m in sizes:
+        for i, (n, m) in enumerate(sizes, start=1):
+            progress("scale", f"size {i}/{len(sizes)}: {n} profiles over {m} namespaces")
             dumps, trace = (
                 (args.tracemalloc, True) if args.tracemalloc else (args.malloc_info, False)
             )
-            got[str(n)] = run(
-                cluster, operator, n, m, args.py_spy, dumps, trace, create=args.create
+            got[str(n)] = stamped(
+                run(cluster, operator, n, m, args.py_spy, dumps, trace, create=args.create)
             )
     finally:
         operator.stop()
         print(f"operator log: {operator.log}", flush=True)
     if args.no_write or args.tracemalloc or args.malloc_info or args.operator_source:
         return
-    results: dict[str, Any] = json.loads(JSON_OUT.read_text()) if JSON_OUT.exists() else {}
+    results = load()
     results.pop("scale_1000_profiles", None)
     # The goal's figures (kubectl) under "scale", the burst's beside them.
     results.setdefault("scale" if args.create == "kubectl" else "scale_rest", {}).update(got)

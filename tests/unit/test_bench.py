@@ -1,0 +1,88 @@
+"""bench/: its CLI answers --help without running anything, and bench/results.json holds only
+what the bench code writes, each figure group stamped with the commit and date of its run,
+with results.md generated from it."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bench import results as R
+
+COMMIT = re.compile(r"^[0-9a-f]{7,}(-dirty)?( \(.+\))?$|^unknown \(.+\)$")
+DATE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ( \(.+\))?$|^unknown \(.+\)$")
+
+
+def test_bench_help_exits_at_once_with_the_usage() -> None:
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--help"],
+        cwd=R.ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - start < 20
+    assert done.stdout.startswith("usage: python -m bench")
+    for routine in ("scale", "artifacts", "capture", "gc", "library", "nodemap", "--only"):
+        assert routine in done.stdout
+
+
+def test_an_unknown_routine_is_refused_before_anything_runs() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--only", "scale,nope"],
+        cwd=R.ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2 and "unknown routine(s) ['nope']" in done.stderr
+
+
+def test_every_key_in_results_json_is_one_the_bench_code_writes() -> None:
+    results = R.load()
+    assert results, "bench/results.json is missing"
+    assert R.unknown_keys(results) == []
+
+
+def test_every_figure_group_says_which_commit_and_date_made_it() -> None:
+    results = R.load()
+    assert R.missing_provenance(results) == []
+    for name, figures in R.groups(results):
+        made = figures[R.PROVENANCE]
+        assert set(made) == {"commit", "date"}, name
+        assert COMMIT.match(made["commit"]), (name, made)
+        assert DATE.match(made["date"]), (name, made)
+
+
+def test_results_md_is_generated_from_results_json() -> None:
+    assert R.OUT.read_text() == R.markdown(R.load())
+
+
+def test_a_hand_written_key_is_caught_and_refused_by_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    results = R.load()
+    results["scale_rest"]["1000"]["note"] = "measured by hand"
+    results["gc_10000_objects"]["extra"] = 1
+    assert R.unknown_keys(results) == ["gc_10000_objects.extra", "scale_rest.1000.note"]
+    written: list[str] = []
+    monkeypatch.setattr(type(R.JSON_OUT), "write_text", lambda *a, **k: written.append("x"))
+    with pytest.raises(ValueError, match="keys the bench code does not write"):
+        R.write(results)
+    assert not written
+
+
+def test_a_run_stamps_its_figures_with_the_checkout_and_the_utc_date() -> None:
+    figures = R.stamped({"kills": 100})
+    made = figures[R.PROVENANCE]
+    assert figures["kills"] == 100
+    assert re.match(r"^[0-9a-f]{7,}(-dirty)?$", made["commit"]), made
+    assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$", made["date"]), made
+    assert json.loads(json.dumps(figures)) == figures
