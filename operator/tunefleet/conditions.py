@@ -20,9 +20,12 @@ class Type(StrEnum):
     READY = "Ready"  # True: every GPU model of the spec has an artifact that pods get
     PROGRESSING = "Progressing"  # True: tuning Jobs of the current revision are underway
     FAILED = "Failed"  # True: a tuning Job of the current revision failed, or the spec is invalid
+    # True: model pods run without the artifact for a cause tunefleet can fix or must report
+    # (its delivery is gone, a pod's fetch failed), or a delivery could not be made again.
+    DEGRADED = "Degraded"
 
 
-TYPES = (Type.READY, Type.PROGRESSING, Type.FAILED)
+TYPES = (Type.READY, Type.PROGRESSING, Type.FAILED, Type.DEGRADED)
 
 
 class Reason(StrEnum):
@@ -56,6 +59,10 @@ class Reason(StrEnum):
     POD_CREATE_FAILED = "PodCreateFailed"
     # A Job waits in its Kueue LocalQueue (spec.tuning.queueName): Kueue's reason in the message.
     QUEUED = "Queued"
+    # Degraded
+    PODS_SERVED = "PodsServed"  # False: no model pod runs untuned for a cause of ours
+    PODS_UNTUNED = "PodsStartedUntuned"  # True: the count and each cause in the message
+    DELIVERY_FAILED = "DeliveryFailed"  # True: a delivered artifact is gone and not made again
 
 
 # What a tuning pod stuck before it ran is waiting on: the Job is not failing (yet).
@@ -89,6 +96,8 @@ class EventReason(StrEnum):
     RETUNE_STARTED = "RetuneStarted"
     RETUNE_NOT_STARTED = "RetuneNotStarted"  # asked for (or due), and why it could not be
     CAPTURE_NOT_LOADED = "CaptureResultsNotLoaded"
+    # An artifact's ConfigMap was deleted or replaced under its name: made again (delivery.py).
+    CONFIG_MAP_REMADE = "ArtifactConfigMapRemade"
 
 
 def truncate(message: str, limit: int = MESSAGE_LIMIT) -> str:

@@ -24,10 +24,11 @@ import kopf
 from tunefleet import kube, metrics, naming
 from tunefleet.cache import Untrusted
 from tunefleet.capture.step import CaptureSource
-from tunefleet.conditions import Reason
+from tunefleet.conditions import Reason, Type, find
 from tunefleet.config import Config
 from tunefleet.heap import release_memory
-from tunefleet.reconcile import QUEUED_TTL, Memory, sync_profile
+from tunefleet.reconcile import QUEUED_TTL, REDELIVER_AFTER_S, Memory, sync_profile
+from tunefleet.served import Untuned
 from tunefleet.workqueue import Backoff, WorkQueue
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,11 @@ class Indexes:
     compact: Callable[[], None] = lambda: None
     # Capture stores and retune sets (capture/step.py); None: no capture.
     captures: CaptureSource | None = None
+    # (namespace, name) -> the uid of that artifact ConfigMap now, "" when none (delivered.py);
+    # None: not followed (the reconcile then trusts what status recorded).
+    config_map_uid: Callable[[str, str], str] | None = None
+    # (namespace, profile) -> its model pods that run untuned for a cause of ours (served.py).
+    untuned_pods: Callable[[str, str], list[Untuned]] = lambda ns, name: []
 
 
 class Controller:
@@ -181,6 +187,8 @@ class Controller:
                 untrusted=self.indexes.untrusted(uid),
                 on_written=lambda rv, status: self.indexes.written(key, rv, status),
                 captures=self.indexes.captures,
+                config_map_uid=self.indexes.config_map_uid,
+                untuned_pods=self.indexes.untuned_pods(ns, name),
             )
         except kopf.PermanentError as e:
             # Reported in the profile's status (and an Event on the transition); nothing to
@@ -222,6 +230,10 @@ class Controller:
             if any(j.get("reason") == Reason.QUEUED for j in status.get("jobs") or []):
                 # Nothing of a queued Job changes while Kueue's reason for it does: look again.
                 self.queue.add_after(key, QUEUED_TTL)
+            elif find(status, Type.DEGRADED).get("reason") == Reason.DELIVERY_FAILED:
+                # A delivery that could not be made again (the store down): no event will
+                # bring it back, so look again soon (pods fetch from the store meanwhile).
+                self.queue.add_after(key, REDELIVER_AFTER_S)
         finally:
             metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
 

@@ -12,19 +12,24 @@ again after DELIVERY_RETRY_S.
 
 from __future__ import annotations
 
+import base64
+import gzip
+import hashlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from tunefleet import kube, naming, views
+from tunefleet.artifacts import fit
 from tunefleet.artifacts.fetch import FetchError, download_verified
-from tunefleet.builders.artifact import build_artifact_config_map, is_packed
+from tunefleet.builders.artifact import PACKED_NAME, build_artifact_config_map, is_packed
 from tunefleet.config import Config
 from tunefleet.contracts.admission import Admission
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import StoreError, StoreOptions
+from tuner_job.output import MANIFEST_NAME, RESULTS_NAME
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +40,39 @@ CONFIG_MAP = "ConfigMap"  # status.artifacts[].delivery of a delivered artifact
 
 
 @dataclass(frozen=True)
+class Foreign:
+    """An object found under a name the operator makes an artifact's ConfigMap under, that is
+    not that artifact: never mounted, reported, and stepped around."""
+
+    name: str
+    uid: str
+    why: str
+
+
+@dataclass(frozen=True)
 class Delivered:
     name: str
     uid: str
     packed: bool  # gzipped into binaryData: pods unpack it with a local init container
+    foreign: tuple[Foreign, ...] = ()  # found on the way, under the names tried before
 
     @property
     def note(self) -> str:
         return f"{CONFIG_MAP} gzip" if self.packed else CONFIG_MAP
+
+
+class DeliveryError(Exception):
+    """No ConfigMap could be had for the artifact; `foreign` says what stood in the way."""
+
+    def __init__(self, message: str, foreign: tuple[Foreign, ...] = ()) -> None:
+        super().__init__(message)
+        self.foreign = foreign
+
+
+# Names tried for one artifact's ConfigMap: the deterministic one, then one derived from each
+# foreign object found in the way (so a squatter cannot block delivery, and a second
+# reconcile finds the same name again).
+NAMES_TRIED = 3
 
 
 def deliverable(config: Config) -> str:
@@ -55,6 +85,41 @@ def deliverable(config: Config) -> str:
     return ""
 
 
+def next_name(base: str, foreign_uid: str) -> str:
+    """The name to try after a foreign object of this uid was found under the last one."""
+    return f"{base}-{hashlib.sha256(foreign_uid.encode()).hexdigest()[:8]}"
+
+
+def content_problem(
+    config_map: dict[str, Any], sha256: str, manifest_sha256: str, profile_uid: str
+) -> str:
+    """Why this ConfigMap is not the artifact (sha256, manifest_sha256) delivered for the
+    profile, judged by what it holds, never by its labels; "" when it is."""
+    meta = config_map.get("metadata") or {}
+    if views.owning_profile(meta) != profile_uid:
+        return "it is not controlled by the TuningProfile"
+    if config_map.get("immutable") is not True:
+        return "it is not immutable (its content could change under running pods)"
+    data = config_map.get("data") or {}
+    binary = config_map.get("binaryData") or {}
+    try:
+        if PACKED_NAME in binary:
+            results = gzip.decompress(base64.b64decode(binary[PACKED_NAME]))
+        else:
+            results = str(data.get(RESULTS_NAME, "")).encode("utf-8")
+    except (ValueError, OSError, EOFError) as e:
+        return f"its packed results do not unpack ({e})"
+    got = hashlib.sha256(results).hexdigest()
+    if got != sha256:
+        return f"its results have SHA-256 {got[:12]}, the artifact {sha256[:12]}"
+    if manifest_sha256:
+        manifest = str(data.get(MANIFEST_NAME, "")).encode("utf-8")
+        held = hashlib.sha256(manifest).hexdigest()
+        if held != manifest_sha256:
+            return f"its manifest has SHA-256 {held[:12]}, the artifact's {manifest_sha256[:12]}"
+    return ""
+
+
 def deliver(
     record: ArtifactRecord,
     *,
@@ -64,9 +129,10 @@ def deliver(
     endpoint: str,
     region: str,
     config: Config,
+    vendor: str = "",
 ) -> Delivered:
-    """The artifact's ConfigMap, made (or found, ours) now. Raises FetchError, StoreError or
-    kube errors with why it could not be."""
+    """The artifact's ConfigMap, made (or found: ours, holding exactly the artifact) now.
+    Raises FetchError, StoreError, DeliveryError or kube errors with why it could not be."""
     if parse_uri(record.uri).scheme != "s3":
         raise FetchError("a pvc:// artifact is read from the claim by the fetch init container")
     options = StoreOptions(
@@ -78,6 +144,11 @@ def deliver(
         gpu_model=record.gpu_model or None,
         options=options,
         manifest_sha256=record.manifest_sha256 or None,
+        target=fit.Target(
+            record.gpu_model,
+            vendor,
+            fit.is_stand_in_model(record.gpu_model, config.stand_in_models),
+        ),
     )
     cm = build_artifact_config_map(
         namespace=namespace,
@@ -91,12 +162,43 @@ def deliver(
     )
     if cm is None:
         raise FetchError(f"{len(got.results)} bytes do not fit a ConfigMap, even gzipped")
-    name = cm["metadata"]["name"]
-    made = kube.create_owned(cm) or kube.read("ConfigMap", namespace, name)
-    if made is None:
+    base = name = cm["metadata"]["name"]
+    foreign: list[Foreign] = []
+    for _ in range(NAMES_TRIED):
+        cm["metadata"]["name"] = name
+        there, made = _create_or_read(cm, namespace, name)
+        meta = there.get("metadata") or {}
+        # What we made holds the verified bytes; what we found is judged by what it holds.
+        problem = "" if made else content_problem(there, record.sha256, record.manifest_sha256, uid)
+        if not problem:
+            log.info(f"delivered {record.uri} as ConfigMap {namespace}/{name}")
+            return Delivered(name, str(meta.get("uid") or ""), is_packed(cm), tuple(foreign))
+        squatter = str(meta.get("uid") or "")
+        foreign.append(Foreign(name, squatter, problem))
+        log.warning(
+            f"ConfigMap {namespace}/{name} is not the artifact {record.sha256[:12]} ({problem}): "
+            "never mounted; delivering under another name"
+        )
+        name = next_name(base, squatter)
+    raise DeliveryError(
+        f"{NAMES_TRIED} objects under the names of the artifact's ConfigMap are not it "
+        f"({', '.join(f.name for f in foreign)}); pods fetch it from the store",
+        tuple(foreign),
+    )
+
+
+def _create_or_read(cm: dict[str, Any], namespace: str, name: str) -> tuple[dict[str, Any], bool]:
+    """What stands under `name` once we tried to make `cm` there, and whether we made it."""
+    try:
+        made = kube.create_owned(cm)
+    except kube.NotOurs:
+        made = None  # judged by content, like any object found there
+    if made is not None:
+        return made, True
+    there = kube.read("ConfigMap", namespace, name)
+    if there is None:
         raise StoreError(f"ConfigMap {namespace}/{name} vanished as it was made")
-    log.info(f"delivered {record.uri} as ConfigMap {namespace}/{name}")
-    return Delivered(name, str(made["metadata"].get("uid") or ""), is_packed(cm))
+    return there, False
 
 
 def referenced_names(status: dict[str, Any]) -> set[str]:

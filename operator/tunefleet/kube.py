@@ -296,15 +296,19 @@ class WatchApi:
     each watch holds its connection for minutes, and must not take one from the reconcile
     workers' pool (or be dropped from it)."""
 
-    def __init__(self, connections: int) -> None:
+    def __init__(self, connections: int, *, metadata_only: bool = False) -> None:
         config = _configuration()
         config.connection_pool_maxsize = connections
         self.client = kubernetes.client.ApiClient(configuration=config)
+        self.metadata_only = metadata_only
 
     def _get(self, path: str, params: dict[str, str], timeout: Any) -> Any:
+        accept = "application/json"
+        if self.metadata_only:
+            accept = _META_WATCH if params.get("watch") else _META_LIST
         return self.client.call_api(
             path, "GET", query_params=list(params.items()),
-            header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
+            header_params={"Accept": accept}, auth_settings=["BearerToken"],
             _preload_content=False, _return_http_data_only=True, _request_timeout=timeout,
         )  # fmt: skip
 

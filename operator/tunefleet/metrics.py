@@ -88,6 +88,11 @@ UNTRUSTED_OBJECTS = Counter(
     ["kind"],
     registry=REGISTRY,
 )
+CONFIG_MAPS_REMADE = Counter(
+    "tunefleet_artifact_config_maps_remade_total",
+    "Artifact ConfigMaps made again after the one status named was deleted or replaced.",
+    registry=REGISTRY,
+)
 STATUS_CONFLICTS = Counter(
     "tunefleet_status_conflicts_total",
     "Status writes the API server refused because the profile changed since it was read "

@@ -40,7 +40,8 @@ from tunefleet.config import Config
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.heap import compacted
 from tunefleet.observe import Hints, JobObservation, observe
-from tunefleet.status import Observed, compute_status, status_changed
+from tunefleet.served import Untuned
+from tunefleet.status import Observed, compute_status, status_changed, with_degraded
 from tunefleet.storage.store import StoreError
 from tunefleet.views import profile_ref
 
@@ -51,6 +52,10 @@ EVENTS_TTL = 60.0  # seconds a pod's kubelet Events are trusted before being rea
 # queued Job that often (kueue.py: nothing of the Job changes while its Workload waits).
 QUEUED_TTL = 15.0
 NODES_TTL = 60.0  # seconds a node count is trusted (parallelism checks only)
+# A delivered artifact whose ConfigMap was deleted or replaced and could not be made again
+# (the store down) is tried again this soon, not after DELIVERY_RETRY_S: until then every new
+# pod fetches it from the store.
+REDELIVER_AFTER_S = 30.0
 
 
 def now() -> str:
@@ -93,6 +98,11 @@ class ProfileMemory:
     failures: dict[str, str] = field(default_factory=dict)
     # A delivery that failed, by artifact SHA-256: (when, why); tried again after a while.
     deliveries: dict[str, tuple[float, str]] = field(default_factory=dict)
+    # Artifact ConfigMaps found deleted or replaced and not made again yet, by artifact
+    # SHA-256: what happened to the one status named (Degraded until it is made again).
+    lost: dict[str, str] = field(default_factory=dict)
+    # Model pods that run untuned for a cause of ours, by cause, as last announced.
+    untuned_said: dict[str, int] = field(default_factory=dict)
     # Artifact ConfigMaps that status stopped naming but a pod may still mount, and when they
     # were last checked (None: never since this replica started, so not known).
     retiring: set[str] | None = None
@@ -162,8 +172,9 @@ class ProfileMemory:
         self.reported &= untrusted
 
     def prune_deliveries(self, shas: set[str]) -> None:
-        for sha in [k for k in self.deliveries if k not in shas]:
-            del self.deliveries[sha]
+        for table in (self.deliveries, self.lost):
+            for sha in [k for k in table if k not in shas]:
+                del table[sha]
 
 
 @dataclass
@@ -230,6 +241,9 @@ def hints_for(spec: TuningProfileSpec | None, config: Config) -> Hints:
         credentials_kind=storage.credentials_kind or "storage credentials",
         credential_keys=storage.credential_keys,
         pull_secrets=tuple(s.name for s in spec.image_pull_secrets or []),
+        # A record that does not fit its model's vendor is refused, never served (fit.py).
+        gpu_vendor=spec.gpu.vendor,
+        stand_in_models=tuple(config.stand_in_models),
         tolerations=tuple(
             str(t.get("key") or "every taint")
             for t in (
@@ -295,6 +309,14 @@ class _Sync:
     # or the spec's), status.capture, and the Events to post once the status is written.
     capture: capture_step.Outcome = field(default_factory=capture_step.Outcome)
     captures: capture_step.CaptureSource | None = None
+    # The uid of an artifact ConfigMap now, by (namespace, name) (delivered.py); None: not
+    # followed, status's word is taken.
+    config_map_uid: Callable[[str, str], str] | None = None
+    # Model pods that run untuned for a cause of ours (served.py): the Degraded condition.
+    untuned_pods: list[Untuned] = field(default_factory=list)
+    # What delivery found this pass: ConfigMaps made again, foreign objects in the way.
+    remade: list[str] = field(default_factory=list)
+    foreign: list[delivery.Foreign] = field(default_factory=list)
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -477,8 +499,9 @@ def _tend(s: _Sync, observations: list[JobObservation]) -> None:
 
 
 def _deliver(s: _Sync, status: dict[str, Any]) -> None:
-    """Each current artifact that has no ConfigMap yet gets one (delivery.py), or a word on
-    why not; status then says how pods get it."""
+    """Each current artifact gets its ConfigMap (delivery.py), or a word on why not; status
+    then says how pods get it. One that status names but that was deleted or replaced since
+    is made again (admission serves the artifact from the store meanwhile)."""
     if s.spec is None or not status.get("artifacts"):
         return
     artifacts = [dict(a) for a in status["artifacts"]]  # never the previous status's dicts
@@ -491,14 +514,16 @@ def _deliver(s: _Sync, status: dict[str, Any]) -> None:
     storage = s.spec.storage
     endpoint = storage.endpoint or s.config.default_s3_endpoint
     for entry in artifacts:
-        if entry.get("configMap"):
+        if entry.get("configMap") and not _lost(s, entry):
             continue
+        lost = s.memory.lost.get(str(entry.get("sha256", "")), "")
         record = ArtifactRecord.from_status(entry)
         tried = s.memory.deliveries.get(entry.get("sha256", ""))
         if why_not or record is None:
             entry["delivery"] = f"Store: {why_not}" if why_not else "Store"
             continue
-        if tried and time.monotonic() - tried[0] < delivery.DELIVERY_RETRY_S:
+        wait = REDELIVER_AFTER_S if lost else delivery.DELIVERY_RETRY_S
+        if tried and time.monotonic() - tried[0] < wait:
             entry["delivery"] = tried[1]
             continue
         try:
@@ -510,15 +535,59 @@ def _deliver(s: _Sync, status: dict[str, Any]) -> None:
                 endpoint=endpoint,
                 region=storage.region or "",
                 config=s.config,
+                vendor=s.spec.gpu.vendor,
             )
-        except (FetchError, StoreError, kube.NotOurs, kopf.TemporaryError) as e:
+        except (FetchError, StoreError, delivery.DeliveryError, kube.NotOurs,
+                kopf.TemporaryError) as e:  # fmt: skip
+            if isinstance(e, delivery.DeliveryError):
+                s.foreign += list(e.foreign)
             note = truncate(f"Store: delivery as a ConfigMap failed: {e}", 300)
             s.memory.deliveries[record.sha256] = (time.monotonic(), note)
             entry["delivery"] = note
             continue
+        s.foreign += list(got.foreign)
+        if lost:
+            s.remade.append(
+                f"{record.gpu_model}: the ConfigMap of artifact {record.sha256[:12]} {lost}; "
+                f"made again as {got.name}"
+            )
+            s.memory.lost.pop(record.sha256, None)
+            metrics.CONFIG_MAPS_REMADE.inc()
         entry["configMap"] = {"name": got.name, "uid": got.uid}
         entry["delivery"] = got.note
     s.memory.prune_deliveries({a.get("sha256", "") for a in artifacts})
+
+
+def _lost(s: _Sync, entry: dict[str, Any]) -> bool:
+    """Whether the ConfigMap status names for this artifact is gone or is not the one made
+    (another uid): then it is dropped from the entry, to be made again. The cache's word is
+    checked with the API server before it is taken (the watch may not have seen one just
+    made); one the cache agrees with is taken as it is (immutable, ours: its uid says so)."""
+    if s.config_map_uid is None:
+        return False
+    cm, ns = entry["configMap"], s.meta["namespace"]
+    name, made = str(cm.get("name") or ""), str(cm.get("uid") or "")
+    if s.config_map_uid(ns, name) == made and made:
+        return False
+    try:
+        there = kube.read("ConfigMap", ns, name)
+    except kopf.TemporaryError:
+        return False  # not known now: the next reconcile looks again
+    now_uid = str(((there or {}).get("metadata") or {}).get("uid") or "")
+    if now_uid == made and made:
+        return False
+    what = f"was replaced (uid {now_uid})" if there is not None else "was deleted"
+    if there is not None:
+        s.foreign.append(
+            delivery.Foreign(name, now_uid, f"it replaced the ConfigMap made ({made})")
+        )
+    sha = str(entry.get("sha256", ""))
+    s.memory.lost[sha] = s.memory.lost.get(sha) or f"{name} {what}"
+    s.memory.deliveries.pop(sha, None)  # tried again now, whatever failed before
+    log.warning(f"TuningProfile {ns}/{s.meta['name']}: ConfigMap {name} {what}; delivering again")
+    entry.pop("configMap", None)
+    entry.pop("delivery", None)
+    return True
 
 
 def _retire_config_maps(s: _Sync, previous: dict[str, Any], status: dict[str, Any]) -> None:
@@ -564,9 +633,18 @@ def _report(s: _Sync, observations: list[JobObservation]) -> dict[str, Any]:
         now(),
     )
     _deliver(s, status)
+    lost = [
+        s.memory.lost[a["sha256"]]
+        for a in status.get("artifacts") or []
+        if a.get("sha256") in s.memory.lost
+    ]
+    status = with_degraded(
+        status, previous, s.untuned_pods, lost, int(s.meta.get("generation") or 0), now()
+    )
     _capture_against_new_artifacts(s, previous, status)
     if s.acting:
         _retire_config_maps(s, previous, status)
+    _report_delivery(s)
     if status_changed(previous, status):
         rv = str(s.meta.get("resourceVersion") or "")
         written = kube.replace_profile_status(ns, name, rv, status)
@@ -608,6 +686,42 @@ def _capture_against_new_artifacts(
         s.capture.events += [e for e in again.events if e not in s.capture.events]
 
 
+def _report_delivery(s: _Sync) -> None:
+    """ConfigMaps made again, and foreign objects found where an artifact's ConfigMap was to
+    be: one Event each (a foreign one once per uid), a metric."""
+    ref = profile_ref(s.profile)
+    counts: dict[str, int] = {}
+    for u in s.untuned_pods:
+        counts[u.cause] = counts.get(u.cause, 0) + 1
+    for cause, count in sorted(counts.items()):
+        if count > s.memory.untuned_said.get(cause, 0):
+            first = next(u for u in s.untuned_pods if u.cause == cause)
+            kube.post_event_soon(
+                ref,
+                "Warning",
+                Reason.PODS_UNTUNED,
+                f"{count} model pod(s) run without the artifact ({cause}): {first.reason} "
+                f"(pod {first.pod}). `kubectl tunefleet why {first.pod}` says what to do.",
+            )
+    s.memory.untuned_said = counts
+    for line in s.remade:
+        kube.post_event_soon(ref, "Warning", EventReason.CONFIG_MAP_REMADE, line + ".")
+    for obj in s.foreign:
+        if obj.uid in s.memory.reported:
+            continue
+        s.memory.reported.add(obj.uid)
+        metrics.UNTRUSTED_OBJECTS.labels("configmaps").inc()
+        kube.post_event_soon(
+            ref,
+            "Warning",
+            EventReason.UNTRUSTED_OBJECT,
+            f"ConfigMap {s.meta['namespace']}/{obj.name} (uid {obj.uid}) stands where an "
+            f"artifact's ConfigMap is made, but is not that artifact: {obj.why}. It is never "
+            "mounted; the artifact is delivered under another name. Delete it if nothing "
+            "else needs it.",
+        )
+
+
 def _report_untrusted(s: _Sync, untrusted: list[Untrusted]) -> None:
     """Objects that claim the profile by its labels without being owned by it: said once."""
     for obj in untrusted:
@@ -635,6 +749,8 @@ def sync_profile(
     untrusted: list[Untrusted] | None = None,
     on_written: Callable[[str, dict[str, Any]], None] = lambda rv, status: None,
     captures: capture_step.CaptureSource | None = None,
+    config_map_uid: Callable[[str, str], str] | None = None,
+    untuned_pods: list[Untuned] | None = None,
 ) -> dict[str, Any]:
     """Reconcile one profile (a view, see views.profile_view); returns the status it holds.
     `on_written(resourceVersion, status)`: what the API server answered to a status write.
@@ -649,7 +765,7 @@ def sync_profile(
     unadmitted = memory.unadmitted.get((meta["namespace"], meta["name"]), [])
     s = _Sync(
         profile, jobs, pods, config, mine, unadmitted=unadmitted, on_written=on_written,
-        captures=captures,
+        captures=captures, config_map_uid=config_map_uid, untuned_pods=untuned_pods or [],
     )  # fmt: skip
     with mine.lock:
         if naming.LEGACY_FINALIZER in (meta.get("finalizers") or []):
@@ -689,7 +805,7 @@ def sync_profile(
             _merge_when_shares_are_in(s, observations)
         _tend(s, observations)
         status = _report(s, observations)
-        mine.prune(s.jobs, pods, {u.uid for u in untrusted or []})
+        mine.prune(s.jobs, pods, {u.uid for u in untrusted or []} | {f.uid for f in s.foreign})
         if s.problems or s.spec is None or s.refused:
             why = s.problems or s.refused
             raise kopf.PermanentError(truncate("; ".join(why) or "invalid spec"))
@@ -719,7 +835,7 @@ def announce(
     ):
         kube.post_event_soon(ref, "Warning", now_p["reason"], now_p["message"])
     _announce_artifacts(ref, before, after)
-    if after.get("phase") == "Ready" and before.get("phase") != "Ready":
+    if after.get("phase") == "Ready" and before.get("phase") not in ("Ready", "Degraded"):
         arts = ", ".join(
             f"{a['gpuModel']}@{a['sha256'][:12]}" for a in after.get("artifacts") or []
         )

@@ -16,6 +16,7 @@ from tunefleet.api import TuningProfileSpec
 from tunefleet.conditions import Reason, Type, condition
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.observe import JobObservation
+from tunefleet.served import Untuned
 
 HISTORY_LIMIT = 10
 
@@ -402,3 +403,59 @@ def status_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
     """Whether the status must be written. The write replaces the whole status, so a field
     the new one no longer has (an Invalid profile's old figures) is a change too."""
     return old != new
+
+
+def with_degraded(
+    status: dict[str, Any],
+    previous: dict[str, Any],
+    untuned: list[Untuned],
+    lost: list[str],
+    generation: int,
+    now: str,
+) -> dict[str, Any]:
+    """Status with its Degraded condition: True while model pods run untuned for a cause of
+    ours (served.py) or a delivered artifact's ConfigMap is gone and not made again yet
+    (`lost`, what happened to each); the phase then says Degraded instead of Ready. Computed
+    after delivery (which may have made a lost ConfigMap again in this very pass)."""
+    prior = list(previous.get("conditions") or [])
+    if lost:
+        reason = Reason.DELIVERY_FAILED
+        message = (
+            f"The artifact ConfigMap could not be made again: {'; '.join(lost)}. New pods fetch "
+            "the artifact from the store meanwhile (verified); tunefleet retries every "
+            "30 s. Check the operator's read access to the store (the chart's delivery values)."
+        )
+    elif untuned:
+        reason = Reason.PODS_UNTUNED
+        message = untuned_message(untuned)
+    else:
+        reason, message = (
+            Reason.PODS_SERVED,
+            "No model pod runs untuned for a cause of tunefleet's.",
+        )
+    degraded = condition(
+        prior, Type.DEGRADED, bool(lost or untuned), reason, message, generation, now
+    )
+    out = dict(status)
+    out["conditions"] = [
+        c for c in status.get("conditions") or [] if c.get("type") != Type.DEGRADED
+    ] + [degraded]
+    if degraded["status"] == "True" and status.get("phase") == "Ready":
+        out["phase"] = "Degraded"
+    return out
+
+
+def untuned_message(untuned: list[Untuned]) -> str:
+    """How many model pods run untuned, by cause, with the pods named and what to do."""
+    by_cause: dict[str, list[Untuned]] = {}
+    for u in untuned:
+        by_cause.setdefault(u.cause, []).append(u)
+    parts = []
+    for cause, pods in sorted(by_cause.items()):
+        names = ", ".join(u.pod for u in pods[:5]) + (", ..." if len(pods) > 5 else "")
+        parts.append(f"{len(pods)} {cause} ({pods[0].reason}; pods: {names})")
+    return (
+        f"{len(untuned)} model pod(s) run without the artifact: {' | '.join(parts)}. "
+        "`kubectl tunefleet why <pod>` says more; once the cause is fixed, recreate them "
+        "(e.g. kubectl rollout restart)."
+    )

@@ -49,10 +49,13 @@ BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)  # after failed calls, in turn; succe
 class Kind:
     """A watched kind: its name (cache.py's), API path, and what selects it server-side."""
 
-    name: str  # "tuningprofiles" | "jobs" | "pods"
+    name: str  # "tuningprofiles" | "jobs" | "pods" | ...: unique per kind followed
     group_path: str  # /api/v1, /apis/batch/v1, ...
     plural: str
     label_selector: str = ""
+    # Metadata only (PartialObjectMetadata): what is followed is the object's existence and
+    # identity, not its content (an artifact ConfigMap holds up to 1 MiB).
+    metadata_only: bool = False
 
     def path(self, namespace: str | None) -> str:
         where = f"/namespaces/{namespace}" if namespace else ""
@@ -69,6 +72,17 @@ CAPTURE_CONFIGMAPS = Kind(
     "configmaps", "/api/v1", "configmaps",
     f"{_MANAGED},{naming.ROLE_LABEL} in ({ROLE_CAPTURE},{ROLE_RETUNE})",
 )  # fmt: skip
+# Artifact ConfigMaps (delivery.py): one deleted or replaced is made again within seconds,
+# and admission serves from the store meanwhile (delivered.py keeps their identities).
+ARTIFACT_CONFIGMAPS = Kind(
+    "artifact-configmaps", "/api/v1", "configmaps",
+    f"{_MANAGED},{naming.ROLE_LABEL}=artifact", metadata_only=True,
+)  # fmt: skip
+# Model pods the webhook admitted (served.py): those that run without their artifact for a
+# cause of ours are counted in their profile's Degraded condition.
+MODEL_PODS = Kind(
+    "model-pods", "/api/v1", "pods", f"{naming.PROFILE_LABEL},{naming.ADMISSION_LABEL}"
+)
 
 
 # kind name -> its event handler (handlers/ register theirs with @on, as kopf's decorators do)

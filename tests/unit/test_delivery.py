@@ -104,15 +104,32 @@ def test_a_gzipped_artifact_is_unpacked_locally_without_network_or_credentials()
     ("seen", "words"),
     [({"tunefleet-artifact-x": ""}, "is gone"), ({"tunefleet-artifact-x": "cm-2"}, "was replaced")],
 )
-def test_a_gone_or_replaced_config_map_starts_untuned_or_is_refused(
-    seen: dict[str, str], words: str
+@pytest.mark.parametrize("closed", [False, True])
+def test_a_gone_or_replaced_config_map_is_never_mounted_the_store_serves_the_same_artifact(
+    seen: dict[str, str], words: str, closed: bool
 ) -> None:
-    d = admit(model_pod(), "x", model_profile(CM), SERVING, seen)
-    assert not d.injected and words in d.reason and d.code == Code.CONFIG_MAP_REPLACED
-    closed = admit(model_pod(), "x", model_profile(CM, failClosed=True), SERVING, seen)
-    assert closed.deny and words in closed.deny
-    # Not known right now (the API server did not answer in time): mounted by name as it is.
-    assert admit(model_pod(), "x", model_profile(CM), SERVING, None).injected
+    serving = {"failClosed": True} if closed else {}
+    d = admit(model_pod(), "x", model_profile(CM, **serving), SERVING, seen)
+    assert d.injected and not d.deny and d.code == Code.STORE_FALLBACK
+    assert any(words in n and "from the store" in n for n in d.notes), d.notes
+    spec = d.pod["spec"]
+    assert not any(
+        s.get("configMap", {}).get("name") == "tunefleet-artifact-x"
+        for v in spec["volumes"]
+        for s in (v.get("projected") or {}).get("sources") or [v]
+    ), spec["volumes"]
+    (fetch,) = spec["initContainers"]
+    cmd = fetch["command"]
+    assert cmd[cmd.index("--uri") + 1] == f"s3://bkt/p/ns/x/NVIDIA-H200/{SHA}"
+    assert cmd[cmd.index("--sha256") + 1] == SHA
+    marked = Admission.read(d.pod)
+    assert marked is not None and marked.sha256 == SHA and not marked.config_map
+    assert marked.code == Code.STORE_FALLBACK
+    # Not known right now (the watch has not listed yet): mounted by name as it is.
+    known = admit(model_pod(), "x", model_profile(CM), SERVING, None)
+    assert (
+        known.injected and known.code == Code.NONE and not known.pod["spec"].get("initContainers")
+    )
 
 
 def test_the_store_path_uses_read_only_credentials_never_the_publish_secret() -> None:

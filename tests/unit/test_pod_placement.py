@@ -210,13 +210,20 @@ def test_delivered_candidates_are_mounted_and_need_no_credentials() -> None:
     assert [i["key"] for i in h100["configMap"]["items"]] == ["results.csv", "manifest.json"]
     assert [i["key"] for i in h200["configMap"]["items"]] == ["results.csv.gz", "manifest.json"]
     assert all(s["configMap"]["optional"] for s in vol["projected"]["sources"])
-    # A candidate ConfigMap replaced since it was made starts untuned there, and only there.
+    # A candidate ConfigMap replaced since it was made is fetched from the store there (the
+    # same artifact, verified), and only there; never mounted.
     d = admit(
         pod(term(In(H100, H200))), "llama", prof, CFG,
         {"tunefleet-artifact-nvidia-h100-80gb-hbm3": "another", "tunefleet-artifact-nvidia-h200": "uid-NVIDIA-H200"},
     )  # fmt: skip
     got = candidates(pick_container(d.pod))
-    assert "was replaced" in got[0]["untuned"] and got[1]["sha256"] == SHA[H200]
+    assert got[0]["uri"] == prof["status"]["artifacts"][0]["uri"] and "untuned" not in got[0]
+    assert got[0]["sha256"] == SHA[H100] and got[1]["sha256"] == SHA[H200]
+    assert got[1]["uri"] == f"file://{CANDIDATES_DIR}/ml/llama/{H200}/{SHA[H200]}"
+    assert d.code == Code.STORE_FALLBACK and any("was replaced" in n for n in d.notes)
+    (vol,) = [v for v in d.pod["spec"]["volumes"] if v["name"] == "tunefleet-candidates"]
+    mounted = [s["configMap"]["name"] for s in vol["projected"]["sources"][1:]]
+    assert mounted == ["tunefleet-artifact-nvidia-h200"]
 
 
 def test_a_model_without_an_artifact_is_offered_as_untuned_there() -> None:

@@ -365,5 +365,5 @@ def test_an_untuned_decision_repeated_by_a_later_entry_is_announced_once(
     assert len(announced) == 1, announced
 
 
-async def _no_config_maps(namespace: str, entry: Any) -> dict[str, str]:
+def _no_config_maps(namespace: str, entry: Any) -> dict[str, str]:
     return {}

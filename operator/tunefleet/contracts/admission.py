@@ -30,6 +30,9 @@ class Code(StrEnum):
     PARTITION_UNKNOWN = "partition_unknown"  # the pod's GPU partition cannot be told (DRA)
     IMAGE_MISMATCH = "image_mismatch"  # injected, but a container runs another image
     CONFIG_MAP_REPLACED = "config_map_replaced"  # its ConfigMap is gone or not the one made
+    # Injected from the store: the artifact's ConfigMap is gone or not the one made, so the
+    # fetch init container reads the same artifact from the store (verified) meanwhile.
+    STORE_FALLBACK = "store_fallback"
     ERROR = "error"  # the webhook failed: admitted unchanged
     NOT_WATCHED = "not_watched"  # a namespace this release does not watch: left to its own
     # Decided before: an earlier webhook entry of ours (one per replica, charts' webhook.yaml)

@@ -3,6 +3,6 @@
 Importing this package registers every handler with kopf.
 """
 
-from tunefleet.handlers import capture, job, pod, startup, tuningprofile
+from tunefleet.handlers import capture, delivery, job, pod, startup, tuningprofile
 
-__all__ = ["capture", "job", "pod", "startup", "tuningprofile"]
+__all__ = ["capture", "delivery", "job", "pod", "startup", "tuningprofile"]

@@ -15,7 +15,7 @@ from tunefleet import kube, metrics, naming, views, watch
 from tunefleet.builders.webhook import HANDLER_ID
 from tunefleet.conditions import EventReason
 from tunefleet.contracts.admission import Code
-from tunefleet.handlers.startup import CACHE, CONFIG, follow_child
+from tunefleet.handlers.startup import CACHE, CONFIG, DELIVERED, follow_child
 from tunefleet.webhook.admission import Decision, admit, already_injected, repeats, seen_injected
 
 # Not kopf's per-object logger: that one posts Events, and an admitted pod has no uid yet.
@@ -62,7 +62,7 @@ async def pod_mutate(
         entry = CACHE.profile((namespace, profile_name)) or await _read_profile(
             namespace, profile_name
         )
-        config_maps = await _config_map_uids(namespace, entry)
+        config_maps = _config_map_uids(namespace, entry)
         decision = admit(dict(body), profile_name, entry, CONFIG.get(), config_maps)
     except Exception:
         # A bug here must not block pods: a handler error would reach the API server as a
@@ -107,39 +107,16 @@ async def _read_profile(namespace: str, name: str) -> dict[str, Any] | None:
     return views.profile_view(raw) if raw is not None else None
 
 
-# name -> (read at, uid or ""): a scale-up of N pods reads each artifact ConfigMap once.
-_CONFIG_MAPS: dict[tuple[str, str], tuple[float, str]] = {}
-CONFIG_MAP_TTL = 30.0
-
-
-async def _config_map_uids(namespace: str, entry: dict[str, Any] | None) -> dict[str, str] | None:
-    """The uid each of the profile's artifact ConfigMaps has now ("" when gone), so admission
-    can tell one replaced since it was made; None when it cannot be read in time (the pod then
-    mounts it by name, as it is)."""
-    names = [
-        str(a["configMap"]["name"])
+def _config_map_uids(namespace: str, entry: dict[str, Any] | None) -> dict[str, str]:
+    """The uid each of the profile's artifact ConfigMaps has now ("" when gone), from what this
+    replica's watch follows (delivered.py): admission mounts one only while it is the object
+    the operator made, and serves the artifact from the store otherwise. No API call: a
+    scale-up of N pods costs the API server nothing here."""
+    return {
+        name: DELIVERED.uid_of(namespace, name)
         for a in ((entry or {}).get("status") or {}).get("artifacts") or []
-        if isinstance(a.get("configMap"), dict) and a["configMap"].get("name")
-    ]
-    if not names:
-        return {}
-    now, out = time.monotonic(), {}
-    for key in [k for k, (at, _) in _CONFIG_MAPS.items() if now - at > CONFIG_MAP_TTL]:
-        _CONFIG_MAPS.pop(key, None)
-    for name in names:
-        cached = _CONFIG_MAPS.get((namespace, name))
-        if cached is None:
-            try:
-                found = await asyncio.wait_for(
-                    asyncio.to_thread(kube.read, "ConfigMap", namespace, name), timeout=1.5
-                )
-            except Exception as e:
-                log.info(f"admission: could not read ConfigMap {namespace}/{name}: {e}")
-                return None
-            uid = str(((found or {}).get("metadata") or {}).get("uid") or "")
-            cached = _CONFIG_MAPS[(namespace, name)] = (now, uid)
-        out[name] = cached[1]
-    return out
+        if isinstance(a.get("configMap"), dict) and (name := str(a["configMap"].get("name") or ""))
+    }
 
 
 def apply(body: kopf.Body, patch: kopf.Patch, decision: Decision) -> None:

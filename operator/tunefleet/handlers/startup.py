@@ -24,8 +24,10 @@ from tunefleet.capture.step import CaptureSource
 from tunefleet.capture.store import Writer
 from tunefleet.config import Config
 from tunefleet.controller import Controller, Indexes
+from tunefleet.delivered import DeliveredConfigMaps
 from tunefleet.leader import LeaseElector
 from tunefleet.nodemap import NodeMaps
+from tunefleet.served import ServedPods
 from tunefleet.watch import Reflectors
 from tunefleet.webhook import server as webhook_server
 
@@ -74,6 +76,9 @@ CACHE = Cache()
 ELECTOR = _ElectorHolder()
 NODE_MAPS = _NodeMapsHolder()
 CAPTURES = CaptureCache()  # capture stores and retune sets (handlers/capture.py follows them)
+# Artifact ConfigMaps and admitted model pods (handlers/delivery.py follows them).
+DELIVERED = DeliveredConfigMaps()
+SERVED = ServedPods()
 
 
 class _EndpointHolder:
@@ -96,11 +101,17 @@ def reflectors(config: Config) -> Reflectors:
     spaces: list[str | None] = list(config.namespaces) or [None]
     kinds = list(watch.HANDLERS.values())
     api = kube.WatchApi(connections=len(spaces) * len(kinds) + 2)
+    meta_api = kube.WatchApi(connections=len(spaces) + 2, metadata_only=True)
+    tables: dict[str, _Table] = {
+        watch.CAPTURE_CONFIGMAPS.name: CAPTURES,
+        watch.ARTIFACT_CONFIGMAPS.name: DELIVERED,
+        watch.MODEL_PODS.name: SERVED,
+    }
     out = []
     for ns in spaces:
         for kind, handler in kinds:
-            # Where what this kind's handler keeps is: the capture cache, or the main one.
-            table: _Table = CAPTURES if kind == watch.CAPTURE_CONFIGMAPS else CACHE
+            # Where what this kind's handler keeps is: its own table, or the main cache.
+            table: _Table = tables.get(kind.name, CACHE)
 
             def forget(
                 uid: str, kind: watch.Kind = kind, handler: watch.Handler = handler,
@@ -109,8 +120,14 @@ def reflectors(config: Config) -> Reflectors:
                 handler("DELETED", table.stub(kind.name, uid))
 
             known = functools.partial(table.known, kind.name, ns)
-            out.append(watch.Reflector(api, kind, ns, handler, known, forget))
+            via = meta_api if kind.metadata_only else api
+            out.append(watch.Reflector(via, kind, ns, handler, known, forget))
     return Reflectors(out)
+
+
+def _compact_tables() -> None:
+    for table in (CACHE, DELIVERED, SERVED):
+        table.compact()
 
 
 class _Table(Protocol):
@@ -153,8 +170,10 @@ async def operator_startup(
         written=CACHE.written,
         refresh=CACHE.put_profile,
         has_profile=CACHE.has_profile_uid,
-        compact=CACHE.compact,
+        compact=_compact_tables,
         captures=CaptureSource(CAPTURES, ArtifactKeys(config)),
+        config_map_uid=DELIVERED.uid_of,
+        untuned_pods=SERVED.of,
     )
     controller = Controller(
         config, indexes, workers=config.workers, resync_seconds=config.resync_seconds

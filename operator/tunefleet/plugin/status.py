@@ -7,7 +7,7 @@ from typing import Any
 
 from tunefleet import naming
 from tunefleet.capture.loop import model_revision
-from tunefleet.conditions import TYPES
+from tunefleet.conditions import TYPES, Type
 from tunefleet.contracts.artifact import ArtifactRecord
 
 from .common import age, event_lines, recent_events, short, table
@@ -63,6 +63,8 @@ def status_report(profile: dict[str, Any], events: list[dict[str, Any]]) -> dict
                 "lastTransitionTime": conditions.get(t, {}).get("lastTransitionTime"),
             }
             for t in CONDITIONS
+            # Degraded came with 0.2.0: a status an older operator wrote has none to show.
+            if t in conditions or t != Type.DEGRADED
         ],
         "models": [
             {

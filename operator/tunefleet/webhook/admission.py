@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -495,15 +495,18 @@ def build_patch(
     check: ImageCheck,
     config: Config,
     profile_name: str = "",
+    code: Code | None = None,
 ) -> dict[str, Any]:
-    """The pod to admit, injected: a copy of `pod`."""
+    """The pod to admit, injected: a copy of `pod`. `code`: the decision it records (by
+    default none, or the image mismatch its check found)."""
     spec = choice.spec
     out = copy.deepcopy(pod)
     pspec = out.setdefault("spec", {})
     devices = gpu_count(out, naming.resource_name(spec))
     capture = _add_capture(pspec, choice, check, config)
     where = (str((out.get("metadata") or {}).get("namespace") or ""), profile_name)
-    code = Code.IMAGE_MISMATCH if check.mismatches else Code.NONE
+    if code is None:
+        code = Code.IMAGE_MISMATCH if check.mismatches else Code.NONE
     warning = "; ".join(check.warnings)
     if isinstance(choice, AtNode):
         offered = _pick_at_node(pspec, choice, devices, config, where)
@@ -612,15 +615,14 @@ def admit(
     choice = choose_artifact(pod, profile_name, profile)
     if isinstance(choice, Decision):
         return choice
+    fallback = ""
     if isinstance(choice, AtNode):
-        choice = _settle_config_maps(pod, choice, config_maps)
-        if isinstance(choice, Decision):
-            return choice
+        choice, fallback = _settle_config_maps(choice, config_maps)
     elif choice.from_config_map and (problem := config_map_problem(choice, config_maps)):
-        fix = "The operator makes it again when it reconciles the profile; recreate the pod then."
-        closed = choice.spec.serving.fail_closed
-        code = Code.CONFIG_MAP_REPLACED
-        return _untuned(pod, problem, code, fail_closed=closed, fix=fix, model=choice.model)
+        # The same artifact, verified, from the store while the operator makes its ConfigMap
+        # again: never mounted from an object that is not the one made.
+        choice = replace(choice, artifact=from_store(choice.artifact))
+        fallback = f"{problem}: the artifact is fetched from the store instead (verified)"
     check = check_images(pod, choice)
     if check.mismatches and choice.spec.serving.fail_closed:
         return Decision(
@@ -630,23 +632,31 @@ def admit(
             "set spec.serving.pinImage, or retune in this one.",
             code=Code.IMAGE_MISMATCH,
         )
-    out = build_patch(pod, choice, check, config, profile_name)
-    code = Code.IMAGE_MISMATCH if check.mismatches else Code.NONE
+    if fallback:
+        check.notes.append(fallback)
+    code = Code.STORE_FALLBACK if fallback else Code.NONE
+    code = Code.IMAGE_MISMATCH if check.mismatches else code
+    out = build_patch(pod, choice, check, config, profile_name, code=code)
     return Decision(pod=out, injected=True, warnings=check.warnings, code=code, notes=check.notes)
 
 
-def _settle_config_maps(
-    pod: dict[str, Any], at: AtNode, seen: dict[str, str] | None
-) -> AtNode | Decision:
-    """Candidates whose ConfigMap is gone or replaced start untuned where they are picked."""
-    offers = []
+def from_store(artifact: ArtifactRecord) -> ArtifactRecord:
+    """The artifact, to be fetched from the store rather than mounted from its ConfigMap."""
+    return replace(artifact, config_map="", config_map_uid="", delivery="Store")
+
+
+def _settle_config_maps(at: AtNode, seen: dict[str, str] | None) -> tuple[AtNode, str]:
+    """Candidates whose ConfigMap is gone or replaced are fetched from the store where they
+    are picked; returns the candidates and what was found ("" when nothing)."""
+    offers, found = [], []
     for o in at.offers:
-        problem = ""
         if o.artifact is not None and o.from_config_map(at.spec):
             problem = config_map_problem(Choice(at.spec, o.model, o.artifact, False), seen)
-        if problem:
-            fix = "The operator makes it again when it reconciles the profile; recreate the pod."
-            o = Offer(o.model, None, Untuned(Code.CONFIG_MAP_REPLACED, problem, fix))
+            if problem:
+                found.append(problem)
+                o = Offer(o.model, from_store(o.artifact))
         offers.append(o)
-    settled = AtNode(at.spec, tuple(offers))
-    return settled if settled.served else _none_served(pod, settled, at.spec.serving.fail_closed)
+    said = "; ".join(found)
+    return AtNode(at.spec, tuple(offers)), (
+        f"{said}: fetched from the store instead (verified)" if said else ""
+    )

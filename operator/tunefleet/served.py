@@ -1,0 +1,137 @@
+"""Model pods that run without their artifact for a cause of ours, by profile: what the
+Degraded condition counts (status.py) and `kubectl tunefleet status` shows.
+
+A cause of ours is one the operator can fix or must report, as against a choice the pod or
+the profile made (a model not tuned, Default-only results, a partition): the artifact's
+ConfigMap was gone and the store could not stand in (admission's `config_map_replaced`), or
+the pod's fetch init container started it untuned (the store unreachable, a checksum or
+identity refused). Followed by a reflector of admitted model pods (watch.MODEL_PODS;
+handlers/delivery.py) on every replica; the leader's reconcile reads it.
+
+The pod's own words are the source (contracts/admission.py, contracts/fetch.py): a pod
+anyone could label is only ever counted, never acted on.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from tunefleet import naming
+from tunefleet.contracts.admission import UNTUNED, Admission, Code
+from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
+from tunefleet.contracts.fetch import UNTUNED as FETCH_UNTUNED
+from tunefleet.contracts.fetch import FetchOutcome
+from tunefleet.heap import compacted
+
+# Admission's untuned decisions that are ours to fix or report.
+OURS = frozenset({Code.CONFIG_MAP_REPLACED})
+FETCH_FAILED = "fetch_failed"  # the cause of a pod its fetch init container started untuned
+
+Key = tuple[str, str]  # (namespace, profile name)
+
+
+@dataclass(frozen=True, slots=True)
+class Untuned:
+    pod: str
+    cause: str  # a Code of OURS, or FETCH_FAILED
+    reason: str
+
+
+def cause_of(pod: dict[str, Any]) -> Untuned | None:
+    """Why this model pod runs without its artifact, when that is a cause of ours; else None
+    (served, ended, never admitted, or untuned by the pod's or profile's own choice)."""
+    meta = pod.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return None
+    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return None
+    admitted = Admission.read(pod)
+    if admitted is None:
+        return None
+    name = str(meta.get("name") or "")
+    if admitted.outcome == UNTUNED:
+        if admitted.code in OURS:
+            return Untuned(name, str(admitted.code), admitted.reason)
+        return None
+    outcome = _fetch_outcome(pod)
+    if outcome is None or outcome.verdict != FETCH_UNTUNED:
+        return None
+    if outcome.gpu_model and admitted.candidates.get(outcome.gpu_model) == "":
+        return None  # picked at its node, where admission had already said untuned
+    return Untuned(name, FETCH_FAILED, outcome.reason)
+
+
+def _fetch_outcome(pod: dict[str, Any]) -> FetchOutcome | None:
+    for cs in (pod.get("status") or {}).get("initContainerStatuses") or []:
+        if cs.get("name") != FETCH_CONTAINER:
+            continue
+        for state in (cs.get("state") or {}, cs.get("lastState") or {}):
+            done = state.get("terminated")
+            if done:
+                return FetchOutcome.parse(done.get("message"))
+    return None
+
+
+class ServedPods:
+    """Admitted model pods that run untuned for a cause of ours, by (namespace, profile)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_profile: dict[Key, dict[str, Untuned]] = {}  # pod uid -> why
+        # pod uid -> where kept. Served pods are not kept at all: a fleet's pods cost nothing
+        # here until one runs untuned.
+        self._at: dict[str, Key] = {}
+
+    def follow(self, event: str | None, body: dict[str, Any]) -> Key | None:
+        """Keep one watch event; returns the profile whose count changed, or None."""
+        meta = body.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        ns = str(meta.get("namespace") or "")
+        profile = str((meta.get("labels") or {}).get(naming.PROFILE_LABEL) or "")
+        why = None if event == "DELETED" else cause_of(body)
+        with self._lock:
+            before = self._drop(uid)
+            if why is not None and profile:
+                key = (ns, profile)
+                self._by_profile.setdefault(key, {})[uid] = why
+                self._at[uid] = key
+                return key if before != (key, why) else None
+        return before[0] if before is not None else None
+
+    def _drop(self, uid: str) -> tuple[Key, Untuned] | None:
+        key = self._at.pop(uid, None)
+        if key is None:
+            return None
+        pods = self._by_profile.get(key) or {}
+        why = pods.pop(uid, None)
+        if not pods:
+            self._by_profile.pop(key, None)
+        return (key, why) if why is not None else None
+
+    def of(self, namespace: str, profile: str) -> list[Untuned]:
+        with self._lock:
+            found = list((self._by_profile.get((namespace, profile)) or {}).values())
+        return sorted(found, key=lambda u: u.pod)
+
+    def known(self, kind: str, namespace: str | None) -> set[str]:
+        with self._lock:
+            return {u for u, k in self._at.items() if namespace is None or k[0] == namespace}
+
+    def stub(self, kind: str, uid: str) -> dict[str, Any]:
+        with self._lock:
+            key = self._at.get(uid)
+        if key is None:
+            return {}
+        labels = {naming.PROFILE_LABEL: key[1]}
+        return {"metadata": {"namespace": key[0], "uid": uid, "labels": labels}}
+
+    def compact(self) -> None:
+        with self._lock:
+            self._by_profile = compacted(self._by_profile)
+            self._at = compacted(self._at)
+
+    def sizes(self) -> dict[str, int]:
+        with self._lock:
+            return {"untunedPods": len(self._at)}

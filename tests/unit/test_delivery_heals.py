@@ -1,0 +1,310 @@
+"""Delivery that heals: an artifact ConfigMap deleted or replaced under its name is made again
+(never trusted by its labels: judged by what it holds), the profile says so while it is not,
+and model pods that run untuned for a cause of ours are counted in its Degraded condition."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+from typing import Any
+
+import pytest
+
+from tests.unit.test_reconcile import MODELS, FakeApi, profile
+from tests.unit.test_trust import completed, published_pod
+from tunefleet import delivery, kube, naming
+from tunefleet.artifacts import fetch as fetch_mod
+from tunefleet.builders.artifact import build_artifact_config_map
+from tunefleet.conditions import EventReason, Reason, Type, find
+from tunefleet.config import Config
+from tunefleet.contracts.admission import INJECTED, UNTUNED, Admission, Code
+from tunefleet.contracts.fetch import CONTAINER, FetchOutcome
+from tunefleet.delivered import DeliveredConfigMaps
+from tunefleet.reconcile import Memory, sync_profile
+from tunefleet.served import FETCH_FAILED, ServedPods, Untuned, cause_of
+from tunefleet.status import with_degraded
+
+RESULTS = b"Validator,PT_VERSION,2.11.0\nGemmTunableOp_Half_TN,tn_8_8_8,Default,0.1\n"
+SHA = hashlib.sha256(RESULTS).hexdigest()
+MANIFEST = b'{"schema": "tunefleet.io/manifest/v1"}'
+SERVING = Config(image="tunefleet:1", delivery_credentials_secret="reader")
+
+
+def artifact_cm(uid: str = "puid", results: bytes = RESULTS, **meta: Any) -> dict[str, Any]:
+    cm = build_artifact_config_map(
+        namespace="ml", profile="p", uid=uid, gpu_model="M", sha256=SHA, manifest_sha256="",
+        results=results, manifest=MANIFEST,
+    )  # fmt: skip
+    assert cm is not None
+    cm["metadata"].update(meta)
+    return cm
+
+
+# --- what a ConfigMap holds, never what it says ------------------------------------------------
+
+
+def test_a_config_map_is_the_artifact_only_if_it_holds_exactly_its_bytes() -> None:
+    assert delivery.content_problem(artifact_cm(), SHA, "", "puid") == ""
+    forged = artifact_cm(results=b"Validator,PT_VERSION,2.11.0\nGemmTunableOp_Half_TN,x,Evil,0\n")
+    assert "SHA-256" in delivery.content_problem(forged, SHA, "", "puid")
+    # Same labels and annotations, owned by another profile: not this profile's.
+    assert "not controlled" in delivery.content_problem(artifact_cm(uid="other"), SHA, "", "puid")
+    mutable = {**artifact_cm(), "immutable": False}
+    assert "not immutable" in delivery.content_problem(mutable, SHA, "", "puid")
+    manifest = hashlib.sha256(MANIFEST).hexdigest()
+    assert delivery.content_problem(artifact_cm(), SHA, manifest, "puid") == ""
+    assert "manifest" in delivery.content_problem(artifact_cm(), SHA, "0" * 64, "puid")
+    packed = artifact_cm()
+    packed["data"].pop("results.csv")
+    packed["binaryData"] = {"results.csv.gz": base64.b64encode(gzip.compress(RESULTS)).decode()}
+    assert delivery.content_problem(packed, SHA, "", "puid") == ""
+    packed["binaryData"] = {"results.csv.gz": "bm90IGd6aXA="}
+    assert "unpack" in delivery.content_problem(packed, SHA, "", "puid")
+
+
+def test_the_next_name_is_derived_from_the_foreign_object_and_stays_a_valid_name() -> None:
+    base = artifact_cm()["metadata"]["name"]
+    one, two = delivery.next_name(base, "uid-a"), delivery.next_name(base, "uid-b")
+    assert one != two and one == delivery.next_name(base, "uid-a") and len(one) <= 253
+    assert one.startswith(base + "-")
+
+
+# --- the reconcile makes it again ---------------------------------------------------------------
+
+
+class World:
+    """A profile whose artifact was delivered, over FakeApi; `there` is what the API server
+    holds by ConfigMap name, `watched` what the watch has seen."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.p = profile(gpu={"vendor": "amd", "models": MODELS[:1]})
+        self.job = completed(self.p)
+        self.api = FakeApi(monkeypatch)
+        self.uri = f"s3://bkt/p/ml/p/{MODELS[0]}/{SHA}"
+        self.downloads = 0
+        self.store_down = False
+        self.there: dict[str, dict[str, Any]] = {}
+        self.watched: dict[str, str] = {}
+        self.memory = Memory()
+        monkeypatch.setattr(delivery, "download_verified", self.download)
+        monkeypatch.setattr(kube, "read", lambda kind, ns, name: self.there.get(name))
+        made = self.api.create_owned
+        self.made = 0
+
+        def create(obj: dict[str, Any]) -> dict[str, Any] | None:
+            name = obj["metadata"]["name"]
+            if obj["kind"] != "ConfigMap" or not name.startswith("tunefleet-artifact-"):
+                return made(obj)
+            if name in self.there:
+                return None  # 409, and the one there carries our ownerReference
+            self.made += 1
+            out = {**obj, "metadata": {**obj["metadata"], "uid": f"uid-{self.made}"}}
+            self.there[name] = out
+            self.watched[name] = out["metadata"]["uid"]
+            return out
+
+        monkeypatch.setattr(kube, "create_owned", create)
+
+    def download(self, uri: str, sha: str, **_: Any) -> fetch_mod.Verified:
+        self.downloads += 1
+        if self.store_down:
+            raise fetch_mod.FetchError("downloading failed: connection refused")
+        return fetch_mod.Verified(RESULTS, MANIFEST, 0, sha)
+
+    def sync(self, status: dict[str, Any] | None, **kw: Any) -> dict[str, Any]:
+        p = {**self.p, "status": status} if status else self.p
+        return sync_profile(
+            p, [self.job], [published_pod(self.job, self.uri)], SERVING, self.memory,
+            config_map_uid=lambda ns, name: self.watched.get(name, ""), **kw,
+        )  # fmt: skip
+
+
+def config_map_of(status: dict[str, Any]) -> dict[str, str]:
+    got: dict[str, str] = status["artifacts"][0]["configMap"]
+    return got
+
+
+def test_a_deleted_artifact_config_map_is_made_again_and_said(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    w = World(monkeypatch)
+    first = w.sync(None)
+    cm = config_map_of(first)
+    assert find(first, Type.DEGRADED)["status"] == "False" and first["phase"] == "Ready"
+    # As long as the watch agrees with status, nothing is read or made.
+    again = w.sync(first)
+    assert config_map_of(again) == cm and w.downloads == 1
+    # kubectl delete cm
+    del w.there[cm["name"]], w.watched[cm["name"]]
+    healed = w.sync(again)
+    remade = config_map_of(healed)
+    assert remade["name"] == cm["name"] and remade["uid"] != cm["uid"] and w.downloads == 2
+    assert find(healed, Type.DEGRADED)["status"] == "False" and healed["phase"] == "Ready"
+    said = [m for r, m in w.api.events if r == EventReason.CONFIG_MAP_REMADE]
+    assert len(said) == 1 and "was deleted" in said[0] and cm["name"] in said[0]
+
+
+def test_a_lagging_watch_is_checked_with_the_api_server_before_anything_is_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    w = World(monkeypatch)
+    first = w.sync(None)
+    w.watched.clear()  # the watch has not seen it yet; the API server has it, same uid
+    again = w.sync(first)
+    assert config_map_of(again) == config_map_of(first) and w.downloads == 1
+    assert not [r for r, _ in w.api.events if r == EventReason.CONFIG_MAP_REMADE]
+
+
+def test_a_replaced_config_map_is_never_taken_the_artifact_goes_under_another_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    w = World(monkeypatch)
+    first = w.sync(None)
+    cm = config_map_of(first)
+    # Deleted, and another put in its place with the same labels and ownerReference.
+    forged = artifact_cm(uid=w.p["metadata"]["uid"], results=b"Validator,PT_VERSION,2.11.0\n")
+    forged["metadata"]["name"] = cm["name"]
+    forged["metadata"]["uid"] = "forged-uid"
+    w.there[cm["name"]] = forged
+    w.watched[cm["name"]] = "forged-uid"
+    healed = w.sync(first)
+    remade = config_map_of(healed)
+    assert remade["name"] == delivery.next_name(cm["name"], "forged-uid")
+    assert w.there[remade["name"]]["metadata"]["uid"] == remade["uid"]
+    untrusted = [m for r, m in w.api.events if r == EventReason.UNTRUSTED_OBJECT]
+    assert len(untrusted) == 1 and "forged-uid" in untrusted[0] and "never mounted" in untrusted[0]
+    assert find(healed, Type.DEGRADED)["status"] == "False"
+    # Found again on later passes: said once.
+    w.sync(healed)
+    assert len([r for r, _ in w.api.events if r == EventReason.UNTRUSTED_OBJECT]) == 1
+
+
+def test_while_it_cannot_be_made_again_the_profile_is_degraded_then_recovers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    w = World(monkeypatch)
+    first = w.sync(None)
+    cm = config_map_of(first)
+    del w.there[cm["name"]], w.watched[cm["name"]]
+    w.store_down = True
+    broken = w.sync(first)
+    degraded = find(broken, Type.DEGRADED)
+    assert degraded["status"] == "True" and degraded["reason"] == Reason.DELIVERY_FAILED
+    assert "was deleted" in degraded["message"] and broken["phase"] == "Degraded"
+    assert "configMap" not in broken["artifacts"][0]
+    assert "connection refused" in broken["artifacts"][0]["delivery"]
+    # Tried again soon (REDELIVER_AFTER_S), not after the 300 s of a first delivery.
+    w.store_down = False
+    w.memory.of(w.p["metadata"]["uid"]).deliveries.clear()  # as if REDELIVER_AFTER_S passed
+    healed = w.sync(broken)
+    assert find(healed, Type.DEGRADED)["status"] == "False" and healed["phase"] == "Ready"
+    assert config_map_of(healed)["name"] == cm["name"]
+
+
+def test_pods_that_run_untuned_for_a_cause_of_ours_make_the_profile_degraded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    w = World(monkeypatch)
+    first = w.sync(None)
+    pods = [
+        Untuned("m-1", FETCH_FAILED, "downloading s3://bkt/x failed: connection refused"),
+        Untuned("m-2", FETCH_FAILED, "downloading s3://bkt/x failed: connection refused"),
+    ]
+    got = w.sync(first, untuned_pods=pods)
+    degraded = find(got, Type.DEGRADED)
+    assert degraded["status"] == "True" and degraded["reason"] == Reason.PODS_UNTUNED
+    assert "2 model pod(s)" in degraded["message"] and "m-1, m-2" in degraded["message"]
+    assert got["phase"] == "Degraded"
+    events = [m for r, m in w.api.events if r == Reason.PODS_UNTUNED]
+    assert len(events) == 1 and "fetch_failed" in events[0]
+    w.sync(got, untuned_pods=pods)  # the same count: not said again
+    assert len([r for r, _ in w.api.events if r == Reason.PODS_UNTUNED]) == 1
+    done = w.sync(got, untuned_pods=[])
+    assert find(done, Type.DEGRADED)["status"] == "False" and done["phase"] == "Ready"
+    # Back to Ready from Degraded is not a new "Artifacts published".
+    assert len([r for r, _ in w.api.events if r == EventReason.READY]) == 1
+
+
+def test_degraded_keeps_its_transition_time_and_leaves_other_phases_alone() -> None:
+    base = {"phase": "Tuning", "conditions": []}
+    pods = [Untuned("m", FETCH_FAILED, "x")]
+    one = with_degraded(base, {}, pods, [], 1, "t1")
+    assert one["phase"] == "Tuning" and find(one, Type.DEGRADED)["lastTransitionTime"] == "t1"
+    two = with_degraded(base, one, [*pods, Untuned("n", FETCH_FAILED, "x")], [], 1, "t2")
+    assert find(two, Type.DEGRADED)["lastTransitionTime"] == "t1"
+
+
+# --- which pods count ----------------------------------------------------------------------------
+
+
+def model_pod(
+    admission: Admission, fetch: FetchOutcome | None = None, phase: str = "Running"
+) -> dict[str, Any]:
+    pod: dict[str, Any] = {
+        "metadata": {
+            "name": "m",
+            "namespace": "ml",
+            "uid": "pod-1",
+            "labels": {naming.PROFILE_LABEL: "p"},
+        },
+        "status": {"phase": phase},
+    }
+    admission.write(pod)
+    if fetch is not None:
+        done = {"terminated": {"exitCode": 0, "message": fetch.line()}}
+        pod["status"]["initContainerStatuses"] = [{"name": CONTAINER, "state": done}]
+    return pod
+
+
+def test_only_causes_of_ours_are_counted() -> None:
+    gone = Admission(UNTUNED, Code.CONFIG_MAP_REPLACED, "the ConfigMap x is gone")
+    assert cause_of(model_pod(gone)) == Untuned(
+        "m", "config_map_replaced", "the ConfigMap x is gone"
+    )
+    # The profile's or the pod's own choices are not ours to fix.
+    for code in (
+        Code.DEFAULT_ONLY,
+        Code.MODEL_NOT_TUNED,
+        Code.NO_ARTIFACT,
+        Code.PARTITION_MISMATCH,
+    ):
+        assert cause_of(model_pod(Admission(UNTUNED, code, "why"))) is None
+    injected = Admission(INJECTED, sha256=SHA, uri="s3://bkt/x")
+    refused = FetchOutcome("untuned", reason="results.csv has SHA-256 00, expected ab")
+    assert cause_of(model_pod(injected, refused)) == Untuned("m", FETCH_FAILED, refused.reason)
+    loaded = FetchOutcome("loaded", files=1, gemms=1, sha256=SHA, dest="/r", tuned=1, default=0)
+    assert cause_of(model_pod(injected, loaded)) is None
+    assert cause_of(model_pod(injected, refused, phase="Succeeded")) is None
+    # Picked at its node, where admission had already said untuned: not a fetch failure.
+    at_node = Admission(INJECTED, candidates={"A": SHA, "B": ""})
+    picked = FetchOutcome("untuned", reason="Default only", gpu_model="B", node="n1")
+    assert cause_of(model_pod(at_node, picked)) is None
+
+
+def test_the_table_follows_pods_in_and_out_and_says_which_profile_changed() -> None:
+    table = ServedPods()
+    injected = Admission(INJECTED, sha256=SHA)
+    refused = FetchOutcome("untuned", reason="connection refused")
+    pod = model_pod(injected)
+    assert table.follow("ADDED", pod) is None and table.of("ml", "p") == []
+    failed = model_pod(injected, refused)
+    assert table.follow("MODIFIED", failed) == ("ml", "p")
+    assert table.follow("MODIFIED", failed) is None  # nothing new
+    assert [u.pod for u in table.of("ml", "p")] == ["m"] and table.known("", "ml") == {"pod-1"}
+    assert table.follow("DELETED", table.stub("", "pod-1")) == ("ml", "p")
+    assert table.of("ml", "p") == [] and table.sizes() == {"untunedPods": 0}
+
+
+def test_the_delivered_table_follows_names_and_uids() -> None:
+    table = DeliveredConfigMaps()
+    cm = artifact_cm()
+    cm["metadata"]["uid"] = "cm-1"
+    assert table.follow("ADDED", cm) == ("ml", "p")
+    assert table.uid_of("ml", cm["metadata"]["name"]) == "cm-1"
+    # A stale DELETED of an older object of the same name does not drop the new one.
+    old = {"metadata": {**cm["metadata"], "uid": "cm-0"}}
+    table.follow("DELETED", old)
+    assert table.uid_of("ml", cm["metadata"]["name"]) == "cm-1"
+    assert table.follow("DELETED", table.stub("", "cm-1")) == ("ml", "p")
+    assert table.uid_of("ml", cm["metadata"]["name"]) == ""
