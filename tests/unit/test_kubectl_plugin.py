@@ -227,6 +227,48 @@ def test_status_shows_the_ten_newest_events_of_many() -> None:
     assert status_report(profile(), [*events, newer])["events"][0]["message"] == "newest"
 
 
+def test_status_of_a_degraded_profile_shows_the_condition_and_its_message() -> None:
+    message = (
+        "1 model pod(s) run without the artifact: 1 fetch_failed (connection refused; pods: "
+        "m-1). `kubectl tunefleet why <pod>` says more; once the cause is fixed, recreate them "
+        "(e.g. kubectl rollout restart)."
+    )
+    prof = profile(phase="Degraded")
+    prof["status"]["conditions"].append(
+        {"type": "Degraded", "status": "True", "reason": "PodsStartedUntuned", "message": message}
+    )
+    report = status_report(prof, [])
+    assert report["phase"] == "Degraded"
+    assert [c["type"] for c in report["conditions"]] == [
+        "Ready",
+        "Progressing",
+        "Failed",
+        "Degraded",
+    ]
+    text = format_status(report, NOW)
+    assert text.splitlines()[0] == (
+        "TuningProfile ml/llm: Degraded (revision rev2; generation 3, observed 3)"
+    )
+    assert f"  Degraded     True   PodsStartedUntuned  {message}" in text.splitlines()
+    # Served again: the condition stays, False.
+    prof["status"]["phase"] = "Ready"
+    prof["status"]["conditions"][-1] = {
+        "type": "Degraded",
+        "status": "False",
+        "reason": "PodsServed",
+        "message": "No model pod runs untuned for a cause of tunefleet's.",
+    }
+    text = format_status(status_report(prof, []), NOW)
+    assert any(
+        line.split()[:3] == ["Degraded", "False", "PodsServed"] for line in text.splitlines()
+    )
+    # A status written by an operator before 0.2.0 has no Degraded condition: none is shown
+    # (not an "Unknown" row).
+    old = status_report(profile(), [])
+    assert [c["type"] for c in old["conditions"]] == ["Ready", "Progressing", "Failed"]
+    assert "Degraded" not in format_status(old, NOW)
+
+
 # --- why ---------------------------------------------------------------------------------
 
 CFG = Config(image="tunefleet:1")
@@ -494,6 +536,119 @@ def test_why_notes_a_newer_artifact_than_the_pinned_one() -> None:
     newer = profile(artifacts=[artifact(sha=SHA2)])
     notes = explain(pod, newer, [])["notes"]
     assert any("has a newer artifact for NVIDIA-H200 now (cdcdcdcdcdcd)" in n for n in notes)
+
+
+def delivered(prof: dict[str, Any]) -> dict[str, Any]:
+    """The profile with its artifact delivered as ConfigMap cm-x (uid cm-1)."""
+    prof = copy.deepcopy(prof)
+    for art in prof["status"]["artifacts"]:
+        art.update(configMap={"name": "cm-x", "uid": "cm-1"}, delivery="ConfigMap")
+    return prof
+
+
+@pytest.mark.parametrize("seen", [{"cm-x": ""}, {"cm-x": "cm-2"}])
+def test_why_a_pod_served_from_the_store_while_its_config_map_was_gone_reads_as_injected(
+    seen: dict[str, str],
+) -> None:
+    prof = delivered(profile())
+    decision = inject(model_pod(), "llm", prof, CFG, seen)
+    assert decision.code == "store_fallback"
+    pod = fetch_ended(dict(decision.pod), LOADED)
+    assert pod["metadata"]["annotations"]["tunefleet.io/decision"] == "store_fallback"
+    report = explain(pod, prof, [])
+    assert (report["verdict"], report["tuned"], report["code"]) == (
+        "injected",
+        True,
+        "store_fallback",
+    )
+    text = format_why(report, NOW)
+    assert (
+        text.splitlines()[0]
+        == f"Pod ml/m-1: tuned: injected, artifact {SHA[:12]} loaded for {H200}"
+    )
+    assert (
+        f"  Note:        admitted with decision store_fallback for {H200} (annotation "
+        "tunefleet.io/decision): the artifact's ConfigMap was gone or not the one the operator "
+        "made, so the tunefleet-fetch init container fetches the same artifact from the store, "
+        "verified, instead" in text
+    )
+    assert "Fix:" not in text and "Degraded" not in text  # served: nothing to count
+    # A pod mounted from its ConfigMap as made says nothing of the kind.
+    mounted = explain(admitted_with(prof, {"cm-x": "cm-1"}), prof, [])
+    assert mounted["code"] == "" and not any("store_fallback" in n for n in mounted["notes"])
+
+
+def admitted_with(prof: dict[str, Any], seen: dict[str, str]) -> dict[str, Any]:
+    decision = inject(model_pod(), "llm", prof, CFG, seen)
+    return dict(decision.pod)
+
+
+def degraded(status: str, reason: str, message: str) -> dict[str, Any]:
+    return {"type": "Degraded", "status": status, "reason": reason, "message": message}
+
+
+def test_why_a_fetch_that_failed_open_says_what_the_degraded_condition_says() -> None:
+    refused = "downloading s3://bkt/p/x/manifest.json failed: connection refused"
+    counted = (
+        f"1 model pod(s) run without the artifact: 1 fetch_failed ({refused}; pods: m-1). "
+        "`kubectl tunefleet why <pod>` says more; once the cause is fixed, recreate them "
+        "(e.g. kubectl rollout restart)."
+    )
+    prof = profile(phase="Degraded")
+    prof["status"]["conditions"].append(degraded("True", "PodsStartedUntuned", counted))
+    pod = fetch_ended(admitted(model_pod(), prof), f"tunefleet-fetch: starting untuned: {refused}")
+    report = explain(pod, prof, [])
+    assert report["verdict"] == "untuned-at-start"
+    note = (
+        "this pod runs untuned for a cause of tunefleet's (fetch_failed): TuningProfile 'llm' is "
+        f"Degraded (PodsStartedUntuned) and counts it: {counted}"
+    )
+    assert note in report["notes"]
+    text = format_why(report, NOW)
+    assert "  Profile:     llm (phase Degraded)" in text and f"  Note:        {note}" in text
+    # Not counted yet: the condition as it is now, and that the next reconcile counts it.
+    fresh = profile()
+    fresh["status"]["conditions"].append(
+        degraded("False", "PodsServed", "No model pod runs untuned for a cause of tunefleet's.")
+    )
+    (said,) = [n for n in explain(pod, fresh, [])["notes"] if "cause of tunefleet's" in n]
+    assert "counts (PodsStartedUntuned) once the operator's next reconcile sees the pod" in said
+    assert said.endswith("False, PodsServed: No model pod runs untuned for a cause of tunefleet's.")
+    # A status an operator before 0.2.0 wrote has no Degraded condition to count it.
+    (old,) = [n for n in explain(pod, profile(), [])["notes"] if "cause of tunefleet's" in n]
+    assert "has no Degraded condition" in old
+    # Not a cause of ours: a pod that loaded its artifact, or one refused at start (fail
+    # closed: it does not run), gets no such note.
+    for other in (
+        fetch_ended(pod, LOADED),
+        fetch_ended(pod, f"tunefleet-fetch: refusing to start: {refused}", 1),
+    ):
+        assert not any("cause of tunefleet's" in n for n in explain(other, prof, [])["notes"])
+
+
+def test_why_untuned_for_a_gone_config_map_by_an_older_operator_agrees_with_degraded() -> None:
+    """config_map_replaced: what an operator before 0.2.0 decided (served.OURS counts it)."""
+    prof = profile(phase="Degraded")
+    gone = "the ConfigMap cm-x that holds the artifact for NVIDIA-H200 is gone"
+    message = f"1 model pod(s) run without the artifact: 1 config_map_replaced ({gone}; pods: m-1)."
+    prof["status"]["conditions"].append(degraded("True", "PodsStartedUntuned", message))
+    pod = model_pod()
+    pod["metadata"]["labels"]["tunefleet.io/admission"] = "untuned"
+    pod["metadata"]["annotations"] = {
+        "tunefleet.io/decision": "config_map_replaced",
+        "tunefleet.io/status": f"untuned: {gone}",
+    }
+    report = explain(pod, prof, [])
+    assert (report["verdict"], report["code"]) == ("untuned", "config_map_replaced")
+    assert "makes the artifact's ConfigMap again" in report["fix"]
+    assert any(
+        n.startswith("this pod runs untuned for a cause of tunefleet's (config_map_replaced): ")
+        and n.endswith(message)
+        for n in report["notes"]
+    )
+    # The profile's own choice (no artifact yet) is not counted: no such note.
+    early = admitted(model_pod(), profile(artifacts=[], phase="Tuning"))
+    assert not any("cause of tunefleet's" in n for n in explain(early, prof, [])["notes"])
 
 
 # --- diff --------------------------------------------------------------------------------

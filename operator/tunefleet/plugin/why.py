@@ -7,7 +7,9 @@ The evidence, in the order it is trusted:
   code picks the fix from FIXES below, its reason is quoted; the pinned artifact and warnings;
 - the fetch init container's outcome (contracts/fetch.py): a fail-open start or a fail-closed
   refusal, after admission injected the pod;
-- the profile now (its phase, current artifacts) and its Events about the pod.
+- the profile now (its phase, current artifacts, its Degraded condition) and its Events about
+  the pod. A pod that runs untuned for a cause of tunefleet's is judged by served.cause_of, the
+  very rule the operator counts it by in the Degraded condition, so the two agree.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tunefleet import naming
+from tunefleet import naming, served
 from tunefleet.builders.webhook import FILENAME, RESULTS_DIR, TUNABLE_ENV
-from tunefleet.conditions import Type
+from tunefleet.conditions import Reason, Type
 from tunefleet.contracts.admission import UNTUNED, Admission, Code
 from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
 from tunefleet.contracts.fetch import LOADED, REFUSED, FetchOutcome
@@ -354,6 +356,9 @@ def _untuned(p: _Pod, a: Admission, out: dict[str, Any]) -> dict[str, Any]:
             f"TuningProfile {p.name!r} is {p.status['phase']} now"
             + (f": {ready['message']}" if ready.get("message") else "")
         )
+    cause = served.cause_of(p.pod)
+    if cause is not None:
+        out["notes"].append(_degraded_note(p, cause))
     return out
 
 
@@ -423,6 +428,45 @@ def _fetch_verdict(p: _Pod, a: Admission, out: dict[str, Any], fetch: dict[str, 
         )
 
 
+def _store_fallback_note(a: Admission) -> str:
+    """Why a pod admitted with decision store_fallback fetches its artifact from the store."""
+    model = f" for {a.gpu_model}" if a.gpu_model else ""
+    return (
+        f"admitted with decision {Code.STORE_FALLBACK}{model} (annotation "
+        f"{naming.DECISION_ANNOTATION}): the artifact's ConfigMap was gone or not the one the "
+        f"operator made, so the {FETCH_CONTAINER} init container fetches the same artifact from "
+        "the store, verified, instead; the operator makes the ConfigMap again, and pods "
+        "admitted after that mount it"
+    )
+
+
+def _degraded_note(p: _Pod, cause: served.Untuned) -> str:
+    """What the profile's Degraded condition says of a pod that runs untuned for a cause of
+    tunefleet's (served.cause_of: the rule the operator counts it by)."""
+    said: dict[str, Any] = next(
+        (c for c in p.status.get("conditions") or [] if c.get("type") == Type.DEGRADED), {}
+    )
+    counted = f"runs untuned for a cause of tunefleet's ({cause.cause})"
+    if p.profile is None:
+        return f"this pod {counted}"
+    if not said:
+        return (
+            f"this pod {counted}; TuningProfile {p.name!r} has no Degraded condition (its "
+            "status was written by an operator before 0.2.0), so it does not count it"
+        )
+    message = str(said.get("message") or "")
+    if said.get("status") == "True" and said.get("reason") == Reason.PODS_UNTUNED:
+        return (
+            f"this pod {counted}: TuningProfile {p.name!r} is Degraded "
+            f"({Reason.PODS_UNTUNED}) and counts it: {message}"
+        )
+    return (
+        f"this pod {counted}, which TuningProfile {p.name!r}'s Degraded condition counts "
+        f"({Reason.PODS_UNTUNED}) once the operator's next reconcile sees the pod; it says now: "
+        f"{said.get('status')}, {said.get('reason')}: {message}"
+    )
+
+
 def _injected(p: _Pod, a: Admission, out: dict[str, Any]) -> dict[str, Any]:
     out["artifact"] = {
         "uri": a.uri or None,
@@ -434,6 +478,10 @@ def _injected(p: _Pod, a: Admission, out: dict[str, Any]) -> dict[str, Any]:
         out["artifact"]["candidates"] = dict(a.candidates)
     out["containers"] = _containers(p.pod)
     out["imageWarnings"] = [w.strip() for w in a.image_warning.split("; ") if w.strip()]
+    if a.code not in (Code.NONE, Code.UNKNOWN):
+        out["code"] = str(a.code)  # injected, with something to say (store_fallback, ...)
+    if a.code == Code.STORE_FALLBACK:
+        out["notes"].append(_store_fallback_note(a))
     fetch = _fetch_state(p.pod)
     out["fetch"] = fetch
     if fetch is None and a.config_map:
@@ -458,6 +506,9 @@ def _injected(p: _Pod, a: Admission, out: dict[str, Any]) -> dict[str, Any]:
         )
     else:
         _fetch_verdict(p, a, out, fetch)
+    cause = served.cause_of(p.pod)
+    if cause is not None:
+        out["notes"].append(_degraded_note(p, cause))
     if out["verdict"] == "injected" and not out["containers"]:
         out["notes"].append("no app container has TunableOp's environment and results mount")
     for c in out["containers"]:
@@ -483,8 +534,10 @@ def explain(
     """The verdict on one pod, as plain data (the `-o json` form).
 
     verdict: not-requested, unadmitted, untuned (the webhook's decision in `code`), injected
-    (fetch loaded the artifact, or has not finished: `fetch.state`), untuned-at-start (the
-    fetch init container failed open), refused-at-start (it failed closed).
+    (fetch loaded the artifact, or has not finished: `fetch.state`; `code` says a decision
+    other than none, such as store_fallback), untuned-at-start (the fetch init container failed
+    open), refused-at-start (it failed closed). A pod that runs untuned for a cause of
+    tunefleet's gets a note with what the profile's Degraded condition says of it.
     """
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
