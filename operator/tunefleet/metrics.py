@@ -137,7 +137,7 @@ RETUNES = Counter(
     registry=REGISTRY,
 )
 
-PHASES = ("Pending", "Queued", "Tuning", "Ready", "Failed", "Invalid")
+PHASES = ("Pending", "Queued", "Tuning", "Ready", "Degraded", "Failed", "Invalid")
 JOB_STATES = ("Pending", "Running", "Succeeded", "Failed")
 
 
