@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_reconcile import CFG, FakeApi, jobs_for, profile
+from tests.support.fake_api import FakeApi
+from tests.support.profiles import CFG, jobs_for, profile
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.builders import capture as capture_b

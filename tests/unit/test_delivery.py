@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_reconcile import CFG, MODELS, FakeApi, jobs_for, profile
-from tests.unit.test_trust import completed, published_pod
+from tests.support.fake_api import FakeApi
+from tests.support.profiles import CFG, MODELS, jobs_for, profile
+from tests.support.records import completed, published_pod
 from tunefleet import delivery, kube
 from tunefleet.artifacts import fetch as fetch_mod
 from tunefleet.builders.artifact import CONFIG_MAP_BYTES, build_artifact_config_map

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_reconcile import MODELS, FakeApi, profile
-from tests.unit.test_trust import completed, published_pod
+from tests.support.fake_api import FakeApi
+from tests.support.profiles import MODELS, profile
+from tests.support.records import completed, published_pod
 from tunefleet import delivery, kube, naming
 from tunefleet.artifacts import fetch as fetch_mod
 from tunefleet.builders.artifact import build_artifact_config_map

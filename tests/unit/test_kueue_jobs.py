@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_reconcile import CFG, MODELS, FakeApi, jobs_for, profile
+from tests.support.fake_api import FakeApi
+from tests.support.profiles import CFG, MODELS, jobs_for, profile
 from tunefleet import kueue, naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.builders.job import Child, build_merge_job, build_tuning_job, tuning_config

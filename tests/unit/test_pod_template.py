@@ -15,7 +15,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from tests.unit.test_reconcile import FakeApi
+from tests.support.fake_api import FakeApi
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.api.template import RESERVED_MOUNT, RESERVED_VOLUME_PREFIX, RESERVED_VOLUMES

@@ -4,7 +4,6 @@ and what the operator remembers is pruned with what it describes."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from typing import Any
@@ -12,14 +11,15 @@ from typing import Any
 import kopf
 import pytest
 
-from tests.unit.test_reconcile import CFG, MODELS, FakeApi, jobs_for, profile
+from tests.support.fake_api import FakeApi
+from tests.support.profiles import CFG, MODELS, jobs_for, profile
+from tests.support.records import SHA, completed, pod_body, published_pod, record
 from tunefleet import kube, naming
 from tunefleet.cache import Cache
 from tunefleet.controller import Controller, Indexes
 from tunefleet.leader import LeaseElector, Timing
 from tunefleet.reconcile import Memory, sync_profile
 
-SHA = "ab" * 32
 OWNER = {
     "apiVersion": "tunefleet.io/v1alpha1",
     "kind": "TuningProfile",
@@ -44,32 +44,6 @@ def job_body(
     if owner is not None:
         meta["ownerReferences"] = [owner]
     return {"metadata": meta, "spec": {}, "status": {}}
-
-
-def pod_body(name: str, job_uid: str | None, message: str = "", ns: str = "ml") -> dict[str, Any]:
-    meta: dict[str, Any] = {
-        "name": name,
-        "namespace": ns,
-        "uid": f"uid-{name}",
-        "labels": {naming.PROFILE_UID_LABEL: "uid-1", naming.JOB_UID_LABEL: job_uid or "x"},
-    }
-    if job_uid:
-        meta["ownerReferences"] = [
-            {"apiVersion": "batch/v1", "kind": "Job", "uid": job_uid, "controller": True}
-        ]
-    term = {"exitCode": 0, "message": message}
-    return {
-        "metadata": meta,
-        "spec": {"nodeName": "n"},
-        "status": {
-            "phase": "Succeeded",
-            "containerStatuses": [{"name": "publish", "state": {"terminated": term}}],
-        },
-    }
-
-
-def record(uri: str = f"s3://evil/x/{SHA}") -> str:
-    return json.dumps({"uri": uri, "sha256": SHA, "gemms": 1, "identity": {}})
 
 
 # --- ownership is identity -------------------------------------------------------------------
@@ -135,20 +109,6 @@ def test_an_object_of_someone_else_under_our_name_is_never_used(
 
 
 # --- records that outlive pods ----------------------------------------------------------------
-
-
-def completed(p: dict[str, Any], annotation: str | None = None) -> dict[str, Any]:
-    (job,) = jobs_for(p, MODELS[:1])
-    job = {**job, "status": {"conditions": [{"type": "Complete", "status": "True"}]}}
-    if annotation:
-        job["metadata"]["annotations"][naming.RECORD_ANNOTATION] = annotation
-    return job
-
-
-def published_pod(job: dict[str, Any], uri: str) -> dict[str, Any]:
-    from tunefleet.views import pod_view
-
-    return pod_view(pod_body("tune-0", job["metadata"]["uid"], record(uri)))
 
 
 def test_a_record_read_from_a_pod_is_kept_on_its_job_and_outlives_the_pods(
