@@ -15,43 +15,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.artifacts import tuner_output
 from tunefleet.artifacts import fetch as fetch_mod
 from tunefleet.artifacts import publish as publish_mod
 from tunefleet.artifacts.bootstrap import bootstrap
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import Location
 from tuner_job.files import sha256_hex
-from tuner_job.manifest import Manifest, rfc3339_utc
 from tuner_job.results import count_outcomes, read_results
 
 DATA = Path(__file__).parent / "data"
 REPO = Path(__file__).resolve().parents[2]
-
-
-def tuner_output(out: Path, results: Path = DATA / "rocm_results.csv", **over: object) -> Manifest:
-    """What `tuner_job run` leaves: results.csv + a manifest describing it."""
-    out.mkdir(parents=True, exist_ok=True)
-    data = results.read_bytes()
-    (out / "results.csv").write_bytes(data)
-    parsed = read_results(results)
-    fields: dict[str, object] = {
-        "namespace": "ml",
-        "profile": "llama",
-        "revision": "3f2a9c01de",
-        "gpu_model": "AMD_Instinct_MI300X_OAM",
-        "results_sha256": sha256_hex(data),
-        "gemms": parsed.gemms,
-        "recorded": parsed.gemms + 2,
-        "validators": parsed.validators,
-        "identity": {"gpuName": "AMD Instinct MI300X", "arch": "gfx942:sramecc+:xnack-"},
-        "tuning_seconds": 812.5,
-        "tuned_at": rfc3339_utc(),
-        "tool_version": "0.1.0",
-    }
-    fields.update(over)
-    manifest = Manifest(**fields)  # type: ignore[arg-type]
-    (out / "manifest.json").write_bytes(manifest.to_json())
-    return manifest
 
 
 def cli(module: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.artifacts import tuner_output
 from tests.support.fake_api import FakeApi
 from tests.support.profiles import CFG, MODELS, jobs_for, profile
 from tests.support.records import completed, published_pod
@@ -291,8 +292,6 @@ def test_fetch_gives_up_at_its_time_limit_against_a_store_that_never_answers(
 
 
 def test_fetch_reads_a_mounted_gzipped_artifact(tmp_path: Path) -> None:
-    from tests.unit.test_artifacts_publish_fetch import tuner_output
-
     manifest = tuner_output(tmp_path / "out")
     results = (tmp_path / "out" / "results.csv").read_bytes()
     packed = (

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.unit.test_chart import rendered, template
+from tests.support.chart import rendered, template
+from tests.support.results import VALIDATORS, rows
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.artifacts import gc
@@ -35,40 +36,15 @@ from tunefleet.storage.store import Location
 from tuner_job.library import CheckpointId, EntrySource, library_key, make_entry
 from tuner_job.manifest import ManifestExtra
 from tuner_job.output import write_output
-from tuner_job.results import ResultRow, ResultsFile, format_results, merge_results
+from tuner_job.results import ResultsFile, format_results, merge_results
 
 MODEL = "AMD_Instinct_MI300X_OAM"
 OTHER_MODEL = "AMD_Instinct_MI325X_OAM"
-VALIDATORS = {"PT_VERSION": "2.11.0", "GCN_ARCH_NAME": "gfx942:sramecc+:xnack-"}
 IDENTITY = {"gpuName": "AMD Instinct MI300X", "arch": "gfx942:sramecc+:xnack-"}
 KEY = library_key(MODEL, VALIDATORS, IDENTITY)
 DAY = 86400.0
 GRACE = 3600.0
 OLD = 10 * DAY  # how far past the files' mtimes "now" is, unless a test makes a file young
-
-
-def rows(i: int, n: int = 10, shared: int = 5) -> ResultsFile:
-    """n rows of publisher i's own, plus `shared` GEMMs every publisher has (publisher 0 the
-    fastest), in TunableOp's format."""
-    own = [
-        ResultRow(
-            "GemmTunableOp_BFloat16_TN",
-            f"tn_{64 + j}_{1000 + i}_64_ld_64_64_{64 + j}",
-            f"Gemm_Hipblaslt_{i}",
-            f"0.{j + 1:03d}",
-        )
-        for j in range(n)
-    ]
-    common = [
-        ResultRow(
-            "GemmTunableOp_BFloat16_TN",
-            f"tn_{64 + j}_77_64_ld_64_64_{64 + j}",
-            f"Gemm_Rocblas_{i}",
-            f"0.{i + 1:03d}",
-        )
-        for j in range(shared)
-    ]
-    return ResultsFile(dict(VALIDATORS), own + common)
 
 
 class World:

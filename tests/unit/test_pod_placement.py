@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_artifacts_publish_fetch import tuner_output
+from tests.support.artifacts import tuner_output
 from tunefleet import kube
 from tunefleet.artifacts import fetch as fetch_mod
 from tunefleet.builders.placement import CANDIDATES_DIR, NODE_MAP_BYTES, build_node_map
