@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_operator import apply, get_json
-from tests.e2e.test_real_pods import create, ended, model_pod, real_profile, statuses
 from tests.support.cluster import REAL_NODE_GPU_MODEL
+from tests.support.kube import apply, create, ended, get_json, statuses
 from tests.support.operator import InCluster
 from tests.support.poll import eventually
+from tests.support.real_node import model_pod, real_profile
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.artifacts.publish import publish

@@ -15,12 +15,13 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_operator import apply, get_json, jobs_of, profile_doc, tuning_pods
-from tests.e2e.test_real_pods import ready, real_profile
 from tests.support.cluster import KWOK_TOLERATION, wait_for_real_node_gpus
+from tests.support.fleet import profile_doc
+from tests.support.kube import apply, get_json, jobs_of, ready, tuning_pods
 from tests.support.kueue import GROUP, Kueue, start_kueue
 from tests.support.operator import InCluster, Operator, carry_out_publish
 from tests.support.poll import eventually
+from tests.support.real_node import real_profile
 from tunefleet.builders.kueue import QUEUE_LABEL
 
 pytestmark = pytest.mark.e2e

@@ -7,12 +7,13 @@ tests/support/operator.py), with a stand-in results file since there is no GPU h
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
 import yaml
 
+from tests.support.fleet import profile_doc, publish_first_revision, publish_next_revision
+from tests.support.kube import apply, condition, get_json, jobs_of, tuning_pods
 from tests.support.operator import (
     ROOT,
     STAND_IN_NOTE,
@@ -28,107 +29,6 @@ pytestmark = pytest.mark.e2e
 
 EXAMPLES = ROOT / "examples"
 MODEL_LABELS = ("amd.com/gpu.product-name", "nvidia.com/gpu.product")
-
-
-def get_json(cluster: Any, *args: str) -> Any:
-    return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
-
-
-def profile_doc(name: str, **spec_over: Any) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "image": "registry.example.com/serve:1",
-        "gpu": {"vendor": "nvidia", "models": ["NVIDIA-H200"]},
-        "workload": {"shapes": [{"mnk": [64, 64, 64]}]},
-        "storage": {"uri": "s3://tunefleet/e2e"},
-        "tuning": {"backoffLimit": 0},
-    }
-    spec.update(spec_over)
-    return {
-        "apiVersion": "tunefleet.io/v1alpha1",
-        "kind": "TuningProfile",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
-
-
-def apply(cluster: Any, namespace: str, *docs: dict[str, Any], check: bool = True) -> Any:
-    return cluster.kubectl(
-        "apply",
-        "-n",
-        namespace,
-        "-f",
-        "-",
-        input="\n---\n".join(yaml.safe_dump(d) for d in docs),
-        check=check,
-    )
-
-
-def jobs_of(cluster: Any, namespace: str, profile: str) -> list[dict[str, Any]]:
-    items = get_json(
-        cluster, "jobs", "-n", namespace, "-l", f"tunefleet.io/tuning-profile={profile}"
-    )["items"]
-    return list(items)
-
-
-def tuning_pods(cluster: Any, namespace: str, profile: str) -> list[dict[str, Any]]:
-    return list(
-        get_json(cluster, "pods", "-n", namespace, "-l", f"tunefleet.io/tuning-profile={profile}")[
-            "items"
-        ]
-    )
-
-
-def publish_first_revision(
-    cluster: Any, s3: Any, namespace: str, profile: str
-) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """Apply a profile, play its tuning pod's publish step and wait for Ready. Returns (the
-    tuning pod, what was published, the profile)."""
-    apply(cluster, namespace, profile_doc(profile))
-    (first,) = eventually(
-        lambda: tuning_pods(cluster, namespace, profile),
-        lambda ps: len(ps) == 1 and ps[0]["spec"].get("nodeName"),
-        "the first tuning pod",
-    )
-    published = carry_out_publish(cluster.kubectl, first, s3.env())
-    ready = eventually(
-        lambda: get_json(cluster, "tp", "-n", namespace, profile),
-        lambda p: (p.get("status") or {}).get("phase") == "Ready",
-        "revision 1 Ready",
-    )
-    return first, published, ready
-
-
-def publish_next_revision(
-    cluster: Any, s3: Any, namespace: str, profile: str, first: dict[str, Any]
-) -> dict[str, Any]:
-    """After a spec change: play the publish step of the new tuning pod (not `first`) with
-    results that differ from the first revision's, and return the profile once it serves
-    them."""
-    (second,) = eventually(
-        lambda: [
-            p
-            for p in tuning_pods(cluster, namespace, profile)
-            if p["metadata"]["uid"] != first["metadata"]["uid"]
-        ],
-        lambda ps: len(ps) == 1 and ps[0]["spec"].get("nodeName"),
-        "the second tuning pod",
-    )
-    # The stand-in results differ per revision only in the manifest; make the CSV differ too.
-    new = carry_out_publish(cluster.kubectl, second, s3.env(), salt="v2")
-    return eventually(
-        lambda: get_json(cluster, "tp", "-n", namespace, profile),
-        lambda p: (
-            (p.get("status") or {}).get("phase") == "Ready"
-            and p["status"]["artifacts"][0]["sha256"] == new["sha256"]
-        ),
-        "revision 2 Ready",
-    )
-
-
-def condition(profile: dict[str, Any], type_: str) -> dict[str, Any]:
-    return next(
-        (c for c in (profile.get("status") or {}).get("conditions", []) if c["type"] == type_), {}
-    )
 
 
 def test_chart_lints_and_renders_objects_the_api_server_accepts(cluster: Any) -> None:

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.test_operator import apply, condition, get_json, jobs_of, profile_doc
+from tests.support.fleet import profile_doc
+from tests.support.kube import apply, condition, get_json, jobs_of
 from tests.support.largest import largest_spec
 from tests.support.operator import ROOT, SYSTEM_NS, Operator, helm
 from tests.support.poll import eventually

@@ -16,16 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.test_operator import (
-    apply,
-    condition,
-    get_json,
-    jobs_of,
-    profile_doc,
-    publish_first_revision,
-    tuning_pods,
-)
 from tests.support.cluster import create_namespace, delete_namespace, namespace_name
+from tests.support.fleet import profile_doc, publish_first_revision
+from tests.support.kube import apply, condition, get_json, jobs_of, tuning_pods
 from tests.support.operator import Operator, carry_out_publish, set_pod_outcome
 from tests.support.poll import eventually
 from tunefleet import naming

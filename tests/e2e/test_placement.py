@@ -15,23 +15,16 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_operator import apply, get_json, tuning_pods
-from tests.e2e.test_real_pods import (
-    KEY,
-    create,
-    ended,
-    ready,
-    real_profile,
-    statuses,
-)
 from tests.support.cluster import (
     REAL_NODE,
     REAL_NODE_GPU_MODEL,
     STANDIN_IMAGE,
     wait_for_real_node_gpus,
 )
+from tests.support.kube import apply, create, ended, get_json, ready, statuses, tuning_pods
 from tests.support.operator import InCluster, carry_out_publish
 from tests.support.poll import eventually
+from tests.support.real_node import KEY, real_profile
 from tunefleet.contracts import nodemap
 from tunefleet.contracts.admission import Admission
 from tunefleet.contracts.fetch import CONTAINER, LOADED, FetchOutcome

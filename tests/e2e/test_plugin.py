@@ -21,13 +21,15 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_operator import (
-    apply,
+from tests.support.fleet import (
+    pod_doc,
     profile_doc,
     publish_first_revision,
     publish_next_revision,
+    ready_profile,
 )
-from tests.e2e.test_webhook import create, pod_doc, ready_profile, stored
+from tests.support.kube import apply, create
+from tests.support.kube import pod_of as stored
 from tests.support.operator import (
     STAND_IN_NOTE,
     Operator,

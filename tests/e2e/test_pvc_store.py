@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.test_operator import apply, get_json, jobs_of
-from tests.e2e.test_real_pods import SHAPES, create, ended, model_pod, ready, statuses
 from tests.support.cluster import REAL_NODE_GPU_MODEL, STANDIN_IMAGE, real_node_volume
+from tests.support.kube import apply, create, ended, get_json, jobs_of, ready, statuses
 from tests.support.operator import InCluster
+from tests.support.real_node import SHAPES, model_pod
 
 pytestmark = pytest.mark.e2e
 

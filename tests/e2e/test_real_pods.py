@@ -18,126 +18,34 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.test_operator import apply, condition, get_json, jobs_of
 from tests.support.cluster import (
     REAL_NODE,
-    REAL_NODE_GPU_MODEL,
     STANDIN_IMAGE,
     STANDIN_NOGPU_IMAGE,
     wait_for_real_node_gpus,
 )
+from tests.support.kube import (
+    apply,
+    condition,
+    create,
+    ended,
+    get_json,
+    jobs_of,
+    pod_of,
+    ready,
+    statuses,
+)
 from tests.support.operator import SYSTEM_NS, InCluster, helm
 from tests.support.poll import eventually
+from tests.support.real_node import SHAPES, model_pod, real_profile
 
 pytestmark = pytest.mark.e2e
-
-KEY = "nvidia.com/gpu.product"
-
-SHAPES = [
-    {"mnk": [64, 128, 256], "dtype": "bfloat16", "transB": True},
-    {"mnk": [32, 4096, 4096], "dtype": "float16", "transB": True},
-    {"mnk": [128, 128, 64], "batch": 8, "dtype": "bfloat16"},
-    {"mnk": [1, 4096, 4096], "dtype": "bfloat16", "transB": True},
-    {"mnk": [16, 14336, 4096], "dtype": "bfloat16", "transB": True},
-    {"mnk": [16, 4096, 14336], "dtype": "bfloat16", "transB": True},
-    {"mnk": [256, 1024, 1024], "dtype": "float32"},
-    {"mnk": [512, 512, 512], "dtype": "bfloat16", "transA": True},
-]
 
 
 @pytest.fixture(autouse=True)
 def _real_node_gpus(cluster: Any) -> None:
     """A tuning Job's pod (1 GPU) and a model pod (2) at once, at most."""
     wait_for_real_node_gpus(cluster, 3)
-
-
-def real_profile(
-    name: str, s3: Any, secret: str, image: str = STANDIN_IMAGE, **spec_over: Any
-) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "image": image,
-        "imagePullPolicy": "Never",
-        "gpu": {"vendor": "nvidia", "models": [REAL_NODE_GPU_MODEL]},
-        # The stand-in on a "ROCm" backend offers kernels besides Default, so tuning gains.
-        "workload": {"shapes": SHAPES, "env": [{"name": "FAKE_TORCH_BACKEND", "value": "rocm"}]},
-        "tuning": {"backoffLimit": 0, "budgetSeconds": 300, "activeDeadlineSeconds": 600},
-        "storage": {
-            "uri": f"s3://{s3.bucket}/real",
-            "endpoint": s3.pod_endpoint,
-            "credentialsSecret": {"name": secret},
-        },
-    }
-    spec.update(spec_over)
-    return {
-        "apiVersion": "tunefleet.io/v1alpha1",
-        "kind": "TuningProfile",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
-
-
-def model_pod(name: str, profile: str, gpus: int = 2, **labels: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": {"tunefleet.io/profile": profile, **labels}},
-        "spec": {
-            "restartPolicy": "Never",
-            "nodeSelector": {KEY: REAL_NODE_GPU_MODEL},
-            "containers": [
-                {
-                    "name": "server",
-                    "image": STANDIN_IMAGE,
-                    "imagePullPolicy": "Never",
-                    "command": ["standin-server", "--once"],
-                    "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
-                }
-            ],
-        },
-    }
-
-
-def create(cluster: Any, namespace: str, doc: dict[str, Any], check: bool = True) -> Any:
-    return cluster.kubectl(
-        "create", "-n", namespace, "-f", "-", input=yaml.safe_dump(doc), check=check
-    )
-
-
-def pod_of(cluster: Any, namespace: str, name: str) -> dict[str, Any]:
-    return dict(get_json(cluster, "pod", "-n", namespace, name))
-
-
-def ended(cluster: Any, namespace: str, name: str, what: str) -> dict[str, Any]:
-    """The pod once it has run to its end (restartPolicy Never), Succeeded or Failed."""
-    return dict(
-        eventually(
-            lambda: pod_of(cluster, namespace, name),
-            lambda p: p["status"].get("phase") in ("Succeeded", "Failed"),
-            what,
-            timeout=120,
-            interval=1,
-        )
-    )
-
-
-def statuses(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    st = pod.get("status") or {}
-    return {
-        c["name"]: c
-        for c in (st.get("initContainerStatuses") or []) + (st.get("containerStatuses") or [])
-    }
-
-
-def ready(cluster: Any, namespace: str, name: str, timeout: float = 180) -> dict[str, Any]:
-    return dict(
-        eventually(
-            lambda: get_json(cluster, "tp", "-n", namespace, name),
-            lambda p: (p.get("status") or {}).get("phase") in ("Ready", "Failed"),
-            f"{name} Ready",
-            timeout=timeout,
-            interval=1,
-        )
-    )
 
 
 def test_the_operator_runs_as_the_charts_deployment_and_elects_one_leader(

@@ -29,8 +29,6 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.test_operator import apply, get_json
-from tests.e2e.test_real_pods import KEY, SHAPES, create, pod_of, ready, real_profile, statuses
 from tests.support.cluster import (
     REAL_NODE,
     REAL_NODE_GPU_MODEL,
@@ -39,8 +37,10 @@ from tests.support.cluster import (
     real_node_volume,
     wait_for_real_node_gpus,
 )
+from tests.support.kube import apply, create, get_json, pod_of, ready, statuses
 from tests.support.operator import SERVING_SECRET, InCluster
 from tests.support.poll import eventually
+from tests.support.real_node import KEY, SHAPES, real_profile
 from tunefleet.contracts.admission import Admission
 from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
 from tuner_job.output import RESULTS_NAME

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_operator import apply, condition, get_json, profile_doc, tuning_pods
+from tests.support.fleet import profile_doc
+from tests.support.kube import apply, condition, get_json, tuning_pods
 from tests.support.operator import Operator, carry_out_merge, carry_out_tuning_pod
 from tests.support.poll import eventually
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_operator import apply, condition, get_json
-from tests.e2e.test_real_pods import create, ended, model_pod, ready, real_profile, statuses
+from tests.support.kube import apply, condition, create, ended, get_json, ready, statuses
 from tests.support.operator import InCluster
 from tests.support.poll import eventually
+from tests.support.real_node import model_pod, real_profile
 from tests.unit.library_pod import JobSpec, Pod, shapes
 from tunefleet.artifacts.fetch import fetch
 from tunefleet.storage.registry import parse_uri

@@ -17,13 +17,14 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.test_operator import apply, get_json, jobs_of, profile_doc, tuning_pods
 from tests.support.cluster import (
     create_namespace,
     delete_namespace,
     ensure_images,
     namespace_name,
 )
+from tests.support.fleet import profile_doc
+from tests.support.kube import apply, get_json, jobs_of, tuning_pods
 from tests.support.operator import (
     RELEASE,
     ROOT,

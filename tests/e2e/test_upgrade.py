@@ -41,8 +41,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.test_operator import apply, get_json, jobs_of, profile_doc, tuning_pods
 from tests.support.cluster import ensure_images, state_dir
+from tests.support.fleet import profile_doc
+from tests.support.kube import apply, get_json, jobs_of, tuning_pods
 from tests.support.operator import (
     DELIVERY_SECRET,
     RELEASE,

@@ -12,12 +12,13 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.test_operator import apply, condition, get_json, profile_doc, tuning_pods
+from tests.support.fleet import pod_doc, profile_doc, ready_profile
+from tests.support.kube import apply, condition, create, get_json
+from tests.support.kube import pod_of as stored
 from tests.support.operator import (
     SERVING_SECRET,
     STAND_IN_NOTE,
     Operator,
-    carry_out_publish,
     tool_env,
 )
 from tests.support.poll import eventually
@@ -26,64 +27,6 @@ pytestmark = pytest.mark.e2e
 
 H100, H200 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-H200"
 KEY = "nvidia.com/gpu.product"
-
-
-def ready_profile(
-    cluster: Any, s3: Any, namespace: str, name: str, models: list[str], **over: Any
-) -> dict[str, Any]:
-    """A profile tuned for real as far as this machine allows (stand-in results, real S3)."""
-    apply(cluster, namespace, profile_doc(name, gpu={"vendor": "nvidia", "models": models}, **over))
-    pods = eventually(
-        lambda: tuning_pods(cluster, namespace, name),
-        lambda ps: len(ps) == len(models) and all(p["spec"].get("nodeName") for p in ps),
-        f"tuning pods of {name}",
-    )
-    for pod in pods:
-        carry_out_publish(cluster.kubectl, pod, s3.env())
-    return dict(
-        eventually(
-            lambda: get_json(cluster, "tp", "-n", namespace, name),
-            lambda p: (p.get("status") or {}).get("phase") == "Ready",
-            f"{name} Ready",
-        )
-    )
-
-
-def pod_doc(
-    name: str,
-    profile: str | None,
-    selector: dict[str, str] | None = None,
-    gpus: int = 2,
-    image: str = "registry.example.com/serve:1",
-) -> dict[str, Any]:
-    labels = {"app": "model"}
-    if profile:
-        labels["tunefleet.io/profile"] = profile
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {
-            "nodeSelector": selector or {},
-            "containers": [
-                {
-                    "name": "server",
-                    "image": image,
-                    "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
-                }
-            ],
-        },
-    }
-
-
-def create(cluster: Any, namespace: str, doc: dict[str, Any], check: bool = True) -> Any:
-    return cluster.kubectl(
-        "create", "-n", namespace, "-f", "-", input=yaml.safe_dump(doc), check=check
-    )
-
-
-def stored(cluster: Any, namespace: str, name: str) -> dict[str, Any]:
-    return dict(get_json(cluster, "pod", "-n", namespace, name))
 
 
 def ours(containers: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -1,0 +1,69 @@
+"""TuningProfiles and model pods for the real node (containers run there; its GPUs are a fake
+resource, see tests/support/cluster.py), for e2e tests: `real_profile(name, s3, secret)` (the
+stand-in inference image tuning `SHAPES`), `model_pod(name, profile)` (a standin-server pod
+that runs once), and `KEY`, the node label those pods select on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.support.cluster import REAL_NODE_GPU_MODEL, STANDIN_IMAGE
+
+KEY = "nvidia.com/gpu.product"
+
+SHAPES = [
+    {"mnk": [64, 128, 256], "dtype": "bfloat16", "transB": True},
+    {"mnk": [32, 4096, 4096], "dtype": "float16", "transB": True},
+    {"mnk": [128, 128, 64], "batch": 8, "dtype": "bfloat16"},
+    {"mnk": [1, 4096, 4096], "dtype": "bfloat16", "transB": True},
+    {"mnk": [16, 14336, 4096], "dtype": "bfloat16", "transB": True},
+    {"mnk": [16, 4096, 14336], "dtype": "bfloat16", "transB": True},
+    {"mnk": [256, 1024, 1024], "dtype": "float32"},
+    {"mnk": [512, 512, 512], "dtype": "bfloat16", "transA": True},
+]
+
+
+def real_profile(
+    name: str, s3: Any, secret: str, image: str = STANDIN_IMAGE, **spec_over: Any
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "image": image,
+        "imagePullPolicy": "Never",
+        "gpu": {"vendor": "nvidia", "models": [REAL_NODE_GPU_MODEL]},
+        # The stand-in on a "ROCm" backend offers kernels besides Default, so tuning gains.
+        "workload": {"shapes": SHAPES, "env": [{"name": "FAKE_TORCH_BACKEND", "value": "rocm"}]},
+        "tuning": {"backoffLimit": 0, "budgetSeconds": 300, "activeDeadlineSeconds": 600},
+        "storage": {
+            "uri": f"s3://{s3.bucket}/real",
+            "endpoint": s3.pod_endpoint,
+            "credentialsSecret": {"name": secret},
+        },
+    }
+    spec.update(spec_over)
+    return {
+        "apiVersion": "tunefleet.io/v1alpha1",
+        "kind": "TuningProfile",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def model_pod(name: str, profile: str, gpus: int = 2, **labels: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"tunefleet.io/profile": profile, **labels}},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": {KEY: REAL_NODE_GPU_MODEL},
+            "containers": [
+                {
+                    "name": "server",
+                    "image": STANDIN_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["standin-server", "--once"],
+                    "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+                }
+            ],
+        },
+    }
