@@ -3,7 +3,8 @@
 - the operator imports only tuner_job's public format layer (tuner_job.FORMAT_LAYER);
 - that layer imports nothing but the standard library and itself (it runs in users' images);
 - no import circle among tunefleet's modules, lazy imports inside functions included;
-- builders/ build manifests: they never import admission, status or reconcile code.
+- builders/ build manifests: they never import admission, status or reconcile code;
+- no test module imports another: shared builders and fakes live in tests/support/.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import tuner_job
 ROOT = Path(__file__).resolve().parents[2]
 OPERATOR = ROOT / "operator" / "tunefleet"
 TUNER = ROOT / "tuner_job"
+TESTS = ROOT / "tests"
 
 
 def module_name(path: Path, base: Path, package: str) -> str:
@@ -158,4 +160,31 @@ def test_builders_build_manifests_only() -> None:
         for imported in imports(path, name):
             if imported.startswith(forbidden):
                 bad.append(f"{path.relative_to(ROOT)} imports {imported}")
+    assert not bad, "\n".join(bad)
+
+
+def imports_of_test_modules(tests: Path) -> list[str]:
+    """Each module named test_* that a file under `tests` imports (tests/unit/data, test data,
+    excepted)."""
+    bad = []
+    for path in sorted(tests.rglob("*.py")):
+        if path.relative_to(tests).parts[:2] == ("unit", "data"):
+            continue
+        found = set()
+        for imported in imports(path, module_name(path, tests, "tests")):
+            parts = imported.split(".")
+            if parts[0] != "tests":
+                continue
+            for i, part in enumerate(parts[1:], start=1):
+                if part.startswith("test_"):
+                    found.add(".".join(parts[: i + 1]))
+                    break
+        bad += [f"{path.relative_to(tests.parent)} imports {m}" for m in sorted(found)]
+    return bad
+
+
+def test_no_test_module_imports_another() -> None:
+    """A builder or fake two test modules share lives in tests/support/ (tests/README.md),
+    where a newcomer finds it, not in one of the test modules."""
+    bad = imports_of_test_modules(TESTS)
     assert not bad, "\n".join(bad)
