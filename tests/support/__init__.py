@@ -1,1 +1,2 @@
-"""Helpers shared by the tests: the local cluster and S3 server (cluster.py), polling."""
+"""Builders, fakes and helpers shared by the tests (a test module never imports another):
+the table in tests/README.md says what each module here gives and which tier uses it."""

@@ -1,8 +1,8 @@
-"""The loop through sync_profile (the API stubbed as in test_reconcile.py): a threshold makes the
-retune set, a Job of the retune's revision with the set mounted, removes the Job it supersedes,
-and writes status.capture; the next reconcile (and a restarted operator) sees the same revision
-and makes nothing more; the published retune serves new pods; admission gives model pods the
-capture sidecar, the hook and record-untuned."""
+"""The loop through sync_profile (the API stubbed by tests/support/fake_api.py): a threshold makes
+the retune set, a Job of the retune's revision with the set mounted, removes the Job it
+supersedes, and writes status.capture; the next reconcile (and a restarted operator) sees the
+same revision and makes nothing more; the published retune serves new pods; admission gives
+model pods the capture sidecar, the hook and record-untuned."""
 
 from __future__ import annotations
 
