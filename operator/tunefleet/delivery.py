@@ -234,8 +234,21 @@ def retirable(
         ours = views.owning_profile(meta) == profile_uid
         artifact = (meta.get("labels") or {}).get(naming.ROLE_LABEL) == "artifact"
         if ours and artifact and not meta.get("deletionTimestamp") and meta["name"] not in keep:
+            if not holds_what_it_claims(cm, profile_uid):
+                # A forgery that copied our labels and ownerReference: reported when it was
+                # found in the way, never used, and never deleted by us either.
+                continue
             out.append((str(meta["name"]), str(meta.get("uid") or "")))
     return sorted(out)
+
+
+def holds_what_it_claims(config_map: dict[str, Any], profile_uid: str) -> bool:
+    """Whether a ConfigMap holds the artifact its own annotations name (one the operator made
+    does; content_problem says why another does not)."""
+    anns = (config_map.get("metadata") or {}).get("annotations") or {}
+    sha = str(anns.get(naming.ARTIFACT_SHA_ANNOTATION) or "")
+    manifest = str(anns.get(naming.MANIFEST_SHA_ANNOTATION) or "")
+    return bool(sha) and not content_problem(config_map, sha, manifest, profile_uid)
 
 
 def retire(namespace: str, profile: str, profile_uid: str, status: dict[str, Any]) -> list[str]:

@@ -318,12 +318,23 @@ def test_a_job_view_of_an_unrelated_profile_does_not_matter(
 # --- retiring artifact ConfigMaps -------------------------------------------------------------
 
 
-def artifact_cm(name: str, owner: str = "uid-1", role: str = "artifact") -> dict[str, Any]:
+def artifact_cm(
+    name: str,
+    owner: str = "uid-1",
+    role: str = "artifact",
+    results: str = "Validator,PT_VERSION,2.11.0\n",
+) -> dict[str, Any]:
     return {
+        "immutable": True,
+        "data": {"results.csv": results, "manifest.json": MANIFEST.decode()},
         "metadata": {
             "name": name,
             "uid": f"cm-{name}",
             "labels": {"tunefleet.io/role": role, "tunefleet.io/profile-uid": owner},
+            "annotations": {
+                "tunefleet.io/artifact-sha256": sha256_hex(b"Validator,PT_VERSION,2.11.0\n"),
+                "tunefleet.io/manifest-sha256": sha256_hex(MANIFEST),
+            },
             "ownerReferences": [
                 {
                     "apiVersion": "tunefleet.io/v1alpha1",
@@ -333,7 +344,7 @@ def artifact_cm(name: str, owner: str = "uid-1", role: str = "artifact") -> dict
                     "name": "p",
                 }
             ],
-        }
+        },
     }
 
 
@@ -351,6 +362,8 @@ def test_only_artifact_config_maps_no_status_or_running_pod_names_are_retired() 
     cms = [artifact_cm(n) for n in ("served", "earlier", "mounted", "ended", "unused")] + [
         artifact_cm("forged", owner="someone-else"),  # our labels, not ours
         artifact_cm("tuning-config", role="tune"),
+        # Our labels and ownerReference, other content: never used, never deleted by us.
+        artifact_cm("squatter", results="Validator,PT_VERSION,2.11.0\nEvil,x,y,0\n"),
     ]
     pods = [mounting("mounted"), mounting("ended", phase="Succeeded")]
     assert delivery.retirable(cms, "uid-1", status, pods) == [
