@@ -422,9 +422,9 @@ def real_node(cluster: Cluster, s3: S3Settings, runs: int = 10, burst: int = 20)
     unreachable from pods."""
     from urllib.parse import urlsplit
 
-    from tests.support.real_node import model_pod, real_profile
     from tests.support.cluster import ensure_images
     from tests.support.operator import SERVING_SECRET, create_s3_secret, install_in_cluster
+    from tests.support.real_node import model_pod, real_profile
 
     ensure_images()
     deployed = install_in_cluster(cluster, s3)
