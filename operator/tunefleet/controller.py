@@ -24,10 +24,9 @@ import kopf
 from tunefleet import kube, metrics, naming
 from tunefleet.cache import Untrusted
 from tunefleet.capture.step import CaptureSource
-from tunefleet.conditions import Reason, Type, find
 from tunefleet.config import Config
 from tunefleet.heap import release_memory
-from tunefleet.reconcile import QUEUED_TTL, REDELIVER_AFTER_S, Memory, sync_profile
+from tunefleet.reconcile import Memory, sync_profile
 from tunefleet.served import Untuned
 from tunefleet.workqueue import Backoff, WorkQueue
 
@@ -178,7 +177,7 @@ class Controller:
         jobs = self.indexes.jobs(ns, uid)
         pods = [p for j in jobs for p in self.indexes.pods(ns, j["metadata"].get("uid", ""))]
         try:
-            status = sync_profile(
+            outcome = sync_profile(
                 profile,
                 jobs,
                 pods,
@@ -227,13 +226,8 @@ class Controller:
             log.exception(f"TuningProfile {ns}/{name}: reconcile failed; next in {delay:.0f}s")
         else:
             self.queue.forget(key)
-            if any(j.get("reason") == Reason.QUEUED for j in status.get("jobs") or []):
-                # Nothing of a queued Job changes while Kueue's reason for it does: look again.
-                self.queue.add_after(key, QUEUED_TTL)
-            elif find(status, Type.DEGRADED).get("reason") == Reason.DELIVERY_FAILED:
-                # A delivery that could not be made again (the store down): no event will
-                # bring it back, so look again soon (pods fetch from the store meanwhile).
-                self.queue.add_after(key, REDELIVER_AFTER_S)
+            if outcome.requeue_after is not None:
+                self.queue.add_after(key, outcome.requeue_after)
         finally:
             metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
 

@@ -58,6 +58,27 @@ NODES_TTL = 60.0  # seconds a node count is trusted (parallelism checks only)
 REDELIVER_AFTER_S = 30.0
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What one reconcile leaves: the status the profile holds, and how soon to reconcile it
+    again when no event will say so (None: at its next change or resync). The engine acts on
+    the delay only (controller-runtime's Result{RequeueAfter}); why is the domain's business."""
+
+    status: dict[str, Any]
+    requeue_after: float | None = None
+
+
+def requeue_after(status: dict[str, Any]) -> float | None:
+    """How soon a profile with this status must be looked at again without an event: a
+    queued Job's reason changes in Kueue's Workload, which nothing here watches; a delivery
+    that could not be made again (the store down) comes back only when tried again."""
+    if any(j.get("reason") == Reason.QUEUED for j in status.get("jobs") or []):
+        return QUEUED_TTL
+    if find(status, Type.DEGRADED).get("reason") == Reason.DELIVERY_FAILED:
+        return REDELIVER_AFTER_S
+    return None
+
+
 def now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -751,8 +772,9 @@ def sync_profile(
     captures: capture_step.CaptureSource | None = None,
     config_map_uid: Callable[[str, str], str] | None = None,
     untuned_pods: list[Untuned] | None = None,
-) -> dict[str, Any]:
-    """Reconcile one profile (a view, see views.profile_view); returns the status it holds.
+) -> Outcome:
+    """Reconcile one profile (a view, see views.profile_view); returns the status it holds
+    and when to look again (Outcome).
     `on_written(resourceVersion, status)`: what the API server answered to a status write.
 
     Raises kopf.PermanentError for a spec that can't be tuned (after reporting it in status),
@@ -811,7 +833,7 @@ def sync_profile(
             raise kopf.PermanentError(truncate("; ".join(why) or "invalid spec"))
         if s.create_error is not None:
             raise s.create_error
-        return status
+        return Outcome(status, requeue_after(status))
 
 
 def announce(

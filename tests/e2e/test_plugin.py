@@ -156,7 +156,13 @@ def test_status_and_why_tell_each_pod_what_happened_and_what_to_do(
     assert report["phase"] == "Ready"
     assert report["models"][0]["artifact"]["sha256"] == sha
     assert report["models"][0]["artifact"]["current"] is True
-    assert [c["status"] for c in report["conditions"]] == ["True", "False", "False"]
+    conditions = {c["type"]: c["status"] for c in report["conditions"]}
+    assert conditions == {
+        "Ready": "True",
+        "Progressing": "False",
+        "Failed": "False",
+        "Degraded": "False",
+    }
     assert report["jobs"][0]["state"] == "Succeeded"
 
     # why, injected and loaded: the pod's own fetch ran (here) and said what it wrote.
@@ -181,6 +187,14 @@ def test_status_and_why_tell_each_pod_what_happened_and_what_to_do(
     assert "not tuned: injected, but the fetch init container started it untuned" in out
     assert "manifest.json has SHA-256" in out and "does not verify" in out
     assert as_json(cluster, s3, "why", "bad-manifest", *ns)["verdict"] == "untuned-at-start"
+    # ... and the profile no longer says Ready of it: Degraded names the pod and its cause.
+    degraded = eventually(
+        lambda: as_json(cluster, s3, "status", "serve", *ns),
+        lambda report: report["phase"] == "Degraded",
+        "status saying Degraded for the pod that started untuned",
+    )
+    said = {c["type"]: c for c in degraded["conditions"]}["Degraded"]
+    assert said["status"] == "True" and "bad-manifest" in said["message"]
 
     # why, injected with an image warning.
     create(

@@ -9,11 +9,15 @@ import pytest
 
 from tunefleet import controller as controller_mod
 from tunefleet import kube
+from tunefleet.conditions import Reason
 from tunefleet.config import Config
 from tunefleet.controller import Controller, Indexes
+from tunefleet.reconcile import QUEUED_TTL, REDELIVER_AFTER_S, Outcome, requeue_after
 
 
-def make(monkeypatch: pytest.MonkeyPatch, outcome: Exception | None) -> Controller:
+def make(
+    monkeypatch: pytest.MonkeyPatch, outcome: Exception | None, after: float | None = None
+) -> Controller:
     profiles = {("ml", "p"): {"metadata": {"name": "p", "namespace": "ml", "uid": "u"}}}
     indexes = Indexes(
         profile=profiles.get,
@@ -22,10 +26,10 @@ def make(monkeypatch: pytest.MonkeyPatch, outcome: Exception | None) -> Controll
         pods=lambda ns, uid: [],
     )
 
-    def sync(*_: Any, **__: Any) -> dict[str, Any]:
+    def sync(*_: Any, **__: Any) -> Outcome:
         if outcome is not None:
             raise outcome
-        return {}
+        return Outcome({}, after)
 
     monkeypatch.setattr(controller_mod, "sync_profile", sync)
     return Controller(Config(), indexes, workers=1)
@@ -52,6 +56,30 @@ def test_a_bug_is_logged_and_retried_never_fatal(
     c.process(("ml", "p"))
     assert c.queue.failures(("ml", "p")) == 1
     assert "reconcile failed" in caplog.text
+
+
+def test_the_engine_requeues_after_the_delay_the_reconcile_asked_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    c = make(monkeypatch, None, after=12.5)
+    c.process(("ml", "p"))
+    assert c.queue.pending() == 1 and c.queue.failures(("ml", "p")) == 0
+    assert c.queue.get(timeout=0.05) is None  # not before its time
+    c = make(monkeypatch, None, after=None)
+    c.process(("ml", "p"))
+    assert c.queue.pending() == 0  # nothing asked: the next event or resync brings it
+
+
+def test_requeue_after_is_decided_from_status_alone() -> None:
+    queued = {"jobs": [{"name": "j", "reason": Reason.QUEUED}]}
+    lost = {"conditions": [{"type": "Degraded", "status": "True", "reason": "DeliveryFailed"}]}
+    untuned = {
+        "conditions": [{"type": "Degraded", "status": "True", "reason": "PodsStartedUntuned"}]
+    }
+    assert requeue_after(queued) == QUEUED_TTL
+    assert requeue_after(lost) == REDELIVER_AFTER_S
+    assert requeue_after(untuned) is None  # pods' events bring the next change
+    assert requeue_after({"phase": "Ready", "jobs": [{"name": "j", "reason": "Completed"}]}) is None
 
 
 def test_a_deleted_profile_is_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:

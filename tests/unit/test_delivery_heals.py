@@ -118,7 +118,7 @@ class World:
         return sync_profile(
             p, [self.job], [published_pod(self.job, self.uri)], SERVING, self.memory,
             config_map_uid=lambda ns, name: self.watched.get(name, ""), **kw,
-        )  # fmt: skip
+        ).status  # fmt: skip
 
 
 def config_map_of(status: dict[str, Any]) -> dict[str, str]:

@@ -126,11 +126,11 @@ def test_a_queued_job_reads_its_workload_now_and_then(monkeypatch: pytest.Monkey
     job = suspended_job()
     memory = Memory()
     for _ in range(2):  # no Workload yet (Kueue makes it moments after the Job): asked again
-        status = sync_profile(p, [job], [], CFG, memory)
+        status = sync_profile(p, [job], [], CFG, memory).status
     assert len(calls) == 2 and "no Workload" in status["jobs"][0]["message"]
     found.append(workload(job, QuotaReserved=("False", "insufficient unused quota")))
     for _ in range(3):
-        status = sync_profile(p, [job], [], CFG, memory)
+        status = sync_profile(p, [job], [], CFG, memory).status
     assert len(calls) == 3  # Kueue's answer: cached for QUEUED_TTL
     assert status["jobs"][0]["reason"] == Reason.QUEUED
     assert "insufficient unused quota" in status["jobs"][0]["message"]

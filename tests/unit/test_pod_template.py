@@ -645,7 +645,7 @@ def test_reconcile_reads_a_podless_jobs_events_once_a_minute(
 
     monkeypatch.setattr("tunefleet.kube.job_events", counting)
     memory = Memory()
-    status = sync_profile(p, [job_view(job)], [], CFG, memory)
+    status = sync_profile(p, [job_view(job)], [], CFG, memory).status
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert "serviceaccount" in ready["message"] and "serviceAccountName" in ready["message"]
     progressing = next(c for c in status["conditions"] if c["type"] == "Progressing")
