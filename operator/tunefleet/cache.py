@@ -1,6 +1,6 @@
 """What the operator keeps of the watched objects: small views (views.py), by owner.
 
-Filled by the reflectors (watch.py): their lists (at startup, and again after a watch
+Filled by the reflectors (runtime/reflector.py): their lists (at startup, and again after a watch
 expired) and their watch events, through the event handlers (handlers/). Readers are the
 reconcile workers (threads) and the webhook (the event loop), so every access holds a lock, and
 every reader gets its own copy.
@@ -30,7 +30,8 @@ from typing import Any
 import orjson
 
 from tunefleet import metrics, naming, views
-from tunefleet.heap import compacted
+from tunefleet.conditions import Phase
+from tunefleet.runtime.heap import compacted
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class Summary:
     @classmethod
     def of(cls, status: dict[str, Any]) -> Summary:
         return cls(
-            str(status.get("phase") or "Pending"),
+            str(status.get("phase") or Phase.PENDING),
             tuple(str(j.get("state") or "Pending") for j in status.get("jobs") or []),
             int(status.get("unadmittedPods") or 0),
         )

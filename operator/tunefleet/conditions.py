@@ -28,6 +28,18 @@ class Type(StrEnum):
 TYPES = (Type.READY, Type.PROGRESSING, Type.FAILED, Type.DEGRADED)
 
 
+class Phase(StrEnum):
+    """status.phase: the one word `kubectl get tuningprofiles` shows (crds/ lists the same)."""
+
+    PENDING = "Pending"  # nothing tuning yet (Jobs not started, or blocked)
+    QUEUED = "Queued"  # every Job waits in its Kueue queue
+    TUNING = "Tuning"  # a tuning Job runs
+    READY = "Ready"  # every GPU model has an artifact that pods get
+    DEGRADED = "Degraded"  # Ready, but model pods run untuned for a cause of ours
+    FAILED = "Failed"  # a tuning Job of the current revision failed
+    INVALID = "Invalid"  # the spec can't be tuned as written
+
+
 class Reason(StrEnum):
     # Ready
     ARTIFACTS_PUBLISHED = "ArtifactsPublished"  # every model has an artifact

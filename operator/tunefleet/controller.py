@@ -1,9 +1,11 @@
 """The reconciler's engine: a work queue of profiles, worker threads, and a slow resync.
 
-kopf watches TuningProfiles, tuning Jobs and tuning pods; its event handlers (handlers/) keep
-a small view of each in the cache (cache.py) and add the owning profile to the queue. Workers
-take keys and run `reconcile.sync_profile` against the cache. A reconcile that fails transiently is
-retried with per-profile exponential backoff (1 s doubling to 5 min); a permanent problem is
+Reflectors (runtime/reflector.py, the kinds of watch.py) feed event handlers (handlers/) that
+keep a small view of each object in the cache (cache.py) and add the owning profile to the
+queue (runtime/workqueue.py). Workers take keys and run `reconcile.sync_profile` against the
+cache; its Outcome says how soon to look again when no event will (the engine never reads a
+condition). A reconcile that fails transiently (kube.Temporary) is retried with per-profile
+exponential backoff (1 s doubling to 5 min); a permanent problem (kube.Permanent) is
 reported in status once and waits for the next change. Every `resync_seconds` all profiles
 are queued again (a no-op unless something drifted) and labelled pods that the webhook never
 saw are counted.
@@ -19,16 +21,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import kopf
-
 from tunefleet import kube, metrics, naming
 from tunefleet.cache import Untrusted
 from tunefleet.capture.step import CaptureSource
 from tunefleet.config import Config
-from tunefleet.heap import release_memory
 from tunefleet.reconcile import Memory, sync_profile
+from tunefleet.runtime.heap import release_memory
+from tunefleet.runtime.workqueue import Backoff, WorkQueue
 from tunefleet.served import Untuned
-from tunefleet.workqueue import Backoff, WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class Controller:
     def enqueue_owner(self, namespace: str | None, profile: str | None) -> None:
         """A tuning Job or pod changed: its profile, after EVENT_DELAY (a pod's start is a
         burst of events: scheduled, pulling, init started...; one reconcile covers them), in
-        the refresh lane (behind profiles' own changes: workqueue.py)."""
+        the refresh lane (behind profiles' own changes: runtime/workqueue.py)."""
         if namespace and profile:
             self.queue.add_after((namespace, profile), EVENT_DELAY, urgent=False)
 
@@ -189,13 +189,13 @@ class Controller:
                 config_map_uid=self.indexes.config_map_uid,
                 untuned_pods=self.indexes.untuned_pods(ns, name),
             )
-        except kopf.PermanentError as e:
+        except kube.Permanent as e:
             # Reported in the profile's status (and an Event on the transition); nothing to
             # retry until the spec changes.
             metrics.HANDLER_ERRORS.labels("reconcile", "permanent").inc()
             self.queue.forget(key)
             log.debug(f"TuningProfile {ns}/{name}: {e}")
-        except kopf.TemporaryError as e:
+        except kube.Temporary as e:
             metrics.HANDLER_ERRORS.labels("reconcile", "temporary").inc()
             metrics.QUEUE_RETRIES.inc()
             delay = self.queue.retry(key, float(e.delay or 0))
@@ -287,7 +287,7 @@ class Controller:
         for ns in namespaces:
             try:
                 pods = kube.list_pods(ns, selector)
-            except (kopf.TemporaryError, kube.Gone) as e:
+            except (kube.Temporary, kube.Gone) as e:
                 log.warning(f"could not look for pods the webhook missed: {e}")
                 return set()
             for pod in pods:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunefleet import views
-from tunefleet.heap import compacted
+from tunefleet.runtime.heap import compacted
 
 Key = tuple[str, str]  # (namespace, name)
 

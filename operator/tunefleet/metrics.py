@@ -23,6 +23,8 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from tunefleet.conditions import Phase
+
 log = logging.getLogger(__name__)
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -137,7 +139,7 @@ RETUNES = Counter(
     registry=REGISTRY,
 )
 
-PHASES = ("Pending", "Queued", "Tuning", "Ready", "Degraded", "Failed", "Invalid")
+PHASES = tuple(Phase)
 JOB_STATES = ("Pending", "Running", "Succeeded", "Failed")
 
 
@@ -157,7 +159,7 @@ class IndexCollector(Collector):
         states: Tally[str] = Tally()
         unadmitted = 0
         for status in self.statuses():
-            phases[status.get("phase") or "Pending"] += 1
+            phases[status.get("phase") or Phase.PENDING] += 1
             for job in status.get("jobs") or []:
                 states[job.get("state") or "Pending"] += 1
             unadmitted += int(status.get("unadmittedPods") or 0)

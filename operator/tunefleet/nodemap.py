@@ -33,8 +33,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import kopf
-
 from tunefleet import GROUP, KIND, kube, metrics, naming
 from tunefleet.builders.placement import build_node_map
 from tunefleet.contracts import nodemap
@@ -286,7 +284,7 @@ class NodeMaps:
                 with self._lock:
                     self._want.pop(m, None)
                     self._urgent.discard(m)
-            except (kopf.TemporaryError, kube.Conflict, kube.NotLeading) as e:
+            except (kube.Temporary, kube.Conflict, kube.NotLeading) as e:
                 log.info(f"node map {m[0]}/{nodemap.config_map_name(m[1])}: {e}; retrying")
                 metrics.NODE_MAP_WRITES.labels("failed").inc()
                 with self._lock:
@@ -442,7 +440,7 @@ class NodeMaps:
             there = kube.read("ConfigMap", ns, name)
             if there is not None and ours(there, key):
                 kube.delete_owned("ConfigMap", ns, name, there["metadata"]["uid"])
-        except (kopf.TemporaryError, kube.NotLeading, kube.Gone) as e:
+        except (kube.Temporary, kube.NotLeading, kube.Gone) as e:
             log.info(f"node map {ns}/{name} no profile uses: not removed ({e})")
 
     def _not_ours(self, cm: dict[str, Any]) -> None:

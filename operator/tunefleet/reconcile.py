@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import kopf
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
@@ -35,11 +34,11 @@ from tunefleet.builders.kueue import QUEUE_LABEL
 from tunefleet.builders.storage import pod_storage
 from tunefleet.cache import Untrusted
 from tunefleet.capture import step as capture_step
-from tunefleet.conditions import BLOCKED, EventReason, Reason, Type, find, truncate
+from tunefleet.conditions import BLOCKED, EventReason, Phase, Reason, Type, find, truncate
 from tunefleet.config import Config
 from tunefleet.contracts.artifact import ArtifactRecord
-from tunefleet.heap import compacted
 from tunefleet.observe import Hints, JobObservation, observe
+from tunefleet.runtime.heap import compacted
 from tunefleet.served import Untuned
 from tunefleet.status import Observed, compute_status, status_changed, with_degraded
 from tunefleet.storage.store import StoreError
@@ -140,7 +139,7 @@ class ProfileMemory:
             return cached[1]
         try:
             found = kueue.workloads_of(meta.get("namespace", ""), uid)
-        except (kopf.TemporaryError, kopf.PermanentError, kube.Gone, ApiException) as e:
+        except (kube.Temporary, kube.Permanent, kube.Gone, ApiException) as e:
             # Only the reason is missing: the Job waits all the same.
             message = f"{kueue.why_queued(job, [])} (its Workload could not be read: {e})"
         else:
@@ -323,7 +322,7 @@ class _Sync:
     # What of spec.template the profile policy refuses (policy.py): nothing is made.
     refused: list[str] = field(default_factory=list)
     too_few: dict[str, str] = field(default_factory=dict)
-    create_error: kopf.TemporaryError | None = None
+    create_error: kube.Temporary | None = None
     unadmitted: list[str] = field(default_factory=list)  # labelled pods the webhook never saw
     on_written: Callable[[str, dict[str, Any]], None] = lambda rv, status: None
     # Production misses (capture/step.py): the revision each model tunes under (a retune's,
@@ -416,15 +415,15 @@ def _create_missing(s: _Sync) -> None:
                     EventReason.TUNING_JOB_CREATED,
                     f"Created tuning Job {name}.",
                 )
-        except kopf.PermanentError as e:
+        except kube.Permanent as e:
             # The API server refused what the spec made: a spec problem to report.
             s.problems.append(f"gpu model {model}: {e}")
             return
         except kube.NotOurs as e:
             # Someone else's object sits under our deterministic name: never use it.
-            s.create_error = kopf.TemporaryError(str(e), delay=30)
+            s.create_error = kube.Temporary(str(e), delay=30)
             return
-        except kopf.TemporaryError as e:
+        except kube.Temporary as e:
             # Quota, RBAC, an API hiccup: say so in status, then retry with backoff.
             s.create_error = e
             return
@@ -559,7 +558,7 @@ def _deliver(s: _Sync, status: dict[str, Any]) -> None:
                 vendor=s.spec.gpu.vendor,
             )
         except (FetchError, StoreError, delivery.DeliveryError, kube.NotOurs,
-                kopf.TemporaryError) as e:  # fmt: skip
+                kube.Temporary) as e:  # fmt: skip
             if isinstance(e, delivery.DeliveryError):
                 s.foreign += list(e.foreign)
             note = truncate(f"Store: delivery as a ConfigMap failed: {e}", 300)
@@ -592,7 +591,7 @@ def _lost(s: _Sync, entry: dict[str, Any]) -> bool:
         return False
     try:
         there = kube.read("ConfigMap", ns, name)
-    except kopf.TemporaryError:
+    except kube.Temporary:
         return False  # not known now: the next reconcile looks again
     now_uid = str(((there or {}).get("metadata") or {}).get("uid") or "")
     if now_uid == made and made:
@@ -627,7 +626,7 @@ def _retire_config_maps(s: _Sync, previous: dict[str, Any], status: dict[str, An
     meta = s.meta
     try:
         mem.retiring = set(delivery.retire(meta["namespace"], meta["name"], meta["uid"], status))
-    except kopf.TemporaryError as e:
+    except kube.Temporary as e:
         mem.retiring = (mem.retiring or set()) | dropped | {""}  # checked again later
         log.info(f"TuningProfile {meta['namespace']}/{meta['name']}: retiring ConfigMaps: {e}")
 
@@ -777,8 +776,8 @@ def sync_profile(
     and when to look again (Outcome).
     `on_written(resourceVersion, status)`: what the API server answered to a status write.
 
-    Raises kopf.PermanentError for a spec that can't be tuned (after reporting it in status),
-    kopf.TemporaryError for what may pass, kube.Gone when the profile or namespace is going,
+    Raises kube.Permanent for a spec that can't be tuned (after reporting it in status),
+    kube.Temporary for what may pass, kube.Gone when the profile or namespace is going,
     kube.Conflict when the profile changed since it was read, kube.NotLeading when this
     replica may no longer write.
     """
@@ -830,7 +829,7 @@ def sync_profile(
         mine.prune(s.jobs, pods, {u.uid for u in untrusted or []} | {f.uid for f in s.foreign})
         if s.problems or s.spec is None or s.refused:
             why = s.problems or s.refused
-            raise kopf.PermanentError(truncate("; ".join(why) or "invalid spec"))
+            raise kube.Permanent(truncate("; ".join(why) or "invalid spec"))
         if s.create_error is not None:
             raise s.create_error
         return Outcome(status, requeue_after(status))
@@ -857,7 +856,10 @@ def announce(
     ):
         kube.post_event_soon(ref, "Warning", now_p["reason"], now_p["message"])
     _announce_artifacts(ref, before, after)
-    if after.get("phase") == "Ready" and before.get("phase") not in ("Ready", "Degraded"):
+    if after.get("phase") == Phase.READY and before.get("phase") not in (
+        Phase.READY,
+        Phase.DEGRADED,
+    ):
         arts = ", ".join(
             f"{a['gpuModel']}@{a['sha256'][:12]}" for a in after.get("artifacts") or []
         )

@@ -23,7 +23,7 @@ from tunefleet.contracts.admission import UNTUNED, Admission, Code
 from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
 from tunefleet.contracts.fetch import UNTUNED as FETCH_UNTUNED
 from tunefleet.contracts.fetch import FetchOutcome
-from tunefleet.heap import compacted
+from tunefleet.runtime.heap import compacted
 
 # Admission's untuned decisions that are ours to fix or report.
 OURS = frozenset({Code.CONFIG_MAP_REPLACED})

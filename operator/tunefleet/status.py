@@ -13,7 +13,7 @@ from typing import Any
 
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
-from tunefleet.conditions import Reason, Type, condition
+from tunefleet.conditions import Phase, Reason, Type, condition
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.observe import JobObservation
 from tunefleet.served import Untuned
@@ -124,7 +124,7 @@ def _invalid(obs: Observed, now: str) -> dict[str, Any]:
         no_jobs = "No tuning Jobs for an invalid spec."
     return {
         "observedGeneration": gen,
-        "phase": "Invalid",
+        "phase": Phase.INVALID,
         "conditions": [
             condition(previous, Type.READY, False, reason, message, gen, now),
             condition(previous, Type.PROGRESSING, False, reason, no_jobs, gen, now),
@@ -274,15 +274,15 @@ def _ready_condition(p: _Picture) -> dict[str, Any]:
     return p.cond(Type.READY, False, Reason.TUNING, message)
 
 
-def _phase(p: _Picture) -> str:
+def _phase(p: _Picture) -> Phase:
     if p.failed:
-        return "Failed"
+        return Phase.FAILED
     if len(p.up_to_date) == len(p.models):
-        return "Ready"
+        return Phase.READY
     running = any(p.current.get(m) and p.current[m].state == "Running" for m in p.models)
     if _queued_only(p.blocked):
-        return "Tuning" if running else "Queued"
-    return "Tuning" if running and not p.blocked else "Pending"
+        return Phase.TUNING if running else Phase.QUEUED
+    return Phase.TUNING if running and not p.blocked else Phase.PENDING
 
 
 def _job_lines(p: _Picture) -> list[dict[str, Any]]:
@@ -440,8 +440,8 @@ def with_degraded(
     out["conditions"] = [
         c for c in status.get("conditions") or [] if c.get("type") != Type.DEGRADED
     ] + [degraded]
-    if degraded["status"] == "True" and status.get("phase") == "Ready":
-        out["phase"] = "Degraded"
+    if degraded["status"] == "True" and status.get("phase") == Phase.READY:
+        out["phase"] = Phase.DEGRADED
     return out
 
 

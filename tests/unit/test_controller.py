@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import kopf
 import pytest
 
 from tunefleet import controller as controller_mod
@@ -36,7 +35,7 @@ def make(
 
 
 def test_temporary_errors_back_off_and_success_resets(monkeypatch: pytest.MonkeyPatch) -> None:
-    c = make(monkeypatch, kopf.TemporaryError("api down", delay=5))
+    c = make(monkeypatch, kube.Temporary("api down", delay=5))
     c.process(("ml", "p"))
     c.process(("ml", "p"))
     assert c.queue.failures(("ml", "p")) == 2
@@ -44,7 +43,7 @@ def test_temporary_errors_back_off_and_success_resets(monkeypatch: pytest.Monkey
 
 
 def test_permanent_errors_are_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
-    c = make(monkeypatch, kopf.PermanentError("bad spec"))
+    c = make(monkeypatch, kube.Permanent("bad spec"))
     c.process(("ml", "p"))
     assert c.queue.failures(("ml", "p")) == 0 and c.queue.pending() == 0
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import sys
 
-from tunefleet import heap
 from tunefleet.cache import Cache
-from tunefleet.workqueue import WorkQueue
+from tunefleet.runtime import heap
+from tunefleet.runtime.workqueue import WorkQueue
 
 
 def test_a_table_emptied_by_a_burst_is_rebuilt_small_and_a_full_one_is_kept() -> None:

@@ -19,6 +19,7 @@ import pytest
 
 from tunefleet import kube
 from tunefleet.capture.store import StoreKey, Writer
+from tunefleet.runtime import client
 
 OWNER = "owner-uid"
 
@@ -79,7 +80,7 @@ def api_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[_Api]]:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     config = kubernetes.client.Configuration()
     config.host = f"http://127.0.0.1:{server.server_address[1]}"
-    monkeypatch.setattr(kube, "_api", kubernetes.client.ApiClient(configuration=config))
+    monkeypatch.setattr(client, "_api", kubernetes.client.ApiClient(configuration=config))
     yield _Api
     server.shutdown()
     server.server_close()

@@ -4,6 +4,10 @@
 - that layer imports nothing but the standard library and itself (it runs in users' images);
 - no import circle among tunefleet's modules, lazy imports inside functions included;
 - builders/ build manifests: they never import admission, status or reconcile code;
+- runtime/ is the controller machinery (API client, reflector, work queue, leader election,
+  heap): it imports nothing of tunefleet outside runtime/, so the domain can change beneath it;
+- kopf is the webhook's server and the startup's, nothing else: the rest speaks the project's
+  own error words (runtime/client.Temporary, Permanent);
 - no test module imports another: shared builders and fakes live in tests/support/.
 """
 
@@ -187,4 +191,56 @@ def test_no_test_module_imports_another() -> None:
     """A builder or fake two test modules share lives in tests/support/ (tests/README.md),
     where a newcomer finds it, not in one of the test modules."""
     bad = imports_of_test_modules(TESTS)
+    assert not bad, "\n".join(bad)
+
+
+RUNTIME = "tunefleet.runtime"
+
+
+def runtime_breaches(g: dict[str, set[str]]) -> list[str]:
+    """Imports by runtime/ of tunefleet modules outside it (the package itself included: its
+    __init__ holds the domain's API group)."""
+    return sorted(
+        f"{name} imports {dep}"
+        for name, deps in g.items()
+        if name == RUNTIME or name.startswith(RUNTIME + ".")
+        for dep in deps
+        if dep.startswith("tunefleet") and not (dep == RUNTIME or dep.startswith(RUNTIME + "."))
+    )
+
+
+def test_the_machinery_imports_nothing_of_the_domain() -> None:
+    g = graph(OPERATOR, "tunefleet")
+    assert any(n.startswith(RUNTIME + ".") for n in g), "runtime/ is gone?"
+    breaches = runtime_breaches(g)
+    assert not breaches, "\n".join(breaches)
+
+
+def test_the_machinery_rule_catches_a_domain_import() -> None:
+    g = {
+        "tunefleet.runtime.client": {"tunefleet.runtime.heap"},
+        "tunefleet.runtime.reflector": {"tunefleet.naming", "tunefleet.runtime.client"},
+        "tunefleet.reconcile": {"tunefleet.runtime.client"},
+    }
+    assert runtime_breaches(g) == ["tunefleet.runtime.reflector imports tunefleet.naming"]
+
+
+# kopf runs the process (__main__), its startup and cleanup, and serves the webhook (the
+# mutating handler and its server); no other module may need it.
+KOPF_ALLOWED = {
+    "tunefleet.__main__",
+    "tunefleet.handlers.startup",
+    "tunefleet.handlers.pod",
+    "tunefleet.webhook.server",
+}
+
+
+def test_kopf_is_confined_to_the_startup_and_the_webhook() -> None:
+    bad = []
+    for path in OPERATOR.rglob("*.py"):
+        name = module_name(path, OPERATOR, "tunefleet")
+        if name in KOPF_ALLOWED:
+            continue
+        if any(m == "kopf" or m.startswith("kopf.") for m in imports(path, name)):
+            bad.append(f"{path.relative_to(ROOT)} imports kopf")
     assert not bad, "\n".join(bad)

@@ -12,7 +12,7 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client import generate_latest
 
 from tunefleet import metrics
-from tunefleet.leader import LeaseElector, Timing
+from tunefleet.runtime.leader import LeaseElector, Timing
 
 
 class LeaseApi:
@@ -72,7 +72,7 @@ def test_one_leader_and_a_takeover_only_after_the_lease_expires(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = [1000.0]
-    monkeypatch.setattr("tunefleet.leader.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("tunefleet.runtime.leader.time.monotonic", lambda: clock[0])
     api, events = LeaseApi(), []
     a, b = elector(api, "a", events), elector(api, "b", events)
     assert a.try_acquire_or_renew() is True
@@ -133,18 +133,18 @@ def test_a_write_the_api_server_never_acknowledged_cannot_land_after_the_fence(
     timed-out write is not delivered later by retransmission; the margin covers it."""
     import kubernetes
 
-    from tunefleet import kube
+    from tunefleet.runtime import client
 
-    monkeypatch.setattr(kube, "_configuration", kubernetes.client.Configuration)
-    monkeypatch.setattr(kube, "_api", None)  # given back after the test
-    kube.login(pool_size=2)
-    options = kube.api().configuration.socket_options
+    monkeypatch.setattr(client, "_configuration", kubernetes.client.Configuration)
+    monkeypatch.setattr(client, "_api", None)  # given back after the test
+    client.login(pool_size=2)
+    options = client.api().configuration.socket_options
     assert (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 2000) in options
     assert (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1) in options  # urllib3's own kept
-    pool = kube.api().rest_client.pool_manager
+    pool = client.api().rest_client.pool_manager
     assert (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 2000) in pool.connection_pool_kw[
         "socket_options"
     ]
     timing = Timing()
-    margin = timing.duration - timing.renew_deadline + kube.MIN_WRITE_SECONDS
-    assert margin > kube.UNACKED_ABORT_S
+    margin = timing.duration - timing.renew_deadline + client.MIN_WRITE_SECONDS
+    assert margin > client.UNACKED_ABORT_S

@@ -10,13 +10,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-import kopf
 import pytest
 import yaml
 from pydantic import ValidationError
 
 from tests.support.fake_api import FakeApi
-from tunefleet import naming
+from tunefleet import kube, naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.api.template import RESERVED_MOUNT, RESERVED_VOLUME_PREFIX, RESERVED_VOLUMES
 from tunefleet.builders.job import Child, build_merge_job, build_tuning_job
@@ -513,7 +512,7 @@ def test_a_refused_template_makes_no_job_and_says_why(monkeypatch: pytest.Monkey
         }
     )
     api = FakeApi(monkeypatch)
-    with pytest.raises(kopf.PermanentError, match="hostPath"):
+    with pytest.raises(kube.Permanent, match="hostPath"):
         sync_profile(p, [], [], CFG, Memory())
     assert api.created == []
     (status,) = api.patches

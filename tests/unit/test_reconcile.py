@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import kopf
 import pytest
 from kubernetes.client.exceptions import ApiException
 
@@ -86,7 +85,7 @@ def test_a_job_made_for_kueue_is_not_observed_before_kueue_has_seen_it(
 def test_invalid_spec_is_a_condition_and_a_permanent_error(monkeypatch: pytest.MonkeyPatch) -> None:
     p = profile(gpu={"vendor": "amd", "models": ["MI300X OAM"]})
     api = FakeApi(monkeypatch)
-    with pytest.raises(kopf.PermanentError, match="can't be a node label value"):
+    with pytest.raises(kube.Permanent, match="can't be a node label value"):
         sync_profile(p, [], [], CFG, Memory())
     assert api.created == []
     (status,) = api.patches
@@ -98,8 +97,8 @@ def test_a_job_the_api_server_refuses_is_reported_not_retried(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     api = FakeApi(monkeypatch)
-    api.fail_job_with = kopf.PermanentError("creating Job ml/x: the API server refused it: bad")
-    with pytest.raises(kopf.PermanentError):
+    api.fail_job_with = kube.Permanent("creating Job ml/x: the API server refused it: bad")
+    with pytest.raises(kube.Permanent):
         sync_profile(profile(), [], [], CFG, Memory())
     (status,) = api.patches
     assert "the API server refused it: bad" in status["conditions"][0]["message"]
@@ -159,10 +158,10 @@ def test_create_owned_reads_already_exists_before_translating(
 @pytest.mark.parametrize(
     ("status", "message", "expected"),
     [
-        (500, "etcd", kopf.TemporaryError),
-        (429, "slow down", kopf.TemporaryError),
-        (403, "forbidden", kopf.TemporaryError),
-        (422, "spec.template: Invalid value", kopf.PermanentError),
+        (500, "etcd", kube.Temporary),
+        (429, "slow down", kube.Temporary),
+        (403, "forbidden", kube.Temporary),
+        (422, "spec.template: Invalid value", kube.Permanent),
         (
             403,
             "unable to create new content in namespace x because it is being terminated",
@@ -180,10 +179,10 @@ def test_a_job_that_cannot_be_made_now_is_said_in_status_then_retried(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     api = FakeApi(monkeypatch)
-    api.fail_job_with = kopf.TemporaryError(
+    api.fail_job_with = kube.Temporary(
         'creating Job ml/x: jobs "x" is forbidden: exceeded quota: no-jobs', delay=30
     )
-    with pytest.raises(kopf.TemporaryError):
+    with pytest.raises(kube.Temporary):
         sync_profile(profile(), [], [], CFG, Memory())
     (status,) = api.patches
     ready = status["conditions"][0]

@@ -186,3 +186,21 @@ def test_drift_check_can_fail() -> None:
     sc = template["spec"]["properties"]["securityContext"]
     assert diff(sc, free, {}, "spec.template.spec.securityContext")
     assert not diff(sc, free, {}, "spec.template.spec.affinity")
+
+
+def test_every_phase_is_the_one_the_crd_describes() -> None:
+    """status.phase's words are named once (conditions.Phase); the CRD's printer column and
+    schema describe exactly those, in the same order, so `kubectl explain` and the operator
+    agree."""
+    from tunefleet.conditions import Phase
+
+    doc = yaml.safe_load(CRD.read_text())
+    version = doc["spec"]["versions"][0]
+    column = next(
+        c for c in version["additionalPrinterColumns"] if c["jsonPath"] == ".status.phase"
+    )
+    schema = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["phase"]
+    for text in (column["description"], schema["description"]):
+        named = [w.strip(" ,.") for w in text.replace(" or ", ", ").split(",")]
+        words = [w.split(" (")[0] for w in named if w]
+        assert [w for w in words if w in set(Phase)] == list(Phase), text

@@ -8,7 +8,6 @@ import threading
 import time
 from typing import Any
 
-import kopf
 import pytest
 
 from tests.support.fake_api import FakeApi
@@ -17,8 +16,9 @@ from tests.support.records import SHA, completed, pod_body, published_pod, recor
 from tunefleet import kube, naming
 from tunefleet.cache import Cache
 from tunefleet.controller import Controller, Indexes
-from tunefleet.leader import LeaseElector, Timing
 from tunefleet.reconcile import Memory, sync_profile
+from tunefleet.runtime import client
+from tunefleet.runtime.leader import LeaseElector, Timing
 
 OWNER = {
     "apiVersion": "tunefleet.io/v1alpha1",
@@ -101,7 +101,7 @@ def test_an_object_of_someone_else_under_our_name_is_never_used(
     p = profile(gpu={"vendor": "amd", "models": MODELS[:1]})
     (job,) = jobs_for(p, MODELS[:1])
     api = FakeApi(monkeypatch, foreign={job["metadata"]["name"]})
-    with pytest.raises(kopf.TemporaryError, match="not controlled by"):
+    with pytest.raises(kube.Temporary, match="not controlled by"):
         sync_profile(p, [], [], CFG, Memory())
     assert api.created == []
     ready = api.patches[-1]["conditions"][0]
@@ -150,7 +150,7 @@ def test_status_is_written_over_the_version_read_and_an_invalid_profile_keeps_no
     assert seen == ["7"] and ready["tunedGemms"] and ready["revision"]
     broken = profile(gpu={"vendor": "amd", "models": ["MI300X OAM"]})
     broken["metadata"]["resourceVersion"] = "9"
-    with pytest.raises(kopf.PermanentError):
+    with pytest.raises(kube.Permanent):
         sync_profile({**broken, "status": ready}, [], [], CFG, Memory())
     invalid = api.patches[-1]
     assert invalid["phase"] == "Invalid" and invalid["artifacts"] == ready["artifacts"]
@@ -281,7 +281,7 @@ class HangingLeases:
 def test_a_leader_whose_calls_hang_stops_writing_before_its_lease_can_be_taken(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(kube, "MIN_WRITE_SECONDS", 0.05)
+    monkeypatch.setattr(client, "MIN_WRITE_SECONDS", 0.05)
     api = HangingLeases()
     events: list[str] = []
     timing = Timing(duration=1.0, renew_deadline=0.6, retry=0.1, call_timeout=0.2)

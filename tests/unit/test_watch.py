@@ -1,4 +1,4 @@
-"""The reflectors (watch.py) and the cache they fill: lists page by page, watch from the list's
+"""The reflectors (runtime/reflector.py, the kinds of watch.py) and the cache they fill: lists page by page, watch from the list's
 version, resume a dropped stream where it was, list again when the version expired, and after
 every list nothing of what the API server no longer has stays in the cache. And the cache's
 own lifecycle: compact views in, the same dicts out, every entry gone with its object."""
@@ -17,6 +17,7 @@ from tunefleet.cache import Cache
 from tunefleet.config import Config
 from tunefleet.controller import Controller, Indexes
 from tunefleet.reconcile import Memory
+from tunefleet.runtime import client, reflector
 
 
 def profile(name: str, uid: str, ns: str = "ml", rv: str = "1") -> dict[str, Any]:
@@ -60,7 +61,7 @@ class FakeApi:
         start = int(params.get("continue") or 0)
         if start and self.expire_continue:
             self.expire_continue -= 1
-            raise kube.Expired("continue token expired")
+            raise client.Expired("continue token expired")
         chunk = self.items[start : start + self.page]
         more = start + self.page < len(self.items)
         meta = {
@@ -83,7 +84,9 @@ class StopTest(BaseException):
     """The fake ran out of scripted streams (not an Exception: the reflector retries those)."""
 
 
-def reflector(api: FakeApi, cache: Cache, seen: list[tuple[str | None, str]]) -> watch.Reflector:
+def make_reflector(
+    api: FakeApi, cache: Cache, seen: list[tuple[str | None, str]]
+) -> reflector.Reflector:
     def handler(kind: str | None, body: dict[str, Any]) -> None:
         meta = body.get("metadata") or {}
         seen.append((kind, meta.get("name", "")))
@@ -96,13 +99,13 @@ def reflector(api: FakeApi, cache: Cache, seen: list[tuple[str | None, str]]) ->
     def forget(uid: str) -> None:
         handler("DELETED", cache.stub("tuningprofiles", uid))
 
-    return watch.Reflector(
+    return reflector.Reflector(
         api, watch.PROFILES, "ml", handler, lambda: cache.known("tuningprofiles", "ml"), forget,
         sleep=lambda s: False,
     )  # fmt: skip
 
 
-def run_until_stop(r: watch.Reflector) -> None:
+def run_until_stop(r: reflector.Reflector) -> None:
     """Run the reflector's loop until the fake runs out of scripted streams."""
     with pytest.raises(StopTest):
         r.run()
@@ -112,10 +115,10 @@ def test_the_list_comes_page_by_page_then_the_watch_starts_at_its_version() -> N
     cache, seen = Cache(), []
     api = FakeApi([profile(f"p{i}", f"u{i}") for i in range(5)], page=2, rv="42")
     api.streams = [[{"type": "ADDED", "object": profile("p5", "u5", rv="43")}]]
-    r = reflector(api, cache, seen)
+    r = make_reflector(api, cache, seen)
     run_until_stop(r)
     assert [p.get("continue", "") for p in api.lists] == ["", "2", "4"]
-    assert all(p["limit"] == str(kube.LIST_PAGE) for p in api.lists)
+    assert all(p["limit"] == str(client.LIST_PAGE) for p in api.lists)
     assert api.watches[0]["resourceVersion"] == "42"
     assert api.watches[0]["allowWatchBookmarks"] == "true"
     # The second watch resumes after the last event seen, without listing again.
@@ -130,11 +133,11 @@ def test_an_expired_version_lists_again_and_drops_what_the_list_no_longer_has() 
     cache, seen = Cache(), []
     api = FakeApi([profile("a", "ua"), profile("b", "ub")], rv="5")
     api.streams = [[{"type": "ERROR", "object": {"code": 410, "message": "too old"}}]]
-    r = reflector(api, cache, seen)
+    r = make_reflector(api, cache, seen)
 
     def relist_without_b(version: str) -> str:
         api.items = [profile("a", "ua", rv="9")]  # b was deleted while nobody watched
-        return watch.Reflector.watch(r, version)
+        return reflector.Reflector.watch(r, version)
 
     r.watch = relist_without_b  # type: ignore[method-assign]
     run_until_stop(r)
@@ -147,7 +150,7 @@ def test_an_expired_continue_token_starts_the_list_over() -> None:
     cache, seen = Cache(), []
     api = FakeApi([profile(f"p{i}", f"u{i}") for i in range(3)], page=1)
     api.expire_continue = 1
-    r = reflector(api, cache, seen)
+    r = make_reflector(api, cache, seen)
     assert r.list_all() == "10"
     assert [p.get("continue", "") for p in api.lists] == ["", "1", "", "1", "2"]
     assert len(cache.profiles()) == 3
@@ -162,11 +165,11 @@ def test_a_failed_call_backs_off_and_resumes_from_the_version_it_had() -> None:
         [{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "12"}}}],
     ]
     slept: list[float] = []
-    r = reflector(api, cache, seen)
+    r = make_reflector(api, cache, seen)
     r._sleep = lambda s: slept.append(s) or False  # type: ignore[assignment, func-returns-value]
     run_until_stop(r)
     assert [w["resourceVersion"] for w in api.watches] == ["7", "8", "8", "12"]
-    assert slept == [watch.BACKOFF[0]] and len(api.lists) == 1
+    assert slept == [reflector.BACKOFF[0]] and len(api.lists) == 1
     assert cache.profile(("ml", "a"))["metadata"]["resourceVersion"] == "8"  # type: ignore[index]
 
 
@@ -175,7 +178,7 @@ def test_a_watch_error_other_than_expiry_is_retried_not_fatal() -> None:
     api = FakeApi([], rv="3")
     api.streams = [[{"type": "ERROR", "object": {"code": 500, "message": "etcd"}}], []]
     slept: list[float] = []
-    r = reflector(api, cache, seen)
+    r = make_reflector(api, cache, seen)
     r._sleep = lambda s: slept.append(s) or False  # type: ignore[assignment, func-returns-value]
     run_until_stop(r)
     assert slept and len(api.lists) == 1
@@ -188,7 +191,7 @@ def test_wait_listed_waits_for_every_reflector() -> None:
         def __init__(self, e: threading.Event) -> None:
             self.listed = e
 
-    group = watch.Reflectors([R(a), R(b)])  # type: ignore[list-item]
+    group = reflector.Reflectors([R(a), R(b)])  # type: ignore[list-item]
     a.set()
     assert not group.wait_listed(timeout=0.05)
     b.set()
@@ -197,7 +200,7 @@ def test_wait_listed_waits_for_every_reflector() -> None:
 
 def test_watch_lines_are_split_across_chunks() -> None:
     chunks = [b'{"type":"ADDED","obj', b'ect":{}}\n{"type":"DEL', b'ETED","object":{}}\n']
-    assert [e["type"] for e in kube.parse_lines(chunks)] == ["ADDED", "DELETED"]
+    assert [e["type"] for e in client.parse_lines(chunks)] == ["ADDED", "DELETED"]
 
 
 # --- the cache ------------------------------------------------------------------------------

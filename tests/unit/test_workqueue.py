@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from tunefleet.workqueue import Backoff, WorkQueue
+from tunefleet.runtime.workqueue import Backoff, WorkQueue
 
 
 class Clock:

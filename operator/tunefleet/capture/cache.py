@@ -1,10 +1,10 @@
 """The operator's view of capture stores and retune sets (capture/store.py), by profile uid.
 
-Filled by a reflector (watch.py: listed before the reconciler runs, as a retune's revision
-depends on its set), then kept current by its watch (handlers/capture.py). Every replica keeps it:
-the endpoint reads a store here to skip writes that would add nothing, the leader's reconcile
-reads it instead of the API server. A ConfigMap that carries our labels without being owned by
-the profile it names parses to nothing here and is ignored.
+Filled by a reflector (runtime/reflector.py: listed before the reconciler runs, as a
+retune's revision depends on its set), then kept current by its watch (handlers/capture.py).
+Every replica keeps it: the endpoint reads a store here to skip writes that would add nothing,
+the leader's reconcile reads it instead of the API server. A ConfigMap that carries our
+labels without being owned by the profile it names parses to nothing here and is ignored.
 """
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ class ArtifactKeys:
         except (FetchError, StoreError, ValueError, OSError, kube.Gone) as e:
             log.info(f"cannot read artifact {sha[:12]} for its GEMMs: {e}")
             data = None
-        except Exception as e:  # kopf.TemporaryError and the like: tried again later
+        except Exception as e:  # kube.Temporary and the like: tried again later
             log.info(f"cannot read artifact {sha[:12]} for its GEMMs now: {e}")
             data = None
         if data is not None and hashlib.sha256(data).hexdigest() != sha:

@@ -11,8 +11,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import kopf
-
 from tunefleet import kube
 from tunefleet.api import TuningProfileSpec
 from tunefleet.capture import loop
@@ -97,7 +95,7 @@ def run(
         try:
             kube.create_owned(build_retune_config_map(frozen))
             made.append(frozen)
-        except (kube.NotOurs, kopf.TemporaryError, kopf.PermanentError) as e:
+        except (kube.NotOurs, kube.Temporary, kube.Permanent) as e:
             log.info(f"TuningProfile {ns}/{meta['name']}: retune of {frozen.model}: {e}")
             plan.revert(frozen.model, previous.get(frozen.model), base, str(e))
     out = Outcome(
@@ -132,5 +130,5 @@ def _remove_old_sets(
             continue
         try:
             kube.delete_owned("ConfigMap", namespace, old.name, old.uid)
-        except (kopf.TemporaryError, kopf.PermanentError) as e:
+        except (kube.Temporary, kube.Permanent) as e:
             log.info(f"retune set {namespace}/{old.name} not removed now: {e}")

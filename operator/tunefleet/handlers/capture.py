@@ -7,9 +7,10 @@ from typing import Any
 
 from tunefleet import metrics, naming, watch
 from tunefleet.handlers.startup import CAPTURES, CONTROLLER
+from tunefleet.runtime import reflector
 
 
-@watch.on(watch.CAPTURE_CONFIGMAPS)
+@reflector.on(watch.CAPTURE_CONFIGMAPS)
 def capture_event(type: str | None, body: dict[str, Any]) -> None:
     metrics.HANDLER_CALLS.labels("capture_event").inc()
     if CAPTURES.follow(type, body) is None:

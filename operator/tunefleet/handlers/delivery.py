@@ -8,9 +8,10 @@ from typing import Any
 
 from tunefleet import metrics, watch
 from tunefleet.handlers.startup import CONTROLLER, DELIVERED, SERVED
+from tunefleet.runtime import reflector
 
 
-@watch.on(watch.ARTIFACT_CONFIGMAPS)
+@reflector.on(watch.ARTIFACT_CONFIGMAPS)
 def artifact_config_map_event(type: str | None, body: dict[str, Any]) -> None:
     metrics.HANDLER_CALLS.labels("artifact_config_map_event").inc()
     owner = DELIVERED.follow(type, body)
@@ -19,7 +20,7 @@ def artifact_config_map_event(type: str | None, body: dict[str, Any]) -> None:
         CONTROLLER.get().enqueue_owner(*owner)
 
 
-@watch.on(watch.MODEL_PODS)
+@reflector.on(watch.MODEL_PODS)
 def model_pod_event(type: str | None, body: dict[str, Any]) -> None:
     metrics.HANDLER_CALLS.labels("model_pod_event").inc()
     changed = SERVED.follow(type, body)

@@ -6,9 +6,10 @@ from typing import Any
 
 from tunefleet import watch
 from tunefleet.handlers.startup import follow_child
+from tunefleet.runtime import reflector
 
 
-@watch.on(watch.JOBS)
+@reflector.on(watch.JOBS)
 def job_event(type: str | None, body: dict[str, Any]) -> None:
     # A deleted Job is made again by the reconcile this queues: deleting a failed Job is how
     # a user asks for a retry.

@@ -16,6 +16,7 @@ from tunefleet.builders.webhook import HANDLER_ID
 from tunefleet.conditions import EventReason
 from tunefleet.contracts.admission import Code
 from tunefleet.handlers.startup import CACHE, CONFIG, DELIVERED, follow_child
+from tunefleet.runtime import reflector
 from tunefleet.webhook.admission import Decision, admit, already_injected, repeats, seen_injected
 
 # Not kopf's per-object logger: that one posts Events, and an admitted pod has no uid yet.
@@ -142,7 +143,7 @@ def announce(profile_ref: dict[str, Any], pod_name: str, decision: Decision) -> 
         )
 
 
-@watch.on(watch.PODS)
+@reflector.on(watch.PODS)
 def pod_event(type: str | None, body: dict[str, Any]) -> None:
     """A tuning pod (watch.PODS selects them): kept in the cache under its Job."""
     follow_child("pods", type, body)

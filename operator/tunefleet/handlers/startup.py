@@ -25,10 +25,11 @@ from tunefleet.capture.store import Writer
 from tunefleet.config import Config
 from tunefleet.controller import Controller, Indexes
 from tunefleet.delivered import DeliveredConfigMaps
-from tunefleet.leader import LeaseElector
 from tunefleet.nodemap import NodeMaps
+from tunefleet.runtime import reflector
+from tunefleet.runtime.leader import LeaseElector
+from tunefleet.runtime.reflector import Reflectors
 from tunefleet.served import ServedPods
-from tunefleet.watch import Reflectors
 from tunefleet.webhook import server as webhook_server
 
 
@@ -97,9 +98,9 @@ REFLECTORS = _ReflectorsHolder()
 
 def reflectors(config: Config) -> Reflectors:
     """A reflector per watched kind and namespace (all namespaces: one per kind), each
-    feeding its event handler (@watch.on in handlers/)."""
+    feeding its event handler (@reflector.on in handlers/)."""
     spaces: list[str | None] = list(config.namespaces) or [None]
-    kinds = list(watch.HANDLERS.values())
+    kinds = list(reflector.HANDLERS.values())
     api = kube.WatchApi(connections=len(spaces) * len(kinds) + 2)
     meta_api = kube.WatchApi(connections=len(spaces) + 2, metadata_only=True)
     tables: dict[str, _Table] = {
@@ -114,14 +115,14 @@ def reflectors(config: Config) -> Reflectors:
             table: _Table = tables.get(kind.name, CACHE)
 
             def forget(
-                uid: str, kind: watch.Kind = kind, handler: watch.Handler = handler,
+                uid: str, kind: reflector.Kind = kind, handler: reflector.Handler = handler,
                 table: _Table = table,
             ) -> None:  # fmt: skip
                 handler("DELETED", table.stub(kind.name, uid))
 
             known = functools.partial(table.known, kind.name, ns)
             via = meta_api if kind.metadata_only else api
-            out.append(watch.Reflector(via, kind, ns, handler, known, forget))
+            out.append(reflector.Reflector(via, kind, ns, handler, known, forget))
     return Reflectors(out)
 
 
@@ -155,10 +156,10 @@ async def operator_startup(
     settings: kopf.OperatorSettings, logger: kopf.Logger, **kwargs: Any
 ) -> None:
     config = Config.from_env()
-    # kopf watches nothing of ours (watch.py does: its reflectors feed handlers/), so it keeps
-    # nothing on our objects (no finalizer, no copy of the spec in annotations) and no state
-    # of its own about them; it serves the webhook and runs this startup. Events are posted
-    # by us, on purpose.
+    # kopf watches nothing of ours (runtime/reflector.py does, the kinds of watch.py, feeding
+    # handlers/), so it keeps nothing on our objects (no finalizer, no copy of the spec in
+    # annotations) and no state of its own about them; it serves the webhook and runs this
+    # startup. Events are posted by us, on purpose.
     settings.posting.level = logging.WARNING
     kube.login(pool_size=config.workers + 6)
     indexes = Indexes(
@@ -218,7 +219,8 @@ async def operator_startup(
             on_started=lead,
             on_stopped=follow,
         )
-        # Every write of this process passes the Lease's fence first (kube.py, leader.py).
+        # Every write of this process passes the Lease's fence first (runtime/client.py,
+        # runtime/leader.py).
         kube.set_fence(ELECTOR.elector.fence)
         ELECTOR.elector.start()
     else:

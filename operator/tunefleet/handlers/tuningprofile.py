@@ -7,9 +7,10 @@ from typing import Any
 from tunefleet import metrics, watch
 from tunefleet.cache import spec_seen
 from tunefleet.handlers.startup import CACHE, CONTROLLER, NODE_MAPS
+from tunefleet.runtime import reflector
 
 
-@watch.on(watch.PROFILES)
+@reflector.on(watch.PROFILES)
 def tuningprofile_event(type: str | None, body: dict[str, Any]) -> None:
     # Level-based: whatever changed (created, spec edited, deleted, listed again after a
     # restart), the reconciler recomputes from the cache. Our own status writes come back

@@ -7,7 +7,7 @@ from typing import Any
 
 from tunefleet import naming
 from tunefleet.capture.loop import model_revision
-from tunefleet.conditions import TYPES, Type
+from tunefleet.conditions import TYPES, Phase, Type
 from tunefleet.contracts.artifact import ArtifactRecord
 
 from .common import age, event_lines, recent_events, short, table
@@ -52,7 +52,7 @@ def status_report(profile: dict[str, Any], events: list[dict[str, Any]]) -> dict
         "name": meta.get("name", ""),
         "generation": meta.get("generation"),
         "observedGeneration": st.get("observedGeneration"),
-        "phase": st.get("phase") or "Pending",
+        "phase": st.get("phase") or Phase.PENDING,
         "revision": revision,
         "conditions": [
             {

@@ -21,7 +21,7 @@ from typing import Any
 
 from tunefleet import naming, served
 from tunefleet.builders.webhook import FILENAME, RESULTS_DIR, TUNABLE_ENV
-from tunefleet.conditions import Reason, Type
+from tunefleet.conditions import Phase, Reason, Type
 from tunefleet.contracts.admission import UNTUNED, Admission, Code
 from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
 from tunefleet.contracts.fetch import LOADED, REFUSED, FetchOutcome
@@ -104,7 +104,7 @@ def _fix_no_artifact(p: _Pod, a: Admission) -> str:
             f"the profile has an artifact for {a.gpu_model} now ({short(now_art.get('sha256'))})"
             f": recreate the pod to get it (pods are pinned at admission): {p.recreate}"
         )
-    if p.status.get("phase") == "Failed":
+    if p.status.get("phase") == Phase.FAILED:
         return (
             f"tuning failed (see `{p.status_cmd}`): fix it, wait for Ready, then recreate the "
             f"pod: {p.recreate}"

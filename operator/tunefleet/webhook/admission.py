@@ -52,6 +52,7 @@ from tunefleet.builders.webhook import (
     results_volume,
     tunable_env,
 )
+from tunefleet.conditions import Phase
 from tunefleet.config import Config
 from tunefleet.contracts import nodemap
 from tunefleet.contracts.admission import INJECTED, UNTUNED, Admission, Code
@@ -158,7 +159,7 @@ def _artifact_of(
     entry = next((a for a in status.get("artifacts") or [] if a.get("gpuModel") == model), None)
     artifact = ArtifactRecord.from_status(entry) if entry else None
     if artifact is None:
-        phase = status.get("phase") or "Pending"
+        phase = status.get("phase") or Phase.PENDING
         reason = f"TuningProfile {profile_name!r} has no artifact for {model} yet (phase {phase})"
         fix = f"Wait until `kubectl get tp {profile_name}` shows Ready, then recreate the pod."
         return Untuned(Code.NO_ARTIFACT, reason, fix)

@@ -11,7 +11,7 @@ the next one takes over at once.
 The fence: a holder may write only until `renew_deadline` after it *began* its last successful
 renewal (the API server applied it later than that, so no other replica can take the Lease
 before `duration` after it). Every Lease call times out well inside that, so a hung
-connection cannot hold the loop; writes ask `fence()` how long they may take (kube.py), and
+connection cannot hold the loop; writes ask `fence()` how long they may take (client.py), and
 stop being made at the deadline even if this thread is stuck. The gap between `renew_deadline`
 and `duration` is the longest a write in flight may still land.
 """
@@ -29,7 +29,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from tunefleet import kube
+from tunefleet.runtime import client
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class LeaseElector:
         return max(self._valid_until - time.monotonic(), 0.0)
 
     def coordination(self) -> Any:
-        return self._api or kubernetes.client.CoordinationV1Api(kube.api())
+        return self._api or kubernetes.client.CoordinationV1Api(client.api())
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="leader-election", daemon=True)

@@ -26,7 +26,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from tunefleet.heap import compacted
+from tunefleet.runtime.heap import compacted
 
 K = TypeVar("K", bound=Hashable)
 

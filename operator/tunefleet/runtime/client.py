@@ -1,0 +1,271 @@
+"""The connection to the API server that every part of the operator shares, and the words
+its callers act on: client-go's rest client and apimachinery's errors, in short. Nothing here
+knows a TuningProfile (kube.py makes the operator's own calls over it).
+
+Transient failures (timeouts, 5xx, 429, RBAC not yet in place) become Temporary with a
+suggested delay; a request the API server refuses for good (422) becomes Permanent. These are
+the project's own words: kopf serves the webhook and runs the startup, and nothing else speaks
+its errors. Every call has a timeout: a hung connection (half-open TCP, an overloaded API
+server) ends the call rather than the caller. Every write asks the fence first (`set_fence`,
+`write_timeout`): a replica that cannot prove it still holds the Lease long enough for the
+write to finish does not make it (NotLeading), so two replicas never write at once
+(leader.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NoReturn, TypeVar, cast
+
+import kubernetes
+import orjson
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+log = logging.getLogger(__name__)
+_api: kubernetes.client.ApiClient | None = None
+T = TypeVar("T")
+
+# Sized to the reconciler's workers plus the Event poster and the occasional scan, so that no
+# request waits for (or discards) a pooled connection: urllib3's pool defaults to 5 x cores.
+DEFAULT_POOL_SIZE = 16
+
+
+# Seconds one read may take; writes get at most this, and never more than the fence allows.
+REQUEST_TIMEOUT = 10.0
+MIN_WRITE_SECONDS = 1.0  # a write with less time than this left under the Lease is not begun
+# A request the API server has not acknowledged for this long aborts its connection in the
+# kernel (TCP_USER_TIMEOUT). A client-side timeout alone does not stop a write: the kernel keeps
+# retransmitting what it sent, and a path that comes back (a frozen node, a partition healed)
+# would deliver the write long after the fence closed, beside the next leader. With this, a
+# write begun inside the fence lands within UNACKED_ABORT_S or never (leader.py's margin:
+# MIN_WRITE_SECONDS + lease duration - renew deadline > UNACKED_ABORT_S).
+UNACKED_ABORT_S = 2.0
+
+
+def _fence() -> float | None:
+    return None
+
+
+class Temporary(Exception):
+    """A failure that may pass (the API server slow or restarting, RBAC not in place yet):
+    the caller tries again, after `delay` seconds when one is suggested."""
+
+    def __init__(self, message: str, delay: float | None = None) -> None:
+        super().__init__(message)
+        self.delay = delay
+
+
+class Permanent(Exception):
+    """A failure that retrying will not mend (a spec or object the API server refuses): it is
+    reported, and nothing is tried again until the input changes."""
+
+
+class Gone(Exception):
+    """The namespace or object is gone or going: nothing left to do for it."""
+
+
+class NotLeading(Exception):
+    """This replica may not write now: it has not renewed the Lease recently enough."""
+
+
+class Conflict(Exception):
+    """The object changed since it was read (409 on a write with its resourceVersion)."""
+
+
+class Expired(Exception):
+    """410 Gone on a list or watch: the version asked for is gone; list again."""
+
+
+class NotOurs(Exception):
+    """An object of the name we would create exists and is not controlled by its owner."""
+
+
+def set_fence(fence: Callable[[], float | None]) -> None:
+    """`fence()`: seconds this replica may still write (None: no leader election)."""
+    global _fence
+    _fence = fence
+
+
+def write_timeout() -> float:
+    """The timeout of a write about to be made; NotLeading when none may be made."""
+    left = _fence()
+    if left is None:
+        return REQUEST_TIMEOUT
+    if left < MIN_WRITE_SECONDS:
+        raise NotLeading(f"not writing: {max(left, 0.0):.1f}s left under the Lease")
+    return min(REQUEST_TIMEOUT, left)
+
+
+def _configuration() -> kubernetes.client.Configuration:
+    """In a pod its ServiceAccount, elsewhere $KUBECONFIG (as kopf itself does)."""
+    config = kubernetes.client.Configuration()
+    try:
+        kubernetes.config.load_incluster_config(client_configuration=config)
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config(client_configuration=config)
+    return config
+
+
+def login(pool_size: int = DEFAULT_POOL_SIZE) -> None:
+    global _api
+    config = _configuration()
+    config.connection_pool_maxsize = pool_size
+    _abort_unacknowledged(config)
+    _api = kubernetes.client.ApiClient(configuration=config)
+
+
+def _abort_unacknowledged(config: kubernetes.client.Configuration) -> None:
+    if hasattr(socket, "TCP_USER_TIMEOUT"):  # Linux; elsewhere the client timeouts alone
+        config.socket_options = [
+            *urllib3.connection.HTTPConnection.default_socket_options,
+            (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(UNACKED_ABORT_S * 1000)),
+        ]
+
+
+def api() -> kubernetes.client.ApiClient:
+    if _api is None:
+        login()
+    assert _api is not None
+    return _api
+
+
+def api_message(e: ApiException) -> str:
+    try:
+        return str(json.loads(e.body or "{}").get("message") or e.reason)
+    except ValueError:
+        return str(e.reason)
+
+
+def translate(what: str, e: Exception) -> Exception:
+    """The error the reconciler acts on, for a failed API call (raise it `from e`)."""
+    if isinstance(e, ApiException):
+        message = api_message(e)
+        status = int(e.status or 0)
+        if status == 403 and "being terminated" in message:
+            return Gone(f"{what}: {message}")
+        if status == 404 and "namespaces" in message:
+            return Gone(f"{what}: {message}")
+        if status == 403 and "exceeded quota" in message:
+            return Temporary(f"{what}: {message}", delay=30)
+        if status in (401, 403):
+            return Temporary(
+                f"{what}: {status} {message} (if this is RBAC, compare the operator's "
+                "ServiceAccount with charts/tunefleet/templates/rbac.yaml)",
+                delay=30,
+            )
+        if status == 422:
+            return Permanent(f"{what}: the API server refused it: {message}")
+        if status in (408, 409, 429) or status >= 500:
+            return Temporary(f"{what}: {status} {message}", delay=5)
+        return cast(Exception, e)
+    if isinstance(e, urllib3.exceptions.HTTPError | OSError):
+        return Temporary(f"{what}: {e}", delay=5)
+    return e
+
+
+def reraise(what: str, e: Exception) -> NoReturn:
+    translated = translate(what, e)
+    if translated is e:
+        raise e
+    raise translated from e
+
+
+def call(what: str, fn: Callable[[], T]) -> T:
+    """Run one API call; a failure comes out translated (see `translate`)."""
+    try:
+        return fn()
+    except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+        reraise(what, e)
+
+
+def _json(resp: Any) -> Any:
+    # orjson: what the API server answers (a Job, a profile, a page of pods, watch events) is
+    # most of the operator's JSON; a 5 KB Job parses in 12 us against json's 24 (this machine).
+    return orjson.loads(resp.data)
+
+
+def release(resp: Any) -> None:
+    """Read the rest of a response the caller has no use for. With _preload_content=False,
+    urllib3 returns a connection to the pool only once its response is read to the end: an
+    unread one is dropped, and the next call opens a new connection (a TLS handshake on both
+    sides, ~2 per profile in a burst before this: bench/scale.md)."""
+    getattr(resp, "data", None)
+
+
+# PartialObjectMetadata: an object's metadata without its spec or status (a Node's images and
+# conditions, ~20 KiB each at scale; an artifact ConfigMap's 1 MiB); served for every kind.
+META_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+META_WATCH = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+
+
+LIST_PAGE = 100  # objects per page of a list: what a restart holds at once (bench/scale.md)
+LIST_TIMEOUT = 60.0  # a page of pods can be a MiB or more
+
+
+# No byte for this long on a watch (no event, and no bookmark, which come ~1 a minute): the
+# stream is dead (half-open TCP); the reflector resumes from the last version it saw.
+WATCH_READ_TIMEOUT = 90.0
+
+
+def parse_lines(chunks: Iterable[bytes]) -> Iterator[dict[str, Any]]:
+    """Watch events from a stream of bytes: one JSON object a line."""
+    rest = b""
+    for chunk in chunks:
+        rest += chunk
+        *lines, rest = rest.split(b"\n")
+        for line in lines:
+            if line.strip():
+                yield orjson.loads(line)
+    if rest.strip():
+        yield orjson.loads(rest)
+
+
+class WatchApi:
+    """reflector.Reflector's two calls over the API server, on a connection pool of their own:
+    each watch holds its connection for minutes, and must not take one from the reconcile
+    workers' pool (or be dropped from it)."""
+
+    def __init__(self, connections: int, *, metadata_only: bool = False) -> None:
+        config = _configuration()
+        config.connection_pool_maxsize = connections
+        self.client = kubernetes.client.ApiClient(configuration=config)
+        self.metadata_only = metadata_only
+
+    def _get(self, path: str, params: dict[str, str], timeout: Any) -> Any:
+        accept = "application/json"
+        if self.metadata_only:
+            accept = META_WATCH if params.get("watch") else META_LIST
+        return self.client.call_api(
+            path, "GET", query_params=list(params.items()),
+            header_params={"Accept": accept}, auth_settings=["BearerToken"],
+            _preload_content=False, _return_http_data_only=True, _request_timeout=timeout,
+        )  # fmt: skip
+
+    def list_page(self, path: str, params: dict[str, str]) -> dict[str, Any]:
+        try:
+            page: dict[str, Any] = _json(self._get(path, params, LIST_TIMEOUT))
+        except ApiException as e:
+            if e.status == 410:
+                raise Expired(api_message(e)) from e
+            reraise(f"listing {path}", e)
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            reraise(f"listing {path}", e)
+        return page
+
+    def watch(self, path: str, params: dict[str, str]) -> Iterator[dict[str, Any]]:
+        try:
+            resp = self._get(path, params, (REQUEST_TIMEOUT, WATCH_READ_TIMEOUT))
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+            reraise(f"watching {path}", e)
+        try:
+            yield from parse_lines(resp.stream(1 << 16))
+        except (urllib3.exceptions.ReadTimeoutError, urllib3.exceptions.ProtocolError) as e:
+            # Silence past READ_TIMEOUT (no event, no bookmark), or the server hung up: the
+            # reflector resumes from the last version it saw.
+            log.debug(f"watching {path}: {e}; resuming")
+        finally:
+            resp.release_conn()
