@@ -1,7 +1,9 @@
 """What the operator observes of tuning Jobs, their pods and the kubelet's Events, in status
 terms: from watched objects (views.py) to JobObservations. status.py turns observations into
-conditions; nothing here decides status, and the only outside call (a stuck pod's Events) is
-the caller's, passed in.
+conditions; nothing here decides status, and nothing here calls the API: what the cache lacks
+(a stuck pod's Events, a Job's, Kueue's word on a queued Job) the reconcile's gather step
+reads first and passes in (Gathered). `observe_wanting` says what it looked for and did not
+find there, so the gather step reads exactly that and no more.
 
 A Job's artifact record is read where it lasts longest first: the Job's own annotation (the
 operator copies it there when it first reads it), then the publish step's termination message
@@ -13,8 +15,8 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from tunefleet import naming
@@ -51,6 +53,46 @@ class JobObservation:
     failed_attempts: int = 0
     attempts: int = 1  # the Job's allowance: backoffLimit(PerIndex) + 1
     last_failure: str = ""
+
+
+# What observing wants read beyond the cache: (what, the pod or Job view). "pod-events": the
+# kubelet's Events about a pod; "job-events": the Job controller's about a Job; "workload":
+# Kueue's word on a suspended Job (kueue.py).
+Want = tuple[Literal["pod-events", "job-events", "workload"], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """What the reconcile's gather step read beyond the cache: Events about a pod or Job (by
+    its uid), why a queued Job waits (by Job uid). What is not here is taken as not said."""
+
+    events: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    queued: dict[str, str] = field(default_factory=dict)
+
+
+class _Looking:
+    """The reads observing makes in `Gathered`, noting each that finds nothing there."""
+
+    def __init__(self, gathered: Gathered, wants: list[Want]) -> None:
+        self.gathered, self.wants = gathered, wants
+
+    def events(
+        self, what: Literal["pod-events", "job-events"], obj: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        uid = (obj.get("metadata") or {}).get("uid", "")
+        found = self.gathered.events.get(uid)
+        if found is None:
+            self.wants.append((what, obj))
+            return []
+        return found
+
+    def queued(self, job: dict[str, Any]) -> str:
+        uid = (job.get("metadata") or {}).get("uid", "")
+        found = self.gathered.queued.get(uid)
+        if found is None:
+            self.wants.append(("workload", job))
+            return ""
+        return found
 
 
 @dataclass(frozen=True)
@@ -489,11 +531,11 @@ def observe_job(
     pods: list[dict[str, Any]],
     hints: Hints | None = None,
     served: ArtifactRecord | None = None,
-    queued_of: Callable[[dict[str, Any]], str] | None = None,
+    queued: str = "",
 ) -> JobObservation:
     """What one tuning Job (a view, see views.job_view) and its pods say, in status terms.
     `served`: the artifact status holds from this Job, if any (its record, read earlier);
-    `queued_of(job)`: why a suspended Job waits (Kueue's word, kueue.py)."""
+    `queued`: why the Job waits if it is suspended (Kueue's word, kueue.py)."""
     j = _read_job(job)
     if "Complete" in j.conditions or "SuccessCriteriaMet" in j.conditions:
         return _completed(j, pods, served, hints)
@@ -502,8 +544,7 @@ def observe_job(
     if (job.get("spec") or {}).get("suspend"):
         # Waiting in its queue (or suspended again by Kueue: preempted, evicted): not failing,
         # and not ours to resume.
-        why = queued_of(job) if queued_of is not None else ""
-        return replace(j.obs, reason=Reason.QUEUED, message=why or "the Job is suspended")
+        return replace(j.obs, reason=Reason.QUEUED, message=queued or "the Job is suspended")
     return _underway(j, pods, hints or Hints())
 
 
@@ -530,16 +571,26 @@ def observe(
     jobs: Iterable[dict[str, Any]],
     pods: Iterable[dict[str, Any]],
     hints: Hints,
-    events_of: Callable[[dict[str, Any]], list[dict[str, Any]]],
     served: dict[str, ArtifactRecord] | None = None,
-    job_events_of: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None,
-    queued_of: Callable[[dict[str, Any]], str] | None = None,
+    gathered: Gathered | None = None,
 ) -> list[JobObservation]:
     """Every Job that is not on its way out, observed with its pods (those it controls).
-    `events_of(pod)` gives the kubelet's Events about a pod (read only for a pod stuck pulling
-    with pull Secrets); `served`: status's artifacts by the name of the Job that made them;
-    `job_events_of(job)` the Job controller's Events about a Job (read only for a started Job
-    that has no pod); `queued_of(job)`: why a suspended Job waits."""
+    `served`: status's artifacts by the name of the Job that made them; `gathered`: what the
+    gather step read beyond the cache (Events, Kueue's word). Pure."""
+    return observe_wanting(jobs, pods, hints, served, gathered)[0]
+
+
+def observe_wanting(
+    jobs: Iterable[dict[str, Any]],
+    pods: Iterable[dict[str, Any]],
+    hints: Hints,
+    served: dict[str, ArtifactRecord] | None = None,
+    gathered: Gathered | None = None,
+) -> tuple[list[JobObservation], list[Want]]:
+    """observe(), and what it looked for beyond the cache and did not find in `gathered`:
+    the kubelet's Events about a pod stuck pulling with pull Secrets, the Job controller's
+    about a started Job that has no pod, Kueue's word on a suspended Job. Pure."""
+    look = _Looking(gathered or Gathered(), [])
     by_job = pods_by_job(pods)
     out = []
     for job in jobs:
@@ -547,11 +598,13 @@ def observe(
             continue  # a Job on its way out (deleted to retry) is not part of the picture
         job_pods = by_job.get(job["metadata"].get("uid", ""), [])
         known = (served or {}).get(job["metadata"]["name"])
-        obs = observe_job(job, job_pods, hints, known, queued_of)
+        obs = observe_job(job, job_pods, hints, known)
+        if obs.reason == Reason.QUEUED:
+            obs = replace(obs, message=look.queued(job) or obs.message)
         if obs.reason == Reason.IMAGE_PULL_FAILED and hints.pull_secrets and job_pods:
             # Whether a pull Secret is missing only the kubelet's Events say (the operator
             # may not read Secrets): read them for this one stuck pod, now and then.
-            missing = pull_secrets_missing(events_of(job_pods[0]))
+            missing = pull_secrets_missing(look.events("pod-events", job_pods[0]))
             if missing:
                 hinted = replace(hints, missing_pull_secrets=missing)
                 obs = observe_job(job, job_pods, hinted, known)
@@ -562,8 +615,8 @@ def observe(
             # server refuses its pods (read only then, now and then). One it counts active
             # has its pod, only not in the cache yet (the pod watch trails the Job's in a
             # burst: reading Events for each was a list call a profile).
-            refused = pod_create_failure(job_events_of(job)) if job_events_of else None
+            refused = pod_create_failure(look.events("job-events", job))
             if refused:
                 obs = replace(obs, reason=Reason.POD_CREATE_FAILED, message=refused)
         out.append(obs)
-    return out
+    return out, look.wants

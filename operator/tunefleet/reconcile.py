@@ -37,7 +37,7 @@ from tunefleet.capture import step as capture_step
 from tunefleet.conditions import BLOCKED, EventReason, Phase, Reason, Type, find, truncate
 from tunefleet.config import Config
 from tunefleet.contracts.artifact import ArtifactRecord
-from tunefleet.observe import Hints, JobObservation, observe
+from tunefleet.observe import Gathered, Hints, JobObservation, Want, observe, observe_wanting
 from tunefleet.runtime.heap import compacted
 from tunefleet.served import Untuned
 from tunefleet.status import Observed, compute_status, status_changed, with_degraded
@@ -150,6 +150,21 @@ class ProfileMemory:
                 return message
         self.queued[uid] = (time.monotonic(), message)
         return message
+
+    def gather(self, wants: list[Want]) -> Gathered:
+        """Read what observing wants beyond the cache (observe.observe_wanting): the only API
+        reads of a reconcile before it decides, each kept for its TTL."""
+        events: dict[str, list[dict[str, Any]]] = {}
+        queued: dict[str, str] = {}
+        for what, obj in wants:
+            uid = (obj.get("metadata") or {}).get("uid", "")
+            if what == "workload":
+                queued[uid] = self.queued_of(obj)
+            elif what == "pod-events":
+                events[uid] = self.events_of(obj)
+            else:
+                events[uid] = self.job_events_of(obj)
+        return Gathered(events, queued)
 
     def events_of(self, pod: dict[str, Any]) -> list[dict[str, Any]]:
         """The kubelet's Events about one of the profile's pods."""
@@ -819,9 +834,11 @@ def sync_profile(
             _follow_queue(s)
         by_job = {r.job: r for r in s.served.values() if r.job}
         hints = hints_for(s.spec, config)
-        observations = observe(
-            s.jobs, pods, hints, mine.events_of, by_job, mine.job_events_of, mine.queued_of
-        )
+        # Gather what observing needs beyond the cache (each read behind its TTL), then
+        # observe (pure) with it: a settled profile wants nothing and reads nothing.
+        observations, wants = observe_wanting(s.jobs, pods, hints, by_job)
+        if wants:
+            observations = observe(s.jobs, pods, hints, by_job, mine.gather(wants))
         if s.acting:
             _merge_when_shares_are_in(s, observations)
         _tend(s, observations)

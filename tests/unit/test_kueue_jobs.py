@@ -15,7 +15,7 @@ from tunefleet.api import TuningProfileSpec
 from tunefleet.builders.job import Child, build_merge_job, build_tuning_job, tuning_config
 from tunefleet.builders.kueue import QUEUE_LABEL
 from tunefleet.conditions import Reason, Type, find
-from tunefleet.observe import observe_job
+from tunefleet.observe import Gathered, Hints, observe, observe_job, observe_wanting
 from tunefleet.reconcile import Memory, sync_profile
 from tunefleet.status import Observed, compute_status
 
@@ -75,14 +75,30 @@ def test_a_suspended_job_is_queued_with_kueues_reason_never_failed() -> None:
     job = suspended_job()
     short = "couldn't assign flavors to pod set main: insufficient unused quota for nvidia.com/gpu"
     wl = workload(job, QuotaReserved=("False", short))
-    obs = observe_job(job, [], queued_of=lambda j: kueue.why_queued(j, [wl]))
+    obs = observe_job(job, [], queued=kueue.why_queued(job, [wl]))
     assert (obs.state, obs.reason) == ("Pending", Reason.QUEUED)
     assert obs.message == f"queued in Kueue LocalQueue gpu-team: {short}"
     # Suspended again after a pod failed (Kueue evicted it): still queued, not failed.
     job["status"]["failed"] = 1
     evicted = workload(job, Evicted=("True", "Preempted to accommodate a workload"))
-    obs = observe_job(job, [], queued_of=lambda j: kueue.why_queued(j, [evicted]))
+    obs = observe_job(job, [], queued=kueue.why_queued(job, [evicted]))
     assert obs.state == "Pending" and "evicted by Kueue" in obs.message
+
+
+def test_observing_a_queued_job_wants_kueues_word_and_reads_nothing_itself() -> None:
+    """observe is pure: Kueue's word is read by the reconcile's gather step, which asks
+    observe_wanting what to read; with it gathered, the message is Kueue's."""
+    job = suspended_job()
+    (obs,), wants = observe_wanting([job], [], Hints())
+    assert wants == [("workload", job)]
+    assert (obs.reason, obs.message) == (Reason.QUEUED, "the Job is suspended")
+    said = "queued in Kueue LocalQueue gpu-team: waiting for quota"
+    gathered = Gathered(queued={job["metadata"]["uid"]: said})
+    (obs,), wants = observe_wanting([job], [], Hints(), None, gathered)
+    assert wants == [] and obs.message == said
+    assert observe([job], [], Hints(), None, gathered) == [obs]
+    running = {**job, "spec": {**job.get("spec", {}), "suspend": False}}
+    assert observe_wanting([running], [], Hints())[1] == []  # not queued: nothing to read
 
 
 def test_why_a_job_waits_when_kueue_cannot_say() -> None:
@@ -100,7 +116,7 @@ def test_status_says_queued_and_the_phase_follows() -> None:
     p = profile(tuning=QUEUED)
     parsed = TuningProfileSpec.model_validate(p["spec"])
     job = suspended_job()
-    queued = observe_job(job, [], queued_of=lambda j: "queued in Kueue LocalQueue gpu-team: x")
+    queued = observe_job(job, [], queued="queued in Kueue LocalQueue gpu-team: x")
     st = compute_status(Observed(generation=1, spec=parsed, jobs=[queued]), "now")
     assert st["phase"] == "Queued"
     prog, ready = find(st, Type.PROGRESSING), find(st, Type.READY)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -575,9 +576,22 @@ def started_job(name: str = "tune-x") -> dict[str, Any]:
     }
 
 
-def test_a_pod_the_api_server_refuses_is_named_with_the_field_to_fix() -> None:
-    from tunefleet.observe import Hints, observe
+def gathered_and_observed(
+    jobs: list[dict[str, Any]], job_events: Callable[[dict[str, Any]], list[dict[str, Any]]]
+) -> list[Any]:
+    """observe as the reconcile does: what it wants beyond the cache is read (job_events, the
+    gather step), then it observes again with that; nothing is read when nothing is wanted."""
+    from tunefleet.observe import Gathered, Hints, observe, observe_wanting
 
+    observations, wants = observe_wanting(jobs, [], Hints())
+    if not wants:
+        return observations
+    assert {what for what, _ in wants} == {"job-events"}
+    read = {o["metadata"]["uid"]: job_events(o) for _, o in wants}
+    return observe(jobs, [], Hints(), None, Gathered(events=read))
+
+
+def test_a_pod_the_api_server_refuses_is_named_with_the_field_to_fix() -> None:
     events = [
         {
             "reason": "FailedCreate",
@@ -593,19 +607,19 @@ def test_a_pod_the_api_server_refuses_is_named_with_the_field_to_fix() -> None:
         asked.append(job["metadata"]["name"])
         return events
 
-    (obs,) = observe([started_job()], [], Hints(), lambda pod: [], None, job_events)
+    (obs,) = gathered_and_observed([started_job()], job_events)
     assert (obs.state, obs.reason) == ("Pending", Reason.POD_CREATE_FAILED)
     assert 'serviceaccount "weights-reader" not found' in obs.message
     assert "fix spec.template.spec.serviceAccountName" in obs.message
     # A Job not started yet, or one with a pod, is not asked about.
     fresh = started_job()
     del fresh["status"]["startTime"]
-    (obs,) = observe([fresh], [], Hints(), lambda pod: [], None, job_events)
+    (obs,) = gathered_and_observed([fresh], job_events)
     assert not obs.reason and asked == ["tune-x"]
     # Nor one the Job controller counts an active pod for (the pod watch trails the Job's).
     counted = started_job()
     counted["status"]["active"] = 1
-    (obs,) = observe([counted], [], Hints(), lambda pod: [], None, job_events)
+    (obs,) = gathered_and_observed([counted], job_events)
     assert not obs.reason and asked == ["tune-x"]
     runtime = [
         {
@@ -613,7 +627,7 @@ def test_a_pod_the_api_server_refuses_is_named_with_the_field_to_fix() -> None:
             "message": 'pods "x" is forbidden: pod rejected: RuntimeClass "gpu" not found',
         }
     ]
-    (obs,) = observe([started_job()], [], Hints(), lambda pod: [], None, lambda job: runtime)
+    (obs,) = gathered_and_observed([started_job()], lambda job: runtime)
     assert "fix spec.template.spec.runtimeClassName" in obs.message
 
 
