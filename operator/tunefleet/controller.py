@@ -25,7 +25,7 @@ from tunefleet import kube, metrics, naming
 from tunefleet.cache import Untrusted
 from tunefleet.capture.step import CaptureSource
 from tunefleet.config import Config
-from tunefleet.reconcile import Memory, sync_profile
+from tunefleet.reconcile import Memory, Outcome, sync_profile
 from tunefleet.runtime.heap import release_memory
 from tunefleet.runtime.workqueue import Backoff, WorkQueue
 from tunefleet.served import Untuned
@@ -166,7 +166,6 @@ class Controller:
                 self.queue.done(key)
 
     def process(self, key: Key) -> None:
-        ns, name = key
         profile = self.indexes.profile(key)
         if profile is None:
             self.forget(key, None)
@@ -174,62 +173,71 @@ class Controller:
         uid = profile["metadata"].get("uid", "")
         metrics.HANDLER_CALLS.labels("reconcile").inc()
         started = time.perf_counter()
-        jobs = self.indexes.jobs(ns, uid)
-        pods = [p for j in jobs for p in self.indexes.pods(ns, j["metadata"].get("uid", ""))]
         try:
-            outcome = sync_profile(
-                profile,
-                jobs,
-                pods,
-                self.config,
-                self.memory,
-                untrusted=self.indexes.untrusted(uid),
-                on_written=lambda rv, status: self.indexes.written(key, rv, status),
-                captures=self.indexes.captures,
-                config_map_uid=self.indexes.config_map_uid,
-                untuned_pods=self.indexes.untuned_pods(ns, name),
-            )
-        except kube.Permanent as e:
-            # Reported in the profile's status (and an Event on the transition); nothing to
-            # retry until the spec changes.
-            metrics.HANDLER_ERRORS.labels("reconcile", "permanent").inc()
-            self.queue.forget(key)
-            log.debug(f"TuningProfile {ns}/{name}: {e}")
-        except kube.Temporary as e:
-            metrics.HANDLER_ERRORS.labels("reconcile", "temporary").inc()
-            metrics.QUEUE_RETRIES.inc()
-            delay = self.queue.retry(key, float(e.delay or 0))
-            log.warning(
-                f"TuningProfile {ns}/{name}: {e} (attempt {self.queue.failures(key)}, "
-                f"next in {delay:.0f}s)"
-            )
-        except kube.Gone as e:
-            self.forget(key, uid)
-            log.info(f"TuningProfile {ns}/{name}: {e}")
-        except kube.NotLeading as e:
-            # Lost (or losing) the Lease: the next leader reconciles it; keep it for later.
-            self.queue.forget(key)
-            self.queue.add_after(key, 2.0)
-            log.info(f"TuningProfile {ns}/{name}: {e}")
-        except kube.Conflict as e:
-            # The profile changed since it was read: read it again, compute again.
-            metrics.STATUS_CONFLICTS.inc()
-            self._refresh(ns, name)
-            self.queue.forget(key)
-            self.queue.add_after(key, 0.1)
-            log.debug(f"TuningProfile {ns}/{name}: {e}")
-        except Exception:
-            # A bug must not stop reconciliation of this profile or any other.
-            metrics.HANDLER_ERRORS.labels("reconcile", "unexpected").inc()
-            metrics.QUEUE_RETRIES.inc()
-            delay = self.queue.retry(key)
-            log.exception(f"TuningProfile {ns}/{name}: reconcile failed; next in {delay:.0f}s")
+            outcome = self._sync(key, profile)
+        except Exception as e:
+            self._failed(key, uid, e)
         else:
             self.queue.forget(key)
             if outcome.requeue_after is not None:
                 self.queue.add_after(key, outcome.requeue_after)
         finally:
             metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+
+    def _sync(self, key: Key, profile: dict[str, Any]) -> Outcome:
+        """One reconcile of the profile against what the cache holds of it."""
+        ns, name = key
+        uid = profile["metadata"].get("uid", "")
+        jobs = self.indexes.jobs(ns, uid)
+        pods = [p for j in jobs for p in self.indexes.pods(ns, j["metadata"].get("uid", ""))]
+        return sync_profile(
+            profile,
+            jobs,
+            pods,
+            self.config,
+            self.memory,
+            untrusted=self.indexes.untrusted(uid),
+            on_written=lambda rv, status: self.indexes.written(key, rv, status),
+            captures=self.indexes.captures,
+            config_map_uid=self.indexes.config_map_uid,
+            untuned_pods=self.indexes.untuned_pods(ns, name),
+        )
+
+    def _failed(self, key: Key, uid: str, e: Exception) -> None:
+        """What a failed reconcile leaves queued (called while its exception is handled)."""
+        where = f"TuningProfile {key[0]}/{key[1]}"
+        if isinstance(e, kube.Permanent):
+            # Reported in the profile's status (and an Event on the transition); nothing to
+            # retry until the spec changes.
+            metrics.HANDLER_ERRORS.labels("reconcile", "permanent").inc()
+            self.queue.forget(key)
+            log.debug(f"{where}: {e}")
+        elif isinstance(e, kube.Temporary):
+            metrics.HANDLER_ERRORS.labels("reconcile", "temporary").inc()
+            metrics.QUEUE_RETRIES.inc()
+            delay = self.queue.retry(key, float(e.delay or 0))
+            log.warning(f"{where}: {e} (attempt {self.queue.failures(key)}, next in {delay:.0f}s)")
+        elif isinstance(e, kube.Gone):
+            self.forget(key, uid)
+            log.info(f"{where}: {e}")
+        elif isinstance(e, kube.NotLeading):
+            # Lost (or losing) the Lease: the next leader reconciles it; keep it for later.
+            self.queue.forget(key)
+            self.queue.add_after(key, 2.0)
+            log.info(f"{where}: {e}")
+        elif isinstance(e, kube.Conflict):
+            # The profile changed since it was read: read it again, compute again.
+            metrics.STATUS_CONFLICTS.inc()
+            self._refresh(*key)
+            self.queue.forget(key)
+            self.queue.add_after(key, 0.1)
+            log.debug(f"{where}: {e}")
+        else:
+            # A bug must not stop reconciliation of this profile or any other.
+            metrics.HANDLER_ERRORS.labels("reconcile", "unexpected").inc()
+            metrics.QUEUE_RETRIES.inc()
+            delay = self.queue.retry(key)
+            log.exception(f"{where}: reconcile failed; next in {delay:.0f}s")
 
     def _refresh(self, namespace: str, name: str) -> None:
         try:

@@ -810,35 +810,12 @@ def sync_profile(
                 meta["namespace"], meta["name"], meta["uid"], meta["finalizers"],
                 naming.LEGACY_FINALIZER,
             )  # fmt: skip
-        s.spec, problems = parse_spec(profile.get("spec") or {})
-        s.problems = list(problems)
-        if s.spec is not None and not s.problems:
-            s.refused = policy.refusals(s.spec, config.profile_policy)
-        _report_untrusted(s, untrusted or [])
-        if s.acting and s.spec is not None and s.spec.gpu.parallelism > 1:
-            s.too_few = _too_few_nodes(s.spec, memory)
-        if s.spec is not None:
-            base = naming.revision(s.spec)
-            if s.acting:
-                storage = s.spec.storage
-                s.capture = capture_step.run(
-                    captures, s.spec, profile, base,
-                    endpoint=storage.endpoint or config.default_s3_endpoint,
-                    region=storage.region or "",
-                )  # fmt: skip
-            else:
-                s.capture = capture_step.revisions_only(s.spec, base, profile.get("status") or {})
+        _read_spec(s, untrusted or [], memory)
         if s.acting:
             _create_missing(s)
             _stop_superseded(s)
             _follow_queue(s)
-        by_job = {r.job: r for r in s.served.values() if r.job}
-        hints = hints_for(s.spec, config)
-        # Gather what observing needs beyond the cache (each read behind its TTL), then
-        # observe (pure) with it: a settled profile wants nothing and reads nothing.
-        observations, wants = observe_wanting(s.jobs, pods, hints, by_job)
-        if wants:
-            observations = observe(s.jobs, pods, hints, by_job, mine.gather(wants))
+        observations = _observe(s, mine)
         if s.acting:
             _merge_when_shares_are_in(s, observations)
         _tend(s, observations)
@@ -850,6 +827,40 @@ def sync_profile(
         if s.create_error is not None:
             raise s.create_error
         return Outcome(status, requeue_after(status))
+
+
+def _read_spec(s: _Sync, untrusted: list[Untrusted], memory: Memory) -> None:
+    """The spec parsed and checked against policy, what is not ours reported, the nodes
+    counted (parallelism), and the capture step's revisions (run while acting)."""
+    s.spec, problems = parse_spec(s.profile.get("spec") or {})
+    s.problems = list(problems)
+    if s.spec is not None and not s.problems:
+        s.refused = policy.refusals(s.spec, s.config.profile_policy)
+    _report_untrusted(s, untrusted)
+    if s.acting and s.spec is not None and s.spec.gpu.parallelism > 1:
+        s.too_few = _too_few_nodes(s.spec, memory)
+    if s.spec is None:
+        return
+    base = naming.revision(s.spec)
+    if not s.acting:
+        s.capture = capture_step.revisions_only(s.spec, base, s.profile.get("status") or {})
+        return
+    storage = s.spec.storage
+    s.capture = capture_step.run(
+        s.captures, s.spec, s.profile, base,
+        endpoint=storage.endpoint or s.config.default_s3_endpoint, region=storage.region or "",
+    )  # fmt: skip
+
+
+def _observe(s: _Sync, mine: ProfileMemory) -> list[JobObservation]:
+    """Gather what observing needs beyond the cache (each read behind its TTL), then observe
+    (pure) with it: a settled profile wants nothing and reads nothing."""
+    by_job = {r.job: r for r in s.served.values() if r.job}
+    hints = hints_for(s.spec, s.config)
+    observations, wants = observe_wanting(s.jobs, s.pods, hints, by_job)
+    if wants:
+        observations = observe(s.jobs, s.pods, hints, by_job, mine.gather(wants))
+    return observations
 
 
 def announce(

@@ -162,22 +162,8 @@ async def operator_startup(
     # startup. Events are posted by us, on purpose.
     settings.posting.level = logging.WARNING
     kube.login(pool_size=config.workers + 6)
-    indexes = Indexes(
-        profile=CACHE.profile,
-        profiles=CACHE.profiles,
-        jobs=CACHE.jobs,
-        pods=CACHE.pods,
-        untrusted=CACHE.untrusted,
-        written=CACHE.written,
-        refresh=CACHE.put_profile,
-        has_profile=CACHE.has_profile_uid,
-        compact=_compact_tables,
-        captures=CaptureSource(CAPTURES, ArtifactKeys(config)),
-        config_map_uid=DELIVERED.uid_of,
-        untuned_pods=SERVED.of,
-    )
     controller = Controller(
-        config, indexes, workers=config.workers, resync_seconds=config.resync_seconds
+        config, _indexes(config), workers=config.workers, resync_seconds=config.resync_seconds
     )
     CONFIG.set(config)
     CONTROLLER.set(config, controller)
@@ -195,48 +181,84 @@ async def operator_startup(
     maps = NodeMaps(CACHE.profiles, CACHE.profile, controller.active)
     NODE_MAPS.maps = maps
     maps.start()
-
-    def lead() -> None:
-        controller.lead()
-        maps.lead()
-
-    def follow() -> None:
-        controller.follow()
-        maps.follow()
-
     metrics.REGISTRY.register(
         metrics.IndexCollector(statuses=CACHE.statuses, queue_depth=controller.queue.pending)
     )
     metrics.serve(config.metrics_port)
-    if config.lease_namespace:
-        # Unique per process: a replica restarted in the same pod (same hostname, same PID 1)
-        # must not take the dead process's Lease for its own.
-        identity = f"{os.environ.get('HOSTNAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-        ELECTOR.elector = LeaseElector(
-            config.lease_name,
-            config.lease_namespace,
-            identity,
-            on_started=lead,
-            on_stopped=follow,
-        )
-        # Every write of this process passes the Lease's fence first (runtime/client.py,
-        # runtime/leader.py).
-        kube.set_fence(ELECTOR.elector.fence)
-        ELECTOR.elector.start()
-    else:
-        lead()  # one replica: nobody to elect
+    _elect(config, leaders=(controller, maps))
     if config.webhook_enabled:
-        server = webhook_server.build(config)
-        settings.admission.server = server
-        config = await _start_capture(config, server, logger)
-        CONFIG.set(config, controller)
-        if config.webhook_register:
-            settings.admission.managed = None
-            await webhook_server.register_when_ready(settings.admission.server, config, logger)
+        config = await _serve_webhook(settings, config, controller, logger)
     logger.info(
         f"tunefleet operator started: {config.workers} reconcile workers, resync every "
         f"{config.resync_seconds:.0f}s; tuning Jobs use image {config.image}"
     )
+
+
+def _indexes(config: Config) -> Indexes:
+    """What the reconciler reads: the cache and the tables beside it."""
+    return Indexes(
+        profile=CACHE.profile,
+        profiles=CACHE.profiles,
+        jobs=CACHE.jobs,
+        pods=CACHE.pods,
+        untrusted=CACHE.untrusted,
+        written=CACHE.written,
+        refresh=CACHE.put_profile,
+        has_profile=CACHE.has_profile_uid,
+        compact=_compact_tables,
+        captures=CaptureSource(CAPTURES, ArtifactKeys(config)),
+        config_map_uid=DELIVERED.uid_of,
+        untuned_pods=SERVED.of,
+    )
+
+
+class _Leads(Protocol):
+    """What writes only while this replica leads (the controller, the node maps)."""
+
+    def lead(self) -> None: ...
+
+    def follow(self) -> None: ...
+
+
+def _elect(config: Config, leaders: tuple[_Leads, ...]) -> None:
+    """Lead at once (one replica), or stand for the Lease and lead while holding it."""
+
+    def lead() -> None:
+        for part in leaders:
+            part.lead()
+
+    def follow() -> None:
+        for part in leaders:
+            part.follow()
+
+    if not config.lease_namespace:
+        lead()  # one replica: nobody to elect
+        return
+    # Unique per process: a replica restarted in the same pod (same hostname, same PID 1)
+    # must not take the dead process's Lease for its own.
+    identity = f"{os.environ.get('HOSTNAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    ELECTOR.elector = LeaseElector(
+        config.lease_name, config.lease_namespace, identity, on_started=lead, on_stopped=follow
+    )
+    # Every write of this process passes the Lease's fence first (runtime/client.py,
+    # runtime/leader.py).
+    kube.set_fence(ELECTOR.elector.fence)
+    ELECTOR.elector.start()
+
+
+async def _serve_webhook(
+    settings: kopf.OperatorSettings, config: Config, controller: Controller, logger: kopf.Logger
+) -> Config:
+    """kopf's webhook server, the capture endpoint beside it, and (out of a cluster) the
+    webhook's registration; returns the config with what capture learnt (its URL, CA)."""
+    server = webhook_server.build(config)
+    settings.admission.server = server
+    config = await _start_capture(config, server, logger)
+    CONFIG.set(config, controller)
+    if config.webhook_register:
+        settings.admission.managed = None
+        await webhook_server.register_when_ready(settings.admission.server, config, logger)
+    return config
 
 
 def _service_address(service: str) -> str:
