@@ -499,26 +499,7 @@ def parse_results(
             if blas is not None and not blas.rstrip().endswith("}"):
                 blas = None  # a BLAS_PARAMS tail cut off is no record of the GEMM
         if fields and fields[0] == VALIDATOR:
-            if bad:
-                what = f"{bad} in a validator line"
-                fix = _CRLF_FIX if "\r" in line else "TunableOp would compare it and drop the file"
-                raise CsvFormatError(source, number, f"{what}: {fix}", "validator-bad-bytes")
-            if len(fields) < 3:
-                why = "a Validator line needs 3 fields (TunableOp skips it)"
-                out.dropped.append(Dropped(number, why, line, "short-validator"))
-                continue
-            key, value = fields[1], fields[2]
-            if key in out.validators and out.validators[key] != value:
-                raise CsvFormatError(
-                    source,
-                    number,
-                    f"validator {key} is {value!r} here but {out.validators[key]!r} on line "
-                    f"{validator_lines[key]}: TunableOp keeps the last, and the rows tuned "
-                    "under the other would load as if tuned under it",
-                    "conflicting-validator",
-                )
-            out.validators[key] = value
-            validator_lines.setdefault(key, number)
+            _read_validator(out, validator_lines, source, number, line, fields, bad)
             continue
         if len(fields) < 3:
             # TunableOp: "could not parse line"; a 2-field row is an untuned file's.
@@ -545,21 +526,59 @@ def parse_results(
             "no-pt-version",
         )
     if only_default_candidates(out.validators):
-        kept = []
-        for row in out.rows:
-            if row.solution == DEFAULT_SOLUTION:
-                kept.append(row)
-                continue
-            why = (
-                f"solution {row.solution!r} on CUDA torch {out.validators[MANDATORY_VALIDATOR]}, "
-                "which registers only Default: TunableOp would throw on this GEMM"
-            )
-            text_ = f"{row.op},{row.params},{row.solution}"
-            out.dropped.append(Dropped(row.line, why, text_, "cuda-default-only", row.key))
-        out.rows = kept
+        _drop_all_but_default(out)
     if require_rows and not out.rows:
         raise CsvFormatError(source, 0, "no tuned GEMM rows", "no-rows")
     return out
+
+
+def _read_validator(
+    out: ResultsFile,
+    first_lines: dict[str, int],
+    source: str,
+    number: int,
+    line: str,
+    fields: list[str],
+    bad: str | None,
+) -> None:
+    """One Validator line into `out.validators` (as TunableOp reads it), or why the file or
+    the line is refused. `first_lines`: the line each validator was first seen on."""
+    if bad:
+        what = f"{bad} in a validator line"
+        fix = _CRLF_FIX if "\r" in line else "TunableOp would compare it and drop the file"
+        raise CsvFormatError(source, number, f"{what}: {fix}", "validator-bad-bytes")
+    if len(fields) < 3:
+        why = "a Validator line needs 3 fields (TunableOp skips it)"
+        out.dropped.append(Dropped(number, why, line, "short-validator"))
+        return
+    key, value = fields[1], fields[2]
+    if key in out.validators and out.validators[key] != value:
+        raise CsvFormatError(
+            source,
+            number,
+            f"validator {key} is {value!r} here but {out.validators[key]!r} on line "
+            f"{first_lines[key]}: TunableOp keeps the last, and the rows tuned "
+            "under the other would load as if tuned under it",
+            "conflicting-validator",
+        )
+    out.validators[key] = value
+    first_lines.setdefault(key, number)
+
+
+def _drop_all_but_default(out: ResultsFile) -> None:
+    """A CUDA torch that registers only Default: every other solution would throw on load."""
+    kept = []
+    for row in out.rows:
+        if row.solution == DEFAULT_SOLUTION:
+            kept.append(row)
+            continue
+        why = (
+            f"solution {row.solution!r} on CUDA torch {out.validators[MANDATORY_VALIDATOR]}, "
+            "which registers only Default: TunableOp would throw on this GEMM"
+        )
+        text_ = f"{row.op},{row.params},{row.solution}"
+        out.dropped.append(Dropped(row.line, why, text_, "cuda-default-only", row.key))
+    out.rows = kept
 
 
 def check_validators(results: ResultsFile, expected: Mapping[str, str]) -> None:
