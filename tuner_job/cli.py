@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +21,7 @@ from .config import ConfigError, TuningConfig
 from .config import load as load_config
 from .files import atomic_write_bytes, write_termination_log
 from .gpu import EXIT_USAGE, TunerError
-from .library import keys_of, library_key, partition, rows_for
+from .library import Settings, keys_of, library_key, partition, rows_for
 from .machine import Machine, probe, probe_main
 from .manifest import ManifestExtra
 from .output import MANIFEST_NAME, RESULTS_NAME, write_output
@@ -289,38 +289,14 @@ def _run(args: argparse.Namespace, cfg: TuningConfig, shard: int, exchange: Path
         unique, _, machine = _record(cfg, work, deadline)
         identity, validators = machine.identity, machine.validators
         settings = settings_of(cfg.limits, machine.applied)
-        key = library_key(cfg.gpu_model, validators, identity)
         prior = ex.Prior()
         if exchange is not None:
-            prior = ex.gather(
-                exchange,
-                wait_s=min(cfg.exchange_wait_s, max(deadline - time.monotonic(), 0.0)),
-                gpu_model=cfg.gpu_model,
-                validators=validators,
-                identity=identity,
-                key=key,
-                log=_log,
-                settings=settings.to_dict(),
-            )
+            prior = _gather(exchange, cfg, machine.validators, identity, settings, deadline)
         plan = _plan(unique, cfg, shard, prior)
         if cfg.shards > 1 or exchange is not None:
-            where = f"shard {shard} of {cfg.shards}: " if cfg.shards > 1 else ""
-            _log(
-                f"{where}{len(plan.share)} GEMM(s): {len(plan.reused.rows)} reused from the "
-                f"library, {len(plan.resumed.rows)} resumed from the checkpoint, "
-                f"{len(plan.to_tune)} to tune"
-            )
+            _log_plan(plan, cfg, shard)
         if plan.to_tune:
-            outcome = tune(
-                plan.to_tune,
-                gpus=cfg.gpus,
-                limits=cfg.limits,
-                budget_s=deadline - time.monotonic(),
-                progress=exchange / ex.PROGRESS_CSV if exchange is not None else None,
-                # Rows from the library or checkpoint, or a shard's share, are worth
-                # publishing even if torch tuned none of the misses.
-                allow_empty=bool(plan.reused.rows or plan.resumed.rows) or cfg.shards > 1,
-            )
+            outcome = _tune(plan, cfg, exchange, deadline)
     finally:
         if not args.work:  # a scratch directory of our own; --work is kept for inspection
             shutil.rmtree(work, ignore_errors=True)
@@ -360,6 +336,51 @@ def _run(args: argparse.Namespace, cfg: TuningConfig, shard: int, exchange: Path
         f"and {out / MANIFEST_NAME}"
     )
     return newly
+
+
+def _gather(
+    exchange: Path,
+    cfg: TuningConfig,
+    validators: dict[str, str],
+    identity: Mapping[str, str],
+    settings: Settings,
+    deadline: float,
+) -> ex.Prior:
+    """What the sync sidecar found for this identity: the library's rows and this Job's own
+    checkpoint (tuner_job/exchange.py), waited for until the budget allows."""
+    return ex.gather(
+        exchange,
+        wait_s=min(cfg.exchange_wait_s, max(deadline - time.monotonic(), 0.0)),
+        gpu_model=cfg.gpu_model,
+        validators=validators,
+        identity=identity,
+        key=library_key(cfg.gpu_model, validators, identity),
+        log=_log,
+        settings=settings.to_dict(),
+    )
+
+
+def _tune(plan: _Plan, cfg: TuningConfig, exchange: Path | None, deadline: float) -> TuneOutcome:
+    """Tune the plan's misses within what is left of the budget."""
+    return tune(
+        plan.to_tune,
+        gpus=cfg.gpus,
+        limits=cfg.limits,
+        budget_s=deadline - time.monotonic(),
+        progress=exchange / ex.PROGRESS_CSV if exchange is not None else None,
+        # Rows from the library or checkpoint, or a shard's share, are worth publishing even
+        # if torch tuned none of the misses.
+        allow_empty=bool(plan.reused.rows or plan.resumed.rows) or cfg.shards > 1,
+    )
+
+
+def _log_plan(plan: _Plan, cfg: TuningConfig, shard: int) -> None:
+    where = f"shard {shard} of {cfg.shards}: " if cfg.shards > 1 else ""
+    _log(
+        f"{where}{len(plan.share)} GEMM(s): {len(plan.reused.rows)} reused from the "
+        f"library, {len(plan.resumed.rows)} resumed from the checkpoint, "
+        f"{len(plan.to_tune)} to tune"
+    )
 
 
 def _combine(
