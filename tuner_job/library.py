@@ -364,23 +364,36 @@ def parse_entry(
     if recomputed != key:
         raise LibraryEntryError(f"it belongs to library key {recomputed[:12]}..., not this one")
     if settings is not None:
-        if "settings" not in doc:
-            raise LibraryEntryError(
-                "it records no tuning settings (published before tunefleet recorded them): "
-                "not reused, its GEMMs are tuned again"
-            )
-        try:
-            tuned_with = Settings.from_dict(doc["settings"])
-        except ValueError as exc:
-            raise LibraryEntryError(str(exc)) from None
-        short = tuned_with.falls_short_of(settings)
-        if short:
-            raise LibraryEntryError(f"tuned with weaker settings than this run's ({short})")
+        _check_settings(doc, settings)
     source = doc.get("source")
     if not isinstance(source, dict) or not all(
         isinstance(source.get(f), str) for f in ("namespace", "profile", "revision", "sha256")
     ):
         raise LibraryEntryError("field 'source' lacks namespace/profile/revision/sha256")
+    results = _entry_results(doc, entry_validators)
+    src = EntrySource(source["namespace"], source["profile"], source["revision"], source["sha256"])
+    return src, results
+
+
+def _check_settings(doc: dict[str, Any], settings: Settings) -> None:
+    """An entry is reused only if tuned with the reader's settings or stronger ones."""
+    if "settings" not in doc:
+        raise LibraryEntryError(
+            "it records no tuning settings (published before tunefleet recorded them): "
+            "not reused, its GEMMs are tuned again"
+        )
+    try:
+        tuned_with = Settings.from_dict(doc["settings"])
+    except ValueError as exc:
+        raise LibraryEntryError(str(exc)) from None
+    short = tuned_with.falls_short_of(settings)
+    if short:
+        raise LibraryEntryError(f"tuned with weaker settings than this run's ({short})")
+
+
+def _entry_results(doc: dict[str, Any], validators: dict[str, str]) -> ResultsFile:
+    """An entry's results, parsed as torch reads them, with nothing torch would misread and
+    the entry's own validators."""
     text = doc.get("results")
     if not isinstance(text, str):
         raise LibraryEntryError("field 'results' is not a string")
@@ -390,10 +403,9 @@ def parse_entry(
         raise LibraryEntryError(f"results do not parse: {exc}") from None
     if results.dropped or results.duplicates:
         raise LibraryEntryError(f"results hold rows torch would misread: {results.warnings()[0]}")
-    if results.validators != entry_validators:
+    if results.validators != validators:
         raise LibraryEntryError("its results carry other validators than the entry")
-    src = EntrySource(source["namespace"], source["profile"], source["revision"], source["sha256"])
-    return src, results
+    return results
 
 
 # --- checkpoints -----------------------------------------------------------------------------
