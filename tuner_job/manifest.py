@@ -17,6 +17,10 @@ from .library import Settings
 from .results import Outcomes
 
 SCHEMA = "tunefleet.io/manifest/v1"
+# What the artifact holds (the operator's artifacts/kinds/ says what each kind is). Every
+# manifest before the field was a TunableOp results file, so that kind is the default, read
+# when the field is absent and never written: those manifests keep their bytes and SHA-256s.
+DEFAULT_KIND = "tunableop"
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 _RFC3339_UTC_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z$")
 
@@ -145,10 +149,13 @@ class Manifest:
     # Added by publish (the tune step cannot see its own image digest); None before that.
     image: ImageRef | None = None
     extra: ManifestExtra = ManifestExtra()
+    kind: str = DEFAULT_KIND
 
     def to_dict(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {
-            "schema": SCHEMA,
+        doc: dict[str, Any] = {"schema": SCHEMA}
+        if self.kind != DEFAULT_KIND:
+            doc["kind"] = self.kind
+        doc |= {
             "namespace": self.namespace,
             "profile": self.profile,
             "revision": self.revision,
@@ -361,6 +368,7 @@ def from_dict(doc: Any) -> Manifest:
         outcomes=_outcomes(doc, gemms),
         image=_image(doc),
         extra=_extra(doc),
+        kind=_str(doc, "kind") if "kind" in doc else DEFAULT_KIND,
     )
 
 
