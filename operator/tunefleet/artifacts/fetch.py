@@ -3,11 +3,12 @@ and write DEST/tunableop_results<i>.csv for every device ordinal i in 0..N-1.
 
 Verification before anything is written: SHA-256 of results.csv equals the pinned --sha256 (and
 the URI's last segment), the manifest's SHA-256 equals the pinned --manifest-sha256 (when the
-artifact's status records one), the manifest parses, names the same SHA-256 (and --gpu-model
-when given), GEMM count and outcomes, the CSV parses, and the artifact fits its identity
-(fit.py: validators, solutions and torch of one backend, PT_VERSION the recorded torch's; with
---gpu-vendor / --stand-in-model, the model's vendor and stand-in output too). Files appear
-atomically (temp file, then rename), all or none.
+artifact's status records one), the manifest parses, is of a kind this tunefleet knows
+(artifacts/kinds/: the kind checks the rest and names the files), names the same SHA-256
+(and --gpu-model when given), GEMM count and outcomes, the CSV parses, and the artifact fits
+its identity (fit.py: validators, solutions and torch of one backend, PT_VERSION the recorded
+torch's; with --gpu-vendor / --stand-in-model, the model's vendor and stand-in output too).
+Files appear atomically (temp file, then rename), all or none.
 
 Policy on any problem: fail open (default) -> "starting untuned: <reason>", exit 0, the app runs
 without tuned GEMMs; --fail-closed -> "refusing to start: <reason>", exit 1.
@@ -38,7 +39,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NoReturn, TextIO
 
-from tunefleet.artifacts import fit
+from tunefleet.artifacts import fit, kinds
 from tunefleet.contracts import nodemap
 from tunefleet.contracts.fetch import LOADED, PROG, REFUSED, UNTUNED, Candidate, FetchOutcome
 from tunefleet.storage import cli as storage_cli
@@ -54,9 +55,8 @@ from tunefleet.storage.store import (
 from tuner_job.files import sha256_hex, write_termination_log
 from tuner_job.manifest import ManifestError, loads
 from tuner_job.output import MANIFEST_NAME, RESULTS_NAME
-from tuner_job.results import CsvFormatError, Outcomes, count_outcomes, decode, parse_results
+from tuner_job.results import Outcomes
 
-FILE_PATTERN = "tunableop_results{}.csv"  # PYTORCH_TUNABLEOP_FILENAME=DEST/tunableop_results%d.csv
 MAX_RESULTS_BYTES = 256 << 20
 MAX_MANIFEST_BYTES = 1 << 20
 MAX_DEVICES = 256
@@ -72,6 +72,7 @@ class Fetched:
     gemms: int
     sha256: str
     outcomes: Outcomes | None = None  # tuned and Default rows, as the manifest and status count
+    kind: str = kinds.DEFAULT  # the artifact's (kinds/): what the files written are
 
 
 def _verify(
@@ -82,7 +83,7 @@ def _verify(
     key_parts: tuple[str, ...],
     manifest_sha: str | None = None,
     target: fit.Target | None = None,
-) -> Outcomes:
+) -> tuple[kinds.ArtifactKind, Outcomes]:
     actual = sha256_hex(results)
     if actual != sha:
         raise FetchError(
@@ -95,7 +96,8 @@ def _verify(
         )
     try:
         manifest = loads(manifest_bytes)
-    except ManifestError as exc:
+        kind = kinds.of(manifest)
+    except (ManifestError, ValueError) as exc:
         raise FetchError(str(exc)) from None
     if manifest.results_sha256 != sha:
         raise FetchError(f"manifest describes results {manifest.results_sha256}, not {sha}")
@@ -110,44 +112,36 @@ def _verify(
             f"artifact was tuned on {manifest.gpu_model!r}, this pod runs {gpu_model!r}"
         )
     try:
-        parsed = parse_results(decode(results), RESULTS_NAME, require_rows=True)
-    except CsvFormatError as exc:
-        raise FetchError(f"results.csv does not parse: {exc}") from None
-    if parsed.dropped or parsed.duplicates:
-        # Published files are canonical: torch would load something here that no tuner wrote.
-        raise FetchError(
-            "results.csv holds rows TunableOp would load as garbage or twice: "
-            + "; ".join(parsed.warnings(RESULTS_NAME)[:3])
-        )
-    if parsed.gemms != manifest.gemms:
-        raise FetchError(f"manifest says {manifest.gemms} GEMMs, results.csv has {parsed.gemms}")
-    if parsed.validators != manifest.validators:
-        raise FetchError("manifest validators differ from results.csv")
-    if manifest.outcomes is not None and count_outcomes(parsed) != manifest.outcomes:
-        raise FetchError(
-            f"manifest outcomes {manifest.outcomes.to_dict()} differ from results.csv's "
-            f"{count_outcomes(parsed).to_dict()}"
-        )
+        parsed = kind.parse(results, kind.PAYLOAD, require_rows=True)
+    except kind.FormatError as exc:
+        raise FetchError(f"{kind.PAYLOAD} does not parse: {exc}") from None
+    # The first problem only: published payloads are canonical and agree with their manifest.
+    problems = [kind.noncanonical(parsed, kind.PAYLOAD), *kind.disagreements(parsed, manifest)]
+    for problem in problems:
+        if problem:
+            raise FetchError(problem)
     # What it must fit (fit.py): the caller's target, or what the model's name alone says (the
     # vendor unknown: the validators, solutions and torch must still hold together).
     model = manifest.gpu_model
     target = target or fit.Target(model, stand_in=True if fit.is_stand_in_model(model) else None)
-    solutions = (row.solution for row in parsed.rows)
-    found = fit.refusals(parsed.validators, solutions, manifest.identity, target)
+    found = kind.refusals(parsed, manifest, target)
     if found:
         raise FetchError(fit.summary(found, target))
-    return count_outcomes(parsed)
+    return kind, kind.outcomes(parsed)
 
 
-def write_device_files(dest: Path, data: bytes, devices: int) -> list[Path]:
-    """One identical file per ordinal; temp files first, then renames, then none on failure."""
+def write_device_files(
+    dest: Path, data: bytes, devices: int, kind: str = kinds.DEFAULT
+) -> list[Path]:
+    """One identical file per ordinal (the kind names them); temp files first, then renames,
+    then none on failure."""
     dest.mkdir(parents=True, exist_ok=True)
     temps: list[tuple[str, Path]] = []
     done: list[Path] = []
     try:
-        for i in range(devices):
+        for _, name in kinds.kind(kind).device_files(devices):
             fd, tmp = tempfile.mkstemp(prefix=".tunableop_results.", suffix=".tmp", dir=dest)
-            temps.append((tmp, dest / FILE_PATTERN.format(i)))
+            temps.append((tmp, dest / name))
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
                 f.flush()
@@ -174,6 +168,7 @@ class Verified:
     gemms: int
     sha256: str
     outcomes: Outcomes | None = None  # tuned and Default rows, as the manifest and status count
+    kind: str = kinds.DEFAULT  # the manifest's
 
 
 def _results(store: Store, location: Location) -> bytes:
@@ -222,10 +217,10 @@ def download_verified(
     except StoreError as exc:
         raise FetchError(str(exc)) from None
     path = (location.prefix or location.bucket).strip("/").split("/")
-    outcomes = _verify(
+    kind, outcomes = _verify(
         results, manifest_bytes, sha, gpu_model, tuple(path[:-1]), manifest_sha, target
     )
-    return Verified(results, manifest_bytes, outcomes.gemms, sha, outcomes)
+    return Verified(results, manifest_bytes, outcomes.gemms, sha, outcomes, kind.NAME)
 
 
 def fetch(
@@ -251,8 +246,8 @@ def fetch(
         manifest_sha256=manifest_sha256,
         target=target,
     )
-    paths = write_device_files(dest, got.results, devices)
-    return Fetched(paths, got.gemms, got.sha256, got.outcomes)
+    paths = write_device_files(dest, got.results, devices, got.kind)
+    return Fetched(paths, got.gemms, got.sha256, got.outcomes, got.kind)
 
 
 class _OverTime(BaseException):
@@ -428,7 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         files=len(got.paths),
         gemms=got.gemms,
         sha256=got.sha256,
-        dest=str(Path(args.dest) / "tunableop_results%d.csv"),
+        dest=str(Path(args.dest) / kinds.kind(got.kind).FILES),
         tuned=got.outcomes.tuned if got.outcomes else None,
         default=got.outcomes.default if got.outcomes else None,
     )

@@ -33,7 +33,7 @@ from tuner_job.manifest import (
 from tuner_job.output import MANIFEST_NAME, RESULTS_NAME, build_output
 from tuner_job.results import ResultsFile, decode, merge_results, parse_results
 
-from . import cli, fit
+from . import cli, fit, kinds
 from .library import SCOPES, check_revision, check_scope, check_shard, shard_base
 from .publish import (
     Published,
@@ -272,9 +272,8 @@ def merge(
         raise MergeError(f"the {shards} shards hold no tuned GEMM at all: nothing to publish")
     if target is not None:
         # Before anything is uploaded: what the shards tuned must fit the model (fit.py).
-        merged = parse_results(decode(data))
-        solutions = (row.solution for row in merged.rows)
-        found = fit.refusals(merged.validators, solutions, manifest.identity, target)
+        kind = kinds.of(manifest)  # the merge's own: build_output wrote it
+        found = kind.refusals(kind.parse(data, "<results>", require_rows=False), manifest, target)
         if found:
             raise MergeError(fit.summary(found, target))
     pub = upload_artifact(store, location, data, manifest)

@@ -39,9 +39,8 @@ from tuner_job.config import SHARD_ENV
 from tuner_job.files import sha256_hex
 from tuner_job.manifest import ImageRef, Manifest, ManifestError, loads
 from tuner_job.output import MANIFEST_NAME, RESULTS_NAME
-from tuner_job.results import CsvFormatError, count_outcomes, decode, parse_results
 
-from . import cli, fit
+from . import cli, fit, kinds
 from .library import SCOPES, Added, add_entry, check_revision, check_scope, check_shard, shard_base
 
 PROG = "tunefleet-publish"
@@ -136,50 +135,41 @@ def check_artifact(
     target: fit.Target | None = None,
 ) -> None:
     """results.csv against its manifest (SHA-256, GEMMs, validators, outcomes, names), and,
-    with a target, both against what they are for (fit.py: vendor, torch, stand-in)."""
+    with a target, both against what they are for (fit.py: vendor, torch, stand-in). What the
+    payload is and how it is checked is its kind's (kinds/, by the manifest's kind)."""
     try:
-        parsed = parse_results(decode(results), source, require_rows=require_rows)
-    except CsvFormatError as exc:
+        kind = kinds.of(manifest)
+    except ValueError as exc:
+        raise PublishError(str(exc)) from None
+    try:
+        parsed = kind.parse(results, source, require_rows=require_rows)
+    except kind.FormatError as exc:
         raise PublishError(str(exc)) from None
     sha = sha256_hex(results)
-    checks = [
-        (
-            not parsed.dropped and not parsed.duplicates,
-            # The tuner writes only rows torch reads as written; anything else is not published.
-            "results.csv holds rows TunableOp would load as garbage or twice: "
-            + "; ".join(parsed.warnings(source)[:3]),
-        ),
-        (
-            manifest.results_sha256 == sha,
-            f"manifest resultsSha256 {manifest.results_sha256} "
-            f"is not the SHA-256 of results.csv ({sha})",
-        ),
-        (
-            manifest.gemms == parsed.gemms,
-            f"manifest says {manifest.gemms} GEMMs, results.csv has {parsed.gemms}",
-        ),
-        (manifest.validators == parsed.validators, "manifest validators differ from results.csv"),
-        (
-            manifest.outcomes is None or manifest.outcomes == count_outcomes(parsed),
-            f"manifest outcomes {manifest.outcomes and manifest.outcomes.to_dict()} differ from "
-            f"results.csv's {count_outcomes(parsed).to_dict()}",
-        ),
-        (
-            manifest.namespace == namespace,
-            f"manifest namespace {manifest.namespace!r} is not {namespace!r}",
-        ),
-        (manifest.profile == profile, f"manifest profile {manifest.profile!r} is not {profile!r}"),
-        (
-            manifest.gpu_model == gpu_model,
-            f"manifest gpuModel {manifest.gpu_model!r} is not {gpu_model!r}",
-        ),
+    other_sha = (
+        f"manifest resultsSha256 {manifest.results_sha256} "
+        f"is not the SHA-256 of {kind.PAYLOAD} ({sha})"
+    )
+    # The first problem found, in this order: canonical bytes, the SHA-256, the kind's own
+    # agreement with the manifest, then the names.
+    problems = [
+        kind.noncanonical(parsed, source),
+        None if manifest.results_sha256 == sha else other_sha,
+        *kind.disagreements(parsed, manifest),
     ]
-    for ok, message in checks:
-        if not ok:
-            raise PublishError(message)
+    names = [
+        (manifest.namespace, namespace, "namespace"),
+        (manifest.profile, profile, "profile"),
+        (manifest.gpu_model, gpu_model, "gpuModel"),
+    ]
+    problems += [
+        f"manifest {what} {got!r} is not {want!r}" for got, want, what in names if got != want
+    ]
+    for problem in problems:
+        if problem:
+            raise PublishError(problem)
     if target is not None:
-        solutions = (row.solution for row in parsed.rows)
-        found = fit.refusals(parsed.validators, solutions, manifest.identity, target)
+        found = kind.refusals(parsed, manifest, target)
         if found:
             raise PublishError(fit.summary(found, target))
 
@@ -295,7 +285,8 @@ def upload_artifact(
     sha = manifest.results_sha256
     namespace, profile, gpu_model = manifest.namespace, manifest.profile, manifest.gpu_model
     base = location.key(namespace, profile, gpu_model, sha)
-    created = store.put_if_absent(f"{base}/{RESULTS_NAME}", results, "text/csv")
+    kind = kinds.of(manifest)  # a known one: check_artifact or the merge made it
+    created = store.put_if_absent(f"{base}/{kind.PAYLOAD}", results, kind.CONTENT_TYPE)
     if finish is not None:
         manifest = finish(manifest)
     manifest_bytes = manifest.to_json()
@@ -371,7 +362,8 @@ def publish_shard(
     rev = manifest.revision
     base = shard_base(location, out.namespace, out.profile, out.gpu_model, rev, shard, shards)
     # results first: a manifest in the store describes results that are there.
-    store.put(f"{base}/{RESULTS_NAME}", results, "text/csv")
+    kind = kinds.of(manifest)  # a known one: out.checked checked it
+    store.put(f"{base}/{kind.PAYLOAD}", results, kind.CONTENT_TYPE)
     store.put(f"{base}/{MANIFEST_NAME}", manifest.to_json(), "application/json")
     return ShardPublished(location.uri(base), manifest.results_sha256, manifest, shard, shards)
 

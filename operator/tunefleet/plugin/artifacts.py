@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tunefleet.artifacts.fetch import FILE_PATTERN, FetchError, fetch
+from tunefleet.artifacts import kinds
+from tunefleet.artifacts.fetch import FetchError, fetch
 from tunefleet.storage.registry import open_store, parse_uri
 from tunefleet.storage.s3 import resolve_endpoint
 from tunefleet.storage.store import (
@@ -37,7 +38,7 @@ from .cluster import Cluster
 from .diff import Ref
 from .errors import PluginError
 
-LOCAL_NAMES = (RESULTS_NAME, FILE_PATTERN.format(0))  # publish's name, then fetch's
+LOCAL_NAMES = (RESULTS_NAME, kinds.kind().FILES % 0)  # publish's name, then fetch's (GPU 0's)
 REMOTE_KINDS = ("s3", "pvc")  # diff sides in a store (plugin/diff.py parse_ref)
 
 
