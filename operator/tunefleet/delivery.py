@@ -23,13 +23,13 @@ from typing import Any
 from tunefleet import kube, naming, views
 from tunefleet.artifacts import fit
 from tunefleet.artifacts.fetch import FetchError, download_verified
-from tunefleet.builders.artifact import PACKED_NAME, build_artifact_config_map, is_packed
+from tunefleet.builders.artifact import build_artifact_config_map, is_packed, payload_keys
 from tunefleet.config import Config
 from tunefleet.contracts.admission import Admission
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import StoreError, StoreOptions
-from tuner_job.output import MANIFEST_NAME, RESULTS_NAME
+from tuner_job.output import MANIFEST_NAME
 
 log = logging.getLogger(__name__)
 
@@ -102,11 +102,12 @@ def content_problem(
         return "it is not immutable (its content could change under running pods)"
     data = config_map.get("data") or {}
     binary = config_map.get("binaryData") or {}
+    plain, gzipped = payload_keys()
     try:
-        if PACKED_NAME in binary:
-            results = gzip.decompress(base64.b64decode(binary[PACKED_NAME]))
+        if gzipped in binary:
+            results = gzip.decompress(base64.b64decode(binary[gzipped]))
         else:
-            results = str(data.get(RESULTS_NAME, "")).encode("utf-8")
+            results = str(data.get(plain, "")).encode("utf-8")
     except (ValueError, OSError, EOFError) as e:
         return f"its packed results do not unpack ({e})"
     got = hashlib.sha256(results).hexdigest()

@@ -15,12 +15,21 @@ import hashlib
 from typing import Any
 
 from tunefleet import naming
+from tunefleet.artifacts import kinds
 from tunefleet.builders.job import owner_reference
-from tuner_job.output import MANIFEST_NAME, RESULTS_NAME
+from tuner_job.output import MANIFEST_NAME
 
 # A ConfigMap's data and binaryData together: 1 MiB, less room for its metadata.
 CONFIG_MAP_BYTES = 1024 * 1024 - 16 * 1024
-PACKED_NAME = RESULTS_NAME + ".gz"
+# The gzipped payload's key, for readers that know no kinds yet (capture/keys.py).
+PACKED_NAME = kinds.kind().PAYLOAD + ".gz"
+
+
+def payload_keys() -> tuple[str, str]:
+    """The payload's key in an artifact ConfigMap, plain (data) and gzipped (binaryData): the
+    default kind's (artifacts/kinds/), asked when used."""
+    payload = kinds.kind().PAYLOAD
+    return payload, payload + ".gz"
 
 
 def artifact_config_map_name(sha256: str, profile_uid: str) -> str:
@@ -42,17 +51,18 @@ def build_artifact_config_map(
     manifest: bytes,
 ) -> dict[str, Any] | None:
     """The ConfigMap of one verified artifact, or None when it cannot fit one."""
+    plain, gzipped = payload_keys()
     data: dict[str, str] = {MANIFEST_NAME: manifest.decode("utf-8")}
     binary: dict[str, str] = {}
     if len(results) + len(manifest) <= CONFIG_MAP_BYTES:
-        data[RESULTS_NAME] = results.decode("utf-8")
+        data[plain] = results.decode("utf-8")
         packed = False
     else:
         # mtime 0: the same results always pack to the same bytes.
         blob = base64.b64encode(gzip.compress(results, mtime=0)).decode("ascii")
         if len(blob) + len(manifest) > CONFIG_MAP_BYTES:
             return None
-        binary[PACKED_NAME] = blob
+        binary[gzipped] = blob
         packed = True
     cm: dict[str, Any] = {
         "apiVersion": "v1",
@@ -84,4 +94,4 @@ def build_artifact_config_map(
 
 
 def is_packed(config_map: dict[str, Any]) -> bool:
-    return PACKED_NAME in (config_map.get("binaryData") or {})
+    return payload_keys()[1] in (config_map.get("binaryData") or {})

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunefleet import GROUP, KIND, VERSION, naming
+from tunefleet.artifacts import kinds
 from tunefleet.builders.security import tunefleet_container
 from tunefleet.builders.storage import with_storage
 from tunefleet.builders.webhook import RESULTS_DIR, VOLUME
@@ -18,7 +19,7 @@ from tunefleet.contracts import nodemap
 from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
 from tunefleet.contracts.fetch import Candidate
 from tunefleet.storage.store import PodStorage
-from tuner_job.output import MANIFEST_NAME, RESULTS_NAME
+from tuner_job.output import MANIFEST_NAME
 
 CANDIDATES_VOLUME = "tunefleet-candidates"
 CANDIDATES_DIR = "/tunefleet/candidates"
@@ -34,7 +35,7 @@ class Mounted:
     gpu_model: str
     config_map: str
     sha256: str
-    packed: bool  # results.csv.gz in binaryData (ConfigMap gzip delivery)
+    packed: bool  # the payload gzipped (results.csv.gz) in binaryData (ConfigMap gzip delivery)
 
     def where(self, namespace: str, profile: str) -> str:
         """Under the artifact's own key layout, so fetch checks the manifest against it as it
@@ -58,7 +59,7 @@ def candidates_volume(
         }
     ]
     for m in mounted:
-        results = RESULTS_NAME + (".gz" if m.packed else "")
+        results = kinds.kind().PAYLOAD + (".gz" if m.packed else "")
         base = m.where(namespace, profile)
         sources.append(
             {

@@ -9,28 +9,25 @@ from collections.abc import Sequence
 from typing import Any
 
 from tunefleet import naming
+from tunefleet.artifacts import kinds
 from tunefleet.builders.security import tunefleet_container
 from tunefleet.builders.storage import with_storage
 from tunefleet.config import Config
 from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
 from tunefleet.storage.store import PodStorage
-from tuner_job.output import RESULTS_NAME
 
 HANDLER_ID = "pod-inject"
 # Set by the API server on every namespace (since 1.21): a namespace selector by name.
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 VOLUME = "tunefleet-results"
 PACKED_VOLUME = "tunefleet-packed"
-RESULTS_DIR = "/tunefleet/results"
-FILENAME = f"{RESULTS_DIR}/tunableop_results%d.csv"
-FILE_PATTERN = "tunableop_results{}.csv"  # the file of GPU ordinal i
-# What the containers that load results get; a value the user set on a container wins.
-TUNABLE_ENV = {
-    "PYTORCH_TUNABLEOP_ENABLED": "1",
-    "PYTORCH_TUNABLEOP_TUNING": "0",
-    "PYTORCH_TUNABLEOP_RECORD_UNTUNED": "0",
-    "PYTORCH_TUNABLEOP_FILENAME": FILENAME,
-}
+# The default kind's (artifacts/kinds/), under the names admission, placement and the plugin
+# know them by: what the containers that load results get (a value the user set on a
+# container wins), where, and the file of GPU ordinal i.
+TUNABLE_ENV = kinds.kind().pod_env(capture=False)
+RESULTS_DIR = kinds.kind().MOUNT_DIR
+FILENAME = TUNABLE_ENV["PYTORCH_TUNABLEOP_FILENAME"]
+FILE_PATTERN = kinds.kind().FILES.replace("%d", "{}")
 
 
 def namespace_selector(namespaces: Sequence[str]) -> dict[str, Any] | None:
@@ -121,7 +118,7 @@ PACKED_DIR = "/tunefleet/packed"  # a gzipped artifact's ConfigMap, unpacked by 
 def results_config_map_volume(name: str, devices: int, optional: bool) -> dict[str, Any]:
     """The artifact's ConfigMap as the results directory: one file per GPU ordinal, read-only.
     `optional`: a ConfigMap gone after admission lets the pod start (untuned); else it waits."""
-    items = [{"key": RESULTS_NAME, "path": FILE_PATTERN.format(i)} for i in range(devices)]
+    items = [{"key": k, "path": path} for k, path in kinds.kind().device_files(devices)]
     return {
         "name": VOLUME,
         "projected": {
@@ -179,5 +176,5 @@ def results_mount() -> dict[str, Any]:
 def tunable_env(have: set[str], capture: bool = False) -> list[dict[str, str]]:
     """TunableOp's settings for a container that loads results, but those it sets itself.
     With capture, it records what it finds no result for (builders/capture.py adds where)."""
-    wanted = {**TUNABLE_ENV, **({"PYTORCH_TUNABLEOP_RECORD_UNTUNED": "1"} if capture else {})}
+    wanted = kinds.kind().pod_env(capture=capture)
     return [{"name": k, "value": v} for k, v in wanted.items() if k not in have]
