@@ -13,7 +13,7 @@ import json
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -201,54 +201,77 @@ def _version(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    now = datetime.datetime.now(datetime.UTC)
-    if args.command == "version":
-        return _version(args)
-    if args.command == "status":
-        kube = _connect(args)
-        profile = kube.profile(kube.namespace, args.profile)
-        if profile is None:
-            raise not_found_profile(args.profile, kube.namespace)
-        report = status_report(profile, kube.profile_events(profile))
-        _emit(args, report, format_status(report, now))
-        return 0
-    if args.command == "why":
-        kube = _connect(args)
-        pod = kube.pod(kube.namespace, args.pod)
-        if pod is None:
-            raise PluginError(
-                f"Pod {args.pod!r} not found in namespace {kube.namespace!r}: list them with "
-                f"`kubectl get pods -n {kube.namespace}`"
-            )
-        from tunefleet import naming
+    """One subcommand; its exit status."""
+    commands: dict[str, Callable[[argparse.Namespace], int]] = {
+        "version": _version,
+        "status": _status,
+        "why": _why,
+        "retune": _retune,
+        "download": _download,
+        "diff": _diff,
+    }
+    return commands[args.command](args)
 
-        name = ((pod.get("metadata") or {}).get("labels") or {}).get(naming.PROFILE_LABEL)
-        profile = kube.profile(kube.namespace, name) if name else None
-        events = kube.profile_events(profile) if profile else []
-        report = explain(pod, profile, events)
-        _emit(args, report, format_why(report, now))
-        return 0
-    if args.command == "retune":
-        kube = _connect(args)
-        profile = kube.profile(kube.namespace, args.profile)
-        if profile is None:
-            raise not_found_profile(args.profile, kube.namespace)
-        report = retune_request(profile, args.gpu_model)
-        request = RetuneRequest(report["nonce"], args.gpu_model)
-        if kube.patch_profile(kube.namespace, args.profile, request.patch()) is None:
-            raise not_found_profile(args.profile, kube.namespace)
-        _emit(args, report, format_retune(report))
-        return 0
-    if args.command == "download":
-        opts = _s3_options(args)
-        kube = _connect(args)
-        profile = kube.profile(kube.namespace, args.profile)
-        if profile is None:
-            raise not_found_profile(args.profile, kube.namespace)
-        report = download(profile, args.gpu_model, Path(args.dest), args.devices, opts)
-        _emit(args, report, format_download(report))
-        return 0
-    # diff
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _profile(args: argparse.Namespace) -> tuple[cluster_mod.Cluster, dict[str, Any]]:
+    """The cluster, and the profile args name in its namespace (or the error that says how to
+    find one)."""
+    kube = _connect(args)
+    profile = kube.profile(kube.namespace, args.profile)
+    if profile is None:
+        raise not_found_profile(args.profile, kube.namespace)
+    return kube, profile
+
+
+def _status(args: argparse.Namespace) -> int:
+    kube, profile = _profile(args)
+    report = status_report(profile, kube.profile_events(profile))
+    _emit(args, report, format_status(report, _now()))
+    return 0
+
+
+def _why(args: argparse.Namespace) -> int:
+    kube = _connect(args)
+    pod = kube.pod(kube.namespace, args.pod)
+    if pod is None:
+        raise PluginError(
+            f"Pod {args.pod!r} not found in namespace {kube.namespace!r}: list them with "
+            f"`kubectl get pods -n {kube.namespace}`"
+        )
+    from tunefleet import naming
+
+    name = ((pod.get("metadata") or {}).get("labels") or {}).get(naming.PROFILE_LABEL)
+    profile = kube.profile(kube.namespace, name) if name else None
+    events = kube.profile_events(profile) if profile else []
+    report = explain(pod, profile, events)
+    _emit(args, report, format_why(report, _now()))
+    return 0
+
+
+def _retune(args: argparse.Namespace) -> int:
+    kube, profile = _profile(args)
+    report = retune_request(profile, args.gpu_model)
+    request = RetuneRequest(report["nonce"], args.gpu_model)
+    if kube.patch_profile(kube.namespace, args.profile, request.patch()) is None:
+        raise not_found_profile(args.profile, kube.namespace)
+    _emit(args, report, format_retune(report))
+    return 0
+
+
+def _download(args: argparse.Namespace) -> int:
+    opts = _s3_options(args)
+    _, profile = _profile(args)
+    report = download(profile, args.gpu_model, Path(args.dest), args.devices, opts)
+    _emit(args, report, format_download(report))
+    return 0
+
+
+def _diff(args: argparse.Namespace) -> int:
+    """0 when the two sides hold the same results, 1 when they differ (as diff(1))."""
     opts = _s3_options(args)
     try:
         refs = [parse_ref(args.a), parse_ref(args.b)]
