@@ -210,6 +210,38 @@ def _capture_lines(report: dict[str, Any], now: datetime.datetime) -> list[str]:
     return lines
 
 
+def _job_lines(jobs: list[dict[str, Any]]) -> list[str]:
+    """The current revision's tuning Jobs: model, name, state, why (and shards), message."""
+    lines = ["Tuning Jobs:"]
+    if not jobs:
+        lines.append("  (none for this revision)")
+    rows = []
+    for j in jobs:
+        shards = f"shards {j['shards']}" if j.get("shards") else ""
+        why = ", ".join(p for p in (str(j.get("reason") or ""), shards) if p) or "-"
+        rows.append(
+            [
+                str(j.get("gpuModel") or "?"),
+                str(j.get("name") or "?"),
+                str(j.get("state") or "?"),
+                why,
+                " ".join(str(j.get("message") or "").split()),
+            ]
+        )
+    return lines + table(rows, indent=2)
+
+
+def _unadmitted(unadmitted: int, ns: str, name: str) -> str:
+    """The count of labelled pods the webhook never saw, and how to find and fix them."""
+    if not unadmitted:
+        return str(unadmitted)
+    return str(unadmitted) + (
+        " (created while the webhook was unreachable; they run without the artifact: "
+        f"kubectl get pods -n {ns} -l '{naming.PROFILE_LABEL}={name},"
+        f"!{naming.ADMISSION_LABEL}', then recreate them)"
+    )
+
+
 def format_status(report: dict[str, Any], now: datetime.datetime | None = None) -> str:
     now = now or datetime.datetime.now(datetime.UTC)
     ns, name = report["namespace"], report["name"]
@@ -231,43 +263,12 @@ def format_status(report: dict[str, Any], now: datetime.datetime | None = None) 
     for m in report["models"]:
         lines += _artifact_lines(m["gpuModel"], m["artifact"], m["inSpec"], report, now)
     lines += _capture_lines(report, now)
-    lines.append("Tuning Jobs:")
-    if not report["jobs"]:
-        lines.append("  (none for this revision)")
-    lines += table(
-        [
-            [
-                str(j.get("gpuModel") or "?"),
-                str(j.get("name") or "?"),
-                str(j.get("state") or "?"),
-                ", ".join(
-                    p
-                    for p in (
-                        str(j.get("reason") or ""),
-                        f"shards {j['shards']}" if j.get("shards") else "",
-                    )
-                    if p
-                )
-                or "-",
-                " ".join(str(j.get("message") or "").split()),
-            ]
-            for j in report["jobs"]
-        ],
-        indent=2,
-    )
-    unadmitted = report["unadmittedPods"]
-    pods = str(unadmitted)
-    if unadmitted:
-        pods += (
-            " (created while the webhook was unreachable; they run without the artifact: "
-            f"kubectl get pods -n {ns} -l '{naming.PROFILE_LABEL}={name},"
-            f"!{naming.ADMISSION_LABEL}', then recreate them)"
-        )
+    lines += _job_lines(report["jobs"])
     count = report["history"]["count"]
     lines += table(
         [
             ["Progress:", report["progress"] or "-"],
-            ["Unadmitted pods:", pods],
+            ["Unadmitted pods:", _unadmitted(report["unadmittedPods"], ns, name)],
             ["History:", f"{count} earlier artifact{'s' if count != 1 else ''}"],
         ]
     )

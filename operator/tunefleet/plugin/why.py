@@ -362,6 +362,32 @@ def _untuned(p: _Pod, a: Admission, out: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _job_of(p: _Pod, sha256: str) -> str:
+    """The Job that published an artifact, if status still lists it ("" when not)."""
+    listed = [*(p.status.get("artifacts") or []), *(p.status.get("history") or [])]
+    return next((str(x.get("job") or "") for x in listed if x.get("sha256") == sha256), "")
+
+
+def _fetch_refused(
+    p: _Pod, outcome: FetchOutcome, model: str, pinned_job: str, out: dict[str, Any]
+) -> None:
+    """A fetch that did not load the artifact: it refused to start the pod (fail closed) or
+    started it untuned (fail open), with why and the fix."""
+    refused = outcome.verdict == REFUSED
+    out.update(
+        verdict="refused-at-start" if refused else "untuned-at-start",
+        summary=(
+            "not started: injected, but the fetch init container refused to start it "
+            "(spec.serving.failClosed)"
+            if refused
+            else "not tuned: injected, but the fetch init container started it untuned (fail open)"
+        ),
+        reason=outcome.reason,
+        reasonSource=f"{FETCH_CONTAINER}'s termination message",
+        fix=_fix_for_fetch(outcome.reason, p.name, model, p.namespace, p.recreate, pinned_job),
+    )
+
+
 def _fetch_verdict(p: _Pod, a: Admission, out: dict[str, Any], fetch: dict[str, Any]) -> None:
     """What the fetch init container's state says of a pod the webhook injected."""
     ns, name = p.namespace, out["pod"]
@@ -375,31 +401,9 @@ def _fetch_verdict(p: _Pod, a: Admission, out: dict[str, Any], fetch: dict[str, 
         out["artifact"] = {**(out["artifact"] or {}), "gpuModel": model, "sha256": pinned or None}
         out["notes"].append(f"picked {model} on node {outcome.node} (its GPU model)")
     sha = short(pinned)
-    # The Job that published the pinned artifact, if status still lists it.
-    pinned_job = next(
-        (
-            str(x.get("job") or "")
-            for x in [*(p.status.get("artifacts") or []), *(p.status.get("history") or [])]
-            if x.get("sha256") == pinned
-        ),
-        "",
-    )
     source = f"{FETCH_CONTAINER}'s termination message"
     if outcome is not None and outcome.verdict != LOADED:
-        refused = outcome.verdict == REFUSED
-        out.update(
-            verdict="refused-at-start" if refused else "untuned-at-start",
-            summary=(
-                "not started: injected, but the fetch init container refused to start it "
-                "(spec.serving.failClosed)"
-                if refused
-                else "not tuned: injected, but the fetch init container started it untuned "
-                "(fail open)"
-            ),
-            reason=outcome.reason,
-            reasonSource=source,
-            fix=_fix_for_fetch(outcome.reason, p.name, model, ns, p.recreate, pinned_job),
-        )
+        _fetch_refused(p, outcome, model, _job_of(p, pinned), out)
     elif outcome is not None:
         summary = f"tuned: injected, artifact {sha} loaded"
         summary += f" for {model}" if model else ""
@@ -567,6 +571,36 @@ def explain(
     return _injected(p, a, out)
 
 
+def _artifact_rows(art: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The candidates a pod picks among at its node, and the artifact it is pinned to."""
+    rows = []
+    if art and art.get("candidates"):
+        offered = ", ".join(
+            f"{m} ({short(sha) if sha else 'untuned there'})"
+            for m, sha in art["candidates"].items()
+        )
+        rows.append(("Candidates:", f"picked at the node among {offered}"))
+    if art and (art.get("uri") or art.get("sha256")):
+        rows.append(
+            (
+                "Artifact:",
+                f"{art.get('uri') or '?'} (sha256 {art.get('sha256') or '?'}, "
+                f"GPU model {art.get('gpuModel') or '?'})",
+            )
+        )
+    return rows
+
+
+def _containers_text(containers: list[dict[str, Any]]) -> str:
+    """Each serving container with the TunableOp settings it runs with."""
+    return "; ".join(
+        f"{c['name']} ("
+        + ", ".join(f"{k.removeprefix('PYTORCH_TUNABLEOP_')}={v}" for k, v in c["env"].items())
+        + ")"
+        for c in containers
+    )
+
+
 def format_why(report: dict[str, Any], now: datetime.datetime | None = None) -> str:
     now = now or datetime.datetime.now(datetime.UTC)
     lines = [f"Pod {report['namespace']}/{report['pod']}: {report['summary']}"]
@@ -583,35 +617,9 @@ def format_why(report: dict[str, Any], now: datetime.datetime | None = None) -> 
         quoted = report["verdict"] in ("untuned", "untuned-at-start", "refused-at-start")
         text = f'"{report["reason"]}"' if quoted else report["reason"]
         rows.append(("Reason:", f"{text} (from {report['reasonSource']})"))
-    art = report.get("artifact")
-    if art and art.get("candidates"):
-        offered = ", ".join(
-            f"{m} ({short(sha) if sha else 'untuned there'})"
-            for m, sha in art["candidates"].items()
-        )
-        rows.append(("Candidates:", f"picked at the node among {offered}"))
-    if art and (art.get("uri") or art.get("sha256")):
-        rows.append(
-            (
-                "Artifact:",
-                f"{art.get('uri') or '?'} (sha256 {art.get('sha256') or '?'}, "
-                f"GPU model {art.get('gpuModel') or '?'})",
-            )
-        )
+    rows += _artifact_rows(report.get("artifact"))
     if report["containers"]:
-        rows.append(
-            (
-                "Containers:",
-                "; ".join(
-                    f"{c['name']} ("
-                    + ", ".join(
-                        f"{k.removeprefix('PYTORCH_TUNABLEOP_')}={v}" for k, v in c["env"].items()
-                    )
-                    + ")"
-                    for c in report["containers"]
-                ),
-            )
-        )
+        rows.append(("Containers:", _containers_text(report["containers"])))
     for w in report["imageWarnings"]:
         rows.append(("Image warning:", w))
     fetch = report.get("fetch")
