@@ -27,11 +27,20 @@ def _san(host: str) -> x509.GeneralName:
         return x509.DNSName(host)
 
 
-def generate(directory: Path, hosts: list[str], days: int = 365) -> tuple[Path, Path, Path]:
-    """Write ca.crt, tls.crt, tls.key into directory; returns their paths."""
-    directory.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.UTC)
+def _ca(now: datetime.datetime, days: int) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A self-signed CA that signs certificates only (path length 0)."""
     ca_key = ec.generate_private_key(ec.SECP256R1())
+    usage = x509.KeyUsage(
+        digital_signature=True,
+        key_cert_sign=True,
+        crl_sign=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        encipher_only=False,
+        decipher_only=False,
+    )
     ca_cert = (
         x509.CertificateBuilder()
         .subject_name(_name("tunefleet-webhook-ca"))
@@ -41,22 +50,17 @@ def generate(directory: Path, hosts: list[str], days: int = 365) -> tuple[Path, 
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(usage, critical=True)
         .sign(ca_key, hashes.SHA256())
     )
+    return ca_key, ca_cert
+
+
+def generate(directory: Path, hosts: list[str], days: int = 365) -> tuple[Path, Path, Path]:
+    """Write ca.crt, tls.crt, tls.key into directory; returns their paths."""
+    directory.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key, ca_cert = _ca(now, days)
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
         x509.CertificateBuilder()
