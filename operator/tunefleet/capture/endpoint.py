@@ -113,11 +113,10 @@ def _record_for(status: dict[str, Any], sha: str) -> ArtifactRecord | None:
     return None
 
 
-def attribute(
-    caller: Caller, pod: dict[str, Any] | None, profile: dict[str, Any] | None
-) -> Attribution:
-    """Where the rows of this caller go, read from the pod as admitted and its profile;
-    Denied with the reason otherwise. Pure."""
+def _admitted(caller: Caller, pod: dict[str, Any] | None) -> tuple[str, Admission]:
+    """The caller's pod as tunefleet admitted it (the very pod of the token, in its namespace,
+    running as its ServiceAccount, injected with an artifact for a GPU model): its profile's
+    name and its admission; Denied with the reason otherwise."""
     where = f"pod {caller.namespace}/{caller.pod_name}"
     meta = (pod or {}).get("metadata") or {}
     if pod is None or meta.get("uid") != caller.pod_uid:
@@ -142,6 +141,15 @@ def attribute(
         )
     if not admitted.gpu_model:
         raise Denied(403, "forbidden", f"{where} has no GPU model pinned at admission")
+    return str(profile_name), admitted
+
+
+def attribute(
+    caller: Caller, pod: dict[str, Any] | None, profile: dict[str, Any] | None
+) -> Attribution:
+    """Where the rows of this caller go, read from the pod as admitted and its profile;
+    Denied with the reason otherwise. Pure."""
+    profile_name, admitted = _admitted(caller, pod)
     pmeta = (profile or {}).get("metadata") or {}
     if profile is None or pmeta.get("namespace") != caller.namespace:
         raise Denied(
