@@ -205,6 +205,18 @@ def _owned_as(meta: dict[str, Any], role: str) -> str | None:
     return owner if labels.get(naming.ROLE_LABEL) == role else None
 
 
+def _ours(there: dict[str, Any], key: StoreKey) -> StoreView:
+    """The store found under the key's name, if it is the profile's own; NotOurs if not."""
+    parsed = parse_store(there)
+    if parsed is None or parsed.key.profile_uid != key.profile_uid:
+        raise kube.NotOurs(
+            f"ConfigMap {key.namespace}/{key.name} is not a capture store of "
+            f"TuningProfile {key.profile}: captures for it are not kept; delete it "
+            "so tunefleet can make its own"
+        )
+    return parsed
+
+
 def parse_store(cm: dict[str, Any]) -> StoreView | None:
     """A capture store from its ConfigMap; None when it is not one the profile owns."""
     meta = cm.get("metadata") or {}
@@ -355,6 +367,24 @@ class Writer:
         found: dict[str, Any] = json.loads(resp.data)
         return found
 
+    def _write(
+        self, core: Any, key: StoreKey, merged: StoreView, resource_version: str | None
+    ) -> None:
+        """Create the store (None: there was none), or patch it over the version it was read
+        at (409 when another replica wrote since: the caller merges again)."""
+        body = build_store_config_map(merged)
+        if resource_version is None:
+            resp = core.create_namespaced_config_map(
+                key.namespace, body, _preload_content=False, _request_timeout=self.timeout_s
+            )
+        else:
+            resp = core.patch_namespaced_config_map(
+                key.name, key.namespace,
+                {"metadata": {"resourceVersion": resource_version}, "data": body["data"]},
+                _preload_content=False, _request_timeout=self.timeout_s,
+            )  # fmt: skip
+        kube.release(resp)
+
     def add(
         self,
         key: StoreKey,
@@ -371,39 +401,16 @@ class Writer:
         for attempt in range(CAS_TRIES):
             at = time.time() if now is None else now
             there = self._read(key)
-            if there is None:
-                view = StoreView(key)
-            else:
-                parsed = parse_store(there)
-                if parsed is None or parsed.key.profile_uid != key.profile_uid:
-                    raise kube.NotOurs(
-                        f"ConfigMap {key.namespace}/{key.name} is not a capture store of "
-                        f"TuningProfile {key.profile}: captures for it are not kept; delete it "
-                        "so tunefleet can make its own"
-                    )
-                view = parsed
+            view = StoreView(key) if there is None else _ours(there, key)
             merged, added = merge(
                 view, rows, at, max_shapes=max_shapes, pod=pod, not_loaded=not_loaded,
                 dropped=dropped,
             )  # fmt: skip
             if there is not None and not changed(view, merged):
                 return 0, len(view.rows)
-            body = build_store_config_map(merged)
             try:
-                if there is None:
-                    resp = core.create_namespaced_config_map(
-                        key.namespace, body, _preload_content=False,
-                        _request_timeout=self.timeout_s,
-                    )  # fmt: skip
-                else:
-                    body["metadata"]["resourceVersion"] = view.resource_version
-                    resp = core.patch_namespaced_config_map(
-                        key.name, key.namespace,
-                        {"metadata": {"resourceVersion": view.resource_version},
-                         "data": body["data"]},
-                        _preload_content=False, _request_timeout=self.timeout_s,
-                    )  # fmt: skip
-                kube.release(resp)
+                version = view.resource_version if there is not None else None
+                self._write(core, key, merged, version)
                 return added, len(merged.rows)
             except ApiException as e:
                 if e.status == 409:  # another replica wrote first: merge into what it wrote
