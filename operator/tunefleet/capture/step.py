@@ -16,7 +16,7 @@ from tunefleet.api import TuningProfileSpec
 from tunefleet.capture import loop
 from tunefleet.capture.cache import CaptureCache
 from tunefleet.capture.keys import ArtifactKeys
-from tunefleet.capture.store import build_retune_config_map
+from tunefleet.capture.store import RetuneSet, build_retune_config_map
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.contracts.retune import RetuneRequest
 
@@ -89,15 +89,7 @@ def run(
         request=RetuneRequest.read(profile),
         decide=decide,
     )
-    previous = loop.previous_entries(status)
-    made = []
-    for frozen in list(plan.freezes):
-        try:
-            kube.create_owned(build_retune_config_map(frozen))
-            made.append(frozen)
-        except (kube.NotOurs, kube.Temporary, kube.Permanent) as e:
-            log.info(f"TuningProfile {ns}/{meta['name']}: retune of {frozen.model}: {e}")
-            plan.revert(frozen.model, previous.get(frozen.model), base, str(e))
+    made = _freeze(plan, loop.previous_entries(status), base, f"{ns}/{meta['name']}")
     out = Outcome(
         revisions=plan.revisions,
         entries=plan.entries,
@@ -117,6 +109,22 @@ def run(
     if decide:
         _remove_old_sets(source, ns, uid, plan.entries)
     return out
+
+
+def _freeze(
+    plan: loop.Plan, previous: dict[str, dict[str, Any]], base: str, where: str
+) -> list[RetuneSet]:
+    """Make the retune sets the plan froze (each a ConfigMap of its own); one that cannot be
+    made is taken back from the plan, with why, and retried at the next reconcile."""
+    made = []
+    for frozen in list(plan.freezes):
+        try:
+            kube.create_owned(build_retune_config_map(frozen))
+            made.append(frozen)
+        except (kube.NotOurs, kube.Temporary, kube.Permanent) as e:
+            log.info(f"TuningProfile {where}: retune of {frozen.model}: {e}")
+            plan.revert(frozen.model, previous.get(frozen.model), base, str(e))
+    return made
 
 
 def _remove_old_sets(
