@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from tunefleet.storage.store import Location, Store, StoreError
+from tunefleet.storage.store import Listed, Location, Store, StoreError
 from tuner_job.files import sha256_hex
 from tuner_job.library import (
     CheckpointId,
@@ -186,6 +186,23 @@ class LibraryView:
         return self.results.gemms if self.results is not None else 0
 
 
+def _entries(store: Store, prefix: str, view: LibraryView) -> list[Listed]:
+    """The entries listed under the key's prefix, newest first, at most MAX_ENTRIES; what is
+    left out goes to view.skipped with why."""
+    entries = []
+    for o in store.list(prefix, MAX_LISTED):
+        if "/" in o.key[len(prefix) + 1 :]:
+            view.skipped.append((o.key, "not an entry (a nested key)"))
+        else:
+            entries.append(o)
+    # Newest first, for every bound after: what was tuned recently (and what tunefleet-gc
+    # compacted, which it writes anew) is what the fleet runs now. Ties go by key.
+    entries.sort(key=lambda o: (-o.modified, o.key))
+    for o in entries[MAX_ENTRIES:]:
+        view.skipped.append((o.key, f"over the limit of {MAX_ENTRIES} entries read"))
+    return entries[:MAX_ENTRIES]
+
+
 def read_library(
     store: Store,
     location: Location,
@@ -202,23 +219,11 @@ def read_library(
     A listing failure raises StoreError (the caller reports it as the library's error); an entry
     that cannot be read, or is bad, is skipped and reported, never merged.
     """
-    prefix = library_prefix(location, scope, namespace, gpu_model, key)
-    listed = store.list(prefix, MAX_LISTED)
     view = LibraryView(key)
-    entries = []
-    for o in listed:
-        if "/" in o.key[len(prefix) + 1 :]:
-            view.skipped.append((o.key, "not an entry (a nested key)"))
-        else:
-            entries.append(o)
-    # Newest first, for every bound below: what was tuned recently (and what tunefleet-gc
-    # compacted, which it writes anew) is what the fleet runs now. Ties go by key.
-    entries.sort(key=lambda o: (-o.modified, o.key))
-    for o in entries[MAX_ENTRIES:]:
-        view.skipped.append((o.key, f"over the limit of {MAX_ENTRIES} entries read"))
+    entries = _entries(store, library_prefix(location, scope, namespace, gpu_model, key), view)
     merger = ResultsMerger()
     total = 0
-    for o in entries[:MAX_ENTRIES]:
+    for o in entries:
         name = o.key.rsplit("/", 1)[-1]
         sha = entry_sha256(name)
         if sha is None:
