@@ -197,26 +197,33 @@ def tune(
         start_new_session=True,  # the workers join its group, so a kill reaches them
         stdout=sys.stderr,
     )
-    killed = False
-    try:
-        rc = proc.wait(timeout=max(hard_deadline - time.time(), 1.0))
-    except subprocess.TimeoutExpired:
-        log(f"tuning budget of {budget_s:.0f}s reached: stopping the tuning process")
-        kill_group(proc, KILL_GRACE_S)
-        killed, rc = True, proc.returncode
-    except BaseException:
-        kill_group(proc, KILL_GRACE_S)
-        raise
-    else:
-        # Stray members of its group (workers) must not outlive it holding GPU memory.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+    rc, killed = _wait(proc, hard_deadline, budget_s, log)
     seconds = time.monotonic() - started
     try:
         return _gather(tuning_dir, len(gemms), seconds, rc, killed, log, allow_empty)
     finally:
         if not keep_dir:
             _remove_tree(tuning_dir)
+
+
+def _wait(
+    proc: subprocess.Popen[bytes], hard_deadline: float, budget_s: float, log: Log
+) -> tuple[int | None, bool]:
+    """Wait for the tuning process until the hard deadline, killing its group then (or when
+    interrupted): its exit status, and whether it was killed for the budget."""
+    try:
+        rc = proc.wait(timeout=max(hard_deadline - time.time(), 1.0))
+    except subprocess.TimeoutExpired:
+        log(f"tuning budget of {budget_s:.0f}s reached: stopping the tuning process")
+        kill_group(proc, KILL_GRACE_S)
+        return proc.returncode, True
+    except BaseException:
+        kill_group(proc, KILL_GRACE_S)
+        raise
+    # Stray members of its group (workers) must not outlive it holding GPU memory.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    return rc, False
 
 
 def _remove_tree(path: Path) -> None:
