@@ -366,6 +366,29 @@ def _say(line: str, termination_log: str | None, stream: TextIO) -> None:
     write_termination_log(termination_log, line)
 
 
+def _target(args: argparse.Namespace, gpu_model: str | None) -> fit.Target | None:
+    """What the artifact must fit (vendor, stand-in), when the pod's admission said."""
+    if not (gpu_model and (args.gpu_vendor or args.stand_in_model)):
+        return None
+    stand_in = args.stand_in_model or fit.is_stand_in_model(gpu_model)
+    return fit.Target(gpu_model, args.gpu_vendor or "", stand_in)
+
+
+def _failed(exc: Exception, fail_closed: bool, picked: Picked | None, log_path: str | None) -> int:
+    """The policy's answer to any failure: start untuned (0) or refuse to start (1), said in
+    one outcome line on the termination log."""
+    known = isinstance(exc, FetchError | StoreError)
+    reason = " ".join(
+        (str(exc) if known else f"internal error: {type(exc).__name__}: {exc}").split()
+    )
+    verdict = REFUSED if fail_closed else UNTUNED
+    outcome = FetchOutcome(verdict, reason)
+    if picked is not None:
+        outcome = picked.mark(outcome)
+    _say(outcome.line(), log_path, sys.stderr)
+    return 1 if fail_closed else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     fail_closed = "--fail-closed" in raw
@@ -392,10 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             manifest_sha = chosen.manifest_sha256 or None
         elif not (uri and sha):
             raise FetchError("bad arguments: --uri and --sha256 (or --candidate) are required")
-        target = None
-        if gpu_model and (args.gpu_vendor or args.stand_in_model):
-            stand_in = args.stand_in_model or fit.is_stand_in_model(gpu_model)
-            target = fit.Target(gpu_model, args.gpu_vendor or "", stand_in)
+        target = _target(args, gpu_model)
         with wall_clock(args.timeout_seconds):
             got = fetch(
                 uri,
@@ -408,16 +428,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 target=target,
             )
     except Exception as exc:  # any problem at all follows the policy: that is its point
-        known = isinstance(exc, FetchError | StoreError)
-        reason = " ".join(
-            (str(exc) if known else f"internal error: {type(exc).__name__}: {exc}").split()
-        )
-        verdict = REFUSED if fail_closed else UNTUNED
-        outcome = FetchOutcome(verdict, reason)
-        if picked is not None:
-            outcome = picked.mark(outcome)
-        _say(outcome.line(), log_path, sys.stderr)
-        return 1 if fail_closed else 0
+        return _failed(exc, fail_closed, picked, log_path)
     loaded = FetchOutcome(
         LOADED,
         files=len(got.paths),
