@@ -22,7 +22,7 @@ from typing import Any
 
 from tunefleet import kube, naming, views
 from tunefleet.artifacts import fit
-from tunefleet.artifacts.fetch import FetchError, download_verified
+from tunefleet.artifacts.fetch import FetchError, Verified, download_verified
 from tunefleet.builders.artifact import build_artifact_config_map, is_packed, payload_keys
 from tunefleet.config import Config
 from tunefleet.contracts.admission import Admission
@@ -136,21 +136,7 @@ def deliver(
     Raises FetchError, StoreError, DeliveryError or kube errors with why it could not be."""
     if parse_uri(record.uri).scheme != "s3":
         raise FetchError("a pvc:// artifact is read from the claim by the fetch init container")
-    options = StoreOptions(
-        endpoint_url=endpoint or None, region=region or None, timeout_s=config.delivery_timeout_s
-    )
-    got = download_verified(
-        record.uri,
-        record.sha256,
-        gpu_model=record.gpu_model or None,
-        options=options,
-        manifest_sha256=record.manifest_sha256 or None,
-        target=fit.Target(
-            record.gpu_model,
-            vendor,
-            fit.is_stand_in_model(record.gpu_model, config.stand_in_models),
-        ),
-    )
+    got = _download(record, endpoint, region, config, vendor)
     cm = build_artifact_config_map(
         namespace=namespace,
         profile=profile,
@@ -163,6 +149,34 @@ def deliver(
     )
     if cm is None:
         raise FetchError(f"{len(got.results)} bytes do not fit a ConfigMap, even gzipped")
+    return _place(cm, record, namespace, uid)
+
+
+def _download(
+    record: ArtifactRecord, endpoint: str, region: str, config: Config, vendor: str
+) -> Verified:
+    """The artifact read with the operator's read identity and verified as fetch does (its
+    SHA-256s, its manifest, its fit to the GPU model)."""
+    options = StoreOptions(
+        endpoint_url=endpoint or None, region=region or None, timeout_s=config.delivery_timeout_s
+    )
+    return download_verified(
+        record.uri,
+        record.sha256,
+        gpu_model=record.gpu_model or None,
+        options=options,
+        manifest_sha256=record.manifest_sha256 or None,
+        target=fit.Target(
+            record.gpu_model,
+            vendor,
+            fit.is_stand_in_model(record.gpu_model, config.stand_in_models),
+        ),
+    )
+
+
+def _place(cm: dict[str, Any], record: ArtifactRecord, namespace: str, uid: str) -> Delivered:
+    """Create the ConfigMap, or take the one under its name if it holds exactly the artifact;
+    a foreign one is stepped around under a name derived from its uid (NAMES_TRIED names)."""
     base = name = cm["metadata"]["name"]
     foreign: list[Foreign] = []
     for _ in range(NAMES_TRIED):
