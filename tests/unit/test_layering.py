@@ -8,7 +8,9 @@
   heap): it imports nothing of tunefleet outside runtime/, so the domain can change beneath it;
 - kopf is the webhook's server and the startup's, nothing else: the rest speaks the project's
   own error words (runtime/client.Temporary, Permanent);
-- no test module imports another: shared builders and fakes live in tests/support/.
+- no test module imports another: shared builders and fakes live in tests/support/;
+- no product function (operator, tuner) is longer than 60 lines: a longer one does several
+  jobs, and each job wants its own name.
 """
 
 from __future__ import annotations
@@ -244,3 +246,26 @@ def test_kopf_is_confined_to_the_startup_and_the_webhook() -> None:
         if any(m == "kopf" or m.startswith("kopf.") for m in imports(path, name)):
             bad.append(f"{path.relative_to(ROOT)} imports kopf")
     assert not bad, "\n".join(bad)
+
+
+MAX_FUNCTION_LINES = 60
+
+
+def long_functions(paths: list[Path], limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    out = []
+    for path in paths:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > limit:
+                    out.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {lines} lines")
+    return out
+
+
+def test_no_product_function_is_over_60_lines() -> None:
+    paths = sorted([*OPERATOR.rglob("*.py"), *TUNER.rglob("*.py")])
+    found = long_functions(paths)
+    assert not found, "split at its seams:\n" + "\n".join(found)
+    # The rule can fail: the longest function there is over a lower limit.
+    assert long_functions(paths, limit=40)
