@@ -646,18 +646,16 @@ def _retire_config_maps(s: _Sync, previous: dict[str, Any], status: dict[str, An
         log.info(f"TuningProfile {meta['namespace']}/{meta['name']}: retiring ConfigMaps: {e}")
 
 
-def _report(s: _Sync, observations: list[JobObservation]) -> dict[str, Any]:
-    """Compute status; write it only when it changed, over the version it was computed from."""
-    ns, name = s.meta["namespace"], s.meta["name"]
-    previous = s.profile.get("status") or {}
-    status = compute_status(
+def _status(s: _Sync, observations: list[JobObservation]) -> dict[str, Any]:
+    """The status the observations, the spec and capture's figures say (status.py, pure)."""
+    return compute_status(
         Observed(
             generation=int(s.meta.get("generation") or 0),
             spec=s.spec,
             problems=s.problems,
             refused=s.refused,
             jobs=observations,
-            previous=previous,
+            previous=s.profile.get("status") or {},
             unadmitted=len(s.unadmitted),
             create_error=truncate(str(s.create_error or "")),
             capacity=s.too_few,
@@ -667,30 +665,36 @@ def _report(s: _Sync, observations: list[JobObservation]) -> dict[str, Any]:
         ),
         now(),
     )
-    _deliver(s, status)
+
+
+def _degraded(s: _Sync, status: dict[str, Any]) -> dict[str, Any]:
+    """Status with its Degraded condition: after delivery, which may have made a lost
+    ConfigMap again in this very pass."""
     lost = [
         s.memory.lost[a["sha256"]]
         for a in status.get("artifacts") or []
         if a.get("sha256") in s.memory.lost
     ]
-    status = with_degraded(
-        status, previous, s.untuned_pods, lost, int(s.meta.get("generation") or 0), now()
-    )
-    _capture_against_new_artifacts(s, previous, status)
-    if s.acting:
-        _retire_config_maps(s, previous, status)
-    _report_delivery(s)
-    if status_changed(previous, status):
-        rv = str(s.meta.get("resourceVersion") or "")
-        written = kube.replace_profile_status(ns, name, rv, status)
-        s.memory.written_rv = written
-        s.on_written(written, status)
-        announce(s.profile, previous, status, s.unadmitted)
-        for type_, reason, message in s.capture.events:
-            kube.post_event_soon(profile_ref(s.profile), type_, reason, message)
-        for reason in s.capture.retunes:
-            metrics.RETUNES.labels(reason).inc()
-    return status
+    previous = s.profile.get("status") or {}
+    gen = int(s.meta.get("generation") or 0)
+    return with_degraded(status, previous, s.untuned_pods, lost, gen, now())
+
+
+def _write_status(s: _Sync, status: dict[str, Any]) -> None:
+    """Write status only when it changed, over the version it was computed from; then what
+    the change announces (Events, capture's Events, retune metrics)."""
+    previous = s.profile.get("status") or {}
+    if not status_changed(previous, status):
+        return
+    rv = str(s.meta.get("resourceVersion") or "")
+    written = kube.replace_profile_status(s.meta["namespace"], s.meta["name"], rv, status)
+    s.memory.written_rv = written
+    s.on_written(written, status)
+    announce(s.profile, previous, status, s.unadmitted)
+    for type_, reason, message in s.capture.events:
+        kube.post_event_soon(profile_ref(s.profile), type_, reason, message)
+    for reason in s.capture.retunes:
+        metrics.RETUNES.labels(reason).inc()
 
 
 def _capture_against_new_artifacts(
@@ -804,12 +808,7 @@ def sync_profile(
         captures=captures, config_map_uid=config_map_uid, untuned_pods=untuned_pods or [],
     )  # fmt: skip
     with mine.lock:
-        if naming.LEGACY_FINALIZER in (meta.get("finalizers") or []):
-            # Versions before 0.2 held deletion with it; nothing does now.
-            kube.remove_profile_finalizer(
-                meta["namespace"], meta["name"], meta["uid"], meta["finalizers"],
-                naming.LEGACY_FINALIZER,
-            )  # fmt: skip
+        _drop_legacy_finalizer(meta)
         _read_spec(s, untrusted or [], memory)
         if s.acting:
             _create_missing(s)
@@ -819,7 +818,17 @@ def sync_profile(
         if s.acting:
             _merge_when_shares_are_in(s, observations)
         _tend(s, observations)
-        status = _report(s, observations)
+        previous = profile.get("status") or {}
+        status = _status(s, observations)
+        # Delivery is a step of its own: it makes ConfigMaps (or says why not) and tells
+        # status how pods get each artifact; Degraded is computed after it.
+        _deliver(s, status)
+        status = _degraded(s, status)
+        _capture_against_new_artifacts(s, previous, status)
+        if s.acting:
+            _retire_config_maps(s, previous, status)
+        _report_delivery(s)
+        _write_status(s, status)
         mine.prune(s.jobs, pods, {u.uid for u in untrusted or []} | {f.uid for f in s.foreign})
         if s.problems or s.spec is None or s.refused:
             why = s.problems or s.refused
@@ -827,6 +836,15 @@ def sync_profile(
         if s.create_error is not None:
             raise s.create_error
         return Outcome(status, requeue_after(status))
+
+
+def _drop_legacy_finalizer(meta: dict[str, Any]) -> None:
+    """Versions before 0.2 held a profile's deletion with a finalizer; nothing does now."""
+    if naming.LEGACY_FINALIZER in (meta.get("finalizers") or []):
+        kube.remove_profile_finalizer(
+            meta["namespace"], meta["name"], meta["uid"], meta["finalizers"],
+            naming.LEGACY_FINALIZER,
+        )  # fmt: skip
 
 
 def _read_spec(s: _Sync, untrusted: list[Untrusted], memory: Memory) -> None:
