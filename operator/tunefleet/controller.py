@@ -25,7 +25,8 @@ from tunefleet import kube, metrics, naming
 from tunefleet.cache import Untrusted
 from tunefleet.capture.step import CaptureSource
 from tunefleet.config import Config
-from tunefleet.reconcile import Memory, Outcome, sync_profile
+from tunefleet.memory import Memory
+from tunefleet.reconcile import Outcome, sync_profile
 from tunefleet.runtime.heap import release_memory
 from tunefleet.runtime.workqueue import Backoff, WorkQueue
 from tunefleet.served import Untuned

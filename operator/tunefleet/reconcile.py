@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import datetime
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from tunefleet import delivery, kube, kueue, metrics, naming, policy, views
+from tunefleet import delivery, kube, metrics, naming, policy, views
+from tunefleet.announce import announce
 from tunefleet.api import TuningProfileSpec
 from tunefleet.artifacts.fetch import FetchError
 from tunefleet.builders.job import (
@@ -34,23 +33,17 @@ from tunefleet.builders.kueue import QUEUE_LABEL
 from tunefleet.builders.storage import pod_storage
 from tunefleet.cache import Untrusted
 from tunefleet.capture import step as capture_step
-from tunefleet.conditions import BLOCKED, EventReason, Phase, Reason, Type, find, truncate
+from tunefleet.conditions import EventReason, Reason, Type, find, truncate
 from tunefleet.config import Config
 from tunefleet.contracts.artifact import ArtifactRecord
-from tunefleet.observe import Gathered, Hints, JobObservation, Want, observe, observe_wanting
-from tunefleet.runtime.heap import compacted
+from tunefleet.memory import NODES_TTL, QUEUED_TTL, Memory, ProfileMemory
+from tunefleet.observe import Hints, JobObservation, observe, observe_wanting
 from tunefleet.served import Untuned
 from tunefleet.status import Observed, compute_status, status_changed, with_degraded
 from tunefleet.storage.store import StoreError
 from tunefleet.views import profile_ref
 
 log = logging.getLogger(__name__)
-_EVENT_FIELDS = ("reason", "message", "type", "lastTimestamp", "eventTime")  # what observe reads
-EVENTS_TTL = 60.0  # seconds a pod's kubelet Events are trusted before being read again
-# Seconds Kueue's word on a queued Job is trusted; the controller reconciles a profile with a
-# queued Job that often (kueue.py: nothing of the Job changes while its Workload waits).
-QUEUED_TTL = 15.0
-NODES_TTL = 60.0  # seconds a node count is trusted (parallelism checks only)
 # A delivered artifact whose ConfigMap was deleted or replaced and could not be made again
 # (the store down) is tried again this soon, not after DELIVERY_RETRY_S: until then every new
 # pod fetches it from the store.
@@ -96,173 +89,6 @@ def parse_spec(raw: dict[str, Any]) -> tuple[TuningProfileSpec | None, list[str]
     except ValidationError as e:
         return None, [validation_message(e)]
     return spec, naming.spec_problems(spec)
-
-
-@dataclass(slots=True)
-class ProfileMemory:
-    """What the operator remembers of one profile between its reconciles. None of it is the
-    truth about the profile (that is what the API server holds): it saves calls and repeats.
-    Not the parsed spec: parsing takes ~40 microseconds a reconcile, keeping it ~10 KB a
-    profile (bench/scale.md)."""
-
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    # The resourceVersion our last status write made: its watch echo needs no reconcile.
-    written_rv: str = ""
-    # The tune step's imageID already written to a Job's ConfigMap, by Job uid.
-    image_ids: dict[str, str] = field(default_factory=dict)
-    # The kubelet's Events about a stuck pod, by pod uid: (read at, events).
-    pod_events: dict[str, tuple[float, list[dict[str, Any]]]] = field(default_factory=dict)
-    # Untrusted objects (cache.Untrusted) already reported, by uid.
-    reported: set[str] = field(default_factory=set)
-    # The failed attempt last announced, by Job uid (one Event per distinct cause).
-    failures: dict[str, str] = field(default_factory=dict)
-    # A delivery that failed, by artifact SHA-256: (when, why); tried again after a while.
-    deliveries: dict[str, tuple[float, str]] = field(default_factory=dict)
-    # Artifact ConfigMaps found deleted or replaced and not made again yet, by artifact
-    # SHA-256: what happened to the one status named (Degraded until it is made again).
-    lost: dict[str, str] = field(default_factory=dict)
-    # Model pods that run untuned for a cause of ours, by cause, as last announced.
-    untuned_said: dict[str, int] = field(default_factory=dict)
-    # Artifact ConfigMaps that status stopped naming but a pod may still mount, and when they
-    # were last checked (None: never since this replica started, so not known).
-    retiring: set[str] | None = None
-    retired_at: float = 0.0
-    # Why a suspended Job waits (Kueue's Workload), by Job uid: (read at, message).
-    queued: dict[str, tuple[float, str]] = field(default_factory=dict)
-
-    def queued_of(self, job: dict[str, Any]) -> str:
-        """Kueue's word on a queued Job, read at most every QUEUED_TTL seconds."""
-        meta = job.get("metadata") or {}
-        uid = meta.get("uid", "")
-        cached = self.queued.get(uid)
-        if cached and time.monotonic() - cached[0] < QUEUED_TTL:
-            return cached[1]
-        try:
-            found = kueue.workloads_of(meta.get("namespace", ""), uid)
-        except (kube.Temporary, kube.Permanent, kube.Gone, ApiException) as e:
-            # Only the reason is missing: the Job waits all the same.
-            message = f"{kueue.why_queued(job, [])} (its Workload could not be read: {e})"
-        else:
-            message = kueue.why_queued(job, found)
-            if not kueue.has_workload(job, found):
-                # Kueue makes a Job's Workload moments after the Job: "none yet" is asked
-                # again on the next reconcile, not kept for QUEUED_TTL.
-                return message
-        self.queued[uid] = (time.monotonic(), message)
-        return message
-
-    def gather(self, wants: list[Want]) -> Gathered:
-        """Read what observing wants beyond the cache (observe.observe_wanting): the only API
-        reads of a reconcile before it decides, each kept for its TTL."""
-        events: dict[str, list[dict[str, Any]]] = {}
-        queued: dict[str, str] = {}
-        for what, obj in wants:
-            uid = (obj.get("metadata") or {}).get("uid", "")
-            if what == "workload":
-                queued[uid] = self.queued_of(obj)
-            elif what == "pod-events":
-                events[uid] = self.events_of(obj)
-            else:
-                events[uid] = self.job_events_of(obj)
-        return Gathered(events, queued)
-
-    def events_of(self, pod: dict[str, Any]) -> list[dict[str, Any]]:
-        """The kubelet's Events about one of the profile's pods."""
-        return self._events(pod, kube.pod_events)
-
-    def job_events_of(self, job: dict[str, Any]) -> list[dict[str, Any]]:
-        """The Job controller's Events about one of the profile's Jobs."""
-        return self._events(job, kube.job_events)
-
-    def _events(
-        self, obj: dict[str, Any], read: Callable[[str, str], list[dict[str, Any]]]
-    ) -> list[dict[str, Any]]:
-        """Events about a pod or Job, read at most every EVENTS_TTL seconds (kept by uid)."""
-        meta = obj.get("metadata") or {}
-        uid = meta.get("uid", "")
-        cached = self.pod_events.get(uid)
-        if cached and time.monotonic() - cached[0] < EVENTS_TTL:
-            return cached[1]
-        events = [
-            {k: e[k] for k in _EVENT_FIELDS if k in e}  # kept: raw Events were ~2 KB a Job
-            for e in read(meta.get("namespace", ""), meta.get("name", ""))
-        ]
-        self.pod_events[uid] = (time.monotonic(), events)
-        return events
-
-    def prune(
-        self, jobs: list[dict[str, Any]], pods: list[dict[str, Any]], untrusted: set[str]
-    ) -> None:
-        """Keep only what describes objects that still exist."""
-        job_uids = {j["metadata"].get("uid", "") for j in jobs}
-        pod_uids = {p["metadata"].get("uid", "") for p in pods}
-        for table, alive in (
-            (self.image_ids, job_uids),
-            (self.failures, job_uids),
-            (self.pod_events, pod_uids | job_uids),
-            (self.queued, job_uids),
-        ):
-            for uid in [u for u in table if u not in alive]:
-                del table[uid]
-        self.reported &= untrusted
-
-    def prune_deliveries(self, shas: set[str]) -> None:
-        for table in (self.deliveries, self.lost):
-            for sha in [k for k in table if k not in shas]:
-                del table[sha]
-
-
-@dataclass
-class Memory:
-    """What the operator remembers between reconciles (lost on restart, and on losing the
-    Lease, which is fine: everything here can be read again)."""
-
-    profiles: dict[str, ProfileMemory] = field(default_factory=dict)
-    # Labelled pods the webhook never saw, by (namespace, profile name).
-    unadmitted: dict[tuple[str, str], list[str]] = field(default_factory=dict)
-    # Nodes per (label key, model): (read at, count), for parallelism checks.
-    node_counts: dict[tuple[str, str], tuple[float, int]] = field(default_factory=dict)
-    _guard: threading.Lock = field(default_factory=threading.Lock)
-
-    def of(self, uid: str) -> ProfileMemory:
-        with self._guard:
-            found = self.profiles.get(uid)
-            if found is None:
-                found = self.profiles[uid] = ProfileMemory()
-            return found
-
-    def forget(self, uid: str) -> None:
-        with self._guard:
-            self.profiles.pop(uid, None)
-
-    def prune(self, alive: Callable[[str], bool], keys: set[tuple[str, str]]) -> int:
-        """Drop what is remembered of profiles the cache no longer holds (by uid), and of
-        keys it no longer has: a reconcile that was under way when its profile was deleted
-        may have made an entry after the deletion's own `forget`. Returns how many went."""
-        with self._guard:
-            gone = [uid for uid in self.profiles if not alive(uid)]
-            for uid in gone:
-                del self.profiles[uid]
-            self.profiles = compacted(self.profiles)
-        stale = [k for k in self.unadmitted if k not in keys]
-        for k in stale:
-            self.unadmitted.pop(k, None)
-        self.unadmitted = compacted(self.unadmitted)
-        return len(gone) + len(stale)
-
-    def prune_node_counts(self) -> None:
-        stale = time.monotonic() - NODES_TTL
-        for key in [k for k, (at, _) in self.node_counts.items() if at < stale]:
-            self.node_counts.pop(key, None)
-
-    def sizes(self) -> dict[str, int]:
-        return {
-            "profiles": len(self.profiles),
-            "unadmitted": len(self.unadmitted),
-            "node_counts": len(self.node_counts),
-            "image_ids": sum(len(m.image_ids) for m in list(self.profiles.values())),
-            "pod_events": sum(len(m.pod_events) for m in list(self.profiles.values())),
-        }
 
 
 def hints_for(spec: TuningProfileSpec | None, config: Config) -> Hints:
@@ -879,94 +705,3 @@ def _observe(s: _Sync, mine: ProfileMemory) -> list[JobObservation]:
     if wants:
         observations = observe(s.jobs, s.pods, hints, by_job, mine.gather(wants))
     return observations
-
-
-def announce(
-    profile: dict[str, Any], before: dict[str, Any], after: dict[str, Any], unadmitted: list[str]
-) -> None:
-    """Events on transitions only, so a resync never repeats them."""
-    ref = profile_ref(profile)
-    meta = profile["metadata"]
-    was, now_ = find(before, Type.FAILED), find(after, Type.FAILED)
-    if now_.get("status") == "True" and (
-        was.get("status") != "True" or was.get("message") != now_.get("message")
-    ):
-        reason = now_.get("reason", Reason.TUNING_FAILED)
-        log.info(f"TuningProfile {meta['namespace']}/{meta['name']}: {reason}")
-        kube.post_event_soon(ref, "Warning", reason, now_["message"])
-    was_p, now_p = find(before, Type.PROGRESSING), find(after, Type.PROGRESSING)
-    blocked = now_p.get("status") == "True" and now_p.get("reason") in BLOCKED
-    if blocked and (was_p.get("reason"), was_p.get("message")) != (
-        now_p.get("reason"),
-        now_p.get("message"),
-    ):
-        kube.post_event_soon(ref, "Warning", now_p["reason"], now_p["message"])
-    _announce_artifacts(ref, before, after)
-    if after.get("phase") == Phase.READY and before.get("phase") not in (
-        Phase.READY,
-        Phase.DEGRADED,
-    ):
-        arts = ", ".join(
-            f"{a['gpuModel']}@{a['sha256'][:12]}" for a in after.get("artifacts") or []
-        )
-        kube.post_event_soon(ref, "Normal", EventReason.READY, f"Artifacts published: {arts}")
-    _announce_failed_attempts(ref, before, after)
-    _announce_unadmitted(ref, meta, before, after, unadmitted)
-
-
-def _announce_artifacts(ref: dict[str, Any], before: dict[str, Any], after: dict[str, Any]) -> None:
-    old_shas = {a.get("gpuModel"): a.get("sha256") for a in before.get("artifacts") or []}
-    for art in after.get("artifacts") or []:
-        if old_shas.get(art.get("gpuModel")) == art.get("sha256"):
-            continue
-        metrics.ARTIFACTS_PUBLISHED.inc()
-        if art.get("librarySkipped"):
-            kube.post_event_soon(
-                ref,
-                "Warning",
-                EventReason.LIBRARY_ENTRY_SKIPPED,
-                f"{art['gpuModel']}: {art['librarySkipped']} library entr(y/ies) failed "
-                f"verification and were not used: {art.get('librarySkippedReason', '')}",
-            )
-        if isinstance(art.get("tuningSeconds"), int | float):
-            metrics.TUNING_SECONDS.observe(float(art["tuningSeconds"]))
-
-
-def _announce_failed_attempts(
-    ref: dict[str, Any], before: dict[str, Any], after: dict[str, Any]
-) -> None:
-    """One Event per distinct cause of a failed attempt (the Job retries; status says so)."""
-    said = {j.get("name"): j.get("lastFailure") for j in before.get("jobs") or []}
-    for job in after.get("jobs") or []:
-        cause = job.get("lastFailure")
-        if cause and said.get(job.get("name")) != cause:
-            kube.post_event_soon(
-                ref,
-                "Warning",
-                Reason.ATTEMPT_FAILED,
-                f"{job['gpuModel']}: an attempt of Job {job['name']} failed ({cause}); "
-                f"{job.get('failedAttempts', 1)} so far, the Job retries",
-            )
-
-
-def _announce_unadmitted(
-    ref: dict[str, Any],
-    meta: dict[str, Any],
-    before: dict[str, Any],
-    after: dict[str, Any],
-    names: list[str],
-) -> None:
-    count, before_count = after.get("unadmittedPods") or 0, before.get("unadmittedPods") or 0
-    if count <= before_count:
-        return
-    shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
-    kube.post_event_soon(
-        ref,
-        "Warning",
-        EventReason.PODS_NOT_ADMITTED,
-        f"{count} pod(s) labelled {naming.PROFILE_LABEL}={meta['name']} were created while "
-        f"the tunefleet webhook was unreachable and run without the artifact: {shown}. "
-        f"List them: kubectl get pods -n {meta['namespace']} -l "
-        f"'{naming.PROFILE_LABEL}={meta['name']},!{naming.ADMISSION_LABEL}'; recreate them "
-        "(e.g. kubectl rollout restart) to get it.",
-    )

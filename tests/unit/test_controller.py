@@ -11,7 +11,8 @@ from tunefleet import kube
 from tunefleet.conditions import Reason
 from tunefleet.config import Config
 from tunefleet.controller import Controller, Indexes
-from tunefleet.reconcile import QUEUED_TTL, REDELIVER_AFTER_S, Outcome, requeue_after
+from tunefleet.memory import QUEUED_TTL
+from tunefleet.reconcile import REDELIVER_AFTER_S, Outcome, requeue_after
 
 
 def make(

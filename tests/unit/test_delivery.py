@@ -26,7 +26,8 @@ from tunefleet.artifacts import fetch as fetch_mod
 from tunefleet.builders.artifact import CONFIG_MAP_BYTES, build_artifact_config_map
 from tunefleet.config import Config
 from tunefleet.contracts.admission import Admission, Code
-from tunefleet.reconcile import Memory, sync_profile
+from tunefleet.memory import Memory
+from tunefleet.reconcile import sync_profile
 from tunefleet.webhook.admission import admit
 from tuner_job.files import sha256_hex
 

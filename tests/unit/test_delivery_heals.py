@@ -22,7 +22,8 @@ from tunefleet.config import Config
 from tunefleet.contracts.admission import INJECTED, UNTUNED, Admission, Code
 from tunefleet.contracts.fetch import CONTAINER, FetchOutcome
 from tunefleet.delivered import DeliveredConfigMaps
-from tunefleet.reconcile import Memory, sync_profile
+from tunefleet.memory import Memory
+from tunefleet.reconcile import sync_profile
 from tunefleet.served import FETCH_FAILED, ServedPods, Untuned, cause_of
 from tunefleet.status import with_degraded
 

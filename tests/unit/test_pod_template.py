@@ -22,8 +22,9 @@ from tunefleet.api.template import RESERVED_MOUNT, RESERVED_VOLUME_PREFIX, RESER
 from tunefleet.builders.job import Child, build_merge_job, build_tuning_job
 from tunefleet.conditions import Reason
 from tunefleet.config import Config
+from tunefleet.memory import Memory
 from tunefleet.policy import ProfilePolicy, refusals
-from tunefleet.reconcile import Memory, sync_profile
+from tunefleet.reconcile import sync_profile
 from tunefleet.views import profile_view
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,8 @@ from kubernetes.client.exceptions import ApiException
 from tests.support.fake_api import FakeApi
 from tests.support.profiles import CFG, MODELS, jobs_for, profile
 from tunefleet import kube
-from tunefleet.reconcile import Memory, sync_profile
+from tunefleet.memory import Memory
+from tunefleet.reconcile import sync_profile
 from tunefleet.views import profile_view
 
 

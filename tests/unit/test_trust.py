@@ -16,7 +16,8 @@ from tests.support.records import SHA, completed, pod_body, published_pod, recor
 from tunefleet import kube, naming
 from tunefleet.cache import Cache
 from tunefleet.controller import Controller, Indexes
-from tunefleet.reconcile import Memory, sync_profile
+from tunefleet.memory import Memory
+from tunefleet.reconcile import sync_profile
 from tunefleet.runtime import client
 from tunefleet.runtime.leader import LeaseElector, Timing
 

@@ -16,7 +16,7 @@ from tunefleet import kube, watch
 from tunefleet.cache import Cache
 from tunefleet.config import Config
 from tunefleet.controller import Controller, Indexes
-from tunefleet.reconcile import Memory
+from tunefleet.memory import Memory
 from tunefleet.runtime import client, reflector
 
 

@@ -1,0 +1,106 @@
+"""The Events a profile's status changes announce: on transitions only, so a resync never
+repeats them (a failure, a blocked Job, new artifacts and what their library skipped, Ready,
+a failed attempt, pods the webhook never saw), and the metrics counted with them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from tunefleet import kube, metrics, naming
+from tunefleet.conditions import BLOCKED, EventReason, Phase, Reason, Type, find
+from tunefleet.views import profile_ref
+
+log = logging.getLogger(__name__)
+
+
+def announce(
+    profile: dict[str, Any], before: dict[str, Any], after: dict[str, Any], unadmitted: list[str]
+) -> None:
+    """Events on transitions only, so a resync never repeats them."""
+    ref = profile_ref(profile)
+    meta = profile["metadata"]
+    was, now_ = find(before, Type.FAILED), find(after, Type.FAILED)
+    if now_.get("status") == "True" and (
+        was.get("status") != "True" or was.get("message") != now_.get("message")
+    ):
+        reason = now_.get("reason", Reason.TUNING_FAILED)
+        log.info(f"TuningProfile {meta['namespace']}/{meta['name']}: {reason}")
+        kube.post_event_soon(ref, "Warning", reason, now_["message"])
+    was_p, now_p = find(before, Type.PROGRESSING), find(after, Type.PROGRESSING)
+    blocked = now_p.get("status") == "True" and now_p.get("reason") in BLOCKED
+    if blocked and (was_p.get("reason"), was_p.get("message")) != (
+        now_p.get("reason"),
+        now_p.get("message"),
+    ):
+        kube.post_event_soon(ref, "Warning", now_p["reason"], now_p["message"])
+    _announce_artifacts(ref, before, after)
+    if after.get("phase") == Phase.READY and before.get("phase") not in (
+        Phase.READY,
+        Phase.DEGRADED,
+    ):
+        arts = ", ".join(
+            f"{a['gpuModel']}@{a['sha256'][:12]}" for a in after.get("artifacts") or []
+        )
+        kube.post_event_soon(ref, "Normal", EventReason.READY, f"Artifacts published: {arts}")
+    _announce_failed_attempts(ref, before, after)
+    _announce_unadmitted(ref, meta, before, after, unadmitted)
+
+
+def _announce_artifacts(ref: dict[str, Any], before: dict[str, Any], after: dict[str, Any]) -> None:
+    old_shas = {a.get("gpuModel"): a.get("sha256") for a in before.get("artifacts") or []}
+    for art in after.get("artifacts") or []:
+        if old_shas.get(art.get("gpuModel")) == art.get("sha256"):
+            continue
+        metrics.ARTIFACTS_PUBLISHED.inc()
+        if art.get("librarySkipped"):
+            kube.post_event_soon(
+                ref,
+                "Warning",
+                EventReason.LIBRARY_ENTRY_SKIPPED,
+                f"{art['gpuModel']}: {art['librarySkipped']} library entr(y/ies) failed "
+                f"verification and were not used: {art.get('librarySkippedReason', '')}",
+            )
+        if isinstance(art.get("tuningSeconds"), int | float):
+            metrics.TUNING_SECONDS.observe(float(art["tuningSeconds"]))
+
+
+def _announce_failed_attempts(
+    ref: dict[str, Any], before: dict[str, Any], after: dict[str, Any]
+) -> None:
+    """One Event per distinct cause of a failed attempt (the Job retries; status says so)."""
+    said = {j.get("name"): j.get("lastFailure") for j in before.get("jobs") or []}
+    for job in after.get("jobs") or []:
+        cause = job.get("lastFailure")
+        if cause and said.get(job.get("name")) != cause:
+            kube.post_event_soon(
+                ref,
+                "Warning",
+                Reason.ATTEMPT_FAILED,
+                f"{job['gpuModel']}: an attempt of Job {job['name']} failed ({cause}); "
+                f"{job.get('failedAttempts', 1)} so far, the Job retries",
+            )
+
+
+def _announce_unadmitted(
+    ref: dict[str, Any],
+    meta: dict[str, Any],
+    before: dict[str, Any],
+    after: dict[str, Any],
+    names: list[str],
+) -> None:
+    count, before_count = after.get("unadmittedPods") or 0, before.get("unadmittedPods") or 0
+    if count <= before_count:
+        return
+    shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
+    kube.post_event_soon(
+        ref,
+        "Warning",
+        EventReason.PODS_NOT_ADMITTED,
+        f"{count} pod(s) labelled {naming.PROFILE_LABEL}={meta['name']} were created while "
+        f"the tunefleet webhook was unreachable and run without the artifact: {shown}. "
+        f"List them: kubectl get pods -n {meta['namespace']} -l "
+        f"'{naming.PROFILE_LABEL}={meta['name']},!{naming.ADMISSION_LABEL}'; recreate them "
+        "(e.g. kubectl rollout restart) to get it.",
+    )
