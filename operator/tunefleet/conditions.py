@@ -59,7 +59,7 @@ class Reason(StrEnum):
     TEMPLATE_REFUSED = "TemplateRefused"
     PARALLELISM_TOO_HIGH = "ParallelismTooHigh"  # fewer nodes of a model than shares
     JOB_CREATE_FAILED = "JobCreateFailed"  # the API server refused a Job for now; retried
-    # Why a tuning pod cannot start (Progressing True, Ready False): observe.pod_blocker.
+    # Why a tuning pod cannot start (Progressing True, Ready False): diagnose.pod_blocker.
     UNSCHEDULABLE = "Unschedulable"
     IMAGE_PULL_FAILED = "ImagePullFailed"
     SECRET_MISSING = "SecretMissing"

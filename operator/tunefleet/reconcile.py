@@ -36,8 +36,9 @@ from tunefleet.capture import step as capture_step
 from tunefleet.conditions import EventReason, Reason, Type, find, truncate
 from tunefleet.config import Config
 from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.diagnose import Hints
 from tunefleet.memory import NODES_TTL, QUEUED_TTL, Memory, ProfileMemory
-from tunefleet.observe import Hints, JobObservation, observe, observe_wanting
+from tunefleet.observe import JobObservation, observe, observe_wanting
 from tunefleet.served import Untuned
 from tunefleet.status import Observed, compute_status, status_changed, with_degraded
 from tunefleet.storage.store import StoreError

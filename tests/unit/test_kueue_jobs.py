@@ -15,8 +15,9 @@ from tunefleet.api import TuningProfileSpec
 from tunefleet.builders.job import Child, build_merge_job, build_tuning_job, tuning_config
 from tunefleet.builders.kueue import QUEUE_LABEL
 from tunefleet.conditions import Reason, Type, find
+from tunefleet.diagnose import Hints
 from tunefleet.memory import Memory
-from tunefleet.observe import Gathered, Hints, observe, observe_job, observe_wanting
+from tunefleet.observe import Gathered, observe, observe_job, observe_wanting
 from tunefleet.reconcile import sync_profile
 from tunefleet.status import Observed, compute_status
 

@@ -551,7 +551,7 @@ def test_every_example_profile_is_valid_and_allowed() -> None:
 
 
 def test_a_taint_the_pod_does_not_tolerate_names_the_templates_tolerations() -> None:
-    from tunefleet.observe import Hints, explain_unschedulable
+    from tunefleet.diagnose import Hints, explain_unschedulable
     from tunefleet.reconcile import hints_for
 
     assert hints_for(spec(TEMPLATE), CFG).tolerations == ("dedicated",)
@@ -582,7 +582,8 @@ def gathered_and_observed(
 ) -> list[Any]:
     """observe as the reconcile does: what it wants beyond the cache is read (job_events, the
     gather step), then it observes again with that; nothing is read when nothing is wanted."""
-    from tunefleet.observe import Gathered, Hints, observe, observe_wanting
+    from tunefleet.diagnose import Hints
+    from tunefleet.observe import Gathered, observe, observe_wanting
 
     observations, wants = observe_wanting(jobs, [], Hints())
     if not wants:

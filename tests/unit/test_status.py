@@ -8,8 +8,9 @@ from typing import Any
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.contracts.artifact import ArtifactRecord
-from tunefleet.observe import Hints, observe_job, pull_secrets_missing
+from tunefleet.diagnose import Hints, pull_secrets_missing
 from tunefleet.observe import JobObservation as _Observation
+from tunefleet.observe import observe_job
 from tunefleet.status import Observed, compute_status, status_changed
 
 

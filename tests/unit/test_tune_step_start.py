@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from tunefleet import naming
-from tunefleet.observe import observe_job, pod_blocker
+from tunefleet.diagnose import pod_blocker
+from tunefleet.observe import observe_job
 from tunefleet.views import pod_view
 
 NOT_FOUND = (
