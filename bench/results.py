@@ -112,6 +112,21 @@ SIZE: dict[str, Any] = {
 }
 SIZED = ("scale", "scale_rest")  # groups holding one figure group per size
 
+# One webhook run's figures (bench_webhook): the same keys sequential and concurrent.
+WEBHOOK_RUN: dict[str, Any] = {
+    "pods": None,
+    "concurrency": None,
+    "injected": None,
+    "handler_p50_ms": None,
+    "handler_p99_ms": None,
+    "apiserver_p50_ms_estimate": None,
+    "apiserver_p50_bucket": None,
+    "apiserver_p99_ms_estimate": None,
+    "apiserver_p99_bucket": None,
+    "client_create_p50_ms": None,
+    "client_create_p99_ms": None,
+}
+
 GROUPS: dict[str, Any] = {
     "kill_storm": {
         "kills": None,
@@ -123,32 +138,8 @@ GROUPS: dict[str, Any] = {
         "provenance": None,
     },
     "webhook": {
-        "sequential": {
-            "pods": None,
-            "concurrency": None,
-            "injected": None,
-            "handler_p50_ms": None,
-            "handler_p99_ms": None,
-            "apiserver_p50_ms_estimate": None,
-            "apiserver_p50_bucket": None,
-            "apiserver_p99_ms_estimate": None,
-            "apiserver_p99_bucket": None,
-            "client_create_p50_ms": None,
-            "client_create_p99_ms": None,
-        },
-        "concurrent": {
-            "pods": None,
-            "concurrency": None,
-            "injected": None,
-            "handler_p50_ms": None,
-            "handler_p99_ms": None,
-            "apiserver_p50_ms_estimate": None,
-            "apiserver_p50_bucket": None,
-            "apiserver_p99_ms_estimate": None,
-            "apiserver_p99_bucket": None,
-            "client_create_p50_ms": None,
-            "client_create_p99_ms": None,
-        },
+        "sequential": WEBHOOK_RUN,
+        "concurrent": WEBHOOK_RUN,
         "provenance": None,
     },
     "webhook_cost_ratio": {
