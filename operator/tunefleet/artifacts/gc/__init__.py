@@ -66,7 +66,7 @@ from tuner_job.library import EntrySource, LibraryEntryError, make_entry, parse_
 from tuner_job.output import MANIFEST_NAME, RESULTS_NAME
 from tuner_job.results import ResultRow, ResultsFile, ResultsMerger, format_results
 
-from .library import (
+from ..library import (
     CHECKPOINTS_DIR,
     LIBRARY_DIR,
     MAX_ENTRY_BYTES,
