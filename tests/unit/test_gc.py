@@ -537,7 +537,7 @@ def test_a_cluster_scope_library_is_compacted_too(world: World) -> None:
 def test_a_big_library_compacts_into_entries_readers_take(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(gc, "CHUNK_BYTES", 2000)
+    monkeypatch.setattr(gc.compaction, "CHUNK_BYTES", 2000)
     inputs = [rows(i, n=40) for i in range(3)]
     for r in inputs:
         world.entry(r)
@@ -603,8 +603,8 @@ def test_the_whole_store_lists_with_an_empty_prefix(world: World) -> None:
 
 def cli(monkeypatch: pytest.MonkeyPatch, capsys: Any, *argv: str, profiles: Any = ()) -> Any:
     if profiles is not None:
-        monkeypatch.setattr(gc, "read_profiles", lambda *a: list(profiles))
-        monkeypatch.setattr(gc, "read_pinned", lambda *a: [])
+        monkeypatch.setattr(gc.cli, "read_profiles", lambda *a: list(profiles))
+        monkeypatch.setattr(gc.cli, "read_pinned", lambda *a: [])
     capsys.readouterr()  # what the test's own publishing printed
     code = gc.main(list(argv))
     out = capsys.readouterr()
@@ -694,7 +694,7 @@ def test_apply_refuses_a_store_no_profile_names(
         world.publish("llama", rows(i))
     listing = world.objects()
     elsewhere = profile(world, "x", s=spec("s3://other-bucket/prefix"))
-    monkeypatch.setattr(gc, "clock", lambda: NOW)
+    monkeypatch.setattr(gc.rules, "clock", lambda: NOW)
     code, _, err = cli(
         monkeypatch, capsys, "--uri", world.uri, "--apply", "--keep", "0", profiles=[elsewhere]
     )
@@ -715,7 +715,7 @@ def test_the_command_reports_a_dry_run_then_applies_it(
         world.publish("llama", rows(i))
     llama = profile(world, "llama", artifacts=[served], s=s)
     future = NOW + DAY
-    monkeypatch.setattr(gc, "clock", lambda: future)
+    monkeypatch.setattr(gc.rules, "clock", lambda: future)
     listing = world.objects()
     code, out, err = cli(monkeypatch, capsys, *where, "--keep", "1", profiles=[llama])
     print(out)
