@@ -12,13 +12,13 @@ from __future__ import annotations
 import datetime
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 
-from tunefleet import delivery, kube, metrics, naming, policy, views
+from tunefleet import decide, delivery, kube, metrics, naming, policy, views
 from tunefleet.announce import announce
 from tunefleet.api import TuningProfileSpec
 from tunefleet.artifacts.fetch import FetchError
@@ -135,21 +135,6 @@ def _too_few_nodes(spec: TuningProfileSpec, memory: Memory) -> dict[str, str]:
     return out
 
 
-def _present(jobs: Iterable[dict[str, Any]], role: str = "tune") -> set[tuple[str, str]]:
-    """(model, revision) of the profile's Jobs of one role; names of older versions count too."""
-    out = set()
-    for job in jobs:
-        meta = job.get("metadata") or {}
-        labels = meta.get("labels") or {}
-        if labels.get(naming.ROLE_LABEL, "tune") != role:
-            continue
-        model = (meta.get("annotations") or {}).get(naming.MODEL_ANNOTATION) or labels.get(
-            naming.MODEL_LABEL, ""
-        )
-        out.add((model, labels.get(naming.REVISION_LABEL, "")))
-    return out
-
-
 @dataclass
 class _Sync:
     """One reconcile of one profile: its parts, and what the steps found."""
@@ -231,11 +216,8 @@ def _create_missing(s: _Sync) -> None:
     nor an artifact of this revision already (a finished Job removed after its record was
     served is not made again: deleting a failed Job is how to retry)."""
     assert s.spec is not None
-    have = _present(s.jobs)
-    done = set(s.served)
-    for model in s.spec.gpu.models:
-        if (model, s.rev(model)) in have or model in s.too_few or model in done:
-            continue
+    todo = decide.models_to_tune(s.spec.gpu.models, s.rev, s.jobs, s.served, s.too_few)
+    for model in todo:
         child = s.child(model)
         try:
             # The ConfigMap first: the Job's pod mounts it.
@@ -273,13 +255,8 @@ def _create_missing(s: _Sync) -> None:
 
 def _merge_when_shares_are_in(s: _Sync, observations: list[JobObservation]) -> None:
     assert s.spec is not None
-    merged = _present(s.jobs, role="merge")
-    for obs in observations:
-        rev = s.rev(obs.model)
-        shares_done = obs.role == "tune" and obs.shards > 1 and obs.state == "Succeeded"
-        if shares_done and obs.revision == rev and (obs.model, rev) not in merged:
-            # Every share is in: one Job merges them into the artifact.
-            kube.create_owned(build_merge_job(s.child(obs.model)))
+    for model in decide.merges_due(observations, s.rev, s.jobs):
+        kube.create_owned(build_merge_job(s.child(model)))
 
 
 def _stop_superseded(s: _Sync) -> None:
@@ -288,14 +265,9 @@ def _stop_superseded(s: _Sync) -> None:
     ones, with their ConfigMaps and pods. Their artifacts stay in status.history."""
     assert s.spec is not None
     uid, ns = s.meta["uid"], s.meta["namespace"]
-    for job in s.jobs:
+    for job in decide.superseded(s.jobs, s.rev):
         meta = job["metadata"]
-        model = (meta.get("annotations") or {}).get(naming.MODEL_ANNOTATION) or meta["labels"].get(
-            naming.MODEL_LABEL, ""
-        )
-        rev = s.rev(model)
-        if meta.get("deletionTimestamp") or meta["labels"].get(naming.REVISION_LABEL) == rev:
-            continue
+        rev = s.rev(decide.model_of(job))
         name = meta["name"]
         kube.delete_owned("Job", ns, name, meta["uid"])
         config_map = kube.read("ConfigMap", ns, name)
@@ -317,22 +289,14 @@ def _follow_queue(s: _Sync) -> None:
     outside Kueue (a suspended Job nobody admits would wait forever; tunefleet never resumes
     one). A running Job keeps its queue, and its name never changes."""
     assert s.spec is not None
-    want, ns, uid = s.spec.tuning.queue_name, s.meta["namespace"], s.meta["uid"]
-    rev = naming.revision(s.spec)
-    for job in s.jobs:
-        meta = job["metadata"]
-        labels = meta.get("labels") or {}
-        have = labels.get(QUEUE_LABEL)
-        suspended = bool((job.get("spec") or {}).get("suspend"))
-        if meta.get("deletionTimestamp") or labels.get(naming.REVISION_LABEL) != rev:
-            continue
-        if not suspended or (job.get("status") or {}).get("startTime") or have == want:
-            continue
-        if want and have:
-            patch = {"metadata": {"labels": {QUEUE_LABEL: want}}}
+    ns, uid = s.meta["namespace"], s.meta["uid"]
+    for move in decide.queue_moves(s.jobs, s.spec.tuning.queue_name, naming.revision(s.spec)):
+        meta = move.job["metadata"]
+        if move.action == "relabel":
+            patch = {"metadata": {"labels": {QUEUE_LABEL: move.queue}}}
             if kube.patch_owned("Job", ns, meta["name"], uid, patch):
-                log.info(f"Job {ns}/{meta['name']}: moved to Kueue LocalQueue {want}")
-        elif not want and have:
+                log.info(f"Job {ns}/{meta['name']}: moved to Kueue LocalQueue {move.queue}")
+        else:
             kube.delete_owned("Job", ns, meta["name"], meta["uid"])
             log.info(f"Job {ns}/{meta['name']}: no queue any more; made again outside Kueue")
 
