@@ -29,6 +29,7 @@ from tunefleet.contracts.admission import Admission
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import StoreError, StoreOptions
+from tunefleet.views import ProfileRef
 from tuner_job.output import MANIFEST_NAME
 
 log = logging.getLogger(__name__)
@@ -123,10 +124,8 @@ def content_problem(
 
 def deliver(
     record: ArtifactRecord,
+    owner: ProfileRef,
     *,
-    namespace: str,
-    profile: str,
-    uid: str,
     endpoint: str,
     region: str,
     config: Config,
@@ -138,9 +137,9 @@ def deliver(
         raise FetchError("a pvc:// artifact is read from the claim by the fetch init container")
     got = _download(record, endpoint, region, config, vendor)
     cm = build_artifact_config_map(
-        namespace=namespace,
-        profile=profile,
-        uid=uid,
+        namespace=owner.namespace,
+        profile=owner.name,
+        uid=owner.uid,
         gpu_model=record.gpu_model,
         sha256=record.sha256,
         manifest_sha256=record.manifest_sha256,
@@ -149,7 +148,7 @@ def deliver(
     )
     if cm is None:
         raise FetchError(f"{len(got.results)} bytes do not fit a ConfigMap, even gzipped")
-    return _place(cm, record, namespace, uid)
+    return _place(cm, record, owner.namespace, owner.uid)
 
 
 def _download(
@@ -266,10 +265,11 @@ def holds_what_it_claims(config_map: dict[str, Any], profile_uid: str) -> bool:
     return bool(sha) and not content_problem(config_map, sha, manifest, profile_uid)
 
 
-def retire(namespace: str, profile: str, profile_uid: str, status: dict[str, Any]) -> list[str]:
+def retire(owner: ProfileRef, status: dict[str, Any]) -> list[str]:
     """Delete the profile's artifact ConfigMaps nothing uses any more (see retirable); returns
     the names of those still mounted by a pod (to check again later). Pods are listed only
     when there is a candidate."""
+    namespace, profile, profile_uid = owner
     selector = f"{naming.PROFILE_UID_LABEL}={profile_uid},{naming.ROLE_LABEL}=artifact"
     config_maps = list(kube.list_all("configmaps", selector, namespace))
     candidates = retirable(config_maps, profile_uid, status, ())

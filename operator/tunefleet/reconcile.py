@@ -42,7 +42,7 @@ from tunefleet.observe import JobObservation, observe, observe_wanting
 from tunefleet.served import Untuned
 from tunefleet.status import Observed, compute_status, status_changed, with_degraded
 from tunefleet.storage.store import StoreError
-from tunefleet.views import profile_ref
+from tunefleet.views import ProfileRef, profile_ref
 
 log = logging.getLogger(__name__)
 # A delivered artifact whose ConfigMap was deleted or replaced and could not be made again
@@ -355,9 +355,7 @@ def _deliver(s: _Sync, status: dict[str, Any]) -> None:
         try:
             got = delivery.deliver(
                 record,
-                namespace=s.meta["namespace"],
-                profile=s.meta["name"],
-                uid=s.meta["uid"],
+                ProfileRef.of(s.profile),
                 endpoint=endpoint,
                 region=storage.region or "",
                 config=s.config,
@@ -431,7 +429,7 @@ def _retire_config_maps(s: _Sync, previous: dict[str, Any], status: dict[str, An
     mem.retired_at = now_
     meta = s.meta
     try:
-        mem.retiring = set(delivery.retire(meta["namespace"], meta["name"], meta["uid"], status))
+        mem.retiring = set(delivery.retire(ProfileRef.of(s.profile), status))
     except kube.Temporary as e:
         mem.retiring = (mem.retiring or set()) | dropped | {""}  # checked again later
         log.info(f"TuningProfile {meta['namespace']}/{meta['name']}: retiring ConfigMaps: {e}")

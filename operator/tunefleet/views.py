@@ -12,7 +12,7 @@ server accepted in the same namespace is what garbage collection, and tunefleet,
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from tunefleet import naming
 from tunefleet.builders.kueue import QUEUE_LABEL
@@ -75,6 +75,22 @@ def profile_view(body: Mapping[str, Any]) -> dict[str, Any]:
         "spec": dict(body.get("spec") or {}),
         "status": dict(body.get("status") or {}),
     }
+
+
+class ProfileRef(NamedTuple):
+    """Which profile: what its children are owned by and labelled with (the uid tells a
+    profile from a later one of the same name)."""
+
+    namespace: str
+    name: str
+    uid: str
+
+    @classmethod
+    def of(cls, view: Mapping[str, Any]) -> ProfileRef:
+        meta = view.get("metadata") or {}
+        return cls(
+            str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta.get("uid", ""))
+        )
 
 
 def profile_ref(view: Mapping[str, Any]) -> dict[str, Any]:
