@@ -245,7 +245,17 @@ class Pod:
         if self.sync.poll() is None:
             self.sync.send_signal(sig)
         try:
-            return self.sync.wait(timeout=60)
+            # It ends within a second or two here; one CI run (2 cores, the cluster up beside
+            # the suite) saw it pass 60 s once. Wait longer, and fail with its log, not a bare
+            # timeout, so a real hang says where it was.
+            return self.sync.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.sync.kill()
+            self.sync.wait()
+            raise AssertionError(
+                f"the sync sidecar did not end within 120 s of {signal.Signals(sig).name}; "
+                f"its log:\n{self.sync_log()[-4000:]}"
+            ) from None
         finally:
             self.sync = None
 
