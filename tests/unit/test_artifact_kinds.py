@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.support.artifacts import tuner_output
+from tests.support.manifests import manifest
 from tunefleet import delivery
 from tunefleet.artifacts import fetch, fit, kinds, merge, publish
 from tunefleet.artifacts.kinds import tunableop
@@ -31,7 +32,6 @@ from tuner_job.manifest import (
     ResumeInfo,
     loads,
 )
-from tuner_job.results import Outcomes
 
 MODEL = "AMD_Instinct_MI300X_OAM"  # tuner_output's
 TODAYS_ENV = {
@@ -77,34 +77,23 @@ def stored(tmp_path: Path, **manifest_over: Any) -> tuple[str, str]:
 
 
 def full_manifest(**over: Any) -> Manifest:
+    """Every field a manifest can carry, image and extra included."""
+    extra = ManifestExtra(
+        reused=4,
+        resumed=1,
+        newly_tuned=7,
+        library_key="ef" * 32,
+        shards=2,
+        library=LibraryInfo(3, (("obj", "why"),), 1),
+        resume=ResumeInfo("none"),
+        wall_seconds=900.0,
+    )
     fields: dict[str, Any] = {
-        "namespace": "ml",
-        "profile": "llama",
-        "revision": "3f2a9c01de",
         "gpu_model": MODEL,
-        "results_sha256": "ab" * 32,
-        "gemms": 12,
-        "recorded": 14,
-        "validators": {"PT_VERSION": "2.11.0", "GCN_ARCH_NAME": "gfx942:sramecc+:xnack-"},
-        "identity": {"gpuName": "AMD Instinct MI300X", "arch": "gfx942", "gpuCount": "8"},
-        "tuning_seconds": 812.5,
-        "tuned_at": "2026-11-29T20:00:00Z",
-        "tool_version": "0.1.0",
-        "outcomes": Outcomes(tuned=9, default=3),
         "image": ImageRef("serve:1", "sha256:" + "cd" * 32),
-        "extra": ManifestExtra(
-            reused=4,
-            resumed=1,
-            newly_tuned=7,
-            library_key="ef" * 32,
-            shards=2,
-            library=LibraryInfo(3, (("obj", "why"),), 1),
-            resume=ResumeInfo("none"),
-            wall_seconds=900.0,
-        ),
+        "extra": extra,
     }
-    fields.update(over)
-    return Manifest(**fields)
+    return manifest(**{**fields, **over})
 
 
 # --- the table --------------------------------------------------------------------------------

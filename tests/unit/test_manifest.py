@@ -7,28 +7,9 @@ from typing import Any
 
 import pytest
 
-from tuner_job.manifest import SCHEMA, Manifest, ManifestError, from_dict, loads, rfc3339_utc
+from tests.support.manifests import manifest
+from tuner_job.manifest import SCHEMA, ManifestError, from_dict, loads, rfc3339_utc
 from tuner_job.results import Outcomes
-
-
-def manifest(**over: Any) -> Manifest:
-    fields: dict[str, Any] = {
-        "namespace": "ml",
-        "profile": "llama",
-        "revision": "3f2a9c01de",
-        "gpu_model": "AMD_Instinct_MI300X_OAM",
-        "results_sha256": "ab" * 32,
-        "gemms": 12,
-        "recorded": 14,
-        "validators": {"PT_VERSION": "2.11.0", "GCN_ARCH_NAME": "gfx942:sramecc+:xnack-"},
-        "identity": {"gpuName": "AMD Instinct MI300X", "arch": "gfx942", "gpuCount": "8"},
-        "tuning_seconds": 812.5,
-        "tuned_at": "2026-11-29T20:00:00Z",
-        "tool_version": "0.1.0",
-        "outcomes": Outcomes(tuned=9, default=3),
-    }
-    fields.update(over)
-    return Manifest(**fields)
 
 
 def test_round_trip_keeps_every_field_under_the_contract_names() -> None:
