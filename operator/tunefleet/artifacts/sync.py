@@ -22,7 +22,6 @@ import argparse
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -88,6 +87,30 @@ def _log(message: str) -> None:
     print(f"{PROG}: {message}", file=sys.stderr, flush=True)
 
 
+class Stop:
+    """Set from a signal handler, read by the loop: a plain attribute, no lock. A
+    threading.Event will not do: its set() takes the lock that the main thread holds for a
+    moment inside every wait(), and a SIGTERM landing in that moment ran the handler on the
+    main thread, which then waited on its own lock forever (seen in CI: the sidecar hung
+    after "SIGTERM", its final upload never made, until the kubelet's SIGKILL)."""
+
+    def __init__(self) -> None:
+        self.why = ""  # what stopped it (a signal's name); "" while running
+
+    def set(self, why: str = "stopped") -> None:
+        self.why = why
+
+    def is_set(self) -> bool:
+        return bool(self.why)
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep up to `timeout` unless stopped; whether stopped. A signal ends no sleep early
+        (PEP 475): the loop notices within one poll."""
+        if not self.why:
+            time.sleep(timeout)
+        return self.is_set()
+
+
 @dataclass(frozen=True)
 class Settings:
     exchange: Path
@@ -131,7 +154,7 @@ class Sync:
         self.uploads = 0
         self.library_done = False
         self.tune_done_stamp: int | None = None
-        self.stopping = threading.Event()
+        self.stopping = Stop()
 
     # --- the store ---------------------------------------------------------------------------
 
@@ -407,6 +430,7 @@ class Sync:
         while not self.stopping.is_set():
             self.step()
             self.stopping.wait(self.s.poll_s)
+        self.log(f"{self.stopping.why}: final upload, then exit")
         self.final()
         self.log(f"stopped after {self.uploads} checkpoint upload(s)")
         return 0
@@ -468,7 +492,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     )
 
 
-def _unusable(raw: Sequence[str], reason: str, stop: threading.Event) -> int:
+def _unusable(raw: Sequence[str], reason: str, stop: Stop) -> int:
     """Tell the tuner (if the exchange directory is known) not to wait, then idle."""
     _log(f"error: {reason}; the tuner proceeds without checkpoint or library")
     if "--exchange" in raw[:-1]:
@@ -484,11 +508,11 @@ def _unusable(raw: Sequence[str], reason: str, stop: threading.Event) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
-    stop = threading.Event()
+    stop = Stop()
 
     def on_signal(signum: int, _frame: object) -> None:
-        _log(f"{signal.Signals(signum).name}: final upload, then exit")
-        stop.set()
+        # Nothing here may take a lock (stderr's included): the main thread may hold it.
+        stop.set(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
