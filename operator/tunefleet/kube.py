@@ -26,17 +26,12 @@ from kubernetes.client.exceptions import ApiException
 
 from tunefleet import GROUP, PLURAL, VERSION, metrics
 from tunefleet.runtime.client import (
-    DEFAULT_POOL_SIZE,
     LIST_PAGE,
     LIST_TIMEOUT,
     META_LIST,
     META_WATCH,
-    MIN_WRITE_SECONDS,
     REQUEST_TIMEOUT,
-    UNACKED_ABORT_S,
-    WATCH_READ_TIMEOUT,
     Conflict,
-    Expired,
     Gone,
     NotLeading,
     NotOurs,
@@ -48,7 +43,6 @@ from tunefleet.runtime.client import (
     api_message,
     call,
     login,
-    parse_lines,
     release,
     reraise,
     set_fence,
@@ -56,11 +50,12 @@ from tunefleet.runtime.client import (
     write_timeout,
 )
 
+# What the domain reaches through kube (the rest of runtime/client.py is imported from there:
+# a constant re-exported here would be a copy, and patching the copy would change nothing).
 __all__ = [
-    "DEFAULT_POOL_SIZE", "LIST_PAGE", "LIST_TIMEOUT", "MIN_WRITE_SECONDS", "REQUEST_TIMEOUT",
-    "UNACKED_ABORT_S", "WATCH_READ_TIMEOUT", "Conflict", "Expired", "Gone", "NotLeading",
-    "NotOurs", "Permanent", "Temporary", "WatchApi", "api", "api_message", "call", "login",
-    "parse_lines", "release", "reraise", "set_fence", "translate", "write_timeout",
+    "LIST_PAGE", "LIST_TIMEOUT", "REQUEST_TIMEOUT", "Conflict", "Gone", "NotLeading", "NotOurs",
+    "Permanent", "Temporary", "WatchApi", "api", "api_message", "call", "login", "release",
+    "reraise", "set_fence", "translate", "write_timeout",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
