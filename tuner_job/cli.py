@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
+from . import caches as cc
 from . import exchange as ex
 from .config import ConfigError, TuningConfig
 from .config import load as load_config
@@ -24,8 +26,8 @@ from .gpu import EXIT_USAGE, TunerError
 from .library import Settings, keys_of, library_key, partition, rows_for
 from .machine import Machine, probe, probe_main
 from .manifest import ManifestExtra
-from .output import MANIFEST_NAME, RESULTS_NAME, write_output
-from .record import collect_untuned, record_workload
+from .output import MANIFEST_NAME, RESULTS_NAME, write_caches_output, write_output
+from .record import collect_untuned, record_workload, run_workload
 from .results import (
     CsvFormatError,
     ResultsFile,
@@ -114,7 +116,7 @@ def _load(args: argparse.Namespace, *, optional: bool = False) -> TuningConfig:
 
 
 def _record(
-    cfg: TuningConfig, work: Path, deadline: float
+    cfg: TuningConfig, work: Path, deadline: float, cache_env: Mapping[str, str] | None = None
 ) -> tuple[list[UntunedRow], Path, Machine]:
     """Record into a new directory under ``work``: torch appends to an untuned file that is
     already there, so a reused directory would bring back the GEMMs of an earlier run.
@@ -134,7 +136,9 @@ def _record(
         raise
     _log(f"recording into {record_dir}")
     if cfg.command:
-        record_workload(cfg.workload_argv, record_dir, deadline - time.monotonic())
+        record_workload(
+            cfg.workload_argv, record_dir, deadline - time.monotonic(), extra_env=cache_env
+        )
     found = collect_untuned(record_dir)
     for path, f in found:
         _log(f"{path.name}: {len(f.rows)} GEMM(s)")
@@ -243,7 +247,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         ex.begin(exchange)
     ok, newly = False, 0
     try:
-        newly = _run(args, cfg, shard, exchange)
+        if cfg.tunableop:
+            newly = _run(args, cfg, shard, exchange)
+        else:
+            _run_caches(args, cfg)
         ok = True
     finally:
         # Success or failure, the sidecar makes its final checkpoint upload when it sees this.
@@ -285,8 +292,14 @@ def _run(args: argparse.Namespace, cfg: TuningConfig, shard: int, exchange: Path
     deadline = started + cfg.limits.budget_seconds
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="tunefleet-work-"))
     outcome: TuneOutcome | None = None
+    out = Path(args.out)
     try:
-        unique, _, machine = _record(cfg, work, deadline)
+        try:
+            cache_env = cc.prepare(cfg.caches, work / "caches") if cfg.caches else {}
+        except cc.CacheError as exc:
+            raise TunerError(str(exc)) from None
+        unique, _, machine = _record(cfg, work, deadline, cache_env)
+        packed = _pack(cfg, work / "caches", out)
         identity, validators = machine.identity, machine.validators
         settings = settings_of(cfg.limits, machine.applied)
         prior = ex.Prior()
@@ -301,7 +314,6 @@ def _run(args: argparse.Namespace, cfg: TuningConfig, shard: int, exchange: Path
         if not args.work:  # a scratch directory of our own; --work is kept for inspection
             shutil.rmtree(work, ignore_errors=True)
     results, newly = _combine(plan, outcome, validators)
-    out = Path(args.out)
     manifest = write_output(
         out,
         results,
@@ -324,6 +336,7 @@ def _run(args: argparse.Namespace, cfg: TuningConfig, shard: int, exchange: Path
             wall_seconds=time.monotonic() - started,
             settings=settings.to_dict(),
         ),
+        caches=packed,
     )
     if outcome is not None:
         _report_timing(outcome)
@@ -336,6 +349,92 @@ def _run(args: argparse.Namespace, cfg: TuningConfig, shard: int, exchange: Path
         f"and {out / MANIFEST_NAME}"
     )
     return newly
+
+
+def _pack(cfg: TuningConfig, root: Path, out: Path) -> tuple[list[cc.Packed], list[cc.Skipped]]:
+    """Each cache the workload filled, packed into the output; one that came out empty or
+    failed is said (and listed in the manifest), never fatal: the others still serve."""
+    packed: list[cc.Packed] = []
+    skipped: list[cc.Skipped] = []
+    for spec in cfg.caches:
+        got = cc.pack(spec, root, out)
+        if isinstance(got, cc.Skipped):
+            _log(f"warning: cache {spec.name} ({spec.kind}) not served: {got.reason}")
+            skipped.append(got)
+        else:
+            _log(
+                f"cache {spec.name} ({spec.kind}): {got.files} file(s), {got.bytes} bytes, "
+                f"packed to {got.size} bytes, sha256 {got.sha256}"
+            )
+            packed.append(got)
+    return packed, skipped
+
+
+_TORCH_PROBE = (
+    "import json, torch\n"
+    "d = {'torch': str(torch.__version__)}\n"
+    "cuda = getattr(torch.version, 'cuda', None); hip = getattr(torch.version, 'hip', None)\n"
+    "d.update({'cuda': str(cuda)} if cuda else {})\n"
+    "d.update({'hip': str(hip)} if hip else {})\n"
+    "print(json.dumps(d))\n"
+)
+
+
+def _torch_identity() -> dict[str, str]:
+    """torch's version (and CUDA or HIP build) in this image, from a child that imports it
+    (this process never does); empty, with a warning, where python3 has no torch."""
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _TORCH_PROBE], capture_output=True, text=True, timeout=300
+        )
+        doc = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        doc = None
+    if not isinstance(doc, dict):
+        _log("warning: could not import torch to record its version: the manifest has none")
+        return {}
+    return {str(k): str(v) for k, v in doc.items()}
+
+
+def _run_caches(args: argparse.Namespace, cfg: TuningConfig) -> None:
+    """Caches without TunableOp results: run the workload once with every cache pointed at an
+    empty directory, pack what it wrote, publish the index. No GPU search runs: what the
+    workload computes at start is the artifact."""
+    started = time.monotonic()
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="tunefleet-work-"))
+    out = Path(args.out)
+    try:
+        env = cc.prepare(cfg.caches, work / "caches")
+        _log(f"running the workload to fill {', '.join(s.name for s in cfg.caches)}")
+        run_workload(cfg.workload_argv, env, cfg.limits.budget_seconds)
+        ran = time.monotonic() - started
+        packed, skipped = _pack(cfg, work / "caches", out)
+    except cc.CacheError as exc:
+        raise TunerError(str(exc)) from None
+    finally:
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+    if not packed:
+        raise TunerError(
+            "no cache to publish: " + "; ".join(f"{s.name}: {s.reason}" for s in skipped)
+        )
+    manifest = write_caches_output(
+        out,
+        packed,
+        skipped,
+        namespace=cfg.namespace,
+        profile=cfg.profile,
+        revision=cfg.revision,
+        gpu_model=cfg.gpu_model,
+        identity=_torch_identity(),
+        seconds=ran,
+        extra=ManifestExtra(wall_seconds=time.monotonic() - started),
+    )
+    print(
+        f"{PROG}: packed {len(packed)} cache(s) ({', '.join(p.name for p in packed)}), "
+        f"{len(skipped)} skipped; wrote {out / cc.INDEX_NAME} (sha256 "
+        f"{manifest.results_sha256}) and {out / MANIFEST_NAME}"
+    )
 
 
 def _gather(

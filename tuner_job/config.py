@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .caches import CacheError, CacheSpec
+from .caches import from_config as caches_from_config
+
 ENV_VAR = "TUNEFLEET_TUNING_CONFIG"
 # An Indexed Job gives each pod its index here; the pod tunes that share of the GEMMs.
 SHARD_ENV = "JOB_COMPLETION_INDEX"
@@ -103,6 +106,10 @@ class TuningConfig:
     # nothing reused, no progress written).
     exchange_dir: str = ""
     exchange_wait_s: float = DEFAULT_EXCHANGE_WAIT_S
+    # What the run produces (the profile's spec.artifacts): TunableOp results unless told
+    # not, and the caches its workload fills (tuner_job/caches.py).
+    tunableop: bool = True
+    caches: tuple[CacheSpec, ...] = ()
 
     @property
     def workload_argv(self) -> list[str]:
@@ -137,6 +144,11 @@ class TuningConfig:
     def require_workload(self) -> None:
         if not self.command and not self.shapes:
             raise ConfigError("tuning config has neither workload.command nor workload.shapes")
+        if not self.tunableop and not self.command:
+            raise ConfigError(
+                "caches are filled by the workload: artifacts without tunableop need "
+                "workload.command"
+            )
 
 
 def _get(doc: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -298,7 +310,10 @@ def from_dict(doc: Any) -> TuningConfig:
     args = _str_list(workload, "args", "workload")
     if args and not command:
         raise ConfigError("workload.args given without workload.command")
+    tunableop, caches = _artifacts(_get(doc, "artifacts", dict, "config"))
     return TuningConfig(
+        tunableop=tunableop,
+        caches=caches,
         namespace=_get(doc, "namespace", str, "config") or "",
         profile=_get(doc, "profile", str, "config") or "",
         gpu_model=_get(doc, "gpuModel", str, "config") or "",
@@ -313,6 +328,22 @@ def from_dict(doc: Any) -> TuningConfig:
         exchange_dir=exchange_dir,
         exchange_wait_s=float(wait) if wait is not None else DEFAULT_EXCHANGE_WAIT_S,
     )
+
+
+def _artifacts(doc: dict[str, Any] | None) -> tuple[bool, tuple[CacheSpec, ...]]:
+    """(TunableOp results wanted, caches): absent, TunableOp results alone (every config
+    before caches)."""
+    if doc is None:
+        return True, ()
+    tunableop = _get(doc, "tunableop", bool, "artifacts")
+    try:
+        caches = caches_from_config(doc.get("caches"))
+    except CacheError as exc:
+        raise ConfigError(str(exc)) from None
+    wanted = True if tunableop is None else bool(tunableop)
+    if not wanted and not caches:
+        raise ConfigError("artifacts: neither tunableop nor any cache: nothing to produce")
+    return wanted, caches
 
 
 def load(path: str | None) -> TuningConfig:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from .caches import CacheError, Packed, Skipped, manifest_entries
 from .library import Settings
 from .results import Outcomes
 
@@ -150,6 +151,10 @@ class Manifest:
     image: ImageRef | None = None
     extra: ManifestExtra = ManifestExtra()
     kind: str = DEFAULT_KIND
+    # Cache bundles packed beside the payload (tuner_job/caches.py), and those that came out
+    # empty or failed, with why; both absent from manifests without caches.
+    caches: tuple[Packed, ...] = ()
+    caches_skipped: tuple[Skipped, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"schema": SCHEMA}
@@ -174,6 +179,10 @@ class Manifest:
         if self.image is not None:
             doc["image"] = self.image.to_dict()
         doc.update(self.extra.to_dict())
+        if self.caches:
+            doc["caches"] = [c.to_dict() for c in self.caches]
+        if self.caches_skipped:
+            doc["cachesSkipped"] = [c.to_dict() for c in self.caches_skipped]
         return doc
 
     def to_json(self) -> bytes:
@@ -350,8 +359,14 @@ def from_dict(doc: Any) -> Manifest:
     gemms = _int(doc, "gemms")
     recorded = _int(doc, "recorded")
     validators = _str_map(doc, "validators")
-    if "PT_VERSION" not in validators:
+    kind = _str(doc, "kind") if "kind" in doc else DEFAULT_KIND
+    # TunableOp loads no file without PT_VERSION; a caches-only artifact has no validators.
+    if kind == DEFAULT_KIND and "PT_VERSION" not in validators:
         raise ManifestError("manifest validators lack PT_VERSION")
+    try:
+        caches, skipped = manifest_entries(doc)
+    except CacheError as exc:
+        raise ManifestError(str(exc)) from None
     return Manifest(
         namespace=_str(doc, "namespace"),
         profile=_str(doc, "profile"),
@@ -368,7 +383,9 @@ def from_dict(doc: Any) -> Manifest:
         outcomes=_outcomes(doc, gemms),
         image=_image(doc),
         extra=_extra(doc),
-        kind=_str(doc, "kind") if "kind" in doc else DEFAULT_KIND,
+        kind=kind,
+        caches=tuple(caches),
+        caches_skipped=tuple(skipped),
     )
 
 

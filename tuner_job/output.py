@@ -11,6 +11,7 @@ import dataclasses
 from pathlib import Path
 
 from . import __version__
+from .caches import INDEX_KIND, INDEX_NAME, Packed, Skipped, index_bytes
 from .files import atomic_write_bytes, sha256_hex
 from .manifest import Manifest, ManifestExtra, rfc3339_utc
 from .results import ResultsFile, count_outcomes, format_results
@@ -69,8 +70,10 @@ def write_output(
     tuning_seconds: float,
     tool_version: str = __version__,
     extra: ManifestExtra | None = None,
+    caches: tuple[list[Packed], list[Skipped]] = ([], []),
 ) -> Manifest:
-    """Write results.csv and then its manifest (see build_output); returns the manifest."""
+    """Write results.csv and then its manifest (see build_output), listing the caches packed
+    beside it; returns the manifest."""
     data, manifest = build_output(
         results,
         namespace=namespace,
@@ -83,9 +86,53 @@ def write_output(
         tool_version=tool_version,
         extra=extra,
     )
+    if caches[0] or caches[1]:
+        packed = tuple(sorted(caches[0], key=lambda p: p.name))
+        manifest = dataclasses.replace(manifest, caches=packed, caches_skipped=tuple(caches[1]))
     out.mkdir(parents=True, exist_ok=True)
     # results first: a manifest on disk always describes a complete results file.
     atomic_write_bytes(out / RESULTS_NAME, data)
+    atomic_write_bytes(out / MANIFEST_NAME, manifest.to_json())
+    return manifest
+
+
+def write_caches_output(
+    out: Path,
+    packed: list[Packed],
+    skipped: list[Skipped],
+    *,
+    namespace: str,
+    profile: str,
+    revision: str,
+    gpu_model: str,
+    identity: dict[str, str],
+    seconds: float,
+    tool_version: str = __version__,
+    extra: ManifestExtra | None = None,
+) -> Manifest:
+    """A caches-only artifact (no TunableOp results): the index (caches.json) as its payload,
+    then the manifest. The archives are in `out` already (caches.pack wrote them)."""
+    data = index_bytes(packed)
+    manifest = Manifest(
+        namespace=namespace,
+        profile=profile,
+        revision=revision,
+        gpu_model=gpu_model,
+        results_sha256=sha256_hex(data),
+        gemms=0,
+        recorded=0,
+        validators={},
+        identity=identity,
+        tuning_seconds=round(seconds, 3),
+        tuned_at=rfc3339_utc(),
+        tool_version=tool_version,
+        extra=_rounded(extra or ManifestExtra()),
+        kind=INDEX_KIND,
+        caches=tuple(sorted(packed, key=lambda p: p.name)),
+        caches_skipped=tuple(skipped),
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out / INDEX_NAME, data)
     atomic_write_bytes(out / MANIFEST_NAME, manifest.to_json())
     return manifest
 

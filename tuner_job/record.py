@@ -12,7 +12,7 @@ import re
 import shlex
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,16 +53,29 @@ def record_env(record_dir: Path, basename: str) -> dict[str, str]:
 
 
 def record_workload(
-    argv: Sequence[str], record_dir: Path, timeout_s: float, log: Log = _log
+    argv: Sequence[str],
+    record_dir: Path,
+    timeout_s: float,
+    log: Log = _log,
+    extra_env: Mapping[str, str] | None = None,
 ) -> None:
-    """Run the user's command (with the container's env) under TunableOp record mode."""
-    env = dict(os.environ)
-    env.update(record_env(record_dir, WORKLOAD_BASENAME))
+    """Run the user's command (with the container's env) under TunableOp record mode;
+    extra_env: the caches' locations (tuner_job/caches.py)."""
+    env = {**record_env(record_dir, WORKLOAD_BASENAME), **(extra_env or {})}
     log(f"recording: {shlex.join(argv)}")
+    run_workload(argv, env, timeout_s, log)
+
+
+def run_workload(
+    argv: Sequence[str], env: Mapping[str, str], timeout_s: float, log: Log = _log
+) -> None:
+    """Run the user's command with the container's environment plus `env`, within the budget;
+    TunerError if it fails or outlives it."""
+    full = {**os.environ, **env}
     try:
         # Its own session, so a timeout can stop every process the workload started; its
         # stdout goes to our stderr so our stdout stays one summary line.
-        proc = subprocess.Popen(list(argv), env=env, start_new_session=True, stdout=sys.stderr)
+        proc = subprocess.Popen(list(argv), env=full, start_new_session=True, stdout=sys.stderr)
     except OSError as exc:
         raise TunerError(f"cannot start workload command {argv[0]!r}: {exc.strerror}") from None
     try:

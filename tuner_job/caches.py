@@ -1,0 +1,470 @@
+"""Cache bundles: what a serving stack computes at start and keeps in a directory it names by
+an environment variable (Inductor's and Triton's caches, vLLM's compile cache, an autotuner's
+file), produced once by the tuning Job's workload run and packed for every model pod (stdlib
+only: this runs in the user's image, Python 3.10+).
+
+The contract of a cache between the tuner, publish, fetch and the operator is here: the kinds
+and the variables each one points at a directory (``KINDS``), the payload's name, the
+deterministic packing (the same files give the same SHA-256: sorted entries, fixed times,
+owners and modes, gzip without a timestamp) and the checks an archive passes before anything
+is unpacked (regular files and directories only, relative paths inside the root, bounded
+sizes). docs/bundles.md says where each stack documents its variable.
+
+Validity is the stack's own business: Inductor, Triton and vLLM key every entry by what it
+depends on (torch and Triton versions, the device, the graph, vLLM's config hash), so an entry
+made for something else is a miss, never a wrong kernel. What tunefleet pins is the identity
+of the run that produced the bundle: the image digest, the GPU model, the torch version.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import re
+import stat
+import tarfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from .files import sha256_hex
+
+# kind -> (variable, directory under the cache's root) for each variable the kind sets. The
+# generic kind ("cache") has none of its own: the profile names its variable.
+TORCH_COMPILE = "torchCompile"
+VLLM = "vllm"
+GENERIC = "cache"
+KINDS: dict[str, tuple[tuple[str, str], ...]] = {
+    # Inductor keeps FX graphs, AOTAutograd entries and autotune results under its cache dir;
+    # Triton its compiled kernels under its own (torch/_inductor/runtime/cache_dir_utils.py).
+    TORCH_COMPILE: (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")),
+    # vllm/envs.py: VLLM_CACHE_ROOT holds torch_compile_cache/<hash>/rank_i_j and
+    # torch_aot_compile/.
+    VLLM: (("VLLM_CACHE_ROOT", "vllm"),),
+}
+ALL_KINDS = (*KINDS, GENERIC)
+PAYLOAD_PREFIX = "cache-"
+PAYLOAD_SUFFIX = ".tar.gz"
+CONTENT_TYPE = "application/gzip"
+DEFAULT_MAX_BYTES = 2 << 30  # unpacked, per cache
+MAX_FILES = 200_000
+_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
+_VAR_RE = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
+# Variables a cache may never be given: they change what the process runs or loads, not where
+# a cache lives.
+FORBIDDEN_VARS = frozenset(
+    {"PATH", "HOME", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "LD_PRELOAD", "LD_LIBRARY_PATH"}
+)
+
+
+class CacheError(ValueError):
+    """A cache spec or archive that is not what the contract says."""
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """One cache a profile asks for: its kind, a name unique in the profile (its payload's
+    name), and the variables pointing at directories (or a file) under its root."""
+
+    kind: str
+    name: str
+    env: tuple[tuple[str, str], ...]  # (variable, path under the root; a file's path for file)
+    max_bytes: int = DEFAULT_MAX_BYTES
+
+    @property
+    def payload(self) -> str:
+        return f"{PAYLOAD_PREFIX}{self.name}{PAYLOAD_SUFFIX}"
+
+    def environment(self, root: Path | str) -> dict[str, str]:
+        """The variables, pointing under `root` (this cache's own directory)."""
+        return {var: f"{root}/{rel}" for var, rel in self.env}
+
+    def directories(self) -> list[str]:
+        """What to create under the root before the stack runs: each variable's directory (a
+        file variable's parent: the stack creates the file)."""
+        out = []
+        for _var, rel in self.env:
+            out.append(str(PurePosixPath(rel).parent) if rel.endswith(_FILE_MARK) else rel)
+        return sorted(set(out))
+
+    def to_dict(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"kind": self.kind, "name": self.name}
+        if self.kind == GENERIC:
+            var, rel = self.env[0]
+            doc["env"] = var
+            if rel.endswith(_FILE_MARK):
+                doc["file"] = PurePosixPath(rel.removesuffix(_FILE_MARK)).name
+        if self.max_bytes != DEFAULT_MAX_BYTES:
+            doc["maxBytes"] = self.max_bytes
+        return doc
+
+
+# A generic cache that is one file: its variable names <root>/data/<file>, which the stack
+# creates; the suffix marks it internally (never in a path the stack sees).
+_FILE_MARK = "#file"
+
+
+def spec(kind: str, name: str = "", env: str = "", file: str = "", max_bytes: int = 0) -> CacheSpec:
+    """A checked CacheSpec; CacheError says what to fix."""
+    if kind not in ALL_KINDS:
+        raise CacheError(f"cache kind {kind!r} is not one of {', '.join(ALL_KINDS)}")
+    name = name or (kind.lower() if kind != GENERIC else "")
+    if not _NAME_RE.match(name):
+        raise CacheError(
+            f"cache name {name!r} must be 1-40 lowercase letters, digits and '-' "
+            "(it names the payload)"
+        )
+    if max_bytes < 0:
+        raise CacheError(f"cache {name}: maxBytes must be > 0, got {max_bytes}")
+    bound = max_bytes or DEFAULT_MAX_BYTES
+    if kind != GENERIC:
+        if env or file:
+            raise CacheError(f"cache {name}: env and file are for kind {GENERIC} only")
+        return CacheSpec(kind, name, KINDS[kind], bound)
+    if not _VAR_RE.match(env or ""):
+        raise CacheError(
+            f"cache {name}: env must name the variable the stack reads its cache location from "
+            f"(upper case, digits, '_'), got {env!r}"
+        )
+    if env in FORBIDDEN_VARS or env.startswith(("PYTORCH_TUNABLEOP_", "TUNEFLEET_")):
+        raise CacheError(f"cache {name}: {env} is not a cache location tunefleet may set")
+    if file and (not re.match(r"^[A-Za-z0-9._-]{1,100}$", file) or file in (".", "..")):
+        raise CacheError(f"cache {name}: file {file!r} must be a plain file name")
+    rel = f"data/{file}{_FILE_MARK}" if file else "data"
+    return CacheSpec(GENERIC, name, ((env, rel),), bound)
+
+
+def from_config(doc: Any) -> tuple[CacheSpec, ...]:
+    """The tuning config's caches list (the operator's builders/job.py writes it)."""
+    if doc is None:
+        return ()
+    if not isinstance(doc, list):
+        raise CacheError("artifacts.caches must be a list")
+    out: list[CacheSpec] = []
+    for i, item in enumerate(doc):
+        if not isinstance(item, dict) or not isinstance(item.get("kind"), str):
+            raise CacheError(f"artifacts.caches[{i}] must be an object with a kind")
+        max_bytes = item.get("maxBytes", 0)
+        if not isinstance(max_bytes, int) or isinstance(max_bytes, bool):
+            raise CacheError(f"artifacts.caches[{i}].maxBytes must be an integer")
+        out.append(
+            spec(
+                item["kind"],
+                str(item.get("name", "")),
+                str(item.get("env", "")),
+                str(item.get("file", "")),
+                max_bytes,
+            )
+        )
+    check_unique(out)
+    return tuple(out)
+
+
+def check_unique(specs: Sequence[CacheSpec]) -> None:
+    names = [s.name for s in specs]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise CacheError(f"cache names must be unique, {', '.join(dup)} repeats")
+    vars_ = [var for s in specs for var, _ in s.env]
+    dup = sorted({v for v in vars_ if vars_.count(v) > 1})
+    if dup:
+        raise CacheError(f"two caches set {', '.join(dup)}: one variable, one cache")
+
+
+def environment(specs: Iterable[CacheSpec], root: Path | str) -> dict[str, str]:
+    """Every cache's variables, each cache in root/<name>."""
+    env: dict[str, str] = {}
+    for s in specs:
+        env.update(s.environment(f"{root}/{s.name}"))
+    return {k: v.removesuffix(_FILE_MARK) for k, v in env.items()}
+
+
+def prepare(specs: Iterable[CacheSpec], root: Path) -> dict[str, str]:
+    """Empty directories for each cache under `root` (a stale cache would be packed as this
+    run's), and the environment that points the stack at them."""
+    specs = list(specs)
+    for s in specs:
+        base = root / s.name
+        if base.exists():
+            raise CacheError(f"{base} exists: caches are produced into empty directories")
+        for rel in s.directories():
+            (base / rel).mkdir(parents=True, exist_ok=True)
+    return environment(specs, root)
+
+
+# --- packing -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Packed:
+    """One cache, packed: what the manifest lists."""
+
+    kind: str
+    name: str
+    payload: str
+    sha256: str
+    size: int  # of the archive
+    files: int
+    bytes: int  # unpacked
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "payload": self.payload,
+            "sha256": self.sha256,
+            "size": self.size,
+            "files": self.files,
+            "bytes": self.bytes,
+        }
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A cache that produced nothing to serve, and why (status shows it)."""
+
+    kind: str
+    name: str
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"kind": self.kind, "name": self.name, "reason": self.reason}
+
+
+def _walk(base: Path) -> tuple[list[tuple[str, Path]], list[str]]:
+    """(archive name, path) of every directory and regular file under base, sorted; and what
+    was left out (links, sockets: nothing a cache needs to travel)."""
+    entries: list[tuple[str, Path]] = []
+    left_out: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
+        dirnames.sort()
+        here = Path(dirpath)
+        for name in [*dirnames, *sorted(filenames)]:
+            path = here / name
+            rel = path.relative_to(base).as_posix()
+            st = path.lstat()
+            if stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode):
+                entries.append((rel, path))
+            else:
+                left_out.append(rel)
+    entries.sort(key=lambda e: e[0])
+    return entries, left_out
+
+
+def pack_dir(base: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[bytes, int, int, list[str]]:
+    """The directory as a deterministic tar.gz: (archive, files, unpacked bytes, left out).
+    CacheError when it holds more than max_bytes or MAX_FILES."""
+    entries, left_out = _walk(base)
+    buf = io.BytesIO()
+    files = total = 0
+    # gzip with mtime 0 and a fixed level around a plain tar: same files, same bytes.
+    with (
+        gzip.GzipFile(fileobj=buf, mode="wb", compresslevel=6, mtime=0) as gz,
+        tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
+        for rel, path in entries:
+            st = path.lstat()
+            info = tarfile.TarInfo(rel)
+            info.mtime = 0
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            if stat.S_ISDIR(st.st_mode):
+                info.type = tarfile.DIRTYPE
+                info.mode = 0o755
+                tar.addfile(info)
+                continue
+            files += 1
+            total += st.st_size
+            if files > MAX_FILES:
+                raise CacheError(f"more than {MAX_FILES} files under {base}")
+            if total > max_bytes:
+                raise CacheError(f"more than {max_bytes} bytes under {base} (maxBytes)")
+            info.size = st.st_size
+            info.mode = 0o755 if st.st_mode & 0o111 else 0o644
+            with path.open("rb") as f:
+                tar.addfile(info, f)
+    return buf.getvalue(), files, total, left_out
+
+
+def pack(s: CacheSpec, root: Path, out: Path) -> Packed | Skipped:
+    """Pack root/<name> into out/<payload>; Skipped (never raising) when there is nothing to
+    serve or it is over its bound: one cache's failure must not cost the others."""
+    base = root / s.name
+    variables = ", ".join(var for var, _ in s.env)
+    try:
+        data, files, total, left_out = pack_dir(base, s.max_bytes)
+    except (OSError, CacheError) as exc:
+        return Skipped(s.kind, s.name, f"not packed: {exc}")
+    if files == 0:
+        return Skipped(
+            s.kind,
+            s.name,
+            f"empty: the workload wrote nothing under {variables} (does the stack read it, "
+            "and does the workload reach the code that fills the cache?)",
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".{s.payload}.tmp"
+    tmp.write_bytes(data)
+    os.replace(tmp, out / s.payload)
+    if left_out:
+        print(
+            f"tuner_job: cache {s.name}: left out {len(left_out)} link(s) or special file(s), "
+            f"e.g. {left_out[0]}",
+            flush=True,
+        )
+    return Packed(s.kind, s.name, s.payload, sha256_hex(data), len(data), files, total)
+
+
+# --- checking and unpacking ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Index:
+    """What a checked archive holds."""
+
+    files: int
+    bytes: int
+    members: tuple[str, ...]
+
+
+def check_archive(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES, source: str = "") -> Index:
+    """The archive read as fetch unpacks it; CacheError for anything that could write outside
+    its directory or past its bounds (absolute or '..' paths, links, devices), or that is not
+    a gzipped tar at all."""
+    where = source or "cache archive"
+    files = total = 0
+    members: list[str] = []
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            for info in tar:
+                name = info.name
+                parts = PurePosixPath(name).parts
+                if not name or name.startswith("/") or ".." in parts or "\\" in name:
+                    raise CacheError(f"{where}: member {name!r} is not a plain relative path")
+                if not (info.isreg() or info.isdir()):
+                    raise CacheError(f"{where}: member {name!r} is a link or special file")
+                if info.isreg():
+                    files += 1
+                    total += info.size
+                if files > MAX_FILES or total > max_bytes:
+                    raise CacheError(f"{where}: more than {max_bytes} bytes or {MAX_FILES} files")
+                members.append(name)
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise CacheError(f"{where} is not a gzipped tar: {exc}") from None
+    return Index(files, total, tuple(members))
+
+
+def unpack(data: bytes, dest: Path, max_bytes: int = DEFAULT_MAX_BYTES, source: str = "") -> Index:
+    """Check, then write every member under dest (created, must be empty); files writable by
+    the pod's user, since stacks write into their caches as they run."""
+    index = check_archive(data, max_bytes, source)
+    dest.mkdir(parents=True, exist_ok=True)
+    if any(dest.iterdir()):
+        raise CacheError(f"{dest} is not empty")
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        for info in tar:
+            target = dest / info.name
+            if info.isdir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            src = tar.extractfile(info)
+            if src is None:  # check_archive let only regular files through
+                raise CacheError(f"{source or 'cache archive'}: cannot read {info.name}")
+            with src, open(target, "xb") as f:
+                while chunk := src.read(1 << 20):
+                    f.write(chunk)
+            os.chmod(target, 0o775 if info.mode & 0o111 else 0o664)
+    return index
+
+
+def manifest_entries(doc: Any) -> tuple[list[Packed], list[Skipped]]:
+    """The manifest's caches and cachesSkipped lists, checked (tuner_job/manifest.py)."""
+    packed: list[Packed] = []
+    skipped: list[Skipped] = []
+    caches = doc.get("caches", []) if isinstance(doc, Mapping) else None
+    gone = doc.get("cachesSkipped", []) if isinstance(doc, Mapping) else None
+    if not isinstance(caches, list) or not isinstance(gone, list):
+        raise CacheError("manifest caches and cachesSkipped must be lists")
+    for i, c in enumerate(caches):
+        packed.append(_packed(c, i))
+    for i, g in enumerate(gone):
+        if not isinstance(g, dict) or not all(
+            isinstance(g.get(k), str) for k in ("kind", "name", "reason")
+        ):
+            raise CacheError(f"manifest cachesSkipped[{i}] must be {{kind, name, reason}}")
+        skipped.append(Skipped(g["kind"], g["name"], g["reason"]))
+    names = [p.name for p in packed] + [s.name for s in skipped]
+    if len(set(names)) != len(names):
+        raise CacheError("manifest lists a cache name twice")
+    return packed, skipped
+
+
+def _packed(c: Any, i: int) -> Packed:
+    where = f"manifest caches[{i}]"
+    if not isinstance(c, dict):
+        raise CacheError(f"{where} must be an object")
+    for key in ("kind", "name", "payload", "sha256"):
+        if not isinstance(c.get(key), str):
+            raise CacheError(f"{where}.{key} must be a string")
+    for key in ("size", "files", "bytes"):
+        v = c.get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise CacheError(f"{where}.{key} must be a non-negative integer")
+    if c["kind"] not in ALL_KINDS:
+        raise CacheError(f"{where}.kind {c['kind']!r} is not one of {', '.join(ALL_KINDS)}")
+    if not _NAME_RE.match(c["name"]) or c["payload"] != (
+        f"{PAYLOAD_PREFIX}{c['name']}{PAYLOAD_SUFFIX}"
+    ):
+        raise CacheError(f"{where}: name {c['name']!r} or payload {c['payload']!r} is not valid")
+    if not re.match(r"^[0-9a-f]{64}$", c["sha256"]):
+        raise CacheError(f"{where}.sha256 is not 64 lowercase hex digits")
+    return Packed(
+        c["kind"], c["name"], c["payload"], c["sha256"], c["size"], c["files"], c["bytes"]
+    )
+
+
+def disagreement(entry: Packed, data: bytes, index: Index) -> str | None:
+    """Where a payload and its manifest entry differ, or None."""
+    sha = sha256_hex(data)
+    if sha != entry.sha256:
+        return f"{entry.payload} has SHA-256 {sha}, the manifest says {entry.sha256}"
+    if (len(data), index.files, index.bytes) != (entry.size, entry.files, entry.bytes):
+        return (
+            f"{entry.payload} holds {index.files} files, {index.bytes} bytes in {len(data)}; "
+            f"the manifest says {entry.files}, {entry.bytes} in {entry.size}"
+        )
+    return None
+
+
+# --- a caches-only artifact ----------------------------------------------------------------
+# A profile that asks for caches and not TunableOp results (a CPU or NVIDIA fleet where the
+# GEMM file gains nothing) publishes an artifact whose payload is this index: canonical JSON
+# listing every packed cache by SHA-256, so the artifact's address (the index's SHA-256) pins
+# each archive, as results.csv's does when TunableOp is among the kinds.
+INDEX_KIND = "caches"
+INDEX_NAME = "caches.json"
+
+
+def index_bytes(packed: Sequence[Packed]) -> bytes:
+    doc = {"caches": [p.to_dict() for p in sorted(packed, key=lambda p: p.name)]}
+    return (json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8")
+
+
+def parse_index(data: bytes, source: str = INDEX_NAME) -> list[Packed]:
+    """The index's caches; CacheError for bytes that are not the canonical index."""
+    try:
+        doc = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CacheError(f"{source} is not JSON: {exc}") from None
+    if not isinstance(doc, dict) or set(doc) != {"caches"}:
+        raise CacheError(f'{source} must be {{"caches": [...]}}')
+    packed, _ = manifest_entries({"caches": doc["caches"]})
+    if not packed:
+        raise CacheError(f"{source} lists no cache")
+    if index_bytes(packed) != data:
+        raise CacheError(f"{source} is not in canonical form (sorted, compact JSON)")
+    return packed
