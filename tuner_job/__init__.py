@@ -15,6 +15,8 @@ The format layer (stdlib only, public, the contracts both images read and write)
   exchange  the files between the tune step and the sync sidecar
   config    the tuning configuration the operator hands the tune step
   files     atomic writes, SHA-256, termination messages
+  caches    the caches a workload fills: kinds, variables, deterministic packing, archive
+            checks, the caches-only index
 
 Only in the user's image (they may import torch, and start the workload):
   cli       `python -m tuner_job {record,tune,identify,run}`
@@ -33,4 +35,6 @@ Only in the user's image (they may import torch, and start the workload):
 __version__ = "0.2.0"
 
 # The modules the tunefleet image may import (see above); tests/unit/test_layering.py checks.
-FORMAT_LAYER = ("results", "manifest", "output", "library", "exchange", "config", "files")
+FORMAT_LAYER = (
+    "results", "manifest", "output", "library", "exchange", "config", "files", "caches",
+)  # fmt: skip

@@ -358,8 +358,9 @@ def check_archive(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES, source: str =
 
 
 def unpack(data: bytes, dest: Path, max_bytes: int = DEFAULT_MAX_BYTES, source: str = "") -> Index:
-    """Check, then write every member under dest (created, must be empty); files writable by
-    the pod's user, since stacks write into their caches as they run."""
+    """Check, then write every member under dest (created, must be empty). Directories and
+    files are writable by everyone: the copy is pod-local, the serving container's user is
+    not known here (often not fetch's), and stacks write into their caches as they run."""
     index = check_archive(data, max_bytes, source)
     dest.mkdir(parents=True, exist_ok=True)
     if any(dest.iterdir()):
@@ -369,6 +370,7 @@ def unpack(data: bytes, dest: Path, max_bytes: int = DEFAULT_MAX_BYTES, source: 
             target = dest / info.name
             if info.isdir():
                 target.mkdir(parents=True, exist_ok=True)
+                os.chmod(target, 0o777)
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
             src = tar.extractfile(info)
@@ -377,7 +379,8 @@ def unpack(data: bytes, dest: Path, max_bytes: int = DEFAULT_MAX_BYTES, source: 
             with src, open(target, "xb") as f:
                 while chunk := src.read(1 << 20):
                     f.write(chunk)
-            os.chmod(target, 0o775 if info.mode & 0o111 else 0o664)
+            os.chmod(target, 0o777 if info.mode & 0o111 else 0o666)
+    os.chmod(dest, 0o777)
     return index
 
 

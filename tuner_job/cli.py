@@ -294,11 +294,7 @@ def _run(args: argparse.Namespace, cfg: TuningConfig, shard: int, exchange: Path
     outcome: TuneOutcome | None = None
     out = Path(args.out)
     try:
-        try:
-            cache_env = cc.prepare(cfg.caches, work / "caches") if cfg.caches else {}
-        except cc.CacheError as exc:
-            raise TunerError(str(exc)) from None
-        unique, _, machine = _record(cfg, work, deadline, cache_env)
+        unique, _, machine = _record(cfg, work, deadline, _prepare(cfg, work))
         packed = _pack(cfg, work / "caches", out)
         identity, validators = machine.identity, machine.validators
         settings = settings_of(cfg.limits, machine.applied)
@@ -349,6 +345,14 @@ def _run(args: argparse.Namespace, cfg: TuningConfig, shard: int, exchange: Path
         f"and {out / MANIFEST_NAME}"
     )
     return newly
+
+
+def _prepare(cfg: TuningConfig, work: Path) -> dict[str, str]:
+    """Each cache's empty directory under work/caches, and the variables pointing at them."""
+    try:
+        return cc.prepare(cfg.caches, work / "caches") if cfg.caches else {}
+    except cc.CacheError as exc:
+        raise TunerError(str(exc)) from None
 
 
 def _pack(cfg: TuningConfig, root: Path, out: Path) -> tuple[list[cc.Packed], list[cc.Skipped]]:
@@ -404,7 +408,7 @@ def _run_caches(args: argparse.Namespace, cfg: TuningConfig) -> None:
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="tunefleet-work-"))
     out = Path(args.out)
     try:
-        env = cc.prepare(cfg.caches, work / "caches")
+        env = _prepare(cfg, work)
         _log(f"running the workload to fill {', '.join(s.name for s in cfg.caches)}")
         run_workload(cfg.workload_argv, env, cfg.limits.budget_seconds)
         ran = time.monotonic() - started

@@ -181,6 +181,11 @@ def _revision(spec: TuningProfileSpec) -> str:
     template = _template_shaping(spec)
     if template:
         shaping["template"] = template
+    # What is produced shapes the artifact; TunableOp results alone (the default, and every
+    # profile from before caches) adds nothing, so those keep their revision.
+    artifacts = spec.artifacts.model_dump(by_alias=True, exclude_defaults=True, exclude_none=True)
+    if artifacts:
+        shaping["artifacts"] = artifacts
     blob = json.dumps(shaping, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:10]
 

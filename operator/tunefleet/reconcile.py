@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from tunefleet import decide, delivery, kube, metrics, naming, policy, views
 from tunefleet.announce import announce
 from tunefleet.api import TuningProfileSpec
+from tunefleet.artifacts import kinds
 from tunefleet.artifacts.fetch import FetchError
 from tunefleet.builders.job import (
     IMAGE_ID_KEY,
@@ -345,8 +346,9 @@ def _deliver(s: _Sync, status: dict[str, Any]) -> None:
         lost = s.memory.lost.get(str(entry.get("sha256", "")), "")
         record = ArtifactRecord.from_status(entry)
         tried = s.memory.deliveries.get(entry.get("sha256", ""))
-        if why_not or record is None:
-            entry["delivery"] = f"Store: {why_not}" if why_not else "Store"
+        store_only = _store_only(record, why_not)
+        if store_only or record is None:
+            entry["delivery"] = store_only
             continue
         wait = REDELIVER_AFTER_S if lost else delivery.DELIVERY_RETRY_S
         if tried and time.monotonic() - tried[0] < wait:
@@ -380,6 +382,17 @@ def _deliver(s: _Sync, status: dict[str, Any]) -> None:
         entry["configMap"] = {"name": got.name, "uid": got.uid}
         entry["delivery"] = got.note
     s.memory.prune_deliveries({a.get("sha256", "") for a in artifacts})
+
+
+def _store_only(record: ArtifactRecord | None, why_not: str) -> str:
+    """How pods get an artifact that gets no ConfigMap, or "" when it gets one."""
+    if why_not or record is None:
+        return f"Store: {why_not}" if why_not else "Store"
+    if record.caches or record.kind != kinds.DEFAULT:
+        # Caches are unpacked into a pod-local, writable copy: fetch does that from the store
+        # (a ConfigMap of 1 MiB holds few of them anyway).
+        return "Store: the artifact carries caches, unpacked by fetch"
+    return ""
 
 
 def _lost(s: _Sync, entry: dict[str, Any]) -> bool:

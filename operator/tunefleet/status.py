@@ -346,6 +346,7 @@ def _summary(artifacts: list[ArtifactRecord], models: list[str]) -> dict[str, An
     recorded = sum(a.counts.get("recorded", 0) for a in current)
     out["reuse"] = f"{reused}/{recorded}" if counted else ""
     out["shortSha256"] = ",".join(a.sha256[:12] for a in current)
+    out["kinds"] = ",".join(sorted({"+".join(a.kinds) for a in current}))
     tuned = [a.tuned_at for a in current if a.tuned_at]
     if tuned:
         out["lastTunedAt"] = max(tuned)

@@ -100,7 +100,7 @@ def full_manifest(**over: Any) -> Manifest:
 
 
 def test_the_table_knows_tunableop_and_it_is_the_default() -> None:
-    assert kinds.KINDS == ("tunableop",) and kinds.DEFAULT == "tunableop"
+    assert kinds.KINDS == ("tunableop", "caches") and kinds.DEFAULT == "tunableop"
     assert kinds.kind() is kinds.kind("tunableop") is tunableop
     assert tunableop.NAME == "tunableop"
     assert (tunableop.PAYLOAD, tunableop.CONTENT_TYPE) == ("results.csv", "text/csv")
@@ -110,7 +110,7 @@ def test_the_table_knows_tunableop_and_it_is_the_default() -> None:
 def test_an_unknown_kind_is_refused_naming_it_and_the_known_ones() -> None:
     with pytest.raises(ValueError) as refused:
         kinds.kind("inductor")
-    assert str(refused.value) == "no artifact kind inductor (known: tunableop)"
+    assert str(refused.value) == "no artifact kind inductor (known: tunableop, caches)"
 
 
 def test_tunableops_files_and_env_are_what_the_webhook_injected_before_kinds() -> None:
@@ -163,7 +163,7 @@ def test_a_manifest_of_another_kind_round_trips_and_the_operator_refuses_it() ->
     assert loads(m.to_json()) == m
     with pytest.raises(ValueError) as refused:
         kinds.of(m)
-    assert str(refused.value) == "no artifact kind inductor (known: tunableop)"
+    assert str(refused.value) == "no artifact kind inductor (known: tunableop, caches)"
     for bad in ("", 3, None):
         with pytest.raises(ManifestError, match="manifest field 'kind' must be a non-empty"):
             loads(json.dumps({**doc, "kind": bad}))
@@ -183,7 +183,7 @@ def test_fetch_refuses_an_artifact_of_a_kind_it_does_not_know(
     )  # fmt: skip
     assert code == 0 and not dest.exists()
     assert capsys.readouterr().err == (
-        "tunefleet-fetch: starting untuned: no artifact kind inductor (known: tunableop)\n"
+        "tunefleet-fetch: starting untuned: no artifact kind inductor (known: tunableop, caches)\n"
     )
 
 
@@ -226,7 +226,7 @@ def test_publish_refuses_output_of_a_kind_it_does_not_know(tmp_path: Path) -> No
     tuner_output(tmp_path / "out", kind="inductor")
     with pytest.raises(publish.PublishError) as refused:
         publish.load_artifact(tmp_path / "out", "ml", "llama", MODEL)
-    assert str(refused.value) == "no artifact kind inductor (known: tunableop)"
+    assert str(refused.value) == "no artifact kind inductor (known: tunableop, caches)"
 
 
 def test_publishs_check_asks_the_kind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,6 +18,7 @@ from tunefleet.contracts.artifact import ArtifactRecord, ShardRecord, status_fie
 from tunefleet.contracts.fetch import LOADED, REFUSED, FetchOutcome
 from tunefleet.contracts.fetch import UNTUNED as FETCH_UNTUNED
 from tunefleet.plugin.why import FIXES
+from tuner_job import caches as cc
 from tuner_job import exchange as ex
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,6 +57,9 @@ def full_record() -> ArtifactRecord:
         config_map="tunefleet-artifact-" + SHA,
         config_map_uid="cm-uid-1",
         delivery="ConfigMap",
+        kind="caches",
+        caches=(cc.Packed("torchCompile", "tc", "cache-tc.tar.gz", "ab" * 32, 10, 2, 30),),
+        caches_skipped=(cc.Skipped("vllm", "vllm", "empty: the workload wrote nothing"),),
     )
 
 
@@ -77,7 +81,9 @@ def test_every_artifact_field_the_crd_declares_survives_message_and_status() -> 
     assert status["libraryKey"] == "f" * 64
     assert ArtifactRecord.from_status(status) == record
     for name, schema in declared.items():  # each value has the type the CRD gives it
-        kind = {"string": str, "integer": int, "number": float, "object": dict}[schema["type"]]
+        kind = {"string": str, "integer": int, "number": float, "object": dict, "array": list}[
+            schema["type"]
+        ]
         assert isinstance(status[name], kind), name
 
 

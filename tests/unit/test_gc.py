@@ -280,6 +280,28 @@ def test_an_artifact_manifest_is_deleted_before_its_results_and_an_unfinished_on
     assert "incomplete (no manifest.json" in half.reason
 
 
+def test_cache_archives_go_and_stay_with_their_artifact(world: World) -> None:
+    """An artifact's caches (<base>/caches/<sha256>.tar.gz) are part of it: kept while it is,
+    deleted after its manifest when it goes; a stray name under caches/ is not ours."""
+    keep = world.publish("llama", rows(1))
+    old = world.publish("llama", rows(2))
+    world.age(old["uri"].removeprefix(world.uri + "/"), OLD + 60, NOW)
+    cache = "ef" * 32 + ".tar.gz"
+    for e in (keep, old):
+        world.store.put(f"{e['uri'].removeprefix(world.uri + '/')}/caches/{cache}", b"z", "x")
+    stray = f"{keep['uri'].removeprefix(world.uri + '/')}/caches/notes.txt"
+    world.store.put(stray, b"z", "x")
+    world.age(old["uri"].removeprefix(world.uri + "/"), OLD + 60, NOW)
+    plan = world.collect([profile(world, "llama", artifacts=[keep])], keep=1, now=NOW)
+    (deleted,) = [d for d in plan.deletes if d.where == old["uri"]]
+    assert deleted.keys[0].endswith("/manifest.json")
+    assert any(k.endswith(f"/caches/{cache}") for k in deleted.keys)
+    assert not any(
+        keep["uri"].removeprefix(world.uri + "/") in k for d in plan.deletes for k in d.keys
+    )
+    assert stray in world.objects()  # not ours to judge: left alone
+
+
 # --- the grace period -------------------------------------------------------------------------
 
 

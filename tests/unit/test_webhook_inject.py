@@ -367,3 +367,64 @@ def test_an_untuned_decision_repeated_by_a_later_entry_is_announced_once(
 
 def _no_config_maps(namespace: str, entry: Any) -> dict[str, str]:
     return {}
+
+
+# --- bundles: caches beside (or instead of) TunableOp results --------------------------------
+
+CACHE = {"kind": "torchCompile", "name": "torchcompile", "sha256": "cd" * 32, "size": 10,
+         "files": 3, "bytes": 4096}  # fmt: skip
+
+
+def cached_profile(kind: str = "tunableop", **over: Any) -> dict[str, Any]:
+    p = profile(["NVIDIA-H200"])
+    p["spec"]["artifacts"] = {
+        "tunableop": kind == "tunableop",
+        "caches": [{"kind": "torchCompile"}],
+    }
+    entry = p["status"]["artifacts"][0]
+    entry.update(caches=[CACHE], configMap={"name": "cm", "uid": "u"}, **over)
+    if kind != "tunableop":
+        entry["kind"] = kind
+    return p
+
+
+def test_caches_are_unpacked_by_fetch_into_a_writable_volume_with_their_variables() -> None:
+    d = inject(pod(), "x", cached_profile(), CFG)
+    spec = d.pod["spec"]
+    init = spec["initContainers"][0]
+    # A ConfigMap in status does not make caches mountable: fetch unpacks them.
+    assert init["name"] == FETCH_CONTAINER and "--uri" in init["command"]
+    cmd = init["command"]
+    assert cmd[cmd.index("--caches-dest") + 1] == "/tunefleet/caches"
+    assert {"name": "tunefleet-caches", "mountPath": "/tunefleet/caches"} in init["volumeMounts"]
+    vol = next(v for v in spec["volumes"] if v["name"] == "tunefleet-caches")
+    assert int(vol["emptyDir"]["sizeLimit"]) >= 2 * 4096
+    for c in spec["containers"]:
+        env = {e["name"]: e["value"] for e in c["env"]}
+        assert env["TORCHINDUCTOR_CACHE_DIR"] == "/tunefleet/caches/torchcompile/inductor"
+        assert env["TRITON_CACHE_DIR"] == "/tunefleet/caches/torchcompile/triton"
+        assert env["PYTORCH_TUNABLEOP_ENABLED"] == "1"
+        mount = next(m for m in c["volumeMounts"] if m["mountPath"] == "/tunefleet/caches")
+        assert not mount.get("readOnly")
+
+
+def test_caches_alone_switch_no_tunableop_on() -> None:
+    d = inject(pod(), "x", cached_profile(kind="caches"), CFG)
+    for c in d.pod["spec"]["containers"]:
+        names = {e["name"] for e in c["env"]}
+        assert "TORCHINDUCTOR_CACHE_DIR" in names
+        assert not any(n.startswith("PYTORCH_TUNABLEOP") for n in names)
+        assert all(m["mountPath"] != "/tunefleet/results" for m in c["volumeMounts"])
+
+
+def test_a_users_cache_variable_wins_and_no_variable_comes_from_status() -> None:
+    env = [{"name": "TORCHINDUCTOR_CACHE_DIR", "value": "/mine"}]
+    p = cached_profile()
+    # A forged status entry cannot name a variable: only the spec's caches set any.
+    p["status"]["artifacts"][0]["caches"].append({**CACHE, "name": "ld", "kind": "cache"})
+    d = inject(pod(env=env), "x", p, CFG)
+    server = d.pod["spec"]["containers"][0]
+    values = {e["name"]: e["value"] for e in server["env"]}
+    assert values["TORCHINDUCTOR_CACHE_DIR"] == "/mine"
+    assert [e["name"] for e in server["env"]].count("TORCHINDUCTOR_CACHE_DIR") == 1
+    assert "LD_PRELOAD" not in values

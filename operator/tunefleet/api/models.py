@@ -16,6 +16,7 @@ from tunefleet.api.base import DEFAULT_LABEL_KEYS, DEFAULT_RESOURCES, DNS_SUBDOM
 from tunefleet.api.base import Model as _Model
 from tunefleet.api.template import PodTemplate
 from tunefleet.images import REFERENCE_PATTERN
+from tuner_job import caches as cc
 
 Vendor = Literal["amd", "nvidia"]
 DType = Literal["float16", "bfloat16", "float32"]
@@ -232,6 +233,45 @@ class CaptureSpec(_Model):
     limits: CaptureLimits = CaptureLimits()
 
 
+class CacheArtifact(_Model):
+    """One cache the workload fills at start (tuner_job/caches.py is the contract)."""
+
+    kind: Literal["torchCompile", "vllm", "cache"]
+    name: str | None = Field(
+        default=None, max_length=40, pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$"
+    )
+    env: str | None = Field(default=None, max_length=128, pattern=r"^[A-Z_][A-Z0-9_]*$")
+    file: str | None = Field(default=None, max_length=100, pattern=r"^[A-Za-z0-9._-]+$")
+    max_bytes: int | None = Field(default=None, ge=1, le=68719476736)
+
+
+class ArtifactsSpec(_Model):
+    tunableop: bool = True
+    caches: list[CacheArtifact] | None = Field(default=None, max_length=8)
+
+    @model_validator(mode="after")
+    def _caches_make_sense(self) -> ArtifactsSpec:
+        try:
+            specs = [
+                cc.spec(c.kind, c.name or "", c.env or "", c.file or "", c.max_bytes or 0)
+                for c in self.caches or []
+            ]
+            cc.check_unique(specs)
+        except cc.CacheError as exc:
+            raise ValueError(f"spec.artifacts.caches: {exc}") from None
+        if not self.tunableop and not specs:
+            raise ValueError(
+                "spec.artifacts: tunableop is false and no caches are listed: nothing to tune"
+            )
+        return self
+
+    def cache_specs(self) -> tuple[cc.CacheSpec, ...]:
+        return tuple(
+            cc.spec(c.kind, c.name or "", c.env or "", c.file or "", c.max_bytes or 0)
+            for c in self.caches or []
+        )
+
+
 class TuningProfileSpec(_Model):
     image: str = Field(min_length=1, max_length=512, pattern=REFERENCE_PATTERN)
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
@@ -243,6 +283,16 @@ class TuningProfileSpec(_Model):
     serving: ServingSpec = ServingSpec()
     capture: CaptureSpec = CaptureSpec()
     template: PodTemplate | None = None
+    artifacts: ArtifactsSpec = ArtifactsSpec()
+
+    @model_validator(mode="after")
+    def _caches_are_not_sharded(self) -> TuningProfileSpec:
+        if self.artifacts.caches and self.gpu.parallelism > 1:
+            raise ValueError(
+                "spec.artifacts.caches with spec.gpu.parallelism > 1: the merge Job combines "
+                "TunableOp rows, not caches; tune caches with parallelism 1"
+            )
+        return self
 
     @model_validator(mode="after")
     def _template_adds_to_the_gpu(self) -> TuningProfileSpec:
@@ -283,6 +333,21 @@ class ConfigMapRef(_Model):
     uid: str | None = None
 
 
+class CacheEntry(_Model):
+    kind: str
+    name: str
+    sha256: str
+    size: int
+    files: int
+    bytes: int | None = None
+
+
+class CacheSkipped(_Model):
+    kind: str
+    name: str
+    reason: str
+
+
 class Artifact(_Model):
     gpu_model: str
     uri: str
@@ -306,6 +371,9 @@ class Artifact(_Model):
     config_map: ConfigMapRef | None = None
     delivery: str | None = None
     identity: dict[str, str] | None = None
+    kind: str | None = None
+    caches: list[CacheEntry] | None = None
+    caches_skipped: list[CacheSkipped] | None = None
 
 
 class CaptureRetune(_Model):

@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NoReturn, TextIO
 
-from tunefleet.artifacts import fit, kinds
+from tunefleet.artifacts import bundle, fit, kinds
 from tunefleet.contracts import nodemap
 from tunefleet.contracts.fetch import LOADED, PROG, REFUSED, UNTUNED, Candidate, FetchOutcome
 from tunefleet.storage import cli as storage_cli
@@ -53,8 +53,8 @@ from tunefleet.storage.store import (
     check_sha256,
 )
 from tuner_job.files import sha256_hex, write_termination_log
-from tuner_job.manifest import ManifestError, loads
-from tuner_job.output import MANIFEST_NAME, RESULTS_NAME
+from tuner_job.manifest import Manifest, ManifestError, loads
+from tuner_job.output import MANIFEST_NAME
 from tuner_job.results import Outcomes
 
 MAX_RESULTS_BYTES = 256 << 20
@@ -73,6 +73,8 @@ class Fetched:
     sha256: str
     outcomes: Outcomes | None = None  # tuned and Default rows, as the manifest and status count
     kind: str = kinds.DEFAULT  # the artifact's (kinds/): what the files written are
+    caches: tuple[str, ...] = ()  # the caches unpacked (artifacts/bundle.py)
+    caches_failed: str = ""  # why the caches were not served, where the results still were
 
 
 def _verify(
@@ -83,12 +85,11 @@ def _verify(
     key_parts: tuple[str, ...],
     manifest_sha: str | None = None,
     target: fit.Target | None = None,
+    payload: str = kinds.kind().PAYLOAD,
 ) -> tuple[kinds.ArtifactKind, Outcomes]:
     actual = sha256_hex(results)
     if actual != sha:
-        raise FetchError(
-            f"results.csv has SHA-256 {actual}, expected {sha} (corrupted or truncated)"
-        )
+        raise FetchError(f"{payload} has SHA-256 {actual}, expected {sha} (corrupted or truncated)")
     if manifest_sha is not None and sha256_hex(manifest_bytes) != manifest_sha:
         raise FetchError(
             f"manifest.json has SHA-256 {sha256_hex(manifest_bytes)}, expected {manifest_sha} "
@@ -169,22 +170,32 @@ class Verified:
     sha256: str
     outcomes: Outcomes | None = None  # tuned and Default rows, as the manifest and status count
     kind: str = kinds.DEFAULT  # the manifest's
+    parsed: Manifest | None = None
 
 
-def _results(store: Store, location: Location) -> bytes:
-    """results.csv, or results.csv.gz where only that is there (a compressed ConfigMap)."""
+def _payload_name(manifest_bytes: bytes) -> str:
+    """The payload the manifest's kind names (results.csv, caches.json); _verify checks the
+    manifest whole afterwards."""
     try:
-        return store.get(location.key(RESULTS_NAME), MAX_RESULTS_BYTES)
+        return kinds.of(loads(manifest_bytes)).PAYLOAD
+    except (ManifestError, ValueError) as exc:
+        raise FetchError(str(exc)) from None
+
+
+def _results(store: Store, location: Location, name: str) -> bytes:
+    """The payload, or <payload>.gz where only that is there (a compressed ConfigMap)."""
+    try:
+        return store.get(location.key(name), MAX_RESULTS_BYTES)
     except NotFoundError:
         if location.scheme != "file":
             raise
-    packed = store.get(location.key(RESULTS_NAME + ".gz"), MAX_RESULTS_BYTES)
+    packed = store.get(location.key(name + ".gz"), MAX_RESULTS_BYTES)
     try:
         data = gzip.decompress(packed)
     except (OSError, EOFError) as exc:
-        raise FetchError(f"results.csv.gz does not decompress: {exc}") from None
+        raise FetchError(f"{name}.gz does not decompress: {exc}") from None
     if len(data) > MAX_RESULTS_BYTES:
-        raise FetchError(f"results.csv.gz holds more than {MAX_RESULTS_BYTES} bytes")
+        raise FetchError(f"{name}.gz holds more than {MAX_RESULTS_BYTES} bytes")
     return data
 
 
@@ -213,14 +224,17 @@ def download_verified(
         store = open_store(location, options or StoreOptions(timeout_s=60.0))
     try:
         manifest_bytes = store.get(location.key(MANIFEST_NAME), MAX_MANIFEST_BYTES)
-        results = _results(store, location)
+        payload = _payload_name(manifest_bytes)
+        results = _results(store, location, payload)
     except StoreError as exc:
         raise FetchError(str(exc)) from None
     path = (location.prefix or location.bucket).strip("/").split("/")
     kind, outcomes = _verify(
-        results, manifest_bytes, sha, gpu_model, tuple(path[:-1]), manifest_sha, target
+        results, manifest_bytes, sha, gpu_model, tuple(path[:-1]), manifest_sha, target, payload
     )
-    return Verified(results, manifest_bytes, outcomes.gemms, sha, outcomes, kind.NAME)
+    return Verified(
+        results, manifest_bytes, outcomes.gemms, sha, outcomes, kind.NAME, loads(manifest_bytes)
+    )
 
 
 def fetch(
@@ -234,9 +248,16 @@ def fetch(
     options: StoreOptions | None = None,
     manifest_sha256: str | None = None,
     target: fit.Target | None = None,
+    caches_dest: Path | None = None,
+    fail_closed: bool = False,
 ) -> Fetched:
     if not 1 <= devices <= MAX_DEVICES:
         raise FetchError(f"--devices must be 1..{MAX_DEVICES}, got {devices}")
+    try:
+        location = parse_uri(uri)
+    except ValueError as exc:
+        raise FetchError(str(exc)) from None
+    store = store or open_store(location, options or StoreOptions(timeout_s=60.0))
     got = download_verified(
         uri,
         sha256,
@@ -246,8 +267,34 @@ def fetch(
         manifest_sha256=manifest_sha256,
         target=target,
     )
-    paths = write_device_files(dest, got.results, devices, got.kind)
-    return Fetched(paths, got.gemms, got.sha256, got.outcomes, got.kind)
+    # Caches first: a cache-only artifact that cannot serve them serves nothing.
+    caches, failed = _caches(store, location, got, caches_dest, fail_closed)
+    paths = write_device_files(dest, got.results, devices, got.kind) if devices else []
+    return Fetched(paths, got.gemms, got.sha256, got.outcomes, got.kind, caches, failed)
+
+
+def _caches(
+    store: Store,
+    location: Location,
+    got: Verified,
+    dest: Path | None,
+    fail_closed: bool,
+) -> tuple[tuple[str, ...], str]:
+    """Download, check and unpack the artifact's caches into dest/<name> (artifacts/bundle.py):
+    (names unpacked, why not). A cache that fails its check is never unpacked: the stack
+    compiles as it would without; the results, if any, still serve, unless the pod must not
+    start without everything (fail closed) or the caches are all the artifact is."""
+    manifest = got.parsed
+    if manifest is None or not manifest.caches or dest is None:
+        return (), ""
+    try:
+        archives = bundle.download(store, location.key(), manifest)
+        bundle.unpack(archives, manifest, dest)
+    except (bundle.BundleError, StoreError) as exc:
+        if fail_closed or got.kind != kinds.DEFAULT:
+            raise FetchError(f"caches not served: {exc}") from None
+        return (), " ".join(str(exc).split())
+    return tuple(c.name for c in manifest.caches), ""
 
 
 class _OverTime(BaseException):
@@ -340,6 +387,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--node-map-name", default="", help="the node map's ConfigMap, for messages")
     p.add_argument("--manifest-sha256", help="the pinned SHA-256 of manifest.json")
     p.add_argument("--dest", required=True, help="directory for tunableop_results<i>.csv")
+    p.add_argument(
+        "--caches-dest",
+        help="directory to unpack the artifact's caches into, one directory each (writable)",
+    )
     p.add_argument("--devices", required=True, type=int, help="GPUs the pod uses (files 0..N-1)")
     p.add_argument("--gpu-model", help="refuse an artifact tuned on another GPU model")
     p.add_argument("--fail-closed", action="store_true", help="exit 1 instead of starting untuned")
@@ -426,6 +477,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 options=storage_cli.options(args),
                 manifest_sha256=manifest_sha,
                 target=target,
+                caches_dest=Path(args.caches_dest) if args.caches_dest else None,
+                fail_closed=fail_closed,
             )
     except Exception as exc:  # any problem at all follows the policy: that is its point
         return _failed(exc, fail_closed, picked, log_path)
@@ -437,6 +490,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         dest=str(Path(args.dest) / kinds.kind(got.kind).FILES),
         tuned=got.outcomes.tuned if got.outcomes else None,
         default=got.outcomes.default if got.outcomes else None,
+        caches=got.caches,
+        caches_dest=args.caches_dest or "",
+        caches_failed=got.caches_failed,
     )
     if picked is not None:
         loaded = picked.mark(loaded)

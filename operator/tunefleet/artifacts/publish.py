@@ -38,9 +38,9 @@ from tunefleet.storage.store import (
 from tuner_job.config import SHARD_ENV
 from tuner_job.files import sha256_hex
 from tuner_job.manifest import ImageRef, Manifest, ManifestError, loads
-from tuner_job.output import MANIFEST_NAME, RESULTS_NAME
+from tuner_job.output import MANIFEST_NAME
 
-from . import cli, fit, kinds
+from . import bundle, cli, fit, kinds
 from .library import SCOPES, Added, add_entry, check_revision, check_scope, check_shard, shard_base
 
 PROG = "tunefleet-publish"
@@ -103,20 +103,22 @@ def load_artifact(
     require_rows: bool = True,
     target: fit.Target | None = None,
 ) -> tuple[bytes, bytes, Manifest]:
-    """Read and cross-check what the tuner wrote before anything leaves the pod."""
-    results = _read(directory / RESULTS_NAME)
+    """Read and cross-check what the tuner wrote before anything leaves the pod: the manifest
+    first, since its kind names the payload (results.csv, or caches.json for caches alone)."""
     manifest_bytes = _read(directory / MANIFEST_NAME)
     try:
         manifest = loads(manifest_bytes)
-    except ManifestError as exc:
+        payload_name = kinds.of(manifest).PAYLOAD
+    except (ManifestError, ValueError) as exc:
         raise PublishError(str(exc)) from None
+    results = _read(directory / payload_name)
     check_artifact(
         results,
         manifest,
         namespace,
         profile,
         gpu_model,
-        str(directory / RESULTS_NAME),
+        str(directory / payload_name),
         require_rows=require_rows,
         target=target,
     )
@@ -262,6 +264,10 @@ def publish(
             f"the tuner's output is shard {manifest.extra.shard} of {manifest.extra.shards}: "
             f"publish it with --shards {manifest.extra.shards}, for tunefleet-merge"
         )
+    try:
+        archives = bundle.read_local(directory, manifest)
+    except bundle.BundleError as exc:
+        raise PublishError(str(exc)) from None
     image = image or TuneImage()
     store = store or image.open(location, options)
 
@@ -269,7 +275,9 @@ def publish(
         ref = image.ref()
         return replace(m, image=ref) if ref is not None else m
 
-    pub = upload_artifact(store, location, results, manifest, with_image)
+    pub = upload_artifact(store, location, results, manifest, with_image, archives)
+    if manifest.kind != kinds.DEFAULT:
+        return pub  # the GEMM library holds TunableOp rows; caches are per identity already
     return add_to_library(store, location, library_scope, pub, results)
 
 
@@ -279,13 +287,16 @@ def upload_artifact(
     results: bytes,
     manifest: Manifest,
     finish: Callable[[Manifest], Manifest] | None = None,
+    archives: dict[str, bytes] | None = None,
 ) -> Published:
-    """results.csv, then the manifest (``finish`` completes it meanwhile: the image), under
-    ``<prefix>/<ns>/<profile>/<model>/<sha256>/``; publish and merge both end here."""
+    """The cache archives, results.csv (or the caches' index), then the manifest (``finish``
+    completes it meanwhile: the image), under ``<prefix>/<ns>/<profile>/<model>/<sha256>/``;
+    publish and merge both end here."""
     sha = manifest.results_sha256
     namespace, profile, gpu_model = manifest.namespace, manifest.profile, manifest.gpu_model
     base = location.key(namespace, profile, gpu_model, sha)
     kind = kinds.of(manifest)  # a known one: check_artifact or the merge made it
+    bundle.upload(store, base, manifest, archives or {})
     created = store.put_if_absent(f"{base}/{kind.PAYLOAD}", results, kind.CONTENT_TYPE)
     if finish is not None:
         manifest = finish(manifest)

@@ -134,7 +134,15 @@ def tuning_config(
         shape["m"], shape["n"], shape["k"] = shape.pop("mnk")
     if captured:
         workload["untunedFiles"] = [f"{CAPTURED_DIR}/{CAPTURED_KEY}"]
+    extra: dict[str, Any] = {}
+    if spec.artifacts.caches or not spec.artifacts.tunableop:
+        # tuner_job/config.py's artifacts (absent: TunableOp results alone, as before caches).
+        extra["artifacts"] = {
+            "tunableop": spec.artifacts.tunableop,
+            "caches": [c.to_dict() for c in spec.artifacts.cache_specs()],
+        }
     return {
+        **extra,
         "namespace": namespace,
         "profile": profile,
         "gpuModel": model,
@@ -267,6 +275,11 @@ def _publish_container(c: Child, storage: PodStorage) -> dict[str, Any]:
     return with_storage(c.step("publish", command, mounts), storage)
 
 
+def _out_limit(spec: TuningProfileSpec) -> str:
+    caches = sum(c.max_bytes for c in spec.artifacts.cache_specs())
+    return "1Gi" if not caches else str((1 << 30) + caches)
+
+
 def build_tuning_job(c: Child) -> dict[str, Any]:
     """One Indexed Job per GPU model: spec.gpu.parallelism pods, each tuning its share."""
     spec, model = c.spec, c.model
@@ -279,7 +292,8 @@ def build_tuning_job(c: Child) -> dict[str, Any]:
     )
     volumes = [
         {"name": "tools", "emptyDir": {"sizeLimit": "64Mi"}},
-        {"name": "out", "emptyDir": {"sizeLimit": "1Gi"}},
+        # Caches are packed here too: room for each at its bound (compressed, it is less).
+        {"name": "out", "emptyDir": {"sizeLimit": _out_limit(spec)}},
         {"name": "exchange", "emptyDir": {"sizeLimit": "1Gi"}},
         {"name": "tmp", "emptyDir": {}},
         # Every key, so that IMAGE_ID_KEY appears in publish's mount when the operator adds it.

@@ -15,6 +15,7 @@ from tunefleet.builders.storage import with_storage
 from tunefleet.config import Config
 from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
 from tunefleet.storage.store import PodStorage
+from tuner_job import caches as cc
 
 HANDLER_ID = "pod-inject"
 # Set by the API server on every namespace (since 1.21): a namespace selector by name.
@@ -94,22 +95,53 @@ def build_fetch_container(
     fail_closed: bool,
     storage: PodStorage,
     config: Config,
+    caches: bool = False,
 ) -> dict[str, Any]:
-    """The init container that downloads, verifies and writes one file per GPU ordinal."""
+    """The init container that downloads, verifies and writes one file per GPU ordinal (and,
+    with caches, unpacks each cache into the pod's caches volume)."""
     command = [
         "tunefleet-fetch", "--uri", uri, "--sha256", sha256, "--dest", RESULTS_DIR,
         "--devices", str(devices), "--gpu-model", gpu_model,
         *(["--manifest-sha256", manifest_sha256] if manifest_sha256 else []),
         *(["--fail-closed"] if fail_closed else []),
+        *(["--caches-dest", CACHES_DIR] if caches else []),
     ]  # fmt: skip
+    mounts = [{"name": VOLUME, "mountPath": RESULTS_DIR}]
+    if caches:
+        mounts.append({"name": CACHES_VOLUME, "mountPath": CACHES_DIR})
     fetch = tunefleet_container(
         FETCH_CONTAINER,
         command,
         image=config.image,
         pull_policy=config.image_pull_policy,
-        mounts=[{"name": VOLUME, "mountPath": RESULTS_DIR}],
+        mounts=mounts,
     )
     return with_storage(fetch, storage)
+
+
+# Each cache unpacked into its own directory here (artifacts/bundle.py): pod-local and
+# writable, since stacks add to their caches as they run; never a shared copy.
+CACHES_VOLUME = "tunefleet-caches"
+CACHES_DIR = kinds.kind("caches").MOUNT_DIR
+
+
+def caches_volume(entries: Sequence[cc.Packed]) -> dict[str, Any]:
+    """Room for every cache unpacked, and as much again for what the stack adds to it."""
+    unpacked = sum(e.bytes for e in entries)
+    return {"name": CACHES_VOLUME, "emptyDir": {"sizeLimit": str(2 * unpacked + (64 << 20))}}
+
+
+def caches_mount() -> dict[str, Any]:
+    return {"name": CACHES_VOLUME, "mountPath": CACHES_DIR}
+
+
+def caches_env(
+    specs: Sequence[cc.CacheSpec], carried: Sequence[str], have: set[str]
+) -> list[dict[str, str]]:
+    """The variables of each cache the artifact carries, pointing into the caches volume (the
+    profile's spec names them, never the manifest); a value the user set on a container wins."""
+    wanted = cc.environment([s for s in specs if s.name in carried], CACHES_DIR)
+    return [{"name": k, "value": v} for k, v in sorted(wanted.items()) if k not in have]
 
 
 PACKED_DIR = "/tunefleet/packed"  # a gzipped artifact's ConfigMap, unpacked by fetch

@@ -19,7 +19,8 @@ import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from tuner_job.manifest import Manifest
+from tuner_job import caches as cc
+from tuner_job.manifest import DEFAULT_KIND, Manifest
 
 MESSAGE_LIMIT = 4096  # bytes the kubelet keeps of a termination message
 REASON_LIMIT = 200  # characters of the first skipped library entry's reason
@@ -75,6 +76,11 @@ class ArtifactRecord:
     config_map: str = ""
     config_map_uid: str = ""
     delivery: str = ""
+    # What it carries beside (or, kind "caches", instead of) TunableOp results: each cache
+    # packed (tuner_job/caches.py), and those the run produced nothing to serve for, with why.
+    kind: str = DEFAULT_KIND
+    caches: tuple[cc.Packed, ...] = ()
+    caches_skipped: tuple[cc.Skipped, ...] = ()
 
     # --- the pod's side -------------------------------------------------------------------
 
@@ -111,6 +117,11 @@ class ArtifactRecord:
             library_key=x.library_key or "",
             library_skipped=library.skipped_count if library is not None else 0,
             library_skipped_reason=reason,
+            kind=m.kind,
+            caches=m.caches,
+            caches_skipped=tuple(
+                cc.Skipped(s.kind, s.name, s.reason[:REASON_LIMIT]) for s in m.caches_skipped
+            ),
         )
 
     def to_message(self, limit: int = MESSAGE_LIMIT) -> str:
@@ -196,6 +207,9 @@ class ArtifactRecord:
             config_map=_text(cm.get("name")),
             config_map_uid=_text(cm.get("uid")),
             delivery=_text(doc.get("delivery"), 300),
+            kind=_text(doc.get("kind")) or DEFAULT_KIND,
+            caches=_caches(doc),
+            caches_skipped=_skipped(doc),
         )
 
     def _doc(self, *, with_job: bool) -> dict[str, Any]:
@@ -225,7 +239,22 @@ class ArtifactRecord:
             doc["outcomes"] = {"tuned": self.outcomes[0], "default": self.outcomes[1]}
         if self.image_reference or self.image_id:
             doc["image"] = {"reference": self.image_reference, "id": self.image_id}
+        if self.kind != DEFAULT_KIND:
+            doc["kind"] = self.kind
+        if self.caches:
+            doc["caches"] = [
+                {k: v for k, v in c.to_dict().items() if k != "payload"} for c in self.caches
+            ]
+        if self.caches_skipped:
+            doc["cachesSkipped"] = [c.to_dict() for c in self.caches_skipped]
         return doc
+
+    @property
+    def kinds(self) -> list[str]:
+        """What it carries, for status and kubectl: tunableop (unless caches alone), then each
+        cache by name."""
+        head = [DEFAULT_KIND] if self.kind == DEFAULT_KIND else []
+        return head + [c.name for c in self.caches]
 
     # --- what serving and status derive from it -------------------------------------------
 
@@ -250,14 +279,44 @@ class ArtifactRecord:
         )
 
 
+def _caches(doc: dict[str, Any]) -> tuple[cc.Packed, ...]:
+    """status.artifacts[].caches, each entry checked as a manifest's is; none at all when one
+    is malformed (a forged or hand-edited status never points fetch at a made-up archive)."""
+    raw = doc.get("caches")
+    if not isinstance(raw, list):
+        return ()
+    items = [
+        {**c, "payload": f"{cc.PAYLOAD_PREFIX}{c.get('name')}{cc.PAYLOAD_SUFFIX}"}
+        for c in raw
+        if isinstance(c, dict)
+    ]
+    try:
+        packed, _ = cc.manifest_entries({"caches": items})
+    except cc.CacheError:
+        return ()
+    return tuple(packed)
+
+
+def _skipped(doc: dict[str, Any]) -> tuple[cc.Skipped, ...]:
+    raw = doc.get("cachesSkipped")
+    if not isinstance(raw, list):
+        return ()
+    return tuple(
+        cc.Skipped(_text(s.get("kind")), _text(s.get("name")), _text(s.get("reason"), 300))
+        for s in raw
+        if isinstance(s, dict)
+    )
+
+
 def status_fields() -> set[str]:
     """The status names this record writes (for the CRD round-trip test)."""
     names = {
         "uri", "sha256", "gpuModel", "job", "revision", "gemms", "tunedAt", "tuningSeconds",
         "manifestSha256", "identity", "libraryKey", "librarySkipped", "librarySkippedReason",
-        "outcomes", "image", "configMap", "delivery", *_COUNTS,
+        "outcomes", "image", "configMap", "delivery", "kind", "caches", "cachesSkipped",
+        *_COUNTS,
     }  # fmt: skip
-    assert len(fields(ArtifactRecord)) == 20  # a new field must be named above too
+    assert len(fields(ArtifactRecord)) == 23  # a new field must be named above too
     return names
 
 

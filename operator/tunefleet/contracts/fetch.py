@@ -28,6 +28,10 @@ _LOADED_RE = re.compile(
     r"\(sha256 (?P<sha>[0-9a-f]+)\) to (?P<dest>\S+)"
     r"(?: \(GPU model (?P<model>[^\s,()]+), node (?P<node>[^\s,()]+)\))?"
 )
+# "; caches a,b unpacked to DIR" or "; caches not served: why" after a loaded line whose
+# artifact carries caches (artifacts/bundle.py).
+_CACHES_RE = re.compile(r"; caches (?P<names>[a-z0-9,-]+) unpacked to (?P<dir>\S+)")
+_CACHES_FAILED_RE = re.compile(r"; caches not served: (?P<why>.*)$")
 # "... (GPU model M, node N)" after the reason of a pod whose model was picked at its node.
 _PICKED_RE = re.compile(r" \(GPU model (?P<model>[^\s,()]+), node (?P<node>[^\s,()]+)\)$")
 
@@ -45,9 +49,19 @@ class FetchOutcome:
     # Picked where the pod landed (several candidates): the model and the node.
     gpu_model: str = ""
     node: str = ""
+    caches: tuple[str, ...] = ()  # the caches unpacked, by name
+    caches_dest: str = ""
+    caches_failed: str = ""  # why the artifact's caches were not served (the results were)
 
     def _picked(self) -> str:
         return f" (GPU model {self.gpu_model}, node {self.node})" if self.gpu_model else ""
+
+    def _caches(self) -> str:
+        if self.caches:
+            return f"; caches {','.join(self.caches)} unpacked to {self.caches_dest}"
+        if self.caches_failed:
+            return f"; caches not served: {self.caches_failed}"
+        return ""
 
     def line(self) -> str:
         if self.verdict == LOADED:
@@ -56,6 +70,7 @@ class FetchOutcome:
                 f"{PROG}: wrote {self.files} results file(s) with {self.gemms} GEMMs "
                 f"({tuned} tuned, {default} Default) (sha256 {self.sha256}) to {self.dest}"
                 + self._picked()
+                + self._caches()
             )
         words = _REFUSED_WORDS if self.verdict == REFUSED else _UNTUNED_WORDS
         return f"{PROG}: {words} {self.reason}{self._picked()}"
@@ -77,8 +92,13 @@ class FetchOutcome:
                 return cls(verdict, reason=reason)
         m = _LOADED_RE.search(text)
         if m:
+            caches = _CACHES_RE.search(text)
+            failed = _CACHES_FAILED_RE.search(text)
             return cls(
                 LOADED,
+                caches=tuple(caches["names"].split(",")) if caches else (),
+                caches_dest=caches["dir"] if caches else "",
+                caches_failed=failed["why"] if failed else "",
                 files=int(m["files"]),
                 gemms=int(m["gemms"]),
                 sha256=m["sha"],

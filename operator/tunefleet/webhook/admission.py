@@ -33,6 +33,7 @@ from pydantic import ValidationError
 
 from tunefleet import images, naming
 from tunefleet.api import TuningProfileSpec
+from tunefleet.artifacts import kinds
 from tunefleet.builders import capture as capture_b
 from tunefleet.builders.placement import (
     Mounted,
@@ -42,10 +43,14 @@ from tunefleet.builders.placement import (
 )
 from tunefleet.builders.storage import pod_storage
 from tunefleet.builders.webhook import (
+    CACHES_DIR,
     RESULTS_DIR,
     VOLUME,
     build_fetch_container,
     build_unpack_container,
+    caches_env,
+    caches_mount,
+    caches_volume,
     packed_volume,
     results_config_map_volume,
     results_mount,
@@ -110,7 +115,7 @@ class Choice:
 
     @property
     def from_config_map(self) -> bool:
-        return bool(self.artifact.config_map) and self.spec.serving.delivery == "ConfigMap"
+        return mountable(self.artifact) and self.spec.serving.delivery == "ConfigMap"
 
 
 @dataclass(frozen=True)
@@ -133,7 +138,14 @@ class Offer:
 
     def from_config_map(self, spec: TuningProfileSpec) -> bool:
         art = self.artifact
-        return art is not None and bool(art.config_map) and spec.serving.delivery == "ConfigMap"
+        return art is not None and mountable(art) and spec.serving.delivery == "ConfigMap"
+
+
+def mountable(art: ArtifactRecord) -> bool:
+    """Served by mounting its ConfigMap: TunableOp results alone. Caches are unpacked into a
+    pod-local copy by fetch, from the store (a status claiming a ConfigMap for them is not
+    believed)."""
+    return bool(art.config_map) and art.kind == kinds.DEFAULT and not art.caches
 
 
 @dataclass(frozen=True)
@@ -442,9 +454,11 @@ def _fetch_from_store(pspec: dict[str, Any], choice: Choice, devices: int, confi
         fail_closed=spec.serving.fail_closed,
         storage=storage,
         config=config,
+        caches=bool(art.caches),
     )
     pspec["initContainers"] = [fetch, *(pspec.get("initContainers") or [])]
-    pspec["volumes"] = [*(pspec.get("volumes") or []), results_volume(), *storage.volumes]
+    extra = [caches_volume(art.caches)] if art.caches else []
+    pspec["volumes"] = [*(pspec.get("volumes") or []), results_volume(), *extra, *storage.volumes]
 
 
 def _pick_at_node(
@@ -475,15 +489,17 @@ def _pick_at_node(
     # candidate is fetched from the store: mounted ones need none.
     storage = pod_storage(spec, config, read_only=True, serving=True) if from_store else None
     node_map = nodemap.config_map_name(naming.label_key(spec))
+    carried = [c for o in at.served if o.artifact for c in o.artifact.caches]
     pick = build_pick_container(
         candidates=candidates, node_map=node_map, devices=devices, fail_closed=closed,
-        storage=storage, config=config,
+        storage=storage, config=config, caches=bool(carried),
     )  # fmt: skip
     pspec["initContainers"] = [pick, *(pspec.get("initContainers") or [])]
     models = [o.model for o in at.offers]
     pspec["volumes"] = [
         *(pspec.get("volumes") or []),
         results_volume(),
+        *([caches_volume(carried)] if carried else []),
         candidates_volume(node_map, models, mounted, *where),
         *(storage.volumes if storage is not None else []),
     ]
@@ -527,22 +543,60 @@ def build_patch(
             INJECTED, code, uri=art.uri, sha256=art.sha256, gpu_model=choice.model,
             image_warning=warning, config_map=art.config_map if choice.from_config_map else "",
         )  # fmt: skip
+    _serve_containers(pspec, choice, check, capture)
+    mark.write(out)
+    return out
+
+
+def _serve_containers(
+    pspec: dict[str, Any], choice: Choice | AtNode, check: ImageCheck, capture: bool
+) -> None:
+    """The chosen containers' environment and mounts: TunableOp's, each cache's, capture's;
+    the image pinned where asked."""
+    spec = choice.spec
+    served = _served(choice)
     for c in pspec.get("containers") or []:
         if c.get("name") not in check.chosen:
             continue
         env = c.setdefault("env", [])
-        # What the user set on a container wins: they may want tuning on, or another file.
-        env.extend(tunable_env({e.get("name") for e in env}, capture))
         mounts = c.setdefault("volumeMounts", [])
-        if not any(m.get("mountPath") == RESULTS_DIR for m in mounts):
-            mounts.append(results_mount())
+        # What the user set on a container wins: they may want tuning on, or another file.
+        if served.tunableop:
+            env.extend(tunable_env({e.get("name") for e in env}, capture))
+            if not any(m.get("mountPath") == RESULTS_DIR for m in mounts):
+                mounts.append(results_mount())
+        if served.caches:
+            env.extend(
+                caches_env(
+                    spec.artifacts.cache_specs(), served.caches, {e.get("name") for e in env}
+                )
+            )
+            if not any(m.get("mountPath") == CACHES_DIR for m in mounts):
+                mounts.append(caches_mount())
         if capture:
             c["env"] = capture_b.serving_env(env)
             mounts.extend(capture_b.serving_mounts())
         if c.get("name") in check.pinned:
             c["image"] = check.pinned[c["name"]]
-    mark.write(out)
-    return out
+
+
+@dataclass(frozen=True)
+class _Served:
+    tunableop: bool
+    caches: tuple[str, ...]  # names
+
+
+def _served(choice: Choice | AtNode) -> _Served:
+    """What the serving containers get: TunableOp's settings unless every artifact offered is
+    caches alone, and the variables of each cache some artifact offered carries."""
+    arts = (
+        [choice.artifact]
+        if isinstance(choice, Choice)
+        else [o.artifact for o in choice.served if o.artifact is not None]
+    )
+    tunableop = any(a.kind == kinds.DEFAULT for a in arts) or not arts
+    names = tuple(sorted({c.name for a in arts for c in a.caches}))
+    return _Served(tunableop, names)
 
 
 def _add_capture(

@@ -19,6 +19,7 @@ from tunefleet.artifacts.library import (
     entry_sha256,
 )
 from tunefleet.storage.store import Listed, Location, Store, check_key_parts
+from tuner_job import caches as cc
 from tuner_job.output import MANIFEST_NAME, RESULTS_NAME
 
 from .common import SHA_RE, GcError
@@ -26,7 +27,10 @@ from .common import SHA_RE, GcError
 # gc lists everything before deciding (a partial listing could make an old artifact look like
 # the newest): past this many objects it stops and asks for --namespace.
 MAX_OBJECTS = 1_000_000
-ARTIFACT_FILES = (MANIFEST_NAME, RESULTS_NAME)  # deletion order: no manifest without results
+# Deletion order: the manifest first, so no manifest is ever without its payload or caches.
+ARTIFACT_FILES = (MANIFEST_NAME, RESULTS_NAME, cc.INDEX_NAME)
+# An artifact's cache archives (artifacts/bundle.py): <base>/caches/<sha256>.tar.gz.
+_CACHE_RE = re.compile(r"^[0-9a-f]{64}" + re.escape(cc.PAYLOAD_SUFFIX) + "$")
 _CHECKPOINT_RE = re.compile(r"^[0-9]+-of-[0-9]+\.json$")
 _SHARD_RE = re.compile(r"^[0-9]+-of-[0-9]+$")
 
@@ -155,7 +159,10 @@ def _place(inv: Inventory, location: Location, parts: list[str], o: Listed) -> b
     if len(parts) < 5 or not _names_ok(parts[0], parts[1], parts[2]):
         return False
     owner = (parts[0], parts[1], parts[2])
-    if len(parts) == 5 and SHA_RE.match(parts[3]) and parts[4] in ARTIFACT_FILES:
+    in_artifact = (len(parts) == 5 and parts[4] in ARTIFACT_FILES) or (
+        len(parts) == 6 and parts[4] == "caches" and bool(_CACHE_RE.match(parts[5]))
+    )
+    if in_artifact and SHA_RE.match(parts[3]):
         base = location.key(*parts[:4])
         inv.artifacts[owner].setdefault(parts[3], Group(ARTIFACT, base)).objects.append(o)
         return True

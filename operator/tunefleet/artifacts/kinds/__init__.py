@@ -28,7 +28,7 @@ from tunefleet.artifacts import fit
 from tuner_job.manifest import DEFAULT_KIND, Manifest
 from tuner_job.results import Outcomes
 
-KINDS = ("tunableop",)
+KINDS = ("tunableop", "caches")
 DEFAULT = DEFAULT_KIND
 
 # What a kind's parse returns: its own form of the payload, handed back to the same kind only
@@ -84,6 +84,10 @@ def kind(name: str = DEFAULT) -> ArtifactKind:
         from . import tunableop
 
         return tunableop
+    if name == "caches":
+        from . import caches
+
+        return caches
     raise ValueError(f"no artifact kind {name} (known: {', '.join(KINDS)})")
 
 
