@@ -13,6 +13,7 @@ from typing import Any
 
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
+from tunefleet.artifacts import kinds
 from tunefleet.conditions import Phase, Reason, Type, condition
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.observe import JobObservation
@@ -330,9 +331,12 @@ def _summary(artifacts: list[ArtifactRecord], models: list[str]) -> dict[str, An
     current = [a for a in artifacts if a.gpu_model in models]
     if not current:
         return out
-    out["gemms"] = sum(a.gemms or 0 for a in current)
-    if all(a.outcomes is not None for a in current):
-        won = sum(a.outcomes[0] for a in current if a.outcomes is not None)
+    results = [a for a in current if a.kind == kinds.DEFAULT]  # caches alone have no GEMMs
+    out["gemms"] = sum(a.gemms or 0 for a in results)
+    if not results:
+        out["tunedGemms"] = "-"
+    elif all(a.outcomes is not None for a in results):
+        won = sum(a.outcomes[0] for a in results if a.outcomes is not None)
         out["tunedGemms"] = f"{won}/{out['gemms']}"
     else:
         out["tunedGemms"] = f"?/{out['gemms']}"  # artifacts from before outcomes were counted

@@ -160,6 +160,24 @@ def test_status_of_a_ready_profile_shows_the_artifact_jobs_history_and_events() 
     assert [e["reason"] for e in data["events"]] == ["Ready", "TuningJobCreated"]
 
 
+def test_status_shows_each_cache_and_why_one_was_not_served() -> None:
+    art = {
+        **artifact(),
+        "kind": "caches",
+        "caches": [{"kind": "torchCompile", "name": "torchcompile", "sha256": "cd" * 32,
+                    "size": 3 << 20, "files": 41, "bytes": 9 << 20}],
+        "cachesSkipped": [{"kind": "cache", "name": "fi", "reason": "empty: the workload "
+                           "wrote nothing under FI_DIR"}],
+    }  # fmt: skip
+    text = format_status(status_report(profile(artifacts=[art]), []), NOW)
+    assert "  NVIDIA-H200  abababababab  caches only (no TunableOp results)" in text
+    rows = {" ".join(line.split()[:2]): " ".join(line.split()[2:]) for line in text.splitlines()}
+    assert rows["cache torchcompile"] == (
+        "torchCompile: 41 file(s), 3.0 MiB packed, sha256 cdcdcdcdcdcd"
+    )
+    assert rows["cache fi"] == "not served: empty: the workload wrote nothing under FI_DIR"
+
+
 def test_status_while_retuning_shows_earlier_artifacts_blocked_and_sharded_jobs() -> None:
     prof = profile(
         models=(H100, H200),

@@ -112,7 +112,9 @@ def _artifact_lines(
         return [f"  {model}  no artifact yet (phase {report['phase']})"]
     outcomes = art.get("outcomes") or {}
     gemms = art.get("gemms")
-    if isinstance(outcomes.get("tuned"), int):
+    if art.get("kind") == "caches":
+        head = "caches only (no TunableOp results)"
+    elif isinstance(outcomes.get("tuned"), int):
         total = gemms if isinstance(gemms, int) else outcomes["tuned"] + outcomes.get("default", 0)
         head = f"{outcomes['tuned']}/{total} GEMMs tuned ({outcomes.get('default', 0)} Default)"
     else:
@@ -137,6 +139,7 @@ def _artifact_lines(
         rows.append(["revision", f"{rev} (earlier; revision {report['revision'] or '?'} tunes)"])
     if art.get("manifestSha256"):
         rows.append(["manifest", f"sha256 {art['manifestSha256']}"])
+    rows += _cache_rows(art)
     if art.get("librarySkipped"):
         rows.append(
             [
@@ -155,6 +158,28 @@ def _artifact_lines(
     if not in_spec:
         rows.append(["note", "this GPU model is no longer in spec.gpu.models"])
     return lines + table(rows, indent=4)
+
+
+def _cache_rows(art: dict[str, Any]) -> list[list[str]]:
+    """One row per cache the artifact carries (kind, size, files, digest), and per cache that
+    came out empty or failed, with why (docs/bundles.md)."""
+    rows = []
+    for c in art.get("caches") or []:
+        if not isinstance(c, dict):
+            continue
+        size = c.get("size")
+        mib = f"{size / (1 << 20):.1f} MiB" if isinstance(size, int) else "?"
+        rows.append(
+            [
+                f"cache {c.get('name')}",
+                f"{c.get('kind')}: {c.get('files')} file(s), {mib} packed, "
+                f"sha256 {short(c.get('sha256'))}",
+            ]
+        )
+    for c in art.get("cachesSkipped") or []:
+        if isinstance(c, dict):
+            rows.append([f"cache {c.get('name')}", f"not served: {c.get('reason')}"])
+    return rows
 
 
 def _capture_lines(report: dict[str, Any], now: datetime.datetime) -> list[str]:

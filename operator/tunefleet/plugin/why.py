@@ -410,6 +410,13 @@ def _fetch_verdict(p: _Pod, a: Admission, out: dict[str, Any], fetch: dict[str, 
         out.update(
             tuned=True, verdict="injected", summary=summary, reason=message, reasonSource=source
         )
+        if outcome.caches:
+            out["notes"].append(f"caches {', '.join(outcome.caches)} unpacked (a writable copy)")
+        if outcome.caches_failed:
+            # The results serve; the stack compiles as it would without its caches.
+            out["notes"].append(
+                f"caches not served, the stack starts cold: {outcome.caches_failed}"
+            )
     elif fetch["state"] == "terminated":
         code = fetch.get("exitCode")
         out.update(
