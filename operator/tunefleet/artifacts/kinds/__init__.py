@@ -1,21 +1,18 @@
 """Which kind of artifact a manifest describes: one table, by name.
 
 An artifact is one payload (a file, in the store next to manifest.json, and in the artifact's
-ConfigMap) and its manifest. What the payload is, how it is checked against its manifest and
-its GPU model, and how a serving container is made to load it, depends on its kind: those
-callers (fetch, publish, merge, delivery, the webhook's builders) ask the kind, never the
-format itself. Adding a kind (Inductor caches, Triton autotune caches) is one module here with
-the members of `ArtifactKind`, and one line in `kind` below. Kinds are imported when first
-used; the manifest's ``kind`` field names one (tuner_job/manifest.py: absent means
-``tunableop``, the only kind so far).
+ConfigMap) and its manifest, and, beside them, any cache archives the manifest lists
+(artifacts/bundle.py; tuner_job/caches.py owns their format). What the payload is, how it is
+checked against its manifest and its GPU model, and how a serving container is made to load
+it, depends on its kind: those callers (fetch, publish, merge, delivery, the webhook's
+builders) ask the kind, never the format itself. Kinds are imported when first used; the
+manifest's ``kind`` field names one (absent means ``tunableop``):
 
-Left alone, as TunableOp's own and not yet a kind's business: the tuner (tuner_job/*), which
-only ever writes TunableOp results; merge's row-level sharding (merge_shards,
-_check_consistent); the GEMM library and its sync and gc; capture (misses TunableOp records);
-the contracts between processes (contracts/fetch.py's FetchOutcome counts tuned and Default
-GEMMs, contracts/artifact.py) and the CRD; the kubectl plugin's texts; and the payload's name
-where it is read before the manifest that names the kind (publish's load_artifact, fetch's and
-merge's reads from the store, gc). Each is reshaped when a second kind needs it, not before.
+  tunableop  TunableOp results (results.csv), with or without caches beside them
+  caches     caches alone: the payload is the index (caches.json) that pins every archive
+
+Left alone, as TunableOp's own: merge's row-level sharding (a profile with caches is not
+sharded), the GEMM library and its sync and gc, capture (misses TunableOp records).
 
 Imports neither builders/ nor the CLIs (fetch, publish, merge), which all import this.
 """
