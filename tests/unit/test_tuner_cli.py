@@ -262,6 +262,37 @@ def test_run_records_workload_and_shapes_tunes_and_writes_the_artifact(tmp_path:
     assert sha256_hex(data) in done.stdout
 
 
+# A stack that writes its compile cache where the variable says (as Inductor does), within the
+# same workload run that TunableOp records.
+CACHING_WORKLOAD = WORKLOAD.replace(
+    "for rank in",
+    "open(os.path.join(os.environ['TORCHINDUCTOR_CACHE_DIR'], 'graph'), 'w').write('g')\n"
+    "for rank in",
+)
+
+
+def test_run_packs_the_caches_its_workload_filled_beside_the_results(tmp_path: Path) -> None:
+    (tmp_path / "serve.py").write_text(CACHING_WORKLOAD)
+    cfg = write_config(tmp_path)
+    doc = json.loads(cfg.read_text())
+    doc["workload"]["command"] = [sys.executable, str(tmp_path / "serve.py")]
+    doc["artifacts"] = {"caches": [{"kind": "torchCompile"}, {"kind": "vllm"}]}
+    cfg.write_text(json.dumps(doc))
+    done = tuner(
+        tmp_path, "run", "--config", str(cfg), "--out", "out",
+        env={"SERVE_SETTING": "kept", "FAKE_TORCH_GPUS": "2"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    manifest = loads((tmp_path / "out" / "manifest.json").read_bytes())
+    assert manifest.kind == "tunableop" and manifest.gemms > 0
+    (cache,) = manifest.caches
+    assert (cache.name, cache.files) == ("torchcompile", 1)
+    assert sha256_hex((tmp_path / "out" / cache.payload).read_bytes()) == cache.sha256
+    (skipped,) = manifest.caches_skipped
+    assert skipped.name == "vllm" and "VLLM_CACHE_ROOT" in skipped.reason
+    assert "cache vllm (vllm) not served: empty" in done.stderr
+
+
 def test_run_on_a_rocm_build_records_its_identity_and_outcomes(tmp_path: Path) -> None:
     cfg = write_config(
         tmp_path,
