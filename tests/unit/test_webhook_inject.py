@@ -428,3 +428,16 @@ def test_a_users_cache_variable_wins_and_no_variable_comes_from_status() -> None
     assert values["TORCHINDUCTOR_CACHE_DIR"] == "/mine"
     assert [e["name"] for e in server["env"]].count("TORCHINDUCTOR_CACHE_DIR") == 1
     assert "LD_PRELOAD" not in values
+
+
+def test_a_default_only_artifact_still_serves_its_caches_with_tunableop_off() -> None:
+    d = inject(pod(), "x", cached_profile(outcomes={"tuned": 0, "default": 12}, gemms=12), CFG)
+    assert d.injected
+    for c in d.pod["spec"]["containers"]:
+        names = {e["name"] for e in c["env"]}
+        assert "TORCHINDUCTOR_CACHE_DIR" in names
+        assert not any(n.startswith("PYTORCH_TUNABLEOP") for n in names)
+    # Without caches, the same artifact is not served at all (nothing to gain).
+    p = cached_profile(outcomes={"tuned": 0, "default": 12}, gemms=12)
+    p["status"]["artifacts"][0]["caches"] = []
+    assert not inject(pod(), "x", p, CFG).injected

@@ -185,8 +185,9 @@ def _artifact_of(
             "on the partition it runs on."
         )
         return Untuned(code, why, fix)
-    if artifact.default_only and not spec.serving.serve_default_only:
+    if artifact.default_only and not spec.serving.serve_default_only and not artifact.caches:
         # Nothing to gain and a lookup to pay on every GEMM: not switched on unless asked.
+        # (Its caches, if any, still serve: serves_results keeps TunableOp off for them.)
         reason = (
             f"the artifact of TuningProfile {profile_name!r} for {model} has no GEMM where a "
             f"kernel beat Default ({artifact.no_gain_reason()}); set "
@@ -594,9 +595,15 @@ def _served(choice: Choice | AtNode) -> _Served:
         if isinstance(choice, Choice)
         else [o.artifact for o in choice.served if o.artifact is not None]
     )
-    tunableop = any(a.kind == kinds.DEFAULT for a in arts) or not arts
+    tunableop = any(serves_results(a, choice.spec) for a in arts) or not arts
     names = tuple(sorted({c.name for a in arts for c in a.caches}))
     return _Served(tunableop, names)
+
+
+def serves_results(art: ArtifactRecord, spec: TuningProfileSpec) -> bool:
+    """Whether TunableOp is switched on for this artifact: it has results, and they gain
+    something (or the profile asks for Default-only results anyway)."""
+    return art.kind == kinds.DEFAULT and (not art.default_only or spec.serving.serve_default_only)
 
 
 def _add_capture(
