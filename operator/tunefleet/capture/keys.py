@@ -17,6 +17,7 @@ import time
 from collections import OrderedDict
 
 from tunefleet import delivery, kube
+from tunefleet.artifacts import kinds
 from tunefleet.artifacts.fetch import FetchError, download_verified
 from tunefleet.builders.artifact import PACKED_NAME
 from tunefleet.config import Config
@@ -79,6 +80,8 @@ class ArtifactKeys:
         self, record: ArtifactRecord, namespace: str, endpoint: str = "", region: str = ""
     ) -> frozenset[str] | None:
         sha = record.sha256
+        if record.kind != kinds.DEFAULT:
+            return frozenset()  # caches alone: no TunableOp results, so no GEMM is tuned
         with self._lock:
             if sha in self._keys:
                 self._keys.move_to_end(sha)
@@ -99,11 +102,16 @@ class ArtifactKeys:
         if data is not None and hashlib.sha256(data).hexdigest() != sha:
             log.warning(f"artifact {sha[:12]}: its ConfigMap holds other results; not used")
             data = None
+        keys = None
+        if data is not None:
+            try:
+                keys = keys_in(data)
+            except ValueError as e:  # verified bytes that still do not parse: never a crash
+                log.warning(f"artifact {sha[:12]}: its results do not parse ({e}); not used")
         with self._lock:
-            if data is None:
+            if keys is None:
                 self._failed[sha] = time.monotonic()
                 return None
-            keys = keys_in(data)
             self._failed.pop(sha, None)
             self._keys[sha] = keys
             while len(self._keys) > self.max_entries:
