@@ -9,7 +9,7 @@ PY      := $(VENV)/bin/python
 STATE   ?= $(CURDIR)/.tunefleet
 export TUNEFLEET_STATE := $(STATE)
 
-.PHONY: help venv tools torch-venvs images demo test lint unit conformance e2e cluster-up cluster-down run bench sync-crds clean
+.PHONY: help venv tools torch-venvs images images-torch demo test lint unit conformance e2e cluster-up cluster-down run bench sync-crds clean
 
 help:
 	@echo "make demo          set up and run the whole flow on the local control plane"
@@ -21,6 +21,7 @@ help:
 	@echo "                   and one real node (containerd, kubelet, kube-proxy; no GPU)"
 	@echo "                   kubeconfig: $(STATE)/kubeconfig   S3 settings: $(STATE)/s3.env"
 	@echo "make images        build the tunefleet and stand-in images (buildah), load them on the node"
+	@echo "make images-torch  also the real torch CPU image (~5 GB; bundles e2e and bench)"
 	@echo "make cluster-down  stop exactly what cluster-up started and remove its state"
 	@echo "make run           the operator in the foreground against \$$KUBECONFIG"
 	@echo "make bench         benchmarks; figures land in bench/results.md"
@@ -46,6 +47,12 @@ torch-venvs:
 # else cluster-up does.
 images:
 	hack/images.sh
+
+# The real torch CPU image (~5 GB, minutes cold; cached like the others): the bundles e2e test
+# and benchmark run torch.compile in it on the real node. Not part of `images` (the demo and
+# most tests never need it); the tests that do build it.
+images-torch:
+	hack/images.sh --torch
 
 cluster-up: venv tools images
 	hack/cluster-up.sh

@@ -29,6 +29,7 @@ ROUTINES = {
     "real": "real node: tuning Job and model pod start-up, bursts, the store unreachable",
     "nodemap": "the node map at 10,000 nodes (no cluster)",
     "capture": "the capture sidecar and loop",
+    "bundles": "real node, real torch: a torchCompile bundle's start-up saving (eager, cold, bundle)",
 }
 
 
@@ -46,6 +47,10 @@ def _add_options(p: argparse.ArgumentParser, routine: str | None) -> None:
         p.add_argument("--runs", type=int, default=7, help="artifacts: runs (%(default)s)")
     if every or routine == "nodemap":
         p.add_argument("--nodes", type=int, default=10_000, help="nodemap: nodes (%(default)s)")
+    if every or routine == "bundles":
+        p.add_argument(
+            "--bundle-pods", type=int, default=5, help="bundles: pods per arm (%(default)s)"
+        )
     if every or routine == "capture":
         p.add_argument(
             "--no-loop",
@@ -100,7 +105,10 @@ def main(argv: list[str] | None = None) -> None:
         only = [r for r in ROUTINES if r in only]  # the full run's order
     else:
         only = list(ROUTINES)
-    defaults = {"kills": 100, "churn_profiles": 1000, "cycles": 5, "runs": 7, "nodes": 10_000}
+    defaults = {
+        "kills": 100, "churn_profiles": 1000, "cycles": 5, "runs": 7, "nodes": 10_000,
+        "bundle_pods": 5,
+    }  # fmt: skip
     options = {**defaults, "loop": True, **vars(args)}
 
     from bench import suite  # the cluster, kubernetes and the test support: only now

@@ -254,6 +254,21 @@ GROUPS: dict[str, Any] = {
         "writes_for_200_node_scale_up_over_10s": None,
         "provenance": None,
     },
+    "bundles_torch_compile": {
+        "pods_per_arm": None,
+        "image": None,
+        "tuning_job_to_ready_s": None,
+        "bundle": None,
+        "medians": None,
+        "ratio_bundle_over_cold_start_cost": None,
+        "ratio_from_container_start": None,
+        "ratio_without_isa_probe": None,
+        "goal": None,
+        "bundle_hits_every_pod": None,
+        "compiled_outputs_identical": None,
+        "runs": None,
+        "provenance": None,
+    },
     "capture": {
         "sidecar": {
             "runs": [

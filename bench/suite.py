@@ -657,6 +657,13 @@ def run_parts(only: list[str], options: dict[str, Any]) -> None:
             t = begin("capture")
             results["capture"] = stamped(bench_capture.run(loop=options["loop"]))
             done("capture", t)
+        if "bundles" in only:
+            from bench import bench_bundles
+
+            t = begin("bundles")
+            figures = bench_bundles.run(cluster, s3, options["bundle_pods"])
+            results["bundles_torch_compile"] = stamped(figures)
+            done("bundles", t)
     finally:
         for ns in CREATED:
             cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)

@@ -5,6 +5,8 @@
 #   hack/images.sh             build what is missing or out of date; import if the node is up
 #   hack/images.sh --import    (cluster-up) import what is built; builds only the pause image
 #   hack/images.sh --list      print "name image archive" for each image (no build)
+#   hack/images.sh --torch     also build the real torch CPU image (~5 GB; the bundles e2e
+#                              test and benchmark need it; make images-torch); import it
 #
 # Images (docs/local-cluster.md):
 #   ghcr.io/tunefleet/tunefleet:<appVersion>               Dockerfile (the chart's default image)
@@ -14,6 +16,7 @@
 #   tunefleet.local/standin-inference:2.11.0-standin-nopython same, no python3 on its PATH
 #   tunefleet.local/pause:local                            the pod sandbox (hack/images/pause)
 #   tunefleet.local/debian-python:bookworm-<key>           the base the others build FROM
+#   tunefleet.local/torch-cpu:<torch>                      hack/images/torch-cpu (--torch only)
 #
 # Built with buildah (Debian's), storage in ~/.cache/tunefleet/buildah; each image is cached as
 # a docker-archive in ~/.cache/tunefleet/images, named by a hash of its inputs, so it is rebuilt
@@ -24,11 +27,13 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 
 mode=build
+torch=false
 case "${1:-}" in
   "") ;;
   --import) mode=import ;;
   --list) mode=list ;;
-  -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  --torch) torch=true ;;
+  -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) die "unknown argument: $1 (try --help)" ;;
 esac
 
@@ -61,6 +66,13 @@ TUNEFLEET_KEY="$(EXTRA_KEY="$BASE_KEY $APP_VERSION" hash_inputs Dockerfile .dock
 STANDIN_KEY="$(EXTRA_KEY="$BASE_KEY" hash_inputs hack/images/standin \
   tests/unit/data/fake_torch/torch .dockerignore hack/images.sh)"
 
+# The real torch CPU image: a torch version of hack/torch-versions.txt, its wheels in a host
+# directory filled once (pip download) and mounted into the build, so no rebuild downloads.
+TORCH_VERSION="$(awk '!/^#/ && NF {print $1; exit}' "$repo/hack/torch-versions.txt")"
+TORCH_IMAGE="tunefleet.local/torch-cpu:$TORCH_VERSION"
+TORCH_WHEELS="$CACHE/wheels/torch-$TORCH_VERSION"
+TORCH_KEY="$(EXTRA_KEY="$BASE_KEY $TORCH_VERSION" hash_inputs hack/images/torch-cpu)"
+
 # name image key
 IMAGES=(
   "pause $PAUSE_IMAGE $PAUSE_KEY"
@@ -71,6 +83,10 @@ IMAGES=(
   "standin-noshell $STANDIN_NOSHELL_IMAGE $STANDIN_KEY"
   "standin-nopython $STANDIN_NOPYTHON_IMAGE $STANDIN_KEY"
 )
+# Only with --torch (or when already built: then the node gets it too).
+if [[ "$torch" == true || -s "$ARCHIVES/torch-cpu-$TORCH_KEY.tar" ]]; then
+  IMAGES+=("torch-cpu $TORCH_IMAGE $TORCH_KEY")
+fi
 # The stand-in's variants: one Containerfile, one key, built and saved together.
 STANDINS=(standin standin-nogpu standin-noshell standin-nopython)
 archive_of() { echo "$ARCHIVES/$1-$2.tar"; }
@@ -201,6 +217,23 @@ image_of() {
   return 1
 }
 
+build_torch() {
+  # Downloaded once for the image's platform (Debian bookworm's CPython 3.11, x86_64), whatever
+  # Python runs this script; a stamp marks a complete download (an interrupted one is redone).
+  if [[ ! -e "$TORCH_WHEELS/.complete" ]]; then
+    local py=python3
+    [[ -x "$repo/.venv/bin/python" ]] && py="$repo/.venv/bin/python"   # has pip (make venv)
+    log "downloading torch $TORCH_VERSION and its wheels into $TORCH_WHEELS (once; ~2.7 GB)"
+    mkdir -p "$TORCH_WHEELS"
+    "$py" -m pip download -q --disable-pip-version-check -d "$TORCH_WHEELS" \
+      --only-binary=:all: --implementation cp --python-version 3.11 \
+      --platform manylinux_2_28_x86_64 "torch==$TORCH_VERSION" numpy >&2
+    touch "$TORCH_WHEELS/.complete"
+  fi
+  bud -f hack/images/torch-cpu/Containerfile --build-arg "TORCH_VERSION=$TORCH_VERSION" \
+    --volume "$TORCH_WHEELS:/wheels:ro" -t "$TORCH_IMAGE"
+}
+
 build_all() {
   mkdir -p "$ARCHIVES"
   exec 8>"$ARCHIVES/.lock"
@@ -226,6 +259,11 @@ build_all() {
     for name in "${STANDINS[@]}"; do
       save "$name" "$(image_of "$name")" "$STANDIN_KEY"
     done
+  fi
+  if [[ "$torch" == true && ! -s "$(archive_of torch-cpu "$TORCH_KEY")" ]]; then
+    setup_buildah; ensure_base
+    timed "$TORCH_IMAGE" build_torch
+    save torch-cpu "$TORCH_IMAGE" "$TORCH_KEY"
   fi
   exec 8>&-
 }

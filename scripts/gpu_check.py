@@ -703,6 +703,13 @@ def _steps(
     except (Skipped, Failed) as exc:
         rep.notes.append(f"capture hook not measured: {exc}")
 
+    # 4b. a torchCompile bundle on this GPU (Triton kernels, max-autotune): cold, then with
+    # the bundle the tuner packs (tuner_job/caches.py), unpacked at another path as fetch does
+    try:
+        rep.facts["compile"] = compile_bundle(env, work, clock)
+    except (Skipped, Failed) as exc:
+        rep.notes.append(f"torch.compile bundle not measured: {exc}")
+
     # 5. the tests marked gpu, with what is left
     pytest_ok = (
         subprocess.run(
@@ -725,6 +732,40 @@ def _steps(
     except Skipped as exc:
         rep.facts["gpu_tests"] = "skipped (deadline)"
         rep.skipped.append(str(exc))
+
+
+SERVE = REPO / "examples" / "torch-compile" / "serve.py"
+
+
+def _serve(env: dict[str, str], clock: Clock, tag: str) -> dict[str, Any]:
+    cmd = [sys.executable, str(SERVE), "--mode", "compiled", "--device", "cuda",
+           "--iterations", "10"]  # fmt: skip
+    done, _ = run(cmd, env, clock.cap(300, 60), f"torch.compile {tag}", 30)
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("TUNEFLEET_RESULT "))
+    doc: dict[str, Any] = json.loads(line.split(" ", 1)[1])
+    return doc
+
+
+def compile_bundle(env: dict[str, str], work: Path, clock: Clock) -> str:
+    """First inference under torch.compile cold and with a bundle, on this GPU."""
+    from tuner_job import caches as cc
+
+    spec = cc.spec("torchCompile")
+    cold = _serve({**env, **cc.prepare([spec], work / "tuned-caches")}, clock, "cold")
+    got = cc.pack(spec, work / "tuned-caches", work / "bundle")
+    if isinstance(got, cc.Skipped):
+        raise Failed(f"the bundle came out empty: {got.reason}")
+    cc.unpack((work / "bundle" / got.payload).read_bytes(), work / "pod-caches" / spec.name)
+    warm = _serve({**env, **cc.environment([spec], work / "pod-caches")}, clock, "with the bundle")
+    hits = warm["counters"].get("fxgraph_cache_hit", 0)
+    same = warm["output_sha256"] == cold["output_sha256"]
+    return (
+        f"first inference {cold['first_call_s']:.2f}s cold, {warm['first_call_s']:.2f}s with "
+        f"the bundle ({got.files} files, {got.size / 2**20:.1f} MiB packed; FX graph cache "
+        f"hits {hits}, misses {warm['counters'].get('fxgraph_cache_miss', 0)}); steady "
+        f"{cold['steady_median_ms']:.3f} vs {warm['steady_median_ms']:.3f} ms; outputs "
+        f"{'identical' if same else 'DIFFER'}"
+    )
 
 
 def _last_line(text: str) -> str:
@@ -814,6 +855,8 @@ def print_table(args: argparse.Namespace, clock: Clock, rep: Report) -> None:
         )
     if "capture" in f:
         print(f"record-untuned with results loaded: {f['capture']}")
+    if "compile" in f:
+        print(f"torch.compile bundle (examples/torch-compile): {f['compile']}")
     if "gpu_tests" in f:
         print(f"tests/gpu: {f['gpu_tests']}")
     for note in rep.notes:

@@ -114,16 +114,35 @@ TUNEFLEET_IMAGE = f"ghcr.io/tunefleet/tunefleet:{app_version()}"
 def ensure_images(timeout: float = 1800) -> list[str]:
     """Build what is out of date (hack/images.sh; seconds when nothing changed, a few minutes
     cold) and import it into the real node if it is up. Returns the image names."""
+    _images_sh(timeout)
+    return [TUNEFLEET_IMAGE, STANDIN_IMAGE, STANDIN_NOGPU_IMAGE]
+
+
+def _images_sh(timeout: float, *args: str) -> None:
     done = subprocess.run(
-        [str(IMAGES)],
+        [str(IMAGES), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         env={**os.environ, "TUNEFLEET_STATE": str(state_dir())},
     )
     if done.returncode != 0:
-        raise RuntimeError(f"hack/images.sh failed ({done.returncode})\n{done.stderr[-4000:]}")
-    return [TUNEFLEET_IMAGE, STANDIN_IMAGE, STANDIN_NOGPU_IMAGE]
+        what = " ".join(["hack/images.sh", *args])
+        raise RuntimeError(f"{what} failed ({done.returncode})\n{done.stderr[-4000:]}")
+
+
+def torch_image() -> str:
+    """The real torch CPU image's name (hack/images.sh --torch): the oldest pinned torch."""
+    versions = (ROOT / "hack" / "torch-versions.txt").read_text().splitlines()
+    version = next(v.split()[0] for v in versions if v.strip() and not v.startswith("#"))
+    return f"tunefleet.local/torch-cpu:{version}"
+
+
+def ensure_torch_image(timeout: float = 3600) -> str:
+    """Build the real torch CPU image if it is not (~5 GB, minutes cold; cached outside the
+    repo like the others) and import it into the real node. Returns its name."""
+    _images_sh(timeout, "--torch")
+    return torch_image()
 
 
 def fleet() -> list[dict[str, Any]]:

@@ -132,6 +132,13 @@ def test_publish_refuses_an_archive_its_manifest_does_not_describe(tmp_path: Pat
     out = _with_caches(tmp_path)
     m = loads((out / "manifest.json").read_bytes())
     (out / m.caches[0].payload).write_bytes(b"not a tar")
+    with pytest.raises(publish_mod.PublishError, match="the manifest pins"):
+        _publish(out, tmp_path / "store")
+    # Described by a forged manifest entry, it is still refused: not an archive at all.
+    forged = dataclasses.replace(
+        m.caches[0], sha256=hashlib.sha256(b"not a tar").hexdigest(), size=9
+    )
+    (out / "manifest.json").write_bytes(dataclasses.replace(m, caches=(forged,)).to_json())
     with pytest.raises(publish_mod.PublishError, match="not a gzipped tar"):
         _publish(out, tmp_path / "store")
     assert not (tmp_path / "store").exists()

@@ -863,6 +863,42 @@ def test_download_writes_verified_files_and_the_manifest(
     assert code == 0 and json.loads(out)["files"] == [str(dest / "tunableop_results0.csv")]
 
 
+def test_download_of_a_caches_artifact_unpacks_each_cache_or_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tuner_job import caches as cc
+    from tuner_job.output import write_caches_output
+
+    (tmp_path / "c" / "tc" / "inductor").mkdir(parents=True)
+    (tmp_path / "c" / "tc" / "inductor" / "entry").write_bytes(b"graph")
+    packed = cc.pack(cc.spec("torchCompile", "tc"), tmp_path / "c", tmp_path / "o")
+    assert isinstance(packed, cc.Packed)
+    manifest = write_caches_output(
+        tmp_path / "o", [packed], [], namespace="ml", profile="llm", revision="rev2",
+        gpu_model=H200, identity={"torch": "2.11.0"}, seconds=1.0,
+    )  # fmt: skip
+    where = tmp_path / "store" / "ml" / "llm" / H200 / manifest.results_sha256
+    (where / "caches").mkdir(parents=True)
+    for name in ("manifest.json", "caches.json"):
+        (where / name).write_bytes((tmp_path / "o" / name).read_bytes())
+    archive = where / "caches" / f"{packed.sha256}.tar.gz"
+    archive.write_bytes((tmp_path / "o" / packed.payload).read_bytes())
+    art = artifact(
+        H200, sha=manifest.results_sha256, uri=f"file://{where}",
+        manifestSha256=sha256_hex(manifest.to_json()), kind="caches",
+    )  # fmt: skip
+    use(monkeypatch, FakeCluster({"ml/llm": profile(artifacts=[art])}))
+    dest = tmp_path / "out"
+    code, out, err = run_main(capsys, "download", "llm", "--dest", str(dest))
+    assert (code, err) == (0, ""), out
+    assert (dest / "caches" / "tc" / "inductor" / "entry").read_bytes() == b"graph"
+    assert f"  {dest / 'caches' / 'tc'}" in out and "PYTORCH_TUNABLEOP_FILENAME" not in out
+    archive.write_bytes(b"tampered")
+    code, out, err = run_main(capsys, "download", "llm", "--dest", str(tmp_path / "bad"))
+    assert code != 0 and "caches not served" in err
+    assert not (tmp_path / "bad" / "caches" / "tc").exists()
+
+
 def test_download_refuses_an_artifact_that_does_not_verify(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tunefleet.storage.store import Store, StoreError
 from tuner_job import caches as cc
+from tuner_job.files import sha256_hex
 from tuner_job.manifest import Manifest
 
 # The archive's bound as fetched (its unpacked bound is the cache's maxBytes, checked again
@@ -29,7 +30,11 @@ def key(base: str, entry: cc.Packed) -> str:
 
 
 def checked(entry: cc.Packed, data: bytes, source: str) -> cc.Index:
-    """The archive against its manifest entry: safe to unpack, same digest and counts."""
+    """The archive against its manifest entry: the digest first (the pin, and the plainest
+    word for a changed archive), then safe to unpack with the counts the manifest lists."""
+    sha = sha256_hex(data)
+    if sha != entry.sha256:
+        raise BundleError(f"{source} has SHA-256 {sha}, the manifest pins {entry.sha256}")
     try:
         index = cc.check_archive(data, max(entry.bytes, 1), source)
     except cc.CacheError as exc:

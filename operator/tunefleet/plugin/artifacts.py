@@ -149,6 +149,7 @@ class Verified:
     gemms: int
     sha256: str
     manifest: bytes
+    caches: tuple[str, ...] = ()  # unpacked under <dest>/caches/<name>
 
 
 def fetch_verified(
@@ -177,6 +178,9 @@ def fetch_verified(
             gpu_model=gpu_model,
             store=store,
             manifest_sha256=manifest_sha256,
+            # A local copy is all or nothing: a cache that fails its check fails the download.
+            caches_dest=dest / "caches",
+            fail_closed=True,
         )
     except FetchError as e:
         if store.error is not None:
@@ -192,7 +196,8 @@ def fetch_verified(
             f"artifact {uri} failed verification, nothing was written: {e}: pods that fetch it "
             "start untuned; publish a good one (retune)"
         ) from None
-    return Verified(got.paths, got.gemms, got.sha256, store.objects.get(MANIFEST_NAME, b""))
+    manifest = store.objects.get(MANIFEST_NAME, b"")
+    return Verified(got.paths, got.gemms, got.sha256, manifest, got.caches)
 
 
 def write_atomically(path: Path, data: bytes) -> None:
@@ -243,6 +248,7 @@ def download(
         "manifestPinned": bool(art.get("manifestSha256")),
         "gemms": got.gemms,
         "files": [str(p) for p in got.paths],
+        "caches": [str(dest / "caches" / name) for name in got.caches],
         "manifest": str(manifest_path),
         "filename": str(dest / "tunableop_results%d.csv"),
     }
@@ -259,9 +265,14 @@ def format_download(report: dict[str, Any]) -> str:
         f"  {report['gemms']} GEMMs, GPU model {report['gpuModel']}, sha256 {report['sha256']};"
         f" {pinned}",
         "Wrote:",
-        *(f"  {p}" for p in [*report["files"], report["manifest"]]),
-        f"Load it with PYTORCH_TUNABLEOP_FILENAME={report['filename']}",
+        *(f"  {p}" for p in [*report["files"], *report.get("caches", []), report["manifest"]]),
     ]
+    if report["files"]:
+        lines.append(f"Load it with PYTORCH_TUNABLEOP_FILENAME={report['filename']}")
+    if report.get("caches"):
+        lines.append(
+            "Each cache is a directory its stack's variable can point at (docs/bundles.md)"
+        )
     return "\n".join(lines) + "\n"
 
 

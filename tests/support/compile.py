@@ -1,0 +1,109 @@
+"""torch.compile on the real node, for real: the workload (examples/torch-compile/serve.py) as a
+ConfigMap, a caches-only TuningProfile that tunes it in the real torch CPU image, and pods that
+run it with or without the profile; their `TUNEFLEET_RESULT` lines read back. Shared by
+tests/e2e/test_bundles_torch.py and the `bundles` benchmark (bench/suite.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.support.cluster import REAL_NODE_GPU_MODEL
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVE = ROOT / "examples" / "torch-compile" / "serve.py"
+WORKLOAD_CM = "compile-workload"
+WORKLOAD_DIR = "/workload"
+KEY = "nvidia.com/gpu.product"
+RESULT = "TUNEFLEET_RESULT "
+# Inductor probes the CPU's vector ISAs in every new process by building and loading a test
+# program per ISA (torch/_inductor/cpu_vec_isa.py): seconds each, a cost no cache removes.
+# Trusting the ISA the CPU reports skips one of them; it is set alike in every arm.
+INDUCTOR_ENV = [{"name": "TORCHINDUCTOR_VEC_ISA_OK", "value": "1"}]
+
+
+def workload_config_map() -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": WORKLOAD_CM},
+        "data": {"serve.py": SERVE.read_text()},
+    }
+
+
+def command(mode: str = "compiled", iterations: int = 3, serve: bool = False) -> list[str]:
+    return [
+        "python3", f"{WORKLOAD_DIR}/serve.py", "--mode", mode, "--iterations", str(iterations),
+        *(["--serve"] if serve else []),
+    ]  # fmt: skip
+
+
+def compile_profile(name: str, image: str, s3: Any, secret: str, **over: Any) -> dict[str, Any]:
+    """TorchCompile caches alone (no TunableOp: the real node has no GPU) of the workload."""
+    spec: dict[str, Any] = {
+        "image": image,
+        "imagePullPolicy": "Never",
+        "gpu": {"vendor": "nvidia", "models": [REAL_NODE_GPU_MODEL]},
+        "workload": {"command": command(iterations=3), "env": INDUCTOR_ENV},
+        "artifacts": {"tunableop": False, "caches": [{"kind": "torchCompile"}]},
+        "tuning": {"backoffLimit": 0, "budgetSeconds": 900, "activeDeadlineSeconds": 1500},
+        "storage": {
+            "uri": f"s3://{s3.bucket}/bundles",
+            "endpoint": s3.pod_endpoint,
+            "credentialsSecret": {"name": secret},
+        },
+        "template": {
+            "spec": {"volumes": [{"name": "workload", "configMap": {"name": WORKLOAD_CM}}]},
+            "tune": {
+                "volumeMounts": [{"name": "workload", "mountPath": WORKLOAD_DIR, "readOnly": True}]
+            },
+        },
+    }
+    spec.update(over)
+    return {
+        "apiVersion": "tunefleet.io/v1alpha1",
+        "kind": "TuningProfile",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def compile_pod(
+    name: str, image: str, profile: str | None, mode: str = "compiled", serve: bool = False
+) -> dict[str, Any]:
+    """A model pod on the real node running the workload once (or serving, with serve); with
+    a profile, tunefleet's webhook injects its caches."""
+    labels = {"tunefleet.io/profile": profile} if profile else {"app": "compile-reference"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": {KEY: REAL_NODE_GPU_MODEL},
+            "volumes": [{"name": "workload", "configMap": {"name": WORKLOAD_CM}}],
+            "containers": [
+                {
+                    "name": "server",
+                    "image": image,
+                    "imagePullPolicy": "Never",
+                    "command": command(mode, iterations=20, serve=serve),
+                    "env": list(INDUCTOR_ENV),
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                    "volumeMounts": [
+                        {"name": "workload", "mountPath": WORKLOAD_DIR, "readOnly": True}
+                    ],
+                }
+            ],
+        },
+    }
+
+
+def result_of(log: str) -> dict[str, Any] | None:
+    """The workload's TUNEFLEET_RESULT line in a pod's log, parsed; None before it is there."""
+    for line in log.splitlines():
+        if line.startswith(RESULT):
+            doc: dict[str, Any] = json.loads(line[len(RESULT) :])
+            return doc
+    return None
