@@ -47,6 +47,20 @@ def _finished(cluster: Any, namespace: str, name: str) -> dict[str, Any]:
     return {"pod": pod, "result": result, "log": log}
 
 
+def _answered(cluster: Any, namespace: str, name: str) -> dict[str, Any]:
+    """A serving pod once its workload answered its first request (it stays up)."""
+
+    def logged() -> str:
+        done = cluster.kubectl("logs", "-n", namespace, name, "-c", "server", check=False)
+        return str(done.stdout or "")
+
+    log = eventually(logged, lambda text: result_of(text) is not None, f"{name} to answer",
+                     timeout=600, interval=2)  # fmt: skip
+    result = result_of(log)
+    assert result is not None
+    return {"pod": pod_of(cluster, namespace, name), "result": result, "log": log}
+
+
 def test_a_torch_compile_bundle_is_tuned_once_and_served_warm_bit_for_bit(
     cluster: Any,
     in_cluster: InCluster,
@@ -97,8 +111,10 @@ def test_a_torch_compile_bundle_is_tuned_once_and_served_warm_bit_for_bit(
     client = s3.client()
     body = client.get_object(Bucket=s3.bucket, Key=key)["Body"].read()
     client.put_object(Bucket=s3.bucket, Key=key, Body=body[:-64] + b"\0" * 64)
-    create(cluster, namespace, compile_pod("tampered", torch_image, "compiled"))
-    bad = _finished(cluster, namespace, "tampered")
+    # Serving (it stays up): a pod of ours running without what was tuned is what Degraded
+    # counts.
+    create(cluster, namespace, compile_pod("tampered", torch_image, "compiled", serve=True))
+    bad = _answered(cluster, namespace, "tampered")
     fetch = statuses(bad["pod"])["tunefleet-fetch"]["state"]["terminated"]
     assert "starting untuned: caches not served" in fetch["message"], fetch
     assert "SHA-256" in fetch["message"]
