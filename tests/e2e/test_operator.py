@@ -136,11 +136,14 @@ def test_examples_tune_one_job_per_model_and_turn_ready(
         "SHA256",
         "TUNED",
         "REUSED",
+        "KINDS",
         "NOTE",
         "COVERAGE",
         "MESSAGE",
     ], wide
     assert published["mistral-7b-cuda"][0][:12] in wide
+    row = next(line for line in wide.splitlines() if line.startswith("mistral-7b-cuda"))
+    assert "tunableop" in row.split()  # KINDS: TunableOp results alone, no caches
 
     # Deleting a profile deletes its Jobs (garbage collection), never the artifacts.
     cluster.kubectl("delete", "tp", "-n", namespace, "llama-8b-rocm")
