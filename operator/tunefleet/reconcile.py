@@ -21,7 +21,6 @@ from pydantic import ValidationError
 from tunefleet import decide, delivery, kube, metrics, naming, policy, views
 from tunefleet.announce import announce
 from tunefleet.api import TuningProfileSpec
-from tunefleet.artifacts import kinds
 from tunefleet.artifacts.fetch import FetchError
 from tunefleet.builders.job import (
     IMAGE_ID_KEY,
@@ -388,9 +387,8 @@ def _store_only(record: ArtifactRecord | None, why_not: str) -> str:
     """How pods get an artifact that gets no ConfigMap, or "" when it gets one."""
     if why_not or record is None:
         return f"Store: {why_not}" if why_not else "Store"
-    if record.caches or record.kind != kinds.DEFAULT:
-        # Caches are unpacked into a pod-local, writable copy: fetch does that from the store
-        # (a ConfigMap of 1 MiB holds few of them anyway).
+    if not record.results_only:
+        # A ConfigMap of 1 MiB holds few caches anyway.
         return "Store: the artifact carries caches, unpacked by fetch"
     return ""
 

@@ -252,10 +252,7 @@ class ArtifactsSpec(_Model):
     @model_validator(mode="after")
     def _caches_make_sense(self) -> ArtifactsSpec:
         try:
-            specs = [
-                cc.spec(c.kind, c.name or "", c.env or "", c.file or "", c.max_bytes or 0)
-                for c in self.caches or []
-            ]
+            specs = self.cache_specs()
             cc.check_unique(specs)
         except cc.CacheError as exc:
             raise ValueError(f"spec.artifacts.caches: {exc}") from None

@@ -269,7 +269,7 @@ def fetch(
     )
     # Caches first: a cache-only artifact that cannot serve them serves nothing.
     caches, failed = _caches(store, location, got, caches_dest, fail_closed)
-    paths = write_device_files(dest, got.results, devices, got.kind) if devices else []
+    paths = write_device_files(dest, got.results, devices, got.kind)
     return Fetched(paths, got.gemms, got.sha256, got.outcomes, got.kind, caches, failed)
 
 

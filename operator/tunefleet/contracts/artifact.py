@@ -250,6 +250,12 @@ class ArtifactRecord:
         return doc
 
     @property
+    def results_only(self) -> bool:
+        """TunableOp results and nothing else: what an artifact ConfigMap can be mounted as.
+        Caches are unpacked by fetch into a pod-local, writable copy, from the store."""
+        return self.kind == DEFAULT_KIND and not self.caches
+
+    @property
     def kinds(self) -> list[str]:
         """What it carries, for status and kubectl: tunableop (unless caches alone), then each
         cache by name."""

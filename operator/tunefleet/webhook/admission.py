@@ -145,7 +145,7 @@ def mountable(art: ArtifactRecord) -> bool:
     """Served by mounting its ConfigMap: TunableOp results alone. Caches are unpacked into a
     pod-local copy by fetch, from the store (a status claiming a ConfigMap for them is not
     believed)."""
-    return bool(art.config_map) and art.kind == kinds.DEFAULT and not art.caches
+    return bool(art.config_map) and art.results_only
 
 
 @dataclass(frozen=True)
