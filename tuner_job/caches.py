@@ -24,6 +24,7 @@ import json
 import os
 import re
 import stat
+import sys
 import tarfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -313,6 +314,7 @@ def pack(s: CacheSpec, root: Path, out: Path) -> Packed | Skipped:
         print(
             f"tuner_job: cache {s.name}: left out {len(left_out)} link(s) or special file(s), "
             f"e.g. {left_out[0]}",
+            file=sys.stderr,
             flush=True,
         )
     return Packed(s.kind, s.name, s.payload, sha256_hex(data), len(data), files, total)
@@ -431,10 +433,8 @@ def _packed(c: Any, i: int) -> Packed:
 
 
 def disagreement(entry: Packed, data: bytes, index: Index) -> str | None:
-    """Where a payload and its manifest entry differ, or None."""
-    sha = sha256_hex(data)
-    if sha != entry.sha256:
-        return f"{entry.payload} has SHA-256 {sha}, the manifest says {entry.sha256}"
+    """Where a checked archive's size and counts differ from its manifest entry, or None. Its
+    SHA-256 is the caller's to compare first (artifacts/bundle.py): the pin, hashed once."""
     if (len(data), index.files, index.bytes) != (entry.size, entry.files, entry.bytes):
         return (
             f"{entry.payload} holds {index.files} files, {index.bytes} bytes in {len(data)}; "
