@@ -86,3 +86,45 @@ def test_a_run_stamps_its_figures_with_the_checkout_and_the_utc_date() -> None:
     assert re.match(r"^[0-9a-f]{7,}(-dirty)?$", made["commit"]), made
     assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$", made["date"]), made
     assert json.loads(json.dumps(figures)) == figures
+
+
+def test_the_bundle_figures_quoted_in_the_docs_are_those_of_results_json() -> None:
+    """README.md and docs/bundles.md quote the `bundles` routine's figures: a rerun that
+    changes results.json fails here until the quotes follow, so none is typed by hand."""
+    from pathlib import Path
+
+    root = Path(R.__file__).resolve().parents[1]
+    b = json.loads(R.JSON_OUT.read_text())["bundles_torch_compile"]
+    med = b["medians"]
+    e, c, w = (med[a] for a in ("eager", "cold", "bundle"))
+    kb = f"{b['bundle']['size'] / 1024:.0f} KB"
+    readme = " ".join((root / "README.md").read_text().split())
+    for quoted in (
+        f"median {e['process_to_first_s']:.1f} / {c['process_to_first_s']:.1f} / "
+        f"{w['process_to_first_s']:.1f} s ({b['pods_per_arm']} pods each",
+        f"(cold - eager) {b['ratio_bundle_over_cold_start_cost']:.2f}, "
+        f"{b['ratio_without_isa_probe']:.2f} without",
+        f"({w['isa_probe_s']:.1f} / {c['isa_probe_s']:.1f} s with the bundle / cold",
+        f"bundle {kb}, fetched in {w['fetch_s']:.1f} s",
+        f"from {c['process_to_first_s']:.1f} s to {w['process_to_first_s']:.1f} s "
+        f"(median of {b['pods_per_arm']} pods; eager {e['process_to_first_s']:.1f} s)",
+    ):
+        assert quoted in readme, quoted
+    docs = " ".join((root / "docs" / "bundles.md").read_text().split())
+    for arm, name in ((e, "eager"), (c, "compiled, cold"), (w, "compiled, with the bundle")):
+        row = (
+            f"| {name} | {arm['process_to_first_s']:.1f} s | {arm['first_call_s']:.1f} s | "
+            f"{arm['steady_median_ms']:.1f} ms |"
+        )
+        if name == "eager":
+            row = row.replace(f"{arm['first_call_s']:.1f} s", f"{arm['first_call_s']:.2f} s")
+        assert row in docs, row
+    for quoted in (
+        f"{b['bundle']['files']} files, {b['bundle']['bytes'] / 1e6:.1f} MB unpacked, {kb} packed",
+        f"{w['fetch_s']:.1f} s; the tuning Job, apply to Ready, {b['tuning_job_to_ready_s']:.0f} s",
+        f"**{b['ratio_bundle_over_cold_start_cost']:.2f}**",
+        f"**{b['ratio_without_isa_probe']:.2f}** without",
+        f"({w['first_call_s']:.1f} s here)",
+        f"here {w['isa_probe_s']:.1f} s with the bundle, {c['isa_probe_s']:.1f} s cold",
+    ):
+        assert quoted in docs, quoted
