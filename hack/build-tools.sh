@@ -6,6 +6,8 @@
 #   hack/build-tools.sh            build if missing, print the bin dir
 #   hack/build-tools.sh --dir      print the bin dir only (no build)
 #   hack/build-tools.sh --kueue    print the kueue binary's path only (no build)
+#   hack/build-tools.sh --registry build the OCI registry if missing, print its path
+#   hack/build-tools.sh --cosign   build cosign if missing, print its path
 #
 # Kueue (the e2e tests of spec.tuning.queueName run a real one beside the cluster) is cached
 # apart, by its own version, so adding or bumping it never invalidates the control plane's
@@ -20,10 +22,38 @@ HELM_VERSION="v3.22.0"
 # has no cri-tools package.
 CRICTL_VERSION="v1.34.0"
 KUEUE_VERSION="v0.17.0"
+# The OCI registry cluster-up starts (CNCF Distribution) and cosign, which the e2e tests use to
+# verify what tunefleet signed independently of tunefleet's code. Each cached apart by its
+# version like kueue (cold: about 2 minutes for the registry, 6 for cosign on 2 cores).
+REGISTRY_VERSION="v3.1.2"
+COSIGN_VERSION="v3.1.3"
 cache_root="${TUNEFLEET_CACHE:-$HOME/.cache/tunefleet}"
 kueue="$cache_root/kueue/bin/kueue"
 
 if [[ "${1:-}" == "--kueue" ]]; then echo "$kueue"; exit 0; fi
+
+# go_tool NAME PKG VERSION: build PKG@VERSION into $cache_root/NAME-VERSION/bin once.
+go_tool() {
+  local name="$1" pkg="$2" version="$3" dir
+  dir="$cache_root/$name-$version/bin"
+  if [[ ! -x "$dir/$name" ]]; then
+    echo "building $name $version into $dir" >&2
+    mkdir -p "$dir.partial"
+    GOBIN="$dir.partial" go install -trimpath -ldflags "-s -w" "$pkg@$version" >&2
+    mkdir -p "$dir"
+    mv -f "$dir.partial/$name" "$dir/$name"
+    rm -rf "$dir.partial"
+  fi
+  echo "$dir/$name"
+}
+if [[ "${1:-}" == "--registry" ]]; then
+  go_tool registry github.com/distribution/distribution/v3/cmd/registry "$REGISTRY_VERSION"
+  exit 0
+fi
+if [[ "${1:-}" == "--cosign" ]]; then
+  go_tool cosign github.com/sigstore/cosign/v3/cmd/cosign "$COSIGN_VERSION"
+  exit 0
+fi
 
 # The cached kueue, when it is the wanted version (Go records it in the binary).
 kueue_current() {

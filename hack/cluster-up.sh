@@ -37,6 +37,7 @@ BIN="$("$repo/hack/build-tools.sh" --dir)" || die "hack/build-tools.sh --dir fai
 KUBECTL="$BIN/kubectl"
 KUBECONFIG_ADMIN="$STATE/kubeconfig"
 S3_ENV="$STATE/s3.env"
+OCI_ENV="$STATE/oci.env"
 
 # ---------------------------------------------------------------------------------------
 # health checks (cheap: no kubectl)
@@ -61,6 +62,11 @@ s3_answers() {
 
 s3_healthy() { alive s3 && [[ -s "$S3_ENV" ]] && s3_answers; }
 
+registry_healthy() {
+  alive registry && [[ -s "$OCI_ENV" ]] &&
+    curl -s -o /dev/null --max-time 2 --cacert "$PKI/ca.crt" "https://$HOST_IP:$REGISTRY_PORT/v2/"
+}
+
 node_healthy() {
   local p
   for p in "${NODE_PROCS[@]}"; do alive "$p" || return 1; done
@@ -80,7 +86,7 @@ if stale_layout; then die "$(stale_message)"; fi
 
 if $s3_only; then
   if s3_healthy; then log "S3 server already up ($S3_ENV)"; exit 0; fi
-elif s3_healthy && control_plane_healthy && node_healthy; then
+elif s3_healthy && control_plane_healthy && registry_healthy && node_healthy; then
   log "already up: KUBECONFIG=$KUBECONFIG_ADMIN, S3 settings in $S3_ENV"
   exit 0
 fi
@@ -461,6 +467,72 @@ EOF
   mv "$env_tmp" "$S3_ENV"
 }
 
+# The OCI registry (CNCF Distribution, built from Go modules by hack/build-tools.sh): TLS with
+# a certificate from the cluster CA, htpasswd with two identities (the writer publishes and
+# deletes; the reader is what model pods get: Distribution's htpasswd cannot restrict it to
+# pulls, a registry with token auth can), deletes enabled (tunefleet-gc removes manifests; the
+# registry's garbage-collect reclaims blobs), and its debug server's Prometheus metrics.
+# Writes $STATE/oci.env and, per identity, a directory laid out as a dockerconfigjson Secret
+# mounts (.dockerconfigjson, config.json, ca.crt): $STATE/oci/{writer,reader}.
+up_registry() {
+  local dir="$STATE/oci" bin who
+  bin="$("$repo/hack/build-tools.sh" --registry | tail -n1)" || die "building the registry failed"
+  mkdir -p "$dir/data"
+  sign_cert registry "/CN=tunefleet-registry" "extendedKeyUsage=serverAuth" \
+    "subjectAltName=IP:$HOST_IP,IP:127.0.0.1,DNS:localhost"
+  for who in writer reader; do
+    if [[ ! -s "$dir/$who.password" ]]; then
+      touch "$dir/$who.password" && chmod 600 "$dir/$who.password"
+      openssl rand -hex 20 >"$dir/$who.password"
+    fi
+  done
+  "$PY" "$repo/hack/registry_auth.py" "$dir" "$HOST_IP:$REGISTRY_PORT" "$PKI/ca.crt" ||
+    die "writing the registry's credentials failed"
+  cat >"$dir/config.yml" <<EOF
+version: 0.1
+log:
+  level: info
+  formatter: text
+storage:
+  filesystem:
+    rootdirectory: $dir/data
+  delete:
+    enabled: true
+http:
+  addr: $HOST_IP:$REGISTRY_PORT
+  tls:
+    certificate: $PKI/registry.crt
+    key: $PKI/registry.key
+  debug:
+    addr: $HOST_IP:$REGISTRY_DEBUG_PORT
+    prometheus:
+      enabled: true
+      path: /metrics
+auth:
+  htpasswd:
+    realm: tunefleet-registry
+    path: $dir/htpasswd
+EOF
+  if ! alive registry; then
+    port_free "$REGISTRY_PORT" "the OCI registry"
+    port_free "$REGISTRY_DEBUG_PORT" "the OCI registry's debug server"
+    # OTEL_TRACES_EXPORTER=none: Distribution 3 exports traces over OTLP by default.
+    start registry env OTEL_TRACES_EXPORTER=none "$bin" serve "$dir/config.yml"
+  fi
+  wait_until 30 "OCI registry" curl -s -o /dev/null --max-time 2 --cacert "$PKI/ca.crt" \
+    "https://$HOST_IP:$REGISTRY_PORT/v2/"
+  local env_tmp="$OCI_ENV.tmp"
+  touch "$env_tmp" && chmod 600 "$env_tmp"
+  cat >"$env_tmp" <<EOF
+TUNEFLEET_OCI_REGISTRY=$HOST_IP:$REGISTRY_PORT
+TUNEFLEET_OCI_METRICS=http://$HOST_IP:$REGISTRY_DEBUG_PORT/metrics
+TUNEFLEET_OCI_CONFIG=$dir/writer
+TUNEFLEET_OCI_READER_CONFIG=$dir/reader
+TUNEFLEET_OCI_CA=$PKI/ca.crt
+EOF
+  mv "$env_tmp" "$OCI_ENV"
+}
+
 # ---------------------------------------------------------------------------------------
 
 ensure_prereqs
@@ -472,6 +544,7 @@ if ! s3_healthy; then up_s3 & s3_job=$!; fi
 if ! $s3_only; then
   up_containerd & containerd_job=$!
   control_plane_healthy || up_control_plane
+  registry_healthy || up_registry
   wait "$containerd_job" || die "the real node's containerd did not come up"
   up_kubelet
   wait_real_node
@@ -490,5 +563,9 @@ if ! $s3_only; then
   echo "               real node (README.md, \"Using it\")"
 fi
 echo "  S3         : set -a; source $S3_ENV; set +a   (endpoint http://$HOST_IP:$S3_PORT, bucket tunefleet)"
+if ! $s3_only; then
+  echo "  registry   : oci://$HOST_IP:$REGISTRY_PORT/<repository> (TLS from the cluster CA; settings"
+  echo "               and credentials in $OCI_ENV)"
+fi
 echo "  logs       : $LOGS"
 echo "  stop       : make cluster-down   (hack/cluster-down.sh)"

@@ -40,6 +40,8 @@ WEED_VOLUME_PORT=18380
 WEED_VOLUME_GRPC_PORT=28380
 WEED_FILER_PORT=18888
 WEED_FILER_GRPC_PORT=28888
+REGISTRY_PORT=15000           # the OCI registry (TLS, HOST_IP)
+REGISTRY_DEBUG_PORT=15001     # its debug server: /metrics (blob pulls counted by the bench)
 KUBELET_PORT=20250            # HOST_IP: the API server's logs/exec/port-forward calls
 KUBELET_HEALTHZ_PORT=20248
 CONTAINERD_STREAM_PORT=20251  # containerd's exec/attach/port-forward streams (the kubelet proxies them)
@@ -49,13 +51,13 @@ KUBE_PROXY_METRICS_PORT=20249
 # Bumped when a state dir of an older cluster-up can't be reused (cluster-up says so, even
 # while that cluster runs): 2 added the real node; 3 tainted the kwok fleet, gave the real
 # node 8 fake GPUs and the API server PodTolerationRestriction; 4 added the API server's audit
-# log and a read-only S3 identity.
-STATE_LAYOUT=4
+# log and a read-only S3 identity; 5 the OCI registry (CNCF Distribution, TLS, two identities).
+STATE_LAYOUT=5
 
 # Start order; cluster-down stops them in reverse (the node first, with its pods).
 CONTROL_PLANE=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 NODE_PROCS=(containerd kubelet kube-proxy)
-ALL_PROCS=(s3 "${CONTROL_PLANE[@]}" "${NODE_PROCS[@]}")
+ALL_PROCS=(s3 registry "${CONTROL_PLANE[@]}" "${NODE_PROCS[@]}")
 
 # Debian packages the real node needs (kube-proxy drives iptables and conntrack; nft and
 # nfacct let cluster-down remove the netfilter tables and counters it leaves), and those

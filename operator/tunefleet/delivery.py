@@ -133,7 +133,13 @@ def deliver(
 ) -> Delivered:
     """The artifact's ConfigMap, made (or found: ours, holding exactly the artifact) now.
     Raises FetchError, StoreError, DeliveryError or kube errors with why it could not be."""
-    if parse_uri(record.uri).scheme != "s3":
+    scheme = parse_uri(record.uri).scheme
+    if scheme == "oci":
+        raise FetchError(
+            "an oci:// artifact is pulled by digest, its signature checked, by the fetch init "
+            "container"
+        )
+    if scheme != "s3":
         raise FetchError("a pvc:// artifact is read from the claim by the fetch init container")
     got = _download(record, endpoint, region, config, vendor)
     cm = build_artifact_config_map(

@@ -251,12 +251,35 @@ def spec_problems(spec: TuningProfileSpec) -> list[str]:
         registry.parse_uri(spec.storage.uri)
     except ValueError as exc:
         problems.append(f"storage.uri: {exc}")
+    problems += signing_problems(spec)
     if not is_qualified_name(resource_name(spec)):
         problems.append(
             f"gpu.resourceName: {resource_name(spec)!r} is not a valid extended resource "
             "name such as amd.com/gpu"
         )
     return problems
+
+
+def signing_problems(spec: TuningProfileSpec) -> list[str]:
+    storage = spec.storage
+    if storage.signing is not None and not storage.is_oci:
+        return [
+            "storage.signing: signatures are of OCI bundles; only an oci:// storage.uri has "
+            "them (remove storage.signing, or publish to oci://registry/repository)"
+        ]
+    if storage.is_oci and spec.gpu.parallelism > 1:
+        return [
+            "gpu.parallelism: sharded tuning publishes through a merge Job, which does not push "
+            "OCI bundles yet: use parallelism 1 with an oci:// store, or an s3:// one"
+        ]
+    if storage.signing_policy == "Required" and not storage.signing_secret:
+        return [
+            "storage.signing.secret: an oci:// store signs every bundle and serves only signed "
+            "ones (policy Required, the default): name a Secret in this namespace holding "
+            "cosign.key, cosign.password and cosign.pub (`cosign generate-key-pair "
+            "k8s://<namespace>/<name>` makes one), or set storage.signing.policy: Optional"
+        ]
+    return []
 
 
 def job_labels(profile: str, uid: str, model: str, rev: str, role: str = "tune") -> dict[str, str]:

@@ -60,6 +60,8 @@ def full_record() -> ArtifactRecord:
         kind="caches",
         caches=(cc.Packed("torchCompile", "tc", "cache-tc.tar.gz", "ab" * 32, 10, 2, 30),),
         caches_skipped=(cc.Skipped("vllm", "vllm", "empty: the workload wrote nothing"),),
+        bundle="sha256:" + "ef" * 32,
+        signed=True,
     )
 
 

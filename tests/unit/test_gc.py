@@ -642,7 +642,7 @@ def one_error_line(err: str) -> str:
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
-        (["--uri", "gs://bucket/x"], "is not an s3://, pvc://, file:// URI"),
+        (["--uri", "gs://bucket/x"], "is not an s3://, pvc://, file://, oci:// URI"),
         (["--uri", "s3://"], "has no bucket"),
         (["--uri", "file:///tmp", "--grace", "soon"], "is not a duration"),
         (["--uri", "file:///tmp", "--namespace", "Bad_NS"], "is not a Kubernetes namespace name"),

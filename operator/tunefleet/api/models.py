@@ -29,10 +29,16 @@ MAX_ENV_VALUE_CHARS = 131072
 # s3://bucket or pvc://claim, then key-safe prefix segments (storage/store.py checks the rest);
 # short enough that every key derived from it fits S3's 1,024 bytes with the longest names.
 STORAGE_URI_MAX = 560
+# Or oci://registry[:port]/repository[#key-prefix] (storage/oci.py checks the registries' own
+# length limit and says so).
+_OCI_COMPONENT = r"[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*"
 STORAGE_URI = (
-    r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]|pvc://[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?)"
-    r"(/[A-Za-z0-9._=-]{1,255})*/?$"
+    r"^((s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]|pvc://[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?)"
+    r"(/[A-Za-z0-9._=-]{1,255})*/?"
+    r"|oci://[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[0-9]{1,5})?"
+    rf"(/{_OCI_COMPONENT})+(#[A-Za-z0-9._=-]{{1,255}}(/[A-Za-z0-9._=-]{{1,255}})*)?)$"
 )
+SigningPolicy = Literal["Required", "Optional"]
 
 
 class NamedRef(_Model):
@@ -189,6 +195,14 @@ class TuningLimits(_Model):
         return self
 
 
+class SigningSpec(_Model):
+    """Signatures of oci:// bundles (artifacts/signing.py): `secret` holds cosign's key pair;
+    `policy` None means the default, Required (tunefleet never assumes an absent field)."""
+
+    policy: SigningPolicy | None = None
+    secret: NamedRef | None = None
+
+
 class StorageSpec(_Model):
     uri: str = Field(max_length=STORAGE_URI_MAX, pattern=STORAGE_URI)
     endpoint: str | None = Field(
@@ -196,6 +210,22 @@ class StorageSpec(_Model):
     )
     region: str | None = Field(default=None, max_length=64)
     credentials_secret: NamedRef | None = None
+    signing: SigningSpec | None = None
+
+    @property
+    def is_oci(self) -> bool:
+        return self.uri.startswith("oci://")
+
+    @property
+    def signing_policy(self) -> SigningPolicy | None:
+        """Required or Optional for an oci:// store (Required unless said); None otherwise."""
+        if not self.is_oci:
+            return None
+        return (self.signing.policy if self.signing else None) or "Required"
+
+    @property
+    def signing_secret(self) -> str:
+        return self.signing.secret.name if self.signing and self.signing.secret else ""
 
 
 class ServingSpec(_Model):
@@ -345,6 +375,11 @@ class CacheSkipped(_Model):
     reason: str
 
 
+class BundleRef(_Model):
+    digest: str | None = None
+    signed: bool | None = None
+
+
 class Artifact(_Model):
     gpu_model: str
     uri: str
@@ -371,6 +406,7 @@ class Artifact(_Model):
     kind: str | None = None
     caches: list[CacheEntry] | None = None
     caches_skipped: list[CacheSkipped] | None = None
+    bundle: BundleRef | None = None
 
 
 class CaptureRetune(_Model):

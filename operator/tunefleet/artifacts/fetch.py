@@ -250,6 +250,7 @@ def fetch(
     target: fit.Target | None = None,
     caches_dest: Path | None = None,
     fail_closed: bool = False,
+    signature: Signature | None = None,
 ) -> Fetched:
     if not 1 <= devices <= MAX_DEVICES:
         raise FetchError(f"--devices must be 1..{MAX_DEVICES}, got {devices}")
@@ -258,6 +259,8 @@ def fetch(
     except ValueError as exc:
         raise FetchError(str(exc)) from None
     store = store or open_store(location, options or StoreOptions(timeout_s=60.0))
+    if location.scheme == "oci":
+        store = serving_store(store, signature or Signature())
     got = download_verified(
         uri,
         sha256,
@@ -271,6 +274,46 @@ def fetch(
     caches, failed = _caches(store, location, got, caches_dest, fail_closed)
     paths = write_device_files(dest, got.results, devices, got.kind)
     return Fetched(paths, got.gemms, got.sha256, got.outcomes, got.kind, caches, failed)
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What an oci:// artifact must show before it is read: its bundle's digest (from the
+    profile's status, via the webhook), the key its signature must verify with, and whether
+    one is required (spec.storage.signing)."""
+
+    bundle: str = ""
+    key_file: Path | None = None
+    required: bool = False
+
+
+def serving_store(store: Store, sig: Signature) -> Store:
+    """The artifact as its bundle, by digest, once its signature verifies; the store's objects
+    by key (their pins still checked) only where no bundle is named and none is required."""
+    from tunefleet.storage.oci import OciStore
+
+    from . import ocibundle, signing
+
+    if not isinstance(store, OciStore):
+        return store
+    if not sig.bundle:
+        if sig.required:
+            raise FetchError(
+                "bundle not served: the profile's status names no signed bundle for this "
+                "artifact (published before signing, or by hand), and a signature is required"
+            )
+        return store
+    try:
+        if sig.key_file is not None:
+            key = signing.load_public_key(sig.key_file.read_bytes())
+            verdict = signing.verify(store, sig.bundle, key)
+            if not verdict.ok and sig.required:
+                raise FetchError(f"bundle not served: {verdict.reason}")
+        elif sig.required:
+            raise FetchError("bundle not served: a signature is required, and no key was given")
+        return ocibundle.BundleView(store, sig.bundle)
+    except (OSError, signing.SigningError) as exc:
+        raise FetchError(f"bundle not served: the verification key: {exc}") from None
 
 
 def _caches(
@@ -394,6 +437,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--devices", required=True, type=int, help="GPUs the pod uses (files 0..N-1)")
     p.add_argument("--gpu-model", help="refuse an artifact tuned on another GPU model")
     p.add_argument("--fail-closed", action="store_true", help="exit 1 instead of starting untuned")
+    p.add_argument(
+        "--bundle", default="", help="oci:// stores: the bundle's digest (sha256:...) to read"
+    )
+    p.add_argument(
+        "--verify-key",
+        type=Path,
+        help="oci:// stores: cosign public key the bundle must verify with",
+    )
+    p.add_argument(
+        "--require-signature",
+        action="store_true",
+        help="oci:// stores: serve only a bundle signed by --verify-key",
+    )
     p.add_argument("--gpu-vendor", choices=sorted(fit.VENDORS), help="the GPU model's vendor")
     p.add_argument(
         "--stand-in-model",
@@ -450,8 +506,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     picked: Picked | None = None
     try:
         args = _parser().parse_args(raw)
-        uri, sha, gpu_model, manifest_sha = (
-            args.uri, args.sha256, args.gpu_model, args.manifest_sha256,
+        uri, sha, gpu_model, manifest_sha, bundle = (
+            args.uri, args.sha256, args.gpu_model, args.manifest_sha256, args.bundle,
         )  # fmt: skip
         if args.candidate:
             picked = pick(args.candidate, args.node_map, args.node_map_name)
@@ -464,6 +520,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 1 if verdict == REFUSED else 0
             uri, sha, gpu_model = chosen.uri, chosen.sha256, chosen.gpu_model
             manifest_sha = chosen.manifest_sha256 or None
+            bundle = chosen.bundle
         elif not (uri and sha):
             raise FetchError("bad arguments: --uri and --sha256 (or --candidate) are required")
         target = _target(args, gpu_model)
@@ -479,6 +536,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 target=target,
                 caches_dest=Path(args.caches_dest) if args.caches_dest else None,
                 fail_closed=fail_closed,
+                signature=Signature(bundle, args.verify_key, args.require_signature),
             )
     except Exception as exc:  # any problem at all follows the policy: that is its point
         return _failed(exc, fail_closed, picked, log_path)

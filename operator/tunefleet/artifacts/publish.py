@@ -61,6 +61,8 @@ class Published:
     manifest_sha256: str = ""
     library: Added | None = None  # the library entry; None if it could not be added
     library_error: str = ""
+    bundle: str = ""  # oci:// stores: the bundle's digest (ocibundle.py)
+    signed: bool = False
 
 
 @dataclass(frozen=True)
@@ -253,6 +255,7 @@ def publish(
     image: TuneImage | None = None,
     library_scope: str = "namespace",
     target: fit.Target | None = None,
+    signing_key: Path | None = None,
 ) -> Published:
     out = Output(directory, uri, namespace, profile, gpu_model, target)
     location, results, manifest = out.checked(
@@ -276,6 +279,7 @@ def publish(
         return replace(m, image=ref) if ref is not None else m
 
     pub = upload_artifact(store, location, results, manifest, with_image, archives)
+    pub = push_bundle(store, location, pub, signing_key)
     if manifest.kind != kinds.DEFAULT:
         return pub  # the GEMM library holds TunableOp rows; caches are per identity already
     return add_to_library(store, location, library_scope, pub, results)
@@ -318,6 +322,39 @@ def upload_artifact(
             raise
         kept = True  # the message still speaks for this run; the pin is the stored manifest
     return Published(location.uri(base), sha, manifest, created, kept, sha256_hex(manifest_bytes))
+
+
+def push_bundle(
+    store: Store, location: Location, pub: Published, signing_key: Path | None
+) -> Published:
+    """oci:// stores: the artifact as one bundle, then signed with the key pair in
+    `signing_key` (a mounted Secret) when given. A failure here fails the Job: the objects
+    pushed so far are never served, since no record names them."""
+    if location.scheme != "oci":
+        return pub
+    from tunefleet.storage.oci import OciStore
+
+    from . import ocibundle, signing
+
+    assert isinstance(store, OciStore)
+    key = None
+    if signing_key is not None:
+        try:
+            key = signing.read_key_dir(signing_key)
+        except signing.SigningError as exc:
+            raise PublishError(f"cannot sign the bundle: {exc}") from None
+    base = location.key(
+        pub.manifest.namespace, pub.manifest.profile, pub.manifest.gpu_model, pub.sha256
+    )
+    stored = loads(store.get(f"{base}/{MANIFEST_NAME}", 1 << 20))
+    digest = ocibundle.push(store, base, stored, pub.manifest_sha256)
+    if key is not None:
+        signing.sign(store, digest, key)
+    print(
+        f"{PROG}: bundle {location.bucket}@{digest}{' signed' if key is not None else ''}",
+        file=sys.stderr,
+    )
+    return replace(pub, bundle=digest, signed=key is not None)
 
 
 def add_to_library(
@@ -397,7 +434,11 @@ def shard_message(pub: ShardPublished) -> str:
 def termination_message(pub: Published, limit: int = TERMINATION_LIMIT) -> str:
     """The artifact record (contracts/artifact.py) as one JSON line of at most `limit` bytes."""
     record = ArtifactRecord.from_manifest(
-        pub.manifest, uri=pub.uri, manifest_sha256=pub.manifest_sha256
+        pub.manifest,
+        uri=pub.uri,
+        manifest_sha256=pub.manifest_sha256,
+        bundle=pub.bundle,
+        signed=pub.signed,
     )
     try:
         return record.to_message(limit)
@@ -430,6 +471,11 @@ def _parser() -> argparse.ArgumentParser:
         default=1,
         help=f"N > 1: upload this shard's output (index in ${SHARD_ENV}) for tunefleet-merge",
     )
+    p.add_argument(
+        "--signing-key-dir",
+        type=Path,
+        help="oci:// stores: a directory with cosign.key (and cosign.password) to sign with",
+    )
     return p
 
 
@@ -458,6 +504,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             image=image,
             library_scope=args.library_scope,
             target=out.target,
+            signing_key=args.signing_key_dir,
         )
         if not pub.created:
             print(f"{PROG}: {pub.uri} was already published: nothing uploaded", file=sys.stderr)

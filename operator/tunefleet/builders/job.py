@@ -18,7 +18,7 @@ from tunefleet.api import TuningProfileSpec
 from tunefleet.artifacts import fit
 from tunefleet.builders.kueue import under_queue
 from tunefleet.builders.security import SMALL_RESOURCES, hardened, tunefleet_container
-from tunefleet.builders.storage import pod_storage, with_storage
+from tunefleet.builders.storage import pod_storage, signing_storage, with_storage
 from tunefleet.builders.template import apply_to_merge_job, apply_to_tuning_job
 from tunefleet.config import Config
 from tunefleet.storage.store import PodStorage
@@ -272,7 +272,8 @@ def _publish_container(c: Child, storage: PodStorage) -> dict[str, Any]:
         {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
-    return with_storage(c.step("publish", command, mounts), storage)
+    publish = with_storage(c.step("publish", command, mounts), storage)
+    return with_storage(publish, signing_storage(c.spec, serving=False))
 
 
 def _out_limit(spec: TuningProfileSpec) -> str:
@@ -305,6 +306,7 @@ def build_tuning_job(c: Child) -> dict[str, Any]:
         tune["volumeMounts"].append(
             {"name": "captured", "mountPath": CAPTURED_DIR, "readOnly": True}
         )
+    volumes += signing_storage(spec, serving=False).volumes
     pod = _pod_spec([_publish_container(c, storage)], volumes, storage)
     pod["initContainers"] = [bootstrap, _sync_container(c, storage), tune]
     pod["nodeSelector"] = {naming.label_key(spec): model}

@@ -96,13 +96,16 @@ def build_fetch_container(
     storage: PodStorage,
     config: Config,
     caches: bool = False,
+    bundle: str = "",
 ) -> dict[str, Any]:
     """The init container that downloads, verifies and writes one file per GPU ordinal (and,
-    with caches, unpacks each cache into the pod's caches volume)."""
+    with caches, unpacks each cache into the pod's caches volume). `bundle`: an oci:// store's
+    bundle digest, the only reference fetch then reads the artifact by."""
     command = [
         "tunefleet-fetch", "--uri", uri, "--sha256", sha256, "--dest", RESULTS_DIR,
         "--devices", str(devices), "--gpu-model", gpu_model,
         *(["--manifest-sha256", manifest_sha256] if manifest_sha256 else []),
+        *(["--bundle", bundle] if bundle else []),
         *(["--fail-closed"] if fail_closed else []),
         *(["--caches-dest", CACHES_DIR] if caches else []),
     ]  # fmt: skip

@@ -27,6 +27,7 @@ REASON_LIMIT = 200  # characters of the first skipped library entry's reason
 
 # The counts of reuse, sharding and resume, by their status names.
 _COUNTS = ("recorded", "reused", "resumed", "newlyTuned", "shards")
+_DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
 def _int(value: Any) -> int | None:
@@ -81,11 +82,16 @@ class ArtifactRecord:
     kind: str = DEFAULT_KIND
     caches: tuple[cc.Packed, ...] = ()
     caches_skipped: tuple[cc.Skipped, ...] = ()
+    # oci:// stores: the bundle's manifest digest (sha256:...) and whether publish signed it.
+    bundle: str = ""
+    signed: bool = False
 
     # --- the pod's side -------------------------------------------------------------------
 
     @classmethod
-    def from_manifest(cls, m: Manifest, *, uri: str, manifest_sha256: str) -> ArtifactRecord:
+    def from_manifest(
+        cls, m: Manifest, *, uri: str, manifest_sha256: str, bundle: str = "", signed: bool = False
+    ) -> ArtifactRecord:
         """What publish and merge report of the artifact they stored. Counts default for a
         manifest from before them: nothing reused, everything tuned by one pod."""
         x = m.extra
@@ -122,6 +128,8 @@ class ArtifactRecord:
             caches_skipped=tuple(
                 cc.Skipped(s.kind, s.name, s.reason[:REASON_LIMIT]) for s in m.caches_skipped
             ),
+            bundle=bundle,
+            signed=signed and bool(bundle),
         )
 
     def to_message(self, limit: int = MESSAGE_LIMIT) -> str:
@@ -210,6 +218,7 @@ class ArtifactRecord:
             kind=_text(doc.get("kind")) or DEFAULT_KIND,
             caches=_caches(doc),
             caches_skipped=_skipped(doc),
+            **_bundle(doc),
         )
 
     def _doc(self, *, with_job: bool) -> dict[str, Any]:
@@ -247,6 +256,8 @@ class ArtifactRecord:
             ]
         if self.caches_skipped:
             doc["cachesSkipped"] = [c.to_dict() for c in self.caches_skipped]
+        if self.bundle:
+            doc["bundle"] = {"digest": self.bundle, "signed": self.signed}
         return doc
 
     @property
@@ -303,6 +314,18 @@ def _caches(doc: dict[str, Any]) -> tuple[cc.Packed, ...]:
     return tuple(packed)
 
 
+def _bundle(doc: dict[str, Any]) -> dict[str, Any]:
+    """status.artifacts[].bundle; a digest that is not sha256:<64 hex> is dropped (a forged
+    status never points a pod at a reference of its choosing)."""
+    raw = doc.get("bundle")
+    if not isinstance(raw, dict):
+        return {}
+    digest = raw.get("digest")
+    if not isinstance(digest, str) or not _DIGEST_RE.match(digest):
+        return {}
+    return {"bundle": digest, "signed": raw.get("signed") is True}
+
+
 def _skipped(doc: dict[str, Any]) -> tuple[cc.Skipped, ...]:
     raw = doc.get("cachesSkipped")
     if not isinstance(raw, list):
@@ -320,9 +343,9 @@ def status_fields() -> set[str]:
         "uri", "sha256", "gpuModel", "job", "revision", "gemms", "tunedAt", "tuningSeconds",
         "manifestSha256", "identity", "libraryKey", "librarySkipped", "librarySkippedReason",
         "outcomes", "image", "configMap", "delivery", "kind", "caches", "cachesSkipped",
-        *_COUNTS,
+        "bundle", *_COUNTS,
     }  # fmt: skip
-    assert len(fields(ArtifactRecord)) == 23  # a new field must be named above too
+    assert len(fields(ArtifactRecord)) == 25  # a new field must be named above too
     return names
 
 

@@ -123,6 +123,7 @@ class Candidate:
     manifest_sha256: str = ""
     untuned: str = ""
     fail_closed: bool = False
+    bundle: str = ""  # an oci:// store's bundle digest (artifacts/ocibundle.py)
 
     def to_arg(self) -> str:
         raw: dict[str, Any] = {"gpuModel": self.gpu_model}
@@ -133,6 +134,8 @@ class Candidate:
             raw.update(uri=self.uri, sha256=self.sha256)
             if self.manifest_sha256:
                 raw["manifestSha256"] = self.manifest_sha256
+            if self.bundle:
+                raw["bundle"] = self.bundle
         return json.dumps(raw, separators=(",", ":"), sort_keys=True)
 
     @classmethod
@@ -152,6 +155,7 @@ class Candidate:
             uri=str(raw.get("uri") or ""),
             sha256=str(raw.get("sha256") or ""),
             manifest_sha256=str(raw.get("manifestSha256") or ""),
+            bundle=str(raw.get("bundle") or ""),
             untuned=untuned,
             fail_closed=bool(raw.get("failClosed")),
         )

@@ -17,6 +17,11 @@ def add_arguments(p: argparse.ArgumentParser, *, timeout_s: float) -> None:
         help="where a pvc:// store's claim is mounted (default: %(default)s)",
     )
     p.add_argument(
+        "--oci-config",
+        help="oci:// stores: a directory with the registry's docker config (.dockerconfigjson) "
+        "and optionally ca.crt (default: $TUNEFLEET_OCI_CONFIG, else $DOCKER_CONFIG)",
+    )
+    p.add_argument(
         "--timeout-seconds",
         type=float,
         default=timeout_s,
@@ -30,6 +35,7 @@ def options(args: argparse.Namespace, **override: Any) -> StoreOptions:
         "region": args.region,
         "timeout_s": args.timeout_seconds,
         "pvc_root": args.pvc_root,
+        "oci_config": getattr(args, "oci_config", None),
     }
     fields.update(override)
     return StoreOptions(**fields)

@@ -12,7 +12,7 @@ from urllib.parse import ParseResult, urlparse
 
 from .store import Location, PodStorage, Store, StoreOptions
 
-SCHEMES = ("s3", "pvc", "file")
+SCHEMES = ("s3", "pvc", "file", "oci")
 
 
 class Backend(Protocol):
@@ -34,6 +34,10 @@ def backend(scheme: str) -> Backend:
         from . import s3
 
         return s3
+    if scheme == "oci":
+        from . import oci
+
+        return oci
     if scheme in ("pvc", "file"):
         from . import filesystem
 
@@ -42,7 +46,8 @@ def backend(scheme: str) -> Backend:
 
 
 def parse_uri(uri: str) -> Location:
-    """s3://bucket[/prefix], pvc://claim[/prefix], file:///abs/dir, or an absolute path."""
+    """s3://bucket[/prefix], pvc://claim[/prefix], oci://registry/repository, file:///abs/dir,
+    or an absolute path."""
     if uri.startswith("/"):
         return Location("file", uri.rstrip("/") or "/", "")
     parsed = urlparse(uri)

@@ -78,6 +78,9 @@ class Location:
     scheme: str
     bucket: str
     prefix: str  # key prefix without leading or trailing "/", may be ""
+    # Between the bucket and the key in a URI: "#" for oci://, whose repository path is itself
+    # made of "/"-separated components (oci://registry/repo#key).
+    separator: str = "/"
 
     def key(self, *parts: str) -> str:
         return "/".join(p for p in (self.prefix, *parts) if p)
@@ -85,7 +88,7 @@ class Location:
     def uri(self, key: str = "") -> str:
         """The URI of a full key (as returned by key())."""
         root = f"{self.scheme}://{self.bucket.rstrip('/')}"
-        return f"{root}/{key}" if key else root
+        return f"{root}{self.separator}{key}" if key else root
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,9 @@ class StoreOptions:
     # pvc: where the claim is mounted in this container (tunefleet's pods mount it here).
     pvc_root: str = "/tunefleet/store"
     client: Any = None  # s3: a boto3 client to reuse (one per long-running process)
+    # oci: a directory holding the docker config (.dockerconfigjson) and optionally ca.crt
+    # (the registry's CA), as a dockerconfigjson Secret is mounted; else $TUNEFLEET_OCI_CONFIG.
+    oci_config: str | None = None
 
 
 @dataclass(frozen=True)

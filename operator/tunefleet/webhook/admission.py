@@ -456,6 +456,7 @@ def _fetch_from_store(pspec: dict[str, Any], choice: Choice, devices: int, confi
         storage=storage,
         config=config,
         caches=bool(art.caches),
+        bundle=art.bundle,
     )
     pspec["initContainers"] = [fetch, *(pspec.get("initContainers") or [])]
     extra = [caches_volume(art.caches)] if art.caches else []
@@ -485,7 +486,8 @@ def _pick_at_node(
             uri = mounted_uri(m, *where)
         else:
             uri, from_store = art.uri, True
-        candidates.append(Candidate(o.model, uri, art.sha256, art.manifest_sha256))
+        bundle = "" if o.from_config_map(spec) else art.bundle
+        candidates.append(Candidate(o.model, uri, art.sha256, art.manifest_sha256, bundle=bundle))
     # Read-only credentials (spec.serving's or the default serving Secret), and only when a
     # candidate is fetched from the store: mounted ones need none.
     storage = pod_storage(spec, config, read_only=True, serving=True) if from_store else None

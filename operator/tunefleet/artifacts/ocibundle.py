@@ -1,0 +1,172 @@
+"""An artifact as one OCI bundle: what an oci:// store adds to the objects every store holds.
+
+publish pushes, after the artifact's objects (storage/oci.py), one image manifest whose layers
+are those objects' blobs (the manifest, the payload, each cache archive), by digest, with
+tunefleet's media types per kind and annotations for its identity; then signs it
+(signing.py). The record names the bundle by digest; fetch reads the artifact through
+`BundleView`, which only ever resolves that digest: no tag is read to serve a pod.
+
+Where the field has names for the same things, they are written too (docs/oci.md says what
+that buys): the OCI image annotations, and KServe's kernel-cache keys (io.kserve.km/*) on each
+cache layer. GKM's cache images are a different layout (one image per Triton cache, its own
+media type), which tunefleet does not produce.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tunefleet.storage.oci import (
+    KEY_ANNOTATION,
+    MANIFEST_MEDIA_TYPE,
+    OciStore,
+    Part,
+    bundle_tag,
+)
+from tunefleet.storage.store import (
+    Listed,
+    NotFoundError,
+    StoreError,
+    TooLargeError,
+)
+from tuner_job import caches as cc
+from tuner_job.manifest import Manifest
+from tuner_job.output import MANIFEST_NAME
+
+from . import bundle as archives_in_store
+from . import kinds
+
+ARTIFACT_TYPE = "application/vnd.tunefleet.bundle.v1"
+MANIFEST_LAYER = "application/vnd.tunefleet.manifest.v1+json"
+PAYLOAD_LAYERS = {
+    "results.csv": "application/vnd.tunefleet.tunableop.results.v1+csv",
+    cc.INDEX_NAME: "application/vnd.tunefleet.caches.index.v1+json",
+}
+MAX_BUNDLE_MANIFEST = 1 << 20
+PREFIX = "io.tunefleet."
+
+
+def cache_media_type(kind: str) -> str:
+    return f"application/vnd.tunefleet.cache.{kind.lower()}.v1.tar+gzip"
+
+
+def bundle_annotations(manifest: Manifest, manifest_sha256: str) -> dict[str, str]:
+    """What the bundle is, for people and tools browsing the registry: never trusted by
+    tunefleet (the signed manifest object inside is)."""
+    out = {
+        "org.opencontainers.image.title": f"{manifest.profile} {manifest.gpu_model}",
+        "org.opencontainers.image.created": manifest.tuned_at,
+        "org.opencontainers.image.vendor": "tunefleet",
+        f"{PREFIX}namespace": manifest.namespace,
+        f"{PREFIX}profile": manifest.profile,
+        f"{PREFIX}gpu-model": manifest.gpu_model,
+        f"{PREFIX}revision": manifest.revision,
+        f"{PREFIX}kinds": ",".join(
+            (["tunableop"] if manifest.kind == kinds.DEFAULT else [])
+            + [c.name for c in manifest.caches]
+        ),
+        f"{PREFIX}results-sha256": manifest.results_sha256,
+        f"{PREFIX}manifest-sha256": manifest_sha256,
+    }
+    for name, value in sorted(manifest.identity.items()):
+        out[f"{PREFIX}identity.{name}"] = str(value)[:256]
+    for name, value in sorted(manifest.validators.items()):
+        out[f"{PREFIX}validator.{name}"] = str(value)[:256]
+    if manifest.caches:
+        # KServe's kernel-cache keys, where one is the same thing.
+        out["io.kserve.km/framework"] = "pytorch"
+    return {k: v for k, v in out.items() if v}
+
+
+def parts(base: str, manifest: Manifest) -> list[Part]:
+    payload = kinds.of(manifest).PAYLOAD
+    out = [
+        Part(f"{base}/{MANIFEST_NAME}", MANIFEST_LAYER, {}),
+        Part(f"{base}/{payload}", PAYLOAD_LAYERS.get(payload, "application/octet-stream"), {}),
+    ]
+    for entry in manifest.caches:
+        variables = cc.KINDS.get(entry.kind, ())
+        notes = {
+            f"{PREFIX}cache.name": entry.name,
+            f"{PREFIX}cache.kind": entry.kind,
+            "io.kserve.km/cache-type": entry.kind,
+            "io.kserve.km/cache-hash": entry.sha256,
+        }
+        if variables:
+            notes["io.kserve.km/cache-root-env"] = variables[0][0]
+        out.append(Part(archives_in_store.key(base, entry), cache_media_type(entry.kind), notes))
+    return out
+
+
+def push(store: OciStore, base: str, manifest: Manifest, manifest_sha256: str) -> str:
+    """The bundle of the artifact stored under `base`; its digest. Pushing it again gives the
+    same digest only if nothing in it changed (annotations are derived from the manifest)."""
+    return store.push_bundle(
+        parts(base, manifest),
+        bundle_annotations(manifest, manifest_sha256),
+        ARTIFACT_TYPE,
+        bundle_tag(base),
+    )
+
+
+@dataclass(frozen=True)
+class _Layer:
+    digest: str
+    size: int
+
+
+class BundleView:
+    """A read-only Store over one bundle, resolved by its digest: get(key) reads the layer the
+    bundle lists under that key, by the layer's digest (checked as it arrives)."""
+
+    def __init__(self, store: OciStore, digest: str) -> None:
+        self.store = store
+        self.digest = digest
+        self.location = store.location
+        found = store.manifest(digest)
+        if found is None:
+            raise NotFoundError(f"{store.location.bucket}@{digest}: no such bundle in the registry")
+        doc = found[0]
+        if doc.get("artifactType") != ARTIFACT_TYPE or doc.get("mediaType") not in (
+            None,
+            MANIFEST_MEDIA_TYPE,
+        ):
+            raise StoreError(f"{store.location.bucket}@{digest} is not a tunefleet bundle")
+        self.layers: dict[str, _Layer] = {}
+        for layer in doc.get("layers") or []:
+            if not isinstance(layer, dict):
+                continue
+            key = (layer.get("annotations") or {}).get(KEY_ANNOTATION)
+            if isinstance(key, str):
+                self.layers[key] = _Layer(str(layer.get("digest", "")), int(layer.get("size", 0)))
+
+    def uri(self, key: str) -> str:
+        return f"{self.location.uri(key)} (bundle {self.digest[:19]})"
+
+    def get(self, key: str, max_bytes: int) -> bytes:
+        layer = self.layers.get(key)
+        if layer is None:
+            raise NotFoundError(f"the bundle {self.digest[:19]} holds no {key}")
+        if layer.size > max_bytes:
+            raise TooLargeError(f"{self.uri(key)} is {layer.size} bytes, more than {max_bytes}")
+        return self.store.blob(layer.digest, max_bytes, self.uri(key))
+
+    def _read_only(self, *_: Any) -> Any:
+        raise StoreError("a bundle is read-only")
+
+    def put_if_absent(self, key: str, data: bytes, content_type: str) -> bool:
+        return bool(self._read_only())
+
+    def put(self, key: str, data: bytes, content_type: str) -> None:
+        self._read_only()
+
+    def delete(self, key: str) -> None:
+        self._read_only()
+
+    def list(self, prefix: str, limit: int) -> list[Listed]:
+        want = prefix.rstrip("/") + "/" if prefix else ""
+        found = [
+            Listed(k, v.size, 0.0) for k, v in sorted(self.layers.items()) if k.startswith(want)
+        ]
+        return found[:limit]

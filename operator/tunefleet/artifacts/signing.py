@@ -1,0 +1,232 @@
+"""Signatures of OCI bundles, in cosign's format, so that `cosign verify --key cosign.pub`
+(and admission policies built on it: Kyverno, the policy-controller) accept what tunefleet
+signed, and tunefleet accepts what cosign signed. This module owns the contract both ways.
+
+The format is cosign's "simple signing" one: a manifest tagged ``sha256-<hex>.sig`` beside the
+signed one, whose layers are payloads naming the signed manifest's digest, each with its
+base64 ECDSA signature in the ``dev.cosignproject.cosign/signature`` annotation. Keys are
+cosign's: the private key as ``cosign generate-key-pair`` writes it (scrypt + NaCl secretbox,
+with its password), or a plain PEM PKCS#8 key; the public key as PEM.
+
+Only verification by key is done here. Keyless (Fulcio certificates, Rekor entries) needs the
+cluster's signing service and is not built.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from tunefleet.storage.oci import MANIFEST_MEDIA_TYPE, OciStore
+
+PAYLOAD_MEDIA_TYPE = "application/vnd.dev.cosign.simplesigning.v1+json"
+SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"
+PAYLOAD_TYPE = "cosign container image signature"
+CONFIG_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"
+MAX_SIGNATURE_MANIFEST = 1 << 20
+MAX_PAYLOAD = 64 << 10
+
+# The Secret's keys, as `cosign generate-key-pair k8s://ns/name` writes them.
+PRIVATE_KEY = "cosign.key"
+PASSWORD = "cosign.password"
+PUBLIC_KEY = "cosign.pub"
+ENCRYPTED_PEM_TYPES = ("ENCRYPTED SIGSTORE PRIVATE KEY", "ENCRYPTED COSIGN PRIVATE KEY")
+
+
+class SigningError(Exception):
+    """A key cannot be read, or signing failed."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    reason: str  # what failed, said for status and `kubectl tunefleet why`; "" when ok
+
+
+def signature_tag(digest: str) -> str:
+    return digest.replace(":", "-", 1) + ".sig"
+
+
+def payload(repository: str, digest: str) -> bytes:
+    doc = {
+        "critical": {
+            "identity": {"docker-reference": repository},
+            "image": {"docker-manifest-digest": digest},
+            "type": PAYLOAD_TYPE,
+        },
+        "optional": None,
+    }
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _pem_body(text: bytes) -> tuple[str, bytes]:
+    lines = text.decode("ascii", "replace").strip().splitlines()
+    if (
+        len(lines) < 3
+        or not lines[0].startswith("-----BEGIN ")
+        or not lines[-1].startswith("-----END ")
+    ):
+        raise SigningError("the private key is not PEM")
+    kind = lines[0][len("-----BEGIN ") :].rstrip("-")
+    return kind, base64.b64decode("".join(lines[1:-1]))
+
+
+def load_private_key(data: bytes, password: bytes) -> ec.EllipticCurvePrivateKey:
+    """cosign's encrypted key (with its password) or a plain PEM EC key."""
+    kind, body = _pem_body(data)
+    if kind in ENCRYPTED_PEM_TYPES:
+        der = _decrypt_cosign(body, password)
+        key = serialization.load_der_private_key(der, None)
+    else:
+        try:
+            key = serialization.load_pem_private_key(data, password or None)
+        except (ValueError, TypeError) as exc:
+            raise SigningError(f"the private key cannot be read: {exc}") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise SigningError("the private key is not an ECDSA key (cosign's keys are P-256)")
+    return key
+
+
+def _decrypt_cosign(body: bytes, password: bytes) -> bytes:
+    import nacl.exceptions
+    import nacl.secret
+
+    try:
+        doc = json.loads(body)
+        kdf, cipher = doc["kdf"], doc["cipher"]
+        if kdf.get("name") != "scrypt" or cipher.get("name") != "nacl/secretbox":
+            raise SigningError(f"unknown key encryption {kdf.get('name')}/{cipher.get('name')}")
+        params = kdf["params"]
+        n, r, p = int(params["N"]), int(params["r"]), int(params["p"])
+        salt = base64.b64decode(kdf["salt"])
+        nonce = base64.b64decode(cipher["nonce"])
+        ciphertext = base64.b64decode(doc["ciphertext"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SigningError(f"the encrypted private key is malformed: {exc}") from None
+    key = hashlib.scrypt(password, salt=salt, n=n, r=r, p=p, dklen=32, maxmem=256 << 20)
+    try:
+        return bytes(nacl.secret.SecretBox(key).decrypt(ciphertext, nonce))
+    except nacl.exceptions.CryptoError:
+        raise SigningError("the private key's password is wrong (cosign.password)") from None
+
+
+def load_public_key(data: bytes) -> ec.EllipticCurvePublicKey:
+    try:
+        key = serialization.load_pem_public_key(data)
+    except ValueError as exc:
+        raise SigningError(f"the public key cannot be read: {exc}") from None
+    if not isinstance(key, ec.EllipticCurvePublicKey):
+        raise SigningError("the public key is not an ECDSA key")
+    return key
+
+
+def read_key_dir(directory: Path) -> ec.EllipticCurvePrivateKey:
+    """The private key from a mounted Secret (cosign.key, cosign.password)."""
+    try:
+        data = (directory / PRIVATE_KEY).read_bytes()
+    except OSError as exc:
+        raise SigningError(f"no signing key at {directory / PRIVATE_KEY}: {exc.strerror}") from None
+    password_file = directory / PASSWORD
+    password = password_file.read_bytes().strip(b"\n") if password_file.is_file() else b""
+    return load_private_key(data, password)
+
+
+def sign(store: OciStore, digest: str, key: ec.EllipticCurvePrivateKey) -> str:
+    """Sign the manifest at `digest` in the store's repository; the signature manifest's
+    digest."""
+    body = payload(store.location.bucket, digest)
+    signature = key.sign(body, ec.ECDSA(hashes.SHA256()))
+    payload_digest = store.push_blob(body)
+    ours = {
+        "mediaType": PAYLOAD_MEDIA_TYPE,
+        "digest": payload_digest,
+        "size": len(body),
+        "annotations": {SIGNATURE_ANNOTATION: base64.b64encode(signature).decode()},
+    }
+    # Other signers' signatures (cosign sign, a scanner's attestation key) are kept beside ours,
+    # as cosign itself appends (their payload may be the very same blob); a signature by this
+    # key is replaced.
+    found = store.manifest(signature_tag(digest))
+    kept = [
+        layer
+        for layer in ((found[0].get("layers") if found else None) or [])
+        if isinstance(layer, dict) and _check_layer(store, digest, layer, key.public_key()) != ""
+    ]
+    layers = [*kept, ours]
+    config = json.dumps(
+        {
+            "architecture": "",
+            "os": "",
+            "config": {},
+            "rootfs": {"type": "layers", "diff_ids": [str(layer["digest"]) for layer in layers]},
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    ).encode()
+    config_digest = store.push_blob(config)
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_MEDIA_TYPE,
+        "config": {"mediaType": CONFIG_MEDIA_TYPE, "digest": config_digest, "size": len(config)},
+        "layers": layers,
+    }
+    return store.push_manifest(manifest, signature_tag(digest))
+
+
+def verify(store: OciStore, digest: str, key: ec.EllipticCurvePublicKey) -> Verdict:
+    """Whether a signature by `key` names `digest`: read only by the digest's own tag, each
+    payload checked against its digest, then its signature, then what it names."""
+    found = store.manifest(signature_tag(digest))
+    if found is None:
+        return Verdict(
+            False,
+            f"{store.location.bucket}@{digest} is not signed (no "
+            f"{signature_tag(digest)} in the registry)",
+        )
+    layers = found[0].get("layers")
+    if not isinstance(layers, list) or not layers:
+        return Verdict(False, f"the signature manifest of {digest} holds no signatures")
+    reasons: list[str] = []
+    for layer in layers:
+        reasons.append(_check_layer(store, digest, layer, key))
+        if not reasons[-1]:
+            return Verdict(True, "")
+    return Verdict(
+        False,
+        f"{store.location.bucket}@{digest}: no valid signature by the "
+        f"configured key ({'; '.join(sorted(set(reasons)))})",
+    )
+
+
+def _check_layer(store: OciStore, digest: str, layer: Any, key: ec.EllipticCurvePublicKey) -> str:
+    if not isinstance(layer, dict) or layer.get("mediaType") != PAYLOAD_MEDIA_TYPE:
+        return "a layer that is not a cosign payload"
+    encoded = (layer.get("annotations") or {}).get(SIGNATURE_ANNOTATION, "")
+    try:
+        signature = base64.b64decode(encoded, validate=True)
+    except (ValueError, TypeError):
+        return "a malformed signature"
+    if int(layer.get("size", 0)) > MAX_PAYLOAD:
+        return "an oversized payload"
+    body = store.blob(
+        str(layer.get("digest", "")), MAX_PAYLOAD, f"the signature payload of {digest}"
+    )
+    try:
+        key.verify(signature, body, ec.ECDSA(hashes.SHA256()))
+    except InvalidSignature:
+        return "signed by another key, or altered"
+    try:
+        named = json.loads(body)["critical"]["image"]["docker-manifest-digest"]
+    except (ValueError, KeyError, TypeError):
+        return "a payload that names no image"
+    if named != digest:
+        return f"a signature of another image ({named})"
+    return ""

@@ -1,0 +1,549 @@
+"""``oci://registry[:port]/repository``: an OCI registry (CNCF Distribution, Harbor, Zot, ECR,
+GHCR, Quay, ...) as the artifact store, through the ORAS Python SDK (oras-py).
+
+Every object is one OCI artifact in the repository: a manifest whose only layer is the object's
+bytes, annotated with its key (``io.tunefleet.key``), and tagged ``k-<sha256 of the key>``. The
+tag is an index, never a source of trust: get() reads the manifest, checks that it names the
+key asked for, and checks the layer against its digest; what the operator serves is pinned by
+SHA-256 in its status, so a moved tag is a refused mismatch, never served.
+
+Bundles (push_bundle) are what a cluster pulls and verifies: one image manifest per artifact
+whose layers are the artifact's stored objects (manifest, payload, cache archives), referenced
+by digest and signed (signing.py). The registry's own limits apply: no conditional writes (two
+writers of different bytes under one key race, last wins; content-addressed keys make the bytes
+the same), deletes need ``storage.delete.enabled`` on Distribution, and blobs are reclaimed by
+the registry's garbage collection.
+
+Credentials come the way clusters give them: a docker config (a ``kubernetes.io/dockerconfigjson``
+Secret, mounted as a directory holding ``.dockerconfigjson`` and optionally ``ca.crt``, the CA
+that signed the registry's certificate), or $DOCKER_CONFIG / ~/.docker/config.json.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+from urllib.parse import ParseResult
+
+import oras.provider
+import requests
+
+from .store import (
+    ConflictError,
+    Listed,
+    Location,
+    NotFoundError,
+    PodStorage,
+    StoreError,
+    StoreOptions,
+    TooLargeError,
+    check_prefix,
+)
+
+SCHEMES: tuple[str, ...] = ("oci",)
+
+MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
+EMPTY_MEDIA_TYPE = "application/vnd.oci.empty.v1+json"
+EMPTY_DIGEST = "sha256:" + hashlib.sha256(b"{}").hexdigest()
+OBJECT_ARTIFACT_TYPE = "application/vnd.tunefleet.object.v1"
+OBJECT_MEDIA_TYPE = "application/vnd.tunefleet.object.v1"
+KEY_ANNOTATION = "io.tunefleet.key"
+TITLE_ANNOTATION = "org.opencontainers.image.title"
+CREATED_ANNOTATION = "org.opencontainers.image.created"
+TAG_PREFIX = "k-"
+
+# Where a pod's tunefleet container finds the docker config Secret (its keys as files).
+MOUNT_PATH = "/tunefleet/oci"
+VOLUME = "tunefleet-oci"
+DOCKER_CONFIG_KEY = ".dockerconfigjson"
+CA_KEY = "ca.crt"
+CONFIG_ENV = "TUNEFLEET_OCI_CONFIG"  # a directory, as mounted from the Secret
+
+# The distribution spec's repository grammar; Distribution refuses names over 255 characters
+# (registry host included), so a profile naming one is refused when it is admitted.
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+REPOSITORY_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
+HOST_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]{1,5})?$")
+MAX_NAME = 255
+MAX_ATTEMPTS = 4
+
+
+def parse(uri: str, parsed: ParseResult) -> Location:
+    """oci://host[:port]/repository[#key-prefix]: the whole path is the repository; what
+    follows "#" is a key prefix (the keys live in the repository's tags)."""
+    host, repository = parsed.netloc, parsed.path.strip("/")
+    if not host or not HOST_RE.match(host):
+        raise ValueError(f"{uri!r} has no registry host (expected oci://registry[:port]/repo)")
+    if not repository:
+        raise ValueError(f"{uri!r} names no repository (expected oci://{host}/repository)")
+    if parsed.query or "@" in repository or ":" in repository:
+        raise ValueError(f"{uri!r}: give a repository, not a tag or digest")
+    if not REPOSITORY_RE.match(repository):
+        raise ValueError(
+            f"{uri!r}: repository {repository!r} is not a valid OCI name (lowercase letters, "
+            "digits and . _ - between them, components separated by /)"
+        )
+    if len(f"{host}/{repository}") > MAX_NAME:
+        raise ValueError(
+            f"{uri!r}: registry and repository are {len(host) + 1 + len(repository)} characters, "
+            f"over the {MAX_NAME} registries accept"
+        )
+    prefix = check_prefix(uri, parsed.fragment.strip("/"))
+    return Location("oci", f"{host}/{repository}", prefix, separator="#")
+
+
+def config_dir(options: StoreOptions) -> Path | None:
+    value = options.oci_config or os.environ.get(CONFIG_ENV) or ""
+    return Path(value) if value else None
+
+
+def open_store(location: Location, options: StoreOptions) -> OciStore:
+    return OciStore(location, timeout_s=options.timeout_s, config=config_dir(options))
+
+
+def session(options: StoreOptions) -> StoreOptions:
+    return options  # a registry session holds a token that expires: one per operation
+
+
+def pod_storage(
+    location: Location, *, read_only: bool, secret: str, endpoint: str, region: str
+) -> PodStorage:
+    """The docker config Secret, mounted as a directory (never in env); none for a public,
+    anonymous registry. The registry itself decides what those credentials may do: model pods
+    get the serving Secret, which should allow pulls only."""
+    if not secret:
+        return PodStorage()
+    return PodStorage(
+        args=["--oci-config", MOUNT_PATH],
+        volumes=[{"name": VOLUME, "secret": {"secretName": secret, "defaultMode": 0o444}}],
+        mounts=[{"name": VOLUME, "mountPath": MOUNT_PATH, "readOnly": True}],
+        credentials_secret=secret,
+        credentials_kind="registry credentials (a kubernetes.io/dockerconfigjson Secret)",
+        credential_keys=(DOCKER_CONFIG_KEY,),
+    )
+
+
+def tag_of(key: str) -> str:
+    return TAG_PREFIX + hashlib.sha256(key.encode()).hexdigest()
+
+
+def bundle_tag(base: str) -> str:
+    """The tag of the bundle of the artifact stored under `base` (for browsing and deletion;
+    a bundle is served only by its digest)."""
+    return "b-" + hashlib.sha256(base.encode()).hexdigest()
+
+
+def digest_of(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class Part:
+    """One stored object as a bundle layer: its key, and what it is."""
+
+    key: str
+    media_type: str
+    annotations: dict[str, str]
+
+
+class _Registry(oras.provider.Registry):  # type: ignore[misc]
+    """oras-py's registry client with a bound on every call: oras retries without timeouts
+    (a hung registry would hang the caller), so each request here has a timeout and the
+    retries end at the operation's deadline."""
+
+    def __init__(self, hostname: str, tls_verify: bool | str, deadline: float) -> None:
+        super().__init__(
+            hostname=hostname, insecure=False, tls_verify=tls_verify, auth_backend="basic"
+        )
+        self.deadline = deadline
+
+    def do_request(
+        self,
+        url: str,
+        method: str = "GET",
+        data: Any = None,
+        headers: dict[str, str] | None = None,
+        json: dict[str, Any] | None = None,
+        stream: bool = False,
+    ) -> requests.Response:
+        headers = dict(headers or {})
+        if getattr(self.auth, "_basic_auth", None):
+            headers.update(self.auth.get_auth_header())
+        for attempt in range(MAX_ATTEMPTS):
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise StoreError(f"{method} {url}: over the time limit")
+            try:
+                resp = self.session.request(
+                    method,
+                    url,
+                    data=data,
+                    json=json,
+                    headers=headers,
+                    stream=stream,
+                    verify=self._tls_verify,
+                    timeout=(min(10.0, left), min(60.0, left)),
+                )
+            except requests.exceptions.SSLError as exc:
+                raise StoreError(f"TLS to the registry failed: {exc}") from None
+            except requests.RequestException as exc:
+                if attempt + 1 == MAX_ATTEMPTS:
+                    raise StoreError(f"{method} {url}: {type(exc).__name__}: {exc}") from None
+                time.sleep(min(0.5 * 2**attempt, max(0.0, self.deadline - time.monotonic())))
+                continue
+            if resp.status_code >= 500 and attempt + 1 < MAX_ATTEMPTS:
+                time.sleep(min(0.5 * 2**attempt, max(0.0, self.deadline - time.monotonic())))
+                continue
+            return cast(requests.Response, resp)
+        raise AssertionError("unreachable")
+
+
+class OciStore:
+    page_size = 1000
+
+    def __init__(self, location: Location, *, timeout_s: float = 60.0, config: Path | None = None):
+        self.location = location
+        self.host, _, self.repository = location.bucket.partition("/")
+        self.timeout_s = timeout_s
+        deadline = time.monotonic() + timeout_s
+        ca = config / CA_KEY if config is not None and (config / CA_KEY).is_file() else None
+        self.client = _Registry(self.host, str(ca) if ca else True, deadline)
+        self._login(config)
+
+    def _login(self, config: Path | None) -> None:
+        files: list[str] = []
+        if config is not None:
+            files += [
+                str(p) for p in (config / DOCKER_CONFIG_KEY, config / "config.json") if p.is_file()
+            ]
+        elif os.environ.get("DOCKER_CONFIG"):
+            files.append(os.path.join(os.environ["DOCKER_CONFIG"], "config.json"))
+        try:
+            container = self.client.get_container(self._ref())
+            self.client.auth.load_configs(container, configs=files or None)
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"cannot read the registry credentials: {exc}") from None
+
+    def _ref(self, reference: str = "") -> str:
+        sep = "@" if reference.startswith("sha256:") else ":"
+        return f"{self.location.bucket}{sep + reference if reference else ''}"
+
+    def _url(self, kind: str, reference: str) -> str:
+        return f"https://{self.host}/v2/{self.repository}/{kind}/{reference}"
+
+    def uri(self, key: str) -> str:
+        return self.location.uri(key)
+
+    @staticmethod
+    def _fail(what: str, resp: requests.Response) -> StoreError:
+        try:
+            errors = resp.json().get("errors") or []
+            detail = "; ".join(f"{e.get('code', '')}: {e.get('message', '')}" for e in errors)
+        except ValueError:
+            detail = resp.text[:200]
+        hint = ""
+        if resp.status_code in (401, 403):
+            hint = " (check the registry credentials Secret: may it push/pull this repository?)"
+        elif resp.status_code == 405 and "DELETE" in what.upper():
+            hint = " (the registry refuses deletes: enable them, e.g. storage.delete.enabled)"
+        return StoreError(f"{what}: HTTP {resp.status_code} {detail}{hint}".rstrip())
+
+    # -- manifests and blobs -------------------------------------------------------------
+
+    def manifest(self, reference: str) -> tuple[dict[str, Any], str] | None:
+        """The manifest at a tag or digest and its digest; None when there is none. A digest
+        reference is checked against the bytes the registry returned."""
+        resp = self.client.do_request(
+            self._url("manifests", reference), "GET", headers={"Accept": MANIFEST_MEDIA_TYPE}
+        )
+        if resp.status_code == 404:
+            return None
+        if resp.status_code != 200:
+            raise self._fail(f"reading the manifest {self._ref(reference)}", resp)
+        body = resp.content
+        digest = digest_of(body)
+        if reference.startswith("sha256:") and digest != reference:
+            raise StoreError(
+                f"{self._ref(reference)}: the registry returned other bytes ({digest}): refused"
+            )
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            raise StoreError(f"{self._ref(reference)} is not a JSON manifest") from None
+        if not isinstance(doc, dict):
+            raise StoreError(f"{self._ref(reference)} is not a manifest")
+        return doc, digest
+
+    def blob(self, digest: str, max_bytes: int, what: str) -> bytes:
+        resp = self.client.do_request(self._url("blobs", digest), "GET", stream=True)
+        if resp.status_code == 404:
+            raise NotFoundError(f"{what}: the registry has no blob {digest}")
+        if resp.status_code != 200:
+            raise self._fail(f"downloading {what}", resp)
+        data = bytearray()
+        for chunk in resp.iter_content(1 << 20):
+            data += chunk
+            if len(data) > max_bytes:
+                resp.close()
+                raise TooLargeError(f"{what} is more than {max_bytes} bytes")
+        if digest_of(bytes(data)) != digest:
+            raise StoreError(f"{what} does not match its digest {digest}: refused")
+        return bytes(data)
+
+    def push_blob(self, data: bytes) -> str:
+        digest = digest_of(data)
+        head = self.client.do_request(self._url("blobs", digest), "HEAD")
+        if head.status_code == 200:
+            return digest
+        start = self.client.do_request(
+            f"https://{self.host}/v2/{self.repository}/blobs/uploads/",
+            "POST",
+            headers={"Content-Type": "application/octet-stream"},
+        )
+        if start.status_code not in (200, 202):
+            raise self._fail(f"starting an upload to {self._ref()}", start)
+        location = self.client._get_location(start, self.client.get_container(self._ref()))
+        sep = "&" if "?" in location else "?"
+        put = self.client.do_request(
+            f"{location}{sep}digest={digest}",
+            "PUT",
+            data=data,
+            headers={"Content-Type": "application/octet-stream", "Content-Length": str(len(data))},
+        )
+        if put.status_code not in (201, 204):
+            raise self._fail(f"uploading a blob to {self._ref()}", put)
+        return digest
+
+    def push_manifest(self, manifest: dict[str, Any], reference: str) -> str:
+        """Put a manifest under a tag or (reference "") its own digest; its digest."""
+        body = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+        digest = digest_of(body)
+        resp = self.client.do_request(
+            self._url("manifests", reference or digest),
+            "PUT",
+            data=body,
+            headers={"Content-Type": MANIFEST_MEDIA_TYPE},
+        )
+        if resp.status_code not in (200, 201):
+            raise self._fail(f"pushing a manifest to {self._ref(reference)}", resp)
+        answered = resp.headers.get("Docker-Content-Digest")
+        if answered and answered != digest:
+            raise StoreError(f"{self._ref()}: the registry stored {answered}, not {digest}")
+        return digest
+
+    def delete_manifest(self, digest: str) -> None:
+        resp = self.client.do_request(self._url("manifests", digest), "DELETE")
+        if resp.status_code not in (200, 202, 404):
+            raise self._fail(f"deleting {self._ref(digest)}", resp)
+
+    # -- the Store contract --------------------------------------------------------------
+
+    def _object(self, key: str) -> tuple[dict[str, Any], dict[str, Any], str] | None:
+        """(manifest, its one layer, manifest digest) of the object at key; None if absent."""
+        found = self.manifest(tag_of(key))
+        if found is None:
+            return None
+        doc, digest = found
+        layers = doc.get("layers")
+        annotations = doc.get("annotations") or {}
+        if (
+            not isinstance(layers, list)
+            or len(layers) != 1
+            or not isinstance(layers[0], dict)
+            or annotations.get(KEY_ANNOTATION) != key
+        ):
+            raise StoreError(
+                f"{self.uri(key)}: the tag {tag_of(key)} holds something that is "
+                "not this object: refused"
+            )
+        return doc, layers[0], digest
+
+    def _write(self, key: str, data: bytes, content_type: str) -> None:
+        layer_digest = self.push_blob(data)
+        self.push_blob(b"{}")
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": MANIFEST_MEDIA_TYPE,
+            "artifactType": OBJECT_ARTIFACT_TYPE,
+            "config": {"mediaType": EMPTY_MEDIA_TYPE, "digest": EMPTY_DIGEST, "size": 2},
+            "layers": [
+                {
+                    "mediaType": OBJECT_MEDIA_TYPE,
+                    "digest": layer_digest,
+                    "size": len(data),
+                    "annotations": {
+                        TITLE_ANNOTATION: key.rsplit("/", 1)[-1],
+                        "io.tunefleet.content-type": content_type,
+                    },
+                }
+            ],
+            "annotations": {
+                KEY_ANNOTATION: key,
+                CREATED_ANNOTATION: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            },
+        }
+        self.push_manifest(manifest, tag_of(key))
+
+    def put_if_absent(self, key: str, data: bytes, content_type: str) -> bool:
+        found = self._object(key)
+        if found is not None:
+            if found[1].get("digest") == digest_of(data):
+                return False
+            raise ConflictError(f"a different object already exists at {self.uri(key)}")
+        self._write(key, data, content_type)
+        return True
+
+    def put(self, key: str, data: bytes, content_type: str) -> None:
+        self._write(key, data, content_type)
+
+    def get(self, key: str, max_bytes: int) -> bytes:
+        found = self._object(key)
+        if found is None:
+            raise NotFoundError(f"no object at {self.uri(key)}")
+        layer = found[1]
+        if int(layer.get("size", 0)) > max_bytes:
+            raise TooLargeError(
+                f"{self.uri(key)} is {layer.get('size')} bytes, more than {max_bytes}"
+            )
+        return self.blob(str(layer.get("digest", "")), max_bytes, self.uri(key))
+
+    def object_digest(self, key: str) -> str:
+        """The manifest digest of the object at key (what a bundle or a signature names)."""
+        found = self._object(key)
+        if found is None:
+            raise NotFoundError(f"no object at {self.uri(key)}")
+        return found[2]
+
+    def tags(self) -> list[str]:
+        out: list[str] = []
+        url = f"https://{self.host}/v2/{self.repository}/tags/list?n={self.page_size}"
+        while url:
+            resp = self.client.do_request(url, "GET")
+            if resp.status_code == 404:
+                return out  # no repository yet: nothing stored
+            if resp.status_code != 200:
+                raise self._fail(f"listing {self._ref()}", resp)
+            out += [t for t in (resp.json().get("tags") or []) if isinstance(t, str)]
+            link = resp.headers.get("Link", "")
+            match = re.match(r"<([^>]+)>", link)
+            url = (
+                f"https://{self.host}{match.group(1)}"
+                if match and match.group(1).startswith("/")
+                else (match.group(1) if match else "")
+            )
+        return out
+
+    def list(self, prefix: str, limit: int) -> list[Listed]:
+        """Every object's manifest is read for its key: a registry has no listing by prefix
+        (one request per object; fine for an artifact store, slow for a huge one)."""
+        want = prefix.rstrip("/") + "/" if prefix else ""
+        out: list[Listed] = []
+        for tag in sorted(self.tags()):
+            if not tag.startswith(TAG_PREFIX):
+                continue
+            found = self.manifest(tag)
+            if found is None:
+                continue
+            doc = found[0]
+            annotations = doc.get("annotations") or {}
+            key = annotations.get(KEY_ANNOTATION)
+            layers = doc.get("layers") or []
+            if not isinstance(key, str) or tag_of(key) != tag or len(layers) != 1:
+                continue  # not an object of ours (or a tag moved onto another key): skipped
+            if not key.startswith(want):
+                continue
+            out.append(
+                Listed(
+                    key,
+                    int(layers[0].get("size", 0)),
+                    _timestamp(annotations.get(CREATED_ANNOTATION, "")),
+                )
+            )
+        out.sort(key=lambda item: item.key)
+        return out[:limit]
+
+    def _head(self, reference: str, what: str) -> str:
+        """The digest of the manifest at a tag; "" when there is none."""
+        resp = self.client.do_request(
+            self._url("manifests", reference), "HEAD", headers={"Accept": MANIFEST_MEDIA_TYPE}
+        )
+        if resp.status_code == 404:
+            return ""
+        digest = resp.headers.get("Docker-Content-Digest", "")
+        if resp.status_code != 200 or not digest.startswith("sha256:"):
+            raise self._fail(f"finding {what} to delete it", resp)
+        return digest
+
+    def delete(self, key: str) -> None:
+        """The object; with an artifact's manifest, its bundle and the bundle's signatures
+        too (gc deletes an artifact object by object, the manifest among them)."""
+        if key.endswith("/manifest.json"):
+            base = key[: -len("/manifest.json")]
+            bundle = self._head(bundle_tag(base), f"the bundle of {self.uri(base)}")
+            if bundle:
+                signature = self._head(
+                    bundle.replace(":", "-", 1) + ".sig", f"{bundle}'s signature"
+                )
+                if signature:
+                    self.delete_manifest(signature)
+                self.delete_manifest(bundle)
+        digest = self._head(tag_of(key), self.uri(key))
+        if digest:
+            self.delete_manifest(digest)
+
+    # -- bundles -------------------------------------------------------------------------
+
+    def push_bundle(
+        self, parts: Sequence[Part], annotations: dict[str, str], artifact_type: str, tag: str
+    ) -> str:
+        """One image manifest whose layers are stored objects (pushed before, by put*), by
+        digest; tagged for people browsing the registry, but only ever read by digest."""
+        layers = []
+        for part in parts:
+            found = self._object(part.key)
+            if found is None:
+                raise NotFoundError(f"{self.uri(part.key)} is not stored: push it first")
+            layer = found[1]
+            layers.append(
+                {
+                    "mediaType": part.media_type,
+                    "digest": layer["digest"],
+                    "size": int(layer["size"]),
+                    "annotations": {
+                        TITLE_ANNOTATION: part.key.rsplit("/", 1)[-1],
+                        KEY_ANNOTATION: part.key,
+                        **part.annotations,
+                    },
+                }
+            )
+        self.push_blob(b"{}")
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": MANIFEST_MEDIA_TYPE,
+            "artifactType": artifact_type,
+            "config": {"mediaType": EMPTY_MEDIA_TYPE, "digest": EMPTY_DIGEST, "size": 2},
+            "layers": layers,
+            "annotations": dict(sorted(annotations.items())),
+        }
+        digest = self.push_manifest(manifest, "")
+        self.push_manifest(manifest, tag)
+        return digest
+
+
+def _timestamp(value: str) -> float:
+    try:
+        return time.mktime(time.strptime(value, "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
+    except (ValueError, OverflowError):
+        return 0.0
+
+
+def basic_auth(user: str, password: str) -> str:
+    return base64.b64encode(f"{user}:{password}".encode()).decode()

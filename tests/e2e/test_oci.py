@@ -1,0 +1,196 @@
+"""oci:// stores on the local cluster, every part real: the registry is CNCF Distribution
+(TLS, htpasswd identities), the key pair is made by cosign itself into a Secret, the tuning
+Job and the model pods run on the real node, and cosign verifies what tunefleet signed.
+
+The tuner is the stand-in (its torch computes nothing, and its artifact says so); what is
+under test is the path of the artifact: pushed as objects and one bundle, signed, recorded by
+digest, verified before it is served, refused when unsigned, signed by another key or changed
+in the registry's storage, and removed by gc with its bundle and signature.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import uuid
+from typing import Any
+
+import pytest
+
+from tests.support.cluster import wait_for_real_node_gpus
+from tests.support.kube import apply, create, ended, ready, statuses
+from tests.support.operator import InCluster
+from tests.support.real_node import SHAPES, model_pod, real_profile
+from tests.support.registry import Registry, cosign, delete_manifest, manifest_json
+
+pytestmark = pytest.mark.e2e
+
+PASSWORD = "e2e-signing-password"
+
+
+@pytest.fixture
+def registry() -> Registry:
+    return Registry.from_state()
+
+
+def _secrets(cluster: Any, namespace: str, reg: Registry) -> None:
+    apply(cluster, namespace, reg.secret("registry-writer", reg.writer))
+    apply(cluster, namespace, reg.secret("registry-reader", reg.reader))
+    # The key pair, as the docs say to make it: cosign writes the Secret itself.
+    env = {"COSIGN_PASSWORD": PASSWORD, "KUBECONFIG": cluster.kubeconfig}
+    made = cosign(
+        ["generate-key-pair", f"k8s://{namespace}/signing"], {**reg.tool_env(reg.reader), **env}
+    )
+    assert made.returncode == 0, made.stderr
+
+
+def _public_key(cluster: Any, namespace: str, path: Any) -> Any:
+    raw = cluster.kubectl_json("get", "secret", "-n", namespace, "signing", "-o", "json")
+    path.write_bytes(base64.b64decode(raw["data"]["cosign.pub"]))
+    return path
+
+
+def _serve(cluster: Any, namespace: str, name: str, profile: str) -> tuple[str, str]:
+    """A model pod's fetch outcome and its server's log."""
+    create(cluster, namespace, model_pod(name, profile, gpus=1))
+    done = ended(cluster, namespace, name, f"model pod {name} to finish")
+    fetch = statuses(done)["tunefleet-fetch"]["state"]["terminated"]["message"]
+    log = cluster.kubectl("logs", "-n", namespace, name, "-c", "server").stdout
+    return fetch, log
+
+
+def test_a_bundle_is_pushed_signed_verified_by_cosign_served_and_refused_when_forged(
+    cluster: Any,
+    in_cluster: InCluster,
+    s3: Any,
+    namespace: str,
+    registry: Registry,
+    tmp_path: Any,
+) -> None:
+    wait_for_real_node_gpus(cluster, 1)
+    _secrets(cluster, namespace, registry)
+    repository = f"e2e/{namespace}-{uuid.uuid4().hex[:6]}"
+    profile = real_profile(
+        "oci",
+        s3,
+        "",
+        workload={"shapes": SHAPES, "env": [{"name": "FAKE_TORCH_BACKEND", "value": "rocm"}]},
+        storage={
+            "uri": f"oci://{registry.host}/{repository}",
+            "credentialsSecret": {"name": "registry-writer"},
+            "signing": {"secret": {"name": "signing"}},
+        },
+        serving={"credentialsSecret": {"name": "registry-reader"}},
+    )
+    apply(cluster, namespace, profile)
+    st = ready(cluster, namespace, "oci", timeout=300)["status"]
+    assert st["phase"] == "Ready", json.dumps(st, indent=2)[:4000]
+    (art,) = st["artifacts"]
+    assert art["uri"].startswith(f"oci://{registry.host}/{repository}#"), art["uri"]
+    bundle = art["bundle"]
+    assert bundle["signed"] is True and bundle["digest"].startswith("sha256:"), art
+    digest = bundle["digest"]
+    reference = f"{registry.host}/{repository}@{digest}"
+
+    # The bundle, read with curl: its layers are the artifact, by digest, with tunefleet's
+    # media types and the identity annotations; the manifest object inside pins the rest.
+    doc = manifest_json(registry, repository, digest)
+    assert doc["artifactType"] == "application/vnd.tunefleet.bundle.v1"
+    types = [layer["mediaType"] for layer in doc["layers"]]
+    assert types == [
+        "application/vnd.tunefleet.manifest.v1+json",
+        "application/vnd.tunefleet.tunableop.results.v1+csv",
+    ]
+    assert doc["layers"][1]["digest"] == "sha256:" + art["sha256"]
+    assert doc["layers"][0]["digest"] == "sha256:" + art["manifestSha256"]
+    assert doc["annotations"]["io.tunefleet.gpu-model"] == art["gpuModel"]
+
+    # cosign, knowing nothing of tunefleet, accepts the signature with the Secret's key...
+    pub = _public_key(cluster, namespace, tmp_path / "cosign.pub")
+    check = ["verify", "--key", str(pub), "--insecure-ignore-tlog=true", reference]
+    verified = cosign(check, registry.tool_env(registry.reader))
+    assert verified.returncode == 0, verified.stderr
+    assert digest in verified.stdout
+
+    # ... and a model pod is served the bundle, by digest, after the same check.
+    fetch, log = _serve(cluster, namespace, "served", "oci")
+    assert "wrote 1 results file(s)" in fetch, fetch
+    assert "PYTORCH_TUNABLEOP_ENABLED=1" in log, log
+
+    # Signed by another key only: cosign refuses it, so does tunefleet, and the pod starts
+    # untuned (failClosed is false), saying why.
+    sig_tag = digest.replace(":", "-") + ".sig"
+    _delete_tag(registry, repository, sig_tag)
+    other = tmp_path / "other"
+    other.mkdir()
+    env = {**registry.tool_env(registry.writer), "COSIGN_PASSWORD": "other"}
+    made = subprocess.run(
+        [_cosign_path(), "generate-key-pair"], cwd=other, env=env, capture_output=True, text=True
+    )
+    assert made.returncode == 0, made.stderr
+    signed = cosign(
+        [
+            "sign", "--key", str(other / "cosign.key"), "--tlog-upload=false",
+            "--new-bundle-format=false", "--use-signing-config=false", "-y", reference,
+        ],
+        env,
+    )  # fmt: skip
+    assert signed.returncode == 0, signed.stderr
+    assert cosign(check, registry.tool_env(registry.reader)).returncode != 0
+    fetch, _ = _serve(cluster, namespace, "other-key", "oci")
+    assert "bundle not served" in fetch and "signed by another key" in fetch, fetch
+
+    # Unsigned: refused, named.
+    _delete_tag(registry, repository, sig_tag)
+    fetch, _ = _serve(cluster, namespace, "unsigned", "oci")
+    assert "bundle not served" in fetch and "is not signed" in fetch, fetch
+
+    # Signed again by the right key (cosign, this time), then a layer changed in the registry's
+    # own storage: the bytes no longer match the digest the bundle names, and are refused.
+    resigned = cosign(
+        [
+            "sign", "--key", "k8s://" + namespace + "/signing", "--tlog-upload=false",
+            "--new-bundle-format=false", "--use-signing-config=false", "-y", reference,
+        ],
+        {**registry.tool_env(registry.writer), "COSIGN_PASSWORD": PASSWORD,
+         "KUBECONFIG": cluster.kubeconfig},
+    )  # fmt: skip
+    assert resigned.returncode == 0, resigned.stderr
+    fetch, _ = _serve(cluster, namespace, "resigned", "oci")
+    assert "wrote 1 results file(s)" in fetch, fetch
+    # Blobs are shared by every repository of the registry (the same results tuned again are
+    # the same blob): put the bytes back whatever happens.
+    blob = registry.blob_path(doc["layers"][1]["digest"])
+    original = blob.read_bytes()
+    try:
+        blob.write_bytes(original + b"\n")
+        fetch, _ = _serve(cluster, namespace, "tampered", "oci")
+    finally:
+        blob.write_bytes(original)
+    assert "does not match its digest" in fetch, fetch
+
+
+def _cosign_path() -> str:
+    from tests.support.registry import cosign_binary
+
+    return cosign_binary()
+
+
+def _delete_tag(reg: Registry, repository: str, tag: str) -> None:
+    """Delete the manifest a tag names (Distribution deletes manifests by digest only)."""
+    auth = json.loads((reg.writer / ".dockerconfigjson").read_text())["auths"][reg.host]["auth"]
+    head = subprocess.run(
+        [
+            "curl", "-sfI", "--cacert", str(reg.ca), "-H", f"Authorization: Basic {auth}",
+            "-H", "Accept: application/vnd.oci.image.manifest.v1+json",
+            f"https://{reg.host}/v2/{repository}/manifests/{tag}",
+        ],
+        capture_output=True, text=True, check=True, timeout=30,
+    )  # fmt: skip
+    digest = next(
+        line.split(":", 1)[1].strip()
+        for line in head.stdout.splitlines()
+        if line.lower().startswith("docker-content-digest:")
+    )
+    delete_manifest(reg, repository, digest)

@@ -1,0 +1,343 @@
+"""oci:// stores without a registry: URIs, the spec's rules, cosign-format signatures (against
+a key pair cosign itself made, tests/unit/data/cosign), what fetch serves under each signing
+policy, and what the builders give the tuning Job and model pods. The registry and cosign
+themselves are the e2e test's (tests/e2e/test_oci.py)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from tunefleet import naming
+from tunefleet.api import TuningProfileSpec
+from tunefleet.api.models import STORAGE_URI
+from tunefleet.artifacts import ocibundle, signing
+from tunefleet.artifacts.fetch import FetchError, Signature, serving_store
+from tunefleet.builders.job import Child, build_tuning_job
+from tunefleet.builders.storage import pod_storage
+from tunefleet.config import Config
+from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.contracts.fetch import Candidate
+from tunefleet.storage import oci
+from tunefleet.storage.registry import parse_uri
+from tunefleet.storage.store import Location, NotFoundError, StoreError
+
+DATA = Path(__file__).parent / "data" / "cosign"
+PASSWORD = b"tunefleet-test"  # of data/cosign/cosign.key, made by `cosign generate-key-pair`
+HOST = "registry.example.com:5000"
+
+
+# --- URIs and the spec ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("uri", "bucket", "prefix"),
+    [
+        (f"oci://{HOST}/team/tunefleet", f"{HOST}/team/tunefleet", ""),
+        ("oci://ghcr.io/org/caches#prod/eu", "ghcr.io/org/caches", "prod/eu"),
+        ("oci://10.0.0.1:5000/a_b/c--d", "10.0.0.1:5000/a_b/c--d", ""),
+    ],
+)
+def test_an_oci_uri_is_a_repository_and_an_optional_key_prefix(
+    uri: str, bucket: str, prefix: str
+) -> None:
+    loc = parse_uri(uri)
+    assert (loc.scheme, loc.bucket, loc.prefix) == ("oci", bucket, prefix)
+    assert re.match(STORAGE_URI, uri)
+    # An artifact's URI parses back to the same repository and its full key.
+    key = loc.key("ml", "llm", "MI300X", "a" * 64)
+    back = parse_uri(loc.uri(key))
+    assert (back.bucket, back.prefix) == (bucket, key)
+
+
+@pytest.mark.parametrize(
+    ("uri", "words"),
+    [
+        ("oci://ghcr.io/Org/Caches", "is not a valid OCI name"),
+        ("oci://ghcr.io", "names no repository"),
+        ("oci://ghcr.io/org/caches:latest", "not a tag or digest"),
+        ("oci://ghcr.io/org/caches@sha256:" + "a" * 64, "not a tag or digest"),
+        ("oci://ghcr.io/" + "a" * 250, "over the 255 registries accept"),
+        ("oci://ghcr.io/org/caches#../x", "unsafe key segment"),
+    ],
+)
+def test_a_bad_oci_uri_says_what_to_fix(uri: str, words: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(words)):
+        parse_uri(uri)
+
+
+def spec(storage: dict[str, Any], **over: Any) -> TuningProfileSpec:
+    raw: dict[str, Any] = {
+        "image": "registry.example.com/serve:1",
+        "gpu": {"vendor": "amd", "models": ["MI300X"]},
+        "workload": {"command": ["python3", "serve.py"]},
+        "storage": storage,
+    }
+    raw.update(over)
+    return TuningProfileSpec.model_validate(raw)
+
+
+OCI = {"uri": f"oci://{HOST}/team/tf", "credentialsSecret": {"name": "registry"}}
+SIGNED = {**OCI, "signing": {"secret": {"name": "signing"}}}
+
+
+def test_an_oci_store_requires_signing_by_default_and_says_how_to_get_a_key() -> None:
+    (problem,) = naming.spec_problems(spec(OCI))
+    assert "storage.signing.secret" in problem and "cosign generate-key-pair" in problem
+    assert naming.spec_problems(spec(SIGNED)) == []
+    optional = {**OCI, "signing": {"policy": "Optional"}}
+    assert naming.spec_problems(spec(optional)) == []
+    assert spec(optional).storage.signing_policy == "Optional"
+    assert spec(SIGNED).storage.signing_policy == "Required"
+
+
+def test_signing_is_refused_where_nothing_is_signed_and_sharding_with_oci() -> None:
+    s3 = {"uri": "s3://bucket/p", "signing": {"policy": "Optional"}}
+    (problem,) = naming.spec_problems(spec(s3))
+    assert "only an oci:// storage.uri" in problem
+    assert spec({"uri": "s3://bucket/p"}).storage.signing_policy is None
+    sharded = spec(SIGNED, gpu={"vendor": "amd", "models": ["MI300X"], "parallelism": 2})
+    (problem,) = naming.spec_problems(sharded)
+    assert "gpu.parallelism" in problem
+
+
+# --- keys and signatures -------------------------------------------------------------------
+
+
+def test_cosigns_own_encrypted_key_is_read_with_its_password() -> None:
+    key = signing.load_private_key((DATA / "cosign.key").read_bytes(), PASSWORD)
+    pub = signing.load_public_key((DATA / "cosign.pub").read_bytes())
+    assert key.public_key().public_numbers() == pub.public_numbers()
+    with pytest.raises(signing.SigningError, match="password is wrong"):
+        signing.load_private_key((DATA / "cosign.key").read_bytes(), b"not-it")
+
+
+def test_a_plain_pem_key_is_read_too_and_other_keys_are_refused() -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    assert signing.load_private_key(pem, b"").public_key().public_numbers() == (
+        key.public_key().public_numbers()
+    )
+    with pytest.raises(signing.SigningError, match="not PEM"):
+        signing.load_private_key(b"cosign.key", b"")
+
+
+class FakeRegistry(oci.OciStore):
+    """The registry calls signing and fetch make, in memory (no HTTP)."""
+
+    def __init__(self) -> None:
+        self.location = Location("oci", f"{HOST}/team/tf", "", separator="#")
+        self.blobs: dict[str, bytes] = {}
+        self.tags: dict[str, str] = {}  # tag -> digest
+        self.manifests: dict[str, bytes] = {}
+
+    def push_blob(self, data: bytes) -> str:
+        digest = oci.digest_of(data)
+        self.blobs[digest] = data
+        return digest
+
+    def blob(self, digest: str, max_bytes: int, what: str) -> bytes:
+        if digest not in self.blobs:
+            raise NotFoundError(f"{what}: no blob {digest}")
+        data = self.blobs[digest]
+        if oci.digest_of(data) != digest:
+            raise StoreError(f"{what} does not match its digest {digest}: refused")
+        return data
+
+    def push_manifest(self, manifest: dict[str, Any], reference: str) -> str:
+        body = json.dumps(manifest, sort_keys=True).encode()
+        digest = oci.digest_of(body)
+        self.manifests[digest] = body
+        if reference:
+            self.tags[reference] = digest
+        return digest
+
+    def manifest(self, reference: str) -> tuple[dict[str, Any], str] | None:
+        digest = reference if reference.startswith("sha256:") else self.tags.get(reference, "")
+        if digest not in self.manifests:
+            return None
+        return json.loads(self.manifests[digest]), digest
+
+
+def _bundle(reg: FakeRegistry) -> str:
+    results = b"Validator,PT_VERSION,2.11.0\n"
+    layer = {
+        "mediaType": ocibundle.PAYLOAD_LAYERS["results.csv"],
+        "digest": reg.push_blob(results),
+        "size": len(results),
+        "annotations": {oci.KEY_ANNOTATION: "ml/llm/M/abc/results.csv"},
+    }
+    return reg.push_manifest({"artifactType": ocibundle.ARTIFACT_TYPE, "layers": [layer]}, "b-x")
+
+
+def _key() -> ec.EllipticCurvePrivateKey:
+    return signing.load_private_key((DATA / "cosign.key").read_bytes(), PASSWORD)
+
+
+def test_a_signature_verifies_with_its_key_only() -> None:
+    reg = FakeRegistry()
+    digest = _bundle(reg)
+    assert signing.verify(reg, digest, _key().public_key()).reason.endswith(
+        f"is not signed (no {signing.signature_tag(digest)} in the registry)"
+    )
+    signing.sign(reg, digest, _key())
+    assert signing.verify(reg, digest, _key().public_key()).ok
+    other = ec.generate_private_key(ec.SECP256R1())
+    verdict = signing.verify(reg, digest, other.public_key())
+    assert not verdict.ok and "signed by another key, or altered" in verdict.reason
+
+
+def test_the_signed_payload_is_cosigns_simple_signing_of_the_digest() -> None:
+    reg = FakeRegistry()
+    digest = _bundle(reg)
+    signing.sign(reg, digest, _key())
+    doc, _ = reg.manifest(signing.signature_tag(digest)) or ({}, "")
+    (layer,) = doc["layers"]
+    assert layer["mediaType"] == "application/vnd.dev.cosign.simplesigning.v1+json"
+    body = reg.blobs[layer["digest"]]
+    payload = json.loads(body)
+    assert payload["critical"]["image"]["docker-manifest-digest"] == digest
+    assert payload["critical"]["type"] == "cosign container image signature"
+    sig = base64.b64decode(layer["annotations"]["dev.cosignproject.cosign/signature"])
+    pub = signing.load_public_key((DATA / "cosign.pub").read_bytes())
+    pub.verify(sig, body, ec.ECDSA(hashes.SHA256()))  # raises if it does not verify
+
+
+def test_a_signature_of_another_image_moved_beside_this_one_is_refused() -> None:
+    reg = FakeRegistry()
+    digest = _bundle(reg)
+    other = reg.push_manifest({"artifactType": ocibundle.ARTIFACT_TYPE, "layers": []}, "b-y")
+    signing.sign(reg, other, _key())
+    # Its signature manifest copied under this bundle's signature tag.
+    reg.tags[signing.signature_tag(digest)] = reg.tags[signing.signature_tag(other)]
+    verdict = signing.verify(reg, digest, _key().public_key())
+    assert not verdict.ok and "a signature of another image" in verdict.reason
+
+
+def test_signing_keeps_other_signers_and_replaces_none_of_theirs() -> None:
+    reg = FakeRegistry()
+    digest = _bundle(reg)
+    theirs = ec.generate_private_key(ec.SECP256R1())
+    signing.sign(reg, digest, theirs)
+    signing.sign(reg, digest, _key())
+    signing.sign(reg, digest, _key())  # again: still one of ours
+    doc, _ = reg.manifest(signing.signature_tag(digest)) or ({}, "")
+    assert len(doc["layers"]) == 2
+    assert signing.verify(reg, digest, theirs.public_key()).ok
+    assert signing.verify(reg, digest, _key().public_key()).ok
+
+
+# --- what fetch serves ---------------------------------------------------------------------
+
+
+def test_fetch_serves_a_bundle_only_once_its_signature_verifies(tmp_path: Path) -> None:
+    reg = FakeRegistry()
+    digest = _bundle(reg)
+    pub = tmp_path / "cosign.pub"
+    pub.write_bytes((DATA / "cosign.pub").read_bytes())
+    with pytest.raises(FetchError, match=r"bundle not served: .* is not signed"):
+        serving_store(reg, Signature(digest, pub, required=True))
+    # Optional: served unsigned, by digest.
+    view = serving_store(reg, Signature(digest, pub, required=False))
+    assert isinstance(view, ocibundle.BundleView)
+    assert view.get("ml/llm/M/abc/results.csv", 1000).startswith(b"Validator")
+    signing.sign(reg, digest, _key())
+    view = serving_store(reg, Signature(digest, pub, required=True))
+    assert isinstance(view, ocibundle.BundleView)
+    with pytest.raises(StoreError, match="read-only"):
+        view.put("x", b"", "text/plain")
+
+
+def test_fetch_refuses_what_it_cannot_check_when_a_signature_is_required(tmp_path: Path) -> None:
+    reg = FakeRegistry()
+    with pytest.raises(FetchError, match="names no signed bundle"):
+        serving_store(reg, Signature("", None, required=True))
+    assert serving_store(reg, Signature("", None, required=False)) is reg
+    digest = _bundle(reg)
+    with pytest.raises(FetchError, match="no key was given"):
+        serving_store(reg, Signature(digest, None, required=True))
+    with pytest.raises(FetchError, match="the verification key"):
+        serving_store(reg, Signature(digest, tmp_path / "missing.pub", required=True))
+
+
+def test_a_changed_layer_is_refused_by_its_digest() -> None:
+    reg = FakeRegistry()
+    digest = _bundle(reg)
+    view = ocibundle.BundleView(reg, digest)
+    layer = next(iter(view.layers.values()))
+    reg.blobs[layer.digest] = b"Validator,PT_VERSION,2.99.0\n"
+    with pytest.raises(StoreError, match="does not match its digest"):
+        view.get("ml/llm/M/abc/results.csv", 1000)
+    with pytest.raises(NotFoundError):
+        view.get("ml/llm/M/abc/manifest.json", 1000)
+
+
+# --- what status and the webhook carry -----------------------------------------------------
+
+
+def test_a_forged_bundle_reference_in_status_is_dropped() -> None:
+    good = {"uri": "oci://r/x#a", "sha256": "a" * 64, "bundle": {"digest": "sha256:" + "b" * 64}}
+    record = ArtifactRecord.from_status(good)
+    assert record is not None and record.bundle == "sha256:" + "b" * 64 and not record.signed
+    for forged in ("evil.example.com/x:latest", "sha256:zz", "sha512:" + "b" * 128):
+        bad = ArtifactRecord.from_status({**good, "bundle": {"digest": forged, "signed": True}})
+        assert bad is not None and bad.bundle == "" and not bad.signed
+
+
+def test_a_candidate_carries_its_bundle() -> None:
+    c = Candidate("M", "oci://r/x#a", "a" * 64, bundle="sha256:" + "c" * 64)
+    assert Candidate.from_arg(c.to_arg()) == c
+
+
+def test_model_pods_get_the_public_key_alone_and_the_job_the_key_pair() -> None:
+    s = spec(SIGNED, serving={"credentialsSecret": {"name": "registry-reader"}})
+    serving = pod_storage(s, Config(image="tf:1"), read_only=True, serving=True)
+    assert "--verify-key" in serving.args and "--require-signature" in serving.args
+    volumes = {v["name"]: v for v in serving.volumes}
+    items = volumes["tunefleet-signing"]["secret"]["items"]
+    assert [i["key"] for i in items] == ["cosign.pub"]
+    assert volumes["tunefleet-oci"]["secret"]["secretName"] == "registry-reader"
+    optional = spec({**OCI, "signing": {"policy": "Optional", "secret": {"name": "signing"}}})
+    args = pod_storage(optional, Config(image="tf:1"), serving=True).args
+    assert "--verify-key" in args and "--require-signature" not in args
+
+    job = build_tuning_job(Child(s, "ml", "llm", "uid-1", "MI300X", Config(image="tf:1")))
+    pod = job["spec"]["template"]["spec"]
+    steps = {c["name"]: c for c in pod["initContainers"] + pod["containers"]}
+    assert "--signing-key-dir" in steps["publish"]["command"]
+    assert "--signing-key-dir" not in steps["sync"]["command"]
+    (sv,) = [v for v in pod["volumes"] if v["name"] == "tunefleet-signing"]
+    assert sorted(i["key"] for i in sv["secret"]["items"]) == ["cosign.key", "cosign.password"]
+
+
+def test_gc_deletes_an_artifacts_bundle_and_its_signature_with_its_manifest() -> None:
+    calls: list[tuple[str, str]] = []
+
+    class Recording(FakeRegistry):
+        def _head(self, reference: str, what: str) -> str:
+            found = self.manifest(reference)
+            return found[1] if found else ""
+
+        def delete_manifest(self, digest: str) -> None:
+            calls.append(("delete", digest))
+
+    reg = Recording()
+    base = "ml/llm/M/" + "a" * 64
+    digest = reg.push_manifest({"layers": []}, oci.bundle_tag(base))
+    signature = signing.sign(reg, digest, _key())
+    obj = reg.push_manifest({"layers": []}, oci.tag_of(f"{base}/manifest.json"))
+    reg.delete(f"{base}/manifest.json")
+    assert calls == [("delete", signature), ("delete", digest), ("delete", obj)]
+    assert hashlib.sha256(base.encode()).hexdigest() in oci.bundle_tag(base)
