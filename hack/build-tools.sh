@@ -8,6 +8,7 @@
 #   hack/build-tools.sh --kueue    print the kueue binary's path only (no build)
 #   hack/build-tools.sh --registry build the OCI registry if missing, print its path
 #   hack/build-tools.sh --cosign   build cosign if missing, print its path
+#   hack/build-tools.sh --containerd  build containerd 2 if missing, print its bin dir
 #
 # Kueue (the e2e tests of spec.tuning.queueName run a real one beside the cluster) is cached
 # apart, by its own version, so adding or bumping it never invalidates the control plane's
@@ -48,6 +49,22 @@ go_tool() {
 }
 if [[ "${1:-}" == "--registry" ]]; then
   go_tool registry github.com/distribution/distribution/v3/cmd/registry "$REGISTRY_VERSION"
+  exit 0
+fi
+# containerd 2.x for the real node (Debian bookworm's 1.6 has no image volumes): the daemon,
+# its runc shim and ctr, from one module version, in one directory. Prints that directory.
+CONTAINERD_VERSION="v2.4.2"
+if [[ "${1:-}" == "--containerd" ]]; then
+  dir="$cache_root/containerd-$CONTAINERD_VERSION/bin"
+  if [[ ! -x "$dir/containerd" || ! -x "$dir/containerd-shim-runc-v2" || ! -x "$dir/ctr" ]]; then
+    echo "building containerd $CONTAINERD_VERSION into $dir (about 4 minutes cold on 2 cores)" >&2
+    mkdir -p "$dir.partial"
+    m=github.com/containerd/containerd/v2/cmd
+    GOBIN="$dir.partial" go install -trimpath -ldflags "-s -w" "$m/containerd@$CONTAINERD_VERSION" \
+      "$m/containerd-shim-runc-v2@$CONTAINERD_VERSION" "$m/ctr@$CONTAINERD_VERSION" >&2
+    rm -rf "$dir" && mv "$dir.partial" "$dir"
+  fi
+  echo "$dir"
   exit 0
 fi
 if [[ "${1:-}" == "--cosign" ]]; then

@@ -284,7 +284,8 @@ import_all() {
     if [[ ! -s "$archive" ]]; then missing+=("$image"); continue; fi
     # Imported already (containerd's content goes with the state dir, and so does the marker).
     [[ "$(cat "$marker" 2>/dev/null)" == "$key" ]] && continue
-    ctr --address "$CONTAINERD_SOCK" -n k8s.io images import "$archive" >/dev/null \
+    "$("$repo/hack/build-tools.sh" --containerd | tail -n1)/ctr" --address "$CONTAINERD_SOCK" \
+      -n k8s.io images import "$archive" >/dev/null \
       || die "ctr images import $archive failed"
     echo "$key" >"$marker"
     imported+=("$image")

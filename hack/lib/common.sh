@@ -62,7 +62,7 @@ ALL_PROCS=(s3 registry "${CONTROL_PLANE[@]}" "${NODE_PROCS[@]}")
 # Debian packages the real node needs (kube-proxy drives iptables and conntrack; nft and
 # nfacct let cluster-down remove the netfilter tables and counters it leaves), and those
 # hack/images.sh needs to build images without a registry.
-NODE_DEBS=(containerd runc containernetworking-plugins iptables conntrack nftables nfacct)
+NODE_DEBS=(runc containernetworking-plugins iptables conntrack nftables nfacct)
 # libjemalloc2: the allocator the operator runs under (as in the image) when run from the venv.
 NODE_DEBS+=(libjemalloc2)
 # runc: buildah runs RUN steps with it (only a Recommends of buildah's).

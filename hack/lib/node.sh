@@ -1,5 +1,6 @@
 # The local cluster's real node (sourced by hack/cluster-up.sh and hack/cluster-down.sh):
-# containerd + runc + CNI from Debian's packages, kubelet and kube-proxy from the Go modules.
+# containerd 2 (built from Go modules: Debian's 1.6 has no image volumes), runc and CNI from
+# Debian's packages, kubelet and kube-proxy from the Go modules.
 # Everything it runs or writes lives under $STATE/node, except what the kernel and these tools
 # keep elsewhere, which cluster-down puts back (see host_net_up/host_net_down):
 #   - the bridge $BRIDGE ($HOST_IP/24, the pods' gateway and the cluster's host address), a
@@ -257,6 +258,16 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
     bin_dir = "/usr/lib/cni"
     conf_dir = "$NODE/cni/net.d"
     max_conf_num = 1
+  # Registries by host (hosts.toml): the local OCI registry's CA, for image volumes and images.
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "$NODE/certs.d"
+EOF
+  mkdir -p "$NODE/certs.d/$HOST_IP:$REGISTRY_PORT"
+  put "$NODE/certs.d/$HOST_IP:$REGISTRY_PORT/hosts.toml" <<EOF
+server = "https://$HOST_IP:$REGISTRY_PORT"
+[host."https://$HOST_IP:$REGISTRY_PORT"]
+  capabilities = ["pull", "resolve"]
+  ca = "$PKI/ca.crt"
 EOF
 
   # The bridge already exists (host_net_up) with HOST_IP: the plugin adopts it. No ipMasq and
@@ -361,13 +372,17 @@ EOF
 # ---------------------------------------------------------------------------------------
 # start
 
-# RuntimeReady and NetworkReady (it has read our CNI config).
+# RuntimeReady and NetworkReady (it has read our CNI config). Not every condition: containerd 2
+# adds ContainerdHasNoDeprecationWarnings, false on this machine's cgroup v1.
 containerd_ready() {
   crictl_ info 2>/dev/null | "$PY" -c '
 import json, sys
-conds = json.load(sys.stdin)["status"]["conditions"]
-sys.exit(0 if len(conds) >= 2 and all(c["status"] for c in conds) else 1)'
+conds = {c["type"]: c["status"] for c in json.load(sys.stdin)["status"]["conditions"]}
+sys.exit(0 if conds.get("RuntimeReady") and conds.get("NetworkReady") else 1)'
 }
+
+# containerd 2 from Go modules (hack/build-tools.sh --containerd): image volumes need it.
+containerd_bin() { "$repo/hack/build-tools.sh" --containerd | tail -n1; }
 
 # containerd, then the images it runs (the pause image at least).
 up_containerd() {
@@ -376,7 +391,11 @@ up_containerd() {
   if ! alive containerd; then
     port_free "$CONTAINERD_STREAM_PORT" containerd
     rm -f "$CONTAINERD_SOCK" "$CONTAINERD_SOCK.ttrpc"
-    start containerd containerd --config "$NODE/containerd.toml" --log-level warn
+    local bin
+    bin="$(containerd_bin)" || die "building containerd failed (hack/build-tools.sh --containerd)"
+    # Its own shim first on PATH: containerd finds containerd-shim-runc-v2 there.
+    start containerd env PATH="$bin:$PATH" "$bin/containerd" --config "$NODE/containerd.toml" \
+      --log-level warn
   fi
   wait_until 30 "containerd CRI ready" containerd_ready
   "$repo/hack/images.sh" --import || die "hack/images.sh --import failed"
