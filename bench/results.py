@@ -269,6 +269,16 @@ GROUPS: dict[str, Any] = {
         "runs": None,
         "provenance": None,
     },
+    "oci_delivery": {
+        "pods_per_burst": None,
+        "rounds": None,
+        "medians": None,
+        "ratio_image_volume_over_none": None,
+        "ratio_burst_image_volume_over_none": None,
+        "goal": None,
+        "runs": None,
+        "provenance": None,
+    },
     "capture": {
         "sidecar": {
             "runs": [

@@ -664,6 +664,13 @@ def run_parts(only: list[str], options: dict[str, Any]) -> None:
             figures = bench_bundles.run(cluster, s3, options["bundle_pods"])
             results["bundles_torch_compile"] = stamped(figures)
             done("bundles", t)
+        if "oci" in only:
+            from bench import bench_oci
+
+            t = begin("oci")
+            figures = bench_oci.run(cluster, s3, options["oci_pods"], options["oci_rounds"])
+            results["oci_delivery"] = stamped(figures)
+            done("oci", t)
     finally:
         for ns in CREATED:
             cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)

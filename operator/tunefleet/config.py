@@ -53,6 +53,10 @@ class Config:
     delivery_credentials_secret: str = ""
     delivery_cloud_identity: bool = False
     delivery_timeout_s: float = 30.0
+    # oci:// stores: the operator's registry read identity (a mounted dockerconfigjson Secret's
+    # directory; "" none) and whether model pods may mount image volumes: auto, true, false.
+    oci_config: str = ""
+    image_volumes: str = "auto"
     # What a profile's spec.template may ask for (policy.py; the chart's profilePolicy).
     profile_policy: ProfilePolicy = field(default_factory=ProfilePolicy)
     # The capture endpoint (capture/endpoint.py): its port on every replica (0, the default
@@ -98,6 +102,8 @@ class Config:
             delivery_credentials_secret=env("TUNEFLEET_DELIVERY_CREDENTIALS_SECRET", ""),
             delivery_cloud_identity=_env_bool("TUNEFLEET_DELIVERY_CLOUD_IDENTITY", False),
             delivery_timeout_s=float(env("TUNEFLEET_DELIVERY_TIMEOUT_SECONDS", "30")),
+            oci_config=env("TUNEFLEET_OCI_CONFIG", ""),
+            image_volumes=env("TUNEFLEET_IMAGE_VOLUMES", "auto").strip().lower() or "auto",
             profile_policy=ProfilePolicy.from_json(env("TUNEFLEET_PROFILE_POLICY", "")),
             capture_port=int(env("TUNEFLEET_CAPTURE_PORT", str(cls.capture_port))),
             capture_url=env("TUNEFLEET_CAPTURE_URL", ""),

@@ -26,7 +26,7 @@ from tunefleet.artifacts.fetch import FetchError, Verified, download_verified
 from tunefleet.builders.artifact import build_artifact_config_map, is_packed, payload_keys
 from tunefleet.config import Config
 from tunefleet.contracts.admission import Admission
-from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.contracts.artifact import IMAGE_VOLUME, ArtifactRecord
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import StoreError, StoreOptions
 from tunefleet.views import ProfileRef
@@ -84,6 +84,85 @@ def deliverable(config: Config) -> str:
             "delivery.credentialsSecret or delivery.cloudIdentity)"
         )
     return ""
+
+
+# --- image volumes (oci:// stores) ---------------------------------------------------------
+
+# Image volumes: on by default in the API server from 1.35 (KEP-4639); the runtimes that mount
+# them, from these versions.
+IMAGE_VOLUME_MINOR = 35
+RUNTIMES = {"containerd": (2, 1), "cri-o": (1, 31)}
+
+
+def runtime_problem(runtimes: dict[str, str]) -> str:
+    """Why these nodes cannot all mount image volumes ("" when they can)."""
+    if not runtimes:
+        return "no node of the GPU model is there to say whether its runtime mounts image volumes"
+    for node, version in sorted(runtimes.items()):
+        name, _, rest = version.partition("://")
+        want = RUNTIMES.get(name)
+        got = tuple(int(p) for p in rest.split("+")[0].split("-")[0].split(".")[:2] if p.isdigit())
+        if want is None or len(got) < 2 or got < want:
+            return (
+                f"node {node} runs {version or 'an unknown runtime'}, which mounts no image volumes"
+            )
+    return ""
+
+
+def image_volume_problem(mode: str, server_minor: int, runtimes: dict[str, str]) -> str:
+    """Why model pods may not mount image volumes here ("" when they may): the chart's word
+    (delivery.oci.imageVolumes), else what the API server and the nodes are."""
+    if mode == "false":
+        return "image volumes are off (the chart's delivery.oci.imageVolumes)"
+    if mode == "true":
+        return ""
+    if server_minor < IMAGE_VOLUME_MINOR:
+        return f"the API server (1.{server_minor}) does not serve image volumes by default"
+    return runtime_problem(runtimes)
+
+
+def deliver_image_volume(
+    record: ArtifactRecord, spec_public_key: str, required: bool, config: Config, problem: str
+) -> str:
+    """IMAGE_VOLUME once the artifact's volume image verifies (its signature by the profile's
+    public key, its content against the artifact's pins); FetchError says why not (pods then
+    fetch, and verify, from the registry)."""
+    from tunefleet.artifacts import ocibundle, signing
+    from tunefleet.storage.oci import OciStore
+    from tunefleet.storage.registry import open_store
+
+    if problem:
+        raise FetchError(problem)
+    if not config.oci_config:
+        raise FetchError(
+            "the operator has no registry read identity "
+            "(the chart's delivery.oci.credentialsSecret)"
+        )
+    if not record.volume:
+        raise FetchError("the artifact has no volume image (it carries caches, or predates them)")
+    if required and not spec_public_key:
+        raise FetchError(
+            "the operator cannot verify the signature before pods mount it: give it the "
+            "public key (spec.storage.signing.publicKey)"
+        )
+    location = parse_uri(record.uri)
+    options = StoreOptions(timeout_s=config.delivery_timeout_s, oci_config=config.oci_config)
+    store = open_store(location, options)
+    assert isinstance(store, OciStore)
+    if spec_public_key:
+        try:
+            key = signing.load_public_key(spec_public_key.encode())
+        except signing.SigningError as exc:
+            raise FetchError(f"spec.storage.signing.publicKey: {exc}") from None
+        verdict = signing.verify(store, record.volume, key)
+        if not verdict.ok and required:
+            raise FetchError(f"volume image not mounted: {verdict.reason}")
+    try:
+        ocibundle.check_volume(store, record.volume, record.sha256, record.manifest_sha256)
+    except ocibundle.VolumeError as exc:
+        raise FetchError(f"volume image not mounted: {exc}") from None
+    log.info(f"{record.uri}: volume image {record.volume[:19]} verified; pods mount it")
+    return IMAGE_VOLUME
 
 
 def next_name(base: str, foreign_uid: str) -> str:

@@ -206,6 +206,36 @@ def count_nodes(label_selector: str) -> int:
     return len(_json(resp)["items"])
 
 
+def node_runtimes(label_selector: str) -> dict[str, str]:
+    """Each labelled node's container runtime, as its kubelet reports it
+    (status.nodeInfo.containerRuntimeVersion, e.g. containerd://2.4.2)."""
+    core = kubernetes.client.CoreV1Api(api())
+    resp = call(
+        "listing nodes",
+        lambda: core.list_node(
+            label_selector=label_selector,
+            _preload_content=False,
+            _request_timeout=REQUEST_TIMEOUT,
+        ),
+    )
+    return {
+        str((n.get("metadata") or {}).get("name")): str(
+            ((n.get("status") or {}).get("nodeInfo") or {}).get("containerRuntimeVersion") or ""
+        )
+        for n in _json(resp).get("items") or []
+    }
+
+
+@functools.cache
+def server_minor() -> int:
+    """The API server's minor version (1.36 -> 36); 0 when it says none we can read."""
+    info = call(
+        "reading the API server's version", lambda: kubernetes.client.VersionApi(api()).get_code()
+    )
+    digits = "".join(ch for ch in str(getattr(info, "minor", "")) if ch.isdigit())
+    return int(digits) if digits else 0
+
+
 def list_pods(namespace: str | None, label_selector: str) -> list[dict[str, Any]]:
     """Pods across all namespaces (None) or one, as plain dicts."""
     core = kubernetes.client.CoreV1Api(api())

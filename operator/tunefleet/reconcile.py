@@ -332,6 +332,9 @@ def _deliver(s: _Sync, status: dict[str, Any]) -> None:
         return
     artifacts = [dict(a) for a in status["artifacts"]]  # never the previous status's dicts
     status["artifacts"] = artifacts
+    if s.spec.storage.is_oci:
+        _deliver_image_volumes(s, artifacts)
+        return
     if s.spec.serving.delivery != "ConfigMap":
         for entry in artifacts:
             entry["delivery"] = "Store (spec.serving.delivery)"
@@ -380,6 +383,39 @@ def _deliver(s: _Sync, status: dict[str, Any]) -> None:
             metrics.CONFIG_MAPS_REMADE.inc()
         entry["configMap"] = {"name": got.name, "uid": got.uid}
         entry["delivery"] = got.note
+    s.memory.prune_deliveries({a.get("sha256", "") for a in artifacts})
+
+
+def _deliver_image_volumes(s: _Sync, artifacts: list[dict[str, Any]]) -> None:
+    """oci:// stores: each artifact's volume image, once verified, is what model pods mount
+    (delivery ImageVolume); else they fetch and verify it themselves (Store: why). Checked
+    again after DELIVERY_RETRY_S, as a ConfigMap's delivery is tried again."""
+    assert s.spec is not None
+    signing = s.spec.storage.signing
+    public_key = (signing.public_key or "") if signing else ""
+    required = s.spec.storage.signing_policy == "Required"
+    mode = s.config.image_volumes
+    for entry in artifacts:
+        record = ArtifactRecord.from_status(entry)
+        if record is None:
+            continue
+        tried = s.memory.deliveries.get(record.sha256)
+        if tried and time.monotonic() - tried[0] < delivery.DELIVERY_RETRY_S:
+            entry["delivery"] = tried[1]
+            continue
+        try:
+            auto = mode == "auto"
+            label = f"{naming.label_key(s.spec)}={record.gpu_model}"
+            problem = delivery.image_volume_problem(
+                mode,
+                kube.server_minor() if auto else 0,
+                kube.node_runtimes(label) if auto and record.gpu_model else {},
+            )
+            note = delivery.deliver_image_volume(record, public_key, required, s.config, problem)
+        except (FetchError, StoreError, kube.Temporary, kube.Permanent) as e:
+            note = truncate(f"Store: {e}", 300)
+        s.memory.deliveries[record.sha256] = (time.monotonic(), note)
+        entry["delivery"] = note
     s.memory.prune_deliveries({a.get("sha256", "") for a in artifacts})
 
 

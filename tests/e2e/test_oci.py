@@ -19,10 +19,14 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import wait_for_real_node_gpus
-from tests.support.kube import apply, create, ended, ready, statuses
+from tests.support.kube import apply, create, ended, get_json, ready, statuses
 from tests.support.operator import InCluster
+from tests.support.poll import eventually
 from tests.support.real_node import SHAPES, model_pod, real_profile
 from tests.support.registry import Registry, cosign, delete_manifest, manifest_json
+from tunefleet.artifacts import gc
+from tunefleet.storage.registry import open_store, parse_uri
+from tunefleet.storage.store import StoreOptions
 
 pytestmark = pytest.mark.e2e
 
@@ -117,6 +121,8 @@ def test_a_bundle_is_pushed_signed_verified_by_cosign_served_and_refused_when_fo
     fetch, log = _serve(cluster, namespace, "served", "oci")
     assert "wrote 1 results file(s)" in fetch, fetch
     assert "PYTORCH_TUNABLEOP_ENABLED=1" in log, log
+    # No publicKey in the spec: the operator cannot check a signature, so it mounts nothing.
+    assert art["delivery"].startswith("Store:") and "publicKey" in art["delivery"], art
 
     # Signed by another key only: cosign refuses it, so does tunefleet, and the pod starts
     # untuned (failClosed is false), saying why.
@@ -170,6 +176,35 @@ def test_a_bundle_is_pushed_signed_verified_by_cosign_served_and_refused_when_fo
         blob.write_bytes(original)
     assert "does not match its digest" in fetch, fetch
 
+    # The profile gone, tunefleet-gc's rules delete its artifact: each object, and with its
+    # manifest the bundle, the volume image and their signatures.
+    cluster.kubectl("delete", "tp", "-n", namespace, "oci", "--wait=true")
+    location = parse_uri(art["uri"].split("#", 1)[0])
+    store = open_store(location, StoreOptions(timeout_s=60, oci_config=str(registry.writer)))
+    docs = gc.read_profiles(cluster.kubeconfig, None, [namespace])
+    plan = gc.collect(store, location, docs, gc.Rules(0, 0.0), [namespace])
+    gc.apply(plan, store, lambda line: None)
+    # The GEMM library's entry stays (it is the fleet's, compacted by its own rules).
+    left = [o.key for o in store.list("", 100) if "/_library/" not in o.key]
+    assert left == [], left
+    for ref in (digest, art["bundle"].get("volume") or digest, sig_tag):
+        assert not _exists(registry, repository, ref), ref
+
+
+def _exists(reg: Registry, repository: str, reference: str) -> bool:
+    auth = json.loads((reg.writer / ".dockerconfigjson").read_text())["auths"][reg.host]["auth"]
+    code = subprocess.run(
+        [
+            "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-I", "--cacert", str(reg.ca),
+            "-H", f"Authorization: Basic {auth}",
+            "-H", "Accept: application/vnd.oci.image.manifest.v1+json",
+            f"https://{reg.host}/v2/{repository}/manifests/{reference}",
+        ],
+        capture_output=True, text=True, timeout=30,
+    ).stdout  # fmt: skip
+    assert code in ("200", "404"), code
+    return code == "200"
+
 
 def _cosign_path() -> str:
     from tests.support.registry import cosign_binary
@@ -194,3 +229,91 @@ def _delete_tag(reg: Registry, repository: str, tag: str) -> None:
         if line.lower().startswith("docker-content-digest:")
     )
     delete_manifest(reg, repository, digest)
+
+
+def _volume_profile(name: str, s3: Any, reg: Registry, repository: str, public_key: str) -> Any:
+    return real_profile(
+        name,
+        s3,
+        "",
+        workload={"shapes": SHAPES, "env": [{"name": "FAKE_TORCH_BACKEND", "value": "rocm"}]},
+        storage={
+            "uri": f"oci://{reg.host}/{repository}",
+            "credentialsSecret": {"name": "registry-writer"},
+            "signing": {"secret": {"name": "signing"}, "publicKey": public_key},
+        },
+        serving={"credentialsSecret": {"name": "registry-reader"}},
+    )
+
+
+def _delivery(cluster: Any, namespace: str, name: str, prefix: str) -> dict[str, Any]:
+    got = eventually(
+        lambda: get_json(cluster, "tp", "-n", namespace, name),
+        lambda p: str(
+            ((p.get("status") or {}).get("artifacts") or [{}])[0].get("delivery", "")
+        ).startswith(prefix),
+        f"{name}'s delivery to start with {prefix!r}",
+        timeout=120,
+        interval=1,
+    )
+    art: dict[str, Any] = got["status"]["artifacts"][0]
+    return art
+
+
+def test_a_verified_volume_image_is_mounted_by_digest_and_a_wrongly_signed_one_never(
+    cluster: Any,
+    in_cluster: InCluster,
+    s3: Any,
+    namespace: str,
+    registry: Registry,
+    tmp_path: Any,
+) -> None:
+    wait_for_real_node_gpus(cluster, 1)
+    _secrets(cluster, namespace, registry)
+    public_key = _public_key(cluster, namespace, tmp_path / "cosign.pub").read_text()
+    repository = f"e2e/{namespace}-{uuid.uuid4().hex[:6]}"
+    apply(cluster, namespace, _volume_profile("vol", s3, registry, repository, public_key))
+    st = ready(cluster, namespace, "vol", timeout=300)["status"]
+    assert st["phase"] == "Ready", json.dumps(st, indent=2)[:4000]
+    art = _delivery(cluster, namespace, "vol", "ImageVolume")
+    volume = art["bundle"]["volume"]
+    reference = f"{registry.host}/{repository}@{volume}"
+    # What pods will mount, cosign accepts too (tunefleet signed the volume image as well).
+    pub = tmp_path / "cosign.pub"
+    check = ["verify", "--key", str(pub), "--insecure-ignore-tlog=true", reference]
+    assert cosign(check, registry.tool_env(registry.reader)).returncode == 0
+
+    create(cluster, namespace, model_pod("mounted", "vol", gpus=2))
+    done = ended(cluster, namespace, "mounted", "the image-volume pod to finish")
+    spec = done["spec"]
+    (vol,) = [v for v in spec["volumes"] if v["name"] == "tunefleet-results"]
+    assert vol["image"] == {"reference": reference, "pullPolicy": "IfNotPresent"}
+    assert {"name": "registry-reader"} in spec["imagePullSecrets"]
+    # Nothing runs before the model: what the operator verified is what is mounted.
+    assert not [c for c in spec.get("initContainers") or [] if c["name"].startswith("tunefleet")]
+    log = cluster.kubectl("logs", "-n", namespace, "mounted", "-c", "server").stdout
+    assert done["status"]["phase"] == "Succeeded", log
+    assert "results ordinal 0: /tunefleet/results/tunableop_results0.csv" in log, log
+    assert "results ordinal 1: /tunefleet/results/tunableop_results1.csv" in log, log
+    assert "PYTORCH_TUNABLEOP_TUNING=0" in log, log
+
+    # A profile whose publicKey is another key's: the operator cannot verify what the tuning
+    # Job signed, so no pod mounts it; its pods fetch instead (and check with the Secret's key).
+    other = tmp_path / "other"
+    other.mkdir()
+    env = {**registry.tool_env(registry.writer), "COSIGN_PASSWORD": "other"}
+    made = subprocess.run(
+        [_cosign_path(), "generate-key-pair"], cwd=other, env=env, capture_output=True, text=True
+    )
+    assert made.returncode == 0, made.stderr
+    wrong = _volume_profile(
+        "vol-other-key", s3, registry, repository, (other / "cosign.pub").read_text()
+    )
+    apply(cluster, namespace, wrong)
+    assert ready(cluster, namespace, "vol-other-key", timeout=300)["status"]["phase"] == "Ready"
+    refused = _delivery(cluster, namespace, "vol-other-key", "Store:")
+    assert "volume image not mounted" in refused["delivery"], refused
+    assert "signed by another key" in refused["delivery"], refused
+    create(cluster, namespace, model_pod("not-mounted", "vol-other-key", gpus=1))
+    done = ended(cluster, namespace, "not-mounted", "the other-key pod to finish")
+    assert not [v for v in done["spec"]["volumes"] if "image" in v], done["spec"]["volumes"]

@@ -53,6 +53,7 @@ from tests.support.operator import (
     InCluster,
     carry_out_publish,
     chart_values_for_real_node,
+    create_oci_secret,
     create_s3_secret,
     helm,
 )
@@ -216,6 +217,7 @@ def install_release(cluster: Any, s3: Any, version: str, tree: Path) -> None:
 
 def upgrade_to_this_tree(cluster: Any, s3: Any) -> None:
     """`helm upgrade` to the working tree's chart with the values the other e2e tests use."""
+    create_oci_secret(cluster.kubectl, SYSTEM_NS)
     try:
         helm(
             cluster.bin_dir, cluster.kubeconfig,

@@ -232,6 +232,9 @@ def install(cluster: Any, s3_endpoint: str) -> Operator:
 
 SERVING_SECRET = "s3-reader"  # read-only: model pods' fetch (the chart's default serving Secret)
 DELIVERY_SECRET = "tunefleet-delivery"  # read-only: the operator's delivery, in SYSTEM_NS
+# The operator's registry read identity (the chart's delivery.oci.credentialsSecret), in
+# SYSTEM_NS: it verifies volume images with it before model pods mount them.
+OCI_DELIVERY_SECRET = "tunefleet-oci-reader"
 
 
 def create_s3_secret(
@@ -253,6 +256,15 @@ def create_s3_secret(
         f"--from-literal=AWS_SECRET_ACCESS_KEY={secret_key}",
         check=False,  # already there from an earlier run: same content
     )
+    return name
+
+
+def create_oci_secret(kubectl: Kubectl, namespace: str, name: str = OCI_DELIVERY_SECRET) -> str:
+    """The local registry's read-only identity as a dockerconfigjson Secret (with its CA)."""
+    from tests.support.registry import Registry
+
+    doc = Registry.from_state().secret(name, Registry.from_state().reader)
+    kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc))
     return name
 
 
@@ -539,7 +551,10 @@ def chart_values_for_real_node(s3_pod_endpoint: str, replicas: int) -> list[str]
             "defaultServingCredentialsSecret": SERVING_SECRET,
             "resyncSeconds": 600,
         },
-        "delivery": {"credentialsSecret": DELIVERY_SECRET},
+        "delivery": {
+            "credentialsSecret": DELIVERY_SECRET,
+            "oci": {"credentialsSecret": OCI_DELIVERY_SECRET},
+        },
     }
     path = Path(tempfile.mkdtemp(prefix="tunefleet-values-")) / "values.yaml"
     path.write_text(yaml.safe_dump(values))
@@ -560,6 +575,7 @@ def install_in_cluster(
     create_s3_secret(
         cluster.kubectl, namespace, s3.reader_access_key, s3.reader_secret_key, DELIVERY_SECRET
     )
+    create_oci_secret(cluster.kubectl, namespace)
     upgrade_release(
         cluster,
         *chart_values_for_real_node(s3.pod_endpoint, replicas),

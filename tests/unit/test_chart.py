@@ -198,3 +198,26 @@ def test_a_release_that_watches_namespaces_admits_and_binds_in_those_only() -> N
         d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "tf-tunefleet"
     )
     assert role["metadata"]["annotations"]["tunefleet.io/watch-namespaces"] == "*"
+
+
+def test_the_operator_gets_a_registry_identity_only_when_one_is_named() -> None:
+    def operator(*sets: str) -> dict[str, Any]:
+        dep = next(d for d in rendered(*sets) if d["kind"] == "Deployment")
+        pod: dict[str, Any] = dep["spec"]["template"]["spec"]
+        return pod
+
+    plain = operator()
+    env = {e["name"]: e.get("value") for e in plain["containers"][0]["env"]}
+    assert env["TUNEFLEET_IMAGE_VOLUMES"] == "auto" and "TUNEFLEET_OCI_CONFIG" not in env
+    named = operator(
+        "delivery.oci.credentialsSecret=registry-pull", "delivery.oci.imageVolumes=false"
+    )
+    env = {e["name"]: e.get("value") for e in named["containers"][0]["env"]}
+    assert env["TUNEFLEET_OCI_CONFIG"] == "/etc/tunefleet/oci"
+    assert env["TUNEFLEET_IMAGE_VOLUMES"] == "false"
+    (vol,) = [v for v in named["volumes"] if v["name"] == "oci"]
+    assert vol["secret"]["secretName"] == "registry-pull"
+    # `helm upgrade --reuse-values` from 0.1.0 carries a delivery without oci: still renders.
+    old = operator("delivery.oci=null")
+    env = {e["name"]: e.get("value") for e in old["containers"][0]["env"]}
+    assert env["TUNEFLEET_IMAGE_VOLUMES"] == "auto"

@@ -178,6 +178,23 @@ def test_status_shows_each_cache_and_why_one_was_not_served() -> None:
     assert rows["cache fi"] == "not served: empty: the workload wrote nothing under FI_DIR"
 
 
+def test_status_shows_an_oci_bundle_its_signature_and_how_pods_get_it() -> None:
+    digest, volume = "sha256:" + "e" * 64, "sha256:" + "f" * 64
+    art = {
+        **artifact(),
+        "bundle": {"digest": digest, "signed": True, "volume": volume},
+        "delivery": "ImageVolume",
+    }
+    text = format_status(status_report(profile(artifacts=[art]), []), NOW)
+    lines = [" ".join(line.split()) for line in text.splitlines()]
+    assert f"bundle {digest} (signed)" in lines
+    assert f"volume image {volume}" in lines
+    assert "served by ImageVolume" in lines
+    unsigned = {**artifact(), "bundle": {"digest": digest}}
+    text = format_status(status_report(profile(artifacts=[unsigned]), []), NOW)
+    assert f"bundle {digest} (not signed)" in [" ".join(x.split()) for x in text.splitlines()]
+
+
 def test_status_while_retuning_shows_earlier_artifacts_blocked_and_sharded_jobs() -> None:
     prof = profile(
         models=(H100, H200),

@@ -6,9 +6,12 @@ themselves are the e2e test's (tests/e2e/test_oci.py)."""
 from __future__ import annotations
 
 import base64
+import gzip
 import hashlib
+import io
 import json
 import re
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,7 @@ import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from tunefleet import naming
+from tunefleet import delivery, naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.api.models import STORAGE_URI
 from tunefleet.artifacts import ocibundle, signing
@@ -29,6 +32,7 @@ from tunefleet.contracts.fetch import Candidate
 from tunefleet.storage import oci
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import Location, NotFoundError, StoreError
+from tunefleet.webhook.admission import admit
 
 DATA = Path(__file__).parent / "data" / "cosign"
 PASSWORD = b"tunefleet-test"  # of data/cosign/cosign.key, made by `cosign generate-key-pair`
@@ -341,3 +345,116 @@ def test_gc_deletes_an_artifacts_bundle_and_its_signature_with_its_manifest() ->
     reg.delete(f"{base}/manifest.json")
     assert calls == [("delete", signature), ("delete", digest), ("delete", obj)]
     assert hashlib.sha256(base.encode()).hexdigest() in oci.bundle_tag(base)
+
+
+# --- image volumes -----------------------------------------------------------------------------
+
+
+def test_the_volume_layer_is_deterministic_and_holds_the_results_per_ordinal() -> None:
+    results = b"Validator,PT_VERSION,2.11.0\nGemmTunableOp_float_NT,nt_8_8_8,Default,0.01\n"
+    a = ocibundle.volume_layer(b'{"schema": 1}\n', results)
+    assert a == ocibundle.volume_layer(b'{"schema": 1}\n', results)
+    assert ocibundle.read_volume_layer(a) == (b'{"schema": 1}\n', results)
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(a))) as tar:
+        names = tar.getnames()
+        last = tar.getmember(f"tunableop_results{ocibundle.VOLUME_DEVICES - 1}.csv")
+    assert "tunableop_results0.csv" in names and last.islnk()
+    assert last.linkname == "tunableop_results0.csv"
+
+
+def test_a_volume_image_is_checked_against_the_artifacts_pins() -> None:
+    reg = FakeRegistry()
+    results, manifest = b"Validator,PT_VERSION,2.11.0\n", b"{}\n"
+    digest = ocibundle.push_volume(reg, "ml/llm/M/abc", manifest, results)
+    sha = hashlib.sha256(results).hexdigest()
+    ocibundle.check_volume(reg, digest, sha, hashlib.sha256(manifest).hexdigest())
+    with pytest.raises(ocibundle.VolumeError, match="results are not the artifact"):
+        ocibundle.check_volume(reg, digest, "0" * 64, "")
+    with pytest.raises(ocibundle.VolumeError, match="manifest is not the artifact"):
+        ocibundle.check_volume(reg, digest, sha, "1" * 64)
+    bundle = _bundle(reg)  # not a volume image
+    with pytest.raises(ocibundle.VolumeError, match="not a tunefleet volume image"):
+        ocibundle.check_volume(reg, bundle, sha, "")
+
+
+@pytest.mark.parametrize(
+    ("mode", "minor", "runtimes", "words"),
+    [
+        ("true", 30, {}, ""),
+        ("false", 36, {"n": "containerd://2.4.2"}, "image volumes are off"),
+        ("auto", 34, {"n": "containerd://2.4.2"}, "does not serve image volumes"),
+        ("auto", 36, {"n": "containerd://2.4.2+unknown", "m": "cri-o://1.31.0"}, ""),
+        ("auto", 36, {"n": "containerd://1.7.27"}, "node n runs containerd://1.7.27"),
+        ("auto", 36, {"k": "kwok-0.8.0"}, "node k runs kwok-0.8.0"),
+        ("auto", 36, {}, "no node of the GPU model"),
+    ],
+)
+def test_image_volumes_are_used_only_where_the_cluster_mounts_them(
+    mode: str, minor: int, runtimes: dict[str, str], words: str
+) -> None:
+    problem = delivery.image_volume_problem(mode, minor, runtimes)
+    assert (words in problem) if words else problem == ""
+
+
+def _oci_profile(delivery: str, volume: str) -> dict[str, Any]:
+    sha = "ab" * 32
+    return {
+        "spec": {
+            "image": "serve:1",
+            "gpu": {"vendor": "nvidia", "models": ["NVIDIA-H200"]},
+            "workload": {"shapes": [{"mnk": [8, 8, 8]}]},
+            "storage": {**SIGNED, "uri": f"oci://{HOST}/team/tf"},
+            "serving": {"credentialsSecret": {"name": "registry-reader"}},
+        },
+        "status": {
+            "phase": "Ready",
+            "artifacts": [
+                {
+                    "gpuModel": "NVIDIA-H200",
+                    "uri": f"oci://{HOST}/team/tf#ns/x/NVIDIA-H200/{sha}",
+                    "sha256": sha,
+                    "delivery": delivery,
+                    "bundle": {"digest": "sha256:" + "c" * 64, "signed": True, "volume": volume},
+                }
+            ],
+        },
+    }
+
+
+def _model_pod() -> dict[str, Any]:
+    return {
+        "metadata": {"generateName": "m-", "labels": {"tunefleet.io/profile": "x"}},
+        "spec": {"containers": [{"name": "server", "image": "serve:1"}]},
+    }
+
+
+def test_a_verified_volume_image_is_mounted_by_digest_with_nothing_run_before() -> None:
+    volume = "sha256:" + "d" * 64
+    d = admit(_model_pod(), "x", _oci_profile("ImageVolume", volume), Config(image="tf:1"))
+    spec = d.pod["spec"]
+    (vol,) = [v for v in spec["volumes"] if "image" in v]
+    assert vol["image"] == {"reference": f"{HOST}/team/tf@{volume}", "pullPolicy": "IfNotPresent"}
+    assert spec["imagePullSecrets"] == [{"name": "registry-reader"}]
+    assert not spec.get("initContainers")
+    (server,) = spec["containers"]
+    assert {"name": vol["name"], "mountPath": "/tunefleet/results", "readOnly": True} in server[
+        "volumeMounts"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("delivery", "volume"),
+    [
+        ("Store: volume image not mounted: signed by another key", "sha256:" + "d" * 64),
+        ("ImageVolume", "evil.example.com/x:latest"),  # a forged status names no digest
+        ("ImageVolume", ""),
+    ],
+)
+def test_anything_not_verified_is_fetched_and_checked_by_fetch(delivery: str, volume: str) -> None:
+    d = admit(_model_pod(), "x", _oci_profile(delivery, volume), Config(image="tf:1"))
+    spec = d.pod["spec"]
+    assert not [v for v in spec["volumes"] if "image" in v]
+    (fetch,) = spec["initContainers"]
+    cmd = fetch["command"]
+    assert cmd[cmd.index("--bundle") + 1] == "sha256:" + "c" * 64
+    assert "--require-signature" in cmd and "--verify-key" in cmd

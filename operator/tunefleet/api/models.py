@@ -201,6 +201,13 @@ class SigningSpec(_Model):
 
     policy: SigningPolicy | None = None
     secret: NamedRef | None = None
+    # The operator's own copy of cosign.pub (it reads no Secrets): with it, it verifies a
+    # volume image before model pods mount it (image volumes need no fetch to check it).
+    public_key: str | None = Field(
+        default=None,
+        max_length=4096,
+        pattern=r"^\s*-----BEGIN PUBLIC KEY-----[A-Za-z0-9+/=\s]+-----END PUBLIC KEY-----\s*$",
+    )
 
 
 class StorageSpec(_Model):
@@ -378,6 +385,7 @@ class CacheSkipped(_Model):
 class BundleRef(_Model):
     digest: str | None = None
     signed: bool | None = None
+    volume: str | None = None
 
 
 class Artifact(_Model):

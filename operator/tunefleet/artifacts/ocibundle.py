@@ -14,6 +14,11 @@ media type), which tunefleet does not produce.
 
 from __future__ import annotations
 
+import gzip
+import hashlib
+import io
+import json
+import tarfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +28,7 @@ from tunefleet.storage.oci import (
     OciStore,
     Part,
     bundle_tag,
+    volume_tag,
 )
 from tunefleet.storage.store import (
     Listed,
@@ -170,3 +176,128 @@ class BundleView:
             Listed(k, v.size, 0.0) for k, v in sorted(self.layers.items()) if k.startswith(want)
         ]
         return found[:limit]
+
+
+# --- the volume image: what a Kubernetes image volume mounts --------------------------------
+
+IMAGE_CONFIG = "application/vnd.oci.image.config.v1+json"
+LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
+VOLUME_ARTIFACT_TYPE = "application/vnd.tunefleet.volume.v1"
+# The results file once per GPU ordinal (hard links in the layer: one copy of the bytes), as
+# a mounted ConfigMap projects it: TunableOp reads tunableop_results<ordinal>.csv.
+VOLUME_DEVICES = 256
+META_DIR = ".tunefleet"
+MAX_VOLUME_LAYER = 64 << 20
+
+
+class VolumeError(Exception):
+    """A volume image that is not the artifact it is said to be."""
+
+
+def volume_layer(manifest_bytes: bytes, results: bytes) -> bytes:
+    """The volume's one layer, byte for byte the same for the same artifact: sorted entries,
+    fixed times, owners and modes, gzip without a timestamp."""
+    from tunefleet.artifacts.kinds import kind
+
+    files = kind().device_files(VOLUME_DEVICES)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(_entry(META_DIR, tarfile.DIRTYPE, 0o555))
+        for name, data in ((MANIFEST_NAME, manifest_bytes), ("results.csv", results)):
+            tar.addfile(
+                _entry(f"{META_DIR}/{name}", tarfile.REGTYPE, 0o444, len(data)), io.BytesIO(data)
+            )
+        first = files[0][1]
+        tar.addfile(_entry(first, tarfile.REGTYPE, 0o444, len(results)), io.BytesIO(results))
+        for _, path in files[1:]:
+            link = _entry(path, tarfile.LNKTYPE, 0o444)
+            link.linkname = first
+            tar.addfile(link)
+    return gzip.compress(buf.getvalue(), compresslevel=9, mtime=0)
+
+
+def _entry(name: str, kind: bytes, mode: int, size: int = 0) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.size, info.mtime = kind, mode, size, 0
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def read_volume_layer(layer: bytes) -> tuple[bytes, bytes]:
+    """(manifest.json, results.csv) of a volume layer, each device file checked to be the
+    results: what the operator compares with the artifact's pins before pods mount it."""
+    try:
+        raw = gzip.decompress(layer)
+        with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
+            members = {m.name: m for m in tar.getmembers()}
+            manifest = _read_member(tar, members, f"{META_DIR}/{MANIFEST_NAME}")
+            results = _read_member(tar, members, f"{META_DIR}/results.csv")
+            from tunefleet.artifacts.kinds import kind
+
+            first = kind().device_files(1)[0][1]
+            if _read_member(tar, members, first) != results:
+                raise VolumeError(f"{first} is not the artifact's results")
+            for m in members.values():
+                if (m.islnk() and m.linkname != first) or m.issym() or m.isdev():
+                    raise VolumeError(f"{m.name} links elsewhere or is a device")
+    except (OSError, EOFError, tarfile.TarError) as exc:
+        raise VolumeError(f"the volume layer does not unpack: {exc}") from None
+    return manifest, results
+
+
+def _read_member(tar: tarfile.TarFile, members: dict[str, tarfile.TarInfo], name: str) -> bytes:
+    member = members.get(name)
+    if member is None or not member.isfile():
+        raise VolumeError(f"the volume image holds no {name}")
+    f = tar.extractfile(member)
+    assert f is not None
+    return f.read()
+
+
+def push_volume(store: OciStore, base: str, manifest_bytes: bytes, results: bytes) -> str:
+    """The artifact as an image a pod mounts read-only (volumes[].image): the results once per
+    GPU ordinal at its root; its digest. Only TunableOp results: caches must be writable
+    copies, which fetch makes."""
+    layer = volume_layer(manifest_bytes, results)
+    diff_id = "sha256:" + hashlib.sha256(gzip.decompress(layer)).hexdigest()
+    config = json.dumps(
+        {"architecture": "amd64", "os": "linux", "config": {},
+         "rootfs": {"type": "layers", "diff_ids": [diff_id]}},
+        sort_keys=True, separators=(",", ":"),
+    ).encode()  # fmt: skip
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_MEDIA_TYPE,
+        "artifactType": VOLUME_ARTIFACT_TYPE,
+        "config": {
+            "mediaType": IMAGE_CONFIG,
+            "digest": store.push_blob(config),
+            "size": len(config),
+        },
+        "layers": [{"mediaType": LAYER, "digest": store.push_blob(layer), "size": len(layer)}],
+        "annotations": {"org.opencontainers.image.title": base.rsplit("/", 1)[-1]},
+    }
+    digest = store.push_manifest(manifest, "")
+    store.push_manifest(manifest, volume_tag(base))
+    return digest
+
+
+def check_volume(store: OciStore, digest: str, sha256: str, manifest_sha256: str) -> None:
+    """The volume image at `digest` holds exactly the artifact (its pins), or VolumeError."""
+    found = store.manifest(digest)
+    if found is None:
+        raise VolumeError(f"{store.location.bucket}@{digest}: no such image in the registry")
+    layers = found[0].get("layers") or []
+    if found[0].get("artifactType") != VOLUME_ARTIFACT_TYPE or len(layers) != 1:
+        raise VolumeError(f"{store.location.bucket}@{digest} is not a tunefleet volume image")
+    layer = store.blob(
+        str(layers[0].get("digest", "")), MAX_VOLUME_LAYER, f"the volume layer of {digest}"
+    )
+    manifest, results = read_volume_layer(layer)
+    if hashlib.sha256(results).hexdigest() != sha256:
+        raise VolumeError(f"the volume image's results are not the artifact {sha256[:12]}")
+    if manifest_sha256 and hashlib.sha256(manifest).hexdigest() != manifest_sha256:
+        raise VolumeError(
+            f"the volume image's manifest is not the artifact's {manifest_sha256[:12]}"
+        )

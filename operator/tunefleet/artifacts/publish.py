@@ -63,6 +63,7 @@ class Published:
     library_error: str = ""
     bundle: str = ""  # oci:// stores: the bundle's digest (ocibundle.py)
     signed: bool = False
+    volume: str = ""  # oci:// stores, TunableOp results alone: the volume image's digest
 
 
 @dataclass(frozen=True)
@@ -346,15 +347,21 @@ def push_bundle(
     base = location.key(
         pub.manifest.namespace, pub.manifest.profile, pub.manifest.gpu_model, pub.sha256
     )
-    stored = loads(store.get(f"{base}/{MANIFEST_NAME}", 1 << 20))
+    manifest_bytes = store.get(f"{base}/{MANIFEST_NAME}", 1 << 20)
+    stored = loads(manifest_bytes)
     digest = ocibundle.push(store, base, stored, pub.manifest_sha256)
+    volume = ""
+    if stored.kind == kinds.DEFAULT and not stored.caches:
+        results = store.get(f"{base}/{kinds.of(stored).PAYLOAD}", 64 << 20)
+        volume = ocibundle.push_volume(store, base, manifest_bytes, results)
     if key is not None:
-        signing.sign(store, digest, key)
-    print(
-        f"{PROG}: bundle {location.bucket}@{digest}{' signed' if key is not None else ''}",
-        file=sys.stderr,
-    )
-    return replace(pub, bundle=digest, signed=key is not None)
+        for signed in filter(None, (digest, volume)):
+            signing.sign(store, signed, key)
+    said = " signed" if key is not None else ""
+    print(f"{PROG}: bundle {location.bucket}@{digest}{said}", file=sys.stderr)
+    if volume:
+        print(f"{PROG}: volume image {location.bucket}@{volume}{said}", file=sys.stderr)
+    return replace(pub, bundle=digest, signed=key is not None, volume=volume)
 
 
 def add_to_library(
@@ -439,6 +446,7 @@ def termination_message(pub: Published, limit: int = TERMINATION_LIMIT) -> str:
         manifest_sha256=pub.manifest_sha256,
         bundle=pub.bundle,
         signed=pub.signed,
+        volume=pub.volume,
     )
     try:
         return record.to_message(limit)

@@ -28,6 +28,9 @@ REASON_LIMIT = 200  # characters of the first skipped library entry's reason
 # The counts of reuse, sharding and resume, by their status names.
 _COUNTS = ("recorded", "reused", "resumed", "newlyTuned", "shards")
 _DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+# status.artifacts[].delivery of an oci:// artifact whose volume image the operator verified:
+# the webhook mounts it as an image volume (delivery.py decides, admission.py mounts).
+IMAGE_VOLUME = "ImageVolume"
 
 
 def _int(value: Any) -> int | None:
@@ -85,12 +88,20 @@ class ArtifactRecord:
     # oci:// stores: the bundle's manifest digest (sha256:...) and whether publish signed it.
     bundle: str = ""
     signed: bool = False
+    volume: str = ""  # the volume image's digest (TunableOp results alone)
 
     # --- the pod's side -------------------------------------------------------------------
 
     @classmethod
     def from_manifest(
-        cls, m: Manifest, *, uri: str, manifest_sha256: str, bundle: str = "", signed: bool = False
+        cls,
+        m: Manifest,
+        *,
+        uri: str,
+        manifest_sha256: str,
+        bundle: str = "",
+        signed: bool = False,
+        volume: str = "",
     ) -> ArtifactRecord:
         """What publish and merge report of the artifact they stored. Counts default for a
         manifest from before them: nothing reused, everything tuned by one pod."""
@@ -130,6 +141,7 @@ class ArtifactRecord:
             ),
             bundle=bundle,
             signed=signed and bool(bundle),
+            volume=volume if bundle else "",
         )
 
     def to_message(self, limit: int = MESSAGE_LIMIT) -> str:
@@ -258,6 +270,8 @@ class ArtifactRecord:
             doc["cachesSkipped"] = [c.to_dict() for c in self.caches_skipped]
         if self.bundle:
             doc["bundle"] = {"digest": self.bundle, "signed": self.signed}
+            if self.volume:
+                doc["bundle"]["volume"] = self.volume
         return doc
 
     @property
@@ -323,7 +337,9 @@ def _bundle(doc: dict[str, Any]) -> dict[str, Any]:
     digest = raw.get("digest")
     if not isinstance(digest, str) or not _DIGEST_RE.match(digest):
         return {}
-    return {"bundle": digest, "signed": raw.get("signed") is True}
+    volume = raw.get("volume")
+    ok = isinstance(volume, str) and bool(_DIGEST_RE.match(volume))
+    return {"bundle": digest, "signed": raw.get("signed") is True, "volume": volume if ok else ""}
 
 
 def _skipped(doc: dict[str, Any]) -> tuple[cc.Skipped, ...]:
@@ -345,7 +361,7 @@ def status_fields() -> set[str]:
         "outcomes", "image", "configMap", "delivery", "kind", "caches", "cachesSkipped",
         "bundle", *_COUNTS,
     }  # fmt: skip
-    assert len(fields(ArtifactRecord)) == 25  # a new field must be named above too
+    assert len(fields(ArtifactRecord)) == 26  # a new field must be named above too
     return names
 
 

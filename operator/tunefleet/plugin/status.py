@@ -140,6 +140,7 @@ def _artifact_lines(
     if art.get("manifestSha256"):
         rows.append(["manifest", f"sha256 {art['manifestSha256']}"])
     rows += _cache_rows(art)
+    rows += _bundle_rows(art)
     if art.get("librarySkipped"):
         rows.append(
             [
@@ -158,6 +159,21 @@ def _artifact_lines(
     if not in_spec:
         rows.append(["note", "this GPU model is no longer in spec.gpu.models"])
     return lines + table(rows, indent=4)
+
+
+def _bundle_rows(art: dict[str, Any]) -> list[list[str]]:
+    """oci:// stores: the bundle and volume image by digest, whether signed, and how pods get
+    it (docs/oci.md)."""
+    bundle = art.get("bundle")
+    if not isinstance(bundle, dict) or not bundle.get("digest"):
+        return []
+    signed = "signed" if bundle.get("signed") else "not signed"
+    rows = [["bundle", f"{bundle['digest']} ({signed})"]]
+    if bundle.get("volume"):
+        rows.append(["volume image", str(bundle["volume"])])
+    if art.get("delivery"):
+        rows.append(["served by", str(art["delivery"])])
+    return rows
 
 
 def _cache_rows(art: dict[str, Any]) -> list[list[str]]:

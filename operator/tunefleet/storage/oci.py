@@ -141,6 +141,11 @@ def bundle_tag(base: str) -> str:
     return "b-" + hashlib.sha256(base.encode()).hexdigest()
 
 
+def volume_tag(base: str) -> str:
+    """The tag of the volume image of the artifact stored under `base` (artifacts/ocibundle.py)."""
+    return "v-" + hashlib.sha256(base.encode()).hexdigest()
+
+
 def digest_of(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
@@ -483,18 +488,18 @@ class OciStore:
         return digest
 
     def delete(self, key: str) -> None:
-        """The object; with an artifact's manifest, its bundle and the bundle's signatures
-        too (gc deletes an artifact object by object, the manifest among them)."""
+        """The object; with an artifact's manifest, its bundle and volume image and their
+        signatures too (gc deletes an artifact object by object, the manifest among them)."""
         if key.endswith("/manifest.json"):
             base = key[: -len("/manifest.json")]
-            bundle = self._head(bundle_tag(base), f"the bundle of {self.uri(base)}")
-            if bundle:
-                signature = self._head(
-                    bundle.replace(":", "-", 1) + ".sig", f"{bundle}'s signature"
-                )
+            for tag in (bundle_tag(base), volume_tag(base)):
+                image = self._head(tag, f"{tag} of {self.uri(base)}")
+                if not image:
+                    continue
+                signature = self._head(image.replace(":", "-", 1) + ".sig", f"{image}'s signature")
                 if signature:
                     self.delete_manifest(signature)
-                self.delete_manifest(bundle)
+                self.delete_manifest(image)
         digest = self._head(tag_of(key), self.uri(key))
         if digest:
             self.delete_manifest(digest)

@@ -61,9 +61,10 @@ from tunefleet.conditions import Phase
 from tunefleet.config import Config
 from tunefleet.contracts import nodemap
 from tunefleet.contracts.admission import INJECTED, UNTUNED, Admission, Code
-from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.contracts.artifact import IMAGE_VOLUME, ArtifactRecord
 from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
 from tunefleet.contracts.fetch import Candidate
+from tunefleet.storage.registry import parse_uri
 from tunefleet.webhook.partition import PARTITION_ANNOTATION, partition_problem
 from tunefleet.webhook.placement import reach
 
@@ -116,6 +117,19 @@ class Choice:
     @property
     def from_config_map(self) -> bool:
         return mountable(self.artifact) and self.spec.serving.delivery == "ConfigMap"
+
+    @property
+    def from_image_volume(self) -> bool:
+        """The operator verified the artifact's volume image (delivery ImageVolume): pods
+        mount it by digest. Only on an oci:// store, only TunableOp results, never a status
+        that names no valid digest (ArtifactRecord drops those)."""
+        art = self.artifact
+        return (
+            self.spec.storage.is_oci
+            and art.delivery == IMAGE_VOLUME
+            and bool(art.volume)
+            and art.results_only
+        )
 
 
 @dataclass(frozen=True)
@@ -442,6 +456,23 @@ def _mount_from_config_map(
     pspec["volumes"] = [*volumes, results_volume(), packed_volume(art.config_map)]
 
 
+def _mount_image_volume(pspec: dict[str, Any], choice: Choice, config: Config) -> None:
+    """The volume image as the results directory, by digest: the kubelet pulls it once per
+    node (with the serving Secret as a pull secret) and every pod there mounts it read-only.
+    Nothing runs before the model: what was verified is what is mounted."""
+    spec, art = choice.spec, choice.artifact
+    reference = f"{parse_uri(art.uri).bucket}@{art.volume}"
+    pspec["volumes"] = [
+        *(pspec.get("volumes") or []),
+        {"name": VOLUME, "image": {"reference": reference, "pullPolicy": "IfNotPresent"}},
+    ]
+    chosen = spec.serving.credentials_secret
+    secret = chosen.name if chosen else config.default_serving_credentials_secret
+    pulls = pspec.get("imagePullSecrets") or []
+    if secret and not any(p.get("name") == secret for p in pulls):
+        pspec["imagePullSecrets"] = [*pulls, {"name": secret}]
+
+
 def _fetch_from_store(pspec: dict[str, Any], choice: Choice, devices: int, config: Config) -> None:
     spec, art = choice.spec, choice.artifact
     # Read-only credentials (spec.serving's or the default serving Secret), never publish's.
@@ -540,6 +571,8 @@ def build_patch(
             }
         if choice.from_config_map:
             _mount_from_config_map(pspec, choice, devices, config, where)
+        elif choice.from_image_volume:
+            _mount_image_volume(pspec, choice, config)
         else:
             _fetch_from_store(pspec, choice, devices, config)
         mark = Admission(
