@@ -245,10 +245,11 @@ def run(cluster: Cluster, s3: S3Settings, pods: int = 20, rounds: int = 2) -> di
 def _summary(rows: list[dict[str, Any]], pods: int, rounds: int) -> dict[str, Any]:
     med = {
         arm: {
-            "create_to_start_s": statistics.median(
-                x["create_to_start_median_s"] for x in rows if x["arm"] == arm
+            "create_to_start_s": round(
+                statistics.median(x["create_to_start_median_s"] for x in rows if x["arm"] == arm),
+                2,
             ),
-            "burst_s": statistics.median(x["burst_s"] for x in rows if x["arm"] == arm),
+            "burst_s": round(statistics.median(x["burst_s"] for x in rows if x["arm"] == arm), 2),
             "blob_gets_first_burst": next(
                 x["blob_gets"] for x in rows if x["arm"] == arm and x["round"] == 0
             ),
