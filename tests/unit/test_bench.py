@@ -128,3 +128,29 @@ def test_the_bundle_figures_quoted_in_the_docs_are_those_of_results_json() -> No
         f"here {w['isa_probe_s']:.1f} s with the bundle, {c['isa_probe_s']:.1f} s cold",
     ):
         assert quoted in docs, quoted
+
+
+def test_the_oci_figures_quoted_in_the_docs_are_those_of_results_json() -> None:
+    """README.md and docs/oci.md quote the `oci` routine's figures (as the bundle ones)."""
+    from pathlib import Path
+
+    root = Path(R.__file__).resolve().parents[1]
+    d = json.loads(R.JSON_OUT.read_text())["oci_delivery"]
+    m = d["medians"]
+    arms = ("none", "image_volume", "oci_fetch", "s3_config_map", "s3_fetch")
+    readme = " ".join((root / "README.md").read_text().split())
+    starts = " / ".join(f"{m[a]['create_to_start_s']:.2f}" for a in arms)
+    for quoted in (
+        f"median {starts} s;",
+        f"image volume over no profile {d['ratio_image_volume_over_none']:.2f} "
+        f"(burst {d['ratio_burst_image_volume_over_none']:.2f})",
+        f"registry blob GETs {m['image_volume']['blob_gets_first_burst']} for the node's first "
+        f"burst, {m['image_volume']['blob_gets_later_bursts']} after",
+    ):
+        assert quoted in readme, quoted
+    docs = " ".join((root / "docs" / "oci.md").read_text().split())
+    for arm in arms:
+        row = f"| {m[arm]['create_to_start_s']:.2f} s | {m[arm]['burst_s']:.2f} s |"
+        assert row in docs, row
+    assert f"**{d['ratio_image_volume_over_none']:.2f}**" in docs
+    assert f"**{d['ratio_burst_image_volume_over_none']:.2f}**" in docs

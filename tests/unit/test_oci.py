@@ -11,7 +11,10 @@ import hashlib
 import io
 import json
 import re
+import socket
 import tarfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -458,3 +461,46 @@ def test_anything_not_verified_is_fetched_and_checked_by_fetch(delivery: str, vo
     cmd = fetch["command"]
     assert cmd[cmd.index("--bundle") + 1] == "sha256:" + "c" * 64
     assert "--require-signature" in cmd and "--verify-key" in cmd
+
+
+# --- a registry that is down, or hangs ---------------------------------------------------------
+
+
+def test_a_registry_that_refuses_connections_fails_the_operation_saying_so() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    loc = parse_uri(f"oci://127.0.0.1:{port}/team/tf")
+    store = oci.OciStore(loc, timeout_s=5.0)
+    t = time.monotonic()
+    with pytest.raises(StoreError, match="ConnectionError"):
+        store.put_if_absent("a/results.csv", b"x", "text/csv")
+    assert time.monotonic() - t < 10
+
+
+def test_a_registry_that_never_answers_is_given_up_on_at_the_deadline() -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    held: list[socket.socket] = []
+
+    def accept() -> None:  # takes connections, never answers
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            held.append(conn)
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        loc = parse_uri(f"oci://127.0.0.1:{server.getsockname()[1]}/team/tf")
+        store = oci.OciStore(loc, timeout_s=2.0)
+        t = time.monotonic()
+        with pytest.raises(StoreError):
+            store.get("a/results.csv", 100)
+        assert time.monotonic() - t < 8  # the operation's deadline, not oras-py's retries
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
