@@ -284,9 +284,12 @@ import_all() {
     if [[ ! -s "$archive" ]]; then missing+=("$image"); continue; fi
     # Imported already (containerd's content goes with the state dir, and so does the marker).
     [[ "$(cat "$marker" 2>/dev/null)" == "$key" ]] && continue
-    "$("$repo/hack/build-tools.sh" --containerd | tail -n1)/ctr" --address "$CONTAINERD_SOCK" \
-      -n k8s.io images import "$archive" >/dev/null \
-      || die "ctr images import $archive failed"
+    # ctr 2 warns on every call about this machine's cgroup v1: shown only if the import fails.
+    if ! "$("$repo/hack/build-tools.sh" --containerd | tail -n1)/ctr" --address "$CONTAINERD_SOCK" \
+        -n k8s.io images import "$archive" >/dev/null 2>"$NODE/images/import.err"; then
+      cat "$NODE/images/import.err" >&2
+      die "ctr images import $archive failed"
+    fi
     echo "$key" >"$marker"
     imported+=("$image")
   done

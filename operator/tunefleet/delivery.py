@@ -139,7 +139,7 @@ def deliver_image_volume(
             "(the chart's delivery.oci.credentialsSecret)"
         )
     if not record.volume:
-        raise FetchError("the artifact has no volume image (it carries caches, or predates them)")
+        raise FetchError("the artifact has no volume image (published before them)")
     if required and not spec_public_key:
         raise FetchError(
             "the operator cannot verify the signature before pods mount it: give it the "
@@ -155,10 +155,20 @@ def deliver_image_volume(
         except signing.SigningError as exc:
             raise FetchError(f"spec.storage.signing.publicKey: {exc}") from None
         verdict = signing.verify(store, record.volume, key)
-        if not verdict.ok and required:
+        if not verdict.ok and (required or record.caches):
             raise FetchError(f"volume image not mounted: {verdict.reason}")
+    elif record.caches:
+        # The operator checks the manifest and payload against their pins, not the caches'
+        # bytes: those are bound by the signature alone.
+        raise FetchError(
+            "caches in a volume image are mounted only once its signature verifies: give the "
+            "operator the public key (spec.storage.signing.publicKey)"
+        )
     try:
-        ocibundle.check_volume(store, record.volume, record.sha256, record.manifest_sha256)
+        ocibundle.check_volume(
+            store, record.volume, record.sha256, record.manifest_sha256, record.kind,
+            len(record.caches),
+        )  # fmt: skip
     except ocibundle.VolumeError as exc:
         raise FetchError(f"volume image not mounted: {exc}") from None
     log.info(f"{record.uri}: volume image {record.volume[:19]} verified; pods mount it")

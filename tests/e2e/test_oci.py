@@ -231,19 +231,31 @@ def _delete_tag(reg: Registry, repository: str, tag: str) -> None:
     delete_manifest(reg, repository, digest)
 
 
-def _volume_profile(name: str, s3: Any, reg: Registry, repository: str, public_key: str) -> Any:
-    return real_profile(
-        name,
-        s3,
-        "",
-        workload={"shapes": SHAPES, "env": [{"name": "FAKE_TORCH_BACKEND", "value": "rocm"}]},
-        storage={
+# A serving stack's first run fills the cache its variable names (the generic `cache` kind).
+STACK_TUNES = (
+    "import json, os; "
+    "open(os.path.join(os.environ['STACK_CACHE'], 'kernels.json'), 'w')"
+    ".write(json.dumps({'best': 'tile-128x64'}))"
+)
+STACK_SERVES = (
+    'standin-server --once && cat "$STACK_CACHE/kernels.json" && echo && '
+    'touch "$STACK_CACHE/added-at-start" && echo "cache writable"'
+)
+
+
+def _volume_profile(
+    name: str, s3: Any, reg: Registry, repository: str, public_key: str, **over: Any
+) -> Any:
+    spec: dict[str, Any] = {
+        "workload": {"shapes": SHAPES, "env": [{"name": "FAKE_TORCH_BACKEND", "value": "rocm"}]},
+        "storage": {
             "uri": f"oci://{reg.host}/{repository}",
             "credentialsSecret": {"name": "registry-writer"},
             "signing": {"secret": {"name": "signing"}, "publicKey": public_key},
         },
-        serving={"credentialsSecret": {"name": "registry-reader"}},
-    )
+        "serving": {"credentialsSecret": {"name": "registry-reader"}},
+    }
+    return real_profile(name, s3, "", **{**spec, **over})
 
 
 def _delivery(cluster: Any, namespace: str, name: str, prefix: str) -> dict[str, Any]:
@@ -296,6 +308,31 @@ def test_a_verified_volume_image_is_mounted_by_digest_and_a_wrongly_signed_one_n
     assert "results ordinal 0: /tunefleet/results/tunableop_results0.csv" in log, log
     assert "results ordinal 1: /tunefleet/results/tunableop_results1.csv" in log, log
     assert "PYTORCH_TUNABLEOP_TUNING=0" in log, log
+
+    # Results and a cache in one volume image: the results mounted in place, the cache copied
+    # by fetch from the mounted volume into the pod's writable directory (no download).
+    cached = _volume_profile(
+        "vol-cache", s3, registry, repository, public_key,
+        workload={
+            "command": ["python3", "-c", STACK_TUNES], "shapes": SHAPES,
+            "env": [{"name": "FAKE_TORCH_BACKEND", "value": "rocm"}],
+        },
+        artifacts={"caches": [{"kind": "cache", "name": "stack", "env": "STACK_CACHE"}]},
+    )  # fmt: skip
+    apply(cluster, namespace, cached)
+    assert ready(cluster, namespace, "vol-cache", timeout=300)["status"]["phase"] == "Ready"
+    _delivery(cluster, namespace, "vol-cache", "ImageVolume")
+    pod = model_pod("mounted-cache", "vol-cache", gpus=1)
+    pod["spec"]["containers"][0]["command"] = ["sh", "-c", STACK_SERVES]
+    create(cluster, namespace, pod)
+    done = ended(cluster, namespace, "mounted-cache", "the image-volume pod with a cache")
+    log = cluster.kubectl("logs", "-n", namespace, "mounted-cache", "-c", "server").stdout
+    assert done["status"]["phase"] == "Succeeded", log
+    assert [v for v in done["spec"]["volumes"] if "image" in v], done["spec"]["volumes"]
+    fetch = statuses(done)["tunefleet-fetch"]["state"]["terminated"]["message"]
+    assert "caches stack unpacked to /tunefleet/caches" in fetch, fetch
+    assert '{"best": "tile-128x64"}' in log and "cache writable" in log, log
+    assert "results ordinal 0: /tunefleet/results/tunableop_results0.csv" in log, log
 
     # A profile whose publicKey is another key's: the operator cannot verify what the tuning
     # Job signed, so no pod mounts it; its pods fetch instead (and check with the Secret's key).

@@ -276,6 +276,52 @@ def fetch(
     return Fetched(paths, got.gemms, got.sha256, got.outcomes, got.kind, caches, failed)
 
 
+def from_volume(
+    root: Path,
+    uri: str,
+    sha256: str,
+    devices: int,
+    *,
+    gpu_model: str | None = None,
+    manifest_sha256: str | None = None,
+    target: fit.Target | None = None,
+    caches_dest: Path | None = None,
+    fail_closed: bool = False,
+) -> Fetched:
+    """The artifact as an image volume mounted it at `root` (the operator verified its
+    signature and pins before any pod could mount it): checked again here as a fetched one
+    is, and its caches copied into the pod's writable directory. The results stay where the
+    volume is mounted in the serving containers; nothing is written for them."""
+    from . import ocibundle
+
+    try:
+        sha = check_sha256(sha256)
+        manifest_sha = check_sha256(manifest_sha256) if manifest_sha256 else None
+        location = parse_uri(uri)
+        meta = root / ocibundle.META_DIR
+        manifest_bytes = (meta / MANIFEST_NAME).read_bytes()
+        payload = _payload_name(manifest_bytes)
+        results = (meta / payload).read_bytes()
+    except (ValueError, OSError) as exc:
+        raise FetchError(f"the image volume at {root}: {exc}") from None
+    path = (location.prefix or location.bucket).strip("/").split("/")
+    kind, outcomes = _verify(
+        results, manifest_bytes, sha, gpu_model, tuple(path[:-1]), manifest_sha, target, payload
+    )
+    manifest = loads(manifest_bytes)
+    caches: tuple[str, ...] = ()
+    failed = ""
+    if manifest.caches and caches_dest is not None:
+        try:
+            caches = ocibundle.copy_caches(root, manifest, caches_dest)
+        except ocibundle.VolumeError as exc:
+            if fail_closed or kind.NAME != kinds.DEFAULT:
+                raise FetchError(f"caches not served: {exc}") from None
+            failed = " ".join(str(exc).split())
+    files = [root / name for _, name in kind.device_files(devices)]
+    return Fetched(files, outcomes.gemms, sha, outcomes, kind.NAME, caches, failed)
+
+
 @dataclass(frozen=True)
 class Signature:
     """What an oci:// artifact must show before it is read: its bundle's digest (from the
@@ -441,6 +487,11 @@ def _parser() -> argparse.ArgumentParser:
         "--bundle", default="", help="oci:// stores: the bundle's digest (sha256:...) to read"
     )
     p.add_argument(
+        "--from-volume",
+        type=Path,
+        help="oci:// stores: the artifact is this mounted image volume (check it, copy caches)",
+    )
+    p.add_argument(
         "--verify-key",
         type=Path,
         help="oci:// stores: cosign public key the bundle must verify with",
@@ -525,21 +576,46 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise FetchError("bad arguments: --uri and --sha256 (or --candidate) are required")
         target = _target(args, gpu_model)
         with wall_clock(args.timeout_seconds):
-            got = fetch(
-                uri,
-                sha,
-                Path(args.dest),
-                args.devices,
-                gpu_model=gpu_model,
-                options=storage_cli.options(args),
-                manifest_sha256=manifest_sha,
-                target=target,
-                caches_dest=Path(args.caches_dest) if args.caches_dest else None,
-                fail_closed=fail_closed,
-                signature=Signature(bundle, args.verify_key, args.require_signature),
-            )
+            got = _fetch_or_volume(args, uri, sha, gpu_model, manifest_sha, target, bundle)
     except Exception as exc:  # any problem at all follows the policy: that is its point
         return _failed(exc, fail_closed, picked, log_path)
+    return _loaded(args, got, picked, log_path)
+
+
+def _fetch_or_volume(
+    args: argparse.Namespace,
+    uri: str,
+    sha: str,
+    gpu_model: str | None,
+    manifest_sha: str | None,
+    target: fit.Target | None,
+    bundle: str,
+) -> Fetched:
+    caches_dest = Path(args.caches_dest) if args.caches_dest else None
+    if args.from_volume:
+        return from_volume(
+            args.from_volume, uri, sha, args.devices, gpu_model=gpu_model,
+            manifest_sha256=manifest_sha, target=target, caches_dest=caches_dest,
+            fail_closed=args.fail_closed,
+        )  # fmt: skip
+    return fetch(
+        uri,
+        sha,
+        Path(args.dest),
+        args.devices,
+        gpu_model=gpu_model,
+        options=storage_cli.options(args),
+        manifest_sha256=manifest_sha,
+        target=target,
+        caches_dest=caches_dest,
+        fail_closed=args.fail_closed,
+        signature=Signature(bundle, args.verify_key, args.require_signature),
+    )
+
+
+def _loaded(
+    args: argparse.Namespace, got: Fetched, picked: Picked | None, log_path: str | None
+) -> int:
     loaded = FetchOutcome(
         LOADED,
         files=len(got.paths),

@@ -18,8 +18,11 @@ import gzip
 import hashlib
 import io
 import json
+import os
+import shutil
 import tarfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tunefleet.storage.oci import (
@@ -187,6 +190,7 @@ VOLUME_ARTIFACT_TYPE = "application/vnd.tunefleet.volume.v1"
 # a mounted ConfigMap projects it: TunableOp reads tunableop_results<ordinal>.csv.
 VOLUME_DEVICES = 256
 META_DIR = ".tunefleet"
+CACHES_DIR = f"{META_DIR}/caches"  # each cache's files under <this>/<name>/, as fetch lays them
 MAX_VOLUME_LAYER = 64 << 20
 
 
@@ -194,26 +198,58 @@ class VolumeError(Exception):
     """A volume image that is not the artifact it is said to be."""
 
 
-def volume_layer(manifest_bytes: bytes, results: bytes) -> bytes:
-    """The volume's one layer, byte for byte the same for the same artifact: sorted entries,
-    fixed times, owners and modes, gzip without a timestamp."""
-    from tunefleet.artifacts.kinds import kind
-
-    files = kind().device_files(VOLUME_DEVICES)
+def _gzip_tar(add: Any) -> bytes:
+    """A layer, byte for byte the same for the same content: entries in the order `add`
+    writes them, fixed times, owners and modes, gzip without a timestamp."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        add(tar)
+    return gzip.compress(buf.getvalue(), compresslevel=6, mtime=0)
+
+
+def volume_layer(manifest_bytes: bytes, payload_name: str, payload: bytes, results: bool) -> bytes:
+    """The first layer: the manifest and payload under .tunefleet/, and with TunableOp results
+    the results file once per GPU ordinal at the root."""
+    from tunefleet.artifacts.kinds import kind
+
+    def add(tar: tarfile.TarFile) -> None:
         tar.addfile(_entry(META_DIR, tarfile.DIRTYPE, 0o555))
-        for name, data in ((MANIFEST_NAME, manifest_bytes), ("results.csv", results)):
-            tar.addfile(
-                _entry(f"{META_DIR}/{name}", tarfile.REGTYPE, 0o444, len(data)), io.BytesIO(data)
-            )
+        for name, data in ((MANIFEST_NAME, manifest_bytes), (payload_name, payload)):
+            info = _entry(f"{META_DIR}/{name}", tarfile.REGTYPE, 0o444, len(data))
+            tar.addfile(info, io.BytesIO(data))
+        if not results:
+            return
+        files = kind().device_files(VOLUME_DEVICES)
         first = files[0][1]
-        tar.addfile(_entry(first, tarfile.REGTYPE, 0o444, len(results)), io.BytesIO(results))
+        tar.addfile(_entry(first, tarfile.REGTYPE, 0o444, len(payload)), io.BytesIO(payload))
         for _, path in files[1:]:
             link = _entry(path, tarfile.LNKTYPE, 0o444)
             link.linkname = first
             tar.addfile(link)
-    return gzip.compress(buf.getvalue(), compresslevel=9, mtime=0)
+
+    return _gzip_tar(add)
+
+
+def cache_layer(name: str, archive: bytes) -> bytes:
+    """One cache's archive (checked and deterministic: tuner_job/caches.py) as a layer under
+    .tunefleet/caches/<name>/: its members in their order, read-only (fetch copies them into
+    the pod's writable directory)."""
+
+    def add(tar: tarfile.TarFile) -> None:
+        tar.addfile(_entry(f"{CACHES_DIR}/{name}", tarfile.DIRTYPE, 0o555))
+        with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as src:
+            for member in src:
+                path = f"{CACHES_DIR}/{name}/{member.name}"
+                if member.isdir():
+                    tar.addfile(_entry(path, tarfile.DIRTYPE, 0o555))
+                    continue
+                f = src.extractfile(member)
+                if f is None:
+                    raise VolumeError(f"cache {name}: cannot read {member.name}")
+                mode = 0o555 if member.mode & 0o111 else 0o444
+                tar.addfile(_entry(path, tarfile.REGTYPE, mode, member.size), f)
+
+    return _gzip_tar(add)
 
 
 def _entry(name: str, kind: bytes, mode: int, size: int = 0) -> tarfile.TarInfo:
@@ -224,26 +260,26 @@ def _entry(name: str, kind: bytes, mode: int, size: int = 0) -> tarfile.TarInfo:
     return info
 
 
-def read_volume_layer(layer: bytes) -> tuple[bytes, bytes]:
-    """(manifest.json, results.csv) of a volume layer, each device file checked to be the
+def read_volume_layer(layer: bytes, payload_name: str, results: bool) -> tuple[bytes, bytes]:
+    """(manifest.json, payload) of a volume's first layer, each device file checked to be the
     results: what the operator compares with the artifact's pins before pods mount it."""
     try:
         raw = gzip.decompress(layer)
         with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
             members = {m.name: m for m in tar.getmembers()}
             manifest = _read_member(tar, members, f"{META_DIR}/{MANIFEST_NAME}")
-            results = _read_member(tar, members, f"{META_DIR}/results.csv")
+            payload = _read_member(tar, members, f"{META_DIR}/{payload_name}")
             from tunefleet.artifacts.kinds import kind
 
             first = kind().device_files(1)[0][1]
-            if _read_member(tar, members, first) != results:
+            if results and _read_member(tar, members, first) != payload:
                 raise VolumeError(f"{first} is not the artifact's results")
             for m in members.values():
                 if (m.islnk() and m.linkname != first) or m.issym() or m.isdev():
                     raise VolumeError(f"{m.name} links elsewhere or is a device")
     except (OSError, EOFError, tarfile.TarError) as exc:
         raise VolumeError(f"the volume layer does not unpack: {exc}") from None
-    return manifest, results
+    return manifest, payload
 
 
 def _read_member(tar: tarfile.TarFile, members: dict[str, tarfile.TarInfo], name: str) -> bytes:
@@ -255,18 +291,27 @@ def _read_member(tar: tarfile.TarFile, members: dict[str, tarfile.TarInfo], name
     return f.read()
 
 
-def push_volume(store: OciStore, base: str, manifest_bytes: bytes, results: bytes) -> str:
-    """The artifact as an image a pod mounts read-only (volumes[].image): the results once per
-    GPU ordinal at its root; its digest. Only TunableOp results: caches must be writable
-    copies, which fetch makes."""
-    layer = volume_layer(manifest_bytes, results)
-    diff_id = "sha256:" + hashlib.sha256(gzip.decompress(layer)).hexdigest()
+def push_volume(
+    store: OciStore,
+    base: str,
+    manifest_bytes: bytes,
+    manifest: Manifest,
+    payload: bytes,
+    archives: dict[str, bytes],
+) -> str:
+    """The artifact as an image a pod mounts read-only (volumes[].image): TunableOp results
+    once per GPU ordinal at its root, each cache under .tunefleet/caches/<name>/ (a layer of
+    its own); its digest."""
+    kind = kinds.of(manifest)
+    layers = [volume_layer(manifest_bytes, kind.PAYLOAD, payload, manifest.kind == kinds.DEFAULT)]
+    layers += [cache_layer(c.name, archives[c.name]) for c in manifest.caches]
+    diff_ids = ["sha256:" + hashlib.sha256(gzip.decompress(x)).hexdigest() for x in layers]
     config = json.dumps(
         {"architecture": "amd64", "os": "linux", "config": {},
-         "rootfs": {"type": "layers", "diff_ids": [diff_id]}},
+         "rootfs": {"type": "layers", "diff_ids": diff_ids}},
         sort_keys=True, separators=(",", ":"),
     ).encode()  # fmt: skip
-    manifest = {
+    manifest_doc = {
         "schemaVersion": 2,
         "mediaType": MANIFEST_MEDIA_TYPE,
         "artifactType": VOLUME_ARTIFACT_TYPE,
@@ -275,29 +320,67 @@ def push_volume(store: OciStore, base: str, manifest_bytes: bytes, results: byte
             "digest": store.push_blob(config),
             "size": len(config),
         },
-        "layers": [{"mediaType": LAYER, "digest": store.push_blob(layer), "size": len(layer)}],
+        "layers": [
+            {"mediaType": LAYER, "digest": store.push_blob(x), "size": len(x)} for x in layers
+        ],
         "annotations": {"org.opencontainers.image.title": base.rsplit("/", 1)[-1]},
     }
-    digest = store.push_manifest(manifest, "")
-    store.push_manifest(manifest, volume_tag(base))
+    digest = store.push_manifest(manifest_doc, "")
+    store.push_manifest(manifest_doc, volume_tag(base))
     return digest
 
 
-def check_volume(store: OciStore, digest: str, sha256: str, manifest_sha256: str) -> None:
-    """The volume image at `digest` holds exactly the artifact (its pins), or VolumeError."""
+def check_volume(
+    store: OciStore, digest: str, sha256: str, manifest_sha256: str, record_kind: str, caches: int
+) -> None:
+    """The volume image at `digest` holds exactly the artifact's manifest and payload (its
+    pins) and a layer per cache, or VolumeError. The caches' own bytes are bound by the
+    signature (the operator does not download them)."""
     found = store.manifest(digest)
     if found is None:
         raise VolumeError(f"{store.location.bucket}@{digest}: no such image in the registry")
     layers = found[0].get("layers") or []
-    if found[0].get("artifactType") != VOLUME_ARTIFACT_TYPE or len(layers) != 1:
-        raise VolumeError(f"{store.location.bucket}@{digest} is not a tunefleet volume image")
+    if found[0].get("artifactType") != VOLUME_ARTIFACT_TYPE or len(layers) != 1 + caches:
+        raise VolumeError(f"{store.location.bucket}@{digest} is not this artifact's volume image")
     layer = store.blob(
         str(layers[0].get("digest", "")), MAX_VOLUME_LAYER, f"the volume layer of {digest}"
     )
-    manifest, results = read_volume_layer(layer)
-    if hashlib.sha256(results).hexdigest() != sha256:
-        raise VolumeError(f"the volume image's results are not the artifact {sha256[:12]}")
+    kind = kinds.kind(record_kind)
+    manifest, payload = read_volume_layer(layer, kind.PAYLOAD, record_kind == kinds.DEFAULT)
+    if hashlib.sha256(payload).hexdigest() != sha256:
+        raise VolumeError(f"the volume image's {kind.PAYLOAD} is not the artifact {sha256[:12]}")
     if manifest_sha256 and hashlib.sha256(manifest).hexdigest() != manifest_sha256:
         raise VolumeError(
             f"the volume image's manifest is not the artifact's {manifest_sha256[:12]}"
         )
+
+
+def copy_caches(root: Path, manifest: Manifest, dest: Path) -> tuple[str, ...]:
+    """Each cache of a mounted volume image (root/.tunefleet/caches/<name>) into dest/<name>: a
+    pod-local writable copy, as fetch unpacks an archive. Its files and bytes must be what the
+    manifest lists; a link or device is refused. VolumeError says what is wrong."""
+    for entry in manifest.caches:
+        src, target = root / CACHES_DIR / entry.name, dest / entry.name
+        files = total = 0
+        for path in sorted(src.rglob("*")) if src.is_dir() else []:
+            if path.is_symlink() or not (path.is_dir() or path.is_file()):
+                raise VolumeError(f"cache {entry.name}: {path.relative_to(src)} is not a file")
+            if path.is_file():
+                files, total = files + 1, total + path.stat().st_size
+        if not src.is_dir() or (files, total) != (entry.files, entry.bytes):
+            raise VolumeError(
+                f"cache {entry.name} in the volume holds {files} file(s), {total} bytes; its "
+                f"manifest lists {entry.files}, {entry.bytes}"
+            )
+        try:
+            for path in [src, *sorted(src.rglob("*"))]:
+                out = target / path.relative_to(src)
+                if path.is_dir():
+                    out.mkdir(parents=True, exist_ok=True)
+                    os.chmod(out, 0o777)
+                    continue
+                shutil.copyfile(path, out)
+                os.chmod(out, 0o777 if path.stat().st_mode & 0o111 else 0o666)
+        except OSError as exc:
+            raise VolumeError(f"cannot copy cache {entry.name} to {target}: {exc}") from None
+    return tuple(c.name for c in manifest.caches)

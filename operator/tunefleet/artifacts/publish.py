@@ -63,7 +63,7 @@ class Published:
     library_error: str = ""
     bundle: str = ""  # oci:// stores: the bundle's digest (ocibundle.py)
     signed: bool = False
-    volume: str = ""  # oci:// stores, TunableOp results alone: the volume image's digest
+    volume: str = ""  # oci:// stores: the volume image's digest
 
 
 @dataclass(frozen=True)
@@ -350,10 +350,11 @@ def push_bundle(
     manifest_bytes = store.get(f"{base}/{MANIFEST_NAME}", 1 << 20)
     stored = loads(manifest_bytes)
     digest = ocibundle.push(store, base, stored, pub.manifest_sha256)
-    volume = ""
-    if stored.kind == kinds.DEFAULT and not stored.caches:
-        results = store.get(f"{base}/{kinds.of(stored).PAYLOAD}", 64 << 20)
-        volume = ocibundle.push_volume(store, base, manifest_bytes, results)
+    payload = store.get(f"{base}/{kinds.of(stored).PAYLOAD}", 64 << 20)
+    archives = {
+        c.name: store.get(bundle.key(base, c), bundle.MAX_ARCHIVE_BYTES) for c in stored.caches
+    }
+    volume = ocibundle.push_volume(store, base, manifest_bytes, stored, payload, archives)
     if key is not None:
         for signed in filter(None, (digest, volume)):
             signing.sign(store, signed, key)

@@ -97,19 +97,25 @@ def build_fetch_container(
     config: Config,
     caches: bool = False,
     bundle: str = "",
+    from_volume: bool = False,
 ) -> dict[str, Any]:
     """The init container that downloads, verifies and writes one file per GPU ordinal (and,
     with caches, unpacks each cache into the pod's caches volume). `bundle`: an oci:// store's
-    bundle digest, the only reference fetch then reads the artifact by."""
+    bundle digest, the only reference fetch then reads the artifact by. `from_volume`: the
+    artifact is the pod's image volume (mounted here read-only): fetch checks it and copies
+    its caches, and downloads nothing."""
     command = [
         "tunefleet-fetch", "--uri", uri, "--sha256", sha256, "--dest", RESULTS_DIR,
         "--devices", str(devices), "--gpu-model", gpu_model,
         *(["--manifest-sha256", manifest_sha256] if manifest_sha256 else []),
         *(["--bundle", bundle] if bundle else []),
+        *(["--from-volume", IMAGE_VOLUME_DIR] if from_volume else []),
         *(["--fail-closed"] if fail_closed else []),
         *(["--caches-dest", CACHES_DIR] if caches else []),
     ]  # fmt: skip
-    mounts = [{"name": VOLUME, "mountPath": RESULTS_DIR}]
+    mounts: list[dict[str, Any]] = [{"name": VOLUME, "mountPath": RESULTS_DIR}]
+    if from_volume:
+        mounts = [{"name": VOLUME, "mountPath": IMAGE_VOLUME_DIR, "readOnly": True}]
     if caches:
         mounts.append({"name": CACHES_VOLUME, "mountPath": CACHES_DIR})
     fetch = tunefleet_container(
@@ -121,6 +127,9 @@ def build_fetch_container(
     )
     return with_storage(fetch, storage)
 
+
+# Where fetch finds the pod's image volume (oci:// stores, delivery ImageVolume).
+IMAGE_VOLUME_DIR = "/tunefleet/volume"
 
 # Each cache unpacked into its own directory here (artifacts/bundle.py): pod-local and
 # writable, since stacks add to their caches as they run; never a shared copy.

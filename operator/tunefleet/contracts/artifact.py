@@ -88,7 +88,7 @@ class ArtifactRecord:
     # oci:// stores: the bundle's manifest digest (sha256:...) and whether publish signed it.
     bundle: str = ""
     signed: bool = False
-    volume: str = ""  # the volume image's digest (TunableOp results alone)
+    volume: str = ""  # the volume image's digest (what an image volume mounts)
 
     # --- the pod's side -------------------------------------------------------------------
 

@@ -65,6 +65,7 @@ from tunefleet.contracts.artifact import IMAGE_VOLUME, ArtifactRecord
 from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
 from tunefleet.contracts.fetch import Candidate
 from tunefleet.storage.registry import parse_uri
+from tunefleet.storage.store import PodStorage
 from tunefleet.webhook.partition import PARTITION_ANNOTATION, partition_problem
 from tunefleet.webhook.placement import reach
 
@@ -128,7 +129,7 @@ class Choice:
             self.spec.storage.is_oci
             and art.delivery == IMAGE_VOLUME
             and bool(art.volume)
-            and art.results_only
+            and parse_uri(art.uri).bucket == parse_uri(self.spec.storage.uri).bucket
         )
 
 
@@ -456,16 +457,28 @@ def _mount_from_config_map(
     pspec["volumes"] = [*volumes, results_volume(), packed_volume(art.config_map)]
 
 
-def _mount_image_volume(pspec: dict[str, Any], choice: Choice, config: Config) -> None:
-    """The volume image as the results directory, by digest: the kubelet pulls it once per
-    node (with the serving Secret as a pull secret) and every pod there mounts it read-only.
-    Nothing runs before the model: what was verified is what is mounted."""
+def _mount_image_volume(
+    pspec: dict[str, Any], choice: Choice, devices: int, config: Config
+) -> None:
+    """The volume image as the results directory, by digest, in the profile's own repository:
+    the kubelet pulls it once per node (with the serving Secret as a pull secret) and every
+    pod there mounts it read-only. Results need nothing run before the model; caches are
+    copied into the pod's writable directory by fetch, from the mounted volume."""
     spec, art = choice.spec, choice.artifact
-    reference = f"{parse_uri(art.uri).bucket}@{art.volume}"
+    reference = f"{parse_uri(spec.storage.uri).bucket}@{art.volume}"
+    extra = [caches_volume(art.caches)] if art.caches else []
     pspec["volumes"] = [
         *(pspec.get("volumes") or []),
         {"name": VOLUME, "image": {"reference": reference, "pullPolicy": "IfNotPresent"}},
+        *extra,
     ]
+    if art.caches:
+        copy = build_fetch_container(
+            uri=art.uri, sha256=art.sha256, manifest_sha256=art.manifest_sha256,
+            devices=devices, gpu_model=choice.model, fail_closed=spec.serving.fail_closed,
+            storage=PodStorage(), config=config, caches=True, from_volume=True,
+        )  # fmt: skip
+        pspec["initContainers"] = [copy, *(pspec.get("initContainers") or [])]
     chosen = spec.serving.credentials_secret
     secret = chosen.name if chosen else config.default_serving_credentials_secret
     pulls = pspec.get("imagePullSecrets") or []
@@ -572,7 +585,7 @@ def build_patch(
         if choice.from_config_map:
             _mount_from_config_map(pspec, choice, devices, config, where)
         elif choice.from_image_volume:
-            _mount_image_volume(pspec, choice, config)
+            _mount_image_volume(pspec, choice, devices, config)
         else:
             _fetch_from_store(pspec, choice, devices, config)
         mark = Admission(

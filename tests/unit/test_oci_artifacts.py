@@ -22,11 +22,13 @@ import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from tests.support.artifacts import tuner_output
 from tunefleet import delivery, naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.api.models import STORAGE_URI
 from tunefleet.artifacts import ocibundle, signing
-from tunefleet.artifacts.fetch import FetchError, Signature, serving_store
+from tunefleet.artifacts import publish as publish_mod
+from tunefleet.artifacts.fetch import FetchError, Signature, from_volume, serving_store
 from tunefleet.builders.job import Child, build_tuning_job
 from tunefleet.builders.storage import pod_storage
 from tunefleet.config import Config
@@ -36,6 +38,8 @@ from tunefleet.storage import oci
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import Location, NotFoundError, StoreError
 from tunefleet.webhook.admission import admit
+from tuner_job import caches as cc
+from tuner_job.manifest import loads
 
 DATA = Path(__file__).parent / "data" / "cosign"
 PASSWORD = b"tunefleet-test"  # of data/cosign/cosign.key, made by `cosign generate-key-pair`
@@ -355,9 +359,9 @@ def test_gc_deletes_an_artifacts_bundle_and_its_signature_with_its_manifest() ->
 
 def test_the_volume_layer_is_deterministic_and_holds_the_results_per_ordinal() -> None:
     results = b"Validator,PT_VERSION,2.11.0\nGemmTunableOp_float_NT,nt_8_8_8,Default,0.01\n"
-    a = ocibundle.volume_layer(b'{"schema": 1}\n', results)
-    assert a == ocibundle.volume_layer(b'{"schema": 1}\n', results)
-    assert ocibundle.read_volume_layer(a) == (b'{"schema": 1}\n', results)
+    a = ocibundle.volume_layer(b'{"schema": 1}\n', "results.csv", results, True)
+    assert a == ocibundle.volume_layer(b'{"schema": 1}\n', "results.csv", results, True)
+    assert ocibundle.read_volume_layer(a, "results.csv", True) == (b'{"schema": 1}\n', results)
     with tarfile.open(fileobj=io.BytesIO(gzip.decompress(a))) as tar:
         names = tar.getnames()
         last = tar.getmember(f"tunableop_results{ocibundle.VOLUME_DEVICES - 1}.csv")
@@ -365,19 +369,112 @@ def test_the_volume_layer_is_deterministic_and_holds_the_results_per_ordinal() -
     assert last.linkname == "tunableop_results0.csv"
 
 
-def test_a_volume_image_is_checked_against_the_artifacts_pins() -> None:
+MODEL = "AMD_Instinct_MI300X_OAM"
+CACHE_FILES = {"inductor/fxgraph/a/entry": b"graph" * 50, "triton/K/kernel.so": b"\x7fELF"}
+
+
+def _published(tmp: Path) -> tuple[Any, Path]:
+    """Results and a torchCompile cache, published to a directory store (as publish leaves
+    them): the record-to-be and the store."""
+    root = tmp / "caches"
+    for rel, data in CACHE_FILES.items():
+        path = root / "tc" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    (root / "tc" / "triton" / "K" / "kernel.so").chmod(0o755)
+    out = tmp / "out"
+    packed = cc.pack(cc.spec("torchCompile", "tc"), root, out)
+    assert isinstance(packed, cc.Packed)
+    tuner_output(out, caches=(packed,))
+    store = tmp / "store"
+    pub = publish_mod.publish(out, f"file://{store}", "ml", "llama", MODEL)
+    return pub, store
+
+
+def _volume(reg: FakeRegistry, pub: Any, store: Path) -> tuple[str, bytes]:
+    files = store / "ml" / "llama" / MODEL / pub.sha256
+    manifest_bytes = (files / "manifest.json").read_bytes()
+    manifest = loads(manifest_bytes)
+    archives = {
+        c.name: (files / "caches" / f"{c.sha256}.tar.gz").read_bytes() for c in manifest.caches
+    }
+    payload = (files / "results.csv").read_bytes()
+    return ocibundle.push_volume(
+        reg, "ml/llama", manifest_bytes, manifest, payload, archives
+    ), manifest_bytes
+
+
+def _mount(reg: FakeRegistry, digest: str, root: Path) -> None:
+    """What the runtime does with an image volume: every layer unpacked, in order."""
+    doc, _ = reg.manifest(digest) or ({}, "")
+    for layer in doc["layers"]:
+        with tarfile.open(fileobj=io.BytesIO(reg.blobs[layer["digest"]]), mode="r:gz") as tar:
+            tar.extractall(root, filter="tar")
+
+
+def test_a_volume_image_is_checked_against_the_artifacts_pins(tmp_path: Path) -> None:
     reg = FakeRegistry()
-    results, manifest = b"Validator,PT_VERSION,2.11.0\n", b"{}\n"
-    digest = ocibundle.push_volume(reg, "ml/llm/M/abc", manifest, results)
-    sha = hashlib.sha256(results).hexdigest()
-    ocibundle.check_volume(reg, digest, sha, hashlib.sha256(manifest).hexdigest())
-    with pytest.raises(ocibundle.VolumeError, match="results are not the artifact"):
-        ocibundle.check_volume(reg, digest, "0" * 64, "")
+    pub, store = _published(tmp_path)
+    digest, manifest_bytes = _volume(reg, pub, store)
+    msha = hashlib.sha256(manifest_bytes).hexdigest()
+    ocibundle.check_volume(reg, digest, pub.sha256, msha, "tunableop", 1)
+    with pytest.raises(ocibundle.VolumeError, match=r"results\.csv is not the artifact"):
+        ocibundle.check_volume(reg, digest, "0" * 64, "", "tunableop", 1)
     with pytest.raises(ocibundle.VolumeError, match="manifest is not the artifact"):
-        ocibundle.check_volume(reg, digest, sha, "1" * 64)
+        ocibundle.check_volume(reg, digest, pub.sha256, "1" * 64, "tunableop", 1)
+    with pytest.raises(ocibundle.VolumeError, match="not this artifact's volume image"):
+        ocibundle.check_volume(reg, digest, pub.sha256, msha, "tunableop", 0)
     bundle = _bundle(reg)  # not a volume image
-    with pytest.raises(ocibundle.VolumeError, match="not a tunefleet volume image"):
-        ocibundle.check_volume(reg, bundle, sha, "")
+    with pytest.raises(ocibundle.VolumeError, match="not this artifact's volume image"):
+        ocibundle.check_volume(reg, bundle, pub.sha256, "", "tunableop", 0)
+
+
+def test_a_mounted_volume_serves_its_results_in_place_and_caches_as_a_writable_copy(
+    tmp_path: Path,
+) -> None:
+    reg = FakeRegistry()
+    pub, store = _published(tmp_path)
+    digest, manifest_bytes = _volume(reg, pub, store)
+    assert digest == _volume(FakeRegistry(), pub, store)[0]  # deterministic
+    root = tmp_path / "volume"
+    _mount(reg, digest, root)
+    got = from_volume(
+        root, pub.uri, pub.sha256, 2, gpu_model=MODEL,
+        manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest(),
+        caches_dest=tmp_path / "caches-dest",
+    )  # fmt: skip
+    assert got.caches == ("tc",) and not got.caches_failed
+    assert [p.name for p in got.paths] == ["tunableop_results0.csv", "tunableop_results1.csv"]
+    assert all(
+        p.read_bytes() == (root / ".tunefleet" / "results.csv").read_bytes() for p in got.paths
+    )
+    copied = tmp_path / "caches-dest" / "tc"
+    for rel, data in CACHE_FILES.items():
+        assert (copied / rel).read_bytes() == data
+    assert (copied / "triton" / "K" / "kernel.so").stat().st_mode & 0o777 == 0o777
+    assert (copied / "inductor" / "fxgraph" / "a" / "entry").stat().st_mode & 0o777 == 0o666
+
+
+def test_a_changed_cache_in_a_volume_is_not_copied_and_the_results_still_serve(
+    tmp_path: Path,
+) -> None:
+    reg = FakeRegistry()
+    pub, store = _published(tmp_path)
+    digest, _ = _volume(reg, pub, store)
+    root = tmp_path / "volume"
+    _mount(reg, digest, root)
+    entry = root / ".tunefleet" / "caches" / "tc" / "inductor" / "fxgraph" / "a" / "entry"
+    entry.chmod(0o644)
+    entry.write_bytes(b"graph")
+    got = from_volume(root, pub.uri, pub.sha256, 1, caches_dest=tmp_path / "dest")
+    assert got.caches == () and "its manifest lists" in got.caches_failed
+    assert not (tmp_path / "dest" / "tc").exists()
+    with pytest.raises(FetchError, match="caches not served"):
+        from_volume(root, pub.uri, pub.sha256, 1, caches_dest=tmp_path / "d2", fail_closed=True)
+    (root / ".tunefleet" / "results.csv").chmod(0o644)
+    (root / ".tunefleet" / "results.csv").write_bytes(b"Validator,PT_VERSION,2.11.0\n")
+    with pytest.raises(FetchError, match="corrupted or truncated"):
+        from_volume(root, pub.uri, pub.sha256, 1)
 
 
 @pytest.mark.parametrize(
@@ -504,3 +601,35 @@ def test_a_registry_that_never_answers_is_given_up_on_at_the_deadline() -> None:
         server.close()
         for conn in held:
             conn.close()
+
+
+def test_caches_in_a_verified_volume_are_copied_by_fetch_from_the_mount_downloading_nothing() -> (
+    None
+):
+    prof = _oci_profile("ImageVolume", "sha256:" + "d" * 64)
+    prof["spec"]["artifacts"] = {"caches": [{"kind": "cache", "name": "stack", "env": "STACK_DIR"}]}
+    prof["status"]["artifacts"][0]["caches"] = [
+        {"kind": "cache", "name": "stack", "sha256": "e" * 64, "size": 10, "files": 1, "bytes": 5}
+    ]
+    d = admit(_model_pod(), "x", prof, Config(image="tf:1"))
+    spec = d.pod["spec"]
+    (copy,) = spec["initContainers"]
+    cmd = copy["command"]
+    assert cmd[cmd.index("--from-volume") + 1] == "/tunefleet/volume"
+    assert "--caches-dest" in cmd and "--verify-key" not in cmd and "--bundle" not in cmd
+    assert {"name": "tunefleet-results", "mountPath": "/tunefleet/volume", "readOnly": True} in (
+        copy["volumeMounts"]
+    )
+    assert not [e for e in copy.get("env") or [] if "AWS" in e["name"]]  # no store credentials
+    names = {v["name"] for v in spec["volumes"]}
+    assert {"tunefleet-results", "tunefleet-caches"} <= names
+    env = {e["name"]: e["value"] for e in spec["containers"][0]["env"]}
+    assert env["STACK_DIR"].startswith("/tunefleet/caches/stack")
+
+
+def test_a_status_naming_another_repository_gets_no_image_volume() -> None:
+    prof = _oci_profile("ImageVolume", "sha256:" + "d" * 64)
+    art = prof["status"]["artifacts"][0]
+    art["uri"] = art["uri"].replace("/team/tf#", "/elsewhere/tf#")
+    d = admit(_model_pod(), "x", prof, Config(image="tf:1"))
+    assert not [v for v in d.pod["spec"]["volumes"] if "image" in v]
