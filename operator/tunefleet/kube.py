@@ -193,7 +193,7 @@ def list_all(
             return
 
 
-def count_nodes(label_selector: str) -> int:
+def _list_nodes(label_selector: str) -> list[dict[str, Any]]:
     core = kubernetes.client.CoreV1Api(api())
     resp = call(
         "listing nodes",
@@ -203,26 +203,22 @@ def count_nodes(label_selector: str) -> int:
             _request_timeout=REQUEST_TIMEOUT,
         ),
     )
-    return len(_json(resp)["items"])
+    items: list[dict[str, Any]] = _json(resp).get("items") or []
+    return items
+
+
+def count_nodes(label_selector: str) -> int:
+    return len(_list_nodes(label_selector))
 
 
 def node_runtimes(label_selector: str) -> dict[str, str]:
     """Each labelled node's container runtime, as its kubelet reports it
     (status.nodeInfo.containerRuntimeVersion, e.g. containerd://2.4.2)."""
-    core = kubernetes.client.CoreV1Api(api())
-    resp = call(
-        "listing nodes",
-        lambda: core.list_node(
-            label_selector=label_selector,
-            _preload_content=False,
-            _request_timeout=REQUEST_TIMEOUT,
-        ),
-    )
     return {
         str((n.get("metadata") or {}).get("name")): str(
             ((n.get("status") or {}).get("nodeInfo") or {}).get("containerRuntimeVersion") or ""
         )
-        for n in _json(resp).get("items") or []
+        for n in _list_nodes(label_selector)
     }
 
 

@@ -42,6 +42,8 @@ ARTIFACT_URI_ANNOTATION = "tunefleet.io/artifact-uri"
 ARTIFACT_SHA_ANNOTATION = "tunefleet.io/artifact-sha256"
 POD_MODEL_ANNOTATION = "tunefleet.io/gpu-model"
 ARTIFACT_CONFIG_MAP_ANNOTATION = "tunefleet.io/artifact-configmap"
+# The image volume (repository@digest) a pod mounts its artifact from (oci:// stores).
+ARTIFACT_VOLUME_ANNOTATION = "tunefleet.io/artifact-volume"
 IMAGE_WARNING_ANNOTATION = "tunefleet.io/image-warning"
 # A pod whose GPU model is picked where it lands (webhook/placement.py): the models offered,
 # JSON {model: sha256 of its pinned artifact, or "" where it starts untuned}.

@@ -23,7 +23,14 @@ from tests.support.kube import apply, create, ended, get_json, ready, statuses
 from tests.support.operator import InCluster
 from tests.support.poll import eventually
 from tests.support.real_node import SHAPES, model_pod, real_profile
-from tests.support.registry import Registry, cosign, delete_manifest, manifest_json
+from tests.support.registry import (
+    Registry,
+    cosign,
+    cosign_binary,
+    delete_manifest,
+    manifest_digest,
+    manifest_json,
+)
 from tunefleet.artifacts import gc
 from tunefleet.storage.registry import open_store, parse_uri
 from tunefleet.storage.store import StoreOptions
@@ -127,14 +134,8 @@ def test_a_bundle_is_pushed_signed_verified_by_cosign_served_and_refused_when_fo
     # Signed by another key only: cosign refuses it, so does tunefleet, and the pod starts
     # untuned (failClosed is false), saying why.
     sig_tag = digest.replace(":", "-") + ".sig"
-    _delete_tag(registry, repository, sig_tag)
-    other = tmp_path / "other"
-    other.mkdir()
-    env = {**registry.tool_env(registry.writer), "COSIGN_PASSWORD": "other"}
-    made = subprocess.run(
-        [_cosign_path(), "generate-key-pair"], cwd=other, env=env, capture_output=True, text=True
-    )
-    assert made.returncode == 0, made.stderr
+    delete_manifest(registry, repository, sig_tag)
+    other, env = _other_key_pair(registry, tmp_path)
     signed = cosign(
         [
             "sign", "--key", str(other / "cosign.key"), "--tlog-upload=false",
@@ -148,7 +149,7 @@ def test_a_bundle_is_pushed_signed_verified_by_cosign_served_and_refused_when_fo
     assert "bundle not served" in fetch and "signed by another key" in fetch, fetch
 
     # Unsigned: refused, named.
-    _delete_tag(registry, repository, sig_tag)
+    delete_manifest(registry, repository, sig_tag)
     fetch, _ = _serve(cluster, namespace, "unsigned", "oci")
     assert "bundle not served" in fetch and "is not signed" in fetch, fetch
 
@@ -188,47 +189,19 @@ def test_a_bundle_is_pushed_signed_verified_by_cosign_served_and_refused_when_fo
     left = [o.key for o in store.list("", 100) if "/_library/" not in o.key]
     assert left == [], left
     for ref in (digest, art["bundle"].get("volume") or digest, sig_tag):
-        assert not _exists(registry, repository, ref), ref
+        assert manifest_digest(registry, repository, ref) is None, ref
 
 
-def _exists(reg: Registry, repository: str, reference: str) -> bool:
-    auth = json.loads((reg.writer / ".dockerconfigjson").read_text())["auths"][reg.host]["auth"]
-    code = subprocess.run(
-        [
-            "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-I", "--cacert", str(reg.ca),
-            "-H", f"Authorization: Basic {auth}",
-            "-H", "Accept: application/vnd.oci.image.manifest.v1+json",
-            f"https://{reg.host}/v2/{repository}/manifests/{reference}",
-        ],
-        capture_output=True, text=True, timeout=30,
-    ).stdout  # fmt: skip
-    assert code in ("200", "404"), code
-    return code == "200"
-
-
-def _cosign_path() -> str:
-    from tests.support.registry import cosign_binary
-
-    return cosign_binary()
-
-
-def _delete_tag(reg: Registry, repository: str, tag: str) -> None:
-    """Delete the manifest a tag names (Distribution deletes manifests by digest only)."""
-    auth = json.loads((reg.writer / ".dockerconfigjson").read_text())["auths"][reg.host]["auth"]
-    head = subprocess.run(
-        [
-            "curl", "-sfI", "--cacert", str(reg.ca), "-H", f"Authorization: Basic {auth}",
-            "-H", "Accept: application/vnd.oci.image.manifest.v1+json",
-            f"https://{reg.host}/v2/{repository}/manifests/{tag}",
-        ],
-        capture_output=True, text=True, check=True, timeout=30,
-    )  # fmt: skip
-    digest = next(
-        line.split(":", 1)[1].strip()
-        for line in head.stdout.splitlines()
-        if line.lower().startswith("docker-content-digest:")
+def _other_key_pair(reg: Registry, tmp_path: Any) -> tuple[Any, dict[str, str]]:
+    """A second key pair, by cosign, in a directory of its own; and the env to sign with it."""
+    other = tmp_path / "other"
+    other.mkdir()
+    env = {**reg.tool_env(reg.writer), "COSIGN_PASSWORD": "other"}
+    made = subprocess.run(
+        [cosign_binary(), "generate-key-pair"], cwd=other, env=env, capture_output=True, text=True
     )
-    delete_manifest(reg, repository, digest)
+    assert made.returncode == 0, made.stderr
+    return other, env
 
 
 # A serving stack's first run fills the cache its variable names (the generic `cache` kind).
@@ -336,13 +309,7 @@ def test_a_verified_volume_image_is_mounted_by_digest_and_a_wrongly_signed_one_n
 
     # A profile whose publicKey is another key's: the operator cannot verify what the tuning
     # Job signed, so no pod mounts it; its pods fetch instead (and check with the Secret's key).
-    other = tmp_path / "other"
-    other.mkdir()
-    env = {**registry.tool_env(registry.writer), "COSIGN_PASSWORD": "other"}
-    made = subprocess.run(
-        [_cosign_path(), "generate-key-pair"], cwd=other, env=env, capture_output=True, text=True
-    )
-    assert made.returncode == 0, made.stderr
+    other, _ = _other_key_pair(registry, tmp_path)
     wrong = _volume_profile(
         "vol-other-key", s3, registry, repository, (other / "cosign.pub").read_text()
     )

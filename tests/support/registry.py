@@ -84,28 +84,43 @@ def cosign(
     )
 
 
-def manifest_json(reg: Registry, repository: str, reference: str) -> dict[str, Any]:
-    """A manifest read straight from the registry's HTTP API (curl: not tunefleet's client)."""
+def _curl(reg: Registry, *args: str, url: str) -> subprocess.CompletedProcess[str]:
+    """The registry's HTTP API as the writer, with curl (not tunefleet's client)."""
     auth = json.loads((reg.writer / ".dockerconfigjson").read_text())["auths"][reg.host]["auth"]
-    out = subprocess.run(
+    return subprocess.run(
         [
-            "curl", "-sf", "--cacert", str(reg.ca), "-H", f"Authorization: Basic {auth}",
-            "-H", "Accept: application/vnd.oci.image.manifest.v1+json",
-            f"https://{reg.host}/v2/{repository}/manifests/{reference}",
+            "curl", "-s", "--cacert", str(reg.ca), "-H", f"Authorization: Basic {auth}",
+            "-H", "Accept: application/vnd.oci.image.manifest.v1+json", *args,
+            f"https://{reg.host}/v2/{url}",
         ],
-        capture_output=True, text=True, check=True, timeout=30,
+        capture_output=True, text=True, timeout=30,
     )  # fmt: skip
-    doc: dict[str, Any] = json.loads(out.stdout)
+
+
+def manifest_json(reg: Registry, repository: str, reference: str) -> dict[str, Any]:
+    done = _curl(reg, "-f", url=f"{repository}/manifests/{reference}")
+    assert done.returncode == 0, done.stderr
+    doc: dict[str, Any] = json.loads(done.stdout)
     return doc
 
 
-def delete_manifest(reg: Registry, repository: str, digest: str) -> None:
-    auth = json.loads((reg.writer / ".dockerconfigjson").read_text())["auths"][reg.host]["auth"]
-    subprocess.run(
-        [
-            "curl", "-sf", "-X", "DELETE", "--cacert", str(reg.ca),
-            "-H", f"Authorization: Basic {auth}",
-            f"https://{reg.host}/v2/{repository}/manifests/{digest}",
-        ],
-        check=True, timeout=30,
-    )  # fmt: skip
+def manifest_digest(reg: Registry, repository: str, reference: str) -> str | None:
+    """The digest of the manifest a tag or digest names; None when the registry has none."""
+    done = _curl(reg, "-I", url=f"{repository}/manifests/{reference}")
+    status = done.stdout.split(None, 2)[1] if done.stdout else ""
+    assert status in ("200", "404"), done.stdout[:300]
+    if status == "404":
+        return None
+    return next(
+        line.split(":", 1)[1].strip()
+        for line in done.stdout.splitlines()
+        if line.lower().startswith("docker-content-digest:")
+    )
+
+
+def delete_manifest(reg: Registry, repository: str, reference: str) -> None:
+    """Delete the manifest a tag or digest names (Distribution deletes by digest only)."""
+    digest = manifest_digest(reg, repository, reference)
+    assert digest is not None, reference
+    done = _curl(reg, "-f", "-X", "DELETE", url=f"{repository}/manifests/{digest}")
+    assert done.returncode == 0, done.stderr

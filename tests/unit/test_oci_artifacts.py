@@ -34,6 +34,7 @@ from tunefleet.builders.storage import pod_storage
 from tunefleet.config import Config
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.contracts.fetch import Candidate
+from tunefleet.plugin.why import explain
 from tunefleet.storage import oci
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import Location, NotFoundError, StoreError
@@ -633,3 +634,14 @@ def test_a_status_naming_another_repository_gets_no_image_volume() -> None:
     art["uri"] = art["uri"].replace("/team/tf#", "/elsewhere/tf#")
     d = admit(_model_pod(), "x", prof, Config(image="tf:1"))
     assert not [v for v in d.pod["spec"]["volumes"] if "image" in v]
+
+
+def test_why_says_a_pod_runs_from_its_image_volume() -> None:
+    prof = _oci_profile("ImageVolume", "sha256:" + "d" * 64)
+    pod = admit(_model_pod(), "x", prof, Config(image="tf:1")).pod
+    pod["metadata"]["name"] = "m-1"
+    pod["status"] = {"phase": "Running"}
+    report = explain(pod, {**prof, "metadata": {"name": "x", "namespace": "ml"}}, [])
+    assert report["verdict"] == "injected" and report["tuned"] is True
+    assert report["summary"].startswith("tuned: artifact abababababab mounted as image volume")
+    assert f"{HOST}/team/tf@sha256:{'d' * 64}" in report["summary"]

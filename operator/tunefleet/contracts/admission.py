@@ -54,6 +54,7 @@ class Admission:
     gpu_model: str = ""
     image_warning: str = ""
     config_map: str = ""  # the ConfigMap the artifact is mounted from ("": fetched)
+    image_volume: str = ""  # the image (repository@digest) it is mounted from, oci:// stores
     # Picked where the pod lands: {model: pinned sha256, or "" where it starts untuned}. The
     # model picked is in the fetch init container's outcome (contracts/fetch.py).
     candidates: dict[str, str] = field(default_factory=dict)
@@ -73,6 +74,7 @@ class Admission:
             (naming.POD_MODEL_ANNOTATION, self.gpu_model),
             (naming.IMAGE_WARNING_ANNOTATION, self.image_warning[:1000]),
             (naming.ARTIFACT_CONFIG_MAP_ANNOTATION, self.config_map),
+            (naming.ARTIFACT_VOLUME_ANNOTATION, self.image_volume),
         ):
             if value:
                 anns[key] = value
@@ -108,6 +110,7 @@ class Admission:
             gpu_model=str(anns.get(naming.POD_MODEL_ANNOTATION) or ""),
             image_warning=str(anns.get(naming.IMAGE_WARNING_ANNOTATION) or ""),
             config_map=str(anns.get(naming.ARTIFACT_CONFIG_MAP_ANNOTATION) or ""),
+            image_volume=str(anns.get(naming.ARTIFACT_VOLUME_ANNOTATION) or ""),
             candidates=_candidates(anns.get(naming.CANDIDATES_ANNOTATION)),
         )
 

@@ -478,6 +478,41 @@ def _degraded_note(p: _Pod, cause: served.Untuned) -> str:
     )
 
 
+def _without_fetch(p: _Pod, a: Admission, out: dict[str, Any]) -> None:
+    """An injected pod with no fetch init container: mounted from a ConfigMap or an image
+    volume, or changed after admission."""
+    started = (p.pod.get("status") or {}).get("phase") in ("Running", "Succeeded")
+    model = f" for {a.gpu_model}" if a.gpu_model else ""
+    if a.config_map:
+        out.update(
+            tuned=True if started else None,
+            verdict="injected",
+            summary=f"{'tuned' if started else 'injected'}: artifact {short(a.sha256)} mounted "
+            f"from ConfigMap {a.config_map}{model}",
+            reason="the webhook mounted the artifact's ConfigMap (no fetch, no store request)",
+            reasonSource=f"annotation {naming.ARTIFACT_CONFIG_MAP_ANNOTATION}",
+        )
+    elif a.image_volume:
+        out.update(
+            tuned=True if started else None,
+            verdict="injected",
+            summary=f"{'tuned' if started else 'injected'}: artifact {short(a.sha256)} mounted "
+            f"as image volume {a.image_volume}{model}",
+            reason="the webhook mounted the artifact's volume image, which the operator verified "
+            "(signature and pins); the kubelet pulls it once per node",
+            reasonSource=f"annotation {naming.ARTIFACT_VOLUME_ANNOTATION}",
+        )
+    else:
+        out.update(
+            verdict="injected",
+            summary=f"injected: pinned to artifact {short(a.sha256)}, but the pod has no "
+            f"{FETCH_CONTAINER} init container (its spec was changed after admission?)",
+            reason="the webhook's annotations say injected",
+            reasonSource=f"annotation {naming.STATUS_ANNOTATION}",
+            fix=f"recreate the pod: {p.recreate}",
+        )
+
+
 def _injected(p: _Pod, a: Admission, out: dict[str, Any]) -> dict[str, Any]:
     out["artifact"] = {
         "uri": a.uri or None,
@@ -495,26 +530,8 @@ def _injected(p: _Pod, a: Admission, out: dict[str, Any]) -> dict[str, Any]:
         out["notes"].append(_store_fallback_note(a))
     fetch = _fetch_state(p.pod)
     out["fetch"] = fetch
-    if fetch is None and a.config_map:
-        started = (p.pod.get("status") or {}).get("phase") in ("Running", "Succeeded")
-        model = f" for {a.gpu_model}" if a.gpu_model else ""
-        out.update(
-            tuned=True if started else None,
-            verdict="injected",
-            summary=f"{'tuned' if started else 'injected'}: artifact {short(a.sha256)} mounted "
-            f"from ConfigMap {a.config_map}{model}",
-            reason="the webhook mounted the artifact's ConfigMap (no fetch, no store request)",
-            reasonSource=f"annotation {naming.ARTIFACT_CONFIG_MAP_ANNOTATION}",
-        )
-    elif fetch is None:
-        out.update(
-            verdict="injected",
-            summary=f"injected: pinned to artifact {short(a.sha256)}, but the pod has no "
-            f"{FETCH_CONTAINER} init container (its spec was changed after admission?)",
-            reason="the webhook's annotations say injected",
-            reasonSource=f"annotation {naming.STATUS_ANNOTATION}",
-            fix=f"recreate the pod: {p.recreate}",
-        )
+    if fetch is None:
+        _without_fetch(p, a, out)
     else:
         _fetch_verdict(p, a, out, fetch)
     cause = served.cause_of(p.pod)

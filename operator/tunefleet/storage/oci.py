@@ -373,13 +373,9 @@ class OciStore:
 
     def _write(self, key: str, data: bytes, content_type: str) -> None:
         layer_digest = self.push_blob(data)
-        self.push_blob(b"{}")
-        manifest = {
-            "schemaVersion": 2,
-            "mediaType": MANIFEST_MEDIA_TYPE,
-            "artifactType": OBJECT_ARTIFACT_TYPE,
-            "config": {"mediaType": EMPTY_MEDIA_TYPE, "digest": EMPTY_DIGEST, "size": 2},
-            "layers": [
+        manifest = self._artifact(
+            OBJECT_ARTIFACT_TYPE,
+            [
                 {
                     "mediaType": OBJECT_MEDIA_TYPE,
                     "digest": layer_digest,
@@ -390,12 +386,26 @@ class OciStore:
                     },
                 }
             ],
-            "annotations": {
+            {
                 KEY_ANNOTATION: key,
                 CREATED_ANNOTATION: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             },
-        }
+        )
         self.push_manifest(manifest, tag_of(key))
+
+    def _artifact(
+        self, artifact_type: str, layers: list[dict[str, Any]], annotations: dict[str, str]
+    ) -> dict[str, Any]:
+        """An OCI artifact manifest: the empty config (pushed once), these layers."""
+        self.push_blob(b"{}")
+        return {
+            "schemaVersion": 2,
+            "mediaType": MANIFEST_MEDIA_TYPE,
+            "artifactType": artifact_type,
+            "config": {"mediaType": EMPTY_MEDIA_TYPE, "digest": EMPTY_DIGEST, "size": 2},
+            "layers": layers,
+            "annotations": dict(sorted(annotations.items())),
+        }
 
     def put_if_absent(self, key: str, data: bytes, content_type: str) -> bool:
         found = self._object(key)
@@ -529,15 +539,7 @@ class OciStore:
                     },
                 }
             )
-        self.push_blob(b"{}")
-        manifest = {
-            "schemaVersion": 2,
-            "mediaType": MANIFEST_MEDIA_TYPE,
-            "artifactType": artifact_type,
-            "config": {"mediaType": EMPTY_MEDIA_TYPE, "digest": EMPTY_DIGEST, "size": 2},
-            "layers": layers,
-            "annotations": dict(sorted(annotations.items())),
-        }
+        manifest = self._artifact(artifact_type, layers, annotations)
         digest = self.push_manifest(manifest, "")
         self.push_manifest(manifest, tag)
         return digest

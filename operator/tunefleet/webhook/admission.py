@@ -588,9 +588,13 @@ def build_patch(
             _mount_image_volume(pspec, choice, devices, config)
         else:
             _fetch_from_store(pspec, choice, devices, config)
+        volume = ""
+        if not choice.from_config_map and choice.from_image_volume:
+            volume = f"{parse_uri(spec.storage.uri).bucket}@{art.volume}"
         mark = Admission(
             INJECTED, code, uri=art.uri, sha256=art.sha256, gpu_model=choice.model,
             image_warning=warning, config_map=art.config_map if choice.from_config_map else "",
+            image_volume=volume,
         )  # fmt: skip
     _serve_containers(pspec, choice, check, capture)
     mark.write(out)
