@@ -332,12 +332,14 @@ def _deliver(s: _Sync, status: dict[str, Any]) -> None:
         return
     artifacts = [dict(a) for a in status["artifacts"]]  # never the previous status's dicts
     status["artifacts"] = artifacts
-    if s.spec.storage.is_oci:
-        _deliver_image_volumes(s, artifacts)
-        return
     if s.spec.serving.delivery != "ConfigMap":
         for entry in artifacts:
             entry["delivery"] = "Store (spec.serving.delivery)"
+        return
+    if s.spec.storage.is_oci:
+        # The operator's delivery of an oci:// artifact is its volume image (the default,
+        # serving.delivery ConfigMap, means "delivered by the operator"; Store still fetches).
+        _deliver_image_volumes(s, artifacts)
         return
     why_not = delivery.deliverable(s.config)
     storage = s.spec.storage

@@ -645,3 +645,20 @@ def test_why_says_a_pod_runs_from_its_image_volume() -> None:
     assert report["verdict"] == "injected" and report["tuned"] is True
     assert report["summary"].startswith("tuned: artifact abababababab mounted as image volume")
     assert f"{HOST}/team/tf@sha256:{'d' * 64}" in report["summary"]
+
+
+def test_serving_delivery_store_keeps_oci_pods_fetching(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tunefleet import reconcile
+
+    calls: list[str] = []
+    monkeypatch.setattr(reconcile, "_deliver_image_volumes", lambda s, a: calls.append("iv"))
+
+    class _S:
+        spec = spec(SIGNED, serving={"delivery": "Store"})
+
+    status = {"artifacts": [{"uri": "oci://r/x#a", "sha256": "a" * 64}]}
+    reconcile._deliver(_S(), status)  # type: ignore[arg-type]
+    assert calls == [] and status["artifacts"][0]["delivery"] == "Store (spec.serving.delivery)"
+    _S.spec = spec(SIGNED)
+    reconcile._deliver(_S(), status)  # type: ignore[arg-type]
+    assert calls == ["iv"]
