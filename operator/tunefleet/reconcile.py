@@ -337,8 +337,6 @@ def _deliver(s: _Sync, status: dict[str, Any]) -> None:
             entry["delivery"] = "Store (spec.serving.delivery)"
         return
     if s.spec.storage.is_oci:
-        # The operator's delivery of an oci:// artifact is its volume image (the default,
-        # serving.delivery ConfigMap, means "delivered by the operator"; Store still fetches).
         _deliver_image_volumes(s, artifacts)
         return
     why_not = delivery.deliverable(s.config)
@@ -391,7 +389,9 @@ def _deliver(s: _Sync, status: dict[str, Any]) -> None:
 def _deliver_image_volumes(s: _Sync, artifacts: list[dict[str, Any]]) -> None:
     """oci:// stores: each artifact's volume image, once verified, is what model pods mount
     (delivery ImageVolume); else they fetch and verify it themselves (Store: why). Checked
-    again after DELIVERY_RETRY_S, as a ConfigMap's delivery is tried again."""
+    again after DELIVERY_RETRY_S, as a ConfigMap's delivery is tried again. This is the
+    operator's delivery of an oci:// artifact: serving.delivery ConfigMap (the default) reads
+    as "delivered by the operator", and Store keeps pods fetching."""
     assert s.spec is not None
     signing = s.spec.storage.signing
     public_key = (signing.public_key or "") if signing else ""
