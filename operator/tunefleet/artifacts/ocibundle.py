@@ -52,7 +52,6 @@ PAYLOAD_LAYERS = {
     "results.csv": "application/vnd.tunefleet.tunableop.results.v1+csv",
     cc.INDEX_NAME: "application/vnd.tunefleet.caches.index.v1+json",
 }
-MAX_BUNDLE_MANIFEST = 1 << 20
 PREFIX = "io.tunefleet."
 
 

@@ -31,7 +31,6 @@ PAYLOAD_MEDIA_TYPE = "application/vnd.dev.cosign.simplesigning.v1+json"
 SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"
 PAYLOAD_TYPE = "cosign container image signature"
 CONFIG_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"
-MAX_SIGNATURE_MANIFEST = 1 << 20
 MAX_PAYLOAD = 64 << 10
 
 # The Secret's keys, as `cosign generate-key-pair k8s://ns/name` writes them.

@@ -483,24 +483,28 @@ def _without_fetch(p: _Pod, a: Admission, out: dict[str, Any]) -> None:
     volume, or changed after admission."""
     started = (p.pod.get("status") or {}).get("phase") in ("Running", "Succeeded")
     model = f" for {a.gpu_model}" if a.gpu_model else ""
-    if a.config_map:
+    # (where from, why, the annotation that says so) of a mounted artifact
+    mounted = (
+        (f"from ConfigMap {a.config_map}",
+         "the webhook mounted the artifact's ConfigMap (no fetch, no store request)",
+         naming.ARTIFACT_CONFIG_MAP_ANNOTATION)
+        if a.config_map
+        else (f"as image volume {a.image_volume}",
+              "the webhook mounted the artifact's volume image, which the operator verified "
+              "(signature and pins); the kubelet pulls it once per node",
+              naming.ARTIFACT_VOLUME_ANNOTATION)
+        if a.image_volume
+        else None
+    )  # fmt: skip
+    if mounted is not None:
+        where, reason, annotation = mounted
         out.update(
             tuned=True if started else None,
             verdict="injected",
             summary=f"{'tuned' if started else 'injected'}: artifact {short(a.sha256)} mounted "
-            f"from ConfigMap {a.config_map}{model}",
-            reason="the webhook mounted the artifact's ConfigMap (no fetch, no store request)",
-            reasonSource=f"annotation {naming.ARTIFACT_CONFIG_MAP_ANNOTATION}",
-        )
-    elif a.image_volume:
-        out.update(
-            tuned=True if started else None,
-            verdict="injected",
-            summary=f"{'tuned' if started else 'injected'}: artifact {short(a.sha256)} mounted "
-            f"as image volume {a.image_volume}{model}",
-            reason="the webhook mounted the artifact's volume image, which the operator verified "
-            "(signature and pins); the kubelet pulls it once per node",
-            reasonSource=f"annotation {naming.ARTIFACT_VOLUME_ANNOTATION}",
+            f"{where}{model}",
+            reason=reason,
+            reasonSource=f"annotation {annotation}",
         )
     else:
         out.update(

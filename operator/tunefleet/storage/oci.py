@@ -21,7 +21,6 @@ that signed the registry's certificate), or $DOCKER_CONFIG / ~/.docker/config.js
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
@@ -550,7 +549,3 @@ def _timestamp(value: str) -> float:
         return time.mktime(time.strptime(value, "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
     except (ValueError, OverflowError):
         return 0.0
-
-
-def basic_auth(user: str, password: str) -> str:
-    return base64.b64encode(f"{user}:{password}".encode()).decode()
