@@ -17,6 +17,7 @@ The format layer (stdlib only, public, the contracts both images read and write)
   files     atomic writes, SHA-256, termination messages
   caches    the caches a workload fills: kinds, variables, deterministic packing, archive
             checks, the caches-only index
+  gain      what an artifact buys: its figures, their statistics, and the promotion gate
 
 Only in the user's image (they may import torch, and start the workload):
   cli       `python -m tuner_job {record,tune,identify,run}`
@@ -27,6 +28,7 @@ Only in the user's image (they may import torch, and start the workload):
   torchapi  every torch.cuda.tunable function and PYTORCH_TUNABLEOP_* variable used, and how
             the profile's settings reach TunableOp
   gpu       torch, the GPU and the machine's identity (partitions included)
+  measure   after tuning: the GEMMs and the workload timed with and without the artifact
   _proc     process-group handling for the workload and the tuning processes
 """
 
@@ -37,4 +39,5 @@ __version__ = "0.2.0"
 # The modules the tunefleet image may import (see above); tests/unit/test_layering.py checks.
 FORMAT_LAYER = (
     "results", "manifest", "output", "library", "exchange", "config", "files", "caches",
+    "gain",
 )  # fmt: skip

@@ -13,10 +13,10 @@ import tempfile
 import time
 import traceback
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from . import __version__
+from . import __version__, measure
 from . import caches as cc
 from . import exchange as ex
 from .config import ConfigError, TuningConfig
@@ -25,8 +25,14 @@ from .files import atomic_write_bytes, write_termination_log
 from .gpu import EXIT_USAGE, TunerError
 from .library import Settings, keys_of, library_key, partition, rows_for
 from .machine import Machine, probe, probe_main
-from .manifest import ManifestExtra
-from .output import MANIFEST_NAME, RESULTS_NAME, write_caches_output, write_output
+from .manifest import Manifest, ManifestExtra
+from .output import (
+    MANIFEST_NAME,
+    RESULTS_NAME,
+    rewrite_manifest,
+    write_caches_output,
+    write_output,
+)
 from .record import collect_untuned, record_workload, run_workload
 from .results import (
     CsvFormatError,
@@ -95,6 +101,8 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--gpu", type=int, required=True)
     probe_ = sub.add_parser("_probe")
     probe_.add_argument("--spec", required=True)
+    measure_ = sub.add_parser("_measure-gemms")
+    measure_.add_argument("--spec", required=True)
     return p
 
 
@@ -337,6 +345,7 @@ def _run(args: argparse.Namespace, cfg: TuningConfig, shard: int, exchange: Path
     if outcome is not None:
         _report_timing(outcome)
         _report_partial(outcome, newly, len(plan.to_tune))
+    manifest = _measured(cfg, out, manifest, packed[0])
     seconds = outcome.seconds if outcome is not None else 0.0
     print(
         f"{PROG}: recorded {len(unique)} GEMM(s), reused {len(plan.reused.rows)}, resumed "
@@ -434,11 +443,24 @@ def _run_caches(args: argparse.Namespace, cfg: TuningConfig) -> None:
         seconds=ran,
         extra=ManifestExtra(wall_seconds=time.monotonic() - started),
     )
+    manifest = _measured(cfg, out, manifest, packed)
     print(
         f"{PROG}: packed {len(packed)} cache(s) ({', '.join(p.name for p in packed)}), "
         f"{len(skipped)} skipped; wrote {out / cc.INDEX_NAME} (sha256 "
         f"{manifest.results_sha256}) and {out / MANIFEST_NAME}"
     )
+
+
+def _measured(
+    cfg: TuningConfig, out: Path, manifest: Manifest, packed: Sequence[cc.Packed]
+) -> Manifest:
+    """The manifest with what the artifact buys (spec.promotion; tuner_job/measure.py), written
+    again; as it was when nothing is to be measured. Measuring never fails the run: what it
+    could not do is said in the figures' note."""
+    gain = measure.measure(cfg, out, packed, manifest.identity.get("torch", ""))
+    if gain is None:
+        return manifest
+    return rewrite_manifest(out, replace(manifest, gain=gain))
 
 
 def _gather(
@@ -526,6 +548,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return worker_main(args.spec, args.gpu)
         if args.command == "_probe":
             return probe_main(args.spec)
+        if args.command == "_measure-gemms":
+            return measure.child_main(args.spec)
         return handlers[args.command](args)
     except (TunerError, ConfigError, CsvFormatError) as exc:
         code = exc.exit_code if isinstance(exc, TunerError) else EXIT_USAGE

@@ -88,6 +88,16 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class Promotion:
+    """What to measure after tuning (tuner_job/measure.py): absent from a config, nothing (every
+    config before the gate)."""
+
+    measure: bool = False
+    mode: str = "Eager"  # Eager | CUDAGraphs: how serving pods run the GEMMs
+    budget_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
 class TuningConfig:
     namespace: str = ""
     profile: str = ""
@@ -110,6 +120,7 @@ class TuningConfig:
     # not, and the caches its workload fills (tuner_job/caches.py).
     tunableop: bool = True
     caches: tuple[CacheSpec, ...] = ()
+    promotion: Promotion = field(default_factory=Promotion)
 
     @property
     def workload_argv(self) -> list[str]:
@@ -312,6 +323,7 @@ def from_dict(doc: Any) -> TuningConfig:
         raise ConfigError("workload.args given without workload.command")
     tunableop, caches = _artifacts(_get(doc, "artifacts", dict, "config"))
     return TuningConfig(
+        promotion=_promotion(_get(doc, "promotion", dict, "config")),
         tunableop=tunableop,
         caches=caches,
         namespace=_get(doc, "namespace", str, "config") or "",
@@ -328,6 +340,19 @@ def from_dict(doc: Any) -> TuningConfig:
         exchange_dir=exchange_dir,
         exchange_wait_s=float(wait) if wait is not None else DEFAULT_EXCHANGE_WAIT_S,
     )
+
+
+def _promotion(doc: dict[str, Any] | None) -> Promotion:
+    if doc is None:
+        return Promotion()
+    mode = _get(doc, "servingMode", str, "promotion") or "Eager"
+    if mode not in ("Eager", "CUDAGraphs"):
+        raise ConfigError(f"promotion.servingMode must be Eager or CUDAGraphs, got {mode!r}")
+    budget = _get(doc, "budgetSeconds", (int, float), "promotion")
+    if budget is not None and budget < 0:
+        raise ConfigError("promotion.budgetSeconds must be >= 0")
+    measure = _get(doc, "measure", bool, "promotion")
+    return Promotion(bool(measure), mode, float(budget or 0))
 
 
 def _artifacts(doc: dict[str, Any] | None) -> tuple[bool, tuple[CacheSpec, ...]]:

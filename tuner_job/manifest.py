@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from .caches import CacheError, Packed, Skipped, manifest_entries
+from .gain import Gain
 from .library import Settings
 from .results import Outcomes
 
@@ -155,6 +156,8 @@ class Manifest:
     # empty or failed, with why; both absent from manifests without caches.
     caches: tuple[Packed, ...] = ()
     caches_skipped: tuple[Skipped, ...] = ()
+    # What the artifact buys, measured after tuning (tuner_job/gain.py); None when not measured.
+    gain: Gain | None = None
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"schema": SCHEMA}
@@ -183,6 +186,8 @@ class Manifest:
             doc["caches"] = [c.to_dict() for c in self.caches]
         if self.caches_skipped:
             doc["cachesSkipped"] = [c.to_dict() for c in self.caches_skipped]
+        if self.gain is not None:
+            doc["gain"] = self.gain.to_dict()
         return doc
 
     def to_json(self) -> bytes:
@@ -386,6 +391,7 @@ def from_dict(doc: Any) -> Manifest:
         kind=kind,
         caches=tuple(caches),
         caches_skipped=tuple(skipped),
+        gain=Gain.from_dict(doc.get("gain")),
     )
 
 

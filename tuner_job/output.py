@@ -137,6 +137,13 @@ def write_caches_output(
     return manifest
 
 
+def rewrite_manifest(out: Path, manifest: Manifest) -> Manifest:
+    """manifest.json again, with what was learnt after the payload was written (the figures of
+    tuner_job/measure.py): the payload and its SHA-256 are untouched."""
+    atomic_write_bytes(out / MANIFEST_NAME, manifest.to_json())
+    return manifest
+
+
 def _rounded(extra: ManifestExtra) -> ManifestExtra:
     if extra.wall_seconds is None:
         return extra

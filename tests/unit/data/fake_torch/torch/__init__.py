@@ -50,7 +50,9 @@ FAKE_TORCH_CURRENT_DEVICE; FAKE_TORCH_TUNE_SLEEP seconds per tuned GEMM; FAKE_TO
 that gets one JSON line per tunable API call (for tests), and a "cuda_context" line the first
 time a process does what creates a CUDA context (set_device, a GEMM, synchronize);
 FAKE_TORCH_TUNE_HANG_AFTER N: a process hangs in its (N+1)th tuned GEMM (a GEMM stuck in torch);
-FAKE_TORCH_FP32_PRECISION ieee (default) | bf16x9 (2.15: float32 GEMMs as bfx9).
+FAKE_TORCH_FP32_PRECISION ieee (default) | bf16x9 (2.15: float32 GEMMs as bfx9);
+FAKE_TORCH_GEMM_SLEEP seconds a GEMM takes and FAKE_TORCH_TUNED_SPEEDUP how much faster a loaded
+non-Default result makes it (a knob for tests of tunefleet's gate: stand-in timings).
 """
 
 from __future__ import annotations
@@ -845,10 +847,12 @@ def _tunable(op: str, params: str, dynamic: str | None = None) -> None:
     '*' entry too, recording writes only the concrete one."""
     _context("gemm")
     if not tunable.is_enabled():
+        _gemm_sleep(None)
         return
     results = _manager()
     if (op, params) in results:
         _verbose(3, "ResultEntry found for ", op, ",", params)
+        _gemm_sleep(results[(op, params)])
         return
     known_op = any(k[0] == op for k in results)
     which = "params_signature" if known_op else "op_signature"
@@ -863,6 +867,20 @@ def _tunable(op: str, params: str, dynamic: str | None = None) -> None:
     if tunable.record_untuned_is_enabled():
         _record_untuned(op, params)
     _verbose(2, "no result, using default")
+    _gemm_sleep(None)
+
+
+def _gemm_sleep(entry: tuple[str, float] | None) -> None:
+    """How long a GEMM "runs", for tests of tunefleet's measuring only (it computes nothing):
+    FAKE_TORCH_GEMM_SLEEP seconds (default 0), divided by FAKE_TORCH_TUNED_SPEEDUP (default 1.5;
+    below 1 makes the "tuned" kernel slower) when a loaded result names a kernel other than
+    Default. A knob, never a measurement of anything."""
+    base = builtins.float(os.environ.get("FAKE_TORCH_GEMM_SLEEP", "0") or 0)
+    if base <= 0:
+        return
+    if entry is not None and entry[0] != "Default":
+        base /= builtins.float(os.environ.get("FAKE_TORCH_TUNED_SPEEDUP", "1.5") or 1.5)
+    time.sleep(base)
 
 
 # --- the GEMM entry points (Blas.cpp, ScaledBlas.cpp) -----------------------------------------

@@ -1,0 +1,235 @@
+"""What an artifact buys (tuner_job/gain.py): the statistics, the measuring loop and the gate,
+and the tuner measuring a real run with the stand-in torch's timing knob.
+
+The gate's promise is tested as a property over many seeded noisy runs: an artifact exactly as
+fast as none is never failed by noise alone; a real loss is failed; a real gain passes.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.tuner import tuner, write_config
+from tuner_job.gain import (
+    Figure,
+    Gain,
+    Measurement,
+    judge,
+    median_interval,
+    paired,
+)
+from tuner_job.manifest import loads
+
+
+def test_the_median_interval_widens_to_min_max_with_few_values_and_narrows_with_many() -> None:
+    assert median_interval([3.0, 1.0, 2.0]) == (1.0, 3.0)
+    values = [float(i) for i in range(1, 31)]
+    low, high = median_interval(values)
+    assert 1.0 < low < 15.5 < high < 30.0
+    with pytest.raises(ValueError):
+        median_interval([])
+
+
+def test_a_figure_is_the_median_of_paired_ratios() -> None:
+    f = paired("workload", [2.0, 2.0, 2.2], [1.0, 1.1, 1.0])
+    assert f.speedup == pytest.approx(2.0)
+    assert (f.low, f.high) == (pytest.approx(2.0 / 1.1), pytest.approx(2.2))
+    assert f.saved_s == pytest.approx(2.0 - 1.0)
+    assert f.repetitions == 3
+    with pytest.raises(ValueError):
+        paired("workload", [1.0], [0.0])
+    with pytest.raises(ValueError):
+        paired("workload", [1.0, 2.0], [1.0])
+
+
+def _noisy(rng: random.Random, mean: float, noise: float) -> float:
+    return mean * (1 + rng.uniform(-noise, noise))
+
+
+def _measured(seed: int, base: float, tuned: float, noise: float, pairs: int = 15) -> Figure:
+    rng = random.Random(seed)
+    m = Measurement(
+        "workload",
+        lambda: _noisy(rng, base, noise),
+        lambda: _noisy(rng, tuned, noise),
+        budget_s=1e9,
+        max_pairs=pairs,
+    )
+    got = m.run()
+    assert got is not None
+    return got
+
+
+@pytest.mark.parametrize("noise", [0.02, 0.1, 0.3])
+def test_noise_alone_never_fails_an_artifact_as_fast_as_none(noise: float) -> None:
+    for seed in range(300):
+        f = _measured(seed, 1.0, 1.0, noise)
+        verdict = judge(Gain((f,)))
+        assert verdict.passed, (seed, f, verdict.message)
+
+
+@pytest.mark.parametrize("noise", [0.02, 0.1])
+def test_a_real_loss_is_failed_and_says_which_figure_and_by_how_much(noise: float) -> None:
+    for seed in range(100):
+        f = _measured(seed, 1.0, 1.3, noise)  # 30% slower with the artifact
+        verdict = judge(Gain((f,)))
+        assert not verdict.passed, (seed, f)
+        assert verdict.failed == "workload"
+        assert "below the 1.00x spec.promotion asks" in verdict.message
+        assert f"{f.speedup:.2f}x" in verdict.message
+
+
+def test_a_real_gain_passes_and_a_minimum_gain_it_falls_short_of_fails() -> None:
+    for seed in range(100):
+        f = _measured(seed, 1.5, 1.0, 0.1)  # 1.5x
+        assert judge(Gain((f,))).passed
+        assert judge(Gain((f,)), min_gain=0.2).passed
+        assert not judge(Gain((f,)), min_gain=1.0).passed  # asks for 2x
+
+
+def test_every_figure_must_pass() -> None:
+    good = paired("workload", [2.0] * 5, [1.0] * 5)
+    bad = paired("gemms", [1.0] * 5, [2.0] * 5)
+    verdict = judge(Gain((good, bad)))
+    assert not verdict.passed and verdict.failed == "gemms"
+
+
+def test_an_unmeasured_artifact_passes_and_says_so() -> None:
+    assert judge(None).passed
+    verdict = judge(Gain((), note="no time left"))
+    assert verdict.passed and verdict.message == "not measured: no time left"
+
+
+def test_stand_in_figures_are_labelled_wherever_the_verdict_is_shown() -> None:
+    f = paired("gemms", [2.0] * 5, [1.0] * 5)
+    assert "stand-in" in judge(Gain((f,), stand_in=True)).message
+    assert "stand-in" not in judge(Gain((f,))).message
+    lost = paired("gemms", [1.0] * 5, [2.0] * 5)
+    assert "stand-in" in judge(Gain((lost,), stand_in=True)).message
+
+
+def test_measuring_stops_when_the_interval_is_narrow_or_the_budget_ends() -> None:
+    steady = Measurement("workload", lambda: 2.0, lambda: 1.0, budget_s=1e9)
+    f = steady.run()
+    assert f is not None and f.repetitions == 5  # settled at the minimum
+    now = [0.0]
+
+    def slow(seconds: float) -> float:
+        now[0] += seconds
+        return seconds
+
+    capped = Measurement(
+        "workload", lambda: slow(1.0), lambda: slow(2.0), budget_s=7.0, clock=lambda: now[0]
+    )
+    got = capped.run()
+    # a pair takes 3 s: two fit in 7 s, a third would not (it is not started)
+    assert got is not None and got.repetitions == 2
+    assert Measurement("workload", lambda: 1.0, lambda: 1.0, budget_s=0).run() is None
+
+
+def test_runs_alternate_abba_so_drift_hits_both_arms() -> None:
+    order: list[str] = []
+    Measurement(
+        "workload",
+        lambda: order.append("b") or 1.0,  # type: ignore[func-returns-value]
+        lambda: order.append("t") or 1.0,  # type: ignore[func-returns-value]
+        budget_s=1e9,
+        max_pairs=4,
+    ).run()
+    assert "".join(order) == "bttbbttb"
+
+
+def test_figures_round_trip_and_malformed_ones_are_dropped() -> None:
+    f = paired("gemms", [2.0, 2.1, 1.9], [1.0, 1.0, 1.0])
+    g = Gain((f,), stand_in=True, mode="CUDAGraphs", note="x")
+    back = Gain.from_dict(json.loads(json.dumps(g.to_dict())))
+    assert back is not None and back.stand_in and back.mode == "CUDAGraphs"
+    assert back.figures[0].speedup == pytest.approx(f.speedup)
+    bad = [
+        {**f.to_dict(), "speedup": "fast"},
+        {**f.to_dict(), "name": "other"},
+        {**f.to_dict(), "low": 3.0},  # interval not around the median
+        {**f.to_dict(), "repetitions": True},
+        {**f.to_dict(), "speedup": float("nan")},
+        "x",
+    ]
+    assert Gain.from_dict({"figures": bad}) == Gain()
+    assert Gain.from_dict({"figures": "x"}) is None
+    assert Gain.from_dict(None) is None
+
+
+def _promotion(budget: float = 60) -> dict[str, object]:
+    return {"measure": True, "servingMode": "Eager", "budgetSeconds": budget}
+
+
+@pytest.mark.parametrize(("speedup", "passes"), [("3", True), ("0.4", False)])
+def test_the_tuner_measures_the_gemms_it_tuned_with_the_stand_in_timing_knob(
+    tmp_path: Path, speedup: str, passes: bool
+) -> None:
+    cfg = write_config(tmp_path, promotion=_promotion())
+    done = tuner(
+        tmp_path, "run", "--config", str(cfg), "--out", "out",
+        env={"FAKE_TORCH_BACKEND": "rocm", "FAKE_TORCH_GEMM_SLEEP": "0.002",
+             "FAKE_TORCH_TUNED_SPEEDUP": speedup},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    manifest = loads((tmp_path / "out" / "manifest.json").read_bytes())
+    gain = manifest.gain
+    assert gain is not None and gain.stand_in, done.stderr
+    figure = gain.figure("gemms")
+    assert figure is not None, gain
+    assert figure.repetitions >= 3
+    assert judge(gain).passed is passes, figure
+    assert "measured gemms" in done.stderr and "[stand-in timings]" in done.stderr
+
+
+def test_the_tuner_measures_the_workload_with_and_without_its_caches(tmp_path: Path) -> None:
+    # A workload that is slow while its cache directory is empty and fills it: what a compile
+    # cache does. Each run starts from fresh directories, so only the tuned arm is warm.
+    (tmp_path / "serve.py").write_text(
+        "import os, pathlib, time\n"
+        "d = pathlib.Path(os.environ['TORCHINDUCTOR_CACHE_DIR'])\n"
+        "if not any(d.iterdir()):\n"
+        "    time.sleep(0.3)\n"
+        "    (d / 'kernel.so').write_text('compiled')\n"
+    )
+    cfg = write_config(
+        tmp_path,
+        workload={"command": [sys.executable, str(tmp_path / "serve.py")]},
+        artifacts={"tunableop": False, "caches": [{"kind": "torchCompile"}]},
+        promotion=_promotion(),
+    )
+    # The stand-in torch is importable here: its knob says its timings may be taken.
+    done = tuner(tmp_path, "run", "--config", str(cfg), "--out", "out",
+                 env={"FAKE_TORCH_GEMM_SLEEP": "0.001"})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    gain = loads((tmp_path / "out" / "manifest.json").read_bytes()).gain
+    assert gain is not None
+    f = gain.figure("workload")
+    assert f is not None, gain
+    assert f.speedup > 1.5 and f.saved_s > 0.2, f
+    assert judge(gain).passed
+
+
+def test_without_promotion_nothing_is_measured(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path)
+    done = tuner(tmp_path, "run", "--config", str(cfg), "--out", "out")
+    assert done.returncode == 0, done.stderr
+    assert loads((tmp_path / "out" / "manifest.json").read_bytes()).gain is None
+    assert "gain" not in json.loads((tmp_path / "out" / "manifest.json").read_text())
+
+
+def test_the_stand_in_without_its_knob_is_not_measured_and_says_why(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, promotion=_promotion())
+    done = tuner(tmp_path, "run", "--config", str(cfg), "--out", "out",
+                 env={"FAKE_TORCH_BACKEND": "rocm"})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    gain = loads((tmp_path / "out" / "manifest.json").read_bytes()).gain
+    assert gain is not None and gain.figures == () and gain.stand_in
+    assert "computes nothing" in gain.note
+    assert judge(gain).passed

@@ -1,0 +1,315 @@
+"""Measure what the artifact just made buys, on the GPU (and in the image) it was made for.
+
+Two figures (tuner_job/gain.py has the statistics and the gate):
+- "gemms": workload.shapes' GEMMs in one child process with torch, TunableOp switched off
+  and on (the results loaded, tuning off) by its Python API between passes, so both arms share
+  one CUDA context and one set of operands. In CUDAGraphs mode each arm's GEMMs are captured
+  once and replayed, as a server that captures its graphs runs them (TunableOp's per-call
+  lookup is then paid at capture only).
+- "workload": the profile's workload command, start to exit, with the artifact (results
+  loaded, TunableOp on, tuning off; each cache a fresh copy of what was packed) against
+  without (TunableOp off; each cache an empty directory). For compile caches this is the
+  first inference's saving; each run gets fresh directories, so no run warms the next.
+
+Where the image's torch is the stand-in (its version says "standin"), the timings are its knob
+(FAKE_TORCH_GEMM_SLEEP, FAKE_TORCH_TUNED_SPEEDUP) and the figures say standIn: never a gain.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from . import caches as cc
+from .config import Shape, TuningConfig
+from .gain import Figure, Gain, Measurement
+from .gpu import TunerError
+from .output import RESULTS_NAME
+from .record import run_workload
+
+Log = Callable[[str], None]
+# TunableOp's own variables win over its Python API: the GEMM child runs without them.
+_TUNABLEOP_PREFIX = "PYTORCH_TUNABLEOP_"
+CHILD_PASS_SECONDS = 0.2  # a pass of the GEMM child times at least this long
+# The stand-in torch's timing knob (tests/unit/data/fake_torch): without it there is no timing.
+STAND_IN_KNOB = "FAKE_TORCH_GEMM_SLEEP"
+
+
+def _log(msg: str) -> None:
+    print(f"tuner_job: {msg}", file=sys.stderr, flush=True)
+
+
+def is_stand_in(torch_version: str) -> bool:
+    return "standin" in torch_version
+
+
+def measure(
+    cfg: TuningConfig,
+    out: Path,
+    packed: Sequence[cc.Packed],
+    torch_version: str,
+    log: Log = _log,
+) -> Gain | None:
+    """The artifact's figures, within spec.promotion's budget; None when not asked for."""
+    p = cfg.promotion
+    if not p.measure:
+        return None
+    stand_in = is_stand_in(torch_version)
+    results = out / RESULTS_NAME if cfg.tunableop else None
+    if results is not None and not results.is_file():
+        results = None
+    if stand_in and not os.environ.get(STAND_IN_KNOB):
+        # It computes nothing: both arms would time Python overhead, not kernels.
+        return Gain(
+            (), True, p.mode, f"the stand-in torch computes nothing ({STAND_IN_KNOB} unset)"
+        )
+    if p.budget_seconds <= 0:
+        return Gain((), stand_in, p.mode, "no time left to measure before the Job's deadline")
+    deadline = time.monotonic() + p.budget_seconds
+    figures: list[Figure] = []
+    notes: list[str] = []
+    work = Path(tempfile.mkdtemp(prefix="tunefleet-measure-"))
+    try:
+        if results is not None and cfg.shapes:
+            share = p.budget_seconds / 2 if cfg.command else p.budget_seconds
+            got = _gemms(cfg, results, work, min(share, deadline - time.monotonic()), log)
+            figures += [got] if isinstance(got, Figure) else []
+            notes += [got] if isinstance(got, str) else []
+        if cfg.command:
+            left = deadline - time.monotonic()
+            got = _workload(cfg, results, packed, out, work, left, log)
+            figures += [got] if isinstance(got, Figure) else []
+            notes += [got] if isinstance(got, str) else []
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    gain = Gain(tuple(figures), stand_in, p.mode, "; ".join(notes))
+    for f in figures:
+        log(f"measured {f.describe()}" + (" [stand-in timings]" if stand_in else ""))
+    return gain
+
+
+# --- the workload, start to exit ----------------------------------------------------------------
+
+
+def _results_env(results: Path, gpus: int, where: Path) -> dict[str, str]:
+    """TunableOp on, tuning off, the results copied once per device ordinal."""
+    where.mkdir(parents=True, exist_ok=True)
+    for i in range(max(gpus, 1)):
+        shutil.copyfile(results, where / f"tunableop_results{i}.csv")
+    return {
+        "PYTORCH_TUNABLEOP_ENABLED": "1",
+        "PYTORCH_TUNABLEOP_TUNING": "0",
+        "PYTORCH_TUNABLEOP_RECORD_UNTUNED": "0",
+        "PYTORCH_TUNABLEOP_FILENAME": str(where / "tunableop_results%d.csv"),
+    }
+
+
+class _Arms:
+    """Fresh directories for every run: a run never warms the next."""
+
+    def __init__(
+        self, cfg: TuningConfig, results: Path | None, packed: Sequence[cc.Packed], out: Path
+    ) -> None:
+        self.cfg, self.results, self.packed, self.out = cfg, results, packed, out
+        self.runs = 0
+
+    def env(self, work: Path, tuned: bool) -> dict[str, str]:
+        self.runs += 1
+        root = work / f"run{self.runs}"
+        env: dict[str, str] = {}
+        if self.results is not None:
+            if tuned:
+                env.update(_results_env(self.results, self.cfg.gpus, root / "results"))
+            else:
+                env["PYTORCH_TUNABLEOP_ENABLED"] = "0"
+        caches = root / "caches"
+        env.update(cc.prepare(self.cfg.caches, caches))
+        if tuned:
+            for entry in self.packed:
+                spec = next(s for s in self.cfg.caches if s.name == entry.name)
+                target = caches / spec.name
+                shutil.rmtree(target, ignore_errors=True)
+                cc.unpack((self.out / entry.payload).read_bytes(), target, source=entry.payload)
+        return env
+
+
+def _workload(
+    cfg: TuningConfig,
+    results: Path | None,
+    packed: Sequence[cc.Packed],
+    out: Path,
+    work: Path,
+    budget_s: float,
+    log: Log,
+) -> Figure | str:
+    if results is None and not packed:
+        return "workload: nothing to load"
+    arms = _Arms(cfg, results, packed, out)
+
+    def timed(tuned: bool) -> Callable[[], float]:
+        def run() -> float:
+            env = arms.env(work, tuned)
+            started = time.monotonic()
+            try:
+                run_workload(cfg.workload_argv, env, max(budget_s, 1.0), log=lambda m: None)
+            finally:
+                shutil.rmtree(work / f"run{arms.runs}", ignore_errors=True)
+            return time.monotonic() - started
+
+        return run
+
+    log(f"measuring the workload with and without the artifact (budget {budget_s:.0f}s)")
+    try:
+        figure = Measurement("workload", timed(False), timed(True), budget_s).run()
+    except (TunerError, cc.CacheError, OSError) as exc:
+        return f"workload not measured: {exc}"
+    return figure if figure is not None else "workload: the budget ended before one pair ran"
+
+
+# --- the GEMMs, in a child with torch --------------------------------------------------------
+
+
+def _gemms(cfg: TuningConfig, results: Path, work: Path, budget_s: float, log: Log) -> Figure | str:
+    spec = work / "gemms.json"
+    spec.write_text(
+        json.dumps(
+            {
+                "results": str(results),
+                "mode": cfg.promotion.mode,
+                "budgetSeconds": budget_s,
+                "shapes": [asdict(s) for s in cfg.shapes],
+            }
+        ),
+        encoding="utf-8",
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_TUNABLEOP_PREFIX)}
+    package = str(Path(__file__).resolve().parent)
+    argv = [sys.executable, package, "_measure-gemms", "--spec", str(spec)]
+    log(f"measuring {len(cfg.shapes)} GEMM shape(s), TunableOp off and on ({cfg.promotion.mode})")
+    try:
+        proc = subprocess.run(
+            argv, env=env, capture_output=True, text=True, timeout=max(budget_s, 1.0) + 60
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"gemms not measured: {exc}"
+    if proc.returncode != 0:
+        tail = (proc.stderr or "").strip().splitlines()[-1:] or ["no output"]
+        return f"gemms not measured: exit {proc.returncode}: {tail[0][:200]}"
+    try:
+        doc = json.loads(proc.stdout.strip().splitlines()[-1])
+        figure = Figure.from_dict(doc.get("figure"))
+    except (ValueError, IndexError, AttributeError):
+        return "gemms not measured: the child's report is not JSON"
+    note = doc.get("note") if isinstance(doc.get("note"), str) else ""
+    if note:
+        log(f"gemms: {note}")
+    return figure if figure is not None else f"gemms not measured: {note or 'no pair fit'}"
+
+
+def child_main(spec_path: str) -> int:
+    """The GEMM child: one JSON line {"figure": ..., "note": ...} on stdout."""
+    doc = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    import torch  # the user's image's torch; this child is where it is imported
+
+    shapes = [Shape(**s) for s in doc["shapes"]]
+    bench = _GemmBench(torch, shapes, str(doc["results"]), str(doc["mode"]))
+    figure = Measurement("gemms", bench.baseline, bench.tuned, float(doc["budgetSeconds"])).run()
+    print(json.dumps({"figure": figure.to_dict() if figure else None, "note": bench.note}))
+    return 0
+
+
+class _GemmBench:
+    """Both arms over the same operands, TunableOp toggled by its API between passes."""
+
+    def __init__(self, torch: Any, shapes: Sequence[Shape], results: str, mode: str) -> None:
+        self.torch = torch
+        self.tunable = torch.cuda.tunable
+        self.note = ""
+        self.ops = [op for op in map(self._op, shapes) if op is not None]
+        if len(self.ops) < len(shapes):
+            self.note = "float8 shapes are not timed"
+        if not self.ops:
+            raise TunerError("no shape to time")
+        self.tunable.tuning_enable(False)
+        self.tunable.record_untuned_enable(False)
+        self.tunable.enable(True)
+        self.tunable.set_filename(results, False)
+        if not self.tunable.read_file(results):
+            raise TunerError(f"torch did not load {results}: validators differ from this torch")
+        self.graphs = mode == "CUDAGraphs" and self._capture()
+        self.repeat = self._calibrate()
+
+    def _op(self, s: Shape) -> Callable[[], Any] | None:
+        """What record.py runs for the shape, over operands made once."""
+        from .record import _canonical, _operands
+
+        torch = self.torch
+        if s.dtype.startswith("float8"):
+            return None
+        dtype = getattr(torch, _canonical(s.dtype))
+        a, b = _operands(torch, s, dtype, "cuda")
+        matmul = torch.backends.cuda.matmul
+        if s.batch > 1:
+            return lambda: torch.bmm(a, b)
+        if s.bias:
+            bias = torch.rand(s.n, dtype=dtype, device="cuda")
+            return lambda: torch.addmm(bias, a, b)
+
+        def mm() -> Any:
+            matmul.allow_tf32 = s.tf32  # TunableOp names a TF32 GEMM apart ("tf32")
+            return torch.mm(a, b)
+
+        return mm
+
+    def _capture(self) -> bool:
+        graph = getattr(self.torch.cuda, "CUDAGraph", None)
+        if graph is None:
+            self.note = "this torch has no CUDA graphs: GEMMs timed eagerly"
+            return False
+        self.captured = {}
+        for on in (False, True):
+            self.tunable.enable(on)
+            for op in self.ops:
+                op()  # warm: TunableOp looks the result up before capture
+            self.torch.cuda.synchronize()
+            g = graph()
+            with self.torch.cuda.graph(g):
+                for op in self.ops:
+                    op()
+            self.captured[on] = g
+        return True
+
+    def _pass(self, on: bool, repeat: int) -> float:
+        self.tunable.enable(on)
+        self.torch.cuda.synchronize()
+        started = time.perf_counter()
+        for _ in range(repeat):
+            if self.graphs:
+                self.captured[on].replay()
+            else:
+                for op in self.ops:
+                    op()
+        self.torch.cuda.synchronize()
+        return time.perf_counter() - started
+
+    def _calibrate(self) -> int:
+        """Passes long enough to time: as many repetitions as fill CHILD_PASS_SECONDS."""
+        self._pass(False, 1)
+        self._pass(True, 1)
+        one = max(self._pass(False, 1), 1e-6)
+        return max(1, min(10000, int(CHILD_PASS_SECONDS / one)))
+
+    def baseline(self) -> float:
+        return self._pass(False, self.repeat)
+
+    def tuned(self) -> float:
+        return self._pass(True, self.repeat)
