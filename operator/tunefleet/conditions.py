@@ -37,12 +37,16 @@ class Phase(StrEnum):
     READY = "Ready"  # every GPU model has an artifact that pods get
     DEGRADED = "Degraded"  # Ready, but model pods run untuned for a cause of ours
     FAILED = "Failed"  # a tuning Job of the current revision failed
+    # The newest artifact of a model failed the promotion gate: the previous one, if any, serves.
+    REJECTED = "Rejected"
     INVALID = "Invalid"  # the spec can't be tuned as written
 
 
 class Reason(StrEnum):
     # Ready
     ARTIFACTS_PUBLISHED = "ArtifactsPublished"  # every model has an artifact
+    # A model's newest artifact failed spec.promotion's gate: kept in history, not served.
+    PROMOTION_REJECTED = "PromotionRejected"
     TUNING = "Tuning"  # waiting for the Jobs to publish
     # Progressing
     TUNING_JOBS_RUNNING = "TuningJobsRunning"

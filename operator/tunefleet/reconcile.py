@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tunefleet import decide, delivery, kube, metrics, naming, policy, views
+from tunefleet import decide, delivery, kube, metrics, naming, policy, promotion, views
 from tunefleet.announce import announce
 from tunefleet.api import TuningProfileSpec
 from tunefleet.artifacts.fetch import FetchError
@@ -35,6 +35,7 @@ from tunefleet.cache import Untrusted
 from tunefleet.capture import step as capture_step
 from tunefleet.conditions import EventReason, Reason, Type, find, truncate
 from tunefleet.config import Config
+from tunefleet.contracts import pin
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.diagnose import Hints
 from tunefleet.memory import NODES_TTL, QUEUED_TTL, Memory, ProfileMemory
@@ -210,13 +211,30 @@ class _Sync:
                 out[record.gpu_model] = record
         return out
 
+    @property
+    def rejected(self) -> set[str]:
+        """Models whose artifact of their current revision the gate refused (status.history):
+        tuned, not to be tuned again (a changed spec or a retune makes a new revision)."""
+        out = set()
+        for entry in (self.profile.get("status") or {}).get("history") or []:
+            record = ArtifactRecord.from_status(entry)
+            if (
+                record is not None
+                and self.spec is not None
+                and record.verdict == promotion.REJECTED
+                and record.revision == self.rev(record.gpu_model)
+            ):
+                out.add(record.gpu_model)
+        return out
+
 
 def _create_missing(s: _Sync) -> None:
     """A ConfigMap and a Job for every model of the current revision that has neither a Job
     nor an artifact of this revision already (a finished Job removed after its record was
     served is not made again: deleting a failed Job is how to retry)."""
     assert s.spec is not None
-    todo = decide.models_to_tune(s.spec.gpu.models, s.rev, s.jobs, s.served, s.too_few)
+    done = [*s.served, *s.rejected]
+    todo = decide.models_to_tune(s.spec.gpu.models, s.rev, s.jobs, done, s.too_few)
     for model in todo:
         child = s.child(model)
         try:
@@ -500,6 +518,7 @@ def _status(s: _Sync, observations: list[JobObservation]) -> dict[str, Any]:
             revisions=s.capture.revisions,
             capture=s.capture.entries,
             coverage=s.capture.coverage,
+            pins=pin.read(s.meta.get("annotations")),
         ),
         now(),
     )

@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tunefleet import naming
+from tunefleet import naming, promotion
 from tunefleet.api import TuningProfileSpec
 from tunefleet.artifacts import kinds
 from tunefleet.conditions import Phase, Reason, Type, condition
 from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.contracts.pin import Pin
 from tunefleet.observe import JobObservation
 from tunefleet.served import Untuned
 
@@ -42,6 +43,8 @@ class Observed:
     revisions: dict[str, str] = field(default_factory=dict)
     capture: list[dict[str, Any]] | None = None
     coverage: str = ""
+    # The profile's pins (contracts/pin.py), by GPU model.
+    pins: dict[str, Pin] = field(default_factory=dict)
 
 
 @dataclass
@@ -57,6 +60,9 @@ class _Picture:
     artifacts: dict[str, ArtifactRecord]
     now: str
     revs: dict[str, str] = field(default_factory=dict)
+    # Models whose newest artifact of their revision the gate refused, and pins not honoured.
+    rejected: dict[str, ArtifactRecord] = field(default_factory=dict)
+    pin_problems: dict[str, str] = field(default_factory=dict)
 
     def rev_of(self, model: str) -> str:
         return self.revs.get(model, self.rev)
@@ -139,9 +145,9 @@ def _invalid(obs: Observed, now: str) -> dict[str, Any]:
 
 
 def _artifacts(p: _Picture) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(artifacts, history): a fresh record of this revision replaces what status served,
-    which goes to history (newest first, bounded), as do artifacts of models dropped from the
-    spec. What status holds is carried over as it is; p.artifacts gets the records."""
+    """(artifacts, history): per model, what promotion.py chooses among the Job's fresh record,
+    what status served and what history keeps (the gate, pins); artifacts of models dropped
+    from the spec go to history. p.artifacts gets the served records, p.rejected the refused."""
     previous: dict[str, tuple[ArtifactRecord, dict[str, Any]]] = {}
     for entry in p.obs.previous.get("artifacts") or []:
         record = ArtifactRecord.from_status(entry)
@@ -151,27 +157,27 @@ def _artifacts(p: _Picture) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]
     served: dict[str, dict[str, Any]] = {}
     for model in p.models:
         job = p.current.get(model)
-        old = previous.get(model)
+        fresh = None
         if job is not None and job.state == "Succeeded" and job.record is not None:
             fresh = job.record.for_job(
                 gpu_model=model, revision=job.revision, job=job.name, image_id=job.image_id
             )
-            if old and (old[0].sha256, old[0].uri) != (fresh.sha256, fresh.uri):
-                history.insert(0, old[1])
-            elif old:
-                # The same artifact: it stays delivered as status says (its ConfigMap's name
-                # and uid), or every reconcile while the Job is kept would read it from the
-                # store again, and a ConfigMap replaced since would be taken up by its new uid.
-                was = old[0]
-                fresh = replace(
-                    fresh,
-                    config_map=was.config_map,
-                    config_map_uid=was.config_map_uid,
-                    delivery=was.delivery,
-                )
-            p.artifacts[model], served[model] = fresh, fresh.to_status()
-        elif old:
-            p.artifacts[model], served[model] = old
+        choice = promotion.choose(
+            model,
+            fresh,
+            previous.get(model),
+            history,
+            p.obs.pins.get(model),
+            (p.rev_of(model), p.rev),
+            p.spec.promotion.min_gain,
+        )
+        history = choice.history
+        if choice.served is not None:
+            p.artifacts[model], served[model] = choice.served
+        if choice.rejected is not None:
+            p.rejected[model] = choice.rejected
+        if choice.pin_problem:
+            p.pin_problems[model] = choice.pin_problem
     for model, (_, entry) in previous.items():
         if model not in p.models:
             history.insert(0, entry)  # a model dropped from the spec: kept for the record
@@ -240,6 +246,7 @@ def _served_message(p: _Picture) -> str:
             msg += f" {words}: {_joined(p.blocked)}"
     else:
         msg = f"{n} of {n} GPU models have an artifact."
+    msg += _promotion_words(p)
     for m in p.models:
         art = p.artifacts[m]
         if art.default_only:
@@ -250,11 +257,47 @@ def _served_message(p: _Picture) -> str:
     return msg
 
 
+def _promotion_words(p: _Picture) -> str:
+    """What the gate refused (which figure, by how much), pins, and pins not honoured."""
+    words = ""
+    for m, art in p.rejected.items():
+        now = p.artifacts.get(m)
+        if now is not None and now.sha256 == art.sha256:
+            words += (
+                f" {m}: the artifact served, {art.sha256[:12]}, fails the promotion gate now: "
+                f"{art.verdict_message}; it keeps serving, nothing else passes."
+            )
+            continue
+        keeps = f"{now.sha256[:12]} keeps serving" if now else "nothing earlier to serve"
+        words += (
+            f" {m}: the newest artifact {art.sha256[:12]} failed the promotion gate: "
+            f"{art.verdict_message}; it is kept in status.history, {keeps}."
+        )
+    for m in p.models:
+        now = p.artifacts.get(m)
+        if now is not None and now.pinned_reason:
+            words += (
+                f" {m}: {now.sha256[:12]} is pinned ({now.pinned_reason}); `kubectl tunefleet "
+                "unpin` returns to the newest artifact that passed the gate."
+            )
+        if m in p.pin_problems:
+            words += f" {m}: {p.pin_problems[m]}."
+    return words
+
+
 def _ready_condition(p: _Picture) -> dict[str, Any]:
     obs = p.obs
     if len(p.served) == len(p.models):
-        return p.cond(Type.READY, True, Reason.ARTIFACTS_PUBLISHED, _served_message(p))
+        reason = Reason.PROMOTION_REJECTED if p.rejected else Reason.ARTIFACTS_PUBLISHED
+        return p.cond(Type.READY, True, reason, _served_message(p))
     missing = f"No artifact for {p.unserved}"
+    refused = [m for m in p.models if m in p.rejected and m not in p.artifacts]
+    if refused:
+        message = (
+            f"{missing}.{_promotion_words(p)} Lower spec.promotion.minGain, or retune "
+            "(a changed spec, or `kubectl tunefleet retune`)."
+        )
+        return p.cond(Type.READY, False, Reason.PROMOTION_REJECTED, message)
     if obs.capacity:
         return p.cond(
             Type.READY, False, Reason.PARALLELISM_TOO_HIGH, f"{missing}: {_capacity(obs)}"
@@ -278,6 +321,8 @@ def _ready_condition(p: _Picture) -> dict[str, Any]:
 def _phase(p: _Picture) -> Phase:
     if p.failed:
         return Phase.FAILED
+    if p.rejected:
+        return Phase.REJECTED
     if len(p.up_to_date) == len(p.models):
         return Phase.READY
     running = any(p.current.get(m) and p.current[m].state == "Running" for m in p.models)
@@ -354,7 +399,24 @@ def _summary(artifacts: list[ArtifactRecord], models: list[str]) -> dict[str, An
     tuned = [a.tuned_at for a in current if a.tuned_at]
     if tuned:
         out["lastTunedAt"] = max(tuned)
+    gain = gain_column(current)
+    if gain:
+        out["gain"] = gain
     return out
+
+
+def gain_column(current: list[ArtifactRecord]) -> str:
+    """The GAIN printer column: each served artifact's headline figure (the workload's, else the
+    GEMMs'), "stand-in" where the timings are the stand-in torch's; "" when none is measured."""
+    shown = []
+    for a in current:
+        f = a.gain.headline() if a.gain is not None else None
+        if f is None:
+            continue
+        text = f"{f.speedup:.2f}x" + (" stand-in" if a.gain and a.gain.stand_in else "")
+        text += " pinned" if a.pinned_reason else ""
+        shown.append(text if len(current) == 1 else f"{a.gpu_model} {text}")
+    return ", ".join(shown)
 
 
 def compute_status(obs: Observed, now: str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from tunefleet.contracts.fetch import UNTUNED as FETCH_UNTUNED
 from tunefleet.plugin.why import FIXES
 from tuner_job import caches as cc
 from tuner_job import exchange as ex
+from tuner_job.gain import Gain, paired
 
 ROOT = Path(__file__).resolve().parents[2]
 SHA = "ab" * 32
@@ -62,6 +63,11 @@ def full_record() -> ArtifactRecord:
         caches_skipped=(cc.Skipped("vllm", "vllm", "empty: the workload wrote nothing"),),
         bundle="sha256:" + "ef" * 32,
         signed=True,
+        gain=Gain((paired("workload", [2.0] * 5, [1.0] * 5),), stand_in=True, note="n"),
+        verdict="Pinned",
+        verdict_message="pinned (bad day); the gate said: passed",
+        pinned_reason="bad day",
+        pinned_at="2026-12-02T10:00:00Z",
     )
 
 
@@ -75,8 +81,18 @@ def test_every_artifact_field_the_crd_declares_survives_message_and_status() -> 
     read = read.for_job(gpu_model="M", revision=record.revision, job=record.job, image_id="")
     # What only the operator adds, after the fact: the ConfigMap it delivered the artifact in.
     assert read.config_map == "" and "configMap" not in json.loads(record.to_message())
+    # ... and the gate's verdict and the pin (promotion.py): the pod's message has neither.
+    assert read.verdict == "" and "promotion" not in json.loads(record.to_message())
+    assert read.gain == record.gain  # the figures come from the pod
     read = replace(
-        read, config_map=record.config_map, config_map_uid="cm-uid-1", delivery="ConfigMap"
+        read,
+        config_map=record.config_map,
+        config_map_uid="cm-uid-1",
+        delivery="ConfigMap",
+        verdict=record.verdict,
+        verdict_message=record.verdict_message,
+        pinned_reason=record.pinned_reason,
+        pinned_at=record.pinned_at,
     )
     status = read.to_status()
     assert set(status) == set(declared)  # libraryKey included: it was never written before

@@ -243,6 +243,15 @@ class ServingSpec(_Model):
     pin_image: bool = False
 
 
+class PromotionSpec(_Model):
+    """The gate before an artifact is served (tuner_job/gain.py judges; status.py applies)."""
+
+    measure: bool = True
+    min_gain: float = Field(default=0.0, ge=0, le=10)
+    serving_mode: Literal["Eager", "CUDAGraphs"] = "Eager"
+    budget_seconds: int = Field(default=600, ge=10, le=86400)
+
+
 class RetuneSpec(_Model):
     misses: int | None = Field(default=None, ge=1, le=100000)
     coverage: int | None = Field(default=None, ge=1, le=100)
@@ -315,6 +324,7 @@ class TuningProfileSpec(_Model):
     tuning: TuningLimits = TuningLimits()
     storage: StorageSpec
     serving: ServingSpec = ServingSpec()
+    promotion: PromotionSpec = PromotionSpec()
     capture: CaptureSpec = CaptureSpec()
     template: PodTemplate | None = None
     artifacts: ArtifactsSpec = ArtifactsSpec()
@@ -388,6 +398,35 @@ class BundleRef(_Model):
     volume: str | None = None
 
 
+class GainFigure(_Model):
+    name: str | None = None
+    baseline_seconds: float | None = None
+    tuned_seconds: float | None = None
+    speedup: float | None = None
+    low: float | None = None
+    high: float | None = None
+    repetitions: int | None = None
+
+
+class GainStatus(_Model):
+    """tuner_job/gain.py's Gain as status shows it (that module reads and writes it)."""
+
+    mode: str | None = None
+    stand_in: bool | None = None
+    note: str | None = None
+    figures: list[GainFigure] | None = None
+
+
+class PromotionVerdict(_Model):
+    verdict: str | None = None
+    message: str | None = None
+
+
+class PinnedRef(_Model):
+    reason: str | None = None
+    at: str | None = None
+
+
 class Artifact(_Model):
     gpu_model: str
     uri: str
@@ -415,6 +454,9 @@ class Artifact(_Model):
     caches: list[CacheEntry] | None = None
     caches_skipped: list[CacheSkipped] | None = None
     bundle: BundleRef | None = None
+    gain: GainStatus | None = None
+    promotion: PromotionVerdict | None = None
+    pinned: PinnedRef | None = None
 
 
 class CaptureRetune(_Model):

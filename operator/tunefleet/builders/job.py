@@ -152,6 +152,25 @@ def tuning_config(
         "exchange": {"dir": EXCHANGE_DIR, "waitSeconds": EXCHANGE_WAIT_SECONDS},
         "workload": workload,
         "tuning": spec.tuning.model_dump(by_alias=True, exclude=set(naming.TUNING_NOT_SHAPING)),
+        "promotion": promotion_config(spec),
+    }
+
+
+# What the Job keeps for itself after the tuner's budget: publishing, and the measuring's end.
+MEASURE_MARGIN_SECONDS = 120
+
+
+def promotion_config(spec: TuningProfileSpec) -> dict[str, Any]:
+    """The tuner's measuring (tuner_job/config.py): spec.promotion, its budget cut to what the
+    Job's activeDeadlineSeconds leaves after the tuning budget, so measuring never gets the
+    Job killed. A sharded Job's pods each hold a share: the merge Job measures nothing."""
+    p, t = spec.promotion, spec.tuning
+    room = t.active_deadline_seconds - t.budget_seconds - MEASURE_MARGIN_SECONDS
+    measure = p.measure and spec.gpu.parallelism == 1
+    return {
+        "measure": measure,
+        "servingMode": p.serving_mode,
+        "budgetSeconds": max(0, min(p.budget_seconds, room)),
     }
 
 

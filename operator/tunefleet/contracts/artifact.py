@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from tuner_job import caches as cc
+from tuner_job.gain import Gain
 from tuner_job.manifest import DEFAULT_KIND, Manifest
 
 MESSAGE_LIMIT = 4096  # bytes the kubelet keeps of a termination message
@@ -89,6 +90,14 @@ class ArtifactRecord:
     bundle: str = ""
     signed: bool = False
     volume: str = ""  # the volume image's digest (what an image volume mounts)
+    # What it buys, measured in its tuning Job (tuner_job/gain.py); None: not measured.
+    gain: Gain | None = None
+    # Known to the operator: the gate's verdict (status.py, promotion.py) and why, and the pin
+    # it is served under (contracts/pin.py), "" when none.
+    verdict: str = ""
+    verdict_message: str = ""
+    pinned_reason: str = ""
+    pinned_at: str = ""
 
     # --- the pod's side -------------------------------------------------------------------
 
@@ -142,6 +151,7 @@ class ArtifactRecord:
             bundle=bundle,
             signed=signed and bool(bundle),
             volume=volume if bundle else "",
+            gain=m.gain,
         )
 
     def to_message(self, limit: int = MESSAGE_LIMIT) -> str:
@@ -231,6 +241,7 @@ class ArtifactRecord:
             caches=_caches(doc),
             caches_skipped=_skipped(doc),
             **_bundle(doc),
+            **_promotion(doc),
         )
 
     def _doc(self, *, with_job: bool) -> dict[str, Any]:
@@ -272,6 +283,12 @@ class ArtifactRecord:
             doc["bundle"] = {"digest": self.bundle, "signed": self.signed}
             if self.volume:
                 doc["bundle"]["volume"] = self.volume
+        if self.gain is not None:
+            doc["gain"] = self.gain.to_dict()
+        if with_job and self.verdict:
+            doc["promotion"] = {"verdict": self.verdict, "message": self.verdict_message}
+        if with_job and self.pinned_reason:
+            doc["pinned"] = {"reason": self.pinned_reason, "at": self.pinned_at}
         return doc
 
     @property
@@ -342,6 +359,20 @@ def _bundle(doc: dict[str, Any]) -> dict[str, Any]:
     return {"bundle": digest, "signed": raw.get("signed") is True, "volume": volume if ok else ""}
 
 
+def _promotion(doc: dict[str, Any]) -> dict[str, Any]:
+    """gain, promotion and pinned as status has them; what is malformed is dropped. The verdict
+    is shown, never trusted: status.py judges the figures again each time."""
+    promotion = doc.get("promotion") if isinstance(doc.get("promotion"), dict) else {}
+    pinned = doc.get("pinned") if isinstance(doc.get("pinned"), dict) else {}
+    return {
+        "gain": Gain.from_dict(doc.get("gain")),
+        "verdict": _text((promotion or {}).get("verdict"), 40),
+        "verdict_message": _text((promotion or {}).get("message"), 1000),
+        "pinned_reason": _text((pinned or {}).get("reason"), 300),
+        "pinned_at": _text((pinned or {}).get("at"), 40),
+    }
+
+
 def _skipped(doc: dict[str, Any]) -> tuple[cc.Skipped, ...]:
     raw = doc.get("cachesSkipped")
     if not isinstance(raw, list):
@@ -359,9 +390,9 @@ def status_fields() -> set[str]:
         "uri", "sha256", "gpuModel", "job", "revision", "gemms", "tunedAt", "tuningSeconds",
         "manifestSha256", "identity", "libraryKey", "librarySkipped", "librarySkippedReason",
         "outcomes", "image", "configMap", "delivery", "kind", "caches", "cachesSkipped",
-        "bundle", *_COUNTS,
+        "bundle", "gain", "promotion", "pinned", *_COUNTS,
     }  # fmt: skip
-    assert len(fields(ArtifactRecord)) == 26  # a new field must be named above too
+    assert len(fields(ArtifactRecord)) == 31  # a new field must be named above too
     return names
 
 

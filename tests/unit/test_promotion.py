@@ -1,0 +1,174 @@
+"""The promotion gate and pins, through compute_status (status.py, promotion.py): a loss is
+never served and the previous artifact keeps serving; Ready says which figure failed and by how
+much; a pin serves an earlier artifact of the same revision; unpin returns to the newest that
+passed; the verdict in status is shown, never trusted."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tunefleet import naming
+from tunefleet.api import TuningProfileSpec
+from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.contracts.pin import Pin
+from tunefleet.observe import JobObservation
+from tunefleet.status import Observed, compute_status
+from tuner_job.gain import Gain, paired
+
+MODEL = "AMD_Instinct_MI300X_OAM"
+BASE: dict[str, Any] = {
+    "image": "img:1",
+    "gpu": {"vendor": "amd", "models": [MODEL]},
+    "workload": {"shapes": [{"mnk": [8, 8, 8]}]},
+    "storage": {"uri": "s3://bkt/p"},
+}
+SPEC = TuningProfileSpec.model_validate(BASE)
+REV = naming.revision(SPEC)
+SPEC2 = TuningProfileSpec.model_validate({**BASE, "image": "img:2"})
+REV2 = naming.revision(SPEC2)
+GOOD = Gain((paired("workload", [2.0] * 5, [1.0] * 5),))
+BAD = Gain((paired("workload", [1.0] * 5, [1.25] * 5),))
+
+
+def job(name: str, sha: str, rev: str, gain: Gain | None, tuned_at: str) -> JobObservation:
+    doc: dict[str, Any] = {
+        "uri": f"s3://bkt/p/ns/x/m/{sha}",
+        "sha256": sha,
+        "gemms": 3,
+        "tunedAt": tuned_at,
+    }
+    if gain is not None:
+        doc["gain"] = gain.to_dict()
+    record = ArtifactRecord.from_message(json.dumps(doc))
+    return JobObservation(name, MODEL, rev, "Succeeded", record=record)
+
+
+def status(
+    spec: TuningProfileSpec, jobs: list[JobObservation], previous: dict[str, Any], **kw: Any
+) -> dict[str, Any]:
+    return compute_status(Observed(1, spec, jobs=jobs, previous=previous, **kw), "now")
+
+
+def ready(st: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in st["conditions"] if c["type"] == "Ready")
+
+
+def test_a_measured_gain_is_served_with_its_verdict_and_gain_column() -> None:
+    st = status(SPEC, [job("j1", "a" * 64, REV, GOOD, "2026-12-01T10:00:00Z")], {})
+    (art,) = st["artifacts"]
+    assert art["sha256"] == "a" * 64 and art["promotion"]["verdict"] == "Passed"
+    assert art["gain"]["figures"][0]["speedup"] == 2.0
+    assert st["phase"] == "Ready" and st["gain"] == "2.00x"
+
+
+def test_a_loss_is_kept_for_the_record_never_served_and_the_previous_one_keeps_serving() -> None:
+    first = status(SPEC, [job("j1", "a" * 64, REV, GOOD, "2026-12-01T10:00:00Z")], {})
+    jobs = [job("j2", "b" * 64, REV2, BAD, "2026-12-02T10:00:00Z")]
+    st = status(SPEC2, jobs, first)
+    assert [a["sha256"] for a in st["artifacts"]] == ["a" * 64]
+    (rejected,) = st["history"]
+    assert rejected["sha256"] == "b" * 64 and rejected["promotion"]["verdict"] == "Rejected"
+    r = ready(st)
+    assert r["status"] == "True" and r["reason"] == "PromotionRejected"
+    assert "workload 0.80x" in r["message"] and "20.0% below" in r["message"]
+    assert "aaaaaaaaaaaa keeps serving" in r["message"]
+    assert st["phase"] == "Rejected"
+    # Level-based: computing again from what was written changes nothing, adds nothing.
+    again = status(SPEC2, jobs, st)
+    assert again["artifacts"] == st["artifacts"] and again["history"] == st["history"]
+
+
+def test_a_loss_with_nothing_before_it_leaves_the_model_unserved_and_says_what_to_do() -> None:
+    st = status(SPEC, [job("j1", "b" * 64, REV, BAD, "2026-12-02T10:00:00Z")], {})
+    assert st["artifacts"] == []
+    r = ready(st)
+    assert r["status"] == "False" and r["reason"] == "PromotionRejected"
+    assert "nothing earlier to serve" in r["message"] and "spec.promotion.minGain" in r["message"]
+
+
+def test_a_raised_min_gain_rejudges_and_noise_alone_never_rejects() -> None:
+    flat = Gain((paired("workload", [1.0, 1.02, 0.99, 1.0, 1.01], [1.0, 1.0, 1.01, 0.99, 1.0]),))
+    st = status(SPEC, [job("j1", "a" * 64, REV, flat, "t1")], {})
+    assert st["artifacts"] and st["artifacts"][0]["promotion"]["verdict"] == "Passed"
+    strict = TuningProfileSpec.model_validate({**BASE, "promotion": {"minGain": 0.5}})
+    assert naming.revision(strict) == REV  # the gate retunes nothing
+    st2 = status(strict, [job("j1", "a" * 64, REV, flat, "t1")], st)
+    # Nothing else passes: what serves keeps serving, and says it fails the gate now.
+    (art,) = st2["artifacts"]
+    assert art["promotion"]["verdict"] == "Rejected" and st2["phase"] == "Rejected"
+    assert "fails the promotion gate now" in ready(st2)["message"]
+
+
+def _two_of_one_revision() -> dict[str, Any]:
+    """A then B, both of REV and both passing: B serves, A is in history."""
+    a = status(SPEC, [job("j1", "a" * 64, REV, GOOD, "2026-12-01T10:00:00Z")], {})
+    return status(SPEC, [job("j2", "b" * 64, REV, GOOD, "2026-12-02T10:00:00Z")], a)
+
+
+def test_a_pin_serves_an_earlier_artifact_of_the_revision_and_unpin_returns_to_the_newest() -> None:
+    st = _two_of_one_revision()
+    assert st["artifacts"][0]["sha256"] == "b" * 64
+    pins = {MODEL: Pin(MODEL, "a" * 64, "b regressed p99", "2026-12-03T10:00:00Z")}
+    pinned = status(SPEC, [], st, pins=pins)
+    (art,) = pinned["artifacts"]
+    assert art["sha256"] == "a" * 64 and art["pinned"]["reason"] == "b regressed p99"
+    assert art["promotion"]["verdict"] == "Pinned"
+    assert [h["sha256"] for h in pinned["history"]] == ["b" * 64]
+    assert "is pinned (b regressed p99)" in ready(pinned)["message"]
+    assert pinned["gain"] == "2.00x pinned"
+    # While the Job that made B is still there, the pin holds.
+    held = status(SPEC, [job("j2", "b" * 64, REV, GOOD, "2026-12-02T10:00:00Z")], pinned, pins=pins)
+    assert held["artifacts"][0]["sha256"] == "a" * 64
+    back = status(SPEC, [], held)
+    assert back["artifacts"][0]["sha256"] == "b" * 64 and "pinned" not in back["artifacts"][0]
+    assert [h["sha256"] for h in back["history"]] == ["a" * 64]
+
+
+def test_a_pin_of_another_revision_or_an_unknown_artifact_is_ignored_and_said() -> None:
+    first = status(SPEC, [job("j1", "a" * 64, REV, GOOD, "t1")], {})
+    st = status(SPEC2, [job("j2", "b" * 64, REV2, GOOD, "t2")], first)
+    other = status(SPEC2, [], st, pins={MODEL: Pin(MODEL, "a" * 64, "x")})
+    assert other["artifacts"][0]["sha256"] == "b" * 64
+    assert f"tuned for revision {REV}" in ready(other)["message"]
+    unknown = status(SPEC2, [], st, pins={MODEL: Pin(MODEL, "c" * 64, "x")})
+    assert unknown["artifacts"][0]["sha256"] == "b" * 64
+    assert "no artifact of this model has it" in ready(unknown)["message"]
+
+
+def test_a_forged_verdict_in_status_is_not_trusted() -> None:
+    st = _two_of_one_revision()
+    # Someone writes "Passed" over a history entry whose figures show a loss, and newer.
+    forged = json.loads(json.dumps(st))
+    entry = forged["history"][0]
+    entry.update(
+        sha256="c" * 64,
+        uri="s3://bkt/p/ns/x/m/" + "c" * 64,
+        tunedAt="2026-12-09T10:00:00Z",
+        gain=BAD.to_dict(),
+        promotion={"verdict": "Passed", "message": "trust me"},
+    )
+    again = status(SPEC, [], forged)
+    assert again["artifacts"][0]["sha256"] == "b" * 64
+    judged = next(h for h in again["history"] if h["sha256"] == "c" * 64)
+    assert judged["promotion"]["verdict"] == "Rejected"
+
+
+def test_artifacts_from_before_the_gate_are_served_as_they_were() -> None:
+    st = status(SPEC, [job("j1", "a" * 64, REV, None, "t1")], {})
+    (art,) = st["artifacts"]
+    assert "promotion" not in art and "gain" not in art and "gain" not in st
+
+
+def test_a_forced_pin_of_a_rejected_artifact_serves_it_and_unpin_returns_to_the_passing() -> None:
+    first = status(SPEC, [job("j1", "a" * 64, REV, GOOD, "t1")], {})
+    jobs = [job("j2", "b" * 64, REV2, BAD, "t2")]
+    st = status(SPEC2, jobs, first)
+    pins = {MODEL: Pin(MODEL, "b" * 64, "forced", "t3")}
+    pinned = status(SPEC2, jobs, st, pins=pins)
+    assert pinned["artifacts"][0]["sha256"] == "b" * 64
+    assert pinned["artifacts"][0]["pinned"]["reason"] == "forced"
+    back = status(SPEC2, jobs, pinned)
+    assert back["artifacts"][0]["sha256"] == "a" * 64
+    assert [h["sha256"] for h in back["history"]] == ["b" * 64]
+    assert back["history"][0]["promotion"]["verdict"] == "Rejected"
