@@ -1013,7 +1013,7 @@ def test_download_refuses_an_artifact_that_does_not_verify(
             [],
             {},
             2,
-            "name a command: status, why, download, diff, retune or version: see `kubectl tunefleet --help`",
+            "name a command: status, why, download, diff, retune, rollback, unpin or version: see `kubectl tunefleet --help`",
         ),
     ],
 )
@@ -1314,3 +1314,109 @@ def test_version_client_only_and_when_the_cluster_cannot_be_read(
     code, out, err = run_main(capsys, "version", "--kubeconfig", str(tmp_path / "missing"))
     assert code == 1 and out == f"Client:   kubectl-tunefleet {__version__}\n"
     assert f"cannot use kubeconfig {tmp_path / 'missing'}" in error_line(err)
+
+
+# --- figures, the promotion gate and pins ----------------------------------------------------
+
+
+def gain(stand_in: bool = False, **over: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "mode": "Eager",
+        "figures": [
+            {"name": "workload", "baselineSeconds": 12.5, "tunedSeconds": 10.0, "speedup": 1.25,
+             "low": 1.2, "high": 1.3, "repetitions": 9},
+            {"name": "gemms", "baselineSeconds": 0.8, "tunedSeconds": 0.9, "speedup": 0.89,
+             "low": 0.85, "high": 0.93, "repetitions": 5},
+        ],
+    }  # fmt: skip
+    if stand_in:
+        doc["standIn"] = True
+    doc.update(over)
+    return doc
+
+
+def test_status_shows_the_figures_the_verdict_the_pin_and_rejected_artifacts() -> None:
+    from tunefleet.contracts import pin as pins
+
+    art = artifact(
+        gain=gain(stand_in=True, mode="CUDAGraphs", note="budget ended"),
+        promotion={"verdict": "Pinned", "message": "served by a pin"},
+        pinned={"reason": "p99 regressed", "at": "2026-11-30T11:30:00Z"},
+    )
+    rejected = artifact(
+        sha="ef" * 32,
+        gain=gain(stand_in=True),
+        promotion={"verdict": "Rejected", "message": "gemms 0.89x is 11.0% below the 1.00x"},
+    )
+    p = profile(artifacts=[art], history=[rejected, artifact(sha=SHA2, revision="rev1")])
+    p["metadata"]["annotations"] = {pins.ANNOTATION: pins.value({H200: pins.Pin(H200, SHA)})}
+    text = format_status(status_report(p, []), NOW)
+    assert (
+        "    gain       workload 1.25x (1.20-1.30, 9 pairs): 12.5s -> 10s, saves 2.5s (stand-in)\n"
+        "               gemms 0.89x (0.85-0.93, 5 pairs): 0.8s -> 0.9s, costs 0.1s more (stand-in)\n"
+        "               GEMMs timed as run under CUDAGraphs\n"
+        "               note: budget ended\n"
+        "    promotion  Pinned: served by a pin\n"
+        "    pinned     p99 regressed, since 2026-11-30T11:30:00Z (30m ago): `kubectl tunefleet "
+        f"unpin llm -n ml --gpu-model {H200}` returns to the newest artifact that passed the gate\n"
+    ) in text
+    assert "    pin  " not in text  # the pin asked is the one served
+    assert (
+        "Rejected by the promotion gate (kept in history, never served):\n"
+        f"  {H200}  efefefefefef  revision rev2  gemms 0.89x is 11.0% below the 1.00x (stand-in)\n"
+    ) in text
+    data = status_report(p, [])
+    assert data["models"][0]["pin"]["sha256"] == SHA
+    assert data["history"]["artifacts"][0]["promotion"]["verdict"] == "Rejected"
+
+
+def test_status_shows_a_pin_not_served_and_no_figures_for_a_malformed_gain() -> None:
+    from tunefleet.contracts import pin as pins
+
+    p = profile(artifacts=[artifact(gain={"figures": "many"}, promotion="odd")])
+    p["metadata"]["annotations"] = {pins.ANNOTATION: pins.value({H200: pins.Pin(H200, SHA2, "x")})}
+    text = format_status(status_report(p, []), NOW)
+    assert "gain" not in text and "promotion" not in text and "Rejected" not in text
+    assert f"    pin       {SHA2[:12]} asked (x) but not served" in text
+    # A figure that does not hold together is dropped, the rest shown; none left: not measured.
+    broken = gain()
+    broken["figures"][1]["low"] = 5.0  # above the speed-up
+    text = format_status(status_report(profile(artifacts=[artifact(gain=broken)]), []), NOW)
+    assert (
+        "workload 1.25x" in text and "gemms" not in text.split("Tuning Jobs:")[0].split("gain")[1]
+    )
+    empty = artifact(gain={"figures": [], "note": "no GPU"})
+    text = format_status(status_report(profile(artifacts=[empty]), []), NOW)
+    assert "    gain      not measured: no GPU\n" in text
+
+
+def test_diff_shows_each_sides_figures_from_the_profiles_status(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tunefleet.plugin.diff import side_gain
+
+    art = published(tmp_path / "store")
+    art["gain"] = gain(stand_in=True)
+    art["promotion"] = {"verdict": "Passed", "message": "passed"}
+    use(monkeypatch, FakeCluster({"ml/llm": profile(artifacts=[art])}))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "results.csv").write_text(A)
+    code, out, err = run_main(capsys, "diff", str(tmp_path / "a"), "llm")
+    assert (code, err) == (0, "")
+    assert (
+        "Figures (measured where each was tuned; above 1x is faster than without):\n"
+        "  --- (none recorded)\n"
+        "  +++ workload 1.25x (1.20-1.30), gemms 0.89x (0.85-0.93) (stand-in)\n"
+    ) in out
+    code, out, _ = run_main(capsys, "diff", str(tmp_path / "a"), "llm", "-o", "json")
+    data = json.loads(out)
+    assert data["b"]["gain"]["standIn"] is True and data["b"]["promotion"]["verdict"] == "Passed"
+    assert "gain" not in data["a"]
+    # Found by SHA-256 in history too; a malformed gain shows nothing rather than failing.
+    side = {"gpuModel": H200, "sha256": SHA2}
+    assert side_gain(side, profile()) == {}
+    old = profile(history=[artifact(sha=SHA2, gain={"figures": None})])
+    assert side_gain(side, old) == {"gain": {"figures": None}}
+    report = {**diff_report(), "a": {"source": "x", **side_gain(side, old)}, "b": {"source": "y"}}
+    assert "Figures" not in format_diff(report)
+    assert "Figures" not in format_diff(diff_report())

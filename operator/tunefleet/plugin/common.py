@@ -6,6 +6,8 @@ import datetime
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from tuner_job.gain import Figure, Gain
+
 EVENT_LIMIT = 10
 
 
@@ -94,3 +96,44 @@ def table(rows: Sequence[Sequence[str]], indent: int = 0) -> list[str]:
 
 def short(sha: Any) -> str:
     return str(sha or "")[:12] or "?"
+
+
+def gain_of(doc: Any) -> Gain | None:
+    """An artifact entry's `gain`, or None when absent or malformed: the plugin shows what it
+    can read and never fails a whole report over one field another writer got wrong."""
+    return Gain.from_dict(doc)
+
+
+def figure_text(f: Figure, stand_in: bool) -> str:
+    """One figure in full: speed-up with its interval and pairs, the median seconds without and
+    with the artifact, and what that saves per run."""
+    saved = f.saved_s
+    what = f"saves {saved:.4g}s" if saved >= 0 else f"costs {-saved:.4g}s more"
+    text = (
+        f"{f.name} {f.speedup:.2f}x ({f.low:.2f}-{f.high:.2f}, {f.repetitions} pairs): "
+        f"{f.baseline_s:.4g}s -> {f.tuned_s:.4g}s, {what}"
+    )
+    # Stand-in timings are a test knob's: the label goes on every figure, so no line read on
+    # its own passes for a measured gain.
+    return text + (" (stand-in)" if stand_in else "")
+
+
+def speedups(gain: Gain) -> str:
+    """The figures in short (speed-up and interval each), as diff sets two artifacts side by
+    side; "not measured" when there are none."""
+    if not gain.figures:
+        return "not measured" + (f": {gain.note}" if gain.note else "")
+    text = ", ".join(f"{f.name} {f.speedup:.2f}x ({f.low:.2f}-{f.high:.2f})" for f in gain.figures)
+    return text + (" (stand-in)" if gain.stand_in else "")
+
+
+def gain_lines(gain: Gain) -> list[str]:
+    """An artifact's gain in full, one line per figure, then its timing mode and note."""
+    if not gain.figures:
+        return ["not measured" + (f": {gain.note}" if gain.note else "")]
+    lines = [figure_text(f, gain.stand_in) for f in gain.figures]
+    if gain.mode != "Eager":
+        lines.append(f"GEMMs timed as run under {gain.mode}")
+    if gain.note:
+        lines.append(f"note: {gain.note}")
+    return lines

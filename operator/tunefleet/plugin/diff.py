@@ -15,6 +15,8 @@ from typing import Any
 
 from tuner_job.results import ResultRow, ResultsFile, is_placeholder
 
+from .common import gain_of, speedups
+
 _MODEL_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
@@ -54,6 +56,20 @@ def parse_ref(text: str) -> Ref:
             "profile reference [namespace/]profile[:gpuModel]"
         )
     return Ref("profile", text, ns or None, name, model or None)
+
+
+def side_gain(side: dict[str, Any], profile: dict[str, Any] | None) -> dict[str, Any]:
+    """What the profile's status says the side's artifact buys (its gain and the gate's
+    verdict), found by GPU model and SHA-256 among the served artifacts and the history; {}
+    when the profile keeps no such entry (gone, or replaced since it was read)."""
+    st = (profile or {}).get("status") or {}
+    for e in [*(st.get("artifacts") or []), *(st.get("history") or [])]:
+        if not isinstance(e, dict) or e.get("sha256") != side.get("sha256"):
+            continue
+        if side.get("gpuModel") and e.get("gpuModel") != side.get("gpuModel"):
+            continue
+        return {k: e[k] for k in ("gain", "promotion") if k in e}
+    return {}
 
 
 def _entry(row: ResultRow) -> dict[str, Any]:
@@ -140,9 +156,22 @@ def _side(label: str, side: dict[str, Any]) -> str:
     return f"{label} {side['source']} ({', '.join(about)})"
 
 
+def _figure_lines(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """Each side's figures, where a profile's status holds them; nothing when neither does."""
+    gains = [gain_of(a.get("gain")), gain_of(b.get("gain"))]
+    if gains == [None, None]:
+        return []
+    lines = ["Figures (measured where each was tuned; above 1x is faster than without):"]
+    for mark, gain in zip(("---", "+++"), gains, strict=True):
+        lines.append(f"  {mark} {speedups(gain) if gain is not None else '(none recorded)'}")
+    return lines
+
+
 def format_diff(report: dict[str, Any]) -> str:
-    """report: {"a": side, "b": side, **diff_results(...)}; side: source, gemms, sha256, ..."""
+    """report: {"a": side, "b": side, **diff_results(...)}; side: source, gemms, sha256, and
+    for a profile's artifact its gain and promotion (side_gain)."""
     lines = [_side("---", report["a"]), _side("+++", report["b"])]
+    lines += _figure_lines(report["a"], report["b"])
     if report["validators"]:
         lines.append(
             f"Validators ({len(report['validators'])} differ: TunableOp loads a file only where "

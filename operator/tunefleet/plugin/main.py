@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 
 from tunefleet import __version__
 from tunefleet.artifacts.fetch import MAX_DEVICES
+from tunefleet.contracts import pin as pins
 from tunefleet.contracts.retune import RetuneRequest
 
 from . import cluster as cluster_mod
@@ -29,9 +30,17 @@ from .artifacts import (
     load_side,
     not_found_profile,
 )
-from .diff import diff_results, format_diff, parse_ref
+from .diff import diff_results, format_diff, parse_ref, side_gain
 from .errors import PluginError
 from .retune import format_retune, retune_request
+from .rollback import (
+    choose,
+    format_rollback,
+    format_unpin,
+    rollback_pins,
+    sha_prefix,
+    unpin_request,
+)
 from .status import format_status, status_report
 from .version import SELECTOR, format_version, version_report
 from .why import explain, format_why
@@ -48,7 +57,9 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # One line, like every other error (argparse would print the usage block first).
         if message.endswith("required: command"):
-            message = "name a command: status, why, download, diff, retune or version"
+            message = (
+                "name a command: status, why, download, diff, retune, rollback, unpin or version"
+            )
         sub = self.prog.split()[2:]  # "kubectl tunefleet <command>"
         raise UsageError(f"{message}: see `kubectl tunefleet {' '.join([*sub, '--help'])}`")
 
@@ -136,6 +147,7 @@ def parser() -> argparse.ArgumentParser:
     )
     rt.add_argument("profile")
     rt.add_argument("--gpu-model", default="", help="only this GPU model (default: every one)")
+    rb, up = _rollback_parsers(sub)
     ver = sub.add_parser(
         "version",
         help="this client's version and the operator's (read from the cluster)",
@@ -147,9 +159,53 @@ def parser() -> argparse.ArgumentParser:
     ver.add_argument(
         "--client", action="store_true", help="only this client's version (no cluster needed)"
     )
-    for sp in (st, why, dl, df, rt, ver):
+    for sp in (st, why, dl, df, rt, rb, up, ver):
         _common(sp)
     return p
+
+
+def _to(text: str) -> str:
+    try:
+        return sha_prefix(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _reason(text: str) -> str:
+    # Checked here rather than cut: the annotation keeps REASON_LIMIT characters, and a reason
+    # cut short without a word could say something else.
+    if len(text) > pins.REASON_LIMIT:
+        raise argparse.ArgumentTypeError(f"at most {pins.REASON_LIMIT} characters")
+    return " ".join(text.split())
+
+
+def _rollback_parsers(sub: Any) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    rb = sub.add_parser(
+        "rollback",
+        help="serve an earlier artifact of the same revision (a pin), not the newest that passed",
+        description="Pins a GPU model to an earlier artifact of the revision served now (the "
+        "newest one in status.history that the promotion gate did not reject, or --to), by "
+        "annotating the profile (tunefleet.io/pin); the operator serves it until `kubectl "
+        "tunefleet unpin`.",
+    )
+    rb.add_argument("profile")
+    rb.add_argument("--gpu-model", default="", help="required when several models are served")
+    rb.add_argument(
+        "--to", type=_to, default=None, metavar="SHA256", help="this artifact (7+ hex digits)"
+    )
+    rb.add_argument("--reason", type=_reason, default="", help="why, kept with the pin")
+    rb.add_argument(
+        "--force", action="store_true", help="serve an artifact the promotion gate rejected"
+    )
+    up = sub.add_parser(
+        "unpin",
+        help="return to the newest artifact that passed the gate (undo rollback)",
+        description="Removes the pin of --gpu-model (default: every pin) from the profile's "
+        "tunefleet.io/pin annotation. Nothing pinned is said, not an error (exit 0).",
+    )
+    up.add_argument("profile")
+    up.add_argument("--gpu-model", default="", help="only this GPU model (default: every one)")
+    return rb, up
 
 
 def _opt(args: argparse.Namespace, name: str) -> Any:
@@ -207,6 +263,8 @@ def run(args: argparse.Namespace) -> int:
         "status": _status,
         "why": _why,
         "retune": _retune,
+        "rollback": _rollback,
+        "unpin": _unpin,
         "download": _download,
         "diff": _diff,
     }
@@ -262,6 +320,26 @@ def _retune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rollback(args: argparse.Namespace) -> int:
+    kube, profile = _profile(args)
+    report = choose(profile, args.gpu_model, args.to or "", args.force)
+    pinned = rollback_pins(profile, report, args.reason, pins.now())
+    if kube.patch_profile(kube.namespace, args.profile, pins.patch(pinned)) is None:
+        raise not_found_profile(args.profile, kube.namespace)
+    report["pin"] = pinned[report["gpuModel"]].to_dict()
+    _emit(args, report, format_rollback(report))
+    return 0
+
+
+def _unpin(args: argparse.Namespace) -> int:
+    kube, profile = _profile(args)
+    report, patch = unpin_request(profile, args.gpu_model)
+    if patch is not None and kube.patch_profile(kube.namespace, args.profile, patch) is None:
+        raise not_found_profile(args.profile, kube.namespace)
+    _emit(args, report, format_unpin(report))
+    return 0
+
+
 def _download(args: argparse.Namespace) -> int:
     opts = _s3_options(args)
     _, profile = _profile(args)
@@ -286,6 +364,12 @@ def _diff(args: argparse.Namespace) -> int:
         return connected[0]
 
     (ra, side_a), (rb, side_b) = (load_side(r, lazy, opts) for r in refs)
+    for ref, side in zip(refs, (side_a, side_b), strict=True):
+        if ref.kind == "profile":
+            # What an artifact buys is in the profile's status, not in the store: read it again
+            # (load_side keeps only what the results need) and find the same SHA-256 there.
+            kube = lazy()
+            side.update(side_gain(side, kube.profile(ref.namespace or kube.namespace, ref.name)))
     report = {"a": side_a, "b": side_b, **diff_results(ra, rb)}
     _emit(args, report, format_diff(report))
     return 0 if report["summary"]["identical"] else 1

@@ -8,9 +8,10 @@ from typing import Any
 from tunefleet import naming
 from tunefleet.capture.loop import model_revision
 from tunefleet.conditions import TYPES, Phase, Type
+from tunefleet.contracts import pin as pins
 from tunefleet.contracts.artifact import ArtifactRecord
 
-from .common import age, event_lines, recent_events, short, table
+from .common import age, event_lines, gain_lines, gain_of, recent_events, short, table
 
 CONDITIONS = tuple(str(t) for t in TYPES)
 # Artifact fields shown as "GEMMs: ..." counts, in this order, with their words.
@@ -21,6 +22,9 @@ COUNTS = (
     ("newlyTuned", "newly tuned"),
     ("shards", "shards"),
 )
+# What `-o json` keeps of each history entry: enough to name it, what it buys, and the gate's
+# verdict (a rejected artifact is only ever seen here).
+HISTORY_KEYS = ("gpuModel", "sha256", "revision", "tunedAt", "uri", "gain", "promotion")
 
 
 def _artifact(art: dict[str, Any], revision: str) -> dict[str, Any]:
@@ -47,6 +51,7 @@ def status_report(profile: dict[str, Any], events: list[dict[str, Any]]) -> dict
     order = models + [str(m) for m in arts if m not in models]
     conditions = {c.get("type"): c for c in st.get("conditions") or [] if isinstance(c, dict)}
     history = [h for h in st.get("history") or [] if isinstance(h, dict)]
+    pinned = pins.read(meta.get("annotations"))  # what is asked; it differs from what is served
     return {
         "namespace": meta.get("namespace", ""),
         "name": meta.get("name", ""),
@@ -70,6 +75,7 @@ def status_report(profile: dict[str, Any], events: list[dict[str, Any]]) -> dict
             {
                 "gpuModel": m,
                 "inSpec": m in models,
+                "pin": pinned[m].to_dict() if m in pinned else None,
                 "artifact": (
                     _artifact(arts[m], model_revision(revision, by_model.get(m)))
                     if m in arts
@@ -86,10 +92,7 @@ def status_report(profile: dict[str, Any], events: list[dict[str, Any]]) -> dict
         "coverage": str(st.get("coverage") or ""),
         "history": {
             "count": len(history),
-            "artifacts": [
-                {k: h.get(k) for k in ("gpuModel", "sha256", "revision", "tunedAt", "uri")}
-                for h in history
-            ],
+            "artifacts": [{k: h.get(k) for k in HISTORY_KEYS} for h in history],
         },
         "events": recent_events(events),
     }
@@ -101,25 +104,25 @@ def _seconds(value: Any) -> str:
     return "?"
 
 
-def _artifact_lines(
-    model: str,
-    art: dict[str, Any] | None,
-    in_spec: bool,
-    report: dict[str, Any],
-    now: datetime.datetime,
-) -> list[str]:
-    if art is None:
-        return [f"  {model}  no artifact yet (phase {report['phase']})"]
+def _head(art: dict[str, Any]) -> str:
+    """The artifact's one-line summary: what its GEMMs came out as."""
     outcomes = art.get("outcomes") or {}
     gemms = art.get("gemms")
     if art.get("kind") == "caches":
-        head = "caches only (no TunableOp results)"
-    elif isinstance(outcomes.get("tuned"), int):
+        return "caches only (no TunableOp results)"
+    if isinstance(outcomes.get("tuned"), int):
         total = gemms if isinstance(gemms, int) else outcomes["tuned"] + outcomes.get("default", 0)
-        head = f"{outcomes['tuned']}/{total} GEMMs tuned ({outcomes.get('default', 0)} Default)"
-    else:
-        head = f"{gemms if gemms is not None else '?'} GEMMs (outcomes not recorded)"
-    lines = [f"  {model}  {art['shortSha256']}  {head}"]
+        return f"{outcomes['tuned']}/{total} GEMMs tuned ({outcomes.get('default', 0)} Default)"
+    return f"{gemms if gemms is not None else '?'} GEMMs (outcomes not recorded)"
+
+
+def _artifact_lines(
+    entry: dict[str, Any], report: dict[str, Any], now: datetime.datetime
+) -> list[str]:
+    model, art = entry["gpuModel"], entry["artifact"]
+    if art is None:
+        return [f"  {model}  no artifact yet (phase {report['phase']})"]
+    lines = [f"  {model}  {art['shortSha256']}  {_head(art)}"]
     rows = [["uri", str(art.get("uri") or "?")]]
     counts = [f"{words} {art[key]}" for key, words in COUNTS if isinstance(art.get(key), int)]
     if counts:
@@ -156,9 +159,56 @@ def _artifact_lines(
                 "spec.serving.serveDefaultOnly",
             ]
         )
-    if not in_spec:
+    rows += _gain_rows(art) + _pin_rows(entry, report, now)
+    if not entry["inSpec"]:
         rows.append(["note", "this GPU model is no longer in spec.gpu.models"])
     return lines + table(rows, indent=4)
+
+
+def _gain_rows(art: dict[str, Any]) -> list[list[str]]:
+    """What the artifact buys, one row per figure, and the promotion gate's verdict on it."""
+    rows = []
+    gain = gain_of(art.get("gain"))
+    if gain is not None:
+        rows += [["gain" if i == 0 else "", g] for i, g in enumerate(gain_lines(gain))]
+    promotion = art.get("promotion")
+    if isinstance(promotion, dict) and promotion.get("verdict"):
+        message = " ".join(str(promotion.get("message") or "").split())
+        rows.append(["promotion", f"{promotion['verdict']}" + (f": {message}" if message else "")])
+    return rows
+
+
+def _pin_rows(
+    entry: dict[str, Any], report: dict[str, Any], now: datetime.datetime
+) -> list[list[str]]:
+    """Served because of a pin (and how to undo it), or a pin the annotation asks that is not
+    served: the operator has not acted on it yet, or cannot honour it."""
+    art, pin = entry["artifact"], entry.get("pin")
+    ns, name, model = report["namespace"], report["name"], entry["gpuModel"]
+    undo = f"`kubectl tunefleet unpin {name} -n {ns} --gpu-model {model}`"
+    rows = []
+    pinned = art.get("pinned")
+    if isinstance(pinned, dict):
+        at = pinned.get("at")
+        since = f", since {at} ({age(at, now)} ago)" if at else ""
+        rows.append(
+            [
+                "pinned",
+                f"{pinned.get('reason') or 'no reason given'}{since}: {undo} returns to the "
+                "newest artifact that passed the gate",
+            ]
+        )
+    if pin and pin.get("sha256") != art.get("sha256"):
+        rows.append(
+            [
+                "pin",
+                f"{short(pin['sha256'])} asked ({pin.get('reason') or 'no reason given'}) but "
+                "not served: the operator serves a pin once it has seen it, and only an "
+                "artifact this model served or keeps in history, of the revision it tunes now; "
+                f"{undo} drops it",
+            ]
+        )
+    return rows
 
 
 def _bundle_rows(art: dict[str, Any]) -> list[list[str]]:
@@ -283,6 +333,34 @@ def _unadmitted(unadmitted: int, ns: str, name: str) -> str:
     )
 
 
+def _rejected_lines(history: list[dict[str, Any]]) -> list[str]:
+    """The artifacts the promotion gate rejected (kept in history, never served), with why."""
+    rows = []
+    for h in history:
+        promotion = h.get("promotion")
+        if not isinstance(promotion, dict) or promotion.get("verdict") != "Rejected":
+            continue
+        message = " ".join(str(promotion.get("message") or "no message").split())
+        gain = gain_of(h.get("gain"))
+        # The message quotes the figures: stand-in ones are labelled as everywhere else.
+        if gain is not None and gain.stand_in and "stand-in" not in message:
+            message += " (stand-in)"
+        rows.append(
+            [
+                str(h.get("gpuModel") or "?"),
+                short(h.get("sha256")),
+                f"revision {h.get('revision') or '?'}",
+                message,
+            ]
+        )
+    if not rows:
+        return []
+    return [
+        "Rejected by the promotion gate (kept in history, never served):",
+        *table(rows, indent=2),
+    ]
+
+
 def format_status(report: dict[str, Any], now: datetime.datetime | None = None) -> str:
     now = now or datetime.datetime.now(datetime.UTC)
     ns, name = report["namespace"], report["name"]
@@ -302,7 +380,7 @@ def format_status(report: dict[str, Any], now: datetime.datetime | None = None) 
     if not report["models"]:
         lines.append("  (no GPU models)")
     for m in report["models"]:
-        lines += _artifact_lines(m["gpuModel"], m["artifact"], m["inSpec"], report, now)
+        lines += _artifact_lines(m, report, now)
     lines += _capture_lines(report, now)
     lines += _job_lines(report["jobs"])
     count = report["history"]["count"]
@@ -313,6 +391,7 @@ def format_status(report: dict[str, Any], now: datetime.datetime | None = None) 
             ["History:", f"{count} earlier artifact{'s' if count != 1 else ''}"],
         ]
     )
+    lines += _rejected_lines(report["history"]["artifacts"])
     lines.append("Events (newest first):")
     lines += event_lines(report["events"], now)
     return "\n".join(lines) + "\n"
