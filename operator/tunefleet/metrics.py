@@ -1,16 +1,19 @@
 """Prometheus metrics of the operator (docs/metrics.md lists them all).
 
-Names carry the `tunefleet_` prefix and base units; label values come from small fixed sets
-(handler names, phases, states, outcome and reason codes), never from object names, so the
-series count stays bounded however many profiles and pods there are. Gauges about profiles
-and Jobs are computed at scrape time from the indexes every replica keeps.
+Names carry the `tunefleet_` prefix and base units. The fleet-wide metrics take label values
+from small fixed sets (handler names, phases, states, outcome and reason codes), never from
+object names. The per-profile gauges (what each profile's artifact buys, its promotion, its
+capture coverage, its pods run untuned for a cause of ours) are labelled with the profile's
+namespace and name and the GPU model, because a dashboard per profile and GPU model is what
+they are for: their series are bounded by profiles x GPU models x figures (two), not by pods.
+Gauges about profiles and Jobs are computed at scrape time from the indexes every replica keeps.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter as Tally
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import (
@@ -24,6 +27,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from tunefleet.conditions import Phase
+from tuner_job.gain import FIGURES, Gain
 
 log = logging.getLogger(__name__)
 
@@ -141,20 +145,39 @@ RETUNES = Counter(
 
 PHASES = tuple(Phase)
 JOB_STATES = ("Pending", "Running", "Succeeded", "Failed")
+# Verdicts of a served artifact that let it be served: measured and passed, served without a
+# measurement (the gate lets an unmeasured artifact through), or held by a pin.
+SERVING_VERDICTS = frozenset({"Passed", "Unmeasured", "Pinned"})
+REJECTED = "Rejected"
+
+Profiled = tuple[str, str, Mapping[str, Any]]  # (namespace, profile name, its status)
+MODEL_LABELS = ["namespace", "profile", "gpu_model"]
+FIGURE_LABELS = [*MODEL_LABELS, "figure", "stand_in"]
 
 
 class IndexCollector(Collector):
-    """Profiles by phase, tuning Jobs by state, pods the webhook missed, queue depth."""
+    """Profiles by phase, tuning Jobs by state, pods the webhook missed, queue depth; and,
+    given `profiles` (and `untuned`), what each profile's artifacts buy (_ProfileFamilies)."""
 
     def __init__(
         self,
         statuses: Callable[[], Iterable[dict[str, Any]]],
         queue_depth: Callable[[], int],
+        profiles: Callable[[], Iterable[Profiled]] | None = None,
+        untuned: Callable[[str, str], Iterable[str]] | None = None,
     ) -> None:
         self.statuses = statuses
         self.queue_depth = queue_depth
+        # Optional, so a collector of the fleet gauges alone (tests, tools) needs neither.
+        self.profiles = profiles
+        self.untuned = untuned  # (namespace, profile) -> the cause of each untuned pod
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield from self._fleet()
+        if self.profiles is not None:
+            yield from self._per_profile(self.profiles)
+
+    def _fleet(self) -> Iterator[GaugeMetricFamily]:
         phases: Tally[str] = Tally()
         states: Tally[str] = Tally()
         unadmitted = 0
@@ -188,8 +211,137 @@ class IndexCollector(Collector):
             value=self.queue_depth(),
         )
 
+    def _per_profile(
+        self, profiles: Callable[[], Iterable[Profiled]]
+    ) -> Iterator[GaugeMetricFamily]:
+        families = _ProfileFamilies()
+        for namespace, name, status in profiles():
+            families.add(namespace, name, status)
+            if self.untuned is not None:
+                causes = Tally(self.untuned(namespace, name))
+                for cause, count in sorted(causes.items()):
+                    families.untuned.add_metric([namespace, name, cause], count)
+        yield from families.all()
+
     def describe(self) -> Iterator[GaugeMetricFamily]:
         return iter(())  # computed at scrape time
+
+
+class _ProfileFamilies:
+    """The per-profile gauges of one scrape, filled from each profile's status. What the status
+    says is read as the writer may have left it (another version, a hand edit): an entry
+    without a GPU model is skipped, a figure that does not parse whole is left out and a gain
+    that is not one counts as not measured (Gain.from_dict), so one odd status never fails the
+    scrape of every profile."""
+
+    def __init__(self) -> None:
+        def family(name: str, text: str, labels: list[str]) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, text, labels=labels)
+
+        self.speedup = family(
+            "tunefleet_artifact_speedup",
+            "Speedup of the served artifact, measured where it was tuned: the median of paired "
+            "baseline/tuned ratios (> 1 is faster), per figure (gemms, workload).",
+            FIGURE_LABELS,
+        )
+        self.low = family(
+            "tunefleet_artifact_speedup_low",
+            "Lower bound of the confidence interval of tunefleet_artifact_speedup.",
+            FIGURE_LABELS,
+        )
+        self.high = family(
+            "tunefleet_artifact_speedup_high",
+            "Upper bound of the confidence interval of tunefleet_artifact_speedup.",
+            FIGURE_LABELS,
+        )
+        self.saved = family(
+            "tunefleet_artifact_saved_seconds",
+            "Seconds the served artifact saves per run (median baseline - median tuned); for "
+            "the workload figure of a compile cache, the first iteration's saving.",
+            FIGURE_LABELS,
+        )
+        self.promoted = family(
+            "tunefleet_artifact_promoted",
+            "1 when the served artifact passed its promotion gate (Passed, Unmeasured, Pinned).",
+            MODEL_LABELS,
+        )
+        self.rejected = family(
+            "tunefleet_artifact_rejected",
+            "Artifacts in status.history rejected by the promotion gate.",
+            MODEL_LABELS,
+        )
+        self.pinned = family(
+            "tunefleet_artifact_pinned",
+            "1 when the served artifact is served because of a pin.",
+            MODEL_LABELS,
+        )
+        self.coverage = family(
+            "tunefleet_capture_coverage_ratio",
+            "Captured production GEMMs the current artifact has tuned, of those seen (0-1).",
+            MODEL_LABELS,
+        )
+        self.untuned = family(
+            "tunefleet_pods_untuned",
+            "Admitted model pods running without their artifact for a cause of ours, by cause.",
+            ["namespace", "profile", "reason"],
+        )
+
+    def all(self) -> tuple[GaugeMetricFamily, ...]:
+        return (self.speedup, self.low, self.high, self.saved, self.promoted, self.rejected,
+                self.pinned, self.coverage, self.untuned)  # fmt: skip
+
+    def add(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        served = _by_model(status.get("artifacts"))
+        rejected: Tally[str] = Tally(
+            str(e["gpuModel"])
+            for e in _entries(status.get("history"))
+            if e.get("gpuModel") and _verdict(e) == REJECTED
+        )
+        for model, entry in served.items():
+            self._artifact([namespace, name, model], entry)
+        for model in sorted(served.keys() | rejected.keys()):
+            self.rejected.add_metric([namespace, name, model], rejected.get(model, 0))
+        for model, entry in _by_model(status.get("capture")).items():
+            coverage = entry.get("coverage")
+            # Absent until a capture has seen a GEMM: no ratio then, rather than a false 0.
+            if isinstance(coverage, int | float) and not isinstance(coverage, bool):
+                self.coverage.add_metric([namespace, name, model], coverage / 100)
+
+    def _artifact(self, labels: list[str], entry: Mapping[str, Any]) -> None:
+        verdict = _verdict(entry)
+        # No verdict: served from before the gate existed, which is what Unmeasured says.
+        self.promoted.add_metric(labels, 1 if verdict in SERVING_VERDICTS or not verdict else 0)
+        pinned = isinstance(entry.get("pinned"), dict) or verdict == "Pinned"
+        self.pinned.add_metric(labels, 1 if pinned else 0)
+        gain = Gain.from_dict(entry.get("gain"))
+        if gain is None:
+            return
+        stand_in = "true" if gain.stand_in else "false"
+        for figure in filter(None, map(gain.figure, FIGURES)):  # each name once, as measured
+            at = [*labels, figure.name, stand_in]
+            self.speedup.add_metric(at, figure.speedup)
+            self.low.add_metric(at, figure.low)
+            self.high.add_metric(at, figure.high)
+            self.saved.add_metric(at, figure.saved_s)
+
+
+def _entries(value: Any) -> list[Mapping[str, Any]]:
+    return [e for e in value if isinstance(e, dict)] if isinstance(value, list) else []
+
+
+def _by_model(value: Any) -> dict[str, Mapping[str, Any]]:
+    """Entries by GPU model, the first of each: a duplicate would be a second series of the
+    same labels, which Prometheus refuses for the whole scrape."""
+    out: dict[str, Mapping[str, Any]] = {}
+    for e in _entries(value):
+        if e.get("gpuModel"):
+            out.setdefault(str(e["gpuModel"]), e)
+    return out
+
+
+def _verdict(entry: Mapping[str, Any]) -> str:
+    promotion = entry.get("promotion")
+    return str(promotion.get("verdict") or "") if isinstance(promotion, dict) else ""
 
 
 def serve(port: int, addr: str = "0.0.0.0") -> None:

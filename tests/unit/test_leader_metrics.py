@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tunefleet import metrics
 from tunefleet.runtime.leader import LeaseElector, Timing
@@ -148,3 +149,162 @@ def test_a_write_the_api_server_never_acknowledged_cannot_land_after_the_fence(
     timing = Timing()
     margin = timing.duration - timing.renew_deadline + client.MIN_WRITE_SECONDS
     assert margin > client.UNACKED_ABORT_S
+
+
+def figure(name: str, speedup: float, base: float = 2.0, tuned: float = 1.0) -> dict[str, Any]:
+    return {"name": name, "baselineSeconds": base, "tunedSeconds": tuned, "speedup": speedup,
+            "low": speedup - 0.1, "high": speedup + 0.2, "repetitions": 5}  # fmt: skip
+
+
+def samples(
+    profiles: list[tuple[str, str, dict[str, Any]]], untuned: dict[str, list[str]] | None = None
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The per-profile samples one scrape yields: (name, sorted labels) -> value."""
+    collector = metrics.IndexCollector(
+        statuses=lambda: [],
+        queue_depth=lambda: 0,
+        profiles=lambda: profiles,
+        untuned=lambda ns, name: (untuned or {}).get(f"{ns}/{name}", []),
+    )
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in collector.collect()
+        for s in family.samples
+        if "namespace" in s.labels
+    }
+
+
+def at(name: str, **labels: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    return name, tuple(sorted({"namespace": "team-a", "profile": "llama", **labels}.items()))
+
+
+def test_per_profile_gauges_show_what_each_served_artifact_buys() -> None:
+    status = {
+        "artifacts": [
+            {"gpuModel": "H100", "sha256": "a" * 64, "delivery": "ConfigMap",
+             "gain": {"mode": "CUDAGraphs", "figures": [figure("gemms", 1.5), figure("workload", 1.2, 30.0, 12.5)]},
+             "promotion": {"verdict": "Passed", "message": "passed"}},
+            {"gpuModel": "STANDIN-A", "sha256": "b" * 64,
+             "gain": {"standIn": True, "figures": [figure("gemms", 3.0)]},
+             "promotion": {"verdict": "Pinned", "message": "held"},
+             "pinned": {"reason": "rollback", "at": "2026-01-01T00:00:00Z"}},
+            {"gpuModel": "MI300X", "sha256": "c" * 64},  # from before promotion: no verdict, no gain
+        ],
+        "history": [
+            {"gpuModel": "H100", "promotion": {"verdict": "Rejected", "message": "slower"}},
+            {"gpuModel": "H100", "promotion": {"verdict": "Rejected", "message": "slower"}},
+            {"gpuModel": "H100", "promotion": {"verdict": "Passed", "message": "older"}},
+            {"gpuModel": "A100", "promotion": {"verdict": "Rejected", "message": "slower"}},
+        ],
+        "capture": [
+            {"gpuModel": "H100", "seen": 20, "tuned": 15, "coverage": 75},
+            {"gpuModel": "MI300X", "seen": 0, "tuned": 0},  # nothing seen yet: no ratio
+        ],
+    }  # fmt: skip
+    got = samples([("team-a", "llama", status)], {"team-a/llama": ["fetch_failed"] * 2})
+    real = {"gpu_model": "H100", "stand_in": "false"}
+    assert got[at("tunefleet_artifact_speedup", figure="gemms", **real)] == 1.5
+    assert got[at("tunefleet_artifact_speedup_low", figure="gemms", **real)] == pytest.approx(1.4)
+    assert got[at("tunefleet_artifact_speedup_high", figure="gemms", **real)] == pytest.approx(1.7)
+    assert got[at("tunefleet_artifact_speedup", figure="workload", **real)] == 1.2
+    assert got[at("tunefleet_artifact_saved_seconds", figure="workload", **real)] == 17.5
+    stand_in = {"gpu_model": "STANDIN-A", "stand_in": "true"}
+    assert got[at("tunefleet_artifact_speedup", figure="gemms", **stand_in)] == 3.0
+    assert (
+        at("tunefleet_artifact_speedup", figure="gemms", gpu_model="STANDIN-A", stand_in="false")
+        not in got
+    )
+    assert not [
+        k for k in got if k[0] == "tunefleet_artifact_speedup" and ("gpu_model", "MI300X") in k[1]
+    ]
+    promoted = {
+        m: got[at("tunefleet_artifact_promoted", gpu_model=m)]
+        for m in ("H100", "STANDIN-A", "MI300X")
+    }
+    assert promoted == {"H100": 1, "STANDIN-A": 1, "MI300X": 1}
+    assert got[at("tunefleet_artifact_pinned", gpu_model="STANDIN-A")] == 1
+    assert got[at("tunefleet_artifact_pinned", gpu_model="H100")] == 0
+    assert got[at("tunefleet_artifact_rejected", gpu_model="H100")] == 2
+    assert (
+        got[at("tunefleet_artifact_rejected", gpu_model="A100")] == 1
+    )  # not served: still counted
+    assert got[at("tunefleet_artifact_rejected", gpu_model="MI300X")] == 0
+    assert at("tunefleet_artifact_promoted", gpu_model="A100") not in got
+    assert got[at("tunefleet_capture_coverage_ratio", gpu_model="H100")] == 0.75
+    assert at("tunefleet_capture_coverage_ratio", gpu_model="MI300X") not in got
+    assert got[at("tunefleet_pods_untuned", reason="fetch_failed")] == 2
+
+
+def test_a_malformed_status_is_skipped_entry_by_entry_never_the_scrape() -> None:
+    bad_figures = [
+        "fast",
+        {**figure("gemms", 1.5), "low": 1.6},  # speedup outside its interval
+        {**figure("workload", 1.5), "repetitions": True},
+        {**figure("other", 1.5)},  # no figure of that name
+    ]
+    status = {
+        "artifacts": [
+            {"gpuModel": "H100", "gain": {"figures": bad_figures}, "promotion": "Passed"},
+            {"gpuModel": "A100", "gain": "twice as fast", "promotion": {"verdict": "Rejected"}},
+            {"gpuModel": "L4", "gain": {"figures": [figure("gemms", 1.1), figure("gemms", 9.0)]}},
+            {"gpuModel": "L4", "gain": {"figures": [figure("gemms", 7.0)]}},  # a duplicate model
+            {"sha256": "no model"},
+            "not an entry",
+        ],
+        "history": "not a list",
+        "capture": [{"gpuModel": "H100", "coverage": "90"}, {"coverage": 50}],
+    }
+    got = samples([("team-a", "llama", status), ("team-a", "empty", {})])
+    speedups = {k: v for k, v in got.items() if k[0] == "tunefleet_artifact_speedup"}
+    assert speedups == {
+        at("tunefleet_artifact_speedup", gpu_model="L4", figure="gemms", stand_in="false"): 1.1
+    }
+    assert got[at("tunefleet_artifact_promoted", gpu_model="H100")] == 1  # no readable verdict
+    assert got[at("tunefleet_artifact_promoted", gpu_model="A100")] == 0
+    assert {k[1] for k in got if k[0] == "tunefleet_artifact_promoted"} == {
+        at("", gpu_model=m)[1] for m in ("H100", "A100", "L4")
+    }
+    assert not [k for k in got if k[0] == "tunefleet_capture_coverage_ratio"]
+    assert not [k for k in got if ("profile", "empty") in k[1]]
+
+
+def test_the_exposition_of_per_profile_gauges_is_valid_prometheus_text() -> None:
+    collector = metrics.IndexCollector(
+        statuses=lambda: [],
+        queue_depth=lambda: 0,
+        profiles=lambda: [
+            (
+                "team-a",
+                "llama",
+                {"artifacts": [{"gpuModel": 'H"100', "gain": {"figures": [figure("gemms", 2.0)]}}]},
+            )
+        ],
+    )
+    metrics.REGISTRY.register(collector)
+    try:
+        text = generate_latest(metrics.REGISTRY).decode()
+    finally:
+        metrics.REGISTRY.unregister(collector)
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    [sample] = families["tunefleet_artifact_speedup"].samples  # the quote escaped and read back
+    assert sample.labels == {"namespace": "team-a", "profile": "llama", "gpu_model": 'H"100',
+                             "figure": "gemms", "stand_in": "false"}  # fmt: skip
+    assert sample.value == 2.0
+    parsed = set(families)
+    assert {"tunefleet_artifact_speedup", "tunefleet_pods_untuned"} <= parsed
+
+
+def test_the_operator_feeds_the_collector_each_profiles_status_from_its_cache() -> None:
+    from tunefleet.handlers import startup
+
+    status = {"artifacts": [{"gpuModel": "H100", "gain": {"figures": [figure("gemms", 1.5)]}}]}
+    body = {"apiVersion": "tunefleet.io/v1alpha1", "kind": "TuningProfile",
+            "metadata": {"namespace": "team-a", "name": "metrics-feed", "uid": "u-feed"},
+            "spec": {}, "status": status}  # fmt: skip
+    startup.CACHE.put_profile(body)
+    try:
+        fed = [p for p in startup._profile_statuses() if p[1] == "metrics-feed"]
+        assert fed == [("team-a", "metrics-feed", status)]
+        assert startup._untuned_causes("team-a", "metrics-feed") == []
+    finally:
+        startup.CACHE.drop_profile(("team-a", "metrics-feed"))

@@ -9,6 +9,7 @@ import logging
 import os
 import socket
 import uuid
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -182,7 +183,12 @@ async def operator_startup(
     NODE_MAPS.maps = maps
     maps.start()
     metrics.REGISTRY.register(
-        metrics.IndexCollector(statuses=CACHE.statuses, queue_depth=controller.queue.pending)
+        metrics.IndexCollector(
+            statuses=CACHE.statuses,
+            queue_depth=controller.queue.pending,
+            profiles=_profile_statuses,
+            untuned=_untuned_causes,
+        )
     )
     metrics.serve(config.metrics_port)
     _elect(config, leaders=(controller, maps))
@@ -192,6 +198,21 @@ async def operator_startup(
         f"tunefleet operator started: {config.workers} reconcile workers, resync every "
         f"{config.resync_seconds:.0f}s; tuning Jobs use image {config.image}"
     )
+
+
+def _profile_statuses() -> Iterator[metrics.Profiled]:
+    """Each profile's status with its namespace and name, for the per-profile gauges: read
+    from the cache's views at scrape time (a view unpacks in microseconds), so nothing is
+    kept for the metrics beside what the reconciler keeps already."""
+    for key in CACHE.profiles():
+        view = CACHE.profile(key)
+        if view is not None:  # deleted since the list
+            yield key[0], key[1], view.get("status") or {}
+
+
+def _untuned_causes(namespace: str, profile: str) -> list[str]:
+    """Why each of the profile's model pods runs untuned for a cause of ours (served.py)."""
+    return [u.cause for u in SERVED.of(namespace, profile)]
 
 
 def _indexes(config: Config) -> Indexes:
