@@ -520,6 +520,8 @@ def _steps(
             "command": [sys.executable, str(THIS), "workload", "--mode", "record", "--iters", "2"]
         },
         "tuning": {**TUNING, "budgetSeconds": budget},
+        # What the artifact buys, measured as the tuning Job measures it (tuner_job/measure.py).
+        "promotion": {"measure": True, "servingMode": "Eager", "budgetSeconds": 120},
     }
     (work / "config.json").write_text(json.dumps(config))
     out = work / "out"
@@ -542,6 +544,7 @@ def _steps(
         tuning_s=manifest["tuningSeconds"],
         identity=manifest["identity"],
         validators=manifest["validators"],
+        gain=manifest.get("gain"),
     )
     from tuner_job.results import read_results
 
@@ -787,6 +790,24 @@ def timing_run(
     return doc
 
 
+def gain_lines(f: dict[str, Any]) -> None:
+    """The figures the tuner measured (the manifest's gain) and the gate's verdict on them."""
+    from tuner_job.gain import Gain, judge
+
+    if "gain" not in f:
+        return
+    gain = Gain.from_dict(f.get("gain"))
+    if gain is None:
+        print("gain: not measured")
+        return
+    for fig in gain.figures:
+        print(f"gain: {fig.describe()}; saves {fig.saved_s:.4g}s a run")
+    if gain.note:
+        print(f"gain: {gain.note}")
+    verdict = judge(gain)
+    print(f"promotion gate (minGain 0): {'PASS' if verdict.passed else 'FAIL'}: {verdict.message}")
+
+
 def print_table(args: argparse.Namespace, clock: Clock, rep: Report) -> None:
     p, f = rep.probe, rep.facts
     backend = f"HIP {p.get('hip')}" if p.get("hip") else f"CUDA {p.get('cuda')}"
@@ -822,6 +843,7 @@ def print_table(args: argparse.Namespace, clock: Clock, rep: Report) -> None:
             f"limits {TUNING['maxDurationMs']} ms / {TUNING['maxIterations']} iterations per "
             "solution)"
         )
+    gain_lines(f)
     if "fetch_s" in f:
         print(
             f"publish to a file:// store {f['publish_s']:.2f}s, fetch + verify "

@@ -51,8 +51,10 @@ def judged(record: ArtifactRecord, min_gain: float) -> ArtifactRecord:
     return replace(record, verdict=word, verdict_message=verdict.message)
 
 
-def _key(r: ArtifactRecord) -> tuple[str, str]:
-    return (r.uri, r.sha256)
+def _key(r: ArtifactRecord) -> tuple[str, str, str]:
+    """One artifact as tuned for one revision: the same bytes tuned again under another spec
+    (the library gave every row back) were measured anew, under that spec, and are judged so."""
+    return (r.uri, r.sha256, r.revision)
 
 
 def _candidates(
@@ -73,7 +75,8 @@ def _candidates(
             known.append(record)
     out: list[ArtifactRecord] = []
     if fresh is not None:
-        was = next((r for r in known if _key(r) == _key(fresh)), None)
+        # By its bytes, whatever the revision: one ConfigMap per artifact, named by its SHA-256.
+        was = next((r for r in known if _key(r)[:2] == _key(fresh)[:2]), None)
         if was is not None:
             fresh = replace(
                 fresh,
@@ -93,7 +96,8 @@ def _pinned(
 ) -> tuple[ArtifactRecord | None, str]:
     if pin is None:
         return None, ""
-    target = next((c for c in candidates if c.sha256 == pin.sha256), None)
+    named = [c for c in candidates if c.sha256 == pin.sha256]
+    target = next((c for c in named if c.revision in revisions), named[0] if named else None)
     if target is None:
         return None, f"the pin of {pin.sha256[:12]} is ignored: no artifact of this model has it"
     if target.revision not in revisions:
@@ -162,7 +166,7 @@ def _history(
     """history with the model's entries as judged now, the served one out of it, and the ones
     that just left serving (or never served: a rejected fresh one) at the front."""
     keep = {_key(c): c for c in candidates if chosen is None or _key(c) != _key(chosen)}
-    in_history: set[tuple[str, str]] = set()
+    in_history: set[tuple[str, str, str]] = set()
     rest: list[dict[str, Any]] = []
     for entry in history:
         record = ArtifactRecord.from_status(entry)

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 from tunefleet import naming
 from tunefleet.builders.kueue import QUEUE_LABEL
+from tunefleet.contracts.pin import ANNOTATION as PIN_ANNOTATION
 from tunefleet.contracts.retune import ANNOTATION as RETUNE_ANNOTATION
 
 
@@ -57,12 +58,12 @@ def owning_job(meta: Mapping[str, Any]) -> str | None:
 
 def profile_view(body: Mapping[str, Any]) -> dict[str, Any]:
     """What admission and reconciliation need of a TuningProfile (of its annotations, only
-    a retune request: contracts/retune.py)."""
+    a retune request and the pins: contracts/retune.py, contracts/pin.py)."""
     meta = body.get("metadata") or {}
     kept = _pick(
         meta, "name", "namespace", "uid", "generation", "deletionTimestamp", "resourceVersion"
     )
-    annotations = _pick(meta.get("annotations"), RETUNE_ANNOTATION)
+    annotations = _pick(meta.get("annotations"), RETUNE_ANNOTATION, PIN_ANNOTATION)
     if annotations:
         kept["annotations"] = annotations
     finalizers = meta.get("finalizers") or []

@@ -48,6 +48,8 @@ def compile_profile(name: str, image: str, s3: Any, secret: str, **over: Any) ->
         "workload": {"command": command(iterations=3), "env": INDUCTOR_ENV},
         "artifacts": {"tunableop": False, "caches": [{"kind": "torchCompile"}]},
         "tuning": {"backoffLimit": 0, "budgetSeconds": 900, "activeDeadlineSeconds": 1500},
+        # The gate's measuring: cold against warm first inferences, a few pairs (~20 s each).
+        "promotion": {"budgetSeconds": 150},
         "storage": {
             "uri": f"s3://{s3.bucket}/bundles",
             "endpoint": s3.pod_endpoint,

@@ -172,3 +172,30 @@ def test_a_forced_pin_of_a_rejected_artifact_serves_it_and_unpin_returns_to_the_
     assert back["artifacts"][0]["sha256"] == "a" * 64
     assert [h["sha256"] for h in back["history"]] == ["b" * 64]
     assert back["history"][0]["promotion"]["verdict"] == "Rejected"
+
+
+def test_the_same_bytes_tuned_again_under_a_new_spec_are_judged_for_that_spec() -> None:
+    # The library gave every row back: the second revision's results are byte for byte the
+    # first's, but measured under the new spec they lose. The first record keeps serving.
+    first = status(SPEC, [job("j1", "a" * 64, REV, GOOD, "t1")], {})
+    st = status(SPEC2, [job("j2", "a" * 64, REV2, BAD, "t2")], first)
+    (art,) = st["artifacts"]
+    assert art["revision"] == REV and art["promotion"]["verdict"] == "Passed"
+    (h,) = st["history"]
+    assert h["revision"] == REV2 and h["promotion"]["verdict"] == "Rejected"
+    assert st["phase"] == "Rejected"
+    # A forced pin of the rejected one names the record of the revision tuned now.
+    pinned = status(SPEC2, [], st, pins={MODEL: Pin(MODEL, "a" * 64, "forced")})
+    assert pinned["artifacts"][0]["revision"] == REV2
+
+
+def test_the_cached_view_of_a_profile_keeps_its_pins_for_the_reconcile() -> None:
+    from tunefleet.contracts import pin
+    from tunefleet.views import profile_view
+
+    pins = {MODEL: Pin(MODEL, "a" * 64, "why", "t")}
+    raw = {"metadata": {"name": "p", "namespace": "n", "annotations": {
+        pin.ANNOTATION: pin.value(pins), "other": "dropped"}}, "spec": {}}  # fmt: skip
+    view = profile_view(raw)
+    assert pin.read(view["metadata"]["annotations"]) == pins
+    assert "other" not in view["metadata"]["annotations"]

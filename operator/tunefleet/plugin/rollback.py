@@ -90,9 +90,10 @@ def _entries(profile: dict[str, Any], served: dict[str, Any]) -> list[dict[str, 
     ]
 
 
-def _by_prefix(entries: Sequence[dict[str, Any]], prefix: str, revision: Any) -> dict[str, Any]:
+def _by_prefix(entries: Sequence[dict[str, Any]], prefix: str, allowed: set[str]) -> dict[str, Any]:
     """The one artifact whose SHA-256 starts with prefix. An artifact kept twice (served and in
-    history, or under two revisions) counts once: its entry of the served revision first."""
+    history, or under two revisions) counts once: its entry of a revision a pin may name
+    first (the operator picks the same one)."""
     matches = [e for e in entries if str(e["sha256"]).startswith(prefix)]
     shas = sorted({str(e["sha256"]) for e in matches})
     model = entries[0].get("gpuModel")
@@ -106,7 +107,7 @@ def _by_prefix(entries: Sequence[dict[str, Any]], prefix: str, revision: Any) ->
             f"{prefix} matches {len(shas)} artifacts of {model} "
             f"({', '.join(short(s) for s in shas)}): give more of the SHA-256"
         )
-    matches.sort(key=lambda e: (e.get("revision") != revision, _verdict(e) == REJECTED))
+    matches.sort(key=lambda e: (e.get("revision") not in allowed, _verdict(e) == REJECTED))
     return matches[0]
 
 
@@ -133,7 +134,7 @@ def _check_target(
     target: dict[str, Any], served: dict[str, Any], force: bool, allowed: set[str]
 ) -> None:
     sha, model = short(target.get("sha256")), served.get("gpuModel")
-    if target["sha256"] == served["sha256"]:
+    if (target["sha256"], target.get("revision")) == (served["sha256"], served.get("revision")):
         how = " (pinned)" if served.get("pinned") else ""
         raise PluginError(
             f"artifact {sha} is already served for {model}{how}: nothing to roll back; "
@@ -162,7 +163,7 @@ def choose(
     served = _served(profile, gpu_model)
     allowed = _revisions(profile, str(served.get("gpuModel")))
     entries = _entries(profile, served)
-    target = _by_prefix(entries, to, served.get("revision")) if to else None
+    target = _by_prefix(entries, to, allowed) if to else None
     target = target or _newest_other(entries, allowed)
     _check_target(target, served, force, allowed)
     ns, name = _names(profile)

@@ -1,0 +1,142 @@
+"""The promotion gate on the real node, with the stand-in torch's timing knob: the tuning Job
+measures for real (tuner_job/measure.py times the stand-in's GEMMs with TunableOp off and on),
+but what it times is the knob's sleep (FAKE_TORCH_GEMM_SLEEP, FAKE_TORCH_TUNED_SPEEDUP), so every
+figure says stand-in: no real gain is claimed.
+
+A profile's first artifact is faster with its results and serves; a changed spec's artifact is
+slower, is kept in history, never served, and Ready says which figure failed and by how much;
+new model pods still get the first. `kubectl tunefleet rollback --to <second> --force` serves
+the rejected one (pinned, and status says why); `kubectl tunefleet unpin` returns to the first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.cluster import wait_for_real_node_gpus
+from tests.support.kube import apply, create, get_json, pod_of, ready
+from tests.support.operator import InCluster
+from tests.support.poll import eventually
+from tests.support.real_node import SHAPES, model_pod, real_profile
+from tunefleet.naming import ARTIFACT_SHA_ANNOTATION
+
+pytestmark = pytest.mark.e2e
+
+PLUGIN = Path(sys.executable).parent / "kubectl-tunefleet"
+
+
+def knob(speedup: str, *more: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "shapes": [*SHAPES, *more],
+        "env": [
+            {"name": "FAKE_TORCH_BACKEND", "value": "rocm"},
+            {"name": "FAKE_TORCH_GEMM_SLEEP", "value": "0.002"},
+            {"name": "FAKE_TORCH_TUNED_SPEEDUP", "value": speedup},
+        ],
+    }
+
+
+def plugin(cluster: Any, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "KUBECONFIG": cluster.kubeconfig}
+    done = subprocess.run([str(PLUGIN), *args], env=env, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    print(
+        f"$ kubectl tunefleet {' '.join(args)}  (exit {done.returncode})\n{done.stdout}{done.stderr}"
+    )
+    return done
+
+
+def served(cluster: Any, namespace: str, name: str) -> dict[str, Any]:
+    (art,) = get_json(cluster, "tp", "-n", namespace, name)["status"]["artifacts"]
+    return dict(art)
+
+
+def admitted_sha(cluster: Any, namespace: str, pod: str, profile: str, want: str) -> str:
+    """The artifact the webhook pins a new model pod to, once it pins `want`: the replicas
+    read the profile from their caches, a moment behind the status just written."""
+    tries = iter(range(1000))
+
+    def admit() -> str:
+        name = f"{pod}-{next(tries)}"
+        create(cluster, namespace, model_pod(name, profile))
+        anns = pod_of(cluster, namespace, name)["metadata"]["annotations"]
+        cluster.kubectl("delete", "pod", "-n", namespace, name, "--wait=false")
+        return str(anns.get(ARTIFACT_SHA_ANNOTATION, ""))
+
+    return str(eventually(admit, lambda sha: sha == want, f"{pod} to get {want[:12]}",
+                          timeout=60, interval=2))  # fmt: skip
+
+
+def test_a_slower_artifact_is_never_served_then_rollback_and_unpin(
+    cluster: Any, in_cluster: InCluster, s3: Any, namespace: str, s3_secret: str
+) -> None:
+    wait_for_real_node_gpus(cluster, 2)
+    profile = real_profile("gated", s3, s3_secret, workload=knob("3"))
+    apply(cluster, namespace, profile)
+    first = ready(cluster, namespace, "gated", timeout=300)
+    assert first["status"]["phase"] == "Ready", first["status"]
+    a = served(cluster, namespace, "gated")
+    gain = a["gain"]
+    assert gain["standIn"] is True  # the stand-in's timings: never a real gain
+    (fig,) = [f for f in gain["figures"] if f["name"] == "gemms"]
+    assert fig["speedup"] > 1.05 and fig["repetitions"] >= 5, fig
+    assert a["promotion"]["verdict"] == "Passed"
+    wide = cluster.kubectl("get", "tp", "-n", namespace, "gated", "-o", "wide").stdout
+    assert "GAIN" in wide and "stand-in" in wide, wide
+
+    # A changed spec (a new revision, one more GEMM: other bytes) whose "tuned" kernels are
+    # slower: measured, refused.
+    profile["spec"]["workload"] = knob("0.4", {"mnk": [96, 256, 512], "dtype": "bfloat16"})
+    apply(cluster, namespace, profile)
+    rejected = eventually(
+        lambda: get_json(cluster, "tp", "-n", namespace, "gated"),
+        lambda p: (p.get("status") or {}).get("phase") == "Rejected",
+        "the second artifact to be rejected",
+        timeout=300,
+        interval=2,
+    )["status"]
+    assert [x["sha256"] for x in rejected["artifacts"]] == [a["sha256"]]
+    assert rejected["history"], json.dumps(rejected, indent=1)[:6000]
+    b = rejected["history"][0]
+    assert b["sha256"] != a["sha256"] and b["promotion"]["verdict"] == "Rejected"
+    message = next(c for c in rejected["conditions"] if c["type"] == "Ready")
+    assert message["reason"] == "PromotionRejected", message
+    assert "gemms 0." in message["message"] and "% below" in message["message"], message
+    assert f"{a['sha256'][:12]} keeps serving" in message["message"]
+    assert admitted_sha(cluster, namespace, "after-reject", "gated", a["sha256"])
+
+    # Rollback to the rejected one (forced), then unpin.
+    refused = plugin(cluster, "rollback", "gated", "-n", namespace, "--to", b["sha256"][:12])
+    assert refused.returncode != 0 and "--force" in refused.stdout + refused.stderr
+    done = plugin(cluster, "rollback", "gated", "-n", namespace, "--to", b["sha256"][:12],
+                  "--force", "--reason", "e2e")  # fmt: skip
+    assert done.returncode == 0
+    pinned = eventually(
+        lambda: served(cluster, namespace, "gated"),
+        lambda art: art["sha256"] == b["sha256"],
+        "the pinned artifact to serve",
+        timeout=120,
+        interval=1,
+    )
+    assert pinned["pinned"]["reason"] == "e2e" and pinned["promotion"]["verdict"] == "Pinned"
+    assert admitted_sha(cluster, namespace, "after-rollback", "gated", b["sha256"])
+    status = plugin(cluster, "status", "gated", "-n", namespace)
+    assert status.returncode == 0 and "stand-in" in status.stdout
+
+    assert plugin(cluster, "unpin", "gated", "-n", namespace).returncode == 0
+    back = eventually(
+        lambda: served(cluster, namespace, "gated"),
+        lambda art: art["sha256"] == a["sha256"],
+        "the first artifact to serve again",
+        timeout=120,
+        interval=1,
+    )
+    assert "pinned" not in back
+    assert admitted_sha(cluster, namespace, "after-unpin", "gated", a["sha256"])
