@@ -183,7 +183,7 @@ def _rollback_parsers(sub: Any) -> tuple[argparse.ArgumentParser, argparse.Argum
     rb = sub.add_parser(
         "rollback",
         help="serve an earlier artifact of the same revision (a pin), not the newest that passed",
-        description="Pins a GPU model to an earlier artifact of the revision served now (the "
+        description="Pins a GPU model to an earlier artifact of the revision it tunes now (the "
         "newest one in status.history that the promotion gate did not reject, or --to), by "
         "annotating the profile (tunefleet.io/pin); the operator serves it until `kubectl "
         "tunefleet unpin`.",
