@@ -76,6 +76,14 @@ ADMISSIONS = Counter(
     ["outcome", "reason"],
     registry=REGISTRY,
 )
+PODS_SERVED = Counter(
+    "tunefleet_pods_served_total",
+    "Model pods admitted with their profile's artifact, by how they get it: ConfigMap or "
+    "ImageVolume (mounted, nothing runs before the model), Store (the fetch init container). "
+    "Counted by the replica that admitted the pod: sum over replicas.",
+    ["namespace", "profile", "delivery"],
+    registry=REGISTRY,
+)
 ADMISSION_SECONDS = Histogram(
     "tunefleet_admission_duration_seconds",
     "Time the webhook handler took per admission (the API server adds its own transport).",

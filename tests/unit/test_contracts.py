@@ -232,3 +232,10 @@ def test_settings_that_do_not_shape_results_are_one_set_for_revision_and_tuner()
     assert excluded and not excluded & set(config["tuning"])
     other = TuningProfileSpec.model_validate({**BASE, "tuning": {"backoffLimit": 3}})
     assert naming.revision(other) == naming.revision(spec)
+
+
+def test_the_admission_says_how_the_pod_gets_its_artifact() -> None:
+    mark = Admission(INJECTED, Code.NONE, "", SHA[:8], SHA, "M", "w")
+    assert mark.delivery == "Store"
+    assert replace(mark, config_map="cm").delivery == "ConfigMap"
+    assert replace(mark, image_volume="r@sha256:" + "a" * 64).delivery == "ImageVolume"

@@ -278,6 +278,7 @@ def test_the_dashboard_shows_every_per_profile_metric_and_tells_stand_in_figures
         "tunefleet_artifact_speedup_high", "tunefleet_artifact_saved_seconds",
         "tunefleet_artifact_promoted", "tunefleet_artifact_rejected", "tunefleet_artifact_pinned",
         "tunefleet_capture_coverage_ratio", "tunefleet_pods_untuned",
+        "tunefleet_pods_served_total",
     }  # fmt: skip
     assert per_profile <= used, per_profile - used
     names = {v["name"] for v in dashboard()["templating"]["list"]}

@@ -332,8 +332,12 @@ def test_the_entries_after_the_first_see_the_pod_decided_and_change_nothing(
     monkeypatch.setattr(CACHE, "profile", lambda key: profile(["NVIDIA-H200"]))
     monkeypatch.setattr(pod_handlers, "_config_map_uids", _no_config_maps)
     body = {**pod(), "metadata": {**pod()["metadata"], "namespace": "ml"}}
+    name = body["metadata"]["labels"]["tunefleet.io/profile"]
+    served = metrics.PODS_SERVED.labels("ml", name, "Store")  # fetched by the init container
+    before_served = served._value.get()
     first, after = _call(pod_handlers, body)
     assert first["spec"]["initContainers"]
+    assert served._value.get() == before_served + 1
 
     def no_lookup(*_: Any) -> Any:
         raise AssertionError("an injected pod needs no lookup")
@@ -344,6 +348,7 @@ def test_the_entries_after_the_first_see_the_pod_decided_and_change_nothing(
     before = counted._value.get()
     second, again = _call(pod_handlers, after)
     assert not second and again == after and counted._value.get() == before + 1
+    assert served._value.get() == before_served + 1  # one pod, served once
 
 
 def test_an_untuned_decision_repeated_by_a_later_entry_is_announced_once(

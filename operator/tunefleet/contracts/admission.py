@@ -59,6 +59,14 @@ class Admission:
     # model picked is in the fetch init container's outcome (contracts/fetch.py).
     candidates: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def delivery(self) -> str:
+        """How the pod gets its artifact: ConfigMap or ImageVolume (mounted), else Store (its
+        fetch init container downloads and verifies it)."""
+        if self.config_map:
+            return "ConfigMap"
+        return "ImageVolume" if self.image_volume else "Store"
+
     def write(self, pod: dict[str, Any]) -> None:
         """Mark `pod` (in place): the label every admitted pod gets, and the annotations."""
         meta = pod.setdefault("metadata", {})

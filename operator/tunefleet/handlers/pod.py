@@ -14,7 +14,7 @@ import kopf
 from tunefleet import kube, metrics, naming, views, watch
 from tunefleet.builders.webhook import HANDLER_ID
 from tunefleet.conditions import EventReason
-from tunefleet.contracts.admission import Code
+from tunefleet.contracts.admission import Admission, Code
 from tunefleet.handlers.startup import CACHE, CONFIG, DELIVERED, follow_child
 from tunefleet.runtime import reflector
 from tunefleet.webhook.admission import Decision, admit, already_injected, repeats, seen_injected
@@ -78,7 +78,7 @@ async def pod_mutate(
         metrics.ADMISSIONS.labels("unchanged", Code.ALREADY_ADMITTED).inc()
         apply(body, patch, decision)
         return
-    metrics.ADMISSIONS.labels(decision.outcome, decision.code).inc()
+    _count(decision, namespace, profile_name)
     if decision.deny:
         log.info(f"refused pod {namespace}/{pod_name}: {decision.deny}")
         raise kopf.AdmissionError(decision.deny, code=403)
@@ -90,6 +90,14 @@ async def pod_mutate(
         announce(views.profile_ref(entry), pod_name, decision)
     # One line per admission with the handler's own duration: `make bench` reads these.
     log.info(f"admission pod {namespace}/{pod_name}: {decision.outcome} in {took * 1000:.2f} ms")
+
+
+def _count(decision: Decision, namespace: str, profile: str) -> None:
+    """The admission by outcome, and a pod served its artifact by profile and delivery."""
+    metrics.ADMISSIONS.labels(decision.outcome, decision.code).inc()
+    served = Admission.read(decision.pod) if decision.injected else None
+    if served is not None:
+        metrics.PODS_SERVED.labels(namespace, profile, served.delivery).inc()
 
 
 async def _read_profile(namespace: str, name: str) -> dict[str, Any] | None:
