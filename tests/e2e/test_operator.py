@@ -138,6 +138,7 @@ def test_examples_tune_one_job_per_model_and_turn_ready(
         "REUSED",
         "KINDS",
         "NOTE",
+        "GAIN",
         "COVERAGE",
         "MESSAGE",
     ], wide
