@@ -34,7 +34,7 @@ from .config import Shape, TuningConfig
 from .gain import Figure, Gain, Measurement
 from .gpu import TunerError
 from .output import RESULTS_NAME
-from .record import run_workload
+from .record import run_workload, shape_gemm
 
 Log = Callable[[str], None]
 # TunableOp's own variables win over its Python API: the GEMM child runs without them.
@@ -249,26 +249,18 @@ class _GemmBench:
         self.repeat = self._calibrate()
 
     def _op(self, s: Shape) -> Callable[[], Any] | None:
-        """What record.py runs for the shape, over operands made once."""
-        from .record import _canonical, _operands
-
-        torch = self.torch
+        """What record.py runs for the shape, with its TF32 setting (TunableOp names a TF32
+        GEMM apart, "tf32"); float8 shapes are not timed."""
         if s.dtype.startswith("float8"):
             return None
-        dtype = getattr(torch, _canonical(s.dtype))
-        a, b = _operands(torch, s, dtype, "cuda")
-        matmul = torch.backends.cuda.matmul
-        if s.batch > 1:
-            return lambda: torch.bmm(a, b)
-        if s.bias:
-            bias = torch.rand(s.n, dtype=dtype, device="cuda")
-            return lambda: torch.addmm(bias, a, b)
+        gemm = shape_gemm(self.torch, s)
+        matmul = self.torch.backends.cuda.matmul
 
-        def mm() -> Any:
-            matmul.allow_tf32 = s.tf32  # TunableOp names a TF32 GEMM apart ("tf32")
-            return torch.mm(a, b)
+        def run() -> Any:
+            matmul.allow_tf32 = s.tf32
+            return gemm()
 
-        return mm
+        return run
 
     def _capture(self) -> bool:
         graph = getattr(self.torch.cuda, "CUDAGraph", None)

@@ -206,9 +206,10 @@ def _operands(torch: Any, shape: Shape, dtype: Any, dev: str) -> tuple[Any, Any]
     return a, bb
 
 
-def _run_shape(torch: Any, shape: Shape) -> None:
+def shape_gemm(torch: Any, shape: Shape, dev: str = "cuda") -> Callable[[], Any]:
+    """The shape's GEMM as torch runs it, over operands made once: recording calls it once,
+    measuring (tuner_job/measure.py) calls it pass after pass."""
     dtype = getattr(torch, _canonical(shape.dtype))
-    dev = "cuda"
     m, n, k = shape.m, shape.n, shape.k
     if shape.dtype.startswith("float8"):
         # _scaled_mm: A row-major (m, k), B column-major (k, n), per-tensor scales.
@@ -216,16 +217,21 @@ def _run_shape(torch: Any, shape: Shape) -> None:
         bt = torch.rand(n, k, device=dev).to(dtype).t()
         one = torch.tensor(1.0, device=dev)
         bias = torch.rand(n, dtype=torch.bfloat16, device=dev) if shape.bias else None
-        torch._scaled_mm(a, bt, scale_a=one, scale_b=one, bias=bias, out_dtype=torch.bfloat16)
-        return
+        return lambda: torch._scaled_mm(
+            a, bt, scale_a=one, scale_b=one, bias=bias, out_dtype=torch.bfloat16
+        )
     a, bb = _operands(torch, shape, dtype, dev)
     if shape.batch > 1:
-        torch.bmm(a, bb)
-    elif shape.bias:
+        return lambda: torch.bmm(a, bb)
+    if shape.bias:
         # What nn.Linear runs for a 2-D input: addmm with a 1-D bias (Blas.cpp's Lt path).
-        torch.addmm(torch.rand(n, dtype=dtype, device=dev), a, bb)
-    else:
-        torch.mm(a, bb)
+        vector = torch.rand(n, dtype=dtype, device=dev)
+        return lambda: torch.addmm(vector, a, bb)
+    return lambda: torch.mm(a, bb)
+
+
+def _run_shape(torch: Any, shape: Shape) -> None:
+    shape_gemm(torch, shape)()
 
 
 def _expected(shape: Shape) -> tuple[str, str]:

@@ -27,6 +27,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from tunefleet.conditions import Phase
+from tunefleet.contracts.artifact import PINNED, REJECTED, SERVABLE, verdict_of
 from tuner_job.gain import FIGURES, Gain
 
 log = logging.getLogger(__name__)
@@ -153,10 +154,6 @@ RETUNES = Counter(
 
 PHASES = tuple(Phase)
 JOB_STATES = ("Pending", "Running", "Succeeded", "Failed")
-# Verdicts of a served artifact that let it be served: measured and passed, served without a
-# measurement (the gate lets an unmeasured artifact through), or held by a pin.
-SERVING_VERDICTS = frozenset({"Passed", "Unmeasured", "Pinned"})
-REJECTED = "Rejected"
 
 Profiled = tuple[str, str, Mapping[str, Any]]  # (namespace, profile name, its status)
 MODEL_LABELS = ["namespace", "profile", "gpu_model"]
@@ -303,7 +300,7 @@ class _ProfileFamilies:
         rejected: Tally[str] = Tally(
             str(e["gpuModel"])
             for e in _entries(status.get("history"))
-            if e.get("gpuModel") and _verdict(e) == REJECTED
+            if e.get("gpuModel") and verdict_of(e) == REJECTED
         )
         for model, entry in served.items():
             self._artifact([namespace, name, model], entry)
@@ -316,10 +313,10 @@ class _ProfileFamilies:
                 self.coverage.add_metric([namespace, name, model], coverage / 100)
 
     def _artifact(self, labels: list[str], entry: Mapping[str, Any]) -> None:
-        verdict = _verdict(entry)
+        verdict = verdict_of(entry)
         # No verdict: served from before the gate existed, which is what Unmeasured says.
-        self.promoted.add_metric(labels, 1 if verdict in SERVING_VERDICTS or not verdict else 0)
-        pinned = isinstance(entry.get("pinned"), dict) or verdict == "Pinned"
+        self.promoted.add_metric(labels, 1 if verdict in SERVABLE or not verdict else 0)
+        pinned = isinstance(entry.get("pinned"), dict) or verdict == PINNED
         self.pinned.add_metric(labels, 1 if pinned else 0)
         gain = Gain.from_dict(entry.get("gain"))
         if gain is None:
@@ -345,11 +342,6 @@ def _by_model(value: Any) -> dict[str, Mapping[str, Any]]:
         if e.get("gpuModel"):
             out.setdefault(str(e["gpuModel"]), e)
     return out
-
-
-def _verdict(entry: Mapping[str, Any]) -> str:
-    promotion = entry.get("promotion")
-    return str(promotion.get("verdict") or "") if isinstance(promotion, dict) else ""
 
 
 def serve(port: int, addr: str = "0.0.0.0") -> None:

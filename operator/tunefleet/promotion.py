@@ -20,14 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.contracts.artifact import PASSED, PINNED, REJECTED, UNMEASURED, ArtifactRecord
 from tunefleet.contracts.pin import Pin
 from tuner_job.gain import judge
-
-PASSED = "Passed"
-UNMEASURED = "Unmeasured"
-REJECTED = "Rejected"
-PINNED = "Pinned"
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tunefleet import decide, delivery, kube, metrics, naming, policy, promotion, views
+from tunefleet import decide, delivery, kube, metrics, naming, policy, views
 from tunefleet.announce import announce
 from tunefleet.api import TuningProfileSpec
 from tunefleet.artifacts.fetch import FetchError
@@ -36,7 +36,7 @@ from tunefleet.capture import step as capture_step
 from tunefleet.conditions import EventReason, Reason, Type, find, truncate
 from tunefleet.config import Config
 from tunefleet.contracts import pin
-from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.contracts.artifact import REJECTED, ArtifactRecord
 from tunefleet.diagnose import Hints
 from tunefleet.memory import NODES_TTL, QUEUED_TTL, Memory, ProfileMemory
 from tunefleet.observe import JobObservation, observe, observe_wanting
@@ -221,7 +221,7 @@ class _Sync:
             if (
                 record is not None
                 and self.spec is not None
-                and record.verdict == promotion.REJECTED
+                and record.verdict == REJECTED
                 and record.revision == self.rev(record.gpu_model)
             ):
                 out.add(record.gpu_model)

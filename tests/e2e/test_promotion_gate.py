@@ -58,6 +58,13 @@ def served(cluster: Any, namespace: str, name: str) -> dict[str, Any]:
     return dict(art)
 
 
+def serving(cluster: Any, namespace: str, name: str, sha: str) -> dict[str, Any]:
+    """The profile's served artifact once it is `sha` (a pin or unpin is acted on)."""
+    return dict(eventually(lambda: served(cluster, namespace, name),
+                           lambda art: art["sha256"] == sha, f"{name} to serve {sha[:12]}",
+                           timeout=120, interval=1))  # fmt: skip
+
+
 def admitted_sha(cluster: Any, namespace: str, pod: str, profile: str, want: str) -> str:
     """The artifact the webhook pins a new model pod to, once it pins `want`: the replicas
     read the profile from their caches, a moment behind the status just written."""
@@ -118,25 +125,13 @@ def test_a_slower_artifact_is_never_served_then_rollback_and_unpin(
     done = plugin(cluster, "rollback", "gated", "-n", namespace, "--to", b["sha256"][:12],
                   "--force", "--reason", "e2e")  # fmt: skip
     assert done.returncode == 0
-    pinned = eventually(
-        lambda: served(cluster, namespace, "gated"),
-        lambda art: art["sha256"] == b["sha256"],
-        "the pinned artifact to serve",
-        timeout=120,
-        interval=1,
-    )
+    pinned = serving(cluster, namespace, "gated", b["sha256"])
     assert pinned["pinned"]["reason"] == "e2e" and pinned["promotion"]["verdict"] == "Pinned"
     assert admitted_sha(cluster, namespace, "after-rollback", "gated", b["sha256"])
     status = plugin(cluster, "status", "gated", "-n", namespace)
     assert status.returncode == 0 and "stand-in" in status.stdout
 
     assert plugin(cluster, "unpin", "gated", "-n", namespace).returncode == 0
-    back = eventually(
-        lambda: served(cluster, namespace, "gated"),
-        lambda art: art["sha256"] == a["sha256"],
-        "the first artifact to serve again",
-        timeout=120,
-        interval=1,
-    )
+    back = serving(cluster, namespace, "gated", a["sha256"])
     assert "pinned" not in back
     assert admitted_sha(cluster, namespace, "after-unpin", "gated", a["sha256"])

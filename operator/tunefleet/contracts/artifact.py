@@ -32,6 +32,13 @@ _DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 # status.artifacts[].delivery of an oci:// artifact whose volume image the operator verified:
 # the webhook mounts it as an image volume (delivery.py decides, admission.py mounts).
 IMAGE_VOLUME = "ImageVolume"
+# status.artifacts[].promotion.verdict, the gate's word (promotion.py decides it): measured and
+# passed, passed unmeasured, rejected (kept in history, never served), served by a pin.
+PASSED = "Passed"
+UNMEASURED = "Unmeasured"
+REJECTED = "Rejected"
+PINNED = "Pinned"
+SERVABLE = frozenset({PASSED, UNMEASURED, PINNED})
 
 
 def _int(value: Any) -> int | None:
@@ -366,11 +373,19 @@ def _promotion(doc: dict[str, Any]) -> dict[str, Any]:
     pinned = doc.get("pinned") if isinstance(doc.get("pinned"), dict) else {}
     return {
         "gain": Gain.from_dict(doc.get("gain")),
-        "verdict": _text((promotion or {}).get("verdict"), 40),
+        "verdict": verdict_of(doc),
         "verdict_message": _text((promotion or {}).get("message"), 1000),
         "pinned_reason": _text((pinned or {}).get("reason"), 300),
         "pinned_at": _text((pinned or {}).get("at"), 40),
     }
+
+
+def verdict_of(entry: Any) -> str:
+    """The verdict a status.artifacts[]/history[] entry shows; "" for none, or for anything
+    that is not one (a hand-edited or forged entry never breaks a reader)."""
+    promotion = entry.get("promotion") if isinstance(entry, dict) else None
+    verdict = promotion.get("verdict") if isinstance(promotion, dict) else None
+    return verdict[:40] if isinstance(verdict, str) else ""
 
 
 def _skipped(doc: dict[str, Any]) -> tuple[cc.Skipped, ...]:

@@ -98,12 +98,6 @@ def short(sha: Any) -> str:
     return str(sha or "")[:12] or "?"
 
 
-def gain_of(doc: Any) -> Gain | None:
-    """An artifact entry's `gain`, or None when absent or malformed: the plugin shows what it
-    can read and never fails a whole report over one field another writer got wrong."""
-    return Gain.from_dict(doc)
-
-
 def figure_text(f: Figure, stand_in: bool) -> str:
     """One figure in full: speed-up with its interval and pairs, the median seconds without and
     with the artifact, and what that saves per run."""

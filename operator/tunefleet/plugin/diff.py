@@ -13,9 +13,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from tuner_job.gain import Gain
 from tuner_job.results import ResultRow, ResultsFile, is_placeholder
 
-from .common import gain_of, speedups
+from .common import speedups
 
 _MODEL_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -158,7 +159,7 @@ def _side(label: str, side: dict[str, Any]) -> str:
 
 def _figure_lines(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     """Each side's figures, where a profile's status holds them; nothing when neither does."""
-    gains = [gain_of(a.get("gain")), gain_of(b.get("gain"))]
+    gains = [Gain.from_dict(a.get("gain")), Gain.from_dict(b.get("gain"))]
     if gains == [None, None]:
         return []
     lines = ["Figures (measured where each was tuned; above 1x is faster than without):"]

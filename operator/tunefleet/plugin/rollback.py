@@ -14,13 +14,14 @@ from typing import Any
 
 from tunefleet.capture.loop import model_revision
 from tunefleet.contracts import pin as pins
+from tunefleet.contracts.artifact import REJECTED, verdict_of
+from tuner_job.gain import Gain
 
-from .common import gain_lines, gain_of, short
+from .common import gain_lines, short
 from .errors import PluginError
 
 DEFAULT_REASON = "rollback by kubectl tunefleet"
 MIN_PREFIX = 7  # as git's short hashes: long enough that a typo matches nothing
-REJECTED = "Rejected"
 _PREFIX = re.compile(rf"^[0-9a-f]{{{MIN_PREFIX},64}}$")
 
 
@@ -30,10 +31,6 @@ def sha_prefix(text: str) -> str:
     if not _PREFIX.match(prefix):
         raise ValueError(f"want a SHA-256 or a prefix of {MIN_PREFIX}+ hex digits, got {text!r}")
     return prefix
-
-
-def _verdict(entry: dict[str, Any]) -> str:
-    return str((entry.get("promotion") or {}).get("verdict") or "")
 
 
 def _names(profile: dict[str, Any]) -> tuple[str, str]:
@@ -107,7 +104,7 @@ def _by_prefix(entries: Sequence[dict[str, Any]], prefix: str, allowed: set[str]
             f"{prefix} matches {len(shas)} artifacts of {model} "
             f"({', '.join(short(s) for s in shas)}): give more of the SHA-256"
         )
-    matches.sort(key=lambda e: (e.get("revision") not in allowed, _verdict(e) == REJECTED))
+    matches.sort(key=lambda e: (e.get("revision") not in allowed, verdict_of(e) == REJECTED))
     return matches[0]
 
 
@@ -117,7 +114,7 @@ def _newest_other(entries: Sequence[dict[str, Any]], allowed: set[str]) -> dict[
     served = entries[0]
     history = [e for e in entries[1:] if e["sha256"] != served["sha256"]]
     same = [e for e in history if e.get("revision") in allowed]
-    fit = [e for e in same if _verdict(e) != REJECTED]
+    fit = [e for e in same if verdict_of(e) != REJECTED]
     if fit:
         return fit[0]
     model, rev = served.get("gpuModel"), " or ".join(sorted(allowed)) or "?"
@@ -147,7 +144,7 @@ def _check_target(
             "serves an artifact of the same revision (an artifact tuned for another spec may not "
             "fit the image now served); roll the spec back to tune for that one"
         )
-    if _verdict(target) == REJECTED and not force:
+    if verdict_of(target) == REJECTED and not force:
         message = (target.get("promotion") or {}).get("message") or "no message"
         raise PluginError(
             f"artifact {sha} failed the promotion gate ({message}) and was never served: "
@@ -175,7 +172,7 @@ def choose(
         "gpuModel": str(served.get("gpuModel")),
         "served": _about(served),
         "target": _about(target),
-        "forced": _verdict(target) == REJECTED,
+        "forced": verdict_of(target) == REJECTED,
         "replacedPin": replaced.to_dict() if replaced else None,
     }
 
@@ -204,7 +201,7 @@ def format_rollback(report: dict[str, Any]) -> str:
         f"instead of {short(served['sha256'])}.",
         f"  reason: {pin['reason']}",
     ]
-    gain = gain_of(target.get("gain"))
+    gain = Gain.from_dict(target.get("gain"))
     lines += [f"  gain:   {g}" for g in (gain_lines(gain) if gain is not None else [])]
     promotion = target.get("promotion") or {}
     if promotion.get("verdict"):

@@ -9,9 +9,10 @@ from tunefleet import naming
 from tunefleet.capture.loop import model_revision
 from tunefleet.conditions import TYPES, Phase, Type
 from tunefleet.contracts import pin as pins
-from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.contracts.artifact import REJECTED, ArtifactRecord, verdict_of
+from tuner_job.gain import Gain
 
-from .common import age, event_lines, gain_lines, gain_of, recent_events, short, table
+from .common import age, event_lines, gain_lines, recent_events, short, table
 
 CONDITIONS = tuple(str(t) for t in TYPES)
 # Artifact fields shown as "GEMMs: ..." counts, in this order, with their words.
@@ -168,7 +169,7 @@ def _artifact_lines(
 def _gain_rows(art: dict[str, Any]) -> list[list[str]]:
     """What the artifact buys, one row per figure, and the promotion gate's verdict on it."""
     rows = []
-    gain = gain_of(art.get("gain"))
+    gain = Gain.from_dict(art.get("gain"))
     if gain is not None:
         rows += [["gain" if i == 0 else "", g] for i, g in enumerate(gain_lines(gain))]
     promotion = art.get("promotion")
@@ -337,11 +338,11 @@ def _rejected_lines(history: list[dict[str, Any]]) -> list[str]:
     """The artifacts the promotion gate rejected (kept in history, never served), with why."""
     rows = []
     for h in history:
-        promotion = h.get("promotion")
-        if not isinstance(promotion, dict) or promotion.get("verdict") != "Rejected":
+        if verdict_of(h) != REJECTED:
             continue
+        promotion = h["promotion"]
         message = " ".join(str(promotion.get("message") or "no message").split())
-        gain = gain_of(h.get("gain"))
+        gain = Gain.from_dict(h.get("gain"))
         # The message quotes the figures: stand-in ones are labelled as everywhere else.
         if gain is not None and gain.stand_in and "stand-in" not in message:
             message += " (stand-in)"
