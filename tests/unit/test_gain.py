@@ -233,3 +233,36 @@ def test_the_stand_in_without_its_knob_is_not_measured_and_says_why(tmp_path: Pa
     assert gain is not None and gain.figures == () and gain.stand_in
     assert "computes nothing" in gain.note
     assert judge(gain).passed
+
+
+def test_a_workload_that_hangs_while_measured_is_stopped_at_the_budget_and_keeps_its_pairs(
+    tmp_path: Path,
+) -> None:
+    # The first run fills the cache (the tuning run), then four measured runs answer; the next
+    # one hangs. It is stopped where the measuring budget ends, and the two pairs measured
+    # before it are the figure (not "not measured": the Job's time was spent on them).
+    (tmp_path / "serve.py").write_text(
+        "import os, pathlib, time\n"
+        f"n = pathlib.Path({str(tmp_path / 'runs')!r})\n"
+        "count = int(n.read_text()) + 1 if n.exists() else 1\n"
+        "n.write_text(str(count))\n"
+        "if count > 5:\n"
+        "    time.sleep(600)\n"
+        "d = pathlib.Path(os.environ['TORCHINDUCTOR_CACHE_DIR'])\n"
+        "if not any(d.iterdir()):\n"
+        "    (d / 'kernel.so').write_text('compiled')\n"
+    )
+    cfg = write_config(
+        tmp_path,
+        workload={"command": [sys.executable, str(tmp_path / "serve.py")]},
+        artifacts={"tunableop": False, "caches": [{"kind": "torchCompile"}]},
+        promotion=_promotion(budget=8),
+    )
+    done = tuner(tmp_path, "run", "--config", str(cfg), "--out", "out",
+                 env={"FAKE_TORCH_GEMM_SLEEP": "0.001"})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    gain = loads((tmp_path / "out" / "manifest.json").read_bytes()).gain
+    assert gain is not None
+    f = gain.figure("workload")
+    assert f is not None and f.repetitions == 2, (gain, done.stderr[-2000:])
+    assert "measuring stopped" in done.stderr
