@@ -9,7 +9,7 @@ PY      := $(VENV)/bin/python
 STATE   ?= $(CURDIR)/.tunefleet
 export TUNEFLEET_STATE := $(STATE)
 
-.PHONY: help venv tools torch-venvs images images-torch demo test lint unit conformance e2e cluster-up cluster-down run bench sync-crds clean
+.PHONY: help venv tools torch-venvs wheels images images-torch demo test lint unit conformance e2e cluster-up cluster-down run bench sync-crds clean
 
 help:
 	@echo "make demo          set up and run the whole flow on the local control plane"
@@ -38,10 +38,17 @@ tools:
 	hack/build-tools.sh >/dev/null
 
 # Real torch for the conformance suite, in venvs cached outside the repo (~10 GB, minutes cold,
-# about a second warm), for exactly the versions in hack/torch-versions.txt; a newer torch on
-# PyPI is a notice on stderr, never a failure. The project's .venv never gets torch.
-torch-venvs:
+# seconds warm: the wheels are resolved again every run, hack/wheels.sh), for exactly the
+# versions in hack/torch-versions.txt; a newer torch on PyPI is a notice on stderr, never a
+# failure. The project's .venv never gets torch.
+torch-venvs: venv
 	hack/torch-venvs.sh >/dev/null
+
+# The wheels of every image that installs from PyPI (the torch image), resolved again every run
+# by hack/wheels.sh for the image's interpreter: only missing files download (~2.7 GB cold), and
+# a pin PyPI does not have fails here, before any test, naming it.
+wheels: venv
+	hack/images.sh --wheels
 
 # Rebuilds only what changed (seconds when nothing did); imports into the real node if it is up,
 # else cluster-up does.
@@ -77,7 +84,7 @@ e2e: venv tools images
 
 # One pytest run for everything: the e2e fixtures start the local cluster when it is not up;
 # the conformance suite must find its torch venvs (a missing one fails it, not skips it).
-test: lint images torch-venvs
+test: lint images torch-venvs wheels
 	TUNEFLEET_CONFORMANCE=required $(VENV)/bin/pytest -m "not gpu"
 
 # Outside a cluster the operator registers its own webhook by URL on loopback (needs rights

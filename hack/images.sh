@@ -7,6 +7,8 @@
 #   hack/images.sh --list      print "name image archive" for each image (no build)
 #   hack/images.sh --torch     also build the real torch CPU image (~5 GB; the bundles e2e
 #                              test and benchmark need it; make images-torch); import it
+#   hack/images.sh --wheels    resolve the wheels of every image that installs from PyPI
+#                              (hack/wheels.sh: only missing files download); build nothing
 #
 # Images (docs/local-cluster.md):
 #   ghcr.io/tunefleet/tunefleet:<appVersion>               Dockerfile (the chart's default image)
@@ -33,7 +35,8 @@ case "${1:-}" in
   --import) mode=import ;;
   --list) mode=list ;;
   --torch) torch=true ;;
-  -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  --wheels) mode=wheels ;;
+  -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) die "unknown argument: $1 (try --help)" ;;
 esac
 
@@ -66,12 +69,14 @@ TUNEFLEET_KEY="$(EXTRA_KEY="$BASE_KEY $APP_VERSION" hash_inputs Dockerfile .dock
 STANDIN_KEY="$(EXTRA_KEY="$BASE_KEY" hash_inputs hack/images/standin \
   tests/unit/data/fake_torch/torch .dockerignore hack/images.sh)"
 
-# The real torch CPU image: a torch version of hack/torch-versions.txt, its wheels in a host
-# directory filled once (pip download) and mounted into the build, so no rebuild downloads.
+# The real torch CPU image: the oldest torch of hack/torch-versions.txt and the pins of
+# hack/images/torch-cpu/requirements.txt, resolved by hack/wheels.sh for the image's own
+# interpreter every time this script builds or checks it (only missing files download) into a
+# host directory that the build mounts, so the build itself downloads nothing.
 TORCH_VERSION="$(awk '!/^#/ && NF {print $1; exit}' "$repo/hack/torch-versions.txt")"
 TORCH_IMAGE="tunefleet.local/torch-cpu:$TORCH_VERSION"
-TORCH_WHEELS="$CACHE/wheels/torch-$TORCH_VERSION"
 TORCH_KEY="$(EXTRA_KEY="$BASE_KEY $TORCH_VERSION" hash_inputs hack/images/torch-cpu)"
+TORCH_WHEELS=""
 
 # name image key
 IMAGES=(
@@ -217,19 +222,17 @@ image_of() {
   return 1
 }
 
+# resolve_torch_wheels: hack/wheels.sh for the torch image (a cold one downloads ~2.7 GB);
+# sets TORCH_WHEELS. A pin that does not resolve stops here, naming it.
+resolve_torch_wheels() {
+  local out
+  out="$(WHEELS_PIN_SOURCE="hack/torch-versions.txt or hack/images/torch-cpu/requirements.txt" \
+    "$repo/hack/wheels.sh" --image "torch-$TORCH_VERSION" "torch==$TORCH_VERSION" \
+    -r "$repo/hack/images/torch-cpu/requirements.txt")" || die "the torch image's wheels did not resolve (above)"
+  TORCH_WHEELS="$(tail -n1 <<<"$out")"
+}
+
 build_torch() {
-  # Downloaded once for the image's platform (Debian bookworm's CPython 3.11, x86_64), whatever
-  # Python runs this script; a stamp marks a complete download (an interrupted one is redone).
-  if [[ ! -e "$TORCH_WHEELS/.complete" ]]; then
-    local py=python3
-    [[ -x "$repo/.venv/bin/python" ]] && py="$repo/.venv/bin/python"   # has pip (make venv)
-    log "downloading torch $TORCH_VERSION and its wheels into $TORCH_WHEELS (once; ~2.7 GB)"
-    mkdir -p "$TORCH_WHEELS"
-    "$py" -m pip download -q --disable-pip-version-check -d "$TORCH_WHEELS" \
-      --only-binary=:all: --implementation cp --python-version 3.11 \
-      --platform manylinux_2_28_x86_64 "torch==$TORCH_VERSION" numpy >&2
-    touch "$TORCH_WHEELS/.complete"
-  fi
   bud -f hack/images/torch-cpu/Containerfile --build-arg "TORCH_VERSION=$TORCH_VERSION" \
     --volume "$TORCH_WHEELS:/wheels:ro" -t "$TORCH_IMAGE"
 }
@@ -260,6 +263,7 @@ build_all() {
       save "$name" "$(image_of "$name")" "$STANDIN_KEY"
     done
   fi
+  if [[ "$torch" == true ]]; then resolve_torch_wheels; fi
   if [[ "$torch" == true && ! -s "$(archive_of torch-cpu "$TORCH_KEY")" ]]; then
     setup_buildah; ensure_base
     timed "$TORCH_IMAGE" build_torch
@@ -298,6 +302,10 @@ import_all() {
     log "not built yet, so not on the real node: ${missing[*]} (make images builds them)"
 }
 
+if [[ "$mode" == wheels ]]; then
+  resolve_torch_wheels
+  exit 0
+fi
 build_all
 if node_up; then
   if [[ "$mode" == import ]]; then

@@ -7,15 +7,20 @@
 # for exactly the versions pinned in hack/torch-versions.txt, the single list of the torch
 # versions CI tests (PyPI's default wheels: the CUDA build with its nvidia-* dependencies,
 # ~5 GB per venv; they import without a GPU). The project's own .venv never gets torch: the
-# suite runs these interpreters as subprocesses.
+# suite runs these interpreters as subprocesses. The wheels come the one way every torch of the
+# project comes (hack/wheels.sh, resolved for this host's interpreter every run: only missing
+# files download, and a pin PyPI does not have fails here, at once, naming it); the venv
+# installs them with --no-index.
 #
-#   hack/torch-venvs.sh           build what is missing (minutes cold, ~1 s warm), print
-#                                 "<version> <python>" per venv, record them in torch/venvs
+#   hack/torch-venvs.sh           resolve, build what is missing (minutes cold, seconds warm),
+#                                 print "<version> <python>" per venv, record them in torch/venvs
 #   hack/torch-venvs.sh --list    print the recorded list only (no build, no network)
 #   hack/torch-venvs.sh --pinned  print the pinned versions only (no build, no network)
 #
 #   TUNEFLEET_TORCH_VERSIONS="2.11.0 2.15.0"  override the pinned list (this run only)
 #   TUNEFLEET_TORCH_PYPI_CHECK=0              skip the look-up below
+#   TUNEFLEET_WHEELS_SCRIPT=PATH              resolve with PATH instead of hack/wheels.sh
+#                                             (its unit tests; same arguments, same output)
 #
 # After building, PyPI is asked (by the newest venv's pip, within TUNEFLEET_TORCH_PYPI_TIMEOUT
 # seconds, 20 by default) for its newest torch: one newer than the newest pinned is reported as
@@ -31,8 +36,9 @@ MATRIX="$HERE/torch-versions.txt"
 CACHE="${TUNEFLEET_CACHE:-$HOME/.cache/tunefleet}"
 ROOT="$CACHE/torch"
 PYTHON="${PYTHON:-python3}"
-export PIP_CACHE_DIR="$ROOT/pip-cache"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WHEELS="${TUNEFLEET_WHEELS_SCRIPT:-$HERE/wheels.sh}"
 
 log() { printf 'torch-venvs: %s\n' "$*" >&2; }
 
@@ -73,7 +79,10 @@ flock -w 1800 9 || { log "another hack/torch-venvs.sh holds $ROOT/.lock"; exit 1
 
 ensure() {
   local ver="$1" dir="$ROOT/$1" venv="$ROOT/$1/venv" stamp="$ROOT/$1/stamp-$1"
-  local py="$venv/bin/python"
+  local py="$venv/bin/python" wheels
+  # Every run, built or not: a deleted wheel comes back, a pin PyPI lacks fails now.
+  wheels="$(PYTHON="$PYTHON" WHEELS_PIN_SOURCE="$MATRIX" "$WHEELS" "torch-$ver" \
+    "torch==$ver" | tail -n1)" || { log "torch==$ver: its wheels did not resolve (above)"; return 1; }
   if [[ -f "$stamp" && -x "$py" ]] && [[ "$(cat "$stamp")" == "torch==$ver" ]]; then
     echo "$ver $py"; return
   fi
@@ -81,9 +90,8 @@ ensure() {
   rm -rf "$venv" "$stamp"
   mkdir -p "$dir"
   "$PYTHON" -m venv "$venv"
-  "$py" -m pip install --quiet --upgrade pip
   # PyPI's default torch wheel for Linux x86_64 is the CUDA build; it pulls nvidia-* wheels.
-  "$py" -m pip install --quiet "torch==$ver"
+  "$py" -m pip install --quiet --no-index --find-links "$wheels" "torch==$ver"
   local got
   got=$("$py" -W ignore -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)
   if [[ "$got" != "$ver" ]]; then log "torch $got imported, wanted $ver"; return 1; fi
@@ -110,7 +118,7 @@ notice_newer() {
 }
 
 out=""
-for v in "${versions[@]}"; do out+="$(ensure "$v")"$'\n'; done
+for v in "${versions[@]}"; do out+="$(ensure "$v")"$'\n' || exit 1; done
 printf '%s' "$out" >"$ROOT/venvs.tmp" && mv "$ROOT/venvs.tmp" "$ROOT/venvs"
 printf '%s' "$out"
 notice_newer || true

@@ -41,7 +41,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.cluster import ensure_images, state_dir
+from tests.support.cluster import ensure_images, state_dir, tool_path
 from tests.support.fleet import profile_doc
 from tests.support.kube import apply, get_json, jobs_of, tuning_pods
 from tests.support.operator import (
@@ -150,7 +150,14 @@ def build_release_images(tree: Path, version: str) -> None:
         capture_output=True,
         text=True,
         timeout=1500,
-        env={**os.environ, "TUNEFLEET_CACHE": str(own), "TUNEFLEET_STATE": str(state_dir())},
+        # The release's images.sh imports with `ctr` from PATH (0.1.0 did): a fresh machine has
+        # it only in the tools directory this checkout builds.
+        env={
+            **os.environ,
+            "PATH": tool_path(),
+            "TUNEFLEET_CACHE": str(own),
+            "TUNEFLEET_STATE": str(state_dir()),
+        },
     )
     if done.returncode != 0:
         raise AssertionError(

@@ -102,6 +102,25 @@ def tools_bin_dir() -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
+def containerd_bin_dir() -> str:
+    """The real node's containerd, its shim and `ctr` (hack/build-tools.sh --containerd; built
+    if missing, seconds when not)."""
+    out = subprocess.run(
+        [str(BUILD_TOOLS), "--containerd"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=900,
+    )
+    return out.stdout.strip().splitlines()[-1]
+
+
+def tool_path() -> str:
+    """PATH with this checkout's tools first: an older release's scripts call `ctr`, `helm`,
+    `kubectl` by name, which a fresh machine has only in the tools directories."""
+    return os.pathsep.join([containerd_bin_dir(), tools_bin_dir(), os.environ.get("PATH", "")])
+
+
 def app_version() -> str:
     """charts/tunefleet/Chart.yaml appVersion: the tag of the chart's default image."""
     chart = yaml.safe_load((ROOT / "charts" / "tunefleet" / "Chart.yaml").read_text())

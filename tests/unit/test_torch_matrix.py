@@ -44,9 +44,26 @@ def fake_built(cache: Path, versions: list[str], pip_answer: str) -> dict[str, P
     return pythons
 
 
+def fake_resolver(cache: Path, body: str = "") -> Path:
+    """A stand-in for hack/wheels.sh that logs each call (one line of its arguments) to
+    cache/resolved and prints the directory as the real one does; `body` runs first."""
+    script = cache / "fake-wheels.sh"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(
+        "#!/usr/bin/env bash\n"
+        f"{body}\n"
+        f'echo "$* pin=$WHEELS_PIN_SOURCE" >>"{cache}/resolved"\n'
+        f'echo "{cache}/wheels/$1"\n'
+    )
+    script.chmod(0o755)
+    return script
+
+
 def run(cache: Path, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
     full = {k: v for k, v in os.environ.items() if not k.startswith("TUNEFLEET_")}
     full.update(TUNEFLEET_CACHE=str(cache), **env)
+    if "TUNEFLEET_WHEELS_SCRIPT" not in env:
+        full["TUNEFLEET_WHEELS_SCRIPT"] = str(fake_resolver(cache))
     return subprocess.run(
         [str(SCRIPT)], env=full, capture_output=True, text=True, timeout=timeout, check=False
     )
@@ -144,3 +161,25 @@ def test_the_stand_in_torch_has_a_persona_for_every_pinned_version(version: str)
         f"{persona} persona (docs/tuner.md, 'Adding a torch version'):\n{done.stderr}"
     )
     assert done.stdout.strip() == f"{version}+standin"
+
+
+def test_the_wheels_are_resolved_every_run_even_when_every_venv_is_built(tmp_path: Path) -> None:
+    """Resolution is not skipped on a warm machine: a deleted wheel comes back and a pin PyPI
+    lacks fails there too, as on a fresh one (hack/wheels.sh; its own tests in test_wheels)."""
+    fake_built(tmp_path, matrix(), 'echo "torch (2.15.0)"; exit 0')
+    for _ in range(2):
+        assert run(tmp_path).returncode == 0
+    calls = (tmp_path / "resolved").read_text().splitlines()
+    assert calls == [f"torch-{v} torch=={v} pin={MATRIX}" for v in matrix()] * 2
+
+
+def test_a_pin_that_does_not_resolve_fails_at_once_naming_it(tmp_path: Path) -> None:
+    fake_built(tmp_path, matrix(), 'echo "must not be asked" >&2; exit 98')
+    resolver = fake_resolver(
+        tmp_path, 'echo "wheels: could not resolve $2 (pip said: no such version)" >&2; exit 1'
+    )
+    done = run(tmp_path, TUNEFLEET_WHEELS_SCRIPT=str(resolver))
+    assert done.returncode == 1 and done.stdout == ""
+    assert f"could not resolve torch=={matrix()[0]}" in done.stderr
+    assert f"torch=={matrix()[0]}: its wheels did not resolve" in done.stderr
+    assert not (tmp_path / "torch" / "venvs").exists()
