@@ -829,6 +829,8 @@ class FakeCluster:
     def profile_events(self, profile: dict[str, Any]) -> list[dict[str, Any]]:
         return []
 
+    update_profile = cluster_mod.Cluster.update_profile  # over profile() and patch_profile()
+
 
 def use(monkeypatch: pytest.MonkeyPatch, fake: FakeCluster) -> None:
     monkeypatch.setattr(cluster_mod, "connect", lambda *a: fake)

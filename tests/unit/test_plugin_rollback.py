@@ -4,6 +4,7 @@ contracts/pin.py's merge patch through a fake API."""
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -147,16 +148,42 @@ def test_rollback_offers_only_artifacts_of_the_revision_the_model_tunes_now() ->
 
 
 class FakeCluster:
-    def __init__(self, prof: dict[str, Any]) -> None:
-        self.prof = prof
+    """The profile as the API server keeps it: a resourceVersion that every write moves on,
+    and a write fenced by an older one refused (409) as the real one refuses it. `patches`
+    are the writes that landed, without their fence. `race` runs once, between the plugin's
+    read and its write: another writer's change."""
+
+    def __init__(self, prof: dict[str, Any], race: Any = None) -> None:
+        self.prof = copy.deepcopy(prof)
+        self.prof.setdefault("metadata", {})["resourceVersion"] = "1"
         self.namespace = "ml"
         self.patches: list[dict[str, Any]] = []
+        self.conflicts = 0
+        self.race = race
+
+    update_profile = cluster_mod.Cluster.update_profile
 
     def profile(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self.prof if (namespace, name) == ("ml", "llm") else None
+        return copy.deepcopy(self.prof) if (namespace, name) == ("ml", "llm") else None
 
     def patch_profile(self, namespace: str, name: str, patch: dict[str, Any]) -> Any:
+        if self.race is not None:
+            race, self.race = self.race, None
+            race(self)
+        patch = copy.deepcopy(patch)
+        meta = self.prof["metadata"]
+        fence = patch.get("metadata", {}).pop("resourceVersion", None)
+        if fence is not None and fence != meta["resourceVersion"]:
+            self.conflicts += 1
+            raise cluster_mod._Conflict(name)
         self.patches.append(patch)
+        for key, value in patch.get("metadata", {}).get("annotations", {}).items():
+            annotations = meta.setdefault("annotations", {})
+            if value is None:
+                annotations.pop(key, None)
+            else:
+                annotations[key] = value
+        meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
         return self.profile(namespace, name)
 
 
@@ -257,3 +284,53 @@ def test_unpin_with_nothing_pinned_says_so_and_writes_nothing(
     # An annotation that pins nothing readable goes when every pin is removed.
     report, patch = unpin_request(profile(annotations={pins.ANNOTATION: "not json"}))
     assert patch == pins.patch({}) and "pinned nothing readable" in format_unpin(report)
+
+
+def test_a_pin_written_between_read_and_write_is_read_again_not_overwritten(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two on-call engineers at once: one pins H100 while the other's rollback of H200 is
+    between its read and its write. The second write, fenced by the resourceVersion it read,
+    is refused; it reads again and writes both pins (before, it wrote H200's alone)."""
+    theirs = pins.Pin(H100, OLDEST, "theirs", AT)
+
+    def other_engineer(fake: FakeCluster) -> None:
+        fake.patch_profile("ml", "llm", pins.patch({H100: theirs}))
+
+    fake = FakeCluster(profile(), race=other_engineer)
+    code, _, err = run(monkeypatch, capsys, fake, "rollback", "llm", "-n", "ml")
+    assert (code, err, fake.conflicts) == (0, "", 1)
+    mine = pins.Pin(H200, OLDER, "rollback by kubectl tunefleet", AT)
+    assert pins.read(fake.prof["metadata"]["annotations"]) == {H100: theirs, H200: mine}
+
+
+def test_an_unpin_racing_a_rollback_removes_only_its_own_model(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def rollback_lands_first(fake: FakeCluster) -> None:
+        current = pins.read(fake.prof["metadata"].get("annotations"))
+        fake.patch_profile(
+            "ml", "llm", pins.patch({**current, H100: pins.Pin(H100, OLDEST, "new", AT)})
+        )
+
+    fake = FakeCluster(pinned_profile(), race=rollback_lands_first)
+    code, _, _ = run(monkeypatch, capsys, fake, "unpin", "llm", "--gpu-model", H200)
+    assert (code, fake.conflicts) == (0, 1)
+    assert pins.read(fake.prof["metadata"]["annotations"]) == {
+        H100: pins.Pin(H100, OLDEST, "new", AT)
+    }
+
+
+def test_a_profile_that_never_stops_changing_is_an_error_not_a_lost_write(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = FakeCluster(profile())
+
+    def always_stale(namespace: str, name: str, patch: dict[str, Any]) -> Any:
+        fake.conflicts += 1
+        raise cluster_mod._Conflict(name)
+
+    monkeypatch.setattr(fake, "patch_profile", always_stale)
+    code, _, err = run(monkeypatch, capsys, fake, "rollback", "llm")
+    assert code == 1 and fake.conflicts == cluster_mod.UPDATE_ATTEMPTS
+    assert "changed 16 times while this command tried to write it" in err

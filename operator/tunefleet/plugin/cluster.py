@@ -20,6 +20,9 @@ from .errors import PluginError
 
 T = TypeVar("T")
 REQUEST_TIMEOUT = (5, 30)  # (connect, read) seconds per request
+# Read-change-write rounds before giving up on a profile that keeps changing under us: each
+# lost round means another writer's change landed, so a handful covers any human pace.
+UPDATE_ATTEMPTS = 16
 SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -28,6 +31,10 @@ def _message(e: ApiException) -> str:
         return str(json.loads(e.body or "{}").get("message") or e.reason)
     except (ValueError, AttributeError):
         return str(e.reason)
+
+
+class _Conflict(Exception):
+    """The API server refused a write made from a stale read (409 Conflict)."""
 
 
 class Cluster:
@@ -90,10 +97,47 @@ class Cluster:
         )
         return dict(got) if got is not None else None
 
+    def update_profile(
+        self,
+        namespace: str,
+        name: str,
+        change: Callable[[dict[str, Any]], tuple[T, dict[str, Any] | None]],
+    ) -> tuple[T, dict[str, Any]] | None:
+        """Read the profile, ask `change` for (result, merge patch) and write the patch with the
+        resourceVersion it was computed from; when another writer got there first (409), read
+        and change again. Two on-call engineers pinning two GPU models at once both land: a
+        patch of the one annotation computed from a stale read would drop the other's pin.
+        None when the profile does not exist; (result, profile as written or as read when the
+        patch is None)."""
+        what = f"{KIND} {namespace}/{name}"
+        for _ in range(UPDATE_ATTEMPTS):
+            profile = self.profile(namespace, name)
+            if profile is None:
+                return None
+            result, patch = change(profile)
+            if patch is None:
+                return result, profile
+            version = (profile.get("metadata") or {}).get("resourceVersion")
+            fenced = {**patch, "metadata": {**(patch.get("metadata") or {}),
+                                            "resourceVersion": version}}  # fmt: skip
+            try:
+                written = self.patch_profile(namespace, name, fenced)
+            except _Conflict:
+                continue
+            if written is None:
+                return None
+            return result, written
+        raise PluginError(
+            f"{what} changed {UPDATE_ATTEMPTS} times while this command tried to write it: "
+            "someone else is writing it in a loop; try again"
+        )
+
     def patch_profile(
         self, namespace: str, name: str, patch: dict[str, Any]
     ) -> dict[str, Any] | None:
-        """Merge-patch a TuningProfile (metadata only, here); None when it does not exist."""
+        """Merge-patch a TuningProfile (metadata only, here); None when it does not exist.
+        A patch that carries metadata.resourceVersion raises _Conflict when the profile has
+        moved on since (the API server's precondition)."""
         what = f"{KIND} {namespace}/{name}"
 
         def call() -> Any:
@@ -112,8 +156,16 @@ class Cluster:
             )
             return json.loads(resp.data)
 
+        def guarded() -> Any:
+            try:
+                return call()
+            except ApiException as e:
+                if int(e.status or 0) == 409:
+                    raise _Conflict(what) from None
+                raise
+
         try:
-            got = self._call(what, call)
+            got = self._call(what, guarded)
         except PluginError as e:
             if "not allowed to read" in str(e):
                 raise PluginError(

@@ -310,32 +310,43 @@ def _why(args: argparse.Namespace) -> int:
     return 0
 
 
-def _retune(args: argparse.Namespace) -> int:
-    kube, profile = _profile(args)
-    report = retune_request(profile, args.gpu_model)
-    request = RetuneRequest(report["nonce"], args.gpu_model)
-    if kube.patch_profile(kube.namespace, args.profile, request.patch()) is None:
+def _update(
+    args: argparse.Namespace,
+    change: Callable[[dict[str, Any]], tuple[dict[str, Any], dict[str, Any] | None]],
+) -> dict[str, Any]:
+    """change's report, its patch written with the resourceVersion it was computed from
+    (plugin/cluster.py: a concurrent writer's change is read again, never overwritten)."""
+    kube = _connect(args)
+    done = kube.update_profile(kube.namespace, args.profile, change)
+    if done is None:
         raise not_found_profile(args.profile, kube.namespace)
+    return done[0]
+
+
+def _retune(args: argparse.Namespace) -> int:
+    def change(profile: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        report = retune_request(profile, args.gpu_model)
+        return report, RetuneRequest(report["nonce"], args.gpu_model).patch()
+
+    report = _update(args, change)
     _emit(args, report, format_retune(report))
     return 0
 
 
 def _rollback(args: argparse.Namespace) -> int:
-    kube, profile = _profile(args)
-    report = choose(profile, args.gpu_model, args.to or "", args.force)
-    pinned = rollback_pins(profile, report, args.reason, pins.now())
-    if kube.patch_profile(kube.namespace, args.profile, pins.patch(pinned)) is None:
-        raise not_found_profile(args.profile, kube.namespace)
-    report["pin"] = pinned[report["gpuModel"]].to_dict()
+    def change(profile: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        report = choose(profile, args.gpu_model, args.to or "", args.force)
+        pinned = rollback_pins(profile, report, args.reason, pins.now())
+        report["pin"] = pinned[report["gpuModel"]].to_dict()
+        return report, pins.patch(pinned)
+
+    report = _update(args, change)
     _emit(args, report, format_rollback(report))
     return 0
 
 
 def _unpin(args: argparse.Namespace) -> int:
-    kube, profile = _profile(args)
-    report, patch = unpin_request(profile, args.gpu_model)
-    if patch is not None and kube.patch_profile(kube.namespace, args.profile, patch) is None:
-        raise not_found_profile(args.profile, kube.namespace)
+    report = _update(args, lambda profile: unpin_request(profile, args.gpu_model))
     _emit(args, report, format_unpin(report))
     return 0
 
