@@ -14,6 +14,7 @@ import base64
 import json
 import subprocess
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -54,6 +55,8 @@ def _secrets(cluster: Any, namespace: str, reg: Registry) -> None:
         ["generate-key-pair", f"k8s://{namespace}/signing"], {**reg.tool_env(reg.reader), **env}
     )
     assert made.returncode == 0, made.stderr
+    # cosign also writes cosign.pub where it runs: in its own temporary directory, never here.
+    assert not (Path(__file__).resolve().parents[2] / "cosign.pub").exists()
 
 
 def _public_key(cluster: Any, namespace: str, path: Any) -> Any:

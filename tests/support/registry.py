@@ -9,6 +9,7 @@ import base64
 import json
 import os
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,11 +78,16 @@ def cosign_binary() -> str:
 
 
 def cosign(
-    args: list[str], env: dict[str, str], timeout: float = 120
+    args: list[str], env: dict[str, str], timeout: float = 120, cwd: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [cosign_binary(), *args], capture_output=True, text=True, env=env, timeout=timeout
-    )
+    """cosign, run in a temporary directory of its own unless told where: `generate-key-pair
+    k8s://...` also writes cosign.pub into its working directory (it once landed at the
+    repository's root)."""
+    with tempfile.TemporaryDirectory(prefix="cosign-") as scratch:
+        return subprocess.run(
+            [cosign_binary(), *args], capture_output=True, text=True, env=env, timeout=timeout,
+            cwd=cwd or scratch,
+        )  # fmt: skip
 
 
 def _curl(reg: Registry, *args: str, url: str) -> subprocess.CompletedProcess[str]:
