@@ -38,7 +38,7 @@ def together(jobs: list[Callable[[], Any]]) -> list[Any]:
         gate.wait()
         try:
             results[i] = job()
-        except BaseException as e:  # noqa: BLE001 - reported below, with the others
+        except BaseException as e:  # reported below, with the others
             errors.append(e)
 
     threads = [threading.Thread(target=run, args=(i, j)) for i, j in enumerate(jobs)]
