@@ -88,6 +88,25 @@ class Figure:
 
 
 @dataclass(frozen=True)
+class Failure:
+    """A measured arm that failed with the artifact: the workload exited non-zero with it
+    loaded, or torch refused its results. The worst loss there is: the gate rejects it."""
+
+    figure: str  # the figure whose arm failed: gemms or workload
+    cause: str  # "exited with status 139 with the artifact", "torch did not load ..."
+
+    def to_dict(self) -> dict[str, str]:
+        return {"figure": self.figure, "cause": self.cause}
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> Failure | None:
+        if not isinstance(doc, dict) or doc.get("figure") not in FIGURES:
+            return None
+        cause = doc.get("cause")
+        return cls(str(doc["figure"]), cause[:300] if isinstance(cause, str) else "")
+
+
+@dataclass(frozen=True)
 class Gain:
     """An artifact's figures. stand_in: measured on the stand-in torch, whose timings are a
     knob's (FAKE_TORCH_GEMM_SLEEP, FAKE_TORCH_TUNED_SPEEDUP), never a real gain."""
@@ -96,6 +115,7 @@ class Gain:
     stand_in: bool = False
     mode: str = "Eager"
     note: str = ""  # why a figure is missing (no GPU, the budget ended, ...)
+    failed: Failure | None = None  # an arm with the artifact failed: rejected, whatever else
 
     def figure(self, name: str) -> Figure | None:
         return next((f for f in self.figures if f.name == name), None)
@@ -110,6 +130,8 @@ class Gain:
             doc["standIn"] = True
         if self.note:
             doc["note"] = self.note
+        if self.failed is not None:
+            doc["failed"] = self.failed.to_dict()
         return doc
 
     @classmethod
@@ -120,7 +142,11 @@ class Gain:
         mode = doc.get("mode") if doc.get("mode") in MODES else "Eager"
         note = doc.get("note")
         note = note[:300] if isinstance(note, str) else ""
-        return cls(figures, doc.get("standIn") is True, str(mode), note)
+        # A "failed" that does not parse still fails: a failure is never read as a pass.
+        failed = Failure.from_dict(doc.get("failed")) if "failed" in doc else None
+        if "failed" in doc and failed is None:
+            failed = Failure("workload", "an unreadable failure record")
+        return cls(figures, doc.get("standIn") is True, str(mode), note, failed)
 
 
 def _finite(v: Any) -> bool:
@@ -227,9 +253,17 @@ class Verdict:
 
 def judge(gain: Gain | None, min_gain: float = 0.0, noise_floor: float = NOISE_FLOOR) -> Verdict:
     """Whether an artifact may be served under spec.promotion.minGain (a fraction: 0 is "not
-    slower than without", 0.05 "at least 5% faster"). Every figure must pass; an artifact
-    without figures passes, said as unmeasured (artifacts from before measuring, or a run
-    whose budget left no time for it)."""
+    slower than without", 0.05 "at least 5% faster"). An arm that failed with the artifact
+    fails it, whatever the figures say; every figure must pass; an artifact without figures
+    passes, said as unmeasured (artifacts from before measuring, a profile without a workload
+    or shapes to time, or a run whose budget left no time for it)."""
+    if gain is not None and gain.failed is not None:
+        label = " (stand-in)" if gain.stand_in else ""
+        return Verdict(
+            False,
+            f"{gain.failed.figure} failed with the artifact: {gain.failed.cause}{label}",
+            gain.failed.figure,
+        )
     if gain is None or not gain.figures:
         why = f": {gain.note}" if gain is not None and gain.note else ""
         return Verdict(True, f"not measured{why}")

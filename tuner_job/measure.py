@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -31,10 +32,10 @@ from typing import Any
 
 from . import caches as cc
 from .config import Shape, TuningConfig
-from .gain import Figure, Gain, Measurement
+from .gain import Failure, Figure, Gain, Measurement
 from .gpu import TunerError
 from .output import RESULTS_NAME
-from .record import run_workload, shape_gemm
+from .record import WorkloadExited, run_workload, shape_gemm
 
 Log = Callable[[str], None]
 # TunableOp's own variables win over its Python API: the GEMM child runs without them.
@@ -77,6 +78,7 @@ def measure(
     deadline = time.monotonic() + p.budget_seconds
     figures: list[Figure] = []
     notes: list[str] = []
+    failed: Failure | None = None
     work = Path(tempfile.mkdtemp(prefix="tunefleet-measure-"))
     try:
         if results is not None and cfg.shapes:
@@ -84,16 +86,20 @@ def measure(
             got = _gemms(cfg, results, work, min(share, deadline - time.monotonic()), log)
             figures += [got] if isinstance(got, Figure) else []
             notes += [got] if isinstance(got, str) else []
-        if cfg.command:
+            failed = got if isinstance(got, Failure) else None
+        if cfg.command and failed is None:
             left = deadline - time.monotonic()
             got = _workload(cfg, results, packed, out, work, left, log)
             figures += [got] if isinstance(got, Figure) else []
             notes += [got] if isinstance(got, str) else []
+            failed = got if isinstance(got, Failure) else None
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    gain = Gain(tuple(figures), stand_in, p.mode, "; ".join(notes))
+    gain = Gain(tuple(figures), stand_in, p.mode, "; ".join(notes), failed)
     for f in figures:
         log(f"measured {f.describe()}" + (" [stand-in timings]" if stand_in else ""))
+    if failed is not None:
+        log(f"{failed.figure} failed with the artifact: {failed.cause} (the gate rejects it)")
     return gain
 
 
@@ -142,6 +148,10 @@ class _Arms:
         return env
 
 
+class _ArtifactFailed(Exception):
+    """The arm with the artifact exited non-zero where the one without ran."""
+
+
 def _workload(
     cfg: TuningConfig,
     results: Path | None,
@@ -150,7 +160,7 @@ def _workload(
     work: Path,
     budget_s: float,
     log: Log,
-) -> Figure | str:
+) -> Figure | Failure | str:
     if results is None and not packed:
         return "workload: nothing to load"
     arms = _Arms(cfg, results, packed, out)
@@ -165,16 +175,27 @@ def _workload(
             left = max(deadline - started, 1.0)
             try:
                 run_workload(cfg.workload_argv, env, left, log=lambda m: None)
+            except WorkloadExited as exc:
+                # Without the artifact first in every first pair: a workload that fails
+                # either way never gets here with tuned set before a baseline ran.
+                if tuned and baseline_ran:
+                    raise _ArtifactFailed(_exited(exc.status)) from None
+                raise
             finally:
                 shutil.rmtree(work / f"run{arms.runs}", ignore_errors=True)
+            if not tuned:
+                baseline_ran.append(True)
             return time.monotonic() - started
 
         return run
 
+    baseline_ran: list[bool] = []
     log(f"measuring the workload with and without the artifact (budget {budget_s:.0f}s)")
     measurement = Measurement("workload", timed(False), timed(True), budget_s)
     try:
         figure = measurement.run()
+    except _ArtifactFailed as exc:
+        return Failure("workload", str(exc))
     except (TunerError, cc.CacheError, OSError) as exc:
         if not measurement.runs:
             return f"workload not measured: {exc}"
@@ -183,10 +204,28 @@ def _workload(
     return figure if figure is not None else "workload: the budget ended before one pair ran"
 
 
+def _exited(status: int) -> str:
+    """How a run with the artifact ended, in words (a negative status is the signal)."""
+    if status < 0:
+        try:
+            name = signal.Signals(-status).name
+        except ValueError:
+            name = f"signal {-status}"
+        return f"the workload was killed by {name} with the artifact loaded (without it, it ran)"
+    return f"the workload exited with status {status} with the artifact loaded (without it, it ran)"
+
+
 # --- the GEMMs, in a child with torch --------------------------------------------------------
 
 
-def _gemms(cfg: TuningConfig, results: Path, work: Path, budget_s: float, log: Log) -> Figure | str:
+# The GEMM child's exit status when torch refused the results (read_file failed): the artifact
+# is unusable in the very image it was tuned in, a failure, not "not measured".
+_REFUSED_EXIT = 3
+
+
+def _gemms(
+    cfg: TuningConfig, results: Path, work: Path, budget_s: float, log: Log
+) -> Figure | Failure | str:
     spec = work / "gemms.json"
     spec.write_text(
         json.dumps(
@@ -211,7 +250,16 @@ def _gemms(cfg: TuningConfig, results: Path, work: Path, budget_s: float, log: L
         return f"gemms not measured: {exc}"
     if proc.returncode != 0:
         tail = (proc.stderr or "").strip().splitlines()[-1:] or ["no output"]
-        return f"gemms not measured: exit {proc.returncode}: {tail[0][:200]}"
+        if proc.returncode == _REFUSED_EXIT:
+            return Failure("gemms", tail[0][:200])
+        # The child holds the results loaded the whole time it runs: its crash is theirs.
+        how = (
+            f"killed by {signal.Signals(-proc.returncode).name}"
+            if -proc.returncode in {s.value for s in signal.Signals}
+            else f"exit {proc.returncode}"
+        )
+        return Failure("gemms", f"the GEMM measuring process died ({how}) with the results "
+                       f"loaded: {tail[0][:200]}")  # fmt: skip
     try:
         doc = json.loads(proc.stdout.strip().splitlines()[-1])
         figure = Figure.from_dict(doc.get("figure"))
@@ -229,10 +277,21 @@ def child_main(spec_path: str) -> int:
     import torch  # the user's image's torch; this child is where it is imported
 
     shapes = [Shape(**s) for s in doc["shapes"]]
-    bench = _GemmBench(torch, shapes, str(doc["results"]), str(doc["mode"]))
+    try:
+        bench = _GemmBench(torch, shapes, str(doc["results"]), str(doc["mode"]))
+    except _Refused as exc:
+        print(str(exc), file=sys.stderr)
+        return _REFUSED_EXIT
+    except TunerError as exc:  # nothing to time (float8 alone): not measured, no failure
+        print(json.dumps({"figure": None, "note": str(exc)}))
+        return 0
     figure = Measurement("gemms", bench.baseline, bench.tuned, float(doc["budgetSeconds"])).run()
     print(json.dumps({"figure": figure.to_dict() if figure else None, "note": bench.note}))
     return 0
+
+
+class _Refused(TunerError):
+    """torch.cuda.tunable.read_file refused the results."""
 
 
 class _GemmBench:
@@ -252,7 +311,10 @@ class _GemmBench:
         self.tunable.enable(True)
         self.tunable.set_filename(results, False)
         if not self.tunable.read_file(results):
-            raise TunerError(f"torch did not load {results}: validators differ from this torch")
+            raise _Refused(
+                f"torch refused the results ({results}): read_file failed in the image they "
+                "were tuned in (validators differ, or the file does not parse)"
+            )
         self.graphs = mode == "CUDAGraphs" and self._capture()
         self.repeat = self._calibrate()
 

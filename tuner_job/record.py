@@ -66,6 +66,14 @@ def record_workload(
     run_workload(argv, env, timeout_s, log)
 
 
+class WorkloadExited(TunerError):
+    """The workload ran and exited non-zero (a crash is a negative status: the signal)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 def run_workload(
     argv: Sequence[str], env: Mapping[str, str], timeout_s: float, log: Log = _log
 ) -> None:
@@ -94,7 +102,7 @@ def run_workload(
     if end_group(proc.pid):
         log("ended the processes the workload left running in its process group")
     if rc != 0:
-        raise TunerError(f"workload command exited with status {rc}: {shlex.join(argv)}")
+        raise WorkloadExited(rc, f"workload command exited with status {rc}: {shlex.join(argv)}")
 
 
 _DTYPES = {

@@ -266,3 +266,120 @@ def test_a_workload_that_hangs_while_measured_is_stopped_at_the_budget_and_keeps
     f = gain.figure("workload")
     assert f is not None and f.repetitions == 2, (gain, done.stderr[-2000:])
     assert "measuring stopped" in done.stderr
+
+
+# --- fails closed: an arm that fails with the artifact rejects it --------------------------------
+
+
+def test_a_workload_that_crashes_only_with_its_artifact_is_rejected_with_the_cause(
+    tmp_path: Path,
+) -> None:
+    """Before, the crash made the workload "not measured" and the gate promoted it."""
+    (tmp_path / "serve.py").write_text(
+        "import os, pathlib, signal\n"
+        "d = pathlib.Path(os.environ['TORCHINDUCTOR_CACHE_DIR'])\n"
+        "if any(d.iterdir()):\n"
+        "    os.kill(os.getpid(), signal.SIGSEGV)  # what a bad kernel in a cache does\n"
+        "(d / 'kernel.so').write_text('compiled')\n"
+    )
+    cfg = write_config(
+        tmp_path,
+        workload={"command": [sys.executable, str(tmp_path / "serve.py")]},
+        artifacts={"tunableop": False, "caches": [{"kind": "torchCompile"}]},
+        promotion=_promotion(),
+    )
+    done = tuner(tmp_path, "run", "--config", str(cfg), "--out", "out",
+                 env={"FAKE_TORCH_GEMM_SLEEP": "0.001"})  # fmt: skip
+    assert done.returncode == 0, done.stderr  # measuring never fails the Job: the gate decides
+    gain = loads((tmp_path / "out" / "manifest.json").read_bytes()).gain
+    assert gain is not None and gain.failed is not None, (gain, done.stderr[-2000:])
+    assert gain.failed.figure == "workload"
+    assert "killed by SIGSEGV with the artifact loaded (without it, it ran)" in gain.failed.cause
+    verdict = judge(gain)
+    assert not verdict.passed and verdict.failed == "workload"
+    assert verdict.message.startswith("workload failed with the artifact: the workload was killed")
+    assert "the gate rejects it" in done.stderr
+
+
+def test_a_workload_that_fails_without_the_artifact_too_is_not_the_artifacts_failure(
+    tmp_path: Path,
+) -> None:
+    # Fails from the first measured run on, with or without: the workload is broken, the
+    # artifact is not to blame (the tuning run itself, before, succeeded).
+    (tmp_path / "serve.py").write_text(
+        "import os, pathlib, sys\n"
+        f"n = pathlib.Path({str(tmp_path / 'runs')!r})\n"
+        "count = int(n.read_text()) + 1 if n.exists() else 1\n"
+        "n.write_text(str(count))\n"
+        "d = pathlib.Path(os.environ['TORCHINDUCTOR_CACHE_DIR'])\n"
+        "(d / 'kernel.so').write_text('compiled')\n"
+        "sys.exit(0 if count == 1 else 7)\n"
+    )
+    cfg = write_config(
+        tmp_path,
+        workload={"command": [sys.executable, str(tmp_path / "serve.py")]},
+        artifacts={"tunableop": False, "caches": [{"kind": "torchCompile"}]},
+        promotion=_promotion(),
+    )
+    done = tuner(tmp_path, "run", "--config", str(cfg), "--out", "out",
+                 env={"FAKE_TORCH_GEMM_SLEEP": "0.001"})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    gain = loads((tmp_path / "out" / "manifest.json").read_bytes()).gain
+    assert gain is not None and gain.failed is None and gain.figures == (), gain
+    assert "workload not measured: workload command exited with status 7" in gain.note
+    assert judge(gain).passed
+
+
+def test_torch_refusing_the_results_while_measuring_is_a_failure_not_unmeasured(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import subprocess
+
+    from tuner_job import measure
+
+    class Cfg:
+        class promotion:  # shaped like TuningConfig.promotion
+            mode = "Eager"
+
+        shapes = ()
+
+    def child(code: int, stderr: str) -> object:
+        return lambda *a, **k: subprocess.CompletedProcess(a, code, "", stderr)
+
+    refused = "torch refused the results (/r.csv): read_file failed in the image they were tuned in"
+    monkeypatch.setattr(measure.subprocess, "run", child(measure._REFUSED_EXIT, refused))
+    got = measure._gemms(Cfg(), tmp_path / "r.csv", tmp_path, 10, lambda m: None)  # type: ignore[arg-type]
+    assert got == measure.Failure("gemms", refused)
+    monkeypatch.setattr(measure.subprocess, "run", child(-11, "Segmentation fault"))
+    got = measure._gemms(Cfg(), tmp_path / "r.csv", tmp_path, 10, lambda m: None)  # type: ignore[arg-type]
+    assert isinstance(got, measure.Failure) and "killed by SIGSEGV" in got.cause
+
+
+def test_the_gemm_child_exits_refused_when_read_file_fails(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import types
+
+    from tuner_job import measure
+
+    tunable = types.SimpleNamespace(
+        tuning_enable=lambda on: None, record_untuned_enable=lambda on: None,
+        enable=lambda on: None, set_filename=lambda *a: None, read_file=lambda path: False,
+    )  # fmt: skip
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(tunable=tunable))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setattr(measure._GemmBench, "_op", lambda self, s: lambda: None)
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"results": "/r.csv", "mode": "Eager", "budgetSeconds": 1,
+                                "shapes": [{"m": 8, "n": 8, "k": 8}]}))  # fmt: skip
+    assert measure.child_main(str(spec)) == measure._REFUSED_EXIT
+    assert "torch refused the results (/r.csv)" in capsys.readouterr().err
+
+
+def test_a_failure_round_trips_and_a_malformed_one_still_fails() -> None:
+    from tuner_job.gain import Failure
+
+    gain = Gain((), False, "Eager", "", Failure("gemms", "torch refused the results"))
+    assert Gain.from_dict(json.loads(json.dumps(gain.to_dict()))) == gain
+    forged = Gain.from_dict({"figures": [], "failed": "yes"})
+    assert forged is not None and not judge(forged).passed

@@ -14,7 +14,7 @@ from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.contracts.pin import Pin
 from tunefleet.observe import JobObservation
 from tunefleet.status import Observed, compute_status
-from tuner_job.gain import Gain, paired
+from tuner_job.gain import Failure, Gain, paired
 
 MODEL = "AMD_Instinct_MI300X_OAM"
 BASE: dict[str, Any] = {
@@ -77,6 +77,22 @@ def test_a_loss_is_kept_for_the_record_never_served_and_the_previous_one_keeps_s
     # Level-based: computing again from what was written changes nothing, adds nothing.
     again = status(SPEC2, jobs, st)
     assert again["artifacts"] == st["artifacts"] and again["history"] == st["history"]
+
+
+def test_an_artifact_that_crashed_its_workload_is_rejected_and_the_previous_keeps_serving() -> None:
+    """Fails closed: before, a crash with the artifact made it "not measured", and promoted."""
+    crashed = Gain(
+        (), failed=Failure("workload", "the workload was killed by SIGSEGV with the artifact")
+    )
+    first = status(SPEC, [job("j1", "a" * 64, REV, GOOD, "2026-12-01T10:00:00Z")], {})
+    st = status(SPEC2, [job("j2", "c" * 64, REV2, crashed, "2026-12-02T10:00:00Z")], first)
+    assert [a["sha256"] for a in st["artifacts"]] == ["a" * 64]
+    (rejected,) = st["history"]
+    assert rejected["promotion"]["verdict"] == "Rejected"
+    assert rejected["gain"]["failed"]["figure"] == "workload"
+    r = ready(st)
+    assert r["reason"] == "PromotionRejected" and st["phase"] == "Rejected"
+    assert "workload failed with the artifact: the workload was killed by SIGSEGV" in r["message"]
 
 
 def test_a_loss_with_nothing_before_it_leaves_the_model_unserved_and_says_what_to_do() -> None:

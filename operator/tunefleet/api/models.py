@@ -408,12 +408,18 @@ class GainFigure(_Model):
     repetitions: int | None = None
 
 
+class GainFailure(_Model):
+    figure: str | None = None
+    cause: str | None = None
+
+
 class GainStatus(_Model):
     """tuner_job/gain.py's Gain as status shows it (that module reads and writes it)."""
 
     mode: str | None = None
     stand_in: bool | None = None
     note: str | None = None
+    failed: GainFailure | None = None
     figures: list[GainFigure] | None = None
 
 

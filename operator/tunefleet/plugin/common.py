@@ -114,7 +114,9 @@ def figure_text(f: Figure, stand_in: bool) -> str:
 
 def speedups(gain: Gain) -> str:
     """The figures in short (speed-up and interval each), as diff sets two artifacts side by
-    side; "not measured" when there are none."""
+    side; "not measured" when there are none; a failure first, whatever else."""
+    if gain.failed is not None:
+        return f"{gain.failed.figure} failed with the artifact"
     if not gain.figures:
         return "not measured" + (f": {gain.note}" if gain.note else "")
     text = ", ".join(f"{f.name} {f.speedup:.2f}x ({f.low:.2f}-{f.high:.2f})" for f in gain.figures)
@@ -122,10 +124,14 @@ def speedups(gain: Gain) -> str:
 
 
 def gain_lines(gain: Gain) -> list[str]:
-    """An artifact's gain in full, one line per figure, then its timing mode and note."""
+    """An artifact's gain in full: a failure with the artifact first, one line per figure,
+    then its timing mode and note."""
+    failed = [f"{gain.failed.figure} FAILED with the artifact: {gain.failed.cause}"] if (
+        gain.failed is not None
+    ) else []  # fmt: skip
     if not gain.figures:
-        return ["not measured" + (f": {gain.note}" if gain.note else "")]
-    lines = [figure_text(f, gain.stand_in) for f in gain.figures]
+        return failed or ["not measured" + (f": {gain.note}" if gain.note else "")]
+    lines = failed + [figure_text(f, gain.stand_in) for f in gain.figures]
     if gain.mode != "Eager":
         lines.append(f"GEMMs timed as run under {gain.mode}")
     if gain.note:
