@@ -467,3 +467,45 @@ def test_outcomes_that_do_not_match_the_results_are_refused(tmp_path: Path) -> N
         "1",
     )
     assert "manifest outcomes" in got.stderr and "differ from results.csv" in got.stderr
+
+
+# --- a credentials Secret that did not reach the pod ------------------------------------------
+
+
+@pytest.mark.parametrize("closed", [False, True])
+def test_fetch_says_which_secret_is_missing_and_follows_the_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    closed: bool,
+) -> None:  # fmt: skip
+    from tunefleet.artifacts import fetch as fetch_mod
+
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(key, raising=False)
+    args = [
+        "--uri", f"s3://bkt/p/ns/x/M/{'a' * 64}", "--sha256", "a" * 64,
+        "--dest", str(tmp_path / "d"), "--devices", "1", "--credentials-secret", "s3-reader",
+        "--termination-log", str(tmp_path / "log"), *(["--fail-closed"] if closed else []),
+    ]  # fmt: skip
+    code = fetch_mod.main(args)
+    verb = "refusing to start" if closed else "starting untuned"
+    said = capsys.readouterr().err
+    assert code == (1 if closed else 0) and not (tmp_path / "d").exists()
+    assert said.startswith(f"tunefleet-fetch: {verb}: the Secret s3-reader with the store's read")
+    assert "lacks AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY" in said
+    assert "spec.serving.credentialsSecret" in said
+    assert (tmp_path / "log").read_text().strip() == said.strip()
+
+
+def test_fetch_with_its_credentials_present_goes_on_to_the_store(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import argparse
+
+    from tunefleet.artifacts.fetch import credentials_problem
+
+    args = argparse.Namespace(credentials_secret="s3-reader", from_volume=None, oci_config=None)
+    env = {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
+    assert credentials_problem(args, env) == ""
+    assert "lacks AWS_SECRET_ACCESS_KEY" in credentials_problem(args, {"AWS_ACCESS_KEY_ID": "k"})
+    none = argparse.Namespace(credentials_secret="", from_volume=None, oci_config=None)
+    assert credentials_problem(none, {}) == ""

@@ -446,3 +446,35 @@ def test_a_default_only_artifact_still_serves_its_caches_with_tunableop_off() ->
     p = cached_profile(outcomes={"tuned": 0, "default": 12}, gemms=12)
     p["status"]["artifacts"][0]["caches"] = []
     assert not inject(pod(), "x", p, CFG).injected
+
+
+# --- never a hung pod: the store's credentials are optional for a model pod ---------------------
+
+
+def test_a_model_pods_fetch_references_its_credentials_as_optional_and_names_them() -> None:
+    """A required reference to a Secret the namespace lacks held the pod in
+    CreateContainerConfigError for good; optional, it starts and fetch says why (below)."""
+    prof = profile(["NVIDIA-H200"])
+    cfg = Config(image="tunefleet:1", default_serving_credentials_secret="s3-reader")
+    init = inject(pod(), "x", prof, cfg).pod["spec"]["initContainers"][0]
+    refs = [e["valueFrom"]["secretKeyRef"] for e in init["env"] if "valueFrom" in e]
+    assert refs and all(r["name"] == "s3-reader" and r["optional"] is True for r in refs)
+    cmd = init["command"]
+    assert cmd[cmd.index("--credentials-secret") + 1] == "s3-reader"
+    # No Secret (the pod's cloud identity): nothing referenced, nothing to check.
+    bare = inject(pod(), "x", prof, CFG).pod["spec"]["initContainers"][0]
+    assert "--credentials-secret" not in bare["command"]
+
+
+def test_an_oci_stores_secret_volumes_are_optional_for_a_model_pod() -> None:
+    prof = profile(["NVIDIA-H200"])
+    prof["spec"]["storage"] = {
+        "uri": "oci://registry.example:5000/ml/artifacts",
+        "signing": {"secret": {"name": "signing"}, "policy": "Required"},
+    }
+    prof["spec"]["serving"]["credentialsSecret"] = {"name": "registry-reader"}
+    prof["status"]["artifacts"][0]["bundle"] = {"digest": "sha256:" + "c" * 64, "signed": True}
+    spec = inject(pod(), "x", prof, CFG).pod["spec"]
+    secrets = [v["secret"] for v in spec["volumes"] if "secret" in v]
+    assert {s["secretName"] for s in secrets} == {"registry-reader", "signing"}
+    assert all(s["optional"] is True for s in secrets)

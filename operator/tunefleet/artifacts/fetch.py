@@ -34,7 +34,7 @@ import os
 import signal
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NoReturn, TextIO
@@ -509,6 +509,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     storage_cli.add_arguments(p, timeout_s=60.0)
     p.add_argument(
+        "--credentials-secret",
+        default="",
+        help="the Secret the store's credentials come from (referenced as optional): when it is "
+        "missing, say so and follow the policy instead of failing on the first request",
+    )
+    p.add_argument(
         "--termination-log",
         default="/dev/termination-log",
         help="where the outcome line also goes (the pod status shows it)",
@@ -575,11 +581,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif not (uri and sha):
             raise FetchError("bad arguments: --uri and --sha256 (or --candidate) are required")
         target = _target(args, gpu_model)
+        if problem := credentials_problem(args, os.environ):
+            raise FetchError(problem)
         with wall_clock(args.timeout_seconds):
             got = _fetch_or_volume(args, uri, sha, gpu_model, manifest_sha, target, bundle)
     except Exception as exc:  # any problem at all follows the policy: that is its point
         return _failed(exc, fail_closed, picked, log_path)
     return _loaded(args, got, picked, log_path)
+
+
+def credentials_problem(args: argparse.Namespace, env: Mapping[str, str]) -> str:
+    """Why the credentials Secret the admission referenced (optional) did not reach this
+    container ("" when it did, or none was referenced): a docker config file for oci://, the
+    S3 keys otherwise."""
+    name = args.credentials_secret
+    if not name or args.from_volume:
+        return ""
+    if args.oci_config:
+        if (Path(args.oci_config) / ".dockerconfigjson").is_file():
+            return ""
+        missing = ".dockerconfigjson"
+    else:
+        absent = [k for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY") if not env.get(k)]
+        if not absent:
+            return ""
+        missing = ", ".join(absent)
+    return (
+        f"the Secret {name} with the store's read credentials does not exist in this pod's "
+        f"namespace, or lacks {missing}: create it there (read-only credentials), or name "
+        "another in spec.serving.credentialsSecret"
+    )
 
 
 def _fetch_or_volume(

@@ -10,7 +10,7 @@ replaces them. Nothing here imports a backend, so the contract never depends on 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -121,6 +121,27 @@ class PodStorage:
     credential_keys: tuple[str, ...] = ()
     # The pod's fsGroup the store's files need (a volume written by tunefleet's user).
     fs_group: int | None = None
+
+    def optional(self) -> PodStorage:
+        """The same, with the credentials Secret optional: a model pod whose namespace lacks it
+        starts anyway, and its fetch (told by --credentials-secret which Secret it expected)
+        says so and follows the profile's policy: untuned and counted, or refused. A
+        required reference would hold the pod in CreateContainerConfigError for good."""
+        if not self.credentials_secret:
+            return self
+        env = [
+            {**e, "valueFrom": {"secretKeyRef": {**e["valueFrom"]["secretKeyRef"],
+                                                 "optional": True}}}
+            if "secretKeyRef" in (e.get("valueFrom") or {}) else e
+            for e in self.env
+        ]  # fmt: skip
+        # Every Secret volume (the signing key's too): fetch refuses what it cannot verify.
+        volumes = [
+            {**v, "secret": {**v["secret"], "optional": True}} if v.get("secret") else v
+            for v in self.volumes
+        ]
+        args = [*self.args, "--credentials-secret", self.credentials_secret]
+        return replace(self, env=env, volumes=volumes, args=args)
 
 
 def check_prefix(uri: str, prefix: str) -> str:

@@ -488,8 +488,10 @@ def _mount_image_volume(
 
 def _fetch_from_store(pspec: dict[str, Any], choice: Choice, devices: int, config: Config) -> None:
     spec, art = choice.spec, choice.artifact
-    # Read-only credentials (spec.serving's or the default serving Secret), never publish's.
-    storage = pod_storage(spec, config, read_only=True, serving=True)
+    # Read-only credentials (spec.serving's or the default serving Secret), never publish's;
+    # optional, so a namespace without them never holds the pod: fetch says so and the
+    # profile's policy decides (untuned and counted as Degraded, or refused).
+    storage = pod_storage(spec, config, read_only=True, serving=True).optional()
     fetch = build_fetch_container(
         uri=art.uri,
         sha256=art.sha256,
