@@ -5,8 +5,9 @@ A cause of ours is one the operator can fix or must report, as against a choice 
 the profile made (a model not tuned, Default-only results, a partition): the artifact's
 ConfigMap was gone and the store could not stand in (admission's `config_map_replaced`), or
 the pod's fetch init container started it untuned (the store unreachable, a checksum or
-identity refused). Followed by a reflector of admitted model pods (watch.MODEL_PODS;
-handlers/delivery.py) on every replica; the leader's reconcile reads it.
+identity refused), or served its results but not its caches. Followed by a reflector of
+admitted model pods (watch.MODEL_PODS; handlers/delivery.py) on every replica; the leader's
+reconcile reads it.
 
 The pod's own words are the source (contracts/admission.py, contracts/fetch.py): a pod
 anyone could label is only ever counted, never acted on.
@@ -21,13 +22,16 @@ from typing import Any
 from tunefleet import naming
 from tunefleet.contracts.admission import UNTUNED, Admission, Code
 from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
+from tunefleet.contracts.fetch import LOADED, FetchOutcome
 from tunefleet.contracts.fetch import UNTUNED as FETCH_UNTUNED
-from tunefleet.contracts.fetch import FetchOutcome
 from tunefleet.runtime.heap import compacted
 
 # Admission's untuned decisions that are ours to fix or report.
 OURS = frozenset({Code.CONFIG_MAP_REPLACED})
 FETCH_FAILED = "fetch_failed"  # the cause of a pod its fetch init container started untuned
+# Its TunableOp results were served, its caches were not (a tampered or unreadable archive):
+# the stack compiles cold, which is what the profile promised it would not.
+CACHES_NOT_SERVED = "caches_not_served"
 
 Key = tuple[str, str]  # (namespace, profile name)
 
@@ -56,6 +60,8 @@ def cause_of(pod: dict[str, Any]) -> Untuned | None:
             return Untuned(name, str(admitted.code), admitted.reason)
         return None
     outcome = _fetch_outcome(pod)
+    if outcome is not None and outcome.verdict == LOADED and outcome.caches_failed:
+        return Untuned(name, CACHES_NOT_SERVED, f"caches not served: {outcome.caches_failed}")
     if outcome is None or outcome.verdict != FETCH_UNTUNED:
         return None
     if outcome.gpu_model and admitted.candidates.get(outcome.gpu_model) == "":

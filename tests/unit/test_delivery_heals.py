@@ -24,7 +24,7 @@ from tunefleet.contracts.fetch import CONTAINER, FetchOutcome
 from tunefleet.delivered import DeliveredConfigMaps
 from tunefleet.memory import Memory
 from tunefleet.reconcile import sync_profile
-from tunefleet.served import FETCH_FAILED, ServedPods, Untuned, cause_of
+from tunefleet.served import CACHES_NOT_SERVED, FETCH_FAILED, ServedPods, Untuned, cause_of
 from tunefleet.status import with_degraded
 
 RESULTS = b"Validator,PT_VERSION,2.11.0\nGemmTunableOp_Half_TN,tn_8_8_8,Default,0.1\n"
@@ -282,6 +282,26 @@ def test_only_causes_of_ours_are_counted() -> None:
     at_node = Admission(INJECTED, candidates={"A": SHA, "B": ""})
     picked = FetchOutcome("untuned", reason="Default only", gpu_model="B", node="n1")
     assert cause_of(model_pod(at_node, picked)) is None
+
+
+def test_a_pod_served_its_results_but_not_its_caches_is_counted() -> None:
+    """It loaded TunableOp's results, but its stack compiles cold: not what the profile
+    promised. Before, it counted as served."""
+    injected = Admission(INJECTED, sha256=SHA, uri="s3://bkt/x")
+    half = FetchOutcome(
+        "loaded", files=1, gemms=1, sha256=SHA, dest="/r", tuned=1, default=0,
+        caches_failed="archive torchcompile has SHA-256 00, expected ab",
+    )  # fmt: skip
+    assert cause_of(model_pod(injected, half)) == Untuned(
+        "m",
+        CACHES_NOT_SERVED,
+        "caches not served: archive torchcompile has SHA-256 00, expected ab",
+    )
+    whole = FetchOutcome(
+        "loaded", files=1, gemms=1, sha256=SHA, dest="/r", tuned=1, default=0,
+        caches=("torchcompile",), caches_dest="/c",
+    )  # fmt: skip
+    assert cause_of(model_pod(injected, whole)) is None
 
 
 def test_the_table_follows_pods_in_and_out_and_says_which_profile_changed() -> None:
