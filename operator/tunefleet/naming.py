@@ -284,6 +284,12 @@ def signing_problems(spec: TuningProfileSpec) -> list[str]:
     return []
 
 
+def artifact_config_map_labels(uid: str) -> dict[str, str]:
+    """What an artifact ConfigMap carries and the watch selects it by (watch.py): put back by
+    the reconcile when a user removes them from the object it made (delivery heals)."""
+    return {**MANAGED_BY, PROFILE_UID_LABEL: uid, ROLE_LABEL: "artifact"}
+
+
 def job_labels(profile: str, uid: str, model: str, rev: str, role: str = "tune") -> dict[str, str]:
     labels = {
         **MANAGED_BY,

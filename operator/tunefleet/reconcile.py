@@ -449,6 +449,29 @@ def _store_only(record: ArtifactRecord | None, why_not: str) -> str:
     return ""
 
 
+def _relabel(s: _Sync, there: dict[str, Any], entry: dict[str, Any]) -> None:
+    """Put the artifact ConfigMap's labels back (only on the object controlled by this
+    profile, fenced by the resourceVersion read: kube.patch_owned)."""
+    meta, uid = there.get("metadata") or {}, str(s.meta.get("uid") or "")
+    want = naming.artifact_config_map_labels(uid)
+    labels = meta.get("labels") or {}
+    if all(labels.get(k) == v for k, v in want.items()):
+        return  # the watch has not caught up with one just made: nothing to put back
+    ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+    try:
+        if not kube.patch_owned("ConfigMap", ns, name, uid, {"metadata": {"labels": want}}):
+            return
+    except (kube.Temporary, kube.Permanent) as e:
+        log.warning(f"ConfigMap {ns}/{name} lost its labels; labelling it again failed: {e}")
+        return
+    s.remade.append(
+        f"{entry.get('gpuModel') or '?'}: the ConfigMap {name} of artifact "
+        f"{str(entry.get('sha256', ''))[:12]} had lost its labels (so new pods could not mount "
+        "it); labelled again"
+    )
+    metrics.CONFIG_MAPS_REMADE.inc()
+
+
 def _lost(s: _Sync, entry: dict[str, Any]) -> bool:
     """Whether the ConfigMap status names for this artifact is gone or is not the one made
     (another uid): then it is dropped from the entry, to be made again. The cache's word is
@@ -466,6 +489,10 @@ def _lost(s: _Sync, entry: dict[str, Any]) -> bool:
         return False  # not known now: the next reconcile looks again
     now_uid = str(((there or {}).get("metadata") or {}).get("uid") or "")
     if now_uid == made and made:
+        # The very object made (its uid), which the watch no longer sees: its labels were
+        # removed or changed. Admission, which reads that watch, took it for gone; labelled
+        # again, it is mounted again (a user's label edit is no identity, its uid is).
+        _relabel(s, there or {}, entry)
         return False
     what = f"was replaced (uid {now_uid})" if there is not None else "was deleted"
     if there is not None:

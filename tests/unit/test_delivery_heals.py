@@ -158,6 +158,42 @@ def test_a_lagging_watch_is_checked_with_the_api_server_before_anything_is_made(
     assert not [r for r, _ in w.api.events if r == EventReason.CONFIG_MAP_REMADE]
 
 
+def test_a_config_map_whose_labels_were_removed_is_labelled_again_not_left_unseen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The watch selects artifact ConfigMaps by label: with its role label removed, the very
+    object made (same uid) vanished from it, admission took it for gone, and the reconcile,
+    reading the same uid from the API server, did nothing: no heal, no Degraded."""
+    w = World(monkeypatch)
+    first = w.sync(None)
+    cm = config_map_of(first)
+    w.there[cm["name"]]["metadata"]["labels"] = {"app": "mine"}  # kubectl label ... role-
+    del w.watched[cm["name"]]
+    patched: list[tuple[str, str, dict[str, Any]]] = []
+    patch_others = kube.patch_owned
+
+    def patch_owned(kind: str, ns: str, name: str, owner: str, patch: dict[str, Any]) -> bool:
+        if kind != "ConfigMap":
+            return patch_others(kind, ns, name, owner, patch)
+        patched.append((name, owner, patch))
+        w.there[name]["metadata"]["labels"].update(patch["metadata"]["labels"])
+        w.watched[name] = w.there[name]["metadata"]["uid"]
+        return True
+
+    monkeypatch.setattr(kube, "patch_owned", patch_owned)
+    healed = w.sync(first)
+    assert config_map_of(healed) == cm and w.downloads == 1  # the same object, not remade
+    uid = w.p["metadata"]["uid"]
+    assert patched == [
+        (cm["name"], uid, {"metadata": {"labels": naming.artifact_config_map_labels(uid)}})
+    ]
+    said = [m for r, m in w.api.events if r == EventReason.CONFIG_MAP_REMADE]
+    assert len(said) == 1 and "had lost its labels" in said[0] and cm["name"] in said[0]
+    # Seen again: nothing more to do.
+    w.sync(healed)
+    assert len(patched) == 1
+
+
 def test_a_replaced_config_map_is_never_taken_the_artifact_goes_under_another_name(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -370,8 +370,46 @@ def test_an_untuned_decision_repeated_by_a_later_entry_is_announced_once(
     assert len(announced) == 1, announced
 
 
-def _no_config_maps(namespace: str, entry: Any) -> dict[str, str]:
+async def _no_config_maps(namespace: str, entry: Any) -> dict[str, str]:
     return {}
+
+
+def test_admission_recognises_the_config_map_made_by_its_uid_not_its_labels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The watch selects by label: a ConfigMap whose labels were removed is absent there. The
+    API server is asked then (only then), and the object made, same uid, is mounted; one
+    really gone or replaced is not."""
+    import asyncio
+
+    from tunefleet import kube
+    from tunefleet.handlers import pod as pod_handlers
+    from tunefleet.handlers.startup import DELIVERED
+
+    entry = {"status": {"artifacts": [{"configMap": {"name": "cm-a", "uid": "made"}},
+                                      {"configMap": {"name": "cm-b", "uid": "made-b"}}]}}  # fmt: skip
+    watched = {"cm-a": "", "cm-b": "made-b"}
+    there = {"cm-a": {"metadata": {"uid": "made"}}}
+    reads: list[str] = []
+    monkeypatch.setattr(DELIVERED, "uid_of", lambda ns, name: watched[name])
+
+    def read(kind: str, ns: str, name: str) -> Any:
+        reads.append(name)
+        return there.get(name)
+
+    monkeypatch.setattr(kube, "read", read)
+    got = asyncio.run(pod_handlers._config_map_uids("ml", entry))
+    assert got == {"cm-a": "made", "cm-b": "made-b"} and reads == ["cm-a"]
+    del there["cm-a"]  # really gone
+    assert asyncio.run(pod_handlers._config_map_uids("ml", entry))["cm-a"] == ""
+    there["cm-a"] = {"metadata": {"uid": "forged"}}  # replaced under its name
+    assert asyncio.run(pod_handlers._config_map_uids("ml", entry))["cm-a"] == "forged"
+
+    def hung(kind: str, ns: str, name: str) -> Any:
+        raise TimeoutError("the API server did not answer")
+
+    monkeypatch.setattr(kube, "read", hung)  # the watch's word stands
+    assert asyncio.run(pod_handlers._config_map_uids("ml", entry))["cm-a"] == ""
 
 
 # --- bundles: caches beside (or instead of) TunableOp results --------------------------------

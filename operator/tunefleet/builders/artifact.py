@@ -70,11 +70,7 @@ def build_artifact_config_map(
         "metadata": {
             "name": artifact_config_map_name(sha256, uid),
             "namespace": namespace,
-            "labels": {
-                **naming.MANAGED_BY,
-                naming.PROFILE_UID_LABEL: uid,
-                naming.ROLE_LABEL: "artifact",
-            },
+            "labels": naming.artifact_config_map_labels(uid),
             "annotations": {
                 naming.MODEL_ANNOTATION: gpu_model,
                 naming.ARTIFACT_SHA_ANNOTATION: sha256,

@@ -63,7 +63,7 @@ async def pod_mutate(
         entry = CACHE.profile((namespace, profile_name)) or await _read_profile(
             namespace, profile_name
         )
-        config_maps = _config_map_uids(namespace, entry)
+        config_maps = await _config_map_uids(namespace, entry)
         decision = admit(dict(body), profile_name, entry, CONFIG.get(), config_maps)
     except Exception:
         # A bug here must not block pods: a handler error would reach the API server as a
@@ -116,16 +116,34 @@ async def _read_profile(namespace: str, name: str) -> dict[str, Any] | None:
     return views.profile_view(raw) if raw is not None else None
 
 
-def _config_map_uids(namespace: str, entry: dict[str, Any] | None) -> dict[str, str]:
+async def _config_map_uids(namespace: str, entry: dict[str, Any] | None) -> dict[str, str]:
     """The uid each of the profile's artifact ConfigMaps has now ("" when gone), from what this
     replica's watch follows (delivered.py): admission mounts one only while it is the object
-    the operator made, and serves the artifact from the store otherwise. No API call: a
-    scale-up of N pods costs the API server nothing here."""
-    return {
-        name: DELIVERED.uid_of(namespace, name)
-        for a in ((entry or {}).get("status") or {}).get("artifacts") or []
-        if isinstance(a.get("configMap"), dict) and (name := str(a["configMap"].get("name") or ""))
-    }
+    the operator made, and serves the artifact from the store otherwise. No API call while the
+    watch agrees with status: a scale-up of N pods costs the API server nothing here. Where it
+    does not, the API server is asked (bounded): the object made is recognised by its uid,
+    not by the labels the watch selects on, which anyone may remove."""
+    uids: dict[str, str] = {}
+    for a in ((entry or {}).get("status") or {}).get("artifacts") or []:
+        cm = a.get("configMap")
+        if not isinstance(cm, dict) or not (name := str(cm.get("name") or "")):
+            continue
+        made, seen = str(cm.get("uid") or ""), DELIVERED.uid_of(namespace, name)
+        uids[name] = seen if seen == made or not made else await _read_uid(namespace, name, seen)
+    return uids
+
+
+async def _read_uid(namespace: str, name: str, watched: str) -> str:
+    """The ConfigMap's uid as the API server has it ("" when gone); the watch's word when the
+    API server does not answer in time (admission must stay inside the webhook's timeout)."""
+    try:
+        there = await asyncio.wait_for(
+            asyncio.to_thread(kube.read, "ConfigMap", namespace, name), timeout=1.5
+        )
+    except Exception as e:
+        log.info(f"admission: could not read ConfigMap {namespace}/{name}: {e}")
+        return watched
+    return str(((there or {}).get("metadata") or {}).get("uid") or "")
 
 
 def apply(body: kopf.Body, patch: kopf.Patch, decision: Decision) -> None:
