@@ -13,7 +13,6 @@ again after DELIVERY_RETRY_S.
 from __future__ import annotations
 
 import base64
-import gzip
 import hashlib
 import logging
 from collections.abc import Iterable
@@ -21,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunefleet import kube, naming, views
-from tunefleet.artifacts import fit
-from tunefleet.artifacts.fetch import FetchError, Verified, download_verified
+from tunefleet.artifacts import fit, gz
+from tunefleet.artifacts.fetch import MAX_RESULTS_BYTES, FetchError, Verified, download_verified
 from tunefleet.builders.artifact import build_artifact_config_map, is_packed, payload_keys
 from tunefleet.config import Config
 from tunefleet.contracts.admission import Admission
@@ -195,7 +194,7 @@ def content_problem(
     plain, gzipped = payload_keys()
     try:
         if gzipped in binary:
-            results = gzip.decompress(base64.b64decode(binary[gzipped]))
+            results = gz.gunzip(base64.b64decode(binary[gzipped]), MAX_RESULTS_BYTES, gzipped)
         else:
             results = str(data.get(plain, "")).encode("utf-8")
     except (ValueError, OSError, EOFError) as e:

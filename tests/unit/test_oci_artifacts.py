@@ -370,6 +370,59 @@ def test_the_volume_layer_is_deterministic_and_holds_the_results_per_ordinal() -
     assert last.linkname == "tunableop_results0.csv"
 
 
+def _layer_with(members: list[tuple[str, bytes]]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return gzip.compress(buf.getvalue(), mtime=0)
+
+
+def test_every_gpu_ordinals_results_file_in_a_volume_is_checked_not_only_the_first() -> None:
+    """A volume whose first results file is right and whose fourth is a regular file with other
+    rows passed before: only tunableop_results0.csv was compared."""
+    results = b"Validator,PT_VERSION,2.11.0\nGemmTunableOp_float_NT,nt_8_8_8,Default,0.01\n"
+    forged = b"Validator,PT_VERSION,2.11.0\nGemmTunableOp_float_NT,nt_8_8_8,Gemm_Evil_1,0.01\n"
+    meta = ocibundle.META_DIR
+    layer = _layer_with([
+        (f"{meta}/manifest.json", b"{}"), (f"{meta}/results.csv", results),
+        ("tunableop_results0.csv", results), ("tunableop_results3.csv", forged),
+    ])  # fmt: skip
+    with pytest.raises(ocibundle.VolumeError, match=r"tunableop_results3.csv is not the artifact"):
+        ocibundle.read_volume_layer(layer, "results.csv", True)
+    honest = _layer_with([
+        (f"{meta}/manifest.json", b"{}"), (f"{meta}/results.csv", results),
+        ("tunableop_results0.csv", results), ("tunableop_results3.csv", results),
+    ])  # fmt: skip
+    assert ocibundle.read_volume_layer(honest, "results.csv", True) == (b"{}", results)
+
+
+def test_a_volume_layer_that_unpacks_past_its_bound_is_refused_as_it_unpacks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(ocibundle, "MAX_VOLUME_UNPACKED", 1 << 20)
+    bomb = gzip.compress(b"\0" * (8 << 20), mtime=0)  # 8 KB that unpacks to 8 MB
+    assert len(bomb) < 64 << 10
+    with pytest.raises(ocibundle.VolumeError, match=r"unpacks to more than 1048576 bytes"):
+        ocibundle.read_volume_layer(bomb, "results.csv", True)
+
+
+def test_bounded_gunzip_refuses_bombs_trailing_data_and_garbage() -> None:
+    from tunefleet.artifacts import gz
+
+    assert gz.gunzip(gzip.compress(b"abc"), 3, "x") == b"abc"
+    with pytest.raises(gz.TooBig, match="x unpacks to more than 2 bytes"):
+        gz.gunzip(gzip.compress(b"abc"), 2, "x")
+    with pytest.raises(ValueError, match="not one whole gzip stream"):
+        gz.gunzip(gzip.compress(b"abc") + b"junk", 10, "x")
+    with pytest.raises(ValueError, match="not one whole gzip stream"):
+        gz.gunzip(gzip.compress(b"abc")[:-4], 10, "x")
+    with pytest.raises(ValueError, match="does not decompress"):
+        gz.gunzip(b"not gzip at all", 10, "x")
+
+
 MODEL = "AMD_Instinct_MI300X_OAM"
 CACHE_FILES = {"inductor/fxgraph/a/entry": b"graph" * 50, "triton/K/kernel.so": b"\x7fELF"}
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gzip
 import os
 import signal
 import sys
@@ -39,7 +38,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NoReturn, TextIO
 
-from tunefleet.artifacts import bundle, fit, kinds
+from tunefleet.artifacts import bundle, fit, gz, kinds
 from tunefleet.contracts import nodemap
 from tunefleet.contracts.fetch import LOADED, PROG, REFUSED, UNTUNED, Candidate, FetchOutcome
 from tunefleet.storage import cli as storage_cli
@@ -191,12 +190,9 @@ def _results(store: Store, location: Location, name: str) -> bytes:
             raise
     packed = store.get(location.key(name + ".gz"), MAX_RESULTS_BYTES)
     try:
-        data = gzip.decompress(packed)
-    except (OSError, EOFError) as exc:
-        raise FetchError(f"{name}.gz does not decompress: {exc}") from None
-    if len(data) > MAX_RESULTS_BYTES:
-        raise FetchError(f"{name}.gz holds more than {MAX_RESULTS_BYTES} bytes")
-    return data
+        return gz.gunzip(packed, MAX_RESULTS_BYTES, f"{name}.gz")
+    except ValueError as exc:
+        raise FetchError(str(exc)) from None
 
 
 def download_verified(

@@ -44,7 +44,7 @@ from tuner_job.manifest import Manifest
 from tuner_job.output import MANIFEST_NAME
 
 from . import bundle as archives_in_store
-from . import kinds
+from . import gz, kinds
 
 ARTIFACT_TYPE = "application/vnd.tunefleet.bundle.v1"
 MANIFEST_LAYER = "application/vnd.tunefleet.manifest.v1+json"
@@ -191,6 +191,10 @@ VOLUME_DEVICES = 256
 META_DIR = ".tunefleet"
 CACHES_DIR = f"{META_DIR}/caches"  # each cache's files under <this>/<name>/, as fetch lays them
 MAX_VOLUME_LAYER = 64 << 20
+# What the first layer (manifest, payload, a results file per GPU ordinal) may unpack to, and
+# the ordinals checked: a results file is at most a few MB, and fetch serves 256 GPUs at most.
+MAX_VOLUME_UNPACKED = 256 << 20
+MAX_VOLUME_DEVICES = 256
 
 
 class VolumeError(Exception):
@@ -260,10 +264,14 @@ def _entry(name: str, kind: bytes, mode: int, size: int = 0) -> tarfile.TarInfo:
 
 
 def read_volume_layer(layer: bytes, payload_name: str, results: bool) -> tuple[bytes, bytes]:
-    """(manifest.json, payload) of a volume's first layer, each device file checked to be the
-    results: what the operator compares with the artifact's pins before pods mount it."""
+    """(manifest.json, payload) of a volume's first layer, every device file (one per GPU
+    ordinal, whatever its number) checked to be the results or a hard link to the first: what
+    the operator compares with the artifact's pins before pods mount it."""
     try:
-        raw = gzip.decompress(layer)
+        raw = gz.gunzip(layer, MAX_VOLUME_UNPACKED, "the volume layer")
+    except ValueError as exc:
+        raise VolumeError(str(exc)) from None
+    try:
         with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
             members = {m.name: m for m in tar.getmembers()}
             manifest = _read_member(tar, members, f"{META_DIR}/{MANIFEST_NAME}")
@@ -273,9 +281,13 @@ def read_volume_layer(layer: bytes, payload_name: str, results: bool) -> tuple[b
             first = kind().device_files(1)[0][1]
             if results and _read_member(tar, members, first) != payload:
                 raise VolumeError(f"{first} is not the artifact's results")
+            devices = {f for _, f in kind().device_files(MAX_VOLUME_DEVICES)}
             for m in members.values():
                 if (m.islnk() and m.linkname != first) or m.issym() or m.isdev():
                     raise VolumeError(f"{m.name} links elsewhere or is a device")
+                other = results and m.name in devices and m.isfile() and m.name != first
+                if other and _read_member(tar, members, m.name) != payload:
+                    raise VolumeError(f"{m.name} is not the artifact's results")
     except (OSError, EOFError, tarfile.TarError) as exc:
         raise VolumeError(f"the volume layer does not unpack: {exc}") from None
     return manifest, payload
