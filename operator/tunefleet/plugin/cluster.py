@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,8 +23,12 @@ from .errors import PluginError
 T = TypeVar("T")
 REQUEST_TIMEOUT = (5, 30)  # (connect, read) seconds per request
 # Read-change-write rounds before giving up on a profile that keeps changing under us: each
-# lost round means another writer's change landed, so a handful covers any human pace.
-UPDATE_ATTEMPTS = 16
+# lost round means another writer's change landed. Rounds after a conflict wait a random,
+# growing while (full jitter, at most UPDATE_BACKOFF_MAX_S), so a hundred writers at once
+# spread out instead of colliding again in lockstep.
+UPDATE_ATTEMPTS = 64
+UPDATE_BACKOFF_S = 0.02
+UPDATE_BACKOFF_MAX_S = 1.0
 SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -110,7 +116,10 @@ class Cluster:
         None when the profile does not exist; (result, profile as written or as read when the
         patch is None)."""
         what = f"{KIND} {namespace}/{name}"
-        for _ in range(UPDATE_ATTEMPTS):
+        for attempt in range(UPDATE_ATTEMPTS):
+            if attempt:
+                cap = min(UPDATE_BACKOFF_MAX_S, UPDATE_BACKOFF_S * 2 ** min(attempt, 16))
+                time.sleep(random.uniform(0, cap))
             profile = self.profile(namespace, name)
             if profile is None:
                 return None
