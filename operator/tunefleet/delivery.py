@@ -123,53 +123,18 @@ def image_volume_problem(mode: str, server_minor: int, runtimes: dict[str, str])
 def deliver_image_volume(
     record: ArtifactRecord, spec_public_key: str, required: bool, config: Config, problem: str
 ) -> str:
-    """IMAGE_VOLUME once the artifact's volume image verifies (its signature by the profile's
-    public key, its content against the artifact's pins); FetchError says why not (pods then
-    fetch, and verify, from the registry)."""
-    from tunefleet.artifacts import ocibundle, signing
-    from tunefleet.storage.oci import OciStore
-    from tunefleet.storage.registry import open_store
+    """IMAGE_VOLUME once the artifact's volume image verifies (artifacts/volumes.py: its
+    signature by the profile's public key, its content against the artifact's pins); FetchError
+    says why not (pods then fetch, and verify, from the registry). The verdict is kept for
+    admission, which mounts nothing on the status's word."""
+    from tunefleet.artifacts import volumes
 
     if problem:
         raise FetchError(problem)
-    if not config.oci_config:
-        raise FetchError(
-            "the operator has no registry read identity "
-            "(the chart's delivery.oci.credentialsSecret)"
-        )
-    if not record.volume:
-        raise FetchError("the artifact has no volume image (published before them)")
-    if required and not spec_public_key:
-        raise FetchError(
-            "the operator cannot verify the signature before pods mount it: give it the "
-            "public key (spec.storage.signing.publicKey)"
-        )
-    location = parse_uri(record.uri)
-    options = StoreOptions(timeout_s=config.delivery_timeout_s, oci_config=config.oci_config)
-    store = open_store(location, options)
-    assert isinstance(store, OciStore)
-    if spec_public_key:
-        try:
-            key = signing.load_public_key(spec_public_key.encode())
-        except signing.SigningError as exc:
-            raise FetchError(f"spec.storage.signing.publicKey: {exc}") from None
-        verdict = signing.verify(store, record.volume, key)
-        if not verdict.ok and (required or record.caches):
-            raise FetchError(f"volume image not mounted: {verdict.reason}")
-    elif record.caches:
-        # The operator checks the manifest and payload against their pins, not the caches'
-        # bytes: those are bound by the signature alone.
-        raise FetchError(
-            "caches in a volume image are mounted only once its signature verifies: give the "
-            "operator the public key (spec.storage.signing.publicKey)"
-        )
-    try:
-        ocibundle.check_volume(
-            store, record.volume, record.sha256, record.manifest_sha256, record.kind,
-            len(record.caches),
-        )  # fmt: skip
-    except ocibundle.VolumeError as exc:
-        raise FetchError(f"volume image not mounted: {exc}") from None
+    verdict = volumes.check(record, spec_public_key, required, config)
+    volumes.VERDICTS.put(record.volume, spec_public_key, required, verdict)
+    if not verdict.mountable:
+        raise FetchError(verdict.reason)
     log.info(f"{record.uri}: volume image {record.volume[:19]} verified; pods mount it")
     return IMAGE_VOLUME
 

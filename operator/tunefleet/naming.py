@@ -44,6 +44,9 @@ POD_MODEL_ANNOTATION = "tunefleet.io/gpu-model"
 ARTIFACT_CONFIG_MAP_ANNOTATION = "tunefleet.io/artifact-configmap"
 # The image volume (repository@digest) a pod mounts its artifact from (oci:// stores).
 ARTIFACT_VOLUME_ANNOTATION = "tunefleet.io/artifact-volume"
+# "unsigned: <why>": an oci:// volume image mounted under signing policy Optional without a
+# valid signature (artifacts/volumes.py); absent when it was signed, or not mounted.
+ARTIFACT_SIGNATURE_ANNOTATION = "tunefleet.io/artifact-signature"
 IMAGE_WARNING_ANNOTATION = "tunefleet.io/image-warning"
 # A pod whose GPU model is picked where it lands (webhook/placement.py): the models offered,
 # JSON {model: sha256 of its pinned artifact, or "" where it starts untuned}.

@@ -127,12 +127,29 @@ def test_a_bundle_is_pushed_signed_verified_by_cosign_served_and_refused_when_fo
     assert verified.returncode == 0, verified.stderr
     assert digest in verified.stdout
 
+    # No publicKey in the spec: the operator cannot check a signature, so it mounts nothing;
+    # and the profile's one public key is the spec's, so a pod has nothing to verify with and
+    # is served nothing (it read the Secret's cosign.pub before: a second key source).
+    assert art["delivery"].startswith("Store:") and "publicKey" in art["delivery"], art
+    fetch, _ = _serve(cluster, namespace, "no-key", "oci")
+    assert "starting untuned: bundle not served" in fetch, fetch
+    assert "set spec.storage.signing.publicKey" in fetch, fetch
+    # The key given (a storage field: no new revision, nothing retuned); pods kept fetching,
+    # so what fetch checks is checked below.
+    key = {"storage": {"signing": {"publicKey": pub.read_text()}}, "serving": {"delivery": "Store"}}
+    cluster.kubectl("patch", "tp", "-n", namespace, "oci", "--type", "merge", "-p",
+                    json.dumps({"spec": key}))  # fmt: skip
+    eventually(
+        lambda: get_json(cluster, "tp", "-n", namespace, "oci")["status"]["artifacts"][0],
+        lambda a: a.get("delivery") == "Store (spec.serving.delivery)",
+        "the operator to act on the patched spec",
+        timeout=60,
+    )
+
     # ... and a model pod is served the bundle, by digest, after the same check.
     fetch, log = _serve(cluster, namespace, "served", "oci")
     assert "wrote 1 results file(s)" in fetch, fetch
     assert "PYTORCH_TUNABLEOP_ENABLED=1" in log, log
-    # No publicKey in the spec: the operator cannot check a signature, so it mounts nothing.
-    assert art["delivery"].startswith("Store:") and "publicKey" in art["delivery"], art
 
     # Signed by another key only: cosign refuses it, so does tunefleet, and the pod starts
     # untuned (failClosed is false), saying why.

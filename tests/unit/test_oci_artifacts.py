@@ -15,6 +15,7 @@ import socket
 import tarfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from tunefleet.api.models import STORAGE_URI
 from tunefleet.artifacts import ocibundle, signing
 from tunefleet.artifacts import publish as publish_mod
 from tunefleet.artifacts.fetch import FetchError, Signature, from_volume, serving_store
+from tunefleet.artifacts.volumes import VolumeVerdict
 from tunefleet.builders.job import Child, build_tuning_job
 from tunefleet.builders.storage import pod_storage
 from tunefleet.config import Config
@@ -278,7 +280,9 @@ def test_fetch_refuses_what_it_cannot_check_when_a_signature_is_required(tmp_pat
         serving_store(reg, Signature("", None, required=True))
     assert serving_store(reg, Signature("", None, required=False)) is reg
     digest = _bundle(reg)
-    with pytest.raises(FetchError, match="no key was given"):
+    with pytest.raises(
+        FetchError, match=r"no key to verify it: set spec\.storage\.signing\.publicKey"
+    ):
         serving_store(reg, Signature(digest, None, required=True))
     with pytest.raises(FetchError, match="the verification key"):
         serving_store(reg, Signature(digest, tmp_path / "missing.pub", required=True))
@@ -313,17 +317,29 @@ def test_a_candidate_carries_its_bundle() -> None:
     assert Candidate.from_arg(c.to_arg()) == c
 
 
-def test_model_pods_get_the_public_key_alone_and_the_job_the_key_pair() -> None:
-    s = spec(SIGNED, serving={"credentialsSecret": {"name": "registry-reader"}})
+def test_model_pods_get_the_spec_public_key_by_value_and_the_job_the_key_pair() -> None:
+    """One source for the public key: spec.storage.signing.publicKey, which the operator
+    verifies volume images with, reaches model pods' fetch by value; the signing Secret (the
+    publisher's key pair) is mounted in tuning Jobs alone. Before, pods read cosign.pub from
+    the Secret and the operator the spec: two copies that could disagree."""
+    pem = (DATA / "cosign.pub").read_text()
+    signed = {**OCI, "signing": {"secret": {"name": "signing"}, "publicKey": pem}}
+    s = spec(signed, serving={"credentialsSecret": {"name": "registry-reader"}})
     serving = pod_storage(s, Config(image="tf:1"), read_only=True, serving=True)
-    assert "--verify-key" in serving.args and "--require-signature" in serving.args
+    args = serving.args
+    assert args[args.index("--verify-key-env") + 1] == "TUNEFLEET_VERIFY_KEY"
+    assert "--require-signature" in args
+    assert {"name": "TUNEFLEET_VERIFY_KEY", "value": pem} in serving.env
     volumes = {v["name"]: v for v in serving.volumes}
-    items = volumes["tunefleet-signing"]["secret"]["items"]
-    assert [i["key"] for i in items] == ["cosign.pub"]
+    assert "tunefleet-signing" not in volumes
     assert volumes["tunefleet-oci"]["secret"]["secretName"] == "registry-reader"
-    optional = spec({**OCI, "signing": {"policy": "Optional", "secret": {"name": "signing"}}})
+    optional = spec({**signed, "signing": {**signed["signing"], "policy": "Optional"}})
     args = pod_storage(optional, Config(image="tf:1"), serving=True).args
-    assert "--verify-key" in args and "--require-signature" not in args
+    assert "--verify-key-env" in args and "--require-signature" not in args
+    # No key in the spec under Required: fetch is told to require one, and refuses, naming
+    # the field (test_fetch_refuses_what_it_cannot_check_when_a_signature_is_required).
+    keyless = pod_storage(spec(SIGNED), Config(image="tf:1"), serving=True)
+    assert keyless.args == ["--require-signature"] and not keyless.env
 
     job = build_tuning_job(Child(s, "ml", "llm", "uid-1", "MI300X", Config(image="tf:1")))
     pod = job["spec"]["template"]["spec"]
@@ -582,9 +598,16 @@ def _model_pod() -> dict[str, Any]:
     }
 
 
+def _verified(digest: str, signed: bool = True, why: str = "") -> dict[str, VolumeVerdict]:
+    return {digest: VolumeVerdict(True, signed, why)}
+
+
 def test_a_verified_volume_image_is_mounted_by_digest_with_nothing_run_before() -> None:
     volume = "sha256:" + "d" * 64
-    d = admit(_model_pod(), "x", _oci_profile("ImageVolume", volume), Config(image="tf:1"))
+    d = admit(
+        _model_pod(), "x", _oci_profile("ImageVolume", volume), Config(image="tf:1"),
+        volumes=_verified(volume),
+    )  # fmt: skip
     spec = d.pod["spec"]
     (vol,) = [v for v in spec["volumes"] if "image" in v]
     assert vol["image"] == {"reference": f"{HOST}/team/tf@{volume}", "pullPolicy": "IfNotPresent"}
@@ -605,13 +628,53 @@ def test_a_verified_volume_image_is_mounted_by_digest_with_nothing_run_before() 
     ],
 )
 def test_anything_not_verified_is_fetched_and_checked_by_fetch(delivery: str, volume: str) -> None:
-    d = admit(_model_pod(), "x", _oci_profile(delivery, volume), Config(image="tf:1"))
+    d = admit(_model_pod(), "x", _oci_profile(delivery, volume), Config(image="tf:1"),
+              volumes=_verified("sha256:" + "d" * 64))  # fmt: skip
     spec = d.pod["spec"]
     assert not [v for v in spec["volumes"] if "image" in v]
     (fetch,) = spec["initContainers"]
     cmd = fetch["command"]
     assert cmd[cmd.index("--bundle") + 1] == "sha256:" + "c" * 64
-    assert "--require-signature" in cmd and "--verify-key" in cmd
+    assert "--require-signature" in cmd
+
+
+@pytest.mark.parametrize(
+    "verdicts",
+    [
+        {},  # none in time (the registry slow, or never asked)
+        {"sha256:" + "d" * 64: VolumeVerdict(False, False, "no valid signature by the key")},
+        {"sha256:" + "e" * 64: VolumeVerdict(True, True)},  # a verdict on another digest
+    ],
+    ids=["no-verdict", "refused", "other-digest"],
+)
+def test_a_status_saying_image_volume_mounts_nothing_without_a_verdict_on_that_digest(
+    verdicts: dict[str, VolumeVerdict],
+) -> None:
+    """Status is shown, never trusted: one written by whoever can write it (naming any digest
+    of the repository, delivery ImageVolume) mounts nothing unverified; the pod fetches the
+    artifact and checks its signature itself. Before, the status's word was enough."""
+    forged = _oci_profile("ImageVolume", "sha256:" + "d" * 64)
+    d = admit(_model_pod(), "x", forged, Config(image="tf:1"), volumes=verdicts)
+    spec = d.pod["spec"]
+    assert not [v for v in spec["volumes"] if "image" in v]
+    (fetch,) = spec["initContainers"]
+    assert "--require-signature" in fetch["command"]
+    assert any("is not mounted" in n for n in d.notes), d.notes
+    assert "tunefleet.io/artifact-volume" not in d.pod["metadata"]["annotations"]
+
+
+def test_an_unsigned_volume_mounted_under_optional_says_so_on_the_pod() -> None:
+    prof = _oci_profile("ImageVolume", "sha256:" + "d" * 64)
+    prof["spec"]["storage"]["signing"]["policy"] = "Optional"
+    why = "registry.example.com:5000/team/tf@sha256:ddd is not signed"
+    d = admit(_model_pod(), "x", prof, Config(image="tf:1"),
+              volumes=_verified("sha256:" + "d" * 64, signed=False, why=why))  # fmt: skip
+    anns = d.pod["metadata"]["annotations"]
+    assert anns["tunefleet.io/artifact-signature"] == f"unsigned: {why}"
+    assert [v for v in d.pod["spec"]["volumes"] if "image" in v]
+    signed = admit(_model_pod(), "x", prof, Config(image="tf:1"),
+                   volumes=_verified("sha256:" + "d" * 64))  # fmt: skip
+    assert "tunefleet.io/artifact-signature" not in signed.pod["metadata"]["annotations"]
 
 
 # --- a registry that is down, or hangs ---------------------------------------------------------
@@ -665,7 +728,9 @@ def test_caches_in_a_verified_volume_are_copied_by_fetch_from_the_mount_download
     prof["status"]["artifacts"][0]["caches"] = [
         {"kind": "cache", "name": "stack", "sha256": "e" * 64, "size": 10, "files": 1, "bytes": 5}
     ]
-    d = admit(_model_pod(), "x", prof, Config(image="tf:1"))
+    d = admit(
+        _model_pod(), "x", prof, Config(image="tf:1"), volumes=_verified("sha256:" + "d" * 64)
+    )
     spec = d.pod["spec"]
     (copy,) = spec["initContainers"]
     cmd = copy["command"]
@@ -691,7 +756,8 @@ def test_a_status_naming_another_repository_gets_no_image_volume() -> None:
 
 def test_why_says_a_pod_runs_from_its_image_volume() -> None:
     prof = _oci_profile("ImageVolume", "sha256:" + "d" * 64)
-    pod = admit(_model_pod(), "x", prof, Config(image="tf:1")).pod
+    pod = admit(_model_pod(), "x", prof, Config(image="tf:1"),
+                volumes=_verified("sha256:" + "d" * 64)).pod  # fmt: skip
     pod["metadata"]["name"] = "m-1"
     pod["status"] = {"phase": "Running"}
     report = explain(pod, {**prof, "metadata": {"name": "x", "namespace": "ml"}}, [])
@@ -715,3 +781,71 @@ def test_serving_delivery_store_keeps_oci_pods_fetching(monkeypatch: pytest.Monk
     _S.spec = spec(SIGNED)
     reconcile._deliver(_S(), status)  # type: ignore[arg-type]
     assert calls == ["iv"]
+
+
+# --- the one check of a volume image, and its verdicts (artifacts/volumes.py) -----------------
+
+
+def test_the_volume_check_takes_exactly_the_digest_the_key_and_the_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tunefleet.artifacts import volumes
+    from tunefleet.storage import registry as registry_mod
+
+    reg = FakeRegistry()
+    pub, store = _published(tmp_path)
+    digest, manifest_bytes = _volume(reg, pub, store)
+    monkeypatch.setattr(registry_mod, "open_store", lambda location, options: reg)
+    record = ArtifactRecord(
+        f"oci://{HOST}/team/tf#ml/llama/{MODEL}/{pub.sha256}", pub.sha256, 1, gpu_model=MODEL,
+        manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest(), volume=digest,
+        caches=tuple(loads(manifest_bytes).caches),
+    )  # fmt: skip
+    cfg = Config(image="tf:1", oci_config="/nonexistent")
+    pem = (DATA / "cosign.pub").read_text()
+    # Not signed yet: Required refuses; so does Optional for caches (their bytes are bound by
+    # the signature alone); Optional mounts results alone, and says unsigned.
+    refused = volumes.check(record, pem, True, cfg)
+    assert not refused.mountable and "is not signed" in refused.reason
+    assert not volumes.check(record, pem, False, cfg).mountable
+    results_only = replace(record, caches=())
+    monkeypatch.setattr(ocibundle, "check_volume", lambda *a: None)  # its own test is above
+    unsigned = volumes.check(results_only, pem, False, cfg)
+    assert unsigned.mountable and not unsigned.signed and "is not signed" in unsigned.reason
+    monkeypatch.undo()
+    monkeypatch.setattr(registry_mod, "open_store", lambda location, options: reg)
+    signing.sign(reg, digest, _key())
+    assert volumes.check(record, pem, True, cfg) == volumes.VolumeVerdict(True, True, "")
+    # Another key (the spec's changed): refused under Required.
+    other = (
+        ec.generate_private_key(ec.SECP256R1())
+        .public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
+    changed = volumes.check(record, other, True, cfg)
+    assert not changed.mountable and "no valid signature by the configured key" in changed.reason
+    assert "spec.storage.signing.publicKey" in volumes.check(record, "", True, cfg).reason
+    bad = volumes.check(
+        record, "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----", True, cfg
+    )
+    assert not bad.mountable and bad.reason.startswith("spec.storage.signing.publicKey")
+    # Content against the pins: a record whose sha256 the volume does not hold.
+    forged = replace(record, sha256="0" * 64)
+    assert "is not the artifact" in volumes.check(forged, pem, True, cfg).reason
+
+
+def test_verdicts_are_kept_by_digest_key_and_policy_for_a_while() -> None:
+    from tunefleet.artifacts import volumes
+
+    now = [0.0]
+    kept = volumes.Verdicts(ttl_s=60, clock=lambda: now[0])
+    ok = volumes.VolumeVerdict(True, True)
+    kept.put("sha256:d", "KEY-A", True, ok)
+    assert kept.get("sha256:d", "KEY-A", True) == ok
+    assert kept.get("sha256:d", " KEY-A\n", True) == ok  # the same PEM, other whitespace
+    assert kept.get("sha256:d", "KEY-B", True) is None  # a changed key: checked again now
+    assert kept.get("sha256:d", "KEY-A", False) is None  # a changed policy: likewise
+    assert kept.get("sha256:e", "KEY-A", True) is None
+    now[0] = 61
+    assert kept.get("sha256:d", "KEY-A", True) is None  # a removed signature counts after 60 s

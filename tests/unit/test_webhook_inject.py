@@ -514,5 +514,6 @@ def test_an_oci_stores_secret_volumes_are_optional_for_a_model_pod() -> None:
     prof["status"]["artifacts"][0]["bundle"] = {"digest": "sha256:" + "c" * 64, "signed": True}
     spec = inject(pod(), "x", prof, CFG).pod["spec"]
     secrets = [v["secret"] for v in spec["volumes"] if "secret" in v]
-    assert {s["secretName"] for s in secrets} == {"registry-reader", "signing"}
+    # The signing Secret is the publisher's: a model pod mounts none (its key is the spec's).
+    assert {s["secretName"] for s in secrets} == {"registry-reader"}
     assert all(s["optional"] is True for s in secrets)

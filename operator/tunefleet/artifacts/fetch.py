@@ -327,6 +327,7 @@ class Signature:
     bundle: str = ""
     key_file: Path | None = None
     required: bool = False
+    key_pem: bytes = b""  # the key itself (spec.storage.signing.publicKey, from admission)
 
 
 def serving_store(store: Store, sig: Signature) -> Store:
@@ -346,13 +347,17 @@ def serving_store(store: Store, sig: Signature) -> Store:
             )
         return store
     try:
-        if sig.key_file is not None:
-            key = signing.load_public_key(sig.key_file.read_bytes())
+        pem = sig.key_file.read_bytes() if sig.key_file is not None else sig.key_pem
+        if pem.strip():
+            key = signing.load_public_key(pem)
             verdict = signing.verify(store, sig.bundle, key)
             if not verdict.ok and sig.required:
                 raise FetchError(f"bundle not served: {verdict.reason}")
         elif sig.required:
-            raise FetchError("bundle not served: a signature is required, and no key was given")
+            raise FetchError(
+                "bundle not served: a signature is required, and the profile gives no key to "
+                "verify it: set spec.storage.signing.publicKey (the PEM of cosign.pub)"
+            )
         return ocibundle.BundleView(store, sig.bundle)
     except (OSError, signing.SigningError) as exc:
         raise FetchError(f"bundle not served: the verification key: {exc}") from None
@@ -491,6 +496,12 @@ def _parser() -> argparse.ArgumentParser:
         "--verify-key",
         type=Path,
         help="oci:// stores: cosign public key the bundle must verify with",
+    )
+    p.add_argument(
+        "--verify-key-env",
+        default="",
+        help="oci:// stores: the variable holding that key's PEM (admission passes the spec's "
+        "spec.storage.signing.publicKey so, its one source)",
     )
     p.add_argument(
         "--require-signature",
@@ -636,7 +647,12 @@ def _fetch_or_volume(
         target=target,
         caches_dest=caches_dest,
         fail_closed=args.fail_closed,
-        signature=Signature(bundle, args.verify_key, args.require_signature),
+        signature=Signature(
+            bundle,
+            args.verify_key,
+            args.require_signature,
+            os.environ.get(args.verify_key_env, "").encode() if args.verify_key_env else b"",
+        ),
     )
 
 

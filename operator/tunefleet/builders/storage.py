@@ -39,6 +39,7 @@ def pod_storage(
     return replace(
         got,
         args=[*got.args, *extra.args],
+        env=[*got.env, *extra.env],
         volumes=[*got.volumes, *extra.volumes],
         mounts=[*got.mounts, *extra.mounts],
     )
@@ -49,20 +50,29 @@ SIGNING_VOLUME = "tunefleet-signing"
 SIGNING_DIR = "/tunefleet/signing"
 
 
+# The public key a model pod's fetch verifies with: spec.storage.signing.publicKey, the one
+# source of it (the operator verifies volume images with the same), passed by value.
+VERIFY_KEY_ENV = "TUNEFLEET_VERIFY_KEY"
+
+
 def signing_storage(spec: TuningProfileSpec, *, serving: bool) -> PodStorage:
-    """oci:// stores' signing Secret, as a volume, its mount and the CLI's flags: model pods'
-    fetch gets the public key alone (and whether a signature is required); the tuning Job's
-    publish step the key pair, to sign with. Empty where nothing is signed."""
+    """oci:// stores' signing: model pods' fetch gets the public key from the spec (by value:
+    it is public) and whether a signature is required; the tuning Job's publish step the
+    signing Secret's key pair, to sign with. Empty where nothing is signed."""
     policy, secret = spec.storage.signing_policy, spec.storage.signing_secret
+    if serving:
+        if policy is None:
+            return PodStorage()
+        signing_spec = spec.storage.signing
+        key = (signing_spec.public_key or "") if signing_spec else ""
+        args = ["--verify-key-env", VERIFY_KEY_ENV] if key else []
+        args += ["--require-signature"] if policy == "Required" else []
+        env = [{"name": VERIFY_KEY_ENV, "value": key}] if key else []
+        return PodStorage(args=args, env=env)
     if policy is None or not secret:
         return PodStorage()
-    if serving:
-        items = [{"key": signing.PUBLIC_KEY, "path": signing.PUBLIC_KEY}]
-        args = ["--verify-key", f"{SIGNING_DIR}/{signing.PUBLIC_KEY}"]
-        args += ["--require-signature"] if policy == "Required" else []
-    else:
-        items = [{"key": k, "path": k} for k in (signing.PRIVATE_KEY, signing.PASSWORD)]
-        args = ["--signing-key-dir", SIGNING_DIR]
+    items = [{"key": k, "path": k} for k in (signing.PRIVATE_KEY, signing.PASSWORD)]
+    args = ["--signing-key-dir", SIGNING_DIR]
     volume = {
         "name": SIGNING_VOLUME,
         "secret": {"secretName": secret, "items": items, "defaultMode": 0o444},

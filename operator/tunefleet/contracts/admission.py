@@ -55,6 +55,7 @@ class Admission:
     image_warning: str = ""
     config_map: str = ""  # the ConfigMap the artifact is mounted from ("": fetched)
     image_volume: str = ""  # the image (repository@digest) it is mounted from, oci:// stores
+    unsigned: str = ""  # why that image was mounted without a valid signature (Optional)
     # Picked where the pod lands: {model: pinned sha256, or "" where it starts untuned}. The
     # model picked is in the fetch init container's outcome (contracts/fetch.py).
     candidates: dict[str, str] = field(default_factory=dict)
@@ -83,7 +84,9 @@ class Admission:
             (naming.IMAGE_WARNING_ANNOTATION, self.image_warning[:1000]),
             (naming.ARTIFACT_CONFIG_MAP_ANNOTATION, self.config_map),
             (naming.ARTIFACT_VOLUME_ANNOTATION, self.image_volume),
-        ):
+            (naming.ARTIFACT_SIGNATURE_ANNOTATION, f"unsigned: {self.unsigned}"[:1000]
+             if self.unsigned else ""),
+        ):  # fmt: skip
             if value:
                 anns[key] = value
         if self.candidates:
@@ -119,6 +122,9 @@ class Admission:
             image_warning=str(anns.get(naming.IMAGE_WARNING_ANNOTATION) or ""),
             config_map=str(anns.get(naming.ARTIFACT_CONFIG_MAP_ANNOTATION) or ""),
             image_volume=str(anns.get(naming.ARTIFACT_VOLUME_ANNOTATION) or ""),
+            unsigned=str(anns.get(naming.ARTIFACT_SIGNATURE_ANNOTATION) or "").removeprefix(
+                "unsigned: "
+            ),
             candidates=_candidates(anns.get(naming.CANDIDATES_ANNOTATION)),
         )
 

@@ -12,9 +12,12 @@ from typing import Any
 import kopf
 
 from tunefleet import kube, metrics, naming, views, watch
+from tunefleet.artifacts import volumes
+from tunefleet.artifacts.volumes import VolumeVerdict
 from tunefleet.builders.webhook import HANDLER_ID
 from tunefleet.conditions import EventReason
 from tunefleet.contracts.admission import Admission, Code
+from tunefleet.contracts.artifact import IMAGE_VOLUME, ArtifactRecord
 from tunefleet.handlers.startup import CACHE, CONFIG, DELIVERED, follow_child
 from tunefleet.runtime import reflector
 from tunefleet.webhook.admission import Decision, admit, already_injected, repeats, seen_injected
@@ -64,7 +67,8 @@ async def pod_mutate(
             namespace, profile_name
         )
         config_maps = await _config_map_uids(namespace, entry)
-        decision = admit(dict(body), profile_name, entry, CONFIG.get(), config_maps)
+        volumes = await _volume_verdicts(entry)
+        decision = admit(dict(body), profile_name, entry, CONFIG.get(), config_maps, volumes)
     except Exception:
         # A bug here must not block pods: a handler error would reach the API server as a
         # refusal, which failurePolicy: Ignore does not cover. Admit unchanged instead.
@@ -144,6 +148,44 @@ async def _read_uid(namespace: str, name: str, watched: str) -> str:
         log.info(f"admission: could not read ConfigMap {namespace}/{name}: {e}")
         return watched
     return str(((there or {}).get("metadata") or {}).get("uid") or "")
+
+
+async def _volume_verdicts(entry: dict[str, Any] | None) -> dict[str, VolumeVerdict]:
+    """The verdict on each volume image the profile's status says pods mount, for the key and
+    policy its spec says now: a recent one (artifacts/volumes.py keeps them TTL_S seconds, the
+    leader's delivery fills them), else checked here, against the registry, within
+    VOLUME_CHECK_S. A digest without a verdict in time is not mounted (the pod fetches and
+    verifies it itself), so a forged or stale status mounts nothing unverified."""
+    spec = (entry or {}).get("spec") or {}
+    storage = spec.get("storage") or {}
+    if not str(storage.get("uri") or "").startswith("oci://"):
+        return {}
+    signing = storage.get("signing") or {}
+    key = str(signing.get("publicKey") or "")
+    required = (signing.get("policy") or "Required") == "Required"
+    got: dict[str, VolumeVerdict] = {}
+    for a in ((entry or {}).get("status") or {}).get("artifacts") or []:
+        record = ArtifactRecord.from_status(a) if a.get("delivery") == IMAGE_VOLUME else None
+        if record is None or not record.volume or record.volume in got:
+            continue
+        verdict = volumes.VERDICTS.get(record.volume, key, required)
+        if verdict is None:
+            try:
+                verdict = await asyncio.wait_for(
+                    asyncio.to_thread(volumes.check, record, key, required, CONFIG.get()),
+                    timeout=VOLUME_CHECK_S,
+                )
+            except Exception as e:
+                log.info(f"admission: volume image {record.volume[:19]} not checked: {e}")
+                continue
+            volumes.VERDICTS.put(record.volume, key, required, verdict)
+        got[record.volume] = verdict
+    return got
+
+
+# How long admission waits for a volume image's check (a few small registry reads): inside
+# the webhook's timeout, with room for the rest.
+VOLUME_CHECK_S = 2.0
 
 
 def apply(body: kopf.Body, patch: kopf.Patch, decision: Decision) -> None:

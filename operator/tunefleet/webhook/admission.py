@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -34,6 +35,7 @@ from pydantic import ValidationError
 from tunefleet import images, naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.artifacts import kinds
+from tunefleet.artifacts.volumes import VolumeVerdict
 from tunefleet.builders import capture as capture_b
 from tunefleet.builders.placement import (
     Mounted,
@@ -536,7 +538,9 @@ def _pick_at_node(
         candidates.append(Candidate(o.model, uri, art.sha256, art.manifest_sha256, bundle=bundle))
     # Read-only credentials (spec.serving's or the default serving Secret), and only when a
     # candidate is fetched from the store: mounted ones need none.
-    storage = pod_storage(spec, config, read_only=True, serving=True) if from_store else None
+    storage = (
+        pod_storage(spec, config, read_only=True, serving=True).optional() if from_store else None
+    )
     node_map = nodemap.config_map_name(naming.label_key(spec))
     carried = [c for o in at.served if o.artifact for c in o.artifact.caches]
     pick = build_pick_container(
@@ -562,9 +566,11 @@ def build_patch(
     config: Config,
     profile_name: str = "",
     code: Code | None = None,
+    unsigned: str = "",
 ) -> dict[str, Any]:
     """The pod to admit, injected: a copy of `pod`. `code`: the decision it records (by
-    default none, or the image mismatch its check found)."""
+    default none, or the image mismatch its check found). `unsigned`: why the volume image it
+    mounts has no valid signature (policy Optional), said in its annotation."""
     spec = choice.spec
     out = copy.deepcopy(pod)
     pspec = out.setdefault("spec", {})
@@ -596,7 +602,7 @@ def build_patch(
         mark = Admission(
             INJECTED, code, uri=art.uri, sha256=art.sha256, gpu_model=choice.model,
             image_warning=warning, config_map=art.config_map if choice.from_config_map else "",
-            image_volume=volume,
+            image_volume=volume, unsigned=unsigned if volume else "",
         )  # fmt: skip
     _serve_containers(pspec, choice, check, capture)
     mark.write(out)
@@ -723,15 +729,18 @@ def admit(
     profile: dict[str, Any] | None,
     config: Config,
     config_maps: dict[str, str] | None = None,
+    volumes: Mapping[str, VolumeVerdict] | None = None,
 ) -> Decision:
     """`config_maps`: the uid each artifact ConfigMap of the profile has now, by name ("" for
-    one that does not exist); None when not known (the pod then mounts it as it is)."""
+    one that does not exist); None when not known (the pod then mounts it as it is).
+    `volumes`: the verdict on each volume image status names, by digest, for the profile's key
+    and policy now (artifacts/volumes.py); one without a verdict is never mounted."""
     if already_injected(pod):
         return seen_injected(pod)
     choice = choose_artifact(pod, profile_name, profile)
     if isinstance(choice, Decision):
         return choice
-    fallback = ""
+    fallback, unsigned = "", ""
     if isinstance(choice, AtNode):
         choice, fallback = _settle_config_maps(choice, config_maps)
     elif choice.from_config_map and (problem := config_map_problem(choice, config_maps)):
@@ -739,6 +748,8 @@ def admit(
         # again: never mounted from an object that is not the one made.
         choice = replace(choice, artifact=from_store(choice.artifact))
         fallback = f"{problem}: the artifact is fetched from the store instead (verified)"
+    elif choice.from_image_volume:
+        choice, fallback, unsigned = _settle_volume(choice, volumes)
     check = check_images(pod, choice)
     if check.mismatches and choice.spec.serving.fail_closed:
         return Decision(
@@ -752,8 +763,26 @@ def admit(
         check.notes.append(fallback)
     code = Code.STORE_FALLBACK if fallback else Code.NONE
     code = Code.IMAGE_MISMATCH if check.mismatches else code
-    out = build_patch(pod, choice, check, config, profile_name, code=code)
+    out = build_patch(pod, choice, check, config, profile_name, code=code, unsigned=unsigned)
     return Decision(pod=out, injected=True, warnings=check.warnings, code=code, notes=check.notes)
+
+
+def _settle_volume(
+    choice: Choice, volumes: Mapping[str, VolumeVerdict] | None
+) -> tuple[Choice, str, str]:
+    """The volume image status names is mounted only on a verdict for exactly that digest,
+    key and policy (status is shown, never trusted); otherwise the pod fetches the artifact
+    and verifies its signature itself. Returns (choice, fallback note, why unsigned)."""
+    digest = choice.artifact.volume
+    verdict = (volumes or {}).get(digest)
+    if verdict is not None and verdict.mountable:
+        return choice, "", "" if verdict.signed else (verdict.reason or "not signed")
+    why = verdict.reason if verdict is not None else "no verdict for it in time"
+    note = (
+        f"the volume image {digest[:19]} is not mounted ({why}): the artifact is fetched, "
+        "and its signature checked, by the pod instead"
+    )
+    return replace(choice, artifact=from_store(choice.artifact)), note, ""
 
 
 def from_store(artifact: ArtifactRecord) -> ArtifactRecord:
