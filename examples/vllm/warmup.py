@@ -1,0 +1,156 @@
+"""The real vLLM server, started, asked and stopped: the workload of a caches-only
+TuningProfile whose bundle is vLLM's compile cache (kind `vllm`).
+
+Why: vLLM compiles its model with torch.compile at every start (30 s of a 68 s start for a
+32B model; about 30 s of the tiny model's 70 s on this machine's CPU) and keeps what it compiled
+under $VLLM_CACHE_ROOT. The tuning Job runs this once, with that variable pointing at an empty
+directory that tunefleet packs; model pods then start with a copy. It needs only the standard
+library, so it runs in any vLLM image, mounted from a ConfigMap.
+
+    python3 warmup.py [--port P] [--prompt TEXT] [--max-tokens N] [--requests N]
+                      [--ready-timeout S] -- <the server's own arguments>
+
+Everything after `--` goes to `python3 -m vllm.entrypoints.openai.api_server` (the model, the
+compilation config, max-model-len, ...): the very arguments the model pods serve with, since
+they are part of vLLM's cache key. It waits for /health, sends the completions (temperature
+0), stops the server with SIGINT (vLLM's own shutdown: it saves what it compiled first), and
+prints one line: ``TUNEFLEET_RESULT {json}`` with the seconds from start to ready and to the
+first completion, vLLM's engine-init seconds, the compile-cache lines vLLM logged, and the
+token ids of the first completion (the same prompt gives the same ids in every arm).
+Exits non-zero when the server never got ready or a request failed: the Job then says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+RESULT = "TUNEFLEET_RESULT "
+# vLLM's own words about its compile cache (vllm/compilation/decorators.py) and its engine's
+# start (vllm/v1/engine/core.py), as 0.32.0 logs them.
+INIT_RE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s")
+CACHE_LINES = (
+    "Directly load AOT compilation",
+    "Compiling model again due to a load failure",
+    "saved AOT compiled function",
+    "Source code has changed since the last compilation",
+)
+
+
+def _get(url: str, timeout: float) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return int(resp.status)
+    except (urllib.error.URLError, OSError):
+        return 0
+
+
+def complete(port: int, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+    body = json.dumps(
+        {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+         "return_token_ids": True}
+    ).encode()  # fmt: skip
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        doc: dict[str, Any] = json.loads(resp.read())
+    return doc
+
+
+def model_of(server_args: list[str]) -> str:
+    if "--model" in server_args[:-1]:
+        return server_args[server_args.index("--model") + 1]
+    raise SystemExit("warmup.py: give the server --model (after --)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    server_args = args[args.index("--") + 1 :] if "--" in args else []
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--prompt", default="Hello world, the cache is")
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--requests", type=int, default=2)
+    p.add_argument("--ready-timeout", type=float, default=600)
+    opts = p.parse_args(args[: args.index("--")] if "--" in args else args)
+    model = model_of(server_args)
+    started = time.monotonic()
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--port",
+           str(opts.port), *server_args]  # fmt: skip
+    server = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    lines: list[str] = []
+
+    def pump() -> None:  # the server's log to ours, kept to read vLLM's own words from
+        assert server.stdout is not None
+        for line in server.stdout:
+            sys.stderr.write(line)
+            lines.append(line.rstrip("\n"))
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    result: dict[str, Any] = {"ok": False}
+    try:
+        ready = None
+        while time.monotonic() - started < opts.ready_timeout and server.poll() is None:
+            if _get(f"http://127.0.0.1:{opts.port}/health", 2) == 200:
+                ready = time.monotonic()
+                break
+            time.sleep(0.5)
+        if ready is None:
+            result["error"] = f"the server never got ready (exit {server.poll()})"
+            return 1
+        first = complete(opts.port, model, opts.prompt, opts.max_tokens)
+        answered = time.monotonic()
+        for _ in range(opts.requests - 1):
+            complete(opts.port, model, opts.prompt, opts.max_tokens)
+        choice = first["choices"][0]
+        result.update(
+            ok=True,
+            readySeconds=round(ready - started, 3),
+            firstCompletionSeconds=round(answered - started, 3),
+            tokenIds=choice.get("token_ids"),
+            text=choice.get("text"),
+        )
+        return 0
+    except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
+        result["error"] = f"a completion failed: {exc}"
+        return 1
+    finally:
+        _stop(server)
+        reader.join(timeout=10)
+        init = [float(m[1]) for m in map(INIT_RE.search, lines) if m]
+        result["engineInitSeconds"] = init[0] if init else None
+        result["cacheLines"] = [ln for ln in lines if any(k in ln for k in CACHE_LINES)]
+        result["vllmCacheRoot"] = os.environ.get("VLLM_CACHE_ROOT", "")
+        print(RESULT + json.dumps(result, sort_keys=True), flush=True)
+
+
+def _stop(server: subprocess.Popen[str]) -> None:
+    """SIGINT, as vLLM expects (it stops its engine and workers); their whole group after."""
+    if server.poll() is None:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, signal.SIGKILL)  # what it left behind in its group
+
+
+if __name__ == "__main__":
+    sys.exit(main())
