@@ -197,7 +197,8 @@ host_net_down() {
   fi
   if [[ -f "$HOST_DIR/absent" ]]; then
     if grep -qx /var/lib/kubelet "$HOST_DIR/absent"; then rm -f "${DEVICE_PLUGIN_FILES[@]}"; fi
-    while read -r p; do [[ -d "$p" ]] && rmdir "$p" 2>/dev/null; done <"$HOST_DIR/absent"
+    # A directory someone else filled meanwhile (a buildah run's CNI state) stays: not ours.
+    while read -r p; do [[ -d "$p" ]] && { rmdir "$p" 2>/dev/null || true; }; done <"$HOST_DIR/absent"
   fi
   true
 }
