@@ -463,27 +463,8 @@ class _Parser(argparse.ArgumentParser):
         raise FetchError(f"bad arguments: {message}")
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--uri", help="s3://bucket/prefix/ns/profile/model/<sha256>")
-    p.add_argument("--sha256", help="the pinned SHA-256 of results.csv")
-    p.add_argument(
-        "--candidate",
-        action="append",
-        default=[],
-        help="a GPU model the pod may land on (JSON: contracts.fetch.Candidate); picked by node",
-    )
-    p.add_argument("--node-map", help="directory of the node map's lists, one file per model")
-    p.add_argument("--node-map-name", default="", help="the node map's ConfigMap, for messages")
-    p.add_argument("--manifest-sha256", help="the pinned SHA-256 of manifest.json")
-    p.add_argument("--dest", required=True, help="directory for tunableop_results<i>.csv")
-    p.add_argument(
-        "--caches-dest",
-        help="directory to unpack the artifact's caches into, one directory each (writable)",
-    )
-    p.add_argument("--devices", required=True, type=int, help="GPUs the pod uses (files 0..N-1)")
-    p.add_argument("--gpu-model", help="refuse an artifact tuned on another GPU model")
-    p.add_argument("--fail-closed", action="store_true", help="exit 1 instead of starting untuned")
+def _oci_arguments(p: argparse.ArgumentParser) -> None:
+    """oci:// stores: the bundle or volume to read, and the signature it must carry."""
     p.add_argument(
         "--bundle", default="", help="oci:// stores: the bundle's digest (sha256:...) to read"
     )
@@ -508,6 +489,30 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="oci:// stores: serve only a bundle signed by --verify-key",
     )
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--uri", help="s3://bucket/prefix/ns/profile/model/<sha256>")
+    p.add_argument("--sha256", help="the pinned SHA-256 of results.csv")
+    p.add_argument(
+        "--candidate",
+        action="append",
+        default=[],
+        help="a GPU model the pod may land on (JSON: contracts.fetch.Candidate); picked by node",
+    )
+    p.add_argument("--node-map", help="directory of the node map's lists, one file per model")
+    p.add_argument("--node-map-name", default="", help="the node map's ConfigMap, for messages")
+    p.add_argument("--manifest-sha256", help="the pinned SHA-256 of manifest.json")
+    p.add_argument("--dest", required=True, help="directory for tunableop_results<i>.csv")
+    p.add_argument(
+        "--caches-dest",
+        help="directory to unpack the artifact's caches into, one directory each (writable)",
+    )
+    p.add_argument("--devices", required=True, type=int, help="GPUs the pod uses (files 0..N-1)")
+    p.add_argument("--gpu-model", help="refuse an artifact tuned on another GPU model")
+    p.add_argument("--fail-closed", action="store_true", help="exit 1 instead of starting untuned")
+    _oci_arguments(p)
     p.add_argument("--gpu-vendor", choices=sorted(fit.VENDORS), help="the GPU model's vendor")
     p.add_argument(
         "--stand-in-model",
