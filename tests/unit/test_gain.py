@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
 import sys
 from pathlib import Path
 
@@ -188,27 +189,35 @@ def test_the_tuner_measures_the_gemms_it_tuned_with_the_stand_in_timing_knob(
     assert "measured gemms" in done.stderr and "[stand-in timings]" in done.stderr
 
 
-def test_the_tuner_measures_the_workload_with_and_without_its_caches(tmp_path: Path) -> None:
-    # A workload that is slow while its cache directory is empty and fills it: what a compile
-    # cache does. Each run starts from fresh directories, so only the tuned arm is warm.
-    (tmp_path / "serve.py").write_text(
-        "import os, pathlib, time\n"
-        "d = pathlib.Path(os.environ['TORCHINDUCTOR_CACHE_DIR'])\n"
-        "if not any(d.iterdir()):\n"
-        "    time.sleep(0.3)\n"
-        "    (d / 'kernel.so').write_text('compiled')\n"
-    )
+def _tune_workload(
+    tmp_path: Path, script: str, budget: float = 60
+) -> tuple[subprocess.CompletedProcess[str], Gain | None]:
+    """The tuner run on `script` as the workload (a torchCompile cache, measured with the
+    stand-in's knob set so timings may be taken): the run, and the manifest's gain."""
+    (tmp_path / "serve.py").write_text(script)
     cfg = write_config(
         tmp_path,
         workload={"command": [sys.executable, str(tmp_path / "serve.py")]},
         artifacts={"tunableop": False, "caches": [{"kind": "torchCompile"}]},
-        promotion=_promotion(),
+        promotion=_promotion(budget=budget),
     )
-    # The stand-in torch is importable here: its knob says its timings may be taken.
     done = tuner(tmp_path, "run", "--config", str(cfg), "--out", "out",
                  env={"FAKE_TORCH_GEMM_SLEEP": "0.001"})  # fmt: skip
     assert done.returncode == 0, done.stderr
-    gain = loads((tmp_path / "out" / "manifest.json").read_bytes()).gain
+    return done, loads((tmp_path / "out" / "manifest.json").read_bytes()).gain
+
+
+def test_the_tuner_measures_the_workload_with_and_without_its_caches(tmp_path: Path) -> None:
+    # A workload that is slow while its cache directory is empty and fills it: what a compile
+    # cache does. Each run starts from fresh directories, so only the tuned arm is warm.
+    _, gain = _tune_workload(
+        tmp_path,
+        "import os, pathlib, time\n"
+        "d = pathlib.Path(os.environ['TORCHINDUCTOR_CACHE_DIR'])\n"
+        "if not any(d.iterdir()):\n"
+        "    time.sleep(0.3)\n"
+        "    (d / 'kernel.so').write_text('compiled')\n",
+    )
     assert gain is not None
     f = gain.figure("workload")
     assert f is not None, gain
@@ -275,23 +284,14 @@ def test_a_workload_that_crashes_only_with_its_artifact_is_rejected_with_the_cau
     tmp_path: Path,
 ) -> None:
     """Before, the crash made the workload "not measured" and the gate promoted it."""
-    (tmp_path / "serve.py").write_text(
+    done, gain = _tune_workload(
+        tmp_path,
         "import os, pathlib, signal\n"
         "d = pathlib.Path(os.environ['TORCHINDUCTOR_CACHE_DIR'])\n"
         "if any(d.iterdir()):\n"
         "    os.kill(os.getpid(), signal.SIGSEGV)  # what a bad kernel in a cache does\n"
-        "(d / 'kernel.so').write_text('compiled')\n"
-    )
-    cfg = write_config(
-        tmp_path,
-        workload={"command": [sys.executable, str(tmp_path / "serve.py")]},
-        artifacts={"tunableop": False, "caches": [{"kind": "torchCompile"}]},
-        promotion=_promotion(),
-    )
-    done = tuner(tmp_path, "run", "--config", str(cfg), "--out", "out",
-                 env={"FAKE_TORCH_GEMM_SLEEP": "0.001"})  # fmt: skip
-    assert done.returncode == 0, done.stderr  # measuring never fails the Job: the gate decides
-    gain = loads((tmp_path / "out" / "manifest.json").read_bytes()).gain
+        "(d / 'kernel.so').write_text('compiled')\n",
+    )  # measuring never fails the Job: the gate decides
     assert gain is not None and gain.failed is not None, (gain, done.stderr[-2000:])
     assert gain.failed.figure == "workload"
     assert "killed by SIGSEGV with the artifact loaded (without it, it ran)" in gain.failed.cause
@@ -306,25 +306,16 @@ def test_a_workload_that_fails_without_the_artifact_too_is_not_the_artifacts_fai
 ) -> None:
     # Fails from the first measured run on, with or without: the workload is broken, the
     # artifact is not to blame (the tuning run itself, before, succeeded).
-    (tmp_path / "serve.py").write_text(
+    _, gain = _tune_workload(
+        tmp_path,
         "import os, pathlib, sys\n"
         f"n = pathlib.Path({str(tmp_path / 'runs')!r})\n"
         "count = int(n.read_text()) + 1 if n.exists() else 1\n"
         "n.write_text(str(count))\n"
         "d = pathlib.Path(os.environ['TORCHINDUCTOR_CACHE_DIR'])\n"
         "(d / 'kernel.so').write_text('compiled')\n"
-        "sys.exit(0 if count == 1 else 7)\n"
+        "sys.exit(0 if count == 1 else 7)\n",
     )
-    cfg = write_config(
-        tmp_path,
-        workload={"command": [sys.executable, str(tmp_path / "serve.py")]},
-        artifacts={"tunableop": False, "caches": [{"kind": "torchCompile"}]},
-        promotion=_promotion(),
-    )
-    done = tuner(tmp_path, "run", "--config", str(cfg), "--out", "out",
-                 env={"FAKE_TORCH_GEMM_SLEEP": "0.001"})  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    gain = loads((tmp_path / "out" / "manifest.json").read_bytes()).gain
     assert gain is not None and gain.failed is None and gain.figures == (), gain
     assert "workload not measured: workload command exited with status 7" in gain.note
     assert judge(gain).passed
