@@ -351,6 +351,64 @@ def test_a_deleted_or_replaced_artifact_config_map_is_made_again_and_never_mount
     assert final["artifacts"][0]["sha256"] == art["sha256"]
 
 
+def test_a_config_map_whose_labels_were_removed_still_serves_and_is_labelled_again(
+    cluster: Any, in_cluster: InCluster, s3: Any, namespace: str, s3_secret: str
+) -> None:
+    """Issue 40: the role label removed from a Ready profile's artifact ConfigMap. The watch
+    that admission reads selects by that label, so new pods fell back to the store (and, where
+    the namespace had no serving Secret, hung in CreateContainerConfigError for good) while the
+    reconcile saw the same uid and did nothing. Now: the next pod mounts the very object made,
+    recognised by its uid, and runs within 60 s; the labels are put back and said."""
+    apply(cluster, namespace, real_profile("unlabelled", s3, s3_secret))
+    prof = ready(cluster, namespace, "unlabelled")
+    (art,) = prof["status"]["artifacts"]
+    name, uid = art["configMap"]["name"], art["configMap"]["uid"]
+    cluster.kubectl("label", "configmap", "-n", namespace, name, "tunefleet.io/role-")
+    started = time.monotonic()
+    create(cluster, namespace, model_pod("after-unlabel", "unlabelled"))
+    served_the_artifact(cluster, namespace, "after-unlabel")
+    took = time.monotonic() - started
+    pod = pod_of(cluster, namespace, "after-unlabel")
+    assert not pod["spec"].get("initContainers"), pod["spec"]  # mounted, not fetched
+    assert pod["metadata"]["annotations"]["tunefleet.io/artifact-configmap"] == name
+    assert took < 60, took
+    relabelled = eventually(
+        lambda: get_json(cluster, "configmap", "-n", namespace, name)["metadata"],
+        lambda m: (m.get("labels") or {}).get("tunefleet.io/role") == "artifact",
+        "the ConfigMap labelled again",
+        timeout=30,
+        interval=0.5,
+    )
+    assert relabelled["uid"] == uid  # the same object: nothing made again
+    said = events_of(cluster, namespace, "unlabelled", "ArtifactConfigMapRemade")
+    assert any("had lost its labels" in m for m in said), said
+    print(
+        f"label removed: a new pod ran with the artifact {took:.1f}s after, from the same ConfigMap"
+    )
+
+
+def test_a_serving_secret_missing_from_the_namespace_never_holds_a_model_pod(
+    cluster: Any, in_cluster: InCluster, s3: Any, namespace: str, s3_secret: str
+) -> None:
+    """Issue 40: a pod whose fetch referenced a Secret the namespace lacks waited in
+    CreateContainerConfigError for good, counted nowhere. Now the reference is optional: the
+    pod starts, fetch names the Secret and the pod runs untuned (fail open; a pod that keeps
+    running so is what Degraded counts, served.py)."""
+    spec = {"delivery": "Store", "credentialsSecret": {"name": "no-such-reader"}}
+    apply(cluster, namespace, real_profile("no-reader", s3, s3_secret, serving=spec))
+    ready(cluster, namespace, "no-reader")
+    started = time.monotonic()
+    create(cluster, namespace, model_pod("without-secret", "no-reader"))
+    done = ended(cluster, namespace, "without-secret", "the model pod without its Secret")
+    took = time.monotonic() - started
+    fetch = statuses(done)["tunefleet-fetch"]["state"]["terminated"]
+    assert fetch["exitCode"] == 0, fetch  # fail open: the model ran, untuned
+    assert "starting untuned: the Secret no-such-reader" in fetch["message"], fetch
+    assert "spec.serving.credentialsSecret" in fetch["message"], fetch
+    assert done["status"]["phase"] == "Succeeded" and took < 60, (done["status"], took)
+    print(f"missing serving Secret: the pod ran untuned {took:.1f}s after it was created")
+
+
 def test_model_pods_credentials_cannot_write_to_the_bucket(
     cluster: Any, in_cluster: InCluster, s3: Any, namespace: str, s3_secret: str
 ) -> None:
