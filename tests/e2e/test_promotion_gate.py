@@ -135,3 +135,45 @@ def test_a_slower_artifact_is_never_served_then_rollback_and_unpin(
     back = serving(cluster, namespace, "gated", a["sha256"])
     assert "pinned" not in back
     assert admitted_sha(cluster, namespace, "after-unpin", "gated", a["sha256"])
+
+
+# Crashes (SIGSEGV) only in the measured arm with the artifact: TunableOp on with results,
+# tuning and recording off. The tuning run (recording) and the arm without it run clean.
+CRASHES_WITH_RESULTS = (
+    "import os, signal; e = os.environ.get; "
+    "on = (e('PYTORCH_TUNABLEOP_ENABLED'), e('PYTORCH_TUNABLEOP_TUNING'), "
+    "e('PYTORCH_TUNABLEOP_RECORD_UNTUNED')) == ('1', '0', '0'); "
+    "on and os.kill(os.getpid(), signal.SIGSEGV)"
+)
+
+
+def test_an_artifact_that_crashes_its_workload_is_rejected_never_served(
+    cluster: Any, in_cluster: InCluster, s3: Any, namespace: str, s3_secret: str
+) -> None:
+    """Issue 40: the gate failed open. A workload that crashed with the artifact made it "not
+    measured", and it was promoted. Now it is Rejected with the cause, and no pod gets it."""
+    wait_for_real_node_gpus(cluster, 2)
+    workload = {**knob("3"), "command": ["python3", "-c", CRASHES_WITH_RESULTS]}
+    apply(cluster, namespace, real_profile("crashing", s3, s3_secret, workload=workload,
+                                          promotion={"budgetSeconds": 60}))  # fmt: skip
+    st = eventually(
+        lambda: get_json(cluster, "tp", "-n", namespace, "crashing").get("status") or {},
+        lambda s: bool(s.get("history")),
+        "the crashing artifact judged",
+        timeout=300,
+        interval=2,
+    )
+    (rejected,) = st["history"]
+    assert rejected["promotion"]["verdict"] == "Rejected", rejected
+    assert rejected["gain"]["failed"]["figure"] == "workload", rejected["gain"]
+    assert "killed by SIGSEGV with the artifact loaded" in rejected["gain"]["failed"]["cause"]
+    assert st["artifacts"] == [] and st["phase"] == "Rejected", st
+    cond = next(c for c in st["conditions"] if c["type"] == "Ready")
+    assert cond["reason"] == "PromotionRejected", cond
+    assert (
+        "workload failed with the artifact: the workload was killed by SIGSEGV" in cond["message"]
+    )
+    create(cluster, namespace, model_pod("not-served", "crashing"))
+    anns = pod_of(cluster, namespace, "not-served")["metadata"]["annotations"]
+    assert ARTIFACT_SHA_ANNOTATION not in anns, anns  # nothing of it reaches a pod
+    assert anns["tunefleet.io/status"].startswith("untuned"), anns
