@@ -185,7 +185,7 @@ async def _volume_verdicts(entry: dict[str, Any] | None) -> dict[str, VolumeVerd
 
 # How long admission waits for a volume image's check (a few small registry reads): inside
 # the webhook's timeout, with room for the rest.
-VOLUME_CHECK_S = 2.0
+VOLUME_CHECK_S = 3.0
 
 
 def apply(body: kopf.Body, patch: kopf.Patch, decision: Decision) -> None:
