@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""Build a tiny random-weight Llama model + byte-level BPE tokenizer, fully offline.
+"""A tiny random-weight Llama and a byte-level BPE tokenizer, made offline at the vLLM image's
+build (hack/images/vllm-cpu/Containerfile): this machine reaches no model hub, and vLLM's
+compile cache needs a real architecture to compile, not real weights.
 
 Usage: python make_model.py [OUTPUT_DIR]   (default: ./model)
-Deterministic: fixed seeds, generated corpus. No hub access.
+Deterministic: fixed seeds, a generated corpus; two runs write the same bytes.
 """
+
 import os
 import random
 import sys
@@ -23,10 +26,73 @@ BOS, EOS, UNK, PAD = "<s>", "</s>", "<unk>", "<pad>"
 
 def corpus(n_lines=4000, seed=SEED):
     rng = random.Random(seed)
-    words = ("the a an cache compile kernel graph pod node cluster tune fleet model token "
-             "inference warm cold build image layer shape dynamic static hash key load "
-             "server request reply fast slow one two three four five six seven eight nine ten "
-             "hello world quick brown fox jumps over lazy dog and or not is was will be").split()
+    words = [
+        *[
+            "the",
+            "a",
+            "an",
+            "cache",
+            "compile",
+            "kernel",
+            "graph",
+            "pod",
+            "node",
+            "cluster",
+            "tune",
+            "fleet",
+            "model",
+            "token",
+        ],
+        *[
+            "inference",
+            "warm",
+            "cold",
+            "build",
+            "image",
+            "layer",
+            "shape",
+            "dynamic",
+            "static",
+            "hash",
+            "key",
+            "load",
+        ],
+        *[
+            "server",
+            "request",
+            "reply",
+            "fast",
+            "slow",
+            "one",
+            "two",
+            "three",
+            "four",
+            "five",
+            "six",
+            "seven",
+            "eight",
+            "nine",
+            "ten",
+        ],
+        *[
+            "hello",
+            "world",
+            "quick",
+            "brown",
+            "fox",
+            "jumps",
+            "over",
+            "lazy",
+            "dog",
+            "and",
+            "or",
+            "not",
+            "is",
+            "was",
+            "will",
+            "be",
+        ],
+    ]
     for _ in range(n_lines):
         n = rng.randint(4, 16)
         s = " ".join(rng.choice(words) for _ in range(n))
@@ -46,12 +112,16 @@ def build_tokenizer(out):
         show_progress=False,
     )
     tok.train_from_iterator(corpus(), trainer=trainer)
-    bos_id, eos_id = tok.token_to_id(BOS), tok.token_to_id(EOS)
+    bos_id = tok.token_to_id(BOS)
     tok.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]
     )
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, unk_token=UNK, pad_token=PAD,
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        unk_token=UNK,
+        pad_token=PAD,
         model_max_length=2048,
     )
     fast.save_pretrained(out)
