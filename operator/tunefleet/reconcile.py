@@ -22,6 +22,7 @@ from tunefleet import decide, delivery, kube, metrics, naming, policy, views
 from tunefleet.announce import announce
 from tunefleet.api import TuningProfileSpec
 from tunefleet.artifacts.fetch import FetchError
+from tunefleet.artifacts.volumes import key_id
 from tunefleet.builders.job import (
     IMAGE_ID_KEY,
     Child,
@@ -415,11 +416,15 @@ def _deliver_image_volumes(s: _Sync, artifacts: list[dict[str, Any]]) -> None:
     public_key = (signing.public_key or "") if signing else ""
     required = s.spec.storage.signing_policy == "Required"
     mode = s.config.image_volumes
+    memos = set()
     for entry in artifacts:
         record = ArtifactRecord.from_status(entry)
         if record is None:
             continue
-        tried = s.memory.deliveries.get(record.sha256)
+        # Remembered by the key and policy too: a changed key is checked now, not 5 min on.
+        memo = f"{record.sha256}|{key_id(public_key)}|{required}"
+        memos.add(memo)
+        tried = s.memory.deliveries.get(memo)
         if tried and time.monotonic() - tried[0] < delivery.DELIVERY_RETRY_S:
             entry["delivery"] = tried[1]
             continue
@@ -434,9 +439,9 @@ def _deliver_image_volumes(s: _Sync, artifacts: list[dict[str, Any]]) -> None:
             note = delivery.deliver_image_volume(record, public_key, required, s.config, problem)
         except (FetchError, StoreError, kube.Temporary, kube.Permanent) as e:
             note = truncate(f"Store: {e}", 300)
-        s.memory.deliveries[record.sha256] = (time.monotonic(), note)
+        s.memory.deliveries[memo] = (time.monotonic(), note)
         entry["delivery"] = note
-    s.memory.prune_deliveries({a.get("sha256", "") for a in artifacts})
+    s.memory.prune_deliveries(memos)
 
 
 def _store_only(record: ArtifactRecord | None, why_not: str) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,8 @@ from tests.support.registry import (
 from tunefleet.artifacts import gc
 from tunefleet.storage.registry import open_store, parse_uri
 from tunefleet.storage.store import StoreOptions
+
+FETCH = "tunefleet-fetch"
 
 pytestmark = pytest.mark.e2e
 
@@ -341,3 +344,95 @@ def test_a_verified_volume_image_is_mounted_by_digest_and_a_wrongly_signed_one_n
     create(cluster, namespace, model_pod("not-mounted", "vol-other-key", gpus=1))
     done = ended(cluster, namespace, "not-mounted", "the other-key pod to finish")
     assert not [v for v in done["spec"]["volumes"] if "image" in v], done["spec"]["volumes"]
+
+
+def _admitted(cluster: Any, namespace: str, name: str, profile: str) -> dict[str, Any]:
+    """A model pod as the webhook admitted it (spec and annotations), then deleted: the
+    admission is the subject, not the run."""
+    create(cluster, namespace, model_pod(name, profile, gpus=1))
+    pod: dict[str, Any] = get_json(cluster, "pod", "-n", namespace, name)
+    cluster.kubectl("delete", "pod", "-n", namespace, name, "--wait=false")
+    return pod
+
+
+def _mounted(pod: dict[str, Any]) -> list[str]:
+    return [v["image"]["reference"] for v in pod["spec"].get("volumes") or [] if "image" in v]
+
+
+def test_admission_mounts_no_volume_image_on_the_status_word_and_follows_the_key(
+    cluster: Any,
+    in_cluster: InCluster,
+    s3: Any,
+    namespace: str,
+    registry: Registry,
+    tmp_path: Any,
+) -> None:
+    """Issue 40: admission mounted any digest of the repository that status called an
+    ImageVolume, and the operator's verdict was kept 300 s by the artifact's SHA-256 alone, so
+    a changed key or a removed signature reached new pods minutes later. Now admission mounts
+    a digest only on a verdict for exactly that digest, the spec's key and policy."""
+    wait_for_real_node_gpus(cluster, 1)
+    _secrets(cluster, namespace, registry)
+    public_key = _public_key(cluster, namespace, tmp_path / "cosign.pub").read_text()
+    repository = f"e2e/{namespace}-{uuid.uuid4().hex[:6]}"
+    apply(cluster, namespace, _volume_profile("guard", s3, registry, repository, public_key))
+    assert ready(cluster, namespace, "guard", timeout=300)["status"]["phase"] == "Ready"
+    art = _delivery(cluster, namespace, "guard", "ImageVolume")
+    volume, bundle = art["bundle"]["volume"], art["bundle"]["digest"]
+    good = f"{registry.host}/{repository}@{volume}"
+    assert _mounted(_admitted(cluster, namespace, "honest", "guard")) == [good]
+
+    # A forged status: the bundle's digest (signed by the same key, but not this artifact's
+    # volume image) written as the volume. No pod mounts it, whatever the operator does next.
+    patch = [{"op": "replace", "path": "/status/artifacts/0/bundle/volume", "value": bundle}]
+    cluster.kubectl("patch", "tp", "-n", namespace, "guard", "--subresource=status",
+                    "--type=json", "-p", json.dumps(patch))  # fmt: skip
+    for i in range(3):
+        mounted = _mounted(_admitted(cluster, namespace, f"forged-{i}", "guard"))
+        assert all(bundle not in m for m in mounted), mounted
+
+    # The key changed under the Ready profile: the next pod the webhook admits with it mounts
+    # nothing, and its fetch refuses what the old key signed.
+    other, _ = _other_key_pair(registry, tmp_path)
+    key = {"spec": {"storage": {"signing": {"publicKey": (other / "cosign.pub").read_text()}}}}
+    cluster.kubectl("patch", "tp", "-n", namespace, "guard", "--type", "merge", "-p",
+                    json.dumps(key))  # fmt: skip
+    tries = iter(range(100))
+
+    def with_new_key() -> dict[str, Any]:
+        return _admitted(cluster, namespace, f"rekeyed-{next(tries)}", "guard")
+
+    def sees_new_key(pod: dict[str, Any]) -> bool:
+        fetch = [c for c in pod["spec"].get("initContainers") or [] if c["name"] == FETCH]
+        env = {e["name"]: e.get("value") for c in fetch for e in c.get("env") or []}
+        return (
+            env.get("TUNEFLEET_VERIFY_KEY", "").strip()
+            == key["spec"]["storage"]["signing"]["publicKey"].strip()
+        )
+
+    rekeyed = eventually(with_new_key, sees_new_key, "a pod admitted under the new key",
+                         timeout=60, interval=1)  # fmt: skip
+    assert _mounted(rekeyed) == [], rekeyed["spec"]["volumes"]
+    create(cluster, namespace, model_pod("rekeyed-run", "guard", gpus=1))
+    done = ended(cluster, namespace, "rekeyed-run", "the pod under the new key")
+    fetch = statuses(done)[FETCH]["state"]["terminated"]["message"]
+    assert "bundle not served" in fetch and "signed by another key" in fetch, fetch
+
+    # The key back; then the volume's signature removed from the registry: within the
+    # verdicts' 60 s, new pods stop mounting it (they fetch the bundle, verified, instead).
+    back = {"spec": {"storage": {"signing": {"publicKey": public_key}}}}
+    cluster.kubectl("patch", "tp", "-n", namespace, "guard", "--type", "merge", "-p",
+                    json.dumps(back))  # fmt: skip
+    delete_manifest(registry, repository, volume.replace(":", "-") + ".sig")
+    start = time.monotonic()
+    tries = iter(range(200))
+    eventually(
+        lambda: _admitted(cluster, namespace, f"unsigned-{next(tries)}", "guard"),
+        lambda pod: _mounted(pod) == [],
+        "new pods to stop mounting the unsigned volume image",
+        timeout=150,
+        interval=5,
+    )
+    print(
+        f"signature removed: new pods stopped mounting the volume after {time.monotonic() - start:.0f}s"
+    )
