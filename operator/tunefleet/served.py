@@ -5,9 +5,9 @@ A cause of ours is one the operator can fix or must report, as against a choice 
 the profile made (a model not tuned, Default-only results, a partition): the artifact's
 ConfigMap was gone and the store could not stand in (admission's `config_map_replaced`), or
 the pod's fetch init container started it untuned (the store unreachable, a checksum or
-identity refused), or served its results but not its caches. Followed by a reflector of
-admitted model pods (watch.MODEL_PODS; handlers/delivery.py) on every replica; the leader's
-reconcile reads it.
+identity refused), served its results but not its caches, or waits for a volume image its
+node cannot pull. Followed by a reflector of admitted model pods (watch.MODEL_PODS;
+handlers/delivery.py) on every replica; the leader's reconcile reads it.
 
 The pod's own words are the source (contracts/admission.py, contracts/fetch.py): a pod
 anyone could label is only ever counted, never acted on.
@@ -32,6 +32,10 @@ FETCH_FAILED = "fetch_failed"  # the cause of a pod its fetch init container sta
 # Its TunableOp results were served, its caches were not (a tampered or unreadable archive):
 # the stack compiles cold, which is what the profile promised it would not.
 CACHES_NOT_SERVED = "caches_not_served"
+# Admitted with an image volume its node cannot pull (the kubelet's ErrImagePull or
+# ImagePullBackOff naming that image): it waits for it, for good, never starting.
+VOLUME_NOT_PULLED = "volume_not_pulled"
+_PULL_FAILURES = ("ErrImagePull", "ImagePullBackOff")
 
 Key = tuple[str, str]  # (namespace, profile name)
 
@@ -59,6 +63,8 @@ def cause_of(pod: dict[str, Any]) -> Untuned | None:
         if admitted.code in OURS:
             return Untuned(name, str(admitted.code), admitted.reason)
         return None
+    if admitted.image_volume and (why := _volume_not_pulled(pod, admitted.image_volume)):
+        return Untuned(name, VOLUME_NOT_PULLED, why)
     outcome = _fetch_outcome(pod)
     if outcome is not None and outcome.verdict == LOADED and outcome.caches_failed:
         return Untuned(name, CACHES_NOT_SERVED, f"caches not served: {outcome.caches_failed}")
@@ -67,6 +73,22 @@ def cause_of(pod: dict[str, Any]) -> Untuned | None:
     if outcome.gpu_model and admitted.candidates.get(outcome.gpu_model) == "":
         return None  # picked at its node, where admission had already said untuned
     return Untuned(name, FETCH_FAILED, outcome.reason)
+
+
+def _volume_not_pulled(pod: dict[str, Any], image: str) -> str:
+    """The kubelet's word that it cannot pull the pod's volume image ("" when it has none):
+    a container waiting in ErrImagePull or ImagePullBackOff on a message naming that image
+    (containers of the pod's own images are the pod's business, not ours)."""
+    status = pod.get("status") or {}
+    for cs in [
+        *(status.get("initContainerStatuses") or []),
+        *(status.get("containerStatuses") or []),
+    ]:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        message = str(waiting.get("message") or "")
+        if waiting.get("reason") in _PULL_FAILURES and image in message:
+            return f"its volume image {image} is not pulled: {waiting['reason']}: {message[-200:]}"
+    return ""
 
 
 def _fetch_outcome(pod: dict[str, Any]) -> FetchOutcome | None:

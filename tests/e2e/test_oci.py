@@ -436,3 +436,39 @@ def test_admission_mounts_no_volume_image_on_the_status_word_and_follows_the_key
     print(
         f"signature removed: new pods stopped mounting the volume after {time.monotonic() - start:.0f}s"
     )
+
+
+def test_a_pod_that_cannot_pull_its_volume_image_is_counted_degraded(
+    cluster: Any,
+    in_cluster: InCluster,
+    s3: Any,
+    namespace: str,
+    registry: Registry,
+    tmp_path: Any,
+) -> None:
+    """Issue 40: a model pod admitted with an image volume that its node cannot pull (here its
+    pull Secret, the serving Secret, is missing from the namespace) waits for it for good;
+    Degraded did not count it. Now it does, with the kubelet's reason."""
+    wait_for_real_node_gpus(cluster, 1)
+    _secrets(cluster, namespace, registry)
+    public_key = _public_key(cluster, namespace, tmp_path / "cosign.pub").read_text()
+    repository = f"e2e/{namespace}-{uuid.uuid4().hex[:6]}"
+    profile = _volume_profile("unpulled", s3, registry, repository, public_key,
+                              serving={"credentialsSecret": {"name": "no-such-puller"}})  # fmt: skip
+    apply(cluster, namespace, profile)
+    assert ready(cluster, namespace, "unpulled", timeout=300)["status"]["phase"] == "Ready"
+    _delivery(cluster, namespace, "unpulled", "ImageVolume")
+    create(cluster, namespace, model_pod("stuck", "unpulled", gpus=1))
+    degraded = eventually(
+        lambda: get_json(cluster, "tp", "-n", namespace, "unpulled")["status"],
+        lambda st: any(
+            c["type"] == "Degraded" and c["status"] == "True" for c in st.get("conditions") or []
+        ),
+        "the profile Degraded by the pod that cannot pull its volume image",
+        timeout=180,
+        interval=2,
+    )
+    cond = next(c for c in degraded["conditions"] if c["type"] == "Degraded")
+    assert "volume_not_pulled" in cond["message"] and "stuck" in cond["message"], cond
+    assert "ImagePullBackOff" in cond["message"] or "ErrImagePull" in cond["message"], cond
+    assert degraded["phase"] == "Degraded"

@@ -24,7 +24,14 @@ from tunefleet.contracts.fetch import CONTAINER, FetchOutcome
 from tunefleet.delivered import DeliveredConfigMaps
 from tunefleet.memory import Memory
 from tunefleet.reconcile import sync_profile
-from tunefleet.served import CACHES_NOT_SERVED, FETCH_FAILED, ServedPods, Untuned, cause_of
+from tunefleet.served import (
+    CACHES_NOT_SERVED,
+    FETCH_FAILED,
+    VOLUME_NOT_PULLED,
+    ServedPods,
+    Untuned,
+    cause_of,
+)
 from tunefleet.status import with_degraded
 
 RESULTS = b"Validator,PT_VERSION,2.11.0\nGemmTunableOp_Half_TN,tn_8_8_8,Default,0.1\n"
@@ -318,6 +325,22 @@ def test_only_causes_of_ours_are_counted() -> None:
     at_node = Admission(INJECTED, candidates={"A": SHA, "B": ""})
     picked = FetchOutcome("untuned", reason="Default only", gpu_model="B", node="n1")
     assert cause_of(model_pod(at_node, picked)) is None
+
+
+def test_a_pod_that_cannot_pull_its_volume_image_is_counted_with_the_kubelets_reason() -> None:
+    ref = "10.250.0.1:15000/team/tf@sha256:" + "d" * 64
+    admitted = Admission(INJECTED, sha256=SHA, uri="oci://x", image_volume=ref)
+    pod = model_pod(admitted)
+    msg = f'Back-off pulling image "{ref}": ErrImagePull: pull access denied'
+    waiting = {"waiting": {"reason": "ImagePullBackOff", "message": msg}}
+    pod["status"]["containerStatuses"] = [{"name": "server", "state": waiting}]
+    got = cause_of(pod)
+    assert got is not None and got.cause == VOLUME_NOT_PULLED
+    assert got.reason.startswith(f"its volume image {ref} is not pulled: ImagePullBackOff")
+    # The pod's own image failing to pull is the pod's business, not ours.
+    own = {"waiting": {"reason": "ImagePullBackOff", "message": 'pulling image "serve:1"'}}
+    pod["status"]["containerStatuses"] = [{"name": "server", "state": own}]
+    assert cause_of(pod) is None
 
 
 def test_a_pod_served_its_results_but_not_its_caches_is_counted() -> None:

@@ -378,6 +378,24 @@ def test_why_injected_and_loaded_names_the_artifact_and_the_containers() -> None
     assert "Fix:" not in text
 
 
+def test_why_says_what_the_gate_said_of_the_pinned_artifact() -> None:
+    """'not measured' says why, in status and in why (issue 40: only a workload that cannot be
+    measured at all is unmeasured; a crash with the artifact is Rejected)."""
+    prof = profile()
+    prof["status"]["artifacts"][0]["promotion"] = {
+        "verdict": "Unmeasured",
+        "message": "not measured: the profile gives no workload command to time",
+    }
+    pod = fetch_ended(admitted(model_pod(), prof), LOADED)
+    report = explain(pod, prof, [])
+    assert report["artifact"]["gate"] == (
+        "Unmeasured: not measured: the profile gives no workload command to time"
+    )
+    assert "  Gate:" in format_why(report, NOW)
+    del prof["status"]["artifacts"][0]["promotion"]
+    assert "gate" not in explain(pod, prof, [])["artifact"]
+
+
 def test_why_injected_but_not_yet_fetched_and_with_warnings_and_overrides() -> None:
     prof = profile()
     pod = model_pod()

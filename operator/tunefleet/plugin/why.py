@@ -526,6 +526,9 @@ def _injected(p: _Pod, a: Admission, out: dict[str, Any]) -> dict[str, Any]:
     if a.candidates:
         # The pod may land on several models: picked where it lands, among these.
         out["artifact"]["candidates"] = dict(a.candidates)
+    gate = _gate_of(p.status, a.sha256)
+    if gate:
+        out["artifact"]["gate"] = gate
     out["containers"] = _containers(p.pod)
     out["imageWarnings"] = [w.strip() for w in a.image_warning.split("; ") if w.strip()]
     if a.code not in (Code.NONE, Code.UNKNOWN):
@@ -599,6 +602,19 @@ def explain(
     return _injected(p, a, out)
 
 
+def _gate_of(status: dict[str, Any], sha256: str) -> str:
+    """What the promotion gate said of the pinned artifact, from status (shown as written:
+    the operator judges it again each reconcile): "Passed: ...", "Unmeasured: not measured:
+    <why>", "Rejected: <figure> failed with the artifact: <cause>", ...; "" when status
+    keeps no verdict for it."""
+    for entry in [*(status.get("artifacts") or []), *(status.get("history") or [])]:
+        if sha256 and entry.get("sha256") == sha256:
+            promotion = entry.get("promotion") or {}
+            if promotion.get("verdict"):
+                return f"{promotion['verdict']}: {promotion.get('message') or '-'}"
+    return ""
+
+
 def _artifact_rows(art: dict[str, Any] | None) -> list[tuple[str, str]]:
     """The candidates a pod picks among at its node, and the artifact it is pinned to."""
     rows = []
@@ -616,6 +632,8 @@ def _artifact_rows(art: dict[str, Any] | None) -> list[tuple[str, str]]:
                 f"GPU model {art.get('gpuModel') or '?'})",
             )
         )
+    if art and art.get("gate"):
+        rows.append(("Gate:", str(art["gate"])))
     return rows
 
 
