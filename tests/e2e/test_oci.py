@@ -268,6 +268,27 @@ def _delivery(cluster: Any, namespace: str, name: str, prefix: str) -> dict[str,
     return art
 
 
+def _volume_ready(
+    cluster: Any,
+    namespace: str,
+    s3: Any,
+    registry: Registry,
+    tmp_path: Any,
+    name: str,
+    **over: Any,
+) -> tuple[str, str, dict[str, Any]]:
+    """A signed oci:// profile of its own repository, Ready, its artifact delivered as an image
+    volume: (the public key, the repository, the artifact as status shows it)."""
+    wait_for_real_node_gpus(cluster, 1)
+    _secrets(cluster, namespace, registry)
+    public_key = _public_key(cluster, namespace, tmp_path / "cosign.pub").read_text()
+    repository = f"e2e/{namespace}-{uuid.uuid4().hex[:6]}"
+    apply(cluster, namespace, _volume_profile(name, s3, registry, repository, public_key, **over))
+    st = ready(cluster, namespace, name, timeout=300)["status"]
+    assert st["phase"] == "Ready", json.dumps(st, indent=2)[:4000]
+    return public_key, repository, _delivery(cluster, namespace, name, "ImageVolume")
+
+
 def test_a_verified_volume_image_is_mounted_by_digest_and_a_wrongly_signed_one_never(
     cluster: Any,
     in_cluster: InCluster,
@@ -276,14 +297,7 @@ def test_a_verified_volume_image_is_mounted_by_digest_and_a_wrongly_signed_one_n
     registry: Registry,
     tmp_path: Any,
 ) -> None:
-    wait_for_real_node_gpus(cluster, 1)
-    _secrets(cluster, namespace, registry)
-    public_key = _public_key(cluster, namespace, tmp_path / "cosign.pub").read_text()
-    repository = f"e2e/{namespace}-{uuid.uuid4().hex[:6]}"
-    apply(cluster, namespace, _volume_profile("vol", s3, registry, repository, public_key))
-    st = ready(cluster, namespace, "vol", timeout=300)["status"]
-    assert st["phase"] == "Ready", json.dumps(st, indent=2)[:4000]
-    art = _delivery(cluster, namespace, "vol", "ImageVolume")
+    public_key, repository, art = _volume_ready(cluster, namespace, s3, registry, tmp_path, "vol")
     volume = art["bundle"]["volume"]
     reference = f"{registry.host}/{repository}@{volume}"
     # What pods will mount, cosign accepts too (tunefleet signed the volume image as well).
@@ -371,13 +385,7 @@ def test_admission_mounts_no_volume_image_on_the_status_word_and_follows_the_key
     ImageVolume, and the operator's verdict was kept 300 s by the artifact's SHA-256 alone, so
     a changed key or a removed signature reached new pods minutes later. Now admission mounts
     a digest only on a verdict for exactly that digest, the spec's key and policy."""
-    wait_for_real_node_gpus(cluster, 1)
-    _secrets(cluster, namespace, registry)
-    public_key = _public_key(cluster, namespace, tmp_path / "cosign.pub").read_text()
-    repository = f"e2e/{namespace}-{uuid.uuid4().hex[:6]}"
-    apply(cluster, namespace, _volume_profile("guard", s3, registry, repository, public_key))
-    assert ready(cluster, namespace, "guard", timeout=300)["status"]["phase"] == "Ready"
-    art = _delivery(cluster, namespace, "guard", "ImageVolume")
+    public_key, repository, art = _volume_ready(cluster, namespace, s3, registry, tmp_path, "guard")
     volume, bundle = art["bundle"]["volume"], art["bundle"]["digest"]
     good = f"{registry.host}/{repository}@{volume}"
     assert _mounted(_admitted(cluster, namespace, "honest", "guard")) == [good]
@@ -449,15 +457,8 @@ def test_a_pod_that_cannot_pull_its_volume_image_is_counted_degraded(
     """Issue 40: a model pod admitted with an image volume that its node cannot pull (here its
     pull Secret, the serving Secret, is missing from the namespace) waits for it for good;
     Degraded did not count it. Now it does, with the kubelet's reason."""
-    wait_for_real_node_gpus(cluster, 1)
-    _secrets(cluster, namespace, registry)
-    public_key = _public_key(cluster, namespace, tmp_path / "cosign.pub").read_text()
-    repository = f"e2e/{namespace}-{uuid.uuid4().hex[:6]}"
-    profile = _volume_profile("unpulled", s3, registry, repository, public_key,
-                              serving={"credentialsSecret": {"name": "no-such-puller"}})  # fmt: skip
-    apply(cluster, namespace, profile)
-    assert ready(cluster, namespace, "unpulled", timeout=300)["status"]["phase"] == "Ready"
-    _delivery(cluster, namespace, "unpulled", "ImageVolume")
+    _volume_ready(cluster, namespace, s3, registry, tmp_path, "unpulled",
+                  serving={"credentialsSecret": {"name": "no-such-puller"}})  # fmt: skip
     create(cluster, namespace, model_pod("stuck", "unpulled", gpus=1))
     degraded = eventually(
         lambda: get_json(cluster, "tp", "-n", namespace, "unpulled")["status"],

@@ -4,8 +4,9 @@ computed from, and a write that lost the race is read and changed again. Before,
 whole pin annotation from its own read, and of two on-call engineers pinning two GPU models at
 the same moment one lost silently.
 
-No operator runs here: nothing else writes the profile, so every pin a writer was told it wrote
-must be there at the end.
+The chart's operator runs (`in_cluster`: the release installs the CRD these profiles need) and
+writes their status, which moves the resourceVersion too; it writes no annotation, so every pin
+a writer was told it wrote must be there at the end.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 
 from tests.support.fleet import profile_doc
 from tests.support.kube import apply
+from tests.support.operator import InCluster
 from tunefleet.contracts import pin as pins
 from tunefleet.plugin import cluster as cluster_mod
 
@@ -85,7 +87,9 @@ def pinned_models(cluster: Any, namespace: str) -> set[str]:
     return set(pins.read(profile["metadata"].get("annotations")))
 
 
-def test_a_hundred_concurrent_pin_writes_lose_none(cluster: Any, namespace: str) -> None:
+def test_a_hundred_concurrent_pin_writes_lose_none(
+    cluster: Any, in_cluster: InCluster, namespace: str
+) -> None:
     apply(cluster, namespace, profile_doc("pinned"))
     models = [f"GPU-{i:03d}" for i in range(100)]
     clients = [writer(cluster, namespace) for _ in models]
@@ -103,7 +107,7 @@ def test_a_hundred_concurrent_pin_writes_lose_none(cluster: Any, namespace: str)
 
 
 def test_two_rollbacks_and_a_rollback_with_an_unpin_at_once_many_times(
-    cluster: Any, namespace: str
+    cluster: Any, in_cluster: InCluster, namespace: str
 ) -> None:
     apply(cluster, namespace, profile_doc("pinned"))
     a, b = writer(cluster, namespace), writer(cluster, namespace)
