@@ -210,9 +210,12 @@ class Packed:
     size: int  # of the archive
     files: int
     bytes: int  # unpacked
+    # The stack's own cache keys the archive holds (vLLM's hash directories, stack_keys): a
+    # pod whose key is not among them compiles from zero, and is told so (capture/loop.py).
+    keys: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "kind": self.kind,
             "name": self.name,
             "payload": self.payload,
@@ -221,6 +224,31 @@ class Packed:
             "files": self.files,
             "bytes": self.bytes,
         }
+        if self.keys:  # absent when none: an index made before keys were kept stays canonical
+            doc["keys"] = list(self.keys)
+        return doc
+
+
+MAX_KEYS = 32
+_KEY_RE = re.compile(r"^[0-9a-f]{8,128}$")
+# vLLM's cache layout under VLLM_CACHE_ROOT (vllm/compilation/decorators.py, backends.py):
+# torch_compile_cache/torch_aot_compile/<hash>/ in AOT mode (0.32.0's default), else
+# torch_compile_cache/<hash>/. The hash covers vLLM's config (model, max-model-len, ...) and
+# the environment, not the root's path.
+_VLLM_KEY_DIRS = ("torch_compile_cache/torch_aot_compile", "torch_compile_cache")
+
+
+def stack_keys(kind: str, base: Path) -> tuple[str, ...]:
+    """The stack's cache keys under a cache's directory (vLLM's only, for now), sorted."""
+    if kind != VLLM:
+        return ()
+    found: set[str] = set()
+    for _var, rel in KINDS[VLLM]:
+        for sub in _VLLM_KEY_DIRS:
+            where = base / rel / sub
+            if where.is_dir():
+                found |= {p.name for p in where.iterdir() if p.is_dir() and _KEY_RE.match(p.name)}
+    return tuple(sorted(found))[:MAX_KEYS]
 
 
 @dataclass(frozen=True)
@@ -317,7 +345,8 @@ def pack(s: CacheSpec, root: Path, out: Path) -> Packed | Skipped:
             file=sys.stderr,
             flush=True,
         )
-    return Packed(s.kind, s.name, s.payload, sha256_hex(data), len(data), files, total)
+    keys = stack_keys(s.kind, base)
+    return Packed(s.kind, s.name, s.payload, sha256_hex(data), len(data), files, total, keys)
 
 
 # --- checking and unpacking ----------------------------------------------------------------
@@ -427,9 +456,20 @@ def _packed(c: Any, i: int) -> Packed:
         raise CacheError(f"{where}: name {c['name']!r} or payload {c['payload']!r} is not valid")
     if not re.match(r"^[0-9a-f]{64}$", c["sha256"]):
         raise CacheError(f"{where}.sha256 is not 64 lowercase hex digits")
+    keys = c.get("keys", [])
+    if (
+        not isinstance(keys, list)
+        or len(keys) > MAX_KEYS
+        or not all(isinstance(k, str) and _KEY_RE.match(k) for k in keys)
+        or keys != sorted(set(keys))
+    ):
+        raise CacheError(
+            f"{where}.keys must be a sorted list of at most {MAX_KEYS} distinct hex cache keys"
+        )
     return Packed(
-        c["kind"], c["name"], c["payload"], c["sha256"], c["size"], c["files"], c["bytes"]
-    )
+        c["kind"], c["name"], c["payload"], c["sha256"], c["size"], c["files"], c["bytes"],
+        tuple(keys),
+    )  # fmt: skip
 
 
 def disagreement(entry: Packed, data: bytes, index: Index) -> str | None:

@@ -25,6 +25,7 @@ from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.memory import Memory
 from tunefleet.reconcile import sync_profile
 from tunefleet.webhook.admission import admit
+from tuner_job import caches as cc
 from tuner_job.config import from_dict
 
 MODEL = "AMD_Instinct_MI300X_OAM"
@@ -239,3 +240,29 @@ def test_retune_sets_no_status_names_are_removed(monkeypatch: pytest.MonkeyPatch
     kept = status["capture"][0]["retune"]["configMap"]
     assert ("ConfigMap", old["metadata"]["name"]) in api.deleted
     assert ("ConfigMap", kept) not in api.deleted
+
+
+def test_a_served_vllm_cache_gets_the_hooks_cache_log_and_tunableop_pods_do_not() -> None:
+    p = profile(
+        gpu={"vendor": "amd", "models": [MODEL]},
+        capture={"enabled": True},
+        artifacts={"tunableop": False, "caches": [{"kind": "vllm"}]},
+    )
+    base = naming.revision(TuningProfileSpec.model_validate(p["spec"]))
+    packed = cc.Packed("vllm", "vllm", "cache-vllm.tar.gz", "c" * 64, 10, 1, 5, ("5f1c" * 16,))
+    rec = ArtifactRecord(
+        uri=f"s3://bkt/p/ml/p/{MODEL}/{'a' * 64}", sha256="a" * 64, revision=base,
+        gpu_model=MODEL, kind=cc.INDEX_KIND, caches=(packed,), job="tune-x",
+    )  # fmt: skip
+    p["status"] = {"artifacts": [rec.to_status()]}
+    d = admit(model_pod(), "p", p, CAPTURE_CFG, {})
+    assert d.injected, d.reason
+    server = d.pod["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in server["env"]}
+    assert env["TUNEFLEET_CACHE_LOG"] == capture_b.CACHE_LOG
+    assert capture_b.CACHE_LOG.startswith(capture_b.CAPTURE_DIR + "/")  # the sidecar reads it
+    assert env["VLLM_CACHE_ROOT"].startswith("/tunefleet/caches/")
+    assert "PYTORCH_TUNABLEOP_RECORD_UNTUNED" not in env  # caches alone: no TunableOp
+    tunable = admit(model_pod(), "p", capture_profile(), CAPTURE_CFG, {})
+    plain = {e["name"] for e in tunable.pod["spec"]["containers"][0]["env"]}
+    assert "TUNEFLEET_CACHE_LOG" not in plain

@@ -384,6 +384,7 @@ class CacheEntry(_Model):
     size: int
     files: int
     bytes: int | None = None
+    keys: list[str] | None = None
 
 
 class CacheSkipped(_Model):
@@ -482,6 +483,25 @@ class CaptureApart(_Model):
     seen: int | None = None
 
 
+class PodCacheLoad(_Model):
+    name: str
+    path: str
+    key: str | None = None
+    reason: str | None = None
+
+
+class CacheLoads(_Model):
+    """status.capture[].caches[]: which path a served cache took in the pods that reported."""
+
+    kind: str
+    loaded: int | None = None
+    recompiled: int | None = None
+    missed: int | None = None
+    missed_keys: list[str] | None = Field(default=None, max_length=8)
+    message: str | None = None
+    pods: list[PodCacheLoad] | None = Field(default=None, max_length=16)
+
+
 class CaptureStatus(_Model):
     """status.capture[]: production misses of one GPU model (capture/loop.py)."""
 
@@ -494,6 +514,7 @@ class CaptureStatus(_Model):
     last_capture: str | None = None
     dropped: int | None = None
     not_loaded_pods: int | None = None
+    caches: list[CacheLoads] | None = Field(default=None, max_length=4)
     apart: CaptureApart | None = None
     retune: CaptureRetune | None = None
     handled_nonce: str | None = None

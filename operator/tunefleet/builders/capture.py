@@ -8,7 +8,9 @@
   restartPolicy Always: it starts before the serving containers, runs beside them, and is
   stopped after them, so its last flush sees everything they recorded);
 - the serving containers' environment: record-untuned on, the untuned file in the capture
-  directory, the hook first on PYTHONPATH (prepended to a PYTHONPATH the container sets).
+  directory, the hook first on PYTHONPATH (prepended to a PYTHONPATH the container sets);
+  with a vLLM cache served, the file the hook writes vLLM's compile-path records to (the
+  sidecar reports which path each pod took).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 from tunefleet.api import CaptureSpec
 from tunefleet.builders.security import tunefleet_container
+from tunefleet.capture import hook
 from tunefleet.config import Config
 from tunefleet.contracts.capture import AUDIENCE
 
@@ -32,6 +35,7 @@ HOOK_DIR = "/tunefleet/capture/hook"
 TOKEN_DIR = "/var/run/secrets/tunefleet.io/capture"
 TOKEN_PATH = f"{TOKEN_DIR}/token"
 UNTUNED_FILENAME = f"{CAPTURE_DIR}/tunableop_untuned.csv"
+CACHE_LOG = f"{CAPTURE_DIR}/{hook.CACHE_LOG_NAME}"
 TOKEN_SECONDS = 3600
 CA_ENV = "TUNEFLEET_CAPTURE_CA"
 RECORD_ENV = "PYTORCH_TUNABLEOP_RECORD_UNTUNED"
@@ -124,9 +128,10 @@ def build_sidecar(
     return sidecar
 
 
-def serving_env(env: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def serving_env(env: list[dict[str, Any]], cache_log: bool = False) -> list[dict[str, Any]]:
     """A serving container's env with capture's settings, those it sets itself kept. Its own
-    PYTHONPATH gets the hook's directory in front; one from valueFrom cannot, and is kept."""
+    PYTHONPATH gets the hook's directory in front; one from valueFrom cannot, and is kept.
+    `cache_log`: a vLLM cache is served, and the hook writes down which path it took."""
     have = {e.get("name") for e in env}
     out = []
     for e in env:
@@ -135,7 +140,10 @@ def serving_env(env: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if value.split(":")[0] != HOOK_DIR:
                 e = {**e, "value": f"{HOOK_DIR}:{value}" if value else HOOK_DIR}
         out.append(e)
-    for name, value in ((UNTUNED_ENV, UNTUNED_FILENAME), ("PYTHONPATH", HOOK_DIR)):
+    wanted = [(UNTUNED_ENV, UNTUNED_FILENAME), ("PYTHONPATH", HOOK_DIR)]
+    if cache_log:
+        wanted.append((hook.CACHE_LOG_ENV, CACHE_LOG))
+    for name, value in wanted:
         if name not in have:
             out.append({"name": name, "value": value})
     return out

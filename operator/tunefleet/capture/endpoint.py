@@ -333,7 +333,7 @@ class Endpoint:
         except BodyError as e:
             raise Denied(400, "bad_request", str(e)) from None
         rows = upload.rows[: where.capture.limits.max_rows_per_upload]
-        upload = Upload(rows, upload.not_loaded, upload.dropped)
+        upload = Upload(rows, upload.not_loaded, upload.dropped, upload.caches)
         if self._busy.locked():
             raise Denied(503, "unavailable", "the endpoint is busy", 5)
         async with self._busy:
@@ -425,11 +425,13 @@ def real_deps(
             and all(r in view.rows for r in upload.rows)
             and upload.not_loaded <= view.not_loaded.get(pod, 0)
             and not upload.dropped
+            and all(view.cache_loads.get(pod) == c.to_dict() for c in upload.caches[:1])
         ):
             return 0, len(view.rows)
         result: tuple[int, int] = await asyncio.to_thread(
             writer.add, key, upload.rows, max_shapes=max_shapes, pod=pod,
             not_loaded=upload.not_loaded, dropped=upload.dropped,
+            cache_loads=tuple(c.to_dict() for c in upload.caches),
         )  # fmt: skip
         return result
 

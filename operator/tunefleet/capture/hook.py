@@ -3,7 +3,7 @@
 It runs in the USER's serving containers, installed as ``sitecustomize.py`` in a directory
 that the webhook puts first on their PYTHONPATH (``tunefleet-capture install-hook``): so it is
 standard library only, for any Python 3.8+, and does nothing at all unless
-``PYTORCH_TUNABLEOP_RECORD_UNTUNED=1``.
+``PYTORCH_TUNABLEOP_RECORD_UNTUNED=1`` or ``TUNEFLEET_CACHE_LOG`` is set.
 
 Why it exists: with ``PYTORCH_TUNABLEOP_RECORD_UNTUNED=1`` the results manager's lazy start
 does not read the results file (torch 2.11 and 2.15 alike, TuningContext::
@@ -17,13 +17,23 @@ but through ``torch.cuda._lazy_call``: torch runs queued calls when its CUDA sta
 which comes before any GEMM can run. A failure here is one line on stderr, never an exception
 in the user's process: the process then serves untuned, and the capture sidecar reports it.
 
+With ``TUNEFLEET_CACHE_LOG`` (a pod served a vLLM compile cache), it also writes down vLLM's
+own words on which path its compiled model took at start (loaded from the cache, compiled
+again after a failed load and why, or compiled from zero): a filter on vLLM's compile loggers
+appends those records, and nothing else, to that file as JSON lines, which the capture
+sidecar reads (cache_verdict, below, is the one reader) and reports. It lets every record
+through, so the container's own log is unchanged; a vLLM configured above INFO does not emit
+the lines, and the pod is then reported as unknown, not as a hit.
+
 An image's own ``sitecustomize`` (which this one shadows) is found further down sys.path and
 run after this one.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import sys
 from typing import Any
 
@@ -32,6 +42,27 @@ RECORD_ENV = "PYTORCH_TUNABLEOP_RECORD_UNTUNED"
 FILENAME_ENV = "PYTORCH_TUNABLEOP_FILENAME"
 DEFAULT_RESULTS = "tunableop_results.csv"  # TunableOp's default results file name
 LOADER_NAME = "_tunefleet_load_results"  # the queued call's name (tests look for it)
+CACHE_LOG_ENV = "TUNEFLEET_CACHE_LOG"
+CACHE_LOG_NAME = "tunefleet-cache-log.jsonl"  # in the capture directory, beside the untuned files
+# vLLM's loggers that say which path its compiled model took (vllm/compilation/decorators.py
+# in AOT mode, the default on 0.32.0; backends.py without it).
+VLLM_LOGGERS = ("vllm.compilation.decorators", "vllm.compilation.backends")
+# vLLM 0.32.0's words. A vLLM that rewords them is reported as unknown, never as a hit.
+AOT_LOADED = re.compile(r"Directly load AOT compilation from path (\S+)")
+AOT_RELOADED = re.compile(r"Compiling model again due to a load failure from (\S+), reason: (.*)")
+AOT_SAVED = re.compile(r"saved AOT compiled function to (\S+)")
+GRAPH_DIR = re.compile(r"Using cache directory: (\S+) for vLLM's torch.compile")
+GRAPH_LOADED = re.compile(r"Directly load the compiled graph\(s\) for .* from the cache")
+GRAPH_COMPILED = re.compile(r"Compiling a graph for .* takes")
+CACHE_OFF = re.compile(r"vLLM's torch.compile cache is disabled")
+_KEPT = (AOT_LOADED, AOT_RELOADED, AOT_SAVED, GRAPH_DIR, GRAPH_LOADED, GRAPH_COMPILED, CACHE_OFF)
+_KEY = re.compile(r"/torch_compile_cache/(?:torch_aot_compile/)?([0-9a-f]{8,128})(?:/|$)")
+MAX_RECORD_CHARS = 2000
+MAX_RECORDS = 256  # per process: a start logs a handful
+# The verdicts (contracts/capture.py carries them to the operator).
+LOADED = "loaded"  # vLLM loaded the compiled model from the cache
+RECOMPILED = "recompiled"  # it found the entry for its key, could not load it, compiled again
+MISSED = "missed"  # it found nothing for its key (or its cache is off): compiled from zero
 
 
 def _say(message: str) -> None:
@@ -170,6 +201,112 @@ def install() -> bool:
     return True
 
 
+class _CacheLog:
+    """A tap on vLLM's compile loggers (made at install, when logging is imported): a logging
+    filter that appends the records _KEPT matches as JSON lines, one write per line (processes
+    may share the file), and lets every record through. A filter, not a handler: vLLM's
+    dictConfig empties the handlers of its loggers' children, and leaves their filters."""
+
+    def __init__(self, path: str) -> None:
+        import logging
+
+        self.path = path
+        self.written = 0
+        for name in VLLM_LOGGERS:
+            logging.getLogger(name).addFilter(self)
+
+    def filter(self, record: Any) -> bool:
+        try:
+            message = record.getMessage()
+            if self.written >= MAX_RECORDS or not any(p.search(message) for p in _KEPT):
+                return True
+            line = json.dumps(
+                {
+                    "t": round(record.created, 3),
+                    "pid": record.process,
+                    "logger": record.name,
+                    "level": record.levelname,
+                    "msg": message[:MAX_RECORD_CHARS],
+                }
+            )
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+            try:
+                os.write(fd, (line + "\n").encode("utf-8", "replace"))
+            finally:
+                os.close(fd)
+            self.written += 1
+        except Exception:
+            pass  # never the serving process's problem
+        return True
+
+
+def install_cache_log() -> bool:
+    """Write vLLM's compile-path records to $TUNEFLEET_CACHE_LOG; True when installed."""
+    path = os.environ.get(CACHE_LOG_ENV, "")
+    if not path:
+        return False
+    _CacheLog(path)
+    return True
+
+
+def read_cache_log(text: str) -> list[dict[str, Any]]:
+    """The records of a cache log (malformed lines skipped)."""
+    out: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("msg"), str):
+            out.append(doc)
+    return out
+
+
+def key_of(path: str) -> str:
+    """vLLM's cache key (the hash directory) in one of its cache paths, or ""."""
+    found = _KEY.search(path)
+    return found.group(1) if found else ""
+
+
+def cache_verdict(records: list[dict[str, Any]]) -> dict[str, str] | None:
+    """Which path vLLM's compiled model took, from its records: {"path", "key", "reason"};
+    None while it has said nothing that decides it (still starting, or not vLLM)."""
+    key = ""
+    reloaded: tuple[str, str] | None = None
+    loaded = saved = compiled = off = False
+    for r in records:
+        msg = str(r.get("msg") or "")
+        for pattern in (AOT_LOADED, AOT_SAVED, GRAPH_DIR):
+            m = pattern.search(msg)
+            if m and key_of(m.group(1)):
+                key = key_of(m.group(1))
+        m = AOT_RELOADED.search(msg)
+        if m:
+            reloaded = (key_of(m.group(1)), m.group(2).strip())
+        loaded = loaded or bool(AOT_LOADED.search(msg) or GRAPH_LOADED.search(msg))
+        saved = saved or bool(AOT_SAVED.search(msg))
+        compiled = compiled or bool(GRAPH_COMPILED.search(msg))
+        off = off or bool(CACHE_OFF.search(msg))
+    if reloaded is not None:
+        return {
+            "path": RECOMPILED,
+            "key": reloaded[0] or key,
+            "reason": f"vLLM could not load its compiled model: {reloaded[1]}"[:500],
+        }
+    if off:
+        return {"path": MISSED, "key": key, "reason": "vLLM's torch.compile cache is disabled"}
+    if compiled or (saved and not loaded):
+        return {
+            "path": MISSED,
+            "key": key,
+            "reason": f"vLLM found nothing for its key {key[:16] or '(unknown)'} in its cache "
+            "and compiled from zero",
+        }
+    if loaded:
+        return {"path": LOADED, "key": key, "reason": ""}
+    return None
+
+
 def _chain() -> None:
     """Run the sitecustomize this file shadows, if the image has one."""
     import importlib.machinery
@@ -189,6 +326,10 @@ if __name__ == "sitecustomize":
         install()
     except Exception as e:
         _say(f"hook not installed ({type(e).__name__}: {e})")
+    try:
+        install_cache_log()
+    except Exception as e:
+        _say(f"vLLM's cache log not installed ({type(e).__name__}: {e})")
     try:
         _chain()
     except Exception as e:

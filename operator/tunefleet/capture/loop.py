@@ -31,6 +31,7 @@ from tunefleet import naming
 from tunefleet.api import CaptureSpec, RetuneSpec
 from tunefleet.capture.store import MAX_BYTES, RetuneSet, StoreView, now_iso
 from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.contracts.capture import LOADED, MISSED, RECOMPILED
 from tunefleet.contracts.retune import RetuneRequest
 
 THRESHOLD, MANUAL = "Threshold", "Manual"
@@ -254,12 +255,71 @@ def _figures(
                     "docs/capture.md, 'Results not loaded'.",
                 )
             )
+    loads, load_events = _cache_loads(model, current, previous)
+    if loads:
+        entry["caches"] = loads
+    events.extend(load_events)
     if apart:
         entry["apart"] = {
             "stores": len(apart),
             "seen": len({r for s in apart for r in s.rows}),
         }
     return entry, events
+
+
+MAX_POD_LOADS = 16
+
+
+def _cache_loads(
+    model: str, current: list[StoreView], previous: dict[str, Any]
+) -> tuple[list[dict[str, Any]], list[_Event]]:
+    """status.capture[].caches: per served cache kind, how many pods loaded it, compiled again
+    after a failed load (vLLM's reason), or missed (nothing for their key: compiled from zero),
+    from what their sidecars reported; and the Events a new failure is worth."""
+    by_kind: dict[str, dict[str, dict[str, str]]] = {}
+    for store in current:
+        for pod, load in store.cache_loads.items():
+            by_kind.setdefault(load.get("kind") or "", {})[pod] = load
+    before = {str(e.get("kind")): e for e in previous.get("caches") or [] if isinstance(e, dict)}
+    out: list[dict[str, Any]] = []
+    events: list[_Event] = []
+    for kind, pods in sorted(by_kind.items()):
+        counts = {path: sorted(p for p, d in pods.items() if d.get("path") == path) for path in (
+            LOADED, RECOMPILED, MISSED)}  # fmt: skip
+        entry: dict[str, Any] = {"kind": kind, **{p: len(v) for p, v in counts.items()}}
+        missed_keys = sorted({pods[p].get("key") or "" for p in counts[MISSED]} - {""})
+        if missed_keys:
+            entry["missedKeys"] = missed_keys[:8]
+        reasons = [pods[p].get("reason") or "" for p in counts[RECOMPILED] + counts[MISSED]]
+        if reasons and reasons[-1]:
+            entry["message"] = reasons[-1][:500]
+        # The newest pods, each with its path (kubectl tunefleet why <pod> shows its own).
+        entry["pods"] = [
+            {"name": p, "path": d.get("path") or "", "key": (d.get("key") or "")[:16]}
+            | ({"reason": (d.get("reason") or "")[:200]} if d.get("reason") else {})
+            for p, d in list(pods.items())[-MAX_POD_LOADS:]
+        ]
+        out.append(entry)
+        was = before.get(kind) or {}
+        for path, reason, what in (
+            (MISSED, "CacheMissed", "found nothing for their key in the bundle and compiled "
+             "from zero (another max-model-len, model or ISA than the tuning run's?)"),
+            (RECOMPILED, "CacheNotLoaded", "found the bundle's entry for their key, could not "
+             "load it and compiled again"),
+        ):  # fmt: skip
+            if len(counts[path]) > int(was.get(path) or 0):
+                keys = f" (keys {', '.join(k[:12] for k in missed_keys[:3])})" if (
+                    path == MISSED and missed_keys) else ""  # fmt: skip
+                events.append(
+                    (
+                        "Warning",
+                        reason,
+                        f"{model}: {len(counts[path])} pod(s) served the {kind} cache {what}"
+                        f"{keys}, e.g. {', '.join(counts[path][:3])}"
+                        + (f": {entry['message']}" if entry.get("message") else ""),
+                    )
+                )
+    return out, events
 
 
 def _decide(

@@ -33,9 +33,18 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tunefleet.capture import hook
-from tunefleet.contracts.capture import MAX_BODY_BYTES, MAX_ROWS, PATH, Reply, Upload, row_problem
+from tunefleet.contracts.capture import (
+    MAX_BODY_BYTES,
+    MAX_ROWS,
+    PATH,
+    CacheLoad,
+    Reply,
+    Upload,
+    row_problem,
+)
 from tuner_job.results import parse_results, parse_untuned
 
 PROG = "tunefleet-capture"
@@ -280,6 +289,9 @@ class Sidecar:
         self.reported_not_loaded = 0
         self.reported_dropped = 0
         self.uploads = 0
+        self.cache_records: list[dict[str, Any]] = []
+        self.cache_load: CacheLoad | None = None  # what vLLM's records say, at the last scan
+        self.reported_cache: CacheLoad | None = None
 
     def scan(self) -> int:
         added = 0
@@ -287,7 +299,26 @@ class Sidecar:
             text = self.tail.read(path)
             if text:
                 added += self.collector.add_text(text, path.name)
+        self.scan_cache_log()
         return added
+
+    def scan_cache_log(self) -> None:
+        """vLLM's records of its compile path (capture/hook.py writes them), judged."""
+        text = self.tail.read(self.dir / hook.CACHE_LOG_NAME)
+        if not text:
+            return
+        self.cache_records.extend(hook.read_cache_log(text)[: hook.MAX_RECORDS])
+        del self.cache_records[: max(0, len(self.cache_records) - 4 * hook.MAX_RECORDS)]
+        verdict = hook.cache_verdict(self.cache_records)
+        if verdict is not None:
+            load = CacheLoad("vllm", verdict["path"], verdict["key"], verdict["reason"])
+            if load != self.cache_load:
+                log(
+                    f"vLLM's compiled model: {load.path}"
+                    + (f" (key {load.key[:16]})" if load.key else "")
+                    + (f": {load.reason}" if load.reason else "")
+                )
+            self.cache_load = load
 
     def _news(self) -> bool:
         c = self.collector
@@ -295,6 +326,7 @@ class Sidecar:
             bool(c.pending)
             or len(c.not_loaded) > self.reported_not_loaded
             or c.dropped > self.reported_dropped
+            or self.cache_load != self.reported_cache
         )
 
     def flush_once(self) -> bool:
@@ -304,7 +336,8 @@ class Sidecar:
             return False
         s, c = self.settings, self.collector
         rows = c.batch(s.max_rows, s.max_bytes)
-        upload = Upload(tuple(rows), len(c.not_loaded), c.dropped + c.skipped)
+        loads = (self.cache_load,) if self.cache_load is not None else ()
+        upload = Upload(tuple(rows), len(c.not_loaded), c.dropped + c.skipped, loads)
         try:
             reply = self.sender(upload)
         except Exception as e:
@@ -328,6 +361,7 @@ class Sidecar:
         self.uploads += 1
         c.done(rows)
         self.reported_not_loaded, self.reported_dropped = len(c.not_loaded), c.dropped
+        self.reported_cache = self.cache_load
         self.next_send = now + (s.interval_s if not c.pending else s.interval_s / 4)
         log(
             f"uploaded {len(rows)} GEMM(s) ({reply.new} new to the operator), "

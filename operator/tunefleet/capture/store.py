@@ -55,6 +55,10 @@ DIGEST_ANNOTATION = "tunefleet.io/capture-digest"
 # A ConfigMap holds 1 MiB; this leaves room for its metadata and meta.json.
 MAX_BYTES = 900 * 1024
 MAX_NOT_LOADED_PODS = 20
+# The latest pods whose served cache said which path it took (contracts/capture.py's caches):
+# enough to count a scale-up, bounded so the store's size does not grow with the fleet.
+MAX_CACHE_PODS = 64
+CACHE_LOAD_KEYS = ("kind", "path", "key", "reason")
 CAS_TRIES = 6
 
 
@@ -97,6 +101,8 @@ class StoreView:
     last_capture: str = ""
     dropped: int = 0
     not_loaded: dict[str, int] = field(default_factory=dict)  # pod -> rows in its artifact
+    # pod -> {kind, path, key, reason}: which path its served cache took (newest last)
+    cache_loads: dict[str, dict[str, str]] = field(default_factory=dict)
     name: str = ""
     uid: str = ""
     resource_version: str = ""
@@ -107,7 +113,8 @@ def _encode_rows(rows: dict[str, int]) -> str:
 
 
 def encoded_size(view: StoreView) -> int:
-    return len(_encode_rows(view.rows)) + 512 + 80 * len(view.not_loaded)
+    loads = sum(80 + len(str(v)) for d in view.cache_loads.values() for v in d.values())
+    return len(_encode_rows(view.rows)) + 512 + 80 * len(view.not_loaded) + loads
 
 
 def merge(
@@ -119,9 +126,11 @@ def merge(
     pod: str = "",
     not_loaded: int = 0,
     dropped: int = 0,
+    cache_loads: tuple[dict[str, str], ...] = (),
 ) -> tuple[StoreView, int]:
     """The view with `rows` added (first seen now), bounded; and how many were new. A row
-    that does not fit (max_shapes rows, or MAX_BYTES) is counted as dropped, never kept."""
+    that does not fit (max_shapes rows, or MAX_BYTES) is counted as dropped, never kept.
+    `cache_loads`: what the pod's served caches did at its start (its latest word wins)."""
     have = dict(view.rows)
     size = encoded_size(view)
     added = 0
@@ -143,33 +152,47 @@ def merge(
         loaded[pod] = not_loaded
         while len(loaded) > MAX_NOT_LOADED_PODS:
             del loaded[next(iter(loaded))]
+    loads = dict(view.cache_loads)
+    for load in cache_loads[:1] if pod else ():  # one served cache kind reports (vLLM's)
+        entry = {k: str(load.get(k) or "") for k in CACHE_LOAD_KEYS}
+        if loads.get(pod) != entry:
+            loads.pop(pod, None)
+            loads[pod] = entry
+        while len(loads) > MAX_CACHE_PODS:
+            del loads[next(iter(loads))]
     out = replace(
         view,
         rows=have,
         dropped=view.dropped + lost,
         not_loaded=loaded,
+        cache_loads=loads,
         last_capture=now_iso(now) if added else view.last_capture,
     )
     return out, added
 
 
 def changed(before: StoreView, after: StoreView) -> bool:
-    return (before.rows, before.dropped, before.not_loaded) != (
+    return (before.rows, before.dropped, before.not_loaded, before.cache_loads) != (
         after.rows,
         after.dropped,
         after.not_loaded,
+        after.cache_loads,
     )
 
 
 def build_store_config_map(view: StoreView) -> dict[str, Any]:
     """The ConfigMap of a capture store (the pure half of a write)."""
     k = view.key
-    meta = {
+    meta: dict[str, Any] = {
         "version": 1,
         "lastCapture": view.last_capture,
         "dropped": view.dropped,
         "notLoaded": view.not_loaded,
     }
+    if view.cache_loads:
+        # A list, not an object: JSON objects are written sorted here, and the order (oldest
+        # first) is what bounds the list.
+        meta["cacheLoads"] = [{"pod": p, **d} for p, d in view.cache_loads.items()]
     annotations = {
         naming.MODEL_ANNOTATION: k.model,
         IDENTITY_ANNOTATION: k.identity,
@@ -246,12 +269,17 @@ def parse_store(cm: dict[str, Any]) -> StoreView | None:
         apart=str(anns.get(APART_ANNOTATION) or ""),
     )
     dropped = doc.get("dropped")
+    cache_loads: dict[str, dict[str, str]] = {}
+    for entry in doc.get("cacheLoads") or [] if isinstance(doc.get("cacheLoads"), list) else []:
+        if isinstance(entry, dict) and isinstance(entry.get("pod"), str):
+            cache_loads[entry["pod"]] = {k: str(entry.get(k) or "") for k in CACHE_LOAD_KEYS}
     return StoreView(
         key=key,
         rows=rows,
         last_capture=str(doc.get("lastCapture") or ""),
         dropped=dropped if isinstance(dropped, int) and dropped >= 0 else 0,
         not_loaded={str(p): int(n) for p, n in (loaded or {}).items() if isinstance(n, int)},
+        cache_loads=cache_loads,
         name=str(meta.get("name") or ""),
         uid=str(meta.get("uid") or ""),
         resource_version=str(meta.get("resourceVersion") or ""),
@@ -394,6 +422,7 @@ class Writer:
         pod: str = "",
         not_loaded: int = 0,
         dropped: int = 0,
+        cache_loads: tuple[dict[str, str], ...] = (),
         now: float | None = None,
     ) -> tuple[int, int]:
         """(rows new to the store, rows it holds). Raises StoreUnavailable, kube.NotOurs."""
@@ -404,7 +433,7 @@ class Writer:
             view = StoreView(key) if there is None else _ours(there, key)
             merged, added = merge(
                 view, rows, at, max_shapes=max_shapes, pod=pod, not_loaded=not_loaded,
-                dropped=dropped,
+                dropped=dropped, cache_loads=cache_loads,
             )  # fmt: skip
             if there is not None and not changed(view, merged):
                 return 0, len(view.rows)

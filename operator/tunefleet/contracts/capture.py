@@ -9,7 +9,8 @@ The request: ``POST https://<operator>/capture/v1/misses`` with ``Authorization:
 server refuses it, the endpoint reviews it), and a JSON body:
 
     {"version": 1, "rows": ["GemmTunableOp_BFloat16_TN,tn_4096_...", ...],
-     "notLoaded": 0, "dropped": 0}
+     "notLoaded": 0, "dropped": 0,
+     "caches": [{"kind": "vllm", "path": "recompiled", "key": "5f1c...", "reason": "..."}]}
 
 ``rows``: GEMMs TunableOp recorded as untuned (``OpSig,ParamSig``, its untuned file's rows)
 that the pod's pinned artifact does not have; at most MAX_ROWS, each at most MAX_ROW_CHARS,
@@ -18,6 +19,12 @@ process recorded without the results loaded (so it serves untuned). ``dropped``:
 sidecar could not keep (its queue was full). What the rows mean (which profile, GPU model,
 software identity) is never taken from the body: the endpoint reads it from the pod as
 admitted.
+
+``caches`` (optional): which path each served cache took at the pod's start, in the stack's
+own words (capture/hook.py writes them down, the sidecar judges them with
+``hook.cache_verdict``): ``loaded``, ``recompiled`` (the entry for its key was there and did
+not load; ``reason`` is the stack's) or ``missed`` (nothing for its key: compiled from zero);
+``key`` the stack's cache key (vLLM's hash directory). At most MAX_CACHES entries, one per kind.
 
 The reply (any status): ``{"accepted": n, "new": n, "message": "..."}``; 429 and 503 carry
 ``Retry-After`` (seconds) and ``retryAfter`` in the body.
@@ -39,6 +46,13 @@ MAX_BODY_BYTES = 256 * 1024
 MAX_ROWS = 512
 MAX_ROW_CHARS = 1024
 # OpSig,ParamSig as TunableOp writes them: printable ASCII, no spaces, exactly one comma.
+MAX_CACHES = 4
+# The paths a served cache takes at a pod's start. capture/hook.py, a file copied alone into
+# model pods, names them too (a unit test holds the two equal).
+LOADED, RECOMPILED, MISSED = "loaded", "recompiled", "missed"
+CACHE_PATHS = (LOADED, RECOMPILED, MISSED)
+MAX_REASON_CHARS = 500
+_CACHE_KEY = re.compile(r"^[0-9a-f]{0,128}$")
 _ROW = re.compile(r"^[A-Za-z][\x21-\x2b\x2d-\x7e]*,[A-Za-z0-9*][\x21-\x2b\x2d-\x7e]*$")
 
 
@@ -58,10 +72,41 @@ def row_problem(row: Any) -> str | None:
 
 
 @dataclass(frozen=True)
+class CacheLoad:
+    """Which path one served cache took at the pod's start."""
+
+    kind: str
+    path: str  # one of CACHE_PATHS
+    key: str = ""
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return {"kind": self.kind, "path": self.path, "key": self.key, "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> CacheLoad:
+        """BodyError says what is wrong."""
+        if not isinstance(doc, dict):
+            raise BodyError("a caches entry must be an object")
+        kind, path = doc.get("kind"), doc.get("path")
+        key, reason = doc.get("key", ""), doc.get("reason", "")
+        if kind not in ("vllm", "torchCompile", "cache"):
+            raise BodyError(f"caches[].kind must be vllm, torchCompile or cache (got {kind!r})")
+        if path not in CACHE_PATHS:
+            raise BodyError(f"caches[].path must be one of {', '.join(CACHE_PATHS)}")
+        if not isinstance(key, str) or not _CACHE_KEY.match(key):
+            raise BodyError("caches[].key must be at most 128 lowercase hex digits")
+        if not isinstance(reason, str) or len(reason) > MAX_REASON_CHARS:
+            raise BodyError(f"caches[].reason must be a string of at most {MAX_REASON_CHARS}")
+        return cls(kind, path, key, reason)
+
+
+@dataclass(frozen=True)
 class Upload:
     rows: tuple[str, ...]
     not_loaded: int = 0
     dropped: int = 0
+    caches: tuple[CacheLoad, ...] = ()
 
     def encode(self) -> bytes:
         """The request body; raises BodyError when it would break the contract's bounds."""
@@ -77,6 +122,10 @@ class Upload:
             "notLoaded": self.not_loaded,
             "dropped": self.dropped,
         }
+        if self.caches:
+            if len(self.caches) > MAX_CACHES:
+                raise BodyError(f"at most {MAX_CACHES} caches per upload")
+            doc["caches"] = [CacheLoad.from_dict(c.to_dict()).to_dict() for c in self.caches]
         body = json.dumps(doc, separators=(",", ":")).encode("utf-8")
         if len(body) > MAX_BODY_BYTES:
             raise BodyError(f"an upload is at most {MAX_BODY_BYTES} bytes (got {len(body)})")
@@ -109,8 +158,14 @@ class Upload:
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
                 raise BodyError(f"{key} must be a non-negative integer")
             counts[key] = value
+        caches = doc.get("caches", [])
+        if not isinstance(caches, list) or len(caches) > MAX_CACHES:
+            raise BodyError(f"caches must be a list of at most {MAX_CACHES} entries")
+        loads = tuple(CacheLoad.from_dict(c) for c in caches)
+        if len({c.kind for c in loads}) != len(loads):
+            raise BodyError("caches lists a kind twice")
         # Repeats are dropped here, first kept: a row counts once however often it is sent.
-        return cls(tuple(dict.fromkeys(rows)), counts["notLoaded"], counts["dropped"])
+        return cls(tuple(dict.fromkeys(rows)), counts["notLoaded"], counts["dropped"], loads)
 
 
 @dataclass(frozen=True)

@@ -249,6 +249,23 @@ def _cache_rows(art: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def _cache_load_rows(caches: list[dict[str, Any]]) -> list[list[str]]:
+    """status.capture[].caches: how many pods loaded, recompiled, missed each served cache."""
+    rows = []
+    for c in caches:
+        said = ", ".join(f"{c.get(p) or 0} {p}" for p in ("loaded", "recompiled", "missed"))
+        keys = ", ".join(k[:16] for k in c.get("missedKeys") or [])
+        rows.append(
+            [
+                f"{c.get('kind')} cache",
+                f"pods: {said}"
+                + (f"; missed keys: {keys}" if keys else "")
+                + (f"; {c['message']}" if c.get("message") else ""),
+            ]
+        )
+    return rows
+
+
 def _capture_lines(report: dict[str, Any], now: datetime.datetime) -> list[str]:
     """Production misses per GPU model (status.capture), when capture is on or has data."""
     entries = report.get("capture") or []
@@ -294,6 +311,7 @@ def _capture_lines(report: dict[str, Any], now: datetime.datetime) -> list[str]:
                     "not load the results while recording (see docs/capture.md)",
                 ]
             )
+        rows += _cache_load_rows(e.get("caches") or [])
         if e.get("dropped"):
             rows.append(["dropped", f"{e['dropped']} shape(s) not kept (limits.maxShapes)"])
         if e.get("message"):

@@ -529,6 +529,9 @@ def _injected(p: _Pod, a: Admission, out: dict[str, Any]) -> dict[str, Any]:
     gate = _gate_of(p.status, a.sha256)
     if gate:
         out["artifact"]["gate"] = gate
+    load = _cache_load_of(p.status, str((p.pod.get("metadata") or {}).get("name") or ""))
+    if load:
+        out["artifact"]["cacheLoad"] = load
     out["containers"] = _containers(p.pod)
     out["imageWarnings"] = [w.strip() for w in a.image_warning.split("; ") if w.strip()]
     if a.code not in (Code.NONE, Code.UNKNOWN):
@@ -615,6 +618,20 @@ def _gate_of(status: dict[str, Any], sha256: str) -> str:
     return ""
 
 
+def _cache_load_of(status: dict[str, Any], pod: str) -> str:
+    """What the pod's capture sidecar reported of its served cache's start (status.capture[]
+    .caches[].pods, the newest pods): "vllm: recompiled (key ...): <vLLM's reason>"; "" when
+    the pod is not among them."""
+    for entry in status.get("capture") or []:
+        for c in entry.get("caches") or []:
+            for p in c.get("pods") or []:
+                if p.get("name") == pod:
+                    key = f" (key {p['key']})" if p.get("key") else ""
+                    said = f": {p['reason']}" if p.get("reason") else ""
+                    return f"{c.get('kind')}: {p.get('path')}{key}{said}"
+    return ""
+
+
 def _artifact_rows(art: dict[str, Any] | None) -> list[tuple[str, str]]:
     """The candidates a pod picks among at its node, and the artifact it is pinned to."""
     rows = []
@@ -634,6 +651,8 @@ def _artifact_rows(art: dict[str, Any] | None) -> list[tuple[str, str]]:
         )
     if art and art.get("gate"):
         rows.append(("Gate:", str(art["gate"])))
+    if art and art.get("cacheLoad"):
+        rows.append(("Cache:", str(art["cacheLoad"])))
     return rows
 
 

@@ -70,6 +70,7 @@ from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import PodStorage
 from tunefleet.webhook.partition import PARTITION_ANNOTATION, partition_problem
 from tunefleet.webhook.placement import reach
+from tuner_job import caches as cc
 
 
 @dataclass
@@ -635,10 +636,14 @@ def _serve_containers(
             if not any(m.get("mountPath") == CACHES_DIR for m in mounts):
                 mounts.append(caches_mount())
         if capture:
-            c["env"] = capture_b.serving_env(env)
+            c["env"] = capture_b.serving_env(env, cache_log=_serves_vllm(spec, served))
             mounts.extend(capture_b.serving_mounts())
         if c.get("name") in check.pinned:
             c["image"] = check.pinned[c["name"]]
+
+
+def _serves_vllm(spec: TuningProfileSpec, served: _Served) -> bool:
+    return any(s.kind == cc.VLLM and s.name in served.caches for s in spec.artifacts.cache_specs())
 
 
 @dataclass(frozen=True)

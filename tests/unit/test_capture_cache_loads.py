@@ -1,0 +1,308 @@
+"""Told, not silent: which path a served vLLM cache took at a pod's start, from vLLM's own log
+records (capture/hook.py writes them down in the pod, the sidecar judges and sends them,
+contracts/capture.py carries them, the store keeps them per pod, capture/loop.py counts them
+in status.capture[].caches, kubectl tunefleet why shows a pod's). The real vLLM is
+tests/e2e/test_bundles_vllm.py's; here vLLM's loggers are stood in for by plain logging with
+vLLM 0.32.0's words and its logging config's shape."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tunefleet.api import CaptureSpec, CaptureStatus
+from tunefleet.capture import hook, loop, sidecar
+from tunefleet.capture.sidecar import Settings, Sidecar
+from tunefleet.capture.store import (
+    MAX_CACHE_PODS,
+    StoreKey,
+    StoreView,
+    build_store_config_map,
+    merge,
+    parse_store,
+)
+from tunefleet.contracts import capture as contract
+from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.contracts.capture import BodyError, CacheLoad, Reply, Upload
+from tunefleet.plugin.why import _cache_load_of
+from tuner_job import caches as cc
+
+KEY = "5f1c" * 16
+OTHER = "9a0b" * 16
+ROOT = "/tunefleet/caches/vllm/vllm"
+MODEL_PATH = f"{ROOT}/torch_compile_cache/torch_aot_compile/{KEY}/rank_0_0/model"
+LOADED = f"Directly load AOT compilation from path {MODEL_PATH}"
+RELOADED = (
+    f"Compiling model again due to a load failure from {MODEL_PATH}, reason: 'function' "
+    "object has no attribute 'finalize_loading'"
+)
+SAVED = f"saved AOT compiled function to {MODEL_PATH}"
+SAVED_OTHER = SAVED.replace(KEY, OTHER)
+
+
+def rec(*msgs: str) -> list[dict[str, Any]]:
+    return [{"msg": m, "logger": "vllm.compilation.decorators"} for m in msgs]
+
+
+# --- the verdict ------------------------------------------------------------------------------
+
+
+def test_the_paths_are_named_alike_in_the_hook_and_the_contract() -> None:
+    assert (hook.LOADED, hook.RECOMPILED, hook.MISSED) == contract.CACHE_PATHS
+
+
+def test_a_load_is_loaded_with_its_key() -> None:
+    assert hook.cache_verdict(rec(LOADED)) == {"path": "loaded", "key": KEY, "reason": ""}
+
+
+def test_a_failed_load_is_recompiled_with_vllms_reason_even_after_it_saves_again() -> None:
+    got = hook.cache_verdict(rec(RELOADED, SAVED))
+    assert got is not None and got["path"] == "recompiled" and got["key"] == KEY
+    assert "finalize_loading" in got["reason"]
+
+
+def test_a_save_without_a_load_attempt_is_a_miss_of_that_key() -> None:
+    got = hook.cache_verdict(rec(SAVED_OTHER))
+    assert got is not None and got["path"] == "missed" and got["key"] == OTHER
+    assert OTHER[:16] in got["reason"]
+
+
+def test_without_aot_the_graph_cache_says_it_and_the_directory_gives_the_key() -> None:
+    where = f"Using cache directory: {ROOT}/torch_compile_cache/{KEY}/rank_0_0/backbone for vLLM's torch.compile"
+    hit = (
+        "Directly load the compiled graph(s) for compile range (1, 512) from the cache, took 0.1 s"
+    )
+    miss = "Compiling a graph for compile range (1, 512) takes 3.20 s"
+    assert hook.cache_verdict(rec(where, hit)) == {"path": "loaded", "key": KEY, "reason": ""}
+    got = hook.cache_verdict(rec(where, miss))
+    assert got is not None and got["path"] == "missed" and got["key"] == KEY
+
+
+def test_a_disabled_cache_is_a_miss_that_says_so_and_nothing_decisive_is_none() -> None:
+    got = hook.cache_verdict(rec("vLLM's torch.compile cache is disabled."))
+    assert got is not None and got["path"] == "missed" and "disabled" in got["reason"]
+    assert hook.cache_verdict(rec("Dynamo bytecode transform time: 3.1 s")) is None
+    assert hook.cache_verdict([]) is None
+    # A reworded vLLM is unknown, never a hit.
+    assert hook.cache_verdict(rec("Loaded AOT compilation from somewhere")) is None
+
+
+# --- the hook in a process, with vLLM's logging config's shape --------------------------------
+
+VLLM_LIKE = """
+import logging, logging.config, sys
+# The shape of vLLM's own config (vllm/logger.py): its 'vllm' logger, propagate off, existing
+# loggers kept.
+logging.config.dictConfig({
+    "version": 1, "disable_existing_loggers": False,
+    "formatters": {"vllm": {"format": "%(levelname)s %(message)s"}},
+    "handlers": {"vllm": {"class": "logging.StreamHandler", "formatter": "vllm",
+                          "stream": "ext://sys.stdout"}},
+    "loggers": {"vllm": {"handlers": ["vllm"], "level": "INFO", "propagate": False}},
+})
+decorators = logging.getLogger("vllm.compilation.decorators")
+decorators.info("Dynamo bytecode transform time: 3.1 s")
+for line in sys.argv[1:]:
+    (decorators.warning if line.startswith("Compiling") else decorators.info)("%s", line)
+logging.getLogger("vllm.other").info("saved AOT compiled function to /elsewhere")
+"""
+
+
+def _serve(tmp_path: Path, log: str, *lines: str) -> subprocess.CompletedProcess[str]:
+    where = tmp_path / "hook"
+    sidecar.install_hook(where)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTORCH_", "TUNEFLEET_"))}
+    env.update(PYTHONPATH=str(where))
+    if log:
+        env[hook.CACHE_LOG_ENV] = log
+    return subprocess.run(
+        [sys.executable, "-c", VLLM_LIKE, *lines], env=env, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+
+
+def test_the_hook_writes_down_vllms_compile_path_records_and_leaves_its_log_as_it_was(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "capture" / hook.CACHE_LOG_NAME
+    log.parent.mkdir()
+    done = _serve(tmp_path, str(log), RELOADED, SAVED)
+    assert done.returncode == 0, done.stderr
+    # The container's own log: every line, as vLLM's config prints it, nothing added.
+    assert done.stdout.splitlines() == [
+        "INFO Dynamo bytecode transform time: 3.1 s",
+        f"WARNING {RELOADED}",
+        f"INFO {SAVED}",
+        "INFO saved AOT compiled function to /elsewhere",
+    ]
+    kept = hook.read_cache_log(log.read_text())
+    assert [r["msg"] for r in kept] == [RELOADED, SAVED]  # only vLLM's compile loggers' words
+    assert {r["logger"] for r in kept} == {"vllm.compilation.decorators"}
+    verdict = hook.cache_verdict(kept)
+    assert verdict is not None and verdict["path"] == "recompiled"
+
+
+def test_without_the_variable_the_hook_writes_nothing(tmp_path: Path) -> None:
+    done = _serve(tmp_path, "", LOADED)
+    assert done.returncode == 0, done.stderr
+    assert not list(tmp_path.rglob(hook.CACHE_LOG_NAME))
+
+
+def test_an_unwritable_log_is_never_the_serving_process_problem(tmp_path: Path) -> None:
+    done = _serve(tmp_path, str(tmp_path / "missing" / "dir" / "log.jsonl"), LOADED)
+    assert done.returncode == 0 and done.stderr == ""
+    assert LOADED in done.stdout
+
+
+# --- the sidecar --------------------------------------------------------------------------------
+
+
+def test_the_sidecar_sends_the_verdict_once_and_again_when_it_changes(tmp_path: Path) -> None:
+    sent: list[Upload] = []
+
+    def send(u: Upload) -> Reply:
+        sent.append(u)
+        return Reply(accepted=len(u.rows))
+
+    car = Sidecar(tmp_path, None, send, Settings(interval_s=0.0), clock=lambda: 1e9)
+    log = tmp_path / hook.CACHE_LOG_NAME
+    car.scan()
+    assert not car.flush_once()  # nothing said yet: nothing to send
+    log.write_text("".join(json.dumps(r) + "\n" for r in rec(RELOADED)) + '{"partial')
+    car.scan()
+    assert car.flush_once()
+    assert sent[-1].caches == (CacheLoad("vllm", "recompiled", KEY, sent[-1].caches[0].reason),)
+    car.scan()
+    assert not car.flush_once()  # the same verdict is not sent twice
+    assert len(sent) == 1
+
+
+# --- the contract -------------------------------------------------------------------------------
+
+
+def test_the_upload_carries_cache_loads_and_refuses_what_it_bounds() -> None:
+    load = CacheLoad("vllm", "missed", OTHER, "vLLM found nothing for its key")
+    back = Upload.decode(Upload((), caches=(load,)).encode())
+    assert back.caches == (load,) and back.rows == ()
+    assert Upload.decode(Upload(("a,b",)).encode()).caches == ()  # old sidecars: none
+    for bad in (
+        {"kind": "vllm", "path": "hit"},
+        {"kind": "tensorrt", "path": "loaded"},
+        {"kind": "vllm", "path": "loaded", "key": "NOT-HEX"},
+        {"kind": "vllm", "path": "loaded", "reason": "x" * 501},
+        "loaded",
+    ):
+        body = json.dumps({"version": 1, "rows": [], "caches": [bad]}).encode()
+        with pytest.raises(BodyError):
+            Upload.decode(body)
+    twice = {"kind": "vllm", "path": "loaded"}
+    with pytest.raises(BodyError, match="twice"):
+        Upload.decode(json.dumps({"version": 1, "rows": [], "caches": [twice, twice]}).encode())
+
+
+# --- the store, status and why ------------------------------------------------------------------
+
+SKEY = StoreKey("ml", "p", "uid-1", "NVIDIA-H100", "lib-key-1")
+
+
+def _loads(view: StoreView, pod: str, path: str, key: str, reason: str = "") -> StoreView:
+    entry = {"kind": "vllm", "path": path, "key": key, "reason": reason}
+    view, _ = merge(view, (), 100, max_shapes=10, pod=pod, cache_loads=(entry,))
+    return view
+
+
+def test_the_store_keeps_each_pods_latest_word_bounded_and_round_trips() -> None:
+    view = _loads(StoreView(SKEY), "a", "recompiled", KEY, "no finalize_loading")
+    view = _loads(view, "b", "missed", OTHER)
+    view = _loads(view, "a", "loaded", KEY)
+    assert list(view.cache_loads) == ["b", "a"] and view.cache_loads["a"]["path"] == "loaded"
+    cm = build_store_config_map(view)
+    cm["metadata"]["uid"] = "cm-1"
+    back = parse_store(cm)
+    assert back is not None and back.cache_loads == view.cache_loads
+    for i in range(MAX_CACHE_PODS + 5):
+        view = _loads(view, f"pod-{i}", "loaded", KEY)
+    assert len(view.cache_loads) == MAX_CACHE_PODS and "a" not in view.cache_loads
+
+
+def _plan(stores: list[StoreView], previous: list[dict[str, Any]] | None = None) -> loop.Plan:
+    art = ArtifactRecord(
+        uri="s3://bkt/p/x", sha256="a" * 64, revision="base000001", gpu_model="NVIDIA-H100",
+        library_key="lib-key-1",
+    )  # fmt: skip
+    status: dict[str, Any] = {"artifacts": [art.to_status()]}
+    if previous is not None:
+        status["capture"] = previous
+    return loop.plan(
+        CaptureSpecOn, namespace="ml", profile="p", profile_uid="uid-1", base="base000001",
+        models=["NVIDIA-H100"], status=status, stores=stores, retunes=[],
+        keys_of=lambda r: frozenset(), now=1e9, request=None,
+    )  # fmt: skip
+
+
+CaptureSpecOn = CaptureSpec.model_validate({"enabled": True})
+
+
+def test_status_counts_each_path_names_the_missed_keys_and_warns_once_per_new_pod() -> None:
+    view = _loads(StoreView(SKEY), "warm", "recompiled", KEY, "vLLM could not load: x")
+    view = _loads(view, "longer", "missed", OTHER, "vLLM found nothing for its key")
+    plan = _plan([view])
+    (entry,) = plan.entries
+    CaptureStatus.model_validate(entry)  # the CRD's shape (test_schema_drift holds the CRD)
+    (loads,) = entry["caches"]
+    assert loads["kind"] == "vllm"
+    assert (loads["loaded"], loads["recompiled"], loads["missed"]) == (0, 1, 1)
+    assert loads["missedKeys"] == [OTHER]
+    assert [p["name"] for p in loads["pods"]] == ["warm", "longer"]
+    reasons = sorted(e[1] for e in plan.events)
+    assert reasons == ["CacheMissed", "CacheNotLoaded"], plan.events
+    assert any(OTHER[:12] in e[2] and "longer" in e[2] for e in plan.events)
+    # The same pods at the next reconcile: no new Event.
+    assert _plan([view], plan.entries).events == []
+
+
+def test_why_shows_the_pods_own_path() -> None:
+    view = _loads(StoreView(SKEY), "longer", "missed", OTHER, "vLLM found nothing for its key")
+    status = {"capture": _plan([view]).entries}
+    said = _cache_load_of(status, "longer")
+    assert said.startswith(f"vllm: missed (key {OTHER[:16]})") and "found nothing" in said
+    assert _cache_load_of(status, "another") == ""
+
+
+# --- the bundle records vLLM's keys -------------------------------------------------------------
+
+
+def test_a_vllm_bundle_records_the_keys_it_holds_and_a_bad_list_is_refused(tmp_path: Path) -> None:
+    s = cc.spec("vllm")
+    root = tmp_path / "caches"
+    (root / "vllm" / "vllm" / "torch_compile_cache" / "torch_aot_compile" / KEY / "rank_0_0").mkdir(
+        parents=True
+    )
+    (
+        root
+        / "vllm"
+        / "vllm"
+        / "torch_compile_cache"
+        / "torch_aot_compile"
+        / KEY
+        / "rank_0_0"
+        / "model"
+    ).write_bytes(b"x")
+    (root / "vllm" / "vllm" / "torch_compile_cache" / "torch_aot_compile" / "not-a-key").mkdir()
+    packed = cc.pack(s, root, tmp_path / "out")
+    assert isinstance(packed, cc.Packed) and packed.keys == (KEY,)
+    again = cc.parse_index(cc.index_bytes([packed]))
+    assert again == [packed]
+    doc = packed.to_dict()
+    for bad in ([OTHER, KEY], ["XYZ"], [KEY, KEY], "abc"):
+        with pytest.raises(cc.CacheError, match="keys"):
+            cc.manifest_entries({"caches": [{**doc, "keys": bad}], "cachesSkipped": []})
+    older = {k: v for k, v in doc.items() if k != "keys"}  # an index made before keys
+    (p,), _ = cc.manifest_entries({"caches": [older], "cachesSkipped": []})
+    assert p.keys == ()
