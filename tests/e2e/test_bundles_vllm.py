@@ -9,15 +9,22 @@ GPU). A Deployment of the vLLM server, as users write one (readiness probe on /h
 labelled with the profile, gets a writable copy from the fetch init container; its vLLM finds
 the compiled model under its own variable (its log says which path it took) and compiles no
 kernel anew, and it answers with the same tokens as a server that compiled cold without
-tunefleet. A tampered archive in the store is never unpacked: the next pod says why, compiles
-cold, and answers the same.
+tunefleet. Each pod's capture sidecar reports which path vLLM took (from vLLM's own log
+records, written down in the pod by tunefleet's hook), and status counts it: the warm pod as a
+load (or, on stock 0.32.0, a recompile with vLLM's reason), a pod that runs another
+max-model-len as a miss with the key the bundle lacks. A tampered archive in the store is
+never unpacked: the next pod says why, compiles cold, and answers the same.
 """
 
 from __future__ import annotations
 
 import calendar
 import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,6 +45,7 @@ from tests.support.vllm import (
 )
 
 pytestmark = pytest.mark.e2e
+PLUGIN = Path(sys.executable).parent / "kubectl-tunefleet"
 
 
 @pytest.fixture(scope="module")
@@ -52,15 +60,23 @@ def _serving(cluster: Any, namespace: str, app: str) -> dict[str, Any]:
         got = get_json(cluster, "pods", "-n", namespace, "-l", f"app={app}")["items"]
         return got[0] if got else None
 
+    def serving(p: dict[str, Any] | None) -> bool:
+        if p is None:
+            return False
+        for c in (p.get("status") or {}).get("containerStatuses") or []:
+            if c.get("restartCount"):  # vLLM exited: say why now, not at the timeout
+                raise AssertionError(
+                    f"{app}'s {c['name']} restarted: "
+                    + str(_log(cluster, namespace, p, previous=True))[-4000:]
+                )
+        return any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in (p.get("status") or {}).get("conditions") or []
+        )
+
     found = eventually(
         pod,
-        lambda p: (
-            p is not None
-            and any(
-                c["type"] == "Ready" and c["status"] == "True"
-                for c in (p.get("status") or {}).get("conditions") or []
-            )
-        ),
+        serving,
         f"vLLM Deployment {app} to be ready",
         timeout=900,
         interval=3,
@@ -69,9 +85,11 @@ def _serving(cluster: Any, namespace: str, app: str) -> dict[str, Any]:
     return found
 
 
-def _log(cluster: Any, namespace: str, pod: dict[str, Any]) -> str:
+def _log(cluster: Any, namespace: str, pod: dict[str, Any], previous: bool = False) -> str:
     name = pod["metadata"]["name"]
-    return str(cluster.kubectl("logs", "-n", namespace, name, "-c", "server").stdout)
+    flags = ["--previous"] if previous else []
+    done = cluster.kubectl("logs", "-n", namespace, name, "-c", "server", *flags, check=False)
+    return str(done.stdout or done.stderr)
 
 
 def _fetch_ended(pod: dict[str, Any]) -> tuple[str, float]:
@@ -81,6 +99,8 @@ def _fetch_ended(pod: dict[str, Any]) -> tuple[str, float]:
     return str(done.get("message") or ""), float(ended)
 
 
+# Five vLLM starts on two cores, and the image's import into the node: beyond the default.
+@pytest.mark.timeout(1800)
 def test_a_vllm_compile_cache_is_tuned_once_and_a_deployment_starts_from_it(
     cluster: Any,
     in_cluster: InCluster,
@@ -108,6 +128,9 @@ def test_a_vllm_compile_cache_is_tuned_once_and_a_deployment_starts_from_it(
     (cache,) = art["caches"]
     assert cache["kind"] == "vllm" and cache["name"] == "vllm"
     assert cache["files"] > 0 and cache["size"] > 0
+    # vLLM's own cache key (its hash directory), recorded when the bundle was packed.
+    assert len(cache["keys"]) == 1, cache
+    (bundle_key,) = cache["keys"]
     assert art["identity"]["torch"].startswith("2.13.0")
     assert st["kinds"] == "vllm"
     apply(cluster, namespace, {**_scaled_to_zero("cold", vllm_image)})  # frees its fake GPU
@@ -130,7 +153,34 @@ def test_a_vllm_compile_cache_is_tuned_once_and_a_deployment_starts_from_it(
     # The same tokens as the server that compiled cold.
     assert warm["token_ids"] == cold["token_ids"], (warm, cold)
     print(f"vLLM bundle: {cache['files']} files, {cache['size']} bytes packed; warm pod: {line}")
+    # Told: its sidecar reported vLLM's path, with the bundle's key, and status counts it.
+    path = "loaded" if LOADED in log else "recompiled"
+    told = _told(cluster, namespace, warm_pod["metadata"]["name"])
+    assert told["path"] == path and told["key"] == bundle_key[:16], told
+    if path == "recompiled":
+        assert "finalize_loading" in told["reason"] or told["reason"], told
     apply(cluster, namespace, _scaled_to_zero("warm", vllm_image, "served"))
+
+    # Another max-model-len: another key, which the bundle lacks. vLLM compiles from zero,
+    # and status says so, with the key.
+    apply(cluster, namespace, vllm_deployment("longer", vllm_image, "served", max_model_len=256))
+    other_pod = _serving(cluster, namespace, "longer")
+    other_log = _log(cluster, namespace, other_pod)
+    assert SAVED in other_log and RELOADED not in other_log, other_log[-3000:]
+    told = _told(cluster, namespace, other_pod["metadata"]["name"])
+    assert told["path"] == "missed" and told["key"] and told["key"] != bundle_key[:16], told
+    entry = _cache_entry(cluster, namespace)
+    assert entry["missed"] >= 1 and entry["missedKeys"] and bundle_key not in entry["missedKeys"]
+    assert entry[path] >= 1, entry
+    # kubectl tunefleet why <pod> says it too.
+    why = subprocess.run(
+        [str(PLUGIN), "why", other_pod["metadata"]["name"], "-n", namespace],
+        env={**os.environ, "KUBECONFIG": cluster.kubeconfig},
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert why.returncode == 0, why.stderr
+    assert f"vllm: missed (key {told['key']})" in why.stdout, why.stdout
+    apply(cluster, namespace, _scaled_to_zero("longer", vllm_image, "served", 256))
 
     # Tampered in the store: never unpacked; the pod compiles cold and answers the same.
     key = (
@@ -152,7 +202,33 @@ def test_a_vllm_compile_cache_is_tuned_once_and_a_deployment_starts_from_it(
     )
 
 
-def _scaled_to_zero(name: str, image: str, profile: str | None = None) -> dict[str, Any]:
-    doc = vllm_deployment(name, image, profile)
+def _cache_entry(cluster: Any, namespace: str) -> dict[str, Any]:
+    (entry,) = get_json(cluster, "tuningprofile", "-n", namespace, "served")["status"]["capture"]
+    (loads,) = entry["caches"]
+    assert loads["kind"] == "vllm", loads
+    return dict(loads)
+
+
+def _told(cluster: Any, namespace: str, pod: str) -> dict[str, Any]:
+    """What status says the pod's vLLM did at its start, once its sidecar has reported."""
+
+    def find() -> dict[str, Any] | None:
+        prof = get_json(cluster, "tuningprofile", "-n", namespace, "served")
+        for entry in (prof.get("status") or {}).get("capture") or []:
+            for c in entry.get("caches") or []:
+                for p in c.get("pods") or []:
+                    if p.get("name") == pod:
+                        return dict(p)
+        return None
+
+    found = eventually(find, lambda p: p is not None, f"status to report pod {pod}", timeout=120)
+    assert found is not None
+    return found
+
+
+def _scaled_to_zero(
+    name: str, image: str, profile: str | None = None, max_model_len: int = 512
+) -> dict[str, Any]:
+    doc = vllm_deployment(name, image, profile, max_model_len)
     doc["spec"]["replicas"] = 0
     return doc

