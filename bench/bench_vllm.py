@@ -22,7 +22,6 @@ medians.
 
 from __future__ import annotations
 
-import datetime
 import json
 import re
 import statistics
@@ -31,9 +30,9 @@ from typing import Any
 
 import yaml
 
+from bench.realnode import Run, epoch, in_namespace, tuned
 from bench.results import progress
-from tests.support.cluster import Cluster, S3Settings, ensure_vllm_image, wait_for_real_node_gpus
-from tests.support.operator import SERVING_SECRET, create_s3_secret, install_in_cluster
+from tests.support.cluster import Cluster, S3Settings, ensure_vllm_image
 from tests.support.poll import eventually
 from tests.support.vllm import (
     LOADED,
@@ -54,14 +53,6 @@ _INIT = re.compile(
 )
 
 
-def _epoch(stamp: str) -> float:
-    return (
-        datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")
-        .replace(tzinfo=datetime.UTC)
-        .timestamp()
-    )
-
-
 def server_pod(name: str, image: str, arm: str) -> dict[str, Any]:
     """The Deployment's pod template as a Pod (one per run: its own name, no restarts)."""
     dep = vllm_deployment(name, image, PROFILE if arm == "bundle" else None)
@@ -80,18 +71,7 @@ def server_pod(name: str, image: str, arm: str) -> dict[str, Any]:
     }
 
 
-class _Run:
-    def __init__(self, cluster: Cluster, ns: str, image: str) -> None:
-        self.cluster, self.ns, self.image = cluster, ns, image
-
-    def get(self, kind: str, name: str) -> dict[str, Any]:
-        out = self.cluster.kubectl("get", kind, "-n", self.ns, name, "-o", "json").stdout
-        doc: dict[str, Any] = json.loads(out)
-        return doc
-
-    def apply(self, doc: dict[str, Any]) -> None:
-        self.cluster.kubectl("apply", "-n", self.ns, "-f", "-", input=yaml.safe_dump(doc))
-
+class _Run(Run):
     def told(self, pod: str) -> str:
         """The path status says the pod's sidecar reported ("" if not yet)."""
         prof = self.get("tp", PROFILE)
@@ -152,12 +132,12 @@ def _figures(
         c["name"]: c["state"]
         for c in st.get("initContainerStatuses", []) + st.get("containerStatuses", [])
     }
-    started = _epoch(states["server"]["running"]["startedAt"])
+    started = epoch(states["server"]["running"]["startedAt"])
     ready = next(c for c in st["conditions"] if c["type"] == "Ready")
     init = _INIT.search(log)
     out: dict[str, Any] = {
         "arm": arm,
-        "start_to_ready_s": _epoch(ready["lastTransitionTime"]) - started,
+        "start_to_ready_s": epoch(ready["lastTransitionTime"]) - started,
         "start_to_first_completion_s": round(answered - started, 2),
         "engine_init_s": float(init.group(1)) if init else None,
         "compilation_s": float(init.group(2)) if init and init.group(2) else 0.0,
@@ -168,7 +148,7 @@ def _figures(
         out["reported"] = told
     fetch = (states.get("tunefleet-fetch") or {}).get("terminated")
     if fetch:
-        out["fetch_s"] = _epoch(fetch["finishedAt"]) - _epoch(fetch["startedAt"])
+        out["fetch_s"] = epoch(fetch["finishedAt"]) - epoch(fetch["startedAt"])
     return out
 
 
@@ -187,36 +167,19 @@ def _medians(rows: list[dict[str, Any]], arm: str) -> dict[str, Any]:
 
 def run(cluster: Cluster, s3: S3Settings, pods: int = 5) -> dict[str, Any]:
     image = ensure_vllm_image()
-    install_in_cluster(cluster, s3)
-    ns = f"bench-vllm-{int(time.time())}"
-    cluster.kubectl("create", "namespace", ns)
-    r = _Run(cluster, ns, image)
-    try:
-        return _measure(r, s3, pods)
-    finally:
-        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+    def measure(run: Run) -> dict[str, Any]:
+        return _measure(_Run(run.cluster, run.ns, run.image), s3, pods)
+
+    figures: dict[str, Any] = in_namespace(cluster, s3, "bench-vllm", image, measure)
+    return figures
 
 
 def _measure(r: _Run, s3: S3Settings, pods: int) -> dict[str, Any]:
-    cluster, ns = r.cluster, r.ns
-    secret = create_s3_secret(cluster.kubectl, ns, s3.access_key, s3.secret_key)
-    create_s3_secret(
-        cluster.kubectl, ns, s3.reader_access_key, s3.reader_secret_key, SERVING_SECRET
-    )
-    r.apply(workload_config_map())
-    wait_for_real_node_gpus(cluster, 1)
-    t = time.perf_counter()
-    r.apply(vllm_profile(PROFILE, r.image, s3, secret))
-    prof = eventually(
-        lambda: r.get("tp", PROFILE),
-        lambda p: (p.get("status") or {}).get("phase") in ("Ready", "Failed"),
-        "the vLLM profile Ready",
-        timeout=1500,
-        interval=1,
-    )
-    tuned_s = time.perf_counter() - t
-    if prof["status"]["phase"] != "Ready":
-        raise AssertionError(json.dumps(prof["status"], indent=2)[:3000])
+    prof, tuned_s = tuned(
+        r, s3, workload_config_map(), lambda secret: vllm_profile(PROFILE, r.image, s3, secret),
+        PROFILE,
+    )  # fmt: skip
     (cache,) = prof["status"]["artifacts"][0]["caches"]
     rows = []
     for i in range(pods):

@@ -306,3 +306,13 @@ def test_a_vllm_bundle_records_the_keys_it_holds_and_a_bad_list_is_refused(tmp_p
     older = {k: v for k, v in doc.items() if k != "keys"}  # an index made before keys
     (p,), _ = cc.manifest_entries({"caches": [older], "cachesSkipped": []})
     assert p.keys == ()
+
+
+def test_kubectl_tunefleet_status_shows_the_counts_and_the_missed_keys() -> None:
+    from tunefleet.plugin.status import _cache_load_rows
+
+    view = _loads(StoreView(SKEY), "warm", "recompiled", KEY, "vLLM could not load: x")
+    view = _loads(view, "longer", "missed", OTHER, "vLLM found nothing for its key")
+    ((label, text),) = _cache_load_rows(_plan([view]).entries[0]["caches"])
+    assert label == "vllm cache"
+    assert text.startswith("pods: 0 loaded, 1 recompiled, 1 missed; missed keys: " + OTHER[:16])

@@ -1,0 +1,85 @@
+"""What the real-node start-up benchmarks (`bundles`, `vllm`) share: a namespace of their own
+with the store's Secrets, a caches-only profile tuned to Ready once, kubectl as JSON, the
+kubelet's timestamps as epoch seconds."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+
+from tests.support.cluster import Cluster, S3Settings, wait_for_real_node_gpus
+from tests.support.operator import SERVING_SECRET, create_s3_secret, install_in_cluster
+from tests.support.poll import eventually
+
+
+def epoch(stamp: str) -> float:
+    """A Kubernetes timestamp (whole seconds, UTC) as epoch seconds."""
+    return (
+        datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")
+        .replace(tzinfo=datetime.UTC)
+        .timestamp()
+    )
+
+
+class Run:
+    """One benchmark's namespace on the cluster, and the image its pods run."""
+
+    def __init__(self, cluster: Cluster, ns: str, image: str) -> None:
+        self.cluster, self.ns, self.image = cluster, ns, image
+
+    def get(self, kind: str, name: str) -> dict[str, Any]:
+        out = self.cluster.kubectl("get", kind, "-n", self.ns, name, "-o", "json").stdout
+        doc: dict[str, Any] = json.loads(out)
+        return doc
+
+    def apply(self, doc: dict[str, Any]) -> None:
+        self.cluster.kubectl("apply", "-n", self.ns, "-f", "-", input=yaml.safe_dump(doc))
+
+
+def in_namespace(
+    cluster: Cluster, s3: S3Settings, prefix: str, image: str, measure: Callable[[Run], Any]
+) -> Any:
+    """measure(run) in a new namespace, with the operator installed as the chart's Deployment;
+    the namespace goes afterwards, whatever happened."""
+    install_in_cluster(cluster, s3)
+    ns = f"{prefix}-{int(time.time())}"
+    cluster.kubectl("create", "namespace", ns)
+    try:
+        return measure(Run(cluster, ns, image))
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def tuned(
+    r: Run,
+    s3: S3Settings,
+    workload: dict[str, Any],
+    profile: Callable[[str], dict[str, Any]],
+    name: str,
+) -> tuple[dict[str, Any], float]:
+    """The profile `profile(secret)` (its workload ConfigMap applied first) once Ready, and
+    how long it took from apply; AssertionError with its status when it failed."""
+    cluster, ns = r.cluster, r.ns
+    secret = create_s3_secret(cluster.kubectl, ns, s3.access_key, s3.secret_key)
+    create_s3_secret(
+        cluster.kubectl, ns, s3.reader_access_key, s3.reader_secret_key, SERVING_SECRET
+    )
+    r.apply(workload)
+    wait_for_real_node_gpus(cluster, 1)
+    t = time.perf_counter()
+    r.apply(profile(secret))
+    prof = eventually(
+        lambda: r.get("tp", name),
+        lambda p: (p.get("status") or {}).get("phase") in ("Ready", "Failed"),
+        f"the {name} profile Ready",
+        timeout=1500,
+        interval=1,
+    )
+    if prof["status"]["phase"] != "Ready":
+        raise AssertionError(json.dumps(prof["status"], indent=2)[:3000])
+    return prof, time.perf_counter() - t
