@@ -349,6 +349,67 @@ def pack(s: CacheSpec, root: Path, out: Path) -> Packed | Skipped:
     return Packed(s.kind, s.name, s.payload, sha256_hex(data), len(data), files, total, keys)
 
 
+# --- variants: what a retune runs the workload with again -----------------------------------
+# A pod whose vLLM found nothing for its key in the bundle (another max-model-len than the
+# tuning run's, say) is a miss; a retune runs the workload once more with that pod's values of
+# the flags below, so the bundle gains its key. Only these flags: they are part of vLLM's key
+# and change nothing of what the workload runs (no model, no code, no file), and the values
+# come from the pod as admitted, never from what its sidecar says. The operator writes them
+# in the retune set (VARIANTS_KEY), the tuning Job names the file in VARIANTS_ENV, and the
+# workload (examples/vllm/warmup.py) reads it: JSON, a list of variants, each a sorted list of
+# "--flag=value".
+VARIANTS_KEY = "cache-variants.json"
+VARIANTS_ENV = "TUNEFLEET_CACHE_VARIANTS"
+VLLM_KEY_FLAGS = (
+    "--max-model-len",
+    "--max-num-seqs",
+    "--max-num-batched-tokens",
+    "--dtype",
+    "--kv-cache-dtype",
+    "--block-size",
+)
+MAX_VARIANTS = 8
+_VALUE_RE = re.compile(r"^[A-Za-z0-9._-]{1,32}$")
+
+
+def vllm_variant(argv: Sequence[str]) -> tuple[str, ...]:
+    """The key flags a vLLM command line sets, as sorted "--flag=value" (the last one of a
+    flag wins, as in argparse); values that are not plain tokens are left out."""
+    found: dict[str, str] = {}
+    items = list(argv)
+    for i, item in enumerate(items):
+        flag, eq, value = item.partition("=")
+        if flag not in VLLM_KEY_FLAGS:
+            continue
+        if not eq:
+            value = items[i + 1] if i + 1 < len(items) else ""
+        if _VALUE_RE.match(value):
+            found[flag] = value
+    return tuple(sorted(f"{f}={v}" for f, v in found.items()))
+
+
+def encode_variants(variants: Iterable[Sequence[str]]) -> str:
+    """The retune set's variants file (canonical: sorted, distinct, compact)."""
+    unique = sorted({tuple(v) for v in variants if v})
+    return json.dumps([list(v) for v in unique], separators=(",", ":"))
+
+
+def parse_variants(text: str) -> list[tuple[str, ...]]:
+    """The variants in a retune set's file; CacheError when it is not one."""
+    try:
+        doc = json.loads(text or "[]")
+    except ValueError as exc:
+        raise CacheError(f"{VARIANTS_KEY} is not JSON: {exc}") from None
+    if not isinstance(doc, list) or len(doc) > MAX_VARIANTS:
+        raise CacheError(f"{VARIANTS_KEY} must be a list of at most {MAX_VARIANTS} variants")
+    out: list[tuple[str, ...]] = []
+    for v in doc:
+        if not isinstance(v, list) or not v or tuple(v) != vllm_variant(v):
+            raise CacheError(f"{VARIANTS_KEY}: {v!r} is not a sorted list of --flag=value")
+        out.append(tuple(v))
+    return out
+
+
 # --- checking and unpacking ----------------------------------------------------------------
 
 

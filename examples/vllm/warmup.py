@@ -18,6 +18,12 @@ prints one line: ``TUNEFLEET_RESULT {json}`` with the seconds from start to read
 first completion, vLLM's engine-init seconds, the compile-cache lines vLLM logged, and the
 token ids of the first completion (the same prompt gives the same ids in every arm).
 Exits non-zero when the server never got ready or a request failed: the Job then says so.
+
+A retune of missed cache keys (a pod that ran another max-model-len, say) names a file in
+$TUNEFLEET_CACHE_VARIANTS: a JSON list of variants, each a list of "--flag=value" for vLLM's
+key flags (tunefleet's tuner_job/caches.py). The server then starts once more per variant,
+with those flags in place of the same flags among its own arguments, into the same
+$VLLM_CACHE_ROOT: the bundle holds every key.
 """
 
 from __future__ import annotations
@@ -75,6 +81,39 @@ def model_of(server_args: list[str]) -> str:
     raise SystemExit("warmup.py: give the server --model (after --)")
 
 
+def variants() -> list[list[str]]:
+    """The retune's variants ($TUNEFLEET_CACHE_VARIANTS; none when unset or absent)."""
+    path = os.environ.get("TUNEFLEET_CACHE_VARIANTS", "")
+    if not path or not os.path.exists(path):
+        return []
+    with open(path) as f:
+        doc = json.load(f)
+    if not isinstance(doc, list) or not all(
+        isinstance(v, list) and all(isinstance(a, str) and a.startswith("--") for a in v)
+        for v in doc
+    ):
+        raise SystemExit(f"warmup.py: {path} is not a list of lists of --flag=value")
+    return doc
+
+
+def with_variant(server_args: list[str], variant: list[str]) -> list[str]:
+    """The server's arguments with the variant's flags in place of its own."""
+    flags = {a.split("=", 1)[0] for a in variant}
+    out: list[str] = []
+    skip = False
+    for a in server_args:
+        if skip:
+            skip = False
+            continue
+        if a in flags:
+            skip = True  # "--flag value": its value goes too
+            continue
+        if a.split("=", 1)[0] in flags:
+            continue
+        out.append(a)
+    return out + variant
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     server_args = args[args.index("--") + 1 :] if "--" in args else []
@@ -85,6 +124,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=2)
     p.add_argument("--ready-timeout", type=float, default=600)
     opts = p.parse_args(args[: args.index("--")] if "--" in args else args)
+    code = serve_once(server_args, opts)
+    for variant in variants():
+        print(f"warmup.py: the retune's variant {' '.join(variant)}", file=sys.stderr, flush=True)
+        code = code or serve_once(with_variant(server_args, variant), opts)
+    return code
+
+
+def serve_once(server_args: list[str], opts: argparse.Namespace) -> int:
+    """Start the server with these arguments, ask, stop it; print its result line."""
     model = model_of(server_args)
     started = time.monotonic()
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--port",
@@ -136,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         result["engineInitSeconds"] = init[0] if init else None
         result["cacheLines"] = [ln for ln in lines if any(k in ln for k in CACHE_LINES)]
         result["vllmCacheRoot"] = os.environ.get("VLLM_CACHE_ROOT", "")
+        result["serverArgs"] = server_args
         print(RESULT + json.dumps(result, sort_keys=True), flush=True)
 
 

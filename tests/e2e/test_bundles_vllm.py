@@ -99,8 +99,8 @@ def _fetch_ended(pod: dict[str, Any]) -> tuple[str, float]:
     return str(done.get("message") or ""), float(ended)
 
 
-# Five vLLM starts on two cores, and the image's import into the node: beyond the default.
-@pytest.mark.timeout(1800)
+# Eight vLLM starts on two cores, and the image's import into the node: beyond the default.
+@pytest.mark.timeout(2700)
 def test_a_vllm_compile_cache_is_tuned_once_and_a_deployment_starts_from_it(
     cluster: Any,
     in_cluster: InCluster,
@@ -181,6 +181,39 @@ def test_a_vllm_compile_cache_is_tuned_once_and_a_deployment_starts_from_it(
     assert why.returncode == 0, why.stderr
     assert f"vllm: missed (key {told['key']})" in why.stdout, why.stdout
     apply(cluster, namespace, _scaled_to_zero("longer", vllm_image, "served", 256))
+
+    # A retune adds that key: the workload runs again with the missed pod's max-model-len
+    # (taken from the pod as admitted), and the new bundle holds both keys.
+    asked = subprocess.run(
+        [str(PLUGIN), "retune", "served", "-n", namespace],
+        env={**os.environ, "KUBECONFIG": cluster.kubeconfig},
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert asked.returncode == 0, asked.stderr
+    retuned = eventually(
+        lambda: get_json(cluster, "tuningprofile", "-n", namespace, "served"),
+        lambda p: (
+            ((p["status"].get("capture") or [{}])[0].get("retune") or {}).get("state")
+            == "Published"
+            or p["status"].get("phase") == "Failed"
+        ),
+        "the retune of the missed key published",
+        timeout=1200,
+        interval=3,
+    )
+    assert retuned["status"]["phase"] == "Ready", json.dumps(retuned["status"], indent=2)[:4000]
+    (art,) = retuned["status"]["artifacts"]
+    (cache,) = art["caches"]
+    assert bundle_key in cache["keys"] and len(cache["keys"]) == 2, cache
+    # Covered now: status counts the new artifact's pods (none yet), and names no missed key.
+    (now,) = retuned["status"]["capture"]
+    assert not [c for c in now.get("caches") or [] if c.get("missedKeys")], now
+    apply(cluster, namespace, vllm_deployment("longer2", vllm_image, "served", max_model_len=256))
+    again = _serving(cluster, namespace, "longer2")
+    told = _told(cluster, namespace, again["metadata"]["name"])
+    assert told["path"] in ("loaded", "recompiled") and told["key"] != bundle_key[:16], told
+    assert completion(cluster, namespace, again["metadata"]["name"])["token_ids"], told
+    apply(cluster, namespace, _scaled_to_zero("longer2", vllm_image, "served", 256))
 
     # Tampered in the store: never unpacked; the pod compiles cold and answers the same.
     key = (

@@ -21,15 +21,20 @@ from tunefleet.capture import hook, loop, sidecar
 from tunefleet.capture.sidecar import Settings, Sidecar
 from tunefleet.capture.store import (
     MAX_CACHE_PODS,
+    RetuneSet,
     StoreKey,
     StoreView,
+    build_retune_config_map,
     build_store_config_map,
+    digest_of,
     merge,
+    parse_retune,
     parse_store,
 )
 from tunefleet.contracts import capture as contract
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.contracts.capture import BodyError, CacheLoad, Reply, Upload
+from tunefleet.contracts.retune import RetuneRequest
 from tunefleet.plugin.why import _cache_load_of
 from tuner_job import caches as cc
 
@@ -211,8 +216,10 @@ def test_the_upload_carries_cache_loads_and_refuses_what_it_bounds() -> None:
 SKEY = StoreKey("ml", "p", "uid-1", "NVIDIA-H100", "lib-key-1")
 
 
-def _loads(view: StoreView, pod: str, path: str, key: str, reason: str = "") -> StoreView:
-    entry = {"kind": "vllm", "path": path, "key": key, "reason": reason}
+def _loads(
+    view: StoreView, pod: str, path: str, key: str, reason: str = "", args: str = ""
+) -> StoreView:
+    entry = {"kind": "vllm", "path": path, "key": key, "reason": reason, "args": args}
     view, _ = merge(view, (), 100, max_shapes=10, pod=pod, cache_loads=(entry,))
     return view
 
@@ -231,18 +238,28 @@ def test_the_store_keeps_each_pods_latest_word_bounded_and_round_trips() -> None
     assert len(view.cache_loads) == MAX_CACHE_PODS and "a" not in view.cache_loads
 
 
-def _plan(stores: list[StoreView], previous: list[dict[str, Any]] | None = None) -> loop.Plan:
+def _plan(
+    stores: list[StoreView],
+    previous: list[dict[str, Any]] | None = None,
+    *,
+    keys: tuple[str, ...] = (KEY,),
+    request: RetuneRequest | None = None,
+    capture: CaptureSpec | None = None,
+    revision: str = "base000001",
+    retunes: list[RetuneSet] | None = None,
+) -> loop.Plan:
+    packed = cc.Packed("vllm", "vllm", "cache-vllm.tar.gz", "c" * 64, 10, 1, 5, keys)
     art = ArtifactRecord(
-        uri="s3://bkt/p/x", sha256="a" * 64, revision="base000001", gpu_model="NVIDIA-H100",
-        library_key="lib-key-1",
+        uri="s3://bkt/p/x", sha256="a" * 64, revision=revision, gpu_model="NVIDIA-H100",
+        library_key="lib-key-1", kind=cc.INDEX_KIND, caches=(packed,),
     )  # fmt: skip
     status: dict[str, Any] = {"artifacts": [art.to_status()]}
     if previous is not None:
         status["capture"] = previous
     return loop.plan(
-        CaptureSpecOn, namespace="ml", profile="p", profile_uid="uid-1", base="base000001",
-        models=["NVIDIA-H100"], status=status, stores=stores, retunes=[],
-        keys_of=lambda r: frozenset(), now=1e9, request=None,
+        capture or CaptureSpecOn, namespace="ml", profile="p", profile_uid="uid-1",
+        base="base000001", models=["NVIDIA-H100"], status=status, stores=stores,
+        retunes=retunes or [], keys_of=lambda r: frozenset(), now=1e9, request=request,
     )  # fmt: skip
 
 
@@ -316,3 +333,100 @@ def test_kubectl_tunefleet_status_shows_the_counts_and_the_missed_keys() -> None
     ((label, text),) = _cache_load_rows(_plan([view]).entries[0]["caches"])
     assert label == "vllm cache"
     assert text.startswith("pods: 0 loaded, 1 recompiled, 1 missed; missed keys: " + OTHER[:16])
+
+
+# --- a retune adds the key a pod missed ---------------------------------------------------------
+
+LONGER = '["--max-model-len=256"]'
+
+
+def test_the_key_flags_of_a_command_line_and_nothing_else() -> None:
+    argv = ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m",
+            "--max-model-len", "256", "--dtype=bfloat16", "--trust-remote-code",
+            "--max-num-seqs", "$(rm -rf /)", "--chat-template", "/etc/passwd"]  # fmt: skip
+    assert cc.vllm_variant(argv) == ("--dtype=bfloat16", "--max-model-len=256")
+    text = cc.encode_variants([cc.vllm_variant(argv), cc.vllm_variant(argv)])
+    assert cc.parse_variants(text) == [("--dtype=bfloat16", "--max-model-len=256")]
+    for bad in ('[["--model=/x"]]', '[["--max-model-len=1 2"]]', "{}", "[[]]", "nope"):
+        with pytest.raises(cc.CacheError):
+            cc.parse_variants(bad)
+
+
+def test_the_endpoint_takes_a_missed_pods_variant_from_the_pod_never_the_body() -> None:
+    from tunefleet.capture.endpoint import _variant_of
+
+    pod = {
+        "spec": {
+            "containers": [
+                {"name": "proxy", "args": ["--max-model-len", "9"]},
+                {
+                    "name": "server",
+                    "command": ["python3", "-m", "vllm.entrypoints.openai.api_server"],
+                    "args": ["--model", "/m", "--max-model-len", "256"],
+                    "env": [{"name": hook.CACHE_LOG_ENV, "value": "/x"}],
+                },
+            ]
+        }
+    }
+    assert _variant_of(pod) == LONGER
+    assert _variant_of({"spec": {"containers": [{"name": "plain", "args": ["a"]}]}}) == ""
+    forged = {"version": 1, "rows": [], "caches": [{"kind": "vllm", "path": "missed",
+                                                      "args": '["--model=/evil"]'}]}  # fmt: skip
+    (load,) = Upload.decode(json.dumps(forged).encode()).caches
+    assert load.args == ""
+
+
+def test_a_retune_asked_for_freezes_the_missed_pods_variant_and_its_key_then_counts_as_covered() -> (
+    None
+):
+    view = _loads(StoreView(SKEY), "longer", "missed", OTHER, "found nothing", LONGER)
+    plan = _plan([view], request=RetuneRequest("n1"))
+    (frozen,) = plan.freezes
+    assert frozen.variants == (LONGER,) and frozen.rows == ()
+    assert any(e[1] == "RetuneStarted" and "--max-model-len=256" in e[2] for e in plan.events)
+    cm = build_retune_config_map(frozen)
+    assert json.loads(cm["data"][cc.VARIANTS_KEY]) == [["--max-model-len=256"]]
+    cm["metadata"]["uid"] = "cm-2"
+    back = parse_retune(cm)
+    assert back is not None and back.variants == (LONGER,) and back.digest == frozen.digest
+    cm["data"][cc.VARIANTS_KEY] = '[["--max-model-len=4096"]]'  # changed by someone: not ours
+    assert parse_retune(cm) is None
+    # Without variants a set's digest is what it always was: no revision moves.
+    assert RetuneSet("ml", "p", "u", "m", "b", ("a,b",)).digest == digest_of(("a,b",))
+    # Once the artifact holds the key, the pod's miss is covered: nothing more to retune, and
+    # status names no missed key.
+    after = _plan([view], request=RetuneRequest("n2"), keys=(KEY, OTHER))
+    assert after.freezes == []
+    assert "missedKeys" not in after.entries[0]["caches"][0]
+
+
+def test_the_retune_threshold_counts_new_missed_variants() -> None:
+    view = _loads(StoreView(SKEY), "longer", "missed", OTHER, "found nothing", LONGER)
+    cap = CaptureSpec.model_validate({"enabled": True, "retune": {"misses": 1}})
+    plan = _plan([view], capture=cap)
+    (frozen,) = plan.freezes
+    assert frozen.variants == (LONGER,)
+    no_args = _loads(StoreView(SKEY), "other", "missed", OTHER, "found nothing")
+    assert _plan([no_args], capture=cap).freezes == []  # nothing to run it with
+
+
+def test_a_retune_job_names_the_variants_file_to_the_workload() -> None:
+    from tests.support.profiles import CFG, profile
+    from tunefleet.api import TuningProfileSpec
+    from tunefleet.builders.job import Child, build_tuning_job
+
+    p = profile(
+        capture={"enabled": True}, artifacts={"tunableop": False, "caches": [{"kind": "vllm"}]}
+    )
+    spec = TuningProfileSpec.model_validate(p["spec"])
+
+    def tune_env(captured: str) -> dict[str, Any]:
+        job = build_tuning_job(Child(spec, "ml", "p", "uid-1", "NVIDIA-H100", CFG, "r1", captured))
+        pod = job["spec"]["template"]["spec"]
+        (tune,) = [c for c in pod["initContainers"] if c["name"] == "tune"]
+        return {e["name"]: e.get("value") for e in tune["env"]}
+
+    assert tune_env("tunefleet-retune-p-1")[cc.VARIANTS_ENV] == (
+        f"/tunefleet/captured/{cc.VARIANTS_KEY}"
+    )
+    assert cc.VARIANTS_ENV not in tune_env("")

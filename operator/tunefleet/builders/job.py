@@ -22,6 +22,7 @@ from tunefleet.builders.storage import pod_storage, signing_storage, with_storag
 from tunefleet.builders.template import apply_to_merge_job, apply_to_tuning_job
 from tunefleet.config import Config
 from tunefleet.storage.store import PodStorage
+from tuner_job import caches as cc
 
 TOOLS_DIR = "/tunefleet/tools"
 OUT_DIR = "/tunefleet/out"
@@ -325,6 +326,9 @@ def build_tuning_job(c: Child) -> dict[str, Any]:
         tune["volumeMounts"].append(
             {"name": "captured", "mountPath": CAPTURED_DIR, "readOnly": True}
         )
+        # A retune's missed cache keys: the workload runs again with each pod's key flags
+        # (tuner_job/caches.py's variants; the file is there only when the set has some).
+        tune["env"].append({"name": cc.VARIANTS_ENV, "value": f"{CAPTURED_DIR}/{cc.VARIANTS_KEY}"})
     volumes += signing_storage(spec, serving=False).volumes
     pod = _pod_spec([_publish_container(c, storage)], volumes, storage)
     pod["initContainers"] = [bootstrap, _sync_container(c, storage), tune]

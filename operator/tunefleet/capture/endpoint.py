@@ -34,7 +34,7 @@ import ssl
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,11 +45,22 @@ from pydantic import ValidationError
 
 from tunefleet import kube, metrics, naming
 from tunefleet.api import CaptureSpec, TuningProfileSpec
+from tunefleet.capture import hook
 from tunefleet.capture.loop import identity_of
-from tunefleet.capture.store import StoreKey, StoreUnavailable
+from tunefleet.capture.store import StoreKey, StoreUnavailable, cache_load_entry
 from tunefleet.contracts.admission import INJECTED, Admission, Code
 from tunefleet.contracts.artifact import ArtifactRecord
-from tunefleet.contracts.capture import AUDIENCE, MAX_BODY_BYTES, PATH, BodyError, Reply, Upload
+from tunefleet.contracts.capture import (
+    AUDIENCE,
+    MAX_BODY_BYTES,
+    MISSED,
+    PATH,
+    BodyError,
+    CacheLoad,
+    Reply,
+    Upload,
+)
+from tuner_job import caches as cc
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +194,23 @@ def attribute(
         apart=apart,
     )
     return Attribution(key, spec.capture)
+
+
+def _with_variants(upload: Upload, pod: dict[str, Any] | None) -> tuple[CacheLoad, ...]:
+    """The upload's cache loads, each miss with the pod's own key flags (never the body's)."""
+    return tuple(
+        replace(c, args=_variant_of(pod) if c.path == MISSED else "") for c in upload.caches
+    )
+
+
+def _variant_of(pod: dict[str, Any] | None) -> str:
+    """A missed pod's values of vLLM's key flags, from its serving container as admitted (the
+    one tunefleet's hook reports for): what a retune runs the workload with to add its key."""
+    for c in ((pod or {}).get("spec") or {}).get("containers") or []:
+        if any(e.get("name") == hook.CACHE_LOG_ENV for e in c.get("env") or []):
+            variant = cc.vllm_variant([*(c.get("command") or []), *(c.get("args") or [])])
+            return json.dumps(list(variant), separators=(",", ":")) if variant else ""
+    return ""
 
 
 class RateLimiter:
@@ -333,7 +361,7 @@ class Endpoint:
         except BodyError as e:
             raise Denied(400, "bad_request", str(e)) from None
         rows = upload.rows[: where.capture.limits.max_rows_per_upload]
-        upload = Upload(rows, upload.not_loaded, upload.dropped, upload.caches)
+        upload = Upload(rows, upload.not_loaded, upload.dropped, _with_variants(upload, pod))
         if self._busy.locked():
             raise Denied(503, "unavailable", "the endpoint is busy", 5)
         async with self._busy:
@@ -425,7 +453,10 @@ def real_deps(
             and all(r in view.rows for r in upload.rows)
             and upload.not_loaded <= view.not_loaded.get(pod, 0)
             and not upload.dropped
-            and all(view.cache_loads.get(pod) == c.to_dict() for c in upload.caches[:1])
+            and all(
+                view.cache_loads.get(pod) == cache_load_entry(c.to_dict())
+                for c in upload.caches[:1]
+            )
         ):
             return 0, len(view.rows)
         result: tuple[int, int] = await asyncio.to_thread(

@@ -33,6 +33,7 @@ from tunefleet.capture.store import MAX_BYTES, RetuneSet, StoreView, now_iso
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.contracts.capture import LOADED, MISSED, RECOMPILED
 from tunefleet.contracts.retune import RetuneRequest
+from tuner_job import caches as cc
 
 THRESHOLD, MANUAL = "Threshold", "Manual"
 PUBLISHED, TUNING, SUPERSEDED = "Published", "Tuning", "Superseded"
@@ -172,6 +173,11 @@ class _Captured:
     tuned: list[str]
     untuned: list[str]  # oldest capture first, so a bounded freeze keeps the oldest misses
     new: list[str]  # untuned and not in the set the last retune of this revision tuned
+    # Cache variants (tuner_job/caches.py) of pods whose key the artifact lacks, sorted; and
+    # those the last retune of this revision did not run.
+    variants: list[str] = field(default_factory=list)
+    new_variants: list[str] = field(default_factory=list)
+    covered: frozenset[str] = frozenset()  # the cache keys the artifact holds
 
 
 @dataclass(frozen=True)
@@ -182,6 +188,7 @@ class _Decision:
     message: str
     freeze: tuple[str, ...] = ()
     reason: str = ""
+    variants: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -204,9 +211,11 @@ def _captured(inp: ModelInput, retune: Retune | None, base: str) -> _Captured:
         for row, at in store.rows.items():
             rows[row] = min(at, rows.get(row, at))
     last_set: frozenset[str] = frozenset()
+    last_variants: frozenset[str] = frozenset()
     if retune is not None and retune.base_revision == base:
         found = next((r for r in inp.retunes if r.config_map_name == retune.config_map), None)
         last_set = frozenset(found.rows) if found is not None else frozenset()
+        last_variants = frozenset(found.variants) if found is not None else frozenset()
     keys = inp.artifact_keys
     if keys is None and art is not None and retune is not None and art.revision == retune.revision:
         keys = last_set  # no read path to the artifact: what its retune froze counts as tuned
@@ -214,7 +223,24 @@ def _captured(inp: ModelInput, retune: Retune | None, base: str) -> _Captured:
     tuned = [r for r in rows if r in keys]
     untuned = sorted((r for r in rows if r not in keys), key=lambda r: (rows[r], r))
     new = [r for r in untuned if r not in last_set]
-    return _Captured(identity, current, apart, rows, tuned, untuned, new)
+    covered = cache_keys(art)
+    variants = sorted(
+        {
+            load["args"]
+            for store in current
+            for load in store.cache_loads.values()
+            if load.get("path") == MISSED and load.get("args") and load.get("key") not in covered
+        }
+    )[: cc.MAX_VARIANTS]
+    new_variants = [v for v in variants if v not in last_variants]
+    return _Captured(
+        identity, current, apart, rows, tuned, untuned, new, variants, new_variants, covered
+    )
+
+
+def cache_keys(art: ArtifactRecord | None) -> frozenset[str]:
+    """The stack cache keys the artifact's caches hold (vLLM's hash directories)."""
+    return frozenset(k for c in (art.caches if art is not None else ()) for k in c.keys)
 
 
 def _figures(
@@ -255,7 +281,7 @@ def _figures(
                     "docs/capture.md, 'Results not loaded'.",
                 )
             )
-    loads, load_events = _cache_loads(model, current, previous)
+    loads, load_events = _cache_loads(model, current, previous, captured.covered)
     if loads:
         entry["caches"] = loads
     events.extend(load_events)
@@ -271,7 +297,7 @@ MAX_POD_LOADS = 16
 
 
 def _cache_loads(
-    model: str, current: list[StoreView], previous: dict[str, Any]
+    model: str, current: list[StoreView], previous: dict[str, Any], covered: frozenset[str]
 ) -> tuple[list[dict[str, Any]], list[_Event]]:
     """status.capture[].caches: per served cache kind, how many pods loaded it, compiled again
     after a failed load (vLLM's reason), or missed (nothing for their key: compiled from zero),
@@ -287,7 +313,7 @@ def _cache_loads(
         counts = {path: sorted(p for p, d in pods.items() if d.get("path") == path) for path in (
             LOADED, RECOMPILED, MISSED)}  # fmt: skip
         entry: dict[str, Any] = {"kind": kind, **{p: len(v) for p, v in counts.items()}}
-        missed_keys = sorted({pods[p].get("key") or "" for p in counts[MISSED]} - {""})
+        missed_keys = sorted({pods[p].get("key") or "" for p in counts[MISSED]} - {""} - covered)
         if missed_keys:
             entry["missedKeys"] = missed_keys[:8]
         reasons = [pods[p].get("reason") or "" for p in counts[RECOMPILED] + counts[MISSED]]
@@ -346,10 +372,10 @@ def _decide(
             handled, "tuning in progress: a retune waits until the model's artifact is current"
         )
     if asked:
-        if captured.untuned:
-            return _Decision(nonce, "", tuple(captured.untuned), MANUAL)
+        if captured.untuned or captured.variants:
+            return _Decision(nonce, "", tuple(captured.untuned), MANUAL, tuple(captured.variants))
         return _Decision(nonce, f"retune asked ({nonce}): every captured shape is in the artifact")
-    if capture.retune is not None and captured.new:
+    if capture.retune is not None and (captured.new or captured.new_variants):
         return _threshold(capture.retune, captured, retune, handled, now)
     return _Decision(handled, "")
 
@@ -357,7 +383,7 @@ def _decide(
 def _threshold(
     cfg: RetuneSpec, captured: _Captured, retune: Retune | None, handled: str, now: float
 ) -> _Decision:
-    rows, new = captured.rows, captured.new
+    rows, new = captured.rows, [*captured.new, *captured.new_variants]
     coverage = 100 * len(captured.tuned) / len(rows) if rows else 100.0
     due = (cfg.misses is not None and len(new) >= cfg.misses) or (
         cfg.coverage is not None and coverage < cfg.coverage
@@ -374,7 +400,7 @@ def _threshold(
             f"{len(new)} new untuned shape(s); the next retune may start at "
             f"{now_iso(now + interval_left)} (minIntervalSeconds)",
         )
-    return _Decision(handled, "", tuple(captured.untuned), THRESHOLD)
+    return _Decision(handled, "", tuple(captured.untuned), THRESHOLD, tuple(captured.variants))
 
 
 def _start_retune(
@@ -393,7 +419,8 @@ def _start_retune(
     """None: the set is the one the last retune of this revision froze; its revision would be
     the same, so starting it again would tune nothing and retune forever."""
     chosen = tuple(sorted(_bounded(decision.freeze, capture.limits.max_shapes)))
-    frozen = RetuneSet(namespace, profile, profile_uid, model, base, chosen)
+    variants = tuple(sorted(decision.variants))
+    frozen = RetuneSet(namespace, profile, profile_uid, model, base, chosen, variants)
     if last is not None and last.base_revision == base and frozen.digest == last.digest:
         return None
     manual = decision.reason == MANUAL
@@ -407,15 +434,19 @@ def _start_retune(
         nonce=decision.handled if manual else "",
     )
     why = "asked for" if manual else "threshold reached"
+    what = f"{len(chosen)} captured shape(s)" + (
+        f" and {len(variants)} missed cache key variant(s) ({', '.join(variants)})"
+        if variants
+        else ""
+    )
     return _Started(
         frozen,
         retune,
-        f"retuning {len(chosen)} captured shape(s) under revision {retune.revision}",
+        f"retuning {what} under revision {retune.revision}",
         (
             "Normal",
             "RetuneStarted",
-            f"{model}: retuning {len(chosen)} captured shape(s) ({why}; "
-            f"{new} new) under revision {retune.revision}",
+            f"{model}: retuning {what} ({why}; {new} new) under revision {retune.revision}",
         ),
     )
 
@@ -462,10 +493,11 @@ def plan_model(
     entry, plan.events = _figures(inp.model, captured, previous)
     decision = _decide(capture, inp, captured, retune, request, now=now, decide=decide)
     message = decision.message
-    if decision.freeze:
+    if decision.freeze or decision.variants:
         started = _start_retune(
             capture, decision, namespace=namespace, profile=profile, profile_uid=profile_uid,
-            model=inp.model, base=base, new=len(captured.new), last=retune, now=now,
+            model=inp.model, base=base, new=len(captured.new) + len(captured.new_variants),
+            last=retune, now=now,
         )  # fmt: skip
         if started is None:
             message = "the captured untuned shapes are those the last retune tuned"

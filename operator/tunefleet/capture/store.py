@@ -40,6 +40,7 @@ from kubernetes.client.exceptions import ApiException
 
 from tunefleet import kube, naming, views
 from tunefleet.builders.job import owner_reference
+from tuner_job import caches as cc
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +59,13 @@ MAX_NOT_LOADED_PODS = 20
 # The latest pods whose served cache said which path it took (contracts/capture.py's caches):
 # enough to count a scale-up, bounded so the store's size does not grow with the fleet.
 MAX_CACHE_PODS = 64
-CACHE_LOAD_KEYS = ("kind", "path", "key", "reason")
+CACHE_LOAD_KEYS = ("kind", "path", "key", "reason", "args")
 CAS_TRIES = 6
+
+
+def cache_load_entry(load: dict[str, str]) -> dict[str, str]:
+    """A pod's cache load as the store keeps it (every key, strings)."""
+    return {k: str(load.get(k) or "") for k in CACHE_LOAD_KEYS}
 
 
 def now_iso(at: float | None = None) -> str:
@@ -154,7 +160,7 @@ def merge(
             del loaded[next(iter(loaded))]
     loads = dict(view.cache_loads)
     for load in cache_loads[:1] if pod else ():  # one served cache kind reports (vLLM's)
-        entry = {k: str(load.get(k) or "") for k in CACHE_LOAD_KEYS}
+        entry = cache_load_entry(load)
         if loads.get(pod) != entry:
             loads.pop(pod, None)
             loads[pod] = entry
@@ -272,7 +278,7 @@ def parse_store(cm: dict[str, Any]) -> StoreView | None:
     cache_loads: dict[str, dict[str, str]] = {}
     for entry in doc.get("cacheLoads") or [] if isinstance(doc.get("cacheLoads"), list) else []:
         if isinstance(entry, dict) and isinstance(entry.get("pod"), str):
-            cache_loads[entry["pod"]] = {k: str(entry.get(k) or "") for k in CACHE_LOAD_KEYS}
+            cache_loads[entry["pod"]] = cache_load_entry(entry)
     return StoreView(
         key=key,
         rows=rows,
@@ -289,9 +295,13 @@ def parse_store(cm: dict[str, Any]) -> StoreView | None:
 # --- retune sets ------------------------------------------------------------------------------
 
 
-def digest_of(rows: list[str] | tuple[str, ...]) -> str:
-    """The digest of a set of rows (order does not matter): part of the retune's revision."""
-    return _hash("\n".join(sorted(set(rows))))
+def digest_of(rows: list[str] | tuple[str, ...], variants: tuple[str, ...] = ()) -> str:
+    """The digest of a set of rows and cache variants (order does not matter): part of the
+    retune's revision. Without variants it is what it always was, so no revision moves."""
+    text = "\n".join(sorted(set(rows)))
+    if variants:
+        text += "\0variants\0" + "\n".join(sorted(set(variants)))
+    return _hash(text)
 
 
 @dataclass(frozen=True)
@@ -302,12 +312,14 @@ class RetuneSet:
     model: str
     base_revision: str
     rows: tuple[str, ...]  # sorted
+    # Cache variants (tuner_job/caches.py): each a JSON list of "--flag=value", sorted.
+    variants: tuple[str, ...] = ()
     name: str = ""
     uid: str = ""
 
     @property
     def digest(self) -> str:
-        return digest_of(self.rows)
+        return digest_of(self.rows, self.variants)
 
     @property
     def config_map_name(self) -> str:
@@ -337,7 +349,14 @@ def build_retune_config_map(r: RetuneSet) -> dict[str, Any]:
         },
         # Immutable: what a retune tuned is fixed; a later retune is another set.
         "immutable": True,
-        "data": {UNTUNED_KEY: "".join(f"{row}\n" for row in sorted(r.rows))},
+        "data": {
+            UNTUNED_KEY: "".join(f"{row}\n" for row in sorted(r.rows)),
+            **(
+                {cc.VARIANTS_KEY: cc.encode_variants(json.loads(v) for v in r.variants)}
+                if r.variants
+                else {}
+            ),
+        },
     }
 
 
@@ -348,7 +367,17 @@ def parse_retune(cm: dict[str, Any]) -> RetuneSet | None:
     owner = _owned_as(meta, ROLE_RETUNE)
     if owner is None:
         return None
-    rows = tuple(sorted(r for r in str((cm.get("data") or {}).get(UNTUNED_KEY) or "").split()))
+    data = cm.get("data") or {}
+    rows = tuple(sorted(r for r in str(data.get(UNTUNED_KEY) or "").split()))
+    try:
+        variants = tuple(
+            sorted(
+                json.dumps(list(v), separators=(",", ":"))
+                for v in cc.parse_variants(str(data.get(cc.VARIANTS_KEY) or ""))
+            )
+        )
+    except cc.CacheError:
+        return None  # not what we write: never tuned from
     found = RetuneSet(
         namespace=str(meta.get("namespace") or ""),
         profile=str(labels.get(naming.TUNING_PROFILE_LABEL) or ""),
@@ -356,6 +385,7 @@ def parse_retune(cm: dict[str, Any]) -> RetuneSet | None:
         model=str(anns.get(naming.MODEL_ANNOTATION) or ""),
         base_revision=str(anns.get(BASE_ANNOTATION) or ""),
         rows=rows,
+        variants=variants,
         name=str(meta.get("name") or ""),
         uid=str(meta.get("uid") or ""),
     )

@@ -79,9 +79,15 @@ class CacheLoad:
     path: str  # one of CACHE_PATHS
     key: str = ""
     reason: str = ""
+    # The pod's own values of the stack's key flags (tuner_job/caches.py's variants, as JSON),
+    # set by the endpoint from the pod as admitted; never read from a body.
+    args: str = ""
 
     def to_dict(self) -> dict[str, str]:
-        return {"kind": self.kind, "path": self.path, "key": self.key, "reason": self.reason}
+        doc = {"kind": self.kind, "path": self.path, "key": self.key, "reason": self.reason}
+        if self.args:
+            doc["args"] = self.args
+        return doc
 
     @classmethod
     def from_dict(cls, doc: Any) -> CacheLoad:
@@ -98,7 +104,7 @@ class CacheLoad:
             raise BodyError("caches[].key must be at most 128 lowercase hex digits")
         if not isinstance(reason, str) or len(reason) > MAX_REASON_CHARS:
             raise BodyError(f"caches[].reason must be a string of at most {MAX_REASON_CHARS}")
-        return cls(kind, path, key, reason)
+        return cls(kind, path, key, reason)  # args: the endpoint's, from the pod
 
 
 @dataclass(frozen=True)
