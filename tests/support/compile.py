@@ -18,8 +18,10 @@ WORKLOAD_DIR = "/workload"
 KEY = "nvidia.com/gpu.product"
 RESULT = "TUNEFLEET_RESULT "
 # Inductor probes the CPU's vector ISAs in every new process by building and loading a test
-# program per ISA (torch/_inductor/cpu_vec_isa.py): seconds each, a cost no cache removes.
-# Trusting the ISA the CPU reports skips one of them; it is set alike in every arm.
+# program per ISA (torch/_inductor/cpu_vec_isa.py): the builds land in Inductor's cache dir, so
+# a bundle carries them, but each load is a new Python process importing torch (torch 2.11),
+# seconds that no cache removes. Trusting the ISA the CPU reports skips the base check; it is
+# set alike in every arm.
 INDUCTOR_ENV = [{"name": "TORCHINDUCTOR_VEC_ISA_OK", "value": "1"}]
 
 
@@ -32,20 +34,28 @@ def workload_config_map() -> dict[str, Any]:
     }
 
 
-def command(mode: str = "compiled", iterations: int = 3, serve: bool = False) -> list[str]:
+def command(
+    mode: str = "compiled", iterations: int = 3, serve: bool = False, precompile: bool = False
+) -> list[str]:
+    """precompile: the workload's --precompile (its tuning run also keeps the forward
+    AOT-precompiled in Inductor's cache dir; a pod with the bundle loads it instead of tracing
+    and looking its graph up: counters then say no FX graph cache hit, "precompiled" says
+    "loaded")."""
     return [
         "python3", f"{WORKLOAD_DIR}/serve.py", "--mode", mode, "--iterations", str(iterations),
-        *(["--serve"] if serve else []),
+        *(["--precompile"] if precompile else []), *(["--serve"] if serve else []),
     ]  # fmt: skip
 
 
-def compile_profile(name: str, image: str, s3: Any, secret: str, **over: Any) -> dict[str, Any]:
+def compile_profile(
+    name: str, image: str, s3: Any, secret: str, precompile: bool = False, **over: Any
+) -> dict[str, Any]:
     """TorchCompile caches alone (no TunableOp: the real node has no GPU) of the workload."""
     spec: dict[str, Any] = {
         "image": image,
         "imagePullPolicy": "Never",
         "gpu": {"vendor": "nvidia", "models": [REAL_NODE_GPU_MODEL]},
-        "workload": {"command": command(iterations=3), "env": INDUCTOR_ENV},
+        "workload": {"command": command(iterations=3, precompile=precompile), "env": INDUCTOR_ENV},
         "artifacts": {"tunableop": False, "caches": [{"kind": "torchCompile"}]},
         "tuning": {"backoffLimit": 0, "budgetSeconds": 900, "activeDeadlineSeconds": 1500},
         # The gate's measuring: cold against warm first inferences, a few pairs (~20 s each).
@@ -72,7 +82,12 @@ def compile_profile(name: str, image: str, s3: Any, secret: str, **over: Any) ->
 
 
 def compile_pod(
-    name: str, image: str, profile: str | None, mode: str = "compiled", serve: bool = False
+    name: str,
+    image: str,
+    profile: str | None,
+    mode: str = "compiled",
+    serve: bool = False,
+    precompile: bool = False,
 ) -> dict[str, Any]:
     """A model pod on the real node running the workload once (or serving, with serve); with
     a profile, tunefleet's webhook injects its caches."""
@@ -90,7 +105,7 @@ def compile_pod(
                     "name": "server",
                     "image": image,
                     "imagePullPolicy": "Never",
-                    "command": command(mode, iterations=20, serve=serve),
+                    "command": command(mode, iterations=20, serve=serve, precompile=precompile),
                     "env": list(INDUCTOR_ENV),
                     "resources": {"limits": {"nvidia.com/gpu": "1"}},
                     "volumeMounts": [
