@@ -116,12 +116,7 @@ def _medians(rows: list[dict[str, Any]], arm: str) -> dict[str, Any]:
 
 def run(cluster: Cluster, s3: S3Settings, pods: int = 5) -> dict[str, Any]:
     image = ensure_torch_image()
-
-    def measure(run: Run) -> dict[str, Any]:
-        return _measure(_Run(run.cluster, run.ns, run.image), s3, pods)
-
-    figures: dict[str, Any] = in_namespace(cluster, s3, "bench-bundles", image, measure)
-    return figures
+    return in_namespace(cluster, s3, "bench-bundles", _Run(cluster, "", image), _measure, pods)
 
 
 def _measure(r: _Run, s3: S3Settings, pods: int) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from tests.support.vllm import (
     RELOADED,
     SAVED,
     completion,
+    reported,
     vllm_deployment,
     vllm_profile,
     workload_config_map,
@@ -74,13 +75,7 @@ def server_pod(name: str, image: str, arm: str) -> dict[str, Any]:
 class _Run(Run):
     def told(self, pod: str) -> str:
         """The path status says the pod's sidecar reported ("" if not yet)."""
-        prof = self.get("tp", PROFILE)
-        for entry in (prof.get("status") or {}).get("capture") or []:
-            for c in entry.get("caches") or []:
-                for p in c.get("pods") or []:
-                    if p.get("name") == pod:
-                        return str(p.get("path") or "")
-        return ""
+        return str((reported(self.get("tp", PROFILE), pod) or {}).get("path") or "")
 
     def pod(self, name: str, arm: str) -> dict[str, Any]:
         self.cluster.kubectl(
@@ -167,12 +162,7 @@ def _medians(rows: list[dict[str, Any]], arm: str) -> dict[str, Any]:
 
 def run(cluster: Cluster, s3: S3Settings, pods: int = 5) -> dict[str, Any]:
     image = ensure_vllm_image()
-
-    def measure(run: Run) -> dict[str, Any]:
-        return _measure(_Run(run.cluster, run.ns, run.image), s3, pods)
-
-    figures: dict[str, Any] = in_namespace(cluster, s3, "bench-vllm", image, measure)
-    return figures
+    return in_namespace(cluster, s3, "bench-vllm", _Run(cluster, "", image), _measure, pods)
 
 
 def _measure(r: _Run, s3: S3Settings, pods: int) -> dict[str, Any]:

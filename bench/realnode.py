@@ -8,13 +8,15 @@ import datetime
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
 from tests.support.cluster import Cluster, S3Settings, wait_for_real_node_gpus
 from tests.support.operator import SERVING_SECRET, create_s3_secret, install_in_cluster
 from tests.support.poll import eventually
+
+R = TypeVar("R", bound="Run")
 
 
 def epoch(stamp: str) -> float:
@@ -42,17 +44,22 @@ class Run:
 
 
 def in_namespace(
-    cluster: Cluster, s3: S3Settings, prefix: str, image: str, measure: Callable[[Run], Any]
-) -> Any:
-    """measure(run) in a new namespace, with the operator installed as the chart's Deployment;
-    the namespace goes afterwards, whatever happened."""
+    cluster: Cluster,
+    s3: S3Settings,
+    prefix: str,
+    run: R,
+    measure: Callable[[R, S3Settings, int], dict[str, Any]],
+    pods: int,
+) -> dict[str, Any]:
+    """measure(run, s3, pods) with `run` in a new namespace of its own, the operator installed
+    as the chart's Deployment; the namespace goes afterwards, whatever happened."""
     install_in_cluster(cluster, s3)
-    ns = f"{prefix}-{int(time.time())}"
-    cluster.kubectl("create", "namespace", ns)
+    run.ns = f"{prefix}-{int(time.time())}"
+    cluster.kubectl("create", "namespace", run.ns)
     try:
-        return measure(Run(cluster, ns, image))
+        return measure(run, s3, pods)
     finally:
-        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        cluster.kubectl("delete", "namespace", run.ns, "--wait=false", check=False)
 
 
 def tuned(

@@ -39,6 +39,7 @@ from tests.support.vllm import (
     SAVED,
     completion,
     new_kernels,
+    reported,
     vllm_deployment,
     vllm_profile,
     workload_config_map,
@@ -246,17 +247,12 @@ def _cache_entry(cluster: Any, namespace: str) -> dict[str, Any]:
 
 def _told(cluster: Any, namespace: str, pod: str) -> dict[str, Any]:
     """What status says the pod's vLLM did at its start, once its sidecar has reported."""
-
-    def find() -> dict[str, Any] | None:
-        prof = get_json(cluster, "tuningprofile", "-n", namespace, "served")
-        for entry in (prof.get("status") or {}).get("capture") or []:
-            for c in entry.get("caches") or []:
-                for p in c.get("pods") or []:
-                    if p.get("name") == pod:
-                        return dict(p)
-        return None
-
-    found = eventually(find, lambda p: p is not None, f"status to report pod {pod}", timeout=120)
+    found = eventually(
+        lambda: reported(get_json(cluster, "tuningprofile", "-n", namespace, "served"), pod),
+        lambda p: p is not None,
+        f"status to report pod {pod}",
+        timeout=120,
+    )
     assert found is not None
     return found
 

@@ -173,6 +173,17 @@ print(json.dumps({"root": str(root), "all": len(list(root.rglob("*.so"))),
 """
 
 
+def reported(profile: dict[str, Any], pod: str) -> dict[str, Any] | None:
+    """What the profile's status says the pod's sidecar reported of its vLLM's start (its
+    entry in status.capture[].caches[].pods), None until it has."""
+    for entry in (profile.get("status") or {}).get("capture") or []:
+        for c in entry.get("caches") or []:
+            for p in c.get("pods") or []:
+                if p.get("name") == pod:
+                    return dict(p)
+    return None
+
+
 def completion(cluster: Cluster, namespace: str, pod: str) -> dict[str, Any]:
     done = cluster.kubectl(
         "exec", "-n", namespace, pod, "-c", "server", "--",
