@@ -68,8 +68,8 @@ cluster-down:
 	hack/cluster-down.sh
 
 lint: venv tools
-	$(VENV)/bin/ruff check operator tuner_job tests bench hack scripts
-	$(VENV)/bin/ruff format --check operator tuner_job tests bench hack scripts
+	$(VENV)/bin/ruff check operator tuner_job tests testbed bench hack scripts
+	$(VENV)/bin/ruff format --check operator tuner_job tests testbed bench hack scripts
 	$(VENV)/bin/mypy
 	PATH="$$(hack/build-tools.sh --dir):$$PATH" helm lint charts/tunefleet
 

@@ -16,23 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-# The routines, in the order a full run takes them, with what each measures (bench/suite.py
-# defines them; kept here too so that --help imports nothing heavy).
-ROUTINES = {
-    "scale": "operator scale: 1,000 / 3,000 / 10,000 profiles created, restarted, deleted",
-    "storm": "100 SIGKILLs while 20 two-model profiles are created",
-    "churn": "1,000 profiles created and deleted 5 times: the operator's memory",
-    "webhook": "webhook latency and its cost as a ratio of pod create latency",
-    "library": "GEMM library reuse, sharding and resume (stand-in torch)",
-    "artifacts": "publish and fetch of a 1 MB results file",
-    "gc": "tunefleet-gc on a store of 10,000 objects",
-    "real": "real node: tuning Job and model pod start-up, bursts, the store unreachable",
-    "nodemap": "the node map at 10,000 nodes (no cluster)",
-    "capture": "the capture sidecar and loop",
-    "bundles": "real node, real torch: a torchCompile bundle's start-up saving (eager, cold, bundle)",
-    "vllm": "real node, real vLLM: a vllm bundle's server start-up saving (eager, cold, bundle)",
-    "oci": "real node: 20-pod bursts served an OCI volume image, OCI fetch, S3 ConfigMap, S3 fetch",
-}
+from bench.routines import ROUTINES
 
 
 def _add_options(p: argparse.ArgumentParser, routine: str | None) -> None:

@@ -36,9 +36,9 @@ import yaml
 
 from bench.realnode import Run, epoch, in_namespace, tuned
 from bench.results import progress
-from tests.support.cluster import Cluster, S3Settings, ensure_torch_image
-from tests.support.compile import compile_pod, compile_profile, result_of, workload_config_map
-from tests.support.poll import eventually
+from testbed.cluster import Cluster, S3Settings, ensure_torch_image
+from testbed.compile import compile_pod, compile_profile, result_of, workload_config_map
+from testbed.poll import eventually
 
 ARMS = ("eager", "cold", "bundle")
 

@@ -231,7 +231,7 @@ def main() -> None:
     p.add_argument("--s3", action="store_true", help="the local S3 server instead")
     args = p.parse_args()
     if args.s3:
-        from tests.support.cluster import ensure_s3
+        from testbed.cluster import ensure_s3
 
         print(json.dumps(run(ensure_s3()), indent=2))
     else:

@@ -1,6 +1,6 @@
 """Fleet-wide reuse, sharding and resume, measured through the real programs and S3 server.
 
-Each tuning pod runs as its processes do in a pod (tests/unit/library_pod.py): tunefleet-sync,
+Each tuning pod runs as its processes do in a pod (testbed/library_pod.py): tunefleet-sync,
 `python -m tuner_job run` with the STAND-IN torch, tunefleet-publish; tunefleet-merge for a
 sharded Job; against the local SeaweedFS server. The stand-in computes nothing: each GEMM it
 "tunes" costs FAKE_TORCH_TUNE_SLEEP seconds of sleep, so every wall time below is a stand-in
@@ -31,8 +31,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 
-from tests.support.cluster import S3Settings, ensure_s3  # noqa: E402
-from tests.unit.library_pod import (  # noqa: E402
+from testbed.cluster import S3Settings, ensure_s3  # noqa: E402
+from testbed.library_pod import (  # noqa: E402
     STANDIN_NOTE,
     JobSpec,
     Pod,

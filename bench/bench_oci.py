@@ -38,11 +38,11 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from bench.results import progress
-from tests.support.cluster import REAL_NODE_GPU_MODEL, STANDIN_IMAGE, Cluster, S3Settings
-from tests.support.operator import SERVING_SECRET, create_s3_secret, install_in_cluster
-from tests.support.poll import eventually
-from tests.support.real_node import KEY, SHAPES, real_profile
-from tests.support.registry import Registry
+from testbed.cluster import REAL_NODE_GPU_MODEL, STANDIN_IMAGE, Cluster, S3Settings
+from testbed.operator import SERVING_SECRET, create_s3_secret, install_in_cluster
+from testbed.poll import eventually
+from testbed.real_node import KEY, SHAPES, real_profile
+from testbed.registry import Registry
 
 ARMS = ("none", "image_volume", "oci_fetch", "s3_config_map", "s3_fetch")
 PROFILE_OF = {

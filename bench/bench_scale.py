@@ -618,8 +618,8 @@ def main(argv: list[str]) -> None:
         else parse_sizes(args.sizes)
     )
     from bench.results import load, progress, stamped, write
-    from tests.support.cluster import ensure_cluster, ensure_s3
-    from tests.support.operator import install
+    from testbed.cluster import ensure_cluster, ensure_s3
+    from testbed.operator import install
 
     cluster, s3 = ensure_cluster(), ensure_s3()
     operator = install(cluster, s3.endpoint)

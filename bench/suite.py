@@ -26,11 +26,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.__main__ import ROUTINES  # noqa: E402
 from bench.results import load, progress, stamped, write  # noqa: E402
-from tests.support.cluster import Cluster, S3Settings, ensure_cluster, ensure_s3  # noqa: E402
-from tests.support.operator import Operator, carry_out_publish, install  # noqa: E402
-from tests.support.poll import eventually  # noqa: E402
+from bench.routines import ROUTINES  # noqa: E402
+from testbed.cluster import Cluster, S3Settings, ensure_cluster, ensure_s3  # noqa: E402
+from testbed.operator import Operator, carry_out_publish, install  # noqa: E402
+from testbed.poll import eventually  # noqa: E402
 
 # Namespaces this run made; removed at the end so a bench leaves the cluster as it found it.
 CREATED: list[str] = []
@@ -422,9 +422,9 @@ def real_node(cluster: Cluster, s3: S3Settings, runs: int = 10, burst: int = 20)
     unreachable from pods."""
     from urllib.parse import urlsplit
 
-    from tests.support.cluster import ensure_images
-    from tests.support.operator import SERVING_SECRET, create_s3_secret, install_in_cluster
-    from tests.support.real_node import model_pod, real_profile
+    from testbed.cluster import ensure_images
+    from testbed.operator import SERVING_SECRET, create_s3_secret, install_in_cluster
+    from testbed.real_node import model_pod, real_profile
 
     ensure_images()
     deployed = install_in_cluster(cluster, s3)
@@ -563,7 +563,7 @@ def real_node(cluster: Cluster, s3: S3Settings, runs: int = 10, burst: int = 20)
     return out
 
 
-PARTS = ROUTINES  # what each routine measures (bench/__main__.py, for a fast --help)
+PARTS = ROUTINES  # what each routine measures (bench/routines.py)
 # The parts that need the operator running here (kwok fleet) and those that do not.
 OPERATOR_PARTS = ("scale", "storm", "churn", "webhook")
 

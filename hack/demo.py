@@ -30,7 +30,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 
-from tests.support.cluster import (  # noqa: E402
+from testbed.cluster import (  # noqa: E402
     REAL_NODE,
     REAL_NODE_GPU_MODEL,
     STANDIN_IMAGE,
@@ -41,7 +41,7 @@ from tests.support.cluster import (  # noqa: E402
     ensure_s3,
     real_node_gpu_holders,
 )
-from tests.support.operator import (  # noqa: E402
+from testbed.operator import (  # noqa: E402
     RELEASE,
     SERVING_SECRET,
     STAND_IN_NOTE,
@@ -51,7 +51,7 @@ from tests.support.operator import (  # noqa: E402
     install_in_cluster,
     uninstall_release,
 )
-from tests.support.poll import eventually  # noqa: E402
+from testbed.poll import eventually  # noqa: E402
 
 NS = "demo"
 WHERE: list[tuple[str, str]] = []

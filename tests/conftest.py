@@ -1,6 +1,6 @@
 """Fixtures for every test tier.
 
-- `cluster` (session): the local control plane (tests/support/cluster.py: Cluster), started
+- `cluster` (session): the local control plane (testbed/cluster.py: Cluster), started
   with hack/cluster-up.sh when it is not up and left running afterwards (reuse is the point;
   `make cluster-down` stops it).
 - `s3` (session): the local S3 server (S3Settings), started with `--s3-only` when not up.
@@ -18,7 +18,7 @@ from functools import cache
 
 import pytest
 
-from tests.support.cluster import (
+from testbed.cluster import (
     Cluster,
     S3Settings,
     create_namespace,

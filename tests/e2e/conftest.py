@@ -1,6 +1,6 @@
 """Fixtures for the operator's end-to-end tests (the cluster and S3 ones are in tests/conftest.py).
 
-The operator runs one way at a time (see tests/support/operator.py): `operator` gives the
+The operator runs one way at a time (see testbed/operator.py): `operator` gives the
 process on this machine, `in_cluster` the chart's Deployment on the real node; asking for
 one stops the other, so two operators never reconcile side by side. `no_release` gives a
 cluster with neither (and no release), for tests that install the chart themselves.
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import ensure_images
-from tests.support.operator import (
+from testbed.cluster import ensure_images
+from testbed.operator import (
     SERVING_SECRET,
     InCluster,
     Operator,

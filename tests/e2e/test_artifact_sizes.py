@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import REAL_NODE_GPU_MODEL
+from testbed.cluster import REAL_NODE_GPU_MODEL
+from testbed.operator import InCluster
+from testbed.poll import eventually
+from testbed.real_node import model_pod, real_profile
 from tests.support.kube import apply, create, ended, get_json, statuses
-from tests.support.operator import InCluster
-from tests.support.poll import eventually
-from tests.support.real_node import model_pod, real_profile
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.artifacts.publish import publish

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import wait_for_real_node_gpus
+from testbed.cluster import wait_for_real_node_gpus
+from testbed.operator import InCluster
+from testbed.real_node import SHAPES, model_pod, real_profile
 from tests.support.kube import apply, create, ended, ready, statuses
-from tests.support.operator import InCluster
-from tests.support.real_node import SHAPES, model_pod, real_profile
 
 pytestmark = pytest.mark.e2e
 

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import ensure_torch_image, wait_for_real_node_gpus
-from tests.support.compile import compile_pod, compile_profile, result_of, workload_config_map
+from testbed.cluster import ensure_torch_image, wait_for_real_node_gpus
+from testbed.compile import compile_pod, compile_profile, result_of, workload_config_map
+from testbed.operator import InCluster
+from testbed.poll import eventually
 from tests.support.kube import apply, create, get_json, pod_of, ready, statuses
-from tests.support.operator import InCluster
-from tests.support.poll import eventually
 
 pytestmark = pytest.mark.e2e
 

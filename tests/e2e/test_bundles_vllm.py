@@ -29,11 +29,10 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import ensure_vllm_image, wait_for_real_node_gpus
-from tests.support.kube import apply, get_json, ready, statuses
-from tests.support.operator import InCluster
-from tests.support.poll import eventually
-from tests.support.vllm import (
+from testbed.cluster import ensure_vllm_image, wait_for_real_node_gpus
+from testbed.operator import InCluster
+from testbed.poll import eventually
+from testbed.vllm import (
     LOADED,
     RELOADED,
     SAVED,
@@ -44,6 +43,7 @@ from tests.support.vllm import (
     vllm_profile,
     workload_config_map,
 )
+from tests.support.kube import apply, get_json, ready, statuses
 
 pytestmark = pytest.mark.e2e
 PLUGIN = Path(sys.executable).parent / "kubectl-tunefleet"

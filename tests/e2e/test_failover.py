@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import yaml
 
+from testbed.operator import InCluster, carry_out_publish
+from testbed.poll import eventually
 from tests.support.fleet import profile_doc
 from tests.support.kube import apply, get_json, jobs_of, tuning_pods
-from tests.support.operator import InCluster, carry_out_publish
-from tests.support.poll import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -200,7 +200,7 @@ def audit_writes(since: float, operator_user: str) -> list[tuple[float, str, str
     audit log, hack/cluster-up.sh)."""
     import datetime
 
-    from tests.support.cluster import state_dir
+    from testbed.cluster import state_dir
 
     out = []
     for line in (state_dir() / "logs" / "audit.log").read_text().splitlines():
@@ -263,8 +263,8 @@ class Frozen:
 def test_a_leader_whose_api_calls_hang_stops_writing_before_another_leads(
     cluster: Any, in_cluster: InCluster, s3: Any, namespace: str, s3_secret: str
 ) -> None:
-    from tests.support.cluster import APISERVER_PORT
-    from tests.support.operator import SYSTEM_NS
+    from testbed.cluster import APISERVER_PORT
+    from testbed.operator import SYSTEM_NS
 
     served = profile_doc(
         "before",
@@ -341,8 +341,8 @@ def test_a_leader_whose_api_calls_hang_stops_writing_before_another_leads(
 def test_helm_upgrade_under_traffic_admits_every_pod_with_the_same_certificate(
     cluster: Any, in_cluster: InCluster, s3: Any, namespace: str, s3_secret: str
 ) -> None:
-    from tests.support.cluster import state_dir
-    from tests.support.operator import SYSTEM_NS, upgrade_release
+    from testbed.cluster import state_dir
+    from testbed.operator import SYSTEM_NS, upgrade_release
 
     apply(
         cluster,

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
+from testbed.library_pod import tool_env
 from tests.support.results import rows
-from tests.unit.library_pod import tool_env
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.artifacts import gc

@@ -4,7 +4,7 @@ Queued with Kueue's own reason and runs when the first one frees the quota; the 
 Job goes through Kueue and publishes for real.
 
 kwok stands in for the fleet's GPU nodes (the pods' steps are carried out here, see
-tests/support/operator.py); Kueue, the scheduler and the Job controller are real.
+testbed/operator.py); Kueue, the scheduler and the Job controller are real.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import KWOK_TOLERATION, wait_for_real_node_gpus
+from testbed.cluster import KWOK_TOLERATION, wait_for_real_node_gpus
+from testbed.operator import InCluster, Operator, carry_out_publish
+from testbed.poll import eventually
+from testbed.real_node import real_profile
 from tests.support.fleet import profile_doc
 from tests.support.kube import apply, get_json, jobs_of, ready, tuning_pods
 from tests.support.kueue import GROUP, Kueue, start_kueue
-from tests.support.operator import InCluster, Operator, carry_out_publish
-from tests.support.poll import eventually
-from tests.support.real_node import real_profile
 from tunefleet.builders.kueue import QUEUE_LABEL
 
 pytestmark = pytest.mark.e2e

@@ -1,7 +1,7 @@
 """Reuse, sharding, resume and concurrent library writes against the real S3 server (SeaweedFS
 from hack/cluster-up.sh --s3-only; no Kubernetes).
 
-The programs run as a tuning pod runs them (tests/unit/library_pod.py): tunefleet-sync,
+The programs run as a tuning pod runs them (testbed/library_pod.py): tunefleet-sync,
 `python -m tuner_job run` with the stand-in torch (PYTHONPATH=tests/unit/data/fake_torch: it
 computes nothing, FAKE_TORCH_TUNE_SLEEP gives each GEMM a cost), tunefleet-publish and
 tunefleet-merge, each a process with only AWS_* settings in its environment.
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.library_pod import (
+from testbed.library_pod import (
     MODEL,
     JobSpec,
     Pod,

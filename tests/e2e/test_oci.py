@@ -20,12 +20,11 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import wait_for_real_node_gpus
-from tests.support.kube import apply, create, ended, get_json, ready, statuses
-from tests.support.operator import InCluster
-from tests.support.poll import eventually
-from tests.support.real_node import SHAPES, model_pod, real_profile
-from tests.support.registry import (
+from testbed.cluster import wait_for_real_node_gpus
+from testbed.operator import InCluster
+from testbed.poll import eventually
+from testbed.real_node import SHAPES, model_pod, real_profile
+from testbed.registry import (
     Registry,
     cosign,
     cosign_binary,
@@ -33,6 +32,7 @@ from tests.support.registry import (
     manifest_digest,
     manifest_json,
 )
+from tests.support.kube import apply, create, ended, get_json, ready, statuses
 from tunefleet.artifacts import gc
 from tunefleet.storage.registry import open_store, parse_uri
 from tunefleet.storage.store import StoreOptions

@@ -2,7 +2,7 @@
 
 Real kube-apiserver, scheduler, Job and GC controllers, kwok nodes, real S3. Containers don't
 run on kwok nodes, so each tuning pod's publish step is carried out by the test (see
-tests/support/operator.py), with a stand-in results file since there is no GPU here.
+testbed/operator.py), with a stand-in results file since there is no GPU here.
 """
 
 from __future__ import annotations
@@ -12,9 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.fleet import profile_doc, publish_first_revision, publish_next_revision
-from tests.support.kube import apply, condition, get_json, jobs_of, tuning_pods
-from tests.support.operator import (
+from testbed.operator import (
     ROOT,
     STAND_IN_NOTE,
     SYSTEM_NS,
@@ -23,7 +21,9 @@ from tests.support.operator import (
     helm,
     set_pod_outcome,
 )
-from tests.support.poll import eventually
+from testbed.poll import eventually
+from tests.support.fleet import profile_doc, publish_first_revision, publish_next_revision
+from tests.support.kube import apply, condition, get_json, jobs_of, tuning_pods
 
 pytestmark = pytest.mark.e2e
 

@@ -2,7 +2,7 @@
 place, pods the webhook never saw, and a quiet log when nothing happens.
 
 Real kube-apiserver, scheduler, Job and GC controllers, kwok nodes; the operator runs as the
-chart's ServiceAccount (tests/support/operator.py).
+chart's ServiceAccount (testbed/operator.py).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import yaml
 
+from testbed.operator import ROOT, SYSTEM_NS, Operator, helm
+from testbed.poll import eventually
 from tests.support.fleet import profile_doc
 from tests.support.kube import apply, condition, get_json, jobs_of
 from tests.support.largest import largest_spec
-from tests.support.operator import ROOT, SYSTEM_NS, Operator, helm
-from tests.support.poll import eventually
 
 pytestmark = pytest.mark.e2e
 

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.cluster import create_namespace, delete_namespace, namespace_name
+from testbed.cluster import create_namespace, delete_namespace, namespace_name
+from testbed.operator import Operator, carry_out_publish, set_pod_outcome
+from testbed.poll import eventually
 from tests.support.fleet import profile_doc, publish_first_revision
 from tests.support.kube import apply, condition, get_json, jobs_of, tuning_pods
-from tests.support.operator import Operator, carry_out_publish, set_pod_outcome
-from tests.support.poll import eventually
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 

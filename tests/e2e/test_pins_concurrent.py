@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
+from testbed.operator import InCluster
 from tests.support.fleet import profile_doc
 from tests.support.kube import apply
-from tests.support.operator import InCluster
 from tunefleet.contracts import pin as pins
 from tunefleet.plugin import cluster as cluster_mod
 

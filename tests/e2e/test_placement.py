@@ -4,7 +4,7 @@ allows two models of its profile gets the artifact of the node it lands on, pick
 its init container from the node map (the Downward API gives it its node; no credentials).
 
 The profile's second model is a kwok one (NVIDIA H100): its tuning pod's publish step is
-carried out here with a stand-in results file (tests/support/operator.py), so both models
+carried out here with a stand-in results file (testbed/operator.py), so both models
 have an artifact and the pick has a real choice to make.
 """
 
@@ -15,16 +15,16 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import (
+from testbed.cluster import (
     REAL_NODE,
     REAL_NODE_GPU_MODEL,
     STANDIN_IMAGE,
     wait_for_real_node_gpus,
 )
+from testbed.operator import InCluster, carry_out_publish
+from testbed.poll import eventually
+from testbed.real_node import KEY, real_profile
 from tests.support.kube import apply, create, ended, get_json, ready, statuses, tuning_pods
-from tests.support.operator import InCluster, carry_out_publish
-from tests.support.poll import eventually
-from tests.support.real_node import KEY, real_profile
 from tunefleet.contracts import nodemap
 from tunefleet.contracts.admission import Admission
 from tunefleet.contracts.fetch import CONTAINER, LOADED, FetchOutcome

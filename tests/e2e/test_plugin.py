@@ -4,7 +4,7 @@ made Ready with artifacts really published to the S3 server (stand-in results: n
 
 Pods run on kwok nodes, so their fetch init container does not run there: where a verdict
 depends on what fetch said, the test runs the pod's own fetch command here, against the real
-S3 server, and gives kwok its termination message (tests/support/operator.py does the same for
+S3 server, and gives kwok its termination message (testbed/operator.py does the same for
 tuning pods' publish step).
 """
 
@@ -21,6 +21,15 @@ from typing import Any
 
 import pytest
 
+from testbed.operator import (
+    STAND_IN_NOTE,
+    Operator,
+    container,
+    free_port,
+    stand_in_solution,
+    tool_env,
+)
+from testbed.poll import eventually
 from tests.support.fleet import (
     pod_doc,
     profile_doc,
@@ -30,15 +39,6 @@ from tests.support.fleet import (
 )
 from tests.support.kube import apply, create
 from tests.support.kube import pod_of as stored
-from tests.support.operator import (
-    STAND_IN_NOTE,
-    Operator,
-    container,
-    free_port,
-    stand_in_solution,
-    tool_env,
-)
-from tests.support.poll import eventually
 
 pytestmark = pytest.mark.e2e
 

@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import wait_for_real_node_gpus
+from testbed.cluster import wait_for_real_node_gpus
+from testbed.operator import InCluster
+from testbed.poll import eventually
+from testbed.real_node import SHAPES, model_pod, real_profile
 from tests.support.kube import apply, create, get_json, pod_of, ready
-from tests.support.operator import InCluster
-from tests.support.poll import eventually
-from tests.support.real_node import SHAPES, model_pod, real_profile
 from tunefleet.naming import ARTIFACT_SHA_ANNOTATION
 
 pytestmark = pytest.mark.e2e

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import (
+from testbed.cluster import (
     REAL_NODE,
     ROOT,
     Cluster,
@@ -33,7 +33,7 @@ from tests.support.cluster import (
     state_dir,
     wait_for,
 )
-from tests.support.operator import RELEASE, SYSTEM_NS, helm
+from testbed.operator import RELEASE, SYSTEM_NS, helm
 
 pytestmark = pytest.mark.e2e
 

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.cluster import (
+from testbed.cluster import (
     REAL_NODE,
     REAL_NODE_GPU_MODEL,
     REAL_NODE_GPUS,
@@ -655,7 +655,7 @@ def test_pods_without_gpu_requests_never_land_on_the_real_node(
     pinned = pod_doc("pinned", "registry.invalid/never-pulled:1", ["true"], on_real_node=False)
     pinned["spec"]["nodeSelector"] = {"kubernetes.io/hostname": REAL_NODE}
     # Ordinary pods: all of them go to kwok-cpu-0, whose taint test namespaces tolerate by
-    # default (tests/support/cluster.py: create_namespace); the GPU nodes' taints keep them off
+    # default (testbed/cluster.py: create_namespace); the GPU nodes' taints keep them off
     # the rest of the fleet.
     plain = [
         pod_doc(f"plain-{i}", "registry.invalid/never-pulled:1", ["true"], on_real_node=False)

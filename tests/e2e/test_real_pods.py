@@ -18,12 +18,15 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.cluster import (
+from testbed.cluster import (
     REAL_NODE,
     STANDIN_IMAGE,
     STANDIN_NOGPU_IMAGE,
     wait_for_real_node_gpus,
 )
+from testbed.operator import SYSTEM_NS, InCluster, helm
+from testbed.poll import eventually
+from testbed.real_node import SHAPES, model_pod, real_profile
 from tests.support.kube import (
     apply,
     condition,
@@ -35,9 +38,6 @@ from tests.support.kube import (
     ready,
     statuses,
 )
-from tests.support.operator import SYSTEM_NS, InCluster, helm
-from tests.support.poll import eventually
-from tests.support.real_node import SHAPES, model_pod, real_profile
 
 pytestmark = pytest.mark.e2e
 

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.cluster import (
+from testbed.cluster import (
     REAL_NODE,
     REAL_NODE_GPU_MODEL,
     ROOT,
@@ -37,10 +37,10 @@ from tests.support.cluster import (
     real_node_volume,
     wait_for_real_node_gpus,
 )
+from testbed.operator import SERVING_SECRET, InCluster
+from testbed.poll import eventually
+from testbed.real_node import KEY, SHAPES, real_profile
 from tests.support.kube import apply, create, get_json, pod_of, ready, statuses
-from tests.support.operator import SERVING_SECRET, InCluster
-from tests.support.poll import eventually
-from tests.support.real_node import KEY, SHAPES, real_profile
 from tunefleet.contracts.admission import Admission
 from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
 from tuner_job.output import RESULTS_NAME

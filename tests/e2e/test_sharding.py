@@ -4,7 +4,7 @@ GEMMs, and a parallelism larger than the model's nodes.
 
 kwok's fake MI300X nodes (two of them) place the pods; their steps (the sync sidecar, the
 tuner with the stand-in torch, publish, merge) run on this machine with each pod's own
-command against the real S3 server (tests/support/operator.py: carry_out_tuning_pod). The
+command against the real S3 server (testbed/operator.py: carry_out_tuning_pod). The
 stand-in torch computes nothing; its results say so.
 """
 
@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from testbed.operator import Operator, carry_out_merge, carry_out_tuning_pod
+from testbed.poll import eventually
 from tests.support.fleet import profile_doc
 from tests.support.kube import apply, condition, get_json, tuning_pods
-from tests.support.operator import Operator, carry_out_merge, carry_out_tuning_pod
-from tests.support.poll import eventually
 
 pytestmark = pytest.mark.e2e
 

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
+from testbed.library_pod import JobSpec, Pod, shapes
+from testbed.operator import InCluster
+from testbed.poll import eventually
+from testbed.real_node import model_pod, real_profile
 from tests.support.kube import apply, condition, create, ended, get_json, ready, statuses
-from tests.support.operator import InCluster
-from tests.support.poll import eventually
-from tests.support.real_node import model_pod, real_profile
-from tests.unit.library_pod import JobSpec, Pod, shapes
 from tunefleet.artifacts.fetch import fetch
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.s3 import S3Store

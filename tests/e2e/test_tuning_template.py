@@ -24,17 +24,17 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.cluster import (
+from testbed.cluster import (
     REAL_NODE,
     STANDIN_IMAGE,
     real_node_volume,
     wait_for_real_node_gpus,
 )
+from testbed.operator import InCluster
+from testbed.poll import eventually
+from testbed.real_node import real_profile
 from tests.support.kube import apply, condition, get_json, jobs_of, statuses
 from tests.support.largest import largest_template
-from tests.support.operator import InCluster
-from tests.support.poll import eventually
-from tests.support.real_node import real_profile
 
 pytestmark = pytest.mark.e2e
 

@@ -17,15 +17,13 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.cluster import (
+from testbed.cluster import (
     create_namespace,
     delete_namespace,
     ensure_images,
     namespace_name,
 )
-from tests.support.fleet import profile_doc
-from tests.support.kube import apply, get_json, jobs_of, tuning_pods
-from tests.support.operator import (
+from testbed.operator import (
     RELEASE,
     ROOT,
     SERVING_SECRET,
@@ -37,7 +35,9 @@ from tests.support.operator import (
     uninstall_release,
     upgrade_release,
 )
-from tests.support.poll import eventually
+from testbed.poll import eventually
+from tests.support.fleet import profile_doc
+from tests.support.kube import apply, get_json, jobs_of, tuning_pods
 
 pytestmark = pytest.mark.e2e
 

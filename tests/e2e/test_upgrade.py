@@ -41,10 +41,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.cluster import ensure_images, state_dir, tool_path
-from tests.support.fleet import profile_doc
-from tests.support.kube import apply, get_json, jobs_of, tuning_pods
-from tests.support.operator import (
+from testbed.cluster import ensure_images, state_dir, tool_path
+from testbed.operator import (
     DELIVERY_SECRET,
     RELEASE,
     ROOT,
@@ -57,7 +55,9 @@ from tests.support.operator import (
     create_s3_secret,
     helm,
 )
-from tests.support.poll import eventually
+from testbed.poll import eventually
+from tests.support.fleet import profile_doc
+from tests.support.kube import apply, get_json, jobs_of, tuning_pods
 from tunefleet import __version__, naming
 from tunefleet.conditions import TYPES
 

@@ -12,16 +12,16 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.fleet import pod_doc, profile_doc, ready_profile
-from tests.support.kube import apply, condition, create, get_json
-from tests.support.kube import pod_of as stored
-from tests.support.operator import (
+from testbed.operator import (
     SERVING_SECRET,
     STAND_IN_NOTE,
     Operator,
     tool_env,
 )
-from tests.support.poll import eventually
+from testbed.poll import eventually
+from tests.support.fleet import pod_doc, profile_doc, ready_profile
+from tests.support.kube import apply, condition, create, get_json
+from tests.support.kube import pod_of as stored
 
 pytestmark = pytest.mark.e2e
 

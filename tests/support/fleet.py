@@ -1,16 +1,16 @@
 """TuningProfiles and model pods on the kwok fleet (fake GPU nodes, no containers run), for
 e2e tests: `profile_doc(name, **spec_over)` (one NVIDIA-H200 model, s3://tunefleet/e2e),
 `pod_doc(...)` (a model pod), and the flows that play a tuning pod's publish step
-(tests.support.operator.carry_out_publish) until the profile is Ready: `ready_profile`,
+(testbed.operator.carry_out_publish) until the profile is Ready: `ready_profile`,
 `publish_first_revision`, `publish_next_revision`."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from testbed.operator import carry_out_publish
+from testbed.poll import eventually
 from tests.support.kube import apply, get_json, tuning_pods
-from tests.support.operator import carry_out_publish
-from tests.support.poll import eventually
 
 
 def profile_doc(name: str, **spec_over: Any) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """kubectl as the e2e tests use it against the local cluster (`cluster` is the fixture's
-tests.support.cluster handle): read objects as JSON (`get_json`, `pod_of`, `jobs_of`,
+testbed.cluster handle): read objects as JSON (`get_json`, `pod_of`, `jobs_of`,
 `tuning_pods`), make them (`apply`, `create`), read a profile's condition or a pod's container
 statuses, and wait for a pod to end (`ended`) or a profile to be Ready or Failed (`ready`)."""
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from tests.support.poll import eventually
+from testbed.poll import eventually
 
 
 def get_json(cluster: Any, *args: str) -> Any:

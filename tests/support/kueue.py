@@ -34,9 +34,9 @@ from typing import Any
 
 import yaml
 
-from tests.support.cluster import BUILD_TOOLS, ROOT, Cluster, wait_for
-from tests.support.operator import free_port
-from tests.support.poll import eventually
+from testbed.cluster import BUILD_TOOLS, ROOT, Cluster, wait_for
+from testbed.operator import free_port
+from testbed.poll import eventually
 
 NAMESPACE = "kueue-system"
 SERVICE_ACCOUNT = "kueue-controller-manager"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.library_pod import (
+from testbed.library_pod import (
     JobSpec,
     Pod,
     all_tuned,

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.library_pod import JobSpec, Pod, shapes
+from testbed.library_pod import JobSpec, Pod, shapes
 from tuner_job.library import Settings
 
 ROCM = {"FAKE_TORCH_BACKEND": "rocm"}

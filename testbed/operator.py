@@ -30,9 +30,9 @@ from typing import Any, Protocol
 
 import yaml
 
-from tests.support.cluster import LOCAL_CLUSTER_VALUES, TUNEFLEET_IMAGE, wait_for
+from testbed.cluster import LOCAL_CLUSTER_VALUES, TUNEFLEET_IMAGE, wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 RELEASE = "tunefleet"
 SYSTEM_NS = "tunefleet-system"
 SA = "tunefleet"
@@ -261,7 +261,7 @@ def create_s3_secret(
 
 def create_oci_secret(kubectl: Kubectl, namespace: str, name: str = OCI_DELIVERY_SECRET) -> str:
     """The local registry's read-only identity as a dockerconfigjson Secret (with its CA)."""
-    from tests.support.registry import Registry
+    from testbed.registry import Registry
 
     doc = Registry.from_state().secret(name, Registry.from_state().reader)
     kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(doc))

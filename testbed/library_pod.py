@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 FAKE_TORCH = REPO / "tests" / "unit" / "data" / "fake_torch"
 NAMESPACE = "ml"
 MODEL = "AMD_Instinct_MI300X_OAM"

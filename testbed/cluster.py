@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     import kubernetes.client
     from mypy_boto3_s3 import S3Client
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_UP = ROOT / "hack" / "cluster-up.sh"
 BUILD_TOOLS = ROOT / "hack" / "build-tools.sh"
 IMAGES = ROOT / "hack" / "images.sh"

@@ -1,5 +1,5 @@
 """TuningProfiles and model pods for the real node (containers run there; its GPUs are a fake
-resource, see tests/support/cluster.py), for e2e tests: `real_profile(name, s3, secret)` (the
+resource, see testbed/cluster.py), for e2e tests: `real_profile(name, s3, secret)` (the
 stand-in inference image tuning `SHAPES`), `model_pod(name, profile)` (a standin-server pod
 that runs once), and `KEY`, the node label those pods select on."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.support.cluster import REAL_NODE_GPU_MODEL, STANDIN_IMAGE
+from testbed.cluster import REAL_NODE_GPU_MODEL, STANDIN_IMAGE
 
 KEY = "nvidia.com/gpu.product"
 

@@ -1,6 +1,6 @@
 """`eventually(probe, ok, what)`: the argument order the operator tests read best in.
 
-A thin front to tests.support.cluster.wait_for, which does the polling and the failure message.
+A thin front to testbed.cluster.wait_for, which does the polling and the failure message.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from tests.support.cluster import wait_for
+from testbed.cluster import wait_for
 
 T = TypeVar("T")
 

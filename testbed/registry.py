@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.support.cluster import ROOT, state_dir
+from testbed.cluster import ROOT, state_dir
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.support.cluster import REAL_NODE_GPU_MODEL, Cluster
+from testbed.cluster import REAL_NODE_GPU_MODEL, Cluster
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 WARMUP = ROOT / "examples" / "vllm" / "warmup.py"
 WORKLOAD_CM = "vllm-workload"
 WORKLOAD_DIR = "/workload"

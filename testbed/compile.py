@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.support.cluster import REAL_NODE_GPU_MODEL
+from testbed.cluster import REAL_NODE_GPU_MODEL
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 SERVE = ROOT / "examples" / "torch-compile" / "serve.py"
 WORKLOAD_CM = "compile-workload"
 WORKLOAD_DIR = "/workload"
