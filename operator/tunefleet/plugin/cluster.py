@@ -4,19 +4,17 @@ line each. Objects come back as plain dicts shaped like `kubectl get -o json`.""
 from __future__ import annotations
 
 import json
-import os
 import random
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
-import kubernetes
 import urllib3
-import yaml
 from kubernetes.client.exceptions import ApiException
 
 from tunefleet import GROUP, KIND, PLURAL, VERSION
+from tunefleet.runtime.kubeconfig import KubeconfigError
+from tunefleet.runtime.kubeconfig import connect as kubeconfig_connect
 
 from .errors import PluginError
 
@@ -29,7 +27,6 @@ REQUEST_TIMEOUT = (5, 30)  # (connect, read) seconds per request
 UPDATE_ATTEMPTS = 64
 UPDATE_BACKOFF_S = 0.02
 UPDATE_BACKOFF_MAX_S = 1.0
-SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
 def _message(e: ApiException) -> str:
@@ -217,37 +214,10 @@ class Cluster:
 
 
 def connect(kubeconfig: str | None, context: str | None, namespace: str | None) -> Cluster:
-    """A Cluster for the kubeconfig (--kubeconfig, else $KUBECONFIG, else ~/.kube/config) and
-    context (--context, else the current one); in a pod without one, its ServiceAccount."""
-    from kubernetes.config.config_exception import ConfigException
-
-    path = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
-    config = kubernetes.client.Configuration()
+    """A Cluster for the kubeconfig and context as kubectl finds them (runtime/kubeconfig.py);
+    in a pod without one, its ServiceAccount."""
     try:
-        kubernetes.config.load_kube_config(
-            config_file=path, context=context, client_configuration=config, persist_config=False
-        )
-        contexts, current = kubernetes.config.list_kube_config_contexts(config_file=path)
-        chosen = next(
-            (c for c in contexts if c.get("name") == (context or (current or {}).get("name"))),
-            current or {},
-        )
-        default_ns = (chosen.get("context") or {}).get("namespace") or "default"
-    except ConfigException as e:
-        in_pod = os.environ.get("KUBERNETES_SERVICE_HOST") and SA_NAMESPACE.exists()
-        if kubeconfig or context or not in_pod:
-            raise PluginError(
-                f"cannot use kubeconfig {path}"
-                + (f" (context {context})" if context else "")
-                + f": {str(e).rstrip('.')}: set KUBECONFIG or pass --kubeconfig (and --context)"
-            ) from None
-        kubernetes.config.load_incluster_config(client_configuration=config)
-        default_ns = SA_NAMESPACE.read_text().strip() or "default"
-    except (OSError, ValueError, TypeError, KeyError, yaml.YAMLError) as e:
-        raise PluginError(
-            f"cannot read kubeconfig {path}: {str(e).rstrip('.')}: set KUBECONFIG or pass "
-            "--kubeconfig"
-        ) from None
-    config.retries = 1  # urllib3's default retries 3 times: a down API server fails fast
-    api = kubernetes.client.ApiClient(configuration=config)
-    return Cluster(api, namespace or default_ns, str(config.host))
+        found = kubeconfig_connect(kubeconfig, context)
+    except KubeconfigError as e:
+        raise PluginError(str(e)) from None
+    return Cluster(found.api, namespace or found.namespace, found.host)

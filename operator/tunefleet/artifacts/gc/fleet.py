@@ -1,9 +1,10 @@
 """What the fleet says, read from the API server before the store is listed: each
 TuningProfile's current revisions, GPU models and published artifacts (status.artifacts and
 history), whether its spec names this store, and the artifacts that model pods still running
-were pinned to at admission. The lists are read as JSON, a page at a time, through the kubectl
-plugin's connection (kubeconfig, or the pod's ServiceAccount); a refusal or an API server out
-of reach ends the run with the fix, before anything is deleted.
+were pinned to at admission. The lists are read as JSON, a page at a time, through a
+connection found as kubectl finds one (runtime/kubeconfig.py: kubeconfig, or the pod's
+ServiceAccount); a refusal or an API server out of reach ends the run with the fix,
+before anything is deleted.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tunefleet import GROUP, PLURAL, VERSION, naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.contracts.admission import Admission
 from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.runtime.kubeconfig import Connection, KubeconfigError, connect
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import Location
 
@@ -121,17 +123,18 @@ def fleet_of(
     return fleet
 
 
+def _connect(kubeconfig: str | None, context: str | None) -> Connection:
+    try:
+        return connect(kubeconfig, context)
+    except KubeconfigError as e:
+        raise GcError(str(e)) from None
+
+
 def read_profiles(
     kubeconfig: str | None, context: str | None, namespaces: Sequence[str] | None
 ) -> list[dict[str, Any]]:
     """Every TuningProfile (cluster-wide, or in each of `namespaces`), page by page."""
-    from tunefleet.plugin.cluster import connect
-    from tunefleet.plugin.errors import PluginError
-
-    try:
-        cluster = connect(kubeconfig, context, None)
-    except PluginError as e:
-        raise GcError(str(e)) from None
+    cluster = _connect(kubeconfig, context)
     docs: list[dict[str, Any]] = []
     for namespace in namespaces if namespaces is not None else [None]:
         docs += _list_profiles(cluster.api, cluster.host, namespace)
@@ -145,13 +148,7 @@ def read_pinned(
     annotations, read by the contract's owner). A pod that restarts (its init containers run
     again) or whose fetch has not run yet still reads its artifact, however old: status and
     history are bounded, pods are not. A pod can only keep an artifact, never remove one."""
-    from tunefleet.plugin.cluster import connect
-    from tunefleet.plugin.errors import PluginError
-
-    try:
-        cluster = connect(kubeconfig, context, None)
-    except PluginError as e:
-        raise GcError(str(e)) from None
+    cluster = _connect(kubeconfig, context)
     uris: list[str] = []
     for namespace in namespaces if namespaces is not None else [None]:
         path = "/api/v1/" + (f"namespaces/{namespace}/" if namespace else "") + "pods"
