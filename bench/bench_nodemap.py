@@ -24,7 +24,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 
 from tunefleet import kube  # noqa: E402
 from tunefleet.builders.placement import build_node_map  # noqa: E402
-from tunefleet.nodemap import NodeIndex, NodeMaps  # noqa: E402
+from tunefleet.placement.nodemap import NodeIndex, NodeMaps  # noqa: E402
 
 KEY = "nvidia.com/gpu.product"
 MODELS = ["NVIDIA-H100-80GB-HBM3", "NVIDIA-H200", "NVIDIA-B200", "NVIDIA-L40S"]

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from tunefleet import __version__
-from tunefleet.policy import ProfilePolicy
+from tunefleet.api.policy import ProfilePolicy
 
 
 def _env_bool(name: str, default: bool) -> bool:

@@ -26,7 +26,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from tunefleet.conditions import Phase
+from tunefleet.api.conditions import Phase
 from tunefleet.contracts.artifact import PINNED, REJECTED, SERVABLE, verdict_of
 from tuner_job.gain import FIGURES, Gain
 

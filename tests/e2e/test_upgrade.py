@@ -59,7 +59,7 @@ from testbed.poll import eventually
 from tests.support.fleet import profile_doc
 from tests.support.kube import apply, get_json, jobs_of, tuning_pods
 from tunefleet import __version__, naming
-from tunefleet.conditions import TYPES
+from tunefleet.api.conditions import TYPES
 
 # A cold build of the previous release's image installs its dependencies (apt, pip) into
 # layers of its own: minutes, once; warm, the whole test takes about three.

@@ -10,7 +10,7 @@ from typing import Any
 from tunefleet.api import TuningProfileSpec
 from tunefleet.builders.job import Child, build_tuning_job
 from tunefleet.config import Config
-from tunefleet.views import job_view, profile_view
+from tunefleet.informers.views import job_view, profile_view
 
 CFG = Config(image="tunefleet:1")
 MODELS = ["AMD_Instinct_MI300X_OAM", "AMD_Instinct_MI325X_OAM"]

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tunefleet import __main__ as entry
-from tunefleet import controller
+from tunefleet.reconciler import controller
 
 OURS = ("PYTHONMALLOC", "LD_PRELOAD", "MALLOC_CONF", *entry.GLIBC_ENV, "TUNEFLEET_ALLOCATOR")
 
@@ -109,7 +109,7 @@ def test_under_jemalloc_the_process_runs_it_and_purges_through_it() -> None:
     """The real library, preloaded as the operator preloads it: malloc is jemalloc's, and
     release_memory purges its arenas (mallctl found) rather than trimming glibc's heap."""
     code = (
-        "import ctypes, sys; from tunefleet import controller; "
+        "import ctypes, sys; from tunefleet.reconciler import controller; "
         "maps = open('/proc/self/maps').read(); "
         "assert 'libjemalloc' in maps, 'not preloaded'; "
         "assert getattr(ctypes.CDLL(None), 'mallctl', None) is not None; "

@@ -17,12 +17,12 @@ import pytest
 
 from tests.support.artifacts import tuner_output
 from tests.support.manifests import manifest
-from tunefleet import delivery
 from tunefleet.artifacts import fetch, fit, kinds, merge, publish
 from tunefleet.artifacts.kinds import tunableop
 from tunefleet.builders import artifact as artifact_b
 from tunefleet.builders import placement as placement_b
 from tunefleet.builders import webhook as webhook_b
+from tunefleet.serving import delivery
 from tuner_job.manifest import (
     ImageRef,
     LibraryInfo,

@@ -22,8 +22,8 @@ from tunefleet.capture.step import CaptureSource
 from tunefleet.capture.store import StoreKey, StoreView, build_store_config_map, merge
 from tunefleet.config import Config
 from tunefleet.contracts.artifact import ArtifactRecord
-from tunefleet.memory import Memory
-from tunefleet.reconcile import sync_profile
+from tunefleet.reconciler.memory import Memory
+from tunefleet.reconciler.reconcile import sync_profile
 from tunefleet.webhook.admission import admit
 from tuner_job import caches as cc
 from tuner_job.config import from_dict

@@ -6,13 +6,13 @@ from typing import Any
 
 import pytest
 
-from tunefleet import controller as controller_mod
 from tunefleet import kube
-from tunefleet.conditions import Reason
+from tunefleet.api.conditions import Reason
 from tunefleet.config import Config
-from tunefleet.controller import Controller, Indexes
-from tunefleet.memory import QUEUED_TTL
-from tunefleet.reconcile import REDELIVER_AFTER_S, Outcome, requeue_after
+from tunefleet.reconciler import controller as controller_mod
+from tunefleet.reconciler.controller import Controller, Indexes
+from tunefleet.reconciler.memory import QUEUED_TTL
+from tunefleet.reconciler.reconcile import REDELIVER_AFTER_S, Outcome, requeue_after
 
 
 def make(

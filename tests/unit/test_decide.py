@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunefleet import decide, naming
+from tunefleet import naming
 from tunefleet.builders.kueue import QUEUE_LABEL
-from tunefleet.observe import JobObservation
+from tunefleet.reconciler import decide
+from tunefleet.reconciler.observe import JobObservation
 
 H100, H200 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-H200"
 

@@ -21,13 +21,14 @@ from tests.support.artifacts import tuner_output
 from tests.support.fake_api import FakeApi
 from tests.support.profiles import CFG, MODELS, jobs_for, profile
 from tests.support.records import completed, published_pod
-from tunefleet import delivery, kube
+from tunefleet import kube
 from tunefleet.artifacts import fetch as fetch_mod
 from tunefleet.builders.artifact import CONFIG_MAP_BYTES, build_artifact_config_map
 from tunefleet.config import Config
 from tunefleet.contracts.admission import Admission, Code
-from tunefleet.memory import Memory
-from tunefleet.reconcile import sync_profile
+from tunefleet.reconciler.memory import Memory
+from tunefleet.reconciler.reconcile import sync_profile
+from tunefleet.serving import delivery
 from tunefleet.webhook.admission import admit
 from tuner_job.files import sha256_hex
 

@@ -14,17 +14,19 @@ import pytest
 from tests.support.fake_api import FakeApi
 from tests.support.profiles import MODELS, profile
 from tests.support.records import completed, published_pod
-from tunefleet import delivery, kube, naming
+from tunefleet import kube, naming
+from tunefleet.api.conditions import EventReason, Reason, Type, find
 from tunefleet.artifacts import fetch as fetch_mod
 from tunefleet.builders.artifact import build_artifact_config_map
-from tunefleet.conditions import EventReason, Reason, Type, find
 from tunefleet.config import Config
 from tunefleet.contracts.admission import INJECTED, UNTUNED, Admission, Code
 from tunefleet.contracts.fetch import CONTAINER, FetchOutcome
-from tunefleet.delivered import DeliveredConfigMaps
-from tunefleet.memory import Memory
-from tunefleet.reconcile import sync_profile
-from tunefleet.served import (
+from tunefleet.reconciler.memory import Memory
+from tunefleet.reconciler.reconcile import sync_profile
+from tunefleet.reconciler.status import with_degraded
+from tunefleet.serving import delivery
+from tunefleet.serving.delivered import DeliveredConfigMaps
+from tunefleet.serving.served import (
     CACHES_NOT_SERVED,
     FETCH_FAILED,
     VOLUME_NOT_PULLED,
@@ -32,7 +34,6 @@ from tunefleet.served import (
     Untuned,
     cause_of,
 )
-from tunefleet.status import with_degraded
 
 RESULTS = b"Validator,PT_VERSION,2.11.0\nGemmTunableOp_Half_TN,tn_8_8_8,Default,0.1\n"
 SHA = hashlib.sha256(RESULTS).hexdigest()

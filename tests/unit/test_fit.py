@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tunefleet.artifacts import fetch, fit, publish
-from tunefleet.diagnose import Hints
-from tunefleet.observe import observe_job
+from tunefleet.reconciler.diagnose import Hints
+from tunefleet.reconciler.observe import observe_job
 from tuner_job.output import write_output
 from tuner_job.results import ResultsFile, parse_results, read_results
 

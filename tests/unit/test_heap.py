@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from tunefleet.cache import Cache
+from tunefleet.informers.cache import Cache
 from tunefleet.runtime import heap
 from tunefleet.runtime.workqueue import WorkQueue
 
@@ -96,7 +96,7 @@ def test_a_cached_view_takes_its_length_not_the_serializer_s_buffer() -> None:
     view for the object's life, so it must keep the bytes alone."""
     import tracemalloc
 
-    from tunefleet.cache import _pack
+    from tunefleet.informers.cache import _pack
 
     view = {"metadata": {"name": "p" * 40, "uid": "u" * 36}, "spec": {"x": "y" * 900}}
     tracemalloc.start()
@@ -116,7 +116,7 @@ def test_a_spec_s_revision_is_kept_while_the_spec_lives_and_goes_with_it(monkeyp
     import gc
 
     from tunefleet import naming
-    from tunefleet.reconcile import parse_spec
+    from tunefleet.reconciler.reconcile import parse_spec
 
     raw = {
         "image": "registry.example.com/serve:1",

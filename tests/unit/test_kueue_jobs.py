@@ -10,16 +10,17 @@ import pytest
 
 from tests.support.fake_api import FakeApi
 from tests.support.profiles import CFG, MODELS, jobs_for, profile
-from tunefleet import kueue, naming
+from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
+from tunefleet.api.conditions import Reason, Type, find
 from tunefleet.builders.job import Child, build_merge_job, build_tuning_job, tuning_config
 from tunefleet.builders.kueue import QUEUE_LABEL
-from tunefleet.conditions import Reason, Type, find
-from tunefleet.diagnose import Hints
-from tunefleet.memory import Memory
-from tunefleet.observe import Gathered, observe, observe_job, observe_wanting
-from tunefleet.reconcile import sync_profile
-from tunefleet.status import Observed, compute_status
+from tunefleet.reconciler import kueue
+from tunefleet.reconciler.diagnose import Hints
+from tunefleet.reconciler.memory import Memory
+from tunefleet.reconciler.observe import Gathered, observe, observe_job, observe_wanting
+from tunefleet.reconciler.reconcile import sync_profile
+from tunefleet.reconciler.status import Observed, compute_status
 
 QUEUED = {"backoffLimit": 0, "queueName": "gpu-team"}
 

@@ -158,8 +158,8 @@ def test_no_import_circle_in_tuner_job() -> None:
 def test_builders_build_manifests_only() -> None:
     """builders/ may use names, the API types, settings and the storage seam; never the
     admission, status or reconcile code that decides what to build."""
-    forbidden = ("tunefleet.webhook", "tunefleet.status", "tunefleet.reconcile",
-                 "tunefleet.observe", "tunefleet.controller", "tunefleet.handlers")  # fmt: skip
+    forbidden = ("tunefleet.webhook", "tunefleet.reconciler.status", "tunefleet.reconciler.reconcile",
+                 "tunefleet.reconciler.observe", "tunefleet.reconciler.controller", "tunefleet.handlers")  # fmt: skip
     bad = []
     for path in (OPERATOR / "builders").rglob("*.py"):
         name = module_name(path, OPERATOR, "tunefleet")
@@ -222,7 +222,7 @@ def test_the_machinery_rule_catches_a_domain_import() -> None:
     g = {
         "tunefleet.runtime.client": {"tunefleet.runtime.heap"},
         "tunefleet.runtime.reflector": {"tunefleet.naming", "tunefleet.runtime.client"},
-        "tunefleet.reconcile": {"tunefleet.runtime.client"},
+        "tunefleet.reconciler.reconcile": {"tunefleet.runtime.client"},
     }
     assert runtime_breaches(g) == ["tunefleet.runtime.reflector imports tunefleet.naming"]
 

@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from tests.support.artifacts import tuner_output
-from tunefleet import delivery, naming
+from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.api.models import STORAGE_URI
 from tunefleet.artifacts import ocibundle, signing
@@ -37,6 +37,7 @@ from tunefleet.config import Config
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.contracts.fetch import Candidate
 from tunefleet.plugin.why import explain
+from tunefleet.serving import delivery
 from tunefleet.storage import oci
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import Location, NotFoundError, StoreError
@@ -767,7 +768,7 @@ def test_why_says_a_pod_runs_from_its_image_volume() -> None:
 
 
 def test_serving_delivery_store_keeps_oci_pods_fetching(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tunefleet import reconcile
+    from tunefleet.reconciler import reconcile
 
     calls: list[str] = []
     monkeypatch.setattr(reconcile, "_deliver_image_volumes", lambda s, a: calls.append("iv"))

@@ -21,7 +21,7 @@ from tunefleet.config import Config
 from tunefleet.contracts import nodemap
 from tunefleet.contracts.admission import Admission, Code
 from tunefleet.contracts.fetch import CONTAINER, LOADED, REFUSED, UNTUNED, FetchOutcome
-from tunefleet.nodemap import NodeIndex, NodeMaps, profile_gpu
+from tunefleet.placement.nodemap import NodeIndex, NodeMaps, profile_gpu
 from tunefleet.webhook.admission import admit
 from tunefleet.webhook.placement import reach
 

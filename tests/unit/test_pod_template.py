@@ -18,14 +18,14 @@ from pydantic import ValidationError
 from tests.support.fake_api import FakeApi
 from tunefleet import kube, naming
 from tunefleet.api import TuningProfileSpec
+from tunefleet.api.conditions import Reason
+from tunefleet.api.policy import ProfilePolicy, refusals
 from tunefleet.api.template import RESERVED_MOUNT, RESERVED_VOLUME_PREFIX, RESERVED_VOLUMES
 from tunefleet.builders.job import Child, build_merge_job, build_tuning_job
-from tunefleet.conditions import Reason
 from tunefleet.config import Config
-from tunefleet.memory import Memory
-from tunefleet.policy import ProfilePolicy, refusals
-from tunefleet.reconcile import sync_profile
-from tunefleet.views import profile_view
+from tunefleet.informers.views import profile_view
+from tunefleet.reconciler.memory import Memory
+from tunefleet.reconciler.reconcile import sync_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "NVIDIA-H100-80GB-HBM3"
@@ -551,8 +551,8 @@ def test_every_example_profile_is_valid_and_allowed() -> None:
 
 
 def test_a_taint_the_pod_does_not_tolerate_names_the_templates_tolerations() -> None:
-    from tunefleet.diagnose import Hints, explain_unschedulable
-    from tunefleet.reconcile import hints_for
+    from tunefleet.reconciler.diagnose import Hints, explain_unschedulable
+    from tunefleet.reconciler.reconcile import hints_for
 
     assert hints_for(spec(TEMPLATE), CFG).tolerations == ("dedicated",)
     msg = "0/3 nodes are available: 3 node(s) had untolerated taint {spot: true}. preemption: 0/3 nodes are available: 3 Preemption is not helpful for scheduling."
@@ -582,8 +582,8 @@ def gathered_and_observed(
 ) -> list[Any]:
     """observe as the reconcile does: what it wants beyond the cache is read (job_events, the
     gather step), then it observes again with that; nothing is read when nothing is wanted."""
-    from tunefleet.diagnose import Hints
-    from tunefleet.observe import Gathered, observe, observe_wanting
+    from tunefleet.reconciler.diagnose import Hints
+    from tunefleet.reconciler.observe import Gathered, observe, observe_wanting
 
     observations, wants = observe_wanting(jobs, [], Hints())
     if not wants:
@@ -646,7 +646,7 @@ def test_reconcile_reads_a_podless_jobs_events_once_a_minute(
             "spec": raw,
         }
     )
-    from tunefleet.views import job_view
+    from tunefleet.informers.views import job_view
 
     job = build_tuning_job(child(s))
     job["metadata"]["uid"] = "ju"

@@ -12,8 +12,8 @@ from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.contracts.pin import Pin
-from tunefleet.observe import JobObservation
-from tunefleet.status import Observed, compute_status
+from tunefleet.reconciler.observe import JobObservation
+from tunefleet.reconciler.status import Observed, compute_status
 from tuner_job.gain import Failure, Gain, paired
 
 MODEL = "AMD_Instinct_MI300X_OAM"
@@ -207,7 +207,7 @@ def test_the_same_bytes_tuned_again_under_a_new_spec_are_judged_for_that_spec() 
 
 def test_the_cached_view_of_a_profile_keeps_its_pins_for_the_reconcile() -> None:
     from tunefleet.contracts import pin
-    from tunefleet.views import profile_view
+    from tunefleet.informers.views import profile_view
 
     pins = {MODEL: Pin(MODEL, "a" * 64, "why", "t")}
     raw = {"metadata": {"name": "p", "namespace": "n", "annotations": {

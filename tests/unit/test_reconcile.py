@@ -12,9 +12,9 @@ from kubernetes.client.exceptions import ApiException
 from tests.support.fake_api import FakeApi
 from tests.support.profiles import CFG, MODELS, jobs_for, profile
 from tunefleet import kube
-from tunefleet.memory import Memory
-from tunefleet.reconcile import sync_profile
-from tunefleet.views import profile_view
+from tunefleet.informers.views import profile_view
+from tunefleet.reconciler.memory import Memory
+from tunefleet.reconciler.reconcile import sync_profile
 
 
 def test_every_missing_job_is_made_even_when_an_earlier_one_exists(
@@ -77,7 +77,9 @@ def test_a_job_made_for_kueue_is_not_observed_before_kueue_has_seen_it(
     p = profile(tuning={"queueName": "tuning"})
     api = FakeApi(monkeypatch)
     asked: list[str] = []
-    monkeypatch.setattr("tunefleet.kueue.workloads_of", lambda ns, uid: asked.append(uid) or [])
+    monkeypatch.setattr(
+        "tunefleet.reconciler.kueue.workloads_of", lambda ns, uid: asked.append(uid) or []
+    )
     sync_profile(p, [], [], CFG, Memory())
     assert [k for k, _ in api.created].count("Job") == 2
     assert not (api.patches[-1].get("jobs") if api.patches else None) and asked == []

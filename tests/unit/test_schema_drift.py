@@ -192,7 +192,7 @@ def test_every_phase_is_the_one_the_crd_describes() -> None:
     """status.phase's words are named once (conditions.Phase); the CRD's printer column and
     schema describe exactly those, in the same order, so `kubectl explain` and the operator
     agree."""
-    from tunefleet.conditions import Phase
+    from tunefleet.api.conditions import Phase
 
     doc = yaml.safe_load(CRD.read_text())
     version = doc["spec"]["versions"][0]

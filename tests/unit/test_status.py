@@ -8,10 +8,10 @@ from typing import Any
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.contracts.artifact import ArtifactRecord
-from tunefleet.diagnose import Hints, pull_secrets_missing
-from tunefleet.observe import JobObservation as _Observation
-from tunefleet.observe import observe_job
-from tunefleet.status import Observed, compute_status, status_changed
+from tunefleet.reconciler.diagnose import Hints, pull_secrets_missing
+from tunefleet.reconciler.observe import JobObservation as _Observation
+from tunefleet.reconciler.observe import observe_job
+from tunefleet.reconciler.status import Observed, compute_status, status_changed
 
 
 def JobObservation(*args: Any, result: dict[str, Any] | None = None, **kw: Any) -> _Observation:

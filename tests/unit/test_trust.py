@@ -14,10 +14,10 @@ from tests.support.fake_api import FakeApi
 from tests.support.profiles import CFG, MODELS, jobs_for, profile
 from tests.support.records import SHA, completed, pod_body, published_pod, record
 from tunefleet import kube, naming
-from tunefleet.cache import Cache
-from tunefleet.controller import Controller, Indexes
-from tunefleet.memory import Memory
-from tunefleet.reconcile import sync_profile
+from tunefleet.informers.cache import Cache
+from tunefleet.reconciler.controller import Controller, Indexes
+from tunefleet.reconciler.memory import Memory
+from tunefleet.reconciler.reconcile import sync_profile
 from tunefleet.runtime import client
 from tunefleet.runtime.leader import LeaseElector, Timing
 
@@ -221,7 +221,7 @@ def test_a_failed_attempt_of_a_retrying_job_shows_with_its_cause_once(
             }
         ],
     }
-    from tunefleet.views import pod_view
+    from tunefleet.informers.views import pod_view
 
     api = FakeApi(monkeypatch)
     memory = Memory()

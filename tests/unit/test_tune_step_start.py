@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from tunefleet import naming
-from tunefleet.diagnose import pod_blocker
-from tunefleet.observe import observe_job
-from tunefleet.views import pod_view
+from tunefleet.informers.views import pod_view
+from tunefleet.reconciler.diagnose import pod_blocker
+from tunefleet.reconciler.observe import observe_job
 
 NOT_FOUND = (
     "failed to create containerd task: failed to create shim task: OCI runtime create failed: "

@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 
-from tunefleet import kube, watch
-from tunefleet.cache import Cache
+from tunefleet import kube
 from tunefleet.config import Config
-from tunefleet.controller import Controller, Indexes
-from tunefleet.memory import Memory
+from tunefleet.informers import watch
+from tunefleet.informers.cache import Cache
+from tunefleet.reconciler.controller import Controller, Indexes
+from tunefleet.reconciler.memory import Memory
 from tunefleet.runtime import client, reflector
 
 

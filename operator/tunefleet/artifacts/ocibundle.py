@@ -56,7 +56,7 @@ PREFIX = "io.tunefleet."
 
 
 def cache_media_type(kind: str) -> str:
-    return f"application/vnd.tunefleet.cache.{kind.lower()}.v1.tar+gzip"
+    return f"application/vnd.tunefleet.informers.cache.{kind.lower()}.v1.tar+gzip"
 
 
 def bundle_annotations(manifest: Manifest, manifest_sha256: str) -> dict[str, str]:

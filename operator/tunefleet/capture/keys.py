@@ -16,12 +16,13 @@ import threading
 import time
 from collections import OrderedDict
 
-from tunefleet import delivery, kube
+from tunefleet import kube
 from tunefleet.artifacts import kinds
 from tunefleet.artifacts.fetch import FetchError, download_verified
 from tunefleet.builders.artifact import PACKED_NAME
 from tunefleet.config import Config
 from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.serving import delivery
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import StoreError, StoreOptions
 from tuner_job.output import RESULTS_NAME

@@ -38,8 +38,9 @@ import kubernetes
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from tunefleet import kube, naming, views
+from tunefleet import kube, naming
 from tunefleet.builders.job import owner_reference
+from tunefleet.informers import views
 from tuner_job import caches as cc
 
 log = logging.getLogger(__name__)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunefleet import metrics, naming, watch
+from tunefleet import metrics, naming
 from tunefleet.handlers.startup import CAPTURES, CONTROLLER
+from tunefleet.informers import watch
 from tunefleet.runtime import reflector
 
 

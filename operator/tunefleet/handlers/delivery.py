@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunefleet import metrics, watch
+from tunefleet import metrics
 from tunefleet.handlers.startup import CONTROLLER, DELIVERED, SERVED
+from tunefleet.informers import watch
 from tunefleet.runtime import reflector
 
 

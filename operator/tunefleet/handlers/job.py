@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunefleet import watch
 from tunefleet.handlers.startup import follow_child
+from tunefleet.informers import watch
 from tunefleet.runtime import reflector
 
 

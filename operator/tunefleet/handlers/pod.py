@@ -11,14 +11,15 @@ from typing import Any
 
 import kopf
 
-from tunefleet import kube, metrics, naming, views, watch
+from tunefleet import kube, metrics, naming
+from tunefleet.api.conditions import EventReason
 from tunefleet.artifacts import volumes
 from tunefleet.artifacts.volumes import VolumeVerdict
 from tunefleet.builders.webhook import HANDLER_ID
-from tunefleet.conditions import EventReason
 from tunefleet.contracts.admission import Admission, Code
 from tunefleet.contracts.artifact import IMAGE_VOLUME, ArtifactRecord
 from tunefleet.handlers.startup import CACHE, CONFIG, DELIVERED, follow_child
+from tunefleet.informers import views, watch
 from tunefleet.runtime import reflector
 from tunefleet.webhook.admission import Decision, admit, already_injected, repeats, seen_injected
 

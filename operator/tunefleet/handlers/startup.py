@@ -16,21 +16,22 @@ from typing import Any, Protocol
 
 import kopf
 
-from tunefleet import kube, metrics, naming, watch
-from tunefleet.cache import Cache
+from tunefleet import kube, metrics, naming
 from tunefleet.capture import endpoint as capture_endpoint
 from tunefleet.capture.cache import CaptureCache
 from tunefleet.capture.keys import ArtifactKeys
 from tunefleet.capture.step import CaptureSource
 from tunefleet.capture.store import Writer
 from tunefleet.config import Config
-from tunefleet.controller import Controller, Indexes
-from tunefleet.delivered import DeliveredConfigMaps
-from tunefleet.nodemap import NodeMaps
+from tunefleet.informers import watch
+from tunefleet.informers.cache import Cache
+from tunefleet.placement.nodemap import NodeMaps
+from tunefleet.reconciler.controller import Controller, Indexes
 from tunefleet.runtime import reflector
 from tunefleet.runtime.leader import LeaseElector
 from tunefleet.runtime.reflector import Reflectors
-from tunefleet.served import ServedPods
+from tunefleet.serving.delivered import DeliveredConfigMaps
+from tunefleet.serving.served import ServedPods
 from tunefleet.webhook import server as webhook_server
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunefleet import metrics, watch
-from tunefleet.cache import spec_seen
+from tunefleet import metrics
 from tunefleet.handlers.startup import CACHE, CONTROLLER, NODE_MAPS
+from tunefleet.informers import watch
+from tunefleet.informers.cache import spec_seen
 from tunefleet.runtime import reflector
 
 

@@ -6,8 +6,8 @@ import datetime
 from typing import Any
 
 from tunefleet import naming
+from tunefleet.api.conditions import TYPES, Phase, Type
 from tunefleet.capture.loop import model_revision
-from tunefleet.conditions import TYPES, Phase, Type
 from tunefleet.contracts import pin as pins
 from tunefleet.contracts.artifact import REJECTED, ArtifactRecord, verdict_of
 from tuner_job.gain import Gain

@@ -19,13 +19,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tunefleet import naming, served
+from tunefleet import naming
+from tunefleet.api.conditions import Phase, Reason, Type
 from tunefleet.builders.webhook import FILENAME, RESULTS_DIR, TUNABLE_ENV
-from tunefleet.conditions import Phase, Reason, Type
 from tunefleet.contracts.admission import UNTUNED, Admission, Code
 from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
 from tunefleet.contracts.fetch import LOADED, REFUSED, FetchOutcome
 from tunefleet.contracts.nodemap import ROLE as NODE_MAP_ROLE
+from tunefleet.serving import served
 
 from .common import event_lines, recent_events, short
 

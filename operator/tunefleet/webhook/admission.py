@@ -34,6 +34,7 @@ from pydantic import ValidationError
 
 from tunefleet import images, naming
 from tunefleet.api import TuningProfileSpec
+from tunefleet.api.conditions import Phase
 from tunefleet.artifacts import kinds
 from tunefleet.artifacts.volumes import VolumeVerdict
 from tunefleet.builders import capture as capture_b
@@ -59,7 +60,6 @@ from tunefleet.builders.webhook import (
     results_volume,
     tunable_env,
 )
-from tunefleet.conditions import Phase
 from tunefleet.config import Config
 from tunefleet.contracts import nodemap
 from tunefleet.contracts.admission import INJECTED, UNTUNED, Admission, Code

@@ -22,14 +22,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunefleet import kube, metrics, naming
-from tunefleet.cache import Untrusted
 from tunefleet.capture.step import CaptureSource
 from tunefleet.config import Config
-from tunefleet.memory import Memory
-from tunefleet.reconcile import Outcome, sync_profile
+from tunefleet.informers.cache import Untrusted
+from tunefleet.reconciler.memory import Memory
+from tunefleet.reconciler.reconcile import Outcome, sync_profile
 from tunefleet.runtime.heap import release_memory
 from tunefleet.runtime.workqueue import Backoff, WorkQueue
-from tunefleet.served import Untuned
+from tunefleet.serving.served import Untuned
 
 log = logging.getLogger(__name__)
 

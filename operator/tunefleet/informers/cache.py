@@ -29,8 +29,9 @@ from typing import Any
 
 import orjson
 
-from tunefleet import metrics, naming, views
-from tunefleet.conditions import Phase
+from tunefleet import metrics, naming
+from tunefleet.api.conditions import Phase
+from tunefleet.informers import views
 from tunefleet.runtime.heap import compacted
 
 log = logging.getLogger(__name__)

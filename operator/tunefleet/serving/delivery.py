@@ -19,16 +19,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from tunefleet import kube, naming, views
+from tunefleet import kube, naming
 from tunefleet.artifacts import fit, gz
 from tunefleet.artifacts.fetch import MAX_RESULTS_BYTES, FetchError, Verified, download_verified
 from tunefleet.builders.artifact import build_artifact_config_map, is_packed, payload_keys
 from tunefleet.config import Config
 from tunefleet.contracts.admission import Admission
 from tunefleet.contracts.artifact import IMAGE_VOLUME, ArtifactRecord
+from tunefleet.informers import views
+from tunefleet.informers.views import ProfileRef
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import StoreError, StoreOptions
-from tunefleet.views import ProfileRef
 from tuner_job.output import MANIFEST_NAME
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,9 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from tunefleet import kube, kueue
-from tunefleet.observe import Gathered, Want
+from tunefleet import kube
+from tunefleet.reconciler import kueue
+from tunefleet.reconciler.observe import Gathered, Want
 from tunefleet.runtime.heap import compacted
 
 _EVENT_FIELDS = ("reason", "message", "type", "lastTimestamp", "eventTime")  # what observe reads

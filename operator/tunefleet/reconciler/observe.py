@@ -19,10 +19,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from tunefleet import naming
+from tunefleet.api.conditions import Reason
 from tunefleet.artifacts import fit
-from tunefleet.conditions import Reason
 from tunefleet.contracts.artifact import ArtifactRecord
-from tunefleet.diagnose import (
+from tunefleet.reconciler.diagnose import (
     Hints,
     newest_first,
     pod_blocker,

@@ -18,9 +18,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tunefleet import decide, delivery, kube, metrics, naming, policy, views
-from tunefleet.announce import announce
-from tunefleet.api import TuningProfileSpec
+from tunefleet import kube, metrics, naming
+from tunefleet.api import TuningProfileSpec, policy
+from tunefleet.api.conditions import EventReason, Reason, Type, find, truncate
 from tunefleet.artifacts.fetch import FetchError
 from tunefleet.artifacts.volumes import key_id
 from tunefleet.builders.job import (
@@ -32,19 +32,22 @@ from tunefleet.builders.job import (
 )
 from tunefleet.builders.kueue import QUEUE_LABEL
 from tunefleet.builders.storage import pod_storage
-from tunefleet.cache import Untrusted
 from tunefleet.capture import step as capture_step
-from tunefleet.conditions import EventReason, Reason, Type, find, truncate
 from tunefleet.config import Config
 from tunefleet.contracts import pin
 from tunefleet.contracts.artifact import REJECTED, ArtifactRecord
-from tunefleet.diagnose import Hints
-from tunefleet.memory import NODES_TTL, QUEUED_TTL, Memory, ProfileMemory
-from tunefleet.observe import JobObservation, observe, observe_wanting
-from tunefleet.served import Untuned
-from tunefleet.status import Observed, compute_status, status_changed, with_degraded
+from tunefleet.informers import views
+from tunefleet.informers.cache import Untrusted
+from tunefleet.informers.views import ProfileRef, profile_ref
+from tunefleet.reconciler import decide
+from tunefleet.reconciler.announce import announce
+from tunefleet.reconciler.diagnose import Hints
+from tunefleet.reconciler.memory import NODES_TTL, QUEUED_TTL, Memory, ProfileMemory
+from tunefleet.reconciler.observe import JobObservation, observe, observe_wanting
+from tunefleet.reconciler.status import Observed, compute_status, status_changed, with_degraded
+from tunefleet.serving import delivery
+from tunefleet.serving.served import Untuned
 from tunefleet.storage.store import StoreError
-from tunefleet.views import ProfileRef, profile_ref
 
 log = logging.getLogger(__name__)
 # A delivered artifact whose ConfigMap was deleted or replaced and could not be made again

@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from tunefleet.api.conditions import Reason
 from tunefleet.artifacts import fit
-from tunefleet.conditions import Reason
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from tunefleet import views
+from tunefleet.informers import views
 from tunefleet.runtime.heap import compacted
 
 Key = tuple[str, str]  # (namespace, name)

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from tunefleet import naming
 from tunefleet.builders.kueue import QUEUE_LABEL
-from tunefleet.observe import JobObservation
+from tunefleet.reconciler.observe import JobObservation
 
 Revision = Callable[[str], str]  # GPU model -> the revision it tunes under now
 

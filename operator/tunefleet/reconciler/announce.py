@@ -9,8 +9,8 @@ import logging
 from typing import Any
 
 from tunefleet import kube, metrics, naming
-from tunefleet.conditions import BLOCKED, EventReason, Phase, Reason, Type, find
-from tunefleet.views import profile_ref
+from tunefleet.api.conditions import BLOCKED, EventReason, Phase, Reason, Type, find
+from tunefleet.informers.views import profile_ref
 
 log = logging.getLogger(__name__)
 

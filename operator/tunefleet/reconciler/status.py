@@ -11,14 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tunefleet import naming, promotion
+from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
+from tunefleet.api.conditions import Phase, Reason, Type, condition
 from tunefleet.artifacts import kinds
-from tunefleet.conditions import Phase, Reason, Type, condition
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.contracts.pin import Pin
-from tunefleet.observe import JobObservation
-from tunefleet.served import Untuned
+from tunefleet.reconciler import promotion
+from tunefleet.reconciler.observe import JobObservation
+from tunefleet.serving.served import Untuned
 
 HISTORY_LIMIT = 10
 
