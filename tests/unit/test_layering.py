@@ -2,7 +2,13 @@
 
 - the operator imports only tuner_job's public format layer (tuner_job.FORMAT_LAYER);
 - that layer imports nothing but the standard library and itself (it runs in users' images);
-- no import circle among tunefleet's modules, lazy imports inside functions included;
+- no import circle among tunefleet's modules, lazy imports inside functions included, nor
+  anywhere in the tree (tuner_job, bench, testbed, tests, hack, scripts);
+- at most 8 modules directly in operator/tunefleet/: the rest live in rooms named by what
+  they do (docs/operator.md's map);
+- nothing outside tests/ imports from tests/ (what the demo and the benchmarks share with the
+  e2e tests is testbed/); artifacts/ never imports plugin/ (the kubectl plugin is a client of
+  the product, not a library of it);
 - builders/ build manifests: they never import admission, status or reconcile code;
 - runtime/ is the controller machinery (API client, reflector, work queue, leader election,
   heap): it imports nothing of tunefleet outside runtime/, so the domain can change beneath it;
@@ -145,6 +151,79 @@ def test_no_import_circle_in_tunefleet() -> None:
         deps -= {p for p in deps if name.startswith(p + ".")}
     circle = _cycle(g)
     assert circle is None, " -> ".join(circle or [])
+
+
+PACKAGES = {
+    "tunefleet": OPERATOR,
+    "tuner_job": TUNER,
+    "bench": ROOT / "bench",
+    "testbed": ROOT / "testbed",
+    "tests": TESTS,
+    "hack": ROOT / "hack",
+    "scripts": ROOT / "scripts",
+}
+
+
+def tree_graph() -> dict[str, set[str]]:
+    """Every Python module of the repository and what it imports of the others."""
+    g: dict[str, set[str]] = {}
+    for package, base in PACKAGES.items():
+        if base.is_dir():
+            for path in base.rglob("*.py"):
+                name = module_name(path, base, package)
+                g[name] = set(imports(path, name))
+    return {
+        name: {m for m in deps if m in g and m != name and not name.startswith(m + ".")}
+        for name, deps in g.items()
+    }
+
+
+def test_no_import_circle_anywhere_in_the_tree() -> None:
+    circle = _cycle(tree_graph())
+    assert circle is None, " -> ".join(circle or [])
+
+
+def test_the_tree_rule_catches_a_circle_across_folders() -> None:
+    g = {"bench.suite": {"testbed.cluster"}, "testbed.cluster": {"bench.suite"}}
+    assert _cycle(g) == ["bench.suite", "testbed.cluster", "bench.suite"]
+
+
+MAX_TOP_MODULES = 8
+
+
+def test_at_most_8_modules_directly_in_the_operator_package() -> None:
+    top = sorted(p.name for p in OPERATOR.glob("*.py"))
+    assert len(top) <= MAX_TOP_MODULES, f"put each in the folder of what it does: {top}"
+
+
+def outside_imports_of_tests(g: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{name} imports {dep}"
+        for name, deps in g.items()
+        if name.split(".")[0] != "tests"
+        for dep in deps
+        if dep.split(".")[0] == "tests"
+    )
+
+
+def test_nothing_outside_tests_imports_from_tests() -> None:
+    bad = outside_imports_of_tests(tree_graph())
+    assert not bad, "move what both need to testbed/:\n" + "\n".join(bad)
+    assert outside_imports_of_tests({"bench.suite": {"tests.support.poll"}}) == [
+        "bench.suite imports tests.support.poll"
+    ]
+
+
+def test_artifacts_never_imports_the_kubectl_plugin() -> None:
+    g = graph(OPERATOR, "tunefleet")
+    bad = sorted(
+        f"{name} imports {dep}"
+        for name, deps in g.items()
+        if name.startswith("tunefleet.artifacts")
+        for dep in deps
+        if dep.startswith("tunefleet.plugin")
+    )
+    assert not bad, "\n".join(bad)
 
 
 def test_no_import_circle_in_tuner_job() -> None:
