@@ -35,8 +35,8 @@ from tunefleet.artifacts.fetch import fetch  # noqa: E402
 from tunefleet.artifacts.publish import publish  # noqa: E402
 from tunefleet.storage.registry import parse_uri  # noqa: E402
 from tunefleet.storage.s3 import S3Store  # noqa: E402
-from tuner_job.manifest import Manifest  # noqa: E402
-from tuner_job.output import write_output  # noqa: E402
+from tuner_job.manifest import ArtifactId, Manifest  # noqa: E402
+from tuner_job.output import RunFacts, write_output  # noqa: E402
 from tuner_job.results import parse_results  # noqa: E402
 
 SIZE = 1_000_000
@@ -76,14 +76,13 @@ def write_artifact(out: Path, variant: int) -> Manifest:
     return write_output(
         out,
         results,
-        namespace="bench",
-        profile="artifacts",
-        revision="bench",
-        gpu_model=MODEL,
-        recorded=results.gemms,
-        identity={"gpuName": "synthetic bench data"},
-        tuning_seconds=0.0,
-        tool_version="bench",
+        ArtifactId(namespace="bench", profile="artifacts", revision="bench", gpu_model=MODEL),
+        RunFacts(
+            recorded=results.gemms,
+            identity={"gpuName": "synthetic bench data"},
+            seconds=0.0,
+            tool_version="bench",
+        ),
     )
 
 

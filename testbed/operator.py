@@ -324,7 +324,8 @@ def stand_in_tuner_output(
 ) -> None:
     """What the tune step leaves for publish (results.csv + manifest.json), without a GPU:
     the stand-in torch's marks, and validators and solutions of the model's vendor."""
-    from tuner_job.output import write_output
+    from tuner_job.manifest import ArtifactId
+    from tuner_job.output import RunFacts, write_output
     from tuner_job.results import parse_results
 
     vendor = vendor or model_vendor(config["gpuModel"])
@@ -339,14 +340,18 @@ def stand_in_tuner_output(
     write_output(
         out,
         results,
-        namespace=config["namespace"],
-        profile=config["profile"],
-        revision=config["revision"],
-        gpu_model=config["gpuModel"],
-        recorded=results.gemms,
-        identity={"gpuName": _STAND_IN_DEVICE, **_STAND_IN_IDENTITY[vendor]},
-        tuning_seconds=1.0,
-        tool_version="tunefleet-e2e-stand-in",
+        ArtifactId(
+            namespace=config["namespace"],
+            profile=config["profile"],
+            revision=config["revision"],
+            gpu_model=config["gpuModel"],
+        ),
+        RunFacts(
+            recorded=results.gemms,
+            identity={"gpuName": _STAND_IN_DEVICE, **_STAND_IN_IDENTITY[vendor]},
+            seconds=1.0,
+            tool_version="tunefleet-e2e-stand-in",
+        ),
     )
 
 

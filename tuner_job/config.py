@@ -11,6 +11,7 @@ from typing import Any
 
 from .caches import CacheError, CacheSpec
 from .caches import from_config as caches_from_config
+from .manifest import ArtifactId
 
 ENV_VAR = "TUNEFLEET_TUNING_CONFIG"
 # An Indexed Job gives each pod its index here; the pod tunes that share of the GEMMs.
@@ -121,6 +122,10 @@ class TuningConfig:
     tunableop: bool = True
     caches: tuple[CacheSpec, ...] = ()
     promotion: Promotion = field(default_factory=Promotion)
+
+    @property
+    def artifact_id(self) -> ArtifactId:
+        return ArtifactId(self.namespace, self.profile, self.revision, self.gpu_model)
 
     @property
     def workload_argv(self) -> list[str]:

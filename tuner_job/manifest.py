@@ -132,6 +132,17 @@ class ManifestExtra:
 
 
 @dataclass(frozen=True)
+class ArtifactId:
+    """Whose artifact: the four names that travel together from the tuning configuration to
+    the manifest, the store's keys and the profile's status."""
+
+    namespace: str
+    profile: str
+    revision: str
+    gpu_model: str
+
+
+@dataclass(frozen=True)
 class Manifest:
     namespace: str
     profile: str
@@ -158,6 +169,10 @@ class Manifest:
     caches_skipped: tuple[Skipped, ...] = ()
     # What the artifact buys, measured after tuning (tuner_job/gain.py); None when not measured.
     gain: Gain | None = None
+
+    @property
+    def artifact_id(self) -> ArtifactId:
+        return ArtifactId(self.namespace, self.profile, self.revision, self.gpu_model)
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"schema": SCHEMA}

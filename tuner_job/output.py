@@ -13,25 +13,27 @@ from pathlib import Path
 from . import __version__
 from .caches import INDEX_KIND, INDEX_NAME, Packed, Skipped, index_bytes
 from .files import atomic_write_bytes, sha256_hex
-from .manifest import Manifest, ManifestExtra, rfc3339_utc
+from .manifest import ArtifactId, Manifest, ManifestExtra, rfc3339_utc
 from .results import ResultsFile, count_outcomes, format_results
 
 RESULTS_NAME = "results.csv"
 MANIFEST_NAME = "manifest.json"
 
 
+@dataclasses.dataclass(frozen=True)
+class RunFacts:
+    """What the run that made an artifact says of itself, beside its payload: the machine's
+    identity, its seconds, the GEMMs it recorded, and the rest of the manifest's extras."""
+
+    identity: dict[str, str]
+    seconds: float
+    recorded: int = 0
+    extra: ManifestExtra | None = None
+    tool_version: str = __version__
+
+
 def build_output(
-    results: ResultsFile,
-    *,
-    namespace: str,
-    profile: str,
-    revision: str,
-    gpu_model: str,
-    recorded: int,
-    identity: dict[str, str],
-    tuning_seconds: float,
-    tool_version: str = __version__,
-    extra: ManifestExtra | None = None,
+    results: ResultsFile, artifact: ArtifactId, run: RunFacts
 ) -> tuple[bytes, Manifest]:
     """results.csv's bytes (canonical form) and the manifest that describes them.
 
@@ -39,20 +41,20 @@ def build_output(
     """
     data = format_results(results).encode("utf-8")
     manifest = Manifest(
-        namespace=namespace,
-        profile=profile,
-        revision=revision,
-        gpu_model=gpu_model,
+        namespace=artifact.namespace,
+        profile=artifact.profile,
+        revision=artifact.revision,
+        gpu_model=artifact.gpu_model,
         results_sha256=sha256_hex(data),
         gemms=results.gemms,
-        recorded=recorded,
+        recorded=run.recorded,
         validators=results.validators,
-        identity=identity,
-        tuning_seconds=round(tuning_seconds, 3),
+        identity=run.identity,
+        tuning_seconds=round(run.seconds, 3),
         tuned_at=rfc3339_utc(),
-        tool_version=tool_version,
+        tool_version=run.tool_version,
         outcomes=count_outcomes(results),
-        extra=_rounded(extra or ManifestExtra()),
+        extra=_rounded(run.extra or ManifestExtra()),
     )
     return data, manifest
 
@@ -60,32 +62,13 @@ def build_output(
 def write_output(
     out: Path,
     results: ResultsFile,
-    *,
-    namespace: str,
-    profile: str,
-    revision: str,
-    gpu_model: str,
-    recorded: int,
-    identity: dict[str, str],
-    tuning_seconds: float,
-    tool_version: str = __version__,
-    extra: ManifestExtra | None = None,
+    artifact: ArtifactId,
+    run: RunFacts,
     caches: tuple[list[Packed], list[Skipped]] = ([], []),
 ) -> Manifest:
     """Write results.csv and then its manifest (see build_output), listing the caches packed
     beside it; returns the manifest."""
-    data, manifest = build_output(
-        results,
-        namespace=namespace,
-        profile=profile,
-        revision=revision,
-        gpu_model=gpu_model,
-        recorded=recorded,
-        identity=identity,
-        tuning_seconds=tuning_seconds,
-        tool_version=tool_version,
-        extra=extra,
-    )
+    data, manifest = build_output(results, artifact, run)
     if caches[0] or caches[1]:
         packed = tuple(sorted(caches[0], key=lambda p: p.name))
         manifest = dataclasses.replace(manifest, caches=packed, caches_skipped=tuple(caches[1]))
@@ -97,36 +80,25 @@ def write_output(
 
 
 def write_caches_output(
-    out: Path,
-    packed: list[Packed],
-    skipped: list[Skipped],
-    *,
-    namespace: str,
-    profile: str,
-    revision: str,
-    gpu_model: str,
-    identity: dict[str, str],
-    seconds: float,
-    tool_version: str = __version__,
-    extra: ManifestExtra | None = None,
+    out: Path, packed: list[Packed], skipped: list[Skipped], artifact: ArtifactId, run: RunFacts
 ) -> Manifest:
     """A caches-only artifact (no TunableOp results): the index (caches.json) as its payload,
     then the manifest. The archives are in `out` already (caches.pack wrote them)."""
     data = index_bytes(packed)
     manifest = Manifest(
-        namespace=namespace,
-        profile=profile,
-        revision=revision,
-        gpu_model=gpu_model,
+        namespace=artifact.namespace,
+        profile=artifact.profile,
+        revision=artifact.revision,
+        gpu_model=artifact.gpu_model,
         results_sha256=sha256_hex(data),
         gemms=0,
         recorded=0,
         validators={},
-        identity=identity,
-        tuning_seconds=round(seconds, 3),
+        identity=run.identity,
+        tuning_seconds=round(run.seconds, 3),
         tuned_at=rfc3339_utc(),
-        tool_version=tool_version,
-        extra=_rounded(extra or ManifestExtra()),
+        tool_version=run.tool_version,
+        extra=_rounded(run.extra or ManifestExtra()),
         kind=INDEX_KIND,
         caches=tuple(sorted(packed, key=lambda p: p.name)),
         caches_skipped=tuple(skipped),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conformance.conftest import REPO, Torch, standin
+from tests.support.torches import REPO, Torch, standin
 from tuner_job.torchapi import API, ENV
 
 SOURCES = [

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conformance.conftest import Torch
+from tests.support.torches import Torch
 from tuner_job.library import gemm_cost, library_key, partition
 from tuner_job.record import collect_untuned
 from tuner_job.results import (

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.conformance.conftest import Torch
+from tests.support.torches import Torch
 from tunefleet.artifacts.fetch import fetch
 from tunefleet.artifacts.library import read_library
 from tunefleet.artifacts.merge import merge
@@ -27,8 +27,8 @@ from tuner_job.library import (
     parse_checkpoint,
     partition,
 )
-from tuner_job.manifest import ManifestExtra
-from tuner_job.output import write_output
+from tuner_job.manifest import ArtifactId, ManifestExtra
+from tuner_job.output import RunFacts, write_output
 from tuner_job.results import (
     ResultRow,
     ResultsFile,
@@ -76,18 +76,22 @@ def tuner_output(out: Path, rows: list[ResultRow], **extra: object) -> None:
     write_output(
         out,
         results,
-        namespace=NS,
-        profile=str(extra.pop("profile", "llama")),
-        revision="rev1",
-        gpu_model=MODEL,
-        recorded=len(rows),
-        identity=dict(IDENTITY),
-        tuning_seconds=1.0,
-        extra=ManifestExtra(
-            newly_tuned=len(rows),
-            library_key=library_key(MODEL, VALIDATORS, IDENTITY),
-            settings=SETTINGS.to_dict(),
-            **extra,  # type: ignore[arg-type]
+        ArtifactId(
+            namespace=NS,
+            profile=str(extra.pop("profile", "llama")),
+            revision="rev1",
+            gpu_model=MODEL,
+        ),
+        RunFacts(
+            recorded=len(rows),
+            identity=dict(IDENTITY),
+            seconds=1.0,
+            extra=ManifestExtra(
+                newly_tuned=len(rows),
+                library_key=library_key(MODEL, VALIDATORS, IDENTITY),
+                settings=SETTINGS.to_dict(),
+                **extra,  # type: ignore[arg-type]
+            ),
         ),
     )
 

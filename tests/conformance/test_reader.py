@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from tests.conformance.conftest import REPO, Torch
 from tests.conformance.corpus import CASES, generated
+from tests.support.torches import REPO, Torch
 from tuner_job.results import (
     FILE_RULES,
     ROW_RULES,

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.conformance.conftest import Torch, standin
 from tests.conformance.corpus import CASES, generated
+from tests.support.torches import Torch, standin
 
 PERSONAS = ["2.11", "newest"]
 

@@ -31,7 +31,8 @@ from tunefleet.artifacts.publish import publish
 from tunefleet.builders.artifact import CONFIG_MAP_BYTES
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.s3 import S3Store
-from tuner_job.output import write_output
+from tuner_job.manifest import ArtifactId
+from tuner_job.output import RunFacts, write_output
 from tuner_job.results import parse_results
 
 pytestmark = pytest.mark.e2e
@@ -65,12 +66,21 @@ def publish_here(s3: Any, namespace: str, profile: str, spec: dict[str, Any], te
     results = parse_results(text)
     out = Path(tempfile.mkdtemp(prefix="tunefleet-sizes-"))
     write_output(
-        out, results, namespace=namespace, profile=profile,
-        revision=naming.revision(TuningProfileSpec.model_validate(spec)),
-        gpu_model=REAL_NODE_GPU_MODEL, recorded=results.gemms,
-        identity={"gpuName": "stand-in (no GPU in this test)"}, tuning_seconds=1.0,
-        tool_version="tunefleet-e2e-sizes",
-    )  # fmt: skip
+        out,
+        results,
+        ArtifactId(
+            namespace=namespace,
+            profile=profile,
+            revision=naming.revision(TuningProfileSpec.model_validate(spec)),
+            gpu_model=REAL_NODE_GPU_MODEL,
+        ),
+        RunFacts(
+            recorded=results.gemms,
+            identity={"gpuName": "stand-in (no GPU in this test)"},
+            seconds=1.0,
+            tool_version="tunefleet-e2e-sizes",
+        ),
+    )
     uri = spec["storage"]["uri"]
     store = S3Store(parse_uri(uri), client=s3.client())
     return publish(out, uri, namespace, profile, REAL_NODE_GPU_MODEL, store=store)

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from tuner_job.manifest import Manifest
-from tuner_job.output import write_output
+from tuner_job.manifest import ArtifactId, Manifest
+from tuner_job.output import RunFacts, write_output
 from tuner_job.results import read_results
 
 pytestmark = pytest.mark.e2e
@@ -32,13 +32,12 @@ def tuner_output(out: Path) -> Manifest:
     return write_output(
         out,
         read_results(DATA / "rocm_results.csv"),
-        namespace="ml",
-        profile="llama",
-        revision="3f2a9c01de",
-        gpu_model=MODEL,
-        recorded=3,
-        identity={"gpuName": "sample (hand-written results, no GPU here)"},
-        tuning_seconds=1.5,
+        ArtifactId(namespace="ml", profile="llama", revision="3f2a9c01de", gpu_model=MODEL),
+        RunFacts(
+            recorded=3,
+            identity={"gpuName": "sample (hand-written results, no GPU here)"},
+            seconds=1.5,
+        ),
     )
 
 

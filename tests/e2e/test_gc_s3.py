@@ -31,8 +31,8 @@ from tunefleet.contracts.admission import INJECTED, Admission
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.s3 import S3Store
 from tuner_job.library import CheckpointId, library_key
-from tuner_job.manifest import ManifestExtra
-from tuner_job.output import write_output
+from tuner_job.manifest import ArtifactId, ManifestExtra
+from tuner_job.output import RunFacts, write_output
 from tuner_job.results import ResultRow, ResultsFile, format_results, merge_results
 
 pytestmark = pytest.mark.e2e
@@ -93,10 +93,16 @@ def output(tmp: Path, ns: str, p: int, n: int, revision: str) -> Path:
     out = tmp / f"out-{p}-{n}"
     r = results(p, n)
     write_output(
-        out, r, namespace=ns, profile=f"p{p}", revision=revision, gpu_model=MODEL,
-        recorded=r.gemms, identity=IDENTITY, tuning_seconds=1.0,
-        extra=ManifestExtra(library_key=KEY, shards=1),
-    )  # fmt: skip
+        out,
+        r,
+        ArtifactId(namespace=ns, profile=f"p{p}", revision=revision, gpu_model=MODEL),
+        RunFacts(
+            recorded=r.gemms,
+            identity=IDENTITY,
+            seconds=1.0,
+            extra=ManifestExtra(library_key=KEY, shards=1),
+        ),
+    )
     return out
 
 

@@ -34,8 +34,8 @@ from tunefleet.artifacts.library import read_library
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.s3 import S3Store
 from tuner_job.library import library_key
-from tuner_job.manifest import ManifestExtra
-from tuner_job.output import write_output
+from tuner_job.manifest import ArtifactId, ManifestExtra
+from tuner_job.output import RunFacts, write_output
 from tuner_job.results import ResultRow, ResultsFile, format_results, merge_results, read_results
 
 pytestmark = pytest.mark.e2e
@@ -183,14 +183,13 @@ def test_concurrent_publishes_to_one_library_lose_nothing(
         write_output(
             tmp_path / f"out{i}",
             synthetic(i),
-            namespace="ml",
-            profile=f"p{i}",
-            revision="3f2a9c01de",
-            gpu_model=MODEL,
-            recorded=40,
-            identity=IDENTITY,
-            tuning_seconds=1.0,
-            extra=ManifestExtra(library_key=key, shards=1),
+            ArtifactId(namespace="ml", profile=f"p{i}", revision="3f2a9c01de", gpu_model=MODEL),
+            RunFacts(
+                recorded=40,
+                identity=IDENTITY,
+                seconds=1.0,
+                extra=ManifestExtra(library_key=key, shards=1),
+            ),
         )
     uri = f"s3://{s3.bucket}/{prefix}"
     procs = [

@@ -28,8 +28,8 @@ from tunefleet.contracts.fetch import FetchOutcome
 from tunefleet.storage.registry import open_store, parse_uri
 from tuner_job import caches as cc
 from tuner_job.config import from_dict as config_from_dict
-from tuner_job.manifest import loads
-from tuner_job.output import write_caches_output
+from tuner_job.manifest import ArtifactId, loads
+from tuner_job.output import RunFacts, write_caches_output
 
 MODEL = "AMD_Instinct_MI300X_OAM"
 FILES = {"inductor/fxgraph/a/entry": b"graph" * 50, "triton/K/kernel.so": b"\x7fELF"}
@@ -59,9 +59,12 @@ def _caches_only(tmp: Path) -> Path:
     out = tmp / "out"
     packed = _cache(tmp, out)
     write_caches_output(
-        out, [packed], [], namespace="ml", profile="llama", revision="r1", gpu_model=MODEL,
-        identity={"torch": "2.11.0+cu130", "cuda": "13.0"}, seconds=3.0,
-    )  # fmt: skip
+        out,
+        [packed],
+        [],
+        ArtifactId(namespace="ml", profile="llama", revision="r1", gpu_model=MODEL),
+        RunFacts(identity={"torch": "2.11.0+cu130", "cuda": "13.0"}, seconds=3.0),
+    )
     return out
 
 

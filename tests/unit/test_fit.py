@@ -12,7 +12,8 @@ import pytest
 from tunefleet.artifacts import fetch, fit, publish
 from tunefleet.reconciler.diagnose import Hints
 from tunefleet.reconciler.observe import observe_job
-from tuner_job.output import write_output
+from tuner_job.manifest import ArtifactId
+from tuner_job.output import RunFacts, write_output
 from tuner_job.results import ResultsFile, parse_results, read_results
 
 DATA = Path(__file__).parent / "data"
@@ -105,14 +106,8 @@ def _output(tmp_path: Path, text: str, identity: dict[str, str], model: str) -> 
     write_output(
         out,
         parse_results(text),
-        namespace="ns",
-        profile="p",
-        revision="r1",
-        gpu_model=model,
-        recorded=1,
-        identity=identity,
-        tuning_seconds=1.0,
-        tool_version="test",
+        ArtifactId(namespace="ns", profile="p", revision="r1", gpu_model=model),
+        RunFacts(recorded=1, identity=identity, seconds=1.0, tool_version="test"),
     )
     return out
 

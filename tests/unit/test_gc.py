@@ -34,8 +34,8 @@ from tunefleet.storage.filesystem import DirStore
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import Location
 from tuner_job.library import CheckpointId, EntrySource, library_key, make_entry
-from tuner_job.manifest import ManifestExtra
-from tuner_job.output import write_output
+from tuner_job.manifest import ArtifactId, ManifestExtra
+from tuner_job.output import RunFacts, write_output
 from tuner_job.results import ResultsFile, format_results, merge_results
 
 MODEL = "AMD_Instinct_MI300X_OAM"
@@ -79,14 +79,13 @@ class World:
         write_output(
             out,
             results,
-            namespace=ns,
-            profile=profile,
-            revision=revision,
-            gpu_model=model,
-            recorded=results.gemms,
-            identity=IDENTITY,
-            tuning_seconds=1.0,
-            extra=ManifestExtra(library_key=library_key(model, VALIDATORS, IDENTITY), shards=1),
+            ArtifactId(namespace=ns, profile=profile, revision=revision, gpu_model=model),
+            RunFacts(
+                recorded=results.gemms,
+                identity=IDENTITY,
+                seconds=1.0,
+                extra=ManifestExtra(library_key=library_key(model, VALIDATORS, IDENTITY), shards=1),
+            ),
         )
         pub = publish_mod.publish(out, self.uri, ns, profile, model, store=self.store)
         assert pub.library is not None, pub.library_error

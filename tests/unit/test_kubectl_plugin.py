@@ -20,7 +20,8 @@ from tunefleet.plugin.status import format_status, status_report
 from tunefleet.plugin.why import explain, format_why
 from tunefleet.webhook.admission import admit as inject
 from tuner_job.files import sha256_hex
-from tuner_job.output import build_output
+from tuner_job.manifest import ArtifactId
+from tuner_job.output import RunFacts, build_output
 from tuner_job.results import parse_results
 
 NOW = datetime.datetime(2026, 11, 30, 12, 0, 0, tzinfo=datetime.UTC)
@@ -859,13 +860,8 @@ def published(root: Path, model: str = H200) -> dict[str, Any]:
     results = parse_results(A)
     data, manifest = build_output(
         results,
-        namespace="ml",
-        profile="llm",
-        revision="rev2",
-        gpu_model=model,
-        recorded=results.gemms,
-        identity={"gpuName": "test"},
-        tuning_seconds=1.0,
+        ArtifactId(namespace="ml", profile="llm", revision="rev2", gpu_model=model),
+        RunFacts(recorded=results.gemms, identity={"gpuName": "test"}, seconds=1.0),
     )
     sha = sha256_hex(data)
     where = root / "ml" / "llm" / model / sha
@@ -904,16 +900,20 @@ def test_download_of_a_caches_artifact_unpacks_each_cache_or_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from tuner_job import caches as cc
-    from tuner_job.output import write_caches_output
+    from tuner_job.manifest import ArtifactId
+    from tuner_job.output import RunFacts, write_caches_output
 
     (tmp_path / "c" / "tc" / "inductor").mkdir(parents=True)
     (tmp_path / "c" / "tc" / "inductor" / "entry").write_bytes(b"graph")
     packed = cc.pack(cc.spec("torchCompile", "tc"), tmp_path / "c", tmp_path / "o")
     assert isinstance(packed, cc.Packed)
     manifest = write_caches_output(
-        tmp_path / "o", [packed], [], namespace="ml", profile="llm", revision="rev2",
-        gpu_model=H200, identity={"torch": "2.11.0"}, seconds=1.0,
-    )  # fmt: skip
+        tmp_path / "o",
+        [packed],
+        [],
+        ArtifactId(namespace="ml", profile="llm", revision="rev2", gpu_model=H200),
+        RunFacts(identity={"torch": "2.11.0"}, seconds=1.0),
+    )
     where = tmp_path / "store" / "ml" / "llm" / H200 / manifest.results_sha256
     (where / "caches").mkdir(parents=True)
     for name in ("manifest.json", "caches.json"):

@@ -14,7 +14,8 @@
   heap): it imports nothing of tunefleet outside runtime/, so the domain can change beneath it;
 - kopf is the webhook's server and the startup's, nothing else: the rest speaks the project's
   own error words (runtime/client.Temporary, Permanent);
-- no test module imports another: shared builders and fakes live in tests/support/;
+- no test module imports another, nor a conftest.py: shared builders and fakes live in
+  tests/support/;
 - no product function (operator, tuner) is longer than 60 lines: a longer one does several
   jobs, and each job wants its own name.
 """
@@ -266,6 +267,18 @@ def imports_of_test_modules(tests: Path) -> list[str]:
                     break
         bad += [f"{path.relative_to(tests.parent)} imports {m}" for m in sorted(found)]
     return bad
+
+
+def test_no_module_imports_a_conftest() -> None:
+    """conftest.py is pytest's to load (twice, under another name, if a test imports it too);
+    what tests share beside fixtures lives in tests/support/."""
+    bad = sorted(
+        f"{name} imports {dep}"
+        for name, deps in tree_graph().items()
+        for dep in deps
+        if dep.rsplit(".", 1)[-1] == "conftest"
+    )
+    assert not bad, "\n".join(bad)
 
 
 def test_no_test_module_imports_another() -> None:

@@ -43,8 +43,8 @@ from tuner_job.library import (
     partition,
     share_cost,
 )
-from tuner_job.manifest import LibraryInfo, ManifestExtra, ResumeInfo, loads
-from tuner_job.output import write_output
+from tuner_job.manifest import ArtifactId, LibraryInfo, ManifestExtra, ResumeInfo, loads
+from tuner_job.output import RunFacts, write_output
 from tuner_job.results import (
     ResultRow,
     ResultsFile,
@@ -342,14 +342,13 @@ def artifact(out: Path, results: ResultsFile, profile: str) -> None:
     write_output(
         out,
         results,
-        namespace="ml",
-        profile=profile,
-        revision="3f2a9c01de",
-        gpu_model=MODEL,
-        recorded=results.gemms,
-        identity=IDENTITY,
-        tuning_seconds=1.0,
-        extra=ManifestExtra(library_key=KEY, shards=1),
+        ArtifactId(namespace="ml", profile=profile, revision="3f2a9c01de", gpu_model=MODEL),
+        RunFacts(
+            recorded=results.gemms,
+            identity=IDENTITY,
+            seconds=1.0,
+            extra=ManifestExtra(library_key=KEY, shards=1),
+        ),
     )
 
 
@@ -515,14 +514,8 @@ def test_manifest_reuse_fields_round_trip_and_stay_optional(tmp_path: Path) -> N
     m = write_output(
         tmp_path / "out",
         ROCM,
-        namespace="ml",
-        profile="llama",
-        revision="3f2a9c01de",
-        gpu_model=MODEL,
-        recorded=ROCM.gemms,
-        identity=IDENTITY,
-        tuning_seconds=3.0,
-        extra=extra,
+        ArtifactId(namespace="ml", profile="llama", revision="3f2a9c01de", gpu_model=MODEL),
+        RunFacts(recorded=ROCM.gemms, identity=IDENTITY, seconds=3.0, extra=extra),
     )
     doc = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert {k: doc[k] for k in ("reused", "resumed", "newlyTuned", "libraryKey", "shards", "shard", "wallSeconds")} == {

@@ -22,6 +22,7 @@ from tunefleet.storage import cli as storage_cli
 from tunefleet.storage.registry import open_store, parse_uri
 from tunefleet.storage.store import Location, NotFoundError, Store, StoreOptions, check_key_parts
 from tuner_job.manifest import (
+    ArtifactId,
     ImageRef,
     LibraryInfo,
     Manifest,
@@ -30,7 +31,7 @@ from tuner_job.manifest import (
     ResumeInfo,
     loads,
 )
-from tuner_job.output import MANIFEST_NAME, RESULTS_NAME, build_output
+from tuner_job.output import MANIFEST_NAME, RESULTS_NAME, RunFacts, build_output
 from tuner_job.results import ResultsFile, decode, merge_results, parse_results
 
 from . import cli, fit, kinds
@@ -212,14 +213,13 @@ def merge_shards(
     )
     data, manifest = build_output(
         merged,
-        namespace=namespace,
-        profile=profile,
-        revision=revision,
-        gpu_model=gpu_model,
-        recorded=recorded,
-        identity=dict(ms[0].identity),
-        tuning_seconds=sum(m.tuning_seconds for m in ms),
-        extra=extra,
+        ArtifactId(namespace=namespace, profile=profile, revision=revision, gpu_model=gpu_model),
+        RunFacts(
+            recorded=recorded,
+            identity=dict(ms[0].identity),
+            seconds=sum(m.tuning_seconds for m in ms),
+            extra=extra,
+        ),
     )
     image = _image(shards, image_reference)
     if image is not None:
