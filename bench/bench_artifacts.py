@@ -31,7 +31,7 @@ import boto3
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 
-from tunefleet.artifacts.fetch import fetch  # noqa: E402
+from tunefleet.artifacts.fetch import Pinned, fetch  # noqa: E402
 from tunefleet.artifacts.publish import publish  # noqa: E402
 from tunefleet.storage.registry import parse_uri  # noqa: E402
 from tunefleet.storage.s3 import S3Store  # noqa: E402
@@ -123,7 +123,7 @@ def run(s3_settings: S3Like, runs: int = 7) -> dict[str, Any]:
             assert pub.created
             fstore = S3Store(parse_uri(pub.uri), client=client, timeout_s=60)
             t0 = time.perf_counter()
-            got = fetch(pub.uri, manifest.results_sha256, work / f"dest{i}", 1, store=fstore)
+            got = fetch(Pinned(pub.uri, manifest.results_sha256), work / f"dest{i}", store=fstore)
             fetch_s.append(time.perf_counter() - t0)
             assert got.sha256 == manifest.results_sha256
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.support.torches import Torch
-from tunefleet.artifacts.fetch import fetch
+from tunefleet.artifacts.fetch import Pinned, Serving, fetch
 from tunefleet.artifacts.library import read_library
 from tunefleet.artifacts.merge import merge
 from tunefleet.artifacts.publish import Output, publish, publish_shard
@@ -146,7 +146,7 @@ def test_every_file_tunefleet_writes_for_a_211_cuda_identity_loads_in_real_211(
     files["checkpoint.csv"] = (tmp_path / "checkpoint.csv", 17)
 
     # What the fetch init container writes: one file per device ordinal.
-    got = fetch(pub.uri, pub.sha256, tmp_path / "serve", 3, gpu_model=MODEL)
+    got = fetch(Pinned(pub.uri, pub.sha256, gpu_model=MODEL), tmp_path / "serve", Serving(3))
     for p in got.paths:
         files[f"fetched {p.name}"] = (p, pub.manifest.gemms)
 

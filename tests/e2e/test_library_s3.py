@@ -29,7 +29,7 @@ from testbed.library_pod import (
     tuned_keys,
     wait_until,
 )
-from tunefleet.artifacts.fetch import fetch
+from tunefleet.artifacts.fetch import Pinned, Serving, fetch
 from tunefleet.artifacts.library import read_library
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.s3 import S3Store
@@ -84,7 +84,7 @@ def test_reuse_through_s3_tunes_only_the_misses(s3: Any, prefix: str, tmp_path: 
     assert (message["recorded"], message["reused"], message["newlyTuned"]) == (24, 16, 8)
     assert len(keys_under(s3, f"{prefix}/ml/_library/{MODEL}/{key}/")) == 2
     got = fetch(
-        message["uri"], message["sha256"], tmp_path / "serve", 1, store=store_for(s3, message)
+        Pinned(message["uri"], message["sha256"]), tmp_path / "serve", store=store_for(s3, message)
     )
     assert got.gemms == 24
 
@@ -108,7 +108,10 @@ def test_sharding_through_s3_merges_into_one_artifact(s3: Any, prefix: str, tmp_
     assert message["uri"] == f"s3://{s3.bucket}/{prefix}/ml/llama/{MODEL}/{message['sha256']}"
     assert (message["gemms"], message["newlyTuned"], message["shards"]) == (30, 30, 3)
     got = fetch(
-        message["uri"], message["sha256"], tmp_path / "serve", 2, store=store_for(s3, message)
+        Pinned(message["uri"], message["sha256"]),
+        tmp_path / "serve",
+        Serving(2),
+        store=store_for(s3, message),
     )
     assert got.gemms == 30
 

@@ -23,7 +23,7 @@ from testbed.operator import InCluster
 from testbed.poll import eventually
 from testbed.real_node import model_pod, real_profile
 from tests.support.kube import apply, condition, create, ended, get_json, ready, statuses
-from tunefleet.artifacts.fetch import fetch
+from tunefleet.artifacts.fetch import Pinned, Serving, fetch
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.s3 import S3Store
 
@@ -120,5 +120,7 @@ def test_reuse_through_s3_under_both_personas(
     message = second.message()
     assert (message["recorded"], message["reused"], message["newlyTuned"]) == (12, 8, 4)
     store = S3Store(parse_uri(message["uri"]), client=s3.client(), timeout_s=60)
-    got = fetch(message["uri"], message["sha256"], tmp_path / "serve", 2, store=store)
+    got = fetch(
+        Pinned(message["uri"], message["sha256"]), tmp_path / "serve", Serving(2), store=store
+    )
     assert got.gemms == 12 and got.outcomes is not None

@@ -191,13 +191,13 @@ def test_fetchs_verification_asks_the_kind(tmp_path: Path, monkeypatch: pytest.M
     uri, sha = stored(tmp_path)
     use_kind(monkeypatch, refusals=lambda parsed, manifest, target: ["the fake kind refuses"])
     with pytest.raises(fetch.FetchError) as refused:
-        fetch.download_verified(uri, sha)
+        fetch.download_verified(fetch.Pinned(uri, sha))
     assert (
         str(refused.value) == f"the artifact does not fit GPU model {MODEL}: the fake kind refuses"
     )
     use_kind(monkeypatch, disagreements=lambda parsed, manifest: ["the fake disagrees"])
     with pytest.raises(fetch.FetchError, match=r"^the fake disagrees$"):
-        fetch.download_verified(uri, sha)
+        fetch.download_verified(fetch.Pinned(uri, sha))
 
 
 def test_fetch_writes_the_files_the_kind_names(

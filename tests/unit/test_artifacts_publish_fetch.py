@@ -307,7 +307,7 @@ def test_fetch_replaces_files_from_an_earlier_attempt_atomically(
     dest = tmp_path / "dest"
     dest.mkdir()
     (dest / "tunableop_results0.csv").write_text("stale\n")
-    got = fetch_mod.fetch(f"file://{artifact}", sha, dest, 2)
+    got = fetch_mod.fetch(fetch_mod.Pinned(f"file://{artifact}", sha), dest, fetch_mod.Serving(2))
     assert [p.name for p in got.paths] == ["tunableop_results0.csv", "tunableop_results1.csv"]
     assert sorted(p.name for p in dest.iterdir()) == [
         "tunableop_results0.csv",

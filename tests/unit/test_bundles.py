@@ -72,10 +72,9 @@ def _publish(out: Path, store: Path) -> publish_mod.Published:
     return publish_mod.publish(out, f"file://{store}", "ml", "llama", MODEL)
 
 
-def _fetch(pub: publish_mod.Published, tmp: Path, **kw: object) -> fetch_mod.Fetched:
-    return fetch_mod.fetch(
-        pub.uri, pub.sha256, tmp / "results", 2, caches_dest=tmp / "caches-dest", **kw
-    )  # type: ignore[arg-type]
+def _fetch(pub: publish_mod.Published, tmp: Path, fail_closed: bool = False) -> fetch_mod.Fetched:
+    serving = fetch_mod.Serving(2, tmp / "caches-dest", fail_closed)
+    return fetch_mod.fetch(fetch_mod.Pinned(pub.uri, pub.sha256), tmp / "results", serving)
 
 
 def test_results_and_caches_publish_then_fetch_unpacks_a_writable_copy(tmp_path: Path) -> None:

@@ -200,9 +200,9 @@ def test_the_operator_delivers_a_fresh_artifact_and_status_says_how_pods_get_it(
     api = FakeApi(monkeypatch)
     calls: list[str] = []
 
-    def download(uri: str, sha: str, **_: Any) -> fetch_mod.Verified:
-        calls.append(uri)
-        return fetch_mod.Verified(b"Validator,PT_VERSION,2.11.0\n", MANIFEST, 0, sha)
+    def download(pin: fetch_mod.Pinned, **_: Any) -> fetch_mod.Verified:
+        calls.append(pin.uri)
+        return fetch_mod.Verified(b"Validator,PT_VERSION,2.11.0\n", MANIFEST, 0, pin.sha256)
 
     monkeypatch.setattr(delivery, "download_verified", download)
     uri = f"s3://bkt/p/ml/p/{MODELS[0]}/{SHA}"
@@ -302,7 +302,11 @@ def test_fetch_reads_a_mounted_gzipped_artifact(tmp_path: Path) -> None:
     packed.mkdir(parents=True)
     (packed / "results.csv.gz").write_bytes(gzip.compress(results))
     (packed / "manifest.json").write_bytes((tmp_path / "out" / "manifest.json").read_bytes())
-    got = fetch_mod.fetch(f"file://{packed}", manifest.results_sha256, tmp_path / "dest", 2)
+    got = fetch_mod.fetch(
+        fetch_mod.Pinned(f"file://{packed}", manifest.results_sha256),
+        tmp_path / "dest",
+        fetch_mod.Serving(2),
+    )
     assert [p.read_bytes() for p in got.paths] == [results, results]
     assert sha256_hex(results) == manifest.results_sha256
 

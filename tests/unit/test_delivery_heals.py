@@ -116,11 +116,11 @@ class World:
 
         monkeypatch.setattr(kube, "create_owned", create)
 
-    def download(self, uri: str, sha: str, **_: Any) -> fetch_mod.Verified:
+    def download(self, pin: fetch_mod.Pinned, **_: Any) -> fetch_mod.Verified:
         self.downloads += 1
         if self.store_down:
             raise fetch_mod.FetchError("downloading failed: connection refused")
-        return fetch_mod.Verified(RESULTS, MANIFEST, 0, sha)
+        return fetch_mod.Verified(RESULTS, MANIFEST, 0, pin.sha256)
 
     def sync(self, status: dict[str, Any] | None, **kw: Any) -> dict[str, Any]:
         p = {**self.p, "status": status} if status else self.p

@@ -154,7 +154,7 @@ def test_fetch_refuses_a_mismatching_artifact_before_a_pod_uses_it(tmp_path: Pat
     for name in ("results.csv", "manifest.json"):
         (base / sha / name).write_bytes((out / name).read_bytes())
     with pytest.raises(fetch.FetchError, match="hipBLASLt kernel"):
-        fetch.download_verified(f"file://{base / sha}", sha, gpu_model=H100.gpu_model)
+        fetch.download_verified(fetch.Pinned(f"file://{base / sha}", sha, gpu_model=H100.gpu_model))
 
 
 def _completed_job(message: str, model: str) -> tuple[dict[str, object], list[dict[str, object]]]:

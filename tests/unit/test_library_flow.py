@@ -26,7 +26,7 @@ from testbed.library_pod import (
     tuned_keys,
     wait_until,
 )
-from tunefleet.artifacts.fetch import fetch
+from tunefleet.artifacts.fetch import Pinned, Serving, fetch
 from tunefleet.artifacts.library import checkpoint_key
 from tunefleet.storage.filesystem import DirStore
 from tunefleet.storage.registry import parse_uri
@@ -141,7 +141,7 @@ def test_shards_tune_disjoint_shares_and_the_merge_is_their_union(tmp_path: Path
     )
     assert manifest["wallSeconds"] == max(r.manifest()["wallSeconds"] for r in runs)
     assert "added to the GEMM library" in done.stderr
-    got = fetch(message["uri"], message["sha256"], tmp_path / "serve", 2)
+    got = fetch(Pinned(message["uri"], message["sha256"]), tmp_path / "serve", Serving(2))
     assert got.gemms == 40  # fetch verifies the merged artifact like any other
 
     # A second Job of the same profile at parallelism 2 finds everything in the library.

@@ -29,7 +29,14 @@ from tunefleet.api import TuningProfileSpec
 from tunefleet.api.models import STORAGE_URI
 from tunefleet.artifacts import ocibundle, signing
 from tunefleet.artifacts import publish as publish_mod
-from tunefleet.artifacts.fetch import FetchError, Signature, from_volume, serving_store
+from tunefleet.artifacts.fetch import (
+    FetchError,
+    Pinned,
+    Serving,
+    Signature,
+    from_volume,
+    serving_store,
+)
 from tunefleet.artifacts.volumes import VolumeVerdict
 from tunefleet.builders.job import Child, build_tuning_job
 from tunefleet.builders.storage import pod_storage
@@ -509,11 +516,8 @@ def test_a_mounted_volume_serves_its_results_in_place_and_caches_as_a_writable_c
     assert digest == _volume(FakeRegistry(), pub, store)[0]  # deterministic
     root = tmp_path / "volume"
     _mount(reg, digest, root)
-    got = from_volume(
-        root, pub.uri, pub.sha256, 2, gpu_model=MODEL,
-        manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest(),
-        caches_dest=tmp_path / "caches-dest",
-    )  # fmt: skip
+    pin = Pinned(pub.uri, pub.sha256, hashlib.sha256(manifest_bytes).hexdigest(), MODEL)
+    got = from_volume(root, pin, Serving(2, tmp_path / "caches-dest"))
     assert got.caches == ("tc",) and not got.caches_failed
     assert [p.name for p in got.paths] == ["tunableop_results0.csv", "tunableop_results1.csv"]
     assert all(
@@ -537,15 +541,17 @@ def test_a_changed_cache_in_a_volume_is_not_copied_and_the_results_still_serve(
     entry = root / ".tunefleet" / "caches" / "tc" / "inductor" / "fxgraph" / "a" / "entry"
     entry.chmod(0o644)
     entry.write_bytes(b"graph")
-    got = from_volume(root, pub.uri, pub.sha256, 1, caches_dest=tmp_path / "dest")
+    got = from_volume(root, Pinned(pub.uri, pub.sha256), Serving(1, tmp_path / "dest"))
     assert got.caches == () and "its manifest lists" in got.caches_failed
     assert not (tmp_path / "dest" / "tc").exists()
     with pytest.raises(FetchError, match="caches not served"):
-        from_volume(root, pub.uri, pub.sha256, 1, caches_dest=tmp_path / "d2", fail_closed=True)
+        from_volume(
+            root, Pinned(pub.uri, pub.sha256), Serving(1, tmp_path / "d2", fail_closed=True)
+        )
     (root / ".tunefleet" / "results.csv").chmod(0o644)
     (root / ".tunefleet" / "results.csv").write_bytes(b"Validator,PT_VERSION,2.11.0\n")
     with pytest.raises(FetchError, match="corrupted or truncated"):
-        from_volume(root, pub.uri, pub.sha256, 1)
+        from_volume(root, Pinned(pub.uri, pub.sha256), Serving(1))
 
 
 @pytest.mark.parametrize(

@@ -76,16 +76,46 @@ class Fetched:
     caches_failed: str = ""  # why the caches were not served, where the results still were
 
 
+@dataclass(frozen=True)
+class Pinned:
+    """The artifact a pod is pinned to (its URI and SHA-256s: status's, through admission)
+    and what it must fit: the GPU model the pod runs, and fit's target for it (fit.py)."""
+
+    uri: str
+    sha256: str
+    manifest_sha256: str | None = None
+    gpu_model: str | None = None
+    target: fit.Target | None = None
+
+    def checked(self) -> Pinned:
+        """The pins in canonical form; FetchError when a SHA-256 is not one."""
+        try:
+            sha = check_sha256(self.sha256)
+            manifest = check_sha256(self.manifest_sha256) if self.manifest_sha256 else None
+        except ValueError as exc:
+            raise FetchError(str(exc)) from None
+        return replace(self, sha256=sha, manifest_sha256=manifest)
+
+
+@dataclass(frozen=True)
+class Serving:
+    """How the pod serves what is fetched: one results file per device, the caches unpacked
+    into a writable directory (none: not unpacked), and whether a cache that fails its check
+    fails the fetch (else the results are served without it)."""
+
+    devices: int = 1
+    caches_dest: Path | None = None
+    fail_closed: bool = False
+
+
 def _verify(
     results: bytes,
     manifest_bytes: bytes,
-    sha: str,
-    gpu_model: str | None,
+    pin: Pinned,
     key_parts: tuple[str, ...],
-    manifest_sha: str | None = None,
-    target: fit.Target | None = None,
     payload: str = kinds.kind().PAYLOAD,
 ) -> tuple[kinds.ArtifactKind, Outcomes]:
+    sha, manifest_sha, gpu_model = pin.sha256, pin.manifest_sha256, pin.gpu_model
     actual = sha256_hex(results)
     if actual != sha:
         raise FetchError(f"{payload} has SHA-256 {actual}, expected {sha} (corrupted or truncated)")
@@ -123,7 +153,9 @@ def _verify(
     # What it must fit (fit.py): the caller's target, or what the model's name alone says (the
     # vendor unknown: the validators, solutions and torch must still hold together).
     model = manifest.gpu_model
-    target = target or fit.Target(model, stand_in=True if fit.is_stand_in_model(model) else None)
+    target = pin.target or fit.Target(
+        model, stand_in=True if fit.is_stand_in_model(model) else None
+    )
     found = kind.refusals(parsed, manifest, target)
     if found:
         raise FetchError(fit.summary(found, target))
@@ -196,20 +228,13 @@ def _results(store: Store, location: Location, name: str) -> bytes:
 
 
 def download_verified(
-    uri: str,
-    sha256: str,
-    *,
-    gpu_model: str | None = None,
-    store: Store | None = None,
-    options: StoreOptions | None = None,
-    manifest_sha256: str | None = None,
-    target: fit.Target | None = None,
+    pin: Pinned, *, store: Store | None = None, options: StoreOptions | None = None
 ) -> Verified:
     """Download one pinned artifact and verify it (see the module docstring); nothing is
     written. Used by the fetch init container and by the operator's delivery."""
+    pin = pin.checked()
+    uri, sha = pin.uri, pin.sha256
     try:
-        sha = check_sha256(sha256)
-        manifest_sha = check_sha256(manifest_sha256) if manifest_sha256 else None
         location = parse_uri(uri)
     except ValueError as exc:
         raise FetchError(str(exc)) from None
@@ -225,75 +250,47 @@ def download_verified(
     except StoreError as exc:
         raise FetchError(str(exc)) from None
     path = (location.prefix or location.bucket).strip("/").split("/")
-    kind, outcomes = _verify(
-        results, manifest_bytes, sha, gpu_model, tuple(path[:-1]), manifest_sha, target, payload
-    )
+    kind, outcomes = _verify(results, manifest_bytes, pin, tuple(path[:-1]), payload)
     return Verified(
         results, manifest_bytes, outcomes.gemms, sha, outcomes, kind.NAME, loads(manifest_bytes)
     )
 
 
 def fetch(
-    uri: str,
-    sha256: str,
+    pin: Pinned,
     dest: Path,
-    devices: int,
+    serving: Serving = Serving(),
     *,
-    gpu_model: str | None = None,
     store: Store | None = None,
     options: StoreOptions | None = None,
-    manifest_sha256: str | None = None,
-    target: fit.Target | None = None,
-    caches_dest: Path | None = None,
-    fail_closed: bool = False,
     signature: Signature | None = None,
 ) -> Fetched:
-    if not 1 <= devices <= MAX_DEVICES:
-        raise FetchError(f"--devices must be 1..{MAX_DEVICES}, got {devices}")
+    if not 1 <= serving.devices <= MAX_DEVICES:
+        raise FetchError(f"--devices must be 1..{MAX_DEVICES}, got {serving.devices}")
     try:
-        location = parse_uri(uri)
+        location = parse_uri(pin.uri)
     except ValueError as exc:
         raise FetchError(str(exc)) from None
     store = store or open_store(location, options or StoreOptions(timeout_s=60.0))
     if location.scheme == "oci":
         store = serving_store(store, signature or Signature())
-    got = download_verified(
-        uri,
-        sha256,
-        gpu_model=gpu_model,
-        store=store,
-        options=options,
-        manifest_sha256=manifest_sha256,
-        target=target,
-    )
+    got = download_verified(pin, store=store, options=options)
     # Caches first: a cache-only artifact that cannot serve them serves nothing.
-    caches, failed = _caches(store, location, got, caches_dest, fail_closed)
-    paths = write_device_files(dest, got.results, devices, got.kind)
+    caches, failed = _caches(store, location, got, serving.caches_dest, serving.fail_closed)
+    paths = write_device_files(dest, got.results, serving.devices, got.kind)
     return Fetched(paths, got.gemms, got.sha256, got.outcomes, got.kind, caches, failed)
 
 
-def from_volume(
-    root: Path,
-    uri: str,
-    sha256: str,
-    devices: int,
-    *,
-    gpu_model: str | None = None,
-    manifest_sha256: str | None = None,
-    target: fit.Target | None = None,
-    caches_dest: Path | None = None,
-    fail_closed: bool = False,
-) -> Fetched:
+def from_volume(root: Path, pin: Pinned, serving: Serving = Serving()) -> Fetched:
     """The artifact as an image volume mounted it at `root` (the operator verified its
     signature and pins before any pod could mount it): checked again here as a fetched one
     is, and its caches copied into the pod's writable directory. The results stay where the
     volume is mounted in the serving containers; nothing is written for them."""
     from . import ocibundle
 
+    pin = pin.checked()
     try:
-        sha = check_sha256(sha256)
-        manifest_sha = check_sha256(manifest_sha256) if manifest_sha256 else None
-        location = parse_uri(uri)
+        location = parse_uri(pin.uri)
         meta = root / ocibundle.META_DIR
         manifest_bytes = (meta / MANIFEST_NAME).read_bytes()
         payload = _payload_name(manifest_bytes)
@@ -301,21 +298,19 @@ def from_volume(
     except (ValueError, OSError) as exc:
         raise FetchError(f"the image volume at {root}: {exc}") from None
     path = (location.prefix or location.bucket).strip("/").split("/")
-    kind, outcomes = _verify(
-        results, manifest_bytes, sha, gpu_model, tuple(path[:-1]), manifest_sha, target, payload
-    )
+    kind, outcomes = _verify(results, manifest_bytes, pin, tuple(path[:-1]), payload)
     manifest = loads(manifest_bytes)
     caches: tuple[str, ...] = ()
     failed = ""
-    if manifest.caches and caches_dest is not None:
+    if manifest.caches and serving.caches_dest is not None:
         try:
-            caches = ocibundle.copy_caches(root, manifest, caches_dest)
+            caches = ocibundle.copy_caches(root, manifest, serving.caches_dest)
         except ocibundle.VolumeError as exc:
-            if fail_closed or kind.NAME != kinds.DEFAULT:
+            if serving.fail_closed or kind.NAME != kinds.DEFAULT:
                 raise FetchError(f"caches not served: {exc}") from None
             failed = " ".join(str(exc).split())
-    files = [root / name for _, name in kind.device_files(devices)]
-    return Fetched(files, outcomes.gemms, sha, outcomes, kind.NAME, caches, failed)
+    files = [root / name for _, name in kind.device_files(serving.devices)]
+    return Fetched(files, outcomes.gemms, pin.sha256, outcomes, kind.NAME, caches, failed)
 
 
 @dataclass(frozen=True)
@@ -592,11 +587,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             bundle = chosen.bundle
         elif not (uri and sha):
             raise FetchError("bad arguments: --uri and --sha256 (or --candidate) are required")
-        target = _target(args, gpu_model)
+        pin = Pinned(uri, sha, manifest_sha, gpu_model, _target(args, gpu_model))
         if problem := credentials_problem(args, os.environ):
             raise FetchError(problem)
         with wall_clock(args.timeout_seconds):
-            got = _fetch_or_volume(args, uri, sha, gpu_model, manifest_sha, target, bundle)
+            got = _fetch_or_volume(args, pin, bundle)
     except Exception as exc:  # any problem at all follows the policy: that is its point
         return _failed(exc, fail_closed, picked, log_path)
     return _loaded(args, got, picked, log_path)
@@ -625,33 +620,16 @@ def credentials_problem(args: argparse.Namespace, env: Mapping[str, str]) -> str
     )
 
 
-def _fetch_or_volume(
-    args: argparse.Namespace,
-    uri: str,
-    sha: str,
-    gpu_model: str | None,
-    manifest_sha: str | None,
-    target: fit.Target | None,
-    bundle: str,
-) -> Fetched:
+def _fetch_or_volume(args: argparse.Namespace, pin: Pinned, bundle: str) -> Fetched:
     caches_dest = Path(args.caches_dest) if args.caches_dest else None
+    serving = Serving(args.devices, caches_dest, args.fail_closed)
     if args.from_volume:
-        return from_volume(
-            args.from_volume, uri, sha, args.devices, gpu_model=gpu_model,
-            manifest_sha256=manifest_sha, target=target, caches_dest=caches_dest,
-            fail_closed=args.fail_closed,
-        )  # fmt: skip
+        return from_volume(args.from_volume, pin, serving)
     return fetch(
-        uri,
-        sha,
+        pin,
         Path(args.dest),
-        args.devices,
-        gpu_model=gpu_model,
+        serving,
         options=storage_cli.options(args),
-        manifest_sha256=manifest_sha,
-        target=target,
-        caches_dest=caches_dest,
-        fail_closed=args.fail_closed,
         signature=Signature(
             bundle,
             args.verify_key,

@@ -18,7 +18,7 @@ from collections import OrderedDict
 
 from tunefleet import kube
 from tunefleet.artifacts import kinds
-from tunefleet.artifacts.fetch import FetchError, download_verified
+from tunefleet.artifacts.fetch import FetchError, Pinned, download_verified
 from tunefleet.builders.artifact import PACKED_NAME
 from tunefleet.config import Config
 from tunefleet.contracts.artifact import ArtifactRecord
@@ -68,13 +68,10 @@ class ArtifactKeys:
             region=region or None,
             timeout_s=self.config.delivery_timeout_s,
         )
-        got = download_verified(
-            record.uri,
-            record.sha256,
-            gpu_model=record.gpu_model or None,
-            options=options,
-            manifest_sha256=record.manifest_sha256 or None,
+        pin = Pinned(
+            record.uri, record.sha256, record.manifest_sha256 or None, record.gpu_model or None
         )
+        got = download_verified(pin, options=options)
         return got.results
 
     def get(

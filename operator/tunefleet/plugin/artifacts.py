@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tunefleet.artifacts import kinds
-from tunefleet.artifacts.fetch import FetchError, fetch
+from tunefleet.artifacts.fetch import FetchError, Pinned, Serving, fetch
 from tunefleet.storage.registry import open_store, parse_uri
 from tunefleet.storage.s3 import resolve_endpoint
 from tunefleet.storage.store import (
@@ -152,36 +152,18 @@ class Verified:
     caches: tuple[str, ...] = ()  # unpacked under <dest>/caches/<name>
 
 
-def fetch_verified(
-    uri: str,
-    sha256: str,
-    dest: Path,
-    devices: int,
-    *,
-    gpu_model: str | None,
-    manifest_sha256: str | None,
-    options: StoreOptions,
-) -> Verified:
+def fetch_verified(pin: Pinned, dest: Path, devices: int, options: StoreOptions) -> Verified:
     """tunefleet-fetch's download and checks, with errors as one line that says what to do."""
     endpoint = options.endpoint_url
+    uri = pin.uri
     try:
         location = parse_uri(uri)
         store = Recording(open_store(location, options))
     except ValueError as e:
         raise PluginError(f"{uri}: {e}") from None
     try:
-        got = fetch(
-            uri,
-            sha256,
-            dest,
-            devices,
-            gpu_model=gpu_model,
-            store=store,
-            manifest_sha256=manifest_sha256,
-            # A local copy is all or nothing: a cache that fails its check fails the download.
-            caches_dest=dest / "caches",
-            fail_closed=True,
-        )
+        # A local copy is all or nothing: a cache that fails its check fails the download.
+        got = fetch(pin, dest, Serving(devices, dest / "caches", fail_closed=True), store=store)
     except FetchError as e:
         if store.error is not None:
             missing = isinstance(store.error, NotFoundError)
@@ -223,15 +205,8 @@ def download(
     model = str(art["gpuModel"])
     if dest.exists() and not dest.is_dir():
         raise PluginError(f"--dest {dest} exists and is not a directory: pick another")
-    got = fetch_verified(
-        str(art["uri"]),
-        str(art["sha256"]),
-        dest,
-        devices,
-        gpu_model=model,
-        manifest_sha256=art.get("manifestSha256") or None,
-        options=store_options(opts, profile),
-    )
+    pin = Pinned(str(art["uri"]), str(art["sha256"]), art.get("manifestSha256") or None, model)
+    got = fetch_verified(pin, dest, devices, store_options(opts, profile))
     manifest_path = dest / MANIFEST_NAME
     try:
         write_atomically(manifest_path, got.manifest)
@@ -329,15 +304,8 @@ def load_remote(
     options: StoreOptions,
 ) -> tuple[ResultsFile, dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="kubectl-tunefleet-") as tmp:
-        got = fetch_verified(
-            uri,
-            sha256,
-            Path(tmp),
-            1,
-            gpu_model=gpu_model,
-            manifest_sha256=manifest_sha256,
-            options=options,
-        )
+        pin = Pinned(uri, sha256, manifest_sha256, gpu_model)
+        got = fetch_verified(pin, Path(tmp), 1, options)
         text = got.paths[0].read_text(encoding="utf-8")
     kind = parse_uri(uri).scheme
     side: dict[str, Any] = {"kind": kind, "source": uri, "gemms": got.gemms, "sha256": got.sha256}

@@ -21,7 +21,13 @@ from typing import Any
 
 from tunefleet import kube, naming
 from tunefleet.artifacts import fit, gz
-from tunefleet.artifacts.fetch import MAX_RESULTS_BYTES, FetchError, Verified, download_verified
+from tunefleet.artifacts.fetch import (
+    MAX_RESULTS_BYTES,
+    FetchError,
+    Pinned,
+    Verified,
+    download_verified,
+)
 from tunefleet.builders.artifact import build_artifact_config_map, is_packed, payload_keys
 from tunefleet.config import Config
 from tunefleet.contracts.admission import Admission
@@ -220,16 +226,18 @@ def _download(
         endpoint_url=endpoint or None, region=region or None, timeout_s=config.delivery_timeout_s
     )
     return download_verified(
-        record.uri,
-        record.sha256,
-        gpu_model=record.gpu_model or None,
-        options=options,
-        manifest_sha256=record.manifest_sha256 or None,
-        target=fit.Target(
-            record.gpu_model,
-            vendor,
-            fit.is_stand_in_model(record.gpu_model, config.stand_in_models),
+        Pinned(
+            record.uri,
+            record.sha256,
+            record.manifest_sha256 or None,
+            record.gpu_model or None,
+            fit.Target(
+                record.gpu_model,
+                vendor,
+                fit.is_stand_in_model(record.gpu_model, config.stand_in_models),
+            ),
         ),
+        options=options,
     )
 
 
