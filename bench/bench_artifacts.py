@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 
 from tunefleet.artifacts.fetch import Pinned, fetch  # noqa: E402
-from tunefleet.artifacts.publish import publish  # noqa: E402
+from tunefleet.artifacts.publish import Output, publish  # noqa: E402
 from tunefleet.storage.registry import parse_uri  # noqa: E402
 from tunefleet.storage.s3 import S3Store  # noqa: E402
 from tuner_job.manifest import ArtifactId, Manifest  # noqa: E402
@@ -118,7 +118,7 @@ def run(s3_settings: S3Like, runs: int = 7) -> dict[str, Any]:
             size = (out / "results.csv").stat().st_size
             store = S3Store(parse_uri(base_uri), client=client, timeout_s=60)
             t0 = time.perf_counter()
-            pub = publish(out, base_uri, "bench", "artifacts", MODEL, store=store)
+            pub = publish(Output(out, base_uri, "bench", "artifacts", MODEL), store=store)
             pub_s.append(time.perf_counter() - t0)
             assert pub.created
             fstore = S3Store(parse_uri(pub.uri), client=client, timeout_s=60)

@@ -36,6 +36,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 
 from tunefleet.artifacts import gc  # noqa: E402
 from tunefleet.artifacts.library import (  # noqa: E402
+    Library,
     checkpoint_key,
     library_prefix,
     read_library,
@@ -44,6 +45,7 @@ from tunefleet.artifacts.library import (  # noqa: E402
 from tunefleet.storage.registry import open_store, parse_uri  # noqa: E402
 from tunefleet.storage.store import Location, Store, StoreOptions  # noqa: E402
 from tuner_job.library import CheckpointId, EntrySource, library_key, make_entry  # noqa: E402
+from tuner_job.manifest import ArtifactId  # noqa: E402
 from tuner_job.results import ResultRow, ResultsFile, format_results  # noqa: E402
 
 MODEL = "AMD_Instinct_MI300X_OAM"
@@ -110,7 +112,7 @@ def fleet_objects(location: Location, ns: str, n: int, p: int) -> tuple[list[Any
     for r in range(SHARD_REVISIONS):
         for i in range(SHARDS):
             rev = revision(p, ARTIFACTS - 1 - r)
-            base = shard_base(location, ns, name, MODEL, rev, i, SHARDS)
+            base = shard_base(location, ArtifactId(ns, name, rev, MODEL), i, SHARDS)
             objects += [(f"{base}/results.csv", b"x\n"), (f"{base}/manifest.json", b"{}\n")]
     newest = status[-1]
     doc = {
@@ -144,7 +146,7 @@ def libraries(store: Store, location: Location) -> dict[str, str]:
     out = {}
     for n in range(NAMESPACES):
         ns = f"bench-ns-{n}"
-        view = read_library(store, location, "namespace", ns, MODEL, KEY, dict(VALIDATORS))
+        view = read_library(store, Library(location, "namespace", ns, MODEL, KEY), dict(VALIDATORS))
         assert view.results is not None and not view.skipped, view.skipped[:3]
         out[ns] = format_results(view.results)
     return out

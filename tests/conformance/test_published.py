@@ -14,8 +14,8 @@ from pathlib import Path
 
 from tests.support.torches import Torch
 from tunefleet.artifacts.fetch import Pinned, Serving, fetch
-from tunefleet.artifacts.library import read_library
-from tunefleet.artifacts.merge import merge
+from tunefleet.artifacts.library import Library, read_library
+from tunefleet.artifacts.merge import MergeJob, merge
 from tunefleet.artifacts.publish import Output, publish, publish_shard
 from tunefleet.storage.filesystem import DirStore
 from tunefleet.storage.registry import parse_uri
@@ -106,7 +106,7 @@ def test_every_file_tunefleet_writes_for_a_211_cuda_identity_loads_in_real_211(
 
     tuner_output(tmp_path / "out", rows)
     files["tuner results.csv"] = (tmp_path / "out" / "results.csv", len(rows))
-    pub = publish(tmp_path / "out", uri, NS, "llama", MODEL)
+    pub = publish(Output(tmp_path / "out", uri, NS, "llama", MODEL))
     artifact = Path(parse_uri(pub.uri).bucket) / "results.csv"
     files["published results.csv"] = (artifact, pub.manifest.gemms)
 
@@ -119,18 +119,14 @@ def test_every_file_tunefleet_writes_for_a_211_cuda_identity_loads_in_real_211(
         tuner_output(out, [by_key[u.key] for u in share], profile="sharded", shard=i, shards=2)
         publish_shard(Output(out, uri, NS, "sharded", MODEL), i, 2)
         files[f"shard {i} results.csv"] = (out / "results.csv", len(share))
-    merged = merge(uri, NS, "sharded", MODEL, "rev1", 2)
+    merged = merge(MergeJob(uri, ArtifactId(NS, "sharded", "rev1", MODEL), 2))
     files["merged results.csv"] = (Path(parse_uri(merged.uri).bucket) / "results.csv", 60)
 
     # The library as sync reads it and hands it to the tuner (two entries, merged).
     store = DirStore(parse_uri(uri))
     view = read_library(
         store,
-        parse_uri(uri),
-        "namespace",
-        NS,
-        MODEL,
-        library_key(MODEL, VALIDATORS, IDENTITY),
+        Library(parse_uri(uri), "namespace", NS, MODEL, library_key(MODEL, VALIDATORS, IDENTITY)),
         dict(VALIDATORS),
         SETTINGS,
     )

@@ -27,7 +27,7 @@ from testbed.real_node import model_pod, real_profile
 from tests.support.kube import apply, create, ended, get_json, statuses
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
-from tunefleet.artifacts.publish import publish
+from tunefleet.artifacts.publish import Output, publish
 from tunefleet.builders.artifact import CONFIG_MAP_BYTES
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.s3 import S3Store
@@ -83,7 +83,7 @@ def publish_here(s3: Any, namespace: str, profile: str, spec: dict[str, Any], te
     )
     uri = spec["storage"]["uri"]
     store = S3Store(parse_uri(uri), client=s3.client())
-    return publish(out, uri, namespace, profile, REAL_NODE_GPU_MODEL, store=store)
+    return publish(Output(out, uri, namespace, profile, REAL_NODE_GPU_MODEL), store=store)
 
 
 @pytest.mark.parametrize("size", ["largest-real", "too-big"])

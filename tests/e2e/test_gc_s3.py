@@ -25,8 +25,14 @@ from tests.support.results import rows
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.artifacts import gc
-from tunefleet.artifacts.library import checkpoint_key, library_prefix, read_library, shard_base
-from tunefleet.artifacts.publish import publish
+from tunefleet.artifacts.library import (
+    Library,
+    checkpoint_key,
+    library_prefix,
+    read_library,
+    shard_base,
+)
+from tunefleet.artifacts.publish import Output, publish
 from tunefleet.contracts.admission import INJECTED, Admission
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.s3 import S3Store
@@ -53,11 +59,11 @@ GC = Path(sys.executable).parent / "tunefleet-gc"
 PUBLISHER = """
 import json, sys, time
 from pathlib import Path
-from tunefleet.artifacts.publish import publish
+from tunefleet.artifacts.publish import Output, publish
 from tunefleet.storage.store import StoreOptions
 uri, ns, profile, model, *dirs = sys.argv[1:]
 for d in dirs:
-    pub = publish(Path(d), uri, ns, profile, model, options=StoreOptions(timeout_s=60))
+    pub = publish(Output(Path(d), uri, ns, profile, model), options=StoreOptions(timeout_s=60))
     assert pub.library is not None, pub.library_error
     print(json.dumps({"uri": pub.uri, "sha256": pub.sha256}), flush=True)
     time.sleep(0.3)
@@ -166,7 +172,9 @@ class Fleet:
 
     def library(self) -> ResultsFile:
         store = self.store()
-        view = read_library(store, self.location, "namespace", self.ns, MODEL, KEY, VALIDATORS)
+        view = read_library(
+            store, Library(self.location, "namespace", self.ns, MODEL, KEY), VALIDATORS
+        )
         assert view.results is not None and not view.skipped, view.skipped[:3]
         return view.results
 
@@ -203,10 +211,7 @@ def test_gc_while_ten_profiles_publish_loses_nothing_and_converges(
     # superseded revision, checkpoints of the current one (not published: kept), shard outputs.
     for p in range(PROFILES):
         for n in range(FIRST):
-            pub = publish(
-                output(tmp_path, namespace, p, n, PREVIOUS), fleet.uri, namespace,
-                f"p{p}", MODEL, store=store,
-            )  # fmt: skip
+            pub = publish(Output(output(tmp_path, namespace, p, n, PREVIOUS), fleet.uri, namespace, f"p{p}", MODEL), store=store)  # fmt: skip
             fleet.published[p].append({"uri": pub.uri, "sha256": pub.sha256})
         fleet.set_status(p)
     superseded = [
@@ -220,7 +225,8 @@ def test_gc_while_ten_profiles_publish_loses_nothing_and_converges(
         for p in range(PROFILES)
     ]
     shards = [
-        shard_base(fleet.location, namespace, f"p{p}", MODEL, "0ld0ld0ld0", 0, 2) + "/results.csv"
+        shard_base(fleet.location, ArtifactId(namespace, f"p{p}", "0ld0ld0ld0", MODEL), 0, 2)
+        + "/results.csv"
         for p in range(PROFILES)
     ]
     for key in superseded + current + shards:
@@ -276,7 +282,7 @@ def test_gc_while_ten_profiles_publish_loses_nothing_and_converges(
     fleet.gc()
     library = {k for k in fleet.objects() if k.startswith(library_prefix_key)}
     view = read_library(
-        fleet.store(), fleet.location, "namespace", namespace, MODEL, KEY, VALIDATORS
+        fleet.store(), Library(fleet.location, "namespace", namespace, MODEL, KEY), VALIDATORS
     )
     assert view.entries == len(library) == 1
     assert format_results(view.results) == format_results(expected)
@@ -298,10 +304,7 @@ def test_the_command_reads_real_profiles_and_reports_a_dry_run(
     store = fleet.store()
     for p in range(2):
         for n in range(3):
-            pub = publish(
-                output(tmp_path, namespace, p, n, PREVIOUS), fleet.uri, namespace,
-                f"p{p}", MODEL, store=store,
-            )  # fmt: skip
+            pub = publish(Output(output(tmp_path, namespace, p, n, PREVIOUS), fleet.uri, namespace, f"p{p}", MODEL), store=store)  # fmt: skip
             fleet.published[p].append({"uri": pub.uri, "sha256": pub.sha256})
         fleet.set_status(p)
     # A model pod still pending, pinned at admission to p0's middle artifact (in no status).
@@ -344,8 +347,7 @@ def test_a_profile_list_it_may_not_read_is_one_line_and_nothing_is_deleted(
     fleet = Fleet(cluster, s3, namespace, prefix, tmp_path)
     store = fleet.store()
     for n in range(3):
-        publish(output(tmp_path, namespace, 0, n, PREVIOUS), fleet.uri, namespace, "p0",
-                MODEL, store=store)  # fmt: skip
+        publish(Output(output(tmp_path, namespace, 0, n, PREVIOUS), fleet.uri, namespace, "p0", MODEL), store=store)  # fmt: skip
     listing = fleet.objects()
     cluster.kubectl("create", "serviceaccount", "nobody", "-n", namespace)
     token = cluster.kubectl("create", "token", "nobody", "-n", namespace).stdout.strip()

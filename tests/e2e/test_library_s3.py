@@ -30,7 +30,7 @@ from testbed.library_pod import (
     wait_until,
 )
 from tunefleet.artifacts.fetch import Pinned, Serving, fetch
-from tunefleet.artifacts.library import read_library
+from tunefleet.artifacts.library import Library, read_library
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.s3 import S3Store
 from tuner_job.library import library_key
@@ -147,9 +147,10 @@ def test_resume_through_s3_after_the_pod_is_lost(s3: Any, prefix: str, tmp_path:
 PUBLISH = """
 import sys
 from pathlib import Path
-from tunefleet.artifacts.publish import publish
+from tunefleet.artifacts.publish import Output, publish
 from tunefleet.storage.store import StoreOptions
-pub = publish(Path(sys.argv[1]), sys.argv[2], "ml", sys.argv[3], sys.argv[4], options=StoreOptions(timeout_s=60))
+out = Output(Path(sys.argv[1]), sys.argv[2], "ml", sys.argv[3], sys.argv[4])
+pub = publish(out, options=StoreOptions(timeout_s=60))
 assert pub.library is not None and pub.library.created, pub.library_error
 """
 
@@ -208,7 +209,7 @@ def test_concurrent_publishes_to_one_library_lose_nothing(
         _, err = p.communicate(timeout=120)
         assert p.returncode == 0, err
     store = S3Store(parse_uri(uri), client=s3.client(), timeout_s=60)
-    view = read_library(store, store.location, "namespace", "ml", MODEL, key, VALIDATORS)
+    view = read_library(store, Library(store.location, "namespace", "ml", MODEL, key), VALIDATORS)
     assert (view.entries, view.skipped) == (publishers, [])
     expected = merge_results([synthetic(i) for i in range(publishers)])
     assert format_results(view.results) == format_results(expected)

@@ -19,11 +19,13 @@ from tests.support.artifacts import tuner_output
 from tests.support.manifests import manifest
 from tunefleet.artifacts import fetch, fit, kinds, merge, publish
 from tunefleet.artifacts.kinds import tunableop
+from tunefleet.artifacts.merge import MergeJob
 from tunefleet.builders import artifact as artifact_b
 from tunefleet.builders import placement as placement_b
 from tunefleet.builders import webhook as webhook_b
 from tunefleet.serving import delivery
 from tuner_job.manifest import (
+    ArtifactId,
     ImageRef,
     LibraryInfo,
     Manifest,
@@ -225,7 +227,7 @@ def test_fetch_writes_the_files_the_kind_names(
 def test_publish_refuses_output_of_a_kind_it_does_not_know(tmp_path: Path) -> None:
     tuner_output(tmp_path / "out", kind="inductor")
     with pytest.raises(publish.PublishError) as refused:
-        publish.load_artifact(tmp_path / "out", "ml", "llama", MODEL)
+        publish.load_artifact(tmp_path / "out", publish.Whose("ml", "llama", MODEL))
     assert str(refused.value) == "no artifact kind inductor (known: tunableop, caches)"
 
 
@@ -233,10 +235,10 @@ def test_publishs_check_asks_the_kind(tmp_path: Path, monkeypatch: pytest.Monkey
     tuner_output(tmp_path / "out")
     use_kind(monkeypatch, disagreements=lambda parsed, manifest: ["the fake disagrees"])
     with pytest.raises(publish.PublishError, match=r"^the fake disagrees$"):
-        publish.load_artifact(tmp_path / "out", "ml", "llama", MODEL)
+        publish.load_artifact(tmp_path / "out", publish.Whose("ml", "llama", MODEL))
     use_kind(monkeypatch, noncanonical=lambda parsed, source: f"not canonical: {source}")
     with pytest.raises(publish.PublishError, match=r"^not canonical: .*/out/results\.csv$"):
-        publish.load_artifact(tmp_path / "out", "ml", "llama", MODEL)
+        publish.load_artifact(tmp_path / "out", publish.Whose("ml", "llama", MODEL))
 
 
 def test_merges_fit_check_asks_the_kind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -248,7 +250,7 @@ def test_merges_fit_check_asks_the_kind(tmp_path: Path, monkeypatch: pytest.Monk
     use_kind(monkeypatch, refusals=lambda parsed, manifest, target: ["the fake kind refuses"])
     target = fit.Target(MODEL, "amd", False)
     with pytest.raises(merge.MergeError) as refused:
-        merge.merge(uri, "ml", "llama", MODEL, "3f2a9c01de", 2, target=target)
+        merge.merge(MergeJob(uri, ArtifactId("ml", "llama", "3f2a9c01de", MODEL), 2, target=target))
     assert (
         str(refused.value) == f"the artifact does not fit GPU model {MODEL}: the fake kind refuses"
     )

@@ -19,6 +19,7 @@ from tests.support.artifacts import tuner_output
 from tunefleet.artifacts import fetch as fetch_mod
 from tunefleet.artifacts import publish as publish_mod
 from tunefleet.artifacts.bootstrap import bootstrap
+from tunefleet.artifacts.publish import Output
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import Location
 from tuner_job.files import sha256_hex
@@ -200,7 +201,7 @@ def published(tmp_path: Path) -> tuple[Path, str]:
     manifest = tuner_output(tmp_path / "out")
     store = tmp_path / "store"
     pub = publish_mod.publish(
-        tmp_path / "out", f"file://{store}", "ml", "llama", "AMD_Instinct_MI300X_OAM"
+        Output(tmp_path / "out", f"file://{store}", "ml", "llama", "AMD_Instinct_MI300X_OAM")
     )
     assert pub.created
     return Path(parse_uri(pub.uri).bucket), manifest.results_sha256
@@ -408,11 +409,7 @@ def test_publish_records_the_tune_steps_image_once_the_operator_names_it(tmp_pat
     image_id = "registry.example.com/serve@sha256:" + "e" * 64
     id_file.write_text(image_id + "\n")
     pub = publish_mod.publish(
-        tmp_path / "out",
-        f"file://{store}",
-        "ml",
-        "llama",
-        "AMD_Instinct_MI300X_OAM",
+        Output(tmp_path / "out", f"file://{store}", "ml", "llama", "AMD_Instinct_MI300X_OAM"),
         image=publish_mod.TuneImage("registry.example.com/serve:1", id_file, 5),
     )
     assert pub.manifest.image is not None and pub.manifest.image.id == image_id
@@ -426,11 +423,13 @@ def test_publish_without_the_image_id_records_the_reference_and_says_so(
 ) -> None:
     tuner_output(tmp_path / "out")
     pub = publish_mod.publish(
-        tmp_path / "out",
-        f"file://{tmp_path / 'store'}",
-        "ml",
-        "llama",
-        "AMD_Instinct_MI300X_OAM",
+        Output(
+            tmp_path / "out",
+            f"file://{tmp_path / 'store'}",
+            "ml",
+            "llama",
+            "AMD_Instinct_MI300X_OAM",
+        ),
         image=publish_mod.TuneImage(
             "registry.example.com/serve:1", tmp_path / "never-written", 0.2
         ),

@@ -22,6 +22,7 @@ from tunefleet.api import TuningProfileSpec
 from tunefleet.artifacts import bundle
 from tunefleet.artifacts import fetch as fetch_mod
 from tunefleet.artifacts import publish as publish_mod
+from tunefleet.artifacts.publish import Output
 from tunefleet.builders.job import tuning_config
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.contracts.fetch import FetchOutcome
@@ -69,7 +70,7 @@ def _caches_only(tmp: Path) -> Path:
 
 
 def _publish(out: Path, store: Path) -> publish_mod.Published:
-    return publish_mod.publish(out, f"file://{store}", "ml", "llama", MODEL)
+    return publish_mod.publish(Output(out, f"file://{store}", "ml", "llama", MODEL))
 
 
 def _fetch(pub: publish_mod.Published, tmp: Path, fail_closed: bool = False) -> fetch_mod.Fetched:

@@ -25,11 +25,13 @@ from tunefleet.api import TuningProfileSpec
 from tunefleet.artifacts import gc
 from tunefleet.artifacts import publish as publish_mod
 from tunefleet.artifacts.library import (
+    Library,
     checkpoint_key,
     library_prefix,
     read_library,
     shard_base,
 )
+from tunefleet.artifacts.publish import Output
 from tunefleet.storage.filesystem import DirStore
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import Location
@@ -87,7 +89,7 @@ class World:
                 extra=ManifestExtra(library_key=library_key(model, VALIDATORS, IDENTITY), shards=1),
             ),
         )
-        pub = publish_mod.publish(out, self.uri, ns, profile, model, store=self.store)
+        pub = publish_mod.publish(Output(out, self.uri, ns, profile, model), store=self.store)
         assert pub.library is not None, pub.library_error
         return {"uri": pub.uri, "sha256": pub.sha256, "gpuModel": model, "revision": revision}
 
@@ -98,7 +100,7 @@ class World:
         return key
 
     def shard(self, profile: str, revision: str, *, ns: str = "ml", model: str = MODEL) -> str:
-        base = shard_base(self.location, ns, profile, model, revision, 1, 2)
+        base = shard_base(self.location, ArtifactId(ns, profile, revision, model), 1, 2)
         self.store.put(f"{base}/results.csv", b"Validator,PT_VERSION,2.11.0\n", "text/csv")
         self.store.put(f"{base}/manifest.json", b"{}\n", "application/json")
         return base
@@ -134,7 +136,7 @@ class World:
 
     def read(self, ns: str = "ml") -> Any:
         return read_library(
-            self.store, self.location, "namespace", ns, MODEL, KEY, dict(VALIDATORS)
+            self.store, Library(self.location, "namespace", ns, MODEL, KEY), dict(VALIDATORS)
         )
 
     # --- gc -------------------------------------------------------------------------------
@@ -551,7 +553,7 @@ def test_a_cluster_scope_library_is_compacted_too(world: World) -> None:
     plan = world.run([], grace=0.0, now=NOW)
     (written,) = plan.writes
     assert written.key.startswith(f"_library/{MODEL}/{KEY}/")
-    view = read_library(world.store, world.location, "cluster", "", MODEL, KEY, VALIDATORS)
+    view = read_library(world.store, Library(world.location, "cluster", "", MODEL, KEY), VALIDATORS)
     assert (view.entries, view.gemms) == (1, 25)
 
 

@@ -21,10 +21,12 @@ import pytest
 from tunefleet.artifacts import publish as publish_mod
 from tunefleet.artifacts.library import (
     MAX_ENTRIES,
+    Library,
     checkpoint_key,
     library_prefix,
     read_library,
 )
+from tunefleet.artifacts.publish import Output
 from tunefleet.storage.filesystem import DirStore
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import Location, NotFoundError, StoreError
@@ -212,7 +214,7 @@ def place(store: DirStore, data: bytes, name: str | None = None, key: str = KEY)
 
 def read(store: DirStore, validators: dict[str, str] | None = None) -> Any:
     return read_library(
-        store, store.location, "namespace", "ml", MODEL, KEY, validators or ROCM.validators
+        store, Library(store.location, "namespace", "ml", MODEL, KEY), validators or ROCM.validators
     )
 
 
@@ -386,7 +388,9 @@ def test_concurrent_publishes_of_one_identity_lose_nothing(tmp_path: Path) -> No
     def one(i: int) -> None:
         barrier.wait()
         try:
-            pub = publish_mod.publish(tmp_path / f"out{i}", store_uri, "ml", f"profile-{i}", MODEL)
+            pub = publish_mod.publish(
+                Output(tmp_path / f"out{i}", store_uri, "ml", f"profile-{i}", MODEL)
+            )
             assert pub.library is not None and pub.library.created, pub.library_error
         except BaseException as exc:
             errors.append(exc)
@@ -398,7 +402,9 @@ def test_concurrent_publishes_of_one_identity_lose_nothing(tmp_path: Path) -> No
         t.join()
     assert not errors, errors
     store = DirStore(parse_uri(store_uri))
-    view = read_library(store, store.location, "namespace", "ml", MODEL, KEY, ROCM.validators)
+    view = read_library(
+        store, Library(store.location, "namespace", "ml", MODEL, KEY), ROCM.validators
+    )
     assert (view.entries, view.skipped) == (publishers, [])
     expected = merge_results([synthetic(i) for i in range(publishers)])
     assert format_results(view.results) == format_results(expected)  # every row, best wins
@@ -410,8 +416,8 @@ def test_concurrent_publishes_of_one_identity_lose_nothing(tmp_path: Path) -> No
 def test_publishing_the_same_artifact_twice_adds_one_entry(tmp_path: Path) -> None:
     store_uri = f"file://{tmp_path / 'store'}"
     artifact(tmp_path / "out", synthetic(1), "llama")
-    first = publish_mod.publish(tmp_path / "out", store_uri, "ml", "llama", MODEL)
-    again = publish_mod.publish(tmp_path / "out", store_uri, "ml", "llama", MODEL)
+    first = publish_mod.publish(Output(tmp_path / "out", store_uri, "ml", "llama", MODEL))
+    again = publish_mod.publish(Output(tmp_path / "out", store_uri, "ml", "llama", MODEL))
     assert first.library is not None and first.library.created
     assert again.library is not None and not again.library.created
     assert again.library.uri == first.library.uri
@@ -422,7 +428,7 @@ def test_cluster_scope_puts_the_library_beside_the_namespaces(tmp_path: Path) ->
     store_uri = f"file://{tmp_path / 'store'}"
     artifact(tmp_path / "out", synthetic(1), "llama")
     pub = publish_mod.publish(
-        tmp_path / "out", store_uri, "ml", "llama", MODEL, library_scope="cluster"
+        Output(tmp_path / "out", store_uri, "ml", "llama", MODEL), library_scope="cluster"
     )
     assert pub.library is not None
     assert pub.library.uri.startswith(f"{store_uri}/_library/{MODEL}/{KEY}/")
@@ -435,7 +441,7 @@ def test_a_library_that_refuses_the_entry_does_not_fail_the_publish(
     artifact(tmp_path / "out", synthetic(1), "llama")
     (tmp_path / "store" / "ml").mkdir(parents=True)
     (tmp_path / "store" / "ml" / "_library").write_text("a file where a directory belongs")
-    pub = publish_mod.publish(tmp_path / "out", store_uri, "ml", "llama", MODEL)
+    pub = publish_mod.publish(Output(tmp_path / "out", store_uri, "ml", "llama", MODEL))
     assert pub.library is None and "cannot write" in pub.library_error
     assert "warning: not added to the GEMM library" in capsys.readouterr().err
     message = json.loads(publish_mod.termination_message(pub))

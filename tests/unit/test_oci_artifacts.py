@@ -37,6 +37,7 @@ from tunefleet.artifacts.fetch import (
     from_volume,
     serving_store,
 )
+from tunefleet.artifacts.publish import Output
 from tunefleet.artifacts.volumes import VolumeVerdict
 from tunefleet.builders.job import Child, build_tuning_job
 from tunefleet.builders.storage import pod_storage
@@ -465,7 +466,7 @@ def _published(tmp: Path) -> tuple[Any, Path]:
     assert isinstance(packed, cc.Packed)
     tuner_output(out, caches=(packed,))
     store = tmp / "store"
-    pub = publish_mod.publish(out, f"file://{store}", "ml", "llama", MODEL)
+    pub = publish_mod.publish(Output(out, f"file://{store}", "ml", "llama", MODEL))
     return pub, store
 
 

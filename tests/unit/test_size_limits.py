@@ -19,6 +19,7 @@ from tests.support.largest import json_bound, largest_spec, largest_template, te
 from tunefleet.api import TuningProfileSpec
 from tunefleet.builders.job import TUNE_COMMAND, Child, build_tuning_config_map, build_tuning_job
 from tunefleet.config import Config
+from tuner_job.manifest import ArtifactId
 
 ETCD_OBJECT = 1536 * 1024
 CONFIGMAP_DATA = 1024 * 1024
@@ -137,7 +138,7 @@ def test_every_key_derived_from_the_longest_storage_uri_fits_s3() -> None:
     keys = [
         loc.key(ns, profile, model, sha, "manifest.json"),  # the artifact (publish, merge)
         checkpoint_key(loc, CheckpointId(ns, profile, model, rev, 63, 64)),
-        shard_base(loc, ns, profile, model, rev, 63, 64) + "/manifest.json",
+        shard_base(loc, ArtifactId(ns, profile, rev, model), 63, 64) + "/manifest.json",
         library_prefix(loc, "namespace", ns, model, sha) + f"/{sha}.json",
     ]
     assert CHECKPOINTS_DIR in keys[1]

@@ -32,7 +32,7 @@ from tuner_job.library import (
     make_entry,
     parse_entry,
 )
-from tuner_job.manifest import Manifest
+from tuner_job.manifest import ArtifactId, Manifest
 from tuner_job.results import ResultsFile, ResultsMerger, ValidatorMismatchError
 
 SCOPES = ("namespace", "cluster")
@@ -87,6 +87,35 @@ def library_prefix(location: Location, scope: str, namespace: str, gpu_model: st
     return location.key(namespace, LIBRARY_DIR, gpu_model, key)
 
 
+@dataclass(frozen=True)
+class Library:
+    """One GEMM library: the store's location, the scope ("namespace" or "cluster"), the
+    namespace (unused for the cluster scope), the GPU model and the identity's key."""
+
+    location: Location
+    scope: str
+    namespace: str
+    gpu_model: str
+    key: str
+
+    @property
+    def prefix(self) -> str:
+        return library_prefix(self.location, self.scope, self.namespace, self.gpu_model, self.key)
+
+
+@dataclass(frozen=True)
+class TunedRows:
+    """Rows to add to a library, and what they were tuned as: the entry's fields
+    (tuner_job/library.py make_entry)."""
+
+    gpu_model: str
+    validators: dict[str, str]
+    identity: dict[str, str]
+    source: EntrySource
+    results_text: str
+    settings: Settings | None = None
+
+
 def checkpoint_key(location: Location, ident: CheckpointId) -> str:
     return location.key(
         ident.namespace,
@@ -98,16 +127,11 @@ def checkpoint_key(location: Location, ident: CheckpointId) -> str:
     )
 
 
-def shard_base(
-    location: Location,
-    namespace: str,
-    profile: str,
-    gpu_model: str,
-    revision: str,
-    shard: int,
-    shards: int,
-) -> str:
-    return location.key(namespace, profile, gpu_model, SHARDS_DIR, revision, f"{shard}-of-{shards}")
+def shard_base(location: Location, artifact: ArtifactId, shard: int, shards: int) -> str:
+    a = artifact
+    return location.key(
+        a.namespace, a.profile, a.gpu_model, SHARDS_DIR, a.revision, f"{shard}-of-{shards}"
+    )
 
 
 @dataclass(frozen=True)
@@ -133,40 +157,33 @@ def add_entry(
         store,
         location,
         scope,
-        gpu_model=manifest.gpu_model,
-        validators=manifest.validators,
-        identity=manifest.identity,
-        source=source,
-        results_text=results.decode("utf-8"),
-        settings=Settings.from_dict(manifest.extra.settings) if manifest.extra.settings else None,
+        TunedRows(
+            gpu_model=manifest.gpu_model,
+            validators=manifest.validators,
+            identity=manifest.identity,
+            source=source,
+            results_text=results.decode("utf-8"),
+            settings=Settings.from_dict(manifest.extra.settings)
+            if manifest.extra.settings
+            else None,
+        ),
     )
 
 
-def add_rows(
-    store: Store,
-    location: Location,
-    scope: str,
-    *,
-    gpu_model: str,
-    validators: dict[str, str],
-    identity: dict[str, str],
-    source: EntrySource,
-    results_text: str,
-    settings: Settings | None = None,
-) -> Added:
+def add_rows(store: Store, location: Location, scope: str, rows: TunedRows) -> Added:
     """Add tuned rows to the library of their identity: a published artifact's, or what a
     stopped Job tuned before it was stopped (its sync sidecar's last act). `settings`: what
     they were tuned with (None: not recorded, so only readers that ask for none reuse them)."""
     entry = make_entry(
-        gpu_model=gpu_model,
-        validators=validators,
-        identity=identity,
-        source=source,
-        results_text=results_text,
-        settings=settings,
+        gpu_model=rows.gpu_model,
+        validators=rows.validators,
+        identity=rows.identity,
+        source=rows.source,
+        results_text=rows.results_text,
+        settings=rows.settings,
     )
-    key = library_key(gpu_model, validators, identity)
-    prefix = library_prefix(location, scope, source.namespace, gpu_model, key)
+    key = library_key(rows.gpu_model, rows.validators, rows.identity)
+    prefix = library_prefix(location, scope, rows.source.namespace, rows.gpu_model, key)
     object_key = f"{prefix}/{sha256_hex(entry)}.json"
     created = store.put_if_absent(object_key, entry, "application/json")
     return Added(store.uri(object_key), created)
@@ -204,14 +221,7 @@ def _entries(store: Store, prefix: str, view: LibraryView) -> list[Listed]:
 
 
 def read_library(
-    store: Store,
-    location: Location,
-    scope: str,
-    namespace: str,
-    gpu_model: str,
-    key: str,
-    validators: dict[str, str],
-    settings: Settings | None = None,
+    store: Store, library: Library, validators: dict[str, str], settings: Settings | None = None
 ) -> LibraryView:
     """List the key's entries, verify each, merge the good ones (merge_results' rule).
     settings: the reader's; entries tuned with weaker ones (or none recorded) are skipped.
@@ -219,8 +229,8 @@ def read_library(
     A listing failure raises StoreError (the caller reports it as the library's error); an entry
     that cannot be read, or is bad, is skipped and reported, never merged.
     """
-    view = LibraryView(key)
-    entries = _entries(store, library_prefix(location, scope, namespace, gpu_model, key), view)
+    view = LibraryView(library.key)
+    entries = _entries(store, library.prefix, view)
     merger = ResultsMerger()
     total = 0
     for o in entries:
@@ -245,8 +255,8 @@ def read_library(
             _, results = parse_entry(
                 data,
                 name_sha256=sha,
-                key=key,
-                gpu_model=gpu_model,
+                key=library.key,
+                gpu_model=library.gpu_model,
                 validators=validators,
                 settings=settings,
             )

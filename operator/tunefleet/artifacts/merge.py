@@ -39,6 +39,7 @@ from .library import SCOPES, check_revision, check_scope, check_shard, shard_bas
 from .publish import (
     Published,
     PublishError,
+    Whose,
     add_to_library,
     check_artifact,
     termination_message,
@@ -67,17 +68,24 @@ class Shard:
     results: ResultsFile
 
 
-def read_shard(
-    store: Store,
-    location: Location,
-    namespace: str,
-    profile: str,
-    gpu_model: str,
-    revision: str,
-    shard: int,
-    shards: int,
-) -> Shard:
-    base = shard_base(location, namespace, profile, gpu_model, revision, shard, shards)
+@dataclass(frozen=True)
+class MergeJob:
+    """What a merge Job is told (its command line): where the shards are, whose artifact they
+    make, how many there are, the library they add to, the image they were tuned in and what
+    they must fit (fit.py; None: an older Job's command, which says nothing of it)."""
+
+    uri: str
+    artifact: ArtifactId
+    shards: int
+    library_scope: str = "namespace"
+    image_reference: str = ""
+    target: fit.Target | None = None
+
+
+def read_shard(store: Store, location: Location, job: MergeJob, shard: int) -> Shard:
+    a, shards = job.artifact, job.shards
+    revision = a.revision
+    base = shard_base(location, a, shard, shards)
     uri = store.uri(base)
     where = f"shard {shard} of {shards}"
     try:
@@ -89,9 +97,8 @@ def read_shard(
         ) from None
     try:
         manifest = loads(manifest_bytes)
-        check_artifact(
-            results_bytes, manifest, namespace, profile, gpu_model, uri, require_rows=False
-        )
+        whose = Whose(a.namespace, a.profile, a.gpu_model)
+        check_artifact(results_bytes, manifest, whose, uri, require_rows=False)
     except (ManifestError, PublishError) as exc:
         raise MergeError(f"{where} at {uri}/: {exc}") from None
     got = (manifest.revision, manifest.extra.shard, manifest.extra.shards)
@@ -173,11 +180,7 @@ def _resume(shards: list[Shard]) -> ResumeInfo | None:
 
 def merge_shards(
     shards: list[Shard],
-    *,
-    namespace: str,
-    profile: str,
-    gpu_model: str,
-    revision: str,
+    artifact: ArtifactId,
     image_reference: str,
     log: Callable[[str], None] = _log,
 ) -> tuple[bytes, Manifest]:
@@ -213,7 +216,7 @@ def merge_shards(
     )
     data, manifest = build_output(
         merged,
-        ArtifactId(namespace=namespace, profile=profile, revision=revision, gpu_model=gpu_model),
+        artifact,
         RunFacts(
             recorded=recorded,
             identity=dict(ms[0].identity),
@@ -233,41 +236,21 @@ def merge_shards(
 
 
 def merge(
-    uri: str,
-    namespace: str,
-    profile: str,
-    gpu_model: str,
-    revision: str,
-    shards: int,
-    *,
-    library_scope: str = "namespace",
-    image_reference: str = "",
-    store: Store | None = None,
-    options: StoreOptions | None = None,
-    target: fit.Target | None = None,
+    job: MergeJob, *, store: Store | None = None, options: StoreOptions | None = None
 ) -> Published:
+    a, shards, library_scope, target = job.artifact, job.shards, job.library_scope, job.target
     try:
-        location = parse_uri(uri)
-        check_key_parts(namespace, profile, gpu_model)
-        check_revision(revision)
+        location = parse_uri(job.uri)
+        check_key_parts(a.namespace, a.profile, a.gpu_model)
+        check_revision(a.revision)
         check_shard(0, shards)
         check_scope(library_scope)
     except ValueError as exc:
         raise MergeError(str(exc)) from None
     if store is None:
         store = open_store(location, options or StoreOptions(timeout_s=300.0))
-    parts = [
-        read_shard(store, location, namespace, profile, gpu_model, revision, i, shards)
-        for i in range(shards)
-    ]
-    data, manifest = merge_shards(
-        parts,
-        namespace=namespace,
-        profile=profile,
-        gpu_model=gpu_model,
-        revision=revision,
-        image_reference=image_reference,
-    )
+    parts = [read_shard(store, location, job, i) for i in range(shards)]
+    data, manifest = merge_shards(parts, a, job.image_reference)
     if not manifest.gemms:
         raise MergeError(f"the {shards} shards hold no tuned GEMM at all: nothing to publish")
     if target is not None:
@@ -297,16 +280,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def run() -> str:
         pub = merge(
-            args.uri,
-            args.namespace,
-            args.profile,
-            args.gpu_model,
-            args.revision,
-            args.shards,
-            library_scope=args.library_scope,
-            image_reference=args.image_reference,
+            MergeJob(
+                args.uri,
+                ArtifactId(args.namespace, args.profile, args.revision, args.gpu_model),
+                args.shards,
+                library_scope=args.library_scope,
+                image_reference=args.image_reference,
+                target=cli.target(args),
+            ),
             options=storage_cli.options(args),
-            target=cli.target(args),
         )
         if not pub.created:
             print(f"{PROG}: {pub.uri} was already published: nothing uploaded", file=sys.stderr)

@@ -21,7 +21,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import astuple, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tunefleet.contracts.artifact import ArtifactRecord, ShardRecord
@@ -37,7 +37,7 @@ from tunefleet.storage.store import (
 )
 from tuner_job.config import SHARD_ENV
 from tuner_job.files import sha256_hex
-from tuner_job.manifest import ImageRef, Manifest, ManifestError, loads
+from tuner_job.manifest import ArtifactId, ImageRef, Manifest, ManifestError, loads
 from tuner_job.output import MANIFEST_NAME
 
 from . import bundle, cli, fit, kinds
@@ -97,11 +97,19 @@ def _read(path: Path) -> bytes:
         raise PublishError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
+@dataclass(frozen=True)
+class Whose:
+    """Whose artifact a tuner's output must say it is: the profile's namespace and name and the
+    GPU model (the store's key parts; the revision is the manifest's own)."""
+
+    namespace: str
+    profile: str
+    gpu_model: str
+
+
 def load_artifact(
     directory: Path,
-    namespace: str,
-    profile: str,
-    gpu_model: str,
+    whose: Whose,
     *,
     require_rows: bool = True,
     target: fit.Target | None = None,
@@ -118,9 +126,7 @@ def load_artifact(
     check_artifact(
         results,
         manifest,
-        namespace,
-        profile,
-        gpu_model,
+        whose,
         str(directory / payload_name),
         require_rows=require_rows,
         target=target,
@@ -131,9 +137,7 @@ def load_artifact(
 def check_artifact(
     results: bytes,
     manifest: Manifest,
-    namespace: str,
-    profile: str,
-    gpu_model: str,
+    whose: Whose,
     source: str,
     *,
     require_rows: bool = True,
@@ -163,9 +167,9 @@ def check_artifact(
         *kind.disagreements(parsed, manifest),
     ]
     names = [
-        (manifest.namespace, namespace, "namespace"),
-        (manifest.profile, profile, "profile"),
-        (manifest.gpu_model, gpu_model, "gpuModel"),
+        (manifest.namespace, whose.namespace, "namespace"),
+        (manifest.profile, whose.profile, "profile"),
+        (manifest.gpu_model, whose.gpu_model, "gpuModel"),
     ]
     problems += [
         f"manifest {what} {got!r} is not {want!r}" for got, want, what in names if got != want
@@ -202,13 +206,9 @@ class Output:
             check()
         except ValueError as exc:
             raise PublishError(str(exc)) from None
+        whose = Whose(self.namespace, self.profile, self.gpu_model)
         results, _, manifest = load_artifact(
-            self.directory,
-            self.namespace,
-            self.profile,
-            self.gpu_model,
-            require_rows=require_rows,
-            target=self.target,
+            self.directory, whose, require_rows=require_rows, target=self.target
         )
         return location, results, manifest
 
@@ -245,20 +245,15 @@ class TuneImage:
 
 
 def publish(
-    directory: Path,
-    uri: str,
-    namespace: str,
-    profile: str,
-    gpu_model: str,
+    out: Output,
     *,
     store: Store | None = None,
     options: StoreOptions | None = None,
     image: TuneImage | None = None,
     library_scope: str = "namespace",
-    target: fit.Target | None = None,
     signing_key: Path | None = None,
 ) -> Published:
-    out = Output(directory, uri, namespace, profile, gpu_model, target)
+    directory = out.directory
     location, results, manifest = out.checked(
         require_rows=True, check=lambda: check_scope(library_scope)
     )
@@ -416,7 +411,9 @@ def publish_shard(
         manifest = replace(manifest, image=ref)
     store = store or image.open(location, options)
     rev = manifest.revision
-    base = shard_base(location, out.namespace, out.profile, out.gpu_model, rev, shard, shards)
+    base = shard_base(
+        location, ArtifactId(out.namespace, out.profile, rev, out.gpu_model), shard, shards
+    )
     # results first: a manifest in the store describes results that are there.
     kind = kinds.of(manifest)  # a known one: out.checked checked it
     store.put(f"{base}/{kind.PAYLOAD}", results, kind.CONTENT_TYPE)
@@ -508,11 +505,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             shard = publish_shard(out, shard_index(), args.shards, options=options, image=image)
             return shard_message(shard)
         pub = publish(
-            *astuple(out)[:5],
+            out,
             options=options,
             image=image,
             library_scope=args.library_scope,
-            target=out.target,
             signing_key=args.signing_key_dir,
         )
         if not pub.created:

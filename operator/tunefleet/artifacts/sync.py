@@ -67,6 +67,8 @@ from . import cli
 from .library import (
     MAX_CHECKPOINT_BYTES,
     SCOPES,
+    Library,
+    TunedRows,
     add_rows,
     check_revision,
     check_scope,
@@ -237,11 +239,13 @@ class Sync:
             settings = TuningSettings.from_dict(raw) if raw is not None else None
             view = read_library(
                 self.store(LIBRARY_TIMEOUT_S),
-                self.s.location,
-                self.s.scope,
-                self.s.ident.namespace,
-                self.s.ident.gpu_model,
-                key,
+                Library(
+                    self.s.location,
+                    self.s.scope,
+                    self.s.ident.namespace,
+                    self.s.ident.gpu_model,
+                    key,
+                ),
                 validators,
                 settings,
             )
@@ -405,10 +409,7 @@ class Sync:
         source = EntrySource(
             ident.namespace, ident.profile, ident.revision, sha256_hex(text.encode())
         )
-        added = add_rows(
-            self.store(),
-            self.s.location,
-            self.s.scope,
+        tuned = TunedRows(
             gpu_model=ident.gpu_model,
             validators=validators,
             identity={str(k): str(v) for k, v in (doc.get("identity") or {}).items()},
@@ -417,6 +418,7 @@ class Sync:
             # Tuned with the settings identity.json names: readers asking for stronger skip it.
             settings=TuningSettings.from_dict(doc["settings"]) if doc.get("settings") else None,
         )
+        added = add_rows(self.store(), self.s.location, self.s.scope, tuned)
         self.log(
             f"stopped before tuning ended: {rows.gemms} GEMM(s) kept in the library ({added.uri})"
         )
