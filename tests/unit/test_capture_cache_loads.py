@@ -257,10 +257,13 @@ def _plan(
     if previous is not None:
         status["capture"] = previous
     return loop.plan(
-        capture or CaptureSpecOn, namespace="ml", profile="p", profile_uid="uid-1",
-        base="base000001", models=["NVIDIA-H100"], status=status, stores=stores,
-        retunes=retunes or [], keys_of=lambda r: frozenset(), now=1e9, request=request,
-    )  # fmt: skip
+        capture or CaptureSpecOn,
+        loop.Subject("ml", "p", "uid-1", "base000001"),
+        ["NVIDIA-H100"],
+        status,
+        loop.Seen(stores, retunes or [], lambda r: frozenset()),
+        loop.Moment(1e9, request),
+    )
 
 
 CaptureSpecOn = CaptureSpec.model_validate({"enabled": True})

@@ -71,10 +71,13 @@ def run(
     base: str = BASE,
 ) -> loop.Plan:
     return loop.plan(
-        cap, namespace="ml", profile="p", profile_uid="uid-1", base=base, models=[MODEL],
-        status=st, stores=stores, retunes=retunes or [], keys_of=lambda r: keys, now=now,
-        request=request,
-    )  # fmt: skip
+        cap,
+        loop.Subject("ml", "p", "uid-1", base),
+        [MODEL],
+        st,
+        loop.Seen(stores, retunes or [], lambda r: keys),
+        loop.Moment(now, request),
+    )
 
 
 def test_seen_tuned_and_coverage_count_the_current_identitys_misses_against_the_artifact() -> None:

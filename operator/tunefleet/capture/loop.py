@@ -348,16 +348,46 @@ def _cache_loads(
     return out, events
 
 
+@dataclass(frozen=True)
+class Subject:
+    """Whose capture loop it is: the profile (namespace, name, uid) and the revision of its
+    spec, on which a retune's revision builds."""
+
+    namespace: str
+    profile: str
+    profile_uid: str
+    base: str
+
+
+@dataclass(frozen=True)
+class Moment:
+    """When the loop looks and what it may do then: the time, the retune a user asked for (if
+    any), and whether to decide a retune at all (False: the figures only, as after a status
+    took a new artifact)."""
+
+    now: float
+    request: RetuneRequest | None = None
+    decide: bool = True
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What the loop reads besides status: the capture stores and retune sets the cache holds
+    for the profile, and which keys an artifact's caches have (None: not known)."""
+
+    stores: Sequence[StoreView]
+    retunes: Sequence[RetuneSet]
+    keys_of: Callable[[ArtifactRecord], frozenset[str] | None]
+
+
 def _decide(
     capture: CaptureSpec,
     inp: ModelInput,
     captured: _Captured,
     retune: Retune | None,
-    request: RetuneRequest | None,
-    *,
-    now: float,
-    decide: bool,
+    moment: Moment,
 ) -> _Decision:
+    request, now, decide = moment.request, moment.now, moment.decide
     previous = inp.previous or {}
     handled = str(previous.get("handledNonce") or "")
     nonce = request.nonce if request is not None and request.applies_to(inp.model) else ""
@@ -406,21 +436,19 @@ def _threshold(
 def _start_retune(
     capture: CaptureSpec,
     decision: _Decision,
-    *,
-    namespace: str,
-    profile: str,
-    profile_uid: str,
-    model: str,
-    base: str,
-    new: int,
-    last: Retune | None,
+    subject: Subject,
+    inp: ModelInput,
+    captured: _Captured,
     now: float,
 ) -> _Started | None:
     """None: the set is the one the last retune of this revision froze; its revision would be
     the same, so starting it again would tune nothing and retune forever."""
+    model, base, s = inp.model, subject.base, subject
+    last = Retune.from_status((inp.previous or {}).get("retune"))
+    new = len(captured.new) + len(captured.new_variants)
     chosen = tuple(sorted(_bounded(decision.freeze, capture.limits.max_shapes)))
     variants = tuple(sorted(decision.variants))
-    frozen = RetuneSet(namespace, profile, profile_uid, model, base, chosen, variants)
+    frozen = RetuneSet(s.namespace, s.profile, s.profile_uid, model, base, chosen, variants)
     if last is not None and last.base_revision == base and frozen.digest == last.digest:
         return None
     manual = decision.reason == MANUAL
@@ -472,18 +500,11 @@ def _retune_fields(
 
 
 def plan_model(
-    capture: CaptureSpec,
-    *,
-    namespace: str,
-    profile: str,
-    profile_uid: str,
-    base: str,
-    inp: ModelInput,
-    now: float,
-    request: RetuneRequest | None,
-    decide: bool = True,
+    capture: CaptureSpec, subject: Subject, inp: ModelInput, moment: Moment
 ) -> ModelPlan:
-    """decide=False: the figures only (a status that just took a new artifact), no retune."""
+    """moment.decide False: the figures only (a status that just took a new artifact), no
+    retune."""
+    base = subject.base
     previous = inp.previous or {}
     retune = Retune.from_status(previous.get("retune"))
     plan = ModelPlan(entry=None, revision=inp.revision)
@@ -491,14 +512,10 @@ def plan_model(
         return plan  # nothing captured, nothing asked: no entry
     captured = _captured(inp, retune, base)
     entry, plan.events = _figures(inp.model, captured, previous)
-    decision = _decide(capture, inp, captured, retune, request, now=now, decide=decide)
+    decision = _decide(capture, inp, captured, retune, moment)
     message = decision.message
     if decision.freeze or decision.variants:
-        started = _start_retune(
-            capture, decision, namespace=namespace, profile=profile, profile_uid=profile_uid,
-            model=inp.model, base=base, new=len(captured.new) + len(captured.new_variants),
-            last=retune, now=now,
-        )  # fmt: skip
+        started = _start_retune(capture, decision, subject, inp, captured, moment.now)
         if started is None:
             message = "the captured untuned shapes are those the last retune tuned"
         else:
@@ -545,21 +562,14 @@ def coverage_column(entries: Sequence[dict[str, Any]]) -> str:
 
 def plan(
     capture: CaptureSpec,
-    *,
-    namespace: str,
-    profile: str,
-    profile_uid: str,
-    base: str,
+    subject: Subject,
     models: Sequence[str],
     status: dict[str, Any],
-    stores: Sequence[StoreView],
-    retunes: Sequence[RetuneSet],
-    keys_of: Callable[[ArtifactRecord], frozenset[str] | None],
-    now: float,
-    request: RetuneRequest | None,
-    decide: bool = True,
+    seen: Seen,
+    moment: Moment,
 ) -> Plan:
     previous = previous_entries(status)
+    base, stores, retunes, keys_of = subject.base, seen.stores, seen.retunes, seen.keys_of
     artifacts = {}
     for doc in status.get("artifacts") or []:
         record = ArtifactRecord.from_status(doc)
@@ -577,10 +587,7 @@ def plan(
             previous=previous.get(model) or {},
             revision=model_revision(base, previous.get(model)),
         )
-        got = plan_model(
-            capture, namespace=namespace, profile=profile, profile_uid=profile_uid, base=base,
-            inp=inp, now=now, request=request, decide=decide,
-        )  # fmt: skip
+        got = plan_model(capture, subject, inp, moment)
         out.revisions[model] = got.revision
         if got.entry is not None:
             out.entries.append(got.entry)

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tunefleet import kube
+from tunefleet import kube, naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.capture import loop
 from tunefleet.capture.cache import CaptureCache
@@ -58,15 +58,17 @@ def run(
     source: CaptureSource | None,
     spec: TuningProfileSpec,
     profile: dict[str, Any],
-    base: str,
     *,
-    endpoint: str = "",
-    region: str = "",
+    default_endpoint: str = "",
     now: float | None = None,
     decide: bool = True,
 ) -> Outcome:
-    """decide=False: status.capture's figures only (after a new artifact), no retune made."""
+    """decide=False: status.capture's figures only (after a new artifact), no retune made.
+    default_endpoint: the S3 endpoint of a spec.storage that names none (the operator's)."""
     meta, status = profile["metadata"], profile.get("status") or {}
+    base = naming.revision(spec)
+    endpoint = spec.storage.endpoint or default_endpoint
+    region = spec.storage.region or ""
     if source is None:
         return revisions_only(spec, base, status)
     ns, uid = meta["namespace"], meta["uid"]
@@ -76,18 +78,11 @@ def run(
 
     plan = loop.plan(
         spec.capture,
-        namespace=ns,
-        profile=meta["name"],
-        profile_uid=uid,
-        base=base,
-        models=spec.gpu.models,
-        status=status,
-        stores=source.cache.stores(uid),
-        retunes=source.cache.retunes(uid),
-        keys_of=keys_of,
-        now=time.time() if now is None else now,
-        request=RetuneRequest.read(profile),
-        decide=decide,
+        loop.Subject(ns, meta["name"], uid, base),
+        spec.gpu.models,
+        status,
+        loop.Seen(source.cache.stores(uid), source.cache.retunes(uid), keys_of),
+        loop.Moment(time.time() if now is None else now, RetuneRequest.read(profile), decide),
     )
     made = _freeze(plan, loop.previous_entries(status), base, f"{ns}/{meta['name']}")
     out = Outcome(

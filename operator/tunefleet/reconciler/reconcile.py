@@ -601,11 +601,9 @@ def _capture_against_new_artifacts(
     after = {a.get("gpuModel"): a.get("sha256") for a in status.get("artifacts") or []}
     if before == after:
         return
-    storage = s.spec.storage
     again = capture_step.run(
-        s.captures, s.spec, {**s.profile, "status": status}, naming.revision(s.spec),
-        endpoint=storage.endpoint or s.config.default_s3_endpoint, region=storage.region or "",
-        decide=False,
+        s.captures, s.spec, {**s.profile, "status": status},
+        default_endpoint=s.config.default_s3_endpoint, decide=False,
     )  # fmt: skip
     if again.entries is not None:
         if again.entries:
@@ -755,11 +753,9 @@ def _read_spec(s: _Sync, untrusted: list[Untrusted], memory: Memory) -> None:
     if not s.acting:
         s.capture = capture_step.revisions_only(s.spec, base, s.profile.get("status") or {})
         return
-    storage = s.spec.storage
     s.capture = capture_step.run(
-        s.captures, s.spec, s.profile, base,
-        endpoint=storage.endpoint or s.config.default_s3_endpoint, region=storage.region or "",
-    )  # fmt: skip
+        s.captures, s.spec, s.profile, default_endpoint=s.config.default_s3_endpoint
+    )
 
 
 def _observe(s: _Sync, mine: ProfileMemory) -> list[JobObservation]:
