@@ -21,6 +21,7 @@ from tunefleet.capture import hook, loop, sidecar
 from tunefleet.capture.sidecar import Settings, Sidecar
 from tunefleet.capture.store import (
     MAX_CACHE_PODS,
+    Batch,
     RetuneSet,
     StoreKey,
     StoreView,
@@ -220,7 +221,7 @@ def _loads(
     view: StoreView, pod: str, path: str, key: str, reason: str = "", args: str = ""
 ) -> StoreView:
     entry = {"kind": "vllm", "path": path, "key": key, "reason": reason, "args": args}
-    view, _ = merge(view, (), 100, max_shapes=10, pod=pod, cache_loads=(entry,))
+    view, _ = merge(view, Batch((), pod=pod, cache_loads=(entry,)), 100, 10)
     return view
 
 

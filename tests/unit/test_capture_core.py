@@ -13,6 +13,7 @@ from tunefleet.api import CaptureSpec, CaptureStatus
 from tunefleet.capture import loop
 from tunefleet.capture.store import (
     MAX_BYTES,
+    Batch,
     RetuneSet,
     StoreKey,
     StoreView,
@@ -52,7 +53,7 @@ def status(art: ArtifactRecord | None, capture: list[dict[str, Any]] | None = No
 
 
 def store(rows: list[str], key: StoreKey = KEY, at: int = 100) -> StoreView:
-    view, _ = merge(StoreView(key), rows, at, max_shapes=1024)
+    view, _ = merge(StoreView(key), Batch(rows), at, 1024)
     return view
 
 
@@ -239,20 +240,20 @@ def test_a_frozen_set_that_cannot_be_made_leaves_the_model_as_it_was() -> None:
 
 
 def test_merging_adds_new_rows_first_seen_kept_and_bounds_what_is_kept() -> None:
-    view, added = merge(StoreView(KEY), S2, 100, max_shapes=3)
+    view, added = merge(StoreView(KEY), Batch(S2), 100, 3)
     assert added == 2 and view.rows == {S2[0]: 100, S2[1]: 100}
-    view, added = merge(view, [*S2, *S1], 200, max_shapes=3, pod="pod-a", not_loaded=4)
+    view, added = merge(view, Batch([*S2, *S1], pod="pod-a", not_loaded=4), 200, 3)
     assert added == 1 and len(view.rows) == 3 and view.dropped == 2
     assert view.rows[S2[0]] == 100  # first seen stays
     assert view.not_loaded == {"pod-a": 4}
     big = [f"GemmTunableOp_BFloat16_TN,tn_{i}_" + "9" * 900 for i in range(2000)]
-    huge, _ = merge(StoreView(KEY), big, 1, max_shapes=4096)
+    huge, _ = merge(StoreView(KEY), Batch(big), 1, 4096)
     assert len("".join(f"{at} {r}\n" for r, at in huge.rows.items())) < MAX_BYTES
     assert huge.dropped > 0
 
 
 def test_the_store_round_trips_through_its_configmap_and_a_forged_one_is_nothing() -> None:
-    view, _ = merge(StoreView(KEY), S2, 100, max_shapes=10, pod="x", not_loaded=1)
+    view, _ = merge(StoreView(KEY), Batch(S2, pod="x", not_loaded=1), 100, 10)
     cm = build_store_config_map(view)
     cm["metadata"]["uid"] = "cm-1"
     back = parse_store(cm)
@@ -323,7 +324,7 @@ class FakeCore:
         if self.rival and self.cm is not None:
             view = parse_store(self.cm)
             assert view is not None
-            merged, _ = merge(view, self.rival, 50, max_shapes=100)
+            merged, _ = merge(view, Batch(self.rival), 50, 100)
             self.rival = []
             self._store(build_store_config_map(merged))
 
@@ -338,7 +339,7 @@ class FakeCore:
         from kubernetes.client.exceptions import ApiException
 
         if self.rival:  # another replica created it first
-            view, _ = merge(StoreView(KEY), self.rival, 50, max_shapes=100)
+            view, _ = merge(StoreView(KEY), Batch(self.rival), 50, 100)
             self.rival = []
             self._store(build_store_config_map(view))
             raise ApiException(status=409)
@@ -373,13 +374,13 @@ def test_concurrent_replicas_lose_no_rows_and_a_known_row_costs_no_write() -> No
     core = FakeCore()
     w = writer(core)
     core.rival = [S1[0]]  # the other replica creates the store as we try to
-    assert w.add(KEY, (S2[0],), max_shapes=100, now=NOW) == (1, 2)
+    assert w.add(KEY, Batch((S2[0],)), max_shapes=100, now=NOW) == (1, 2)
     core.rival = [S1[1]]  # and writes between our read and our write
-    assert w.add(KEY, (S2[1],), max_shapes=100, now=NOW) == (1, 4)
+    assert w.add(KEY, Batch((S2[1],)), max_shapes=100, now=NOW) == (1, 4)
     view = parse_store(core.cm or {})
     assert view is not None and set(view.rows) == {S1[0], S1[1], S2[0], S2[1]}
     before = core.writes
-    assert w.add(KEY, (S2[0],), max_shapes=100, now=NOW) == (0, 4)
+    assert w.add(KEY, Batch((S2[0],)), max_shapes=100, now=NOW) == (0, 4)
     assert core.writes == before
 
 
@@ -391,7 +392,7 @@ def test_a_configmap_under_the_stores_name_that_is_not_the_profiles_is_never_wri
     forged["metadata"]["ownerReferences"] = []
     core._store(forged)
     with pytest.raises(kube.NotOurs, match="not a capture store"):
-        writer(core).add(KEY, (S2[0],), max_shapes=100, now=NOW)
+        writer(core).add(KEY, Batch((S2[0],)), max_shapes=100, now=NOW)
 
 
 # --- the upload contract (contracts/capture.py) -----------------------------------------------

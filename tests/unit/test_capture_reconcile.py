@@ -19,7 +19,7 @@ from tunefleet.builders import capture as capture_b
 from tunefleet.builders.job import CAPTURED_DIR
 from tunefleet.capture.cache import CaptureCache
 from tunefleet.capture.step import CaptureSource
-from tunefleet.capture.store import StoreKey, StoreView, build_store_config_map, merge
+from tunefleet.capture.store import Batch, StoreKey, StoreView, build_store_config_map, merge
 from tunefleet.config import Config
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.reconciler.memory import Memory
@@ -52,9 +52,7 @@ def served(p: dict[str, Any], revision: str, sha: str) -> dict[str, Any]:
 
 def source(rows: list[str]) -> CaptureSource:
     cache = CaptureCache()
-    view, _ = merge(
-        StoreView(StoreKey("ml", "p", "uid-1", MODEL, "lib-1")), rows, 100, max_shapes=64
-    )
+    view, _ = merge(StoreView(StoreKey("ml", "p", "uid-1", MODEL, "lib-1")), Batch(rows), 100, 64)
     cm = build_store_config_map(view)
     cache.follow("ADDED", cm)
     return CaptureSource(cache, Keys({"a" * 64: frozenset(S1), "b" * 64: frozenset(S1 + S2)}))  # type: ignore[arg-type]

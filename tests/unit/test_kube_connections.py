@@ -18,7 +18,7 @@ import kubernetes
 import pytest
 
 from tunefleet import kube
-from tunefleet.capture.store import StoreKey, Writer
+from tunefleet.capture.store import Batch, StoreKey, Writer
 from tunefleet.runtime import client
 
 OWNER = "owner-uid"
@@ -115,6 +115,6 @@ def test_capture_store_writes_reuse_one_connection(api_server: type[_Api]) -> No
     store = Writer()
     key = StoreKey(namespace="ns", profile="p", profile_uid="uid-1", model="m", identity="i")
     for i in range(5):
-        store.add(key, (f"GemmTunableOp_float_NT,nt_{i}_8_8",), max_shapes=100)
+        store.add(key, Batch((f"GemmTunableOp_float_NT,nt_{i}_8_8",)), max_shapes=100)
     _wait_requests(api_server, 10)  # a read (404 here) and a create, each time
     assert api_server.connections == 1, api_server.connections

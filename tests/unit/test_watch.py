@@ -299,14 +299,12 @@ def test_a_relist_hands_back_the_capture_configmaps_it_no_longer_returns() -> No
     """The capture cache is a reflector's table as the main cache is: its known uids, and a
     stub that its DELETED follow takes."""
     from tunefleet.capture.cache import CaptureCache
-    from tunefleet.capture.store import StoreKey, StoreView, build_store_config_map, merge
+    from tunefleet.capture.store import Batch, StoreKey, StoreView, build_store_config_map, merge
 
     captures = CaptureCache()
     model = "AMD_Instinct_MI300X_OAM"
     rows = ["GemmTunableOp_BFloat16_NN,nn_8_8_8_ld_8_8_8"]
-    view, _ = merge(
-        StoreView(StoreKey("ml", "p", "uid-1", model, "lib-1")), rows, 100, max_shapes=64
-    )
+    view, _ = merge(StoreView(StoreKey("ml", "p", "uid-1", model, "lib-1")), Batch(rows), 100, 64)
     cm = build_store_config_map(view)
     cm["metadata"]["uid"] = "cm-1"
     assert captures.follow("ADDED", cm) == "uid-1"

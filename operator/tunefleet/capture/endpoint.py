@@ -47,7 +47,7 @@ from tunefleet import kube, metrics, naming
 from tunefleet.api import CaptureSpec, TuningProfileSpec
 from tunefleet.capture import hook
 from tunefleet.capture.loop import identity_of
-from tunefleet.capture.store import StoreKey, StoreUnavailable, cache_load_entry
+from tunefleet.capture.store import Batch, StoreKey, StoreUnavailable, cache_load_entry
 from tunefleet.contracts.admission import INJECTED, Admission, Code
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.contracts.capture import (
@@ -459,11 +459,13 @@ def real_deps(
             )
         ):
             return 0, len(view.rows)
-        result: tuple[int, int] = await asyncio.to_thread(
-            writer.add, key, upload.rows, max_shapes=max_shapes, pod=pod,
-            not_loaded=upload.not_loaded, dropped=upload.dropped,
-            cache_loads=tuple(c.to_dict() for c in upload.caches),
+        batch = Batch(
+            upload.rows, pod, upload.not_loaded, upload.dropped,
+            tuple(c.to_dict() for c in upload.caches),
         )  # fmt: skip
+        result: tuple[int, int] = await asyncio.to_thread(
+            writer.add, key, batch, max_shapes=max_shapes
+        )
         return result
 
     return Deps(review, read_pod, read_profile, add)

@@ -124,20 +124,26 @@ def encoded_size(view: StoreView) -> int:
     return len(_encode_rows(view.rows)) + 512 + 80 * len(view.not_loaded) + loads
 
 
-def merge(
-    view: StoreView,
-    rows: tuple[str, ...] | list[str],
-    now: float,
-    *,
-    max_shapes: int,
-    pod: str = "",
-    not_loaded: int = 0,
-    dropped: int = 0,
-    cache_loads: tuple[dict[str, str], ...] = (),
-) -> tuple[StoreView, int]:
-    """The view with `rows` added (first seen now), bounded; and how many were new. A row
-    that does not fit (max_shapes rows, or MAX_BYTES) is counted as dropped, never kept.
-    `cache_loads`: what the pod's served caches did at its start (its latest word wins)."""
+@dataclass(frozen=True)
+class Batch:
+    """What one pod's upload adds to a store: its untuned rows, the pod, how many results it
+    could not load and how many rows it dropped, and what its served caches did at its start
+    (contracts/capture.py CacheLoad, as dicts; the pod's latest word wins)."""
+
+    rows: tuple[str, ...] | list[str] = ()
+    pod: str = ""
+    not_loaded: int = 0
+    dropped: int = 0
+    cache_loads: tuple[dict[str, str], ...] = ()
+
+
+def merge(view: StoreView, batch: Batch, now: float, max_shapes: int) -> tuple[StoreView, int]:
+    """The view with the batch's rows added (first seen now), bounded; and how many were new.
+    A row that does not fit (max_shapes rows, or MAX_BYTES) is counted as dropped, never
+    kept."""
+    rows, pod, not_loaded, dropped, cache_loads = (
+        batch.rows, batch.pod, batch.not_loaded, batch.dropped, batch.cache_loads
+    )  # fmt: skip
     have = dict(view.rows)
     size = encoded_size(view)
     added = 0
@@ -445,16 +451,7 @@ class Writer:
         kube.release(resp)
 
     def add(
-        self,
-        key: StoreKey,
-        rows: tuple[str, ...],
-        *,
-        max_shapes: int,
-        pod: str = "",
-        not_loaded: int = 0,
-        dropped: int = 0,
-        cache_loads: tuple[dict[str, str], ...] = (),
-        now: float | None = None,
+        self, key: StoreKey, batch: Batch, *, max_shapes: int, now: float | None = None
     ) -> tuple[int, int]:
         """(rows new to the store, rows it holds). Raises StoreUnavailable, kube.NotOurs."""
         core = self._core()
@@ -462,10 +459,7 @@ class Writer:
             at = time.time() if now is None else now
             there = self._read(key)
             view = StoreView(key) if there is None else _ours(there, key)
-            merged, added = merge(
-                view, rows, at, max_shapes=max_shapes, pod=pod, not_loaded=not_loaded,
-                dropped=dropped, cache_loads=cache_loads,
-            )  # fmt: skip
+            merged, added = merge(view, batch, at, max_shapes)
             if there is not None and not changed(view, merged):
                 return 0, len(view.rows)
             try:
