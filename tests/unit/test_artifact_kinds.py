@@ -280,9 +280,13 @@ PAYLOAD_SHA = hashlib.sha256(PAYLOAD).hexdigest()
 
 def config_map() -> dict[str, Any]:
     cm = artifact_b.build_artifact_config_map(
-        namespace="ml", profile="p", uid="puid", gpu_model="M", sha256=PAYLOAD_SHA,
-        manifest_sha256="", results=PAYLOAD, manifest=b"{}",
-    )  # fmt: skip
+        namespace="ml",
+        profile="p",
+        uid="puid",
+        payload=artifact_b.Payload(
+            gpu_model="M", sha256=PAYLOAD_SHA, manifest_sha256="", results=PAYLOAD, manifest=b"{}"
+        ),
+    )
     assert cm is not None
     return cm
 

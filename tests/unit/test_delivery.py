@@ -23,7 +23,7 @@ from tests.support.profiles import CFG, MODELS, jobs_for, profile
 from tests.support.records import completed, published_pod
 from tunefleet import kube
 from tunefleet.artifacts import fetch as fetch_mod
-from tunefleet.builders.artifact import CONFIG_MAP_BYTES, build_artifact_config_map
+from tunefleet.builders.artifact import CONFIG_MAP_BYTES, Payload, build_artifact_config_map
 from tunefleet.config import Config
 from tunefleet.contracts.admission import Admission, Code
 from tunefleet.reconciler.memory import Memory
@@ -175,21 +175,40 @@ def test_the_config_map_holds_every_real_size_or_says_it_cannot() -> None:
     big = ("Validator,PT_VERSION,2.11.0\n" + "".join(row.format(i) for i in range(13_243))).encode()
     assert len(big) > 1_000_000  # the largest real file seen: 13,243 GEMMs, 1.24 MB
     cm = build_artifact_config_map(
-        namespace="ml", profile="p", uid="u", gpu_model="M", sha256=SHA, manifest_sha256="m" * 64,
-        results=big, manifest=MANIFEST,
-    )  # fmt: skip
+        namespace="ml",
+        profile="p",
+        uid="u",
+        payload=Payload(
+            gpu_model="M", sha256=SHA, manifest_sha256="m" * 64, results=big, manifest=MANIFEST
+        ),
+    )
     assert cm is not None and cm["immutable"] is True and "results.csv" not in cm["data"]
     assert gzip.decompress(base64.b64decode(cm["binaryData"]["results.csv.gz"])) == big
     small = build_artifact_config_map(
-        namespace="ml", profile="p", uid="u", gpu_model="M", sha256=SHA, manifest_sha256="m" * 64,
-        results=b"Validator,PT_VERSION,2.11.0\n", manifest=MANIFEST,
-    )  # fmt: skip
+        namespace="ml",
+        profile="p",
+        uid="u",
+        payload=Payload(
+            gpu_model="M",
+            sha256=SHA,
+            manifest_sha256="m" * 64,
+            results=b"Validator,PT_VERSION,2.11.0\n",
+            manifest=MANIFEST,
+        ),
+    )
     assert small is not None and small["data"]["results.csv"].startswith("Validator")
     noise = os.urandom(CONFIG_MAP_BYTES)  # does not compress
-    assert build_artifact_config_map(
-        namespace="ml", profile="p", uid="u", gpu_model="M", sha256=SHA, manifest_sha256="",
-        results=noise, manifest=MANIFEST,
-    ) is None  # fmt: skip
+    assert (
+        build_artifact_config_map(
+            namespace="ml",
+            profile="p",
+            uid="u",
+            payload=Payload(
+                gpu_model="M", sha256=SHA, manifest_sha256="", results=noise, manifest=MANIFEST
+            ),
+        )
+        is None
+    )
 
 
 def test_the_operator_delivers_a_fresh_artifact_and_status_says_how_pods_get_it(

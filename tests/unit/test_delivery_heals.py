@@ -17,7 +17,7 @@ from tests.support.records import completed, published_pod
 from tunefleet import kube, naming
 from tunefleet.api.conditions import EventReason, Reason, Type, find
 from tunefleet.artifacts import fetch as fetch_mod
-from tunefleet.builders.artifact import build_artifact_config_map
+from tunefleet.builders.artifact import Payload, build_artifact_config_map
 from tunefleet.config import Config
 from tunefleet.contracts.admission import INJECTED, UNTUNED, Admission, Code
 from tunefleet.contracts.fetch import CONTAINER, FetchOutcome
@@ -43,9 +43,13 @@ SERVING = Config(image="tunefleet:1", delivery_credentials_secret="reader")
 
 def artifact_cm(uid: str = "puid", results: bytes = RESULTS, **meta: Any) -> dict[str, Any]:
     cm = build_artifact_config_map(
-        namespace="ml", profile="p", uid=uid, gpu_model="M", sha256=SHA, manifest_sha256="",
-        results=results, manifest=MANIFEST,
-    )  # fmt: skip
+        namespace="ml",
+        profile="p",
+        uid=uid,
+        payload=Payload(
+            gpu_model="M", sha256=SHA, manifest_sha256="", results=results, manifest=MANIFEST
+        ),
+    )
     assert cm is not None
     cm["metadata"].update(meta)
     return cm

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import gzip
 import hashlib
+from dataclasses import dataclass
 from typing import Any
 
 from tunefleet import naming
@@ -39,18 +40,24 @@ def artifact_config_map_name(sha256: str, profile_uid: str) -> str:
     return f"tunefleet-artifact-{sha256}-{owner}"
 
 
+@dataclass(frozen=True)
+class Payload:
+    """One verified artifact as the operator read it: the GPU model it is for, its SHA-256s,
+    its payload's bytes and its manifest's."""
+
+    gpu_model: str
+    sha256: str
+    manifest_sha256: str
+    results: bytes
+    manifest: bytes
+
+
 def build_artifact_config_map(
-    *,
-    namespace: str,
-    profile: str,
-    uid: str,
-    gpu_model: str,
-    sha256: str,
-    manifest_sha256: str,
-    results: bytes,
-    manifest: bytes,
+    *, namespace: str, profile: str, uid: str, payload: Payload
 ) -> dict[str, Any] | None:
     """The ConfigMap of one verified artifact, or None when it cannot fit one."""
+    gpu_model, sha256, manifest_sha256 = payload.gpu_model, payload.sha256, payload.manifest_sha256
+    results, manifest = payload.results, payload.manifest
     plain, gzipped = payload_keys()
     data: dict[str, str] = {MANIFEST_NAME: manifest.decode("utf-8")}
     binary: dict[str, str] = {}

@@ -89,8 +89,7 @@ def build_hook_container(config: Config) -> dict[str, Any]:
     return tunefleet_container(
         HOOK_INIT,
         ["tunefleet-capture", "install-hook", "--dest", HOOK_DIR],
-        image=config.image,
-        pull_policy=config.image_pull_policy,
+        config,
         mounts=[{"name": HOOK_VOLUME, "mountPath": HOOK_DIR}],
         resources=copy.deepcopy(SIDECAR_RESOURCES),
     )
@@ -116,8 +115,7 @@ def build_sidecar(
     sidecar = tunefleet_container(
         SIDECAR,
         command,
-        image=config.image,
-        pull_policy=config.image_pull_policy,
+        config,
         mounts=mounts,
         env=env,
         resources=copy.deepcopy(SIDECAR_RESOURCES),

@@ -111,8 +111,7 @@ class Child:
         return tunefleet_container(
             name,
             command,
-            image=self.config.image,
-            pull_policy=self.config.image_pull_policy,
+            self.config,
             mounts=mounts,
             **kw,
         )

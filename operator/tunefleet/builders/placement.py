@@ -13,7 +13,7 @@ from tunefleet import GROUP, KIND, VERSION, naming
 from tunefleet.artifacts import kinds
 from tunefleet.builders.security import tunefleet_container
 from tunefleet.builders.storage import with_storage
-from tunefleet.builders.webhook import CACHES_DIR, RESULTS_DIR, VOLUME, caches_mount
+from tunefleet.builders.webhook import CACHES_DIR, RESULTS_DIR, VOLUME, Serve, caches_mount
 from tunefleet.config import Config
 from tunefleet.contracts import nodemap
 from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
@@ -81,35 +81,31 @@ def mounted_uri(m: Mounted, namespace: str, profile: str) -> str:
 
 
 def build_pick_container(
-    *,
     candidates: list[Candidate],
     node_map: str,
-    devices: int,
-    fail_closed: bool,
+    serve: Serve,
     storage: PodStorage | None,
     config: Config,
-    caches: bool = False,
 ) -> dict[str, Any]:
     """tunefleet-fetch, picking the candidate of the node it runs on: its name from the
     Downward API, its model from the mounted node map. Store credentials (read-only) only when
     a candidate is fetched from the store. With caches, it unpacks the picked artifact's."""
     command = [
-        "tunefleet-fetch", "--dest", RESULTS_DIR, "--devices", str(devices),
+        "tunefleet-fetch", "--dest", RESULTS_DIR, "--devices", str(serve.devices),
         "--node-map", f"{CANDIDATES_DIR}/{NODES_SUBDIR}", "--node-map-name", node_map,
         *[a for c in candidates for a in ("--candidate", c.to_arg())],
-        *(["--fail-closed"] if fail_closed else []),
-        *(["--caches-dest", CACHES_DIR] if caches else []),
+        *(["--fail-closed"] if serve.fail_closed else []),
+        *(["--caches-dest", CACHES_DIR] if serve.caches else []),
     ]  # fmt: skip
     mounts: list[dict[str, Any]] = [
         {"name": VOLUME, "mountPath": RESULTS_DIR},
         {"name": CANDIDATES_VOLUME, "mountPath": CANDIDATES_DIR, "readOnly": True},
-        *([caches_mount()] if caches else []),
+        *([caches_mount()] if serve.caches else []),
     ]
     pick = tunefleet_container(
         FETCH_CONTAINER,
         command,
-        image=config.image,
-        pull_policy=config.image_pull_policy,
+        config,
         mounts=mounts,
     )
     node = {"name": nodemap.NODE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}

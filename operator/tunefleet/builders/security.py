@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tunefleet.config import Config
+
 # The tunefleet image runs as this non-root user (see Dockerfile).
 TUNEFLEET_UID = 65532
 
@@ -31,18 +33,18 @@ SMALL_RESOURCES: dict[str, Any] = {
 def tunefleet_container(
     name: str,
     command: list[str],
+    config: Config,
     *,
-    image: str,
-    pull_policy: str,
     mounts: list[dict[str, Any]],
     env: list[dict[str, Any]] | None = None,
     resources: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A step in tunefleet's own image: hardened, small, its last words kept for status."""
+    """A step in tunefleet's own image (the operator's settings name it and its pull
+    policy): hardened, small, its last words kept for status."""
     container: dict[str, Any] = {
         "name": name,
-        "image": image,
-        "imagePullPolicy": pull_policy,
+        "image": config.image,
+        "imagePullPolicy": config.image_pull_policy,
         "command": command,
         "volumeMounts": mounts,
         "securityContext": hardened(),

@@ -6,6 +6,7 @@ decides whether and what to inject; this module only builds.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tunefleet import naming
@@ -85,44 +86,55 @@ def build_webhook_configuration(
     }
 
 
+@dataclass(frozen=True)
+class FetchOrder:
+    """Which artifact a fetch init container reads: its URI and SHA-256s and the GPU model it
+    is for; `bundle`: an oci:// store's bundle digest, the only reference fetch then reads the
+    artifact by; `from_volume`: the artifact is the pod's image volume (mounted read-only):
+    fetch checks it and copies its caches, and downloads nothing."""
+
+    uri: str
+    sha256: str
+    manifest_sha256: str
+    gpu_model: str
+    bundle: str = ""
+    from_volume: bool = False
+
+
+@dataclass(frozen=True)
+class Serve:
+    """How a pod takes its artifact, whichever init container fetches it: one results file
+    per GPU ordinal, whether it refuses to start untuned, whether caches are unpacked."""
+
+    devices: int
+    fail_closed: bool
+    caches: bool = False
+
+
 def build_fetch_container(
-    *,
-    uri: str,
-    sha256: str,
-    manifest_sha256: str,
-    devices: int,
-    gpu_model: str,
-    fail_closed: bool,
-    storage: PodStorage,
-    config: Config,
-    caches: bool = False,
-    bundle: str = "",
-    from_volume: bool = False,
+    order: FetchOrder, serve: Serve, storage: PodStorage, config: Config
 ) -> dict[str, Any]:
     """The init container that downloads, verifies and writes one file per GPU ordinal (and,
-    with caches, unpacks each cache into the pod's caches volume). `bundle`: an oci:// store's
-    bundle digest, the only reference fetch then reads the artifact by. `from_volume`: the
-    artifact is the pod's image volume (mounted here read-only): fetch checks it and copies
-    its caches, and downloads nothing."""
+    with caches, unpacks each cache into the pod's caches volume)."""
+    o = order
     command = [
-        "tunefleet-fetch", "--uri", uri, "--sha256", sha256, "--dest", RESULTS_DIR,
-        "--devices", str(devices), "--gpu-model", gpu_model,
-        *(["--manifest-sha256", manifest_sha256] if manifest_sha256 else []),
-        *(["--bundle", bundle] if bundle else []),
-        *(["--from-volume", IMAGE_VOLUME_DIR] if from_volume else []),
-        *(["--fail-closed"] if fail_closed else []),
-        *(["--caches-dest", CACHES_DIR] if caches else []),
+        "tunefleet-fetch", "--uri", o.uri, "--sha256", o.sha256, "--dest", RESULTS_DIR,
+        "--devices", str(serve.devices), "--gpu-model", o.gpu_model,
+        *(["--manifest-sha256", o.manifest_sha256] if o.manifest_sha256 else []),
+        *(["--bundle", o.bundle] if o.bundle else []),
+        *(["--from-volume", IMAGE_VOLUME_DIR] if o.from_volume else []),
+        *(["--fail-closed"] if serve.fail_closed else []),
+        *(["--caches-dest", CACHES_DIR] if serve.caches else []),
     ]  # fmt: skip
     mounts: list[dict[str, Any]] = [{"name": VOLUME, "mountPath": RESULTS_DIR}]
-    if from_volume:
+    if o.from_volume:
         mounts = [{"name": VOLUME, "mountPath": IMAGE_VOLUME_DIR, "readOnly": True}]
-    if caches:
+    if serve.caches:
         mounts.append({"name": CACHES_VOLUME, "mountPath": CACHES_DIR})
     fetch = tunefleet_container(
         FETCH_CONTAINER,
         command,
-        image=config.image,
-        pull_policy=config.image_pull_policy,
+        config,
         mounts=mounts,
     )
     return with_storage(fetch, storage)
@@ -177,24 +189,19 @@ def packed_volume(name: str) -> dict[str, Any]:
 
 
 def build_unpack_container(
-    *,
-    where: tuple[str, str, str],
-    sha256: str,
-    manifest_sha256: str,
-    devices: int,
-    gpu_model: str,
-    fail_closed: bool,
-    config: Config,
+    order: FetchOrder, serve: Serve, where: tuple[str, str], config: Config
 ) -> dict[str, Any]:
     """fetch, reading the mounted ConfigMap (no network, no credentials) into the results.
-    `where`: (namespace, profile, GPU model): mounted under the artifact's own key layout, so
-    fetch checks the manifest against it as it does in the store."""
-    packed = "/".join((PACKED_DIR, *where, sha256))
+    `where`: (namespace, profile): mounted under the artifact's own key layout (with its GPU
+    model), so fetch checks the manifest against it as it does in the store. The order's URI
+    is the store's; fetch reads the mounted copy instead."""
+    o = order
+    packed = "/".join((PACKED_DIR, *where, o.gpu_model, o.sha256))
     command = [
-        "tunefleet-fetch", "--uri", f"file://{packed}", "--sha256", sha256,
-        "--dest", RESULTS_DIR, "--devices", str(devices), "--gpu-model", gpu_model,
-        *(["--manifest-sha256", manifest_sha256] if manifest_sha256 else []),
-        *(["--fail-closed"] if fail_closed else []),
+        "tunefleet-fetch", "--uri", f"file://{packed}", "--sha256", o.sha256,
+        "--dest", RESULTS_DIR, "--devices", str(serve.devices), "--gpu-model", o.gpu_model,
+        *(["--manifest-sha256", o.manifest_sha256] if o.manifest_sha256 else []),
+        *(["--fail-closed"] if serve.fail_closed else []),
     ]  # fmt: skip
     mounts: list[dict[str, Any]] = [
         {"name": VOLUME, "mountPath": RESULTS_DIR},
@@ -203,8 +210,7 @@ def build_unpack_container(
     return tunefleet_container(
         FETCH_CONTAINER,
         command,
-        image=config.image,
-        pull_policy=config.image_pull_policy,
+        config,
         mounts=mounts,
     )
 

@@ -28,7 +28,7 @@ from tunefleet.artifacts.fetch import (
     Verified,
     download_verified,
 )
-from tunefleet.builders.artifact import build_artifact_config_map, is_packed, payload_keys
+from tunefleet.builders.artifact import Payload, build_artifact_config_map, is_packed, payload_keys
 from tunefleet.config import Config
 from tunefleet.contracts.admission import Admission
 from tunefleet.contracts.artifact import IMAGE_VOLUME, ArtifactRecord
@@ -206,11 +206,13 @@ def deliver(
         namespace=owner.namespace,
         profile=owner.name,
         uid=owner.uid,
-        gpu_model=record.gpu_model,
-        sha256=record.sha256,
-        manifest_sha256=record.manifest_sha256,
-        results=got.results,
-        manifest=got.manifest,
+        payload=Payload(
+            gpu_model=record.gpu_model,
+            sha256=record.sha256,
+            manifest_sha256=record.manifest_sha256,
+            results=got.results,
+            manifest=got.manifest,
+        ),
     )
     if cm is None:
         raise FetchError(f"{len(got.results)} bytes do not fit a ConfigMap, even gzipped")

@@ -49,6 +49,8 @@ from tunefleet.builders.webhook import (
     CACHES_DIR,
     RESULTS_DIR,
     VOLUME,
+    FetchOrder,
+    Serve,
     build_fetch_container,
     build_unpack_container,
     caches_env,
@@ -451,11 +453,8 @@ def _mount_from_config_map(
             results_config_map_volume(art.config_map, devices, not closed),
         ]
         return
-    unpack = build_unpack_container(
-        where=(*where, choice.model),
-        sha256=art.sha256, manifest_sha256=art.manifest_sha256, devices=devices,
-        gpu_model=choice.model, fail_closed=closed, config=config,
-    )  # fmt: skip
+    order = FetchOrder(art.uri, art.sha256, art.manifest_sha256, choice.model)
+    unpack = build_unpack_container(order, Serve(devices, closed), where, config)
     pspec["initContainers"] = [unpack, *(pspec.get("initContainers") or [])]
     pspec["volumes"] = [*volumes, results_volume(), packed_volume(art.config_map)]
 
@@ -476,11 +475,9 @@ def _mount_image_volume(
         *extra,
     ]
     if art.caches:
-        copy = build_fetch_container(
-            uri=art.uri, sha256=art.sha256, manifest_sha256=art.manifest_sha256,
-            devices=devices, gpu_model=choice.model, fail_closed=spec.serving.fail_closed,
-            storage=PodStorage(), config=config, caches=True, from_volume=True,
-        )  # fmt: skip
+        order = FetchOrder(art.uri, art.sha256, art.manifest_sha256, choice.model, from_volume=True)
+        serve = Serve(devices, spec.serving.fail_closed, caches=True)
+        copy = build_fetch_container(order, serve, PodStorage(), config)
         pspec["initContainers"] = [copy, *(pspec.get("initContainers") or [])]
     chosen = spec.serving.credentials_secret
     secret = chosen.name if chosen else config.default_serving_credentials_secret
@@ -495,18 +492,9 @@ def _fetch_from_store(pspec: dict[str, Any], choice: Choice, devices: int, confi
     # optional, so a namespace without them never holds the pod: fetch says so and the
     # profile's policy decides (untuned and counted as Degraded, or refused).
     storage = pod_storage(spec, config, read_only=True, serving=True).optional()
-    fetch = build_fetch_container(
-        uri=art.uri,
-        sha256=art.sha256,
-        manifest_sha256=art.manifest_sha256,
-        devices=devices,
-        gpu_model=choice.model,
-        fail_closed=spec.serving.fail_closed,
-        storage=storage,
-        config=config,
-        caches=bool(art.caches),
-        bundle=art.bundle,
-    )
+    order = FetchOrder(art.uri, art.sha256, art.manifest_sha256, choice.model, art.bundle)
+    serve = Serve(devices, spec.serving.fail_closed, bool(art.caches))
+    fetch = build_fetch_container(order, serve, storage, config)
     pspec["initContainers"] = [fetch, *(pspec.get("initContainers") or [])]
     extra = [caches_volume(art.caches)] if art.caches else []
     pspec["volumes"] = [*(pspec.get("volumes") or []), results_volume(), *extra, *storage.volumes]
@@ -544,10 +532,8 @@ def _pick_at_node(
     )
     node_map = nodemap.config_map_name(naming.label_key(spec))
     carried = [c for o in at.served if o.artifact for c in o.artifact.caches]
-    pick = build_pick_container(
-        candidates=candidates, node_map=node_map, devices=devices, fail_closed=closed,
-        storage=storage, config=config, caches=bool(carried),
-    )  # fmt: skip
+    serve = Serve(devices, closed, bool(carried))
+    pick = build_pick_container(candidates, node_map, serve, storage, config)
     pspec["initContainers"] = [pick, *(pspec.get("initContainers") or [])]
     models = [o.model for o in at.offers]
     pspec["volumes"] = [
