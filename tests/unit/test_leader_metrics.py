@@ -13,7 +13,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tunefleet import metrics
-from tunefleet.runtime.leader import LeaseElector, Timing
+from tunefleet.runtime.leader import Callbacks, LeaseElector, Timing
 
 
 class LeaseApi:
@@ -62,8 +62,10 @@ def elector(api: LeaseApi, identity: str, events: list[str]) -> LeaseElector:
         "tunefleet-operator",
         "tunefleet-system",
         identity,
-        on_started=lambda: events.append(f"{identity} leads"),
-        on_stopped=lambda: events.append(f"{identity} follows"),
+        Callbacks(
+            on_started=lambda: events.append(f"{identity} leads"),
+            on_stopped=lambda: events.append(f"{identity} follows"),
+        ),
         timing=Timing(duration=10, renew_deadline=7, retry=2),
         api=api,
     )

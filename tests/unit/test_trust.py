@@ -19,7 +19,7 @@ from tunefleet.reconciler.controller import Controller, Indexes
 from tunefleet.reconciler.memory import Memory
 from tunefleet.reconciler.reconcile import sync_profile
 from tunefleet.runtime import client
-from tunefleet.runtime.leader import LeaseElector, Timing
+from tunefleet.runtime.leader import Callbacks, LeaseElector, Timing
 
 OWNER = {
     "apiVersion": "tunefleet.io/v1alpha1",
@@ -290,8 +290,7 @@ def test_a_leader_whose_calls_hang_stops_writing_before_its_lease_can_be_taken(
         "l",
         "ns",
         "a",
-        lambda: events.append("leads"),
-        lambda: events.append("follows"),
+        Callbacks(lambda: events.append("leads"), lambda: events.append("follows")),
         timing,
         api,
     )

@@ -100,10 +100,10 @@ def make_reflector(
     def forget(uid: str) -> None:
         handler("DELETED", cache.stub("tuningprofiles", uid))
 
+    held = reflector.Held(lambda: cache.known("tuningprofiles", "ml"), forget)
     return reflector.Reflector(
-        api, watch.PROFILES, "ml", handler, lambda: cache.known("tuningprofiles", "ml"), forget,
-        sleep=lambda s: False,
-    )  # fmt: skip
+        api, watch.PROFILES, "ml", handler, held, reflector.Clock(sleep=lambda s: False)
+    )
 
 
 def run_until_stop(r: reflector.Reflector) -> None:

@@ -9,6 +9,7 @@ observedGeneration.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -120,16 +121,24 @@ def truncate(message: str, limit: int = MESSAGE_LIMIT) -> str:
     return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
+@dataclass(frozen=True)
+class Stamp:
+    """When a condition is written: the generation of the spec observed, and the time."""
+
+    generation: int
+    now: str
+
+
 def condition(
     previous: list[dict[str, Any]],
     type_: Type,
     status: bool,
     reason: Reason,
     message: str,
-    generation: int,
-    now: str,
+    stamp: Stamp,
 ) -> dict[str, Any]:
     """A metav1.Condition; lastTransitionTime moves only when status flips."""
+    generation, now = stamp.generation, stamp.now
     value = "True" if status else "False"
     before = next((c for c in previous if c.get("type") == type_), None)
     since = before["lastTransitionTime"] if before and before.get("status") == value else now

@@ -28,7 +28,7 @@ from tunefleet.informers.cache import Cache
 from tunefleet.placement.nodemap import NodeMaps
 from tunefleet.reconciler.controller import Controller, Indexes
 from tunefleet.runtime import reflector
-from tunefleet.runtime.leader import LeaseElector
+from tunefleet.runtime.leader import Callbacks, LeaseElector
 from tunefleet.runtime.reflector import Reflectors
 from tunefleet.serving.delivered import DeliveredConfigMaps
 from tunefleet.serving.served import ServedPods
@@ -124,7 +124,7 @@ def reflectors(config: Config) -> Reflectors:
 
             known = functools.partial(table.known, kind.name, ns)
             via = meta_api if kind.metadata_only else api
-            out.append(reflector.Reflector(via, kind, ns, handler, known, forget))
+            out.append(reflector.Reflector(via, kind, ns, handler, reflector.Held(known, forget)))
     return Reflectors(out)
 
 
@@ -260,7 +260,7 @@ def _elect(config: Config, leaders: tuple[_Leads, ...]) -> None:
     # must not take the dead process's Lease for its own.
     identity = f"{os.environ.get('HOSTNAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
     ELECTOR.elector = LeaseElector(
-        config.lease_name, config.lease_namespace, identity, on_started=lead, on_stopped=follow
+        config.lease_name, config.lease_namespace, identity, Callbacks(lead, follow)
     )
     # Every write of this process passes the Lease's fence first (runtime/client.py,
     # runtime/leader.py).

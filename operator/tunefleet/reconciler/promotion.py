@@ -111,17 +111,22 @@ def _pinned(
     return pinned, ""
 
 
+@dataclass(frozen=True)
+class Had:
+    """Every artifact a GPU model has had: its Job's fresh record (None: none), what status
+    serves (with its status entry; None: nothing) and what status.history keeps."""
+
+    fresh: ArtifactRecord | None
+    old: tuple[ArtifactRecord, dict[str, Any]] | None
+    history: list[dict[str, Any]]
+
+
 def choose(
-    model: str,
-    fresh: ArtifactRecord | None,
-    old: tuple[ArtifactRecord, dict[str, Any]] | None,
-    history: list[dict[str, Any]],
-    pin: Pin | None,
-    revisions: tuple[str, ...],
-    min_gain: float,
+    model: str, had: Had, pin: Pin | None, revisions: tuple[str, ...], min_gain: float
 ) -> Choice:
     """revisions: the one the model tunes now (a retune's, else the spec's), then the spec's:
     what a pin may name (a retune's artifacts and the spec's fit the same image)."""
+    fresh, old, history = had.fresh, had.old, had.history
     revision = revisions[0]
     candidates = [
         replace(judged(c, min_gain), pinned_reason="", pinned_at="")

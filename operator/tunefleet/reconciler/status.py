@@ -13,7 +13,7 @@ from typing import Any
 
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
-from tunefleet.api.conditions import Phase, Reason, Type, condition
+from tunefleet.api.conditions import Phase, Reason, Stamp, Type, condition
 from tunefleet.artifacts import kinds
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.contracts.pin import Pin
@@ -70,7 +70,9 @@ class _Picture:
 
     def cond(self, type_: Type, status: bool, reason: Reason, message: str) -> dict[str, Any]:
         previous = list(self.obs.previous.get("conditions") or [])
-        return condition(previous, type_, status, reason, message, self.obs.generation, self.now)
+        return condition(
+            previous, type_, status, reason, message, Stamp(self.obs.generation, self.now)
+        )
 
     @property
     def failed(self) -> list[JobObservation]:
@@ -134,9 +136,9 @@ def _invalid(obs: Observed, now: str) -> dict[str, Any]:
         "observedGeneration": gen,
         "phase": Phase.INVALID,
         "conditions": [
-            condition(previous, Type.READY, False, reason, message, gen, now),
-            condition(previous, Type.PROGRESSING, False, reason, no_jobs, gen, now),
-            condition(previous, Type.FAILED, True, reason, message, gen, now),
+            condition(previous, Type.READY, False, reason, message, Stamp(gen, now)),
+            condition(previous, Type.PROGRESSING, False, reason, no_jobs, Stamp(gen, now)),
+            condition(previous, Type.FAILED, True, reason, message, Stamp(gen, now)),
         ],
         "artifacts": list(obs.previous.get("artifacts") or []),
         "history": list(obs.previous.get("history") or []),
@@ -165,9 +167,7 @@ def _artifacts(p: _Picture) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]
             )
         choice = promotion.choose(
             model,
-            fresh,
-            previous.get(model),
-            history,
+            promotion.Had(fresh, previous.get(model), history),
             p.obs.pins.get(model),
             (p.rev_of(model), p.rev),
             p.spec.promotion.min_gain,
@@ -502,7 +502,7 @@ def with_degraded(
             "No model pod runs untuned for a cause of tunefleet's.",
         )
     degraded = condition(
-        prior, Type.DEGRADED, bool(lost or untuned), reason, message, generation, now
+        prior, Type.DEGRADED, bool(lost or untuned), reason, message, Stamp(generation, now)
     )
     out = dict(status)
     out["conditions"] = [

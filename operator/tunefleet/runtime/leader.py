@@ -48,19 +48,26 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
+@dataclass(frozen=True)
+class Callbacks:
+    """What the elector calls as it starts and stops leading (client-go's LeaderCallbacks)."""
+
+    on_started: Callable[[], None]
+    on_stopped: Callable[[], None]
+
+
 class LeaseElector:
     def __init__(
         self,
         name: str,
         namespace: str,
         identity: str,
-        on_started: Callable[[], None],
-        on_stopped: Callable[[], None],
+        callbacks: Callbacks,
         timing: Timing | None = None,
         api: Any = None,
     ) -> None:
         self.name, self.namespace, self.identity = name, namespace, identity
-        self.on_started, self.on_stopped = on_started, on_stopped
+        self.on_started, self.on_stopped = callbacks.on_started, callbacks.on_stopped
         self.timing = timing or Timing()
         self._api = api
         self._leading = False

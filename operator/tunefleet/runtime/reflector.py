@@ -71,11 +71,28 @@ class Api(Protocol):
     def watch(self, path: str, params: dict[str, str]) -> Iterator[dict[str, Any]]: ...
 
 
-class Reflector:
-    """Lists and watches one kind in one namespace (None: all), feeding `handler`.
+@dataclass(frozen=True)
+class Held:
+    """The cache as a reflector sees it (client-go's Store): `known()` says which uids of its
+    kind and namespace the cache holds now (to find what a relist no longer returns);
+    `forget(uid)` hands one of them to the handler as DELETED."""
 
-    `known()` says which uids of this kind and namespace the cache holds now (to find what a
-    relist no longer returns); `forget(uid)` hands one of them to the handler as DELETED."""
+    known: Callable[[], set[str]]
+    forget: Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Clock:
+    """The reflector's time, which tests replace: `now` (monotonic), and `sleep(seconds)`
+    (None: wait on the reflector's stop event; returns whether it was stopped)."""
+
+    now: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], bool] | None = None
+
+
+class Reflector:
+    """Lists and watches one kind in one namespace (None: all), feeding `handler`, and tells
+    the cache (`held`) what a relist no longer returns."""
 
     def __init__(
         self,
@@ -83,18 +100,17 @@ class Reflector:
         kind: Kind,
         namespace: str | None,
         handler: Handler,
-        known: Callable[[], set[str]],
-        forget: Callable[[str], None],
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], bool] | None = None,
+        held: Held,
+        clock: Clock = Clock(),
     ) -> None:
         self.api, self.kind, self.namespace = api, kind, namespace
-        self.handler, self.known, self.forget = handler, known, forget
+        self.handler, self.known, self.forget = handler, held.known, held.forget
+        sleep = clock.sleep
         self.listed = threading.Event()  # the first list is in the cache
         self.lists = 0  # lists made (the first, and one per expiry)
         self._stop = threading.Event()
         self._sleep = sleep or (lambda s: self._stop.wait(s))
-        self._clock = clock
+        self._clock = clock.now
         self._failures = 0
         self._thread = threading.Thread(
             target=self.run, name=f"watch-{kind.name}-{namespace or 'all'}", daemon=True

@@ -546,18 +546,26 @@ def _pick_at_node(
     return {o.model: o.artifact.sha256 if o.artifact else "" for o in at.offers}
 
 
+@dataclass(frozen=True)
+class Marks:
+    """What admission writes on the pod beside its injection: the decision's code (None: none,
+    or the image mismatch the check found), and why the volume image it mounts has no valid
+    signature (policy Optional; "" when it has one), said in its annotation."""
+
+    code: Code | None = None
+    unsigned: str = ""
+
+
 def build_patch(
     pod: dict[str, Any],
     choice: Choice | AtNode,
     check: ImageCheck,
     config: Config,
     profile_name: str = "",
-    code: Code | None = None,
-    unsigned: str = "",
+    marks: Marks = Marks(),
 ) -> dict[str, Any]:
-    """The pod to admit, injected: a copy of `pod`. `code`: the decision it records (by
-    default none, or the image mismatch its check found). `unsigned`: why the volume image it
-    mounts has no valid signature (policy Optional), said in its annotation."""
+    """The pod to admit, injected: a copy of `pod`."""
+    code, unsigned = marks.code, marks.unsigned
     spec = choice.spec
     out = copy.deepcopy(pod)
     pspec = out.setdefault("spec", {})
@@ -754,7 +762,7 @@ def admit(
         check.notes.append(fallback)
     code = Code.STORE_FALLBACK if fallback else Code.NONE
     code = Code.IMAGE_MISMATCH if check.mismatches else code
-    out = build_patch(pod, choice, check, config, profile_name, code=code, unsigned=unsigned)
+    out = build_patch(pod, choice, check, config, profile_name, Marks(code, unsigned))
     return Decision(pod=out, injected=True, warnings=check.warnings, code=code, notes=check.notes)
 
 
