@@ -46,7 +46,7 @@ from .results import (
     read_untuned,
 )
 from .torchapi import settings_of
-from .tune import TuneOutcome, child_main, tune, worker_main
+from .tune import TuneOutcome, TuneRun, child_main, tune, worker_main
 
 PROG = "tuner_job"
 
@@ -209,7 +209,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             _log(f"warning: dropped {warning}")
         files.append(f)
     unique = dedupe_untuned(files)
-    outcome = tune(unique, gpus=gpus, limits=cfg.limits, budget_s=budget)
+    outcome = tune(unique, TuneRun(gpus, cfg.limits, budget))
     atomic_write_bytes(args.out, format_results(outcome.results).encode("utf-8"))
     _report_timing(outcome)
     _report_partial(outcome, outcome.results.gemms, len(unique))
@@ -472,30 +472,24 @@ def _gather(
 ) -> ex.Prior:
     """What the sync sidecar found for this identity: the library's rows and this Job's own
     checkpoint (tuner_job/exchange.py), waited for until the budget allows."""
-    return ex.gather(
-        exchange,
-        wait_s=min(cfg.exchange_wait_s, max(deadline - time.monotonic(), 0.0)),
-        gpu_model=cfg.gpu_model,
-        validators=validators,
-        identity=identity,
-        key=library_key(cfg.gpu_model, validators, identity),
-        log=_log,
-        settings=settings.to_dict(),
-    )
+    key = library_key(cfg.gpu_model, validators, identity)
+    me = ex.Whoami(cfg.gpu_model, validators, identity, key, settings.to_dict())
+    wait_s = min(cfg.exchange_wait_s, max(deadline - time.monotonic(), 0.0))
+    return ex.gather(exchange, me, wait_s=wait_s, log=_log)
 
 
 def _tune(plan: _Plan, cfg: TuningConfig, exchange: Path | None, deadline: float) -> TuneOutcome:
     """Tune the plan's misses within what is left of the budget."""
-    return tune(
-        plan.to_tune,
-        gpus=cfg.gpus,
-        limits=cfg.limits,
-        budget_s=deadline - time.monotonic(),
+    run = TuneRun(
+        cfg.gpus,
+        cfg.limits,
+        deadline - time.monotonic(),
         progress=exchange / ex.PROGRESS_CSV if exchange is not None else None,
         # Rows from the library or checkpoint, or a shard's share, are worth publishing even
         # if torch tuned none of the misses.
         allow_empty=bool(plan.reused.rows or plan.resumed.rows) or cfg.shards > 1,
     )
+    return tune(plan.to_tune, run)
 
 
 def _log_plan(plan: _Plan, cfg: TuningConfig, shard: int) -> None:

@@ -150,19 +150,25 @@ def _library(
     return results, info
 
 
-def gather(
-    directory: Path,
-    *,
-    wait_s: float,
-    gpu_model: str,
-    validators: Mapping[str, str],
-    identity: Mapping[str, str],
-    key: str,
-    log: Log,
-    settings: Mapping[str, Any] | None = None,
-) -> Prior:
+@dataclass(frozen=True)
+class Whoami:
+    """What the tune step says of itself in identity.json: the GPU model, torch's validators,
+    the machine's identity, the library key they make, and the settings it tunes with (the
+    sidecar reuses only entries tuned with the same or stronger ones)."""
+
+    gpu_model: str
+    validators: Mapping[str, str]
+    identity: Mapping[str, str]
+    key: str
+    settings: Mapping[str, Any] | None = None
+
+
+def gather(directory: Path, me: Whoami, *, wait_s: float, log: Log) -> Prior:
     """Say who we are (identity.json), then wait, bounded, for the sidecar's checkpoint and
     library. Whatever does not come, or does not fit, is left out and said."""
+    gpu_model, validators, identity, key, settings = (
+        me.gpu_model, me.validators, me.identity, me.key, me.settings
+    )  # fmt: skip
     write_json(
         directory / IDENTITY_JSON,
         {

@@ -89,7 +89,7 @@ def measure(
             failed = got if isinstance(got, Failure) else None
         if cfg.command and failed is None:
             left = deadline - time.monotonic()
-            got = _workload(cfg, results, packed, out, work, left, log)
+            got = _workload(_Arms(cfg, results, packed, out), work, left, log)
             figures += [got] if isinstance(got, Figure) else []
             notes += [got] if isinstance(got, str) else []
             failed = got if isinstance(got, Failure) else None
@@ -152,18 +152,10 @@ class _ArtifactFailed(Exception):
     """The arm with the artifact exited non-zero where the one without ran."""
 
 
-def _workload(
-    cfg: TuningConfig,
-    results: Path | None,
-    packed: Sequence[cc.Packed],
-    out: Path,
-    work: Path,
-    budget_s: float,
-    log: Log,
-) -> Figure | Failure | str:
-    if results is None and not packed:
+def _workload(arms: _Arms, work: Path, budget_s: float, log: Log) -> Figure | Failure | str:
+    cfg = arms.cfg
+    if arms.results is None and not arms.packed:
         return "workload: nothing to load"
-    arms = _Arms(cfg, results, packed, out)
     # A run that hangs is stopped where the budget ends, not a whole budget later: the builder
     # sized the budget to end before the Job's deadline.
     deadline = time.monotonic() + budget_s

@@ -58,6 +58,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 VALIDATOR = "Validator"
 BLAS_PREFIX = "BLAS_PARAMS:"
@@ -499,7 +500,7 @@ def parse_results(
             if blas is not None and not blas.rstrip().endswith("}"):
                 blas = None  # a BLAS_PARAMS tail cut off is no record of the GEMM
         if fields and fields[0] == VALIDATOR:
-            _read_validator(out, validator_lines, source, number, line, fields, bad)
+            _read_validator(out, validator_lines, source, _Line(number, line, fields, bad))
             continue
         if len(fields) < 3:
             # TunableOp: "could not parse line"; a 2-field row is an untuned file's.
@@ -532,17 +533,19 @@ def parse_results(
     return out
 
 
-def _read_validator(
-    out: ResultsFile,
-    first_lines: dict[str, int],
-    source: str,
-    number: int,
-    line: str,
-    fields: list[str],
-    bad: str | None,
-) -> None:
+class _Line(NamedTuple):
+    """One line of a results file as split: its number, text, fields and bad characters."""
+
+    number: int
+    text: str
+    fields: list[str]
+    bad: str | None
+
+
+def _read_validator(out: ResultsFile, first_lines: dict[str, int], source: str, at: _Line) -> None:
     """One Validator line into `out.validators` (as TunableOp reads it), or why the file or
     the line is refused. `first_lines`: the line each validator was first seen on."""
+    number, line, fields, bad = at
     if bad:
         what = f"{bad} in a validator line"
         fix = _CRLF_FIX if "\r" in line else "TunableOp would compare it and drop the file"

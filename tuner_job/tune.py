@@ -151,24 +151,37 @@ def package_command(python: str, *args: str) -> list[str]:
     return [python, str(PACKAGE_DIR), *args]
 
 
-def tune(
-    gemms: Sequence[UntunedRow],
-    *,
-    gpus: int,
-    limits: Limits,
-    budget_s: float,
-    python: str = sys.executable,
-    keep_dir: bool = False,
-    log: Log = _log,
-    progress: Path | None = None,
-    allow_empty: bool = False,
-) -> TuneOutcome:
-    """Tune unique GEMMs; return torch's results (possibly partial when the budget ran out).
+@dataclass(frozen=True)
+class TuneRun:
+    """How a tuning run goes: on how many GPUs, with which limits, within what budget.
+    progress: a file rewritten with the results so far, as the workers go. allow_empty: tuning
+    that produced nothing returns empty results instead of failing (the caller has other rows
+    to publish). python and keep_dir: the interpreter the workers run, and whether their
+    directory is kept (tests, debugging)."""
 
-    progress: a file rewritten with the results so far, as the workers go.
-    allow_empty: tuning that produced nothing returns empty results instead of failing (the
-    caller has other rows to publish).
-    """
+    gpus: int
+    limits: Limits
+    budget_s: float
+    progress: Path | None = None
+    allow_empty: bool = False
+    python: str = sys.executable
+    keep_dir: bool = False
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """How the tuning process ended: its exit status (None: never reaped), whether the budget
+    killed it, and the seconds it ran."""
+
+    rc: int | None
+    killed: bool
+    seconds: float
+
+
+def tune(gemms: Sequence[UntunedRow], run: TuneRun, log: Log = _log) -> TuneOutcome:
+    """Tune unique GEMMs; return torch's results (possibly partial when the budget ran out)."""
+    gpus, limits, budget_s, progress = run.gpus, run.limits, run.budget_s, run.progress
+    python, keep_dir, allow_empty = run.python, run.keep_dir, run.allow_empty
     if not gemms:
         raise TunerError("no GEMMs to tune")
     if budget_s <= 0:
@@ -200,7 +213,7 @@ def tune(
     rc, killed = _wait(proc, hard_deadline, budget_s, log)
     seconds = time.monotonic() - started
     try:
-        return _gather(tuning_dir, len(gemms), seconds, rc, killed, log, allow_empty)
+        return _gather(tuning_dir, len(gemms), _Ended(rc, killed, seconds), log, allow_empty)
     finally:
         if not keep_dir:
             _remove_tree(tuning_dir)
@@ -262,14 +275,9 @@ def _report_results(report: dict[str, Any]) -> ResultsFile | None:
 
 
 def _gather(
-    tuning_dir: Path,
-    attempted: int,
-    seconds: float,
-    rc: int | None,
-    killed: bool,
-    log: Log,
-    allow_empty: bool = False,
+    tuning_dir: Path, attempted: int, ended: _Ended, log: Log, allow_empty: bool = False
 ) -> TuneOutcome:
+    rc, killed, seconds = ended.rc, ended.killed, ended.seconds
     report: dict[str, Any] = {}
     report_path = tuning_dir / REPORT_FILE
     if report_path.exists():
