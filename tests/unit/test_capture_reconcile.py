@@ -23,7 +23,7 @@ from tunefleet.capture.store import Batch, StoreKey, StoreView, build_store_conf
 from tunefleet.config import Config
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.reconciler.memory import Memory
-from tunefleet.reconciler.reconcile import sync_profile
+from tunefleet.reconciler.reconcile import Around, sync_profile
 from tunefleet.webhook.admission import admit
 from tuner_job import caches as cc
 from tuner_job.config import from_dict
@@ -76,7 +76,7 @@ def test_a_threshold_starts_one_retune_job_and_later_reconciles_keep_its_revisio
     old_jobs = jobs_for(p, [MODEL])  # the first tuning's Job, kept after it published
     api = FakeApi(monkeypatch)
     memory = Memory()
-    status = sync_profile(p, old_jobs, [], CFG, memory, captures=source(S2)).status
+    status = sync_profile(p, old_jobs, [], CFG, memory, Around(captures=source(S2))).status
     (entry,) = status["capture"]
     retune = entry["retune"]
     rev = retune["revision"]
@@ -91,7 +91,7 @@ def test_a_threshold_starts_one_retune_job_and_later_reconciles_keep_its_revisio
     # The next reconcile, from what was written (a restart reads the same): nothing more.
     p["status"] = status
     api2 = FakeApi(monkeypatch, existing={n for _, n in api.created})
-    again = sync_profile(p, [], [], CFG, Memory(), captures=source(S2)).status
+    again = sync_profile(p, [], [], CFG, Memory(), Around(captures=source(S2))).status
     assert again["capture"][0]["retune"]["revision"] == rev
     assert api2.created == [] and not [r for r, _ in api2.events if r == "RetuneStarted"]
 
@@ -122,12 +122,14 @@ def test_the_published_retune_is_current_and_counts_as_full_coverage(
 ) -> None:
     p = capture_profile()
     FakeApi(monkeypatch)
-    first = sync_profile(p, jobs_for(p, [MODEL]), [], CFG, Memory(), captures=source(S2)).status
+    first = sync_profile(
+        p, jobs_for(p, [MODEL]), [], CFG, Memory(), Around(captures=source(S2))
+    ).status
     rev = first["capture"][0]["retune"]["revision"]
     p["status"] = first
     served(p, rev, "b" * 64)
     api = FakeApi(monkeypatch)
-    status = sync_profile(p, [], [], CFG, Memory(), captures=source(S2)).status
+    status = sync_profile(p, [], [], CFG, Memory(), Around(captures=source(S2))).status
     (entry,) = status["capture"]
     assert (entry["seen"], entry["tuned"], entry["coverage"]) == (2, 2, 100)
     assert entry["retune"]["state"] == "Published"
@@ -141,7 +143,7 @@ def test_a_profile_without_capture_shows_none_and_keeps_its_spec_revision(
     p = profile(gpu={"vendor": "amd", "models": [MODEL]})
     FakeApi(monkeypatch)
     empty = CaptureSource(CaptureCache(), Keys({}))  # type: ignore[arg-type]
-    status = sync_profile(p, [], [], CFG, Memory(), captures=empty).status
+    status = sync_profile(p, [], [], CFG, Memory(), Around(captures=empty)).status
     assert "capture" not in status and "coverage" not in status
     assert status["revision"] == naming.revision(TuningProfileSpec.model_validate(p["spec"]))
 
@@ -234,7 +236,7 @@ def test_retune_sets_no_status_names_are_removed(monkeypatch: pytest.MonkeyPatch
     old["metadata"]["uid"] = "old-set-uid"
     src.cache.follow("ADDED", old)
     api = FakeApi(monkeypatch)
-    status = sync_profile(p, [], [], CFG, Memory(), captures=src).status
+    status = sync_profile(p, [], [], CFG, Memory(), Around(captures=src)).status
     kept = status["capture"][0]["retune"]["configMap"]
     assert ("ConfigMap", old["metadata"]["name"]) in api.deleted
     assert ("ConfigMap", kept) not in api.deleted

@@ -22,7 +22,7 @@ from tunefleet.config import Config
 from tunefleet.contracts.admission import INJECTED, UNTUNED, Admission, Code
 from tunefleet.contracts.fetch import CONTAINER, FetchOutcome
 from tunefleet.reconciler.memory import Memory
-from tunefleet.reconciler.reconcile import sync_profile
+from tunefleet.reconciler.reconcile import Around, sync_profile
 from tunefleet.reconciler.status import with_degraded
 from tunefleet.serving import delivery
 from tunefleet.serving.delivered import DeliveredConfigMaps
@@ -128,10 +128,9 @@ class World:
 
     def sync(self, status: dict[str, Any] | None, **kw: Any) -> dict[str, Any]:
         p = {**self.p, "status": status} if status else self.p
-        return sync_profile(
-            p, [self.job], [published_pod(self.job, self.uri)], SERVING, self.memory,
-            config_map_uid=lambda ns, name: self.watched.get(name, ""), **kw,
-        ).status  # fmt: skip
+        around = Around(config_map_uid=lambda ns, name: self.watched.get(name, ""), **kw)
+        pods = [published_pod(self.job, self.uri)]
+        return sync_profile(p, [self.job], pods, SERVING, self.memory, around).status
 
 
 def config_map_of(status: dict[str, Any]) -> dict[str, str]:

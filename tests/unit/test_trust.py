@@ -17,7 +17,7 @@ from tunefleet import kube, naming
 from tunefleet.informers.cache import Cache
 from tunefleet.reconciler.controller import Controller, Indexes
 from tunefleet.reconciler.memory import Memory
-from tunefleet.reconciler.reconcile import sync_profile
+from tunefleet.reconciler.reconcile import Around, sync_profile
 from tunefleet.runtime import client
 from tunefleet.runtime.leader import Callbacks, LeaseElector, Timing
 
@@ -86,13 +86,15 @@ def test_a_forged_record_never_reaches_status_and_is_reported_once(
     api = FakeApi(monkeypatch)
     memory = Memory()
     p = profile(gpu={"vendor": "amd", "models": MODELS[:1]})
-    status = sync_profile(p, [], [], CFG, memory, untrusted=cache.untrusted("uid-1")).status
+    status = sync_profile(p, [], [], CFG, memory, Around(untrusted=cache.untrusted("uid-1"))).status
     assert status["artifacts"] == [] and status["phase"] == "Pending"
     assert [k for k, _ in api.created] == ["ConfigMap", "Job"]  # the real Job is made
     untrusted = [m for r, m in api.events if r == "UntrustedObject"]
     assert len(untrusted) == 2 and all("is ignored" in m for m in untrusted)
     assert {m.split()[1] for m in untrusted} == {"ml/forged", "ml/forged-0"}
-    sync_profile({**p, "status": status}, [], [], CFG, memory, untrusted=cache.untrusted("uid-1"))
+    sync_profile(
+        {**p, "status": status}, [], [], CFG, memory, Around(untrusted=cache.untrusted("uid-1"))
+    )
     assert len([r for r, _ in api.events if r == "UntrustedObject"]) == 2  # said once each
 
 

@@ -26,7 +26,7 @@ from tunefleet.capture.step import CaptureSource
 from tunefleet.config import Config
 from tunefleet.informers.cache import Untrusted
 from tunefleet.reconciler.memory import Memory
-from tunefleet.reconciler.reconcile import Outcome, sync_profile
+from tunefleet.reconciler.reconcile import Around, Outcome, sync_profile
 from tunefleet.runtime.heap import release_memory
 from tunefleet.runtime.workqueue import Backoff, WorkQueue
 from tunefleet.serving.served import Untuned
@@ -197,11 +197,13 @@ class Controller:
             pods,
             self.config,
             self.memory,
-            untrusted=self.indexes.untrusted(uid),
-            on_written=lambda rv, status: self.indexes.written(key, rv, status),
-            captures=self.indexes.captures,
-            config_map_uid=self.indexes.config_map_uid,
-            untuned_pods=self.indexes.untuned_pods(ns, name),
+            Around(
+                untrusted=self.indexes.untrusted(uid),
+                untuned_pods=self.indexes.untuned_pods(ns, name),
+                captures=self.indexes.captures,
+                config_map_uid=self.indexes.config_map_uid,
+                on_written=lambda rv, status: self.indexes.written(key, rv, status),
+            ),
         )
 
     def _failed(self, key: Key, uid: str, e: Exception) -> None:

@@ -668,38 +668,49 @@ def _report_untrusted(s: _Sync, untrusted: list[Untrusted]) -> None:
         )
 
 
+@dataclass
+class Around:
+    """What the engine hands a reconcile beside the profile and its own children: objects
+    that claim it without its ownership, the model pods served untuned for a cause of ours,
+    the capture source, the artifact ConfigMaps' uids as watched (None: not watched), and
+    where the API server's answer to a status write goes (`on_written(resourceVersion,
+    status)`)."""
+
+    untrusted: list[Untrusted] = field(default_factory=list)
+    untuned_pods: list[Untuned] = field(default_factory=list)
+    captures: capture_step.CaptureSource | None = None
+    config_map_uid: Callable[[str, str], str] | None = None
+    on_written: Callable[[str, dict[str, Any]], None] = lambda rv, status: None
+
+
 def sync_profile(
     profile: dict[str, Any],
     jobs: list[dict[str, Any]],
     pods: list[dict[str, Any]],
     config: Config,
     memory: Memory,
-    *,
-    untrusted: list[Untrusted] | None = None,
-    on_written: Callable[[str, dict[str, Any]], None] = lambda rv, status: None,
-    captures: capture_step.CaptureSource | None = None,
-    config_map_uid: Callable[[str, str], str] | None = None,
-    untuned_pods: list[Untuned] | None = None,
+    around: Around | None = None,
 ) -> Outcome:
     """Reconcile one profile (a view, see views.profile_view); returns the status it holds
     and when to look again (Outcome).
-    `on_written(resourceVersion, status)`: what the API server answered to a status write.
 
     Raises kube.Permanent for a spec that can't be tuned (after reporting it in status),
     kube.Temporary for what may pass, kube.Gone when the profile or namespace is going,
     kube.Conflict when the profile changed since it was read, kube.NotLeading when this
     replica may no longer write.
     """
+    a = around or Around()
+    untrusted = a.untrusted
     meta = profile["metadata"]
     mine = memory.of(meta["uid"])
     unadmitted = memory.unadmitted.get((meta["namespace"], meta["name"]), [])
     s = _Sync(
-        profile, jobs, pods, config, mine, unadmitted=unadmitted, on_written=on_written,
-        captures=captures, config_map_uid=config_map_uid, untuned_pods=untuned_pods or [],
+        profile, jobs, pods, config, mine, unadmitted=unadmitted, on_written=a.on_written,
+        captures=a.captures, config_map_uid=a.config_map_uid, untuned_pods=a.untuned_pods,
     )  # fmt: skip
     with mine.lock:
         _drop_legacy_finalizer(meta)
-        _read_spec(s, untrusted or [], memory)
+        _read_spec(s, untrusted, memory)
         if s.acting:
             _create_missing(s)
             _stop_superseded(s)
@@ -719,7 +730,7 @@ def sync_profile(
             _retire_config_maps(s, previous, status)
         _report_delivery(s)
         _write_status(s, status)
-        mine.prune(s.jobs, pods, {u.uid for u in untrusted or []} | {f.uid for f in s.foreign})
+        mine.prune(s.jobs, pods, {u.uid for u in untrusted} | {f.uid for f in s.foreign})
         if s.problems or s.spec is None or s.refused:
             why = s.problems or s.refused
             raise kube.Permanent(truncate("; ".join(why) or "invalid spec"))
