@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import ast
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import tuner_job
@@ -343,32 +343,29 @@ def test_kopf_is_confined_to_the_startup_and_the_webhook() -> None:
 
 
 MAX_FUNCTION_LINES = 60
+MAX_PARAMETERS = 6
+Function = ast.FunctionDef | ast.AsyncFunctionDef
 
 
-def long_functions(paths: list[Path], limit: int = MAX_FUNCTION_LINES) -> list[str]:
+def product_paths() -> list[Path]:
+    return sorted([*OPERATOR.rglob("*.py"), *TUNER.rglob("*.py")])
+
+
+def over(paths: list[Path], measure: Callable[[Function], int], limit: int) -> list[str]:
+    """Each function in `paths` whose measure is over `limit`, as path:line name: measure."""
     out = []
     for path in paths:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                lines = (node.end_lineno or node.lineno) - node.lineno + 1
-                if lines > limit:
-                    out.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {lines} lines")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, Function) and measure(node) > limit:
+                out.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {measure(node)}")
     return out
 
 
-def test_no_product_function_is_over_60_lines() -> None:
-    paths = sorted([*OPERATOR.rglob("*.py"), *TUNER.rglob("*.py")])
-    found = long_functions(paths)
-    assert not found, "split at its seams:\n" + "\n".join(found)
-    # The rule can fail: the longest function there is over a lower limit.
-    assert long_functions(paths, limit=40)
+def lines(node: Function) -> int:
+    return (node.end_lineno or node.lineno) - node.lineno + 1
 
 
-MAX_PARAMETERS = 6
-
-
-def _parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+def parameters(node: Function) -> int:
     a = node.args
     names = [x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs]]
     if names[:1] in (["self"], ["cls"]):
@@ -376,22 +373,16 @@ def _parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
     return len(names) + (a.vararg is not None) + (a.kwarg is not None)
 
 
-def many_parameters(paths: list[Path], limit: int = MAX_PARAMETERS) -> list[str]:
-    out = []
-    for path in paths:
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                count = _parameters(node)
-                if count > limit:
-                    out.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {count}")
-    return out
+def test_no_product_function_is_over_60_lines() -> None:
+    found = over(product_paths(), lines, MAX_FUNCTION_LINES)
+    assert not found, "split at its seams (lines):\n" + "\n".join(found)
+    # The rule can fail: the longest function there is over a lower limit.
+    assert over(product_paths(), lines, 40)
 
 
 def test_no_product_function_takes_more_than_6_parameters() -> None:
-    paths = sorted([*OPERATOR.rglob("*.py"), *TUNER.rglob("*.py")])
-    found = many_parameters(paths)
-    assert not found, "give the parameters that travel together a value object:\n" + "\n".join(
-        found
-    )
+    found = over(product_paths(), parameters, MAX_PARAMETERS)
+    note = "give the parameters that travel together a value object:\n"
+    assert not found, note + "\n".join(found)
     # The rule can fail: some function takes more than a lower limit.
-    assert many_parameters(paths, limit=3)
+    assert over(product_paths(), parameters, 3)
