@@ -857,3 +857,9 @@ def test_verdicts_are_kept_by_digest_key_and_policy_for_a_while() -> None:
     assert kept.get("sha256:e", "KEY-A", True) is None
     now[0] = 61
     assert kept.get("sha256:d", "KEY-A", True) is None  # a removed signature counts after 60 s
+
+
+def test_a_volume_pinned_to_a_malformed_sha256_is_refused_naming_the_volume(tmp_path: Path) -> None:
+    with pytest.raises(FetchError, match=r"^the image volume at .*: .*sha") as refused:
+        from_volume(tmp_path, Pinned("oci://registry.example.com/p", "not-a-sha"), Serving(1))
+    assert str(tmp_path) in str(refused.value)

@@ -288,7 +288,10 @@ def from_volume(root: Path, pin: Pinned, serving: Serving = Serving()) -> Fetche
     volume is mounted in the serving containers; nothing is written for them."""
     from . import ocibundle
 
-    pin = pin.checked()
+    try:
+        pin = pin.checked()
+    except FetchError as exc:
+        raise FetchError(f"the image volume at {root}: {exc}") from None
     try:
         location = parse_uri(pin.uri)
         meta = root / ocibundle.META_DIR
