@@ -32,15 +32,10 @@ import statistics
 import time
 from typing import Any
 
-import yaml
-
-from bench.realnode import Run, epoch, in_namespace, tuned
-from bench.results import progress
+from bench.realnode import ARMS, Run, arm_pods, epoch, in_namespace, medians, tuned
 from testbed.cluster import Cluster, S3Settings, ensure_torch_image
 from testbed.compile import compile_pod, compile_profile, result_of, workload_config_map
 from testbed.poll import eventually
-
-ARMS = ("eager", "cold", "bundle")
 
 
 class _Run(Run):
@@ -48,10 +43,7 @@ class _Run(Run):
         mode = "eager" if arm == "eager" else "compiled"
         profile = "bundle" if arm == "bundle" else None
         created = time.time()
-        self.cluster.kubectl(
-            "create", "-n", self.ns, "-f", "-",
-            input=yaml.safe_dump(compile_pod(name, self.image, profile, mode, precompile=True)),
-        )  # fmt: skip
+        self.create(compile_pod(name, self.image, profile, mode, precompile=True))
         pod = eventually(
             lambda: self.get("pod", name),
             lambda p: (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"),
@@ -101,11 +93,7 @@ def _medians(rows: list[dict[str, Any]], arm: str) -> dict[str, Any]:
     mine = [r for r in rows if r["arm"] == arm]
     keys = ("container_start_to_first_s", "process_to_first_s", "create_to_first_s",
             "first_call_s", "isa_probe_s", "steady_median_ms", "fetch_s")  # fmt: skip
-    med: dict[str, Any] = {
-        k: round(statistics.median(r[k] for r in mine), 3)
-        for k in keys
-        if all(k in r and r[k] is not None for r in mine)
-    }
+    med = medians(rows, arm, keys, 3)
     phases = sorted({p for r in mine for p in r.get("breakdown", {})})
     med["breakdown"] = {
         p: round(statistics.median(r.get("breakdown", {}).get(p, 0.0) for r in mine), 3)
@@ -125,11 +113,7 @@ def _measure(r: _Run, s3: S3Settings, pods: int) -> dict[str, Any]:
         lambda secret: compile_profile("bundle", r.image, s3, secret, precompile=True), "bundle",
     )  # fmt: skip
     (cache,) = prof["status"]["artifacts"][0]["caches"]
-    rows = []
-    for i in range(pods):
-        for arm in ARMS:
-            progress("bundles", f"pod {i + 1}/{pods}, {arm}")
-            rows.append(r.pod(f"{arm}-{i}", arm))
+    rows = arm_pods(r, "bundles", pods)
     med = {arm: _medians(rows, arm) for arm in ARMS}
     e, c, b = (med[a]["process_to_first_s"] for a in ARMS)
     ke, kc, kb = (med[a]["container_start_to_first_s"] for a in ARMS)

@@ -24,14 +24,10 @@ from __future__ import annotations
 
 import json
 import re
-import statistics
 import time
 from typing import Any
 
-import yaml
-
-from bench.realnode import Run, epoch, in_namespace, tuned
-from bench.results import progress
+from bench.realnode import ARMS, Run, arm_pods, epoch, in_namespace, medians, tuned
 from testbed.cluster import Cluster, S3Settings, ensure_vllm_image
 from testbed.poll import eventually
 from testbed.vllm import (
@@ -45,7 +41,6 @@ from testbed.vllm import (
     workload_config_map,
 )
 
-ARMS = ("eager", "cold", "bundle")
 PROFILE = "served"
 # vLLM 0.32.0's line (vllm/v1/engine/core.py) with the seconds its engine took to start.
 _INIT = re.compile(
@@ -78,10 +73,7 @@ class _Run(Run):
         return str((reported(self.get("tp", PROFILE), pod) or {}).get("path") or "")
 
     def pod(self, name: str, arm: str) -> dict[str, Any]:
-        self.cluster.kubectl(
-            "create", "-n", self.ns, "-f", "-",
-            input=yaml.safe_dump(server_pod(name, self.image, arm)),
-        )  # fmt: skip
+        self.create(server_pod(name, self.image, arm))
 
         def ready(p: dict[str, Any]) -> bool:
             if (p.get("status") or {}).get("phase") in ("Failed", "Succeeded"):
@@ -148,16 +140,11 @@ def _figures(
 
 
 def _medians(rows: list[dict[str, Any]], arm: str) -> dict[str, Any]:
-    mine = [r for r in rows if r["arm"] == arm]
     keys = (
         "start_to_ready_s", "start_to_first_completion_s", "engine_init_s", "compilation_s",
         "fetch_s",
     )  # fmt: skip
-    return {
-        k: round(statistics.median(r[k] for r in mine), 2)
-        for k in keys
-        if all(r.get(k) is not None for r in mine)
-    }
+    return medians(rows, arm, keys, 2)
 
 
 def run(cluster: Cluster, s3: S3Settings, pods: int = 5) -> dict[str, Any]:
@@ -171,11 +158,7 @@ def _measure(r: _Run, s3: S3Settings, pods: int) -> dict[str, Any]:
         PROFILE,
     )  # fmt: skip
     (cache,) = prof["status"]["artifacts"][0]["caches"]
-    rows = []
-    for i in range(pods):
-        for arm in ARMS:
-            progress("vllm", f"pod {i + 1}/{pods}, {arm}")
-            rows.append(r.pod(f"{arm}-{i}", arm))
+    rows = arm_pods(r, "vllm", pods)
     med = {arm: _medians(rows, arm) for arm in ARMS}
     e, c, b = (med[a]["start_to_ready_s"] for a in ARMS)
     fe, fc, fb = (med[a]["start_to_first_completion_s"] for a in ARMS)

@@ -6,17 +6,22 @@ from __future__ import annotations
 
 import datetime
 import json
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import yaml
 
+from bench.results import progress
 from testbed.cluster import Cluster, S3Settings, wait_for_real_node_gpus
 from testbed.operator import SERVING_SECRET, create_s3_secret, install_in_cluster
 from testbed.poll import eventually
 
 R = TypeVar("R", bound="Run")
+# The arms of a start-up benchmark: no cache at all (eager), a cache the pod fills itself
+# (cold), the bundle tunefleet tuned once (bundle).
+ARMS = ("eager", "cold", "bundle")
 
 
 def epoch(stamp: str) -> float:
@@ -41,6 +46,36 @@ class Run:
 
     def apply(self, doc: dict[str, Any]) -> None:
         self.cluster.kubectl("apply", "-n", self.ns, "-f", "-", input=yaml.safe_dump(doc))
+
+    def create(self, doc: dict[str, Any]) -> None:
+        self.cluster.kubectl("create", "-n", self.ns, "-f", "-", input=yaml.safe_dump(doc))
+
+    def pod(self, name: str, arm: str) -> dict[str, Any]:
+        """One start-up of `arm`, measured (each benchmark says how)."""
+        raise NotImplementedError
+
+
+def arm_pods(r: Run, routine: str, pods: int) -> list[dict[str, Any]]:
+    """`pods` start-ups of every arm, interleaved (eager, cold, bundle, eager, ...), so that
+    the node's drift falls on every arm alike."""
+    rows = []
+    for i in range(pods):
+        for arm in ARMS:
+            progress(routine, f"pod {i + 1}/{pods}, {arm}")
+            rows.append(r.pod(f"{arm}-{i}", arm))
+    return rows
+
+
+def medians(
+    rows: list[dict[str, Any]], arm: str, keys: tuple[str, ...], digits: int
+) -> dict[str, Any]:
+    """The median of each of `keys` over the arm's rows; a key some row lacks is left out."""
+    mine = [r for r in rows if r["arm"] == arm]
+    return {
+        k: round(statistics.median(r[k] for r in mine), digits)
+        for k in keys
+        if all(r.get(k) is not None for r in mine)
+    }
 
 
 def in_namespace(

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.cluster import REAL_NODE_GPU_MODEL
+from testbed.profiles import tuning_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE = ROOT / "examples" / "torch-compile" / "serve.py"
@@ -73,12 +74,7 @@ def compile_profile(
         },
     }
     spec.update(over)
-    return {
-        "apiVersion": "tunefleet.io/v1alpha1",
-        "kind": "TuningProfile",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
+    return tuning_profile(name, spec)
 
 
 def compile_pod(

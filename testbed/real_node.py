@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from testbed.cluster import REAL_NODE_GPU_MODEL, STANDIN_IMAGE
+from testbed.profiles import tuning_profile
 
 KEY = "nvidia.com/gpu.product"
 
@@ -40,12 +41,7 @@ def real_profile(
         },
     }
     spec.update(spec_over)
-    return {
-        "apiVersion": "tunefleet.io/v1alpha1",
-        "kind": "TuningProfile",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
+    return tuning_profile(name, spec)
 
 
 def model_pod(name: str, profile: str, gpus: int = 2, **labels: str) -> dict[str, Any]:

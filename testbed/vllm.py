@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.cluster import REAL_NODE_GPU_MODEL, Cluster
+from testbed.profiles import tuning_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 WARMUP = ROOT / "examples" / "vllm" / "warmup.py"
@@ -89,12 +90,7 @@ def vllm_profile(name: str, image: str, s3: Any, secret: str, **over: Any) -> di
         },
     }
     spec.update(over)
-    return {
-        "apiVersion": "tunefleet.io/v1alpha1",
-        "kind": "TuningProfile",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
+    return tuning_profile(name, spec)
 
 
 def vllm_deployment(

@@ -10,6 +10,7 @@ from typing import Any
 
 from testbed.operator import carry_out_publish
 from testbed.poll import eventually
+from testbed.profiles import tuning_profile
 from tests.support.kube import apply, get_json, tuning_pods
 
 
@@ -22,12 +23,7 @@ def profile_doc(name: str, **spec_over: Any) -> dict[str, Any]:
         "tuning": {"backoffLimit": 0},
     }
     spec.update(spec_over)
-    return {
-        "apiVersion": "tunefleet.io/v1alpha1",
-        "kind": "TuningProfile",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
+    return tuning_profile(name, spec)
 
 
 def publish_first_revision(
