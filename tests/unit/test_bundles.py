@@ -254,8 +254,11 @@ def test_the_tune_step_gets_the_caches_in_its_config_only_when_asked() -> None:
 def test_capture_counts_no_gemm_in_a_caches_only_artifact_and_never_reads_it() -> None:
     """A reconcile's capture step asks which GEMMs the artifact has: caches alone have none,
     and the payload (an index, not results) is never parsed as TunableOp's CSV."""
+    from tests.support.fake_kube import FakeKube
     from tunefleet.capture.keys import ArtifactKeys
     from tunefleet.config import Config
 
     record = ArtifactRecord(uri="s3://b/p/ml/llama/M/" + "ab" * 32, sha256="ab" * 32, kind="caches")
-    assert ArtifactKeys(Config()).get(record, "ml") == frozenset()
+    api = FakeKube()
+    assert ArtifactKeys(api, Config()).get(record, "ml") == frozenset()
+    assert not api.calls  # nothing read: caches alone have no GEMM

@@ -363,11 +363,10 @@ class FakeCore:
 
 
 def writer(core: FakeCore) -> Any:
+    from tests.support.fake_kube import FakeKube
     from tunefleet.capture.store import Writer
 
-    w = Writer()
-    w._core = lambda: core  # type: ignore[method-assign]
-    return w
+    return Writer(FakeKube(generated={"core": core}))
 
 
 def test_concurrent_replicas_lose_no_rows_and_a_known_row_costs_no_write() -> None:

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.fake_kube import FakeKube
 from tunefleet import kube
 from tunefleet.api.conditions import Reason
 from tunefleet.config import Config
@@ -16,7 +17,10 @@ from tunefleet.reconciler.reconcile import REDELIVER_AFTER_S, Outcome, requeue_a
 
 
 def make(
-    monkeypatch: pytest.MonkeyPatch, outcome: Exception | None, after: float | None = None
+    monkeypatch: pytest.MonkeyPatch,
+    outcome: Exception | None,
+    after: float | None = None,
+    client: FakeKube | None = None,
 ) -> Controller:
     profiles = {("ml", "p"): {"metadata": {"name": "p", "namespace": "ml", "uid": "u"}}}
     indexes = Indexes(
@@ -32,7 +36,7 @@ def make(
         return Outcome({}, after)
 
     monkeypatch.setattr(controller_mod, "sync_profile", sync)
-    return Controller(Config(), indexes, workers=1)
+    return Controller(client or FakeKube(), Config(), indexes, workers=1)
 
 
 def test_temporary_errors_back_off_and_success_resets(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -125,8 +129,7 @@ def test_scan_counts_pods_without_the_admission_label(monkeypatch: pytest.Monkey
         seen.append(selector)
         return pods
 
-    monkeypatch.setattr(kube, "list_pods", list_pods)
-    c = make(monkeypatch, None)
+    c = make(monkeypatch, None, client=FakeKube(intercept={"list_pods": list_pods}))
     assert c.scan_unadmitted() == {("ml", "p")}
     assert c.memory.unadmitted == {("ml", "p"): ["a"]}
     assert seen == ["tunefleet.io/profile,!tunefleet.io/admission"]

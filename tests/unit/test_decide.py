@@ -1,5 +1,5 @@
 """decide.py: the reconcile's decisions about a profile's children, from plain views, with no
-API at all (no FakeApi, no monkeypatch): what is missing, superseded, re-queued, due to merge."""
+API at all (no FakeKube, no monkeypatch): what is missing, superseded, re-queued, due to merge."""
 
 from __future__ import annotations
 

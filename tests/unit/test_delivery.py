@@ -18,16 +18,15 @@ from typing import Any
 import pytest
 
 from tests.support.artifacts import tuner_output
-from tests.support.fake_api import FakeApi
+from tests.support.fake_kube import FakeKube
 from tests.support.profiles import CFG, MODELS, jobs_for, profile
 from tests.support.records import completed, published_pod
-from tunefleet import kube
 from tunefleet.artifacts import fetch as fetch_mod
 from tunefleet.builders.artifact import CONFIG_MAP_BYTES, Payload, build_artifact_config_map
 from tunefleet.config import Config
 from tunefleet.contracts.admission import Admission, Code
 from tunefleet.reconciler.memory import Memory
-from tunefleet.reconciler.reconcile import sync_profile
+from tunefleet.reconciler.reconcile import Around, sync_profile
 from tunefleet.serving import delivery
 from tunefleet.webhook.admission import admit
 from tuner_job.files import sha256_hex
@@ -216,7 +215,7 @@ def test_the_operator_delivers_a_fresh_artifact_and_status_says_how_pods_get_it(
 ) -> None:
     p = profile(gpu={"vendor": "amd", "models": MODELS[:1]})
     job = completed(p)
-    api = FakeApi(monkeypatch)
+    api = FakeKube()
     calls: list[str] = []
 
     def download(pin: fetch_mod.Pinned, **_: Any) -> fetch_mod.Verified:
@@ -225,7 +224,9 @@ def test_the_operator_delivers_a_fresh_artifact_and_status_says_how_pods_get_it(
 
     monkeypatch.setattr(delivery, "download_verified", download)
     uri = f"s3://bkt/p/ml/p/{MODELS[0]}/{SHA}"
-    status = sync_profile(p, [job], [published_pod(job, uri)], SERVING, Memory()).status
+    status = sync_profile(
+        p, [job], [published_pod(job, uri)], SERVING, Memory(), Around(api)
+    ).status
     (art,) = status["artifacts"]
     assert art["delivery"] == "ConfigMap" and art["configMap"]["name"].startswith(
         "tunefleet-artifact-" + SHA
@@ -234,15 +235,17 @@ def test_the_operator_delivers_a_fresh_artifact_and_status_says_how_pods_get_it(
     # The next reconcile, with the Job still kept: delivered as status says, not read again
     # (and a ConfigMap replaced meanwhile is not taken up by its new uid).
     again = sync_profile(
-        {**p, "status": status}, [job], [published_pod(job, uri)], SERVING, Memory()
+        {**p, "status": status}, [job], [published_pod(job, uri)], SERVING, Memory(), Around(api)
     ).status
     assert again["artifacts"][0]["configMap"] == art["configMap"] and calls == [uri]
     # Without a read identity for the operator: the store path, and why.
-    plain = sync_profile(p, [job], [published_pod(job, uri)], CFG, Memory()).status
+    plain = sync_profile(p, [job], [published_pod(job, uri)], CFG, Memory(), Around(api)).status
     assert plain["artifacts"][0]["delivery"].startswith("Store: the operator has no read identity")
     # Asked for: the store path, said so (status always says how pods get an artifact).
     asked = {**p, "spec": {**p["spec"], "serving": {"delivery": "Store"}}}
-    store = sync_profile(asked, [job], [published_pod(job, uri)], SERVING, Memory()).status
+    store = sync_profile(
+        asked, [job], [published_pod(job, uri)], SERVING, Memory(), Around(api)
+    ).status
     assert store["artifacts"][0]["delivery"] == "Store (spec.serving.delivery)"
     assert "configMap" not in store["artifacts"][0] and calls == [uri]
 
@@ -252,7 +255,7 @@ def test_a_failed_delivery_is_said_and_not_tried_again_at_once(
 ) -> None:
     p = profile(gpu={"vendor": "amd", "models": MODELS[:1]})
     job = completed(p)
-    FakeApi(monkeypatch)
+    api = FakeKube()
     tries: list[int] = []
 
     def failing(*_: Any, **__: Any) -> Any:
@@ -262,9 +265,9 @@ def test_a_failed_delivery_is_said_and_not_tried_again_at_once(
     monkeypatch.setattr(delivery, "download_verified", failing)
     memory = Memory()
     pods = [published_pod(job, f"s3://bkt/p/ml/p/{MODELS[0]}/{SHA}")]
-    first = sync_profile(p, [job], pods, SERVING, memory).status
+    first = sync_profile(p, [job], pods, SERVING, memory, Around(api)).status
     assert "HTTP 500" in first["artifacts"][0]["delivery"]
-    sync_profile({**p, "status": first}, [job], pods, SERVING, memory)
+    sync_profile({**p, "status": first}, [job], pods, SERVING, memory, Around(api))
     assert len(tries) == 1
 
 
@@ -333,11 +336,11 @@ def test_fetch_reads_a_mounted_gzipped_artifact(tmp_path: Path) -> None:
 def test_a_job_view_of_an_unrelated_profile_does_not_matter(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # kube.read is not called for profiles that are not delivered (no read identity).
-    FakeApi(monkeypatch)
-    monkeypatch.setattr(kube, "read", lambda *a: pytest.fail("read"))
+    # Nothing is read for profiles that are not delivered (no read identity).
+    api = FakeKube()
     p = profile()
-    sync_profile(p, jobs_for(p, MODELS), [], CFG, Memory())
+    sync_profile(p, jobs_for(p, MODELS), [], CFG, Memory(), Around(api))
+    assert not api.verbs("get")
 
 
 # --- retiring artifact ConfigMaps -------------------------------------------------------------
@@ -401,21 +404,21 @@ def test_after_a_restart_a_config_map_no_status_names_goes_once_its_pods_have_en
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     p = profile(gpu={"vendor": "amd", "models": MODELS[:1]})
-    api = FakeApi(monkeypatch)
+    api = FakeKube()
     earlier = {"configMap": {"name": "earlier", "uid": "cm-earlier"}, "gpuModel": MODELS[0]}
     api.listed["configmaps"] = [artifact_cm("earlier"), artifact_cm("old")]
     api.listed["pods"] = [mounting("old")]
     memory = Memory()
     with_history = {**p, "status": {"history": [earlier]}}
     # A fresh replica checks once (it does not know what was waiting): a pod holds "old".
-    sync_profile(with_history, [], [], CFG, memory)
+    sync_profile(with_history, [], [], CFG, memory, Around(api))
     selector = "tunefleet.io/profile-uid=uid-1,tunefleet.io/role=artifact"
     assert api.lists == [("configmaps", selector), ("pods", "tunefleet.io/profile=p")]
     assert api.deleted == [] and memory.of("uid-1").retiring == {"old"}
-    sync_profile(with_history, [], [], CFG, memory)
+    sync_profile(with_history, [], [], CFG, memory, Around(api))
     assert len(api.lists) == 2  # not due again yet
     # The pod ended; once the check is due again, "old" goes and "earlier" (history) stays.
     api.listed["pods"] = [mounting("old", phase="Succeeded")]
     memory.of("uid-1").retired_at -= delivery.RETIRE_EVERY_S
-    sync_profile(with_history, [], [], CFG, memory)
+    sync_profile(with_history, [], [], CFG, memory, Around(api))
     assert api.deleted == [("ConfigMap", "old")] and memory.of("uid-1").retiring == set()

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from tests.support.fake_api import FakeApi
+from tests.support.fake_kube import FakeKube
 from tests.support.profiles import MODELS, profile
 from tests.support.records import completed, published_pod
-from tunefleet import kube, naming
+from tunefleet import naming
 from tunefleet.api.conditions import EventReason, Reason, Type, find
 from tunefleet.artifacts import fetch as fetch_mod
 from tunefleet.builders.artifact import Payload, build_artifact_config_map
@@ -88,13 +88,13 @@ def test_the_next_name_is_derived_from_the_foreign_object_and_stays_a_valid_name
 
 
 class World:
-    """A profile whose artifact was delivered, over FakeApi; `there` is what the API server
+    """A profile whose artifact was delivered, over FakeKube; `there` is what the API server
     holds by ConfigMap name, `watched` what the watch has seen."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.p = profile(gpu={"vendor": "amd", "models": MODELS[:1]})
         self.job = completed(self.p)
-        self.api = FakeApi(monkeypatch)
+        self.api = FakeKube()
         self.uri = f"s3://bkt/p/ml/p/{MODELS[0]}/{SHA}"
         self.downloads = 0
         self.store_down = False
@@ -102,14 +102,13 @@ class World:
         self.watched: dict[str, str] = {}
         self.memory = Memory()
         monkeypatch.setattr(delivery, "download_verified", self.download)
-        monkeypatch.setattr(kube, "read", lambda kind, ns, name: self.there.get(name))
-        made = self.api.create_owned
+        self.api.intercept["read"] = lambda kind, ns, name: self.there.get(name)
         self.made = 0
 
         def create(obj: dict[str, Any]) -> dict[str, Any] | None:
             name = obj["metadata"]["name"]
             if obj["kind"] != "ConfigMap" or not name.startswith("tunefleet-artifact-"):
-                return made(obj)
+                return FakeKube.DEFAULT  # type: ignore[no-any-return]
             if name in self.there:
                 return None  # 409, and the one there carries our ownerReference
             self.made += 1
@@ -118,7 +117,7 @@ class World:
             self.watched[name] = out["metadata"]["uid"]
             return out
 
-        monkeypatch.setattr(kube, "create_owned", create)
+        self.api.intercept["create_owned"] = create
 
     def download(self, pin: fetch_mod.Pinned, **_: Any) -> fetch_mod.Verified:
         self.downloads += 1
@@ -128,7 +127,7 @@ class World:
 
     def sync(self, status: dict[str, Any] | None, **kw: Any) -> dict[str, Any]:
         p = {**self.p, "status": status} if status else self.p
-        around = Around(config_map_uid=lambda ns, name: self.watched.get(name, ""), **kw)
+        around = Around(self.api, config_map_uid=lambda ns, name: self.watched.get(name, ""), **kw)
         pods = [published_pod(self.job, self.uri)]
         return sync_profile(p, [self.job], pods, SERVING, self.memory, around).status
 
@@ -181,17 +180,16 @@ def test_a_config_map_whose_labels_were_removed_is_labelled_again_not_left_unsee
     w.there[cm["name"]]["metadata"]["labels"] = {"app": "mine"}  # kubectl label ... role-
     del w.watched[cm["name"]]
     patched: list[tuple[str, str, dict[str, Any]]] = []
-    patch_others = kube.patch_owned
 
     def patch_owned(kind: str, ns: str, name: str, owner: str, patch: dict[str, Any]) -> bool:
         if kind != "ConfigMap":
-            return patch_others(kind, ns, name, owner, patch)
+            return FakeKube.DEFAULT  # type: ignore[no-any-return]
         patched.append((name, owner, patch))
         w.there[name]["metadata"]["labels"].update(patch["metadata"]["labels"])
         w.watched[name] = w.there[name]["metadata"]["uid"]
         return True
 
-    monkeypatch.setattr(kube, "patch_owned", patch_owned)
+    w.api.intercept["patch_owned"] = patch_owned
     healed = w.sync(first)
     assert config_map_of(healed) == cm and w.downloads == 1  # the same object, not remade
     uid = w.p["metadata"]["uid"]

@@ -19,7 +19,6 @@ import pytest
 
 from tunefleet import kube
 from tunefleet.capture.store import Batch, StoreKey, Writer
-from tunefleet.runtime import client
 
 OWNER = "owner-uid"
 
@@ -74,14 +73,13 @@ class _Api(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def api_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[_Api]]:
+def api_server() -> Iterator[tuple[type[_Api], kube.Kube]]:
     _Api.connections, _Api.requests = 0, []
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Api)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     config = kubernetes.client.Configuration()
     config.host = f"http://127.0.0.1:{server.server_address[1]}"
-    monkeypatch.setattr(client, "_api", kubernetes.client.ApiClient(configuration=config))
-    yield _Api
+    yield _Api, kube.Kube(kubernetes.client.ApiClient(configuration=config))
     server.shutdown()
     server.server_close()
 
@@ -93,28 +91,35 @@ def _wait_requests(server: type[_Api], n: int) -> None:
     assert len(server.requests) >= n, server.requests
 
 
-def test_writes_whose_answer_is_not_used_reuse_one_connection(api_server: type[_Api]) -> None:
+def test_writes_whose_answer_is_not_used_reuse_one_connection(
+    api_server: tuple[type[_Api], kube.Kube],
+) -> None:
+    server, one = api_server
     for _ in range(10):
-        assert kube.patch_owned("Job", "ns", "j", OWNER, {"metadata": {"labels": {"a": "b"}}})
-        kube.delete_owned("Job", "ns", "j", "uid-1")
-        kube.remove_profile_finalizer("ns", "p", "uid-1", ["a", "tunefleet.io/f"], "tunefleet.io/f")
-    _wait_requests(api_server, 40)  # patch_owned reads before it writes
-    assert api_server.connections == 1, f"{api_server.connections} connections for 40 requests"
+        assert one.patch_owned("Job", "ns", "j", OWNER, {"metadata": {"labels": {"a": "b"}}})
+        one.delete_owned("Job", "ns", "j", "uid-1")
+        one.remove_profile_finalizer("ns", "p", "uid-1", ["a", "tunefleet.io/f"], "tunefleet.io/f")
+    _wait_requests(server, 40)  # patch_owned reads before it writes
+    assert server.connections == 1, f"{server.connections} connections for 40 requests"
 
 
-def test_events_reuse_their_connections(api_server: type[_Api]) -> None:
+def test_events_reuse_their_connections(api_server: tuple[type[_Api], kube.Kube]) -> None:
+    server, one = api_server
     ref = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns"}}
     for i in range(20):
-        kube.post_event_soon(ref, "Normal", "Test", f"event {i}")
-    _wait_requests(api_server, 20)
+        one.post_event_soon(ref, "Normal", "Test", f"event {i}")
+    _wait_requests(server, 20)
     # The poster's threads: at most one connection each, however many Events.
-    assert api_server.connections <= kube._events.workers, api_server.connections
+    assert server.connections <= one._events.workers, server.connections
 
 
-def test_capture_store_writes_reuse_one_connection(api_server: type[_Api]) -> None:
-    store = Writer()
+def test_capture_store_writes_reuse_one_connection(
+    api_server: tuple[type[_Api], kube.Kube],
+) -> None:
+    server, one = api_server
+    store = Writer(one)
     key = StoreKey(namespace="ns", profile="p", profile_uid="uid-1", model="m", identity="i")
     for i in range(5):
         store.add(key, Batch((f"GemmTunableOp_float_NT,nt_{i}_8_8",)), max_shapes=100)
-    _wait_requests(api_server, 10)  # a read (404 here) and a create, each time
-    assert api_server.connections == 1, api_server.connections
+    _wait_requests(server, 10)  # a read (404 here) and a create, each time
+    assert server.connections == 1, server.connections

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import datetime
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -794,7 +795,7 @@ def test_parse_ref_tells_artifacts_paths_and_profiles_apart(
 
 
 def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code = main_mod.main(list(args))
+    code = main_mod.main(list(args), connect=CLUSTER.connect)
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -851,8 +852,24 @@ class FakeCluster:
     update_profile = cluster_mod.Cluster.update_profile  # over profile() and patch_profile()
 
 
+class _Cluster:
+    """What run_main connects kubectl-tunefleet to: cluster.connect, unless a test says."""
+
+    def __init__(self) -> None:
+        self.connect: main_mod.Connect = cluster_mod.connect
+
+
+CLUSTER = _Cluster()
+
+
+@pytest.fixture(autouse=True)
+def _the_real_connect_unless_a_test_says() -> Iterator[None]:
+    yield
+    CLUSTER.connect = cluster_mod.connect
+
+
 def use(monkeypatch: pytest.MonkeyPatch, fake: FakeCluster) -> None:
-    monkeypatch.setattr(cluster_mod, "connect", lambda *a: fake)
+    CLUSTER.connect = lambda *a: fake
 
 
 def published(root: Path, model: str = H200) -> dict[str, Any]:
@@ -1046,9 +1063,7 @@ def test_expected_failures_are_one_line_that_says_what_to_do(
     expected: str,
 ) -> None:
     use(monkeypatch, FakeCluster(profiles, namespace="ml"))
-    monkeypatch.setattr(
-        cluster_mod, "connect", lambda kc, ctx, ns: FakeCluster(profiles, ns or "ml")
-    )
+    CLUSTER.connect = lambda kc, ctx, ns: FakeCluster(profiles, ns or "ml")
     got, out, err = run_main(capsys, *args)
     assert (got, out) == (code, "")
     assert error_line(err) == f"kubectl-tunefleet: error: {expected}"
@@ -1068,7 +1083,7 @@ def test_a_bad_results_file_and_an_unexpected_bug_are_one_line_too(
     def boom(*a: Any) -> Any:
         raise RuntimeError("unexpected\nmulti-line")
 
-    monkeypatch.setattr(cluster_mod, "connect", boom)
+    CLUSTER.connect = boom
     code, _, err = run_main(capsys, "status", "x")
     assert code == 1
     assert error_line(err) == (
@@ -1303,12 +1318,10 @@ def test_version_client_only_and_when_the_cluster_cannot_be_read(
     from tunefleet import __version__
     from tunefleet.plugin.errors import PluginError
 
-    real_connect = cluster_mod.connect
-
     def unreachable(*a: Any) -> Any:
         raise AssertionError("--client must not connect")
 
-    monkeypatch.setattr(cluster_mod, "connect", unreachable)
+    CLUSTER.connect = unreachable
     code, out, err = run_main(capsys, "version", "--client")
     assert (code, out, err) == (0, f"Client:   kubectl-tunefleet {__version__}\n", "")
     code, out, _ = run_main(capsys, "version", "--client", "-o", "json")
@@ -1330,7 +1343,7 @@ def test_version_client_only_and_when_the_cluster_cannot_be_read(
         "(or name the operator's namespace: kubectl tunefleet version -n NAMESPACE)"
     )
     # No cluster at all: the client's version, then the one-line error.
-    monkeypatch.setattr(cluster_mod, "connect", real_connect)
+    CLUSTER.connect = cluster_mod.connect
     code, out, err = run_main(capsys, "version", "--kubeconfig", str(tmp_path / "missing"))
     assert code == 1 and out == f"Client:   kubectl-tunefleet {__version__}\n"
     assert f"cannot use kubeconfig {tmp_path / 'missing'}" in error_line(err)

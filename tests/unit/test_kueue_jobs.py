@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.fake_api import FakeApi
+from tests.support.fake_kube import FakeKube, OverGenerated
 from tests.support.profiles import CFG, MODELS, jobs_for, profile
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
@@ -19,7 +19,7 @@ from tunefleet.reconciler import kueue
 from tunefleet.reconciler.diagnose import Hints
 from tunefleet.reconciler.memory import Memory
 from tunefleet.reconciler.observe import Gathered, observe, observe_job, observe_wanting
-from tunefleet.reconciler.reconcile import sync_profile
+from tunefleet.reconciler.reconcile import Around, sync_profile
 from tunefleet.reconciler.status import Observed, compute_status
 
 QUEUED = {"backoffLimit": 0, "queueName": "gpu-team"}
@@ -131,25 +131,23 @@ def test_status_says_queued_and_the_phase_follows() -> None:
 
 
 def test_a_queued_job_reads_its_workload_now_and_then(monkeypatch: pytest.MonkeyPatch) -> None:
-    FakeApi(monkeypatch)
     calls: list[str] = []
-
     found: list[dict[str, Any]] = []
 
-    def workloads_of(ns: str, uid: str) -> list[dict[str, Any]]:
-        calls.append(uid)
+    def workloads(*args: Any) -> list[dict[str, Any]]:  # Kueue's Workloads of the Job
+        calls.append(args[-1])
         return found
 
-    monkeypatch.setattr(kueue, "workloads_of", workloads_of)
+    api = FakeKube(intercept={"list_custom": workloads})
     p = profile(tuning=QUEUED, gpu={"vendor": "amd", "models": MODELS[:1]})
     job = suspended_job()
     memory = Memory()
     for _ in range(2):  # no Workload yet (Kueue makes it moments after the Job): asked again
-        status = sync_profile(p, [job], [], CFG, memory).status
+        status = sync_profile(p, [job], [], CFG, memory, Around(api)).status
     assert len(calls) == 2 and "no Workload" in status["jobs"][0]["message"]
     found.append(workload(job, QuotaReserved=("False", "insufficient unused quota")))
     for _ in range(3):
-        status = sync_profile(p, [job], [], CFG, memory).status
+        status = sync_profile(p, [job], [], CFG, memory, Around(api)).status
     assert len(calls) == 3  # Kueue's answer: cached for QUEUED_TTL
     assert status["jobs"][0]["reason"] == Reason.QUEUED
     assert "insufficient unused quota" in status["jobs"][0]["message"]
@@ -158,23 +156,24 @@ def test_a_queued_job_reads_its_workload_now_and_then(monkeypatch: pytest.Monkey
 def test_a_job_that_has_not_started_follows_the_queue_name(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(kueue, "workloads_of", lambda ns, uid: [])
     one = {"vendor": "amd", "models": MODELS[:1]}
     job = suspended_job("old-queue")
-    api = FakeApi(monkeypatch)
-    sync_profile(profile(tuning=QUEUED, gpu=one), [job], [], CFG, Memory())
+    api = FakeKube()
+    sync_profile(profile(tuning=QUEUED, gpu=one), [job], [], CFG, Memory(), Around(api))
     assert api.owned_patches == [
         ("Job", job["metadata"]["name"], {"metadata": {"labels": {QUEUE_LABEL: "gpu-team"}}})
     ]
     # No queue any more: a suspended Job nobody would admit is made again outside Kueue.
-    api = FakeApi(monkeypatch)
-    sync_profile(profile(tuning={"backoffLimit": 0}, gpu=one), [job], [], CFG, Memory())
+    api = FakeKube()
+    sync_profile(
+        profile(tuning={"backoffLimit": 0}, gpu=one), [job], [], CFG, Memory(), Around(api)
+    )
     assert api.deleted == [("Job", job["metadata"]["name"])]
     # A Job that runs keeps its queue; tunefleet never resumes or moves it.
     running = suspended_job("old-queue")
     running["spec"]["suspend"] = False
-    api = FakeApi(monkeypatch)
-    sync_profile(profile(tuning=QUEUED, gpu=one), [running], [], CFG, Memory())
+    api = FakeKube()
+    sync_profile(profile(tuning=QUEUED, gpu=one), [running], [], CFG, Memory(), Around(api))
     assert not api.owned_patches and not api.deleted
 
 
@@ -183,16 +182,12 @@ def test_workloads_are_read_in_the_newest_version_served_or_kueue_is_not_install
 ) -> None:
     import json as _json
 
-    import kubernetes
     from kubernetes.client.exceptions import ApiException
 
     served: set[str] = {"v1beta1"}
     asked: list[tuple[str, str]] = []
 
     class Custom:
-        def __init__(self, api: Any) -> None:
-            pass
-
         def list_namespaced_custom_object(
             self, group: str, version: str, *a: Any, **kw: Any
         ) -> Any:
@@ -201,12 +196,11 @@ def test_workloads_are_read_in_the_newest_version_served_or_kueue_is_not_install
                 raise ApiException(status=404, reason="Not Found")
             return type("R", (), {"data": _json.dumps({"items": [{"v": version}]}).encode()})()
 
-    monkeypatch.setattr(kubernetes.client, "CustomObjectsApi", Custom)
-    monkeypatch.setattr(kueue.kube, "api", lambda: None)
-    assert kueue.workloads_of("ml", "u-1") == [{"v": "v1beta1"}]
+    client = OverGenerated(custom=Custom())
+    assert kueue.workloads_of(client, "ml", "u-1") == [{"v": "v1beta1"}]
     assert asked == [
         ("v1beta2", "kueue.x-k8s.io/job-uid=u-1"),
         ("v1beta1", "kueue.x-k8s.io/job-uid=u-1"),
     ]
     served.clear()
-    assert kueue.workloads_of("ml", "u-1") == kueue.NOT_INSTALLED
+    assert kueue.workloads_of(client, "ml", "u-1") == kueue.NOT_INSTALLED

@@ -386,3 +386,97 @@ def test_no_product_function_takes_more_than_6_parameters() -> None:
     assert not found, note + "\n".join(found)
     # The rule can fail: some function takes more than a lower limit.
     assert over(product_paths(), parameters, 3)
+
+
+# --- one client object ------------------------------------------------------------------------
+
+# What a process talks to the API server through: made once (handlers/startup.py's Operator owns
+# the operator's), handed to what needs it, never a module's own.
+CLIENT_TYPES = {"Kube", "Client", "ApiClient", "WatchApi", "_Poster"}
+CLIENT_NAMES = {"_api", "_fence", "_events", "_poster", "_client", "_kube"}
+
+
+def client_globals(source: str, where: str) -> list[str]:
+    """Module-level clients, fences and Event posters, and `global` statements over them."""
+    found = []
+    tree = ast.parse(source)
+    for node in tree.body:
+        targets: list[ast.expr] = []
+        value: ast.expr | None = None
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign):
+            targets, value = [node.target], node.value
+        names = [t.id for t in targets if isinstance(t, ast.Name)]
+        made = ""
+        if isinstance(value, ast.Call):
+            fn = value.func
+            made = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+        if made in CLIENT_TYPES or made.endswith("V1Api") or made == "CustomObjectsApi":
+            found += [f"{where}: {n} = {made}(...)" for n in names]
+        found += [f"{where}: {n}" for n in names if n in CLIENT_NAMES]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global):
+            found += [f"{where}: global {n}" for n in node.names if n in CLIENT_NAMES]
+    return found
+
+
+def test_no_module_level_client_fence_or_poster_in_the_operator() -> None:
+    found = []
+    for path in sorted(OPERATOR.rglob("*.py")):
+        found += client_globals(path.read_text(), str(path.relative_to(ROOT)))
+    assert found == [], found
+
+
+def test_the_client_global_rule_catches_one() -> None:
+    assert client_globals("_api = None\n", "m") == ["m: _api"]
+    assert client_globals("CLIENT = kube.Kube()\n", "m") == ["m: CLIENT = Kube(...)"]
+    assert client_globals("core = kubernetes.client.CoreV1Api(x)\n", "m") == [
+        "m: core = CoreV1Api(...)"
+    ]
+    assert client_globals("def f():\n    global _fence\n", "m") == ["m: global _fence"]
+
+
+# Modules whose functions talk to an API server, by the names tests import them under.
+CLIENT_MODULES = {"kube", "client", "cluster_mod", "kubernetes", "cluster"}
+
+
+def client_patches(source: str, where: str) -> list[str]:
+    """monkeypatch.setattr calls that replace a function of a client module (constants, in
+    UPPER_CASE, may be set: they are not how a test talks to a fake API)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "setattr"
+            and ast.unparse(node.func.value) == "monkeypatch"
+            and node.args
+        ):
+            continue
+        target = ast.unparse(node.args[0])
+        name = (
+            node.args[1].value
+            if len(node.args) > 1 and isinstance(node.args[1], ast.Constant)
+            else ""
+        )
+        if isinstance(node.args[0], ast.Constant):  # "module.attribute"
+            target, _, name = str(node.args[0].value).rpartition(".")
+        module = target.rsplit(".", 1)[-1]
+        if module in CLIENT_MODULES and not str(name).isupper():
+            found.append(f"{where}:{node.lineno}: monkeypatch.setattr({target}, {name!r})")
+    return found
+
+
+def test_no_test_patches_a_client_function() -> None:
+    found = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        found += client_patches(path.read_text(), str(path.relative_to(ROOT)))
+    assert found == [], found
+
+
+def test_the_client_patch_rule_catches_one() -> None:
+    assert client_patches('monkeypatch.setattr(kube, "read", f)\n', "t")
+    assert client_patches('monkeypatch.setattr("tunefleet.kube.job_events", f)\n', "t")
+    assert client_patches('monkeypatch.setattr(cluster_mod, "connect", f)\n', "t")
+    assert not client_patches('monkeypatch.setattr(client, "MIN_WRITE_SECONDS", 0.05)\n', "t")

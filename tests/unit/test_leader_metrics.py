@@ -138,13 +138,12 @@ def test_a_write_the_api_server_never_acknowledged_cannot_land_after_the_fence(
 
     from tunefleet.runtime import client
 
-    monkeypatch.setattr(client, "_configuration", kubernetes.client.Configuration)
-    monkeypatch.setattr(client, "_api", None)  # given back after the test
-    client.login(pool_size=2)
-    options = client.api().configuration.socket_options
+    one = client.Client()
+    one.login(pool_size=2, config=kubernetes.client.Configuration())
+    options = one.api().configuration.socket_options
     assert (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 2000) in options
     assert (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1) in options  # urllib3's own kept
-    pool = client.api().rest_client.pool_manager
+    pool = one.api().rest_client.pool_manager
     assert (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 2000) in pool.connection_pool_kw[
         "socket_options"
     ]
@@ -303,10 +302,10 @@ def test_the_operator_feeds_the_collector_each_profiles_status_from_its_cache() 
     body = {"apiVersion": "tunefleet.io/v1alpha1", "kind": "TuningProfile",
             "metadata": {"namespace": "team-a", "name": "metrics-feed", "uid": "u-feed"},
             "spec": {}, "status": status}  # fmt: skip
-    startup.CACHE.put_profile(body)
+    startup.OPERATOR.cache.put_profile(body)
     try:
         fed = [p for p in startup._profile_statuses() if p[1] == "metrics-feed"]
         assert fed == [("team-a", "metrics-feed", status)]
         assert startup._untuned_causes("team-a", "metrics-feed") == []
     finally:
-        startup.CACHE.drop_profile(("team-a", "metrics-feed"))
+        startup.OPERATOR.cache.drop_profile(("team-a", "metrics-feed"))

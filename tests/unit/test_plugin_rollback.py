@@ -190,9 +190,8 @@ class FakeCluster:
 def run(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], fake: Any, *args: str
 ) -> tuple[int, str, str]:
-    monkeypatch.setattr(cluster_mod, "connect", lambda *a: fake)
     monkeypatch.setattr(pins, "now", lambda: AT)
-    code = main_mod.main(list(args))
+    code = main_mod.main(list(args), connect=lambda *a: fake)
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.support.artifacts import tuner_output
+from tests.support.fake_kube import FakeKube
 from tunefleet import kube
 from tunefleet.artifacts import fetch as fetch_mod
 from tunefleet.builders.placement import CANDIDATES_DIR, NODE_MAP_BYTES, build_node_map
@@ -428,9 +429,9 @@ def test_the_index_changes_only_on_what_moves_models() -> None:
 
 
 class FakeMaps:
-    """The API calls the node maps make, against a dict of ConfigMaps."""
+    """The API calls the node maps make, answered by FakeKube from a dict of ConfigMaps."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self) -> None:
         self.cms: dict[tuple[str, str], dict[str, Any]] = {}
         self.writes = 0
         rv = [0]
@@ -461,16 +462,20 @@ class FakeMaps:
             self.writes += 1
             return there
 
-        monkeypatch.setattr(kube, "read", read)
-        monkeypatch.setattr(kube, "create_config_map", create)
-        monkeypatch.setattr(kube, "patch_config_map", patch)
-        monkeypatch.setattr(
-            kube, "delete_owned", lambda kind, ns, name, uid: self.cms.pop((ns, name))
+        self.client = FakeKube(
+            intercept={
+                "read": read,
+                "create_config_map": create,
+                "patch_config_map": patch,
+                "delete_owned": lambda kind, ns, name, uid: self.cms.pop((ns, name)),
+            }
         )
 
 
-def keeper(profiles: dict[tuple[str, str], dict[str, Any]], active: threading.Event) -> NodeMaps:
-    maps = NodeMaps(lambda: list(profiles), profiles.get, active, min_interval=2.0)
+def keeper(
+    profiles: dict[tuple[str, str], dict[str, Any]], active: threading.Event, api: FakeMaps
+) -> NodeMaps:
+    maps = NodeMaps(api.client, lambda: list(profiles), profiles.get, active, min_interval=2.0)
     maps._follow_keys = lambda: None  # type: ignore[method-assign]  # no watch threads here
     return maps
 
@@ -478,7 +483,7 @@ def keeper(profiles: dict[tuple[str, str], dict[str, Any]], active: threading.Ev
 def test_the_leader_writes_a_map_per_namespace_and_key_only_when_it_changes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    api = FakeMaps(monkeypatch)
+    api = FakeMaps()
     a = profile([H100, H200])
     b = {**profile([H200]), "metadata": {"name": "b", "namespace": "ml", "uid": "p-2"}}
     other = {
@@ -488,7 +493,7 @@ def test_the_leader_writes_a_map_per_namespace_and_key_only_when_it_changes(
     other["spec"]["gpu"]["vendor"] = "amd"
     profiles = {("ml", "llama"): a, ("ml", "b"): b, ("ml", "c"): other}
     active = threading.Event()
-    maps = keeper(profiles, active)
+    maps = keeper(profiles, active, api)
     maps.index.load(KEY, [node("n1", H100), node("n2", H200), node("n3", "NVIDIA-L4")])
     maps.index.load("amd.com/gpu.product-name", [])
     maps.step(now=0.0)
@@ -523,11 +528,11 @@ def test_the_leader_writes_a_map_per_namespace_and_key_only_when_it_changes(
 def test_new_owners_alone_wait_longer_than_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
     # A burst of profiles into a namespace that has its map changes only who owns it: one
     # write per OWNERS_INTERVAL_S, not one per MIN_INTERVAL_S; nodes still go at the minimum.
-    api = FakeMaps(monkeypatch)
+    api = FakeMaps()
     profiles = {("ml", "llama"): profile([H100, H200])}
     active = threading.Event()
     active.set()
-    maps = NodeMaps(lambda: list(profiles), profiles.get, active, min_interval=2.0,
+    maps = NodeMaps(api.client, lambda: list(profiles), profiles.get, active, min_interval=2.0,
                     owners_interval=30.0)  # fmt: skip
     maps._follow_keys = lambda: None  # type: ignore[method-assign]
     maps.index.load(KEY, [node("n1", H100), node("n2", H200)])
@@ -564,14 +569,14 @@ def test_new_owners_alone_wait_longer_than_nodes(monkeypatch: pytest.MonkeyPatch
 
 
 def test_a_node_map_that_is_not_ours_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    api = FakeMaps(monkeypatch)
+    api = FakeMaps()
     name = nodemap.config_map_name(KEY)
     forged = {"metadata": {"name": name, "namespace": "ml", "resourceVersion": "1", "uid": "x"},
               "data": {H100: "attacker-node\n"}}  # fmt: skip
     api.cms[("ml", name)] = copy.deepcopy(forged)
     active = threading.Event()
     active.set()
-    maps = keeper({("ml", "llama"): profile([H100, H200])}, active)
+    maps = keeper({("ml", "llama"): profile([H100, H200])}, active, api)
     maps.index.load(KEY, [node("n1", H100)])
     maps.lead()
     maps.step(now=1.0)
@@ -580,10 +585,10 @@ def test_a_node_map_that_is_not_ours_is_left_alone(monkeypatch: pytest.MonkeyPat
 
 
 def test_a_key_not_listed_yet_writes_no_empty_map(monkeypatch: pytest.MonkeyPatch) -> None:
-    api = FakeMaps(monkeypatch)
+    api = FakeMaps()
     active = threading.Event()
     active.set()
-    maps = keeper({("ml", "llama"): profile([H100])}, active)
+    maps = keeper({("ml", "llama"): profile([H100])}, active, api)
     maps.lead()
     maps.step(now=1.0)
     assert api.writes == 0
@@ -632,17 +637,17 @@ def test_why_says_which_model_was_picked_at_the_node() -> None:
 def test_a_namespace_being_deleted_is_not_retried_every_few_seconds(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    FakeMaps(monkeypatch)
+    api = FakeMaps()
     tries: list[str] = []
 
     def terminating(cm: dict[str, Any]) -> dict[str, Any]:
         tries.append(cm["metadata"]["namespace"])
         raise kube.Gone("namespace ml is being terminated")
 
-    monkeypatch.setattr(kube, "create_config_map", terminating)
+    api.client.intercept["create_config_map"] = terminating
     active = threading.Event()
     active.set()
-    maps = keeper({("ml", "llama"): profile([H100])}, active)
+    maps = keeper({("ml", "llama"): profile([H100])}, active, api)
     maps.index.load(KEY, [node("n1", H100)])
     maps.lead()
     for t in range(1, 60, 5):

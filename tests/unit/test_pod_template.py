@@ -15,7 +15,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from tests.support.fake_api import FakeApi
+from tests.support.fake_kube import FakeKube
 from tunefleet import kube, naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.api.conditions import Reason
@@ -25,7 +25,7 @@ from tunefleet.builders.job import Child, build_merge_job, build_tuning_job
 from tunefleet.config import Config
 from tunefleet.informers.views import profile_view
 from tunefleet.reconciler.memory import Memory
-from tunefleet.reconciler.reconcile import sync_profile
+from tunefleet.reconciler.reconcile import Around, sync_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "NVIDIA-H100-80GB-HBM3"
@@ -513,9 +513,9 @@ def test_a_refused_template_makes_no_job_and_says_why(monkeypatch: pytest.Monkey
             "spec": raw,
         }
     )
-    api = FakeApi(monkeypatch)
+    api = FakeKube()
     with pytest.raises(kube.Permanent, match="hostPath"):
-        sync_profile(p, [], [], CFG, Memory())
+        sync_profile(p, [], [], CFG, Memory(), Around(api))
     assert api.created == []
     (status,) = api.patches
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
@@ -528,8 +528,8 @@ def test_a_refused_template_makes_no_job_and_says_why(monkeypatch: pytest.Monkey
     allowing = Config(
         image="tunefleet:1", profile_policy=ProfilePolicy(allowed_volume_types=("hostPath",))
     )
-    api = FakeApi(monkeypatch)
-    sync_profile(p, [], [], allowing, Memory())
+    api = FakeKube()
+    sync_profile(p, [], [], allowing, Memory(), Around(api))
     assert [k for k, _ in api.created] == ["ConfigMap", "Job"]
 
 
@@ -651,19 +651,16 @@ def test_reconcile_reads_a_podless_jobs_events_once_a_minute(
     job = build_tuning_job(child(s))
     job["metadata"]["uid"] = "ju"
     job["status"] = {"startTime": "2026-12-01T10:00:00Z"}
-    FakeApi(monkeypatch, existing={job["metadata"]["name"]})
-    calls = []
-
-    def counting(ns: str, name: str) -> list[dict[str, Any]]:
-        calls.append(name)
-        return [{"reason": "FailedCreate", "message": 'serviceaccount "missing" not found'}]
-
-    monkeypatch.setattr("tunefleet.kube.job_events", counting)
+    api = FakeKube(existing={job["metadata"]["name"]})
+    api.events_of_jobs = [
+        {"reason": "FailedCreate", "message": 'serviceaccount "missing" not found'}
+    ]
     memory = Memory()
-    status = sync_profile(p, [job_view(job)], [], CFG, memory).status
+    status = sync_profile(p, [job_view(job)], [], CFG, memory, Around(api)).status
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert "serviceaccount" in ready["message"] and "serviceAccountName" in ready["message"]
     progressing = next(c for c in status["conditions"] if c["type"] == "Progressing")
     assert progressing["reason"] == Reason.POD_CREATE_FAILED
-    sync_profile(p, [job_view(job)], [], CFG, memory)
-    assert calls == [job["metadata"]["name"]]  # the second read came from memory
+    sync_profile(p, [job_view(job)], [], CFG, memory, Around(api))
+    reads = [what for kind, verb, what in api.calls if (kind, verb) == ("events", "list")]
+    assert reads == [("Job", "ml", job["metadata"]["name"])]  # the second came from memory

@@ -49,10 +49,10 @@ def _profile(
 @pytest.fixture
 def wired(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[_Maps, _Controller]]:
     maps, controller = _Maps(), _Controller()
-    monkeypatch.setattr(startup.NODE_MAPS, "maps", maps)
-    monkeypatch.setattr(startup.CONTROLLER, "_controller", controller)
+    monkeypatch.setattr(startup.OPERATOR, "node_maps", maps)
+    monkeypatch.setattr(startup.OPERATOR, "_controller", controller)
     yield maps, controller
-    startup.CACHE.drop_profile(("ns", "p"))
+    startup.OPERATOR.cache.drop_profile(("ns", "p"))
 
 
 def test_status_writes_do_not_recompute_node_maps(wired: tuple[_Maps, _Controller]) -> None:

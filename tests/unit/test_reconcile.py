@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from tests.support.fake_api import FakeApi
+from tests.support.fake_kube import FakeKube, OverGenerated
 from tests.support.profiles import CFG, MODELS, jobs_for, profile
 from tunefleet import kube
 from tunefleet.informers.views import profile_view
 from tunefleet.reconciler.memory import Memory
-from tunefleet.reconciler.reconcile import sync_profile
+from tunefleet.reconciler.reconcile import Around, sync_profile
 
 
 def test_every_missing_job_is_made_even_when_an_earlier_one_exists(
@@ -24,8 +24,8 @@ def test_every_missing_job_is_made_even_when_an_earlier_one_exists(
     # so later models never got their Job.
     p = profile()
     first = jobs_for(p, MODELS[:1])
-    api = FakeApi(monkeypatch, existing={first[0]["metadata"]["name"]})
-    sync_profile(p, first, [], CFG, Memory())
+    api = FakeKube(existing={first[0]["metadata"]["name"]})
+    sync_profile(p, first, [], CFG, Memory(), Around(api))
     made = [n for k, n in api.created if k == "Job"]
     assert made == [jobs_for(p, MODELS[1:])[0]["metadata"]["name"]]
     assert ("ConfigMap", made[0]) in api.created  # its configuration, first
@@ -36,8 +36,10 @@ def test_an_existing_job_the_index_has_not_seen_yet_is_success(
 ) -> None:
     p = profile()
     names = {j["metadata"]["name"] for j in jobs_for(p, MODELS)}
-    api = FakeApi(monkeypatch, existing=names)
-    status = sync_profile(p, [], [], CFG, Memory()).status  # no exception: 409 means done
+    api = FakeKube(existing=names)
+    status = sync_profile(
+        p, [], [], CFG, Memory(), Around(api)
+    ).status  # no exception: 409 means done
     assert api.created == []  # both 409: nothing made twice, and no error
     assert status["phase"] == "Pending"
 
@@ -45,12 +47,12 @@ def test_an_existing_job_the_index_has_not_seen_yet_is_success(
 def test_a_settled_profile_costs_no_api_call(monkeypatch: pytest.MonkeyPatch) -> None:
     p = profile()
     jobs = jobs_for(p, MODELS)
-    api = FakeApi(monkeypatch)
+    api = FakeKube()
     memory = Memory()
-    sync_profile(p, jobs, [], CFG, memory)
+    sync_profile(p, jobs, [], CFG, memory, Around(api))
     assert api.created == [] and len(api.patches) == 1
     for _ in range(3):  # resyncs, echoes of our own status write
-        sync_profile({**p, "status": api.patches[-1]}, jobs, [], CFG, memory)
+        sync_profile({**p, "status": api.patches[-1]}, jobs, [], CFG, memory, Around(api))
     assert api.created == [] and len(api.patches) == 1 and len(api.events) == 0
 
 
@@ -58,14 +60,16 @@ def test_the_status_written_with_new_jobs_lists_them_so_their_echo_writes_nothin
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     p = profile()
-    api = FakeApi(monkeypatch)
+    api = FakeKube()
     memory = Memory()
-    sync_profile(p, [], [], CFG, memory)
+    sync_profile(p, [], [], CFG, memory, Around(api))
     assert len(api.patches) == 1
     names = sorted(j["name"] for j in api.patches[0].get("jobs") or [])
     assert names == sorted(j["metadata"]["name"] for j in jobs_for(p, MODELS))
     # The watch brings the Jobs just made: the status already says what they say.
-    sync_profile({**p, "status": api.patches[-1]}, jobs_for(p, MODELS), [], CFG, memory)
+    sync_profile(
+        {**p, "status": api.patches[-1]}, jobs_for(p, MODELS), [], CFG, memory, Around(api)
+    )
     assert len(api.patches) == 1
 
 
@@ -75,21 +79,18 @@ def test_a_job_made_for_kueue_is_not_observed_before_kueue_has_seen_it(
     # A suspended Job just made has no Workload yet: saying why it waits is Kueue's, read by
     # the reconcile its echo brings (its status would otherwise blame Kueue for 15 s).
     p = profile(tuning={"queueName": "tuning"})
-    api = FakeApi(monkeypatch)
     asked: list[str] = []
-    monkeypatch.setattr(
-        "tunefleet.reconciler.kueue.workloads_of", lambda ns, uid: asked.append(uid) or []
-    )
-    sync_profile(p, [], [], CFG, Memory())
+    api = FakeKube(intercept={"list_custom": lambda *a: asked.append(a[-1]) or []})
+    sync_profile(p, [], [], CFG, Memory(), Around(api))
     assert [k for k, _ in api.created].count("Job") == 2
     assert not (api.patches[-1].get("jobs") if api.patches else None) and asked == []
 
 
 def test_invalid_spec_is_a_condition_and_a_permanent_error(monkeypatch: pytest.MonkeyPatch) -> None:
     p = profile(gpu={"vendor": "amd", "models": ["MI300X OAM"]})
-    api = FakeApi(monkeypatch)
+    api = FakeKube()
     with pytest.raises(kube.Permanent, match="can't be a node label value"):
-        sync_profile(p, [], [], CFG, Memory())
+        sync_profile(p, [], [], CFG, Memory(), Around(api))
     assert api.created == []
     (status,) = api.patches
     assert status["phase"] == "Invalid"
@@ -99,10 +100,10 @@ def test_invalid_spec_is_a_condition_and_a_permanent_error(monkeypatch: pytest.M
 def test_a_job_the_api_server_refuses_is_reported_not_retried(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    api = FakeApi(monkeypatch)
+    api = FakeKube()
     api.fail_job_with = kube.Permanent("creating Job ml/x: the API server refused it: bad")
     with pytest.raises(kube.Permanent):
-        sync_profile(profile(), [], [], CFG, Memory())
+        sync_profile(profile(), [], [], CFG, Memory(), Around(api))
     (status,) = api.patches
     assert "the API server refused it: bad" in status["conditions"][0]["message"]
 
@@ -110,14 +111,14 @@ def test_a_job_the_api_server_refuses_is_reported_not_retried(
 def test_unadmitted_pods_are_counted_and_announced_once(monkeypatch: pytest.MonkeyPatch) -> None:
     p = profile()
     jobs = jobs_for(p, MODELS)
-    api = FakeApi(monkeypatch)
+    api = FakeKube()
     memory = Memory()
     memory.unadmitted[("ml", "p")] = ["model-a", "model-b"]
-    status = sync_profile(p, jobs, [], CFG, memory).status
+    status = sync_profile(p, jobs, [], CFG, memory, Around(api)).status
     assert status["unadmittedPods"] == 2
     (event,) = [m for r, m in api.events if r == "PodsNotAdmitted"]
     assert "model-a" in event and "!tunefleet.io/admission" in event
-    sync_profile({**p, "status": status}, jobs, [], CFG, memory)
+    sync_profile({**p, "status": status}, jobs, [], CFG, memory, Around(api))
     assert len([r for r, _ in api.events if r == "PodsNotAdmitted"]) == 1
 
 
@@ -142,8 +143,7 @@ def test_create_owned_reads_already_exists_before_translating(
         def read_namespaced_job(self, name: str, ns: str, **_: Any) -> Any:
             return type("R", (), {"data": json.dumps(there).encode()})()
 
-    monkeypatch.setattr(kube.kubernetes.client, "BatchV1Api", Batch)
-    monkeypatch.setattr(kube, "api", lambda: None)
+    client = OverGenerated(batch=Batch())
     job = {
         "kind": "Job",
         "metadata": {
@@ -152,10 +152,10 @@ def test_create_owned_reads_already_exists_before_translating(
             "ownerReferences": [{"controller": True, "uid": "u", "name": "p"}],
         },
     }
-    assert kube.create_owned(job) is None  # ours, made earlier: done
+    assert client.create_owned(job) is None  # ours, made earlier: done
     there["metadata"]["ownerReferences"][0]["uid"] = "someone-else"
     with pytest.raises(kube.NotOurs, match="not controlled by TuningProfile p"):
-        kube.create_owned(job)
+        client.create_owned(job)
 
 
 @pytest.mark.parametrize(
@@ -181,28 +181,29 @@ def test_api_errors_are_sorted_for_the_reconciler(
 def test_a_job_that_cannot_be_made_now_is_said_in_status_then_retried(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    api = FakeApi(monkeypatch)
+    api = FakeKube()
     api.fail_job_with = kube.Temporary(
         'creating Job ml/x: jobs "x" is forbidden: exceeded quota: no-jobs', delay=30
     )
     with pytest.raises(kube.Temporary):
-        sync_profile(profile(), [], [], CFG, Memory())
+        sync_profile(profile(), [], [], CFG, Memory(), Around(api))
     (status,) = api.patches
     ready = status["conditions"][0]
     assert ready["reason"] == "JobCreateFailed" and "exceeded quota" in ready["message"]
 
 
-def sharded(monkeypatch: pytest.MonkeyPatch, nodes: int) -> tuple[dict[str, Any], FakeApi]:
+def sharded(monkeypatch: pytest.MonkeyPatch, nodes: int) -> tuple[dict[str, Any], FakeKube]:
     p = profile(gpu={"vendor": "amd", "models": MODELS[:1], "parallelism": 2})
-    monkeypatch.setattr(kube, "count_nodes", lambda selector: nodes)
-    return p, FakeApi(monkeypatch)
+    api = FakeKube()
+    api.nodes = nodes
+    return p, api
 
 
 def test_parallelism_beyond_the_nodes_of_a_model_starts_nothing_and_says_why(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     p, api = sharded(monkeypatch, nodes=1)
-    status = sync_profile(p, [], [], CFG, Memory()).status
+    status = sync_profile(p, [], [], CFG, Memory(), Around(api)).status
     assert api.created == []
     ready = status["conditions"][0]
     assert ready["reason"] == "ParallelismTooHigh"
@@ -215,7 +216,7 @@ def test_shares_done_bring_a_merge_job_and_progress_says_so(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     p, api = sharded(monkeypatch, nodes=2)
-    sync_profile(p, [], [], CFG, Memory())
+    sync_profile(p, [], [], CFG, Memory(), Around(api))
     assert [k for k, _ in api.created] == ["ConfigMap", "Job"]
     (tune,) = jobs_for(p, MODELS[:1])
     tune = {
@@ -224,7 +225,7 @@ def test_shares_done_bring_a_merge_job_and_progress_says_so(
         "status": {"completedIndexes": "1", "conditions": []},
     }
     memory = Memory()
-    status = sync_profile(p, [tune], [], CFG, memory).status
+    status = sync_profile(p, [tune], [], CFG, memory, Around(api)).status
     assert status["jobs"][0]["shards"] == "1/2"
     assert status["progress"] == f"{MODELS[0]}: 1/2 shards"
     done = {
@@ -234,7 +235,7 @@ def test_shares_done_bring_a_merge_job_and_progress_says_so(
             "conditions": [{"type": "Complete", "status": "True"}],
         },
     }
-    status = sync_profile({**p, "status": status}, [done], [], CFG, memory).status
+    status = sync_profile({**p, "status": status}, [done], [], CFG, memory, Around(api)).status
     merges = [n for k, n in api.created if k == "Job" and n.startswith("merge-")]
     assert len(merges) == 1 and status["progress"] == f"{MODELS[0]}: merging"
     assert status["phase"] != "Failed"  # no artifact record from shares is expected
@@ -243,9 +244,8 @@ def test_shares_done_bring_a_merge_job_and_progress_says_so(
 def test_the_finalizer_of_versions_before_0_2_is_taken_off_even_while_deleting(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    FakeApi(monkeypatch)
-    removed: list[tuple[str, str, str, list[str], str]] = []
-    monkeypatch.setattr(kube, "remove_profile_finalizer", lambda *a: removed.append(a))
+    api = FakeKube()
+    removed = api.finalizers_removed
     p = profile()
     raw = {
         "apiVersion": "tunefleet.io/v1alpha1",
@@ -257,7 +257,7 @@ def test_the_finalizer_of_versions_before_0_2_is_taken_off_even_while_deleting(
         },
         "spec": p["spec"],
     }
-    sync_profile(profile_view(raw), [], [], CFG, Memory())
+    sync_profile(profile_view(raw), [], [], CFG, Memory(), Around(api))
     assert removed == [
         (
             "ml",
@@ -268,7 +268,7 @@ def test_the_finalizer_of_versions_before_0_2_is_taken_off_even_while_deleting(
         )
     ]
     removed.clear()
-    sync_profile(profile(), [], [], CFG, Memory())  # none of ours: nothing to take off
+    sync_profile(profile(), [], [], CFG, Memory(), Around(api))  # none of ours: nothing to take off
     assert removed == []
     assert (
         "finalizers"

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.fake_api import FakeApi
+from tests.support.fake_kube import FakeKube
 from tests.support.profiles import CFG, MODELS, jobs_for, profile
 from tests.support.records import SHA, completed, pod_body, published_pod, record
 from tunefleet import kube, naming
@@ -83,17 +83,24 @@ def test_a_forged_record_never_reaches_status_and_is_reported_once(
     cache = Cache()
     for body in (job_body("forged", owner=None), pod_body("forged-0", None, record())):
         cache.follow("jobs" if "spec" in body and not body["spec"] else "pods", None, body)
-    api = FakeApi(monkeypatch)
+    api = FakeKube()
     memory = Memory()
     p = profile(gpu={"vendor": "amd", "models": MODELS[:1]})
-    status = sync_profile(p, [], [], CFG, memory, Around(untrusted=cache.untrusted("uid-1"))).status
+    status = sync_profile(
+        p, [], [], CFG, memory, Around(api, untrusted=cache.untrusted("uid-1"))
+    ).status
     assert status["artifacts"] == [] and status["phase"] == "Pending"
     assert [k for k, _ in api.created] == ["ConfigMap", "Job"]  # the real Job is made
     untrusted = [m for r, m in api.events if r == "UntrustedObject"]
     assert len(untrusted) == 2 and all("is ignored" in m for m in untrusted)
     assert {m.split()[1] for m in untrusted} == {"ml/forged", "ml/forged-0"}
     sync_profile(
-        {**p, "status": status}, [], [], CFG, memory, Around(untrusted=cache.untrusted("uid-1"))
+        {**p, "status": status},
+        [],
+        [],
+        CFG,
+        memory,
+        Around(api, untrusted=cache.untrusted("uid-1")),
     )
     assert len([r for r, _ in api.events if r == "UntrustedObject"]) == 2  # said once each
 
@@ -103,9 +110,9 @@ def test_an_object_of_someone_else_under_our_name_is_never_used(
 ) -> None:
     p = profile(gpu={"vendor": "amd", "models": MODELS[:1]})
     (job,) = jobs_for(p, MODELS[:1])
-    api = FakeApi(monkeypatch, foreign={job["metadata"]["name"]})
+    api = FakeKube(foreign={job["metadata"]["name"]})
     with pytest.raises(kube.Temporary, match="not controlled by"):
-        sync_profile(p, [], [], CFG, Memory())
+        sync_profile(p, [], [], CFG, Memory(), Around(api))
     assert api.created == []
     ready = api.patches[-1]["conditions"][0]
     assert ready["reason"] == "JobCreateFailed" and "delete it" in ready["message"]
@@ -120,15 +127,17 @@ def test_a_record_read_from_a_pod_is_kept_on_its_job_and_outlives_the_pods(
     p = profile(gpu={"vendor": "amd", "models": MODELS[:1]})
     job = completed(p)
     uri = f"s3://bkt/p/ml/p/{MODELS[0]}/{SHA}"
-    api = FakeApi(monkeypatch)
-    status = sync_profile(p, [job], [published_pod(job, uri)], CFG, Memory()).status
+    api = FakeKube()
+    status = sync_profile(p, [job], [published_pod(job, uri)], CFG, Memory(), Around(api)).status
     assert status["phase"] == "Ready"
     (kind, name, patch), *_ = api.owned_patches
     assert (kind, name) == ("Job", job["metadata"]["name"])
     kept = patch["metadata"]["annotations"][naming.RECORD_ANNOTATION]
     # The pods are deleted (by hand, by terminated-pod GC, by a drain): still Ready.
     for annotated, previous in ((completed(p, kept), {}), (completed(p), status)):
-        again = sync_profile({**p, "status": previous}, [annotated], [], CFG, Memory()).status
+        again = sync_profile(
+            {**p, "status": previous}, [annotated], [], CFG, Memory(), Around(api)
+        ).status
         assert again["phase"] == "Ready" and again["artifacts"][0]["uri"] == uri
         assert not [r for r, _ in api.events if r == "TuningFailed"]
 
@@ -139,22 +148,19 @@ def test_a_record_read_from_a_pod_is_kept_on_its_job_and_outlives_the_pods(
 def test_status_is_written_over_the_version_read_and_an_invalid_profile_keeps_no_stale_figure(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    seen: list[str] = []
-    api = FakeApi(monkeypatch)
-    monkeypatch.setattr(
-        kube,
-        "replace_profile_status",
-        lambda ns, n, rv, st: (seen.append(rv), api.patches.append(st), "9")[-1],
-    )
+    api = FakeKube()
+    seen = api.status_versions
     p = profile(gpu={"vendor": "amd", "models": MODELS[:1]})
     job = completed(p)
     p["metadata"]["resourceVersion"] = "7"
-    ready = sync_profile(p, [job], [published_pod(job, f"s3://bkt/x/{SHA}")], CFG, Memory()).status
+    ready = sync_profile(
+        p, [job], [published_pod(job, f"s3://bkt/x/{SHA}")], CFG, Memory(), Around(api)
+    ).status
     assert seen == ["7"] and ready["tunedGemms"] and ready["revision"]
     broken = profile(gpu={"vendor": "amd", "models": ["MI300X OAM"]})
     broken["metadata"]["resourceVersion"] = "9"
     with pytest.raises(kube.Permanent):
-        sync_profile({**broken, "status": ready}, [], [], CFG, Memory())
+        sync_profile({**broken, "status": ready}, [], [], CFG, Memory(), Around(api))
     invalid = api.patches[-1]
     assert invalid["phase"] == "Invalid" and invalid["artifacts"] == ready["artifacts"]
     for stale in ("tunedGemms", "gemms", "note", "revision", "progress", "reuse", "shortSha256"):
@@ -164,11 +170,10 @@ def test_status_is_written_over_the_version_read_and_an_invalid_profile_keeps_no
 def test_a_conflict_reads_again_and_memory_never_overrides_the_api_server(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    api = FakeApi(monkeypatch)
+    api = FakeKube(intercept={"get_profile": lambda ns, name, t: {"metadata": {"name": name}}})
     api.conflict = True
     p = profile()
     refreshed: list[Any] = []
-    monkeypatch.setattr(kube, "get_profile", lambda ns, name, t=2.0: {"metadata": {"name": name}})
     indexes = Indexes(
         profile=lambda key: p,
         profiles=lambda: [("ml", "p")],
@@ -176,7 +181,7 @@ def test_a_conflict_reads_again_and_memory_never_overrides_the_api_server(
         pods=lambda ns, uid: [],
         refresh=refreshed.append,
     )
-    c = Controller(CFG, indexes, workers=1)
+    c = Controller(api, CFG, indexes, workers=1)
     c.process(("ml", "p"))
     assert refreshed == [{"metadata": {"name": "p"}}]
     assert c.queue.pending() == 1  # computed again from the fresh read, soon
@@ -190,11 +195,10 @@ def test_jobs_of_an_earlier_revision_are_removed_with_their_configmaps(
 ) -> None:
     old = profile(image="registry.example.com/serve:1")
     old_jobs = jobs_for(old, MODELS)
-    api = FakeApi(monkeypatch)
     cm = {"metadata": {"uid": "cm-uid", "ownerReferences": [OWNER]}}
-    monkeypatch.setattr(kube, "read", lambda kind, ns, name: cm if kind == "ConfigMap" else None)
+    api = FakeKube(intercept={"read": lambda kind, ns, name: cm if kind == "ConfigMap" else None})
     new = profile(image="registry.example.com/serve:2")
-    sync_profile(new, old_jobs, [], CFG, Memory())
+    sync_profile(new, old_jobs, [], CFG, Memory(), Around(api))
     names = {j["metadata"]["name"] for j in old_jobs}
     assert {n for k, n in api.deleted if k == "Job"} == names
     assert {n for k, n in api.deleted if k == "ConfigMap"} == names
@@ -225,16 +229,16 @@ def test_a_failed_attempt_of_a_retrying_job_shows_with_its_cause_once(
     }
     from tunefleet.informers.views import pod_view
 
-    api = FakeApi(monkeypatch)
+    api = FakeKube()
     memory = Memory()
-    status = sync_profile(p, [job], [pod_view(failed)], CFG, memory).status
+    status = sync_profile(p, [job], [pod_view(failed)], CFG, memory, Around(api)).status
     progressing = status["conditions"][1]
     assert (
         progressing["reason"] == "AttemptFailed"
         and "attempt 1 of 2 failed" in progressing["message"]
     )
     assert "HTTP 500" in progressing["message"] and status["jobs"][0]["failedAttempts"] == 1
-    sync_profile({**p, "status": status}, [job], [pod_view(failed)], CFG, memory)
+    sync_profile({**p, "status": status}, [job], [pod_view(failed)], CFG, memory, Around(api))
     assert len([r for r, _ in api.events if r == "AttemptFailed"]) == 1
 
 
@@ -293,16 +297,17 @@ def test_a_leader_whose_calls_hang_stops_writing_before_its_lease_can_be_taken(
         "ns",
         "a",
         Callbacks(lambda: events.append("leads"), lambda: events.append("follows")),
-        timing,
         api,
+        timing,
     )
-    kube.set_fence(elector.fence)
+    writer = kube.Kube()  # a process's client: its writes ask this elector's fence
+    writer.set_fence(elector.fence)
     try:
         elector.start()
         deadline = time.monotonic() + 5
         while not elector.leading and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert elector.leading and kube.write_timeout() > 0
+        assert elector.leading and writer.write_timeout() > 0
         api.hang.set()
         hung_at = time.monotonic()
         while elector.fence() > 0:
@@ -310,19 +315,21 @@ def test_a_leader_whose_calls_hang_stops_writing_before_its_lease_can_be_taken(
         # Fenced within the renew deadline of the last good renewal, before `duration`.
         assert time.monotonic() - hung_at <= timing.renew_deadline + 0.05
         with pytest.raises(kube.NotLeading):
-            kube.write_timeout()
+            writer.write_timeout()
         while "follows" not in events and time.monotonic() < deadline:
             time.sleep(0.02)
         assert events == ["leads", "follows"]
     finally:
         api.hang.clear()
         elector.stop(release=False)
-        kube.set_fence(lambda: None)
 
 
 def test_a_replica_that_stops_leading_forgets_what_it_remembered() -> None:
     c = Controller(
-        CFG, Indexes(lambda k: None, list, lambda ns, u: [], lambda ns, u: []), workers=1
+        FakeKube(),
+        CFG,
+        Indexes(lambda k: None, list, lambda ns, u: [], lambda ns, u: []),
+        workers=1,
     )
     c.memory.of("uid-1").written_rv = "5"
     c.memory.unadmitted[("ml", "p")] = ["x"]
@@ -333,7 +340,7 @@ def test_a_replica_that_stops_leading_forgets_what_it_remembered() -> None:
 def test_what_is_remembered_of_a_profile_is_pruned_with_its_objects(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    FakeApi(monkeypatch)
+    api = FakeKube()
     memory = Memory()
     mine = memory.of("uid-1")
     mine.image_ids.update({"gone-job": "x"})
@@ -341,7 +348,7 @@ def test_what_is_remembered_of_a_profile_is_pruned_with_its_objects(
     mine.reported.add("gone-object")
     p = profile()
     jobs = jobs_for(p, MODELS)
-    sync_profile(p, jobs, [], CFG, memory)
+    sync_profile(p, jobs, [], CFG, memory, Around(api))
     assert (mine.image_ids, mine.pod_events, mine.reported) == ({}, {}, set())
     memory.node_counts[("k", "m")] = (time.monotonic() - 3600, 1)
     memory.prune_node_counts()

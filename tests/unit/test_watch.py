@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.fake_kube import FakeKube
 from tunefleet import kube
 from tunefleet.config import Config
 from tunefleet.informers import watch
@@ -248,7 +249,7 @@ def controller_of(cache: Cache) -> Controller:
     indexes = Indexes(
         cache.profile, cache.profiles, cache.jobs, cache.pods, has_profile=cache.has_profile_uid
     )
-    return Controller(Config(), indexes, workers=1)
+    return Controller(FakeKube(), Config(), indexes, workers=1)
 
 
 def test_what_is_remembered_follows_what_the_cache_holds() -> None:

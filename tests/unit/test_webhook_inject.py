@@ -202,12 +202,12 @@ def test_a_pod_in_a_namespace_this_release_does_not_watch_is_left_alone(
 
     from tunefleet import metrics
     from tunefleet.handlers import pod as pod_handlers
-    from tunefleet.handlers.startup import CONFIG
+    from tunefleet.handlers.startup import OPERATOR
 
     def no_api(*_: Any) -> None:
         raise AssertionError("no API call for another release's pod")
 
-    monkeypatch.setattr(CONFIG, "_config", replace(CFG, namespaces=("mine",)))
+    monkeypatch.setattr(OPERATOR, "_config", replace(CFG, namespaces=("mine",)))
     monkeypatch.setattr(pod_handlers, "_read_profile", no_api)
     counted = metrics.ADMISSIONS.labels("unchanged", "not_watched")
     before = counted._value.get()
@@ -326,10 +326,10 @@ def test_the_entries_after_the_first_see_the_pod_decided_and_change_nothing(
     the next ones make no lookup, patch nothing and count `already_admitted`."""
     from tunefleet import metrics
     from tunefleet.handlers import pod as pod_handlers
-    from tunefleet.handlers.startup import CACHE, CONFIG
+    from tunefleet.handlers.startup import OPERATOR
 
-    monkeypatch.setattr(CONFIG, "_config", CFG)
-    monkeypatch.setattr(CACHE, "profile", lambda key: profile(["NVIDIA-H200"]))
+    monkeypatch.setattr(OPERATOR, "_config", CFG)
+    monkeypatch.setattr(OPERATOR.cache, "profile", lambda key: profile(["NVIDIA-H200"]))
     monkeypatch.setattr(pod_handlers, "_config_map_uids", _no_config_maps)
     body = {**pod(), "metadata": {**pod()["metadata"], "namespace": "ml"}}
     name = body["metadata"]["labels"]["tunefleet.io/profile"]
@@ -342,7 +342,7 @@ def test_the_entries_after_the_first_see_the_pod_decided_and_change_nothing(
     def no_lookup(*_: Any) -> Any:
         raise AssertionError("an injected pod needs no lookup")
 
-    monkeypatch.setattr(CACHE, "profile", no_lookup)
+    monkeypatch.setattr(OPERATOR.cache, "profile", no_lookup)
     monkeypatch.setattr(pod_handlers, "_read_profile", no_lookup)
     counted = metrics.ADMISSIONS.labels("unchanged", "already_admitted")
     before = counted._value.get()
@@ -355,10 +355,12 @@ def test_an_untuned_decision_repeated_by_a_later_entry_is_announced_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from tunefleet.handlers import pod as pod_handlers
-    from tunefleet.handlers.startup import CACHE, CONFIG
+    from tunefleet.handlers.startup import OPERATOR
 
-    monkeypatch.setattr(CONFIG, "_config", CFG)
-    monkeypatch.setattr(CACHE, "profile", lambda key: profile(["NVIDIA-H200"], artifacts=False))
+    monkeypatch.setattr(OPERATOR, "_config", CFG)
+    monkeypatch.setattr(
+        OPERATOR.cache, "profile", lambda key: profile(["NVIDIA-H200"], artifacts=False)
+    )
     monkeypatch.setattr(pod_handlers, "_config_map_uids", _no_config_maps)
     announced: list[str] = []
     monkeypatch.setattr(pod_handlers, "announce", lambda ref, name, d: announced.append(d.reason))
@@ -382,22 +384,23 @@ def test_admission_recognises_the_config_map_made_by_its_uid_not_its_labels(
     really gone or replaced is not."""
     import asyncio
 
-    from tunefleet import kube
+    from tests.support.fake_kube import FakeKube
     from tunefleet.handlers import pod as pod_handlers
-    from tunefleet.handlers.startup import DELIVERED
+    from tunefleet.handlers.startup import OPERATOR
 
     entry = {"status": {"artifacts": [{"configMap": {"name": "cm-a", "uid": "made"}},
                                       {"configMap": {"name": "cm-b", "uid": "made-b"}}]}}  # fmt: skip
     watched = {"cm-a": "", "cm-b": "made-b"}
     there = {"cm-a": {"metadata": {"uid": "made"}}}
     reads: list[str] = []
-    monkeypatch.setattr(DELIVERED, "uid_of", lambda ns, name: watched[name])
+    monkeypatch.setattr(OPERATOR.delivered, "uid_of", lambda ns, name: watched[name])
 
     def read(kind: str, ns: str, name: str) -> Any:
         reads.append(name)
         return there.get(name)
 
-    monkeypatch.setattr(kube, "read", read)
+    client = FakeKube(intercept={"read": read})
+    monkeypatch.setattr(OPERATOR, "client", client)  # the process's client, for this test
     got = asyncio.run(pod_handlers._config_map_uids("ml", entry))
     assert got == {"cm-a": "made", "cm-b": "made-b"} and reads == ["cm-a"]
     del there["cm-a"]  # really gone
@@ -408,7 +411,7 @@ def test_admission_recognises_the_config_map_made_by_its_uid_not_its_labels(
     def hung(kind: str, ns: str, name: str) -> Any:
         raise TimeoutError("the API server did not answer")
 
-    monkeypatch.setattr(kube, "read", hung)  # the watch's word stands
+    client.intercept["read"] = hung  # the watch's word stands
     assert asyncio.run(pod_handlers._config_map_uids("ml", entry))["cm-a"] == ""
 
 

@@ -38,9 +38,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import kubernetes
 from aiohttp import web
-from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from tunefleet import kube, metrics, naming
@@ -60,6 +58,7 @@ from tunefleet.contracts.capture import (
     Reply,
     Upload,
 )
+from tunefleet.kube import Kube
 from tuner_job import caches as cc
 
 log = logging.getLogger(__name__)
@@ -397,35 +396,8 @@ class Endpoint:
 # --- the real dependencies --------------------------------------------------------------------
 
 
-def _review(token: str) -> dict[str, Any]:
-    auth = kubernetes.client.AuthenticationV1Api(kube.api())
-    body = {
-        "apiVersion": "authentication.k8s.io/v1",
-        "kind": "TokenReview",
-        "spec": {"token": token, "audiences": [AUDIENCE]},
-    }
-    resp = auth.create_token_review(
-        body, _preload_content=False, _request_timeout=kube.REQUEST_TIMEOUT
-    )
-    status: dict[str, Any] = json.loads(resp.data).get("status") or {}
-    return status
-
-
-def _read_pod(namespace: str, name: str) -> dict[str, Any] | None:
-    core = kubernetes.client.CoreV1Api(kube.api())
-    try:
-        resp = core.read_namespaced_pod(
-            name, namespace, _preload_content=False, _request_timeout=kube.REQUEST_TIMEOUT
-        )
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise
-    pod: dict[str, Any] = json.loads(resp.data)
-    return pod
-
-
 def real_deps(
+    client: Kube,
     profile_from_cache: Callable[[str, str], dict[str, Any] | None],
     writer: Any,
     cached_store: Callable[[str, str], Any] = lambda ns, name: None,
@@ -434,16 +406,16 @@ def real_deps(
     rows it holds already (every pod of a scale-up reports the same misses) costs no API call."""
 
     async def review(token: str) -> dict[str, Any]:
-        return await asyncio.to_thread(_review, token)
+        return await asyncio.to_thread(client.review_token, token, AUDIENCE)
 
     async def read_pod(namespace: str, name: str) -> dict[str, Any] | None:
-        return await asyncio.to_thread(_read_pod, namespace, name)
+        return await asyncio.to_thread(client.read_pod, namespace, name)
 
     async def read_profile(namespace: str, name: str) -> dict[str, Any] | None:
         found = profile_from_cache(namespace, name)
         if found is not None:
             return found
-        return await asyncio.to_thread(kube.get_profile, namespace, name, 2.0)
+        return await asyncio.to_thread(client.get_profile, namespace, name, 2.0)
 
     async def add(key: StoreKey, upload: Upload, max_shapes: int, pod: str) -> tuple[int, int]:
         view = cached_store(key.namespace, key.name)

@@ -22,6 +22,7 @@ from tunefleet.artifacts.fetch import FetchError, Pinned, download_verified
 from tunefleet.builders.artifact import PACKED_NAME
 from tunefleet.config import Config
 from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.kube import Kube
 from tunefleet.serving import delivery
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import StoreError, StoreOptions
@@ -40,7 +41,8 @@ def keys_in(results: bytes) -> frozenset[str]:
 
 
 class ArtifactKeys:
-    def __init__(self, config: Config, max_entries: int = MAX_ENTRIES) -> None:
+    def __init__(self, client: Kube, config: Config, max_entries: int = MAX_ENTRIES) -> None:
+        self.client = client
         self.config = config
         self.max_entries = max_entries
         self._lock = threading.Lock()
@@ -50,7 +52,7 @@ class ArtifactKeys:
     def _from_config_map(self, record: ArtifactRecord, namespace: str) -> bytes | None:
         if not (record.config_map and record.config_map_uid):
             return None
-        cm = kube.read("ConfigMap", namespace, record.config_map)
+        cm = self.client.read("ConfigMap", namespace, record.config_map)
         if cm is None or (cm.get("metadata") or {}).get("uid") != record.config_map_uid:
             return None  # gone or replaced: not the one the operator made
         data, binary = cm.get("data") or {}, cm.get("binaryData") or {}

@@ -19,6 +19,7 @@ from tunefleet.capture.keys import ArtifactKeys
 from tunefleet.capture.store import RetuneSet, build_retune_config_map
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.contracts.retune import RetuneRequest
+from tunefleet.kube import Kube
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,7 @@ class CaptureSource:
 
     cache: CaptureCache
     keys: ArtifactKeys
+    client: Kube  # the process's client: retune sets are made and removed through it
 
 
 @dataclass
@@ -84,7 +86,8 @@ def run(
         loop.Seen(source.cache.stores(uid), source.cache.retunes(uid), keys_of),
         loop.Moment(time.time() if now is None else now, RetuneRequest.read(profile), decide),
     )
-    made = _freeze(plan, loop.previous_entries(status), base, f"{ns}/{meta['name']}")
+    where = f"{ns}/{meta['name']}"
+    made = _freeze(source.client, plan, loop.previous_entries(status), base, where)
     out = Outcome(
         revisions=plan.revisions,
         entries=plan.entries,
@@ -107,14 +110,14 @@ def run(
 
 
 def _freeze(
-    plan: loop.Plan, previous: dict[str, dict[str, Any]], base: str, where: str
+    client: Kube, plan: loop.Plan, previous: dict[str, dict[str, Any]], base: str, where: str
 ) -> list[RetuneSet]:
     """Make the retune sets the plan froze (each a ConfigMap of its own); one that cannot be
     made is taken back from the plan, with why, and retried at the next reconcile."""
     made = []
     for frozen in list(plan.freezes):
         try:
-            kube.create_owned(build_retune_config_map(frozen))
+            client.create_owned(build_retune_config_map(frozen))
             made.append(frozen)
         except (kube.NotOurs, kube.Temporary, kube.Permanent) as e:
             log.info(f"TuningProfile {where}: retune of {frozen.model}: {e}")
@@ -132,6 +135,6 @@ def _remove_old_sets(
         if old.name in kept or not old.uid:
             continue
         try:
-            kube.delete_owned("ConfigMap", namespace, old.name, old.uid)
+            source.client.delete_owned("ConfigMap", namespace, old.name, old.uid)
         except (kube.Temporary, kube.Permanent) as e:
             log.info(f"retune set {namespace}/{old.name} not removed now: {e}")

@@ -34,13 +34,13 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import kubernetes
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from tunefleet import kube, naming
 from tunefleet.builders.job import owner_reference
 from tunefleet.informers import views
+from tunefleet.kube import Kube
 from tuner_job import caches as cc
 
 log = logging.getLogger(__name__)
@@ -412,11 +412,12 @@ class StoreUnavailable(Exception):
 class Writer:
     """Adds rows to a capture store by compare-and-swap (see the module's docstring)."""
 
-    def __init__(self, timeout_s: float = kube.REQUEST_TIMEOUT) -> None:
+    def __init__(self, client: Kube, timeout_s: float = kube.REQUEST_TIMEOUT) -> None:
+        self.client = client  # the process's one; its fence is not asked (module docstring)
         self.timeout_s = timeout_s
 
     def _core(self) -> Any:
-        return kubernetes.client.CoreV1Api(kube.api())
+        return self.client.core()
 
     def _read(self, key: StoreKey) -> dict[str, Any] | None:
         try:

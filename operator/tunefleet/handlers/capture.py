@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tunefleet import metrics, naming
-from tunefleet.handlers.startup import CAPTURES, CONTROLLER
+from tunefleet.handlers.startup import OPERATOR
 from tunefleet.informers import watch
 from tunefleet.runtime import reflector
 
@@ -14,9 +14,9 @@ from tunefleet.runtime import reflector
 @reflector.on(watch.CAPTURE_CONFIGMAPS)
 def capture_event(type: str | None, body: dict[str, Any]) -> None:
     metrics.HANDLER_CALLS.labels("capture_event").inc()
-    if CAPTURES.follow(type, body) is None:
+    if OPERATOR.captures.follow(type, body) is None:
         return
     # By the name its label gives: only a trigger; the reconcile reads what the profile owns.
     meta = body.get("metadata") or {}
     profile = (meta.get("labels") or {}).get(naming.TUNING_PROFILE_LABEL)
-    CONTROLLER.get().enqueue_owner(meta.get("namespace"), profile)
+    OPERATOR.controller.enqueue_owner(meta.get("namespace"), profile)

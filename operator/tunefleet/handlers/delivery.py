@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from tunefleet import metrics
-from tunefleet.handlers.startup import CONTROLLER, DELIVERED, SERVED
+from tunefleet.handlers.startup import OPERATOR
 from tunefleet.informers import watch
 from tunefleet.runtime import reflector
 
@@ -15,15 +15,15 @@ from tunefleet.runtime import reflector
 @reflector.on(watch.ARTIFACT_CONFIGMAPS)
 def artifact_config_map_event(type: str | None, body: dict[str, Any]) -> None:
     metrics.HANDLER_CALLS.labels("artifact_config_map_event").inc()
-    owner = DELIVERED.follow(type, body)
+    owner = OPERATOR.delivered.follow(type, body)
     # Only a trigger: the reconcile checks the ConfigMap its status names against the API.
     if owner is not None and type is not None:
-        CONTROLLER.get().enqueue_owner(*owner)
+        OPERATOR.controller.enqueue_owner(*owner)
 
 
 @reflector.on(watch.MODEL_PODS)
 def model_pod_event(type: str | None, body: dict[str, Any]) -> None:
     metrics.HANDLER_CALLS.labels("model_pod_event").inc()
-    changed = SERVED.follow(type, body)
+    changed = OPERATOR.served.follow(type, body)
     if changed is not None:
-        CONTROLLER.get().enqueue_owner(*changed)
+        OPERATOR.controller.enqueue_owner(*changed)

@@ -11,14 +11,14 @@ from typing import Any
 
 import kopf
 
-from tunefleet import kube, metrics, naming
+from tunefleet import metrics, naming
 from tunefleet.api.conditions import EventReason
 from tunefleet.artifacts import volumes
 from tunefleet.artifacts.volumes import VolumeVerdict
 from tunefleet.builders.webhook import HANDLER_ID
 from tunefleet.contracts.admission import Admission, Code
 from tunefleet.contracts.artifact import IMAGE_VOLUME, ArtifactRecord
-from tunefleet.handlers.startup import CACHE, CONFIG, DELIVERED, follow_child
+from tunefleet.handlers.startup import OPERATOR, follow_child
 from tunefleet.informers import views, watch
 from tunefleet.runtime import reflector
 from tunefleet.webhook.admission import Decision, admit, already_injected, repeats, seen_injected
@@ -50,7 +50,7 @@ async def pod_mutate(
     namespace = body.metadata.namespace or ""
     pod_name = body.metadata.name or f"{body.metadata.get('generateName', '')}*"
     metrics.HANDLER_CALLS.labels("pod_mutate").inc()
-    watched = CONFIG.get().namespaces
+    watched = OPERATOR.config.namespaces
     if watched and namespace not in watched:
         # Another release's namespace (its webhook's namespaceSelector keeps such pods away
         # from ours; this holds if a configuration says otherwise): not ours to label or patch.
@@ -64,12 +64,12 @@ async def pod_mutate(
             apply(body, patch, seen_injected(dict(body)))
             return
         profile_name = body.metadata.labels.get(naming.PROFILE_LABEL, "")
-        entry = CACHE.profile((namespace, profile_name)) or await _read_profile(
+        entry = OPERATOR.cache.profile((namespace, profile_name)) or await _read_profile(
             namespace, profile_name
         )
         config_maps = await _config_map_uids(namespace, entry)
         volumes = await _volume_verdicts(entry)
-        decision = admit(dict(body), profile_name, entry, CONFIG.get(), config_maps, volumes)
+        decision = admit(dict(body), profile_name, entry, OPERATOR.config, config_maps, volumes)
     except Exception:
         # A bug here must not block pods: a handler error would reach the API server as a
         # refusal, which failurePolicy: Ignore does not cover. Admit unchanged instead.
@@ -113,7 +113,7 @@ async def _read_profile(namespace: str, name: str) -> dict[str, Any] | None:
         return None
     try:
         raw = await asyncio.wait_for(
-            asyncio.to_thread(kube.get_profile, namespace, name, 1.5), timeout=2.0
+            asyncio.to_thread(OPERATOR.client.get_profile, namespace, name, 1.5), timeout=2.0
         )
     except Exception as e:
         log.info(f"admission: could not read TuningProfile {namespace}/{name}: {e}")
@@ -133,7 +133,7 @@ async def _config_map_uids(namespace: str, entry: dict[str, Any] | None) -> dict
         cm = a.get("configMap")
         if not isinstance(cm, dict) or not (name := str(cm.get("name") or "")):
             continue
-        made, seen = str(cm.get("uid") or ""), DELIVERED.uid_of(namespace, name)
+        made, seen = str(cm.get("uid") or ""), OPERATOR.delivered.uid_of(namespace, name)
         uids[name] = seen if seen == made or not made else await _read_uid(namespace, name, seen)
     return uids
 
@@ -143,7 +143,7 @@ async def _read_uid(namespace: str, name: str, watched: str) -> str:
     API server does not answer in time (admission must stay inside the webhook's timeout)."""
     try:
         there = await asyncio.wait_for(
-            asyncio.to_thread(kube.read, "ConfigMap", namespace, name), timeout=1.5
+            asyncio.to_thread(OPERATOR.client.read, "ConfigMap", namespace, name), timeout=1.5
         )
     except Exception as e:
         log.info(f"admission: could not read ConfigMap {namespace}/{name}: {e}")
@@ -173,7 +173,7 @@ async def _volume_verdicts(entry: dict[str, Any] | None) -> dict[str, VolumeVerd
         if verdict is None:
             try:
                 verdict = await asyncio.wait_for(
-                    asyncio.to_thread(volumes.check, record, key, required, CONFIG.get()),
+                    asyncio.to_thread(volumes.check, record, key, required, OPERATOR.config),
                     timeout=VOLUME_CHECK_S,
                 )
             except Exception as e:
@@ -200,14 +200,14 @@ def apply(body: kopf.Body, patch: kopf.Patch, decision: Decision) -> None:
 def announce(profile_ref: dict[str, Any], pod_name: str, decision: Decision) -> None:
     if decision.reason:
         log.warning(f"pod {pod_name} starts untuned: {decision.reason}")
-        kube.post_event_soon(
+        OPERATOR.client.post_event_soon(
             profile_ref,
             "Warning",
             EventReason.POD_UNTUNED,
             f"pod {pod_name} starts untuned: {decision.reason}",
         )
     if decision.warnings:
-        kube.post_event_soon(
+        OPERATOR.client.post_event_soon(
             profile_ref, "Warning", EventReason.IMAGE_MISMATCH, "; ".join(decision.warnings)
         )
 

@@ -35,67 +35,53 @@ from tunefleet.serving.served import ServedPods
 from tunefleet.webhook import server as webhook_server
 
 
-class _Holder:
-    """Made once at startup; handlers reach it without re-reading the environment."""
+class Operator:
+    """The one object that owns the process: the client (its connection, fence and Event
+    poster), the configuration, the cache and the tables beside it, and the parts started
+    at start-up (reflectors, controller, node maps, elector, capture endpoint). kopf's
+    handlers are module functions, so they reach it as OPERATOR; everything below them is
+    handed what it uses."""
 
     def __init__(self) -> None:
+        self.client = kube.Kube()  # logs in on first use (operator_startup sizes the pool)
         self._config: Config | None = None
         self._controller: Controller | None = None
+        self.cache = Cache()
+        self.captures = CaptureCache()  # capture stores and retune sets (handlers/capture.py)
+        # Artifact ConfigMaps and admitted model pods (handlers/delivery.py follows them).
+        self.delivered = DeliveredConfigMaps()
+        self.served = ServedPods()
+        self.elector: LeaseElector | None = None
+        self.node_maps: NodeMaps | None = None
+        self.endpoint: capture_endpoint.Server | None = None
+        self.reflectors: Reflectors | None = None
 
-    def set(self, config: Config, controller: Controller | None = None) -> None:
-        self._config = config
-        self._controller = controller
-
-
-class _ConfigHolder(_Holder):
-    def get(self) -> Config:
+    @property
+    def config(self) -> Config:
         if self._config is None:
             self._config = Config.from_env()
         return self._config
 
+    @config.setter
+    def config(self, config: Config) -> None:
+        self._config = config
 
-class _ControllerHolder(_Holder):
-    def get(self) -> Controller:
+    @property
+    def controller(self) -> Controller:
         if self._controller is None:
             raise RuntimeError("the reconciler is not running (operator_startup did not run)")
         return self._controller
 
-
-class _ElectorHolder:
-    elector: LeaseElector | None = None
-
-
-class _NodeMapsHolder:
-    maps: NodeMaps | None = None
+    @controller.setter
+    def controller(self, controller: Controller) -> None:
+        self._controller = controller
 
     def profile_changed(self, namespace: str) -> None:
-        if self.maps is not None:
-            self.maps.profile_changed(namespace)
+        if self.node_maps is not None:
+            self.node_maps.profile_changed(namespace)
 
 
-CONFIG = _ConfigHolder()
-CONTROLLER = _ControllerHolder()
-CACHE = Cache()
-ELECTOR = _ElectorHolder()
-NODE_MAPS = _NodeMapsHolder()
-CAPTURES = CaptureCache()  # capture stores and retune sets (handlers/capture.py follows them)
-# Artifact ConfigMaps and admitted model pods (handlers/delivery.py follows them).
-DELIVERED = DeliveredConfigMaps()
-SERVED = ServedPods()
-
-
-class _EndpointHolder:
-    server: capture_endpoint.Server | None = None
-
-
-ENDPOINT = _EndpointHolder()
-
-
-class _ReflectorsHolder:
-    reflectors: Reflectors | None = None
-
-
-REFLECTORS = _ReflectorsHolder()
+OPERATOR = Operator()
 
 
 def reflectors(config: Config) -> Reflectors:
@@ -103,18 +89,18 @@ def reflectors(config: Config) -> Reflectors:
     feeding its event handler (@reflector.on in handlers/)."""
     spaces: list[str | None] = list(config.namespaces) or [None]
     kinds = list(reflector.HANDLERS.values())
-    api = kube.WatchApi(connections=len(spaces) * len(kinds) + 2)
-    meta_api = kube.WatchApi(connections=len(spaces) + 2, metadata_only=True)
+    api = OPERATOR.client.watch_api(len(spaces) * len(kinds) + 2)
+    meta_api = OPERATOR.client.watch_api(len(spaces) + 2, metadata_only=True)
     tables: dict[str, _Table] = {
-        watch.CAPTURE_CONFIGMAPS.name: CAPTURES,
-        watch.ARTIFACT_CONFIGMAPS.name: DELIVERED,
-        watch.MODEL_PODS.name: SERVED,
+        watch.CAPTURE_CONFIGMAPS.name: OPERATOR.captures,
+        watch.ARTIFACT_CONFIGMAPS.name: OPERATOR.delivered,
+        watch.MODEL_PODS.name: OPERATOR.served,
     }
     out = []
     for ns in spaces:
         for kind, handler in kinds:
             # Where what this kind's handler keeps is: its own table, or the main cache.
-            table: _Table = tables.get(kind.name, CACHE)
+            table: _Table = tables.get(kind.name, OPERATOR.cache)
 
             def forget(
                 uid: str, kind: reflector.Kind = kind, handler: reflector.Handler = handler,
@@ -129,7 +115,7 @@ def reflectors(config: Config) -> Reflectors:
 
 
 def _compact_tables() -> None:
-    for table in (CACHE, DELIVERED, SERVED):
+    for table in (OPERATOR.cache, OPERATOR.delivered, OPERATOR.served):
         table.compact()
 
 
@@ -146,11 +132,11 @@ def follow_child(kind: str, event: str | None, body: dict[str, Any]) -> None:
     cache, and queue its profile (after a short delay that folds a burst of one object's
     events into one reconcile)."""
     metrics.HANDLER_CALLS.labels(f"{kind[:-1]}_event").inc()
-    CACHE.follow(kind, event, body)
+    OPERATOR.cache.follow(kind, event, body)
     # By the profile the object names: only a trigger, the reconcile reads what is owned.
     meta = body.get("metadata") or {}
     profile = (meta.get("labels") or {}).get(naming.TUNING_PROFILE_LABEL)
-    CONTROLLER.get().enqueue_owner(meta.get("namespace"), profile)
+    OPERATOR.controller.enqueue_owner(meta.get("namespace"), profile)
 
 
 @kopf.on.startup()
@@ -163,29 +149,34 @@ async def operator_startup(
     # annotations) and no state of its own about them; it serves the webhook and runs this
     # startup. Events are posted by us, on purpose.
     settings.posting.level = logging.WARNING
-    kube.login(pool_size=config.workers + 6)
+    OPERATOR.client.login(pool_size=config.workers + 6)
     controller = Controller(
-        config, _indexes(config), workers=config.workers, resync_seconds=config.resync_seconds
+        OPERATOR.client,
+        config,
+        _indexes(config),
+        workers=config.workers,
+        resync_seconds=config.resync_seconds,
     )
-    CONFIG.set(config)
-    CONTROLLER.set(config, controller)
+    OPERATOR.config = config
+    OPERATOR.controller = controller
     # Each kind listed (page by page) into the cache before the reconciler starts: it never
     # takes a Job it has not seen yet for a missing one.
-    REFLECTORS.reflectors = reflectors(config).start()
-    await asyncio.to_thread(REFLECTORS.reflectors.wait_listed)
-    sizes = CACHE.sizes()
+    OPERATOR.reflectors = reflectors(config).start()
+    await asyncio.to_thread(OPERATOR.reflectors.wait_listed)
+    sizes = OPERATOR.cache.sizes()
     logger.info(
         f"cache primed: {sizes['profiles']} profiles, {sizes['jobs']} tuning Jobs, "
         f"{sizes['pods']} tuning pods"
     )
     controller.start()
     # The node maps pods pick their GPU model by (nodemap.py): written while leading only.
-    maps = NodeMaps(CACHE.profiles, CACHE.profile, controller.active)
-    NODE_MAPS.maps = maps
+    cache = OPERATOR.cache
+    maps = NodeMaps(OPERATOR.client, cache.profiles, cache.profile, controller.active)
+    OPERATOR.node_maps = maps
     maps.start()
     metrics.REGISTRY.register(
         metrics.IndexCollector(
-            statuses=CACHE.statuses,
+            statuses=OPERATOR.cache.statuses,
             queue_depth=controller.queue.pending,
             profiles=_profile_statuses,
             untuned=_untuned_causes,
@@ -205,32 +196,34 @@ def _profile_statuses() -> Iterator[metrics.Profiled]:
     """Each profile's status with its namespace and name, for the per-profile gauges: read
     from the cache's views at scrape time (a view unpacks in microseconds), so nothing is
     kept for the metrics beside what the reconciler keeps already."""
-    for key in CACHE.profiles():
-        view = CACHE.profile(key)
+    for key in OPERATOR.cache.profiles():
+        view = OPERATOR.cache.profile(key)
         if view is not None:  # deleted since the list
             yield key[0], key[1], view.get("status") or {}
 
 
 def _untuned_causes(namespace: str, profile: str) -> list[str]:
     """Why each of the profile's model pods runs untuned for a cause of ours (served.py)."""
-    return [u.cause for u in SERVED.of(namespace, profile)]
+    return [u.cause for u in OPERATOR.served.of(namespace, profile)]
 
 
 def _indexes(config: Config) -> Indexes:
     """What the reconciler reads: the cache and the tables beside it."""
     return Indexes(
-        profile=CACHE.profile,
-        profiles=CACHE.profiles,
-        jobs=CACHE.jobs,
-        pods=CACHE.pods,
-        untrusted=CACHE.untrusted,
-        written=CACHE.written,
-        refresh=CACHE.put_profile,
-        has_profile=CACHE.has_profile_uid,
+        profile=OPERATOR.cache.profile,
+        profiles=OPERATOR.cache.profiles,
+        jobs=OPERATOR.cache.jobs,
+        pods=OPERATOR.cache.pods,
+        untrusted=OPERATOR.cache.untrusted,
+        written=OPERATOR.cache.written,
+        refresh=OPERATOR.cache.put_profile,
+        has_profile=OPERATOR.cache.has_profile_uid,
         compact=_compact_tables,
-        captures=CaptureSource(CAPTURES, ArtifactKeys(config)),
-        config_map_uid=DELIVERED.uid_of,
-        untuned_pods=SERVED.of,
+        captures=CaptureSource(
+            OPERATOR.captures, ArtifactKeys(OPERATOR.client, config), OPERATOR.client
+        ),
+        config_map_uid=OPERATOR.delivered.uid_of,
+        untuned_pods=OPERATOR.served.of,
     )
 
 
@@ -259,13 +252,19 @@ def _elect(config: Config, leaders: tuple[_Leads, ...]) -> None:
     # Unique per process: a replica restarted in the same pod (same hostname, same PID 1)
     # must not take the dead process's Lease for its own.
     identity = f"{os.environ.get('HOSTNAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-    ELECTOR.elector = LeaseElector(
-        config.lease_name, config.lease_namespace, identity, Callbacks(lead, follow)
+    client = OPERATOR.client
+    elector = LeaseElector(
+        config.lease_name,
+        config.lease_namespace,
+        identity,
+        Callbacks(lead, follow),
+        client.coordination(),
     )
+    OPERATOR.elector = elector
     # Every write of this process passes the Lease's fence first (runtime/client.py,
     # runtime/leader.py).
-    kube.set_fence(ELECTOR.elector.fence)
-    ELECTOR.elector.start()
+    client.set_fence(elector.fence)
+    elector.start()
 
 
 async def _serve_webhook(
@@ -276,10 +275,12 @@ async def _serve_webhook(
     server = webhook_server.build(config)
     settings.admission.server = server
     config = await _start_capture(config, server, logger)
-    CONFIG.set(config, controller)
+    OPERATOR.config = config
     if config.webhook_register:
         settings.admission.managed = None
-        await webhook_server.register_when_ready(settings.admission.server, config, logger)
+        await webhook_server.register_when_ready(
+            OPERATOR.client, settings.admission.server, config, logger
+        )
     return config
 
 
@@ -287,10 +288,8 @@ def _service_address(service: str) -> str:
     """The cluster IP of the Service (name.namespace) model pods reach the endpoint through:
     for clusters whose pods have no DNS (the sidecar connects there, and checks the
     certificate against the Service's name)."""
-    import kubernetes
-
     name, _, namespace = service.partition(".")
-    core = kubernetes.client.CoreV1Api(kube.api())
+    core = OPERATOR.client.core()
     svc = core.read_namespaced_service(name, namespace, _request_timeout=kube.REQUEST_TIMEOUT)
     ip = str(svc.spec.cluster_ip or "")
     return "" if ip == "None" else ip
@@ -302,9 +301,12 @@ async def _start_capture(config: Config, server: kopf.WebhookServer, logger: kop
     if not config.capture_port or not (server.certfile and server.pkeyfile):
         return config
     deps = capture_endpoint.real_deps(
-        lambda ns, name: CACHE.profile((ns, name)), Writer(), CAPTURES.store
+        OPERATOR.client,
+        lambda ns, name: OPERATOR.cache.profile((ns, name)),
+        Writer(OPERATOR.client),
+        OPERATOR.captures.store,
     )
-    ENDPOINT.server = capture_endpoint.Server(
+    endpoint = capture_endpoint.Server(
         capture_endpoint.Endpoint(deps),
         config.webhook_addr,
         config.capture_port,
@@ -312,11 +314,11 @@ async def _start_capture(config: Config, server: kopf.WebhookServer, logger: kop
         str(server.pkeyfile),
     )
     try:
-        await ENDPOINT.server.start()
+        await endpoint.start()
     except OSError as e:  # the port is taken: the webhook and reconciler go on without capture
         logger.warning(f"capture endpoint not started on port {config.capture_port}: {e}")
-        ENDPOINT.server = None
         return config
+    OPERATOR.endpoint = endpoint
     url, address = config.capture_url, config.capture_address
     if not url and config.capture_service:
         name, _, namespace = config.capture_service.partition(".")
@@ -342,14 +344,14 @@ async def _start_capture(config: Config, server: kopf.WebhookServer, logger: kop
 
 @kopf.on.cleanup()
 async def operator_cleanup(**_: Any) -> None:
-    if REFLECTORS.reflectors is not None:
-        REFLECTORS.reflectors.stop()
-    if ELECTOR.elector is not None:
+    if OPERATOR.reflectors is not None:
+        OPERATOR.reflectors.stop()
+    if OPERATOR.elector is not None:
         # Hand the Lease over at once rather than after it expires.
-        await asyncio.to_thread(ELECTOR.elector.stop, True)
+        await asyncio.to_thread(OPERATOR.elector.stop, True)
     with contextlib.suppress(RuntimeError):  # startup never got that far
-        CONTROLLER.get().stop()
-    if NODE_MAPS.maps is not None:
-        NODE_MAPS.maps.stop()
-    if ENDPOINT.server is not None:
-        await ENDPOINT.server.stop()
+        OPERATOR.controller.stop()
+    if OPERATOR.node_maps is not None:
+        OPERATOR.node_maps.stop()
+    if OPERATOR.endpoint is not None:
+        await OPERATOR.endpoint.stop()

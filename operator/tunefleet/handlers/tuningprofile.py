@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tunefleet import metrics
-from tunefleet.handlers.startup import CACHE, CONTROLLER, NODE_MAPS
+from tunefleet.handlers.startup import OPERATOR
 from tunefleet.informers import watch
 from tunefleet.informers.cache import spec_seen
 from tunefleet.runtime import reflector
@@ -20,15 +20,15 @@ def tuningprofile_event(type: str | None, body: dict[str, Any]) -> None:
     meta = body.get("metadata") or {}
     key = (meta.get("namespace") or "", meta.get("name") or "")
     if type == "DELETED":
-        CACHE.drop_profile(key)
-        CONTROLLER.get().forget(key, meta.get("uid"))
-        NODE_MAPS.profile_changed(key[0])
+        OPERATOR.cache.drop_profile(key)
+        OPERATOR.controller.forget(key, meta.get("uid"))
+        OPERATOR.profile_changed(key[0])
         return
-    before = CACHE.spec_seen(key)
-    view = CACHE.put_profile(body)
+    before = OPERATOR.cache.spec_seen(key)
+    view = OPERATOR.cache.put_profile(body)
     if before != spec_seen(body):
         # The node maps follow specs: a status write (most events in a burst) changes
         # nothing they hold, and recomputing a namespace unpacks every profile in it.
-        NODE_MAPS.profile_changed(key[0])
-    if CONTROLLER.get().wants(view):
-        CONTROLLER.get().enqueue(key)
+        OPERATOR.profile_changed(key[0])
+    if OPERATOR.controller.wants(view):
+        OPERATOR.controller.enqueue(key)

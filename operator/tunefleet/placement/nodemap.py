@@ -36,6 +36,7 @@ from typing import Any
 from tunefleet import GROUP, KIND, kube, metrics, naming
 from tunefleet.builders.placement import build_node_map
 from tunefleet.contracts import nodemap
+from tunefleet.kube import Kube
 
 log = logging.getLogger(__name__)
 
@@ -169,17 +170,18 @@ class NodeMaps:
 
     def __init__(
         self,
+        client: Kube,
         profiles: Callable[[], list[Key]],
         profile: Callable[[Key], dict[str, Any] | None],
         active: threading.Event,
         *,
         min_interval: float = MIN_INTERVAL_S,
         owners_interval: float = OWNERS_INTERVAL_S,
-        index: NodeIndex | None = None,
     ) -> None:
+        self.client = client  # the process's one: the node watches and the maps' writes
         self._profiles, self._profile, self._active = profiles, profile, active
         self.min_interval, self.owners_interval = min_interval, owners_interval
-        self.index = index or NodeIndex()
+        self.index = NodeIndex()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._namespaces: set[str] = set()  # whose profiles changed: recompute what they want
@@ -351,7 +353,7 @@ class NodeMaps:
         (410) or anything fails."""
         while not stop.is_set() and not self._stop.is_set():
             try:
-                items, rv = kube.list_node_metadata(key)
+                items, rv = self.client.list_node_metadata(key)
                 self.nodes_changed(key, self.index.load(key, items))
                 while not stop.is_set():
                     rv = self._follow(key, rv, stop)
@@ -364,7 +366,7 @@ class NodeMaps:
     def _follow(self, key: str, rv: str, stop: threading.Event) -> str:
         """One watch, until the server ends it; returns the version to go on from ("" when
         the version expired)."""
-        for event in kube.watch_node_metadata(key, rv, WATCH_TIMEOUT_S):
+        for event in self.client.watch_node_metadata(key, rv, WATCH_TIMEOUT_S):
             kind, obj = str(event.get("type") or ""), event.get("object") or {}
             if kind == "ERROR":
                 if obj.get("code") == 410:
@@ -395,9 +397,9 @@ class NodeMaps:
         if self._written.get(m) == content:
             return
         name = cm["metadata"]["name"]
-        there = kube.read("ConfigMap", ns, name)
+        there = self.client.read("ConfigMap", ns, name)
         if there is None:
-            there = kube.create_config_map(cm)
+            there = self.client.create_config_map(cm)
             if there is None:  # made meanwhile: judged on the next step
                 raise kube.Conflict(f"ConfigMap {ns}/{name} appeared as it was made")
             metrics.NODE_MAP_WRITES.labels("written").inc()
@@ -417,7 +419,10 @@ class NodeMaps:
                 },
                 "data": data,
             }
-            if kube.patch_config_map(ns, name, there["metadata"]["resourceVersion"], patch) is None:
+            if (
+                self.client.patch_config_map(ns, name, there["metadata"]["resourceVersion"], patch)
+                is None
+            ):
                 raise kube.Conflict(f"ConfigMap {ns}/{name} went away as it was written")
             metrics.NODE_MAP_WRITES.labels("written").inc()
         left_out = cm["metadata"]["annotations"].get(nodemap.LEFT_OUT_ANNOTATION)
@@ -437,9 +442,9 @@ class NodeMaps:
         self._written.pop(m, None)
         self._last.pop(m, None)
         try:
-            there = kube.read("ConfigMap", ns, name)
+            there = self.client.read("ConfigMap", ns, name)
             if there is not None and ours(there, key):
-                kube.delete_owned("ConfigMap", ns, name, there["metadata"]["uid"])
+                self.client.delete_owned("ConfigMap", ns, name, there["metadata"]["uid"])
         except (kube.Temporary, kube.NotLeading, kube.Gone) as e:
             log.info(f"node map {ns}/{name} no profile uses: not removed ({e})")
 

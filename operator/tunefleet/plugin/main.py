@@ -212,10 +212,12 @@ def _opt(args: argparse.Namespace, name: str) -> Any:
     return getattr(args, name, None)
 
 
+Connect = Callable[[str | None, str | None, str | None], cluster_mod.Cluster]
+
+
 def _connect(args: argparse.Namespace) -> cluster_mod.Cluster:
-    return cluster_mod.connect(
-        _opt(args, "kubeconfig"), _opt(args, "context"), _opt(args, "namespace")
-    )
+    connect: Connect = _opt(args, "connect") or cluster_mod.connect
+    return connect(_opt(args, "kubeconfig"), _opt(args, "context"), _opt(args, "namespace"))
 
 
 def _s3_options(args: argparse.Namespace) -> S3Options:
@@ -386,10 +388,13 @@ def _diff(args: argparse.Namespace) -> int:
     return 0 if report["summary"]["identical"] else 1
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, connect: Connect | None = None) -> int:
+    """kubectl-tunefleet; `connect(kubeconfig, context, namespace)` makes its cluster client
+    (cluster.connect; unit tests hand in a stand-in)."""
     command = ""
     try:
         args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+        args.connect = connect
         command = args.command
         return run(args)
     except UsageError as e:

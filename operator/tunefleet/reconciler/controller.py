@@ -25,6 +25,7 @@ from tunefleet import kube, metrics, naming
 from tunefleet.capture.step import CaptureSource
 from tunefleet.config import Config
 from tunefleet.informers.cache import Untrusted
+from tunefleet.kube import Kube
 from tunefleet.reconciler.memory import Memory
 from tunefleet.reconciler.reconcile import Around, Outcome, sync_profile
 from tunefleet.runtime.heap import release_memory
@@ -67,6 +68,7 @@ class Indexes:
 class Controller:
     def __init__(
         self,
+        client: Kube,
         config: Config,
         indexes: Indexes,
         *,
@@ -74,6 +76,7 @@ class Controller:
         resync_seconds: float = 600.0,
         backoff: Backoff | None = None,
     ) -> None:
+        self.client = client  # the process's one (kube.Kube; a FakeKube in unit tests)
         self.config = config
         self.indexes = indexes
         self.workers = workers
@@ -198,6 +201,7 @@ class Controller:
             self.config,
             self.memory,
             Around(
+                self.client,
                 untrusted=self.indexes.untrusted(uid),
                 untuned_pods=self.indexes.untuned_pods(ns, name),
                 captures=self.indexes.captures,
@@ -244,7 +248,7 @@ class Controller:
 
     def _refresh(self, namespace: str, name: str) -> None:
         try:
-            fresh = kube.get_profile(namespace, name, kube.REQUEST_TIMEOUT)
+            fresh = self.client.get_profile(namespace, name, kube.REQUEST_TIMEOUT)
         except Exception as e:  # the watch will bring it; this only saves a round
             log.info(f"could not read TuningProfile {namespace}/{name} again: {e}")
             return
@@ -297,7 +301,7 @@ class Controller:
         found: dict[Key, list[str]] = defaultdict(list)
         for ns in namespaces:
             try:
-                pods = kube.list_pods(ns, selector)
+                pods = self.client.list_pods(ns, selector)
             except (kube.Temporary, kube.Gone) as e:
                 log.warning(f"could not look for pods the webhook missed: {e}")
                 return set()

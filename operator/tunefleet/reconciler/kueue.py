@@ -11,16 +11,11 @@ resumes a Job, and never takes a suspended one for a failed one.
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
 from typing import Any
 
-import kubernetes
-from kubernetes.client.exceptions import ApiException
-
-from tunefleet import kube
 from tunefleet.builders.kueue import QUEUE_LABEL
+from tunefleet.kube import Kube
 
 log = logging.getLogger(__name__)
 
@@ -30,27 +25,12 @@ JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 NOT_INSTALLED = "no-kueue"  # what `workloads_of` answers when the API has no Workloads
 
 
-def workloads_of(namespace: str, job_uid: str) -> list[dict[str, Any]] | str:
+def workloads_of(client: Kube, namespace: str, job_uid: str) -> list[dict[str, Any]] | str:
     """The Workloads Kueue made for a Job (by its uid label), or NOT_INSTALLED."""
-    custom = kubernetes.client.CustomObjectsApi(kube.api())
-    for version in VERSIONS:
-        try:
-            resp = kube.call(
-                f"listing Kueue Workloads in {namespace}",
-                functools.partial(
-                    custom.list_namespaced_custom_object,
-                    GROUP, version, namespace, "workloads",
-                    label_selector=f"{JOB_UID_LABEL}={job_uid}",
-                    _preload_content=False, _request_timeout=kube.REQUEST_TIMEOUT,
-                ),
-            )  # fmt: skip
-        except ApiException as e:  # what kube.call leaves untranslated: a 404 among others
-            if e.status == 404:
-                continue  # this version (or Kueue) is not served
-            raise
-        items: list[dict[str, Any]] = json.loads(resp.data).get("items") or []
-        return items
-    return NOT_INSTALLED
+    found = client.list_custom(
+        GROUP, VERSIONS, namespace, "workloads", f"{JOB_UID_LABEL}={job_uid}"
+    )
+    return NOT_INSTALLED if found is None else found
 
 
 def _owned_by(workload: dict[str, Any], job_uid: str) -> bool:

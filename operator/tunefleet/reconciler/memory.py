@@ -15,6 +15,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from tunefleet import kube
+from tunefleet.kube import Kube
 from tunefleet.reconciler import kueue
 from tunefleet.reconciler.observe import Gathered, Want
 from tunefleet.runtime.heap import compacted
@@ -59,7 +60,7 @@ class ProfileMemory:
     # Why a suspended Job waits (Kueue's Workload), by Job uid: (read at, message).
     queued: dict[str, tuple[float, str]] = field(default_factory=dict)
 
-    def queued_of(self, job: dict[str, Any]) -> str:
+    def queued_of(self, job: dict[str, Any], client: Kube) -> str:
         """Kueue's word on a queued Job, read at most every QUEUED_TTL seconds."""
         meta = job.get("metadata") or {}
         uid = meta.get("uid", "")
@@ -67,7 +68,7 @@ class ProfileMemory:
         if cached and time.monotonic() - cached[0] < QUEUED_TTL:
             return cached[1]
         try:
-            found = kueue.workloads_of(meta.get("namespace", ""), uid)
+            found = kueue.workloads_of(client, meta.get("namespace", ""), uid)
         except (kube.Temporary, kube.Permanent, kube.Gone, ApiException) as e:
             # Only the reason is missing: the Job waits all the same.
             message = f"{kueue.why_queued(job, [])} (its Workload could not be read: {e})"
@@ -80,7 +81,7 @@ class ProfileMemory:
         self.queued[uid] = (time.monotonic(), message)
         return message
 
-    def gather(self, wants: list[Want]) -> Gathered:
+    def gather(self, wants: list[Want], client: Kube) -> Gathered:
         """Read what observing wants beyond the cache (observe.observe_wanting): the only API
         reads of a reconcile before it decides, each kept for its TTL."""
         events: dict[str, list[dict[str, Any]]] = {}
@@ -88,20 +89,20 @@ class ProfileMemory:
         for what, obj in wants:
             uid = (obj.get("metadata") or {}).get("uid", "")
             if what == "workload":
-                queued[uid] = self.queued_of(obj)
+                queued[uid] = self.queued_of(obj, client)
             elif what == "pod-events":
-                events[uid] = self.events_of(obj)
+                events[uid] = self.events_of(obj, client)
             else:
-                events[uid] = self.job_events_of(obj)
+                events[uid] = self.job_events_of(obj, client)
         return Gathered(events, queued)
 
-    def events_of(self, pod: dict[str, Any]) -> list[dict[str, Any]]:
+    def events_of(self, pod: dict[str, Any], client: Kube) -> list[dict[str, Any]]:
         """The kubelet's Events about one of the profile's pods."""
-        return self._events(pod, kube.pod_events)
+        return self._events(pod, client.pod_events)
 
-    def job_events_of(self, job: dict[str, Any]) -> list[dict[str, Any]]:
+    def job_events_of(self, job: dict[str, Any], client: Kube) -> list[dict[str, Any]]:
         """The Job controller's Events about one of the profile's Jobs."""
-        return self._events(job, kube.job_events)
+        return self._events(job, client.job_events)
 
     def _events(
         self, obj: dict[str, Any], read: Callable[[str, str], list[dict[str, Any]]]

@@ -39,6 +39,7 @@ from tunefleet.contracts.artifact import REJECTED, ArtifactRecord
 from tunefleet.informers import views
 from tunefleet.informers.cache import Untrusted
 from tunefleet.informers.views import ProfileRef, profile_ref
+from tunefleet.kube import Kube
 from tunefleet.reconciler import decide
 from tunefleet.reconciler.announce import announce
 from tunefleet.reconciler.diagnose import Hints
@@ -120,14 +121,14 @@ def hints_for(spec: TuningProfileSpec | None, config: Config) -> Hints:
     )
 
 
-def _too_few_nodes(spec: TuningProfileSpec, memory: Memory) -> dict[str, str]:
+def _too_few_nodes(client: Kube, spec: TuningProfileSpec, memory: Memory) -> dict[str, str]:
     """Models with fewer nodes than spec.gpu.parallelism: each share needs a node of its own."""
     key = naming.label_key(spec)
     out = {}
     for model in spec.gpu.models:
         cached = memory.node_counts.get((key, model))
         if cached is None or time.monotonic() - cached[0] > NODES_TTL:
-            cached = (time.monotonic(), kube.count_nodes(f"{key}={model}"))
+            cached = (time.monotonic(), client.count_nodes(f"{key}={model}"))
             memory.node_counts[(key, model)] = cached
         nodes = cached[1]
         if nodes < spec.gpu.parallelism:
@@ -149,6 +150,7 @@ class _Sync:
     pods: list[dict[str, Any]]  # the pods those Jobs control
     config: Config
     memory: ProfileMemory
+    client: Kube  # the process's client: every read and write of this reconcile goes through it
     spec: TuningProfileSpec | None = None
     problems: list[str] = field(default_factory=list)
     # What of spec.template the profile policy refuses (policy.py): nothing is made.
@@ -243,9 +245,9 @@ def _create_missing(s: _Sync) -> None:
         child = s.child(model)
         try:
             # The ConfigMap first: the Job's pod mounts it.
-            kube.create_owned(build_tuning_config_map(child))
+            s.client.create_owned(build_tuning_config_map(child))
             job = build_tuning_job(child)
-            made = kube.create_owned(job)
+            made = s.client.create_owned(job)
             if made is not None:
                 if not (made.get("spec") or {}).get("suspend"):
                     # Observed in this reconcile's status: the watch's echo of it then finds
@@ -255,7 +257,7 @@ def _create_missing(s: _Sync) -> None:
                     s.jobs = [*s.jobs, views.job_view(made)]
                 name, ns = job["metadata"]["name"], s.meta["namespace"]
                 log.info(f"created tuning Job {ns}/{name} for TuningProfile {s.meta['name']}")
-                kube.post_event_soon(
+                s.client.post_event_soon(
                     profile_ref(s.profile),
                     "Normal",
                     EventReason.TUNING_JOB_CREATED,
@@ -278,7 +280,7 @@ def _create_missing(s: _Sync) -> None:
 def _merge_when_shares_are_in(s: _Sync, observations: list[JobObservation]) -> None:
     assert s.spec is not None
     for model in decide.merges_due(observations, s.rev, s.jobs):
-        kube.create_owned(build_merge_job(s.child(model)))
+        s.client.create_owned(build_merge_job(s.child(model)))
 
 
 def _stop_superseded(s: _Sync) -> None:
@@ -291,12 +293,12 @@ def _stop_superseded(s: _Sync) -> None:
         meta = job["metadata"]
         rev = s.rev(decide.model_of(job))
         name = meta["name"]
-        kube.delete_owned("Job", ns, name, meta["uid"])
-        config_map = kube.read("ConfigMap", ns, name)
+        s.client.delete_owned("Job", ns, name, meta["uid"])
+        config_map = s.client.read("ConfigMap", ns, name)
         if config_map is not None and views.owning_profile(config_map["metadata"]) == uid:
-            kube.delete_owned("ConfigMap", ns, name, config_map["metadata"]["uid"])
+            s.client.delete_owned("ConfigMap", ns, name, config_map["metadata"]["uid"])
         log.info(f"TuningProfile {ns}/{s.meta['name']}: removed Job {name} of an earlier revision")
-        kube.post_event_soon(
+        s.client.post_event_soon(
             profile_ref(s.profile),
             "Normal",
             EventReason.SUPERSEDED,
@@ -316,10 +318,10 @@ def _follow_queue(s: _Sync) -> None:
         meta = move.job["metadata"]
         if move.action == "relabel":
             patch = {"metadata": {"labels": {QUEUE_LABEL: move.queue}}}
-            if kube.patch_owned("Job", ns, meta["name"], uid, patch):
+            if s.client.patch_owned("Job", ns, meta["name"], uid, patch):
                 log.info(f"Job {ns}/{meta['name']}: moved to Kueue LocalQueue {move.queue}")
         else:
-            kube.delete_owned("Job", ns, meta["name"], meta["uid"])
+            s.client.delete_owned("Job", ns, meta["name"], meta["uid"])
             log.info(f"Job {ns}/{meta['name']}: no queue any more; made again outside Kueue")
 
 
@@ -335,15 +337,15 @@ def _tend(s: _Sync, observations: list[JobObservation]) -> None:
             and s.memory.image_ids.get(obs.uid) != obs.image_id
         ):
             patch = {"data": {IMAGE_ID_KEY: obs.image_id}}
-            kube.patch_owned("ConfigMap", ns, obs.name, uid, patch)
+            s.client.patch_owned("ConfigMap", ns, obs.name, uid, patch)
             s.memory.image_ids[obs.uid] = obs.image_id
         if obs.record_to_keep and obs.record is not None:
             kept = {
                 "metadata": {"annotations": {naming.RECORD_ANNOTATION: obs.record.to_message()}}
             }
-            kube.patch_owned("Job", ns, obs.name, uid, kept)
+            s.client.patch_owned("Job", ns, obs.name, uid, kept)
         if obs.reason == Reason.CONFIG_MAP_MISSING and s.spec is not None:
-            kube.create_owned(build_tuning_config_map(s.child(obs.model)))
+            s.client.create_owned(build_tuning_config_map(s.child(obs.model)))
 
 
 def _deliver(s: _Sync, status: dict[str, Any]) -> None:
@@ -380,10 +382,10 @@ def _deliver(s: _Sync, status: dict[str, Any]) -> None:
             continue
         try:
             got = delivery.deliver(
+                s.client,
                 record,
                 ProfileRef.of(s.profile),
-                endpoint=endpoint,
-                region=storage.region or "",
+                store=delivery.store_options(endpoint, storage.region or "", s.config),
                 config=s.config,
                 vendor=s.spec.gpu.vendor,
             )
@@ -436,8 +438,8 @@ def _deliver_image_volumes(s: _Sync, artifacts: list[dict[str, Any]]) -> None:
             label = f"{naming.label_key(s.spec)}={record.gpu_model}"
             problem = delivery.image_volume_problem(
                 mode,
-                kube.server_minor() if auto else 0,
-                kube.node_runtimes(label) if auto and record.gpu_model else {},
+                s.client.server_minor() if auto else 0,
+                s.client.node_runtimes(label) if auto and record.gpu_model else {},
             )
             note = delivery.deliver_image_volume(record, public_key, required, s.config, problem)
         except (FetchError, StoreError, kube.Temporary, kube.Permanent) as e:
@@ -467,7 +469,7 @@ def _relabel(s: _Sync, there: dict[str, Any], entry: dict[str, Any]) -> None:
         return  # the watch has not caught up with one just made: nothing to put back
     ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
     try:
-        if not kube.patch_owned("ConfigMap", ns, name, uid, {"metadata": {"labels": want}}):
+        if not s.client.patch_owned("ConfigMap", ns, name, uid, {"metadata": {"labels": want}}):
             return
     except (kube.Temporary, kube.Permanent) as e:
         log.warning(f"ConfigMap {ns}/{name} lost its labels; labelling it again failed: {e}")
@@ -492,7 +494,7 @@ def _lost(s: _Sync, entry: dict[str, Any]) -> bool:
     if s.config_map_uid(ns, name) == made and made:
         return False
     try:
-        there = kube.read("ConfigMap", ns, name)
+        there = s.client.read("ConfigMap", ns, name)
     except kube.Temporary:
         return False  # not known now: the next reconcile looks again
     now_uid = str(((there or {}).get("metadata") or {}).get("uid") or "")
@@ -531,7 +533,7 @@ def _retire_config_maps(s: _Sync, previous: dict[str, Any], status: dict[str, An
     mem.retired_at = now_
     meta = s.meta
     try:
-        mem.retiring = set(delivery.retire(ProfileRef.of(s.profile), status))
+        mem.retiring = set(delivery.retire(s.client, ProfileRef.of(s.profile), status))
     except kube.Temporary as e:
         mem.retiring = (mem.retiring or set()) | dropped | {""}  # checked again later
         log.info(f"TuningProfile {meta['namespace']}/{meta['name']}: retiring ConfigMaps: {e}")
@@ -579,12 +581,12 @@ def _write_status(s: _Sync, status: dict[str, Any]) -> None:
     if not status_changed(previous, status):
         return
     rv = str(s.meta.get("resourceVersion") or "")
-    written = kube.replace_profile_status(s.meta["namespace"], s.meta["name"], rv, status)
+    written = s.client.replace_profile_status(s.meta["namespace"], s.meta["name"], rv, status)
     s.memory.written_rv = written
     s.on_written(written, status)
-    announce(s.profile, previous, status, s.unadmitted)
-    for type_, reason, message in s.capture.events:
-        kube.post_event_soon(profile_ref(s.profile), type_, reason, message)
+    said = announce(s.profile, previous, status, s.unadmitted)
+    for type_, reason, message in [*said, *s.capture.events]:
+        s.client.post_event_soon(profile_ref(s.profile), type_, reason, message)
     for reason in s.capture.retunes:
         metrics.RETUNES.labels(reason).inc()
 
@@ -625,7 +627,7 @@ def _report_delivery(s: _Sync) -> None:
     for cause, count in sorted(counts.items()):
         if count > s.memory.untuned_said.get(cause, 0):
             first = next(u for u in s.untuned_pods if u.cause == cause)
-            kube.post_event_soon(
+            s.client.post_event_soon(
                 ref,
                 "Warning",
                 Reason.PODS_UNTUNED,
@@ -634,13 +636,13 @@ def _report_delivery(s: _Sync) -> None:
             )
     s.memory.untuned_said = counts
     for line in s.remade:
-        kube.post_event_soon(ref, "Warning", EventReason.CONFIG_MAP_REMADE, line + ".")
+        s.client.post_event_soon(ref, "Warning", EventReason.CONFIG_MAP_REMADE, line + ".")
     for obj in s.foreign:
         if obj.uid in s.memory.reported:
             continue
         s.memory.reported.add(obj.uid)
         metrics.UNTRUSTED_OBJECTS.labels("configmaps").inc()
-        kube.post_event_soon(
+        s.client.post_event_soon(
             ref,
             "Warning",
             EventReason.UNTRUSTED_OBJECT,
@@ -657,7 +659,7 @@ def _report_untrusted(s: _Sync, untrusted: list[Untrusted]) -> None:
         if obj.uid in s.memory.reported:
             continue
         s.memory.reported.add(obj.uid)
-        kube.post_event_soon(
+        s.client.post_event_soon(
             profile_ref(s.profile),
             "Warning",
             EventReason.UNTRUSTED_OBJECT,
@@ -674,8 +676,10 @@ class Around:
     that claim it without its ownership, the model pods served untuned for a cause of ours,
     the capture source, the artifact ConfigMaps' uids as watched (None: not watched), and
     where the API server's answer to a status write goes (`on_written(resourceVersion,
-    status)`)."""
+    status)`); first of all, the process's client, through which every read and write of
+    the reconcile goes."""
 
+    client: Kube
     untrusted: list[Untrusted] = field(default_factory=list)
     untuned_pods: list[Untuned] = field(default_factory=list)
     captures: capture_step.CaptureSource | None = None
@@ -689,7 +693,7 @@ def sync_profile(
     pods: list[dict[str, Any]],
     config: Config,
     memory: Memory,
-    around: Around | None = None,
+    around: Around,
 ) -> Outcome:
     """Reconcile one profile (a view, see views.profile_view); returns the status it holds
     and when to look again (Outcome).
@@ -699,17 +703,17 @@ def sync_profile(
     kube.Conflict when the profile changed since it was read, kube.NotLeading when this
     replica may no longer write.
     """
-    a = around or Around()
+    a = around
     untrusted = a.untrusted
     meta = profile["metadata"]
     mine = memory.of(meta["uid"])
     unadmitted = memory.unadmitted.get((meta["namespace"], meta["name"]), [])
     s = _Sync(
-        profile, jobs, pods, config, mine, unadmitted=unadmitted, on_written=a.on_written,
+        profile, jobs, pods, config, mine, a.client, unadmitted=unadmitted, on_written=a.on_written,
         captures=a.captures, config_map_uid=a.config_map_uid, untuned_pods=a.untuned_pods,
     )  # fmt: skip
     with mine.lock:
-        _drop_legacy_finalizer(meta)
+        _drop_legacy_finalizer(s.client, meta)
         _read_spec(s, untrusted, memory)
         if s.acting:
             _create_missing(s)
@@ -739,10 +743,10 @@ def sync_profile(
         return Outcome(status, requeue_after(status))
 
 
-def _drop_legacy_finalizer(meta: dict[str, Any]) -> None:
+def _drop_legacy_finalizer(client: Kube, meta: dict[str, Any]) -> None:
     """Versions before 0.2 held a profile's deletion with a finalizer; nothing does now."""
     if naming.LEGACY_FINALIZER in (meta.get("finalizers") or []):
-        kube.remove_profile_finalizer(
+        client.remove_profile_finalizer(
             meta["namespace"], meta["name"], meta["uid"], meta["finalizers"],
             naming.LEGACY_FINALIZER,
         )  # fmt: skip
@@ -757,7 +761,7 @@ def _read_spec(s: _Sync, untrusted: list[Untrusted], memory: Memory) -> None:
         s.refused = policy.refusals(s.spec, s.config.profile_policy)
     _report_untrusted(s, untrusted)
     if s.acting and s.spec is not None and s.spec.gpu.parallelism > 1:
-        s.too_few = _too_few_nodes(s.spec, memory)
+        s.too_few = _too_few_nodes(s.client, s.spec, memory)
     if s.spec is None:
         return
     base = naming.revision(s.spec)
@@ -776,5 +780,5 @@ def _observe(s: _Sync, mine: ProfileMemory) -> list[JobObservation]:
     hints = hints_for(s.spec, s.config)
     observations, wants = observe_wanting(s.jobs, s.pods, hints, by_job)
     if wants:
-        observations = observe(s.jobs, s.pods, hints, by_job, mine.gather(wants))
+        observations = observe(s.jobs, s.pods, hints, by_job, mine.gather(wants, s.client))
     return observations

@@ -6,10 +6,11 @@ Transient failures (timeouts, 5xx, 429, RBAC not yet in place) become Temporary 
 suggested delay; a request the API server refuses for good (422) becomes Permanent. These are
 the project's own words: kopf serves the webhook and runs the startup, and nothing else speaks
 its errors. Every call has a timeout: a hung connection (half-open TCP, an overloaded API
-server) ends the call rather than the caller. Every write asks the fence first (`set_fence`,
-`write_timeout`): a replica that cannot prove it still holds the Lease long enough for the
-write to finish does not make it (NotLeading), so two replicas never write at once
-(leader.py).
+server) ends the call rather than the caller. A process holds one Client (no module global:
+two in one process, as in tests, never share a fence); every write asks its fence first
+(`Client.set_fence`, `Client.write_timeout`): a replica that cannot prove it still holds
+the Lease long enough for the write to finish does not make it (NotLeading), so two
+replicas never write at once (leader.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NoReturn, TypeVar, cast
 
@@ -26,7 +28,6 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 log = logging.getLogger(__name__)
-_api: kubernetes.client.ApiClient | None = None
 T = TypeVar("T")
 
 # Sized to the reconciler's workers plus the Event poster and the occasional scan, so that no
@@ -44,10 +45,6 @@ MIN_WRITE_SECONDS = 1.0  # a write with less time than this left under the Lease
 # write begun inside the fence lands within UNACKED_ABORT_S or never (leader.py's margin:
 # MIN_WRITE_SECONDS + lease duration - renew deadline > UNACKED_ABORT_S).
 UNACKED_ABORT_S = 2.0
-
-
-def _fence() -> float | None:
-    return None
 
 
 class Temporary(Exception):
@@ -84,22 +81,6 @@ class NotOurs(Exception):
     """An object of the name we would create exists and is not controlled by its owner."""
 
 
-def set_fence(fence: Callable[[], float | None]) -> None:
-    """`fence()`: seconds this replica may still write (None: no leader election)."""
-    global _fence
-    _fence = fence
-
-
-def write_timeout() -> float:
-    """The timeout of a write about to be made; NotLeading when none may be made."""
-    left = _fence()
-    if left is None:
-        return REQUEST_TIMEOUT
-    if left < MIN_WRITE_SECONDS:
-        raise NotLeading(f"not writing: {max(left, 0.0):.1f}s left under the Lease")
-    return min(REQUEST_TIMEOUT, left)
-
-
 def _configuration() -> kubernetes.client.Configuration:
     """In a pod its ServiceAccount, elsewhere $KUBECONFIG (as kopf itself does)."""
     config = kubernetes.client.Configuration()
@@ -110,14 +91,6 @@ def _configuration() -> kubernetes.client.Configuration:
     return config
 
 
-def login(pool_size: int = DEFAULT_POOL_SIZE) -> None:
-    global _api
-    config = _configuration()
-    config.connection_pool_maxsize = pool_size
-    _abort_unacknowledged(config)
-    _api = kubernetes.client.ApiClient(configuration=config)
-
-
 def _abort_unacknowledged(config: kubernetes.client.Configuration) -> None:
     if hasattr(socket, "TCP_USER_TIMEOUT"):  # Linux; elsewhere the client timeouts alone
         config.socket_options = [
@@ -126,11 +99,75 @@ def _abort_unacknowledged(config: kubernetes.client.Configuration) -> None:
         ]
 
 
-def api() -> kubernetes.client.ApiClient:
-    if _api is None:
-        login()
-    assert _api is not None
-    return _api
+def _no_fence() -> float | None:
+    return None
+
+
+class Client:
+    """A process's one connection to the API server and the fence its writes ask first. Made
+    once (the operator's: kube.Kube, at start-up); it logs in on first use, from the pod's
+    ServiceAccount or $KUBECONFIG, unless given an ApiClient."""
+
+    def __init__(self, api: kubernetes.client.ApiClient | None = None) -> None:
+        self._api = api
+        self._login = threading.Lock()
+        self._fence: Callable[[], float | None] = _no_fence
+
+    def login(
+        self,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        config: kubernetes.client.Configuration | None = None,
+    ) -> None:
+        """Connect with `config` (default: the pod's ServiceAccount, else $KUBECONFIG), its
+        pool sized to `pool_size`, aborting what the API server leaves unacknowledged."""
+        config = config or _configuration()
+        config.connection_pool_maxsize = pool_size
+        _abort_unacknowledged(config)
+        self._api = kubernetes.client.ApiClient(configuration=config)
+
+    def api(self) -> kubernetes.client.ApiClient:
+        with self._login:
+            if self._api is None:
+                self.login()
+            assert self._api is not None
+            return self._api
+
+    def set_fence(self, fence: Callable[[], float | None]) -> None:
+        """`fence()`: seconds this replica may still write (None: no leader election)."""
+        self._fence = fence
+
+    def write_timeout(self) -> float:
+        """The timeout of a write about to be made; NotLeading when none may be made."""
+        left = self._fence()
+        if left is None:
+            return REQUEST_TIMEOUT
+        if left < MIN_WRITE_SECONDS:
+            raise NotLeading(f"not writing: {max(left, 0.0):.1f}s left under the Lease")
+        return min(REQUEST_TIMEOUT, left)
+
+    # The generated clients over the one connection, for calls that have no method of their
+    # own on the operator's Kube (a TokenReview, a webhook's caBundle, a Lease).
+    def core(self) -> kubernetes.client.CoreV1Api:
+        return kubernetes.client.CoreV1Api(self.api())
+
+    def batch(self) -> kubernetes.client.BatchV1Api:
+        return kubernetes.client.BatchV1Api(self.api())
+
+    def custom(self) -> kubernetes.client.CustomObjectsApi:
+        return kubernetes.client.CustomObjectsApi(self.api())
+
+    def coordination(self) -> kubernetes.client.CoordinationV1Api:
+        return kubernetes.client.CoordinationV1Api(self.api())
+
+    def admission(self) -> kubernetes.client.AdmissionregistrationV1Api:
+        return kubernetes.client.AdmissionregistrationV1Api(self.api())
+
+    def authentication(self) -> kubernetes.client.AuthenticationV1Api:
+        return kubernetes.client.AuthenticationV1Api(self.api())
+
+    def watch_api(self, connections: int, *, metadata_only: bool = False) -> WatchApi:
+        """A pool of its own for the reflectors' long watches (see WatchApi)."""
+        return WatchApi(connections, metadata_only=metadata_only)
 
 
 def api_message(e: ApiException) -> str:

@@ -26,10 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import kubernetes
 from kubernetes.client.exceptions import ApiException
-
-from tunefleet.runtime import client
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +60,8 @@ class LeaseElector:
         namespace: str,
         identity: str,
         callbacks: Callbacks,
+        api: Any,  # a CoordinationV1Api: the process's Client.coordination()
         timing: Timing | None = None,
-        api: Any = None,
     ) -> None:
         self.name, self.namespace, self.identity = name, namespace, identity
         self.on_started, self.on_stopped = callbacks.on_started, callbacks.on_stopped
@@ -90,7 +87,7 @@ class LeaseElector:
         return max(self._valid_until - time.monotonic(), 0.0)
 
     def coordination(self) -> Any:
-        return self._api or kubernetes.client.CoordinationV1Api(client.api())
+        return self._api
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="leader-election", daemon=True)

@@ -34,6 +34,7 @@ from tunefleet.contracts.admission import Admission
 from tunefleet.contracts.artifact import IMAGE_VOLUME, ArtifactRecord
 from tunefleet.informers import views
 from tunefleet.informers.views import ProfileRef
+from tunefleet.kube import Kube
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import StoreError, StoreOptions
 from tuner_job.output import MANIFEST_NAME
@@ -183,11 +184,11 @@ def content_problem(
 
 
 def deliver(
+    client: Kube,
     record: ArtifactRecord,
     owner: ProfileRef,
     *,
-    endpoint: str,
-    region: str,
+    store: StoreOptions,
     config: Config,
     vendor: str = "",
 ) -> Delivered:
@@ -201,7 +202,7 @@ def deliver(
         )
     if scheme != "s3":
         raise FetchError("a pvc:// artifact is read from the claim by the fetch init container")
-    got = _download(record, endpoint, region, config, vendor)
+    got = _download(record, store, config, vendor)
     cm = build_artifact_config_map(
         namespace=owner.namespace,
         profile=owner.name,
@@ -216,17 +217,22 @@ def deliver(
     )
     if cm is None:
         raise FetchError(f"{len(got.results)} bytes do not fit a ConfigMap, even gzipped")
-    return _place(cm, record, owner.namespace, owner.uid)
+    return _place(client, cm, record, owner)
+
+
+def store_options(endpoint: str, region: str, config: Config) -> StoreOptions:
+    """How delivery reads the store: the profile's endpoint and region, the operator's
+    delivery timeout."""
+    return StoreOptions(
+        endpoint_url=endpoint or None, region=region or None, timeout_s=config.delivery_timeout_s
+    )
 
 
 def _download(
-    record: ArtifactRecord, endpoint: str, region: str, config: Config, vendor: str
+    record: ArtifactRecord, options: StoreOptions, config: Config, vendor: str
 ) -> Verified:
     """The artifact read with the operator's read identity and verified as fetch does (its
     SHA-256s, its manifest, its fit to the GPU model)."""
-    options = StoreOptions(
-        endpoint_url=endpoint or None, region=region or None, timeout_s=config.delivery_timeout_s
-    )
     return download_verified(
         Pinned(
             record.uri,
@@ -243,14 +249,17 @@ def _download(
     )
 
 
-def _place(cm: dict[str, Any], record: ArtifactRecord, namespace: str, uid: str) -> Delivered:
+def _place(
+    client: Kube, cm: dict[str, Any], record: ArtifactRecord, owner: ProfileRef
+) -> Delivered:
     """Create the ConfigMap, or take the one under its name if it holds exactly the artifact;
     a foreign one is stepped around under a name derived from its uid (NAMES_TRIED names)."""
+    namespace, uid = owner.namespace, owner.uid
     base = name = cm["metadata"]["name"]
     foreign: list[Foreign] = []
     for _ in range(NAMES_TRIED):
         cm["metadata"]["name"] = name
-        there, made = _create_or_read(cm, namespace, name)
+        there, made = _create_or_read(client, cm, namespace, name)
         meta = there.get("metadata") or {}
         # What we made holds the verified bytes; what we found is judged by what it holds.
         problem = "" if made else content_problem(there, record.sha256, record.manifest_sha256, uid)
@@ -271,15 +280,17 @@ def _place(cm: dict[str, Any], record: ArtifactRecord, namespace: str, uid: str)
     )
 
 
-def _create_or_read(cm: dict[str, Any], namespace: str, name: str) -> tuple[dict[str, Any], bool]:
+def _create_or_read(
+    client: Kube, cm: dict[str, Any], namespace: str, name: str
+) -> tuple[dict[str, Any], bool]:
     """What stands under `name` once we tried to make `cm` there, and whether we made it."""
     try:
-        made = kube.create_owned(cm)
+        made = client.create_owned(cm)
     except kube.NotOurs:
         made = None  # judged by content, like any object found there
     if made is not None:
         return made, True
-    there = kube.read("ConfigMap", namespace, name)
+    there = client.read("ConfigMap", namespace, name)
     if there is None:
         raise StoreError(f"ConfigMap {namespace}/{name} vanished as it was made")
     return there, False
@@ -335,19 +346,19 @@ def holds_what_it_claims(config_map: dict[str, Any], profile_uid: str) -> bool:
     return bool(sha) and not content_problem(config_map, sha, manifest, profile_uid)
 
 
-def retire(owner: ProfileRef, status: dict[str, Any]) -> list[str]:
+def retire(client: Kube, owner: ProfileRef, status: dict[str, Any]) -> list[str]:
     """Delete the profile's artifact ConfigMaps nothing uses any more (see retirable); returns
     the names of those still mounted by a pod (to check again later). Pods are listed only
     when there is a candidate."""
     namespace, profile, profile_uid = owner
     selector = f"{naming.PROFILE_UID_LABEL}={profile_uid},{naming.ROLE_LABEL}=artifact"
-    config_maps = list(kube.list_all("configmaps", selector, namespace))
+    config_maps = list(client.list_all("configmaps", selector, namespace))
     candidates = retirable(config_maps, profile_uid, status, ())
     if not candidates:
         return []
-    pods = kube.list_all("pods", f"{naming.PROFILE_LABEL}={profile}", namespace)
+    pods = client.list_all("pods", f"{naming.PROFILE_LABEL}={profile}", namespace)
     unused = retirable(config_maps, profile_uid, status, pods)
     for name, uid in unused:
-        kube.delete_owned("ConfigMap", namespace, name, uid)
+        client.delete_owned("ConfigMap", namespace, name, uid)
         log.info(f"removed artifact ConfigMap {namespace}/{name}: no status or pod names it")
     return sorted({name for name, _ in candidates} - {name for name, _ in unused})

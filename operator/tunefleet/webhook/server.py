@@ -7,12 +7,11 @@ import tempfile
 from pathlib import Path
 
 import kopf
-import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from tunefleet import kube
 from tunefleet.builders.webhook import HANDLER_ID, build_webhook_configuration
 from tunefleet.config import Config
+from tunefleet.kube import Kube
 
 
 def build(config: Config) -> kopf.WebhookServer:
@@ -36,7 +35,7 @@ def build(config: Config) -> kopf.WebhookServer:
 
 
 async def register_when_ready(
-    server: kopf.WebhookServer, config: Config, logger: kopf.Logger
+    client: Kube, server: kopf.WebhookServer, config: Config, logger: kopf.Logger
 ) -> None:
     """Create or replace the MutatingWebhookConfiguration that points at this process."""
     host = config.webhook_host or "127.0.0.1"
@@ -48,7 +47,7 @@ async def register_when_ready(
         timeout_seconds=config.webhook_timeout_seconds,
         namespaces=config.namespaces,
     )
-    admission = kubernetes.client.AdmissionregistrationV1Api(kube.api())
+    admission = client.admission()
     try:
         admission.create_mutating_webhook_configuration(body)
     except ApiException as e:

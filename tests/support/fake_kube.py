@@ -1,0 +1,271 @@
+"""`FakeKube`: the one fake of the operator's client object (tunefleet.kube.Kube) for unit
+tests, handed to the code as the real one is (no module patched). It records every call as
+(kind, verb, object) in `calls`, answers as an empty cluster would, and keeps what it was
+asked to make. A test scripts an answer the way controller-runtime's interceptor funcs do:
+`FakeKube(intercept={"read": fn})` (or `fake.intercept["read"] = fn`) runs `fn` with the
+method's own arguments instead of the fake's answer (FakeKube.DEFAULT from `fn`: the fake's
+own answer after all). It never reaches an API server: a call
+with no fake answer (a generated client no test gave) fails the test, naming the call."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from tunefleet import kube
+
+
+class FakeKube(kube.Kube):
+    """`existing` names answer a create as the API server does when an object of that name is
+    there and ours (None); `foreign` ones as when it is someone else's (NotOurs)."""
+
+    def __init__(
+        self,
+        existing: set[str] | None = None,
+        foreign: set[str] | None = None,
+        intercept: dict[str, Callable[..., Any]] | None = None,
+        generated: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.existing = set(existing or ())
+        self.foreign = set(foreign or ())
+        self.intercept: dict[str, Callable[..., Any]] = dict(intercept or {})
+        # Stand-ins for the generated clients (core, batch, custom, ...), by accessor name.
+        self.generated: dict[str, Any] = dict(generated or {})
+        self.calls: list[tuple[str, str, Any]] = []  # (kind, verb, object or name)
+        self.created: list[tuple[str, str]] = []
+        self.patches: list[dict[str, Any]] = []  # status writes
+        self.status_versions: list[str] = []  # the resourceVersion each was made over
+        self.owned_patches: list[tuple[str, str, dict[str, Any]]] = []
+        self.deleted: list[tuple[str, str]] = []
+        self.events: list[tuple[str, str]] = []
+        self.fail_job_with: Exception | None = None
+        self.conflict = False
+        # What a list answers, by kind ("configmaps", "pods"), and the lists made.
+        self.listed: dict[str, list[dict[str, Any]]] = {}
+        self.lists: list[tuple[str, str]] = []
+        self.events_of_jobs: list[dict[str, Any]] = []  # what Events about any Job answer
+        self.nodes = 0  # what count_nodes answers
+        self.finalizers_removed: list[tuple[str, str, str, list[str], str]] = []
+
+    # What an intercept returns to leave this call to the fake's own answer.
+    DEFAULT: Any = object()
+
+    def _scripted(self, verb: str, *args: Any) -> tuple[bool, Any]:
+        fn = self.intercept.get(verb)
+        answer = self.DEFAULT if fn is None else fn(*args)
+        return (False, None) if answer is self.DEFAULT else (True, answer)
+
+    def verbs(self, verb: str) -> list[tuple[str, str, Any]]:
+        return [c for c in self.calls if c[1] == verb]
+
+    # --- no API server ----------------------------------------------------------------------
+
+    def api(self) -> Any:
+        raise AssertionError("FakeKube reaches no API server: give the test a fake answer")
+
+    def _generated(self, name: str) -> Any:
+        if name not in self.generated:
+            raise AssertionError(f"FakeKube: no stand-in for the {name} client (generated=)")
+        self.calls.append((name, "client", None))
+        return self.generated[name]
+
+    def core(self) -> Any:
+        return self._generated("core")
+
+    def batch(self) -> Any:
+        return self._generated("batch")
+
+    def custom(self) -> Any:
+        return self._generated("custom")
+
+    def coordination(self) -> Any:
+        return self._generated("coordination")
+
+    def admission(self) -> Any:
+        return self._generated("admission")
+
+    def authentication(self) -> Any:
+        return self._generated("authentication")
+
+    # --- profiles -------------------------------------------------------------------------
+
+    def get_profile(
+        self, namespace: str, name: str, timeout_s: float = 2.0
+    ) -> dict[str, Any] | None:
+        self.calls.append(("TuningProfile", "get", f"{namespace}/{name}"))
+        done, answer = self._scripted("get_profile", namespace, name, timeout_s)
+        return answer if done else None
+
+    def remove_profile_finalizer(
+        self, namespace: str, name: str, uid: str, finalizers: list[str], finalizer: str
+    ) -> None:
+        removed = (namespace, name, uid, list(finalizers), finalizer)
+        self.calls.append(("TuningProfile", "patch", removed))
+        self.finalizers_removed.append(removed)
+
+    def replace_profile_status(
+        self, namespace: str, name: str, resource_version: str, status: dict[str, Any]
+    ) -> str:
+        self.calls.append(("TuningProfile", "update_status", status))
+        self.status_versions.append(resource_version)
+        if self.conflict:
+            raise kube.Conflict("changed")
+        self.patches.append(status)
+        return f"rv-{len(self.patches)}"
+
+    # --- lists, nodes, Events ---------------------------------------------------------------
+
+    def list_all(
+        self, kind: str, label_selector: str = "", namespace: str | None = None
+    ) -> Iterator[dict[str, Any]]:
+        self.calls.append((kind, "list", label_selector))
+        self.lists.append((kind, label_selector))
+        yield from self.listed.get(kind, [])
+
+    def list_pods(self, namespace: str | None, label_selector: str) -> list[dict[str, Any]]:
+        self.calls.append(("pods", "list", label_selector))
+        done, answer = self._scripted("list_pods", namespace, label_selector)
+        return list(answer) if done else list(self.listed.get("pods", []))
+
+    def count_nodes(self, label_selector: str) -> int:
+        self.calls.append(("nodes", "list", label_selector))
+        return self.nodes
+
+    def node_runtimes(self, label_selector: str) -> dict[str, str]:
+        self.calls.append(("nodes", "list", label_selector))
+        done, answer = self._scripted("node_runtimes", label_selector)
+        return dict(answer) if done else {}
+
+    def server_minor(self) -> int:
+        done, answer = self._scripted("server_minor")
+        return int(answer) if done else 0
+
+    def events_about(self, kind: str, namespace: str, name: str) -> list[dict[str, Any]]:
+        self.calls.append(("events", "list", (kind, namespace, name)))
+        done, answer = self._scripted("events_about", kind, namespace, name)
+        if done:
+            return list(answer)
+        return list(self.events_of_jobs) if kind == "Job" else []
+
+    def post_event_soon(self, ref: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        self.calls.append(("events", "create", (reason, message)))
+        self.events.append((reason, message))
+
+    def list_node_metadata(self, label_selector: str) -> tuple[list[dict[str, Any]], str]:
+        self.calls.append(("nodes", "list", label_selector))
+        done, answer = self._scripted("list_node_metadata", label_selector)
+        return answer if done else ([], "1")
+
+    def watch_node_metadata(
+        self, label_selector: str, resource_version: str, timeout_s: int
+    ) -> Iterator[dict[str, Any]]:
+        self.calls.append(("nodes", "watch", label_selector))
+        done, answer = self._scripted(
+            "watch_node_metadata", label_selector, resource_version, timeout_s
+        )
+        yield from answer if done else ()
+
+    def list_custom(
+        self,
+        group: str,
+        versions: tuple[str, ...],
+        namespace: str,
+        plural: str,
+        label_selector: str,
+    ) -> list[dict[str, Any]] | None:
+        self.calls.append((plural, "list", label_selector))
+        done, answer = self._scripted(
+            "list_custom", group, versions, namespace, plural, label_selector
+        )
+        return answer if done else []  # installed, and nothing there yet
+
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls.append(("Pod", "get", f"{namespace}/{name}"))
+        done, answer = self._scripted("read_pod", namespace, name)
+        return answer if done else None
+
+    def review_token(self, token: str, audience: str) -> dict[str, Any]:
+        self.calls.append(("TokenReview", "create", audience))
+        done, answer = self._scripted("review_token", token, audience)
+        return dict(answer) if done else {"authenticated": False}
+
+    # --- owned objects ----------------------------------------------------------------------
+
+    def read(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls.append((kind, "get", f"{namespace}/{name}"))
+        done, answer = self._scripted("read", kind, namespace, name)
+        return answer if done else None
+
+    def create_owned(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        self.calls.append((obj["kind"], "create", obj))
+        done, answer = self._scripted("create_owned", obj)
+        if done:
+            return answer  # type: ignore[no-any-return]
+        if obj["kind"] == "Job" and self.fail_job_with is not None:
+            raise self.fail_job_with
+        name = obj["metadata"]["name"]
+        if name in self.foreign:
+            raise kube.NotOurs(
+                f"{obj['kind']} ml/{name} exists but is not controlled by it: it is not used; "
+                "delete it"
+            )
+        if (obj["kind"], name) in {(k, n) for k, n in self.created} or name in self.existing:
+            return None
+        self.created.append((obj["kind"], name))
+        return {**obj, "metadata": {**obj["metadata"], "uid": f"juid-{name}"}}  # as jobs_for
+
+    def patch_owned(
+        self, kind: str, namespace: str, name: str, owner_uid: str, patch: dict[str, Any]
+    ) -> bool:
+        self.calls.append((kind, "patch", patch))
+        done, answer = self._scripted("patch_owned", kind, namespace, name, owner_uid, patch)
+        if done:
+            return bool(answer)
+        self.owned_patches.append((kind, name, patch))
+        return True
+
+    def delete_owned(self, kind: str, namespace: str, name: str, uid: str) -> None:
+        self.calls.append((kind, "delete", f"{namespace}/{name}"))
+        done, _ = self._scripted("delete_owned", kind, namespace, name, uid)
+        if not done:
+            self.deleted.append((kind, name))
+
+    def create_config_map(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        self.calls.append(("ConfigMap", "create", obj))
+        done, answer = self._scripted("create_config_map", obj)
+        return answer if done else {**obj, "metadata": {**obj["metadata"], "uid": "u"}}
+
+    def patch_config_map(
+        self, namespace: str, name: str, resource_version: str, patch: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        self.calls.append(("ConfigMap", "patch", patch))
+        done, answer = self._scripted("patch_config_map", namespace, name, resource_version, patch)
+        return answer if done else None
+
+
+class OverGenerated(kube.Kube):
+    """The real client's own logic (kube.Kube's methods, untouched) over stand-ins for the
+    generated clients it calls (`core=`, `batch=`, `custom=`, ...): for tests of how it reads
+    the API server's answers (a 409, a 404), where FakeKube would answer for it."""
+
+    def __init__(self, **generated: Any) -> None:
+        super().__init__()
+        self.generated = generated
+
+    def api(self) -> Any:
+        raise AssertionError("OverGenerated reaches no API server: give it the generated client")
+
+    def _generated(self, name: str) -> Any:
+        if name not in self.generated:
+            raise AssertionError(f"OverGenerated: no stand-in for the {name} client")
+        return self.generated[name]
+
+    def core(self) -> Any:
+        return self._generated("core")
+
+    def batch(self) -> Any:
+        return self._generated("batch")
+
+    def custom(self) -> Any:
+        return self._generated("custom")
