@@ -13,7 +13,7 @@ from tunefleet.config import Config
 from tunefleet.reconciler import controller as controller_mod
 from tunefleet.reconciler.controller import Controller, Indexes
 from tunefleet.reconciler.memory import QUEUED_TTL
-from tunefleet.reconciler.reconcile import REDELIVER_AFTER_S, Outcome, requeue_after
+from tunefleet.reconciler.reconcile import ENDS, REDELIVER_AFTER_S, Outcome, requeue_after
 
 
 def make(
@@ -31,6 +31,9 @@ def make(
     )
 
     def sync(*_: Any, **__: Any) -> Outcome:
+        # As sync_profile: the project's errors come back in the Outcome, a bug raises.
+        if isinstance(outcome, ENDS):
+            return Outcome({}, after, outcome)
         if outcome is not None:
             raise outcome
         return Outcome({}, after)

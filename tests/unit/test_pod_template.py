@@ -16,7 +16,7 @@ import yaml
 from pydantic import ValidationError
 
 from tests.support.fake_kube import FakeKube
-from tunefleet import kube, naming
+from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.api.conditions import Reason
 from tunefleet.api.policy import ProfilePolicy, refusals
@@ -514,8 +514,8 @@ def test_a_refused_template_makes_no_job_and_says_why(monkeypatch: pytest.Monkey
         }
     )
     api = FakeKube()
-    with pytest.raises(kube.Permanent, match="hostPath"):
-        sync_profile(p, [], [], CFG, Memory(), Around(api))
+    outcome = sync_profile(p, [], [], CFG, Memory(), Around(api))
+    assert outcome.terminal and "hostPath" in str(outcome.error)
     assert api.created == []
     (status,) = api.patches
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")

@@ -4,6 +4,7 @@ writes and announces, and what it does not (unit tier: the API calls are stubbed
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -89,8 +90,9 @@ def test_a_job_made_for_kueue_is_not_observed_before_kueue_has_seen_it(
 def test_invalid_spec_is_a_condition_and_a_permanent_error(monkeypatch: pytest.MonkeyPatch) -> None:
     p = profile(gpu={"vendor": "amd", "models": ["MI300X OAM"]})
     api = FakeKube()
-    with pytest.raises(kube.Permanent, match="can't be a node label value"):
-        sync_profile(p, [], [], CFG, Memory(), Around(api))
+    outcome = sync_profile(p, [], [], CFG, Memory(), Around(api))
+    assert isinstance(outcome.error, kube.Permanent)
+    assert re.search("can't be a node label value", str(outcome.error))
     assert api.created == []
     (status,) = api.patches
     assert status["phase"] == "Invalid"
@@ -102,8 +104,8 @@ def test_a_job_the_api_server_refuses_is_reported_not_retried(
 ) -> None:
     api = FakeKube()
     api.fail_job_with = kube.Permanent("creating Job ml/x: the API server refused it: bad")
-    with pytest.raises(kube.Permanent):
-        sync_profile(profile(), [], [], CFG, Memory(), Around(api))
+    outcome = sync_profile(profile(), [], [], CFG, Memory(), Around(api))
+    assert isinstance(outcome.error, kube.Permanent)
     (status,) = api.patches
     assert "the API server refused it: bad" in status["conditions"][0]["message"]
 
@@ -185,8 +187,8 @@ def test_a_job_that_cannot_be_made_now_is_said_in_status_then_retried(
     api.fail_job_with = kube.Temporary(
         'creating Job ml/x: jobs "x" is forbidden: exceeded quota: no-jobs', delay=30
     )
-    with pytest.raises(kube.Temporary):
-        sync_profile(profile(), [], [], CFG, Memory(), Around(api))
+    outcome = sync_profile(profile(), [], [], CFG, Memory(), Around(api))
+    assert isinstance(outcome.error, kube.Temporary)
     (status,) = api.patches
     ready = status["conditions"][0]
     assert ready["reason"] == "JobCreateFailed" and "exceeded quota" in ready["message"]
@@ -276,3 +278,26 @@ def test_the_finalizer_of_versions_before_0_2_is_taken_off_even_while_deleting(
             "metadata"
         ]
     )
+
+
+def test_writes_go_children_then_status_then_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    api = FakeKube()
+    sync_profile(profile(), [], [], CFG, Memory(), Around(api))
+    order = [verb for kind, verb, _ in api.calls if verb in ("create", "update_status")]
+    kinds = [kind for kind, verb, _ in api.calls if verb in ("create", "update_status")]
+    first_event, status_at = kinds.index("events"), kinds.index("TuningProfile")
+    assert {"ConfigMap", "Job"} <= set(kinds[:status_at]) and status_at < first_event
+    assert set(kinds[first_event:]) == {"events"}, order
+    assert [r for r, _ in api.events].count("TuningJobCreated") == len(MODELS)
+
+
+def test_a_reconcile_never_raises_after_a_write_and_what_it_made_stays_said(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    api = FakeKube()
+    api.conflict = True  # the profile changed since it was read: the status write fails
+    outcome = sync_profile(profile(), [], [], CFG, Memory(), Around(api))
+    assert isinstance(outcome.error, kube.Conflict) and not outcome.terminal
+    assert [k for k, _ in api.created].count("Job") == len(MODELS)
+    # The Jobs were made: their Events are posted though the status did not land.
+    assert [r for r, _ in api.events].count("TuningJobCreated") == len(MODELS)

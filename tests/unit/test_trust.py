@@ -111,8 +111,9 @@ def test_an_object_of_someone_else_under_our_name_is_never_used(
     p = profile(gpu={"vendor": "amd", "models": MODELS[:1]})
     (job,) = jobs_for(p, MODELS[:1])
     api = FakeKube(foreign={job["metadata"]["name"]})
-    with pytest.raises(kube.Temporary, match="not controlled by"):
-        sync_profile(p, [], [], CFG, Memory(), Around(api))
+    outcome = sync_profile(p, [], [], CFG, Memory(), Around(api))
+    assert isinstance(outcome.error, kube.Temporary)
+    assert "not controlled by" in str(outcome.error)
     assert api.created == []
     ready = api.patches[-1]["conditions"][0]
     assert ready["reason"] == "JobCreateFailed" and "delete it" in ready["message"]
@@ -159,8 +160,8 @@ def test_status_is_written_over_the_version_read_and_an_invalid_profile_keeps_no
     assert seen == ["7"] and ready["tunedGemms"] and ready["revision"]
     broken = profile(gpu={"vendor": "amd", "models": ["MI300X OAM"]})
     broken["metadata"]["resourceVersion"] = "9"
-    with pytest.raises(kube.Permanent):
-        sync_profile({**broken, "status": ready}, [], [], CFG, Memory(), Around(api))
+    outcome = sync_profile({**broken, "status": ready}, [], [], CFG, Memory(), Around(api))
+    assert isinstance(outcome.error, kube.Permanent)
     invalid = api.patches[-1]
     assert invalid["phase"] == "Invalid" and invalid["artifacts"] == ready["artifacts"]
     for stale in ("tunedGemms", "gemms", "note", "revision", "progress", "reuse", "shortSha256"):

@@ -4,11 +4,11 @@ Reflectors (runtime/reflector.py, the kinds of watch.py) feed event handlers (ha
 keep a small view of each object in the cache (cache.py) and add the owning profile to the
 queue (runtime/workqueue.py). Workers take keys and run `reconcile.sync_profile` against the
 cache; its Outcome says how soon to look again when no event will (the engine never reads a
-condition). A reconcile that fails transiently (kube.Temporary) is retried with per-profile
-exponential backoff (1 s doubling to 5 min); a permanent problem (kube.Permanent) is
-reported in status once and waits for the next change. Every `resync_seconds` all profiles
-are queued again (a no-op unless something drifted) and labelled pods that the webhook never
-saw are counted.
+condition). A reconcile whose Outcome ends on a transient error (kube.Temporary) is retried
+with per-profile exponential backoff (1 s doubling to 5 min); a permanent problem
+(kube.Permanent) is reported in status once and waits for the next change. Every
+`resync_seconds` all profiles are queued again (a no-op unless something drifted) and
+labelled pods that the webhook never saw are counted.
 """
 
 from __future__ import annotations
@@ -179,9 +179,12 @@ class Controller:
         started = time.perf_counter()
         try:
             outcome = self._sync(key, profile)
-        except Exception as e:
+        except Exception as e:  # a bug: sync_profile returns the project's own errors
             self._failed(key, uid, e)
         else:
+            if outcome.error is not None:
+                self._failed(key, uid, outcome.error)
+                return
             self.queue.forget(key)
             if outcome.requeue_after is not None:
                 self.queue.add_after(key, outcome.requeue_after)
@@ -211,7 +214,8 @@ class Controller:
         )
 
     def _failed(self, key: Key, uid: str, e: Exception) -> None:
-        """What a failed reconcile leaves queued (called while its exception is handled)."""
+        """What a failed reconcile leaves queued: by the error its Outcome ended on, or (a bug)
+        the exception it raised, while that is handled."""
         where = f"TuningProfile {key[0]}/{key[1]}"
         if isinstance(e, kube.Permanent):
             # Reported in the profile's status (and an Event on the transition); nothing to

@@ -65,6 +65,23 @@ class Outcome:
 
     status: dict[str, Any]
     requeue_after: float | None = None
+    # The project's error the reconcile ended on, after reporting what it could in status:
+    # kube.Permanent (terminal: nothing to retry until the spec changes), kube.Temporary
+    # (retried after its delay), kube.Gone, kube.Conflict (read again, compute again),
+    # kube.NotLeading. sync_profile returns it rather than raising it: nothing raises after a
+    # write, and what the reconcile made stays said (its Events are posted all the same).
+    error: Exception | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return isinstance(self.error, kube.Permanent)
+
+
+# An Event about the profile, (type, reason, message): every step's are posted in one place,
+# after the status write (children, then status, then Events).
+Event = tuple[str, str, str]
+# The errors a reconcile ends on (see Outcome.error); anything else is a bug, and raises.
+ENDS = (kube.Temporary, kube.Permanent, kube.Gone, kube.Conflict, kube.NotLeading)
 
 
 def requeue_after(status: dict[str, Any]) -> float | None:
@@ -171,6 +188,7 @@ class _Sync:
     # What delivery found this pass: ConfigMaps made again, foreign objects in the way.
     remade: list[str] = field(default_factory=list)
     foreign: list[delivery.Foreign] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)  # posted once, at the end (_post_events)
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -257,11 +275,8 @@ def _create_missing(s: _Sync) -> None:
                     s.jobs = [*s.jobs, views.job_view(made)]
                 name, ns = job["metadata"]["name"], s.meta["namespace"]
                 log.info(f"created tuning Job {ns}/{name} for TuningProfile {s.meta['name']}")
-                s.client.post_event_soon(
-                    profile_ref(s.profile),
-                    "Normal",
-                    EventReason.TUNING_JOB_CREATED,
-                    f"Created tuning Job {name}.",
+                s.events.append(
+                    ("Normal", EventReason.TUNING_JOB_CREATED, f"Created tuning Job {name}.")
                 )
         except kube.Permanent as e:
             # The API server refused what the spec made: a spec problem to report.
@@ -298,12 +313,13 @@ def _stop_superseded(s: _Sync) -> None:
         if config_map is not None and views.owning_profile(config_map["metadata"]) == uid:
             s.client.delete_owned("ConfigMap", ns, name, config_map["metadata"]["uid"])
         log.info(f"TuningProfile {ns}/{s.meta['name']}: removed Job {name} of an earlier revision")
-        s.client.post_event_soon(
-            profile_ref(s.profile),
-            "Normal",
-            EventReason.SUPERSEDED,
-            f"Removed tuning Job {name} of revision {meta['labels'].get(naming.REVISION_LABEL)}: "
-            f"revision {rev} replaces it.",
+        s.events.append(
+            (
+                "Normal",
+                EventReason.SUPERSEDED,
+                f"Removed tuning Job {name} of revision "
+                f"{meta['labels'].get(naming.REVISION_LABEL)}: revision {rev} replaces it.",
+            )
         )
 
 
@@ -585,8 +601,7 @@ def _write_status(s: _Sync, status: dict[str, Any]) -> None:
     s.memory.written_rv = written
     s.on_written(written, status)
     said = announce(s.profile, previous, status, s.unadmitted)
-    for type_, reason, message in [*said, *s.capture.events]:
-        s.client.post_event_soon(profile_ref(s.profile), type_, reason, message)
+    s.events += [*said, *s.capture.events]
     for reason in s.capture.retunes:
         metrics.RETUNES.labels(reason).inc()
 
@@ -620,36 +635,37 @@ def _capture_against_new_artifacts(
 def _report_delivery(s: _Sync) -> None:
     """ConfigMaps made again, and foreign objects found where an artifact's ConfigMap was to
     be: one Event each (a foreign one once per uid), a metric."""
-    ref = profile_ref(s.profile)
     counts: dict[str, int] = {}
     for u in s.untuned_pods:
         counts[u.cause] = counts.get(u.cause, 0) + 1
     for cause, count in sorted(counts.items()):
         if count > s.memory.untuned_said.get(cause, 0):
             first = next(u for u in s.untuned_pods if u.cause == cause)
-            s.client.post_event_soon(
-                ref,
-                "Warning",
-                Reason.PODS_UNTUNED,
-                f"{count} model pod(s) run without the artifact ({cause}): {first.reason} "
-                f"(pod {first.pod}). `kubectl tunefleet why {first.pod}` says what to do.",
+            s.events.append(
+                (
+                    "Warning",
+                    Reason.PODS_UNTUNED,
+                    f"{count} model pod(s) run without the artifact ({cause}): {first.reason} "
+                    f"(pod {first.pod}). `kubectl tunefleet why {first.pod}` says what to do.",
+                )
             )
     s.memory.untuned_said = counts
     for line in s.remade:
-        s.client.post_event_soon(ref, "Warning", EventReason.CONFIG_MAP_REMADE, line + ".")
+        s.events.append(("Warning", EventReason.CONFIG_MAP_REMADE, line + "."))
     for obj in s.foreign:
         if obj.uid in s.memory.reported:
             continue
         s.memory.reported.add(obj.uid)
         metrics.UNTRUSTED_OBJECTS.labels("configmaps").inc()
-        s.client.post_event_soon(
-            ref,
-            "Warning",
-            EventReason.UNTRUSTED_OBJECT,
-            f"ConfigMap {s.meta['namespace']}/{obj.name} (uid {obj.uid}) stands where an "
-            f"artifact's ConfigMap is made, but is not that artifact: {obj.why}. It is never "
-            "mounted; the artifact is delivered under another name. Delete it if nothing "
-            "else needs it.",
+        s.events.append(
+            (
+                "Warning",
+                EventReason.UNTRUSTED_OBJECT,
+                f"ConfigMap {s.meta['namespace']}/{obj.name} (uid {obj.uid}) stands where an "
+                f"artifact's ConfigMap is made, but is not that artifact: {obj.why}. It is never "
+                "mounted; the artifact is delivered under another name. Delete it if nothing "
+                "else needs it.",
+            )
         )
 
 
@@ -659,15 +675,24 @@ def _report_untrusted(s: _Sync, untrusted: list[Untrusted]) -> None:
         if obj.uid in s.memory.reported:
             continue
         s.memory.reported.add(obj.uid)
-        s.client.post_event_soon(
-            profile_ref(s.profile),
-            "Warning",
-            EventReason.UNTRUSTED_OBJECT,
-            f"{obj.kind[:-1].capitalize()} {obj.namespace}/{obj.name} carries tunefleet's labels "
-            f"for TuningProfile {s.meta['name']} but is not controlled by it (no controller "
-            "ownerReference to it in its namespace): it is ignored, never read as one of its "
-            "tuning Jobs or pods. Delete it if nothing else needs it.",
+        s.events.append(
+            (
+                "Warning",
+                EventReason.UNTRUSTED_OBJECT,
+                f"{obj.kind[:-1].capitalize()} {obj.namespace}/{obj.name} carries tunefleet's "
+                f"labels for TuningProfile {s.meta['name']} but is not controlled by it (no "
+                "controller ownerReference to it in its namespace): it is ignored, never read "
+                "as one of its tuning Jobs or pods. Delete it if nothing else needs it.",
+            )
         )
+
+
+def _post_events(s: _Sync) -> None:
+    """Every Event the reconcile has to say, by one route, after its writes: what it made
+    stays said even when its status write did not land."""
+    ref = profile_ref(s.profile)
+    for type_, reason, message in s.events:
+        s.client.post_event_soon(ref, type_, reason, message)
 
 
 @dataclass
@@ -698,10 +723,11 @@ def sync_profile(
     """Reconcile one profile (a view, see views.profile_view); returns the status it holds
     and when to look again (Outcome).
 
-    Raises kube.Permanent for a spec that can't be tuned (after reporting it in status),
-    kube.Temporary for what may pass, kube.Gone when the profile or namespace is going,
-    kube.Conflict when the profile changed since it was read, kube.NotLeading when this
-    replica may no longer write.
+    Never raises the project's errors (a bug raises): the Outcome's error says kube.Permanent
+    for a spec that can't be tuned (after reporting it in status), kube.Temporary for what
+    may pass, kube.Gone when the profile or namespace is going, kube.Conflict when the
+    profile changed since it was read, kube.NotLeading when this replica may no longer write.
+    The Events of every step are posted last, whatever the status write did.
     """
     a = around
     untrusted = a.untrusted
@@ -713,34 +739,44 @@ def sync_profile(
         captures=a.captures, config_map_uid=a.config_map_uid, untuned_pods=a.untuned_pods,
     )  # fmt: skip
     with mine.lock:
-        _drop_legacy_finalizer(s.client, meta)
-        _read_spec(s, untrusted, memory)
-        if s.acting:
-            _create_missing(s)
-            _stop_superseded(s)
-            _follow_queue(s)
-        observations = _observe(s, mine)
-        if s.acting:
-            _merge_when_shares_are_in(s, observations)
-        _tend(s, observations)
-        previous = profile.get("status") or {}
-        status = _status(s, observations)
-        # Delivery is a step of its own: it makes ConfigMaps (or says why not) and tells
-        # status how pods get each artifact; Degraded is computed after it.
-        _deliver(s, status)
-        status = _degraded(s, status)
-        _capture_against_new_artifacts(s, previous, status)
-        if s.acting:
-            _retire_config_maps(s, previous, status)
-        _report_delivery(s)
-        _write_status(s, status)
-        mine.prune(s.jobs, pods, {u.uid for u in untrusted} | {f.uid for f in s.foreign})
-        if s.problems or s.spec is None or s.refused:
-            why = s.problems or s.refused
-            raise kube.Permanent(truncate("; ".join(why) or "invalid spec"))
-        if s.create_error is not None:
-            raise s.create_error
-        return Outcome(status, requeue_after(status))
+        try:
+            return _steps(s, memory, untrusted)
+        except ENDS as e:
+            return Outcome(profile.get("status") or {}, error=e)
+        finally:
+            _post_events(s)
+
+
+def _steps(s: _Sync, memory: Memory, untrusted: list[Untrusted]) -> Outcome:
+    """sync_profile's steps, in order."""
+    profile, pods, mine = s.profile, s.pods, s.memory
+    _drop_legacy_finalizer(s.client, s.meta)
+    _read_spec(s, untrusted, memory)
+    if s.acting:
+        _create_missing(s)
+        _stop_superseded(s)
+        _follow_queue(s)
+    observations = _observe(s, mine)
+    if s.acting:
+        _merge_when_shares_are_in(s, observations)
+    _tend(s, observations)
+    previous = profile.get("status") or {}
+    status = _status(s, observations)
+    # Delivery is a step of its own: it makes ConfigMaps (or says why not) and tells
+    # status how pods get each artifact; Degraded is computed after it.
+    _deliver(s, status)
+    status = _degraded(s, status)
+    _capture_against_new_artifacts(s, previous, status)
+    if s.acting:
+        _retire_config_maps(s, previous, status)
+    _report_delivery(s)
+    _write_status(s, status)
+    mine.prune(s.jobs, pods, {u.uid for u in untrusted} | {f.uid for f in s.foreign})
+    error: Exception | None = s.create_error
+    if s.problems or s.spec is None or s.refused:
+        why = s.problems or s.refused
+        error = kube.Permanent(truncate("; ".join(why) or "invalid spec"))
+    return Outcome(status, requeue_after(status), error)
 
 
 def _drop_legacy_finalizer(client: Kube, meta: dict[str, Any]) -> None:
