@@ -4,15 +4,24 @@ tests, handed to the code as the real one is (no module patched). It records eve
 asked to make. A test scripts an answer the way controller-runtime's interceptor funcs do:
 `FakeKube(intercept={"read": fn})` (or `fake.intercept["read"] = fn`) runs `fn` with the
 method's own arguments instead of the fake's answer (FakeKube.DEFAULT from `fn`: the fake's
-own answer after all). It never reaches an API server: a call
+own answer after all). Beside it, the stand-ins for the generated clients it hands out
+(`generated=`: FakeLeases, HangingLeases for the Lease API) and for the reflectors' watch
+API (FakeWatchApi): every fake API a unit test talks to lives here. It never reaches an API server: a call
 with no fake answer (a generated client no test gave) fails the test, naming the call."""
 
 from __future__ import annotations
 
+import datetime
+import threading
+import time
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from tunefleet import kube
+from tunefleet.runtime import client
 
 
 class FakeKube(kube.Kube):
@@ -269,3 +278,121 @@ class OverGenerated(kube.Kube):
 
     def custom(self) -> Any:
         return self._generated("custom")
+
+
+# --- stand-ins for what the machinery talks to (runtime/: the Lease API, the watch API) -------
+
+
+class FakeLeases:
+    """read/create/replace with resourceVersion checks, as the API server does."""
+
+    def __init__(self) -> None:
+        self.lease: dict[str, Any] | None = None
+        self.version = 0
+
+    def _obj(self) -> Any:
+        assert self.lease is not None
+        spec = self.lease["spec"]
+
+        def ts(v: str | None) -> datetime.datetime | None:
+            return datetime.datetime.strptime(v, "%Y-%m-%dT%H:%M:%S.%fZ") if v else None
+
+        return types.SimpleNamespace(
+            metadata=types.SimpleNamespace(resource_version=str(self.version)),
+            spec=types.SimpleNamespace(
+                holder_identity=spec.get("holderIdentity"),
+                renew_time=ts(spec.get("renewTime")),
+                acquire_time=ts(spec.get("acquireTime")),
+                lease_duration_seconds=spec.get("leaseDurationSeconds"),
+                lease_transitions=spec.get("leaseTransitions"),
+            ),
+        )
+
+    def read_namespaced_lease(self, name: str, ns: str, **_: Any) -> Any:
+        if self.lease is None:
+            raise ApiException(status=404)
+        return self._obj()
+
+    def create_namespaced_lease(self, ns: str, body: dict[str, Any], **_: Any) -> None:
+        if self.lease is not None:
+            raise ApiException(status=409)
+        self.lease, self.version = body, self.version + 1
+
+    def replace_namespaced_lease(self, name: str, ns: str, body: dict[str, Any], **_: Any) -> None:
+        if body["metadata"].get("resourceVersion") != str(self.version):
+            raise ApiException(status=409)
+        self.lease, self.version = body, self.version + 1
+
+
+class HangingLeases:
+    """A Lease API whose calls hang once `hang` is set (a frozen TCP peer)."""
+
+    def __init__(self) -> None:
+        self.hang = threading.Event()
+        self.lease: Any = None
+
+    def _wait(self, timeout: float) -> None:
+        if self.hang.is_set():
+            time.sleep(timeout)
+            raise TimeoutError("read timed out")
+
+    def read_namespaced_lease(self, name: str, ns: str, _request_timeout: float = 0) -> Any:
+        self._wait(_request_timeout)
+        if self.lease is None:
+            raise ApiException(status=404)
+        return self.lease
+
+    def create_namespaced_lease(
+        self, ns: str, body: dict[str, Any], _request_timeout: float = 0
+    ) -> None:
+        self._wait(_request_timeout)
+        self.lease = types.SimpleNamespace(
+            metadata=types.SimpleNamespace(resource_version="1"),
+            spec=types.SimpleNamespace(
+                holder_identity=body["spec"]["holderIdentity"], renew_time="t",
+                acquire_time=None, lease_duration_seconds=1, lease_transitions=0,
+            ),
+        )  # fmt: skip
+
+    def replace_namespaced_lease(
+        self, name: str, ns: str, body: dict[str, Any], _request_timeout: float = 0
+    ) -> None:
+        self._wait(_request_timeout)
+
+
+class FakeWatchApi:
+    """Serves pages and scripted watch streams; records what was asked."""
+
+    def __init__(self, items: list[dict[str, Any]], page: int = 2, rv: str = "10") -> None:
+        self.items, self.page, self.rv = items, page, rv
+        self.lists: list[dict[str, str]] = []
+        self.watches: list[dict[str, str]] = []
+        self.streams: list[list[dict[str, Any]] | Exception] = []
+        self.expire_continue = 0  # answer this many continued pages with 410
+
+    def list_page(self, path: str, params: dict[str, str]) -> dict[str, Any]:
+        self.lists.append(params)
+        start = int(params.get("continue") or 0)
+        if start and self.expire_continue:
+            self.expire_continue -= 1
+            raise client.Expired("continue token expired")
+        chunk = self.items[start : start + self.page]
+        more = start + self.page < len(self.items)
+        meta = {
+            "resourceVersion": self.rv,
+            **({"continue": str(start + self.page)} if more else {}),
+        }
+        return {"items": chunk, "metadata": meta}
+
+    def watch(self, path: str, params: dict[str, str]) -> Iterator[dict[str, Any]]:
+        self.watches.append(params)
+        if not self.streams:
+            raise StopTest
+        stream = self.streams.pop(0)
+        if isinstance(stream, Exception):
+            raise stream
+        yield from stream
+
+
+class StopTest(BaseException):
+    """The fake ran out of scripted streams (not an Exception: the reflector retries those)."""

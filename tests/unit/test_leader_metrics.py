@@ -2,62 +2,19 @@
 
 from __future__ import annotations
 
-import datetime
 import socket
-import types
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.fake_kube import FakeKube, FakeLeases
 from tunefleet import metrics
 from tunefleet.runtime.leader import Callbacks, LeaseElector, Timing
 
 
-class LeaseApi:
-    """read/create/replace with resourceVersion checks, as the API server does."""
-
-    def __init__(self) -> None:
-        self.lease: dict[str, Any] | None = None
-        self.version = 0
-
-    def _obj(self) -> Any:
-        assert self.lease is not None
-        spec = self.lease["spec"]
-
-        def ts(v: str | None) -> datetime.datetime | None:
-            return datetime.datetime.strptime(v, "%Y-%m-%dT%H:%M:%S.%fZ") if v else None
-
-        return types.SimpleNamespace(
-            metadata=types.SimpleNamespace(resource_version=str(self.version)),
-            spec=types.SimpleNamespace(
-                holder_identity=spec.get("holderIdentity"),
-                renew_time=ts(spec.get("renewTime")),
-                acquire_time=ts(spec.get("acquireTime")),
-                lease_duration_seconds=spec.get("leaseDurationSeconds"),
-                lease_transitions=spec.get("leaseTransitions"),
-            ),
-        )
-
-    def read_namespaced_lease(self, name: str, ns: str, **_: Any) -> Any:
-        if self.lease is None:
-            raise ApiException(status=404)
-        return self._obj()
-
-    def create_namespaced_lease(self, ns: str, body: dict[str, Any], **_: Any) -> None:
-        if self.lease is not None:
-            raise ApiException(status=409)
-        self.lease, self.version = body, self.version + 1
-
-    def replace_namespaced_lease(self, name: str, ns: str, body: dict[str, Any], **_: Any) -> None:
-        if body["metadata"].get("resourceVersion") != str(self.version):
-            raise ApiException(status=409)
-        self.lease, self.version = body, self.version + 1
-
-
-def elector(api: LeaseApi, identity: str, events: list[str]) -> LeaseElector:
+def elector(api: FakeLeases, identity: str, events: list[str]) -> LeaseElector:
     return LeaseElector(
         "tunefleet-operator",
         "tunefleet-system",
@@ -66,8 +23,8 @@ def elector(api: LeaseApi, identity: str, events: list[str]) -> LeaseElector:
             on_started=lambda: events.append(f"{identity} leads"),
             on_stopped=lambda: events.append(f"{identity} follows"),
         ),
+        FakeKube(generated={"coordination": api}),
         timing=Timing(duration=10, renew_deadline=7, retry=2),
-        api=api,
     )
 
 
@@ -76,7 +33,7 @@ def test_one_leader_and_a_takeover_only_after_the_lease_expires(
 ) -> None:
     clock = [1000.0]
     monkeypatch.setattr("tunefleet.runtime.leader.time.monotonic", lambda: clock[0])
-    api, events = LeaseApi(), []
+    api, events = FakeLeases(), []
     a, b = elector(api, "a", events), elector(api, "b", events)
     assert a.try_acquire_or_renew() is True
     assert b.try_acquire_or_renew() is False
@@ -92,7 +49,7 @@ def test_one_leader_and_a_takeover_only_after_the_lease_expires(
 
 
 def test_a_released_lease_is_taken_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    api, events = LeaseApi(), []
+    api, events = FakeLeases(), []
     a, b = elector(api, "a", events), elector(api, "b", events)
     assert a.try_acquire_or_renew()
     a._leading = True

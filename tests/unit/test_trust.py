@@ -4,13 +4,12 @@ and what the operator remembers is pruned with what it describes."""
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
 import pytest
 
-from tests.support.fake_kube import FakeKube
+from tests.support.fake_kube import FakeKube, HangingLeases
 from tests.support.profiles import CFG, MODELS, jobs_for, profile
 from tests.support.records import SHA, completed, pod_body, published_pod, record
 from tunefleet import kube, naming
@@ -246,46 +245,6 @@ def test_a_failed_attempt_of_a_retrying_job_shows_with_its_cause_once(
 # --- the fenced leader --------------------------------------------------------------------------
 
 
-class HangingLeases:
-    """A Lease API whose calls hang once `hang` is set (a frozen TCP peer)."""
-
-    def __init__(self) -> None:
-        self.hang = threading.Event()
-        self.lease: Any = None
-
-    def _wait(self, timeout: float) -> None:
-        if self.hang.is_set():
-            time.sleep(timeout)
-            raise TimeoutError("read timed out")
-
-    def read_namespaced_lease(self, name: str, ns: str, _request_timeout: float = 0) -> Any:
-        from kubernetes.client.exceptions import ApiException
-
-        self._wait(_request_timeout)
-        if self.lease is None:
-            raise ApiException(status=404)
-        return self.lease
-
-    def create_namespaced_lease(
-        self, ns: str, body: dict[str, Any], _request_timeout: float = 0
-    ) -> None:
-        import types
-
-        self._wait(_request_timeout)
-        self.lease = types.SimpleNamespace(
-            metadata=types.SimpleNamespace(resource_version="1"),
-            spec=types.SimpleNamespace(
-                holder_identity=body["spec"]["holderIdentity"], renew_time="t",
-                acquire_time=None, lease_duration_seconds=1, lease_transitions=0,
-            ),
-        )  # fmt: skip
-
-    def replace_namespaced_lease(
-        self, name: str, ns: str, body: dict[str, Any], _request_timeout: float = 0
-    ) -> None:
-        self._wait(_request_timeout)
-
-
 def test_a_leader_whose_calls_hang_stops_writing_before_its_lease_can_be_taken(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -298,7 +257,7 @@ def test_a_leader_whose_calls_hang_stops_writing_before_its_lease_can_be_taken(
         "ns",
         "a",
         Callbacks(lambda: events.append("leads"), lambda: events.append("follows")),
-        api,
+        FakeKube(generated={"coordination": api}),
         timing,
     )
     writer = kube.Kube()  # a process's client: its writes ask this elector's fence

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.support.fake_kube import FakeKube
+from tests.support.fake_kube import FakeKube, FakeWatchApi, StopTest
 from tunefleet import kube
 from tunefleet.config import Config
 from tunefleet.informers import watch
@@ -48,46 +47,8 @@ def job(name: str, uid: str, owner: str, ns: str = "ml") -> dict[str, Any]:
     }  # fmt: skip
 
 
-class FakeApi:
-    """Serves pages and scripted watch streams; records what was asked."""
-
-    def __init__(self, items: list[dict[str, Any]], page: int = 2, rv: str = "10") -> None:
-        self.items, self.page, self.rv = items, page, rv
-        self.lists: list[dict[str, str]] = []
-        self.watches: list[dict[str, str]] = []
-        self.streams: list[list[dict[str, Any]] | Exception] = []
-        self.expire_continue = 0  # answer this many continued pages with 410
-
-    def list_page(self, path: str, params: dict[str, str]) -> dict[str, Any]:
-        self.lists.append(params)
-        start = int(params.get("continue") or 0)
-        if start and self.expire_continue:
-            self.expire_continue -= 1
-            raise client.Expired("continue token expired")
-        chunk = self.items[start : start + self.page]
-        more = start + self.page < len(self.items)
-        meta = {
-            "resourceVersion": self.rv,
-            **({"continue": str(start + self.page)} if more else {}),
-        }
-        return {"items": chunk, "metadata": meta}
-
-    def watch(self, path: str, params: dict[str, str]) -> Iterator[dict[str, Any]]:
-        self.watches.append(params)
-        if not self.streams:
-            raise StopTest
-        stream = self.streams.pop(0)
-        if isinstance(stream, Exception):
-            raise stream
-        yield from stream
-
-
-class StopTest(BaseException):
-    """The fake ran out of scripted streams (not an Exception: the reflector retries those)."""
-
-
 def make_reflector(
-    api: FakeApi, cache: Cache, seen: list[tuple[str | None, str]]
+    api: FakeWatchApi, cache: Cache, seen: list[tuple[str | None, str]]
 ) -> reflector.Reflector:
     def handler(kind: str | None, body: dict[str, Any]) -> None:
         meta = body.get("metadata") or {}
@@ -115,7 +76,7 @@ def run_until_stop(r: reflector.Reflector) -> None:
 
 def test_the_list_comes_page_by_page_then_the_watch_starts_at_its_version() -> None:
     cache, seen = Cache(), []
-    api = FakeApi([profile(f"p{i}", f"u{i}") for i in range(5)], page=2, rv="42")
+    api = FakeWatchApi([profile(f"p{i}", f"u{i}") for i in range(5)], page=2, rv="42")
     api.streams = [[{"type": "ADDED", "object": profile("p5", "u5", rv="43")}]]
     r = make_reflector(api, cache, seen)
     run_until_stop(r)
@@ -133,7 +94,7 @@ def test_the_list_comes_page_by_page_then_the_watch_starts_at_its_version() -> N
 
 def test_an_expired_version_lists_again_and_drops_what_the_list_no_longer_has() -> None:
     cache, seen = Cache(), []
-    api = FakeApi([profile("a", "ua"), profile("b", "ub")], rv="5")
+    api = FakeWatchApi([profile("a", "ua"), profile("b", "ub")], rv="5")
     api.streams = [[{"type": "ERROR", "object": {"code": 410, "message": "too old"}}]]
     r = make_reflector(api, cache, seen)
 
@@ -150,7 +111,7 @@ def test_an_expired_version_lists_again_and_drops_what_the_list_no_longer_has() 
 
 def test_an_expired_continue_token_starts_the_list_over() -> None:
     cache, seen = Cache(), []
-    api = FakeApi([profile(f"p{i}", f"u{i}") for i in range(3)], page=1)
+    api = FakeWatchApi([profile(f"p{i}", f"u{i}") for i in range(3)], page=1)
     api.expire_continue = 1
     r = make_reflector(api, cache, seen)
     assert r.list_all() == "10"
@@ -160,7 +121,7 @@ def test_an_expired_continue_token_starts_the_list_over() -> None:
 
 def test_a_failed_call_backs_off_and_resumes_from_the_version_it_had() -> None:
     cache, seen = Cache(), []
-    api = FakeApi([profile("a", "ua")], rv="7")
+    api = FakeWatchApi([profile("a", "ua")], rv="7")
     api.streams = [
         [{"type": "MODIFIED", "object": profile("a", "ua", rv="8")}],
         RuntimeError("connection refused"),
@@ -177,7 +138,7 @@ def test_a_failed_call_backs_off_and_resumes_from_the_version_it_had() -> None:
 
 def test_a_watch_error_other_than_expiry_is_retried_not_fatal() -> None:
     cache, seen = Cache(), []
-    api = FakeApi([], rv="3")
+    api = FakeWatchApi([], rv="3")
     api.streams = [[{"type": "ERROR", "object": {"code": 500, "message": "etcd"}}], []]
     slept: list[float] = []
     r = make_reflector(api, cache, seen)

@@ -258,7 +258,7 @@ def _elect(config: Config, leaders: tuple[_Leads, ...]) -> None:
         config.lease_namespace,
         identity,
         Callbacks(lead, follow),
-        client.coordination(),
+        client,
     )
     OPERATOR.elector = elector
     # Every write of this process passes the Lease's fence first (runtime/client.py,

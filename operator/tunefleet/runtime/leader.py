@@ -28,6 +28,8 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from tunefleet.runtime.client import Client
+
 log = logging.getLogger(__name__)
 
 
@@ -60,13 +62,13 @@ class LeaseElector:
         namespace: str,
         identity: str,
         callbacks: Callbacks,
-        api: Any,  # a CoordinationV1Api: the process's Client.coordination()
+        client: Client,  # the process's: its Lease calls and, in turn, its writes' fence
         timing: Timing | None = None,
     ) -> None:
         self.name, self.namespace, self.identity = name, namespace, identity
         self.on_started, self.on_stopped = callbacks.on_started, callbacks.on_stopped
         self.timing = timing or Timing()
-        self._api = api
+        self._api = client.coordination()
         self._leading = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
