@@ -22,7 +22,6 @@ from typing import Any
 
 import kubernetes
 import urllib3
-from kubernetes.client.exceptions import ApiException
 
 from tunefleet import GROUP, PLURAL, VERSION, metrics
 from tunefleet.runtime.client import (
@@ -41,6 +40,7 @@ from tunefleet.runtime.client import (
     _json,
     api_message,
     call,
+    call_or,
     release,
     reraise,
     translate,
@@ -122,20 +122,16 @@ class Kube(Client):
     ) -> dict[str, Any] | None:
         """One TuningProfile as a plain dict, or None when it does not exist."""
         custom = self.custom()
-        try:
-            resp = custom.get_namespaced_custom_object(
-                GROUP,
-                VERSION,
-                namespace,
-                PLURAL,
-                name,
-                _preload_content=False,
-                _request_timeout=timeout_s,
-            )
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        resp, missing = call_or(
+            f"reading TuningProfile {namespace}/{name}",
+            lambda: custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name,
+                _preload_content=False, _request_timeout=timeout_s,
+            ),
+            (404,),
+        )  # fmt: skip
+        if missing:
+            return None
         profile: dict[str, Any] = _json(resp)
         return profile
 
@@ -150,23 +146,20 @@ class Kube(Client):
             {"op": "test", "path": f"/metadata/finalizers/{index}", "value": finalizer},
             {"op": "remove", "path": f"/metadata/finalizers/{index}"},
         ]
-        custom = self.custom()
-        what = f"removing finalizer {finalizer} from TuningProfile {namespace}/{name}"
-        try:
-            resp = custom.api_client.call_api(
+        api = self.api()
+        # 404 or 422: gone, or it changed since; the next event says what is.
+        resp, _ = call_or(
+            f"removing finalizer {finalizer} from TuningProfile {namespace}/{name}",
+            lambda: api.call_api(
                 f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}", "PATCH",
                 header_params={"Content-Type": "application/json-patch+json",
                                "Accept": "application/json"},
                 body=ops, auth_settings=["BearerToken"], _preload_content=False,
                 _return_http_data_only=True, _request_timeout=self.write_timeout(),
-            )  # fmt: skip
-            release(resp)
-        except ApiException as e:
-            if e.status in (404, 422):  # gone, or it changed since: the next event says what is
-                return
-            reraise(what, e)
-        except (urllib3.exceptions.HTTPError, OSError) as e:
-            reraise(what, e)
+            ),
+            (404, 422),
+        )  # fmt: skip
+        release(resp)
 
     def replace_profile_status(
         self, namespace: str, name: str, resource_version: str, status: dict[str, Any]
@@ -182,19 +175,18 @@ class Kube(Client):
             "status": status,
         }
         what = f"writing the status of TuningProfile {namespace}/{name}"
-        try:
-            resp = custom.replace_namespaced_custom_object_status(
+        resp, refused = call_or(
+            what,
+            lambda: custom.replace_namespaced_custom_object_status(
                 GROUP, VERSION, namespace, PLURAL, name, body,
                 _preload_content=False, _request_timeout=self.write_timeout(),
-            )  # fmt: skip
-        except ApiException as e:
-            if e.status == 404:
-                raise Gone(f"TuningProfile {namespace}/{name} is gone") from e
-            if e.status == 409:
-                raise Conflict(f"{what}: it changed since it was read") from e
-            reraise(what, e)
-        except (urllib3.exceptions.HTTPError, OSError) as e:
-            reraise(what, e)
+            ),
+            (404, 409),
+        )  # fmt: skip
+        if refused == 404:
+            raise Gone(f"TuningProfile {namespace}/{name} is gone")
+        if refused == 409:
+            raise Conflict(f"{what}: it changed since it was read")
         return str(((_json(resp).get("metadata")) or {}).get("resourceVersion") or "")
 
     def list_all(
@@ -369,14 +361,16 @@ class Kube(Client):
 
     def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """One pod as a plain dict, or None when it does not exist."""
-        try:
-            resp = self.core().read_namespaced_pod(
+        core = self.core()
+        resp, missing = call_or(
+            f"reading Pod {namespace}/{name}",
+            lambda: core.read_namespaced_pod(
                 name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
-            )
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+            ),
+            (404,),
+        )
+        if missing:
+            return None
         pod: dict[str, Any] = _json(resp)
         return pod
 
@@ -406,21 +400,18 @@ class Kube(Client):
         project is not installed)."""
         custom = self.custom()
         for version in versions:
-            try:
-                resp = call(
-                    f"listing {plural} in {namespace}",
-                    functools.partial(
-                        custom.list_namespaced_custom_object,
-                        group, version, namespace, plural, label_selector=label_selector,
-                        _preload_content=False, _request_timeout=REQUEST_TIMEOUT,
-                    ),
-                )  # fmt: skip
-            except ApiException as e:  # what call leaves untranslated: a 404 among others
-                if e.status == 404:
-                    continue  # this version (or the project) is not served
-                raise
-            items: list[dict[str, Any]] = _json(resp).get("items") or []
-            return items
+            resp, unserved = call_or(
+                f"listing {plural} in {namespace}",
+                functools.partial(
+                    custom.list_namespaced_custom_object,
+                    group, version, namespace, plural, label_selector=label_selector,
+                    _preload_content=False, _request_timeout=REQUEST_TIMEOUT,
+                ),
+                (404,),  # this version (or the project) is not served
+            )  # fmt: skip
+            if not unserved:
+                items: list[dict[str, Any]] = _json(resp).get("items") or []
+                return items
         return None
 
     # --- owned objects -------------------------------------------------------------------
@@ -435,14 +426,13 @@ class Kube(Client):
     def read(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         client, verb = self._client_for(kind)
         fn = getattr(client, f"read_namespaced_{verb}")
-        try:
-            resp = fn(name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            reraise(f"reading {kind} {namespace}/{name}", e)
-        except (urllib3.exceptions.HTTPError, OSError) as e:
-            reraise(f"reading {kind} {namespace}/{name}", e)
+        resp, missing = call_or(
+            f"reading {kind} {namespace}/{name}",
+            lambda: fn(name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT),
+            (404,),
+        )
+        if missing:
+            return None
         found: dict[str, Any] = _json(resp)
         return found
 
@@ -456,11 +446,12 @@ class Kube(Client):
         owner = _controller_uid(obj)
         client, verb = self._client_for(kind)
         fn = getattr(client, f"create_namespaced_{verb}")
-        try:
-            resp = fn(ns, obj, _preload_content=False, _request_timeout=self.write_timeout())
-        except ApiException as e:
-            if e.status != 409:
-                reraise(f"creating {kind} {ns}/{name}", e)
+        resp, exists = call_or(
+            f"creating {kind} {ns}/{name}",
+            lambda: fn(ns, obj, _preload_content=False, _request_timeout=self.write_timeout()),
+            (409,),
+        )
+        if exists:
             there = self.read(kind, ns, name)
             if there is None or _controller_uid(there) == owner:
                 return None
@@ -468,9 +459,7 @@ class Kube(Client):
                 f"{kind} {ns}/{name} exists but is not controlled by TuningProfile "
                 f"{_owner_name(obj)} (uid {owner}): it is not used; delete it "
                 f"(kubectl delete {kind.lower()} -n {ns} {name}) so tunefleet can make its own"
-            ) from None
-        except (urllib3.exceptions.HTTPError, OSError) as e:
-            reraise(f"creating {kind} {ns}/{name}", e)
+            )
         made: dict[str, Any] = _json(resp)
         return made
 
@@ -491,23 +480,16 @@ class Kube(Client):
         body = {**patch, "metadata": {**(patch.get("metadata") or {}), "resourceVersion": rv}}
         client, verb = self._client_for(kind)
         fn = getattr(client, f"patch_namespaced_{verb}")
-        try:
-            release(
-                fn(
-                    name,
-                    namespace,
-                    body,
-                    _preload_content=False,
-                    _request_timeout=self.write_timeout(),
-                )
-            )
-        except ApiException as e:
-            if e.status == 404:
-                return False
-            reraise(f"writing {kind} {namespace}/{name}", e)
-        except (urllib3.exceptions.HTTPError, OSError) as e:
-            reraise(f"writing {kind} {namespace}/{name}", e)
-        return True
+        resp, gone = call_or(
+            f"writing {kind} {namespace}/{name}",
+            lambda: fn(
+                name, namespace, body, _preload_content=False,
+                _request_timeout=self.write_timeout(),
+            ),
+            (404,),
+        )  # fmt: skip
+        release(resp)
+        return not gone
 
     def delete_owned(self, kind: str, namespace: str, name: str, uid: str) -> None:
         """Delete exactly the object seen (its uid as a precondition), pods of a Job with it."""
@@ -517,22 +499,16 @@ class Kube(Client):
             propagation_policy="Background",
             preconditions=kubernetes.client.V1Preconditions(uid=uid),
         )
-        try:
-            release(
-                fn(
-                    name, namespace, body=body, _preload_content=False,
-                    _request_timeout=self.write_timeout(),
-                )
-            )  # fmt: skip
-        except ApiException as e:
-            if e.status in (
-                404,
-                409,
-            ):  # gone, or another object of that name now: not ours to delete
-                return
-            reraise(f"deleting {kind} {namespace}/{name}", e)
-        except (urllib3.exceptions.HTTPError, OSError) as e:
-            reraise(f"deleting {kind} {namespace}/{name}", e)
+        # 404 or 409: gone, or another object of that name now: not ours to delete.
+        resp, _ = call_or(
+            f"deleting {kind} {namespace}/{name}",
+            lambda: fn(
+                name, namespace, body=body, _preload_content=False,
+                _request_timeout=self.write_timeout(),
+            ),
+            (404, 409),
+        )  # fmt: skip
+        release(resp)
 
     # --- nodes, as metadata only (the node map: nodemap.py) -------------------------------
 
@@ -597,20 +573,16 @@ class Kube(Client):
         it)."""
         meta = obj["metadata"]
         core = self.core()
-        what = f"creating ConfigMap {meta['namespace']}/{meta['name']}"
-        try:
-            resp = core.create_namespaced_config_map(
-                meta["namespace"],
-                obj,
-                _preload_content=False,
+        resp, exists = call_or(
+            f"creating ConfigMap {meta['namespace']}/{meta['name']}",
+            lambda: core.create_namespaced_config_map(
+                meta["namespace"], obj, _preload_content=False,
                 _request_timeout=self.write_timeout(),
-            )
-        except ApiException as e:
-            if e.status == 409:
-                return None
-            reraise(what, e)
-        except (urllib3.exceptions.HTTPError, OSError) as e:
-            reraise(what, e)
+            ),
+            (409,),
+        )  # fmt: skip
+        if exists:
+            return None
         made: dict[str, Any] = _json(resp)
         return made
 
@@ -621,18 +593,17 @@ class Kube(Client):
         core = self.core()
         meta = {**(patch.get("metadata") or {}), "resourceVersion": resource_version}
         what = f"writing ConfigMap {namespace}/{name}"
-        try:
-            resp = core.patch_namespaced_config_map(
+        resp, refused = call_or(
+            what,
+            lambda: core.patch_namespaced_config_map(
                 name, namespace, {**patch, "metadata": meta},
                 _preload_content=False, _request_timeout=self.write_timeout(),
-            )  # fmt: skip
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            if e.status == 409:
-                raise Conflict(f"{what}: it changed since it was read") from e
-            reraise(what, e)
-        except (urllib3.exceptions.HTTPError, OSError) as e:
-            reraise(what, e)
+            ),
+            (404, 409),
+        )  # fmt: skip
+        if refused == 404:
+            return None
+        if refused == 409:
+            raise Conflict(f"{what}: it changed since it was read")
         found: dict[str, Any] = _json(resp)
         return found

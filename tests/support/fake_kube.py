@@ -24,7 +24,44 @@ from tunefleet import kube
 from tunefleet.runtime import client
 
 
-class FakeKube(kube.Kube):
+class _StandIns(kube.Kube):
+    """A client that reaches no API server: the generated clients it hands out are the
+    stand-ins a test gave (`generated`), and asking for any other fails the test."""
+
+    def __init__(self, generated: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.generated: dict[str, Any] = dict(generated or {})
+        self.calls: list[tuple[str, str, Any]] = []  # (kind, verb, object or name)
+
+    def api(self) -> Any:
+        raise AssertionError(f"{type(self).__name__} reaches no API server: give it an answer")
+
+    def _generated(self, name: str) -> Any:
+        if name not in self.generated:
+            raise AssertionError(f"{type(self).__name__}: no stand-in for the {name} client")
+        self.calls.append((name, "client", None))
+        return self.generated[name]
+
+    def core(self) -> Any:
+        return self._generated("core")
+
+    def batch(self) -> Any:
+        return self._generated("batch")
+
+    def custom(self) -> Any:
+        return self._generated("custom")
+
+    def coordination(self) -> Any:
+        return self._generated("coordination")
+
+    def admission(self) -> Any:
+        return self._generated("admission")
+
+    def authentication(self) -> Any:
+        return self._generated("authentication")
+
+
+class FakeKube(_StandIns):
     """`existing` names answer a create as the API server does when an object of that name is
     there and ours (None); `foreign` ones as when it is someone else's (NotOurs)."""
 
@@ -35,13 +72,10 @@ class FakeKube(kube.Kube):
         intercept: dict[str, Callable[..., Any]] | None = None,
         generated: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(generated)  # stand-ins for core, batch, custom, ... by accessor
         self.existing = set(existing or ())
         self.foreign = set(foreign or ())
         self.intercept: dict[str, Callable[..., Any]] = dict(intercept or {})
-        # Stand-ins for the generated clients (core, batch, custom, ...), by accessor name.
-        self.generated: dict[str, Any] = dict(generated or {})
-        self.calls: list[tuple[str, str, Any]] = []  # (kind, verb, object or name)
         self.created: list[tuple[str, str]] = []
         self.patches: list[dict[str, Any]] = []  # status writes
         self.status_versions: list[str] = []  # the resourceVersion each was made over
@@ -67,35 +101,6 @@ class FakeKube(kube.Kube):
 
     def verbs(self, verb: str) -> list[tuple[str, str, Any]]:
         return [c for c in self.calls if c[1] == verb]
-
-    # --- no API server ----------------------------------------------------------------------
-
-    def api(self) -> Any:
-        raise AssertionError("FakeKube reaches no API server: give the test a fake answer")
-
-    def _generated(self, name: str) -> Any:
-        if name not in self.generated:
-            raise AssertionError(f"FakeKube: no stand-in for the {name} client (generated=)")
-        self.calls.append((name, "client", None))
-        return self.generated[name]
-
-    def core(self) -> Any:
-        return self._generated("core")
-
-    def batch(self) -> Any:
-        return self._generated("batch")
-
-    def custom(self) -> Any:
-        return self._generated("custom")
-
-    def coordination(self) -> Any:
-        return self._generated("coordination")
-
-    def admission(self) -> Any:
-        return self._generated("admission")
-
-    def authentication(self) -> Any:
-        return self._generated("authentication")
 
     # --- profiles -------------------------------------------------------------------------
 
@@ -253,31 +258,13 @@ class FakeKube(kube.Kube):
         return answer if done else None
 
 
-class OverGenerated(kube.Kube):
+class OverGenerated(_StandIns):
     """The real client's own logic (kube.Kube's methods, untouched) over stand-ins for the
     generated clients it calls (`core=`, `batch=`, `custom=`, ...): for tests of how it reads
     the API server's answers (a 409, a 404), where FakeKube would answer for it."""
 
     def __init__(self, **generated: Any) -> None:
-        super().__init__()
-        self.generated = generated
-
-    def api(self) -> Any:
-        raise AssertionError("OverGenerated reaches no API server: give it the generated client")
-
-    def _generated(self, name: str) -> Any:
-        if name not in self.generated:
-            raise AssertionError(f"OverGenerated: no stand-in for the {name} client")
-        return self.generated[name]
-
-    def core(self) -> Any:
-        return self._generated("core")
-
-    def batch(self) -> Any:
-        return self._generated("batch")
-
-    def custom(self) -> Any:
-        return self._generated("custom")
+        super().__init__(generated)
 
 
 # --- stand-ins for what the machinery talks to (runtime/: the Lease API, the watch API) -------

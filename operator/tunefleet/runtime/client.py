@@ -19,7 +19,7 @@ import json
 import logging
 import socket
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any, NoReturn, TypeVar, cast
 
 import kubernetes
@@ -216,6 +216,20 @@ def call(what: str, fn: Callable[[], T]) -> T:
     try:
         return fn()
     except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+        reraise(what, e)
+
+
+def call_or(what: str, fn: Callable[[], T], answers: Collection[int]) -> tuple[T | None, int]:
+    """Run one API call: (its result, 0), or (None, the status) when the API server answers
+    with one of `answers`, which the caller acts on (404: gone; 409: there already, or changed
+    since read; 422: a JSON patch's test failed); any other failure translated (`translate`)."""
+    try:
+        return fn(), 0
+    except ApiException as e:
+        if e.status in answers:
+            return None, int(e.status)
+        reraise(what, e)
+    except (urllib3.exceptions.HTTPError, OSError) as e:
         reraise(what, e)
 
 
