@@ -41,6 +41,7 @@ from tunefleet.runtime.client import (
     api_message,
     call,
     call_or,
+    pages,
     release,
     reraise,
     translate,
@@ -197,7 +198,7 @@ class Kube(Client):
         if kind == "tuningprofiles":
             custom = self.custom()
 
-            def page(token: str | None) -> Any:
+            def page(token: str) -> Any:
                 extra = {"_continue": token} if token else {}
                 if namespace:
                     return custom.list_namespaced_custom_object(
@@ -213,7 +214,7 @@ class Kube(Client):
             client: Any = self.batch() if kind == "jobs" else self.core()
             verb = {"jobs": "job", "pods": "pod", "configmaps": "config_map"}[kind]
 
-            def page(token: str | None) -> Any:
+            def page(token: str) -> Any:
                 extra = {"_continue": token} if token else {}
                 args = {
                     "label_selector": label_selector,
@@ -227,13 +228,12 @@ class Kube(Client):
                 fn = getattr(client, f"list_{verb}_for_all_namespaces")
                 return fn(_preload_content=False, **args)
 
-        token: str | None = None
-        while True:
-            resp = _json(call(f"listing {kind}", functools.partial(page, token)))
-            yield from resp.get("items") or []
-            token = (resp.get("metadata") or {}).get("continue")
-            if not token:
-                return
+        def fetch(token: str) -> dict[str, Any]:
+            got: dict[str, Any] = _json(call(f"listing {kind}", functools.partial(page, token)))
+            return got
+
+        for listed in pages(fetch):
+            yield from listed.get("items") or []
 
     def _list_nodes(self, label_selector: str) -> list[dict[str, Any]]:
         core = self.core()
@@ -528,17 +528,19 @@ class Kube(Client):
     def list_node_metadata(self, label_selector: str) -> tuple[list[dict[str, Any]], str]:
         """Every node with the label (selector), metadata only, page by page; and the list's
         resourceVersion to watch from."""
-        items: list[dict[str, Any]] = []
-        token: str | None = None
-        while True:
+
+        def fetch(token: str) -> dict[str, Any]:
             query = {"labelSelector": label_selector, "limit": LIST_PAGE, "continue": token}
             page = functools.partial(self._get_nodes, query, META_LIST, LIST_TIMEOUT)
-            resp = _json(call("listing nodes", page))
-            items += resp.get("items") or []
-            meta = resp.get("metadata") or {}
-            token = meta.get("continue")
-            if not token:
-                return items, str(meta.get("resourceVersion") or "")
+            got: dict[str, Any] = _json(call("listing nodes", page))
+            return got
+
+        items: list[dict[str, Any]] = []
+        version = ""
+        for listed in pages(fetch):
+            items += listed.get("items") or []
+            version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
+        return items, version
 
     def watch_node_metadata(
         self, label_selector: str, resource_version: str, timeout_s: int

@@ -480,3 +480,13 @@ def test_the_client_patch_rule_catches_one() -> None:
     assert client_patches('monkeypatch.setattr("tunefleet.kube.job_events", f)\n', "t")
     assert client_patches('monkeypatch.setattr(cluster_mod, "connect", f)\n', "t")
     assert not client_patches('monkeypatch.setattr(client, "MIN_WRITE_SECONDS", 0.05)\n', "t")
+
+
+def test_lists_are_paged_by_the_one_paginator() -> None:
+    """runtime/client.pages follows continue tokens; nothing else in the operator does."""
+    found = [
+        str(path.relative_to(ROOT))
+        for path in sorted(OPERATOR.rglob("*.py"))
+        if path.name != "client.py" and '.get("continue")' in path.read_text()
+    ]
+    assert found == [], found

@@ -289,3 +289,15 @@ def test_the_capture_configmaps_are_selected_server_side_by_role() -> None:
     assert "app.kubernetes.io/managed-by=tunefleet" in selector
     assert f"in ({ROLE_CAPTURE},{ROLE_RETUNE})" in selector
     assert watch.CAPTURE_CONFIGMAPS.path("ml") == "/api/v1/namespaces/ml/configmaps"
+
+
+def test_one_paginator_follows_continue_tokens_and_holds_one_page() -> None:
+    asked: list[str] = []
+    answers = {"": "t1", "t1": "t2", "t2": ""}
+
+    def fetch(token: str) -> dict[str, Any]:
+        asked.append(token)
+        return {"items": [token], "metadata": {"continue": answers[token]}}
+
+    assert [p["items"][0] for p in client.pages(fetch)] == ["", "t1", "t2"]
+    assert asked == ["", "t1", "t2"]

@@ -254,6 +254,22 @@ META_WATCH = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,appli
 
 
 LIST_PAGE = 100  # objects per page of a list: what a restart holds at once (bench/scale.md)
+
+
+def pages(fetch: Callable[[str], dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Every page of one list, in order: `fetch(token)` answers a page ("" asks for the
+    first); the next is asked for while the API server gives a continue token. One page is
+    held at a time. The list paginator of the operator, its reflectors and its tools."""
+    token = ""
+    while True:
+        page = fetch(token)
+        token = str((page.get("metadata") or {}).get("continue") or "")
+        yield page
+        del page  # not held while the next one is read
+        if not token:
+            return
+
+
 LIST_TIMEOUT = 60.0  # a page of pods can be a MiB or more
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tunefleet.runtime.client import LIST_PAGE, Expired
+from tunefleet.runtime.client import LIST_PAGE, Expired, pages
 
 log = logging.getLogger(__name__)
 
@@ -149,28 +149,28 @@ class Reflector:
         """One consistent list, page by page; returns its resourceVersion. Whatever the cache
         holds of this kind and namespace that the list did not return is gone."""
         seen: set[str] = set()
-        token = ""
-        while True:
+
+        def fetch(token: str) -> dict[str, Any]:
             params = {"limit": str(LIST_PAGE)}
             if self.kind.label_selector:
                 params["labelSelector"] = self.kind.label_selector
             if token:
                 params["continue"] = token
+            return self.api.list_page(self.kind.path(self.namespace), params)
+
+        meta: dict[str, Any] = {}
+        while True:
             try:
-                page = self.api.list_page(self.kind.path(self.namespace), params)
+                for page in pages(fetch):  # one page of raw objects at a time
+                    for obj in page.get("items") or []:
+                        seen.add(((obj.get("metadata") or {}).get("uid")) or "")
+                        self.handler(None, obj)
+                    meta = page.get("metadata") or {}
+                    del page  # one page of raw objects at a time
+                break
             except Expired:
                 # The continue token outlived the snapshot: start the list over.
                 seen.clear()
-                token = ""
-                continue
-            for obj in page.get("items") or []:
-                seen.add(((obj.get("metadata") or {}).get("uid")) or "")
-                self.handler(None, obj)
-            meta = page.get("metadata") or {}
-            token = meta.get("continue") or ""
-            if not token:
-                break
-            del page  # one page of raw objects at a time
         for uid in self.known() - seen:
             self.forget(uid)
         self.lists += 1

@@ -20,6 +20,7 @@ from tunefleet import GROUP, PLURAL, VERSION, naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.contracts.admission import Admission
 from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.runtime.client import pages
 from tunefleet.runtime.kubeconfig import Connection, KubeconfigError, connect
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import Location
@@ -168,14 +169,14 @@ def _pages(
     api: Any, host: str, path: str, query: list[tuple[str, str]], what: str
 ) -> Iterator[dict[str, Any]]:
     """Every item of a list, a page at a time (only one page is held)."""
-    token = ""
-    while True:
+
+    def fetch(token: str) -> dict[str, Any]:
         paged = [*query, ("limit", str(PROFILE_PAGE))] + ([("continue", token)] if token else [])
-        page = _api_get(api, host, path, paged, what)
+        got = _api_get(api, host, path, paged, what)
+        return got if isinstance(got, dict) else {}
+
+    for page in pages(fetch):
         yield from (d for d in page.get("items") or [] if isinstance(d, dict))
-        token = str((page.get("metadata") or {}).get("continue") or "")
-        if not token:
-            return
 
 
 def _list_profiles(api: Any, host: str, namespace: str | None) -> list[dict[str, Any]]:
