@@ -12,6 +12,7 @@ with no fake answer (a generated client no test gave) fails the test, naming the
 from __future__ import annotations
 
 import datetime
+import inspect
 import threading
 import time
 import types
@@ -22,6 +23,11 @@ from kubernetes.client.exceptions import ApiException
 
 from tunefleet import kube
 from tunefleet.runtime import client
+
+# Where every write of a reconcile comes from (reconciler/apply.py): the unit tests of
+# sync_profile hand FakeKube(writers=RECONCILE_WRITERS), so a gather or decide step that
+# wrote would fail them.
+RECONCILE_WRITERS = ("tunefleet/reconciler/apply.py",)
 
 
 class _StandIns(kube.Kube):
@@ -71,8 +77,12 @@ class FakeKube(_StandIns):
         foreign: set[str] | None = None,
         intercept: dict[str, Callable[..., Any]] | None = None,
         generated: dict[str, Any] | None = None,
+        writers: tuple[str, ...] = (),
     ) -> None:
         super().__init__(generated)  # stand-ins for core, batch, custom, ... by accessor
+        # Set: a write from code outside these files (paths' ends) fails the test, e.g.
+        # RECONCILE_WRITERS: nothing but the reconcile's apply step writes.
+        self.writers = writers
         self.existing = set(existing or ())
         self.foreign = set(foreign or ())
         self.intercept: dict[str, Callable[..., Any]] = dict(intercept or {})
@@ -99,6 +109,17 @@ class FakeKube(_StandIns):
         answer = self.DEFAULT if fn is None else fn(*args)
         return (False, None) if answer is self.DEFAULT else (True, answer)
 
+    def _writing(self, what: str) -> None:
+        if not self.writers:
+            return
+        # The nearest frame in the product (below this fake) is the one that wrote.
+        for frame in inspect.stack()[2:]:
+            path = frame.filename.replace("\\", "/")
+            if "/tunefleet/" in path and "/tests/" not in path:
+                if not path.endswith(self.writers):
+                    raise AssertionError(f"{what} written from {path}:{frame.lineno}")
+                return
+
     def verbs(self, verb: str) -> list[tuple[str, str, Any]]:
         return [c for c in self.calls if c[1] == verb]
 
@@ -114,6 +135,7 @@ class FakeKube(_StandIns):
     def remove_profile_finalizer(
         self, namespace: str, name: str, uid: str, finalizers: list[str], finalizer: str
     ) -> None:
+        self._writing("remove_profile_finalizer")
         removed = (namespace, name, uid, list(finalizers), finalizer)
         self.calls.append(("TuningProfile", "patch", removed))
         self.finalizers_removed.append(removed)
@@ -121,6 +143,7 @@ class FakeKube(_StandIns):
     def replace_profile_status(
         self, namespace: str, name: str, resource_version: str, status: dict[str, Any]
     ) -> str:
+        self._writing("replace_profile_status")
         self.calls.append(("TuningProfile", "update_status", status))
         self.status_versions.append(resource_version)
         if self.conflict:
@@ -163,6 +186,7 @@ class FakeKube(_StandIns):
         return list(self.events_of_jobs) if kind == "Job" else []
 
     def post_event_soon(self, ref: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        self._writing("post_event_soon")
         self.calls.append(("events", "create", (reason, message)))
         self.events.append((reason, message))
 
@@ -212,6 +236,7 @@ class FakeKube(_StandIns):
         return answer if done else None
 
     def create_owned(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        self._writing("create_owned")
         self.calls.append((obj["kind"], "create", obj))
         done, answer = self._scripted("create_owned", obj)
         if done:
@@ -232,6 +257,7 @@ class FakeKube(_StandIns):
     def patch_owned(
         self, kind: str, namespace: str, name: str, owner_uid: str, patch: dict[str, Any]
     ) -> bool:
+        self._writing("patch_owned")
         self.calls.append((kind, "patch", patch))
         done, answer = self._scripted("patch_owned", kind, namespace, name, owner_uid, patch)
         if done:
@@ -240,12 +266,14 @@ class FakeKube(_StandIns):
         return True
 
     def delete_owned(self, kind: str, namespace: str, name: str, uid: str) -> None:
+        self._writing("delete_owned")
         self.calls.append((kind, "delete", f"{namespace}/{name}"))
         done, _ = self._scripted("delete_owned", kind, namespace, name, uid)
         if not done:
             self.deleted.append((kind, name))
 
     def create_config_map(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        self._writing("create_config_map")
         self.calls.append(("ConfigMap", "create", obj))
         done, answer = self._scripted("create_config_map", obj)
         return answer if done else {**obj, "metadata": {**obj["metadata"], "uid": "u"}}
@@ -253,6 +281,7 @@ class FakeKube(_StandIns):
     def patch_config_map(
         self, namespace: str, name: str, resource_version: str, patch: dict[str, Any]
     ) -> dict[str, Any] | None:
+        self._writing("patch_config_map")
         self.calls.append(("ConfigMap", "patch", patch))
         done, answer = self._scripted("patch_config_map", namespace, name, resource_version, patch)
         return answer if done else None

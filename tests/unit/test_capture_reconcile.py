@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.fake_kube import FakeKube
+from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
 from tests.support.profiles import CFG, jobs_for, profile
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
@@ -56,7 +56,7 @@ def source(rows: list[str], client: FakeKube) -> CaptureSource:
     cm = build_store_config_map(view)
     cache.follow("ADDED", cm)
     keys = Keys({"a" * 64: frozenset(S1), "b" * 64: frozenset(S1 + S2)})
-    return CaptureSource(cache, keys, client)  # type: ignore[arg-type]
+    return CaptureSource(cache, keys)  # type: ignore[arg-type]
 
 
 def capture_profile() -> dict[str, Any]:
@@ -75,7 +75,7 @@ def test_a_threshold_starts_one_retune_job_and_later_reconciles_keep_its_revisio
     spec = TuningProfileSpec.model_validate(p["spec"])
     base = naming.revision(spec)
     old_jobs = jobs_for(p, [MODEL])  # the first tuning's Job, kept after it published
-    api = FakeKube()
+    api = FakeKube(writers=RECONCILE_WRITERS)
     memory = Memory()
     status = sync_profile(
         p, old_jobs, [], CFG, memory, Around(api, captures=source(S2, api))
@@ -93,7 +93,7 @@ def test_a_threshold_starts_one_retune_job_and_later_reconciles_keep_its_revisio
     assert any(r == "RetuneStarted" for r, _ in api.events)
     # The next reconcile, from what was written (a restart reads the same): nothing more.
     p["status"] = status
-    api2 = FakeKube(existing={n for _, n in api.created})
+    api2 = FakeKube(writers=RECONCILE_WRITERS, existing={n for _, n in api.created})
     again = sync_profile(p, [], [], CFG, Memory(), Around(api2, captures=source(S2, api2))).status
     assert again["capture"][0]["retune"]["revision"] == rev
     assert api2.created == [] and not [r for r, _ in api2.events if r == "RetuneStarted"]
@@ -124,14 +124,14 @@ def test_the_published_retune_is_current_and_counts_as_full_coverage(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     p = capture_profile()
-    api = FakeKube()
+    api = FakeKube(writers=RECONCILE_WRITERS)
     first = sync_profile(
         p, jobs_for(p, [MODEL]), [], CFG, Memory(), Around(api, captures=source(S2, api))
     ).status
     rev = first["capture"][0]["retune"]["revision"]
     p["status"] = first
     served(p, rev, "b" * 64)
-    api = FakeKube()
+    api = FakeKube(writers=RECONCILE_WRITERS)
     status = sync_profile(p, [], [], CFG, Memory(), Around(api, captures=source(S2, api))).status
     (entry,) = status["capture"]
     assert (entry["seen"], entry["tuned"], entry["coverage"]) == (2, 2, 100)
@@ -144,8 +144,8 @@ def test_a_profile_without_capture_shows_none_and_keeps_its_spec_revision(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     p = profile(gpu={"vendor": "amd", "models": [MODEL]})
-    api = FakeKube()
-    empty = CaptureSource(CaptureCache(), Keys({}), api)  # type: ignore[arg-type]
+    api = FakeKube(writers=RECONCILE_WRITERS)
+    empty = CaptureSource(CaptureCache(), Keys({}))  # type: ignore[arg-type]
     status = sync_profile(p, [], [], CFG, Memory(), Around(api, captures=empty)).status
     assert "capture" not in status and "coverage" not in status
     assert status["revision"] == naming.revision(TuningProfileSpec.model_validate(p["spec"]))
@@ -234,7 +234,7 @@ def test_retune_sets_no_status_names_are_removed(monkeypatch: pytest.MonkeyPatch
     from tunefleet.capture.store import RetuneSet, build_retune_config_map
 
     p = capture_profile()
-    api = FakeKube()
+    api = FakeKube(writers=RECONCILE_WRITERS)
     src = source(S2, api)
     old = build_retune_config_map(RetuneSet("ml", "p", "uid-1", MODEL, "oldrev0000", (S2[0],)))
     old["metadata"]["uid"] = "old-set-uid"

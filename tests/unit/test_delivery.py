@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.support.artifacts import tuner_output
-from tests.support.fake_kube import FakeKube
+from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
 from tests.support.profiles import CFG, MODELS, jobs_for, profile
 from tests.support.records import completed, published_pod
 from tunefleet.artifacts import fetch as fetch_mod
@@ -215,7 +215,7 @@ def test_the_operator_delivers_a_fresh_artifact_and_status_says_how_pods_get_it(
 ) -> None:
     p = profile(gpu={"vendor": "amd", "models": MODELS[:1]})
     job = completed(p)
-    api = FakeKube()
+    api = FakeKube(writers=RECONCILE_WRITERS)
     calls: list[str] = []
 
     def download(pin: fetch_mod.Pinned, **_: Any) -> fetch_mod.Verified:
@@ -255,7 +255,7 @@ def test_a_failed_delivery_is_said_and_not_tried_again_at_once(
 ) -> None:
     p = profile(gpu={"vendor": "amd", "models": MODELS[:1]})
     job = completed(p)
-    api = FakeKube()
+    api = FakeKube(writers=RECONCILE_WRITERS)
     tries: list[int] = []
 
     def failing(*_: Any, **__: Any) -> Any:
@@ -337,7 +337,7 @@ def test_a_job_view_of_an_unrelated_profile_does_not_matter(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Nothing is read for profiles that are not delivered (no read identity).
-    api = FakeKube()
+    api = FakeKube(writers=RECONCILE_WRITERS)
     p = profile()
     sync_profile(p, jobs_for(p, MODELS), [], CFG, Memory(), Around(api))
     assert not api.verbs("get")
@@ -404,7 +404,7 @@ def test_after_a_restart_a_config_map_no_status_names_goes_once_its_pods_have_en
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     p = profile(gpu={"vendor": "amd", "models": MODELS[:1]})
-    api = FakeKube()
+    api = FakeKube(writers=RECONCILE_WRITERS)
     earlier = {"configMap": {"name": "earlier", "uid": "cm-earlier"}, "gpuModel": MODELS[0]}
     api.listed["configmaps"] = [artifact_cm("earlier"), artifact_cm("old")]
     api.listed["pods"] = [mounting("old")]

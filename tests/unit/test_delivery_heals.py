@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.fake_kube import FakeKube
+from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
 from tests.support.profiles import MODELS, profile
 from tests.support.records import completed, published_pod
 from tunefleet import naming
@@ -94,7 +94,7 @@ class World:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.p = profile(gpu={"vendor": "amd", "models": MODELS[:1]})
         self.job = completed(self.p)
-        self.api = FakeKube()
+        self.api = FakeKube(writers=RECONCILE_WRITERS)
         self.uri = f"s3://bkt/p/ml/p/{MODELS[0]}/{SHA}"
         self.downloads = 0
         self.store_down = False

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.fake_kube import FakeKube, OverGenerated
+from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube, OverGenerated
 from tests.support.profiles import CFG, MODELS, jobs_for, profile
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
@@ -138,7 +138,7 @@ def test_a_queued_job_reads_its_workload_now_and_then(monkeypatch: pytest.Monkey
         calls.append(args[-1])
         return found
 
-    api = FakeKube(intercept={"list_custom": workloads})
+    api = FakeKube(writers=RECONCILE_WRITERS, intercept={"list_custom": workloads})
     p = profile(tuning=QUEUED, gpu={"vendor": "amd", "models": MODELS[:1]})
     job = suspended_job()
     memory = Memory()
@@ -158,13 +158,13 @@ def test_a_job_that_has_not_started_follows_the_queue_name(
 ) -> None:
     one = {"vendor": "amd", "models": MODELS[:1]}
     job = suspended_job("old-queue")
-    api = FakeKube()
+    api = FakeKube(writers=RECONCILE_WRITERS)
     sync_profile(profile(tuning=QUEUED, gpu=one), [job], [], CFG, Memory(), Around(api))
     assert api.owned_patches == [
         ("Job", job["metadata"]["name"], {"metadata": {"labels": {QUEUE_LABEL: "gpu-team"}}})
     ]
     # No queue any more: a suspended Job nobody would admit is made again outside Kueue.
-    api = FakeKube()
+    api = FakeKube(writers=RECONCILE_WRITERS)
     sync_profile(
         profile(tuning={"backoffLimit": 0}, gpu=one), [job], [], CFG, Memory(), Around(api)
     )
@@ -172,7 +172,7 @@ def test_a_job_that_has_not_started_follows_the_queue_name(
     # A Job that runs keeps its queue; tunefleet never resumes or moves it.
     running = suspended_job("old-queue")
     running["spec"]["suspend"] = False
-    api = FakeKube()
+    api = FakeKube(writers=RECONCILE_WRITERS)
     sync_profile(profile(tuning=QUEUED, gpu=one), [running], [], CFG, Memory(), Around(api))
     assert not api.owned_patches and not api.deleted
 

@@ -490,3 +490,43 @@ def test_lists_are_paged_by_the_one_paginator() -> None:
         if path.name != "client.py" and '.get("continue")' in path.read_text()
     ]
     assert found == [], found
+
+
+# The client's writes, by method name (kube.Kube's own and the generated clients').
+WRITES = {
+    "create_owned", "patch_owned", "delete_owned", "replace_profile_status",
+    "remove_profile_finalizer", "post_event_soon", "create_config_map", "patch_config_map",
+}  # fmt: skip
+GENERATED_WRITE = ("create_namespaced_", "patch_namespaced_", "delete_namespaced_", "replace_")
+# What a reconcile runs through (sync_profile's gather and decide steps); its writes are
+# reconciler/apply.py's alone.
+RECONCILE_PATH = [
+    "reconciler", "capture/step.py", "capture/loop.py", "capture/keys.py", "serving",
+    "informers",
+]  # fmt: skip
+
+
+def writes_in(source: str, where: str) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            name = node.func.attr
+            if name in WRITES or name.startswith(GENERATED_WRITE):
+                found.append(f"{where}:{node.lineno}: {name}")
+    return found
+
+
+def test_only_the_apply_step_writes_on_a_reconciles_path() -> None:
+    found = []
+    for part in RECONCILE_PATH:
+        base = OPERATOR / part
+        for path in sorted([base] if base.is_file() else base.rglob("*.py")):
+            if path.name != "apply.py":
+                found += writes_in(path.read_text(), str(path.relative_to(ROOT)))
+    assert found == [], found
+
+
+def test_the_write_rule_catches_one() -> None:
+    assert writes_in("s.client.create_owned(job)\n", "m") == ["m:1: create_owned"]
+    assert writes_in("core.patch_namespaced_config_map(n, ns, b)\n", "m")
+    assert writes_in("client.read('ConfigMap', ns, n)\n", "m") == []

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from tests.support.fake_kube import FakeKube
+from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.api.conditions import Reason
@@ -513,7 +513,7 @@ def test_a_refused_template_makes_no_job_and_says_why(monkeypatch: pytest.Monkey
             "spec": raw,
         }
     )
-    api = FakeKube()
+    api = FakeKube(writers=RECONCILE_WRITERS)
     outcome = sync_profile(p, [], [], CFG, Memory(), Around(api))
     assert outcome.terminal and "hostPath" in str(outcome.error)
     assert api.created == []
@@ -528,7 +528,7 @@ def test_a_refused_template_makes_no_job_and_says_why(monkeypatch: pytest.Monkey
     allowing = Config(
         image="tunefleet:1", profile_policy=ProfilePolicy(allowed_volume_types=("hostPath",))
     )
-    api = FakeKube()
+    api = FakeKube(writers=RECONCILE_WRITERS)
     sync_profile(p, [], [], allowing, Memory(), Around(api))
     assert [k for k, _ in api.created] == ["ConfigMap", "Job"]
 
@@ -651,7 +651,7 @@ def test_reconcile_reads_a_podless_jobs_events_once_a_minute(
     job = build_tuning_job(child(s))
     job["metadata"]["uid"] = "ju"
     job["status"] = {"startTime": "2026-12-01T10:00:00Z"}
-    api = FakeKube(existing={job["metadata"]["name"]})
+    api = FakeKube(writers=RECONCILE_WRITERS, existing={job["metadata"]["name"]})
     api.events_of_jobs = [
         {"reason": "FailedCreate", "message": 'serviceaccount "missing" not found'}
     ]

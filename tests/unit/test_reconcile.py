@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from tests.support.fake_kube import FakeKube, OverGenerated
+from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube, OverGenerated
 from tests.support.profiles import CFG, MODELS, jobs_for, profile
 from tunefleet import kube
 from tunefleet.informers.views import profile_view
@@ -25,7 +25,7 @@ def test_every_missing_job_is_made_even_when_an_earlier_one_exists(
     # so later models never got their Job.
     p = profile()
     first = jobs_for(p, MODELS[:1])
-    api = FakeKube(existing={first[0]["metadata"]["name"]})
+    api = FakeKube(writers=RECONCILE_WRITERS, existing={first[0]["metadata"]["name"]})
     sync_profile(p, first, [], CFG, Memory(), Around(api))
     made = [n for k, n in api.created if k == "Job"]
     assert made == [jobs_for(p, MODELS[1:])[0]["metadata"]["name"]]
@@ -37,7 +37,7 @@ def test_an_existing_job_the_index_has_not_seen_yet_is_success(
 ) -> None:
     p = profile()
     names = {j["metadata"]["name"] for j in jobs_for(p, MODELS)}
-    api = FakeKube(existing=names)
+    api = FakeKube(writers=RECONCILE_WRITERS, existing=names)
     status = sync_profile(
         p, [], [], CFG, Memory(), Around(api)
     ).status  # no exception: 409 means done
@@ -48,7 +48,7 @@ def test_an_existing_job_the_index_has_not_seen_yet_is_success(
 def test_a_settled_profile_costs_no_api_call(monkeypatch: pytest.MonkeyPatch) -> None:
     p = profile()
     jobs = jobs_for(p, MODELS)
-    api = FakeKube()
+    api = FakeKube(writers=RECONCILE_WRITERS)
     memory = Memory()
     sync_profile(p, jobs, [], CFG, memory, Around(api))
     assert api.created == [] and len(api.patches) == 1
@@ -61,7 +61,7 @@ def test_the_status_written_with_new_jobs_lists_them_so_their_echo_writes_nothin
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     p = profile()
-    api = FakeKube()
+    api = FakeKube(writers=RECONCILE_WRITERS)
     memory = Memory()
     sync_profile(p, [], [], CFG, memory, Around(api))
     assert len(api.patches) == 1
@@ -81,7 +81,9 @@ def test_a_job_made_for_kueue_is_not_observed_before_kueue_has_seen_it(
     # the reconcile its echo brings (its status would otherwise blame Kueue for 15 s).
     p = profile(tuning={"queueName": "tuning"})
     asked: list[str] = []
-    api = FakeKube(intercept={"list_custom": lambda *a: asked.append(a[-1]) or []})
+    api = FakeKube(
+        writers=RECONCILE_WRITERS, intercept={"list_custom": lambda *a: asked.append(a[-1]) or []}
+    )
     sync_profile(p, [], [], CFG, Memory(), Around(api))
     assert [k for k, _ in api.created].count("Job") == 2
     assert not (api.patches[-1].get("jobs") if api.patches else None) and asked == []
@@ -89,7 +91,7 @@ def test_a_job_made_for_kueue_is_not_observed_before_kueue_has_seen_it(
 
 def test_invalid_spec_is_a_condition_and_a_permanent_error(monkeypatch: pytest.MonkeyPatch) -> None:
     p = profile(gpu={"vendor": "amd", "models": ["MI300X OAM"]})
-    api = FakeKube()
+    api = FakeKube(writers=RECONCILE_WRITERS)
     outcome = sync_profile(p, [], [], CFG, Memory(), Around(api))
     assert isinstance(outcome.error, kube.Permanent)
     assert re.search("can't be a node label value", str(outcome.error))
@@ -102,7 +104,7 @@ def test_invalid_spec_is_a_condition_and_a_permanent_error(monkeypatch: pytest.M
 def test_a_job_the_api_server_refuses_is_reported_not_retried(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    api = FakeKube()
+    api = FakeKube(writers=RECONCILE_WRITERS)
     api.fail_job_with = kube.Permanent("creating Job ml/x: the API server refused it: bad")
     outcome = sync_profile(profile(), [], [], CFG, Memory(), Around(api))
     assert isinstance(outcome.error, kube.Permanent)
@@ -113,7 +115,7 @@ def test_a_job_the_api_server_refuses_is_reported_not_retried(
 def test_unadmitted_pods_are_counted_and_announced_once(monkeypatch: pytest.MonkeyPatch) -> None:
     p = profile()
     jobs = jobs_for(p, MODELS)
-    api = FakeKube()
+    api = FakeKube(writers=RECONCILE_WRITERS)
     memory = Memory()
     memory.unadmitted[("ml", "p")] = ["model-a", "model-b"]
     status = sync_profile(p, jobs, [], CFG, memory, Around(api)).status
@@ -183,7 +185,7 @@ def test_api_errors_are_sorted_for_the_reconciler(
 def test_a_job_that_cannot_be_made_now_is_said_in_status_then_retried(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    api = FakeKube()
+    api = FakeKube(writers=RECONCILE_WRITERS)
     api.fail_job_with = kube.Temporary(
         'creating Job ml/x: jobs "x" is forbidden: exceeded quota: no-jobs', delay=30
     )
@@ -196,7 +198,7 @@ def test_a_job_that_cannot_be_made_now_is_said_in_status_then_retried(
 
 def sharded(monkeypatch: pytest.MonkeyPatch, nodes: int) -> tuple[dict[str, Any], FakeKube]:
     p = profile(gpu={"vendor": "amd", "models": MODELS[:1], "parallelism": 2})
-    api = FakeKube()
+    api = FakeKube(writers=RECONCILE_WRITERS)
     api.nodes = nodes
     return p, api
 
@@ -246,7 +248,7 @@ def test_shares_done_bring_a_merge_job_and_progress_says_so(
 def test_the_finalizer_of_versions_before_0_2_is_taken_off_even_while_deleting(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    api = FakeKube()
+    api = FakeKube(writers=RECONCILE_WRITERS)
     removed = api.finalizers_removed
     p = profile()
     raw = {
@@ -281,7 +283,7 @@ def test_the_finalizer_of_versions_before_0_2_is_taken_off_even_while_deleting(
 
 
 def test_writes_go_children_then_status_then_events(monkeypatch: pytest.MonkeyPatch) -> None:
-    api = FakeKube()
+    api = FakeKube(writers=RECONCILE_WRITERS)
     sync_profile(profile(), [], [], CFG, Memory(), Around(api))
     order = [verb for kind, verb, _ in api.calls if verb in ("create", "update_status")]
     kinds = [kind for kind, verb, _ in api.calls if verb in ("create", "update_status")]
@@ -294,10 +296,42 @@ def test_writes_go_children_then_status_then_events(monkeypatch: pytest.MonkeyPa
 def test_a_reconcile_never_raises_after_a_write_and_what_it_made_stays_said(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    api = FakeKube()
+    api = FakeKube(writers=RECONCILE_WRITERS)
     api.conflict = True  # the profile changed since it was read: the status write fails
     outcome = sync_profile(profile(), [], [], CFG, Memory(), Around(api))
     assert isinstance(outcome.error, kube.Conflict) and not outcome.terminal
     assert [k for k, _ in api.created].count("Job") == len(MODELS)
     # The Jobs were made: their Events are posted though the status did not land.
     assert [r for r, _ in api.events].count("TuningJobCreated") == len(MODELS)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["new", "settled", "superseded", "sharded", "invalid", "conflict", "finalizer"],
+)
+def test_every_write_of_a_reconcile_goes_through_its_apply_step(
+    case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gather or decide step that wrote would fail here: the fake refuses any write that
+    does not come from reconciler/apply.py (the delivery, capture and queue cases are run the
+    same way in their own files' tests through `writers`)."""
+    api = FakeKube(writers=RECONCILE_WRITERS)
+    p, jobs = profile(), []
+    if case == "settled":
+        jobs = jobs_for(p, MODELS)
+    elif case == "superseded":
+        jobs = jobs_for(profile(image="registry.example.com/serve:0"), MODELS)
+        cm = {"metadata": {"uid": "cm", "ownerReferences": [{"controller": True, "uid": "uid-1"}]}}
+        api.intercept["read"] = lambda kind, ns, name: cm if kind == "ConfigMap" else None
+    elif case == "sharded":
+        p = profile(gpu={"vendor": "amd", "models": MODELS[:1], "parallelism": 2})
+        api.nodes = 2
+    elif case == "invalid":
+        p = profile(gpu={"vendor": "amd", "models": ["MI300X OAM"]})
+    elif case == "conflict":
+        api.conflict = True
+    elif case == "finalizer":
+        p["metadata"]["finalizers"] = ["tunefleet.io/finalizer"]
+    sync_profile(p, jobs, [], CFG, Memory(), Around(api))
+    writes = [c for c in api.calls if c[1] in ("create", "patch", "delete", "update_status")]
+    assert writes or case == "settled"

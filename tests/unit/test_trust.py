@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.fake_kube import FakeKube, HangingLeases
+from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube, HangingLeases
 from tests.support.profiles import CFG, MODELS, jobs_for, profile
 from tests.support.records import SHA, completed, pod_body, published_pod, record
 from tunefleet import kube, naming
@@ -82,7 +82,7 @@ def test_a_forged_record_never_reaches_status_and_is_reported_once(
     cache = Cache()
     for body in (job_body("forged", owner=None), pod_body("forged-0", None, record())):
         cache.follow("jobs" if "spec" in body and not body["spec"] else "pods", None, body)
-    api = FakeKube()
+    api = FakeKube(writers=RECONCILE_WRITERS)
     memory = Memory()
     p = profile(gpu={"vendor": "amd", "models": MODELS[:1]})
     status = sync_profile(
@@ -109,7 +109,7 @@ def test_an_object_of_someone_else_under_our_name_is_never_used(
 ) -> None:
     p = profile(gpu={"vendor": "amd", "models": MODELS[:1]})
     (job,) = jobs_for(p, MODELS[:1])
-    api = FakeKube(foreign={job["metadata"]["name"]})
+    api = FakeKube(writers=RECONCILE_WRITERS, foreign={job["metadata"]["name"]})
     outcome = sync_profile(p, [], [], CFG, Memory(), Around(api))
     assert isinstance(outcome.error, kube.Temporary)
     assert "not controlled by" in str(outcome.error)
@@ -127,7 +127,7 @@ def test_a_record_read_from_a_pod_is_kept_on_its_job_and_outlives_the_pods(
     p = profile(gpu={"vendor": "amd", "models": MODELS[:1]})
     job = completed(p)
     uri = f"s3://bkt/p/ml/p/{MODELS[0]}/{SHA}"
-    api = FakeKube()
+    api = FakeKube(writers=RECONCILE_WRITERS)
     status = sync_profile(p, [job], [published_pod(job, uri)], CFG, Memory(), Around(api)).status
     assert status["phase"] == "Ready"
     (kind, name, patch), *_ = api.owned_patches
@@ -148,7 +148,7 @@ def test_a_record_read_from_a_pod_is_kept_on_its_job_and_outlives_the_pods(
 def test_status_is_written_over_the_version_read_and_an_invalid_profile_keeps_no_stale_figure(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    api = FakeKube()
+    api = FakeKube(writers=RECONCILE_WRITERS)
     seen = api.status_versions
     p = profile(gpu={"vendor": "amd", "models": MODELS[:1]})
     job = completed(p)
@@ -170,7 +170,10 @@ def test_status_is_written_over_the_version_read_and_an_invalid_profile_keeps_no
 def test_a_conflict_reads_again_and_memory_never_overrides_the_api_server(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    api = FakeKube(intercept={"get_profile": lambda ns, name, t: {"metadata": {"name": name}}})
+    api = FakeKube(
+        writers=RECONCILE_WRITERS,
+        intercept={"get_profile": lambda ns, name, t: {"metadata": {"name": name}}},
+    )
     api.conflict = True
     p = profile()
     refreshed: list[Any] = []
@@ -196,7 +199,10 @@ def test_jobs_of_an_earlier_revision_are_removed_with_their_configmaps(
     old = profile(image="registry.example.com/serve:1")
     old_jobs = jobs_for(old, MODELS)
     cm = {"metadata": {"uid": "cm-uid", "ownerReferences": [OWNER]}}
-    api = FakeKube(intercept={"read": lambda kind, ns, name: cm if kind == "ConfigMap" else None})
+    api = FakeKube(
+        writers=RECONCILE_WRITERS,
+        intercept={"read": lambda kind, ns, name: cm if kind == "ConfigMap" else None},
+    )
     new = profile(image="registry.example.com/serve:2")
     sync_profile(new, old_jobs, [], CFG, Memory(), Around(api))
     names = {j["metadata"]["name"] for j in old_jobs}
@@ -229,7 +235,7 @@ def test_a_failed_attempt_of_a_retrying_job_shows_with_its_cause_once(
     }
     from tunefleet.informers.views import pod_view
 
-    api = FakeKube()
+    api = FakeKube(writers=RECONCILE_WRITERS)
     memory = Memory()
     status = sync_profile(p, [job], [pod_view(failed)], CFG, memory, Around(api)).status
     progressing = status["conditions"][1]
@@ -257,7 +263,7 @@ def test_a_leader_whose_calls_hang_stops_writing_before_its_lease_can_be_taken(
         "ns",
         "a",
         Callbacks(lambda: events.append("leads"), lambda: events.append("follows")),
-        FakeKube(generated={"coordination": api}),
+        FakeKube(writers=RECONCILE_WRITERS, generated={"coordination": api}),
         timing,
     )
     writer = kube.Kube()  # a process's client: its writes ask this elector's fence
@@ -286,7 +292,7 @@ def test_a_leader_whose_calls_hang_stops_writing_before_its_lease_can_be_taken(
 
 def test_a_replica_that_stops_leading_forgets_what_it_remembered() -> None:
     c = Controller(
-        FakeKube(),
+        FakeKube(writers=RECONCILE_WRITERS),
         CFG,
         Indexes(lambda k: None, list, lambda ns, u: [], lambda ns, u: []),
         workers=1,
@@ -300,7 +306,7 @@ def test_a_replica_that_stops_leading_forgets_what_it_remembered() -> None:
 def test_what_is_remembered_of_a_profile_is_pruned_with_its_objects(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    api = FakeKube()
+    api = FakeKube(writers=RECONCILE_WRITERS)
     memory = Memory()
     mine = memory.of("uid-1")
     mine.image_ids.update({"gone-job": "x"})

@@ -11,15 +11,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tunefleet import kube, naming
+from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.capture import loop
 from tunefleet.capture.cache import CaptureCache
 from tunefleet.capture.keys import ArtifactKeys
-from tunefleet.capture.store import RetuneSet, build_retune_config_map
+from tunefleet.capture.store import RetuneSet
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.contracts.retune import RetuneRequest
-from tunefleet.kube import Kube
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +29,6 @@ class CaptureSource:
 
     cache: CaptureCache
     keys: ArtifactKeys
-    client: Kube  # the process's client: retune sets are made and removed through it
 
 
 @dataclass
@@ -56,23 +54,38 @@ def revisions_only(spec: TuningProfileSpec, base: str, status: dict[str, Any]) -
     return out
 
 
-def run(
-    source: CaptureSource | None,
+@dataclass
+class Planned:
+    """What the capture step decided, before the retune sets it froze are made
+    (reconciler/apply.py makes them, and takes back one that cannot be: `revert`)."""
+
+    plan: loop.Plan
+    previous: dict[str, dict[str, Any]]  # status.capture's entries, by model
+    base: str  # the spec's revision
+    where: str  # namespace/name, for the log
+    uid: str  # the profile's
+
+    def revert(self, model: str, why: str) -> None:
+        self.plan.revert(model, self.previous.get(model), self.base, why)
+
+
+def planned(
+    source: CaptureSource,
     spec: TuningProfileSpec,
     profile: dict[str, Any],
     *,
     default_endpoint: str = "",
     now: float | None = None,
     decide: bool = True,
-) -> Outcome:
-    """decide=False: status.capture's figures only (after a new artifact), no retune made.
-    default_endpoint: the S3 endpoint of a spec.storage that names none (the operator's)."""
+) -> Planned:
+    """The capture loop's plan (loop.plan): what the stores say, against the GEMMs each served
+    artifact has (read once per artifact, source.keys). Writes nothing. decide=False:
+    status.capture's figures only (after a new artifact), no retune frozen. default_endpoint:
+    the S3 endpoint of a spec.storage that names none (the operator's)."""
     meta, status = profile["metadata"], profile.get("status") or {}
     base = naming.revision(spec)
     endpoint = spec.storage.endpoint or default_endpoint
     region = spec.storage.region or ""
-    if source is None:
-        return revisions_only(spec, base, status)
     ns, uid = meta["namespace"], meta["uid"]
 
     def keys_of(record: ArtifactRecord) -> frozenset[str] | None:
@@ -86,8 +99,12 @@ def run(
         loop.Seen(source.cache.stores(uid), source.cache.retunes(uid), keys_of),
         loop.Moment(time.time() if now is None else now, RetuneRequest.read(profile), decide),
     )
-    where = f"{ns}/{meta['name']}"
-    made = _freeze(source.client, plan, loop.previous_entries(status), base, where)
+    return Planned(plan, loop.previous_entries(status), base, f"{ns}/{meta['name']}", uid)
+
+
+def outcome(p: Planned, made: list[RetuneSet]) -> Outcome:
+    """What the reconcile takes from the plan once the retune sets `made` are made."""
+    plan = p.plan
     out = Outcome(
         revisions=plan.revisions,
         entries=plan.entries,
@@ -104,37 +121,11 @@ def run(
         for e in plan.entries
         if any(f.model == e.get("gpuModel") for f in made)
     ]
-    if decide:
-        _remove_old_sets(source, ns, uid, plan.entries)
     return out
 
 
-def _freeze(
-    client: Kube, plan: loop.Plan, previous: dict[str, dict[str, Any]], base: str, where: str
-) -> list[RetuneSet]:
-    """Make the retune sets the plan froze (each a ConfigMap of its own); one that cannot be
-    made is taken back from the plan, with why, and retried at the next reconcile."""
-    made = []
-    for frozen in list(plan.freezes):
-        try:
-            client.create_owned(build_retune_config_map(frozen))
-            made.append(frozen)
-        except (kube.NotOurs, kube.Temporary, kube.Permanent) as e:
-            log.info(f"TuningProfile {where}: retune of {frozen.model}: {e}")
-            plan.revert(frozen.model, previous.get(frozen.model), base, str(e))
-    return made
-
-
-def _remove_old_sets(
-    source: CaptureSource, namespace: str, uid: str, entries: list[dict[str, Any]]
-) -> None:
+def stale_sets(source: CaptureSource, p: Planned) -> list[RetuneSet]:
     """Retune sets no status entry names: their Jobs were superseded (a later set, a spec
-    change), so nothing mounts them. Each is up to 900 KiB: they do not pile up in etcd."""
-    kept = {str((e.get("retune") or {}).get("configMap") or "") for e in entries}
-    for old in source.cache.retunes(uid):
-        if old.name in kept or not old.uid:
-            continue
-        try:
-            source.client.delete_owned("ConfigMap", namespace, old.name, old.uid)
-        except (kube.Temporary, kube.Permanent) as e:
-            log.info(f"retune set {namespace}/{old.name} not removed now: {e}")
+    change), so nothing mounts them (reconciler/apply.py removes them)."""
+    kept = {str((e.get("retune") or {}).get("configMap") or "") for e in p.plan.entries}
+    return [old for old in source.cache.retunes(p.uid) if old.name not in kept and old.uid]

@@ -219,9 +219,7 @@ def _indexes(config: Config) -> Indexes:
         refresh=OPERATOR.cache.put_profile,
         has_profile=OPERATOR.cache.has_profile_uid,
         compact=_compact_tables,
-        captures=CaptureSource(
-            OPERATOR.captures, ArtifactKeys(OPERATOR.client, config), OPERATOR.client
-        ),
+        captures=CaptureSource(OPERATOR.captures, ArtifactKeys(OPERATOR.client, config)),
         config_map_uid=OPERATOR.delivered.uid_of,
         untuned_pods=OPERATOR.served.of,
     )

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from tunefleet import naming
+from tunefleet.api.conditions import Reason
 from tunefleet.builders.kueue import QUEUE_LABEL
 from tunefleet.reconciler.observe import JobObservation
 
@@ -107,4 +108,39 @@ def merges_due(
         shares_done = obs.role == "tune" and obs.shards > 1 and obs.state == "Succeeded"
         if shares_done and obs.revision == rev and (obs.model, rev) not in merged:
             out.append(obs.model)
+    return out
+
+
+def holds_legacy_finalizer(meta: dict[str, Any]) -> bool:
+    """Versions before 0.2 held a profile's deletion with a finalizer; nothing does now."""
+    return naming.LEGACY_FINALIZER in (meta.get("finalizers") or [])
+
+
+@dataclass(frozen=True)
+class Tend:
+    """What to do for one observed Job beyond its status: the image id tune ran to tell
+    publish (its ConfigMap), the record read from its pod to keep on it, the GPU model whose
+    tuning ConfigMap to make again (someone deleted it; the pod waits for it)."""
+
+    name: str
+    uid: str
+    image_id: str = ""
+    record: str = ""
+    config_map_of: str = ""
+
+
+def tend(
+    observations: Iterable[JobObservation], image_ids: dict[str, str], has_spec: bool
+) -> list[Tend]:
+    """What each running or finished Job needs (image_ids: what each Job's ConfigMap was told
+    already, by Job uid)."""
+    out = []
+    for obs in observations:
+        image_id = ""
+        if obs.state == "Running" and obs.image_id and image_ids.get(obs.uid) != obs.image_id:
+            image_id = obs.image_id
+        record = obs.record.to_message() if obs.record_to_keep and obs.record is not None else ""
+        missing = obs.model if obs.reason == Reason.CONFIG_MAP_MISSING and has_spec else ""
+        if image_id or record or missing:
+            out.append(Tend(obs.name, obs.uid, image_id, record, missing))
     return out

@@ -23,29 +23,21 @@ from tunefleet.api import TuningProfileSpec, policy
 from tunefleet.api.conditions import EventReason, Reason, Type, find, truncate
 from tunefleet.artifacts.fetch import FetchError
 from tunefleet.artifacts.volumes import key_id
-from tunefleet.builders.job import (
-    IMAGE_ID_KEY,
-    Child,
-    build_merge_job,
-    build_tuning_config_map,
-    build_tuning_job,
-)
-from tunefleet.builders.kueue import QUEUE_LABEL
 from tunefleet.builders.storage import pod_storage
 from tunefleet.capture import step as capture_step
 from tunefleet.config import Config
 from tunefleet.contracts import pin
-from tunefleet.contracts.artifact import REJECTED, ArtifactRecord
+from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.informers import views
 from tunefleet.informers.cache import Untrusted
-from tunefleet.informers.views import ProfileRef, profile_ref
+from tunefleet.informers.views import ProfileRef
 from tunefleet.kube import Kube
-from tunefleet.reconciler import decide
-from tunefleet.reconciler.announce import announce
+from tunefleet.reconciler import apply, decide
 from tunefleet.reconciler.diagnose import Hints
 from tunefleet.reconciler.memory import NODES_TTL, QUEUED_TTL, Memory, ProfileMemory
 from tunefleet.reconciler.observe import JobObservation, observe, observe_wanting
-from tunefleet.reconciler.status import Observed, compute_status, status_changed, with_degraded
+from tunefleet.reconciler.state import Sync
+from tunefleet.reconciler.status import Observed, compute_status, with_degraded
 from tunefleet.serving import delivery
 from tunefleet.serving.served import Untuned
 from tunefleet.storage.store import StoreError
@@ -77,9 +69,6 @@ class Outcome:
         return isinstance(self.error, kube.Permanent)
 
 
-# An Event about the profile, (type, reason, message): every step's are posted in one place,
-# after the status write (children, then status, then Events).
-Event = tuple[str, str, str]
 # The errors a reconcile ends on (see Outcome.error); anything else is a bug, and raises.
 ENDS = (kube.Temporary, kube.Permanent, kube.Gone, kube.Conflict, kube.NotLeading)
 
@@ -158,213 +147,7 @@ def _too_few_nodes(client: Kube, spec: TuningProfileSpec, memory: Memory) -> dic
     return out
 
 
-@dataclass
-class _Sync:
-    """One reconcile of one profile: its parts, and what the steps found."""
-
-    profile: dict[str, Any]
-    jobs: list[dict[str, Any]]  # the Jobs the profile controls (cache.py), nothing else
-    pods: list[dict[str, Any]]  # the pods those Jobs control
-    config: Config
-    memory: ProfileMemory
-    client: Kube  # the process's client: every read and write of this reconcile goes through it
-    spec: TuningProfileSpec | None = None
-    problems: list[str] = field(default_factory=list)
-    # What of spec.template the profile policy refuses (policy.py): nothing is made.
-    refused: list[str] = field(default_factory=list)
-    too_few: dict[str, str] = field(default_factory=dict)
-    create_error: kube.Temporary | None = None
-    unadmitted: list[str] = field(default_factory=list)  # labelled pods the webhook never saw
-    on_written: Callable[[str, dict[str, Any]], None] = lambda rv, status: None
-    # Production misses (capture/step.py): the revision each model tunes under (a retune's,
-    # or the spec's), status.capture, and the Events to post once the status is written.
-    capture: capture_step.Outcome = field(default_factory=capture_step.Outcome)
-    captures: capture_step.CaptureSource | None = None
-    # The uid of an artifact ConfigMap now, by (namespace, name) (delivered.py); None: not
-    # followed, status's word is taken.
-    config_map_uid: Callable[[str, str], str] | None = None
-    # Model pods that run untuned for a cause of ours (served.py): the Degraded condition.
-    untuned_pods: list[Untuned] = field(default_factory=list)
-    # What delivery found this pass: ConfigMaps made again, foreign objects in the way.
-    remade: list[str] = field(default_factory=list)
-    foreign: list[delivery.Foreign] = field(default_factory=list)
-    events: list[Event] = field(default_factory=list)  # posted once, at the end (_post_events)
-
-    @property
-    def meta(self) -> dict[str, Any]:
-        meta: dict[str, Any] = self.profile["metadata"]
-        return meta
-
-    def rev(self, model: str) -> str:
-        """The revision a GPU model tunes under now."""
-        assert self.spec is not None
-        return self.capture.revisions.get(model) or naming.revision(self.spec)
-
-    def child(self, model: str) -> Child:
-        assert self.spec is not None
-        m = self.meta
-        rev = self.rev(model)
-        base = naming.revision(self.spec)
-        return Child(
-            self.spec, m["namespace"], m["name"], m["uid"], model, self.config,
-            revision_override=rev if rev != base else "",
-            captured=self.capture.captured.get(model, "") if rev != base else "",
-        )  # fmt: skip
-
-    @property
-    def acting(self) -> bool:
-        """Whether children may be made: a valid spec, and a profile not being deleted."""
-        return (
-            self.spec is not None
-            and not self.problems
-            and not self.refused
-            and not self.meta.get("deletionTimestamp")
-        )
-
-    @property
-    def served(self) -> dict[str, ArtifactRecord]:
-        """Status's artifacts of each model's current revision, by model."""
-        out = {}
-        for entry in (self.profile.get("status") or {}).get("artifacts") or []:
-            record = ArtifactRecord.from_status(entry)
-            if (
-                record is not None
-                and self.spec is not None
-                and record.revision == self.rev(record.gpu_model)
-            ):
-                out[record.gpu_model] = record
-        return out
-
-    @property
-    def rejected(self) -> set[str]:
-        """Models whose artifact of their current revision the gate refused (status.history):
-        tuned, not to be tuned again (a changed spec or a retune makes a new revision)."""
-        out = set()
-        for entry in (self.profile.get("status") or {}).get("history") or []:
-            record = ArtifactRecord.from_status(entry)
-            if (
-                record is not None
-                and self.spec is not None
-                and record.verdict == REJECTED
-                and record.revision == self.rev(record.gpu_model)
-            ):
-                out.add(record.gpu_model)
-        return out
-
-
-def _create_missing(s: _Sync) -> None:
-    """A ConfigMap and a Job for every model of the current revision that has neither a Job
-    nor an artifact of this revision already (a finished Job removed after its record was
-    served is not made again: deleting a failed Job is how to retry)."""
-    assert s.spec is not None
-    done = [*s.served, *s.rejected]
-    todo = decide.models_to_tune(s.spec.gpu.models, s.rev, s.jobs, done, s.too_few)
-    for model in todo:
-        child = s.child(model)
-        try:
-            # The ConfigMap first: the Job's pod mounts it.
-            s.client.create_owned(build_tuning_config_map(child))
-            job = build_tuning_job(child)
-            made = s.client.create_owned(job)
-            if made is not None:
-                if not (made.get("spec") or {}).get("suspend"):
-                    # Observed in this reconcile's status: the watch's echo of it then finds
-                    # the status already saying so (one status write a Job fewer). Not a
-                    # suspended (Kueue) one: Kueue cannot have made its Workload yet, and why
-                    # it waits is Kueue's to say once it has (its echo's reconcile reads it).
-                    s.jobs = [*s.jobs, views.job_view(made)]
-                name, ns = job["metadata"]["name"], s.meta["namespace"]
-                log.info(f"created tuning Job {ns}/{name} for TuningProfile {s.meta['name']}")
-                s.events.append(
-                    ("Normal", EventReason.TUNING_JOB_CREATED, f"Created tuning Job {name}.")
-                )
-        except kube.Permanent as e:
-            # The API server refused what the spec made: a spec problem to report.
-            s.problems.append(f"gpu model {model}: {e}")
-            return
-        except kube.NotOurs as e:
-            # Someone else's object sits under our deterministic name: never use it.
-            s.create_error = kube.Temporary(str(e), delay=30)
-            return
-        except kube.Temporary as e:
-            # Quota, RBAC, an API hiccup: say so in status, then retry with backoff.
-            s.create_error = e
-            return
-
-
-def _merge_when_shares_are_in(s: _Sync, observations: list[JobObservation]) -> None:
-    assert s.spec is not None
-    for model in decide.merges_due(observations, s.rev, s.jobs):
-        s.client.create_owned(build_merge_job(s.child(model)))
-
-
-def _stop_superseded(s: _Sync) -> None:
-    """Jobs of an earlier revision are not served: stop the running ones (their sync sidecar
-    keeps what they tuned: its final checkpoint, and a library entry) and remove the finished
-    ones, with their ConfigMaps and pods. Their artifacts stay in status.history."""
-    assert s.spec is not None
-    uid, ns = s.meta["uid"], s.meta["namespace"]
-    for job in decide.superseded(s.jobs, s.rev):
-        meta = job["metadata"]
-        rev = s.rev(decide.model_of(job))
-        name = meta["name"]
-        s.client.delete_owned("Job", ns, name, meta["uid"])
-        config_map = s.client.read("ConfigMap", ns, name)
-        if config_map is not None and views.owning_profile(config_map["metadata"]) == uid:
-            s.client.delete_owned("ConfigMap", ns, name, config_map["metadata"]["uid"])
-        log.info(f"TuningProfile {ns}/{s.meta['name']}: removed Job {name} of an earlier revision")
-        s.events.append(
-            (
-                "Normal",
-                EventReason.SUPERSEDED,
-                f"Removed tuning Job {name} of revision "
-                f"{meta['labels'].get(naming.REVISION_LABEL)}: revision {rev} replaces it.",
-            )
-        )
-
-
-def _follow_queue(s: _Sync) -> None:
-    """A Job that has not started follows spec.tuning.queueName: moved to the new LocalQueue
-    (Kueue takes a suspended Job's new label), or, once the spec names none, made again
-    outside Kueue (a suspended Job nobody admits would wait forever; tunefleet never resumes
-    one). A running Job keeps its queue, and its name never changes."""
-    assert s.spec is not None
-    ns, uid = s.meta["namespace"], s.meta["uid"]
-    for move in decide.queue_moves(s.jobs, s.spec.tuning.queue_name, naming.revision(s.spec)):
-        meta = move.job["metadata"]
-        if move.action == "relabel":
-            patch = {"metadata": {"labels": {QUEUE_LABEL: move.queue}}}
-            if s.client.patch_owned("Job", ns, meta["name"], uid, patch):
-                log.info(f"Job {ns}/{meta['name']}: moved to Kueue LocalQueue {move.queue}")
-        else:
-            s.client.delete_owned("Job", ns, meta["name"], meta["uid"])
-            log.info(f"Job {ns}/{meta['name']}: no queue any more; made again outside Kueue")
-
-
-def _tend(s: _Sync, observations: list[JobObservation]) -> None:
-    """Tell publish which image tune ran (through the Job's ConfigMap, for the manifest); keep
-    a record read from a pod on its Job, where it outlives the pods; make a ConfigMap that
-    someone deleted again (the pod waits for it)."""
-    ns, uid = s.meta["namespace"], s.meta["uid"]
-    for obs in observations:
-        if (
-            obs.state == "Running"
-            and obs.image_id
-            and s.memory.image_ids.get(obs.uid) != obs.image_id
-        ):
-            patch = {"data": {IMAGE_ID_KEY: obs.image_id}}
-            s.client.patch_owned("ConfigMap", ns, obs.name, uid, patch)
-            s.memory.image_ids[obs.uid] = obs.image_id
-        if obs.record_to_keep and obs.record is not None:
-            kept = {
-                "metadata": {"annotations": {naming.RECORD_ANNOTATION: obs.record.to_message()}}
-            }
-            s.client.patch_owned("Job", ns, obs.name, uid, kept)
-        if obs.reason == Reason.CONFIG_MAP_MISSING and s.spec is not None:
-            s.client.create_owned(build_tuning_config_map(s.child(obs.model)))
-
-
-def _deliver(s: _Sync, status: dict[str, Any]) -> None:
+def _deliver(s: Sync, status: dict[str, Any]) -> None:
     """Each current artifact gets its ConfigMap (delivery.py), or a word on why not; status
     then says how pods get it. One that status names but that was deleted or replaced since
     is made again (admission serves the artifact from the store meanwhile)."""
@@ -380,8 +163,6 @@ def _deliver(s: _Sync, status: dict[str, Any]) -> None:
         _deliver_image_volumes(s, artifacts)
         return
     why_not = delivery.deliverable(s.config)
-    storage = s.spec.storage
-    endpoint = storage.endpoint or s.config.default_s3_endpoint
     for entry in artifacts:
         if entry.get("configMap") and not _lost(s, entry):
             continue
@@ -397,14 +178,7 @@ def _deliver(s: _Sync, status: dict[str, Any]) -> None:
             entry["delivery"] = tried[1]
             continue
         try:
-            got = delivery.deliver(
-                s.client,
-                record,
-                ProfileRef.of(s.profile),
-                store=delivery.store_options(endpoint, storage.region or "", s.config),
-                config=s.config,
-                vendor=s.spec.gpu.vendor,
-            )
+            got = apply.place_config_map(s.client, _artifact_config_map(s, record), record)
         except (FetchError, StoreError, delivery.DeliveryError, kube.NotOurs,
                 kube.Temporary) as e:  # fmt: skip
             if isinstance(e, delivery.DeliveryError):
@@ -426,7 +200,22 @@ def _deliver(s: _Sync, status: dict[str, Any]) -> None:
     s.memory.prune_deliveries({a.get("sha256", "") for a in artifacts})
 
 
-def _deliver_image_volumes(s: _Sync, artifacts: list[dict[str, Any]]) -> None:
+def _artifact_config_map(s: Sync, record: ArtifactRecord) -> dict[str, Any]:
+    """The artifact's ConfigMap to make: read from the store with the operator's read
+    identity and verified (delivery.artifact_config_map)."""
+    assert s.spec is not None
+    storage = s.spec.storage
+    endpoint = storage.endpoint or s.config.default_s3_endpoint
+    return delivery.artifact_config_map(
+        record,
+        ProfileRef.of(s.profile),
+        store=delivery.store_options(endpoint, storage.region or "", s.config),
+        config=s.config,
+        vendor=s.spec.gpu.vendor,
+    )
+
+
+def _deliver_image_volumes(s: Sync, artifacts: list[dict[str, Any]]) -> None:
     """oci:// stores: each artifact's volume image, once verified, is what model pods mount
     (delivery ImageVolume); else they fetch and verify it themselves (Store: why). Checked
     again after DELIVERY_RETRY_S, as a ConfigMap's delivery is tried again. This is the
@@ -475,30 +264,7 @@ def _store_only(record: ArtifactRecord | None, why_not: str) -> str:
     return ""
 
 
-def _relabel(s: _Sync, there: dict[str, Any], entry: dict[str, Any]) -> None:
-    """Put the artifact ConfigMap's labels back (only on the object controlled by this
-    profile, fenced by the resourceVersion read: kube.patch_owned)."""
-    meta, uid = there.get("metadata") or {}, str(s.meta.get("uid") or "")
-    want = naming.artifact_config_map_labels(uid)
-    labels = meta.get("labels") or {}
-    if all(labels.get(k) == v for k, v in want.items()):
-        return  # the watch has not caught up with one just made: nothing to put back
-    ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
-    try:
-        if not s.client.patch_owned("ConfigMap", ns, name, uid, {"metadata": {"labels": want}}):
-            return
-    except (kube.Temporary, kube.Permanent) as e:
-        log.warning(f"ConfigMap {ns}/{name} lost its labels; labelling it again failed: {e}")
-        return
-    s.remade.append(
-        f"{entry.get('gpuModel') or '?'}: the ConfigMap {name} of artifact "
-        f"{str(entry.get('sha256', ''))[:12]} had lost its labels (so new pods could not mount "
-        "it); labelled again"
-    )
-    metrics.CONFIG_MAPS_REMADE.inc()
-
-
-def _lost(s: _Sync, entry: dict[str, Any]) -> bool:
+def _lost(s: Sync, entry: dict[str, Any]) -> bool:
     """Whether the ConfigMap status names for this artifact is gone or is not the one made
     (another uid): then it is dropped from the entry, to be made again. The cache's word is
     checked with the API server before it is taken (the watch may not have seen one just
@@ -518,7 +284,7 @@ def _lost(s: _Sync, entry: dict[str, Any]) -> bool:
         # The very object made (its uid), which the watch no longer sees: its labels were
         # removed or changed. Admission, which reads that watch, took it for gone; labelled
         # again, it is mounted again (a user's label edit is no identity, its uid is).
-        _relabel(s, there or {}, entry)
+        apply.relabel(s, there or {}, entry)
         return False
     what = f"was replaced (uid {now_uid})" if there is not None else "was deleted"
     if there is not None:
@@ -534,11 +300,11 @@ def _lost(s: _Sync, entry: dict[str, Any]) -> bool:
     return True
 
 
-def _retire_config_maps(s: _Sync, previous: dict[str, Any], status: dict[str, Any]) -> None:
+def _retire_config_maps(s: Sync, previous: dict[str, Any], status: dict[str, Any]) -> None:
     """Artifact ConfigMaps status no longer names (a retune pushed one out of the bounded
-    history) go once no model pod mounts them (delivery.retire). Checked when status drops
-    one, every RETIRE_EVERY_S while one is still mounted, and once after a restart for a
-    profile with history (what was waiting before is not remembered)."""
+    history) go once no model pod mounts them (delivery.to_retire reads, apply deletes).
+    Checked when status drops one, every RETIRE_EVERY_S while one is still mounted, and once
+    after a restart for a profile with history (what was waiting before is not remembered)."""
     mem, now_ = s.memory, time.monotonic()
     dropped = delivery.referenced_names(previous) - delivery.referenced_names(status)
     first = mem.retiring is None
@@ -549,13 +315,15 @@ def _retire_config_maps(s: _Sync, previous: dict[str, Any], status: dict[str, An
     mem.retired_at = now_
     meta = s.meta
     try:
-        mem.retiring = set(delivery.retire(s.client, ProfileRef.of(s.profile), status))
+        unused, mounted = delivery.to_retire(s.client, ProfileRef.of(s.profile), status)
+        apply.retire_config_maps(s, unused)
+        mem.retiring = set(mounted)
     except kube.Temporary as e:
         mem.retiring = (mem.retiring or set()) | dropped | {""}  # checked again later
         log.info(f"TuningProfile {meta['namespace']}/{meta['name']}: retiring ConfigMaps: {e}")
 
 
-def _status(s: _Sync, observations: list[JobObservation]) -> dict[str, Any]:
+def _status(s: Sync, observations: list[JobObservation]) -> dict[str, Any]:
     """The status the observations, the spec and capture's figures say (status.py, pure)."""
     return compute_status(
         Observed(
@@ -577,7 +345,7 @@ def _status(s: _Sync, observations: list[JobObservation]) -> dict[str, Any]:
     )
 
 
-def _degraded(s: _Sync, status: dict[str, Any]) -> dict[str, Any]:
+def _degraded(s: Sync, status: dict[str, Any]) -> dict[str, Any]:
     """Status with its Degraded condition: after delivery, which may have made a lost
     ConfigMap again in this very pass."""
     lost = [
@@ -590,24 +358,8 @@ def _degraded(s: _Sync, status: dict[str, Any]) -> dict[str, Any]:
     return with_degraded(status, previous, s.untuned_pods, lost, gen, now())
 
 
-def _write_status(s: _Sync, status: dict[str, Any]) -> None:
-    """Write status only when it changed, over the version it was computed from; then what
-    the change announces (Events, capture's Events, retune metrics)."""
-    previous = s.profile.get("status") or {}
-    if not status_changed(previous, status):
-        return
-    rv = str(s.meta.get("resourceVersion") or "")
-    written = s.client.replace_profile_status(s.meta["namespace"], s.meta["name"], rv, status)
-    s.memory.written_rv = written
-    s.on_written(written, status)
-    said = announce(s.profile, previous, status, s.unadmitted)
-    s.events += [*said, *s.capture.events]
-    for reason in s.capture.retunes:
-        metrics.RETUNES.labels(reason).inc()
-
-
 def _capture_against_new_artifacts(
-    s: _Sync, previous: dict[str, Any], status: dict[str, Any]
+    s: Sync, previous: dict[str, Any], status: dict[str, Any]
 ) -> None:
     """status.capture counts against the artifacts this status serves: when one is new, the
     counts are made again against it (no retune is decided on this pass; our own write's
@@ -618,10 +370,13 @@ def _capture_against_new_artifacts(
     after = {a.get("gpuModel"): a.get("sha256") for a in status.get("artifacts") or []}
     if before == after:
         return
-    again = capture_step.run(
+    if s.captures is None:
+        return
+    planned = capture_step.planned(
         s.captures, s.spec, {**s.profile, "status": status},
         default_endpoint=s.config.default_s3_endpoint, decide=False,
     )  # fmt: skip
+    again = capture_step.outcome(planned, [])
     if again.entries is not None:
         if again.entries:
             status["capture"] = again.entries
@@ -632,7 +387,7 @@ def _capture_against_new_artifacts(
         s.capture.events += [e for e in again.events if e not in s.capture.events]
 
 
-def _report_delivery(s: _Sync) -> None:
+def _report_delivery(s: Sync) -> None:
     """ConfigMaps made again, and foreign objects found where an artifact's ConfigMap was to
     be: one Event each (a foreign one once per uid), a metric."""
     counts: dict[str, int] = {}
@@ -669,7 +424,7 @@ def _report_delivery(s: _Sync) -> None:
         )
 
 
-def _report_untrusted(s: _Sync, untrusted: list[Untrusted]) -> None:
+def _report_untrusted(s: Sync, untrusted: list[Untrusted]) -> None:
     """Objects that claim the profile by its labels without being owned by it: said once."""
     for obj in untrusted:
         if obj.uid in s.memory.reported:
@@ -685,14 +440,6 @@ def _report_untrusted(s: _Sync, untrusted: list[Untrusted]) -> None:
                 "as one of its tuning Jobs or pods. Delete it if nothing else needs it.",
             )
         )
-
-
-def _post_events(s: _Sync) -> None:
-    """Every Event the reconcile has to say, by one route, after its writes: what it made
-    stays said even when its status write did not land."""
-    ref = profile_ref(s.profile)
-    for type_, reason, message in s.events:
-        s.client.post_event_soon(ref, type_, reason, message)
 
 
 @dataclass
@@ -734,7 +481,7 @@ def sync_profile(
     meta = profile["metadata"]
     mine = memory.of(meta["uid"])
     unadmitted = memory.unadmitted.get((meta["namespace"], meta["name"]), [])
-    s = _Sync(
+    s = Sync(
         profile, jobs, pods, config, mine, a.client, unadmitted=unadmitted, on_written=a.on_written,
         captures=a.captures, config_map_uid=a.config_map_uid, untuned_pods=a.untuned_pods,
     )  # fmt: skip
@@ -744,22 +491,28 @@ def sync_profile(
         except ENDS as e:
             return Outcome(profile.get("status") or {}, error=e)
         finally:
-            _post_events(s)
+            apply.post_events(s)
 
 
-def _steps(s: _Sync, memory: Memory, untrusted: list[Untrusted]) -> Outcome:
-    """sync_profile's steps, in order."""
+def _steps(s: Sync, memory: Memory, untrusted: list[Untrusted]) -> Outcome:
+    """sync_profile's steps, in order: each gathers through the client's reads and decides
+    with pure functions; what they decide is written by apply.py alone."""
     profile, pods, mine = s.profile, s.pods, s.memory
-    _drop_legacy_finalizer(s.client, s.meta)
+    apply.drop_legacy_finalizer(s)
     _read_spec(s, untrusted, memory)
     if s.acting:
-        _create_missing(s)
-        _stop_superseded(s)
-        _follow_queue(s)
+        assert s.spec is not None
+        done = [*s.served, *s.rejected]
+        apply.create_missing(
+            s, decide.models_to_tune(s.spec.gpu.models, s.rev, s.jobs, done, s.too_few)
+        )
+        apply.stop_superseded(s, _superseded(s))
+        queue = s.spec.tuning.queue_name
+        apply.follow_queue(s, decide.queue_moves(s.jobs, queue, naming.revision(s.spec)))
     observations = _observe(s, mine)
     if s.acting:
-        _merge_when_shares_are_in(s, observations)
-    _tend(s, observations)
+        apply.merge(s, decide.merges_due(observations, s.rev, s.jobs))
+    apply.tend(s, decide.tend(observations, s.memory.image_ids, s.spec is not None))
     previous = profile.get("status") or {}
     status = _status(s, observations)
     # Delivery is a step of its own: it makes ConfigMaps (or says why not) and tells
@@ -770,7 +523,7 @@ def _steps(s: _Sync, memory: Memory, untrusted: list[Untrusted]) -> Outcome:
     if s.acting:
         _retire_config_maps(s, previous, status)
     _report_delivery(s)
-    _write_status(s, status)
+    apply.write_status(s, status)
     mine.prune(s.jobs, pods, {u.uid for u in untrusted} | {f.uid for f in s.foreign})
     error: Exception | None = s.create_error
     if s.problems or s.spec is None or s.refused:
@@ -779,18 +532,24 @@ def _steps(s: _Sync, memory: Memory, untrusted: list[Untrusted]) -> Outcome:
     return Outcome(status, requeue_after(status), error)
 
 
-def _drop_legacy_finalizer(client: Kube, meta: dict[str, Any]) -> None:
-    """Versions before 0.2 held a profile's deletion with a finalizer; nothing does now."""
-    if naming.LEGACY_FINALIZER in (meta.get("finalizers") or []):
-        client.remove_profile_finalizer(
-            meta["namespace"], meta["name"], meta["uid"], meta["finalizers"],
-            naming.LEGACY_FINALIZER,
-        )  # fmt: skip
+def _superseded(s: Sync) -> list[apply.Superseded]:
+    """The Jobs of an earlier revision (decide.superseded), each with its ConfigMap's uid
+    when the API server has that ConfigMap and it is this profile's (read, never assumed)."""
+    out = []
+    ns, uid = s.meta["namespace"], s.meta["uid"]
+    for job in decide.superseded(s.jobs, s.rev):
+        name = job["metadata"]["name"]
+        there = s.client.read("ConfigMap", ns, name)
+        meta = (there or {}).get("metadata") or {}
+        ours = there is not None and views.owning_profile(meta) == uid
+        out.append(apply.Superseded(job, str(meta.get("uid") or "") if ours else ""))
+    return out
 
 
-def _read_spec(s: _Sync, untrusted: list[Untrusted], memory: Memory) -> None:
+def _read_spec(s: Sync, untrusted: list[Untrusted], memory: Memory) -> None:
     """The spec parsed and checked against policy, what is not ours reported, the nodes
-    counted (parallelism), and the capture step's revisions (run while acting)."""
+    counted (parallelism), and the capture step's revisions (while acting, its plan: the
+    retune sets it froze are made, and the stale ones removed, by apply.py)."""
     s.spec, problems = parse_spec(s.profile.get("spec") or {})
     s.problems = list(problems)
     if s.spec is not None and not s.problems:
@@ -801,15 +560,17 @@ def _read_spec(s: _Sync, untrusted: list[Untrusted], memory: Memory) -> None:
     if s.spec is None:
         return
     base = naming.revision(s.spec)
-    if not s.acting:
+    if not s.acting or s.captures is None:
         s.capture = capture_step.revisions_only(s.spec, base, s.profile.get("status") or {})
         return
-    s.capture = capture_step.run(
+    planned = capture_step.planned(
         s.captures, s.spec, s.profile, default_endpoint=s.config.default_s3_endpoint
     )
+    s.capture = capture_step.outcome(planned, apply.freeze_retunes(s, planned))
+    apply.remove_retune_sets(s, capture_step.stale_sets(s.captures, planned))
 
 
-def _observe(s: _Sync, mine: ProfileMemory) -> list[JobObservation]:
+def _observe(s: Sync, mine: ProfileMemory) -> list[JobObservation]:
     """Gather what observing needs beyond the cache (each read behind its TTL), then observe
     (pure) with it: a settled profile wants nothing and reads nothing."""
     by_job = {r.job: r for r in s.served.values() if r.job}

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from tunefleet import kube, naming
+from tunefleet import naming
 from tunefleet.artifacts import fit, gz
 from tunefleet.artifacts.fetch import (
     MAX_RESULTS_BYTES,
@@ -28,7 +28,7 @@ from tunefleet.artifacts.fetch import (
     Verified,
     download_verified,
 )
-from tunefleet.builders.artifact import Payload, build_artifact_config_map, is_packed, payload_keys
+from tunefleet.builders.artifact import Payload, build_artifact_config_map, payload_keys
 from tunefleet.config import Config
 from tunefleet.contracts.admission import Admission
 from tunefleet.contracts.artifact import IMAGE_VOLUME, ArtifactRecord
@@ -36,7 +36,7 @@ from tunefleet.informers import views
 from tunefleet.informers.views import ProfileRef
 from tunefleet.kube import Kube
 from tunefleet.storage.registry import parse_uri
-from tunefleet.storage.store import StoreError, StoreOptions
+from tunefleet.storage.store import StoreOptions
 from tuner_job.output import MANIFEST_NAME
 
 log = logging.getLogger(__name__)
@@ -183,17 +183,17 @@ def content_problem(
     return ""
 
 
-def deliver(
-    client: Kube,
+def artifact_config_map(
     record: ArtifactRecord,
     owner: ProfileRef,
     *,
     store: StoreOptions,
     config: Config,
     vendor: str = "",
-) -> Delivered:
-    """The artifact's ConfigMap, made (or found: ours, holding exactly the artifact) now.
-    Raises FetchError, StoreError, DeliveryError or kube errors with why it could not be."""
+) -> dict[str, Any]:
+    """The artifact's ConfigMap as it is to be made: the artifact read with the operator's
+    read identity and verified (reconciler/apply.py makes it, or takes the one there if it
+    holds exactly the artifact). Raises FetchError or StoreError with why it cannot be."""
     scheme = parse_uri(record.uri).scheme
     if scheme == "oci":
         raise FetchError(
@@ -217,7 +217,7 @@ def deliver(
     )
     if cm is None:
         raise FetchError(f"{len(got.results)} bytes do not fit a ConfigMap, even gzipped")
-    return _place(client, cm, record, owner)
+    return cm
 
 
 def store_options(endpoint: str, region: str, config: Config) -> StoreOptions:
@@ -247,53 +247,6 @@ def _download(
         ),
         options=options,
     )
-
-
-def _place(
-    client: Kube, cm: dict[str, Any], record: ArtifactRecord, owner: ProfileRef
-) -> Delivered:
-    """Create the ConfigMap, or take the one under its name if it holds exactly the artifact;
-    a foreign one is stepped around under a name derived from its uid (NAMES_TRIED names)."""
-    namespace, uid = owner.namespace, owner.uid
-    base = name = cm["metadata"]["name"]
-    foreign: list[Foreign] = []
-    for _ in range(NAMES_TRIED):
-        cm["metadata"]["name"] = name
-        there, made = _create_or_read(client, cm, namespace, name)
-        meta = there.get("metadata") or {}
-        # What we made holds the verified bytes; what we found is judged by what it holds.
-        problem = "" if made else content_problem(there, record.sha256, record.manifest_sha256, uid)
-        if not problem:
-            log.info(f"delivered {record.uri} as ConfigMap {namespace}/{name}")
-            return Delivered(name, str(meta.get("uid") or ""), is_packed(cm), tuple(foreign))
-        squatter = str(meta.get("uid") or "")
-        foreign.append(Foreign(name, squatter, problem))
-        log.warning(
-            f"ConfigMap {namespace}/{name} is not the artifact {record.sha256[:12]} ({problem}): "
-            "never mounted; delivering under another name"
-        )
-        name = next_name(base, squatter)
-    raise DeliveryError(
-        f"{NAMES_TRIED} objects under the names of the artifact's ConfigMap are not it "
-        f"({', '.join(f.name for f in foreign)}); pods fetch it from the store",
-        tuple(foreign),
-    )
-
-
-def _create_or_read(
-    client: Kube, cm: dict[str, Any], namespace: str, name: str
-) -> tuple[dict[str, Any], bool]:
-    """What stands under `name` once we tried to make `cm` there, and whether we made it."""
-    try:
-        made = client.create_owned(cm)
-    except kube.NotOurs:
-        made = None  # judged by content, like any object found there
-    if made is not None:
-        return made, True
-    there = client.read("ConfigMap", namespace, name)
-    if there is None:
-        raise StoreError(f"ConfigMap {namespace}/{name} vanished as it was made")
-    return there, False
 
 
 def referenced_names(status: dict[str, Any]) -> set[str]:
@@ -346,19 +299,18 @@ def holds_what_it_claims(config_map: dict[str, Any], profile_uid: str) -> bool:
     return bool(sha) and not content_problem(config_map, sha, manifest, profile_uid)
 
 
-def retire(client: Kube, owner: ProfileRef, status: dict[str, Any]) -> list[str]:
-    """Delete the profile's artifact ConfigMaps nothing uses any more (see retirable); returns
-    the names of those still mounted by a pod (to check again later). Pods are listed only
-    when there is a candidate."""
+def to_retire(
+    client: Kube, owner: ProfileRef, status: dict[str, Any]
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """(name, uid) of the profile's artifact ConfigMaps nothing uses any more (see
+    retirable), for reconciler/apply.py to delete; and the names of those still mounted by a
+    pod (to check again later). Reads only: pods are listed only when there is a candidate."""
     namespace, profile, profile_uid = owner
     selector = f"{naming.PROFILE_UID_LABEL}={profile_uid},{naming.ROLE_LABEL}=artifact"
     config_maps = list(client.list_all("configmaps", selector, namespace))
     candidates = retirable(config_maps, profile_uid, status, ())
     if not candidates:
-        return []
+        return [], []
     pods = client.list_all("pods", f"{naming.PROFILE_LABEL}={profile}", namespace)
     unused = retirable(config_maps, profile_uid, status, pods)
-    for name, uid in unused:
-        client.delete_owned("ConfigMap", namespace, name, uid)
-        log.info(f"removed artifact ConfigMap {namespace}/{name}: no status or pod names it")
-    return sorted({name for name, _ in candidates} - {name for name, _ in unused})
+    return unused, sorted({name for name, _ in candidates} - {name for name, _ in unused})
