@@ -405,7 +405,11 @@ def test_after_a_restart_a_config_map_no_status_names_goes_once_its_pods_have_en
 ) -> None:
     p = profile(gpu={"vendor": "amd", "models": MODELS[:1]})
     api = FakeKube(writers=RECONCILE_WRITERS)
-    earlier = {"configMap": {"name": "earlier", "uid": "cm-earlier"}, "gpuModel": MODELS[0]}
+    earlier = {  # as status.history holds it: a record (its uri and SHA-256) with its
+        # ConfigMap; of a model since dropped from the spec, kept for the record
+        "uri": f"s3://bkt/p/ml/p/MI250X/{'e' * 64}", "sha256": "e" * 64,
+        "configMap": {"name": "earlier", "uid": "cm-earlier"}, "gpuModel": "MI250X",
+    }  # fmt: skip
     api.listed["configmaps"] = [artifact_cm("earlier"), artifact_cm("old")]
     api.listed["pods"] = [mounting("old")]
     memory = Memory()

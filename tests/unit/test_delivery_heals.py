@@ -15,7 +15,8 @@ from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
 from tests.support.profiles import MODELS, profile
 from tests.support.records import completed, published_pod
 from tunefleet import naming
-from tunefleet.api.conditions import EventReason, Reason, Type, find
+from tunefleet.api.conditions import EventReason, Phase, Reason, Type, find
+from tunefleet.api.status import TuningProfileStatus
 from tunefleet.artifacts import fetch as fetch_mod
 from tunefleet.builders.artifact import Payload, build_artifact_config_map
 from tunefleet.config import Config
@@ -274,12 +275,12 @@ def test_pods_that_run_untuned_for_a_cause_of_ours_make_the_profile_degraded(
 
 
 def test_degraded_keeps_its_transition_time_and_leaves_other_phases_alone() -> None:
-    base = {"phase": "Tuning", "conditions": []}
+    base = TuningProfileStatus(1, Phase.TUNING, conditions=[], artifacts=[], history=[])
     pods = [Untuned("m", FETCH_FAILED, "x")]
-    one = with_degraded(base, {}, pods, [], 1, "t1")
+    one = with_degraded(base, {}, pods, [], 1, "t1").to_status()
     assert one["phase"] == "Tuning" and find(one, Type.DEGRADED)["lastTransitionTime"] == "t1"
     two = with_degraded(base, one, [*pods, Untuned("n", FETCH_FAILED, "x")], [], 1, "t2")
-    assert find(two, Type.DEGRADED)["lastTransitionTime"] == "t1"
+    assert find(two.to_status(), Type.DEGRADED)["lastTransitionTime"] == "t1"
 
 
 # --- which pods count ----------------------------------------------------------------------------

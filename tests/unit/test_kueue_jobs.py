@@ -120,7 +120,7 @@ def test_status_says_queued_and_the_phase_follows() -> None:
     parsed = TuningProfileSpec.model_validate(p["spec"])
     job = suspended_job()
     queued = observe_job(job, [], queued="queued in Kueue LocalQueue gpu-team: x")
-    st = compute_status(Observed(generation=1, spec=parsed, jobs=[queued]), "now")
+    st = compute_status(Observed(generation=1, spec=parsed, jobs=[queued]), "now").to_status()
     assert st["phase"] == "Queued"
     prog, ready = find(st, Type.PROGRESSING), find(st, Type.READY)
     assert (prog["status"], prog["reason"]) == ("True", Reason.QUEUED)

@@ -530,3 +530,17 @@ def test_the_write_rule_catches_one() -> None:
     assert writes_in("s.client.create_owned(job)\n", "m") == ["m:1: create_owned"]
     assert writes_in("core.patch_namespaced_config_map(n, ns, b)\n", "m")
     assert writes_in("client.read('ConfigMap', ns, n)\n", "m") == []
+
+
+def test_status_is_built_as_the_typed_model_only() -> None:
+    """reconciler/status.py builds api/status.TuningProfileStatus and its parts; no function
+    there returns a status as a dict (the write serialises the model, once)."""
+    path = OPERATOR / "reconciler" / "status.py"
+    found = [
+        f"{node.name}: {ast.unparse(node.returns)}"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef)
+        and node.returns is not None
+        and "dict[str, Any]" in ast.unparse(node.returns)
+    ]
+    assert found == [], found

@@ -775,17 +775,23 @@ def test_why_says_a_pod_runs_from_its_image_volume() -> None:
 
 
 def test_serving_delivery_store_keeps_oci_pods_fetching(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tunefleet.api.conditions import Phase
+    from tunefleet.api.status import TuningProfileStatus, records
     from tunefleet.reconciler import reconcile
 
     calls: list[str] = []
-    monkeypatch.setattr(reconcile, "_deliver_image_volumes", lambda s, a: calls.append("iv"))
+    monkeypatch.setattr(
+        reconcile, "_deliver_image_volumes", lambda s, a: calls.append("iv") or list(a)
+    )
 
     class _S:
         spec = spec(SIGNED, serving={"delivery": "Store"})
 
-    status = {"artifacts": [{"uri": "oci://r/x#a", "sha256": "a" * 64}]}
+    served = records([{"uri": "oci://r/x#a", "sha256": "a" * 64}])
+    status = TuningProfileStatus(1, Phase.READY, conditions=[], artifacts=served, history=[])
     reconcile._deliver(_S(), status)  # type: ignore[arg-type]
-    assert calls == [] and status["artifacts"][0]["delivery"] == "Store (spec.serving.delivery)"
+    got = status.to_status()["artifacts"][0]["delivery"]
+    assert calls == [] and got == "Store (spec.serving.delivery)"
     _S.spec = spec(SIGNED)
     reconcile._deliver(_S(), status)  # type: ignore[arg-type]
     assert calls == ["iv"]

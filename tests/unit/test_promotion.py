@@ -47,7 +47,7 @@ def job(name: str, sha: str, rev: str, gain: Gain | None, tuned_at: str) -> JobO
 def status(
     spec: TuningProfileSpec, jobs: list[JobObservation], previous: dict[str, Any], **kw: Any
 ) -> dict[str, Any]:
-    return compute_status(Observed(1, spec, jobs=jobs, previous=previous, **kw), "now")
+    return compute_status(Observed(1, spec, jobs=jobs, previous=previous, **kw), "now").to_status()
 
 
 def ready(st: dict[str, Any]) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -9,8 +10,11 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from tunefleet.api import Artifact, CaptureStatus, Condition, TuningProfileSpec
+from tunefleet.api import CaptureStatus, Condition, TuningProfileSpec
+from tunefleet.api.conditions import Phase
+from tunefleet.api.status import JobLine, Summary, TuningProfileStatus
 from tunefleet.api.template import VOLUME_TYPES
+from tunefleet.contracts.artifact import status_fields
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "tunefleet.io_tuningprofiles.yaml"
@@ -118,8 +122,7 @@ def test_spec_model_matches_crd() -> None:
     ("path", "model"),
     [
         ("conditions", Condition),
-        ("artifacts", Artifact),
-        ("history", Artifact),
+        ("jobs", JobLine),
         ("capture", CaptureStatus),
     ],
 )
@@ -204,3 +207,21 @@ def test_every_phase_is_the_one_the_crd_describes() -> None:
         named = [w.strip(" ,.") for w in text.replace(" or ", ", ").split(",")]
         words = [w.split(" (")[0] for w in named if w]
         assert [w for w in words if w in set(Phase)] == list(Phase), text
+
+
+@pytest.mark.parametrize("path", ["artifacts", "history"])
+def test_status_artifacts_are_the_records_fields(path: str) -> None:
+    """status.artifacts[] and history[] are the artifact record's own (contracts/artifact.py)."""
+    node = crd_schema()["properties"]["status"]["properties"][path]["items"]
+    assert set(node["properties"]) == status_fields(), f"status.{path} drifted"
+
+
+def test_the_status_model_writes_what_the_crd_has() -> None:
+    """Every field the status model can write is in the CRD, and the CRD has none it lacks."""
+    full = TuningProfileStatus(
+        observed_generation=1, phase=Phase.READY, conditions=[], artifacts=[], history=[],
+        revision="r", progress="", capture=[], coverage="1/1",
+        summary=Summary(*["x"] * len(fields(Summary))),
+    )  # fmt: skip
+    written = set(full.to_status()) | {"capture"}  # an empty capture list is not written
+    assert written == set(crd_schema()["properties"]["status"]["properties"])

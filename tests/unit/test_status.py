@@ -51,7 +51,9 @@ def test_all_models_published_is_ready() -> None:
         JobObservation(f"j{i}", m, REV, "Succeeded", result=result(f"{i}" * 64))
         for i, m in enumerate(MODELS)
     ]
-    st = compute_status(Observed(generation=3, spec=SPEC, jobs=jobs), "2026-11-29T11:00:00Z")
+    st = compute_status(
+        Observed(generation=3, spec=SPEC, jobs=jobs), "2026-11-29T11:00:00Z"
+    ).to_status()
     assert st["phase"] == "Ready"
     assert cond(st, "Ready")["status"] == "True"
     assert cond(st, "Ready")["observedGeneration"] == 3
@@ -66,7 +68,7 @@ def test_partial_progress_and_waiting_message() -> None:
         JobObservation("j0", MODELS[0], REV, "Succeeded", result=result("a" * 64)),
         JobObservation("j1", MODELS[1], REV, "Running"),
     ]
-    st = compute_status(Observed(generation=1, spec=SPEC, jobs=jobs), "t")
+    st = compute_status(Observed(generation=1, spec=SPEC, jobs=jobs), "t").to_status()
     assert st["phase"] == "Tuning"
     assert cond(st, "Ready")["status"] == "False"
     assert MODELS[1] in cond(st, "Ready")["message"]
@@ -80,7 +82,7 @@ def test_failure_carries_the_pods_message() -> None:
         ),
         JobObservation("j1", MODELS[1], REV, "Running"),
     ]
-    st = compute_status(Observed(generation=1, spec=SPEC, jobs=jobs), "t")
+    st = compute_status(Observed(generation=1, spec=SPEC, jobs=jobs), "t").to_status()
     assert st["phase"] == "Failed"
     failed = cond(st, "Failed")
     assert failed["status"] == "True" and "no GPU" in failed["message"]
@@ -88,27 +90,35 @@ def test_failure_carries_the_pods_message() -> None:
 
 def test_new_artifact_moves_old_to_history_and_transition_time_is_kept() -> None:
     old = {"gpuModel": MODELS[0], "uri": "s3://b/old", "sha256": "f" * 64, "revision": "old"}
-    prev = compute_status(Observed(generation=1, spec=SPEC, previous={"artifacts": [old]}), "t1")
+    prev = compute_status(
+        Observed(generation=1, spec=SPEC, previous={"artifacts": [old]}), "t1"
+    ).to_status()
     assert prev["artifacts"] == [old]
     jobs = [JobObservation("j0", MODELS[0], REV, "Succeeded", result=result("a" * 64))]
-    st = compute_status(Observed(generation=1, spec=SPEC, jobs=jobs, previous=prev), "t2")
+    st = compute_status(
+        Observed(generation=1, spec=SPEC, jobs=jobs, previous=prev), "t2"
+    ).to_status()
     assert st["history"][0]["sha256"] == "f" * 64
     assert st["artifacts"][0]["sha256"] == "a" * 64
     # Ready stayed False (MI325X has nothing): its transition time must not move.
     assert cond(st, "Ready")["lastTransitionTime"] == "t1"
-    again = compute_status(Observed(generation=1, spec=SPEC, jobs=jobs, previous=st), "t3")
+    again = compute_status(
+        Observed(generation=1, spec=SPEC, jobs=jobs, previous=st), "t3"
+    ).to_status()
     assert not status_changed(st, again)
 
 
 def test_jobs_of_another_revision_are_ignored() -> None:
     jobs = [JobObservation("old", MODELS[0], "0000000000", "Failed", "old failure")]
-    st = compute_status(Observed(generation=2, spec=SPEC, jobs=jobs), "t")
+    st = compute_status(Observed(generation=2, spec=SPEC, jobs=jobs), "t").to_status()
     assert cond(st, "Failed")["status"] == "False"
     assert st["phase"] == "Pending"
 
 
 def test_invalid_spec_is_reported() -> None:
-    st = compute_status(Observed(generation=1, spec=None, problems=["gpu.models: bad"]), "t")
+    st = compute_status(
+        Observed(generation=1, spec=None, problems=["gpu.models: bad"]), "t"
+    ).to_status()
     assert st["phase"] == "Invalid"
     assert "gpu.models: bad" in cond(st, "Ready")["message"]
     assert cond(st, "Ready")["reason"] == "InvalidSpec"
@@ -280,7 +290,7 @@ def test_blocked_jobs_make_the_profile_pending_with_the_reason() -> None:
         JobObservation("j0", MODELS[0], REV, "Pending", "no node has X", reason="Unschedulable"),
         JobObservation("j1", MODELS[1], REV, "Running"),
     ]
-    st = compute_status(Observed(generation=1, spec=SPEC, jobs=jobs), "t")
+    st = compute_status(Observed(generation=1, spec=SPEC, jobs=jobs), "t").to_status()
     assert st["phase"] == "Pending"
     assert cond(st, "Ready")["reason"] == "Unschedulable"
     assert "no node has X" in cond(st, "Ready")["message"]
@@ -311,7 +321,7 @@ def test_outcomes_show_as_tuned_over_total_and_default_only_is_said() -> None:
             image_id="reg.example.com/img@sha256:" + "c" * 64,
         ),
     ]
-    st = compute_status(Observed(generation=1, spec=SPEC, jobs=jobs), "t")
+    st = compute_status(Observed(generation=1, spec=SPEC, jobs=jobs), "t").to_status()
     assert st["tunedGemms"] == "3/9"
     assert st["note"] == f"Default only on {MODELS[0]}"
     ready = cond(st, "Ready")["message"]
@@ -324,7 +334,7 @@ def test_outcomes_show_as_tuned_over_total_and_default_only_is_said() -> None:
 
 def test_artifacts_from_before_outcomes_show_unknown() -> None:
     jobs = [JobObservation("j0", MODELS[0], REV, "Succeeded", result=result("a" * 64))]
-    st = compute_status(Observed(generation=1, spec=SPEC, jobs=jobs), "t")
+    st = compute_status(Observed(generation=1, spec=SPEC, jobs=jobs), "t").to_status()
     assert st["tunedGemms"] == "?/3"
 
 

@@ -1,7 +1,6 @@
 """The TuningProfile API as Python types; crds/ is the schema source they mirror."""
 
 from tunefleet.api.models import (
-    Artifact,
     CaptureSpec,
     CaptureStatus,
     Condition,
@@ -17,7 +16,6 @@ from tunefleet.api.models import (
 )
 
 __all__ = [
-    "Artifact",
     "CaptureSpec",
     "CaptureStatus",
     "Condition",

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
+
+from tunefleet.api.models import Condition
 
 # Kubernetes allows 32 KiB; a condition message stays readable in `kubectl get -o wide`.
 MESSAGE_LIMIT = 2000
@@ -136,20 +138,21 @@ def condition(
     reason: Reason,
     message: str,
     stamp: Stamp,
-) -> dict[str, Any]:
-    """A metav1.Condition; lastTransitionTime moves only when status flips."""
+) -> Condition:
+    """A metav1.Condition (`previous`: the conditions as the API server holds them);
+    lastTransitionTime moves only when status flips."""
     generation, now = stamp.generation, stamp.now
-    value = "True" if status else "False"
+    value: Literal["True", "False"] = "True" if status else "False"
     before = next((c for c in previous if c.get("type") == type_), None)
     since = before["lastTransitionTime"] if before and before.get("status") == value else now
-    return {
-        "type": str(type_),
-        "status": value,
-        "reason": str(reason),
-        "message": truncate(message),
-        "lastTransitionTime": since,
-        "observedGeneration": generation,
-    }
+    return Condition(
+        type=str(type_),
+        status=value,
+        reason=str(reason),
+        message=truncate(message),
+        last_transition_time=str(since),
+        observed_generation=generation,
+    )
 
 
 def find(status: dict[str, Any], type_: Type) -> dict[str, Any]:

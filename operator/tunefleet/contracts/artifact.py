@@ -14,6 +14,7 @@ A sharded Job's pods end with a ShardRecord instead: a share's counts for the me
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from dataclasses import dataclass, field, fields, replace
@@ -105,6 +106,10 @@ class ArtifactRecord:
     verdict_message: str = ""
     pinned_reason: str = ""
     pinned_at: str = ""
+    # The status entry it was read from (from_status): written back as it was while the
+    # record is the one read (a copy made with `replace` has none), so an entry an earlier
+    # version wrote is not rewritten for nothing on every reconcile.
+    read_from: dict[str, Any] | None = field(default=None, init=False, compare=False, repr=False)
 
     # --- the pod's side -------------------------------------------------------------------
 
@@ -193,7 +198,8 @@ class ArtifactRecord:
             return None
         if not isinstance(doc, dict) or "shard" in doc:
             return None
-        return cls.from_status(doc)
+        record = cls.from_status(doc)
+        return replace(record) if record is not None else None  # not a status entry
 
     def for_job(self, *, gpu_model: str, revision: str, job: str, image_id: str) -> ArtifactRecord:
         """What the operator knows beside the pod: the Job's model, revision and name, and the
@@ -207,7 +213,10 @@ class ArtifactRecord:
         )
 
     def to_status(self) -> dict[str, Any]:
-        """The `status.artifacts[]` (and `history[]`) entry."""
+        """The `status.artifacts[]` (and `history[]`) entry: the one it was read from while
+        it is the record read, else as this version writes it."""
+        if self.read_from is not None:
+            return copy.deepcopy(self.read_from)
         return self._doc(with_job=True)
 
     @classmethod
@@ -223,7 +232,7 @@ class ArtifactRecord:
         identity = doc.get("identity") if isinstance(doc.get("identity"), dict) else {}
         skipped = _int(doc.get("librarySkipped")) or 0
         cm: dict[str, Any] = doc["configMap"] if isinstance(doc.get("configMap"), dict) else {}
-        return cls(
+        record = cls(
             uri=str(doc["uri"]),
             sha256=str(doc["sha256"]),
             gemms=_int(doc.get("gemms")),
@@ -250,6 +259,8 @@ class ArtifactRecord:
             **_bundle(doc),
             **_promotion(doc),
         )
+        object.__setattr__(record, "read_from", doc)
+        return record
 
     def _doc(self, *, with_job: bool) -> dict[str, Any]:
         doc: dict[str, Any] = {"uri": self.uri, "sha256": self.sha256}
@@ -407,7 +418,7 @@ def status_fields() -> set[str]:
         "outcomes", "image", "configMap", "delivery", "kind", "caches", "cachesSkipped",
         "bundle", "gain", "promotion", "pinned", *_COUNTS,
     }  # fmt: skip
-    assert len(fields(ArtifactRecord)) == 31  # a new field must be named above too
+    assert len(fields(ArtifactRecord)) == 32  # a new field must be named above too
     return names
 
 

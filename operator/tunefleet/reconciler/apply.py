@@ -14,6 +14,7 @@ from typing import Any
 
 from tunefleet import kube, metrics, naming
 from tunefleet.api.conditions import EventReason
+from tunefleet.api.status import TuningProfileStatus
 from tunefleet.builders.artifact import is_packed
 from tunefleet.builders.job import (
     IMAGE_ID_KEY,
@@ -181,7 +182,7 @@ def tend(s: Sync, ops: list[decide.Tend]) -> None:
             s.client.create_owned(build_tuning_config_map(s.child(op.config_map_of)))
 
 
-def relabel(s: Sync, there: dict[str, Any], entry: dict[str, Any]) -> None:
+def relabel(s: Sync, there: dict[str, Any], record: ArtifactRecord) -> None:
     """Put the artifact ConfigMap's labels back (only on the object controlled by this
     profile, fenced by the resourceVersion read: kube.patch_owned)."""
     meta, uid = there.get("metadata") or {}, str(s.meta.get("uid") or "")
@@ -197,8 +198,8 @@ def relabel(s: Sync, there: dict[str, Any], entry: dict[str, Any]) -> None:
         log.warning(f"ConfigMap {ns}/{name} lost its labels; labelling it again failed: {e}")
         return
     s.remade.append(
-        f"{entry.get('gpuModel') or '?'}: the ConfigMap {name} of artifact "
-        f"{str(entry.get('sha256', ''))[:12]} had lost its labels (so new pods could not mount "
+        f"{record.gpu_model or '?'}: the ConfigMap {name} of artifact "
+        f"{record.sha256[:12]} had lost its labels (so new pods could not mount "
         "it); labelled again"
     )
     metrics.CONFIG_MAPS_REMADE.inc()
@@ -267,12 +268,14 @@ def retire_config_maps(s: Sync, unused: list[tuple[str, str]]) -> None:
         log.info(f"removed artifact ConfigMap {ns}/{name}: no status or pod names it")
 
 
-def write_status(s: Sync, status: dict[str, Any]) -> None:
-    """Write status only when it changed, over the version it was computed from; then what
-    the change announces (Events, capture's Events, retune metrics)."""
+def write_status(s: Sync, typed: TuningProfileStatus) -> dict[str, Any]:
+    """Write status (the model's one serialisation, returned) only when it changed, over the
+    version it was computed from; then what the change announces (Events, capture's Events,
+    retune metrics)."""
+    status = typed.to_status()
     previous = s.profile.get("status") or {}
     if not status_changed(previous, status):
-        return
+        return status
     rv = str(s.meta.get("resourceVersion") or "")
     written = s.client.replace_profile_status(s.meta["namespace"], s.meta["name"], rv, status)
     s.memory.written_rv = written
@@ -281,6 +284,7 @@ def write_status(s: Sync, status: dict[str, Any]) -> None:
     s.events += [*said, *s.capture.events]
     for reason in s.capture.retunes:
         metrics.RETUNES.labels(reason).inc()
+    return status
 
 
 def post_events(s: Sync) -> None:

@@ -18,7 +18,6 @@ Everything else of the model stays in history, newest first, with its verdict.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from tunefleet.contracts.artifact import PASSED, PINNED, REJECTED, UNMEASURED, ArtifactRecord
 from tunefleet.contracts.pin import Pin
@@ -27,8 +26,8 @@ from tuner_job.gain import judge
 
 @dataclass
 class Choice:
-    served: tuple[ArtifactRecord, dict[str, Any]] | None = None
-    history: list[dict[str, Any]] = field(default_factory=list)
+    served: ArtifactRecord | None = None
+    history: list[ArtifactRecord] = field(default_factory=list)
     # The model's newest artifact of its current revision, when the gate refused it.
     rejected: ArtifactRecord | None = None
     pin_problem: str = ""  # a pin that was not honoured, and why
@@ -55,19 +54,16 @@ def _key(r: ArtifactRecord) -> tuple[str, str, str]:
 def _candidates(
     model: str,
     fresh: ArtifactRecord | None,
-    old: tuple[ArtifactRecord, dict[str, Any]] | None,
-    history: list[dict[str, Any]],
+    old: ArtifactRecord | None,
+    history: list[ArtifactRecord],
 ) -> list[ArtifactRecord]:
     """The model's artifacts, newest first as status ordered them, each once. A fresh record
     already in status keeps how it is delivered there (its ConfigMap's name and uid), or every
     reconcile while the Job is kept would deliver it anew."""
     known: list[ArtifactRecord] = []
     if old is not None:
-        known.append(old[0])
-    for entry in history:
-        record = ArtifactRecord.from_status(entry)
-        if record is not None and record.gpu_model == model:
-            known.append(record)
+        known.append(old)
+    known += [record for record in history if record.gpu_model == model]
     out: list[ArtifactRecord] = []
     if fresh is not None:
         # By its bytes, whatever the revision: one ConfigMap per artifact, named by its SHA-256.
@@ -114,11 +110,11 @@ def _pinned(
 @dataclass(frozen=True)
 class Had:
     """Every artifact a GPU model has had: its Job's fresh record (None: none), what status
-    serves (with its status entry; None: nothing) and what status.history keeps."""
+    serves (None: nothing) and what status.history keeps."""
 
     fresh: ArtifactRecord | None
-    old: tuple[ArtifactRecord, dict[str, Any]] | None
-    history: list[dict[str, Any]]
+    old: ArtifactRecord | None
+    history: list[ArtifactRecord]
 
 
 def choose(
@@ -138,11 +134,11 @@ def choose(
     passing.sort(key=lambda c: c.tuned_at, reverse=True)  # stable: ties keep status order
     if chosen is None:
         chosen = next((c for c in passing if c.revision == revision), None)
-    was = next((c for c in candidates if old is not None and _key(c) == _key(old[0])), None)
+    was = next((c for c in candidates if old is not None and _key(c) == _key(old)), None)
     if (
         chosen is None
         and was is not None
-        and not (old and old[0].pinned_reason and was.verdict == REJECTED)
+        and not (old and old.pinned_reason and was.verdict == REJECTED)
     ):
         chosen = was  # the previous one keeps serving
     if chosen is None:
@@ -150,9 +146,8 @@ def choose(
     newest = next((c for c in candidates if c.revision == revision), None)
     if newest is not None and newest.verdict == REJECTED:
         choice.rejected = newest
-    if chosen is not None:
-        unchanged = old is not None and old[0] == chosen
-        choice.served = (chosen, old[1] if unchanged and old else chosen.to_status())
+    # The one status serves, unchanged, is kept as it was read (its entry is not rewritten).
+    choice.served = old if old is not None and old == chosen else chosen
     choice.history = _history(model, candidates, chosen, history)
     return choice
 
@@ -161,21 +156,20 @@ def _history(
     model: str,
     candidates: list[ArtifactRecord],
     chosen: ArtifactRecord | None,
-    history: list[dict[str, Any]],
-) -> list[dict[str, Any]]:
+    history: list[ArtifactRecord],
+) -> list[ArtifactRecord]:
     """history with the model's entries as judged now, the served one out of it, and the ones
     that just left serving (or never served: a rejected fresh one) at the front."""
     keep = {_key(c): c for c in candidates if chosen is None or _key(c) != _key(chosen)}
     in_history: set[tuple[str, str, str]] = set()
-    rest: list[dict[str, Any]] = []
-    for entry in history:
-        record = ArtifactRecord.from_status(entry)
-        if record is None or record.gpu_model != model:
-            rest.append(entry)
+    rest: list[ArtifactRecord] = []
+    for record in history:
+        if record.gpu_model != model:
+            rest.append(record)  # another model's: as it was read
             continue
         key = _key(record)
         if key in keep and key not in in_history:
             in_history.add(key)
-            rest.append(keep[key].to_status())
-    front = [c.to_status() for c in candidates if _key(c) in keep and _key(c) not in in_history]
+            rest.append(keep[key])
+    front = [c for c in candidates if _key(c) in keep and _key(c) not in in_history]
     return front + rest

@@ -13,7 +13,7 @@ import datetime
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -21,6 +21,8 @@ from pydantic import ValidationError
 from tunefleet import kube, metrics, naming
 from tunefleet.api import TuningProfileSpec, policy
 from tunefleet.api.conditions import EventReason, Reason, Type, find, truncate
+from tunefleet.api.models import CaptureStatus
+from tunefleet.api.status import TuningProfileStatus
 from tunefleet.artifacts.fetch import FetchError
 from tunefleet.artifacts.volumes import key_id
 from tunefleet.builders.storage import pod_storage
@@ -147,57 +149,62 @@ def _too_few_nodes(client: Kube, spec: TuningProfileSpec, memory: Memory) -> dic
     return out
 
 
-def _deliver(s: Sync, status: dict[str, Any]) -> None:
+def _deliver(s: Sync, status: TuningProfileStatus) -> None:
     """Each current artifact gets its ConfigMap (delivery.py), or a word on why not; status
     then says how pods get it. One that status names but that was deleted or replaced since
     is made again (admission serves the artifact from the store meanwhile)."""
-    if s.spec is None or not status.get("artifacts"):
+    if s.spec is None or not status.artifacts:
         return
-    artifacts = [dict(a) for a in status["artifacts"]]  # never the previous status's dicts
-    status["artifacts"] = artifacts
     if s.spec.serving.delivery != "ConfigMap":
-        for entry in artifacts:
-            entry["delivery"] = "Store (spec.serving.delivery)"
+        status.artifacts = [
+            replace(a, delivery="Store (spec.serving.delivery)") for a in status.artifacts
+        ]
         return
     if s.spec.storage.is_oci:
-        _deliver_image_volumes(s, artifacts)
+        status.artifacts = _deliver_image_volumes(s, status.artifacts)
         return
     why_not = delivery.deliverable(s.config)
-    for entry in artifacts:
-        if entry.get("configMap") and not _lost(s, entry):
-            continue
-        lost = s.memory.lost.get(str(entry.get("sha256", "")), "")
-        record = ArtifactRecord.from_status(entry)
-        tried = s.memory.deliveries.get(entry.get("sha256", ""))
-        store_only = _store_only(record, why_not)
-        if store_only or record is None:
-            entry["delivery"] = store_only
-            continue
-        wait = REDELIVER_AFTER_S if lost else delivery.DELIVERY_RETRY_S
-        if tried and time.monotonic() - tried[0] < wait:
-            entry["delivery"] = tried[1]
-            continue
-        try:
-            got = apply.place_config_map(s.client, _artifact_config_map(s, record), record)
-        except (FetchError, StoreError, delivery.DeliveryError, kube.NotOurs,
-                kube.Temporary) as e:  # fmt: skip
-            if isinstance(e, delivery.DeliveryError):
-                s.foreign += list(e.foreign)
-            note = truncate(f"Store: delivery as a ConfigMap failed: {e}", 300)
-            s.memory.deliveries[record.sha256] = (time.monotonic(), note)
-            entry["delivery"] = note
-            continue
-        s.foreign += list(got.foreign)
-        if lost:
-            s.remade.append(
-                f"{record.gpu_model}: the ConfigMap of artifact {record.sha256[:12]} {lost}; "
-                f"made again as {got.name}"
-            )
-            s.memory.lost.pop(record.sha256, None)
-            metrics.CONFIG_MAPS_REMADE.inc()
-        entry["configMap"] = {"name": got.name, "uid": got.uid}
-        entry["delivery"] = got.note
-    s.memory.prune_deliveries({a.get("sha256", "") for a in artifacts})
+    status.artifacts = [_delivered(s, a, why_not) for a in status.artifacts]
+    s.memory.prune_deliveries({a.sha256 for a in status.artifacts})
+
+
+def _delivered(s: Sync, record: ArtifactRecord, why_not: str) -> ArtifactRecord:
+    """One artifact as delivered now: its ConfigMap kept, made (again), or why not."""
+    if record.config_map:
+        if not _lost(s, record):
+            return record
+        record = replace(record, config_map="", config_map_uid="", delivery="")
+    lost = s.memory.lost.get(record.sha256, "")
+    tried = s.memory.deliveries.get(record.sha256)
+    store_only = _store_only(record, why_not)
+    if store_only:
+        return replace(record, delivery=store_only)
+    wait = REDELIVER_AFTER_S if lost else delivery.DELIVERY_RETRY_S
+    if tried and time.monotonic() - tried[0] < wait:
+        return replace(record, delivery=tried[1])
+    try:
+        got = apply.place_config_map(s.client, _artifact_config_map(s, record), record)
+    except (FetchError, StoreError, delivery.DeliveryError, kube.NotOurs,
+            kube.Temporary) as e:  # fmt: skip
+        if isinstance(e, delivery.DeliveryError):
+            s.foreign += list(e.foreign)
+        note = truncate(f"Store: delivery as a ConfigMap failed: {e}", 300)
+        s.memory.deliveries[record.sha256] = (time.monotonic(), note)
+        return replace(record, delivery=note)
+    s.foreign += list(got.foreign)
+    if lost:
+        s.remade.append(
+            f"{record.gpu_model}: the ConfigMap of artifact {record.sha256[:12]} {lost}; "
+            f"made again as {got.name}"
+        )
+        s.memory.lost.pop(record.sha256, None)
+        metrics.CONFIG_MAPS_REMADE.inc()
+    return replace(record, config_map=got.name, config_map_uid=got.uid, delivery=got.note)
+
+
+def capture_status(entries: list[dict[str, Any]] | None) -> list[CaptureStatus] | None:
+    """status.capture's entries (capture/loop.py's) as the status model holds them."""
+    return None if entries is None else [CaptureStatus.model_validate(e) for e in entries]
 
 
 def _artifact_config_map(s: Sync, record: ArtifactRecord) -> dict[str, Any]:
@@ -215,7 +222,7 @@ def _artifact_config_map(s: Sync, record: ArtifactRecord) -> dict[str, Any]:
     )
 
 
-def _deliver_image_volumes(s: Sync, artifacts: list[dict[str, Any]]) -> None:
+def _deliver_image_volumes(s: Sync, artifacts: list[ArtifactRecord]) -> list[ArtifactRecord]:
     """oci:// stores: each artifact's volume image, once verified, is what model pods mount
     (delivery ImageVolume); else they fetch and verify it themselves (Store: why). Checked
     again after DELIVERY_RETRY_S, as a ConfigMap's delivery is tried again. This is the
@@ -227,16 +234,14 @@ def _deliver_image_volumes(s: Sync, artifacts: list[dict[str, Any]]) -> None:
     required = s.spec.storage.signing_policy == "Required"
     mode = s.config.image_volumes
     memos = set()
-    for entry in artifacts:
-        record = ArtifactRecord.from_status(entry)
-        if record is None:
-            continue
+    out = []
+    for record in artifacts:
         # Remembered by the key and policy too: a changed key is checked now, not 5 min on.
         memo = f"{record.sha256}|{key_id(public_key)}|{required}"
         memos.add(memo)
         tried = s.memory.deliveries.get(memo)
         if tried and time.monotonic() - tried[0] < delivery.DELIVERY_RETRY_S:
-            entry["delivery"] = tried[1]
+            out.append(replace(record, delivery=tried[1]))
             continue
         try:
             auto = mode == "auto"
@@ -250,8 +255,9 @@ def _deliver_image_volumes(s: Sync, artifacts: list[dict[str, Any]]) -> None:
         except (FetchError, StoreError, kube.Temporary, kube.Permanent) as e:
             note = truncate(f"Store: {e}", 300)
         s.memory.deliveries[memo] = (time.monotonic(), note)
-        entry["delivery"] = note
+        out.append(replace(record, delivery=note))
     s.memory.prune_deliveries(memos)
+    return out
 
 
 def _store_only(record: ArtifactRecord | None, why_not: str) -> str:
@@ -264,15 +270,14 @@ def _store_only(record: ArtifactRecord | None, why_not: str) -> str:
     return ""
 
 
-def _lost(s: Sync, entry: dict[str, Any]) -> bool:
+def _lost(s: Sync, record: ArtifactRecord) -> bool:
     """Whether the ConfigMap status names for this artifact is gone or is not the one made
-    (another uid): then it is dropped from the entry, to be made again. The cache's word is
+    (another uid): then it is dropped from the artifact, to be made again. The cache's word is
     checked with the API server before it is taken (the watch may not have seen one just
     made); one the cache agrees with is taken as it is (immutable, ours: its uid says so)."""
     if s.config_map_uid is None:
         return False
-    cm, ns = entry["configMap"], s.meta["namespace"]
-    name, made = str(cm.get("name") or ""), str(cm.get("uid") or "")
+    ns, name, made = s.meta["namespace"], record.config_map, record.config_map_uid
     if s.config_map_uid(ns, name) == made and made:
         return False
     try:
@@ -284,38 +289,38 @@ def _lost(s: Sync, entry: dict[str, Any]) -> bool:
         # The very object made (its uid), which the watch no longer sees: its labels were
         # removed or changed. Admission, which reads that watch, took it for gone; labelled
         # again, it is mounted again (a user's label edit is no identity, its uid is).
-        apply.relabel(s, there or {}, entry)
+        apply.relabel(s, there or {}, record)
         return False
     what = f"was replaced (uid {now_uid})" if there is not None else "was deleted"
     if there is not None:
         s.foreign.append(
             delivery.Foreign(name, now_uid, f"it replaced the ConfigMap made ({made})")
         )
-    sha = str(entry.get("sha256", ""))
+    sha = record.sha256
     s.memory.lost[sha] = s.memory.lost.get(sha) or f"{name} {what}"
     s.memory.deliveries.pop(sha, None)  # tried again now, whatever failed before
     log.warning(f"TuningProfile {ns}/{s.meta['name']}: ConfigMap {name} {what}; delivering again")
-    entry.pop("configMap", None)
-    entry.pop("delivery", None)
     return True
 
 
-def _retire_config_maps(s: Sync, previous: dict[str, Any], status: dict[str, Any]) -> None:
+def _retire_config_maps(s: Sync, previous: dict[str, Any], status: TuningProfileStatus) -> None:
     """Artifact ConfigMaps status no longer names (a retune pushed one out of the bounded
     history) go once no model pod mounts them (delivery.to_retire reads, apply deletes).
     Checked when status drops one, every RETIRE_EVERY_S while one is still mounted, and once
     after a restart for a profile with history (what was waiting before is not remembered)."""
     mem, now_ = s.memory, time.monotonic()
-    dropped = delivery.referenced_names(previous) - delivery.referenced_names(status)
+    serves = {a.config_map for a in [*status.artifacts, *status.history] if a.config_map}
+    dropped = delivery.referenced_names(previous) - serves
     first = mem.retiring is None
     waiting = bool(mem.retiring) and now_ - mem.retired_at >= delivery.RETIRE_EVERY_S
-    if not (dropped or waiting or (first and status.get("history"))):
+    if not (dropped or waiting or (first and status.history)):
         mem.retiring = mem.retiring or set()
         return
     mem.retired_at = now_
     meta = s.meta
     try:
-        unused, mounted = delivery.to_retire(s.client, ProfileRef.of(s.profile), status)
+        owner = ProfileRef.of(s.profile)
+        unused, mounted = delivery.to_retire(s.client, owner, status.to_status())
         apply.retire_config_maps(s, unused)
         mem.retiring = set(mounted)
     except kube.Temporary as e:
@@ -323,7 +328,7 @@ def _retire_config_maps(s: Sync, previous: dict[str, Any], status: dict[str, Any
         log.info(f"TuningProfile {meta['namespace']}/{meta['name']}: retiring ConfigMaps: {e}")
 
 
-def _status(s: Sync, observations: list[JobObservation]) -> dict[str, Any]:
+def _status(s: Sync, observations: list[JobObservation]) -> TuningProfileStatus:
     """The status the observations, the spec and capture's figures say (status.py, pure)."""
     return compute_status(
         Observed(
@@ -337,7 +342,7 @@ def _status(s: Sync, observations: list[JobObservation]) -> dict[str, Any]:
             create_error=truncate(str(s.create_error or "")),
             capacity=s.too_few,
             revisions=s.capture.revisions,
-            capture=s.capture.entries,
+            capture=capture_status(s.capture.entries),
             coverage=s.capture.coverage,
             pins=pin.read(s.meta.get("annotations")),
         ),
@@ -345,21 +350,17 @@ def _status(s: Sync, observations: list[JobObservation]) -> dict[str, Any]:
     )
 
 
-def _degraded(s: Sync, status: dict[str, Any]) -> dict[str, Any]:
+def _degraded(s: Sync, status: TuningProfileStatus) -> TuningProfileStatus:
     """Status with its Degraded condition: after delivery, which may have made a lost
     ConfigMap again in this very pass."""
-    lost = [
-        s.memory.lost[a["sha256"]]
-        for a in status.get("artifacts") or []
-        if a.get("sha256") in s.memory.lost
-    ]
+    lost = [s.memory.lost[a.sha256] for a in status.artifacts if a.sha256 in s.memory.lost]
     previous = s.profile.get("status") or {}
     gen = int(s.meta.get("generation") or 0)
     return with_degraded(status, previous, s.untuned_pods, lost, gen, now())
 
 
 def _capture_against_new_artifacts(
-    s: Sync, previous: dict[str, Any], status: dict[str, Any]
+    s: Sync, previous: dict[str, Any], status: TuningProfileStatus
 ) -> None:
     """status.capture counts against the artifacts this status serves: when one is new, the
     counts are made again against it (no retune is decided on this pass; our own write's
@@ -367,23 +368,19 @@ def _capture_against_new_artifacts(
     if s.spec is None or s.capture.entries is None or not s.acting:
         return
     before = {a.get("gpuModel"): a.get("sha256") for a in previous.get("artifacts") or []}
-    after = {a.get("gpuModel"): a.get("sha256") for a in status.get("artifacts") or []}
-    if before == after:
+    after = {a.gpu_model: a.sha256 for a in status.artifacts}
+    if before == after or s.captures is None:
         return
-    if s.captures is None:
-        return
+    # The capture loop reads a status as the API server holds it (capture/loop.py).
     planned = capture_step.planned(
-        s.captures, s.spec, {**s.profile, "status": status},
+        s.captures, s.spec, {**s.profile, "status": status.to_status()},
         default_endpoint=s.config.default_s3_endpoint, decide=False,
     )  # fmt: skip
     again = capture_step.outcome(planned, [])
     if again.entries is not None:
         if again.entries:
-            status["capture"] = again.entries
-        if again.coverage:
-            status["coverage"] = again.coverage
-        else:
-            status.pop("coverage", None)
+            status.capture = capture_status(again.entries)
+        status.coverage = again.coverage or None
         s.capture.events += [e for e in again.events if e not in s.capture.events]
 
 
@@ -523,13 +520,13 @@ def _steps(s: Sync, memory: Memory, untrusted: list[Untrusted]) -> Outcome:
     if s.acting:
         _retire_config_maps(s, previous, status)
     _report_delivery(s)
-    apply.write_status(s, status)
+    written = apply.write_status(s, status)
     mine.prune(s.jobs, pods, {u.uid for u in untrusted} | {f.uid for f in s.foreign})
     error: Exception | None = s.create_error
     if s.problems or s.spec is None or s.refused:
         why = s.problems or s.refused
         error = kube.Permanent(truncate("; ".join(why) or "invalid spec"))
-    return Outcome(status, requeue_after(status), error)
+    return Outcome(written, requeue_after(written), error)
 
 
 def _superseded(s: Sync) -> list[apply.Superseded]:

@@ -14,6 +14,8 @@ from typing import Any
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.api.conditions import Phase, Reason, Stamp, Type, condition
+from tunefleet.api.models import CaptureStatus, Condition
+from tunefleet.api.status import JobLine, Summary, TuningProfileStatus, records
 from tunefleet.artifacts import kinds
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.contracts.pin import Pin
@@ -42,7 +44,7 @@ class Observed:
     # The revision each GPU model tunes under when it is not the spec's: a retune of captured
     # misses (capture/loop.py); and status.capture with its printer column.
     revisions: dict[str, str] = field(default_factory=dict)
-    capture: list[dict[str, Any]] | None = None
+    capture: list[CaptureStatus] | None = None
     coverage: str = ""
     # The profile's pins (contracts/pin.py), by GPU model.
     pins: dict[str, Pin] = field(default_factory=dict)
@@ -68,7 +70,7 @@ class _Picture:
     def rev_of(self, model: str) -> str:
         return self.revs.get(model, self.rev)
 
-    def cond(self, type_: Type, status: bool, reason: Reason, message: str) -> dict[str, Any]:
+    def cond(self, type_: Type, status: bool, reason: Reason, message: str) -> Condition:
         previous = list(self.obs.previous.get("conditions") or [])
         return condition(
             previous, type_, status, reason, message, Stamp(self.obs.generation, self.now)
@@ -116,7 +118,7 @@ def _capacity(obs: Observed) -> str:
     return " | ".join(f"{m}: {msg}" for m, msg in obs.capacity.items()) + "."
 
 
-def _invalid(obs: Observed, now: str) -> dict[str, Any]:
+def _invalid(obs: Observed, now: str) -> TuningProfileStatus:
     """Nothing is tuned for an invalid spec; what was served stays, nothing else is shown."""
     previous = list(obs.previous.get("conditions") or [])
     gen = obs.generation
@@ -132,32 +134,27 @@ def _invalid(obs: Observed, now: str) -> dict[str, Any]:
         message = "; ".join(obs.problems) or "the spec is invalid"
         message = f"Invalid spec, nothing was tuned. Fix and re-apply: {message}"
         no_jobs = "No tuning Jobs for an invalid spec."
-    return {
-        "observedGeneration": gen,
-        "phase": Phase.INVALID,
-        "conditions": [
+    return TuningProfileStatus(
+        observed_generation=gen,
+        phase=Phase.INVALID,
+        conditions=[
             condition(previous, Type.READY, False, reason, message, Stamp(gen, now)),
             condition(previous, Type.PROGRESSING, False, reason, no_jobs, Stamp(gen, now)),
             condition(previous, Type.FAILED, True, reason, message, Stamp(gen, now)),
         ],
-        "artifacts": list(obs.previous.get("artifacts") or []),
-        "history": list(obs.previous.get("history") or []),
-        "jobs": [],
-        "unadmittedPods": obs.unadmitted,
-    }
+        artifacts=records(obs.previous.get("artifacts")),
+        history=records(obs.previous.get("history")),
+        unadmitted_pods=obs.unadmitted,
+    )
 
 
-def _artifacts(p: _Picture) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _artifacts(p: _Picture) -> tuple[list[ArtifactRecord], list[ArtifactRecord]]:
     """(artifacts, history): per model, what promotion.py chooses among the Job's fresh record,
     what status served and what history keeps (the gate, pins); artifacts of models dropped
     from the spec go to history. p.artifacts gets the served records, p.rejected the refused."""
-    previous: dict[str, tuple[ArtifactRecord, dict[str, Any]]] = {}
-    for entry in p.obs.previous.get("artifacts") or []:
-        record = ArtifactRecord.from_status(entry)
-        if record is not None:
-            previous[record.gpu_model] = (record, entry)
-    history = list(p.obs.previous.get("history") or [])
-    served: dict[str, dict[str, Any]] = {}
+    previous = {r.gpu_model: r for r in records(p.obs.previous.get("artifacts"))}
+    history = records(p.obs.previous.get("history"))
+    served: dict[str, ArtifactRecord] = {}
     for model in p.models:
         job = p.current.get(model)
         fresh = None
@@ -174,18 +171,18 @@ def _artifacts(p: _Picture) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]
         )
         history = choice.history
         if choice.served is not None:
-            p.artifacts[model], served[model] = choice.served
+            p.artifacts[model] = served[model] = choice.served
         if choice.rejected is not None:
             p.rejected[model] = choice.rejected
         if choice.pin_problem:
             p.pin_problems[model] = choice.pin_problem
-    for model, (_, entry) in previous.items():
+    for model, record in previous.items():
         if model not in p.models:
-            history.insert(0, entry)  # a model dropped from the spec: kept for the record
+            history.insert(0, record)  # a model dropped from the spec: kept for the record
     return [served[m] for m in p.models if m in served], history[:HISTORY_LIMIT]
 
 
-def _failed_condition(p: _Picture) -> dict[str, Any]:
+def _failed_condition(p: _Picture) -> Condition:
     if p.failed:
         return p.cond(Type.FAILED, True, Reason.TUNING_FAILED, _joined(p.failed))
     return p.cond(Type.FAILED, False, Reason.NO_FAILURES, "No tuning Job of this revision failed.")
@@ -214,7 +211,7 @@ def attempt_message(j: JobObservation) -> str:
     )
 
 
-def _progressing_condition(p: _Picture) -> dict[str, Any]:
+def _progressing_condition(p: _Picture) -> Condition:
     obs, blocked, n = p.obs, p.blocked, len(p.models)
     if obs.capacity:
         return p.cond(Type.PROGRESSING, False, Reason.PARALLELISM_TOO_HIGH, _capacity(obs))
@@ -286,7 +283,7 @@ def _promotion_words(p: _Picture) -> str:
     return words
 
 
-def _ready_condition(p: _Picture) -> dict[str, Any]:
+def _ready_condition(p: _Picture) -> Condition:
     obs = p.obs
     if len(p.served) == len(p.models):
         reason = Reason.PROMOTION_REJECTED if p.rejected else Reason.ARTIFACTS_PUBLISHED
@@ -332,26 +329,23 @@ def _phase(p: _Picture) -> Phase:
     return Phase.TUNING if running and not p.blocked else Phase.PENDING
 
 
-def _job_lines(p: _Picture) -> list[dict[str, Any]]:
+def _job_lines(p: _Picture) -> list[JobLine]:
     lines = []
     for j in sorted(p.mine, key=lambda j: (p.models.index(j.model), j.role != "tune")):
-        entry: dict[str, Any] = {
-            "gpuModel": j.model,
-            "name": j.name,
-            "state": j.state,
-            "message": j.message,
-        }
-        if j.uid:
-            entry["uid"] = j.uid
-        if j.reason:
-            entry["reason"] = j.reason
-        if j.role == "tune" and j.shards > 1:
-            entry["shards"] = f"{j.shards_done}/{j.shards}"
-        if j.failed_attempts and j.state in ("Pending", "Running"):
-            entry["failedAttempts"] = j.failed_attempts
-            if j.last_failure:
-                entry["lastFailure"] = j.last_failure[:1000]
-        lines.append(entry)
+        attempts = j.failed_attempts if j.state in ("Pending", "Running") else 0
+        lines.append(
+            JobLine(
+                gpu_model=j.model,
+                name=j.name,
+                state=j.state,
+                message=j.message,
+                uid=j.uid or None,
+                reason=j.reason or None,
+                shards=f"{j.shards_done}/{j.shards}" if j.role == "tune" and j.shards > 1 else None,
+                failed_attempts=attempts or None,
+                last_failure=j.last_failure[:1000] if attempts and j.last_failure else None,
+            )
+        )
     return lines
 
 
@@ -371,39 +365,40 @@ def _progress(p: _Picture) -> str:
     return "; ".join(progress)
 
 
-def _summary(artifacts: list[ArtifactRecord], models: list[str]) -> dict[str, Any]:
+def _summary(artifacts: list[ArtifactRecord], models: list[str]) -> Summary:
     """The printer columns' fields (`kubectl get tp`, `-o wide`)."""
-    out: dict[str, Any] = {"gpuModels": ",".join(models)}
     current = [a for a in artifacts if a.gpu_model in models]
     if not current:
-        return out
+        return Summary(gpu_models=",".join(models))
     results = [a for a in current if a.kind == kinds.DEFAULT]  # caches alone have no GEMMs
-    out["gemms"] = sum(a.gemms or 0 for a in results)
+    gemms = sum(a.gemms or 0 for a in results)
     if not results:
-        out["tunedGemms"] = "-"
+        tuned_gemms = "-"
     elif all(a.outcomes is not None for a in results):
         won = sum(a.outcomes[0] for a in results if a.outcomes is not None)
-        out["tunedGemms"] = f"{won}/{out['gemms']}"
+        tuned_gemms = f"{won}/{gemms}"
     else:
-        out["tunedGemms"] = f"?/{out['gemms']}"  # artifacts from before outcomes were counted
+        tuned_gemms = f"?/{gemms}"  # artifacts from before outcomes were counted
     flat = [a.gpu_model for a in current if a.default_only]
     if flat and len(flat) == len(current):
-        out["note"] = "Default only: no gain, not served"
+        note = "Default only: no gain, not served"
     else:
-        out["note"] = f"Default only on {', '.join(flat)}" if flat else ""
+        note = f"Default only on {', '.join(flat)}" if flat else ""
     counted = all("reused" in a.counts and a.counts.get("recorded") for a in current)
     reused = sum(a.counts.get("reused", 0) for a in current)
     recorded = sum(a.counts.get("recorded", 0) for a in current)
-    out["reuse"] = f"{reused}/{recorded}" if counted else ""
-    out["shortSha256"] = ",".join(a.sha256[:12] for a in current)
-    out["kinds"] = ",".join(sorted({"+".join(a.kinds) for a in current}))
     tuned = [a.tuned_at for a in current if a.tuned_at]
-    if tuned:
-        out["lastTunedAt"] = max(tuned)
-    gain = gain_column(current)
-    if gain:
-        out["gain"] = gain
-    return out
+    return Summary(
+        gpu_models=",".join(models),
+        gemms=gemms,
+        tuned_gemms=tuned_gemms,
+        note=note,
+        reuse=f"{reused}/{recorded}" if counted else "",
+        short_sha256=",".join(a.sha256[:12] for a in current),
+        kinds=",".join(sorted({"+".join(a.kinds) for a in current})),
+        last_tuned_at=max(tuned) if tuned else None,
+        gain=gain_column(current) or None,
+    )
 
 
 def gain_column(current: list[ArtifactRecord]) -> str:
@@ -420,7 +415,7 @@ def gain_column(current: list[ArtifactRecord]) -> str:
     return ", ".join(shown)
 
 
-def compute_status(obs: Observed, now: str) -> dict[str, Any]:
+def compute_status(obs: Observed, now: str) -> TuningProfileStatus:
     if obs.spec is None or obs.problems or obs.refused:
         return _invalid(obs, now)
     spec = obs.spec
@@ -436,23 +431,20 @@ def compute_status(obs: Observed, now: str) -> dict[str, Any]:
     p = _Picture(obs, spec, rev, models, mine, current, {}, now, revs)
     artifacts, history = _artifacts(p)
     ordered = [p.artifacts[m] for m in models if m in p.artifacts]
-    out = {
-        "observedGeneration": obs.generation,
-        "phase": _phase(p),
-        "revision": rev,
-        **_summary(ordered, models),
-        "conditions": [_ready_condition(p), _progressing_condition(p), _failed_condition(p)],
-        "jobs": _job_lines(p),
-        "progress": _progress(p),
-        "artifacts": artifacts,
-        "history": history,
-        "unadmittedPods": obs.unadmitted,
-    }
-    if obs.capture:
-        out["capture"] = obs.capture
-    if obs.coverage:
-        out["coverage"] = obs.coverage
-    return out
+    return TuningProfileStatus(
+        observed_generation=obs.generation,
+        phase=_phase(p),
+        revision=rev,
+        summary=_summary(ordered, models),
+        conditions=[_ready_condition(p), _progressing_condition(p), _failed_condition(p)],
+        jobs=_job_lines(p),
+        progress=_progress(p),
+        artifacts=artifacts,
+        history=history,
+        unadmitted_pods=obs.unadmitted,
+        capture=obs.capture or None,
+        coverage=obs.coverage or None,
+    )
 
 
 def effective(jobs: list[JobObservation]) -> JobObservation | None:
@@ -474,13 +466,13 @@ def status_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
 
 
 def with_degraded(
-    status: dict[str, Any],
+    status: TuningProfileStatus,
     previous: dict[str, Any],
     untuned: list[Untuned],
     lost: list[str],
     generation: int,
     now: str,
-) -> dict[str, Any]:
+) -> TuningProfileStatus:
     """Status with its Degraded condition: True while model pods run untuned for a cause of
     ours (served.py) or a delivered artifact's ConfigMap is gone and not made again yet
     (`lost`, what happened to each); the phase then says Degraded instead of Ready. Computed
@@ -504,13 +496,11 @@ def with_degraded(
     degraded = condition(
         prior, Type.DEGRADED, bool(lost or untuned), reason, message, Stamp(generation, now)
     )
-    out = dict(status)
-    out["conditions"] = [
-        c for c in status.get("conditions") or [] if c.get("type") != Type.DEGRADED
-    ] + [degraded]
-    if degraded["status"] == "True" and status.get("phase") == Phase.READY:
-        out["phase"] = Phase.DEGRADED
-    return out
+    others = [c for c in status.conditions if c.type != Type.DEGRADED]
+    phase = status.phase
+    if degraded.status == "True" and phase == Phase.READY:
+        phase = Phase.DEGRADED
+    return replace(status, conditions=[*others, degraded], phase=phase)
 
 
 def untuned_message(untuned: list[Untuned]) -> str:
