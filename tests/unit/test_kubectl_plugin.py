@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.fake_cluster import FakeCluster
 from tunefleet.config import Config
 from tunefleet.plugin import cluster as cluster_mod
 from tunefleet.plugin import main as main_mod
@@ -833,23 +834,6 @@ def test_diff_cli_on_local_files_json_and_exit_codes(
 
 
 # --- download and errors -------------------------------------------------------------------
-
-
-class FakeCluster:
-    def __init__(self, profiles: dict[str, dict[str, Any]], namespace: str = "ml") -> None:
-        self.profiles = profiles
-        self.namespace = namespace
-
-    def profile(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self.profiles.get(f"{namespace}/{name}")
-
-    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return None
-
-    def profile_events(self, profile: dict[str, Any]) -> list[dict[str, Any]]:
-        return []
-
-    update_profile = cluster_mod.Cluster.update_profile  # over profile() and patch_profile()
 
 
 class _Cluster:

@@ -4,12 +4,12 @@ contracts/pin.py's merge patch through a fake API."""
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any
 
 import pytest
 
+from tests.support.fake_cluster import FencedCluster
 from tunefleet.contracts import pin as pins
 from tunefleet.plugin import cluster as cluster_mod
 from tunefleet.plugin import main as main_mod
@@ -147,46 +147,6 @@ def test_rollback_offers_only_artifacts_of_the_revision_the_model_tunes_now() ->
 # --- the CLI: the patch written ------------------------------------------------------------------
 
 
-class FakeCluster:
-    """The profile as the API server keeps it: a resourceVersion that every write moves on,
-    and a write fenced by an older one refused (409) as the real one refuses it. `patches`
-    are the writes that landed, without their fence. `race` runs once, between the plugin's
-    read and its write: another writer's change."""
-
-    def __init__(self, prof: dict[str, Any], race: Any = None) -> None:
-        self.prof = copy.deepcopy(prof)
-        self.prof.setdefault("metadata", {})["resourceVersion"] = "1"
-        self.namespace = "ml"
-        self.patches: list[dict[str, Any]] = []
-        self.conflicts = 0
-        self.race = race
-
-    update_profile = cluster_mod.Cluster.update_profile
-
-    def profile(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return copy.deepcopy(self.prof) if (namespace, name) == ("ml", "llm") else None
-
-    def patch_profile(self, namespace: str, name: str, patch: dict[str, Any]) -> Any:
-        if self.race is not None:
-            race, self.race = self.race, None
-            race(self)
-        patch = copy.deepcopy(patch)
-        meta = self.prof["metadata"]
-        fence = patch.get("metadata", {}).pop("resourceVersion", None)
-        if fence is not None and fence != meta["resourceVersion"]:
-            self.conflicts += 1
-            raise cluster_mod._Conflict(name)
-        self.patches.append(patch)
-        for key, value in patch.get("metadata", {}).get("annotations", {}).items():
-            annotations = meta.setdefault("annotations", {})
-            if value is None:
-                annotations.pop(key, None)
-            else:
-                annotations[key] = value
-        meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
-        return self.profile(namespace, name)
-
-
 def run(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], fake: Any, *args: str
 ) -> tuple[int, str, str]:
@@ -201,7 +161,7 @@ def test_rollback_writes_exactly_the_pin_contract_patch_and_says_how_to_undo(
 ) -> None:
     other = pins.Pin(H100, OLDEST, "kept", AT)
     p = profile(annotations={pins.ANNOTATION: pins.value({H100: other}) or ""})
-    fake = FakeCluster(p)
+    fake = FencedCluster(p)
     code, out, err = run(monkeypatch, capsys, fake, "rollback", "llm", "-n", "ml")
     assert (code, err) == (0, "")
     want = pins.Pin(H200, OLDER, "rollback by kubectl tunefleet", AT)
@@ -226,7 +186,7 @@ def test_rollback_writes_exactly_the_pin_contract_patch_and_says_how_to_undo(
 def test_rollback_errors_are_one_line_and_write_nothing(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    fake = FakeCluster(profile())
+    fake = FencedCluster(profile())
     code, _, err = run(monkeypatch, capsys, fake, "rollback", "llm", "--to", REJ[:7])
     assert code == 1 and len(err.splitlines()) == 1 and "--force" in err
     code, _, err = run(monkeypatch, capsys, fake, "rollback", "nope")
@@ -249,7 +209,7 @@ def pinned_profile() -> dict[str, Any]:
 def test_unpin_one_model_keeps_the_other_pins(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    fake = FakeCluster(pinned_profile())
+    fake = FencedCluster(pinned_profile())
     code, out, _ = run(monkeypatch, capsys, fake, "unpin", "llm", "--gpu-model", H200)
     assert code == 0
     assert fake.patches == [pins.patch({H100: pins.Pin(H100, OLDEST, "", AT)})]
@@ -260,7 +220,7 @@ def test_unpin_one_model_keeps_the_other_pins(
 def test_unpin_all_removes_the_annotation(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    fake = FakeCluster(pinned_profile())
+    fake = FencedCluster(pinned_profile())
     code, out, _ = run(monkeypatch, capsys, fake, "unpin", "llm")
     assert code == 0 and fake.patches == [pins.patch({})]
     assert fake.patches[0]["metadata"]["annotations"][pins.ANNOTATION] is None
@@ -270,7 +230,7 @@ def test_unpin_all_removes_the_annotation(
 def test_unpin_with_nothing_pinned_says_so_and_writes_nothing(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    fake = FakeCluster(profile())
+    fake = FencedCluster(profile())
     code, out, _ = run(monkeypatch, capsys, fake, "unpin", "llm")
     assert (code, fake.patches) == (0, [])
     assert out == "Nothing is pinned on TuningProfile ml/llm: nothing to do.\n"
@@ -293,10 +253,10 @@ def test_a_pin_written_between_read_and_write_is_read_again_not_overwritten(
     is refused; it reads again and writes both pins (before, it wrote H200's alone)."""
     theirs = pins.Pin(H100, OLDEST, "theirs", AT)
 
-    def other_engineer(fake: FakeCluster) -> None:
+    def other_engineer(fake: FencedCluster) -> None:
         fake.patch_profile("ml", "llm", pins.patch({H100: theirs}))
 
-    fake = FakeCluster(profile(), race=other_engineer)
+    fake = FencedCluster(profile(), race=other_engineer)
     code, _, err = run(monkeypatch, capsys, fake, "rollback", "llm", "-n", "ml")
     assert (code, err, fake.conflicts) == (0, "", 1)
     mine = pins.Pin(H200, OLDER, "rollback by kubectl tunefleet", AT)
@@ -306,13 +266,13 @@ def test_a_pin_written_between_read_and_write_is_read_again_not_overwritten(
 def test_an_unpin_racing_a_rollback_removes_only_its_own_model(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def rollback_lands_first(fake: FakeCluster) -> None:
+    def rollback_lands_first(fake: FencedCluster) -> None:
         current = pins.read(fake.prof["metadata"].get("annotations"))
         fake.patch_profile(
             "ml", "llm", pins.patch({**current, H100: pins.Pin(H100, OLDEST, "new", AT)})
         )
 
-    fake = FakeCluster(pinned_profile(), race=rollback_lands_first)
+    fake = FencedCluster(pinned_profile(), race=rollback_lands_first)
     code, _, _ = run(monkeypatch, capsys, fake, "unpin", "llm", "--gpu-model", H200)
     assert (code, fake.conflicts) == (0, 1)
     assert pins.read(fake.prof["metadata"]["annotations"]) == {
@@ -323,7 +283,7 @@ def test_an_unpin_racing_a_rollback_removes_only_its_own_model(
 def test_a_profile_that_never_stops_changing_is_an_error_not_a_lost_write(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    fake = FakeCluster(profile())
+    fake = FencedCluster(profile())
 
     def always_stale(namespace: str, name: str, patch: dict[str, Any]) -> Any:
         fake.conflicts += 1
