@@ -5,7 +5,8 @@ asked to make. A test scripts an answer the way controller-runtime's interceptor
 `FakeKube(intercept={"read": fn})` (or `fake.intercept["read"] = fn`) runs `fn` with the
 method's own arguments instead of the fake's answer (FakeKube.DEFAULT from `fn`: the fake's
 own answer after all). Beside it, the stand-ins for the generated clients it hands out
-(`generated=`: FakeLeases, HangingLeases for the Lease API) and for the reflectors' watch
+(`generated=`: FakeLeases, HangingLeases for the Lease API, `Generated(method=fn)` for one
+test's answers, OneConfigMap with a rival writer, `raw(obj)` for a body read without preloading) and for the reflectors' watch
 API (FakeWatchApi): every fake API a unit test talks to lives here. It never reaches an API server: a call
 with no fake answer (a generated client no test gave) fails the test, naming the call."""
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import inspect
+import json
 import threading
 import time
 import types
@@ -294,6 +296,75 @@ class OverGenerated(_StandIns):
 
     def __init__(self, **generated: Any) -> None:
         super().__init__(generated)
+
+
+def raw(obj: Any) -> Any:
+    """A generated client's answer to a call with `_preload_content=False`: the body as JSON."""
+    return types.SimpleNamespace(data=json.dumps(obj).encode())
+
+
+class Generated:
+    """A generated API client (BatchV1Api, CustomObjectsApi, ...) whose methods are the
+    functions a test gives: `OverGenerated(batch=Generated(read_namespaced_job=fn))`. A method
+    no test gave fails the test, naming it."""
+
+    def __init__(self, **methods: Callable[..., Any]) -> None:
+        self._methods = methods
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        if name.startswith("_") or name not in self._methods:
+            raise AssertionError(f"Generated: no stand-in for {name}")
+        return self._methods[name]
+
+
+class OneConfigMap:
+    """The ConfigMap API over one object, with resourceVersions as the API server keeps them (a
+    patch of an older one is a 409) and a rival writer on demand: `rival`, a function from the
+    object there (or None) to the one another writer leaves, runs once just before our next
+    create (which then loses: 409) or patch."""
+
+    def __init__(self) -> None:
+        self.cm: dict[str, Any] | None = None
+        self.rv = 0
+        self.rival: Callable[[dict[str, Any] | None], dict[str, Any]] | None = None
+        self.writes = 0  # ours, that took
+
+    def put(self, cm: dict[str, Any]) -> None:
+        """The object as stored: the next resourceVersion, a uid."""
+        self.rv += 1
+        cm["metadata"]["resourceVersion"] = str(self.rv)
+        cm["metadata"].setdefault("uid", "cm-uid")
+        self.cm = cm
+
+    def _race(self) -> bool:
+        rival, self.rival = self.rival, None
+        if rival is not None:
+            self.put(rival(self.cm))
+        return rival is not None
+
+    def read_namespaced_config_map(self, name: str, ns: str, **_: Any) -> Any:
+        if self.cm is None:
+            raise ApiException(status=404)
+        return raw(self.cm)
+
+    def create_namespaced_config_map(self, ns: str, body: dict[str, Any], **_: Any) -> Any:
+        if self._race():  # the other writer created it first
+            raise ApiException(status=409)
+        self.writes += 1
+        self.put(body)
+        return raw(body)
+
+    def patch_namespaced_config_map(
+        self, name: str, ns: str, body: dict[str, Any], **_: Any
+    ) -> Any:
+        self._race()
+        assert self.cm is not None
+        if body["metadata"]["resourceVersion"] != self.cm["metadata"]["resourceVersion"]:
+            raise ApiException(status=409)
+        self.writes += 1
+        self.cm["data"] = body["data"]
+        self.put(self.cm)
+        return raw(self.cm)
 
 
 # --- stand-ins for what the machinery talks to (runtime/: the Lease API, the watch API) -------

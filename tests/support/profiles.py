@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tests.support.wrappers import make_profile
 from tunefleet.api import TuningProfileSpec
 from tunefleet.builders.job import Child, build_tuning_job
 from tunefleet.config import Config
@@ -16,22 +17,16 @@ CFG = Config(image="tunefleet:1")
 MODELS = ["AMD_Instinct_MI300X_OAM", "AMD_Instinct_MI325X_OAM"]
 
 
+# The profile most reconcile tests start from (sync_profile reads it through profile_view).
+PROFILE = (
+    make_profile("p", "ml").uid("uid-1").generation(1)
+    .image("registry.example.com/serve:1").gpu("amd", *MODELS)
+)  # fmt: skip
+
+
 def profile(**spec_over: Any) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "image": "registry.example.com/serve:1",
-        "gpu": {"vendor": "amd", "models": MODELS},
-        "workload": {"shapes": [{"mnk": [8, 8, 8]}]},
-        "storage": {"uri": "s3://bkt/p"},
-    }
-    spec.update(spec_over)
-    return profile_view(
-        {
-            "apiVersion": "tunefleet.io/v1alpha1",
-            "kind": "TuningProfile",
-            "metadata": {"name": "p", "namespace": "ml", "uid": "uid-1", "generation": 1},
-            "spec": spec,
-        }
-    )
+    """PROFILE with these spec fields set whole, as the profile informer hands it over."""
+    return profile_view(PROFILE.spec(**spec_over).obj())
 
 
 def jobs_for(p: dict[str, Any], models: list[str]) -> list[dict[str, Any]]:

@@ -260,6 +260,14 @@ class JobWrapper(_Wrapper):
     def gpu_model(self, model: str) -> JobWrapper:
         return self.annotation(MODEL_ANNOTATION, model)
 
+    def template(self, pod: PodWrapper) -> JobWrapper:
+        """spec.template: the pod each of its pods is made from."""
+        return self._with(("spec", "template"), pod.template())
+
+    def spec(self, **fields: Any) -> JobWrapper:
+        """Any other Job spec field (camelCase)."""
+        return self._merge(("spec",), fields)
+
     def suspend(self, suspended: bool = True) -> JobWrapper:
         return self._with(("spec", "suspend"), suspended)
 
@@ -367,6 +375,11 @@ class PodWrapper(_Wrapper):
         return self.container_state(
             name, {"terminated": {"exitCode": code, "message": message}}, init=init
         )
+
+    def template(self) -> dict[str, Any]:
+        """The pod as a workload's pod template: its labels and annotations, and its spec."""
+        meta = {k: v for k, v in self._doc["metadata"].items() if k in ("labels", "annotations")}
+        return {"metadata": copy.deepcopy(meta), "spec": copy.deepcopy(self._doc["spec"])}
 
     def admitted(self, admission: Any) -> PodWrapper:
         """The webhook's admission record on the pod (tunefleet.contracts.admission.Admission),
@@ -536,3 +549,44 @@ def make_observation(
     name: str = "tune-x", model: str = "H100", revision: str = "r1", state: str = "Running"
 ) -> ObservationWrapper:
     return ObservationWrapper(JobObservation(name, model, revision, state))  # type: ignore[arg-type]
+
+
+class ObjectWrapper(_Wrapper):
+    """Any other kind (PersistentVolumeClaim, RuntimeClass, Deployment, AdmissionReview, ...)."""
+
+    def spec(self, **fields: Any) -> ObjectWrapper:
+        return self._merge(("spec",), fields)
+
+    def fields(self, **fields: Any) -> ObjectWrapper:
+        """Top-level fields beside metadata (RuntimeClass's handler, a review's response)."""
+        return self._merge((), fields)
+
+
+def make_object(api_version: str, kind: str, name: str = "", ns: str = "") -> ObjectWrapper:
+    """An object of any kind; without a name it has no metadata (an AdmissionReview)."""
+    doc: dict[str, Any] = {"apiVersion": api_version, "kind": kind}
+    if name:
+        doc["metadata"] = {"name": name, **({"namespace": ns} if ns else {})}
+    return ObjectWrapper(doc)
+
+
+def make_pvc(
+    name: str, ns: str, volume: str, access: tuple[str, ...] = ("ReadWriteOnce",),
+    size: str = "1Gi", storage_class: str = "tunefleet-e2e",
+) -> ObjectWrapper:  # fmt: skip
+    """A PersistentVolumeClaim bound to the PersistentVolume `volume` (no provisioner here)."""
+    return make_object("v1", "PersistentVolumeClaim", name, ns).spec(
+        accessModes=list(access),
+        storageClassName=storage_class,
+        volumeName=volume,
+        resources={"requests": {"storage": size}},
+    )
+
+
+def make_deployment(name: str, pod: PodWrapper, replicas: int = 1, ns: str = "") -> ObjectWrapper:
+    """An apps/v1 Deployment of `pod` (its labels the template's), selecting on app=name."""
+    return make_object("apps/v1", "Deployment", name, ns).spec(
+        replicas=replicas,
+        selector={"matchLabels": {"app": name}},
+        template=pod.label("app", name).template(),
+    )
