@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.support.fake_cluster import FakeCluster
+from tests.support.wrappers import make_artifact, make_object, make_pod, make_profile
 from tunefleet.config import Config
 from tunefleet.plugin import cluster as cluster_mod
 from tunefleet.plugin import main as main_mod
@@ -32,44 +33,46 @@ SHA, SHA2 = "ab" * 32, "cd" * 32
 KEY = "nvidia.com/gpu.product"
 
 
-def artifact(
-    model: str = H200, sha: str = SHA, revision: str = "rev2", **over: Any
-) -> dict[str, Any]:
-    art: dict[str, Any] = {
-        "gpuModel": model,
-        "uri": f"s3://bkt/p/ml/llm/{model}/{sha}",
-        "sha256": sha,
-        "manifestSha256": "ef" * 32,
-        "gemms": 412,
-        "outcomes": {"tuned": 400, "default": 12},
-        "recorded": 412,
-        "reused": 300,
-        "resumed": 10,
-        "newlyTuned": 102,
-        "shards": 4,
-        "tunedAt": "2026-11-30T11:00:00Z",
-        "tuningSeconds": 1234.5,
-        "image": {
-            "reference": "registry.example.com/serve:1",
-            "id": "registry.example.com/serve@sha256:" + "1" * 64,
-        },
-        "revision": revision,
-        "job": f"tune-llm-{model.lower()}-1234",
-    }
-    art.update(over)
-    return art
-
-
-def profile(
-    models: tuple[str, ...] = (H200,),
-    artifacts: list[dict[str, Any]] | None = None,
-    **status: Any,
-) -> dict[str, Any]:
-    st: dict[str, Any] = {
-        "observedGeneration": 3,
-        "phase": "Ready",
-        "revision": "rev2",
-        "conditions": [
+# What the publisher records of a finished tuning run of H200 at revision rev2, beside where
+# its artifact is (make_artifact).
+RUN = {
+    "manifestSha256": "ef" * 32,
+    "gemms": 412,
+    "outcomes": {"tuned": 400, "default": 12},
+    "recorded": 412,
+    "reused": 300,
+    "resumed": 10,
+    "newlyTuned": 102,
+    "shards": 4,
+    "tunedAt": "2026-11-30T11:00:00Z",
+    "tuningSeconds": 1234.5,
+    "image": {
+        "reference": "registry.example.com/serve:1",
+        "id": "registry.example.com/serve@sha256:" + "1" * 64,
+    },
+    "revision": "rev2",
+    "job": f"tune-llm-{H200.lower()}-1234",
+}
+ARTIFACT = make_artifact(H200, SHA, profile="llm").fields(**RUN)
+ARTIFACT2 = make_artifact(H200, SHA2, profile="llm").fields(**RUN)
+EARLIER = ARTIFACT2.revision("rev1")
+ARTIFACT_H100 = (
+    make_artifact(H100, SHA, profile="llm")
+    .fields(**RUN)
+    .fields(job=f"tune-llm-{H100.lower()}-1234")
+)
+# TuningProfile ml/llm, Ready: H200's artifact of rev2 served, one of rev1 in history.
+LLM = (
+    make_profile("llm")
+    .uid("u1")
+    .generation(3)
+    .image("registry.example.com/serve:1")
+    .gpu("nvidia", H200)
+    .status(
+        observedGeneration=3,
+        phase="Ready",
+        revision="rev2",
+        conditions=[
             {
                 "type": "Ready",
                 "status": "True",
@@ -89,27 +92,15 @@ def profile(
                 "message": "No tuning Job of this revision failed.",
             },
         ],
-        "artifacts": [artifact()] if artifacts is None else artifacts,
-        "jobs": [
-            {"gpuModel": H200, "name": "tune-llm-h200-1234", "state": "Succeeded", "message": ""}
-        ],
-        "history": [artifact(sha=SHA2, revision="rev1")],
-        "unadmittedPods": 0,
-        "progress": "",
-    }
-    st.update(status)
-    return {
-        "apiVersion": "tunefleet.io/v1alpha1",
-        "kind": "TuningProfile",
-        "metadata": {"namespace": "ml", "name": "llm", "uid": "u1", "generation": 3},
-        "spec": {
-            "image": "registry.example.com/serve:1",
-            "gpu": {"vendor": "nvidia", "models": list(models)},
-            "workload": {"shapes": [{"mnk": [8, 8, 8]}]},
-            "storage": {"uri": "s3://bkt/p"},
-        },
-        "status": st,
-    }
+    )
+    .artifacts(ARTIFACT)
+    .status(
+        jobs=[{"gpuModel": H200, "name": "tune-llm-h200-1234", "state": "Succeeded", "message": ""}]
+    )
+    .history(EARLIER)
+    .status(unadmittedPods=0, progress="")
+)
+TUNING = LLM.artifacts().phase("Tuning")
 
 
 def event(
@@ -129,7 +120,7 @@ def test_status_of_a_ready_profile_shows_the_artifact_jobs_history_and_events() 
         event("TuningJobCreated", "Created tuning Job tune-llm-h200-1234.", 70),
         event("Ready", "Artifacts published: NVIDIA-H200@abababababab", 59, count=2),
     ]
-    report = status_report(profile(), events)
+    report = status_report(LLM.obj(), events)
     text = format_status(report, NOW)
     assert text.splitlines()[:12] == [
         "TuningProfile ml/llm: Ready (revision rev2; generation 3, observed 3)",
@@ -164,15 +155,14 @@ def test_status_of_a_ready_profile_shows_the_artifact_jobs_history_and_events() 
 
 
 def test_status_shows_each_cache_and_why_one_was_not_served() -> None:
-    art = {
-        **artifact(),
-        "kind": "caches",
-        "caches": [{"kind": "torchCompile", "name": "torchcompile", "sha256": "cd" * 32,
-                    "size": 3 << 20, "files": 41, "bytes": 9 << 20}],
-        "cachesSkipped": [{"kind": "cache", "name": "fi", "reason": "empty: the workload "
-                           "wrote nothing under FI_DIR"}],
-    }  # fmt: skip
-    text = format_status(status_report(profile(artifacts=[art]), []), NOW)
+    art = ARTIFACT.fields(
+        kind="caches",
+        caches=[{"kind": "torchCompile", "name": "torchcompile", "sha256": "cd" * 32,
+                 "size": 3 << 20, "files": 41, "bytes": 9 << 20}],
+        cachesSkipped=[{"kind": "cache", "name": "fi", "reason": "empty: the workload "
+                        "wrote nothing under FI_DIR"}],
+    ).obj()  # fmt: skip
+    text = format_status(status_report(LLM.artifacts(art).obj(), []), NOW)
     assert "  NVIDIA-H200  abababababab  caches only (no TunableOp results)" in text
     rows = {" ".join(line.split()[:2]): " ".join(line.split()[2:]) for line in text.splitlines()}
     assert rows["cache torchcompile"] == (
@@ -183,44 +173,45 @@ def test_status_shows_each_cache_and_why_one_was_not_served() -> None:
 
 def test_status_shows_an_oci_bundle_its_signature_and_how_pods_get_it() -> None:
     digest, volume = "sha256:" + "e" * 64, "sha256:" + "f" * 64
-    art = {
-        **artifact(),
-        "bundle": {"digest": digest, "signed": True, "volume": volume},
-        "delivery": "ImageVolume",
-    }
-    text = format_status(status_report(profile(artifacts=[art]), []), NOW)
+    art = ARTIFACT.fields(
+        bundle={"digest": digest, "signed": True, "volume": volume}, delivery="ImageVolume"
+    ).obj()
+    text = format_status(status_report(LLM.artifacts(art).obj(), []), NOW)
     lines = [" ".join(line.split()) for line in text.splitlines()]
     assert f"bundle {digest} (signed)" in lines
     assert f"volume image {volume}" in lines
     assert "served by ImageVolume" in lines
-    unsigned = {**artifact(), "bundle": {"digest": digest}}
-    text = format_status(status_report(profile(artifacts=[unsigned]), []), NOW)
+    unsigned = ARTIFACT.fields(bundle={"digest": digest}).obj()
+    text = format_status(status_report(LLM.artifacts(unsigned).obj(), []), NOW)
     assert f"bundle {digest} (not signed)" in [" ".join(x.split()) for x in text.splitlines()]
 
 
 def test_status_while_retuning_shows_earlier_artifacts_blocked_and_sharded_jobs() -> None:
-    prof = profile(
-        models=(H100, H200),
-        artifacts=[artifact(H200, revision="rev1")],
-        phase="Pending",
-        progress=f"{H100}: pending; {H200}: 1/4 shards",
-        unadmittedPods=2,
-        jobs=[
-            {
-                "gpuModel": H100,
-                "name": "tune-a",
-                "state": "Pending",
-                "reason": "Unschedulable",
-                "message": "no node has nvidia.com/gpu.product=X",
-            },
-            {
-                "gpuModel": H200,
-                "name": "tune-b",
-                "state": "Running",
-                "shards": "1/4",
-                "message": "",
-            },
-        ],
+    prof = (
+        LLM.gpu("nvidia", H100, H200)
+        .artifacts(ARTIFACT.revision("rev1"))
+        .status(
+            phase="Pending",
+            progress=f"{H100}: pending; {H200}: 1/4 shards",
+            unadmittedPods=2,
+            jobs=[
+                {
+                    "gpuModel": H100,
+                    "name": "tune-a",
+                    "state": "Pending",
+                    "reason": "Unschedulable",
+                    "message": "no node has nvidia.com/gpu.product=X",
+                },
+                {
+                    "gpuModel": H200,
+                    "name": "tune-b",
+                    "state": "Running",
+                    "shards": "1/4",
+                    "message": "",
+                },
+            ],
+        )
+        .obj()
     )
     text = format_status(status_report(prof, []), NOW)
     assert f"  {H100}  no artifact yet (phase Pending)" in text
@@ -234,7 +225,7 @@ def test_status_while_retuning_shows_earlier_artifacts_blocked_and_sharded_jobs(
 
 
 def test_status_of_a_new_profile_without_status_and_a_default_only_artifact() -> None:
-    fresh = profile()
+    fresh = LLM.obj()
     del fresh["status"]
     report = status_report(fresh, [])
     text = format_status(report, NOW)
@@ -242,10 +233,10 @@ def test_status_of_a_new_profile_without_status_and_a_default_only_artifact() ->
     assert "  Ready        Unknown  -" in text
     assert f"  {H200}  no artifact yet (phase Pending)" in text
     assert "  (none for this revision)" in text
-    flat = artifact(
+    flat = ARTIFACT.fields(
         outcomes={"tuned": 0, "default": 412}, librarySkipped=2, librarySkippedReason="bad sha"
-    )
-    text = format_status(status_report(profile(artifacts=[flat]), []), NOW)
+    ).obj()
+    text = format_status(status_report(LLM.artifacts(flat).obj(), []), NOW)
     assert "0/412 GEMMs tuned (412 Default)" in text
     assert "note      no GEMM where a kernel beat Default" in text
     assert "library   2 entr(y/ies) skipped: bad sha" in text
@@ -253,7 +244,7 @@ def test_status_of_a_new_profile_without_status_and_a_default_only_artifact() ->
 
 def test_status_shows_the_ten_newest_events_of_many() -> None:
     events = [event("E", f"event {i}", minutes_ago=i) for i in range(1, 16)]
-    report = status_report(profile(), list(reversed(events)))
+    report = status_report(LLM.obj(), list(reversed(events)))
     assert [e["message"] for e in report["events"]] == [f"event {i}" for i in range(1, 11)]
     # eventTime-only Events (events.k8s.io posters) sort in too.
     newer = {
@@ -262,7 +253,7 @@ def test_status_shows_the_ten_newest_events_of_many() -> None:
         "message": "newest",
         "eventTime": "2026-11-30T11:59:59.123456Z",
     }
-    assert status_report(profile(), [*events, newer])["events"][0]["message"] == "newest"
+    assert status_report(LLM.obj(), [*events, newer])["events"][0]["message"] == "newest"
 
 
 def test_status_of_a_degraded_profile_shows_the_condition_and_its_message() -> None:
@@ -271,7 +262,7 @@ def test_status_of_a_degraded_profile_shows_the_condition_and_its_message() -> N
         "m-1). `kubectl tunefleet why <pod>` says more; once the cause is fixed, recreate them "
         "(e.g. kubectl rollout restart)."
     )
-    prof = profile(phase="Degraded")
+    prof = LLM.phase("Degraded").obj()
     prof["status"]["conditions"].append(
         {"type": "Degraded", "status": "True", "reason": "PodsStartedUntuned", "message": message}
     )
@@ -302,7 +293,7 @@ def test_status_of_a_degraded_profile_shows_the_condition_and_its_message() -> N
     )
     # A status written by an operator before 0.2.0 has no Degraded condition: none is shown
     # (not an "Unknown" row).
-    old = status_report(profile(), [])
+    old = status_report(LLM.obj(), [])
     assert [c["type"] for c in old["conditions"]] == ["Ready", "Progressing", "Failed"]
     assert "Degraded" not in format_status(old, NOW)
 
@@ -312,27 +303,14 @@ def test_status_of_a_degraded_profile_shows_the_condition_and_its_message() -> N
 CFG = Config(image="tunefleet:1")
 
 
-def model_pod(
-    name: str = "m-1", selector: dict[str, str] | None = None, **over: Any
-) -> dict[str, Any]:
-    pod: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "ml", "labels": {"tunefleet.io/profile": "llm"}},
-        "spec": {
-            "nodeSelector": selector or {},
-            "containers": [
-                {
-                    "name": "server",
-                    "image": "registry.example.com/serve:1",
-                    "resources": {"limits": {"nvidia.com/gpu": "2"}},
-                },
-                {"name": "proxy", "image": "envoy:1"},
-            ],
-        },
-    }
-    pod["metadata"].update(over)
-    return pod
+# Model pod ml/m-1 of profile llm: a server asking for two GPUs and a proxy in another image.
+POD = (
+    make_pod("m-1")
+    .profile("llm")
+    .selector({})
+    .container("server", "registry.example.com/serve:1", gpus=2)
+    .container("proxy", "envoy:1")
+)
 
 
 def admitted(pod: dict[str, Any], prof: dict[str, Any] | None) -> dict[str, Any]:
@@ -359,8 +337,8 @@ LOADED = f"tunefleet-fetch: wrote 2 results file(s) with 412 tuned GEMMs (sha256
 
 
 def test_why_injected_and_loaded_names_the_artifact_and_the_containers() -> None:
-    prof = profile()
-    pod = fetch_ended(admitted(model_pod(), prof), LOADED)
+    prof = LLM.obj()
+    pod = fetch_ended(admitted(POD.obj(), prof), LOADED)
     report = explain(pod, prof, [])
     assert (report["verdict"], report["tuned"]) == ("injected", True)
     assert report["artifact"] == {
@@ -384,12 +362,12 @@ def test_why_injected_and_loaded_names_the_artifact_and_the_containers() -> None
 def test_why_says_what_the_gate_said_of_the_pinned_artifact() -> None:
     """'not measured' says why, in status and in why (issue 40: only a workload that cannot be
     measured at all is unmeasured; a crash with the artifact is Rejected)."""
-    prof = profile()
+    prof = LLM.obj()
     prof["status"]["artifacts"][0]["promotion"] = {
         "verdict": "Unmeasured",
         "message": "not measured: the profile gives no workload command to time",
     }
-    pod = fetch_ended(admitted(model_pod(), prof), LOADED)
+    pod = fetch_ended(admitted(POD.obj(), prof), LOADED)
     report = explain(pod, prof, [])
     assert report["artifact"]["gate"] == (
         "Unmeasured: not measured: the profile gives no workload command to time"
@@ -400,8 +378,8 @@ def test_why_says_what_the_gate_said_of_the_pinned_artifact() -> None:
 
 
 def test_why_injected_but_not_yet_fetched_and_with_warnings_and_overrides() -> None:
-    prof = profile()
-    pod = model_pod()
+    prof = LLM.obj()
+    pod = POD.obj()
     pod["spec"]["containers"][0]["image"] = "registry.example.com/serve:2"
     pod["spec"]["containers"][0]["env"] = [{"name": "PYTORCH_TUNABLEOP_ENABLED", "value": "0"}]
     pod = admitted(pod, prof)
@@ -427,8 +405,8 @@ def test_why_injected_but_not_yet_fetched_and_with_warnings_and_overrides() -> N
 
 
 def test_why_untuned_at_start_quotes_fetch_and_names_the_fix() -> None:
-    prof = profile()
-    pod = admitted(model_pod(), prof)
+    prof = LLM.obj()
+    pod = admitted(POD.obj(), prof)
     corrupt = f"results.csv has SHA-256 {SHA2}, expected {SHA} (corrupted or truncated)"
     report = explain(fetch_ended(pod, f"tunefleet-fetch: starting untuned: {corrupt}"), prof, [])
     assert (report["verdict"], report["tuned"], report["reason"]) == (
@@ -485,22 +463,22 @@ def test_why_untuned_at_start_quotes_fetch_and_names_the_fix() -> None:
 def test_why_untuned_by_the_webhook_quotes_its_reason_and_gives_the_fix(
     case: str, code: str, fix: str
 ) -> None:
-    prof: dict[str, Any] | None = profile(
-        models=(H100, H200), artifacts=[artifact(H100), artifact(H200)]
+    prof: dict[str, Any] | None = (
+        LLM.gpu("nvidia", H100, H200).artifacts(ARTIFACT_H100, ARTIFACT).obj()
     )
-    pod = model_pod(selector={KEY: H200})
+    pod = POD.selector({KEY: H200}).obj()
     if case == "no-profile":
         prof = None
     elif case == "invalid":
         assert prof is not None
         prof["spec"]["gpu"]["vendor"] = "intel"
     elif case == "no-selector":
-        pod = model_pod()
+        pod = POD.obj()
     elif case == "other-model":
-        pod = model_pod(selector={KEY: "NVIDIA-A100"})
+        pod = POD.selector({KEY: "NVIDIA-A100"}).obj()
     elif case == "no-artifact":
         assert prof is not None
-        prof["status"]["artifacts"] = [artifact(H100)]
+        prof["status"]["artifacts"] = [ARTIFACT_H100.obj()]
         prof["status"]["phase"] = "Tuning"
     elif case == "default-only":
         assert prof is not None
@@ -517,31 +495,31 @@ def test_why_untuned_by_the_webhook_quotes_its_reason_and_gives_the_fix(
 
 
 def test_why_no_artifact_changes_its_fix_with_what_the_profile_has_now() -> None:
-    waiting = profile(artifacts=[], phase="Tuning")
-    pod = admitted(model_pod(), waiting)
+    waiting = TUNING.obj()
+    pod = admitted(POD.obj(), waiting)
     assert "wait until" in explain(pod, waiting, [])["fix"]
     assert (
-        "has an artifact for NVIDIA-H200 now (abababababab)" in explain(pod, profile(), [])["fix"]
+        "has an artifact for NVIDIA-H200 now (abababababab)" in explain(pod, LLM.obj(), [])["fix"]
     )
-    failed = profile(artifacts=[], phase="Failed")
+    failed = LLM.artifacts().phase("Failed").obj()
     assert explain(pod, failed, [])["fix"].startswith(
         "tuning failed (see `kubectl tunefleet status llm"
     )
     # A profile that came into being after the pod: recreate once Ready.
-    orphan = admitted(model_pod(), None)
-    assert "exists now" in explain(orphan, profile(), [])["fix"]
+    orphan = admitted(POD.obj(), None)
+    assert "exists now" in explain(orphan, LLM.obj(), [])["fix"]
 
 
 def test_why_a_pod_the_webhook_never_saw_and_one_that_never_asked() -> None:
-    prof = profile(unadmittedPods=3)
-    pod = model_pod()  # labelled, no admission label: the webhook never saw it
+    prof = LLM.status(unadmittedPods=3).obj()
+    pod = POD.obj()  # labelled, no admission label: the webhook never saw it
     report = explain(pod, prof, [])
     assert report["verdict"] == "unadmitted" and report["tuned"] is False
     text = format_why(report, NOW)
     assert "not tuned: the tunefleet webhook never saw this pod" in text
     assert "recreate it while the tunefleet webhook is up" in text
     assert "TuningProfile 'llm' counts 3 such pod(s)" in text
-    plain = model_pod()
+    plain = POD.obj()
     del plain["metadata"]["labels"]["tunefleet.io/profile"]
     report = explain(plain, None, [])
     assert report["verdict"] == "not-requested"
@@ -550,11 +528,14 @@ def test_why_a_pod_the_webhook_never_saw_and_one_that_never_asked() -> None:
 
 
 def test_why_shows_the_profiles_events_about_this_pod_and_how_to_recreate_it() -> None:
-    prof = profile(artifacts=[], phase="Tuning")
-    pod = model_pod(
-        name="model-7d9f-abcde",
-        generateName="model-7d9f-",
-        ownerReferences=[{"kind": "ReplicaSet", "name": "model-7d9f", "controller": True}],
+    prof = TUNING.obj()
+    pod = (
+        POD.name("model-7d9f-abcde")
+        .meta(
+            generateName="model-7d9f-",
+            ownerReferences=[{"kind": "ReplicaSet", "name": "model-7d9f", "controller": True}],
+        )
+        .obj()
     )
     pod["metadata"]["labels"]["pod-template-hash"] = "7d9f"
     pod = admitted(pod, prof)
@@ -578,8 +559,8 @@ def test_why_shows_the_profiles_events_about_this_pod_and_how_to_recreate_it() -
 
 
 def test_why_a_fetch_that_ended_without_a_word_points_at_its_log() -> None:
-    pod = fetch_ended(admitted(model_pod(), profile()), "", exit_code=0)
-    report = explain(pod, profile(), [])
+    pod = fetch_ended(admitted(POD.obj(), LLM.obj()), "", exit_code=0)
+    report = explain(pod, LLM.obj(), [])
     assert report["verdict"] == "injected" and report["tuned"] is None
     text = format_why(report, NOW)
     assert "tunefleet-fetch ended (exit 0) without saying what it wrote" in text
@@ -588,26 +569,22 @@ def test_why_a_fetch_that_ended_without_a_word_points_at_its_log() -> None:
 
 
 def test_why_notes_a_newer_artifact_than_the_pinned_one() -> None:
-    pod = fetch_ended(admitted(model_pod(), profile()), LOADED)
-    newer = profile(artifacts=[artifact(sha=SHA2)])
+    pod = fetch_ended(admitted(POD.obj(), LLM.obj()), LOADED)
+    newer = LLM.artifacts(ARTIFACT2).obj()
     notes = explain(pod, newer, [])["notes"]
     assert any("has a newer artifact for NVIDIA-H200 now (cdcdcdcdcdcd)" in n for n in notes)
 
 
-def delivered(prof: dict[str, Any]) -> dict[str, Any]:
-    """The profile with its artifact delivered as ConfigMap cm-x (uid cm-1)."""
-    prof = copy.deepcopy(prof)
-    for art in prof["status"]["artifacts"]:
-        art.update(configMap={"name": "cm-x", "uid": "cm-1"}, delivery="ConfigMap")
-    return prof
+# The profile with its artifact delivered as ConfigMap cm-x (uid cm-1).
+DELIVERED = LLM.artifacts(ARTIFACT.delivered("ConfigMap", "cm-x", "cm-1"))
 
 
 @pytest.mark.parametrize("seen", [{"cm-x": ""}, {"cm-x": "cm-2"}])
 def test_why_a_pod_served_from_the_store_while_its_config_map_was_gone_reads_as_injected(
     seen: dict[str, str],
 ) -> None:
-    prof = delivered(profile())
-    decision = inject(model_pod(), "llm", prof, CFG, seen)
+    prof = DELIVERED.obj()
+    decision = inject(POD.obj(), "llm", prof, CFG, seen)
     assert decision.code == "store_fallback"
     pod = fetch_ended(dict(decision.pod), LOADED)
     assert pod["metadata"]["annotations"]["tunefleet.io/decision"] == "store_fallback"
@@ -635,7 +612,7 @@ def test_why_a_pod_served_from_the_store_while_its_config_map_was_gone_reads_as_
 
 
 def admitted_with(prof: dict[str, Any], seen: dict[str, str]) -> dict[str, Any]:
-    decision = inject(model_pod(), "llm", prof, CFG, seen)
+    decision = inject(POD.obj(), "llm", prof, CFG, seen)
     return dict(decision.pod)
 
 
@@ -650,9 +627,9 @@ def test_why_a_fetch_that_failed_open_says_what_the_degraded_condition_says() ->
         "`kubectl tunefleet why <pod>` says more; once the cause is fixed, recreate them "
         "(e.g. kubectl rollout restart)."
     )
-    prof = profile(phase="Degraded")
+    prof = LLM.phase("Degraded").obj()
     prof["status"]["conditions"].append(degraded("True", "PodsStartedUntuned", counted))
-    pod = fetch_ended(admitted(model_pod(), prof), f"tunefleet-fetch: starting untuned: {refused}")
+    pod = fetch_ended(admitted(POD.obj(), prof), f"tunefleet-fetch: starting untuned: {refused}")
     report = explain(pod, prof, [])
     assert report["verdict"] == "untuned-at-start"
     note = (
@@ -663,7 +640,7 @@ def test_why_a_fetch_that_failed_open_says_what_the_degraded_condition_says() ->
     text = format_why(report, NOW)
     assert "  Profile:     llm (phase Degraded)" in text and f"  Note:        {note}" in text
     # Not counted yet: the condition as it is now, and that the next reconcile counts it.
-    fresh = profile()
+    fresh = LLM.obj()
     fresh["status"]["conditions"].append(
         degraded("False", "PodsServed", "No model pod runs untuned for a cause of tunefleet's.")
     )
@@ -671,7 +648,7 @@ def test_why_a_fetch_that_failed_open_says_what_the_degraded_condition_says() ->
     assert "counts (PodsStartedUntuned) once the operator's next reconcile sees the pod" in said
     assert said.endswith("False, PodsServed: No model pod runs untuned for a cause of tunefleet's.")
     # A status an operator before 0.2.0 wrote has no Degraded condition to count it.
-    (old,) = [n for n in explain(pod, profile(), [])["notes"] if "cause of tunefleet's" in n]
+    (old,) = [n for n in explain(pod, LLM.obj(), [])["notes"] if "cause of tunefleet's" in n]
     assert "has no Degraded condition" in old
     # Not a cause of ours: a pod that loaded its artifact, or one refused at start (fail
     # closed: it does not run), gets no such note.
@@ -684,11 +661,11 @@ def test_why_a_fetch_that_failed_open_says_what_the_degraded_condition_says() ->
 
 def test_why_untuned_for_a_gone_config_map_by_an_older_operator_agrees_with_degraded() -> None:
     """config_map_replaced: what an operator before 0.2.0 decided (served.OURS counts it)."""
-    prof = profile(phase="Degraded")
+    prof = LLM.phase("Degraded").obj()
     gone = "the ConfigMap cm-x that holds the artifact for NVIDIA-H200 is gone"
     message = f"1 model pod(s) run without the artifact: 1 config_map_replaced ({gone}; pods: m-1)."
     prof["status"]["conditions"].append(degraded("True", "PodsStartedUntuned", message))
-    pod = model_pod()
+    pod = POD.obj()
     pod["metadata"]["labels"]["tunefleet.io/admission"] = "untuned"
     pod["metadata"]["annotations"] = {
         "tunefleet.io/decision": "config_map_replaced",
@@ -703,7 +680,7 @@ def test_why_untuned_for_a_gone_config_map_by_an_older_operator_agrees_with_degr
         for n in report["notes"]
     )
     # The profile's own choice (no artifact yet) is not counted: no such note.
-    early = admitted(model_pod(), profile(artifacts=[], phase="Tuning"))
+    early = admitted(POD.obj(), TUNING.obj())
     assert not any("cause of tunefleet's" in n for n in explain(early, prof, [])["notes"])
 
 
@@ -729,10 +706,14 @@ B = (
 )
 
 
+# Side b as the CLI describes a profile's artifact: where it is and the GPU model it is of.
+SIDE_B = {"source": "b/results.csv", "gpuModel": "AMD_Instinct_MI300X_OAM"}
+
+
 def diff_report(a: str = A, b: str = B) -> dict[str, Any]:
     ra, rb = parse_results(a), parse_results(b)
     side_a = {"source": "a/results.csv", "gemms": ra.gemms, "sha256": sha256_hex(a.encode())}
-    side_b = {"source": "b/results.csv", "gemms": rb.gemms, "gpuModel": "AMD_Instinct_MI300X_OAM"}
+    side_b = {**SIDE_B, "gemms": rb.gemms}
     return {"a": side_a, "b": side_b, **diff_results(ra, rb)}
 
 
@@ -869,8 +850,13 @@ def published(root: Path, model: str = H200) -> dict[str, Any]:
     where.mkdir(parents=True)
     (where / "results.csv").write_bytes(data)
     (where / "manifest.json").write_bytes(manifest.to_json())
-    return artifact(
-        model, sha=sha, uri=f"file://{where}", manifestSha256=sha256_hex(manifest.to_json())
+    return (
+        make_artifact(model, sha, profile="llm")
+        .fields(**RUN)
+        .fields(job=f"tune-llm-{model.lower()}-1234")
+        .uri(f"file://{where}")
+        .fields(manifestSha256=sha256_hex(manifest.to_json()))
+        .obj()
     )
 
 
@@ -878,7 +864,7 @@ def test_download_writes_verified_files_and_the_manifest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     art = published(tmp_path / "store")
-    use(monkeypatch, FakeCluster({"ml/llm": profile(artifacts=[art])}))
+    use(monkeypatch, FakeCluster({"ml/llm": LLM.artifacts(art).obj()}))
     dest = tmp_path / "out"
     code, out, err = run_main(capsys, "download", "llm", "--dest", str(dest), "--devices", "2")
     assert (code, err) == (0, "")
@@ -921,11 +907,14 @@ def test_download_of_a_caches_artifact_unpacks_each_cache_or_nothing(
         (where / name).write_bytes((tmp_path / "o" / name).read_bytes())
     archive = where / "caches" / f"{packed.sha256}.tar.gz"
     archive.write_bytes((tmp_path / "o" / packed.payload).read_bytes())
-    art = artifact(
-        H200, sha=manifest.results_sha256, uri=f"file://{where}",
-        manifestSha256=sha256_hex(manifest.to_json()), kind="caches",
-    )  # fmt: skip
-    use(monkeypatch, FakeCluster({"ml/llm": profile(artifacts=[art])}))
+    art = (
+        make_artifact(H200, manifest.results_sha256, profile="llm")
+        .fields(**RUN)
+        .uri(f"file://{where}")
+        .fields(manifestSha256=sha256_hex(manifest.to_json()), kind="caches")
+        .obj()
+    )
+    use(monkeypatch, FakeCluster({"ml/llm": LLM.artifacts(art).obj()}))
     dest = tmp_path / "out"
     code, out, err = run_main(capsys, "download", "llm", "--dest", str(dest))
     assert (code, err) == (0, ""), out
@@ -941,7 +930,7 @@ def test_download_refuses_an_artifact_that_does_not_verify(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     art = published(tmp_path / "store")
-    use(monkeypatch, FakeCluster({"ml/llm": profile(artifacts=[art])}))
+    use(monkeypatch, FakeCluster({"ml/llm": LLM.artifacts(art).obj()}))
     where = Path(art["uri"].removeprefix("file://"))
     (where / "manifest.json").chmod(0o644)
     (where / "manifest.json").write_text(
@@ -984,19 +973,19 @@ def test_download_refuses_an_artifact_that_does_not_verify(
         ),
         (
             ["download", "llm", "--dest", "/tmp/x"],
-            {"ml/llm": profile(artifacts=[], phase="Tuning")},
+            {"ml/llm": TUNING.obj()},
             1,
             "TuningProfile 'llm' has no artifact for NVIDIA-H200 yet (phase Tuning): wait until `kubectl tunefleet status llm -n ml` shows Ready",
         ),
         (
             ["download", "llm", "--dest", "/tmp/x"],
-            {"ml/llm": profile(models=(H100, H200))},
+            {"ml/llm": LLM.gpu("nvidia", H100, H200).obj()},
             1,
             f"TuningProfile 'llm' tunes several GPU models ({H100}, {H200}): name one with --gpu-model (or ml/llm:<model> in diff)",
         ),
         (
             ["download", "llm", "--dest", "/tmp/x", "--gpu-model", "A100"],
-            {"ml/llm": profile()},
+            {"ml/llm": LLM.obj()},
             1,
             f"TuningProfile 'llm' does not tune GPU model 'A100': use one of {H200}",
         ),
@@ -1117,7 +1106,7 @@ def test_kubeconfig_problems_and_an_unreachable_api_server(
 def test_status_shows_the_capture_section_and_a_retunes_artifact_as_current() -> None:
     from tunefleet import naming
 
-    p = profile()
+    p = LLM.obj()
     retune_rev = naming.retune_revision("rev2", "d" * 16)
     p["status"]["artifacts"][0]["revision"] = retune_rev
     p["status"]["capture"] = [
@@ -1148,7 +1137,7 @@ def test_status_shows_the_capture_section_and_a_retunes_artifact_as_current() ->
     assert "3 shape(s) from 1 other identit(y/ies)" in text
     assert "did not load the results while recording" in text
     assert "below the retune threshold" in text
-    assert "Capture" not in format_status(status_report(profile(), []), NOW)  # off, none kept
+    assert "Capture" not in format_status(status_report(LLM.obj(), []), NOW)  # off, none kept
 
 
 def test_retune_asks_once_by_annotation_and_says_what_it_will_find(
@@ -1156,7 +1145,7 @@ def test_retune_asks_once_by_annotation_and_says_what_it_will_find(
 ) -> None:
     from tunefleet.contracts.retune import ANNOTATION
 
-    p = profile()
+    p = LLM.obj()
     p["status"]["capture"] = [{"gpuModel": H200, "seen": 3, "tuned": 1, "untuned": 2}]
     patches: list[dict[str, Any]] = []
 
@@ -1180,26 +1169,27 @@ def test_retune_asks_once_by_annotation_and_says_what_it_will_find(
 # --- version -------------------------------------------------------------------------------
 
 
-def operator_deployment(
-    name: str = "tunefleet",
-    namespace: str = "tunefleet-system",
-    version: str | None = "0.2.0",
-    image: str = "ghcr.io/tunefleet/tunefleet:0.2.0",
-    ready: int = 1,
-    release: str = "tunefleet",
-) -> dict[str, Any]:
-    """A replica slot's Deployment as the chart labels it (_helpers.tpl tunefleet.labels)."""
-    labels = {"app.kubernetes.io/name": "tunefleet", "app.kubernetes.io/instance": release}
-    if version is not None:
-        labels["app.kubernetes.io/version"] = version
-    return {
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
-        "spec": {
-            "replicas": 1,
-            "template": {"spec": {"containers": [{"name": "operator", "image": image}]}},
-        },
-        "status": {"readyReplicas": ready},
-    }
+# A replica slot's Deployment as the chart labels it (_helpers.tpl tunefleet.labels). No
+# wrapper makes Deployments: a Job's (metadata, spec, status) made one.
+VERSION_LABEL = "app.kubernetes.io/version"
+CONTAINERS = ("spec", "template", "spec", "containers")
+OPERATOR = (
+    make_object("apps/v1", "Deployment", "tunefleet", "tunefleet-system")
+    .labels(
+        {
+            "app.kubernetes.io/name": "tunefleet",
+            "app.kubernetes.io/instance": "tunefleet",
+            VERSION_LABEL: "0.2.0",
+        }
+    )
+    .spec(replicas=1)
+    .set(*CONTAINERS, value=[{"name": "operator", "image": "ghcr.io/tunefleet/tunefleet:0.2.0"}])
+    .status(readyReplicas=1)
+)
+OPERATOR_0_1 = OPERATOR.label(VERSION_LABEL, "0.1.0").set(
+    *CONTAINERS, value=[{"name": "operator", "image": "ghcr.io/tunefleet/tunefleet:0.1.0"}]
+)
+UNLABELLED = OPERATOR.without("metadata", "labels", VERSION_LABEL)
 
 
 class Deployed(FakeCluster):
@@ -1224,16 +1214,14 @@ def test_version_prints_the_client_and_each_operator_release(
 ) -> None:
     from tunefleet import __version__
 
+    team_b = (
+        OPERATOR_0_1.name("team-b-tunefleet")
+        .namespace("team-b-system")
+        .label("app.kubernetes.io/instance", "team-b")
+    )
     fake = Deployed(
-        [
-            operator_deployment(),
-            operator_deployment("tunefleet-1", ready=0),
-            operator_deployment(
-                "team-b-tunefleet", "team-b-system", "0.1.0",
-                "ghcr.io/tunefleet/tunefleet:0.1.0", release="team-b",
-            ),
-        ]
-    )  # fmt: skip
+        [OPERATOR.obj(), OPERATOR.name("tunefleet-1").status(readyReplicas=0).obj(), team_b.obj()]
+    )
     use(monkeypatch, fake)
     code, out, err = run_main(capsys, "version")
     assert (code, err) == (0, "")
@@ -1260,17 +1248,19 @@ def test_version_mid_upgrade_and_without_the_chart_label() -> None:
 
     rolling = version_report(
         [
-            operator_deployment(version="0.1.0", image="ghcr.io/tunefleet/tunefleet:0.1.0"),
-            operator_deployment("tunefleet-1"),
+            OPERATOR_0_1.obj(),
+            OPERATOR.name("tunefleet-1").obj(),
         ]
     )
     assert "Operator: 0.1.0, 0.2.0 (rolling) (release tunefleet" in format_version(rolling)
     # A Deployment made by hand: its operator image's tag says the version.
-    bare = version_report([operator_deployment(version=None, image="reg:5000/tf/op:1.2.3")])
+    by_hand = [{"name": "operator", "image": "reg:5000/tf/op:1.2.3"}]
+    bare = version_report([UNLABELLED.set(*CONTAINERS, value=by_hand).obj()])
     assert bare["operators"][0]["versions"] == ["1.2.3"]
     assert image_tag("reg:5000/tf/op@sha256:" + "a" * 64) == ""
     assert image_tag("reg:5000/tf/op:9.9.9@sha256:" + "a" * 64) == "9.9.9"
-    unknown = version_report([operator_deployment(version=None, image="op@sha256:" + "a" * 64)])
+    digest_only = [{"name": "operator", "image": "op@sha256:" + "a" * 64}]
+    unknown = version_report([UNLABELLED.set(*CONTAINERS, value=digest_only).obj()])
     assert unknown["operators"][0]["versions"] == ["unknown"]
 
 
@@ -1288,7 +1278,7 @@ def test_version_without_an_operator_says_so_and_exits_0(
         "app.kubernetes.io/name=tunefleet) in any namespace; install it with `helm install "
         "tunefleet charts/tunefleet -n tunefleet-system --create-namespace`",
     ]
-    use(monkeypatch, Deployed([operator_deployment()]))
+    use(monkeypatch, Deployed([OPERATOR.obj()]))
     code, out, _ = run_main(capsys, "version", "-n", "elsewhere")
     assert code == 0 and "in namespace elsewhere; install it" in out
     assert "or look in another namespace (drop -n)" in out
@@ -1355,17 +1345,17 @@ def gain(stand_in: bool = False, **over: Any) -> dict[str, Any]:
 def test_status_shows_the_figures_the_verdict_the_pin_and_rejected_artifacts() -> None:
     from tunefleet.contracts import pin as pins
 
-    art = artifact(
+    art = ARTIFACT.fields(
         gain=gain(stand_in=True, mode="CUDAGraphs", note="budget ended"),
         promotion={"verdict": "Pinned", "message": "served by a pin"},
         pinned={"reason": "p99 regressed", "at": "2026-11-30T11:30:00Z"},
     )
-    rejected = artifact(
-        sha="ef" * 32,
+    rejected = make_artifact(H200, "ef" * 32, profile="llm").fields(
+        **RUN,
         gain=gain(stand_in=True),
         promotion={"verdict": "Rejected", "message": "gemms 0.89x is 11.0% below the 1.00x"},
     )
-    p = profile(artifacts=[art], history=[rejected, artifact(sha=SHA2, revision="rev1")])
+    p = LLM.artifacts(art).history(rejected, EARLIER).obj()
     p["metadata"]["annotations"] = {pins.ANNOTATION: pins.value({H200: pins.Pin(H200, SHA)})}
     text = format_status(status_report(p, []), NOW)
     assert (
@@ -1390,7 +1380,7 @@ def test_status_shows_the_figures_the_verdict_the_pin_and_rejected_artifacts() -
 def test_status_shows_a_pin_not_served_and_no_figures_for_a_malformed_gain() -> None:
     from tunefleet.contracts import pin as pins
 
-    p = profile(artifacts=[artifact(gain={"figures": "many"}, promotion="odd")])
+    p = LLM.artifacts(ARTIFACT.fields(gain={"figures": "many"}, promotion="odd")).obj()
     p["metadata"]["annotations"] = {pins.ANNOTATION: pins.value({H200: pins.Pin(H200, SHA2, "x")})}
     text = format_status(status_report(p, []), NOW)
     assert "gain" not in text and "promotion" not in text and "Rejected" not in text
@@ -1398,12 +1388,12 @@ def test_status_shows_a_pin_not_served_and_no_figures_for_a_malformed_gain() -> 
     # A figure that does not hold together is dropped, the rest shown; none left: not measured.
     broken = gain()
     broken["figures"][1]["low"] = 5.0  # above the speed-up
-    text = format_status(status_report(profile(artifacts=[artifact(gain=broken)]), []), NOW)
+    text = format_status(status_report(LLM.artifacts(ARTIFACT.fields(gain=broken)).obj(), []), NOW)
     assert (
         "workload 1.25x" in text and "gemms" not in text.split("Tuning Jobs:")[0].split("gain")[1]
     )
-    empty = artifact(gain={"figures": [], "note": "no GPU"})
-    text = format_status(status_report(profile(artifacts=[empty]), []), NOW)
+    empty = ARTIFACT.fields(gain={"figures": [], "note": "no GPU"}).obj()
+    text = format_status(status_report(LLM.artifacts(empty).obj(), []), NOW)
     assert "    gain      not measured: no GPU\n" in text
 
 
@@ -1415,7 +1405,7 @@ def test_diff_shows_each_sides_figures_from_the_profiles_status(
     art = published(tmp_path / "store")
     art["gain"] = gain(stand_in=True)
     art["promotion"] = {"verdict": "Passed", "message": "passed"}
-    use(monkeypatch, FakeCluster({"ml/llm": profile(artifacts=[art])}))
+    use(monkeypatch, FakeCluster({"ml/llm": LLM.artifacts(art).obj()}))
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "results.csv").write_text(A)
     code, out, err = run_main(capsys, "diff", str(tmp_path / "a"), "llm")
@@ -1431,8 +1421,8 @@ def test_diff_shows_each_sides_figures_from_the_profiles_status(
     assert "gain" not in data["a"]
     # Found by SHA-256 in history too; a malformed gain shows nothing rather than failing.
     side = {"gpuModel": H200, "sha256": SHA2}
-    assert side_gain(side, profile()) == {}
-    old = profile(history=[artifact(sha=SHA2, gain={"figures": None})])
+    assert side_gain(side, LLM.obj()) == {}
+    old = LLM.history(ARTIFACT2.fields(gain={"figures": None})).obj()
     assert side_gain(side, old) == {"gain": {"figures": None}}
     report = {**diff_report(), "a": {"source": "x", **side_gain(side, old)}, "b": {"source": "y"}}
     assert "Figures" not in format_diff(report)

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.wrappers import make_artifact, make_pod, make_profile
 from tunefleet.config import Config
 from tunefleet.contracts.admission import Code
 from tunefleet.webhook.admission import admit
@@ -94,37 +95,12 @@ def test_partition_names(compute: str, memory: str, name: str) -> None:
     assert partition_name(compute, memory) == name
 
 
-def profile(identity: dict[str, str] | None) -> dict[str, Any]:
-    art: dict[str, Any] = {"gpuModel": "M", "uri": f"s3://bkt/p/ns/x/M/{SHA}", "sha256": SHA}
-    if identity is not None:
-        art["identity"] = identity
-    return {
-        "spec": {
-            "image": "serve:1",
-            "gpu": {"vendor": "amd", "models": ["M"]},
-            "workload": {"shapes": [{"mnk": [8, 8, 8]}]},
-            "storage": {"uri": "s3://bkt/p"},
-        },
-        "status": {"phase": "Ready", "artifacts": [art]},
-    }
-
-
-def pod(
-    selector: dict[str, str] | None = None,
-    resources: dict[str, str] | None = None,
-    annotations: dict[str, str] | None = None,
-    claims: bool = False,
-) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "nodeSelector": selector or {},
-        "containers": [{"name": "s", "image": "serve:1", "resources": {"limits": resources or {}}}],
-    }
-    if claims:
-        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]
-    return {
-        "metadata": {"labels": {"tunefleet.io/profile": "x"}, "annotations": annotations or {}},
-        "spec": spec,
-    }
+# What the webhook reads of a profile: its spec and status (one published artifact of "M").
+PROFILE = make_profile().gpu("amd", "M").phase("Ready")
+ARTIFACT = make_artifact("M", SHA, profile="x", ns="ns")
+# A model pod of profile "x" with one container "s" and no GPU request, no selector.
+POD_BASE = make_pod().profile("x").annotations({}).selector({})
+POD = POD_BASE.container("s", limits={})
 
 
 WHOLE = {"partition": "whole", "multiProcessorCount": "304"}
@@ -136,31 +112,32 @@ CPX_LABEL = {"amd.com/gpu.compute-memory-partition": "cpx_nps1"}
 @pytest.mark.parametrize(
     ("identity", "the_pod", "code"),
     [
-        (WHOLE, pod(), Code.NONE),
-        (None, pod(), Code.NONE),  # an artifact from before: a whole-GPU pod still gets it
-        (WHOLE, pod(CPX_LABEL), Code.PARTITION_MISMATCH),  # whole GPU -> partition: never
-        (CPX, pod(), Code.PARTITION_MISMATCH),  # partition -> whole GPU: never
-        (CPX, pod(CPX_LABEL), Code.NONE),
-        (CPX, pod(resources={"amd.com/cpx_nps1": "1"}), Code.NONE),
-        (None, pod(CPX_LABEL), Code.PARTITION_MISMATCH),  # it cannot vouch for a partition
-        (MIG, pod(resources={"nvidia.com/mig-1g.10gb": "1"}), Code.NONE),
-        (WHOLE, pod(resources={"nvidia.com/mig-1g.10gb": "1"}), Code.PARTITION_MISMATCH),
-        (MIG, pod({"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb"}), Code.NONE),
-        (WHOLE, pod(claims=True), Code.PARTITION_UNKNOWN),  # DRA: chosen after admission
-        (WHOLE, pod(claims=True, annotations={"tunefleet.io/gpu-partition": "whole"}), Code.NONE),
-        (WHOLE, pod({"amd.com/gpu.cu-count": "38"}), Code.PARTITION_MISMATCH),
+        (WHOLE, POD.obj(), Code.NONE),
+        (None, POD.obj(), Code.NONE),  # an artifact from before: a whole-GPU pod still gets it
+        (WHOLE, POD.selector(CPX_LABEL).obj(), Code.PARTITION_MISMATCH),  # whole GPU -> partition: never
+        (CPX, POD.obj(), Code.PARTITION_MISMATCH),  # partition -> whole GPU: never
+        (CPX, POD.selector(CPX_LABEL).obj(), Code.NONE),
+        (CPX, POD_BASE.container("s", limits={"amd.com/cpx_nps1": "1"}).obj(), Code.NONE),
+        (None, POD.selector(CPX_LABEL).obj(), Code.PARTITION_MISMATCH),  # it cannot vouch for a partition
+        (MIG, POD_BASE.container("s", limits={"nvidia.com/mig-1g.10gb": "1"}).obj(), Code.NONE),
+        (WHOLE, POD_BASE.container("s", limits={"nvidia.com/mig-1g.10gb": "1"}).obj(), Code.PARTITION_MISMATCH),
+        (MIG, POD.selector({"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb"}).obj(), Code.NONE),
+        (WHOLE, POD.claim("gpu", "one-gpu").obj(), Code.PARTITION_UNKNOWN),  # DRA: chosen after admission
+        (WHOLE, POD.claim("gpu", "one-gpu").annotations({"tunefleet.io/gpu-partition": "whole"}).obj(), Code.NONE),
+        (WHOLE, POD.selector({"amd.com/gpu.cu-count": "38"}).obj(), Code.PARTITION_MISMATCH),
     ],
 )  # fmt: skip
 def test_the_webhook_never_serves_a_whole_gpu_artifact_to_a_partition_or_the_reverse(
     identity: dict[str, str] | None, the_pod: dict[str, Any], code: Code
 ) -> None:
-    d = admit(the_pod, "x", profile(identity), Config(image="tunefleet:1"))
+    art = ARTIFACT if identity is None else ARTIFACT.identity(identity)
+    d = admit(the_pod, "x", PROFILE.artifacts(art).obj(), Config(image="tunefleet:1"))
     assert d.code == code, d.reason
     assert d.injected == (code == Code.NONE)
 
 
 def test_affinity_terms_say_the_partition_too() -> None:
-    p = pod()
+    p = POD.obj()
     p["spec"]["affinity"] = {
         "nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {

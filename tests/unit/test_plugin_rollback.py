@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.support.fake_cluster import FencedCluster
+from tests.support.wrappers import make_artifact, make_profile
 from tunefleet.contracts import pin as pins
 from tunefleet.plugin import cluster as cluster_mod
 from tunefleet.plugin import main as main_mod
@@ -35,45 +36,33 @@ GAIN = {
 }
 
 
-def entry(sha: str, revision: str = "rev2", verdict: str = "Passed", **over: Any) -> dict[str, Any]:
-    e: dict[str, Any] = {
-        "gpuModel": H200,
-        "sha256": sha,
-        "uri": f"s3://bkt/p/ml/llm/{H200}/{sha}",
-        "revision": revision,
-        "tunedAt": "2026-11-30T11:00:00Z",
-        "promotion": {"verdict": verdict, "message": f"{verdict.lower()}: figures"},
-    }
-    e.update(over)
-    return e
-
-
-def profile(
-    artifacts: list[dict[str, Any]] | None = None,
-    history: list[dict[str, Any]] | None = None,
-    annotations: dict[str, str] | None = None,
-    revision: str = "rev2",
-) -> dict[str, Any]:
-    """A served artifact of rev2 and, newest first: a rejected one, an older that passed, one of
-    another revision, and the oldest of rev2."""
-    return {
-        "metadata": {"namespace": "ml", "name": "llm", "annotations": annotations or {}},
-        "spec": {"gpu": {"models": [H200]}},
-        "status": {
-            "revision": revision,
-            "artifacts": [entry(SERVED, gain=GAIN)] if artifacts is None else artifacts,
-            "history": (
-                [
-                    entry(REJ, verdict="Rejected"),
-                    entry(OLDER, gain=GAIN),
-                    entry(OTHER_REV, revision="rev1"),
-                    entry(OLDEST, verdict="Unmeasured"),
-                ]
-                if history is None
-                else history
-            ),
-        },
-    }
+TUNED = "2026-11-30T11:00:00Z"
+TWIN = "b2" * 31 + "00"  # shares its first 62 hex digits with OLDER
+# An artifact of H200 that rev2 tuned and the gate passed, by its SHA-256.
+PASSED = {
+    sha: make_artifact(H200, sha, profile="llm")
+    .revision("rev2")
+    .tuned_at(TUNED)
+    .verdict("Passed", "passed: figures")
+    for sha in (SERVED, OLDER, OLDEST, REJ, OTHER_REV, TWIN)
+}
+REJECTED = PASSED[REJ].verdict("Rejected", "rejected: figures")
+OF_REV1 = PASSED[OTHER_REV].revision("rev1")
+# A served artifact of rev2 and, newest first: a rejected one, an older that passed, one of
+# another revision, and the oldest of rev2.
+LLM = (
+    make_profile("llm")
+    .annotations({})
+    .spec_is({"gpu": {"models": [H200]}})
+    .revision("rev2")
+    .artifacts(PASSED[SERVED].fields(gain=GAIN))
+    .history(
+        REJECTED,
+        PASSED[OLDER].fields(gain=GAIN),
+        OF_REV1,
+        PASSED[OLDEST].verdict("Unmeasured", "unmeasured: figures"),
+    )
+)
 
 
 def refused(match: str, *args: Any, **kwargs: Any) -> str:
@@ -86,62 +75,62 @@ def refused(match: str, *args: Any, **kwargs: Any) -> str:
 
 
 def test_rollback_picks_the_newest_same_revision_artifact_the_gate_did_not_reject() -> None:
-    report = choose(profile())
+    report = choose(LLM.obj())
     assert (report["gpuModel"], report["target"]["sha256"]) == (H200, OLDER)
     assert report["served"]["sha256"] == SERVED and not report["forced"]
     # The served artifact kept in history too is not a rollback target; Unmeasured is fine.
-    p = profile(history=[entry(SERVED), entry(OTHER_REV, revision="rev1"), entry(OLDEST, "rev2")])
+    p = LLM.history(PASSED[SERVED], OF_REV1, PASSED[OLDEST]).obj()
     assert choose(p)["target"]["sha256"] == OLDEST
 
 
 def test_rollback_to_a_prefix_an_ambiguous_one_and_an_unknown_one() -> None:
-    assert choose(profile(), to=OLDEST[:7])["target"]["sha256"] == OLDEST
-    assert choose(profile(), to=OLDEST)["target"]["sha256"] == OLDEST
-    twins = profile(history=[entry("b2" * 31 + "00"), entry(OLDER)])
+    assert choose(LLM.obj(), to=OLDEST[:7])["target"]["sha256"] == OLDEST
+    assert choose(LLM.obj(), to=OLDEST)["target"]["sha256"] == OLDEST
+    twins = LLM.history(PASSED[TWIN], PASSED[OLDER]).obj()
     message = refused("matches 2 artifacts", twins, to="b2b2b2b")
     assert "give more of the SHA-256" in message
-    refused("starting 0000000: `kubectl tunefleet status` lists them", profile(), to="0000000")
+    refused("starting 0000000: `kubectl tunefleet status` lists them", LLM.obj(), to="0000000")
     with pytest.raises(ValueError, match="7\\+ hex digits"):
         sha_prefix("b2b2")
     assert sha_prefix(" B2B2B2B2 ") == "b2b2b2b2"
 
 
 def test_rollback_refuses_another_revision_and_says_why() -> None:
-    message = refused("is of revision rev1, not of revision rev2", profile(), to=OTHER_REV[:8])
+    message = refused("is of revision rev1, not of revision rev2", LLM.obj(), to=OTHER_REV[:8])
     assert "an artifact tuned for another spec may not fit the image now served" in message
     # Nothing of the same revision left: said, with what history holds.
-    only_other = profile(history=[entry(OTHER_REV, revision="rev1")])
+    only_other = LLM.history(OF_REV1).obj()
     assert "1 of another revision, 0 rejected" in refused("nothing to roll back to", only_other)
 
 
 def test_rollback_to_a_rejected_artifact_needs_force() -> None:
-    message = refused("failed the promotion gate", profile(), to=REJ[:7])
+    message = refused("failed the promotion gate", LLM.obj(), to=REJ[:7])
     assert "rejected: figures" in message and "pass --force to serve it anyway" in message
-    report = choose(profile(), to=REJ[:7], force=True)
+    report = choose(LLM.obj(), to=REJ[:7], force=True)
     assert report["target"]["sha256"] == REJ and report["forced"]
-    only_rejected = profile(history=[entry(REJ, verdict="Rejected")])
+    only_rejected = LLM.history(REJECTED).obj()
     assert "--to SHA --force" in refused("1 rejected", only_rejected)
 
 
 def test_rollback_refuses_the_artifact_already_served() -> None:
-    message = refused("already served for NVIDIA-H200", profile(), to=SERVED[:10])
+    message = refused("already served for NVIDIA-H200", LLM.obj(), to=SERVED[:10])
     assert "unpin" in message
-    pinned = profile(artifacts=[entry(SERVED, pinned={"reason": "x", "at": AT})])
+    pinned = LLM.artifacts(PASSED[SERVED].fields(pinned={"reason": "x", "at": AT})).obj()
     assert "(pinned)" in refused("already served", pinned, to=SERVED)
 
 
 def test_rollback_needs_a_gpu_model_when_several_are_served_and_a_known_one() -> None:
-    two = profile(artifacts=[entry(SERVED), entry(SERVED, gpuModel=H100)])
+    two = LLM.artifacts(PASSED[SERVED], PASSED[SERVED].fields(gpuModel=H100)).obj()
     refused(f"several GPU models: name one with --gpu-model \\({H100}, {H200}\\)", two)
     assert choose(two, gpu_model=H200)["target"]["sha256"] == OLDER
-    refused("no artifact for GPU model 'Other'", profile(), gpu_model="Other")
-    refused("serves no artifact yet", profile(artifacts=[]))
+    refused("no artifact for GPU model 'Other'", LLM.obj(), gpu_model="Other")
+    refused("serves no artifact yet", LLM.artifacts().obj())
 
 
 def test_rollback_offers_only_artifacts_of_the_revision_the_model_tunes_now() -> None:
     # The operator honours a pin only of the revision the model tunes now (or the spec's):
     # while revision rev3 tunes, rev2's artifacts are of another spec.
-    refused("of revision rev3 that passed the gate", profile(revision="rev3"))
+    refused("of revision rev3 that passed the gate", LLM.revision("rev3").obj())
 
 
 # --- the CLI: the patch written ------------------------------------------------------------------
@@ -160,7 +149,7 @@ def test_rollback_writes_exactly_the_pin_contract_patch_and_says_how_to_undo(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     other = pins.Pin(H100, OLDEST, "kept", AT)
-    p = profile(annotations={pins.ANNOTATION: pins.value({H100: other}) or ""})
+    p = LLM.annotations({pins.ANNOTATION: pins.value({H100: other}) or ""}).obj()
     fake = FencedCluster(p)
     code, out, err = run(monkeypatch, capsys, fake, "rollback", "llm", "-n", "ml")
     assert (code, err) == (0, "")
@@ -186,7 +175,7 @@ def test_rollback_writes_exactly_the_pin_contract_patch_and_says_how_to_undo(
 def test_rollback_errors_are_one_line_and_write_nothing(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    fake = FencedCluster(profile())
+    fake = FencedCluster(LLM.obj())
     code, _, err = run(monkeypatch, capsys, fake, "rollback", "llm", "--to", REJ[:7])
     assert code == 1 and len(err.splitlines()) == 1 and "--force" in err
     code, _, err = run(monkeypatch, capsys, fake, "rollback", "nope")
@@ -201,15 +190,20 @@ def test_rollback_errors_are_one_line_and_write_nothing(
 # --- unpin ---------------------------------------------------------------------------------------
 
 
-def pinned_profile() -> dict[str, Any]:
-    both = {H200: pins.Pin(H200, OLDER, "slow", AT), H100: pins.Pin(H100, OLDEST, "", AT)}
-    return profile(annotations={pins.ANNOTATION: pins.value(both) or ""})
+PINNED = LLM.annotations(
+    {
+        pins.ANNOTATION: pins.value(
+            {H200: pins.Pin(H200, OLDER, "slow", AT), H100: pins.Pin(H100, OLDEST, "", AT)}
+        )
+        or ""
+    }
+)
 
 
 def test_unpin_one_model_keeps_the_other_pins(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    fake = FencedCluster(pinned_profile())
+    fake = FencedCluster(PINNED.obj())
     code, out, _ = run(monkeypatch, capsys, fake, "unpin", "llm", "--gpu-model", H200)
     assert code == 0
     assert fake.patches == [pins.patch({H100: pins.Pin(H100, OLDEST, "", AT)})]
@@ -220,7 +214,7 @@ def test_unpin_one_model_keeps_the_other_pins(
 def test_unpin_all_removes_the_annotation(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    fake = FencedCluster(pinned_profile())
+    fake = FencedCluster(PINNED.obj())
     code, out, _ = run(monkeypatch, capsys, fake, "unpin", "llm")
     assert code == 0 and fake.patches == [pins.patch({})]
     assert fake.patches[0]["metadata"]["annotations"][pins.ANNOTATION] is None
@@ -230,18 +224,18 @@ def test_unpin_all_removes_the_annotation(
 def test_unpin_with_nothing_pinned_says_so_and_writes_nothing(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    fake = FencedCluster(profile())
+    fake = FencedCluster(LLM.obj())
     code, out, _ = run(monkeypatch, capsys, fake, "unpin", "llm")
     assert (code, fake.patches) == (0, [])
     assert out == "Nothing is pinned on TuningProfile ml/llm: nothing to do.\n"
-    report, patch = unpin_request(pinned_profile(), "Other")
+    report, patch = unpin_request(PINNED.obj(), "Other")
     assert patch is None
     assert (
         format_unpin(report)
         == "Nothing is pinned for Other on TuningProfile ml/llm: nothing to do.\n"
     )
     # An annotation that pins nothing readable goes when every pin is removed.
-    report, patch = unpin_request(profile(annotations={pins.ANNOTATION: "not json"}))
+    report, patch = unpin_request(LLM.annotations({pins.ANNOTATION: "not json"}).obj())
     assert patch == pins.patch({}) and "pinned nothing readable" in format_unpin(report)
 
 
@@ -256,7 +250,7 @@ def test_a_pin_written_between_read_and_write_is_read_again_not_overwritten(
     def other_engineer(fake: FencedCluster) -> None:
         fake.patch_profile("ml", "llm", pins.patch({H100: theirs}))
 
-    fake = FencedCluster(profile(), race=other_engineer)
+    fake = FencedCluster(LLM.obj(), race=other_engineer)
     code, _, err = run(monkeypatch, capsys, fake, "rollback", "llm", "-n", "ml")
     assert (code, err, fake.conflicts) == (0, "", 1)
     mine = pins.Pin(H200, OLDER, "rollback by kubectl tunefleet", AT)
@@ -272,7 +266,7 @@ def test_an_unpin_racing_a_rollback_removes_only_its_own_model(
             "ml", "llm", pins.patch({**current, H100: pins.Pin(H100, OLDEST, "new", AT)})
         )
 
-    fake = FencedCluster(pinned_profile(), race=rollback_lands_first)
+    fake = FencedCluster(PINNED.obj(), race=rollback_lands_first)
     code, _, _ = run(monkeypatch, capsys, fake, "unpin", "llm", "--gpu-model", H200)
     assert (code, fake.conflicts) == (0, 1)
     assert pins.read(fake.prof["metadata"]["annotations"]) == {
@@ -283,7 +277,7 @@ def test_an_unpin_racing_a_rollback_removes_only_its_own_model(
 def test_a_profile_that_never_stops_changing_is_an_error_not_a_lost_write(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    fake = FencedCluster(profile())
+    fake = FencedCluster(LLM.obj())
 
     def always_stale(namespace: str, name: str, patch: dict[str, Any]) -> Any:
         fake.conflicts += 1

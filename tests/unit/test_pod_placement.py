@@ -15,6 +15,13 @@ import pytest
 
 from tests.support.artifacts import tuner_output
 from tests.support.fake_kube import FakeKube
+from tests.support.wrappers import (
+    make_artifact,
+    make_config_map,
+    make_node,
+    make_pod,
+    make_profile,
+)
 from tunefleet import kube
 from tunefleet.artifacts import fetch as fetch_mod
 from tunefleet.builders.placement import CANDIDATES_DIR, NODE_MAP_BYTES, build_node_map
@@ -40,58 +47,24 @@ def term(*exprs: dict[str, Any]) -> dict[str, Any]:
     return {"matchExpressions": list(exprs)}
 
 
-def pod(*terms: dict[str, Any], selector: dict[str, str] | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "containers": [
-            {
-                "name": "server",
-                "image": "serve:1",
-                "resources": {"limits": {"nvidia.com/gpu": "2"}},
-            }
-        ]
-    }
-    if selector:
-        spec["nodeSelector"] = selector
-    if terms:
-        spec["affinity"] = {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": list(terms)}
-            }
-        }
-    return {
-        "metadata": {"name": "m", "namespace": "ml", "labels": {"tunefleet.io/profile": "llama"}},
-        "spec": spec,
-    }
-
-
-def artifact(model: str, delivery: str = "") -> dict[str, Any]:
-    sha = SHA[model]
-    out: dict[str, Any] = {
-        "gpuModel": model,
-        "uri": f"s3://bkt/p/ml/llama/{model}/{sha}",
-        "sha256": sha,
-    }
-    if delivery:
-        out["configMap"] = {"name": f"tunefleet-artifact-{model.lower()}", "uid": f"uid-{model}"}
-        out["delivery"] = delivery
-    return out
-
-
-def profile(
-    models: list[str], served: list[str] | None = None, delivery: str = "", **serving: Any
-) -> dict[str, Any]:
-    served = models if served is None else served
-    return {
-        "metadata": {"name": "llama", "namespace": "ml", "uid": "p-1"},
-        "spec": {
-            "image": "serve:1",
-            "gpu": {"vendor": "nvidia", "models": models},
-            "workload": {"shapes": [{"mnk": [8, 8, 8]}]},
-            "storage": {"uri": "s3://bkt/p", "credentialsSecret": {"name": "publisher"}},
-            "serving": serving,
-        },
-        "status": {"phase": "Ready", "artifacts": [artifact(m, delivery) for m in served]},
-    }
+# A model pod of profile llama asking for two GPUs; where it may land is each test's.
+POD = make_pod().profile("llama").container(gpus=2)
+EITHER = POD.affinity(term(In(H100, H200)))
+# The ConfigMap (name, uid) each model's artifact is delivered in.
+CM = {m: (f"tunefleet-artifact-{m.lower()}", f"uid-{m}") for m in (H100, H200)}
+ART = {m: make_artifact(m, SHA[m], profile="llama") for m in (H100, H200)}
+DELIVERED = {m: ART[m].delivered("ConfigMap", *CM[m]) for m in (H100, H200)}
+# Profile llama, Ready, each model it tunes served; published with the "publisher" Secret.
+LLAMA = (
+    make_profile("llama")
+    .uid("p-1")
+    .storage("s3://bkt/p", credentialsSecret={"name": "publisher"})
+    .serving()
+    .phase("Ready")
+)
+BOTH = LLAMA.gpu("nvidia", H100, H200).artifacts(ART[H100], ART[H200])
+ONLY_H100 = LLAMA.gpu("nvidia", H100).artifacts(ART[H100])
+ONLY_H200 = LLAMA.gpu("nvidia", H200).artifacts(ART[H200])
 
 
 def pick_container(p: dict[str, Any]) -> dict[str, Any]:
@@ -110,31 +83,43 @@ def candidates(c: dict[str, Any]) -> list[dict[str, Any]]:
 @pytest.mark.parametrize(
     ("p", "models", "elsewhere", "said"),
     [
-        (pod(), (), True, False),
-        (pod(selector={KEY: H200}), (H200,), False, True),
-        (pod(selector={KEY: A100}), (), True, True),
-        (pod(term(In(H200))), (H200,), False, True),
-        (pod(term(In(H100, H200))), (H100, H200), False, True),
+        (POD.obj(), (), True, False),
+        (POD.selector({KEY: H200}).obj(), (H200,), False, True),
+        (POD.selector({KEY: A100}).obj(), (), True, True),
+        (POD.affinity(term(In(H200))).obj(), (H200,), False, True),
+        (EITHER.obj(), (H100, H200), False, True),
         # ORed terms: the union.
-        (pod(term(In(H100)), term(In(H200))), (H100, H200), False, True),
+        (POD.affinity(term(In(H100)), term(In(H200))).obj(), (H100, H200), False, True),
         # ANDed expressions: the intersection.
-        (pod(term(In(H100, H200), In(H200, A100))), (H200,), False, True),
-        (pod(term(In(H200, A100))), (H200,), True, True),
-        (pod(term(In(A100))), (), True, True),
-        (pod(term({"key": KEY, "operator": "NotIn", "values": [H100]})), (H200,), True, True),
-        (pod(term({"key": KEY, "operator": "Exists"})), (H100, H200), True, True),
-        (pod(term({"key": KEY, "operator": "DoesNotExist"})), (), True, True),
+        (POD.affinity(term(In(H100, H200), In(H200, A100))).obj(), (H200,), False, True),
+        (POD.affinity(term(In(H200, A100))).obj(), (H200,), True, True),
+        (POD.affinity(term(In(A100))).obj(), (), True, True),
+        (
+            POD.affinity(term({"key": KEY, "operator": "NotIn", "values": [H100]})).obj(),
+            (H200,),
+            True,
+            True,
+        ),
+        (POD.affinity(term({"key": KEY, "operator": "Exists"})).obj(), (H100, H200), True, True),
+        (POD.affinity(term({"key": KEY, "operator": "DoesNotExist"})).obj(), (), True, True),
         # A term without the key, beside one with it: the pod may land anywhere that term allows.
         (
-            pod(term(In(H200)), term({"key": "zone", "operator": "In", "values": ["a"]})),
+            POD.affinity(
+                term(In(H200)), term({"key": "zone", "operator": "In", "values": ["a"]})
+            ).obj(),
             (H100, H200),
             True,
             True,
         ),
         # Only other keys: says nothing of the GPU model.
-        (pod(term({"key": "zone", "operator": "In", "values": ["a"]})), (), True, False),
+        (
+            POD.affinity(term({"key": "zone", "operator": "In", "values": ["a"]})).obj(),
+            (),
+            True,
+            False,
+        ),
         # An empty term matches no node.
-        (pod(term(In(H200)), {}), (H200,), False, True),
+        (POD.affinity(term(In(H200)), {}).obj(), (H200,), False, True),
     ],
 )
 def test_the_models_a_pod_can_land_on(
@@ -148,8 +133,8 @@ def test_the_models_a_pod_can_land_on(
 
 
 def test_affinity_on_one_model_is_served_like_a_node_selector_and_adds_nothing() -> None:
-    p = pod(term(In(H200)))
-    d = admit(p, "llama", profile([H100, H200]), CFG)
+    p = POD.affinity(term(In(H200))).obj()
+    d = admit(p, "llama", BOTH.obj(), CFG)
     assert d.injected, d.reason
     assert "nodeSelector" not in d.pod["spec"]
     assert d.pod["spec"]["affinity"] == p["spec"]["affinity"]
@@ -159,15 +144,15 @@ def test_affinity_on_one_model_is_served_like_a_node_selector_and_adds_nothing()
 
 
 def test_a_one_model_profile_reads_the_users_affinity_instead_of_adding_a_selector() -> None:
-    d = admit(pod(term(In(H200))), "llama", profile([H200]), CFG)
+    d = admit(POD.affinity(term(In(H200))).obj(), "llama", ONLY_H200.obj(), CFG)
     assert d.injected and "nodeSelector" not in d.pod["spec"]
     # Saying nothing about the GPU model: pinned, as before.
-    d = admit(pod(), "llama", profile([H200]), CFG)
+    d = admit(POD.obj(), "llama", ONLY_H200.obj(), CFG)
     assert d.pod["spec"]["nodeSelector"] == {KEY: H200}
 
 
 def test_a_pod_that_may_land_on_several_models_gets_them_all_picked_at_its_node() -> None:
-    d = admit(pod(term(In(H100, H200))), "llama", profile([H100, H200]), CFG)
+    d = admit(EITHER.obj(), "llama", BOTH.obj(), CFG)
     assert d.injected and d.code == Code.NONE
     spec = d.pod["spec"]
     assert "nodeSelector" not in spec  # where it lands is the scheduler's business
@@ -193,15 +178,15 @@ def test_a_pod_that_may_land_on_several_models_gets_them_all_picked_at_its_node(
 
 def test_open_affinity_on_a_one_model_profile_is_picked_at_the_node_not_narrowed() -> None:
     exists = term({"key": KEY, "operator": "Exists"})
-    d = admit(pod(exists), "llama", profile([H200]), CFG)
+    d = admit(POD.affinity(exists).obj(), "llama", ONLY_H200.obj(), CFG)
     assert d.injected and "nodeSelector" not in d.pod["spec"]
     assert [x["gpuModel"] for x in candidates(pick_container(d.pod))] == [H200]
 
 
 def test_delivered_candidates_are_mounted_and_need_no_credentials() -> None:
-    prof = profile([H100, H200], delivery="ConfigMap")
+    prof = BOTH.artifacts(DELIVERED[H100], DELIVERED[H200]).obj()
     prof["status"]["artifacts"][1]["delivery"] = "ConfigMap gzip"
-    d = admit(pod(term(In(H100, H200))), "llama", prof, CFG)
+    d = admit(EITHER.obj(), "llama", prof, CFG)
     c = pick_container(d.pod)
     assert not any("reader" in json.dumps(e) for e in c.get("env") or [])
     uris = [x["uri"] for x in candidates(c)]
@@ -214,7 +199,7 @@ def test_delivered_candidates_are_mounted_and_need_no_credentials() -> None:
     # A candidate ConfigMap replaced since it was made is fetched from the store there (the
     # same artifact, verified), and only there; never mounted.
     d = admit(
-        pod(term(In(H100, H200))), "llama", prof, CFG,
+        EITHER.obj(), "llama", prof, CFG,
         {"tunefleet-artifact-nvidia-h100-80gb-hbm3": "another", "tunefleet-artifact-nvidia-h200": "uid-NVIDIA-H200"},
     )  # fmt: skip
     got = candidates(pick_container(d.pod))
@@ -228,53 +213,53 @@ def test_delivered_candidates_are_mounted_and_need_no_credentials() -> None:
 
 
 def test_a_model_without_an_artifact_is_offered_as_untuned_there() -> None:
-    d = admit(pod(term(In(H100, H200))), "llama", profile([H100, H200], served=[H200]), CFG)
+    d = admit(EITHER.obj(), "llama", BOTH.artifacts(ART[H200]).obj(), CFG)
     h100, h200 = candidates(pick_container(d.pod))
     assert "no artifact for NVIDIA-H100-80GB-HBM3" in h100["untuned"]
     assert h100["failClosed"] is False and h200["sha256"] == SHA[H200]
     assert Admission.read(d.pod).candidates == {H100: "", H200: SHA[H200]}  # type: ignore[union-attr]
-    closed = profile([H100, H200], served=[H200], failClosed=True)
-    h100, _ = candidates(pick_container(admit(pod(term(In(H100, H200))), "llama", closed, CFG).pod))
+    closed = BOTH.artifacts(ART[H200]).serving(failClosed=True).obj()
+    h100, _ = candidates(pick_container(admit(EITHER.obj(), "llama", closed, CFG).pod))
     assert h100["failClosed"] is True
 
 
 def test_no_model_the_pod_may_land_on_has_an_artifact_untuned_at_admission() -> None:
-    d = admit(pod(term(In(H100, H200))), "llama", profile([H100, H200], served=[]), CFG)
+    d = admit(EITHER.obj(), "llama", BOTH.artifacts().obj(), CFG)
     assert not d.injected and d.code == Code.NO_ARTIFACT
     assert H100 in d.reason and H200 in d.reason
-    d = admit(pod(term(In(H100, H200))), "llama", profile([H100, H200], [], failClosed=True), CFG)
+    d = admit(EITHER.obj(), "llama", BOTH.artifacts().serving(failClosed=True).obj(), CFG)
     assert d.deny and H200 in d.deny
 
 
 def test_affinity_on_models_the_profile_does_not_tune_says_so() -> None:
-    d = admit(pod(term(In(A100))), "llama", profile([H100, H200]), CFG)
+    d = admit(POD.affinity(term(In(A100))).obj(), "llama", BOTH.obj(), CFG)
     assert d.code == Code.MODEL_NOT_TUNED and A100 in d.reason and "affinity" in d.reason
     assert Admission.read(d.pod).gpu_model == A100  # type: ignore[union-attr]
     notin = term({"key": KEY, "operator": "NotIn", "values": [H100, H200]})
-    d = admit(pod(notin), "llama", profile([H100, H200]), CFG)
+    d = admit(POD.affinity(notin).obj(), "llama", BOTH.obj(), CFG)
     assert d.code == Code.MODEL_NOT_TUNED and "none of them" in d.reason
 
 
 def test_no_selector_and_several_models_is_untuned_as_before_and_names_affinity() -> None:
-    d = admit(pod(), "llama", profile([H100, H200]), CFG)
+    d = admit(POD.obj(), "llama", BOTH.obj(), CFG)
     assert d.code == Code.NO_MODEL_SELECTOR and "required node affinity" in d.reason
 
 
 def test_readmission_of_a_pod_picked_at_the_node_changes_nothing() -> None:
-    first = admit(pod(term(In(H100, H200))), "llama", profile([H100, H200]), CFG)
-    again = admit(copy.deepcopy(first.pod), "llama", profile([H100, H200]), CFG)
+    first = admit(EITHER.obj(), "llama", BOTH.obj(), CFG)
+    again = admit(copy.deepcopy(first.pod), "llama", BOTH.obj(), CFG)
     assert again.pod == first.pod and not again.injected
 
 
 def test_images_are_pinned_only_to_a_digest_every_candidate_was_tuned_in() -> None:
-    prof = profile([H100, H200], pinImage=True)
+    prof = BOTH.serving(pinImage=True).obj()
     for i, a in enumerate(prof["status"]["artifacts"]):
         a["image"] = {"reference": "serve:1", "id": f"reg/serve@sha256:{str(i) * 64}"}
-    d = admit(pod(term(In(H100, H200))), "llama", prof, CFG)
+    d = admit(EITHER.obj(), "llama", prof, CFG)
     assert d.pod["spec"]["containers"][0]["image"] == "serve:1"
     assert any("different images" in w for w in d.warnings)
     prof["status"]["artifacts"][1]["image"] = dict(prof["status"]["artifacts"][0]["image"])
-    d = admit(pod(term(In(H100, H200))), "llama", prof, CFG)
+    d = admit(EITHER.obj(), "llama", prof, CFG)
     assert d.pod["spec"]["containers"][0]["image"] == f"reg/serve@sha256:{'0' * 64}"
 
 
@@ -308,14 +293,6 @@ def _run_pick(
     return rc, FetchOutcome.parse(log.read_text())
 
 
-def _delivered_profile(models: list[str], shas: dict[str, str], **serving: Any) -> dict[str, Any]:
-    prof = profile(models, delivery="ConfigMap", **serving)
-    for a in prof["status"]["artifacts"]:
-        a["sha256"] = shas[a["gpuModel"]]
-        a["uri"] = f"s3://bkt/p/ml/llama/{a['gpuModel']}/{a['sha256']}"
-    return prof
-
-
 def test_the_init_container_loads_the_artifact_of_the_node_it_runs_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -324,7 +301,11 @@ def test_the_init_container_loads_the_artifact_of_the_node_it_runs_on(
     nodes.mkdir(parents=True)
     (nodes / H100).write_text(nodemap.encode(["gpu-a", "gpu-b"]))
     (nodes / H200).write_text(nodemap.encode(["gpu-c"]))
-    d = admit(pod(term(In(H100, H200))), "llama", _delivered_profile([H100, H200], shas), CFG)
+    laid = [
+        make_artifact(m, shas[m], profile="llama").delivered("ConfigMap", *CM[m])
+        for m in (H100, H200)
+    ]
+    d = admit(EITHER.obj(), "llama", BOTH.artifacts(*laid).obj(), CFG)
     rc, out = _run_pick(tmp_path, d, "gpu-c", monkeypatch)
     assert rc == 0 and out is not None and out.verdict == LOADED
     assert (out.gpu_model, out.node, out.sha256) == (H200, "gpu-c", shas[H200])
@@ -339,15 +320,19 @@ def test_a_node_the_map_does_not_know_gets_no_artifact(
     nodes.mkdir(parents=True)
     (nodes / H100).write_text(nodemap.encode(["gpu-a"]))
     (nodes / H200).write_text(nodemap.encode(["gpu-a", "gpu-c"]))
-    d = admit(pod(term(In(H100, H200))), "llama", _delivered_profile([H100, H200], shas), CFG)
+    laid = [
+        make_artifact(m, shas[m], profile="llama").delivered("ConfigMap", *CM[m])
+        for m in (H100, H200)
+    ]
+    d = admit(EITHER.obj(), "llama", BOTH.artifacts(*laid).obj(), CFG)
     rc, out = _run_pick(tmp_path, d, "gpu-new", monkeypatch)
     assert rc == 0 and out is not None and out.verdict == UNTUNED
     assert "gpu-new is not listed" in out.reason
     rc, out = _run_pick(tmp_path, d, "gpu-a", monkeypatch)  # listed twice: relabelled
     assert out is not None and out.verdict == UNTUNED and "several GPU models" in out.reason
     assert not (tmp_path / "results").exists() or not list((tmp_path / "results").iterdir())
-    closed = _delivered_profile([H100, H200], shas, failClosed=True)
-    d = admit(pod(term(In(H100, H200))), "llama", closed, CFG)
+    closed = BOTH.artifacts(*laid).serving(failClosed=True).obj()
+    d = admit(EITHER.obj(), "llama", closed, CFG)
     rc, out = _run_pick(tmp_path, d, "gpu-new", monkeypatch)
     assert rc == 1 and out is not None and out.verdict == REFUSED
 
@@ -356,9 +341,9 @@ def test_no_node_map_mounted_and_a_model_without_artifact_are_said(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     shas = _lay_out(tmp_path, [H200])
-    prof = _delivered_profile([H100, H200], {**shas, H100: SHA[H100]})
-    prof["status"]["artifacts"] = prof["status"]["artifacts"][1:]
-    d = admit(pod(term(In(H100, H200))), "llama", prof, CFG)
+    h200 = make_artifact(H200, shas[H200], profile="llama").delivered("ConfigMap", *CM[H200])
+    prof = BOTH.artifacts(h200).obj()
+    d = admit(EITHER.obj(), "llama", prof, CFG)
     rc, out = _run_pick(tmp_path, d, "gpu-a", monkeypatch)
     assert out is not None and out.verdict == UNTUNED and "was not there" in out.reason
     nodes = tmp_path / "candidates" / "nodes"
@@ -414,17 +399,17 @@ def test_the_node_map_of_10000_nodes_fits_and_what_does_not_fit_is_left_out_and_
     assert left == 10_000 - len(kept) > 0
 
 
-def node(name: str, model: str | None, rv: str = "1") -> dict[str, Any]:
-    labels = {KEY: model} if model else {}
-    return {"metadata": {"name": name, "labels": labels, "resourceVersion": rv}}
+# A node of each GPU model (its name each test's), as the metadata-only watch lists it.
+ON = {m: make_node("n").label(KEY, m).resource_version("1") for m in (H100, H200, "NVIDIA-L4")}
 
 
 def test_the_index_changes_only_on_what_moves_models() -> None:
     index = NodeIndex()
-    assert index.load(KEY, [node("a", H100), node("b", H200)]) == {H100, H200}
-    assert index.apply(KEY, "MODIFIED", node("a", H100, rv="2")) == set()  # a status update
-    assert index.apply(KEY, "MODIFIED", node("a", H200)) == {H100, H200}
-    assert index.apply(KEY, "DELETED", node("b", H200)) == {H200}
+    assert index.load(KEY, [ON[H100].name("a").obj(), ON[H200].name("b").obj()]) == {H100, H200}
+    touched = ON[H100].name("a").resource_version("2").obj()  # a status update
+    assert index.apply(KEY, "MODIFIED", touched) == set()
+    assert index.apply(KEY, "MODIFIED", ON[H200].name("a").obj()) == {H100, H200}
+    assert index.apply(KEY, "DELETED", ON[H200].name("b").obj()) == {H200}
     assert index.nodes(KEY, frozenset({H100, H200})) == {H100: [], H200: ["a"]}
 
 
@@ -484,17 +469,16 @@ def test_the_leader_writes_a_map_per_namespace_and_key_only_when_it_changes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     api = FakeMaps()
-    a = profile([H100, H200])
-    b = {**profile([H200]), "metadata": {"name": "b", "namespace": "ml", "uid": "p-2"}}
-    other = {
-        **profile(["AMD_Instinct_MI300X_OAM"], served=[]),
-        "metadata": {"name": "c", "namespace": "ml", "uid": "p-3"},
-    }
-    other["spec"]["gpu"]["vendor"] = "amd"
+    a = BOTH.obj()
+    b = ONLY_H200.name("b").uid("p-2").obj()
+    other = LLAMA.gpu("amd", "AMD_Instinct_MI300X_OAM").artifacts().name("c").uid("p-3").obj()
     profiles = {("ml", "llama"): a, ("ml", "b"): b, ("ml", "c"): other}
     active = threading.Event()
     maps = keeper(profiles, active, api)
-    maps.index.load(KEY, [node("n1", H100), node("n2", H200), node("n3", "NVIDIA-L4")])
+    maps.index.load(
+        KEY,
+        [ON[H100].name("n1").obj(), ON[H200].name("n2").obj(), ON["NVIDIA-L4"].name("n3").obj()],
+    )
     maps.index.load("amd.com/gpu.product-name", [])
     maps.step(now=0.0)
     assert api.writes == 0  # a follower writes nothing
@@ -507,12 +491,14 @@ def test_the_leader_writes_a_map_per_namespace_and_key_only_when_it_changes(
     assert ("ml", nodemap.config_map_name("amd.com/gpu.product-name")) in api.cms
     writes = api.writes
     # A status update of a node moves nothing: no write, no read.
-    maps.nodes_changed(KEY, maps.index.apply(KEY, "MODIFIED", node("n1", H100, rv="9")))
+    maps.nodes_changed(
+        KEY, maps.index.apply(KEY, "MODIFIED", ON[H100].name("n1").resource_version("9").obj())
+    )
     maps.step(now=5.0)
     assert api.writes == writes
     # A burst of new nodes: one write, not before the minimum interval.
     for i in range(5):
-        maps.nodes_changed(KEY, maps.index.apply(KEY, "ADDED", node(f"new-{i}", H200)))
+        maps.nodes_changed(KEY, maps.index.apply(KEY, "ADDED", ON[H200].name(f"new-{i}").obj()))
         maps.step(now=5.1 + i * 0.1)
     assert api.writes == writes + 1
     maps.step(now=7.5)
@@ -529,29 +515,27 @@ def test_new_owners_alone_wait_longer_than_nodes(monkeypatch: pytest.MonkeyPatch
     # A burst of profiles into a namespace that has its map changes only who owns it: one
     # write per OWNERS_INTERVAL_S, not one per MIN_INTERVAL_S; nodes still go at the minimum.
     api = FakeMaps()
-    profiles = {("ml", "llama"): profile([H100, H200])}
+    profiles = {("ml", "llama"): BOTH.obj()}
     active = threading.Event()
     active.set()
     maps = NodeMaps(api.client, lambda: list(profiles), profiles.get, active, min_interval=2.0,
                     owners_interval=30.0)  # fmt: skip
     maps._follow_keys = lambda: None  # type: ignore[method-assign]
-    maps.index.load(KEY, [node("n1", H100), node("n2", H200)])
+    maps.index.load(KEY, [ON[H100].name("n1").obj(), ON[H200].name("n2").obj()])
     maps.step(now=0.0)
     assert api.writes == 1  # a new map: at once
     cm = api.cms[("ml", nodemap.config_map_name(KEY))]
     for i in range(20):
-        p = {**profile([H200]), "metadata": {"name": f"p{i}", "namespace": "ml", "uid": f"u{i}"}}
+        p = ONLY_H200.name(f"p{i}").uid(f"u{i}").obj()
         profiles[("ml", f"p{i}")] = p
         maps.profile_changed("ml")
         maps.step(now=1.0 + i)
     assert api.writes == 1  # 20 s of new owners: not yet
-    maps.nodes_changed(KEY, maps.index.apply(KEY, "ADDED", node("n3", H200)))
+    maps.nodes_changed(KEY, maps.index.apply(KEY, "ADDED", ON[H200].name("n3").obj()))
     maps.step(now=21.0)
     assert api.writes == 2  # a node: at the minimum interval, with every owner so far
     assert len(cm["metadata"]["ownerReferences"]) == 21
-    profiles[("ml", "late")] = {
-        **profile([H200]), "metadata": {"name": "late", "namespace": "ml", "uid": "late"}
-    }  # fmt: skip
+    profiles[("ml", "late")] = ONLY_H200.name("late").uid("late").obj()
     maps.profile_changed("ml")
     maps.step(now=30.0)
     assert api.writes == 2
@@ -571,13 +555,17 @@ def test_new_owners_alone_wait_longer_than_nodes(monkeypatch: pytest.MonkeyPatch
 def test_a_node_map_that_is_not_ours_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     api = FakeMaps()
     name = nodemap.config_map_name(KEY)
-    forged = {"metadata": {"name": name, "namespace": "ml", "resourceVersion": "1", "uid": "x"},
-              "data": {H100: "attacker-node\n"}}  # fmt: skip
+    forged = (
+        make_config_map(name)
+        .meta(resourceVersion="1", uid="x")
+        .data(**{H100: "attacker-node\n"})
+        .obj()
+    )
     api.cms[("ml", name)] = copy.deepcopy(forged)
     active = threading.Event()
     active.set()
-    maps = keeper({("ml", "llama"): profile([H100, H200])}, active, api)
-    maps.index.load(KEY, [node("n1", H100)])
+    maps = keeper({("ml", "llama"): BOTH.obj()}, active, api)
+    maps.index.load(KEY, [ON[H100].name("n1").obj()])
     maps.lead()
     maps.step(now=1.0)
     maps.step(now=9.0)
@@ -588,30 +576,28 @@ def test_a_key_not_listed_yet_writes_no_empty_map(monkeypatch: pytest.MonkeyPatc
     api = FakeMaps()
     active = threading.Event()
     active.set()
-    maps = keeper({("ml", "llama"): profile([H100])}, active, api)
+    maps = keeper({("ml", "llama"): ONLY_H100.obj()}, active, api)
     maps.lead()
     maps.step(now=1.0)
     assert api.writes == 0
-    maps.index.load(KEY, [node("n1", H100)])
+    maps.index.load(KEY, [ON[H100].name("n1").obj()])
     maps.nodes_changed(KEY, {H100})
     maps.step(now=2.0)
     assert api.writes == 1
 
 
 def test_profiles_read_leniently_for_the_map() -> None:
-    assert profile_gpu(profile([H100])) == (KEY, [H100])
-    broken = profile([H100])
-    broken["spec"]["gpu"] = {"vendor": "intel"}
+    assert profile_gpu(ONLY_H100.obj()) == (KEY, [H100])
+    broken = ONLY_H100.set("spec", "gpu", value={"vendor": "intel"}).obj()
     assert profile_gpu(broken) is None
-    going = profile([H100])
-    going["metadata"]["deletionTimestamp"] = "now"
+    going = ONLY_H100.deleting("now").obj()
     assert profile_gpu(going) is None
 
 
 def test_why_says_which_model_was_picked_at_the_node() -> None:
     from tunefleet.plugin.why import explain, format_why
 
-    d = admit(pod(term(In(H100, H200))), "llama", profile([H100, H200]), CFG)
+    d = admit(EITHER.obj(), "llama", BOTH.obj(), CFG)
     injected = copy.deepcopy(d.pod)
     line = FetchOutcome(
         LOADED, files=2, gemms=3, sha256=SHA[H200], dest="/tunefleet/results/x%d.csv",
@@ -623,14 +609,14 @@ def test_why_says_which_model_was_picked_at_the_node() -> None:
             {"name": CONTAINER, "state": {"terminated": {"exitCode": 0, "message": line}}}
         ],
     }
-    report = explain(injected, profile([H100, H200]), [])
+    report = explain(injected, BOTH.obj(), [])
     assert report["tuned"] is True and report["artifact"]["gpuModel"] == H200
     assert report["artifact"]["candidates"] == SHA
     text = format_why(report)
     assert "picked at the node among" in text and "picked NVIDIA-H200 on node gpu-c" in text
     untuned = FetchOutcome(UNTUNED, "node gpu-z is not listed ... in tunefleet's node map").line()
     injected["status"]["initContainerStatuses"][0]["state"]["terminated"]["message"] = untuned
-    report = explain(injected, profile([H100, H200]), [])
+    report = explain(injected, BOTH.obj(), [])
     assert report["verdict"] == "untuned-at-start" and "node-map" in report["fix"]
 
 
@@ -647,8 +633,8 @@ def test_a_namespace_being_deleted_is_not_retried_every_few_seconds(
     api.client.intercept["create_config_map"] = terminating
     active = threading.Event()
     active.set()
-    maps = keeper({("ml", "llama"): profile([H100])}, active, api)
-    maps.index.load(KEY, [node("n1", H100)])
+    maps = keeper({("ml", "llama"): ONLY_H100.obj()}, active, api)
+    maps.index.load(KEY, [ON[H100].name("n1").obj()])
     maps.lead()
     for t in range(1, 60, 5):
         maps.step(now=float(t))

@@ -18,27 +18,29 @@ def docs(name: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all((EXAMPLES / name).read_text()) if d]
 
 
-def pod_templates(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """The pod metadata+spec an object makes, as its controller copies them."""
+def pod_templates(doc: dict[str, Any]) -> list[tuple[dict[str, Any] | None, dict[str, Any] | None]]:
+    """The pod (metadata, spec) pairs an object makes, as its controller copies them."""
     kind, spec = doc["kind"], doc["spec"]
     if kind == "Pod":
-        return [{"metadata": doc["metadata"], "spec": spec}]
+        return [(doc["metadata"], spec)]
     if kind == "Deployment":
-        return [spec["template"]]
-    if kind == "LeaderWorkerSet":
+        templates = [spec["template"]]
+    elif kind == "LeaderWorkerSet":
         t = spec["leaderWorkerTemplate"]
-        return [t["leaderTemplate"], t["workerTemplate"]]
-    if kind == "InferenceService":
+        templates = [t["leaderTemplate"], t["workerTemplate"]]
+    elif kind == "InferenceService":
         predictor = spec["predictor"]
-        return [{"metadata": {"labels": predictor.get("labels") or {}}, "spec": predictor}]
-    raise AssertionError(f"no pod template known for {kind}")
+        return [({"labels": predictor.get("labels") or {}}, predictor)]
+    else:
+        raise AssertionError(f"no pod template known for {kind}")
+    return [(t.get("metadata"), t.get("spec")) for t in templates]
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
 def test_every_pod_an_example_makes_carries_the_profile_label(name: str) -> None:
     for doc in docs(name):
-        for template in pod_templates(doc):
-            labels = (template.get("metadata") or {}).get("labels") or {}
+        for metadata, _spec in pod_templates(doc):
+            labels = (metadata or {}).get("labels") or {}
             assert labels.get(naming.PROFILE_LABEL), (name, doc["kind"])
 
 
