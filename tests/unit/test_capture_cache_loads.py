@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.wrappers import make_artifact, make_profile
 from tunefleet.api import CaptureSpec, CaptureStatus
 from tunefleet.capture import hook, loop, sidecar
 from tunefleet.capture.sidecar import Settings, Sidecar
@@ -33,7 +34,6 @@ from tunefleet.capture.store import (
     parse_store,
 )
 from tunefleet.contracts import capture as contract
-from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.contracts.capture import BodyError, CacheLoad, Reply, Upload
 from tunefleet.contracts.retune import RetuneRequest
 from tunefleet.plugin.why import _cache_load_of
@@ -239,6 +239,23 @@ def test_the_store_keeps_each_pods_latest_word_bounded_and_round_trips() -> None
     assert len(view.cache_loads) == MAX_CACHE_PODS and "a" not in view.cache_loads
 
 
+# A served artifact of the vLLM cache alone (its status entry, as the operator writes it).
+VLLM_CACHE = {
+    "kind": "vllm",
+    "name": "vllm",
+    "sha256": "c" * 64,
+    "size": 10,
+    "files": 1,
+    "bytes": 5,
+}
+VLLM_ART = (
+    make_artifact("NVIDIA-H100", "a" * 64)
+    .uri("s3://bkt/p/x")
+    .library_key("lib-key-1")
+    .fields(kind=cc.INDEX_KIND)
+)
+
+
 def _plan(
     stores: list[StoreView],
     previous: list[dict[str, Any]] | None = None,
@@ -249,12 +266,8 @@ def _plan(
     revision: str = "base000001",
     retunes: list[RetuneSet] | None = None,
 ) -> loop.Plan:
-    packed = cc.Packed("vllm", "vllm", "cache-vllm.tar.gz", "c" * 64, 10, 1, 5, keys)
-    art = ArtifactRecord(
-        uri="s3://bkt/p/x", sha256="a" * 64, revision=revision, gpu_model="NVIDIA-H100",
-        library_key="lib-key-1", kind=cc.INDEX_KIND, caches=(packed,),
-    )  # fmt: skip
-    status: dict[str, Any] = {"artifacts": [art.to_status()]}
+    art = VLLM_ART.revision(revision).fields(caches=[{**VLLM_CACHE, "keys": list(keys)}])
+    status: dict[str, Any] = {"artifacts": [art.obj()]}
     if previous is not None:
         status["capture"] = previous
     return loop.plan(
@@ -267,7 +280,7 @@ def _plan(
     )
 
 
-CaptureSpecOn = CaptureSpec.model_validate({"enabled": True})
+CaptureSpecOn = make_profile().spec(capture={"enabled": True}).spec_model().capture
 
 
 def test_status_counts_each_path_names_the_missed_keys_and_warns_once_per_new_pod() -> None:
@@ -406,7 +419,9 @@ def test_a_retune_asked_for_freezes_the_missed_pods_variant_and_its_key_then_cou
 
 def test_the_retune_threshold_counts_new_missed_variants() -> None:
     view = _loads(StoreView(SKEY), "longer", "missed", OTHER, "found nothing", LONGER)
-    cap = CaptureSpec.model_validate({"enabled": True, "retune": {"misses": 1}})
+    cap = (
+        make_profile().spec(capture={"enabled": True, "retune": {"misses": 1}}).spec_model().capture
+    )
     plan = _plan([view], capture=cap)
     (frozen,) = plan.freezes
     assert frozen.variants == (LONGER,)

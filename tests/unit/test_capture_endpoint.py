@@ -8,11 +8,13 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from tests.support.wrappers import make_artifact, make_pod, make_profile
 from tunefleet.capture.endpoint import Deps, Endpoint, caller_of
 from tunefleet.capture.store import StoreKey, StoreUnavailable
 from tunefleet.contracts.admission import INJECTED, Admission, Code
@@ -20,13 +22,14 @@ from tunefleet.contracts.capture import AUDIENCE, MAX_BODY_BYTES, MAX_ROWS, PATH
 
 SHA = "c" * 64
 ROW = "GemmTunableOp_BFloat16_TN,tn_96_4096_512_ld_512_512_96"
-SPEC = {
-    "image": "registry.example.com/serve:1",
-    "gpu": {"vendor": "nvidia", "models": ["H100"]},
-    "workload": {"shapes": [{"mnk": [8, 8, 8]}]},
-    "storage": {"uri": "s3://bucket/p"},
-    "capture": {"enabled": True, "limits": {"uploadIntervalSeconds": 4}},
-}
+PROFILE = (
+    make_profile()
+    .uid("prof-uid")
+    .image("registry.example.com/serve:1")
+    .storage("s3://bucket/p")
+    .spec(capture={"enabled": True, "limits": {"uploadIntervalSeconds": 4}})
+    .artifacts(make_artifact("H100", SHA, base="s3://bucket/p").library_key("lib-1").revision("r1"))
+)
 
 
 def review(pod: str = "serve-1", uid: str = "pod-uid-1", ns: str = "ml") -> dict[str, Any]:
@@ -43,39 +46,16 @@ def review(pod: str = "serve-1", uid: str = "pod-uid-1", ns: str = "ml") -> dict
     }
 
 
-def pod(
-    name: str = "serve-1", uid: str = "pod-uid-1", profile: str = "p", code: Code = Code.NONE
-) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "metadata": {"name": name, "namespace": "ml", "uid": uid, "labels": {}},
-        "spec": {"serviceAccountName": "default"},
-    }
-    if profile:
-        out["metadata"]["labels"]["tunefleet.io/profile"] = profile
-    Admission(INJECTED, code, uri=f"s3://bucket/p/{SHA}", sha256=SHA, gpu_model="H100").write(out)
-    return out
-
-
-def profile(name: str = "p", uid: str = "prof-uid", **spec: Any) -> dict[str, Any]:
-    art = {
-        "gpuModel": "H100",
-        "uri": f"s3://bucket/p/ml/p/H100/{SHA}",
-        "sha256": SHA,
-        "libraryKey": "lib-1",
-        "revision": "r1",
-    }
-    return {
-        "metadata": {"name": name, "namespace": "ml", "uid": uid},
-        "spec": {**SPEC, **spec},
-        "status": {"artifacts": [art]},
-    }
+UNLABELLED = make_pod("serve-1").uid("pod-uid-1").labels({}).spec(serviceAccountName="default")
+ADMITTED = Admission(INJECTED, Code.NONE, uri=f"s3://bucket/p/{SHA}", sha256=SHA, gpu_model="H100")
+SERVE_POD = UNLABELLED.profile("p").admitted(ADMITTED)
 
 
 class Cluster:
     def __init__(self) -> None:
         self.tokens: dict[str, dict[str, Any]] = {"good": review()}
-        self.pods = {"serve-1": pod()}
-        self.profiles = {"p": profile()}
+        self.pods = {"serve-1": SERVE_POD.obj()}
+        self.profiles = {"p": PROFILE.obj()}
         self.added: list[tuple[StoreKey, Upload]] = []
         self.reviews = 0
         self.fail_store: Exception | None = None
@@ -183,7 +163,7 @@ def test_a_flood_of_forged_tokens_costs_one_review_per_token() -> None:
 
 def test_a_deleted_pod_whose_name_came_back_is_refused() -> None:
     c = Cluster()
-    c.pods["serve-1"] = pod(uid="pod-uid-2")  # same name, another pod
+    c.pods["serve-1"] = SERVE_POD.uid("pod-uid-2").obj()  # same name, another pod
 
     async def t(call: Call) -> None:
         status, reply, _ = await call()
@@ -197,7 +177,7 @@ def test_a_deleted_pod_whose_name_came_back_is_refused() -> None:
 
 def test_a_pod_not_injected_by_tunefleet_or_without_the_label_is_refused() -> None:
     c = Cluster()
-    bare = pod()
+    bare = SERVE_POD.obj()
     bare["metadata"]["annotations"] = {}
     bare["metadata"]["labels"].pop("tunefleet.io/admission")
     c.pods["serve-1"] = bare
@@ -207,7 +187,7 @@ def test_a_pod_not_injected_by_tunefleet_or_without_the_label_is_refused() -> No
         assert status == 403 and "not injected" in reply["message"]
 
     serve(c, t)
-    c.pods["serve-1"] = pod(profile="")
+    c.pods["serve-1"] = UNLABELLED.admitted(ADMITTED).obj()
 
     async def t2(call: Call) -> None:
         status, reply, _ = await call()
@@ -218,15 +198,15 @@ def test_a_pod_not_injected_by_tunefleet_or_without_the_label_is_refused() -> No
 
 def test_a_pod_of_another_profile_feeds_that_profile_only_and_not_one_with_capture_off() -> None:
     c = Cluster()
-    c.pods["serve-1"] = pod(profile="q")
-    c.profiles["q"] = profile("q", "q-uid", capture={"enabled": False})
+    c.pods["serve-1"] = UNLABELLED.profile("q").admitted(ADMITTED).obj()
+    c.profiles["q"] = PROFILE.name("q").uid("q-uid").spec(capture={"enabled": False}).obj()
 
     async def off(call: Call) -> None:
         status, reply, _ = await call()
         assert status == 403 and "capture is off" in reply["message"]
 
     serve(c, off)
-    c.profiles["q"] = profile("q", "q-uid")
+    c.profiles["q"] = PROFILE.name("q").uid("q-uid").obj()
 
     async def on(call: Call) -> None:
         assert (await call())[0] == 200
@@ -238,13 +218,15 @@ def test_a_pod_of_another_profile_feeds_that_profile_only_and_not_one_with_captu
 
 def test_another_image_or_an_unknown_artifact_is_kept_apart() -> None:
     c = Cluster()
-    c.pods["serve-1"] = pod(code=Code.IMAGE_MISMATCH)
+    c.pods["serve-1"] = (
+        UNLABELLED.profile("p").admitted(replace(ADMITTED, code=Code.IMAGE_MISMATCH)).obj()
+    )
 
     async def t(call: Call) -> None:
         assert (await call())[0] == 200
 
     serve(c, t)
-    c.pods["serve-1"] = pod()
+    c.pods["serve-1"] = SERVE_POD.obj()
     c.profiles["p"]["status"]["artifacts"] = []  # the pinned artifact is not the profile's
     serve(c, t)
     (image, unknown) = (k for k, _ in c.added)

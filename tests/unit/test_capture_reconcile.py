@@ -13,6 +13,7 @@ import pytest
 
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
 from tests.support.profiles import CFG, jobs_for, profile
+from tests.support.wrappers import make_artifact, make_pod, make_profile
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.builders import capture as capture_b
@@ -41,15 +42,6 @@ class Keys:
         return self.keys.get(record.sha256)
 
 
-def served(p: dict[str, Any], revision: str, sha: str) -> dict[str, Any]:
-    rec = ArtifactRecord(
-        uri=f"s3://bkt/p/ml/p/{MODEL}/{sha}", sha256=sha, revision=revision, gpu_model=MODEL,
-        library_key="lib-1", job="tune-x",
-    )  # fmt: skip
-    p["status"] = {**p.get("status", {}), "artifacts": [rec.to_status()]}
-    return p
-
-
 def source(rows: list[str], client: FakeKube) -> CaptureSource:
     cache = CaptureCache()
     view, _ = merge(StoreView(StoreKey("ml", "p", "uid-1", MODEL, "lib-1")), Batch(rows), 100, 64)
@@ -59,19 +51,23 @@ def source(rows: list[str], client: FakeKube) -> CaptureSource:
     return CaptureSource(cache, keys)  # type: ignore[arg-type]
 
 
-def capture_profile() -> dict[str, Any]:
-    p = profile(
-        gpu={"vendor": "amd", "models": [MODEL]},
-        capture={"enabled": True, "retune": {"misses": 2}},
-    )
-    base = naming.revision(TuningProfileSpec.model_validate(p["spec"]))
-    return served(p, base, "a" * 64)
+CAPTURING = (
+    make_profile()
+    .uid("uid-1")
+    .generation(1)
+    .image("registry.example.com/serve:1")
+    .gpu("amd", MODEL)
+    .spec(capture={"enabled": True, "retune": {"misses": 2}})
+)
+SERVED = make_artifact(MODEL, "a" * 64).library_key("lib-1").fields(job="tune-x", identity={})
+# Serving the artifact tuned for its spec's revision.
+CAPTURE_PROFILE = CAPTURING.artifacts(SERVED.revision(naming.revision(CAPTURING.spec_model())))
 
 
 def test_a_threshold_starts_one_retune_job_and_later_reconciles_keep_its_revision(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    p = capture_profile()
+    p = CAPTURE_PROFILE.obj()
     spec = TuningProfileSpec.model_validate(p["spec"])
     base = naming.revision(spec)
     old_jobs = jobs_for(p, [MODEL])  # the first tuning's Job, kept after it published
@@ -102,7 +98,7 @@ def test_a_threshold_starts_one_retune_job_and_later_reconciles_keep_its_revisio
 def test_the_retune_job_mounts_its_set_and_the_tuner_reads_it() -> None:
     from tunefleet.builders.job import Child, build_tuning_config_map, build_tuning_job
 
-    p = capture_profile()
+    p = CAPTURE_PROFILE.obj()
     spec = TuningProfileSpec.model_validate(p["spec"])
     child = Child(spec, "ml", "p", "uid-1", MODEL, CFG, revision_override="r2", captured="cm-x")
     job = build_tuning_job(child)
@@ -123,14 +119,22 @@ def test_the_retune_job_mounts_its_set_and_the_tuner_reads_it() -> None:
 def test_the_published_retune_is_current_and_counts_as_full_coverage(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    p = capture_profile()
+    p = CAPTURE_PROFILE.obj()
     api = FakeKube(writers=RECONCILE_WRITERS)
     first = sync_profile(
         p, jobs_for(p, [MODEL]), [], CFG, Memory(), Around(api, captures=source(S2, api))
     ).status
     rev = first["capture"][0]["retune"]["revision"]
-    p["status"] = first
-    served(p, rev, "b" * 64)
+    p["status"] = {
+        **first,
+        "artifacts": [
+            make_artifact(MODEL, "b" * 64)
+            .library_key("lib-1")
+            .fields(job="tune-x", identity={})
+            .revision(rev)
+            .obj()
+        ],
+    }
     api = FakeKube(writers=RECONCILE_WRITERS)
     status = sync_profile(p, [], [], CFG, Memory(), Around(api, captures=source(S2, api))).status
     (entry,) = status["capture"]
@@ -157,21 +161,22 @@ CAPTURE_CFG = Config(
 )  # fmt: skip
 
 
-def model_pod(env: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    return {
-        "metadata": {"name": "serve", "namespace": "ml", "labels": {"tunefleet.io/profile": "p"}},
-        "spec": {
-            "containers": [
-                {"name": "server", "image": "registry.example.com/serve:1", "env": env or []},
-                {"name": "proxy", "image": "envoy:1"},
-            ]
-        },
-    }
+SERVE_IMAGE = "registry.example.com/serve:1"
+UNSERVED = make_pod("serve").profile("p")
+SERVE_POD = UNSERVED.container("server", SERVE_IMAGE, env=[]).container("proxy", "envoy:1")
 
 
 def test_admission_adds_the_sidecar_hook_and_record_untuned_to_the_serving_containers() -> None:
-    p = capture_profile()
-    d = admit(model_pod([{"name": "PYTHONPATH", "value": "/app"}]), "p", p, CAPTURE_CFG, {})
+    p = CAPTURE_PROFILE.obj()
+    d = admit(
+        UNSERVED.container("server", SERVE_IMAGE, env=[{"name": "PYTHONPATH", "value": "/app"}])
+        .container("proxy", "envoy:1")
+        .obj(),
+        "p",
+        p,
+        CAPTURE_CFG,
+        {},
+    )
     assert d.injected, d.reason
     spec = d.pod["spec"]
     inits = [c["name"] for c in spec["initContainers"]]
@@ -202,9 +207,13 @@ def test_admission_adds_the_sidecar_hook_and_record_untuned_to_the_serving_conta
 
 
 def test_a_containers_own_record_untuned_setting_wins() -> None:
-    p = capture_profile()
+    p = CAPTURE_PROFILE.obj()
     d = admit(
-        model_pod([{"name": "PYTORCH_TUNABLEOP_RECORD_UNTUNED", "value": "0"}]),
+        UNSERVED.container(
+            "server", SERVE_IMAGE, env=[{"name": "PYTORCH_TUNABLEOP_RECORD_UNTUNED", "value": "0"}]
+        )
+        .container("proxy", "envoy:1")
+        .obj(),
         "p",
         p,
         CAPTURE_CFG,
@@ -215,16 +224,17 @@ def test_a_containers_own_record_untuned_setting_wins() -> None:
 
 
 def test_capture_without_an_endpoint_is_said_and_changes_nothing() -> None:
-    p = capture_profile()
-    d = admit(model_pod(), "p", p, Config(image="tunefleet:1"), {})
+    p = CAPTURE_PROFILE.obj()
+    d = admit(SERVE_POD.obj(), "p", p, Config(image="tunefleet:1"), {})
     assert d.injected and any("no capture endpoint" in n for n in d.notes)
     names = [c["name"] for c in d.pod["spec"].get("initContainers") or []]
     assert capture_b.SIDECAR not in names
     env = {e["name"]: e["value"] for e in d.pod["spec"]["containers"][0]["env"]}
     assert env["PYTORCH_TUNABLEOP_RECORD_UNTUNED"] == "0"
-    pp = capture_profile()
+    pp = CAPTURE_PROFILE.obj()
+    env_from = [{"name": "PYTHONPATH", "valueFrom": {"configMapKeyRef": {"name": "x", "key": "y"}}}]
     d = admit(
-        model_pod([{"name": "PYTHONPATH", "valueFrom": {"configMapKeyRef": {"name": "x", "key": "y"}}}]),
+        UNSERVED.container("server", SERVE_IMAGE, env=env_from).container("proxy", "envoy:1").obj(),
         "p", pp, CAPTURE_CFG, {},
     )  # fmt: skip
     assert any("valueFrom" in n for n in d.notes)
@@ -233,7 +243,7 @@ def test_capture_without_an_endpoint_is_said_and_changes_nothing() -> None:
 def test_retune_sets_no_status_names_are_removed(monkeypatch: pytest.MonkeyPatch) -> None:
     from tunefleet.capture.store import RetuneSet, build_retune_config_map
 
-    p = capture_profile()
+    p = CAPTURE_PROFILE.obj()
     api = FakeKube(writers=RECONCILE_WRITERS)
     src = source(S2, api)
     old = build_retune_config_map(RetuneSet("ml", "p", "uid-1", MODEL, "oldrev0000", (S2[0],)))
@@ -258,7 +268,7 @@ def test_a_served_vllm_cache_gets_the_hooks_cache_log_and_tunableop_pods_do_not(
         gpu_model=MODEL, kind=cc.INDEX_KIND, caches=(packed,), job="tune-x",
     )  # fmt: skip
     p["status"] = {"artifacts": [rec.to_status()]}
-    d = admit(model_pod(), "p", p, CAPTURE_CFG, {})
+    d = admit(SERVE_POD.obj(), "p", p, CAPTURE_CFG, {})
     assert d.injected, d.reason
     server = d.pod["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in server["env"]}
@@ -266,6 +276,6 @@ def test_a_served_vllm_cache_gets_the_hooks_cache_log_and_tunableop_pods_do_not(
     assert capture_b.CACHE_LOG.startswith(capture_b.CAPTURE_DIR + "/")  # the sidecar reads it
     assert env["VLLM_CACHE_ROOT"].startswith("/tunefleet/caches/")
     assert "PYTORCH_TUNABLEOP_RECORD_UNTUNED" not in env  # caches alone: no TunableOp
-    tunable = admit(model_pod(), "p", capture_profile(), CAPTURE_CFG, {})
+    tunable = admit(SERVE_POD.obj(), "p", CAPTURE_PROFILE.obj(), CAPTURE_CFG, {})
     plain = {e["name"] for e in tunable.pod["spec"]["containers"][0]["env"]}
     assert "TUNEFLEET_CACHE_LOG" not in plain

@@ -21,6 +21,7 @@ from tests.support.artifacts import tuner_output
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
 from tests.support.profiles import CFG, MODELS, jobs_for, profile
 from tests.support.records import completed, published_pod
+from tests.support.wrappers import make_artifact, make_config_map, make_pod, make_profile
 from tunefleet.artifacts import fetch as fetch_mod
 from tunefleet.builders.artifact import CONFIG_MAP_BYTES, Payload, build_artifact_config_map
 from tunefleet.config import Config
@@ -36,46 +37,21 @@ MANIFEST = b'{"schema": "tunefleet.io/manifest/v1"}'
 SERVING = Config(image="tunefleet:1", delivery_credentials_secret="reader")
 
 
-def model_profile(delivered: dict[str, Any] | None, **serving: Any) -> dict[str, Any]:
-    art: dict[str, Any] = {
-        "gpuModel": "NVIDIA-H200",
-        "uri": f"s3://bkt/p/ns/x/NVIDIA-H200/{SHA}",
-        "sha256": SHA,
-    }
-    if delivered:
-        art.update(delivered)
-    return {
-        "spec": {
-            "image": "serve:1",
-            "gpu": {"vendor": "nvidia", "models": ["NVIDIA-H200"]},
-            "workload": {"shapes": [{"mnk": [8, 8, 8]}]},
-            "storage": {"uri": "s3://bkt/p", "credentialsSecret": {"name": "publisher"}},
-            "serving": serving,
-        },
-        "status": {"phase": "Ready", "artifacts": [art]},
-    }
-
-
-def model_pod(gpus: int = 2) -> dict[str, Any]:
-    return {
-        "metadata": {"name": "m", "namespace": "ml", "labels": {"tunefleet.io/profile": "x"}},
-        "spec": {
-            "containers": [
-                {
-                    "name": "server",
-                    "image": "serve:1",
-                    "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
-                }
-            ]
-        },
-    }
-
-
-CM = {"configMap": {"name": "tunefleet-artifact-x", "uid": "cm-1"}, "delivery": "ConfigMap"}
+ART = make_artifact("NVIDIA-H200", SHA, profile="x", ns="ns")
+PROFILE = (
+    make_profile()
+    .gpu("nvidia", "NVIDIA-H200")
+    .storage("s3://bkt/p", credentialsSecret={"name": "publisher"})
+    .serving()
+    .phase("Ready")
+    .artifacts(ART)
+)
+DELIVERED = PROFILE.artifacts(ART.delivered("ConfigMap", "tunefleet-artifact-x", "cm-1"))
+MODEL_POD = make_pod().profile("x").container("server", gpus=2)
 
 
 def test_a_delivered_artifact_is_mounted_with_no_init_container_and_no_credentials() -> None:
-    d = admit(model_pod(), "x", model_profile(CM), SERVING, {"tunefleet-artifact-x": "cm-1"})
+    d = admit(MODEL_POD.obj(), "x", DELIVERED.obj(), SERVING, {"tunefleet-artifact-x": "cm-1"})
     assert d.injected
     spec = d.pod["spec"]
     assert not spec.get("initContainers")
@@ -94,8 +70,8 @@ def test_a_delivered_artifact_is_mounted_with_no_init_container_and_no_credentia
 
 
 def test_a_gzipped_artifact_is_unpacked_locally_without_network_or_credentials() -> None:
-    packed = {**CM, "delivery": "ConfigMap gzip"}
-    d = admit(model_pod(), "x", model_profile(packed), SERVING, {"tunefleet-artifact-x": "cm-1"})
+    packed = PROFILE.artifacts(ART.delivered("ConfigMap gzip", "tunefleet-artifact-x", "cm-1"))
+    d = admit(MODEL_POD.obj(), "x", packed.obj(), SERVING, {"tunefleet-artifact-x": "cm-1"})
     (init,) = d.pod["spec"]["initContainers"]
     cmd = init["command"]
     assert cmd[cmd.index("--uri") + 1] == f"file:///tunefleet/packed/ml/x/NVIDIA-H200/{SHA}"
@@ -112,7 +88,7 @@ def test_a_gone_or_replaced_config_map_is_never_mounted_the_store_serves_the_sam
     seen: dict[str, str], words: str, closed: bool
 ) -> None:
     serving = {"failClosed": True} if closed else {}
-    d = admit(model_pod(), "x", model_profile(CM, **serving), SERVING, seen)
+    d = admit(MODEL_POD.obj(), "x", DELIVERED.serving(**serving).obj(), SERVING, seen)
     assert d.injected and not d.deny and d.code == Code.STORE_FALLBACK
     assert any(words in n and "from the store" in n for n in d.notes), d.notes
     spec = d.pod["spec"]
@@ -129,19 +105,19 @@ def test_a_gone_or_replaced_config_map_is_never_mounted_the_store_serves_the_sam
     assert marked is not None and marked.sha256 == SHA and not marked.config_map
     assert marked.code == Code.STORE_FALLBACK
     # Not known right now (the watch has not listed yet): mounted by name as it is.
-    known = admit(model_pod(), "x", model_profile(CM), SERVING, None)
+    known = admit(MODEL_POD.obj(), "x", DELIVERED.obj(), SERVING, None)
     assert (
         known.injected and known.code == Code.NONE and not known.pod["spec"].get("initContainers")
     )
 
 
 def test_the_store_path_uses_read_only_credentials_never_the_publish_secret() -> None:
-    prof = model_profile(None)
-    d = admit(model_pod(), "x", prof, SERVING)
+    prof = PROFILE.obj()
+    d = admit(MODEL_POD.obj(), "x", prof, SERVING)
     (fetch,) = d.pod["spec"]["initContainers"]
     assert not any(e.get("valueFrom") for e in fetch.get("env") or [])  # nothing: cloud identity
     with_reader = admit(
-        model_pod(), "x", model_profile(None, credentialsSecret={"name": "reader"}), SERVING
+        MODEL_POD.obj(), "x", PROFILE.serving(credentialsSecret={"name": "reader"}).obj(), SERVING
     )
     refs = {
         e["valueFrom"]["secretKeyRef"]["name"]
@@ -150,7 +126,7 @@ def test_the_store_path_uses_read_only_credentials_never_the_publish_secret() ->
     }
     assert refs == {"reader"}
     default = admit(
-        model_pod(), "x", prof, Config(image="t", default_serving_credentials_secret="ro")
+        MODEL_POD.obj(), "x", prof, Config(image="t", default_serving_credentials_secret="ro")
     )
     refs = {
         e["valueFrom"]["secretKeyRef"]["name"]
@@ -160,9 +136,9 @@ def test_the_store_path_uses_read_only_credentials_never_the_publish_secret() ->
     assert refs == {"ro"}
     # A profile that asks for the store path gets it even when delivered.
     store = admit(
-        model_pod(),
+        MODEL_POD.obj(),
         "x",
-        model_profile(CM, delivery="Store"),
+        DELIVERED.serving(delivery="Store").obj(),
         SERVING,
         {"tunefleet-artifact-x": "cm-1"},
     )
@@ -346,40 +322,19 @@ def test_a_job_view_of_an_unrelated_profile_does_not_matter(
 # --- retiring artifact ConfigMaps -------------------------------------------------------------
 
 
-def artifact_cm(
-    name: str,
-    owner: str = "uid-1",
-    role: str = "artifact",
-    results: str = "Validator,PT_VERSION,2.11.0\n",
-) -> dict[str, Any]:
-    return {
-        "immutable": True,
-        "data": {"results.csv": results, "manifest.json": MANIFEST.decode()},
-        "metadata": {
-            "name": name,
-            "uid": f"cm-{name}",
-            "labels": {"tunefleet.io/role": role, "tunefleet.io/profile-uid": owner},
-            "annotations": {
-                "tunefleet.io/artifact-sha256": sha256_hex(b"Validator,PT_VERSION,2.11.0\n"),
-                "tunefleet.io/manifest-sha256": sha256_hex(MANIFEST),
-            },
-            "ownerReferences": [
-                {
-                    "apiVersion": "tunefleet.io/v1alpha1",
-                    "kind": "TuningProfile",
-                    "uid": owner,
-                    "controller": True,
-                    "name": "p",
-                }
-            ],
-        },
-    }
-
-
-def mounting(cm: str, phase: str = "Running") -> dict[str, Any]:
-    pod: dict[str, Any] = {"metadata": {"name": f"pod-{cm}"}, "status": {"phase": phase}}
-    Admission("injected", uri="s3://b/x", sha256=SHA, config_map=cm).write(pod)
-    return pod
+UNOWNED_CM = (
+    make_config_map("cm")
+    .immutable()
+    .data(**{"results.csv": "Validator,PT_VERSION,2.11.0\n", "manifest.json": MANIFEST.decode()})
+    .labels({"tunefleet.io/role": "artifact"})
+    .annotations(
+        {
+            "tunefleet.io/artifact-sha256": sha256_hex(b"Validator,PT_VERSION,2.11.0\n"),
+            "tunefleet.io/manifest-sha256": sha256_hex(MANIFEST),
+        }
+    )
+)
+ARTIFACT_CM = UNOWNED_CM.label("tunefleet.io/profile-uid", "uid-1").owner("uid-1")
 
 
 def test_only_artifact_config_maps_no_status_or_running_pod_names_are_retired() -> None:
@@ -387,13 +342,36 @@ def test_only_artifact_config_maps_no_status_or_running_pod_names_are_retired() 
         "artifacts": [{"configMap": {"name": "served", "uid": "u"}}],
         "history": [{"configMap": {"name": "earlier", "uid": "u"}}],
     }
-    cms = [artifact_cm(n) for n in ("served", "earlier", "mounted", "ended", "unused")] + [
-        artifact_cm("forged", owner="someone-else"),  # our labels, not ours
-        artifact_cm("tuning-config", role="tune"),
+    cms = [
+        ARTIFACT_CM.name(n).uid(f"cm-{n}").obj()
+        for n in ("served", "earlier", "mounted", "ended", "unused")
+    ] + [
+        # Our labels, not ours.
+        UNOWNED_CM.name("forged")
+        .uid("cm-forged")
+        .label("tunefleet.io/profile-uid", "someone-else")
+        .owner("someone-else")
+        .obj(),
+        ARTIFACT_CM.name("tuning-config")
+        .uid("cm-tuning-config")
+        .label("tunefleet.io/role", "tune")
+        .obj(),
         # Our labels and ownerReference, other content: never used, never deleted by us.
-        artifact_cm("squatter", results="Validator,PT_VERSION,2.11.0\nEvil,x,y,0\n"),
+        ARTIFACT_CM.name("squatter")
+        .uid("cm-squatter")
+        .data(**{"results.csv": "Validator,PT_VERSION,2.11.0\nEvil,x,y,0\n"})
+        .obj(),
     ]
-    pods = [mounting("mounted"), mounting("ended", phase="Succeeded")]
+    pods = [
+        make_pod("pod-mounted")
+        .phase("Running")
+        .admitted(Admission("injected", uri="s3://b/x", sha256=SHA, config_map="mounted"))
+        .obj(),
+        make_pod("pod-ended")
+        .phase("Succeeded")
+        .admitted(Admission("injected", uri="s3://b/x", sha256=SHA, config_map="ended"))
+        .obj(),
+    ]
     assert delivery.retirable(cms, "uid-1", status, pods) == [
         ("ended", "cm-ended"),
         ("unused", "cm-unused"),
@@ -405,15 +383,23 @@ def test_after_a_restart_a_config_map_no_status_names_goes_once_its_pods_have_en
 ) -> None:
     p = profile(gpu={"vendor": "amd", "models": MODELS[:1]})
     api = FakeKube(writers=RECONCILE_WRITERS)
-    earlier = {  # as status.history holds it: a record (its uri and SHA-256) with its
-        # ConfigMap; of a model since dropped from the spec, kept for the record
-        "uri": f"s3://bkt/p/ml/p/MI250X/{'e' * 64}", "sha256": "e" * 64,
-        "configMap": {"name": "earlier", "uid": "cm-earlier"}, "gpuModel": "MI250X",
-    }  # fmt: skip
-    api.listed["configmaps"] = [artifact_cm("earlier"), artifact_cm("old")]
-    api.listed["pods"] = [mounting("old")]
+    # As status.history holds it: a record (its uri and SHA-256) with its ConfigMap; of a
+    # model since dropped from the spec, kept for the record.
+    earlier = make_artifact("MI250X", "e" * 64).fields(
+        configMap={"name": "earlier", "uid": "cm-earlier"}
+    )
+    api.listed["configmaps"] = [
+        ARTIFACT_CM.name("earlier").uid("cm-earlier").obj(),
+        ARTIFACT_CM.name("old").uid("cm-old").obj(),
+    ]
+    api.listed["pods"] = [
+        make_pod("pod-old")
+        .phase("Running")
+        .admitted(Admission("injected", uri="s3://b/x", sha256=SHA, config_map="old"))
+        .obj()
+    ]
     memory = Memory()
-    with_history = {**p, "status": {"history": [earlier]}}
+    with_history = {**p, "status": {"history": [earlier.obj()]}}
     # A fresh replica checks once (it does not know what was waiting): a pod holds "old".
     sync_profile(with_history, [], [], CFG, memory, Around(api))
     selector = "tunefleet.io/profile-uid=uid-1,tunefleet.io/role=artifact"
@@ -422,7 +408,12 @@ def test_after_a_restart_a_config_map_no_status_names_goes_once_its_pods_have_en
     sync_profile(with_history, [], [], CFG, memory, Around(api))
     assert len(api.lists) == 2  # not due again yet
     # The pod ended; once the check is due again, "old" goes and "earlier" (history) stays.
-    api.listed["pods"] = [mounting("old", phase="Succeeded")]
+    api.listed["pods"] = [
+        make_pod("pod-old")
+        .phase("Succeeded")
+        .admitted(Admission("injected", uri="s3://b/x", sha256=SHA, config_map="old"))
+        .obj()
+    ]
     memory.of("uid-1").retired_at -= delivery.RETIRE_EVERY_S
     sync_profile(with_history, [], [], CFG, memory, Around(api))
     assert api.deleted == [("ConfigMap", "old")] and memory.of("uid-1").retiring == set()

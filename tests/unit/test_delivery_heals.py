@@ -5,8 +5,10 @@ and model pods that run untuned for a cause of ours are counted in its Degraded 
 from __future__ import annotations
 
 import base64
+import copy
 import gzip
 import hashlib
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -14,6 +16,7 @@ import pytest
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
 from tests.support.profiles import MODELS, profile
 from tests.support.records import completed, published_pod
+from tests.support.wrappers import make_pod
 from tunefleet import naming
 from tunefleet.api.conditions import EventReason, Phase, Reason, Type, find
 from tunefleet.api.status import TuningProfileStatus
@@ -42,35 +45,37 @@ MANIFEST = b'{"schema": "tunefleet.io/manifest/v1"}'
 SERVING = Config(image="tunefleet:1", delivery_credentials_secret="reader")
 
 
-def artifact_cm(uid: str = "puid", results: bytes = RESULTS, **meta: Any) -> dict[str, Any]:
-    cm = build_artifact_config_map(
-        namespace="ml",
-        profile="p",
-        uid=uid,
-        payload=Payload(
-            gpu_model="M", sha256=SHA, manifest_sha256="", results=results, manifest=MANIFEST
-        ),
-    )
-    assert cm is not None
-    cm["metadata"].update(meta)
-    return cm
+PAYLOAD = Payload(gpu_model="M", sha256=SHA, manifest_sha256="", results=RESULTS, manifest=MANIFEST)
+ARTIFACT_CM = build_artifact_config_map(namespace="ml", profile="p", uid="puid", payload=PAYLOAD)
+assert ARTIFACT_CM is not None
+MODEL_POD = make_pod().uid("pod-1").profile("p").phase("Running")
 
 
 # --- what a ConfigMap holds, never what it says ------------------------------------------------
 
 
 def test_a_config_map_is_the_artifact_only_if_it_holds_exactly_its_bytes() -> None:
-    assert delivery.content_problem(artifact_cm(), SHA, "", "puid") == ""
-    forged = artifact_cm(results=b"Validator,PT_VERSION,2.11.0\nGemmTunableOp_Half_TN,x,Evil,0\n")
+    assert delivery.content_problem(copy.deepcopy(ARTIFACT_CM), SHA, "", "puid") == ""
+    forged = build_artifact_config_map(
+        namespace="ml",
+        profile="p",
+        uid="puid",
+        payload=replace(
+            PAYLOAD, results=b"Validator,PT_VERSION,2.11.0\nGemmTunableOp_Half_TN,x,Evil,0\n"
+        ),
+    )
+    assert forged is not None
     assert "SHA-256" in delivery.content_problem(forged, SHA, "", "puid")
     # Same labels and annotations, owned by another profile: not this profile's.
-    assert "not controlled" in delivery.content_problem(artifact_cm(uid="other"), SHA, "", "puid")
-    mutable = {**artifact_cm(), "immutable": False}
+    other = build_artifact_config_map(namespace="ml", profile="p", uid="other", payload=PAYLOAD)
+    assert other is not None
+    assert "not controlled" in delivery.content_problem(other, SHA, "", "puid")
+    mutable = {**ARTIFACT_CM, "immutable": False}
     assert "not immutable" in delivery.content_problem(mutable, SHA, "", "puid")
     manifest = hashlib.sha256(MANIFEST).hexdigest()
-    assert delivery.content_problem(artifact_cm(), SHA, manifest, "puid") == ""
-    assert "manifest" in delivery.content_problem(artifact_cm(), SHA, "0" * 64, "puid")
-    packed = artifact_cm()
+    assert delivery.content_problem(copy.deepcopy(ARTIFACT_CM), SHA, manifest, "puid") == ""
+    assert "manifest" in delivery.content_problem(copy.deepcopy(ARTIFACT_CM), SHA, "0" * 64, "puid")
+    packed = copy.deepcopy(ARTIFACT_CM)
     packed["data"].pop("results.csv")
     packed["binaryData"] = {"results.csv.gz": base64.b64encode(gzip.compress(RESULTS)).decode()}
     assert delivery.content_problem(packed, SHA, "", "puid") == ""
@@ -79,7 +84,7 @@ def test_a_config_map_is_the_artifact_only_if_it_holds_exactly_its_bytes() -> No
 
 
 def test_the_next_name_is_derived_from_the_foreign_object_and_stays_a_valid_name() -> None:
-    base = artifact_cm()["metadata"]["name"]
+    base = ARTIFACT_CM["metadata"]["name"]
     one, two = delivery.next_name(base, "uid-a"), delivery.next_name(base, "uid-b")
     assert one != two and one == delivery.next_name(base, "uid-a") and len(one) <= 253
     assert one.startswith(base + "-")
@@ -113,7 +118,7 @@ class World:
             if name in self.there:
                 return None  # 409, and the one there carries our ownerReference
             self.made += 1
-            out = {**obj, "metadata": {**obj["metadata"], "uid": f"uid-{self.made}"}}
+            out = dict(obj, metadata=dict(obj["metadata"], uid=f"uid-{self.made}"))
             self.there[name] = out
             self.watched[name] = out["metadata"]["uid"]
             return out
@@ -211,7 +216,13 @@ def test_a_replaced_config_map_is_never_taken_the_artifact_goes_under_another_na
     first = w.sync(None)
     cm = config_map_of(first)
     # Deleted, and another put in its place with the same labels and ownerReference.
-    forged = artifact_cm(uid=w.p["metadata"]["uid"], results=b"Validator,PT_VERSION,2.11.0\n")
+    forged = build_artifact_config_map(
+        namespace="ml",
+        profile="p",
+        uid=w.p["metadata"]["uid"],
+        payload=replace(PAYLOAD, results=b"Validator,PT_VERSION,2.11.0\n"),
+    )
+    assert forged is not None
     forged["metadata"]["name"] = cm["name"]
     forged["metadata"]["uid"] = "forged-uid"
     w.there[cm["name"]] = forged
@@ -286,28 +297,9 @@ def test_degraded_keeps_its_transition_time_and_leaves_other_phases_alone() -> N
 # --- which pods count ----------------------------------------------------------------------------
 
 
-def model_pod(
-    admission: Admission, fetch: FetchOutcome | None = None, phase: str = "Running"
-) -> dict[str, Any]:
-    pod: dict[str, Any] = {
-        "metadata": {
-            "name": "m",
-            "namespace": "ml",
-            "uid": "pod-1",
-            "labels": {naming.PROFILE_LABEL: "p"},
-        },
-        "status": {"phase": phase},
-    }
-    admission.write(pod)
-    if fetch is not None:
-        done = {"terminated": {"exitCode": 0, "message": fetch.line()}}
-        pod["status"]["initContainerStatuses"] = [{"name": CONTAINER, "state": done}]
-    return pod
-
-
 def test_only_causes_of_ours_are_counted() -> None:
     gone = Admission(UNTUNED, Code.CONFIG_MAP_REPLACED, "the ConfigMap x is gone")
-    assert cause_of(model_pod(gone)) == Untuned(
+    assert cause_of(MODEL_POD.admitted(gone).obj()) == Untuned(
         "m", "config_map_replaced", "the ConfigMap x is gone"
     )
     # The profile's or the pod's own choices are not ours to fix.
@@ -317,23 +309,43 @@ def test_only_causes_of_ours_are_counted() -> None:
         Code.NO_ARTIFACT,
         Code.PARTITION_MISMATCH,
     ):
-        assert cause_of(model_pod(Admission(UNTUNED, code, "why"))) is None
+        assert cause_of(MODEL_POD.admitted(Admission(UNTUNED, code, "why")).obj()) is None
     injected = Admission(INJECTED, sha256=SHA, uri="s3://bkt/x")
     refused = FetchOutcome("untuned", reason="results.csv has SHA-256 00, expected ab")
-    assert cause_of(model_pod(injected, refused)) == Untuned("m", FETCH_FAILED, refused.reason)
+    assert cause_of(
+        MODEL_POD.admitted(injected).terminated(CONTAINER, 0, refused.line(), init=True).obj()
+    ) == Untuned("m", FETCH_FAILED, refused.reason)
     loaded = FetchOutcome("loaded", files=1, gemms=1, sha256=SHA, dest="/r", tuned=1, default=0)
-    assert cause_of(model_pod(injected, loaded)) is None
-    assert cause_of(model_pod(injected, refused, phase="Succeeded")) is None
+    assert (
+        cause_of(
+            MODEL_POD.admitted(injected).terminated(CONTAINER, 0, loaded.line(), init=True).obj()
+        )
+        is None
+    )
+    assert (
+        cause_of(
+            MODEL_POD.phase("Succeeded")
+            .admitted(injected)
+            .terminated(CONTAINER, 0, refused.line(), init=True)
+            .obj()
+        )
+        is None
+    )
     # Picked at its node, where admission had already said untuned: not a fetch failure.
     at_node = Admission(INJECTED, candidates={"A": SHA, "B": ""})
     picked = FetchOutcome("untuned", reason="Default only", gpu_model="B", node="n1")
-    assert cause_of(model_pod(at_node, picked)) is None
+    assert (
+        cause_of(
+            MODEL_POD.admitted(at_node).terminated(CONTAINER, 0, picked.line(), init=True).obj()
+        )
+        is None
+    )
 
 
 def test_a_pod_that_cannot_pull_its_volume_image_is_counted_with_the_kubelets_reason() -> None:
     ref = "10.250.0.1:15000/team/tf@sha256:" + "d" * 64
     admitted = Admission(INJECTED, sha256=SHA, uri="oci://x", image_volume=ref)
-    pod = model_pod(admitted)
+    pod = MODEL_POD.admitted(admitted).obj()
     msg = f'Back-off pulling image "{ref}": ErrImagePull: pull access denied'
     waiting = {"waiting": {"reason": "ImagePullBackOff", "message": msg}}
     pod["status"]["containerStatuses"] = [{"name": "server", "state": waiting}]
@@ -354,7 +366,9 @@ def test_a_pod_served_its_results_but_not_its_caches_is_counted() -> None:
         "loaded", files=1, gemms=1, sha256=SHA, dest="/r", tuned=1, default=0,
         caches_failed="archive torchcompile has SHA-256 00, expected ab",
     )  # fmt: skip
-    assert cause_of(model_pod(injected, half)) == Untuned(
+    assert cause_of(
+        MODEL_POD.admitted(injected).terminated(CONTAINER, 0, half.line(), init=True).obj()
+    ) == Untuned(
         "m",
         CACHES_NOT_SERVED,
         "caches not served: archive torchcompile has SHA-256 00, expected ab",
@@ -363,16 +377,21 @@ def test_a_pod_served_its_results_but_not_its_caches_is_counted() -> None:
         "loaded", files=1, gemms=1, sha256=SHA, dest="/r", tuned=1, default=0,
         caches=("torchcompile",), caches_dest="/c",
     )  # fmt: skip
-    assert cause_of(model_pod(injected, whole)) is None
+    assert (
+        cause_of(
+            MODEL_POD.admitted(injected).terminated(CONTAINER, 0, whole.line(), init=True).obj()
+        )
+        is None
+    )
 
 
 def test_the_table_follows_pods_in_and_out_and_says_which_profile_changed() -> None:
     table = ServedPods()
     injected = Admission(INJECTED, sha256=SHA)
     refused = FetchOutcome("untuned", reason="connection refused")
-    pod = model_pod(injected)
+    pod = MODEL_POD.admitted(injected).obj()
     assert table.follow("ADDED", pod) is None and table.of("ml", "p") == []
-    failed = model_pod(injected, refused)
+    failed = MODEL_POD.admitted(injected).terminated(CONTAINER, 0, refused.line(), init=True).obj()
     assert table.follow("MODIFIED", failed) == ("ml", "p")
     assert table.follow("MODIFIED", failed) is None  # nothing new
     assert [u.pod for u in table.of("ml", "p")] == ["m"] and table.known("", "ml") == {"pod-1"}
@@ -382,7 +401,7 @@ def test_the_table_follows_pods_in_and_out_and_says_which_profile_changed() -> N
 
 def test_the_delivered_table_follows_names_and_uids() -> None:
     table = DeliveredConfigMaps()
-    cm = artifact_cm()
+    cm = copy.deepcopy(ARTIFACT_CM)
     cm["metadata"]["uid"] = "cm-1"
     assert table.follow("ADDED", cm) == ("ml", "p")
     assert table.uid_of("ml", cm["metadata"]["name"]) == "cm-1"

@@ -24,8 +24,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from tests.support.artifacts import tuner_output
+from tests.support.wrappers import make_artifact, make_model_pod, make_profile
 from tunefleet import naming
-from tunefleet.api import TuningProfileSpec
 from tunefleet.api.models import STORAGE_URI
 from tunefleet.artifacts import ocibundle, signing
 from tunefleet.artifacts import publish as publish_mod
@@ -97,37 +97,32 @@ def test_a_bad_oci_uri_says_what_to_fix(uri: str, words: str) -> None:
         parse_uri(uri)
 
 
-def spec(storage: dict[str, Any], **over: Any) -> TuningProfileSpec:
-    raw: dict[str, Any] = {
-        "image": "registry.example.com/serve:1",
-        "gpu": {"vendor": "amd", "models": ["MI300X"]},
-        "workload": {"command": ["python3", "serve.py"]},
-        "storage": storage,
-    }
-    raw.update(over)
-    return TuningProfileSpec.model_validate(raw)
-
-
+OCI_SPEC = (
+    make_profile()
+    .image("registry.example.com/serve:1")
+    .gpu("amd", "MI300X")
+    .command("python3", "serve.py")
+)
 OCI = {"uri": f"oci://{HOST}/team/tf", "credentialsSecret": {"name": "registry"}}
 SIGNED = {**OCI, "signing": {"secret": {"name": "signing"}}}
 
 
 def test_an_oci_store_requires_signing_by_default_and_says_how_to_get_a_key() -> None:
-    (problem,) = naming.spec_problems(spec(OCI))
+    (problem,) = naming.spec_problems(OCI_SPEC.spec(storage=OCI).spec_model())
     assert "storage.signing.secret" in problem and "cosign generate-key-pair" in problem
-    assert naming.spec_problems(spec(SIGNED)) == []
+    assert naming.spec_problems(OCI_SPEC.spec(storage=SIGNED).spec_model()) == []
     optional = {**OCI, "signing": {"policy": "Optional"}}
-    assert naming.spec_problems(spec(optional)) == []
-    assert spec(optional).storage.signing_policy == "Optional"
-    assert spec(SIGNED).storage.signing_policy == "Required"
+    assert naming.spec_problems(OCI_SPEC.spec(storage=optional).spec_model()) == []
+    assert OCI_SPEC.spec(storage=optional).spec_model().storage.signing_policy == "Optional"
+    assert OCI_SPEC.spec(storage=SIGNED).spec_model().storage.signing_policy == "Required"
 
 
 def test_signing_is_refused_where_nothing_is_signed_and_sharding_with_oci() -> None:
     s3 = {"uri": "s3://bucket/p", "signing": {"policy": "Optional"}}
-    (problem,) = naming.spec_problems(spec(s3))
+    (problem,) = naming.spec_problems(OCI_SPEC.spec(storage=s3).spec_model())
     assert "only an oci:// storage.uri" in problem
-    assert spec({"uri": "s3://bucket/p"}).storage.signing_policy is None
-    sharded = spec(SIGNED, gpu={"vendor": "amd", "models": ["MI300X"], "parallelism": 2})
+    assert OCI_SPEC.storage("s3://bucket/p").spec_model().storage.signing_policy is None
+    sharded = OCI_SPEC.spec(storage=SIGNED).gpu("amd", "MI300X", parallelism=2).spec_model()
     (problem,) = naming.spec_problems(sharded)
     assert "gpu.parallelism" in problem
 
@@ -333,7 +328,11 @@ def test_model_pods_get_the_spec_public_key_by_value_and_the_job_the_key_pair() 
     the Secret and the operator the spec: two copies that could disagree."""
     pem = (DATA / "cosign.pub").read_text()
     signed = {**OCI, "signing": {"secret": {"name": "signing"}, "publicKey": pem}}
-    s = spec(signed, serving={"credentialsSecret": {"name": "registry-reader"}})
+    s = (
+        OCI_SPEC.spec(storage=signed)
+        .serving(credentialsSecret={"name": "registry-reader"})
+        .spec_model()
+    )
     serving = pod_storage(s, Config(image="tf:1"), read_only=True, serving=True)
     args = serving.args
     assert args[args.index("--verify-key-env") + 1] == "TUNEFLEET_VERIFY_KEY"
@@ -342,12 +341,16 @@ def test_model_pods_get_the_spec_public_key_by_value_and_the_job_the_key_pair() 
     volumes = {v["name"]: v for v in serving.volumes}
     assert "tunefleet-signing" not in volumes
     assert volumes["tunefleet-oci"]["secret"]["secretName"] == "registry-reader"
-    optional = spec({**signed, "signing": {**signed["signing"], "policy": "Optional"}})
+    optional = OCI_SPEC.spec(
+        storage={**signed, "signing": {**signed["signing"], "policy": "Optional"}}
+    ).spec_model()
     args = pod_storage(optional, Config(image="tf:1"), serving=True).args
     assert "--verify-key-env" in args and "--require-signature" not in args
     # No key in the spec under Required: fetch is told to require one, and refuses, naming
     # the field (test_fetch_refuses_what_it_cannot_check_when_a_signature_is_required).
-    keyless = pod_storage(spec(SIGNED), Config(image="tf:1"), serving=True)
+    keyless = pod_storage(
+        OCI_SPEC.spec(storage=SIGNED).spec_model(), Config(image="tf:1"), serving=True
+    )
     assert keyless.args == ["--require-signature"] and not keyless.env
 
     job = build_tuning_job(Child(s, "ml", "llm", "uid-1", "MI300X", Config(image="tf:1")))
@@ -574,36 +577,19 @@ def test_image_volumes_are_used_only_where_the_cluster_mounts_them(
     assert (words in problem) if words else problem == ""
 
 
-def _oci_profile(delivery: str, volume: str) -> dict[str, Any]:
-    sha = "ab" * 32
-    return {
-        "spec": {
-            "image": "serve:1",
-            "gpu": {"vendor": "nvidia", "models": ["NVIDIA-H200"]},
-            "workload": {"shapes": [{"mnk": [8, 8, 8]}]},
-            "storage": {**SIGNED, "uri": f"oci://{HOST}/team/tf"},
-            "serving": {"credentialsSecret": {"name": "registry-reader"}},
-        },
-        "status": {
-            "phase": "Ready",
-            "artifacts": [
-                {
-                    "gpuModel": "NVIDIA-H200",
-                    "uri": f"oci://{HOST}/team/tf#ns/x/NVIDIA-H200/{sha}",
-                    "sha256": sha,
-                    "delivery": delivery,
-                    "bundle": {"digest": "sha256:" + "c" * 64, "signed": True, "volume": volume},
-                }
-            ],
-        },
-    }
-
-
-def _model_pod() -> dict[str, Any]:
-    return {
-        "metadata": {"generateName": "m-", "labels": {"tunefleet.io/profile": "x"}},
-        "spec": {"containers": [{"name": "server", "image": "serve:1"}]},
-    }
+OCI_PROFILE = (
+    make_profile()
+    .gpu("nvidia", "NVIDIA-H200")
+    .spec(storage=SIGNED)
+    .serving(credentialsSecret={"name": "registry-reader"})
+    .phase("Ready")
+)
+OCI_ART = make_artifact("NVIDIA-H200").uri(f"oci://{HOST}/team/tf#ns/x/NVIDIA-H200/{'ab' * 32}")
+BUNDLE = {"digest": "sha256:" + "c" * 64, "signed": True}
+IN_VOLUME = OCI_PROFILE.artifacts(
+    OCI_ART.fields(delivery="ImageVolume", bundle={**BUNDLE, "volume": "sha256:" + "d" * 64})
+)
+MODEL_POD = make_model_pod("x").generate_name("m-")
 
 
 def _verified(digest: str, signed: bool = True, why: str = "") -> dict[str, VolumeVerdict]:
@@ -613,7 +599,7 @@ def _verified(digest: str, signed: bool = True, why: str = "") -> dict[str, Volu
 def test_a_verified_volume_image_is_mounted_by_digest_with_nothing_run_before() -> None:
     volume = "sha256:" + "d" * 64
     d = admit(
-        _model_pod(), "x", _oci_profile("ImageVolume", volume), Config(image="tf:1"),
+        MODEL_POD.obj(), "x", OCI_PROFILE.artifacts(OCI_ART.fields(delivery="ImageVolume", bundle={**BUNDLE, "volume": volume})).obj(), Config(image="tf:1"),
         volumes=_verified(volume),
     )  # fmt: skip
     spec = d.pod["spec"]
@@ -636,7 +622,7 @@ def test_a_verified_volume_image_is_mounted_by_digest_with_nothing_run_before() 
     ],
 )
 def test_anything_not_verified_is_fetched_and_checked_by_fetch(delivery: str, volume: str) -> None:
-    d = admit(_model_pod(), "x", _oci_profile(delivery, volume), Config(image="tf:1"),
+    d = admit(MODEL_POD.obj(), "x", OCI_PROFILE.artifacts(OCI_ART.fields(delivery=delivery, bundle={**BUNDLE, "volume": volume})).obj(), Config(image="tf:1"),
               volumes=_verified("sha256:" + "d" * 64))  # fmt: skip
     spec = d.pod["spec"]
     assert not [v for v in spec["volumes"] if "image" in v]
@@ -661,8 +647,8 @@ def test_a_status_saying_image_volume_mounts_nothing_without_a_verdict_on_that_d
     """Status is shown, never trusted: one written by whoever can write it (naming any digest
     of the repository, delivery ImageVolume) mounts nothing unverified; the pod fetches the
     artifact and checks its signature itself. Before, the status's word was enough."""
-    forged = _oci_profile("ImageVolume", "sha256:" + "d" * 64)
-    d = admit(_model_pod(), "x", forged, Config(image="tf:1"), volumes=verdicts)
+    forged = IN_VOLUME.obj()
+    d = admit(MODEL_POD.obj(), "x", forged, Config(image="tf:1"), volumes=verdicts)
     spec = d.pod["spec"]
     assert not [v for v in spec["volumes"] if "image" in v]
     (fetch,) = spec["initContainers"]
@@ -672,15 +658,15 @@ def test_a_status_saying_image_volume_mounts_nothing_without_a_verdict_on_that_d
 
 
 def test_an_unsigned_volume_mounted_under_optional_says_so_on_the_pod() -> None:
-    prof = _oci_profile("ImageVolume", "sha256:" + "d" * 64)
+    prof = IN_VOLUME.obj()
     prof["spec"]["storage"]["signing"]["policy"] = "Optional"
     why = "registry.example.com:5000/team/tf@sha256:ddd is not signed"
-    d = admit(_model_pod(), "x", prof, Config(image="tf:1"),
+    d = admit(MODEL_POD.obj(), "x", prof, Config(image="tf:1"),
               volumes=_verified("sha256:" + "d" * 64, signed=False, why=why))  # fmt: skip
     anns = d.pod["metadata"]["annotations"]
     assert anns["tunefleet.io/artifact-signature"] == f"unsigned: {why}"
     assert [v for v in d.pod["spec"]["volumes"] if "image" in v]
-    signed = admit(_model_pod(), "x", prof, Config(image="tf:1"),
+    signed = admit(MODEL_POD.obj(), "x", prof, Config(image="tf:1"),
                    volumes=_verified("sha256:" + "d" * 64))  # fmt: skip
     assert "tunefleet.io/artifact-signature" not in signed.pod["metadata"]["annotations"]
 
@@ -731,13 +717,13 @@ def test_a_registry_that_never_answers_is_given_up_on_at_the_deadline() -> None:
 def test_caches_in_a_verified_volume_are_copied_by_fetch_from_the_mount_downloading_nothing() -> (
     None
 ):
-    prof = _oci_profile("ImageVolume", "sha256:" + "d" * 64)
+    prof = IN_VOLUME.obj()
     prof["spec"]["artifacts"] = {"caches": [{"kind": "cache", "name": "stack", "env": "STACK_DIR"}]}
     prof["status"]["artifacts"][0]["caches"] = [
         {"kind": "cache", "name": "stack", "sha256": "e" * 64, "size": 10, "files": 1, "bytes": 5}
     ]
     d = admit(
-        _model_pod(), "x", prof, Config(image="tf:1"), volumes=_verified("sha256:" + "d" * 64)
+        MODEL_POD.obj(), "x", prof, Config(image="tf:1"), volumes=_verified("sha256:" + "d" * 64)
     )
     spec = d.pod["spec"]
     (copy,) = spec["initContainers"]
@@ -755,16 +741,16 @@ def test_caches_in_a_verified_volume_are_copied_by_fetch_from_the_mount_download
 
 
 def test_a_status_naming_another_repository_gets_no_image_volume() -> None:
-    prof = _oci_profile("ImageVolume", "sha256:" + "d" * 64)
+    prof = IN_VOLUME.obj()
     art = prof["status"]["artifacts"][0]
     art["uri"] = art["uri"].replace("/team/tf#", "/elsewhere/tf#")
-    d = admit(_model_pod(), "x", prof, Config(image="tf:1"))
+    d = admit(MODEL_POD.obj(), "x", prof, Config(image="tf:1"))
     assert not [v for v in d.pod["spec"]["volumes"] if "image" in v]
 
 
 def test_why_says_a_pod_runs_from_its_image_volume() -> None:
-    prof = _oci_profile("ImageVolume", "sha256:" + "d" * 64)
-    pod = admit(_model_pod(), "x", prof, Config(image="tf:1"),
+    prof = IN_VOLUME.obj()
+    pod = admit(MODEL_POD.obj(), "x", prof, Config(image="tf:1"),
                 volumes=_verified("sha256:" + "d" * 64)).pod  # fmt: skip
     pod["metadata"]["name"] = "m-1"
     pod["status"] = {"phase": "Running"}
@@ -785,14 +771,14 @@ def test_serving_delivery_store_keeps_oci_pods_fetching(monkeypatch: pytest.Monk
     )
 
     class _S:
-        spec = spec(SIGNED, serving={"delivery": "Store"})
+        spec = OCI_SPEC.spec(storage=SIGNED).serving(delivery="Store").spec_model()
 
     served = records([{"uri": "oci://r/x#a", "sha256": "a" * 64}])
     status = TuningProfileStatus(1, Phase.READY, conditions=[], artifacts=served, history=[])
     reconcile._deliver(_S(), status)  # type: ignore[arg-type]
     got = status.to_status()["artifacts"][0]["delivery"]
     assert calls == [] and got == "Store (spec.serving.delivery)"
-    _S.spec = spec(SIGNED)
+    _S.spec = OCI_SPEC.spec(storage=SIGNED).spec_model()
     reconcile._deliver(_S(), status)  # type: ignore[arg-type]
     assert calls == ["iv"]
 

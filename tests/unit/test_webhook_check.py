@@ -23,18 +23,15 @@ class _Webhook(BaseHTTPRequestHandler):
         patch = [
             {"op": "add", "path": "/metadata/labels/tunefleet.io~1admission", "value": "untuned"}
         ]
-        body = json.dumps(
-            {
-                "apiVersion": "admission.k8s.io/v1",
-                "kind": "AdmissionReview",
-                "response": {
-                    "uid": review["request"]["uid"],
-                    "allowed": True,
-                    "patchType": "JSONPatch",
-                    "patch": base64.b64encode(json.dumps(patch).encode()).decode(),
-                },
-            }
-        ).encode()
+        # As the API server asks: the review it sent (its apiVersion and kind), answered.
+        answer = {key: value for key, value in review.items() if key != "request"}
+        answer["response"] = {
+            "uid": review["request"]["uid"],
+            "allowed": True,
+            "patchType": "JSONPatch",
+            "patch": base64.b64encode(json.dumps(patch).encode()).decode(),
+        }
+        body = json.dumps(answer).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()

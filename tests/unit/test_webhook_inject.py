@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.wrappers import make_artifact, make_pod, make_profile
 from tunefleet.builders.webhook import build_webhook_configuration
 from tunefleet.config import Config
 from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
@@ -16,51 +17,26 @@ CFG = Config(image="tunefleet:1")
 SHA = "ab" * 32
 
 
-def profile(models: list[str], fail_closed: bool = False, artifacts: bool = True) -> dict[str, Any]:
-    return {
-        "spec": {
-            "image": "serve:1",
-            "gpu": {"vendor": "nvidia", "models": models},
-            "workload": {"shapes": [{"mnk": [8, 8, 8]}]},
-            "storage": {
-                "uri": "s3://bkt/p",
-                "endpoint": "http://127.0.0.1:8333",
-                "credentialsSecret": {"name": "s3"},
-            },
-            "serving": {"failClosed": fail_closed},
-        },
-        "status": {
-            "phase": "Ready",
-            "artifacts": [
-                {"gpuModel": m, "uri": f"s3://bkt/p/ns/x/{m}/{SHA}", "sha256": SHA} for m in models
-            ]
-            if artifacts
-            else [],
-        },
-    }
-
-
-def pod(
-    gpus: int | None = 2, selector: dict[str, str] | None = None, env: list[Any] | None = None
-) -> dict[str, Any]:
-    res = {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
-    return {
-        "metadata": {"generateName": "m-", "labels": {"tunefleet.io/profile": "x"}},
-        "spec": {
-            "nodeSelector": selector or {},
-            "containers": [
-                {"name": "server", "image": "serve:1", "resources": res, "env": env or []},
-                {"name": "sidecar", "image": "serve:1"},
-            ],
-        },
-    }
+H100, H200 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-H200"
+ART_H100 = make_artifact(H100, SHA, profile="x", ns="ns")
+ART_H200 = make_artifact(H200, SHA, profile="x", ns="ns")
+STORED = (
+    make_profile()
+    .storage("s3://bkt/p", endpoint="http://127.0.0.1:8333", credentialsSecret={"name": "s3"})
+    .serving(failClosed=False)
+    .phase("Ready")
+)
+READY = STORED.gpu("nvidia", H200).artifacts(ART_H200)
+READY_BOTH = STORED.gpu("nvidia", H100, H200).artifacts(ART_H100, ART_H200)
+NO_CONTAINERS = make_pod().generate_name("m-").profile("x").selector({})
+POD = NO_CONTAINERS.container("server", gpus=2, env=[]).container("sidecar")
 
 
 def test_injects_fetch_env_and_mounts() -> None:
     d = inject(
-        pod(selector={"nvidia.com/gpu.product": "NVIDIA-H200"}),
+        POD.selector({"nvidia.com/gpu.product": "NVIDIA-H200"}).obj(),
         "x",
-        profile(["NVIDIA-H100-80GB-HBM3", "NVIDIA-H200"]),
+        READY_BOTH.obj(),
         CFG,
     )
     assert d.injected and d.deny is None
@@ -84,16 +60,20 @@ def test_injects_fetch_env_and_mounts() -> None:
 
 
 def test_is_idempotent() -> None:
-    first = inject(pod(), "x", profile(["NVIDIA-H200"]), CFG)
-    second = inject(copy.deepcopy(first.pod), "x", profile(["NVIDIA-H200"]), CFG)
+    first = inject(POD.obj(), "x", READY.obj(), CFG)
+    second = inject(copy.deepcopy(first.pod), "x", READY.obj(), CFG)
     assert second.pod == first.pod and not second.injected
 
 
 def test_user_values_win() -> None:
     d = inject(
-        pod(env=[{"name": "PYTORCH_TUNABLEOP_TUNING", "value": "1"}]),
+        NO_CONTAINERS.container(
+            "server", gpus=2, env=[{"name": "PYTORCH_TUNABLEOP_TUNING", "value": "1"}]
+        )
+        .container("sidecar")
+        .obj(),
         "x",
-        profile(["NVIDIA-H200"]),
+        READY.obj(),
         CFG,
     )
     env = d.pod["spec"]["containers"][0]["env"]
@@ -101,7 +81,12 @@ def test_user_values_win() -> None:
 
 
 def test_single_model_is_pinned_and_gpu_count_defaults_to_one() -> None:
-    d = inject(pod(gpus=None), "x", profile(["NVIDIA-H200"]), CFG)
+    d = inject(
+        NO_CONTAINERS.container("server", env=[], resources={}).container("sidecar").obj(),
+        "x",
+        READY.obj(),
+        CFG,
+    )
     assert d.pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
     cmd = d.pod["spec"]["initContainers"][0]["command"]
     assert cmd[cmd.index("--devices") + 1] == "1"
@@ -109,14 +94,14 @@ def test_single_model_is_pinned_and_gpu_count_defaults_to_one() -> None:
 
 def test_fail_open_cases_annotate_and_leave_pod_otherwise_alone() -> None:
     cases = [
-        (pod(), profile(["NVIDIA-H100-80GB-HBM3", "NVIDIA-H200"]), "no nodeSelector"),
+        (POD.obj(), READY_BOTH.obj(), "no nodeSelector"),
         (
-            pod(selector={"nvidia.com/gpu.product": "NVIDIA-A100"}),
-            profile(["NVIDIA-H200"]),
+            POD.selector({"nvidia.com/gpu.product": "NVIDIA-A100"}).obj(),
+            READY.obj(),
             "does not tune",
         ),
-        (pod(), profile(["NVIDIA-H200"], artifacts=False), "no artifact"),
-        (pod(), None, "does not exist"),
+        (POD.obj(), READY.artifacts().obj(), "no artifact"),
+        (POD.obj(), None, "does not exist"),
     ]
     for p, prof, words in cases:
         d = inject(p, "x", prof, CFG)
@@ -127,16 +112,16 @@ def test_fail_open_cases_annotate_and_leave_pod_otherwise_alone() -> None:
 
 
 def test_fail_closed_denies_with_what_to_add() -> None:
-    d = inject(pod(), "x", profile(["NVIDIA-H100-80GB-HBM3", "NVIDIA-H200"], fail_closed=True), CFG)
+    d = inject(POD.obj(), "x", READY_BOTH.serving(failClosed=True).obj(), CFG)
     assert d.deny and "nodeSelector" in d.deny and "NVIDIA-H200" in d.deny
-    d = inject(pod(), "x", profile(["NVIDIA-H200"], fail_closed=True, artifacts=False), CFG)
+    d = inject(POD.obj(), "x", READY.serving(failClosed=True).artifacts().obj(), CFG)
     assert d.deny and "Ready" in d.deny
 
 
 def test_image_mismatch_warns() -> None:
-    p = pod()
+    p = POD.obj()
     p["spec"]["containers"][1]["image"] = "serve:2"
-    d = inject(p, "x", profile(["NVIDIA-H200"]), CFG)
+    d = inject(p, "x", READY.obj(), CFG)
     assert d.injected and len(d.warnings) == 1 and "serve:2" in d.warnings[0]
     assert "tunefleet.io/image-warning" in d.pod["metadata"]["annotations"]
 
@@ -146,9 +131,9 @@ def envs(d: Any) -> dict[str, set[str]]:
 
 
 def test_sidecars_of_other_images_get_nothing_and_raise_no_warning() -> None:
-    p = pod()
+    p = POD.obj()
     p["spec"]["containers"][1]["image"] = "docker.io/envoyproxy/envoy:v1.30"
-    d = inject(p, "x", profile(["NVIDIA-H200"]), CFG)
+    d = inject(p, "x", READY.obj(), CFG)
     assert d.injected and d.warnings == []
     assert "PYTORCH_TUNABLEOP_ENABLED" in envs(d)["server"]
     assert envs(d)["sidecar"] == set()
@@ -156,23 +141,23 @@ def test_sidecars_of_other_images_get_nothing_and_raise_no_warning() -> None:
 
 
 def test_containers_annotation_chooses_who_loads_results() -> None:
-    p = pod()
+    p = POD.obj()
     p["spec"]["containers"][0]["image"] = "serve-prod:7"
     p["metadata"]["annotations"] = {"tunefleet.io/containers": "server"}
-    d = inject(p, "x", profile(["NVIDIA-H200"]), CFG)
+    d = inject(p, "x", READY.obj(), CFG)
     assert envs(d)["sidecar"] == set() and "PYTORCH_TUNABLEOP_ENABLED" in envs(d)["server"]
     assert len(d.warnings) == 1 and "serve-prod:7" in d.warnings[0]
     p["metadata"]["annotations"] = {"tunefleet.io/containers": "server,nope"}
-    d = inject(p, "x", profile(["NVIDIA-H200"]), CFG)
+    d = inject(p, "x", READY.obj(), CFG)
     assert any("nope" in w for w in d.warnings)
 
 
 def test_every_admitted_pod_is_labelled_with_the_outcome() -> None:
-    d = inject(pod(), "x", profile(["NVIDIA-H200"]), CFG)
+    d = inject(POD.obj(), "x", READY.obj(), CFG)
     assert d.pod["metadata"]["labels"]["tunefleet.io/admission"] == "injected"
-    d = inject(pod(), "x", profile(["NVIDIA-H200"], artifacts=False), CFG)
+    d = inject(POD.obj(), "x", READY.artifacts().obj(), CFG)
     assert d.pod["metadata"]["labels"]["tunefleet.io/admission"] == "untuned"
-    d = inject(pod(), "x", None, CFG)
+    d = inject(POD.obj(), "x", None, CFG)
     assert d.pod["metadata"]["labels"]["tunefleet.io/admission"] == "untuned"
 
 
@@ -211,82 +196,100 @@ def test_a_pod_in_a_namespace_this_release_does_not_watch_is_left_alone(
     monkeypatch.setattr(pod_handlers, "_read_profile", no_api)
     counted = metrics.ADMISSIONS.labels("unchanged", "not_watched")
     before = counted._value.get()
-    body = kopf.Body({**pod(), "metadata": {**pod()["metadata"], "namespace": "theirs"}})
+    body = kopf.Body(POD.namespace("theirs").obj())
     patch = kopf.Patch()
     asyncio.run(pod_handlers.pod_mutate(body=body, patch=patch, warnings=[]))
     assert not patch and counted._value.get() == before + 1
 
 
 DIGEST = "sha256:" + "d" * 64
-
-
-def tuned_profile(
-    outcomes: dict[str, int] | None = None,
-    image_id: str = f"registry.example.com/serve@{DIGEST}",
-    **serving: Any,
-) -> dict[str, Any]:
-    prof = profile(["NVIDIA-H200"])
-    prof["spec"]["image"] = "registry.example.com/serve:1"
-    prof["spec"]["serving"].update(serving)
-    art = prof["status"]["artifacts"][0]
-    art["outcomes"] = outcomes or {"tuned": 3, "default": 1}
-    art["manifestSha256"] = "cd" * 32
-    art["image"] = {"reference": "registry.example.com/serve:1", "id": image_id}
-    art["identity"] = {"torch": "2.11.0+cu130", "cuda": "13.0"}
-    return prof
-
-
-def model_pod(image: str) -> dict[str, Any]:
-    p = pod()
-    p["spec"]["containers"] = [{"name": "server", "image": image}]
-    return p
+TUNED_ART = ART_H200.fields(
+    outcomes={"tuned": 3, "default": 1},
+    manifestSha256="cd" * 32,
+    image={
+        "reference": "registry.example.com/serve:1",
+        "id": f"registry.example.com/serve@{DIGEST}",
+    },
+    identity={"torch": "2.11.0+cu130", "cuda": "13.0"},
+)
+TUNED = READY.image("registry.example.com/serve:1").artifacts(TUNED_ART)
+TUNED_POD = NO_CONTAINERS.container("server", "registry.example.com/serve:1")
+DEFAULT_ONLY = TUNED.artifacts(TUNED_ART.fields(outcomes={"tuned": 0, "default": 4}))
 
 
 def test_fetch_is_pinned_to_the_manifest_too() -> None:
-    d = inject(model_pod("registry.example.com/serve:1"), "x", tuned_profile(), CFG)
+    d = inject(
+        TUNED_POD.obj(),
+        "x",
+        TUNED.obj(),
+        CFG,
+    )
     cmd = d.pod["spec"]["initContainers"][0]["command"]
     assert cmd[cmd.index("--manifest-sha256") + 1] == "cd" * 32
 
 
 def test_a_default_only_artifact_is_not_switched_on_unless_asked() -> None:
-    prof = tuned_profile(outcomes={"tuned": 0, "default": 4})
-    d = inject(model_pod("registry.example.com/serve:1"), "x", prof, CFG)
+    prof = DEFAULT_ONLY.obj()
+    d = inject(TUNED_POD.obj(), "x", prof, CFG)
     assert not d.injected and d.reason
     assert "no GEMM where a kernel beat Default" in d.reason
     assert "torch 2.11.0+cu130 on CUDA offers only Default" in d.reason
     assert "serveDefaultOnly" in d.reason
     assert d.pod["metadata"]["annotations"]["tunefleet.io/status"].startswith("untuned: ")
-    prof = tuned_profile(outcomes={"tuned": 0, "default": 4}, serveDefaultOnly=True)
-    assert inject(model_pod("registry.example.com/serve:1"), "x", prof, CFG).injected
+    prof = DEFAULT_ONLY.serving(failClosed=False, serveDefaultOnly=True).obj()
+    assert inject(TUNED_POD.obj(), "x", prof, CFG).injected
 
 
 def test_images_compare_by_digest_where_the_pod_names_one() -> None:
-    same = inject(model_pod(f"registry.example.com/serve@{DIGEST}"), "x", tuned_profile(), CFG)
+    same = inject(
+        NO_CONTAINERS.container("server", f"registry.example.com/serve@{DIGEST}").obj(),
+        "x",
+        TUNED.obj(),
+        CFG,
+    )
     assert same.injected and same.warnings == []
     other = inject(
-        model_pod("registry.example.com/serve@sha256:" + "e" * 64), "x", tuned_profile(), CFG
+        NO_CONTAINERS.container("server", "registry.example.com/serve@sha256:" + "e" * 64).obj(),
+        "x",
+        TUNED.obj(),
+        CFG,
     )
     assert other.injected and len(other.warnings) == 1
     assert "other digest" in other.warnings[0] and DIGEST in other.warnings[0]
-    by_ref = inject(model_pod("registry.example.com/serve:2"), "x", tuned_profile(), CFG)
+    by_ref = inject(
+        NO_CONTAINERS.container("server", "registry.example.com/serve:2").obj(),
+        "x",
+        TUNED.obj(),
+        CFG,
+    )
     assert "registry.example.com/serve:2" in by_ref.warnings[0]
     assert "registry.example.com/serve:1 (imageID" in by_ref.warnings[0]
 
 
 def test_fail_closed_refuses_another_image_showing_both() -> None:
-    d = inject(model_pod("registry.example.com/serve:2"), "x", tuned_profile(failClosed=True), CFG)
+    d = inject(
+        NO_CONTAINERS.container("server", "registry.example.com/serve:2").obj(),
+        "x",
+        TUNED.serving(failClosed=True).obj(),
+        CFG,
+    )
     assert d.deny and "registry.example.com/serve:2" in d.deny
     assert f"registry.example.com/serve@{DIGEST}" in d.deny and "pinImage" in d.deny
 
 
 def test_pin_image_rewrites_to_the_tuned_digest() -> None:
-    d = inject(model_pod("registry.example.com/serve:1"), "x", tuned_profile(pinImage=True), CFG)
+    d = inject(
+        TUNED_POD.obj(),
+        "x",
+        TUNED.serving(failClosed=False, pinImage=True).obj(),
+        CFG,
+    )
     assert d.injected and d.warnings == []
     assert d.pod["spec"]["containers"][0]["image"] == f"registry.example.com/serve@{DIGEST}"
     # A sidecar of another repository is left alone.
-    p = model_pod("registry.example.com/serve:2")
+    p = NO_CONTAINERS.container("server", "registry.example.com/serve:2").obj()
     p["spec"]["containers"].append({"name": "proxy", "image": "docker.io/envoyproxy/envoy:v1"})
-    d = inject(p, "x", tuned_profile(pinImage=True), CFG)
+    d = inject(p, "x", TUNED.serving(failClosed=False, pinImage=True).obj(), CFG)
     assert [c["image"] for c in d.pod["spec"]["containers"]] == [
         f"registry.example.com/serve@{DIGEST}",
         "docker.io/envoyproxy/envoy:v1",
@@ -294,11 +297,19 @@ def test_pin_image_rewrites_to_the_tuned_digest() -> None:
 
 
 def test_pin_image_without_a_registry_digest_says_so() -> None:
-    prof = tuned_profile(image_id="sha256:" + "f" * 64, pinImage=True)
-    d = inject(model_pod("registry.example.com/serve:1"), "x", prof, CFG)
+    prof = (
+        TUNED.serving(failClosed=False, pinImage=True)
+        .artifacts(
+            TUNED_ART.fields(
+                image={"reference": "registry.example.com/serve:1", "id": "sha256:" + "f" * 64}
+            )
+        )
+        .obj()
+    )
+    d = inject(TUNED_POD.obj(), "x", prof, CFG)
     assert d.injected and "cannot be pinned" in d.warnings[0]
     prof["spec"]["serving"]["failClosed"] = True
-    d = inject(model_pod("registry.example.com/serve:1"), "x", prof, CFG)
+    d = inject(TUNED_POD.obj(), "x", prof, CFG)
     assert d.deny and "no registry digest" in d.deny
 
 
@@ -329,9 +340,9 @@ def test_the_entries_after_the_first_see_the_pod_decided_and_change_nothing(
     from tunefleet.handlers.startup import OPERATOR
 
     monkeypatch.setattr(OPERATOR, "_config", CFG)
-    monkeypatch.setattr(OPERATOR.cache, "profile", lambda key: profile(["NVIDIA-H200"]))
+    monkeypatch.setattr(OPERATOR.cache, "profile", lambda key: READY.obj())
     monkeypatch.setattr(pod_handlers, "_config_map_uids", _no_config_maps)
-    body = {**pod(), "metadata": {**pod()["metadata"], "namespace": "ml"}}
+    body = POD.namespace("ml").obj()
     name = body["metadata"]["labels"]["tunefleet.io/profile"]
     served = metrics.PODS_SERVED.labels("ml", name, "Store")  # fetched by the init container
     before_served = served._value.get()
@@ -358,13 +369,11 @@ def test_an_untuned_decision_repeated_by_a_later_entry_is_announced_once(
     from tunefleet.handlers.startup import OPERATOR
 
     monkeypatch.setattr(OPERATOR, "_config", CFG)
-    monkeypatch.setattr(
-        OPERATOR.cache, "profile", lambda key: profile(["NVIDIA-H200"], artifacts=False)
-    )
+    monkeypatch.setattr(OPERATOR.cache, "profile", lambda key: READY.artifacts().obj())
     monkeypatch.setattr(pod_handlers, "_config_map_uids", _no_config_maps)
     announced: list[str] = []
     monkeypatch.setattr(pod_handlers, "announce", lambda ref, name, d: announced.append(d.reason))
-    body = {**pod(), "metadata": {**pod()["metadata"], "namespace": "ml"}}
+    body = POD.namespace("ml").obj()
     _, after = _call(pod_handlers, body)
     assert after["metadata"]["annotations"]["tunefleet.io/status"].startswith("untuned")
     second, again = _call(pod_handlers, after)
@@ -419,23 +428,14 @@ def test_admission_recognises_the_config_map_made_by_its_uid_not_its_labels(
 
 CACHE = {"kind": "torchCompile", "name": "torchcompile", "sha256": "cd" * 32, "size": 10,
          "files": 3, "bytes": 4096}  # fmt: skip
-
-
-def cached_profile(kind: str = "tunableop", **over: Any) -> dict[str, Any]:
-    p = profile(["NVIDIA-H200"])
-    p["spec"]["artifacts"] = {
-        "tunableop": kind == "tunableop",
-        "caches": [{"kind": "torchCompile"}],
-    }
-    entry = p["status"]["artifacts"][0]
-    entry.update(caches=[CACHE], configMap={"name": "cm", "uid": "u"}, **over)
-    if kind != "tunableop":
-        entry["kind"] = kind
-    return p
+CACHED_ART = ART_H200.fields(caches=[CACHE], configMap={"name": "cm", "uid": "u"})
+CACHED = READY.spec(artifacts={"tunableop": True, "caches": [{"kind": "torchCompile"}]}).artifacts(
+    CACHED_ART
+)
 
 
 def test_caches_are_unpacked_by_fetch_into_a_writable_volume_with_their_variables() -> None:
-    d = inject(pod(), "x", cached_profile(), CFG)
+    d = inject(POD.obj(), "x", CACHED.obj(), CFG)
     spec = d.pod["spec"]
     init = spec["initContainers"][0]
     # A ConfigMap in status does not make caches mountable: fetch unpacks them.
@@ -455,7 +455,14 @@ def test_caches_are_unpacked_by_fetch_into_a_writable_volume_with_their_variable
 
 
 def test_caches_alone_switch_no_tunableop_on() -> None:
-    d = inject(pod(), "x", cached_profile(kind="caches"), CFG)
+    d = inject(
+        POD.obj(),
+        "x",
+        CACHED.spec(artifacts={"tunableop": False, "caches": [{"kind": "torchCompile"}]})
+        .artifacts(CACHED_ART.fields(kind="caches"))
+        .obj(),
+        CFG,
+    )
     for c in d.pod["spec"]["containers"]:
         names = {e["name"] for e in c["env"]}
         assert "TORCHINDUCTOR_CACHE_DIR" in names
@@ -465,10 +472,12 @@ def test_caches_alone_switch_no_tunableop_on() -> None:
 
 def test_a_users_cache_variable_wins_and_no_variable_comes_from_status() -> None:
     env = [{"name": "TORCHINDUCTOR_CACHE_DIR", "value": "/mine"}]
-    p = cached_profile()
+    p = CACHED.obj()
     # A forged status entry cannot name a variable: only the spec's caches set any.
     p["status"]["artifacts"][0]["caches"].append({**CACHE, "name": "ld", "kind": "cache"})
-    d = inject(pod(env=env), "x", p, CFG)
+    d = inject(
+        NO_CONTAINERS.container("server", gpus=2, env=env).container("sidecar").obj(), "x", p, CFG
+    )
     server = d.pod["spec"]["containers"][0]
     values = {e["name"]: e["value"] for e in server["env"]}
     assert values["TORCHINDUCTOR_CACHE_DIR"] == "/mine"
@@ -477,16 +486,21 @@ def test_a_users_cache_variable_wins_and_no_variable_comes_from_status() -> None
 
 
 def test_a_default_only_artifact_still_serves_its_caches_with_tunableop_off() -> None:
-    d = inject(pod(), "x", cached_profile(outcomes={"tuned": 0, "default": 12}, gemms=12), CFG)
+    d = inject(
+        POD.obj(),
+        "x",
+        CACHED.artifacts(CACHED_ART.fields(outcomes={"tuned": 0, "default": 12}, gemms=12)).obj(),
+        CFG,
+    )
     assert d.injected
     for c in d.pod["spec"]["containers"]:
         names = {e["name"] for e in c["env"]}
         assert "TORCHINDUCTOR_CACHE_DIR" in names
         assert not any(n.startswith("PYTORCH_TUNABLEOP") for n in names)
     # Without caches, the same artifact is not served at all (nothing to gain).
-    p = cached_profile(outcomes={"tuned": 0, "default": 12}, gemms=12)
+    p = CACHED.artifacts(CACHED_ART.fields(outcomes={"tuned": 0, "default": 12}, gemms=12)).obj()
     p["status"]["artifacts"][0]["caches"] = []
-    assert not inject(pod(), "x", p, CFG).injected
+    assert not inject(POD.obj(), "x", p, CFG).injected
 
 
 # --- never a hung pod: the store's credentials are optional for a model pod ---------------------
@@ -495,27 +509,27 @@ def test_a_default_only_artifact_still_serves_its_caches_with_tunableop_off() ->
 def test_a_model_pods_fetch_references_its_credentials_as_optional_and_names_them() -> None:
     """A required reference to a Secret the namespace lacks held the pod in
     CreateContainerConfigError for good; optional, it starts and fetch says why (below)."""
-    prof = profile(["NVIDIA-H200"])
+    prof = READY.obj()
     cfg = Config(image="tunefleet:1", default_serving_credentials_secret="s3-reader")
-    init = inject(pod(), "x", prof, cfg).pod["spec"]["initContainers"][0]
+    init = inject(POD.obj(), "x", prof, cfg).pod["spec"]["initContainers"][0]
     refs = [e["valueFrom"]["secretKeyRef"] for e in init["env"] if "valueFrom" in e]
     assert refs and all(r["name"] == "s3-reader" and r["optional"] is True for r in refs)
     cmd = init["command"]
     assert cmd[cmd.index("--credentials-secret") + 1] == "s3-reader"
     # No Secret (the pod's cloud identity): nothing referenced, nothing to check.
-    bare = inject(pod(), "x", prof, CFG).pod["spec"]["initContainers"][0]
+    bare = inject(POD.obj(), "x", prof, CFG).pod["spec"]["initContainers"][0]
     assert "--credentials-secret" not in bare["command"]
 
 
 def test_an_oci_stores_secret_volumes_are_optional_for_a_model_pod() -> None:
-    prof = profile(["NVIDIA-H200"])
+    prof = READY.obj()
     prof["spec"]["storage"] = {
         "uri": "oci://registry.example:5000/ml/artifacts",
         "signing": {"secret": {"name": "signing"}, "policy": "Required"},
     }
     prof["spec"]["serving"]["credentialsSecret"] = {"name": "registry-reader"}
     prof["status"]["artifacts"][0]["bundle"] = {"digest": "sha256:" + "c" * 64, "signed": True}
-    spec = inject(pod(), "x", prof, CFG).pod["spec"]
+    spec = inject(POD.obj(), "x", prof, CFG).pod["spec"]
     secrets = [v["secret"] for v in spec["volumes"] if "secret" in v]
     # The signing Secret is the publisher's: a model pod mounts none (its key is the spec's).
     assert {s["secretName"] for s in secrets} == {"registry-reader"}
