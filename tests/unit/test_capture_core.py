@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.fake_kube import OneConfigMap
+from tests.support.wrappers import ArtifactWrapper, make_artifact, make_profile
 from tunefleet import naming
 from tunefleet.api import CaptureSpec, CaptureStatus
 from tunefleet.capture import loop
@@ -24,7 +26,6 @@ from tunefleet.capture.store import (
     parse_retune,
     parse_store,
 )
-from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.contracts.retune import ANNOTATION, RetuneRequest
 
 BASE = "base000001"
@@ -35,18 +36,17 @@ NOW = 1_800_000_000.0
 KEY = StoreKey("ml", "p", "uid-1", MODEL, "lib-key-1")
 
 
-def record(revision: str = BASE, sha: str = "a" * 64, key: str = "lib-key-1") -> ArtifactRecord:
-    return ArtifactRecord(
-        uri=f"s3://bkt/p/ml/p/{MODEL}/{sha}",
-        sha256=sha,
-        revision=revision,
-        gpu_model=MODEL,
-        library_key=key,
-    )
+SERVED = make_artifact(MODEL, "a" * 64).revision(BASE).library_key("lib-key-1")
+PUBLISHED = make_artifact(MODEL, "b" * 64).library_key("lib-key-1")
+CAPTURING = make_profile().spec(capture={"enabled": True})
+ON = CAPTURING.spec_model().capture
+RETUNE_ON_A_MISS = (
+    make_profile().spec(capture={"enabled": True, "retune": {"misses": 1}}).spec_model().capture
+)
 
 
-def status(art: ArtifactRecord | None, capture: list[dict[str, Any]] | None = None) -> Any:
-    out: dict[str, Any] = {"artifacts": [art.to_status()] if art else []}
+def status(art: ArtifactWrapper | None, capture: list[dict[str, Any]] | None = None) -> Any:
+    out: dict[str, Any] = {"artifacts": [art.obj()] if art else []}
     if capture is not None:
         out["capture"] = capture
     return out
@@ -55,10 +55,6 @@ def status(art: ArtifactRecord | None, capture: list[dict[str, Any]] | None = No
 def store(rows: list[str], key: StoreKey = KEY, at: int = 100) -> StoreView:
     view, _ = merge(StoreView(key), Batch(rows), at, 1024)
     return view
-
-
-def spec(**over: Any) -> CaptureSpec:
-    return CaptureSpec.model_validate({"enabled": True, **over})
 
 
 def run(
@@ -82,7 +78,7 @@ def run(
 
 
 def test_seen_tuned_and_coverage_count_the_current_identitys_misses_against_the_artifact() -> None:
-    plan = run(spec(), status(record()), [store(S2 + S1[:1])])
+    plan = run(ON, status(SERVED), [store(S2 + S1[:1])])
     (entry,) = plan.entries
     assert (entry["seen"], entry["tuned"], entry["untuned"], entry["coverage"]) == (3, 1, 2, 33)
     assert plan.coverage == "1/3 33%"
@@ -93,16 +89,21 @@ def test_seen_tuned_and_coverage_count_the_current_identitys_misses_against_the_
 def test_captures_of_another_identity_or_image_are_kept_apart_never_counted_or_tuned() -> None:
     other = store(S2, StoreKey("ml", "p", "uid-1", MODEL, "lib-key-OTHER"))
     image = store(S2, StoreKey("ml", "p", "uid-1", MODEL, "lib-key-1", apart="another image"))
-    plan = run(spec(retune={"misses": 1}), status(record()), [other, image])
+    plan = run(RETUNE_ON_A_MISS, status(SERVED), [other, image])
     (entry,) = plan.entries
     assert entry["seen"] == 0 and entry["apart"] == {"stores": 2, "seen": 2}
     assert not plan.freezes
 
 
 def test_the_misses_threshold_freezes_every_untuned_shape_under_a_stable_revision() -> None:
-    cap = spec(retune={"misses": 2, "minIntervalSeconds": 600})
-    assert not run(cap, status(record()), [store(S2[:1])]).freezes  # one is below it
-    plan = run(cap, status(record()), [store(S2)])
+    cap = (
+        make_profile()
+        .spec(capture={"enabled": True, "retune": {"misses": 2, "minIntervalSeconds": 600}})
+        .spec_model()
+        .capture
+    )
+    assert not run(cap, status(SERVED), [store(S2[:1])]).freezes  # one is below it
+    plan = run(cap, status(SERVED), [store(S2)])
     (frozen,) = plan.freezes
     assert sorted(frozen.rows) == sorted(S2) and frozen.base_revision == BASE
     rev = naming.retune_revision(BASE, digest_of(S2))
@@ -114,17 +115,22 @@ def test_the_misses_threshold_freezes_every_untuned_shape_under_a_stable_revisio
     CaptureStatus.model_validate(entry)  # what the CRD's status.capture[] declares
     # Stable: the status this wrote gives the same revision on every later reconcile (and a
     # restarted operator, which reads it back), and freezes nothing more while it tunes.
-    again = run(cap, status(record(), plan.entries), [store(S2)], now=NOW + 5)
+    again = run(cap, status(SERVED, plan.entries), [store(S2)], now=NOW + 5)
     assert again.revisions == {MODEL: rev} and not again.freezes
-    assert loop.revisions(BASE, status(record(), plan.entries), [MODEL]) == {MODEL: rev}
+    assert loop.revisions(BASE, status(SERVED, plan.entries), [MODEL]) == {MODEL: rev}
 
 
 def test_the_interval_holds_the_next_retune_back() -> None:
-    cap = spec(retune={"misses": 1, "minIntervalSeconds": 600})
-    first = run(cap, status(record()), [store(S2[:1])])
+    cap = (
+        make_profile()
+        .spec(capture={"enabled": True, "retune": {"misses": 1, "minIntervalSeconds": 600}})
+        .spec_model()
+        .capture
+    )
+    first = run(cap, status(SERVED), [store(S2[:1])])
     (frozen,) = first.freezes
     # Its artifact is out: the model is settled again; a new miss comes 60 s later.
-    published = record(revision=first.revisions[MODEL], sha="b" * 64)
+    published = PUBLISHED.revision(first.revisions[MODEL])
     later = run(
         cap, status(published, first.entries), [store(S2)], keys=frozenset(S1 + S2[:1]),
         retunes=[frozen], now=NOW + 60,
@@ -139,11 +145,16 @@ def test_the_interval_holds_the_next_retune_back() -> None:
 
 
 def test_a_shape_torch_rejects_does_not_retune_forever() -> None:
-    cap = spec(retune={"misses": 1, "minIntervalSeconds": 60})
-    first = run(cap, status(record()), [store(S2)])
+    cap = (
+        make_profile()
+        .spec(capture={"enabled": True, "retune": {"misses": 1, "minIntervalSeconds": 60}})
+        .spec_model()
+        .capture
+    )
+    first = run(cap, status(SERVED), [store(S2)])
     (frozen,) = first.freezes
     # The retune published, but without S2[1] (torch rejected it): it stays untuned...
-    published = record(revision=first.revisions[MODEL], sha="b" * 64)
+    published = PUBLISHED.revision(first.revisions[MODEL])
     keys = frozenset(S1 + S2[:1])
     for minutes in (2, 60, 6000):
         plan = run(
@@ -163,16 +174,28 @@ def test_a_shape_torch_rejects_does_not_retune_forever() -> None:
 
 
 def test_coverage_threshold_needs_a_new_shape_too() -> None:
-    cap = spec(retune={"coverage": 90})
-    plan = run(cap, status(record()), [store(S1 + S2[:1])])  # 2/3 covered, one new
+    cap = (
+        make_profile()
+        .spec(capture={"enabled": True, "retune": {"coverage": 90}})
+        .spec_model()
+        .capture
+    )
+    plan = run(cap, status(SERVED), [store(S1 + S2[:1])])  # 2/3 covered, one new
     assert len(plan.freezes) == 1
-    enough = run(spec(retune={"coverage": 50}), status(record()), [store(S1 + S2[:1])])
+    enough = run(
+        make_profile()
+        .spec(capture={"enabled": True, "retune": {"coverage": 50}})
+        .spec_model()
+        .capture,
+        status(SERVED),
+        [store(S1 + S2[:1])],
+    )
     assert not enough.freezes
 
 
 def test_nothing_is_frozen_while_the_model_tunes() -> None:
-    cap = spec(retune={"misses": 1})
-    tuning = run(cap, status(record(revision="older")), [store(S2)])  # not this revision's
+    cap = RETUNE_ON_A_MISS
+    tuning = run(cap, status(SERVED.revision("older")), [store(S2)])  # not this revision's
     assert not tuning.freezes
     assert "tuning in progress" in tuning.entries[0]["message"]
     assert not run(cap, status(None), [store(S2)]).freezes
@@ -180,56 +203,56 @@ def test_nothing_is_frozen_while_the_model_tunes() -> None:
 
 def test_a_manual_request_retunes_once_whatever_the_thresholds() -> None:
     request = RetuneRequest("n1")
-    plan = run(spec(), status(record()), [store(S2[:1])], request=request)
+    plan = run(ON, status(SERVED), [store(S2[:1])], request=request)
     (frozen,) = plan.freezes
     (entry,) = plan.entries
     assert entry["retune"]["reason"] == "Manual" and entry["handledNonce"] == "n1"
-    published = record(revision=plan.revisions[MODEL], sha="b" * 64)
+    published = PUBLISHED.revision(plan.revisions[MODEL])
     again = run(
-        spec(), status(published, plan.entries), [store(S2)], keys=frozenset(S1 + S2[:1]),
+        ON, status(published, plan.entries), [store(S2)], keys=frozenset(S1 + S2[:1]),
         retunes=[frozen], request=request,
     )  # fmt: skip
     assert not again.freezes  # the same nonce: acted on already
     other = run(
-        spec(), status(published, plan.entries), [store(S2)], keys=frozenset(S1 + S2[:1]),
+        ON, status(published, plan.entries), [store(S2)], keys=frozenset(S1 + S2[:1]),
         retunes=[frozen], request=RetuneRequest("n2", "another-model"),
     )  # fmt: skip
     assert not other.freezes  # for another model
-    nothing = run(spec(), status(record()), [store([])], request=RetuneRequest("n3"))
+    nothing = run(ON, status(SERVED), [store([])], request=RetuneRequest("n3"))
     assert not nothing.freezes
     assert "every captured shape is in the artifact" in nothing.entries[0]["message"]
 
 
 def test_a_manual_request_waits_for_the_running_tuning() -> None:
-    plan = run(spec(), status(record(revision="older")), [store(S2)], request=RetuneRequest("n"))
+    plan = run(ON, status(SERVED.revision("older")), [store(S2)], request=RetuneRequest("n"))
     assert not plan.freezes and "handledNonce" not in plan.entries[0]
     assert "waits for the current tuning" in plan.entries[0]["message"]
 
 
 def test_a_spec_change_supersedes_the_retune_and_tunes_the_spec_again() -> None:
-    cap = spec(retune={"misses": 1})
-    first = run(cap, status(record()), [store(S2)])
-    plan = run(cap, status(record(), first.entries), [store(S2)], base="base000002")
+    cap = RETUNE_ON_A_MISS
+    first = run(cap, status(SERVED), [store(S2)])
+    plan = run(cap, status(SERVED, first.entries), [store(S2)], base="base000002")
     assert plan.revisions == {MODEL: "base000002"}  # the new spec's own revision
     assert plan.entries[0]["retune"]["state"] == "Superseded"
 
 
 def test_without_a_read_path_the_retunes_set_counts_as_tuned() -> None:
-    cap = spec(retune={"misses": 1})
-    first = run(cap, status(record()), [store(S2)])
+    cap = RETUNE_ON_A_MISS
+    first = run(cap, status(SERVED), [store(S2)])
     (frozen,) = first.freezes
-    published = record(revision=first.revisions[MODEL], sha="b" * 64)
+    published = PUBLISHED.revision(first.revisions[MODEL])
     plan = run(cap, status(published, first.entries), [store(S2)], keys=None, retunes=[frozen])
     assert plan.entries[0]["tuned"] == 2 and not plan.freezes
 
 
 def test_no_capture_and_nothing_captured_shows_nothing() -> None:
-    plan = run(CaptureSpec(), status(record()), [])
+    plan = run(CaptureSpec(), status(SERVED), [])
     assert plan.entries == [] and plan.coverage == ""
 
 
 def test_a_frozen_set_that_cannot_be_made_leaves_the_model_as_it_was() -> None:
-    plan = run(spec(retune={"misses": 1}), status(record()), [store(S2)])
+    plan = run(RETUNE_ON_A_MISS, status(SERVED), [store(S2)])
     plan.revert(MODEL, None, BASE, "ConfigMap ml/x exists but is not controlled by it")
     assert plan.revisions == {MODEL: BASE} and not plan.freezes
     assert "retune not started" in plan.entries[0]["message"]
@@ -298,71 +321,19 @@ def test_a_retune_without_a_threshold_is_refused(bad: dict[str, Any]) -> None:
 # --- the write from any replica: compare-and-swap --------------------------------------------
 
 
-class _Resp:
-    def __init__(self, doc: dict[str, Any]) -> None:
-        import json
+def rival_rows(rows: list[str]) -> Any:
+    """Another replica's write of these rows into the store (made if missing)."""
 
-        self.data = json.dumps(doc).encode()
+    def write(cm: dict[str, Any] | None) -> dict[str, Any]:
+        view = parse_store(cm) if cm is not None else StoreView(KEY)
+        assert view is not None
+        merged, _ = merge(view, Batch(rows), 50, 100)
+        return build_store_config_map(merged)
 
-
-class FakeCore:
-    """A ConfigMap API with one object, resourceVersions, and a rival writer on demand."""
-
-    def __init__(self) -> None:
-        self.cm: dict[str, Any] | None = None
-        self.rv = 0
-        self.rival: list[str] = []  # rows another replica writes just before our next write
-        self.writes = 0
-
-    def _store(self, cm: dict[str, Any]) -> None:
-        self.rv += 1
-        cm["metadata"]["resourceVersion"] = str(self.rv)
-        cm["metadata"].setdefault("uid", "cm-uid")
-        self.cm = cm
-
-    def _race(self) -> None:
-        if self.rival and self.cm is not None:
-            view = parse_store(self.cm)
-            assert view is not None
-            merged, _ = merge(view, Batch(self.rival), 50, 100)
-            self.rival = []
-            self._store(build_store_config_map(merged))
-
-    def read_namespaced_config_map(self, name: str, ns: str, **_: Any) -> Any:
-        from kubernetes.client.exceptions import ApiException
-
-        if self.cm is None:
-            raise ApiException(status=404)
-        return _Resp(self.cm)
-
-    def create_namespaced_config_map(self, ns: str, body: dict[str, Any], **_: Any) -> Any:
-        from kubernetes.client.exceptions import ApiException
-
-        if self.rival:  # another replica created it first
-            view, _ = merge(StoreView(KEY), Batch(self.rival), 50, 100)
-            self.rival = []
-            self._store(build_store_config_map(view))
-            raise ApiException(status=409)
-        self.writes += 1
-        self._store(body)
-        return _Resp(body)
-
-    def patch_namespaced_config_map(
-        self, name: str, ns: str, body: dict[str, Any], **_: Any
-    ) -> Any:
-        from kubernetes.client.exceptions import ApiException
-
-        self._race()
-        assert self.cm is not None
-        if body["metadata"]["resourceVersion"] != self.cm["metadata"]["resourceVersion"]:
-            raise ApiException(status=409)
-        self.writes += 1
-        self.cm["data"] = body["data"]
-        self._store(self.cm)
-        return _Resp(self.cm)
+    return write
 
 
-def writer(core: FakeCore) -> Any:
+def writer(core: OneConfigMap) -> Any:
     from tests.support.fake_kube import FakeKube
     from tunefleet.capture.store import Writer
 
@@ -370,11 +341,11 @@ def writer(core: FakeCore) -> Any:
 
 
 def test_concurrent_replicas_lose_no_rows_and_a_known_row_costs_no_write() -> None:
-    core = FakeCore()
+    core = OneConfigMap()
     w = writer(core)
-    core.rival = [S1[0]]  # the other replica creates the store as we try to
+    core.rival = rival_rows([S1[0]])  # the other replica creates the store as we try to
     assert w.add(KEY, Batch((S2[0],)), max_shapes=100, now=NOW) == (1, 2)
-    core.rival = [S1[1]]  # and writes between our read and our write
+    core.rival = rival_rows([S1[1]])  # and writes between our read and our write
     assert w.add(KEY, Batch((S2[1],)), max_shapes=100, now=NOW) == (1, 4)
     view = parse_store(core.cm or {})
     assert view is not None and set(view.rows) == {S1[0], S1[1], S2[0], S2[1]}
@@ -386,10 +357,10 @@ def test_concurrent_replicas_lose_no_rows_and_a_known_row_costs_no_write() -> No
 def test_a_configmap_under_the_stores_name_that_is_not_the_profiles_is_never_written() -> None:
     from tunefleet import kube
 
-    core = FakeCore()
+    core = OneConfigMap()
     forged = build_store_config_map(StoreView(KEY))
     forged["metadata"]["ownerReferences"] = []
-    core._store(forged)
+    core.put(forged)
     with pytest.raises(kube.NotOurs, match="not a capture store"):
         writer(core).add(KEY, Batch((S2[0],)), max_shapes=100, now=NOW)
 
