@@ -17,8 +17,8 @@ import pytest
 from pydantic import ValidationError
 
 from tests.support.artifacts import tuner_output
+from tests.support.wrappers import make_profile
 from tunefleet import naming
-from tunefleet.api import TuningProfileSpec
 from tunefleet.artifacts import bundle
 from tunefleet.artifacts import fetch as fetch_mod
 from tunefleet.artifacts import publish as publish_mod
@@ -189,25 +189,17 @@ def test_archives_live_by_digest_so_a_republish_is_idempotent(tmp_path: Path) ->
 # --- the spec: spec.artifacts ----------------------------------------------------------------
 
 
-def _spec(**over: Any) -> TuningProfileSpec:
-    doc: dict[str, Any] = {
-        "image": "serve:1",
-        "gpu": {"vendor": "nvidia", "models": ["NVIDIA-H200"]},
-        "workload": {"command": ["python3", "serve.py"]},
-        "storage": {"uri": "s3://bkt/p"},
-    }
-    doc.update(over)
-    return TuningProfileSpec.model_validate(doc)
+BASE = make_profile().gpu("nvidia", "NVIDIA-H200").command("python3", "serve.py")
 
 
 def test_profiles_without_caches_keep_their_revision_and_caches_make_a_new_one() -> None:
-    before = naming.revision(_spec())
-    assert naming.revision(_spec(artifacts={})) == before
-    assert naming.revision(_spec(artifacts={"tunableop": True})) == before
-    cached = _spec(artifacts={"caches": [{"kind": "torchCompile"}]})
+    before = naming.revision(BASE.spec_model())
+    assert naming.revision(BASE.spec(artifacts={}).spec_model()) == before
+    assert naming.revision(BASE.spec(artifacts={"tunableop": True}).spec_model()) == before
+    cached = BASE.spec(artifacts={"caches": [{"kind": "torchCompile"}]}).spec_model()
     assert naming.revision(cached) != before
     assert naming.revision(
-        _spec(artifacts={"tunableop": False, "caches": [{"kind": "torchCompile"}]})
+        BASE.spec(artifacts={"tunableop": False, "caches": [{"kind": "torchCompile"}]}).spec_model()
     ) not in (before, naming.revision(cached))
 
 
@@ -223,23 +215,23 @@ def test_profiles_without_caches_keep_their_revision_and_caches_make_a_new_one()
 )
 def test_a_bad_artifacts_spec_says_what_to_fix(artifacts: dict[str, Any], fragment: str) -> None:
     with pytest.raises(ValidationError, match=fragment):
-        _spec(artifacts=artifacts)
+        BASE.spec(artifacts=artifacts).spec_model()
 
 
 def test_caches_are_not_sharded() -> None:
     with pytest.raises(ValidationError, match="parallelism 1"):
-        _spec(
-            gpu={"vendor": "nvidia", "models": ["NVIDIA-H200"], "parallelism": 2},
-            artifacts={"caches": [{"kind": "torchCompile"}]},
-        )
+        BASE.gpu("nvidia", "NVIDIA-H200", parallelism=2).spec(
+            artifacts={"caches": [{"kind": "torchCompile"}]}
+        ).spec_model()
 
 
 def test_the_tune_step_gets_the_caches_in_its_config_only_when_asked() -> None:
-    plain = tuning_config(_spec(), "ml", "p", "NVIDIA-H200", "r1")
+    plain = tuning_config(BASE.spec_model(), "ml", "p", "NVIDIA-H200", "r1")
     assert "artifacts" not in plain  # unchanged for every profile from before caches
     doc = tuning_config(
-        _spec(artifacts={"tunableop": False, "caches": [{"kind": "torchCompile"},
-              {"kind": "cache", "name": "fi", "env": "FI_DIR", "file": "a.json"}]}),
+        BASE.spec(artifacts={"tunableop": False, "caches": [{"kind": "torchCompile"},
+                  {"kind": "cache", "name": "fi", "env": "FI_DIR", "file": "a.json"}]}
+                  ).spec_model(),
         "ml", "p", "NVIDIA-H200", "r1",
     )  # fmt: skip
     cfg = config_from_dict({**doc, "workload": {"command": ["python3", "serve.py"]}})

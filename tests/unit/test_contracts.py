@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.wrappers import make_pod, make_profile
 from tunefleet import naming
 from tunefleet.api import TuningLimits, TuningProfileSpec
 from tunefleet.contracts.admission import INJECTED, UNTUNED, Admission, Code
@@ -35,46 +36,46 @@ def crd_artifact_fields() -> dict[str, Any]:
     return props
 
 
-def full_record() -> ArtifactRecord:
-    """A value in every field, none at its default."""
-    return ArtifactRecord(
-        uri=f"s3://b/p/ml/llm/M/{SHA}",
-        sha256=SHA,
-        gemms=12,
-        tuned_at="2026-12-01T10:00:00Z",
-        tuning_seconds=3.5,
-        revision="0123456789",
-        manifest_sha256="cd" * 32,
-        identity={"gpuName": "MI300X", "torch": "2.11.0"},
-        outcomes=(9, 3),
-        image_reference="registry.example.com/serve:1",
-        image_id="registry.example.com/serve@sha256:" + "e" * 64,
-        counts={"recorded": 14, "reused": 4, "resumed": 1, "newlyTuned": 7, "shards": 2},
-        library_key="f" * 64,
-        library_skipped=2,
-        library_skipped_reason="tuned under other validators",
-        gpu_model="M",
-        job="tune-llm-m-1234",
-        config_map="tunefleet-artifact-" + SHA,
-        config_map_uid="cm-uid-1",
-        delivery="ConfigMap",
-        kind="caches",
-        caches=(cc.Packed("torchCompile", "tc", "cache-tc.tar.gz", "ab" * 32, 10, 2, 30),),
-        caches_skipped=(cc.Skipped("vllm", "vllm", "empty: the workload wrote nothing"),),
-        bundle="sha256:" + "ef" * 32,
-        signed=True,
-        gain=Gain((paired("workload", [2.0] * 5, [1.0] * 5),), stand_in=True, note="n"),
-        verdict="Pinned",
-        verdict_message="pinned (bad day); the gate said: passed",
-        pinned_reason="bad day",
-        pinned_at="2026-12-02T10:00:00Z",
-    )
+# A record with a value in every field, none at its default (made field by field, not read
+# from a status entry: the test below checks that reading).
+FULL_RECORD = ArtifactRecord(
+    uri=f"s3://b/p/ml/llm/M/{SHA}",
+    sha256=SHA,
+    gemms=12,
+    tuned_at="2026-12-01T10:00:00Z",
+    tuning_seconds=3.5,
+    revision="0123456789",
+    manifest_sha256="cd" * 32,
+    identity={"gpuName": "MI300X", "torch": "2.11.0"},
+    outcomes=(9, 3),
+    image_reference="registry.example.com/serve:1",
+    image_id="registry.example.com/serve@sha256:" + "e" * 64,
+    counts={"recorded": 14, "reused": 4, "resumed": 1, "newlyTuned": 7, "shards": 2},
+    library_key="f" * 64,
+    library_skipped=2,
+    library_skipped_reason="tuned under other validators",
+    gpu_model="M",
+    job="tune-llm-m-1234",
+    config_map="tunefleet-artifact-" + SHA,
+    config_map_uid="cm-uid-1",
+    delivery="ConfigMap",
+    kind="caches",
+    caches=(cc.Packed("torchCompile", "tc", "cache-tc.tar.gz", "ab" * 32, 10, 2, 30),),
+    caches_skipped=(cc.Skipped("vllm", "vllm", "empty: the workload wrote nothing"),),
+    bundle="sha256:" + "ef" * 32,
+    signed=True,
+    gain=Gain((paired("workload", [2.0] * 5, [1.0] * 5),), stand_in=True, note="n"),
+    verdict="Pinned",
+    verdict_message="pinned (bad day); the gate said: passed",
+    pinned_reason="bad day",
+    pinned_at="2026-12-02T10:00:00Z",
+)
 
 
 def test_every_artifact_field_the_crd_declares_survives_message_and_status() -> None:
     declared = crd_artifact_fields()
     assert set(declared) == status_fields()
-    record = full_record()
+    record = FULL_RECORD
     # The pod writes its termination message; the operator reads it and adds the Job's part.
     read = ArtifactRecord.from_message(record.to_message())
     assert read is not None
@@ -128,7 +129,7 @@ def test_records_of_the_wrong_shape_are_not_trusted() -> None:
 def test_the_admission_marks_read_back_as_written(code: Code) -> None:
     outcome = INJECTED if code in (Code.NONE, Code.IMAGE_MISMATCH) else UNTUNED
     mark = Admission(outcome, code, "" if outcome == INJECTED else "why", SHA[:8], SHA, "M", "w")
-    pod: dict[str, Any] = {"metadata": {}}
+    pod = make_pod().obj()
     mark.write(pod)
     assert pod["metadata"]["labels"][naming.ADMISSION_LABEL] == outcome
     assert Admission.read(pod) == mark
@@ -146,15 +147,15 @@ def test_every_untuned_code_has_a_fix() -> None:
 
 
 def test_a_pod_of_an_older_version_reads_as_unknown_with_its_reason() -> None:
-    pod = {
-        "metadata": {
-            "labels": {naming.ADMISSION_LABEL: "untuned"},
-            "annotations": {naming.STATUS_ANNOTATION: "untuned: something"},
-        }
-    }
+    pod = (
+        make_pod()
+        .labels({naming.ADMISSION_LABEL: "untuned"})
+        .annotations({naming.STATUS_ANNOTATION: "untuned: something"})
+        .obj()
+    )
     read = Admission.read(pod)
     assert read is not None and (read.code, read.reason) == (Code.UNKNOWN, "something")
-    assert Admission.read({"metadata": {"labels": {}}}) is None
+    assert Admission.read(make_pod().labels({}).obj()) is None
 
 
 @pytest.mark.parametrize(
@@ -194,12 +195,12 @@ def test_the_sidecars_answers_read_back_as_written(tmp_path: Path) -> None:
 
 # --- the revision --------------------------------------------------------------------------
 
-BASE = {
-    "image": "registry.example.com/serve:1",
-    "gpu": {"vendor": "amd", "models": ["AMD_Instinct_MI300X_OAM"]},
-    "workload": {"shapes": [{"mnk": [64, 64, 64]}]},
-    "storage": {"uri": "s3://bkt/p"},
-}
+BASE = (
+    make_profile()
+    .image("registry.example.com/serve:1")
+    .gpu("amd", "AMD_Instinct_MI300X_OAM")
+    .shapes((64, 64, 64))
+)
 
 
 class FutureTuning(TuningLimits):
@@ -213,24 +214,24 @@ class FutureSpec(TuningProfileSpec):
 
 
 def test_a_new_option_at_its_default_keeps_every_revision() -> None:
-    today = naming.revision(TuningProfileSpec.model_validate(BASE))
-    assert naming.revision(FutureSpec.model_validate(BASE)) == today
-    set_explicitly = FutureSpec.model_validate({**BASE, "tuning": {"futureKnob": 7}})
+    today = naming.revision(BASE.spec_model())
+    assert naming.revision(FutureSpec.model_validate(BASE.spec_dict())) == today
+    set_explicitly = FutureSpec.model_validate(BASE.tuning(futureKnob=7).spec_dict())
     assert naming.revision(set_explicitly) == today
-    changed = FutureSpec.model_validate({**BASE, "tuning": {"futureKnob": 8}})
+    changed = FutureSpec.model_validate(BASE.tuning(futureKnob=8).spec_dict())
     assert naming.revision(changed) != today
 
 
 def test_settings_that_do_not_shape_results_are_one_set_for_revision_and_tuner() -> None:
     from tunefleet.builders.job import tuning_config
 
-    spec = TuningProfileSpec.model_validate(BASE)
+    spec = BASE.spec_model()
     config = tuning_config(spec, "ml", "p", "M", naming.revision(spec))
     excluded = {
         f.alias or n for n, f in TuningLimits.model_fields.items() if n in naming.TUNING_NOT_SHAPING
     }
     assert excluded and not excluded & set(config["tuning"])
-    other = TuningProfileSpec.model_validate({**BASE, "tuning": {"backoffLimit": 3}})
+    other = BASE.tuning(backoffLimit=3).spec_model()
     assert naming.revision(other) == naming.revision(spec)
 
 

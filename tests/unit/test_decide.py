@@ -3,48 +3,18 @@ API at all (no FakeKube, no monkeypatch): what is missing, superseded, re-queued
 
 from __future__ import annotations
 
-from typing import Any
-
+from tests.support.wrappers import make_job, make_observation
 from tunefleet import naming
 from tunefleet.builders.kueue import QUEUE_LABEL
 from tunefleet.reconciler import decide
-from tunefleet.reconciler.observe import JobObservation
 
 H100, H200 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-H200"
 
 
-def job(
-    model: str,
-    revision: str,
-    *,
-    role: str = "tune",
-    queue: str | None = None,
-    suspend: bool = False,
-    started: bool = False,
-    going: bool = False,
-    legacy_label: bool = False,
-) -> dict[str, Any]:
-    labels = {naming.REVISION_LABEL: revision, naming.ROLE_LABEL: role}
-    annotations = {}
-    if legacy_label:
-        labels[naming.MODEL_LABEL] = model  # versions before the annotation
-    else:
-        annotations[naming.MODEL_ANNOTATION] = model
-    if queue:
-        labels[QUEUE_LABEL] = queue
-    meta: dict[str, Any] = {
-        "name": f"tune-{model[-4:].lower()}-{revision}",
-        "uid": f"uid-{model}-{revision}-{role}",
-        "labels": labels,
-        "annotations": annotations,
-    }
-    if going:
-        meta["deletionTimestamp"] = "2026-12-03T00:00:00Z"
-    return {
-        "metadata": meta,
-        "spec": {"suspend": suspend},
-        "status": {"startTime": "2026-12-03T00:00:00Z"} if started else {},
-    }
+# A tuning Job of each model, as decide reads it (labels, model annotation, spec.suspend,
+# status): tests set its revision and whatever else they depend on.
+H100_JOB = make_job("tune-hbm3").uid("uid-h100").role("tune").gpu_model(H100).suspend(False)
+H200_JOB = make_job("tune-h200").uid("uid-h200").role("tune").gpu_model(H200).suspend(False)
 
 
 def same(rev: str) -> decide.Revision:
@@ -52,7 +22,8 @@ def same(rev: str) -> decide.Revision:
 
 
 def test_models_to_tune_are_those_without_a_job_or_artifact_of_their_revision() -> None:
-    jobs = [job(H100, "r2"), job(H200, "r1")]  # H200's Job is of an earlier revision
+    # H200's Job is of an earlier revision
+    jobs = [H100_JOB.revision("r2").obj(), H200_JOB.revision("r1").obj()]
     assert decide.models_to_tune([H100, H200], same("r2"), jobs, [], []) == [H200]
     # Served already (its Job was removed after its record was read): not made again.
     assert decide.models_to_tune([H100, H200], same("r2"), jobs, [H200], []) == []
@@ -62,21 +33,27 @@ def test_models_to_tune_are_those_without_a_job_or_artifact_of_their_revision() 
     per_model = {H100: "r2-retune", H200: "r2"}.__getitem__
     assert decide.models_to_tune([H100, H200], per_model, jobs, [], []) == [H100, H200]
     # A merge Job does not stand for the tuning Job; the old model label still counts.
-    merges = [job(H100, "r2", role="merge"), job(H200, "r2", legacy_label=True)]
+    merges = [
+        H100_JOB.revision("r2").role("merge").obj(),
+        # versions before the annotation: the model label
+        H200_JOB.revision("r2").annotations({}).label(naming.MODEL_LABEL, H200).obj(),
+    ]
     assert decide.models_to_tune([H100, H200], same("r2"), merges, [], []) == [H100]
 
 
 def test_superseded_jobs_are_those_of_an_earlier_revision_not_already_going() -> None:
-    old, current, going = job(H100, "r1"), job(H200, "r2"), job(H200, "r1", going=True)
+    old, current = H100_JOB.revision("r1").obj(), H200_JOB.revision("r2").obj()
+    going = H200_JOB.uid("uid-h200-r1").revision("r1").deleting("2026-12-03T00:00:00Z").obj()
     assert decide.superseded([old, current, going], same("r2")) == [old]
     assert decide.superseded([old, current], same("r1")) == [current]
 
 
 def test_queue_moves_touch_only_suspended_jobs_that_never_started() -> None:
-    waiting = job(H100, "r2", queue="team-a", suspend=True)
-    running = job(H200, "r2", queue="team-a", suspend=True, started=True)
-    unqueued = job(H200, "r2", suspend=True)
-    old = job(H100, "r1", queue="team-a", suspend=True)
+    waiting = H100_JOB.revision("r2").label(QUEUE_LABEL, "team-a").suspend().obj()
+    running = H200_JOB.revision("r2").label(QUEUE_LABEL, "team-a").suspend().started().obj()
+    unqueued = H200_JOB.name("tune-h200-2").uid("uid-h200-2").revision("r2").suspend().obj()
+    old = H100_JOB.uid("uid-h100-r1").revision("r1").label(QUEUE_LABEL, "team-a")
+    old = old.suspend().obj()
     jobs = [waiting, running, unqueued, old]
     assert decide.queue_moves(jobs, "team-b", "r2") == [
         decide.QueueMove("relabel", waiting, "team-b")
@@ -86,17 +63,11 @@ def test_queue_moves_touch_only_suspended_jobs_that_never_started() -> None:
     assert decide.queue_moves(jobs, "team-a", "r2") == []  # where it is already
 
 
-def obs(model: str, revision: str, state: str, shards: int, role: str = "tune") -> JobObservation:
-    return JobObservation(
-        name=f"j-{model}", model=model, revision=revision, state=state,  # type: ignore[arg-type]
-        role=role, shards=shards,
-    )  # fmt: skip
-
-
 def test_merges_are_due_once_every_share_is_in_and_none_exists() -> None:
-    done = obs(H100, "r2", "Succeeded", shards=2)
-    unsharded = obs(H200, "r2", "Succeeded", shards=1)
-    running = obs(H200, "r2", "Running", shards=2)
-    old = obs(H200, "r1", "Succeeded", shards=2)
+    done = make_observation(f"j-{H100}", H100, "r2", "Succeeded").fields(shards=2).obj()
+    unsharded = make_observation(f"j-{H200}", H200, "r2", "Succeeded").fields(shards=1).obj()
+    running = make_observation(f"j-{H200}", H200, "r2", "Running").fields(shards=2).obj()
+    old = make_observation(f"j-{H200}", H200, "r1", "Succeeded").fields(shards=2).obj()
     assert decide.merges_due([done, unsharded, running, old], same("r2"), []) == [H100]
-    assert decide.merges_due([done], same("r2"), [job(H100, "r2", role="merge")]) == []
+    merge = H100_JOB.revision("r2").role("merge").obj()
+    assert decide.merges_due([done], same("r2"), [merge]) == []

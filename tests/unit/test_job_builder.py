@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.wrappers import make_profile
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.builders.job import (
@@ -20,35 +22,25 @@ from tunefleet.builders.job import (
 from tunefleet.config import Config
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-
-
-def spec(**over: Any) -> TuningProfileSpec:
-    raw: dict[str, Any] = {
-        "image": "registry.example.com/serve:1",
-        "gpu": {"vendor": "amd", "models": ["AMD_Instinct_MI300X_OAM", "AMD_Instinct_MI325X_OAM"]},
-        "workload": {
-            "command": ["python3", "serve.py"],
-            "env": [{"name": "HF_HOME", "value": "/x"}],
-        },
-        "storage": {"uri": "s3://bucket/prefix", "credentialsSecret": {"name": "s3"}},
-    }
-    raw.update(over)
-    return TuningProfileSpec.model_validate(raw)
+MI300X = "AMD_Instinct_MI300X_OAM"
+BASE = (
+    make_profile("llama")
+    .image("registry.example.com/serve:1")
+    .gpu("amd", MI300X, "AMD_Instinct_MI325X_OAM")
+    .command("python3", "serve.py", env=[{"name": "HF_HOME", "value": "/x"}])
+    .storage("s3://bucket/prefix", credentialsSecret={"name": "s3"})
+)
+# The tuning Job's child of BASE on its MI300X; tests swap in their spec, model or profile.
+CHILD = Child(BASE.spec_model(), "ml", "llama", "uid-1", MI300X, Config(image="tf:1"))
 
 
 def step(pod: dict[str, Any], name: str) -> dict[str, Any]:
     return next(c for c in pod["initContainers"] + pod["containers"] if c["name"] == name)
 
 
-def job(
-    s: TuningProfileSpec, model: str = "AMD_Instinct_MI300X_OAM", name: str = "llama"
-) -> dict[str, Any]:
-    return build_tuning_job(Child(s, "ml", name, "uid-1", model, Config(image="tf:1")))
-
-
 def test_job_is_scheduled_on_its_model_with_gpus_and_deadline() -> None:
-    s = spec(gpu={"vendor": "amd", "models": ["AMD_Instinct_MI300X_OAM"], "count": 4})
-    j = job(s)
+    s = BASE.gpu("amd", MI300X, count=4).spec_model()
+    j = build_tuning_job(replace(CHILD, spec=s))
     pod = j["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM"}
     tune = next(c for c in pod["initContainers"] if c["name"] == "tune")
@@ -63,56 +55,56 @@ def test_job_is_scheduled_on_its_model_with_gpus_and_deadline() -> None:
 
 
 def test_nvidia_defaults_and_overrides() -> None:
-    s = spec(
-        gpu={
-            "vendor": "nvidia",
-            "models": ["NVIDIA-H200"],
-            "labelKey": "gpu.example/model",
-            "resourceName": "example.com/gpu",
-        }
-    )
-    pod = job(s, model="NVIDIA-H200")["spec"]["template"]["spec"]
+    s = BASE.gpu(
+        "nvidia", "NVIDIA-H200", labelKey="gpu.example/model", resourceName="example.com/gpu"
+    ).spec_model()
+    pod = build_tuning_job(replace(CHILD, spec=s, model="NVIDIA-H200"))["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"gpu.example/model": "NVIDIA-H200"}
     assert "example.com/gpu" in step(pod, "tune")["resources"]["limits"]
-    plain = spec(gpu={"vendor": "nvidia", "models": ["NVIDIA-H200"]})
-    pod = job(plain, model="NVIDIA-H200")["spec"]["template"]["spec"]
+    plain = BASE.gpu("nvidia", "NVIDIA-H200").spec_model()
+    pod = build_tuning_job(replace(CHILD, spec=plain, model="NVIDIA-H200"))["spec"]["template"][
+        "spec"
+    ]
     assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
 
 
 def test_owned_labelled_and_deterministic() -> None:
-    s = spec()
-    a, b = job(s), job(s)
+    s = BASE.spec_model()
+    a, b = build_tuning_job(replace(CHILD, spec=s)), build_tuning_job(replace(CHILD, spec=s))
     assert a == b
     meta = a["metadata"]
     assert meta["ownerReferences"][0]["uid"] == "uid-1"
     assert meta["ownerReferences"][0]["controller"] is True
     assert meta["labels"][naming.PROFILE_UID_LABEL] == "uid-1"
     assert meta["labels"][naming.REVISION_LABEL] == naming.revision(s)
-    other = job(s, model="AMD_Instinct_MI325X_OAM")
+    other = build_tuning_job(replace(CHILD, spec=s, model="AMD_Instinct_MI325X_OAM"))
     assert other["metadata"]["name"] != meta["name"]
 
 
 @pytest.mark.parametrize("name", ["a", "x" * 63, "my.dotted.profile-name", "a-" * 31 + "b"])
 def test_job_names_are_dns_labels_for_any_profile_name(name: str) -> None:
-    n = job(spec(), name=name)["metadata"]["name"]
+    n = build_tuning_job(replace(CHILD, profile=name))["metadata"]["name"]
     assert len(n) <= 63 and DNS_LABEL.match(n), n
 
 
 def test_revision_follows_tuning_inputs_only() -> None:
-    base = spec()
-    assert naming.revision(base) == naming.revision(spec(storage={"uri": "s3://other-bucket"}))
-    assert naming.revision(base) == naming.revision(
-        spec(gpu={"vendor": "amd", "models": ["AMD_Instinct_MI300X_OAM"]})
+    base = BASE.spec_model()
+    assert naming.revision(base) == naming.revision(BASE.storage("s3://other-bucket").spec_model())
+    assert naming.revision(base) == naming.revision(BASE.gpu("amd", MI300X).spec_model())
+    assert naming.revision(base) != naming.revision(
+        BASE.image("registry.example.com/serve:2").spec_model()
     )
-    assert naming.revision(base) != naming.revision(spec(image="registry.example.com/serve:2"))
-    assert naming.revision(base) != naming.revision(spec(tuning={"maxIterations": 5}))
+    assert naming.revision(base) != naming.revision(BASE.tuning(maxIterations=5).spec_model())
 
 
 def test_credentials_by_reference_and_tuning_config() -> None:
-    s = spec(
-        workload={**spec().workload.model_dump(by_alias=True, exclude_none=True), "args": ["--x"]}
-    )
-    j = job(s)
+    s = BASE.spec(
+        workload={
+            **BASE.spec_model().workload.model_dump(by_alias=True, exclude_none=True),
+            "args": ["--x"],
+        }
+    ).spec_model()
+    j = build_tuning_job(replace(CHILD, spec=s))
     pod = j["spec"]["template"]["spec"]
     publish = pod["containers"][0]
     refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in publish["env"] if "valueFrom" in e}
@@ -138,8 +130,8 @@ def test_credentials_by_reference_and_tuning_config() -> None:
 
 
 def test_a_profile_made_again_under_the_same_name_gets_other_jobs() -> None:
-    s = spec()
-    first = job(s)["metadata"]["name"]
+    s = BASE.spec_model()
+    first = build_tuning_job(replace(CHILD, spec=s))["metadata"]["name"]
     again = build_tuning_job(
         Child(s, "ml", "llama", "uid-2", "AMD_Instinct_MI300X_OAM", Config(image="tf:1"))
     )["metadata"]["name"]
@@ -147,7 +139,7 @@ def test_a_profile_made_again_under_the_same_name_gets_other_jobs() -> None:
 
 
 def test_hardened_containers() -> None:
-    pod = job(spec())["spec"]["template"]["spec"]
+    pod = build_tuning_job(CHILD)["spec"]["template"]["spec"]
     for c in pod["initContainers"] + pod["containers"]:
         ctx = c["securityContext"]
         assert ctx["allowPrivilegeEscalation"] is False
@@ -159,15 +151,15 @@ def test_hardened_containers() -> None:
 
 
 def test_spec_problems_catch_what_the_schema_cannot() -> None:
-    bad = spec(gpu={"vendor": "amd", "models": ["MI300X OAM"]})
+    bad = BASE.gpu("amd", "MI300X OAM").spec_model()
     problems = naming.spec_problems(bad)
     assert len(problems) == 1 and "can't be a node label value" in problems[0]
-    assert naming.spec_problems(spec()) == []
+    assert naming.spec_problems(BASE.spec_model()) == []
 
 
 def test_parallelism_makes_one_share_per_node_and_a_merge_job() -> None:
-    s = spec(gpu={"vendor": "amd", "models": ["AMD_Instinct_MI300X_OAM"], "parallelism": 3})
-    j = job(s)
+    s = BASE.gpu("amd", MI300X, parallelism=3).spec_model()
+    j = build_tuning_job(replace(CHILD, spec=s))
     assert j["spec"]["completions"] == j["spec"]["parallelism"] == 3
     pod = j["spec"]["template"]["spec"]
     (term,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
@@ -195,10 +187,11 @@ def test_parallelism_makes_one_share_per_node_and_a_merge_job() -> None:
 
 
 def test_parallelism_and_checkpoints_do_not_change_the_revision() -> None:
-    base = spec()
-    more = spec(
-        gpu={**base.gpu.model_dump(by_alias=True), "parallelism": 4},
-        tuning={"checkpoint": {"everyGemms": 1}},
+    base = BASE.spec_model()
+    more = (
+        BASE.spec(gpu={**base.gpu.model_dump(by_alias=True), "parallelism": 4})
+        .tuning(checkpoint={"everyGemms": 1})
+        .spec_model()
     )
     assert naming.revision(base) == naming.revision(more)
 
@@ -246,8 +239,8 @@ def test_the_tune_step_needs_no_shell_and_leaves_pythonpath_alone() -> None:
     "/bin/sh": stat /bin/sh: no such file or directory'), and set PYTHONPATH, which replaced the
     image's own (the workload was recorded without it) and which a user's PYTHONPATH in
     workload.env replaced in turn (the import of tuner_job then failed)."""
-    s = spec(workload={"command": ["serve"], "env": [{"name": "PYTHONPATH", "value": "/app"}]})
-    tune = step(job(s)["spec"]["template"]["spec"], "tune")
+    s = BASE.command("serve", env=[{"name": "PYTHONPATH", "value": "/app"}]).spec_model()
+    tune = step(build_tuning_job(replace(CHILD, spec=s))["spec"]["template"]["spec"], "tune")
     assert tune["command"][:2] == ["python3", "/tunefleet/tools/tuner_job"]
     assert not any(Path(part).name == "sh" for part in tune["command"])
     names = [e["name"] for e in tune["env"]]

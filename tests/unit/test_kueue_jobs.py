@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube, OverGenerated
+from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube, Generated, OverGenerated, raw
 from tests.support.profiles import CFG, MODELS, jobs_for, profile
+from tests.support.wrappers import make_profile, make_workload
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.api.conditions import Reason, Type, find
@@ -25,12 +26,15 @@ from tunefleet.reconciler.status import Observed, compute_status
 QUEUED = {"backoffLimit": 0, "queueName": "gpu-team"}
 
 
-def spec(**tuning: Any) -> TuningProfileSpec:
-    return TuningProfileSpec.model_validate({**profile()["spec"], "tuning": tuning})
+# tests.support.profiles.profile()'s spec, as a wrapper
+BASE = make_profile().image("registry.example.com/serve:1").gpu("amd", *MODELS)
+# A Workload, as Kueue makes one for a Job; `.owner(job uid, name, "Job", "batch/v1")` names
+# the Job its controller.
+WORKLOAD = make_workload("job-x-1")
 
 
 def test_a_queue_name_makes_suspended_jobs_in_it_under_the_same_name_and_revision() -> None:
-    plain, queued = spec(backoffLimit=0), spec(**QUEUED)
+    plain, queued = BASE.tuning(backoffLimit=0).spec_model(), BASE.tuning(**QUEUED).spec_model()
     assert naming.revision(plain) == naming.revision(queued)
     for build in (build_tuning_job, build_merge_job):
         a = build(Child(plain, "ml", "p", "uid-1", MODELS[0], CFG))
@@ -47,9 +51,9 @@ def test_a_queue_name_makes_suspended_jobs_in_it_under_the_same_name_and_revisio
 
 def test_the_queue_name_is_a_local_queue_name() -> None:
     with pytest.raises(ValueError):
-        spec(queueName="Not_A_Queue")
+        BASE.tuning(queueName="Not_A_Queue").spec_model()
     with pytest.raises(ValueError):
-        spec(queueName="q" * 64)
+        BASE.tuning(queueName="q" * 64).spec_model()
 
 
 def suspended_job(queue: str | None = "gpu-team") -> dict[str, Any]:
@@ -59,31 +63,17 @@ def suspended_job(queue: str | None = "gpu-team") -> dict[str, Any]:
     return job
 
 
-def workload(job: dict[str, Any], **conds: tuple[str, str]) -> dict[str, Any]:
-    return {
-        "metadata": {
-            "name": "job-x-1",
-            "ownerReferences": [{"kind": "Job", "controller": True, "uid": job["metadata"]["uid"]}],
-        },
-        "status": {
-            "conditions": [
-                {"type": t, "status": s, "reason": "Pending", "message": m}
-                for t, (s, m) in conds.items()
-            ]
-        },
-    }
-
-
 def test_a_suspended_job_is_queued_with_kueues_reason_never_failed() -> None:
     job = suspended_job()
     short = "couldn't assign flavors to pod set main: insufficient unused quota for nvidia.com/gpu"
-    wl = workload(job, QuotaReserved=("False", short))
+    owned = WORKLOAD.owner(job["metadata"]["uid"], job["metadata"]["name"], "Job", "batch/v1")
+    wl = owned.condition("QuotaReserved", "False", short).obj()
     obs = observe_job(job, [], queued=kueue.why_queued(job, [wl]))
     assert (obs.state, obs.reason) == ("Pending", Reason.QUEUED)
     assert obs.message == f"queued in Kueue LocalQueue gpu-team: {short}"
     # Suspended again after a pod failed (Kueue evicted it): still queued, not failed.
     job["status"]["failed"] = 1
-    evicted = workload(job, Evicted=("True", "Preempted to accommodate a workload"))
+    evicted = owned.condition("Evicted", "True", "Preempted to accommodate a workload").obj()
     obs = observe_job(job, [], queued=kueue.why_queued(job, [evicted]))
     assert obs.state == "Pending" and "evicted by Kueue" in obs.message
 
@@ -109,8 +99,11 @@ def test_why_a_job_waits_when_kueue_cannot_say() -> None:
     assert "no Kueue" in kueue.why_queued(job, kueue.NOT_INSTALLED)
     assert "no Workload" in kueue.why_queued(job, [])
     # A Workload that names the Job by label but is not controlled by it does not speak for it.
-    other = workload(job, QuotaReserved=("False", "forged"))
-    other["metadata"]["ownerReferences"][0]["uid"] = "someone-else"
+    other = (
+        WORKLOAD.owner("someone-else", job["metadata"]["name"], "Job", "batch/v1")
+        .condition("QuotaReserved", "False", "forged")
+        .obj()
+    )
     assert "forged" not in kueue.why_queued(job, [other])
     assert "not in a Kueue queue" in kueue.why_queued(suspended_job(None), [])
 
@@ -145,7 +138,8 @@ def test_a_queued_job_reads_its_workload_now_and_then(monkeypatch: pytest.Monkey
     for _ in range(2):  # no Workload yet (Kueue makes it moments after the Job): asked again
         status = sync_profile(p, [job], [], CFG, memory, Around(api)).status
     assert len(calls) == 2 and "no Workload" in status["jobs"][0]["message"]
-    found.append(workload(job, QuotaReserved=("False", "insufficient unused quota")))
+    owned = WORKLOAD.owner(job["metadata"]["uid"], job["metadata"]["name"], "Job", "batch/v1")
+    found.append(owned.condition("QuotaReserved", "False", "insufficient unused quota").obj())
     for _ in range(3):
         status = sync_profile(p, [job], [], CFG, memory, Around(api)).status
     assert len(calls) == 3  # Kueue's answer: cached for QUEUED_TTL
@@ -180,23 +174,19 @@ def test_a_job_that_has_not_started_follows_the_queue_name(
 def test_workloads_are_read_in_the_newest_version_served_or_kueue_is_not_installed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import json as _json
 
     from kubernetes.client.exceptions import ApiException
 
     served: set[str] = {"v1beta1"}
     asked: list[tuple[str, str]] = []
 
-    class Custom:
-        def list_namespaced_custom_object(
-            self, group: str, version: str, *a: Any, **kw: Any
-        ) -> Any:
-            asked.append((version, kw["label_selector"]))
-            if version not in served:
-                raise ApiException(status=404, reason="Not Found")
-            return type("R", (), {"data": _json.dumps({"items": [{"v": version}]}).encode()})()
+    def list_workloads(group: str, version: str, *a: Any, **kw: Any) -> Any:
+        asked.append((version, kw["label_selector"]))
+        if version not in served:
+            raise ApiException(status=404, reason="Not Found")
+        return raw({"items": [{"v": version}]})
 
-    client = OverGenerated(custom=Custom())
+    client = OverGenerated(custom=Generated(list_namespaced_custom_object=list_workloads))
     assert kueue.workloads_of(client, "ml", "u-1") == [{"v": "v1beta1"}]
     assert asked == [
         ("v1beta2", "kueue.x-k8s.io/job-uid=u-1"),

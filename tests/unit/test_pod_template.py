@@ -4,10 +4,10 @@ refuses (policy.py) and how a refusal is reported (reconcile, status)."""
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ import yaml
 from pydantic import ValidationError
 
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
+from tests.support.wrappers import make_job, make_profile
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.api.conditions import Reason
@@ -87,21 +88,25 @@ TEMPLATE: dict[str, Any] = {
 }
 
 
-def spec(template: dict[str, Any] | None = None, **over: Any) -> TuningProfileSpec:
-    raw: dict[str, Any] = {
-        "image": "registry.example.com/vllm:0.9",
-        "gpu": {"vendor": "nvidia", "models": [MODEL], "count": 8},
-        "workload": {"command": ["python3", "record.py"]},
-        "storage": {"uri": "s3://bucket/p"},
-    }
-    if template is not None:
-        raw["template"] = template
-    raw.update(over)
-    return TuningProfileSpec.model_validate(raw)
-
-
-def child(s: TuningProfileSpec) -> Child:
-    return Child(s, "ml", "llama", "uid-1", MODEL, CFG)
+BASE = (
+    make_profile("llama")
+    .image("registry.example.com/vllm:0.9")
+    .gpu("nvidia", MODEL, count=8)
+    .command("python3", "record.py")
+    .storage("s3://bucket/p")
+)
+TEMPLATED = BASE.template(TEMPLATE)
+TPL = ("spec", "template")  # where a field of the template is set: .set(*TPL, "shmSize", ...)
+# The tuning Job's child of BASE; tests swap in their spec.
+CHILD = Child(BASE.spec_model(), "ml", "llama", "uid-1", MODEL, CFG)
+# A tuning Job started, with no pod yet, as the informer sees it.
+STARTED = (
+    make_job()
+    .uid("ju")
+    .revision("r")
+    .gpu_model(MODEL)
+    .status(startTime="2026-12-01T10:00:00Z", active=0, conditions=[])
+)
 
 
 def pod_of(job: dict[str, Any]) -> dict[str, Any]:
@@ -122,34 +127,21 @@ def unrevised(obj: Any, s: TuningProfileSpec) -> Any:
     return json.loads(json.dumps(obj).replace(naming.revision(s), "REV"))
 
 
-def with_template(path: str, value: Any) -> dict[str, Any]:
-    """TEMPLATE with one field (a dotted path) set; None removes it."""
-    t = copy.deepcopy(TEMPLATE)
-    *parents, leaf = path.split(".")
-    node = t
-    for p in parents:
-        node = node.setdefault(p, {})
-    if value is None:
-        node.pop(leaf, None)
-    else:
-        node[leaf] = value
-    return t
-
-
 # --- the builder -------------------------------------------------------------------------------
 
 
 def test_no_template_no_change() -> None:
-    plain = build_tuning_job(child(spec()))
-    assert build_tuning_job(child(spec({}))) == plain
+    plain = build_tuning_job(CHILD)
+    assert build_tuning_job(replace(CHILD, spec=BASE.template({}).spec_model())) == plain
     assert "runtimeClassName" not in pod_of(plain) and "envFrom" not in container(
         pod_of(plain), "tune"
     )
 
 
 def test_the_tuning_pod_gets_the_template_and_keeps_what_is_tunefleets() -> None:
-    plain = unrevised(pod_of(build_tuning_job(child(spec()))), spec())
-    job = unrevised(build_tuning_job(child(spec(TEMPLATE))), spec(TEMPLATE))
+    plain = unrevised(pod_of(build_tuning_job(CHILD)), BASE.spec_model())
+    s = TEMPLATED.spec_model()
+    job = unrevised(build_tuning_job(replace(CHILD, spec=s)), s)
     pod = pod_of(job)
     meta = job["spec"]["template"]["metadata"]
     # Labels beside tunefleet's (which win), annotations as given; the Job's own unchanged.
@@ -196,8 +188,8 @@ def test_the_tuning_pod_gets_the_template_and_keeps_what_is_tunefleets() -> None
 
 
 def test_shares_keep_one_per_node_beside_the_users_anti_affinity() -> None:
-    s = spec(TEMPLATE, gpu={"vendor": "nvidia", "models": [MODEL], "parallelism": 4})
-    anti = pod_of(build_tuning_job(child(s)))["affinity"]["podAntiAffinity"]
+    s = TEMPLATED.gpu("nvidia", MODEL, parallelism=4).spec_model()
+    anti = pod_of(build_tuning_job(replace(CHILD, spec=s)))["affinity"]["podAntiAffinity"]
     (ours,) = anti["requiredDuringSchedulingIgnoredDuringExecution"]
     assert ours["topologyKey"] == "kubernetes.io/hostname"
     assert (
@@ -210,20 +202,25 @@ def test_shares_keep_one_per_node_beside_the_users_anti_affinity() -> None:
     )
     # The user's own required anti-affinity terms come after tunefleet's.
     mine = {"topologyKey": "zone", "labelSelector": {"matchLabels": {"a": "b"}}}
-    t = with_template(
-        "spec.affinity",
-        {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [mine]}},
+    s = (
+        TEMPLATED.set(
+            *TPL,
+            "spec",
+            "affinity",
+            value={"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [mine]}},
+        )
+        .gpu("nvidia", MODEL, parallelism=2)
+        .spec_model()
     )
-    s = spec(t, gpu={"vendor": "nvidia", "models": [MODEL], "parallelism": 2})
-    terms = pod_of(build_tuning_job(child(s)))["affinity"]["podAntiAffinity"]
+    terms = pod_of(build_tuning_job(replace(CHILD, spec=s)))["affinity"]["podAntiAffinity"]
     assert terms["requiredDuringSchedulingIgnoredDuringExecution"][1:] == [mine]
 
 
 def test_the_merge_job_takes_labels_identity_and_priority_only() -> None:
-    gpu = {"vendor": "nvidia", "models": [MODEL], "parallelism": 2}
-    s, bare = spec(TEMPLATE, gpu=gpu), spec(gpu=gpu)
-    plain = unrevised(build_merge_job(child(bare)), bare)
-    job = unrevised(build_merge_job(child(s)), s)
+    s = TEMPLATED.gpu("nvidia", MODEL, parallelism=2).spec_model()
+    bare = BASE.gpu("nvidia", MODEL, parallelism=2).spec_model()
+    plain = unrevised(build_merge_job(replace(CHILD, spec=bare)), bare)
+    job = unrevised(build_merge_job(replace(CHILD, spec=s)), s)
     pod = pod_of(job)
     assert pod["serviceAccountName"] == "weights-reader"
     assert pod["priorityClassName"] == "batch-low"
@@ -243,28 +240,26 @@ def test_the_merge_job_takes_labels_identity_and_priority_only() -> None:
 def test_a_pvc_store_and_the_users_fs_group() -> None:
     """A pvc:// store asks for fsGroup 65532; the user's replaces it (the store's volume is
     then group-owned by it, and tunefleet's steps have it as a supplementary group)."""
-    s = spec(
-        with_template("spec.securityContext", {"fsGroup": 1000}), storage={"uri": "pvc://store"}
+    s = (
+        TEMPLATED.set(*TPL, "spec", "securityContext", value={"fsGroup": 1000})
+        .storage("pvc://store")
+        .spec_model()
     )
-    pod = pod_of(build_tuning_job(child(s)))
+    pod = pod_of(build_tuning_job(replace(CHILD, spec=s)))
     assert pod["securityContext"]["fsGroup"] == 1000
-    assert (
-        pod_of(build_tuning_job(child(spec(storage={"uri": "pvc://store"}))))["securityContext"][
-            "fsGroup"
-        ]
-        == 65532
-    )
+    pvc = BASE.storage("pvc://store").spec_model()
+    assert pod_of(build_tuning_job(replace(CHILD, spec=pvc)))["securityContext"]["fsGroup"] == 65532
 
 
 def test_every_volume_and_mount_of_tunefleets_is_reserved() -> None:
     """The reserved names cover what the builder makes, whatever the store or sharding."""
-    for over in (
-        {},
-        {"storage": {"uri": "pvc://store"}},
-        {"gpu": {"vendor": "nvidia", "models": [MODEL], "parallelism": 2}},
+    for profile in (
+        TEMPLATED,
+        TEMPLATED.storage("pvc://store"),
+        TEMPLATED.gpu("nvidia", MODEL, parallelism=2),
     ):
-        s = spec(TEMPLATE, **over)
-        pod = pod_of(build_tuning_job(child(s)))
+        s = profile.spec_model()
+        pod = pod_of(build_tuning_job(replace(CHILD, spec=s)))
         users = {v["name"] for v in TEMPLATE["spec"]["volumes"]}
         for v in pod["volumes"]:
             if v["name"] not in users:
@@ -351,21 +346,16 @@ def test_every_volume_and_mount_of_tunefleets_is_reserved() -> None:
 )
 def test_what_the_models_refuse(path: str, value: Any, message: str) -> None:
     with pytest.raises(ValidationError, match=message):
-        spec(with_template(path, value))
+        TEMPLATED.set(*TPL, *path.split("."), value=value).spec_model()
 
 
 def test_a_custom_gpu_resource_and_label_are_the_ones_kept() -> None:
-    gpu = {
-        "vendor": "nvidia",
-        "models": [MODEL],
-        "resourceName": "example.com/gpu",
-        "labelKey": "gpu",
-    }
-    spec(with_template("tune.resources", {"limits": {"nvidia.com/gpu": 1}}), gpu=gpu)
+    custom = TEMPLATED.gpu("nvidia", MODEL, resourceName="example.com/gpu", labelKey="gpu")
+    custom.set(*TPL, "tune", "resources", value={"limits": {"nvidia.com/gpu": 1}}).spec_model()
     with pytest.raises(ValidationError, match=re.escape("example.com/gpu")):
-        spec(with_template("tune.resources", {"limits": {"example.com/gpu": 1}}), gpu=gpu)
+        custom.set(*TPL, "tune", "resources", value={"limits": {"example.com/gpu": 1}}).spec_model()
     with pytest.raises(ValidationError, match="GPU-model label"):
-        spec(with_template("spec.nodeSelector", {"gpu": "x"}), gpu=gpu)
+        custom.set(*TPL, "spec", "nodeSelector", value={"gpu": "x"}).spec_model()
 
 
 # --- the revision ------------------------------------------------------------------------------
@@ -410,55 +400,64 @@ def test_the_table_covers_every_template_field() -> None:
 
 @pytest.mark.parametrize("path", sorted(SHAPING))
 def test_what_the_record_run_sees_makes_a_new_revision(path: str) -> None:
-    t = with_template(path, SHAPING[path])
+    shaped = TEMPLATED.set(*TPL, *path.split("."), value=SHAPING[path])
     if path == "tune.volumeMounts":
-        t["spec"]["volumes"] = [*TEMPLATE["spec"]["volumes"], {"name": "weights2", "emptyDir": {}}]
-        t["tune"]["volumeMounts"] = [{"name": "weights2", "mountPath": "/weights"}]
-    assert naming.revision(spec(t)) != naming.revision(spec(TEMPLATE))
+        shaped = shaped.set(
+            *TPL,
+            "spec",
+            "volumes",
+            value=[*TEMPLATE["spec"]["volumes"], {"name": "weights2", "emptyDir": {}}],
+        ).set(*TPL, "tune", "volumeMounts", value=[{"name": "weights2", "mountPath": "/weights"}])
+    assert naming.revision(shaped.spec_model()) != naming.revision(TEMPLATED.spec_model())
 
 
 @pytest.mark.parametrize("path", sorted(NOT_SHAPING))
 def test_where_and_how_it_is_labelled_does_not(path: str) -> None:
-    assert naming.revision(spec(with_template(path, NOT_SHAPING[path]))) == naming.revision(
-        spec(TEMPLATE)
+    where = (*TPL, *path.split("."))
+    assert naming.revision(
+        TEMPLATED.set(*where, value=NOT_SHAPING[path]).spec_model()
+    ) == naming.revision(TEMPLATED.spec_model())
+    assert naming.revision(TEMPLATED.without(*where).spec_model()) == naming.revision(
+        TEMPLATED.spec_model()
     )
-    assert naming.revision(spec(with_template(path, None))) == naming.revision(spec(TEMPLATE))
 
 
 def test_a_profile_without_a_shaping_template_keeps_its_revision() -> None:
-    before = naming.revision(spec())
-    assert naming.revision(spec({})) == before
+    before = naming.revision(BASE.spec_model())
+    assert naming.revision(BASE.template({}).spec_model()) == before
     placement = {k: v for k, v in TEMPLATE.items() if k == "metadata"}
     placement["spec"] = {
         k: TEMPLATE["spec"][k]
         for k in ("tolerations", "affinity", "nodeSelector", "priorityClassName")
     }
-    assert naming.revision(spec(placement)) == before
-    assert naming.revision(spec({"spec": {"volumes": []}, "tune": {}})) == before
-    assert naming.revision(spec(TEMPLATE)) != before
+    assert naming.revision(BASE.template(placement).spec_model()) == before
+    empty = BASE.template({"spec": {"volumes": []}, "tune": {}})
+    assert naming.revision(empty.spec_model()) == before
+    assert naming.revision(TEMPLATED.spec_model()) != before
 
 
 # --- the policy --------------------------------------------------------------------------------
 
 
 def test_the_default_policy_refuses_host_paths_and_nfs_and_says_which_value_allows_them() -> None:
-    t = with_template(
-        "spec.volumes",
-        [
+    t = TEMPLATED.set(
+        *TPL,
+        "spec",
+        "volumes",
+        value=[
             WEIGHTS,
             {"name": "nvme", "hostPath": {"path": "/mnt/nvme"}},
             {"name": "share", "nfs": {"server": "nfs", "path": "/models"}},
         ],
-    )
-    t["tune"]["volumeMounts"] = [{"name": "nvme", "mountPath": "/cache"}]
-    out = refusals(spec(t), ProfilePolicy())
+    ).set(*TPL, "tune", "volumeMounts", value=[{"name": "nvme", "mountPath": "/cache"}])
+    out = refusals(t.spec_model(), ProfilePolicy())
     assert len(out) == 2
     assert "spec.template.spec.volumes[nvme]: hostPath volumes are not allowed" in out[0]
     assert "profilePolicy.allowedVolumeTypes" in out[0] and "persistentVolumeClaim" in out[0]
     assert "volumes[share]: nfs" in out[1]
     allowing = ProfilePolicy(allowed_volume_types=("hostPath", "nfs", "persistentVolumeClaim"))
-    assert refusals(spec(t), allowing) == []
-    assert refusals(spec(), ProfilePolicy(allowed_volume_types=())) == []  # no template
+    assert refusals(t.spec_model(), allowing) == []
+    assert refusals(BASE.spec_model(), ProfilePolicy(allowed_volume_types=())) == []  # no template
 
 
 def test_named_classes_and_service_accounts() -> None:
@@ -467,13 +466,13 @@ def test_named_classes_and_service_accounts() -> None:
         allowed_priority_classes=(),
         allowed_service_accounts=("weights-reader", "other"),
     )
-    out = refusals(spec(TEMPLATE), strict)
+    out = refusals(TEMPLATED.spec_model(), strict)
     assert out == [
         "spec.template.spec.priorityClassName 'batch-low' is not allowed by the operator's "
         "profile policy (chart value profilePolicy.allowedPriorityClasses: none): add it there, "
         "or drop the field"
     ]
-    assert refusals(spec(TEMPLATE), ProfilePolicy()) == []
+    assert refusals(TEMPLATED.spec_model(), ProfilePolicy()) == []
 
 
 def test_the_policy_from_the_chart() -> None:
@@ -502,17 +501,11 @@ def test_config_reads_the_policy(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_refused_template_makes_no_job_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
-    t = with_template("spec.volumes", [{"name": "nvme", "hostPath": {"path": "/mnt/nvme"}}])
-    t["tune"]["volumeMounts"] = [{"name": "nvme", "mountPath": "/cache"}]
-    raw = json.loads(spec(t).model_dump_json(by_alias=True, exclude_none=True))
-    p = profile_view(
-        {
-            "apiVersion": "tunefleet.io/v1alpha1",
-            "kind": "TuningProfile",
-            "metadata": {"name": "p", "namespace": "ml", "uid": "uid-1", "generation": 3},
-            "spec": raw,
-        }
-    )
+    t = TEMPLATED.set(
+        *TPL, "spec", "volumes", value=[{"name": "nvme", "hostPath": {"path": "/mnt/nvme"}}]
+    ).set(*TPL, "tune", "volumeMounts", value=[{"name": "nvme", "mountPath": "/cache"}])
+    raw = json.loads(t.spec_model().model_dump_json(by_alias=True, exclude_none=True))
+    p = profile_view(make_profile().uid("uid-1").generation(3).spec_is(raw).obj())
     api = FakeKube(writers=RECONCILE_WRITERS)
     outcome = sync_profile(p, [], [], CFG, Memory(), Around(api))
     assert outcome.terminal and "hostPath" in str(outcome.error)
@@ -554,7 +547,7 @@ def test_a_taint_the_pod_does_not_tolerate_names_the_templates_tolerations() -> 
     from tunefleet.reconciler.diagnose import Hints, explain_unschedulable
     from tunefleet.reconciler.reconcile import hints_for
 
-    assert hints_for(spec(TEMPLATE), CFG).tolerations == ("dedicated",)
+    assert hints_for(TEMPLATED.spec_model(), CFG).tolerations == ("dedicated",)
     msg = "0/3 nodes are available: 3 node(s) had untolerated taint {spot: true}. preemption: 0/3 nodes are available: 3 Preemption is not helpful for scheduling."
     hints = Hints(
         label_key="nvidia.com/gpu.product", resource="nvidia.com/gpu", tolerations=("dedicated",)
@@ -562,19 +555,6 @@ def test_a_taint_the_pod_does_not_tolerate_names_the_templates_tolerations() -> 
     out = explain_unschedulable(msg, MODEL, hints)
     assert "it tolerates nvidia.com/gpu, dedicated" in out
     assert "add the taint to spec.template.spec.tolerations" in out
-
-
-def started_job(name: str = "tune-x") -> dict[str, Any]:
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": "ml",
-            "uid": "ju",
-            "labels": {naming.REVISION_LABEL: "r"},
-            "annotations": {naming.MODEL_ANNOTATION: MODEL},
-        },
-        "status": {"startTime": "2026-12-01T10:00:00Z", "active": 0, "conditions": []},
-    }
 
 
 def gathered_and_observed(
@@ -609,18 +589,16 @@ def test_a_pod_the_api_server_refuses_is_named_with_the_field_to_fix() -> None:
         asked.append(job["metadata"]["name"])
         return events
 
-    (obs,) = gathered_and_observed([started_job()], job_events)
+    (obs,) = gathered_and_observed([STARTED.obj()], job_events)
     assert (obs.state, obs.reason) == ("Pending", Reason.POD_CREATE_FAILED)
     assert 'serviceaccount "weights-reader" not found' in obs.message
     assert "fix spec.template.spec.serviceAccountName" in obs.message
     # A Job not started yet, or one with a pod, is not asked about.
-    fresh = started_job()
-    del fresh["status"]["startTime"]
+    fresh = STARTED.without("status", "startTime").obj()
     (obs,) = gathered_and_observed([fresh], job_events)
     assert not obs.reason and asked == ["tune-x"]
     # Nor one the Job controller counts an active pod for (the pod watch trails the Job's).
-    counted = started_job()
-    counted["status"]["active"] = 1
+    counted = STARTED.active(1).obj()
     (obs,) = gathered_and_observed([counted], job_events)
     assert not obs.reason and asked == ["tune-x"]
     runtime = [
@@ -629,26 +607,19 @@ def test_a_pod_the_api_server_refuses_is_named_with_the_field_to_fix() -> None:
             "message": 'pods "x" is forbidden: pod rejected: RuntimeClass "gpu" not found',
         }
     ]
-    (obs,) = gathered_and_observed([started_job()], lambda job: runtime)
+    (obs,) = gathered_and_observed([STARTED.obj()], lambda job: runtime)
     assert "fix spec.template.spec.runtimeClassName" in obs.message
 
 
 def test_reconcile_reads_a_podless_jobs_events_once_a_minute(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    s = spec(with_template("spec.serviceAccountName", "missing"))
+    s = TEMPLATED.set(*TPL, "spec", "serviceAccountName", value="missing").spec_model()
     raw = json.loads(s.model_dump_json(by_alias=True, exclude_none=True))
-    p = profile_view(
-        {
-            "apiVersion": "tunefleet.io/v1alpha1",
-            "kind": "TuningProfile",
-            "metadata": {"name": "llama", "namespace": "ml", "uid": "uid-1", "generation": 1},
-            "spec": raw,
-        }
-    )
+    p = profile_view(make_profile("llama").uid("uid-1").generation(1).spec_is(raw).obj())
     from tunefleet.informers.views import job_view
 
-    job = build_tuning_job(child(s))
+    job = build_tuning_job(replace(CHILD, spec=s))
     job["metadata"]["uid"] = "ju"
     job["status"] = {"startTime": "2026-12-01T10:00:00Z"}
     api = FakeKube(writers=RECONCILE_WRITERS, existing={job["metadata"]["name"]})

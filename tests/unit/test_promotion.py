@@ -8,40 +8,32 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tests.support.wrappers import make_artifact, make_observation, make_profile
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
-from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.contracts.pin import Pin
 from tunefleet.reconciler.observe import JobObservation
 from tunefleet.reconciler.status import Observed, compute_status
 from tuner_job.gain import Failure, Gain, paired
 
 MODEL = "AMD_Instinct_MI300X_OAM"
-BASE: dict[str, Any] = {
-    "image": "img:1",
-    "gpu": {"vendor": "amd", "models": [MODEL]},
-    "workload": {"shapes": [{"mnk": [8, 8, 8]}]},
-    "storage": {"uri": "s3://bkt/p"},
-}
-SPEC = TuningProfileSpec.model_validate(BASE)
+BASE = make_profile().image("img:1").gpu("amd", MODEL)
+SPEC = BASE.spec_model()
 REV = naming.revision(SPEC)
-SPEC2 = TuningProfileSpec.model_validate({**BASE, "image": "img:2"})
+SPEC2 = BASE.image("img:2").spec_model()
 REV2 = naming.revision(SPEC2)
+
+
+# Succeeded tuning Jobs of MODEL (j1 of REV, j2 of REV2), and the records their publish step
+# writes of each artifact: its termination message names no GPU model (the operator adds the
+# Job's); a test adds when it was tuned and what it gains.
+J1 = make_observation("j1", MODEL, REV, "Succeeded")
+J2 = make_observation("j2", MODEL, REV2, "Succeeded")
+A, B, C = (make_artifact("m", x * 64, "x", "ns").without("gpuModel").fields(gemms=3) for x in "abc")
 GOOD = Gain((paired("workload", [2.0] * 5, [1.0] * 5),))
 BAD = Gain((paired("workload", [1.0] * 5, [1.25] * 5),))
-
-
-def job(name: str, sha: str, rev: str, gain: Gain | None, tuned_at: str) -> JobObservation:
-    doc: dict[str, Any] = {
-        "uri": f"s3://bkt/p/ns/x/m/{sha}",
-        "sha256": sha,
-        "gemms": 3,
-        "tunedAt": tuned_at,
-    }
-    if gain is not None:
-        doc["gain"] = gain.to_dict()
-    record = ArtifactRecord.from_message(json.dumps(doc))
-    return JobObservation(name, MODEL, rev, "Succeeded", record=record)
+# The first artifact, a passing one, of the first Job.
+FIRST = J1.record(A.fields(tunedAt="2026-12-01T10:00:00Z", gain=GOOD.to_dict()))
 
 
 def status(
@@ -55,7 +47,7 @@ def ready(st: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_a_measured_gain_is_served_with_its_verdict_and_gain_column() -> None:
-    st = status(SPEC, [job("j1", "a" * 64, REV, GOOD, "2026-12-01T10:00:00Z")], {})
+    st = status(SPEC, [FIRST.obj()], {})
     (art,) = st["artifacts"]
     assert art["sha256"] == "a" * 64 and art["promotion"]["verdict"] == "Passed"
     assert art["gain"]["figures"][0]["speedup"] == 2.0
@@ -63,8 +55,8 @@ def test_a_measured_gain_is_served_with_its_verdict_and_gain_column() -> None:
 
 
 def test_a_loss_is_kept_for_the_record_never_served_and_the_previous_one_keeps_serving() -> None:
-    first = status(SPEC, [job("j1", "a" * 64, REV, GOOD, "2026-12-01T10:00:00Z")], {})
-    jobs = [job("j2", "b" * 64, REV2, BAD, "2026-12-02T10:00:00Z")]
+    first = status(SPEC, [FIRST.obj()], {})
+    jobs = [J2.record(B.fields(tunedAt="2026-12-02T10:00:00Z", gain=BAD.to_dict())).obj()]
     st = status(SPEC2, jobs, first)
     assert [a["sha256"] for a in st["artifacts"]] == ["a" * 64]
     (rejected,) = st["history"]
@@ -84,8 +76,12 @@ def test_an_artifact_that_crashed_its_workload_is_rejected_and_the_previous_keep
     crashed = Gain(
         (), failed=Failure("workload", "the workload was killed by SIGSEGV with the artifact")
     )
-    first = status(SPEC, [job("j1", "a" * 64, REV, GOOD, "2026-12-01T10:00:00Z")], {})
-    st = status(SPEC2, [job("j2", "c" * 64, REV2, crashed, "2026-12-02T10:00:00Z")], first)
+    first = status(SPEC, [FIRST.obj()], {})
+    st = status(
+        SPEC2,
+        [J2.record(C.fields(tunedAt="2026-12-02T10:00:00Z", gain=crashed.to_dict())).obj()],
+        first,
+    )
     assert [a["sha256"] for a in st["artifacts"]] == ["a" * 64]
     (rejected,) = st["history"]
     assert rejected["promotion"]["verdict"] == "Rejected"
@@ -96,7 +92,9 @@ def test_an_artifact_that_crashed_its_workload_is_rejected_and_the_previous_keep
 
 
 def test_a_loss_with_nothing_before_it_leaves_the_model_unserved_and_says_what_to_do() -> None:
-    st = status(SPEC, [job("j1", "b" * 64, REV, BAD, "2026-12-02T10:00:00Z")], {})
+    st = status(
+        SPEC, [J1.record(B.fields(tunedAt="2026-12-02T10:00:00Z", gain=BAD.to_dict())).obj()], {}
+    )
     assert st["artifacts"] == []
     r = ready(st)
     assert r["status"] == "False" and r["reason"] == "PromotionRejected"
@@ -105,11 +103,11 @@ def test_a_loss_with_nothing_before_it_leaves_the_model_unserved_and_says_what_t
 
 def test_a_raised_min_gain_rejudges_and_noise_alone_never_rejects() -> None:
     flat = Gain((paired("workload", [1.0, 1.02, 0.99, 1.0, 1.01], [1.0, 1.0, 1.01, 0.99, 1.0]),))
-    st = status(SPEC, [job("j1", "a" * 64, REV, flat, "t1")], {})
+    st = status(SPEC, [J1.record(A.fields(tunedAt="t1", gain=flat.to_dict())).obj()], {})
     assert st["artifacts"] and st["artifacts"][0]["promotion"]["verdict"] == "Passed"
-    strict = TuningProfileSpec.model_validate({**BASE, "promotion": {"minGain": 0.5}})
+    strict = BASE.spec(promotion={"minGain": 0.5}).spec_model()
     assert naming.revision(strict) == REV  # the gate retunes nothing
-    st2 = status(strict, [job("j1", "a" * 64, REV, flat, "t1")], st)
+    st2 = status(strict, [J1.record(A.fields(tunedAt="t1", gain=flat.to_dict())).obj()], st)
     # Nothing else passes: what serves keeps serving, and says it fails the gate now.
     (art,) = st2["artifacts"]
     assert art["promotion"]["verdict"] == "Rejected" and st2["phase"] == "Rejected"
@@ -118,8 +116,16 @@ def test_a_raised_min_gain_rejudges_and_noise_alone_never_rejects() -> None:
 
 def _two_of_one_revision() -> dict[str, Any]:
     """A then B, both of REV and both passing: B serves, A is in history."""
-    a = status(SPEC, [job("j1", "a" * 64, REV, GOOD, "2026-12-01T10:00:00Z")], {})
-    return status(SPEC, [job("j2", "b" * 64, REV, GOOD, "2026-12-02T10:00:00Z")], a)
+    a = status(SPEC, [FIRST.obj()], {})
+    return status(
+        SPEC,
+        [
+            J2.fields(revision=REV)
+            .record(B.fields(tunedAt="2026-12-02T10:00:00Z", gain=GOOD.to_dict()))
+            .obj()
+        ],
+        a,
+    )
 
 
 def test_a_pin_serves_an_earlier_artifact_of_the_revision_and_unpin_returns_to_the_newest() -> None:
@@ -134,7 +140,16 @@ def test_a_pin_serves_an_earlier_artifact_of_the_revision_and_unpin_returns_to_t
     assert "is pinned (b regressed p99)" in ready(pinned)["message"]
     assert pinned["gain"] == "2.00x pinned"
     # While the Job that made B is still there, the pin holds.
-    held = status(SPEC, [job("j2", "b" * 64, REV, GOOD, "2026-12-02T10:00:00Z")], pinned, pins=pins)
+    held = status(
+        SPEC,
+        [
+            J2.fields(revision=REV)
+            .record(B.fields(tunedAt="2026-12-02T10:00:00Z", gain=GOOD.to_dict()))
+            .obj()
+        ],
+        pinned,
+        pins=pins,
+    )
     assert held["artifacts"][0]["sha256"] == "a" * 64
     back = status(SPEC, [], held)
     assert back["artifacts"][0]["sha256"] == "b" * 64 and "pinned" not in back["artifacts"][0]
@@ -142,8 +157,8 @@ def test_a_pin_serves_an_earlier_artifact_of_the_revision_and_unpin_returns_to_t
 
 
 def test_a_pin_of_another_revision_or_an_unknown_artifact_is_ignored_and_said() -> None:
-    first = status(SPEC, [job("j1", "a" * 64, REV, GOOD, "t1")], {})
-    st = status(SPEC2, [job("j2", "b" * 64, REV2, GOOD, "t2")], first)
+    first = status(SPEC, [J1.record(A.fields(tunedAt="t1", gain=GOOD.to_dict())).obj()], {})
+    st = status(SPEC2, [J2.record(B.fields(tunedAt="t2", gain=GOOD.to_dict())).obj()], first)
     other = status(SPEC2, [], st, pins={MODEL: Pin(MODEL, "a" * 64, "x")})
     assert other["artifacts"][0]["sha256"] == "b" * 64
     assert f"tuned for revision {REV}" in ready(other)["message"]
@@ -171,14 +186,14 @@ def test_a_forged_verdict_in_status_is_not_trusted() -> None:
 
 
 def test_artifacts_from_before_the_gate_are_served_as_they_were() -> None:
-    st = status(SPEC, [job("j1", "a" * 64, REV, None, "t1")], {})
+    st = status(SPEC, [J1.record(A.fields(tunedAt="t1")).obj()], {})
     (art,) = st["artifacts"]
     assert "promotion" not in art and "gain" not in art and "gain" not in st
 
 
 def test_a_forced_pin_of_a_rejected_artifact_serves_it_and_unpin_returns_to_the_passing() -> None:
-    first = status(SPEC, [job("j1", "a" * 64, REV, GOOD, "t1")], {})
-    jobs = [job("j2", "b" * 64, REV2, BAD, "t2")]
+    first = status(SPEC, [J1.record(A.fields(tunedAt="t1", gain=GOOD.to_dict())).obj()], {})
+    jobs = [J2.record(B.fields(tunedAt="t2", gain=BAD.to_dict())).obj()]
     st = status(SPEC2, jobs, first)
     pins = {MODEL: Pin(MODEL, "b" * 64, "forced", "t3")}
     pinned = status(SPEC2, jobs, st, pins=pins)
@@ -193,8 +208,8 @@ def test_a_forced_pin_of_a_rejected_artifact_serves_it_and_unpin_returns_to_the_
 def test_the_same_bytes_tuned_again_under_a_new_spec_are_judged_for_that_spec() -> None:
     # The library gave every row back: the second revision's results are byte for byte the
     # first's, but measured under the new spec they lose. The first record keeps serving.
-    first = status(SPEC, [job("j1", "a" * 64, REV, GOOD, "t1")], {})
-    st = status(SPEC2, [job("j2", "a" * 64, REV2, BAD, "t2")], first)
+    first = status(SPEC, [J1.record(A.fields(tunedAt="t1", gain=GOOD.to_dict())).obj()], {})
+    st = status(SPEC2, [J2.record(A.fields(tunedAt="t2", gain=BAD.to_dict())).obj()], first)
     (art,) = st["artifacts"]
     assert art["revision"] == REV and art["promotion"]["verdict"] == "Passed"
     (h,) = st["history"]
@@ -210,8 +225,12 @@ def test_the_cached_view_of_a_profile_keeps_its_pins_for_the_reconcile() -> None
     from tunefleet.informers.views import profile_view
 
     pins = {MODEL: Pin(MODEL, "a" * 64, "why", "t")}
-    raw = {"metadata": {"name": "p", "namespace": "n", "annotations": {
-        pin.ANNOTATION: pin.value(pins), "other": "dropped"}}, "spec": {}}  # fmt: skip
+    raw = (
+        make_profile("p", "n")
+        .spec_is({})
+        .annotations({pin.ANNOTATION: pin.value(pins), "other": "dropped"})
+        .obj()
+    )
     view = profile_view(raw)
     assert pin.read(view["metadata"]["annotations"]) == pins
     assert "other" not in view["metadata"]["annotations"]

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube, OverGenerated
+from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube, Generated, OverGenerated, raw
 from tests.support.profiles import CFG, MODELS, jobs_for, profile
 from tunefleet import kube
 from tunefleet.informers.views import profile_view
@@ -137,17 +137,15 @@ def test_create_owned_reads_already_exists_before_translating(
 ) -> None:
     there: dict[str, Any] = {"metadata": {"ownerReferences": [{"controller": True, "uid": "u"}]}}
 
-    class Batch:
-        def __init__(self, *_: Any) -> None:
-            pass
+    def exists(ns: str, body: Any, **_: Any) -> None:
+        raise api_exception(409, "already exists")
 
-        def create_namespaced_job(self, ns: str, body: Any, **_: Any) -> None:
-            raise api_exception(409, "already exists")
-
-        def read_namespaced_job(self, name: str, ns: str, **_: Any) -> Any:
-            return type("R", (), {"data": json.dumps(there).encode()})()
-
-    client = OverGenerated(batch=Batch())
+    client = OverGenerated(
+        batch=Generated(
+            create_namespaced_job=exists,
+            read_namespaced_job=lambda name, ns, **_: raw(there),
+        )
+    )
     job = {
         "kind": "Job",
         "metadata": {

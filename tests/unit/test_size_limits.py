@@ -16,6 +16,7 @@ import pytest
 from pydantic import ValidationError
 
 from tests.support.largest import json_bound, largest_spec, largest_template, template_schema
+from tests.support.wrappers import make_profile
 from tunefleet.api import TuningProfileSpec
 from tunefleet.builders.job import TUNE_COMMAND, Child, build_tuning_config_map, build_tuning_job
 from tunefleet.config import Config
@@ -33,31 +34,20 @@ def size(obj: Any) -> int:
     return len(json.dumps(obj, separators=(",", ":")).encode())
 
 
-@pytest.fixture(scope="module")
-def spec() -> TuningProfileSpec:
-    return TuningProfileSpec.model_validate(largest_spec(template=True))
-
-
-def derived(spec: TuningProfileSpec) -> tuple[dict[str, Any], dict[str, Any]]:
-    args = {
-        "namespace": "n" * 63,
-        "profile": "p" * 63,
-        "uid": "0" * 36,
-        "model": spec.gpu.models[0],
-    }
-    child = Child(spec, config=Config(), **args)
-    cm = build_tuning_config_map(child)
-    job = build_tuning_job(child)
-    return cm, job
+# The largest profile's spec, and its tuning child under the longest names the API server takes.
+LARGEST = TuningProfileSpec.model_validate(largest_spec(template=True))
+CHILD = Child(
+    LARGEST,
+    namespace="n" * 63,
+    profile="p" * 63,
+    uid="0" * 36,
+    model=LARGEST.gpu.models[0],
+    config=Config(),
+)
 
 
 def test_the_largest_profile_fits_in_etcd_with_room_for_status() -> None:
-    profile = {
-        "apiVersion": "tunefleet.io/v1alpha1",
-        "kind": "TuningProfile",
-        "metadata": {"name": "p" * 63, "namespace": "n" * 63},
-        "spec": largest_spec(template=True),
-    }
+    profile = make_profile("p" * 63, "n" * 63).spec_is(largest_spec(template=True)).obj()
     assert size(profile) < ETCD_OBJECT - 256 * 1024, size(profile)
 
 
@@ -78,15 +68,15 @@ def test_one_volume_more_is_refused() -> None:
         TuningProfileSpec.model_validate(raw)
 
 
-def test_its_configmap_and_job_fit(spec: TuningProfileSpec) -> None:
-    cm, job = derived(spec)
+def test_its_configmap_and_job_fit() -> None:
+    cm, job = build_tuning_config_map(CHILD), build_tuning_job(CHILD)
     assert sum(len(v.encode()) for v in cm["data"].values()) < CONFIGMAP_DATA
     assert size(job) < ETCD_OBJECT
     assert size(cm) < ETCD_OBJECT
 
 
-def test_the_tune_container_can_exec_and_so_can_the_workload(spec: TuningProfileSpec) -> None:
-    _, job = derived(spec)
+def test_the_tune_container_can_exec_and_so_can_the_workload() -> None:
+    job = build_tuning_job(CHILD)
     tune = next(c for c in job["spec"]["template"]["spec"]["initContainers"] if c["name"] == "tune")
     argv = [*tune["command"], *tune["args"]]
     env = [f"{e['name']}={e.get('value', '')}" for e in tune["env"]]

@@ -5,41 +5,31 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tests.support.wrappers import make_artifact, make_job, make_observation, make_pod, make_profile
 from tunefleet import naming
-from tunefleet.api import TuningProfileSpec
-from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.reconciler.diagnose import Hints, pull_secrets_missing
-from tunefleet.reconciler.observe import JobObservation as _Observation
 from tunefleet.reconciler.observe import observe_job
 from tunefleet.reconciler.status import Observed, compute_status, status_changed
 
-
-def JobObservation(*args: Any, result: dict[str, Any] | None = None, **kw: Any) -> _Observation:
-    """An observation whose publish step left `result` as its termination message."""
-    record = ArtifactRecord.from_message(json.dumps(result)) if result is not None else None
-    return _Observation(*args, record=record, **kw)
-
-
 MODELS = ["AMD_Instinct_MI300X_OAM", "AMD_Instinct_MI325X_OAM"]
-SPEC = TuningProfileSpec.model_validate(
-    {
-        "image": "img:1",
-        "gpu": {"vendor": "amd", "models": MODELS},
-        "workload": {"shapes": [{"mnk": [8, 8, 8]}]},
-        "storage": {"uri": "s3://bkt/p"},
-    }
-)
+SPEC = make_profile().image("img:1").gpu("amd", *MODELS).spec_model()
 REV = naming.revision(SPEC)
-
-
-def result(sha: str, gemms: int = 3) -> dict[str, Any]:
-    return {
-        "uri": f"s3://bkt/p/ns/x/m/{sha}",
-        "sha256": sha,
-        "gemms": gemms,
-        "tunedAt": "2026-11-29T10:00:00Z",
-        "identity": {"gpuName": "MI300X", "torch": "2.11"},
-    }
+# What a publish step writes of an artifact (its termination message names no GPU model), one
+# for each digest the tests use ("a" * 64 at RESULTS["a"]).
+RESULTS = {
+    c: make_artifact("m", c * 64, "x", "ns")
+    .without("gpuModel")
+    .fields(gemms=3, tunedAt="2026-11-29T10:00:00Z")
+    .identity({"gpuName": "MI300X", "torch": "2.11"})
+    for c in "01abcd"
+}
+# The tuning Job of MODELS[0] as its informer sees it, and pods of it: one whose steps ended
+# (`.terminated(...)`), and one alive: Pending, and on node n1 once SCHEDULED.
+JOB = make_job().uid("u").revision(REV).gpu_model(MODELS[0]).conditions().active(0)
+ENDED = make_pod("p").created("2026-11-29T10:00:00Z")
+LIVE = make_pod("p").uid("pu").created("t").phase("Pending").status(conditions=[])
+SCHEDULED = LIVE.spec(nodeName="n1").status(conditions=[{"type": "PodScheduled", "status": "True"}])
+UNSCHEDULABLE = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
 
 
 def cond(status: dict[str, Any], t: str) -> dict[str, Any]:
@@ -48,7 +38,7 @@ def cond(status: dict[str, Any], t: str) -> dict[str, Any]:
 
 def test_all_models_published_is_ready() -> None:
     jobs = [
-        JobObservation(f"j{i}", m, REV, "Succeeded", result=result(f"{i}" * 64))
+        make_observation(f"j{i}", m, REV, "Succeeded").record(RESULTS[str(i)]).obj()
         for i, m in enumerate(MODELS)
     ]
     st = compute_status(
@@ -65,8 +55,8 @@ def test_all_models_published_is_ready() -> None:
 
 def test_partial_progress_and_waiting_message() -> None:
     jobs = [
-        JobObservation("j0", MODELS[0], REV, "Succeeded", result=result("a" * 64)),
-        JobObservation("j1", MODELS[1], REV, "Running"),
+        make_observation("j0", MODELS[0], REV, "Succeeded").record(RESULTS["a"]).obj(),
+        make_observation("j1", MODELS[1], REV, "Running").obj(),
     ]
     st = compute_status(Observed(generation=1, spec=SPEC, jobs=jobs), "t").to_status()
     assert st["phase"] == "Tuning"
@@ -77,10 +67,10 @@ def test_partial_progress_and_waiting_message() -> None:
 
 def test_failure_carries_the_pods_message() -> None:
     jobs = [
-        JobObservation(
-            "j0", MODELS[0], REV, "Failed", "Job j0 failed; container tune exited 1: no GPU"
-        ),
-        JobObservation("j1", MODELS[1], REV, "Running"),
+        make_observation("j0", MODELS[0], REV, "Failed")
+        .fields(message="Job j0 failed; container tune exited 1: no GPU")
+        .obj(),
+        make_observation("j1", MODELS[1], REV, "Running").obj(),
     ]
     st = compute_status(Observed(generation=1, spec=SPEC, jobs=jobs), "t").to_status()
     assert st["phase"] == "Failed"
@@ -89,12 +79,12 @@ def test_failure_carries_the_pods_message() -> None:
 
 
 def test_new_artifact_moves_old_to_history_and_transition_time_is_kept() -> None:
-    old = {"gpuModel": MODELS[0], "uri": "s3://b/old", "sha256": "f" * 64, "revision": "old"}
+    old = make_artifact(MODELS[0], "f" * 64).uri("s3://b/old").revision("old").obj()
     prev = compute_status(
         Observed(generation=1, spec=SPEC, previous={"artifacts": [old]}), "t1"
     ).to_status()
     assert prev["artifacts"] == [old]
-    jobs = [JobObservation("j0", MODELS[0], REV, "Succeeded", result=result("a" * 64))]
+    jobs = [make_observation("j0", MODELS[0], REV, "Succeeded").record(RESULTS["a"]).obj()]
     st = compute_status(
         Observed(generation=1, spec=SPEC, jobs=jobs, previous=prev), "t2"
     ).to_status()
@@ -109,7 +99,11 @@ def test_new_artifact_moves_old_to_history_and_transition_time_is_kept() -> None
 
 
 def test_jobs_of_another_revision_are_ignored() -> None:
-    jobs = [JobObservation("old", MODELS[0], "0000000000", "Failed", "old failure")]
+    jobs = [
+        make_observation("old", MODELS[0], "0000000000", "Failed")
+        .fields(message="old failure")
+        .obj()
+    ]
     st = compute_status(Observed(generation=2, spec=SPEC, jobs=jobs), "t").to_status()
     assert cond(st, "Failed")["status"] == "False"
     assert st["phase"] == "Pending"
@@ -124,46 +118,23 @@ def test_invalid_spec_is_reported() -> None:
     assert cond(st, "Ready")["reason"] == "InvalidSpec"
 
 
-def _job(conditions: list[dict[str, Any]], active: int = 0) -> dict[str, Any]:
-    return {
-        "metadata": {
-            "name": "tune-x",
-            "namespace": "ml",
-            "uid": "u",
-            "labels": {naming.REVISION_LABEL: REV},
-            "annotations": {"tunefleet.io/gpu-model": MODELS[0]},
-        },
-        "status": {"conditions": conditions, "active": active},
-    }
-
-
-def _pod(name: str, code: int, message: str, init: bool = False) -> dict[str, Any]:
-    key = "initContainerStatuses" if init else "containerStatuses"
-    return {
-        "metadata": {"name": "p", "creationTimestamp": "2026-11-29T10:00:00Z"},
-        "status": {
-            key: [{"name": name, "state": {"terminated": {"exitCode": code, "message": message}}}]
-        },
-    }
-
-
 def test_observe_completed_job_reads_the_publish_message() -> None:
-    msg = json.dumps(result("c" * 64))
-    obs = observe_job(_job([{"type": "Complete", "status": "True"}]), [_pod("publish", 0, msg)])
+    msg = json.dumps(RESULTS["c"].obj())
+    obs = observe_job(JOB.condition("Complete").obj(), [ENDED.terminated("publish", 0, msg).obj()])
     assert obs.state == "Succeeded" and obs.record is not None and obs.record.sha256 == "c" * 64
 
 
 def test_observe_completed_job_without_record_is_a_failure() -> None:
-    obs = observe_job(_job([{"type": "Complete", "status": "True"}]), [_pod("publish", 0, "")])
+    obs = observe_job(JOB.condition("Complete").obj(), [ENDED.terminated("publish", 0, "").obj()])
     assert obs.state == "Failed" and "termination message" in obs.message
 
 
 def test_observe_failed_job_quotes_the_failing_container() -> None:
-    failed = [
-        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "limit"}
-    ]
-    pod = _pod("tune", 2, "tuner_job: error: TunableOp needs a ROCm or CUDA GPU", init=True)
-    obs = observe_job(_job(failed), [pod])
+    failed = JOB.condition("Failed", reason="BackoffLimitExceeded", message="limit").obj()
+    pod = ENDED.terminated(
+        "tune", 2, "tuner_job: error: TunableOp needs a ROCm or CUDA GPU", init=True
+    ).obj()
+    obs = observe_job(failed, [pod])
     assert obs.state == "Failed"
     assert (
         "container tune exited 2: tuner_job: error: TunableOp needs a ROCm or CUDA GPU"
@@ -172,20 +143,12 @@ def test_observe_failed_job_quotes_the_failing_container() -> None:
     assert "kubectl delete job -n ml tune-x" in obs.message
 
 
-def _live(conditions: list[dict[str, Any]], node: str = "", **statuses: Any) -> dict[str, Any]:
-    return {
-        "metadata": {"name": "p", "namespace": "ml", "uid": "pu", "creationTimestamp": "t"},
-        "spec": {"nodeName": node} if node else {},
-        "status": {"phase": "Pending", "conditions": conditions, **statuses},
-    }
-
-
 def test_observe_running_needs_a_scheduled_pod() -> None:
-    scheduled = _live([{"type": "PodScheduled", "status": "True"}], node="n1")
-    assert observe_job(_job([], active=1), [scheduled]).state == "Running"
+    scheduled = SCHEDULED.obj()
+    assert observe_job(JOB.active(1).obj(), [scheduled]).state == "Running"
     # A Job's "active" counts pods that are not even scheduled: that is not tuning.
-    assert observe_job(_job([], active=1), []).state == "Pending"
-    assert observe_job(_job([]), []).state == "Pending"
+    assert observe_job(JOB.active(1).obj(), []).state == "Pending"
+    assert observe_job(JOB.obj(), []).state == "Pending"
 
 
 SCHED = Hints(
@@ -197,15 +160,10 @@ SCHED = Hints(
 )
 
 
-def unschedulable(message: str) -> dict[str, Any]:
-    return _live(
-        [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]
-    )
-
-
 def test_no_node_with_the_model_is_named_with_the_fix() -> None:
     msg = "0/7 nodes are available: 7 node(s) didn't match Pod's node affinity/selector. preemption: 0/7 nodes are available: 7 Preemption is not helpful for scheduling."
-    obs = observe_job(_job([], active=1), [unschedulable(msg)], SCHED)
+    pod = LIVE.status(conditions=[{**UNSCHEDULABLE, "message": msg}]).obj()
+    obs = observe_job(JOB.active(1).obj(), [pod], SCHED)
     assert obs.state == "Pending" and obs.reason == "Unschedulable"
     assert f"no node has amd.com/gpu.product-name={MODELS[0]}" in obs.message
     assert "kubectl label node" in obs.message and "scheduler: 0/7 nodes" in obs.message
@@ -215,7 +173,8 @@ def test_no_node_with_the_model_is_named_where_other_pools_are_tainted() -> None
     # GPU pools tainted as on real clusters: the scheduler names the other pools' taints, not
     # their labels, for the nodes the tuning pod does not tolerate.
     msg = "0/7 nodes are available: 3 node(s) didn't match Pod's node affinity/selector, 4 node(s) had untolerated taint(s). no new claims to deallocate, preemption: 0/7 nodes are available: 7 Preemption is not helpful for scheduling."
-    obs = observe_job(_job([], active=1), [unschedulable(msg)], SCHED)
+    pod = LIVE.status(conditions=[{**UNSCHEDULABLE, "message": msg}]).obj()
+    obs = observe_job(JOB.active(1).obj(), [pod], SCHED)
     assert obs.reason == "Unschedulable"
     assert f"no node has amd.com/gpu.product-name={MODELS[0]} among those" in obs.message
     assert "4 more have a taint it does not tolerate: it tolerates amd.com/gpu only" in obs.message
@@ -224,51 +183,56 @@ def test_no_node_with_the_model_is_named_where_other_pools_are_tainted() -> None
 
 def test_a_taint_on_every_node_is_named() -> None:
     msg = "0/3 nodes are available: 3 node(s) had untolerated taint {dedicated: team-a}. preemption: 0/3 nodes are available: 3 Preemption is not helpful for scheduling."
-    obs = observe_job(_job([], active=1), [unschedulable(msg)], SCHED)
+    pod = LIVE.status(conditions=[{**UNSCHEDULABLE, "message": msg}]).obj()
+    obs = observe_job(JOB.active(1).obj(), [pod], SCHED)
     assert "have a taint the tuning pod does not tolerate" in obs.message, obs.message
 
 
 def test_all_gpus_taken_is_named() -> None:
     msg = "0/7 nodes are available: 1 Insufficient amd.com/gpu, 6 node(s) didn't match Pod's node affinity/selector. preemption: 0/7 nodes are available: 1 No preemption victims found for incoming pod, 6 Preemption is not helpful for scheduling."
-    obs = observe_job(_job([], active=1), [unschedulable(msg)], SCHED)
+    pod = LIVE.status(conditions=[{**UNSCHEDULABLE, "message": msg}]).obj()
+    obs = observe_job(JOB.active(1).obj(), [pod], SCHED)
     assert obs.reason == "Unschedulable" and "has its amd.com/gpu in use" in obs.message
 
 
-def waiting(name: str, reason: str, message: str, image: str = "img:1") -> dict[str, Any]:
-    cs = {
-        "name": name,
-        "image": image,
-        "state": {"waiting": {"reason": reason, "message": message}},
-    }
-    return _live(
-        [{"type": "PodScheduled", "status": "True"}], node="n1", initContainerStatuses=[cs]
-    )
-
-
 def test_missing_credentials_secret_is_named_with_the_fix() -> None:
-    pod = waiting("publish", "CreateContainerConfigError", 'secret "s3" not found')
-    obs = observe_job(_job([], active=1), [pod], SCHED)
+    waiting = {"reason": "CreateContainerConfigError", "message": 'secret "s3" not found'}
+    pod = SCHEDULED.status(
+        initContainerStatuses=[{"name": "publish", "image": "img:1", "state": {"waiting": waiting}}]
+    ).obj()
+    obs = observe_job(JOB.active(1).obj(), [pod], SCHED)
     assert obs.state == "Pending" and obs.reason == "SecretMissing"
     assert "Secret s3 (S3 credentials for publishing) does not exist in namespace ml" in obs.message
     assert "kubectl create secret generic s3 -n ml" in obs.message
-    pod = waiting("tune", "CreateContainerConfigError", 'secret "hf-token" not found')
-    obs = observe_job(_job([], active=1), [pod], SCHED)
+    waiting = {"reason": "CreateContainerConfigError", "message": 'secret "hf-token" not found'}
+    pod = SCHEDULED.status(
+        initContainerStatuses=[{"name": "tune", "image": "img:1", "state": {"waiting": waiting}}]
+    ).obj()
+    obs = observe_job(JOB.active(1).obj(), [pod], SCHED)
     assert (
         "Secret hf-token, referenced by spec.workload.env or spec.template.tune.envFrom"
         in obs.message
     )
-    pod = waiting(
-        "publish",
-        "CreateContainerConfigError",
-        "couldn't find key AWS_SECRET_ACCESS_KEY in Secret ml/s3",
-    )
-    obs = observe_job(_job([], active=1), [pod], SCHED)
+    waiting = {
+        "reason": "CreateContainerConfigError",
+        "message": "couldn't find key AWS_SECRET_ACCESS_KEY in Secret ml/s3",
+    }
+    pod = SCHEDULED.status(
+        initContainerStatuses=[{"name": "publish", "image": "img:1", "state": {"waiting": waiting}}]
+    ).obj()
+    obs = observe_job(JOB.active(1).obj(), [pod], SCHED)
     assert obs.reason == "SecretMissing" and "has no key AWS_SECRET_ACCESS_KEY" in obs.message
 
 
 def test_image_pull_failure_names_missing_pull_secrets() -> None:
-    pod = waiting("tune", "ImagePullBackOff", 'Back-off pulling image "reg.example.com/x:1"')
-    obs = observe_job(_job([], active=1), [pod], SCHED)
+    waiting = {
+        "reason": "ImagePullBackOff",
+        "message": 'Back-off pulling image "reg.example.com/x:1"',
+    }
+    pod = SCHEDULED.status(
+        initContainerStatuses=[{"name": "tune", "image": "img:1", "state": {"waiting": waiting}}]
+    ).obj()
+    obs = observe_job(JOB.active(1).obj(), [pod], SCHED)
     assert obs.reason == "ImagePullFailed" and "spec.imagePullSecrets" in obs.message
     events = [
         {
@@ -281,14 +245,16 @@ def test_image_pull_failure_names_missing_pull_secrets() -> None:
     hints = Hints(
         **{**SCHED.__dict__, "pull_secrets": ("regcred", "other"), "missing_pull_secrets": missing}
     )
-    obs = observe_job(_job([], active=1), [pod], hints)
+    obs = observe_job(JOB.active(1).obj(), [pod], hints)
     assert "image pull Secret(s) regcred, other do not exist in namespace ml" in obs.message
 
 
 def test_blocked_jobs_make_the_profile_pending_with_the_reason() -> None:
     jobs = [
-        JobObservation("j0", MODELS[0], REV, "Pending", "no node has X", reason="Unschedulable"),
-        JobObservation("j1", MODELS[1], REV, "Running"),
+        make_observation("j0", MODELS[0], REV, "Pending")
+        .fields(message="no node has X", reason="Unschedulable")
+        .obj(),
+        make_observation("j1", MODELS[1], REV, "Running").obj(),
     ]
     st = compute_status(Observed(generation=1, spec=SPEC, jobs=jobs), "t").to_status()
     assert st["phase"] == "Pending"
@@ -301,25 +267,13 @@ def test_blocked_jobs_make_the_profile_pending_with_the_reason() -> None:
 def test_outcomes_show_as_tuned_over_total_and_default_only_is_said() -> None:
     cuda = {"torch": "2.11.0+cu130", "cuda": "13.0", "gpuName": "H100"}
     jobs = [
-        JobObservation(
-            "j0",
-            MODELS[0],
-            REV,
-            "Succeeded",
-            result={
-                **result("a" * 64, 4),
-                "outcomes": {"tuned": 0, "default": 4},
-                "identity": cuda,
-            },
-        ),
-        JobObservation(
-            "j1",
-            MODELS[1],
-            REV,
-            "Succeeded",
-            result={**result("b" * 64, 5), "outcomes": {"tuned": 3, "default": 2}},
-            image_id="reg.example.com/img@sha256:" + "c" * 64,
-        ),
+        make_observation("j0", MODELS[0], REV, "Succeeded")
+        .record(RESULTS["a"].fields(gemms=4, outcomes={"tuned": 0, "default": 4}, identity=cuda))
+        .obj(),
+        make_observation("j1", MODELS[1], REV, "Succeeded")
+        .record(RESULTS["b"].fields(gemms=5, outcomes={"tuned": 3, "default": 2}))
+        .fields(image_id="reg.example.com/img@sha256:" + "c" * 64)
+        .obj(),
     ]
     st = compute_status(Observed(generation=1, spec=SPEC, jobs=jobs), "t").to_status()
     assert st["tunedGemms"] == "3/9"
@@ -333,14 +287,13 @@ def test_outcomes_show_as_tuned_over_total_and_default_only_is_said() -> None:
 
 
 def test_artifacts_from_before_outcomes_show_unknown() -> None:
-    jobs = [JobObservation("j0", MODELS[0], REV, "Succeeded", result=result("a" * 64))]
+    jobs = [make_observation("j0", MODELS[0], REV, "Succeeded").record(RESULTS["a"]).obj()]
     st = compute_status(Observed(generation=1, spec=SPEC, jobs=jobs), "t").to_status()
     assert st["tunedGemms"] == "?/3"
 
 
 def test_a_merge_jobs_record_is_the_artifact() -> None:
-    merge = _job([{"type": "Complete", "status": "True"}])
-    merge["metadata"]["labels"][naming.ROLE_LABEL] = "merge"
-    msg = json.dumps({**result("d" * 64), "shards": 2})
-    obs = observe_job(merge, [_pod("merge", 0, msg)])
+    merge = JOB.condition("Complete").role("merge").obj()
+    msg = json.dumps(RESULTS["d"].fields(shards=2).obj())
+    obs = observe_job(merge, [ENDED.terminated("merge", 0, msg).obj()])
     assert obs.state == "Succeeded" and obs.role == "merge" and obs.record is not None

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tunefleet.api import TuningProfileSpec
+from tests.support.wrappers import make_artifact, make_model_pod, make_profile
 from tunefleet.builders.job import Child, build_merge_job, build_tuning_job
 from tunefleet.config import Config
 from tunefleet.storage import registry
@@ -20,15 +20,8 @@ SHA = "ab" * 32
 CFG = Config(image="tunefleet:1", default_credentials_secret="operator-default")
 
 
-def spec(uri: str) -> TuningProfileSpec:
-    return TuningProfileSpec.model_validate(
-        {
-            "image": "serve:1",
-            "gpu": {"vendor": "nvidia", "models": ["NVIDIA-H200"], "parallelism": 2},
-            "workload": {"shapes": [{"mnk": [8, 8, 8]}]},
-            "storage": {"uri": uri},
-        }
-    )
+BASE = make_profile("llm").gpu("nvidia", "NVIDIA-H200", parallelism=2)
+PVC = BASE.storage("pvc://artifacts/team")
 
 
 def test_uris_by_scheme() -> None:
@@ -78,8 +71,7 @@ def _containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_a_pvc_profiles_jobs_mount_the_claim_and_carry_no_credentials() -> None:
-    s = spec("pvc://artifacts/team")
-    child = Child(s, "ml", "llm", "uid-1", "NVIDIA-H200", CFG)
+    child = Child(PVC.spec_model(), "ml", "llm", "uid-1", "NVIDIA-H200", CFG)
     for job in (
         build_tuning_job(child),
         build_merge_job(child),
@@ -100,22 +92,9 @@ def test_a_pvc_profiles_jobs_mount_the_claim_and_carry_no_credentials() -> None:
 
 
 def test_a_pvc_profiles_model_pods_mount_the_claim_read_only_in_fetch_only() -> None:
-    profile = {
-        "spec": spec("pvc://artifacts/team").model_dump(by_alias=True, exclude_none=True),
-        "status": {
-            "artifacts": [
-                {
-                    "gpuModel": "NVIDIA-H200",
-                    "uri": f"pvc://artifacts/team/ml/llm/NVIDIA-H200/{SHA}",
-                    "sha256": SHA,
-                }
-            ]
-        },
-    }
-    pod = {
-        "metadata": {"name": "m", "labels": {"tunefleet.io/profile": "llm"}},
-        "spec": {"containers": [{"name": "server", "image": "serve:1"}]},
-    }
+    artifact = make_artifact("NVIDIA-H200", SHA, "llm", base="pvc://artifacts/team")
+    profile = PVC.artifacts(artifact).obj()
+    pod = make_model_pod("llm").obj()
     d = admit(pod, "llm", profile, CFG)
     assert d.injected
     spec_ = d.pod["spec"]

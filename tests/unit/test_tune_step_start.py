@@ -7,9 +7,7 @@ the command fails to start with `exec: "<cmd>": executable file not found in $PA
 
 from __future__ import annotations
 
-from typing import Any
-
-from tunefleet import naming
+from tests.support.wrappers import make_job, make_pod
 from tunefleet.informers.views import pod_view
 from tunefleet.reconciler.diagnose import pod_blocker
 from tunefleet.reconciler.observe import observe_job
@@ -21,42 +19,27 @@ NOT_FOUND = (
 )
 
 
-def job(conditions: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "metadata": {
-            "name": "tune-x",
-            "namespace": "ml",
-            "uid": "u",
-            "labels": {naming.REVISION_LABEL: "r"},
-            "annotations": {naming.MODEL_ANNOTATION: "M"},
-        },
-        "status": {"conditions": conditions},
-    }
-
-
-def pod(state: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "metadata": {"name": "p", "namespace": "ml", "creationTimestamp": "t"},
-        "spec": {
-            "initContainers": [{"name": "tune", "image": "registry.example.com/distroless:1"}]
-        },
-        "status": {"initContainerStatuses": [{"name": "tune", "state": state}]},
-    }
+IMAGE = "registry.example.com/distroless:1"
+# The tuning Job as its informer sees it, and its pod, whose tune step runs the user's IMAGE.
+JOB = make_job().uid("u").revision("r").gpu_model("M")
+POD = make_pod("p").created("t").container("tune", IMAGE, init=True)
 
 
 def test_an_image_without_python_fails_with_tunefleets_own_message() -> None:
     """Defect: tried with an image without a shell, the profile failed with runc's words about
     /bin/sh; the 'no python3 or python in this image' check ran in that very shell."""
-    failed = [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": ""}]
+    failed = JOB.condition("Failed", reason="BackoffLimitExceeded", message="").obj()
     terminated = {"terminated": {"exitCode": 128, "reason": "StartError", "message": NOT_FOUND}}
-    obs = observe_job(job(failed), [pod(terminated)])
+    obs = observe_job(failed, [POD.container_state("tune", terminated, init=True).obj()])
     assert obs.state == "Failed"
     assert "the image registry.example.com/distroless:1 has no python3 on its PATH" in obs.message
     # As the operator's cache holds the pod: no container specs, the image in its status.
-    seen = pod(terminated)
-    del seen["spec"]
-    seen["status"]["initContainerStatuses"][0]["image"] = "registry.example.com/distroless:1"
-    viewed = observe_job(job(failed), [pod_view(seen)])
+    seen = (
+        POD.without("spec")
+        .status(initContainerStatuses=[{"name": "tune", "state": terminated, "image": IMAGE}])
+        .obj()
+    )
+    viewed = observe_job(failed, [pod_view(seen)])
     assert "the image registry.example.com/distroless:1 has no python3" in viewed.message
     assert (
         "without a shell" in obs.message
@@ -66,11 +49,13 @@ def test_an_image_without_python_fails_with_tunefleets_own_message() -> None:
 
 def test_a_waiting_start_error_is_explained_too() -> None:
     waiting = {"waiting": {"reason": "RunContainerError", "message": NOT_FOUND}}
-    reason, message = pod_blocker(pod(waiting), "M", hints=None) or ("", "")  # type: ignore[arg-type]
+    pod = POD.container_state("tune", waiting, init=True).obj()
+    reason, message = pod_blocker(pod, "M", hints=None) or ("", "")  # type: ignore[arg-type]
     assert "has no python3 on its PATH" in message and reason
 
 
 def test_other_start_errors_keep_the_runtimes_words() -> None:
     waiting = {"waiting": {"reason": "RunContainerError", "message": "permission denied"}}
-    blocked = pod_blocker(pod(waiting), "M", hints=None)  # type: ignore[arg-type]
+    pod = POD.container_state("tune", waiting, init=True).obj()
+    blocked = pod_blocker(pod, "M", hints=None)  # type: ignore[arg-type]
     assert blocked is not None and "RunContainerError: permission denied" in blocked[1]

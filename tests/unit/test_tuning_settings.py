@@ -13,29 +13,40 @@ from typing import Any
 
 import pytest
 
+from tests.support.wrappers import make_profile
 from tunefleet import naming
-from tunefleet.api import TuningProfileSpec
 from tunefleet.api.models import TuningLimits
 from tunefleet.builders.job import tuning_config
 
-BASE: dict[str, Any] = {
-    "image": "registry.example.com/serve:1",
-    "gpu": {"vendor": "nvidia", "models": ["NVIDIA-H200"]},
-    "workload": {"shapes": [{"mnk": [64, 64, 64]}]},
-    "storage": {"uri": "s3://bkt/p"},
-}
+BASE = (
+    make_profile()
+    .image("registry.example.com/serve:1")
+    .gpu("nvidia", "NVIDIA-H200")
+    .shapes((64, 64, 64))
+    .storage("s3://bkt/p")
+)
 FAKE_TORCH = Path(__file__).parent / "data" / "fake_torch"
 REPO = Path(__file__).resolve().parents[2]
 
 
-def spec(**tuning: Any) -> TuningProfileSpec:
-    return TuningProfileSpec.model_validate({**BASE, "tuning": tuning})
+def test_the_rotating_buffer_defaults_to_torchs_l2_size_and_the_schema_takes_minus_one() -> None:
+    """Defect: the buffer defaulted to 0 (off) and the schema forbade -1, so tunefleet measured
+    hot-cache timings unless the user picked a size; torch's default is the L2 cache size."""
+    assert TuningLimits().rotating_buffer_mb == -1
+    assert BASE.tuning(rotatingBufferMB=-1).spec_model().tuning.rotating_buffer_mb == -1
+    assert (
+        tuning_config(BASE.tuning().spec_model(), "ml", "p", "M", "r")["tuning"]["rotatingBufferMB"]
+        == -1
+    )
 
 
-def revision_of_01(s: TuningProfileSpec) -> str:
-    """tunefleet 0.1's revision for a spec whose tuning fields are at 0.1's defaults (what a
-    profile stored before this change looks like: rotatingBufferMB 0, written by the API
-    server at creation)."""
+def test_profiles_stored_before_keep_their_revision_and_a_new_default_is_a_new_one() -> None:
+    # the API server wrote 0.1's default into it
+    stored_before = BASE.tuning(rotatingBufferMB=0).spec_model()
+    # tunefleet 0.1's revision for a spec whose tuning fields are at 0.1's defaults (what a
+    # profile stored before this change looks like: rotatingBufferMB 0, written by the API
+    # server at creation).
+    s = stored_before
     shaping = {
         "image": s.image,
         "gpu": {"labelKey": None, "resourceName": None, "count": 1, "vendor": s.gpu.vendor},
@@ -46,43 +57,39 @@ def revision_of_01(s: TuningProfileSpec) -> str:
                    "budgetSeconds": 3600},
     }  # fmt: skip
     blob = json.dumps(shaping, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(blob).hexdigest()[:10]
-
-
-def test_the_rotating_buffer_defaults_to_torchs_l2_size_and_the_schema_takes_minus_one() -> None:
-    """Defect: the buffer defaulted to 0 (off) and the schema forbade -1, so tunefleet measured
-    hot-cache timings unless the user picked a size; torch's default is the L2 cache size."""
-    assert TuningLimits().rotating_buffer_mb == -1
-    assert spec(rotatingBufferMB=-1).tuning.rotating_buffer_mb == -1
-    assert tuning_config(spec(), "ml", "p", "M", "r")["tuning"]["rotatingBufferMB"] == -1
-
-
-def test_profiles_stored_before_keep_their_revision_and_a_new_default_is_a_new_one() -> None:
-    stored_before = spec(rotatingBufferMB=0)  # the API server wrote 0.1's default into it
-    assert naming.revision(stored_before) == revision_of_01(stored_before)
-    assert naming.revision(spec()) != naming.revision(stored_before)  # -1 is not 0
-    assert naming.revision(spec(rotatingBufferMB=-1)) == naming.revision(spec())
-    assert naming.revision(spec(rotatingBufferMB=64)) not in {
-        naming.revision(spec()),
+    revision_of_01 = hashlib.sha256(blob).hexdigest()[:10]
+    assert naming.revision(stored_before) == revision_of_01
+    default = BASE.tuning().spec_model()
+    assert naming.revision(default) != naming.revision(stored_before)  # -1 is not 0
+    assert naming.revision(BASE.tuning(rotatingBufferMB=-1).spec_model()) == naming.revision(
+        default
+    )
+    assert naming.revision(BASE.tuning(rotatingBufferMB=64).spec_model()) not in {
+        naming.revision(default),
         naming.revision(stored_before),
     }
 
 
 def test_the_cublaslt_algo_count_is_owned_by_the_spec_and_in_the_revision() -> None:
-    assert spec().tuning.cublaslt_algo_count == 8  # torch's default
-    assert naming.revision(spec(cublasltAlgoCount=8)) == naming.revision(spec())
-    assert naming.revision(spec(cublasltAlgoCount=32)) != naming.revision(spec())
+    default = BASE.tuning().spec_model()
+    assert default.tuning.cublaslt_algo_count == 8  # torch's default
+    assert naming.revision(BASE.tuning(cublasltAlgoCount=8).spec_model()) == naming.revision(
+        default
+    )
+    assert naming.revision(BASE.tuning(cublasltAlgoCount=32).spec_model()) != naming.revision(
+        default
+    )
     assert (
-        tuning_config(spec(cublasltAlgoCount=32), "ml", "p", "M", "r")["tuning"][
-            "cublasltAlgoCount"
-        ]
+        tuning_config(BASE.tuning(cublasltAlgoCount=32).spec_model(), "ml", "p", "M", "r")[
+            "tuning"
+        ]["cublasltAlgoCount"]
         == 32
     )
     with pytest.raises(ValueError, match="cublasltAlgoCount"):
-        spec(cublasltAlgoCount=0)
+        BASE.tuning(cublasltAlgoCount=0).spec_model()
     env = {"name": "PYTORCH_TUNABLEOP_CUBLASLT_REQUESTED_ALGO_COUNT", "value": "4"}
     with pytest.raises(ValueError, match=r"spec\.tuning instead"):
-        TuningProfileSpec.model_validate({**BASE, "workload": {**BASE["workload"], "env": [env]}})
+        BASE.set("spec", "workload", "env", value=[env]).spec_model()
 
 
 def run_tune(tmp: Path, persona: str, tuning: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
