@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from tests.support.fake_kube import FakeKube
+from tests.support.wrappers import make_profile
 from tunefleet import kube
 from tunefleet.api.conditions import Reason
 from tunefleet.config import Config
@@ -22,7 +23,7 @@ def make(
     after: float | None = None,
     client: FakeKube | None = None,
 ) -> Controller:
-    profiles = {("ml", "p"): {"metadata": {"name": "p", "namespace": "ml", "uid": "u"}}}
+    profiles = {("ml", "p"): make_profile().uid("u").obj()}
     indexes = Indexes(
         profile=profiles.get,
         profiles=lambda: list(profiles),

@@ -14,6 +14,7 @@ import pytest
 from prometheus_client.metrics import MetricWrapperBase
 
 from tests.support.chart import CHART, rendered, template
+from tests.support.wrappers import make_artifact, make_profile
 from tunefleet import metrics
 
 DASHBOARD = CHART / "dashboards" / "tunefleet.json"
@@ -34,28 +35,28 @@ KEYWORDS = frozenset({
 WORD = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 
 
-def fake_status() -> dict[str, Any]:
-    """A profile's status with every per-profile family in it: figures (real and stand-in),
-    a pin, a rejection in history, capture coverage."""
-
-    def figure(name: str, speedup: float) -> dict[str, Any]:
-        return {"name": name, "baselineSeconds": 2.0, "tunedSeconds": 1.0, "speedup": speedup,
-                "low": speedup - 0.1, "high": speedup + 0.1, "repetitions": 5}  # fmt: skip
-
-    return {
-        "artifacts": [
-            {"gpuModel": "H100", "sha256": "a" * 64, "delivery": "ConfigMap",
-             "gain": {"mode": "Eager", "figures": [figure("gemms", 1.4), figure("workload", 1.2)]},
-             "promotion": {"verdict": "Passed", "message": "passed"}},
-            {"gpuModel": "STANDIN-A", "sha256": "b" * 64,
-             "gain": {"mode": "Eager", "standIn": True, "figures": [figure("gemms", 2.0)]},
-             "promotion": {"verdict": "Pinned", "message": "pinned"},
-             "pinned": {"reason": "rollback", "at": "2026-01-01T00:00:00Z"}},
-        ],
-        "history": [{"gpuModel": "H100", "sha256": "c" * 64,
-                     "promotion": {"verdict": "Rejected", "message": "slower"}}],
-        "capture": [{"gpuModel": "H100", "seen": 10, "tuned": 9, "coverage": 90}],
-    }  # fmt: skip
+# A profile whose status has every per-profile family in it: figures (real and stand-in), a pin,
+# a rejection in history, capture coverage.
+TIMES = {"baselineSeconds": 2.0, "tunedSeconds": 1.0, "repetitions": 5}
+GEMMS = {**TIMES, "name": "gemms", "speedup": 1.4, "low": 1.4 - 0.1, "high": 1.4 + 0.1}
+WORKLOAD = {**TIMES, "name": "workload", "speedup": 1.2, "low": 1.2 - 0.1, "high": 1.2 + 0.1}
+STAND_IN = {**TIMES, "name": "gemms", "speedup": 2.0, "low": 2.0 - 0.1, "high": 2.0 + 0.1}
+FAKE = (
+    make_profile()
+    .artifacts(
+        make_artifact("H100", "a" * 64)
+        .without("uri")
+        .fields(delivery="ConfigMap", gain={"mode": "Eager", "figures": [GEMMS, WORKLOAD]})
+        .verdict("Passed", "passed"),
+        make_artifact("STANDIN-A", "b" * 64)
+        .without("uri")
+        .fields(gain={"mode": "Eager", "standIn": True, "figures": [STAND_IN]})
+        .verdict("Pinned", "pinned")
+        .fields(pinned={"reason": "rollback", "at": "2026-01-01T00:00:00Z"}),
+    )
+    .history(make_artifact("H100", "c" * 64).without("uri").verdict("Rejected", "slower"))
+    .status(capture=[{"gpuModel": "H100", "seen": 10, "tuned": 9, "coverage": 90}])
+)
 
 
 def exported() -> dict[str, set[str]]:
@@ -66,7 +67,7 @@ def exported() -> dict[str, set[str]]:
     collector = metrics.IndexCollector(
         statuses=lambda: [{"phase": "Ready"}],
         queue_depth=lambda: 0,
-        profiles=lambda: [("team-a", "llama", fake_status())],
+        profiles=lambda: [("team-a", "llama", FAKE.obj()["status"])],
         untuned=lambda ns, name: ["fetch_failed"],
     )
     wrappers = [m for m in vars(metrics).values() if isinstance(m, MetricWrapperBase)]

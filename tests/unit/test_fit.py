@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.wrappers import make_job, make_pod
 from tunefleet.artifacts import fetch, fit, publish
 from tunefleet.reconciler.diagnose import Hints
 from tunefleet.reconciler.observe import observe_job
@@ -157,39 +158,23 @@ def test_fetch_refuses_a_mismatching_artifact_before_a_pod_uses_it(tmp_path: Pat
         fetch.download_verified(fetch.Pinned(f"file://{base / sha}", sha, gpu_model=H100.gpu_model))
 
 
-def _completed_job(message: str, model: str) -> tuple[dict[str, object], list[dict[str, object]]]:
-    job = {
-        "metadata": {
-            "name": "tune-x",
-            "namespace": "ns",
-            "uid": "u1",
-            "labels": {"tunefleet.io/revision": "r1"},
-            "annotations": {"tunefleet.io/gpu-model": model},
-        },
-        "spec": {"completions": 1},
-        "status": {"conditions": [{"type": "Complete", "status": "True"}]},
-    }
-    pod = {
-        "metadata": {"name": "tune-x-0", "creationTimestamp": "2026-01-01T00:00:00Z"},
-        "status": {
-            "containerStatuses": [
-                {
-                    "name": "publish",
-                    "state": {"terminated": {"exitCode": 0, "message": message}},
-                }
-            ]
-        },
-    }
-    return job, [pod]
-
-
 def test_the_operator_does_not_serve_a_record_that_does_not_fit() -> None:
     record = {
         "uri": "s3://b/ns/p/m/" + "a" * 64,
         "sha256": "a" * 64,
         "identity": {"torch": "2.11.0+standin", "hip": "0-standin"},
     }
-    job, pods = _completed_job(json.dumps(record), H100.gpu_model)
+    job = (
+        make_job(ns="ns")
+        .uid("u1")
+        .revision("r1")
+        .gpu_model(H100.gpu_model)
+        .set("spec", "completions", value=1)
+        .condition("Complete")
+        .obj()
+    )
+    pod = make_pod("tune-x-0", "ns").created("2026-01-01T00:00:00Z")
+    pods = [pod.terminated("publish", 0, json.dumps(record)).obj()]
     taken = observe_job(job, pods, Hints())  # vendor unknown: taken as it is
     assert taken.state == "Succeeded"
     refused = observe_job(job, pods, Hints(gpu_vendor="nvidia"))

@@ -20,8 +20,8 @@ import yaml
 
 from tests.support.chart import rendered, template
 from tests.support.results import VALIDATORS, rows
+from tests.support.wrappers import make_artifact, make_profile
 from tunefleet import naming
-from tunefleet.api import TuningProfileSpec
 from tunefleet.artifacts import gc
 from tunefleet.artifacts import publish as publish_mod
 from tunefleet.artifacts.library import (
@@ -49,6 +49,19 @@ GRACE = 3600.0
 OLD = 10 * DAY  # how far past the files' mtimes "now" is, unless a test makes a file young
 
 
+# Profile llama as the API server hands it over, its status's artifacts and history empty; each
+# World's `profile` is it with spec.storage.uri set to that world's spec_uri.
+LLAMA = (
+    make_profile("llama")
+    .uid("uid-llama")
+    .image("registry.example.com/serve:1")
+    .gpu("amd", MODEL)
+    .shapes((64, 64, 64))
+    .artifacts()
+    .history()
+)
+
+
 class World:
     """A directory store in a tmp dir, as file:///dir (the default) or as pvc://claim mounted
     there; a profile's spec.storage.uri can only name the latter (the CRD admits s3 and pvc), so
@@ -61,6 +74,7 @@ class World:
         self.location = parse_uri(self.uri)
         self.store = DirStore(self.location, self.root)
         self.spec_uri = "s3://tunefleet/unit" if scheme == "file" else self.uri
+        self.profile = LLAMA.storage(self.spec_uri)
         self.tmp = tmp
         self.n = 0
 
@@ -91,7 +105,7 @@ class World:
         )
         pub = publish_mod.publish(Output(out, self.uri, ns, profile, model), store=self.store)
         assert pub.library is not None, pub.library_error
-        return {"uri": pub.uri, "sha256": pub.sha256, "gpuModel": model, "revision": revision}
+        return make_artifact(model, pub.sha256).uri(pub.uri).revision(revision).obj()
 
     def checkpoint(self, profile: str, revision: str, *, ns: str = "ml", model: str = MODEL) -> str:
         ident = CheckpointId(ns, profile, model, revision, 0, 1)
@@ -154,39 +168,6 @@ class World:
         return plan
 
 
-def spec(uri: str, models: list[str] | None = None, m: int = 64) -> dict[str, Any]:
-    return {
-        "image": "registry.example.com/serve:1",
-        "gpu": {"vendor": "amd", "models": models or [MODEL]},
-        "workload": {"shapes": [{"mnk": [m, 64, 64]}]},
-        "storage": {"uri": uri},
-    }
-
-
-def revision_of(s: dict[str, Any]) -> str:
-    return naming.revision(TuningProfileSpec.model_validate(s))
-
-
-def profile(
-    world: World,
-    name: str,
-    *,
-    ns: str = "ml",
-    artifacts: list[dict[str, Any]] | None = None,
-    history: list[dict[str, Any]] | None = None,
-    status_revision: str | None = None,
-    s: dict[str, Any] | None = None,
-    deleting: bool = False,
-) -> dict[str, Any]:
-    meta: dict[str, Any] = {"namespace": ns, "name": name, "uid": f"uid-{name}"}
-    if deleting:
-        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    status: dict[str, Any] = {"artifacts": artifacts or [], "history": history or []}
-    if status_revision:
-        status["revision"] = status_revision
-    return {"metadata": meta, "spec": s or spec(world.spec_uri), "status": status}
-
-
 def deleted_keys(plan: gc.Plan) -> set[str]:
     return {k for d in plan.deletes for k in d.keys}
 
@@ -214,7 +195,7 @@ def test_referenced_artifacts_are_kept_and_old_unreferenced_ones_deleted(world: 
     newest = world.publish("llama", rows(5))
     for i, e in enumerate([served, earlier, *dropped, newest]):
         world.age(e["uri"].removeprefix(world.uri + "/"), OLD - i * 60, NOW)
-    llama = profile(world, "llama", artifacts=[served], history=[earlier])
+    llama = world.profile.artifacts(served).history(earlier).obj()
 
     plan = world.run([llama], keep=1, now=NOW)
 
@@ -240,7 +221,7 @@ def test_an_artifact_a_running_pod_was_pinned_to_is_kept_however_old(world: Worl
     other = world.publish("llama", rows(3))
     for i, e in enumerate([served, pinned, other]):
         world.age(e["uri"].removeprefix(world.uri + "/"), OLD + 600 - i * 60, NOW)
-    llama = profile(world, "llama", artifacts=[served])
+    llama = world.profile.artifacts(served).obj()
     pods = [pinned["uri"], "s3://elsewhere/not-an-artifact"]
 
     plan = gc.collect(world.store, world.location, [llama], gc.Rules(0, GRACE, NOW), None, pods)
@@ -274,7 +255,7 @@ def test_an_artifact_manifest_is_deleted_before_its_results_and_an_unfinished_on
     world.age(old["uri"].removeprefix(world.uri + "/"), OLD + 60, NOW)
     unfinished = f"ml/llama/{MODEL}/{'cd' * 32}/results.csv"  # publish died before the manifest
     world.store.put(unfinished, b"x", "text/csv")
-    plan = world.collect([profile(world, "llama", artifacts=[keep])], keep=1, now=NOW)
+    plan = world.collect([world.profile.artifacts(keep).obj()], keep=1, now=NOW)
     (deleted,) = [d for d in plan.deletes if d.where == old["uri"]]
     assert deleted.keys[0].endswith("/manifest.json") and deleted.keys[1].endswith("/results.csv")
     (half,) = [d for d in plan.deletes if d.keys == (unfinished,)]
@@ -293,7 +274,7 @@ def test_cache_archives_go_and_stay_with_their_artifact(world: World) -> None:
     stray = f"{keep['uri'].removeprefix(world.uri + '/')}/caches/notes.txt"
     world.store.put(stray, b"z", "x")
     world.age(old["uri"].removeprefix(world.uri + "/"), OLD + 60, NOW)
-    plan = world.collect([profile(world, "llama", artifacts=[keep])], keep=1, now=NOW)
+    plan = world.collect([world.profile.artifacts(keep).obj()], keep=1, now=NOW)
     (deleted,) = [d for d in plan.deletes if d.where == old["uri"]]
     assert deleted.keys[0].endswith("/manifest.json")
     assert any(k.endswith(f"/caches/{cache}") for k in deleted.keys)
@@ -315,7 +296,7 @@ def test_nothing_younger_than_the_grace_period_is_deleted(world: World) -> None:
     world.age(world.library(), GRACE - 5, NOW)  # every library entry just added
     scratch = world.checkpoint("gone", "0123456789")  # of a profile that is gone...
     world.age(scratch, GRACE - 5, NOW)  # ...but still being written
-    llama = profile(world, "llama", artifacts=[served])
+    llama = world.profile.artifacts(served).obj()
 
     plan = world.run([llama], keep=0, now=NOW)
 
@@ -329,11 +310,11 @@ def test_nothing_younger_than_the_grace_period_is_deleted(world: World) -> None:
 
 
 def test_scratch_of_published_superseded_dropped_or_gone_revisions_is_deleted(world: World) -> None:
-    s = spec(world.spec_uri, models=[MODEL])
-    current = revision_of(s)
+    s = world.profile
+    current = naming.revision(s.spec_model())
     published = "aaaaaaaaaa"
     art = world.publish("llama", rows(1), revision=published)
-    llama = profile(world, "llama", artifacts=[art], status_revision=current, s=s)
+    llama = s.artifacts(art).revision(current).obj()
     keys = {
         "published checkpoint": world.checkpoint("llama", published),
         "published shards": world.shard("llama", published),
@@ -371,12 +352,12 @@ def test_scratch_of_published_superseded_dropped_or_gone_revisions_is_deleted(wo
 def test_a_profile_being_deleted_keeps_what_it_references_and_its_current_scratch(
     world: World,
 ) -> None:
-    s = spec(world.spec_uri)
+    s = world.profile.name("leaving").uid("uid-leaving")
     art = world.publish("leaving", rows(1))
     other = world.publish("leaving", rows(2))
     world.age(other["uri"].removeprefix(world.uri + "/"), OLD + 60, NOW)
-    scratch = world.checkpoint("leaving", revision_of(s))
-    leaving = profile(world, "leaving", artifacts=[art], s=s, deleting=True)
+    scratch = world.checkpoint("leaving", naming.revision(s.spec_model()))
+    leaving = s.artifacts(art).deleting().obj()
     world.run([leaving], keep=0, now=NOW)
     assert artifact_keys(art, world) | {scratch} <= world.objects()
     assert not artifact_keys(other, world) & world.objects()
@@ -385,9 +366,9 @@ def test_a_profile_being_deleted_keeps_what_it_references_and_its_current_scratc
 def test_the_status_revision_counts_as_current_beside_the_specs(world: World) -> None:
     """A spec edited but not yet reconciled: the revision still tuning (status) keeps its
     scratch, as does the spec's (nothing has started for it yet)."""
-    s = spec(world.spec_uri, m=128)
+    s = world.profile.shapes((128, 64, 64))
     tuning = world.checkpoint("llama", "dddddddddd")
-    llama = profile(world, "llama", status_revision="dddddddddd", s=s)
+    llama = s.revision("dddddddddd").obj()
     plan = world.run([llama], now=NOW)
     assert tuning in world.objects() and not plan.deletes
 
@@ -461,14 +442,14 @@ def test_an_entry_that_repeats_an_older_ones_rows_replaces_it_without_waiting(
 
 
 def test_a_second_run_deletes_nothing(world: World) -> None:
-    s = spec(world.spec_uri)
-    served = world.publish("llama", rows(1), revision=revision_of(s))
+    s = world.profile
+    served = world.publish("llama", rows(1), revision=naming.revision(s.spec_model()))
     for i in range(2, 6):
         world.publish("llama", rows(i))
     world.publish("other", rows(9))
-    world.checkpoint("llama", revision_of(s))
+    world.checkpoint("llama", naming.revision(s.spec_model()))
     world.shard("gone", "eeeeeeeeee")
-    profiles = [profile(world, "llama", artifacts=[served], s=s)]
+    profiles = [s.artifacts(served).obj()]
 
     first = world.run(profiles, grace=0.0, now=NOW)
     assert first.deletes and first.writes
@@ -716,7 +697,7 @@ def test_apply_refuses_a_store_no_profile_names(
     for i in range(3):
         world.publish("llama", rows(i))
     listing = world.objects()
-    elsewhere = profile(world, "x", s=spec("s3://other-bucket/prefix"))
+    elsewhere = world.profile.name("x").uid("uid-x").storage("s3://other-bucket/prefix").obj()
     monkeypatch.setattr(gc.rules, "clock", lambda: NOW)
     code, _, err = cli(
         monkeypatch, capsys, "--uri", world.uri, "--apply", "--keep", "0", profiles=[elsewhere]
@@ -732,11 +713,11 @@ def test_the_command_reports_a_dry_run_then_applies_it(
 ) -> None:
     world = World(tmp_path, "pvc")  # a store a profile can name
     where = ("--uri", world.uri, "--pvc-root", str(world.root))
-    s = spec(world.spec_uri)
-    served = world.publish("llama", rows(1), revision=revision_of(s))
+    s = world.profile
+    served = world.publish("llama", rows(1), revision=naming.revision(s.spec_model()))
     for i in range(2, 5):
         world.publish("llama", rows(i))
-    llama = profile(world, "llama", artifacts=[served], s=s)
+    llama = s.artifacts(served).obj()
     future = NOW + DAY
     monkeypatch.setattr(gc.rules, "clock", lambda: future)
     listing = world.objects()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+from tests.support.wrappers import make_job
 from tunefleet.informers.cache import Cache
 from tunefleet.runtime import heap
 from tunefleet.runtime.workqueue import WorkQueue
@@ -24,39 +25,25 @@ def test_a_table_emptied_by_a_burst_is_rebuilt_small_and_a_full_one_is_kept() ->
     assert heap.compacted(tiny) is tiny
 
 
-def job(uid: str, owner: str) -> dict[str, object]:
-    return {
-        "metadata": {
-            "uid": uid,
-            "namespace": "ns",
-            "name": uid,
-            "ownerReferences": [
-                {
-                    "apiVersion": "tunefleet.io/v1alpha1",
-                    "kind": "TuningProfile",
-                    "name": "p",
-                    "uid": owner,
-                    "controller": True,
-                }
-            ],
-        }
-    }
+# A Job of namespace ns, its metadata alone (each event gives it a uid and an owning profile):
+# as small as the Jobs this test has always cached, since it measures the cache's tables.
+JOB = make_job(ns="ns").without("apiVersion").without("kind").without("spec").without("status")
 
 
 def test_the_cache_compacts_and_keeps_following_events() -> None:
     cache = Cache()
     for i in range(5_000):
-        cache.follow("jobs", "ADDED", job(f"j{i}", f"p{i}"))
+        cache.follow("jobs", "ADDED", JOB.name(f"j{i}").uid(f"j{i}").owner(f"p{i}").obj())
     before = sys.getsizeof(cache._at)
     for i in range(4_990):
-        cache.follow("jobs", "DELETED", job(f"j{i}", f"p{i}"))
+        cache.follow("jobs", "DELETED", JOB.name(f"j{i}").uid(f"j{i}").owner(f"p{i}").obj())
     cache.compact()
     assert sys.getsizeof(cache._at) < before / 10
     assert cache.sizes()["jobs"] == 10 and cache.sizes()["placed"] == 10
     # Events after the swap land in the new tables: nothing written to the old ones.
-    cache.follow("jobs", "ADDED", job("new", "p-new"))
+    cache.follow("jobs", "ADDED", JOB.name("new").uid("new").owner("p-new").obj())
     assert [j["metadata"]["uid"] for j in cache.jobs("ns", "p-new")] == ["new"]
-    cache.follow("jobs", "DELETED", job("j4999", "p4999"))
+    cache.follow("jobs", "DELETED", JOB.name("j4999").uid("j4999").owner("p4999").obj())
     assert cache.jobs("ns", "p4999") == []
 
 

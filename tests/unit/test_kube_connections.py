@@ -17,10 +17,16 @@ from typing import Any, ClassVar
 import kubernetes
 import pytest
 
+from tests.support.wrappers import make_config_map, make_job
 from tunefleet import kube
 from tunefleet.capture.store import Batch, StoreKey, Writer
 
 OWNER = "owner-uid"
+# What the fake API server answers: the Job a patch reads (controlled by OWNER), the Job as
+# patched, and what a create made.
+JOB = make_job("j", "ns").resource_version("7").owner(OWNER)
+PATCHED = JOB.resource_version("8")
+MADE = make_config_map("made", "ns")
 
 
 class _Api(http.server.BaseHTTPRequestHandler):
@@ -51,22 +57,16 @@ class _Api(http.server.BaseHTTPRequestHandler):
         if "/configmaps/" in self.path:
             self._answer(404, {"kind": "Status", "code": 404, "message": "not found"})
             return
-        meta = {
-            "name": "j",
-            "namespace": "ns",
-            "resourceVersion": "7",
-            "ownerReferences": [{"controller": True, "uid": OWNER, "name": "p"}],
-        }
-        self._answer(200, {"kind": "Job", "metadata": meta})
+        self._answer(200, JOB.obj())
 
     def do_PATCH(self) -> None:
-        self._answer(200, {"metadata": {"resourceVersion": "8"}})
+        self._answer(200, PATCHED.obj())
 
     def do_DELETE(self) -> None:
         self._answer(200, {"kind": "Status", "status": "Success"})
 
     def do_POST(self) -> None:
-        self._answer(201, {"metadata": {"name": "made"}})
+        self._answer(201, MADE.obj())
 
     def log_message(self, *args: Any) -> None:
         pass

@@ -16,16 +16,15 @@ from pathlib import Path
 import pytest
 
 from testbed.library_pod import (
-    JobSpec,
     Pod,
     all_tuned,
     merge,
     run_job,
-    shapes,
     tool_env,
     tuned_keys,
     wait_until,
 )
+from tests.support.wrappers import make_tuner_run
 from tunefleet.artifacts.fetch import Pinned, Serving, fetch
 from tunefleet.artifacts.library import checkpoint_key
 from tunefleet.storage.filesystem import DirStore
@@ -34,27 +33,22 @@ from tuner_job.library import CheckpointId, make_checkpoint, parse_checkpoint
 from tuner_job.results import ResultRow, format_results, parse_results, read_results
 
 ROCM = {"FAKE_TORCH_BACKEND": "rocm"}  # the stand-in then picks non-Default winners too
-
-
-def job(tmp: Path, profile: str, gemms: range, **over: object) -> JobSpec:
-    fields: dict[str, object] = {
-        "uri": f"file://{tmp / 'store'}",
-        "profile": profile,
-        "gemms": shapes(gemms),
-        "torch_env": {**ROCM, "FAKE_TORCH_TUNE_SLEEP": "0.01"},
-    }
-    fields.update(over)
-    return JobSpec(**fields)  # type: ignore[arg-type]
+FAST = {**ROCM, "FAKE_TORCH_TUNE_SLEEP": "0.01"}  # a tuner run's stand-in torch, unless told
 
 
 def test_a_second_profile_reuses_the_library_and_tunes_only_its_misses(tmp_path: Path) -> None:
-    first = Pod(job(tmp_path, "first", range(0, 30)), tmp_path / "a").run()
+    first = Pod(
+        make_tuner_run(tmp_path / "store", "first", range(0, 30)).env(**FAST).obj(), tmp_path / "a"
+    ).run()
     assert first.tune.returncode == 0, first.tune.stderr
     assert first.publish is not None and first.publish.returncode == 0, first.publish.stderr
     assert len(first.tuned) == 30 and first.message()["reused"] == 0
     assert "added to the GEMM library" in first.publish.stderr
 
-    second = Pod(job(tmp_path, "second", range(10, 40)), tmp_path / "b").run()
+    second = Pod(
+        make_tuner_run(tmp_path / "store", "second", range(10, 40)).env(**FAST).obj(),
+        tmp_path / "b",
+    ).run()
     assert second.tune.returncode == 0, second.tune.stderr
     a = read_results(first.out / "results.csv")
     b = read_results(second.out / "results.csv")
@@ -79,7 +73,9 @@ def test_a_second_profile_reuses_the_library_and_tunes_only_its_misses(tmp_path:
     assert "30 GEMM(s): 20 reused from the library, 0 resumed" in second.tune.stderr
 
     # A third profile inside the first's GEMMs tunes nothing at all and still publishes.
-    third = Pod(job(tmp_path, "third", range(5, 25)), tmp_path / "c").run()
+    third = Pod(
+        make_tuner_run(tmp_path / "store", "third", range(5, 25)).env(**FAST).obj(), tmp_path / "c"
+    ).run()
     assert third.tune.returncode == 0, third.tune.stderr
     assert third.tuned == [] and third.manifest()["reused"] == 20
     assert third.manifest()["tuningSeconds"] == 0
@@ -87,14 +83,18 @@ def test_a_second_profile_reuses_the_library_and_tunes_only_its_misses(tmp_path:
 
 
 def test_a_bad_library_entry_is_skipped_reported_and_the_rest_reused(tmp_path: Path) -> None:
-    first = Pod(job(tmp_path, "first", range(0, 10)), tmp_path / "a").run()
+    first = Pod(
+        make_tuner_run(tmp_path / "store", "first", range(0, 10)).env(**FAST).obj(), tmp_path / "a"
+    ).run()
     entry = Path(first.publish.stderr.split("library: file://")[1].split()[0])  # type: ignore[union-attr]
     # A second entry, corrupted after it was written: its bytes no longer hash to its name.
     doc = json.loads(entry.read_text())
     doc["results"] = doc["results"].replace("Gemm_", "Gemm_X", 1)
     bad = entry.with_name("f" * 64 + ".json")
     bad.write_text(json.dumps(doc))
-    second = Pod(job(tmp_path, "second", range(0, 12)), tmp_path / "b").run()
+    second = Pod(
+        make_tuner_run(tmp_path / "store", "second", range(0, 12)).env(**FAST).obj(), tmp_path / "b"
+    ).run()
     assert second.tune.returncode == 0, second.tune.stderr
     m = second.manifest()
     assert (m["reused"], m["newlyTuned"]) == (10, 2)
@@ -107,10 +107,13 @@ def test_a_bad_library_entry_is_skipped_reported_and_the_rest_reused(tmp_path: P
 
 
 def test_shards_tune_disjoint_shares_and_the_merge_is_their_union(tmp_path: Path) -> None:
-    alone = Pod(job(tmp_path / "alone", "llama", range(40)), tmp_path / "alone" / "pod").run()
+    alone = Pod(
+        make_tuner_run(tmp_path / "alone" / "store", "llama", range(40)).env(**FAST).obj(),
+        tmp_path / "alone" / "pod",
+    ).run()
     assert alone.tune.returncode == 0, alone.tune.stderr
 
-    spec = job(tmp_path, "llama", range(40), shards=3)
+    spec = make_tuner_run(tmp_path / "store", "llama", range(40)).env(**FAST).fields(shards=3).obj()
     runs = run_job(spec, tmp_path / "job")
     for r in runs:
         assert r.tune.returncode == 0, r.tune.stderr
@@ -146,20 +149,25 @@ def test_shards_tune_disjoint_shares_and_the_merge_is_their_union(tmp_path: Path
 
     # A second Job of the same profile at parallelism 2 finds everything in the library.
     again = run_job(
-        job(tmp_path, "llama", range(40), shards=2, revision="ffff000011"), tmp_path / "j2"
+        make_tuner_run(tmp_path / "store", "llama", range(40))
+        .env(**FAST)
+        .fields(shards=2, revision="ffff000011")
+        .obj(),
+        tmp_path / "j2",
     )
     assert all_tuned(again) == []
     assert sum(r.manifest()["reused"] for r in again) == 40
 
 
 def test_a_shard_is_not_published_as_the_profiles_artifact(tmp_path: Path) -> None:
-    spec = job(tmp_path, "llama", range(6), shards=2)
+    sharded = make_tuner_run(tmp_path / "store", "llama", range(6)).env(**FAST).fields(shards=2)
+    spec = sharded.obj()
     pod = Pod(spec, tmp_path / "pod", 1)
     pod.start_sync()
     pod.start_tune()
     assert pod.wait_tune().returncode == 0
     pod.stop_sync()
-    pod.job = JobSpec(**{**spec.__dict__, "shards": 1})  # publish without --shards
+    pod.job = sharded.fields(shards=1).obj()  # publish without --shards
     done = pod.publish()
     assert done.returncode == 1
     assert "the tuner's output is shard 1 of 2: publish it with --shards 2" in done.stderr
@@ -168,12 +176,13 @@ def test_a_shard_is_not_published_as_the_profiles_artifact(tmp_path: Path) -> No
 
 
 def test_the_merge_refuses_a_missing_or_inconsistent_shard(tmp_path: Path) -> None:
-    spec = job(tmp_path, "llama", range(12), shards=2)
+    sharded = make_tuner_run(tmp_path / "store", "llama", range(12)).env(**FAST).fields(shards=2)
+    spec = sharded.obj()
     runs = run_job(spec, tmp_path / "job")
     assert all(r.publish is not None and r.publish.returncode == 0 for r in runs)
     base = tmp_path / "store" / "ml" / "llama" / spec.model / "_shards" / spec.revision
 
-    missing = merge(JobSpec(**{**spec.__dict__, "shards": 3}), tmp_path / "m3")
+    missing = merge(sharded.fields(shards=3).obj(), tmp_path / "m3")
     assert missing.returncode == 1
     assert (
         missing.stderr.strip()
@@ -199,12 +208,11 @@ def test_the_merge_refuses_a_missing_or_inconsistent_shard(tmp_path: Path) -> No
 
 def test_a_pod_lost_mid_tuning_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     every = 4
-    spec = job(
-        tmp_path,
-        "llama",
-        range(20),
-        every_gemms=every,
-        torch_env={**ROCM, "FAKE_TORCH_TUNE_SLEEP": "0.3"},
+    spec = (
+        make_tuner_run(tmp_path / "store", "llama", range(20))
+        .env(**ROCM, FAKE_TORCH_TUNE_SLEEP="0.3")
+        .fields(every_gemms=every)
+        .obj()
     )
     pod = Pod(spec, tmp_path / "try-1")
     pod.start_sync()
@@ -228,17 +236,19 @@ def test_a_pod_lost_mid_tuning_resumes_from_its_checkpoint(tmp_path: Path) -> No
     assert m["resume"]["status"] == "resumed"
     assert retry.message()["resumed"] == m["resumed"]
     # The same artifact as a run that was never interrupted.
-    alone = Pod(job(tmp_path / "alone", "llama", range(20)), tmp_path / "alone" / "pod").run()
+    alone = Pod(
+        make_tuner_run(tmp_path / "alone" / "store", "llama", range(20)).env(**FAST).obj(),
+        tmp_path / "alone" / "pod",
+    ).run()
     assert retry.message()["sha256"] == alone.message()["sha256"]
 
 
 def test_a_killed_tuning_process_loses_nothing_while_the_sidecar_lives(tmp_path: Path) -> None:
-    spec = job(
-        tmp_path,
-        "llama",
-        range(16),
-        every_gemms=100,
-        torch_env={**ROCM, "FAKE_TORCH_TUNE_SLEEP": "0.2"},
+    spec = (
+        make_tuner_run(tmp_path / "store", "llama", range(16))
+        .env(**ROCM, FAKE_TORCH_TUNE_SLEEP="0.2")
+        .fields(every_gemms=100)
+        .obj()
     )
     pod = Pod(spec, tmp_path / "try-1")
     pod.start_sync()
@@ -257,7 +267,7 @@ def test_a_killed_tuning_process_loses_nothing_while_the_sidecar_lives(tmp_path:
 
 
 def test_a_checkpoint_of_another_revision_is_ignored_and_replaced(tmp_path: Path) -> None:
-    spec = job(tmp_path, "llama", range(8))
+    spec = make_tuner_run(tmp_path / "store", "llama", range(8)).env(**FAST).obj()
     store = DirStore(parse_uri(spec.uri))
     ident = CheckpointId("ml", "llama", spec.model, spec.revision, 0, 1)
     stale = make_checkpoint(
@@ -280,12 +290,18 @@ def test_a_checkpoint_of_another_revision_is_ignored_and_replaced(tmp_path: Path
 
 
 def test_a_checkpoint_under_other_validators_is_not_resumed(tmp_path: Path) -> None:
-    cuda = job(tmp_path, "llama", range(6), torch_env={"FAKE_TORCH_TUNE_SLEEP": "0.01"})
+    cuda = (
+        make_tuner_run(tmp_path / "store", "llama", range(6))
+        .env(FAKE_TORCH_TUNE_SLEEP="0.01")
+        .obj()
+    )
     first = Pod(cuda, tmp_path / "cuda").run()  # the CUDA stand-in: other validators
     assert first.tune.returncode == 0, first.tune.stderr
     # The same Job (same revision) on a ROCm node: the checkpoint is there but not usable;
     # the library key differs too, so nothing is reused either.
-    second = Pod(job(tmp_path, "llama", range(6)), tmp_path / "rocm").run()
+    second = Pod(
+        make_tuner_run(tmp_path / "store", "llama", range(6)).env(**FAST).obj(), tmp_path / "rocm"
+    ).run()
     assert second.tune.returncode == 0, second.tune.stderr
     m = second.manifest()
     assert m["resume"]["status"] == "ignored"
@@ -295,7 +311,9 @@ def test_a_checkpoint_under_other_validators_is_not_resumed(tmp_path: Path) -> N
 
 
 def test_without_a_sidecar_the_tuner_waits_bounded_then_tunes_everything(tmp_path: Path) -> None:
-    spec = job(tmp_path, "llama", range(4), wait_s=1.0)
+    spec = (
+        make_tuner_run(tmp_path / "store", "llama", range(4)).env(**FAST).fields(wait_s=1.0).obj()
+    )
     pod = Pod(spec, tmp_path / "pod")
     pod.start_tune()  # no sync
     started = time.monotonic()
@@ -340,7 +358,7 @@ def test_the_sidecar_with_bad_arguments_unblocks_the_tuner_and_idles(tmp_path: P
 
 
 def test_the_sidecar_refuses_an_identity_whose_key_does_not_add_up(tmp_path: Path) -> None:
-    spec = job(tmp_path, "llama", range(2))
+    spec = make_tuner_run(tmp_path / "store", "llama", range(2)).env(**FAST).obj()
     pod = Pod(spec, tmp_path / "pod")
     pod.start_sync()
     ex = pod.exchange
@@ -363,7 +381,11 @@ def test_the_sidecar_refuses_an_identity_whose_key_does_not_add_up(tmp_path: Pat
 
 
 def test_progress_is_what_torch_tuned_so_far_in_results_format(tmp_path: Path) -> None:
-    spec = job(tmp_path, "llama", range(12), torch_env={**ROCM, "FAKE_TORCH_TUNE_SLEEP": "0.05"})
+    spec = (
+        make_tuner_run(tmp_path / "store", "llama", range(12))
+        .env(**ROCM, FAKE_TORCH_TUNE_SLEEP="0.05")
+        .obj()
+    )
     run = Pod(spec, tmp_path / "pod").run()
     progress = (tmp_path / "pod" / "exchange" / "progress.csv").read_text()
     parsed = parse_results(progress, "progress.csv", require_rows=True)
@@ -424,7 +446,12 @@ def test_a_job_stopped_midway_keeps_what_it_tuned_for_the_next_revision(tmp_path
     """A new revision stops the Jobs of the old one (the operator deletes them): the kubelet
     SIGTERMs the sidecar while tuning still runs, and what was tuned joins the library."""
     slow = {**ROCM, "FAKE_TORCH_TUNE_SLEEP": "0.2"}
-    old = job(tmp_path, "llama", range(16), every_gemms=100, torch_env=slow)
+    old = (
+        make_tuner_run(tmp_path / "store", "llama", range(16))
+        .env(**slow)
+        .fields(every_gemms=100)
+        .obj()
+    )
     pod = Pod(old, tmp_path / "old")
     pod.start_sync()
     pod.start_tune()
@@ -437,7 +464,13 @@ def test_a_job_stopped_midway_keeps_what_it_tuned_for_the_next_revision(tmp_path
     pod.kill(sidecar_too=False)
     pod.wait_tune()
     assert "kept in the library" in pod.sync_log(), pod.sync_log()
-    newer = Pod(job(tmp_path, "llama", range(16), revision="9c0ffee123"), tmp_path / "new").run()
+    newer = Pod(
+        make_tuner_run(tmp_path / "store", "llama", range(16))
+        .env(**FAST)
+        .fields(revision="9c0ffee123")
+        .obj(),
+        tmp_path / "new",
+    ).run()
     assert newer.tune.returncode == 0, newer.tune.stderr
     assert newer.message()["reused"] >= 6
     assert not set(stopped) & set(newer.tuned)  # nothing tuned twice across the revisions

@@ -13,29 +13,22 @@ from typing import Any
 
 import pytest
 
-from testbed.library_pod import JobSpec, Pod, shapes
+from testbed.library_pod import Pod
+from tests.support.wrappers import make_tuner_run
 from tuner_job.library import Settings
 
 ROCM = {"FAKE_TORCH_BACKEND": "rocm"}
 DEFAULTS = Settings(30, 100, 0, 0, -1, False, 1e-2, 1e-2, None)
 
 
-def job(tmp: Path, profile: str, **tuning: Any) -> JobSpec:
-    return JobSpec(
-        uri=f"file://{tmp / 'store'}",
-        profile=profile,
-        gemms=shapes(range(8)),
-        torch_env=dict(ROCM),
-        tuning=tuning,
-        revision=f"rev-{profile}",
-    )
-
-
 def first_then(tmp: Path, **tuning: Any) -> dict[str, Any]:
-    first = Pod(job(tmp, "first"), tmp / "a").run()
+    run = make_tuner_run(tmp / "store", "first", range(8)).env(**ROCM)
+    first = Pod(run.fields(revision="rev-first").obj(), tmp / "a").run()
     assert first.tune.returncode == 0, first.tune.stderr
     assert first.manifest()["settings"] == DEFAULTS.to_dict()
-    second = Pod(job(tmp, "second", **tuning), tmp / "b").run()
+    second = Pod(
+        run.fields(profile="second", revision="rev-second", tuning=tuning).obj(), tmp / "b"
+    ).run()
     assert second.tune.returncode == 0, second.tune.stderr
     return second.manifest()
 
@@ -69,7 +62,8 @@ def test_a_run_with_weaker_settings_reuses_the_stronger_entries(tmp_path: Path) 
 
 
 def test_an_entry_without_settings_is_not_reused(tmp_path: Path) -> None:
-    first = Pod(job(tmp_path, "first"), tmp_path / "a").run()
+    run = make_tuner_run(tmp_path / "store", "first", range(8)).env(**ROCM)
+    first = Pod(run.fields(revision="rev-first").obj(), tmp_path / "a").run()
     entry = Path(first.publish.stderr.split("library: file://")[1].split()[0])  # type: ignore[union-attr]
     doc = json.loads(entry.read_text())
     del doc["settings"]  # an entry published before tunefleet recorded settings
@@ -78,7 +72,7 @@ def test_an_entry_without_settings_is_not_reused(tmp_path: Path) -> None:
     data = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode() + b"\n"
     entry.unlink()
     (entry.parent / f"{hashlib.sha256(data).hexdigest()}.json").write_bytes(data)
-    second = Pod(job(tmp_path, "second"), tmp_path / "b").run()
+    second = Pod(run.fields(profile="second", revision="rev-second").obj(), tmp_path / "b").run()
     m = second.manifest()
     assert (m["reused"], m["newlyTuned"]) == (0, 8)
     assert "records no tuning settings" in m["library"]["skipped"][0]["reason"]

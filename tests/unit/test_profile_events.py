@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.wrappers import make_profile
 from tunefleet.handlers import startup, tuningprofile
 
 
@@ -33,17 +34,16 @@ class _Controller:
         pass
 
 
-def _profile(
-    generation: int, status: dict[str, Any], uid: str = "u1", **meta: Any
-) -> dict[str, Any]:
-    return {
-        "apiVersion": "tunefleet.io/v1alpha1",
-        "kind": "TuningProfile",
-        "metadata": {"name": "p", "namespace": "ns", "uid": uid, "generation": generation,
-                     "resourceVersion": str(10 + generation), **meta},
-        "spec": {"gpu": {"vendor": "nvidia", "models": ["H100"]}},
-        "status": status,
-    }  # fmt: skip
+# Profile ns/p (uid u1) at generation 1, as its events hand it over.
+PROFILE = (
+    make_profile("p", "ns")
+    .uid("u1")
+    .generation(1)
+    .resource_version("11")
+    .spec_is({})
+    .gpu("nvidia", "H100")
+    .status()
+)
 
 
 @pytest.fixture
@@ -57,21 +57,21 @@ def wired(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[_Maps, _Controller]
 
 def test_status_writes_do_not_recompute_node_maps(wired: tuple[_Maps, _Controller]) -> None:
     maps, controller = wired
-    tuningprofile.tuningprofile_event("ADDED", _profile(1, {}))
+    tuningprofile.tuningprofile_event("ADDED", PROFILE.obj())
     assert maps.changed == ["ns"]
     for i in range(5):
-        tuningprofile.tuningprofile_event("MODIFIED", _profile(1, {"phase": f"step {i}"}))
+        tuningprofile.tuningprofile_event("MODIFIED", PROFILE.status(phase=f"step {i}").obj())
     assert maps.changed == ["ns"], "status writes alone made the node maps recompute"
     assert len(controller.queued) == 6  # every event still reaches the reconciler
 
 
 def test_spec_change_new_object_and_deletion_recompute(wired: tuple[_Maps, _Controller]) -> None:
     maps, _ = wired
-    tuningprofile.tuningprofile_event("ADDED", _profile(1, {}))
-    tuningprofile.tuningprofile_event("MODIFIED", _profile(2, {}))  # spec edited
-    tuningprofile.tuningprofile_event("MODIFIED", _profile(1, {}, uid="u2"))  # same name, new
-    tuningprofile.tuningprofile_event(
-        "MODIFIED", _profile(1, {}, uid="u2", deletionTimestamp="2026-12-01T00:00:00Z")
-    )
-    tuningprofile.tuningprofile_event("DELETED", _profile(1, {}, uid="u2"))
+    edited = PROFILE.generation(2).resource_version("12")
+    renewed = PROFILE.uid("u2")
+    tuningprofile.tuningprofile_event("ADDED", PROFILE.obj())
+    tuningprofile.tuningprofile_event("MODIFIED", edited.obj())  # spec edited
+    tuningprofile.tuningprofile_event("MODIFIED", renewed.obj())  # same name, new
+    tuningprofile.tuningprofile_event("MODIFIED", renewed.deleting("2026-12-01T00:00:00Z").obj())
+    tuningprofile.tuningprofile_event("DELETED", renewed.obj())
     assert maps.changed == ["ns"] * 5

@@ -12,6 +12,7 @@ import pytest
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube, HangingLeases
 from tests.support.profiles import CFG, MODELS, jobs_for, profile
 from tests.support.records import SHA, completed, pod_body, published_pod, record
+from tests.support.wrappers import make_job
 from tunefleet import kube, naming
 from tunefleet.informers.cache import Cache
 from tunefleet.reconciler.controller import Controller, Indexes
@@ -27,33 +28,22 @@ OWNER = {
     "controller": True,
 }
 
-
-def job_body(
-    name: str, ns: str = "ml", owner: dict[str, Any] | None = OWNER, uid: str = ""
-) -> dict[str, Any]:
-    meta: dict[str, Any] = {
-        "name": name,
-        "namespace": ns,
-        "uid": uid or f"uid-{name}",
-        "labels": {
-            naming.MANAGED_KEY: naming.MANAGED_VALUE,
-            naming.PROFILE_UID_LABEL: "uid-1",
-            naming.TUNING_PROFILE_LABEL: "p",
-        },
-    }
-    if owner is not None:
-        meta["ownerReferences"] = [owner]
-    return {"metadata": meta, "spec": {}, "status": {}}
+# A Job of profile p (uid-1) with tunefleet's labels, with and without its owner reference.
+UNOWNED = make_job().managed_by()
+OWNED = UNOWNED.meta(ownerReferences=[OWNER])
 
 
 # --- ownership is identity -------------------------------------------------------------------
 
 
 def test_only_children_the_profile_controls_in_its_namespace_count() -> None:
+    real = OWNED.name("real").uid("uid-real")
+    no_owner = UNOWNED.name("no-owner").uid("uid-no-owner")
+    elsewhere = OWNED.name("elsewhere").namespace("other").uid("uid-elsewhere")
     cache = Cache()
-    cache.follow("jobs", None, job_body("real"))
-    cache.follow("jobs", None, job_body("no-owner", owner=None))
-    cache.follow("jobs", None, job_body("elsewhere", ns="other"))  # owner uid right, ns wrong
+    cache.follow("jobs", None, real.obj())
+    cache.follow("jobs", None, no_owner.obj())
+    cache.follow("jobs", None, elsewhere.obj())  # owner uid right, ns wrong
     assert [j["metadata"]["name"] for j in cache.jobs("ml", "uid-1")] == ["real"]
     assert {u.name for u in cache.untrusted("uid-1")} == {"no-owner"}
     cache.follow("pods", None, pod_body("real-0", "uid-real"))
@@ -62,15 +52,15 @@ def test_only_children_the_profile_controls_in_its_namespace_count() -> None:
     assert [p["metadata"]["name"] for p in cache.pods("ml", "uid-real")] == ["real-0"]
     assert {u.name for u in cache.untrusted("uid-1")} == {"no-owner", "forged"}
     # An owner reference taken away later: no longer a child.
-    cache.follow("jobs", "MODIFIED", job_body("real", owner=None))
+    cache.follow("jobs", "MODIFIED", real.without("metadata", "ownerReferences").obj())
     assert cache.jobs("ml", "uid-1") == []
-    cache.follow("jobs", "DELETED", job_body("real", owner=None))
-    cache.follow("jobs", "DELETED", job_body("no-owner", owner=None))
+    cache.follow("jobs", "DELETED", real.without("metadata", "ownerReferences").obj())
+    cache.follow("jobs", "DELETED", no_owner.obj())
     cache.follow("pods", "DELETED", pod_body("forged", None))
     assert cache.untrusted("uid-1") == []
     cache.follow("pods", "DELETED", pod_body("real-0", "uid-real"))
     cache.follow("pods", "DELETED", pod_body("of-forged-job", "uid-no-owner"))
-    cache.follow("jobs", "DELETED", job_body("elsewhere", ns="other"))
+    cache.follow("jobs", "DELETED", elsewhere.obj())
     assert cache.sizes() == dict.fromkeys(
         ("profiles", "jobs", "pods", "untrusted", "placed", "bytes"), 0
     )
@@ -80,7 +70,8 @@ def test_a_forged_record_never_reaches_status_and_is_reported_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     cache = Cache()
-    for body in (job_body("forged", owner=None), pod_body("forged-0", None, record())):
+    forged = UNOWNED.name("forged").uid("uid-forged").obj()
+    for body in (forged, pod_body("forged-0", None, record())):
         cache.follow("jobs" if "spec" in body and not body["spec"] else "pods", None, body)
     api = FakeKube(writers=RECONCILE_WRITERS)
     memory = Memory()

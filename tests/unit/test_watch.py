@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from tests.support.fake_kube import FakeKube, FakeWatchApi, StopTest
-from tunefleet import kube
+from tests.support.wrappers import make_job, make_profile
+from tunefleet import kube, naming
 from tunefleet.config import Config
 from tunefleet.informers import watch
 from tunefleet.informers.cache import Cache
@@ -20,31 +21,22 @@ from tunefleet.reconciler.controller import Controller, Indexes
 from tunefleet.reconciler.memory import Memory
 from tunefleet.runtime import client, reflector
 
-
-def profile(name: str, uid: str, ns: str = "ml", rv: str = "1") -> dict[str, Any]:
-    return {
-        "apiVersion": "tunefleet.io/v1alpha1",
-        "kind": "TuningProfile",
-        "metadata": {"name": name, "namespace": ns, "uid": uid, "resourceVersion": rv},
-        "spec": {"image": "x"},
-        "status": {"phase": "Pending", "jobs": [{"state": "Running"}]},
-    }
-
-
-def job(name: str, uid: str, owner: str, ns: str = "ml") -> dict[str, Any]:
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": ns,
-            "uid": uid,
-            "labels": {"tunefleet.io/profile-uid": owner, "tunefleet.io/tuning-profile": "p"},
-            "ownerReferences": [
-                {"apiVersion": "tunefleet.io/v1alpha1", "kind": "TuningProfile", "uid": owner,
-                 "controller": True},
-            ],
-        },
-        "status": {"active": 1},
-    }  # fmt: skip
+# Profile p (uid u, version 1) as the list and the watch hand it over; and a Job it controls.
+PROFILE = (
+    make_profile()
+    .uid("u")
+    .resource_version("1")
+    .spec_is({})
+    .image("x")
+    .status(phase="Pending", jobs=[{"state": "Running"}])
+)
+JOB = (
+    make_job()
+    .without("spec")
+    .labels({naming.PROFILE_UID_LABEL: "u", naming.TUNING_PROFILE_LABEL: "p"})
+    .owner("u")
+    .active(1)
+)
 
 
 def make_reflector(
@@ -76,8 +68,12 @@ def run_until_stop(r: reflector.Reflector) -> None:
 
 def test_the_list_comes_page_by_page_then_the_watch_starts_at_its_version() -> None:
     cache, seen = Cache(), []
-    api = FakeWatchApi([profile(f"p{i}", f"u{i}") for i in range(5)], page=2, rv="42")
-    api.streams = [[{"type": "ADDED", "object": profile("p5", "u5", rv="43")}]]
+    api = FakeWatchApi(
+        [PROFILE.name(f"p{i}").uid(f"u{i}").obj() for i in range(5)], page=2, rv="42"
+    )
+    api.streams = [
+        [{"type": "ADDED", "object": PROFILE.name("p5").uid("u5").resource_version("43").obj()}]
+    ]
     r = make_reflector(api, cache, seen)
     run_until_stop(r)
     assert [p.get("continue", "") for p in api.lists] == ["", "2", "4"]
@@ -94,12 +90,13 @@ def test_the_list_comes_page_by_page_then_the_watch_starts_at_its_version() -> N
 
 def test_an_expired_version_lists_again_and_drops_what_the_list_no_longer_has() -> None:
     cache, seen = Cache(), []
-    api = FakeWatchApi([profile("a", "ua"), profile("b", "ub")], rv="5")
+    a, b = PROFILE.name("a").uid("ua"), PROFILE.name("b").uid("ub")
+    api = FakeWatchApi([a.obj(), b.obj()], rv="5")
     api.streams = [[{"type": "ERROR", "object": {"code": 410, "message": "too old"}}]]
     r = make_reflector(api, cache, seen)
 
     def relist_without_b(version: str) -> str:
-        api.items = [profile("a", "ua", rv="9")]  # b was deleted while nobody watched
+        api.items = [a.resource_version("9").obj()]  # b was deleted while nobody watched
         return reflector.Reflector.watch(r, version)
 
     r.watch = relist_without_b  # type: ignore[method-assign]
@@ -111,7 +108,7 @@ def test_an_expired_version_lists_again_and_drops_what_the_list_no_longer_has() 
 
 def test_an_expired_continue_token_starts_the_list_over() -> None:
     cache, seen = Cache(), []
-    api = FakeWatchApi([profile(f"p{i}", f"u{i}") for i in range(3)], page=1)
+    api = FakeWatchApi([PROFILE.name(f"p{i}").uid(f"u{i}").obj() for i in range(3)], page=1)
     api.expire_continue = 1
     r = make_reflector(api, cache, seen)
     assert r.list_all() == "10"
@@ -121,9 +118,9 @@ def test_an_expired_continue_token_starts_the_list_over() -> None:
 
 def test_a_failed_call_backs_off_and_resumes_from_the_version_it_had() -> None:
     cache, seen = Cache(), []
-    api = FakeWatchApi([profile("a", "ua")], rv="7")
+    api = FakeWatchApi([PROFILE.name("a").uid("ua").obj()], rv="7")
     api.streams = [
-        [{"type": "MODIFIED", "object": profile("a", "ua", rv="8")}],
+        [{"type": "MODIFIED", "object": PROFILE.name("a").uid("ua").resource_version("8").obj()}],
         RuntimeError("connection refused"),
         [{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "12"}}}],
     ]
@@ -171,9 +168,9 @@ def test_watch_lines_are_split_across_chunks() -> None:
 
 def test_views_go_in_compact_and_come_out_as_the_dicts_they_were() -> None:
     cache = Cache()
-    view = cache.put_profile(profile("p", "u"))
+    view = cache.put_profile(PROFILE.obj())
     assert cache.profile(("ml", "p")) == view
-    cache.follow("jobs", None, job("j", "j1", "u"))
+    cache.follow("jobs", None, JOB.name("j").uid("j1").obj())
     (got,) = cache.jobs("ml", "u")
     assert got["metadata"]["name"] == "j" and got["status"]["active"] == 1
     got["status"]["active"] = 99  # a reader's copy: the cache is not changed through it
@@ -185,11 +182,10 @@ def test_views_go_in_compact_and_come_out_as_the_dicts_they_were() -> None:
 
 def test_known_and_stub_let_a_relist_hand_back_what_is_gone() -> None:
     cache = Cache()
-    cache.put_profile(profile("p", "u"))
-    cache.put_profile(profile("q", "v", ns="other"))
-    cache.follow("jobs", None, job("j", "j1", "u"))
-    cache.follow("jobs", None, job("forged", "j2", "u") | {"metadata": {
-        **job("forged", "j2", "u")["metadata"], "ownerReferences": []}})  # fmt: skip
+    cache.put_profile(PROFILE.obj())
+    cache.put_profile(PROFILE.name("q").namespace("other").uid("v").obj())
+    cache.follow("jobs", None, JOB.name("j").uid("j1").obj())
+    cache.follow("jobs", None, JOB.name("forged").uid("j2").meta(ownerReferences=[]).obj())
     assert cache.known("tuningprofiles", "ml") == {"u"}
     assert cache.known("tuningprofiles", None) == {"u", "v"}
     assert cache.known("jobs", "ml") == {"j1", "j2"} and cache.known("jobs", "other") == set()
@@ -217,7 +213,7 @@ def test_what_is_remembered_follows_what_the_cache_holds() -> None:
     """A reconcile under way when its profile was deleted may remember it after the
     deletion's forget: housekeeping drops it, and the queue's failure count with it."""
     cache = Cache()
-    cache.put_profile(profile("p", "u"))
+    cache.put_profile(PROFILE.obj())
     c = controller_of(cache)
     c.memory.of("u").written_rv = "3"
     c.memory.of("gone-uid").written_rv = "4"
