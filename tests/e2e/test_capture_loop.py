@@ -27,6 +27,7 @@ from testbed.operator import SERVING_SECRET, InCluster
 from testbed.poll import eventually
 from testbed.real_node import KEY, real_profile
 from tests.support.kube import apply, create, get_json, jobs_of, pod_of, ready
+from tests.support.wrappers import make_deployment, make_pod
 from tuner_job.results import parse_param_signature, parse_results
 
 pytestmark = pytest.mark.e2e
@@ -49,41 +50,27 @@ def _real_node_gpus(cluster: Any) -> None:
     wait_for_real_node_gpus(cluster, 3)
 
 
-def deployment(name: str, profile: str, replicas: int = 1) -> dict[str, Any]:
-    labels = {"app": name, "tunefleet.io/profile": profile}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "nodeSelector": {KEY: REAL_NODE_GPU_MODEL},
-                    "tolerations": [
-                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-                    ],
-                    "terminationGracePeriodSeconds": 10,
-                    "containers": [
-                        {
-                            "name": "server",
-                            "image": STANDIN_IMAGE,
-                            "imagePullPolicy": "Never",
-                            "command": ["standin-server"],
-                            "env": [
-                                *ROCM,
-                                {"name": "STANDIN_GEMMS", "value": json.dumps(S1 + S2)},
-                                {"name": "STANDIN_GEMMS_EVERY", "value": "3"},
-                            ],
-                            "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                        }
-                    ],
-                },
-            },
-        },
-    }
+# The model server: a Deployment's pod on the real node, recording the shapes it runs.
+SERVER = (
+    make_pod()
+    .without("metadata", "name")
+    .without("metadata", "namespace")
+    .selector({KEY: REAL_NODE_GPU_MODEL})
+    .toleration("nvidia.com/gpu")
+    .spec(terminationGracePeriodSeconds=10)
+    .container(
+        "server",
+        STANDIN_IMAGE,
+        gpus=1,
+        imagePullPolicy="Never",
+        command=["standin-server"],
+        env=[
+            *ROCM,
+            {"name": "STANDIN_GEMMS", "value": json.dumps(S1 + S2)},
+            {"name": "STANDIN_GEMMS_EVERY", "value": "3"},
+        ],
+    )
+)
 
 
 def dims(row: str) -> tuple[int, ...]:
@@ -162,7 +149,7 @@ def test_capture_closes_the_loop(
     assert sorted(dims(k) for k in s1_keys) == shape_dims(S1)
 
     # A model Deployment serving S1 and S2: one pod, pinned to A1.
-    create(cluster, namespace, deployment("serve", "loop"))
+    create(cluster, namespace, make_deployment("serve", SERVER.profile("loop")).obj())
     (old,) = running(cluster, namespace, "serve", 1)
     old_name, old_uid = old["metadata"]["name"], old["metadata"]["uid"]
     anns = old["metadata"]["annotations"]

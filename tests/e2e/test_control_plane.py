@@ -39,6 +39,7 @@ from testbed.cluster import (
     wait_for,
     wait_for_condition,
 )
+from tests.support.wrappers import make_object
 
 pytestmark = pytest.mark.e2e
 
@@ -267,18 +268,14 @@ class _Webhook:
                         },
                     },
                 ]
-                body = json.dumps(
-                    {
-                        "apiVersion": "admission.k8s.io/v1",
-                        "kind": "AdmissionReview",
-                        "response": {
-                            "uid": req["uid"],
-                            "allowed": True,
-                            "patchType": "JSONPatch",
-                            "patch": base64.b64encode(json.dumps(patch).encode()).decode(),
-                        },
-                    }
-                ).encode()
+                response = {
+                    "uid": req["uid"],
+                    "allowed": True,
+                    "patchType": "JSONPatch",
+                    "patch": base64.b64encode(json.dumps(patch).encode()).decode(),
+                }
+                review = make_object("admission.k8s.io/v1", "AdmissionReview")
+                body = json.dumps(review.fields(response=response).obj()).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))

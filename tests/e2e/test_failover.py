@@ -21,11 +21,18 @@ from testbed.operator import InCluster, carry_out_publish
 from testbed.poll import eventually
 from tests.support.fleet import profile_doc
 from tests.support.kube import apply, get_json, jobs_of, tuning_pods
+from tests.support.wrappers import make_model_pod
 
 pytestmark = pytest.mark.e2e
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 CREATES = 60
+# A model pod of the "served" profile, on an H100 node (named per create: .name(...)).
+SERVED = (
+    make_model_pod("served", image="registry.example.com/serve:1")
+    .without("metadata", "namespace")
+    .selector({"nvidia.com/gpu.product": H100})
+)
 
 
 def operator_pid(pod_name: str) -> int:
@@ -44,18 +51,6 @@ def operator_pid(pod_name: str) -> int:
         ):
             return int(proc.name)
     raise AssertionError(f"no operator process of pod {pod_name} on this machine")
-
-
-def labelled_pod(i: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": f"during-{i:03d}", "labels": {"tunefleet.io/profile": "served"}},
-        "spec": {
-            "nodeSelector": {"nvidia.com/gpu.product": H100},
-            "containers": [{"name": "server", "image": "registry.example.com/serve:1"}],
-        },
-    }
 
 
 def test_killing_the_active_replica_hands_over_within_15s_and_admission_never_stops(
@@ -99,7 +94,7 @@ def test_killing_the_active_replica_hands_over_within_15s_and_admission_never_st
                 namespace,
                 "-f",
                 "-",
-                input=yaml.safe_dump(labelled_pod(i)),
+                input=yaml.safe_dump(SERVED.name(f"during-{i:03d}").obj()),
                 check=False,
             )
             if out.returncode != 0:
@@ -388,7 +383,7 @@ def test_helm_upgrade_under_traffic_admits_every_pod_with_the_same_certificate(
                 namespace,
                 "-f",
                 "-",
-                input=yaml.safe_dump(labelled_pod(i)),
+                input=yaml.safe_dump(SERVED.name(f"during-{i:03d}").obj()),
                 check=False,
             )
             if out.returncode != 0:

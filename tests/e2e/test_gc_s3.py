@@ -22,8 +22,8 @@ import yaml
 
 from testbed.library_pod import tool_env
 from tests.support.results import rows
+from tests.support.wrappers import make_artifact, make_profile
 from tunefleet import naming
-from tunefleet.api import TuningProfileSpec
 from tunefleet.artifacts import gc
 from tunefleet.artifacts.library import (
     Library,
@@ -54,6 +54,16 @@ GRACE = 15.0
 # current revision tunes), so the current revision's checkpoints are unpublished scratch.
 PREVIOUS = "prev000000"
 KEEP = 1
+# The fleet's profiles (named p0..p9, stored at the fleet's uri: .storage(uri)), applied with
+# the namespace kubectl gives them.
+BASE = (
+    make_profile()
+    .without("metadata", "namespace")
+    .image("registry.example.com/serve:1")
+    .gpu("amd", MODEL)
+    .shapes((64, 64, 64))
+    .tuning(backoffLimit=0)
+)
 GC = Path(sys.executable).parent / "tunefleet-gc"
 
 PUBLISHER = """
@@ -68,16 +78,6 @@ for d in dirs:
     print(json.dumps({"uri": pub.uri, "sha256": pub.sha256}), flush=True)
     time.sleep(0.3)
 """
-
-
-def spec(uri: str) -> dict[str, Any]:
-    return {
-        "image": "registry.example.com/serve:1",
-        "gpu": {"vendor": "amd", "models": [MODEL]},
-        "workload": {"shapes": [{"mnk": [64, 64, 64]}]},
-        "storage": {"uri": uri},
-        "tuning": {"backoffLimit": 0},
-    }
 
 
 def results(p: int, n: int) -> ResultsFile:
@@ -117,18 +117,15 @@ class Fleet:
         self.cluster, self.s3, self.ns, self.tmp = cluster, s3, namespace, tmp
         self.uri = f"s3://{s3.bucket}/{prefix}"
         self.location = parse_uri(self.uri)
-        self.revision = naming.revision(TuningProfileSpec.model_validate(spec(self.uri)))
+        self.profile = BASE.storage(self.uri)
+        self.revision = naming.revision(self.profile.spec_model())
         self.published: dict[int, list[dict[str, Any]]] = {p: [] for p in range(PROFILES)}
 
     def store(self) -> S3Store:
         return S3Store(self.location, client=self.s3.client(), timeout_s=600)
 
     def apply_profiles(self) -> None:
-        docs = [
-            {"apiVersion": "tunefleet.io/v1alpha1", "kind": "TuningProfile",
-             "metadata": {"name": f"p{p}"}, "spec": spec(self.uri)}
-            for p in range(PROFILES)
-        ]  # fmt: skip
+        docs = [self.profile.name(f"p{p}").obj() for p in range(PROFILES)]
         self.cluster.kubectl(
             "apply", "-n", self.ns, "-f", "-", input="\n---\n".join(yaml.safe_dump(d) for d in docs)
         )
@@ -137,11 +134,11 @@ class Fleet:
         """What the operator writes once a Job published: the newest as the artifact, the
         first as history."""
         first, newest = self.published[p][0], self.published[p][-1]
-        entry = {"gpuModel": MODEL, "revision": PREVIOUS}
+        entry = make_artifact(MODEL).revision(PREVIOUS)
         status = {
             "revision": self.revision,
-            "artifacts": [{**newest, **entry}],
-            "history": [{**first, **entry}] if first is not newest else [],
+            "artifacts": [entry.fields(**newest).obj()],
+            "history": [entry.fields(**first).obj()] if first is not newest else [],
         }
         self.cluster.kubectl(
             "patch", "tuningprofile", f"p{p}", "-n", self.ns, "--subresource=status",

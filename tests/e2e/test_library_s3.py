@@ -19,16 +19,15 @@ import pytest
 
 from testbed.library_pod import (
     MODEL,
-    JobSpec,
     Pod,
     all_tuned,
     merge,
     run_job,
-    shapes,
     tool_env,
     tuned_keys,
     wait_until,
 )
+from tests.support.wrappers import make_tuner_run
 from tunefleet.artifacts.fetch import Pinned, Serving, fetch
 from tunefleet.artifacts.library import Library, read_library
 from tunefleet.storage.registry import parse_uri
@@ -43,18 +42,7 @@ pytestmark = pytest.mark.e2e
 ROCM = {"FAKE_TORCH_BACKEND": "rocm"}
 VALIDATORS = {"PT_VERSION": "2.11.0", "GCN_ARCH_NAME": "gfx942:sramecc+:xnack-"}
 IDENTITY = {"gpuName": "AMD Instinct MI300X", "arch": "gfx942:sramecc+:xnack-"}
-
-
-def job(s3: Any, prefix: str, profile: str, gemms: range, **over: Any) -> JobSpec:
-    fields: dict[str, Any] = {
-        "uri": f"s3://{s3.bucket}/{prefix}",
-        "profile": profile,
-        "gemms": shapes(gemms),
-        "s3_env": s3.env(),
-        "torch_env": {**ROCM, "FAKE_TORCH_TUNE_SLEEP": "0.01"},
-    }
-    fields.update(over)
-    return JobSpec(**fields)
+FAST = {"FAKE_TORCH_TUNE_SLEEP": "0.01"}  # each GEMM's cost in the stand-in torch
 
 
 def keys_under(s3: Any, prefix: str) -> list[str]:
@@ -70,13 +58,15 @@ def store_for(s3: Any, message: dict[str, Any]) -> S3Store:
 
 
 def test_reuse_through_s3_tunes_only_the_misses(s3: Any, prefix: str, tmp_path: Path) -> None:
-    first = Pod(job(s3, prefix, "first", range(0, 24)), tmp_path / "a").run()
+    job = make_tuner_run(f"s3://{s3.bucket}/{prefix}", "first", range(0, 24))
+    first = Pod(job.fields(s3_env=s3.env()).env(**ROCM, **FAST).obj(), tmp_path / "a").run()
     assert first.publish is not None and first.publish.returncode == 0, first.publish.stderr
     key = first.manifest()["libraryKey"]
     entries = keys_under(s3, f"{prefix}/ml/_library/{MODEL}/{key}/")
     assert len(entries) == 1 and entries[0].endswith(".json")
 
-    second = Pod(job(s3, prefix, "second", range(8, 32)), tmp_path / "b").run()
+    job = make_tuner_run(f"s3://{s3.bucket}/{prefix}", "second", range(8, 32))
+    second = Pod(job.fields(s3_env=s3.env()).env(**ROCM, **FAST).obj(), tmp_path / "b").run()
     assert second.tune.returncode == 0, second.tune.stderr
     a, b = read_results(first.out / "results.csv"), read_results(second.out / "results.csv")
     assert set(second.tuned) == b.keys() - a.keys() and len(second.tuned) == 8
@@ -90,9 +80,11 @@ def test_reuse_through_s3_tunes_only_the_misses(s3: Any, prefix: str, tmp_path: 
 
 
 def test_sharding_through_s3_merges_into_one_artifact(s3: Any, prefix: str, tmp_path: Path) -> None:
-    alone = Pod(job(s3, prefix + "-alone", "llama", range(30)), tmp_path / "alone").run()
+    job = make_tuner_run(f"s3://{s3.bucket}/{prefix}-alone", "llama", range(30))
+    alone = Pod(job.fields(s3_env=s3.env()).env(**ROCM, **FAST).obj(), tmp_path / "alone").run()
     s3.delete_prefix(prefix + "-alone/")
-    spec = job(s3, prefix, "llama", range(30), shards=3)
+    job = make_tuner_run(f"s3://{s3.bucket}/{prefix}", "llama", range(30))
+    spec = job.fields(s3_env=s3.env(), shards=3).env(**ROCM, **FAST).obj()
     runs = run_job(spec, tmp_path / "job")
     for r in runs:
         assert r.publish is not None and r.publish.returncode == 0, r.publish.stderr
@@ -118,13 +110,11 @@ def test_sharding_through_s3_merges_into_one_artifact(s3: Any, prefix: str, tmp_
 
 def test_resume_through_s3_after_the_pod_is_lost(s3: Any, prefix: str, tmp_path: Path) -> None:
     every = 4
-    spec = job(
-        s3,
-        prefix,
-        "llama",
-        range(16),
-        every_gemms=every,
-        torch_env={**ROCM, "FAKE_TORCH_TUNE_SLEEP": "0.3"},
+    job = make_tuner_run(f"s3://{s3.bucket}/{prefix}", "llama", range(16))
+    spec = (
+        job.fields(s3_env=s3.env(), every_gemms=every)
+        .env(**ROCM, FAKE_TORCH_TUNE_SLEEP="0.3")
+        .obj()
     )
     pod = Pod(spec, tmp_path / "try-1")
     pod.start_sync()

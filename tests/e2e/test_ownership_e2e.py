@@ -21,6 +21,7 @@ from testbed.operator import Operator, carry_out_publish, set_pod_outcome
 from testbed.poll import eventually
 from tests.support.fleet import profile_doc, publish_first_revision
 from tests.support.kube import apply, condition, get_json, jobs_of, tuning_pods
+from tests.support.wrappers import make_job, make_pod
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 
@@ -28,6 +29,10 @@ pytestmark = pytest.mark.e2e
 
 MODEL = "NVIDIA-H200"
 EVIL = "s3://tunefleet/evil/ml/victim/NVIDIA-H200/" + "e" * 64
+# A Job that runs once (named, placed and labelled per forgery: .labels(forged_labels(...)))
+# and the template of its pods (labelled the same; its spec: forged_pod_spec()).
+FORGED_JOB = make_job().without("status").set("spec", "backoffLimit", value=0)
+FORGED_TEMPLATE = make_pod().without("apiVersion").without("kind").without("metadata")
 
 
 def events(cluster: Any, namespace: str, reason: str) -> list[dict[str, Any]]:
@@ -72,19 +77,6 @@ def forged_pod_spec() -> dict[str, Any]:
     }
 
 
-def forged_job(name: str, namespace: str, uid: str, rev: str) -> dict[str, Any]:
-    labels = forged_labels(uid, rev)
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
-        "spec": {
-            "backoffLimit": 0,
-            "template": {"metadata": {"labels": labels}, "spec": forged_pod_spec()},
-        },
-    }
-
-
 def evil_record() -> str:
     return json.dumps(
         {
@@ -107,9 +99,12 @@ def test_forged_jobs_and_pods_never_become_a_profiles_children(
     uid = victim["metadata"]["uid"]
     rev = naming.revision(TuningProfileSpec.model_validate(doc["spec"]))
     real_name = naming.job_name("victim", MODEL, rev, uid)
+    labels = forged_labels(uid, rev)
+    template = FORGED_TEMPLATE.labels(labels).set("spec", value=forged_pod_spec())
+    job = FORGED_JOB.labels(labels).set("spec", "template", value=template.obj())
     forged = [
-        forged_job("forged-elsewhere", other_namespace, uid, rev),
-        forged_job("forged-here", namespace, uid, rev),
+        job.name("forged-elsewhere").namespace(other_namespace).obj(),
+        job.name("forged-here").namespace(namespace).obj(),
     ]
     bare = {
         "apiVersion": "v1",

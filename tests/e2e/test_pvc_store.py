@@ -23,6 +23,7 @@ from testbed.cluster import REAL_NODE_GPU_MODEL, STANDIN_IMAGE, real_node_volume
 from testbed.operator import InCluster
 from testbed.real_node import SHAPES, model_pod
 from tests.support.kube import apply, create, ended, get_json, jobs_of, ready, statuses
+from tests.support.wrappers import make_pvc
 
 pytestmark = pytest.mark.e2e
 
@@ -37,17 +38,7 @@ def claim(cluster: Any, namespace: str) -> Iterator[tuple[str, Path]]:
     path.mkdir(parents=True)
     path.chmod(0o777)  # hostPath ignores fsGroup: tunefleet's user (65532) writes here
     pv = real_node_volume(name, path, namespace, "artifacts", ["ReadWriteOnce"])
-    pvc = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "artifacts", "namespace": namespace},
-        "spec": {
-            "accessModes": ["ReadWriteOnce"],
-            "storageClassName": "tunefleet-e2e",
-            "volumeName": name,
-            "resources": {"requests": {"storage": "1Gi"}},
-        },
-    }
+    pvc = make_pvc("artifacts", namespace, name).obj()
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([pv, pvc]))
     try:
         yield "artifacts", path

@@ -43,10 +43,43 @@ from testbed.cluster import (
     wait_for,
     wait_for_real_node_gpus,
 )
+from tests.support.wrappers import make_object, make_pod
 
 pytestmark = pytest.mark.e2e
 
 UID = 65532
+TMP_MOUNT = {"name": "tmp", "mountPath": "/tmp"}
+TMP_VOLUME = {"name": "tmp", "emptyDir": {}}
+# A hardened pod like the ones tunefleet makes (UID 65532, read-only root, /tmp emptyDir): its
+# one container is `{**MAIN, "image": ..., "command": [...]}` (and env, envFrom, ... to add).
+MAIN: dict[str, Any] = {
+    "name": "main",
+    "imagePullPolicy": "Never",  # nothing can be pulled here: the image must be on the node
+    "securityContext": {
+        "runAsUser": UID,
+        "runAsGroup": UID,
+        "runAsNonRoot": True,
+        "readOnlyRootFilesystem": True,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    },
+    "volumeMounts": [TMP_MOUNT],
+    "env": [],
+    "envFrom": [],
+}
+HARDENED = (
+    make_pod()
+    .without("metadata", "namespace")
+    .spec(
+        restartPolicy="Never",
+        automountServiceAccountToken=False,
+        terminationGracePeriodSeconds=1,
+        volumes=[TMP_VOLUME],
+    )
+)
+ON_REAL_NODE = HARDENED.selector(dict(REAL_NODE_SELECTOR)).spec(
+    tolerations=list(REAL_NODE_TOLERATIONS)
+)
 
 
 @pytest.fixture(scope="module")
@@ -69,50 +102,6 @@ def apply(cluster: Cluster, namespace: str, *docs: dict[str, Any]) -> None:
     cluster.kubectl(
         "apply", "-n", namespace, "-f", "-", input="\n---\n".join(yaml.safe_dump(d) for d in docs)
     )
-
-
-def pod_doc(
-    name: str,
-    image: str,
-    command: list[str],
-    *,
-    on_real_node: bool = True,
-    token: bool = False,
-    env: list[dict[str, Any]] | None = None,
-    env_from: list[dict[str, Any]] | None = None,
-    restart: str = "Never",
-    **spec: Any,
-) -> dict[str, Any]:
-    """A hardened pod like the ones tunefleet makes (UID 65532, read-only root, /tmp emptyDir)."""
-    container: dict[str, Any] = {
-        "name": "main",
-        "image": image,
-        "imagePullPolicy": "Never",  # nothing can be pulled here: the image must be on the node
-        "command": command,
-        "securityContext": {
-            "runAsUser": UID,
-            "runAsGroup": UID,
-            "runAsNonRoot": True,
-            "readOnlyRootFilesystem": True,
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-        },
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
-        "env": env or [],
-        "envFrom": env_from or [],
-    }
-    body: dict[str, Any] = {
-        "restartPolicy": restart,
-        "automountServiceAccountToken": token,
-        "terminationGracePeriodSeconds": 1,
-        "containers": [container],
-        "volumes": [{"name": "tmp", "emptyDir": {}}],
-    }
-    if on_real_node:
-        body["nodeSelector"] = dict(REAL_NODE_SELECTOR)
-        body["tolerations"] = list(REAL_NODE_TOLERATIONS)
-    body.update(spec)
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": body}
 
 
 def get_pod(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
@@ -271,9 +260,10 @@ def test_tunefleet_image_runs_as_65532_on_a_read_only_root(
         tunefleet-fetch --help
         """
     )
-    pod, out = run_to_completion(
-        cluster, namespace, pod_doc("fetch-help", TUNEFLEET_IMAGE, ["sh", "-c", script])
+    doc = ON_REAL_NODE.name("fetch-help").containers(
+        {**MAIN, "image": TUNEFLEET_IMAGE, "command": ["sh", "-c", script]}
     )
+    pod, out = run_to_completion(cluster, namespace, doc.obj())
     assert pod["spec"]["nodeName"] == REAL_NODE
     assert pod["spec"]["automountServiceAccountToken"] is False
     assert f"uid={UID} gid={UID} home=/tmp" in out, out
@@ -305,8 +295,12 @@ def test_pod_reaches_the_api_server_through_the_kubernetes_service(
         }))
         """
     )
-    doc = pod_doc("in-cluster", TUNEFLEET_IMAGE, ["python3", "-c", script], token=True)
-    _, out = run_to_completion(cluster, namespace, doc)
+    doc = (
+        ON_REAL_NODE.name("in-cluster")
+        .spec(automountServiceAccountToken=True)
+        .containers({**MAIN, "image": TUNEFLEET_IMAGE, "command": ["python3", "-c", script]})
+    )
+    _, out = run_to_completion(cluster, namespace, doc.obj())
     result = json.loads(out.strip().splitlines()[-1])
     service = cluster.kubectl_json("get", "service", "-n", "default", "kubernetes")
     assert result["service"] == f"{service['spec']['clusterIP']}:443", result
@@ -339,15 +333,17 @@ def test_pod_reaches_the_s3_server(
         {"name": "AWS_REGION", "value": s3.region},
         {"name": "TUNEFLEET_S3_BUCKET", "value": s3.bucket},
     ]
-    doc = pod_doc(
-        "s3-probe",
-        TUNEFLEET_IMAGE,
-        ["python3", "-c", script],
-        env=env,
-        env_from=[{"secretRef": {"name": "s3"}}],
+    doc = ON_REAL_NODE.name("s3-probe").containers(
+        {
+            **MAIN,
+            "image": TUNEFLEET_IMAGE,
+            "command": ["python3", "-c", script],
+            "env": env,
+            "envFrom": [{"secretRef": {"name": "s3"}}],
+        }
     )
     apply(cluster, namespace, secret)
-    _, out = run_to_completion(cluster, namespace, doc)
+    _, out = run_to_completion(cluster, namespace, doc.obj())
     assert "head_bucket ok" in out, out
     client = s3.client()
     try:
@@ -430,35 +426,44 @@ def service_webhook(
     svc = "hook"
     with tempfile.TemporaryDirectory() as tmp:
         ca, crt, key = _service_cert(Path(tmp), f"{svc}.{namespace}.svc")
-    tls = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": "hook-tls"},
-        "type": "kubernetes.io/tls",
-        "data": {
-            "tls.crt": base64.b64encode(crt).decode(),
-            "tls.key": base64.b64encode(key).decode(),
-        },
-    }
-    pod = pod_doc(
-        "hook",
-        TUNEFLEET_IMAGE,
-        ["python3", "-c", WEBHOOK_SERVER],
-        env=[{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
-        restart="Always",
+    tls = (
+        make_object("v1", "Secret", "hook-tls")
+        .fields(
+            type="kubernetes.io/tls",
+            data={
+                "tls.crt": base64.b64encode(crt).decode(),
+                "tls.key": base64.b64encode(key).decode(),
+            },
+        )
+        .obj()
     )
-    pod["metadata"]["labels"] = {"app": "hook"}
-    main = pod["spec"]["containers"][0]
-    main["ports"] = [{"containerPort": 8443}]
-    main["readinessProbe"] = {"tcpSocket": {"port": 8443}, "periodSeconds": 1}
-    main["volumeMounts"].append({"name": "tls", "mountPath": "/tls", "readOnly": True})
-    pod["spec"]["volumes"].append({"name": "tls", "secret": {"secretName": "hook-tls"}})
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": svc},
-        "spec": {"selector": {"app": "hook"}, "ports": [{"port": 443, "targetPort": 8443}]},
-    }
+    pod = (
+        ON_REAL_NODE.name("hook")
+        .labels({"app": "hook"})
+        .spec(
+            restartPolicy="Always",
+            volumes=[TMP_VOLUME, {"name": "tls", "secret": {"secretName": "hook-tls"}}],
+        )
+        .containers(
+            {
+                **MAIN,
+                "image": TUNEFLEET_IMAGE,
+                "command": ["python3", "-c", WEBHOOK_SERVER],
+                "env": [
+                    {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+                ],
+                "ports": [{"containerPort": 8443}],
+                "readinessProbe": {"tcpSocket": {"port": 8443}, "periodSeconds": 1},
+                "volumeMounts": [TMP_MOUNT, {"name": "tls", "mountPath": "/tls", "readOnly": True}],
+            }
+        )
+        .obj()
+    )
+    service = (
+        make_object("v1", "Service", svc)
+        .spec(selector={"app": "hook"}, ports=[{"port": 443, "targetPort": 8443}])
+        .obj()
+    )
     apply(cluster, namespace, tls, pod, service)
     wait_for(
         lambda: condition(get_pod(cluster, namespace, "hook"), "Ready"),
@@ -467,36 +472,36 @@ def service_webhook(
         until=lambda c: (c or {}).get("status") == "True",
     )
     name = f"e2e-real-node-{namespace}"
-    config = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": name},
-        "webhooks": [
-            {
-                "name": "hook.e2e.tunefleet.io",
-                "admissionReviewVersions": ["v1"],
-                "sideEffects": "None",
-                # Fail: an unreachable webhook makes the create fail, so the test can't pass
-                # without the call.
-                "failurePolicy": "Fail",
-                "timeoutSeconds": 10,
-                "clientConfig": {
-                    "service": {"namespace": namespace, "name": svc, "port": 443, "path": "/"},
-                    "caBundle": base64.b64encode(ca).decode(),
-                },
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-                "objectSelector": {"matchLabels": {"e2e.tunefleet.io/hook": "yes"}},
-                "rules": [
-                    {
-                        "apiGroups": [""],
-                        "apiVersions": ["v1"],
-                        "operations": ["CREATE"],
-                        "resources": ["configmaps"],
-                    }
-                ],
-            }
-        ],
-    }
+    hooks = [
+        {
+            "name": "hook.e2e.tunefleet.io",
+            "admissionReviewVersions": ["v1"],
+            "sideEffects": "None",
+            # Fail: an unreachable webhook makes the create fail, so the test can't pass
+            # without the call.
+            "failurePolicy": "Fail",
+            "timeoutSeconds": 10,
+            "clientConfig": {
+                "service": {"namespace": namespace, "name": svc, "port": 443, "path": "/"},
+                "caBundle": base64.b64encode(ca).decode(),
+            },
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+            "objectSelector": {"matchLabels": {"e2e.tunefleet.io/hook": "yes"}},
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "apiVersions": ["v1"],
+                    "operations": ["CREATE"],
+                    "resources": ["configmaps"],
+                }
+            ],
+        }
+    ]
+    config = (
+        make_object("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration", name)
+        .fields(webhooks=hooks)
+        .obj()
+    )
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(config))
     try:
         yield {"service": svc, "pod": "hook"}
@@ -551,12 +556,14 @@ def test_api_server_reaches_a_pod_through_a_clusterip_service(
 def test_kubectl_logs_and_exec_work(
     cluster: Cluster, namespace: str, node_images: set[str]
 ) -> None:
-    doc = pod_doc(
-        "sleeper",
-        TUNEFLEET_IMAGE,
-        ["sh", "-c", "echo hello from the real node; exec sleep 3600"],
+    doc = ON_REAL_NODE.name("sleeper").containers(
+        {
+            **MAIN,
+            "image": TUNEFLEET_IMAGE,
+            "command": ["sh", "-c", "echo hello from the real node; exec sleep 3600"],
+        }
     )
-    apply(cluster, namespace, doc)
+    apply(cluster, namespace, doc.obj())
     wait_phase(cluster, namespace, "sleeper", {"Running"})
     wait_for(
         lambda: logs(cluster, namespace, "sleeper"),
@@ -587,33 +594,38 @@ def test_standin_inference_image_reports_tunableop_env_and_results(
         "data": results,
     }
 
-    def model_pod(name: str, image: str) -> dict[str, Any]:
-        doc = pod_doc(
-            name,
-            image,
-            ["standin-server"],
-            on_real_node=False,
-            env=[
-                {"name": "PYTORCH_TUNABLEOP_ENABLED", "value": "1"},
-                {"name": "PYTORCH_TUNABLEOP_TUNING", "value": "0"},
-                {"name": "PYTORCH_TUNABLEOP_FILENAME", "value": "/results/tunableop_results%d.csv"},
-            ],
-            restart="Always",
-        )
-        main = doc["spec"]["containers"][0]
-        # A model pod asks for GPUs: the scheduler sends it to the node that has some (fake),
-        # and ExtendedResourceToleration adds the toleration for its taint.
-        main["resources"] = {"limits": {"nvidia.com/gpu": "2"}}
-        main["volumeMounts"].append({"name": "results", "mountPath": "/results", "readOnly": True})
-        doc["spec"]["nodeSelector"] = {"nvidia.com/gpu.product": REAL_NODE_GPU_MODEL}
-        doc["spec"]["volumes"].append({"name": "results", "configMap": {"name": "results"}})
-        return doc
+    # A model pod (its image given per pod) asks for GPUs: the scheduler sends it to the node
+    # that has some (fake), and ExtendedResourceToleration adds the toleration for its taint.
+    model = HARDENED.spec(
+        restartPolicy="Always",
+        volumes=[TMP_VOLUME, {"name": "results", "configMap": {"name": "results"}}],
+    ).selector({"nvidia.com/gpu.product": REAL_NODE_GPU_MODEL})
+    server = {
+        **MAIN,
+        "command": ["standin-server"],
+        "env": [
+            {"name": "PYTORCH_TUNABLEOP_ENABLED", "value": "1"},
+            {"name": "PYTORCH_TUNABLEOP_TUNING", "value": "0"},
+            {"name": "PYTORCH_TUNABLEOP_FILENAME", "value": "/results/tunableop_results%d.csv"},
+        ],
+        "resources": {"limits": {"nvidia.com/gpu": "2"}},
+        "volumeMounts": [TMP_MOUNT, {"name": "results", "mountPath": "/results", "readOnly": True}],
+    }
 
     # The node's fake GPUs are shared (the demo, a developer's pods): wait for 2 x 2 of them,
     # or fail naming what holds them.
     wait_for_real_node_gpus(cluster, 4)
-    apply(cluster, namespace, files, model_pod("model", STANDIN_IMAGE))
-    apply(cluster, namespace, model_pod("model-nogpu", STANDIN_NOGPU_IMAGE))
+    apply(
+        cluster,
+        namespace,
+        files,
+        model.name("model").containers({**server, "image": STANDIN_IMAGE}).obj(),
+    )
+    apply(
+        cluster,
+        namespace,
+        model.name("model-nogpu").containers({**server, "image": STANDIN_NOGPU_IMAGE}).obj(),
+    )
     for name in ("model", "model-nogpu"):
         pod = wait_phase(cluster, namespace, name, {"Running"})
         assert pod["spec"]["nodeName"] == REAL_NODE
@@ -652,15 +664,14 @@ def test_pods_without_gpu_requests_never_land_on_the_real_node(
     cluster: Cluster, namespace: str
 ) -> None:
     # Asked for by name, without tolerating its taint: the scheduler says why not.
-    pinned = pod_doc("pinned", "registry.invalid/never-pulled:1", ["true"], on_real_node=False)
-    pinned["spec"]["nodeSelector"] = {"kubernetes.io/hostname": REAL_NODE}
+    never = HARDENED.containers(
+        {**MAIN, "image": "registry.invalid/never-pulled:1", "command": ["true"]}
+    )
+    pinned = never.name("pinned").selector({"kubernetes.io/hostname": REAL_NODE}).obj()
     # Ordinary pods: all of them go to kwok-cpu-0, whose taint test namespaces tolerate by
     # default (testbed/cluster.py: create_namespace); the GPU nodes' taints keep them off
     # the rest of the fleet.
-    plain = [
-        pod_doc(f"plain-{i}", "registry.invalid/never-pulled:1", ["true"], on_real_node=False)
-        for i in range(8)
-    ]
+    plain = [never.name(f"plain-{i}").obj() for i in range(8)]
     apply(cluster, namespace, pinned, *plain)
 
     def scheduled() -> list[dict[str, Any]]:

@@ -41,6 +41,7 @@ from testbed.operator import SERVING_SECRET, InCluster
 from testbed.poll import eventually
 from testbed.real_node import KEY, SHAPES, real_profile
 from tests.support.kube import apply, create, get_json, pod_of, ready, statuses
+from tests.support.wrappers import make_pvc
 from tunefleet.contracts.admission import Admission
 from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
 from tuner_job.output import RESULTS_NAME
@@ -89,17 +90,7 @@ def claims(cluster: Any, namespace: str) -> Iterator[Callable[[str], Path]]:
         made.append((pv, path))
         docs = [
             real_node_volume(pv, path, namespace, claim, ["ReadWriteOnce", "ReadOnlyMany"]),
-            {
-                "apiVersion": "v1",
-                "kind": "PersistentVolumeClaim",
-                "metadata": {"name": claim, "namespace": namespace},
-                "spec": {
-                    "accessModes": ["ReadWriteOnce"],
-                    "storageClassName": "tunefleet-e2e",
-                    "volumeName": pv,
-                    "resources": {"requests": {"storage": "1Gi"}},
-                },
-            },
+            make_pvc(claim, namespace, pv).obj(),
         ]
         cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
         return path

@@ -35,6 +35,7 @@ from testbed.poll import eventually
 from testbed.real_node import real_profile
 from tests.support.kube import apply, condition, get_json, jobs_of, statuses
 from tests.support.largest import largest_template
+from tests.support.wrappers import make_object, make_pvc
 
 pytestmark = pytest.mark.e2e
 
@@ -81,17 +82,7 @@ def weights(cluster: Any, namespace: str) -> Iterator[str]:
     path.mkdir(parents=True)
     (path / "model.json").write_text(json.dumps({"m": M, "n": N, "k": K}))
     path.chmod(0o755)
-    pvc = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "weights", "namespace": namespace},
-        "spec": {
-            "accessModes": ["ReadOnlyMany"],
-            "storageClassName": "tunefleet-e2e",
-            "volumeName": name,
-            "resources": {"requests": {"storage": "1Gi"}},
-        },
-    }
+    pvc = make_pvc("weights", namespace, name, access=("ReadOnlyMany",)).obj()
     pv = _pv(name, path, namespace, "weights")
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([pv, pvc]))
     try:
@@ -107,20 +98,15 @@ def cluster_objects(cluster: Any) -> Iterator[tuple[str, str]]:
     suffix = uuid.uuid4().hex[:8]
     runtime, priority = f"e2e-runc-{suffix}", f"e2e-low-{suffix}"
     docs = [
-        {
-            "apiVersion": "node.k8s.io/v1",
-            "kind": "RuntimeClass",
-            "metadata": {"name": runtime},
-            "handler": "runc",  # hack/lib/node.sh: containerd's runtimes.runc
-        },
-        {
-            "apiVersion": "scheduling.k8s.io/v1",
-            "kind": "PriorityClass",
-            "metadata": {"name": priority},
-            "value": 10,
-            "preemptionPolicy": "Never",
-            "description": "tunefleet e2e: tests/e2e/test_tuning_template.py",
-        },
+        # handler: hack/lib/node.sh's containerd runtimes.runc
+        make_object("node.k8s.io/v1", "RuntimeClass", runtime).fields(handler="runc").obj(),
+        make_object("scheduling.k8s.io/v1", "PriorityClass", priority)
+        .fields(
+            value=10,
+            preemptionPolicy="Never",
+            description="tunefleet e2e: tests/e2e/test_tuning_template.py",
+        )
+        .obj(),
     ]
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
     try:
@@ -145,34 +131,6 @@ def pool_taint(cluster: Any) -> Iterator[dict[str, str]]:
         yield {"key": TAINT_KEY, "operator": "Equal", "value": value, "effect": "NoSchedule"}
     finally:
         _untaint(cluster)
-
-
-def template(weights: str, runtime: str, priority: str, toleration: dict[str, str]) -> Any:
-    return {
-        "metadata": {"labels": {"team": "inference"}, "annotations": {"e2e/why": "template"}},
-        "spec": {
-            "volumes": [
-                {
-                    "name": "weights",
-                    "persistentVolumeClaim": {"claimName": weights, "readOnly": True},
-                }
-            ],
-            "tolerations": [toleration],
-            "runtimeClassName": runtime,
-            "serviceAccountName": "weights-reader",
-            "priorityClassName": priority,
-            "securityContext": {"supplementalGroups": [GROUP]},
-        },
-        "tune": {
-            "volumeMounts": [{"name": "weights", "mountPath": "/weights", "readOnly": True}],
-            "envFrom": [{"configMapRef": {"name": "record-settings"}}],
-            "resources": {
-                "requests": {"cpu": "100m", "memory": "128Mi"},
-                "limits": {"memory": "1Gi"},
-            },
-        },
-        "shmSize": "256Mi",
-    }
 
 
 def test_a_tuning_pod_with_a_pvc_tolerations_a_runtime_class_and_shm_records_on_the_real_node(
@@ -226,10 +184,32 @@ def test_a_tuning_pod_with_a_pvc_tolerations_a_runtime_class_and_shm_records_on_
         "command": ["python3", "-c", WORKLOAD],
         "env": [{"name": "FAKE_TORCH_BACKEND", "value": "rocm"}],
     }
-    doc = real_profile(
-        "withtemplate", s3, s3_secret, workload=workload,
-        template=template(weights, runtime, priority, pool_taint),
-    )  # fmt: skip
+    template = {
+        "metadata": {"labels": {"team": "inference"}, "annotations": {"e2e/why": "template"}},
+        "spec": {
+            "volumes": [
+                {
+                    "name": "weights",
+                    "persistentVolumeClaim": {"claimName": weights, "readOnly": True},
+                }
+            ],
+            "tolerations": [pool_taint],
+            "runtimeClassName": runtime,
+            "serviceAccountName": "weights-reader",
+            "priorityClassName": priority,
+            "securityContext": {"supplementalGroups": [GROUP]},
+        },
+        "tune": {
+            "volumeMounts": [{"name": "weights", "mountPath": "/weights", "readOnly": True}],
+            "envFrom": [{"configMapRef": {"name": "record-settings"}}],
+            "resources": {
+                "requests": {"cpu": "100m", "memory": "128Mi"},
+                "limits": {"memory": "1Gi"},
+            },
+        },
+        "shmSize": "256Mi",
+    }
+    doc = real_profile("withtemplate", s3, s3_secret, workload=workload, template=template)
     apply(cluster, namespace, doc)
     prof = eventually(
         lambda: get_json(cluster, "tp", "-n", namespace, "withtemplate"),

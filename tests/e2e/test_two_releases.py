@@ -38,12 +38,19 @@ from testbed.operator import (
 from testbed.poll import eventually
 from tests.support.fleet import profile_doc
 from tests.support.kube import apply, get_json, jobs_of, tuning_pods
+from tests.support.wrappers import make_model_pod
 
 pytestmark = pytest.mark.e2e
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 CRD = "tuningprofiles.tunefleet.io"
 CRD_FILE = ROOT / "crds" / "tunefleet.io_tuningprofiles.yaml"
+# Pod m of profile p, on an H100 node: created in each namespace.
+MODEL_POD = (
+    make_model_pod("p", "m", image="registry.example.com/serve:1")
+    .without("metadata", "namespace")
+    .selector({"nvidia.com/gpu.product": H100})
+)
 
 
 @pytest.fixture
@@ -72,18 +79,6 @@ def crd_for_the_session_release(cluster: Any) -> None:
         f"meta.helm.sh/release-name={RELEASE}", f"meta.helm.sh/release-namespace={SYSTEM_NS}",
     )  # fmt: skip
     cluster.kubectl("label", "--overwrite", "crd", CRD, "app.kubernetes.io/managed-by=Helm")
-
-
-def model_pod(name: str, profile: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": {"tunefleet.io/profile": profile}},
-        "spec": {
-            "nodeSelector": {"nvidia.com/gpu.product": H100},
-            "containers": [{"name": "server", "image": "registry.example.com/serve:1"}],
-        },
-    }
 
 
 def admitted_namespaces(deployed: InCluster) -> set[str]:
@@ -197,9 +192,7 @@ def test_two_releases_own_disjoint_namespaces_and_never_touch_each_others(
         # Labelled model pods: A injects a1's, B admits b1's (untuned: no artifact there yet),
         # nobody sees c1's.
         for ns in (spaces["a1"], spaces["b1"], spaces["c1"]):
-            cluster.kubectl(
-                "create", "-n", ns, "-f", "-", input=yaml.safe_dump(model_pod("m", "p"))
-            )
+            cluster.kubectl("create", "-n", ns, "-f", "-", input=yaml.safe_dump(MODEL_POD.obj()))
         a1 = get_json(cluster, "pod", "-n", spaces["a1"], "m")
         assert a1["metadata"]["labels"].get("tunefleet.io/admission") == "injected"
         assert any(v["name"] == "tunefleet-results" for v in a1["spec"]["volumes"])

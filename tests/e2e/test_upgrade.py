@@ -58,6 +58,7 @@ from testbed.operator import (
 from testbed.poll import eventually
 from tests.support.fleet import profile_doc
 from tests.support.kube import apply, get_json, jobs_of, tuning_pods
+from tests.support.wrappers import make_model_pod
 from tunefleet import __version__, naming
 from tunefleet.api.conditions import TYPES
 
@@ -75,6 +76,9 @@ REPLICAS = 2
 CREATE_EVERY_S = 0.5
 MAX_CREATES = 300  # 150 s of creates at most, whatever the roll does
 PROFILES = {"llm-a": [MI300X], "llm-b": [MI300X, MI325X]}
+# A model pod that runs on a kwok node of its GPU model (`.selector({AMD_MODEL_LABEL: model})`,
+# tolerating its taint; no GPU requested, so the fake fleet's GPUs are not used up).
+MODEL_POD = make_model_pod(image=IMAGE).without("metadata", "namespace").toleration("amd.com/gpu")
 
 
 # --- the previous release ------------------------------------------------------------------
@@ -298,21 +302,6 @@ def restore_crd(cluster: Any) -> None:
     cluster.kubectl("replace", "-f", "-", input=json.dumps(live), check=False)
 
 
-def model_pod(name: str, profile: str, model: str) -> dict[str, Any]:
-    """A model pod that runs on a kwok node of its GPU model (tolerating its taint; no GPU
-    requested, so the fake fleet's GPUs are not used up)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": {naming.PROFILE_LABEL: profile}},
-        "spec": {
-            "nodeSelector": {AMD_MODEL_LABEL: model},
-            "tolerations": [{"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-            "containers": [{"name": "server", "image": IMAGE}],
-        },
-    }
-
-
 def make_ready(cluster: Any, s3: Any, namespace: str, secret: str, prefix: str) -> None:
     storage = {"uri": f"s3://{s3.bucket}/{prefix}", "credentialsSecret": {"name": secret}}
     for name, models in PROFILES.items():
@@ -401,10 +390,8 @@ def test_helm_upgrade_from_the_previous_release_retunes_nothing_and_admits_every
         for name, models in PROFILES.items():
             for model in models:
                 pod = f"before-{name}-{model.split('_')[2].lower()}"
-                cluster.kubectl(
-                    "create", "-n", namespace, "-f", "-",
-                    input=yaml.safe_dump(model_pod(pod, name, model)),
-                )  # fmt: skip
+                doc = MODEL_POD.name(pod).profile(name).selector({AMD_MODEL_LABEL: model}).obj()
+                cluster.kubectl("create", "-n", namespace, "-f", "-", input=yaml.safe_dump(doc))
                 running[pod] = (name, model)
         eventually(
             lambda: pods_of(cluster, namespace),
@@ -437,9 +424,10 @@ def test_helm_upgrade_from_the_previous_release_retunes_nothing_and_admits_every
                 profile, model = targets[i % len(targets)]
                 name = f"during-{i:03d}"
                 created[name] = time.monotonic()
+                doc = MODEL_POD.name(name).profile(profile).selector({AMD_MODEL_LABEL: model})
                 out = cluster.kubectl(
                     "create", "-n", namespace, "-f", "-",
-                    input=yaml.safe_dump(model_pod(name, profile, model)), check=False,
+                    input=yaml.safe_dump(doc.obj()), check=False,
                 )  # fmt: skip
                 if out.returncode != 0:
                     refused.append(f"{name}: {out.stderr.strip()}")

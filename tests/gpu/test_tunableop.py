@@ -34,6 +34,13 @@ SHAPES = [
     {"m": 64, "n": 64, "k": 64, "dtype": "float32"},
 ]
 TUNING = {"maxDurationMs": 5, "maxIterations": 5, "rotatingBufferMB": 0, "budgetSeconds": 120}
+# The tuner's config.json, but for the workload (each run's own shapes) and the tuning.
+CONFIG = {
+    "namespace": "gpu-test",
+    "profile": "shapes",
+    "gpuModel": "GPU-TEST",
+    "revision": "gputest",
+}
 _RUN: dict[str, Any] = {}
 _SCRIPT = False  # set when run without pytest's runner
 
@@ -69,14 +76,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 def _run_tuner(work: Path, shapes: list[dict[str, Any]]) -> subprocess.CompletedProcess[str]:
     work.mkdir(parents=True, exist_ok=True)
-    config = {
-        "namespace": "gpu-test",
-        "profile": "shapes",
-        "gpuModel": "GPU-TEST",
-        "revision": "gputest",
-        "workload": {"shapes": shapes},
-        "tuning": TUNING,
-    }
+    config = {**CONFIG, "workload": {"shapes": shapes}, "tuning": TUNING}
     (work / "config.json").write_text(json.dumps(config))
     return subprocess.run(
         [
