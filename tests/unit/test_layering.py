@@ -25,6 +25,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -544,3 +545,108 @@ def test_status_is_built_as_the_typed_model_only() -> None:
         and "dict[str, Any]" in ast.unparse(node.returns)
     ]
     assert found == [], found
+
+
+# What builds a test object: a dict literal with one of an API object's or a status entry's
+# keys, or a profile spec's (gpu beside image, workload or storage), a model parsed from a
+# literal, or one of the product's records made in place. Judged
+# by what a function does, not by its name, so a renamed builder is still caught.
+BUILT_KEYS = {"metadata", "apiVersion", "gpuModel"}
+BUILT_TYPES = {"JobSpec", "ArtifactRecord", "JobObservation", "Child"}
+SPEC_KEYS = {"image", "workload", "storage"}
+
+
+def _builds(fn: ast.FunctionDef) -> str:
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Dict):
+            keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
+            if keys & BUILT_KEYS:
+                return f"a dict with {sorted(keys & BUILT_KEYS)}"
+            if "gpu" in keys and keys & SPEC_KEYS:
+                return "a profile spec"
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            if name in BUILT_TYPES:
+                return name
+            if name == "model_validate" and node.args and isinstance(node.args[0], ast.Dict):
+                return "a model parsed from a literal"
+    return ""
+
+
+def local_builders(tests: Path) -> list[str]:
+    """Functions of test modules (module level or in a class, fixtures included) outside
+    tests/support/ that build a test object."""
+    out = []
+    for path in sorted(tests.rglob("*.py")):
+        rel = path.relative_to(tests)
+        if rel.parts[0] == "support" or "data" in rel.parts:
+            continue
+        tree = ast.parse(path.read_text())
+        fns = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+        for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+            fns += [n for n in cls.body if isinstance(n, ast.FunctionDef)]
+        for fn in fns:
+            if fn.name.startswith("test"):
+                continue
+            why = _builds(fn)
+            if why:
+                out.append(f"{rel}:{fn.lineno} {fn.name} builds {why}")
+    return out
+
+
+def test_no_test_object_builder_outside_tests_support() -> None:
+    found = local_builders(TESTS)
+    assert not found, "build it with tests/support/wrappers.py:\n" + "\n".join(found)
+
+
+def test_the_builder_rule_catches_a_local_builder(tmp_path: Path) -> None:
+    (tmp_path / "unit").mkdir()
+    (tmp_path / "unit" / "test_x.py").write_text(
+        "def pod_of_mine(name):\n    return {'metadata': {'name': name}}\n"
+        "class T:\n    def spec(self):\n        return S.model_validate({'image': 'x'})\n"
+    )
+    (tmp_path / "support").mkdir()
+    (tmp_path / "support" / "w.py").write_text("def make():\n    return {'metadata': {}}\n")
+    assert [f.split(" ")[1] for f in local_builders(tmp_path)] == ["pod_of_mine", "spec"]
+
+
+GENERATED_METHOD = re.compile(
+    r"^(read|create|patch|replace|delete|list)_(namespaced_\w+|\w+_for_all_namespaces|"
+    r"cluster_custom_object|node|namespace)$"
+)
+
+
+def local_fake_apis(tests: Path) -> list[str]:
+    """Classes in test modules outside tests/support/ (nested ones too) that stand in for a
+    generated API client: one of its methods by name."""
+    out = []
+    for path in sorted(tests.rglob("*.py")):
+        rel = path.relative_to(tests)
+        if rel.parts[0] == "support" or "data" in rel.parts:
+            continue
+        for cls in (
+            n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ClassDef)
+        ):
+            fakes = [
+                f.name
+                for f in cls.body
+                if isinstance(f, ast.FunctionDef) and GENERATED_METHOD.match(f.name)
+            ]
+            if fakes:
+                out.append(f"{rel}:{cls.lineno} {cls.name} fakes {fakes}")
+    return out
+
+
+def test_every_fake_api_a_unit_test_talks_to_lives_in_tests_support() -> None:
+    found = local_fake_apis(TESTS)
+    assert not found, "use tests/support/fake_kube.py (FakeKube, Generated):\n" + "\n".join(found)
+
+
+def test_the_fake_api_rule_catches_a_local_stand_in(tmp_path: Path) -> None:
+    (tmp_path / "unit").mkdir()
+    (tmp_path / "unit" / "test_x.py").write_text(
+        "def test_a():\n    class Batch:\n        def read_namespaced_job(self, n, ns):\n"
+        "            return None\n"
+    )
+    assert [f.split(" ")[1] for f in local_fake_apis(tmp_path)] == ["Batch"]
