@@ -11,7 +11,7 @@ from tests.support.wrappers import make_profile
 from tunefleet.api import TuningProfileSpec
 from tunefleet.builders.job import Child, build_tuning_job
 from tunefleet.config import Config
-from tunefleet.informers.views import job_view, profile_view
+from tunefleet.watched.views import job_view, profile_view
 
 CFG = Config(image="tunefleet:1")
 MODELS = ["AMD_Instinct_MI300X_OAM", "AMD_Instinct_MI325X_OAM"]

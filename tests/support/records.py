@@ -49,6 +49,6 @@ def completed(p: dict[str, Any], annotation: str | None = None) -> dict[str, Any
 
 
 def published_pod(job: dict[str, Any], uri: str) -> dict[str, Any]:
-    from tunefleet.informers.views import pod_view
+    from tunefleet.watched.views import pod_view
 
     return pod_view(pod_body("tune-0", job["metadata"]["uid"], record(uri)))

@@ -6,9 +6,9 @@ from __future__ import annotations
 import sys
 
 from tests.support.wrappers import make_job
-from tunefleet.informers.cache import Cache
 from tunefleet.runtime import heap
 from tunefleet.runtime.workqueue import WorkQueue
+from tunefleet.watched.cache import ProfileCache
 
 
 def test_a_table_emptied_by_a_burst_is_rebuilt_small_and_a_full_one_is_kept() -> None:
@@ -31,7 +31,7 @@ JOB = make_job(ns="ns").without("apiVersion").without("kind").without("spec").wi
 
 
 def test_the_cache_compacts_and_keeps_following_events() -> None:
-    cache = Cache()
+    cache = ProfileCache()
     for i in range(5_000):
         cache.follow("jobs", "ADDED", JOB.name(f"j{i}").uid(f"j{i}").owner(f"p{i}").obj())
     before = sys.getsizeof(cache._at)

@@ -24,9 +24,9 @@ from tunefleet.api.policy import ProfilePolicy, refusals
 from tunefleet.api.template import RESERVED_MOUNT, RESERVED_VOLUME_PREFIX, RESERVED_VOLUMES
 from tunefleet.builders.job import Child, build_merge_job, build_tuning_job
 from tunefleet.config import Config
-from tunefleet.informers.views import profile_view
 from tunefleet.reconciler.memory import Memory
 from tunefleet.reconciler.reconcile import Around, sync_profile
+from tunefleet.watched.views import profile_view
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "NVIDIA-H100-80GB-HBM3"
@@ -617,7 +617,7 @@ def test_reconcile_reads_a_podless_jobs_events_once_a_minute(
     s = TEMPLATED.set(*TPL, "spec", "serviceAccountName", value="missing").spec_model()
     raw = json.loads(s.model_dump_json(by_alias=True, exclude_none=True))
     p = profile_view(make_profile("llama").uid("uid-1").generation(1).spec_is(raw).obj())
-    from tunefleet.informers.views import job_view
+    from tunefleet.watched.views import job_view
 
     job = build_tuning_job(replace(CHILD, spec=s))
     job["metadata"]["uid"] = "ju"

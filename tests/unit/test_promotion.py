@@ -222,7 +222,7 @@ def test_the_same_bytes_tuned_again_under_a_new_spec_are_judged_for_that_spec() 
 
 def test_the_cached_view_of_a_profile_keeps_its_pins_for_the_reconcile() -> None:
     from tunefleet.contracts import pin
-    from tunefleet.informers.views import profile_view
+    from tunefleet.watched.views import profile_view
 
     pins = {MODEL: Pin(MODEL, "a" * 64, "why", "t")}
     raw = (

@@ -13,9 +13,9 @@ from kubernetes.client.exceptions import ApiException
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube, Generated, OverGenerated, raw
 from tests.support.profiles import CFG, MODELS, jobs_for, profile
 from tunefleet import kube
-from tunefleet.informers.views import profile_view
 from tunefleet.reconciler.memory import Memory
 from tunefleet.reconciler.reconcile import Around, sync_profile
+from tunefleet.watched.views import profile_view
 
 
 def test_every_missing_job_is_made_even_when_an_earlier_one_exists(

@@ -14,12 +14,12 @@ from tests.support.profiles import CFG, MODELS, jobs_for, profile
 from tests.support.records import SHA, completed, pod_body, published_pod, record
 from tests.support.wrappers import make_job
 from tunefleet import kube, naming
-from tunefleet.informers.cache import Cache
 from tunefleet.reconciler.controller import Controller, Indexes
 from tunefleet.reconciler.memory import Memory
 from tunefleet.reconciler.reconcile import Around, sync_profile
 from tunefleet.runtime import client
 from tunefleet.runtime.leader import Callbacks, LeaseElector, Timing
+from tunefleet.watched.cache import ProfileCache
 
 OWNER = {
     "apiVersion": "tunefleet.io/v1alpha1",
@@ -40,7 +40,7 @@ def test_only_children_the_profile_controls_in_its_namespace_count() -> None:
     real = OWNED.name("real").uid("uid-real")
     no_owner = UNOWNED.name("no-owner").uid("uid-no-owner")
     elsewhere = OWNED.name("elsewhere").namespace("other").uid("uid-elsewhere")
-    cache = Cache()
+    cache = ProfileCache()
     cache.follow("jobs", None, real.obj())
     cache.follow("jobs", None, no_owner.obj())
     cache.follow("jobs", None, elsewhere.obj())  # owner uid right, ns wrong
@@ -69,7 +69,7 @@ def test_only_children_the_profile_controls_in_its_namespace_count() -> None:
 def test_a_forged_record_never_reaches_status_and_is_reported_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    cache = Cache()
+    cache = ProfileCache()
     forged = UNOWNED.name("forged").uid("uid-forged").obj()
     for body in (forged, pod_body("forged-0", None, record())):
         cache.follow("jobs" if "spec" in body and not body["spec"] else "pods", None, body)
@@ -224,7 +224,7 @@ def test_a_failed_attempt_of_a_retrying_job_shows_with_its_cause_once(
             }
         ],
     }
-    from tunefleet.informers.views import pod_view
+    from tunefleet.watched.views import pod_view
 
     api = FakeKube(writers=RECONCILE_WRITERS)
     memory = Memory()

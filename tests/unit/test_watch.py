@@ -15,11 +15,11 @@ from tests.support.fake_kube import FakeKube, FakeWatchApi, StopTest
 from tests.support.wrappers import make_job, make_profile
 from tunefleet import kube, naming
 from tunefleet.config import Config
-from tunefleet.informers import watch
-from tunefleet.informers.cache import Cache
 from tunefleet.reconciler.controller import Controller, Indexes
 from tunefleet.reconciler.memory import Memory
 from tunefleet.runtime import client, reflector
+from tunefleet.watched import kinds
+from tunefleet.watched.cache import ProfileCache
 
 # Profile p (uid u, version 1) as the list and the watch hand it over; and a Job it controls.
 PROFILE = (
@@ -40,7 +40,7 @@ JOB = (
 
 
 def make_reflector(
-    api: FakeWatchApi, cache: Cache, seen: list[tuple[str | None, str]]
+    api: FakeWatchApi, cache: ProfileCache, seen: list[tuple[str | None, str]]
 ) -> reflector.Reflector:
     def handler(kind: str | None, body: dict[str, Any]) -> None:
         meta = body.get("metadata") or {}
@@ -56,7 +56,7 @@ def make_reflector(
 
     held = reflector.Held(lambda: cache.known("tuningprofiles", "ml"), forget)
     return reflector.Reflector(
-        api, watch.PROFILES, "ml", handler, held, reflector.Clock(sleep=lambda s: False)
+        api, kinds.PROFILES, "ml", handler, held, reflector.Clock(sleep=lambda s: False)
     )
 
 
@@ -67,7 +67,7 @@ def run_until_stop(r: reflector.Reflector) -> None:
 
 
 def test_the_list_comes_page_by_page_then_the_watch_starts_at_its_version() -> None:
-    cache, seen = Cache(), []
+    cache, seen = ProfileCache(), []
     api = FakeWatchApi(
         [PROFILE.name(f"p{i}").uid(f"u{i}").obj() for i in range(5)], page=2, rv="42"
     )
@@ -89,7 +89,7 @@ def test_the_list_comes_page_by_page_then_the_watch_starts_at_its_version() -> N
 
 
 def test_an_expired_version_lists_again_and_drops_what_the_list_no_longer_has() -> None:
-    cache, seen = Cache(), []
+    cache, seen = ProfileCache(), []
     a, b = PROFILE.name("a").uid("ua"), PROFILE.name("b").uid("ub")
     api = FakeWatchApi([a.obj(), b.obj()], rv="5")
     api.streams = [[{"type": "ERROR", "object": {"code": 410, "message": "too old"}}]]
@@ -107,7 +107,7 @@ def test_an_expired_version_lists_again_and_drops_what_the_list_no_longer_has() 
 
 
 def test_an_expired_continue_token_starts_the_list_over() -> None:
-    cache, seen = Cache(), []
+    cache, seen = ProfileCache(), []
     api = FakeWatchApi([PROFILE.name(f"p{i}").uid(f"u{i}").obj() for i in range(3)], page=1)
     api.expire_continue = 1
     r = make_reflector(api, cache, seen)
@@ -117,7 +117,7 @@ def test_an_expired_continue_token_starts_the_list_over() -> None:
 
 
 def test_a_failed_call_backs_off_and_resumes_from_the_version_it_had() -> None:
-    cache, seen = Cache(), []
+    cache, seen = ProfileCache(), []
     api = FakeWatchApi([PROFILE.name("a").uid("ua").obj()], rv="7")
     api.streams = [
         [{"type": "MODIFIED", "object": PROFILE.name("a").uid("ua").resource_version("8").obj()}],
@@ -134,7 +134,7 @@ def test_a_failed_call_backs_off_and_resumes_from_the_version_it_had() -> None:
 
 
 def test_a_watch_error_other_than_expiry_is_retried_not_fatal() -> None:
-    cache, seen = Cache(), []
+    cache, seen = ProfileCache(), []
     api = FakeWatchApi([], rv="3")
     api.streams = [[{"type": "ERROR", "object": {"code": 500, "message": "etcd"}}], []]
     slept: list[float] = []
@@ -167,7 +167,7 @@ def test_watch_lines_are_split_across_chunks() -> None:
 
 
 def test_views_go_in_compact_and_come_out_as_the_dicts_they_were() -> None:
-    cache = Cache()
+    cache = ProfileCache()
     view = cache.put_profile(PROFILE.obj())
     assert cache.profile(("ml", "p")) == view
     cache.follow("jobs", None, JOB.name("j").uid("j1").obj())
@@ -181,7 +181,7 @@ def test_views_go_in_compact_and_come_out_as_the_dicts_they_were() -> None:
 
 
 def test_known_and_stub_let_a_relist_hand_back_what_is_gone() -> None:
-    cache = Cache()
+    cache = ProfileCache()
     cache.put_profile(PROFILE.obj())
     cache.put_profile(PROFILE.name("q").namespace("other").uid("v").obj())
     cache.follow("jobs", None, JOB.name("j").uid("j1").obj())
@@ -201,7 +201,7 @@ def test_known_and_stub_let_a_relist_hand_back_what_is_gone() -> None:
     }  # fmt: skip
 
 
-def controller_of(cache: Cache) -> Controller:
+def controller_of(cache: ProfileCache) -> Controller:
     """A controller reading `cache`, not started."""
     indexes = Indexes(
         cache.profile, cache.profiles, cache.jobs, cache.pods, has_profile=cache.has_profile_uid
@@ -212,7 +212,7 @@ def controller_of(cache: Cache) -> Controller:
 def test_what_is_remembered_follows_what_the_cache_holds() -> None:
     """A reconcile under way when its profile was deleted may remember it after the
     deletion's forget: housekeeping drops it, and the queue's failure count with it."""
-    cache = Cache()
+    cache = ProfileCache()
     cache.put_profile(PROFILE.obj())
     c = controller_of(cache)
     c.memory.of("u").written_rv = "3"
@@ -281,10 +281,10 @@ def test_a_relist_hands_back_the_capture_configmaps_it_no_longer_returns() -> No
 def test_the_capture_configmaps_are_selected_server_side_by_role() -> None:
     from tunefleet.capture.store import ROLE_CAPTURE, ROLE_RETUNE
 
-    selector = watch.CAPTURE_CONFIGMAPS.label_selector
+    selector = kinds.CAPTURE_CONFIGMAPS.label_selector
     assert "app.kubernetes.io/managed-by=tunefleet" in selector
     assert f"in ({ROLE_CAPTURE},{ROLE_RETUNE})" in selector
-    assert watch.CAPTURE_CONFIGMAPS.path("ml") == "/api/v1/namespaces/ml/configmaps"
+    assert kinds.CAPTURE_CONFIGMAPS.path("ml") == "/api/v1/namespaces/ml/configmaps"
 
 
 def test_one_paginator_follows_continue_tokens_and_holds_one_page() -> None:

@@ -39,8 +39,8 @@ from kubernetes.client.exceptions import ApiException
 
 from tunefleet import kube, naming
 from tunefleet.builders.job import owner_reference
-from tunefleet.informers import views
 from tunefleet.kube import Kube
+from tunefleet.watched import views
 from tuner_job import caches as cc
 
 log = logging.getLogger(__name__)

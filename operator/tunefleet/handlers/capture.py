@@ -7,11 +7,11 @@ from typing import Any
 
 from tunefleet import metrics, naming
 from tunefleet.handlers.startup import OPERATOR
-from tunefleet.informers import watch
 from tunefleet.runtime import reflector
+from tunefleet.watched import kinds
 
 
-@reflector.on(watch.CAPTURE_CONFIGMAPS)
+@reflector.on(kinds.CAPTURE_CONFIGMAPS)
 def capture_event(type: str | None, body: dict[str, Any]) -> None:
     metrics.HANDLER_CALLS.labels("capture_event").inc()
     if OPERATOR.captures.follow(type, body) is None:

@@ -8,11 +8,11 @@ from typing import Any
 
 from tunefleet import metrics
 from tunefleet.handlers.startup import OPERATOR
-from tunefleet.informers import watch
 from tunefleet.runtime import reflector
+from tunefleet.watched import kinds
 
 
-@reflector.on(watch.ARTIFACT_CONFIGMAPS)
+@reflector.on(kinds.ARTIFACT_CONFIGMAPS)
 def artifact_config_map_event(type: str | None, body: dict[str, Any]) -> None:
     metrics.HANDLER_CALLS.labels("artifact_config_map_event").inc()
     owner = OPERATOR.delivered.follow(type, body)
@@ -21,7 +21,7 @@ def artifact_config_map_event(type: str | None, body: dict[str, Any]) -> None:
         OPERATOR.controller.enqueue_owner(*owner)
 
 
-@reflector.on(watch.MODEL_PODS)
+@reflector.on(kinds.MODEL_PODS)
 def model_pod_event(type: str | None, body: dict[str, Any]) -> None:
     metrics.HANDLER_CALLS.labels("model_pod_event").inc()
     changed = OPERATOR.served.follow(type, body)

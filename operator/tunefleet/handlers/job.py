@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from tunefleet.handlers.startup import follow_child
-from tunefleet.informers import watch
 from tunefleet.runtime import reflector
+from tunefleet.watched import kinds
 
 
-@reflector.on(watch.JOBS)
+@reflector.on(kinds.JOBS)
 def job_event(type: str | None, body: dict[str, Any]) -> None:
     # A deleted Job is made again by the reconcile this queues: deleting a failed Job is how
     # a user asks for a retry.

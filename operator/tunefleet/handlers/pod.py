@@ -19,8 +19,8 @@ from tunefleet.builders.webhook import HANDLER_ID
 from tunefleet.contracts.admission import Admission, Code
 from tunefleet.contracts.artifact import IMAGE_VOLUME, ArtifactRecord
 from tunefleet.handlers.startup import OPERATOR, follow_child
-from tunefleet.informers import views, watch
 from tunefleet.runtime import reflector
+from tunefleet.watched import kinds, views
 from tunefleet.webhook.admission import Decision, admit, already_injected, repeats, seen_injected
 
 # Not kopf's per-object logger: that one posts Events, and an admitted pod has no uid yet.
@@ -212,7 +212,7 @@ def announce(profile_ref: dict[str, Any], pod_name: str, decision: Decision) -> 
         )
 
 
-@reflector.on(watch.PODS)
+@reflector.on(kinds.PODS)
 def pod_event(type: str | None, body: dict[str, Any]) -> None:
-    """A tuning pod (watch.PODS selects them): kept in the cache under its Job."""
+    """A tuning pod (kinds.PODS selects them): kept in the cache under its Job."""
     follow_child("pods", type, body)

@@ -23,8 +23,6 @@ from tunefleet.capture.keys import ArtifactKeys
 from tunefleet.capture.step import CaptureSource
 from tunefleet.capture.store import Writer
 from tunefleet.config import Config
-from tunefleet.informers import watch
-from tunefleet.informers.cache import Cache
 from tunefleet.placement.nodemap import NodeMaps
 from tunefleet.reconciler.controller import Controller, Indexes
 from tunefleet.runtime import reflector
@@ -32,6 +30,8 @@ from tunefleet.runtime.leader import Callbacks, LeaseElector
 from tunefleet.runtime.reflector import Reflectors
 from tunefleet.serving.delivered import DeliveredConfigMaps
 from tunefleet.serving.served import ServedPods
+from tunefleet.watched import kinds
+from tunefleet.watched.cache import ProfileCache
 from tunefleet.webhook import server as webhook_server
 
 
@@ -46,7 +46,7 @@ class Operator:
         self.client = kube.Kube()  # logs in on first use (operator_startup sizes the pool)
         self._config: Config | None = None
         self._controller: Controller | None = None
-        self.cache = Cache()
+        self.cache = ProfileCache()
         self.captures = CaptureCache()  # capture stores and retune sets (handlers/capture.py)
         # Artifact ConfigMaps and admitted model pods (handlers/delivery.py follows them).
         self.delivered = DeliveredConfigMaps()
@@ -88,17 +88,17 @@ def reflectors(config: Config) -> Reflectors:
     """A reflector per watched kind and namespace (all namespaces: one per kind), each
     feeding its event handler (@reflector.on in handlers/)."""
     spaces: list[str | None] = list(config.namespaces) or [None]
-    kinds = list(reflector.HANDLERS.values())
-    api = OPERATOR.client.watch_api(len(spaces) * len(kinds) + 2)
+    handled = list(reflector.HANDLERS.values())
+    api = OPERATOR.client.watch_api(len(spaces) * len(handled) + 2)
     meta_api = OPERATOR.client.watch_api(len(spaces) + 2, metadata_only=True)
     tables: dict[str, _Table] = {
-        watch.CAPTURE_CONFIGMAPS.name: OPERATOR.captures,
-        watch.ARTIFACT_CONFIGMAPS.name: OPERATOR.delivered,
-        watch.MODEL_PODS.name: OPERATOR.served,
+        kinds.CAPTURE_CONFIGMAPS.name: OPERATOR.captures,
+        kinds.ARTIFACT_CONFIGMAPS.name: OPERATOR.delivered,
+        kinds.MODEL_PODS.name: OPERATOR.served,
     }
     out = []
     for ns in spaces:
-        for kind, handler in kinds:
+        for kind, handler in handled:
             # Where what this kind's handler keeps is: its own table, or the main cache.
             table: _Table = tables.get(kind.name, OPERATOR.cache)
 
@@ -144,7 +144,7 @@ async def operator_startup(
     settings: kopf.OperatorSettings, logger: kopf.Logger, **kwargs: Any
 ) -> None:
     config = Config.from_env()
-    # kopf watches nothing of ours (runtime/reflector.py does, the kinds of watch.py, feeding
+    # kopf watches nothing of ours (runtime/reflector.py does, watched/kinds.py, feeding
     # handlers/), so it keeps nothing on our objects (no finalizer, no copy of the spec in
     # annotations) and no state of its own about them; it serves the webhook and runs this
     # startup. Events are posted by us, on purpose.

@@ -6,12 +6,12 @@ from typing import Any
 
 from tunefleet import metrics
 from tunefleet.handlers.startup import OPERATOR
-from tunefleet.informers import watch
 from tunefleet.informers.cache import spec_seen
 from tunefleet.runtime import reflector
+from tunefleet.watched import kinds
 
 
-@reflector.on(watch.PROFILES)
+@reflector.on(kinds.PROFILES)
 def tuningprofile_event(type: str | None, body: dict[str, Any]) -> None:
     # Level-based: whatever changed (created, spec edited, deleted, listed again after a
     # restart), the reconciler recomputes from the cache. Our own status writes come back

@@ -1,3 +1,4 @@
-"""What the operator follows and keeps: the kinds it lists and watches (watch.py, on
-runtime/reflector.py), the small views it keeps of them (views.py) and the cache that holds
-those views by key and owner (cache.py)."""
+"""The informers' machinery, on runtime/reflector.py's lists and watches: a cache of small views
+of watched objects, roots by key and children by owner (cache.py), and the pieces views are
+made of (views.py). It imports nothing of tunefleet's domain (tests/unit/test_layering.py):
+what tunefleet watches and keeps is watched/."""

@@ -1,20 +1,23 @@
-"""What the operator keeps of the watched objects: small views (views.py), by owner.
+"""What the operator keeps of the objects it watches: small views, by key and by owner. Roots
+(the objects a controller reconciles) by (namespace, name); their children (objects a root
+controls, and what those control) under their controller's uid. Which kinds, which views and
+what a view claims is the domain's to say (`Schema`; tunefleet's: watched/cache.py): this
+module knows nothing of it.
 
-Filled by the reflectors (runtime/reflector.py): their lists (at startup, and again after a watch
-expired) and their watch events, through the event handlers (handlers/). Readers are the
-reconcile workers (threads) and the webhook (the event loop), so every access holds a lock, and
-every reader gets its own copy.
+Filled by the reflectors (runtime/reflector.py): their lists (at startup, and again after a
+watch expired) and their watch events, through the event handlers. Readers are the reconcile
+workers (threads) and the webhook (the event loop), so every access holds a lock, and every
+reader gets its own copy.
 
 Each view is kept as compact JSON bytes (orjson's, read back in ~2-5 microseconds),
 not as dicts: a profile's view as dicts took ~10 KB, as bytes ~2 KB, and bytes this size live
 outside Python's small-object arenas, so what a deletion frees goes back to the system
 (heap.release_memory) instead of pinning half-empty arenas (bench/scale.md).
 
-Ownership is identity: a Job belongs to a profile only through its controller ownerReference
-(to a TuningProfile, in the Job's own namespace), a pod to a Job only through its own. Jobs and
-pods that carry tunefleet's labels without that ownership are kept apart as untrusted, by the
-profile they claim, so the reconcile of that profile can report them; they are never read as
-its children.
+Ownership is identity: a child is kept under its owner only through its controller
+ownerReference (the view's `metadata.owner`, which the domain's view reads from it). A child
+that claims a root (by a label, say) without that ownership is kept apart as untrusted, by the
+root it claims, so the reconcile of that root can report it; it is never read as its child.
 
 Every entry leaves with what it describes: on its DELETED event, or when a reflector's list no
 longer returns it (`known` and `stub` let the reflector find and hand those back as DELETED).
@@ -22,19 +25,14 @@ longer returns it (`known` and `stub` let the reflector find and hand those back
 
 from __future__ import annotations
 
-import logging
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from tunefleet import metrics, naming
-from tunefleet.api.conditions import Phase
-from tunefleet.informers import views
 from tunefleet.runtime.heap import compacted
-
-log = logging.getLogger(__name__)
 
 Key = tuple[str, str]  # (namespace, name)
 Owner = tuple[str, str]  # (namespace, owner uid)
@@ -55,7 +53,7 @@ def _unpack(blob: bytes) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class Untrusted:
-    """A Job or pod that claims a profile by its labels without being owned by it."""
+    """A child that claims a root (by a label, say) without being controlled by it."""
 
     kind: str
     namespace: str
@@ -63,21 +61,22 @@ class Untrusted:
     uid: str
 
 
-@dataclass(frozen=True, slots=True)
-class Summary:
-    """What the metrics read of a profile's status, kept beside its view (no parse a scrape)."""
+@dataclass(frozen=True)
+class Schema:
+    """What a cache needs to know of the kinds it holds; the domain gives it."""
 
-    phase: str
-    job_states: tuple[str, ...]
-    unadmitted: int
-
-    @classmethod
-    def of(cls, status: dict[str, Any]) -> Summary:
-        return cls(
-            str(status.get("phase") or Phase.PENDING),
-            tuple(str(j.get("state") or "Pending") for j in status.get("jobs") or []),
-            int(status.get("unadmittedPods") or 0),
-        )
+    root: str  # the kind name of the roots (the reflector's Kind.name)
+    root_view: Callable[[dict[str, Any]], dict[str, Any]]
+    # What readers need of a root's view without unpacking it (a scrape's figures).
+    summarize: Callable[[dict[str, Any]], Any]
+    # kind name -> view; a view's metadata.owner is its controller's uid (or None).
+    children: Mapping[str, Callable[[dict[str, Any]], dict[str, Any]]]
+    # The root uid a child's view claims (by a label, say), or "".
+    claims: Callable[[dict[str, Any]], str]
+    # The labels a DELETED stub of a kept child carries, from its view's metadata.
+    stub_labels: Callable[[dict[str, Any]], dict[str, str]]
+    # Told once of each untrusted child when it is first seen: (it, the root uid it claims).
+    on_untrusted: Callable[[Untrusted, str], None] = lambda obj, claimed: None
 
 
 def spec_seen(obj: dict[str, Any]) -> tuple[str, int, bool]:
@@ -92,49 +91,52 @@ def spec_seen(obj: dict[str, Any]) -> tuple[str, int, bool]:
 
 
 @dataclass(slots=True)
-class _Profile:
+class _Root:
     uid: str
     blob: bytes
-    summary: Summary
+    summary: Any
     seen: tuple[str, int, bool] = ("", 0, False)  # spec_seen()
 
 
 @dataclass(frozen=True, slots=True)
 class _Placed:
-    """Where a Job's or pod's view is kept: under its owner, or as untrusted (claimed uid)."""
+    """Where a child's view is kept: under its owner, or as untrusted (claimed uid)."""
 
     kind: str
     namespace: str
     owner: str  # the owner's uid ("" when untrusted)
-    claimed: str  # the profile uid its label claims
+    claimed: str  # the root uid it claims
 
 
 class Cache:
-    def __init__(self) -> None:
+    """Roots by key, children by owner, as `schema` describes them."""
+
+    def __init__(self, schema: Schema) -> None:
+        self.schema = schema
         self._lock = threading.Lock()
-        self._profiles: dict[Key, _Profile] = {}
-        self._uids: dict[str, Key] = {}  # profile uid -> key
-        # (namespace, owner uid) -> object uid -> view: Jobs by profile, pods by Job.
-        self._jobs: dict[Owner, dict[str, bytes]] = {}
-        self._pods: dict[Owner, dict[str, bytes]] = {}
-        # claimed profile uid -> object uid -> what it is
+        self._roots: dict[Key, _Root] = {}
+        self._uids: dict[str, Key] = {}  # root uid -> key
+        # kind -> (namespace, owner uid) -> object uid -> view
+        self._children: dict[str, dict[Owner, dict[str, bytes]]] = {k: {} for k in schema.children}
+        # claimed root uid -> object uid -> what it is
         self._untrusted: dict[str, dict[str, Untrusted]] = {}
         # object uid -> where it is kept
         self._at: dict[str, _Placed] = {}
 
-    # --- profiles ---------------------------------------------------------------------------
+    # --- roots ------------------------------------------------------------------------------
 
-    def put_profile(self, body: dict[str, Any]) -> dict[str, Any]:
-        view = views.profile_view(body)
+    def put_root(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Keep a root's watch event (or list item); returns its view."""
+        view = self.schema.root_view(body)
         meta = view["metadata"]
         key = (meta.get("namespace", ""), meta.get("name", ""))
         uid = meta.get("uid", "")
-        entry = _Profile(uid, _pack(view), Summary.of(view.get("status") or {}), spec_seen(view))
+        entry = _Root(uid, _pack(view), self.schema.summarize(view), spec_seen(view))
         with self._lock:
-            old = self._profiles.get(key)
+            old = self._roots.get(key)
             if old is not None and old.uid != uid:
                 self._uids.pop(old.uid, None)
-            self._profiles[key] = entry
+            self._roots[key] = entry
             self._uids[uid] = key
         return view
 
@@ -142,80 +144,72 @@ class Cache:
         """What the API server answered to our status write: fresher than the watch, until
         the watch brings the same (or newer) back."""
         with self._lock:
-            entry = self._profiles.get(key)
+            entry = self._roots.get(key)
             if entry is None:
                 return
             view = _unpack(entry.blob)
             view["metadata"]["resourceVersion"] = resource_version
             view["status"] = status
-            self._profiles[key] = _Profile(entry.uid, _pack(view), Summary.of(status), entry.seen)
+            summary = self.schema.summarize(view)
+            self._roots[key] = _Root(entry.uid, _pack(view), summary, entry.seen)
 
     def spec_seen(self, key: Key) -> tuple[str, int, bool] | None:
-        """spec_seen() of the profile held under `key`, without unpacking its view."""
+        """spec_seen() of the root held under `key`, without unpacking its view."""
         with self._lock:
-            entry = self._profiles.get(key)
+            entry = self._roots.get(key)
         return entry.seen if entry is not None else None
 
-    def drop_profile(self, key: Key) -> None:
+    def drop_root(self, key: Key) -> None:
         with self._lock:
-            entry = self._profiles.pop(key, None)
+            entry = self._roots.pop(key, None)
             if entry is not None:
                 self._uids.pop(entry.uid, None)
                 self._untrusted.pop(entry.uid, None)
 
-    def profile(self, key: Key) -> dict[str, Any] | None:
+    def root(self, key: Key) -> dict[str, Any] | None:
         with self._lock:
-            entry = self._profiles.get(key)
+            entry = self._roots.get(key)
         return _unpack(entry.blob) if entry is not None else None
 
-    def profiles(self) -> list[Key]:
+    def roots(self) -> list[Key]:
         with self._lock:
-            return list(self._profiles)
+            return list(self._roots)
 
-    def has_profile_uid(self, uid: str) -> bool:
+    def has_root_uid(self, uid: str) -> bool:
         with self._lock:
             return uid in self._uids
 
-    def statuses(self) -> list[dict[str, Any]]:
-        """The part of each profile's status the metrics count (metrics.IndexCollector)."""
+    def summaries(self) -> list[Any]:
+        """Each root's schema.summarize(), as kept beside its view."""
         with self._lock:
-            summaries = [e.summary for e in self._profiles.values()]
-        return [
-            {
-                "phase": s.phase,
-                "jobs": [{"state": state} for state in s.job_states],
-                "unadmittedPods": s.unadmitted,
-            }
-            for s in summaries
-        ]
+            return [e.summary for e in self._roots.values()]
 
-    # --- tuning Jobs and pods, by owner -----------------------------------------------------
+    # --- children, by owner ----------------------------------------------------------------
 
     def follow(self, kind: str, event: str | None, body: dict[str, Any]) -> None:
-        """A tuning Job's or pod's watch event: keep its view under its owner (or as
-        untrusted, under the profile it claims), or drop it when deleted."""
+        """A child's watch event: keep its view under its owner (or as untrusted, under the
+        root it claims), or drop it when deleted."""
         meta_in = body.get("metadata") or {}
         uid, ns = meta_in.get("uid", ""), meta_in.get("namespace", "")
         if event == "DELETED":
             with self._lock:
                 self._unplace(uid)
             return
-        view = views.job_view(body) if kind == "jobs" else views.pod_view(body)
+        view = self.schema.children[kind](body)
         meta = view["metadata"]
         owner = meta.get("owner") or ""
-        claimed = (meta.get("labels") or {}).get(naming.PROFILE_UID_LABEL, "")
+        claimed = self.schema.claims(view)
         blob = _pack(view) if owner else b""
         with self._lock:
             # Wherever it was kept before: its owner reference may have changed since.
             self._unplace(uid)
             if owner:
                 # Chosen under the lock: compact() may have swapped the tables in between.
-                table = self._jobs if kind == "jobs" else self._pods
-                table.setdefault((ns, owner), {})[uid] = blob
+                self._children[kind].setdefault((ns, owner), {})[uid] = blob
                 self._at[uid] = _Placed(kind, ns, owner, claimed)
             elif claimed:
                 name = meta.get("name", "")
-                self._remember_untrusted(kind, claimed, Untrusted(kind, ns, name, uid))
+                self._remember_untrusted(claimed, Untrusted(kind, ns, name, uid))
                 self._at[uid] = _Placed(kind, ns, "", claimed)
 
     def _unplace(self, uid: str) -> None:
@@ -223,7 +217,7 @@ class Cache:
         if placed is None:
             return
         if placed.owner:
-            table = self._jobs if placed.kind == "jobs" else self._pods
+            table = self._children[placed.kind]
             key = (placed.namespace, placed.owner)
             children = table.get(key)
             if children is not None:
@@ -233,14 +227,10 @@ class Cache:
         else:
             self._forget_untrusted(placed.claimed, uid)
 
-    def _remember_untrusted(self, kind: str, claimed: str, obj: Untrusted) -> None:
+    def _remember_untrusted(self, claimed: str, obj: Untrusted) -> None:
         seen = self._untrusted.setdefault(claimed, {})
         if obj.uid not in seen:
-            metrics.UNTRUSTED_OBJECTS.labels(kind).inc()
-            log.warning(
-                f"{kind[:-1]} {obj.namespace}/{obj.name} carries tunefleet's labels for profile "
-                f"uid {claimed} but no controller ownerReference to it: ignored"
-            )
+            self.schema.on_untrusted(obj, claimed)
         seen[obj.uid] = obj
 
     def _forget_untrusted(self, claimed: str, uid: str) -> None:
@@ -251,31 +241,25 @@ class Cache:
         if not seen:
             del self._untrusted[claimed]
 
-    def jobs(self, namespace: str, profile_uid: str) -> list[dict[str, Any]]:
-        """The Jobs a profile controls, in its own namespace."""
+    def children(self, kind: str, namespace: str, owner_uid: str) -> list[dict[str, Any]]:
+        """The views of the `kind` objects that `owner_uid` controls, in its namespace."""
         with self._lock:
-            blobs = list((self._jobs.get((namespace, profile_uid)) or {}).values())
+            blobs = list((self._children[kind].get((namespace, owner_uid)) or {}).values())
         return [_unpack(b) for b in blobs]
 
-    def pods(self, namespace: str, job_uid: str) -> list[dict[str, Any]]:
-        """The pods a Job controls."""
+    def untrusted(self, root_uid: str) -> list[Untrusted]:
         with self._lock:
-            blobs = list((self._pods.get((namespace, job_uid)) or {}).values())
-        return [_unpack(b) for b in blobs]
-
-    def untrusted(self, profile_uid: str) -> list[Untrusted]:
-        with self._lock:
-            return list((self._untrusted.get(profile_uid) or {}).values())
+            return list((self._untrusted.get(root_uid) or {}).values())
 
     # --- what a reflector's list is checked against -----------------------------------------
 
     def known(self, kind: str, namespace: str | None) -> set[str]:
         """The uids of this kind (in this namespace, or all) the cache holds."""
         with self._lock:
-            if kind == "tuningprofiles":
+            if kind == self.schema.root:
                 return {
                     e.uid
-                    for key, e in self._profiles.items()
+                    for key, e in self._roots.items()
                     if namespace is None or key[0] == namespace
                 }
             return {
@@ -287,7 +271,7 @@ class Cache:
     def stub(self, kind: str, uid: str) -> dict[str, Any]:
         """What a DELETED event of a known object needs: its metadata as the cache has it."""
         with self._lock:
-            if kind == "tuningprofiles":
+            if kind == self.schema.root:
                 key = self._uids.get(uid)
                 return (
                     {"metadata": {"namespace": key[0], "name": key[1], "uid": uid}} if key else {}
@@ -297,19 +281,17 @@ class Cache:
                 return {}
             if not placed.owner:  # untrusted: nothing of it is kept but where it was
                 return {"metadata": {"namespace": placed.namespace, "uid": uid}}
-            table = self._jobs if kind == "jobs" else self._pods
+            table = self._children[kind]
             blob = (table.get((placed.namespace, placed.owner)) or {}).get(uid, b"")
         if not blob:
             return {"metadata": {"namespace": placed.namespace, "uid": uid}}
         meta = _unpack(blob)["metadata"]
-        labels = meta.get("labels") or {}
-        name = labels.get(naming.TUNING_PROFILE_LABEL)
         return {
             "metadata": {
                 "namespace": placed.namespace,
                 "name": meta.get("name", ""),
                 "uid": uid,
-                "labels": {naming.TUNING_PROFILE_LABEL: name} if name else {},
+                "labels": self.schema.stub_labels(meta),
             }
         }
 
@@ -317,24 +299,20 @@ class Cache:
         """Rebuild the tables a burst grew and a deletion emptied (heap.compacted): a dict
         keeps its peak's table otherwise."""
         with self._lock:
-            self._profiles = compacted(self._profiles)
+            self._roots = compacted(self._roots)
             self._uids = compacted(self._uids)
-            self._jobs = compacted(self._jobs)
-            self._pods = compacted(self._pods)
+            self._children = {k: compacted(t) for k, t in self._children.items()}
             self._untrusted = compacted(self._untrusted)
             self._at = compacted(self._at)
 
     def sizes(self) -> dict[str, int]:
         """Entries per table (the memory figures of bench/ and a test of pruning)."""
         with self._lock:
-            return {
-                "profiles": len(self._profiles),
-                "jobs": sum(len(v) for v in self._jobs.values()),
-                "pods": sum(len(v) for v in self._pods.values()),
-                "untrusted": sum(len(v) for v in self._untrusted.values()),
-                "placed": len(self._at),
-                "bytes": sum(len(e.blob) for e in self._profiles.values())
-                + sum(
-                    len(b) for t in (self._jobs, self._pods) for v in t.values() for b in v.values()
-                ),
-            }
+            out = {"roots": len(self._roots)}
+            out.update({k: sum(len(v) for v in t.values()) for k, t in self._children.items()})
+            out["untrusted"] = sum(len(v) for v in self._untrusted.values())
+            out["placed"] = len(self._at)
+            out["bytes"] = sum(len(e.blob) for e in self._roots.values()) + sum(
+                len(b) for t in self._children.values() for v in t.values() for b in v.values()
+            )
+            return out

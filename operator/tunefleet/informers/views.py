@@ -1,31 +1,23 @@
-"""The few fields of watched objects that the operator keeps in memory (cache.py).
+"""Pieces every view of a watched object is made of (the domain's views: watched/views.py).
 
-Pure functions from a watched body to a small plain dict. Kept small on purpose: the cache
-holds one entry per profile, tuning Job and tuning pod for the operator's lifetime, and
-reconciles read them instead of listing from the API server.
+A view is a small plain dict taken from a watched body: only the fields the operator reads, so
+the cache holds little for each object over the operator's lifetime.
 
-Who owns an object is read from its controller ownerReference, never from its labels: anyone
-who may create a Job or a pod can copy tunefleet's labels; a controller reference the API
-server accepted in the same namespace is what garbage collection, and tunefleet, go by.
+Who controls an object is read from its controller ownerReference, never from its labels:
+anyone who may create a Job or a pod can copy another controller's labels; a controller
+reference the API server accepted in the same namespace is what garbage collection goes by.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, NamedTuple
-
-from tunefleet import naming
-from tunefleet.builders.kueue import QUEUE_LABEL
-from tunefleet.contracts.pin import ANNOTATION as PIN_ANNOTATION
-from tunefleet.contracts.retune import ANNOTATION as RETUNE_ANNOTATION
+from typing import Any
 
 
-def _pick(d: Mapping[str, Any] | None, *keys: str) -> dict[str, Any]:
+def pick(d: Mapping[str, Any] | None, *keys: str) -> dict[str, Any]:
+    """The keys of d that are set (None counts as unset)."""
     d = d or {}
     return {k: d[k] for k in keys if d.get(k) is not None}
-
-
-PROFILE_API_GROUP = "tunefleet.io"
 
 
 def controller_of(meta: Mapping[str, Any]) -> dict[str, str] | None:
@@ -36,169 +28,14 @@ def controller_of(meta: Mapping[str, Any]) -> dict[str, str] | None:
     return None
 
 
-def owning_profile(meta: Mapping[str, Any]) -> str | None:
-    """The uid of the TuningProfile that controls this object (a Job, a ConfigMap), or None."""
+def controller_uid(meta: Mapping[str, Any], kind: str, api_version: str) -> str | None:
+    """The uid of the controller of this object when it is a `kind` of `api_version` (one that
+    ends in "/" names a group: any of its versions), or None."""
     ref = controller_of(meta)
-    if (
-        ref
-        and ref["kind"] == "TuningProfile"
-        and ref["apiVersion"].startswith(f"{PROFILE_API_GROUP}/")
-    ):
-        return ref["uid"] or None
-    return None
-
-
-def owning_job(meta: Mapping[str, Any]) -> str | None:
-    """The uid of the Job that controls this pod, or None."""
-    ref = controller_of(meta)
-    if ref and ref["kind"] == "Job" and ref["apiVersion"] == "batch/v1":
-        return ref["uid"] or None
-    return None
-
-
-def profile_view(body: Mapping[str, Any]) -> dict[str, Any]:
-    """What admission and reconciliation need of a TuningProfile (of its annotations, only
-    a retune request and the pins: contracts/retune.py, contracts/pin.py)."""
-    meta = body.get("metadata") or {}
-    kept = _pick(
-        meta, "name", "namespace", "uid", "generation", "deletionTimestamp", "resourceVersion"
-    )
-    annotations = _pick(meta.get("annotations"), RETUNE_ANNOTATION, PIN_ANNOTATION)
-    if annotations:
-        kept["annotations"] = annotations
-    finalizers = meta.get("finalizers") or []
-    if naming.LEGACY_FINALIZER in finalizers:
-        kept["finalizers"] = list(finalizers)  # the reconcile takes the legacy one off
-    return {
-        "apiVersion": body.get("apiVersion"),
-        "kind": body.get("kind"),
-        "metadata": kept,
-        "spec": dict(body.get("spec") or {}),
-        "status": dict(body.get("status") or {}),
-    }
-
-
-class ProfileRef(NamedTuple):
-    """Which profile: what its children are owned by and labelled with (the uid tells a
-    profile from a later one of the same name)."""
-
-    namespace: str
-    name: str
-    uid: str
-
-    @classmethod
-    def of(cls, view: Mapping[str, Any]) -> ProfileRef:
-        meta = view.get("metadata") or {}
-        return cls(
-            str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta.get("uid", ""))
-        )
-
-
-def profile_ref(view: Mapping[str, Any]) -> dict[str, Any]:
-    """An object reference for Events about the profile."""
-    meta = view.get("metadata") or {}
-    return {
-        "apiVersion": view.get("apiVersion"),
-        "kind": view.get("kind"),
-        "metadata": _pick(meta, "name", "namespace", "uid"),
-    }
-
-
-def job_view(body: Mapping[str, Any]) -> dict[str, Any]:
-    meta = body.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    status = body.get("status") or {}
-    return {
-        "metadata": {
-            **_pick(meta, "name", "namespace", "uid", "creationTimestamp", "deletionTimestamp"),
-            "labels": _pick(
-                labels,
-                naming.PROFILE_UID_LABEL,
-                naming.TUNING_PROFILE_LABEL,
-                naming.REVISION_LABEL,
-                naming.MODEL_LABEL,
-                naming.ROLE_LABEL,
-                QUEUE_LABEL,
-            ),
-            "annotations": _pick(
-                meta.get("annotations"), naming.MODEL_ANNOTATION, naming.RECORD_ANNOTATION
-            ),
-            "owner": owning_profile(meta),
-        },
-        "spec": _pick(
-            body.get("spec"), "completions", "completionMode", "backoffLimitPerIndex", "suspend"
-        ),
-        "status": {
-            **_pick(
-                status,
-                "active",
-                "ready",
-                "failed",
-                "succeeded",
-                "startTime",
-                "completedIndexes",
-                "failedIndexes",
-            ),
-            "conditions": [
-                _pick(c, "type", "status", "reason", "message")
-                for c in status.get("conditions") or []
-            ],
-        },
-    }
-
-
-def _container_status(cs: Mapping[str, Any]) -> dict[str, Any]:
-    out = _pick(cs, "name", "image", "imageID", "restartCount")
-    for key in ("state", "lastState"):
-        state = cs.get(key) or {}
-        if state.get("terminated"):
-            out[key] = {
-                "terminated": _pick(
-                    state["terminated"], "exitCode", "reason", "message", "finishedAt"
-                )
-            }
-        elif state.get("waiting"):
-            out[key] = {"waiting": _pick(state["waiting"], "reason", "message")}
-        elif state.get("running"):
-            out[key] = {"running": {}}
-    return out
-
-
-def pod_view(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A tuning pod: where it stands, why it waits, how its steps ended."""
-    meta = body.get("metadata") or {}
-    spec = body.get("spec") or {}
-    status = body.get("status") or {}
-    return {
-        "metadata": {
-            **_pick(meta, "name", "namespace", "uid", "creationTimestamp", "deletionTimestamp"),
-            "labels": _pick(
-                meta.get("labels"),
-                naming.JOB_UID_LABEL,
-                naming.PROFILE_UID_LABEL,
-                naming.TUNING_PROFILE_LABEL,
-                naming.REVISION_LABEL,
-                naming.MODEL_LABEL,
-            ),
-            "owner": owning_job(meta),
-        },
-        "spec": {
-            **_pick(spec, "nodeName"),
-            "imagePullSecrets": [
-                s.get("name") for s in spec.get("imagePullSecrets") or [] if s.get("name")
-            ],
-        },
-        "status": {
-            **_pick(status, "phase", "reason", "message"),
-            "conditions": [
-                _pick(c, "type", "status", "reason", "message")
-                for c in status.get("conditions") or []
-            ],
-            "initContainerStatuses": [
-                _container_status(c) for c in status.get("initContainerStatuses") or []
-            ],
-            "containerStatuses": [
-                _container_status(c) for c in status.get("containerStatuses") or []
-            ],
-        },
-    }
+    if ref is None or ref["kind"] != kind:
+        return None
+    if api_version.endswith("/"):
+        matches = ref["apiVersion"].startswith(api_version)
+    else:
+        matches = ref["apiVersion"] == api_version
+    return (ref["uid"] or None) if matches else None

@@ -26,8 +26,6 @@ from tunefleet.builders.kueue import QUEUE_LABEL
 from tunefleet.capture import step as capture_step
 from tunefleet.capture.store import RetuneSet, build_retune_config_map
 from tunefleet.contracts.artifact import ArtifactRecord
-from tunefleet.informers import views
-from tunefleet.informers.views import profile_ref
 from tunefleet.kube import Kube
 from tunefleet.reconciler import decide
 from tunefleet.reconciler.announce import announce
@@ -35,6 +33,8 @@ from tunefleet.reconciler.state import Sync
 from tunefleet.reconciler.status import status_changed
 from tunefleet.serving import delivery
 from tunefleet.storage.store import StoreError
+from tunefleet.watched import views
+from tunefleet.watched.views import profile_ref
 
 log = logging.getLogger(__name__)
 

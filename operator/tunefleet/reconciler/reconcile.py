@@ -30,9 +30,7 @@ from tunefleet.capture import step as capture_step
 from tunefleet.config import Config
 from tunefleet.contracts import pin
 from tunefleet.contracts.artifact import ArtifactRecord
-from tunefleet.informers import views
 from tunefleet.informers.cache import Untrusted
-from tunefleet.informers.views import ProfileRef
 from tunefleet.kube import Kube
 from tunefleet.reconciler import apply, decide
 from tunefleet.reconciler.diagnose import Hints
@@ -43,6 +41,8 @@ from tunefleet.reconciler.status import Observed, compute_status, with_degraded
 from tunefleet.serving import delivery
 from tunefleet.serving.served import Untuned
 from tunefleet.storage.store import StoreError
+from tunefleet.watched import views
+from tunefleet.watched.views import ProfileRef
 
 log = logging.getLogger(__name__)
 # A delivered artifact whose ConfigMap was deleted or replaced and could not be made again

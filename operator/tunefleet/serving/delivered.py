@@ -1,5 +1,5 @@
 """Which artifact ConfigMaps exist now, by name, and the uid each has: followed by a
-metadata-only reflector (watch.ARTIFACT_CONFIGMAPS; handlers/delivery.py) on every replica.
+metadata-only reflector (watched/kinds.ARTIFACT_CONFIGMAPS; handlers/delivery.py) on every replica.
 
 Two readers:
 - admission (handlers/pod.py) mounts an artifact from its ConfigMap only while the one of that

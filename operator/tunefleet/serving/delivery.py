@@ -32,11 +32,11 @@ from tunefleet.builders.artifact import Payload, build_artifact_config_map, payl
 from tunefleet.config import Config
 from tunefleet.contracts.admission import Admission
 from tunefleet.contracts.artifact import IMAGE_VOLUME, ArtifactRecord
-from tunefleet.informers import views
-from tunefleet.informers.views import ProfileRef
 from tunefleet.kube import Kube
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import StoreOptions
+from tunefleet.watched import views
+from tunefleet.watched.views import ProfileRef
 from tuner_job.output import MANIFEST_NAME
 
 log = logging.getLogger(__name__)

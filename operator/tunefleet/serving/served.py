@@ -6,7 +6,7 @@ the profile made (a model not tuned, Default-only results, a partition): the art
 ConfigMap was gone and the store could not stand in (admission's `config_map_replaced`), or
 the pod's fetch init container started it untuned (the store unreachable, a checksum or
 identity refused), served its results but not its caches, or waits for a volume image its
-node cannot pull. Followed by a reflector of admitted model pods (watch.MODEL_PODS;
+node cannot pull. Followed by a reflector of admitted model pods (watched/kinds.MODEL_PODS;
 handlers/delivery.py) on every replica; the leader's reconcile reads it.
 
 The pod's own words are the source (contracts/admission.py, contracts/fetch.py): a pod
