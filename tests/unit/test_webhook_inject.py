@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.fake_kube import FakeKube
 from tests.support.wrappers import make_artifact, make_pod, make_profile
 from tunefleet.builders.webhook import build_webhook_configuration
 from tunefleet.config import Config
@@ -189,17 +190,16 @@ def test_a_pod_in_a_namespace_this_release_does_not_watch_is_left_alone(
     from tunefleet.handlers import pod as pod_handlers
     from tunefleet.handlers.startup import OPERATOR
 
-    def no_api(*_: Any) -> None:
-        raise AssertionError("no API call for another release's pod")
-
+    api = FakeKube()  # records every call: none is wanted for another release's pod
     monkeypatch.setattr(OPERATOR, "_config", replace(CFG, namespaces=("mine",)))
-    monkeypatch.setattr(pod_handlers, "_read_profile", no_api)
+    monkeypatch.setattr(OPERATOR, "client", api)
     counted = metrics.ADMISSIONS.labels("unchanged", "not_watched")
     before = counted._value.get()
     body = kopf.Body(POD.namespace("theirs").obj())
     patch = kopf.Patch()
     asyncio.run(pod_handlers.pod_mutate(body=body, patch=patch, warnings=[]))
     assert not patch and counted._value.get() == before + 1
+    assert api.calls == []
 
 
 DIGEST = "sha256:" + "d" * 64
@@ -393,7 +393,6 @@ def test_admission_recognises_the_config_map_made_by_its_uid_not_its_labels(
     really gone or replaced is not."""
     import asyncio
 
-    from tests.support.fake_kube import FakeKube
     from tunefleet.handlers import pod as pod_handlers
     from tunefleet.handlers.startup import OPERATOR
 
