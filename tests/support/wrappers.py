@@ -37,6 +37,14 @@ GROUP_VERSION = "tunefleet.io/v1alpha1"
 DELETED_AT = "2026-01-01T00:00:00Z"
 
 
+def _manifest(
+    api_version: str, kind: str, name: str, ns: str = "", **fields: Any
+) -> dict[str, Any]:
+    """An object's head (namespaced when ns is given) and its other top-level fields."""
+    meta = {"name": name, "namespace": ns} if ns else {"name": name}
+    return {"apiVersion": api_version, "kind": kind, "metadata": meta, **fields}
+
+
 class _Wrapper:
     """A document and the metadata methods every kind shares."""
 
@@ -68,6 +76,13 @@ class _Wrapper:
             node = node.get(key, {})
         node.pop(path[-1], None)
         return type(self)._of(doc)
+
+    def _appended(self, path: tuple[str, ...], item: Any) -> Self:
+        """A copy with item added to the list at doc[path...] (made if missing)."""
+        node: Any = self._doc
+        for key in path:
+            node = node.get(key, {}) if isinstance(node, dict) else {}
+        return self._with(path, [*(node or []), item])
 
     @classmethod
     def _of(cls, doc: dict[str, Any]) -> Self:
@@ -135,11 +150,10 @@ class _Wrapper:
         controller: bool = True,
     ) -> Self:
         """One more ownerReference (a controller one unless told otherwise)."""
-        ref = {"apiVersion": api_version, "kind": kind, "name": name, "uid": uid}
+        ref: dict[str, Any] = {"apiVersion": api_version, "kind": kind, "name": name, "uid": uid}
         if controller:
             ref["controller"] = True
-        refs = [*self._doc.get("metadata", {}).get("ownerReferences", []), ref]
-        return self._with(("metadata", "ownerReferences"), refs)
+        return self._appended(("metadata", "ownerReferences"), ref)
 
     def managed_by(self, profile: str = "p", profile_uid: str = "uid-1") -> Self:
         """The labels tunefleet puts on the children it makes for a profile."""
@@ -233,19 +247,13 @@ class ProfileWrapper(_Wrapper):
 
 def make_profile(name: str = "p", ns: str = "ml") -> ProfileWrapper:
     """A valid TuningProfile: one NVIDIA H100, one 8x8x8 GEMM, stored at s3://bkt/p."""
-    return ProfileWrapper(
-        {
-            "apiVersion": GROUP_VERSION,
-            "kind": "TuningProfile",
-            "metadata": {"name": name, "namespace": ns},
-            "spec": {
-                "image": "serve:1",
-                "gpu": {"vendor": "nvidia", "models": ["H100"]},
-                "workload": {"shapes": [{"mnk": [8, 8, 8]}]},
-                "storage": {"uri": "s3://bkt/p"},
-            },
-        }
-    )
+    spec = {
+        "image": "serve:1",
+        "gpu": {"vendor": "nvidia", "models": ["H100"]},
+        "workload": {"shapes": [{"mnk": [8, 8, 8]}]},
+        "storage": {"uri": "s3://bkt/p"},
+    }
+    return ProfileWrapper(_manifest(GROUP_VERSION, "TuningProfile", name, ns, spec=spec))
 
 
 class JobWrapper(_Wrapper):
@@ -276,9 +284,7 @@ class JobWrapper(_Wrapper):
 
     def condition(self, type_: str, status: str = "True", **extra: Any) -> JobWrapper:
         """One more status condition (reason=..., message=...)."""
-        conds = [*self._doc.get("status", {}).get("conditions", []), {"type": type_,
-                 "status": status, **extra}]  # fmt: skip
-        return self._with(("status", "conditions"), conds)
+        return self._appended(("status", "conditions"), {"type": type_, "status": status, **extra})
 
     def active(self, count: int) -> JobWrapper:
         return self._with(("status", "active"), count)
@@ -288,15 +294,7 @@ class JobWrapper(_Wrapper):
 
 
 def make_job(name: str = "tune-x", ns: str = "ml") -> JobWrapper:
-    return JobWrapper(
-        {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {"name": name, "namespace": ns},
-            "spec": {},
-            "status": {},
-        }
-    )
+    return JobWrapper(_manifest("batch/v1", "Job", name, ns, spec={}, status={}))
 
 
 class PodWrapper(_Wrapper):
@@ -330,7 +328,7 @@ class PodWrapper(_Wrapper):
             container["env"] = env
         container.update(extra)
         key = "initContainers" if init else "containers"
-        return self._with(("spec", key), [*self._doc["spec"].get(key, []), container])
+        return self._appended(("spec", key), container)
 
     def containers(self, *containers: dict[str, Any]) -> PodWrapper:
         """All of the containers, as given."""
@@ -349,14 +347,12 @@ class PodWrapper(_Wrapper):
 
     def toleration(self, key: str, effect: str = "NoSchedule") -> PodWrapper:
         tol = {"key": key, "operator": "Exists", "effect": effect}
-        return self._with(("spec", "tolerations"), [*self._doc["spec"].get("tolerations", []),
-                                                    tol])  # fmt: skip
+        return self._appended(("spec", "tolerations"), tol)
 
     def claim(self, name: str, template: str) -> PodWrapper:
         """A DRA resource claim from a ResourceClaimTemplate."""
-        claims = [*self._doc["spec"].get("resourceClaims", []),
-                  {"name": name, "resourceClaimTemplateName": template}]  # fmt: skip
-        return self._with(("spec", "resourceClaims"), claims)
+        claim = {"name": name, "resourceClaimTemplateName": template}
+        return self._appended(("spec", "resourceClaims"), claim)
 
     def spec(self, **fields: Any) -> PodWrapper:
         """Any other pod spec field (camelCase)."""
@@ -368,8 +364,7 @@ class PodWrapper(_Wrapper):
     def container_state(self, name: str, state: dict[str, Any], init: bool = False) -> PodWrapper:
         """One more container status: {"terminated": {...}}, {"waiting": {...}}, ..."""
         key = "initContainerStatuses" if init else "containerStatuses"
-        statuses = [*self._doc.get("status", {}).get(key, []), {"name": name, "state": state}]
-        return self._with(("status", key), statuses)
+        return self._appended(("status", key), {"name": name, "state": state})
 
     def terminated(self, name: str, code: int, message: str = "", init: bool = False) -> PodWrapper:
         return self.container_state(
@@ -390,14 +385,7 @@ class PodWrapper(_Wrapper):
 
 
 def make_pod(name: str = "m", ns: str = "ml") -> PodWrapper:
-    return PodWrapper(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": ns},
-            "spec": {"containers": []},
-        }
-    )
+    return PodWrapper(_manifest("v1", "Pod", name, ns, spec={"containers": []}))
 
 
 def make_model_pod(
@@ -413,7 +401,7 @@ class NodeWrapper(_Wrapper):
 
 
 def make_node(name: str) -> NodeWrapper:
-    return NodeWrapper({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    return NodeWrapper(_manifest("v1", "Node", name))
 
 
 class WorkloadWrapper(_Wrapper):
@@ -422,19 +410,12 @@ class WorkloadWrapper(_Wrapper):
     def condition(
         self, type_: str, status: str, message: str = "", reason: str = "Pending"
     ) -> WorkloadWrapper:
-        conds = [*self._doc.get("status", {}).get("conditions", []),
-                 {"type": type_, "status": status, "reason": reason, "message": message}]  # fmt: skip
-        return self._with(("status", "conditions"), conds)
+        cond = {"type": type_, "status": status, "reason": reason, "message": message}
+        return self._appended(("status", "conditions"), cond)
 
 
 def make_workload(name: str = "job-x-1", ns: str = "ml") -> WorkloadWrapper:
-    return WorkloadWrapper(
-        {
-            "apiVersion": "kueue.x-k8s.io/v1beta1",
-            "kind": "Workload",
-            "metadata": {"name": name, "namespace": ns},
-        }
-    )
+    return WorkloadWrapper(_manifest("kueue.x-k8s.io/v1beta1", "Workload", name, ns))
 
 
 class ConfigMapWrapper(_Wrapper):
@@ -446,9 +427,7 @@ class ConfigMapWrapper(_Wrapper):
 
 
 def make_config_map(name: str, ns: str = "ml") -> ConfigMapWrapper:
-    return ConfigMapWrapper(
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": ns}}
-    )
+    return ConfigMapWrapper(_manifest("v1", "ConfigMap", name, ns))
 
 
 class ArtifactWrapper(_Wrapper):
@@ -564,10 +543,9 @@ class ObjectWrapper(_Wrapper):
 
 def make_object(api_version: str, kind: str, name: str = "", ns: str = "") -> ObjectWrapper:
     """An object of any kind; without a name it has no metadata (an AdmissionReview)."""
-    doc: dict[str, Any] = {"apiVersion": api_version, "kind": kind}
-    if name:
-        doc["metadata"] = {"name": name, **({"namespace": ns} if ns else {})}
-    return ObjectWrapper(doc)
+    if not name:
+        return ObjectWrapper({"apiVersion": api_version, "kind": kind})
+    return ObjectWrapper(_manifest(api_version, kind, name, ns))
 
 
 def make_pvc(

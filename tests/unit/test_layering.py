@@ -587,15 +587,19 @@ def _builds(fn: ast.FunctionDef) -> str:
     return ""
 
 
+def parsed_test_modules(tests: Path) -> Iterator[tuple[Path, ast.Module]]:
+    """The test modules (and conftests) outside tests/support/ and test data, parsed."""
+    for path in sorted(tests.rglob("*.py")):
+        rel = path.relative_to(tests)
+        if rel.parts[0] != "support" and "data" not in rel.parts:
+            yield rel, ast.parse(path.read_text())
+
+
 def local_builders(tests: Path) -> list[str]:
     """Functions of test modules (module level or in a class, fixtures included) outside
     tests/support/ that build a test object."""
     out = []
-    for path in sorted(tests.rglob("*.py")):
-        rel = path.relative_to(tests)
-        if rel.parts[0] == "support" or "data" in rel.parts:
-            continue
-        tree = ast.parse(path.read_text())
+    for rel, tree in parsed_test_modules(tests):
         fns = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
         for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
             fns += [n for n in cls.body if isinstance(n, ast.FunctionDef)]
@@ -634,13 +638,8 @@ def local_fake_apis(tests: Path) -> list[str]:
     """Classes in test modules outside tests/support/ (nested ones too) that stand in for a
     generated API client: one of its methods by name."""
     out = []
-    for path in sorted(tests.rglob("*.py")):
-        rel = path.relative_to(tests)
-        if rel.parts[0] == "support" or "data" in rel.parts:
-            continue
-        for cls in (
-            n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ClassDef)
-        ):
+    for rel, tree in parsed_test_modules(tests):
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
             fakes = [
                 f.name
                 for f in cls.body
