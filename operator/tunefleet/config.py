@@ -39,6 +39,10 @@ class Config:
     resync_seconds: float = 600.0
     # Prometheus metrics port (0: off).
     metrics_port: int = 8081
+    # The per-profile gauges (what each profile's artifacts buy, docs/metrics.md): series per
+    # profile x GPU model x figure, so off unless asked for (the chart's metrics.perProfile,
+    # on with its dashboard, which reads them).
+    profile_metrics: bool = False
     # Leader election: the Lease's namespace (the chart sets the release's); empty means no
     # election, this process always reconciles (one replica, `make run`).
     lease_namespace: str = ""
@@ -93,6 +97,7 @@ class Config:
             workers=max(1, int(env("TUNEFLEET_WORKERS", "8"))),
             resync_seconds=max(10.0, float(env("TUNEFLEET_RESYNC_SECONDS", "600"))),
             metrics_port=int(env("TUNEFLEET_METRICS_PORT", "8081")),
+            profile_metrics=_env_bool("TUNEFLEET_PROFILE_METRICS", False),
             lease_namespace=env("TUNEFLEET_LEASE_NAMESPACE", ""),
             lease_name=env("TUNEFLEET_LEASE_NAME", "tunefleet-operator"),
             library_scope=env("TUNEFLEET_LIBRARY_SCOPE", "namespace"),

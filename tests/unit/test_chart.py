@@ -221,3 +221,14 @@ def test_the_operator_gets_a_registry_identity_only_when_one_is_named() -> None:
     old = operator("delivery.oci=null")
     env = {e["name"]: e.get("value") for e in old["containers"][0]["env"]}
     assert env["TUNEFLEET_IMAGE_VOLUMES"] == "auto"
+
+
+def test_per_profile_metrics_are_off_unless_asked_for_or_the_dashboard_reads_them() -> None:
+    def profile_metrics(*sets: str) -> str:
+        deploy = next(d for d in rendered(*sets) if d["kind"] == "Deployment")
+        env = deploy["spec"]["template"]["spec"]["containers"][0]["env"]
+        return str(next(e["value"] for e in env if e["name"] == "TUNEFLEET_PROFILE_METRICS"))
+
+    assert profile_metrics() == "false"
+    assert profile_metrics("metrics.perProfile=true") == "true"
+    assert profile_metrics("dashboard.enabled=true") == "true"

@@ -266,3 +266,42 @@ def test_the_operator_feeds_the_collector_each_profiles_status_from_its_cache() 
         assert startup._untuned_causes("team-a", "metrics-feed") == []
     finally:
         startup.OPERATOR.cache.drop_profile(("team-a", "metrics-feed"))
+
+
+def test_per_profile_series_only_when_asked_for() -> None:
+    """Series per profile grow with the fleet: the operator serves them only when configured
+    to (the chart's metrics.perProfile, or its dashboard); the fleet's gauges always."""
+    from dataclasses import replace
+
+    from tests.support.profiles import CFG
+    from tests.support.wrappers import make_artifact, make_profile
+    from tunefleet.handlers import startup
+
+    gain = {"figures": [figure("gemms", 1.5)]}
+    served = (
+        make_profile("per-profile", "team-a")
+        .uid("u-pp")
+        .artifacts(make_artifact("H100").fields(gain=gain))
+    )
+    startup.OPERATOR.cache.put_profile(served.obj())
+
+    def names(profile_metrics: bool) -> set[str]:
+        config = replace(CFG, profile_metrics=profile_metrics)
+        collector = startup.index_collector(config, queue_depth=lambda: 0)
+        return {s.name for family in collector.collect() for s in family.samples}
+
+    try:
+        off, on = names(False), names(True)
+    finally:
+        startup.OPERATOR.cache.drop_profile(("team-a", "per-profile"))
+    assert "tunefleet_profiles" in off and "tunefleet_profiles" in on
+    assert not {n for n in off if n.startswith("tunefleet_artifact_")}
+    assert "tunefleet_artifact_speedup" in on
+
+
+def test_per_profile_metrics_are_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tunefleet.config import Config
+
+    assert Config.from_env().profile_metrics is False
+    monkeypatch.setenv("TUNEFLEET_PROFILE_METRICS", "true")
+    assert Config.from_env().profile_metrics is True

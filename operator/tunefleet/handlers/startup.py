@@ -9,7 +9,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -174,14 +174,7 @@ async def operator_startup(
     maps = NodeMaps(OPERATOR.client, cache.profiles, cache.profile, controller.active)
     OPERATOR.node_maps = maps
     maps.start()
-    metrics.REGISTRY.register(
-        metrics.IndexCollector(
-            statuses=OPERATOR.cache.statuses,
-            queue_depth=controller.queue.pending,
-            profiles=_profile_statuses,
-            untuned=_untuned_causes,
-        )
-    )
+    metrics.REGISTRY.register(index_collector(config, controller.queue.pending))
     metrics.serve(config.metrics_port)
     _elect(config, leaders=(controller, maps))
     if config.webhook_enabled:
@@ -189,6 +182,19 @@ async def operator_startup(
     logger.info(
         f"tunefleet operator started: {config.workers} reconcile workers, resync every "
         f"{config.resync_seconds:.0f}s; tuning Jobs use image {config.image}"
+    )
+
+
+def index_collector(config: Config, queue_depth: Callable[[], int]) -> metrics.IndexCollector:
+    """The gauges computed at scrape time from the cache: the fleet's always, each profile's
+    only when asked for (config.profile_metrics): their series grow with the profiles."""
+    if not config.profile_metrics:
+        return metrics.IndexCollector(statuses=OPERATOR.cache.statuses, queue_depth=queue_depth)
+    return metrics.IndexCollector(
+        statuses=OPERATOR.cache.statuses,
+        queue_depth=queue_depth,
+        profiles=_profile_statuses,
+        untuned=_untuned_causes,
     )
 
 
