@@ -49,6 +49,8 @@ from typing import Any
 
 import kubernetes
 
+from bench.scrape import scrape
+
 ROOT = Path(__file__).resolve().parents[1]
 HOOK = ROOT / "bench" / "tracemalloc_hook"
 GROUP, VERSION, PLURAL = "tunefleet.io", "v1alpha1", "tuningprofiles"
@@ -494,6 +496,9 @@ def run(
         out["last_write_after_create_s"] = round(tail - last, 1)
         out["idle_cpu_percent_of_a_core"] = idle_cpu(pid, 60)
         out["rss_settled_mib"] = round(operator.rss_mib(), 1)
+        # What a Prometheus scrape of this operator costs with every profile in its cache.
+        port = operator.env["TUNEFLEET_METRICS_PORT"]
+        out["metrics_scrape"] = scrape(f"http://127.0.0.1:{port}/metrics")
         snapshot(operator, tracemalloc, "1-settled")
 
         # 4. Restart with everything present.

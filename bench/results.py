@@ -70,6 +70,8 @@ def stamped(figures: dict[str, Any], made_by: dict[str, str] | None = None) -> d
 # A dict lists the keys allowed (None: a value, any shape); "*" allows any key (sizes, counts);
 # a list of one schema is a list of such dicts.
 
+# One /metrics scrape's figures (bench/scrape.py): over HTTP, the median of several.
+SCRAPE = ("median_ms", "max_ms", "bytes", "samples", "per_profile_samples")
 SIZE: dict[str, Any] = {
     "profiles": None,
     "namespaces": None,
@@ -90,6 +92,7 @@ SIZE: dict[str, Any] = {
     "last_write_after_create_s": None,
     "idle_cpu_percent_of_a_core": None,
     "rss_settled_mib": None,
+    "metrics_scrape": dict.fromkeys(SCRAPE),
     "restart_to_webhook_listening_s": None,
     "restart_busy_s": None,
     "operator_cpu_s_restart": None,
@@ -239,6 +242,18 @@ GROUPS: dict[str, Any] = {
             "burst_configmap": {"pods": None, "all_done_s": None, "started_tuned": None},
             "burst_store": {"pods": None, "all_done_s": None, "started_tuned": None},
         },
+        "note": None,
+        "provenance": None,
+    },
+    "metrics_scrape_10000_profiles": {
+        "profiles": None,
+        "gpu_models_per_profile": None,
+        "scrapes": None,
+        "fill_s": None,
+        "per_profile_off": dict.fromkeys(SCRAPE),
+        "per_profile_on": dict.fromkeys(SCRAPE),
+        "meets_goal": None,
+        "goal": None,
         "note": None,
         "provenance": None,
     },

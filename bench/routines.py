@@ -14,6 +14,7 @@ ROUTINES = {
     "gc": "tunefleet-gc on a store of 10,000 objects",
     "real": "real node: tuning Job and model pod start-up, bursts, the store unreachable",
     "nodemap": "the node map at 10,000 nodes (no cluster)",
+    "metrics": "the /metrics scrape at 10,000 profiles in the operator's cache (no cluster)",
     "capture": "the capture sidecar and loop",
     "bundles": "real node, real torch: a torchCompile bundle's start-up saving (eager, cold, bundle)",
     "vllm": "real node, real vLLM: a vllm bundle's server start-up saving (eager, cold, bundle)",

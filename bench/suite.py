@@ -651,6 +651,12 @@ def run_parts(only: list[str], options: dict[str, Any]) -> None:
             t = begin("nodemap")
             results["node_map_10000_nodes"] = stamped(bench_nodemap.run(options["nodes"]))
             done("nodemap", t)
+        if "metrics" in only:
+            from bench import bench_metrics
+
+            t = begin("metrics")
+            results["metrics_scrape_10000_profiles"] = stamped(bench_metrics.run())
+            done("metrics", t)
         if "capture" in only:
             from bench import bench_capture
 
