@@ -361,10 +361,14 @@ class PodWrapper(_Wrapper):
     def phase(self, phase: str) -> PodWrapper:
         return self._with(("status", "phase"), phase)
 
-    def container_state(self, name: str, state: dict[str, Any], init: bool = False) -> PodWrapper:
-        """One more container status: {"terminated": {...}}, {"waiting": {...}}, ..."""
+    def container_state(
+        self, name: str, state: dict[str, Any], init: bool = False, image: str = ""
+    ) -> PodWrapper:
+        """One more container status: {"terminated": {...}}, {"waiting": {...}}, ...; with the
+        image the kubelet reports when given."""
         key = "initContainerStatuses" if init else "containerStatuses"
-        return self._appended(("status", key), {"name": name, "state": state})
+        status = {"name": name, "state": state, **({"image": image} if image else {})}
+        return self._appended(("status", key), status)
 
     def terminated(self, name: str, code: int, message: str = "", init: bool = False) -> PodWrapper:
         return self.container_state(

@@ -197,17 +197,13 @@ def test_all_gpus_taken_is_named() -> None:
 
 def test_missing_credentials_secret_is_named_with_the_fix() -> None:
     waiting = {"reason": "CreateContainerConfigError", "message": 'secret "s3" not found'}
-    pod = SCHEDULED.status(
-        initContainerStatuses=[{"name": "publish", "image": "img:1", "state": {"waiting": waiting}}]
-    ).obj()
+    pod = SCHEDULED.container_state("publish", {"waiting": waiting}, init=True, image="img:1").obj()
     obs = observe_job(JOB.active(1).obj(), [pod], SCHED)
     assert obs.state == "Pending" and obs.reason == "SecretMissing"
     assert "Secret s3 (S3 credentials for publishing) does not exist in namespace ml" in obs.message
     assert "kubectl create secret generic s3 -n ml" in obs.message
     waiting = {"reason": "CreateContainerConfigError", "message": 'secret "hf-token" not found'}
-    pod = SCHEDULED.status(
-        initContainerStatuses=[{"name": "tune", "image": "img:1", "state": {"waiting": waiting}}]
-    ).obj()
+    pod = SCHEDULED.container_state("tune", {"waiting": waiting}, init=True, image="img:1").obj()
     obs = observe_job(JOB.active(1).obj(), [pod], SCHED)
     assert (
         "Secret hf-token, referenced by spec.workload.env or spec.template.tune.envFrom"
@@ -217,9 +213,7 @@ def test_missing_credentials_secret_is_named_with_the_fix() -> None:
         "reason": "CreateContainerConfigError",
         "message": "couldn't find key AWS_SECRET_ACCESS_KEY in Secret ml/s3",
     }
-    pod = SCHEDULED.status(
-        initContainerStatuses=[{"name": "publish", "image": "img:1", "state": {"waiting": waiting}}]
-    ).obj()
+    pod = SCHEDULED.container_state("publish", {"waiting": waiting}, init=True, image="img:1").obj()
     obs = observe_job(JOB.active(1).obj(), [pod], SCHED)
     assert obs.reason == "SecretMissing" and "has no key AWS_SECRET_ACCESS_KEY" in obs.message
 
@@ -229,9 +223,7 @@ def test_image_pull_failure_names_missing_pull_secrets() -> None:
         "reason": "ImagePullBackOff",
         "message": 'Back-off pulling image "reg.example.com/x:1"',
     }
-    pod = SCHEDULED.status(
-        initContainerStatuses=[{"name": "tune", "image": "img:1", "state": {"waiting": waiting}}]
-    ).obj()
+    pod = SCHEDULED.container_state("tune", {"waiting": waiting}, init=True, image="img:1").obj()
     obs = observe_job(JOB.active(1).obj(), [pod], SCHED)
     assert obs.reason == "ImagePullFailed" and "spec.imagePullSecrets" in obs.message
     events = [

@@ -34,11 +34,7 @@ def test_an_image_without_python_fails_with_tunefleets_own_message() -> None:
     assert obs.state == "Failed"
     assert "the image registry.example.com/distroless:1 has no python3 on its PATH" in obs.message
     # As the operator's cache holds the pod: no container specs, the image in its status.
-    seen = (
-        POD.without("spec")
-        .status(initContainerStatuses=[{"name": "tune", "state": terminated, "image": IMAGE}])
-        .obj()
-    )
+    seen = POD.without("spec").container_state("tune", terminated, init=True, image=IMAGE).obj()
     viewed = observe_job(failed, [pod_view(seen)])
     assert "the image registry.example.com/distroless:1 has no python3" in viewed.message
     assert (
