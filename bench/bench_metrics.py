@@ -30,6 +30,11 @@ from tunefleet.handlers import startup  # noqa: E402
 
 MODELS = ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H200")
 GOAL = "<= 100 ms and <= 2 MB a scrape at 10,000 profiles, no series per profile by default"
+NOTE = (
+    "in process, no cluster: the operator's collector (handlers/startup.index_collector) and "
+    "metrics server (metrics.serve) over its cache of Ready profiles, scraped over HTTP; the "
+    "first scrape of each arm is not counted"
+)
 
 
 def _figure(name: str, speedup: float) -> dict[str, Any]:
@@ -85,17 +90,23 @@ def run(n: int = 10_000) -> dict[str, Any]:
     url = f"http://127.0.0.1:{port}/metrics"
     out: dict[str, Any] = {"profiles": n, "gpu_models_per_profile": len(MODELS),
                            "scrapes": SCRAPES, "fill_s": round(fill_s, 1)}  # fmt: skip
-    for arm, on in (("per_profile_off", False), ("per_profile_on", True)):
-        collector = startup.index_collector(Config(profile_metrics=on), queue_depth=lambda: 0)
-        metrics.REGISTRY.register(collector)
-        try:
-            scrape(url, 1)  # the first: imports and caches warmed
-            out[arm] = scrape(url)
-        finally:
-            metrics.REGISTRY.unregister(collector)
+    try:
+        for arm, on in (("per_profile_off", False), ("per_profile_on", True)):
+            collector = startup.index_collector(Config(profile_metrics=on), queue_depth=lambda: 0)
+            metrics.REGISTRY.register(collector)
+            try:
+                scrape(url, 1)  # the first: imports and caches warmed
+                out[arm] = scrape(url)
+            finally:
+                metrics.REGISTRY.unregister(collector)
+    finally:
+        # The suite runs other routines in this process after this one.
+        for key in startup.OPERATOR.cache.profiles():
+            startup.OPERATOR.cache.drop_profile(key)
     off = out["per_profile_off"]
     out["meets_goal"] = off["median_ms"] <= 100 and off["bytes"] <= 2_000_000
     out["goal"] = GOAL
+    out["note"] = NOTE
     return out
 
 
