@@ -9,13 +9,20 @@ tuning pods and model pods of a namespace run on more than one node. ``file://``
 store on a path of this machine (scripts/gpu-check.sh, unit tests, the plugin beside a mount).
 
 Create-if-absent is link(2) of a synced temporary file: the If-None-Match of a directory.
+A conditional replace (If-Match) holds an flock(2) on a lock file beside the object while it
+compares the object's SHA-256 (its tag) and renames the new version into place; `create` takes
+the same lock, so neither can slip between the other's check and write.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import re
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import ParseResult, unquote
 
@@ -27,6 +34,7 @@ from .store import (
     PodStorage,
     StoreError,
     StoreOptions,
+    Tagged,
     TooLargeError,
     check_prefix,
     same_object,
@@ -130,6 +138,57 @@ class DirStore:
         if not same_object(self, key, data):
             raise ConflictError(f"a different object already exists at {self.uri(key)}")
         return False
+
+    @contextmanager
+    def _locked(self, path: Path) -> Iterator[None]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path.parent / f".{path.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+
+    def create(self, key: str, data: bytes, content_type: str) -> bool:
+        path = self._path(key)
+        tmp = ""
+        try:
+            with self._locked(path):
+                tmp = self._write_temp(path, data)
+                os.link(tmp, path)
+            return True
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from None
+        finally:
+            if tmp:
+                Path(tmp).unlink(missing_ok=True)
+
+    def read_tagged(self, key: str, max_bytes: int) -> Tagged:
+        data = self.get(key, max_bytes)
+        return Tagged(data, hashlib.sha256(data).hexdigest())
+
+    def replace_if(self, key: str, data: bytes, content_type: str, tag: str) -> bool:
+        path = self._path(key)
+        tmp = ""
+        try:
+            with self._locked(path):
+                try:
+                    now = hashlib.sha256(path.read_bytes()).hexdigest()
+                except FileNotFoundError:
+                    return False
+                if now != tag:
+                    return False
+                tmp = self._write_temp(path, data)
+                os.replace(tmp, path)
+                tmp = ""
+            return True
+        except OSError as exc:
+            raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from None
+        finally:
+            if tmp:
+                Path(tmp).unlink(missing_ok=True)
 
     def get(self, key: str, max_bytes: int) -> bytes:
         path = self._path(key)

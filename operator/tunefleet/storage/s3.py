@@ -29,6 +29,7 @@ from .store import (
     PodStorage,
     StoreError,
     StoreOptions,
+    Tagged,
     TooLargeError,
     check_prefix,
     same_object,
@@ -193,6 +194,33 @@ class S3Store:
             raise ConflictError(f"a different object already exists at {self.uri(key)}")
         return False
 
+    def create(self, key: str, data: bytes, content_type: str) -> bool:
+        return self._conditional(key, data, content_type, IfNoneMatch="*")
+
+    def replace_if(self, key: str, data: bytes, content_type: str, tag: str) -> bool:
+        return self._conditional(key, data, content_type, IfMatch=tag)
+
+    def _conditional(self, key: str, data: bytes, content_type: str, **condition: str) -> bool:
+        """A write under one precondition: False when the store refuses it on that ground: 412,
+        409 (another conditional write to the key is in flight: it wins), or for If-Match 404
+        (the object went)."""
+        try:
+            self._put(key, data, content_type, **condition)
+            return True
+        except ClientError as exc:
+            code, status = _code(exc)
+            if status in (412, 409) or code == "PreconditionFailed":
+                return False
+            if "IfMatch" in condition and (status == 404 or code == "NoSuchKey"):
+                return False
+            raise StoreError(f"uploading {self.uri(key)} failed: {_describe(exc)}") from None
+        except BotoCoreError as exc:
+            raise StoreError(f"uploading {self.uri(key)} failed: {_describe(exc)}") from None
+
+    def read_tagged(self, key: str, max_bytes: int) -> Tagged:
+        data, resp = self._get(key, max_bytes)
+        return Tagged(data, str(resp.get("ETag") or ""))
+
     def put(self, key: str, data: bytes, content_type: str) -> None:
         try:
             self._put(key, data, content_type)
@@ -231,6 +259,9 @@ class S3Store:
             raise StoreError(f"deleting {self.uri(key)} failed: {_describe(exc)}") from None
 
     def get(self, key: str, max_bytes: int) -> bytes:
+        return self._get(key, max_bytes)[0]
+
+    def _get(self, key: str, max_bytes: int) -> tuple[bytes, dict[str, Any]]:
         self._check_deadline(f"downloading {self.uri(key)}")
         try:
             resp = self.client.get_object(Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
@@ -253,4 +284,4 @@ class S3Store:
             actual = base64.b64encode(hashlib.sha256(data).digest()).decode("ascii")
             if actual != stored:
                 raise StoreError(f"{self.uri(key)} does not match its stored SHA-256 checksum")
-        return data
+        return data, dict(resp)

@@ -62,6 +62,37 @@ class Store(Protocol):
     def uri(self, key: str) -> str: ...
 
 
+@dataclass(frozen=True)
+class Tagged:
+    """An object's bytes and the tag of that version (S3's ETag): what a conditional replace
+    names, so it fails when anyone wrote the object since it was read."""
+
+    data: bytes
+    tag: str
+
+
+class Swappable(Protocol):
+    """What a store offers beside `Store` for coordination objects (fleet/claims.py): a create
+    that fails on anything already there, a read with the version's tag, and a replace of that
+    version only. s3:// (If-None-Match, If-Match) and file:// / pvc:// (link(2), a lock) have it;
+    oci:// has not."""
+
+    def create(self, key: str, data: bytes, content_type: str) -> bool:
+        """Write only where nothing is: False if an object is there, whatever it holds."""
+
+    def read_tagged(self, key: str, max_bytes: int) -> Tagged:
+        """The object and its version's tag; NotFoundError if there is none."""
+
+    def replace_if(self, key: str, data: bytes, content_type: str, tag: str) -> bool:
+        """Replace the version `tag` names: False if the object changed or went since."""
+
+
+def swappable(store: Store) -> Swappable | None:
+    """The store as a Swappable, or None when its backend cannot coordinate."""
+    ops = ("create", "read_tagged", "replace_if")
+    return store if all(callable(getattr(store, op, None)) for op in ops) else None  # type: ignore[return-value]
+
+
 def same_object(store: Store, key: str, data: bytes) -> bool:
     """Whether the object at key is exactly data (used after a create-if-absent lost)."""
     try:
