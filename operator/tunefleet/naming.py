@@ -14,6 +14,7 @@ import re
 import weakref
 from typing import Any
 
+from tunefleet import images
 from tunefleet.api import TuningProfileSpec, base
 from tunefleet.storage import registry
 
@@ -77,7 +78,7 @@ _QUALIFIED_NAME = re.compile(
 # Tuning settings that bound a Job's run but not what it measures: out of the revision and
 # out of the tuner's configuration (builders/job.py), both from this one set.
 TUNING_NOT_SHAPING = frozenset(
-    {"active_deadline_seconds", "backoff_limit", "checkpoint", "queue_name"}
+    {"active_deadline_seconds", "adopt", "backoff_limit", "checkpoint", "queue_name"}
 )
 # Fields that bound the run's scheduling or where results go, not the results: out of the
 # revision. Models are out on purpose too: adding a model must not retune the others.
@@ -157,12 +158,29 @@ def revision(spec: TuningProfileSpec) -> str:
 
 
 def _revision(spec: TuningProfileSpec) -> str:
+    return hashlib.sha256(_shaping(spec)).hexdigest()[:10]
+
+
+def fleet_identity(spec: TuningProfileSpec, model: str) -> str | None:
+    """What a tuning of `model` under this spec is, anywhere (fleet/: adoption and claims):
+    the full SHA-256 of the fields that shape its results, with the image by its digest alone
+    (a mirror's name for the same image is the same identity), and the GPU model. None for an
+    image not pinned by digest: a tag names different images over time and across clusters.
+    The revision's 10 characters keep one profile's revisions apart, not a fleet's tunings."""
+    digest = images.parse(spec.image).digest
+    if not digest:
+        return None
+    blob = _shaping(spec, image=digest.lower())
+    return hashlib.sha256(blob + b"\0" + model.encode()).hexdigest()
+
+
+def _shaping(spec: TuningProfileSpec, image: str | None = None) -> bytes:
     workload = spec.workload.model_dump(by_alias=True, exclude_defaults=True)
     workload["shapes"] = [{**_SHAPE_BASELINE, **s} for s in workload.get("shapes") or []]
     if not workload["shapes"]:
         del workload["shapes"]
     shaping: dict[str, Any] = {
-        "image": spec.image,
+        "image": image or spec.image,
         "gpu": {
             **_REVISION_BASELINE["gpu"],
             **spec.gpu.model_dump(
@@ -191,8 +209,7 @@ def _revision(spec: TuningProfileSpec) -> str:
     artifacts = spec.artifacts.model_dump(by_alias=True, exclude_defaults=True, exclude_none=True)
     if artifacts:
         shaping["artifacts"] = artifacts
-    blob = json.dumps(shaping, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(blob).hexdigest()[:10]
+    return json.dumps(shaping, sort_keys=True, separators=(",", ":")).encode()
 
 
 def retune_revision(base: str, digest: str) -> str:

@@ -69,6 +69,9 @@ FULL_RECORD = ArtifactRecord(
     verdict_message="pinned (bad day); the gate said: passed",
     pinned_reason="bad day",
     pinned_at="2026-12-02T10:00:00Z",
+    source_cluster="0b6c1d2e-1111-4222-8333-944455556666",
+    source_profile="ml/llama",
+    adopted_at="2026-12-03T10:00:00Z",
 )
 
 
@@ -84,6 +87,8 @@ def test_every_artifact_field_the_crd_declares_survives_message_and_status() -> 
     assert read.config_map == "" and "configMap" not in json.loads(record.to_message())
     # ... and the gate's verdict and the pin (promotion.py): the pod's message has neither.
     assert read.verdict == "" and "promotion" not in json.loads(record.to_message())
+    # ... nor where an adopted artifact came from (fleet/): the adopting operator says so.
+    assert read.source_cluster == "" and "source" not in json.loads(record.to_message())
     assert read.gain == record.gain  # the figures come from the pod
     read = replace(
         read,
@@ -94,6 +99,9 @@ def test_every_artifact_field_the_crd_declares_survives_message_and_status() -> 
         verdict_message=record.verdict_message,
         pinned_reason=record.pinned_reason,
         pinned_at=record.pinned_at,
+        source_cluster=record.source_cluster,
+        source_profile=record.source_profile,
+        adopted_at=record.adopted_at,
     )
     status = read.to_status()
     assert set(status) == set(declared)  # libraryKey included: it was never written before

@@ -78,6 +78,9 @@ class Reason(StrEnum):
     POD_CREATE_FAILED = "PodCreateFailed"
     # A Job waits in its Kueue LocalQueue (spec.tuning.queueName): Kueue's reason in the message.
     QUEUED = "Queued"
+    # Another profile or cluster sharing the store tunes this identity now (fleet/): the
+    # message names it and when its claim expires; its artifact is adopted when published.
+    TUNED_ELSEWHERE = "TunedElsewhere"
     # Degraded
     PODS_SERVED = "PodsServed"  # False: no model pod runs untuned for a cause of ours
     PODS_UNTUNED = "PodsStartedUntuned"  # True: the count and each cause in the message
@@ -117,6 +120,12 @@ class EventReason(StrEnum):
     CAPTURE_NOT_LOADED = "CaptureResultsNotLoaded"
     # An artifact's ConfigMap was deleted or replaced under its name: made again (delivery.py).
     CONFIG_MAP_REMADE = "ArtifactConfigMapRemade"
+    # Fleet mode (docs/fleet.md): an artifact of the same identity, tuned by another profile
+    # or cluster, adopted after its checks; one found that failed them (this profile tunes its
+    # own); this profile's own artifact published for the fleet.
+    ADOPTED = "ArtifactAdopted"
+    NOT_ADOPTED = "ArtifactNotAdopted"
+    PUBLISHED = "ArtifactPublishedForFleet"
 
 
 def truncate(message: str, limit: int = MESSAGE_LIMIT) -> str:

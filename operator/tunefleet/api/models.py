@@ -184,6 +184,10 @@ class TuningLimits(_Model):
         default=None, min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
     )
     checkpoint: Checkpoint = Checkpoint()
+    # With the operator's fleet mode on (fleet/), whether a complete, verified artifact that
+    # another profile or cluster tuned for the same identity is served instead of tuning;
+    # Never: this profile always tunes its own. Not shaping.
+    adopt: Literal["IfAvailable", "Never"] = "IfAvailable"
 
     @model_validator(mode="after")
     def _deadline_after_budget(self) -> TuningLimits:

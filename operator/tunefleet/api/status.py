@@ -48,6 +48,7 @@ class Summary:
     kinds: str | None = None
     last_tuned_at: str | None = None
     gain: str | None = None
+    source: str | None = None
 
     def to_status(self) -> dict[str, Any]:
         fields = {
@@ -60,6 +61,7 @@ class Summary:
             "kinds": self.kinds,
             "lastTunedAt": self.last_tuned_at,
             "gain": self.gain,
+            "source": self.source,
         }
         return {k: v for k, v in fields.items() if v is not None}
 

@@ -106,6 +106,12 @@ class ArtifactRecord:
     verdict_message: str = ""
     pinned_reason: str = ""
     pinned_at: str = ""
+    # Adopted (fleet/): tuned by another profile or cluster sharing the store, not by a Job of
+    # this profile: that cluster's kube-system uid, the profile as "namespace/name", and when
+    # this profile adopted it. "" for an artifact of its own.
+    source_cluster: str = ""
+    source_profile: str = ""
+    adopted_at: str = ""
     # The status entry it was read from (from_status): written back as it was while the
     # record is the one read (a copy made with `replace` has none), so an entry an earlier
     # version wrote is not rewritten for nothing on every reconcile.
@@ -258,6 +264,7 @@ class ArtifactRecord:
             caches_skipped=_skipped(doc),
             **_bundle(doc),
             **_promotion(doc),
+            **_source(doc),
         )
         object.__setattr__(record, "read_from", doc)
         return record
@@ -307,7 +314,17 @@ class ArtifactRecord:
             doc["promotion"] = {"verdict": self.verdict, "message": self.verdict_message}
         if with_job and self.pinned_reason:
             doc["pinned"] = {"reason": self.pinned_reason, "at": self.pinned_at}
+        if with_job and self.source_cluster:
+            doc["source"] = {
+                "cluster": self.source_cluster,
+                "profile": self.source_profile,
+                "adoptedAt": self.adopted_at,
+            }
         return doc
+
+    @property
+    def adopted(self) -> bool:
+        return bool(self.source_cluster)
 
     @property
     def results_only(self) -> bool:
@@ -391,6 +408,19 @@ def _promotion(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _source(doc: dict[str, Any]) -> dict[str, Any]:
+    """status.artifacts[].source: where an adopted artifact was tuned (shown, and kept so the
+    next reconcile knows it adopted it); malformed: dropped."""
+    raw = doc.get("source")
+    if not isinstance(raw, dict) or not isinstance(raw.get("cluster"), str) or not raw["cluster"]:
+        return {}
+    return {
+        "source_cluster": _text(raw.get("cluster"), 64),
+        "source_profile": _text(raw.get("profile"), 320),
+        "adopted_at": _text(raw.get("adoptedAt"), 40),
+    }
+
+
 def verdict_of(entry: Any) -> str:
     """The verdict a status.artifacts[]/history[] entry shows; "" for none, or for anything
     that is not one (a hand-edited or forged entry never breaks a reader)."""
@@ -416,9 +446,9 @@ def status_fields() -> set[str]:
         "uri", "sha256", "gpuModel", "job", "revision", "gemms", "tunedAt", "tuningSeconds",
         "manifestSha256", "identity", "libraryKey", "librarySkipped", "librarySkippedReason",
         "outcomes", "image", "configMap", "delivery", "kind", "caches", "cachesSkipped",
-        "bundle", "gain", "promotion", "pinned", *_COUNTS,
+        "bundle", "gain", "promotion", "pinned", "source", *_COUNTS,
     }  # fmt: skip
-    assert len(fields(ArtifactRecord)) == 32  # a new field must be named above too
+    assert len(fields(ArtifactRecord)) == 35  # a new field must be named above too
     return names
 
 

@@ -1,0 +1,180 @@
+"""The fleet's objects in a profile's store, shared by every cluster that points at it: who
+tunes an identity now (the claim), and what was tuned for it (the published entry). Written
+and read here only; fleet/ decides what to do with them.
+
+Keys, beside the profiles' own (``<prefix>`` is the storage URI's prefix; the identity is
+naming.fleet_identity, 64 hex):
+
+* ``<prefix>/_fleet/<gpu-model>/<identity>/claim.json``: replaced in place, only with
+  If-Match on the version read (or If-None-Match when there is none), so two writers never
+  both win;
+* ``<prefix>/_fleet/<gpu-model>/<identity>/artifact.json``: written once (If-None-Match),
+  the first complete artifact of the identity, never replaced.
+
+Both are small JSON documents. Anything under these keys that does not parse as what it should
+be is not trusted: a claim that is not one counts as expired (it is taken over, never obeyed),
+an entry that is not one is not adopted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.storage.store import Location
+
+FLEET_DIR = "_fleet"
+CLAIM = "claim.json"
+PUBLISHED = "artifact.json"
+MAX_BYTES = 16 << 10  # what either object may be: a claim is ~300 bytes, an entry ~5 KB
+VERSION = 1
+_IDENTITY_RE = re.compile(r"^[0-9a-f]{64}$")
+_UID_RE = re.compile(r"^[0-9a-zA-Z-]{1,64}$")
+_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+def check_identity(identity: str) -> str:
+    if not _IDENTITY_RE.match(identity):
+        raise ValueError(f"{identity!r} is not a fleet identity (64 hex characters)")
+    return identity
+
+
+def claim_key(location: Location, gpu_model: str, identity: str) -> str:
+    return location.key(FLEET_DIR, gpu_model, check_identity(identity), CLAIM)
+
+
+def published_key(location: Location, gpu_model: str, identity: str) -> str:
+    return location.key(FLEET_DIR, gpu_model, check_identity(identity), PUBLISHED)
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who tunes: the cluster (its kube-system namespace's uid, which no two clusters share and
+    which outlives the operator) and the profile (a profile made again under its name is
+    another holder: its uid)."""
+
+    cluster: str
+    namespace: str
+    profile: str
+    uid: str
+
+    def describe(self) -> str:
+        return f"TuningProfile {self.namespace}/{self.profile} in cluster {self.cluster}"
+
+    def to_dict(self) -> dict[str, str]:
+        return {
+            "cluster": self.cluster,
+            "namespace": self.namespace,
+            "profile": self.profile,
+            "uid": self.uid,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> Holder | None:
+        if not isinstance(doc, dict):
+            return None
+        cluster, uid = doc.get("cluster"), doc.get("uid")
+        namespace, profile = doc.get("namespace"), doc.get("profile")
+        texts = (cluster, namespace, profile, uid)
+        if not all(isinstance(v, str) for v in texts):
+            return None
+        assert isinstance(cluster, str) and isinstance(uid, str)
+        assert isinstance(namespace, str) and isinstance(profile, str)
+        if not (_UID_RE.match(cluster) and _UID_RE.match(uid)):
+            return None
+        if not (_NAME_RE.match(namespace) and _NAME_RE.match(profile)):
+            return None
+        return cls(cluster, namespace, profile, uid)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The right to tune an identity until `expires` (seconds since the epoch, the holder's
+    clock): renewed while its Job runs, released (expired at once) when the Job ends."""
+
+    identity: str
+    holder: Holder
+    taken: float
+    expires: float
+
+    def to_bytes(self) -> bytes:
+        doc = {
+            "version": VERSION,
+            "identity": self.identity,
+            "holder": self.holder.to_dict(),
+            "taken": round(self.taken, 3),
+            "expires": round(self.expires, 3),
+        }
+        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, identity: str) -> Claim | None:
+        """The claim, or None when the bytes are not a claim on `identity`."""
+        doc = _json(data)
+        if doc is None or doc.get("identity") != identity or doc.get("version") != VERSION:
+            return None
+        holder = Holder.from_dict(doc.get("holder"))
+        taken, expires = _seconds(doc.get("taken")), _seconds(doc.get("expires"))
+        if holder is None or taken is None or expires is None:
+            return None
+        return cls(identity, holder, taken, expires)
+
+
+@dataclass(frozen=True)
+class Published:
+    """The first complete artifact of an identity: the record its tuning cluster served (its
+    URI, SHA-256s, counts and measured gain), who tuned it, and when it was published."""
+
+    identity: str
+    gpu_model: str
+    record: ArtifactRecord
+    holder: Holder
+    published_at: str
+
+    def to_bytes(self) -> bytes:
+        doc = {
+            "version": VERSION,
+            "identity": self.identity,
+            "gpuModel": self.gpu_model,
+            "record": json.loads(self.record.to_message()),
+            "holder": self.holder.to_dict(),
+            "publishedAt": self.published_at,
+        }
+        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, identity: str, gpu_model: str) -> Published | None:
+        """The entry, or None when the bytes are not one for `identity` on `gpu_model`."""
+        doc = _json(data)
+        if doc is None or doc.get("version") != VERSION:
+            return None
+        if doc.get("identity") != identity or doc.get("gpuModel") != gpu_model:
+            return None
+        raw = doc.get("record")
+        record = ArtifactRecord.from_status(raw) if isinstance(raw, dict) else None
+        holder = Holder.from_dict(doc.get("holder"))
+        at = doc.get("publishedAt")
+        if record is None or holder is None or not isinstance(at, str) or len(at) > 40:
+            return None
+        # Only what the tuning pod reported travels: nothing its cluster's status added.
+        bare = ArtifactRecord.from_message(record.to_message())
+        if bare is None:
+            return None
+        return cls(identity, gpu_model, bare, holder, at)
+
+
+def _json(data: bytes) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _seconds(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1e11:
+        return float(value)
+    return None
