@@ -76,6 +76,14 @@ class Config:
     # node), whose artifacts may be the stand-in torch's output (artifacts/fit.py); "*": every
     # model. Models named STANDIN... are stand-ins without being listed.
     stand_in_models: tuple[str, ...] = ()
+    # Fleet mode (fleet/, docs/fleet.md): profiles adopt artifacts that another profile or
+    # cluster sharing their store tuned for the same identity, and claim an identity in the
+    # store before tuning it (the operator then needs write access under <prefix>/_fleet/).
+    # A claim lasts fleet_claim_seconds unless renewed; fleet_cluster is this cluster's
+    # kube-system namespace uid, learnt at start.
+    fleet: bool = False
+    fleet_claim_seconds: float = 600.0
+    fleet_cluster: str = ""
 
     @classmethod
     def from_env(cls) -> Config:
@@ -118,4 +126,6 @@ class Config:
             stand_in_models=tuple(
                 m.strip() for m in env("TUNEFLEET_STAND_IN_MODELS", "").split(",") if m.strip()
             ),
+            fleet=_env_bool("TUNEFLEET_FLEET", False),
+            fleet_claim_seconds=max(60.0, float(env("TUNEFLEET_FLEET_CLAIM_SECONDS", "600"))),
         )

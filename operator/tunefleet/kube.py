@@ -359,6 +359,21 @@ class Kube(Client):
 
         self._events.submit(post)
 
+    def cluster_uid(self) -> str:
+        """This cluster's name in the fleet (fleet/): the kube-system namespace's uid, which
+        every cluster has, no two share, and no operator restart or upgrade changes."""
+        core = self.core()
+        resp = call(
+            "reading namespace kube-system (the cluster's uid)",
+            lambda: core.read_namespace(
+                "kube-system", _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+            ),
+        )
+        uid = str((_json(resp).get("metadata") or {}).get("uid") or "")
+        if not uid:
+            raise Permanent("namespace kube-system has no uid")
+        return uid
+
     def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """One pod as a plain dict, or None when it does not exist."""
         core = self.core()

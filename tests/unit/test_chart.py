@@ -232,3 +232,53 @@ def test_per_profile_metrics_are_off_unless_asked_for_or_the_dashboard_reads_the
     assert profile_metrics() == "false"
     assert profile_metrics("metrics.perProfile=true") == "true"
     assert profile_metrics("dashboard.enabled=true") == "true"
+
+
+def test_fleet_mode_is_off_by_default_and_when_on_gets_its_store_identity_and_kube_system() -> None:
+    def operator(*sets: str) -> tuple[dict[str, Any], dict[str, str]]:
+        docs = rendered(*sets)
+        deploy = next(d for d in docs if d["kind"] == "Deployment")
+        env = deploy["spec"]["template"]["spec"]["containers"][0]["env"]
+        secrets = {
+            e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in env if "valueFrom" in e
+        }
+        role = next(
+            d
+            for d in docs
+            if d["kind"] == "ClusterRole" and not d["metadata"]["name"].endswith("-kopf")
+        )
+        values = {e["name"]: e["value"] for e in env if "value" in e}
+        return {"role": role, "env": values}, secrets
+
+    off, secrets = operator("delivery.credentialsSecret=read-only")
+    assert off["env"]["TUNEFLEET_FLEET"] == "false"
+    assert secrets["AWS_ACCESS_KEY_ID"] == "read-only"
+    kopf = next(
+        d
+        for d in rendered()
+        if d["metadata"]["name"].endswith("-kopf") and d["kind"] == "ClusterRole"
+    )
+    names_kube_system = [
+        r
+        for d in (off["role"], kopf)
+        for r in d["rules"]
+        if r.get("resourceNames") == ["kube-system"]
+    ]
+    assert names_kube_system == []  # off: no read of kube-system
+    on, secrets = operator(
+        "fleet.enabled=true", "fleet.claimSeconds=900", "fleet.credentialsSecret=fleet-writer",
+        "delivery.credentialsSecret=read-only",
+    )  # fmt: skip
+    assert on["env"]["TUNEFLEET_FLEET"] == "true"
+    assert on["env"]["TUNEFLEET_FLEET_CLAIM_SECONDS"] == "900"
+    assert secrets == {"AWS_ACCESS_KEY_ID": "fleet-writer", "AWS_SECRET_ACCESS_KEY": "fleet-writer"}
+    assert on["env"]["TUNEFLEET_DELIVERY_CREDENTIALS_SECRET"] == "read-only"  # still delivers
+    kopf = next(
+        d for d in rendered("fleet.enabled=true")
+        if d["metadata"]["name"].endswith("-kopf") and d["kind"] == "ClusterRole"
+    )  # fmt: skip
+    (rule,) = [r for r in kopf["rules"] if r.get("resourceNames") == ["kube-system"]]
+    assert rule["verbs"] == ["get"] and rule["resources"] == ["namespaces"]
+    # `helm upgrade --reuse-values` from a release without fleet: still renders, off.
+    old, _ = operator("fleet=null")
+    assert old["env"]["TUNEFLEET_FLEET"] == "false"

@@ -150,6 +150,12 @@ async def operator_startup(
     # startup. Events are posted by us, on purpose.
     settings.posting.level = logging.WARNING
     OPERATOR.client.login(pool_size=config.workers + 6)
+    if config.fleet:
+        # Claims and published entries name this cluster (fleet/): learnt once, before any
+        # reconcile could claim under an empty name.
+        uid = await asyncio.to_thread(OPERATOR.client.cluster_uid)
+        config = replace(config, fleet_cluster=uid)
+        logger.info(f"fleet mode: this cluster is {uid} (kube-system's uid)")
     controller = Controller(
         OPERATOR.client,
         config,

@@ -59,6 +59,10 @@ class ProfileMemory:
     retired_at: float = 0.0
     # Why a suspended Job waits (Kueue's Workload), by Job uid: (read at, message).
     queued: dict[str, tuple[float, str]] = field(default_factory=dict)
+    # Fleet mode (fleet/): the claim this profile holds on each GPU model's identity, by model
+    # (its expiry, epoch seconds), and the artifacts it published for the fleet, by SHA-256.
+    claims: dict[str, float] = field(default_factory=dict)
+    published: set[str] = field(default_factory=set)
 
     def queued_of(self, job: dict[str, Any], client: Kube) -> str:
         """Kueue's word on a queued Job, read at most every QUEUED_TTL seconds."""

@@ -32,7 +32,7 @@ from tunefleet.contracts import pin
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.informers.cache import Untrusted
 from tunefleet.kube import Kube
-from tunefleet.reconciler import apply, decide
+from tunefleet.reconciler import apply, decide, fleet
 from tunefleet.reconciler.diagnose import Hints
 from tunefleet.reconciler.memory import NODES_TTL, QUEUED_TTL, Memory, ProfileMemory
 from tunefleet.reconciler.observe import JobObservation, observe, observe_wanting
@@ -40,7 +40,8 @@ from tunefleet.reconciler.state import Sync
 from tunefleet.reconciler.status import Observed, compute_status, with_degraded
 from tunefleet.serving import delivery
 from tunefleet.serving.served import Untuned
-from tunefleet.storage.store import StoreError
+from tunefleet.storage import registry
+from tunefleet.storage.store import Location, Store, StoreError, StoreOptions
 from tunefleet.watched import views
 from tunefleet.watched.views import ProfileRef
 
@@ -345,6 +346,8 @@ def _status(s: Sync, observations: list[JobObservation]) -> TuningProfileStatus:
             capture=capture_status(s.capture.entries),
             coverage=s.capture.coverage,
             pins=pin.read(s.meta.get("annotations")),
+            adopted=s.adopted,
+            waiting=s.waiting,
         ),
         now(),
     )
@@ -454,6 +457,7 @@ class Around:
     captures: capture_step.CaptureSource | None = None
     config_map_uid: Callable[[str, str], str] | None = None
     on_written: Callable[[str, dict[str, Any]], None] = lambda rv, status: None
+    open_store: Callable[[Location, StoreOptions], Store] = registry.open_store
 
 
 def sync_profile(
@@ -481,6 +485,7 @@ def sync_profile(
     s = Sync(
         profile, jobs, pods, config, mine, a.client, unadmitted=unadmitted, on_written=a.on_written,
         captures=a.captures, config_map_uid=a.config_map_uid, untuned_pods=a.untuned_pods,
+        open_store=a.open_store,
     )  # fmt: skip
     with mine.lock:
         try:
@@ -500,13 +505,15 @@ def _steps(s: Sync, memory: Memory, untrusted: list[Untrusted]) -> Outcome:
     if s.acting:
         assert s.spec is not None
         done = [*s.served, *s.rejected]
-        apply.create_missing(
-            s, decide.models_to_tune(s.spec.gpu.models, s.rev, s.jobs, done, s.too_few)
-        )
+        wanted = decide.models_to_tune(s.spec.gpu.models, s.rev, s.jobs, done, s.too_few)
+        # Fleet mode: some adopt another's artifact or wait for its tuning instead (fleet.py).
+        apply.create_missing(s, fleet.to_tune(s, wanted) if s.config.fleet else wanted)
         apply.stop_superseded(s, _superseded(s))
         queue = s.spec.tuning.queue_name
         apply.follow_queue(s, decide.queue_moves(s.jobs, queue, naming.revision(s.spec)))
     observations = _observe(s, mine)
+    if s.acting:
+        fleet.renew(s)
     if s.acting:
         apply.merge(s, decide.merges_due(observations, s.rev, s.jobs))
     apply.tend(s, decide.tend(observations, s.memory.image_ids, s.spec is not None))
@@ -521,12 +528,17 @@ def _steps(s: Sync, memory: Memory, untrusted: list[Untrusted]) -> Outcome:
         _retire_config_maps(s, previous, status)
     _report_delivery(s)
     written = apply.write_status(s, status)
+    if s.acting and s.config.fleet:
+        fleet.settle(s, observations, status.artifacts)
     mine.prune(s.jobs, pods, {u.uid for u in untrusted} | {f.uid for f in s.foreign})
     error: Exception | None = s.create_error
     if s.problems or s.spec is None or s.refused:
         why = s.problems or s.refused
         error = kube.Permanent(truncate("; ".join(why) or "invalid spec"))
-    return Outcome(written, requeue_after(written), error)
+    again = requeue_after(written)
+    if s.fleet_requeue is not None:
+        again = s.fleet_requeue if again is None else min(again, s.fleet_requeue)
+    return Outcome(written, again, error)
 
 
 def _superseded(s: Sync) -> list[apply.Superseded]:

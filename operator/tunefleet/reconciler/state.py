@@ -17,6 +17,8 @@ from tunefleet.kube import Kube
 from tunefleet.reconciler.memory import ProfileMemory
 from tunefleet.serving import delivery
 from tunefleet.serving.served import Untuned
+from tunefleet.storage import registry
+from tunefleet.storage.store import Location, Store, StoreOptions
 
 # An Event about the profile, (type, reason, message): every step's are posted in one place,
 # after the status write (children, then status, then Events).
@@ -53,6 +55,14 @@ class Sync:
     # What delivery found this pass: ConfigMaps made again, foreign objects in the way.
     remade: list[str] = field(default_factory=list)
     foreign: list[delivery.Foreign] = field(default_factory=list)
+    # Fleet mode (reconciler/fleet.py): artifacts adopted this pass, by model; models waiting
+    # for another's tuning, with who; how soon to look again for the fleet's sake (None: no need).
+    # How the fleet step opens the profile's store (storage/registry.open_store; a test's
+    # directory store under an s3:// URI).
+    open_store: Callable[[Location, StoreOptions], Store] = registry.open_store
+    adopted: dict[str, ArtifactRecord] = field(default_factory=dict)
+    waiting: dict[str, str] = field(default_factory=dict)
+    fleet_requeue: float | None = None
     events: list[Event] = field(default_factory=list)  # posted once, at the end (_post_events)
 
     @property

@@ -48,6 +48,10 @@ class Observed:
     coverage: str = ""
     # The profile's pins (contracts/pin.py), by GPU model.
     pins: dict[str, Pin] = field(default_factory=dict)
+    # Fleet mode (fleet/): artifacts adopted this pass, verified, by GPU model; and the models
+    # that wait for another profile or cluster tuning their identity, with who and until when.
+    adopted: dict[str, ArtifactRecord] = field(default_factory=dict)
+    waiting: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -162,6 +166,8 @@ def _artifacts(p: _Picture) -> tuple[list[ArtifactRecord], list[ArtifactRecord]]
             fresh = job.record.for_job(
                 gpu_model=model, revision=job.revision, job=job.name, image_id=job.image_id
             )
+        elif model in p.obs.adopted:
+            fresh = p.obs.adopted[model]
         choice = promotion.choose(
             model,
             promotion.Had(fresh, previous.get(model), history),
@@ -221,6 +227,8 @@ def _progressing_condition(p: _Picture) -> Condition:
     if blocked:
         message = f"{len(blocked)} of {n} tuning Jobs {_wait_words(blocked)}. {_joined(blocked)}"
         return p.cond(Type.PROGRESSING, True, Reason(blocked[0].reason), message)
+    if _waiting(p):
+        return p.cond(Type.PROGRESSING, True, Reason.TUNED_ELSEWHERE, _waiting_words(p))
     retrying = _retrying(p)
     if retrying:
         message = " | ".join(attempt_message(j) for j in retrying)
@@ -309,6 +317,8 @@ def _ready_condition(p: _Picture) -> Condition:
         words = _wait_words(p.blocked)
         message = f"{missing}: {len(p.blocked)} tuning Job(s) {words}. {_joined(p.blocked)}"
         return p.cond(Type.READY, False, Reason(p.blocked[0].reason), message)
+    if _waiting(p):
+        return p.cond(Type.READY, False, Reason.TUNED_ELSEWHERE, f"{missing}: {_waiting_words(p)}")
     message = f"Waiting for tuning Jobs of {p.unserved} to publish."
     retrying = _retrying(p)
     if retrying:
@@ -324,9 +334,24 @@ def _phase(p: _Picture) -> Phase:
     if len(p.up_to_date) == len(p.models):
         return Phase.READY
     running = any(p.current.get(m) and p.current[m].state == "Running" for m in p.models)
+    if _waiting(p) and not running and not p.blocked:
+        return Phase.QUEUED
     if _queued_only(p.blocked):
         return Phase.TUNING if running else Phase.QUEUED
     return Phase.TUNING if running and not p.blocked else Phase.PENDING
+
+
+def _waiting(p: _Picture) -> list[str]:
+    """Models with no Job of their own that wait for another profile or cluster's tuning."""
+    return [m for m in p.models if m in p.obs.waiting and m not in p.artifacts]
+
+
+def _waiting_words(p: _Picture) -> str:
+    return (
+        " | ".join(f"{m}: {p.obs.waiting[m]}" for m in _waiting(p))
+        + ". Its artifact is adopted here when it is published (docs/fleet.md); "
+        "spec.tuning.adopt: Never tunes this profile's own instead."
+    )
 
 
 def _job_lines(p: _Picture) -> list[JobLine]:
@@ -398,7 +423,21 @@ def _summary(artifacts: list[ArtifactRecord], models: list[str]) -> Summary:
         kinds=",".join(sorted({"+".join(a.kinds) for a in current})),
         last_tuned_at=max(tuned) if tuned else None,
         gain=gain_column(current) or None,
+        source=source_column(current) or None,
     )
+
+
+def source_column(current: list[ArtifactRecord]) -> str:
+    """The SOURCE printer column: where each adopted artifact was tuned (cluster uid's first 8
+    characters, the profile); "" when every artifact is this profile's own."""
+    shown = [
+        f"{a.gpu_model}: {a.source_cluster[:8]} {a.source_profile}".strip()
+        if len(current) > 1
+        else f"{a.source_cluster[:8]} {a.source_profile}".strip()
+        for a in current
+        if a.adopted
+    ]
+    return ", ".join(shown)
 
 
 def gain_column(current: list[ArtifactRecord]) -> str:

@@ -1,0 +1,232 @@
+"""The reconcile's fleet step (docs/fleet.md), in fleet mode only: before a GPU model gets a
+tuning Job, adopt the identity's published artifact, or claim the identity (tune) or wait for
+its holder; while the Job runs, renew the claim; once the profile serves its own artifact,
+publish it for the fleet and release the claim.
+
+What it reads and writes is the profile's own store (spec.storage), with the operator's store
+identity; it writes no API object. A model is left to tune as before (no adoption, no claim)
+where fleet mode cannot apply: spec.tuning.adopt Never, an image not pinned by digest, a retune
+of captured misses (its shapes are this profile's), or a store that cannot coordinate (oci://).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from tunefleet import naming
+from tunefleet.api.conditions import EventReason, truncate
+from tunefleet.contracts import fleet as contract
+from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.fleet import adopt, claims
+from tunefleet.reconciler.observe import JobObservation
+from tunefleet.reconciler.state import Sync
+from tunefleet.serving import delivery
+from tunefleet.storage.registry import parse_uri
+from tunefleet.storage.store import (
+    Location,
+    Store,
+    StoreError,
+    StoreOptions,
+    Swappable,
+    swappable,
+)
+
+log = logging.getLogger(__name__)
+
+WAIT_POLL_S = 15.0  # how soon a waiting profile reads the claim and the entry again
+
+
+@dataclass(frozen=True)
+class _Where:
+    identity: str
+    store: Store
+    swap: Swappable  # the same store, as it coordinates
+    location: Location
+    options: StoreOptions
+    holder: contract.Holder
+
+
+def _where(s: Sync, model: str, publishing: bool = False) -> _Where | None:
+    """Where the fleet's objects for this model's identity are, or None when fleet mode does
+    not apply to it (a profile with adopt: Never still publishes what it tuned)."""
+    spec, config = s.spec, s.config
+    if not config.fleet or not config.fleet_cluster or spec is None:
+        return None
+    if (spec.tuning.adopt == "Never" and not publishing) or s.rev(model) != naming.revision(spec):
+        return None
+    identity = naming.fleet_identity(spec, model)
+    if identity is None:
+        return None
+    storage = spec.storage
+    options = delivery.store_options(
+        storage.endpoint or config.default_s3_endpoint, storage.region or "", config
+    )
+    try:
+        location = parse_uri(storage.uri)
+        # s3:// only: the operator reaches no PersistentVolumeClaim, and oci:// cannot swap.
+        store = s.open_store(location, options) if location.scheme == "s3" else None
+    except (ValueError, StoreError):
+        return None
+    if store is None:
+        return None
+    swap = swappable(store)
+    if swap is None:
+        return None
+    m = s.meta
+    holder = contract.Holder(config.fleet_cluster, m["namespace"], m["name"], m["uid"])
+    return _Where(identity, store, swap, location, options, holder)
+
+
+def to_tune(s: Sync, wanted: list[str]) -> list[str]:
+    """Of the models that need a tuning Job (decide.models_to_tune), those this profile tunes
+    itself; the others are adopted (s.adopted) or wait (s.waiting) this pass."""
+    out = []
+    for model in wanted:
+        where = _where(s, model)
+        if where is None:
+            out.append(model)
+        elif _adopt(s, model, where) or not _claim(s, model, where):
+            continue
+        else:
+            out.append(model)
+    return out
+
+
+def _adopt(s: Sync, model: str, w: _Where) -> bool:
+    """Adopt the identity's published artifact when there is one and it checks out."""
+    assert s.spec is not None
+    key = contract.published_key(w.location, model, w.identity)
+    try:
+        entry = adopt.read(w.store, key, w.identity, model)
+        if entry is None:
+            return False
+        adopt.verify(entry, s.spec, s.config.stand_in_models, w.store)
+    except adopt.NotAdoptable as e:
+        s.events.append(
+            ("Warning", EventReason.NOT_ADOPTED, truncate(f"{model}: not adopted: {e}; this "
+             "profile tunes its own"))
+        )  # fmt: skip
+        return False
+    except StoreError as e:
+        s.waiting[model] = truncate(
+            f"the fleet's entry could not be read ({e}); reading again", 500
+        )
+        _again(s, WAIT_POLL_S)
+        return True
+    record = adopt.adopted(entry, s.rev(model), _iso(time.time()))
+    s.adopted[model] = record
+    s.events.append(
+        ("Normal", EventReason.ADOPTED, truncate(
+            f"{model}: adopted artifact {record.sha256[:12]}, tuned by "
+            f"{entry.holder.describe()} at {record.tuned_at or entry.published_at}, after "
+            "checking its SHA-256s, manifest, image digest and fit; no tuning Job"))
+    )  # fmt: skip
+    return True
+
+
+def _claim(s: Sync, model: str, w: _Where) -> bool:
+    """Claim the identity: True when this profile holds it (and tunes)."""
+    now = time.time()
+    ttl = s.config.fleet_claim_seconds
+    key = contract.claim_key(w.location, model, w.identity)
+    try:
+        standing = claims.claim(w.swap, key, w.identity, w.holder, now, ttl)
+    except StoreError as e:
+        s.waiting[model] = truncate(
+            f"the fleet's claim could not be taken ({e}); trying again", 500
+        )
+        _again(s, WAIT_POLL_S)
+        return False
+    if standing.held:
+        s.memory.claims[model] = standing.claim.expires
+        _again(s, ttl / 2)
+        return True
+    s.waiting[model] = standing.waiting_words(now)
+    _again(s, min(WAIT_POLL_S, max(1.0, standing.claim.expires - now)))
+    return False
+
+
+def renew(s: Sync) -> None:
+    """Renew each claim this profile holds past half its time (its Job runs: `settle` drops
+    the claims of Jobs that ended)."""
+    now = time.time()
+    ttl = s.config.fleet_claim_seconds
+    for model, expires in list(s.memory.claims.items()):
+        if expires - now >= ttl / 2:
+            _again(s, expires - now - ttl / 2)
+            continue
+        where = _where(s, model)
+        if where is None:
+            s.memory.claims.pop(model, None)
+            continue
+        key = contract.claim_key(where.location, model, where.identity)
+        try:
+            standing = claims.claim(where.swap, key, where.identity, where.holder, now, ttl)
+        except StoreError as e:
+            log.warning(f"{_name(s)} {model}: renewing the fleet's claim: {e}")
+            _again(s, WAIT_POLL_S)
+            continue
+        if not standing.held:
+            # Expired before we renewed it (this replica stalled): both tune now, and the
+            # first to publish is the identity's entry.
+            log.warning(
+                f"{_name(s)} {model}: the fleet's claim was taken over by "
+                f"{standing.claim.holder.describe()} while our Job runs"
+            )
+            s.memory.claims.pop(model, None)
+            continue
+        s.memory.claims[model] = standing.claim.expires
+        _again(s, ttl / 2)
+
+
+def settle(s: Sync, observations: list[JobObservation], served: list[ArtifactRecord]) -> None:
+    """After the status write: publish each artifact this profile tuned and serves (never an
+    adopted one) for the fleet, once (the first of an identity stays, whoever wrote it); then
+    release the claims of models whose Job ended, so that a waiting profile adopts (or, when
+    the Job failed, takes over) at once instead of after the expiry."""
+    for record in served:
+        if record.adopted or not record.job or record.sha256 in s.memory.published:
+            continue
+        where = _where(s, record.gpu_model, publishing=True)
+        if where is None:
+            continue
+        key = contract.published_key(where.location, record.gpu_model, where.identity)
+        entry = adopt.entry_for(record, where.identity, where.holder, _iso(time.time()))
+        try:
+            if adopt.publish(where.swap, key, entry):
+                s.events.append(
+                    ("Normal", EventReason.PUBLISHED, truncate(
+                        f"{record.gpu_model}: artifact {record.sha256[:12]} published for the "
+                        "profiles and clusters that share this store and tune the same identity"))
+                )  # fmt: skip
+        except StoreError as e:
+            log.warning(f"{_name(s)} {record.gpu_model}: publishing for the fleet: {e}")
+            _again(s, WAIT_POLL_S)
+            continue
+        s.memory.published.add(record.sha256)
+    running = {o.model for o in observations if o.state in ("Pending", "Running")}
+    for model in [m for m in s.memory.claims if m not in running]:
+        where = _where(s, model)
+        if where is not None:
+            key = contract.claim_key(where.location, model, where.identity)
+            try:
+                claims.release(where.swap, key, where.identity, where.holder, time.time())
+            except StoreError as e:
+                log.warning(f"{_name(s)} {model}: releasing the fleet's claim: {e}")
+                _again(s, WAIT_POLL_S)
+                continue
+        s.memory.claims.pop(model, None)
+
+
+def _name(s: Sync) -> str:
+    return f"TuningProfile {s.meta['namespace']}/{s.meta['name']}"
+
+
+def _again(s: Sync, after: float) -> None:
+    s.fleet_requeue = after if s.fleet_requeue is None else min(s.fleet_requeue, after)
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))

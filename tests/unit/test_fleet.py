@@ -1,0 +1,409 @@
+"""Fleet mode (fleet/, docs/fleet.md): the store's conditional writes, claims, published entries,
+and sync_profile adopting, waiting, tuning and publishing across profiles and clusters that
+share one store. The store is a real directory store standing where the profiles' s3:// bucket
+is (the same keys, create-if-absent and compare-and-swap semantics); the API is FakeKube."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.artifacts import tuner_output
+from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
+from tests.support.wrappers import make_profile
+from tunefleet import naming
+from tunefleet.artifacts.publish import upload_artifact
+from tunefleet.config import Config
+from tunefleet.contracts import fleet as contract
+from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.fleet import claims
+from tunefleet.fleet.claims import Step
+from tunefleet.reconciler.memory import Memory
+from tunefleet.reconciler.reconcile import Around, sync_profile
+from tunefleet.storage.filesystem import DirStore
+from tunefleet.storage.registry import parse_uri
+from tunefleet.storage.store import Location, Store, StoreOptions, swappable
+from tunefleet.watched.views import profile_view
+from tuner_job.manifest import ImageRef
+
+MODEL = "AMD_Instinct_MI300X_OAM"
+DIGEST = "sha256:" + "a" * 64
+IMAGE = f"registry.example.com/serve@{DIGEST}"
+CLUSTER_A = "11111111-aaaa-4aaa-8aaa-111111111111"
+CLUSTER_B = "22222222-bbbb-4bbb-8bbb-222222222222"
+FLEET_A = Config(image="tunefleet:1", fleet=True, fleet_cluster=CLUSTER_A)
+FLEET_B = replace(FLEET_A, fleet_cluster=CLUSTER_B)
+BASE = (
+    make_profile("p", "ml").uid("uid-p").generation(1)
+    .image(IMAGE).gpu("amd", MODEL).storage("s3://bkt/fleet")
+)  # fmt: skip
+LOCATION = parse_uri("s3://bkt/fleet")
+
+
+def dir_store(tmp_path: Path, loc: Location = LOCATION) -> DirStore:
+    return DirStore(loc, tmp_path / loc.bucket)
+
+
+def opener(tmp_path: Path) -> Any:
+    """The bucket as a directory: what the fleet step opens instead of S3."""
+
+    def open_store(location: Location, options: StoreOptions) -> Store:
+        return dir_store(tmp_path, location)
+
+    return open_store
+
+
+def sync(
+    p: dict[str, Any], tmp_path: Path, config: Config, memory: Memory, jobs: Any = ()
+) -> tuple[dict[str, Any], FakeKube]:
+    api = FakeKube(writers=RECONCILE_WRITERS)
+    out = sync_profile(p, list(jobs), [], config, memory, Around(api, open_store=opener(tmp_path)))
+    return out.status, api
+
+
+def identity(p: dict[str, Any], model: str = MODEL) -> str:
+    found = naming.fleet_identity(make_profile().spec_is(p["spec"]).spec_model(), model)
+    assert found is not None
+    return found
+
+
+def claim_of(tmp_path: Path, p: dict[str, Any]) -> contract.Claim | None:
+    store = dir_store(tmp_path)
+    key = contract.claim_key(LOCATION, MODEL, identity(p))
+    return contract.Claim.from_bytes(store.get(key, 1 << 14), identity(p))
+
+
+def served_by_p(tmp_path: Path, p: dict[str, Any], image: str = IMAGE) -> dict[str, Any]:
+    """p's status once its tuning Job published: the artifact uploaded to the bucket, and
+    served (the record its Job reported, as the operator keeps it)."""
+    manifest = tuner_output(
+        tmp_path / "out", gpu_model=MODEL, image=ImageRef(reference=image, id="")
+    )
+    results = (tmp_path / "out" / "results.csv").read_bytes()
+    pub = upload_artifact(dir_store(tmp_path), LOCATION, results, manifest)
+    record = ArtifactRecord.from_manifest(
+        pub.manifest, uri=pub.uri, manifest_sha256=pub.manifest_sha256
+    ).for_job(gpu_model=MODEL, revision=p["status"]["revision"], job="tune-p-1", image_id="")
+    return {**p, "status": {**p["status"], "artifacts": [record.to_status()]}}
+
+
+# --- the store's conditional writes ---------------------------------------------------------
+
+
+def test_create_is_won_by_exactly_one_of_many_writers_at_once(tmp_path: Path) -> None:
+    store = dir_store(tmp_path)
+    wins: list[int] = []
+    barrier = threading.Barrier(8)
+
+    def write(i: int) -> None:
+        barrier.wait()
+        if store.create("fleet/k/claim.json", f"{i}".encode(), "text/plain"):
+            wins.append(i)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(wins) == 1
+    assert store.get("fleet/k/claim.json", 10) == f"{wins[0]}".encode()
+
+
+def test_replace_if_takes_only_the_version_read(tmp_path: Path) -> None:
+    store = dir_store(tmp_path)
+    assert store.create("k", b"one", "text/plain")
+    first = store.read_tagged("k", 10)
+    assert store.replace_if("k", b"two", "text/plain", first.tag)
+    assert not store.replace_if("k", b"three", "text/plain", first.tag)  # stale version
+    assert store.get("k", 10) == b"two"
+    assert not store.replace_if("gone", b"x", "text/plain", first.tag)  # nothing there
+    assert not store.create("k", b"four", "text/plain")
+    assert [o.key for o in store.list("", 10)] == ["k"]  # the lock file is not an object
+
+
+def test_only_stores_that_can_swap_are_used_for_claims(tmp_path: Path) -> None:
+    assert swappable(dir_store(tmp_path)) is not None
+
+    class ReadOnly:
+        def get(self, key: str, max_bytes: int) -> bytes:
+            return b""
+
+    assert swappable(ReadOnly()) is None  # type: ignore[arg-type]
+
+
+# --- claims ---------------------------------------------------------------------------------
+
+ME = contract.Holder(CLUSTER_A, "ml", "p", "uid-p")
+THEM = contract.Holder(CLUSTER_B, "serve", "llama", "uid-q")
+IDENT = "c" * 64
+
+
+@pytest.mark.parametrize(
+    ("found", "unreadable", "now", "want"),
+    [
+        (None, False, 100.0, Step.TAKE),
+        (None, True, 100.0, Step.TAKE_OVER),  # garbage is never obeyed
+        (contract.Claim(IDENT, ME, 0, 700), False, 100.0, Step.HOLD),
+        (contract.Claim(IDENT, ME, 0, 350), False, 100.0, Step.RENEW),  # past half its time
+        (contract.Claim(IDENT, THEM, 0, 700), False, 100.0, Step.WAIT),
+        (contract.Claim(IDENT, THEM, 0, 100), False, 100.0, Step.TAKE_OVER),  # expired
+        # The same profile name made again is another holder: its uid differs.
+        (contract.Claim(IDENT, replace(ME, uid="uid-p2"), 0, 700), False, 100.0, Step.WAIT),
+    ],
+)
+def test_what_a_profile_does_about_the_claim_it_finds(
+    found: contract.Claim | None, unreadable: bool, now: float, want: Step
+) -> None:
+    assert claims.step(found, unreadable, ME, now, 600.0) is want
+
+
+def test_a_claim_is_taken_held_renewed_waited_on_and_taken_over_after_expiry(
+    tmp_path: Path,
+) -> None:
+    store = dir_store(tmp_path)
+    key = "fleet/_fleet/M/" + IDENT + "/claim.json"
+    taken = claims.claim(store, key, IDENT, ME, 1000.0, 600.0)
+    assert taken.held and taken.claim.expires == 1600.0
+    assert claims.claim(store, key, IDENT, ME, 1100.0, 600.0).claim.expires == 1600.0  # held
+    renewed = claims.claim(store, key, IDENT, ME, 1400.0, 600.0)
+    assert renewed.held and renewed.claim.expires == 2000.0 and renewed.claim.taken == 1000.0
+    waiting = claims.claim(store, key, IDENT, THEM, 1500.0, 600.0)
+    assert not waiting.held and waiting.claim.holder == ME
+    assert "ml/p in cluster " + CLUSTER_A in waiting.waiting_words(1500.0)
+    over = claims.claim(store, key, IDENT, THEM, 2000.0, 600.0)  # ME died: expired
+    assert over.held and over.claim.holder == THEM
+    assert not claims.claim(store, key, IDENT, ME, 2001.0, 600.0).held  # ME is back: waits
+
+
+def test_a_released_claim_is_taken_at_once_and_only_its_holder_releases_it(
+    tmp_path: Path,
+) -> None:
+    store = dir_store(tmp_path)
+    key = "k/claim.json"
+    claims.claim(store, key, IDENT, ME, 1000.0, 600.0)
+    assert not claims.release(store, key, IDENT, THEM, 1010.0)  # not theirs to release
+    assert claims.release(store, key, IDENT, ME, 1010.0)
+    assert claims.claim(store, key, IDENT, THEM, 1011.0, 600.0).held
+
+
+def test_of_many_profiles_claiming_at_once_exactly_one_holds(tmp_path: Path) -> None:
+    store = dir_store(tmp_path)
+    holders = [replace(THEM, uid=f"uid-{i}") for i in range(6)]
+    held: list[contract.Holder] = []
+    barrier = threading.Barrier(len(holders))
+
+    def go(h: contract.Holder) -> None:
+        barrier.wait()
+        if claims.claim(store, "k/claim.json", IDENT, h, 1000.0, 600.0).held:
+            held.append(h)
+
+    threads = [threading.Thread(target=go, args=(h,)) for h in holders]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(held) == 1
+
+
+def test_forged_claims_and_entries_are_not_taken_for_what_they_say(tmp_path: Path) -> None:
+    good = contract.Claim(IDENT, ME, 1.0, 2.0).to_bytes()
+    assert contract.Claim.from_bytes(good, IDENT) == contract.Claim(IDENT, ME, 1.0, 2.0)
+    assert contract.Claim.from_bytes(good, "d" * 64) is None  # another identity's
+    doc = json.loads(good)
+    for bad in (
+        {**doc, "expires": "never"},
+        {**doc, "expires": True},
+        {**doc, "holder": {**doc["holder"], "namespace": "Not A Name"}},
+        {**doc, "version": 2},
+    ):
+        assert contract.Claim.from_bytes(json.dumps(bad).encode(), IDENT) is None
+    assert contract.Claim.from_bytes(b"\xff not json", IDENT) is None
+    with pytest.raises(ValueError, match="fleet identity"):
+        contract.claim_key(LOCATION, MODEL, "../../escape")
+
+
+# --- identities -----------------------------------------------------------------------------
+
+
+def test_the_fleet_identity_is_the_image_digest_and_what_shapes_tuning() -> None:
+    spec = BASE.spec_model()
+    ident = naming.fleet_identity(spec, MODEL)
+    assert ident is not None and len(ident) == 64
+    mirror = BASE.image(f"mirror.example.org/team/serve@{DIGEST}").spec_model()
+    assert naming.fleet_identity(mirror, MODEL) == ident  # the same image, another name
+    assert naming.fleet_identity(spec, "AMD_Instinct_MI325X_OAM") != ident
+    other = BASE.image("registry.example.com/serve@sha256:" + "b" * 64).spec_model()
+    assert naming.fleet_identity(other, MODEL) != ident
+    assert naming.fleet_identity(BASE.shapes((16, 16, 16)).spec_model(), MODEL) != ident
+    assert (
+        naming.fleet_identity(BASE.image("registry.example.com/serve:1").spec_model(), MODEL)
+        is None
+    )
+    # adopt: Never neither retunes nor changes the identity: it only stops adopting.
+    never = BASE.tuning(adopt="Never").spec_model()
+    assert naming.fleet_identity(never, MODEL) == ident
+    assert naming.revision(never) == naming.revision(spec)
+
+
+# --- sync_profile in fleet mode -------------------------------------------------------------
+
+
+def test_two_profiles_of_one_identity_make_one_job_the_other_waits_then_adopts(
+    tmp_path: Path,
+) -> None:
+    p = profile_view(BASE.obj())
+    q = profile_view(BASE.name("q").namespace("serve").uid("uid-q").obj())
+    mem_p, mem_q = Memory(), Memory()
+    status_p, api_p = sync(p, tmp_path, FLEET_A, mem_p)
+    assert [k for k, _ in api_p.created if k == "Job"] == ["Job"]
+    held = claim_of(tmp_path, p)
+    assert held is not None and held.holder.profile == "p"
+
+    status_q, api_q = sync(q, tmp_path, FLEET_B, mem_q)  # another cluster, same identity
+    assert [k for k, _ in api_q.created if k == "Job"] == []
+    assert status_q["phase"] == "Queued"
+    ready = next(c for c in status_q["conditions"] if c["type"] == "Ready")
+    assert (
+        ready["reason"] == "TunedElsewhere" and f"ml/p in cluster {CLUSTER_A}" in ready["message"]
+    )
+
+    # p's Job published and p serves the artifact: it is published for the fleet, and p's
+    # claim released.
+    p_done = served_by_p(tmp_path, {**p, "status": status_p})
+    _, api_p = sync(p_done, tmp_path, FLEET_A, mem_p)
+    assert any(r == "ArtifactPublishedForFleet" for r, _ in api_p.events)
+    released = claim_of(tmp_path, p)
+    assert released is not None and released.expires <= time.time()
+
+    status_q, api_q = sync({**q, "status": status_q}, tmp_path, FLEET_B, mem_q)
+    assert [k for k, _ in api_q.created if k == "Job"] == []
+    assert status_q["phase"] == "Ready"
+    art = status_q["artifacts"][0]
+    assert art["sha256"] == p_done["status"]["artifacts"][0]["sha256"]
+    assert art["source"]["cluster"] == CLUSTER_A and art["source"]["profile"] == "ml/p"
+    assert art["job"] == "" and art["revision"] == status_q["revision"]
+    assert status_q["source"] == f"{CLUSTER_A[:8]} ml/p"
+    assert any(r == "ArtifactAdopted" for r, _ in api_q.events)
+    # Settled: q reads nothing more and writes nothing more.
+    again, api_q = sync({**q, "status": status_q}, tmp_path, FLEET_B, mem_q)
+    assert api_q.created == [] and api_q.patches == [] and again == status_q
+
+
+def test_an_entry_whose_artifact_does_not_check_is_not_adopted_and_the_profile_tunes(
+    tmp_path: Path,
+) -> None:
+    p = profile_view(BASE.obj())
+    q = profile_view(BASE.name("q").uid("uid-q").obj())
+    mem_p = Memory()
+    status_p, _ = sync(p, tmp_path, FLEET_A, mem_p)
+    p_done = served_by_p(tmp_path, {**p, "status": status_p})
+    sync(p_done, tmp_path, FLEET_A, mem_p)  # published, released
+    record = ArtifactRecord.from_status(p_done["status"]["artifacts"][0])
+    assert record is not None
+    results = next((tmp_path / "bkt").rglob("results.csv"))
+    results.chmod(0o644)
+    results.write_bytes(results.read_bytes().replace(b"Default", b"Gemm_Rocblas_1", 1))
+
+    status_q, api_q = sync(q, tmp_path, FLEET_A, Memory())
+    assert "artifacts" not in status_q or not status_q["artifacts"]
+    warned = [m for r, m in api_q.events if r == "ArtifactNotAdopted"]
+    assert warned and "does not check" in warned[0]
+    assert [k for k, _ in api_q.created if k == "Job"] == ["Job"]  # tunes its own
+
+
+def test_an_entry_from_another_image_or_outside_the_store_is_not_adopted(tmp_path: Path) -> None:
+    p = profile_view(BASE.obj())
+    q = profile_view(BASE.name("q").uid("uid-q").obj())
+    status_p, _ = sync(p, tmp_path, FLEET_A, Memory())
+    # Tuned in another image than the one the entry's identity names (a forged entry).
+    p_done = served_by_p(
+        tmp_path, {**p, "status": status_p}, image="registry.example.com/serve@sha256:" + "b" * 64
+    )
+    record = ArtifactRecord.from_status(p_done["status"]["artifacts"][0])
+    assert record is not None
+    store = dir_store(tmp_path)
+    key = contract.published_key(LOCATION, MODEL, identity(p))
+    entry = contract.Published(identity(p), MODEL, record, ME, "2026-12-05T00:00:00Z")
+    assert store.create(key, entry.to_bytes(), "application/json")
+    _, api_q = sync(q, tmp_path, FLEET_A, Memory())
+    assert any(
+        "not in this profile's image" in m for r, m in api_q.events if r == "ArtifactNotAdopted"
+    )
+
+    elsewhere = replace(record, uri=record.uri.replace("s3://bkt/fleet/", "s3://bkt/other/"))
+    forged = contract.Published(identity(p), MODEL, elsewhere, ME, "2026-12-05T00:00:00Z")
+    (tmp_path / "bkt" / key).chmod(0o644)
+    (tmp_path / "bkt" / key).write_bytes(forged.to_bytes())
+    _, api_q = sync(q, tmp_path, FLEET_A, Memory())
+    assert any(
+        "outside this profile's store" in m for r, m in api_q.events if r == "ArtifactNotAdopted"
+    )
+
+
+def test_another_image_digest_tunes_its_own_while_the_first_is_claimed(tmp_path: Path) -> None:
+    p = profile_view(BASE.obj())
+    other = BASE.name("q").uid("uid-q").image("registry.example.com/serve@sha256:" + "b" * 64)
+    sync(p, tmp_path, FLEET_A, Memory())
+    status_q, api_q = sync(profile_view(other.obj()), tmp_path, FLEET_B, Memory())
+    assert [k for k, _ in api_q.created if k == "Job"] == ["Job"]
+    assert status_q["phase"] != "Queued"
+
+
+@pytest.mark.parametrize(
+    "q",
+    [
+        BASE.name("q").uid("uid-q").tuning(adopt="Never"),
+        BASE.name("q").uid("uid-q").image("registry.example.com/serve:1"),
+    ],
+    ids=["adopt-never", "image-by-tag"],
+)
+def test_profiles_fleet_mode_does_not_apply_to_tune_as_before(tmp_path: Path, q: Any) -> None:
+    p = profile_view(BASE.obj())
+    sync(p, tmp_path, FLEET_A, Memory())
+    _, api_q = sync(profile_view(q.obj()), tmp_path, FLEET_A, Memory())
+    assert [k for k, _ in api_q.created if k == "Job"] == ["Job"]
+
+
+def test_a_dead_holders_claim_is_taken_over_after_it_expires(tmp_path: Path) -> None:
+    p = profile_view(BASE.obj())
+    q = profile_view(BASE.name("q").uid("uid-q").obj())
+    store = dir_store(tmp_path)
+    key = contract.claim_key(LOCATION, MODEL, identity(p))
+    dead = contract.Holder(CLUSTER_B, "ml", "p", "uid-gone")
+    now = time.time()
+    store.create(key, contract.Claim(identity(p), dead, now - 700, now + 60).to_bytes(), "")
+    status_q, api_q = sync(q, tmp_path, FLEET_A, Memory())
+    assert status_q["phase"] == "Queued" and api_q.created == []
+    tagged = store.read_tagged(key, 1 << 14)
+    expired = contract.Claim(identity(p), dead, now - 700, time.time() - 1)
+    assert store.replace_if(key, expired.to_bytes(), "", tagged.tag)
+    _, api_q = sync({**q, "status": status_q}, tmp_path, FLEET_A, Memory())
+    assert [k for k, _ in api_q.created if k == "Job"] == ["Job"]
+    taken = claim_of(tmp_path, q)
+    assert taken is not None and taken.holder.profile == "q"
+
+
+def test_a_profile_that_never_adopts_still_publishes_what_it_tuned(tmp_path: Path) -> None:
+    never = profile_view(BASE.tuning(adopt="Never").obj())
+    memory = Memory()
+    status, _ = sync(never, tmp_path, FLEET_A, memory)
+    assert not list(tmp_path.rglob("claim.json"))  # it tunes without claiming
+    done = served_by_p(tmp_path, {**never, "status": status})
+    _, api = sync(done, tmp_path, FLEET_A, memory)
+    assert any(r == "ArtifactPublishedForFleet" for r, _ in api.events)
+    q = profile_view(BASE.name("q").uid("uid-q").obj())
+    status_q, _ = sync(q, tmp_path, FLEET_B, Memory())
+    assert status_q["phase"] == "Ready" and status_q["artifacts"][0]["source"]["profile"] == "ml/p"
+
+
+def test_fleet_mode_off_reads_and_writes_nothing_in_the_store(tmp_path: Path) -> None:
+    p = profile_view(BASE.obj())
+    _, api = sync(p, tmp_path, replace(FLEET_A, fleet=False), Memory())
+    assert [k for k, _ in api.created if k == "Job"] == ["Job"]
+    assert not (tmp_path / "bkt").exists()
