@@ -330,6 +330,21 @@ build_all() {
 
 node_up() { alive containerd && [[ -S "$CONTAINERD_SOCK" ]]; }
 
+# The image also by its manifest digest (<repository>@sha256:...), as a pull from a registry
+# leaves it: pods that pin an image by digest (fleet mode, docs/fleet.md) start from it with
+# imagePullPolicy Never. The digest is kept beside the marker for the tests to read
+# (testbed/cluster.py pinned_image).
+pin_digest() { # image digest-file
+  local ctr digest
+  ctr="$("$repo/hack/build-tools.sh" --containerd | tail -n1)/ctr"
+  digest="$("$ctr" --address "$CONTAINERD_SOCK" -n k8s.io images ls "name==$1" 2>/dev/null |
+    awk 'NR > 1 {print $3; exit}')"
+  [[ "$digest" == sha256:* ]] || die "no digest for $1 in the node's containerd"
+  "$ctr" --address "$CONTAINERD_SOCK" -n k8s.io images tag --force "$1" "${1%:*}@$digest" \
+    >/dev/null 2>"$NODE/images/import.err" || { cat "$NODE/images/import.err" >&2; die "tagging $1 by digest failed"; }
+  echo "$1 ${1%:*}@$digest" >"$2"
+}
+
 import_all() {
   local entry name image key archive marker imported=() missing=()
   mkdir -p "$NODE/images"
@@ -340,7 +355,11 @@ import_all() {
     marker="$NODE/images/$name"
     if [[ ! -s "$archive" ]]; then missing+=("$image"); continue; fi
     # Imported already (containerd's content goes with the state dir, and so does the marker).
-    [[ "$(cat "$marker" 2>/dev/null)" == "$key" ]] && continue
+    if [[ "$(cat "$marker" 2>/dev/null)" == "$key" ]]; then
+      [[ "$(cut -d' ' -f1 "$marker.digest" 2>/dev/null)" == "$image" ]] ||
+        pin_digest "$image" "$marker.digest"
+      continue
+    fi
     # ctr 2 warns on every call about this machine's cgroup v1: shown only if the import fails.
     # The layers' blobs go once unpacked (the node runs from the snapshots, and never pushes):
     # a second copy of the torch and vLLM images would cost ~12 GB of this machine's disk.
@@ -351,6 +370,7 @@ import_all() {
       die "ctr images import $archive failed"
     fi
     echo "$key" >"$marker"
+    pin_digest "$image" "$marker.digest"
     imported+=("$image")
   done
   [[ ${#imported[@]} -eq 0 ]] || log "imported into the real node: ${imported[*]}"

@@ -137,6 +137,16 @@ def ensure_images(timeout: float = 1800) -> list[str]:
     return [TUNEFLEET_IMAGE, STANDIN_IMAGE, STANDIN_NOGPU_IMAGE]
 
 
+def pinned_image(image: str) -> str:
+    """`image` by its manifest digest on the real node (<repository>@sha256:...), as a pull
+    from a registry leaves it: hack/images.sh tags each image it imports so, and notes it."""
+    for marker in (state_dir() / "node" / "images").glob("*.digest"):
+        name, _, ref = marker.read_text().strip().partition(" ")
+        if name == image and "@sha256:" in ref:
+            return ref
+    raise RuntimeError(f"{image} is not on the real node by digest (hack/images.sh imports it)")
+
+
 def _images_sh(timeout: float, *args: str) -> None:
     done = subprocess.run(
         [str(IMAGES), *args],
