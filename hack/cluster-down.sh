@@ -7,8 +7,9 @@
 #      on nothing, is sent TERM first), each with TERM and, after a grace period (15s, 1s for
 #      SeaweedFS), KILL;
 #   3. the bridge and routes, the sysctls the node changed, the host paths it created;
-# then removes the state dir ($TUNEFLEET_STATE, default <repo>/.tunefleet). Safe to run when
-# nothing is up. Installed Debian packages and ~/.cache/tunefleet stay.
+# then removes the state dir ($TUNEFLEET_STATE, default <repo>/.tunefleet). A peer cluster
+# (cluster-up.sh --peer, in $STATE/peer) is stopped first, the same way but for the host's
+# network, which is the first cluster's. Safe to run when nothing is up. Installed Debian packages and ~/.cache/tunefleet stay.
 set -euo pipefail
 # shellcheck source=hack/lib/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
@@ -19,6 +20,10 @@ start_ns=$(date +%s%N)
 if [[ ! -d "$STATE" ]]; then
   echo "local cluster not running (no $STATE)"
   exit 0
+fi
+# The peer cluster first (cluster-up.sh --peer), this script again with its state dir.
+if [[ -z "$PEER_OF" && -d "$STATE/peer" ]]; then
+  TUNEFLEET_PEER_OF="$STATE" TUNEFLEET_STATE="$STATE/peer" "$0" || die "stopping the peer cluster failed"
 fi
 take_lock
 mkdir -p "$LOGS"
@@ -40,7 +45,7 @@ for f in "$PIDS"/*.pid; do
   if alive "$name"; then stop_proc "$name" 15; fi
 done
 if $had_s3; then weed_sockets | xargs -r rm -f; fi
-host_net_down
+[[ -n "$PEER_OF" ]] || host_net_down  # the bridge, routes and sysctls are the first cluster's
 unmount_under "$STATE"
 # --one-file-system: should anything still be mounted below, leave it rather than delete
 # through it.

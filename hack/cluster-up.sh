@@ -6,6 +6,12 @@
 #
 #   hack/cluster-up.sh            everything
 #   hack/cluster-up.sh --s3-only  only the S3 server
+#   hack/cluster-up.sh --peer     also a second cluster beside the first (fleet tests,
+#                                 docs/fleet.md): its own etcd, API server, controller manager,
+#                                 scheduler, CA and real node (containerd, kubelet) under
+#                                 $STATE/peer, on other ports, sharing the first's bridge, S3
+#                                 server and registry; no kwok fleet, no kube-proxy. Writes
+#                                 $STATE/peer/kubeconfig; cluster-down stops it with the first.
 #
 # Idempotent: what is already up and healthy is left alone, so a second run returns in well
 # under a second and there is only ever one cluster per state dir. State (certificates,
@@ -14,6 +20,12 @@
 # Installs the Debian packages the node needs when they are missing (needs root).
 # Stop everything with hack/cluster-down.sh (make cluster-down).
 set -euo pipefail
+if [[ "${1:-}" == --peer && -z "${TUNEFLEET_PEER_OF:-}" ]]; then
+  # The first cluster, then the peer: this script again, with the peer's state dir.
+  "$0" || exit $?
+  first="${TUNEFLEET_STATE:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.tunefleet}"
+  TUNEFLEET_PEER_OF="$first" TUNEFLEET_STATE="$first/peer" exec "$0" --peer
+fi
 # shellcheck source=hack/lib/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 # shellcheck source=hack/lib/node.sh
@@ -23,6 +35,7 @@ s3_only=false
 case "${1:-}" in
   "") ;;
   --s3-only) s3_only=true ;;
+  --peer) [[ -n "$PEER_OF" ]] || die "--peer: run as hack/cluster-up.sh --peer" ;;
   -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) die "unknown argument: $1 (try --help)" ;;
 esac
@@ -84,7 +97,12 @@ stale_message() {
 }
 if stale_layout; then die "$(stale_message)"; fi
 
-if $s3_only; then
+if [[ -n "$PEER_OF" ]]; then
+  if control_plane_healthy && node_healthy && [[ -s "$S3_ENV" ]]; then
+    log "peer already up: KUBECONFIG=$KUBECONFIG_ADMIN"
+    exit 0
+  fi
+elif $s3_only; then
   if s3_healthy; then log "S3 server already up ($S3_ENV)"; exit 0; fi
 elif s3_healthy && control_plane_healthy && registry_healthy && node_healthy; then
   log "already up: KUBECONFIG=$KUBECONFIG_ADMIN, S3 settings in $S3_ENV"
@@ -336,10 +354,12 @@ up_control_plane() {
       --leader-elect=false --profiling=false --v=1
   fi
 
-  "$KUBECTL" --kubeconfig "$KUBECONFIG_ADMIN" apply -f "$repo/hack/fleet.yaml" >/dev/null \
-    || die "kubectl apply -f hack/fleet.yaml failed"
+  if [[ -z "$PEER_OF" ]]; then
+    "$KUBECTL" --kubeconfig "$KUBECONFIG_ADMIN" apply -f "$repo/hack/fleet.yaml" >/dev/null \
+      || die "kubectl apply -f hack/fleet.yaml failed"
+  fi
 
-  if ! alive kwok; then
+  if [[ -z "$PEER_OF" ]] && ! alive kwok; then
     start kwok "$BIN/kwok" --kubeconfig "$STATE/kubeconfigs/kwok.kubeconfig" \
       --config "$repo/hack/lib/kwok-stages.yaml" \
       --manage-all-nodes=false \
@@ -362,7 +382,8 @@ subjects:
 - {apiGroup: rbac.authorization.k8s.io, kind: User, name: kube-apiserver-kubelet-client}
 EOF
     die "RBAC for the API server's kubelet client failed"
-  wait_until 90 "every fleet node Ready, with only its own taint" fleet_ready
+  [[ -n "$PEER_OF" ]] ||
+    wait_until 90 "every fleet node Ready, with only its own taint" fleet_ready
   # Pods can only be created once the namespace's "default" ServiceAccount exists.
   wait_until 60 "ServiceAccount default/default" \
     "$KUBECTL" --kubeconfig "$KUBECONFIG_ADMIN" get serviceaccount default -n default
@@ -534,6 +555,23 @@ EOF
 }
 
 # ---------------------------------------------------------------------------------------
+
+if [[ -n "$PEER_OF" ]]; then
+  ensure_prereqs
+  mkdir -p "$STATE" "$PIDS" "$LOGS" "$PKI"
+  up_containerd & containerd_job=$!
+  control_plane_healthy || up_control_plane
+  wait "$containerd_job" || die "the peer's containerd did not come up"
+  up_kubelet
+  wait_real_node
+  # The first cluster's S3 server and registry, as they are reached from here too.
+  cp "$PEER_OF/s3.env" "$S3_ENV" && cp "$PEER_OF/oci.env" "$OCI_ENV"
+  echo "peer cluster up in $(elapsed) (state: $STATE)"
+  echo "  kubeconfig : export KUBECONFIG=$KUBECONFIG_ADMIN   (API server https://$HOST_IP:$APISERVER_PORT)"
+  echo "  node       : $NODE_NAME (containerd, kubelet; $NODE_GPUS fake GPUs, as the first's)"
+  echo "  stop       : make cluster-down   (stops the peer with the first cluster)"
+  exit 0
+fi
 
 ensure_prereqs
 host_net_up

@@ -104,10 +104,11 @@ IMAGES=(
 # Only with --torch (or when already built: then the node gets it too). The vLLM image only
 # with --vllm: imported, it takes ~14 GB of the node's disk (content and snapshot), which
 # every cluster-up would pay for nothing.
-if [[ "$torch" == true || -s "$ARCHIVES/torch-cpu-$TORCH_KEY.tar" ]]; then
+# The peer cluster's node (cluster-up.sh --peer) gets neither: its tests tune with the stand-in.
+if [[ -z "$PEER_OF" ]] && [[ "$torch" == true || -s "$ARCHIVES/torch-cpu-$TORCH_KEY.tar" ]]; then
   IMAGES+=("torch-cpu $TORCH_IMAGE $TORCH_KEY")
 fi
-if [[ "$vllm" == true ]]; then
+if [[ -z "$PEER_OF" && "$vllm" == true ]]; then
   IMAGES+=("vllm-cpu $VLLM_IMAGE $VLLM_KEY")
 fi
 # The stand-in's variants: one Containerfile, one key, built and saved together.

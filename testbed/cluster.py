@@ -262,6 +262,25 @@ def ensure_cluster(timeout: float = 300) -> Cluster:
     return Cluster(kubeconfig=str(state / "kubeconfig"), bin_dir=bin_dir, state_dir=str(state))
 
 
+def ensure_peer_cluster(timeout: float = 300) -> Cluster:
+    """The second local cluster (hack/cluster-up.sh --peer: its own control plane, CA and real
+    node, sharing the first's S3 server and registry), started with the first if need be, its
+    node given the images the first's has (hack/images.sh --import, by the peer's state)."""
+    first = ensure_cluster(timeout=timeout)
+    _run_cluster_up("--peer", timeout=timeout)
+    peer = Path(first.state_dir) / "peer"
+    done = subprocess.run(
+        [str(IMAGES), "--import"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "TUNEFLEET_STATE": str(peer), "TUNEFLEET_PEER_OF": first.state_dir},
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"importing images into the peer failed\n{done.stderr[-4000:]}")
+    return Cluster(kubeconfig=str(peer / "kubeconfig"), bin_dir=first.bin_dir, state_dir=str(peer))
+
+
 # --- S3 ----------------------------------------------------------------------------------
 
 

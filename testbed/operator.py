@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -179,6 +179,35 @@ class Operator:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
         return float("nan")
+
+
+def fleet_mode(cluster: Any, op: Operator, s3: Any, claim_seconds: int = 60) -> Operator:
+    """`op` stopped and the same operator started in fleet mode (docs/fleet.md): the release
+    upgraded with fleet.enabled (its ServiceAccount may then read kube-system), the store's
+    publish identity in its environment (it writes under _fleet/), claims of `claim_seconds`.
+    `leave_fleet_mode` undoes it."""
+    op.stop()
+    upgrade_release(cluster, "--reuse-values", "--set", "fleet.enabled=true", "--wait")
+    fleet = replace(
+        op,
+        env={
+            **op.env,
+            "TUNEFLEET_FLEET": "true",
+            "TUNEFLEET_FLEET_CLAIM_SECONDS": str(claim_seconds),
+            "AWS_ACCESS_KEY_ID": s3.access_key,
+            "AWS_SECRET_ACCESS_KEY": s3.secret_key,
+            "AWS_REGION": s3.region,
+        },
+        proc=None,
+    )
+    fleet.start()
+    return fleet
+
+
+def leave_fleet_mode(cluster: Any, fleet: Operator, op: Operator) -> None:
+    fleet.stop()
+    upgrade_release(cluster, "--reuse-values", "--set", "fleet.enabled=false", "--wait")
+    op.start()
 
 
 def install(cluster: Any, s3_endpoint: str) -> Operator:

@@ -4,6 +4,10 @@
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 STATE="${TUNEFLEET_STATE:-$repo/.tunefleet}"
+# The peer (hack/cluster-up.sh --peer, docs/local-cluster.md): a second cluster beside the one
+# of $PEER_OF, with its own control plane, CA and real node under $PEER_OF/peer, sharing that
+# cluster's bridge, S3 server and registry. Empty: this is the first cluster.
+PEER_OF="${TUNEFLEET_PEER_OF:-}"
 PIDS="$STATE/pids"
 LOGS="$STATE/logs"
 PKI="$STATE/pki"
@@ -48,6 +52,26 @@ CONTAINERD_STREAM_PORT=20251  # containerd's exec/attach/port-forward streams (t
 KUBE_PROXY_HEALTHZ_PORT=20256
 KUBE_PROXY_METRICS_PORT=20249
 
+# The first cluster's pods get addresses up to .129 on the bridge, the peer's from .130.
+POD_RANGE_START="${HOST_IP%.*}.10"
+POD_RANGE_END="${HOST_IP%.*}.129"
+REGISTRY_CA="$PKI/ca.crt"  # the registry's certificate is the first cluster's CA's
+
+if [[ -n "$PEER_OF" ]]; then
+  ETCD_PORT=23890
+  ETCD_PEER_PORT=23900
+  APISERVER_PORT=16543
+  KCM_PORT=16357
+  SCHEDULER_PORT=16359
+  KUBELET_PORT=20350
+  KUBELET_HEALTHZ_PORT=20348
+  CONTAINERD_STREAM_PORT=20351
+  NODE_NAME=tunefleet-peer-0
+  POD_RANGE_START="${HOST_IP%.*}.130"
+  POD_RANGE_END="${HOST_IP%.*}.250"
+  REGISTRY_CA="$PEER_OF/pki/ca.crt"
+fi
+
 # Bumped when a state dir of an older cluster-up can't be reused (cluster-up says so, even
 # while that cluster runs): 2 added the real node; 3 tainted the kwok fleet, gave the real
 # node 8 fake GPUs and the API server PodTolerationRestriction; 4 added the API server's audit
@@ -58,6 +82,13 @@ STATE_LAYOUT=5
 CONTROL_PLANE=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 NODE_PROCS=(containerd kubelet kube-proxy)
 ALL_PROCS=(s3 registry "${CONTROL_PLANE[@]}" "${NODE_PROCS[@]}")
+if [[ -n "$PEER_OF" ]]; then
+  # No kwok fleet, no kube-proxy (its pods reach S3 on HOST_IP, no Service), no S3 or registry
+  # of its own.
+  CONTROL_PLANE=(etcd kube-apiserver kube-controller-manager kube-scheduler)
+  NODE_PROCS=(containerd kubelet)
+  ALL_PROCS=("${CONTROL_PLANE[@]}" "${NODE_PROCS[@]}")
+fi
 
 # Debian packages the real node needs (kube-proxy drives iptables and conntrack; nft and
 # nfacct let cluster-down remove the netfilter tables and counters it leaves), and those

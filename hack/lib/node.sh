@@ -268,7 +268,7 @@ EOF
 server = "https://$HOST_IP:$REGISTRY_PORT"
 [host."https://$HOST_IP:$REGISTRY_PORT"]
   capabilities = ["pull", "resolve"]
-  ca = "$PKI/ca.crt"
+  ca = "$REGISTRY_CA"
 EOF
 
   # The bridge already exists (host_net_up) with HOST_IP: the plugin adopts it. No ipMasq and
@@ -287,7 +287,7 @@ EOF
       "ipam": {
         "type": "host-local",
         "dataDir": "$NODE/cni/ipam",
-        "ranges": [[{"subnet": "$POD_CIDR", "rangeStart": "${HOST_IP%.*}.10", "gateway": "$HOST_IP"}]],
+        "ranges": [[{"subnet": "$POD_CIDR", "rangeStart": "$POD_RANGE_START", "rangeEnd": "$POD_RANGE_END", "gateway": "$HOST_IP"}]],
         "routes": [{"dst": "$SERVICE_CIDR"}]
       }
     },
@@ -387,7 +387,7 @@ containerd_bin() { "$repo/hack/build-tools.sh" --containerd | tail -n1; }
 
 # containerd, then the images it runs (the pause image at least).
 up_containerd() {
-  save_netfilter_state
+  [[ -n "$PEER_OF" ]] || save_netfilter_state  # the host's tables are the first cluster's
   write_node_configs
   if ! alive containerd; then
     port_free "$CONTAINERD_STREAM_PORT" containerd
@@ -411,7 +411,7 @@ up_kubelet() {
       --kubeconfig "$STATE/kubeconfigs/kubelet.kubeconfig" --root-dir "$NODE/kubelet" \
       --hostname-override "$NODE_NAME" --node-ip "$HOST_IP" --node-labels "$NODE_LABELS" --v=1
   fi
-  if ! alive kube-proxy; then
+  if [[ -z "$PEER_OF" ]] && ! alive kube-proxy; then
     port_free "$KUBE_PROXY_HEALTHZ_PORT" kube-proxy
     port_free "$KUBE_PROXY_METRICS_PORT" kube-proxy
     start kube-proxy "$BIN/kube-proxy" --config "$NODE/kube-proxy.yaml" --v=1
@@ -426,7 +426,8 @@ node_registered_ready() { [[ "$(node_status 2>/dev/null)" == True* ]]; }
 # Ready, with its fake GPUs, and only our own taint left (the not-ready one lifted).
 real_node_ready() {
   [[ "$(node_status 2>/dev/null)" == "True $NODE_GPUS $NODE_GPUS $NODE_TAINT_KEY" ]] &&
-    curl -sf --max-time 1 "http://127.0.0.1:$KUBE_PROXY_HEALTHZ_PORT/healthz" >/dev/null
+    { [[ -n "$PEER_OF" ]] ||
+      curl -sf --max-time 1 "http://127.0.0.1:$KUBE_PROXY_HEALTHZ_PORT/healthz" >/dev/null; }
 }
 
 # The node has no GPU: advertise a few fake ones (an extended resource, as the Kubernetes docs
@@ -461,12 +462,14 @@ node_down() {
     crictl_ rmp --force --all >>"$LOGS/cluster-down.log" 2>&1 ||
       log "crictl rmp --all failed (see $LOGS/cluster-down.log); falling back to runc"
   fi
-  stop_proc kube-proxy 15
-  if [[ -x "$BIN/kube-proxy" && -f "$NODE/kube-proxy.yaml" ]]; then
-    "$BIN/kube-proxy" --cleanup >>"$LOGS/cluster-down.log" 2>&1 ||
-      log "kube-proxy --cleanup failed (see $LOGS/cluster-down.log)"
+  if [[ -z "$PEER_OF" ]]; then  # the peer has no kube-proxy; the host's tables are the first's
+    stop_proc kube-proxy 15
+    if [[ -x "$BIN/kube-proxy" && -f "$NODE/kube-proxy.yaml" ]]; then
+      "$BIN/kube-proxy" --cleanup >>"$LOGS/cluster-down.log" 2>&1 ||
+        log "kube-proxy --cleanup failed (see $LOGS/cluster-down.log)"
+    fi
+    netfilter_down
   fi
-  netfilter_down
   stop_proc containerd 15
   # Shims of our containerd that outlived it (only if a pod could not be removed above), and
   # the containers under them: found by our socket path and runc root, stopped by pid/id.

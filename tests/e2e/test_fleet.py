@@ -11,7 +11,6 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -24,7 +23,13 @@ from testbed.cluster import (
     pinned_image,
     wait_for_real_node_gpus,
 )
-from testbed.operator import SERVING_SECRET, Operator, create_s3_secret, upgrade_release
+from testbed.operator import (
+    SERVING_SECRET,
+    Operator,
+    create_s3_secret,
+    fleet_mode,
+    leave_fleet_mode,
+)
 from testbed.poll import eventually
 from testbed.real_node import model_pod, real_profile
 from tests.support.kube import (
@@ -48,30 +53,12 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture
 def fleet_operator(cluster: Any, s3: Any, operator: Operator) -> Iterator[Operator]:
-    """The e2e operator process in fleet mode: the release upgraded with fleet.enabled (its
-    ServiceAccount may then read kube-system), the publish identity for the store (it writes
-    under _fleet/), claims of 60 s. The plain operator again afterwards."""
-    operator.stop()
-    upgrade_release(cluster, "--reuse-values", "--set", "fleet.enabled=true", "--wait")
-    fleet = replace(
-        operator,
-        env={
-            **operator.env,
-            "TUNEFLEET_FLEET": "true",
-            "TUNEFLEET_FLEET_CLAIM_SECONDS": "60",
-            "AWS_ACCESS_KEY_ID": s3.access_key,
-            "AWS_SECRET_ACCESS_KEY": s3.secret_key,
-            "AWS_REGION": s3.region,
-        },
-        proc=None,
-    )
-    fleet.start()
+    """The e2e operator process in fleet mode, claims of 60 s; the plain one afterwards."""
+    fleet = fleet_mode(cluster, operator, s3)
     try:
         yield fleet
     finally:
-        fleet.stop()
-        upgrade_release(cluster, "--reuse-values", "--set", "fleet.enabled=false", "--wait")
-        operator.start()
+        leave_fleet_mode(cluster, fleet, operator)
 
 
 @pytest.fixture

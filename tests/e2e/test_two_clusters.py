@@ -1,0 +1,217 @@
+"""Two clusters on one store (docs/fleet.md): the local cluster and its peer (hack/cluster-up.sh
+--peer: another control plane, CA and real node, sharing the S3 server), each with its own
+release and operator in fleet mode. One identity applied in both at the same moment is tuned
+once and served in both; a tuning cluster whose operator dies mid-Job holds the other back
+for one claim expiry, no longer; a changed image digest in one cluster tunes its own."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from testbed.cluster import (
+    STANDIN_IMAGE,
+    STANDIN_NOGPU_IMAGE,
+    Cluster,
+    create_namespace,
+    delete_namespace,
+    ensure_peer_cluster,
+    pinned_image,
+    wait_for_real_node_gpus,
+)
+from testbed.operator import (
+    SERVING_SECRET,
+    Operator,
+    create_s3_secret,
+    fleet_mode,
+    install,
+    leave_fleet_mode,
+    uninstall_release,
+)
+from testbed.poll import eventually
+from testbed.real_node import model_pod, real_profile
+from tests.support.kube import apply, condition, create, ended, get_json, jobs_of, statuses
+from tests.support.kube import ready as wait_ready
+
+pytestmark = pytest.mark.e2e
+
+CLAIM_SECONDS = 60
+SLOW_TUNING = {"name": "FAKE_TORCH_TUNE_SLEEP", "value": "4"}  # each GEMM's cost, seconds
+
+
+@pytest.fixture(scope="module")
+def peer() -> Cluster:
+    return ensure_peer_cluster()
+
+
+@pytest.fixture(scope="module")
+def peer_operator(peer: Cluster, s3: Any) -> Iterator[Operator]:
+    """The peer's release and operator, in fleet mode (installed as the first cluster's)."""
+    plain = install(peer, s3.endpoint)
+    fleet = fleet_mode(peer, plain, s3, CLAIM_SECONDS)
+    try:
+        yield fleet
+    finally:
+        fleet.stop()
+        uninstall_release(peer)
+
+
+@pytest.fixture
+def first_operator(cluster: Any, s3: Any, operator: Operator) -> Iterator[Operator]:
+    fleet = fleet_mode(cluster, operator, s3, CLAIM_SECONDS)
+    try:
+        yield fleet
+    finally:
+        leave_fleet_mode(cluster, fleet, operator)
+
+
+@pytest.fixture
+def peer_namespace(peer: Cluster, s3: Any, namespace: str) -> Iterator[str]:
+    """The test's namespace, of the same name, in the peer, with the same Secrets."""
+    api = peer.api_client()
+    try:
+        create_namespace(api, namespace)
+        create_s3_secret(
+            peer.kubectl, namespace, s3.reader_access_key, s3.reader_secret_key, SERVING_SECRET
+        )
+        create_s3_secret(peer.kubectl, namespace, s3.access_key, s3.secret_key)
+        yield namespace
+        delete_namespace(api, namespace)
+    finally:
+        api.close()
+
+
+def fleet_profile(s3: Any, secret: str, prefix: str, image: str, **env: str) -> dict[str, Any]:
+    profile = real_profile("llama", s3, secret, image=image)
+    profile["spec"]["storage"]["uri"] = f"s3://{s3.bucket}/{prefix}"
+    profile["spec"]["workload"]["env"] += [{"name": k, "value": v} for k, v in env.items()]
+    return profile
+
+
+def uid_of(cluster: Any) -> str:
+    return str(get_json(cluster, "namespace", "kube-system")["metadata"]["uid"])
+
+
+def at_once(*calls: Any) -> None:
+    threads = [threading.Thread(target=c) for c in calls]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def test_one_identity_applied_in_two_clusters_at_once_is_tuned_once_and_served_in_both(
+    cluster: Any,
+    peer: Cluster,
+    first_operator: Operator,
+    peer_operator: Operator,
+    s3: Any,
+    namespace: str,
+    peer_namespace: str,
+    s3_secret: str,
+    prefix: str,
+) -> None:
+    wait_for_real_node_gpus(cluster, 1)
+    profile = fleet_profile(s3, s3_secret, prefix, pinned_image(STANDIN_IMAGE))
+    both = {"first": cluster, "peer": peer}
+    at_once(*(lambda c=c: apply(c, namespace, profile) for c in both.values()))
+    done = {k: wait_ready(c, namespace, "llama", timeout=400) for k, c in both.items()}
+    for prof in done.values():
+        assert prof["status"]["phase"] == "Ready", json.dumps(prof["status"], indent=2)[:3000]
+    jobs = {k: jobs_of(c, namespace, "llama") for k, c in both.items()}
+    assert sum(len(j) for j in jobs.values()) == 1, {k: len(j) for k, j in jobs.items()}
+    tuner = next(k for k, j in jobs.items() if j)
+    adopter = next(k for k in both if k != tuner)
+    own = done[tuner]["status"]["artifacts"][0]
+    taken = done[adopter]["status"]["artifacts"][0]
+    assert taken["sha256"] == own["sha256"] and "source" not in own
+    assert taken["source"]["cluster"] == uid_of(both[tuner]) != uid_of(both[adopter])
+    assert taken["source"]["profile"] == f"{namespace}/llama"
+    wide = both[adopter].kubectl("get", "tp", "-n", namespace, "llama", "-o", "wide").stdout
+    assert uid_of(both[tuner])[:8] in wide, wide
+
+    for c in both.values():  # a model pod in each cluster gets the one artifact
+        create(c, namespace, model_pod("server", "llama", gpus=1))
+    for k, c in both.items():
+        pod = ended(c, namespace, "server", f"the model pod in the {k} cluster to finish")
+        log = c.kubectl("logs", "-n", namespace, "server", "-c", "server").stdout
+        assert pod["status"]["phase"] == "Succeeded", log
+        fetch = statuses(pod)["tunefleet-fetch"]["state"]["terminated"]["message"]
+        assert "wrote 1 results file(s)" in fetch, fetch
+        assert "PYTORCH_TUNABLEOP_ENABLED=1" in log and "PYTORCH_TUNABLEOP_TUNING=0" in log, log
+
+
+def test_a_tuning_cluster_killed_mid_job_holds_the_other_back_one_expiry_only(
+    cluster: Any,
+    peer: Cluster,
+    first_operator: Operator,
+    peer_operator: Operator,
+    s3: Any,
+    namespace: str,
+    peer_namespace: str,
+    s3_secret: str,
+    prefix: str,
+) -> None:
+    wait_for_real_node_gpus(cluster, 1)
+    image = pinned_image(STANDIN_IMAGE)
+    slow = fleet_profile(s3, s3_secret, prefix, image, FAKE_TORCH_TUNE_SLEEP="4")
+    apply(peer, namespace, slow)  # the peer claims first and tunes, slowly
+    eventually(
+        lambda: get_json(peer, "tp", "-n", namespace, "llama"),
+        lambda p: (p.get("status") or {}).get("phase") == "Tuning",
+        "the peer's Job to run",
+        timeout=120,
+    )
+    apply(cluster, namespace, slow)
+    waiting = eventually(
+        lambda: get_json(cluster, "tp", "-n", namespace, "llama"),
+        lambda p: (p.get("status") or {}).get("phase") == "Queued",
+        "the first cluster to wait for the peer's claim",
+        timeout=60,
+    )
+    said = condition(waiting, "Ready")
+    assert said["reason"] == "TunedElsewhere" and uid_of(peer) in said["message"], said
+    peer_operator.kill()  # the tuning cluster dies mid-Job: nothing renews its claim
+    killed = time.monotonic()
+    try:
+        prof = wait_ready(cluster, namespace, "llama", timeout=CLAIM_SECONDS + 400)
+        waited = time.monotonic() - killed
+        assert prof["status"]["phase"] == "Ready", json.dumps(prof["status"], indent=2)[:3000]
+        assert len(jobs_of(cluster, namespace, "llama")) == 1  # it took over and tuned
+        assert "source" not in prof["status"]["artifacts"][0]
+        assert waited < CLAIM_SECONDS + 300  # one expiry and one tuning, no more
+    finally:
+        peer_operator.start()
+
+
+def test_a_changed_image_digest_in_one_cluster_tunes_its_own(
+    cluster: Any,
+    peer: Cluster,
+    first_operator: Operator,
+    peer_operator: Operator,
+    s3: Any,
+    namespace: str,
+    peer_namespace: str,
+    s3_secret: str,
+    prefix: str,
+) -> None:
+    first = fleet_profile(
+        s3, s3_secret, prefix, pinned_image(STANDIN_IMAGE), FAKE_TORCH_TUNE_SLEEP="2"
+    )
+    other = fleet_profile(s3, s3_secret, prefix, pinned_image(STANDIN_NOGPU_IMAGE))
+    at_once(lambda: apply(cluster, namespace, first), lambda: apply(peer, namespace, other))
+    for c, what in ((cluster, "the first cluster's"), (peer, "the peer's")):
+        eventually(
+            lambda c=c: jobs_of(c, namespace, "llama"),
+            lambda jobs: len(jobs) == 1,
+            f"{what} own tuning Job",
+            timeout=90,
+        )
+    for c in (cluster, peer):
+        phase = (get_json(c, "tp", "-n", namespace, "llama").get("status") or {}).get("phase")
+        assert phase != "Queued", phase
