@@ -19,4 +19,5 @@ ROUTINES = {
     "bundles": "real node, real torch: a torchCompile bundle's start-up saving (eager, cold, bundle)",
     "vllm": "real node, real vLLM: a vllm bundle's server start-up saving (eager, cold, bundle)",
     "oci": "real node: 20-pod bursts served an OCI volume image, OCI fetch, S3 ConfigMap, S3 fetch",
+    "fleet": "two clusters on one store in fleet mode: Jobs per identity, adoption, takeover",
 }

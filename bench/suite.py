@@ -677,6 +677,12 @@ def run_parts(only: list[str], options: dict[str, Any]) -> None:
             figures = bench_vllm.run(cluster, s3, options["vllm_pods"])
             results["bundles_vllm"] = stamped(figures)
             done("vllm", t)
+        if "fleet" in only:
+            from bench import bench_fleet
+
+            t = begin("fleet")
+            results["fleet_two_clusters"] = stamped(bench_fleet.run(cluster, s3))
+            done("fleet", t)
         if "oci" in only:
             from bench import bench_oci
 

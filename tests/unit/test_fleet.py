@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.artifacts import tuner_output
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
-from tests.support.wrappers import make_profile
+from tests.support.wrappers import make_job, make_profile
 from tunefleet import naming
 from tunefleet.artifacts.publish import upload_artifact
 from tunefleet.config import Config
@@ -60,9 +60,14 @@ def opener(tmp_path: Path) -> Any:
 
 
 def sync(
-    p: dict[str, Any], tmp_path: Path, config: Config, memory: Memory, jobs: Any = ()
+    p: dict[str, Any],
+    tmp_path: Path,
+    config: Config,
+    memory: Memory,
+    jobs: Any = (),
+    existing: set[str] | None = None,
 ) -> tuple[dict[str, Any], FakeKube]:
-    api = FakeKube(writers=RECONCILE_WRITERS)
+    api = FakeKube(writers=RECONCILE_WRITERS, existing=existing)
     out = sync_profile(p, list(jobs), [], config, memory, Around(api, open_store=opener(tmp_path)))
     return out.status, api
 
@@ -293,6 +298,28 @@ def test_two_profiles_of_one_identity_make_one_job_the_other_waits_then_adopts(
     # Settled: q reads nothing more and writes nothing more.
     again, api_q = sync({**q, "status": status_q}, tmp_path, FLEET_B, mem_q)
     assert api_q.created == [] and api_q.patches == [] and again == status_q
+
+
+def test_a_claim_is_kept_while_the_cache_has_not_seen_the_job_yet_and_released_once_it_ends(
+    tmp_path: Path,
+) -> None:
+    p = profile_view(BASE.obj())
+    memory = Memory()
+    status, api = sync(p, tmp_path, FLEET_A, memory)
+    made = [n for k, n in api.created if k == "Job"]
+    # The echo of that status write comes before the Job's own watch event: no Job seen, and
+    # making it again finds it there.
+    status, _ = sync({**p, "status": status}, tmp_path, FLEET_A, memory, existing=set(made))
+    held = claim_of(tmp_path, p)
+    assert held is not None and held.expires > time.time() + 500
+    job = make_job(made[0]).uid("juid").revision(status["revision"]).gpu_model(MODEL)
+    sync({**p, "status": status}, tmp_path, FLEET_A, memory, jobs=[job.active(1).obj()])
+    held = claim_of(tmp_path, p)
+    assert held is not None and held.expires > time.time() + 500
+    failed = job.condition("Failed", reason="BackoffLimitExceeded", message="limit").obj()
+    sync({**p, "status": status}, tmp_path, FLEET_A, memory, jobs=[failed])
+    released = claim_of(tmp_path, p)
+    assert released is not None and released.expires <= time.time()
 
 
 def test_an_entry_whose_artifact_does_not_check_is_not_adopted_and_the_profile_tunes(

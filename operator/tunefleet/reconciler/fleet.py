@@ -35,7 +35,7 @@ from tunefleet.storage.store import (
 
 log = logging.getLogger(__name__)
 
-WAIT_POLL_S = 15.0  # how soon a waiting profile reads the claim and the entry again
+WAIT_POLL_S = 5.0  # how soon a waiting profile reads the claim and the entry again (2 GETs)
 
 
 @dataclass(frozen=True)
@@ -206,8 +206,12 @@ def settle(s: Sync, observations: list[JobObservation], served: list[ArtifactRec
             _again(s, WAIT_POLL_S)
             continue
         s.memory.published.add(record.sha256)
-    running = {o.model for o in observations if o.state in ("Pending", "Running")}
-    for model in [m for m in s.memory.claims if m not in running]:
+    # Released once the model's Job is seen finished, or its artifact served; never because
+    # its Job is not seen: the cache may not have the Job just made yet (a pass on the echo
+    # of our own status write), and a Job Kueue holds is not observed until admitted.
+    ended = {o.model for o in observations if o.state in ("Succeeded", "Failed")}
+    ended |= {r.gpu_model for r in served}
+    for model in [m for m in s.memory.claims if m in ended]:
         where = _where(s, model)
         if where is not None:
             key = contract.claim_key(where.location, model, where.identity)
