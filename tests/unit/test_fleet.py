@@ -322,6 +322,35 @@ def test_a_claim_is_kept_while_the_cache_has_not_seen_the_job_yet_and_released_o
     assert released is not None and released.expires <= time.time()
 
 
+def test_a_replica_that_restarts_while_its_job_runs_reads_its_claim_back_and_renews_it(
+    tmp_path: Path,
+) -> None:
+    p = profile_view(BASE.obj())
+    status, api = sync(p, tmp_path, FLEET_A, Memory())
+    made = [n for k, n in api.created if k == "Job"]
+    job = make_job(made[0]).uid("juid").revision(status["revision"]).gpu_model(MODEL).active(1)
+    store = dir_store(tmp_path)
+    key = contract.claim_key(LOCATION, MODEL, identity(p))
+    tagged = store.read_tagged(key, 1 << 14)
+    old = contract.Claim.from_bytes(tagged.data, identity(p))
+    assert old is not None  # make it due: past half its time, as after a long outage
+    due = replace(old, expires=time.time() + 100)
+    assert store.replace_if(key, due.to_bytes(), "", tagged.tag)
+    fresh = Memory()  # the replica restarted (or another became leader): nothing remembered
+    sync({**p, "status": status}, tmp_path, FLEET_A, fresh, jobs=[job.obj()])
+    renewed = claim_of(tmp_path, p)
+    assert renewed is not None and renewed.expires > time.time() + 500
+    assert renewed.holder == old.holder and renewed.taken == old.taken
+    # Someone else's by now (taken over while no replica renewed it): left alone, not fought.
+    tagged = store.read_tagged(key, 1 << 14)
+    theirs = contract.Claim(identity(p), THEM, time.time(), time.time() + 600)
+    assert store.replace_if(key, theirs.to_bytes(), "", tagged.tag)
+    other = Memory()
+    for _ in range(2):
+        sync({**p, "status": status}, tmp_path, FLEET_A, other, jobs=[job.obj()])
+    assert claim_of(tmp_path, p) == contract.Claim.from_bytes(theirs.to_bytes(), identity(p))
+
+
 def test_an_entry_whose_artifact_does_not_check_is_not_adopted_and_the_profile_tunes(
     tmp_path: Path,
 ) -> None:

@@ -12,6 +12,7 @@ of captured misses (its shapes are this profile's), or a store that cannot coord
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 
@@ -148,11 +149,17 @@ def _claim(s: Sync, model: str, w: _Where) -> bool:
     return False
 
 
-def renew(s: Sync) -> None:
+def renew(s: Sync, observations: list[JobObservation]) -> None:
     """Renew each claim this profile holds past half its time (its Job runs: `settle` drops
-    the claims of Jobs that ended)."""
+    the claims of Jobs that ended). A Job running that this replica holds no claim for (it
+    restarted, or took over from the leader before) has its claim read back first: ours, it
+    is held and renewed from here on; else the holder is logged and both tune."""
     now = time.time()
     ttl = s.config.fleet_claim_seconds
+    if s.config.fleet:
+        running = {o.model for o in observations if o.state in ("Pending", "Running")}
+        for model in running - set(s.memory.claims):
+            s.memory.claims[model] = now - ttl  # read (and renewed) below
     for model, expires in list(s.memory.claims.items()):
         if expires - now >= ttl / 2:
             _again(s, expires - now - ttl / 2)
@@ -169,13 +176,14 @@ def renew(s: Sync) -> None:
             _again(s, WAIT_POLL_S)
             continue
         if not standing.held:
-            # Expired before we renewed it (this replica stalled): both tune now, and the
-            # first to publish is the identity's entry.
+            # Expired before we renewed it (this replica stalled, or the leader changed): both
+            # tune now, and the first to publish is the identity's entry. Not read again for
+            # this Job (inf: never due); `settle` forgets it when the Job ends.
             log.warning(
                 f"{_name(s)} {model}: the fleet's claim was taken over by "
                 f"{standing.claim.holder.describe()} while our Job runs"
             )
-            s.memory.claims.pop(model, None)
+            s.memory.claims[model] = math.inf
             continue
         s.memory.claims[model] = standing.claim.expires
         _again(s, ttl / 2)

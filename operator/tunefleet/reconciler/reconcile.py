@@ -513,7 +513,7 @@ def _steps(s: Sync, memory: Memory, untrusted: list[Untrusted]) -> Outcome:
         apply.follow_queue(s, decide.queue_moves(s.jobs, queue, naming.revision(s.spec)))
     observations = _observe(s, mine)
     if s.acting:
-        fleet.renew(s)
+        fleet.renew(s, observations)
     if s.acting:
         apply.merge(s, decide.merges_due(observations, s.rev, s.jobs))
     apply.tend(s, decide.tend(observations, s.memory.image_ids, s.spec is not None))
