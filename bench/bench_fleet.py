@@ -24,24 +24,16 @@ from typing import Any
 import yaml
 
 from bench.results import progress
-from testbed.cluster import (
-    STANDIN_IMAGE,
-    Cluster,
-    S3Settings,
-    create_namespace,
-    delete_namespace,
-    ensure_peer_cluster,
-    pinned_image,
-)
+from testbed.cluster import STANDIN_IMAGE, Cluster, S3Settings, ensure_peer_cluster, pinned_image
 from testbed.operator import (
-    SERVING_SECRET,
-    create_s3_secret,
+    drop_namespace,
     fleet_mode,
     install,
+    namespace_with_secrets,
     uninstall_release,
 )
 from testbed.poll import eventually
-from testbed.real_node import real_profile
+from testbed.real_node import fleet_profile
 
 CLAIM_SECONDS = 60
 GOAL = (
@@ -56,21 +48,17 @@ NOTE = (
 )
 
 
-def _namespace(c: Cluster, s3: S3Settings, name: str) -> str:
-    api = c.api_client()
-    try:
-        create_namespace(api, name)
-    finally:
-        api.close()
-    create_s3_secret(c.kubectl, name, s3.reader_access_key, s3.reader_secret_key, SERVING_SECRET)
-    return create_s3_secret(c.kubectl, name, s3.access_key, s3.secret_key)
-
-
 def _profile(s3: S3Settings, secret: str, prefix: str, sleep: str = "0") -> str:
-    doc = real_profile("llama", s3, secret, image=pinned_image(STANDIN_IMAGE))
-    doc["spec"]["storage"]["uri"] = f"s3://{s3.bucket}/{prefix}"
-    doc["spec"]["workload"]["env"].append({"name": "FAKE_TORCH_TUNE_SLEEP", "value": sleep})
+    doc = fleet_profile(
+        s3, secret, prefix, pinned_image(STANDIN_IMAGE), FAKE_TORCH_TUNE_SLEEP=sleep
+    )
     return str(yaml.safe_dump(doc))
+
+
+def _clean(clusters: dict[str, Cluster], s3: S3Settings, ns: str, prefix: str) -> None:
+    for c in clusters.values():
+        drop_namespace(c, ns)
+    s3.delete_prefix(prefix + "/")
 
 
 def _get(c: Cluster, ns: str) -> dict[str, Any]:
@@ -97,7 +85,7 @@ def _until(what: str, ok: Callable[[], bool], timeout: float) -> float:
 def _round(clusters: dict[str, Cluster], s3: S3Settings, i: int) -> dict[str, Any]:
     ns = f"fleet-bench-{i}-{uuid.uuid4().hex[:6]}"
     prefix = f"bench-fleet/{ns}"
-    secrets = {k: _namespace(c, s3, ns) for k, c in clusters.items()}
+    secrets = {k: namespace_with_secrets(c, s3, ns) for k, c in clusters.items()}
     ready_at: dict[str, float] = {}
     start = time.monotonic()
     try:
@@ -135,20 +123,15 @@ def _round(clusters: dict[str, Cluster], s3: S3Settings, i: int) -> dict[str, An
             "adopter_after_tuner_s": round(ready_at[adopter] - ready_at[tuner], 1),
         }
     finally:
-        for c in clusters.values():
-            api = c.api_client()
-            try:
-                delete_namespace(api, ns)
-            finally:
-                api.close()
-        s3.delete_prefix(prefix + "/")
+        _clean(clusters, s3, ns, prefix)
 
 
 def _takeover(clusters: dict[str, Cluster], s3: S3Settings, peer_operator: Any) -> dict[str, Any]:
     first, peer = clusters["first"], clusters["peer"]
     ns = f"fleet-takeover-{uuid.uuid4().hex[:6]}"
     prefix = f"bench-fleet/{ns}"
-    secrets = {k: _namespace(c, s3, ns) for k, c in clusters.items()}
+    secrets = {k: namespace_with_secrets(c, s3, ns) for k, c in clusters.items()}
+    dead = False
     try:
         peer.kubectl("apply", "-n", ns, "-f", "-", input=_profile(s3, secrets["peer"], prefix, "4"))
         _until("the peer tuning", lambda: _phase(peer, ns) == "Tuning", 120)
@@ -157,6 +140,7 @@ def _takeover(clusters: dict[str, Cluster], s3: S3Settings, peer_operator: Any) 
         )
         _until("the first cluster waiting", lambda: _phase(first, ns) == "Queued", 60)
         peer_operator.kill()
+        dead = True
         killed = time.monotonic()
         job_at = _until("the first cluster's own Job", lambda: _jobs(first, ns) == 1, 300)
         ready = _until("the first cluster Ready", lambda: _phase(first, ns) == "Ready", 400)
@@ -166,14 +150,9 @@ def _takeover(clusters: dict[str, Cluster], s3: S3Settings, peer_operator: Any) 
             "kill_to_ready_s": round(ready - killed, 1),
         }
     finally:
-        peer_operator.start()
-        for c in clusters.values():
-            api = c.api_client()
-            try:
-                delete_namespace(api, ns)
-            finally:
-                api.close()
-        s3.delete_prefix(prefix + "/")
+        if dead:  # started again only if killed: a second one would run beside it
+            peer_operator.start()
+        _clean(clusters, s3, ns, prefix)
 
 
 def run(cluster: Cluster, s3: S3Settings, rounds: int = 3) -> dict[str, Any]:

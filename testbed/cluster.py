@@ -262,6 +262,11 @@ def ensure_cluster(timeout: float = 300) -> Cluster:
     return Cluster(kubeconfig=str(state / "kubeconfig"), bin_dir=bin_dir, state_dir=str(state))
 
 
+def cluster_uid(cluster: Cluster) -> str:
+    """The cluster's name in fleet mode's store objects: its kube-system namespace's uid."""
+    return str(cluster.kubectl_json("get", "namespace", "kube-system")["metadata"]["uid"])
+
+
 def ensure_peer_cluster(timeout: float = 300) -> Cluster:
     """The second local cluster (hack/cluster-up.sh --peer: its own control plane, CA and real
     node, sharing the first's S3 server and registry), started with the first if need be, its

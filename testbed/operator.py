@@ -30,7 +30,13 @@ from typing import Any, Protocol
 
 import yaml
 
-from testbed.cluster import LOCAL_CLUSTER_VALUES, TUNEFLEET_IMAGE, wait_for
+from testbed.cluster import (
+    LOCAL_CLUSTER_VALUES,
+    TUNEFLEET_IMAGE,
+    create_namespace,
+    delete_namespace,
+    wait_for,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RELEASE = "tunefleet"
@@ -264,6 +270,28 @@ DELIVERY_SECRET = "tunefleet-delivery"  # read-only: the operator's delivery, in
 # The operator's registry read identity (the chart's delivery.oci.credentialsSecret), in
 # SYSTEM_NS: it verifies volume images with it before model pods mount them.
 OCI_DELIVERY_SECRET = "tunefleet-oci-reader"
+
+
+def namespace_with_secrets(cluster: Any, s3: Any, name: str) -> str:
+    """Namespace `name` made in `cluster` with the two Secrets a user gives it: the publish
+    one (its name returned) and the read-only one model pods fetch with."""
+    api = cluster.api_client()
+    try:
+        create_namespace(api, name)
+    finally:
+        api.close()
+    create_s3_secret(
+        cluster.kubectl, name, s3.reader_access_key, s3.reader_secret_key, SERVING_SECRET
+    )
+    return create_s3_secret(cluster.kubectl, name, s3.access_key, s3.secret_key)
+
+
+def drop_namespace(cluster: Any, name: str) -> None:
+    api = cluster.api_client()
+    try:
+        delete_namespace(api, name)
+    finally:
+        api.close()
 
 
 def create_s3_secret(

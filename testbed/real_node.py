@@ -63,3 +63,15 @@ def model_pod(name: str, profile: str, gpus: int = 2, **labels: str) -> dict[str
             ],
         },
     }
+
+
+def fleet_profile(
+    s3: Any, secret: str, prefix: str, image: str, name: str = "llama", **env: str
+) -> dict[str, Any]:
+    """real_profile for fleet mode (docs/fleet.md): stored under `prefix` of the bucket (a
+    test's own: the fleet's claims and entries live there), its image `image` (pinned by
+    digest, testbed.cluster.pinned_image), these variables added to its workload's."""
+    profile = real_profile(name, s3, secret, image=image)
+    profile["spec"]["storage"]["uri"] = f"s3://{s3.bucket}/{prefix}"
+    profile["spec"]["workload"]["env"] += [{"name": k, "value": v} for k, v in env.items()]
+    return profile

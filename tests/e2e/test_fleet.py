@@ -18,20 +18,19 @@ import pytest
 from testbed.cluster import (
     STANDIN_IMAGE,
     STANDIN_NOGPU_IMAGE,
-    create_namespace,
-    delete_namespace,
+    cluster_uid,
     pinned_image,
     wait_for_real_node_gpus,
 )
 from testbed.operator import (
-    SERVING_SECRET,
     Operator,
-    create_s3_secret,
+    drop_namespace,
     fleet_mode,
     leave_fleet_mode,
+    namespace_with_secrets,
 )
 from testbed.poll import eventually
-from testbed.real_node import model_pod, real_profile
+from testbed.real_node import fleet_profile, model_pod
 from tests.support.kube import (
     apply,
     condition,
@@ -64,27 +63,9 @@ def fleet_operator(cluster: Any, s3: Any, operator: Operator) -> Iterator[Operat
 @pytest.fixture
 def other_namespace(cluster: Any, s3: Any, namespace: str) -> Iterator[str]:
     name = f"{namespace}-b"[:63]
-    api = cluster.api_client()
-    try:
-        create_namespace(api, name)
-        create_s3_secret(
-            cluster.kubectl, name, s3.reader_access_key, s3.reader_secret_key, SERVING_SECRET
-        )
-        create_s3_secret(cluster.kubectl, name, s3.access_key, s3.secret_key)
-        yield name
-        delete_namespace(api, name)
-    finally:
-        api.close()
-
-
-def fleet_profile(name: str, s3: Any, secret: str, prefix: str, image: str) -> dict[str, Any]:
-    profile = real_profile(name, s3, secret, image=image)
-    profile["spec"]["storage"]["uri"] = f"s3://{s3.bucket}/{prefix}"
-    return profile
-
-
-def cluster_uid(cluster: Any) -> str:
-    return str(get_json(cluster, "namespace", "kube-system")["metadata"]["uid"])
+    namespace_with_secrets(cluster, s3, name)
+    yield name
+    drop_namespace(cluster, name)
 
 
 def test_two_profiles_of_one_identity_tune_once_and_both_serve_it(
@@ -101,7 +82,7 @@ def test_two_profiles_of_one_identity_tune_once_and_both_serve_it(
     where = {namespace: "llama", other_namespace: "llama"}
     applied = [
         threading.Thread(
-            target=apply, args=(cluster, ns, fleet_profile(name, s3, s3_secret, prefix, image))
+            target=apply, args=(cluster, ns, fleet_profile(s3, s3_secret, prefix, image, name))
         )
         for ns, name in where.items()
     ]  # the same moment, as near as two kubectl calls get
@@ -144,7 +125,7 @@ def test_a_claim_left_by_a_dead_cluster_is_taken_over_once_it_expires(
 ) -> None:
     wait_for_real_node_gpus(cluster, 1)
     image = pinned_image(STANDIN_IMAGE)
-    profile = fleet_profile("llama", s3, s3_secret, prefix, image)
+    profile = fleet_profile(s3, s3_secret, prefix, image)
     spec = TuningProfileSpec.model_validate(profile["spec"])
     model = spec.gpu.models[0]
     ident = naming.fleet_identity(spec, model)
@@ -192,7 +173,7 @@ def test_another_image_digest_tunes_its_own_while_the_first_is_claimed(
     s3_secret: str,
     prefix: str,
 ) -> None:
-    first = fleet_profile("llama", s3, s3_secret, prefix, pinned_image(STANDIN_IMAGE))
+    first = fleet_profile(s3, s3_secret, prefix, pinned_image(STANDIN_IMAGE))
     spec = TuningProfileSpec.model_validate(first["spec"])
     model = spec.gpu.models[0]
     ident = naming.fleet_identity(spec, model)
@@ -205,7 +186,7 @@ def test_another_image_digest_tunes_its_own_while_the_first_is_claimed(
     apply(
         cluster,
         other_namespace,
-        fleet_profile("llama", s3, s3_secret, prefix, pinned_image(STANDIN_NOGPU_IMAGE)),
+        fleet_profile(s3, s3_secret, prefix, pinned_image(STANDIN_NOGPU_IMAGE)),
     )
     eventually(
         lambda: jobs_of(cluster, other_namespace, "llama"),

@@ -18,23 +18,22 @@ from testbed.cluster import (
     STANDIN_IMAGE,
     STANDIN_NOGPU_IMAGE,
     Cluster,
-    create_namespace,
-    delete_namespace,
+    cluster_uid,
     ensure_peer_cluster,
     pinned_image,
     wait_for_real_node_gpus,
 )
 from testbed.operator import (
-    SERVING_SECRET,
     Operator,
-    create_s3_secret,
+    drop_namespace,
     fleet_mode,
     install,
     leave_fleet_mode,
+    namespace_with_secrets,
     uninstall_release,
 )
 from testbed.poll import eventually
-from testbed.real_node import model_pod, real_profile
+from testbed.real_node import fleet_profile, model_pod
 from tests.support.kube import apply, condition, create, ended, get_json, jobs_of, statuses
 from tests.support.kube import ready as wait_ready
 
@@ -73,28 +72,9 @@ def first_operator(cluster: Any, s3: Any, operator: Operator) -> Iterator[Operat
 @pytest.fixture
 def peer_namespace(peer: Cluster, s3: Any, namespace: str) -> Iterator[str]:
     """The test's namespace, of the same name, in the peer, with the same Secrets."""
-    api = peer.api_client()
-    try:
-        create_namespace(api, namespace)
-        create_s3_secret(
-            peer.kubectl, namespace, s3.reader_access_key, s3.reader_secret_key, SERVING_SECRET
-        )
-        create_s3_secret(peer.kubectl, namespace, s3.access_key, s3.secret_key)
-        yield namespace
-        delete_namespace(api, namespace)
-    finally:
-        api.close()
-
-
-def fleet_profile(s3: Any, secret: str, prefix: str, image: str, **env: str) -> dict[str, Any]:
-    profile = real_profile("llama", s3, secret, image=image)
-    profile["spec"]["storage"]["uri"] = f"s3://{s3.bucket}/{prefix}"
-    profile["spec"]["workload"]["env"] += [{"name": k, "value": v} for k, v in env.items()]
-    return profile
-
-
-def uid_of(cluster: Any) -> str:
-    return str(get_json(cluster, "namespace", "kube-system")["metadata"]["uid"])
+    namespace_with_secrets(peer, s3, namespace)
+    yield namespace
+    drop_namespace(peer, namespace)
 
 
 def at_once(*calls: Any) -> None:
@@ -130,10 +110,10 @@ def test_one_identity_applied_in_two_clusters_at_once_is_tuned_once_and_served_i
     own = done[tuner]["status"]["artifacts"][0]
     taken = done[adopter]["status"]["artifacts"][0]
     assert taken["sha256"] == own["sha256"] and "source" not in own
-    assert taken["source"]["cluster"] == uid_of(both[tuner]) != uid_of(both[adopter])
+    assert taken["source"]["cluster"] == cluster_uid(both[tuner]) != cluster_uid(both[adopter])
     assert taken["source"]["profile"] == f"{namespace}/llama"
     wide = both[adopter].kubectl("get", "tp", "-n", namespace, "llama", "-o", "wide").stdout
-    assert uid_of(both[tuner])[:8] in wide, wide
+    assert cluster_uid(both[tuner])[:8] in wide, wide
 
     for c in both.values():  # a model pod in each cluster gets the one artifact
         create(c, namespace, model_pod("server", "llama", gpus=1))
@@ -175,7 +155,7 @@ def test_a_tuning_cluster_killed_mid_job_holds_the_other_back_one_expiry_only(
         timeout=60,
     )
     said = condition(waiting, "Ready")
-    assert said["reason"] == "TunedElsewhere" and uid_of(peer) in said["message"], said
+    assert said["reason"] == "TunedElsewhere" and cluster_uid(peer) in said["message"], said
     peer_operator.kill()  # the tuning cluster dies mid-Job: nothing renews its claim
     killed = time.monotonic()
     try:
