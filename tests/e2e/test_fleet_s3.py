@@ -110,8 +110,9 @@ def test_an_entry_in_s3_is_verified_before_adoption_and_refused_once_tampered(
     ).for_job(gpu_model=MODEL, revision=naming.revision(spec), job="tune-1", image_id="")
     key = contract.published_key(location, MODEL, ident)
     entry = adopt.entry_for(record, ident, A, "2026-12-05T00:00:00Z")
-    assert adopt.publish(store, key, entry)
-    assert not adopt.publish(store, key, replace(entry, published_at="later"))  # first stays
+    assert adopt.publish(store, key, entry, spec, ())
+    later = replace(entry, published_at="later")
+    assert not adopt.publish(store, key, later, spec, ())  # a good entry stays
 
     found = adopt.read(store_at(s3, prefix), key, ident, MODEL)
     assert found is not None and found.record.sha256 == record.sha256

@@ -396,10 +396,35 @@ def test_an_entry_from_another_image_or_outside_the_store_is_not_adopted(tmp_pat
     forged = contract.Published(identity(p), MODEL, elsewhere, ME, "2026-12-05T00:00:00Z")
     (tmp_path / "bkt" / key).chmod(0o644)
     (tmp_path / "bkt" / key).write_bytes(forged.to_bytes())
-    _, api_q = sync(q, tmp_path, FLEET_A, Memory())
+    memory = Memory()
+    _, api_q = sync(q, tmp_path, FLEET_A, memory)
     assert any(
         "outside this profile's store" in m for r, m in api_q.events if r == "ArtifactNotAdopted"
     )
+    # Said once: the next look (every few seconds while it waits) neither says it again nor
+    # checks the artifact again.
+    _, api_q = sync(q, tmp_path, FLEET_A, memory)
+    assert not [m for r, m in api_q.events if r == "ArtifactNotAdopted"]
+
+
+def test_a_bad_entry_is_replaced_by_the_next_verified_artifact_published(tmp_path: Path) -> None:
+    p = profile_view(BASE.obj())
+    store = dir_store(tmp_path)
+    key = contract.published_key(LOCATION, MODEL, identity(p))
+    assert store.create(key, b'{"version": 1, "forged": true}', "application/json")
+    memory = Memory()
+    status, _ = sync(p, tmp_path, FLEET_A, memory)
+    done = served_by_p(tmp_path, {**p, "status": status})
+    _, api = sync(done, tmp_path, FLEET_A, memory)
+    assert any(r == "ArtifactPublishedForFleet" for r, _ in api.events)
+    entry = contract.Published.from_bytes(store.get(key, 1 << 16), identity(p), MODEL)
+    assert entry is not None and entry.record.sha256 == done["status"]["artifacts"][0]["sha256"]
+    # A good entry is never replaced: another profile's later artifact leaves it.
+    again = replace(entry, published_at="later")
+    assert not store.create(key, again.to_bytes(), "")
+    q = profile_view(BASE.name("q").uid("uid-q").obj())
+    status_q, _ = sync(q, tmp_path, FLEET_B, Memory())
+    assert status_q["phase"] == "Ready"
 
 
 def test_another_image_digest_tunes_its_own_while_the_first_is_claimed(tmp_path: Path) -> None:

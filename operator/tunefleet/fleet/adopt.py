@@ -20,7 +20,7 @@ from tunefleet.artifacts.fetch import FetchError, Pinned, download_verified
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.contracts.fleet import MAX_BYTES, Holder, Published
 from tunefleet.storage.registry import parse_uri
-from tunefleet.storage.store import NotFoundError, Store, Swappable
+from tunefleet.storage.store import NotFoundError, Store, SwappableStore
 
 CONTENT_TYPE = "application/json"
 
@@ -94,10 +94,31 @@ def adopted(entry: Published, revision: str, now: str) -> ArtifactRecord:
     )
 
 
-def publish(store: Swappable, key: str, entry: Published) -> bool:
-    """Publish an artifact for its identity: True if this is now the entry, False when one
-    was there first (it stays: entries are never replaced)."""
-    return store.create(key, entry.to_bytes(), CONTENT_TYPE)
+def publish(
+    store: SwappableStore,
+    key: str,
+    entry: Published,
+    spec: TuningProfileSpec,
+    stand_in: tuple[str, ...],
+) -> bool:
+    """Publish an artifact for its identity: True if this is now the entry. An entry there
+    first stays, unless it is not adoptable (forged, or its artifact tampered with or gone):
+    then it is replaced, on the version read, so that one bad object cannot make every
+    cluster tune the identity again forever."""
+    if store.create(key, entry.to_bytes(), CONTENT_TYPE):
+        return True
+    try:
+        there = store.read_tagged(key, MAX_BYTES)
+    except NotFoundError:
+        return store.create(key, entry.to_bytes(), CONTENT_TYPE)
+    found = Published.from_bytes(there.data, entry.identity, entry.gpu_model)
+    try:
+        if found is None:
+            raise NotAdoptable("not an entry")
+        verify(found, spec, stand_in, store)
+    except NotAdoptable:
+        return store.replace_if(key, entry.to_bytes(), CONTENT_TYPE, there.tag)
+    return False
 
 
 def entry_for(record: ArtifactRecord, identity: str, holder: Holder, now: str) -> Published:

@@ -27,10 +27,8 @@ from tunefleet.serving import delivery
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import (
     Location,
-    Store,
     StoreError,
-    StoreOptions,
-    Swappable,
+    SwappableStore,
     swappable,
 )
 
@@ -42,10 +40,8 @@ WAIT_POLL_S = 5.0  # how soon a waiting profile reads the claim and the entry ag
 @dataclass(frozen=True)
 class _Where:
     identity: str
-    store: Store
-    swap: Swappable  # the same store, as it coordinates
+    store: SwappableStore
     location: Location
-    options: StoreOptions
     holder: contract.Holder
 
 
@@ -77,7 +73,7 @@ def _where(s: Sync, model: str, publishing: bool = False) -> _Where | None:
         return None
     m = s.meta
     holder = contract.Holder(config.fleet_cluster, m["namespace"], m["name"], m["uid"])
-    return _Where(identity, store, swap, location, options, holder)
+    return _Where(identity, swap, location, holder)
 
 
 def to_tune(s: Sync, wanted: list[str]) -> list[str]:
@@ -96,19 +92,28 @@ def to_tune(s: Sync, wanted: list[str]) -> list[str]:
 
 
 def _adopt(s: Sync, model: str, w: _Where) -> bool:
-    """Adopt the identity's published artifact when there is one and it checks out."""
+    """Adopt the identity's published artifact when there is one and it checks out. One that
+    failed a check is said once (an Event) and not downloaded again by this profile: a waiting
+    profile looks every few seconds."""
     assert s.spec is not None
     key = contract.published_key(w.location, model, w.identity)
+    seen = key
     try:
         entry = adopt.read(w.store, key, w.identity, model)
         if entry is None:
             return False
+        seen = f"{key}#{entry.record.sha256}/{entry.record.manifest_sha256}/{entry.record.uri}"
+        if seen in s.memory.refused_entries:
+            return False
         adopt.verify(entry, s.spec, s.config.stand_in_models, w.store)
     except adopt.NotAdoptable as e:
-        s.events.append(
-            ("Warning", EventReason.NOT_ADOPTED, truncate(f"{model}: not adopted: {e}; this "
-             "profile tunes its own"))
-        )  # fmt: skip
+        if seen not in s.memory.refused_entries:
+            s.memory.refused_entries.add(seen)
+            s.events.append(
+                ("Warning", EventReason.NOT_ADOPTED, truncate(
+                    f"{model}: not adopted: {e}; this profile claims the identity and tunes its "
+                    "own (or waits for whoever tunes it now)"))
+            )  # fmt: skip
         return False
     except StoreError as e:
         s.waiting[model] = truncate(
@@ -133,7 +138,7 @@ def _claim(s: Sync, model: str, w: _Where) -> bool:
     ttl = s.config.fleet_claim_seconds
     key = contract.claim_key(w.location, model, w.identity)
     try:
-        standing = claims.claim(w.swap, key, w.identity, w.holder, now, ttl)
+        standing = claims.claim(w.store, key, w.identity, w.holder, now, ttl)
     except StoreError as e:
         s.waiting[model] = truncate(
             f"the fleet's claim could not be taken ({e}); trying again", 500
@@ -170,7 +175,7 @@ def renew(s: Sync, observations: list[JobObservation]) -> None:
             continue
         key = contract.claim_key(where.location, model, where.identity)
         try:
-            standing = claims.claim(where.swap, key, where.identity, where.holder, now, ttl)
+            standing = claims.claim(where.store, key, where.identity, where.holder, now, ttl)
         except StoreError as e:
             log.warning(f"{_name(s)} {model}: renewing the fleet's claim: {e}")
             _again(s, WAIT_POLL_S)
@@ -203,7 +208,8 @@ def settle(s: Sync, observations: list[JobObservation], served: list[ArtifactRec
         key = contract.published_key(where.location, record.gpu_model, where.identity)
         entry = adopt.entry_for(record, where.identity, where.holder, _iso(time.time()))
         try:
-            if adopt.publish(where.swap, key, entry):
+            assert s.spec is not None
+            if adopt.publish(where.store, key, entry, s.spec, s.config.stand_in_models):
                 s.events.append(
                     ("Normal", EventReason.PUBLISHED, truncate(
                         f"{record.gpu_model}: artifact {record.sha256[:12]} published for the "
@@ -224,7 +230,7 @@ def settle(s: Sync, observations: list[JobObservation], served: list[ArtifactRec
         if where is not None:
             key = contract.claim_key(where.location, model, where.identity)
             try:
-                claims.release(where.swap, key, where.identity, where.holder, time.time())
+                claims.release(where.store, key, where.identity, where.holder, time.time())
             except StoreError as e:
                 log.warning(f"{_name(s)} {model}: releasing the fleet's claim: {e}")
                 _again(s, WAIT_POLL_S)

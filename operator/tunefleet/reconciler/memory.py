@@ -63,6 +63,8 @@ class ProfileMemory:
     # (its expiry, epoch seconds), and the artifacts it published for the fleet, by SHA-256.
     claims: dict[str, float] = field(default_factory=dict)
     published: set[str] = field(default_factory=set)
+    # Published entries that failed adoption's checks (already said, not downloaded again).
+    refused_entries: set[str] = field(default_factory=set)
 
     def queued_of(self, job: dict[str, Any], client: Kube) -> str:
         """Kueue's word on a queued Job, read at most every QUEUED_TTL seconds."""

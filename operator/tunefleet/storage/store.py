@@ -87,8 +87,12 @@ class Swappable(Protocol):
         """Replace the version `tag` names: False if the object changed or went since."""
 
 
-def swappable(store: Store) -> Swappable | None:
-    """The store as a Swappable, or None when its backend cannot coordinate."""
+class SwappableStore(Store, Swappable, Protocol):
+    """A store that also coordinates (s3://, file://, pvc://)."""
+
+
+def swappable(store: Store) -> SwappableStore | None:
+    """The store as a SwappableStore, or None when its backend cannot coordinate."""
     ops = ("create", "read_tagged", "replace_if")
     return store if all(callable(getattr(store, op, None)) for op in ops) else None  # type: ignore[return-value]
 
