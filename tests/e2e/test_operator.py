@@ -139,6 +139,7 @@ def test_examples_tune_one_job_per_model_and_turn_ready(
         "KINDS",
         "NOTE",
         "GAIN",
+        "SOURCE",
         "COVERAGE",
         "MESSAGE",
     ], wide

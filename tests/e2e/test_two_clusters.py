@@ -36,6 +36,11 @@ from testbed.poll import eventually
 from testbed.real_node import fleet_profile, model_pod
 from tests.support.kube import apply, condition, create, ended, get_json, jobs_of, statuses
 from tests.support.kube import ready as wait_ready
+from tunefleet import naming
+from tunefleet.api import TuningProfileSpec
+from tunefleet.contracts import fleet as contract
+from tunefleet.storage.registry import parse_uri
+from tunefleet.storage.s3 import S3Store
 
 pytestmark = pytest.mark.e2e
 
@@ -195,3 +200,62 @@ def test_a_changed_image_digest_in_one_cluster_tunes_its_own(
     for c in (cluster, peer):
         phase = (get_json(c, "tp", "-n", namespace, "llama").get("status") or {}).get("phase")
         assert phase != "Queued", phase
+
+
+@pytest.fixture
+def peer_other_namespace(peer: Cluster, s3: Any, namespace: str) -> Iterator[str]:
+    """A namespace of another name in the peer: its profile's artifact path is its own."""
+    name = f"{namespace}-b"[:63]
+    namespace_with_secrets(peer, s3, name)
+    yield name
+    drop_namespace(peer, name)
+
+
+def test_an_artifact_tampered_with_in_the_store_is_not_adopted_and_its_entry_is_replaced(
+    cluster: Any,
+    peer: Cluster,
+    first_operator: Operator,
+    peer_operator: Operator,
+    s3: Any,
+    namespace: str,
+    peer_other_namespace: str,
+    s3_secret: str,
+    prefix: str,
+) -> None:
+    wait_for_real_node_gpus(cluster, 1)
+    profile = fleet_profile(s3, s3_secret, prefix, pinned_image(STANDIN_IMAGE))
+    apply(cluster, namespace, profile)
+    first = wait_ready(cluster, namespace, "llama", timeout=400)
+    assert first["status"]["phase"] == "Ready", json.dumps(first["status"], indent=2)[:3000]
+    art = first["status"]["artifacts"][0]
+    spec = TuningProfileSpec.model_validate(profile["spec"])
+    model = spec.gpu.models[0]
+    ident = naming.fleet_identity(spec, model)
+    assert ident is not None
+    store = S3Store(parse_uri(f"s3://{s3.bucket}/{prefix}"), client=s3.client(), timeout_s=60)
+    key = contract.published_key(store.location, model, ident)
+    eventually(
+        lambda: contract.Published.from_bytes(store.get(key, 1 << 16), ident, model),
+        lambda e: e is not None and e.record.sha256 == art["sha256"],
+        "the first cluster's entry",
+        timeout=60,
+    )
+    # Someone with write access to the bucket changes the artifact's results under its name.
+    results_key = f"{parse_uri(art['uri']).prefix}/results.csv"
+    body = store.get(results_key, 1 << 22)
+    s3.client().put_object(Bucket=s3.bucket, Key=results_key, Body=body + b"\n")
+
+    apply(peer, peer_other_namespace, profile)
+    own = wait_ready(peer, peer_other_namespace, "llama", timeout=400)
+    assert own["status"]["phase"] == "Ready", json.dumps(own["status"], indent=2)[:3000]
+    mine = own["status"]["artifacts"][0]
+    assert "source" not in mine and len(jobs_of(peer, peer_other_namespace, "llama")) == 1
+    said = peer.kubectl(
+        "get", "events", "-n", peer_other_namespace,
+        "--field-selector", "reason=ArtifactNotAdopted", "-o", "json",
+    ).stdout  # fmt: skip
+    assert "does not check" in said, said
+    # The bad entry gave way to the peer's verified artifact: the next cluster adopts that.
+    now = contract.Published.from_bytes(store.get(key, 1 << 16), ident, model)
+    assert now is not None and now.record.uri == mine["uri"]
+    assert now.holder.cluster == cluster_uid(peer)
