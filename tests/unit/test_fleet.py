@@ -322,6 +322,22 @@ def test_a_claim_is_kept_while_the_cache_has_not_seen_the_job_yet_and_released_o
     assert released is not None and released.expires <= time.time()
 
 
+def test_an_earlier_revisions_artifact_served_meanwhile_neither_releases_nor_is_published(
+    tmp_path: Path,
+) -> None:
+    p = profile_view(BASE.obj())
+    memory = Memory()
+    status, _ = sync(p, tmp_path, FLEET_A, memory)
+    done = served_by_p(tmp_path, {**p, "status": status})
+    # The artifact served was tuned under an earlier spec: the current revision tunes now.
+    done["status"]["artifacts"][0]["revision"] = "0000000000"
+    _, api = sync(done, tmp_path, FLEET_A, memory)
+    held = claim_of(tmp_path, p)
+    assert held is not None and held.expires > time.time() + 500
+    assert not any(r == "ArtifactPublishedForFleet" for r, _ in api.events)
+    assert not list(tmp_path.rglob("artifact.json"))
+
+
 def test_a_replica_that_restarts_while_its_job_runs_reads_its_claim_back_and_renews_it(
     tmp_path: Path,
 ) -> None:

@@ -162,8 +162,7 @@ def renew(s: Sync, observations: list[JobObservation]) -> None:
     now = time.time()
     ttl = s.config.fleet_claim_seconds
     if s.config.fleet:
-        running = {o.model for o in observations if o.state in ("Pending", "Running")}
-        for model in running - set(s.memory.claims):
+        for model in _running(s, observations) - set(s.memory.claims):
             s.memory.claims[model] = now - ttl  # read (and renewed) below
     for model, expires in list(s.memory.claims.items()):
         if expires - now >= ttl / 2:
@@ -199,7 +198,10 @@ def settle(s: Sync, observations: list[JobObservation], served: list[ArtifactRec
     adopted one) for the fleet, once (the first of an identity stays, whoever wrote it); then
     release the claims of models whose Job ended, so that a waiting profile adopts (or, when
     the Job failed, takes over) at once instead of after the expiry."""
-    for record in served:
+    # Only artifacts of the revision each model tunes under now: one an earlier spec made,
+    # served while the new revision tunes, is not the current identity's.
+    current = [r for r in served if r.revision == s.rev(r.gpu_model)]
+    for record in current:
         if record.adopted or not record.job or record.sha256 in s.memory.published:
             continue
         where = _where(s, record.gpu_model, publishing=True)
@@ -223,8 +225,16 @@ def settle(s: Sync, observations: list[JobObservation], served: list[ArtifactRec
     # Released once the model's Job is seen finished, or its artifact served; never because
     # its Job is not seen: the cache may not have the Job just made yet (a pass on the echo
     # of our own status write), and a Job Kueue holds is not observed until admitted.
-    ended = {o.model for o in observations if o.state in ("Succeeded", "Failed")}
-    ended |= {r.gpu_model for r in served}
+    # A sharded Job whose shares are all in is not over: its merge Job publishes.
+    ended = {
+        o.model
+        for o in observations
+        if o.revision == s.rev(o.model)
+        and (
+            o.state == "Failed" or (o.state == "Succeeded" and (o.role == "merge" or o.shards <= 1))
+        )
+    }
+    ended = (ended | {r.gpu_model for r in current}) - _running(s, observations)
     for model in [m for m in s.memory.claims if m in ended]:
         where = _where(s, model)
         if where is not None:
@@ -236,6 +246,16 @@ def settle(s: Sync, observations: list[JobObservation], served: list[ArtifactRec
                 _again(s, WAIT_POLL_S)
                 continue
         s.memory.claims.pop(model, None)
+
+
+def _running(s: Sync, observations: list[JobObservation]) -> set[str]:
+    """Models with a Job of the revision they tune under now that has not ended (a Job of an
+    earlier revision, being stopped, holds no claim of the current identity)."""
+    return {
+        o.model
+        for o in observations
+        if o.state in ("Pending", "Running") and o.revision == s.rev(o.model)
+    }
 
 
 def _name(s: Sync) -> str:
