@@ -19,7 +19,6 @@ from tunefleet.artifacts import fit
 from tunefleet.artifacts.fetch import FetchError, Pinned, download_verified
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.contracts.fleet import MAX_BYTES, Holder, Published
-from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import NotFoundError, Store, SwappableStore
 
 CONTENT_TYPE = "application/json"
@@ -53,8 +52,9 @@ def verify(
     root = spec.storage.uri.rstrip("/") + "/"
     if not record.uri.startswith(root):
         raise NotAdoptable(f"its artifact {record.uri} is outside this profile's store {root}")
+    if not record.manifest_sha256:
+        raise NotAdoptable(f"its artifact {record.uri} names no manifest SHA-256")
     try:
-        parse_uri(record.uri)
         verified = download_verified(
             Pinned(
                 record.uri,
@@ -67,8 +67,6 @@ def verify(
         )
     except (FetchError, ValueError) as e:
         raise NotAdoptable(f"its artifact {record.uri} does not check: {e}") from None
-    if not record.manifest_sha256:
-        raise NotAdoptable(f"its artifact {record.uri} names no manifest SHA-256")
     ran = verified.parsed.image if verified.parsed is not None else None
     want = images.parse(spec.image).digest
     got = _digest(ran.reference) if ran is not None else None
