@@ -505,8 +505,11 @@ def run(
         operator.kill()
         t0 = time.monotonic()
         with Sampler(lambda: operator.proc.pid) as rss:
-            operator.start(timeout=start_timeout)
+            operator.start(timeout=start_timeout, listening_only=True)
             out["restart_to_webhook_listening_s"] = round(time.monotonic() - t0, 1)
+            # The reconciler starts once every kind is listed (handlers/startup.py).
+            operator.wait_started(timeout=start_timeout)
+            out["restart_to_reconciling_s"] = round(time.monotonic() - t0, 1)
             spy = PySpy(py_spy, "restart", operator.proc.pid)
             cpu0 = cpu_seconds(operator.proc.pid)
             out["restart_busy_s"] = settle(operator.proc.pid, quiet=5.0)

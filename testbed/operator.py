@@ -42,6 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RELEASE = "tunefleet"
 SYSTEM_NS = "tunefleet-system"
 SA = "tunefleet"
+# What the operator logs once its reconciler runs (handlers/startup.py).
+STARTED = "tunefleet operator started"
 
 
 class Kubectl(Protocol):
@@ -130,10 +132,14 @@ class Operator:
     env: dict[str, str]
     log: Path
     proc: subprocess.Popen[bytes] | None = None
+    _offset: int = 0  # where the log of the last start began
 
-    def start(self, wait: bool = True, timeout: float = 30.0) -> None:
-        """Start the process; with wait, return once its webhook port listens (startup done)."""
+    def start(self, wait: bool = True, timeout: float = 30.0, listening_only: bool = False) -> None:
+        """Start the process; with wait, return once its webhook port listens and (unless
+        listening_only) its reconciler has started: the webhook listens while the caches are
+        still being listed (handlers/startup.py)."""
         out = self.log.open("ab")
+        self._offset = offset = self.log.stat().st_size
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tunefleet"],
             env={**os.environ, **self.env, "KUBECONFIG": str(self.kubeconfig)},
@@ -145,16 +151,32 @@ class Operator:
             return
         deadline = time.monotonic() + timeout
         port = int(self.env["TUNEFLEET_WEBHOOK_PORT"])
-        while time.monotonic() < deadline:  # the webhook port listening means startup is done
+        listening = False
+        while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(
                     f"operator exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}"
                 )
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    return
+            if not listening:
+                with socket.socket() as s:
+                    listening = s.connect_ex(("127.0.0.1", port)) == 0
+            if listening and (listening_only or self._said(STARTED, offset)):
+                return
             time.sleep(0.2)
         raise RuntimeError(f"operator did not start:\n{self.log.read_text()[-3000:]}")
+
+    def wait_started(self, timeout: float = 30.0) -> None:
+        """After start(listening_only=True): until the reconciler has started."""
+        deadline = time.monotonic() + timeout
+        while not self._said(STARTED, self._offset):
+            if time.monotonic() > deadline or (self.proc and self.proc.poll() is not None):
+                raise RuntimeError(f"operator did not start:\n{self.log.read_text()[-3000:]}")
+            time.sleep(0.2)
+
+    def _said(self, line: str, offset: int) -> bool:
+        with self.log.open("rb") as f:
+            f.seek(offset)
+            return line.encode() in f.read()
 
     def kill(self) -> None:
         """SIGKILL: no graceful shutdown, as a crash or an evicted pod would be."""

@@ -305,3 +305,95 @@ def test_per_profile_metrics_are_read_from_the_environment(monkeypatch: pytest.M
     assert Config.from_env().profile_metrics is False
     monkeypatch.setenv("TUNEFLEET_PROFILE_METRICS", "true")
     assert Config.from_env().profile_metrics is True
+
+
+class _Listing:
+    """Reflectors whose first lists end when the test says so (or fail)."""
+
+    def __init__(self, fails: bool = False) -> None:
+        import threading
+
+        self.listed = threading.Event()
+        self.fails = fails
+
+    def wait_listed(self, timeout: float | None = None) -> bool:
+        self.listed.wait(5)
+        if self.fails:
+            raise RuntimeError("the API server went away mid-list")
+        return True
+
+
+def _startup_stubs(monkeypatch: pytest.MonkeyPatch, events: list[str]) -> Any:
+    from tunefleet.handlers import startup
+
+    class Maps:
+        def __init__(self, *_: Any) -> None: ...
+
+        def start(self) -> None:
+            events.append("maps")
+
+    class Controller:
+        class queue:  # the controller's attribute
+            @staticmethod
+            def pending() -> int:
+                return 0
+
+        active = None
+
+        def start(self) -> None:
+            events.append("controller")
+
+    monkeypatch.setattr(startup, "NodeMaps", Maps)
+    monkeypatch.setattr(startup.metrics, "serve", lambda port: events.append("metrics"))
+    monkeypatch.setattr(startup.metrics.REGISTRY, "register", lambda c: None)
+    monkeypatch.setattr(startup, "_elect", lambda config, leaders: events.append("elect"))
+    monkeypatch.setattr(startup.os, "kill", lambda pid, sig: events.append(f"kill {sig.name}"))
+    return startup, Controller()
+
+
+def test_the_reconciler_starts_only_once_every_kind_is_listed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The webhook listens while the caches fill (startup returns first); the reconciler must
+    not: it would take a Job it has not listed yet for a missing one and make it again."""
+    import asyncio
+    import logging
+
+    from tunefleet.config import Config
+
+    events: list[str] = []
+    startup, controller = _startup_stubs(monkeypatch, events)
+    listing = _Listing()
+
+    async def run() -> None:
+        task = asyncio.create_task(
+            startup._start_when_listed(
+                listing, Config(), controller, logging.getLogger("test")  # type: ignore[arg-type]
+            )
+        )
+        await asyncio.sleep(0.2)
+        assert events == []  # still listing: nothing reconciles, nothing leads
+        listing.listed.set()
+        await asyncio.wait_for(task, 5)
+
+    asyncio.run(run())
+    assert events == ["controller", "maps", "metrics", "elect"]
+
+
+def test_a_reconciler_that_cannot_start_stops_the_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An operator that admits pods but never reconciles must not go on quietly."""
+    import asyncio
+    import logging
+
+    from tunefleet.config import Config
+
+    events: list[str] = []
+    startup, controller = _startup_stubs(monkeypatch, events)
+    listing = _Listing(fails=True)
+    listing.listed.set()
+    asyncio.run(
+        startup._start_when_listed(
+            listing, Config(), controller, logging.getLogger("test")  # type: ignore[arg-type]
+        )
+    )
+    assert events == ["kill SIGTERM"]

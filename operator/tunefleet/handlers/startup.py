@@ -7,6 +7,7 @@ import contextlib
 import functools
 import logging
 import os
+import signal
 import socket
 import uuid
 from collections.abc import Callable, Iterator
@@ -55,6 +56,8 @@ class Operator:
         self.node_maps: NodeMaps | None = None
         self.endpoint: capture_endpoint.Server | None = None
         self.reflectors: Reflectors | None = None
+        # What startup left running: the reconciler's start once the caches are listed.
+        self.started: asyncio.Task[None] | None = None
 
     @property
     def config(self) -> Config:
@@ -165,26 +168,44 @@ async def operator_startup(
     )
     OPERATOR.config = config
     OPERATOR.controller = controller
-    # Each kind listed (page by page) into the cache before the reconciler starts: it never
-    # takes a Job it has not seen yet for a missing one.
-    OPERATOR.reflectors = reflectors(config).start()
-    await asyncio.to_thread(OPERATOR.reflectors.wait_listed)
-    sizes = OPERATOR.cache.sizes()
-    logger.info(
-        f"cache primed: {sizes['profiles']} profiles, {sizes['jobs']} tuning Jobs, "
-        f"{sizes['pods']} tuning pods"
-    )
-    controller.start()
-    # The node maps pods pick their GPU model by (nodemap.py): written while leading only.
-    cache = OPERATOR.cache
-    maps = NodeMaps(OPERATOR.client, cache.profiles, cache.profile, controller.active)
-    OPERATOR.node_maps = maps
-    maps.start()
-    metrics.REGISTRY.register(index_collector(config, controller.queue.pending))
-    metrics.serve(config.metrics_port)
-    _elect(config, leaders=(controller, maps))
+    OPERATOR.reflectors = listing = reflectors(config).start()
     if config.webhook_enabled:
+        # Admission and capture listen while the caches fill: each asks the API server for a
+        # profile the cache does not hold yet (handlers/pod.py, capture/endpoint.py), so a
+        # restart beside 10,000 profiles takes admissions in seconds, not after every list.
         config = await _serve_webhook(settings, config, controller, logger)
+    # kopf starts the webhook server once this handler returns; the rest waits for the lists.
+    OPERATOR.started = asyncio.create_task(_start_when_listed(listing, config, controller, logger))
+
+
+async def _start_when_listed(
+    listing: Reflectors, config: Config, controller: Controller, logger: kopf.Logger
+) -> None:
+    """Each kind listed (page by page) into the cache before the reconciler starts: it never
+    takes a Job it has not seen yet for a missing one. A failure here ends the process (the
+    kubelet restarts it): an operator that admits but never reconciles must not go on."""
+    try:
+        await asyncio.to_thread(listing.wait_listed)
+        sizes = OPERATOR.cache.sizes()
+        logger.info(
+            f"cache primed: {sizes['profiles']} profiles, {sizes['jobs']} tuning Jobs, "
+            f"{sizes['pods']} tuning pods"
+        )
+        controller.start()
+        # The node maps pods pick their GPU model by (nodemap.py): written while leading only.
+        cache = OPERATOR.cache
+        maps = NodeMaps(OPERATOR.client, cache.profiles, cache.profile, controller.active)
+        OPERATOR.node_maps = maps
+        maps.start()
+        metrics.REGISTRY.register(index_collector(config, controller.queue.pending))
+        metrics.serve(config.metrics_port)
+        _elect(config, leaders=(controller, maps))
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        logger.exception("the operator could not start its reconciler; it stops")
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
     logger.info(
         f"tunefleet operator started: {config.workers} reconcile workers, resync every "
         f"{config.resync_seconds:.0f}s; tuning Jobs use image {config.image}"
@@ -354,6 +375,8 @@ async def _start_capture(config: Config, server: kopf.WebhookServer, logger: kop
 
 @kopf.on.cleanup()
 async def operator_cleanup(**_: Any) -> None:
+    if OPERATOR.started is not None:
+        OPERATOR.started.cancel()
     if OPERATOR.reflectors is not None:
         OPERATOR.reflectors.stop()
     if OPERATOR.elector is not None:
