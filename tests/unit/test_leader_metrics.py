@@ -368,7 +368,10 @@ def test_the_reconciler_starts_only_once_every_kind_is_listed(
     async def run() -> None:
         task = asyncio.create_task(
             startup._start_when_listed(
-                listing, Config(), controller, logging.getLogger("test")  # type: ignore[arg-type]
+                listing,
+                Config(),
+                controller,
+                logging.getLogger("test"),  # type: ignore[arg-type]
             )
         )
         await asyncio.sleep(0.2)
@@ -393,7 +396,10 @@ def test_a_reconciler_that_cannot_start_stops_the_process(monkeypatch: pytest.Mo
     listing.listed.set()
     asyncio.run(
         startup._start_when_listed(
-            listing, Config(), controller, logging.getLogger("test")  # type: ignore[arg-type]
+            listing,
+            Config(),
+            controller,
+            logging.getLogger("test"),  # type: ignore[arg-type]
         )
     )
     assert events == ["kill SIGTERM"]
