@@ -107,3 +107,25 @@ def test_a_pvc_profiles_model_pods_mount_the_claim_read_only_in_fetch_only() -> 
     ]
     (server,) = spec_["containers"]
     assert all(m["mountPath"] != MOUNT_PATH for m in server["volumeMounts"])
+
+
+def test_a_shared_session_makes_one_s3_client_per_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fleet step opens the profile's store on every reconcile: a boto3 client each time
+    cost more CPU than the rest of the reconcile."""
+    from tunefleet.storage import registry, s3
+
+    made: list[str | None] = []
+    monkeypatch.setattr(
+        s3, "make_client", lambda e=None, r=None, t=60.0: made.append(e) or object()
+    )
+    registry._shared_session.cache_clear()
+    here = registry.parse_uri("s3://bucket/p")
+    a = StoreOptions(endpoint_url="http://a:9000", timeout_s=10)
+    first = registry.shared_session(here, a)
+    again = registry.shared_session(
+        registry.parse_uri("s3://other/q"), StoreOptions("http://a:9000", timeout_s=10)
+    )
+    other = registry.shared_session(here, StoreOptions(endpoint_url="http://b:9000", timeout_s=10))
+    assert first.client is again.client and other.client is not first.client
+    assert made == ["http://a:9000", "http://b:9000"]
+    registry._shared_session.cache_clear()

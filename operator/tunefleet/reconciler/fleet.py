@@ -24,7 +24,7 @@ from tunefleet.fleet import adopt, claims
 from tunefleet.reconciler.observe import JobObservation
 from tunefleet.reconciler.state import Sync
 from tunefleet.serving import delivery
-from tunefleet.storage.registry import parse_uri
+from tunefleet.storage.registry import parse_uri, shared_session
 from tunefleet.storage.store import (
     Location,
     StoreError,
@@ -63,10 +63,10 @@ def _where(s: Sync, model: str, publishing: bool = False) -> _Where | None:
     try:
         location = parse_uri(storage.uri)
         # s3:// only: the operator reaches no PersistentVolumeClaim, and oci:// cannot swap.
-        store = s.open_store(location, options) if location.scheme == "s3" else None
+        if location.scheme != "s3":
+            return None
+        store = s.open_store(location, shared_session(location, options))
     except (ValueError, StoreError):
-        return None
-    if store is None:
         return None
     swap = swappable(store)
     if swap is None:
