@@ -76,6 +76,7 @@ SIZE: dict[str, Any] = {
     "profiles": None,
     "namespaces": None,
     "created_by": None,
+    "paced_at_per_s": None,
     "apiserver_alone_creates_per_s": None,
     "apiserver_alone_sample": None,
     "rss_empty_cold_mib": None,
