@@ -633,7 +633,7 @@ def main(argv: list[str]) -> None:
         choices=CREATE_MODES,
         default="kubectl",
         help="kubectl: one `kubectl create -f` (the goal's wording); rest: 8 connections "
-        "(a ~5x faster burst); default %(default)s",
+        "paced by --rate (a burst); default %(default)s",
     )
     parser.add_argument(
         "--rate",

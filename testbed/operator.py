@@ -16,6 +16,7 @@ server, and the pod's status gets the termination message the real step would ha
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -139,7 +141,7 @@ class Operator:
         listening_only) its reconciler has started: the webhook listens while the caches are
         still being listed (handlers/startup.py)."""
         out = self.log.open("ab")
-        self._offset = offset = self.log.stat().st_size
+        self._offset = self.log.stat().st_size
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tunefleet"],
             env={**os.environ, **self.env, "KUBECONFIG": str(self.kubeconfig)},
@@ -151,17 +153,16 @@ class Operator:
             return
         deadline = time.monotonic() + timeout
         port = int(self.env["TUNEFLEET_WEBHOOK_PORT"])
-        listening = False
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(
                     f"operator exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}"
                 )
-            if not listening:
-                with socket.socket() as s:
-                    listening = s.connect_ex(("127.0.0.1", port)) == 0
-            if listening and (listening_only or self._said(STARTED, offset)):
-                return
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    if not listening_only:
+                        self.wait_started(max(0.0, deadline - time.monotonic()))
+                    return
             time.sleep(0.2)
         raise RuntimeError(f"operator did not start:\n{self.log.read_text()[-3000:]}")
 
@@ -314,6 +315,16 @@ def drop_namespace(cluster: Any, name: str) -> None:
         delete_namespace(api, name)
     finally:
         api.close()
+
+
+@contextlib.contextmanager
+def user_namespace(cluster: Any, s3: Any, name: str) -> Iterator[str]:
+    """namespace_with_secrets for the length of a with block (a test's fixture), then dropped."""
+    namespace_with_secrets(cluster, s3, name)
+    try:
+        yield name
+    finally:
+        drop_namespace(cluster, name)
 
 
 def create_s3_secret(

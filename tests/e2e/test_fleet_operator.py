@@ -24,10 +24,9 @@ from testbed.cluster import (
 )
 from testbed.operator import (
     Operator,
-    drop_namespace,
     fleet_mode,
     leave_fleet_mode,
-    namespace_with_secrets,
+    user_namespace,
 )
 from testbed.poll import eventually
 from testbed.real_node import fleet_profile, model_pod
@@ -62,10 +61,8 @@ def fleet_operator(cluster: Any, s3: Any, operator: Operator) -> Iterator[Operat
 
 @pytest.fixture
 def other_namespace(cluster: Any, s3: Any, namespace: str) -> Iterator[str]:
-    name = f"{namespace}-b"[:63]
-    namespace_with_secrets(cluster, s3, name)
-    yield name
-    drop_namespace(cluster, name)
+    with user_namespace(cluster, s3, f"{namespace}-b"[:63]) as name:
+        yield name
 
 
 def test_two_profiles_of_one_identity_tune_once_and_both_serve_it(

@@ -25,12 +25,11 @@ from testbed.cluster import (
 )
 from testbed.operator import (
     Operator,
-    drop_namespace,
     fleet_mode,
     install,
     leave_fleet_mode,
-    namespace_with_secrets,
     uninstall_release,
+    user_namespace,
 )
 from testbed.poll import eventually
 from testbed.real_node import fleet_profile, model_pod
@@ -77,9 +76,8 @@ def first_operator(cluster: Any, s3: Any, operator: Operator) -> Iterator[Operat
 @pytest.fixture
 def peer_namespace(peer: Cluster, s3: Any, namespace: str) -> Iterator[str]:
     """The test's namespace, of the same name, in the peer, with the same Secrets."""
-    namespace_with_secrets(peer, s3, namespace)
-    yield namespace
-    drop_namespace(peer, namespace)
+    with user_namespace(peer, s3, namespace) as name:
+        yield name
 
 
 def at_once(*calls: Any) -> None:
@@ -205,10 +203,8 @@ def test_a_changed_image_digest_in_one_cluster_tunes_its_own(
 @pytest.fixture
 def peer_other_namespace(peer: Cluster, s3: Any, namespace: str) -> Iterator[str]:
     """A namespace of another name in the peer: its profile's artifact path is its own."""
-    name = f"{namespace}-b"[:63]
-    namespace_with_secrets(peer, s3, name)
-    yield name
-    drop_namespace(peer, name)
+    with user_namespace(peer, s3, f"{namespace}-b"[:63]) as name:
+        yield name
 
 
 def test_an_artifact_tampered_with_in_the_store_is_not_adopted_and_its_entry_is_replaced(

@@ -200,9 +200,7 @@ async def _start_when_listed(
         metrics.REGISTRY.register(index_collector(config, controller.queue.pending))
         metrics.serve(config.metrics_port)
         _elect(config, leaders=(controller, maps))
-    except asyncio.CancelledError:
-        raise
-    except Exception:
+    except Exception:  # not a cancellation (a BaseException): cleanup cancels this task
         logger.exception("the operator could not start its reconciler; it stops")
         os.kill(os.getpid(), signal.SIGTERM)
         return
