@@ -82,6 +82,9 @@ class Config:
     # A claim lasts fleet_claim_seconds unless renewed; fleet_cluster is this cluster's
     # kube-system namespace uid, learnt at start.
     fleet: bool = False
+    # The GPU gate (placement/gate.py): tuning Jobs wait suspended while tunefleet's own Jobs
+    # hold every GPU of their model, instead of as pods the scheduler cannot place.
+    gpu_gate: bool = True
     fleet_claim_seconds: float = 600.0
     fleet_cluster: str = ""
 
@@ -127,5 +130,6 @@ class Config:
                 m.strip() for m in env("TUNEFLEET_STAND_IN_MODELS", "").split(",") if m.strip()
             ),
             fleet=_env_bool("TUNEFLEET_FLEET", False),
+            gpu_gate=_env_bool("TUNEFLEET_GPU_GATE", True),
             fleet_claim_seconds=max(60.0, float(env("TUNEFLEET_FLEET_CLAIM_SECONDS", "600"))),
         )

@@ -235,7 +235,7 @@ class Kube(Client):
         for listed in pages(fetch):
             yield from listed.get("items") or []
 
-    def _list_nodes(self, label_selector: str) -> list[dict[str, Any]]:
+    def list_nodes(self, label_selector: str) -> list[dict[str, Any]]:
         core = self.core()
         resp = call(
             "listing nodes",
@@ -249,7 +249,7 @@ class Kube(Client):
         return items
 
     def count_nodes(self, label_selector: str) -> int:
-        return len(self._list_nodes(label_selector))
+        return len(self.list_nodes(label_selector))
 
     def node_runtimes(self, label_selector: str) -> dict[str, str]:
         """Each labelled node's container runtime, as its kubelet reports it
@@ -258,7 +258,7 @@ class Kube(Client):
             str((n.get("metadata") or {}).get("name")): str(
                 ((n.get("status") or {}).get("nodeInfo") or {}).get("containerRuntimeVersion") or ""
             )
-            for n in self._list_nodes(label_selector)
+            for n in self.list_nodes(label_selector)
         }
 
     def server_minor(self) -> int:

@@ -31,6 +31,8 @@ MODEL_ANNOTATION = "tunefleet.io/gpu-model"  # on Jobs and ConfigMaps too, read 
 # On a tuning (or merge) Job, written by the operator when it first reads the publish step's
 # termination message: the artifact record (contracts/artifact.py) outlives the Job's pods.
 RECORD_ANNOTATION = "tunefleet.io/artifact-record"
+# On a tuning Job the GPU gate made suspended (placement/gate.py): "true" while it may start it.
+GPU_GATE_ANNOTATION = "tunefleet.io/waits-for-gpu"
 JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"  # set by the Job controller on its pods
 # Set by the webhook on every labelled pod it admits: pods without it were created while the
 # webhook was unreachable (`kubectl get pods -l 'tunefleet.io/profile,!tunefleet.io/admission'`).

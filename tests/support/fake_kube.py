@@ -171,6 +171,11 @@ class FakeKube(_StandIns):
         self.calls.append(("nodes", "list", label_selector))
         return self.nodes
 
+    def list_nodes(self, label_selector: str) -> list[dict[str, Any]]:
+        self.calls.append(("nodes", "list", label_selector))
+        done, answer = self._scripted("list_nodes", label_selector)
+        return list(answer) if done else []
+
     def node_runtimes(self, label_selector: str) -> dict[str, str]:
         self.calls.append(("nodes", "list", label_selector))
         done, answer = self._scripted("node_runtimes", label_selector)

@@ -35,7 +35,7 @@ class Phase(StrEnum):
     """status.phase: the one word `kubectl get tuningprofiles` shows (crds/ lists the same)."""
 
     PENDING = "Pending"  # nothing tuning yet (Jobs not started, or blocked)
-    QUEUED = "Queued"  # every Job waits in its Kueue queue
+    QUEUED = "Queued"  # every Job waits in its Kueue queue, or for a GPU tunefleet's Jobs hold
     TUNING = "Tuning"  # a tuning Job runs
     READY = "Ready"  # every GPU model has an artifact that pods get
     DEGRADED = "Degraded"  # Ready, but model pods run untuned for a cause of ours
@@ -78,6 +78,9 @@ class Reason(StrEnum):
     POD_CREATE_FAILED = "PodCreateFailed"
     # A Job waits in its Kueue LocalQueue (spec.tuning.queueName): Kueue's reason in the message.
     QUEUED = "Queued"
+    # A Job the GPU gate made suspended: every GPU of its model is held by tunefleet's tuning
+    # Jobs (placement/gate.py); it starts, oldest first, as they end. Not a fault.
+    WAITING_FOR_GPU = "WaitingForGPU"
     # Another profile or cluster sharing the store tunes this identity now (fleet/): the
     # message names it and when its claim expires; its artifact is adopted when published.
     TUNED_ELSEWHERE = "TunedElsewhere"

@@ -362,6 +362,17 @@ def build_tuning_job(c: Child) -> dict[str, Any]:
     return apply_to_tuning_job(job, spec)
 
 
+def held_for_gpu(job: dict[str, Any]) -> dict[str, Any]:
+    """The tuning Job made suspended by the GPU gate (placement/gate.py), marked so that the
+    gate, and only it, starts it; a suspended Job with no mark is someone else's to resume."""
+    out = {**job, "metadata": dict(job["metadata"]), "spec": {**job["spec"], "suspend": True}}
+    out["metadata"]["annotations"] = {
+        **(job["metadata"].get("annotations") or {}),
+        naming.GPU_GATE_ANNOTATION: "true",
+    }
+    return out
+
+
 def build_merge_job(c: Child) -> dict[str, Any]:
     """With parallelism > 1: publish one artifact from the shares (no GPU, our image)."""
     spec, config = c.spec, c.config

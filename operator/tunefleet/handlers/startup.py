@@ -24,6 +24,7 @@ from tunefleet.capture.keys import ArtifactKeys
 from tunefleet.capture.step import CaptureSource
 from tunefleet.capture.store import Writer
 from tunefleet.config import Config
+from tunefleet.placement.gate import Gate, node_gpus
 from tunefleet.placement.nodemap import NodeMaps
 from tunefleet.reconciler.controller import Controller, Indexes
 from tunefleet.runtime import reflector
@@ -136,6 +137,9 @@ def follow_child(kind: str, event: str | None, body: dict[str, Any]) -> None:
     events into one reconcile)."""
     metrics.HANDLER_CALLS.labels(f"{kind[:-1]}_event").inc()
     OPERATOR.cache.follow(kind, event, body)
+    gate = OPERATOR.controller.gate
+    if gate is not None:
+        (gate.follow_job if kind == "jobs" else gate.follow_pod)(event, body)
     # By the profile the object names: only a trigger, the reconcile reads what is owned.
     meta = body.get("metadata") or {}
     profile = (meta.get("labels") or {}).get(naming.TUNING_PROFILE_LABEL)
@@ -210,6 +214,12 @@ async def _start_when_listed(
     )
 
 
+def _gpu_gate() -> Gate:
+    """The GPU gate, its pools' GPUs read from their nodes (what they advertise)."""
+    client = OPERATOR.client
+    return Gate(lambda pool: node_gpus(client.list_nodes(pool.selector), pool.resource))
+
+
 def index_collector(config: Config, queue_depth: Callable[[], int]) -> metrics.IndexCollector:
     """The gauges computed at scrape time from the cache: the fleet's always, each profile's
     only when asked for (config.profile_metrics): their series grow with the profiles."""
@@ -253,6 +263,7 @@ def _indexes(config: Config) -> Indexes:
         captures=CaptureSource(OPERATOR.captures, ArtifactKeys(OPERATOR.client, config)),
         config_map_uid=OPERATOR.delivered.uid_of,
         untuned_pods=OPERATOR.served.of,
+        gate=_gpu_gate() if config.gpu_gate else None,
     )
 
 

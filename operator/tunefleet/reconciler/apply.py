@@ -21,12 +21,14 @@ from tunefleet.builders.job import (
     build_merge_job,
     build_tuning_config_map,
     build_tuning_job,
+    held_for_gpu,
 )
 from tunefleet.builders.kueue import QUEUE_LABEL
 from tunefleet.capture import step as capture_step
 from tunefleet.capture.store import RetuneSet, build_retune_config_map
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.kube import Kube
+from tunefleet.placement import gate
 from tunefleet.reconciler import decide
 from tunefleet.reconciler.announce import announce
 from tunefleet.reconciler.state import Sync
@@ -89,14 +91,15 @@ def create_missing(s: Sync, todo: list[str]) -> None:
         try:
             # The ConfigMap first: the Job's pod mounts it.
             s.client.create_owned(build_tuning_config_map(child))
-            job = build_tuning_job(child)
+            job = _gated(s, build_tuning_job(child))
             made = s.client.create_owned(job)
             if made is not None:
-                if not (made.get("spec") or {}).get("suspend"):
+                if not (made.get("spec") or {}).get("suspend") or gate.held(made):
                     # Observed in this reconcile's status: the watch's echo of it then finds
                     # the status already saying so (one status write a Job fewer). Not a
                     # suspended (Kueue) one: Kueue cannot have made its Workload yet, and why
                     # it waits is Kueue's to say once it has (its echo's reconcile reads it).
+                    # One the GPU gate holds says why at once.
                     s.jobs = [*s.jobs, views.job_view(made)]
                 name, ns = job["metadata"]["name"], s.meta["namespace"]
                 log.info(f"created tuning Job {ns}/{name} for TuningProfile {s.meta['name']}")
@@ -115,6 +118,27 @@ def create_missing(s: Sync, todo: list[str]) -> None:
             # Quota, RBAC, an API hiccup: say so in status, then retry with backoff.
             s.create_error = e
             return
+
+
+def _gated(s: Sync, job: dict[str, Any]) -> dict[str, Any]:
+    """The Job as the GPU gate lets it be made: started, or suspended while every GPU of its
+    model is held by our Jobs (placement/gate.py). Kueue's Jobs are Kueue's to hold."""
+    if s.gate is None or (job.get("spec") or {}).get("suspend"):
+        return job
+    d = gate.demand(job)
+    return job if d is None or s.gate.may_start(d) else held_for_gpu(job)
+
+
+def start_admitted(s: Sync, jobs: list[dict[str, Any]]) -> None:
+    """Start the Jobs the GPU gate let go (decide.admitted); each is observed started in
+    this very pass."""
+    ns, uid = s.meta["namespace"], s.meta["uid"]
+    for job in jobs:
+        name = job["metadata"]["name"]
+        if s.client.patch_owned("Job", ns, name, uid, {"spec": {"suspend": False}}):
+            log.info(f"Job {ns}/{name}: a GPU is free; started")
+            started = {**job, "spec": {**(job.get("spec") or {}), "suspend": False}}
+            s.jobs = [started if j is job else j for j in s.jobs]
 
 
 def stop_superseded(s: Sync, jobs: list[Superseded]) -> None:

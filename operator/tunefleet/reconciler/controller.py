@@ -26,6 +26,7 @@ from tunefleet.capture.step import CaptureSource
 from tunefleet.config import Config
 from tunefleet.informers.cache import Untrusted
 from tunefleet.kube import Kube
+from tunefleet.placement.gate import Gate
 from tunefleet.reconciler.memory import Memory
 from tunefleet.reconciler.reconcile import Around, Outcome, sync_profile
 from tunefleet.runtime.heap import release_memory
@@ -63,6 +64,9 @@ class Indexes:
     config_map_uid: Callable[[str, str], str] | None = None
     # (namespace, profile) -> its model pods that run untuned for a cause of ours (served.py).
     untuned_pods: Callable[[str, str], list[Untuned]] = lambda ns, name: []
+    # The GPU gate (placement/gate.py), fed by the Job and pod watches; None: every Job starts
+    # at once.
+    gate: Gate | None = None
 
 
 class Controller:
@@ -79,6 +83,7 @@ class Controller:
         self.client = client  # the process's one (kube.Kube; a FakeKube in unit tests)
         self.config = config
         self.indexes = indexes
+        self.gate = indexes.gate
         self.workers = workers
         self.resync_seconds = resync_seconds
         self.queue: WorkQueue[Key] = WorkQueue(backoff or Backoff(base=1.0, cap=300.0))
@@ -131,6 +136,15 @@ class Controller:
         t = threading.Thread(target=self._resync_loop, name="resync", daemon=True)
         t.start()
         self._threads.append(t)
+        if self.gate is not None:
+            # Waiting Jobs let go as GPUs free: their profiles come first in the queue.
+            start = self.enqueue
+            t = threading.Thread(
+                target=self.gate.run, args=(self._stop, self.active, start), name="gate",
+                daemon=True,
+            )  # fmt: skip
+            t.start()
+            self._threads.append(t)
 
     def stop(self) -> None:
         self._stop.set()
@@ -210,6 +224,7 @@ class Controller:
                 captures=self.indexes.captures,
                 config_map_uid=self.indexes.config_map_uid,
                 on_written=lambda rv, status: self.indexes.written(key, rv, status),
+                gate=self.gate,
             ),
         )
 

@@ -89,10 +89,30 @@ def queue_moves(jobs: Iterable[dict[str, Any]], want: str | None, revision: str)
             continue
         if not suspended or (job.get("status") or {}).get("startTime") or have == want:
             continue
-        if want and have:
+        gated = (meta.get("annotations") or {}).get(naming.GPU_GATE_ANNOTATION) == "true"
+        if want and (have or gated):
+            # A Job the GPU gate holds goes to the queue named since: Kueue's from then on.
             out.append(QueueMove("relabel", job, want))
         elif not want and have:
             out.append(QueueMove("remake", job))
+    return out
+
+
+def admitted(
+    jobs: Iterable[dict[str, Any]], let_go: Callable[[str], bool], revision: Revision
+) -> list[dict[str, Any]]:
+    """The current revision's Jobs the GPU gate holds and has let go (placement/gate.py):
+    the reconcile starts them."""
+    out = []
+    for job in jobs:
+        meta = job["metadata"]
+        labels = meta.get("labels") or {}
+        gated = (meta.get("annotations") or {}).get(naming.GPU_GATE_ANNOTATION) == "true"
+        if not gated or labels.get(QUEUE_LABEL) or meta.get("deletionTimestamp"):
+            continue
+        current = labels.get(naming.REVISION_LABEL) == revision(model_of(job))
+        if current and (job.get("spec") or {}).get("suspend") and let_go(meta.get("uid", "")):
+            out.append(job)
     return out
 
 

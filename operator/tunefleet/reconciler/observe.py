@@ -283,11 +283,31 @@ def observe_job(
         return _completed(j, pods, served, hints)
     if "Failed" in j.conditions or "FailureTarget" in j.conditions:
         return _failed(j, pods)
+    if (job.get("spec") or {}).get("suspend") and gpu_gated(job):
+        return replace(j.obs, reason=Reason.WAITING_FOR_GPU, message=_waits_for_gpu(hints))
     if (job.get("spec") or {}).get("suspend"):
         # Waiting in its queue (or suspended again by Kueue: preempted, evicted): not failing,
         # and not ours to resume.
         return replace(j.obs, reason=Reason.QUEUED, message=queued or "the Job is suspended")
     return _underway(j, pods, hints or Hints())
+
+
+def gpu_gated(job: dict[str, Any]) -> bool:
+    """A Job the GPU gate made suspended (placement/gate.py): the gate starts it."""
+    annotations = (job.get("metadata") or {}).get("annotations") or {}
+    return annotations.get(naming.GPU_GATE_ANNOTATION) == "true"
+
+
+def _waits_for_gpu(hints: Hints | None) -> str:
+    # The same words while it waits, whatever its place: a queue that moves must not rewrite
+    # 10,000 statuses at each step.
+    h = hints or Hints()
+    where = f"nodes labelled {h.label_key}" if h.label_key else "its GPU model's nodes"
+    return (
+        f"waiting for a free GPU: every {h.resource or 'GPU'} of {where} is held by tunefleet's "
+        "tuning Jobs; the Job starts, oldest first, as they end (not a fault; "
+        "`kubectl get jobs -l app.kubernetes.io/managed-by=tunefleet` shows who holds them)"
+    )
 
 
 def _count_indexes(ranges: str) -> int:

@@ -32,6 +32,7 @@ from tunefleet.contracts import pin
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.informers.cache import Untrusted
 from tunefleet.kube import Kube
+from tunefleet.placement.gate import Gate
 from tunefleet.reconciler import apply, decide, fleet
 from tunefleet.reconciler.diagnose import Hints
 from tunefleet.reconciler.memory import NODES_TTL, QUEUED_TTL, Memory, ProfileMemory
@@ -458,6 +459,7 @@ class Around:
     config_map_uid: Callable[[str, str], str] | None = None
     on_written: Callable[[str, dict[str, Any]], None] = lambda rv, status: None
     open_store: Callable[[Location, StoreOptions], Store] = registry.open_store
+    gate: Gate | None = None
 
 
 def sync_profile(
@@ -485,7 +487,7 @@ def sync_profile(
     s = Sync(
         profile, jobs, pods, config, mine, a.client, unadmitted=unadmitted, on_written=a.on_written,
         captures=a.captures, config_map_uid=a.config_map_uid, untuned_pods=a.untuned_pods,
-        open_store=a.open_store,
+        open_store=a.open_store, gate=a.gate,
     )  # fmt: skip
     with mine.lock:
         try:
@@ -511,6 +513,8 @@ def _steps(s: Sync, memory: Memory, untrusted: list[Untrusted]) -> Outcome:
         apply.stop_superseded(s, _superseded(s))
         queue = s.spec.tuning.queue_name
         apply.follow_queue(s, decide.queue_moves(s.jobs, queue, naming.revision(s.spec)))
+        if s.gate is not None and not queue:
+            apply.start_admitted(s, decide.admitted(s.jobs, s.gate.admitted, s.rev))
     observations = _observe(s, mine)
     if s.acting:
         fleet.renew(s, observations)

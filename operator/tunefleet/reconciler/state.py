@@ -14,6 +14,7 @@ from tunefleet.capture import step as capture_step
 from tunefleet.config import Config
 from tunefleet.contracts.artifact import REJECTED, ArtifactRecord
 from tunefleet.kube import Kube
+from tunefleet.placement.gate import Gate
 from tunefleet.reconciler.memory import ProfileMemory
 from tunefleet.serving import delivery
 from tunefleet.serving.served import Untuned
@@ -64,6 +65,9 @@ class Sync:
     waiting: dict[str, str] = field(default_factory=dict)
     fleet_requeue: float | None = None
     events: list[Event] = field(default_factory=list)  # posted once, at the end (_post_events)
+    # The GPU gate (placement/gate.py): whether a new Job starts or waits suspended, and which
+    # waiting ones it let go. None: no gate (every Job starts at once).
+    gate: Gate | None = None
 
     @property
     def meta(self) -> dict[str, Any]:

@@ -109,13 +109,19 @@ def _joined(jobs: list[JobObservation]) -> str:
     return " | ".join(f"{j.model}: {j.message}" for j in jobs)
 
 
+QUEUES = (Reason.QUEUED, Reason.WAITING_FOR_GPU)
+
+
 def _queued_only(jobs: list[JobObservation]) -> bool:
-    """Every Job that waits, waits in its Kueue queue (quota, not a fault)."""
-    return bool(jobs) and all(j.reason == Reason.QUEUED for j in jobs)
+    """Every Job that waits, waits in its Kueue queue or for a GPU our Jobs hold (not a
+    fault)."""
+    return bool(jobs) and all(j.reason in QUEUES for j in jobs)
 
 
 def _wait_words(jobs: list[JobObservation]) -> str:
-    return "are queued in Kueue" if _queued_only(jobs) else "cannot start"
+    if _queued_only(jobs):
+        return "are queued in Kueue" if jobs[0].reason == Reason.QUEUED else "wait for a GPU"
+    return "cannot start"
 
 
 def _capacity(obs: Observed) -> str:
@@ -248,7 +254,10 @@ def _served_message(p: _Picture) -> str:
         revs = ", ".join(sorted({p.rev_of(m) for m in stale}))
         msg = f"Serving earlier artifacts for {', '.join(stale)} while revision {revs} tunes."
         if p.blocked:
-            words = "It is queued in Kueue" if _queued_only(p.blocked) else "It cannot start"
+            words = {
+                "are queued in Kueue": "It is queued in Kueue",
+                "wait for a GPU": "It waits for a GPU",
+            }.get(_wait_words(p.blocked), "It cannot start")
             msg += f" {words}: {_joined(p.blocked)}"
     else:
         msg = f"{n} of {n} GPU models have an artifact."

@@ -97,7 +97,10 @@ def job_view(body: Mapping[str, Any]) -> dict[str, Any]:
                 QUEUE_LABEL,
             ),
             "annotations": _pick(
-                meta.get("annotations"), naming.MODEL_ANNOTATION, naming.RECORD_ANNOTATION
+                meta.get("annotations"),
+                naming.MODEL_ANNOTATION,
+                naming.RECORD_ANNOTATION,
+                naming.GPU_GATE_ANNOTATION,
             ),
             "owner": owning_profile(meta),
         },
