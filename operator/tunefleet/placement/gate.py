@@ -27,10 +27,11 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tunefleet import naming
+from tunefleet.builders.kueue import QUEUE_LABEL
 from tunefleet.informers.views import controller_uid
 from tunefleet.watched.views import owning_profile
 
@@ -122,6 +123,23 @@ class _Job:
     bound: bool = False  # one of its pods is on a node
 
 
+@dataclass
+class _Pool:
+    """What the gate knows of one pool, kept as the watches speak: a burst of 10,000 Jobs must
+    not be counted Job by Job at each decision."""
+
+    bound_gpus: int = 0  # held by started Jobs with a pod on a node
+    unbound: dict[str, tuple[float, int]] = field(default_factory=dict)  # uid: (since, gpus)
+    waiting: dict[str, _Job] = field(default_factory=dict)  # by uid
+    granted: list[tuple[float, int]] = field(default_factory=list)  # (when, gpus)
+    admitted: dict[str, tuple[float, int]] = field(default_factory=dict)  # uid: (when, gpus)
+
+    def in_use(self, now: float) -> int:
+        recent = sum(n for since, n in self.unbound.values() if now - since < GRACE_S)
+        let_go = sum(n for _, n in self.admitted.values())
+        return self.bound_gpus + recent + sum(n for _, n in self.granted) + let_go
+
+
 class Gate:
     """What tunefleet's tuning Jobs hold and wait for, by pool; see the module's docstring."""
 
@@ -129,9 +147,8 @@ class Gate:
         self._capacity_of = capacity  # the pool's GPUs, as its nodes advertise (an API list)
         self._lock = threading.Lock()
         self._jobs: dict[str, _Job] = {}  # by Job uid
+        self._pools: dict[Pool, _Pool] = defaultdict(_Pool)
         self._capacity: dict[Pool, tuple[float, int]] = {}
-        self._granted: dict[Pool, list[tuple[float, int]]] = defaultdict(list)
-        self._admitted: dict[str, float] = {}  # waiting Job uid -> when let go
 
     # --- what the watches say -------------------------------------------------------------
 
@@ -146,34 +163,36 @@ class Gate:
         ours = owner and owner == labels.get(naming.PROFILE_UID_LABEL)
         tune = labels.get(naming.ROLE_LABEL, "tune") == "tune"
         with self._lock:
+            was = self._drop(uid)
             if event == "DELETED" or meta.get("deletionTimestamp") or not (ours and tune and d):
-                self._jobs.pop(uid, None)
-                self._admitted.pop(uid, None)
+                if was is not None:
+                    self._pools[was.demand.pool].admitted.pop(uid, None)
                 return
-            waiting = held(body)
+            waiting = held(body) and not labels.get(QUEUE_LABEL)
             holding = not (body.get("spec") or {}).get("suspend") and not _finished(body)
-            was = self._jobs.get(uid)
-            if was is None and holding:
-                self._take_grant(d)
+            pool = self._pools[d.pool]
+            if holding and not (was is not None and was.holding) and pool.granted:
+                pool.granted.pop(0)  # a start granted (may_start) is now the Job itself
             since = was.since if was is not None and was.holding else time.monotonic()
             key = (str(meta.get("namespace") or ""), str(labels.get(naming.TUNING_PROFILE_LABEL)))
             order = (str(meta.get("creationTimestamp") or ""), key[0], str(meta.get("name")))
-            self._jobs[uid] = _Job(
-                d, key, order, waiting, holding, since, bound=bool(was and was.bound)
-            )
+            job = _Job(d, key, order, waiting, holding, since, bound=bool(was and was.bound))
             if not waiting:
-                self._admitted.pop(uid, None)
+                pool.admitted.pop(uid, None)
+            self._add(uid, job)
 
     def follow_pod(self, event: str | None, body: Mapping[str, Any]) -> None:
         """A tuning pod on a node: its Job holds GPUs for sure, past GRACE_S too."""
         meta = body.get("metadata") or {}
         if event == "DELETED" or not (body.get("spec") or {}).get("nodeName"):
             return
-        job_uid = controller_uid(meta, "Job", "batch/v1")
+        job_uid = controller_uid(meta, "Job", "batch/v1") or ""
         with self._lock:
-            job = self._jobs.get(job_uid or "")
-            if job is not None:
+            job = self._jobs.get(job_uid)
+            if job is not None and not job.bound:
+                self._drop(job_uid)
                 job.bound = True
+                self._add(job_uid, job)
 
     # --- what the reconcile asks ----------------------------------------------------------
 
@@ -184,15 +203,18 @@ class Gate:
             if capacity < d.gpus:  # none advertised, or never enough: the scheduler says why
                 return True
             now = time.monotonic()
-            if d.gpus > capacity - self._in_use(d.pool, now):
+            pool = self._pools[d.pool]
+            self._expire(pool, now)
+            if d.gpus > capacity - pool.in_use(now):
                 return False
-            self._granted[d.pool].append((now, d.gpus))
+            pool.granted.append((now, d.gpus))
             return True
 
     def admitted(self, uid: str) -> bool:
         """Whether the gate let this waiting Job go: the reconcile starts it."""
         with self._lock:
-            return uid in self._admitted
+            job = self._jobs.get(uid)
+            return job is not None and uid in self._pools[job.demand.pool].admitted
 
     def capacity(self, pool: Pool) -> int:
         now = time.monotonic()
@@ -212,22 +234,22 @@ class Gate:
         (the reconcile starts each). Pure but for the node lists behind capacity()."""
         now = time.monotonic()
         with self._lock:
-            self._expire(now)
-            waiting: dict[Pool, list[tuple[tuple[str, str, str], str, _Job]]] = defaultdict(list)
-            for uid, job in self._jobs.items():
-                if job.waiting and uid not in self._admitted:
-                    waiting[job.demand.pool].append((job.order, uid, job))
+            pools = [p for p, state in self._pools.items() if state.waiting]
         out: list[Key] = []
-        for pool, jobs in waiting.items():
-            capacity = self.capacity(pool)
+        for p in pools:
+            capacity = self.capacity(p)
             with self._lock:
-                free = capacity - self._in_use(pool, now)
-                if free <= 0 and all(j.demand.gpus <= capacity for _, _, j in jobs):
+                pool = self._pools[p]
+                self._expire(pool, now)
+                free = capacity - pool.in_use(now)
+                if free <= 0 and capacity > 0:
                     continue  # nothing frees: no sorting 10,000 waiting Jobs every tick
+                jobs = [(j.order, u, j) for u, j in pool.waiting.items() if u not in pool.admitted]
                 for _, uid, job in sorted(jobs, key=lambda j: j[0]):
-                    if capacity < job.demand.gpus or job.demand.gpus <= free:
-                        self._admitted[uid] = now
-                        free -= job.demand.gpus if capacity >= job.demand.gpus else 0
+                    never_fits = capacity < job.demand.gpus  # the scheduler's to say why
+                    if never_fits or job.demand.gpus <= free:
+                        pool.admitted[uid] = (now, 0 if never_fits else job.demand.gpus)
+                        free -= 0 if never_fits else job.demand.gpus
                         out.append(job.key)
                     if free <= 0:
                         break
@@ -235,7 +257,7 @@ class Gate:
 
     def waiting(self) -> int:
         with self._lock:
-            return sum(1 for j in self._jobs.values() if j.waiting)
+            return sum(len(p.waiting) for p in self._pools.values())
 
     def run(
         self, stop: threading.Event, active: threading.Event, start: Callable[[Key], None]
@@ -252,35 +274,37 @@ class Gate:
 
     # --- inside the lock ------------------------------------------------------------------
 
-    def _in_use(self, pool: Pool, now: float) -> int:
-        used = sum(
-            j.demand.gpus
-            for j in self._jobs.values()
-            if j.demand.pool == pool and j.holding and (j.bound or now - j.since < GRACE_S)
-        )
-        used += sum(n for _, n in self._granted.get(pool, []))
-        used += sum(
-            self._jobs[uid].demand.gpus
-            for uid in self._admitted
-            if uid in self._jobs and self._jobs[uid].demand.pool == pool
-        )
-        return used
+    def _drop(self, uid: str) -> _Job | None:
+        """Take a Job's part out of its pool's sums (to put it back changed, or not)."""
+        job = self._jobs.pop(uid, None)
+        if job is None:
+            return None
+        pool = self._pools[job.demand.pool]
+        if job.holding and job.bound:
+            pool.bound_gpus -= job.demand.gpus
+        pool.unbound.pop(uid, None)
+        pool.waiting.pop(uid, None)
+        return job
 
-    def _take_grant(self, d: Demand) -> None:
-        grants = self._granted.get(d.pool)
-        if grants:
-            grants.pop(0)
+    def _add(self, uid: str, job: _Job) -> None:
+        self._jobs[uid] = job
+        pool = self._pools[job.demand.pool]
+        if job.holding and job.bound:
+            pool.bound_gpus += job.demand.gpus
+        elif job.holding:
+            pool.unbound[uid] = (job.since, job.demand.gpus)
+        if job.waiting:
+            pool.waiting[uid] = job
 
-    def _expire(self, now: float) -> None:
-        for pool, grants in list(self._granted.items()):
-            kept = [g for g in grants if now - g[0] < GRANT_TTL_S]
-            if kept:
-                self._granted[pool] = kept
-            else:
-                del self._granted[pool]
-        for uid, at in list(self._admitted.items()):
+    @staticmethod
+    def _expire(pool: _Pool, now: float) -> None:
+        pool.granted = [g for g in pool.granted if now - g[0] < GRANT_TTL_S]
+        for uid, (at, _) in list(pool.admitted.items()):
             if now - at >= GRANT_TTL_S:
-                del self._admitted[uid]
+                del pool.admitted[uid]
+        for uid, (since, _) in list(pool.unbound.items()):
+            if now - since >= GRACE_S:
+                del pool.unbound[uid]  # it no longer counts (see the module's docstring)
 
 
 def _finished(body: Mapping[str, Any]) -> bool:
