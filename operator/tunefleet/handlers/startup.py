@@ -80,9 +80,9 @@ class Operator:
     def controller(self, controller: Controller) -> None:
         self._controller = controller
 
-    def profile_changed(self, namespace: str) -> None:
+    def profile_changed(self, namespace: str, name: str) -> None:
         if self.node_maps is not None:
-            self.node_maps.profile_changed(namespace)
+            self.node_maps.profile_changed(namespace, name)
 
 
 OPERATOR = Operator()

@@ -22,13 +22,13 @@ def tuningprofile_event(type: str | None, body: dict[str, Any]) -> None:
     if type == "DELETED":
         OPERATOR.cache.drop_profile(key)
         OPERATOR.controller.forget(key, meta.get("uid"))
-        OPERATOR.profile_changed(key[0])
+        OPERATOR.profile_changed(*key)
         return
     before = OPERATOR.cache.spec_seen(key)
     view = OPERATOR.cache.put_profile(body)
     if before != spec_seen(body):
         # The node maps follow specs: a status write (most events in a burst) changes
         # nothing they hold, and recomputing a namespace unpacks every profile in it.
-        OPERATOR.profile_changed(key[0])
+        OPERATOR.profile_changed(*key)
     if OPERATOR.controller.wants(view):
         OPERATOR.controller.enqueue(key)

@@ -184,7 +184,11 @@ class NodeMaps:
         self.index = NodeIndex()
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._namespaces: set[str] = set()  # whose profiles changed: recompute what they want
+        self._namespaces: set[str] = set()  # to read again whole: recompute what they want
+        self._keys: set[Key] = set()  # profiles whose spec changed (or that came or went)
+        # What each profile of a namespace asks, as last read: (uid, (label key, models)). A
+        # burst of 10,000 new profiles reads each once, not its whole namespace each time.
+        self._members: dict[str, dict[str, tuple[str, tuple[str, list[str]]]]] = {}
         self._all = True  # recompute every namespace (startup, lead)
         self._want: dict[Map, Want] = {}
         self._dirty: dict[Map, float] = {}  # map -> not before (monotonic)
@@ -198,9 +202,14 @@ class NodeMaps:
 
     # --- triggers ---------------------------------------------------------------------------
 
-    def profile_changed(self, namespace: str) -> None:
+    def profile_changed(self, namespace: str, name: str | None = None) -> None:
+        """A profile's spec changed, or it came or went (`name`); without a name, read the
+        whole namespace again."""
         with self._lock:
-            self._namespaces.add(namespace)
+            if name is None:
+                self._namespaces.add(namespace)
+            else:
+                self._keys.add((namespace, name))
 
     def lead(self) -> None:
         """This replica leads now: check every map against what the API server holds."""
@@ -294,23 +303,31 @@ class NodeMaps:
 
     def _recompute(self) -> None:
         with self._lock:
-            spaces, everything = set(self._namespaces), self._all
+            spaces, keys, everything = set(self._namespaces), set(self._keys), self._all
             self._namespaces.clear()
+            self._keys.clear()
             self._all = False
-        if not spaces and not everything:
+        if not spaces and not keys and not everything:
             return
-        found: dict[Map, tuple[set[str], list[tuple[str, str]]]] = {}
-        for key in self._profiles():
+        if everything or spaces:
+            if everything:
+                self._members.clear()
+            for ns in spaces:
+                self._members[ns] = {}
+            for key in self._profiles():
+                if everything or key[0] in spaces:
+                    self._read(key)
+        for key in keys:
             if not everything and key[0] not in spaces:
-                continue
-            view = self._profile(key)
-            gpu = profile_gpu(view) if view is not None else None
-            if gpu is None or view is None:
-                continue
-            uid = str((view.get("metadata") or {}).get("uid") or "")
-            models, owners = found.setdefault((key[0], gpu[0]), (set(), []))
-            models.update(gpu[1])
-            owners.append((key[1], uid))
+                self._read(key)
+        touched = set(self._members) if everything else spaces | {k[0] for k in keys}
+        found: dict[Map, tuple[set[str], list[tuple[str, str]]]] = {}
+        for ns in touched:
+            for name, (uid, gpu) in (self._members.get(ns) or {}).items():
+                models, owners = found.setdefault((ns, gpu[0]), (set(), []))
+                models.update(gpu[1])
+                owners.append((name, uid))
+        spaces = touched
         with self._lock:
             gone = [m for m in self._want if (everything or m[0] in spaces) and m not in found]
             for m in gone:
@@ -329,6 +346,20 @@ class NodeMaps:
                     if old is None or old.models != want.models:
                         self._dirty[m] = 0.0
                         self._urgent.add(m)
+
+    def _read(self, key: Key) -> None:
+        """What one profile asks now (its view unpacked), into its namespace's members."""
+        view = self._profile(key)
+        gpu = profile_gpu(view) if view is not None else None
+        members = self._members.setdefault(key[0], {})
+        if gpu is None or view is None:
+            members.pop(key[1], None)
+            if not members:
+                del self._members[key[0]]
+            return
+        # Interned: 10,000 profiles name a handful of keys and models.
+        asks = (sys.intern(gpu[0]), [sys.intern(m) for m in gpu[1]])
+        members[key[1]] = (str((view.get("metadata") or {}).get("uid") or ""), asks)
 
     def wanted(self) -> dict[Map, Want]:
         with self._lock:
