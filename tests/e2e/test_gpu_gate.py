@@ -98,6 +98,18 @@ def test_a_job_waits_suspended_while_our_jobs_hold_every_gpu_then_runs_to_ready(
     second_pod = _scheduled_pod(cluster, namespace, "second")
     (job,) = jobs_of(cluster, namespace, "second")
     assert not job["spec"].get("suspend")
+    eventually(
+        lambda: get_json(
+            cluster,
+            "events",
+            "-n",
+            namespace,
+            "--field-selector",
+            "involvedObject.name=second,reason=TuningJobStarted",
+        )["items"],
+        lambda items: len(items) == 1,
+        "one TuningJobStarted Event for second",
+    )
     carry_out_publish(cluster.kubectl, second_pod, s3.env())
     ready = eventually(
         lambda: _profile(cluster, namespace, "second"),

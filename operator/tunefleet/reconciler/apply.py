@@ -103,9 +103,10 @@ def create_missing(s: Sync, todo: list[str]) -> None:
                     s.jobs = [*s.jobs, views.job_view(made)]
                 name, ns = job["metadata"]["name"], s.meta["namespace"]
                 log.info(f"created tuning Job {ns}/{name} for TuningProfile {s.meta['name']}")
-                s.events.append(
-                    ("Normal", EventReason.TUNING_JOB_CREATED, f"Created tuning Job {name}.")
-                )
+                if not gate.held(made):  # one held says so in status; its Event is its start
+                    s.events.append(
+                        ("Normal", EventReason.TUNING_JOB_CREATED, f"Created tuning Job {name}.")
+                    )
         except kube.Permanent as e:
             # The API server refused what the spec made: a spec problem to report.
             s.problems.append(f"gpu model {model}: {e}")
@@ -137,6 +138,10 @@ def start_admitted(s: Sync, jobs: list[dict[str, Any]]) -> None:
         name = job["metadata"]["name"]
         if s.client.patch_owned("Job", ns, name, uid, {"spec": {"suspend": False}}):
             log.info(f"Job {ns}/{name}: a GPU is free; started")
+            s.events.append(
+                ("Normal", EventReason.TUNING_JOB_STARTED,
+                 f"Started tuning Job {name}: a GPU of its model is free.")
+            )  # fmt: skip
             started = {**job, "spec": {**(job.get("spec") or {}), "suspend": False}}
             s.jobs = [started if j is job else j for j in s.jobs]
 
