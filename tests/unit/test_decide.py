@@ -71,3 +71,20 @@ def test_merges_are_due_once_every_share_is_in_and_none_exists() -> None:
     assert decide.merges_due([done, unsharded, running, old], same("r2"), []) == [H100]
     merge = H100_JOB.revision("r2").role("merge").obj()
     assert decide.merges_due([done], same("r2"), [merge]) == []
+
+
+def test_a_job_the_gpu_gate_holds_is_started_once_let_go_and_moves_to_a_queue_named_later() -> None:
+    held = H100_JOB.revision("r2").annotation(naming.GPU_GATE_ANNOTATION, "true").suspend()
+    let_go = {"uid-h100"}.__contains__
+    assert decide.admitted([held.obj()], let_go, same("r2")) == [held.obj()]
+    assert decide.admitted([held.obj()], lambda uid: False, same("r2")) == []
+    assert decide.admitted([held.obj()], let_go, same("r3")) == []  # an earlier revision's
+    started = H100_JOB.revision("r2").annotation(naming.GPU_GATE_ANNOTATION, "true")
+    assert decide.admitted([started.obj()], let_go, same("r2")) == []
+    kueues = held.label(QUEUE_LABEL, "team-a").obj()
+    assert decide.admitted([kueues], let_go, same("r2")) == []  # Kueue's now
+    # A queue named while it waits: Kueue takes it; no queue: it stays the gate's.
+    assert decide.queue_moves([held.obj()], "team-a", "r2") == [
+        decide.QueueMove("relabel", held.obj(), "team-a")
+    ]
+    assert decide.queue_moves([held.obj()], None, "r2") == []

@@ -14,8 +14,10 @@ from tests.support.profiles import CFG, MODELS, profile
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.builders.job import Child, build_tuning_job, held_for_gpu
+from tunefleet.builders.kueue import QUEUE_LABEL
 from tunefleet.placement import gate as g
 from tunefleet.reconciler.memory import Memory
+from tunefleet.reconciler.observe import observe_job
 from tunefleet.reconciler.reconcile import Around, sync_profile
 from tunefleet.watched.views import job_view
 
@@ -215,3 +217,10 @@ def test_a_kueue_job_is_never_gated() -> None:
     sync_profile(p, [], [], CFG, Memory(), Around(api, gate=full))
     made = [c[2] for c in api.calls if c[0] == "Job" and c[1] == "create"]
     assert naming.GPU_GATE_ANNOTATION not in (made[0]["metadata"].get("annotations") or {})
+
+
+def test_a_held_job_moved_to_a_kueue_queue_says_kueues_word_not_the_gates() -> None:
+    view = job_view(held_for_gpu(build_tuning_job(Child(SPEC, "ml", "p", "u", MODEL, CFG))))
+    assert observe_job(view, []).reason == "WaitingForGPU"
+    view["metadata"]["labels"][QUEUE_LABEL] = "team-a"
+    assert observe_job(view, []).reason == "Queued"

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from tunefleet import naming
 from tunefleet.api.conditions import Reason
 from tunefleet.artifacts import fit
+from tunefleet.builders.kueue import QUEUE_LABEL
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.reconciler.diagnose import (
     Hints,
@@ -293,9 +294,12 @@ def observe_job(
 
 
 def gpu_gated(job: dict[str, Any]) -> bool:
-    """A Job the GPU gate made suspended (placement/gate.py): the gate starts it."""
-    annotations = (job.get("metadata") or {}).get("annotations") or {}
-    return annotations.get(naming.GPU_GATE_ANNOTATION) == "true"
+    """A Job the GPU gate made suspended (placement/gate.py): the gate starts it. One moved
+    to a Kueue queue since (spec.tuning.queueName set while it waited) is Kueue's."""
+    meta = job.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    queued = (meta.get("labels") or {}).get(QUEUE_LABEL)
+    return annotations.get(naming.GPU_GATE_ANNOTATION) == "true" and not queued
 
 
 def _waits_for_gpu(hints: Hints | None) -> str:
