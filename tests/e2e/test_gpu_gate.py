@@ -17,7 +17,7 @@ import pytest
 from testbed.operator import Operator, carry_out_publish
 from testbed.poll import eventually
 from tests.support.fleet import profile_doc
-from tests.support.kube import apply, get_json, jobs_of, tuning_pods
+from tests.support.kube import apply, events_about, get_json, jobs_of, tuning_pods
 from tunefleet import naming
 
 pytestmark = pytest.mark.e2e
@@ -82,10 +82,7 @@ def test_a_job_waits_suspended_while_our_jobs_hold_every_gpu_then_runs_to_ready(
     assert job["spec"]["suspend"] is True
     assert job["metadata"]["annotations"][naming.GPU_GATE_ANNOTATION] == "true"
     assert tuning_pods(cluster, namespace, "second") == []
-    warnings = get_json(
-        cluster, "events", "-n", namespace,
-        "--field-selector", "involvedObject.name=second,type=Warning",
-    )["items"]  # fmt: skip
+    warnings = events_about(cluster, namespace, "second", type="Warning")
     assert warnings == [], [e["message"] for e in warnings]
 
     # first's Job ends: the gate starts second's, whose pod lands where first's was.
@@ -99,14 +96,7 @@ def test_a_job_waits_suspended_while_our_jobs_hold_every_gpu_then_runs_to_ready(
     (job,) = jobs_of(cluster, namespace, "second")
     assert not job["spec"].get("suspend")
     eventually(
-        lambda: get_json(
-            cluster,
-            "events",
-            "-n",
-            namespace,
-            "--field-selector",
-            "involvedObject.name=second,reason=TuningJobStarted",
-        )["items"],
+        lambda: events_about(cluster, namespace, "second", reason="TuningJobStarted"),
         lambda items: len(items) == 1,
         "one TuningJobStarted Event for second",
     )

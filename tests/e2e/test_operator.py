@@ -23,7 +23,7 @@ from testbed.operator import (
 )
 from testbed.poll import eventually
 from tests.support.fleet import profile_doc, publish_first_revision, publish_next_revision
-from tests.support.kube import apply, condition, get_json, jobs_of, tuning_pods
+from tests.support.kube import apply, condition, events_about, get_json, jobs_of, tuning_pods
 
 pytestmark = pytest.mark.e2e
 
@@ -306,14 +306,7 @@ def test_failed_job_becomes_failed_condition_with_the_pods_message(
     assert why in failed["message"] and "kubectl delete job" in failed["message"]
     assert prof["status"]["phase"] == "Failed"
     events = eventually(
-        lambda: get_json(
-            cluster,
-            "events",
-            "-n",
-            namespace,
-            "--field-selector",
-            "involvedObject.name=fails,reason=TuningFailed",
-        )["items"],
+        lambda: events_about(cluster, namespace, "fails", reason="TuningFailed"),
         lambda items: len(items) >= 1,
         "a TuningFailed Event",
     )

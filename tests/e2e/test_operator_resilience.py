@@ -20,7 +20,7 @@ import yaml
 from testbed.operator import ROOT, SYSTEM_NS, Operator, helm
 from testbed.poll import eventually
 from tests.support.fleet import profile_doc
-from tests.support.kube import apply, condition, get_json, jobs_of
+from tests.support.kube import apply, condition, events_about, get_json, jobs_of
 from tests.support.largest import largest_spec
 
 pytestmark = pytest.mark.e2e
@@ -272,14 +272,7 @@ def test_pods_admitted_while_the_webhook_was_down_are_counted_and_listed(
     ).stdout.split()
     assert listed == ["pod/missed"]
     events = eventually(
-        lambda: get_json(
-            cluster,
-            "events",
-            "-n",
-            namespace,
-            "--field-selector",
-            "involvedObject.name=serve,reason=PodsNotAdmitted",
-        )["items"],
+        lambda: events_about(cluster, namespace, "serve", reason="PodsNotAdmitted"),
         lambda items: len(items) == 1,
         "a PodsNotAdmitted Event",
     )

@@ -54,6 +54,14 @@ def tuning_pods(cluster: Any, namespace: str, profile: str) -> list[dict[str, An
     )
 
 
+def events_about(cluster: Any, namespace: str, name: str, **fields: str) -> list[dict[str, Any]]:
+    """The Events about the object `name` in `namespace`, with these fields (reason=...,
+    type=...) as the API server selects them."""
+    selector = ",".join([f"involvedObject.name={name}", *(f"{k}={v}" for k, v in fields.items())])
+    items = get_json(cluster, "events", "-n", namespace, "--field-selector", selector)["items"]
+    return list(items)
+
+
 def condition(profile: dict[str, Any], type_: str) -> dict[str, Any]:
     return next(
         (c for c in (profile.get("status") or {}).get("conditions", []) if c["type"] == type_), {}
