@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.support.wrappers import make_profile
+from tests.support.wrappers import make_pod, make_profile
 from tunefleet.api import TuningProfileSpec
-from tunefleet.builders.job import Child, build_tuning_job
+from tunefleet.builders.job import Child, build_tuning_job, held_for_gpu
 from tunefleet.config import Config
 from tunefleet.watched.views import job_view, profile_view
 
@@ -35,3 +35,41 @@ def jobs_for(p: dict[str, Any], models: list[str]) -> list[dict[str, Any]]:
     for job in jobs:  # as the API server answers: with a uid
         job["metadata"]["uid"] = f"juid-{job['metadata']['name']}"
     return [job_view(job) for job in jobs]
+
+
+def watched_job(
+    spec: TuningProfileSpec,
+    profile: str,
+    model: str,
+    *,
+    uid: str,
+    created: str = "2026-12-05T00:00:00Z",
+    held: bool = False,
+    done: bool = False,
+) -> dict[str, Any]:
+    """A whole tuning Job of `profile` (namespace ml, profile uid uid-<profile>) as its watch
+    brings it: made by the builder, then given a uid and a creation time; `held` by the GPU
+    gate, `done` (Complete)."""
+    body = build_tuning_job(Child(spec, "ml", profile, f"uid-{profile}", model, CFG))
+    if held:
+        body = held_for_gpu(body)
+    body["metadata"]["uid"] = uid
+    body["metadata"]["creationTimestamp"] = created
+    if done:
+        body["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+    return body
+
+
+def bound_pod_of(job: dict[str, Any], node: str = "gpu-0") -> dict[str, Any]:
+    """A pod the Job controls, on `node` (what the pod watch brings once it is scheduled)."""
+    meta = job["metadata"]
+    pod = make_pod(f"{meta['name']}-0").meta(uid=f"pod-{meta['uid']}")
+    pod = pod.meta(
+        ownerReferences=[
+            {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"],
+             "uid": meta["uid"], "controller": True},
+        ]
+    )  # fmt: skip
+    obj = pod.obj()
+    obj["spec"]["nodeName"] = node
+    return obj

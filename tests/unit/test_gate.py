@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
-from tests.support.profiles import CFG, MODELS, profile
+from tests.support.profiles import CFG, MODELS, bound_pod_of, profile, watched_job
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.builders.job import Child, build_tuning_job, held_for_gpu
@@ -25,16 +25,12 @@ SPEC = TuningProfileSpec.model_validate(profile()["spec"])
 MODEL = MODELS[0]
 
 
-def job(n: int, *, held: bool = False, done: bool = False, created: str = "") -> dict[str, Any]:
-    """Profile p<n>'s tuning Job of MODEL as the watch brings it (uid, creation time)."""
-    body = build_tuning_job(Child(SPEC, "ml", f"p{n}", f"uid-{n}", MODEL, CFG))
-    if held:
-        body = held_for_gpu(body)
-    body["metadata"]["uid"] = f"job-{n}"
-    body["metadata"]["creationTimestamp"] = created or f"2026-12-05T00:00:{n:02d}Z"
-    if done:
-        body["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
-    return body
+def job(n: int, *, held: bool = False, done: bool = False) -> dict[str, Any]:
+    """Profile p<n>'s tuning Job of MODEL as the watch brings it (made n seconds in)."""
+    return watched_job(
+        SPEC, f"p{n}", MODEL, uid=f"job-{n}", created=f"2026-12-05T00:00:{n:02d}Z", held=held,
+        done=done,
+    )  # fmt: skip
 
 
 def gate_of(capacity: int) -> tuple[g.Gate, list[g.Pool]]:
@@ -94,7 +90,7 @@ def test_waiting_jobs_start_oldest_first_as_running_ones_end() -> None:
     gate, _ = gate_of(capacity=1)
     running = job(1)
     gate.follow_job("ADDED", running)
-    gate.follow_pod("ADDED", _pod_of(running))
+    gate.follow_pod("ADDED", bound_pod_of(running))
     for n in (4, 2, 3):  # made in that order, but p2 is the oldest
         gate.follow_job("ADDED", job(n, held=True))
     assert gate.tick() == []  # the one GPU is held
@@ -125,7 +121,7 @@ def test_a_job_whose_pod_no_node_took_stops_holding_after_the_grace(
 def test_a_job_on_a_node_holds_past_the_grace(monkeypatch: pytest.MonkeyPatch) -> None:
     gate, _ = gate_of(capacity=1)
     gate.follow_job("ADDED", job(1))
-    gate.follow_pod("ADDED", _pod_of(job(1)))
+    gate.follow_pod("ADDED", bound_pod_of(job(1)))
     gate.follow_job("ADDED", job(2, held=True))
     monkeypatch.setattr(g, "GRACE_S", 0.0)
     assert gate.tick() == []
@@ -151,25 +147,6 @@ def test_the_node_list_is_read_once_a_ttl() -> None:
     for _ in range(5):
         gate.may_start(d)
     assert len(asked) == 1
-
-
-def _pod_of(j: dict[str, Any]) -> dict[str, Any]:
-    meta = j["metadata"]
-    return {
-        "metadata": {
-            "uid": f"pod-{meta['uid']}",
-            "ownerReferences": [
-                {
-                    "apiVersion": "batch/v1",
-                    "kind": "Job",
-                    "name": meta["name"],
-                    "uid": meta["uid"],
-                    "controller": True,
-                },
-            ],
-        },
-        "spec": {"nodeName": "gpu-0"},
-    }
 
 
 # --- the reconcile ------------------------------------------------------------------------

@@ -16,7 +16,7 @@ class _Maps:
     def __init__(self) -> None:
         self.changed: list[str] = []
 
-    def profile_changed(self, namespace: str) -> None:
+    def profile_changed(self, namespace: str, name: str) -> None:
         self.changed.append(namespace)
 
 
