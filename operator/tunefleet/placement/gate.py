@@ -106,10 +106,12 @@ def _gpus(container: Mapping[str, Any]) -> dict[str, int]:
 
 
 def held(job: Mapping[str, Any]) -> bool:
-    """Whether the gate made this Job suspended (and so may start it)."""
+    """Whether the gate holds this Job (a whole Job or its view): made suspended by it, and
+    not moved to a Kueue queue since (then it is Kueue's). The one reading of the mark."""
     meta = job.get("metadata") or {}
     gated = (meta.get("annotations") or {}).get(naming.GPU_GATE_ANNOTATION) == "true"
-    return gated and bool((job.get("spec") or {}).get("suspend"))
+    queued = (meta.get("labels") or {}).get(QUEUE_LABEL)
+    return gated and not queued and bool((job.get("spec") or {}).get("suspend"))
 
 
 @dataclass
@@ -168,7 +170,7 @@ class Gate:
                 if was is not None:
                     self._pools[was.demand.pool].admitted.pop(uid, None)
                 return
-            waiting = held(body) and not labels.get(QUEUE_LABEL)
+            waiting = held(body)
             holding = not (body.get("spec") or {}).get("suspend") and not _finished(body)
             pool = self._pools[d.pool]
             if holding and not (was is not None and was.holding) and pool.granted:

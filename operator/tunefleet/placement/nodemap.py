@@ -327,9 +327,8 @@ class NodeMaps:
                 models, owners = found.setdefault((ns, gpu[0]), (set(), []))
                 models.update(gpu[1])
                 owners.append((name, uid))
-        spaces = touched
         with self._lock:
-            gone = [m for m in self._want if (everything or m[0] in spaces) and m not in found]
+            gone = [m for m in self._want if (everything or m[0] in touched) and m not in found]
             for m in gone:
                 # No profile there uses the key any more (a profile deleted takes its map
                 # with it by garbage collection; one that changed its key does not).

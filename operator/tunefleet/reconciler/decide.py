@@ -14,6 +14,7 @@ from typing import Any, Literal
 from tunefleet import naming
 from tunefleet.api.conditions import Reason
 from tunefleet.builders.kueue import QUEUE_LABEL
+from tunefleet.placement import gate
 from tunefleet.reconciler.observe import JobObservation
 
 Revision = Callable[[str], str]  # GPU model -> the revision it tunes under now
@@ -89,8 +90,7 @@ def queue_moves(jobs: Iterable[dict[str, Any]], want: str | None, revision: str)
             continue
         if not suspended or (job.get("status") or {}).get("startTime") or have == want:
             continue
-        gated = (meta.get("annotations") or {}).get(naming.GPU_GATE_ANNOTATION) == "true"
-        if want and (have or gated):
+        if want and (have or gate.held(job)):
             # A Job the GPU gate holds goes to the queue named since: Kueue's from then on.
             out.append(QueueMove("relabel", job, want))
         elif not want and have:
@@ -106,12 +106,10 @@ def admitted(
     out = []
     for job in jobs:
         meta = job["metadata"]
-        labels = meta.get("labels") or {}
-        gated = (meta.get("annotations") or {}).get(naming.GPU_GATE_ANNOTATION) == "true"
-        if not gated or labels.get(QUEUE_LABEL) or meta.get("deletionTimestamp"):
+        if not gate.held(job) or meta.get("deletionTimestamp"):
             continue
-        current = labels.get(naming.REVISION_LABEL) == revision(model_of(job))
-        if current and (job.get("spec") or {}).get("suspend") and let_go(meta.get("uid", "")):
+        current = (meta.get("labels") or {}).get(naming.REVISION_LABEL) == revision(model_of(job))
+        if current and let_go(meta.get("uid", "")):
             out.append(job)
     return out
 

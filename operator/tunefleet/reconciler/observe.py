@@ -21,8 +21,8 @@ from typing import Any, Literal
 from tunefleet import naming
 from tunefleet.api.conditions import Reason
 from tunefleet.artifacts import fit
-from tunefleet.builders.kueue import QUEUE_LABEL
 from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.placement import gate
 from tunefleet.reconciler.diagnose import (
     Hints,
     newest_first,
@@ -284,22 +284,13 @@ def observe_job(
         return _completed(j, pods, served, hints)
     if "Failed" in j.conditions or "FailureTarget" in j.conditions:
         return _failed(j, pods)
-    if (job.get("spec") or {}).get("suspend") and gpu_gated(job):
+    if gate.held(job):
         return replace(j.obs, reason=Reason.WAITING_FOR_GPU, message=_waits_for_gpu(hints))
     if (job.get("spec") or {}).get("suspend"):
         # Waiting in its queue (or suspended again by Kueue: preempted, evicted): not failing,
         # and not ours to resume.
         return replace(j.obs, reason=Reason.QUEUED, message=queued or "the Job is suspended")
     return _underway(j, pods, hints or Hints())
-
-
-def gpu_gated(job: dict[str, Any]) -> bool:
-    """A Job the GPU gate made suspended (placement/gate.py): the gate starts it. One moved
-    to a Kueue queue since (spec.tuning.queueName set while it waited) is Kueue's."""
-    meta = job.get("metadata") or {}
-    annotations = meta.get("annotations") or {}
-    queued = (meta.get("labels") or {}).get(QUEUE_LABEL)
-    return annotations.get(naming.GPU_GATE_ANNOTATION) == "true" and not queued
 
 
 def _waits_for_gpu(hints: Hints | None) -> str:
