@@ -201,3 +201,15 @@ def test_a_held_job_moved_to_a_kueue_queue_says_kueues_word_not_the_gates() -> N
     assert observe_job(view, []).reason == "WaitingForGPU"
     view["metadata"]["labels"][QUEUE_LABEL] = "team-a"
     assert observe_job(view, []).reason == "Queued"
+
+
+def test_jobs_the_gate_held_start_once_the_gate_is_turned_off() -> None:
+    # operator.gpuGate: false (a helm upgrade) leaves no gate to let them go: they must not
+    # wait for nobody.
+    p = profile(gpu={"vendor": "amd", "models": [MODEL]})
+    waiting = held_for_gpu(build_tuning_job(Child(SPEC, "ml", "p", "uid-1", MODEL, CFG)))
+    waiting["metadata"]["uid"] = "juid-w"
+    api = FakeKube(writers=RECONCILE_WRITERS)
+    status = sync_profile(p, [job_view(waiting)], [], CFG, Memory(), Around(api)).status
+    assert ("Job", "patch", {"spec": {"suspend": False}}) in api.calls
+    assert status["jobs"][0].get("reason") != "WaitingForGPU"

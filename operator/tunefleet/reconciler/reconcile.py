@@ -513,8 +513,11 @@ def _steps(s: Sync, memory: Memory, untrusted: list[Untrusted]) -> Outcome:
         apply.stop_superseded(s, _superseded(s))
         queue = s.spec.tuning.queue_name
         apply.follow_queue(s, decide.queue_moves(s.jobs, queue, naming.revision(s.spec)))
-        if s.gate is not None and not queue:
-            apply.start_admitted(s, decide.admitted(s.jobs, s.gate.admitted, s.rev))
+        if not queue:
+            # With the gate turned off (operator.gpuGate: false, a helm upgrade), the Jobs it
+            # held would wait for nobody: each starts.
+            let_go = s.gate.admitted if s.gate is not None else lambda uid: True
+            apply.start_admitted(s, decide.admitted(s.jobs, let_go, s.rev))
     observations = _observe(s, mine)
     if s.acting:
         fleet.renew(s, observations)
