@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
 from tests.support.profiles import CFG, MODELS, bound_pod_of, profile, watched_job
-from tunefleet import naming
+from tunefleet import kube, naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.builders.job import Child, build_tuning_job, held_for_gpu
 from tunefleet.builders.kueue import QUEUE_LABEL
@@ -161,6 +161,8 @@ def test_a_job_made_while_our_jobs_hold_every_gpu_waits_suspended_and_says_why()
     made = [c[2] for c in api.calls if c[0] == "Job" and c[1] == "create"]
     assert len(made) == 1 and made[0]["spec"]["suspend"] is True
     assert made[0]["metadata"]["annotations"][naming.GPU_GATE_ANNOTATION] == "true"
+    # No pod mounts its ConfigMap yet: made when it starts (one API write fewer a profile).
+    assert not [c for c in api.calls if c[0] == "ConfigMap" and c[1] == "create"]
     # Said in the very status that lists it: one write, no Warning.
     assert len(api.patches) == 1 and status["phase"] == "Queued"
     assert status["jobs"][0]["reason"] == "WaitingForGPU"
@@ -181,9 +183,35 @@ def test_a_job_the_gate_let_go_is_started_by_its_profiles_reconcile() -> None:
     gate.follow_job("ADDED", waiting)
     assert gate.tick() == [("ml", "p")]  # the one GPU is free: let go
     status = sync_profile(p, [view], [], CFG, Memory(), Around(api, gate=gate)).status
+    writes = [(c[0], c[1]) for c in api.calls if c[1] in ("create", "patch") and c[0] != "events"]
+    # Its ConfigMap first (the gate made it without one), then the start.
+    assert writes == [("ConfigMap", "create"), ("Job", "patch")]
     assert ("Job", "patch", {"spec": {"suspend": False}}) in api.calls
+    cm = next(c[2] for c in api.calls if c[0] == "ConfigMap")
+    assert cm["metadata"]["name"] == waiting["metadata"]["name"]
     assert status["phase"] == "Pending"
     assert [r for r, _ in api.events] == ["TuningJobStarted"]
+
+
+def test_a_let_go_job_whose_configmap_name_is_taken_by_a_forged_one_stays_held() -> None:
+    # Started, its pod would mount someone else's configuration: it waits until the forged
+    # ConfigMap is gone (the next pass tries again).
+    p = profile(gpu={"vendor": "amd", "models": [MODEL]})
+    gate, _ = gate_of(capacity=1)
+    waiting = held_for_gpu(build_tuning_job(Child(SPEC, "ml", "p", "uid-1", MODEL, CFG)))
+    waiting["metadata"]["uid"] = "juid-w"
+    gate.follow_job("ADDED", waiting)
+    assert gate.tick() == [("ml", "p")]
+
+    def forged(obj: dict[str, Any]) -> Any:
+        if obj["kind"] == "ConfigMap":
+            raise kube.NotOurs(f"ConfigMap ml/{obj['metadata']['name']} is not ours")
+        return FakeKube.DEFAULT
+
+    api = FakeKube(writers=RECONCILE_WRITERS, intercept={"create_owned": forged})
+    sync_profile(p, [job_view(waiting)], [], CFG, Memory(), Around(api, gate=gate))
+    assert not [c for c in api.calls if c[1] == "patch"]
+    assert api.events == []
 
 
 def test_a_kueue_job_is_never_gated() -> None:
@@ -212,4 +240,42 @@ def test_jobs_the_gate_held_start_once_the_gate_is_turned_off() -> None:
     api = FakeKube(writers=RECONCILE_WRITERS)
     status = sync_profile(p, [job_view(waiting)], [], CFG, Memory(), Around(api)).status
     assert ("Job", "patch", {"spec": {"suspend": False}}) in api.calls
+    assert ("ConfigMap", waiting["metadata"]["name"]) in api.created
     assert status["jobs"][0].get("reason") != "WaitingForGPU"
+
+
+def test_a_held_job_moved_to_a_kueue_queue_gets_its_configmap_before_kueue_may_start_it() -> None:
+    p = profile(gpu={"vendor": "amd", "models": [MODEL]}, tuning={"queueName": "team-a"})
+    waiting = held_for_gpu(build_tuning_job(Child(SPEC, "ml", "p", "uid-1", MODEL, CFG)))
+    waiting["metadata"]["uid"] = "juid-w"
+    api = FakeKube(writers=RECONCILE_WRITERS)
+    sync_profile(p, [job_view(waiting)], [], CFG, Memory(), Around(api, gate=gate_of(8)[0]))
+    writes = [(c[0], c[1]) for c in api.calls if c[1] in ("create", "patch")]
+    assert writes[:2] == [("ConfigMap", "create"), ("Job", "patch")]
+    assert ("Job", "patch", {"metadata": {"labels": {QUEUE_LABEL: "team-a"}}}) in api.calls
+
+
+def test_the_echo_of_a_job_its_reconcile_made_and_observed_needs_no_reconcile() -> None:
+    # In a burst every held Job's ADDED echo queued a reconcile that found nothing new.
+    from tunefleet.reconciler.controller import Controller, Indexes
+
+    p = profile(gpu={"vendor": "amd", "models": [MODEL]})
+    full, _ = gate_of(capacity=1)
+    full.follow_job("ADDED", job(1))
+    api = FakeKube(writers=RECONCILE_WRITERS)
+    c = Controller(api, CFG, Indexes(lambda k: None, list, lambda ns, u: [], lambda ns, u: []))
+    memory = c.memory
+    sync_profile(p, [], [], CFG, memory, Around(api, gate=full))
+    made = next(c[2] for c in api.calls if c[0] == "Job" and c[1] == "create")
+    echo = {**made, "metadata": {**made["metadata"], "uid": f"juid-{made['metadata']['name']}"}}
+    assert c.echoes_made("ADDED", echo) is True
+    assert c.echoes_made("ADDED", echo) is False  # only its first event
+    # A Kueue Job is not observed by the pass that makes it (Kueue has not spoken yet).
+    q = profile(gpu={"vendor": "amd", "models": [MODEL]}, tuning={"queueName": "a"})
+    api = FakeKube(writers=RECONCILE_WRITERS)
+    c = Controller(api, CFG, Indexes(lambda k: None, list, lambda ns, u: [], lambda ns, u: []))
+    sync_profile(q, [], [], CFG, c.memory, Around(api, gate=full))
+    (queued,) = [c[2] for c in api.calls if c[0] == "Job" and c[1] == "create"]
+    assert queued["spec"]["suspend"] is True
+    queued = {**queued, "metadata": {**queued["metadata"], "uid": "juid-q"}}
+    assert c.echoes_made("ADDED", queued) is False

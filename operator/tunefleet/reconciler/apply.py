@@ -89,9 +89,12 @@ def create_missing(s: Sync, todo: list[str]) -> None:
     for model in todo:
         child = s.child(model)
         try:
-            # The ConfigMap first: the Job's pod mounts it.
-            s.client.create_owned(build_tuning_config_map(child))
             job = _gated(s, build_tuning_job(child))
+            if not gate.held(job):
+                # The ConfigMap first: the Job's pod mounts it. A Job the GPU gate holds has
+                # no pod yet; its ConfigMap is made when it starts (_config_before_start), so
+                # a burst of profiles on few GPUs costs the API server one write fewer each.
+                s.client.create_owned(build_tuning_config_map(child))
             made = s.client.create_owned(job)
             if made is not None:
                 if not (made.get("spec") or {}).get("suspend") or gate.held(made):
@@ -101,6 +104,7 @@ def create_missing(s: Sync, todo: list[str]) -> None:
                     # it waits is Kueue's to say once it has (its echo's reconcile reads it).
                     # One the GPU gate holds says why at once.
                     s.jobs = [*s.jobs, views.job_view(made)]
+                    s.memory.made.add(made["metadata"]["uid"])
                 name, ns = job["metadata"]["name"], s.meta["namespace"]
                 log.info(f"created tuning Job {ns}/{name} for TuningProfile {s.meta['name']}")
                 if not gate.held(made):  # one held says so in status; its Event is its start
@@ -136,6 +140,8 @@ def start_admitted(s: Sync, jobs: list[dict[str, Any]]) -> None:
     ns, uid = s.meta["namespace"], s.meta["uid"]
     for job in jobs:
         name = job["metadata"]["name"]
+        if not _config_before_start(s, job):
+            continue
         if s.client.patch_owned("Job", ns, name, uid, {"spec": {"suspend": False}}):
             log.info(f"Job {ns}/{name}: a GPU is free; started")
             s.events.append(
@@ -144,6 +150,21 @@ def start_admitted(s: Sync, jobs: list[dict[str, Any]]) -> None:
             )  # fmt: skip
             started = {**job, "spec": {**(job.get("spec") or {}), "suspend": False}}
             s.jobs = [started if j is job else j for j in s.jobs]
+
+
+def _config_before_start(s: Sync, job: dict[str, Any]) -> bool:
+    """Make the tuning ConfigMap of a Job the GPU gate held (create_missing left it out) before
+    anything may start the Job: its pod mounts it. False when it cannot be made now: the Job
+    stays held and the next pass tries again (a ConfigMap already there, ours, is kept)."""
+    child = s.child(decide.model_of(job))
+    if child.name() != job["metadata"]["name"]:
+        return True  # not the current revision's: decide.admitted and queue_moves skip those
+    try:
+        s.client.create_owned(build_tuning_config_map(child))
+    except (kube.Temporary, kube.Permanent, kube.NotOurs) as e:
+        log.info(f"Job {s.meta['namespace']}/{child.name()} not started now: {e}")
+        return False
+    return True
 
 
 def stop_superseded(s: Sync, jobs: list[Superseded]) -> None:
@@ -179,6 +200,9 @@ def follow_queue(s: Sync, moves: list[decide.QueueMove]) -> None:
     for move in moves:
         meta = move.job["metadata"]
         if move.action == "relabel":
+            # Kueue starts it without us: a Job the gate held needs its ConfigMap first.
+            if gate.held(move.job) and not _config_before_start(s, move.job):
+                continue
             patch = {"metadata": {"labels": {QUEUE_LABEL: move.queue}}}
             if s.client.patch_owned("Job", ns, meta["name"], uid, patch):
                 log.info(f"Job {ns}/{meta['name']}: moved to Kueue LocalQueue {move.queue}")
