@@ -176,21 +176,35 @@ class IndexCollector(Collector):
         # Optional, so a collector of the fleet gauges alone (tests, tools) needs neither.
         self.profiles = profiles
         self.untuned = untuned  # (namespace, profile) -> the cause of each untuned pod
+        self._tallied: tuple[Iterable[dict[str, Any]], tuple[Tally[str], Tally[str], int]] | None
+        self._tallied = None
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         yield from self._fleet()
         if self.profiles is not None:
             yield from self._per_profile(self.profiles)
 
-    def _fleet(self) -> Iterator[GaugeMetricFamily]:
+    def _tally(self) -> tuple[Tally[str], Tally[str], int]:
+        """Profiles by phase, Jobs by state, unadmitted pods: counted again only when
+        `statuses` answers a new list (ProfileCache.statuses keeps one until a profile
+        changes), so a scrape of a settled fleet counts nothing."""
+        listed = self.statuses()
+        if self._tallied is not None and self._tallied[0] is listed:
+            return self._tallied[1]
         phases: Tally[str] = Tally()
         states: Tally[str] = Tally()
         unadmitted = 0
-        for status in self.statuses():
+        for status in listed:
             phases[status.get("phase") or Phase.PENDING] += 1
             for job in status.get("jobs") or []:
                 states[job.get("state") or "Pending"] += 1
             unadmitted += int(status.get("unadmittedPods") or 0)
+        counted = (phases, states, unadmitted)
+        self._tallied = (listed, counted)
+        return counted
+
+    def _fleet(self) -> Iterator[GaugeMetricFamily]:
+        phases, states, unadmitted = self._tally()
         profiles = GaugeMetricFamily(
             "tunefleet_profiles", "TuningProfiles by status.phase.", labels=["phase"]
         )

@@ -10,6 +10,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.fake_kube import FakeKube, FakeLeases
+from tests.support.wrappers import make_profile
 from tunefleet import metrics
 from tunefleet.runtime.leader import Callbacks, LeaseElector, Timing
 
@@ -83,6 +84,44 @@ def test_metrics_are_named_and_labelled_by_convention() -> None:
     for line in text.splitlines():
         if line and not line.startswith("#"):
             assert line.startswith("tunefleet_"), line
+
+
+def _profile(name: str, phase: str) -> dict[str, Any]:
+    return (
+        make_profile(name).uid(f"uid-{name}").status(phase=phase, jobs=[{"state": "Running"}]).obj()
+    )
+
+
+def test_the_fleet_gauges_follow_every_profile_change_though_counted_once_a_change() -> None:
+    # A settled fleet's scrape counts nothing (the tally is kept); any change to a profile,
+    # a watch event, our own status write or a deletion, must show in the next scrape.
+    from tunefleet.watched.cache import ProfileCache
+
+    cache = ProfileCache()
+    collector = metrics.IndexCollector(statuses=cache.statuses, queue_depth=lambda: 0)
+
+    def gauges() -> dict[str, float]:
+        return {
+            f"{s.name}{sorted((k, str(v)) for k, v in s.labels.items())}": s.value
+            for fam in collector.collect()
+            for s in fam.samples
+            if s.value
+        }
+
+    cache.put_profile(_profile("a", "Pending"))
+    cache.put_profile(_profile("b", "Pending"))
+    first = gauges()
+    assert first["tunefleet_profiles[('phase', 'Pending')]"] == 2
+    assert cache.statuses() is cache.statuses()  # kept while nothing changes
+    assert gauges() == first
+    cache.put_profile(_profile("b", "Ready"))  # a watch event
+    assert gauges()["tunefleet_profiles[('phase', 'Ready')]"] == 1
+    cache.written(("ml", "a"), "9", {"phase": "Failed"})  # our own status write
+    after = gauges()
+    assert after["tunefleet_profiles[('phase', 'Failed')]"] == 1
+    assert after["tunefleet_tuning_jobs[('state', 'Running')]"] == 1
+    cache.drop_profile(("ml", "b"))
+    assert "tunefleet_profiles[('phase', 'Ready')]" not in gauges()
 
 
 @pytest.mark.skipif(not hasattr(socket, "TCP_USER_TIMEOUT"), reason="Linux only")

@@ -122,6 +122,9 @@ class Cache:
         self._untrusted: dict[str, dict[str, Untrusted]] = {}
         # object uid -> where it is kept
         self._at: dict[str, _Placed] = {}
+        # Bumped by every change to a root: what is derived from all roots (the metrics'
+        # tallies) is kept until it moves, so a scrape of a settled fleet reads no root.
+        self._version = 0
 
     # --- roots ------------------------------------------------------------------------------
 
@@ -138,6 +141,7 @@ class Cache:
                 self._uids.pop(old.uid, None)
             self._roots[key] = entry
             self._uids[uid] = key
+            self._version += 1
         return view
 
     def written(self, key: Key, resource_version: str, status: dict[str, Any]) -> None:
@@ -152,6 +156,7 @@ class Cache:
             view["status"] = status
             summary = self.schema.summarize(view)
             self._roots[key] = _Root(entry.uid, _pack(view), summary, entry.seen)
+            self._version += 1
 
     def spec_seen(self, key: Key) -> tuple[str, int, bool] | None:
         """spec_seen() of the root held under `key`, without unpacking its view."""
@@ -163,6 +168,7 @@ class Cache:
         with self._lock:
             entry = self._roots.pop(key, None)
             if entry is not None:
+                self._version += 1
                 self._uids.pop(entry.uid, None)
                 self._untrusted.pop(entry.uid, None)
 
@@ -179,28 +185,40 @@ class Cache:
         with self._lock:
             return uid in self._uids
 
-    def summaries(self) -> list[Any]:
-        """Each root's schema.summarize(), as kept beside its view."""
+    def summaries(self) -> tuple[int, list[Any]]:
+        """Each root's schema.summarize(), as kept beside its view, and the version of the
+        roots they were read at (the same version: the same summaries)."""
         with self._lock:
-            return [e.summary for e in self._roots.values()]
+            return self._version, [e.summary for e in self._roots.values()]
+
+    @property
+    def version(self) -> int:
+        with self._lock:
+            return self._version
 
     # --- children, by owner ----------------------------------------------------------------
 
-    def follow(self, kind: str, event: str | None, body: dict[str, Any]) -> None:
+    def follow(self, kind: str, event: str | None, body: dict[str, Any]) -> bool:
         """A child's watch event: keep its view under its owner (or as untrusted, under the
-        root it claims), or drop it when deleted."""
+        root it claims), or drop it when deleted. False when the event changed nothing kept
+        (a field no view keeps, such as a Job's Suspended condition): whatever reads the
+        cache would read what it read before."""
         meta_in = body.get("metadata") or {}
         uid, ns = meta_in.get("uid", ""), meta_in.get("namespace", "")
         if event == "DELETED":
             with self._lock:
                 self._unplace(uid)
-            return
+            return True
         view = self.schema.children[kind](body)
         meta = view["metadata"]
         owner = meta.get("owner") or ""
         claimed = self.schema.claims(view)
         blob = _pack(view) if owner else b""
         with self._lock:
+            if owner and self._at.get(uid) == _Placed(kind, ns, owner, claimed):
+                kept = self._children[kind].get((ns, owner)) or {}
+                if kept.get(uid) == blob:
+                    return False
             # Wherever it was kept before: its owner reference may have changed since.
             self._unplace(uid)
             if owner:
@@ -211,6 +229,7 @@ class Cache:
                 name = meta.get("name", "")
                 self._remember_untrusted(claimed, Untrusted(kind, ns, name, uid))
                 self._at[uid] = _Placed(kind, ns, "", claimed)
+        return True
 
     def _unplace(self, uid: str) -> None:
         placed = self._at.pop(uid, None)
