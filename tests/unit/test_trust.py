@@ -66,6 +66,23 @@ def test_only_children_the_profile_controls_in_its_namespace_count() -> None:
     )
 
 
+def test_a_child_event_that_changes_nothing_kept_says_so_and_any_real_change_is_taken() -> None:
+    # handlers/startup.follow_child queues no reconcile for the first kind: the Job
+    # controller marking each Job the gate holds Suspended cost one reconcile a profile.
+    cache = ProfileCache()
+    held = OWNED.name("held").uid("uid-held").spec(suspend=True)
+    assert cache.follow("jobs", "ADDED", held.obj()) is True
+    assert cache.follow("jobs", "MODIFIED", held.obj()) is False
+    assert cache.follow("jobs", "MODIFIED", held.condition("Suspended").obj()) is False
+    assert cache.follow("jobs", "MODIFIED", held.spec(suspend=False).obj()) is True
+    done = held.spec(suspend=False).condition("Complete")
+    assert cache.follow("jobs", "MODIFIED", done.obj()) is True
+    assert cache.jobs("ml", "uid-1")[0]["status"]["conditions"][0]["type"] == "Complete"
+    # Taken from its owner: no longer its child (kept as untrusted), a change.
+    assert cache.follow("jobs", "MODIFIED", done.without("metadata", "ownerReferences").obj())
+    assert cache.follow("jobs", "DELETED", done.obj()) is True
+
+
 def test_a_forged_record_never_reaches_status_and_is_reported_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

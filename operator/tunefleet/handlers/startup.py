@@ -136,10 +136,15 @@ def follow_child(kind: str, event: str | None, body: dict[str, Any]) -> None:
     cache, and queue its profile (after a short delay that folds a burst of one object's
     events into one reconcile)."""
     metrics.HANDLER_CALLS.labels(f"{kind[:-1]}_event").inc()
-    OPERATOR.cache.follow(kind, event, body)
+    changed = OPERATOR.cache.follow(kind, event, body)
     gate = OPERATOR.controller.gate
     if gate is not None:
         (gate.follow_job if kind == "jobs" else gate.follow_pod)(event, body)
+    if not changed or (kind == "jobs" and OPERATOR.controller.echoes_made(event, body)):
+        # Nothing the reconcile reads moved (the Job controller marking a held Job
+        # Suspended, a pod's status field no view keeps), or it is the echo of a Job the
+        # reconcile that made it has observed already: no reconcile for it.
+        return
     # By the profile the object names: only a trigger, the reconcile reads what is owned.
     meta = body.get("metadata") or {}
     profile = (meta.get("labels") or {}).get(naming.TUNING_PROFILE_LABEL)

@@ -32,6 +32,7 @@ from tunefleet.reconciler.reconcile import Around, Outcome, sync_profile
 from tunefleet.runtime.heap import release_memory
 from tunefleet.runtime.workqueue import Backoff, WorkQueue
 from tunefleet.serving.served import Untuned
+from tunefleet.watched import views
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,18 @@ class Controller:
         the refresh lane (behind profiles' own changes: runtime/workqueue.py)."""
         if namespace and profile:
             self.queue.add_after((namespace, profile), EVENT_DELAY, urgent=False)
+
+    def echoes_made(self, event: str | None, job: dict[str, Any]) -> bool:
+        """Whether a Job's watch event is the echo of its own creation by a reconcile that
+        observed it in the status it wrote (ProfileMemory.made): then nothing new."""
+        meta = job.get("metadata") or {}
+        mine = self.memory.profiles.get(views.owning_profile(meta) or "")
+        if mine is None:
+            return False
+        uid = meta.get("uid", "")
+        echo = event == "ADDED" and uid in mine.made
+        mine.made.discard(uid)  # only its first event
+        return echo
 
     def wants(self, profile: dict[str, Any]) -> bool:
         """Whether a profile event can change anything: not when it only brings back the

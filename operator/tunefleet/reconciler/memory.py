@@ -38,6 +38,9 @@ class ProfileMemory:
     lock: threading.Lock = field(default_factory=threading.Lock)
     # The resourceVersion our last status write made: its watch echo needs no reconcile.
     written_rv: str = ""
+    # Jobs a reconcile made and observed in its own status, by uid: their ADDED echo brings
+    # what that reconcile read, so it needs none (Controller.echoes_made).
+    made: set[str] = field(default_factory=set)
     # The tune step's imageID already written to a Job's ConfigMap, by Job uid.
     image_ids: dict[str, str] = field(default_factory=dict)
     # The kubelet's Events about a stuck pod, by pod uid: (read at, events).

@@ -80,6 +80,11 @@ def profile_ref(view: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+# The Job conditions the reconcile reads (reconciler/observe.py): the others (Suspended,
+# set on every Job the gate or Kueue holds) are not kept, so their events cost no reconcile.
+JOB_CONDITIONS_READ = frozenset({"Complete", "SuccessCriteriaMet", "Failed", "FailureTarget"})
+
+
 def job_view(body: Mapping[str, Any]) -> dict[str, Any]:
     meta = body.get("metadata") or {}
     labels = meta.get("labels") or {}
@@ -121,6 +126,7 @@ def job_view(body: Mapping[str, Any]) -> dict[str, Any]:
             "conditions": [
                 _pick(c, "type", "status", "reason", "message")
                 for c in status.get("conditions") or []
+                if c.get("type") in JOB_CONDITIONS_READ
             ],
         },
     }
