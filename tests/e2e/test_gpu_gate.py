@@ -57,6 +57,11 @@ def _scheduled_pod(cluster: Any, namespace: str, profile: str) -> dict[str, Any]
     return dict(pod)
 
 
+def _config_maps(cluster: Any, namespace: str, name: str) -> list[dict[str, Any]]:
+    items = get_json(cluster, "configmaps", "-n", namespace)["items"]
+    return [c for c in items if c["metadata"]["name"] == name]
+
+
 def test_a_job_waits_suspended_while_our_jobs_hold_every_gpu_then_runs_to_ready(
     cluster: Any, operator: Operator, s3: Any, namespace: str
 ) -> None:
@@ -82,6 +87,9 @@ def test_a_job_waits_suspended_while_our_jobs_hold_every_gpu_then_runs_to_ready(
     assert job["spec"]["suspend"] is True
     assert job["metadata"]["annotations"][naming.GPU_GATE_ANNOTATION] == "true"
     assert tuning_pods(cluster, namespace, "second") == []
+    # Its configuration is made when it starts: no pod mounts it before.
+    name = job["metadata"]["name"]
+    assert _config_maps(cluster, namespace, name) == []
     warnings = events_about(cluster, namespace, "second", type="Warning")
     assert warnings == [], [e["message"] for e in warnings]
 
@@ -95,6 +103,12 @@ def test_a_job_waits_suspended_while_our_jobs_hold_every_gpu_then_runs_to_ready(
     second_pod = _scheduled_pod(cluster, namespace, "second")
     (job,) = jobs_of(cluster, namespace, "second")
     assert not job["spec"].get("suspend")
+    (config,) = _config_maps(cluster, namespace, name)
+    assert "config.json" in config["data"]
+    assert (
+        config["metadata"]["ownerReferences"][0]["uid"]
+        == job["metadata"]["ownerReferences"][0]["uid"]
+    )
     eventually(
         lambda: events_about(cluster, namespace, "second", reason="TuningJobStarted"),
         lambda items: len(items) == 1,
