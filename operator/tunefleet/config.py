@@ -34,8 +34,11 @@ class Config:
     webhook_register: str = ""
     webhook_timeout_seconds: int = 5
     namespaces: tuple[str, ...] = field(default_factory=tuple)
-    # Reconcile workers (threads making API calls) and the full resync interval.
-    workers: int = 8
+    # Reconcile workers (threads making API calls) and the full resync interval. A reconcile
+    # mostly waits on the API server (a burst's: a Job create, then a status write); under
+    # a burst of 80 profiles a second those took ~100 ms, so 8 workers kept up with ~60 a
+    # second and fell 42 s behind at 10,000; 16 kept up (bench/scale.md).
+    workers: int = 16
     resync_seconds: float = 600.0
     # Prometheus metrics port (0: off).
     metrics_port: int = 8081
@@ -105,7 +108,7 @@ class Config:
             webhook_register=env("TUNEFLEET_WEBHOOK_REGISTER", ""),
             webhook_timeout_seconds=int(env("TUNEFLEET_WEBHOOK_TIMEOUT_SECONDS", "5")),
             namespaces=tuple(n for n in env("TUNEFLEET_NAMESPACES", "").split(",") if n),
-            workers=max(1, int(env("TUNEFLEET_WORKERS", "8"))),
+            workers=max(1, int(env("TUNEFLEET_WORKERS", "16"))),
             resync_seconds=max(10.0, float(env("TUNEFLEET_RESYNC_SECONDS", "600"))),
             metrics_port=int(env("TUNEFLEET_METRICS_PORT", "8081")),
             profile_metrics=_env_bool("TUNEFLEET_PROFILE_METRICS", False),
