@@ -331,6 +331,14 @@ def test_an_artifact_signed_by_another_key_is_not_adopted_and_cosign_checks_both
         "the first cluster's entry",
         timeout=60,
     )
+    # The operator's delivery verified the signature (Required) before making the ConfigMap.
+    delivered = eventually(
+        lambda: get_json(cluster, "tp", "-n", namespace, "llama")["status"]["artifacts"][0],
+        lambda a: a.get("delivery") == "ConfigMap",
+        "the signed artifact delivered as a ConfigMap",
+        timeout=60,
+    )
+    assert delivered["sha256"] == art["sha256"]
     # What the tuning Job signed, cosign (knowing nothing of tunefleet) verifies.
     base = parse_uri(art["uri"]).prefix
     manifest, signature = tmp_path / "manifest.json", tmp_path / "manifest.json.sig"
