@@ -286,10 +286,20 @@ def spec_problems(spec: TuningProfileSpec) -> list[str]:
 
 def signing_problems(spec: TuningProfileSpec) -> list[str]:
     storage = spec.storage
-    if storage.signing is not None and not storage.is_oci:
+    if storage.signing is not None and not storage.is_oci and spec.gpu.parallelism > 1:
         return [
-            "storage.signing: signatures are of OCI bundles; only an oci:// storage.uri has "
-            "them (remove storage.signing, or publish to oci://registry/repository)"
+            "gpu.parallelism: sharded tuning publishes through a merge Job, which does not sign "
+            "yet: use parallelism 1 with storage.signing, or remove storage.signing"
+        ]
+    if (
+        storage.signing_policy == "Required"
+        and not storage.is_oci
+        and not (storage.signing and storage.signing.public_key)
+    ):
+        return [
+            "storage.signing.publicKey: model pods and the operator verify each artifact's "
+            "signature with it, and a signature is required (policy Required, the default): "
+            "set it to the PEM of cosign.pub, or set storage.signing.policy: Optional"
         ]
     if storage.is_oci and spec.gpu.parallelism > 1:
         return [
@@ -298,7 +308,7 @@ def signing_problems(spec: TuningProfileSpec) -> list[str]:
         ]
     if storage.signing_policy == "Required" and not storage.signing_secret:
         return [
-            "storage.signing.secret: an oci:// store signs every bundle and serves only signed "
+            "storage.signing.secret: the store signs every artifact and serves only signed "
             "ones (policy Required, the default): name a Secret in this namespace holding "
             "cosign.key, cosign.password and cosign.pub (`cosign generate-key-pair "
             "k8s://<namespace>/<name>` makes one), or set storage.signing.policy: Optional"

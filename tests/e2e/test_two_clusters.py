@@ -2,14 +2,19 @@
 --peer: another control plane, CA and real node, sharing the S3 server), each with its own
 release and operator in fleet mode. One identity applied in both at the same moment is tuned
 once and served in both; a tuning cluster whose operator dies mid-Job holds the other back
-for one claim expiry, no longer; a changed image digest in one cluster tunes its own."""
+for one claim expiry, no longer; a changed image digest in one cluster tunes its own; an
+artifact whose SHA-256 or signature does not check is never adopted (cosign, knowing nothing
+of tunefleet, checks the signatures on either side)."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,6 +38,7 @@ from testbed.operator import (
 )
 from testbed.poll import eventually
 from testbed.real_node import fleet_profile, model_pod
+from testbed.registry import cosign_binary
 from tests.support.kube import apply, condition, create, ended, get_json, jobs_of, statuses
 from tests.support.kube import ready as wait_ready
 from tunefleet import naming
@@ -255,3 +261,121 @@ def test_an_artifact_tampered_with_in_the_store_is_not_adopted_and_its_entry_is_
     now = contract.Published.from_bytes(store.get(key, 1 << 16), ident, model)
     assert now is not None and now.record.uri == mine["uri"]
     assert now.holder.cluster == cluster_uid(peer)
+
+
+def _key_pair(where: Path, password: str) -> Path:
+    """A key pair, as `cosign generate-key-pair` writes it, in a directory of its own."""
+    where.mkdir()
+    made = subprocess.run(
+        [cosign_binary(), "generate-key-pair"], cwd=where, capture_output=True, text=True,
+        env={**os.environ, "COSIGN_PASSWORD": password}, timeout=120,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    return where
+
+
+def _signing_secret(c: Any, namespace: str, keys: Path, password: str) -> None:
+    c.kubectl(
+        "create", "secret", "generic", "signing", "-n", namespace,
+        f"--from-file=cosign.key={keys / 'cosign.key'}",
+        f"--from-file=cosign.pub={keys / 'cosign.pub'}",
+        f"--from-literal=cosign.password={password}",
+    )  # fmt: skip
+
+
+def _cosign_verify_blob(
+    keys: Path, blob: Path, signature: Path
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [cosign_binary(), "verify-blob", "--key", str(keys / "cosign.pub"),
+         "--insecure-ignore-tlog=true", "--signature", str(signature), str(blob)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_an_artifact_signed_by_another_key_is_not_adopted_and_cosign_checks_both_signatures(
+    cluster: Any,
+    peer: Cluster,
+    first_operator: Operator,
+    peer_operator: Operator,
+    s3: Any,
+    namespace: str,
+    peer_other_namespace: str,
+    s3_secret: str,
+    prefix: str,
+    tmp_path: Path,
+) -> None:
+    # Both clusters' profiles sign with one key pair (the fleet's), in their own Secrets.
+    password = "fleet-signing"
+    keys = _key_pair(tmp_path / "fleet", password)
+    _signing_secret(cluster, namespace, keys, password)
+    _signing_secret(peer, peer_other_namespace, keys, password)
+    wait_for_real_node_gpus(cluster, 1)
+    profile = fleet_profile(s3, s3_secret, prefix, pinned_image(STANDIN_IMAGE))
+    profile["spec"]["storage"]["signing"] = {
+        "secret": {"name": "signing"}, "publicKey": (keys / "cosign.pub").read_text(),
+    }  # fmt: skip
+    apply(cluster, namespace, profile)
+    first = wait_ready(cluster, namespace, "llama", timeout=400)
+    assert first["status"]["phase"] == "Ready", json.dumps(first["status"], indent=2)[:3000]
+    art = first["status"]["artifacts"][0]
+    spec = TuningProfileSpec.model_validate(profile["spec"])
+    model = spec.gpu.models[0]
+    ident = naming.fleet_identity(spec, model)
+    assert ident is not None
+    store = S3Store(parse_uri(f"s3://{s3.bucket}/{prefix}"), client=s3.client(), timeout_s=60)
+    key = contract.published_key(store.location, model, ident)
+    eventually(
+        lambda: contract.Published.from_bytes(store.get(key, 1 << 16), ident, model),
+        lambda e: e is not None and e.record.sha256 == art["sha256"],
+        "the first cluster's entry",
+        timeout=60,
+    )
+    # The operator's delivery verified the signature (Required) before making the ConfigMap.
+    delivered = eventually(
+        lambda: get_json(cluster, "tp", "-n", namespace, "llama")["status"]["artifacts"][0],
+        lambda a: a.get("delivery") == "ConfigMap",
+        "the signed artifact delivered as a ConfigMap",
+        timeout=60,
+    )
+    assert delivered["sha256"] == art["sha256"]
+    # What the tuning Job signed, cosign (knowing nothing of tunefleet) verifies.
+    base = parse_uri(art["uri"]).prefix
+    manifest, signature = tmp_path / "manifest.json", tmp_path / "manifest.json.sig"
+    manifest.write_bytes(store.get(f"{base}/manifest.json", 1 << 20))
+    signature.write_bytes(store.get(f"{base}/manifest.json.sig", 4096))
+    checked = _cosign_verify_blob(keys, manifest, signature)
+    assert checked.returncode == 0, checked.stderr
+
+    # Someone who can write to the bucket re-signs the artifact with a key of their own.
+    other = _key_pair(tmp_path / "other", "other")
+    forged = subprocess.run(
+        [cosign_binary(), "sign-blob", "--key", str(other / "cosign.key"), "--yes",
+         "--tlog-upload=false", "--new-bundle-format=false", "--use-signing-config=false",
+         "--output-signature", str(signature), str(manifest)],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "COSIGN_PASSWORD": "other"},
+    )  # fmt: skip
+    assert forged.returncode == 0, forged.stderr
+    assert _cosign_verify_blob(keys, manifest, signature).returncode != 0
+    s3.client().put_object(
+        Bucket=s3.bucket, Key=f"{base}/manifest.json.sig", Body=signature.read_bytes()
+    )
+
+    apply(peer, peer_other_namespace, profile)
+    own = wait_ready(peer, peer_other_namespace, "llama", timeout=400)
+    assert own["status"]["phase"] == "Ready", json.dumps(own["status"], indent=2)[:3000]
+    mine = own["status"]["artifacts"][0]
+    assert "source" not in mine and len(jobs_of(peer, peer_other_namespace, "llama")) == 1
+    said = peer.kubectl(
+        "get", "events", "-n", peer_other_namespace,
+        "--field-selector", "reason=ArtifactNotAdopted", "-o", "json",
+    ).stdout  # fmt: skip
+    assert "manifest.json.sig" in said and "another key" in said, said
+    # The peer's own artifact is signed with the fleet's key, and replaced the forged entry.
+    base = parse_uri(mine["uri"]).prefix
+    manifest.write_bytes(store.get(f"{base}/manifest.json", 1 << 20))
+    signature.write_bytes(store.get(f"{base}/manifest.json.sig", 4096))
+    assert _cosign_verify_blob(keys, manifest, signature).returncode == 0
+    now = contract.Published.from_bytes(store.get(key, 1 << 16), ident, model)
+    assert now is not None and now.record.uri == mine["uri"]

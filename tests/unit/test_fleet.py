@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from tests.support.artifacts import tuner_output
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
 from tests.support.wrappers import make_job, make_profile
 from tunefleet import naming
-from tunefleet.artifacts.publish import upload_artifact
+from tunefleet.artifacts import signing
+from tunefleet.artifacts.publish import sign_manifest, upload_artifact
 from tunefleet.config import Config
 from tunefleet.contracts import fleet as contract
 from tunefleet.contracts.artifact import ArtifactRecord
@@ -84,14 +86,18 @@ def claim_of(tmp_path: Path, p: dict[str, Any]) -> contract.Claim | None:
     return contract.Claim.from_bytes(store.get(key, 1 << 14), identity(p))
 
 
-def served_by_p(tmp_path: Path, p: dict[str, Any], image: str = IMAGE) -> dict[str, Any]:
-    """p's status once its tuning Job published: the artifact uploaded to the bucket, and
-    served (the record its Job reported, as the operator keeps it)."""
+def served_by_p(
+    tmp_path: Path, p: dict[str, Any], image: str = IMAGE, signing_key: Path | None = None
+) -> dict[str, Any]:
+    """p's status once its tuning Job published: the artifact uploaded to the bucket (its
+    manifest signed with the key pair in `signing_key`, if given), and served (the record its
+    Job reported, as the operator keeps it)."""
     manifest = tuner_output(
         tmp_path / "out", gpu_model=MODEL, image=ImageRef(reference=image, id="")
     )
     results = (tmp_path / "out" / "results.csv").read_bytes()
     pub = upload_artifact(dir_store(tmp_path), LOCATION, results, manifest)
+    pub = sign_manifest(dir_store(tmp_path), LOCATION, pub, signing_key)
     record = ArtifactRecord.from_manifest(
         pub.manifest, uri=pub.uri, manifest_sha256=pub.manifest_sha256
     ).for_job(gpu_model=MODEL, revision=p["status"]["revision"], job="tune-p-1", image_id="")
@@ -387,6 +393,55 @@ def test_an_entry_whose_artifact_does_not_check_is_not_adopted_and_the_profile_t
     warned = [m for r, m in api_q.events if r == "ArtifactNotAdopted"]
     assert warned and "does not check" in warned[0]
     assert [k for k, _ in api_q.created if k == "Job"] == ["Job"]  # tunes its own
+
+
+COSIGN = Path(__file__).parent / "data" / "cosign"  # a pair `cosign generate-key-pair` made
+SIGNED = BASE.storage(
+    "s3://bkt/fleet",
+    signing={"secret": {"name": "signing"}, "publicKey": (COSIGN / "cosign.pub").read_text()},
+)
+
+
+def signing_secret(tmp_path: Path) -> Path:
+    """The signing Secret as a tuning Job mounts it."""
+    d = tmp_path / "signing"
+    d.mkdir()
+    (d / signing.PRIVATE_KEY).write_bytes((COSIGN / "cosign.key").read_bytes())
+    (d / signing.PASSWORD).write_bytes(b"tunefleet-test")
+    return d
+
+
+@pytest.mark.parametrize("forgery", ["none", "another key", "missing"])
+def test_an_entry_is_adopted_only_when_the_adopters_key_verifies_its_signature(
+    tmp_path: Path, forgery: str
+) -> None:
+    p = profile_view(SIGNED.obj())
+    q = profile_view(SIGNED.name("q").uid("uid-q").obj())
+    mem_p = Memory()
+    status_p, _ = sync(p, tmp_path, FLEET_A, mem_p)
+    p_done = served_by_p(tmp_path, {**p, "status": status_p}, signing_key=signing_secret(tmp_path))
+    sync(p_done, tmp_path, FLEET_A, mem_p)  # published, released
+    sig = next((tmp_path / "bkt").rglob(f"*{signing.BLOB_SIGNATURE_SUFFIX}"))
+    if forgery == "another key":
+        # Someone who can write to the bucket signs what it holds with a key of their own.
+        manifest = sig.with_name(sig.name.removesuffix(signing.BLOB_SIGNATURE_SUFFIX))
+        sig.chmod(0o644)
+        sig.write_bytes(
+            signing.sign_blob(manifest.read_bytes(), ec.generate_private_key(ec.SECP256R1()))
+        )
+    elif forgery == "missing":
+        sig.unlink()
+
+    status_q, api_q = sync(q, tmp_path, FLEET_B, Memory())
+    warned = [m for r, m in api_q.events if r == "ArtifactNotAdopted"]
+    jobs = [k for k, _ in api_q.created if k == "Job"]
+    if forgery == "none":
+        (taken,) = status_q["artifacts"]
+        assert taken["source"]["cluster"] == CLUSTER_A and not warned and not jobs
+        return
+    assert not status_q.get("artifacts")
+    assert warned and "manifest.json.sig" in warned[0], warned
+    assert jobs == ["Job"]  # tunes its own
 
 
 def test_an_entry_from_another_image_or_outside_the_store_is_not_adopted(tmp_path: Path) -> None:

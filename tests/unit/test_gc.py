@@ -255,9 +255,15 @@ def test_an_artifact_manifest_is_deleted_before_its_results_and_an_unfinished_on
     world.age(old["uri"].removeprefix(world.uri + "/"), OLD + 60, NOW)
     unfinished = f"ml/llama/{MODEL}/{'cd' * 32}/results.csv"  # publish died before the manifest
     world.store.put(unfinished, b"x", "text/csv")
+    # A signed artifact's signature (storage.signing) goes with it, after its manifest.
+    world.store.put(f"{old['uri'].removeprefix(world.uri + '/')}/manifest.json.sig", b"s", "x")
+    world.age(old["uri"].removeprefix(world.uri + "/"), OLD + 60, NOW)
     plan = world.collect([world.profile.artifacts(keep).obj()], keep=1, now=NOW)
     (deleted,) = [d for d in plan.deletes if d.where == old["uri"]]
-    assert deleted.keys[0].endswith("/manifest.json") and deleted.keys[1].endswith("/results.csv")
+    assert deleted.keys[0].endswith("/manifest.json") and deleted.keys[1].endswith(
+        "/manifest.json.sig"
+    )
+    assert deleted.keys[2].endswith("/results.csv")
     (half,) = [d for d in plan.deletes if d.keys == (unfinished,)]
     assert "incomplete (no manifest.json" in half.reason
 

@@ -200,8 +200,9 @@ class TuningLimits(_Model):
 
 
 class SigningSpec(_Model):
-    """Signatures of oci:// bundles (artifacts/signing.py): `secret` holds cosign's key pair;
-    `policy` None means the default, Required (tunefleet never assumes an absent field)."""
+    """Signatures of artifacts (artifacts/signing.py): of an oci:// store's bundles, of an
+    object store's manifests; `secret` holds cosign's key pair; `policy` None means the
+    default, Required (tunefleet never assumes an absent field)."""
 
     policy: SigningPolicy | None = None
     secret: NamedRef | None = None
@@ -229,8 +230,9 @@ class StorageSpec(_Model):
 
     @property
     def signing_policy(self) -> SigningPolicy | None:
-        """Required or Optional for an oci:// store (Required unless said); None otherwise."""
-        if not self.is_oci:
+        """Required or Optional (Required unless said) for an oci:// store, and for another
+        that sets storage.signing; None for one that does not: its artifacts are unsigned."""
+        if not self.is_oci and self.signing is None:
             return None
         return (self.signing.policy if self.signing else None) or "Required"
 

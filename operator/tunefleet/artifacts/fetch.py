@@ -228,10 +228,16 @@ def _results(store: Store, location: Location, name: str) -> bytes:
 
 
 def download_verified(
-    pin: Pinned, *, store: Store | None = None, options: StoreOptions | None = None
+    pin: Pinned,
+    *,
+    store: Store | None = None,
+    options: StoreOptions | None = None,
+    signature: Signature | None = None,
 ) -> Verified:
-    """Download one pinned artifact and verify it (see the module docstring); nothing is
-    written. Used by the fetch init container and by the operator's delivery."""
+    """Download one pinned artifact and verify it (see the module docstring), and, in a store
+    of objects, its manifest's signature as `signature` asks (check_manifest_signature);
+    nothing is written. Used by the fetch init container, the operator's delivery and fleet
+    adoption."""
     pin = pin.checked()
     uri, sha = pin.uri, pin.sha256
     try:
@@ -245,6 +251,8 @@ def download_verified(
         store = open_store(location, options or StoreOptions(timeout_s=60.0))
     try:
         manifest_bytes = store.get(location.key(MANIFEST_NAME), MAX_MANIFEST_BYTES)
+        if signature is not None and location.scheme != "oci":
+            check_manifest_signature(store, location, manifest_bytes, signature)
         payload = _payload_name(manifest_bytes)
         results = _results(store, location, payload)
     except StoreError as exc:
@@ -274,7 +282,7 @@ def fetch(
     store = store or open_store(location, options or StoreOptions(timeout_s=60.0))
     if location.scheme == "oci":
         store = serving_store(store, signature or Signature())
-    got = download_verified(pin, store=store, options=options)
+    got = download_verified(pin, store=store, options=options, signature=signature)
     # Caches first: a cache-only artifact that cannot serve them serves nothing.
     caches, failed = _caches(store, location, got, serving.caches_dest, serving.fail_closed)
     paths = write_device_files(dest, got.results, serving.devices, got.kind)
@@ -318,14 +326,60 @@ def from_volume(root: Path, pin: Pinned, serving: Serving = Serving()) -> Fetche
 
 @dataclass(frozen=True)
 class Signature:
-    """What an oci:// artifact must show before it is read: its bundle's digest (from the
-    profile's status, via the webhook), the key its signature must verify with, and whether
-    one is required (spec.storage.signing)."""
+    """What an artifact must show before it is read (spec.storage.signing): the key its
+    signature must verify with, and whether one is required; for an oci:// one, its bundle's
+    digest (from the profile's status, via the webhook)."""
 
     bundle: str = ""
     key_file: Path | None = None
     required: bool = False
     key_pem: bytes = b""  # the key itself (spec.storage.signing.publicKey, from admission)
+
+    @classmethod
+    def asked(cls, public_key: str, policy: str | None) -> Signature | None:
+        """What a profile's spec.storage.signing asks of its artifacts in the operator (its
+        publicKey and signing_policy); None where the profile signs nothing."""
+        if policy is None:
+            return None
+        return cls(required=policy == "Required", key_pem=public_key.encode())
+
+
+def check_manifest_signature(
+    store: Store, location: Location, manifest_bytes: bytes, sig: Signature
+) -> None:
+    """A store of objects (s3://, pvc://): FetchError unless the artifact's manifest is signed
+    as the profile asks (signing.sign_blob, manifest.json.sig beside it). A signature that is
+    there but does not verify is refused under either policy: it is forged or altered. One
+    that is missing is refused only where a signature is required."""
+    from . import signing
+
+    where = location.uri(location.key(MANIFEST_NAME + signing.BLOB_SIGNATURE_SUFFIX))
+    try:
+        pem = sig.key_file.read_bytes() if sig.key_file is not None else sig.key_pem
+        key = signing.load_public_key(pem) if pem.strip() else None
+    except (OSError, signing.SigningError) as exc:
+        raise FetchError(f"not served: the verification key: {exc}") from None
+    if key is None:
+        if sig.required:
+            raise FetchError(
+                "not served: a signature is required, and the profile gives no key to verify "
+                "it: set spec.storage.signing.publicKey (the PEM of cosign.pub)"
+            )
+        return
+    try:
+        signature = store.get(
+            location.key(MANIFEST_NAME + signing.BLOB_SIGNATURE_SUFFIX),
+            signing.MAX_BLOB_SIGNATURE,
+        )
+    except NotFoundError:
+        if sig.required:
+            raise FetchError(
+                f"not served: {where} is missing (published unsigned), and a signature is required"
+            ) from None
+        return
+    verdict = signing.verify_blob(manifest_bytes, signature, key)
+    if not verdict.ok:
+        raise FetchError(f"not served: {where}: {verdict.reason}")
 
 
 def serving_store(store: Store, sig: Signature) -> Store:
@@ -474,18 +528,18 @@ def _oci_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--verify-key",
         type=Path,
-        help="oci:// stores: cosign public key the bundle must verify with",
+        help="cosign public key the bundle (oci://) or manifest (s3://, pvc://) verifies with",
     )
     p.add_argument(
         "--verify-key-env",
         default="",
-        help="oci:// stores: the variable holding that key's PEM (admission passes the spec's "
+        help="the variable holding that key's PEM (admission passes the spec's "
         "spec.storage.signing.publicKey so, its one source)",
     )
     p.add_argument(
         "--require-signature",
         action="store_true",
-        help="oci:// stores: serve only a bundle signed by --verify-key",
+        help="serve only an artifact signed by --verify-key",
     )
 
 

@@ -30,6 +30,7 @@ from tunefleet.storage.registry import open_store, parse_uri
 from tunefleet.storage.store import (
     ConflictError,
     Location,
+    NotFoundError,
     Store,
     StoreError,
     StoreOptions,
@@ -275,6 +276,7 @@ def publish(
         return replace(m, image=ref) if ref is not None else m
 
     pub = upload_artifact(store, location, results, manifest, with_image, archives)
+    pub = sign_manifest(store, location, pub, signing_key)
     pub = push_bundle(store, location, pub, signing_key)
     if manifest.kind != kinds.DEFAULT:
         return pub  # the GEMM library holds TunableOp rows; caches are per identity already
@@ -318,6 +320,41 @@ def upload_artifact(
             raise
         kept = True  # the message still speaks for this run; the pin is the stored manifest
     return Published(location.uri(base), sha, manifest, created, kept, sha256_hex(manifest_bytes))
+
+
+def sign_manifest(
+    store: Store, location: Location, pub: Published, signing_key: Path | None
+) -> Published:
+    """Stores of objects (s3://, pvc://): sign the artifact's stored manifest with the key pair
+    in `signing_key` (a mounted Secret) when given (signing.sign_blob), as manifest.json.sig
+    beside it. Its manifest settled first (this run's, or the one kept for identical results),
+    so the signature is of the bytes readers get; one already there that this key made of
+    them is kept. A failure here fails the Job: no record names the artifact yet."""
+    if location.scheme == "oci" or signing_key is None:
+        return pub
+    from . import signing
+
+    try:
+        key = signing.read_key_dir(signing_key)
+    except signing.SigningError as exc:
+        raise PublishError(f"cannot sign the manifest: {exc}") from None
+    base = location.key(
+        pub.manifest.namespace, pub.manifest.profile, pub.manifest.gpu_model, pub.sha256
+    )
+    manifest_bytes = store.get(f"{base}/{MANIFEST_NAME}", 1 << 20)
+    if sha256_hex(manifest_bytes) != pub.manifest_sha256:
+        raise PublishError(f"the manifest at {location.uri(base)} changed while publishing")
+    where = f"{base}/{MANIFEST_NAME}{signing.BLOB_SIGNATURE_SUFFIX}"
+    try:
+        there: bytes | None = store.get(where, signing.MAX_BLOB_SIGNATURE)
+    except NotFoundError:
+        there = None
+    if there is None or not signing.verify_blob(manifest_bytes, there, key.public_key()).ok:
+        # Replaced: a signature of these bytes by another key (or of none) says nothing of
+        # this profile's key, and its model pods verify with this key's public half.
+        store.put(where, signing.sign_blob(manifest_bytes, key), "text/plain")
+    print(f"{PROG}: {location.uri(base)}/{MANIFEST_NAME} signed", file=sys.stderr)
+    return replace(pub, signed=True)
 
 
 def push_bundle(
@@ -480,7 +517,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--signing-key-dir",
         type=Path,
-        help="oci:// stores: a directory with cosign.key (and cosign.password) to sign with",
+        help="a directory with cosign.key (and cosign.password) to sign the artifact with",
     )
     return p
 

@@ -8,6 +8,11 @@ base64 ECDSA signature in the ``dev.cosignproject.cosign/signature`` annotation.
 cosign's: the private key as ``cosign generate-key-pair`` writes it (scrypt + NaCl secretbox,
 with its password), or a plain PEM PKCS#8 key; the public key as PEM.
 
+Stores of objects (s3://, pvc://) have no manifests to tag: there the artifact's
+``manifest.json`` is signed as ``cosign sign-blob --key`` signs a file, and the base64 ECDSA
+signature of its bytes lies beside it as ``manifest.json.sig``. The manifest names the SHA-256
+of the results and of every cache archive, so that one signature covers the artifact.
+
 Only verification by key is done here. Keyless (Fulcio certificates, Rekor entries) needs the
 cluster's signing service and is not built.
 """
@@ -32,6 +37,10 @@ SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"
 PAYLOAD_TYPE = "cosign container image signature"
 CONFIG_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"
 MAX_PAYLOAD = 64 << 10
+
+# Object stores: the signature of an artifact's manifest.json, as the object beside it.
+BLOB_SIGNATURE_SUFFIX = ".sig"
+MAX_BLOB_SIGNATURE = 4 << 10  # base64 of a DER ECDSA signature: ~100 bytes
 
 # The Secret's keys, as `cosign generate-key-pair k8s://ns/name` writes them.
 PRIVATE_KEY = "cosign.key"
@@ -229,3 +238,23 @@ def _check_layer(store: OciStore, digest: str, layer: Any, key: ec.EllipticCurve
     if named != digest:
         return f"a signature of another image ({named})"
     return ""
+
+
+def sign_blob(data: bytes, key: ec.EllipticCurvePrivateKey) -> bytes:
+    """The signature of `data` as `cosign sign-blob --key` writes it: base64 of the DER ECDSA
+    signature over its SHA-256."""
+    return base64.b64encode(key.sign(data, ec.ECDSA(hashes.SHA256())))
+
+
+def verify_blob(data: bytes, signature: bytes, key: ec.EllipticCurvePublicKey) -> Verdict:
+    """Whether `signature` (sign_blob's form; whitespace around it is allowed, as cosign
+    writes a newline) is one of `data` by `key`."""
+    try:
+        raw = base64.b64decode(signature.strip(), validate=True)
+    except (ValueError, TypeError):
+        return Verdict(False, "its signature is not base64")
+    try:
+        key.verify(raw, data, ec.ECDSA(hashes.SHA256()))
+    except InvalidSignature:
+        return Verdict(False, "its signature is by another key, or the manifest was altered")
+    return Verdict(True, "")

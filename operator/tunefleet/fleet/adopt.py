@@ -3,10 +3,11 @@ sharing the store.
 
 A profile's own artifact is published once it serves it (the gate passed it); an entry found
 for a profile with no artifact of its identity is adopted only after the checks its own
-artifact gets and more: it lies in the profile's own store location, its SHA-256s and manifest
-check out (download_verified: what fetch and delivery check), it fits the profile's GPU model,
-and its manifest says it was tuned in the image the profile pins, by digest. Whatever fails
-is reported and not adopted; the profile then tunes its own.
+artifact gets and more: it lies in the profile's own store location, its SHA-256s, manifest
+and signature check out as the profile's storage.signing asks (download_verified: what fetch
+and delivery check), it fits the profile's GPU model, and its manifest says it was tuned in
+the image the profile pins, by digest. Whatever fails is reported and not adopted; the profile
+then tunes its own.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import replace
 from tunefleet import images
 from tunefleet.api import TuningProfileSpec
 from tunefleet.artifacts import fit
-from tunefleet.artifacts.fetch import FetchError, Pinned, download_verified
+from tunefleet.artifacts.fetch import FetchError, Pinned, Signature, download_verified
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.contracts.fleet import MAX_BYTES, Holder, Published
 from tunefleet.storage.store import NotFoundError, Store, SwappableStore
@@ -48,8 +49,8 @@ def verify(
     store: Store,
 ) -> None:
     """NotAdoptable unless the entry's artifact is one this profile may serve as its own."""
-    record, model = entry.record, entry.gpu_model
-    root = spec.storage.uri.rstrip("/") + "/"
+    record, model, storage = entry.record, entry.gpu_model, spec.storage
+    root = storage.uri.rstrip("/") + "/"
     if not record.uri.startswith(root):
         raise NotAdoptable(f"its artifact {record.uri} is outside this profile's store {root}")
     if not record.manifest_sha256:
@@ -64,6 +65,10 @@ def verify(
                 fit.Target(model, spec.gpu.vendor, fit.is_stand_in_model(model, stand_in_models)),
             ),
             store=store,
+            signature=Signature.asked(
+                (storage.signing.public_key or "") if storage.signing else "",
+                storage.signing_policy,
+            ),
         )
     except (FetchError, ValueError) as e:
         raise NotAdoptable(f"its artifact {record.uri} does not check: {e}") from None

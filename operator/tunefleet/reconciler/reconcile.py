@@ -23,7 +23,7 @@ from tunefleet.api import TuningProfileSpec, policy
 from tunefleet.api.conditions import EventReason, Reason, Type, find, truncate
 from tunefleet.api.models import CaptureStatus
 from tunefleet.api.status import TuningProfileStatus
-from tunefleet.artifacts.fetch import FetchError
+from tunefleet.artifacts.fetch import FetchError, Signature
 from tunefleet.artifacts.volumes import key_id
 from tunefleet.builders.storage import pod_storage
 from tunefleet.capture import step as capture_step
@@ -221,6 +221,9 @@ def _artifact_config_map(s: Sync, record: ArtifactRecord) -> dict[str, Any]:
         store=delivery.store_options(endpoint, storage.region or "", s.config),
         config=s.config,
         vendor=s.spec.gpu.vendor,
+        signature=Signature.asked(
+            (storage.signing.public_key or "") if storage.signing else "", storage.signing_policy
+        ),
     )
 
 

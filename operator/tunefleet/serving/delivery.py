@@ -25,6 +25,7 @@ from tunefleet.artifacts.fetch import (
     MAX_RESULTS_BYTES,
     FetchError,
     Pinned,
+    Signature,
     Verified,
     download_verified,
 )
@@ -190,6 +191,7 @@ def artifact_config_map(
     store: StoreOptions,
     config: Config,
     vendor: str = "",
+    signature: Signature | None = None,
 ) -> dict[str, Any]:
     """The artifact's ConfigMap as it is to be made: the artifact read with the operator's
     read identity and verified (reconciler/apply.py makes it, or takes the one there if it
@@ -202,7 +204,7 @@ def artifact_config_map(
         )
     if scheme != "s3":
         raise FetchError("a pvc:// artifact is read from the claim by the fetch init container")
-    got = _download(record, store, config, vendor)
+    got = _download(record, store, config, vendor, signature)
     cm = build_artifact_config_map(
         namespace=owner.namespace,
         profile=owner.name,
@@ -229,10 +231,14 @@ def store_options(endpoint: str, region: str, config: Config) -> StoreOptions:
 
 
 def _download(
-    record: ArtifactRecord, options: StoreOptions, config: Config, vendor: str
+    record: ArtifactRecord,
+    options: StoreOptions,
+    config: Config,
+    vendor: str,
+    signature: Signature | None,
 ) -> Verified:
     """The artifact read with the operator's read identity and verified as fetch does (its
-    SHA-256s, its manifest, its fit to the GPU model)."""
+    SHA-256s, its manifest and its signature, its fit to the GPU model)."""
     return download_verified(
         Pinned(
             record.uri,
@@ -246,6 +252,7 @@ def _download(
             ),
         ),
         options=options,
+        signature=signature,
     )
 
 

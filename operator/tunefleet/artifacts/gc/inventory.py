@@ -11,6 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from tunefleet.artifacts import signing
 from tunefleet.artifacts.library import (
     CHECKPOINTS_DIR,
     LIBRARY_DIR,
@@ -28,7 +29,10 @@ from .common import SHA_RE, GcError
 # the newest): past this many objects it stops and asks for --namespace.
 MAX_OBJECTS = 1_000_000
 # Deletion order: the manifest first, so no manifest is ever without its payload or caches.
-ARTIFACT_FILES = (MANIFEST_NAME, RESULTS_NAME, cc.INDEX_NAME)
+# Its signature (storage.signing on an object store) goes with the artifact.
+ARTIFACT_FILES = (
+    MANIFEST_NAME, RESULTS_NAME, cc.INDEX_NAME, MANIFEST_NAME + signing.BLOB_SIGNATURE_SUFFIX,
+)  # fmt: skip
 # An artifact's cache archives (artifacts/bundle.py): <base>/caches/<sha256>.tar.gz.
 _CACHE_RE = re.compile(r"^[0-9a-f]{64}" + re.escape(cc.PAYLOAD_SUFFIX) + "$")
 _CHECKPOINT_RE = re.compile(r"^[0-9]+-of-[0-9]+\.json$")
