@@ -41,6 +41,7 @@ from tunefleet.runtime.client import (
     api_message,
     call,
     call_or,
+    encoded_json,
     pages,
     release,
     reraise,
@@ -179,7 +180,7 @@ class Kube(Client):
         resp, refused = call_or(
             what,
             lambda: custom.replace_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, PLURAL, name, body,
+                GROUP, VERSION, namespace, PLURAL, name, encoded_json(body),
                 _preload_content=False, _request_timeout=self.write_timeout(),
             ),
             (404, 409),
@@ -463,7 +464,12 @@ class Kube(Client):
         fn = getattr(client, f"create_namespaced_{verb}")
         resp, exists = call_or(
             f"creating {kind} {ns}/{name}",
-            lambda: fn(ns, obj, _preload_content=False, _request_timeout=self.write_timeout()),
+            lambda: fn(
+                ns,
+                encoded_json(obj),
+                _preload_content=False,
+                _request_timeout=self.write_timeout(),
+            ),
             (409,),
         )
         if exists:

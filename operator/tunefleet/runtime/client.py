@@ -19,6 +19,7 @@ import json
 import logging
 import socket
 import threading
+import urllib.parse
 from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any, NoReturn, TypeVar, cast
 
@@ -103,6 +104,75 @@ def _no_fence() -> float | None:
     return None
 
 
+class Encoded(bytes):
+    """A request body that is JSON already (encoded_json): sent as it is."""
+
+
+def encoded_json(body: Any) -> Encoded:
+    """`body` for a POST or PUT of the generated client, encoded once by orjson. The generated
+    client would walk it in Python (sanitize_for_serialization) and encode it with the
+    stdlib: ~11% of the operator's CPU in a burst of creates (py-spy, 3,000 profiles), for
+    bodies that are plain JSON documents already."""
+    return Encoded(orjson.dumps(body))
+
+
+_ERRORS = {
+    401: kubernetes.client.exceptions.UnauthorizedException,
+    403: kubernetes.client.exceptions.ForbiddenException,
+    404: kubernetes.client.exceptions.NotFoundException,
+}
+
+
+class _Rest(kubernetes.client.rest.RESTClientObject):  # type: ignore[misc]
+    """The generated client's REST layer, but a POST or PUT of an Encoded body goes out as
+    those bytes, as application/json (its own request would run json.dumps over them);
+    errors are raised as its own are, so callers cannot tell the two apart."""
+
+    def request(  # type: ignore[no-untyped-def]
+        self, method, url, query_params=None, headers=None, body=None, post_params=None,
+        _preload_content=True, _request_timeout=None,
+    ):  # fmt: skip
+        if not isinstance(body, Encoded) or method.upper() not in ("POST", "PUT"):
+            return super().request(
+                method, url, query_params, headers, body, post_params, _preload_content,
+                _request_timeout,
+            )  # fmt: skip
+        timeout = None
+        if isinstance(_request_timeout, (int, float)):
+            timeout = urllib3.Timeout(total=_request_timeout)
+        elif isinstance(_request_timeout, tuple) and len(_request_timeout) == 2:
+            timeout = urllib3.Timeout(connect=_request_timeout[0], read=_request_timeout[1])
+        if query_params:
+            url += "?" + urllib.parse.urlencode(query_params)
+        headers = {**(headers or {}), "Content-Type": "application/json"}
+        try:
+            r = self.pool_manager.request(
+                method.upper(), url, body=bytes(body), preload_content=_preload_content,
+                timeout=timeout, headers=headers,
+            )  # fmt: skip
+        except urllib3.exceptions.SSLError as e:
+            raise ApiException(status=0, reason=f"{type(e).__name__}\n{e}") from None
+        if _preload_content:
+            r = kubernetes.client.rest.RESTResponse(r)
+        if not 200 <= r.status <= 299:
+            error = _ERRORS.get(r.status)
+            if error is None:
+                error = (
+                    kubernetes.client.exceptions.ServiceException
+                    if 500 <= r.status <= 599
+                    else ApiException
+                )
+            raise error(http_resp=r)
+        return r
+
+
+def api_client(config: kubernetes.client.Configuration) -> kubernetes.client.ApiClient:
+    """The generated ApiClient over `config`, with the REST layer that sends Encoded bodies."""
+    client = kubernetes.client.ApiClient(configuration=config)
+    client.rest_client = _Rest(config)
+    return client
+
+
 class Client:
     """A process's one connection to the API server and the fence its writes ask first. Made
     once (the operator's: kube.Kube, at start-up); it logs in on first use, from the pod's
@@ -123,7 +193,7 @@ class Client:
         config = config or _configuration()
         config.connection_pool_maxsize = pool_size
         _abort_unacknowledged(config)
-        self._api = kubernetes.client.ApiClient(configuration=config)
+        self._api = api_client(config)
 
     def api(self) -> kubernetes.client.ApiClient:
         with self._login:
@@ -299,7 +369,7 @@ class WatchApi:
     def __init__(self, connections: int, *, metadata_only: bool = False) -> None:
         config = _configuration()
         config.connection_pool_maxsize = connections
-        self.client = kubernetes.client.ApiClient(configuration=config)
+        self.client = api_client(config)
         self.metadata_only = metadata_only
 
     def _get(self, path: str, params: dict[str, str], timeout: Any) -> Any:
