@@ -14,6 +14,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +214,62 @@ def peer_other_namespace(peer: Cluster, s3: Any, namespace: str) -> Iterator[str
         yield name
 
 
+@dataclass(frozen=True)
+class Entry:
+    """A profile's artifact, Ready in the cluster that tuned it, as its identity's published
+    entry in the store."""
+
+    artifact: dict[str, Any]
+    store: S3Store
+    key: str
+    identity: str
+    model: str
+
+    def now(self) -> contract.Published | None:
+        return contract.Published.from_bytes(
+            self.store.get(self.key, 1 << 16), self.identity, self.model
+        )
+
+
+def _tuned_and_published(
+    cluster: Any, namespace: str, profile: dict[str, Any], s3: Any, prefix: str
+) -> Entry:
+    apply(cluster, namespace, profile)
+    first = wait_ready(cluster, namespace, "llama", timeout=400)
+    assert first["status"]["phase"] == "Ready", json.dumps(first["status"], indent=2)[:3000]
+    art = first["status"]["artifacts"][0]
+    spec = TuningProfileSpec.model_validate(profile["spec"])
+    model = spec.gpu.models[0]
+    ident = naming.fleet_identity(spec, model)
+    assert ident is not None
+    store = S3Store(parse_uri(f"s3://{s3.bucket}/{prefix}"), client=s3.client(), timeout_s=60)
+    entry = Entry(art, store, contract.published_key(store.location, model, ident), ident, model)
+    eventually(
+        entry.now,
+        lambda e: e is not None and e.record.sha256 == art["sha256"],
+        "the first cluster's entry",
+        timeout=60,
+    )
+    return entry
+
+
+def _tunes_its_own(
+    peer: Cluster, namespace: str, profile: dict[str, Any]
+) -> tuple[dict[str, Any], str]:
+    """The profile applied in the peer is Ready from a Job of its own, not adopted: its
+    artifact, and what the ArtifactNotAdopted Events said."""
+    apply(peer, namespace, profile)
+    own = wait_ready(peer, namespace, "llama", timeout=400)
+    assert own["status"]["phase"] == "Ready", json.dumps(own["status"], indent=2)[:3000]
+    mine = own["status"]["artifacts"][0]
+    assert "source" not in mine and len(jobs_of(peer, namespace, "llama")) == 1
+    said = peer.kubectl(
+        "get", "events", "-n", namespace,
+        "--field-selector", "reason=ArtifactNotAdopted", "-o", "json",
+    ).stdout  # fmt: skip
+    return mine, said
+
+
 def test_an_artifact_tampered_with_in_the_store_is_not_adopted_and_its_entry_is_replaced(
     cluster: Any,
     peer: Cluster,
@@ -226,39 +283,16 @@ def test_an_artifact_tampered_with_in_the_store_is_not_adopted_and_its_entry_is_
 ) -> None:
     wait_for_real_node_gpus(cluster, 1)
     profile = fleet_profile(s3, s3_secret, prefix, pinned_image(STANDIN_IMAGE))
-    apply(cluster, namespace, profile)
-    first = wait_ready(cluster, namespace, "llama", timeout=400)
-    assert first["status"]["phase"] == "Ready", json.dumps(first["status"], indent=2)[:3000]
-    art = first["status"]["artifacts"][0]
-    spec = TuningProfileSpec.model_validate(profile["spec"])
-    model = spec.gpu.models[0]
-    ident = naming.fleet_identity(spec, model)
-    assert ident is not None
-    store = S3Store(parse_uri(f"s3://{s3.bucket}/{prefix}"), client=s3.client(), timeout_s=60)
-    key = contract.published_key(store.location, model, ident)
-    eventually(
-        lambda: contract.Published.from_bytes(store.get(key, 1 << 16), ident, model),
-        lambda e: e is not None and e.record.sha256 == art["sha256"],
-        "the first cluster's entry",
-        timeout=60,
-    )
+    entry = _tuned_and_published(cluster, namespace, profile, s3, prefix)
     # Someone with write access to the bucket changes the artifact's results under its name.
-    results_key = f"{parse_uri(art['uri']).prefix}/results.csv"
-    body = store.get(results_key, 1 << 22)
+    results_key = f"{parse_uri(entry.artifact['uri']).prefix}/results.csv"
+    body = entry.store.get(results_key, 1 << 22)
     s3.client().put_object(Bucket=s3.bucket, Key=results_key, Body=body + b"\n")
 
-    apply(peer, peer_other_namespace, profile)
-    own = wait_ready(peer, peer_other_namespace, "llama", timeout=400)
-    assert own["status"]["phase"] == "Ready", json.dumps(own["status"], indent=2)[:3000]
-    mine = own["status"]["artifacts"][0]
-    assert "source" not in mine and len(jobs_of(peer, peer_other_namespace, "llama")) == 1
-    said = peer.kubectl(
-        "get", "events", "-n", peer_other_namespace,
-        "--field-selector", "reason=ArtifactNotAdopted", "-o", "json",
-    ).stdout  # fmt: skip
+    mine, said = _tunes_its_own(peer, peer_other_namespace, profile)
     assert "does not check" in said, said
     # The bad entry gave way to the peer's verified artifact: the next cluster adopts that.
-    now = contract.Published.from_bytes(store.get(key, 1 << 16), ident, model)
+    now = entry.now()
     assert now is not None and now.record.uri == mine["uri"]
     assert now.holder.cluster == cluster_uid(peer)
 
@@ -315,30 +349,8 @@ def test_an_artifact_signed_by_another_key_is_not_adopted_and_cosign_checks_both
     profile["spec"]["storage"]["signing"] = {
         "secret": {"name": "signing"}, "publicKey": (keys / "cosign.pub").read_text(),
     }  # fmt: skip
-    apply(cluster, namespace, profile)
-    first = wait_ready(cluster, namespace, "llama", timeout=400)
-    assert first["status"]["phase"] == "Ready", json.dumps(first["status"], indent=2)[:3000]
-    art = first["status"]["artifacts"][0]
-    spec = TuningProfileSpec.model_validate(profile["spec"])
-    model = spec.gpu.models[0]
-    ident = naming.fleet_identity(spec, model)
-    assert ident is not None
-    store = S3Store(parse_uri(f"s3://{s3.bucket}/{prefix}"), client=s3.client(), timeout_s=60)
-    key = contract.published_key(store.location, model, ident)
-    eventually(
-        lambda: contract.Published.from_bytes(store.get(key, 1 << 16), ident, model),
-        lambda e: e is not None and e.record.sha256 == art["sha256"],
-        "the first cluster's entry",
-        timeout=60,
-    )
-    # The operator's delivery verified the signature (Required) before making the ConfigMap.
-    delivered = eventually(
-        lambda: get_json(cluster, "tp", "-n", namespace, "llama")["status"]["artifacts"][0],
-        lambda a: a.get("delivery") == "ConfigMap",
-        "the signed artifact delivered as a ConfigMap",
-        timeout=60,
-    )
-    assert delivered["sha256"] == art["sha256"]
+    entry = _tuned_and_published(cluster, namespace, profile, s3, prefix)
+    art, store = entry.artifact, entry.store
     # What the tuning Job signed, cosign (knowing nothing of tunefleet) verifies.
     base = parse_uri(art["uri"]).prefix
     manifest, signature = tmp_path / "manifest.json", tmp_path / "manifest.json.sig"
@@ -362,20 +374,12 @@ def test_an_artifact_signed_by_another_key_is_not_adopted_and_cosign_checks_both
         Bucket=s3.bucket, Key=f"{base}/manifest.json.sig", Body=signature.read_bytes()
     )
 
-    apply(peer, peer_other_namespace, profile)
-    own = wait_ready(peer, peer_other_namespace, "llama", timeout=400)
-    assert own["status"]["phase"] == "Ready", json.dumps(own["status"], indent=2)[:3000]
-    mine = own["status"]["artifacts"][0]
-    assert "source" not in mine and len(jobs_of(peer, peer_other_namespace, "llama")) == 1
-    said = peer.kubectl(
-        "get", "events", "-n", peer_other_namespace,
-        "--field-selector", "reason=ArtifactNotAdopted", "-o", "json",
-    ).stdout  # fmt: skip
+    mine, said = _tunes_its_own(peer, peer_other_namespace, profile)
     assert "manifest.json.sig" in said and "another key" in said, said
     # The peer's own artifact is signed with the fleet's key, and replaced the forged entry.
     base = parse_uri(mine["uri"]).prefix
     manifest.write_bytes(store.get(f"{base}/manifest.json", 1 << 20))
     signature.write_bytes(store.get(f"{base}/manifest.json.sig", 4096))
     assert _cosign_verify_blob(keys, manifest, signature).returncode == 0
-    now = contract.Published.from_bytes(store.get(key, 1 << 16), ident, model)
+    now = entry.now()
     assert now is not None and now.record.uri == mine["uri"]

@@ -14,11 +14,17 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from tests.support.artifacts import tuner_output
 from tests.support.wrappers import make_profile
 from tunefleet import naming
+from tunefleet.artifacts import fetch as fetch_module
 from tunefleet.artifacts import fit, signing
 from tunefleet.artifacts.fetch import FetchError, Pinned, Signature, download_verified
 from tunefleet.artifacts.publish import Published, PublishError, sign_manifest, upload_artifact
+from tunefleet.config import Config
+from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.serving import delivery
 from tunefleet.storage.filesystem import DirStore
 from tunefleet.storage.registry import parse_uri
+from tunefleet.storage.store import StoreOptions
+from tunefleet.watched.views import ProfileRef
 from tuner_job.output import MANIFEST_NAME
 
 DATA = Path(__file__).parent / "data" / "cosign"
@@ -141,3 +147,31 @@ def test_signing_an_object_store_asks_for_the_public_key_and_one_share() -> None
     # No storage.signing on an object store: unsigned, as before.
     assert base.storage("s3://bkt/p").spec_model().storage.signing_policy is None
     assert Signature.asked("", None) is None
+
+
+@pytest.mark.parametrize("forged", [False, True])
+def test_the_operators_delivery_verifies_the_signature_before_making_the_config_map(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, forged: bool
+) -> None:
+    store, pub = published(tmp_path)
+    if forged:
+        manifest = store.get(f"{parse_uri(pub.uri).prefix}/{MANIFEST_NAME}", 1 << 20)
+        other = signing.sign_blob(manifest, ec.generate_private_key(ec.SECP256R1()))
+        store.put(signature_key(pub), other, "text/plain")
+    # The bucket the operator's read identity opens is this directory.
+    monkeypatch.setattr(fetch_module, "open_store", lambda location, options: store)
+    record = ArtifactRecord.from_manifest(
+        pub.manifest, uri=pub.uri, manifest_sha256=pub.manifest_sha256
+    ).for_job(gpu_model=MODEL, revision="3f2a9c01de", job="tune-p-1", image_id="")
+
+    def deliver() -> dict[str, object]:
+        return delivery.artifact_config_map(
+            record, ProfileRef("ml", "llama", "uid-p"), store=StoreOptions(),
+            config=Config(delivery_credentials_secret="reader"), vendor="amd", signature=REQUIRED,
+        )  # fmt: skip
+
+    if forged:
+        with pytest.raises(FetchError, match="another key"):
+            deliver()
+    else:
+        assert deliver()["kind"] == "ConfigMap"

@@ -24,6 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from cryptography.hazmat.primitives.asymmetric import ec
+
 from tunefleet.contracts.artifact import ArtifactRecord, ShardRecord
 from tunefleet.storage import cli as storage_cli
 from tunefleet.storage.registry import open_store, parse_uri
@@ -322,6 +324,25 @@ def upload_artifact(
     return Published(location.uri(base), sha, manifest, created, kept, sha256_hex(manifest_bytes))
 
 
+def _signing_key(directory: Path, what: str) -> ec.EllipticCurvePrivateKey:
+    """The private key of the mounted signing Secret; PublishError (the Job fails) if it
+    cannot be read."""
+    from . import signing
+
+    try:
+        return signing.read_key_dir(directory)
+    except signing.SigningError as exc:
+        raise PublishError(f"cannot sign {what}: {exc}") from None
+
+
+def _stored_manifest(store: Store, location: Location, pub: Published) -> tuple[str, bytes]:
+    """The artifact's key prefix, and its manifest as the store holds it."""
+    base = location.key(
+        pub.manifest.namespace, pub.manifest.profile, pub.manifest.gpu_model, pub.sha256
+    )
+    return base, store.get(f"{base}/{MANIFEST_NAME}", 1 << 20)
+
+
 def sign_manifest(
     store: Store, location: Location, pub: Published, signing_key: Path | None
 ) -> Published:
@@ -334,14 +355,8 @@ def sign_manifest(
         return pub
     from . import signing
 
-    try:
-        key = signing.read_key_dir(signing_key)
-    except signing.SigningError as exc:
-        raise PublishError(f"cannot sign the manifest: {exc}") from None
-    base = location.key(
-        pub.manifest.namespace, pub.manifest.profile, pub.manifest.gpu_model, pub.sha256
-    )
-    manifest_bytes = store.get(f"{base}/{MANIFEST_NAME}", 1 << 20)
+    key = _signing_key(signing_key, "the manifest")
+    base, manifest_bytes = _stored_manifest(store, location, pub)
     if sha256_hex(manifest_bytes) != pub.manifest_sha256:
         raise PublishError(f"the manifest at {location.uri(base)} changed while publishing")
     where = f"{base}/{MANIFEST_NAME}{signing.BLOB_SIGNATURE_SUFFIX}"
@@ -370,16 +385,8 @@ def push_bundle(
     from . import ocibundle, signing
 
     assert isinstance(store, OciStore)
-    key = None
-    if signing_key is not None:
-        try:
-            key = signing.read_key_dir(signing_key)
-        except signing.SigningError as exc:
-            raise PublishError(f"cannot sign the bundle: {exc}") from None
-    base = location.key(
-        pub.manifest.namespace, pub.manifest.profile, pub.manifest.gpu_model, pub.sha256
-    )
-    manifest_bytes = store.get(f"{base}/{MANIFEST_NAME}", 1 << 20)
+    key = _signing_key(signing_key, "the bundle") if signing_key is not None else None
+    base, manifest_bytes = _stored_manifest(store, location, pub)
     stored = loads(manifest_bytes)
     digest = ocibundle.push(store, base, stored, pub.manifest_sha256)
     payload = store.get(f"{base}/{kinds.of(stored).PAYLOAD}", 64 << 20)
