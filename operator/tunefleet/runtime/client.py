@@ -128,31 +128,29 @@ class _Rest(kubernetes.client.rest.RESTClientObject):  # type: ignore[misc]
     those bytes, as application/json (its own request would run json.dumps over them);
     errors are raised as its own are, so callers cannot tell the two apart."""
 
-    def request(  # type: ignore[no-untyped-def]
-        self, method, url, query_params=None, headers=None, body=None, post_params=None,
-        _preload_content=True, _request_timeout=None,
-    ):  # fmt: skip
-        if not isinstance(body, Encoded) or method.upper() not in ("POST", "PUT"):
-            return super().request(
-                method, url, query_params, headers, body, post_params, _preload_content,
-                _request_timeout,
-            )  # fmt: skip
+    def request(self, method: str, url: str, *args: Any, **kw: Any) -> Any:
+        # The generated layer's POST and PUT call this with keywords only.
+        body = kw.get("body")
+        if args or not isinstance(body, Encoded) or method.upper() not in ("POST", "PUT"):
+            return super().request(method, url, *args, **kw)
+        query_params, headers = kw.get("query_params"), kw.get("headers")
+        preload, limit = kw.get("_preload_content", True), kw.get("_request_timeout")
         timeout = None
-        if isinstance(_request_timeout, (int, float)):
-            timeout = urllib3.Timeout(total=_request_timeout)
-        elif isinstance(_request_timeout, tuple) and len(_request_timeout) == 2:
-            timeout = urllib3.Timeout(connect=_request_timeout[0], read=_request_timeout[1])
+        if isinstance(limit, (int, float)):
+            timeout = urllib3.Timeout(total=limit)
+        elif isinstance(limit, tuple) and len(limit) == 2:
+            timeout = urllib3.Timeout(connect=limit[0], read=limit[1])
         if query_params:
             url += "?" + urllib.parse.urlencode(query_params)
         headers = {**(headers or {}), "Content-Type": "application/json"}
         try:
             r = self.pool_manager.request(
-                method.upper(), url, body=bytes(body), preload_content=_preload_content,
-                timeout=timeout, headers=headers,
+                method.upper(), url, body=bytes(body), preload_content=preload, timeout=timeout,
+                headers=headers,
             )  # fmt: skip
         except urllib3.exceptions.SSLError as e:
             raise ApiException(status=0, reason=f"{type(e).__name__}\n{e}") from None
-        if _preload_content:
+        if preload:
             r = kubernetes.client.rest.RESTResponse(r)
         if not 200 <= r.status <= 299:
             error = _ERRORS.get(r.status)
