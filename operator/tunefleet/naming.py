@@ -291,11 +291,7 @@ def signing_problems(spec: TuningProfileSpec) -> list[str]:
             "gpu.parallelism: sharded tuning publishes through a merge Job, which does not sign "
             "yet: use parallelism 1 with storage.signing, or remove storage.signing"
         ]
-    if (
-        storage.signing_policy == "Required"
-        and not storage.is_oci
-        and not (storage.signing and storage.signing.public_key)
-    ):
+    if storage.signing_policy == "Required" and not storage.is_oci and not storage.public_key:
         return [
             "storage.signing.publicKey: model pods and the operator verify each artifact's "
             "signature with it, and a signature is required (policy Required, the default): "

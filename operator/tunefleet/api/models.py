@@ -240,6 +240,11 @@ class StorageSpec(_Model):
     def signing_secret(self) -> str:
         return self.signing.secret.name if self.signing and self.signing.secret else ""
 
+    @property
+    def public_key(self) -> str:
+        """signing.publicKey, the profile's one public key ("" when it gives none)."""
+        return (self.signing.public_key or "") if self.signing else ""
+
 
 class ServingSpec(_Model):
     fail_closed: bool = False

@@ -353,7 +353,8 @@ def check_manifest_signature(
     that is missing is refused only where a signature is required."""
     from . import signing
 
-    where = location.uri(location.key(MANIFEST_NAME + signing.BLOB_SIGNATURE_SUFFIX))
+    key_of_signature = location.key(MANIFEST_NAME + signing.BLOB_SIGNATURE_SUFFIX)
+    where = location.uri(key_of_signature)
     try:
         pem = sig.key_file.read_bytes() if sig.key_file is not None else sig.key_pem
         key = signing.load_public_key(pem) if pem.strip() else None
@@ -367,10 +368,7 @@ def check_manifest_signature(
             )
         return
     try:
-        signature = store.get(
-            location.key(MANIFEST_NAME + signing.BLOB_SIGNATURE_SUFFIX),
-            signing.MAX_BLOB_SIGNATURE,
-        )
+        signature = store.get(key_of_signature, signing.MAX_BLOB_SIGNATURE)
     except NotFoundError:
         if sig.required:
             raise FetchError(

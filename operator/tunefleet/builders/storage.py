@@ -63,8 +63,7 @@ def signing_storage(spec: TuningProfileSpec, *, serving: bool) -> PodStorage:
     if serving:
         if policy is None:
             return PodStorage()
-        signing_spec = spec.storage.signing
-        key = (signing_spec.public_key or "") if signing_spec else ""
+        key = spec.storage.public_key
         args = ["--verify-key-env", VERIFY_KEY_ENV] if key else []
         args += ["--require-signature"] if policy == "Required" else []
         env = [{"name": VERIFY_KEY_ENV, "value": key}] if key else []

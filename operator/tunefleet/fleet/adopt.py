@@ -65,10 +65,7 @@ def verify(
                 fit.Target(model, spec.gpu.vendor, fit.is_stand_in_model(model, stand_in_models)),
             ),
             store=store,
-            signature=Signature.asked(
-                (storage.signing.public_key or "") if storage.signing else "",
-                storage.signing_policy,
-            ),
+            signature=Signature.asked(storage.public_key, storage.signing_policy),
         )
     except (FetchError, ValueError) as e:
         raise NotAdoptable(f"its artifact {record.uri} does not check: {e}") from None

@@ -221,9 +221,7 @@ def _artifact_config_map(s: Sync, record: ArtifactRecord) -> dict[str, Any]:
         store=delivery.store_options(endpoint, storage.region or "", s.config),
         config=s.config,
         vendor=s.spec.gpu.vendor,
-        signature=Signature.asked(
-            (storage.signing.public_key or "") if storage.signing else "", storage.signing_policy
-        ),
+        signature=Signature.asked(storage.public_key, storage.signing_policy),
     )
 
 
@@ -234,8 +232,7 @@ def _deliver_image_volumes(s: Sync, artifacts: list[ArtifactRecord]) -> list[Art
     operator's delivery of an oci:// artifact: serving.delivery ConfigMap (the default) reads
     as "delivered by the operator", and Store keeps pods fetching."""
     assert s.spec is not None
-    signing = s.spec.storage.signing
-    public_key = (signing.public_key or "") if signing else ""
+    public_key = s.spec.storage.public_key
     required = s.spec.storage.signing_policy == "Required"
     mode = s.config.image_volumes
     memos = set()
