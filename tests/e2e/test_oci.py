@@ -34,6 +34,7 @@ from testbed.registry import (
 )
 from tests.support.kube import apply, create, ended, get_json, ready, statuses
 from tunefleet.artifacts import gc
+from tunefleet.storage.oci import OciStore, note_tag
 from tunefleet.storage.registry import open_store, parse_uri
 from tunefleet.storage.store import StoreOptions
 
@@ -473,3 +474,29 @@ def test_a_pod_that_cannot_pull_its_volume_image_is_counted_degraded(
     assert "volume_not_pulled" in cond["message"] and "stuck" in cond["message"], cond
     assert "ImagePullBackOff" in cond["message"] or "ErrImagePull" in cond["message"], cond
     assert degraded["phase"] == "Degraded"
+
+
+def test_a_board_lists_one_group_by_tag_pages_and_skips_notes_moved_onto_its_tags(
+    registry: Registry,
+) -> None:
+    """The board fleet claims use on a registry (storage.Board), on Distribution itself."""
+    store = OciStore(
+        parse_uri(f"oci://{registry.host}/e2e/board-{uuid.uuid4().hex[:8]}"), config=registry.writer
+    )
+    store.page_size = 2  # several pages, each asked from the group's first tag on
+    store.put("a/object", b"not a note", "text/plain")
+    for member in ("m1", "m2", "m3"):
+        store.post("g1", member, member.encode())
+    store.post("g2", "m1", b"another group's")
+    assert sorted(store.notes("g1", 100)) == [b"m1", b"m2", b"m3"]
+    assert store.notes("g1", 1) == []  # each over max_bytes: skipped, not read
+    # Someone who can push moves g2's note under a tag of g1's: it names g2, and is skipped.
+    found = store.manifest(note_tag("g2", "m1"))
+    assert found is not None
+    store.push_manifest(found[0], note_tag("g1", "m4"))
+    assert sorted(store.notes("g1", 100)) == [b"m1", b"m2", b"m3"]
+    store.post("g1", "m2", b"m2 again")  # a member replaces its own note
+    store.unpost("g1", "m1")
+    store.unpost("g1", "m1")  # already gone: fine
+    assert sorted(store.notes("g1", 100)) == [b"m2 again", b"m3"]
+    assert store.notes("g2", 100) == [b"another group's"]

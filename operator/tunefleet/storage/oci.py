@@ -14,6 +14,10 @@ writers of different bytes under one key race, last wins; content-addressed keys
 the same), deletes need ``storage.delete.enabled`` on Distribution, and blobs are reclaimed by
 the registry's garbage collection.
 
+Fleet claims (store.Board) are notes: each member's under its own tag,
+``n-<group hash>-<member hash>``, so a group's notes are one tag listing (from the prefix on)
+away; fleet/bids.py makes claims of them without a conditional write.
+
 Credentials come the way clusters give them: a docker config (a ``kubernetes.io/dockerconfigjson``
 Secret, mounted as a directory holding ``.dockerconfigjson`` and optionally ``ca.crt``, the CA
 that signed the registry's certificate), or $DOCKER_CONFIG / ~/.docker/config.json.
@@ -21,6 +25,7 @@ that signed the registry's certificate), or $DOCKER_CONFIG / ~/.docker/config.js
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import json
 import os
@@ -58,6 +63,8 @@ KEY_ANNOTATION = "io.tunefleet.key"
 TITLE_ANNOTATION = "org.opencontainers.image.title"
 CREATED_ANNOTATION = "org.opencontainers.image.created"
 TAG_PREFIX = "k-"
+NOTE_PREFIX = "n-"  # a board's notes (Board): n-<group hash>-<member hash>
+NOTE_MEMBER_ANNOTATION = "io.tunefleet.member"
 
 # Where a pod's tunefleet container finds the docker config Secret (its keys as files).
 MOUNT_PATH = "/tunefleet/oci"
@@ -143,6 +150,15 @@ def bundle_tag(base: str) -> str:
 def volume_tag(base: str) -> str:
     """The tag of the volume image of the artifact stored under `base` (artifacts/ocibundle.py)."""
     return "v-" + hashlib.sha256(base.encode()).hexdigest()
+
+
+def note_prefix(group: str) -> str:
+    """The tags of a board group's notes all start with this (Board: fleet claims)."""
+    return NOTE_PREFIX + hashlib.sha256(group.encode()).hexdigest()[:32] + "-"
+
+
+def note_tag(group: str, member: str) -> str:
+    return note_prefix(group) + hashlib.sha256(member.encode()).hexdigest()[:32]
 
 
 def digest_of(data: bytes) -> str:
@@ -364,13 +380,15 @@ class OciStore:
             or not isinstance(layers[0], dict)
             or annotations.get(KEY_ANNOTATION) != key
         ):
-            raise StoreError(
+            raise ConflictError(
                 f"{self.uri(key)}: the tag {tag_of(key)} holds something that is "
                 "not this object: refused"
             )
         return doc, layers[0], digest
 
-    def _write(self, key: str, data: bytes, content_type: str) -> None:
+    def _write(self, key: str, data: bytes, content_type: str, **tagged: str) -> None:
+        """The object as an artifact under its key's tag (or `tag`, with more annotations)."""
+        tag = tagged.pop("tag", "") or tag_of(key)
         layer_digest = self.push_blob(data)
         manifest = self._artifact(
             OBJECT_ARTIFACT_TYPE,
@@ -388,9 +406,10 @@ class OciStore:
             {
                 KEY_ANNOTATION: key,
                 CREATED_ANNOTATION: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                **tagged,
             },
         )
-        self.push_manifest(manifest, tag_of(key))
+        self.push_manifest(manifest, tag)
 
     def _artifact(
         self, artifact_type: str, layers: list[dict[str, Any]], annotations: dict[str, str]
@@ -436,16 +455,24 @@ class OciStore:
             raise NotFoundError(f"no object at {self.uri(key)}")
         return found[2]
 
-    def tags(self) -> list[str]:
+    def tags(self, prefix: str = "") -> list[str]:
+        """The repository's tags; with a prefix, only those that start with it, read from the
+        prefix on (`last`: the distribution spec's listing is in lexical order) and no further
+        than the page that passes it. A registry that ignores `last` is read to the end."""
         out: list[str] = []
         url = f"https://{self.host}/v2/{self.repository}/tags/list?n={self.page_size}"
+        if prefix:
+            url += f"&last={prefix}"
         while url:
             resp = self.client.do_request(url, "GET")
             if resp.status_code == 404:
                 return out  # no repository yet: nothing stored
             if resp.status_code != 200:
                 raise self._fail(f"listing {self._ref()}", resp)
-            out += [t for t in (resp.json().get("tags") or []) if isinstance(t, str)]
+            page = [t for t in (resp.json().get("tags") or []) if isinstance(t, str)]
+            out += [t for t in page if t.startswith(prefix)]
+            if prefix and page == sorted(page) and page and page[-1] > prefix + "\uffff":
+                break
             link = resp.headers.get("Link", "")
             match = re.match(r"<([^>]+)>", link)
             url = (
@@ -512,6 +539,56 @@ class OciStore:
         digest = self._head(tag_of(key), self.uri(key))
         if digest:
             self.delete_manifest(digest)
+
+    # -- the Board contract (store.Board): fleet claims on a registry ---------------------
+
+    def post(self, group: str, member: str, data: bytes) -> None:
+        self._write(
+            group,
+            data,
+            "application/json",
+            tag=note_tag(group, member),
+            **{NOTE_MEMBER_ANNOTATION: member},
+        )
+
+    def notes(self, group: str, max_bytes: int) -> builtins.list[bytes]:
+        """Each note's manifest must name the group and a member whose tag it sits under: a
+        tag moved onto anything else is skipped, as is a note over max_bytes."""
+        out = []
+        for tag in self.tags(note_prefix(group)):
+            found = self.manifest(tag)
+            if found is None:
+                continue  # unposted since the listing
+            annotations = found[0].get("annotations") or {}
+            layers = found[0].get("layers") or []
+            member = annotations.get(NOTE_MEMBER_ANNOTATION)
+            if (
+                annotations.get(KEY_ANNOTATION) != group
+                or not isinstance(member, str)
+                or note_tag(group, member) != tag
+                or len(layers) != 1
+                or not isinstance(layers[0], dict)
+                or int(layers[0].get("size", 0)) > max_bytes
+            ):
+                continue
+            try:
+                out.append(self.blob(str(layers[0].get("digest", "")), max_bytes, tag))
+            except NotFoundError:
+                continue
+        return out
+
+    def unpost(self, group: str, member: str) -> None:
+        """Deleted; where the registry refuses deletes, replaced by an empty note (which no
+        reader takes for a claim)."""
+        tag = note_tag(group, member)
+        digest = self._head(tag, f"the note {tag}")
+        if not digest:
+            return
+        resp = self.client.do_request(self._url("manifests", digest), "DELETE")
+        if resp.status_code == 405:
+            self.post(group, member, b"")
+        elif resp.status_code not in (200, 202, 404):
+            raise self._fail(f"deleting {self._ref(digest)}", resp)
 
     # -- bundles -------------------------------------------------------------------------
 

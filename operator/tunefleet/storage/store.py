@@ -75,7 +75,7 @@ class Swappable(Protocol):
     """What a store offers beside `Store` for coordination objects (fleet/claims.py): a create
     that fails on anything already there, a read with the version's tag, and a replace of that
     version only. s3:// (If-None-Match, If-Match) and file:// / pvc:// (link(2), a lock) have it;
-    oci:// has not."""
+    oci:// has not (it has a Board)."""
 
     def create(self, key: str, data: bytes, content_type: str) -> bool:
         """Write only where nothing is: False if an object is there, whatever it holds."""
@@ -94,6 +94,32 @@ class SwappableStore(Store, Swappable, Protocol):
 def swappable(store: Store) -> SwappableStore | None:
     """The store as a SwappableStore, or None when its backend cannot coordinate."""
     ops = ("create", "read_tagged", "replace_if")
+    return store if all(callable(getattr(store, op, None)) for op in ops) else None  # type: ignore[return-value]
+
+
+class Board(Protocol):
+    """What a store with no conditional write offers for coordination (oci://: a registry
+    replaces a tag with no If-Match): a board of notes. Each writer posts and replaces only its
+    own note in a group, and anyone reads a group's notes at once; fleet/bids.py builds claims
+    on it from time (a settle window) instead of an atomic swap."""
+
+    def post(self, group: str, member: str, data: bytes) -> None:
+        """Write (or replace) `member`'s note in `group`."""
+
+    def notes(self, group: str, max_bytes: int) -> list[bytes]:
+        """Every note in `group` (of any member; each at most max_bytes, larger ones skipped)."""
+
+    def unpost(self, group: str, member: str) -> None:
+        """Remove `member`'s note; one already gone is success."""
+
+
+class BoardStore(Store, Board, Protocol):
+    """A store that coordinates through a board (oci://)."""
+
+
+def board(store: Store) -> BoardStore | None:
+    """The store as a BoardStore, or None when it offers no board."""
+    ops = ("post", "notes", "unpost")
     return store if all(callable(getattr(store, op, None)) for op in ops) else None  # type: ignore[return-value]
 
 
