@@ -90,6 +90,11 @@ class Config:
     gpu_gate: bool = True
     fleet_claim_seconds: float = 600.0
     fleet_cluster: str = ""
+    # oci:// stores in fleet mode: how long a bid stands before it holds (fleet/bids.py; long
+    # against a push's time plus clock skew), and the registry identity that may push the
+    # claims and entries (a mounted dockerconfigjson Secret; "": oci_config's).
+    fleet_settle_seconds: float = 5.0
+    fleet_oci_config: str = ""
 
     @classmethod
     def from_env(cls) -> Config:
@@ -134,5 +139,11 @@ class Config:
             ),
             fleet=_env_bool("TUNEFLEET_FLEET", False),
             gpu_gate=_env_bool("TUNEFLEET_GPU_GATE", True),
-            fleet_claim_seconds=max(60.0, float(env("TUNEFLEET_FLEET_CLAIM_SECONDS", "600"))),
+            fleet_claim_seconds=min(
+                86400.0, max(60.0, float(env("TUNEFLEET_FLEET_CLAIM_SECONDS", "600")))
+            ),
+            fleet_settle_seconds=min(
+                60.0, max(1.0, float(env("TUNEFLEET_FLEET_SETTLE_SECONDS", "5")))
+            ),
+            fleet_oci_config=env("TUNEFLEET_FLEET_OCI_CONFIG", ""),
         )

@@ -30,6 +30,9 @@ FLEET_DIR = "_fleet"
 CLAIM = "claim.json"
 PUBLISHED = "artifact.json"
 MAX_BYTES = 16 << 10  # what either object may be: a claim is ~300 bytes, an entry ~5 KB
+# The longest a claim may run ahead (the chart's fleet.claimSeconds is at most this): one that
+# expires later is no cluster's, and is taken over (a swap) or not obeyed (a bid).
+MAX_CLAIM_SECONDS = 86400.0
 VERSION = 1
 _IDENTITY_RE = re.compile(r"^[0-9a-f]{64}$")
 _UID_RE = re.compile(r"^[0-9a-zA-Z-]{1,64}$")

@@ -15,12 +15,21 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tunefleet import images
-from tunefleet.api import TuningProfileSpec
-from tunefleet.artifacts import fit
+from tunefleet.api import StorageSpec, TuningProfileSpec
+from tunefleet.artifacts import fit, ocibundle, signing
 from tunefleet.artifacts.fetch import FetchError, Pinned, Signature, download_verified
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.contracts.fleet import MAX_BYTES, Holder, Published
-from tunefleet.storage.store import NotFoundError, Store, SwappableStore
+from tunefleet.storage.oci import OciStore
+from tunefleet.storage.registry import parse_uri
+from tunefleet.storage.store import (
+    ConflictError,
+    NotFoundError,
+    Store,
+    StoreError,
+    TooLargeError,
+    swappable,
+)
 
 CONTENT_TYPE = "application/json"
 
@@ -36,6 +45,10 @@ def read(store: Store, key: str, identity: str, gpu_model: str) -> Published | N
         data = store.get(key, MAX_BYTES)
     except NotFoundError:
         return None
+    except (ConflictError, TooLargeError) as e:
+        # Something else under the key (a registry's tag moved onto another object, or an
+        # object too large to be an entry): not obeyed, and replaced by the next publisher.
+        raise NotAdoptable(f"{store.uri(key)}: {e}") from None
     entry = Published.from_bytes(data, identity, gpu_model)
     if entry is None:
         raise NotAdoptable(f"{store.uri(key)} is not a fleet entry for this identity")
@@ -50,11 +63,14 @@ def verify(
 ) -> None:
     """NotAdoptable unless the entry's artifact is one this profile may serve as its own."""
     record, model, storage = entry.record, entry.gpu_model, spec.storage
-    root = storage.uri.rstrip("/") + "/"
-    if not record.uri.startswith(root):
-        raise NotAdoptable(f"its artifact {record.uri} is outside this profile's store {root}")
+    if not _inside(record.uri, storage.uri):
+        raise NotAdoptable(
+            f"its artifact {record.uri} is outside this profile's store {storage.uri}"
+        )
     if not record.manifest_sha256:
         raise NotAdoptable(f"its artifact {record.uri} names no manifest SHA-256")
+    if isinstance(store, OciStore):
+        store = _signed_bundle(record, storage, store)
     try:
         verified = download_verified(
             Pinned(
@@ -79,6 +95,41 @@ def verify(
         )
 
 
+def _inside(uri: str, root: str) -> bool:
+    """Whether the artifact at `uri` lies in the store `root` names (its bucket or
+    repository, under its prefix)."""
+    try:
+        where, store = parse_uri(uri), parse_uri(root)
+    except ValueError:
+        return False
+    return (where.scheme, where.bucket) == (store.scheme, store.bucket) and (
+        not store.prefix or where.prefix.startswith(store.prefix + "/")
+    )
+
+
+def _signed_bundle(record: ArtifactRecord, storage: StorageSpec, store: OciStore) -> Store:
+    """An oci:// artifact is adopted as its bundle, by digest, and only once the bundle's
+    signature verifies with the profile's key: whatever its policy, a bundle another cluster
+    published is trusted for its signature, never for the entry's word."""
+    if not record.bundle:
+        raise NotAdoptable(f"its artifact {record.uri} names no bundle to verify")
+    if not storage.public_key:
+        raise NotAdoptable(
+            "the profile gives no key to verify another cluster's bundle with: set "
+            "spec.storage.signing.publicKey (the PEM of cosign.pub)"
+        )
+    try:
+        key = signing.load_public_key(storage.public_key.encode())
+        verdict = signing.verify(store, record.bundle, key)
+        if not verdict.ok:
+            raise NotAdoptable(f"its bundle does not verify: {verdict.reason}")
+        return ocibundle.BundleView(store, record.bundle)
+    except signing.SigningError as e:
+        raise NotAdoptable(f"the profile's publicKey: {e}") from None
+    except StoreError as e:
+        raise NotAdoptable(f"its bundle {record.bundle}: {e}") from None
+
+
 def adopted(entry: Published, revision: str, now: str) -> ArtifactRecord:
     """The entry's record as this profile's status serves it: its own model and revision, and
     where it came from."""
@@ -95,7 +146,7 @@ def adopted(entry: Published, revision: str, now: str) -> ArtifactRecord:
 
 
 def publish(
-    store: SwappableStore,
+    store: Store,
     key: str,
     entry: Published,
     spec: TuningProfileSpec,
@@ -104,20 +155,33 @@ def publish(
     """Publish an artifact for its identity: True if this is now the entry. An entry there
     first stays, unless it is not adoptable (forged, or its artifact tampered with or gone):
     then it is replaced, on the version read, so that one bad object cannot make every
-    cluster tune the identity again forever."""
-    if store.create(key, entry.to_bytes(), CONTENT_TYPE):
+    cluster tune the identity again forever. A store with no conditional write (oci://)
+    replaces it plainly: two publishers at once (both tuned: the claim was taken over while a
+    Job ran) leave either entry, each a complete, verified artifact of the identity."""
+    swap = swappable(store)
+    if swap is None:
+        try:
+            found = read(store, key, entry.identity, entry.gpu_model)
+            if found is not None:
+                verify(found, spec, stand_in, store)
+                return False
+        except NotAdoptable:
+            pass
+        store.put(key, entry.to_bytes(), CONTENT_TYPE)
+        return True
+    if swap.create(key, entry.to_bytes(), CONTENT_TYPE):
         return True
     try:
-        there = store.read_tagged(key, MAX_BYTES)
+        there = swap.read_tagged(key, MAX_BYTES)
     except NotFoundError:
-        return store.create(key, entry.to_bytes(), CONTENT_TYPE)
+        return swap.create(key, entry.to_bytes(), CONTENT_TYPE)
     found = Published.from_bytes(there.data, entry.identity, entry.gpu_model)
     try:
         if found is None:
             raise NotAdoptable("not an entry")
         verify(found, spec, stand_in, store)
     except NotAdoptable:
-        return store.replace_if(key, entry.to_bytes(), CONTENT_TYPE, there.tag)
+        return swap.replace_if(key, entry.to_bytes(), CONTENT_TYPE, there.tag)
     return False
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from tunefleet.contracts.fleet import MAX_BYTES, Claim, Holder
+from tunefleet.contracts.fleet import MAX_BYTES, MAX_CLAIM_SECONDS, Claim, Holder
 from tunefleet.storage.store import NotFoundError, StoreError, Swappable, Tagged
 
 CONTENT_TYPE = "application/json"
@@ -34,6 +34,8 @@ def step(found: Claim | None, unreadable: bool, me: Holder, now: float, ttl: flo
     not a claim on this identity, which is never obeyed)."""
     if found is None:
         return Step.TAKE_OVER if unreadable else Step.TAKE
+    if found.expires > now + MAX_CLAIM_SECONDS:
+        return Step.TAKE_OVER  # no cluster sets such a claim: never obeyed
     if found.holder == me:
         return Step.RENEW if found.expires - now < ttl / 2 else Step.HOLD
     if found.expires <= now:
@@ -43,13 +45,21 @@ def step(found: Claim | None, unreadable: bool, me: Holder, now: float, ttl: flo
 
 @dataclass(frozen=True)
 class Standing:
-    """Where a profile stands on an identity after `claim`: it holds the claim (until
-    `claim.expires`), or another holds it (`claim` names who, and until when)."""
+    """Where a profile stands on an identity after `claim` (or bids.claim): it holds the claim
+    (until `claim.expires`), or another holds it (`claim` names who, and until when), or, on a
+    board, its own bid stands for `settling` more seconds before it holds."""
 
     held: bool
     claim: Claim
+    settling: float = 0.0
 
     def waiting_words(self, now: float) -> str:
+        if self.settling > 0:
+            return (
+                "this profile bids to tune this identity: its bid in the store stands "
+                f"{self.settling:.1f}s more, for any earlier bid to show (the store has no "
+                "conditional write)"
+            )
         left = max(0, round(self.claim.expires - now))
         return (
             f"{self.claim.holder.describe()} tunes this identity now (its claim in the store "

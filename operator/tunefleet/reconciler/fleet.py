@@ -6,7 +6,8 @@ publish it for the fleet and release the claim.
 What it reads and writes is the profile's own store (spec.storage), with the operator's store
 identity; it writes no API object. A model is left to tune as before (no adoption, no claim)
 where fleet mode cannot apply: spec.tuning.adopt Never, an image not pinned by digest, a retune
-of captured misses (its shapes are this profile's), or a store that cannot coordinate (oci://).
+of captured misses (its shapes are this profile's), or a store the operator does not reach
+(pvc://). Claims are swaps on s3:// and bids settled by time on oci:// (fleet/coordinate.py).
 """
 
 from __future__ import annotations
@@ -20,17 +21,12 @@ from tunefleet import naming
 from tunefleet.api.conditions import EventReason, truncate
 from tunefleet.contracts import fleet as contract
 from tunefleet.contracts.artifact import ArtifactRecord
-from tunefleet.fleet import adopt, claims
+from tunefleet.fleet import adopt, coordinate
 from tunefleet.reconciler.observe import JobObservation
 from tunefleet.reconciler.state import Sync
 from tunefleet.serving import delivery
 from tunefleet.storage.registry import parse_uri, shared_session
-from tunefleet.storage.store import (
-    Location,
-    StoreError,
-    SwappableStore,
-    swappable,
-)
+from tunefleet.storage.store import Location, Store, StoreError, StoreOptions
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +36,7 @@ WAIT_POLL_S = 5.0  # how soon a waiting profile reads the claim and the entry ag
 @dataclass(frozen=True)
 class _Where:
     identity: str
-    store: SwappableStore
+    store: Store
     location: Location
     holder: contract.Holder
 
@@ -57,23 +53,30 @@ def _where(s: Sync, model: str, publishing: bool = False) -> _Where | None:
     if identity is None:
         return None
     storage = spec.storage
-    options = delivery.store_options(
-        storage.endpoint or config.default_s3_endpoint, storage.region or "", config
-    )
     try:
         location = parse_uri(storage.uri)
-        # s3:// only: the operator reaches no PersistentVolumeClaim, and oci:// cannot swap.
-        if location.scheme != "s3":
+        # Not pvc://: the operator mounts no PersistentVolumeClaim.
+        if location.scheme == "oci":
+            # The registry identity that may push claims (fleet.ociCredentialsSecret), else
+            # delivery's: one per reconcile, as a registry token expires.
+            options = StoreOptions(
+                timeout_s=config.delivery_timeout_s,
+                oci_config=config.fleet_oci_config or config.oci_config or None,
+            )
+        elif location.scheme == "s3":
+            options = delivery.store_options(
+                storage.endpoint or config.default_s3_endpoint, storage.region or "", config
+            )
+        else:
             return None
         store = s.open_store(location, shared_session(location, options))
     except (ValueError, StoreError):
         return None
-    swap = swappable(store)
-    if swap is None:
+    if not coordinate.coordinates(store):
         return None
     m = s.meta
     holder = contract.Holder(config.fleet_cluster, m["namespace"], m["name"], m["uid"])
-    return _Where(identity, swap, location, holder)
+    return _Where(identity, store, location, holder)
 
 
 def to_tune(s: Sync, wanted: list[str]) -> list[str]:
@@ -138,7 +141,9 @@ def _claim(s: Sync, model: str, w: _Where) -> bool:
     ttl = s.config.fleet_claim_seconds
     key = contract.claim_key(w.location, model, w.identity)
     try:
-        standing = claims.claim(w.store, key, w.identity, w.holder, now, ttl)
+        standing = coordinate.take(
+            w.store, key, w.identity, w.holder, (now, ttl, s.config.fleet_settle_seconds)
+        )
     except StoreError as e:
         s.waiting[model] = truncate(
             f"the fleet's claim could not be taken ({e}); trying again", 500
@@ -150,7 +155,10 @@ def _claim(s: Sync, model: str, w: _Where) -> bool:
         _again(s, ttl / 2)
         return True
     s.waiting[model] = standing.waiting_words(now)
-    _again(s, min(WAIT_POLL_S, max(1.0, standing.claim.expires - now)))
+    if standing.settling > 0:
+        _again(s, standing.settling)
+    else:
+        _again(s, min(WAIT_POLL_S, max(1.0, standing.claim.expires - now)))
     return False
 
 
@@ -173,11 +181,18 @@ def renew(s: Sync, observations: list[JobObservation]) -> None:
             s.memory.claims.pop(model, None)
             continue
         key = contract.claim_key(where.location, model, where.identity)
+        times = (now, ttl, s.config.fleet_settle_seconds)
         try:
-            standing = claims.claim(where.store, key, where.identity, where.holder, now, ttl)
+            standing = coordinate.take(where.store, key, where.identity, where.holder, times)
         except StoreError as e:
             log.warning(f"{_name(s)} {model}: renewing the fleet's claim: {e}")
             _again(s, WAIT_POLL_S)
+            continue
+        if not standing.held and standing.settling > 0:
+            # On a board, our bid had lapsed (this replica stalled, or restarted after it
+            # expired) and no one else bid: bid again, held once it settles.
+            s.memory.claims[model] = now - ttl
+            _again(s, standing.settling)
             continue
         if not standing.held:
             # Expired before we renewed it (this replica stalled, or the leader changed): both
@@ -240,7 +255,7 @@ def settle(s: Sync, observations: list[JobObservation], served: list[ArtifactRec
         if where is not None:
             key = contract.claim_key(where.location, model, where.identity)
             try:
-                claims.release(where.store, key, where.identity, where.holder, time.time())
+                coordinate.give_back(where.store, key, where.identity, where.holder, time.time())
             except StoreError as e:
                 log.warning(f"{_name(s)} {model}: releasing the fleet's claim: {e}")
                 _again(s, WAIT_POLL_S)

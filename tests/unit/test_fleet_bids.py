@@ -1,0 +1,309 @@
+"""Claims on a store with no conditional write (fleet/bids.py: oci://), made from time.
+
+The decision is pure and tested as a table; the protocol is tested by simulation: contenders
+with skewed clocks and slow writes bid on one board, whose notes show only once written, and
+at no moment do two of them hold the claim. The same simulation with skew beyond the window
+does let two hold: the window is what keeps them apart (a test that can fail)."""
+
+from __future__ import annotations
+
+import heapq
+import json
+import random
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.artifacts import tuner_output
+from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
+from tests.support.wrappers import make_profile
+from tunefleet.artifacts.publish import upload_artifact
+from tunefleet.config import Config
+from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.contracts.fleet import MAX_CLAIM_SECONDS, Claim, Holder
+from tunefleet.fleet import bids, coordinate
+from tunefleet.fleet.bids import Move
+from tunefleet.reconciler.memory import Memory
+from tunefleet.reconciler.reconcile import Around, sync_profile
+from tunefleet.storage.filesystem import DirStore
+from tunefleet.storage.registry import parse_uri
+from tunefleet.storage.store import Listed, StoreError, swappable
+from tunefleet.watched.views import profile_view
+from tuner_job.manifest import ImageRef
+
+IDENTITY = "a" * 64
+GROUP = "p/_fleet/M/" + IDENTITY + "/claim.json"
+TTL, SETTLE = 600.0, 5.0
+
+
+def holder(name: str, cluster: str = "c1") -> Holder:
+    return Holder(cluster, "ml", name, f"uid-{name}")
+
+
+A, B, C = holder("a"), holder("b"), holder("c", "c2")
+
+
+def bid(who: Holder, taken: float, expires: float | None = None) -> Claim:
+    return Claim(IDENTITY, who, taken, taken + TTL if expires is None else expires)
+
+
+@pytest.mark.parametrize(
+    ("found", "now", "move", "about"),
+    [
+        ([], 100.0, Move.BID, None),
+        ([bid(A, 10.0, 50.0)], 100.0, Move.BID, None),  # ours, expired: bid afresh
+        ([bid(B, 10.0, 50.0)], 100.0, Move.BID, None),  # another's, expired
+        ([bid(A, 98.0)], 100.0, Move.SETTLE, A),
+        ([bid(A, 90.0)], 100.0, Move.HOLD, A),
+        ([bid(A, 90.0, 200.0)], 100.0, Move.RENEW, A),  # under half its life left
+        ([bid(A, 90.0), bid(B, 80.0)], 100.0, Move.WAIT, B),
+        ([bid(A, 90.0), bid(B, 95.0)], 100.0, Move.HOLD, A),
+        ([bid(A, 99.0), bid(B, 99.5)], 100.0, Move.SETTLE, A),
+        ([bid(B, 99.0)], 100.0, Move.WAIT, B),  # unsettled bids are waited on too
+        ([bid(B, 80.0, 99.0), bid(A, 90.0)], 100.0, Move.HOLD, A),
+        # One no cluster could set (expiring past MAX_CLAIM_SECONDS) is not obeyed.
+        ([bid(B, 1.0, 100.0 + MAX_CLAIM_SECONDS + 1)], 100.0, Move.BID, None),
+    ],
+)
+def test_the_earliest_live_bid_holds_once_it_has_stood_for_the_window(
+    found: list[Claim], now: float, move: Move, about: Holder | None
+) -> None:
+    got, which = bids.decide(found, A, now, TTL, SETTLE)
+    assert got is move
+    assert (which.holder if which else None) == about
+
+
+def test_a_tie_in_time_goes_to_the_same_holder_whoever_reads() -> None:
+    found = [bid(A, 90.0), bid(C, 90.0)]
+    first = min((A, C), key=bids.member)
+    other = C if first == A else A
+    assert bids.decide(found, first, 100.0, TTL, SETTLE)[0] is Move.HOLD
+    assert bids.decide(found, other, 100.0, TTL, SETTLE) == (
+        Move.WAIT,
+        found[0 if first == A else 1],
+    )
+
+
+@dataclass
+class Board:
+    """An in-memory board whose notes show once their write completes: `now` is the real
+    time of the call, a listing takes `read_delay` and a write `latency`, one after another
+    (as a caller's requests are)."""
+
+    now: float = 0.0
+    latency: float = 0.0
+    read_delay: float = 0.0
+    notes_at: dict[str, list[tuple[float, bytes | None]]] = field(default_factory=dict)
+
+    def post(self, group: str, member: str, data: bytes | None) -> None:
+        self.now += self.latency
+        self.notes_at.setdefault(member, []).append((self.now, data))
+
+    def unpost(self, group: str, member: str) -> None:
+        self.post(group, member, None)
+
+    def notes(self, group: str, max_bytes: int) -> list[bytes]:
+        out = []
+        for history in self.notes_at.values():
+            shown = [d for t, d in sorted(history, key=lambda h: h[0]) if t <= self.now]
+            if shown and shown[-1] is not None:
+                out.append(shown[-1])
+        self.now += self.read_delay
+        return out
+
+
+def _simulate(rng: random.Random, skew: float, slow: float, reads: float = 4.0) -> int:
+    """Contenders bid from random starts with clocks skewed by up to `skew`, writes taking up
+    to `slow` and listings up to `reads` seconds; the most that ever held at once."""
+    board = Board()
+    n = rng.randint(2, 4)
+    who = [holder(f"p{i}", f"c{i}") for i in range(n)]
+    offset = [rng.uniform(-skew / 2, skew / 2) for _ in who]
+    events = [(rng.uniform(0, 3.0), i) for i in range(n)]
+    heapq.heapify(events)
+    held: dict[int, float] = {}  # contender -> real time its hold ends
+    most = 0
+    while events:
+        t, i = heapq.heappop(events)
+        if t > 60:
+            break
+        latency, read = rng.uniform(0, slow), rng.uniform(0, reads)
+        board.now, board.latency, board.read_delay = t, latency, read
+        ticks = iter((t + offset[i] + read, t + offset[i] + read + latency))
+        try:
+            got = bids.claim(
+                board, GROUP, IDENTITY, who[i], (t + offset[i], TTL, SETTLE), ticks.__next__
+            )
+        except StoreError:
+            heapq.heappush(events, (board.now + 1.0, i))
+            continue
+        if got.held:
+            held[i] = t + TTL
+        else:
+            held.pop(i, None)
+            heapq.heappush(events, (board.now + (got.settling or 2.0), i))
+        most = max(most, sum(1 for end in held.values() if end > t))
+    return most
+
+
+def test_no_two_contenders_ever_hold_when_skew_and_writes_fit_the_window() -> None:
+    rng = random.Random(42)
+    # Skew up to a third of the window, writes up to its half (slower ones are taken down).
+    assert max(_simulate(rng, SETTLE / 3, SETTLE * 0.8) for _ in range(400)) == 1
+
+
+def test_skew_beyond_the_window_lets_two_hold() -> None:
+    rng = random.Random(7)
+    # A slow listing then posts a bid that, by its clock, was taken before one that settled.
+    assert max(_simulate(rng, SETTLE * 4, 0.1, reads=10.0) for _ in range(400)) >= 2
+
+
+def test_a_waiting_bidder_takes_its_bid_down_and_a_release_ends_the_claim() -> None:
+    board = Board(now=0.0, latency=1.0)  # A's bid shows at 1.0: B, at 0.5, bids too
+    clock = iter((0.0, 1.0))
+    first = bids.claim(board, GROUP, IDENTITY, A, (0.0, TTL, SETTLE), lambda: next(clock))
+    assert not first.held and first.settling == SETTLE
+    board.now, board.latency = 0.5, 0.0
+    clock = iter((0.5, 0.5))
+    assert bids.claim(board, GROUP, IDENTITY, B, (0.5, TTL, SETTLE), lambda: next(clock)).settling
+    board.now = 6.0
+    assert bids.claim(board, GROUP, IDENTITY, A, (6.0, TTL, SETTLE)).held
+    waits = bids.claim(board, GROUP, IDENTITY, B, (6.5, TTL, SETTLE))
+    assert not waits.held and waits.claim.holder == A and waits.settling == 0
+    assert "TuningProfile ml/a" in waits.waiting_words(6.5)
+    board.now = 7.0
+    assert [Claim.from_bytes(n, IDENTITY) for n in board.notes(GROUP, 1 << 14)] == [bid(A, 0.0)]
+    coordinate.give_back(board, GROUP, IDENTITY, A, 8.0)  # type: ignore[arg-type]
+    board.now = 9.0
+    assert board.notes(GROUP, 1 << 14) == []
+
+
+def test_a_bid_whose_write_was_slow_is_taken_down() -> None:
+    board = Board(now=0.0, latency=3.0)
+    clock = iter((0.0, 3.0))
+    with pytest.raises(StoreError, match="over half"):
+        bids.claim(board, GROUP, IDENTITY, A, (0.0, TTL, SETTLE), lambda: next(clock))
+    board.now = 10.0
+    assert board.notes(GROUP, 1 << 14) == []
+
+
+def test_notes_that_are_not_bids_on_the_identity_are_not_obeyed() -> None:
+    board = Board(now=0.0)
+    board.post(GROUP, "x", b"not json")
+    board.post(GROUP, "y", Claim("b" * 64, B, 0.0, TTL).to_bytes())
+    board.now = 1.0
+    assert bids.claim(board, GROUP, IDENTITY, A, (1.0, TTL, SETTLE)).settling == SETTLE
+
+
+# --- the reconcile on a store that has a board and no swap (oci://'s contract) ---------------
+
+MODEL = "AMD_Instinct_MI300X_OAM"
+IMAGE = "registry.example.com/serve@sha256:" + "a" * 64
+LOCATION = parse_uri("s3://bkt/fleet")
+
+
+class BoardDir:
+    """A directory store without the swap (as a registry): Store by delegation, a board of
+    files beside it."""
+
+    def __init__(self, root: Path) -> None:
+        self.objects = DirStore(LOCATION, root / "objects")
+        self.root = root / "board"
+
+    def _path(self, group: str, member: str) -> Path:
+        return self.root / group.replace("/", "_") / member.replace("/", "_")
+
+    def post(self, group: str, member: str, data: bytes) -> None:
+        self._path(group, member).parent.mkdir(parents=True, exist_ok=True)
+        self._path(group, member).write_bytes(data)
+
+    def notes(self, group: str, max_bytes: int) -> list[bytes]:
+        where = self.root / group.replace("/", "_")
+        return [p.read_bytes() for p in sorted(where.glob("*"))] if where.is_dir() else []
+
+    def unpost(self, group: str, member: str) -> None:
+        self._path(group, member).unlink(missing_ok=True)
+
+    def put_if_absent(self, key: str, data: bytes, content_type: str) -> bool:
+        return self.objects.put_if_absent(key, data, content_type)
+
+    def put(self, key: str, data: bytes, content_type: str) -> None:
+        self.objects.put(key, data, content_type)
+
+    def get(self, key: str, max_bytes: int) -> bytes:
+        return self.objects.get(key, max_bytes)
+
+    def list(self, prefix: str, limit: int) -> list[Listed]:
+        return self.objects.list(prefix, limit)
+
+    def delete(self, key: str) -> None:
+        self.objects.delete(key)
+
+    def uri(self, key: str) -> str:
+        return self.objects.uri(key)
+
+
+def test_on_a_board_one_profile_bids_settles_and_tunes_the_other_waits_then_adopts(
+    tmp_path: Path,
+) -> None:
+    board = BoardDir(tmp_path)
+    assert swappable(board) is None and coordinate.coordinates(board)  # type: ignore[arg-type]
+    fleet = Config(image="tunefleet:1", fleet=True, fleet_settle_seconds=0.2)
+    base = (
+        make_profile("p", "ml").uid("uid-p").generation(1)
+        .image(IMAGE).gpu("amd", MODEL).storage("s3://bkt/fleet")
+    )  # fmt: skip
+    p = profile_view(base.obj())
+    q = profile_view(base.name("q").namespace("serve").uid("uid-q").obj())
+    mem_p, mem_q = Memory(), Memory()
+
+    def sync(prof: dict[str, Any], cluster: str, memory: Memory) -> tuple[Any, FakeKube]:
+        api = FakeKube(writers=RECONCILE_WRITERS)
+        config = replace(fleet, fleet_cluster=cluster)
+        around = Around(api, open_store=lambda location, options: board)
+        out = sync_profile(prof, [], [], config, memory, around)
+        return out, api
+
+    first, api = sync(p, "cluster-a", mem_p)  # p bids: no Job while its bid stands
+    assert [k for k, _ in api.created if k == "Job"] == [] and first.status["phase"] == "Queued"
+    assert "bids to tune this identity" in json.dumps(first.status["conditions"])
+    assert first.requeue_after is not None and first.requeue_after <= 0.2
+    waiting, api = sync(q, "cluster-b", mem_q)  # q sees p's bid: waits, bids nothing
+    assert [k for k, _ in api.created if k == "Job"] == [] and waiting.status["phase"] == "Queued"
+    assert "ml/p in cluster cluster-a" in json.dumps(waiting.status["conditions"])
+    assert len(board.notes(next(iter(_groups(board))), 1 << 14)) == 1
+
+    time.sleep(0.25)
+    tuned, api = sync({**p, "status": first.status}, "cluster-a", mem_p)  # settled: tunes
+    assert [k for k, _ in api.created if k == "Job"] == ["Job"]
+    assert MODEL in mem_p.of("uid-p").claims
+
+    # p's artifact served: published as the identity's entry, and p's bid taken down.
+    done = _served({**p, "status": tuned.status}, board, tmp_path)
+    sync(done, "cluster-a", mem_p)
+    assert all(not board.notes(g, 1 << 14) for g in _groups(board))
+    adopted, api = sync({**q, "status": waiting.status}, "cluster-b", mem_q)
+    assert [k for k, _ in api.created if k == "Job"] == [] and adopted.status["phase"] == "Ready"
+    art = adopted.status["artifacts"][0]
+    assert art["sha256"] == done["status"]["artifacts"][0]["sha256"]
+    assert art["source"]["cluster"] == "cluster-a"
+
+
+def _groups(board: BoardDir) -> list[str]:
+    return [d.name for d in board.root.iterdir()] if board.root.is_dir() else []
+
+
+def _served(p: dict[str, Any], board: BoardDir, tmp_path: Path) -> dict[str, Any]:
+    """p once its Job published: the artifact in the store, and served."""
+    manifest = tuner_output(
+        tmp_path / "out", gpu_model=MODEL, image=ImageRef(reference=IMAGE, id="")
+    )
+    results = (tmp_path / "out" / "results.csv").read_bytes()
+    pub = upload_artifact(board.objects, LOCATION, results, manifest)
+    record = ArtifactRecord.from_manifest(
+        pub.manifest, uri=pub.uri, manifest_sha256=pub.manifest_sha256
+    ).for_job(gpu_model=MODEL, revision=p["status"]["revision"], job="tune-p-1", image_id="")
+    return {**p, "status": {**p["status"], "artifacts": [record.to_status()]}}
