@@ -37,6 +37,7 @@ from testbed.cluster import (
     TUNEFLEET_IMAGE,
     create_namespace,
     delete_namespace,
+    state_dir,
     wait_for,
 )
 
@@ -217,6 +218,8 @@ def fleet_mode(cluster: Any, op: Operator, s3: Any, claim_seconds: int = 60) -> 
     `leave_fleet_mode` undoes it."""
     op.stop()
     upgrade_release(cluster, "--reuse-values", "--set", "fleet.enabled=true", "--wait")
+    # The registry's push identity (oci:// stores: bids and entries), where one runs.
+    pusher = state_dir() / "oci" / "writer"
     fleet = replace(
         op,
         env={
@@ -226,6 +229,7 @@ def fleet_mode(cluster: Any, op: Operator, s3: Any, claim_seconds: int = 60) -> 
             "AWS_ACCESS_KEY_ID": s3.access_key,
             "AWS_SECRET_ACCESS_KEY": s3.secret_key,
             "AWS_REGION": s3.region,
+            **({"TUNEFLEET_FLEET_OCI_CONFIG": str(pusher)} if pusher.is_dir() else {}),
         },
         proc=None,
     )

@@ -282,3 +282,27 @@ def test_fleet_mode_is_off_by_default_and_when_on_gets_its_store_identity_and_ku
     # `helm upgrade --reuse-values` from a release without fleet: still renders, off.
     old, _ = operator("fleet=null")
     assert old["env"]["TUNEFLEET_FLEET"] == "false"
+
+
+def test_fleet_mode_on_a_registry_mounts_its_push_identity_and_says_the_settle_window() -> None:
+    def operator(*sets: str) -> tuple[dict[str, str], list[str], list[str]]:
+        deploy = next(d for d in rendered(*sets) if d["kind"] == "Deployment")
+        pod = deploy["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+        mounts = [m["mountPath"] for m in container["volumeMounts"]]
+        secrets = [v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v]
+        return env, mounts, secrets
+
+    env, mounts, secrets = operator(
+        "fleet.enabled=true", "fleet.ociCredentialsSecret=fleet-pusher", "fleet.settleSeconds=8"
+    )
+    assert env["TUNEFLEET_FLEET_OCI_CONFIG"] == "/etc/tunefleet/fleet-oci"
+    assert env["TUNEFLEET_FLEET_SETTLE_SECONDS"] == "8"
+    assert "/etc/tunefleet/fleet-oci" in mounts and "fleet-pusher" in secrets
+    # Off, the Secret is neither mounted nor named: fleet mode alone pushes to a registry.
+    env, mounts, secrets = operator("fleet.ociCredentialsSecret=fleet-pusher")
+    assert "TUNEFLEET_FLEET_OCI_CONFIG" not in env and "fleet-pusher" not in secrets
+    assert env["TUNEFLEET_FLEET_SETTLE_SECONDS"] == "5"
+    refused = template("fleet.settleSeconds=0")
+    assert refused.returncode != 0 and "settleSeconds" in refused.stderr
