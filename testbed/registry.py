@@ -130,3 +130,24 @@ def delete_manifest(reg: Registry, repository: str, reference: str) -> None:
     assert digest is not None, reference
     done = _curl(reg, "-f", "-X", "DELETE", url=f"{repository}/manifests/{digest}")
     assert done.returncode == 0, done.stderr
+
+
+def key_pair(where: Path, password: str) -> Path:
+    """A key pair, as `cosign generate-key-pair` writes it, in the new directory `where`."""
+    where.mkdir()
+    made = subprocess.run(
+        [cosign_binary(), "generate-key-pair"], cwd=where, capture_output=True, text=True,
+        env={**os.environ, "COSIGN_PASSWORD": password}, timeout=120,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    return where
+
+
+def signing_secret(c: Any, namespace: str, keys: Path, password: str) -> None:
+    """The Secret `signing` a profile's storage.signing names: key_pair's files."""
+    c.kubectl(
+        "create", "secret", "generic", "signing", "-n", namespace,
+        f"--from-file=cosign.key={keys / 'cosign.key'}",
+        f"--from-file=cosign.pub={keys / 'cosign.pub'}",
+        f"--from-literal=cosign.password={password}",
+    )  # fmt: skip

@@ -1,7 +1,8 @@
 """Two clusters on one store (docs/fleet.md): the local cluster and its peer (hack/cluster-up.sh
---peer: another control plane, CA and real node, sharing the S3 server), each with its own
-release and operator in fleet mode. One identity applied in both at the same moment is tuned
-once and served in both; a tuning cluster whose operator dies mid-Job holds the other back
+--peer: another control plane, CA and real node, sharing the S3 server and the registry), each
+with its own release and operator in fleet mode. One identity applied in both at the same
+moment is tuned once and served in both, on S3 (a conditional write) and on an OCI registry
+(bids settled by time); a tuning cluster whose operator dies mid-Job holds the other back
 for one claim expiry, no longer; a changed image digest in one cluster tunes its own; an
 artifact whose SHA-256 or signature does not check is never adopted (cosign, knowing nothing
 of tunefleet, checks the signatures on either side)."""
@@ -13,6 +14,7 @@ import os
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,12 +41,13 @@ from testbed.operator import (
 )
 from testbed.poll import eventually
 from testbed.real_node import fleet_profile, model_pod
-from testbed.registry import cosign_binary
+from testbed.registry import Registry, cosign, cosign_binary, key_pair, signing_secret
 from tests.support.kube import apply, condition, create, ended, get_json, jobs_of, statuses
 from tests.support.kube import ready as wait_ready
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.contracts import fleet as contract
+from tunefleet.storage.oci import NOTE_PREFIX, OciStore
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.s3 import S3Store
 
@@ -297,26 +300,6 @@ def test_an_artifact_tampered_with_in_the_store_is_not_adopted_and_its_entry_is_
     assert now.holder.cluster == cluster_uid(peer)
 
 
-def _key_pair(where: Path, password: str) -> Path:
-    """A key pair, as `cosign generate-key-pair` writes it, in a directory of its own."""
-    where.mkdir()
-    made = subprocess.run(
-        [cosign_binary(), "generate-key-pair"], cwd=where, capture_output=True, text=True,
-        env={**os.environ, "COSIGN_PASSWORD": password}, timeout=120,
-    )  # fmt: skip
-    assert made.returncode == 0, made.stderr
-    return where
-
-
-def _signing_secret(c: Any, namespace: str, keys: Path, password: str) -> None:
-    c.kubectl(
-        "create", "secret", "generic", "signing", "-n", namespace,
-        f"--from-file=cosign.key={keys / 'cosign.key'}",
-        f"--from-file=cosign.pub={keys / 'cosign.pub'}",
-        f"--from-literal=cosign.password={password}",
-    )  # fmt: skip
-
-
 def _cosign_verify_blob(
     keys: Path, blob: Path, signature: Path
 ) -> subprocess.CompletedProcess[str]:
@@ -341,9 +324,9 @@ def test_an_artifact_signed_by_another_key_is_not_adopted_and_cosign_checks_both
 ) -> None:
     # Both clusters' profiles sign with one key pair (the fleet's), in their own Secrets.
     password = "fleet-signing"
-    keys = _key_pair(tmp_path / "fleet", password)
-    _signing_secret(cluster, namespace, keys, password)
-    _signing_secret(peer, peer_other_namespace, keys, password)
+    keys = key_pair(tmp_path / "fleet", password)
+    signing_secret(cluster, namespace, keys, password)
+    signing_secret(peer, peer_other_namespace, keys, password)
     wait_for_real_node_gpus(cluster, 1)
     profile = fleet_profile(s3, s3_secret, prefix, pinned_image(STANDIN_IMAGE))
     profile["spec"]["storage"]["signing"] = {
@@ -360,7 +343,7 @@ def test_an_artifact_signed_by_another_key_is_not_adopted_and_cosign_checks_both
     assert checked.returncode == 0, checked.stderr
 
     # Someone who can write to the bucket re-signs the artifact with a key of their own.
-    other = _key_pair(tmp_path / "other", "other")
+    other = key_pair(tmp_path / "other", "other")
     forged = subprocess.run(
         [cosign_binary(), "sign-blob", "--key", str(other / "cosign.key"), "--yes",
          "--tlog-upload=false", "--new-bundle-format=false", "--use-signing-config=false",
@@ -383,3 +366,73 @@ def test_an_artifact_signed_by_another_key_is_not_adopted_and_cosign_checks_both
     assert _cosign_verify_blob(keys, manifest, signature).returncode == 0
     now = entry.now()
     assert now is not None and now.record.uri == mine["uri"]
+
+
+def test_one_identity_on_a_registry_is_tuned_once_through_bids_and_adopted_as_a_signed_bundle(
+    cluster: Any,
+    peer: Cluster,
+    first_operator: Operator,
+    peer_operator: Operator,
+    s3: Any,
+    namespace: str,
+    peer_namespace: str,
+    s3_secret: str,
+    prefix: str,
+    tmp_path: Path,
+) -> None:
+    """oci:// in both clusters at once: a registry has no conditional write, so each bids
+    (a tag of its own) and the earliest bid tunes once it has stood for the settle window; the
+    other waits, then adopts the bundle only after its cosign signature verifies."""
+    reg = Registry.from_state()
+    password = "fleet-signing"
+    keys = key_pair(tmp_path / "fleet", password)
+    both = {"first": cluster, "peer": peer}
+    for c in both.values():
+        signing_secret(c, namespace, keys, password)
+        apply(c, namespace, reg.secret("registry-writer", reg.writer))
+        apply(c, namespace, reg.secret("registry-reader", reg.reader))
+    wait_for_real_node_gpus(cluster, 1)
+    repository = f"e2e/fleet-{uuid.uuid4().hex[:8]}"
+    profile = fleet_profile(s3, s3_secret, prefix, pinned_image(STANDIN_IMAGE))
+    profile["spec"]["storage"] = {
+        "uri": f"oci://{reg.host}/{repository}",
+        "credentialsSecret": {"name": "registry-writer"},
+        "signing": {"secret": {"name": "signing"}, "publicKey": (keys / "cosign.pub").read_text()},
+    }
+    profile["spec"]["serving"] = {"credentialsSecret": {"name": "registry-reader"}}
+    at_once(*(lambda c=c: apply(c, namespace, profile) for c in both.values()))
+    done = {k: wait_ready(c, namespace, "llama", timeout=400) for k, c in both.items()}
+    for prof in done.values():
+        assert prof["status"]["phase"] == "Ready", json.dumps(prof["status"], indent=2)[:3000]
+    jobs = {k: jobs_of(c, namespace, "llama") for k, c in both.items()}
+    assert sum(len(j) for j in jobs.values()) == 1, {k: len(j) for k, j in jobs.items()}
+    tuner = next(k for k, j in jobs.items() if j)
+    adopter = next(k for k in both if k != tuner)
+    own = done[tuner]["status"]["artifacts"][0]
+    taken = done[adopter]["status"]["artifacts"][0]
+    assert taken["sha256"] == own["sha256"] and "source" not in own
+    assert taken["bundle"]["digest"] == own["bundle"]["digest"], (own, taken)
+    assert taken["source"]["cluster"] == cluster_uid(both[tuner]) != cluster_uid(both[adopter])
+
+    # Both bids are down: the waiter's when it waited, the holder's when its Job ended.
+    store = OciStore(parse_uri(f"oci://{reg.host}/{repository}"), config=reg.writer)
+    eventually(
+        lambda: [t for t in store.tags() if t.startswith(NOTE_PREFIX)],
+        lambda bids: bids == [],
+        "the bids to be taken down",
+        timeout=60,
+    )
+    # cosign, knowing nothing of tunefleet, verifies the bundle the adopter serves.
+    reference = f"{reg.host}/{repository}@{taken['bundle']['digest']}"
+    check = ["verify", "--key", str(keys / "cosign.pub"), "--insecure-ignore-tlog=true", reference]
+    verified = cosign(check, reg.tool_env(reg.reader))
+    assert verified.returncode == 0, verified.stderr
+
+    # The adopter's model pod fetches the bundle, checks its signature, and is served.
+    where = both[adopter]
+    create(where, namespace, model_pod("server", "llama", gpus=1))
+    pod = ended(where, namespace, "server", f"the model pod in the {adopter} cluster to finish")
+    log = where.kubectl("logs", "-n", namespace, "server", "-c", "server").stdout
+    assert pod["status"]["phase"] == "Succeeded", log
+    fetch = statuses(pod)["tunefleet-fetch"]["state"]["terminated"]["message"]
+    assert "wrote 1 results file(s)" in fetch, fetch
