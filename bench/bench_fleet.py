@@ -7,6 +7,8 @@ all (goal: 1), when each cluster is Ready, so the time to Ready in the adopting 
 the apply and after the tuning cluster's Ready. Then the takeover: the peer claims and tunes
 slowly, its operator is killed mid-Job, and the first cluster, waiting on the claim, takes
 over once it expires: seconds from the kill to the first cluster's Job, and to its Ready.
+The same again on the local OCI registry (`registry`: bids that stand fleet.settleSeconds,
+signed bundles adopted after their signature verifies).
 
     python -m bench --only fleet
 """
@@ -15,10 +17,13 @@ from __future__ import annotations
 
 import json
 import statistics
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -34,6 +39,7 @@ from testbed.operator import (
 )
 from testbed.poll import eventually
 from testbed.real_node import fleet_profile
+from testbed.registry import Registry, key_pair, signing_secret
 
 CLAIM_SECONDS = 60
 GOAL = (
@@ -42,16 +48,69 @@ GOAL = (
     f"claim expiry ({CLAIM_SECONDS} s here, fleet.claimSeconds)"
 )
 NOTE = (
-    "two local clusters on this 2-core machine sharing one S3 server (SeaweedFS), an operator "
-    "process per cluster in fleet mode, the stand-in tuner (it computes nothing) on each "
-    "cluster's real node; times from the kubectl apply, medians over the rounds"
+    "two local clusters on this 2-core machine sharing one S3 server (SeaweedFS) and one OCI "
+    "registry (CNCF Distribution v3.1.2: `registry`, signed bundles, bids that stand 5 s), an "
+    "operator process per cluster in fleet mode, the stand-in tuner (it computes nothing) on "
+    "each cluster's real node; times from the kubectl apply, medians over the rounds"
 )
 
 
-def _profile(s3: S3Settings, secret: str, prefix: str, sleep: str = "0") -> str:
+PASSWORD = "bench-fleet"
+
+
+@dataclass(frozen=True)
+class Oci:
+    """The registry every cluster shares, and the fleet's signing key pair."""
+
+    registry: Registry
+    keys: Path
+
+    def secrets(self, c: Cluster, ns: str) -> None:
+        c.kubectl(
+            "apply",
+            "-n",
+            ns,
+            "-f",
+            "-",
+            input=json.dumps(self.registry.secret("registry-writer", self.registry.writer)),
+        )
+        c.kubectl(
+            "apply",
+            "-n",
+            ns,
+            "-f",
+            "-",
+            input=json.dumps(self.registry.secret("registry-reader", self.registry.reader)),
+        )
+        signing_secret(c, ns, self.keys, PASSWORD)  # fmt: skip
+
+    def storage(self, ns: str) -> dict[str, Any]:
+        return {
+            "uri": f"oci://{self.registry.host}/bench/{ns}",
+            "credentialsSecret": {"name": "registry-writer"},
+            "signing": {
+                "secret": {"name": "signing"},
+                "publicKey": (self.keys / "cosign.pub").read_text(),
+            },
+        }
+
+
+def _namespace(c: Cluster, s3: S3Settings, ns: str, oci: Oci | None) -> str:
+    secret = namespace_with_secrets(c, s3, ns)
+    if oci is not None:
+        oci.secrets(c, ns)
+    return secret
+
+
+def _profile(
+    s3: S3Settings, secret: str, prefix: str, sleep: str = "0", oci: Oci | None = None
+) -> str:
     doc = fleet_profile(
         s3, secret, prefix, pinned_image(STANDIN_IMAGE), FAKE_TORCH_TUNE_SLEEP=sleep
     )
+    if oci is not None:
+        doc["spec"]["storage"] = oci.storage(prefix.rsplit("/", 1)[-1])
+        doc["spec"]["serving"] = {"credentialsSecret": {"name": "registry-reader"}}
     return str(yaml.safe_dump(doc))
 
 
@@ -82,10 +141,12 @@ def _until(what: str, ok: Callable[[], bool], timeout: float) -> float:
     return time.monotonic()
 
 
-def _round(clusters: dict[str, Cluster], s3: S3Settings, i: int) -> dict[str, Any]:
+def _round(
+    clusters: dict[str, Cluster], s3: S3Settings, i: int, oci: Oci | None = None
+) -> dict[str, Any]:
     ns = f"fleet-bench-{i}-{uuid.uuid4().hex[:6]}"
     prefix = f"bench-fleet/{ns}"
-    secrets = {k: namespace_with_secrets(c, s3, ns) for k, c in clusters.items()}
+    secrets = {k: _namespace(c, s3, ns, oci) for k, c in clusters.items()}
     ready_at: dict[str, float] = {}
     start = time.monotonic()
     try:
@@ -93,7 +154,7 @@ def _round(clusters: dict[str, Cluster], s3: S3Settings, i: int) -> dict[str, An
             threading.Thread(
                 target=c.kubectl,
                 args=("apply", "-n", ns, "-f", "-"),
-                kwargs={"input": _profile(s3, secrets[k], prefix)},
+                kwargs={"input": _profile(s3, secrets[k], prefix, oci=oci)},
             )
             for k, c in clusters.items()
         ]
@@ -126,18 +187,19 @@ def _round(clusters: dict[str, Cluster], s3: S3Settings, i: int) -> dict[str, An
         _clean(clusters, s3, ns, prefix)
 
 
-def _takeover(clusters: dict[str, Cluster], s3: S3Settings, peer_operator: Any) -> dict[str, Any]:
+def _takeover(
+    clusters: dict[str, Cluster], s3: S3Settings, peer_operator: Any, oci: Oci | None = None
+) -> dict[str, Any]:
     first, peer = clusters["first"], clusters["peer"]
     ns = f"fleet-takeover-{uuid.uuid4().hex[:6]}"
     prefix = f"bench-fleet/{ns}"
-    secrets = {k: namespace_with_secrets(c, s3, ns) for k, c in clusters.items()}
+    secrets = {k: _namespace(c, s3, ns, oci) for k, c in clusters.items()}
     dead = False
     try:
-        peer.kubectl("apply", "-n", ns, "-f", "-", input=_profile(s3, secrets["peer"], prefix, "4"))
+        slow = {k: _profile(s3, secrets[k], prefix, "4", oci) for k in clusters}
+        peer.kubectl("apply", "-n", ns, "-f", "-", input=slow["peer"])
         _until("the peer tuning", lambda: _phase(peer, ns) == "Tuning", 120)
-        first.kubectl(
-            "apply", "-n", ns, "-f", "-", input=_profile(s3, secrets["first"], prefix, "4")
-        )
+        first.kubectl("apply", "-n", ns, "-f", "-", input=slow["first"])
         _until("the first cluster waiting", lambda: _phase(first, ns) == "Queued", 60)
         peer_operator.kill()
         dead = True
@@ -169,21 +231,49 @@ def run(cluster: Cluster, s3: S3Settings, rounds: int = 3) -> dict[str, Any]:
             progress("fleet", f"round {i + 1}/{rounds}: {each[-1]}")
         takeover = _takeover(clusters, s3, operators["peer"])
         progress("fleet", f"takeover: {takeover}")
+        with tempfile.TemporaryDirectory(prefix="bench-fleet-") as scratch:
+            oci = Oci(Registry.from_state(), key_pair(Path(scratch) / "keys", PASSWORD))
+            on_registry = []
+            for i in range(rounds):
+                on_registry.append(_round(clusters, s3, i, oci))
+                progress("fleet", f"registry round {i + 1}/{rounds}: {on_registry[-1]}")
+            registry_takeover = _takeover(clusters, s3, operators["peer"], oci)
+            progress("fleet", f"registry takeover: {registry_takeover}")
     finally:
         for op in operators.values():
             op.stop()
         uninstall_release(peer)
+    registry = {
+        **_summary(on_registry),
+        "settle_seconds": 5,
+        "takeover": registry_takeover,
+        "meets_goal": _met(on_registry, registry_takeover),
+    }
     return {
         "clusters": len(clusters),
         "rounds": rounds,
-        "tuning_jobs_per_identity": [r["jobs"] for r in each],
-        "adopted_with_source": all(r["adopted_with_source"] for r in each),
-        "tuner_ready_s_median": statistics.median(r["tuner_ready_s"] for r in each),
-        "adopter_ready_s_median": statistics.median(r["adopter_ready_s"] for r in each),
-        "adopter_after_tuner_s_median": statistics.median(r["adopter_after_tuner_s"] for r in each),
+        **_summary(each),
         "takeover": takeover,
-        "meets_goal": all(r["jobs"] == 1 for r in each)
-        and takeover["kill_to_own_job_s"] <= CLAIM_SECONDS + 15,
+        "meets_goal": _met(each, takeover) and registry["meets_goal"],
+        "registry": registry,
         "goal": GOAL,
         "note": NOTE,
     }
+
+
+def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "tuning_jobs_per_identity": [r["jobs"] for r in rounds],
+        "adopted_with_source": all(r["adopted_with_source"] for r in rounds),
+        "tuner_ready_s_median": statistics.median(r["tuner_ready_s"] for r in rounds),
+        "adopter_ready_s_median": statistics.median(r["adopter_ready_s"] for r in rounds),
+        "adopter_after_tuner_s_median": statistics.median(
+            r["adopter_after_tuner_s"] for r in rounds
+        ),
+    }
+
+
+def _met(rounds: list[dict[str, Any]], takeover: dict[str, Any]) -> bool:
+    return (
+        all(r["jobs"] == 1 for r in rounds) and takeover["kill_to_own_job_s"] <= CLAIM_SECONDS + 15
+    )
