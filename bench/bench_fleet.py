@@ -66,23 +66,10 @@ class Oci:
     keys: Path
 
     def secrets(self, c: Cluster, ns: str) -> None:
-        c.kubectl(
-            "apply",
-            "-n",
-            ns,
-            "-f",
-            "-",
-            input=json.dumps(self.registry.secret("registry-writer", self.registry.writer)),
-        )
-        c.kubectl(
-            "apply",
-            "-n",
-            ns,
-            "-f",
-            "-",
-            input=json.dumps(self.registry.secret("registry-reader", self.registry.reader)),
-        )
-        signing_secret(c, ns, self.keys, PASSWORD)  # fmt: skip
+        reg = self.registry
+        for name, who in (("registry-writer", reg.writer), ("registry-reader", reg.reader)):
+            c.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(reg.secret(name, who)))
+        signing_secret(c, ns, self.keys, PASSWORD)
 
     def storage(self, ns: str) -> dict[str, Any]:
         return {
