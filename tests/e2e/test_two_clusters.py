@@ -98,6 +98,25 @@ def at_once(*calls: Any) -> None:
         t.join()
 
 
+def _tuned_once(
+    both: dict[str, Any], namespace: str, profile: dict[str, Any]
+) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
+    """The profile applied in both clusters at once: both Ready, from one tuning Job in all.
+    The tuning cluster, the adopting one, and the artifact each serves (the same one)."""
+    at_once(*(lambda c=c: apply(c, namespace, profile) for c in both.values()))
+    done = {k: wait_ready(c, namespace, "llama", timeout=400) for k, c in both.items()}
+    for prof in done.values():
+        assert prof["status"]["phase"] == "Ready", json.dumps(prof["status"], indent=2)[:3000]
+    jobs = {k: jobs_of(c, namespace, "llama") for k, c in both.items()}
+    assert sum(len(j) for j in jobs.values()) == 1, {k: len(j) for k, j in jobs.items()}
+    tuner = next(k for k, j in jobs.items() if j)
+    adopter = next(k for k in both if k != tuner)
+    own = done[tuner]["status"]["artifacts"][0]
+    taken = done[adopter]["status"]["artifacts"][0]
+    assert taken["sha256"] == own["sha256"] and "source" not in own
+    return tuner, adopter, own, taken
+
+
 def test_one_identity_applied_in_two_clusters_at_once_is_tuned_once_and_served_in_both(
     cluster: Any,
     peer: Cluster,
@@ -112,17 +131,7 @@ def test_one_identity_applied_in_two_clusters_at_once_is_tuned_once_and_served_i
     wait_for_real_node_gpus(cluster, 1)
     profile = fleet_profile(s3, s3_secret, prefix, pinned_image(STANDIN_IMAGE))
     both = {"first": cluster, "peer": peer}
-    at_once(*(lambda c=c: apply(c, namespace, profile) for c in both.values()))
-    done = {k: wait_ready(c, namespace, "llama", timeout=400) for k, c in both.items()}
-    for prof in done.values():
-        assert prof["status"]["phase"] == "Ready", json.dumps(prof["status"], indent=2)[:3000]
-    jobs = {k: jobs_of(c, namespace, "llama") for k, c in both.items()}
-    assert sum(len(j) for j in jobs.values()) == 1, {k: len(j) for k, j in jobs.items()}
-    tuner = next(k for k, j in jobs.items() if j)
-    adopter = next(k for k in both if k != tuner)
-    own = done[tuner]["status"]["artifacts"][0]
-    taken = done[adopter]["status"]["artifacts"][0]
-    assert taken["sha256"] == own["sha256"] and "source" not in own
+    tuner, adopter, _, taken = _tuned_once(both, namespace, profile)
     assert taken["source"]["cluster"] == cluster_uid(both[tuner]) != cluster_uid(both[adopter])
     assert taken["source"]["profile"] == f"{namespace}/llama"
     wide = both[adopter].kubectl("get", "tp", "-n", namespace, "llama", "-o", "wide").stdout
@@ -368,6 +377,40 @@ def test_an_artifact_signed_by_another_key_is_not_adopted_and_cosign_checks_both
     assert now is not None and now.record.uri == mine["uri"]
 
 
+def _bids(reg: Registry, repository: str) -> list[str]:
+    """The bids on the registry's repository, as they read (a store per look: each has its
+    own deadline)."""
+    store = OciStore(parse_uri(f"oci://{reg.host}/{repository}"), config=reg.writer)
+    out = []
+    for tag in store.tags(NOTE_PREFIX):
+        found = store.manifest(tag)
+        if found is not None:
+            layer = found[0]["layers"][0]
+            out.append(store.blob(layer["digest"], 1 << 14, tag).decode())
+    return out
+
+
+def _on_registry(
+    clusters: Any, namespace: str, keys: Path, repository: str, *s3_args: Any
+) -> dict[str, Any]:
+    """The fleet profile on the shared registry's `repository`, signed with `keys` (password
+    "fleet-signing"), and its Secrets in `namespace` of each of `clusters`."""
+    reg = Registry.from_state()
+    for c in clusters:
+        signing_secret(c, namespace, keys, "fleet-signing")
+        apply(c, namespace, reg.secret("registry-writer", reg.writer))
+        apply(c, namespace, reg.secret("registry-reader", reg.reader))
+    s3, s3_secret, prefix = s3_args
+    profile = fleet_profile(s3, s3_secret, prefix, pinned_image(STANDIN_IMAGE))
+    profile["spec"]["storage"] = {
+        "uri": f"oci://{reg.host}/{repository}",
+        "credentialsSecret": {"name": "registry-writer"},
+        "signing": {"secret": {"name": "signing"}, "publicKey": (keys / "cosign.pub").read_text()},
+    }
+    profile["spec"]["serving"] = {"credentialsSecret": {"name": "registry-reader"}}
+    return profile
+
+
 def test_one_identity_on_a_registry_is_tuned_once_through_bids_and_adopted_as_a_signed_bundle(
     cluster: Any,
     peer: Cluster,
@@ -384,40 +427,17 @@ def test_one_identity_on_a_registry_is_tuned_once_through_bids_and_adopted_as_a_
     (a tag of its own) and the earliest bid tunes once it has stood for the settle window; the
     other waits, then adopts the bundle only after its cosign signature verifies."""
     reg = Registry.from_state()
-    password = "fleet-signing"
-    keys = key_pair(tmp_path / "fleet", password)
+    keys = key_pair(tmp_path / "fleet", "fleet-signing")
     both = {"first": cluster, "peer": peer}
-    for c in both.values():
-        signing_secret(c, namespace, keys, password)
-        apply(c, namespace, reg.secret("registry-writer", reg.writer))
-        apply(c, namespace, reg.secret("registry-reader", reg.reader))
-    wait_for_real_node_gpus(cluster, 1)
     repository = f"e2e/fleet-{uuid.uuid4().hex[:8]}"
-    profile = fleet_profile(s3, s3_secret, prefix, pinned_image(STANDIN_IMAGE))
-    profile["spec"]["storage"] = {
-        "uri": f"oci://{reg.host}/{repository}",
-        "credentialsSecret": {"name": "registry-writer"},
-        "signing": {"secret": {"name": "signing"}, "publicKey": (keys / "cosign.pub").read_text()},
-    }
-    profile["spec"]["serving"] = {"credentialsSecret": {"name": "registry-reader"}}
-    at_once(*(lambda c=c: apply(c, namespace, profile) for c in both.values()))
-    done = {k: wait_ready(c, namespace, "llama", timeout=400) for k, c in both.items()}
-    for prof in done.values():
-        assert prof["status"]["phase"] == "Ready", json.dumps(prof["status"], indent=2)[:3000]
-    jobs = {k: jobs_of(c, namespace, "llama") for k, c in both.items()}
-    assert sum(len(j) for j in jobs.values()) == 1, {k: len(j) for k, j in jobs.items()}
-    tuner = next(k for k, j in jobs.items() if j)
-    adopter = next(k for k in both if k != tuner)
-    own = done[tuner]["status"]["artifacts"][0]
-    taken = done[adopter]["status"]["artifacts"][0]
-    assert taken["sha256"] == own["sha256"] and "source" not in own
+    profile = _on_registry(both.values(), namespace, keys, repository, s3, s3_secret, prefix)
+    tuner, adopter, own, taken = _tuned_once(both, namespace, profile)
     assert taken["bundle"]["digest"] == own["bundle"]["digest"], (own, taken)
     assert taken["source"]["cluster"] == cluster_uid(both[tuner]) != cluster_uid(both[adopter])
 
     # Both bids are down: the waiter's when it waited, the holder's when its Job ended.
-    store = OciStore(parse_uri(f"oci://{reg.host}/{repository}"), config=reg.writer)
     eventually(
-        lambda: [t for t in store.tags() if t.startswith(NOTE_PREFIX)],
+        lambda: _bids(reg, repository),
         lambda bids: bids == [],
         "the bids to be taken down",
         timeout=60,
@@ -436,3 +456,47 @@ def test_one_identity_on_a_registry_is_tuned_once_through_bids_and_adopted_as_a_
     assert pod["status"]["phase"] == "Succeeded", log
     fetch = statuses(pod)["tunefleet-fetch"]["state"]["terminated"]["message"]
     assert "wrote 1 results file(s)" in fetch, fetch
+
+
+def test_a_bundle_on_the_registry_signed_by_another_key_is_not_adopted_and_its_entry_replaced(
+    cluster: Any,
+    peer: Cluster,
+    first_operator: Operator,
+    peer_operator: Operator,
+    s3: Any,
+    namespace: str,
+    peer_other_namespace: str,
+    s3_secret: str,
+    prefix: str,
+    tmp_path: Path,
+) -> None:
+    """The peer's profile trusts another key (its own Secret and publicKey): the bundle the
+    first cluster published does not verify with it, so the peer bids, tunes and signs its own,
+    and its entry replaces the one it could not adopt."""
+    reg = Registry.from_state()
+    repository = f"e2e/fleet-{uuid.uuid4().hex[:8]}"
+    wait_for_real_node_gpus(cluster, 1)
+    first_keys, peer_keys = (key_pair(tmp_path / k, "fleet-signing") for k in ("a", "b"))
+    first = _on_registry([cluster], namespace, first_keys, repository, s3, s3_secret, prefix)
+    apply(cluster, namespace, first)
+    done = wait_ready(cluster, namespace, "llama", timeout=400)
+    assert done["status"]["phase"] == "Ready", json.dumps(done["status"], indent=2)[:3000]
+    theirs = done["status"]["artifacts"][0]
+
+    other = _on_registry([peer], peer_other_namespace, peer_keys, repository, s3, s3_secret, prefix)
+    mine, said = _tunes_its_own(peer, peer_other_namespace, other)
+    assert "does not verify" in said and theirs["bundle"]["digest"] in said, said
+    assert mine["bundle"]["digest"] != theirs["bundle"]["digest"]
+    store = OciStore(parse_uri(f"oci://{reg.host}/{repository}"), config=reg.writer)
+    spec = TuningProfileSpec.model_validate(other["spec"])
+    model = spec.gpu.models[0]
+    ident = naming.fleet_identity(spec, model)
+    assert ident is not None
+    key = contract.published_key(store.location, model, ident)
+    entry = eventually(
+        lambda: contract.Published.from_bytes(store.get(key, 1 << 16), ident, model),
+        lambda e: e is not None and e.record.uri == mine["uri"],
+        "the peer's entry to replace the one it could not adopt",
+        timeout=60,
+    )
+    assert entry is not None and entry.holder.cluster == cluster_uid(peer)

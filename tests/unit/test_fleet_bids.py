@@ -20,11 +20,12 @@ import pytest
 from tests.support.artifacts import tuner_output
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
 from tests.support.wrappers import make_profile
+from tunefleet import naming
 from tunefleet.artifacts.publish import upload_artifact
 from tunefleet.config import Config
 from tunefleet.contracts.artifact import ArtifactRecord
-from tunefleet.contracts.fleet import MAX_CLAIM_SECONDS, Claim, Holder
-from tunefleet.fleet import bids, coordinate
+from tunefleet.contracts.fleet import MAX_CLAIM_SECONDS, Claim, Holder, published_key
+from tunefleet.fleet import adopt, bids, coordinate
 from tunefleet.fleet.bids import Move
 from tunefleet.reconciler.memory import Memory
 from tunefleet.reconciler.reconcile import Around, sync_profile
@@ -307,3 +308,35 @@ def _served(p: dict[str, Any], board: BoardDir, tmp_path: Path) -> dict[str, Any
         pub.manifest, uri=pub.uri, manifest_sha256=pub.manifest_sha256
     ).for_job(gpu_model=MODEL, revision=p["status"]["revision"], job="tune-p-1", image_id="")
     return {**p, "status": {**p["status"], "artifacts": [record.to_status()]}}
+
+
+def test_a_bid_standing_when_the_entry_is_published_is_taken_down_as_the_profile_adopts(
+    tmp_path: Path,
+) -> None:
+    """The holder published and released just after this profile found no entry: it bid.
+    On its next pass the entry is there: it adopts, and its bid does not stand on."""
+    board = BoardDir(tmp_path)
+    config = Config(image="tunefleet:1", fleet=True, fleet_cluster="cluster-b")
+    prof = make_profile("q", "serve").uid("uid-q").generation(1).image(IMAGE)
+    q = profile_view(prof.gpu("amd", MODEL).storage("s3://bkt/fleet").obj())
+    memory = Memory()
+    around = Around(FakeKube(writers=RECONCILE_WRITERS), open_store=lambda loc, opts: board)
+    first = sync_profile(q, [], [], config, memory, around)
+    assert first.status["phase"] == "Queued" and any(
+        board.notes(g, 1 << 14) for g in _groups(board)
+    )
+
+    served = _served({**q, "status": first.status}, board, tmp_path)
+    record = ArtifactRecord.from_status(served["status"]["artifacts"][0])
+    assert record is not None
+    spec = make_profile().spec_is(q["spec"]).spec_model()
+    ident = naming.fleet_identity(spec, MODEL)
+    assert ident is not None
+    them = Holder("cluster-a", "ml", "p", "uid-p")
+    entry = adopt.entry_for(record, ident, them, "2026-12-06T00:00:00Z")
+    assert adopt.publish(board, published_key(LOCATION, MODEL, ident), entry, spec, ())  # type: ignore[arg-type]
+
+    around = Around(FakeKube(writers=RECONCILE_WRITERS), open_store=lambda loc, opts: board)
+    again = sync_profile({**q, "status": first.status}, [], [], config, memory, around)
+    assert again.status["phase"] == "Ready", again.status
+    assert all(not board.notes(g, 1 << 14) for g in _groups(board))

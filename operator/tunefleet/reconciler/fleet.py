@@ -124,6 +124,15 @@ def _adopt(s: Sync, model: str, w: _Where) -> bool:
         )
         _again(s, WAIT_POLL_S)
         return True
+    if model in s.memory.bidding:
+        # Our bid stood while the entry was published (its holder released just before we
+        # looked): taken down now, or it would hold the identity until it expires.
+        key = contract.claim_key(w.location, model, w.identity)
+        try:
+            coordinate.give_back(w.store, key, w.identity, w.holder, time.time())
+            s.memory.bidding.discard(model)
+        except StoreError as e:
+            log.warning(f"{_name(s)} {model}: taking down our bid: {e}")
     record = adopt.adopted(entry, s.rev(model), _iso(time.time()))
     s.adopted[model] = record
     s.events.append(
@@ -150,6 +159,10 @@ def _claim(s: Sync, model: str, w: _Where) -> bool:
         )
         _again(s, WAIT_POLL_S)
         return False
+    if standing.settling > 0:
+        s.memory.bidding.add(model)
+    else:
+        s.memory.bidding.discard(model)  # held, or waiting: our bid is taken down
     if standing.held:
         s.memory.claims[model] = standing.claim.expires
         _again(s, ttl / 2)

@@ -66,6 +66,9 @@ class ProfileMemory:
     # (its expiry, epoch seconds), and the artifacts it published for the fleet, by SHA-256.
     claims: dict[str, float] = field(default_factory=dict)
     published: set[str] = field(default_factory=set)
+    # Models whose bid stands on a board (oci://: fleet/bids.py), not yet holding: taken down
+    # if the model is adopted meanwhile, else it would stand until it expires.
+    bidding: set[str] = field(default_factory=set)
     # Published entries that failed adoption's checks (already said, not downloaded again).
     refused_entries: set[str] = field(default_factory=set)
 
