@@ -30,7 +30,7 @@ from tunefleet.reconciler.memory import Memory
 from tunefleet.reconciler.reconcile import Around, sync_profile
 from tunefleet.storage.filesystem import DirStore
 from tunefleet.storage.registry import parse_uri
-from tunefleet.storage.store import Location, Store, StoreOptions, swappable
+from tunefleet.storage.store import Location, NotFoundError, Store, StoreOptions, swappable
 from tunefleet.watched.views import profile_view
 from tuner_job.manifest import ImageRef
 
@@ -559,3 +559,37 @@ def test_fleet_mode_off_reads_and_writes_nothing_in_the_store(tmp_path: Path) ->
     _, api = sync(p, tmp_path, replace(FLEET_A, fleet=False), Memory())
     assert [k for k, _ in api.created if k == "Job"] == ["Job"]
     assert not (tmp_path / "bkt").exists()
+
+
+def test_a_claim_taken_just_after_its_holder_published_and_released_is_given_back(
+    tmp_path: Path,
+) -> None:
+    """q read the entry (none yet), then p published and released, then q took the claim:
+    q reads the entry once more before making a Job, adopts, and gives the claim back."""
+    p = profile_view(BASE.obj())
+    q = profile_view(BASE.name("q").namespace("serve").uid("uid-q").obj())
+    mem_p = Memory()
+    status_p, _ = sync(p, tmp_path, FLEET_A, mem_p)
+    sync(served_by_p(tmp_path, {**p, "status": status_p}), tmp_path, FLEET_A, mem_p)
+    released = claim_of(tmp_path, p)
+    assert released is not None and released.expires <= time.time()
+
+    entry_key = contract.published_key(LOCATION, MODEL, identity(q))
+    late = {"first": True}
+
+    class LateEntry(DirStore):
+        """The bucket, whose first read of the entry comes before p published it."""
+
+        def get(self, key: str, max_bytes: int) -> bytes:
+            if key == entry_key and late.pop("first", False):
+                raise NotFoundError(key)
+            return super().get(key, max_bytes)
+
+    store = LateEntry(LOCATION, tmp_path / LOCATION.bucket)
+    api = FakeKube(writers=RECONCILE_WRITERS)
+    out = sync_profile(q, [], [], FLEET_B, Memory(), Around(api, open_store=lambda *_: store))
+    assert [k for k, _ in api.created if k == "Job"] == []
+    assert out.status["phase"] == "Ready" and out.status["artifacts"][0]["source"]
+    given_back = claim_of(tmp_path, q)
+    assert given_back is not None and given_back.holder.profile == "q"
+    assert given_back.expires <= time.time()

@@ -87,11 +87,26 @@ def to_tune(s: Sync, wanted: list[str]) -> list[str]:
         where = _where(s, model)
         if where is None:
             out.append(model)
-        elif _adopt(s, model, where) or not _claim(s, model, where):
             continue
-        else:
+        adopted = _adopt(s, model, where)
+        if not adopted and _claim(s, model, where) and not _published_meanwhile(s, model, where):
             out.append(model)
     return out
+
+
+def _published_meanwhile(s: Sync, model: str, w: _Where) -> bool:
+    """The claim is ours: the entry is read once more before a Job is made. Its last holder
+    may have published and released between our read of the entry and of the claim; then
+    this profile adopts and gives the claim back, instead of tuning the identity again."""
+    if not _adopt(s, model, w):
+        return False
+    key = contract.claim_key(w.location, model, w.identity)
+    try:
+        coordinate.give_back(w.store, key, w.identity, w.holder, time.time())
+    except StoreError as e:
+        log.warning(f"{_name(s)} {model}: giving back the fleet's claim: {e}")
+    s.memory.claims.pop(model, None)
+    return True
 
 
 def _adopt(s: Sync, model: str, w: _Where) -> bool:
