@@ -100,12 +100,20 @@ def _published_meanwhile(s: Sync, model: str, w: _Where) -> bool:
     this profile adopts and gives the claim back, instead of tuning the identity again."""
     if not _adopt(s, model, w):
         return False
+    _give_back(s, model, w, "giving back the fleet's claim")
+    s.memory.claims.pop(model, None)
+    return True
+
+
+def _give_back(s: Sync, model: str, w: _Where, doing: str) -> bool:
+    """Take our claim (or bid) on the model's identity down; False, logged, when the store
+    fails."""
     key = contract.claim_key(w.location, model, w.identity)
     try:
         coordinate.give_back(w.store, key, w.identity, w.holder, time.time())
     except StoreError as e:
-        log.warning(f"{_name(s)} {model}: giving back the fleet's claim: {e}")
-    s.memory.claims.pop(model, None)
+        log.warning(f"{_name(s)} {model}: {doing}: {e}")
+        return False
     return True
 
 
@@ -139,15 +147,10 @@ def _adopt(s: Sync, model: str, w: _Where) -> bool:
         )
         _again(s, WAIT_POLL_S)
         return True
-    if model in s.memory.bidding:
-        # Our bid stood while the entry was published (its holder released just before we
-        # looked): taken down now, or it would hold the identity until it expires.
-        key = contract.claim_key(w.location, model, w.identity)
-        try:
-            coordinate.give_back(w.store, key, w.identity, w.holder, time.time())
-            s.memory.bidding.discard(model)
-        except StoreError as e:
-            log.warning(f"{_name(s)} {model}: taking down our bid: {e}")
+    # Our bid stood while the entry was published (its holder released just before we
+    # looked): taken down now, or it would hold the identity until it expires.
+    if model in s.memory.bidding and _give_back(s, model, w, "taking down our bid"):
+        s.memory.bidding.discard(model)
     record = adopt.adopted(entry, s.rev(model), _iso(time.time()))
     s.adopted[model] = record
     s.events.append(
@@ -280,14 +283,9 @@ def settle(s: Sync, observations: list[JobObservation], served: list[ArtifactRec
     ended = (ended | {r.gpu_model for r in current}) - _running(s, observations)
     for model in [m for m in s.memory.claims if m in ended]:
         where = _where(s, model)
-        if where is not None:
-            key = contract.claim_key(where.location, model, where.identity)
-            try:
-                coordinate.give_back(where.store, key, where.identity, where.holder, time.time())
-            except StoreError as e:
-                log.warning(f"{_name(s)} {model}: releasing the fleet's claim: {e}")
-                _again(s, WAIT_POLL_S)
-                continue
+        if where is not None and not _give_back(s, model, where, "releasing the fleet's claim"):
+            _again(s, WAIT_POLL_S)
+            continue
         s.memory.claims.pop(model, None)
 
 

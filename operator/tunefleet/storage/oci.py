@@ -386,9 +386,15 @@ class OciStore:
             )
         return doc, layers[0], digest
 
-    def _write(self, key: str, data: bytes, content_type: str, **tagged: str) -> None:
+    def _write(
+        self,
+        key: str,
+        data: bytes,
+        content_type: str,
+        tag: str = "",
+        annotations: dict[str, str] | None = None,
+    ) -> None:
         """The object as an artifact under its key's tag (or `tag`, with more annotations)."""
-        tag = tagged.pop("tag", "") or tag_of(key)
         layer_digest = self.push_blob(data)
         manifest = self._artifact(
             OBJECT_ARTIFACT_TYPE,
@@ -406,10 +412,10 @@ class OciStore:
             {
                 KEY_ANNOTATION: key,
                 CREATED_ANNOTATION: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                **tagged,
+                **(annotations or {}),
             },
         )
-        self.push_manifest(manifest, tag)
+        self.push_manifest(manifest, tag or tag_of(key))
 
     def _artifact(
         self, artifact_type: str, layers: list[dict[str, Any]], annotations: dict[str, str]
@@ -543,13 +549,8 @@ class OciStore:
     # -- the Board contract (store.Board): fleet claims on a registry ---------------------
 
     def post(self, group: str, member: str, data: bytes) -> None:
-        self._write(
-            group,
-            data,
-            "application/json",
-            tag=note_tag(group, member),
-            **{NOTE_MEMBER_ANNOTATION: member},
-        )
+        tag = note_tag(group, member)
+        self._write(group, data, "application/json", tag, {NOTE_MEMBER_ANNOTATION: member})
 
     def notes(self, group: str, max_bytes: int) -> builtins.list[bytes]:
         """Each note's manifest must name the group and a member whose tag it sits under: a
