@@ -48,7 +48,7 @@ from tunefleet.plugin.why import explain
 from tunefleet.serving import delivery
 from tunefleet.storage import oci
 from tunefleet.storage.registry import parse_uri
-from tunefleet.storage.store import Location, NotFoundError, StoreError
+from tunefleet.storage.store import ConflictError, Location, NotFoundError, StoreError
 from tunefleet.webhook.admission import admit
 from tuner_job import caches as cc
 from tuner_job.manifest import loads
@@ -304,6 +304,52 @@ def test_a_changed_layer_is_refused_by_its_digest() -> None:
         view.get("ml/llm/M/abc/results.csv", 1000)
     with pytest.raises(NotFoundError):
         view.get("ml/llm/M/abc/manifest.json", 1000)
+
+
+class Listing(oci.OciStore):
+    """Tags and their manifests in memory, for what is read by listing them (list, notes)."""
+
+    def __init__(self) -> None:
+        self.location = Location("oci", f"{HOST}/team/tf", "", separator="#")
+        self.docs: dict[str, Any] = {}
+        self.blobs: dict[str, bytes] = {}
+
+    def put_doc(self, tag: str, annotations: Any, data: bytes, size: Any = None) -> None:
+        digest = oci.digest_of(data)
+        self.blobs[digest] = data
+        layer = {"digest": digest, "size": len(data) if size is None else size}
+        self.docs[tag] = {"annotations": annotations, "layers": [layer]}
+
+    def tags(self, prefix: str = "") -> list[str]:
+        return sorted(t for t in self.docs if t.startswith(prefix))
+
+    def manifest(self, reference: str) -> tuple[dict[str, Any], str] | None:
+        doc = self.docs.get(reference)
+        return (doc, "sha256:" + "0" * 64) if doc is not None else None
+
+    def blob(self, digest: str, max_bytes: int, what: str) -> bytes:
+        return self.blobs[digest]
+
+
+def test_forged_sizes_and_annotations_are_refused_or_skipped_never_raised_as_type_errors() -> None:
+    reg = Listing()
+    note = {oci.KEY_ANNOTATION: "g", oci.NOTE_MEMBER_ANNOTATION: "m1"}
+    reg.put_doc(oci.note_tag("g", "m1"), note, b"bid")
+    for i, size in enumerate(("big", -1, True, 1.5)):
+        member = f"forged{i}"
+        forged = {oci.KEY_ANNOTATION: "g", oci.NOTE_MEMBER_ANNOTATION: member}
+        reg.put_doc(oci.note_tag("g", member), forged, b"x", size=size)
+    reg.put_doc(oci.note_tag("g", "m9"), "not annotations", b"y")
+    assert reg.notes("g", 100) == [b"bid"]
+
+    reg.put_doc(oci.tag_of("a/obj"), {oci.KEY_ANNOTATION: "a/obj"}, b"object")
+    reg.put_doc(oci.tag_of("a/big"), {oci.KEY_ANNOTATION: "a/big"}, b"object", size="big")
+    reg.put_doc(oci.tag_of("a/odd"), ["not", "annotations"], b"object")
+    assert [o.key for o in reg.list("a", 10)] == ["a/obj"]
+    assert reg.get("a/obj", 100) == b"object"
+    for key in ("a/big", "a/odd"):
+        with pytest.raises(ConflictError, match="not this object"):
+            reg.get(key, 100)
 
 
 # --- what status and the webhook carry -----------------------------------------------------

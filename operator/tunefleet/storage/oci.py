@@ -161,6 +161,13 @@ def note_tag(group: str, member: str) -> str:
     return note_prefix(group) + hashlib.sha256(member.encode()).hexdigest()[:32]
 
 
+def layer_size(layer: Any) -> int | None:
+    """A layer descriptor's size, or None when it names none a registry could hold (a forged
+    manifest's "big" or -1 is refused, never passed to int())."""
+    size = layer.get("size") if isinstance(layer, dict) else None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else None
+
+
 def digest_of(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
@@ -375,9 +382,10 @@ class OciStore:
         layers = doc.get("layers")
         annotations = doc.get("annotations") or {}
         if (
-            not isinstance(layers, list)
+            not isinstance(annotations, dict)
+            or not isinstance(layers, list)
             or len(layers) != 1
-            or not isinstance(layers[0], dict)
+            or layer_size(layers[0]) is None
             or annotations.get(KEY_ANNOTATION) != key
         ):
             raise ConflictError(
@@ -448,7 +456,7 @@ class OciStore:
         if found is None:
             raise NotFoundError(f"no object at {self.uri(key)}")
         layer = found[1]
-        if int(layer.get("size", 0)) > max_bytes:
+        if int(layer["size"]) > max_bytes:
             raise TooLargeError(
                 f"{self.uri(key)} is {layer.get('size')} bytes, more than {max_bytes}"
             )
@@ -501,16 +509,22 @@ class OciStore:
                 continue
             doc = found[0]
             annotations = doc.get("annotations") or {}
-            key = annotations.get(KEY_ANNOTATION)
+            key = annotations.get(KEY_ANNOTATION) if isinstance(annotations, dict) else None
             layers = doc.get("layers") or []
-            if not isinstance(key, str) or tag_of(key) != tag or len(layers) != 1:
+            if (
+                not isinstance(key, str)
+                or tag_of(key) != tag
+                or not isinstance(layers, list)
+                or len(layers) != 1
+                or layer_size(layers[0]) is None
+            ):
                 continue  # not an object of ours (or a tag moved onto another key): skipped
             if not key.startswith(want):
                 continue
             out.append(
                 Listed(
                     key,
-                    int(layers[0].get("size", 0)),
+                    int(layers[0]["size"]),
                     _timestamp(annotations.get(CREATED_ANNOTATION, "")),
                 )
             )
@@ -560,16 +574,18 @@ class OciStore:
             found = self.manifest(tag)
             if found is None:
                 continue  # unposted since the listing
-            annotations = found[0].get("annotations") or {}
-            layers = found[0].get("layers") or []
+            annotations = found[0].get("annotations")
+            layers = found[0].get("layers")
+            if not isinstance(annotations, dict) or not isinstance(layers, list):
+                continue
             member = annotations.get(NOTE_MEMBER_ANNOTATION)
+            size = layer_size(layers[0]) if len(layers) == 1 else None
             if (
                 annotations.get(KEY_ANNOTATION) != group
                 or not isinstance(member, str)
                 or note_tag(group, member) != tag
-                or len(layers) != 1
-                or not isinstance(layers[0], dict)
-                or int(layers[0].get("size", 0)) > max_bytes
+                or size is None
+                or size > max_bytes
             ):
                 continue
             try:
