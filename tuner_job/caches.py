@@ -18,7 +18,9 @@ of the run that produced the bundle: the image digest, the GPU model, the torch 
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import importlib
 import io
 import json
 import os
@@ -26,12 +28,13 @@ import re
 import stat
 import sys
 import tarfile
-from collections.abc import Iterable, Mapping, Sequence
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .files import sha256_hex
+from .files import CHUNK, DROP_EVERY, DroppingReader, HashingWriter, drop_cache
 
 # kind -> (variable, directory under the cache's root) for each variable the kind sets. The
 # generic kind ("cache") has none of its own: the profile names its variable.
@@ -324,39 +327,74 @@ def _walk(base: Path) -> tuple[list[tuple[str, Path]], list[str]]:
     return entries, left_out
 
 
-def pack_dir(base: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[bytes, int, int, list[str]]:
-    """The directory as a deterministic tar.gz: (archive, files, unpacked bytes, left out).
-    CacheError when it holds more than max_bytes or MAX_FILES."""
+@dataclass(frozen=True)
+class PackedFile:
+    """An archive written to a file: what the manifest lists of it, and what was left out."""
+
+    sha256: str
+    size: int
+    files: int
+    bytes: int
+    left_out: tuple[str, ...]
+
+
+def pack_file(base: Path, target: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> PackedFile:
+    """The directory as a deterministic tar.gz written to `target`, a chunk at a time and
+    hashed as it is written (memory does not grow with the cache: a GB cache packs in a few
+    MiB). CacheError when it holds more than max_bytes or MAX_FILES; `target` is then gone."""
     entries, left_out = _walk(base)
-    buf = io.BytesIO()
     files = total = 0
-    # gzip with mtime 0 and a fixed level around a plain tar: same files, same bytes.
-    with (
-        gzip.GzipFile(fileobj=buf, mode="wb", compresslevel=6, mtime=0) as gz,
-        tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
-    ):
-        for rel, path in entries:
-            st = path.lstat()
-            info = tarfile.TarInfo(rel)
-            info.mtime = 0
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            if stat.S_ISDIR(st.st_mode):
-                info.type = tarfile.DIRTYPE
-                info.mode = 0o755
-                tar.addfile(info)
-                continue
-            files += 1
-            total += st.st_size
-            if files > MAX_FILES:
-                raise CacheError(f"more than {MAX_FILES} files under {base}")
-            if total > max_bytes:
-                raise CacheError(f"more than {max_bytes} bytes under {base} (maxBytes)")
-            info.size = st.st_size
-            info.mode = 0o755 if st.st_mode & 0o111 else 0o644
-            with path.open("rb") as f:
-                tar.addfile(info, f)
-    return buf.getvalue(), files, total, left_out
+    try:
+        with open(target, "wb") as raw:
+            out = HashingWriter(raw, what=str(target))
+            # gzip with mtime 0 and a fixed level around a plain tar: same files, same bytes.
+            with (
+                gzip.GzipFile(fileobj=out, mode="wb", compresslevel=6, mtime=0) as gz,
+                tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+            ):
+                for rel, path in entries:
+                    st = path.lstat()
+                    info = tarfile.TarInfo(rel)
+                    info.mtime = 0
+                    info.uid = info.gid = 0
+                    info.uname = info.gname = ""
+                    if stat.S_ISDIR(st.st_mode):
+                        info.type = tarfile.DIRTYPE
+                        info.mode = 0o755
+                        tar.addfile(info)
+                        continue
+                    files += 1
+                    total += st.st_size
+                    if files > MAX_FILES:
+                        raise CacheError(f"more than {MAX_FILES} files under {base}")
+                    if total > max_bytes:
+                        raise CacheError(f"more than {max_bytes} bytes under {base} (maxBytes)")
+                    info.size = st.st_size
+                    info.mode = 0o755 if st.st_mode & 0o111 else 0o644
+                    with path.open("rb") as f:
+                        tar.addfile(info, DroppingReader(f))
+            out.drop()
+    except BaseException:
+        target.unlink(missing_ok=True)
+        raise
+    return PackedFile(out.hexdigest(), out.size, files, total, tuple(left_out))
+
+
+def pack_dir(base: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[bytes, int, int, list[str]]:
+    """pack_file's archive as bytes (small caches and tests): (archive, files, unpacked bytes,
+    left out)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        got = pack_file(base, Path(tmp) / "archive", max_bytes)
+        return (Path(tmp) / "archive").read_bytes(), got.files, got.bytes, list(got.left_out)
+
+
+def _tidy(out: Path, made: bool) -> None:
+    """The output directory pack made, removed again when it holds nothing."""
+    if made:
+        with contextlib.suppress(OSError):
+            out.rmdir()
 
 
 def pack(s: CacheSpec, root: Path, out: Path) -> Packed | Skipped:
@@ -364,30 +402,35 @@ def pack(s: CacheSpec, root: Path, out: Path) -> Packed | Skipped:
     serve or it is over its bound: one cache's failure must not cost the others."""
     base = root / s.name
     variables = ", ".join(var for var, _ in s.env)
+    made = not out.exists()
+    tmp = out / f".{s.payload}.tmp"
     try:
-        data, files, total, left_out = pack_dir(base, s.max_bytes)
+        out.mkdir(parents=True, exist_ok=True)
+        got = pack_file(base, tmp, s.max_bytes)
     except (OSError, CacheError) as exc:
+        _tidy(out, made)
         return Skipped(s.kind, s.name, f"not packed: {exc}")
-    if files == 0:
+    if got.files == 0:
+        tmp.unlink(missing_ok=True)
+        _tidy(out, made)
         return Skipped(
             s.kind,
             s.name,
             f"empty: the workload wrote nothing under {variables} (does the stack read it, "
             "and does the workload reach the code that fills the cache?)",
         )
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".{s.payload}.tmp"
-    tmp.write_bytes(data)
     os.replace(tmp, out / s.payload)
-    if left_out:
+    if got.left_out:
         print(
-            f"tuner_job: cache {s.name}: left out {len(left_out)} link(s) or special file(s), "
-            f"e.g. {left_out[0]}",
+            f"tuner_job: cache {s.name}: left out {len(got.left_out)} link(s) or special "
+            f"file(s), e.g. {got.left_out[0]}",
             file=sys.stderr,
             flush=True,
         )
     keys, stack = stack_keys(s.kind, base), stack_versions(s.kind)
-    return Packed(s.kind, s.name, s.payload, sha256_hex(data), len(data), files, total, keys, stack)
+    return Packed(
+        s.kind, s.name, s.payload, got.sha256, got.size, got.files, got.bytes, keys, stack
+    )
 
 
 # --- variants: what a retune runs the workload with again -----------------------------------
@@ -463,58 +506,232 @@ class Index:
     members: tuple[str, ...]
 
 
-def check_archive(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES, source: str = "") -> Index:
-    """The archive read as fetch unpacks it; CacheError for anything that could write outside
-    its directory or past its bounds (absolute or '..' paths, links, devices), or that is not
-    a gzipped tar at all."""
-    where = source or "cache archive"
-    files = total = 0
-    members: list[str] = []
+# The codecs an archive may come in, by their first bytes: gzip (what the tuner packs with the
+# standard library, in the user's image) and zstd (OCI's tar+zstd; read where the zstandard
+# package or Python 3.14's compression.zstd is there: the tunefleet image has it).
+_GZIP_MAGIC = b"\x1f\x8b"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+MAX_MEMBERS = 2 * MAX_FILES + 1000  # files and the directories around them
+
+
+# zstd readers beyond the standard library's own (Python 3.14's compression.zstd): the
+# tunefleet image registers the zstandard package's here (artifacts/bundle.py), so fetch reads
+# both codecs while this module stays stdlib-only for the user's image.
+ZSTD_READERS: list[Callable[[Any], Any]] = []
+
+
+def _zstd_reader(f: Any) -> Any:
+    for opener in ZSTD_READERS:
+        return opener(f)
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-            for info in tar:
-                name = info.name
-                parts = PurePosixPath(name).parts
-                if not name or name.startswith("/") or ".." in parts or "\\" in name:
-                    raise CacheError(f"{where}: member {name!r} is not a plain relative path")
-                if not (info.isreg() or info.isdir()):
-                    raise CacheError(f"{where}: member {name!r} is a link or special file")
-                if info.isreg():
-                    files += 1
-                    total += info.size
-                if files > MAX_FILES or total > max_bytes:
-                    raise CacheError(f"{where}: more than {max_bytes} bytes or {MAX_FILES} files")
-                members.append(name)
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise CacheError(f"{where} is not a gzipped tar: {exc}") from None
-    return Index(files, total, tuple(members))
+        zstd = importlib.import_module("compression.zstd")  # Python 3.14+
+    except ImportError:
+        raise CacheError(
+            "a zstd archive, and no zstd reader here (the zstandard package)"
+        ) from None
+    return zstd.ZstdFile(f, "rb")
 
 
-def unpack(data: bytes, dest: Path, max_bytes: int = DEFAULT_MAX_BYTES, source: str = "") -> Index:
-    """Check, then write every member under dest (created, must be empty). Directories and
-    files are writable by everyone: the copy is pod-local, the serving container's user is
-    not known here (often not fetch's), and stacks write into their caches as they run."""
-    index = check_archive(data, max_bytes, source)
+@contextlib.contextmanager
+def members(f: Any, where: str) -> Iterator[tarfile.TarFile]:
+    """The archive read as a stream (never seeking back, never held whole), gzip or zstd."""
+    head = f.read(4)
+    f.seek(0)
+    if not head.startswith((_GZIP_MAGIC, _ZSTD_MAGIC)):
+        raise CacheError(f"{where} is not a gzipped tar (nor a zstd one)")
+    gz = head.startswith(_GZIP_MAGIC)
+    try:
+        with (
+            tarfile.open(fileobj=f, mode="r|gz")
+            if gz
+            else tarfile.open(fileobj=_zstd_reader(f), mode="r|")
+        ) as tar:
+            yield tar
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+        raise CacheError(
+            f"{where} is not a gzipped tar (nor a zstd one), or not whole: {exc}"
+        ) from None
+
+
+def _checked(info: tarfile.TarInfo, where: str, counts: list[int], max_bytes: int) -> None:
+    """One member as it is met: CacheError for anything that could write outside its directory
+    or past its bounds (absolute or '..' paths, links, devices, too many files or bytes)."""
+    name = info.name
+    parts = PurePosixPath(name).parts
+    if not name or name.startswith("/") or ".." in parts or "\\" in name or "\0" in name:
+        raise CacheError(f"{where}: member {name!r} is not a plain relative path")
+    if not (info.isreg() or info.isdir()):
+        raise CacheError(f"{where}: member {name!r} is a link or special file")
+    counts[2] += 1
+    if info.isreg():
+        counts[0] += 1
+        counts[1] += info.size
+    if counts[0] > MAX_FILES or counts[1] > max_bytes or counts[2] > MAX_MEMBERS:
+        raise CacheError(f"{where}: more than {max_bytes} bytes or {MAX_FILES} files")
+
+
+def check_stream(f: Any, max_bytes: int = DEFAULT_MAX_BYTES, source: str = "") -> Index:
+    """The archive in an open binary file read as fetch unpacks it, nothing written."""
+    where = source or "cache archive"
+    counts = [0, 0, 0]
+    names: list[str] = []
+    with members(f, where) as tar:
+        for info in tar:
+            _checked(info, where, counts, max_bytes)
+            names.append(info.name)
+    return Index(counts[0], counts[1], tuple(names))
+
+
+def check_archive(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES, source: str = "") -> Index:
+    """check_stream over bytes in memory (small archives, tests)."""
+    return check_stream(io.BytesIO(data), max_bytes, source)
+
+
+class _Written:
+    """The page cache of what unpack writes, handed back every DROP_EVERY bytes: a big file's
+    own (synced, dropped) as it is written; small files' together (one sync for all, then
+    each dropped), so 200,000 small files cost no fsync each."""
+
+    def __init__(self) -> None:
+        self.small: list[Path] = []
+        self.pending = 0
+
+    def file_done(self, path: Path, fd: int, size: int) -> None:
+        if size >= DROP_EVERY // 4:
+            drop_cache(fd, written=True)
+            return
+        self.small.append(path)
+        self.pending += size
+        if self.pending >= DROP_EVERY:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.small:
+            return
+        os.sync()
+        for path in self.small:
+            with contextlib.suppress(OSError):
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    drop_cache(fd, written=False)
+                finally:
+                    os.close(fd)
+        self.small, self.pending = [], 0
+
+
+def unpack_stream(
+    f: Any, dest: Path, max_bytes: int = DEFAULT_MAX_BYTES, source: str = ""
+) -> Index:
+    """Write every member of the archive in `f` under dest (created, must be empty), in one
+    pass, each member checked before it is written; on any failure dest is emptied again, and
+    removed if this made it (a half-unpacked cache is never left for a stack to trust).
+    Directories and files are writable by everyone: the copy is pod-local, the serving
+    container's user is not known here (often not fetch's), and stacks write into their
+    caches as they run."""
+    where = source or "cache archive"
+    made = not dest.exists()
     dest.mkdir(parents=True, exist_ok=True)
     if any(dest.iterdir()):
         raise CacheError(f"{dest} is not empty")
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        for info in tar:
-            target = dest / info.name
-            if info.isdir():
-                target.mkdir(parents=True, exist_ok=True)
-                os.chmod(target, 0o777)
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            src = tar.extractfile(info)
-            if src is None:  # check_archive let only regular files through
-                raise CacheError(f"{source or 'cache archive'}: cannot read {info.name}")
-            with src, open(target, "xb") as f:
-                while chunk := src.read(1 << 20):
-                    f.write(chunk)
-            os.chmod(target, 0o777 if info.mode & 0o111 else 0o666)
+    counts = [0, 0, 0]
+    names: list[str] = []
+    written = _Written()
+    try:
+        with members(f, where) as tar:
+            for info in tar:
+                _checked(info, where, counts, max_bytes)
+                names.append(info.name)
+                _write_member(tar, info, dest, written, where)
+        written.flush()
+    except BaseException:
+        _empty(dest)
+        if made:
+            with contextlib.suppress(OSError):
+                dest.rmdir()
+        raise
     os.chmod(dest, 0o777)
-    return index
+    return Index(counts[0], counts[1], tuple(names))
+
+
+class Unwritable(CacheError):
+    """The archive was fine; the disk refused it (full, read-only): said as such, never as a
+    broken archive."""
+
+
+def _write_member(
+    tar: tarfile.TarFile, info: tarfile.TarInfo, dest: Path, written: _Written, where: str
+) -> None:
+    try:
+        _copy_member(tar, info, dest, written, where)
+    except OSError as exc:
+        raise Unwritable(f"cannot write {dest / info.name}: {exc.strerror or exc}") from None
+
+
+def _copy_member(
+    tar: tarfile.TarFile, info: tarfile.TarInfo, dest: Path, written: _Written, where: str
+) -> None:
+    target = dest / info.name
+    if info.isdir():
+        target.mkdir(parents=True, exist_ok=True)
+        os.chmod(target, 0o777)
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    src = tar.extractfile(info)
+    if src is None:  # _checked let only regular files through
+        raise CacheError(f"{where}: cannot read {info.name}")
+    with src, open(target, "xb") as out:
+        since = 0
+        while chunk := src.read(CHUNK):
+            out.write(chunk)
+            since += len(chunk)
+            if since >= DROP_EVERY:
+                out.flush()
+                drop_cache(out.fileno(), written=True)
+                since = 0
+        out.flush()
+        written.file_done(target, out.fileno(), info.size)
+    os.chmod(target, 0o777 if info.mode & 0o111 else 0o666)
+
+
+def remove_tree(dest: Path) -> None:
+    """A cache unpacked that turned out not to be what its manifest says: gone."""
+    import shutil
+
+    shutil.rmtree(dest, ignore_errors=True)
+
+
+def _empty(dest: Path) -> None:
+    """Remove what a failed unpack wrote under dest (dest itself stays, empty)."""
+    import shutil
+
+    for child in list(dest.iterdir()) if dest.is_dir() else []:
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+
+
+def unpack(data: bytes, dest: Path, max_bytes: int = DEFAULT_MAX_BYTES, source: str = "") -> Index:
+    """unpack_stream over bytes in memory (small archives, tests)."""
+    return unpack_stream(io.BytesIO(data), dest, max_bytes, source)
+
+
+def unpack_file(
+    path: Path, dest: Path, max_bytes: int = DEFAULT_MAX_BYTES, source: str = ""
+) -> Index:
+    """unpack_stream from an archive on disk, its page cache dropped as it is read."""
+    with open(path, "rb") as raw:
+        return unpack_stream(_Seekable(raw), dest, max_bytes, source or str(path))
+
+
+class _Seekable(DroppingReader):
+    """DroppingReader with the one seek members needs (back to the start after the magic)."""
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        return int(self.f.seek(pos, whence))
+
+    def tell(self) -> int:
+        return int(self.f.tell())
 
 
 def manifest_entries(doc: Any) -> tuple[list[Packed], list[Skipped]]:
@@ -585,12 +802,14 @@ def _packed(c: Any, i: int) -> Packed:
     )  # fmt: skip
 
 
-def disagreement(entry: Packed, data: bytes, index: Index) -> str | None:
-    """Where a checked archive's size and counts differ from its manifest entry, or None. Its
-    SHA-256 is the caller's to compare first (artifacts/bundle.py): the pin, hashed once."""
-    if (len(data), index.files, index.bytes) != (entry.size, entry.files, entry.bytes):
+def disagreement(entry: Packed, data: bytes | int, index: Index) -> str | None:
+    """Where a checked archive's size (its bytes, or their count) and counts differ from its
+    manifest entry, or None. Its SHA-256 is the caller's to compare first
+    (artifacts/bundle.py): the pin, hashed once."""
+    size = data if isinstance(data, int) else len(data)
+    if (size, index.files, index.bytes) != (entry.size, entry.files, entry.bytes):
         return (
-            f"{entry.payload} holds {index.files} files, {index.bytes} bytes in {len(data)}; "
+            f"{entry.payload} holds {index.files} files, {index.bytes} bytes in {size}; "
             f"the manifest says {entry.files}, {entry.bytes} in {entry.size}"
         )
     return None

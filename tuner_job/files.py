@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 
 def sha256_hex(data: bytes) -> str:
@@ -49,3 +51,124 @@ def write_termination_log(path: str | None, message: str) -> None:
         return
     with contextlib.suppress(OSError):
         p.write_text(message if message.endswith("\n") else message + "\n", encoding="utf-8")
+
+
+# --- streams: files of any size in bounded memory ------------------------------------------
+# A cache archive is up to gigabytes: it is hashed, copied and unpacked a chunk at a time, and
+# the page cache its writes and reads leave behind is handed back as it goes. A container's
+# memory cgroup counts that page cache as the container's own, so without it a fetch of a
+# 1 GiB bundle would show 1 GiB of "memory" (and crowd the node's real users out of theirs),
+# though it holds a few MiB.
+CHUNK = 1 << 20
+# How much a writer lets pile up before it syncs and drops it (fdatasync, then DONTNEED: only
+# clean pages can be dropped).
+DROP_EVERY = 16 << 20
+
+
+def drop_cache(fd: int, *, written: bool) -> None:
+    """Hand back the page cache of one open file (written: sync it first, so its pages are
+    clean and can go). Best effort: a filesystem without fadvise keeps its cache."""
+    with contextlib.suppress(OSError, AttributeError):
+        if written:
+            os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+class TooLarge(ValueError):
+    """A stream went past its bound."""
+
+
+class HashingWriter:
+    """A binary file's writer that hashes and counts what passes through, refuses to grow
+    past `limit` bytes, and drops the page cache behind itself every DROP_EVERY bytes."""
+
+    def __init__(self, f: Any, limit: int | None = None, what: str = "") -> None:
+        self.f = f
+        self.limit = limit
+        self.what = what or getattr(f, "name", "stream")
+        self.hash = hashlib.sha256()
+        self.size = 0
+        self._pending = 0
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        n = len(data)
+        if self.limit is not None and self.size + n > self.limit:
+            raise TooLarge(f"{self.what} is more than {self.limit} bytes")
+        self.f.write(data)
+        self.hash.update(data)
+        self.size += n
+        self._pending += n
+        if self._pending >= DROP_EVERY:
+            self.drop()
+        return n
+
+    def drop(self) -> None:
+        self._pending = 0
+        fileno = getattr(self.f, "fileno", None)
+        if fileno is None:
+            return
+        with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
+            self.f.flush()
+            drop_cache(fileno(), written=True)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+    def tell(self) -> int:
+        return self.size
+
+    def hexdigest(self) -> str:
+        return self.hash.hexdigest()
+
+
+def file_sha256(path: str | Path) -> tuple[int, str]:
+    """(size, SHA-256) of a file, read a chunk at a time, its page cache dropped as it goes."""
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        fd = f.fileno()
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+            if size % DROP_EVERY < CHUNK:
+                drop_cache(fd, written=False)
+        drop_cache(fd, written=False)
+    return size, h.hexdigest()
+
+
+class DroppingReader:
+    """A binary file's reader that drops the page cache behind itself (a GB archive read once
+    to unpack leaves nothing charged to the reader)."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+        self._since = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data: bytes = self.f.read(n)
+        self._since += len(data)
+        if self._since >= DROP_EVERY:
+            self._since = 0
+            with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
+                drop_cache(self.f.fileno(), written=False)
+        return data
+
+    def readinto(self, b: Any) -> int:
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def copy_file(src: str | Path, dst: str | Path) -> int:
+    """src copied to a new file dst a chunk at a time, neither file's page cache kept; its
+    size."""
+    with open(src, "rb") as f, open(dst, "xb") as out:
+        w = HashingWriter(out, what=str(dst))
+        reader = DroppingReader(f)
+        while chunk := reader.read(CHUNK):
+            w.write(chunk)
+        w.drop()
+        return w.size

@@ -144,7 +144,7 @@ class _Arms:
                 spec = next(s for s in self.cfg.caches if s.name == entry.name)
                 target = caches / spec.name
                 shutil.rmtree(target, ignore_errors=True)
-                cc.unpack((self.out / entry.payload).read_bytes(), target, source=entry.payload)
+                cc.unpack_file(self.out / entry.payload, target, source=entry.payload)
         return env
 
 
