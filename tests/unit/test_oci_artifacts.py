@@ -48,7 +48,14 @@ from tunefleet.plugin.why import explain
 from tunefleet.serving import delivery
 from tunefleet.storage import oci
 from tunefleet.storage.registry import parse_uri
-from tunefleet.storage.store import ConflictError, Location, NotFoundError, StoreError
+from tunefleet.storage.store import (
+    ConflictError,
+    Location,
+    NotFoundError,
+    Received,
+    StoreError,
+    write_hashed,
+)
 from tunefleet.webhook.admission import admit
 from tuner_job import caches as cc
 from tuner_job.manifest import loads
@@ -167,6 +174,13 @@ class FakeRegistry(oci.OciStore):
         digest = oci.digest_of(data)
         self.blobs[digest] = data
         return digest
+
+    def push_blob_file(self, path: Path) -> tuple[str, int]:
+        data = path.read_bytes()
+        return self.push_blob(data), len(data)
+
+    def blob_to(self, digest: str, dest: Any, max_bytes: int, what: str) -> Received:
+        return write_hashed([self.blob(digest, max_bytes, what)], dest, max_bytes, what)
 
     def blob(self, digest: str, max_bytes: int, what: str) -> bytes:
         if digest not in self.blobs:
@@ -525,9 +539,7 @@ def _volume(reg: FakeRegistry, pub: Any, store: Path) -> tuple[str, bytes]:
     files = store / "ml" / "llama" / MODEL / pub.sha256
     manifest_bytes = (files / "manifest.json").read_bytes()
     manifest = loads(manifest_bytes)
-    archives = {
-        c.name: (files / "caches" / f"{c.sha256}.tar.gz").read_bytes() for c in manifest.caches
-    }
+    archives = {c.name: files / "caches" / f"{c.sha256}.tar.gz" for c in manifest.caches}
     payload = (files / "results.csv").read_bytes()
     return ocibundle.push_volume(
         reg, "ml/llama", manifest_bytes, manifest, payload, archives

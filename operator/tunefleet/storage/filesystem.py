@@ -24,7 +24,10 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import ParseResult, unquote
+
+from tuner_job.files import DroppingReader, file_sha256
 
 from .store import (
     ConflictError,
@@ -32,12 +35,14 @@ from .store import (
     Location,
     NotFoundError,
     PodStorage,
+    Received,
     StoreError,
     StoreOptions,
     Tagged,
     TooLargeError,
     check_prefix,
     same_object,
+    write_hashed,
 )
 
 SCHEMES: tuple[str, ...] = ("pvc", "file")
@@ -201,6 +206,45 @@ class DirStore:
             raise NotFoundError(f"no object at {self.uri(key)}") from None
         except OSError as exc:
             raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+    # -- objects of any size (store.Streams) ------------------------------------------------
+
+    def get_file(self, key: str, dest: BinaryIO, max_bytes: int) -> Received:
+        path = self._path(key)
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size > max_bytes:
+                    raise TooLargeError(f"{self.uri(key)} is {size} bytes, more than {max_bytes}")
+                return write_hashed(DroppingReader(f), dest, max_bytes, self.uri(key))
+        except FileNotFoundError:
+            raise NotFoundError(f"no object at {self.uri(key)}") from None
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+    def put_file_if_absent(self, key: str, path: Path, content_type: str) -> bool:
+        target = self._path(key)
+        tmp = ""
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+            with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
+                write_hashed(DroppingReader(src), out, 1 << 62, str(path))
+                out.flush()
+                os.fsync(out.fileno())
+            os.chmod(tmp, 0o444)
+            os.link(tmp, target)
+            return True
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise StoreError(f"cannot write {target}: {exc.strerror or exc}") from None
+        finally:
+            if tmp:
+                Path(tmp).unlink(missing_ok=True)
+        if file_sha256(target) != file_sha256(path):
+            raise ConflictError(f"a different object already exists at {self.uri(key)}")
+        return False
 
     def put(self, key: str, data: bytes, content_type: str) -> None:
         path = self._path(key)

@@ -34,11 +34,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, BinaryIO, cast
 from urllib.parse import ParseResult
 
 import oras.provider
 import requests
+
+from tuner_job.files import CHUNK, DroppingReader, file_sha256
 
 from .store import (
     ConflictError,
@@ -46,10 +48,12 @@ from .store import (
     Location,
     NotFoundError,
     PodStorage,
+    Received,
     StoreError,
     StoreOptions,
     TooLargeError,
     check_prefix,
+    write_hashed,
 )
 
 SCHEMES: tuple[str, ...] = ("oci",)
@@ -325,6 +329,52 @@ class OciStore:
             raise StoreError(f"{what} does not match its digest {digest}: refused")
         return bytes(data)
 
+    def blob_to(self, digest: str, dest: BinaryIO, max_bytes: int, what: str) -> Received:
+        """The blob streamed into dest, hashed as it arrives, refused when it is not its
+        digest (the caller's file is then the caller's to remove)."""
+        resp = self.client.do_request(self._url("blobs", digest), "GET", stream=True)
+        if resp.status_code == 404:
+            raise NotFoundError(f"{what}: the registry has no blob {digest}")
+        if resp.status_code != 200:
+            raise self._fail(f"downloading {what}", resp)
+        try:
+            got = write_hashed(resp.iter_content(CHUNK), dest, max_bytes, what)
+        except requests.RequestException as exc:
+            raise StoreError(f"downloading {what}: {type(exc).__name__}: {exc}") from None
+        finally:
+            resp.close()
+        if f"sha256:{got.sha256}" != digest:
+            raise StoreError(f"{what} does not match its digest {digest}: refused")
+        return got
+
+    def push_blob_file(self, path: Path) -> tuple[str, int]:
+        """A file as a blob (digest, size), streamed from disk in one monolithic PUT (the
+        distribution spec's simplest upload; requests sends a file body a block at a time)."""
+        size, sha = file_sha256(path)
+        digest = f"sha256:{sha}"
+        head = self.client.do_request(self._url("blobs", digest), "HEAD")
+        if head.status_code == 200:
+            return digest, size
+        start = self.client.do_request(
+            f"https://{self.host}/v2/{self.repository}/blobs/uploads/",
+            "POST",
+            headers={"Content-Type": "application/octet-stream"},
+        )
+        if start.status_code not in (200, 202):
+            raise self._fail(f"starting an upload to {self._ref()}", start)
+        location = self.client._get_location(start, self.client.get_container(self._ref()))
+        sep = "&" if "?" in location else "?"
+        with open(path, "rb") as f:
+            put = self.client.do_request(
+                f"{location}{sep}digest={digest}",
+                "PUT",
+                data=DroppingReader(f),
+                headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)},
+            )
+        if put.status_code not in (201, 204):
+            raise self._fail(f"uploading a blob to {self._ref()}", put)
+        return digest, size
+
     def push_blob(self, data: bytes) -> str:
         digest = digest_of(data)
         head = self.client.do_request(self._url("blobs", digest), "HEAD")
@@ -403,14 +453,25 @@ class OciStore:
         annotations: dict[str, str] | None = None,
     ) -> None:
         """The object as an artifact under its key's tag (or `tag`, with more annotations)."""
-        layer_digest = self.push_blob(data)
+        self._write_layer(key, self.push_blob(data), len(data), content_type, tag, annotations)
+
+    def _write_layer(
+        self,
+        key: str,
+        layer_digest: str,
+        size: int,
+        content_type: str,
+        tag: str = "",
+        annotations: dict[str, str] | None = None,
+    ) -> None:
+        """The object manifest naming a pushed blob, under its key's tag (or `tag`)."""
         manifest = self._artifact(
             OBJECT_ARTIFACT_TYPE,
             [
                 {
                     "mediaType": OBJECT_MEDIA_TYPE,
                     "digest": layer_digest,
-                    "size": len(data),
+                    "size": size,
                     "annotations": {
                         TITLE_ANNOTATION: key.rsplit("/", 1)[-1],
                         "io.tunefleet.content-type": content_type,
@@ -461,6 +522,27 @@ class OciStore:
                 f"{self.uri(key)} is {layer.get('size')} bytes, more than {max_bytes}"
             )
         return self.blob(str(layer.get("digest", "")), max_bytes, self.uri(key))
+
+    def get_file(self, key: str, dest: BinaryIO, max_bytes: int) -> Received:
+        found = self._object(key)
+        if found is None:
+            raise NotFoundError(f"no object at {self.uri(key)}")
+        layer = found[1]
+        if int(layer["size"]) > max_bytes:
+            raise TooLargeError(
+                f"{self.uri(key)} is {layer.get('size')} bytes, more than {max_bytes}"
+            )
+        return self.blob_to(str(layer.get("digest", "")), dest, max_bytes, self.uri(key))
+
+    def put_file_if_absent(self, key: str, path: Path, content_type: str) -> bool:
+        found = self._object(key)
+        if found is not None:
+            if found[1].get("digest") == f"sha256:{file_sha256(path)[1]}":
+                return False
+            raise ConflictError(f"a different object already exists at {self.uri(key)}")
+        digest, size = self.push_blob_file(path)
+        self._write_layer(key, digest, size, content_type)
+        return True
 
     def object_digest(self, key: str) -> str:
         """The manifest digest of the object at key (what a bundle or a signature names)."""

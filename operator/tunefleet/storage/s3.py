@@ -10,16 +10,21 @@ identity, e.g. IRSA, when no Secret is named).
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import ParseResult
 
 import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+from tuner_job.files import CHUNK, drop_cache, file_sha256
 
 from .store import (
     ConflictError,
@@ -27,12 +32,14 @@ from .store import (
     Location,
     NotFoundError,
     PodStorage,
+    Received,
     StoreError,
     StoreOptions,
     Tagged,
     TooLargeError,
     check_prefix,
     same_object,
+    write_hashed,
 )
 
 SCHEMES: tuple[str, ...] = ("s3",)
@@ -42,6 +49,11 @@ if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
 MAX_ATTEMPTS = 5
+# Objects over one part go up as a multipart upload, PARTS_IN_FLIGHT parts at a time: memory
+# stays at PART_BYTES x PARTS_IN_FLIGHT whatever the object's size (S3 takes up to 10,000
+# parts of 5 MiB to 5 GiB: 16 MiB parts carry 156 GiB).
+PART_BYTES = 16 << 20
+PARTS_IN_FLIGHT = 4
 # AWS answers 409 ConditionalRequestConflict while another conditional write to the key is in
 # flight; botocore does not retry it, so we do, a few times.
 CONFLICT_RETRIES = 3
@@ -257,6 +269,135 @@ class S3Store:
             self.client.delete_object(Bucket=self.bucket, Key=key)
         except (ClientError, BotoCoreError) as exc:
             raise StoreError(f"deleting {self.uri(key)} failed: {_describe(exc)}") from None
+
+    # -- objects of any size (store.Streams) ------------------------------------------------
+
+    def get_file(self, key: str, dest: BinaryIO, max_bytes: int) -> Received:
+        """The object streamed into dest, hashed as it arrives; its stored whole-object
+        checksum, where it has one, compared at the end (botocore checks it as well)."""
+        self._check_deadline(f"downloading {self.uri(key)}")
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
+            size = int(resp.get("ContentLength", 0))
+            if size > max_bytes:
+                resp["Body"].close()
+                raise TooLargeError(f"{self.uri(key)} is {size} bytes, more than {max_bytes}")
+            got = write_hashed(resp["Body"].iter_chunks(CHUNK), dest, max_bytes, self.uri(key))
+        except ClientError as exc:
+            code, status = _code(exc)
+            if code in ("NoSuchKey", "404") or status == 404:
+                raise NotFoundError(f"no object at {self.uri(key)}") from None
+            raise StoreError(f"downloading {self.uri(key)} failed: {_describe(exc)}") from None
+        except BotoCoreError as exc:
+            raise StoreError(f"downloading {self.uri(key)} failed: {_describe(exc)}") from None
+        if got.size != size:
+            raise StoreError(f"{self.uri(key)}: {got.size} of its {size} bytes arrived")
+        stored = resp.get("ChecksumSHA256")
+        if stored and "-" not in stored:
+            actual = base64.b64encode(bytes.fromhex(got.sha256)).decode("ascii")
+            if actual != stored:
+                raise StoreError(f"{self.uri(key)} does not match its stored SHA-256 checksum")
+        return got
+
+    def put_file_if_absent(self, key: str, path: Path, content_type: str) -> bool:
+        """Write once from a file: one PUT for a small one, else a multipart upload whose
+        parts each carry a SHA-256 the server checks, completed only where nothing is
+        (If-None-Match). An object already there is compared by size and SHA-256, streamed."""
+        size = path.stat().st_size
+        if size <= PART_BYTES:
+            return self.put_if_absent(key, path.read_bytes(), content_type)
+        if self._exists(key) or not self._multipart(key, path, size, content_type):
+            if not self._same_file(key, path, size):
+                raise ConflictError(f"a different object already exists at {self.uri(key)}")
+            return False
+        return True
+
+    def _exists(self, key: str) -> bool:
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=key)
+            return True
+        except ClientError as exc:
+            code, status = _code(exc)
+            if status == 404 or code in ("NoSuchKey", "404", "NotFound"):
+                return False
+            raise StoreError(f"reading {self.uri(key)} failed: {_describe(exc)}") from None
+        except BotoCoreError as exc:
+            raise StoreError(f"reading {self.uri(key)} failed: {_describe(exc)}") from None
+
+    def _same_file(self, key: str, path: Path, size: int) -> bool:
+        class _Null:
+            def write(self, data: bytes) -> int:
+                return len(data)
+
+            def flush(self) -> None:
+                pass
+
+        try:
+            there = self.get_file(key, _Null(), size)  # type: ignore[arg-type]
+        except TooLargeError:
+            return False
+        return there.size == size and there.sha256 == file_sha256(path)[1]
+
+    def _multipart(self, key: str, path: Path, size: int, content_type: str) -> bool:
+        """The upload; False where the store refused its completion because an object is
+        there now (If-None-Match). Aborted on any failure, so no parts are left behind."""
+        where = self.uri(key)
+        self._check_deadline(f"uploading {where}")
+        try:
+            upload = self.client.create_multipart_upload(
+                Bucket=self.bucket, Key=key, ContentType=content_type, ChecksumAlgorithm="SHA256"
+            )
+        except (ClientError, BotoCoreError) as exc:
+            raise StoreError(f"uploading {where} failed: {_describe(exc)}") from None
+        upload_id = upload["UploadId"]
+        count = (size + PART_BYTES - 1) // PART_BYTES
+        fd = os.open(path, os.O_RDONLY)
+
+        def part(i: int) -> dict[str, Any]:
+            self._check_deadline(f"uploading {where}")
+            data = os.pread(fd, PART_BYTES, i * PART_BYTES)
+            drop_cache(fd, written=False)
+            checksum = base64.b64encode(hashlib.sha256(data).digest()).decode("ascii")
+            resp = self.client.upload_part(
+                Bucket=self.bucket,
+                Key=key,
+                UploadId=upload_id,
+                PartNumber=i + 1,
+                Body=data,
+                ChecksumAlgorithm="SHA256",
+                ChecksumSHA256=checksum,
+            )
+            return {"ETag": resp["ETag"], "PartNumber": i + 1, "ChecksumSHA256": checksum}
+
+        try:
+            with ThreadPoolExecutor(PARTS_IN_FLIGHT, thread_name_prefix="s3-part") as pool:
+                parts = list(pool.map(part, range(count)))
+            self.client.complete_multipart_upload(
+                Bucket=self.bucket,
+                Key=key,
+                UploadId=upload_id,
+                MultipartUpload={"Parts": parts},  # type: ignore[typeddict-item]
+                IfNoneMatch="*",
+            )
+            return True
+        except ClientError as exc:
+            self._abort(key, upload_id)
+            code, status = _code(exc)
+            if status == 412 or code == "PreconditionFailed":
+                return False
+            raise StoreError(f"uploading {where} failed: {_describe(exc)}") from None
+        except BaseException as exc:
+            self._abort(key, upload_id)
+            if isinstance(exc, BotoCoreError):
+                raise StoreError(f"uploading {where} failed: {_describe(exc)}") from None
+            raise
+        finally:
+            os.close(fd)
+
+    def _abort(self, key: str, upload_id: str) -> None:
+        # Best effort: the bucket's lifecycle rule for incomplete uploads is the backstop.
+        with contextlib.suppress(ClientError, BotoCoreError):
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
 
     def get(self, key: str, max_bytes: int) -> bytes:
         return self._get(key, max_bytes)[0]

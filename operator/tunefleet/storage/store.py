@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol
+
+from tuner_job.files import CHUNK, HashingWriter, TooLarge
 
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 _DNS_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -60,6 +63,65 @@ class Store(Protocol):
         """Remove one object; one that is already gone is success."""
 
     def uri(self, key: str) -> str: ...
+
+
+@dataclass(frozen=True)
+class Received:
+    """An object streamed into a file: how many bytes came, and their SHA-256 (hashed as they
+    arrived, so checking a GB archive costs no second read)."""
+
+    size: int
+    sha256: str
+
+
+class Streams(Protocol):
+    """What a store offers beside `Store` for objects of any size (cache archives: GBs): a
+    download into an open file and a write-once upload from a file, each in bounded memory.
+    Every backend has them; `get_file` and `put_file_if_absent` below fall back to whole
+    reads and writes for a store that has not (a test's fake)."""
+
+    def get_file(self, key: str, dest: BinaryIO, max_bytes: int) -> Received:
+        """The object's bytes written to dest as they arrive; NotFoundError, TooLargeError."""
+
+    def put_file_if_absent(self, key: str, path: Path, content_type: str) -> bool:
+        """put_if_absent of a file's bytes, read from disk a part at a time."""
+
+
+def get_file(store: Store, key: str, dest: BinaryIO, max_bytes: int) -> Received:
+    """The object streamed into dest (bounded by max_bytes), hashed as it comes."""
+    own = getattr(store, "get_file", None)
+    if callable(own):
+        got = own(key, dest, max_bytes)
+        assert isinstance(got, Received)
+        return got
+    data = store.get(key, max_bytes)
+    return write_hashed([data], dest, max_bytes, store.uri(key))
+
+
+def write_hashed(chunks: Any, dest: BinaryIO, max_bytes: int, what: str) -> Received:
+    """Chunks (an iterable of bytes, or a reader) written to dest, counted and hashed,
+    TooLargeError past max_bytes (the page cache of what was written handed back as it goes:
+    tuner_job/files.py)."""
+    out = HashingWriter(dest, max_bytes, what)
+    if hasattr(chunks, "read"):  # a reader: its chunks
+        reader = chunks
+        chunks = iter(lambda: reader.read(CHUNK), b"")
+    try:
+        for chunk in chunks:
+            if chunk:
+                out.write(chunk)
+    except TooLarge as exc:
+        raise TooLargeError(str(exc)) from None
+    out.drop()
+    return Received(out.size, out.hexdigest())
+
+
+def put_file_if_absent(store: Store, key: str, path: Path, content_type: str) -> bool:
+    """The file written once under key, streamed where the backend can."""
+    own = getattr(store, "put_file_if_absent", None)
+    if callable(own):
+        return bool(own(key, path, content_type))
+    return store.put_if_absent(key, path.read_bytes(), content_type)
 
 
 @dataclass(frozen=True)
