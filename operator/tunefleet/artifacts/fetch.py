@@ -51,6 +51,7 @@ from tunefleet.storage.store import (
     StoreOptions,
     check_sha256,
 )
+from tuner_job import caches as cc
 from tuner_job.files import sha256_hex, write_termination_log
 from tuner_job.manifest import Manifest, ManifestError, loads
 from tuner_job.output import MANIFEST_NAME
@@ -106,6 +107,10 @@ class Serving:
     devices: int = 1
     caches_dest: Path | None = None
     fail_closed: bool = False
+    # The most the pod may hold in its caches volume (admission's sizeLimit, or the pod's
+    # ephemeral-storage budget): a bundle that needs more is told, never unpacked (0: the
+    # disk's free space is the only bound).
+    caches_room: int = 0
 
 
 def _verify(
@@ -284,7 +289,7 @@ def fetch(
         store = serving_store(store, signature or Signature())
     got = download_verified(pin, store=store, options=options, signature=signature)
     # Caches first: a cache-only artifact that cannot serve them serves nothing.
-    caches, failed = _caches(store, location, got, serving.caches_dest, serving.fail_closed)
+    caches, failed = _caches(store, location, got, serving)
     paths = write_device_files(dest, got.results, serving.devices, got.kind)
     return Fetched(paths, got.gemms, got.sha256, got.outcomes, got.kind, caches, failed)
 
@@ -414,24 +419,22 @@ def serving_store(store: Store, sig: Signature) -> Store:
 
 
 def _caches(
-    store: Store,
-    location: Location,
-    got: Verified,
-    dest: Path | None,
-    fail_closed: bool,
+    store: Store, location: Location, got: Verified, serving: Serving
 ) -> tuple[tuple[str, ...], str]:
     """Download, check and unpack the artifact's caches into dest/<name> (artifacts/bundle.py):
-    (names unpacked, why not). A cache that fails its check is never unpacked: the stack
-    compiles as it would without; the results, if any, still serve, unless the pod must not
-    start without everything (fail closed) or the caches are all the artifact is."""
-    manifest = got.parsed
+    (names unpacked, why not). A cache that fails its check, or a bundle that cannot fit, is
+    never unpacked: the stack compiles as it would without; the results, if any, still serve,
+    unless the pod must not start without everything (fail closed) or the caches are all the
+    artifact is. Whatever was unpacked before a failure is removed: all caches or none."""
+    manifest, dest = got.parsed, serving.caches_dest
     if manifest is None or not manifest.caches or dest is None:
         return (), ""
     try:
-        archives = bundle.download(store, location.key(), manifest)
-        bundle.unpack(archives, manifest, dest)
+        bundle.fetch_into(store, location.key(), manifest, bundle.Room(dest, serving.caches_room))
     except (bundle.BundleError, StoreError) as exc:
-        if fail_closed or got.kind != kinds.DEFAULT:
+        for entry in manifest.caches:
+            cc.remove_tree(dest / entry.name)
+        if serving.fail_closed or got.kind != kinds.DEFAULT:
             raise FetchError(f"caches not served: {exc}") from None
         return (), " ".join(str(exc).split())
     return tuple(c.name for c in manifest.caches), ""
@@ -559,6 +562,12 @@ def _parser() -> argparse.ArgumentParser:
         "--caches-dest",
         help="directory to unpack the artifact's caches into, one directory each (writable)",
     )
+    p.add_argument(
+        "--caches-room",
+        type=int,
+        default=0,
+        help="bytes the pod may hold in --caches-dest: a bundle that needs more is not unpacked",
+    )
     p.add_argument("--devices", required=True, type=int, help="GPUs the pod uses (files 0..N-1)")
     p.add_argument("--gpu-model", help="refuse an artifact tuned on another GPU model")
     p.add_argument("--fail-closed", action="store_true", help="exit 1 instead of starting untuned")
@@ -677,7 +686,7 @@ def credentials_problem(args: argparse.Namespace, env: Mapping[str, str]) -> str
 
 def _fetch_or_volume(args: argparse.Namespace, pin: Pinned, bundle: str) -> Fetched:
     caches_dest = Path(args.caches_dest) if args.caches_dest else None
-    serving = Serving(args.devices, caches_dest, args.fail_closed)
+    serving = Serving(args.devices, caches_dest, args.fail_closed, max(args.caches_room, 0))
     if args.from_volume:
         return from_volume(args.from_volume, pin, serving)
     return fetch(

@@ -19,11 +19,10 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from tunefleet.storage.oci import (
     KEY_ANNOTATION,
@@ -36,10 +35,12 @@ from tunefleet.storage.oci import (
 from tunefleet.storage.store import (
     Listed,
     NotFoundError,
+    Received,
     StoreError,
     TooLargeError,
 )
 from tuner_job import caches as cc
+from tuner_job.files import HashingWriter, copy_file
 from tuner_job.manifest import Manifest
 from tuner_job.output import MANIFEST_NAME
 
@@ -160,6 +161,14 @@ class BundleView:
             raise TooLargeError(f"{self.uri(key)} is {layer.size} bytes, more than {max_bytes}")
         return self.store.blob(layer.digest, max_bytes, self.uri(key))
 
+    def get_file(self, key: str, dest: BinaryIO, max_bytes: int) -> Received:
+        layer = self.layers.get(key)
+        if layer is None:
+            raise NotFoundError(f"the bundle {self.digest[:19]} holds no {key}")
+        if layer.size > max_bytes:
+            raise TooLargeError(f"{self.uri(key)} is {layer.size} bytes, more than {max_bytes}")
+        return self.store.blob_to(layer.digest, dest, max_bytes, self.uri(key))
+
     def _read_only(self, *_: Any) -> Any:
         raise StoreError("a bundle is read-only")
 
@@ -233,26 +242,40 @@ def volume_layer(manifest_bytes: bytes, payload_name: str, payload: bytes, resul
     return _gzip_tar(add)
 
 
-def cache_layer(name: str, archive: bytes) -> bytes:
+def cache_layer_file(name: str, archive: Path, target: Path) -> str:
     """One cache's archive (checked and deterministic: tuner_job/caches.py) as a layer under
-    .tunefleet/caches/<name>/: its members in their order, read-only (fetch copies them into
-    the pod's writable directory)."""
+    .tunefleet/caches/<name>/, written to `target` a member at a time: its members in their
+    order, read-only (fetch copies them into the pod's writable directory). Returns the
+    layer's diff_id (the SHA-256 of its tar, hashed as it is written)."""
+    with open(target, "wb") as raw:
+        packed = HashingWriter(raw)
+        with gzip.GzipFile(fileobj=packed, mode="wb", compresslevel=6, mtime=0) as gz:
+            plain: Any = HashingWriter(gz)  # a writer, as tarfile takes one
+            with tarfile.open(fileobj=plain, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                tar.addfile(_entry(f"{CACHES_DIR}/{name}", tarfile.DIRTYPE, 0o555))
+                with open(archive, "rb") as f, cc.members(f, f"cache {name}") as src:
+                    for member in src:
+                        path = f"{CACHES_DIR}/{name}/{member.name}"
+                        if member.isdir():
+                            tar.addfile(_entry(path, tarfile.DIRTYPE, 0o555))
+                            continue
+                        data = src.extractfile(member)
+                        if data is None:
+                            raise VolumeError(f"cache {name}: cannot read {member.name}")
+                        mode = 0o555 if member.mode & 0o111 else 0o444
+                        tar.addfile(_entry(path, tarfile.REGTYPE, mode, member.size), data)
+        packed.drop()
+    return "sha256:" + str(plain.hexdigest())
 
-    def add(tar: tarfile.TarFile) -> None:
-        tar.addfile(_entry(f"{CACHES_DIR}/{name}", tarfile.DIRTYPE, 0o555))
-        with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as src:
-            for member in src:
-                path = f"{CACHES_DIR}/{name}/{member.name}"
-                if member.isdir():
-                    tar.addfile(_entry(path, tarfile.DIRTYPE, 0o555))
-                    continue
-                f = src.extractfile(member)
-                if f is None:
-                    raise VolumeError(f"cache {name}: cannot read {member.name}")
-                mode = 0o555 if member.mode & 0o111 else 0o444
-                tar.addfile(_entry(path, tarfile.REGTYPE, mode, member.size), f)
 
-    return _gzip_tar(add)
+def cache_layer(name: str, archive: bytes) -> bytes:
+    """cache_layer_file's layer as bytes (small caches, tests)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "archive").write_bytes(archive)
+        cache_layer_file(name, Path(tmp) / "archive", Path(tmp) / "layer")
+        return (Path(tmp) / "layer").read_bytes()
 
 
 def _entry(name: str, kind: bytes, mode: int, size: int = 0) -> tarfile.TarInfo:
@@ -308,15 +331,24 @@ def push_volume(
     manifest_bytes: bytes,
     manifest: Manifest,
     payload: bytes,
-    archives: dict[str, bytes],
+    archives: dict[str, Path],
 ) -> str:
     """The artifact as an image a pod mounts read-only (volumes[].image): TunableOp results
     once per GPU ordinal at its root, each cache under .tunefleet/caches/<name>/ (a layer of
-    its own); its digest."""
+    its own, made on disk beside its archive and pushed from there); its digest."""
+    import tempfile
+
     kind = kinds.of(manifest)
-    layers = [volume_layer(manifest_bytes, kind.PAYLOAD, payload, manifest.kind == kinds.DEFAULT)]
-    layers += [cache_layer(c.name, archives[c.name]) for c in manifest.caches]
-    diff_ids = ["sha256:" + hashlib.sha256(gzip.decompress(x)).hexdigest() for x in layers]
+    first = volume_layer(manifest_bytes, kind.PAYLOAD, payload, manifest.kind == kinds.DEFAULT)
+    diff_ids = ["sha256:" + hashlib.sha256(gzip.decompress(first)).hexdigest()]
+    layers = [{"mediaType": LAYER, "digest": store.push_blob(first), "size": len(first)}]
+    for c in manifest.caches:
+        archive = archives[c.name]
+        with tempfile.TemporaryDirectory(prefix=".layer-", dir=archive.parent) as tmp:
+            target = Path(tmp) / "layer"
+            diff_ids.append(cache_layer_file(c.name, archive, target))
+            digest, size = store.push_blob_file(target)
+        layers.append({"mediaType": LAYER, "digest": digest, "size": size})
     config = json.dumps(
         {"architecture": "amd64", "os": "linux", "config": {},
          "rootfs": {"type": "layers", "diff_ids": diff_ids}},
@@ -331,9 +363,7 @@ def push_volume(
             "digest": store.push_blob(config),
             "size": len(config),
         },
-        "layers": [
-            {"mediaType": LAYER, "digest": store.push_blob(x), "size": len(x)} for x in layers
-        ],
+        "layers": layers,
         "annotations": {"org.opencontainers.image.title": base.rsplit("/", 1)[-1]},
     }
     digest = store.push_manifest(manifest_doc, "")
@@ -390,7 +420,7 @@ def copy_caches(root: Path, manifest: Manifest, dest: Path) -> tuple[str, ...]:
                     out.mkdir(parents=True, exist_ok=True)
                     os.chmod(out, 0o777)
                     continue
-                shutil.copyfile(path, out)
+                copy_file(path, out)
                 os.chmod(out, 0o777 if path.stat().st_mode & 0o111 else 0o666)
         except OSError as exc:
             raise VolumeError(f"cannot copy cache {entry.name} to {target}: {exc}") from None

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -37,6 +38,7 @@ from tunefleet.storage.store import (
     StoreError,
     StoreOptions,
     check_key_parts,
+    get_file,
 )
 from tuner_job.config import SHARD_ENV
 from tuner_job.files import sha256_hex
@@ -279,7 +281,7 @@ def publish(
 
     pub = upload_artifact(store, location, results, manifest, with_image, archives)
     pub = sign_manifest(store, location, pub, signing_key)
-    pub = push_bundle(store, location, pub, signing_key)
+    pub = push_bundle(store, location, pub, signing_key, work=directory.parent)
     if manifest.kind != kinds.DEFAULT:
         return pub  # the GEMM library holds TunableOp rows; caches are per identity already
     return add_to_library(store, location, library_scope, pub, results)
@@ -291,7 +293,7 @@ def upload_artifact(
     results: bytes,
     manifest: Manifest,
     finish: Callable[[Manifest], Manifest] | None = None,
-    archives: dict[str, bytes] | None = None,
+    archives: dict[str, Path] | None = None,
 ) -> Published:
     """The cache archives, results.csv (or the caches' index), then the manifest (``finish``
     completes it meanwhile: the image), under ``<prefix>/<ns>/<profile>/<model>/<sha256>/``;
@@ -373,7 +375,11 @@ def sign_manifest(
 
 
 def push_bundle(
-    store: Store, location: Location, pub: Published, signing_key: Path | None
+    store: Store,
+    location: Location,
+    pub: Published,
+    signing_key: Path | None,
+    work: Path | None = None,
 ) -> Published:
     """oci:// stores: the artifact as one bundle, then signed with the key pair in
     `signing_key` (a mounted Secret) when given. A failure here fails the Job: the objects
@@ -390,10 +396,14 @@ def push_bundle(
     stored = loads(manifest_bytes)
     digest = ocibundle.push(store, base, stored, pub.manifest_sha256)
     payload = store.get(f"{base}/{kinds.of(stored).PAYLOAD}", 64 << 20)
-    archives = {
-        c.name: store.get(bundle.key(base, c), bundle.MAX_ARCHIVE_BYTES) for c in stored.caches
-    }
-    volume = ocibundle.push_volume(store, base, manifest_bytes, stored, payload, archives)
+    with tempfile.TemporaryDirectory(prefix=".volume-", dir=work) as tmp:
+        archives: dict[str, Path] = {}
+        for c in stored.caches:
+            # The stored archives (a kept manifest's may be another run's), streamed to disk.
+            archives[c.name] = Path(tmp) / c.payload
+            with open(archives[c.name], "wb") as f:
+                get_file(store, bundle.key(base, c), f, bundle.MAX_ARCHIVE_BYTES)
+        volume = ocibundle.push_volume(store, base, manifest_bytes, stored, payload, archives)
     if key is not None:
         for signed in filter(None, (digest, volume)):
             signing.sign(store, signed, key)
