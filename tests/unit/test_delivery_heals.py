@@ -32,6 +32,7 @@ from tunefleet.serving import delivery
 from tunefleet.serving.delivered import DeliveredConfigMaps
 from tunefleet.serving.served import (
     CACHES_NOT_SERVED,
+    FETCH_DIED,
     FETCH_FAILED,
     VOLUME_NOT_PULLED,
     ServedPods,
@@ -383,6 +384,156 @@ def test_a_pod_served_its_results_but_not_its_caches_is_counted() -> None:
         )
         is None
     )
+
+
+# An injected model pod whose fetch init container has tunefleet's memory limit.
+INJECTED_POD = MODEL_POD.admitted(Admission(INJECTED, sha256=SHA, uri="s3://bkt/x")).container(
+    CONTAINER, "tunefleet:1", limits={"memory": "256Mi"}, init=True
+)
+OOM = {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}
+EMPTY_DIR = 'Usage of EmptyDir volume "tunefleet-caches" exceeds the limit "1Gi". '
+
+
+def fetch_status(pod: Any, phase: str, restarts: int = 0, **states: Any) -> dict[str, Any]:
+    """The pod with its phase and one status of its fetch init container (state, lastState)."""
+    got: dict[str, Any] = pod.phase(phase).obj()
+    status = {"name": CONTAINER, "restartCount": restarts, "state": {}, **states}
+    got["status"]["initContainerStatuses"] = [status]
+    return got
+
+
+def test_a_fetch_that_was_oom_killed_is_counted_with_its_limit_and_restarts() -> None:
+    """A fetch the kernel killed says nothing (no termination message): the pod never starts
+    (restartPolicy Always: the kubelet retries it), or is Failed (Never). Before, neither was
+    counted, and the profile stayed Ready."""
+    reason = "the tunefleet-fetch init container was OOMKilled (memory limit 256Mi); restarts: "
+    # restartPolicy Never: the pod is Failed, and that is exactly what must be told.
+    assert cause_of(fetch_status(INJECTED_POD, "Failed", state=OOM)) == Untuned(
+        "m", FETCH_DIED, reason + "0"
+    )
+    # Always: the kubelet retries it; the termination is in lastState.
+    backoff = {"waiting": {"reason": "CrashLoopBackOff"}}
+    pending = fetch_status(INJECTED_POD, "Pending", 3, state=backoff, lastState=OOM)
+    assert cause_of(pending) == Untuned("m", FETCH_DIED, reason + "3")
+    # Retried with room and loaded: served, whatever an earlier run did.
+    loaded = FetchOutcome("loaded", files=1, gemms=1, sha256=SHA, dest="/r", tuned=1, default=0)
+    done = {"terminated": {"exitCode": 0, "message": loaded.line()}}
+    assert cause_of(fetch_status(INJECTED_POD, "Running", 1, state=done, lastState=OOM)) is None
+    # No limit in the spec: said without one.
+    bare = MODEL_POD.admitted(Admission(INJECTED, sha256=SHA))
+    got = cause_of(fetch_status(bare, "Pending", state=OOM))
+    assert got is not None and got.reason.startswith("the tunefleet-fetch init container was ")
+    assert "memory limit" not in got.reason
+
+
+def test_a_fetch_killed_or_crashed_without_its_outcome_line_is_counted() -> None:
+    killed = {"terminated": {"exitCode": 137, "reason": "Error"}}
+    got = cause_of(fetch_status(INJECTED_POD, "Pending", 2, state=killed))
+    assert got == Untuned(
+        "m",
+        FETCH_DIED,
+        "the tunefleet-fetch init container was killed (exit 137, SIGKILL) before it said what "
+        "it did; restarts: 2",
+    )
+    # FallbackToLogsOnError: a crash leaves its log's tail; its last line is quoted.
+    log = "Traceback (most recent call last):\n  ...\nMemoryError: cannot allocate\n"
+    crashed = {"terminated": {"exitCode": 1, "reason": "Error", "message": log}}
+    got = cause_of(fetch_status(INJECTED_POD, "Failed", state=crashed))
+    assert got is not None and got.cause == FETCH_DIED
+    assert got.reason == (
+        "the tunefleet-fetch init container exited 1 without its outcome line: MemoryError: "
+        "cannot allocate; restarts: 0"
+    )
+    # Fail closed says why and exits non-zero: a refusal, the pod's own policy, as before.
+    refused = FetchOutcome("refused", reason="results.csv has SHA-256 00, expected ab")
+    closed = {"terminated": {"exitCode": 1, "message": refused.line()}}
+    assert cause_of(fetch_status(INJECTED_POD, "Pending", state=closed)) is None
+    # Still running, or an exit 0 without a word: nothing to say yet (why points at its log).
+    assert cause_of(fetch_status(INJECTED_POD, "Pending", state={"running": {}})) is None
+    silent = {"terminated": {"exitCode": 0, "message": ""}}
+    assert cause_of(fetch_status(INJECTED_POD, "Running", state=silent)) is None
+
+
+def test_a_pod_evicted_over_tunefleets_volume_is_counted_with_the_kubelets_message() -> None:
+    loaded = FetchOutcome("loaded", files=1, gemms=1, sha256=SHA, dest="/r", tuned=1, default=0)
+    done = {"terminated": {"exitCode": 0, "message": loaded.line()}}
+    pod = fetch_status(INJECTED_POD, "Failed", state=done)
+    pod["status"].update(reason="Evicted", message=EMPTY_DIR)
+    assert cause_of(pod) == Untuned(
+        "m",
+        FETCH_DIED,
+        'the pod was evicted by the kubelet: Usage of EmptyDir volume "tunefleet-caches" '
+        'exceeds the limit "1Gi".',
+    )
+    # The kubelet naming the fetch container (node memory pressure) counts too.
+    pressure = (
+        "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi. "
+        "Container tunefleet-fetch was using 300Mi, request is 64Mi, has larger consumption."
+    )
+    pod["status"]["message"] = pressure
+    got = cause_of(pod)
+    assert got is not None and got.cause == FETCH_DIED and pressure in got.reason
+    # Evicted over the pod's own volume or container: its business, not ours.
+    pod["status"]["message"] = 'Usage of EmptyDir volume "tunefleet-caches-mine" exceeds "1Gi".'
+    assert cause_of(pod) is None
+    pod["status"]["message"] = "Container server was using 30Gi, request is 1Gi."
+    assert cause_of(pod) is None
+    # Evicted for another cause while fetch ran (killed with the pod): not ours either.
+    pod = fetch_status(INJECTED_POD, "Failed", state=OOM)
+    pod["status"].update(reason="Evicted", message="Container server was using 30Gi.")
+    assert cause_of(pod) is None
+
+
+def test_a_pod_failed_for_a_cause_of_its_own_is_still_not_counted() -> None:
+    loaded = FetchOutcome("loaded", files=1, gemms=1, sha256=SHA, dest="/r", tuned=1, default=0)
+    done = {"terminated": {"exitCode": 0, "message": loaded.line()}}
+    failed = fetch_status(INJECTED_POD, "Failed", state=done)
+    failed["status"]["containerStatuses"] = [
+        {"name": "server", "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}
+    ]
+    assert cause_of(failed) is None
+    # Fetch failed open, then the pod ended: ended, as before.
+    untuned = FetchOutcome("untuned", reason="connection refused")
+    opened = {"terminated": {"exitCode": 0, "message": untuned.line()}}
+    assert cause_of(fetch_status(INJECTED_POD, "Failed", state=opened)) is None
+    assert cause_of(fetch_status(INJECTED_POD, "Running", state=opened)) is not None
+    # Its node shut down while fetch ran: the kubelet's cause, not ours.
+    shutdown = fetch_status(INJECTED_POD, "Failed", state={"terminated": {"exitCode": 137}})
+    shutdown["status"].update(reason="NodeShutdown", message="Pod was terminated in response.")
+    assert cause_of(shutdown) is None
+    # Being deleted, or never admitted: not counted, whatever fetch did.
+    deleting = fetch_status(INJECTED_POD.deleting(), "Failed", state=OOM)
+    assert cause_of(deleting) is None
+    unadmitted = fetch_status(MODEL_POD.container(CONTAINER, init=True), "Failed", state=OOM)
+    assert cause_of(unadmitted) is None
+
+
+def test_a_dead_fetch_makes_the_profile_degraded_with_its_own_event(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    w = World(monkeypatch)
+    first = w.sync(None)
+    died = cause_of(fetch_status(INJECTED_POD, "Failed", state=OOM))
+    assert died is not None
+    pods = [Untuned("m-1", FETCH_FAILED, "connection refused"), replace(died, pod="m-2")]
+    got = w.sync(first, untuned_pods=pods)
+    degraded = find(got, Type.DEGRADED)
+    assert degraded["status"] == "True" and got["phase"] == "Degraded"
+    assert (
+        "1 fetch_died (the tunefleet-fetch init container was OOMKilled (memory limit 256Mi); "
+        "restarts: 0; pods: m-2)" in degraded["message"]
+    )
+    events = [m for r, m in w.api.events if r == Reason.PODS_UNTUNED]
+    assert len(events) == 2 and any(
+        "(fetch_died): the tunefleet-fetch init container was OOMKilled" in m
+        and "kubectl tunefleet why m-2" in m
+        for m in events
+    )
+    # The table keeps a Failed pod whose fetch died, and lets it go once deleted.
+    table = ServedPods()
+    assert table.follow("MODIFIED", fetch_status(INJECTED_POD, "Failed", state=OOM)) == ("ml", "p")
+    assert [u.cause for u in table.of("ml", "p")] == [FETCH_DIED]
+    assert table.follow("DELETED", table.stub("", "pod-1")) == ("ml", "p")
 
 
 def test_the_table_follows_pods_in_and_out_and_says_which_profile_changed() -> None:

@@ -659,6 +659,104 @@ def test_why_a_fetch_that_failed_open_says_what_the_degraded_condition_says() ->
         assert not any("cause of tunefleet's" in n for n in explain(other, prof, [])["notes"])
 
 
+def fetch_status(pod: dict[str, Any], phase: str, fetch: dict[str, Any]) -> dict[str, Any]:
+    """The pod with its phase and the status of its fetch init container."""
+    pod = copy.deepcopy(pod)
+    pod["status"] = {
+        "phase": phase,
+        "initContainerStatuses": [{"name": "tunefleet-fetch", **fetch}],
+    }
+    return pod
+
+
+def test_why_a_fetch_that_was_oom_killed_says_so_with_its_limit_and_the_fix() -> None:
+    """Before, it read `tunefleet-fetch ended (exit 137) without saying what it wrote`, the
+    profile stayed Ready, and nothing said the pod never started."""
+    died = "the tunefleet-fetch init container was OOMKilled (memory limit 256Mi); restarts: 4"
+    counted = f"1 model pod(s) run without the artifact: 1 fetch_died ({died}; pods: m-1)."
+    prof = LLM.phase("Degraded").obj()
+    prof["status"]["conditions"].append(degraded("True", "PodsStartedUntuned", counted))
+    pod = fetch_status(
+        admitted(POD.obj(), prof),
+        "Pending",
+        {
+            "restartCount": 4,
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}},
+        },
+    )
+    report = explain(pod, prof, [])
+    assert (report["verdict"], report["tuned"], report["reason"]) == ("fetch-died", False, died)
+    text = format_why(report, NOW)
+    assert text.splitlines()[0] == (
+        "Pod ml/m-1: not started: injected, but the tunefleet-fetch init container died "
+        "(OOMKilled) before it said what it did"
+    )
+    assert f"  Reason:      {died} (from tunefleet-fetch's state in the pod's status)" in text
+    assert (
+        "  Fix:         the bundle is larger than tunefleet-fetch can fetch and unpack within its "
+        "memory limit (256Mi), which tunefleet sets when it admits the pod: raise that limit, or "
+        "serve a smaller artifact (fewer or smaller caches in spec.artifacts.caches, retuned); "
+        "fetch's log before it died: `kubectl logs -n ml m-1 -c tunefleet-fetch --previous`; "
+        "then recreate the pod: kubectl get pod -n ml m-1 -o yaml | kubectl replace --force -f -"
+    ) in text
+    assert (
+        "  Note:        this pod does not run for a cause of tunefleet's (fetch_died): "
+        f"TuningProfile 'llm' is Degraded (PodsStartedUntuned) and counts it: {counted}"
+    ) in text
+    assert "ended (exit 137) without saying" not in text
+    # Killed without the kubelet's OOMKilled (exit 137), or crashed without a word: the same
+    # verdict, each with its own fix.
+    killed = fetch_status(pod, "Failed", {"state": {"terminated": {"exitCode": 137}}})
+    report = explain(killed, prof, [])
+    assert (
+        report["verdict"] == "fetch-died" and "was killed (exit 137, SIGKILL)" in report["reason"]
+    )
+    assert "by the OOM killer (its memory limit: 256Mi) or by its node" in report["fix"]
+    log = "Traceback (most recent call last):\nRuntimeError: boom"
+    crashed = fetch_status(
+        pod, "Pending", {"state": {"terminated": {"exitCode": 1, "message": log}}}
+    )
+    report = explain(crashed, prof, [])
+    assert report["reason"].endswith(
+        "exited 1 without its outcome line: RuntimeError: boom; restarts: 0"
+    )
+    assert report["fix"].startswith("fetch's log says why it exited 1: `kubectl logs -n ml m-1 -c")
+
+
+def test_why_a_pod_evicted_over_the_caches_volume_quotes_the_kubelet_and_names_the_limit() -> None:
+    kubelet = 'Usage of EmptyDir volume "tunefleet-caches" exceeds the limit "1Gi".'
+    pod = fetch_status(
+        admitted(POD.obj(), LLM.obj()),
+        "Failed",
+        {"state": {"terminated": {"exitCode": 0, "message": LOADED}}},
+    )
+    pod["status"].update(reason="Evicted", message=kubelet + " ")
+    report = explain(pod, LLM.obj(), [])
+    assert (report["verdict"], report["tuned"]) == ("fetch-died", False)
+    text = format_why(report, NOW)
+    assert text.splitlines()[0] == (
+        "Pod ml/m-1: not running: injected, but the kubelet evicted it over what tunefleet added "
+        "to it"
+    )
+    assert (
+        f"  Reason:      the pod was evicted by the kubelet: {kubelet} (from the pod's status)"
+        in text
+    )
+    assert (
+        "  Fix:         the bundle, unpacked, with what the stack adds to its caches, is larger "
+        "than the tunefleet-caches volume's sizeLimit (1Gi), which tunefleet sizes from the "
+        "artifact's caches when it admits the pod: raise that limit, or serve a smaller "
+        "artifact"
+    ) in text
+    assert "this pod does not run for a cause of tunefleet's (fetch_died)" in text
+    # Evicted over the pod's own container: not tunefleet's; said as before (loaded).
+    pod["status"]["message"] = "Container server was using 30Gi, request is 1Gi."
+    report = explain(pod, LLM.obj(), [])
+    assert report["verdict"] == "injected" and report["tuned"] is True
+    assert not any("cause of tunefleet's" in n for n in report["notes"])
+
+
 def test_why_untuned_for_a_gone_config_map_by_an_older_operator_agrees_with_degraded() -> None:
     """config_map_replaced: what an operator before 0.2.0 decided (served.OURS counts it)."""
     prof = LLM.phase("Degraded").obj()

@@ -21,7 +21,7 @@ from typing import Any
 
 from tunefleet import naming
 from tunefleet.api.conditions import Phase, Reason, Type
-from tunefleet.builders.webhook import FILENAME, RESULTS_DIR, TUNABLE_ENV
+from tunefleet.builders.webhook import CACHES_VOLUME, FILENAME, RESULTS_DIR, TUNABLE_ENV
 from tunefleet.contracts.admission import UNTUNED, Admission, Code
 from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
 from tunefleet.contracts.fetch import LOADED, REFUSED, FetchOutcome
@@ -440,6 +440,70 @@ def _fetch_verdict(p: _Pod, a: Admission, out: dict[str, Any], fetch: dict[str, 
         )
 
 
+def _fetch_died(p: _Pod, died: served.Died, out: dict[str, Any]) -> None:
+    """A pod that does not serve at all for a cause of tunefleet's (served.fetch_died): its
+    fetch init container died without its outcome line, or the kubelet evicted the pod over
+    fetch or one of tunefleet's volumes."""
+    if died.how == served.EVICTED:
+        summary = (
+            "not running: injected, but the kubelet evicted it over what tunefleet added to it"
+        )
+        source = "the pod's status"
+    else:
+        summary = (
+            f"not started: injected, but the {FETCH_CONTAINER} init container died "
+            f"({died.how}) before it said what it did"
+        )
+        source = f"{FETCH_CONTAINER}'s state in the pod's status"
+    out.update(
+        tuned=False,
+        verdict="fetch-died",
+        summary=summary,
+        reason=died.reason,
+        reasonSource=source,
+        fix=_fix_for_died(p, died, out["pod"]),
+    )
+
+
+def _fix_for_died(p: _Pod, died: served.Died, pod: str) -> str:
+    """What to do about a fetch that died, or a pod evicted over tunefleet's volumes."""
+    log = f"kubectl logs -n {p.namespace} {pod} -c {FETCH_CONTAINER} --previous"
+    limit = died.memory_limit or "not set in its spec"
+    smaller = "serve a smaller artifact (fewer or smaller caches in spec.artifacts.caches, retuned)"
+    then = f"then recreate the pod: {p.recreate}"
+    if died.how == served.OOM_KILLED:
+        return (
+            f"the bundle is larger than {FETCH_CONTAINER} can fetch and unpack within its "
+            f"memory limit ({limit}), which tunefleet sets when it admits the pod: raise that "
+            f"limit, or {smaller}; fetch's log before it died: `{log}`; {then}"
+        )
+    if died.how == served.KILLED:
+        return (
+            f"{FETCH_CONTAINER} was killed (SIGKILL) by the OOM killer (its memory limit: "
+            f"{limit}) or by its node: `{log}` and `kubectl describe pod -n {p.namespace} "
+            f"{pod}` say which; if it was memory, raise that limit, or {smaller}; {then}"
+        )
+    if died.how == served.CRASHED:
+        return f"fetch's log says why it exited {died.exit_code}: `{log}`; fix that, {then}"
+    if died.volume == CACHES_VOLUME:
+        return (
+            "the bundle, unpacked, with what the stack adds to its caches, is larger than the "
+            f"{died.volume} volume's sizeLimit ({died.size_limit}), which tunefleet sizes from "
+            f"the artifact's caches when it admits the pod: raise that limit, or {smaller}; "
+            f"{then}"
+        )
+    if died.volume:
+        return (
+            f"the files in the {died.volume} volume grew past its sizeLimit "
+            f"({died.size_limit}), which tunefleet sets when it admits the pod: the artifact is "
+            f"larger than it holds; raise that limit, or {smaller}; {then}"
+        )
+    return (
+        f"the kubelet's message above says what {FETCH_CONTAINER} or tunefleet's volumes used "
+        f"too much of on the node; {then} (on a node with room)"
+    )
+
+
 def _store_fallback_note(a: Admission) -> str:
     """Why a pod admitted with decision store_fallback fetches its artifact from the store."""
     model = f" for {a.gpu_model}" if a.gpu_model else ""
@@ -458,7 +522,8 @@ def _degraded_note(p: _Pod, cause: served.Untuned) -> str:
     said: dict[str, Any] = next(
         (c for c in p.status.get("conditions") or [] if c.get("type") == Type.DEGRADED), {}
     )
-    counted = f"runs untuned for a cause of tunefleet's ({cause.cause})"
+    doing = "does not run" if cause.cause == served.FETCH_DIED else "runs untuned"
+    counted = f"{doing} for a cause of tunefleet's ({cause.cause})"
     if p.profile is None:
         return f"this pod {counted}"
     if not said:
@@ -545,6 +610,9 @@ def _injected(p: _Pod, a: Admission, out: dict[str, Any]) -> dict[str, Any]:
         _without_fetch(p, a, out)
     else:
         _fetch_verdict(p, a, out, fetch)
+    died = served.fetch_died(p.pod)
+    if died is not None:
+        _fetch_died(p, died, out)
     cause = served.cause_of(p.pod)
     if cause is not None:
         out["notes"].append(_degraded_note(p, cause))
@@ -575,7 +643,9 @@ def explain(
     verdict: not-requested, unadmitted, untuned (the webhook's decision in `code`), injected
     (fetch loaded the artifact, or has not finished: `fetch.state`; `code` says a decision
     other than none, such as store_fallback), untuned-at-start (the fetch init container failed
-    open), refused-at-start (it failed closed). A pod that runs untuned for a cause of
+    open), refused-at-start (it failed closed), fetch-died (the fetch init container died
+    without its outcome line: OOMKilled, killed, crashed; or the kubelet evicted the pod over
+    fetch or one of tunefleet's volumes). A pod that runs untuned for a cause of
     tunefleet's gets a note with what the profile's Degraded condition says of it.
     """
     meta = pod.get("metadata") or {}

@@ -6,8 +6,11 @@ the profile made (a model not tuned, Default-only results, a partition): the art
 ConfigMap was gone and the store could not stand in (admission's `config_map_replaced`), or
 the pod's fetch init container started it untuned (the store unreachable, a checksum or
 identity refused), served its results but not its caches, or waits for a volume image its
-node cannot pull. Followed by a reflector of admitted model pods (watched/kinds.MODEL_PODS;
-handlers/delivery.py) on every replica; the leader's reconcile reads it.
+node cannot pull; or the fetch init container died without its outcome line (OOMKilled,
+killed, crashed), or the kubelet evicted the pod over fetch or one of the volumes tunefleet
+added (an emptyDir past its sizeLimit): such a pod is counted even once Failed. Followed by
+a reflector of admitted model pods (watched/kinds.MODEL_PODS; handlers/delivery.py) on every
+replica; the leader's reconcile reads it.
 
 The pod's own words are the source (contracts/admission.py, contracts/fetch.py): a pod
 anyone could label is only ever counted, never acted on.
@@ -15,11 +18,13 @@ anyone could label is only ever counted, never acted on.
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 from tunefleet import naming
+from tunefleet.builders.webhook import CACHES_VOLUME, PACKED_VOLUME, VOLUME
 from tunefleet.contracts.admission import UNTUNED, Admission, Code
 from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
 from tunefleet.contracts.fetch import LOADED, FetchOutcome
@@ -36,6 +41,19 @@ CACHES_NOT_SERVED = "caches_not_served"
 # ImagePullBackOff naming that image): it waits for it, for good, never starting.
 VOLUME_NOT_PULLED = "volume_not_pulled"
 _PULL_FAILURES = ("ErrImagePull", "ImagePullBackOff")
+# The fetch init container died without its outcome line (OOMKilled, killed, crashed: the pod
+# never starts, or is Failed), or the kubelet evicted the pod over fetch or a volume tunefleet
+# added (an emptyDir past the sizeLimit tunefleet gave it): a pod that does not serve at all.
+FETCH_DIED = "fetch_died"
+# What the kubelet names when it evicts a pod over what tunefleet added to it: the fetch init
+# container (its memory, its ephemeral storage) and the volumes the webhook adds.
+_OURS = (FETCH_CONTAINER, CACHES_VOLUME, VOLUME, PACKED_VOLUME)
+_OURS_RE = re.compile(r"(?<![\w-])(" + "|".join(map(re.escape, _OURS)) + r")(?![\w-])")
+# The kubelet's words for an emptyDir past its sizeLimit.
+_EMPTY_DIR_RE = re.compile(
+    r'EmptyDir volume "(?P<volume>[^"]+)" exceeds the limit "(?P<limit>[^"]+)"'
+)
+_SIGKILL = 137  # 128 + 9: killed by the kernel's OOM killer or the kubelet
 
 Key = tuple[str, str]  # (namespace, profile name)
 
@@ -43,8 +61,24 @@ Key = tuple[str, str]  # (namespace, profile name)
 @dataclass(frozen=True, slots=True)
 class Untuned:
     pod: str
-    cause: str  # a Code of OURS, or FETCH_FAILED
+    cause: str  # a Code of OURS, FETCH_FAILED, CACHES_NOT_SERVED, VOLUME_NOT_PULLED, FETCH_DIED
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Died:
+    """How a pod's fetch died, or why the kubelet evicted it over what tunefleet added: what
+    FETCH_DIED counts and `kubectl tunefleet why` picks its fix by."""
+
+    how: str  # OOM_KILLED, KILLED, CRASHED or EVICTED
+    reason: str  # what the Degraded condition and `why` say
+    memory_limit: str = ""  # the fetch init container's, from the pod's spec ("" unknown)
+    volume: str = ""  # an evicted pod's emptyDir past its sizeLimit, and that limit
+    size_limit: str = ""
+    exit_code: int | None = None
+
+
+OOM_KILLED, KILLED, CRASHED, EVICTED = "OOMKilled", "killed", "crashed", "Evicted"
 
 
 def cause_of(pod: dict[str, Any]) -> Untuned | None:
@@ -53,12 +87,19 @@ def cause_of(pod: dict[str, Any]) -> Untuned | None:
     meta = pod.get("metadata") or {}
     if meta.get("deletionTimestamp"):
         return None
-    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+    phase = (pod.get("status") or {}).get("phase")
+    if phase == "Succeeded":
         return None
     admitted = Admission.read(pod)
     if admitted is None:
         return None
     name = str(meta.get("name") or "")
+    died = fetch_died(pod)
+    if died is not None:
+        # Counted even Failed: a pod our fetch or our volumes ended is what must be told.
+        return Untuned(name, FETCH_DIED, died.reason)
+    if phase == "Failed":
+        return None  # ended for a cause of its own
     if admitted.outcome == UNTUNED:
         if admitted.code in OURS:
             return Untuned(name, str(admitted.code), admitted.reason)
@@ -92,14 +133,75 @@ def _volume_not_pulled(pod: dict[str, Any], image: str) -> str:
 
 
 def _fetch_outcome(pod: dict[str, Any]) -> FetchOutcome | None:
+    ended = _fetch_terminated(pod)
+    return FetchOutcome.parse(ended[0].get("message")) if ended is not None else None
+
+
+def _fetch_terminated(pod: dict[str, Any]) -> tuple[dict[str, Any], int] | None:
+    """The fetch init container's latest termination (its state's, else its lastState's: the
+    run before the one now waiting or running) and its restart count."""
     for cs in (pod.get("status") or {}).get("initContainerStatuses") or []:
         if cs.get("name") != FETCH_CONTAINER:
             continue
         for state in (cs.get("state") or {}, cs.get("lastState") or {}):
             done = state.get("terminated")
             if done:
-                return FetchOutcome.parse(done.get("message"))
+                restarts = cs.get("restartCount")
+                return done, restarts if isinstance(restarts, int) else 0
     return None
+
+
+def fetch_died(pod: dict[str, Any]) -> Died | None:
+    """The pod was evicted by the kubelet over what tunefleet added to it (its message names
+    fetch or one of tunefleet's volumes), or its fetch init container ended without saying
+    what it did: OOMKilled, killed (exit 137), or any other non-zero exit without its outcome
+    line. None otherwise: fetch said what it did or has not ended, or the kubelet ended the
+    pod for another cause."""
+    status = pod.get("status") or {}
+    message = " ".join(str(status.get("message") or "").split())
+    if status.get("reason") == EVICTED and _OURS_RE.search(message):
+        over = _EMPTY_DIR_RE.search(message)
+        return Died(
+            EVICTED,
+            f"the pod was evicted by the kubelet: {message[:300]}",
+            volume=over["volume"] if over else "",
+            size_limit=over["limit"] if over else "",
+        )
+    ended = _fetch_terminated(pod)
+    if ended is None or status.get("reason"):
+        # Or ended by the kubelet for another cause (evicted over another container, its
+        # node shut down), which killed fetch with it: not ours.
+        return None
+    done, restarts = ended
+    code = done.get("exitCode") if isinstance(done.get("exitCode"), int) else None
+    said = FetchOutcome.parse(done.get("message")) is not None
+    limit = _fetch_memory_limit(pod)
+    if done.get("reason") == OOM_KILLED:
+        how, what = OOM_KILLED, "was OOMKilled" + (f" (memory limit {limit})" if limit else "")
+    elif code == _SIGKILL and not said:
+        how, what = KILLED, f"was killed (exit {code}, SIGKILL) before it said what it did"
+    elif code not in (0, None) and not said:
+        last = _last_line(done.get("message"))
+        how = CRASHED
+        what = f"exited {code} without its outcome line" + (f": {last}" if last else "")
+    else:
+        return None
+    reason = f"the {FETCH_CONTAINER} init container {what}; restarts: {restarts}"
+    return Died(how, reason, memory_limit=limit, exit_code=code)
+
+
+def _fetch_memory_limit(pod: dict[str, Any]) -> str:
+    for c in (pod.get("spec") or {}).get("initContainers") or []:
+        if c.get("name") == FETCH_CONTAINER:
+            limit = ((c.get("resources") or {}).get("limits") or {}).get("memory")
+            return str(limit) if limit else ""
+    return ""
+
+
+def _last_line(message: Any) -> str:
+    """The last line of what a container left (its log's tail, FallbackToLogsOnError)."""
+    lines = [line.strip() for line in str(message or "").splitlines() if line.strip()]
+    return lines[-1][-200:] if lines else ""
 
 
 class ServedPods:
