@@ -9,7 +9,7 @@ PY      := $(VENV)/bin/python
 STATE   ?= $(CURDIR)/.tunefleet
 export TUNEFLEET_STATE := $(STATE)
 
-.PHONY: help venv tools torch-venvs wheels images images-torch demo test lint unit conformance e2e cluster-up cluster-down run bench sync-crds clean
+.PHONY: help disk-check-test disk-check-demo venv tools torch-venvs wheels images images-torch demo test lint unit conformance e2e cluster-up cluster-down run bench sync-crds clean
 
 help:
 	@echo "make demo          set up and run the whole flow on the local control plane"
@@ -25,6 +25,15 @@ help:
 	@echo "make cluster-down  stop exactly what cluster-up started and remove its state"
 	@echo "make run           the operator in the foreground against \$$KUBECONFIG"
 	@echo "make bench         benchmarks; figures land in bench/results.md"
+
+# The disk each fills (~55 GB for a fresh `make test`, ~3 GB for `make demo`), checked first,
+# before anything is built: not enough fails at once, naming per part the GB it needs and where
+# it goes, and the free space found. Plain bash (no venv). TUNEFLEET_DISK_CHECK=0 skips it.
+disk-check-test:
+	@hack/disk-check.sh test
+
+disk-check-demo:
+	@hack/disk-check.sh demo
 
 $(VENV)/.stamp: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -84,7 +93,7 @@ e2e: venv tools images
 
 # One pytest run for everything: the e2e fixtures start the local cluster when it is not up;
 # the conformance suite must find its torch venvs (a missing one fails it, not skips it).
-test: lint images torch-venvs wheels
+test: disk-check-test lint images torch-venvs wheels
 	TUNEFLEET_CONFORMANCE=required $(VENV)/bin/pytest -m "not gpu"
 
 # Outside a cluster the operator registers its own webhook by URL on loopback (needs rights
@@ -97,7 +106,7 @@ run: venv
 	TUNEFLEET_WEBHOOK_PORT=$(WEBHOOK_PORT) TUNEFLEET_WEBHOOK_REGISTER=$(WEBHOOK_REGISTER) \
 	$(VENV)/bin/tunefleet-operator
 
-demo: venv tools images
+demo: disk-check-demo venv tools images
 	hack/demo.sh
 
 bench: venv tools images
