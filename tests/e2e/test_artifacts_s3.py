@@ -167,3 +167,33 @@ def test_fetch_of_a_missing_artifact_follows_the_policy(
     assert done.returncode == 1 and "no object at s3://" in done.stderr
     done = fetch(s3, uri, sha, tmp_path / "dest")
     assert done.returncode == 0 and "starting untuned: no object" in done.stderr
+
+
+def test_a_file_over_one_part_goes_up_multipart_once_and_streams_back(
+    s3: Any, prefix: str, tmp_path: Path
+) -> None:
+    """The real S3 server takes a cache archive of several parts (each with its SHA-256,
+    completed with If-None-Match), streams it back hashed, keeps the first object under a
+    key, and refuses a different one there."""
+    from tunefleet.storage import s3 as s3_store
+    from tunefleet.storage.registry import open_store, parse_uri
+    from tunefleet.storage.store import ConflictError, StoreOptions, get_file
+
+    size = 2 * s3_store.PART_BYTES + 12345
+    path = tmp_path / "archive"
+    path.write_bytes(os.urandom(size))
+    uri = f"s3://{s3.bucket}/{prefix}"
+    store = open_store(parse_uri(uri), StoreOptions(client=s3.client(), timeout_s=120))
+    key = f"{prefix}/big/archive.tar.gz"
+    assert store.put_file_if_absent(key, path, "application/gzip") is True
+    with open(tmp_path / "back", "wb") as f:
+        got = get_file(store, key, f, size)
+    assert (got.size, got.sha256) == (size, hashlib.sha256(path.read_bytes()).hexdigest())
+    assert (tmp_path / "back").read_bytes() == path.read_bytes()
+    assert store.put_file_if_absent(key, path, "application/gzip") is False  # the same: kept
+    other = tmp_path / "other"
+    other.write_bytes(os.urandom(size))
+    with pytest.raises(ConflictError):
+        store.put_file_if_absent(key, other, "application/gzip")
+    uploads = s3.client().list_multipart_uploads(Bucket=s3.bucket, Prefix=f"{prefix}/big/")
+    assert not uploads.get("Uploads"), "an upload left parts behind"

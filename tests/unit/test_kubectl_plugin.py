@@ -672,7 +672,7 @@ def fetch_status(pod: dict[str, Any], phase: str, fetch: dict[str, Any]) -> dict
 def test_why_a_fetch_that_was_oom_killed_says_so_with_its_limit_and_the_fix() -> None:
     """Before, it read `tunefleet-fetch ended (exit 137) without saying what it wrote`, the
     profile stayed Ready, and nothing said the pod never started."""
-    died = "the tunefleet-fetch init container was OOMKilled (memory limit 256Mi); restarts: 4"
+    died = "the tunefleet-fetch init container was OOMKilled (memory limit 192Mi); restarts: 4"
     counted = f"1 model pod(s) run without the artifact: 1 fetch_died ({died}; pods: m-1)."
     prof = LLM.phase("Degraded").obj()
     prof["status"]["conditions"].append(degraded("True", "PodsStartedUntuned", counted))
@@ -694,9 +694,10 @@ def test_why_a_fetch_that_was_oom_killed_says_so_with_its_limit_and_the_fix() ->
     )
     assert f"  Reason:      {died} (from tunefleet-fetch's state in the pod's status)" in text
     assert (
-        "  Fix:         the bundle is larger than tunefleet-fetch can fetch and unpack within its "
-        "memory limit (256Mi), which tunefleet sets when it admits the pod: raise that limit, or "
-        "serve a smaller artifact (fewer or smaller caches in spec.artifacts.caches, retuned); "
+        "  Fix:         tunefleet-fetch streams a bundle of any size in a few tens of MiB, so an "
+        "OOMKill at its memory limit (192Mi) means something lowered that limit (a LimitRange "
+        "or a policy that rewrites pods in this namespace: let tunefleet's own stand), or a "
+        "tunefleet before streamed fetches admitted the pod (it read bundles whole: upgrade); "
         "fetch's log before it died: `kubectl logs -n ml m-1 -c tunefleet-fetch --previous`; "
         "then recreate the pod: kubectl get pod -n ml m-1 -o yaml | kubectl replace --force -f -"
     ) in text
@@ -712,7 +713,7 @@ def test_why_a_fetch_that_was_oom_killed_says_so_with_its_limit_and_the_fix() ->
     assert (
         report["verdict"] == "fetch-died" and "was killed (exit 137, SIGKILL)" in report["reason"]
     )
-    assert "by the OOM killer (its memory limit: 256Mi) or by its node" in report["fix"]
+    assert "by the OOM killer (its memory limit: 192Mi) or by its node" in report["fix"]
     log = "Traceback (most recent call last):\nRuntimeError: boom"
     crashed = fetch_status(
         pod, "Pending", {"state": {"terminated": {"exitCode": 1, "message": log}}}
@@ -746,8 +747,9 @@ def test_why_a_pod_evicted_over_the_caches_volume_quotes_the_kubelet_and_names_t
     assert (
         "  Fix:         the bundle, unpacked, with what the stack adds to its caches, is larger "
         "than the tunefleet-caches volume's sizeLimit (1Gi), which tunefleet sizes from the "
-        "artifact's caches when it admits the pod: raise that limit, or serve a smaller "
-        "artifact"
+        "artifact's caches when it admits the pod (room for them, their largest archive, and as "
+        "much again for the stack): the stack wrote more than that into its caches; bound what "
+        "it writes there, or serve a smaller artifact"
     ) in text
     assert "this pod does not run for a cause of tunefleet's (fetch_died)" in text
     # Evicted over the pod's own container: not tunefleet's; said as before (loaded).

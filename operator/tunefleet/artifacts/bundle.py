@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import tempfile
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,20 +147,30 @@ def upload(store: Store, base: str, manifest: Manifest, archives: dict[str, Path
         put_file_if_absent(store, key(base, entry), archives[entry.name], cc.CONTENT_TYPE)
 
 
-def fetch_into(store: Store, base: str, manifest: Manifest, room: Room) -> list[Path]:
+def fetch_into(
+    store: Store,
+    base: str,
+    manifest: Manifest,
+    room: Room,
+    timings: dict[str, float] | None = None,
+) -> list[Path]:
     """Every listed cache downloaded, checked and unpacked into room.dest/<name>: a writable,
     pod-local copy (stacks write into their caches while they run; the shared copy is never
     theirs to change). BundleError names the first that is missing, wrong or does not fit;
     what was unpacked before it stays (the caller serves all or none)."""
     room.check(manifest)
     done: list[Path] = []
+    clock = timings if timings is not None else {}
     for entry in manifest.caches:
-        done.append(_fetch_one(store, base, entry, room.dest))
+        done.append(_fetch_one(store, base, entry, room.dest, clock))
     return done
 
 
-def _fetch_one(store: Store, base: str, entry: cc.Packed, dest: Path) -> Path:
+def _fetch_one(
+    store: Store, base: str, entry: cc.Packed, dest: Path, clock: dict[str, float]
+) -> Path:
     target = dest / entry.name
+    started = time.monotonic()
     where = f"cache {entry.name}"
     fd, tmp = tempfile.mkstemp(prefix=f".{entry.name}.", suffix=".part", dir=dest)
     try:
@@ -175,12 +186,15 @@ def _fetch_one(store: Store, base: str, entry: cc.Packed, dest: Path) -> Path:
                 f"{where} has SHA-256 {got.sha256} in {got.size} bytes, the manifest pins "
                 f"{entry.sha256} in {entry.size}: not unpacked"
             )
+        downloaded = time.monotonic()
+        clock["download"] = clock.get("download", 0.0) + downloaded - started
         try:
             index = cc.unpack_file(Path(tmp), target, max(entry.bytes, 1), where)
         except cc.Unwritable as exc:
             raise NoRoom(f"cannot unpack {where} into {target}: {exc}") from None
         except (cc.CacheError, OSError) as exc:
             raise BundleError(f"cannot unpack {where} into {target}: {exc}") from None
+        clock["unpack"] = clock.get("unpack", 0.0) + time.monotonic() - downloaded
         problem = cc.disagreement(entry, got.size, index)
         if problem:
             cc.remove_tree(target)

@@ -75,6 +75,8 @@ class Fetched:
     kind: str = kinds.DEFAULT  # the artifact's (kinds/): what the files written are
     caches: tuple[str, ...] = ()  # the caches unpacked (artifacts/bundle.py)
     caches_failed: str = ""  # why the caches were not served, where the results still were
+    # The caches' sizes (packed, unpacked) and their download's and unpack's seconds.
+    caches_cost: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -289,9 +291,9 @@ def fetch(
         store = serving_store(store, signature or Signature())
     got = download_verified(pin, store=store, options=options, signature=signature)
     # Caches first: a cache-only artifact that cannot serve them serves nothing.
-    caches, failed = _caches(store, location, got, serving)
+    caches, failed, cost = _caches(store, location, got, serving)
     paths = write_device_files(dest, got.results, serving.devices, got.kind)
-    return Fetched(paths, got.gemms, got.sha256, got.outcomes, got.kind, caches, failed)
+    return Fetched(paths, got.gemms, got.sha256, got.outcomes, got.kind, caches, failed, cost)
 
 
 def from_volume(root: Path, pin: Pinned, serving: Serving = Serving()) -> Fetched:
@@ -420,24 +422,69 @@ def serving_store(store: Store, sig: Signature) -> Store:
 
 def _caches(
     store: Store, location: Location, got: Verified, serving: Serving
-) -> tuple[tuple[str, ...], str]:
+) -> tuple[tuple[str, ...], str, tuple[tuple[str, float], ...]]:
     """Download, check and unpack the artifact's caches into dest/<name> (artifacts/bundle.py):
-    (names unpacked, why not). A cache that fails its check, or a bundle that cannot fit, is
-    never unpacked: the stack compiles as it would without; the results, if any, still serve,
-    unless the pod must not start without everything (fail closed) or the caches are all the
-    artifact is. Whatever was unpacked before a failure is removed: all caches or none."""
+    (names unpacked, why not, what it cost). A cache that fails its check, or a bundle that
+    cannot fit, is never unpacked: the stack compiles as it would without; the results, if any,
+    still serve, unless the pod must not start without everything (fail closed) or the caches
+    are all the artifact is. Whatever was unpacked before a failure is removed: all caches or
+    none."""
     manifest, dest = got.parsed, serving.caches_dest
     if manifest is None or not manifest.caches or dest is None:
-        return (), ""
+        return (), "", ()
+    clock: dict[str, float] = {}
     try:
-        bundle.fetch_into(store, location.key(), manifest, bundle.Room(dest, serving.caches_room))
+        bundle.fetch_into(
+            store, location.key(), manifest, bundle.Room(dest, serving.caches_room), clock
+        )
     except (bundle.BundleError, StoreError) as exc:
         for entry in manifest.caches:
             cc.remove_tree(dest / entry.name)
         if serving.fail_closed or got.kind != kinds.DEFAULT:
             raise FetchError(f"caches not served: {exc}") from None
-        return (), " ".join(str(exc).split())
-    return tuple(c.name for c in manifest.caches), ""
+        return (), " ".join(str(exc).split()), ()
+    cost = {
+        "packed": float(sum(c.size for c in manifest.caches)),
+        "unpacked": float(sum(c.bytes for c in manifest.caches)),
+        **clock,
+    }
+    return tuple(c.name for c in manifest.caches), "", tuple(sorted(cost.items()))
+
+
+def _said_cost(got: Fetched) -> None:
+    """One line on stderr (the init container's log) with what the caches cost: their sizes,
+    the download's and the unpack's seconds, and the container's peak memory as its cgroup
+    saw it (what bench/ and the real-size e2e read)."""
+    if not got.caches_cost:
+        return
+    cost = dict(got.caches_cost)
+    peak = peak_memory()
+    print(
+        f"{PROG}: caches {int(cost.get('packed', 0))} bytes packed, "
+        f"{int(cost.get('unpacked', 0))} unpacked; download and verify "
+        f"{cost.get('download', 0.0):.2f} s, unpack {cost.get('unpack', 0.0):.2f} s; "
+        f"memory peak {peak if peak is not None else 'unknown'} bytes",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+# The container's own memory cgroup, as runc mounts it: cgroup v2's memory.peak, or v1's
+# max_usage_in_bytes (the same high-water mark, page cache included).
+_PEAK_FILES = (
+    Path("/sys/fs/cgroup/memory.peak"),
+    Path("/sys/fs/cgroup/memory/memory.max_usage_in_bytes"),
+)
+
+
+def peak_memory(files: Sequence[Path] = _PEAK_FILES) -> int | None:
+    """This container's peak memory in bytes, from its cgroup; None where none is readable."""
+    for path in files:
+        try:
+            return int(path.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
 
 
 class _OverTime(BaseException):
@@ -720,6 +767,7 @@ def _loaded(
     )
     if picked is not None:
         loaded = picked.mark(loaded)
+    _said_cost(got)
     _say(loaded.line(), log_path, sys.stdout)
     return 0
 

@@ -13,7 +13,14 @@ from tunefleet import GROUP, KIND, VERSION, naming
 from tunefleet.artifacts import kinds
 from tunefleet.builders.security import tunefleet_container
 from tunefleet.builders.storage import with_storage
-from tunefleet.builders.webhook import CACHES_DIR, RESULTS_DIR, VOLUME, Serve, caches_mount
+from tunefleet.builders.webhook import (
+    RESULTS_DIR,
+    VOLUME,
+    Serve,
+    caches_args,
+    caches_mount,
+    fetch_resources,
+)
 from tunefleet.config import Config
 from tunefleet.contracts import nodemap
 from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
@@ -95,7 +102,7 @@ def build_pick_container(
         "--node-map", f"{CANDIDATES_DIR}/{NODES_SUBDIR}", "--node-map-name", node_map,
         *[a for c in candidates for a in ("--candidate", c.to_arg())],
         *(["--fail-closed"] if serve.fail_closed else []),
-        *(["--caches-dest", CACHES_DIR] if serve.caches else []),
+        *caches_args(serve),
     ]  # fmt: skip
     mounts: list[dict[str, Any]] = [
         {"name": VOLUME, "mountPath": RESULTS_DIR},
@@ -103,10 +110,7 @@ def build_pick_container(
         *([caches_mount()] if serve.caches else []),
     ]
     pick = tunefleet_container(
-        FETCH_CONTAINER,
-        command,
-        config,
-        mounts=mounts,
+        FETCH_CONTAINER, command, config, mounts=mounts, resources=fetch_resources(serve)
     )
     node = {"name": nodemap.NODE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
     pick["env"] = [node, *(pick.get("env") or [])]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunefleet import naming
-from tunefleet.artifacts import kinds
+from tunefleet.artifacts import bundle, kinds
 from tunefleet.builders.security import tunefleet_container
 from tunefleet.builders.storage import with_storage
 from tunefleet.config import Config
@@ -104,11 +104,100 @@ class FetchOrder:
 @dataclass(frozen=True)
 class Serve:
     """How a pod takes its artifact, whichever init container fetches it: one results file
-    per GPU ordinal, whether it refuses to start untuned, whether caches are unpacked."""
+    per GPU ordinal, whether it refuses to start untuned, whether caches are unpacked, and
+    (with caches) the bytes the bundle needs in the pod while fetch unpacks it and the most
+    the pod may hold (0: no bound of the pod's own)."""
 
     devices: int
     fail_closed: bool
     caches: bool = False
+    caches_needs: int = 0
+    caches_room: int = 0
+
+    def fits(self) -> bool:
+        return not self.caches_room or self.caches_needs <= self.caches_room
+
+
+def serve_caches(
+    devices: int, fail_closed: bool, entries: Sequence[cc.Packed], pod_spec: dict[str, Any]
+) -> Serve:
+    """Serve for an artifact whose caches the pod unpacks: what they need, and the pod's own
+    bound on its disk (pod_budget)."""
+    return Serve(
+        devices,
+        fail_closed,
+        caches=bool(entries),
+        caches_needs=bundle.needs(entries),
+        caches_room=pod_budget(pod_spec),
+    )
+
+
+def pod_budget(pod_spec: dict[str, Any]) -> int:
+    """The ephemeral storage the kubelet lets this pod use before it evicts it: the sum of
+    its containers' ephemeral-storage limits, where any is set (the kubelet's pod-level
+    limit; 0 when none is, and then only the node's disk bounds it). A bundle that needs
+    more is not unpacked (fetch says so, the stack starts cold): unpacking it would get the
+    pod evicted, again and again under a Deployment."""
+    total = 0
+    for c in pod_spec.get("containers") or []:
+        limit = ((c.get("resources") or {}).get("limits") or {}).get("ephemeral-storage")
+        if limit is not None:
+            total += _quantity(limit)
+    return total
+
+
+_SUFFIXES = {
+    "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50, "Ei": 1 << 60,
+    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+}  # fmt: skip
+
+
+def _quantity(value: Any) -> int:
+    """A Kubernetes quantity in bytes (the suffixes a storage quantity takes); 0 for one that
+    does not parse (the API server has already refused those)."""
+    text = str(value).strip()
+    for suffix, factor in sorted(_SUFFIXES.items(), key=lambda kv: -len(kv[0])):
+        if text.endswith(suffix):
+            number, scale = text[: -len(suffix)], factor
+            break
+    else:
+        number, scale = text, 1
+    try:
+        return int(float(number) * scale)
+    except ValueError:
+        return 0
+
+
+# The fetch init container's memory (measured: bench/results.json bundles_large, peak RSS of
+# a 1 GiB fetch from S3 with the page cache handed back): what it uses is the interpreter,
+# boto3 and a few 1 MiB buffers, whatever the bundle's size.
+FETCH_RESOURCES: dict[str, Any] = {
+    "requests": {"cpu": "100m", "memory": "64Mi"},
+    "limits": {"memory": "192Mi"},
+}
+FETCH_TIMEOUT_S = 60  # the store's and fetch's own bound for a bundle-less artifact
+# Slowest throughput a bundle is given time for (download and unpack together): a bundle's
+# fetch is bounded at its size over this, on top of the base, never at a fixed minute.
+FETCH_FLOOR_BYTES_PER_S = 16 << 20
+
+
+def fetch_resources(serve: Serve) -> dict[str, Any]:
+    """FETCH_RESOURCES, and with caches that fit, an ephemeral-storage request of what the
+    bundle needs: the scheduler places the pod where the node's disk has room for it."""
+    if not serve.caches or not serve.caches_needs or not serve.fits():
+        return FETCH_RESOURCES
+    requests = {**FETCH_RESOURCES["requests"], "ephemeral-storage": str(serve.caches_needs)}
+    return {**FETCH_RESOURCES, "requests": requests}
+
+
+def caches_args(serve: Serve) -> list[str]:
+    """fetch's flags for a pod that unpacks caches: where, the room, and a time limit that
+    grows with the bundle."""
+    if not serve.caches:
+        return []
+    seconds = FETCH_TIMEOUT_S + serve.caches_needs // FETCH_FLOOR_BYTES_PER_S
+    room = ["--caches-room", str(serve.caches_room)] if serve.caches_room else []
+    return ["--caches-dest", CACHES_DIR, *room, "--timeout-seconds", str(seconds)]
 
 
 def build_fetch_container(
@@ -124,7 +213,7 @@ def build_fetch_container(
         *(["--bundle", o.bundle] if o.bundle else []),
         *(["--from-volume", IMAGE_VOLUME_DIR] if o.from_volume else []),
         *(["--fail-closed"] if serve.fail_closed else []),
-        *(["--caches-dest", CACHES_DIR] if serve.caches else []),
+        *caches_args(serve),
     ]  # fmt: skip
     mounts: list[dict[str, Any]] = [{"name": VOLUME, "mountPath": RESULTS_DIR}]
     if o.from_volume:
@@ -132,10 +221,7 @@ def build_fetch_container(
     if serve.caches:
         mounts.append({"name": CACHES_VOLUME, "mountPath": CACHES_DIR})
     fetch = tunefleet_container(
-        FETCH_CONTAINER,
-        command,
-        config,
-        mounts=mounts,
+        FETCH_CONTAINER, command, config, mounts=mounts, resources=fetch_resources(serve)
     )
     return with_storage(fetch, storage)
 
@@ -150,9 +236,9 @@ CACHES_DIR = kinds.kind("caches").MOUNT_DIR
 
 
 def caches_volume(entries: Sequence[cc.Packed]) -> dict[str, Any]:
-    """Room for every cache unpacked, and as much again for what the stack adds to it."""
-    unpacked = sum(e.bytes for e in entries)
-    return {"name": CACHES_VOLUME, "emptyDir": {"sizeLimit": str(2 * unpacked + (64 << 20))}}
+    """Room for every cache unpacked with its largest archive beside it while fetch works,
+    and as much again as they unpack to for what the stack adds (artifacts/bundle.py)."""
+    return {"name": CACHES_VOLUME, "emptyDir": {"sizeLimit": str(bundle.volume_bytes(entries))}}
 
 
 def caches_mount() -> dict[str, Any]:

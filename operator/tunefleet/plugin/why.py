@@ -473,9 +473,11 @@ def _fix_for_died(p: _Pod, died: served.Died, pod: str) -> str:
     then = f"then recreate the pod: {p.recreate}"
     if died.how == served.OOM_KILLED:
         return (
-            f"the bundle is larger than {FETCH_CONTAINER} can fetch and unpack within its "
-            f"memory limit ({limit}), which tunefleet sets when it admits the pod: raise that "
-            f"limit, or {smaller}; fetch's log before it died: `{log}`; {then}"
+            f"{FETCH_CONTAINER} streams a bundle of any size in a few tens of MiB, so an "
+            f"OOMKill at its memory limit ({limit}) means something lowered that limit (a "
+            "LimitRange or a policy that rewrites pods in this namespace: let tunefleet's own "
+            "stand), or a tunefleet before streamed fetches admitted the pod (it read bundles "
+            f"whole: upgrade); fetch's log before it died: `{log}`; {then}"
         )
     if died.how == served.KILLED:
         return (
@@ -489,8 +491,9 @@ def _fix_for_died(p: _Pod, died: served.Died, pod: str) -> str:
         return (
             "the bundle, unpacked, with what the stack adds to its caches, is larger than the "
             f"{died.volume} volume's sizeLimit ({died.size_limit}), which tunefleet sizes from "
-            f"the artifact's caches when it admits the pod: raise that limit, or {smaller}; "
-            f"{then}"
+            "the artifact's caches when it admits the pod (room for them, their largest "
+            "archive, and as much again for the stack): the stack wrote more than that into "
+            f"its caches; bound what it writes there, or {smaller}; {then}"
         )
     if died.volume:
         return (

@@ -36,6 +36,7 @@ from tunefleet import images, naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.api.conditions import Phase
 from tunefleet.artifacts import kinds
+from tunefleet.artifacts.bundle import needs as bundle_needs
 from tunefleet.artifacts.volumes import VolumeVerdict
 from tunefleet.builders import capture as capture_b
 from tunefleet.builders.placement import (
@@ -60,6 +61,7 @@ from tunefleet.builders.webhook import (
     results_config_map_volume,
     results_mount,
     results_volume,
+    serve_caches,
     tunable_env,
 )
 from tunefleet.config import Config
@@ -476,7 +478,7 @@ def _mount_image_volume(
     ]
     if art.caches:
         order = FetchOrder(art.uri, art.sha256, art.manifest_sha256, choice.model, from_volume=True)
-        serve = Serve(devices, spec.serving.fail_closed, caches=True)
+        serve = serve_caches(devices, spec.serving.fail_closed, art.caches, pspec)
         copy = build_fetch_container(order, serve, PodStorage(), config)
         pspec["initContainers"] = [copy, *(pspec.get("initContainers") or [])]
     chosen = spec.serving.credentials_secret
@@ -493,7 +495,7 @@ def _fetch_from_store(pspec: dict[str, Any], choice: Choice, devices: int, confi
     # profile's policy decides (untuned and counted as Degraded, or refused).
     storage = pod_storage(spec, config, read_only=True, serving=True).optional()
     order = FetchOrder(art.uri, art.sha256, art.manifest_sha256, choice.model, art.bundle)
-    serve = Serve(devices, spec.serving.fail_closed, bool(art.caches))
+    serve = serve_caches(devices, spec.serving.fail_closed, art.caches, pspec)
     fetch = build_fetch_container(order, serve, storage, config)
     pspec["initContainers"] = [fetch, *(pspec.get("initContainers") or [])]
     extra = [caches_volume(art.caches)] if art.caches else []
@@ -532,7 +534,13 @@ def _pick_at_node(
     )
     node_map = nodemap.config_map_name(naming.label_key(spec))
     carried = [c for o in at.served if o.artifact for c in o.artifact.caches]
-    serve = Serve(devices, closed, bool(carried))
+    # The largest of the candidates' bundles: the node's model decides which is unpacked.
+    biggest = max(
+        (list(o.artifact.caches) for o in at.served if o.artifact),
+        key=bundle_needs,
+        default=[],
+    )
+    serve = serve_caches(devices, closed, biggest, pspec)
     pick = build_pick_container(candidates, node_map, serve, storage, config)
     pspec["initContainers"] = [pick, *(pspec.get("initContainers") or [])]
     models = [o.model for o in at.offers]
