@@ -128,6 +128,9 @@ WEBHOOK_RUN: dict[str, Any] = {
     "client_create_p99_ms": None,
 }
 
+# One codec's figures on the 1 GiB corpus (bench_large.codecs).
+LARGE_CODEC = ("pack_s", "unpack_s", "tar_x_s", "size", "unpack_over_tar_x")
+
 GROUPS: dict[str, Any] = {
     "kill_storm": {
         "kills": None,
@@ -308,6 +311,25 @@ GROUPS: dict[str, Any] = {
         "bundle_hits_every_pod": None,
         "compiled_outputs_identical": None,
         "runs": None,
+        "provenance": None,
+    },
+    "bundles_large": {
+        "codecs": {
+            "corpus": None,
+            "gzip": dict.fromkeys(LARGE_CODEC),
+            "zstd": dict.fromkeys(LARGE_CODEC),
+        },
+        "s3": {
+            "bundle": None,
+            "apply_to_ready_s": None,
+            "tune_side": None,
+            "pods": None,
+            "fetch_s": None,
+            "tar_x_s": None,
+            "fetch_over_tar_x": None,
+            "peak_bytes_max": None,
+            "all_same_bytes": None,
+        },
         "provenance": None,
     },
     "bundles_vllm": {

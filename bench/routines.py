@@ -18,6 +18,7 @@ ROUTINES = {
     "capture": "the capture sidecar and loop",
     "bundles": "real node, real torch: a torchCompile bundle's start-up saving (eager, cold, bundle)",
     "vllm": "real node, real vLLM: a vllm bundle's server start-up saving (eager, cold, bundle)",
+    "large": "a 1 GiB bundle: gzip against zstd, and tune, publish and fetch on the real node (S3)",
     "oci": "real node: 20-pod bursts served an OCI volume image, OCI fetch, S3 ConfigMap, S3 fetch",
     "fleet": "two clusters on one store in fleet mode: Jobs per identity, adoption, takeover",
 }

@@ -677,6 +677,13 @@ def run_parts(only: list[str], options: dict[str, Any]) -> None:
             figures = bench_vllm.run(cluster, s3, options["vllm_pods"])
             results["bundles_vllm"] = stamped(figures)
             done("vllm", t)
+        if "large" in only:
+            from bench import bench_large
+
+            t = begin("large")
+            figures = bench_large.run(cluster, s3, options["large_pods"])
+            results["bundles_large"] = stamped(figures)
+            done("large", t)
         if "fleet" in only:
             from bench import bench_fleet
 

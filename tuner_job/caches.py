@@ -28,6 +28,7 @@ import re
 import stat
 import sys
 import tarfile
+import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -404,6 +405,7 @@ def pack(s: CacheSpec, root: Path, out: Path) -> Packed | Skipped:
     variables = ", ".join(var for var, _ in s.env)
     made = not out.exists()
     tmp = out / f".{s.payload}.tmp"
+    started = time.monotonic()
     try:
         out.mkdir(parents=True, exist_ok=True)
         got = pack_file(base, tmp, s.max_bytes)
@@ -420,6 +422,12 @@ def pack(s: CacheSpec, root: Path, out: Path) -> Packed | Skipped:
             "and does the workload reach the code that fills the cache?)",
         )
     os.replace(tmp, out / s.payload)
+    print(
+        f"tuner_job: cache {s.name}: {got.files} file(s), {got.bytes} bytes packed to "
+        f"{got.size} in {time.monotonic() - started:.2f} s",
+        file=sys.stderr,
+        flush=True,
+    )
     if got.left_out:
         print(
             f"tuner_job: cache {s.name}: left out {len(got.left_out)} link(s) or special "

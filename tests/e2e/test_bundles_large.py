@@ -18,9 +18,7 @@ Tuned once for both tests (module scope); the namespace and the S3 objects go af
 
 from __future__ import annotations
 
-import hashlib
 import json
-import random
 import re
 import uuid
 from collections.abc import Iterator
@@ -30,31 +28,15 @@ from typing import Any
 import pytest
 
 from testbed.cluster import create_namespace, delete_namespace, wait_for_real_node_gpus
+from testbed.large import BLOB, expected_sha256, large_profile, serving_pod
 from testbed.operator import SERVING_SECRET, InCluster, create_s3_secret
 from testbed.poll import eventually
-from testbed.real_node import SHAPES, model_pod, real_profile
 from tests.support.kube import apply, condition, create, events_about, pod_of, ready, statuses
 
 pytestmark = pytest.mark.e2e
 
 SIZE_MIB = 1024
-SEED = 52
 PEAK_LIMIT = 64 << 20
-# The stack's first run: 1 GiB of a seeded generator's bytes (incompressible: gzip keeps the
-# archive as big as the cache) where its variable says.
-STACK_WRITES = (
-    f"import os, random; r = random.Random({SEED}); "
-    "f = open(os.path.join(os.environ['BIGSTACK_CACHE'], 'blob.bin'), 'wb'); "
-    f"[f.write(r.randbytes(1 << 20)) for _ in range({SIZE_MIB})]; f.close()"
-)
-BLOB = "/tunefleet/caches/big/data/blob.bin"
-
-
-def expected_sha256() -> str:
-    r, h = random.Random(SEED), hashlib.sha256()
-    for _ in range(SIZE_MIB):
-        h.update(r.randbytes(1 << 20))
-    return h.hexdigest()
 
 
 @dataclass
@@ -97,18 +79,7 @@ def tuned(cluster: Any, in_cluster: InCluster, s3: Any, made: dict[str, str]) ->
         cluster.kubectl, namespace, s3.reader_access_key, s3.reader_secret_key, SERVING_SECRET
     )
     secret = create_s3_secret(cluster.kubectl, namespace, s3.access_key, s3.secret_key)
-    profile = real_profile(
-        "big",
-        s3,
-        secret,
-        workload={
-            "command": ["python3", "-c", STACK_WRITES],
-            "shapes": SHAPES,
-            "env": [{"name": "FAKE_TORCH_BACKEND", "value": "rocm"}],
-        },
-        artifacts={"caches": [{"kind": "cache", "name": "big", "env": "BIGSTACK_CACHE"}]},
-    )
-    profile["spec"]["storage"]["uri"] = f"s3://{s3.bucket}/{prefix}"
+    profile = large_profile("big", s3, secret, prefix, SIZE_MIB)
     apply(cluster, namespace, profile)
     prof = ready(cluster, namespace, "big", timeout=900)
     assert prof["status"]["phase"] == "Ready", json.dumps(prof["status"], indent=2)[:4000]
@@ -132,15 +103,6 @@ def _serving(cluster: Any, namespace: str, name: str) -> dict[str, Any]:
     )
 
 
-def _pod(name: str, command: str, **limits: str) -> dict[str, Any]:
-    pod = model_pod(name, "big", gpus=1)
-    pod["spec"]["restartPolicy"] = "Always"  # a server: a restart would show in its count
-    container = pod["spec"]["containers"][0]
-    container["command"] = ["sh", "-c", command]
-    container["resources"]["limits"].update(limits)
-    return pod
-
-
 def _peak(log: str) -> int:
     m = re.search(r"memory peak (\d+) bytes", log)
     assert m, f"fetch said no memory peak:\n{log}"
@@ -157,7 +119,7 @@ def test_a_1_gib_cache_is_tuned_and_served_whole_in_bounded_memory(
     assert cache["size"] >= SIZE_MIB << 20  # incompressible: the archive is the GiB
 
     serve = f'sha256sum {BLOB} && echo "served" && sleep 3600'
-    create(cluster, t.namespace, _pod("whole", serve))
+    create(cluster, t.namespace, serving_pod("whole", "big", serve))
     pod = _serving(cluster, t.namespace, "whole")
     fetch = statuses(pod)["tunefleet-fetch"]
     done = fetch["state"].get("terminated") or {}
@@ -171,7 +133,7 @@ def test_a_1_gib_cache_is_tuned_and_served_whole_in_bounded_memory(
         timeout=120,
         interval=2,
     )
-    assert log.split()[0] == expected_sha256(), log
+    assert log.split()[0] == expected_sha256(SIZE_MIB), log
     peak = _peak(fetch_log)
     assert peak <= PEAK_LIMIT, f"fetch's peak memory {peak >> 20} MiB (limit 64 MiB)\n{fetch_log}"
     cluster.kubectl("delete", "pod", "-n", t.namespace, "whole", "--wait=false")
@@ -182,7 +144,9 @@ def test_a_bundle_larger_than_the_pod_may_hold_is_told_and_the_pod_starts_cold(
 ) -> None:
     t = tuned(cluster, in_cluster, s3, cleanup)
     serve = f'test -e {BLOB} && echo "warm" || echo "cold"; sleep 3600'
-    create(cluster, t.namespace, _pod("small", serve, **{"ephemeral-storage": "256Mi"}))
+    create(
+        cluster, t.namespace, serving_pod("small", "big", serve, **{"ephemeral-storage": "256Mi"})
+    )
     pod = _serving(cluster, t.namespace, "small")
     fetch = statuses(pod)["tunefleet-fetch"]
     done = fetch["state"].get("terminated") or {}

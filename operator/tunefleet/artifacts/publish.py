@@ -302,7 +302,14 @@ def upload_artifact(
     namespace, profile, gpu_model = manifest.namespace, manifest.profile, manifest.gpu_model
     base = location.key(namespace, profile, gpu_model, sha)
     kind = kinds.of(manifest)  # a known one: check_artifact or the merge made it
-    bundle.upload(store, base, manifest, archives or {})
+    if archives:
+        started = time.monotonic()
+        bundle.upload(store, base, manifest, archives)
+        size = sum(c.size for c in manifest.caches)
+        print(
+            f"{PROG}: caches uploaded, {size} bytes in {time.monotonic() - started:.2f} s",
+            file=sys.stderr,
+        )
     created = store.put_if_absent(f"{base}/{kind.PAYLOAD}", results, kind.CONTENT_TYPE)
     if finish is not None:
         manifest = finish(manifest)

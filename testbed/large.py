@@ -1,0 +1,64 @@
+"""A real-size bundle for the real node (tests/e2e/test_bundles_large.py, `python -m bench
+large`): the stand-in inference image's workload plays a stack whose autotuner leaves a GiB of
+incompressible bytes (a seeded generator's, so anyone can recompute their SHA-256) in the
+directory its variable names (the generic `cache` kind)."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from typing import Any
+
+from testbed.real_node import SHAPES, model_pod, real_profile
+
+SEED = 52
+CACHE = "big"
+VARIABLE = "BIGSTACK_CACHE"
+BLOB = f"/tunefleet/caches/{CACHE}/data/blob.bin"  # where a model pod finds it
+
+
+def stack_writes(mib: int) -> str:
+    """The workload: `mib` MiB of the seeded generator's bytes where its variable says."""
+    return (
+        f"import os, random; r = random.Random({SEED}); "
+        f"f = open(os.path.join(os.environ['{VARIABLE}'], 'blob.bin'), 'wb'); "
+        f"[f.write(r.randbytes(1 << 20)) for _ in range({mib})]; f.close()"
+    )
+
+
+def expected_sha256(mib: int) -> str:
+    """The SHA-256 of what stack_writes(mib) writes."""
+    r, h = random.Random(SEED), hashlib.sha256()
+    for _ in range(mib):
+        h.update(r.randbytes(1 << 20))
+    return h.hexdigest()
+
+
+def large_profile(name: str, s3: Any, secret: str, prefix: str, mib: int) -> dict[str, Any]:
+    """real_profile with TunableOp results (the stand-in's) and the `mib` MiB cache, stored
+    under `prefix` of the bucket (the caller's own, emptied afterwards)."""
+    profile = real_profile(
+        name,
+        s3,
+        secret,
+        workload={
+            "command": ["python3", "-c", stack_writes(mib)],
+            "shapes": SHAPES,
+            "env": [{"name": "FAKE_TORCH_BACKEND", "value": "rocm"}],
+        },
+        artifacts={"caches": [{"kind": "cache", "name": CACHE, "env": VARIABLE}]},
+        tuning={"backoffLimit": 0, "budgetSeconds": 900, "activeDeadlineSeconds": 1800},
+    )
+    profile["spec"]["storage"]["uri"] = f"s3://{s3.bucket}/{prefix}"
+    return profile
+
+
+def serving_pod(name: str, profile: str, command: str, **limits: str) -> dict[str, Any]:
+    """A model pod that runs `command` (sh) and stays up (a server: a restart would show in
+    its counts), with these limits added to its container's."""
+    pod = model_pod(name, profile, gpus=1)
+    pod["spec"]["restartPolicy"] = "Always"
+    container = pod["spec"]["containers"][0]
+    container["command"] = ["sh", "-c", command]
+    container["resources"]["limits"].update(limits)
+    return pod
