@@ -285,6 +285,8 @@ def install(cluster: Any, s3_endpoint: str) -> Operator:
             # No model here has a real GPU: the tests write stand-in output for kwok's models
             # (hack/local-cluster-values.yaml says the same to the chart's operator).
             "TUNEFLEET_STAND_IN_MODELS": "*",
+            # The real node accounts no local storage (hack/local-cluster-values.yaml).
+            "TUNEFLEET_FETCH_STORAGE_REQUESTS": "false",
         },
         log=work / "operator.log",
     )

@@ -58,6 +58,10 @@ class Config:
     # The operator's own read identity for delivering artifacts as ConfigMaps (delivery.py):
     # the name of the Secret the chart put in its environment, or its cloud identity.
     delivery_credentials_secret: str = ""
+    # Fetch init containers request the ephemeral storage their bundle needs (the chart's
+    # delivery.storageRequests): off for nodes that account no local storage, where any
+    # ephemeral-storage request leaves a pod Pending.
+    fetch_storage_requests: bool = True
     delivery_cloud_identity: bool = False
     delivery_timeout_s: float = 30.0
     # oci:// stores: the operator's registry read identity (a mounted dockerconfigjson Secret's
@@ -124,6 +128,7 @@ class Config:
                 "TUNEFLEET_DEFAULT_SERVING_CREDENTIALS_SECRET", ""
             ),
             delivery_credentials_secret=env("TUNEFLEET_DELIVERY_CREDENTIALS_SECRET", ""),
+            fetch_storage_requests=_env_bool("TUNEFLEET_FETCH_STORAGE_REQUESTS", True),
             delivery_cloud_identity=_env_bool("TUNEFLEET_DELIVERY_CLOUD_IDENTITY", False),
             delivery_timeout_s=float(env("TUNEFLEET_DELIVERY_TIMEOUT_SECONDS", "30")),
             oci_config=env("TUNEFLEET_OCI_CONFIG", ""),

@@ -113,13 +113,18 @@ class Serve:
     caches: bool = False
     caches_needs: int = 0
     caches_room: int = 0
+    request_storage: bool = True  # Config.fetch_storage_requests
 
     def fits(self) -> bool:
         return not self.caches_room or self.caches_needs <= self.caches_room
 
 
 def serve_caches(
-    devices: int, fail_closed: bool, entries: Sequence[cc.Packed], pod_spec: dict[str, Any]
+    devices: int,
+    fail_closed: bool,
+    entries: Sequence[cc.Packed],
+    pod_spec: dict[str, Any],
+    config: Config,
 ) -> Serve:
     """Serve for an artifact whose caches the pod unpacks: what they need, and the pod's own
     bound on its disk (pod_budget)."""
@@ -129,6 +134,7 @@ def serve_caches(
         caches=bool(entries),
         caches_needs=bundle.needs(entries),
         caches_room=pod_budget(pod_spec),
+        request_storage=config.fetch_storage_requests,
     )
 
 
@@ -184,7 +190,7 @@ FETCH_FLOOR_BYTES_PER_S = 16 << 20
 def fetch_resources(serve: Serve) -> dict[str, Any]:
     """FETCH_RESOURCES, and with caches that fit, an ephemeral-storage request of what the
     bundle needs: the scheduler places the pod where the node's disk has room for it."""
-    if not serve.caches or not serve.caches_needs or not serve.fits():
+    if not (serve.caches and serve.caches_needs and serve.request_storage and serve.fits()):
         return FETCH_RESOURCES
     requests = {**FETCH_RESOURCES["requests"], "ephemeral-storage": str(serve.caches_needs)}
     return {**FETCH_RESOURCES, "requests": requests}

@@ -478,7 +478,7 @@ def _mount_image_volume(
     ]
     if art.caches:
         order = FetchOrder(art.uri, art.sha256, art.manifest_sha256, choice.model, from_volume=True)
-        serve = serve_caches(devices, spec.serving.fail_closed, art.caches, pspec)
+        serve = serve_caches(devices, spec.serving.fail_closed, art.caches, pspec, config)
         copy = build_fetch_container(order, serve, PodStorage(), config)
         pspec["initContainers"] = [copy, *(pspec.get("initContainers") or [])]
     chosen = spec.serving.credentials_secret
@@ -495,7 +495,7 @@ def _fetch_from_store(pspec: dict[str, Any], choice: Choice, devices: int, confi
     # profile's policy decides (untuned and counted as Degraded, or refused).
     storage = pod_storage(spec, config, read_only=True, serving=True).optional()
     order = FetchOrder(art.uri, art.sha256, art.manifest_sha256, choice.model, art.bundle)
-    serve = serve_caches(devices, spec.serving.fail_closed, art.caches, pspec)
+    serve = serve_caches(devices, spec.serving.fail_closed, art.caches, pspec, config)
     fetch = build_fetch_container(order, serve, storage, config)
     pspec["initContainers"] = [fetch, *(pspec.get("initContainers") or [])]
     extra = [caches_volume(art.caches)] if art.caches else []
@@ -540,7 +540,7 @@ def _pick_at_node(
         key=bundle_needs,
         default=[],
     )
-    serve = serve_caches(devices, closed, biggest, pspec)
+    serve = serve_caches(devices, closed, biggest, pspec, config)
     pick = build_pick_container(candidates, node_map, serve, storage, config)
     pspec["initContainers"] = [pick, *(pspec.get("initContainers") or [])]
     models = [o.model for o in at.offers]
