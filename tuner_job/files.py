@@ -62,7 +62,7 @@ def write_termination_log(path: str | None, message: str) -> None:
 CHUNK = 1 << 20
 # How much a writer lets pile up before it syncs and drops it (fdatasync, then DONTNEED: only
 # clean pages can be dropped).
-DROP_EVERY = 16 << 20
+DROP_EVERY = 2 << 20
 
 
 def drop_cache(fd: int, *, written: bool) -> None:

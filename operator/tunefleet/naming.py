@@ -47,6 +47,10 @@ POD_MODEL_ANNOTATION = "tunefleet.io/gpu-model"
 ARTIFACT_CONFIG_MAP_ANNOTATION = "tunefleet.io/artifact-configmap"
 # The image volume (repository@digest) a pod mounts its artifact from (oci:// stores).
 ARTIFACT_VOLUME_ANNOTATION = "tunefleet.io/artifact-volume"
+# On a model pod, set by its author: the most disk its caches may take (a quantity), where its
+# node accounts no local storage and no ephemeral-storage limit can say it (builders/webhook.py
+# pod_budget).
+CACHES_LIMIT_ANNOTATION = "tunefleet.io/caches-limit"
 # "unsigned: <why>": an oci:// volume image mounted under signing policy Optional without a
 # valid signature (artifacts/volumes.py); absent when it was signed, or not mounted.
 ARTIFACT_SIGNATURE_ANNOTATION = "tunefleet.io/artifact-signature"

@@ -11,6 +11,7 @@ import os
 import tarfile
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zstandard
@@ -152,15 +153,20 @@ def test_packing_is_the_same_bytes_for_the_same_files(tmp_path: Path) -> None:
 
 
 def test_the_pod_budget_and_what_fetch_is_given_follow_the_bundle() -> None:
-    spec = {
-        "containers": [
-            {"name": "a", "resources": {"limits": {"ephemeral-storage": "1Gi"}}},
-            {"name": "b", "resources": {"limits": {"ephemeral-storage": "500M"}}},
-            {"name": "c"},
-        ]
+    pod: dict[str, Any] = {
+        "spec": {
+            "containers": [
+                {"name": "a", "resources": {"limits": {"ephemeral-storage": "1Gi"}}},
+                {"name": "b", "resources": {"limits": {"ephemeral-storage": "500M"}}},
+                {"name": "c"},
+            ]
+        }
     }
-    assert pod_budget(spec) == (1 << 30) + 500_000_000
-    assert pod_budget({"containers": [{"name": "a"}]}) == 0
+    assert pod_budget(pod) == (1 << 30) + 500_000_000
+    assert pod_budget({"spec": {"containers": [{"name": "a"}]}}) == 0
+    pod["metadata"] = {"annotations": {"tunefleet.io/caches-limit": "256Mi"}}
+    assert pod_budget(pod) == 256 << 20  # the smaller of the two
+    assert pod_budget({"metadata": pod["metadata"]}) == 256 << 20
     entry = cc.Packed("cache", "blob", "cache-blob.tar.gz", "0" * 64, 3 << 30, 10, 3 << 30)
     fits = Serve(1, False, True, bundle.needs([entry]), 0)
     resources = fetch_resources(fits)

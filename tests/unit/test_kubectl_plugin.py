@@ -672,7 +672,7 @@ def fetch_status(pod: dict[str, Any], phase: str, fetch: dict[str, Any]) -> dict
 def test_why_a_fetch_that_was_oom_killed_says_so_with_its_limit_and_the_fix() -> None:
     """Before, it read `tunefleet-fetch ended (exit 137) without saying what it wrote`, the
     profile stayed Ready, and nothing said the pod never started."""
-    died = "the tunefleet-fetch init container was OOMKilled (memory limit 192Mi); restarts: 4"
+    died = "the tunefleet-fetch init container was OOMKilled (memory limit 128Mi); restarts: 4"
     counted = f"1 model pod(s) run without the artifact: 1 fetch_died ({died}; pods: m-1)."
     prof = LLM.phase("Degraded").obj()
     prof["status"]["conditions"].append(degraded("True", "PodsStartedUntuned", counted))
@@ -695,7 +695,7 @@ def test_why_a_fetch_that_was_oom_killed_says_so_with_its_limit_and_the_fix() ->
     assert f"  Reason:      {died} (from tunefleet-fetch's state in the pod's status)" in text
     assert (
         "  Fix:         tunefleet-fetch streams a bundle of any size in a few tens of MiB, so an "
-        "OOMKill at its memory limit (192Mi) means something lowered that limit (a LimitRange "
+        "OOMKill at its memory limit (128Mi) means something lowered that limit (a LimitRange "
         "or a policy that rewrites pods in this namespace: let tunefleet's own stand), or a "
         "tunefleet before streamed fetches admitted the pod (it read bundles whole: upgrade); "
         "fetch's log before it died: `kubectl logs -n ml m-1 -c tunefleet-fetch --previous`; "
@@ -713,7 +713,7 @@ def test_why_a_fetch_that_was_oom_killed_says_so_with_its_limit_and_the_fix() ->
     assert (
         report["verdict"] == "fetch-died" and "was killed (exit 137, SIGKILL)" in report["reason"]
     )
-    assert "by the OOM killer (its memory limit: 192Mi) or by its node" in report["fix"]
+    assert "by the OOM killer (its memory limit: 128Mi) or by its node" in report["fix"]
     log = "Traceback (most recent call last):\nRuntimeError: boom"
     crashed = fetch_status(
         pod, "Pending", {"state": {"terminated": {"exitCode": 1, "message": log}}}
@@ -994,6 +994,7 @@ def test_download_of_a_caches_artifact_unpacks_each_cache_or_nothing(
     (tmp_path / "c" / "tc" / "inductor" / "entry").write_bytes(b"graph")
     packed = cc.pack(cc.spec("torchCompile", "tc"), tmp_path / "c", tmp_path / "o")
     assert isinstance(packed, cc.Packed)
+    capsys.readouterr()  # the tuner's own line about packing: not the plugin's output
     manifest = write_caches_output(
         tmp_path / "o",
         [packed],

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import resource
 import signal
 import sys
 import tempfile
@@ -358,22 +359,25 @@ def check_manifest_signature(
     as the profile asks (signing.sign_blob, manifest.json.sig beside it). A signature that is
     there but does not verify is refused under either policy: it is forged or altered. One
     that is missing is refused only where a signature is required."""
-    from . import signing
-
-    key_of_signature = location.key(MANIFEST_NAME + signing.BLOB_SIGNATURE_SUFFIX)
-    where = location.uri(key_of_signature)
     try:
         pem = sig.key_file.read_bytes() if sig.key_file is not None else sig.key_pem
-        key = signing.load_public_key(pem) if pem.strip() else None
-    except (OSError, signing.SigningError) as exc:
+    except OSError as exc:
         raise FetchError(f"not served: the verification key: {exc}") from None
-    if key is None:
+    if not pem.strip():
         if sig.required:
             raise FetchError(
                 "not served: a signature is required, and the profile gives no key to verify "
                 "it: set spec.storage.signing.publicKey (the PEM of cosign.pub)"
             )
         return
+    from . import signing  # cryptography: only where there is a key (fetch's memory)
+
+    key_of_signature = location.key(MANIFEST_NAME + signing.BLOB_SIGNATURE_SUFFIX)
+    where = location.uri(key_of_signature)
+    try:
+        key = signing.load_public_key(pem)
+    except signing.SigningError as exc:
+        raise FetchError(f"not served: the verification key: {exc}") from None
     try:
         signature = store.get(key_of_signature, signing.MAX_BLOB_SIGNATURE)
     except NotFoundError:
@@ -459,11 +463,13 @@ def _said_cost(got: Fetched) -> None:
         return
     cost = dict(got.caches_cost)
     peak = peak_memory()
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10  # KiB on Linux
     print(
         f"{PROG}: caches {int(cost.get('packed', 0))} bytes packed, "
         f"{int(cost.get('unpacked', 0))} unpacked; download and verify "
         f"{cost.get('download', 0.0):.2f} s, unpack {cost.get('unpack', 0.0):.2f} s; "
-        f"memory peak {peak if peak is not None else 'unknown'} bytes",
+        f"memory peak {peak if peak is not None else 'unknown'} bytes (the process's own "
+        f"peak RSS {rss} bytes)",
         file=sys.stderr,
         flush=True,
     )

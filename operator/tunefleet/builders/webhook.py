@@ -120,36 +120,40 @@ class Serve:
 
 
 def serve_caches(
-    devices: int,
-    fail_closed: bool,
-    entries: Sequence[cc.Packed],
-    pod_spec: dict[str, Any],
-    config: Config,
+    devices: int, fail_closed: bool, entries: Sequence[cc.Packed], budget: int, config: Config
 ) -> Serve:
-    """Serve for an artifact whose caches the pod unpacks: what they need, and the pod's own
-    bound on its disk (pod_budget)."""
+    """Serve for an artifact whose caches the pod unpacks: what they need, and the most the
+    pod may hold (pod_budget)."""
     return Serve(
         devices,
         fail_closed,
         caches=bool(entries),
         caches_needs=bundle.needs(entries),
-        caches_room=pod_budget(pod_spec),
+        caches_room=budget,
         request_storage=config.fetch_storage_requests,
     )
 
 
-def pod_budget(pod_spec: dict[str, Any]) -> int:
-    """The ephemeral storage the kubelet lets this pod use before it evicts it: the sum of
-    its containers' ephemeral-storage limits, where any is set (the kubelet's pod-level
-    limit; 0 when none is, and then only the node's disk bounds it). A bundle that needs
-    more is not unpacked (fetch says so, the stack starts cold): unpacking it would get the
-    pod evicted, again and again under a Deployment."""
+def pod_budget(pod: dict[str, Any]) -> int:
+    """The disk this pod's caches may take (0: no bound of its own, the node's disk is the
+    only one), the smaller of what it says:
+
+    - the sum of its containers' ephemeral-storage limits, where any is set: the kubelet's
+      pod-level limit, past which it evicts the pod (again and again under a Deployment);
+    - its tunefleet.io/caches-limit annotation (a quantity), for nodes that account no local
+      storage, where no ephemeral-storage limit can be set (the pod would stay Pending).
+
+    A bundle that needs more is not unpacked: fetch says so and the stack starts cold."""
     total = 0
-    for c in pod_spec.get("containers") or []:
+    for c in (pod.get("spec") or {}).get("containers") or []:
         limit = ((c.get("resources") or {}).get("limits") or {}).get("ephemeral-storage")
         if limit is not None:
             total += _quantity(limit)
-    return total
+    said = ((pod.get("metadata") or {}).get("annotations") or {}).get(
+        naming.CACHES_LIMIT_ANNOTATION
+    )
+    bounds = [b for b in (total, _quantity(said) if said is not None else 0) if b > 0]
+    return min(bounds) if bounds else 0
 
 
 _SUFFIXES = {
@@ -174,12 +178,14 @@ def _quantity(value: Any) -> int:
         return 0
 
 
-# The fetch init container's memory (measured: bench/results.json bundles_large, peak RSS of
-# a 1 GiB fetch from S3 with the page cache handed back): what it uses is the interpreter,
-# boto3 and a few 1 MiB buffers, whatever the bundle's size.
+# The fetch init container's memory, from what it uses: the interpreter and boto3's S3 client
+# (~42 MiB of anonymous memory) and a few MiB of buffers and page cache, whatever the
+# bundle's size (its cgroup's peak for a 1 GiB bundle: tests/e2e/test_bundles_large.py,
+# bench/results.json bundles_large). The limit leaves twice that for oras (oci://), a
+# signature's cryptography and an allocator's slack.
 FETCH_RESOURCES: dict[str, Any] = {
     "requests": {"cpu": "100m", "memory": "64Mi"},
-    "limits": {"memory": "192Mi"},
+    "limits": {"memory": "128Mi"},
 }
 FETCH_TIMEOUT_S = 60  # the store's and fetch's own bound for a bundle-less artifact
 # Slowest throughput a bundle is given time for (download and unpack together): a bundle's

@@ -58,6 +58,7 @@ from tunefleet.builders.webhook import (
     caches_mount,
     caches_volume,
     packed_volume,
+    pod_budget,
     results_config_map_volume,
     results_mount,
     results_volume,
@@ -462,7 +463,7 @@ def _mount_from_config_map(
 
 
 def _mount_image_volume(
-    pspec: dict[str, Any], choice: Choice, devices: int, config: Config
+    pspec: dict[str, Any], choice: Choice, devices: int, config: Config, budget: int
 ) -> None:
     """The volume image as the results directory, by digest, in the profile's own repository:
     the kubelet pulls it once per node (with the serving Secret as a pull secret) and every
@@ -478,7 +479,7 @@ def _mount_image_volume(
     ]
     if art.caches:
         order = FetchOrder(art.uri, art.sha256, art.manifest_sha256, choice.model, from_volume=True)
-        serve = serve_caches(devices, spec.serving.fail_closed, art.caches, pspec, config)
+        serve = serve_caches(devices, spec.serving.fail_closed, art.caches, budget, config)
         copy = build_fetch_container(order, serve, PodStorage(), config)
         pspec["initContainers"] = [copy, *(pspec.get("initContainers") or [])]
     chosen = spec.serving.credentials_secret
@@ -488,14 +489,16 @@ def _mount_image_volume(
         pspec["imagePullSecrets"] = [*pulls, {"name": secret}]
 
 
-def _fetch_from_store(pspec: dict[str, Any], choice: Choice, devices: int, config: Config) -> None:
+def _fetch_from_store(
+    pspec: dict[str, Any], choice: Choice, devices: int, config: Config, budget: int
+) -> None:
     spec, art = choice.spec, choice.artifact
     # Read-only credentials (spec.serving's or the default serving Secret), never publish's;
     # optional, so a namespace without them never holds the pod: fetch says so and the
     # profile's policy decides (untuned and counted as Degraded, or refused).
     storage = pod_storage(spec, config, read_only=True, serving=True).optional()
     order = FetchOrder(art.uri, art.sha256, art.manifest_sha256, choice.model, art.bundle)
-    serve = serve_caches(devices, spec.serving.fail_closed, art.caches, pspec, config)
+    serve = serve_caches(devices, spec.serving.fail_closed, art.caches, budget, config)
     fetch = build_fetch_container(order, serve, storage, config)
     pspec["initContainers"] = [fetch, *(pspec.get("initContainers") or [])]
     extra = [caches_volume(art.caches)] if art.caches else []
@@ -503,7 +506,12 @@ def _fetch_from_store(pspec: dict[str, Any], choice: Choice, devices: int, confi
 
 
 def _pick_at_node(
-    pspec: dict[str, Any], at: AtNode, devices: int, config: Config, where: tuple[str, str]
+    pspec: dict[str, Any],
+    at: AtNode,
+    devices: int,
+    config: Config,
+    where: tuple[str, str],
+    budget: int,
 ) -> dict[str, str]:
     """Every candidate and the node map, and the init container that picks by its node.
     Returns the candidates offered ({model: pinned sha256, "" where untuned})."""
@@ -540,7 +548,7 @@ def _pick_at_node(
         key=bundle_needs,
         default=[],
     )
-    serve = serve_caches(devices, closed, biggest, pspec, config)
+    serve = serve_caches(devices, closed, biggest, budget, config)
     pick = build_pick_container(candidates, node_map, serve, storage, config)
     pspec["initContainers"] = [pick, *(pspec.get("initContainers") or [])]
     models = [o.model for o in at.offers]
@@ -578,13 +586,14 @@ def build_patch(
     out = copy.deepcopy(pod)
     pspec = out.setdefault("spec", {})
     devices = gpu_count(out, naming.resource_name(spec))
+    budget = pod_budget(out)  # the disk its caches may take (before we add anything)
     capture = _add_capture(pspec, choice, check, config)
     where = (str((out.get("metadata") or {}).get("namespace") or ""), profile_name)
     if code is None:
         code = Code.IMAGE_MISMATCH if check.mismatches else Code.NONE
     warning = "; ".join(check.warnings)
     if isinstance(choice, AtNode):
-        offered = _pick_at_node(pspec, choice, devices, config, where)
+        offered = _pick_at_node(pspec, choice, devices, config, where, budget)
         mark = Admission(INJECTED, code, image_warning=warning, candidates=offered)
     else:
         art = choice.artifact
@@ -596,9 +605,9 @@ def build_patch(
         if choice.from_config_map:
             _mount_from_config_map(pspec, choice, devices, config, where)
         elif choice.from_image_volume:
-            _mount_image_volume(pspec, choice, devices, config)
+            _mount_image_volume(pspec, choice, devices, config, budget)
         else:
-            _fetch_from_store(pspec, choice, devices, config)
+            _fetch_from_store(pspec, choice, devices, config, budget)
         volume = ""
         if not choice.from_config_map and choice.from_image_volume:
             volume = f"{parse_uri(spec.storage.uri).bucket}@{art.volume}"
