@@ -36,6 +36,7 @@ from bench.results import progress
 from testbed.cluster import STANDIN_IMAGE, Cluster, S3Settings
 from testbed.large import BLOB, expected_sha256, large_profile, serving_pod
 from testbed.poll import eventually
+from tunefleet.artifacts import bundle  # registers the zstandard reader (as fetch has it)
 from tuner_job import caches as cc
 
 GIB = 1 << 30
@@ -104,6 +105,7 @@ def codecs(work: Path) -> dict[str, Any]:
     said = _corpus(corpus)
     progress("large", f"codecs on {said}")
     out: dict[str, Any] = {"corpus": said}
+    assert cc.ZSTD_READERS, f"{bundle.__name__} registers no zstd reader: pip install zstandard"
     runs = {"gzip": lambda p: cc.pack_file(corpus, p), "zstd": lambda p: _zstd_pack(corpus, p)}
     for name, pack in runs.items():
         archive = work / f"corpus.{name}"

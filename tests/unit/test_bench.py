@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 
@@ -215,3 +216,36 @@ def test_the_oci_figures_quoted_in_the_docs_are_those_of_results_json() -> None:
         assert row in docs, row
     assert f"**{d['ratio_image_volume_over_none']:.2f}**" in docs
     assert f"**{d['ratio_burst_image_volume_over_none']:.2f}**" in docs
+
+
+def _large_quotes(large: dict[str, Any]) -> list[str]:
+    """What docs/bundles.md quotes of the `large` routine's figures."""
+    s3, codecs = large["s3"], large["codecs"]
+    tune = s3["tune_side"]
+    quotes = [
+        f"fetch (download, verify, unpack) {s3['fetch_s']:.1f} s against `tar -xzf`'s "
+        f"{s3['tar_x_s']:.1f} s: **{s3['fetch_over_tar_x']:.2f}**",
+        f"cgroup peak {s3['peak_bytes_max'] / 2**20:.0f} MiB",
+        f"packed in {tune['pack_s']:.1f} s, uploaded in {tune['upload_s']:.1f} s",
+        f"apply to Ready {s3['apply_to_ready_s']:.0f} s",
+    ]
+    for name in ("gzip", "zstd"):
+        c = codecs[name]
+        quotes.append(
+            f"| {name} | {c['pack_s']:.1f} s | {c['unpack_s']:.1f} s | {c['tar_x_s']:.1f} s | "
+            f"{c['size'] / 2**20:.0f} MiB |"
+        )
+    return quotes
+
+
+def test_the_large_bundle_figures_quoted_in_the_docs_are_those_of_results_json() -> None:
+    """docs/bundles.md quotes the `large` routine's figures (a 1 GiB bundle): a rerun that
+    changes results.json fails here until the quotes follow."""
+    from pathlib import Path
+
+    root = Path(R.__file__).resolve().parents[1]
+    large = json.loads(R.JSON_OUT.read_text())["bundles_large"]
+    docs = " ".join((root / "docs" / "bundles.md").read_text().split())
+    for quoted in _large_quotes(large):
+        assert " ".join(quoted.split()) in docs, quoted
+    assert large["s3"]["all_same_bytes"] and large["s3"]["peak_bytes_max"] <= 64 << 20
