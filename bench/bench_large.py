@@ -77,12 +77,15 @@ def _zstd_pack(base: Path, target: Path) -> None:
         tarfile.open(fileobj=z, mode="w|", format=tarfile.PAX_FORMAT) as tar,
     ):
         for path in sorted(base.rglob("*")):
-            info = tar.gettarinfo(str(path), path.relative_to(base).as_posix())
-            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+            # Each member made as the tuner makes it (never a hard link: the corpus is made
+            # of them, and an archive of caches holds none).
+            info = tarfile.TarInfo(path.relative_to(base).as_posix())
             if path.is_file():
+                info.size, info.mode = path.stat().st_size, 0o644
                 with open(path, "rb") as f:
                     tar.addfile(info, f)
             else:
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
                 tar.addfile(info)
 
 
