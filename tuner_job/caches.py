@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .files import CHUNK, DROP_EVERY, DroppingReader, HashingWriter, drop_cache
+from .files import CHUNK, DROP_EVERY, DroppingReader, HashingWriter, drop_cache, open_once
 
 # kind -> (variable, directory under the cache's root) for each variable the kind sets. The
 # generic kind ("cache") has none of its own: the profile names its variable.
@@ -728,7 +728,7 @@ def unpack_file(
     path: Path, dest: Path, max_bytes: int = DEFAULT_MAX_BYTES, source: str = ""
 ) -> Index:
     """unpack_stream from an archive on disk, its page cache dropped as it is read."""
-    with open(path, "rb") as raw:
+    with open_once(path) as raw:
         return unpack_stream(_Seekable(raw), dest, max_bytes, source or str(path))
 
 
