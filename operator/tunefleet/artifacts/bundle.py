@@ -172,7 +172,10 @@ def _fetch_one(
     target = dest / entry.name
     started = time.monotonic()
     where = f"cache {entry.name}"
-    fd, tmp = tempfile.mkstemp(prefix=f".{entry.name}.", suffix=".part", dir=dest)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{entry.name}.", suffix=".part", dir=dest)
+    except OSError as exc:
+        raise NoRoom(f"{where}: cannot write its archive into {dest}: {exc.strerror}") from None
     try:
         try:
             with os.fdopen(fd, "wb") as f:

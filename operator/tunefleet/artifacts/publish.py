@@ -281,7 +281,7 @@ def publish(
 
     pub = upload_artifact(store, location, results, manifest, with_image, archives)
     pub = sign_manifest(store, location, pub, signing_key)
-    pub = push_bundle(store, location, pub, signing_key, work=directory.parent)
+    pub = push_bundle(store, location, pub, signing_key)
     if manifest.kind != kinds.DEFAULT:
         return pub  # the GEMM library holds TunableOp rows; caches are per identity already
     return add_to_library(store, location, library_scope, pub, results)
@@ -382,11 +382,7 @@ def sign_manifest(
 
 
 def push_bundle(
-    store: Store,
-    location: Location,
-    pub: Published,
-    signing_key: Path | None,
-    work: Path | None = None,
+    store: Store, location: Location, pub: Published, signing_key: Path | None
 ) -> Published:
     """oci:// stores: the artifact as one bundle, then signed with the key pair in
     `signing_key` (a mounted Secret) when given. A failure here fails the Job: the objects
@@ -403,7 +399,8 @@ def push_bundle(
     stored = loads(manifest_bytes)
     digest = ocibundle.push(store, base, stored, pub.manifest_sha256)
     payload = store.get(f"{base}/{kinds.of(stored).PAYLOAD}", 64 << 20)
-    with tempfile.TemporaryDirectory(prefix=".volume-", dir=work) as tmp:
+    # In $TMPDIR (the publish step's writable /tmp): the output directory is read-only there.
+    with tempfile.TemporaryDirectory(prefix="tunefleet-volume-") as tmp:
         archives: dict[str, Path] = {}
         for c in stored.caches:
             # The stored archives (a kept manifest's may be another run's), streamed to disk.

@@ -351,32 +351,15 @@ class OciStore:
         """A file as a blob (digest, size), streamed from disk in one monolithic PUT (the
         distribution spec's simplest upload; requests sends a file body a block at a time)."""
         size, sha = file_sha256(path)
-        digest = f"sha256:{sha}"
-        head = self.client.do_request(self._url("blobs", digest), "HEAD")
-        if head.status_code == 200:
-            return digest, size
-        start = self.client.do_request(
-            f"https://{self.host}/v2/{self.repository}/blobs/uploads/",
-            "POST",
-            headers={"Content-Type": "application/octet-stream"},
-        )
-        if start.status_code not in (200, 202):
-            raise self._fail(f"starting an upload to {self._ref()}", start)
-        location = self.client._get_location(start, self.client.get_container(self._ref()))
-        sep = "&" if "?" in location else "?"
         with open(path, "rb") as f:
-            put = self.client.do_request(
-                f"{location}{sep}digest={digest}",
-                "PUT",
-                data=DroppingReader(f),
-                headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)},
-            )
-        if put.status_code not in (201, 204):
-            raise self._fail(f"uploading a blob to {self._ref()}", put)
-        return digest, size
+            return self._upload(f"sha256:{sha}", DroppingReader(f), size), size
 
     def push_blob(self, data: bytes) -> str:
-        digest = digest_of(data)
+        return self._upload(digest_of(data), data, len(data))
+
+    def _upload(self, digest: str, body: Any, size: int) -> str:
+        """The blob `digest` (body: bytes or a reader of `size` bytes), unless the registry
+        has it already."""
         head = self.client.do_request(self._url("blobs", digest), "HEAD")
         if head.status_code == 200:
             return digest
@@ -392,8 +375,8 @@ class OciStore:
         put = self.client.do_request(
             f"{location}{sep}digest={digest}",
             "PUT",
-            data=data,
-            headers={"Content-Type": "application/octet-stream", "Content-Length": str(len(data))},
+            data=body,
+            headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)},
         )
         if put.status_code not in (201, 204):
             raise self._fail(f"uploading a blob to {self._ref()}", put)

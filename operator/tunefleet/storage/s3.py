@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import io
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -275,6 +276,10 @@ class S3Store:
     def get_file(self, key: str, dest: BinaryIO, max_bytes: int) -> Received:
         """The object streamed into dest, hashed as it arrives; its stored whole-object
         checksum, where it has one, compared at the end (botocore checks it as well)."""
+        return self._read(key, dest, max_bytes)[0]
+
+    def _read(self, key: str, dest: BinaryIO, max_bytes: int) -> tuple[Received, dict[str, Any]]:
+        """get_file, and the response's metadata (its ETag: read_tagged)."""
         self._check_deadline(f"downloading {self.uri(key)}")
         try:
             resp = self.client.get_object(Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
@@ -289,15 +294,17 @@ class S3Store:
                 raise NotFoundError(f"no object at {self.uri(key)}") from None
             raise StoreError(f"downloading {self.uri(key)} failed: {_describe(exc)}") from None
         except BotoCoreError as exc:
+            # Includes botocore's own response checksum validation failing.
             raise StoreError(f"downloading {self.uri(key)} failed: {_describe(exc)}") from None
         if got.size != size:
             raise StoreError(f"{self.uri(key)}: {got.size} of its {size} bytes arrived")
         stored = resp.get("ChecksumSHA256")
+        # A whole-object checksum (multipart uploads have "...-N" composites) must match.
         if stored and "-" not in stored:
             actual = base64.b64encode(bytes.fromhex(got.sha256)).decode("ascii")
             if actual != stored:
                 raise StoreError(f"{self.uri(key)} does not match its stored SHA-256 checksum")
-        return got
+        return got, dict(resp)
 
     def put_file_if_absent(self, key: str, path: Path, content_type: str) -> bool:
         """Write once from a file: one PUT for a small one, else a multipart upload whose
@@ -403,26 +410,6 @@ class S3Store:
         return self._get(key, max_bytes)[0]
 
     def _get(self, key: str, max_bytes: int) -> tuple[bytes, dict[str, Any]]:
-        self._check_deadline(f"downloading {self.uri(key)}")
-        try:
-            resp = self.client.get_object(Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
-            size = int(resp.get("ContentLength", 0))
-            if size > max_bytes:
-                resp["Body"].close()
-                raise TooLargeError(f"{self.uri(key)} is {size} bytes, more than {max_bytes}")
-            data = resp["Body"].read()
-        except ClientError as exc:
-            code, status = _code(exc)
-            if code in ("NoSuchKey", "404") or status == 404:
-                raise NotFoundError(f"no object at {self.uri(key)}") from None
-            raise StoreError(f"downloading {self.uri(key)} failed: {_describe(exc)}") from None
-        except BotoCoreError as exc:
-            # Includes botocore's own response checksum validation failing.
-            raise StoreError(f"downloading {self.uri(key)} failed: {_describe(exc)}") from None
-        stored = resp.get("ChecksumSHA256")
-        # A whole-object checksum (multipart uploads have "...-N" composites) must match.
-        if stored and "-" not in stored:
-            actual = base64.b64encode(hashlib.sha256(data).digest()).decode("ascii")
-            if actual != stored:
-                raise StoreError(f"{self.uri(key)} does not match its stored SHA-256 checksum")
-        return data, dict(resp)
+        buf = io.BytesIO()
+        _, resp = self._read(key, buf, max_bytes)  # type: ignore[arg-type]
+        return buf.getvalue(), resp
