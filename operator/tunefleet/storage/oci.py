@@ -496,17 +496,14 @@ class OciStore:
         self._write(key, data, content_type)
 
     def get(self, key: str, max_bytes: int) -> bytes:
-        found = self._object(key)
-        if found is None:
-            raise NotFoundError(f"no object at {self.uri(key)}")
-        layer = found[1]
-        if int(layer["size"]) > max_bytes:
-            raise TooLargeError(
-                f"{self.uri(key)} is {layer.get('size')} bytes, more than {max_bytes}"
-            )
-        return self.blob(str(layer.get("digest", "")), max_bytes, self.uri(key))
+        return self.blob(self._blob_of(key, max_bytes), max_bytes, self.uri(key))
 
     def get_file(self, key: str, dest: BinaryIO, max_bytes: int) -> Received:
+        return self.blob_to(self._blob_of(key, max_bytes), dest, max_bytes, self.uri(key))
+
+    def _blob_of(self, key: str, max_bytes: int) -> str:
+        """The digest of the blob the object at key is; NotFoundError, TooLargeError (by the
+        size its manifest gives, before any byte of it is read)."""
         found = self._object(key)
         if found is None:
             raise NotFoundError(f"no object at {self.uri(key)}")
@@ -515,7 +512,7 @@ class OciStore:
             raise TooLargeError(
                 f"{self.uri(key)} is {layer.get('size')} bytes, more than {max_bytes}"
             )
-        return self.blob_to(str(layer.get("digest", "")), dest, max_bytes, self.uri(key))
+        return str(layer.get("digest", ""))
 
     def put_file_if_absent(self, key: str, path: Path, content_type: str) -> bool:
         found = self._object(key)
