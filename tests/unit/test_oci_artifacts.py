@@ -594,6 +594,21 @@ def test_a_mounted_volume_serves_its_results_in_place_and_caches_as_a_writable_c
     assert (copied / "inductor" / "fxgraph" / "a" / "entry").stat().st_mode & 0o777 == 0o666
 
 
+def test_a_volume_whose_caches_the_pod_cannot_hold_serves_its_results_and_copies_none(
+    tmp_path: Path,
+) -> None:
+    reg = FakeRegistry()
+    pub, store = _published(tmp_path)
+    digest, manifest_bytes = _volume(reg, pub, store)
+    root = tmp_path / "volume"
+    _mount(reg, digest, root)
+    pin = Pinned(pub.uri, pub.sha256, hashlib.sha256(manifest_bytes).hexdigest(), MODEL)
+    got = from_volume(root, pin, Serving(2, tmp_path / "caches-dest", caches_room=16))
+    assert got.caches == () and "this pod may hold" in got.caches_failed
+    assert len(got.paths) == 2  # the results still serve
+    assert not (tmp_path / "caches-dest" / "tc").exists()
+
+
 def test_a_changed_cache_in_a_volume_is_not_copied_and_the_results_still_serve(
     tmp_path: Path,
 ) -> None:

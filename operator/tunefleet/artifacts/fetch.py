@@ -323,8 +323,11 @@ def from_volume(root: Path, pin: Pinned, serving: Serving = Serving()) -> Fetche
     failed = ""
     if manifest.caches and serving.caches_dest is not None:
         try:
+            # The pod's room holds for a copy out of the volume as for a download: one that
+            # cannot fit is never copied (the kubelet would evict the pod over it).
+            bundle.Room(serving.caches_dest, serving.caches_room).check(manifest)
             caches = ocibundle.copy_caches(root, manifest, serving.caches_dest)
-        except ocibundle.VolumeError as exc:
+        except (ocibundle.VolumeError, bundle.NoRoom) as exc:
             if serving.fail_closed or kind.NAME != kinds.DEFAULT:
                 raise FetchError(f"caches not served: {exc}") from None
             failed = " ".join(str(exc).split())
