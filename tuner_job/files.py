@@ -104,12 +104,14 @@ class HashingWriter:
 
     def drop(self) -> None:
         self._pending = 0
-        fileno = getattr(self.f, "fileno", None)
-        if fileno is None:
+        # Only a file on disk has a cache to drop. Over a compressor (a gzip stream's
+        # plain side) nothing is dropped: its flush would write a sync marker into the
+        # stream, and its fileno is the file underneath, which may be no file at all.
+        if not isinstance(self.f, io.BufferedWriter | io.BufferedRandom | io.FileIO):
             return
         with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
             self.f.flush()
-            drop_cache(fileno(), written=True)
+            drop_cache(self.f.fileno(), written=True)
 
     def flush(self) -> None:
         self.f.flush()

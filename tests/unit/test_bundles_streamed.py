@@ -6,6 +6,8 @@ to tell a whole read from a streamed one."""
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import io
 import os
 import tarfile
@@ -17,7 +19,7 @@ import pytest
 import zstandard
 
 from tests.support.artifacts import tuner_output
-from tunefleet.artifacts import bundle
+from tunefleet.artifacts import bundle, ocibundle
 from tunefleet.artifacts import fetch as fetch_mod
 from tunefleet.artifacts import publish as publish_mod
 from tunefleet.artifacts.publish import Output
@@ -180,3 +182,25 @@ def test_the_pod_budget_and_what_fetch_is_given_follow_the_bundle() -> None:
     assert caches_args(too_big)[caches_args(too_big).index("--caches-room") + 1] == str(1 << 30)
     limit = int(caches_volume([entry])["emptyDir"]["sizeLimit"])
     assert limit >= bundle.needs([entry]) + entry.bytes
+
+
+def test_a_big_cache_becomes_a_volume_layer_with_the_bytes_a_plain_gzip_gives(
+    tmp_path: Path,
+) -> None:
+    """Past the writer's cache-dropping interval (2 MiB) the volume layer is still built (the
+    hashing writer on the gzip stream's plain side has no file to drop) and is exactly the
+    gzip of its tar: no flush marker lands in the stream."""
+    out = _big_output(tmp_path, 8 << 20)
+    manifest = loads((out / "manifest.json").read_bytes())
+    (entry,) = manifest.caches
+    layer = tmp_path / "layer.tar.gz"
+    diff_id = ocibundle.cache_layer_file("blob", out / f"cache-{entry.name}.tar.gz", layer)
+    plain = gzip.decompress(layer.read_bytes())
+    assert diff_id == "sha256:" + hashlib.sha256(plain).hexdigest()
+    expected = io.BytesIO()
+    with gzip.GzipFile(fileobj=expected, mode="wb", compresslevel=6, mtime=0) as gz:
+        gz.write(plain)
+    assert layer.read_bytes() == expected.getvalue()
+    with tarfile.open(fileobj=io.BytesIO(plain)) as tar:
+        member = tar.getmember(".tunefleet/caches/blob/data/kernels.bin")
+        assert member.size == 8 << 20
