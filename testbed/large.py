@@ -62,3 +62,19 @@ def serving_pod(name: str, profile: str, command: str, **limits: str) -> dict[st
     container["command"] = ["sh", "-c", command]
     container["resources"]["limits"].update(limits)
     return pod
+
+
+def volume_profile(
+    name: str, s3: Any, mib: int, repository: str, public_key: str
+) -> dict[str, Any]:
+    """large_profile on an oci:// store (`repository` of the local registry, Secrets
+    registry-writer, registry-reader and signing in the namespace) whose artifact pods mount
+    as an image volume: the operator holds the public key (spec.storage.signing.publicKey)."""
+    profile = large_profile(name, s3, "", "unused", mib)
+    profile["spec"]["storage"] = {
+        "uri": f"oci://{repository}",
+        "credentialsSecret": {"name": "registry-writer"},
+        "signing": {"secret": {"name": "signing"}, "publicKey": public_key},
+    }
+    profile["spec"]["serving"] = {"credentialsSecret": {"name": "registry-reader"}}
+    return profile

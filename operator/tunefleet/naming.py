@@ -51,6 +51,10 @@ ARTIFACT_VOLUME_ANNOTATION = "tunefleet.io/artifact-volume"
 # node accounts no local storage and no ephemeral-storage limit can say it (builders/webhook.py
 # pod_budget).
 CACHES_LIMIT_ANNOTATION = "tunefleet.io/caches-limit"
+# On a model pod, set by its author to "true": every file of the caches its image volume holds
+# is copied into the pod, none linked (for a stack that rewrites a big cache file in place;
+# builders/webhook.py volume_links).
+CACHES_COPY_ANNOTATION = "tunefleet.io/caches-copy"
 # "unsigned: <why>": an oci:// volume image mounted under signing policy Optional without a
 # valid signature (artifacts/volumes.py); absent when it was signed, or not mounted.
 ARTIFACT_SIGNATURE_ANNOTATION = "tunefleet.io/artifact-signature"

@@ -11,7 +11,9 @@ in the registry's storage, and removed by gc with its bundle and signature.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
+import re
 import subprocess
 import time
 import uuid
@@ -228,15 +230,23 @@ def _other_key_pair(reg: Registry, tmp_path: Any) -> tuple[Any, dict[str, str]]:
     return other, env
 
 
-# A serving stack's first run fills the cache its variable names (the generic `cache` kind).
+# A serving stack's first run fills the cache its variable names (the generic `cache` kind):
+# an index, and a 2 MiB kernel blob (past ocibundle.LINK_MIN_BYTES: served from an image
+# volume as a link into it, not a copy).
+BIG = bytes(range(256)) * 8192
 STACK_TUNES = (
-    "import json, os; "
-    "open(os.path.join(os.environ['STACK_CACHE'], 'kernels.json'), 'w')"
-    ".write(json.dumps({'best': 'tile-128x64'}))"
+    "import json, os; d = os.environ['STACK_CACHE']; "
+    "open(os.path.join(d, 'kernels.json'), 'w').write(json.dumps({'best': 'tile-128x64'})); "
+    "open(os.path.join(d, 'big.bin'), 'wb').write(bytes(range(256)) * 8192)"
 )
+# The stack reads both, adds a file, and replaces the blob as stacks write their caches (a
+# new file renamed over the old one): the pod's directory stays its own.
 STACK_SERVES = (
     'standin-server --once && cat "$STACK_CACHE/kernels.json" && echo && '
-    'touch "$STACK_CACHE/added-at-start" && echo "cache writable"'
+    'echo "big: $(readlink "$STACK_CACHE/big.bin") $(sha256sum < "$STACK_CACHE/big.bin")" && '
+    'touch "$STACK_CACHE/added-at-start" && echo newer > "$STACK_CACHE/big.tmp" && '
+    'mv "$STACK_CACHE/big.tmp" "$STACK_CACHE/big.bin" && '
+    'grep -q newer "$STACK_CACHE/big.bin" && echo "cache writable"'
 )
 
 
@@ -331,7 +341,8 @@ def test_a_verified_volume_image_is_mounted_by_digest_and_a_wrongly_signed_one_n
         artifacts={"caches": [{"kind": "cache", "name": "stack", "env": "STACK_CACHE"}]},
     )  # fmt: skip
     apply(cluster, namespace, cached)
-    assert ready(cluster, namespace, "vol-cache", timeout=300)["status"]["phase"] == "Ready"
+    st = ready(cluster, namespace, "vol-cache", timeout=300)["status"]
+    assert st["phase"] == "Ready", json.dumps(st, indent=2)[:4000]
     _delivery(cluster, namespace, "vol-cache", "ImageVolume")
     pod = model_pod("mounted-cache", "vol-cache", gpus=1)
     pod["spec"]["containers"][0]["command"] = ["sh", "-c", STACK_SERVES]
@@ -343,7 +354,27 @@ def test_a_verified_volume_image_is_mounted_by_digest_and_a_wrongly_signed_one_n
     fetch = statuses(done)["tunefleet-fetch"]["state"]["terminated"]["message"]
     assert "caches stack unpacked to /tunefleet/caches" in fetch, fetch
     assert '{"best": "tile-128x64"}' in log and "cache writable" in log, log
+    # The blob is the volume's own bytes, read through a link: nothing of it was copied.
+    big = (
+        f"/tunefleet/volume/.tunefleet/caches/stack/data/big.bin {hashlib.sha256(BIG).hexdigest()}"
+    )
+    assert f"big: {big}" in log, log
+    fetch_log = cluster.kubectl("logs", "-n", namespace, "mounted-cache", "-c", FETCH).stdout
+    copied = re.search(
+        r"caches (\d+) bytes in the image volume: (\d+) copied, (\d+) linked", fetch_log
+    )
+    assert copied and int(copied.group(3)) == len(BIG), fetch_log
     assert "results ordinal 0: /tunefleet/results/tunableop_results0.csv" in log, log
+
+    # Asked for copies (a stack that rewrites a big file in place): the blob is the pod's own.
+    pod = model_pod("copied-cache", "vol-cache", gpus=1)
+    pod["metadata"]["annotations"] = {"tunefleet.io/caches-copy": "true"}
+    pod["spec"]["containers"][0]["command"] = ["sh", "-c", STACK_SERVES]
+    create(cluster, namespace, pod)
+    done = ended(cluster, namespace, "copied-cache", "the pod that asked for copies")
+    log = cluster.kubectl("logs", "-n", namespace, "copied-cache", "-c", "server").stdout
+    assert done["status"]["phase"] == "Succeeded", log
+    assert f"big:  {hashlib.sha256(BIG).hexdigest()}" in log and "cache writable" in log, log
 
     # A profile whose publicKey is another key's: the operator cannot verify what the tuning
     # Job signed, so no pod mounts it; its pods fetch instead (and check with the Secret's key).

@@ -10,6 +10,7 @@ import gzip
 import hashlib
 import io
 import json
+import os
 import re
 import socket
 import tarfile
@@ -41,6 +42,7 @@ from tunefleet.artifacts.publish import Output
 from tunefleet.artifacts.volumes import VolumeVerdict
 from tunefleet.builders.job import Child, build_tuning_job
 from tunefleet.builders.storage import pod_storage
+from tunefleet.builders.webhook import volume_links
 from tunefleet.config import Config
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.contracts.fetch import Candidate
@@ -813,6 +815,113 @@ def test_caches_in_a_verified_volume_are_copied_by_fetch_from_the_mount_download
     assert {"tunefleet-results", "tunefleet-caches"} <= names
     env = {e["name"]: e["value"] for e in spec["containers"][0]["env"]}
     assert env["STACK_DIR"].startswith("/tunefleet/caches/stack")
+
+
+def _volume_pod(annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    pod = MODEL_POD.obj()
+    if annotations:
+        pod.setdefault("metadata", {})["annotations"] = annotations
+    prof = IN_VOLUME.obj()
+    prof["spec"]["artifacts"] = {"caches": [{"kind": "cache", "name": "stack", "env": "STACK_DIR"}]}
+    prof["status"]["artifacts"][0]["caches"] = [
+        {"kind": "cache", "name": "stack", "sha256": "e" * 64, "size": 10, "files": 1, "bytes": 5}
+    ]
+    admitted: dict[str, Any] = admit(
+        pod, "x", prof, Config(image="tf:1"), volumes=_verified("sha256:" + "d" * 64)
+    ).pod
+    return admitted
+
+
+def test_the_serving_container_mounts_the_volume_where_fetch_links_its_caches_to() -> None:
+    spec = _volume_pod()["spec"]
+    cmd = spec["initContainers"][0]["command"]
+    assert cmd[cmd.index("--volume-served-at") + 1] == "/tunefleet/volume"
+    mounts = spec["containers"][0]["volumeMounts"]
+    assert {"name": "tunefleet-results", "mountPath": "/tunefleet/volume", "readOnly": True} in (
+        mounts
+    )
+
+
+def test_a_pod_that_asks_for_copies_gets_every_cache_file_copied() -> None:
+    spec = _volume_pod({naming.CACHES_COPY_ANNOTATION: "True"})["spec"]
+    cmd = spec["initContainers"][0]["command"]
+    assert "--from-volume" in cmd and "--volume-served-at" not in cmd
+    assert not [
+        m for m in spec["containers"][0]["volumeMounts"] if m["mountPath"] == "/tunefleet/volume"
+    ]
+
+
+def test_a_pod_holding_the_volumes_path_itself_gets_no_links() -> None:
+    pod = MODEL_POD.obj()
+    assert volume_links(pod)
+    pod["spec"]["containers"][0]["volumeMounts"] = [
+        {"name": "own", "mountPath": "/tunefleet/volume/"}
+    ]
+    assert not volume_links(pod)
+
+
+def _mounted_volume(tmp_path: Path) -> tuple[Path, Any, Pinned]:
+    reg = FakeRegistry()
+    pub, store = _published(tmp_path)
+    digest, manifest_bytes = _volume(reg, pub, store)
+    root = tmp_path / "volume"
+    _mount(reg, digest, root)
+    pin = Pinned(pub.uri, pub.sha256, hashlib.sha256(manifest_bytes).hexdigest(), MODEL)
+    return root, loads(manifest_bytes), pin
+
+
+def _mountinfo(tmp_path: Path, root: Path, options: str) -> Path:
+    path = tmp_path / "mountinfo"
+    path.write_text(
+        "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/vda rw\n"
+        f"90 22 0:50 / {root} {options} - overlay overlay ro\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize("noexec", [False, True])
+def test_big_cache_files_in_a_volume_are_linked_where_the_serving_containers_see_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, noexec: bool
+) -> None:
+    """A file of LINK_MIN_BYTES or more becomes a link into the volume as the serving
+    containers mount it (nothing copied); a smaller one is copied; a library is copied where
+    the volume is mounted noexec (it could not be mapped to run)."""
+    root, manifest, _ = _mounted_volume(tmp_path)
+    monkeypatch.setattr(ocibundle, "LINK_MIN_BYTES", 4)  # entry (250 B) and kernel.so (4 B)
+    opts = "ro,nosuid,nodev,noexec,relatime" if noexec else "ro,nosuid,nodev,relatime"
+    info = _mountinfo(tmp_path, root, opts)
+    real = ocibundle.mounted_noexec
+    monkeypatch.setattr(ocibundle, "mounted_noexec", lambda p: real(p, info))
+    dest = tmp_path / "dest"
+    served = Path("/tunefleet/volume")
+    got = ocibundle.copy_caches(root, manifest, dest, served)
+    entry = dest / "tc" / "inductor" / "fxgraph" / "a" / "entry"
+    kernel = dest / "tc" / "triton" / "K" / "kernel.so"
+    assert entry.is_symlink()
+    assert os.readlink(entry) == str(served / ".tunefleet/caches/tc/inductor/fxgraph/a/entry")
+    assert kernel.is_symlink() is not noexec  # an ELF object, copied under noexec
+    assert got.linked == 250 + (0 if noexec else 4) and got.copied == (4 if noexec else 0)
+    # The directories stay the pod's own: the stack adds files and replaces a linked one by
+    # renaming a new file over it, as stacks write their caches.
+    (entry.parent / "new").write_bytes(b"added")
+    (entry.parent / "tmp").write_bytes(b"newer graph")
+    os.replace(entry.parent / "tmp", entry)
+    assert not entry.is_symlink() and entry.read_bytes() == b"newer graph"
+
+
+def test_without_a_serving_path_every_cache_file_is_copied(tmp_path: Path) -> None:
+    root, manifest, _ = _mounted_volume(tmp_path)
+    got = ocibundle.copy_caches(root, manifest, tmp_path / "dest")
+    assert got.linked == 0 and got.copied == sum(len(v) for v in CACHE_FILES.values())
+    assert not any(p.is_symlink() for p in (tmp_path / "dest").rglob("*"))
+
+
+def test_noexec_is_read_from_the_mount_that_holds_the_path(tmp_path: Path) -> None:
+    root = tmp_path / "volume"
+    info = _mountinfo(tmp_path, root, "ro,noexec")
+    assert ocibundle.mounted_noexec(root / "a" / "b", info)
+    assert not ocibundle.mounted_noexec(tmp_path / "volumes", info)  # "/" holds that one
+    assert ocibundle.mounted_noexec(root, tmp_path / "absent")  # unknown: the safe answer
 
 
 def test_a_status_naming_another_repository_gets_no_image_volume() -> None:

@@ -34,6 +34,7 @@ import resource
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -114,6 +115,9 @@ class Serving:
     # ephemeral-storage budget): a bundle that needs more is told, never unpacked (0: the
     # disk's free space is the only bound).
     caches_room: int = 0
+    # Where the serving containers mount the pod's image volume: its caches' big files are
+    # linked there rather than copied (ocibundle.copy_caches); None: every file copied.
+    volume_served_at: Path | None = None
 
 
 def _verify(
@@ -320,19 +324,30 @@ def from_volume(root: Path, pin: Pinned, serving: Serving = Serving()) -> Fetche
     kind, outcomes = _verify(results, manifest_bytes, pin, tuple(path[:-1]), payload)
     manifest = loads(manifest_bytes)
     caches: tuple[str, ...] = ()
+    cost: tuple[tuple[str, float], ...] = ()
     failed = ""
     if manifest.caches and serving.caches_dest is not None:
         try:
             # The pod's room holds for a copy out of the volume as for a download: one that
             # cannot fit is never copied (the kubelet would evict the pod over it).
             bundle.Room(serving.caches_dest, serving.caches_room).check(manifest)
-            caches = ocibundle.copy_caches(root, manifest, serving.caches_dest)
+            t0 = time.monotonic()
+            copied = ocibundle.copy_caches(
+                root, manifest, serving.caches_dest, serving.volume_served_at
+            )
+            caches = copied.names
+            cost = (
+                ("unpacked", float(copied.copied + copied.linked)),
+                ("copied", float(copied.copied)),
+                ("linked", float(copied.linked)),
+                ("copy", time.monotonic() - t0),
+            )
         except (ocibundle.VolumeError, bundle.NoRoom) as exc:
             if serving.fail_closed or kind.NAME != kinds.DEFAULT:
                 raise FetchError(f"caches not served: {exc}") from None
             failed = " ".join(str(exc).split())
     files = [root / name for _, name in kind.device_files(serving.devices)]
-    return Fetched(files, outcomes.gemms, pin.sha256, outcomes, kind.NAME, caches, failed)
+    return Fetched(files, outcomes.gemms, pin.sha256, outcomes, kind.NAME, caches, failed, cost)
 
 
 @dataclass(frozen=True)
@@ -467,10 +482,20 @@ def _said_cost(got: Fetched) -> None:
     cost = dict(got.caches_cost)
     peak = peak_memory()
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10  # KiB on Linux
+    if "copy" in cost:  # out of an image volume: nothing downloaded, copied or linked
+        work = (
+            f"{int(cost.get('unpacked', 0))} bytes in the image volume: "
+            f"{int(cost.get('copied', 0))} copied, {int(cost.get('linked', 0))} linked in "
+            f"{cost.get('copy', 0.0):.2f} s"
+        )
+    else:
+        work = (
+            f"{int(cost.get('packed', 0))} bytes packed, "
+            f"{int(cost.get('unpacked', 0))} unpacked; download and verify "
+            f"{cost.get('download', 0.0):.2f} s, unpack {cost.get('unpack', 0.0):.2f} s"
+        )
     print(
-        f"{PROG}: caches {int(cost.get('packed', 0))} bytes packed, "
-        f"{int(cost.get('unpacked', 0))} unpacked; download and verify "
-        f"{cost.get('download', 0.0):.2f} s, unpack {cost.get('unpack', 0.0):.2f} s; "
+        f"{PROG}: caches {work}; "
         f"memory peak {peak if peak is not None else 'unknown'} bytes (the process's own "
         f"peak RSS {rss} bytes)",
         file=sys.stderr,
@@ -581,6 +606,12 @@ def _oci_arguments(p: argparse.ArgumentParser) -> None:
         "--from-volume",
         type=Path,
         help="oci:// stores: the artifact is this mounted image volume (check it, copy caches)",
+    )
+    p.add_argument(
+        "--volume-served-at",
+        type=Path,
+        help="with --from-volume: where the serving containers mount that volume; the caches' "
+        "big files are linked there instead of copied",
     )
     p.add_argument(
         "--verify-key",
@@ -742,7 +773,13 @@ def credentials_problem(args: argparse.Namespace, env: Mapping[str, str]) -> str
 
 def _fetch_or_volume(args: argparse.Namespace, pin: Pinned, bundle: str) -> Fetched:
     caches_dest = Path(args.caches_dest) if args.caches_dest else None
-    serving = Serving(args.devices, caches_dest, args.fail_closed, max(args.caches_room, 0))
+    serving = Serving(
+        args.devices,
+        caches_dest,
+        args.fail_closed,
+        max(args.caches_room, 0),
+        args.volume_served_at,
+    )
     if args.from_volume:
         return from_volume(args.from_volume, pin, serving)
     return fetch(

@@ -396,10 +396,68 @@ def check_volume(
         )
 
 
-def copy_caches(root: Path, manifest: Manifest, dest: Path) -> tuple[str, ...]:
+# A file this large or larger in a mounted volume image is served as a link into the image
+# (read-only, on the node once for every pod) rather than copied into the pod's writable
+# directory: the bytes of a big cache are kernels and graphs that stacks read and replace
+# (write a new file, rename it over the old one: a link is replaced the same way), never
+# rewrite in place. Smaller files, where the index files and counters that stacks do rewrite
+# in place live, are copied; their bytes are a small share of a big cache.
+LINK_MIN_BYTES = 1 << 20
+_ELF = b"\x7fELF"
+
+
+@dataclass(frozen=True)
+class Copied:
+    """What copy_caches did: the caches served, and their bytes copied and linked."""
+
+    names: tuple[str, ...]
+    copied: int = 0
+    linked: int = 0
+    files_linked: int = 0
+
+
+def mounted_noexec(path: Path, mountinfo: Path = Path("/proc/self/mountinfo")) -> bool:
+    """Whether the mount holding `path` forbids running its files (a runtime may mount image
+    volumes noexec): a library there cannot be mapped executable, so it is copied, not
+    linked. Unknown (no mountinfo): True, the safe answer."""
+    try:
+        lines = mountinfo.read_text().splitlines()
+    except OSError:
+        return True
+    best, options = "", ""
+    target = str(path.resolve())
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 6:
+            continue
+        point = fields[4].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, options = point, fields[5]
+    return not best or "noexec" in options.split(",")
+
+
+def _runnable(path: Path) -> bool:
+    """A file a stack may map executable: its mode says so, or it is an ELF object."""
+    if path.stat().st_mode & 0o111:
+        return True
+    with open(path, "rb") as f:
+        return f.read(4) == _ELF
+
+
+def copy_caches(
+    root: Path, manifest: Manifest, dest: Path, served_at: Path | None = None
+) -> Copied:
     """Each cache of a mounted volume image (root/.tunefleet/caches/<name>) into dest/<name>: a
-    pod-local writable copy, as fetch unpacks an archive. Its files and bytes must be what the
-    manifest lists; a link or device is refused. VolumeError says what is wrong."""
+    pod-local writable directory, as fetch unpacks an archive. Its files and bytes must be what
+    the manifest lists; a link or device is refused. VolumeError says what is wrong.
+
+    `served_at`: where the serving containers mount the same volume. Given, a file of
+    LINK_MIN_BYTES or more becomes a symbolic link to its place there instead of a copy (every
+    pod on the node then shares the one pulled image's bytes), but one a stack may run where
+    the volume is mounted noexec."""
+    noexec = served_at is not None and mounted_noexec(root)
+    copied = linked = files_linked = 0
     for entry in manifest.caches:
         src, target = root / CACHES_DIR / entry.name, dest / entry.name
         files = total = 0
@@ -415,13 +473,23 @@ def copy_caches(root: Path, manifest: Manifest, dest: Path) -> tuple[str, ...]:
             )
         try:
             for path in [src, *sorted(src.rglob("*"))]:
-                out = target / path.relative_to(src)
+                rel = path.relative_to(src)
+                out = target / rel
                 if path.is_dir():
                     out.mkdir(parents=True, exist_ok=True)
                     os.chmod(out, 0o777)
                     continue
-                copy_file(path, out)
+                size = path.stat().st_size
+                if (
+                    served_at is not None
+                    and size >= LINK_MIN_BYTES
+                    and not (noexec and _runnable(path))
+                ):
+                    out.symlink_to(served_at / CACHES_DIR / entry.name / rel)
+                    linked, files_linked = linked + size, files_linked + 1
+                    continue
+                copied += copy_file(path, out)
                 os.chmod(out, 0o777 if path.stat().st_mode & 0o111 else 0o666)
         except OSError as exc:
             raise VolumeError(f"cannot copy cache {entry.name} to {target}: {exc}") from None
-    return tuple(c.name for c in manifest.caches)
+    return Copied(tuple(c.name for c in manifest.caches), copied, linked, files_linked)

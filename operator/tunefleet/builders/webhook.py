@@ -91,7 +91,9 @@ class FetchOrder:
     """Which artifact a fetch init container reads: its URI and SHA-256s and the GPU model it
     is for; `bundle`: an oci:// store's bundle digest, the only reference fetch then reads the
     artifact by; `from_volume`: the artifact is the pod's image volume (mounted read-only):
-    fetch checks it and copies its caches, and downloads nothing."""
+    fetch checks it and copies its caches, and downloads nothing; `volume_links`: the serving
+    containers mount that volume where fetch does, so the caches' big files are linked there
+    rather than copied (volume_links)."""
 
     uri: str
     sha256: str
@@ -99,6 +101,7 @@ class FetchOrder:
     gpu_model: str
     bundle: str = ""
     from_volume: bool = False
+    volume_links: bool = False
 
 
 @dataclass(frozen=True)
@@ -224,12 +227,13 @@ def build_fetch_container(
         *(["--manifest-sha256", o.manifest_sha256] if o.manifest_sha256 else []),
         *(["--bundle", o.bundle] if o.bundle else []),
         *(["--from-volume", IMAGE_VOLUME_DIR] if o.from_volume else []),
+        *(["--volume-served-at", IMAGE_VOLUME_DIR] if o.from_volume and o.volume_links else []),
         *(["--fail-closed"] if serve.fail_closed else []),
         *caches_args(serve),
     ]  # fmt: skip
     mounts: list[dict[str, Any]] = [{"name": VOLUME, "mountPath": RESULTS_DIR}]
     if o.from_volume:
-        mounts = [{"name": VOLUME, "mountPath": IMAGE_VOLUME_DIR, "readOnly": True}]
+        mounts = [image_volume_mount()]
     if serve.caches:
         mounts.append({"name": CACHES_VOLUME, "mountPath": CACHES_DIR})
     fetch = tunefleet_container(
@@ -238,8 +242,32 @@ def build_fetch_container(
     return with_storage(fetch, storage)
 
 
-# Where fetch finds the pod's image volume (oci:// stores, delivery ImageVolume).
+# Where fetch finds the pod's image volume (oci:// stores, delivery ImageVolume), and where
+# the serving containers find it too when its caches are served as links into it.
 IMAGE_VOLUME_DIR = "/tunefleet/volume"
+
+
+def image_volume_mount() -> dict[str, Any]:
+    return {"name": VOLUME, "mountPath": IMAGE_VOLUME_DIR, "readOnly": True}
+
+
+def volume_links(pod: dict[str, Any]) -> bool:
+    """Whether the caches of this pod's image volume may be served as links into the volume
+    (ocibundle.copy_caches): the volume then is mounted at IMAGE_VOLUME_DIR in its serving
+    containers as in fetch, so a link resolves in both. Not where its author asked for copies
+    (tunefleet.io/caches-copy: "true") or a container of its own mounts something there."""
+    said = ((pod.get("metadata") or {}).get("annotations") or {}).get(
+        naming.CACHES_COPY_ANNOTATION, ""
+    )
+    if str(said).strip().lower() == "true":
+        return False
+    spec = pod.get("spec") or {}
+    return not any(
+        m.get("mountPath", "").rstrip("/") == IMAGE_VOLUME_DIR
+        for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]
+        for m in c.get("volumeMounts") or []
+    )
+
 
 # Each cache unpacked into its own directory here (artifacts/bundle.py): pod-local and
 # writable, since stacks add to their caches as they run; never a shared copy.

@@ -48,6 +48,7 @@ from tunefleet.builders.placement import (
 from tunefleet.builders.storage import pod_storage
 from tunefleet.builders.webhook import (
     CACHES_DIR,
+    IMAGE_VOLUME_DIR,
     RESULTS_DIR,
     VOLUME,
     FetchOrder,
@@ -57,6 +58,7 @@ from tunefleet.builders.webhook import (
     caches_env,
     caches_mount,
     caches_volume,
+    image_volume_mount,
     packed_volume,
     pod_budget,
     results_config_map_volume,
@@ -64,6 +66,7 @@ from tunefleet.builders.webhook import (
     results_volume,
     serve_caches,
     tunable_env,
+    volume_links,
 )
 from tunefleet.config import Config
 from tunefleet.contracts import nodemap
@@ -463,12 +466,13 @@ def _mount_from_config_map(
 
 
 def _mount_image_volume(
-    pspec: dict[str, Any], choice: Choice, devices: int, config: Config, budget: int
+    pspec: dict[str, Any], choice: Choice, devices: int, config: Config, budget: int, links: bool
 ) -> None:
     """The volume image as the results directory, by digest, in the profile's own repository:
     the kubelet pulls it once per node (with the serving Secret as a pull secret) and every
     pod there mounts it read-only. Results need nothing run before the model; caches are
-    copied into the pod's writable directory by fetch, from the mounted volume."""
+    laid out in the pod's writable directory by fetch, from the mounted volume: their big
+    files as links into it where `links` (volume_links), the rest copied."""
     spec, art = choice.spec, choice.artifact
     reference = f"{parse_uri(spec.storage.uri).bucket}@{art.volume}"
     extra = [caches_volume(art.caches)] if art.caches else []
@@ -478,7 +482,10 @@ def _mount_image_volume(
         *extra,
     ]
     if art.caches:
-        order = FetchOrder(art.uri, art.sha256, art.manifest_sha256, choice.model, from_volume=True)
+        order = FetchOrder(
+            art.uri, art.sha256, art.manifest_sha256, choice.model,
+            from_volume=True, volume_links=links,
+        )  # fmt: skip
         serve = serve_caches(devices, spec.serving.fail_closed, art.caches, budget, config)
         copy = build_fetch_container(order, serve, PodStorage(), config)
         pspec["initContainers"] = [copy, *(pspec.get("initContainers") or [])]
@@ -587,6 +594,7 @@ def build_patch(
     pspec = out.setdefault("spec", {})
     devices = gpu_count(out, naming.resource_name(spec))
     budget = pod_budget(out)  # the disk its caches may take (before we add anything)
+    links = volume_links(out)  # (before we add anything too)
     capture = _add_capture(pspec, choice, check, config)
     where = (str((out.get("metadata") or {}).get("namespace") or ""), profile_name)
     if code is None:
@@ -605,7 +613,7 @@ def build_patch(
         if choice.from_config_map:
             _mount_from_config_map(pspec, choice, devices, config, where)
         elif choice.from_image_volume:
-            _mount_image_volume(pspec, choice, devices, config, budget)
+            _mount_image_volume(pspec, choice, devices, config, budget, links)
         else:
             _fetch_from_store(pspec, choice, devices, config, budget)
         volume = ""
@@ -616,16 +624,25 @@ def build_patch(
             image_warning=warning, config_map=art.config_map if choice.from_config_map else "",
             image_volume=volume, unsigned=unsigned if volume else "",
         )  # fmt: skip
-    _serve_containers(pspec, choice, check, capture)
+    linked = (
+        links and isinstance(choice, Choice) and not choice.from_config_map
+        and choice.from_image_volume and bool(choice.artifact.caches)
+    )  # fmt: skip
+    _serve_containers(pspec, choice, check, capture, linked)
     mark.write(out)
     return out
 
 
 def _serve_containers(
-    pspec: dict[str, Any], choice: Choice | AtNode, check: ImageCheck, capture: bool
+    pspec: dict[str, Any],
+    choice: Choice | AtNode,
+    check: ImageCheck,
+    capture: bool,
+    linked: bool = False,
 ) -> None:
-    """The chosen containers' environment and mounts: TunableOp's, each cache's, capture's;
-    the image pinned where asked."""
+    """The chosen containers' environment and mounts: TunableOp's, each cache's (and the image
+    volume where fetch linked its caches' files, `linked`), capture's; the image pinned
+    where asked."""
     spec = choice.spec
     served = _served(choice)
     for c in pspec.get("containers") or []:
@@ -646,6 +663,8 @@ def _serve_containers(
             )
             if not any(m.get("mountPath") == CACHES_DIR for m in mounts):
                 mounts.append(caches_mount())
+            if linked and not any(m.get("mountPath") == IMAGE_VOLUME_DIR for m in mounts):
+                mounts.append(image_volume_mount())
         if capture:
             c["env"] = capture_b.serving_env(env, cache_log=_serves_vllm(spec, served))
             mounts.extend(capture_b.serving_mounts())
