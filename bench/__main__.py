@@ -45,6 +45,12 @@ def _add_options(p: argparse.ArgumentParser, routine: str | None) -> None:
         p.add_argument(
             "--large-pods", type=int, default=3, help="large: fetching pods (%(default)s)"
         )
+        p.add_argument(
+            "--large-volume-pods",
+            type=int,
+            default=10,
+            help="large: image-volume pods on the one node (%(default)s)",
+        )
     if every or routine == "oci":
         p.add_argument("--oci-pods", type=int, default=20, help="oci: pods per burst (%(default)s)")
         p.add_argument("--oci-rounds", type=int, default=2, help="oci: rounds (%(default)s)")
@@ -104,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
         only = list(ROUTINES)
     defaults = {
         "kills": 100, "churn_profiles": 1000, "cycles": 5, "runs": 7, "nodes": 10_000,
-        "bundle_pods": 5, "vllm_pods": 5, "large_pods": 3, "oci_pods": 20, "oci_rounds": 2,
+        "bundle_pods": 5, "vllm_pods": 5, "large_pods": 3, "large_volume_pods": 10, "oci_pods": 20, "oci_rounds": 2,
     }  # fmt: skip
     options = {**defaults, "loop": True, **vars(args)}
 

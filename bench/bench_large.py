@@ -13,6 +13,15 @@ fetching the bundle: fetch's download-and-verify and unpack seconds and its cgro
 memory (its log line), the pod's creation to its server's start, the SHA-256 it got; and
 `tar -xzf` of the same archive downloaded to this machine's disk (the node's disk), the
 limit fetch is compared with: (download + verify + unpack) / tar -x, medians.
+
+Real node, image volume (oci:// on the local registry, the operator holding the public key):
+the same 1 GiB stack tuned into a volume image, then `volume_pods` model pods one after
+another on the one node, each beside a pod with no profile (the same image and command but
+the cache): each pod's creation to its first command (the container's own clock, the node is
+this machine), what fetch copied and linked and in how long, the SHA-256 the pod read; the
+registry's bytes served over all those pods (Distribution's /metrics, every handler), against
+the bundle's size. Then `copy_pods` pods that ask for copies (tunefleet.io/caches-copy), what
+each further pod paid before links.
 """
 
 from __future__ import annotations
@@ -27,15 +36,19 @@ import sys
 import tarfile
 import tempfile
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
 
+from bench import bench_oci
 from bench.realnode import Run, epoch, in_namespace, tuned
 from bench.results import progress
 from testbed.cluster import STANDIN_IMAGE, Cluster, S3Settings
-from testbed.large import BLOB, expected_sha256, large_profile, serving_pod
+from testbed.large import BLOB, expected_sha256, large_profile, serving_pod, volume_profile
 from testbed.poll import eventually
+from testbed.registry import Registry
+from tunefleet import naming
 from tunefleet.artifacts import bundle  # registers the zstandard reader (as fetch has it)
 from tuner_job import caches as cc
 
@@ -236,9 +249,159 @@ def _measure(r: Run, s3: S3Settings, pods: int) -> dict[str, Any]:
             s3.delete_prefix(prefix + "/")
 
 
-def run(cluster: Cluster, s3: S3Settings, pods: int = 3) -> dict[str, Any]:
+def _registry_bytes(metrics_url: str) -> int:
+    """Every byte the registry has answered with (Distribution's /metrics, all handlers)."""
+    with urllib.request.urlopen(metrics_url, timeout=10) as resp:
+        text = resp.read().decode()
+    return int(
+        sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("registry_http_response_size_bytes_sum")
+        )
+    )
+
+
+def _metrics_url(reg: Registry) -> str:
+    return next(
+        line.split("=", 1)[1]
+        for line in (reg.data.parent.parent / "oci.env").read_text().splitlines()
+        if line.startswith("TUNEFLEET_OCI_METRICS=")
+    )
+
+
+# What a volume pod runs: its clock at start, then what it got (the link, if one, and the
+# bytes' SHA-256); a pod with no profile runs the clock alone.
+_SAYS_START = "date +%s.%N"
+_READS = f'{_SAYS_START} && readlink {BLOB}; sha256sum {BLOB} && echo "served"'
+
+
+def _bare_pod(name: str, profile: str | None, command: str, copy: bool = False) -> dict[str, Any]:
+    """serving_pod that runs once and asks for no GPU (the node's fake GPUs would hold a pod
+    while the last one ends), with the profile's label or none."""
+    pod = serving_pod(name, profile or "none", command)
+    pod["spec"]["restartPolicy"] = "Never"
+    pod["spec"]["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    pod["spec"]["containers"][0]["resources"] = {}
+    if profile is None:
+        del pod["metadata"]["labels"]["tunefleet.io/profile"]
+    if copy:
+        pod["metadata"]["annotations"] = {naming.CACHES_COPY_ANNOTATION: "true"}
+    return pod
+
+
+def _started(r: Run, pod: dict[str, Any]) -> tuple[float, str, str]:
+    """A pod's creation (this machine's clock) to its first command, its server's log and
+    its fetch's, once it has Succeeded; then deleted."""
+    name = pod["metadata"]["name"]
+    created = time.time()
+    r.create(pod)
+    done = eventually(
+        lambda: r.get("pod", name),
+        lambda p: (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"),
+        f"{name} to finish",
+        timeout=900,
+        interval=0.5,
+    )
+    log = _logs(r, name, "server")
+    fetch = _logs(r, name, "tunefleet-fetch") if done["spec"].get("initContainers") else ""
+    if done["status"]["phase"] != "Succeeded":
+        raise AssertionError(f"{name} failed: {log} {fetch}")
+    r.cluster.kubectl("delete", "pod", "-n", r.ns, name, "--wait=true")
+    return round(float(log.split()[0]) - created, 2), log, fetch
+
+
+_COPY_RE = r"(\d+) copied, (\d+) linked in ([\d.]+) s"
+
+
+def _volume_pod(r: Run, name: str, expected: str, copy: bool) -> dict[str, Any]:
+    start_s, log, fetch = _started(r, _bare_pod(name, "bigvol", _READS, copy))
+    m = re.search(_COPY_RE, fetch)
+    peak = re.search(r"memory peak (\d+) bytes", fetch)
+    return {
+        "create_to_start_s": start_s,
+        "copied_bytes": int(m.group(1)) if m else None,
+        "linked_bytes": int(m.group(2)) if m else None,
+        "copy_s": float(m.group(3)) if m else None,
+        "peak_bytes": int(peak.group(1)) if peak else None,
+        "linked": "/tunefleet/volume/" in log,
+        "same_bytes": expected in log,
+    }
+
+
+def _measure_volume(r: Run, s3: S3Settings, pods: int, copy_pods: int = 3) -> dict[str, Any]:
+    reg = Registry.from_state()
+    metrics = _metrics_url(reg)
+    for doc in (
+        reg.secret("registry-writer", reg.writer),
+        reg.secret("registry-reader", reg.reader),
+    ):
+        r.apply(doc)
+    keys = bench_oci.key_pair()
+    r.cluster.kubectl(
+        "create", "secret", "generic", "signing", "-n", r.ns,
+        *[f"--from-literal={k}={v}" for k, v in keys.items()],
+    )  # fmt: skip
+    repository = f"{reg.host}/bench/{r.ns}"
+    marker = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "bench-large-vol"}}
+    _, ready_s = tuned(
+        r,
+        s3,
+        marker,
+        lambda _secret: volume_profile("bigvol", s3, MIB, repository, keys["cosign.pub"]),
+        "bigvol",
+    )
+    art = eventually(
+        lambda: r.get("tp", "bigvol")["status"]["artifacts"][0],
+        lambda a: str(a.get("delivery", "")) == "ImageVolume",
+        "bigvol delivered as an image volume",
+        timeout=300,
+        interval=1,
+    )
+    expected = expected_sha256(MIB)
+    before = _registry_bytes(metrics)
+    rows, bare = [], []
+    for i in range(pods):
+        progress("large", f"image volume pod {i + 1}/{pods}, and one with no profile")
+        rows.append(_volume_pod(r, f"vol-{i}", expected, copy=False))
+        bare.append(_started(r, _bare_pod(f"bare-{i}", None, _SAYS_START))[0])
+    served = _registry_bytes(metrics) - before
+    copies = []
+    for i in range(copy_pods):
+        progress("large", f"image volume pod {i + 1}/{copy_pods} asking for copies")
+        copies.append(_volume_pod(r, f"copy-{i}", expected, copy=True))
+    later = [x["create_to_start_s"] for x in rows[1:]] or [rows[0]["create_to_start_s"]]
+    bare_s = statistics.median(bare)
+    size = int(art["caches"][0]["size"])
+    return {
+        "bundle": {k: art["caches"][0][k] for k in ("files", "bytes", "size")},
+        "apply_to_ready_s": round(ready_s, 1),
+        "pods": rows,
+        "pods_without_profile_s": bare,
+        "registry_bytes": served,
+        "registry_bytes_over_bundle": round(served / size, 3),
+        "first_pod_start_s": rows[0]["create_to_start_s"],
+        "later_pods_start_s": round(statistics.median(later), 2),
+        "without_profile_start_s": round(bare_s, 2),
+        "later_over_without_profile": round(statistics.median(later) / bare_s, 2),
+        "copy_pods": copies,
+        "copy_s": statistics.median(x["copy_s"] or 0.0 for x in copies) if copies else None,
+        "link_s": statistics.median(x["copy_s"] or 0.0 for x in rows[1:] or rows),
+        "copy_pods_start_s": (
+            statistics.median(x["create_to_start_s"] for x in copies) if copies else None
+        ),
+        "all_same_bytes": all(x["same_bytes"] for x in rows + copies),
+        "all_linked": all(x["linked"] for x in rows) and not any(x["linked"] for x in copies),
+    }
+
+
+def run(cluster: Cluster, s3: S3Settings, pods: int = 3, volume_pods: int = 10) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-codecs-", dir=Path.home()) as tmp:
         codec_figures = codecs(Path(tmp))
     run_ = _Run(cluster, "", STANDIN_IMAGE)
     s3_figures = in_namespace(cluster, s3, "bench-large", run_, _measure, pods)
-    return {"codecs": codec_figures, "s3": s3_figures}
+    volume_run = _Run(cluster, "", STANDIN_IMAGE)
+    volume_figures = in_namespace(
+        cluster, s3, "bench-large-vol", volume_run, _measure_volume, volume_pods
+    )
+    return {"codecs": codec_figures, "s3": s3_figures, "image_volume": volume_figures}

@@ -70,7 +70,7 @@ def _registry_counts(metrics_url: str) -> dict[str, int]:
     return out
 
 
-def _key_pair() -> dict[str, str]:
+def key_pair() -> dict[str, str]:
     key = ec.generate_private_key(ec.SECP256R1())
     private = key.private_bytes(
         serialization.Encoding.PEM,
@@ -222,7 +222,7 @@ def run(cluster: Cluster, s3: S3Settings, pods: int = 20, rounds: int = 2) -> di
             reg.secret("registry-reader", reg.reader),
         ):
             r.apply(doc)
-        keys = _key_pair()
+        keys = key_pair()
         cluster.kubectl(
             "create", "secret", "generic", "signing", "-n", ns,
             *[f"--from-literal={k}={v}" for k, v in keys.items()],

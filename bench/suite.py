@@ -681,7 +681,9 @@ def run_parts(only: list[str], options: dict[str, Any]) -> None:
             from bench import bench_large
 
             t = begin("large")
-            figures = bench_large.run(cluster, s3, options["large_pods"])
+            figures = bench_large.run(
+                cluster, s3, options["large_pods"], options["large_volume_pods"]
+            )
             results["bundles_large"] = stamped(figures)
             done("large", t)
         if "fleet" in only:
