@@ -197,3 +197,44 @@ def test_a_file_over_one_part_goes_up_multipart_once_and_streams_back(
         store.put_file_if_absent(key, other, "application/gzip")
     uploads = s3.client().list_multipart_uploads(Bucket=s3.bucket, Prefix=f"{prefix}/big/")
     assert not uploads.get("Uploads"), "an upload left parts behind"
+
+
+def test_a_big_object_comes_back_as_ranges_of_its_one_version(
+    s3: Any, prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real server answers ranged GETs with If-Match: a multipart object comes down as
+    ranges (several in flight) with the bytes and SHA-256 of the whole, and a range of a
+    version since replaced is refused (412), so no download mixes two versions."""
+    from tunefleet.storage import s3 as s3_store
+    from tunefleet.storage.registry import open_store, parse_uri
+    from tunefleet.storage.store import StoreOptions, get_file
+
+    monkeypatch.setattr(s3_store, "RANGED_FROM", 1 << 20)
+    size = s3_store.PART_BYTES + 54321
+    data = os.urandom(size)
+    path = tmp_path / "archive"
+    path.write_bytes(data)
+    store = open_store(
+        parse_uri(f"s3://{s3.bucket}/{prefix}"), StoreOptions(client=s3.client(), timeout_s=120)
+    )
+    key = f"{prefix}/ranged/archive.tar.gz"
+    assert store.put_file_if_absent(key, path, "application/gzip") is True
+    ranges: list[str] = []
+    real = store.client.get_object
+
+    def counted(**kw: Any) -> Any:
+        if "Range" in kw:
+            ranges.append(kw["Range"])
+        return real(**kw)
+
+    monkeypatch.setattr(store.client, "get_object", counted)
+    with open(tmp_path / "back", "w+b") as f:
+        got = get_file(store, key, f, size)
+    assert (got.size, got.sha256) == (size, hashlib.sha256(data).hexdigest())
+    assert (tmp_path / "back").read_bytes() == data
+    assert len(ranges) == -(-size // s3_store.RANGE_BYTES), ranges
+    etag = s3.client().head_object(Bucket=s3.bucket, Key=key)["ETag"]
+    s3.client().put_object(Bucket=s3.bucket, Key=key, Body=b"another version")
+    with pytest.raises(Exception) as refused:
+        real(Bucket=s3.bucket, Key=key, Range="bytes=0-9", IfMatch=etag)
+    assert "412" in str(refused.value) or "PreconditionFailed" in str(refused.value)

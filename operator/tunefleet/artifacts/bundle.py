@@ -178,7 +178,7 @@ def _fetch_one(
         raise NoRoom(f"{where}: cannot write its archive into {dest}: {exc.strerror}") from None
     try:
         try:
-            with os.fdopen(fd, "wb") as f:
+            with os.fdopen(fd, "w+b") as f:  # read back too: a ranged download hashes so
                 got = get_file(store, key(base, entry), f, min(MAX_ARCHIVE_BYTES, entry.size))
         except StoreError as exc:
             raise BundleError(f"{where}: {exc}") from None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import hashlib
 import io
 import os
@@ -55,6 +56,15 @@ MAX_ATTEMPTS = 5
 # parts of 5 MiB to 5 GiB: 16 MiB parts carry 156 GiB).
 PART_BYTES = 16 << 20
 PARTS_IN_FLIGHT = 4
+# An object this large is downloaded as ranged GETs, RANGES_IN_FLIGHT at a time (one stream
+# from S3 runs at tens of MB/s; several fill the link). Each range is written at its offset,
+# then hashed in order as soon as every byte before it has been: at most RANGE_WINDOW ranges
+# sit in the page cache between their write and their hash, so memory stays bounded.
+RANGED_FROM = 64 << 20
+RANGE_BYTES = 4 << 20
+RANGES_IN_FLIGHT = 4
+RANGE_WINDOW = 4
+RANGE_READ = 256 << 10  # each range's reads: small, so every thread's buffers stay small
 # AWS answers 409 ConditionalRequestConflict while another conditional write to the key is in
 # flight; botocore does not retry it, so we do, a few times.
 CONFLICT_RETRIES = 3
@@ -128,6 +138,37 @@ def make_client(
     return boto3.client(
         "s3", endpoint_url=endpoint, region_name=region_name or "us-east-1", config=config
     )
+
+
+def _file_descriptor(dest: BinaryIO) -> int | None:
+    """dest's descriptor where it is a file on disk, open to read and write, with nothing
+    written yet (ranges are written at their offsets and read back to be hashed), else None:
+    it is then written as one stream."""
+    try:
+        dest.flush()
+        if dest.tell() != 0:
+            return None
+        fd = dest.fileno()
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDWR:
+            return None
+        return fd
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return None
+
+
+def _hash_range(fd: int, start: int, end: int, digest: Any) -> None:
+    """Bytes [start, end) of the file read back (from the page cache they were just written
+    to) into digest; then synced and their cache handed back."""
+    at = start
+    while at < end:
+        chunk = os.pread(fd, min(CHUNK, end - at), at)
+        if not chunk:
+            raise StoreError(f"the downloaded file ends at {at} bytes, before {end}")
+        digest.update(chunk)
+        at += len(chunk)
+    with contextlib.suppress(OSError):
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)
 
 
 def _code(exc: ClientError) -> tuple[str, int]:
@@ -287,11 +328,22 @@ class S3Store:
             if size > max_bytes:
                 resp["Body"].close()
                 raise TooLargeError(f"{self.uri(key)} is {size} bytes, more than {max_bytes}")
-            got = write_hashed(resp["Body"].iter_chunks(CHUNK), dest, max_bytes, self.uri(key))
+            fd = _file_descriptor(dest) if size >= RANGED_FROM else None
+            if fd is not None and resp.get("ETag"):
+                resp["Body"].close()  # the same version again, a range at a time
+                got = self._ranged(key, fd, size, str(resp["ETag"]))
+                dest.seek(size)
+            else:
+                got = write_hashed(resp["Body"].iter_chunks(CHUNK), dest, max_bytes, self.uri(key))
         except ClientError as exc:
             code, status = _code(exc)
             if code in ("NoSuchKey", "404") or status == 404:
                 raise NotFoundError(f"no object at {self.uri(key)}") from None
+            if code == "PreconditionFailed" or status == 412:
+                raise StoreError(
+                    f"{self.uri(key)} was replaced while it downloaded (a range of another "
+                    "version is never mixed in): fetch it again"
+                ) from None
             raise StoreError(f"downloading {self.uri(key)} failed: {_describe(exc)}") from None
         except BotoCoreError as exc:
             # Includes botocore's own response checksum validation failing.
@@ -305,6 +357,50 @@ class S3Store:
             if actual != stored:
                 raise StoreError(f"{self.uri(key)} does not match its stored SHA-256 checksum")
         return got, dict(resp)
+
+    def _ranged(self, key: str, fd: int, size: int, etag: str) -> Received:
+        """The object's `size` bytes into the file `fd` as ranged GETs of RANGE_BYTES, each of
+        the version `etag` names (If-Match: one replaced midway fails, never mixes), several in
+        flight; hashed in order as each range before it has arrived, the page cache of what
+        was hashed handed back."""
+        starts = list(range(0, size, RANGE_BYTES))
+        digest = hashlib.sha256()
+        pool = ThreadPoolExecutor(RANGES_IN_FLIGHT, thread_name_prefix="s3-range")
+        try:
+            pending = {
+                i: pool.submit(self._range, key, fd, a, min(a + RANGE_BYTES, size), etag)
+                for i, a in enumerate(starts[:RANGE_WINDOW])
+            }
+            for i, a in enumerate(starts):
+                pending.pop(i).result()
+                end = min(a + RANGE_BYTES, size)
+                _hash_range(fd, a, end, digest)
+                later = i + RANGE_WINDOW
+                if later < len(starts):
+                    b = starts[later]
+                    pending[later] = pool.submit(
+                        self._range, key, fd, b, min(b + RANGE_BYTES, size), etag
+                    )
+        finally:
+            # The ranges still running finish before the caller may close the file: a
+            # descriptor number reused afterwards must never receive a stray write.
+            pool.shutdown(wait=True, cancel_futures=True)
+        return Received(size, digest.hexdigest())
+
+    def _range(self, key: str, fd: int, start: int, end: int, etag: str) -> None:
+        """Bytes [start, end) of the object's version `etag`, written at their offset."""
+        self._check_deadline(f"downloading {self.uri(key)}")
+        resp = self.client.get_object(
+            Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end - 1}", IfMatch=etag
+        )
+        at = start
+        for chunk in resp["Body"].iter_chunks(RANGE_READ):
+            if at + len(chunk) > end:
+                raise StoreError(f"{self.uri(key)}: range {start}-{end - 1} sent more bytes")
+            os.pwrite(fd, chunk, at)
+            at += len(chunk)
+        if at != end:
+            raise StoreError(f"{self.uri(key)}: {at - start} of range {start}-{end - 1}'s bytes")
 
     def put_file_if_absent(self, key: str, path: Path, content_type: str) -> bool:
         """Write once from a file: one PUT for a small one, else a multipart upload whose
