@@ -9,8 +9,8 @@ tar+zstd OCI media type), each against `tar -x` of the same archive from disk.
 Real node, S3 (the operator as the chart's Deployment, the stand-in image's workload writing
 1 GiB of a seeded generator's bytes, testbed/large.py): apply to Ready; the tune step's pack
 and publish's upload seconds (their log lines); then `pods` model pods one at a time, each
-fetching the bundle: fetch's download-and-verify and unpack seconds and its cgroup's peak
-memory (its log line), the pod's creation to its server's start, the SHA-256 it got; and
+fetching the bundle: fetch's download-and-verify and unpack seconds, its cgroup's peak
+memory and its process's peak RSS (its log line), the pod's creation to its server's start, the SHA-256 it got; and
 `tar -xzf` of the same archive downloaded to this machine's disk (the node's disk), the
 limit fetch is compared with: (download + verify + unpack) / tar -x, medians.
 
@@ -188,10 +188,12 @@ def _fetch_pod(r: Run, i: int, expected: str) -> dict[str, Any]:
     sha = _logs(r, name, "server").split()[0]
     r.cluster.kubectl("delete", "pod", "-n", r.ns, name, "--wait=false")
     peak = re.search(r"memory peak (\d+) bytes", log)
+    rss = re.search(r"peak RSS (\d+) bytes", log)
     return {
         "download_verify_s": _seconds(r"download and verify ([\d.]+) s", log),
         "unpack_s": _seconds(r"unpack ([\d.]+) s", log),
         "peak_bytes": int(peak.group(1)) if peak else None,
+        "rss_bytes": int(rss.group(1)) if rss else None,
         "create_to_start_s": round(epoch(started) - created, 1),
         "same_bytes": sha == expected,
     }
@@ -242,6 +244,7 @@ def _measure(r: Run, s3: S3Settings, pods: int) -> dict[str, Any]:
             "tar_x_s": round(tar_s, 2),
             "fetch_over_tar_x": round(fetch_s / tar_s, 2),
             "peak_bytes_max": max(x["peak_bytes"] or 0 for x in rows),
+            "rss_bytes_max": max(x["rss_bytes"] or 0 for x in rows),
             "all_same_bytes": all(x["same_bytes"] for x in rows),
         }
     finally:

@@ -328,6 +328,7 @@ GROUPS: dict[str, Any] = {
             "tar_x_s": None,
             "fetch_over_tar_x": None,
             "peak_bytes_max": None,
+            "rss_bytes_max": None,
             "all_same_bytes": None,
         },
         "image_volume": {
