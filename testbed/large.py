@@ -17,32 +17,35 @@ VARIABLE = "BIGSTACK_CACHE"
 BLOB = f"/tunefleet/caches/{CACHE}/data/blob.bin"  # where a model pod finds it
 
 
-def stack_writes(mib: int) -> str:
+def stack_writes(mib: int, seed: int = SEED) -> str:
     """The workload: `mib` MiB of the seeded generator's bytes where its variable says."""
     return (
-        f"import os, random; r = random.Random({SEED}); "
+        f"import os, random; r = random.Random({seed}); "
         f"f = open(os.path.join(os.environ['{VARIABLE}'], 'blob.bin'), 'wb'); "
         f"[f.write(r.randbytes(1 << 20)) for _ in range({mib})]; f.close()"
     )
 
 
-def expected_sha256(mib: int) -> str:
-    """The SHA-256 of what stack_writes(mib) writes."""
-    r, h = random.Random(SEED), hashlib.sha256()
+def expected_sha256(mib: int, seed: int = SEED) -> str:
+    """The SHA-256 of what stack_writes(mib, seed) writes."""
+    r, h = random.Random(seed), hashlib.sha256()
     for _ in range(mib):
         h.update(r.randbytes(1 << 20))
     return h.hexdigest()
 
 
-def large_profile(name: str, s3: Any, secret: str, prefix: str, mib: int) -> dict[str, Any]:
-    """real_profile with TunableOp results (the stand-in's) and the `mib` MiB cache, stored
-    under `prefix` of the bucket (the caller's own, emptied afterwards)."""
+def large_profile(
+    name: str, s3: Any, secret: str, prefix: str, mib: int, seed: int = SEED
+) -> dict[str, Any]:
+    """real_profile with TunableOp results (the stand-in's) and the `mib` MiB cache (of the
+    generator seeded with `seed`), stored under `prefix` of the bucket (the caller's own,
+    emptied afterwards)."""
     profile = real_profile(
         name,
         s3,
         secret,
         workload={
-            "command": ["python3", "-c", stack_writes(mib)],
+            "command": ["python3", "-c", stack_writes(mib, seed)],
             "shapes": SHAPES,
             "env": [{"name": "FAKE_TORCH_BACKEND", "value": "rocm"}],
         },
@@ -65,12 +68,12 @@ def serving_pod(name: str, profile: str, command: str, **limits: str) -> dict[st
 
 
 def volume_profile(
-    name: str, s3: Any, mib: int, repository: str, public_key: str
+    name: str, s3: Any, mib: int, repository: str, public_key: str, seed: int = SEED
 ) -> dict[str, Any]:
     """large_profile on an oci:// store (`repository` of the local registry, Secrets
     registry-writer, registry-reader and signing in the namespace) whose artifact pods mount
     as an image volume: the operator holds the public key (spec.storage.signing.publicKey)."""
-    profile = large_profile(name, s3, "", "unused", mib)
+    profile = large_profile(name, s3, "", "unused", mib, seed)
     profile["spec"]["storage"] = {
         "uri": f"oci://{repository}",
         "credentialsSecret": {"name": "registry-writer"},

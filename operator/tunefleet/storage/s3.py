@@ -62,9 +62,9 @@ PARTS_IN_FLIGHT = 4
 # sit in the page cache between their write and their hash, so memory stays bounded.
 RANGED_FROM = 64 << 20
 RANGE_BYTES = 4 << 20
-RANGES_IN_FLIGHT = 4
-RANGE_WINDOW = 4
-RANGE_READ = 256 << 10  # each range's reads: small, so every thread's buffers stay small
+RANGES_IN_FLIGHT = 3
+RANGE_WINDOW = 3
+RANGE_READ = 64 << 10  # each range's reads: small, so no thread holds big buffers
 # AWS answers 409 ConditionalRequestConflict while another conditional write to the key is in
 # flight; botocore does not retry it, so we do, a few times.
 CONFLICT_RETRIES = 3
