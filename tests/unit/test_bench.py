@@ -225,7 +225,8 @@ def _large_quotes(large: dict[str, Any]) -> list[str]:
     quotes = [
         f"fetch (download, verify, unpack) {s3['fetch_s']:.1f} s against `tar -xzf`'s "
         f"{s3['tar_x_s']:.1f} s: **{s3['fetch_over_tar_x']:.2f}**",
-        f"cgroup peak {s3['peak_bytes_max'] / 2**20:.0f} MiB",
+        f"cgroup peak {s3['peak_bytes_max'] / 2**20:.0f} MiB (its process's own peak RSS "
+        f"{s3['rss_bytes_max'] / 2**20:.0f} MiB)",
         f"packed in {tune['pack_s']:.1f} s, uploaded in {tune['upload_s']:.1f} s",
         f"apply to Ready {s3['apply_to_ready_s']:.0f} s",
     ]
