@@ -74,11 +74,21 @@ class WorkloadExited(TunerError):
         self.status = status
 
 
+class WorkloadTimedOut(TunerError):
+    """The workload outlived its time and was stopped (its process group ended): measuring
+    tells a hang with the artifact from a hang without it by this, not by the message."""
+
+    def __init__(self, timeout_s: float, message: str) -> None:
+        super().__init__(message)
+        self.timeout_s = timeout_s
+
+
 def run_workload(
     argv: Sequence[str], env: Mapping[str, str], timeout_s: float, log: Log = _log
 ) -> None:
     """Run the user's command with the container's environment plus `env`, within the budget;
-    TunerError if it fails or outlives it."""
+    WorkloadExited if it fails, WorkloadTimedOut if it outlives it, TunerError if it cannot
+    start."""
     full = {**os.environ, **env}
     try:
         # Its own session, so a timeout can stop every process the workload started; its
@@ -86,13 +96,15 @@ def run_workload(
         proc = subprocess.Popen(list(argv), env=full, start_new_session=True, stdout=sys.stderr)
     except OSError as exc:
         raise TunerError(f"cannot start workload command {argv[0]!r}: {exc.strerror}") from None
+    allowed = max(timeout_s, 1.0)
     try:
-        rc = proc.wait(timeout=max(timeout_s, 1.0))
+        rc = proc.wait(timeout=allowed)
     except subprocess.TimeoutExpired:
         kill_group(proc)
-        raise TunerError(
+        raise WorkloadTimedOut(
+            allowed,
             f"workload command did not exit within the {timeout_s:.0f}s tuning budget: "
-            f"{shlex.join(argv)}"
+            f"{shlex.join(argv)}",
         ) from None
     except BaseException:
         kill_group(proc)
