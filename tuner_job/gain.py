@@ -89,8 +89,8 @@ class Figure:
 
 @dataclass(frozen=True)
 class Failure:
-    """A measured arm that failed with the artifact: the workload exited non-zero with it
-    loaded, or torch refused its results. The worst loss there is: the gate rejects it."""
+    """A measured arm that failed with the artifact: the workload exited non-zero or hung with
+    it loaded, or torch refused its results. The worst loss there is: the gate rejects it."""
 
     figure: str  # the figure whose arm failed: gemms or workload
     cause: str  # "exited with status 139 with the artifact", "torch did not load ..."

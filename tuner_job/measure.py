@@ -35,7 +35,7 @@ from .config import Shape, TuningConfig
 from .gain import Failure, Figure, Gain, Measurement
 from .gpu import TunerError
 from .output import RESULTS_NAME
-from .record import WorkloadExited, run_workload, shape_gemm
+from .record import WorkloadExited, WorkloadTimedOut, run_workload, shape_gemm
 
 Log = Callable[[str], None]
 # TunableOp's own variables win over its Python API: the GEMM child runs without them.
@@ -149,7 +149,14 @@ class _Arms:
 
 
 class _ArtifactFailed(Exception):
-    """The arm with the artifact exited non-zero where the one without ran."""
+    """The arm with the artifact exited non-zero, or hung, where the one without ran."""
+
+
+# A run with the artifact stopped after this many times the slowest run without it is a hang:
+# no noise makes a run twice as slow, and minGain (>= 0) rejects any run slower than without.
+# One stopped sooner is the budget ending mid-pair (the last pair of a measurement, or a
+# baseline that took most of it), not a loss to reject.
+HANG_FACTOR = 2.0
 
 
 def _workload(arms: _Arms, work: Path, budget_s: float, log: Log) -> Figure | Failure | str:
@@ -170,18 +177,21 @@ def _workload(arms: _Arms, work: Path, budget_s: float, log: Log) -> Figure | Fa
             except WorkloadExited as exc:
                 # Without the artifact first in every first pair: a workload that fails
                 # either way never gets here with tuned set before a baseline ran.
-                if tuned and baseline_ran:
+                if tuned and baseline_s:
                     raise _ArtifactFailed(_exited(exc.status)) from None
                 raise
+            except WorkloadTimedOut as exc:
+                raise _timed_out(tuned, exc.timeout_s, baseline_s) from None
             finally:
                 shutil.rmtree(work / f"run{arms.runs}", ignore_errors=True)
+            took = time.monotonic() - started
             if not tuned:
-                baseline_ran.append(True)
-            return time.monotonic() - started
+                baseline_s.append(took)
+            return took
 
         return run
 
-    baseline_ran: list[bool] = []
+    baseline_s: list[float] = []  # every run without the artifact that finished
     log(f"measuring the workload with and without the artifact (budget {budget_s:.0f}s)")
     measurement = Measurement("workload", timed(False), timed(True), budget_s)
     try:
@@ -194,6 +204,26 @@ def _workload(arms: _Arms, work: Path, budget_s: float, log: Log) -> Figure | Fa
         log(f"workload: measuring stopped ({exc}); the pairs run before it are the figure")
         figure = measurement.figure()
     return figure if figure is not None else "workload: the budget ended before one pair ran"
+
+
+def _timed_out(tuned: bool, allowed_s: float, baseline_s: Sequence[float]) -> Exception:
+    """Whose a stopped run is: the artifact's (a hang), or nobody's (nothing to compare)."""
+    if not tuned:
+        return TunerError(f"without the artifact the workload did not finish in {_secs(allowed_s)}")
+    slowest = max(baseline_s, default=0.0)
+    if slowest and allowed_s >= HANG_FACTOR * slowest:
+        return _ArtifactFailed(
+            f"with the artifact the workload did not finish in {_secs(allowed_s)}; "
+            f"without it, it took {_secs(slowest)}"
+        )
+    return TunerError(
+        f"the budget ended {_secs(allowed_s)} into a run with the artifact, under "
+        f"{HANG_FACTOR:g}x the {_secs(slowest)} the workload took without it: not a hang"
+    )
+
+
+def _secs(s: float) -> str:
+    return f"{s:.0f} s" if s >= 10 else f"{s:.2g} s"
 
 
 def _exited(status: int) -> str:
@@ -239,6 +269,10 @@ def _gemms(
             argv, env=env, capture_output=True, text=True, timeout=max(budget_s, 1.0) + 60
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
+        # Not the artifact's, unlike a workload that hangs with it: the child times both arms
+        # in one process and says nothing until it ends, so a timeout (60 s past a budget
+        # its own loop keeps) may be torch's import, CUDA's start or a baseline pass as well
+        # as a tuned one. Blaming the results would need the child to report the arm it is in.
         return f"gemms not measured: {exc}"
     if proc.returncode != 0:
         tail = (proc.stderr or "").strip().splitlines()[-1:] or ["no output"]

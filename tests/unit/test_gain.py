@@ -374,3 +374,79 @@ def test_a_failure_round_trips_and_a_malformed_one_still_fails() -> None:
     assert Gain.from_dict(json.loads(json.dumps(gain.to_dict()))) == gain
     forged = Gain.from_dict({"figures": [], "failed": "yes"})
     assert forged is not None and not judge(forged).passed
+
+
+# --- fails closed on hangs: a run with the artifact that never finishes rejects it (issue 54) ---
+
+# Set only in the arm with the artifact: a torchCompile cache that is not empty.
+_TUNED = "any(pathlib.Path(os.environ['TORCHINDUCTOR_CACHE_DIR']).iterdir())"
+_FILL = "(pathlib.Path(os.environ['TORCHINDUCTOR_CACHE_DIR']) / 'kernel.so').write_text('k')\n"
+
+
+def test_a_workload_that_hangs_only_with_its_artifact_is_rejected_with_the_figure(
+    tmp_path: Path,
+) -> None:
+    """Before, the hang made the workload "not measured" and the gate promoted it: a run 10%
+    slower was rejected, one that never finished was served."""
+    done, gain = _tune_workload(
+        tmp_path,
+        f"import os, pathlib, time\nif {_TUNED}:\n    time.sleep(600)\n{_FILL}",
+        budget=2,
+    )
+    assert gain is not None and gain.failed is not None, (gain, done.stderr[-2000:])
+    assert gain.failed.figure == "workload" and gain.figures == ()
+    assert gain.failed.cause.startswith("with the artifact the workload did not finish in ")
+    assert "; without it, it took " in gain.failed.cause, gain.failed.cause
+    verdict = judge(gain)
+    assert not verdict.passed and verdict.failed == "workload"
+    assert "did not finish in" in verdict.message
+    assert "the gate rejects it" in done.stderr
+
+
+def test_a_workload_that_hangs_without_its_artifact_too_is_not_measured_not_rejected(
+    tmp_path: Path,
+) -> None:
+    # Only the tuning run (the first) finishes: the baseline hangs as well, so there is nothing
+    # to compare and the artifact is not to blame.
+    done, gain = _tune_workload(
+        tmp_path,
+        "import os, pathlib, time\n"
+        f"n = pathlib.Path({str(tmp_path / 'runs')!r})\n"
+        "count = int(n.read_text()) + 1 if n.exists() else 1\n"
+        "n.write_text(str(count))\n"
+        "if count > 1:\n"
+        "    time.sleep(600)\n" + _FILL,
+        budget=2,
+    )
+    assert gain is not None and gain.failed is None and gain.figures == (), done.stderr[-2000:]
+    assert "without the artifact the workload did not finish in" in gain.note, gain.note
+    verdict = judge(gain)
+    assert verdict.passed and verdict.message.startswith("not measured: workload not measured")
+
+
+def test_a_workload_merely_slower_with_its_artifact_is_rejected_by_its_figure(
+    tmp_path: Path,
+) -> None:
+    # It finishes every time: a figure, judged against minGain, not a failure.
+    done, gain = _tune_workload(
+        tmp_path, f"import os, pathlib, time\nif {_TUNED}:\n    time.sleep(0.3)\n{_FILL}", budget=3
+    )
+    assert gain is not None and gain.failed is None, (gain, done.stderr[-2000:])
+    f = gain.figure("workload")
+    assert f is not None and f.speedup < 0.8, gain
+    verdict = judge(gain)
+    assert not verdict.passed and verdict.failed == "workload"
+    assert "below the 1.00x spec.promotion asks" in verdict.message
+
+
+def test_a_run_with_the_artifact_cut_short_by_the_budget_is_not_blamed_on_it(
+    tmp_path: Path,
+) -> None:
+    # As fast either way (1.2 s), but the baseline leaves the arm with the artifact 1 s of a
+    # 1.5 s budget: it is stopped, and that is the budget's end, not a hang to reject.
+    done, gain = _tune_workload(
+        tmp_path, f"import os, pathlib, time\ntime.sleep(1.2)\n{_FILL}", budget=1.5
+    )
+    assert gain is not None and gain.failed is None and gain.figures == (), done.stderr[-2000:]
+    assert "the budget ended" in gain.note, gain.note
+    assert judge(gain).passed
