@@ -28,6 +28,7 @@ from tunefleet.fleet import claims
 from tunefleet.fleet.claims import Step
 from tunefleet.reconciler.memory import Memory
 from tunefleet.reconciler.reconcile import Around, sync_profile
+from tunefleet.storage import s3
 from tunefleet.storage.filesystem import DirStore
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import Location, NotFoundError, Store, StoreOptions, swappable
@@ -593,3 +594,115 @@ def test_a_claim_taken_just_after_its_holder_published_and_released_is_given_bac
     given_back = claim_of(tmp_path, q)
     assert given_back is not None and given_back.holder.profile == "q"
     assert given_back.expires <= time.time()
+
+
+# --- odd objects at a claim's or an entry's key (issue 54) ------------------------------------
+
+ODD = 17 << 10  # over contract.MAX_BYTES: no claim or entry is ever this large
+
+
+def _padded(doc: bytes, size: int) -> bytes:
+    """A JSON object that says what `doc` says, padded to `size` bytes."""
+    head = doc[:-1] + b',"pad":"'
+    return head + b"x" * (size - len(head) - 2) + b'"}'
+
+
+def test_a_claim_too_large_to_be_one_is_taken_over_within_one_pass(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = dir_store(tmp_path)
+    key = "k/claim.json"
+    # Even one that says it is live: a claim no cluster could write is never obeyed.
+    big = _padded(contract.Claim(IDENT, THEM, 900.0, 1500.0).to_bytes(), ODD)
+    assert len(big) == ODD and store.create(key, big, "application/json")
+    taken = claims.claim(store, key, IDENT, ME, 1000.0, 600.0)
+    assert taken.held and taken.claim.holder == ME
+    assert contract.Claim.from_bytes(store.get(key, contract.MAX_BYTES), IDENT) == taken.claim
+    assert f"{ODD} bytes" in caplog.text and "taken over" in caplog.text
+
+
+def test_a_claim_that_is_not_json_is_taken_over_saying_what_was_there(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = dir_store(tmp_path)
+    assert store.create("k/claim.json", b"\xff\xfe not json", "application/json")
+    assert claims.claim(store, "k/claim.json", IDENT, ME, 1000.0, 600.0).held
+    assert "not JSON" in caplog.text and "taken over" in caplog.text
+
+
+def test_of_two_clusters_taking_over_an_oversized_claim_at_once_exactly_one_wins(
+    tmp_path: Path,
+) -> None:
+    both_read = threading.Barrier(2)
+
+    class Racing(DirStore):
+        """The bucket, where each cluster's first read is done before either writes."""
+
+        def read_tagged(self, key: str, max_bytes: int) -> Any:
+            got = super().read_tagged(key, max_bytes)
+            if not hasattr(local, "read"):  # each racer's first read
+                local.read = True
+                both_read.wait(timeout=10)
+            return got
+
+    local = threading.local()
+    store = Racing(LOCATION, tmp_path / "bkt")
+    assert store.create("k/claim.json", b"{" + b" " * ODD + b"}", "application/json")
+    standings: dict[str, claims.Standing] = {}
+
+    def go(h: contract.Holder) -> None:
+        standings[h.uid] = claims.claim(store, "k/claim.json", IDENT, h, 1000.0, 600.0)
+
+    threads = [threading.Thread(target=go, args=(h,)) for h in (ME, THEM)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(s.held for s in standings.values()) == [False, True]
+    winner = next(s.claim.holder for s in standings.values() if s.held)
+    loser = next(s for s in standings.values() if not s.held)
+    assert loser.claim.holder == winner  # the loser read the winner's claim and waits on it
+    found = contract.Claim.from_bytes(store.get("k/claim.json", contract.MAX_BYTES), IDENT)
+    assert found is not None and found.holder == winner
+
+
+def test_an_entry_too_large_to_be_one_is_replaced_by_the_next_publisher(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    p = profile_view(BASE.obj())
+    store = dir_store(tmp_path)
+    key = contract.published_key(LOCATION, MODEL, identity(p))
+    assert store.create(key, b"[" + b"0," * (ODD // 2) + b"0]", "application/json")
+    memory = Memory()
+    status, _ = sync(p, tmp_path, FLEET_A, memory)
+    done = served_by_p(tmp_path, {**p, "status": status})
+    _, api = sync(done, tmp_path, FLEET_A, memory)
+    assert any(r == "ArtifactPublishedForFleet" for r, _ in api.events)
+    entry = contract.Published.from_bytes(store.get(key, contract.MAX_BYTES), identity(p), MODEL)
+    assert entry is not None and entry.record.sha256 == done["status"]["artifacts"][0]["sha256"]
+    assert "bytes" in caplog.text and "replac" in caplog.text
+    # Another cluster of the same identity now adopts it instead of tuning its own.
+    q = profile_view(BASE.name("q").uid("uid-q").obj())
+    status_q, _ = sync(q, tmp_path, FLEET_B, Memory())
+    assert status_q["phase"] == "Ready"
+
+
+def test_s3_gives_an_oversized_objects_etag_from_its_get_without_reading_it() -> None:
+    class Body:
+        read = False
+
+        def iter_chunks(self, size: int) -> Any:
+            Body.read = True
+            yield b"x" * ODD
+
+        def close(self) -> None:
+            pass
+
+    class Client:
+        def get_object(self, **kw: Any) -> dict[str, Any]:
+            return {"ContentLength": ODD, "ETag": '"v1"', "Body": Body()}
+
+    store = s3.S3Store(LOCATION, client=Client())
+    got = store.read_tagged("fleet/k/claim.json", contract.MAX_BYTES)
+    assert (got.data, got.tag, got.oversize) == (b"", '"v1"', ODD)
+    assert not Body.read

@@ -12,8 +12,10 @@ naming.fleet_identity, 64 hex):
   the first complete artifact of the identity, never replaced.
 
 Both are small JSON documents. Anything under these keys that does not parse as what it should
-be is not trusted: a claim that is not one counts as expired (it is taken over, never obeyed),
-an entry that is not one is not adopted.
+be (over MAX_BYTES, not JSON, another schema or identity) is not trusted: a claim that is not
+one counts as expired (it is taken over, never obeyed), an entry that is not one is not adopted
+and is replaced by the next publisher; either with the same conditional write as a valid one
+gets, and a log line saying what was there (`odd`).
 """
 
 from __future__ import annotations
@@ -167,6 +169,16 @@ class Published:
         if bare is None:
             return None
         return cls(identity, gpu_model, bare, holder, at)
+
+
+def odd(data: bytes, oversize: int, what: str) -> str:
+    """In words, for a log line, what sits at a key where `what` (a claim, an entry) should
+    be and does not parse as one; `oversize` is its size when it was too large to download."""
+    if oversize:
+        return f"an object of {oversize} bytes, more than the {MAX_BYTES} that {what} may be"
+    if _json(data) is None:
+        return f"{len(data)} bytes that are not JSON (not {what})"
+    return f"a JSON object of {len(data)} bytes that is not {what}"
 
 
 def _json(data: bytes) -> dict[str, Any] | None:

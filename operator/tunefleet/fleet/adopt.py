@@ -12,6 +12,7 @@ then tunes its own.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 from tunefleet import images
@@ -19,7 +20,7 @@ from tunefleet.api import StorageSpec, TuningProfileSpec
 from tunefleet.artifacts import fit, ocibundle, signing
 from tunefleet.artifacts.fetch import FetchError, Pinned, Signature, download_verified
 from tunefleet.contracts.artifact import ArtifactRecord
-from tunefleet.contracts.fleet import MAX_BYTES, Holder, Published
+from tunefleet.contracts.fleet import MAX_BYTES, Holder, Published, odd
 from tunefleet.storage.oci import OciStore
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import (
@@ -30,6 +31,8 @@ from tunefleet.storage.store import (
     TooLargeError,
     swappable,
 )
+
+log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "application/json"
 
@@ -172,16 +175,21 @@ def publish(
     if swap.create(key, entry.to_bytes(), CONTENT_TYPE):
         return True
     try:
+        # One over MAX_BYTES comes as its tag alone (no data): not an entry, replaced below.
         there = swap.read_tagged(key, MAX_BYTES)
     except NotFoundError:
         return swap.create(key, entry.to_bytes(), CONTENT_TYPE)
     found = Published.from_bytes(there.data, entry.identity, entry.gpu_model)
     try:
         if found is None:
-            raise NotAdoptable("not an entry")
+            what = "an entry for this identity and GPU model"
+            raise NotAdoptable(f"it held {odd(there.data, there.oversize, what)}")
         verify(found, spec, stand_in, store)
-    except NotAdoptable:
-        return swap.replace_if(key, entry.to_bytes(), CONTENT_TYPE, there.tag)
+    except NotAdoptable as e:
+        replaced = swap.replace_if(key, entry.to_bytes(), CONTENT_TYPE, there.tag)
+        if replaced:
+            log.warning(f"{store.uri(key)}: {e}; replaced by artifact {entry.record.sha256[:12]}")
+        return replaced
     return False
 
 

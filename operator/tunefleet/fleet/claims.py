@@ -11,11 +11,14 @@ be long against their skew (minutes, with NTP's milliseconds).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from enum import StrEnum
 
-from tunefleet.contracts.fleet import MAX_BYTES, MAX_CLAIM_SECONDS, Claim, Holder
+from tunefleet.contracts.fleet import MAX_BYTES, MAX_CLAIM_SECONDS, Claim, Holder, odd
 from tunefleet.storage.store import NotFoundError, StoreError, Swappable, Tagged
+
+log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "application/json"
 TRIES = 3  # conditional writes lost to another writer before giving up for this pass
@@ -94,6 +97,10 @@ def claim(
             assert found is not None
             mine = Claim(identity, me, found.taken, now + ttl)
         if store.replace_if(key, mine.to_bytes(), CONTENT_TYPE, tagged.tag):
+            if found is None:
+                # Said once it is gone: what blocked the identity, for whoever wrote it.
+                what_was = odd(tagged.data, tagged.oversize, "a claim on this identity")
+                log.warning(f"{key}: held {what_was}; taken over by {me.describe()}")
             return Standing(True, mine)
     if found is not None and found.holder != me:
         return Standing(False, found)
@@ -112,6 +119,8 @@ def release(store: Swappable, key: str, identity: str, me: Holder, now: float) -
 
 
 def _read(store: Swappable, key: str) -> Tagged | None:
+    """The claim's version, None when there is none; one over MAX_BYTES comes as its tag
+    alone (Tagged.oversize, no data), which no Claim parses from: not a claim, taken over."""
     try:
         return store.read_tagged(key, MAX_BYTES)
     except NotFoundError:

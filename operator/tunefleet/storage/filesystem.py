@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import io
 import os
 import re
 import tempfile
@@ -171,7 +172,19 @@ class DirStore:
                 Path(tmp).unlink(missing_ok=True)
 
     def read_tagged(self, key: str, max_bytes: int) -> Tagged:
-        data = self.get(key, max_bytes)
+        path = self._path(key)
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size > max_bytes:
+                    # Hashed as it streams (bounded memory), from the file opened: a version
+                    # renamed into place meanwhile leaves this tag stale, so replace_if fails.
+                    return Tagged(b"", _tag(f), size)
+                data = f.read()
+        except FileNotFoundError:
+            raise NotFoundError(f"no object at {self.uri(key)}") from None
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from None
         return Tagged(data, hashlib.sha256(data).hexdigest())
 
     def replace_if(self, key: str, data: bytes, content_type: str, tag: str) -> bool:
@@ -180,7 +193,8 @@ class DirStore:
         try:
             with self._locked(path):
                 try:
-                    now = hashlib.sha256(path.read_bytes()).hexdigest()
+                    with open(path, "rb") as f:
+                        now = _tag(f)  # streamed: the version replaced may be any size
                 except FileNotFoundError:
                     return False
                 if now != tag:
@@ -291,3 +305,8 @@ class DirStore:
 
     def uri(self, key: str) -> str:
         return self.location.uri(key)
+
+
+def _tag(f: io.BufferedReader) -> str:
+    """An object's version tag (read_tagged, replace_if): the SHA-256 of its bytes."""
+    return hashlib.file_digest(f, "sha256").hexdigest()

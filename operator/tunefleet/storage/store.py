@@ -31,7 +31,13 @@ class ConflictError(StoreError):
 
 
 class TooLargeError(StoreError):
-    """An object is larger than the caller allows (checked before it is downloaded)."""
+    """An object is larger than the caller allows (checked before it is downloaded). `size`
+    and `tag` (its version's tag) where the refusing answer gave them: what read_tagged
+    returns of an object it will not download."""
+
+    def __init__(self, message: str, size: int = 0, tag: str = "") -> None:
+        super().__init__(message)
+        self.size, self.tag = size, tag
 
 
 class NotFoundError(StoreError):
@@ -131,6 +137,10 @@ class Tagged:
 
     data: bytes
     tag: str
+    # The object's size when it was over the reader's bound: `data` is then b"" (never
+    # downloaded), and the tag still names its version, so that what is too large to be a
+    # coordination object can be replaced on that version like any other (fleet/).
+    oversize: int = 0
 
 
 class Swappable(Protocol):
@@ -143,7 +153,8 @@ class Swappable(Protocol):
         """Write only where nothing is: False if an object is there, whatever it holds."""
 
     def read_tagged(self, key: str, max_bytes: int) -> Tagged:
-        """The object and its version's tag; NotFoundError if there is none."""
+        """The object and its version's tag; NotFoundError if there is none. One over
+        max_bytes is not downloaded: its tag and `oversize` alone, with no data."""
 
     def replace_if(self, key: str, data: bytes, content_type: str, tag: str) -> bool:
         """Replace the version `tag` names: False if the object changed or went since."""
