@@ -29,6 +29,7 @@ from tunefleet.fleet import adopt, bids, coordinate
 from tunefleet.fleet.bids import Move
 from tunefleet.reconciler.memory import Memory
 from tunefleet.reconciler.reconcile import Around, sync_profile
+from tunefleet.storage import oci
 from tunefleet.storage.filesystem import DirStore
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import Listed, StoreError, swappable
@@ -340,3 +341,92 @@ def test_a_bid_standing_when_the_entry_is_published_is_taken_down_as_the_profile
     again = sync_profile({**q, "status": first.status}, [], [], config, memory, around)
     assert again.status["phase"] == "Ready", again.status
     assert all(not board.notes(g, 1 << 14) for g in _groups(board))
+
+
+# --- odd notes and endless listings on a registry (issue 54) ----------------------------------
+
+
+class _Resp:
+    """What OciStore reads of a registry's answer: a body streamed in chunks, or JSON."""
+
+    def __init__(self, body: bytes = b"", doc: Any = None, link: str = "") -> None:
+        self.status_code, self.body, self.doc = 200, body, doc
+        self.headers = {"Link": link} if link else {}
+
+    def iter_content(self, size: int) -> Any:
+        for i in range(0, len(self.body), size):
+            yield self.body[i : i + size]
+
+    def json(self) -> Any:
+        return self.doc
+
+    def close(self) -> None:
+        pass
+
+
+class NoteRegistry(oci.OciStore):
+    """Notes' manifests in memory; their blobs served through the real OciStore.blob, as the
+    registry streams them, whatever size the manifest gave."""
+
+    def __init__(self) -> None:
+        self.location = parse_uri("oci://registry.example.com/team/tf")
+        self.host, self.repository = "registry.example.com", "team/tf"
+        self.docs: dict[str, Any] = {}
+        self.blobs: dict[str, bytes] = {}
+        self.client = self
+
+    def put_note(self, member: str, data: bytes, size: int | None = None) -> None:
+        digest = oci.digest_of(data)
+        self.blobs[digest] = data
+        layer = {"digest": digest, "size": len(data) if size is None else size}
+        annotations = {oci.KEY_ANNOTATION: GROUP, oci.NOTE_MEMBER_ANNOTATION: member}
+        self.docs[oci.note_tag(GROUP, member)] = {"annotations": annotations, "layers": [layer]}
+
+    def tags(self, prefix: str = "") -> list[str]:
+        return sorted(t for t in self.docs if t.startswith(prefix))
+
+    def manifest(self, reference: str) -> tuple[dict[str, Any], str] | None:
+        doc = self.docs.get(reference)
+        return (doc, "sha256:" + "0" * 64) if doc is not None else None
+
+    def do_request(self, url: str, method: str, **kw: Any) -> _Resp:
+        return _Resp(self.blobs[url.rsplit("/", 1)[-1]])
+
+
+def test_a_note_that_understates_its_size_is_skipped_and_the_other_bids_are_read(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    reg = NoteRegistry()
+    good = bid(A, 90.0)
+    reg.put_note(bids.member(A), good.to_bytes())
+    # Its manifest says 300 bytes; its blob is 17 KiB (over MAX_BYTES), or just over 300.
+    reg.put_note(bids.member(B), b"{" + b" " * (17 << 10) + b"}", size=300)
+    reg.put_note(bids.member(C), bid(C, 80.0).to_bytes() + b" " * 400, size=300)
+    assert bids.read(reg, GROUP, IDENTITY) == [good]
+    assert caplog.text.count("larger than its manifest says") == 2
+
+
+class EndlessTags(oci.OciStore):
+    """A registry whose tag listing links back to itself forever (a loop, or a huge one)."""
+
+    def __init__(self) -> None:
+        self.location = parse_uri("oci://registry.example.com/team/tf")
+        self.host, self.repository = "registry.example.com", "team/tf"
+        self.client = self
+        self.pages = 0
+
+    def do_request(self, url: str, method: str, **kw: Any) -> _Resp:
+        self.pages += 1
+        assert self.pages < 100_000, "the listing never ends"
+        tags = [f"n-{self.pages:08d}-{i:04d}" for i in range(self.page_size)]
+        return _Resp(doc={"tags": tags}, link="</v2/team/tf/tags/list?n=1000&last=x>")
+
+
+def test_a_tag_listing_that_never_ends_is_cut_at_the_cap_and_says_so() -> None:
+    reg = EndlessTags()
+    with pytest.raises(StoreError, match=r"listing .* was cut"):
+        reg.tags()
+    assert reg.pages <= oci.MAX_TAGS // reg.page_size + 1
+    # A claim read through it waits, saying why, rather than deciding on half the bids.
+    with pytest.raises(StoreError, match="was cut"):
+        bids.read(reg, GROUP, IDENTITY)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import builtins
 import hashlib
 import json
+import logging
 import os
 import re
 import time
@@ -55,6 +56,8 @@ from .store import (
     check_prefix,
     write_hashed,
 )
+
+log = logging.getLogger(__name__)
 
 SCHEMES: tuple[str, ...] = ("oci",)
 
@@ -84,6 +87,10 @@ REPOSITORY_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
 HOST_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]{1,5})?$")
 MAX_NAME = 255
 MAX_ATTEMPTS = 4
+# The most tags one listing reads (tags()): a repository's own tags, a few per stored object,
+# fit many times over; a registry whose Link loops, or one far larger than any tunefleet
+# store, is cut here with an error that says so, never read forever.
+MAX_TAGS = 100_000
 
 
 def parse(uri: str, parsed: ParseResult) -> Location:
@@ -320,7 +327,8 @@ class OciStore:
         if resp.status_code != 200:
             raise self._fail(f"downloading {what}", resp)
         data = bytearray()
-        for chunk in resp.iter_content(1 << 20):
+        # No chunk larger than the bound: a 16 KiB note is never read a MiB at a time.
+        for chunk in resp.iter_content(min(CHUNK, max_bytes + 1)):
             data += chunk
             if len(data) > max_bytes:
                 resp.close()
@@ -534,18 +542,29 @@ class OciStore:
     def tags(self, prefix: str = "") -> list[str]:
         """The repository's tags; with a prefix, only those that start with it, read from the
         prefix on (`last`: the distribution spec's listing is in lexical order) and no further
-        than the page that passes it. A registry that ignores `last` is read to the end."""
+        than the page that passes it. A registry that ignores `last` is read to the end.
+        StoreError once MAX_TAGS were read (or MAX_TAGS // page_size pages, for a registry
+        sending short or empty pages) with more to come: the listing was cut, and a caller
+        deciding on it (bids, gc) must not take it for the whole."""
         out: list[str] = []
         url = f"https://{self.host}/v2/{self.repository}/tags/list?n={self.page_size}"
         if prefix:
             url += f"&last={prefix}"
+        read, pages = 0, 0
         while url:
+            if read >= MAX_TAGS or pages >= MAX_TAGS // self.page_size:
+                raise StoreError(
+                    f"listing {self._ref()} was cut after {read} tags in {pages} pages (at most "
+                    f"{MAX_TAGS} tags are read): the registry's listing does not end there"
+                )
+            pages += 1
             resp = self.client.do_request(url, "GET")
             if resp.status_code == 404:
                 return out  # no repository yet: nothing stored
             if resp.status_code != 200:
                 raise self._fail(f"listing {self._ref()}", resp)
             page = [t for t in (resp.json().get("tags") or []) if isinstance(t, str)]
+            read += len(page)
             out += [t for t in page if t.startswith(prefix)]
             if prefix and page == sorted(page) and page and page[-1] > prefix + "\uffff":
                 break
@@ -647,13 +666,23 @@ class OciStore:
                 or not isinstance(member, str)
                 or note_tag(group, member) != tag
                 or size is None
-                or size > max_bytes
             ):
                 continue
+            if size > max_bytes:
+                log.warning(f"{self._ref(tag)}: a note of {size} bytes, over {max_bytes}: skipped")
+                continue
             try:
-                out.append(self.blob(str(layers[0].get("digest", "")), max_bytes, tag))
+                # Bounded by the size the manifest gives (at most max_bytes), not max_bytes:
+                # a blob larger than its manifest says is not this note, and one bad note
+                # must not abort reading the others (every bidder would wait on it for good).
+                out.append(self.blob(str(layers[0].get("digest", "")), size, tag))
             except NotFoundError:
                 continue
+            except TooLargeError:
+                log.warning(
+                    f"{self._ref(tag)}: a note whose blob is larger than its manifest says "
+                    f"({size} bytes): skipped"
+                )
         return out
 
     def unpost(self, group: str, member: str) -> None:
