@@ -9,7 +9,8 @@ naming.fleet_identity, 64 hex):
   If-Match on the version read (or If-None-Match when there is none), so two writers never
   both win;
 * ``<prefix>/_fleet/<gpu-model>/<identity>/artifact.json``: written once (If-None-Match),
-  the first complete artifact of the identity, never replaced.
+  the first complete artifact of the identity, replaced (If-Match) only when it is not an
+  adoptable entry.
 
 Both are small JSON documents. Anything under these keys that does not parse as what it should
 be (over MAX_BYTES, not JSON, another schema or identity) is not trusted: a claim that is not
