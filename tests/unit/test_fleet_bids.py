@@ -24,7 +24,13 @@ from tunefleet import naming
 from tunefleet.artifacts.publish import upload_artifact
 from tunefleet.config import Config
 from tunefleet.contracts.artifact import ArtifactRecord
-from tunefleet.contracts.fleet import MAX_CLAIM_SECONDS, Claim, Holder, published_key
+from tunefleet.contracts.fleet import (
+    DEFAULT_SETTLE_SECONDS,
+    MAX_CLAIM_SECONDS,
+    Claim,
+    Holder,
+    published_key,
+)
 from tunefleet.fleet import adopt, bids, coordinate
 from tunefleet.fleet.bids import Move
 from tunefleet.reconciler.memory import Memory
@@ -117,28 +123,52 @@ class Board:
         return out
 
 
-def _simulate(rng: random.Random, skew: float, slow: float, reads: float = 4.0) -> int:
+GHOST = holder("ghost", "cg")
+EPOCH = 1.7e9  # the contenders' clocks read real epoch seconds: a ghost's `taken: 0` is 1970
+
+
+def _simulate(
+    rng: random.Random,
+    skew: float,
+    slow: float,
+    reads: float = 4.0,
+    windows: tuple[float, ...] = (SETTLE,),
+    ghost: bool = False,
+) -> tuple[int, bool]:
     """Contenders bid from random starts with clocks skewed by up to `skew`, writes taking up
-    to `slow` and listings up to `reads` seconds; the most that ever held at once."""
+    to `slow` (or 0.8 of their window, when windows differ) and listings up to `reads`
+    seconds, each with a window drawn from `windows`; with `ghost`, a note taken at 0 and
+    expiring a day later is pushed once they all watch. The most that ever held at once, and
+    whether one ever held (none waited on a ghost till it expires)."""
     board = Board()
     n = rng.randint(2, 4)
     who = [holder(f"p{i}", f"c{i}") for i in range(n)]
     offset = [rng.uniform(-skew / 2, skew / 2) for _ in who]
+    window = [rng.choice(windows) for _ in who]
+    sight = [bids.Sightings() for _ in who]  # each cluster's operator reads for itself
     events = [(rng.uniform(0, 3.0), i) for i in range(n)]
     heapq.heapify(events)
+    ghost_at = rng.uniform(5.0, 40.0) if ghost else None
+    horizon = 60.0 + 3 * max(window)
     held: dict[int, float] = {}  # contender -> real time its hold ends
     most = 0
     while events:
         t, i = heapq.heappop(events)
-        if t > 60:
+        if t > horizon:
             break
-        latency, read = rng.uniform(0, slow), rng.uniform(0, reads)
+        if ghost_at is not None and t >= ghost_at:
+            board.now, board.latency = ghost_at, 0.0
+            late = EPOCH + ghost_at + 86000
+            board.post(GROUP, bids.member(GHOST), bid(GHOST, 0.0, late).to_bytes())
+            ghost_at = None
+        write = slow if len(windows) == 1 else window[i] * 0.8
+        latency, read = rng.uniform(0, write), rng.uniform(0, reads)
         board.now, board.latency, board.read_delay = t, latency, read
-        ticks = iter((t + offset[i] + read, t + offset[i] + read + latency))
+        clock = EPOCH + t + offset[i]
+        ticks = iter((clock + read, clock + read + latency))
+        times = (clock, TTL, window[i])
         try:
-            got = bids.claim(
-                board, GROUP, IDENTITY, who[i], (t + offset[i], TTL, SETTLE), ticks.__next__
-            )
+            got = bids.claim(board, GROUP, IDENTITY, who[i], times, ticks.__next__, sight[i])
         except StoreError:
             heapq.heappush(events, (board.now + 1.0, i))
             continue
@@ -148,19 +178,95 @@ def _simulate(rng: random.Random, skew: float, slow: float, reads: float = 4.0) 
             held.pop(i, None)
             heapq.heappush(events, (board.now + (got.settling or 2.0), i))
         most = max(most, sum(1 for end in held.values() if end > t))
-    return most
+    return most, bool(held)
 
 
 def test_no_two_contenders_ever_hold_when_skew_and_writes_fit_the_window() -> None:
     rng = random.Random(42)
     # Skew up to a third of the window, writes up to its half (slower ones are taken down).
-    assert max(_simulate(rng, SETTLE / 3, SETTLE * 0.8) for _ in range(400)) == 1
+    assert max(_simulate(rng, SETTLE / 3, SETTLE * 0.8)[0] for _ in range(400)) == 1
 
 
 def test_skew_beyond_the_window_lets_two_hold() -> None:
     rng = random.Random(7)
     # A slow listing then posts a bid that, by its clock, was taken before one that settled.
-    assert max(_simulate(rng, SETTLE * 4, 0.1, reads=10.0) for _ in range(400)) >= 2
+    assert max(_simulate(rng, SETTLE * 4, 0.1, reads=10.0)[0] for _ in range(400)) >= 2
+
+
+def test_clusters_with_windows_of_60s_and_1s_never_both_hold() -> None:
+    rng = random.Random(54)
+    # At zero skew, writes up to 0.8 of each one's window (a 60 s cluster's over 30 s are
+    # taken down): slow 60 s bids may keep one another off for the whole run, never two hold.
+    assert max(_simulate(rng, 0.0, 0.0, windows=(60.0, 1.0))[0] for _ in range(400)) == 1
+
+
+def test_a_ghost_bid_taken_at_0_makes_nobody_wait_and_no_two_hold() -> None:
+    rng = random.Random(5)
+    runs = [_simulate(rng, SETTLE / 3, SETTLE * 0.8, ghost=True) for _ in range(400)]
+    assert max(most for most, _ in runs) == 1
+    assert all(held for _, held in runs)  # none waits on the ghost till it expires, a day on
+
+
+def test_a_60s_bid_written_slowly_does_not_take_the_claim_a_1s_bid_settled() -> None:
+    """At zero skew: the 60 s cluster's bid, taken at 0, takes 10 s to write (under its 30 s
+    bound); the 1 s cluster's, taken at 2, settles at 3 before it shows. Queued by `taken`
+    alone the 60 s bid is first and holds at 60: two hold."""
+    board = Board(now=0.0, latency=10.0)
+    slow = bids.Sightings()
+    ticks = iter((0.0, 10.0))
+    assert bids.claim(board, GROUP, IDENTITY, A, (0.0, TTL, 60.0), ticks.__next__, slow).settling
+    board.now, board.latency = 2.0, 0.1
+    fast = bids.Sightings()
+    ticks = iter((2.0, 2.1))
+    assert bids.claim(board, GROUP, IDENTITY, C, (2.0, TTL, 1.0), ticks.__next__, fast).settling
+    board.now = 3.1  # A's bid shows at 10 (written then), not yet
+    assert bids.claim(board, GROUP, IDENTITY, C, (3.1, TTL, 1.0), seen=fast).held
+    board.now = 61.0
+    waits = bids.claim(board, GROUP, IDENTITY, A, (61.0, TTL, 60.0), seen=slow)
+    assert not waits.held and waits.claim.holder == C
+
+
+def test_a_bid_already_standing_at_the_first_look_is_obeyed_but_jumps_no_later_bid() -> None:
+    board = Board(now=0.0)
+    board.post(GROUP, bids.member(B), bid(B, 0.0, 7300.0).to_bytes())  # held two hours
+    board.now = 7200.0
+    seen = bids.Sightings()
+    waits = bids.claim(board, GROUP, IDENTITY, A, (7200.0, TTL, SETTLE), seen=seen)
+    assert not waits.held and waits.claim.holder == B
+    # Seen first at 7200 with `taken` 0: it queues no earlier than 7200 - the bound, behind
+    # a bid taken since (here C's, 10 s before our look).
+    found = [bid(B, 0.0, 7300.0), bid(C, 7190.0)]
+    _, floor = seen.place(GROUP, found, 7200.0)
+    assert floor[bids.member(B)] == 7200.0 - bids.SKEW_BOUND_SECONDS
+    assert bids.decide(found, C, 7200.0, TTL, SETTLE, floor)[0] is Move.WAIT  # B: 7140
+    # C's, seen since we watched, taken before B's floor: C's is first.
+    late = [bid(B, 0.0, 7300.0), bid(C, 7100.0)]
+    only_b = {bids.member(B): floor[bids.member(B)]}
+    assert bids.decide(late, C, 7200.0, TTL, SETTLE, only_b)[0] is Move.HOLD
+
+
+def test_a_bid_that_shows_with_an_old_taken_while_we_watch_is_a_ghost() -> None:
+    seen = bids.Sightings()
+    assert seen.place(GROUP, [], 100.0) == ([], {})
+    ghost, fresh = bid(B, 0.0, 5000.0), bid(C, 150.0)
+    kept, _ = seen.place(GROUP, [ghost, fresh], 200.0)
+    assert kept == [fresh]
+    kept, _ = seen.place(GROUP, [ghost, fresh], 300.0)  # renewed or not, still a ghost
+    assert kept == [fresh]
+
+
+def test_a_bid_carries_its_window_and_one_of_the_last_release_stood_for_the_default() -> None:
+    mine = Claim(IDENTITY, A, 1.0, 2.0, 60.0)
+    assert json.loads(mine.to_bytes())["settle"] == 60.0
+    assert Claim.from_bytes(mine.to_bytes(), IDENTITY) == mine
+    old = json.loads(mine.to_bytes())
+    del old["settle"]
+    read = Claim.from_bytes(json.dumps(old).encode(), IDENTITY)
+    assert read is not None and read.settle is None and read.window == DEFAULT_SETTLE_SECONDS
+    for odd in (0, -1, 61, "5", True):
+        assert Claim.from_bytes(json.dumps({**old, "settle": odd}).encode(), IDENTITY) is None
+    # A claim swapped in place (s3://) carries none, as before.
+    assert "settle" not in json.loads(Claim(IDENTITY, A, 1.0, 2.0).to_bytes())
 
 
 def test_a_waiting_bidder_takes_its_bid_down_and_a_release_ends_the_claim() -> None:
@@ -177,7 +283,8 @@ def test_a_waiting_bidder_takes_its_bid_down_and_a_release_ends_the_claim() -> N
     assert not waits.held and waits.claim.holder == A and waits.settling == 0
     assert "TuningProfile ml/a" in waits.waiting_words(6.5)
     board.now = 7.0
-    assert [Claim.from_bytes(n, IDENTITY) for n in board.notes(GROUP, 1 << 14)] == [bid(A, 0.0)]
+    notes = [Claim.from_bytes(n, IDENTITY) for n in board.notes(GROUP, 1 << 14)]
+    assert notes == [replace(bid(A, 0.0), settle=SETTLE)]
     coordinate.give_back(board, GROUP, IDENTITY, A, 8.0)  # type: ignore[arg-type]
     board.now = 9.0
     assert board.notes(GROUP, 1 << 14) == []

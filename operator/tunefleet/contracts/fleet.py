@@ -36,6 +36,12 @@ MAX_BYTES = 16 << 10  # what either object may be: a claim is ~300 bytes, an ent
 # The longest a claim may run ahead (the chart's fleet.claimSeconds is at most this): one that
 # expires later is no cluster's, and is taken over (a swap) or not obeyed (a bid).
 MAX_CLAIM_SECONDS = 86400.0
+# A bid's settle window (fleet/bids.py), at most what the chart's fleet.settleSeconds allows; a
+# bid of a release before bids carried it (no "settle") stood for the default window. A
+# claim.json (an atomic swap, no window) carries none.
+DEFAULT_SETTLE_SECONDS = 5.0
+MAX_SETTLE_SECONDS = 60.0
+# Unchanged by the optional "settle" field: a reader of the release before ignores it.
 VERSION = 1
 _IDENTITY_RE = re.compile(r"^[0-9a-f]{64}$")
 _UID_RE = re.compile(r"^[0-9a-zA-Z-]{1,64}$")
@@ -99,21 +105,31 @@ class Holder:
 @dataclass(frozen=True)
 class Claim:
     """The right to tune an identity until `expires` (seconds since the epoch, the holder's
-    clock): renewed while its Job runs, released (expired at once) when the Job ends."""
+    clock): renewed while its Job runs, released (expired at once) when the Job ends. A bid on
+    a board also carries the settle window its cluster stands it for (`settle`; None: a claim
+    swapped in place, which has none)."""
 
     identity: str
     holder: Holder
     taken: float
     expires: float
+    settle: float | None = None
+
+    @property
+    def window(self) -> float:
+        """The settle window the bid stood for (a bid of an earlier release: the default)."""
+        return DEFAULT_SETTLE_SECONDS if self.settle is None else self.settle
 
     def to_bytes(self) -> bytes:
-        doc = {
+        doc: dict[str, Any] = {
             "version": VERSION,
             "identity": self.identity,
             "holder": self.holder.to_dict(),
             "taken": round(self.taken, 3),
             "expires": round(self.expires, 3),
         }
+        if self.settle is not None:
+            doc["settle"] = round(self.settle, 3)
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
@@ -126,7 +142,15 @@ class Claim:
         taken, expires = _seconds(doc.get("taken")), _seconds(doc.get("expires"))
         if holder is None or taken is None or expires is None:
             return None
-        return cls(identity, holder, taken, expires)
+        settle = doc.get("settle")
+        if settle is None:
+            return cls(identity, holder, taken, expires)
+        # A window no cluster may set is not a bid: one of 0 would hold at once, ahead of
+        # bids still in flight.
+        within = _seconds(settle)
+        if within is None or not 0 < within <= MAX_SETTLE_SECONDS:
+            return None
+        return cls(identity, holder, taken, expires, within)
 
 
 @dataclass(frozen=True)

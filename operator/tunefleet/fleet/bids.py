@@ -16,17 +16,50 @@ A holder renews by posting its bid again with the same `taken`, and releases it 
 down. A bid past its expiry is no claim; a holder whose own bid expired bids afresh, since its
 old `taken` would jump a later bid that may have settled meanwhile. A bid that expires more
 than MAX_CLAIM_SECONDS ahead is none any cluster made, and is not obeyed.
+
+Windows differ between clusters (fleet.settleSeconds is each operator's own), so each bid
+carries its own (`settle`; a bid of an earlier release, none: the default 5 s), and bids are
+queued by `taken` plus half their window, the latest moment each can show. With a 60 s and a
+1 s cluster, ordering by `taken` alone lets both hold: the 60 s cluster's bid may take 30 s to
+write, so one taken earlier than the 1 s cluster's shows only after that one settled, and holds
+60 s after its `taken`. Queued by taken + window/2, a bid ahead of ours shows by our key, so
+by the time ours has stood for its window (its key plus another half) with skew under that
+half; a bid behind ours is read, ours shown, before it holds, for the same reason.
+
+A bid's `taken` is its writer's word. One that shows on a board this operator was already
+watching, with a `taken` over SKEW_BOUND_SECONDS before that earlier look, is no bid a cluster
+wrote then (a write plus skew is within that bound): a ghost, never obeyed, so a note pushed
+with `taken: 0` makes nobody wait. A bid already there at our first look may be a holder that
+has stood for hours (a profile made meanwhile, an operator restarted): obeyed, but queued no
+earlier than that first look minus the bound, so it jumps no bid taken since. What was seen
+first, and when, is kept in memory (Sightings): a restart forgets and learns again, as a
+first look.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 
-from tunefleet.contracts.fleet import MAX_BYTES, MAX_CLAIM_SECONDS, Claim, Holder
+from tunefleet.contracts.fleet import (
+    MAX_BYTES,
+    MAX_CLAIM_SECONDS,
+    MAX_SETTLE_SECONDS,
+    Claim,
+    Holder,
+)
 from tunefleet.fleet.claims import Standing
 from tunefleet.storage.store import Board, StoreError
+
+# How far before this operator's look at a board a bid's `taken` may be: a bid is written in
+# under half its window (MAX_SETTLE_SECONDS / 2 at most, or taken down) and clocks are kept
+# well within the rest; twice that leaves room for a registry's listing to lag.
+SKEW_BOUND_SECONDS = MAX_SETTLE_SECONDS
+MAX_BOARDS = 10_000  # boards whose bids are remembered; one forgotten is a first look again
 
 
 class Move(StrEnum):
@@ -42,25 +75,86 @@ def member(me: Holder) -> str:
     return f"{me.cluster}/{me.namespace}/{me.profile}/{me.uid}"
 
 
+def key(bid: Claim, floor: Mapping[str, float] | None = None) -> tuple[float, float, str]:
+    """A bid's place in the queue: its `taken` plus half its window, no earlier than its
+    floor (Sightings.place), then unclamped, then holder (so that all readers agree)."""
+    own = bid.taken + bid.window / 2
+    at = member(bid.holder)
+    return (max(own, floor[at]) if floor and at in floor else own, own, at)
+
+
 def decide(
-    bids: list[Claim], me: Holder, now: float, ttl: float, settle: float
+    bids: list[Claim],
+    me: Holder,
+    now: float,
+    ttl: float,
+    settle: float,
+    floor: Mapping[str, float] | None = None,
 ) -> tuple[Move, Claim | None]:
     """What to do about the bids read (pure), and the bid it is about: ours, or the earliest
-    that we wait on (None for BID)."""
+    that we wait on (None for BID). `settle` is our window, for a bid we post; one read stood
+    for the window it carries. `floor`: the earliest place each member's bid may queue at."""
     live = sorted(
         (b for b in bids if now < b.expires <= now + MAX_CLAIM_SECONDS),
-        key=lambda b: (b.taken, member(b.holder)),
+        key=lambda b: key(b, floor),
     )
     if not live:
         return Move.BID, None
     first = live[0]
     if first.holder != me:
         return Move.WAIT, first
-    if now - first.taken < settle:
+    if now - first.taken < first.window:
         return Move.SETTLE, first
     if first.expires - now < ttl / 2:
         return Move.RENEW, first
     return Move.HOLD, first
+
+
+@dataclass
+class _Seen:
+    last: float  # when this operator last read the board (its clock)
+    # Bid (member, taken) -> when first seen, or None: a ghost, never obeyed.
+    first: dict[tuple[str, float], float | None] = field(default_factory=dict)
+
+
+class Sightings:
+    """What one reader (an operator) has seen on each board, and when: in memory only, so a
+    restart forgets it and the next read is a first look (whose bids are obeyed, clamped)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # reconcile workers read boards at once
+        self._boards: OrderedDict[str, _Seen] = OrderedDict()
+
+    def place(
+        self, group: str, bids: list[Claim], now: float
+    ) -> tuple[list[Claim], dict[str, float]]:
+        """The bids read at `now` less the ghosts, and each one's floor in the queue."""
+        with self._lock:
+            seen = self._boards.pop(group, None)
+            first: dict[tuple[str, float], float | None] = {}
+            for bid in bids:
+                at = (member(bid.holder), bid.taken)
+                if seen is not None and at in seen.first:
+                    first[at] = seen.first[at]
+                elif seen is not None and bid.taken < seen.last - SKEW_BOUND_SECONDS:
+                    first[at] = None  # absent at our last look, and "taken" long before it
+                else:
+                    first[at] = now
+            # Only the bids on the board now are remembered: one taken down is not posted
+            # again with the same `taken` (a renewal keeps it, and shows all along).
+            self._boards[group] = _Seen(now if seen is None else max(now, seen.last), first)
+            while len(self._boards) > MAX_BOARDS:
+                self._boards.popitem(last=False)
+        kept = [b for b in bids if first[(member(b.holder), b.taken)] is not None]
+        floor = {}
+        for b in kept:
+            sight = first[(member(b.holder), b.taken)]
+            assert sight is not None
+            floor[member(b.holder)] = sight - SKEW_BOUND_SECONDS
+        return kept, floor
+
+
+SIGHTINGS = Sightings()  # this operator's: one reader for all its profiles
 
 
 def claim(
@@ -70,13 +164,14 @@ def claim(
     me: Holder,
     times: tuple[float, float, float],
     clock: Callable[[], float] = time.time,
+    seen: Sightings = SIGHTINGS,
 ) -> Standing:
     """Bid, settle, hold, renew or wait on the identity's board `group`; `times` is (now, the
     claim's life, the settle window). A Standing that is not held but `settling` is our own
     bid standing: ask again after that many seconds. StoreError when the store fails."""
     now, ttl, settle = times
-    bids = read(board, group, identity)
-    move, which = decide(bids, me, now, ttl, settle)
+    bids, floor = seen.place(group, read(board, group, identity), now)
+    move, which = decide(bids, me, now, ttl, settle, floor)
     if move is Move.WAIT:
         assert which is not None
         if any(b.holder == me for b in bids):
@@ -87,14 +182,14 @@ def claim(
         return Standing(True, which)
     if move is Move.SETTLE:
         assert which is not None
-        return Standing(False, which, settling=settle - (now - which.taken))
+        return Standing(False, which, settling=which.window - (now - which.taken))
     if move is Move.RENEW:
         assert which is not None
-        renewed = Claim(identity, me, which.taken, now + ttl)
+        renewed = Claim(identity, me, which.taken, now + ttl, which.window)
         board.post(group, member(me), renewed.to_bytes())
         return Standing(True, renewed)
     taken = clock()
-    mine = Claim(identity, me, taken, taken + ttl)
+    mine = Claim(identity, me, taken, taken + ttl, settle)
     board.post(group, member(me), mine.to_bytes())
     took = clock() - taken
     if took > settle / 2:
