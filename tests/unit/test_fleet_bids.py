@@ -168,7 +168,9 @@ def _simulate(
         ticks = iter((clock + read, clock + read + latency))
         times = (clock, TTL, window[i])
         try:
-            got = bids.claim(board, GROUP, IDENTITY, who[i], times, ticks.__next__, sight[i])
+            got = bids.claim(
+                board, GROUP, IDENTITY, who[i], times, bids.Reader(ticks.__next__, sight[i])
+            )
         except StoreError:
             heapq.heappush(events, (board.now + 1.0, i))
             continue
@@ -214,15 +216,19 @@ def test_a_60s_bid_written_slowly_does_not_take_the_claim_a_1s_bid_settled() -> 
     board = Board(now=0.0, latency=10.0)
     slow = bids.Sightings()
     ticks = iter((0.0, 10.0))
-    assert bids.claim(board, GROUP, IDENTITY, A, (0.0, TTL, 60.0), ticks.__next__, slow).settling
+    assert bids.claim(
+        board, GROUP, IDENTITY, A, (0.0, TTL, 60.0), bids.Reader(ticks.__next__, slow)
+    ).settling
     board.now, board.latency = 2.0, 0.1
     fast = bids.Sightings()
     ticks = iter((2.0, 2.1))
-    assert bids.claim(board, GROUP, IDENTITY, C, (2.0, TTL, 1.0), ticks.__next__, fast).settling
+    assert bids.claim(
+        board, GROUP, IDENTITY, C, (2.0, TTL, 1.0), bids.Reader(ticks.__next__, fast)
+    ).settling
     board.now = 3.1  # A's bid shows at 10 (written then), not yet
-    assert bids.claim(board, GROUP, IDENTITY, C, (3.1, TTL, 1.0), seen=fast).held
+    assert bids.claim(board, GROUP, IDENTITY, C, (3.1, TTL, 1.0), bids.Reader(seen=fast)).held
     board.now = 61.0
-    waits = bids.claim(board, GROUP, IDENTITY, A, (61.0, TTL, 60.0), seen=slow)
+    waits = bids.claim(board, GROUP, IDENTITY, A, (61.0, TTL, 60.0), bids.Reader(seen=slow))
     assert not waits.held and waits.claim.holder == C
 
 
@@ -231,7 +237,7 @@ def test_a_bid_already_standing_at_the_first_look_is_obeyed_but_jumps_no_later_b
     board.post(GROUP, bids.member(B), bid(B, 0.0, 7300.0).to_bytes())  # held two hours
     board.now = 7200.0
     seen = bids.Sightings()
-    waits = bids.claim(board, GROUP, IDENTITY, A, (7200.0, TTL, SETTLE), seen=seen)
+    waits = bids.claim(board, GROUP, IDENTITY, A, (7200.0, TTL, SETTLE), bids.Reader(seen=seen))
     assert not waits.held and waits.claim.holder == B
     # Seen first at 7200 with `taken` 0: it queues no earlier than 7200 - the bound, behind
     # a bid taken since (here C's, 10 s before our look).
@@ -272,11 +278,15 @@ def test_a_bid_carries_its_window_and_one_of_the_last_release_stood_for_the_defa
 def test_a_waiting_bidder_takes_its_bid_down_and_a_release_ends_the_claim() -> None:
     board = Board(now=0.0, latency=1.0)  # A's bid shows at 1.0: B, at 0.5, bids too
     clock = iter((0.0, 1.0))
-    first = bids.claim(board, GROUP, IDENTITY, A, (0.0, TTL, SETTLE), lambda: next(clock))
+    first = bids.claim(
+        board, GROUP, IDENTITY, A, (0.0, TTL, SETTLE), bids.Reader(lambda: next(clock))
+    )
     assert not first.held and first.settling == SETTLE
     board.now, board.latency = 0.5, 0.0
     clock = iter((0.5, 0.5))
-    assert bids.claim(board, GROUP, IDENTITY, B, (0.5, TTL, SETTLE), lambda: next(clock)).settling
+    assert bids.claim(
+        board, GROUP, IDENTITY, B, (0.5, TTL, SETTLE), bids.Reader(lambda: next(clock))
+    ).settling
     board.now = 6.0
     assert bids.claim(board, GROUP, IDENTITY, A, (6.0, TTL, SETTLE)).held
     waits = bids.claim(board, GROUP, IDENTITY, B, (6.5, TTL, SETTLE))
@@ -294,7 +304,7 @@ def test_a_bid_whose_write_was_slow_is_taken_down() -> None:
     board = Board(now=0.0, latency=3.0)
     clock = iter((0.0, 3.0))
     with pytest.raises(StoreError, match="over half"):
-        bids.claim(board, GROUP, IDENTITY, A, (0.0, TTL, SETTLE), lambda: next(clock))
+        bids.claim(board, GROUP, IDENTITY, A, (0.0, TTL, SETTLE), bids.Reader(lambda: next(clock)))
     board.now = 10.0
     assert board.notes(GROUP, 1 << 14) == []
 

@@ -599,12 +599,7 @@ def test_a_mounted_volume_serves_its_results_in_place_and_caches_as_a_writable_c
 def test_a_volume_whose_caches_the_pod_cannot_hold_serves_its_results_and_copies_none(
     tmp_path: Path,
 ) -> None:
-    reg = FakeRegistry()
-    pub, store = _published(tmp_path)
-    digest, manifest_bytes = _volume(reg, pub, store)
-    root = tmp_path / "volume"
-    _mount(reg, digest, root)
-    pin = Pinned(pub.uri, pub.sha256, hashlib.sha256(manifest_bytes).hexdigest(), MODEL)
+    root, _, pin = _mounted_volume(tmp_path)
     got = from_volume(root, pin, Serving(2, tmp_path / "caches-dest", caches_room=16))
     assert got.caches == () and "this pod may hold" in got.caches_failed
     assert len(got.paths) == 2  # the results still serve

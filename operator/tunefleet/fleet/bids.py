@@ -157,20 +157,27 @@ class Sightings:
 SIGHTINGS = Sightings()  # this operator's: one reader for all its profiles
 
 
+@dataclass(frozen=True)
+class Reader:
+    """Who reads a board: the clock its bids are taken by, and what it has seen there."""
+
+    clock: Callable[[], float] = time.time
+    seen: Sightings = SIGHTINGS
+
+
 def claim(
     board: Board,
     group: str,
     identity: str,
     me: Holder,
     times: tuple[float, float, float],
-    clock: Callable[[], float] = time.time,
-    seen: Sightings = SIGHTINGS,
+    reader: Reader = Reader(),
 ) -> Standing:
     """Bid, settle, hold, renew or wait on the identity's board `group`; `times` is (now, the
     claim's life, the settle window). A Standing that is not held but `settling` is our own
     bid standing: ask again after that many seconds. StoreError when the store fails."""
     now, ttl, settle = times
-    bids, floor = seen.place(group, read(board, group, identity), now)
+    bids, floor = reader.seen.place(group, read(board, group, identity), now)
     move, which = decide(bids, me, now, ttl, settle, floor)
     if move is Move.WAIT:
         assert which is not None
@@ -188,10 +195,10 @@ def claim(
         renewed = Claim(identity, me, which.taken, now + ttl, which.window)
         board.post(group, member(me), renewed.to_bytes())
         return Standing(True, renewed)
-    taken = clock()
+    taken = reader.clock()
     mine = Claim(identity, me, taken, taken + ttl, settle)
     board.post(group, member(me), mine.to_bytes())
-    took = clock() - taken
+    took = reader.clock() - taken
     if took > settle / 2:
         board.unpost(group, member(me))
         raise StoreError(
