@@ -35,7 +35,6 @@ from typing import Any
 from bench.realnode import ARMS, Run, arm_pods, epoch, in_namespace, medians, tuned
 from testbed.cluster import Cluster, S3Settings, ensure_torch_image
 from testbed.compile import compile_pod, compile_profile, result_of, workload_config_map
-from testbed.poll import eventually
 
 
 class _Run(Run):
@@ -44,13 +43,7 @@ class _Run(Run):
         profile = "bundle" if arm == "bundle" else None
         created = time.time()
         self.create(compile_pod(name, self.image, profile, mode, precompile=True))
-        pod = eventually(
-            lambda: self.get("pod", name),
-            lambda p: (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"),
-            f"{name} to finish",
-            timeout=900,
-            interval=0.5,
-        )
+        pod = self.finished(name)
         log = self.cluster.kubectl("logs", "-n", self.ns, name, "-c", "server").stdout
         result = result_of(log)
         if pod["status"]["phase"] != "Succeeded" or result is None:

@@ -309,13 +309,7 @@ def _started(r: Run, pod: dict[str, Any]) -> tuple[float, str, str]:
     name = pod["metadata"]["name"]
     created = time.time()
     r.create(pod)
-    done = eventually(
-        lambda: r.get("pod", name),
-        lambda p: (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"),
-        f"{name} to finish",
-        timeout=900,
-        interval=0.5,
-    )
+    done = r.finished(name)
     log = _logs(r, name, "server")
     fetch = _logs(r, name, "tunefleet-fetch") if done["spec"].get("initContainers") else ""
     if done["status"]["phase"] != "Succeeded":

@@ -50,6 +50,17 @@ class Run:
     def create(self, doc: dict[str, Any]) -> None:
         self.cluster.kubectl("create", "-n", self.ns, "-f", "-", input=yaml.safe_dump(doc))
 
+    def finished(self, name: str) -> dict[str, Any]:
+        """The pod `name` once it has Succeeded or Failed (polled every 0.5 s, 900 s at most)."""
+        pod: dict[str, Any] = eventually(
+            lambda: self.get("pod", name),
+            lambda p: (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"),
+            f"{name} to finish",
+            timeout=900,
+            interval=0.5,
+        )
+        return pod
+
     def pod(self, name: str, arm: str) -> dict[str, Any]:
         """One start-up of `arm`, measured (each benchmark says how)."""
         raise NotImplementedError

@@ -65,13 +65,14 @@ CHUNK = 1 << 20
 DROP_EVERY = 2 << 20
 
 
-def drop_cache(fd: int, *, written: bool) -> None:
-    """Hand back the page cache of one open file (written: sync it first, so its pages are
-    clean and can go). Best effort: a filesystem without fadvise keeps its cache."""
+def drop_cache(fd: int, *, written: bool, start: int = 0, length: int = 0) -> None:
+    """Hand back the page cache of one open file, or of `length` bytes from `start` (0: to
+    its end) (written: sync it first, so its pages are clean and can go). Best effort: a
+    filesystem without fadvise keeps its cache."""
     with contextlib.suppress(OSError, AttributeError):
         if written:
             os.fdatasync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.posix_fadvise(fd, start, length, os.POSIX_FADV_DONTNEED)
 
 
 class TooLarge(ValueError):

@@ -413,7 +413,6 @@ class Copied:
     names: tuple[str, ...]
     copied: int = 0
     linked: int = 0
-    files_linked: int = 0
 
 
 def mounted_noexec(path: Path, mountinfo: Path = Path("/proc/self/mountinfo")) -> bool:
@@ -457,7 +456,7 @@ def copy_caches(
     pod on the node then shares the one pulled image's bytes), but one a stack may run where
     the volume is mounted noexec."""
     noexec = served_at is not None and mounted_noexec(root)
-    copied = linked = files_linked = 0
+    copied = linked = 0
     for entry in manifest.caches:
         src, target = root / CACHES_DIR / entry.name, dest / entry.name
         files = total = 0
@@ -486,10 +485,10 @@ def copy_caches(
                     and not (noexec and _runnable(path))
                 ):
                     out.symlink_to(served_at / CACHES_DIR / entry.name / rel)
-                    linked, files_linked = linked + size, files_linked + 1
+                    linked += size
                     continue
                 copied += copy_file(path, out)
                 os.chmod(out, 0o777 if path.stat().st_mode & 0o111 else 0o666)
         except OSError as exc:
             raise VolumeError(f"cannot copy cache {entry.name} to {target}: {exc}") from None
-    return Copied(tuple(c.name for c in manifest.caches), copied, linked, files_linked)
+    return Copied(tuple(c.name for c in manifest.caches), copied, linked)

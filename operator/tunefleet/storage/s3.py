@@ -58,12 +58,12 @@ PART_BYTES = 16 << 20
 PARTS_IN_FLIGHT = 4
 # An object this large is downloaded as ranged GETs, RANGES_IN_FLIGHT at a time (one stream
 # from S3 runs at tens of MB/s; several fill the link). Each range is written at its offset,
-# then hashed in order as soon as every byte before it has been: at most RANGE_WINDOW ranges
-# sit in the page cache between their write and their hash, so memory stays bounded.
+# then hashed in order as soon as every byte before it has been; a range is asked for only
+# once the one RANGES_IN_FLIGHT before it is hashed, so at most that many sit in the page
+# cache between their write and their hash: memory stays bounded.
 RANGED_FROM = 64 << 20
 RANGE_BYTES = 4 << 20
 RANGES_IN_FLIGHT = 3
-RANGE_WINDOW = 3
 RANGE_READ = 64 << 10  # each range's reads: small, so no thread holds big buffers
 # AWS answers 409 ConditionalRequestConflict while another conditional write to the key is in
 # flight; botocore does not retry it, so we do, a few times.
@@ -166,9 +166,7 @@ def _hash_range(fd: int, start: int, end: int, digest: Any) -> None:
             raise StoreError(f"the downloaded file ends at {at} bytes, before {end}")
         digest.update(chunk)
         at += len(chunk)
-    with contextlib.suppress(OSError):
-        os.fdatasync(fd)
-        os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)
+    drop_cache(fd, written=True, start=start, length=end - start)
 
 
 def _code(exc: ClientError) -> tuple[str, int]:
@@ -374,24 +372,20 @@ class S3Store:
         the version `etag` names (If-Match: one replaced midway fails, never mixes), several in
         flight; hashed in order as each range before it has arrived, the page cache of what
         was hashed handed back."""
-        starts = list(range(0, size, RANGE_BYTES))
+        spans = [(a, min(a + RANGE_BYTES, size)) for a in range(0, size, RANGE_BYTES)]
         digest = hashlib.sha256()
         pool = ThreadPoolExecutor(RANGES_IN_FLIGHT, thread_name_prefix="s3-range")
+
+        def ask(i: int) -> Any:
+            return pool.submit(self._range, key, fd, *spans[i], etag)
+
         try:
-            pending = {
-                i: pool.submit(self._range, key, fd, a, min(a + RANGE_BYTES, size), etag)
-                for i, a in enumerate(starts[:RANGE_WINDOW])
-            }
-            for i, a in enumerate(starts):
+            pending = {i: ask(i) for i in range(min(RANGES_IN_FLIGHT, len(spans)))}
+            for i, (start, end) in enumerate(spans):
                 pending.pop(i).result()
-                end = min(a + RANGE_BYTES, size)
-                _hash_range(fd, a, end, digest)
-                later = i + RANGE_WINDOW
-                if later < len(starts):
-                    b = starts[later]
-                    pending[later] = pool.submit(
-                        self._range, key, fd, b, min(b + RANGE_BYTES, size), etag
-                    )
+                _hash_range(fd, start, end, digest)
+                if i + RANGES_IN_FLIGHT < len(spans):
+                    pending[i + RANGES_IN_FLIGHT] = ask(i + RANGES_IN_FLIGHT)
         finally:
             # The ranges still running finish before the caller may close the file: a
             # descriptor number reused afterwards must never receive a stray write.

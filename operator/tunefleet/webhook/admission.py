@@ -467,12 +467,13 @@ def _mount_from_config_map(
 
 def _mount_image_volume(
     pspec: dict[str, Any], choice: Choice, devices: int, config: Config, budget: int, links: bool
-) -> None:
+) -> bool:
     """The volume image as the results directory, by digest, in the profile's own repository:
     the kubelet pulls it once per node (with the serving Secret as a pull secret) and every
     pod there mounts it read-only. Results need nothing run before the model; caches are
     laid out in the pod's writable directory by fetch, from the mounted volume: their big
-    files as links into it where `links` (volume_links), the rest copied."""
+    files as links into it where `links` (volume_links), the rest copied. Returns whether
+    fetch links them (the serving containers then mount the volume where fetch does)."""
     spec, art = choice.spec, choice.artifact
     reference = f"{parse_uri(spec.storage.uri).bucket}@{art.volume}"
     extra = [caches_volume(art.caches)] if art.caches else []
@@ -494,6 +495,7 @@ def _mount_image_volume(
     pulls = pspec.get("imagePullSecrets") or []
     if secret and not any(p.get("name") == secret for p in pulls):
         pspec["imagePullSecrets"] = [*pulls, {"name": secret}]
+    return links and bool(art.caches)
 
 
 def _fetch_from_store(
@@ -595,6 +597,7 @@ def build_patch(
     devices = gpu_count(out, naming.resource_name(spec))
     budget = pod_budget(out)  # the disk its caches may take (before we add anything)
     links = volume_links(out)  # (before we add anything too)
+    linked = False  # whether fetch links the caches into the image volume (set below)
     capture = _add_capture(pspec, choice, check, config)
     where = (str((out.get("metadata") or {}).get("namespace") or ""), profile_name)
     if code is None:
@@ -613,7 +616,7 @@ def build_patch(
         if choice.from_config_map:
             _mount_from_config_map(pspec, choice, devices, config, where)
         elif choice.from_image_volume:
-            _mount_image_volume(pspec, choice, devices, config, budget, links)
+            linked = _mount_image_volume(pspec, choice, devices, config, budget, links)
         else:
             _fetch_from_store(pspec, choice, devices, config, budget)
         volume = ""
@@ -624,10 +627,6 @@ def build_patch(
             image_warning=warning, config_map=art.config_map if choice.from_config_map else "",
             image_volume=volume, unsigned=unsigned if volume else "",
         )  # fmt: skip
-    linked = (
-        links and isinstance(choice, Choice) and not choice.from_config_map
-        and choice.from_image_volume and bool(choice.artifact.caches)
-    )  # fmt: skip
     _serve_containers(pspec, choice, check, capture, linked)
     mark.write(out)
     return out
