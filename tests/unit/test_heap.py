@@ -103,7 +103,7 @@ def test_a_spec_s_revision_is_kept_while_the_spec_lives_and_goes_with_it(monkeyp
     import gc
 
     from tunefleet import naming
-    from tunefleet.reconciler.reconcile import parse_spec
+    from tunefleet.reconciler.gather import parse_spec
 
     raw = {
         "image": "registry.example.com/serve:1",

@@ -510,6 +510,9 @@ def test_lists_are_paged_by_the_one_paginator() -> None:
 WRITES = {
     "create_owned", "patch_owned", "delete_owned", "replace_profile_status",
     "remove_profile_finalizer", "post_event_soon", "create_config_map", "patch_config_map",
+    # The stores' writes (storage/store.py: Store, Swappable, Board), by their verbs.
+    "put", "put_if_absent", "put_file_if_absent", "delete", "create", "replace_if", "post",
+    "unpost",
 }  # fmt: skip
 GENERATED_WRITE = ("create_namespaced_", "patch_namespaced_", "delete_namespaced_", "replace_")
 # What a reconcile runs through (sync_profile's gather and decide steps); its writes are
@@ -662,3 +665,27 @@ def test_the_fake_api_rule_catches_a_local_stand_in(tmp_path: Path) -> None:
         "            return None\n"
     )
     assert [f.split(" ")[1] for f in local_fake_apis(tmp_path)] == ["Batch"]
+
+
+# --- the reconcile's pure steps -----------------------------------------------------------------
+
+# decide.plan, status.compute and announce work on values: they reach neither the API server
+# nor a store, so nothing they import may.
+PURE_STEPS = ["reconciler/decide.py", "reconciler/status.py", "reconciler/announce.py"]
+IO_MODULES = ("tunefleet.kube", "tunefleet.runtime", "tunefleet.storage")
+
+
+def io_imports(path: Path) -> list[str]:
+    module = "tunefleet.reconciler." + path.stem
+    return [f"{path.name}: {m}" for m in imports(path, module) if m.startswith(IO_MODULES)]
+
+
+def test_the_pure_steps_import_neither_kube_nor_storage() -> None:
+    found = [line for part in PURE_STEPS for line in io_imports(OPERATOR / part)]
+    assert found == [], found
+
+
+def test_the_pure_step_rule_catches_one(tmp_path: Path) -> None:
+    bad = tmp_path / "decide.py"
+    bad.write_text("from tunefleet.storage.store import Store\n")
+    assert io_imports(bad)

@@ -939,27 +939,23 @@ def test_why_says_a_pod_runs_from_its_image_volume() -> None:
     assert f"{HOST}/team/tf@sha256:{'d' * 64}" in report["summary"]
 
 
-def test_serving_delivery_store_keeps_oci_pods_fetching(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tunefleet.api.conditions import Phase
-    from tunefleet.api.status import TuningProfileStatus, records
-    from tunefleet.reconciler import reconcile
+def test_serving_delivery_store_keeps_oci_pods_fetching() -> None:
+    from tunefleet.api.status import records
+    from tunefleet.reconciler import decide
+    from tunefleet.reconciler.memory import ProfileMemory
 
-    calls: list[str] = []
-    monkeypatch.setattr(
-        reconcile, "_deliver_image_volumes", lambda s, a: calls.append("iv") or list(a)
-    )
-
-    class _S:
+    class _Inputs:
         spec = OCI_SPEC.spec(storage=SIGNED).serving(delivery="Store").spec_model()
+        config = Config(image="tf:1")
+        memory = ProfileMemory()
+        at = 0.0
 
     served = records([{"uri": "oci://r/x#a", "sha256": "a" * 64}])
-    status = TuningProfileStatus(1, Phase.READY, conditions=[], artifacts=served, history=[])
-    reconcile._deliver(_S(), status)  # type: ignore[arg-type]
-    got = status.to_status()["artifacts"][0]["delivery"]
-    assert calls == [] and got == "Store (spec.serving.delivery)"
-    _S.spec = OCI_SPEC.spec(storage=SIGNED).spec_model()
-    reconcile._deliver(_S(), status)  # type: ignore[arg-type]
-    assert calls == ["iv"]
+    said = decide.deliveries(_Inputs(), served)  # type: ignore[arg-type]
+    assert [(d.act, d.record.delivery) for d in said] == [("", "Store (spec.serving.delivery)")]
+    _Inputs.spec = OCI_SPEC.spec(storage=SIGNED).spec_model()
+    said = decide.deliveries(_Inputs(), served)  # type: ignore[arg-type]
+    assert [d.act for d in said] == ["volume"]
 
 
 # --- the one check of a volume image, and its verdicts (artifacts/volumes.py) -----------------

@@ -545,7 +545,7 @@ def test_every_example_profile_is_valid_and_allowed() -> None:
 
 def test_a_taint_the_pod_does_not_tolerate_names_the_templates_tolerations() -> None:
     from tunefleet.reconciler.diagnose import Hints, explain_unschedulable
-    from tunefleet.reconciler.reconcile import hints_for
+    from tunefleet.reconciler.gather import hints_for
 
     assert hints_for(TEMPLATED.spec_model(), CFG).tolerations == ("dedicated",)
     msg = "0/3 nodes are available: 3 node(s) had untolerated taint {spot: true}. preemption: 0/3 nodes are available: 3 Preemption is not helpful for scheduling."

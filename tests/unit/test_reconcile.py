@@ -333,3 +333,28 @@ def test_every_write_of_a_reconcile_goes_through_its_apply_step(
     sync_profile(p, jobs, [], CFG, Memory(), Around(api))
     writes = [c for c in api.calls if c[1] in ("create", "patch", "delete", "update_status")]
     assert writes or case == "settled"
+
+
+def test_a_reconcile_decides_once_and_carries_out_at_most_twice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # gather -> plan -> apply: one decision, its two rounds (the second decided from what the
+    # first answered), never an interleaving of reads and writes.
+    from tunefleet.reconciler import apply, decide
+
+    calls: list[str] = []
+    plan, carry_out = decide.plan, apply.carry_out
+    monkeypatch.setattr(decide, "plan", lambda i: calls.append("plan") or plan(i))
+    monkeypatch.setattr(
+        apply, "carry_out", lambda i, a, s: calls.append("carry_out") or carry_out(i, a, s)
+    )
+    p = profile()
+    api = FakeKube(writers=RECONCILE_WRITERS)
+    memory = Memory()
+    sync_profile(p, [], [], CFG, memory, Around(api))
+    assert calls == ["plan", "carry_out", "carry_out"]
+    assert [k for k, _ in api.created].count("Job") == len(MODELS)  # the plan was carried out
+    calls.clear()
+    bad = {**p, "spec": {**p["spec"], "gpu": {"models": []}}}
+    sync_profile(bad, [], [], CFG, memory, Around(api))
+    assert calls.count("plan") == 1 and calls.count("carry_out") <= 2

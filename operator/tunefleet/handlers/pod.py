@@ -179,7 +179,7 @@ async def _volume_verdicts(entry: dict[str, Any] | None) -> dict[str, VolumeVerd
             except Exception as e:
                 log.info(f"admission: volume image {record.volume[:19]} not checked: {e}")
                 continue
-            volumes.VERDICTS.put(record.volume, key, required, verdict)
+            volumes.VERDICTS.remember(record.volume, key, required, verdict)
         got[record.volume] = verdict
     return got
 

@@ -1,23 +1,30 @@
-"""Every API write of a reconcile, in one place: sync_profile (reconcile.py) gathers what it
-needs through the client's reads, decides with pure functions (decide.py, observe.py,
-status.py, announce.py, capture's plan, delivery's checks) and carries out what they decided
-here: children first (retune sets, tuning ConfigMaps and Jobs, superseded and requeued Jobs,
-merges, tending, artifact ConfigMaps, retired ones), then the status, then the Events.
-Nothing else on a reconcile's path writes (tests/unit/test_layering.py fails if it does).
+"""Every write of a reconcile, in one place: sync_profile (reconcile.py) gathers (gather.py),
+decides (decide.plan) and carries the plan out here, in at most two rounds, in a fixed
+order: round one (retune sets, the fleet's adoptions and claims), round two (tuning
+ConfigMaps and Jobs, superseded and requeued Jobs, starts, the fleet's renewals, merges,
+tending, artifact ConfigMaps, retired ones, publishing and releases for the fleet), then the
+status, then the Events. API writes and store writes alike: nothing else on a reconcile's
+path writes (tests/unit/test_layering.py fails if it does). What the API server and the
+stores answered comes back as a value (acts.Applied); the process memory's bookkeeping of
+what was tried and said is kept here too.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import math
+import time
+from dataclasses import replace
 from typing import Any
 
 from tunefleet import kube, metrics, naming
-from tunefleet.api.conditions import EventReason
+from tunefleet.api.conditions import EventReason, Reason, truncate
 from tunefleet.api.status import TuningProfileStatus
+from tunefleet.artifacts.fetch import FetchError, Signature
 from tunefleet.builders.artifact import is_packed
 from tunefleet.builders.job import (
     IMAGE_ID_KEY,
+    Child,
     build_merge_job,
     build_tuning_config_map,
     build_tuning_job,
@@ -25,232 +32,516 @@ from tunefleet.builders.job import (
 )
 from tunefleet.builders.kueue import QUEUE_LABEL
 from tunefleet.capture import step as capture_step
-from tunefleet.capture.store import RetuneSet, build_retune_config_map
+from tunefleet.capture.store import build_retune_config_map
+from tunefleet.contracts import fleet as contract
 from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.fleet import adopt, coordinate
 from tunefleet.kube import Kube
 from tunefleet.placement import gate
-from tunefleet.reconciler import decide
+from tunefleet.reconciler import children, gather
+from tunefleet.reconciler.acts import (
+    Applied,
+    Delivery,
+    Event,
+    First,
+    Publish,
+    Renewal,
+    Second,
+    Stop,
+    sooner,
+)
 from tunefleet.reconciler.announce import announce
-from tunefleet.reconciler.state import Sync
-from tunefleet.reconciler.status import status_changed
+from tunefleet.reconciler.decide import WAIT_POLL_S, child
+from tunefleet.reconciler.inputs import FleetFacts, Inputs, Where
+from tunefleet.reconciler.status import delivered_key, status_changed
 from tunefleet.serving import delivery
 from tunefleet.storage.store import StoreError
 from tunefleet.watched import views
-from tunefleet.watched.views import profile_ref
+from tunefleet.watched.views import ProfileRef, profile_ref
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Superseded:
-    """A Job of an earlier revision, and the uid of its ConfigMap when that is ours ("")."""
+def carry_out(inputs: Inputs, acts: First | Second, said: list[Event]) -> Applied:
+    """One round of the plan, carried out in its fixed order. Its Events go to `said` as
+    they happen: what was made stays said even when a later write fails."""
+    if isinstance(acts, First):
+        return _first(inputs, acts)
+    return _second(inputs, acts, said)
 
-    job: dict[str, Any]
-    config_map_uid: str
+
+# --- round one -------------------------------------------------------------------------------
 
 
-def drop_legacy_finalizer(s: Sync) -> None:
-    """Versions before 0.2 held a profile's deletion with a finalizer; nothing does now."""
-    meta = s.meta
-    if decide.holds_legacy_finalizer(meta):
-        s.client.remove_profile_finalizer(
+def _first(inputs: Inputs, acts: First) -> Applied:
+    client = inputs.around.client
+    if acts.drop_finalizer:
+        meta = inputs.meta
+        client.remove_profile_finalizer(
             meta["namespace"], meta["name"], meta["uid"], meta["finalizers"],
             naming.LEGACY_FINALIZER,
         )  # fmt: skip
-
-
-def freeze_retunes(s: Sync, planned: capture_step.Planned) -> list[RetuneSet]:
-    """Make the retune sets the capture step froze (each a ConfigMap of its own); one that
-    cannot be made is taken back from the plan, with why, and retried at the next reconcile."""
-    made = []
-    for frozen in list(planned.plan.freezes):
+    made, unfrozen = [], {}
+    for frozen in acts.freezes:
         try:
-            s.client.create_owned(build_retune_config_map(frozen))
+            client.create_owned(build_retune_config_map(frozen))
             made.append(frozen)
         except (kube.NotOurs, kube.Temporary, kube.Permanent) as e:
-            log.info(f"TuningProfile {planned.where}: retune of {frozen.model}: {e}")
-            planned.revert(frozen.model, str(e))
-    return made
+            log.info(f"{inputs.name}: retune of {frozen.model}: {e}")
+            unfrozen[frozen.model] = str(e)
+    _remove_retune_sets(client, acts)
+    for facts in acts.refused.values():
+        inputs.memory.refused_entries.add(facts.seen)  # said once (decide's Event)
+    for adoption in acts.adoptions:
+        w = adoption.take_down
+        if w is not None and _give_back(inputs, adoption.model, w, "taking down our bid"):
+            inputs.memory.bidding.discard(adoption.model)
+    standings, meanwhile = _claims(inputs, acts)
+    return Applied(
+        made=tuple(made), unfrozen=unfrozen, standings=standings, published_meanwhile=meanwhile
+    )
 
 
-def remove_retune_sets(s: Sync, stale: list[RetuneSet]) -> None:
+def _remove_retune_sets(client: Kube, acts: First) -> None:
     """Retune sets no status entry names (capture_step.stale_sets): nothing mounts them, and
     each is up to 900 KiB: they do not pile up in etcd."""
-    for old in stale:
+    for old in acts.stale_sets:
         try:
-            s.client.delete_owned("ConfigMap", old.namespace, old.name, old.uid)
+            client.delete_owned("ConfigMap", old.namespace, old.name, old.uid)
         except (kube.Temporary, kube.Permanent) as e:
             log.info(f"retune set {old.namespace}/{old.name} not removed now: {e}")
 
 
-def create_missing(s: Sync, todo: list[str]) -> None:
-    """A ConfigMap and a Job for each GPU model decided (decide.models_to_tune); a Job made is
-    observed in this very pass, what the API server refused is said in status."""
-    for model in todo:
-        child = s.child(model)
+def _claims(inputs: Inputs, acts: First) -> tuple[dict[str, Any], dict[str, FleetFacts]]:
+    """Claim each identity decided (True: this profile holds it, and tunes). A claim held is
+    followed by one more read of the entry: its last holder may have published and released
+    between our read of the entry and of the claim; then this profile adopts and gives the
+    claim back, instead of tuning the identity again."""
+    standings: dict[str, Any] = {}
+    meanwhile: dict[str, FleetFacts] = {}
+    mem, config = inputs.memory, inputs.config
+    for model, w in acts.claims.items():
+        now, ttl = time.time(), config.fleet_claim_seconds
+        key = contract.claim_key(w.location, model, w.identity)
         try:
-            job = _gated(s, build_tuning_job(child))
-            if not gate.held(job):
-                # The ConfigMap first: the Job's pod mounts it. A Job the GPU gate holds has
-                # no pod yet; its ConfigMap is made when it starts (_config_before_start), so
-                # a burst of profiles on few GPUs costs the API server one write fewer each.
-                s.client.create_owned(build_tuning_config_map(child))
-            made = s.client.create_owned(job)
-            if made is not None:
-                if not (made.get("spec") or {}).get("suspend") or gate.held(made):
-                    # Observed in this reconcile's status: the watch's echo of it then finds
-                    # the status already saying so (one status write a Job fewer). Not a
-                    # suspended (Kueue) one: Kueue cannot have made its Workload yet, and why
-                    # it waits is Kueue's to say once it has (its echo's reconcile reads it).
-                    # One the GPU gate holds says why at once.
-                    s.jobs = [*s.jobs, views.job_view(made)]
-                    s.memory.made.add(made["metadata"]["uid"])
-                name, ns = job["metadata"]["name"], s.meta["namespace"]
-                log.info(f"created tuning Job {ns}/{name} for TuningProfile {s.meta['name']}")
-                if not gate.held(made):  # one held says so in status; its Event is its start
-                    s.events.append(
-                        ("Normal", EventReason.TUNING_JOB_CREATED, f"Created tuning Job {name}.")
-                    )
-        except kube.Permanent as e:
-            # The API server refused what the spec made: a spec problem to report.
-            s.problems.append(f"gpu model {model}: {e}")
-            return
-        except kube.NotOurs as e:
-            # Someone else's object sits under our deterministic name: never use it.
-            s.create_error = kube.Temporary(str(e), delay=30)
-            return
-        except kube.Temporary as e:
-            # Quota, RBAC, an API hiccup: say so in status, then retry with backoff.
-            s.create_error = e
-            return
-
-
-def _gated(s: Sync, job: dict[str, Any]) -> dict[str, Any]:
-    """The Job as the GPU gate lets it be made: started, or suspended while every GPU of its
-    model is held by our Jobs (placement/gate.py). Kueue's Jobs are Kueue's to hold."""
-    if s.gate is None or (job.get("spec") or {}).get("suspend"):
-        return job
-    d = gate.demand(job)
-    return job if d is None or s.gate.may_start(d) else held_for_gpu(job)
-
-
-def start_admitted(s: Sync, jobs: list[dict[str, Any]]) -> None:
-    """Start the Jobs the GPU gate let go (decide.admitted); each is observed started in
-    this very pass."""
-    ns, uid = s.meta["namespace"], s.meta["uid"]
-    for job in jobs:
-        name = job["metadata"]["name"]
-        if not _config_before_start(s, job):
+            standing = coordinate.take(
+                w.store, key, w.identity, w.holder, (now, ttl, config.fleet_settle_seconds)
+            )
+        except StoreError as e:
+            standings[model] = str(e)
             continue
-        if s.client.patch_owned("Job", ns, name, uid, {"spec": {"suspend": False}}):
-            log.info(f"Job {ns}/{name}: a GPU is free; started")
-            s.events.append(
-                ("Normal", EventReason.TUNING_JOB_STARTED,
-                 f"Started tuning Job {name}: a GPU of its model is free.")
-            )  # fmt: skip
-            started = {**job, "spec": {**(job.get("spec") or {}), "suspend": False}}
-            s.jobs = [started if j is job else j for j in s.jobs]
+        standings[model] = standing
+        if standing.settling > 0:
+            mem.bidding.add(model)
+        else:
+            mem.bidding.discard(model)  # held, or waiting: our bid is taken down
+        if not standing.held:
+            continue
+        mem.claims[model] = standing.claim.expires
+        again = gather.read_entry(inputs, model, w)
+        if again.entry is not None:
+            _give_back(inputs, model, w, "giving back the fleet's claim")
+            mem.claims.pop(model, None)
+            meanwhile[model] = again
+    return standings, meanwhile
 
 
-def _config_before_start(s: Sync, job: dict[str, Any]) -> bool:
-    """Make the tuning ConfigMap of a Job the GPU gate held (create_missing left it out) before
-    anything may start the Job: its pod mounts it. False when it cannot be made now: the Job
-    stays held and the next pass tries again (a ConfigMap already there, ours, is kept)."""
-    child = s.child(decide.model_of(job))
-    if child.name() != job["metadata"]["name"]:
-        return True  # not the current revision's: decide.admitted and queue_moves skip those
+def _give_back(inputs: Inputs, model: str, w: Where, doing: str) -> bool:
+    """Take our claim (or bid) on the model's identity down; False, logged, when the store
+    fails."""
+    key = contract.claim_key(w.location, model, w.identity)
     try:
-        s.client.create_owned(build_tuning_config_map(child))
-    except (kube.Temporary, kube.Permanent, kube.NotOurs) as e:
-        log.info(f"Job {s.meta['namespace']}/{child.name()} not started now: {e}")
+        coordinate.give_back(w.store, key, w.identity, w.holder, time.time())
+    except StoreError as e:
+        log.warning(f"{inputs.name} {model}: {doing}: {e}")
         return False
     return True
 
 
-def stop_superseded(s: Sync, jobs: list[Superseded]) -> None:
-    """Jobs of an earlier revision (decide.superseded) are not served: stop the running ones
-    (their sync sidecar keeps what they tuned: its final checkpoint, and a library entry) and
-    remove the finished ones, with their ConfigMaps (ours, as read) and pods. Their artifacts
-    stay in status.history."""
-    ns = s.meta["namespace"]
-    for gone in jobs:
+# --- round two -------------------------------------------------------------------------------
+
+
+class _Pass:
+    """Round two's answers as they come in (the Jobs as this pass leaves them, the problems
+    the API server found, what delivery made), returned as one Applied."""
+
+    def __init__(self, inputs: Inputs, said: list[Event]) -> None:
+        self.inputs = inputs
+        self.client = inputs.around.client
+        self.jobs = list(inputs.view.jobs)
+        self.problems: list[str] = []
+        self.create_error: kube.Temporary | None = None
+        self.delivered: dict[str, ArtifactRecord] = {}
+        self.remade: list[str] = []
+        self.foreign: list[delivery.Foreign] = []
+        self.events = said
+        self.requeue: float | None = None
+        self.recounted: capture_step.Outcome | None = None
+
+    def again(self, after: float) -> None:
+        self.requeue = sooner(self.requeue, after)
+
+    def applied(self) -> Applied:
+        return Applied(
+            jobs=tuple(self.jobs), problems=tuple(self.problems),
+            create_error=self.create_error, delivered=self.delivered,
+            remade=tuple(self.remade), foreign=tuple(self.foreign),
+            recounted=self.recounted, requeue=self.requeue,
+        )  # fmt: skip
+
+
+def _second(inputs: Inputs, acts: Second, said: list[Event]) -> Applied:
+    p = _Pass(inputs, said)
+    p.events += acts.events
+    if acts.requeue is not None:
+        p.again(acts.requeue)
+    _create_missing(p, acts)
+    _stop_superseded(p, acts.stops)
+    _follow_queue(p, acts)
+    _start_admitted(p, acts)
+    _renew(p, acts.renewals)
+    for merge in acts.merges:
+        p.client.create_owned(build_merge_job(merge))
+    _tend(p, acts)
+    for d in acts.deliveries:
+        record = _deliver(p, d)
+        p.delivered[delivered_key(record)] = record
+    if acts.retire is None:
+        inputs.memory.retiring = inputs.memory.retiring or set()
+    else:
+        _retire(p, acts.retire)
+    _publish(p, acts.publishes)
+    _release(p, acts)
+    if acts.recount:
+        _recount(p, acts)
+    return p.applied()
+
+
+def _create_missing(p: _Pass, acts: Second) -> None:
+    """A ConfigMap and a Job for each GPU model decided; a Job made is observed in this very
+    pass, what the API server refused is said in status."""
+    for c in acts.creates:
+        try:
+            _create(p, c)
+        except kube.Permanent as e:
+            # The API server refused what the spec made: a spec problem to report.
+            p.problems.append(f"gpu model {c.model}: {e}")
+            return
+        except kube.NotOurs as e:
+            # Someone else's object sits under our deterministic name: never use it.
+            p.create_error = kube.Temporary(str(e), delay=30)
+            return
+        except kube.Temporary as e:
+            # Quota, RBAC, an API hiccup: say so in status, then retry with backoff.
+            p.create_error = e
+            return
+
+
+def _create(p: _Pass, c: Child) -> None:
+    job = _gated(p.inputs, build_tuning_job(c))
+    if not gate.held(job):
+        # The ConfigMap first: the Job's pod mounts it. A Job the GPU gate holds has no pod
+        # yet; its ConfigMap is made when it starts (_config_before_start), so a burst of
+        # profiles on few GPUs costs the API server one write fewer each.
+        p.client.create_owned(build_tuning_config_map(c))
+    made = p.client.create_owned(job)
+    if made is None:
+        return
+    if not (made.get("spec") or {}).get("suspend") or gate.held(made):
+        # Observed in this reconcile's status: the watch's echo of it then finds the status
+        # already saying so (one status write a Job fewer). Not a suspended (Kueue) one:
+        # Kueue cannot have made its Workload yet, and why it waits is Kueue's to say once
+        # it has (its echo's reconcile reads it). One the GPU gate holds says why at once.
+        p.jobs.append(views.job_view(made))
+        p.inputs.memory.made.add(made["metadata"]["uid"])
+    name = job["metadata"]["name"]
+    log.info(f"created tuning Job {c.namespace}/{name} for TuningProfile {c.profile}")
+    if not gate.held(made):  # one held says so in status; its Event is its start
+        p.events.append(("Normal", EventReason.TUNING_JOB_CREATED, f"Created tuning Job {name}."))
+
+
+def _gated(inputs: Inputs, job: dict[str, Any]) -> dict[str, Any]:
+    """The Job as the GPU gate lets it be made: started, or suspended while every GPU of its
+    model is held by our Jobs (placement/gate.py). Asking the gate reserves the GPUs, so it
+    is asked here, as the Job is made. Kueue's Jobs are Kueue's to hold."""
+    g = inputs.around.gate
+    if g is None or (job.get("spec") or {}).get("suspend"):
+        return job
+    d = gate.demand(job)
+    return job if d is None or g.may_start(d) else held_for_gpu(job)
+
+
+def _start_admitted(p: _Pass, acts: Second) -> None:
+    """Start the Jobs the GPU gate let go; each is observed started in this very pass."""
+    ns, uid = p.inputs.meta["namespace"], p.inputs.meta["uid"]
+    for job in acts.starts:
+        name = job["metadata"]["name"]
+        if not _config_before_start(p, acts, job):
+            continue
+        if p.client.patch_owned("Job", ns, name, uid, {"spec": {"suspend": False}}):
+            log.info(f"Job {ns}/{name}: a GPU is free; started")
+            p.events.append(
+                ("Normal", EventReason.TUNING_JOB_STARTED,
+                 f"Started tuning Job {name}: a GPU of its model is free.")
+            )  # fmt: skip
+            started = {**job, "spec": {**(job.get("spec") or {}), "suspend": False}}
+            p.jobs = [started if j is job else j for j in p.jobs]
+
+
+def _config_before_start(p: _Pass, acts: Second, job: dict[str, Any]) -> bool:
+    """Make the tuning ConfigMap of a Job the GPU gate held before anything may start the Job:
+    its pod mounts it. False when it cannot be made now: the Job stays held and the next pass
+    tries again (a ConfigMap already there, ours, is kept)."""
+    c = child(p.inputs, children.model_of(job), acts.capture)
+    if c.name() != job["metadata"]["name"]:
+        return True  # not the current revision's: children.admitted and queue_moves skip those
+    try:
+        p.client.create_owned(build_tuning_config_map(c))
+    except (kube.Temporary, kube.Permanent, kube.NotOurs) as e:
+        log.info(f"Job {c.namespace}/{c.name()} not started now: {e}")
+        return False
+    return True
+
+
+def _stop_superseded(p: _Pass, stops: tuple[Stop, ...]) -> None:
+    """Jobs of an earlier revision are not served: stop the running ones (their sync sidecar
+    keeps what they tuned) and remove the finished ones, with their ConfigMaps (ours, as
+    read) and pods. Their artifacts stay in status.history."""
+    ns = p.inputs.meta["namespace"]
+    for gone in stops:
         meta = gone.job["metadata"]
-        rev = s.rev(decide.model_of(gone.job))
         name = meta["name"]
-        s.client.delete_owned("Job", ns, name, meta["uid"])
+        p.client.delete_owned("Job", ns, name, meta["uid"])
         if gone.config_map_uid:
-            s.client.delete_owned("ConfigMap", ns, name, gone.config_map_uid)
-        log.info(f"TuningProfile {ns}/{s.meta['name']}: removed Job {name} of an earlier revision")
-        s.events.append(
+            p.client.delete_owned("ConfigMap", ns, name, gone.config_map_uid)
+        log.info(f"{p.inputs.name}: removed Job {name} of an earlier revision")
+        p.events.append(
             (
                 "Normal",
                 EventReason.SUPERSEDED,
                 f"Removed tuning Job {name} of revision "
-                f"{meta['labels'].get(naming.REVISION_LABEL)}: revision {rev} replaces it.",
+                f"{meta['labels'].get(naming.REVISION_LABEL)}: revision {gone.revision} "
+                "replaces it.",
             )
         )
 
 
-def follow_queue(s: Sync, moves: list[decide.QueueMove]) -> None:
-    """A Job that has not started follows spec.tuning.queueName: moved to the new LocalQueue
-    (Kueue takes a suspended Job's new label), or, once the spec names none, made again
-    outside Kueue (a suspended Job nobody admits would wait forever; tunefleet never resumes
-    one). A running Job keeps its queue, and its name never changes."""
-    ns, uid = s.meta["namespace"], s.meta["uid"]
-    for move in moves:
+def _follow_queue(p: _Pass, acts: Second) -> None:
+    """A Job that has not started follows spec.tuning.queueName: moved to the new LocalQueue,
+    or, once the spec names none, made again outside Kueue. A running Job keeps its queue."""
+    ns, uid = p.inputs.meta["namespace"], p.inputs.meta["uid"]
+    for move in acts.moves:
         meta = move.job["metadata"]
         if move.action == "relabel":
             # Kueue starts it without us: a Job the gate held needs its ConfigMap first.
-            if gate.held(move.job) and not _config_before_start(s, move.job):
+            if gate.held(move.job) and not _config_before_start(p, acts, move.job):
                 continue
             patch = {"metadata": {"labels": {QUEUE_LABEL: move.queue}}}
-            if s.client.patch_owned("Job", ns, meta["name"], uid, patch):
+            if p.client.patch_owned("Job", ns, meta["name"], uid, patch):
                 log.info(f"Job {ns}/{meta['name']}: moved to Kueue LocalQueue {move.queue}")
         else:
-            s.client.delete_owned("Job", ns, meta["name"], meta["uid"])
+            p.client.delete_owned("Job", ns, meta["name"], meta["uid"])
             log.info(f"Job {ns}/{meta['name']}: no queue any more; made again outside Kueue")
 
 
-def merge(s: Sync, models: list[str]) -> None:
-    """The merge Job of each sharded model whose shares are in (decide.merges_due)."""
-    for model in models:
-        s.client.create_owned(build_merge_job(s.child(model)))
-
-
-def tend(s: Sync, ops: list[decide.Tend]) -> None:
+def _tend(p: _Pass, acts: Second) -> None:
     """Tell publish which image tune ran (through the Job's ConfigMap, for the manifest); keep
     a record read from a pod on its Job, where it outlives the pods; make a ConfigMap that
-    someone deleted again (the pod waits for it): what decide.tend says."""
-    ns, uid = s.meta["namespace"], s.meta["uid"]
-    for op in ops:
+    someone deleted again (the pod waits for it)."""
+    ns, uid = p.inputs.meta["namespace"], p.inputs.meta["uid"]
+    for op in acts.tends:
         if op.image_id:
-            s.client.patch_owned(
+            p.client.patch_owned(
                 "ConfigMap", ns, op.name, uid, {"data": {IMAGE_ID_KEY: op.image_id}}
             )
-            s.memory.image_ids[op.uid] = op.image_id
+            p.inputs.memory.image_ids[op.uid] = op.image_id
         if op.record:
             kept = {"metadata": {"annotations": {naming.RECORD_ANNOTATION: op.record}}}
-            s.client.patch_owned("Job", ns, op.name, uid, kept)
+            p.client.patch_owned("Job", ns, op.name, uid, kept)
         if op.config_map_of:
-            s.client.create_owned(build_tuning_config_map(s.child(op.config_map_of)))
+            p.client.create_owned(
+                build_tuning_config_map(child(p.inputs, op.config_map_of, acts.capture))
+            )
 
 
-def relabel(s: Sync, there: dict[str, Any], record: ArtifactRecord) -> None:
+# --- the fleet: renewals, publishing, releases -----------------------------------------------
+
+
+def _renew(p: _Pass, renewals: tuple[Renewal, ...]) -> None:
+    """Renew each claim due. On a board, a lapsed bid with no other bidder is bid again; a
+    claim taken over while our Job runs is not read again for this Job (both tune, and the
+    first to publish is the identity's entry)."""
+    mem, config = p.inputs.memory, p.inputs.config
+    for r in renewals:
+        if r.where is None:
+            mem.claims.pop(r.model, None)
+            continue
+        now, ttl = time.time(), config.fleet_claim_seconds
+        w = r.where
+        key = contract.claim_key(w.location, r.model, w.identity)
+        try:
+            standing = coordinate.take(
+                w.store, key, w.identity, w.holder, (now, ttl, config.fleet_settle_seconds)
+            )
+        except StoreError as e:
+            log.warning(f"{p.inputs.name} {r.model}: renewing the fleet's claim: {e}")
+            p.again(WAIT_POLL_S)
+            continue
+        if not standing.held and standing.settling > 0:
+            mem.claims[r.model] = now - ttl
+            p.again(standing.settling)
+        elif not standing.held:
+            log.warning(
+                f"{p.inputs.name} {r.model}: the fleet's claim was taken over by "
+                f"{standing.claim.holder.describe()} while our Job runs"
+            )
+            mem.claims[r.model] = math.inf
+        else:
+            mem.claims[r.model] = standing.claim.expires
+            p.again(ttl / 2)
+
+
+def _publish(p: _Pass, publishes: tuple[Publish, ...]) -> None:
+    """Publish each artifact this profile tuned and serves, once (the first of an identity
+    stays, whoever wrote it)."""
+    spec = p.inputs.spec
+    for pub in publishes:
+        record, w = pub.record, pub.where
+        entry = adopt.entry_for(record, w.identity, w.holder, _iso(time.time()))
+        try:
+            assert spec is not None
+            if adopt.publish(w.store, pub.key, entry, spec, p.inputs.config.stand_in_models):
+                p.events.append(
+                    ("Normal", EventReason.PUBLISHED, truncate(
+                        f"{record.gpu_model}: artifact {record.sha256[:12]} published for the "
+                        "profiles and clusters that share this store and tune the same identity"))
+                )  # fmt: skip
+        except StoreError as e:
+            log.warning(f"{p.inputs.name} {record.gpu_model}: publishing for the fleet: {e}")
+            p.again(WAIT_POLL_S)
+            continue
+        p.inputs.memory.published.add(record.sha256)
+
+
+def _release(p: _Pass, acts: Second) -> None:
+    """Give back the claims of models whose Job ended."""
+    for model, w in acts.releases.items():
+        if w is not None and not _give_back(p.inputs, model, w, "releasing the fleet's claim"):
+            p.again(WAIT_POLL_S)
+            continue
+        p.inputs.memory.claims.pop(model, None)
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+# --- delivery --------------------------------------------------------------------------------
+
+
+def _deliver(p: _Pass, d: Delivery) -> ArtifactRecord:
+    """One artifact's delivery act (decide.deliveries); the record as delivered."""
+    mem = p.inputs.memory
+    if d.found_lost:
+        _found_lost(p, d)
+    if d.act == "relabel" and d.there is not None:
+        relabel(p, d.there, d.record)
+        return d.record
+    if d.act == "volume":
+        return _check_volume(p, d)
+    if d.act != "place":
+        return d.record
+    record = d.record
+    try:
+        got = place_config_map(p.client, _artifact_config_map(p.inputs, record), record)
+    except (FetchError, StoreError, delivery.DeliveryError, kube.NotOurs,
+            kube.Temporary) as e:  # fmt: skip
+        if isinstance(e, delivery.DeliveryError):
+            p.foreign += list(e.foreign)
+        note = truncate(f"Store: delivery as a ConfigMap failed: {e}", 300)
+        mem.deliveries[record.sha256] = (time.monotonic(), note)
+        return replace(record, delivery=note)
+    p.foreign += list(got.foreign)
+    if d.lost:
+        p.remade.append(
+            f"{record.gpu_model}: the ConfigMap of artifact {record.sha256[:12]} {d.lost}; "
+            f"made again as {got.name}"
+        )
+        mem.lost.pop(record.sha256, None)
+        metrics.CONFIG_MAPS_REMADE.inc()
+    return replace(record, config_map=got.name, config_map_uid=got.uid, delivery=got.note)
+
+
+def _found_lost(p: _Pass, d: Delivery) -> None:
+    """A ConfigMap status named, found deleted or replaced: remembered (Degraded until made
+    again), the replacement reported as foreign, tried again now whatever failed before."""
+    mem, sha = p.inputs.memory, d.record.sha256
+    if d.replaced_by:
+        p.foreign.append(
+            delivery.Foreign(
+                d.found_lost.split(" ")[0], d.replaced_by,
+                f"it replaced the ConfigMap made ({d.made_uid})",
+            )
+        )  # fmt: skip
+    mem.lost[sha] = mem.lost.get(sha) or d.found_lost
+    mem.deliveries.pop(sha, None)
+    log.warning(f"{p.inputs.name}: ConfigMap {d.found_lost}; delivering again")
+
+
+def _artifact_config_map(inputs: Inputs, record: ArtifactRecord) -> dict[str, Any]:
+    """The artifact's ConfigMap to make: read from the store with the operator's read
+    identity and verified (delivery.artifact_config_map)."""
+    assert inputs.spec is not None
+    storage = inputs.spec.storage
+    endpoint = storage.endpoint or inputs.config.default_s3_endpoint
+    return delivery.artifact_config_map(
+        record,
+        ProfileRef.of(inputs.profile),
+        store=delivery.store_options(endpoint, storage.region or "", inputs.config),
+        config=inputs.config,
+        vendor=inputs.spec.gpu.vendor,
+        signature=Signature.asked(storage.public_key, storage.signing_policy),
+    )
+
+
+def _check_volume(p: _Pass, d: Delivery) -> ArtifactRecord:
+    """An oci:// artifact's volume image, verified (what model pods then mount), or why
+    not: they fetch and verify it themselves."""
+    inputs, record = p.inputs, d.record
+    assert inputs.spec is not None
+    storage, config = inputs.spec.storage, inputs.config
+    try:
+        auto = config.image_volumes == "auto"
+        label = f"{naming.label_key(inputs.spec)}={record.gpu_model}"
+        problem = delivery.image_volume_problem(
+            config.image_volumes,
+            p.client.server_minor() if auto else 0,
+            p.client.node_runtimes(label) if auto and record.gpu_model else {},
+        )
+        required = storage.signing_policy == "Required"
+        note = delivery.deliver_image_volume(record, storage.public_key, required, config, problem)
+    except (FetchError, StoreError, kube.Temporary, kube.Permanent) as e:
+        note = truncate(f"Store: {e}", 300)
+    inputs.memory.deliveries[d.memo] = (time.monotonic(), note)
+    return replace(record, delivery=note)
+
+
+def relabel(p: _Pass, there: dict[str, Any], record: ArtifactRecord) -> None:
     """Put the artifact ConfigMap's labels back (only on the object controlled by this
     profile, fenced by the resourceVersion read: kube.patch_owned)."""
-    meta, uid = there.get("metadata") or {}, str(s.meta.get("uid") or "")
+    meta, uid = there.get("metadata") or {}, str(p.inputs.meta.get("uid") or "")
     want = naming.artifact_config_map_labels(uid)
     labels = meta.get("labels") or {}
     if all(labels.get(k) == v for k, v in want.items()):
         return  # the watch has not caught up with one just made: nothing to put back
     ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
     try:
-        if not s.client.patch_owned("ConfigMap", ns, name, uid, {"metadata": {"labels": want}}):
+        if not p.client.patch_owned("ConfigMap", ns, name, uid, {"metadata": {"labels": want}}):
             return
     except (kube.Temporary, kube.Permanent) as e:
         log.warning(f"ConfigMap {ns}/{name} lost its labels; labelling it again failed: {e}")
         return
-    s.remade.append(
+    p.remade.append(
         f"{record.gpu_model or '?'}: the ConfigMap {name} of artifact "
         f"{record.sha256[:12]} had lost its labels (so new pods could not mount "
         "it); labelled again"
@@ -313,36 +604,131 @@ def _create_or_read(
     return there, False
 
 
-def retire_config_maps(s: Sync, unused: list[tuple[str, str]]) -> None:
-    """Delete the artifact ConfigMaps nothing uses any more (delivery.to_retire)."""
-    ns = s.meta["namespace"]
-    for name, uid in unused:
-        s.client.delete_owned("ConfigMap", ns, name, uid)
-        log.info(f"removed artifact ConfigMap {ns}/{name}: no status or pod names it")
+def _retire(p: _Pass, kept: frozenset[str]) -> None:
+    """Delete the artifact ConfigMaps nothing uses any more (delivery.to_retire reads the
+    profile's ConfigMaps and, when one is a candidate, its pods): what status serves now,
+    delivered in this very pass included, stays."""
+    inputs, mem = p.inputs, p.inputs.memory
+    mem.retired_at = time.monotonic()
+    keep = kept | {r.config_map for r in p.delivered.values() if r.config_map}
+    # As status names them (delivery.referenced_names reads a status).
+    serving = {"artifacts": [{"configMap": {"name": n}} for n in sorted(keep)]}
+    ns = inputs.meta["namespace"]
+    try:
+        unused, mounted = delivery.to_retire(p.client, ProfileRef.of(inputs.profile), serving)
+        for name, uid in unused:
+            p.client.delete_owned("ConfigMap", ns, name, uid)
+            log.info(f"removed artifact ConfigMap {ns}/{name}: no status or pod names it")
+        mem.retiring = set(mounted)
+    except kube.Temporary as e:
+        mem.retiring = (mem.retiring or set()) | {""}  # checked again later
+        log.info(f"{inputs.name}: retiring ConfigMaps: {e}")
 
 
-def write_status(s: Sync, typed: TuningProfileStatus) -> dict[str, Any]:
+def _recount(p: _Pass, acts: Second) -> None:
+    """status.capture counted again against the artifacts this pass serves (the capture
+    loop reads a status as the API server holds it; the artifacts' keys are read from the
+    store, once each)."""
+    inputs = p.inputs
+    captures = inputs.around.captures
+    if captures is None or inputs.spec is None:
+        return
+    status = {**inputs.previous, "artifacts": [r.to_status() for r in p.delivered.values()]}
+    planned = capture_step.planned(
+        captures, inputs.spec, {**inputs.profile, "status": status},
+        default_endpoint=inputs.config.default_s3_endpoint, decide=False,
+    )  # fmt: skip
+    p.recounted = capture_step.outcome(planned, [])
+
+
+# --- the status and the Events ---------------------------------------------------------------
+
+
+def write_status(
+    inputs: Inputs, typed: TuningProfileStatus, capture: capture_step.Outcome
+) -> tuple[dict[str, Any], list[Event]]:
     """Write status (the model's one serialisation, returned) only when it changed, over the
     version it was computed from; then what the change announces (Events, capture's Events,
     retune metrics)."""
     status = typed.to_status()
-    previous = s.profile.get("status") or {}
+    previous = inputs.previous
     if not status_changed(previous, status):
-        return status
-    rv = str(s.meta.get("resourceVersion") or "")
-    written = s.client.replace_profile_status(s.meta["namespace"], s.meta["name"], rv, status)
-    s.memory.written_rv = written
-    s.on_written(written, status)
-    said = announce(s.profile, previous, status, s.unadmitted)
-    s.events += [*said, *s.capture.events]
-    for reason in s.capture.retunes:
+        return status, []
+    meta = inputs.meta
+    rv = str(meta.get("resourceVersion") or "")
+    written = inputs.around.client.replace_profile_status(
+        meta["namespace"], meta["name"], rv, status
+    )
+    inputs.memory.written_rv = written
+    inputs.around.on_written(written, status)
+    said = announce(inputs.profile, previous, status, list(inputs.unadmitted))
+    for reason in capture.retunes:
         metrics.RETUNES.labels(reason).inc()
-    return status
+    return status, [*said, *capture.events]
 
 
-def post_events(s: Sync) -> None:
+def report(inputs: Inputs) -> list[Event]:
+    """Objects that claim the profile by its labels without its ownership: said once."""
+    mem = inputs.memory
+    out: list[Event] = []
+    for obj in inputs.untrusted:
+        if obj.uid not in mem.reported:
+            mem.reported.add(obj.uid)
+            message = (
+                f"{obj.kind[:-1].capitalize()} {obj.namespace}/{obj.name} carries tunefleet's "
+                f"labels for TuningProfile {inputs.meta['name']} but is not controlled by it (no "
+                "controller ownerReference to it in its namespace): it is ignored, never read "
+                "as one of its tuning Jobs or pods. Delete it if nothing else needs it."
+            )
+            out.append(("Warning", EventReason.UNTRUSTED_OBJECT, message))
+    return out
+
+
+def report_delivery(inputs: Inputs, applied: Applied) -> list[Event]:
+    """Model pods untuned, by cause, when their count grows; ConfigMaps made again; foreign
+    objects where an artifact's ConfigMap was to be (once per uid)."""
+    mem = inputs.memory
+    out: list[Event] = []
+    counts: dict[str, int] = {}
+    for u in inputs.untuned_pods:
+        counts[u.cause] = counts.get(u.cause, 0) + 1
+    for cause, count in sorted(counts.items()):
+        if count > mem.untuned_said.get(cause, 0):
+            first = next(u for u in inputs.untuned_pods if u.cause == cause)
+            message = (
+                f"{count} model pod(s) run without the artifact ({cause}): {first.reason} "
+                f"(pod {first.pod}). `kubectl tunefleet why {first.pod}` says what to do."
+            )
+            out.append(("Warning", Reason.PODS_UNTUNED, message))
+    mem.untuned_said = counts
+    out += [("Warning", EventReason.CONFIG_MAP_REMADE, line + ".") for line in applied.remade]
+    return out + _foreign(inputs, applied)
+
+
+def _foreign(inputs: Inputs, applied: Applied) -> list[Event]:
+    out: list[Event] = []
+    for obj in applied.foreign:
+        if obj.uid in inputs.memory.reported:
+            continue
+        inputs.memory.reported.add(obj.uid)
+        metrics.UNTRUSTED_OBJECTS.labels("configmaps").inc()
+        out.append(("Warning", EventReason.UNTRUSTED_OBJECT, (
+            f"ConfigMap {inputs.meta['namespace']}/{obj.name} (uid {obj.uid}) stands where an "
+            f"artifact's ConfigMap is made, but is not that artifact: {obj.why}. It is never "
+            "mounted; the artifact is delivered under another name. Delete it if nothing "
+            "else needs it.")))  # fmt: skip
+    return out
+
+
+def post_events(inputs: Inputs, events: list[Event]) -> None:
     """Every Event the reconcile has to say, by one route, after its writes: what it made
     stays said even when its status write did not land."""
-    ref = profile_ref(s.profile)
-    for type_, reason, message in s.events:
-        s.client.post_event_soon(ref, type_, reason, message)
+    ref = profile_ref(inputs.profile)
+    for type_, reason, message in events:
+        inputs.around.client.post_event_soon(ref, type_, reason, message)
+
+
+def forget(inputs: Inputs, foreign: list[str]) -> None:
+    """Drop what the memory holds of children gone (memory.prune)."""
+    untrusted = {u.uid for u in inputs.untrusted}
+    inputs.memory.prune(inputs.view.jobs, inputs.view.pods, untrusted | set(foreign))

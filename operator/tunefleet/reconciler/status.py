@@ -13,13 +13,17 @@ from typing import Any
 
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
-from tunefleet.api.conditions import Phase, Reason, Stamp, Type, condition
+from tunefleet.api.conditions import Phase, Reason, Stamp, Type, condition, truncate
 from tunefleet.api.models import CaptureStatus, Condition
 from tunefleet.api.status import JobLine, Summary, TuningProfileStatus, records
 from tunefleet.artifacts import kinds
+from tunefleet.capture import step as capture_step
+from tunefleet.contracts import pin
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.contracts.pin import Pin
 from tunefleet.reconciler import promotion
+from tunefleet.reconciler.acts import Applied
+from tunefleet.reconciler.inputs import Inputs, now_iso
 from tunefleet.reconciler.observe import JobObservation
 from tunefleet.serving.served import Untuned
 
@@ -565,3 +569,75 @@ def untuned_message(untuned: list[Untuned]) -> str:
         "`kubectl tunefleet why <pod>` says more; once the cause is fixed, recreate them "
         "(e.g. kubectl rollout restart)."
     )
+
+
+# --- the reconcile's status step -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Extra:
+    """What the decision adds to the Jobs observed: the revisions each model tunes under
+    (capture's), and fleet mode's artifacts adopted and models waiting, by model."""
+
+    capture: capture_step.Outcome
+    adopted: dict[str, ArtifactRecord] = field(default_factory=dict)
+    waiting: dict[str, str] = field(default_factory=dict)
+
+
+def capture_status(entries: list[dict[str, Any]] | None) -> list[CaptureStatus] | None:
+    """status.capture's entries (capture/loop.py's) as the status model holds them."""
+    return None if entries is None else [CaptureStatus.model_validate(e) for e in entries]
+
+
+def computed(
+    inputs: Inputs,
+    jobs: list[JobObservation],
+    extra: Extra,
+    applied: Applied | None = None,
+) -> TuningProfileStatus:
+    """The status the observations, the spec and capture's figures say (compute_status)."""
+    answered = applied or Applied()
+    meta = inputs.meta
+    return compute_status(
+        Observed(
+            generation=int(meta.get("generation") or 0),
+            spec=inputs.spec,
+            problems=[*inputs.problems, *answered.problems],
+            refused=list(inputs.refused),
+            jobs=jobs,
+            previous=inputs.previous,
+            unadmitted=len(inputs.unadmitted),
+            create_error=truncate(str(answered.create_error or "")),
+            capacity=dict(inputs.too_few),
+            revisions=extra.capture.revisions,
+            capture=capture_status(extra.capture.entries),
+            coverage=extra.capture.coverage,
+            pins=pin.read(meta.get("annotations")),
+            adopted=extra.adopted,
+            waiting=extra.waiting,
+        ),
+        now_iso(),
+    )
+
+
+def compute(inputs: Inputs, extra: Extra, applied: Applied) -> TuningProfileStatus:
+    """The status one reconcile leaves (pure): its Jobs as this pass left them, each artifact
+    as delivered, Degraded after delivery (which may have made a lost ConfigMap again in this
+    very pass), status.capture counted again against new artifacts."""
+    jobs = list(applied.jobs) if applied.jobs is not None else inputs.view.jobs
+    status = computed(inputs, inputs.observe(jobs, extra.capture), extra, applied)
+    status.artifacts = [applied.delivered.get(delivered_key(a), a) for a in status.artifacts]
+    again = applied.recounted
+    if again is not None and again.entries is not None:
+        if again.entries:
+            status.capture = capture_status(again.entries)
+        status.coverage = again.coverage or None
+    lost_now = inputs.memory.lost
+    lost = [lost_now[a.sha256] for a in status.artifacts if a.sha256 in lost_now]
+    gen = int(inputs.meta.get("generation") or 0)
+    return with_degraded(status, inputs.previous, list(inputs.untuned_pods), lost, gen, now_iso())
+
+
+def delivered_key(record: ArtifactRecord) -> str:
+    """How a delivered artifact is found again in status: its model and SHA-256."""
+    return f"{record.gpu_model}/{record.sha256}"

@@ -141,7 +141,7 @@ def deliver_image_volume(
     if problem:
         raise FetchError(problem)
     verdict = volumes.check(record, spec_public_key, required, config)
-    volumes.VERDICTS.put(record.volume, spec_public_key, required, verdict)
+    volumes.VERDICTS.remember(record.volume, spec_public_key, required, verdict)
     if not verdict.mountable:
         raise FetchError(verdict.reason)
     log.info(f"{record.uri}: volume image {record.volume[:19]} verified; pods mount it")

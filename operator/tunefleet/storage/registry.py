@@ -69,7 +69,7 @@ def session(location: Location, options: StoreOptions) -> StoreOptions:
 
 def shared_session(location: Location, options: StoreOptions) -> StoreOptions:
     """session(), made once per process for each scheme and options: for a caller that opens
-    the store on every reconcile (reconciler/fleet.py), where a new boto3 client each time
+    the store on every reconcile (reconciler/gather.py), where a new boto3 client each time
     cost ~6.5 ms of CPU, more than the rest of the reconcile. botocore's clients are
     thread-safe, and read the process's credentials as they are refreshed."""
     return _shared_session(location.scheme, options)
