@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -90,17 +91,19 @@ def _ms(values: list[float]) -> float:
     return round(statistics.median(values) * 1000, 1)
 
 
-def run(s3_settings: S3Like, runs: int = 7) -> dict[str, Any]:
-    s3 = s3_settings
-    client = boto3.client(
+def _client(s3: S3Like) -> Any:
+    return boto3.client(
         "s3",
         endpoint_url=s3.endpoint,
         aws_access_key_id=s3.access_key,
         aws_secret_access_key=s3.secret_key,
         region_name=s3.region,
     )
-    base_uri = f"s3://{s3.bucket}/bench-artifacts/{uuid.uuid4().hex[:10]}"
-    env = {
+
+
+def _cli_env(s3: S3Like) -> dict[str, str]:
+    """The environment a pod gives the CLIs: the store's settings, the code on the path."""
+    return {
         **os.environ,
         "AWS_ACCESS_KEY_ID": s3.access_key,
         "AWS_SECRET_ACCESS_KEY": s3.secret_key,
@@ -108,59 +111,101 @@ def run(s3_settings: S3Like, runs: int = 7) -> dict[str, Any]:
         "AWS_ENDPOINT_URL_S3": s3.endpoint,
         "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT)]),
     }
-    pub_s, fetch_s, cli_pub_s, cli_fetch_s = [], [], [], []
-    size = 0
-    with tempfile.TemporaryDirectory(prefix="bench-artifacts-") as tmp:
-        work = Path(tmp)
-        for i in range(runs):
-            out = work / f"out{i}"
-            manifest = write_artifact(out, variant=i)
-            size = (out / "results.csv").stat().st_size
-            store = S3Store(parse_uri(base_uri), client=client, timeout_s=60)
-            t0 = time.perf_counter()
-            pub = publish(Output(out, base_uri, "bench", "artifacts", MODEL), store=store)
-            pub_s.append(time.perf_counter() - t0)
-            assert pub.created
-            fstore = S3Store(parse_uri(pub.uri), client=client, timeout_s=60)
-            t0 = time.perf_counter()
-            got = fetch(Pinned(pub.uri, manifest.results_sha256), work / f"dest{i}", store=fstore)
-            fetch_s.append(time.perf_counter() - t0)
-            assert got.sha256 == manifest.results_sha256
 
-            cli_out = work / f"cli{i}"
-            cli_manifest = write_artifact(cli_out, variant=10_000 + i)
-            publish_cmd = [
-                sys.executable, "-m", "tunefleet.artifacts.publish", "--dir", str(cli_out),
-                "--uri", base_uri, "--namespace", "bench", "--profile", "artifacts",
-                "--gpu-model", MODEL, "--termination-log", str(work / "tl"),
-            ]  # fmt: skip
-            t0 = time.perf_counter()
-            done = subprocess.run(publish_cmd, env=env, capture_output=True, text=True)
-            cli_pub_s.append(time.perf_counter() - t0)
-            if done.returncode != 0:
-                raise RuntimeError(f"{shlex.join(publish_cmd)}: {done.stderr}")
-            uri = json.loads(done.stdout)["uri"]
-            fetch_cmd = [
-                sys.executable, "-m", "tunefleet.artifacts.fetch", "--uri", uri,
-                "--sha256", cli_manifest.results_sha256, "--dest", str(work / f"cdest{i}"),
-                "--devices", "8", "--fail-closed",
-            ]  # fmt: skip
-            t0 = time.perf_counter()
-            done = subprocess.run(fetch_cmd, env=env, capture_output=True, text=True)
-            cli_fetch_s.append(time.perf_counter() - t0)
-            if done.returncode != 0:
-                raise RuntimeError(f"{shlex.join(fetch_cmd)}: {done.stderr}")
+
+@dataclass
+class _Times:
+    """Each run's seconds, per way of publishing and fetching; the last results file's size."""
+
+    pub_s: list[float] = field(default_factory=list)
+    fetch_s: list[float] = field(default_factory=list)
+    cli_pub_s: list[float] = field(default_factory=list)
+    cli_fetch_s: list[float] = field(default_factory=list)
+    size: int = 0
+
+
+@dataclass(frozen=True)
+class _Round:
+    """What every run shares: the warm client, where it publishes, the CLIs' environment, and
+    the scratch folder."""
+
+    client: Any
+    base_uri: str
+    env: dict[str, str]
+    work: Path
+
+
+def _library_run(r: _Round, i: int, times: _Times) -> None:
+    """Run i through the library calls (a warm client): publish, then fetch what it made."""
+    out = r.work / f"out{i}"
+    manifest = write_artifact(out, variant=i)
+    times.size = (out / "results.csv").stat().st_size
+    store = S3Store(parse_uri(r.base_uri), client=r.client, timeout_s=60)
+    t0 = time.perf_counter()
+    pub = publish(Output(out, r.base_uri, "bench", "artifacts", MODEL), store=store)
+    times.pub_s.append(time.perf_counter() - t0)
+    assert pub.created
+    fstore = S3Store(parse_uri(pub.uri), client=r.client, timeout_s=60)
+    t0 = time.perf_counter()
+    got = fetch(Pinned(pub.uri, manifest.results_sha256), r.work / f"dest{i}", store=fstore)
+    times.fetch_s.append(time.perf_counter() - t0)
+    assert got.sha256 == manifest.results_sha256
+
+
+def _timed_cli(cmd: list[str], env: dict[str, str], into: list[float]) -> str:
+    """Run a CLI as a pod would (a fresh process); its seconds appended to `into`, its stdout."""
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    into.append(time.perf_counter() - t0)
+    if done.returncode != 0:
+        raise RuntimeError(f"{shlex.join(cmd)}: {done.stderr}")
+    return done.stdout
+
+
+def _cli_run(r: _Round, i: int, times: _Times) -> None:
+    """Run i through the CLIs: publish a file of its own, then fetch it for 8 devices."""
+    cli_out = r.work / f"cli{i}"
+    cli_manifest = write_artifact(cli_out, variant=10_000 + i)
+    publish_cmd = [
+        sys.executable, "-m", "tunefleet.artifacts.publish", "--dir", str(cli_out),
+        "--uri", r.base_uri, "--namespace", "bench", "--profile", "artifacts",
+        "--gpu-model", MODEL, "--termination-log", str(r.work / "tl"),
+    ]  # fmt: skip
+    uri = json.loads(_timed_cli(publish_cmd, r.env, times.cli_pub_s))["uri"]
+    fetch_cmd = [
+        sys.executable, "-m", "tunefleet.artifacts.fetch", "--uri", uri,
+        "--sha256", cli_manifest.results_sha256, "--dest", str(r.work / f"cdest{i}"),
+        "--devices", "8", "--fail-closed",
+    ]  # fmt: skip
+    _timed_cli(fetch_cmd, r.env, times.cli_fetch_s)
+
+
+def _delete_prefix(client: Any, bucket: str, base_uri: str) -> None:
     prefix = parse_uri(base_uri).prefix + "/"
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=s3.bucket, Prefix=prefix):
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for obj in page.get("Contents", []):
-            client.delete_object(Bucket=s3.bucket, Key=obj["Key"])
+            client.delete_object(Bucket=bucket, Key=obj["Key"])
+
+
+def run(s3_settings: S3Like, runs: int = 7) -> dict[str, Any]:
+    s3 = s3_settings
+    client = _client(s3)
+    base_uri = f"s3://{s3.bucket}/bench-artifacts/{uuid.uuid4().hex[:10]}"
+    env = _cli_env(s3)
+    times = _Times()
+    with tempfile.TemporaryDirectory(prefix="bench-artifacts-") as tmp:
+        r = _Round(client, base_uri, env, Path(tmp))
+        for i in range(runs):
+            _library_run(r, i, times)
+            _cli_run(r, i, times)
+    _delete_prefix(client, s3.bucket, base_uri)
     return {
-        "results_bytes": size,
+        "results_bytes": times.size,
         "runs": runs,
-        "publish_median_ms": _ms(pub_s),
-        "fetch_median_ms": _ms(fetch_s),
-        "cli_publish_median_ms": _ms(cli_pub_s),
-        "cli_fetch_8_devices_median_ms": _ms(cli_fetch_s),
+        "publish_median_ms": _ms(times.pub_s),
+        "fetch_median_ms": _ms(times.fetch_s),
+        "cli_publish_median_ms": _ms(times.cli_pub_s),
+        "cli_fetch_8_devices_median_ms": _ms(times.cli_fetch_s),
         "note": (
             "library: warm boto3 client, upload/download + parse + verify + write; "
             "cli: a fresh process as a pod runs it (fetch writes 8 per-ordinal files)"
