@@ -71,25 +71,58 @@ def _proc(pid: int) -> tuple[float, float]:
     return rss, (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-def sidecar_run(rate: float, seconds: float, interval: float) -> dict[str, Any]:
-    """One run: `rate` new misses a second for `seconds`, the sidecar at `interval`."""
-    _Endpoint.arrivals, _Endpoint.uploads = {}, []
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Endpoint)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+def _workdir() -> tuple[Path, Path]:
+    """A scratch folder with the sidecar's token and an empty untuned file; (folder, file)."""
     work = Path(tempfile.mkdtemp(prefix="bench-capture-"))
     (work / "misses").mkdir()
     (work / "token").write_text("bench-token\n")
     untuned = work / "misses" / "tunableop_untuned0.csv"
     untuned.touch()
+    return work, untuned
+
+
+def _sidecar(work: Path, port: int, interval: float) -> subprocess.Popen[bytes]:
+    """`tunefleet-capture run` as a process, watching work/misses, posting to the port."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'operator'}:{ROOT}"}
-    proc = subprocess.Popen(
+    return subprocess.Popen(
         [
             sys.executable, "-m", "tunefleet.capture.sidecar", "run", "--dir",
-            str(work / "misses"), "--url", f"http://127.0.0.1:{server.server_port}",
+            str(work / "misses"), "--url", f"http://127.0.0.1:{port}",
             "--token", str(work / "token"), "--interval", str(interval),
         ],
         env=env, stderr=subprocess.DEVNULL,
     )  # fmt: skip
+
+
+def _figures(
+    rate: float,
+    interval: float,
+    written: dict[str, float],
+    samples: list[tuple[float, float, float]],
+) -> dict[str, Any]:
+    """One run's figures from what was written when, what arrived when, and the samples."""
+    lat = sorted(_Endpoint.arrivals[r] - t for r, t in written.items() if r in _Endpoint.arrivals)
+    span = samples[-1][0]
+    return {
+        "misses_per_s": rate,
+        "upload_interval_s": interval,
+        "misses_written": len(written),
+        "misses_received": len(lat),
+        "uploads": len(_Endpoint.uploads),
+        "rss_peak_mib": round(max(s[1] for s in samples), 1),
+        "cpu_percent_of_a_core": round(100 * samples[-1][2] / span, 2),
+        "miss_to_upload_p50_s": round(statistics.median(lat), 2) if lat else None,
+        "miss_to_upload_p99_s": round(lat[int(0.99 * (len(lat) - 1))], 2) if lat else None,
+    }
+
+
+def sidecar_run(rate: float, seconds: float, interval: float) -> dict[str, Any]:
+    """One run: `rate` new misses a second for `seconds`, the sidecar at `interval`."""
+    _Endpoint.arrivals, _Endpoint.uploads = {}, []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Endpoint)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    work, untuned = _workdir()
+    proc = _sidecar(work, server.server_port, interval)
     written: dict[str, float] = {}
     samples: list[tuple[float, float, float]] = []
     try:
@@ -122,19 +155,7 @@ def sidecar_run(rate: float, seconds: float, interval: float) -> dict[str, Any]:
         proc.terminate()
         proc.wait(timeout=30)
         server.shutdown()
-    lat = sorted(_Endpoint.arrivals[r] - t for r, t in written.items() if r in _Endpoint.arrivals)
-    span = samples[-1][0]
-    return {
-        "misses_per_s": rate,
-        "upload_interval_s": interval,
-        "misses_written": len(written),
-        "misses_received": len(lat),
-        "uploads": len(_Endpoint.uploads),
-        "rss_peak_mib": round(max(s[1] for s in samples), 1),
-        "cpu_percent_of_a_core": round(100 * samples[-1][2] / span, 2),
-        "miss_to_upload_p50_s": round(statistics.median(lat), 2) if lat else None,
-        "miss_to_upload_p99_s": round(lat[int(0.99 * (len(lat) - 1))], 2) if lat else None,
-    }
+    return _figures(rate, interval, written, samples)
 
 
 def sidecar_figures() -> dict[str, Any]:
