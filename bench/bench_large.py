@@ -336,7 +336,10 @@ def _volume_pod(r: Run, name: str, expected: str, copy: bool) -> dict[str, Any]:
     }
 
 
-def _measure_volume(r: Run, s3: S3Settings, pods: int, copy_pods: int = 3) -> dict[str, Any]:
+def _registry_for(r: Run) -> tuple[str, str, dict[str, str]]:
+    """The local registry made ready for r's namespace: its writer's and reader's Secrets and
+    a signing key pair's Secret there; (the registry's metrics URL, the repository to push
+    to, the key pair)."""
     reg = Registry.from_state()
     metrics = _metrics_url(reg)
     for doc in (
@@ -349,7 +352,11 @@ def _measure_volume(r: Run, s3: S3Settings, pods: int, copy_pods: int = 3) -> di
         "create", "secret", "generic", "signing", "-n", r.ns,
         *[f"--from-literal={k}={v}" for k, v in keys.items()],
     )  # fmt: skip
-    repository = f"{reg.host}/bench/{r.ns}"
+    return metrics, f"{reg.host}/bench/{r.ns}", keys
+
+
+def _measure_volume(r: Run, s3: S3Settings, pods: int, copy_pods: int = 3) -> dict[str, Any]:
+    metrics, repository, keys = _registry_for(r)
     # Bytes no earlier run made: the node holds no volume image of them, so the first pod
     # pays the pull (the same bytes would give the same volume image, pulled already).
     seed = _fresh_seed()
