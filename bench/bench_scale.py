@@ -44,6 +44,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -407,169 +408,260 @@ def snapshot(operator: Any, out: Path | None, name: str) -> None:
 # --- the routine --------------------------------------------------------------------------
 
 
-def run(
-    cluster: Any,
-    operator: Any,
-    n: int,
-    spaces: int,
-    py_spy: Path | None = None,
-    tracemalloc: Path | None = None,
-    trace: bool = True,
-    create: str = "kubectl",
-    rate: float = 0.0,
-) -> dict[str, Any]:
-    """`tracemalloc`: where the hook's dumps go at each phase; `trace`: under tracemalloc (else
-    malloc_info and smaps only, with the allocator's layout as in production)."""
-    api = Api(cluster.kubeconfig)
-    stamp = f"{int(time.time()) % 100000}"
-    prefix = f"bench-s{n}-{stamp}-"
-    namespaces = [f"{prefix}{k:03d}" for k in range(spaces)]
-    items = bodies(namespaces, n)
-    out: dict[str, Any] = {"profiles": n, "namespaces": spaces, "created_by": create}
-    if create == "rest":
-        out["paced_at_per_s"] = rate or None  # None: as fast as the connections went
-    series: dict[str, list[tuple[float, float]]] = {}
-    start_timeout = 300.0 if tracemalloc is not None and trace else 120.0  # ~10x slower traced
+@dataclass(frozen=True)
+class Options:
+    """How a size runs, as the command line chose: `py_spy`, where py-spy's recordings go;
+    `tracemalloc`, where the hook's dumps go at each phase; `trace`, under tracemalloc (else
+    malloc_info and smaps only, with the allocator's layout as in production); `create`, one of
+    CREATE_MODES; `rate`, --create rest's profiles a second (0: as fast as they go)."""
+
+    py_spy: Path | None = None
+    tracemalloc: Path | None = None
+    trace: bool = True
+    create: str = "kubectl"
+    rate: float = 0.0
+
+
+DEFAULTS = Options()
+
+
+@dataclass(frozen=True)
+class _Size:
+    """One size's run as its phases share it: the cluster, the operator process, the API, the
+    profiles and their namespaces, and the figures the phases write (out, series)."""
+
+    cluster: Any
+    operator: Any
+    api: Api
+    n: int
+    stamp: str
+    prefix: str
+    namespaces: list[str]
+    items: list[tuple[str, bytes]]
+    options: Options
+    out: dict[str, Any]
+    series: dict[str, list[tuple[float, float]]]
+
+    @property
+    def start_timeout(self) -> float:
+        traced = self.options.tracemalloc is not None and self.options.trace
+        return 300.0 if traced else 120.0  # ~10x slower traced
+
+
+def _under_hook(operator: Any, options: Options) -> str | None:
+    """--tracemalloc DIR (or --malloc-info): the operator's environment loads the snapshot
+    hook, and tracemalloc when `trace`; returns its PYTHONPATH before, for _restore."""
     before_path = operator.env.get("PYTHONPATH")
+    tracemalloc = options.tracemalloc
     if tracemalloc is not None:
         tracemalloc.mkdir(parents=True, exist_ok=True)
         path = os.pathsep.join(p for p in (str(HOOK), before_path) if p)
         operator.env.update(
             {"PYTHONPATH": path, "TUNEFLEET_BENCH_SNAPSHOT": str(tracemalloc / "next")}
         )
-        if trace:
+        if options.trace:
             operator.env["PYTHONTRACEMALLOC"] = "25"
-    try:
-        # 1. The API server alone: creates with no operator running.
-        operator.kill()
-        alone_ns = f"bench-alone-{stamp}"
-        api.namespace(alone_ns)
-        sample = items[: min(n, 3000)]
-        first, last = create_all(api, [(alone_ns, body) for _, body in sample])
-        out["apiserver_alone_creates_per_s"] = round(len(sample) / (last - first), 1)
-        out["apiserver_alone_sample"] = len(sample)
-        api.delete_namespace(alone_ns)
-        deadline = time.monotonic() + 600
-        while api.namespace_exists(alone_ns) and time.monotonic() < deadline:
-            time.sleep(2)
+    return before_path
 
-        # 2. The empty operator: a fresh start, settled ("cold"), then once one profile has
-        # been tuned and deleted (every module a reconcile needs imported: boto3's alone is
-        # ~10 MiB), settled again: the empty operator deletion is compared with.
-        operator.start(timeout=start_timeout)
-        settle(operator.proc.pid)
-        time.sleep(45)  # past a housekeeping pass (every 30 s), which hands back the heap
-        out["rss_empty_cold_mib"] = round(operator.rss_mib(), 1)
-        out["allocator"] = allocator(operator.proc.pid)
-        warm(api, f"bench-warm-{stamp}")
-        settle(operator.proc.pid)
-        time.sleep(45)
-        out["rss_empty_mib"] = round(operator.rss_mib(), 1)
-        snapshot(operator, tracemalloc, "0-empty")
 
-        # 3. Apply.
-        for ns in namespaces:
-            api.namespace(ns)
-        jobs = Watch(api, "/apis/batch/v1/jobs", prefix, labels=JOB_SELECTOR).start()
-        profiles = Watch(
-            api,
-            f"/apis/{GROUP}/{VERSION}/{PLURAL}",
-            prefix,
-            meta_only=False,
-            done=lambda p: bool((p.get("status") or {}).get("jobs")),
-        ).start()
-        pid = operator.proc.pid
-        cpu0 = cpu_seconds(pid)
-        spy = PySpy(py_spy, "apply", pid)
-        with Sampler(lambda: pid) as rss:
-            first, last = (
-                kubectl_create(cluster, items)
-                if create == "kubectl"
-                else create_all(api, items, rate)
-            )
-            cpu_create = cpu_seconds(pid)
-            out["create_s"] = round(last - first, 1)
-            out["create_per_s"] = round(n / (last - first), 1)
-            out["jobs_present_when_create_returned"] = len(jobs.alive)
-            at = jobs.wait(lambda w: len(w.alive) >= n, f"{n} Jobs", timeout=1800)
-            out["last_job_after_create_s"] = round(at - last, 1)
-            at = profiles.wait(lambda w: len(w.finished) >= n, "every status", timeout=1800)
-            out["last_status_after_create_s"] = round(at - last, 1)
+def _restore(s: _Size, before_path: str | None) -> None:
+    """Whatever happened: this size's namespaces deleted, the RSS series written beside the
+    profilers' output, the operator's environment as it was."""
+    for ns in s.namespaces:
+        s.api.delete_namespace(ns)
+    for where in (s.options.py_spy, s.options.tracemalloc):
+        if where is not None:
+            (where / f"rss-{s.n}.json").write_text(json.dumps(s.series))
+    s.operator.env.pop("PYTHONTRACEMALLOC", None)
+    s.operator.env.pop("PYTHONPATH", None)
+    if before_path is not None:
+        s.operator.env["PYTHONPATH"] = before_path
+
+
+def _apiserver_alone(s: _Size) -> None:
+    """1. The API server alone: creates with no operator running."""
+    s.operator.kill()
+    alone_ns = f"bench-alone-{s.stamp}"
+    s.api.namespace(alone_ns)
+    sample = s.items[: min(s.n, 3000)]
+    first, last = create_all(s.api, [(alone_ns, body) for _, body in sample])
+    s.out["apiserver_alone_creates_per_s"] = round(len(sample) / (last - first), 1)
+    s.out["apiserver_alone_sample"] = len(sample)
+    s.api.delete_namespace(alone_ns)
+    deadline = time.monotonic() + 600
+    while s.api.namespace_exists(alone_ns) and time.monotonic() < deadline:
+        time.sleep(2)
+
+
+def _empty(s: _Size) -> None:
+    """2. The empty operator: a fresh start, settled ("cold"), then once one profile has been
+    tuned and deleted (every module a reconcile needs imported: boto3's alone is ~10 MiB),
+    settled again: the empty operator deletion is compared with."""
+    operator, out = s.operator, s.out
+    operator.start(timeout=s.start_timeout)
+    settle(operator.proc.pid)
+    time.sleep(45)  # past a housekeeping pass (every 30 s), which hands back the heap
+    out["rss_empty_cold_mib"] = round(operator.rss_mib(), 1)
+    out["allocator"] = allocator(operator.proc.pid)
+    warm(s.api, f"bench-warm-{s.stamp}")
+    settle(operator.proc.pid)
+    time.sleep(45)
+    out["rss_empty_mib"] = round(operator.rss_mib(), 1)
+    snapshot(operator, s.options.tracemalloc, "0-empty")
+
+
+def _watches(s: _Size) -> tuple[Watch, Watch]:
+    """This size's namespaces, and the watches on their Jobs and profiles, opened before the
+    first create; (jobs, profiles)."""
+    for ns in s.namespaces:
+        s.api.namespace(ns)
+    jobs = Watch(s.api, "/apis/batch/v1/jobs", s.prefix, labels=JOB_SELECTOR).start()
+    profiles = Watch(
+        s.api,
+        f"/apis/{GROUP}/{VERSION}/{PLURAL}",
+        s.prefix,
+        meta_only=False,
+        done=lambda p: bool((p.get("status") or {}).get("jobs")),
+    ).start()
+    return jobs, profiles
+
+
+def _create(s: _Size) -> tuple[float, float]:
+    """Every profile created the chosen way; (first, last) as kubectl_create or create_all."""
+    if s.options.create == "kubectl":
+        return kubectl_create(s.cluster, s.items)
+    return create_all(s.api, s.items, s.options.rate)
+
+
+def _apply(s: _Size, jobs: Watch, profiles: Watch) -> float:
+    """3. Apply: every profile created, until the Nth Job and every status are seen; returns
+    when the creates ended (the clock's start)."""
+    n, out = s.n, s.out
+    pid = s.operator.proc.pid
+    cpu0 = cpu_seconds(pid)
+    spy = PySpy(s.options.py_spy, "apply", pid)
+    with Sampler(lambda: pid) as rss:
+        first, last = _create(s)
+        cpu_create = cpu_seconds(pid)
+        out["create_s"] = round(last - first, 1)
+        out["create_per_s"] = round(n / (last - first), 1)
+        out["jobs_present_when_create_returned"] = len(jobs.alive)
+        at = jobs.wait(lambda w: len(w.alive) >= n, f"{n} Jobs", timeout=1800)
+        out["last_job_after_create_s"] = round(at - last, 1)
+        at = profiles.wait(lambda w: len(w.finished) >= n, "every status", timeout=1800)
+        out["last_status_after_create_s"] = round(at - last, 1)
+    spy.stop()
+    out["operator_cpu_s_during_create"] = round(cpu_create - cpu0, 1)
+    out["operator_cpu_s_apply"] = round(cpu_seconds(pid) - cpu0, 1)
+    out["rss_peak_apply_mib"] = round(rss.peak, 1)
+    s.series["apply"] = rss.series
+    return last
+
+
+def _settled(s: _Size, jobs: Watch, profiles: Watch, last: float) -> None:
+    """The operator once the apply's burst has passed: idle CPU, RSS, a scrape's cost."""
+    operator, out = s.operator, s.out
+    pid = operator.proc.pid
+    # Idle is after the burst's tail: no status or Job written for 20 s.
+    tail = quiet([jobs, profiles], 20.0)
+    out["last_write_after_create_s"] = round(tail - last, 1)
+    out["idle_cpu_percent_of_a_core"] = idle_cpu(pid, 60)
+    out["rss_settled_mib"] = round(operator.rss_mib(), 1)
+    # What a Prometheus scrape of this operator costs with every profile in its cache.
+    port = operator.env["TUNEFLEET_METRICS_PORT"]
+    out["metrics_scrape"] = scrape(f"http://127.0.0.1:{port}/metrics")
+    snapshot(operator, s.options.tracemalloc, "1-settled")
+
+
+def _restart(s: _Size) -> None:
+    """4. Restart with everything present."""
+    operator, out = s.operator, s.out
+    operator.kill()
+    t0 = time.monotonic()
+    with Sampler(lambda: operator.proc.pid) as rss:
+        operator.start(timeout=s.start_timeout, listening_only=True)
+        out["restart_to_webhook_listening_s"] = round(time.monotonic() - t0, 1)
+        # The reconciler starts once every kind is listed (handlers/startup.py).
+        operator.wait_started(timeout=s.start_timeout)
+        out["restart_to_reconciling_s"] = round(time.monotonic() - t0, 1)
+        spy = PySpy(s.options.py_spy, "restart", operator.proc.pid)
+        cpu0 = cpu_seconds(operator.proc.pid)
+        out["restart_busy_s"] = settle(operator.proc.pid, quiet=5.0)
         spy.stop()
-        out["operator_cpu_s_during_create"] = round(cpu_create - cpu0, 1)
-        out["operator_cpu_s_apply"] = round(cpu_seconds(pid) - cpu0, 1)
-        out["rss_peak_apply_mib"] = round(rss.peak, 1)
-        series["apply"] = rss.series
-        # Idle is after the burst's tail: no status or Job written for 20 s.
-        tail = quiet([jobs, profiles], 20.0)
-        out["last_write_after_create_s"] = round(tail - last, 1)
-        out["idle_cpu_percent_of_a_core"] = idle_cpu(pid, 60)
-        out["rss_settled_mib"] = round(operator.rss_mib(), 1)
-        # What a Prometheus scrape of this operator costs with every profile in its cache.
-        port = operator.env["TUNEFLEET_METRICS_PORT"]
-        out["metrics_scrape"] = scrape(f"http://127.0.0.1:{port}/metrics")
-        snapshot(operator, tracemalloc, "1-settled")
+        time.sleep(10)
+    out["operator_cpu_s_restart"] = round(cpu_seconds(operator.proc.pid) - cpu0, 1)
+    out["rss_peak_restart_mib"] = round(rss.peak, 1)
+    s.series["restart"] = rss.series
+    out["rss_after_restart_mib"] = round(operator.rss_mib(), 1)
+    snapshot(operator, s.options.tracemalloc, "2-restarted")
 
-        # 4. Restart with everything present.
-        operator.kill()
+
+def _delete(s: _Size, jobs: Watch, profiles: Watch) -> None:
+    """5. Delete every profile (garbage collection takes Jobs, ConfigMaps, pods); then the
+    watches end."""
+    operator, out = s.operator, s.out
+    pid = operator.proc.pid
+    with Sampler(lambda: pid) as rss:
         t0 = time.monotonic()
-        with Sampler(lambda: operator.proc.pid) as rss:
-            operator.start(timeout=start_timeout, listening_only=True)
-            out["restart_to_webhook_listening_s"] = round(time.monotonic() - t0, 1)
-            # The reconciler starts once every kind is listed (handlers/startup.py).
-            operator.wait_started(timeout=start_timeout)
-            out["restart_to_reconciling_s"] = round(time.monotonic() - t0, 1)
-            spy = PySpy(py_spy, "restart", operator.proc.pid)
-            cpu0 = cpu_seconds(operator.proc.pid)
-            out["restart_busy_s"] = settle(operator.proc.pid, quiet=5.0)
-            spy.stop()
-            time.sleep(10)
-        out["operator_cpu_s_restart"] = round(cpu_seconds(operator.proc.pid) - cpu0, 1)
-        out["rss_peak_restart_mib"] = round(rss.peak, 1)
-        series["restart"] = rss.series
-        out["rss_after_restart_mib"] = round(operator.rss_mib(), 1)
-        snapshot(operator, tracemalloc, "2-restarted")
+        with concurrent.futures.ThreadPoolExecutor(max_workers=CREATE_CONNECTIONS) as pool:
+            list(pool.map(s.api.delete_profiles, s.namespaces))
+        at = jobs.wait(lambda w: not w.alive, "all Jobs gone", timeout=1800)
+        out["delete_to_all_jobs_gone_s"] = round(at - t0, 1)
+        profiles.wait(lambda w: not w.alive, "all profiles gone", timeout=600)
+        settle(pid)
+        time.sleep(40)  # housekeeping (every 30 s) hands freed memory back
+    out["rss_peak_delete_mib"] = round(rss.peak, 1)
+    s.series["delete"] = rss.series
+    out["rss_after_delete_mib"] = round(operator.rss_mib(), 1)
+    out["rss_after_delete_over_empty"] = round(
+        out["rss_after_delete_mib"] / out["rss_empty_mib"], 3
+    )
+    out["rss_after_delete_over_cold"] = round(
+        out["rss_after_delete_mib"] / out["rss_empty_cold_mib"], 3
+    )
+    snapshot(operator, s.options.tracemalloc, "3-deleted")
+    jobs.stop()
+    profiles.stop()
 
-        # 5. Delete every profile (garbage collection takes Jobs, ConfigMaps, pods).
-        pid = operator.proc.pid
-        with Sampler(lambda: pid) as rss:
-            t0 = time.monotonic()
-            with concurrent.futures.ThreadPoolExecutor(max_workers=CREATE_CONNECTIONS) as pool:
-                list(pool.map(api.delete_profiles, namespaces))
-            at = jobs.wait(lambda w: not w.alive, "all Jobs gone", timeout=1800)
-            out["delete_to_all_jobs_gone_s"] = round(at - t0, 1)
-            profiles.wait(lambda w: not w.alive, "all profiles gone", timeout=600)
-            settle(pid)
-            time.sleep(40)  # housekeeping (every 30 s) hands freed memory back
-        out["rss_peak_delete_mib"] = round(rss.peak, 1)
-        series["delete"] = rss.series
-        out["rss_after_delete_mib"] = round(operator.rss_mib(), 1)
-        out["rss_after_delete_over_empty"] = round(
-            out["rss_after_delete_mib"] / out["rss_empty_mib"], 3
-        )
-        out["rss_after_delete_over_cold"] = round(
-            out["rss_after_delete_mib"] / out["rss_empty_cold_mib"], 3
-        )
-        snapshot(operator, tracemalloc, "3-deleted")
-        jobs.stop()
-        profiles.stop()
-    finally:
-        for ns in namespaces:
-            api.delete_namespace(ns)
-        for where in (py_spy, tracemalloc):
-            if where is not None:
-                (where / f"rss-{n}.json").write_text(json.dumps(series))
-        operator.env.pop("PYTHONTRACEMALLOC", None)
-        operator.env.pop("PYTHONPATH", None)
-        if before_path is not None:
-            operator.env["PYTHONPATH"] = before_path
+
+def _summary(s: _Size) -> None:
+    """The figures over the phases, once the namespaces are on their way out."""
+    out = s.out
     out["rss_max_mib"] = max(
         out[k] for k in ("rss_peak_apply_mib", "rss_settled_mib", "rss_peak_restart_mib",
                          "rss_peak_delete_mib", "rss_after_delete_mib")
     )  # fmt: skip
-    out["namespaces_removed"] = wait_namespaces_gone(api, namespaces)
-    out["operator_cpu_ms_per_profile_apply"] = round(1000 * out["operator_cpu_s_apply"] / n, 2)
-    out["goals"] = GOALS if create == "kubectl" else BURST_GOALS
+    out["namespaces_removed"] = wait_namespaces_gone(s.api, s.namespaces)
+    out["operator_cpu_ms_per_profile_apply"] = round(1000 * out["operator_cpu_s_apply"] / s.n, 2)
+    out["goals"] = GOALS if s.options.create == "kubectl" else BURST_GOALS
+
+
+def run(
+    cluster: Any, operator: Any, n: int, spaces: int, options: Options = DEFAULTS
+) -> dict[str, Any]:
+    """One size: `n` profiles over `spaces` namespaces, through the phases in order (1-5); the
+    namespaces and the operator's environment restored whatever happened."""
+    api = Api(cluster.kubeconfig)
+    stamp = f"{int(time.time()) % 100000}"
+    prefix = f"bench-s{n}-{stamp}-"
+    namespaces = [f"{prefix}{k:03d}" for k in range(spaces)]
+    items = bodies(namespaces, n)
+    out: dict[str, Any] = {"profiles": n, "namespaces": spaces, "created_by": options.create}
+    if options.create == "rest":
+        out["paced_at_per_s"] = options.rate or None  # None: as fast as the connections went
+    s = _Size(cluster, operator, api, n, stamp, prefix, namespaces, items, options, out, {})
+    before_path = _under_hook(operator, options)
+    try:
+        _apiserver_alone(s)
+        _empty(s)
+        jobs, profiles = _watches(s)
+        last = _apply(s, jobs, profiles)
+        _settled(s, jobs, profiles, last)
+        _restart(s)
+        _delete(s, jobs, profiles)
+    finally:
+        _restore(s, before_path)
+    _summary(s)
     print(f"scale {n}: {json.dumps(out)}", flush=True)
     return out
 
@@ -670,9 +762,8 @@ def main(argv: list[str]) -> None:
             dumps, trace = (
                 (args.tracemalloc, True) if args.tracemalloc else (args.malloc_info, False)
             )
-            got[str(n)] = stamped(
-                run(cluster, operator, n, m, args.py_spy, dumps, trace, args.create, args.rate)
-            )
+            options = Options(args.py_spy, dumps, trace, args.create, args.rate)
+            got[str(n)] = stamped(run(cluster, operator, n, m, options))
     finally:
         operator.stop()
         print(f"operator log: {operator.log}", flush=True)
