@@ -708,7 +708,7 @@ def parse_sizes(text: str) -> list[tuple[int, int]]:
 SIZES = "1000:10,3000:30,10000:100"
 
 
-def main(argv: list[str]) -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench scale", description=__doc__)
     parser.add_argument("--profiles", type=int)
     parser.add_argument("--namespaces", type=int)
@@ -741,7 +741,11 @@ def main(argv: list[str]) -> None:
         help="run the operator from another checkout's operator/ (a change's 'before'); "
         "its figures are printed, not written",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str]) -> None:
+    args = _parser().parse_args(argv)
     sizes = (
         [(args.profiles, args.namespaces or max(1, args.profiles // 100))]
         if args.profiles
