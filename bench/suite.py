@@ -17,6 +17,7 @@ import statistics
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -120,11 +121,12 @@ def webhook_latency(
 ) -> dict[str, Any]:
     ns = ready_profile(cluster, env, "bench-webhook")
     api = kubernetes.client.CoreV1Api(cluster.api_client())
+    at = Admission(cluster, operator, api, ns)
     # Alone (one create at a time) the figures show the webhook's own cost; at `pods`
     # concurrent creates they show it under the API server's and this machine's queueing.
     return {
-        "sequential": admit(cluster, operator, api, ns, "seq", count=20, concurrency=1),
-        "concurrent": admit(cluster, operator, api, ns, "con", count=pods, concurrency=pods),
+        "sequential": admit(at, "seq", count=20, concurrency=1),
+        "concurrent": admit(at, "con", count=pods, concurrency=pods),
     }
 
 
@@ -140,15 +142,21 @@ def bucket(q: float, before: dict[float, float], after: dict[float, float]) -> s
     return "?"
 
 
-def admit(
-    cluster: Cluster,
-    operator: Operator,
-    api: Any,
-    ns: str,
-    prefix: str,
-    count: int,
-    concurrency: int,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Admission:
+    """Where admit creates its pods: the cluster (its API server's admission histogram), the
+    operator (its log's handler times), a CoreV1Api, the namespace of the Ready profile."""
+
+    cluster: Cluster
+    operator: Operator
+    api: Any
+    ns: str
+
+
+def admit(at: Admission, prefix: str, count: int, concurrency: int) -> dict[str, Any]:
+    """`count` pods labelled for the profile, `concurrency` at a time, named prefix0, ...: the
+    webhook's time as its handler logs it, the API server's and the client's."""
+    cluster, operator, api, ns = at.cluster, at.operator, at.api, at.ns
     before, log_before = histogram(cluster), len(operator.logs().splitlines())
 
     def create(i: int) -> float:
@@ -242,6 +250,24 @@ def churn(cluster: Cluster, operator: Operator, n: int = 1000, cycles: int = 5) 
     return out
 
 
+def _storm_picture(cluster: Cluster, ns: str) -> tuple[int, int, int]:
+    """The storm's namespace as kill_storm waits for it: (Jobs, distinct (profile, model)
+    pairs among them, Jobs listed in the profiles' statuses)."""
+    jobs = json.loads(cluster.kubectl("get", "jobs", "-n", ns, "-o", "json").stdout)["items"]
+    pairs = {
+        (
+            j["metadata"]["labels"]["tunefleet.io/tuning-profile"],
+            j["metadata"]["labels"]["tunefleet.io/gpu-model"],
+        )
+        for j in jobs
+    }
+    listed = sum(
+        len((p.get("status") or {}).get("jobs") or [])
+        for p in json.loads(cluster.kubectl("get", "tp", "-n", ns, "-o", "json").stdout)["items"]
+    )
+    return len(jobs), len(pairs), listed
+
+
 def kill_storm(cluster: Cluster, operator: Operator, kills: int = 100) -> dict[str, Any]:
     """20 two-model profiles created while the operator is SIGKILLed `kills` times."""
     import random
@@ -270,26 +296,8 @@ def kill_storm(cluster: Cluster, operator: Operator, kills: int = 100) -> dict[s
     operator.kill()
     operator.start()
     start = time.perf_counter()
-
-    def picture() -> tuple[int, int, int]:
-        jobs = json.loads(cluster.kubectl("get", "jobs", "-n", ns, "-o", "json").stdout)["items"]
-        pairs = {
-            (
-                j["metadata"]["labels"]["tunefleet.io/tuning-profile"],
-                j["metadata"]["labels"]["tunefleet.io/gpu-model"],
-            )
-            for j in jobs
-        }
-        listed = sum(
-            len((p.get("status") or {}).get("jobs") or [])
-            for p in json.loads(cluster.kubectl("get", "tp", "-n", ns, "-o", "json").stdout)[
-                "items"
-            ]
-        )
-        return len(jobs), len(pairs), listed
-
     final = eventually(
-        picture,
+        lambda: _storm_picture(cluster, ns),
         lambda t: t == (40, 40, 40),
         "40 Jobs, one per pair, all listed",
         timeout=120,
