@@ -421,6 +421,138 @@ def _pod_addresses() -> str:
     return f"{net.network_address + 2}-{net.broadcast_address - 1}"
 
 
+class _RealNode:
+    """real_node's namespace on the real node: kubectl as JSON, and the model pods it makes,
+    times and counts (`burst` of them at once in a burst)."""
+
+    def __init__(self, cluster: Cluster, ns: str, burst: int) -> None:
+        self.cluster, self.ns, self.burst = cluster, ns, burst
+
+    def get(self, kind: str, name: str) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads(
+            self.cluster.kubectl("get", kind, "-n", self.ns, name, "-o", "json").stdout
+        )
+        return doc
+
+    def tune_three(self, s3: S3Settings, secret: str) -> list[float]:
+        """Three profiles applied in turn (delivered as ConfigMap, Store, ConfigMap), each
+        until Ready with its artifacts delivered: the seconds each took."""
+        from testbed.real_node import real_profile
+
+        durations = []
+        for i, delivery in enumerate(["ConfigMap", "Store", "ConfigMap"]):
+            name = f"tune{i}"
+            doc = real_profile(name, s3, secret, serving={"delivery": delivery})
+            doc["spec"]["workload"]["shapes"][0]["mnk"][0] += i  # a distinct profile each run
+            start = time.perf_counter()
+            self.cluster.kubectl("apply", "-n", self.ns, "-f", "-", input=yaml.safe_dump(doc))
+            eventually(
+                lambda name=name: self.get("tp", name),
+                lambda p: (
+                    (p.get("status") or {}).get("phase") == "Ready"
+                    and all(a.get("delivery") for a in p["status"].get("artifacts") or [])
+                ),
+                f"{name} Ready",
+                timeout=300,
+                interval=0.5,
+            )
+            durations.append(time.perf_counter() - start)
+        return durations
+
+    @staticmethod
+    def pod_doc(name: str, profile: str | None, once: bool = False) -> dict[str, Any]:
+        from testbed.real_node import model_pod
+
+        # One fake GPU each: the real node has 8, and a burst queues for them.
+        doc = model_pod(name, profile or "tune0", gpus=1)
+        if profile is None:
+            del doc["metadata"]["labels"]["tunefleet.io/profile"]
+        if not once:
+            doc["spec"]["restartPolicy"] = "Always"
+            doc["spec"]["containers"][0]["command"] = ["standin-server"]
+        return doc
+
+    def phase(self, name: str, want: str, timeout: float = 180) -> dict[str, Any]:
+        return eventually(
+            lambda: self.get("pod", name),
+            lambda p: (p.get("status") or {}).get("phase") == want,
+            f"{name} {want}",
+            timeout=timeout,
+            interval=0.1,
+        )
+
+    def start_to_running(self, name: str, profile: str | None) -> float:
+        t = time.perf_counter()
+        doc = yaml.safe_dump(self.pod_doc(name, profile))
+        self.cluster.kubectl("create", "-n", self.ns, "-f", "-", input=doc)
+        self.phase(name, "Running")
+        took = time.perf_counter() - t
+        self.cluster.kubectl("delete", "pod", "-n", self.ns, name, "--wait=false")
+        return took
+
+    def tuned(self, name: str) -> bool:
+        logs = self.cluster.kubectl("logs", "-n", self.ns, name, "-c", "server", check=False).stdout
+        return "results file(s) in" in logs
+
+    def burst_of(self, prefix: str, profile: str | None, timeout: float = 300) -> dict[str, Any]:
+        """`burst` pods at once that report what they got and end (so that all of them get
+        one of the node's 8 fake GPUs in turn)."""
+        names = [f"{prefix}-{i}" for i in range(self.burst)]
+        t = time.perf_counter()
+        docs = "\n---\n".join(yaml.safe_dump(self.pod_doc(n, profile, once=True)) for n in names)
+        self.cluster.kubectl("create", "-n", self.ns, "-f", "-", input=docs)
+        for n in names:
+            self.phase(n, "Succeeded", timeout)
+        took = time.perf_counter() - t
+        started_tuned = sum(self.tuned(n) for n in names)
+        self.cluster.kubectl("delete", "pod", "-n", self.ns, *names, "--wait=false")
+        return {"pods": self.burst, "all_done_s": round(took, 1), "started_tuned": started_tuned}
+
+
+# real_node's arms: a pod with no profile (the baseline), one served by a ConfigMap, one that
+# fetches from the store.
+REAL_ARMS: dict[str, str | None] = {"none": None, "configmap": "tune0", "store": "tune1"}
+
+
+def _store_reachable(
+    node: _RealNode, runs: int, counter: S3FromPods
+) -> tuple[dict[str, list[float]], dict[str, float], dict[str, Any]]:
+    """Start-up `runs` times per arm, interleaved, then a burst each way counting the S3
+    connections pods opened; (times, their medians, the bursts)."""
+    arms = REAL_ARMS
+    times: dict[str, list[float]] = {arm: [] for arm in arms}
+    for i in range(runs):
+        for arm, prof in arms.items():
+            times[arm].append(node.start_to_running(f"{arm}-{i}", prof))
+    medians = {arm: statistics.median(ts) for arm, ts in times.items()}
+    bursts = {}
+    for arm in ("configmap", "store"):
+        before = counter.connections()
+        bursts[arm] = node.burst_of(f"burst-{arm}", arms[arm])
+        bursts[arm]["s3_connections_from_pods"] = counter.connections() - before
+    return times, medians, bursts
+
+
+def _store_unreachable(node: _RealNode, runs: int) -> dict[str, Any]:
+    """With pods' connections to the store dropped: start-up `runs` times with no profile and
+    with a ConfigMap, then a burst of each delivering arm."""
+    arms = REAL_ARMS
+    down: dict[str, list[float]] = {"none": [], "configmap": []}
+    for i in range(runs):
+        for arm in down:
+            down[arm].append(node.start_to_running(f"down-{arm}-{i}", arms[arm]))
+    down_medians = {arm: statistics.median(ts) for arm, ts in down.items()}
+    outage: dict[str, Any] = {
+        "create_to_running_s_median": {a: round(m, 2) for a, m in down_medians.items()},
+        "configmap_ratio_to_no_profile": round(down_medians["configmap"] / down_medians["none"], 2),
+    }
+    outage |= {
+        f"burst_{arm}": node.burst_of(f"down-burst-{arm}", arms[arm], timeout=900)
+        for arm in ("configmap", "store")
+    }
+    return outage
+
+
 def real_node(cluster: Cluster, s3: S3Settings, runs: int = 10, burst: int = 20) -> dict[str, Any]:
     """On the real node, with the operator as the chart's Deployment: a tuning Job's duration
     (stand-in image), then model pod start-up (create to Running) three ways, interleaved,
@@ -432,7 +564,6 @@ def real_node(cluster: Cluster, s3: S3Settings, runs: int = 10, burst: int = 20)
 
     from testbed.cluster import ensure_images
     from testbed.operator import SERVING_SECRET, create_s3_secret, install_in_cluster
-    from testbed.real_node import model_pod, real_profile
 
     ensure_images()
     deployed = install_in_cluster(cluster, s3)
@@ -443,109 +574,16 @@ def real_node(cluster: Cluster, s3: S3Settings, runs: int = 10, burst: int = 20)
     create_s3_secret(
         cluster.kubectl, ns, s3.reader_access_key, s3.reader_secret_key, SERVING_SECRET
     )
-
-    def get(kind: str, name: str) -> dict[str, Any]:
-        doc: dict[str, Any] = json.loads(
-            cluster.kubectl("get", kind, "-n", ns, name, "-o", "json").stdout
-        )
-        return doc
-
-    durations = []
-    for i, delivery in enumerate(["ConfigMap", "Store", "ConfigMap"]):
-        name = f"tune{i}"
-        doc = real_profile(name, s3, secret, serving={"delivery": delivery})
-        doc["spec"]["workload"]["shapes"][0]["mnk"][0] += i  # a distinct profile each run
-        start = time.perf_counter()
-        cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(doc))
-        eventually(
-            lambda name=name: get("tp", name),
-            lambda p: (
-                (p.get("status") or {}).get("phase") == "Ready"
-                and all(a.get("delivery") for a in p["status"].get("artifacts") or [])
-            ),
-            f"{name} Ready",
-            timeout=300,
-            interval=0.5,
-        )
-        durations.append(time.perf_counter() - start)
-    arms = {"none": None, "configmap": "tune0", "store": "tune1"}
-    assert get("tp", "tune0")["status"]["artifacts"][0]["delivery"].startswith("ConfigMap")
-
-    def pod_doc(name: str, profile: str | None, once: bool = False) -> dict[str, Any]:
-        # One fake GPU each: the real node has 8, and a burst queues for them.
-        doc = model_pod(name, profile or "tune0", gpus=1)
-        if profile is None:
-            del doc["metadata"]["labels"]["tunefleet.io/profile"]
-        if not once:
-            doc["spec"]["restartPolicy"] = "Always"
-            doc["spec"]["containers"][0]["command"] = ["standin-server"]
-        return doc
-
-    def phase(name: str, want: str, timeout: float = 180) -> dict[str, Any]:
-        return eventually(
-            lambda: get("pod", name),
-            lambda p: (p.get("status") or {}).get("phase") == want,
-            f"{name} {want}",
-            timeout=timeout,
-            interval=0.1,
-        )
-
-    def start_to_running(name: str, profile: str | None) -> float:
-        t = time.perf_counter()
-        cluster.kubectl("create", "-n", ns, "-f", "-", input=yaml.safe_dump(pod_doc(name, profile)))
-        phase(name, "Running")
-        took = time.perf_counter() - t
-        cluster.kubectl("delete", "pod", "-n", ns, name, "--wait=false")
-        return took
-
-    def tuned(name: str) -> bool:
-        logs = cluster.kubectl("logs", "-n", ns, name, "-c", "server", check=False).stdout
-        return "results file(s) in" in logs
-
-    def burst_of(prefix: str, profile: str | None, timeout: float = 300) -> dict[str, Any]:
-        """`burst` pods at once that report what they got and end (so that all of them get
-        one of the node's 8 fake GPUs in turn)."""
-        names = [f"{prefix}-{i}" for i in range(burst)]
-        t = time.perf_counter()
-        docs = "\n---\n".join(yaml.safe_dump(pod_doc(n, profile, once=True)) for n in names)
-        cluster.kubectl("create", "-n", ns, "-f", "-", input=docs)
-        for n in names:
-            phase(n, "Succeeded", timeout)
-        took = time.perf_counter() - t
-        started_tuned = sum(tuned(n) for n in names)
-        cluster.kubectl("delete", "pod", "-n", ns, *names, "--wait=false")
-        return {"pods": burst, "all_done_s": round(took, 1), "started_tuned": started_tuned}
-
+    node = _RealNode(cluster, ns, burst)
+    durations = node.tune_three(s3, secret)
+    assert node.get("tp", "tune0")["status"]["artifacts"][0]["delivery"].startswith("ConfigMap")
     pod_cidr = _pod_addresses()
     endpoint = urlsplit(s3.pod_endpoint)
     counter = S3FromPods(pod_cidr, endpoint.hostname or "", endpoint.port or 80)
     try:
-        times: dict[str, list[float]] = {arm: [] for arm in arms}
-        for i in range(runs):
-            for arm, prof in arms.items():
-                times[arm].append(start_to_running(f"{arm}-{i}", prof))
-        medians = {arm: statistics.median(ts) for arm, ts in times.items()}
-        bursts = {}
-        for arm in ("configmap", "store"):
-            before = counter.connections()
-            bursts[arm] = burst_of(f"burst-{arm}", arms[arm])
-            bursts[arm]["s3_connections_from_pods"] = counter.connections() - before
+        times, medians, bursts = _store_reachable(node, runs, counter)
         counter.block()
-        down: dict[str, list[float]] = {"none": [], "configmap": []}
-        for i in range(runs):
-            for arm in down:
-                down[arm].append(start_to_running(f"down-{arm}-{i}", arms[arm]))
-        down_medians = {arm: statistics.median(ts) for arm, ts in down.items()}
-        outage: dict[str, Any] = {
-            "create_to_running_s_median": {a: round(m, 2) for a, m in down_medians.items()},
-            "configmap_ratio_to_no_profile": round(
-                down_medians["configmap"] / down_medians["none"], 2
-            ),
-        }
-        outage |= {
-            f"burst_{arm}": burst_of(f"down-burst-{arm}", arms[arm], timeout=900)
-            for arm in ("configmap", "store")
-        }
+        outage = _store_unreachable(node, runs)
     finally:
         counter.close()
         deployed.uninstall()
