@@ -17,6 +17,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -614,137 +615,184 @@ PARTS = ROUTINES  # what each routine measures (bench/routines.py)
 OPERATOR_PARTS = ("scale", "storm", "churn", "webhook")
 
 
-def run_parts(only: list[str], options: dict[str, Any]) -> None:
-    """Run the parts in order, merge their stamped figures into results.json, write both."""
+class _Steps:
+    """The progress lines of a run of `total` parts: each part's start, numbered, and its end
+    with its time and the run's."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self._step = iter(range(1, total + 1))
+        self._started = time.monotonic()
+
+    def begin(self, part: str) -> float:
+        progress(part, f"[{next(self._step)}/{self.total}] started: {PARTS[part]}")
+        return time.monotonic()
+
+    def done(self, part: str, since: float) -> None:
+        took = time.monotonic() - since
+        progress(part, f"done in {took:.0f} s ({time.monotonic() - self._started:.0f} s in all)")
+
+
+@dataclass(frozen=True)
+class _Bench:
+    """What the parts share: the cluster, the store (and its env), the command line's options,
+    the results they merge their figures into, and the operator process the OPERATOR_PARTS
+    run against (None when none of them runs)."""
+
+    cluster: Cluster
+    s3: S3Settings
+    env: dict[str, str]
+    options: dict[str, Any]
+    results: dict[str, Any]
+    operator: Operator | None
+
+    def op(self) -> Operator:
+        assert self.operator is not None
+        return self.operator
+
+
+def _scale(b: _Bench) -> None:
     from bench import bench_scale
 
+    operator = b.op()
+    b.results.pop("scale_1000_profiles", None)
+    sizes = bench_scale.parse_sizes(bench_scale.SIZES)
+    b.results["scale"] = {}
+    for i, (n, m) in enumerate(sizes, start=1):
+        progress("scale", f"size {i}/{len(sizes)}: {n} profiles over {m} namespaces")
+        b.results["scale"][str(n)] = stamped(bench_scale.run(b.cluster, operator, n, m))
+
+
+def _storm(b: _Bench) -> None:
+    b.results["kill_storm"] = stamped(kill_storm(b.cluster, b.op(), b.options["kills"]))
+
+
+def _churn(b: _Bench) -> None:
+    figures = churn(b.cluster, b.op(), b.options["churn_profiles"], b.options["cycles"])
+    b.results["churn_create_delete"] = stamped(figures)
+
+
+def _webhook(b: _Bench) -> None:
+    b.results["webhook"] = stamped(webhook_latency(b.cluster, b.op(), b.env))
+    progress("webhook", "latency done; now the cost ratio (3 runs)")
+    b.results["webhook_cost_ratio"] = stamped(webhook_ratio(b.cluster, b.op(), b.env))
+
+
+def _library(b: _Bench) -> None:
+    from bench import bench_library
+
+    b.results["library"] = stamped(bench_library.run(b.s3))
+
+
+def _artifacts(b: _Bench) -> None:
+    b.results["artifacts"] = stamped(artifacts(b.s3, b.options["runs"]))
+
+
+def _gc(b: _Bench) -> None:
+    from bench import bench_gc
+
+    b.results["gc_10000_objects"] = stamped(bench_gc.run(b.s3))
+
+
+def _real(b: _Bench) -> None:
+    b.results["real_node"] = stamped(real_node(b.cluster, b.s3))
+
+
+def _nodemap(b: _Bench) -> None:
+    from bench import bench_nodemap
+
+    b.results["node_map_10000_nodes"] = stamped(bench_nodemap.run(b.options["nodes"]))
+
+
+def _metrics(b: _Bench) -> None:
+    from bench import bench_metrics
+
+    b.results["metrics_scrape_10000_profiles"] = stamped(bench_metrics.run())
+
+
+def _capture(b: _Bench) -> None:
+    from bench import bench_capture
+
+    b.results["capture"] = stamped(bench_capture.run(loop=b.options["loop"]))
+
+
+def _bundles(b: _Bench) -> None:
+    from bench import bench_bundles
+
+    figures = bench_bundles.run(b.cluster, b.s3, b.options["bundle_pods"])
+    b.results["bundles_torch_compile"] = stamped(figures)
+
+
+def _vllm(b: _Bench) -> None:
+    from bench import bench_vllm
+
+    figures = bench_vllm.run(b.cluster, b.s3, b.options["vllm_pods"])
+    b.results["bundles_vllm"] = stamped(figures)
+
+
+def _large(b: _Bench) -> None:
+    from bench import bench_large
+
+    o = b.options
+    figures = bench_large.run(b.cluster, b.s3, o["large_pods"], o["large_volume_pods"])
+    b.results["bundles_large"] = stamped(figures)
+
+
+def _fleet(b: _Bench) -> None:
+    from bench import bench_fleet
+
+    b.results["fleet_two_clusters"] = stamped(bench_fleet.run(b.cluster, b.s3))
+
+
+def _oci(b: _Bench) -> None:
+    from bench import bench_oci
+
+    figures = bench_oci.run(b.cluster, b.s3, b.options["oci_pods"], b.options["oci_rounds"])
+    b.results["oci_delivery"] = stamped(figures)
+
+
+# Each part's runner, in the order a run takes them: the operator's parts first (it is
+# stopped after them), then the rest. The order is the one run_parts has always taken (fleet
+# before oci, unlike ROUTINES), so the progress lines' numbering is what it was.
+WITH_OPERATOR: dict[str, Callable[[_Bench], None]] = {
+    "scale": _scale, "storm": _storm, "churn": _churn, "webhook": _webhook,
+}  # fmt: skip
+WITHOUT_OPERATOR: dict[str, Callable[[_Bench], None]] = {
+    "library": _library, "artifacts": _artifacts, "gc": _gc, "real": _real,
+    "nodemap": _nodemap, "metrics": _metrics, "capture": _capture, "bundles": _bundles,
+    "vllm": _vllm, "large": _large, "fleet": _fleet, "oci": _oci,
+}  # fmt: skip
+
+
+def _each(
+    runners: dict[str, Callable[[_Bench], None]], only: list[str], b: _Bench, steps: _Steps
+) -> None:
+    for part, runner in runners.items():
+        if part in only:
+            t = steps.begin(part)
+            runner(b)
+            steps.done(part, t)
+
+
+def run_parts(only: list[str], options: dict[str, Any]) -> None:
+    """Run the parts in order, merge their stamped figures into results.json, write both."""
     cluster, s3 = ensure_cluster(), ensure_s3()
     env = s3.env()
     results = load()
-    total = len(only)
-    step = iter(range(1, total + 1))
-    started = time.monotonic()
-
-    def begin(part: str) -> float:
-        progress(part, f"[{next(step)}/{total}] started: {PARTS[part]}")
-        return time.monotonic()
-
-    def done(part: str, since: float) -> None:
-        took = time.monotonic() - since
-        progress(part, f"done in {took:.0f} s ({time.monotonic() - started:.0f} s in all)")
-
+    steps = _Steps(len(only))
     operator = None
     if any(p in OPERATOR_PARTS for p in only):
         progress("bench", "installing the operator (a process here, the chart's identity)")
         operator = install(cluster, s3.endpoint)
         assert operator.proc is not None
+    b = _Bench(cluster, s3, env, options, results, operator)
     try:
-        if "scale" in only:
-            assert operator is not None
-            t = begin("scale")
-            results.pop("scale_1000_profiles", None)
-            sizes = bench_scale.parse_sizes(bench_scale.SIZES)
-            results["scale"] = {}
-            for i, (n, m) in enumerate(sizes, start=1):
-                progress("scale", f"size {i}/{len(sizes)}: {n} profiles over {m} namespaces")
-                results["scale"][str(n)] = stamped(bench_scale.run(cluster, operator, n, m))
-            done("scale", t)
-        if "storm" in only:
-            assert operator is not None
-            t = begin("storm")
-            results["kill_storm"] = stamped(kill_storm(cluster, operator, options["kills"]))
-            done("storm", t)
-        if "churn" in only:
-            assert operator is not None
-            t = begin("churn")
-            figures = churn(cluster, operator, options["churn_profiles"], options["cycles"])
-            results["churn_create_delete"] = stamped(figures)
-            done("churn", t)
-        if "webhook" in only:
-            assert operator is not None
-            t = begin("webhook")
-            results["webhook"] = stamped(webhook_latency(cluster, operator, env))
-            progress("webhook", "latency done; now the cost ratio (3 runs)")
-            results["webhook_cost_ratio"] = stamped(webhook_ratio(cluster, operator, env))
-            done("webhook", t)
+        _each(WITH_OPERATOR, only, b, steps)
     finally:
         if operator is not None:
             operator.stop()
     try:
-        if "library" in only:
-            from bench import bench_library
-
-            t = begin("library")
-            results["library"] = stamped(bench_library.run(s3))
-            done("library", t)
-        if "artifacts" in only:
-            t = begin("artifacts")
-            results["artifacts"] = stamped(artifacts(s3, options["runs"]))
-            done("artifacts", t)
-        if "gc" in only:
-            from bench import bench_gc
-
-            t = begin("gc")
-            results["gc_10000_objects"] = stamped(bench_gc.run(s3))
-            done("gc", t)
-        if "real" in only:
-            t = begin("real")
-            results["real_node"] = stamped(real_node(cluster, s3))
-            done("real", t)
-        if "nodemap" in only:
-            from bench import bench_nodemap
-
-            t = begin("nodemap")
-            results["node_map_10000_nodes"] = stamped(bench_nodemap.run(options["nodes"]))
-            done("nodemap", t)
-        if "metrics" in only:
-            from bench import bench_metrics
-
-            t = begin("metrics")
-            results["metrics_scrape_10000_profiles"] = stamped(bench_metrics.run())
-            done("metrics", t)
-        if "capture" in only:
-            from bench import bench_capture
-
-            t = begin("capture")
-            results["capture"] = stamped(bench_capture.run(loop=options["loop"]))
-            done("capture", t)
-        if "bundles" in only:
-            from bench import bench_bundles
-
-            t = begin("bundles")
-            figures = bench_bundles.run(cluster, s3, options["bundle_pods"])
-            results["bundles_torch_compile"] = stamped(figures)
-            done("bundles", t)
-        if "vllm" in only:
-            from bench import bench_vllm
-
-            t = begin("vllm")
-            figures = bench_vllm.run(cluster, s3, options["vllm_pods"])
-            results["bundles_vllm"] = stamped(figures)
-            done("vllm", t)
-        if "large" in only:
-            from bench import bench_large
-
-            t = begin("large")
-            figures = bench_large.run(
-                cluster, s3, options["large_pods"], options["large_volume_pods"]
-            )
-            results["bundles_large"] = stamped(figures)
-            done("large", t)
-        if "fleet" in only:
-            from bench import bench_fleet
-
-            t = begin("fleet")
-            results["fleet_two_clusters"] = stamped(bench_fleet.run(cluster, s3))
-            done("fleet", t)
-        if "oci" in only:
-            from bench import bench_oci
-
-            t = begin("oci")
-            figures = bench_oci.run(cluster, s3, options["oci_pods"], options["oci_rounds"])
-            results["oci_delivery"] = stamped(figures)
-            done("oci", t)
+        _each(WITHOUT_OPERATOR, only, b, steps)
     finally:
         for ns in CREATED:
             cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
