@@ -19,7 +19,9 @@
 - no product function (operator, tuner) is longer than 60 lines: a longer one does several
   jobs, and each job wants its own name;
 - no product function takes more than 6 parameters (self aside): past that, some of them
-  travel together and want a value object's name (tuner_job's ArtifactId, RunFacts).
+  travel together and want a value object's name (tuner_job's ArtifactId, RunFacts);
+- the benchmarks (bench/) keep the same two rules: they run for an hour against a live
+  cluster, so they are read far more often than they are run (bench_scale's Options).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import tuner_job
 ROOT = Path(__file__).resolve().parents[2]
 OPERATOR = ROOT / "operator" / "tunefleet"
 TUNER = ROOT / "tuner_job"
+BENCH = ROOT / "bench"
 TESTS = ROOT / "tests"
 
 
@@ -160,7 +163,7 @@ def test_no_import_circle_in_tunefleet() -> None:
 PACKAGES = {
     "tunefleet": OPERATOR,
     "tuner_job": TUNER,
-    "bench": ROOT / "bench",
+    "bench": BENCH,
     "testbed": ROOT / "testbed",
     "tests": TESTS,
     "hack": ROOT / "hack",
@@ -363,6 +366,10 @@ Function = ast.FunctionDef | ast.AsyncFunctionDef
 
 def product_paths() -> list[Path]:
     return sorted([*OPERATOR.rglob("*.py"), *TUNER.rglob("*.py")])
+
+
+def bench_paths() -> list[Path]:
+    return sorted(BENCH.rglob("*.py"))
 
 
 def over(paths: list[Path], measure: Callable[[Function], int], limit: int) -> list[str]:
@@ -689,3 +696,18 @@ def test_the_pure_step_rule_catches_one(tmp_path: Path) -> None:
     bad = tmp_path / "decide.py"
     bad.write_text("from tunefleet.storage.store import Store\n")
     assert io_imports(bad)
+
+
+def test_no_bench_function_is_over_60_lines() -> None:
+    found = over(bench_paths(), lines, MAX_FUNCTION_LINES)
+    assert not found, "split at its seams (lines):\n" + "\n".join(found)
+    # The rule can fail: the paths are the benchmarks, the longest of them over a lower limit.
+    assert BENCH / "suite.py" in bench_paths()
+    assert over(bench_paths(), lines, 40)
+
+
+def test_no_bench_function_takes_more_than_6_parameters() -> None:
+    found = over(bench_paths(), parameters, MAX_PARAMETERS)
+    note = "give the parameters that travel together a value object:\n"
+    assert not found, note + "\n".join(found)
+    assert over(bench_paths(), parameters, 5)
