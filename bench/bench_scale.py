@@ -451,7 +451,7 @@ class _Size:
 def _under_hook(operator: Any, options: Options) -> str | None:
     """--tracemalloc DIR (or --malloc-info): the operator's environment loads the snapshot
     hook, and tracemalloc when `trace`; returns its PYTHONPATH before, for _restore."""
-    before_path = operator.env.get("PYTHONPATH")
+    before_path: str | None = operator.env.get("PYTHONPATH")
     tracemalloc = options.tracemalloc
     if tracemalloc is not None:
         tracemalloc.mkdir(parents=True, exist_ok=True)
