@@ -18,7 +18,8 @@ from tunefleet import naming
 from tunefleet.artifacts.publish import upload_artifact
 from tunefleet.contracts import fleet as contract
 from tunefleet.contracts.artifact import ArtifactRecord
-from tunefleet.fleet import adopt, claims
+from tunefleet.fleet import adopt
+from tunefleet.reconciler import apply
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.s3 import S3Store
 from tuner_job.manifest import ImageRef
@@ -78,15 +79,15 @@ def test_claims_raced_by_holders_in_many_clusters_have_one_winner_and_expire(
     key = f"{prefix}/_fleet/{MODEL}/{ident}/claim.json"
     holders = [replace(A, cluster=f"{i:08d}-0000-4000-8000-000000000000") for i in range(5)]
     stores = [store_at(s3, prefix) for _ in holders]
-    won = race(5, lambda i: claims.claim(stores[i], key, ident, holders[i], 1000.0, 600.0).held)
+    won = race(5, lambda i: apply.swap_claim(stores[i], key, ident, holders[i], 1000.0, 600.0).held)
     assert len(won) == 1
     other = (won[0] + 1) % 5
-    waiting = claims.claim(stores[other], key, ident, holders[other], 1300.0, 600.0)
+    waiting = apply.swap_claim(stores[other], key, ident, holders[other], 1300.0, 600.0)
     assert not waiting.held and waiting.claim.holder == holders[won[0]]
-    renewed = claims.claim(stores[won[0]], key, ident, holders[won[0]], 1400.0, 600.0)
+    renewed = apply.swap_claim(stores[won[0]], key, ident, holders[won[0]], 1400.0, 600.0)
     assert renewed.held and renewed.claim.expires == 2000.0
     # The holder stops renewing (its cluster died): taken over once expired, by one of many.
-    late = race(4, lambda i: claims.claim(stores[i], key, ident, holders[i], 2000.0, 600.0).held
+    late = race(4, lambda i: apply.swap_claim(stores[i], key, ident, holders[i], 2000.0, 600.0).held
                 if i != won[0] else False)  # fmt: skip
     assert len(late) == 1
 
@@ -110,9 +111,9 @@ def test_an_entry_in_s3_is_verified_before_adoption_and_refused_once_tampered(
     ).for_job(gpu_model=MODEL, revision=naming.revision(spec), job="tune-1", image_id="")
     key = contract.published_key(location, MODEL, ident)
     entry = adopt.entry_for(record, ident, A, "2026-12-05T00:00:00Z")
-    assert adopt.publish(store, key, entry, spec, ())
+    assert apply.publish_entry(store, key, entry, spec, ())
     later = replace(entry, published_at="later")
-    assert not adopt.publish(store, key, later, spec, ())  # a good entry stays
+    assert not apply.publish_entry(store, key, later, spec, ())  # a good entry stays
 
     found = adopt.read(store_at(s3, prefix), key, ident, MODEL)
     assert found is not None and found.record.sha256 == record.sha256

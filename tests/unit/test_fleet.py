@@ -26,6 +26,7 @@ from tunefleet.contracts import fleet as contract
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.fleet import claims
 from tunefleet.fleet.claims import Step
+from tunefleet.reconciler import apply
 from tunefleet.reconciler.memory import Memory
 from tunefleet.reconciler.reconcile import Around, sync_profile
 from tunefleet.storage import s3
@@ -180,17 +181,17 @@ def test_a_claim_is_taken_held_renewed_waited_on_and_taken_over_after_expiry(
 ) -> None:
     store = dir_store(tmp_path)
     key = "fleet/_fleet/M/" + IDENT + "/claim.json"
-    taken = claims.claim(store, key, IDENT, ME, 1000.0, 600.0)
+    taken = apply.swap_claim(store, key, IDENT, ME, 1000.0, 600.0)
     assert taken.held and taken.claim.expires == 1600.0
-    assert claims.claim(store, key, IDENT, ME, 1100.0, 600.0).claim.expires == 1600.0  # held
-    renewed = claims.claim(store, key, IDENT, ME, 1400.0, 600.0)
+    assert apply.swap_claim(store, key, IDENT, ME, 1100.0, 600.0).claim.expires == 1600.0  # held
+    renewed = apply.swap_claim(store, key, IDENT, ME, 1400.0, 600.0)
     assert renewed.held and renewed.claim.expires == 2000.0 and renewed.claim.taken == 1000.0
-    waiting = claims.claim(store, key, IDENT, THEM, 1500.0, 600.0)
+    waiting = apply.swap_claim(store, key, IDENT, THEM, 1500.0, 600.0)
     assert not waiting.held and waiting.claim.holder == ME
     assert "ml/p in cluster " + CLUSTER_A in waiting.waiting_words(1500.0)
-    over = claims.claim(store, key, IDENT, THEM, 2000.0, 600.0)  # ME died: expired
+    over = apply.swap_claim(store, key, IDENT, THEM, 2000.0, 600.0)  # ME died: expired
     assert over.held and over.claim.holder == THEM
-    assert not claims.claim(store, key, IDENT, ME, 2001.0, 600.0).held  # ME is back: waits
+    assert not apply.swap_claim(store, key, IDENT, ME, 2001.0, 600.0).held  # ME is back: waits
 
 
 def test_a_released_claim_is_taken_at_once_and_only_its_holder_releases_it(
@@ -198,10 +199,10 @@ def test_a_released_claim_is_taken_at_once_and_only_its_holder_releases_it(
 ) -> None:
     store = dir_store(tmp_path)
     key = "k/claim.json"
-    claims.claim(store, key, IDENT, ME, 1000.0, 600.0)
-    assert not claims.release(store, key, IDENT, THEM, 1010.0)  # not theirs to release
-    assert claims.release(store, key, IDENT, ME, 1010.0)
-    assert claims.claim(store, key, IDENT, THEM, 1011.0, 600.0).held
+    apply.swap_claim(store, key, IDENT, ME, 1000.0, 600.0)
+    assert not apply.swap_release(store, key, IDENT, THEM, 1010.0)  # not theirs to release
+    assert apply.swap_release(store, key, IDENT, ME, 1010.0)
+    assert apply.swap_claim(store, key, IDENT, THEM, 1011.0, 600.0).held
 
 
 def test_of_many_profiles_claiming_at_once_exactly_one_holds(tmp_path: Path) -> None:
@@ -212,7 +213,7 @@ def test_of_many_profiles_claiming_at_once_exactly_one_holds(tmp_path: Path) -> 
 
     def go(h: contract.Holder) -> None:
         barrier.wait()
-        if claims.claim(store, "k/claim.json", IDENT, h, 1000.0, 600.0).held:
+        if apply.swap_claim(store, "k/claim.json", IDENT, h, 1000.0, 600.0).held:
             held.append(h)
 
     threads = [threading.Thread(target=go, args=(h,)) for h in holders]
@@ -615,7 +616,7 @@ def test_a_claim_too_large_to_be_one_is_taken_over_within_one_pass(
     # Even one that says it is live: a claim no cluster could write is never obeyed.
     big = _padded(contract.Claim(IDENT, THEM, 900.0, 1500.0).to_bytes(), ODD)
     assert len(big) == ODD and store.create(key, big, "application/json")
-    taken = claims.claim(store, key, IDENT, ME, 1000.0, 600.0)
+    taken = apply.swap_claim(store, key, IDENT, ME, 1000.0, 600.0)
     assert taken.held and taken.claim.holder == ME
     assert contract.Claim.from_bytes(store.get(key, contract.MAX_BYTES), IDENT) == taken.claim
     assert f"{ODD} bytes" in caplog.text and "taken over" in caplog.text
@@ -626,7 +627,7 @@ def test_a_claim_that_is_not_json_is_taken_over_saying_what_was_there(
 ) -> None:
     store = dir_store(tmp_path)
     assert store.create("k/claim.json", b"\xff\xfe not json", "application/json")
-    assert claims.claim(store, "k/claim.json", IDENT, ME, 1000.0, 600.0).held
+    assert apply.swap_claim(store, "k/claim.json", IDENT, ME, 1000.0, 600.0).held
     assert "not JSON" in caplog.text and "taken over" in caplog.text
 
 
@@ -651,7 +652,7 @@ def test_of_two_clusters_taking_over_an_oversized_claim_at_once_exactly_one_wins
     standings: dict[str, claims.Standing] = {}
 
     def go(h: contract.Holder) -> None:
-        standings[h.uid] = claims.claim(store, "k/claim.json", IDENT, h, 1000.0, 600.0)
+        standings[h.uid] = apply.swap_claim(store, "k/claim.json", IDENT, h, 1000.0, 600.0)
 
     threads = [threading.Thread(target=go, args=(h,)) for h in (ME, THEM)]
     for t in threads:

@@ -33,6 +33,7 @@ from tunefleet.contracts.fleet import (
 )
 from tunefleet.fleet import adopt, bids, coordinate
 from tunefleet.fleet.bids import Move
+from tunefleet.reconciler import apply
 from tunefleet.reconciler.memory import Memory
 from tunefleet.reconciler.reconcile import Around, sync_profile
 from tunefleet.storage import oci
@@ -168,7 +169,7 @@ def _simulate(
         ticks = iter((clock + read, clock + read + latency))
         times = (clock, TTL, window[i])
         try:
-            got = bids.claim(
+            got = apply.bid(
                 board, GROUP, IDENTITY, who[i], times, bids.Reader(ticks.__next__, sight[i])
             )
         except StoreError:
@@ -216,19 +217,19 @@ def test_a_60s_bid_written_slowly_does_not_take_the_claim_a_1s_bid_settled() -> 
     board = Board(now=0.0, latency=10.0)
     slow = bids.Sightings()
     ticks = iter((0.0, 10.0))
-    assert bids.claim(
+    assert apply.bid(
         board, GROUP, IDENTITY, A, (0.0, TTL, 60.0), bids.Reader(ticks.__next__, slow)
     ).settling
     board.now, board.latency = 2.0, 0.1
     fast = bids.Sightings()
     ticks = iter((2.0, 2.1))
-    assert bids.claim(
+    assert apply.bid(
         board, GROUP, IDENTITY, C, (2.0, TTL, 1.0), bids.Reader(ticks.__next__, fast)
     ).settling
     board.now = 3.1  # A's bid shows at 10 (written then), not yet
-    assert bids.claim(board, GROUP, IDENTITY, C, (3.1, TTL, 1.0), bids.Reader(seen=fast)).held
+    assert apply.bid(board, GROUP, IDENTITY, C, (3.1, TTL, 1.0), bids.Reader(seen=fast)).held
     board.now = 61.0
-    waits = bids.claim(board, GROUP, IDENTITY, A, (61.0, TTL, 60.0), bids.Reader(seen=slow))
+    waits = apply.bid(board, GROUP, IDENTITY, A, (61.0, TTL, 60.0), bids.Reader(seen=slow))
     assert not waits.held and waits.claim.holder == C
 
 
@@ -237,7 +238,7 @@ def test_a_bid_already_standing_at_the_first_look_is_obeyed_but_jumps_no_later_b
     board.post(GROUP, bids.member(B), bid(B, 0.0, 7300.0).to_bytes())  # held two hours
     board.now = 7200.0
     seen = bids.Sightings()
-    waits = bids.claim(board, GROUP, IDENTITY, A, (7200.0, TTL, SETTLE), bids.Reader(seen=seen))
+    waits = apply.bid(board, GROUP, IDENTITY, A, (7200.0, TTL, SETTLE), bids.Reader(seen=seen))
     assert not waits.held and waits.claim.holder == B
     # Seen first at 7200 with `taken` 0: it queues no earlier than 7200 - the bound, behind
     # a bid taken since (here C's, 10 s before our look).
@@ -278,24 +279,24 @@ def test_a_bid_carries_its_window_and_one_of_the_last_release_stood_for_the_defa
 def test_a_waiting_bidder_takes_its_bid_down_and_a_release_ends_the_claim() -> None:
     board = Board(now=0.0, latency=1.0)  # A's bid shows at 1.0: B, at 0.5, bids too
     clock = iter((0.0, 1.0))
-    first = bids.claim(
+    first = apply.bid(
         board, GROUP, IDENTITY, A, (0.0, TTL, SETTLE), bids.Reader(lambda: next(clock))
     )
     assert not first.held and first.settling == SETTLE
     board.now, board.latency = 0.5, 0.0
     clock = iter((0.5, 0.5))
-    assert bids.claim(
+    assert apply.bid(
         board, GROUP, IDENTITY, B, (0.5, TTL, SETTLE), bids.Reader(lambda: next(clock))
     ).settling
     board.now = 6.0
-    assert bids.claim(board, GROUP, IDENTITY, A, (6.0, TTL, SETTLE)).held
-    waits = bids.claim(board, GROUP, IDENTITY, B, (6.5, TTL, SETTLE))
+    assert apply.bid(board, GROUP, IDENTITY, A, (6.0, TTL, SETTLE)).held
+    waits = apply.bid(board, GROUP, IDENTITY, B, (6.5, TTL, SETTLE))
     assert not waits.held and waits.claim.holder == A and waits.settling == 0
     assert "TuningProfile ml/a" in waits.waiting_words(6.5)
     board.now = 7.0
     notes = [Claim.from_bytes(n, IDENTITY) for n in board.notes(GROUP, 1 << 14)]
     assert notes == [replace(bid(A, 0.0), settle=SETTLE)]
-    coordinate.give_back(board, GROUP, IDENTITY, A, 8.0)  # type: ignore[arg-type]
+    apply.give_back(board, GROUP, IDENTITY, A, 8.0)  # type: ignore[arg-type]
     board.now = 9.0
     assert board.notes(GROUP, 1 << 14) == []
 
@@ -304,7 +305,7 @@ def test_a_bid_whose_write_was_slow_is_taken_down() -> None:
     board = Board(now=0.0, latency=3.0)
     clock = iter((0.0, 3.0))
     with pytest.raises(StoreError, match="over half"):
-        bids.claim(board, GROUP, IDENTITY, A, (0.0, TTL, SETTLE), bids.Reader(lambda: next(clock)))
+        apply.bid(board, GROUP, IDENTITY, A, (0.0, TTL, SETTLE), bids.Reader(lambda: next(clock)))
     board.now = 10.0
     assert board.notes(GROUP, 1 << 14) == []
 
@@ -314,7 +315,7 @@ def test_notes_that_are_not_bids_on_the_identity_are_not_obeyed() -> None:
     board.post(GROUP, "x", b"not json")
     board.post(GROUP, "y", Claim("b" * 64, B, 0.0, TTL).to_bytes())
     board.now = 1.0
-    assert bids.claim(board, GROUP, IDENTITY, A, (1.0, TTL, SETTLE)).settling == SETTLE
+    assert apply.bid(board, GROUP, IDENTITY, A, (1.0, TTL, SETTLE)).settling == SETTLE
 
 
 # --- the reconcile on a store that has a board and no swap (oci://'s contract) ---------------
@@ -452,7 +453,7 @@ def test_a_bid_standing_when_the_entry_is_published_is_taken_down_as_the_profile
     assert ident is not None
     them = Holder("cluster-a", "ml", "p", "uid-p")
     entry = adopt.entry_for(record, ident, them, "2026-12-06T00:00:00Z")
-    assert adopt.publish(board, published_key(LOCATION, MODEL, ident), entry, spec, ())  # type: ignore[arg-type]
+    assert apply.publish_entry(board, published_key(LOCATION, MODEL, ident), entry, spec, ())  # type: ignore[arg-type]
 
     around = Around(FakeKube(writers=RECONCILE_WRITERS), open_store=lambda loc, opts: board)
     again = sync_profile({**q, "status": first.status}, [], [], config, memory, around)

@@ -526,7 +526,7 @@ GENERATED_WRITE = ("create_namespaced_", "patch_namespaced_", "delete_namespaced
 # reconciler/apply.py's alone.
 RECONCILE_PATH = [
     "reconciler", "capture/step.py", "capture/loop.py", "capture/keys.py", "serving",
-    "informers",
+    "informers", "fleet",
 ]  # fmt: skip
 
 

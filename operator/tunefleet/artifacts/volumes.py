@@ -62,7 +62,9 @@ class Verdicts:
                 return None
             return got[1]
 
-    def remember(self, digest: str, public_key: str, required: bool, verdict: VolumeVerdict) -> None:
+    def remember(
+        self, digest: str, public_key: str, required: bool, verdict: VolumeVerdict
+    ) -> None:
         with self._lock:
             now = self._clock()
             self._kept = {k: v for k, v in self._kept.items() if now - v[0] <= self._ttl}

@@ -20,7 +20,7 @@ from tunefleet.api import StorageSpec, TuningProfileSpec
 from tunefleet.artifacts import fit, ocibundle, signing
 from tunefleet.artifacts.fetch import FetchError, Pinned, Signature, download_verified
 from tunefleet.contracts.artifact import ArtifactRecord
-from tunefleet.contracts.fleet import MAX_BYTES, Holder, Published, odd
+from tunefleet.contracts.fleet import MAX_BYTES, Holder, Published
 from tunefleet.storage.oci import OciStore
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import (
@@ -29,7 +29,6 @@ from tunefleet.storage.store import (
     Store,
     StoreError,
     TooLargeError,
-    swappable,
 )
 
 log = logging.getLogger(__name__)
@@ -146,51 +145,6 @@ def adopted(entry: Published, revision: str, now: str) -> ArtifactRecord:
         source_profile=f"{h.namespace}/{h.profile}",
         adopted_at=now,
     )
-
-
-def publish(
-    store: Store,
-    key: str,
-    entry: Published,
-    spec: TuningProfileSpec,
-    stand_in: tuple[str, ...],
-) -> bool:
-    """Publish an artifact for its identity: True if this is now the entry. An entry there
-    first stays, unless it is not adoptable (forged, or its artifact tampered with or gone):
-    then it is replaced, on the version read, so that one bad object cannot make every
-    cluster tune the identity again forever. A store with no conditional write (oci://)
-    replaces it plainly: two publishers at once (both tuned: the claim was taken over while a
-    Job ran) leave either entry, each a complete, verified artifact of the identity."""
-    swap = swappable(store)
-    if swap is None:
-        try:
-            found = read(store, key, entry.identity, entry.gpu_model)
-            if found is not None:
-                verify(found, spec, stand_in, store)
-                return False
-        except NotAdoptable:
-            pass
-        store.put(key, entry.to_bytes(), CONTENT_TYPE)
-        return True
-    if swap.create(key, entry.to_bytes(), CONTENT_TYPE):
-        return True
-    try:
-        # One over MAX_BYTES comes as its tag alone (no data): not an entry, replaced below.
-        there = swap.read_tagged(key, MAX_BYTES)
-    except NotFoundError:
-        return swap.create(key, entry.to_bytes(), CONTENT_TYPE)
-    found = Published.from_bytes(there.data, entry.identity, entry.gpu_model)
-    try:
-        if found is None:
-            what = "an entry for this identity and GPU model"
-            raise NotAdoptable(f"it held {odd(there.data, there.oversize, what)}")
-        verify(found, spec, stand_in, store)
-    except NotAdoptable as e:
-        replaced = swap.replace_if(key, entry.to_bytes(), CONTENT_TYPE, there.tag)
-        if replaced:
-            log.warning(f"{store.uri(key)}: {e}; replaced by artifact {entry.record.sha256[:12]}")
-        return replaced
-    return False
 
 
 def entry_for(record: ArtifactRecord, identity: str, holder: Holder, now: str) -> Published:

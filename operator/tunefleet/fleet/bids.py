@@ -52,8 +52,7 @@ from tunefleet.contracts.fleet import (
     Claim,
     Holder,
 )
-from tunefleet.fleet.claims import Standing
-from tunefleet.storage.store import Board, StoreError
+from tunefleet.storage.store import Board
 
 # How far before this operator's look at a board a bid's `taken` may be: a bid is written in
 # under half its window (MAX_SETTLE_SECONDS / 2 at most, or taken down) and clocks are kept
@@ -163,54 +162,6 @@ class Reader:
 
     clock: Callable[[], float] = time.time
     seen: Sightings = SIGHTINGS
-
-
-def claim(
-    board: Board,
-    group: str,
-    identity: str,
-    me: Holder,
-    times: tuple[float, float, float],
-    reader: Reader = Reader(),
-) -> Standing:
-    """Bid, settle, hold, renew or wait on the identity's board `group`; `times` is (now, the
-    claim's life, the settle window). A Standing that is not held but `settling` is our own
-    bid standing: ask again after that many seconds. StoreError when the store fails."""
-    now, ttl, settle = times
-    bids, floor = reader.seen.place(group, read(board, group, identity), now)
-    move, which = decide(bids, me, now, ttl, settle, floor)
-    if move is Move.WAIT:
-        assert which is not None
-        if any(b.holder == me for b in bids):
-            board.unpost(group, member(me))
-        return Standing(False, which)
-    if move is Move.HOLD:
-        assert which is not None
-        return Standing(True, which)
-    if move is Move.SETTLE:
-        assert which is not None
-        return Standing(False, which, settling=which.window - (now - which.taken))
-    if move is Move.RENEW:
-        assert which is not None
-        renewed = Claim(identity, me, which.taken, now + ttl, which.window)
-        board.post(group, member(me), renewed.to_bytes())
-        return Standing(True, renewed)
-    taken = reader.clock()
-    mine = Claim(identity, me, taken, taken + ttl, settle)
-    board.post(group, member(me), mine.to_bytes())
-    took = reader.clock() - taken
-    if took > settle / 2:
-        board.unpost(group, member(me))
-        raise StoreError(
-            f"posting a bid took {took:.1f}s, over half the {settle:g}s settle window: taken "
-            "down (it might show after a later bid settled); bidding again"
-        )
-    return Standing(False, mine, settling=settle)
-
-
-def release(board: Board, group: str, me: Holder) -> None:
-    """Take our bid down (its Job ended): the next bidder holds after its own window."""
-    board.unpost(group, member(me))
 
 
 def read(board: Board, group: str, identity: str) -> list[Claim]:

@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from tunefleet import kube, metrics, naming
+from tunefleet.api import TuningProfileSpec
 from tunefleet.api.conditions import EventReason, Reason, truncate
 from tunefleet.api.status import TuningProfileStatus
 from tunefleet.artifacts.fetch import FetchError, Signature
@@ -35,7 +36,9 @@ from tunefleet.capture import step as capture_step
 from tunefleet.capture.store import build_retune_config_map
 from tunefleet.contracts import fleet as contract
 from tunefleet.contracts.artifact import ArtifactRecord
-from tunefleet.fleet import adopt, coordinate
+from tunefleet.contracts.fleet import Claim, Holder
+from tunefleet.fleet import adopt, bids, claims
+from tunefleet.fleet.claims import Standing
 from tunefleet.kube import Kube
 from tunefleet.placement import gate
 from tunefleet.reconciler import children, gather
@@ -55,7 +58,15 @@ from tunefleet.reconciler.decide import WAIT_POLL_S, child
 from tunefleet.reconciler.inputs import FleetFacts, Inputs, Where
 from tunefleet.reconciler.status import delivered_key, status_changed
 from tunefleet.serving import delivery
-from tunefleet.storage.store import StoreError
+from tunefleet.storage.store import (
+    Board,
+    NotFoundError,
+    Store,
+    StoreError,
+    Swappable,
+    board,
+    swappable,
+)
 from tunefleet.watched import views
 from tunefleet.watched.views import ProfileRef, profile_ref
 
@@ -124,7 +135,7 @@ def _claims(inputs: Inputs, acts: First) -> tuple[dict[str, Any], dict[str, Flee
         now, ttl = time.time(), config.fleet_claim_seconds
         key = contract.claim_key(w.location, model, w.identity)
         try:
-            standing = coordinate.take(
+            standing = take(
                 w.store, key, w.identity, w.holder, (now, ttl, config.fleet_settle_seconds)
             )
         except StoreError as e:
@@ -151,7 +162,7 @@ def _give_back(inputs: Inputs, model: str, w: Where, doing: str) -> bool:
     fails."""
     key = contract.claim_key(w.location, model, w.identity)
     try:
-        coordinate.give_back(w.store, key, w.identity, w.holder, time.time())
+        give_back(w.store, key, w.identity, w.holder, time.time())
     except StoreError as e:
         log.warning(f"{inputs.name} {model}: {doing}: {e}")
         return False
@@ -380,7 +391,7 @@ def _renew(p: _Pass, renewals: tuple[Renewal, ...]) -> None:
         w = r.where
         key = contract.claim_key(w.location, r.model, w.identity)
         try:
-            standing = coordinate.take(
+            standing = take(
                 w.store, key, w.identity, w.holder, (now, ttl, config.fleet_settle_seconds)
             )
         except StoreError as e:
@@ -410,7 +421,7 @@ def _publish(p: _Pass, publishes: tuple[Publish, ...]) -> None:
         entry = adopt.entry_for(record, w.identity, w.holder, _iso(time.time()))
         try:
             assert spec is not None
-            if adopt.publish(w.store, pub.key, entry, spec, p.inputs.config.stand_in_models):
+            if publish_entry(w.store, pub.key, entry, spec, p.inputs.config.stand_in_models):
                 p.events.append(
                     ("Normal", EventReason.PUBLISHED, truncate(
                         f"{record.gpu_model}: artifact {record.sha256[:12]} published for the "
@@ -732,3 +743,176 @@ def forget(inputs: Inputs, foreign: list[str]) -> None:
     """Drop what the memory holds of children gone (memory.prune)."""
     untrusted = {u.uid for u in inputs.untrusted}
     inputs.memory.prune(inputs.view.jobs, inputs.view.pods, untrusted | set(foreign))
+
+
+# --- the fleet's store protocol: fleet/ decides (pure), these write ------------------------
+
+
+def take(
+    store: Store, key: str, identity: str, me: Holder, times: tuple[float, float, float]
+) -> Standing:
+    """Take, renew, hold or wait on the claim on `identity` at `key`; `times` is (now, the
+    claim's life, the settle window a board's bid stands for)."""
+    now, ttl, _ = times
+    swap = swappable(store)
+    if swap is not None:
+        return swap_claim(swap, key, identity, me, now, ttl)
+    posts = board(store)
+    if posts is None:
+        raise StoreError(f"{store.uri(key)}: this store cannot hold a claim")
+    return bid(posts, key, identity, me, times)
+
+
+def give_back(store: Store, key: str, identity: str, me: Holder, now: float) -> None:
+    """End our claim now (its Job ended), for the next taker."""
+    swap = swappable(store)
+    if swap is not None:
+        swap_release(swap, key, identity, me, now)
+        return
+    posts = board(store)
+    if posts is not None:
+        unbid(posts, key, me)
+
+
+def swap_claim(
+    store: Swappable, key: str, identity: str, me: Holder, now: float, ttl: float
+) -> Standing:
+    """Take, renew, hold or wait on the claim at `key`. StoreError when the store fails; a race
+    lost to another writer is read again (at most TRIES times, then reported as waiting on
+    whoever won, or as a StoreError when what won is not a claim)."""
+    mine = Claim(identity, me, now, now + ttl)
+    found: Claim | None = None
+    for _ in range(claims.TRIES):
+        tagged = claims.read_claim(store, key)
+        found = Claim.from_bytes(tagged.data, identity) if tagged else None
+        what = claims.step(found, tagged is not None and found is None, me, now, ttl)
+        if what is claims.Step.WAIT:
+            assert found is not None
+            return Standing(False, found)
+        if what is claims.Step.HOLD:
+            assert found is not None
+            return Standing(True, found)
+        if what is claims.Step.TAKE:
+            if store.create(key, mine.to_bytes(), claims.CONTENT_TYPE):
+                return Standing(True, mine)
+            continue
+        assert tagged is not None
+        if what is claims.Step.RENEW:
+            assert found is not None
+            mine = Claim(identity, me, found.taken, now + ttl)
+        if store.replace_if(key, mine.to_bytes(), claims.CONTENT_TYPE, tagged.tag):
+            if found is None:
+                # Said once it is gone: what blocked the identity, for whoever wrote it.
+                what_was = contract.odd(tagged.data, tagged.oversize, "a claim on this identity")
+                log.warning(f"{key}: held {what_was}; taken over by {me.describe()}")
+            return Standing(True, mine)
+    if found is not None and found.holder != me:
+        return Standing(False, found)
+    raise StoreError(
+        f"the claim at {key} changed under each of {claims.TRIES} writes: read again later"
+    )
+
+
+def swap_release(store: Swappable, key: str, identity: str, me: Holder, now: float) -> bool:
+    """End our claim now (its Job ended): it stays, expired, for the next taker. False when
+    the claim there is not ours (taken over meanwhile) or changed as we wrote."""
+    tagged = claims.read_claim(store, key)
+    found = Claim.from_bytes(tagged.data, identity) if tagged else None
+    if tagged is None or found is None or found.holder != me or found.expires <= now:
+        return False
+    ended = Claim(identity, me, found.taken, now)
+    return store.replace_if(key, ended.to_bytes(), claims.CONTENT_TYPE, tagged.tag)
+
+
+def bid(
+    board: Board,
+    group: str,
+    identity: str,
+    me: Holder,
+    times: tuple[float, float, float],
+    reader: bids.Reader | None = None,
+) -> Standing:
+    """Bid, settle, hold, renew or wait on the identity's board `group`; `times` is (now, the
+    claim's life, the settle window). A Standing that is not held but `settling` is our own
+    bid standing: ask again after that many seconds. StoreError when the store fails."""
+    now, ttl, settle = times
+    reader = reader or bids.Reader()
+    standing, floor = reader.seen.place(group, bids.read(board, group, identity), now)
+    move, which = bids.decide(standing, me, now, ttl, settle, floor)
+    if move is bids.Move.WAIT:
+        assert which is not None
+        if any(b.holder == me for b in standing):
+            board.unpost(group, bids.member(me))
+        return Standing(False, which)
+    if move is bids.Move.HOLD:
+        assert which is not None
+        return Standing(True, which)
+    if move is bids.Move.SETTLE:
+        assert which is not None
+        return Standing(False, which, settling=which.window - (now - which.taken))
+    if move is bids.Move.RENEW:
+        assert which is not None
+        renewed = Claim(identity, me, which.taken, now + ttl, which.window)
+        board.post(group, bids.member(me), renewed.to_bytes())
+        return Standing(True, renewed)
+    taken = reader.clock()
+    mine = Claim(identity, me, taken, taken + ttl, settle)
+    board.post(group, bids.member(me), mine.to_bytes())
+    took = reader.clock() - taken
+    if took > settle / 2:
+        board.unpost(group, bids.member(me))
+        raise StoreError(
+            f"posting a bid took {took:.1f}s, over half the {settle:g}s settle window: taken "
+            "down (it might show after a later bid settled); bidding again"
+        )
+    return Standing(False, mine, settling=settle)
+
+
+def unbid(board: Board, group: str, me: Holder) -> None:
+    """Take our bid down (its Job ended): the next bidder holds after its own window."""
+    board.unpost(group, bids.member(me))
+
+
+def publish_entry(
+    store: Store,
+    key: str,
+    entry: contract.Published,
+    spec: TuningProfileSpec,
+    stand_in: tuple[str, ...],
+) -> bool:
+    """Publish an artifact for its identity: True if this is now the entry. An entry there
+    first stays, unless it is not adoptable (forged, or its artifact tampered with or gone):
+    then it is replaced, on the version read, so that one bad object cannot make every
+    cluster tune the identity again forever. A store with no conditional write (oci://)
+    replaces it plainly: two publishers at once (both tuned: the claim was taken over while a
+    Job ran) leave either entry, each a complete, verified artifact of the identity."""
+    swap = swappable(store)
+    if swap is None:
+        try:
+            found = adopt.read(store, key, entry.identity, entry.gpu_model)
+            if found is not None:
+                adopt.verify(found, spec, stand_in, store)
+                return False
+        except adopt.NotAdoptable:
+            pass
+        store.put(key, entry.to_bytes(), adopt.CONTENT_TYPE)
+        return True
+    if swap.create(key, entry.to_bytes(), adopt.CONTENT_TYPE):
+        return True
+    try:
+        # One over MAX_BYTES comes as its tag alone (no data): not an entry, replaced below.
+        there = swap.read_tagged(key, contract.MAX_BYTES)
+    except NotFoundError:
+        return swap.create(key, entry.to_bytes(), adopt.CONTENT_TYPE)
+    found = contract.Published.from_bytes(there.data, entry.identity, entry.gpu_model)
+    try:
+        if found is None:
+            what = "an entry for this identity and GPU model"
+            raise adopt.NotAdoptable(f"it held {contract.odd(there.data, there.oversize, what)}")
+        adopt.verify(found, spec, stand_in, store)
+    except adopt.NotAdoptable as e:
+        replaced = swap.replace_if(key, entry.to_bytes(), adopt.CONTENT_TYPE, there.tag)
+        if replaced:
+            log.warning(f"{store.uri(key)}: {e}; replaced by artifact {entry.record.sha256[:12]}")
+        return replaced
+    return False
