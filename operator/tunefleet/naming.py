@@ -27,6 +27,10 @@ REVISION_LABEL = "tunefleet.io/revision"
 # "tune" (the tuning Job: one pod, or one per share with parallelism) or "merge" (the Job that
 # publishes one artifact from the shares). Jobs of versions before 0.2 have none: tune.
 ROLE_LABEL = "tunefleet.io/role"
+# ROLE_LABEL on the capture cache's ConfigMaps (capture/store.py writes them, watched/kinds.py
+# selects them): a pod's recorded misses, and the frozen set a retune tunes.
+ROLE_CAPTURE = "capture"
+ROLE_RETUNE = "retune"
 MODEL_ANNOTATION = "tunefleet.io/gpu-model"  # on Jobs and ConfigMaps too, read first
 # On a tuning (or merge) Job, written by the operator when it first reads the publish step's
 # termination message: the artifact record (contracts/artifact.py) outlives the Job's pods.

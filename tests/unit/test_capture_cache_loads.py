@@ -61,6 +61,10 @@ def rec(*msgs: str) -> list[dict[str, Any]]:
 
 def test_the_paths_are_named_alike_in_the_hook_and_the_contract() -> None:
     assert (hook.LOADED, hook.RECOMPILED, hook.MISSED) == contract.CACHE_PATHS
+    assert (hook.CACHE_LOG_ENV, hook.CACHE_LOG_NAME) == (
+        contract.CACHE_LOG_ENV,
+        contract.CACHE_LOG_NAME,
+    )
 
 
 def test_a_load_is_loaded_with_its_key() -> None:

@@ -279,11 +279,9 @@ def test_a_relist_hands_back_the_capture_configmaps_it_no_longer_returns() -> No
 
 
 def test_the_capture_configmaps_are_selected_server_side_by_role() -> None:
-    from tunefleet.capture.store import ROLE_CAPTURE, ROLE_RETUNE
-
     selector = kinds.CAPTURE_CONFIGMAPS.label_selector
     assert "app.kubernetes.io/managed-by=tunefleet" in selector
-    assert f"in ({ROLE_CAPTURE},{ROLE_RETUNE})" in selector
+    assert f"in ({naming.ROLE_CAPTURE},{naming.ROLE_RETUNE})" in selector
     assert kinds.CAPTURE_CONFIGMAPS.path("ml") == "/api/v1/namespaces/ml/configmaps"
 
 

@@ -21,9 +21,8 @@ from typing import Any
 
 from tunefleet.api import CaptureSpec
 from tunefleet.builders.security import tunefleet_container
-from tunefleet.capture import hook
 from tunefleet.config import Config
-from tunefleet.contracts.capture import AUDIENCE
+from tunefleet.contracts.capture import AUDIENCE, CACHE_LOG_ENV, CACHE_LOG_NAME
 
 SIDECAR = "tunefleet-capture"
 HOOK_INIT = "tunefleet-capture-hook"
@@ -35,7 +34,7 @@ HOOK_DIR = "/tunefleet/capture/hook"
 TOKEN_DIR = "/var/run/secrets/tunefleet.io/capture"
 TOKEN_PATH = f"{TOKEN_DIR}/token"
 UNTUNED_FILENAME = f"{CAPTURE_DIR}/tunableop_untuned.csv"
-CACHE_LOG = f"{CAPTURE_DIR}/{hook.CACHE_LOG_NAME}"
+CACHE_LOG = f"{CAPTURE_DIR}/{CACHE_LOG_NAME}"
 TOKEN_SECONDS = 3600
 CA_ENV = "TUNEFLEET_CAPTURE_CA"
 RECORD_ENV = "PYTORCH_TUNABLEOP_RECORD_UNTUNED"
@@ -140,7 +139,7 @@ def serving_env(env: list[dict[str, Any]], cache_log: bool = False) -> list[dict
         out.append(e)
     wanted = [(UNTUNED_ENV, UNTUNED_FILENAME), ("PYTHONPATH", HOOK_DIR)]
     if cache_log:
-        wanted.append((hook.CACHE_LOG_ENV, CACHE_LOG))
+        wanted.append((CACHE_LOG_ENV, CACHE_LOG))
     for name, value in wanted:
         if name not in have:
             out.append({"name": name, "value": value})

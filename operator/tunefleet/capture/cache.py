@@ -14,8 +14,6 @@ from typing import Any
 
 from tunefleet import naming
 from tunefleet.capture.store import (
-    ROLE_CAPTURE,
-    ROLE_RETUNE,
     RetuneSet,
     StoreView,
     parse_retune,
@@ -59,14 +57,14 @@ class CaptureCache:
                 if isinstance(old, StoreView)
                 else (old.profile_uid if old is not None else None)
             )
-        if role == ROLE_CAPTURE:
+        if role == naming.ROLE_CAPTURE:
             view = parse_store(body)
             if view is None:
                 self._stores.pop(key, None)
                 return None
             self._stores[key] = view
             return view.key.profile_uid
-        if role == ROLE_RETUNE:
+        if role == naming.ROLE_RETUNE:
             found = parse_retune(body)
             if found is None:
                 self._retunes.pop(key, None)

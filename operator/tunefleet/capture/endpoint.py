@@ -43,13 +43,13 @@ from pydantic import ValidationError
 
 from tunefleet import kube, metrics, naming
 from tunefleet.api import CaptureSpec, TuningProfileSpec
-from tunefleet.capture import hook
 from tunefleet.capture.loop import identity_of
 from tunefleet.capture.store import Batch, StoreKey, StoreUnavailable, cache_load_entry
 from tunefleet.contracts.admission import INJECTED, Admission, Code
 from tunefleet.contracts.artifact import ArtifactRecord
 from tunefleet.contracts.capture import (
     AUDIENCE,
+    CACHE_LOG_ENV,
     MAX_BODY_BYTES,
     MISSED,
     PATH,
@@ -206,7 +206,7 @@ def _variant_of(pod: dict[str, Any] | None) -> str:
     """A missed pod's values of vLLM's key flags, from its serving container as admitted (the
     one tunefleet's hook reports for): what a retune runs the workload with to add its key."""
     for c in ((pod or {}).get("spec") or {}).get("containers") or []:
-        if any(e.get("name") == hook.CACHE_LOG_ENV for e in c.get("env") or []):
+        if any(e.get("name") == CACHE_LOG_ENV for e in c.get("env") or []):
             variant = cc.vllm_variant([*(c.get("command") or []), *(c.get("args") or [])])
             return json.dumps(list(variant), separators=(",", ":")) if variant else ""
     return ""

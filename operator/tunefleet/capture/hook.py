@@ -42,6 +42,7 @@ RECORD_ENV = "PYTORCH_TUNABLEOP_RECORD_UNTUNED"
 FILENAME_ENV = "PYTORCH_TUNABLEOP_FILENAME"
 DEFAULT_RESULTS = "tunableop_results.csv"  # TunableOp's default results file name
 LOADER_NAME = "_tunefleet_load_results"  # the queued call's name (tests look for it)
+# contracts/capture.py's, named here too: this file runs alone (a unit test holds them equal).
 CACHE_LOG_ENV = "TUNEFLEET_CACHE_LOG"
 CACHE_LOG_NAME = "tunefleet-cache-log.jsonl"  # in the capture directory, beside the untuned files
 # vLLM's loggers that say which path its compiled model took (vllm/compilation/decorators.py

@@ -45,8 +45,6 @@ from tuner_job import caches as cc
 
 log = logging.getLogger(__name__)
 
-ROLE_CAPTURE = "capture"
-ROLE_RETUNE = "retune"
 ROWS_KEY = "rows"
 META_KEY = "meta.json"
 UNTUNED_KEY = "untuned.csv"
@@ -222,7 +220,7 @@ def build_store_config_map(view: StoreView) -> dict[str, Any]:
                 **naming.MANAGED_BY,
                 naming.PROFILE_UID_LABEL: k.profile_uid,
                 naming.TUNING_PROFILE_LABEL: k.profile,
-                naming.ROLE_LABEL: ROLE_CAPTURE,
+                naming.ROLE_LABEL: naming.ROLE_CAPTURE,
             },
             "annotations": annotations,
             "ownerReferences": [owner_reference(k.profile, k.profile_uid)],
@@ -258,7 +256,7 @@ def parse_store(cm: dict[str, Any]) -> StoreView | None:
     meta = cm.get("metadata") or {}
     labels = meta.get("labels") or {}
     anns = meta.get("annotations") or {}
-    owner = _owned_as(meta, ROLE_CAPTURE)
+    owner = _owned_as(meta, naming.ROLE_CAPTURE)
     if owner is None:
         return None
     data = cm.get("data") or {}
@@ -345,7 +343,7 @@ def build_retune_config_map(r: RetuneSet) -> dict[str, Any]:
                 **naming.MANAGED_BY,
                 naming.PROFILE_UID_LABEL: r.profile_uid,
                 naming.TUNING_PROFILE_LABEL: r.profile,
-                naming.ROLE_LABEL: ROLE_RETUNE,
+                naming.ROLE_LABEL: naming.ROLE_RETUNE,
             },
             "annotations": {
                 naming.MODEL_ANNOTATION: r.model,
@@ -371,7 +369,7 @@ def parse_retune(cm: dict[str, Any]) -> RetuneSet | None:
     meta = cm.get("metadata") or {}
     labels = meta.get("labels") or {}
     anns = meta.get("annotations") or {}
-    owner = _owned_as(meta, ROLE_RETUNE)
+    owner = _owned_as(meta, naming.ROLE_RETUNE)
     if owner is None:
         return None
     data = cm.get("data") or {}

@@ -52,6 +52,11 @@ MAX_CACHES = 4
 LOADED, RECOMPILED, MISSED = "loaded", "recompiled", "missed"
 CACHE_PATHS = (LOADED, RECOMPILED, MISSED)
 MAX_REASON_CHARS = 500
+# Where the hook writes down vLLM's records of its compile path (a pod served a compile cache):
+# the builders set CACHE_LOG_ENV in the serving containers to a file named CACHE_LOG_NAME in
+# the capture directory, which the sidecar reads. capture/hook.py names them too (held equal).
+CACHE_LOG_ENV = "TUNEFLEET_CACHE_LOG"
+CACHE_LOG_NAME = "tunefleet-cache-log.jsonl"
 _CACHE_KEY = re.compile(r"^[0-9a-f]{0,128}$")
 _ROW = re.compile(r"^[A-Za-z][\x21-\x2b\x2d-\x7e]*,[A-Za-z0-9*][\x21-\x2b\x2d-\x7e]*$")
 

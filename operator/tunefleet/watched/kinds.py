@@ -20,7 +20,6 @@ this cache; it is a list-then-watch thread of its own, as these are.
 from __future__ import annotations
 
 from tunefleet import GROUP, PLURAL, VERSION, naming
-from tunefleet.capture.store import ROLE_CAPTURE, ROLE_RETUNE
 from tunefleet.runtime.reflector import Kind
 
 _MANAGED = ",".join(f"{k}={v}" for k, v in naming.MANAGED_BY.items())
@@ -31,7 +30,7 @@ PODS = Kind("pods", "/api/v1", "pods", f"{_MANAGED},{naming.PROFILE_UID_LABEL}")
 # Capture stores and retune sets (capture/store.py): the ConfigMaps the capture cache keeps.
 CAPTURE_CONFIGMAPS = Kind(
     "configmaps", "/api/v1", "configmaps",
-    f"{_MANAGED},{naming.ROLE_LABEL} in ({ROLE_CAPTURE},{ROLE_RETUNE})",
+    f"{_MANAGED},{naming.ROLE_LABEL} in ({naming.ROLE_CAPTURE},{naming.ROLE_RETUNE})",
 )  # fmt: skip
 # Artifact ConfigMaps (delivery.py): one deleted or replaced is made again within seconds,
 # and admission serves from the store meanwhile (delivered.py keeps their identities).
