@@ -38,19 +38,8 @@ RECORD_ANNOTATION = "tunefleet.io/artifact-record"
 # On a tuning Job the GPU gate made suspended (placement/gate.py): "true" while it may start it.
 GPU_GATE_ANNOTATION = "tunefleet.io/waits-for-gpu"
 JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"  # set by the Job controller on its pods
-# Set by the webhook on every labelled pod it admits: pods without it were created while the
-# webhook was unreachable (`kubectl get pods -l 'tunefleet.io/profile,!tunefleet.io/admission'`).
-ADMISSION_LABEL = "tunefleet.io/admission"
-# What the webhook writes on a model pod it admits (contracts/admission.py writes and reads
-# them): its decision, the artifact it pinned, and warnings.
-DECISION_ANNOTATION = "tunefleet.io/decision"  # a code of contracts.admission.Code
-STATUS_ANNOTATION = "tunefleet.io/status"  # "injected" or "untuned: <reason>", for people
-ARTIFACT_URI_ANNOTATION = "tunefleet.io/artifact-uri"
-ARTIFACT_SHA_ANNOTATION = "tunefleet.io/artifact-sha256"
-POD_MODEL_ANNOTATION = "tunefleet.io/gpu-model"
-ARTIFACT_CONFIG_MAP_ANNOTATION = "tunefleet.io/artifact-configmap"
-# The image volume (repository@digest) a pod mounts its artifact from (oci:// stores).
-ARTIFACT_VOLUME_ANNOTATION = "tunefleet.io/artifact-volume"
+# What the webhook writes on a model pod it admits (its admission label, decision, pinned
+# artifact and warnings) is contracts/admission.py's, which writes and reads it.
 # On a model pod, set by its author: the most disk its caches may take (a quantity), where its
 # node accounts no local storage and no ephemeral-storage limit can say it (builders/webhook.py
 # pod_budget).
@@ -59,13 +48,6 @@ CACHES_LIMIT_ANNOTATION = "tunefleet.io/caches-limit"
 # is copied into the pod, none linked (for a stack that rewrites a big cache file in place;
 # builders/webhook.py volume_links).
 CACHES_COPY_ANNOTATION = "tunefleet.io/caches-copy"
-# "unsigned: <why>": an oci:// volume image mounted under signing policy Optional without a
-# valid signature (artifacts/volumes.py); absent when it was signed, or not mounted.
-ARTIFACT_SIGNATURE_ANNOTATION = "tunefleet.io/artifact-signature"
-IMAGE_WARNING_ANNOTATION = "tunefleet.io/image-warning"
-# A pod whose GPU model is picked where it lands (webhook/placement.py): the models offered,
-# JSON {model: sha256 of its pinned artifact, or "" where it starts untuned}.
-CANDIDATES_ANNOTATION = "tunefleet.io/gpu-model-candidates"
 # On an artifact's ConfigMap (builders/artifact.py): the manifest's SHA-256, and whether the
 # results are gzipped into binaryData ("gzip") or plain data ("none").
 MANIFEST_SHA_ANNOTATION = "tunefleet.io/manifest-sha256"

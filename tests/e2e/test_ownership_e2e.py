@@ -24,6 +24,7 @@ from tests.support.kube import apply, condition, get_json, jobs_of, tuning_pods
 from tests.support.wrappers import make_job, make_pod
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
+from tunefleet.contracts.admission import ARTIFACT_URI_ANNOTATION
 
 pytestmark = pytest.mark.e2e
 
@@ -185,7 +186,7 @@ def test_forged_jobs_and_pods_never_become_a_profiles_children(
     }
     cluster.kubectl("create", "-n", namespace, "-f", "-", input=yaml.safe_dump(model_pod))
     anns = get_json(cluster, "pod", "-n", namespace, "model")["metadata"]["annotations"]
-    assert anns[naming.ARTIFACT_URI_ANNOTATION] == published["uri"]
+    assert anns[ARTIFACT_URI_ANNOTATION] == published["uri"]
     cm_after = get_json(cluster, "configmap", "-n", namespace, "forged-here")
     assert cm_after["metadata"]["resourceVersion"] == cm_before and cm_after["data"] == {"k": "v"}
 

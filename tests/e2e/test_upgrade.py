@@ -61,6 +61,12 @@ from tests.support.kube import apply, get_json, jobs_of, tuning_pods
 from tests.support.wrappers import make_model_pod
 from tunefleet import __version__, naming
 from tunefleet.api.conditions import TYPES
+from tunefleet.contracts.admission import (
+    ADMISSION_LABEL,
+    ARTIFACT_SHA_ANNOTATION,
+    POD_MODEL_ANNOTATION,
+    STATUS_ANNOTATION,
+)
 
 # A cold build of the previous release's image installs its dependencies (apt, pip) into
 # layers of its own: minutes, once; warm, the whole test takes about three.
@@ -354,10 +360,10 @@ def admission(pod: dict[str, Any]) -> dict[str, str]:
     meta = pod["metadata"]
     anns = meta.get("annotations") or {}
     return {
-        "label": (meta.get("labels") or {}).get(naming.ADMISSION_LABEL, "<none: never admitted>"),
-        "status": anns.get(naming.STATUS_ANNOTATION, ""),
-        "sha256": anns.get(naming.ARTIFACT_SHA_ANNOTATION, ""),
-        "model": anns.get(naming.POD_MODEL_ANNOTATION, ""),
+        "label": (meta.get("labels") or {}).get(ADMISSION_LABEL, "<none: never admitted>"),
+        "status": anns.get(STATUS_ANNOTATION, ""),
+        "sha256": anns.get(ARTIFACT_SHA_ANNOTATION, ""),
+        "model": anns.get(POD_MODEL_ANNOTATION, ""),
     }
 
 

@@ -14,7 +14,14 @@ import yaml
 from tests.support.wrappers import make_pod, make_profile
 from tunefleet import naming
 from tunefleet.api import TuningLimits, TuningProfileSpec
-from tunefleet.contracts.admission import INJECTED, UNTUNED, Admission, Code
+from tunefleet.contracts.admission import (
+    ADMISSION_LABEL,
+    INJECTED,
+    STATUS_ANNOTATION,
+    UNTUNED,
+    Admission,
+    Code,
+)
 from tunefleet.contracts.artifact import ArtifactRecord, ShardRecord, status_fields
 from tunefleet.contracts.fetch import LOADED, REFUSED, FetchOutcome
 from tunefleet.contracts.fetch import UNTUNED as FETCH_UNTUNED
@@ -139,7 +146,7 @@ def test_the_admission_marks_read_back_as_written(code: Code) -> None:
     mark = Admission(outcome, code, "" if outcome == INJECTED else "why", SHA[:8], SHA, "M", "w")
     pod = make_pod().obj()
     mark.write(pod)
-    assert pod["metadata"]["labels"][naming.ADMISSION_LABEL] == outcome
+    assert pod["metadata"]["labels"][ADMISSION_LABEL] == outcome
     assert Admission.read(pod) == mark
 
 
@@ -157,8 +164,8 @@ def test_every_untuned_code_has_a_fix() -> None:
 def test_a_pod_of_an_older_version_reads_as_unknown_with_its_reason() -> None:
     pod = (
         make_pod()
-        .labels({naming.ADMISSION_LABEL: "untuned"})
-        .annotations({naming.STATUS_ANNOTATION: "untuned: something"})
+        .labels({ADMISSION_LABEL: "untuned"})
+        .annotations({STATUS_ANNOTATION: "untuned: something"})
         .obj()
     )
     read = Admission.read(pod)

@@ -18,6 +18,7 @@ from typing import Any
 from tunefleet import naming
 from tunefleet.artifacts import kinds
 from tunefleet.builders.job import owner_reference
+from tunefleet.contracts.admission import ARTIFACT_SHA_ANNOTATION
 from tuner_job.output import MANIFEST_NAME
 
 # A ConfigMap's data and binaryData together: 1 MiB, less room for its metadata.
@@ -80,7 +81,7 @@ def build_artifact_config_map(
             "labels": naming.artifact_config_map_labels(uid),
             "annotations": {
                 naming.MODEL_ANNOTATION: gpu_model,
-                naming.ARTIFACT_SHA_ANNOTATION: sha256,
+                ARTIFACT_SHA_ANNOTATION: sha256,
                 naming.MANIFEST_SHA_ANNOTATION: manifest_sha256,
                 naming.PACKED_ANNOTATION: "gzip" if packed else "none",
             },

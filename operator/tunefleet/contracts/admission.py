@@ -13,7 +13,27 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from tunefleet import naming
+# Set by the webhook on every labelled pod it admits: pods without it were created while the
+# webhook was unreachable (`kubectl get pods -l 'tunefleet.io/profile,!tunefleet.io/admission'`).
+ADMISSION_LABEL = "tunefleet.io/admission"
+# The annotations the webhook writes on a model pod it admits: its decision, the artifact it
+# pinned, and warnings.
+DECISION_ANNOTATION = "tunefleet.io/decision"  # a code of Code
+STATUS_ANNOTATION = "tunefleet.io/status"  # "injected" or "untuned: <reason>", for people
+ARTIFACT_URI_ANNOTATION = "tunefleet.io/artifact-uri"
+# Also on the artifact's ConfigMap (builders/artifact.py), where delivery reads it back.
+ARTIFACT_SHA_ANNOTATION = "tunefleet.io/artifact-sha256"
+POD_MODEL_ANNOTATION = "tunefleet.io/gpu-model"
+ARTIFACT_CONFIG_MAP_ANNOTATION = "tunefleet.io/artifact-configmap"
+# The image volume (repository@digest) a pod mounts its artifact from (oci:// stores).
+ARTIFACT_VOLUME_ANNOTATION = "tunefleet.io/artifact-volume"
+# "unsigned: <why>": an oci:// volume image mounted under signing policy Optional without a
+# valid signature (artifacts/volumes.py); absent when it was signed, or not mounted.
+ARTIFACT_SIGNATURE_ANNOTATION = "tunefleet.io/artifact-signature"
+IMAGE_WARNING_ANNOTATION = "tunefleet.io/image-warning"
+# A pod whose GPU model is picked where it lands (webhook/placement.py): the models offered,
+# JSON {model: sha256 of its pinned artifact, or "" where it starts untuned}.
+CANDIDATES_ANNOTATION = "tunefleet.io/gpu-model-candidates"
 
 
 class Code(StrEnum):
@@ -71,26 +91,26 @@ class Admission:
     def write(self, pod: dict[str, Any]) -> None:
         """Mark `pod` (in place): the label every admitted pod gets, and the annotations."""
         meta = pod.setdefault("metadata", {})
-        meta.setdefault("labels", {})[naming.ADMISSION_LABEL] = self.outcome
+        meta.setdefault("labels", {})[ADMISSION_LABEL] = self.outcome
         anns = meta.setdefault("annotations", {})
-        anns[naming.DECISION_ANNOTATION] = str(self.code)
-        anns[naming.STATUS_ANNOTATION] = (
+        anns[DECISION_ANNOTATION] = str(self.code)
+        anns[STATUS_ANNOTATION] = (
             INJECTED if self.outcome == INJECTED else f"{UNTUNED}: {self.reason}"
         )
         for key, value in (
-            (naming.ARTIFACT_URI_ANNOTATION, self.uri),
-            (naming.ARTIFACT_SHA_ANNOTATION, self.sha256),
-            (naming.POD_MODEL_ANNOTATION, self.gpu_model),
-            (naming.IMAGE_WARNING_ANNOTATION, self.image_warning[:1000]),
-            (naming.ARTIFACT_CONFIG_MAP_ANNOTATION, self.config_map),
-            (naming.ARTIFACT_VOLUME_ANNOTATION, self.image_volume),
-            (naming.ARTIFACT_SIGNATURE_ANNOTATION, f"unsigned: {self.unsigned}"[:1000]
+            (ARTIFACT_URI_ANNOTATION, self.uri),
+            (ARTIFACT_SHA_ANNOTATION, self.sha256),
+            (POD_MODEL_ANNOTATION, self.gpu_model),
+            (IMAGE_WARNING_ANNOTATION, self.image_warning[:1000]),
+            (ARTIFACT_CONFIG_MAP_ANNOTATION, self.config_map),
+            (ARTIFACT_VOLUME_ANNOTATION, self.image_volume),
+            (ARTIFACT_SIGNATURE_ANNOTATION, f"unsigned: {self.unsigned}"[:1000]
              if self.unsigned else ""),
         ):  # fmt: skip
             if value:
                 anns[key] = value
         if self.candidates:
-            anns[naming.CANDIDATES_ANNOTATION] = json.dumps(
+            anns[CANDIDATES_ANNOTATION] = json.dumps(
                 self.candidates, separators=(",", ":"), sort_keys=True
             )
 
@@ -100,14 +120,14 @@ class Admission:
         meta = pod.get("metadata") or {}
         labels = meta.get("labels") or {}
         anns = meta.get("annotations") or {}
-        status = str(anns.get(naming.STATUS_ANNOTATION) or "")
-        outcome = labels.get(naming.ADMISSION_LABEL)
+        status = str(anns.get(STATUS_ANNOTATION) or "")
+        outcome = labels.get(ADMISSION_LABEL)
         if outcome is None and status:
             # Admitted by a version that set the annotation only.
             outcome = UNTUNED if status.startswith(UNTUNED) else INJECTED
         if outcome not in (INJECTED, UNTUNED):
             return None
-        raw = str(anns.get(naming.DECISION_ANNOTATION) or "")
+        raw = str(anns.get(DECISION_ANNOTATION) or "")
         code = Code(raw) if raw in Code._value2member_map_ else Code.UNKNOWN
         if not raw and outcome == INJECTED and not status.startswith(UNTUNED):
             code = Code.NONE
@@ -116,16 +136,14 @@ class Admission:
             outcome=UNTUNED if untuned else INJECTED,
             code=code,
             reason=status.removeprefix(f"{UNTUNED}:").strip() if untuned else "",
-            uri=str(anns.get(naming.ARTIFACT_URI_ANNOTATION) or ""),
-            sha256=str(anns.get(naming.ARTIFACT_SHA_ANNOTATION) or ""),
-            gpu_model=str(anns.get(naming.POD_MODEL_ANNOTATION) or ""),
-            image_warning=str(anns.get(naming.IMAGE_WARNING_ANNOTATION) or ""),
-            config_map=str(anns.get(naming.ARTIFACT_CONFIG_MAP_ANNOTATION) or ""),
-            image_volume=str(anns.get(naming.ARTIFACT_VOLUME_ANNOTATION) or ""),
-            unsigned=str(anns.get(naming.ARTIFACT_SIGNATURE_ANNOTATION) or "").removeprefix(
-                "unsigned: "
-            ),
-            candidates=_candidates(anns.get(naming.CANDIDATES_ANNOTATION)),
+            uri=str(anns.get(ARTIFACT_URI_ANNOTATION) or ""),
+            sha256=str(anns.get(ARTIFACT_SHA_ANNOTATION) or ""),
+            gpu_model=str(anns.get(POD_MODEL_ANNOTATION) or ""),
+            image_warning=str(anns.get(IMAGE_WARNING_ANNOTATION) or ""),
+            config_map=str(anns.get(ARTIFACT_CONFIG_MAP_ANNOTATION) or ""),
+            image_volume=str(anns.get(ARTIFACT_VOLUME_ANNOTATION) or ""),
+            unsigned=str(anns.get(ARTIFACT_SIGNATURE_ANNOTATION) or "").removeprefix("unsigned: "),
+            candidates=_candidates(anns.get(CANDIDATES_ANNOTATION)),
         )
 
 

@@ -9,6 +9,7 @@ from tunefleet import naming
 from tunefleet.api.conditions import TYPES, Phase, Type
 from tunefleet.capture.loop import model_revision
 from tunefleet.contracts import pin as pins
+from tunefleet.contracts.admission import ADMISSION_LABEL
 from tunefleet.contracts.artifact import REJECTED, ArtifactRecord, verdict_of
 from tuner_job.gain import Gain
 
@@ -348,7 +349,7 @@ def _unadmitted(unadmitted: int, ns: str, name: str) -> str:
     return str(unadmitted) + (
         " (created while the webhook was unreachable; they run without the artifact: "
         f"kubectl get pods -n {ns} -l '{naming.PROFILE_LABEL}={name},"
-        f"!{naming.ADMISSION_LABEL}', then recreate them)"
+        f"!{ADMISSION_LABEL}', then recreate them)"
     )
 
 

@@ -22,7 +22,16 @@ from typing import Any
 from tunefleet import naming
 from tunefleet.api.conditions import Phase, Reason, Type
 from tunefleet.builders.webhook import CACHES_VOLUME, FILENAME, RESULTS_DIR, TUNABLE_ENV
-from tunefleet.contracts.admission import UNTUNED, Admission, Code
+from tunefleet.contracts.admission import (
+    ADMISSION_LABEL,
+    ARTIFACT_CONFIG_MAP_ANNOTATION,
+    ARTIFACT_VOLUME_ANNOTATION,
+    DECISION_ANNOTATION,
+    STATUS_ANNOTATION,
+    UNTUNED,
+    Admission,
+    Code,
+)
 from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
 from tunefleet.contracts.fetch import LOADED, REFUSED, FetchOutcome
 from tunefleet.contracts.nodemap import ROLE as NODE_MAP_ROLE
@@ -327,7 +336,7 @@ def _unadmitted(p: _Pod, out: dict[str, Any]) -> dict[str, Any]:
         verdict="unadmitted",
         summary="not tuned: the tunefleet webhook never saw this pod",
         reason=f"it has the label {naming.PROFILE_LABEL}={p.name} but not "
-        f"{naming.ADMISSION_LABEL}, which the webhook sets on every pod it admits: it was "
+        f"{ADMISSION_LABEL}, which the webhook sets on every pod it admits: it was "
         "created while the webhook was unreachable (failurePolicy Ignore lets pods through "
         "untouched), or the label was added after it was created",
         reasonSource="the pod's labels",
@@ -346,7 +355,7 @@ def _untuned(p: _Pod, a: Admission, out: dict[str, Any]) -> dict[str, Any]:
         code=str(a.code),
         summary="not tuned: the webhook admitted it untuned",
         reason=a.reason or "(no reason recorded)",
-        reasonSource=f"annotation {naming.STATUS_ANNOTATION}",
+        reasonSource=f"annotation {STATUS_ANNOTATION}",
         fix=FIXES.get(a.code, _fix_unknown)(p, a),
     )
     if p.profile is not None and p.status.get("phase"):
@@ -436,7 +445,7 @@ def _fetch_verdict(p: _Pod, a: Admission, out: dict[str, Any], fetch: dict[str, 
             summary=f"injected: pinned to artifact {sha}; {FETCH_CONTAINER} has not finished "
             f"yet ({fetch['state']}{': ' + message if message else ''})",
             reason="the webhook's annotations say injected",
-            reasonSource=f"annotation {naming.STATUS_ANNOTATION}",
+            reasonSource=f"annotation {STATUS_ANNOTATION}",
         )
 
 
@@ -512,7 +521,7 @@ def _store_fallback_note(a: Admission) -> str:
     model = f" for {a.gpu_model}" if a.gpu_model else ""
     return (
         f"admitted with decision {Code.STORE_FALLBACK}{model} (annotation "
-        f"{naming.DECISION_ANNOTATION}): the artifact's ConfigMap was gone or not the one the "
+        f"{DECISION_ANNOTATION}): the artifact's ConfigMap was gone or not the one the "
         f"operator made, so the {FETCH_CONTAINER} init container fetches the same artifact from "
         "the store, verified, instead; the operator makes the ConfigMap again, and pods "
         "admitted after that mount it"
@@ -556,12 +565,12 @@ def _without_fetch(p: _Pod, a: Admission, out: dict[str, Any]) -> None:
     mounted = (
         (f"from ConfigMap {a.config_map}",
          "the webhook mounted the artifact's ConfigMap (no fetch, no store request)",
-         naming.ARTIFACT_CONFIG_MAP_ANNOTATION)
+         ARTIFACT_CONFIG_MAP_ANNOTATION)
         if a.config_map
         else (f"as image volume {a.image_volume}",
               "the webhook mounted the artifact's volume image, which the operator verified "
               "(signature and pins); the kubelet pulls it once per node",
-              naming.ARTIFACT_VOLUME_ANNOTATION)
+              ARTIFACT_VOLUME_ANNOTATION)
         if a.image_volume
         else None
     )  # fmt: skip
@@ -581,7 +590,7 @@ def _without_fetch(p: _Pod, a: Admission, out: dict[str, Any]) -> None:
             summary=f"injected: pinned to artifact {short(a.sha256)}, but the pod has no "
             f"{FETCH_CONTAINER} init container (its spec was changed after admission?)",
             reason="the webhook's annotations say injected",
-            reasonSource=f"annotation {naming.STATUS_ANNOTATION}",
+            reasonSource=f"annotation {STATUS_ANNOTATION}",
             fix=f"recreate the pod: {p.recreate}",
         )
 
@@ -657,7 +666,7 @@ def explain(
     name = labels.get(naming.PROFILE_LABEL)
     p = _Pod(pod, profile, name or "", ns, recreate_hint(pod))
     a = Admission.read(pod)
-    out = _report(p, labels.get(naming.ADMISSION_LABEL))
+    out = _report(p, labels.get(ADMISSION_LABEL))
     if name is None:
         out.update(
             verdict="not-requested",
@@ -672,7 +681,7 @@ def explain(
     out["events"] = recent_events(_pod_events(pod, events))
     if profile is None:
         out["notes"].append(f"TuningProfile {name!r} does not exist in namespace {ns} now")
-    if a is None or labels.get(naming.ADMISSION_LABEL) is None:
+    if a is None or labels.get(ADMISSION_LABEL) is None:
         return _unadmitted(p, out)
     if a.outcome == UNTUNED:
         return _untuned(p, a, out)

@@ -10,6 +10,7 @@ from typing import Any
 
 from tunefleet import metrics, naming
 from tunefleet.api.conditions import BLOCKED, EventReason, Phase, Reason, Type, find
+from tunefleet.contracts.admission import ADMISSION_LABEL
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ def _announce_unadmitted(
             f"{count} pod(s) labelled {naming.PROFILE_LABEL}={meta['name']} were created while "
             f"the tunefleet webhook was unreachable and run without the artifact: {shown}. "
             f"List them: kubectl get pods -n {meta['namespace']} -l "
-            f"'{naming.PROFILE_LABEL}={meta['name']},!{naming.ADMISSION_LABEL}'; recreate them "
+            f"'{naming.PROFILE_LABEL}={meta['name']},!{ADMISSION_LABEL}'; recreate them "
             "(e.g. kubectl rollout restart) to get it.",
         )
     )

@@ -24,6 +24,7 @@ from typing import Any
 from tunefleet import kube, metrics, naming
 from tunefleet.capture.step import CaptureSource
 from tunefleet.config import Config
+from tunefleet.contracts.admission import ADMISSION_LABEL, STATUS_ANNOTATION
 from tunefleet.informers.cache import Untrusted
 from tunefleet.kube import Kube
 from tunefleet.placement.gate import Gate
@@ -328,7 +329,7 @@ class Controller:
     def scan_unadmitted(self) -> set[Key]:
         """Count labelled pods the webhook never admitted; returns the profiles whose count
         changed. One label-selected list per watched namespace (or one cluster-wide)."""
-        selector = f"{naming.PROFILE_LABEL},!{naming.ADMISSION_LABEL}"
+        selector = f"{naming.PROFILE_LABEL},!{ADMISSION_LABEL}"
         namespaces: Iterable[str | None] = self.config.namespaces or [None]
         found: dict[Key, list[str]] = defaultdict(list)
         for ns in namespaces:
@@ -340,7 +341,7 @@ class Controller:
             for pod in pods:
                 meta = pod.get("metadata") or {}
                 anns = meta.get("annotations") or {}
-                if anns.get(naming.STATUS_ANNOTATION):
+                if anns.get(STATUS_ANNOTATION):
                     continue  # admitted by a version that did not set the label yet
                 if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                     continue

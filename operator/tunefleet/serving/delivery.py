@@ -31,7 +31,7 @@ from tunefleet.artifacts.fetch import (
 )
 from tunefleet.builders.artifact import Payload, build_artifact_config_map, payload_keys
 from tunefleet.config import Config
-from tunefleet.contracts.admission import Admission
+from tunefleet.contracts.admission import ARTIFACT_SHA_ANNOTATION, Admission
 from tunefleet.contracts.artifact import IMAGE_VOLUME, ArtifactRecord
 from tunefleet.kube import Kube
 from tunefleet.storage.registry import parse_uri
@@ -301,7 +301,7 @@ def holds_what_it_claims(config_map: dict[str, Any], profile_uid: str) -> bool:
     """Whether a ConfigMap holds the artifact its own annotations name (one the operator made
     does; content_problem says why another does not)."""
     anns = (config_map.get("metadata") or {}).get("annotations") or {}
-    sha = str(anns.get(naming.ARTIFACT_SHA_ANNOTATION) or "")
+    sha = str(anns.get(ARTIFACT_SHA_ANNOTATION) or "")
     manifest = str(anns.get(naming.MANIFEST_SHA_ANNOTATION) or "")
     return bool(sha) and not content_problem(config_map, sha, manifest, profile_uid)
 

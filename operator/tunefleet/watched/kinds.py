@@ -20,6 +20,7 @@ this cache; it is a list-then-watch thread of its own, as these are.
 from __future__ import annotations
 
 from tunefleet import GROUP, PLURAL, VERSION, naming
+from tunefleet.contracts.admission import ADMISSION_LABEL
 from tunefleet.runtime.reflector import Kind
 
 _MANAGED = ",".join(f"{k}={v}" for k, v in naming.MANAGED_BY.items())
@@ -40,6 +41,4 @@ ARTIFACT_CONFIGMAPS = Kind(
 )  # fmt: skip
 # Model pods the webhook admitted (served.py): those that run without their artifact for a
 # cause of ours are counted in their profile's Degraded condition.
-MODEL_PODS = Kind(
-    "model-pods", "/api/v1", "pods", f"{naming.PROFILE_LABEL},{naming.ADMISSION_LABEL}"
-)
+MODEL_PODS = Kind("model-pods", "/api/v1", "pods", f"{naming.PROFILE_LABEL},{ADMISSION_LABEL}")

@@ -70,7 +70,14 @@ from tunefleet.builders.webhook import (
 )
 from tunefleet.config import Config
 from tunefleet.contracts import nodemap
-from tunefleet.contracts.admission import INJECTED, UNTUNED, Admission, Code
+from tunefleet.contracts.admission import (
+    ADMISSION_LABEL,
+    INJECTED,
+    STATUS_ANNOTATION,
+    UNTUNED,
+    Admission,
+    Code,
+)
 from tunefleet.contracts.artifact import IMAGE_VOLUME, ArtifactRecord
 from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
 from tunefleet.contracts.fetch import Candidate
@@ -743,17 +750,15 @@ def already_injected(pod: dict[str, Any]) -> bool:
 def seen_injected(pod: dict[str, Any]) -> Decision:
     """An injected pod admitted again: only say it was seen (the label, if it lacks it)."""
     out = copy.deepcopy(pod)
-    out.setdefault("metadata", {}).setdefault("labels", {})[naming.ADMISSION_LABEL] = INJECTED
+    out.setdefault("metadata", {}).setdefault("labels", {})[ADMISSION_LABEL] = INJECTED
     return Decision(pod=out, code=Code.ALREADY_ADMITTED)
 
 
 def repeats(pod: dict[str, Any], decision: Decision) -> bool:
     """The decision says what the pod already says (an earlier entry of ours decided it
     untuned the same way): admitted as it is, not announced twice."""
-    said = ((pod.get("metadata") or {}).get("annotations") or {}).get(naming.STATUS_ANNOTATION)
-    now = ((decision.pod.get("metadata") or {}).get("annotations") or {}).get(
-        naming.STATUS_ANNOTATION
-    )
+    said = ((pod.get("metadata") or {}).get("annotations") or {}).get(STATUS_ANNOTATION)
+    now = ((decision.pod.get("metadata") or {}).get("annotations") or {}).get(STATUS_ANNOTATION)
     return bool(decision.reason) and not decision.deny and said is not None and said == now
 
 
