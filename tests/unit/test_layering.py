@@ -4,6 +4,8 @@
 - that layer imports nothing but the standard library and itself (it runs in users' images);
 - no import circle among tunefleet's modules, lazy imports inside functions included, nor
   anywhere in the tree (tuner_job, bench, testbed, tests, hack, scripts);
+- no circle among tunefleet's folders either (each module counted as its folder's, a module
+  directly in the package as its own): the folders stack in layers (docs/operator.md's map);
 - at most 8 modules directly in operator/tunefleet/: the rest live in rooms named by what
   they do (docs/operator.md's map);
 - nothing outside tests/ imports from tests/ (what the demo and the benchmarks share with the
@@ -30,6 +32,7 @@ import ast
 import re
 import sys
 from collections.abc import Callable, Iterator
+from itertools import pairwise
 from pathlib import Path
 
 import tuner_job
@@ -158,6 +161,61 @@ def test_no_import_circle_in_tunefleet() -> None:
         deps -= {p for p in deps if name.startswith(p + ".")}
     circle = _cycle(g)
     assert circle is None, " -> ".join(circle or [])
+
+
+def folder_of(module: str) -> str:
+    """tunefleet.<folder>.<...> as tunefleet.<folder>; a module directly in the package (naming,
+    kube, config) is a node of its own."""
+    return ".".join(module.split(".")[:2])
+
+
+def folder_graph(g: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph `g` with each module collapsed to its folder. The package itself
+    (tunefleet/__init__.py: the version and the API group's names) is where every module is
+    loaded from, not a folder of the layers."""
+    out: dict[str, set[str]] = {}
+    for name, deps in g.items():
+        here = folder_of(name)
+        out.setdefault(here, set()).update(
+            folder_of(d) for d in deps if folder_of(d) not in (here, "tunefleet")
+        )
+    out.pop("tunefleet", None)
+    return out
+
+
+def arrows(g: dict[str, set[str]], circle: list[str]) -> list[str]:
+    """The module imports behind each arrow of a folder circle, to say which to move."""
+    return [
+        f"{name} imports {dep}"
+        for a, b in pairwise(circle)
+        for name, deps in sorted(g.items())
+        if folder_of(name) == a
+        for dep in sorted(deps)
+        if folder_of(dep) == b
+    ]
+
+
+def test_no_import_circle_among_tunefleets_folders() -> None:
+    g = graph(OPERATOR, "tunefleet")
+    circle = _cycle(folder_graph(g))
+    assert circle is None, " -> ".join(circle or []) + "\n" + "\n".join(arrows(g, circle or []))
+
+
+def test_the_folder_rule_catches_a_circle_through_folders() -> None:
+    g = {
+        "tunefleet.api.status": {"tunefleet.contracts.artifact", "tunefleet.api.base"},
+        "tunefleet.contracts.admission": {"tunefleet.naming", "tunefleet"},
+        "tunefleet.contracts.artifact": set(),
+        "tunefleet.naming": {"tunefleet.api.base"},
+        "tunefleet.api.base": set(),
+    }
+    folders = folder_graph(g)
+    assert folders["tunefleet.api"] == {"tunefleet.contracts"}  # within a folder: no arrow
+    circle = _cycle(folders)
+    assert circle == ["tunefleet.api", "tunefleet.contracts", "tunefleet.naming", "tunefleet.api"]
+    assert arrows(g, circle)[0] == "tunefleet.api.status imports tunefleet.contracts.artifact"
+    del g["tunefleet.contracts.admission"]
+    assert _cycle(folder_graph(g)) is None
 
 
 PACKAGES = {
