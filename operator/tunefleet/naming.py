@@ -307,8 +307,8 @@ def signing_problems(spec: TuningProfileSpec) -> list[str]:
 
 
 def artifact_config_map_labels(uid: str) -> dict[str, str]:
-    """What an artifact ConfigMap carries and the watch selects it by (watch.py): put back by
-    the reconcile when a user removes them from the object it made (delivery heals)."""
+    """What an artifact ConfigMap carries and the watch selects it by (watched/kinds.py): put
+    back by the reconcile when a user removes them from the object it made (delivery heals)."""
     return {**MANAGED_BY, PROFILE_UID_LABEL: uid, ROLE_LABEL: "artifact"}
 
 

@@ -46,7 +46,7 @@ LOADER_NAME = "_tunefleet_load_results"  # the queued call's name (tests look fo
 CACHE_LOG_ENV = "TUNEFLEET_CACHE_LOG"
 CACHE_LOG_NAME = "tunefleet-cache-log.jsonl"  # in the capture directory, beside the untuned files
 # vLLM's loggers that say which path its compiled model took (vllm/compilation/decorators.py
-# in AOT mode, the default on 0.32.0; backends.py without it).
+# in AOT mode, the default on 0.32.0; vllm/compilation/backends.py without it).
 VLLM_LOGGERS = ("vllm.compilation.decorators", "vllm.compilation.backends")
 # vLLM 0.32.0's words. A vLLM that rewords them is reported as unknown, never as a hit.
 AOT_LOADED = re.compile(r"Directly load AOT compilation from path (\S+)")

@@ -1,7 +1,7 @@
 """The reconciler's engine: a work queue of profiles, worker threads, and a slow resync.
 
-Reflectors (runtime/reflector.py, the kinds of watch.py) feed event handlers (handlers/) that
-keep a small view of each object in the cache (cache.py) and add the owning profile to the
+Reflectors (runtime/reflector.py, the kinds in watched/kinds.py) feed handlers (handlers/) that
+keep a small view of each object in the cache (watched/cache.py) and add the owning profile to the
 queue (runtime/workqueue.py). Workers take keys and run `reconcile.sync_profile` against the
 cache; its Outcome says how soon to look again when no event will (the engine never reads a
 condition). A reconcile whose Outcome ends on a transient error (kube.Temporary) is retried

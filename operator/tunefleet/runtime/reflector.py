@@ -1,7 +1,7 @@
 """List, then watch: client-go's reflector, in short. One Reflector follows one kind in one
 namespace (or cluster-wide) and feeds every object to the event handler registered for that
 kind (`on`); the kinds the operator follows, and why these and not kopf's watches, are in
-watch.py. Nothing here knows what the objects are.
+watched/kinds.py. Nothing here knows what the objects are.
 
 A reflector lists its kind page by page (client.LIST_PAGE objects a page): each object goes
 to the handler as it is read, and the page is dropped before the next is read, so a restart
