@@ -4,6 +4,9 @@ A Job's name is a pure function of (profile, its uid, GPU model, revision), so a
 event, a resync or an operator restart finds the Job it already created instead of making
 another, and a profile deleted and created again under the same name never meets the Jobs of
 its predecessor (still being garbage-collected).
+
+What the webhook writes on a model pod it admits (its admission label, decision, pinned
+artifact and warnings) is not here but contracts/admission.py's, which writes and reads it.
 """
 
 from __future__ import annotations
@@ -38,8 +41,6 @@ RECORD_ANNOTATION = "tunefleet.io/artifact-record"
 # On a tuning Job the GPU gate made suspended (placement/gate.py): "true" while it may start it.
 GPU_GATE_ANNOTATION = "tunefleet.io/waits-for-gpu"
 JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"  # set by the Job controller on its pods
-# What the webhook writes on a model pod it admits (its admission label, decision, pinned
-# artifact and warnings) is contracts/admission.py's, which writes and reads it.
 # On a model pod, set by its author: the most disk its caches may take (a quantity), where its
 # node accounts no local storage and no ephemeral-storage limit can say it (builders/webhook.py
 # pod_budget).
