@@ -13,8 +13,8 @@ from tunefleet.api.conditions import Reason
 from tunefleet.config import Config
 from tunefleet.reconciler import controller as controller_mod
 from tunefleet.reconciler.controller import Controller, Indexes
-from tunefleet.reconciler.memory import QUEUED_TTL
 from tunefleet.reconciler.decide import REDELIVER_AFTER_S
+from tunefleet.reconciler.memory import QUEUED_TTL
 from tunefleet.reconciler.reconcile import ENDS, Outcome, requeue_after
 
 
