@@ -11,7 +11,6 @@ from tests.support.wrappers import make_profile
 from tunefleet import kube
 from tunefleet.api.conditions import Reason
 from tunefleet.config import Config
-from tunefleet.reconciler import controller as controller_mod
 from tunefleet.reconciler.controller import Controller, Indexes
 from tunefleet.reconciler.decide import REDELIVER_AFTER_S
 from tunefleet.reconciler.memory import QUEUED_TTL
@@ -19,7 +18,6 @@ from tunefleet.reconciler.reconcile import ENDS, Outcome, requeue_after
 
 
 def make(
-    monkeypatch: pytest.MonkeyPatch,
     outcome: Exception | None,
     after: float | None = None,
     client: FakeKube | None = None,
@@ -40,41 +38,39 @@ def make(
             raise outcome
         return Outcome({}, after)
 
-    monkeypatch.setattr(controller_mod, "sync_profile", sync)
-    return Controller(client or FakeKube(), Config(), indexes, workers=1)
+    # Handed its reconcile, as the operator hands it sync_profile: nothing to patch.
+    return Controller(client or FakeKube(), Config(), indexes, sync, workers=1)
 
 
-def test_temporary_errors_back_off_and_success_resets(monkeypatch: pytest.MonkeyPatch) -> None:
-    c = make(monkeypatch, kube.Temporary("api down", delay=5))
+def test_temporary_errors_back_off_and_success_resets() -> None:
+    c = make(kube.Temporary("api down", delay=5))
     c.process(("ml", "p"))
     c.process(("ml", "p"))
     assert c.queue.failures(("ml", "p")) == 2
     assert c.queue.pending() == 1  # waiting for its backoff, not spinning
 
 
-def test_permanent_errors_are_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
-    c = make(monkeypatch, kube.Permanent("bad spec"))
+def test_permanent_errors_are_not_retried() -> None:
+    c = make(kube.Permanent("bad spec"))
     c.process(("ml", "p"))
     assert c.queue.failures(("ml", "p")) == 0 and c.queue.pending() == 0
 
 
 def test_a_bug_is_logged_and_retried_never_fatal(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    c = make(monkeypatch, KeyError("oops"))
+    c = make(KeyError("oops"))
     c.process(("ml", "p"))
     assert c.queue.failures(("ml", "p")) == 1
     assert "reconcile failed" in caplog.text
 
 
-def test_the_engine_requeues_after_the_delay_the_reconcile_asked_for(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    c = make(monkeypatch, None, after=12.5)
+def test_the_engine_requeues_after_the_delay_the_reconcile_asked_for() -> None:
+    c = make(None, after=12.5)
     c.process(("ml", "p"))
     assert c.queue.pending() == 1 and c.queue.failures(("ml", "p")) == 0
     assert c.queue.get(timeout=0.05) is None  # not before its time
-    c = make(monkeypatch, None, after=None)
+    c = make(None, after=None)
     c.process(("ml", "p"))
     assert c.queue.pending() == 0  # nothing asked: the next event or resync brings it
 
@@ -91,15 +87,15 @@ def test_requeue_after_is_decided_from_status_alone() -> None:
     assert requeue_after({"phase": "Ready", "jobs": [{"name": "j", "reason": "Completed"}]}) is None
 
 
-def test_a_deleted_profile_is_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
-    c = make(monkeypatch, None)
+def test_a_deleted_profile_is_forgotten() -> None:
+    c = make(None)
     c.memory.unadmitted[("ml", "gone")] = ["x"]
     c.process(("ml", "gone"))
     assert ("ml", "gone") not in c.memory.unadmitted
 
 
-def test_our_own_status_echo_is_not_reconciled_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    c = make(monkeypatch, None)
+def test_our_own_status_echo_is_not_reconciled_again() -> None:
+    c = make(None)
     written = {"observedGeneration": 2, "phase": "Ready"}
     c.memory.of("u").written_rv = "41"
     view = {"metadata": {"uid": "u", "generation": 2, "resourceVersion": "41"}, "status": written}
@@ -108,7 +104,7 @@ def test_our_own_status_echo_is_not_reconciled_again(monkeypatch: pytest.MonkeyP
     assert c.wants({**view, "metadata": {"uid": "other", "resourceVersion": "41"}}) is True
 
 
-def test_scan_counts_pods_without_the_admission_label(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_scan_counts_pods_without_the_admission_label() -> None:
     pods = [
         {"metadata": {"name": "a", "namespace": "ml", "labels": {"tunefleet.io/profile": "p"}}},
         {
@@ -134,7 +130,7 @@ def test_scan_counts_pods_without_the_admission_label(monkeypatch: pytest.Monkey
         seen.append(selector)
         return pods
 
-    c = make(monkeypatch, None, client=FakeKube(intercept={"list_pods": list_pods}))
+    c = make(None, client=FakeKube(intercept={"list_pods": list_pods}))
     assert c.scan_unadmitted() == {("ml", "p")}
     assert c.memory.unadmitted == {("ml", "p"): ["a"]}
     assert seen == ["tunefleet.io/profile,!tunefleet.io/admission"]

@@ -263,7 +263,8 @@ def test_the_echo_of_a_job_its_reconcile_made_and_observed_needs_no_reconcile() 
     full, _ = gate_of(capacity=1)
     full.follow_job("ADDED", job(1))
     api = FakeKube(writers=RECONCILE_WRITERS)
-    c = Controller(api, CFG, Indexes(lambda k: None, list, lambda ns, u: [], lambda ns, u: []))
+    nothing = Indexes(lambda k: None, list, lambda ns, u: [], lambda ns, u: [])
+    c = Controller(api, CFG, nothing, sync_profile)
     memory = c.memory
     sync_profile(p, [], [], CFG, memory, Around(api, gate=full))
     made = next(c[2] for c in api.calls if c[0] == "Job" and c[1] == "create")
@@ -273,7 +274,8 @@ def test_the_echo_of_a_job_its_reconcile_made_and_observed_needs_no_reconcile() 
     # A Kueue Job is not observed by the pass that makes it (Kueue has not spoken yet).
     q = profile(gpu={"vendor": "amd", "models": [MODEL]}, tuning={"queueName": "a"})
     api = FakeKube(writers=RECONCILE_WRITERS)
-    c = Controller(api, CFG, Indexes(lambda k: None, list, lambda ns, u: [], lambda ns, u: []))
+    nothing = Indexes(lambda k: None, list, lambda ns, u: [], lambda ns, u: [])
+    c = Controller(api, CFG, nothing, sync_profile)
     sync_profile(q, [], [], CFG, c.memory, Around(api, gate=full))
     (queued,) = [c[2] for c in api.calls if c[0] == "Job" and c[1] == "create"]
     assert queued["spec"]["suspend"] is True

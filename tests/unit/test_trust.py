@@ -192,7 +192,7 @@ def test_a_conflict_reads_again_and_memory_never_overrides_the_api_server(
         pods=lambda ns, uid: [],
         refresh=refreshed.append,
     )
-    c = Controller(api, CFG, indexes, workers=1)
+    c = Controller(api, CFG, indexes, sync_profile, workers=1)
     c.process(("ml", "p"))
     assert refreshed == [{"metadata": {"name": "p"}}]
     assert c.queue.pending() == 1  # computed again from the fresh read, soon
@@ -303,6 +303,7 @@ def test_a_replica_that_stops_leading_forgets_what_it_remembered() -> None:
         FakeKube(writers=RECONCILE_WRITERS),
         CFG,
         Indexes(lambda k: None, list, lambda ns, u: [], lambda ns, u: []),
+        sync_profile,
         workers=1,
     )
     c.memory.of("uid-1").written_rv = "5"

@@ -17,6 +17,7 @@ from tunefleet import kube, naming
 from tunefleet.config import Config
 from tunefleet.reconciler.controller import Controller, Indexes
 from tunefleet.reconciler.memory import Memory
+from tunefleet.reconciler.reconcile import sync_profile
 from tunefleet.runtime import client, reflector
 from tunefleet.watched import kinds
 from tunefleet.watched.cache import ProfileCache
@@ -206,7 +207,7 @@ def controller_of(cache: ProfileCache) -> Controller:
     indexes = Indexes(
         cache.profile, cache.profiles, cache.jobs, cache.pods, has_profile=cache.has_profile_uid
     )
-    return Controller(FakeKube(), Config(), indexes, workers=1)
+    return Controller(FakeKube(), Config(), indexes, sync_profile, workers=1)
 
 
 def test_what_is_remembered_follows_what_the_cache_holds() -> None:

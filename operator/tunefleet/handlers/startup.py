@@ -27,6 +27,7 @@ from tunefleet.config import Config
 from tunefleet.placement.gate import Gate, node_gpus
 from tunefleet.placement.nodemap import NodeMaps
 from tunefleet.reconciler.controller import Controller, Indexes
+from tunefleet.reconciler.reconcile import sync_profile
 from tunefleet.runtime import reflector
 from tunefleet.runtime.leader import Callbacks, LeaseElector
 from tunefleet.runtime.reflector import Reflectors
@@ -168,12 +169,9 @@ async def operator_startup(
         uid = await asyncio.to_thread(OPERATOR.client.cluster_uid)
         config = replace(config, fleet_cluster=uid)
         logger.info(f"fleet mode: this cluster is {uid} (kube-system's uid)")
+    # The reconcile the engine runs is handed to it: the engine imports none.
     controller = Controller(
-        OPERATOR.client,
-        config,
-        _indexes(config),
-        workers=config.workers,
-        resync_seconds=config.resync_seconds,
+        OPERATOR.client, config, _indexes(config), sync_profile, workers=config.workers
     )
     OPERATOR.config = config
     OPERATOR.controller = controller

@@ -2,13 +2,14 @@
 
 Reflectors (runtime/reflector.py, the kinds in watched/kinds.py) feed handlers (handlers/) that
 keep a small view of each object in the cache (watched/cache.py) and add the owning profile to the
-queue (runtime/workqueue.py). Workers take keys and run `reconcile.sync_profile` against the
-cache; its Outcome says how soon to look again when no event will (the engine never reads a
-condition). A reconcile whose Outcome ends on a transient error (kube.Temporary) is retried
-with per-profile exponential backoff (1 s doubling to 5 min); a permanent problem
-(kube.Permanent) is reported in status once and waits for the next change. Every
-`resync_seconds` all profiles are queued again (a no-op unless something drifted) and
-labelled pods that the webhook never saw are counted.
+queue (runtime/workqueue.py). Workers take keys and run the reconcile the engine was handed
+(the operator hands it reconcile.sync_profile) against the cache; its Outcome says how soon
+to look again when no event will (the engine never reads a condition). A reconcile whose
+Outcome ends on a transient error (kube.Temporary) is retried with per-profile exponential
+backoff (1 s doubling to 5 min); a permanent problem (kube.Permanent) is reported in status
+once and waits for the next change. Every `config.resync_seconds` all profiles are queued
+again (a no-op unless something drifted) and labelled pods that the webhook never saw are
+counted.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from tunefleet import kube, metrics, naming
 from tunefleet.capture.step import CaptureSource
@@ -29,7 +30,10 @@ from tunefleet.informers.cache import Untrusted
 from tunefleet.kube import Kube
 from tunefleet.placement.gate import Gate
 from tunefleet.reconciler.memory import Memory
-from tunefleet.reconciler.reconcile import Around, Outcome, sync_profile
+
+# The reconcile's value types only: which reconcile runs is handed in (Reconcile), so the engine
+# runs under a stand-in in tests, and the reconcile's insides change without touching it.
+from tunefleet.reconciler.reconcile import Around, Outcome
 from tunefleet.runtime.heap import release_memory
 from tunefleet.runtime.workqueue import Backoff, WorkQueue
 from tunefleet.serving.served import Untuned
@@ -71,23 +75,41 @@ class Indexes:
     gate: Gate | None = None
 
 
+class Reconcile(Protocol):
+    """One reconcile of a profile against what the cache holds of it (reconcile.sync_profile):
+    the status it holds and when to look again. It returns the project's errors in the
+    Outcome; what it raises is a bug."""
+
+    def __call__(
+        self,
+        profile: dict[str, Any],
+        jobs: list[dict[str, Any]],
+        pods: list[dict[str, Any]],
+        config: Config,
+        memory: Memory,
+        around: Around,
+        /,
+    ) -> Outcome: ...
+
+
 class Controller:
     def __init__(
         self,
         client: Kube,
         config: Config,
         indexes: Indexes,
+        reconcile: Reconcile,
         *,
         workers: int = 8,
-        resync_seconds: float = 600.0,
         backoff: Backoff | None = None,
     ) -> None:
         self.client = client  # the process's one (kube.Kube; a FakeKube in unit tests)
         self.config = config
         self.indexes = indexes
+        self.reconcile = reconcile
         self.gate = indexes.gate
         self.workers = workers
-        self.resync_seconds = resync_seconds
+        self.resync_seconds = config.resync_seconds
         self.queue: WorkQueue[Key] = WorkQueue(backoff or Backoff(base=1.0, cap=300.0))
         self.memory = Memory()
         self._threads: list[threading.Thread] = []
@@ -207,7 +229,7 @@ class Controller:
         started = time.perf_counter()
         try:
             outcome = self._sync(key, profile)
-        except Exception as e:  # a bug: sync_profile returns the project's own errors
+        except Exception as e:  # a bug: the reconcile returns the project's own errors
             self._failed(key, uid, e)
         else:
             if outcome.error is not None:
@@ -225,7 +247,7 @@ class Controller:
         uid = profile["metadata"].get("uid", "")
         jobs = self.indexes.jobs(ns, uid)
         pods = [p for j in jobs for p in self.indexes.pods(ns, j["metadata"].get("uid", ""))]
-        return sync_profile(
+        return self.reconcile(
             profile,
             jobs,
             pods,
