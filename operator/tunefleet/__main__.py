@@ -121,6 +121,7 @@ def main() -> None:
     ]
 
     import tunefleet.handlers  # noqa: F401  (registers the handlers with kopf)
+    from tunefleet.handlers.startup import Operator
 
     kopf.configure(verbose=args.verbose)
     logging.getLogger("tunefleet").info(startup_line(os.environ))
@@ -135,6 +136,9 @@ def main() -> None:
         clusterwide=not namespaces,
         namespaces=namespaces,
         liveness_endpoint=args.liveness or None,
+        # The one object that owns the process: kopf hands every handler a shallow copy of
+        # this memo (startup and cleanup, the webhook's), so each reaches it as memo.operator.
+        memo=kopf.Memo(operator=Operator()),
     )
 
 

@@ -292,19 +292,17 @@ def test_the_exposition_of_per_profile_gauges_is_valid_prometheus_text() -> None
 
 
 def test_the_operator_feeds_the_collector_each_profiles_status_from_its_cache() -> None:
-    from tunefleet.handlers import startup
+    from tests.support.fake_kube import FakeKube
+    from tunefleet.handlers.startup import Operator
 
     status = {"artifacts": [{"gpuModel": "H100", "gain": {"figures": [figure("gemms", 1.5)]}}]}
     body = {"apiVersion": "tunefleet.io/v1alpha1", "kind": "TuningProfile",
             "metadata": {"namespace": "team-a", "name": "metrics-feed", "uid": "u-feed"},
             "spec": {}, "status": status}  # fmt: skip
-    startup.OPERATOR.cache.put_profile(body)
-    try:
-        fed = [p for p in startup._profile_statuses() if p[1] == "metrics-feed"]
-        assert fed == [("team-a", "metrics-feed", status)]
-        assert startup._untuned_causes("team-a", "metrics-feed") == []
-    finally:
-        startup.OPERATOR.cache.drop_profile(("team-a", "metrics-feed"))
+    operator = Operator(FakeKube())  # its own cache: nothing to clean up after
+    operator.cache.put_profile(body)
+    assert list(operator.profile_statuses()) == [("team-a", "metrics-feed", status)]
+    assert operator.untuned_causes("team-a", "metrics-feed") == []
 
 
 def test_per_profile_series_only_when_asked_for() -> None:
@@ -312,9 +310,10 @@ def test_per_profile_series_only_when_asked_for() -> None:
     to (the chart's metrics.perProfile, or its dashboard); the fleet's gauges always."""
     from dataclasses import replace
 
+    from tests.support.fake_kube import FakeKube
     from tests.support.profiles import CFG
     from tests.support.wrappers import make_artifact, make_profile
-    from tunefleet.handlers import startup
+    from tunefleet.handlers.startup import Operator
 
     gain = {"figures": [figure("gemms", 1.5)]}
     served = (
@@ -322,17 +321,15 @@ def test_per_profile_series_only_when_asked_for() -> None:
         .uid("u-pp")
         .artifacts(make_artifact("H100").fields(gain=gain))
     )
-    startup.OPERATOR.cache.put_profile(served.obj())
+    operator = Operator(FakeKube())
+    operator.cache.put_profile(served.obj())
 
     def names(profile_metrics: bool) -> set[str]:
         config = replace(CFG, profile_metrics=profile_metrics)
-        collector = startup.index_collector(config, queue_depth=lambda: 0)
+        collector = operator.index_collector(config, queue_depth=lambda: 0)
         return {s.name for family in collector.collect() for s in family.samples}
 
-    try:
-        off, on = names(False), names(True)
-    finally:
-        startup.OPERATOR.cache.drop_profile(("team-a", "per-profile"))
+    off, on = names(False), names(True)
     assert "tunefleet_profiles" in off and "tunefleet_profiles" in on
     assert not {n for n in off if n.startswith("tunefleet_artifact_")}
     assert "tunefleet_artifact_speedup" in on
@@ -363,6 +360,9 @@ class _Listing:
 
 
 def _startup_stubs(monkeypatch: pytest.MonkeyPatch, events: list[str]) -> Any:
+    """An operator (one replica: Config() names no Lease, so both parts lead at once) and a
+    stand-in controller; the node maps, the metrics server and the process's end recorded."""
+    from tests.support.fake_kube import FakeKube
     from tunefleet.handlers import startup
 
     class Maps:
@@ -370,6 +370,9 @@ def _startup_stubs(monkeypatch: pytest.MonkeyPatch, events: list[str]) -> Any:
 
         def start(self) -> None:
             events.append("maps")
+
+        def lead(self) -> None:
+            events.append("maps leads")
 
     class Controller:
         class queue:  # the controller's attribute
@@ -382,12 +385,14 @@ def _startup_stubs(monkeypatch: pytest.MonkeyPatch, events: list[str]) -> Any:
         def start(self) -> None:
             events.append("controller")
 
+        def lead(self) -> None:
+            events.append("controller leads")
+
     monkeypatch.setattr(startup, "NodeMaps", Maps)
     monkeypatch.setattr(startup.metrics, "serve", lambda port: events.append("metrics"))
     monkeypatch.setattr(startup.metrics.REGISTRY, "register", lambda c: None)
-    monkeypatch.setattr(startup, "_elect", lambda config, leaders: events.append("elect"))
     monkeypatch.setattr(startup.os, "kill", lambda pid, sig: events.append(f"kill {sig.name}"))
-    return startup, Controller()
+    return startup.Operator(FakeKube()), Controller()
 
 
 def test_the_reconciler_starts_only_once_every_kind_is_listed(
@@ -401,12 +406,12 @@ def test_the_reconciler_starts_only_once_every_kind_is_listed(
     from tunefleet.config import Config
 
     events: list[str] = []
-    startup, controller = _startup_stubs(monkeypatch, events)
+    operator, controller = _startup_stubs(monkeypatch, events)
     listing = _Listing()
 
     async def run() -> None:
         task = asyncio.create_task(
-            startup._start_when_listed(
+            operator._start_when_listed(
                 listing,
                 Config(),
                 controller,
@@ -419,7 +424,7 @@ def test_the_reconciler_starts_only_once_every_kind_is_listed(
         await asyncio.wait_for(task, 5)
 
     asyncio.run(run())
-    assert events == ["controller", "maps", "metrics", "elect"]
+    assert events == ["controller", "maps", "metrics", "controller leads", "maps leads"]
 
 
 def test_a_reconciler_that_cannot_start_stops_the_process(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -430,11 +435,11 @@ def test_a_reconciler_that_cannot_start_stops_the_process(monkeypatch: pytest.Mo
     from tunefleet.config import Config
 
     events: list[str] = []
-    startup, controller = _startup_stubs(monkeypatch, events)
+    operator, controller = _startup_stubs(monkeypatch, events)
     listing = _Listing(fails=True)
     listing.listed.set()
     asyncio.run(
-        startup._start_when_listed(
+        operator._start_when_listed(
             listing,
             Config(),
             controller,

@@ -3,13 +3,15 @@ not make the node maps recompute its namespace; a new profile, a spec change, a 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from tests.support.fake_kube import FakeKube
+from tests.support.profiles import CFG
 from tests.support.wrappers import make_profile
-from tunefleet.handlers import startup, tuningprofile
+from tunefleet.handlers import tuningprofile
+from tunefleet.handlers.startup import Operator
 
 
 class _Maps:
@@ -47,31 +49,38 @@ PROFILE = (
 
 
 @pytest.fixture
-def wired(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[_Maps, _Controller]]:
+def wired() -> tuple[Operator, _Maps, _Controller]:
+    """An operator handed stand-ins for the node maps and the controller (its own cache)."""
     maps, controller = _Maps(), _Controller()
-    monkeypatch.setattr(startup.OPERATOR, "node_maps", maps)
-    monkeypatch.setattr(startup.OPERATOR, "_controller", controller)
-    yield maps, controller
-    startup.OPERATOR.cache.drop_profile(("ns", "p"))
+    operator = Operator(FakeKube(), CFG, controller=controller, node_maps=maps)  # type: ignore[arg-type]
+    return operator, maps, controller
 
 
-def test_status_writes_do_not_recompute_node_maps(wired: tuple[_Maps, _Controller]) -> None:
-    maps, controller = wired
-    tuningprofile.tuningprofile_event("ADDED", PROFILE.obj())
+def test_status_writes_do_not_recompute_node_maps(
+    wired: tuple[Operator, _Maps, _Controller],
+) -> None:
+    operator, maps, controller = wired
+    tuningprofile.tuningprofile_event(operator, "ADDED", PROFILE.obj())
     assert maps.changed == ["ns"]
     for i in range(5):
-        tuningprofile.tuningprofile_event("MODIFIED", PROFILE.status(phase=f"step {i}").obj())
+        tuningprofile.tuningprofile_event(
+            operator, "MODIFIED", PROFILE.status(phase=f"step {i}").obj()
+        )
     assert maps.changed == ["ns"], "status writes alone made the node maps recompute"
     assert len(controller.queued) == 6  # every event still reaches the reconciler
 
 
-def test_spec_change_new_object_and_deletion_recompute(wired: tuple[_Maps, _Controller]) -> None:
-    maps, _ = wired
+def test_spec_change_new_object_and_deletion_recompute(
+    wired: tuple[Operator, _Maps, _Controller],
+) -> None:
+    operator, maps, _ = wired
     edited = PROFILE.generation(2).resource_version("12")
     renewed = PROFILE.uid("u2")
-    tuningprofile.tuningprofile_event("ADDED", PROFILE.obj())
-    tuningprofile.tuningprofile_event("MODIFIED", edited.obj())  # spec edited
-    tuningprofile.tuningprofile_event("MODIFIED", renewed.obj())  # same name, new
-    tuningprofile.tuningprofile_event("MODIFIED", renewed.deleting("2026-12-01T00:00:00Z").obj())
-    tuningprofile.tuningprofile_event("DELETED", renewed.obj())
+    tuningprofile.tuningprofile_event(operator, "ADDED", PROFILE.obj())
+    tuningprofile.tuningprofile_event(operator, "MODIFIED", edited.obj())  # spec edited
+    tuningprofile.tuningprofile_event(operator, "MODIFIED", renewed.obj())  # same name, new
+    tuningprofile.tuningprofile_event(
+        operator, "MODIFIED", renewed.deleting("2026-12-01T00:00:00Z").obj()
+    )
+    tuningprofile.tuningprofile_event(operator, "DELETED", renewed.obj())
     assert maps.changed == ["ns"] * 5

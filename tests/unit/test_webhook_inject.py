@@ -5,8 +5,6 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-import pytest
-
 from tests.support.fake_kube import FakeKube
 from tests.support.wrappers import make_artifact, make_pod, make_profile
 from tunefleet.builders.webhook import build_webhook_configuration
@@ -177,9 +175,7 @@ def test_a_release_that_watches_namespaces_is_called_for_those_only() -> None:
     assert expr == {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["a", "b"]}
 
 
-def test_a_pod_in_a_namespace_this_release_does_not_watch_is_left_alone(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_pod_in_a_namespace_this_release_does_not_watch_is_left_alone() -> None:
     """Another release's namespace: no label, no patch, whatever reached us."""
     import asyncio
     from dataclasses import replace
@@ -188,16 +184,16 @@ def test_a_pod_in_a_namespace_this_release_does_not_watch_is_left_alone(
 
     from tunefleet import metrics
     from tunefleet.handlers import pod as pod_handlers
-    from tunefleet.handlers.startup import OPERATOR
+    from tunefleet.handlers.startup import Operator
 
     api = FakeKube()  # records every call: none is wanted for another release's pod
-    monkeypatch.setattr(OPERATOR, "_config", replace(CFG, namespaces=("mine",)))
-    monkeypatch.setattr(OPERATOR, "client", api)
+    operator = Operator(api, replace(CFG, namespaces=("mine",)))
     counted = metrics.ADMISSIONS.labels("unchanged", "not_watched")
     before = counted._value.get()
     body = kopf.Body(POD.namespace("theirs").obj())
     patch = kopf.Patch()
-    asyncio.run(pod_handlers.pod_mutate(body=body, patch=patch, warnings=[]))
+    memo = kopf.Memo(operator=operator)  # as kopf hands it (a copy of __main__'s)
+    asyncio.run(pod_handlers.pod_mutate(body=body, patch=patch, warnings=[], memo=memo))
     assert not patch and counted._value.get() == before + 1
     assert api.calls == []
 
@@ -313,16 +309,37 @@ def test_pin_image_without_a_registry_digest_says_so() -> None:
     assert d.deny and "no registry digest" in d.deny
 
 
-def _call(pod_handlers: Any, body: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+class _Profiles:
+    """The cache as admission reads it: this profile under every name, or a failure."""
+
+    def __init__(self, answer: dict[str, Any] | Exception) -> None:
+        self.answer = answer
+
+    def profile(self, key: tuple[str, str]) -> dict[str, Any]:
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+def _operator(client: FakeKube, profiles: _Profiles) -> Any:
+    """An operator handed its parts: the fake client, CFG, and the cache stand-in."""
+    from tunefleet.handlers.startup import Operator
+
+    return Operator(client, CFG, cache=profiles)  # type: ignore[arg-type]
+
+
+def _call(operator: Any, body: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """One webhook entry's call: the patch it answers, and the pod as the next entry sees it."""
     import asyncio
 
     import kopf
 
+    from tunefleet.handlers import pod as pod_handlers
+
     patch = kopf.Patch()
-    asyncio.run(
-        pod_handlers.pod_mutate(body=kopf.Body(copy.deepcopy(body)), patch=patch, warnings=[])
-    )
+    body_ = kopf.Body(copy.deepcopy(body))
+    memo = kopf.Memo(operator=operator)  # as kopf hands it (a copy of __main__'s)
+    asyncio.run(pod_handlers.pod_mutate(body=body_, patch=patch, warnings=[], memo=memo))
     after = copy.deepcopy(body)
     for key in ("metadata", "spec"):
         for field_, value in (patch.get(key) or {}).items():
@@ -330,97 +347,81 @@ def _call(pod_handlers: Any, body: dict[str, Any]) -> tuple[Any, dict[str, Any]]
     return patch, after
 
 
-def test_the_entries_after_the_first_see_the_pod_decided_and_change_nothing(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_the_entries_after_the_first_see_the_pod_decided_and_change_nothing() -> None:
     """The chart registers one webhook entry per replica, called in turn: the first injects,
     the next ones make no lookup, patch nothing and count `already_admitted`."""
     from tunefleet import metrics
-    from tunefleet.handlers import pod as pod_handlers
-    from tunefleet.handlers.startup import OPERATOR
 
-    monkeypatch.setattr(OPERATOR, "_config", CFG)
-    monkeypatch.setattr(OPERATOR.cache, "profile", lambda key: READY.obj())
-    monkeypatch.setattr(pod_handlers, "_config_map_uids", _no_config_maps)
     body = POD.namespace("ml").obj()
     name = body["metadata"]["labels"]["tunefleet.io/profile"]
     served = metrics.PODS_SERVED.labels("ml", name, "Store")  # fetched by the init container
     before_served = served._value.get()
-    first, after = _call(pod_handlers, body)
+    first, after = _call(_operator(FakeKube(), _Profiles(READY.obj())), body)
     assert first["spec"]["initContainers"]
     assert served._value.get() == before_served + 1
 
-    def no_lookup(*_: Any) -> Any:
-        raise AssertionError("an injected pod needs no lookup")
-
-    monkeypatch.setattr(OPERATOR.cache, "profile", no_lookup)
-    monkeypatch.setattr(pod_handlers, "_read_profile", no_lookup)
+    # The next entry's replica: its cache and the API server fail the test if asked.
+    api = FakeKube()
+    lookup = _Profiles(AssertionError("an injected pod needs no lookup"))
     counted = metrics.ADMISSIONS.labels("unchanged", "already_admitted")
     before = counted._value.get()
-    second, again = _call(pod_handlers, after)
+    second, again = _call(_operator(api, lookup), after)
     assert not second and again == after and counted._value.get() == before + 1
     assert served._value.get() == before_served + 1  # one pod, served once
+    assert api.calls == []
 
 
-def test_an_untuned_decision_repeated_by_a_later_entry_is_announced_once(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from tunefleet.handlers import pod as pod_handlers
-    from tunefleet.handlers.startup import OPERATOR
+def test_an_untuned_decision_repeated_by_a_later_entry_is_announced_once() -> None:
+    from tunefleet.api.conditions import EventReason
 
-    monkeypatch.setattr(OPERATOR, "_config", CFG)
-    monkeypatch.setattr(OPERATOR.cache, "profile", lambda key: READY.artifacts().obj())
-    monkeypatch.setattr(pod_handlers, "_config_map_uids", _no_config_maps)
-    announced: list[str] = []
-    monkeypatch.setattr(pod_handlers, "announce", lambda ref, name, d: announced.append(d.reason))
+    api = FakeKube()  # the Events announced are posted through the operator's client
+    operator = _operator(api, _Profiles(READY.artifacts().obj()))
     body = POD.namespace("ml").obj()
-    _, after = _call(pod_handlers, body)
+    _, after = _call(operator, body)
     assert after["metadata"]["annotations"]["tunefleet.io/status"].startswith("untuned")
-    second, again = _call(pod_handlers, after)
+    second, again = _call(operator, after)
     assert not second and again == after
-    assert len(announced) == 1, announced
+    announced = [e for e in api.events if e[0] == EventReason.POD_UNTUNED]
+    assert len(announced) == 1, api.events
 
 
-async def _no_config_maps(namespace: str, entry: Any) -> dict[str, str]:
-    return {}
-
-
-def test_admission_recognises_the_config_map_made_by_its_uid_not_its_labels(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_admission_recognises_the_config_map_made_by_its_uid_not_its_labels() -> None:
     """The watch selects by label: a ConfigMap whose labels were removed is absent there. The
     API server is asked then (only then), and the object made, same uid, is mounted; one
     really gone or replaced is not."""
     import asyncio
 
     from tunefleet.handlers import pod as pod_handlers
-    from tunefleet.handlers.startup import OPERATOR
+    from tunefleet.handlers.startup import Operator
 
     entry = {"status": {"artifacts": [{"configMap": {"name": "cm-a", "uid": "made"}},
                                       {"configMap": {"name": "cm-b", "uid": "made-b"}}]}}  # fmt: skip
     watched = {"cm-a": "", "cm-b": "made-b"}
     there = {"cm-a": {"metadata": {"uid": "made"}}}
     reads: list[str] = []
-    monkeypatch.setattr(OPERATOR.delivered, "uid_of", lambda ns, name: watched[name])
+
+    class Delivered:  # what the watch of artifact ConfigMaps holds (serving/delivered.py)
+        def uid_of(self, namespace: str, name: str) -> str:
+            return watched[name]
 
     def read(kind: str, ns: str, name: str) -> Any:
         reads.append(name)
         return there.get(name)
 
     client = FakeKube(intercept={"read": read})
-    monkeypatch.setattr(OPERATOR, "client", client)  # the process's client, for this test
-    got = asyncio.run(pod_handlers._config_map_uids("ml", entry))
+    operator = Operator(client, CFG, delivered=Delivered())  # type: ignore[arg-type]
+    got = asyncio.run(pod_handlers._config_map_uids(operator, "ml", entry))
     assert got == {"cm-a": "made", "cm-b": "made-b"} and reads == ["cm-a"]
     del there["cm-a"]  # really gone
-    assert asyncio.run(pod_handlers._config_map_uids("ml", entry))["cm-a"] == ""
+    assert asyncio.run(pod_handlers._config_map_uids(operator, "ml", entry))["cm-a"] == ""
     there["cm-a"] = {"metadata": {"uid": "forged"}}  # replaced under its name
-    assert asyncio.run(pod_handlers._config_map_uids("ml", entry))["cm-a"] == "forged"
+    assert asyncio.run(pod_handlers._config_map_uids(operator, "ml", entry))["cm-a"] == "forged"
 
     def hung(kind: str, ns: str, name: str) -> Any:
         raise TimeoutError("the API server did not answer")
 
     client.intercept["read"] = hung  # the watch's word stands
-    assert asyncio.run(pod_handlers._config_map_uids("ml", entry))["cm-a"] == ""
+    assert asyncio.run(pod_handlers._config_map_uids(operator, "ml", entry))["cm-a"] == ""
 
 
 # --- bundles: caches beside (or instead of) TunableOp results --------------------------------

@@ -6,17 +6,17 @@ from __future__ import annotations
 from typing import Any
 
 from tunefleet import metrics, naming
-from tunefleet.handlers.startup import OPERATOR
+from tunefleet.handlers.startup import Operator
 from tunefleet.runtime import reflector
 from tunefleet.watched import kinds
 
 
 @reflector.on(kinds.CAPTURE_CONFIGMAPS)
-def capture_event(type: str | None, body: dict[str, Any]) -> None:
+def capture_event(operator: Operator, type: str | None, body: dict[str, Any]) -> None:
     metrics.HANDLER_CALLS.labels("capture_event").inc()
-    if OPERATOR.captures.follow(type, body) is None:
+    if operator.captures.follow(type, body) is None:
         return
     # By the name its label gives: only a trigger; the reconcile reads what the profile owns.
     meta = body.get("metadata") or {}
     profile = (meta.get("labels") or {}).get(naming.TUNING_PROFILE_LABEL)
-    OPERATOR.controller.enqueue_owner(meta.get("namespace"), profile)
+    operator.controller.enqueue_owner(meta.get("namespace"), profile)

@@ -7,23 +7,23 @@ from __future__ import annotations
 from typing import Any
 
 from tunefleet import metrics
-from tunefleet.handlers.startup import OPERATOR
+from tunefleet.handlers.startup import Operator
 from tunefleet.runtime import reflector
 from tunefleet.watched import kinds
 
 
 @reflector.on(kinds.ARTIFACT_CONFIGMAPS)
-def artifact_config_map_event(type: str | None, body: dict[str, Any]) -> None:
+def artifact_config_map_event(operator: Operator, type: str | None, body: dict[str, Any]) -> None:
     metrics.HANDLER_CALLS.labels("artifact_config_map_event").inc()
-    owner = OPERATOR.delivered.follow(type, body)
+    owner = operator.delivered.follow(type, body)
     # Only a trigger: the reconcile checks the ConfigMap its status names against the API.
     if owner is not None and type is not None:
-        OPERATOR.controller.enqueue_owner(*owner)
+        operator.controller.enqueue_owner(*owner)
 
 
 @reflector.on(kinds.MODEL_PODS)
-def model_pod_event(type: str | None, body: dict[str, Any]) -> None:
+def model_pod_event(operator: Operator, type: str | None, body: dict[str, Any]) -> None:
     metrics.HANDLER_CALLS.labels("model_pod_event").inc()
-    changed = OPERATOR.served.follow(type, body)
+    changed = operator.served.follow(type, body)
     if changed is not None:
-        OPERATOR.controller.enqueue_owner(*changed)
+        operator.controller.enqueue_owner(*changed)

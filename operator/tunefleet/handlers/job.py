@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunefleet.handlers.startup import follow_child
+from tunefleet.handlers.startup import Operator
 from tunefleet.runtime import reflector
 from tunefleet.watched import kinds
 
 
 @reflector.on(kinds.JOBS)
-def job_event(type: str | None, body: dict[str, Any]) -> None:
+def job_event(operator: Operator, type: str | None, body: dict[str, Any]) -> None:
     # A deleted Job is made again by the reconcile this queues: deleting a failed Job is how
     # a user asks for a retry.
-    follow_child("jobs", type, body)
+    operator.follow_child("jobs", type, body)

@@ -16,9 +16,11 @@ from tunefleet.api.conditions import EventReason
 from tunefleet.artifacts import volumes
 from tunefleet.artifacts.volumes import VolumeVerdict
 from tunefleet.builders.webhook import HANDLER_ID
+from tunefleet.config import Config
 from tunefleet.contracts.admission import Admission, Code
 from tunefleet.contracts.artifact import IMAGE_VOLUME, ArtifactRecord
-from tunefleet.handlers.startup import OPERATOR, follow_child
+from tunefleet.handlers.startup import Operator
+from tunefleet.kube import Kube
 from tunefleet.runtime import reflector
 from tunefleet.watched import kinds, views
 from tunefleet.webhook.admission import Decision, admit, already_injected, repeats, seen_injected
@@ -41,16 +43,26 @@ async def pod_mutate(
     body: kopf.Body,
     patch: kopf.Patch,
     warnings: list[str],
+    memo: kopf.Memo,
     **kwargs: Any,
 ) -> None:
     # async on purpose: kopf runs sync handlers in its shared thread pool, where admission
     # would queue behind reconciles (seen: 9 s at startup with 400 profiles, past the API
     # server's timeout). admit() is pure and sub-millisecond, fine on the event loop.
+    await admit_pod(memo.operator, body, patch, warnings)
+
+
+async def admit_pod(
+    operator: Operator, body: kopf.Body, patch: kopf.Patch, warnings: list[str]
+) -> None:
+    """Admit a labelled pod: its profile from the cache (or the API server), the decision
+    (webhook/admission.py), the patch, and what is counted, logged and announced."""
     started = time.perf_counter()
     namespace = body.metadata.namespace or ""
     pod_name = body.metadata.name or f"{body.metadata.get('generateName', '')}*"
     metrics.HANDLER_CALLS.labels("pod_mutate").inc()
-    watched = OPERATOR.config.namespaces
+    config = operator.config
+    watched = config.namespaces
     if watched and namespace not in watched:
         # Another release's namespace (its webhook's namespaceSelector keeps such pods away
         # from ours; this holds if a configuration says otherwise): not ours to label or patch.
@@ -64,12 +76,12 @@ async def pod_mutate(
             apply(body, patch, seen_injected(dict(body)))
             return
         profile_name = body.metadata.labels.get(naming.PROFILE_LABEL, "")
-        entry = OPERATOR.cache.profile((namespace, profile_name)) or await _read_profile(
-            namespace, profile_name
+        entry = operator.cache.profile((namespace, profile_name)) or await _read_profile(
+            operator.client, namespace, profile_name
         )
-        config_maps = await _config_map_uids(namespace, entry)
-        volumes = await _volume_verdicts(entry)
-        decision = admit(dict(body), profile_name, entry, OPERATOR.config, config_maps, volumes)
+        config_maps = await _config_map_uids(operator, namespace, entry)
+        volumes = await _volume_verdicts(entry, config)
+        decision = admit(dict(body), profile_name, entry, config, config_maps, volumes)
     except Exception:
         # A bug here must not block pods: a handler error would reach the API server as a
         # refusal, which failurePolicy: Ignore does not cover. Admit unchanged instead.
@@ -92,7 +104,7 @@ async def pod_mutate(
     for note in decision.notes:
         log.info(f"pod {namespace}/{pod_name}: {note}")
     if entry is not None:
-        announce(views.profile_ref(entry), pod_name, decision)
+        announce(operator.client, views.profile_ref(entry), pod_name, decision)
     # One line per admission with the handler's own duration: `make bench` reads these.
     log.info(f"admission pod {namespace}/{pod_name}: {decision.outcome} in {took * 1000:.2f} ms")
 
@@ -105,7 +117,7 @@ def _count(decision: Decision, namespace: str, profile: str) -> None:
         metrics.PODS_SERVED.labels(namespace, profile, served.delivery).inc()
 
 
-async def _read_profile(namespace: str, name: str) -> dict[str, Any] | None:
+async def _read_profile(client: Kube, namespace: str, name: str) -> dict[str, Any] | None:
     """A profile the cache does not hold: ask the API server (a profile created a moment
     ago, or one this replica has not seen yet). Misses only, and bounded: admission must
     stay well inside the webhook's timeout."""
@@ -113,7 +125,7 @@ async def _read_profile(namespace: str, name: str) -> dict[str, Any] | None:
         return None
     try:
         raw = await asyncio.wait_for(
-            asyncio.to_thread(OPERATOR.client.get_profile, namespace, name, 1.5), timeout=2.0
+            asyncio.to_thread(client.get_profile, namespace, name, 1.5), timeout=2.0
         )
     except Exception as e:
         log.info(f"admission: could not read TuningProfile {namespace}/{name}: {e}")
@@ -121,7 +133,9 @@ async def _read_profile(namespace: str, name: str) -> dict[str, Any] | None:
     return views.profile_view(raw) if raw is not None else None
 
 
-async def _config_map_uids(namespace: str, entry: dict[str, Any] | None) -> dict[str, str]:
+async def _config_map_uids(
+    operator: Operator, namespace: str, entry: dict[str, Any] | None
+) -> dict[str, str]:
     """The uid each of the profile's artifact ConfigMaps has now ("" when gone), from what this
     replica's watch follows (delivered.py): admission mounts one only while it is the object
     the operator made, and serves the artifact from the store otherwise. No API call while the
@@ -133,17 +147,19 @@ async def _config_map_uids(namespace: str, entry: dict[str, Any] | None) -> dict
         cm = a.get("configMap")
         if not isinstance(cm, dict) or not (name := str(cm.get("name") or "")):
             continue
-        made, seen = str(cm.get("uid") or ""), OPERATOR.delivered.uid_of(namespace, name)
-        uids[name] = seen if seen == made or not made else await _read_uid(namespace, name, seen)
+        made, seen = str(cm.get("uid") or ""), operator.delivered.uid_of(namespace, name)
+        if seen != made and made:
+            seen = await _read_uid(operator.client, namespace, name, seen)
+        uids[name] = seen
     return uids
 
 
-async def _read_uid(namespace: str, name: str, watched: str) -> str:
+async def _read_uid(client: Kube, namespace: str, name: str, watched: str) -> str:
     """The ConfigMap's uid as the API server has it ("" when gone); the watch's word when the
     API server does not answer in time (admission must stay inside the webhook's timeout)."""
     try:
         there = await asyncio.wait_for(
-            asyncio.to_thread(OPERATOR.client.read, "ConfigMap", namespace, name), timeout=1.5
+            asyncio.to_thread(client.read, "ConfigMap", namespace, name), timeout=1.5
         )
     except Exception as e:
         log.info(f"admission: could not read ConfigMap {namespace}/{name}: {e}")
@@ -151,7 +167,9 @@ async def _read_uid(namespace: str, name: str, watched: str) -> str:
     return str(((there or {}).get("metadata") or {}).get("uid") or "")
 
 
-async def _volume_verdicts(entry: dict[str, Any] | None) -> dict[str, VolumeVerdict]:
+async def _volume_verdicts(
+    entry: dict[str, Any] | None, config: Config
+) -> dict[str, VolumeVerdict]:
     """The verdict on each volume image the profile's status says pods mount, for the key and
     policy its spec says now: a recent one (artifacts/volumes.py keeps them TTL_S seconds, the
     leader's delivery fills them), else checked here, against the registry, within
@@ -173,7 +191,7 @@ async def _volume_verdicts(entry: dict[str, Any] | None) -> dict[str, VolumeVerd
         if verdict is None:
             try:
                 verdict = await asyncio.wait_for(
-                    asyncio.to_thread(volumes.check, record, key, required, OPERATOR.config),
+                    asyncio.to_thread(volumes.check, record, key, required, config),
                     timeout=VOLUME_CHECK_S,
                 )
             except Exception as e:
@@ -197,22 +215,22 @@ def apply(body: kopf.Body, patch: kopf.Patch, decision: Decision) -> None:
                 patch.setdefault(key, {})[field] = value
 
 
-def announce(profile_ref: dict[str, Any], pod_name: str, decision: Decision) -> None:
+def announce(client: Kube, profile_ref: dict[str, Any], pod_name: str, decision: Decision) -> None:
     if decision.reason:
         log.warning(f"pod {pod_name} starts untuned: {decision.reason}")
-        OPERATOR.client.post_event_soon(
+        client.post_event_soon(
             profile_ref,
             "Warning",
             EventReason.POD_UNTUNED,
             f"pod {pod_name} starts untuned: {decision.reason}",
         )
     if decision.warnings:
-        OPERATOR.client.post_event_soon(
+        client.post_event_soon(
             profile_ref, "Warning", EventReason.IMAGE_MISMATCH, "; ".join(decision.warnings)
         )
 
 
 @reflector.on(kinds.PODS)
-def pod_event(type: str | None, body: dict[str, Any]) -> None:
+def pod_event(operator: Operator, type: str | None, body: dict[str, Any]) -> None:
     """A tuning pod (kinds.PODS selects them): kept in the cache under its Job."""
-    follow_child("pods", type, body)
+    operator.follow_child("pods", type, body)

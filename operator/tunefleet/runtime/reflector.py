@@ -49,14 +49,19 @@ class Kind:
         return f"{self.group_path}{where}/{self.plural}"
 
 
+# What `on` registers: a handler handed first the object the reflectors are built by (the
+# operator binds its handlers to itself), then the event: so that no handler reaches what it
+# keeps through a module's global. The machinery does not know what that object is.
+Registered = Callable[[Any, str | None, dict[str, Any]], None]
+
 # kind name -> its event handler (handlers/ register theirs with @on, as kopf's decorators do)
-HANDLERS: dict[str, tuple[Kind, Handler]] = {}
+HANDLERS: dict[str, tuple[Kind, Registered]] = {}
 
 
-def on(kind: Kind) -> Callable[[Handler], Handler]:
-    """Register the event handler of a kind: the reflectors of that kind feed it."""
+def on(kind: Kind) -> Callable[[Registered], Registered]:
+    """Register the event handler of a kind: the reflectors of that kind feed it, bound."""
 
-    def register(fn: Handler) -> Handler:
+    def register(fn: Registered) -> Registered:
         HANDLERS[kind.name] = (kind, fn)
         return fn
 
