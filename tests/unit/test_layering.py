@@ -16,6 +16,10 @@
   heap): it imports nothing of tunefleet outside runtime/, so the domain can change beneath it;
 - kopf is the webhook's server and the startup's, nothing else: the rest speaks the project's
   own error words (runtime/client.Temporary, Permanent);
+- no module keeps the Operator (handlers/startup.py): __main__ makes it and hands it to kopf's
+  memo, where kopf's handlers read it; the reflectors' handlers are bound to it;
+- the reconciler's engine (controller.py) is handed the reconcile it runs: it imports no function
+  of reconciler/reconcile.py, nor the module;
 - no test module imports another, nor a conftest.py: shared builders and fakes live in
   tests/support/;
 - no product function (operator, tuner) is longer than 60 lines: a longer one does several
@@ -465,6 +469,114 @@ def test_no_product_function_takes_more_than_6_parameters() -> None:
     assert not found, note + "\n".join(found)
     # The rule can fail: some function takes more than a lower limit.
     assert over(product_paths(), parameters, 3)
+
+
+# --- one Operator, reached through kopf's memo ---------------------------------------------------
+
+# handlers/startup.py's Operator owns the process: __main__ makes it and hands it to kopf's memo;
+# kopf's handlers read it there, the reflectors' handlers are bound to it. No module keeps one.
+OWNER = "Operator"
+
+
+def operator_globals(source: str, where: str) -> list[str]:
+    """Module-level Operators (an assignment named OPERATOR, or of an Operator(...) made at
+    import), `global OPERATOR`, and imports or module attribute reads of an OPERATOR."""
+    found = []
+    tree = ast.parse(source)
+    for node in tree.body:
+        targets: list[ast.expr] = []
+        value: ast.expr | None = None
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign):
+            targets, value = [node.target], node.value
+        names = [t.id for t in targets if isinstance(t, ast.Name)]
+        fn = value.func if isinstance(value, ast.Call) else None
+        made = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+        found += [f"{where}: {n} = {OWNER}(...)" for n in names if made == OWNER]
+        found += [f"{where}: {n}" for n in names if n == "OPERATOR" and made != OWNER]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global) and "OPERATOR" in node.names:
+            found.append(f"{where}: global OPERATOR")
+        elif isinstance(node, ast.ImportFrom):
+            found += [f"{where}: imports OPERATOR" for a in node.names if a.name == "OPERATOR"]
+        elif isinstance(node, ast.Attribute) and node.attr == "OPERATOR":
+            found.append(f"{where}: reads {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_keeps_the_operator() -> None:
+    found = []
+    for path in sorted(OPERATOR.rglob("*.py")):
+        found += operator_globals(path.read_text(), str(path.relative_to(ROOT)))
+    assert found == [], found
+
+
+def test_the_operator_global_rule_catches_one() -> None:
+    assert operator_globals("OPERATOR = Operator()\n", "m") == ["m: OPERATOR = Operator(...)"]
+    assert operator_globals("ONE: Operator = startup.Operator()\n", "m") == [
+        "m: ONE = Operator(...)"
+    ]
+    assert operator_globals("OPERATOR = None\n", "m") == ["m: OPERATOR"]
+    assert operator_globals("from tunefleet.handlers.startup import OPERATOR\n", "m") == [
+        "m: imports OPERATOR"
+    ]
+    assert operator_globals("x = startup.OPERATOR.cache\n", "m") == ["m: reads startup.OPERATOR"]
+    assert operator_globals("def f():\n    global OPERATOR\n", "m") == ["m: global OPERATOR"]
+    # Made inside a function (as __main__ does) and handed on: allowed.
+    assert operator_globals("def main():\n    run(memo=Memo(operator=Operator()))\n", "m") == []
+
+
+# The engine (reconciler/controller.py) is handed the reconcile it runs; it may import the
+# reconcile's value types (Around, Outcome), no function of it, nor the module itself.
+RECONCILE = "tunefleet.reconciler.reconcile"
+
+
+def reconcile_functions_imported(engine: str, reconcile: str, where: str) -> list[str]:
+    """What `engine` (a module of tunefleet/reconciler/) imports of the reconcile module
+    (`reconcile`'s source): the module itself, or any function defined at its top level."""
+    tree = ast.parse(reconcile).body
+    functions = {n.name for n in tree if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+    found = []
+    for node in ast.walk(ast.parse(engine)):
+        if isinstance(node, ast.Import):
+            found += [f"{where}: imports {a.name}" for a in node.names if a.name == RECONCILE]
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:  # relative to tunefleet.reconciler, where the engine lives
+                base = ["tunefleet", "reconciler"][: 3 - node.level]
+                module = ".".join([*base, *([module] if module else [])])
+            for alias in node.names:
+                whole = f"{module}.{alias.name}"
+                if whole == RECONCILE or (module == RECONCILE and alias.name in functions):
+                    found.append(f"{where}: imports {whole}")
+    return found
+
+
+def test_the_controller_imports_no_reconcile_function() -> None:
+    reconciler = OPERATOR / "reconciler"
+    reconcile = (reconciler / "reconcile.py").read_text()
+    assert "def sync_profile(" in reconcile  # what the rule is about is still there
+    engine = (reconciler / "controller.py").read_text()
+    assert reconcile_functions_imported(engine, reconcile, "controller.py") == []
+
+
+def test_the_reconcile_function_rule_catches_one() -> None:
+    reconcile = "class Outcome: ...\ndef sync_profile(p): ...\ndef requeue_after(s): ...\n"
+    ok = f"from {RECONCILE} import Outcome\n"
+    assert reconcile_functions_imported(ok, reconcile, "c") == []
+    bad = f"from {RECONCILE} import Outcome, sync_profile\n"
+    assert reconcile_functions_imported(bad, reconcile, "c") == [
+        f"c: imports {RECONCILE}.sync_profile"
+    ]
+    assert reconcile_functions_imported(
+        "from tunefleet.reconciler import reconcile\n", reconcile, "c"
+    )
+    assert reconcile_functions_imported(f"import {RECONCILE} as r\n", reconcile, "c")
+    assert reconcile_functions_imported("from .reconcile import requeue_after\n", reconcile, "c")
+    assert reconcile_functions_imported("from . import reconcile\n", reconcile, "c")
+    lazy = f"def f():\n    from {RECONCILE} import sync_profile\n"
+    assert reconcile_functions_imported(lazy, reconcile, "c")
 
 
 # --- one client object ------------------------------------------------------------------------
