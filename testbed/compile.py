@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from testbed.build.wrappers import make_profile
 from testbed.cluster import REAL_NODE_GPU_MODEL
-from testbed.profiles import tuning_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE = ROOT / "examples" / "torch-compile" / "serve.py"
@@ -74,7 +74,7 @@ def compile_profile(
         },
     }
     spec.update(over)
-    return tuning_profile(name, spec)
+    return make_profile(name, "").spec_is(spec).obj()
 
 
 def compile_pod(

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from testbed.build.wrappers import make_profile
 from testbed.cluster import REAL_NODE_GPU_MODEL, STANDIN_IMAGE
-from testbed.profiles import tuning_profile
 
 KEY = "nvidia.com/gpu.product"
 
@@ -41,7 +41,7 @@ def real_profile(
         },
     }
     spec.update(spec_over)
-    return tuning_profile(name, spec)
+    return make_profile(name, "").spec_is(spec).obj()
 
 
 def model_pod(name: str, profile: str, gpus: int = 2, **labels: str) -> dict[str, Any]:

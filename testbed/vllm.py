@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from testbed.build.wrappers import make_profile
 from testbed.cluster import REAL_NODE_GPU_MODEL, Cluster
-from testbed.profiles import tuning_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 WARMUP = ROOT / "examples" / "vllm" / "warmup.py"
@@ -90,7 +90,7 @@ def vllm_profile(name: str, image: str, s3: Any, secret: str, **over: Any) -> di
         },
     }
     spec.update(over)
-    return tuning_profile(name, spec)
+    return make_profile(name, "").spec_is(spec).obj()
 
 
 def vllm_deployment(

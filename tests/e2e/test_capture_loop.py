@@ -22,12 +22,12 @@ from typing import Any
 import pytest
 import yaml
 
+from testbed.build.wrappers import make_deployment, make_pod
 from testbed.cluster import REAL_NODE_GPU_MODEL, STANDIN_IMAGE, wait_for_real_node_gpus
 from testbed.operator import SERVING_SECRET, InCluster
 from testbed.poll import eventually
 from testbed.real_node import KEY, real_profile
 from tests.support.kube import apply, create, get_json, jobs_of, pod_of, ready
-from tests.support.wrappers import make_deployment, make_pod
 from tuner_job.results import parse_param_signature, parse_results
 
 pytestmark = pytest.mark.e2e

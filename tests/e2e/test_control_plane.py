@@ -27,6 +27,7 @@ from kubernetes.client import ApiClient, Configuration, CoreV1Api
 from kubernetes.client.exceptions import ApiException
 from kubernetes.utils import parse_quantity
 
+from testbed.build.wrappers import make_object, make_pod
 from testbed.cluster import (
     Cluster,
     S3Settings,
@@ -39,7 +40,6 @@ from testbed.cluster import (
     wait_for,
     wait_for_condition,
 )
-from tests.support.wrappers import make_object
 
 pytestmark = pytest.mark.e2e
 
@@ -157,21 +157,11 @@ def test_unsatisfiable_gpu_requests_stay_pending_with_the_schedulers_reason(
     cluster: Cluster, api: ApiClient, namespace: str
 ) -> None:
     def pod(name: str, model: str, gpus: int) -> dict[str, Any]:
-        return {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name},
-            "spec": {
-                "nodeSelector": {AMD_LABEL: model},
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": "registry.invalid/never-pulled:1",
-                        "resources": {"limits": {"amd.com/gpu": str(gpus)}},
-                    }
-                ],
-            },
-        }
+        image = "registry.invalid/never-pulled:1"
+        return (
+            make_pod(name, "").selector({AMD_LABEL: model})
+            .container("main", image, gpus=gpus, gpu_resource="amd.com/gpu").obj()
+        )  # fmt: skip
 
     apply(cluster, namespace, pod("no-such-model", "AMD_Instinct_MI355X_OAM", 1))
     apply(cluster, namespace, pod("too-many-gpus", MI300X, 9))
@@ -336,12 +326,7 @@ def test_api_server_calls_a_mutating_webhook_by_url_and_stores_its_patch(
     }
 
     def pod(name: str, labels: dict[str, str]) -> dict[str, Any]:
-        return {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "labels": labels},
-            "spec": {"containers": [{"name": "main", "image": "registry.invalid/x:1"}]},
-        }
+        return make_pod(name, "").labels(labels).container("main", "registry.invalid/x:1").obj()
 
     try:
         cluster.kubectl("apply", "-f", "-", input=json.dumps(config))

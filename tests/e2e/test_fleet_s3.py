@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from testbed.build.wrappers import make_profile
 from tests.support.artifacts import tuner_output
-from tests.support.wrappers import make_profile
 from tunefleet import naming
 from tunefleet.artifacts.publish import upload_artifact
 from tunefleet.contracts import fleet as contract

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 import yaml
 
+from testbed.build.wrappers import make_artifact, make_profile
 from testbed.library_pod import tool_env
 from tests.support.results import rows
-from tests.support.wrappers import make_artifact, make_profile
 from tunefleet import naming
 from tunefleet.artifacts import gc
 from tunefleet.artifacts.library import (

@@ -1,4 +1,4 @@
-"""Tuning Jobs through a real Kueue (tests/support/kueue.py runs it beside the cluster): a
+"""Tuning Jobs through a real Kueue (testbed/kueue.py runs it beside the cluster): a
 profile of two models on a ClusterQueue with one GPU of quota runs one Job, the other waits
 Queued with Kueue's own reason and runs when the first one frees the quota; the real node's
 Job goes through Kueue and publishes for real.
@@ -14,14 +14,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from testbed.build.fleet import profile_doc
 
 from testbed.cluster import KWOK_TOLERATION, wait_for_real_node_gpus
+from testbed.kueue import GROUP, Kueue, start_kueue
 from testbed.operator import InCluster, Operator, carry_out_publish
 from testbed.poll import eventually
 from testbed.real_node import real_profile
-from tests.support.fleet import profile_doc
 from tests.support.kube import apply, get_json, jobs_of, ready, tuning_pods
-from tests.support.kueue import GROUP, Kueue, start_kueue
 from tunefleet.builders.kueue import QUEUE_LABEL
 
 pytestmark = pytest.mark.e2e

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from testbed.build.wrappers import make_tuner_run
 from testbed.library_pod import (
     MODEL,
     Pod,
@@ -27,7 +28,6 @@ from testbed.library_pod import (
     tuned_keys,
     wait_until,
 )
-from tests.support.wrappers import make_tuner_run
 from tunefleet.artifacts.fetch import Pinned, Serving, fetch
 from tunefleet.artifacts.library import Library, read_library
 from tunefleet.storage.registry import parse_uri

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
+from testbed.build.fleet import profile_doc
 
 from testbed.operator import (
     ROOT,
@@ -22,7 +23,7 @@ from testbed.operator import (
     set_pod_outcome,
 )
 from testbed.poll import eventually
-from tests.support.fleet import profile_doc, publish_first_revision, publish_next_revision
+from tests.support.fleet import publish_first_revision, publish_next_revision
 from tests.support.kube import apply, condition, events_about, get_json, jobs_of, tuning_pods
 
 pytestmark = pytest.mark.e2e

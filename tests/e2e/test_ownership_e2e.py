@@ -15,13 +15,14 @@ from typing import Any
 
 import pytest
 import yaml
+from testbed.build.fleet import profile_doc
 
+from testbed.build.wrappers import make_job, make_pod
 from testbed.cluster import create_namespace, delete_namespace, namespace_name
 from testbed.operator import Operator, carry_out_publish, set_pod_outcome
 from testbed.poll import eventually
-from tests.support.fleet import profile_doc, publish_first_revision
+from tests.support.fleet import publish_first_revision
 from tests.support.kube import apply, condition, get_json, jobs_of, tuning_pods
-from tests.support.wrappers import make_job, make_pod
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.contracts.admission import ARTIFACT_URI_ANNOTATION

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from testbed.build.fleet import profile_doc
 
 from testbed.operator import InCluster
-from tests.support.fleet import profile_doc
 from tests.support.kube import apply
 from tunefleet.contracts import pin as pins
 from tunefleet.plugin import cluster as cluster_mod

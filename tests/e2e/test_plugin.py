@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testbed.build.fleet import pod_doc, profile_doc
 
 from testbed.operator import (
     STAND_IN_NOTE,
@@ -30,13 +31,7 @@ from testbed.operator import (
     tool_env,
 )
 from testbed.poll import eventually
-from tests.support.fleet import (
-    pod_doc,
-    profile_doc,
-    publish_first_revision,
-    publish_next_revision,
-    ready_profile,
-)
+from tests.support.fleet import publish_first_revision, publish_next_revision, ready_profile
 from tests.support.kube import apply, create
 from tests.support.kube import pod_of as stored
 

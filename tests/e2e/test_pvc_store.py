@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 import yaml
 
+from testbed.build.wrappers import make_pvc
 from testbed.cluster import REAL_NODE_GPU_MODEL, STANDIN_IMAGE, real_node_volume
 from testbed.operator import InCluster
 from testbed.real_node import SHAPES, model_pod
 from tests.support.kube import apply, create, ended, get_json, jobs_of, ready, statuses
-from tests.support.wrappers import make_pvc
 
 pytestmark = pytest.mark.e2e
 

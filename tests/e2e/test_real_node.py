@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
+from testbed.build.wrappers import make_object, make_pod
 from testbed.cluster import (
     REAL_NODE,
     REAL_NODE_GPU_MODEL,
@@ -43,7 +44,6 @@ from testbed.cluster import (
     wait_for,
     wait_for_real_node_gpus,
 )
-from tests.support.wrappers import make_object, make_pod
 
 pytestmark = pytest.mark.e2e
 

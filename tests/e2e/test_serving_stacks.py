@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 import yaml
 
+from testbed.build.wrappers import make_pvc
 from testbed.cluster import (
     REAL_NODE,
     REAL_NODE_GPU_MODEL,
@@ -41,7 +42,6 @@ from testbed.operator import SERVING_SECRET, InCluster
 from testbed.poll import eventually
 from testbed.real_node import KEY, SHAPES, real_profile
 from tests.support.kube import apply, create, get_json, pod_of, ready, statuses
-from tests.support.wrappers import make_pvc
 from tunefleet.contracts.admission import Admission
 from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
 from tuner_job.output import RESULTS_NAME

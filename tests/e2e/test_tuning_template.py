@@ -24,6 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
+from testbed.build.largest import largest_template
+from testbed.build.wrappers import make_object, make_pvc
 from testbed.cluster import (
     REAL_NODE,
     STANDIN_IMAGE,
@@ -34,8 +36,6 @@ from testbed.operator import InCluster
 from testbed.poll import eventually
 from testbed.real_node import real_profile
 from tests.support.kube import apply, condition, get_json, jobs_of, statuses
-from tests.support.largest import largest_template
-from tests.support.wrappers import make_object, make_pvc
 
 pytestmark = pytest.mark.e2e
 

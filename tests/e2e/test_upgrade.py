@@ -40,7 +40,9 @@ from typing import Any
 
 import pytest
 import yaml
+from testbed.build.fleet import profile_doc
 
+from testbed.build.wrappers import make_model_pod
 from testbed.cluster import ensure_images, state_dir, tool_path
 from testbed.operator import (
     DELIVERY_SECRET,
@@ -56,9 +58,7 @@ from testbed.operator import (
     helm,
 )
 from testbed.poll import eventually
-from tests.support.fleet import profile_doc
 from tests.support.kube import apply, get_json, jobs_of, tuning_pods
-from tests.support.wrappers import make_model_pod
 from tunefleet import __version__, naming
 from tunefleet.api.conditions import TYPES
 from tunefleet.contracts.admission import (

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
+from testbed.build.fleet import pod_doc, profile_doc
 
 from testbed.operator import (
     SERVING_SECRET,
@@ -19,7 +20,7 @@ from testbed.operator import (
     tool_env,
 )
 from testbed.poll import eventually
-from tests.support.fleet import pod_doc, profile_doc, ready_profile
+from tests.support.fleet import ready_profile
 from tests.support.kube import apply, condition, create, get_json
 from tests.support.kube import pod_of as stored
 

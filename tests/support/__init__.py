@@ -1,2 +1,3 @@
-"""Builders, fakes and helpers shared by the tests (a test module never imports another):
-the table in tests/README.md says what each module here gives and which tier uses it."""
+"""Fakes and helpers shared by the tests (a test module never imports another); the builders of
+test objects live in testbed/build/. The table in tests/README.md says what each module here
+gives and which tier uses it."""

@@ -1,29 +1,17 @@
-"""TuningProfiles and model pods on the kwok fleet (fake GPU nodes, no containers run), for
-e2e tests: `profile_doc(name, **spec_over)` (one NVIDIA-H200 model, s3://tunefleet/e2e),
-`pod_doc(...)` (a model pod), and the flows that play a tuning pod's publish step
-(testbed.operator.carry_out_publish) until the profile is Ready: `ready_profile`,
-`publish_first_revision`, `publish_next_revision`."""
+"""The flows that play a tuning pod's publish step on the kwok fleet (fake GPU nodes, no
+containers run; testbed.operator.carry_out_publish) until the profile is Ready, for e2e tests:
+`ready_profile`, `publish_first_revision`, `publish_next_revision`. The profiles and model pods
+they apply are testbed/build/fleet.py's (`profile_doc`, `pod_doc`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from testbed.build.fleet import profile_doc
+
 from testbed.operator import carry_out_publish
 from testbed.poll import eventually
-from testbed.profiles import tuning_profile
 from tests.support.kube import apply, get_json, tuning_pods
-
-
-def profile_doc(name: str, **spec_over: Any) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "image": "registry.example.com/serve:1",
-        "gpu": {"vendor": "nvidia", "models": ["NVIDIA-H200"]},
-        "workload": {"shapes": [{"mnk": [64, 64, 64]}]},
-        "storage": {"uri": "s3://tunefleet/e2e"},
-        "tuning": {"backoffLimit": 0},
-    }
-    spec.update(spec_over)
-    return tuning_profile(name, spec)
 
 
 def publish_first_revision(
@@ -92,30 +80,3 @@ def ready_profile(
             f"{name} Ready",
         )
     )
-
-
-def pod_doc(
-    name: str,
-    profile: str | None,
-    selector: dict[str, str] | None = None,
-    gpus: int = 2,
-    image: str = "registry.example.com/serve:1",
-) -> dict[str, Any]:
-    labels = {"app": "model"}
-    if profile:
-        labels["tunefleet.io/profile"] = profile
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {
-            "nodeSelector": selector or {},
-            "containers": [
-                {
-                    "name": "server",
-                    "image": image,
-                    "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
-                }
-            ],
-        },
-    }

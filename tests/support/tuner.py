@@ -1,14 +1,13 @@
 """Running the tuner (`python -m tuner_job`) as the tune step does, on the stand-in torch of
-tests/unit/data/fake_torch (or none), with a tuning config written for it."""
+tests/unit/data/fake_torch (or none), with a tuning config written for it
+(testbed/build/tuner.py's write_config)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_TORCH = REPO / "tests" / "unit" / "data" / "fake_torch"
@@ -40,25 +39,3 @@ def tuner(
         text=True,
         timeout=120,
     )
-
-
-def write_config(tmp: Path, **over: Any) -> Path:
-    doc: dict[str, Any] = {
-        "namespace": "ml",
-        "profile": "llama",
-        "gpuModel": "NVIDIA-H200",
-        "revision": "3f2a9c01de",
-        "gpus": 1,
-        "workload": {
-            "shapes": [
-                {"m": 256, "n": 512, "k": 128, "dtype": "bfloat16", "transB": True},
-                {"m": 64, "n": 64, "k": 32, "batch": 8, "dtype": "float16"},
-                {"m": 256, "n": 512, "k": 128, "dtype": "bfloat16", "transB": True},
-            ]
-        },
-        "tuning": {"maxDurationMs": 7, "maxIterations": 11, "budgetSeconds": 60},
-    }
-    doc.update(over)
-    path = tmp / "config.json"
-    path.write_text(json.dumps(doc))
-    return path

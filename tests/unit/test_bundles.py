@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from testbed.build.wrappers import make_profile
 from tests.support.artifacts import tuner_output
-from tests.support.wrappers import make_profile
 from tunefleet import naming
 from tunefleet.artifacts import bundle
 from tunefleet.artifacts import fetch as fetch_mod

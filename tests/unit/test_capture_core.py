@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from testbed.build.wrappers import ArtifactWrapper, make_artifact, make_profile
 from tests.support.fake_kube import OneConfigMap
-from tests.support.wrappers import ArtifactWrapper, make_artifact, make_profile
 from tunefleet import naming
 from tunefleet.api import CaptureSpec, CaptureStatus
 from tunefleet.capture import loop

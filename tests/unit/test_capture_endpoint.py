@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from tests.support.wrappers import make_artifact, make_pod, make_profile
+from testbed.build.wrappers import make_artifact, make_pod, make_profile
 from tunefleet.capture.endpoint import Deps, Endpoint, caller_of
 from tunefleet.capture.store import StoreKey, StoreUnavailable
 from tunefleet.contracts.admission import INJECTED, Admission, Code

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from testbed.build.profiles import CFG, jobs_for, profile
+from testbed.build.wrappers import make_artifact, make_pod, make_profile
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
-from tests.support.profiles import CFG, jobs_for, profile
-from tests.support.wrappers import make_artifact, make_pod, make_profile
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.builders import capture as capture_b

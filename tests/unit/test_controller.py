@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from testbed.build.wrappers import make_profile
 from tests.support.fake_kube import FakeKube
-from tests.support.wrappers import make_profile
 from tunefleet import kube
 from tunefleet.api.conditions import Reason
 from tunefleet.config import Config

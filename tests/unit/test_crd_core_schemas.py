@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from hack import crd_core_schemas as gen
-from tests.support.largest import template_schema
+from testbed.build.largest import template_schema
 from tunefleet.api import template as api
 
 

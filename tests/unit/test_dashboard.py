@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from prometheus_client.metrics import MetricWrapperBase
 
+from testbed.build.wrappers import make_artifact, make_profile
 from tests.support.chart import CHART, rendered, template
-from tests.support.wrappers import make_artifact, make_profile
 from tunefleet import metrics
 
 DASHBOARD = CHART / "dashboards" / "tunefleet.json"

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
+from testbed.build.profiles import CFG, MODELS, jobs_for, profile
+from testbed.build.records import completed, published_pod
+from testbed.build.wrappers import make_artifact, make_config_map, make_pod, make_profile
 from tests.support.artifacts import tuner_output
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
-from tests.support.profiles import CFG, MODELS, jobs_for, profile
-from tests.support.records import completed, published_pod
-from tests.support.wrappers import make_artifact, make_config_map, make_pod, make_profile
 from tunefleet.artifacts import fetch as fetch_mod
 from tunefleet.builders.artifact import CONFIG_MAP_BYTES, Payload, build_artifact_config_map
 from tunefleet.config import Config

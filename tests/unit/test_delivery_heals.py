@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from testbed.build.profiles import MODELS, profile
+from testbed.build.records import completed, published_pod
+from testbed.build.wrappers import make_pod
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
-from tests.support.profiles import MODELS, profile
-from tests.support.records import completed, published_pod
-from tests.support.wrappers import make_pod
 from tunefleet import naming
 from tunefleet.api.conditions import EventReason, Phase, Reason, Type, find
 from tunefleet.api.status import TuningProfileStatus

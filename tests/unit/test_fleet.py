@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from testbed.build.wrappers import make_job, make_profile
 from tests.support.artifacts import tuner_output
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
-from tests.support.wrappers import make_job, make_profile
 from tunefleet import naming
 from tunefleet.artifacts import signing
 from tunefleet.artifacts.publish import sign_manifest, upload_artifact

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
+from testbed.build.wrappers import make_profile
 from tests.support.artifacts import tuner_output
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
-from tests.support.wrappers import make_profile
 from tunefleet import naming
 from tunefleet.artifacts.publish import upload_artifact
 from tunefleet.config import Config

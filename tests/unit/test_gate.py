@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from testbed.build.profiles import CFG, MODELS, bound_pod_of, profile, watched_job
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
-from tests.support.profiles import CFG, MODELS, bound_pod_of, profile, watched_job
 from tunefleet import kube, naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.builders.job import Child, build_tuning_job, held_for_gpu

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import yaml
 
+from testbed.build.wrappers import make_artifact, make_profile
 from tests.support.chart import rendered, template
 from tests.support.results import VALIDATORS, rows
-from tests.support.wrappers import make_artifact, make_profile
 from tunefleet import naming
 from tunefleet.artifacts import gc
 from tunefleet.artifacts import publish as publish_mod

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.wrappers import make_profile
+from testbed.build.wrappers import make_profile
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.builders.job import (

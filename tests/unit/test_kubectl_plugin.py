@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from testbed.build.wrappers import make_artifact, make_object, make_pod, make_profile
 from tests.support.fake_cluster import FakeCluster
-from tests.support.wrappers import make_artifact, make_object, make_pod, make_profile
 from tunefleet.config import Config
 from tunefleet.plugin import cluster as cluster_mod
 from tunefleet.plugin import main as main_mod

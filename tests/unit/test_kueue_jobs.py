@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from testbed.build.profiles import CFG, MODELS, jobs_for, profile
+from testbed.build.wrappers import make_profile, make_workload
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube, Generated, OverGenerated, raw
-from tests.support.profiles import CFG, MODELS, jobs_for, profile
-from tests.support.wrappers import make_profile, make_workload
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.api.conditions import Reason, Type, find
@@ -26,7 +26,7 @@ from tunefleet.reconciler.status import Observed, compute_status
 QUEUED = {"backoffLimit": 0, "queueName": "gpu-team"}
 
 
-# tests.support.profiles.profile()'s spec, as a wrapper
+# testbed.build.profiles.profile()'s spec, as a wrapper
 BASE = make_profile().image("registry.example.com/serve:1").gpu("amd", *MODELS)
 # A Workload, as Kueue makes one for a Job; `.owner(job uid, name, "Job", "batch/v1")` names
 # the Job its controller.

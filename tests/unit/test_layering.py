@@ -20,8 +20,9 @@
   memo, where kopf's handlers read it; the reflectors' handlers are bound to it;
 - the reconciler's engine (controller.py) is handed the reconcile it runs: it imports no function
   of reconciler/reconcile.py, nor the module;
-- no test module imports another, nor a conftest.py: shared builders and fakes live in
-  tests/support/;
+- no test module imports another, nor a conftest.py: shared fakes live in tests/support/,
+  builders in testbed/build/ (nothing under tests/ builds a test object; no function of a test
+  module returns an apiVersion/kind literal);
 - no product function (operator, tuner) is longer than 60 lines: a longer one does several
   jobs, and each job wants its own name;
 - no product function takes more than 6 parameters (self aside): past that, some of them
@@ -775,11 +776,22 @@ def parsed_test_modules(tests: Path) -> Iterator[tuple[Path, ast.Module]]:
             yield rel, ast.parse(path.read_text())
 
 
+def parsed_test_code(tests: Path) -> Iterator[tuple[Path, ast.Module]]:
+    """Every module under `tests` but test data and the fakes of tests/support/ (fake_*.py:
+    they answer as the API server does, with the objects they were given or made), parsed."""
+    for path in sorted(tests.rglob("*.py")):
+        rel = path.relative_to(tests)
+        if "data" not in rel.parts and not (
+            rel.parts[0] == "support" and rel.name.startswith("fake_")
+        ):
+            yield rel, ast.parse(path.read_text())
+
+
 def local_builders(tests: Path) -> list[str]:
-    """Functions of test modules (module level or in a class, fixtures included) outside
-    tests/support/ that build a test object."""
+    """Functions under `tests` (module level or in a class, fixtures included; tests/support/
+    too, its fakes aside) that build a test object: their home is testbed/build/."""
     out = []
-    for rel, tree in parsed_test_modules(tests):
+    for rel, tree in parsed_test_code(tests):
         fns = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
         for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
             fns += [n for n in cls.body if isinstance(n, ast.FunctionDef)]
@@ -792,9 +804,11 @@ def local_builders(tests: Path) -> list[str]:
     return out
 
 
-def test_no_test_object_builder_outside_tests_support() -> None:
+def test_no_test_object_builder_outside_testbed_build() -> None:
     found = local_builders(TESTS)
-    assert not found, "build it with tests/support/wrappers.py:\n" + "\n".join(found)
+    assert not found, "build it with testbed/build/ (wrappers.py):\n" + "\n".join(found)
+    # The home is what the rule exempts by not reading it: it holds the builders.
+    assert local_builders(ROOT / "testbed")
 
 
 def test_the_builder_rule_catches_a_local_builder(tmp_path: Path) -> None:
@@ -805,7 +819,65 @@ def test_the_builder_rule_catches_a_local_builder(tmp_path: Path) -> None:
     )
     (tmp_path / "support").mkdir()
     (tmp_path / "support" / "w.py").write_text("def make():\n    return {'metadata': {}}\n")
-    assert [f.split(" ")[1] for f in local_builders(tmp_path)] == ["pod_of_mine", "spec"]
+    (tmp_path / "support" / "fake_api.py").write_text("def read():\n    return {'metadata': {}}\n")
+    found = [
+        f.split(" ")[0].split(":")[0] + " " + f.split(" ")[1] for f in local_builders(tmp_path)
+    ]
+    assert found == ["support/w.py make", "unit/test_x.py pod_of_mine", "unit/test_x.py spec"]
+
+
+MANIFEST_KEYS = {"apiVersion", "kind"}
+
+
+def _returned(fn: Function | ast.Lambda) -> Iterator[ast.expr]:
+    """What `fn` itself returns (its nested functions' returns are theirs)."""
+    if isinstance(fn, ast.Lambda):
+        yield fn.body
+        return
+    todo: list[ast.AST] = list(fn.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Return) and node.value is not None:
+            yield node.value
+        if not isinstance(node, Function | ast.Lambda | ast.ClassDef):
+            todo += ast.iter_child_nodes(node)
+
+
+def manifest_literals(tests: Path) -> list[str]:
+    """Functions in test modules (tests/**/test_*.py; nested ones and lambdas too) that return
+    a dict literal with an object's apiVersion or kind: a manifest built in place."""
+    out: list[tuple[Path, int, str]] = []
+    for path in sorted(tests.rglob("test_*.py")):
+        rel = path.relative_to(tests)
+        if "data" in rel.parts:
+            continue
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, Function | ast.Lambda):
+                continue
+            for value in _returned(fn):
+                keys = {k.value for k in getattr(value, "keys", []) if isinstance(k, ast.Constant)}
+                if isinstance(value, ast.Dict) and keys & MANIFEST_KEYS:
+                    out.append((rel, value.lineno, getattr(fn, "name", "lambda")))
+    return [f"{rel}:{line} {name}" for rel, line, name in sorted(out)]
+
+
+def test_no_test_module_returns_a_manifest_literal() -> None:
+    found = manifest_literals(TESTS)
+    assert not found, "build it with testbed/build/wrappers.py:\n" + "\n".join(found)
+
+
+def test_the_manifest_literal_rule_catches_one(tmp_path: Path) -> None:
+    (tmp_path / "e2e").mkdir()
+    (tmp_path / "e2e" / "test_x.py").write_text(
+        "def test_a():\n    def pod(name):\n        doc = {'kind': 'Pod'}\n"
+        "        return {'apiVersion': 'v1', 'kind': 'Pod', 'metadata': {'name': name}}\n"
+        "    return None\n"
+        "def cm():\n    return {'kind': 'ConfigMap'}\n"
+        "f = lambda: {'apiVersion': 'v1'}\n"
+        "def fine():\n    return make_pod('x').obj()\n"
+    )
+    (tmp_path / "e2e" / "helpers.py").write_text("def cm():\n    return {'kind': 'ConfigMap'}\n")
+    assert [f.split(" ")[1] for f in manifest_literals(tmp_path)] == ["pod", "cm", "lambda"]
 
 
 GENERATED_METHOD = re.compile(

@@ -9,8 +9,8 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from testbed.build.wrappers import make_profile
 from tests.support.fake_kube import FakeKube, FakeLeases
-from tests.support.wrappers import make_profile
 from tunefleet import metrics
 from tunefleet.runtime.leader import Callbacks, LeaseElector, Timing
 
@@ -310,9 +310,9 @@ def test_per_profile_series_only_when_asked_for() -> None:
     to (the chart's metrics.perProfile, or its dashboard); the fleet's gauges always."""
     from dataclasses import replace
 
+    from testbed.build.profiles import CFG
+    from testbed.build.wrappers import make_artifact, make_profile
     from tests.support.fake_kube import FakeKube
-    from tests.support.profiles import CFG
-    from tests.support.wrappers import make_artifact, make_profile
     from tunefleet.handlers.startup import Operator
 
     gain = {"figures": [figure("gemms", 1.5)]}

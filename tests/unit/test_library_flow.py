@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from testbed.build.wrappers import make_tuner_run
 from testbed.library_pod import (
     Pod,
     all_tuned,
@@ -24,7 +25,6 @@ from testbed.library_pod import (
     tuned_keys,
     wait_until,
 )
-from tests.support.wrappers import make_tuner_run
 from tunefleet.artifacts.fetch import Pinned, Serving, fetch
 from tunefleet.artifacts.library import checkpoint_key
 from tunefleet.storage.filesystem import DirStore

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from testbed.build.wrappers import make_tuner_run
 from testbed.library_pod import Pod
-from tests.support.wrappers import make_tuner_run
 from tuner_job.library import Settings
 
 ROCM = {"FAKE_TORCH_BACKEND": "rocm"}

@@ -24,8 +24,8 @@ import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from testbed.build.wrappers import make_artifact, make_model_pod, make_profile
 from tests.support.artifacts import tuner_output
-from tests.support.wrappers import make_artifact, make_model_pod, make_profile
 from tunefleet import naming
 from tunefleet.api.models import STORAGE_URI
 from tunefleet.artifacts import ocibundle, signing

@@ -16,9 +16,9 @@ from kopf._core.engines import activities, admission, indexing
 from kopf._core.intents import causes
 from kopf._core.reactor import inventory
 
+from testbed.build.profiles import CFG
+from testbed.build.wrappers import make_pod
 from tests.support.fake_kube import FakeKube
-from tests.support.profiles import CFG
-from tests.support.wrappers import make_pod
 from tunefleet.handlers import startup  # registers ours (pod.py's too) with kopf's registry
 from tunefleet.handlers.startup import Operator
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from testbed.build.wrappers import make_artifact, make_profile
 from tests.support.fake_cluster import FencedCluster
-from tests.support.wrappers import make_artifact, make_profile
 from tunefleet.contracts import pin as pins
 from tunefleet.plugin import cluster as cluster_mod
 from tunefleet.plugin import main as main_mod

@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
-from tests.support.artifacts import tuner_output
-from tests.support.fake_kube import FakeKube
-from tests.support.wrappers import (
+from testbed.build.wrappers import (
     make_artifact,
     make_config_map,
     make_node,
     make_pod,
     make_profile,
 )
+from tests.support.artifacts import tuner_output
+from tests.support.fake_kube import FakeKube
 from tunefleet import kube
 from tunefleet.artifacts import fetch as fetch_mod
 from tunefleet.builders.placement import CANDIDATES_DIR, NODE_MAP_BYTES, build_node_map

@@ -15,8 +15,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from testbed.build.wrappers import make_job, make_profile
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
-from tests.support.wrappers import make_job, make_profile
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.api.conditions import Reason

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from testbed.build.profiles import CFG
+from testbed.build.wrappers import make_profile
 from tests.support.fake_kube import FakeKube
-from tests.support.profiles import CFG
-from tests.support.wrappers import make_profile
 from tunefleet.handlers import tuningprofile
 from tunefleet.handlers.startup import Operator
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from testbed.build.profiles import CFG, MODELS, jobs_for, profile
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube, Generated, OverGenerated, raw
-from tests.support.profiles import CFG, MODELS, jobs_for, profile
 from tunefleet import kube
 from tunefleet.reconciler.memory import Memory
 from tunefleet.reconciler.reconcile import Around, sync_profile

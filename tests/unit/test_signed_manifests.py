@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from testbed.build.wrappers import make_profile
 from tests.support.artifacts import tuner_output
-from tests.support.wrappers import make_profile
 from tunefleet import naming
 from tunefleet.artifacts import fetch as fetch_module
 from tunefleet.artifacts import fit, signing

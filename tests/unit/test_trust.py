@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from testbed.build.profiles import CFG, MODELS, jobs_for, profile
+from testbed.build.records import SHA, completed, pod_body, published_pod, record
+from testbed.build.wrappers import make_job
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube, HangingLeases
-from tests.support.profiles import CFG, MODELS, jobs_for, profile
-from tests.support.records import SHA, completed, pod_body, published_pod, record
-from tests.support.wrappers import make_job
 from tunefleet import kube, naming
 from tunefleet.reconciler.controller import Controller, Indexes
 from tunefleet.reconciler.memory import Memory

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testbed.build.tuner import write_config
 
-from tests.support.tuner import FAKE_TORCH, REPO, tuner, write_config
+from tests.support.tuner import FAKE_TORCH, REPO, tuner
 from tuner_job.files import sha256_hex
 from tuner_job.manifest import loads
 from tuner_job.results import Outcomes, count_outcomes, read_results, read_untuned

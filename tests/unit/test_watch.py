@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from testbed.build.wrappers import make_job, make_profile
 from tests.support.fake_kube import FakeKube, FakeWatchApi, StopTest
-from tests.support.wrappers import make_job, make_profile
 from tunefleet import kube, naming
 from tunefleet.config import Config
 from tunefleet.reconciler.controller import Controller, Indexes

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.support.wrappers import make_pod, make_profile
+from testbed.build.wrappers import make_pod, make_profile
 from tunefleet.api import TuningProfileSpec
 from tunefleet.builders.job import Child, build_tuning_job, held_for_gpu
 from tunefleet.config import Config
@@ -64,12 +64,5 @@ def bound_pod_of(job: dict[str, Any], node: str = "gpu-0") -> dict[str, Any]:
     """A pod the Job controls, on `node` (what the pod watch brings once it is scheduled)."""
     meta = job["metadata"]
     pod = make_pod(f"{meta['name']}-0").meta(uid=f"pod-{meta['uid']}")
-    pod = pod.meta(
-        ownerReferences=[
-            {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"],
-             "uid": meta["uid"], "controller": True},
-        ]
-    )  # fmt: skip
-    obj = pod.obj()
-    obj["spec"]["nodeName"] = node
-    return obj
+    pod = pod.owner(meta["uid"], meta["name"], kind="Job", api_version="batch/v1")
+    return pod.spec(nodeName=node).obj()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tests.support.profiles import MODELS, jobs_for
+from testbed.build.profiles import MODELS, jobs_for
 from tunefleet import naming
 
 SHA = "ab" * 32
