@@ -90,6 +90,93 @@ def peer_namespace(peer: Cluster, s3: Any, namespace: str) -> Iterator[str]:
         yield name
 
 
+@dataclass(frozen=True)
+class TwoClusters:
+    """One test's two clusters on one store: the first (the local cluster, its operator in fleet
+    mode) and the peer (its own release and operator, in fleet mode), the test's namespace in
+    each (`peer_namespace`: of the same name, or of another), the S3 server, the name of the
+    S3 Secret in `namespace` and the test's prefix of the bucket."""
+
+    first: Any
+    peer: Cluster
+    peer_operator: Operator
+    s3: Any
+    namespace: str
+    peer_namespace: str
+    s3_secret: str
+    prefix: str
+
+    def both(self) -> dict[str, Any]:
+        return {"first": self.first, "peer": self.peer}
+
+    def profile(self, image: str = STANDIN_IMAGE, **env: str) -> dict[str, Any]:
+        """The fleet profile "llama" of `image` (pinned by digest) under the test's prefix."""
+        return fleet_profile(self.s3, self.s3_secret, self.prefix, pinned_image(image), **env)
+
+    def phase(self, cluster: Any, phase: str, what: str, timeout: float) -> dict[str, Any]:
+        """The profile in `cluster` once its phase is `phase`."""
+        return dict(
+            eventually(
+                lambda: get_json(cluster, "tp", "-n", self.namespace, "llama"),
+                lambda p: (p.get("status") or {}).get("phase") == phase,
+                what,
+                timeout=timeout,
+            )
+        )
+
+    def served(self, cluster: Any, which: str) -> str:
+        """The model pod "server" in `cluster` (the `which` one) once it has ended: Succeeded,
+        with the one results file fetched. Its log."""
+        ns = self.namespace
+        pod = ended(cluster, ns, "server", f"the model pod in the {which} cluster to finish")
+        log = cluster.kubectl("logs", "-n", ns, "server", "-c", "server").stdout
+        assert pod["status"]["phase"] == "Succeeded", log
+        fetch = statuses(pod)["tunefleet-fetch"]["state"]["terminated"]["message"]
+        assert "wrote 1 results file(s)" in fetch, fetch
+        return log
+
+    def on_registry(
+        self, clusters: Any, namespace: str, keys: Path, repository: str
+    ) -> dict[str, Any]:
+        """The fleet profile on the shared registry's `repository`, signed with `keys`
+        (password "fleet-signing"), and its Secrets in `namespace` of each of `clusters`."""
+        reg = Registry.from_state()
+        for c in clusters:
+            signing_secret(c, namespace, keys, "fleet-signing")
+            apply(c, namespace, reg.secret("registry-writer", reg.writer))
+            apply(c, namespace, reg.secret("registry-reader", reg.reader))
+        profile = self.profile()
+        profile["spec"]["storage"] = {
+            "uri": f"oci://{reg.host}/{repository}",
+            "credentialsSecret": {"name": "registry-writer"},
+            "signing": {
+                "secret": {"name": "signing"},
+                "publicKey": (keys / "cosign.pub").read_text(),
+            },
+        }
+        profile["spec"]["serving"] = {"credentialsSecret": {"name": "registry-reader"}}
+        return profile
+
+
+def _ready(cluster: Any, namespace: str, profile: dict[str, Any]) -> dict[str, Any]:
+    """The profile applied in `cluster` and Ready (within 400 s)."""
+    apply(cluster, namespace, profile)
+    done = wait_ready(cluster, namespace, "llama", timeout=400)
+    assert done["status"]["phase"] == "Ready", json.dumps(done["status"], indent=2)[:3000]
+    return done
+
+
+@pytest.fixture
+def fleet(
+    cluster: Any, peer: Cluster, first_operator: Operator, peer_operator: Operator, s3: Any,
+    namespace: str, peer_namespace: str, s3_secret: str, prefix: str,
+) -> TwoClusters:  # fmt: skip
+    """Both clusters, the test's namespace of the same name in each."""
+    return TwoClusters(
+        cluster, peer, peer_operator, s3, namespace, peer_namespace, s3_secret, prefix
+    )
+
+
 def at_once(*calls: Any) -> None:
     threads = [threading.Thread(target=c) for c in calls]
     for t in threads:
@@ -99,10 +186,11 @@ def at_once(*calls: Any) -> None:
 
 
 def _tuned_once(
-    both: dict[str, Any], namespace: str, profile: dict[str, Any]
+    fleet: TwoClusters, profile: dict[str, Any]
 ) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
     """The profile applied in both clusters at once: both Ready, from one tuning Job in all.
     The tuning cluster, the adopting one, and the artifact each serves (the same one)."""
+    both, namespace = fleet.both(), fleet.namespace
     at_once(*(lambda c=c: apply(c, namespace, profile) for c in both.values()))
     done = {k: wait_ready(c, namespace, "llama", timeout=400) for k, c in both.items()}
     for prof in done.values():
@@ -118,20 +206,13 @@ def _tuned_once(
 
 
 def test_one_identity_applied_in_two_clusters_at_once_is_tuned_once_and_served_in_both(
-    cluster: Any,
-    peer: Cluster,
-    first_operator: Operator,
-    peer_operator: Operator,
-    s3: Any,
-    namespace: str,
-    peer_namespace: str,
-    s3_secret: str,
-    prefix: str,
+    fleet: TwoClusters,
 ) -> None:
-    wait_for_real_node_gpus(cluster, 1)
-    profile = fleet_profile(s3, s3_secret, prefix, pinned_image(STANDIN_IMAGE))
-    both = {"first": cluster, "peer": peer}
-    tuner, adopter, _, taken = _tuned_once(both, namespace, profile)
+    namespace = fleet.namespace
+    wait_for_real_node_gpus(fleet.first, 1)
+    profile = fleet.profile()
+    both = fleet.both()
+    tuner, adopter, _, taken = _tuned_once(fleet, profile)
     assert taken["source"]["cluster"] == cluster_uid(both[tuner]) != cluster_uid(both[adopter])
     assert taken["source"]["profile"] == f"{namespace}/llama"
     wide = both[adopter].kubectl("get", "tp", "-n", namespace, "llama", "-o", "wide").stdout
@@ -140,41 +221,22 @@ def test_one_identity_applied_in_two_clusters_at_once_is_tuned_once_and_served_i
     for c in both.values():  # a model pod in each cluster gets the one artifact
         create(c, namespace, model_pod("server", "llama", gpus=1))
     for k, c in both.items():
-        pod = ended(c, namespace, "server", f"the model pod in the {k} cluster to finish")
-        log = c.kubectl("logs", "-n", namespace, "server", "-c", "server").stdout
-        assert pod["status"]["phase"] == "Succeeded", log
-        fetch = statuses(pod)["tunefleet-fetch"]["state"]["terminated"]["message"]
-        assert "wrote 1 results file(s)" in fetch, fetch
+        log = fleet.served(c, k)
         assert "PYTORCH_TUNABLEOP_ENABLED=1" in log and "PYTORCH_TUNABLEOP_TUNING=0" in log, log
 
 
 def test_a_tuning_cluster_killed_mid_job_holds_the_other_back_one_expiry_only(
-    cluster: Any,
-    peer: Cluster,
-    first_operator: Operator,
-    peer_operator: Operator,
-    s3: Any,
-    namespace: str,
-    peer_namespace: str,
-    s3_secret: str,
-    prefix: str,
+    fleet: TwoClusters,
 ) -> None:
+    cluster, peer, namespace = fleet.first, fleet.peer, fleet.namespace
+    peer_operator = fleet.peer_operator
     wait_for_real_node_gpus(cluster, 1)
-    image = pinned_image(STANDIN_IMAGE)
-    slow = fleet_profile(s3, s3_secret, prefix, image, FAKE_TORCH_TUNE_SLEEP="4")
+    slow = fleet.profile(FAKE_TORCH_TUNE_SLEEP="4")
     apply(peer, namespace, slow)  # the peer claims first and tunes, slowly
-    eventually(
-        lambda: get_json(peer, "tp", "-n", namespace, "llama"),
-        lambda p: (p.get("status") or {}).get("phase") == "Tuning",
-        "the peer's Job to run",
-        timeout=120,
-    )
+    fleet.phase(peer, "Tuning", "the peer's Job to run", timeout=120)
     apply(cluster, namespace, slow)
-    waiting = eventually(
-        lambda: get_json(cluster, "tp", "-n", namespace, "llama"),
-        lambda p: (p.get("status") or {}).get("phase") == "Queued",
-        "the first cluster to wait for the peer's claim",
-        timeout=60,
+    waiting = fleet.phase(
+        cluster, "Queued", "the first cluster to wait for the peer's claim", timeout=60
     )
     said = condition(waiting, "Ready")
     assert said["reason"] == "TunedElsewhere" and cluster_uid(peer) in said["message"], said
@@ -191,21 +253,10 @@ def test_a_tuning_cluster_killed_mid_job_holds_the_other_back_one_expiry_only(
         peer_operator.start()
 
 
-def test_a_changed_image_digest_in_one_cluster_tunes_its_own(
-    cluster: Any,
-    peer: Cluster,
-    first_operator: Operator,
-    peer_operator: Operator,
-    s3: Any,
-    namespace: str,
-    peer_namespace: str,
-    s3_secret: str,
-    prefix: str,
-) -> None:
-    first = fleet_profile(
-        s3, s3_secret, prefix, pinned_image(STANDIN_IMAGE), FAKE_TORCH_TUNE_SLEEP="2"
-    )
-    other = fleet_profile(s3, s3_secret, prefix, pinned_image(STANDIN_NOGPU_IMAGE))
+def test_a_changed_image_digest_in_one_cluster_tunes_its_own(fleet: TwoClusters) -> None:
+    cluster, peer, namespace = fleet.first, fleet.peer, fleet.namespace
+    first = fleet.profile(FAKE_TORCH_TUNE_SLEEP="2")
+    other = fleet.profile(STANDIN_NOGPU_IMAGE)
     at_once(lambda: apply(cluster, namespace, first), lambda: apply(peer, namespace, other))
     for c, what in ((cluster, "the first cluster's"), (peer, "the peer's")):
         eventually(
@@ -226,6 +277,16 @@ def peer_other_namespace(peer: Cluster, s3: Any, namespace: str) -> Iterator[str
         yield name
 
 
+@pytest.fixture
+def fleet_apart(
+    cluster: Any, peer: Cluster, first_operator: Operator, peer_operator: Operator, s3: Any,
+    namespace: str, peer_other_namespace: str, s3_secret: str, prefix: str,
+) -> TwoClusters:  # fmt: skip
+    """Both clusters, the test's namespace in the peer of another name than in the first."""
+    peer_ns = peer_other_namespace
+    return TwoClusters(cluster, peer, peer_operator, s3, namespace, peer_ns, s3_secret, prefix)
+
+
 @dataclass(frozen=True)
 class Entry:
     """A profile's artifact, Ready in the cluster that tuned it, as its identity's published
@@ -243,19 +304,22 @@ class Entry:
         )
 
 
-def _tuned_and_published(
-    cluster: Any, namespace: str, profile: dict[str, Any], s3: Any, prefix: str
-) -> Entry:
-    apply(cluster, namespace, profile)
-    first = wait_ready(cluster, namespace, "llama", timeout=400)
-    assert first["status"]["phase"] == "Ready", json.dumps(first["status"], indent=2)[:3000]
-    art = first["status"]["artifacts"][0]
+def _entry_key(store: S3Store | OciStore, profile: dict[str, Any]) -> tuple[str, str, str]:
+    """Where in `store` the profile's identity has its published entry: (key, identity,
+    model), for its first GPU model."""
     spec = TuningProfileSpec.model_validate(profile["spec"])
     model = spec.gpu.models[0]
     ident = naming.fleet_identity(spec, model)
     assert ident is not None
-    store = S3Store(parse_uri(f"s3://{s3.bucket}/{prefix}"), client=s3.client(), timeout_s=60)
-    entry = Entry(art, store, contract.published_key(store.location, model, ident), ident, model)
+    return contract.published_key(store.location, model, ident), ident, model
+
+
+def _tuned_and_published(fleet: TwoClusters, profile: dict[str, Any]) -> Entry:
+    first = _ready(fleet.first, fleet.namespace, profile)
+    art = first["status"]["artifacts"][0]
+    s3 = fleet.s3
+    store = S3Store(parse_uri(f"s3://{s3.bucket}/{fleet.prefix}"), client=s3.client(), timeout_s=60)
+    entry = Entry(art, store, *_entry_key(store, profile))
     eventually(
         entry.now,
         lambda e: e is not None and e.record.sha256 == art["sha256"],
@@ -270,9 +334,7 @@ def _tunes_its_own(
 ) -> tuple[dict[str, Any], str]:
     """The profile applied in the peer is Ready from a Job of its own, not adopted: its
     artifact, and what the ArtifactNotAdopted Events said."""
-    apply(peer, namespace, profile)
-    own = wait_ready(peer, namespace, "llama", timeout=400)
-    assert own["status"]["phase"] == "Ready", json.dumps(own["status"], indent=2)[:3000]
+    own = _ready(peer, namespace, profile)
     mine = own["status"]["artifacts"][0]
     assert "source" not in mine and len(jobs_of(peer, namespace, "llama")) == 1
     said = peer.kubectl(
@@ -283,30 +345,23 @@ def _tunes_its_own(
 
 
 def test_an_artifact_tampered_with_in_the_store_is_not_adopted_and_its_entry_is_replaced(
-    cluster: Any,
-    peer: Cluster,
-    first_operator: Operator,
-    peer_operator: Operator,
-    s3: Any,
-    namespace: str,
-    peer_other_namespace: str,
-    s3_secret: str,
-    prefix: str,
+    fleet_apart: TwoClusters,
 ) -> None:
-    wait_for_real_node_gpus(cluster, 1)
-    profile = fleet_profile(s3, s3_secret, prefix, pinned_image(STANDIN_IMAGE))
-    entry = _tuned_and_published(cluster, namespace, profile, s3, prefix)
+    fleet, s3 = fleet_apart, fleet_apart.s3
+    wait_for_real_node_gpus(fleet.first, 1)
+    profile = fleet.profile()
+    entry = _tuned_and_published(fleet, profile)
     # Someone with write access to the bucket changes the artifact's results under its name.
     results_key = f"{parse_uri(entry.artifact['uri']).prefix}/results.csv"
     body = entry.store.get(results_key, 1 << 22)
     s3.client().put_object(Bucket=s3.bucket, Key=results_key, Body=body + b"\n")
 
-    mine, said = _tunes_its_own(peer, peer_other_namespace, profile)
+    mine, said = _tunes_its_own(fleet.peer, fleet.peer_namespace, profile)
     assert "does not check" in said, said
     # The bad entry gave way to the peer's verified artifact: the next cluster adopts that.
     now = entry.now()
     assert now is not None and now.record.uri == mine["uri"]
-    assert now.holder.cluster == cluster_uid(peer)
+    assert now.holder.cluster == cluster_uid(fleet.peer)
 
 
 def _cosign_verify_blob(
@@ -319,35 +374,34 @@ def _cosign_verify_blob(
     )  # fmt: skip
 
 
+def _signed_manifest(store: S3Store, uri: str, manifest: Path, signature: Path) -> str:
+    """The manifest of the artifact at `uri` and its signature, from `store` into these files;
+    the artifact's prefix."""
+    base = parse_uri(uri).prefix
+    manifest.write_bytes(store.get(f"{base}/manifest.json", 1 << 20))
+    signature.write_bytes(store.get(f"{base}/manifest.json.sig", 4096))
+    return base
+
+
 def test_an_artifact_signed_by_another_key_is_not_adopted_and_cosign_checks_both_signatures(
-    cluster: Any,
-    peer: Cluster,
-    first_operator: Operator,
-    peer_operator: Operator,
-    s3: Any,
-    namespace: str,
-    peer_other_namespace: str,
-    s3_secret: str,
-    prefix: str,
-    tmp_path: Path,
+    fleet_apart: TwoClusters, tmp_path: Path
 ) -> None:
+    fleet, s3 = fleet_apart, fleet_apart.s3
     # Both clusters' profiles sign with one key pair (the fleet's), in their own Secrets.
     password = "fleet-signing"
     keys = key_pair(tmp_path / "fleet", password)
-    signing_secret(cluster, namespace, keys, password)
-    signing_secret(peer, peer_other_namespace, keys, password)
-    wait_for_real_node_gpus(cluster, 1)
-    profile = fleet_profile(s3, s3_secret, prefix, pinned_image(STANDIN_IMAGE))
+    signing_secret(fleet.first, fleet.namespace, keys, password)
+    signing_secret(fleet.peer, fleet.peer_namespace, keys, password)
+    wait_for_real_node_gpus(fleet.first, 1)
+    profile = fleet.profile()
     profile["spec"]["storage"]["signing"] = {
         "secret": {"name": "signing"}, "publicKey": (keys / "cosign.pub").read_text(),
     }  # fmt: skip
-    entry = _tuned_and_published(cluster, namespace, profile, s3, prefix)
+    entry = _tuned_and_published(fleet, profile)
     art, store = entry.artifact, entry.store
     # What the tuning Job signed, cosign (knowing nothing of tunefleet) verifies.
-    base = parse_uri(art["uri"]).prefix
     manifest, signature = tmp_path / "manifest.json", tmp_path / "manifest.json.sig"
-    manifest.write_bytes(store.get(f"{base}/manifest.json", 1 << 20))
-    signature.write_bytes(store.get(f"{base}/manifest.json.sig", 4096))
+    base = _signed_manifest(store, art["uri"], manifest, signature)
     checked = _cosign_verify_blob(keys, manifest, signature)
     assert checked.returncode == 0, checked.stderr
 
@@ -366,12 +420,10 @@ def test_an_artifact_signed_by_another_key_is_not_adopted_and_cosign_checks_both
         Bucket=s3.bucket, Key=f"{base}/manifest.json.sig", Body=signature.read_bytes()
     )
 
-    mine, said = _tunes_its_own(peer, peer_other_namespace, profile)
+    mine, said = _tunes_its_own(fleet.peer, fleet.peer_namespace, profile)
     assert "manifest.json.sig" in said and "another key" in said, said
     # The peer's own artifact is signed with the fleet's key, and replaced the forged entry.
-    base = parse_uri(mine["uri"]).prefix
-    manifest.write_bytes(store.get(f"{base}/manifest.json", 1 << 20))
-    signature.write_bytes(store.get(f"{base}/manifest.json.sig", 4096))
+    _signed_manifest(store, mine["uri"], manifest, signature)
     assert _cosign_verify_blob(keys, manifest, signature).returncode == 0
     now = entry.now()
     assert now is not None and now.record.uri == mine["uri"]
@@ -390,48 +442,18 @@ def _bids(reg: Registry, repository: str) -> list[str]:
     return out
 
 
-def _on_registry(
-    clusters: Any, namespace: str, keys: Path, repository: str, *s3_args: Any
-) -> dict[str, Any]:
-    """The fleet profile on the shared registry's `repository`, signed with `keys` (password
-    "fleet-signing"), and its Secrets in `namespace` of each of `clusters`."""
-    reg = Registry.from_state()
-    for c in clusters:
-        signing_secret(c, namespace, keys, "fleet-signing")
-        apply(c, namespace, reg.secret("registry-writer", reg.writer))
-        apply(c, namespace, reg.secret("registry-reader", reg.reader))
-    s3, s3_secret, prefix = s3_args
-    profile = fleet_profile(s3, s3_secret, prefix, pinned_image(STANDIN_IMAGE))
-    profile["spec"]["storage"] = {
-        "uri": f"oci://{reg.host}/{repository}",
-        "credentialsSecret": {"name": "registry-writer"},
-        "signing": {"secret": {"name": "signing"}, "publicKey": (keys / "cosign.pub").read_text()},
-    }
-    profile["spec"]["serving"] = {"credentialsSecret": {"name": "registry-reader"}}
-    return profile
-
-
 def test_one_identity_on_a_registry_is_tuned_once_through_bids_and_adopted_as_a_signed_bundle(
-    cluster: Any,
-    peer: Cluster,
-    first_operator: Operator,
-    peer_operator: Operator,
-    s3: Any,
-    namespace: str,
-    peer_namespace: str,
-    s3_secret: str,
-    prefix: str,
-    tmp_path: Path,
+    fleet: TwoClusters, tmp_path: Path
 ) -> None:
     """oci:// in both clusters at once: a registry has no conditional write, so each bids
     (a tag of its own) and the earliest bid tunes once it has stood for the settle window; the
     other waits, then adopts the bundle only after its cosign signature verifies."""
     reg = Registry.from_state()
     keys = key_pair(tmp_path / "fleet", "fleet-signing")
-    both = {"first": cluster, "peer": peer}
+    both = fleet.both()
     repository = f"e2e/fleet-{uuid.uuid4().hex[:8]}"
-    profile = _on_registry(both.values(), namespace, keys, repository, s3, s3_secret, prefix)
-    tuner, adopter, own, taken = _tuned_once(both, namespace, profile)
+    profile = fleet.on_registry(both.values(), fleet.namespace, keys, repository)
+    tuner, adopter, own, taken = _tuned_once(fleet, profile)
     assert taken["bundle"]["digest"] == own["bundle"]["digest"], (own, taken)
     assert taken["source"]["cluster"] == cluster_uid(both[tuner]) != cluster_uid(both[adopter])
 
@@ -450,49 +472,30 @@ def test_one_identity_on_a_registry_is_tuned_once_through_bids_and_adopted_as_a_
 
     # The adopter's model pod fetches the bundle, checks its signature, and is served.
     where = both[adopter]
-    create(where, namespace, model_pod("server", "llama", gpus=1))
-    pod = ended(where, namespace, "server", f"the model pod in the {adopter} cluster to finish")
-    log = where.kubectl("logs", "-n", namespace, "server", "-c", "server").stdout
-    assert pod["status"]["phase"] == "Succeeded", log
-    fetch = statuses(pod)["tunefleet-fetch"]["state"]["terminated"]["message"]
-    assert "wrote 1 results file(s)" in fetch, fetch
+    create(where, fleet.namespace, model_pod("server", "llama", gpus=1))
+    fleet.served(where, adopter)
 
 
 def test_a_bundle_on_the_registry_signed_by_another_key_is_not_adopted_and_its_entry_replaced(
-    cluster: Any,
-    peer: Cluster,
-    first_operator: Operator,
-    peer_operator: Operator,
-    s3: Any,
-    namespace: str,
-    peer_other_namespace: str,
-    s3_secret: str,
-    prefix: str,
-    tmp_path: Path,
+    fleet_apart: TwoClusters, tmp_path: Path
 ) -> None:
     """The peer's profile trusts another key (its own Secret and publicKey): the bundle the
     first cluster published does not verify with it, so the peer bids, tunes and signs its own,
     and its entry replaces the one it could not adopt."""
+    fleet, peer = fleet_apart, fleet_apart.peer
     reg = Registry.from_state()
     repository = f"e2e/fleet-{uuid.uuid4().hex[:8]}"
-    wait_for_real_node_gpus(cluster, 1)
+    wait_for_real_node_gpus(fleet.first, 1)
     first_keys, peer_keys = (key_pair(tmp_path / k, "fleet-signing") for k in ("a", "b"))
-    first = _on_registry([cluster], namespace, first_keys, repository, s3, s3_secret, prefix)
-    apply(cluster, namespace, first)
-    done = wait_ready(cluster, namespace, "llama", timeout=400)
-    assert done["status"]["phase"] == "Ready", json.dumps(done["status"], indent=2)[:3000]
-    theirs = done["status"]["artifacts"][0]
+    first = fleet.on_registry([fleet.first], fleet.namespace, first_keys, repository)
+    theirs = _ready(fleet.first, fleet.namespace, first)["status"]["artifacts"][0]
 
-    other = _on_registry([peer], peer_other_namespace, peer_keys, repository, s3, s3_secret, prefix)
-    mine, said = _tunes_its_own(peer, peer_other_namespace, other)
+    other = fleet.on_registry([peer], fleet.peer_namespace, peer_keys, repository)
+    mine, said = _tunes_its_own(peer, fleet.peer_namespace, other)
     assert "does not verify" in said and theirs["bundle"]["digest"] in said, said
     assert mine["bundle"]["digest"] != theirs["bundle"]["digest"]
     store = OciStore(parse_uri(f"oci://{reg.host}/{repository}"), config=reg.writer)
-    spec = TuningProfileSpec.model_validate(other["spec"])
-    model = spec.gpu.models[0]
-    ident = naming.fleet_identity(spec, model)
-    assert ident is not None
-    key = contract.published_key(store.location, model, ident)
+    key, ident, model = _entry_key(store, other)
     entry = eventually(
         lambda: contract.Published.from_bytes(store.get(key, 1 << 16), ident, model),
         lambda e: e is not None and e.record.uri == mine["uri"],

@@ -953,3 +953,26 @@ def test_no_bench_function_takes_more_than_6_parameters() -> None:
     note = "give the parameters that travel together a value object:\n"
     assert not found, note + "\n".join(found)
     assert over(bench_paths(), parameters, 5)
+
+
+# The two-cluster e2e tests take one fixture object (TwoClusters) and what is theirs alone, not
+# each of the clusters, operators, namespaces and store settings it bundles.
+TWO_CLUSTERS = TESTS / "e2e" / "test_two_clusters.py"
+MAX_TEST_FIXTURES = 4
+
+
+def crowded_tests(path: Path, limit: int) -> list[str]:
+    """Test functions of `path` taking more than `limit` parameters (their fixtures)."""
+    return [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {parameters(node)}"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, Function) and node.name.startswith("test")
+        and parameters(node) > limit
+    ]  # fmt: skip
+
+
+def test_each_two_cluster_test_takes_at_most_4_fixtures() -> None:
+    found = crowded_tests(TWO_CLUSTERS, MAX_TEST_FIXTURES)
+    assert not found, "bundle them in the TwoClusters fixture:\n" + "\n".join(found)
+    # The rule can fail: some test there takes more than one.
+    assert crowded_tests(TWO_CLUSTERS, 1)
