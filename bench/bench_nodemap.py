@@ -1,4 +1,4 @@
-"""The node map at fleet size (nodemap.py): what 10,000 GPU nodes cost the operator.
+"""The node map at fleet size (placement/nodemap_keeper.py): what 10,000 GPU nodes cost the operator.
 
 (a) memory: the index of 10,000 nodes (names of a GKE-like 52 characters, 4 models), measured
     with tracemalloc, and the time of the list that fills it; (b) the map a namespace gets:
@@ -24,7 +24,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 
 from tunefleet import kube  # noqa: E402
 from tunefleet.builders.placement import build_node_map  # noqa: E402
-from tunefleet.placement.nodemap import NodeIndex, NodeMaps  # noqa: E402
+from tunefleet.placement.nodemap_keeper import NodeIndex, NodeMaps  # noqa: E402
 
 KEY = "nvidia.com/gpu.product"
 MODELS = ["NVIDIA-H100-80GB-HBM3", "NVIDIA-H200", "NVIDIA-B200", "NVIDIA-L40S"]

@@ -34,7 +34,7 @@ from typing import Any
 import yaml
 
 from tunefleet.api.base import DNS_LABEL, DNS_SUBDOMAIN
-from tunefleet.api.template import (
+from tunefleet.api.pod_template import (
     KEY_SIZE,
     RESERVED_KEY_PATTERN,
     RESERVED_LABELS,
@@ -44,7 +44,7 @@ from tunefleet.api.template import (
     SHM_PATH,
     VOLUME_TYPES,
 )
-from tunefleet.api.template import QUANTITY as QUANTITY_PATTERN
+from tunefleet.api.pod_template import QUANTITY as QUANTITY_PATTERN
 
 ROOT = Path(__file__).resolve().parents[1]
 PINNED = ROOT / "hack" / "k8s-core-v1.json"

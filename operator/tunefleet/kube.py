@@ -531,7 +531,7 @@ class Kube(Client):
         )  # fmt: skip
         release(resp)
 
-    # --- nodes, as metadata only (the node map: nodemap.py) -------------------------------
+    # --- nodes, as metadata only (the node map: placement/nodemap_keeper.py) -------------
 
     def _get_nodes(self, query: dict[str, Any], accept: str, timeout: Any) -> Any:
         """GET /api/v1/nodes with our own Accept (the generated client replaces any given)."""

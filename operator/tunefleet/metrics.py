@@ -27,7 +27,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from tunefleet.api.conditions import Phase
-from tunefleet.contracts.artifact import PINNED, REJECTED, SERVABLE, verdict_of
+from tunefleet.contracts.artifact_record import PINNED, REJECTED, SERVABLE, verdict_of
 from tuner_job.gain import FIGURES, Gain
 
 log = logging.getLogger(__name__)
@@ -61,8 +61,9 @@ TUNING_SECONDS = Histogram(
 )
 NODE_MAP_WRITES = Counter(
     "tunefleet_node_map_writes_total",
-    "Writes of the node maps pods pick their GPU model by (nodemap.py), by outcome: written, "
-    "failed (retried), not_ours (a ConfigMap of its name that tunefleet did not make).",
+    "Writes of the node maps pods pick their GPU model by (placement/nodemap_keeper.py), by "
+    "outcome: written, failed (retried), not_ours (a ConfigMap of its name that tunefleet "
+    "did not make).",
     ["outcome"],
     registry=REGISTRY,
 )

@@ -6,7 +6,7 @@ another, and a profile deleted and created again under the same name never meets
 its predecessor (still being garbage-collected).
 
 What the webhook writes on a model pod it admits (its admission label, decision, pinned
-artifact and warnings) is not here but contracts/admission.py's, which writes and reads it.
+artifact and warnings) is not here but contracts/admission_record.py's, which writes and reads it.
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ REVISION_LABEL = "tunefleet.io/revision"
 # "tune" (the tuning Job: one pod, or one per share with parallelism) or "merge" (the Job that
 # publishes one artifact from the shares). Jobs of versions before 0.2 have none: tune.
 ROLE_LABEL = "tunefleet.io/role"
-# ROLE_LABEL on the capture cache's ConfigMaps (capture/store.py writes them, watched/kinds.py
+# ROLE_LABEL on the capture cache's ConfigMaps (capture/retune_sets.py writes them, watched/kinds.py
 # selects them): a pod's recorded misses, and the frozen set a retune tunes.
 ROLE_CAPTURE = "capture"
 ROLE_RETUNE = "retune"
 MODEL_ANNOTATION = "tunefleet.io/gpu-model"  # on Jobs and ConfigMaps too, read first
 # On a tuning (or merge) Job, written by the operator when it first reads the publish step's
-# termination message: the artifact record (contracts/artifact.py) outlives the Job's pods.
+# termination message: the artifact record (contracts/artifact_record.py) outlives the Job's pods.
 RECORD_ANNOTATION = "tunefleet.io/artifact-record"
 # On a tuning Job the GPU gate made suspended (placement/gate.py): "true" while it may start it.
 GPU_GATE_ANNOTATION = "tunefleet.io/waits-for-gpu"

@@ -20,7 +20,7 @@ from typing import Any, Self
 
 from testbed.library_pod import JobSpec, shapes
 from tunefleet.api import TuningProfileSpec
-from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.contracts.artifact_record import ArtifactRecord
 from tunefleet.naming import (
     MANAGED_KEY,
     MANAGED_VALUE,
@@ -381,7 +381,7 @@ class PodWrapper(_Wrapper):
         return {"metadata": copy.deepcopy(meta), "spec": copy.deepcopy(self._doc["spec"])}
 
     def admitted(self, admission: Any) -> PodWrapper:
-        """The webhook's admission record on the pod (tunefleet.contracts.admission.Admission),
+        """The webhook's admission record on the pod (tunefleet.contracts.admission_record.Admission),
         written by its owner module, as the webhook writes it."""
         doc = copy.deepcopy(self._doc)
         admission.write(doc)

@@ -17,7 +17,7 @@ from tests.support.artifacts import tuner_output
 from tunefleet import naming
 from tunefleet.artifacts.publish import upload_artifact
 from tunefleet.contracts import fleet as contract
-from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.contracts.artifact_record import ArtifactRecord
 from tunefleet.fleet import adopt
 from tunefleet.reconciler import apply
 from tunefleet.storage.registry import parse_uri

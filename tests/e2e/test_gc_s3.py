@@ -33,7 +33,7 @@ from tunefleet.artifacts.library import (
     shard_base,
 )
 from tunefleet.artifacts.publish import Output, publish
-from tunefleet.contracts.admission import INJECTED, Admission
+from tunefleet.contracts.admission_record import INJECTED, Admission
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.s3 import S3Store
 from tuner_job.library import CheckpointId, library_key

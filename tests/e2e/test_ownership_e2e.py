@@ -25,7 +25,7 @@ from tests.support.fleet import publish_first_revision
 from tests.support.kube import apply, condition, get_json, jobs_of, tuning_pods
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
-from tunefleet.contracts.admission import ARTIFACT_URI_ANNOTATION
+from tunefleet.contracts.admission_record import ARTIFACT_URI_ANNOTATION
 
 pytestmark = pytest.mark.e2e
 

@@ -26,9 +26,9 @@ from testbed.poll import eventually
 from testbed.real_node import KEY, real_profile
 from tests.support.kube import apply, create, ended, get_json, ready, statuses, tuning_pods
 from tunefleet.contracts import nodemap
-from tunefleet.contracts.admission import Admission
-from tunefleet.contracts.fetch import CONTAINER, LOADED, FetchOutcome
-from tunefleet.plugin.why import explain
+from tunefleet.contracts.admission_record import Admission
+from tunefleet.contracts.fetch_outcome import CONTAINER, LOADED, FetchOutcome
+from tunefleet.plugin.why_cmd import explain
 
 pytestmark = pytest.mark.e2e
 

@@ -25,7 +25,7 @@ from testbed.operator import InCluster
 from testbed.poll import eventually
 from testbed.real_node import SHAPES, model_pod, real_profile
 from tests.support.kube import apply, create, get_json, pod_of, ready
-from tunefleet.contracts.admission import ARTIFACT_SHA_ANNOTATION
+from tunefleet.contracts.admission_record import ARTIFACT_SHA_ANNOTATION
 
 pytestmark = pytest.mark.e2e
 

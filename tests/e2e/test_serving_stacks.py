@@ -42,8 +42,8 @@ from testbed.operator import SERVING_SECRET, InCluster
 from testbed.poll import eventually
 from testbed.real_node import KEY, SHAPES, real_profile
 from tests.support.kube import apply, create, get_json, pod_of, ready, statuses
-from tunefleet.contracts.admission import Admission
-from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
+from tunefleet.contracts.admission_record import Admission
+from tunefleet.contracts.fetch_outcome import CONTAINER as FETCH_CONTAINER
 from tuner_job.output import RESULTS_NAME
 
 pytestmark = pytest.mark.e2e

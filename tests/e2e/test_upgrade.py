@@ -61,7 +61,7 @@ from testbed.poll import eventually
 from tests.support.kube import apply, get_json, jobs_of, tuning_pods
 from tunefleet import __version__, naming
 from tunefleet.api.conditions import TYPES
-from tunefleet.contracts.admission import (
+from tunefleet.contracts.admission_record import (
     ADMISSION_LABEL,
     ARTIFACT_SHA_ANNOTATION,
     POD_MODEL_ANNOTATION,

@@ -24,8 +24,8 @@ from tunefleet.artifacts import fetch as fetch_mod
 from tunefleet.artifacts import publish as publish_mod
 from tunefleet.artifacts.publish import Output
 from tunefleet.builders.job import tuning_config
-from tunefleet.contracts.artifact import ArtifactRecord
-from tunefleet.contracts.fetch import FetchOutcome
+from tunefleet.contracts.artifact_record import ArtifactRecord
+from tunefleet.contracts.fetch_outcome import FetchOutcome
 from tunefleet.storage.registry import open_store, parse_uri
 from tuner_job import caches as cc
 from tuner_job.config import from_dict as config_from_dict

@@ -1,6 +1,6 @@
 """Told, not silent: which path a served vLLM cache took at a pod's start, from vLLM's own log
 records (capture/hook.py writes them down in the pod, the sidecar judges and sends them,
-contracts/capture.py carries them, the store keeps them per pod, capture/loop.py counts them
+contracts/capture_upload.py carries them, the store keeps them per pod, capture/loop.py counts them
 in status.capture[].caches, kubectl tunefleet why shows a pod's). The real vLLM is
 tests/e2e/test_bundles_vllm.py's; here vLLM's loggers are stood in for by plain logging with
 vLLM 0.32.0's words and its logging config's shape."""
@@ -19,8 +19,7 @@ import pytest
 from testbed.build.wrappers import make_artifact, make_profile
 from tunefleet.api import CaptureSpec, CaptureStatus
 from tunefleet.capture import hook, loop, sidecar
-from tunefleet.capture.sidecar import Settings, Sidecar
-from tunefleet.capture.store import (
+from tunefleet.capture.retune_sets import (
     MAX_CACHE_PODS,
     Batch,
     RetuneSet,
@@ -33,10 +32,11 @@ from tunefleet.capture.store import (
     parse_retune,
     parse_store,
 )
-from tunefleet.contracts import capture as contract
-from tunefleet.contracts.capture import BodyError, CacheLoad, Reply, Upload
+from tunefleet.capture.sidecar import Settings, Sidecar
+from tunefleet.contracts import capture_upload as contract
+from tunefleet.contracts.capture_upload import BodyError, CacheLoad, Reply, Upload
 from tunefleet.contracts.retune import RetuneRequest
-from tunefleet.plugin.why import _cache_load_of
+from tunefleet.plugin.why_cmd import _cache_load_of
 from tuner_job import caches as cc
 
 KEY = "5f1c" * 16
@@ -347,7 +347,7 @@ def test_a_vllm_bundle_records_the_keys_it_holds_and_a_bad_list_is_refused(tmp_p
 
 
 def test_kubectl_tunefleet_status_shows_the_counts_and_the_missed_keys() -> None:
-    from tunefleet.plugin.status import _cache_load_rows
+    from tunefleet.plugin.status_cmd import _cache_load_rows
 
     view = _loads(StoreView(SKEY), "warm", "recompiled", KEY, "vLLM could not load: x")
     view = _loads(view, "longer", "missed", OTHER, "vLLM found nothing for its key")

@@ -1,4 +1,4 @@
-"""The production loop's pure core (capture/loop.py) and its stores (capture/store.py):
+"""The production loop's pure core (capture/loop.py) and its stores (capture/retune_sets.py):
 aggregation, the thresholds and interval, no retune loop, manual requests, revision
 stability; the store's bounds and what a forged ConfigMap is worth."""
 
@@ -13,7 +13,7 @@ from tests.support.fake_kube import OneConfigMap
 from tunefleet import naming
 from tunefleet.api import CaptureSpec, CaptureStatus
 from tunefleet.capture import loop
-from tunefleet.capture.store import (
+from tunefleet.capture.retune_sets import (
     MAX_BYTES,
     Batch,
     RetuneSet,
@@ -335,7 +335,7 @@ def rival_rows(rows: list[str]) -> Any:
 
 def writer(core: OneConfigMap) -> Any:
     from tests.support.fake_kube import FakeKube
-    from tunefleet.capture.store import Writer
+    from tunefleet.capture.retune_sets import Writer
 
     return Writer(FakeKube(generated={"core": core}))
 
@@ -365,11 +365,11 @@ def test_a_configmap_under_the_stores_name_that_is_not_the_profiles_is_never_wri
         writer(core).add(KEY, Batch((S2[0],)), max_shapes=100, now=NOW)
 
 
-# --- the upload contract (contracts/capture.py) -----------------------------------------------
+# --- the upload contract (contracts/capture_upload.py) -----------------------------------------
 
 
 def test_the_upload_contract_reads_what_it_writes_and_refuses_what_it_bounds() -> None:
-    from tunefleet.contracts.capture import (
+    from tunefleet.contracts.capture_upload import (
         MAX_ROW_CHARS,
         MAX_ROWS,
         BodyError,

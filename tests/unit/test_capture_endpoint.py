@@ -16,9 +16,9 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from testbed.build.wrappers import make_artifact, make_pod, make_profile
 from tunefleet.capture.endpoint import Deps, Endpoint, caller_of
-from tunefleet.capture.store import StoreKey, StoreUnavailable
-from tunefleet.contracts.admission import INJECTED, Admission, Code
-from tunefleet.contracts.capture import AUDIENCE, MAX_BODY_BYTES, MAX_ROWS, PATH, Upload
+from tunefleet.capture.retune_sets import StoreKey, StoreUnavailable
+from tunefleet.contracts.admission_record import INJECTED, Admission, Code
+from tunefleet.contracts.capture_upload import AUDIENCE, MAX_BODY_BYTES, MAX_ROWS, PATH, Upload
 
 SHA = "c" * 64
 ROW = "GemmTunableOp_BFloat16_TN,tn_96_4096_512_ld_512_512_96"

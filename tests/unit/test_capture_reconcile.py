@@ -18,11 +18,11 @@ from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.builders import capture as capture_b
 from tunefleet.builders.job import CAPTURED_DIR
-from tunefleet.capture.cache import CaptureCache
+from tunefleet.capture.retune_sets import Batch, StoreKey, StoreView, build_store_config_map, merge
+from tunefleet.capture.retune_sets_cache import CaptureCache
 from tunefleet.capture.step import CaptureSource
-from tunefleet.capture.store import Batch, StoreKey, StoreView, build_store_config_map, merge
 from tunefleet.config import Config
-from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.contracts.artifact_record import ArtifactRecord
 from tunefleet.reconciler.memory import Memory
 from tunefleet.reconciler.reconcile import Around, sync_profile
 from tunefleet.webhook.admission import admit
@@ -241,7 +241,7 @@ def test_capture_without_an_endpoint_is_said_and_changes_nothing() -> None:
 
 
 def test_retune_sets_no_status_names_are_removed(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tunefleet.capture.store import RetuneSet, build_retune_config_map
+    from tunefleet.capture.retune_sets import RetuneSet, build_retune_config_map
 
     p = CAPTURE_PROFILE.obj()
     api = FakeKube(writers=RECONCILE_WRITERS)

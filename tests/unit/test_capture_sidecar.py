@@ -20,7 +20,7 @@ import pytest
 
 from tunefleet.capture import sidecar
 from tunefleet.capture.sidecar import Collector, SendError, Settings, Sidecar, Tail
-from tunefleet.contracts.capture import AUDIENCE, PATH, Reply, Upload
+from tunefleet.contracts.capture_upload import AUDIENCE, PATH, Reply, Upload
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_TORCH = ROOT / "tests" / "unit" / "data" / "fake_torch"

@@ -14,7 +14,7 @@ import yaml
 from testbed.build.wrappers import make_pod, make_profile
 from tunefleet import naming
 from tunefleet.api import TuningLimits, TuningProfileSpec
-from tunefleet.contracts.admission import (
+from tunefleet.contracts.admission_record import (
     ADMISSION_LABEL,
     INJECTED,
     STATUS_ANNOTATION,
@@ -22,10 +22,10 @@ from tunefleet.contracts.admission import (
     Admission,
     Code,
 )
-from tunefleet.contracts.artifact import ArtifactRecord, ShardRecord, status_fields
-from tunefleet.contracts.fetch import LOADED, REFUSED, FetchOutcome
-from tunefleet.contracts.fetch import UNTUNED as FETCH_UNTUNED
-from tunefleet.plugin.why import FIXES
+from tunefleet.contracts.artifact_record import ArtifactRecord, ShardRecord, status_fields
+from tunefleet.contracts.fetch_outcome import LOADED, REFUSED, FetchOutcome
+from tunefleet.contracts.fetch_outcome import UNTUNED as FETCH_UNTUNED
+from tunefleet.plugin.why_cmd import FIXES
 from tuner_job import caches as cc
 from tuner_job import exchange as ex
 from tuner_job.gain import Gain, paired

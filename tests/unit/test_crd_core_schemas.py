@@ -11,7 +11,7 @@ import yaml
 
 from hack import crd_core_schemas as gen
 from testbed.build.largest import template_schema
-from tunefleet.api import template as api
+from tunefleet.api import pod_template as api
 
 
 def test_the_crd_is_what_the_generator_writes() -> None:
@@ -71,7 +71,7 @@ def test_the_schema_is_structural_and_documented() -> None:
 
 
 def test_the_cel_rules_name_what_the_models_reserve() -> None:
-    """The CRD's reserved names come from tunefleet.api.template, the models' own."""
+    """The CRD's reserved names come from tunefleet.api.pod_template, the models' own."""
     text = json.dumps(template_schema())
     for name in (*api.RESERVED_VOLUMES, *api.RESERVED_LABELS):
         assert f"'{name}'" in text

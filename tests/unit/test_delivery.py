@@ -25,7 +25,7 @@ from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
 from tunefleet.artifacts import fetch as fetch_mod
 from tunefleet.builders.artifact import CONFIG_MAP_BYTES, Payload, build_artifact_config_map
 from tunefleet.config import Config
-from tunefleet.contracts.admission import Admission, Code
+from tunefleet.contracts.admission_record import Admission, Code
 from tunefleet.reconciler.memory import Memory
 from tunefleet.reconciler.reconcile import Around, sync_profile
 from tunefleet.serving import delivery

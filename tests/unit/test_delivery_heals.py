@@ -19,12 +19,12 @@ from testbed.build.wrappers import make_pod
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
 from tunefleet import naming
 from tunefleet.api.conditions import EventReason, Phase, Reason, Type, find
-from tunefleet.api.status import TuningProfileStatus
+from tunefleet.api.profile_status import TuningProfileStatus
 from tunefleet.artifacts import fetch as fetch_mod
 from tunefleet.builders.artifact import Payload, build_artifact_config_map
 from tunefleet.config import Config
-from tunefleet.contracts.admission import INJECTED, UNTUNED, Admission, Code
-from tunefleet.contracts.fetch import CONTAINER, FetchOutcome
+from tunefleet.contracts.admission_record import INJECTED, UNTUNED, Admission, Code
+from tunefleet.contracts.fetch_outcome import CONTAINER, FetchOutcome
 from tunefleet.reconciler.memory import Memory
 from tunefleet.reconciler.reconcile import Around, sync_profile
 from tunefleet.reconciler.status import with_degraded

@@ -23,7 +23,7 @@ from tunefleet.artifacts import signing
 from tunefleet.artifacts.publish import sign_manifest, upload_artifact
 from tunefleet.config import Config
 from tunefleet.contracts import fleet as contract
-from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.contracts.artifact_record import ArtifactRecord
 from tunefleet.fleet import claims
 from tunefleet.fleet.claims import Step
 from tunefleet.reconciler import apply

@@ -23,7 +23,7 @@ from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
 from tunefleet import naming
 from tunefleet.artifacts.publish import upload_artifact
 from tunefleet.config import Config
-from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.contracts.artifact_record import ArtifactRecord
 from tunefleet.contracts.fleet import (
     DEFAULT_SETTLE_SECONDS,
     MAX_CLAIM_SECONDS,

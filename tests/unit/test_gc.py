@@ -613,8 +613,8 @@ def test_the_whole_store_lists_with_an_empty_prefix(world: World) -> None:
 
 def cli(monkeypatch: pytest.MonkeyPatch, capsys: Any, *argv: str, profiles: Any = ()) -> Any:
     if profiles is not None:
-        monkeypatch.setattr(gc.cli, "read_profiles", lambda *a: list(profiles))
-        monkeypatch.setattr(gc.cli, "read_pinned", lambda *a: [])
+        monkeypatch.setattr(gc.command, "read_profiles", lambda *a: list(profiles))
+        monkeypatch.setattr(gc.command, "read_pinned", lambda *a: [])
     capsys.readouterr()  # what the test's own publishing printed
     code = gc.main(list(argv))
     out = capsys.readouterr()

@@ -83,7 +83,7 @@ def test_a_cached_view_takes_its_length_not_the_serializer_s_buffer() -> None:
     view for the object's life, so it must keep the bytes alone."""
     import tracemalloc
 
-    from tunefleet.informers.cache import _pack
+    from tunefleet.informers.view_cache import _pack
 
     view = {"metadata": {"name": "p" * 40, "uid": "u" * 36}, "spec": {"x": "y" * 900}}
     tracemalloc.start()

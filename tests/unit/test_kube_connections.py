@@ -19,7 +19,7 @@ import pytest
 
 from testbed.build.wrappers import make_config_map, make_job
 from tunefleet import kube
-from tunefleet.capture.store import Batch, StoreKey, Writer
+from tunefleet.capture.retune_sets import Batch, StoreKey, Writer
 
 OWNER = "owner-uid"
 # What the fake API server answers: the Job a patch reads (controlled by OWNER), the Job as

@@ -18,9 +18,9 @@ from tests.support.fake_cluster import FakeCluster
 from tunefleet.config import Config
 from tunefleet.plugin import cluster as cluster_mod
 from tunefleet.plugin import main as main_mod
-from tunefleet.plugin.diff import diff_results, format_diff, parse_ref
-from tunefleet.plugin.status import format_status, status_report
-from tunefleet.plugin.why import explain, format_why
+from tunefleet.plugin.diff_cmd import diff_results, format_diff, parse_ref
+from tunefleet.plugin.status_cmd import format_status, status_report
+from tunefleet.plugin.why_cmd import explain, format_why
 from tunefleet.webhook.admission import admit as inject
 from tuner_job.files import sha256_hex
 from tuner_job.manifest import ArtifactId
@@ -1345,7 +1345,7 @@ def test_version_prints_the_client_and_each_operator_release(
 
 
 def test_version_mid_upgrade_and_without_the_chart_label() -> None:
-    from tunefleet.plugin.version import format_version, image_tag, version_report
+    from tunefleet.plugin.version_cmd import format_version, image_tag, version_report
 
     rolling = version_report(
         [
@@ -1501,7 +1501,7 @@ def test_status_shows_a_pin_not_served_and_no_figures_for_a_malformed_gain() -> 
 def test_diff_shows_each_sides_figures_from_the_profiles_status(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tunefleet.plugin.diff import side_gain
+    from tunefleet.plugin.diff_cmd import side_gain
 
     art = published(tmp_path / "store")
     art["gain"] = gain(stand_in=True)

@@ -16,7 +16,7 @@ from tunefleet.api import TuningProfileSpec
 from tunefleet.api.conditions import Reason, Type, find
 from tunefleet.builders.job import Child, build_merge_job, build_tuning_job, tuning_config
 from tunefleet.builders.kueue import QUEUE_LABEL
-from tunefleet.reconciler import kueue
+from tunefleet.reconciler import workloads
 from tunefleet.reconciler.diagnose import Hints
 from tunefleet.reconciler.memory import Memory
 from tunefleet.reconciler.observe import Gathered, observe, observe_job, observe_wanting
@@ -68,13 +68,13 @@ def test_a_suspended_job_is_queued_with_kueues_reason_never_failed() -> None:
     short = "couldn't assign flavors to pod set main: insufficient unused quota for nvidia.com/gpu"
     owned = WORKLOAD.owner(job["metadata"]["uid"], job["metadata"]["name"], "Job", "batch/v1")
     wl = owned.condition("QuotaReserved", "False", short).obj()
-    obs = observe_job(job, [], queued=kueue.why_queued(job, [wl]))
+    obs = observe_job(job, [], queued=workloads.why_queued(job, [wl]))
     assert (obs.state, obs.reason) == ("Pending", Reason.QUEUED)
     assert obs.message == f"queued in Kueue LocalQueue gpu-team: {short}"
     # Suspended again after a pod failed (Kueue evicted it): still queued, not failed.
     job["status"]["failed"] = 1
     evicted = owned.condition("Evicted", "True", "Preempted to accommodate a workload").obj()
-    obs = observe_job(job, [], queued=kueue.why_queued(job, [evicted]))
+    obs = observe_job(job, [], queued=workloads.why_queued(job, [evicted]))
     assert obs.state == "Pending" and "evicted by Kueue" in obs.message
 
 
@@ -96,16 +96,16 @@ def test_observing_a_queued_job_wants_kueues_word_and_reads_nothing_itself() -> 
 
 def test_why_a_job_waits_when_kueue_cannot_say() -> None:
     job = suspended_job()
-    assert "no Kueue" in kueue.why_queued(job, kueue.NOT_INSTALLED)
-    assert "no Workload" in kueue.why_queued(job, [])
+    assert "no Kueue" in workloads.why_queued(job, workloads.NOT_INSTALLED)
+    assert "no Workload" in workloads.why_queued(job, [])
     # A Workload that names the Job by label but is not controlled by it does not speak for it.
     other = (
         WORKLOAD.owner("someone-else", job["metadata"]["name"], "Job", "batch/v1")
         .condition("QuotaReserved", "False", "forged")
         .obj()
     )
-    assert "forged" not in kueue.why_queued(job, [other])
-    assert "not in a Kueue queue" in kueue.why_queued(suspended_job(None), [])
+    assert "forged" not in workloads.why_queued(job, [other])
+    assert "not in a Kueue queue" in workloads.why_queued(suspended_job(None), [])
 
 
 def test_status_says_queued_and_the_phase_follows() -> None:
@@ -127,11 +127,11 @@ def test_a_queued_job_reads_its_workload_now_and_then(monkeypatch: pytest.Monkey
     calls: list[str] = []
     found: list[dict[str, Any]] = []
 
-    def workloads(*args: Any) -> list[dict[str, Any]]:  # Kueue's Workloads of the Job
+    def kueue_workloads(*args: Any) -> list[dict[str, Any]]:  # Kueue's Workloads of the Job
         calls.append(args[-1])
         return found
 
-    api = FakeKube(writers=RECONCILE_WRITERS, intercept={"list_custom": workloads})
+    api = FakeKube(writers=RECONCILE_WRITERS, intercept={"list_custom": kueue_workloads})
     p = profile(tuning=QUEUED, gpu={"vendor": "amd", "models": MODELS[:1]})
     job = suspended_job()
     memory = Memory()
@@ -187,10 +187,10 @@ def test_workloads_are_read_in_the_newest_version_served_or_kueue_is_not_install
         return raw({"items": [{"v": version}]})
 
     client = OverGenerated(custom=Generated(list_namespaced_custom_object=list_workloads))
-    assert kueue.workloads_of(client, "ml", "u-1") == [{"v": "v1beta1"}]
+    assert workloads.workloads_of(client, "ml", "u-1") == [{"v": "v1beta1"}]
     assert asked == [
         ("v1beta2", "kueue.x-k8s.io/job-uid=u-1"),
         ("v1beta1", "kueue.x-k8s.io/job-uid=u-1"),
     ]
     served.clear()
-    assert kueue.workloads_of(client, "ml", "u-1") == kueue.NOT_INSTALLED
+    assert workloads.workloads_of(client, "ml", "u-1") == workloads.NOT_INSTALLED

@@ -208,9 +208,12 @@ def test_no_import_circle_among_tunefleets_folders() -> None:
 
 def test_the_folder_rule_catches_a_circle_through_folders() -> None:
     g = {
-        "tunefleet.api.status": {"tunefleet.contracts.artifact", "tunefleet.api.base"},
-        "tunefleet.contracts.admission": {"tunefleet.naming", "tunefleet"},
-        "tunefleet.contracts.artifact": set(),
+        "tunefleet.api.profile_status": {
+            "tunefleet.contracts.artifact_record",
+            "tunefleet.api.base",
+        },
+        "tunefleet.contracts.admission_record": {"tunefleet.naming", "tunefleet"},
+        "tunefleet.contracts.artifact_record": set(),
         "tunefleet.naming": {"tunefleet.api.base"},
         "tunefleet.api.base": set(),
     }
@@ -218,8 +221,11 @@ def test_the_folder_rule_catches_a_circle_through_folders() -> None:
     assert folders["tunefleet.api"] == {"tunefleet.contracts"}  # within a folder: no arrow
     circle = _cycle(folders)
     assert circle == ["tunefleet.api", "tunefleet.contracts", "tunefleet.naming", "tunefleet.api"]
-    assert arrows(g, circle)[0] == "tunefleet.api.status imports tunefleet.contracts.artifact"
-    del g["tunefleet.contracts.admission"]
+    assert (
+        arrows(g, circle)[0]
+        == "tunefleet.api.profile_status imports tunefleet.contracts.artifact_record"
+    )
+    del g["tunefleet.contracts.admission_record"]
     assert _cycle(folder_graph(g)) is None
 
 
@@ -391,12 +397,15 @@ def test_the_machinery_rule_catches_a_domain_import() -> None:
     g = {
         "tunefleet.runtime.client": {"tunefleet.runtime.heap"},
         "tunefleet.runtime.reflector": {"tunefleet.naming", "tunefleet.runtime.client"},
-        "tunefleet.informers.cache": {"tunefleet.runtime.heap", "tunefleet.informers.views"},
-        "tunefleet.informers.views": {"tunefleet.watched.kinds"},
+        "tunefleet.informers.view_cache": {
+            "tunefleet.runtime.heap",
+            "tunefleet.informers.view_parts",
+        },
+        "tunefleet.informers.view_parts": {"tunefleet.watched.kinds"},
         "tunefleet.reconciler.reconcile": {"tunefleet.runtime.client"},
     }
     assert runtime_breaches(g) == [
-        "tunefleet.informers.views imports tunefleet.watched.kinds",
+        "tunefleet.informers.view_parts imports tunefleet.watched.kinds",
         "tunefleet.runtime.reflector imports tunefleet.naming",
     ]
 
@@ -406,7 +415,7 @@ def test_the_machinery_rule_catches_a_domain_import() -> None:
 KOPF_ALLOWED = {
     "tunefleet.__main__",
     "tunefleet.handlers.startup",
-    "tunefleet.handlers.pod",
+    "tunefleet.handlers.on_pod",
     "tunefleet.webhook.server",
 }
 
@@ -472,7 +481,7 @@ def test_no_product_function_takes_more_than_6_parameters() -> None:
     assert over(product_paths(), parameters, 3)
 
 
-# --- one Operator, reached through kopf's memo ---------------------------------------------------
+# --- one Operator, reached through kopf's memo ------------------------------------------------
 
 # handlers/startup.py's Operator owns the process: __main__ makes it and hands it to kopf's memo;
 # kopf's handlers read it there, the reflectors' handlers are bound to it. No module keeps one.
@@ -728,7 +737,7 @@ def test_the_write_rule_catches_one() -> None:
 
 
 def test_status_is_built_as_the_typed_model_only() -> None:
-    """reconciler/status.py builds api/status.TuningProfileStatus and its parts; no function
+    """reconciler/status.py builds api/profile_status.TuningProfileStatus and its parts; no function
     there returns a status as a dict (the write serialises the model, once)."""
     path = OPERATOR / "reconciler" / "status.py"
     found = [
@@ -976,3 +985,16 @@ def test_each_two_cluster_test_takes_at_most_4_fixtures() -> None:
     assert not found, "bundle them in the TwoClusters fixture:\n" + "\n".join(found)
     # The rule can fail: some test there takes more than one.
     assert crowded_tests(TWO_CLUSTERS, 1)
+
+
+def test_no_two_operator_modules_share_a_basename() -> None:
+    """A module's name says which module it is: no two in operator/tunefleet share a basename
+    (`__init__.py` and `__main__.py` aside), so a path in a message, a traceback or a review
+    names one file."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted(OPERATOR.rglob("*.py")):
+        if path.name.startswith("__") and path.name.endswith("__.py"):
+            continue
+        seen.setdefault(path.name, []).append(str(path.relative_to(OPERATOR)))
+    shared = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert not shared, f"modules sharing a basename: {shared}"

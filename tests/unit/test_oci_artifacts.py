@@ -44,9 +44,9 @@ from tunefleet.builders.job import Child, build_tuning_job
 from tunefleet.builders.storage import pod_storage
 from tunefleet.builders.webhook import volume_links
 from tunefleet.config import Config
-from tunefleet.contracts.artifact import ArtifactRecord
-from tunefleet.contracts.fetch import Candidate
-from tunefleet.plugin.why import explain
+from tunefleet.contracts.artifact_record import ArtifactRecord
+from tunefleet.contracts.fetch_outcome import Candidate
+from tunefleet.plugin.why_cmd import explain
 from tunefleet.serving import delivery
 from tunefleet.storage import oci
 from tunefleet.storage.registry import parse_uri
@@ -940,7 +940,7 @@ def test_why_says_a_pod_runs_from_its_image_volume() -> None:
 
 
 def test_serving_delivery_store_keeps_oci_pods_fetching() -> None:
-    from tunefleet.api.status import records
+    from tunefleet.api.profile_status import records
     from tunefleet.reconciler import decide
     from tunefleet.reconciler.memory import ProfileMemory
 

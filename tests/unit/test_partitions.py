@@ -19,7 +19,7 @@ import pytest
 
 from testbed.build.wrappers import make_artifact, make_pod, make_profile
 from tunefleet.config import Config
-from tunefleet.contracts.admission import Code
+from tunefleet.contracts.admission_record import Code
 from tunefleet.webhook.admission import admit
 from tunefleet.webhook.partition import pod_partition
 from tuner_job.library import library_key, partition_name

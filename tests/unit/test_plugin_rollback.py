@@ -1,5 +1,5 @@
 """kubectl tunefleet rollback and unpin without a cluster: which artifact a rollback picks and
-what it refuses (plugin/rollback.py's pure choice), and that the CLI writes exactly
+what it refuses (plugin/rollback_cmd.py's pure choice), and that the CLI writes exactly
 contracts/pin.py's merge patch through a fake API."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from tunefleet.contracts import pin as pins
 from tunefleet.plugin import cluster as cluster_mod
 from tunefleet.plugin import main as main_mod
 from tunefleet.plugin.errors import PluginError
-from tunefleet.plugin.rollback import choose, format_unpin, sha_prefix, unpin_request
+from tunefleet.plugin.rollback_cmd import choose, format_unpin, sha_prefix, unpin_request
 
 H100, H200 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-H200"
 SERVED, OLDER, OLDEST, REJ, OTHER_REV = "a1" * 32, "b2" * 32, "c3" * 32, "d4" * 32, "e5" * 32

@@ -27,11 +27,11 @@ from tunefleet.artifacts import fetch as fetch_mod
 from tunefleet.builders.placement import CANDIDATES_DIR, NODE_MAP_BYTES, build_node_map
 from tunefleet.config import Config
 from tunefleet.contracts import nodemap
-from tunefleet.contracts.admission import Admission, Code
-from tunefleet.contracts.fetch import CONTAINER, LOADED, REFUSED, UNTUNED, FetchOutcome
-from tunefleet.placement.nodemap import NodeIndex, NodeMaps, profile_gpu
+from tunefleet.contracts.admission_record import Admission, Code
+from tunefleet.contracts.fetch_outcome import CONTAINER, LOADED, REFUSED, UNTUNED, FetchOutcome
+from tunefleet.placement.nodemap_keeper import NodeIndex, NodeMaps, profile_gpu
 from tunefleet.webhook.admission import admit
-from tunefleet.webhook.placement import reach
+from tunefleet.webhook.reach import reach
 
 CFG = Config(image="tunefleet:1", default_serving_credentials_secret="reader")
 KEY = "nvidia.com/gpu.product"
@@ -595,7 +595,7 @@ def test_profiles_read_leniently_for_the_map() -> None:
 
 
 def test_why_says_which_model_was_picked_at_the_node() -> None:
-    from tunefleet.plugin.why import explain, format_why
+    from tunefleet.plugin.why_cmd import explain, format_why
 
     d = admit(EITHER.obj(), "llama", BOTH.obj(), CFG)
     injected = copy.deepcopy(d.pod)

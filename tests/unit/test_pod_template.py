@@ -1,5 +1,5 @@
 """spec.template: how it meets tunefleet's own pod (builders/template.py), what it may not name
-(tunefleet.api.template), what of it shapes the revision (naming), what the profile policy
+(tunefleet.api.pod_template), what of it shapes the revision (naming), what the profile policy
 refuses (policy.py) and how a refusal is reported (reconcile, status)."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.api.conditions import Reason
+from tunefleet.api.pod_template import RESERVED_MOUNT, RESERVED_VOLUME_PREFIX, RESERVED_VOLUMES
 from tunefleet.api.policy import ProfilePolicy, refusals
-from tunefleet.api.template import RESERVED_MOUNT, RESERVED_VOLUME_PREFIX, RESERVED_VOLUMES
 from tunefleet.builders.job import Child, build_merge_job, build_tuning_job
 from tunefleet.config import Config
 from tunefleet.reconciler.memory import Memory
@@ -383,7 +383,7 @@ NOT_SHAPING = {
 
 
 def test_the_table_covers_every_template_field() -> None:
-    from tunefleet.api.template import PodTemplate, TemplatePodSpec, TuneContainer
+    from tunefleet.api.pod_template import PodTemplate, TemplatePodSpec, TuneContainer
 
     fields = {f"spec.{f.alias}" for f in TemplatePodSpec.model_fields.values()}
     fields |= {f"tune.{f.alias}" for f in TuneContainer.model_fields.values()}

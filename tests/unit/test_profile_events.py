@@ -10,7 +10,7 @@ import pytest
 from testbed.build.profiles import CFG
 from testbed.build.wrappers import make_profile
 from tests.support.fake_kube import FakeKube
-from tunefleet.handlers import tuningprofile
+from tunefleet.handlers import on_profile
 from tunefleet.handlers.startup import Operator
 
 
@@ -60,10 +60,10 @@ def test_status_writes_do_not_recompute_node_maps(
     wired: tuple[Operator, _Maps, _Controller],
 ) -> None:
     operator, maps, controller = wired
-    tuningprofile.tuningprofile_event(operator, "ADDED", PROFILE.obj())
+    on_profile.tuningprofile_event(operator, "ADDED", PROFILE.obj())
     assert maps.changed == ["ns"]
     for i in range(5):
-        tuningprofile.tuningprofile_event(
+        on_profile.tuningprofile_event(
             operator, "MODIFIED", PROFILE.status(phase=f"step {i}").obj()
         )
     assert maps.changed == ["ns"], "status writes alone made the node maps recompute"
@@ -76,11 +76,11 @@ def test_spec_change_new_object_and_deletion_recompute(
     operator, maps, _ = wired
     edited = PROFILE.generation(2).resource_version("12")
     renewed = PROFILE.uid("u2")
-    tuningprofile.tuningprofile_event(operator, "ADDED", PROFILE.obj())
-    tuningprofile.tuningprofile_event(operator, "MODIFIED", edited.obj())  # spec edited
-    tuningprofile.tuningprofile_event(operator, "MODIFIED", renewed.obj())  # same name, new
-    tuningprofile.tuningprofile_event(
+    on_profile.tuningprofile_event(operator, "ADDED", PROFILE.obj())
+    on_profile.tuningprofile_event(operator, "MODIFIED", edited.obj())  # spec edited
+    on_profile.tuningprofile_event(operator, "MODIFIED", renewed.obj())  # same name, new
+    on_profile.tuningprofile_event(
         operator, "MODIFIED", renewed.deleting("2026-12-01T00:00:00Z").obj()
     )
-    tuningprofile.tuningprofile_event(operator, "DELETED", renewed.obj())
+    on_profile.tuningprofile_event(operator, "DELETED", renewed.obj())
     assert maps.changed == ["ns"] * 5

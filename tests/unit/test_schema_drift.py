@@ -12,9 +12,9 @@ from pydantic import BaseModel
 
 from tunefleet.api import CaptureStatus, Condition, TuningProfileSpec
 from tunefleet.api.conditions import Phase
-from tunefleet.api.status import JobLine, Summary, TuningProfileStatus
-from tunefleet.api.template import VOLUME_TYPES
-from tunefleet.contracts.artifact import status_fields
+from tunefleet.api.pod_template import VOLUME_TYPES
+from tunefleet.api.profile_status import JobLine, Summary, TuningProfileStatus
+from tunefleet.contracts.artifact_record import status_fields
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "tunefleet.io_tuningprofiles.yaml"
@@ -31,7 +31,7 @@ COMPARED = (
 )
 
 # Fields the models pass on as the API server validated and stored them (a free dict in the
-# model, tunefleet.api.template.Passthrough): the CRD must validate each with a real schema
+# model, tunefleet.api.pod_template.Passthrough): the CRD must validate each with a real schema
 # (test_passthrough_fields_have_real_schemas). A free dict anywhere else is drift.
 PASSTHROUGH = frozenset(
     {
@@ -211,7 +211,7 @@ def test_every_phase_is_the_one_the_crd_describes() -> None:
 
 @pytest.mark.parametrize("path", ["artifacts", "history"])
 def test_status_artifacts_are_the_records_fields(path: str) -> None:
-    """status.artifacts[] and history[] are the artifact record's own (contracts/artifact.py)."""
+    """status.artifacts[] and history[] are the artifact record's own (contracts/artifact_record.py)."""
     node = crd_schema()["properties"]["status"]["properties"][path]["items"]
     assert set(node["properties"]) == status_fields(), f"status.{path} drifted"
 

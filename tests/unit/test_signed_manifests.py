@@ -19,7 +19,7 @@ from tunefleet.artifacts import fit, signing
 from tunefleet.artifacts.fetch import FetchError, Pinned, Signature, download_verified
 from tunefleet.artifacts.publish import Published, PublishError, sign_manifest, upload_artifact
 from tunefleet.config import Config
-from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.contracts.artifact_record import ArtifactRecord
 from tunefleet.serving import delivery
 from tunefleet.storage.filesystem import DirStore
 from tunefleet.storage.registry import parse_uri

@@ -257,8 +257,14 @@ def test_a_burst_of_events_drops_past_the_queue_and_never_blocks() -> None:
 def test_a_relist_hands_back_the_capture_configmaps_it_no_longer_returns() -> None:
     """The capture cache is a reflector's table as the main cache is: its known uids, and a
     stub that its DELETED follow takes."""
-    from tunefleet.capture.cache import CaptureCache
-    from tunefleet.capture.store import Batch, StoreKey, StoreView, build_store_config_map, merge
+    from tunefleet.capture.retune_sets import (
+        Batch,
+        StoreKey,
+        StoreView,
+        build_store_config_map,
+        merge,
+    )
+    from tunefleet.capture.retune_sets_cache import CaptureCache
 
     captures = CaptureCache()
     model = "AMD_Instinct_MI300X_OAM"

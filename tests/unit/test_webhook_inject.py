@@ -9,7 +9,7 @@ from testbed.build.wrappers import make_artifact, make_pod, make_profile
 from tests.support.fake_kube import FakeKube
 from tunefleet.builders.webhook import build_webhook_configuration
 from tunefleet.config import Config
-from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
+from tunefleet.contracts.fetch_outcome import CONTAINER as FETCH_CONTAINER
 from tunefleet.webhook.admission import admit as inject
 
 CFG = Config(image="tunefleet:1")
@@ -183,7 +183,7 @@ def test_a_pod_in_a_namespace_this_release_does_not_watch_is_left_alone() -> Non
     import kopf
 
     from tunefleet import metrics
-    from tunefleet.handlers import pod as pod_handlers
+    from tunefleet.handlers import on_pod as pod_handlers
     from tunefleet.handlers.startup import Operator
 
     api = FakeKube()  # records every call: none is wanted for another release's pod
@@ -334,7 +334,7 @@ def _call(operator: Any, body: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
 
     import kopf
 
-    from tunefleet.handlers import pod as pod_handlers
+    from tunefleet.handlers import on_pod as pod_handlers
 
     patch = kopf.Patch()
     body_ = kopf.Body(copy.deepcopy(body))
@@ -391,7 +391,7 @@ def test_admission_recognises_the_config_map_made_by_its_uid_not_its_labels() ->
     really gone or replaced is not."""
     import asyncio
 
-    from tunefleet.handlers import pod as pod_handlers
+    from tunefleet.handlers import on_pod as pod_handlers
     from tunefleet.handlers.startup import Operator
 
     entry = {"status": {"artifacts": [{"configMap": {"name": "cm-a", "uid": "made"}},

@@ -14,7 +14,7 @@ from pydantic import Field, model_validator
 
 from tunefleet.api.base import DEFAULT_LABEL_KEYS, DEFAULT_RESOURCES, DNS_SUBDOMAIN
 from tunefleet.api.base import Model as _Model
-from tunefleet.api.template import PodTemplate
+from tunefleet.api.pod_template import PodTemplate
 from tunefleet.images import REFERENCE_PATTERN
 from tuner_job import caches as cc
 

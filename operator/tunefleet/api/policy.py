@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunefleet.api import TuningProfileSpec
-from tunefleet.api.template import VOLUME_TYPES
+from tunefleet.api.pod_template import VOLUME_TYPES
 
 ANY = "*"
 RESTRICTED_VOLUME_TYPES = (

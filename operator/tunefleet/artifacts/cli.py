@@ -7,7 +7,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from tunefleet.storage import cli as storage_cli
+from tunefleet.storage import cli_flags as storage_cli
 from tunefleet.storage.store import StoreError
 from tuner_job.files import write_termination_log
 from tuner_job.manifest import ManifestError

@@ -42,8 +42,15 @@ from typing import NoReturn, TextIO
 
 from tunefleet.artifacts import bundle, fit, gz, kinds
 from tunefleet.contracts import nodemap
-from tunefleet.contracts.fetch import LOADED, PROG, REFUSED, UNTUNED, Candidate, FetchOutcome
-from tunefleet.storage import cli as storage_cli
+from tunefleet.contracts.fetch_outcome import (
+    LOADED,
+    PROG,
+    REFUSED,
+    UNTUNED,
+    Candidate,
+    FetchOutcome,
+)
+from tunefleet.storage import cli_flags as storage_cli
 from tunefleet.storage.registry import open_store, parse_uri
 from tunefleet.storage.store import (
     Location,
@@ -639,7 +646,8 @@ def _parser() -> argparse.ArgumentParser:
         "--candidate",
         action="append",
         default=[],
-        help="a GPU model the pod may land on (JSON: contracts.fetch.Candidate); picked by node",
+        help="a GPU model the pod may land on (JSON: contracts.fetch_outcome.Candidate);"
+        " picked by node",
     )
     p.add_argument("--node-map", help="directory of the node map's lists, one file per model")
     p.add_argument("--node-map-name", default="", help="the node map's ConfigMap, for messages")

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from tunefleet.storage import cli as storage_cli
+from tunefleet.storage import cli_flags as storage_cli
 from tunefleet.storage.registry import open_store, parse_uri
 from tunefleet.storage.store import Location, NotFoundError, Store, StoreOptions, check_key_parts
 from tuner_job.manifest import (

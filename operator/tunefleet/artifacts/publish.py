@@ -27,8 +27,8 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from tunefleet.contracts.artifact import ArtifactRecord, ShardRecord
-from tunefleet.storage import cli as storage_cli
+from tunefleet.contracts.artifact_record import ArtifactRecord, ShardRecord
+from tunefleet.storage import cli_flags as storage_cli
 from tunefleet.storage.registry import open_store, parse_uri
 from tunefleet.storage.store import (
     ConflictError,
@@ -495,7 +495,8 @@ def shard_message(pub: ShardPublished) -> str:
 
 
 def termination_message(pub: Published, limit: int = TERMINATION_LIMIT) -> str:
-    """The artifact record (contracts/artifact.py) as one JSON line of at most `limit` bytes."""
+    """The artifact record (contracts/artifact_record.py) as one JSON line of at most `limit`
+    bytes."""
     record = ArtifactRecord.from_manifest(
         pub.manifest,
         uri=pub.uri,

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
-from tunefleet.storage import cli as storage_cli
+from tunefleet.storage import cli_flags as storage_cli
 from tunefleet.storage.registry import open_store, parse_uri, session
 from tunefleet.storage.store import (
     Location,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from tunefleet.artifacts.fetch import FetchError
 from tunefleet.config import Config
-from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.contracts.artifact_record import ArtifactRecord
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import StoreError, StoreOptions
 

@@ -18,7 +18,7 @@ from typing import Any
 from tunefleet import naming
 from tunefleet.artifacts import kinds
 from tunefleet.builders.job import owner_reference
-from tunefleet.contracts.admission import ARTIFACT_SHA_ANNOTATION
+from tunefleet.contracts.admission_record import ARTIFACT_SHA_ANNOTATION
 from tuner_job.output import MANIFEST_NAME
 
 # A ConfigMap's data and binaryData together: 1 MiB, less room for its metadata.

@@ -22,7 +22,7 @@ from typing import Any
 from tunefleet.api import CaptureSpec
 from tunefleet.builders.security import tunefleet_container
 from tunefleet.config import Config
-from tunefleet.contracts.capture import AUDIENCE, CACHE_LOG_ENV, CACHE_LOG_NAME
+from tunefleet.contracts.capture_upload import AUDIENCE, CACHE_LOG_ENV, CACHE_LOG_NAME
 
 SIDECAR = "tunefleet-capture"
 HOOK_INIT = "tunefleet-capture-hook"

@@ -35,7 +35,8 @@ IMAGE_ID_KEY = "tune-image-id"
 # tuner_job/exchange.py). No '.' and no '0' in the path: mgpu_tune_gemm_in_file's quirks.
 EXCHANGE_DIR = "/tunefleet/exchange"
 EXCHANGE_WAIT_SECONDS = 300
-# A retune's captured shapes (capture/store.py's retune set), as an untuned file the tuner adds.
+# A retune's captured shapes (capture/retune_sets.py's retune set), as an untuned file the tuner
+# adds.
 CAPTURED_DIR = "/tunefleet/captured"
 CAPTURED_KEY = "untuned.csv"
 # The tune container starts python3 itself, with no shell (distroless Python images have none)

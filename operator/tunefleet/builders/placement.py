@@ -1,7 +1,7 @@
 """The manifests of placement (pure): what a model pod whose GPU model is picked where it lands
 gets (the candidates' volume, the init container that picks by its node), and the node map
-ConfigMap it reads (contracts/nodemap.py). webhook/placement.py decides when and what;
-nodemap.py keeps the map.
+ConfigMap it reads (contracts/nodemap.py). webhook/reach.py decides when and what;
+placement/nodemap_keeper.py keeps the map.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from tunefleet.builders.webhook import (
 )
 from tunefleet.config import Config
 from tunefleet.contracts import nodemap
-from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
-from tunefleet.contracts.fetch import Candidate
+from tunefleet.contracts.fetch_outcome import CONTAINER as FETCH_CONTAINER
+from tunefleet.contracts.fetch_outcome import Candidate
 from tunefleet.storage.store import PodStorage
 from tuner_job.output import MANIFEST_NAME
 

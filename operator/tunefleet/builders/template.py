@@ -22,7 +22,7 @@ import copy
 from typing import Any
 
 from tunefleet.api import TuningProfileSpec
-from tunefleet.api.template import SHM_PATH, SHM_VOLUME, PodTemplate
+from tunefleet.api.pod_template import SHM_PATH, SHM_VOLUME, PodTemplate
 
 TUNE_CONTAINER = "tune"
 

@@ -14,7 +14,7 @@ from tunefleet.artifacts import bundle, kinds
 from tunefleet.builders.security import tunefleet_container
 from tunefleet.builders.storage import with_storage
 from tunefleet.config import Config
-from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
+from tunefleet.contracts.fetch_outcome import CONTAINER as FETCH_CONTAINER
 from tunefleet.storage.store import PodStorage
 from tuner_job import caches as cc
 

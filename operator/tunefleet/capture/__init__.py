@@ -6,11 +6,11 @@
   files, uploads new misses to the operator;
 - endpoint.py: the operator's HTTPS capture endpoint (every replica): authenticates the pod by
   its projected token, attributes the rows from the pod as admitted;
-- store.py: where captures are kept (a ConfigMap per profile, GPU model and identity) and the
-  frozen sets of retunes; cache.py: the operator's watch of them;
+- retune_sets.py: where captures are kept (a ConfigMap per profile, GPU model and identity) and the
+  frozen sets of retunes; retune_sets_cache.py: the operator's watch of them;
 - loop.py: pure: coverage per GPU model (status.capture), when to retune, and the revision a
   retune tunes under; keys.py: which GEMMs an artifact has.
 
-Nothing here is imported by the sidecar but hook.py, sidecar.py and contracts/capture.py
+Nothing here is imported by the sidecar but hook.py, sidecar.py and contracts/capture_upload.py
 (standard library only), so the sidecar stays small.
 """

@@ -1,6 +1,6 @@
 """The operator's capture endpoint: HTTPS, beside kopf's webhook server, on every replica.
 
-A request (contracts/capture.py) is taken only from a pod that tunefleet injected:
+A request (contracts/capture_upload.py) is taken only from a pod that tunefleet injected:
 
 1. its bearer token is reviewed by the API server (TokenReview) for the capture audience
    only: a token for anything else (the API server's audience, another service's) fails; a
@@ -9,17 +9,18 @@ A request (contracts/capture.py) is taken only from a pod that tunefleet injecte
    namespace, same name, same uid (a deleted pod's token is refused, even when a pod of that
    name exists again), run as the token's ServiceAccount;
 3. it carries ``tunefleet.io/profile`` and the webhook's marks of an injected pod (the artifact
-   it pinned: contracts/admission.py), and that profile, in the pod's namespace, has capture on.
+   it pinned: contracts/admission_record.py), and that profile, in the pod's namespace, has capture
+   on.
 
 The rows are then attributed to (namespace, profile, GPU model, software identity of the
 pinned artifact) as read from the pod and the profile, never from the body, and kept in the
-profile's capture store (capture/store.py), or in a store apart when the pod runs another
+profile's capture store (capture/retune_sets.py), or in a store apart when the pod runs another
 image than the artifact's or pins an artifact the profile does not know. Bounded: the body
 (MAX_BODY_BYTES, before it is read), rows per request (MAX_ROWS), uploads per pod (a token
 bucket per pod uid), concurrent store writes (beyond: 503 and Retry-After).
 
 Every replica receives captures; the leader alone reconciles. A receiving replica writes the
-store itself (compare-and-swap, store.py), so nothing it accepted is lost when it is not the
+store itself (compare-and-swap, retune_sets.py), so nothing it accepted is lost when it is not the
 leader, or stops a moment later.
 """
 
@@ -44,10 +45,10 @@ from pydantic import ValidationError
 from tunefleet import kube, metrics, naming
 from tunefleet.api import CaptureSpec, TuningProfileSpec
 from tunefleet.capture.loop import identity_of
-from tunefleet.capture.store import Batch, StoreKey, StoreUnavailable, cache_load_entry
-from tunefleet.contracts.admission import INJECTED, Admission, Code
-from tunefleet.contracts.artifact import ArtifactRecord
-from tunefleet.contracts.capture import (
+from tunefleet.capture.retune_sets import Batch, StoreKey, StoreUnavailable, cache_load_entry
+from tunefleet.contracts.admission_record import INJECTED, Admission, Code
+from tunefleet.contracts.artifact_record import ArtifactRecord
+from tunefleet.contracts.capture_upload import (
     AUDIENCE,
     CACHE_LOG_ENV,
     MAX_BODY_BYTES,

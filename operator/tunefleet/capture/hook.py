@@ -42,7 +42,8 @@ RECORD_ENV = "PYTORCH_TUNABLEOP_RECORD_UNTUNED"
 FILENAME_ENV = "PYTORCH_TUNABLEOP_FILENAME"
 DEFAULT_RESULTS = "tunableop_results.csv"  # TunableOp's default results file name
 LOADER_NAME = "_tunefleet_load_results"  # the queued call's name (tests look for it)
-# contracts/capture.py's, named here too: this file runs alone (a unit test holds them equal).
+# contracts/capture_upload.py's, named here too: this file runs alone (a unit test holds them
+# equal).
 CACHE_LOG_ENV = "TUNEFLEET_CACHE_LOG"
 CACHE_LOG_NAME = "tunefleet-cache-log.jsonl"  # in the capture directory, beside the untuned files
 # vLLM's loggers that say which path its compiled model took (vllm/compilation/decorators.py
@@ -60,7 +61,7 @@ _KEPT = (AOT_LOADED, AOT_RELOADED, AOT_SAVED, GRAPH_DIR, GRAPH_LOADED, GRAPH_COM
 _KEY = re.compile(r"/torch_compile_cache/(?:torch_aot_compile/)?([0-9a-f]{8,128})(?:/|$)")
 MAX_RECORD_CHARS = 2000
 MAX_RECORDS = 256  # per process: a start logs a handful
-# The verdicts (contracts/capture.py carries them to the operator).
+# The verdicts (contracts/capture_upload.py carries them to the operator).
 LOADED = "loaded"  # vLLM loaded the compiled model from the cache
 RECOMPILED = "recompiled"  # it found the entry for its key, could not load it, compiled again
 MISSED = "missed"  # it found nothing for its key (or its cache is off): compiled from zero

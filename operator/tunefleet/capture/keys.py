@@ -21,7 +21,7 @@ from tunefleet.artifacts import kinds
 from tunefleet.artifacts.fetch import FetchError, Pinned, download_verified
 from tunefleet.builders.artifact import PACKED_NAME
 from tunefleet.config import Config
-from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.contracts.artifact_record import ArtifactRecord
 from tunefleet.kube import Kube
 from tunefleet.serving import delivery
 from tunefleet.storage.registry import parse_uri

@@ -7,7 +7,7 @@ Per GPU model, against its current artifact (status.artifacts[]):
   the artifact has is a hit, which TunableOp never writes down, so only misses are seen);
   *tuned*: those the current artifact now has; *coverage*: tuned / seen. Captures of another
   identity (another image, an artifact the profile does not know) are counted apart.
-- *a retune*: a frozen set of captured shapes (capture/store.py's RetuneSet) tuned with the
+- *a retune*: a frozen set of captured shapes (capture/retune_sets.py's RetuneSet) tuned with the
   profile's workload by the usual tuning Job, under the revision
   ``naming.retune_revision(spec revision, digest of the set)``; the GEMM library makes what is
   tuned already free. The set, its digest and the revision are kept in status.capture[].retune,
@@ -29,9 +29,9 @@ from typing import Any
 
 from tunefleet import naming
 from tunefleet.api import CaptureSpec, RetuneSpec
-from tunefleet.capture.store import MAX_BYTES, RetuneSet, StoreView, now_iso
-from tunefleet.contracts.artifact import ArtifactRecord
-from tunefleet.contracts.capture import LOADED, MISSED, RECOMPILED
+from tunefleet.capture.retune_sets import MAX_BYTES, RetuneSet, StoreView, now_iso
+from tunefleet.contracts.artifact_record import ArtifactRecord
+from tunefleet.contracts.capture_upload import LOADED, MISSED, RECOMPILED
 from tunefleet.contracts.retune import RetuneRequest
 from tuner_job import caches as cc
 

@@ -7,8 +7,8 @@ hook (capture/hook.py) for the user's containers.
 `run` follows the untuned files TunableOp writes in DIR (``tunableop_untuned<ordinal>.csv``,
 one per device ordinal and process group; they only grow), keeps the rows that the pod's
 pinned artifact (the results files in --results) does not have, de-duplicates them, and sends
-the new ones to the operator (contracts/capture.py): in batches of at most --max-rows rows and
---max-bytes bytes, at most one batch per --interval seconds, retried with exponential backoff
+the new ones to the operator (contracts/capture_upload.py): in batches of at most --max-rows rows
+and --max-bytes bytes, at most one batch per --interval seconds, retried with exponential backoff
 (the operator's Retry-After first). At SIGTERM it reads the files once more and makes a last
 flush, bounded by --final-seconds. It holds no credential that can write an artifact: its token
 is good for the operator's capture endpoint only.
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from tunefleet.capture import hook
-from tunefleet.contracts.capture import (
+from tunefleet.contracts.capture_upload import (
     MAX_BODY_BYTES,
     MAX_ROWS,
     PATH,

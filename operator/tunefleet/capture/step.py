@@ -14,10 +14,10 @@ from typing import Any
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.capture import loop
-from tunefleet.capture.cache import CaptureCache
 from tunefleet.capture.keys import ArtifactKeys
-from tunefleet.capture.store import RetuneSet
-from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.capture.retune_sets import RetuneSet
+from tunefleet.capture.retune_sets_cache import CaptureCache
+from tunefleet.contracts.artifact_record import ArtifactRecord
 from tunefleet.contracts.retune import RetuneRequest
 
 log = logging.getLogger(__name__)

@@ -5,8 +5,8 @@ one artifact at admission: the scheduler decides the node later. The webhook mou
 candidates' artifacts and this map, and the init container picks by the node it runs on
 (`spec.nodeName`, through the Downward API: no credentials, no API call).
 
-Written by the operator (nodemap.py keeps it up to date from a Node watch; the ConfigMap is
-built by builders/placement.py); read by the init container (artifacts/fetch.py). One
+Written by the operator (placement/nodemap_keeper.py keeps it up to date from a Node watch; the
+ConfigMap is built by builders/placement.py); read by the init container (artifacts/fetch.py). One
 ConfigMap per (namespace, GPU label key), named by the key; one data key per GPU model (label
 values are valid ConfigMap keys), its value the names of that model's nodes, one per line,
 sorted. Only the models the namespace's profiles tune are listed.

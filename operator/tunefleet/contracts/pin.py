@@ -1,6 +1,6 @@
 """A pin: serve this artifact of a GPU model, not the newest that passed the gate. An annotation
 on the profile, written by `kubectl tunefleet rollback` and removed by `unpin`
-(plugin/rollback.py), read by the reconciler (status.py) when it chooses what to serve.
+(plugin/rollback_cmd.py), read by the reconciler (status.py) when it chooses what to serve.
 
 An annotation, not a spec field: a pin changes what is served, never what is tuned, so it must
 not bump the generation or the revision. The value is JSON, one entry per GPU model:

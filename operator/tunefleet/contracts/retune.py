@@ -1,6 +1,6 @@
 """A request to retune a profile now, from its captured misses: an annotation on the profile.
 
-Written by `kubectl tunefleet retune` (plugin/retune.py), read by the reconciler
+Written by `kubectl tunefleet retune` (plugin/retune_cmd.py), read by the reconciler
 (capture/loop.py). The value is ``<nonce>[;<gpu model>]``: a new nonce is a new request; the
 reconciler records the nonce it acted on per GPU model (status.capture[].retune.nonce), so a
 request is acted on once however often the profile is reconciled, and a second request with

@@ -19,7 +19,7 @@ from tunefleet import images
 from tunefleet.api import StorageSpec, TuningProfileSpec
 from tunefleet.artifacts import fit, ocibundle, signing
 from tunefleet.artifacts.fetch import FetchError, Pinned, Signature, download_verified
-from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.contracts.artifact_record import ArtifactRecord
 from tunefleet.contracts.fleet import MAX_BYTES, Holder, Published
 from tunefleet.storage.oci import OciStore
 from tunefleet.storage.registry import parse_uri

@@ -3,6 +3,6 @@
 Importing this package registers every handler with kopf.
 """
 
-from tunefleet.handlers import capture, delivery, job, pod, startup, tuningprofile
+from tunefleet.handlers import on_capture, on_delivery, on_job, on_pod, on_profile, startup
 
-__all__ = ["capture", "delivery", "job", "pod", "startup", "tuningprofile"]
+__all__ = ["on_capture", "on_delivery", "on_job", "on_pod", "on_profile", "startup"]

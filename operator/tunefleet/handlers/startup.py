@@ -20,13 +20,13 @@ import kopf
 
 from tunefleet import kube, metrics, naming
 from tunefleet.capture import endpoint as capture_endpoint
-from tunefleet.capture.cache import CaptureCache
 from tunefleet.capture.keys import ArtifactKeys
+from tunefleet.capture.retune_sets import Writer
+from tunefleet.capture.retune_sets_cache import CaptureCache
 from tunefleet.capture.step import CaptureSource
-from tunefleet.capture.store import Writer
 from tunefleet.config import Config
 from tunefleet.placement.gate import Gate, node_gpus
-from tunefleet.placement.nodemap import NodeMaps
+from tunefleet.placement.nodemap_keeper import NodeMaps
 from tunefleet.reconciler.controller import Controller, Indexes
 from tunefleet.reconciler.reconcile import sync_profile
 from tunefleet.runtime import reflector
@@ -63,8 +63,8 @@ class Operator:
         self._config = config
         self._controller = controller
         self.cache = cache if cache is not None else ProfileCache()
-        self.captures = CaptureCache()  # capture stores and retune sets (handlers/capture.py)
-        # Artifact ConfigMaps and admitted model pods (handlers/delivery.py follows them).
+        self.captures = CaptureCache()  # capture stores and retune sets (handlers/on_capture.py)
+        # Artifact ConfigMaps and admitted model pods (handlers/on_delivery.py follows them).
         self.delivered = delivered if delivered is not None else DeliveredConfigMaps()
         self.served = ServedPods()
         self.elector: LeaseElector | None = None
@@ -99,7 +99,7 @@ class Operator:
             self.node_maps.profile_changed(namespace, name)
 
     def follow_child(self, kind: str, event: str | None, body: dict[str, Any]) -> None:
-        """A tuning Job's or pod's watch event (handlers/job.py, pod.py): keep its view in the
+        """A tuning Job's or pod's watch event (handlers/on_job.py, on_pod.py): keep its view in the
         cache, and queue its profile (after a short delay that folds a burst of one object's
         events into one reconcile)."""
         metrics.HANDLER_CALLS.labels(f"{kind[:-1]}_event").inc()
@@ -144,7 +144,7 @@ class Operator:
         self.reflectors = listing = self.watch(config).start()
         if config.webhook_enabled:
             # Admission and capture listen while the caches fill: each asks the API server for
-            # a profile the cache does not hold yet (handlers/pod.py, capture/endpoint.py), so a
+            # a profile the cache does not hold yet (handlers/on_pod.py, capture/endpoint.py), so a
             # restart beside 10,000 profiles takes admissions in seconds, not after every list.
             config = await self._serve_webhook(settings, config, controller, logger)
         # kopf starts the webhook server once startup returns; the rest waits for the lists.
@@ -214,7 +214,8 @@ class Operator:
                 f"{sizes['pods']} tuning pods"
             )
             controller.start()
-            # The node maps pods pick their GPU model by (nodemap.py): written while leading.
+            # The node maps pods pick their GPU model by (placement/nodemap_keeper.py): written
+            # while leading.
             cache = self.cache
             maps = NodeMaps(self.client, cache.profiles, cache.profile, controller.active)
             self.node_maps = maps
@@ -412,7 +413,8 @@ def _ca_bundle(server: kopf.WebhookServer) -> str:
 
 
 class _Table(Protocol):
-    """What a reflector checks its lists against (cache.Cache, capture.cache.CaptureCache)."""
+    """What a reflector checks its lists against (cache.Cache,
+    capture.retune_sets_cache.CaptureCache)."""
 
     def known(self, kind: str, namespace: str | None) -> set[str]: ...
 

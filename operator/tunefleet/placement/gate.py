@@ -32,7 +32,7 @@ from typing import Any
 
 from tunefleet import naming
 from tunefleet.builders.kueue import QUEUE_LABEL
-from tunefleet.informers.views import controller_uid
+from tunefleet.informers.view_parts import controller_uid
 from tunefleet.watched.views import owning_profile
 
 log = logging.getLogger(__name__)

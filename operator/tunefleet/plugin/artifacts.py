@@ -35,11 +35,11 @@ from tuner_job.output import MANIFEST_NAME, RESULTS_NAME
 from tuner_job.results import CsvFormatError, ResultsFile, parse_results, read_results
 
 from .cluster import Cluster
-from .diff import Ref
+from .diff_cmd import Ref
 from .errors import PluginError
 
 LOCAL_NAMES = (RESULTS_NAME, kinds.kind().FILES % 0)  # publish's name, then fetch's (GPU 0's)
-REMOTE_KINDS = ("s3", "pvc")  # diff sides in a store (plugin/diff.py parse_ref)
+REMOTE_KINDS = ("s3", "pvc")  # diff sides in a store (plugin/diff_cmd.py parse_ref)
 
 
 @dataclass(frozen=True)

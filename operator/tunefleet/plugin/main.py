@@ -30,10 +30,10 @@ from .artifacts import (
     load_side,
     not_found_profile,
 )
-from .diff import diff_results, format_diff, parse_ref, side_gain
+from .diff_cmd import diff_results, format_diff, parse_ref, side_gain
 from .errors import PluginError
-from .retune import format_retune, retune_request
-from .rollback import (
+from .retune_cmd import format_retune, retune_request
+from .rollback_cmd import (
     choose,
     format_rollback,
     format_unpin,
@@ -41,9 +41,9 @@ from .rollback import (
     sha_prefix,
     unpin_request,
 )
-from .status import format_status, status_report
-from .version import SELECTOR, format_version, version_report
-from .why import explain, format_why
+from .status_cmd import format_status, status_report
+from .version_cmd import SELECTOR, format_version, version_report
+from .why_cmd import explain, format_why
 
 PROG = "kubectl-tunefleet"
 DEBUG_ENV = "KUBECTL_TUNEFLEET_DEBUG"  # set to 1: unexpected errors print their traceback

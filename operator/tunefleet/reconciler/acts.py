@@ -13,8 +13,8 @@ from typing import Any
 from tunefleet import kube
 from tunefleet.builders.job import Child
 from tunefleet.capture import step as capture_step
-from tunefleet.capture.store import RetuneSet
-from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.capture.retune_sets import RetuneSet
+from tunefleet.contracts.artifact_record import ArtifactRecord
 from tunefleet.fleet.claims import Standing
 from tunefleet.reconciler import children
 from tunefleet.reconciler.inputs import FleetFacts, Where

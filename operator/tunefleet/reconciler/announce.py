@@ -10,7 +10,7 @@ from typing import Any
 
 from tunefleet import metrics, naming
 from tunefleet.api.conditions import BLOCKED, EventReason, Phase, Reason, Type, find
-from tunefleet.contracts.admission import ADMISSION_LABEL
+from tunefleet.contracts.admission_record import ADMISSION_LABEL
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from typing import Any
 from tunefleet import kube, metrics, naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.api.conditions import EventReason, Reason, truncate
-from tunefleet.api.status import TuningProfileStatus
+from tunefleet.api.profile_status import TuningProfileStatus
 from tunefleet.artifacts.fetch import FetchError, Signature
 from tunefleet.builders.artifact import is_packed
 from tunefleet.builders.job import (
@@ -33,9 +33,9 @@ from tunefleet.builders.job import (
 )
 from tunefleet.builders.kueue import QUEUE_LABEL
 from tunefleet.capture import step as capture_step
-from tunefleet.capture.store import build_retune_config_map
+from tunefleet.capture.retune_sets import build_retune_config_map
 from tunefleet.contracts import fleet as contract
-from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.contracts.artifact_record import ArtifactRecord
 from tunefleet.contracts.fleet import Claim, Holder
 from tunefleet.fleet import adopt, bids, claims
 from tunefleet.fleet.claims import Standing

@@ -25,8 +25,8 @@ from typing import Any, Protocol
 from tunefleet import kube, metrics, naming
 from tunefleet.capture.step import CaptureSource
 from tunefleet.config import Config
-from tunefleet.contracts.admission import ADMISSION_LABEL, STATUS_ANNOTATION
-from tunefleet.informers.cache import Untrusted
+from tunefleet.contracts.admission_record import ADMISSION_LABEL, STATUS_ANNOTATION
+from tunefleet.informers.view_cache import Untrusted
 from tunefleet.kube import Kube
 from tunefleet.placement.gate import Gate
 from tunefleet.reconciler.memory import Memory

@@ -14,11 +14,11 @@ from typing import Any
 
 from tunefleet import naming
 from tunefleet.api.conditions import EventReason, truncate
-from tunefleet.api.status import TuningProfileStatus
+from tunefleet.api.profile_status import TuningProfileStatus
 from tunefleet.builders.job import Child
 from tunefleet.capture import step as capture_step
 from tunefleet.contracts import fleet as contract
-from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.contracts.artifact_record import ArtifactRecord
 from tunefleet.contracts.fleet import Published
 from tunefleet.fleet import adopt
 from tunefleet.reconciler import children, status

@@ -24,7 +24,7 @@ from tunefleet.builders.storage import pod_storage
 from tunefleet.capture import step as capture_step
 from tunefleet.config import Config
 from tunefleet.contracts import fleet as contract
-from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.contracts.artifact_record import ArtifactRecord
 from tunefleet.fleet import adopt, coordinate
 from tunefleet.kube import Kube
 from tunefleet.reconciler import children, decide

@@ -13,12 +13,12 @@ from typing import Any
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.capture import step as capture_step
-from tunefleet.capture.store import RetuneSet
+from tunefleet.capture.retune_sets import RetuneSet
 from tunefleet.config import Config
 from tunefleet.contracts import fleet as contract
-from tunefleet.contracts.artifact import REJECTED, ArtifactRecord
+from tunefleet.contracts.artifact_record import REJECTED, ArtifactRecord
 from tunefleet.contracts.fleet import Published
-from tunefleet.informers.cache import Untrusted
+from tunefleet.informers.view_cache import Untrusted
 from tunefleet.kube import Kube
 from tunefleet.placement.gate import Gate
 from tunefleet.reconciler.diagnose import Hints

@@ -16,14 +16,14 @@ from kubernetes.client.exceptions import ApiException
 
 from tunefleet import kube
 from tunefleet.kube import Kube
-from tunefleet.reconciler import kueue
+from tunefleet.reconciler import workloads
 from tunefleet.reconciler.observe import Gathered, Want
 from tunefleet.runtime.heap import compacted
 
 _EVENT_FIELDS = ("reason", "message", "type", "lastTimestamp", "eventTime")  # what observe reads
 EVENTS_TTL = 60.0  # seconds a pod's kubelet Events are trusted before being read again
 # Seconds Kueue's word on a queued Job is trusted; the controller reconciles a profile with a
-# queued Job that often (kueue.py: nothing of the Job changes while its Workload waits).
+# queued Job that often (workloads.py: nothing of the Job changes while its Workload waits).
 QUEUED_TTL = 15.0
 NODES_TTL = 60.0  # seconds a node count is trusted (parallelism checks only)
 
@@ -80,13 +80,13 @@ class ProfileMemory:
         if cached and time.monotonic() - cached[0] < QUEUED_TTL:
             return cached[1]
         try:
-            found = kueue.workloads_of(client, meta.get("namespace", ""), uid)
+            found = workloads.workloads_of(client, meta.get("namespace", ""), uid)
         except (kube.Temporary, kube.Permanent, kube.Gone, ApiException) as e:
             # Only the reason is missing: the Job waits all the same.
-            message = f"{kueue.why_queued(job, [])} (its Workload could not be read: {e})"
+            message = f"{workloads.why_queued(job, [])} (its Workload could not be read: {e})"
         else:
-            message = kueue.why_queued(job, found)
-            if not kueue.has_workload(job, found):
+            message = workloads.why_queued(job, found)
+            if not workloads.has_workload(job, found):
                 # Kueue makes a Job's Workload moments after the Job: "none yet" is asked
                 # again on the next reconcile, not kept for QUEUED_TTL.
                 return message

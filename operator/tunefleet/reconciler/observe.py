@@ -21,7 +21,7 @@ from typing import Any, Literal
 from tunefleet import naming
 from tunefleet.api.conditions import Reason
 from tunefleet.artifacts import fit
-from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.contracts.artifact_record import ArtifactRecord
 from tunefleet.placement import gate
 from tunefleet.reconciler.diagnose import (
     Hints,
@@ -34,7 +34,7 @@ from tunefleet.reconciler.diagnose import (
 )
 
 JobState = Literal["Pending", "Running", "Succeeded", "Failed"]
-# The steps whose termination message is the artifact record (contracts/artifact.py).
+# The steps whose termination message is the artifact record (contracts/artifact_record.py).
 RECORD_STEPS = ("publish", "merge")
 
 
@@ -66,7 +66,7 @@ class JobObservation:
 
 # What observing wants read beyond the cache: (what, the pod or Job view). "pod-events": the
 # kubelet's Events about a pod; "job-events": the Job controller's about a Job; "workload":
-# Kueue's word on a suspended Job (kueue.py).
+# Kueue's word on a suspended Job (workloads.py).
 Want = tuple[Literal["pod-events", "job-events", "workload"], dict[str, Any]]
 
 
@@ -278,7 +278,7 @@ def observe_job(
 ) -> JobObservation:
     """What one tuning Job (a view, see views.job_view) and its pods say, in status terms.
     `served`: the artifact status holds from this Job, if any (its record, read earlier);
-    `queued`: why the Job waits if it is suspended (Kueue's word, kueue.py)."""
+    `queued`: why the Job waits if it is suspended (Kueue's word, workloads.py)."""
     j = _read_job(job)
     if "Complete" in j.conditions or "SuccessCriteriaMet" in j.conditions:
         return _completed(j, pods, served, hints)

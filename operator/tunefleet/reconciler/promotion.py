@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from tunefleet.contracts.artifact import PASSED, PINNED, REJECTED, UNMEASURED, ArtifactRecord
+from tunefleet.contracts.artifact_record import PASSED, PINNED, REJECTED, UNMEASURED, ArtifactRecord
 from tunefleet.contracts.pin import Pin
 from tuner_job.gain import judge
 

@@ -15,11 +15,11 @@ from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.api.conditions import Phase, Reason, Stamp, Type, condition, truncate
 from tunefleet.api.models import CaptureStatus, Condition
-from tunefleet.api.status import JobLine, Summary, TuningProfileStatus, records
+from tunefleet.api.profile_status import JobLine, Summary, TuningProfileStatus, records
 from tunefleet.artifacts import kinds
 from tunefleet.capture import step as capture_step
 from tunefleet.contracts import pin
-from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.contracts.artifact_record import ArtifactRecord
 from tunefleet.contracts.pin import Pin
 from tunefleet.reconciler import promotion
 from tunefleet.reconciler.acts import Applied

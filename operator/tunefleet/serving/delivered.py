@@ -1,8 +1,9 @@
 """Which artifact ConfigMaps exist now, by name, and the uid each has: followed by a
-metadata-only reflector (watched/kinds.ARTIFACT_CONFIGMAPS; handlers/delivery.py) on every replica.
+metadata-only reflector (watched/kinds.ARTIFACT_CONFIGMAPS; handlers/on_delivery.py) on every
+replica.
 
 Two readers:
-- admission (handlers/pod.py) mounts an artifact from its ConfigMap only while the one of that
+- admission (handlers/on_pod.py) mounts an artifact from its ConfigMap only while the one of that
   name is the object the operator made (the uid status recorded); otherwise the pod fetches
   the same artifact from the store, verified, instead of starting untuned;
 - the reconcile (reconcile.py) makes a deleted or replaced one again (delivery.py).
@@ -19,7 +20,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from tunefleet.informers import views
+from tunefleet.informers import view_parts
 from tunefleet.runtime.heap import compacted
 
 Key = tuple[str, str]  # (namespace, name)
@@ -44,7 +45,7 @@ class DeliveredConfigMaps:
         meta = body.get("metadata") or {}
         key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
         uid = str(meta.get("uid") or "")
-        ref = views.controller_of(meta) or {}
+        ref = view_parts.controller_of(meta) or {}
         with self._lock:
             old = self._by_name.get(key)
             if event == "DELETED" or meta.get("deletionTimestamp"):

@@ -31,8 +31,8 @@ from tunefleet.artifacts.fetch import (
 )
 from tunefleet.builders.artifact import Payload, build_artifact_config_map, payload_keys
 from tunefleet.config import Config
-from tunefleet.contracts.admission import ARTIFACT_SHA_ANNOTATION, Admission
-from tunefleet.contracts.artifact import IMAGE_VOLUME, ArtifactRecord
+from tunefleet.contracts.admission_record import ARTIFACT_SHA_ANNOTATION, Admission
+from tunefleet.contracts.artifact_record import IMAGE_VOLUME, ArtifactRecord
 from tunefleet.kube import Kube
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import StoreOptions

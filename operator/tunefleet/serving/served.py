@@ -9,11 +9,11 @@ identity refused), served its results but not its caches, or waits for a volume 
 node cannot pull; or the fetch init container died without its outcome line (OOMKilled,
 killed, crashed), or the kubelet evicted the pod over fetch or one of the volumes tunefleet
 added (an emptyDir past its sizeLimit): such a pod is counted even once Failed. Followed by
-a reflector of admitted model pods (watched/kinds.MODEL_PODS; handlers/delivery.py) on every
+a reflector of admitted model pods (watched/kinds.MODEL_PODS; handlers/on_delivery.py) on every
 replica; the leader's reconcile reads it.
 
-The pod's own words are the source (contracts/admission.py, contracts/fetch.py): a pod
-anyone could label is only ever counted, never acted on.
+The pod's own words are the source (contracts/admission_record.py, contracts/fetch_outcome.py): a
+pod anyone could label is only ever counted, never acted on.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from typing import Any
 
 from tunefleet import naming
 from tunefleet.builders.webhook import CACHES_VOLUME, PACKED_VOLUME, VOLUME
-from tunefleet.contracts.admission import UNTUNED, Admission, Code
-from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
-from tunefleet.contracts.fetch import LOADED, FetchOutcome
-from tunefleet.contracts.fetch import UNTUNED as FETCH_UNTUNED
+from tunefleet.contracts.admission_record import UNTUNED, Admission, Code
+from tunefleet.contracts.fetch_outcome import CONTAINER as FETCH_CONTAINER
+from tunefleet.contracts.fetch_outcome import LOADED, FetchOutcome
+from tunefleet.contracts.fetch_outcome import UNTUNED as FETCH_UNTUNED
 from tunefleet.runtime.heap import compacted
 
 # Admission's untuned decisions that are ours to fix or report.

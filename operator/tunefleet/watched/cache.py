@@ -1,4 +1,4 @@
-"""tunefleet's cache of what it watches (informers/cache.py over this schema): TuningProfiles
+"""tunefleet's cache of what it watches (informers/view_cache.py over this schema): TuningProfiles
 by key, the tuning Jobs each profile controls, the tuning pods each Job controls. A Job or pod
 that carries a profile's uid label (naming.PROFILE_UID_LABEL) without being controlled by it is
 untrusted: counted (tunefleet_untrusted_objects_total), logged once, reported by that
@@ -12,7 +12,7 @@ from typing import Any
 
 from tunefleet import metrics, naming
 from tunefleet.api.conditions import Phase
-from tunefleet.informers.cache import Cache, Key, Schema, Untrusted
+from tunefleet.informers.view_cache import Cache, Key, Schema, Untrusted
 from tunefleet.watched import kinds, views
 
 log = logging.getLogger(__name__)

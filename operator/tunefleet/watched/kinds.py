@@ -12,15 +12,15 @@ down, against ~40 here (json + view), and it keeps a record of every object it e
 10,000 profiles, their Jobs and pods (~16 events a profile while they start), that was most
 of the operator's CPU, and the webhook shares that event loop (bench/scale.md).
 
-The Node watch of nodemap.py is not one of these: it follows a set of label keys that changes
-with the profiles (a watch started and stopped per key), metadata only, and keeps no views in
-this cache; it is a list-then-watch thread of its own, as these are.
+The Node watch of placement/nodemap_keeper.py is not one of these: it follows a set of label keys
+that changes with the profiles (a watch started and stopped per key), metadata only, and keeps no
+views in this cache; it is a list-then-watch thread of its own, as these are.
 """
 
 from __future__ import annotations
 
 from tunefleet import GROUP, PLURAL, VERSION, naming
-from tunefleet.contracts.admission import ADMISSION_LABEL
+from tunefleet.contracts.admission_record import ADMISSION_LABEL
 from tunefleet.runtime.reflector import Kind
 
 _MANAGED = ",".join(f"{k}={v}" for k, v in naming.MANAGED_BY.items())
@@ -28,7 +28,7 @@ PROFILES = Kind("tuningprofiles", f"/apis/{GROUP}/{VERSION}", PLURAL)
 # Only what the cache keeps crosses the wire: tuning Jobs and tuning pods, selected by label.
 JOBS = Kind("jobs", "/apis/batch/v1", "jobs", f"{_MANAGED},{naming.PROFILE_UID_LABEL}")
 PODS = Kind("pods", "/api/v1", "pods", f"{_MANAGED},{naming.PROFILE_UID_LABEL}")
-# Capture stores and retune sets (capture/store.py): the ConfigMaps the capture cache keeps.
+# Capture stores and retune sets (capture/retune_sets.py): the ConfigMaps the capture cache keeps.
 CAPTURE_CONFIGMAPS = Kind(
     "configmaps", "/api/v1", "configmaps",
     f"{_MANAGED},{naming.ROLE_LABEL} in ({naming.ROLE_CAPTURE},{naming.ROLE_RETUNE})",

@@ -1,10 +1,10 @@
 """What the operator keeps of each kind it watches (watched/kinds.py): pure functions from a
-watched body to a small plain dict (informers/views.py's pieces), held by the cache
+watched body to a small plain dict (informers/view_parts.py's pieces), held by the cache
 (watched/cache.py) for the operator's lifetime and read by reconciles and admission instead of
 lists from the API server.
 
 A Job belongs to a profile, and a pod to a Job, only through its controller ownerReference
-(informers/views.controller_uid), never through the labels it carries.
+(informers/view_parts.controller_uid), never through the labels it carries.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from tunefleet import naming
 from tunefleet.builders.kueue import QUEUE_LABEL
 from tunefleet.contracts.pin import ANNOTATION as PIN_ANNOTATION
 from tunefleet.contracts.retune import ANNOTATION as RETUNE_ANNOTATION
-from tunefleet.informers.views import controller_uid
-from tunefleet.informers.views import pick as _pick
+from tunefleet.informers.view_parts import controller_uid
+from tunefleet.informers.view_parts import pick as _pick
 
 PROFILE_API_GROUP = "tunefleet.io"
 

@@ -1,14 +1,14 @@
 """Admission of a model pod, in three steps, as pure functions:
 
 1. `choose_artifact`: the profile, the GPU model the pod runs on, and that model's artifact (or
-   why the pod starts untuned: a decision code of contracts/admission.py);
+   why the pod starts untuned: a decision code of contracts/admission_record.py);
 2. `check_images`: which containers load TunableOp results, and whether they run the image the
    artifact was tuned in (compared by digest where the pod names one; pinned on request);
 3. `build_patch`: the pod to admit: the fetch init container, the results volume and mounts,
    TunableOp's environment, and the marks the contract writes.
 
 `admit` runs them; it is idempotent: a pod that already carries the fetch init container or
-the results volume comes back marked only. The kopf handler (handlers/pod.py) turns the
+the results volume comes back marked only. The kopf handler (handlers/on_pod.py) turns the
 decision into the patch.
 
 An artifact the operator delivered as a ConfigMap (delivery.py) is mounted from it: no init
@@ -17,7 +17,7 @@ passes the uid each such ConfigMap has now; one that is gone or was replaced (an
 the one made) starts the pod untuned with the reason, or refuses it (failClosed).
 
 The pod's GPU model comes from its nodeSelector or its required node affinity
-(webhook/placement.py). A pod that can land on several of the profile's models (or on one and
+(webhook/reach.py). A pod that can land on several of the profile's models (or on one and
 on others) gets every candidate and the node map, and its init container picks the artifact
 of the node it lands on (`AtNode`).
 """
@@ -70,7 +70,7 @@ from tunefleet.builders.webhook import (
 )
 from tunefleet.config import Config
 from tunefleet.contracts import nodemap
-from tunefleet.contracts.admission import (
+from tunefleet.contracts.admission_record import (
     ADMISSION_LABEL,
     INJECTED,
     STATUS_ANNOTATION,
@@ -78,13 +78,13 @@ from tunefleet.contracts.admission import (
     Admission,
     Code,
 )
-from tunefleet.contracts.artifact import IMAGE_VOLUME, ArtifactRecord
-from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
-from tunefleet.contracts.fetch import Candidate
+from tunefleet.contracts.artifact_record import IMAGE_VOLUME, ArtifactRecord
+from tunefleet.contracts.fetch_outcome import CONTAINER as FETCH_CONTAINER
+from tunefleet.contracts.fetch_outcome import Candidate
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import PodStorage
 from tunefleet.webhook.partition import PARTITION_ANNOTATION, partition_problem
-from tunefleet.webhook.placement import reach
+from tunefleet.webhook.reach import reach
 from tuner_job import caches as cc
 
 

@@ -40,12 +40,12 @@ from __future__ import annotations
 
 # The submodules whose names the tests move (compaction.CHUNK_BYTES, cli.read_profiles and
 # read_pinned, rules.clock): a name is moved where it is read.
-from . import cli, compaction, rules
+from . import command, compaction, rules
 from .apply_plan import apply
-from .cli import main, parse_duration
+from .command import main, parse_duration
 from .common import duration_text
 from .compaction import COMPACTED_REVISION, KEPT_FOREIGN
-from .fleet import read_profiles
+from .fleet_state import read_profiles
 from .inventory import ARTIFACT, CHECKPOINTS, ENTRIES, SHARDS
 from .plan import Plan, Rules, kept_young
 from .report import age_text, report_lines
@@ -66,8 +66,8 @@ __all__ = [
     "Rules",
     "age_text",
     "apply",
-    "cli",
     "collect",
+    "command",
     "compaction",
     "duration_text",
     "kept_newest",

@@ -13,7 +13,7 @@ from tunefleet.storage.store import Location, Store
 
 from .common import store_uri
 from .compaction import plan_library
-from .fleet import ArtifactId, Fleet, ProfileFacts, fleet_of
+from .fleet_state import ArtifactId, Fleet, ProfileFacts, fleet_of
 from .inventory import Group, Inventory, list_store
 from .plan import Plan, Rules, deletion, kept_young
 

@@ -1,4 +1,4 @@
-"""Capture stores and retune sets (capture/store.py): kept in the capture cache on every
+"""Capture stores and retune sets (capture/retune_sets.py): kept in the capture cache on every
 replica; a change queues the profile it belongs to (the leader recomputes status.capture)."""
 
 from __future__ import annotations

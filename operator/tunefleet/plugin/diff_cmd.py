@@ -16,7 +16,7 @@ from typing import Any
 from tuner_job.gain import Gain
 from tuner_job.results import ResultRow, ResultsFile, is_placeholder
 
-from .common import speedups
+from .report_parts import speedups
 
 _MODEL_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")

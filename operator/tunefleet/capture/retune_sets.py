@@ -55,7 +55,7 @@ DIGEST_ANNOTATION = "tunefleet.io/capture-digest"
 # A ConfigMap holds 1 MiB; this leaves room for its metadata and meta.json.
 MAX_BYTES = 900 * 1024
 MAX_NOT_LOADED_PODS = 20
-# The latest pods whose served cache said which path it took (contracts/capture.py's caches):
+# The latest pods whose served cache said which path it took (contracts/capture_upload.py's caches):
 # enough to count a scale-up, bounded so the store's size does not grow with the fleet.
 MAX_CACHE_PODS = 64
 CACHE_LOAD_KEYS = ("kind", "path", "key", "reason", "args")
@@ -126,7 +126,7 @@ def encoded_size(view: StoreView) -> int:
 class Batch:
     """What one pod's upload adds to a store: its untuned rows, the pod, how many results it
     could not load and how many rows it dropped, and what its served caches did at its start
-    (contracts/capture.py CacheLoad, as dicts; the pod's latest word wins)."""
+    (contracts/capture_upload.py CacheLoad, as dicts; the pod's latest word wins)."""
 
     rows: tuple[str, ...] | list[str] = ()
     pod: str = ""

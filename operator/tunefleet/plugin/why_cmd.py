@@ -2,11 +2,11 @@
 
 The evidence, in the order it is trusted:
 - the label tunefleet.io/profile: without it the pod never asked for tuning;
-- what the webhook wrote at admission (contracts/admission.py): without its label the webhook
+- what the webhook wrote at admission (contracts/admission_record.py): without its label the webhook
   never saw the pod (created while it was unreachable, or labelled afterwards); its decision
   code picks the fix from FIXES below, its reason is quoted; the pinned artifact and warnings;
-- the fetch init container's outcome (contracts/fetch.py): a fail-open start or a fail-closed
-  refusal, after admission injected the pod;
+- the fetch init container's outcome (contracts/fetch_outcome.py): a fail-open start or a
+  fail-closed refusal, after admission injected the pod;
 - the profile now (its phase, current artifacts, its Degraded condition) and its Events about
   the pod. A pod that runs untuned for a cause of tunefleet's is judged by served.cause_of, the
   very rule the operator counts it by in the Degraded condition, so the two agree.
@@ -22,7 +22,7 @@ from typing import Any
 from tunefleet import naming
 from tunefleet.api.conditions import Phase, Reason, Type
 from tunefleet.builders.webhook import CACHES_VOLUME, FILENAME, RESULTS_DIR, TUNABLE_ENV
-from tunefleet.contracts.admission import (
+from tunefleet.contracts.admission_record import (
     ADMISSION_LABEL,
     ARTIFACT_CONFIG_MAP_ANNOTATION,
     ARTIFACT_VOLUME_ANNOTATION,
@@ -32,12 +32,12 @@ from tunefleet.contracts.admission import (
     Admission,
     Code,
 )
-from tunefleet.contracts.fetch import CONTAINER as FETCH_CONTAINER
-from tunefleet.contracts.fetch import LOADED, REFUSED, FetchOutcome
+from tunefleet.contracts.fetch_outcome import CONTAINER as FETCH_CONTAINER
+from tunefleet.contracts.fetch_outcome import LOADED, REFUSED, FetchOutcome
 from tunefleet.contracts.nodemap import ROLE as NODE_MAP_ROLE
 from tunefleet.serving import served
 
-from .common import event_lines, recent_events, short
+from .report_parts import event_lines, recent_events, short
 
 TUNABLEOP_ENV = tuple(TUNABLE_ENV)
 
@@ -159,7 +159,7 @@ def _fix_unknown(p: _Pod, a: Admission) -> str:
     return "the reason above says what is missing; fix it, then recreate the pod: " + p.recreate
 
 
-# The fix for each reason the webhook admits a pod untuned (contracts.admission.Code).
+# The fix for each reason the webhook admits a pod untuned (contracts.admission_record.Code).
 FIXES: dict[Code, Callable[[_Pod, Admission], str]] = {
     Code.NO_PROFILE: _fix_no_profile,
     Code.INVALID_PROFILE: _fix_invalid,

@@ -31,7 +31,7 @@ ARTIFACT_VOLUME_ANNOTATION = "tunefleet.io/artifact-volume"
 # valid signature (artifacts/volumes.py); absent when it was signed, or not mounted.
 ARTIFACT_SIGNATURE_ANNOTATION = "tunefleet.io/artifact-signature"
 IMAGE_WARNING_ANNOTATION = "tunefleet.io/image-warning"
-# A pod whose GPU model is picked where it lands (webhook/placement.py): the models offered,
+# A pod whose GPU model is picked where it lands (webhook/reach.py): the models offered,
 # JSON {model: sha256 of its pinned artifact, or "" where it starts untuned}.
 CANDIDATES_ANNOTATION = "tunefleet.io/gpu-model-candidates"
 
@@ -77,7 +77,7 @@ class Admission:
     image_volume: str = ""  # the image (repository@digest) it is mounted from, oci:// stores
     unsigned: str = ""  # why that image was mounted without a valid signature (Optional)
     # Picked where the pod lands: {model: pinned sha256, or "" where it starts untuned}. The
-    # model picked is in the fetch init container's outcome (contracts/fetch.py).
+    # model picked is in the fetch init container's outcome (contracts/fetch_outcome.py).
     candidates: dict[str, str] = field(default_factory=dict)
 
     @property

@@ -17,8 +17,8 @@ from tunefleet.artifacts import volumes
 from tunefleet.artifacts.volumes import VolumeVerdict
 from tunefleet.builders.webhook import HANDLER_ID
 from tunefleet.config import Config
-from tunefleet.contracts.admission import Admission, Code
-from tunefleet.contracts.artifact import IMAGE_VOLUME, ArtifactRecord
+from tunefleet.contracts.admission_record import Admission, Code
+from tunefleet.contracts.artifact_record import IMAGE_VOLUME, ArtifactRecord
 from tunefleet.handlers.startup import Operator
 from tunefleet.kube import Kube
 from tunefleet.runtime import reflector

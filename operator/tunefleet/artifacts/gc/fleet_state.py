@@ -18,8 +18,8 @@ from pydantic import ValidationError
 
 from tunefleet import GROUP, PLURAL, VERSION, naming
 from tunefleet.api import TuningProfileSpec
-from tunefleet.contracts.admission import Admission
-from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.contracts.admission_record import Admission
+from tunefleet.contracts.artifact_record import ArtifactRecord
 from tunefleet.runtime.client import pages
 from tunefleet.runtime.kubeconfig import Connection, KubeconfigError, connect
 from tunefleet.storage.registry import parse_uri

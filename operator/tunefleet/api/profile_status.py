@@ -2,7 +2,7 @@
 reconcile's decide step (reconciler/status.py) and serialised once, at the write
 (`TuningProfileStatus.to_status`). crds/ is its schema: its conditions and capture entries are
 the api models' (models.py, checked against the CRD by tests/unit/test_schema_drift.py), its
-artifacts the artifact record's own type (contracts/artifact.py writes and reads them).
+artifacts the artifact record's own type (contracts/artifact_record.py writes and reads them).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from tunefleet.api.base import Model
 from tunefleet.api.conditions import Phase, Type
 from tunefleet.api.models import CaptureStatus, Condition
-from tunefleet.contracts.artifact import ArtifactRecord
+from tunefleet.contracts.artifact_record import ArtifactRecord
 
 
 def _dump(model: Model) -> dict[str, Any]:

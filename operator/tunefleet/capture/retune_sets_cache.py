@@ -1,7 +1,7 @@
-"""The operator's view of capture stores and retune sets (capture/store.py), by profile uid.
+"""The operator's view of capture stores and retune sets (capture/retune_sets.py), by profile uid.
 
 Filled by a reflector (runtime/reflector.py: listed before the reconciler runs, as a
-retune's revision depends on its set), then kept current by its watch (handlers/capture.py).
+retune's revision depends on its set), then kept current by its watch (handlers/on_capture.py).
 Every replica keeps it: the endpoint reads a store here to skip writes that would add nothing,
 the leader's reconcile reads it instead of the API server. A ConfigMap that carries our
 labels without being owned by the profile it names parses to nothing here and is ignored.
@@ -13,7 +13,7 @@ import threading
 from typing import Any
 
 from tunefleet import naming
-from tunefleet.capture.store import (
+from tunefleet.capture.retune_sets import (
     RetuneSet,
     StoreView,
     parse_retune,

@@ -9,11 +9,11 @@ from tunefleet import naming
 from tunefleet.api.conditions import TYPES, Phase, Type
 from tunefleet.capture.loop import model_revision
 from tunefleet.contracts import pin as pins
-from tunefleet.contracts.admission import ADMISSION_LABEL
-from tunefleet.contracts.artifact import REJECTED, ArtifactRecord, verdict_of
+from tunefleet.contracts.admission_record import ADMISSION_LABEL
+from tunefleet.contracts.artifact_record import REJECTED, ArtifactRecord, verdict_of
 from tuner_job.gain import Gain
 
-from .common import age, event_lines, gain_lines, recent_events, short, table
+from .report_parts import age, event_lines, gain_lines, recent_events, short, table
 
 CONDITIONS = tuple(str(t) for t in TYPES)
 # Artifact fields shown as "GEMMs: ..." counts, in this order, with their words.

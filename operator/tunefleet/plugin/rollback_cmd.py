@@ -14,11 +14,11 @@ from typing import Any
 
 from tunefleet.capture.loop import model_revision
 from tunefleet.contracts import pin as pins
-from tunefleet.contracts.artifact import REJECTED, verdict_of
+from tunefleet.contracts.artifact_record import REJECTED, verdict_of
 from tuner_job.gain import Gain
 
-from .common import gain_lines, short
 from .errors import PluginError
+from .report_parts import gain_lines, short
 
 DEFAULT_REASON = "rollback by kubectl tunefleet"
 MIN_PREFIX = 7  # as git's short hashes: long enough that a typo matches nothing

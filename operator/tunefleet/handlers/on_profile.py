@@ -6,7 +6,7 @@ from typing import Any
 
 from tunefleet import metrics
 from tunefleet.handlers.startup import Operator
-from tunefleet.informers.cache import spec_seen
+from tunefleet.informers.view_cache import spec_seen
 from tunefleet.runtime import reflector
 from tunefleet.watched import kinds
 

@@ -11,14 +11,14 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from tunefleet.storage import cli as storage_cli
+from tunefleet.storage import cli_flags as storage_cli
 from tunefleet.storage.filesystem import DirStore
 from tunefleet.storage.registry import open_store, parse_uri
 from tunefleet.storage.store import Location, Store, StoreError, StoreOptions, check_key_parts
 
 from .apply_plan import apply
 from .common import PROG, GcError, UsageError, duration_text, store_uri
-from .fleet import read_pinned, read_profiles
+from .fleet_state import read_pinned, read_profiles
 from .plan import DEFAULT_GRACE_S, DEFAULT_KEEP, Rules
 from .report import report_lines
 from .rules import collect
