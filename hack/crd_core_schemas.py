@@ -183,12 +183,12 @@ ONE_OF = {
 
 
 def one_of_rule(fields: tuple[str, ...]) -> str:
-    """The CEL rule for exactly one of `fields` (testbed/build/largest.py reads it back)."""
+    """The CEL rule for exactly one of `fields` (testbed/builders/largest.py reads it back)."""
     return "[" + ", ".join(f"has(self.{f})" for f in fields) + "].exists_one(x, x)"
 
 
 def key_size_rule(limit: int) -> dict[str, str]:
-    """The CEL rule that bounds a map's keys (testbed/build/largest.py reads it back)."""
+    """The CEL rule that bounds a map's keys (testbed/builders/largest.py reads it back)."""
     return {
         "rule": f"self.all(k, size(k) <= {limit})",
         "message": f"keys must be at most {limit} characters",

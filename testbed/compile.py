@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from testbed.build.wrappers import make_profile
+from testbed.builders.wrappers import make_profile
 from testbed.cluster import REAL_NODE_GPU_MODEL
 
 ROOT = Path(__file__).resolve().parents[1]

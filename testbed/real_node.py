@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from testbed.build.wrappers import make_profile
+from testbed.builders.wrappers import make_profile
 from testbed.cluster import REAL_NODE_GPU_MODEL, STANDIN_IMAGE
 
 KEY = "nvidia.com/gpu.product"

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from testbed.build.wrappers import make_deployment, make_pod
+from testbed.builders.wrappers import make_deployment, make_pod
 from testbed.cluster import REAL_NODE_GPU_MODEL, STANDIN_IMAGE, wait_for_real_node_gpus
 from testbed.operator import SERVING_SECRET, InCluster
 from testbed.poll import eventually

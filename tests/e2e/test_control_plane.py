@@ -27,7 +27,7 @@ from kubernetes.client import ApiClient, Configuration, CoreV1Api
 from kubernetes.client.exceptions import ApiException
 from kubernetes.utils import parse_quantity
 
-from testbed.build.wrappers import make_object, make_pod
+from testbed.builders.wrappers import make_object, make_pod
 from testbed.cluster import (
     Cluster,
     S3Settings,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from testbed.build.wrappers import make_profile
+from testbed.builders.wrappers import make_profile
 from tests.support.artifacts import tuner_output
 from tunefleet import naming
 from tunefleet.artifacts.publish import upload_artifact

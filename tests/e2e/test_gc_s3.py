@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from testbed.build.wrappers import make_artifact, make_profile
+from testbed.builders.wrappers import make_artifact, make_profile
 from testbed.library_pod import tool_env
 from tests.support.results import rows
 from tunefleet import naming

@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from testbed.build.fleet import profile_doc
 
+from testbed.builders.fleet import profile_doc
 from testbed.operator import Operator, carry_out_publish
 from testbed.poll import eventually
 from tests.support.kube import apply, events_about, get_json, jobs_of, tuning_pods

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from testbed.build.fleet import profile_doc
 
+from testbed.builders.fleet import profile_doc
 from testbed.cluster import KWOK_TOLERATION, wait_for_real_node_gpus
 from testbed.kueue import GROUP, Kueue, start_kueue
 from testbed.operator import InCluster, Operator, carry_out_publish

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 import yaml
-from testbed.build.fleet import profile_doc
 
+from testbed.builders.fleet import profile_doc
 from testbed.operator import (
     ROOT,
     STAND_IN_NOTE,

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 import yaml
-from testbed.build.fleet import profile_doc
 
-from testbed.build.largest import largest_spec
+from testbed.builders.fleet import profile_doc
+from testbed.builders.largest import largest_spec
 from testbed.operator import ROOT, SYSTEM_NS, Operator, helm
 from testbed.poll import eventually
 from tests.support.kube import apply, condition, events_about, get_json, jobs_of

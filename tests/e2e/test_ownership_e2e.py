@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 import yaml
-from testbed.build.fleet import profile_doc
 
-from testbed.build.wrappers import make_job, make_pod
+from testbed.builders.fleet import profile_doc
+from testbed.builders.wrappers import make_job, make_pod
 from testbed.cluster import create_namespace, delete_namespace, namespace_name
 from testbed.operator import Operator, carry_out_publish, set_pod_outcome
 from testbed.poll import eventually

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from testbed.build.fleet import profile_doc
 
+from testbed.builders.fleet import profile_doc
 from testbed.operator import InCluster
 from tests.support.kube import apply
 from tunefleet.contracts import pin as pins

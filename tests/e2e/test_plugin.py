@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from testbed.build.fleet import pod_doc, profile_doc
 
+from testbed.builders.fleet import pod_doc, profile_doc
 from testbed.operator import (
     STAND_IN_NOTE,
     Operator,

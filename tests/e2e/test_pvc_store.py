@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from testbed.build.wrappers import make_pvc
+from testbed.builders.wrappers import make_pvc
 from testbed.cluster import REAL_NODE_GPU_MODEL, STANDIN_IMAGE, real_node_volume
 from testbed.operator import InCluster
 from testbed.real_node import SHAPES, model_pod

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from testbed.build.wrappers import make_object, make_pod
+from testbed.builders.wrappers import make_object, make_pod
 from testbed.cluster import (
     REAL_NODE,
     REAL_NODE_GPU_MODEL,

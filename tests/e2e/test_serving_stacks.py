@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import yaml
 
-from testbed.build.wrappers import make_pvc
+from testbed.builders.wrappers import make_pvc
 from testbed.cluster import (
     REAL_NODE,
     REAL_NODE_GPU_MODEL,

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
-from testbed.build.largest import largest_template
-from testbed.build.wrappers import make_object, make_pvc
+from testbed.builders.largest import largest_template
+from testbed.builders.wrappers import make_object, make_pvc
 from testbed.cluster import (
     REAL_NODE,
     STANDIN_IMAGE,

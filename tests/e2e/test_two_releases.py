@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 import yaml
-from testbed.build.fleet import profile_doc
 
-from testbed.build.wrappers import make_model_pod
+from testbed.builders.fleet import profile_doc
+from testbed.builders.wrappers import make_model_pod
 from testbed.cluster import (
     create_namespace,
     delete_namespace,

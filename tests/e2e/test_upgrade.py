@@ -40,9 +40,9 @@ from typing import Any
 
 import pytest
 import yaml
-from testbed.build.fleet import profile_doc
 
-from testbed.build.wrappers import make_model_pod
+from testbed.builders.fleet import profile_doc
+from testbed.builders.wrappers import make_model_pod
 from testbed.cluster import ensure_images, state_dir, tool_path
 from testbed.operator import (
     DELIVERY_SECRET,

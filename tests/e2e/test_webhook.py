@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 import yaml
-from testbed.build.fleet import pod_doc, profile_doc
 
+from testbed.builders.fleet import pod_doc, profile_doc
 from testbed.operator import (
     SERVING_SECRET,
     STAND_IN_NOTE,

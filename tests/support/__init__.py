@@ -1,3 +1,3 @@
 """Fakes and helpers shared by the tests (a test module never imports another); the builders of
-test objects live in testbed/build/. The table in tests/README.md says what each module here
+test objects live in testbed/builders/. The table in tests/README.md says what each module here
 gives and which tier uses it."""

@@ -1,14 +1,13 @@
 """The flows that play a tuning pod's publish step on the kwok fleet (fake GPU nodes, no
 containers run; testbed.operator.carry_out_publish) until the profile is Ready, for e2e tests:
 `ready_profile`, `publish_first_revision`, `publish_next_revision`. The profiles and model pods
-they apply are testbed/build/fleet.py's (`profile_doc`, `pod_doc`)."""
+they apply are testbed/builders/fleet.py's (`profile_doc`, `pod_doc`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from testbed.build.fleet import profile_doc
-
+from testbed.builders.fleet import profile_doc
 from testbed.operator import carry_out_publish
 from testbed.poll import eventually
 from tests.support.kube import apply, get_json, tuning_pods

@@ -1,6 +1,6 @@
 """Running the tuner (`python -m tuner_job`) as the tune step does, on the stand-in torch of
 tests/unit/data/fake_torch (or none), with a tuning config written for it
-(testbed/build/tuner.py's write_config)."""
+(testbed/builders/tuner.py's write_config)."""
 
 from __future__ import annotations
 

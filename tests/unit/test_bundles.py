@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from testbed.build.wrappers import make_profile
+from testbed.builders.wrappers import make_profile
 from tests.support.artifacts import tuner_output
 from tunefleet import naming
 from tunefleet.artifacts import bundle

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from testbed.build.wrappers import make_artifact, make_profile
+from testbed.builders.wrappers import make_artifact, make_profile
 from tunefleet.api import CaptureSpec, CaptureStatus
 from tunefleet.capture import hook, loop, sidecar
 from tunefleet.capture.retune_sets import (
@@ -434,7 +434,7 @@ def test_the_retune_threshold_counts_new_missed_variants() -> None:
 
 
 def test_a_retune_job_names_the_variants_file_to_the_workload() -> None:
-    from testbed.build.profiles import CFG, profile
+    from testbed.builders.profiles import CFG, profile
     from tunefleet.api import TuningProfileSpec
     from tunefleet.builders.job import Child, build_tuning_job
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from testbed.build.wrappers import ArtifactWrapper, make_artifact, make_profile
+from testbed.builders.wrappers import ArtifactWrapper, make_artifact, make_profile
 from tests.support.fake_kube import OneConfigMap
 from tunefleet import naming
 from tunefleet.api import CaptureSpec, CaptureStatus

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from testbed.build.wrappers import make_artifact, make_pod, make_profile
+from testbed.builders.wrappers import make_artifact, make_pod, make_profile
 from tunefleet.capture.endpoint import Deps, Endpoint, caller_of
 from tunefleet.capture.retune_sets import StoreKey, StoreUnavailable
 from tunefleet.contracts.admission_record import INJECTED, Admission, Code

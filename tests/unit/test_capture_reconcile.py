@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from testbed.build.profiles import CFG, jobs_for, profile
-from testbed.build.wrappers import make_artifact, make_pod, make_profile
+from testbed.builders.profiles import CFG, jobs_for, profile
+from testbed.builders.wrappers import make_artifact, make_pod, make_profile
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec

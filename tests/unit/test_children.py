@@ -3,7 +3,7 @@ API at all (no FakeKube, no monkeypatch): what is missing, superseded, re-queued
 
 from __future__ import annotations
 
-from testbed.build.wrappers import make_job, make_observation
+from testbed.builders.wrappers import make_job, make_observation
 from tunefleet import naming
 from tunefleet.builders.kueue import QUEUE_LABEL
 from tunefleet.reconciler import children

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from testbed.build.wrappers import make_pod, make_profile
+from testbed.builders.wrappers import make_pod, make_profile
 from tunefleet import naming
 from tunefleet.api import TuningLimits, TuningProfileSpec
 from tunefleet.contracts.admission_record import (

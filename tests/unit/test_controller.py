@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from testbed.build.wrappers import make_profile
+from testbed.builders.wrappers import make_profile
 from tests.support.fake_kube import FakeKube
 from tunefleet import kube
 from tunefleet.api.conditions import Reason

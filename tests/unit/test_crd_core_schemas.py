@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from hack import crd_core_schemas as gen
-from testbed.build.largest import template_schema
+from testbed.builders.largest import template_schema
 from tunefleet.api import pod_template as api
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from prometheus_client.metrics import MetricWrapperBase
 
-from testbed.build.wrappers import make_artifact, make_profile
+from testbed.builders.wrappers import make_artifact, make_profile
 from tests.support.chart import CHART, rendered, template
 from tunefleet import metrics
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from testbed.build.profiles import CFG, MODELS, jobs_for, profile
-from testbed.build.records import completed, published_pod
-from testbed.build.wrappers import make_artifact, make_config_map, make_pod, make_profile
+from testbed.builders.profiles import CFG, MODELS, jobs_for, profile
+from testbed.builders.records import completed, published_pod
+from testbed.builders.wrappers import make_artifact, make_config_map, make_pod, make_profile
 from tests.support.artifacts import tuner_output
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
 from tunefleet.artifacts import fetch as fetch_mod

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from testbed.build.profiles import MODELS, profile
-from testbed.build.records import completed, published_pod
-from testbed.build.wrappers import make_pod
+from testbed.builders.profiles import MODELS, profile
+from testbed.builders.records import completed, published_pod
+from testbed.builders.wrappers import make_pod
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
 from tunefleet import naming
 from tunefleet.api.conditions import EventReason, Phase, Reason, Type, find

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.build.wrappers import make_job, make_pod
+from testbed.builders.wrappers import make_job, make_pod
 from tunefleet.artifacts import fetch, fit, publish
 from tunefleet.reconciler.diagnose import Hints
 from tunefleet.reconciler.observe import observe_job

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from testbed.build.wrappers import make_job, make_profile
+from testbed.builders.wrappers import make_job, make_profile
 from tests.support.artifacts import tuner_output
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
 from tunefleet import naming

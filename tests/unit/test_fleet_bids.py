@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from testbed.build.wrappers import make_profile
+from testbed.builders.wrappers import make_profile
 from tests.support.artifacts import tuner_output
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
 from tunefleet import naming

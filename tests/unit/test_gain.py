@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from testbed.build.tuner import write_config
 
+from testbed.builders.tuner import write_config
 from tests.support.tuner import tuner
 from tuner_job.gain import (
     Figure,

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from testbed.build.profiles import CFG, MODELS, bound_pod_of, profile, watched_job
+from testbed.builders.profiles import CFG, MODELS, bound_pod_of, profile, watched_job
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
 from tunefleet import kube, naming
 from tunefleet.api import TuningProfileSpec

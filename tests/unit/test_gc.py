@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from testbed.build.wrappers import make_artifact, make_profile
+from testbed.builders.wrappers import make_artifact, make_profile
 from tests.support.chart import rendered, template
 from tests.support.results import VALIDATORS, rows
 from tunefleet import naming

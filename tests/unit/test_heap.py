@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from testbed.build.wrappers import make_job
+from testbed.builders.wrappers import make_job
 from tunefleet.runtime import heap
 from tunefleet.runtime.workqueue import WorkQueue
 from tunefleet.watched.cache import ProfileCache

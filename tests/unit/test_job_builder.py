@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from testbed.build.wrappers import make_profile
+from testbed.builders.wrappers import make_profile
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.builders.job import (

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import kubernetes
 import pytest
 
-from testbed.build.wrappers import make_config_map, make_job
+from testbed.builders.wrappers import make_config_map, make_job
 from tunefleet import kube
 from tunefleet.capture.retune_sets import Batch, StoreKey, Writer
 

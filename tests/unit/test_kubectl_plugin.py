@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from testbed.build.wrappers import make_artifact, make_object, make_pod, make_profile
+from testbed.builders.wrappers import make_artifact, make_object, make_pod, make_profile
 from tests.support.fake_cluster import FakeCluster
 from tunefleet.config import Config
 from tunefleet.plugin import cluster as cluster_mod

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from testbed.build.profiles import CFG, MODELS, jobs_for, profile
-from testbed.build.wrappers import make_profile, make_workload
+from testbed.builders.profiles import CFG, MODELS, jobs_for, profile
+from testbed.builders.wrappers import make_profile, make_workload
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube, Generated, OverGenerated, raw
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
@@ -26,7 +26,7 @@ from tunefleet.reconciler.status import Observed, compute_status
 QUEUED = {"backoffLimit": 0, "queueName": "gpu-team"}
 
 
-# testbed.build.profiles.profile()'s spec, as a wrapper
+# testbed.builders.profiles.profile()'s spec, as a wrapper
 BASE = make_profile().image("registry.example.com/serve:1").gpu("amd", *MODELS)
 # A Workload, as Kueue makes one for a Job; `.owner(job uid, name, "Job", "batch/v1")` names
 # the Job its controller.

@@ -21,7 +21,7 @@
 - the reconciler's engine (controller.py) is handed the reconcile it runs: it imports no function
   of reconciler/reconcile.py, nor the module;
 - no test module imports another, nor a conftest.py: shared fakes live in tests/support/,
-  builders in testbed/build/ (nothing under tests/ builds a test object; no function of a test
+  builders in testbed/builders/ (nothing under tests/ builds a test object; no function of a test
   module returns an apiVersion/kind literal);
 - no product function (operator, tuner) is longer than 60 lines: a longer one does several
   jobs, and each job wants its own name;
@@ -798,7 +798,7 @@ def parsed_test_code(tests: Path) -> Iterator[tuple[Path, ast.Module]]:
 
 def local_builders(tests: Path) -> list[str]:
     """Functions under `tests` (module level or in a class, fixtures included; tests/support/
-    too, its fakes aside) that build a test object: their home is testbed/build/."""
+    too, its fakes aside) that build a test object: their home is testbed/builders/."""
     out = []
     for rel, tree in parsed_test_code(tests):
         fns = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
@@ -813,9 +813,9 @@ def local_builders(tests: Path) -> list[str]:
     return out
 
 
-def test_no_test_object_builder_outside_testbed_build() -> None:
+def test_no_test_object_builder_outside_testbed_builders() -> None:
     found = local_builders(TESTS)
-    assert not found, "build it with testbed/build/ (wrappers.py):\n" + "\n".join(found)
+    assert not found, "build it with testbed/builders/ (wrappers.py):\n" + "\n".join(found)
     # The home is what the rule exempts by not reading it: it holds the builders.
     assert local_builders(ROOT / "testbed")
 
@@ -872,7 +872,7 @@ def manifest_literals(tests: Path) -> list[str]:
 
 def test_no_test_module_returns_a_manifest_literal() -> None:
     found = manifest_literals(TESTS)
-    assert not found, "build it with testbed/build/wrappers.py:\n" + "\n".join(found)
+    assert not found, "build it with testbed/builders/wrappers.py:\n" + "\n".join(found)
 
 
 def test_the_manifest_literal_rule_catches_one(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from testbed.build.wrappers import make_profile
+from testbed.builders.wrappers import make_profile
 from tests.support.fake_kube import FakeKube, FakeLeases
 from tunefleet import metrics
 from tunefleet.runtime.leader import Callbacks, LeaseElector, Timing
@@ -310,8 +310,8 @@ def test_per_profile_series_only_when_asked_for() -> None:
     to (the chart's metrics.perProfile, or its dashboard); the fleet's gauges always."""
     from dataclasses import replace
 
-    from testbed.build.profiles import CFG
-    from testbed.build.wrappers import make_artifact, make_profile
+    from testbed.builders.profiles import CFG
+    from testbed.builders.wrappers import make_artifact, make_profile
     from tests.support.fake_kube import FakeKube
     from tunefleet.handlers.startup import Operator
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.build.wrappers import make_tuner_run
+from testbed.builders.wrappers import make_tuner_run
 from testbed.library_pod import (
     Pod,
     all_tuned,

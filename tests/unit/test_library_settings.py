@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from testbed.build.wrappers import make_tuner_run
+from testbed.builders.wrappers import make_tuner_run
 from testbed.library_pod import Pod
 from tuner_job.library import Settings
 

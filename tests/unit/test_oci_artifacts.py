@@ -24,7 +24,7 @@ import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from testbed.build.wrappers import make_artifact, make_model_pod, make_profile
+from testbed.builders.wrappers import make_artifact, make_model_pod, make_profile
 from tests.support.artifacts import tuner_output
 from tunefleet import naming
 from tunefleet.api.models import STORAGE_URI

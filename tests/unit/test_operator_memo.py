@@ -16,8 +16,8 @@ from kopf._core.engines import activities, admission, indexing
 from kopf._core.intents import causes
 from kopf._core.reactor import inventory
 
-from testbed.build.profiles import CFG
-from testbed.build.wrappers import make_pod
+from testbed.builders.profiles import CFG
+from testbed.builders.wrappers import make_pod
 from tests.support.fake_kube import FakeKube
 from tunefleet.handlers import startup  # registers ours (pod.py's too) with kopf's registry
 from tunefleet.handlers.startup import Operator

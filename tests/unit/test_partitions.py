@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from testbed.build.wrappers import make_artifact, make_pod, make_profile
+from testbed.builders.wrappers import make_artifact, make_pod, make_profile
 from tunefleet.config import Config
 from tunefleet.contracts.admission_record import Code
 from tunefleet.webhook.admission import admit

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from testbed.build.wrappers import make_artifact, make_profile
+from testbed.builders.wrappers import make_artifact, make_profile
 from tests.support.fake_cluster import FencedCluster
 from tunefleet.contracts import pin as pins
 from tunefleet.plugin import cluster as cluster_mod

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from testbed.build.wrappers import (
+from testbed.builders.wrappers import (
     make_artifact,
     make_config_map,
     make_node,

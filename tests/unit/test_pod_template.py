@@ -15,7 +15,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from testbed.build.wrappers import make_job, make_profile
+from testbed.builders.wrappers import make_job, make_profile
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from testbed.build.profiles import CFG
-from testbed.build.wrappers import make_profile
+from testbed.builders.profiles import CFG
+from testbed.builders.wrappers import make_profile
 from tests.support.fake_kube import FakeKube
 from tunefleet.handlers import on_profile
 from tunefleet.handlers.startup import Operator

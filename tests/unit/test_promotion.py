@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from testbed.build.wrappers import make_artifact, make_observation, make_profile
+from testbed.builders.wrappers import make_artifact, make_observation, make_profile
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.contracts.pin import Pin

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from testbed.build.profiles import CFG, MODELS, jobs_for, profile
+from testbed.builders.profiles import CFG, MODELS, jobs_for, profile
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube, Generated, OverGenerated, raw
 from tunefleet import kube
 from tunefleet.reconciler.memory import Memory

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from testbed.build.wrappers import make_profile
+from testbed.builders.wrappers import make_profile
 from tests.support.artifacts import tuner_output
 from tunefleet import naming
 from tunefleet.artifacts import fetch as fetch_module

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from testbed.build.largest import json_bound, largest_spec, largest_template, template_schema
-from testbed.build.wrappers import make_profile
+from testbed.builders.largest import json_bound, largest_spec, largest_template, template_schema
+from testbed.builders.wrappers import make_profile
 from tunefleet.api import TuningProfileSpec
 from tunefleet.builders.job import TUNE_COMMAND, Child, build_tuning_config_map, build_tuning_job
 from tunefleet.config import Config

@@ -5,7 +5,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from testbed.build.wrappers import make_artifact, make_job, make_observation, make_pod, make_profile
+from testbed.builders.wrappers import (
+    make_artifact,
+    make_job,
+    make_observation,
+    make_pod,
+    make_profile,
+)
 from tunefleet import naming
 from tunefleet.reconciler.diagnose import Hints, pull_secrets_missing
 from tunefleet.reconciler.observe import observe_job

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from testbed.build.wrappers import make_artifact, make_model_pod, make_profile
+from testbed.builders.wrappers import make_artifact, make_model_pod, make_profile
 from tunefleet.builders.job import Child, build_merge_job, build_tuning_job
 from tunefleet.config import Config
 from tunefleet.storage import registry

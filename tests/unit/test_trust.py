@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from testbed.build.profiles import CFG, MODELS, jobs_for, profile
-from testbed.build.records import SHA, completed, pod_body, published_pod, record
-from testbed.build.wrappers import make_job
+from testbed.builders.profiles import CFG, MODELS, jobs_for, profile
+from testbed.builders.records import SHA, completed, pod_body, published_pod, record
+from testbed.builders.wrappers import make_job
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube, HangingLeases
 from tunefleet import kube, naming
 from tunefleet.reconciler.controller import Controller, Indexes

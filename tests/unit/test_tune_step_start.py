@@ -7,7 +7,7 @@ the command fails to start with `exec: "<cmd>": executable file not found in $PA
 
 from __future__ import annotations
 
-from testbed.build.wrappers import make_job, make_pod
+from testbed.builders.wrappers import make_job, make_pod
 from tunefleet.reconciler.diagnose import pod_blocker
 from tunefleet.reconciler.observe import observe_job
 from tunefleet.watched.views import pod_view

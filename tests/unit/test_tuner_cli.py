@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from testbed.build.tuner import write_config
 
+from testbed.builders.tuner import write_config
 from tests.support.tuner import FAKE_TORCH, REPO, tuner
 from tuner_job.files import sha256_hex
 from tuner_job.manifest import loads

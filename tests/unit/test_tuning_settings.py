@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from testbed.build.wrappers import make_profile
+from testbed.builders.wrappers import make_profile
 from tunefleet import naming
 from tunefleet.api.models import TuningLimits
 from tunefleet.builders.job import tuning_config

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from testbed.build.wrappers import make_job, make_profile
+from testbed.builders.wrappers import make_job, make_profile
 from tests.support.fake_kube import FakeKube, FakeWatchApi, StopTest
 from tunefleet import kube, naming
 from tunefleet.config import Config

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from testbed.build.wrappers import make_artifact, make_pod, make_profile
+from testbed.builders.wrappers import make_artifact, make_pod, make_profile
 from tests.support.fake_kube import FakeKube
 from tunefleet.builders.webhook import build_webhook_configuration
 from tunefleet.config import Config

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from testbed.build.profiles import MODELS, jobs_for
+from testbed.builders.profiles import MODELS, jobs_for
 from tunefleet import naming
 
 SHA = "ab" * 32

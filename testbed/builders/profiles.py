@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from testbed.build.wrappers import make_pod, make_profile
+from testbed.builders.wrappers import make_pod, make_profile
 from tunefleet.api import TuningProfileSpec
 from tunefleet.builders.job import Child, build_tuning_job, held_for_gpu
 from tunefleet.config import Config
