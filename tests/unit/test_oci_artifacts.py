@@ -1016,7 +1016,7 @@ def test_verdicts_are_kept_by_digest_key_and_policy_for_a_while() -> None:
     now = [0.0]
     kept = volumes.Verdicts(ttl_s=60, clock=lambda: now[0])
     ok = volumes.VolumeVerdict(True, True)
-    kept.put("sha256:d", "KEY-A", True, ok)
+    kept.remember("sha256:d", "KEY-A", True, ok)
     assert kept.get("sha256:d", "KEY-A", True) == ok
     assert kept.get("sha256:d", " KEY-A\n", True) == ok  # the same PEM, other whitespace
     assert kept.get("sha256:d", "KEY-B", True) is None  # a changed key: checked again now
