@@ -44,6 +44,7 @@ from typing import Any
 from bench import bench_oci
 from bench.realnode import Run, epoch, in_namespace, tuned
 from bench.results import progress
+from testbed.builders.wrappers import make_config_map
 from testbed.cluster import STANDIN_IMAGE, Cluster, S3Settings
 from testbed.large import BLOB, expected_sha256, large_profile, serving_pod, volume_profile
 from testbed.poll import eventually
@@ -220,7 +221,7 @@ def _tar_baseline(s3: S3Settings, prefix: str, work: Path, runs: int = 3) -> flo
 def _measure(r: Run, s3: S3Settings, pods: int) -> dict[str, Any]:
     prefix = f"bench-large/{uuid.uuid4().hex[:12]}"
     try:
-        marker = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "bench-large"}}
+        marker = make_config_map("bench-large", "").obj()
         seed = _fresh_seed()
         prof, ready_s = tuned(
             r,
@@ -360,7 +361,7 @@ def _measure_volume(r: Run, s3: S3Settings, pods: int, copy_pods: int = 3) -> di
     # Bytes no earlier run made: the node holds no volume image of them, so the first pod
     # pays the pull (the same bytes would give the same volume image, pulled already).
     seed = _fresh_seed()
-    marker = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "bench-large-vol"}}
+    marker = make_config_map("bench-large-vol", "").obj()
     _, ready_s = tuned(
         r,
         s3,

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 
 from bench.scrape import SCRAPES, scrape  # noqa: E402
+from testbed.builders.objects import GROUP_VERSION, manifest  # noqa: E402
 from tunefleet import metrics  # noqa: E402
 from tunefleet.config import Config  # noqa: E402
 from tunefleet.handlers.startup import Operator  # noqa: E402
@@ -56,23 +57,25 @@ def _status(i: int) -> dict[str, Any]:
     return {"phase": "Ready", "artifacts": arts, "capture": capture, "jobs": jobs}
 
 
+def _profile(i: int) -> dict[str, Any]:
+    """Profile i, Ready, in one of 100 namespaces, as its watch event brings it."""
+    doc = manifest(
+        GROUP_VERSION, "TuningProfile", f"profile-{i:05d}", f"team-{i % 100:03d}",
+        spec={"image": "registry.example.com/serve:1",
+              "gpu": {"vendor": "nvidia", "models": list(MODELS)},
+              "workload": {"shapes": [{"mnk": [8, 8, 8]}]},
+              "storage": {"uri": "s3://bkt/p"}},
+        status=_status(i),
+    )  # fmt: skip
+    doc["metadata"].update(uid=f"uid-{i}", generation=1, resourceVersion=str(i))
+    return doc
+
+
 def fill(operator: Operator, n: int) -> None:
     """n profiles in the operator's cache, over 100 namespaces, as their watch events bring
     them."""
     for i in range(n):
-        operator.cache.put_profile(
-            {
-                "apiVersion": "tunefleet.io/v1alpha1",
-                "kind": "TuningProfile",
-                "metadata": {"namespace": f"team-{i % 100:03d}", "name": f"profile-{i:05d}",
-                             "uid": f"uid-{i}", "generation": 1, "resourceVersion": str(i)},
-                "spec": {"image": "registry.example.com/serve:1",
-                         "gpu": {"vendor": "nvidia", "models": list(MODELS)},
-                         "workload": {"shapes": [{"mnk": [8, 8, 8]}]},
-                         "storage": {"uri": "s3://bkt/p"}},
-                "status": _status(i),
-            }
-        )  # fmt: skip
+        operator.cache.put_profile(_profile(i))
 
 
 def _free_port() -> int:

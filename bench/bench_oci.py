@@ -38,6 +38,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from bench.results import progress
+from testbed.builders.objects import object_list
+from testbed.builders.wrappers import make_pod
 from testbed.cluster import REAL_NODE_GPU_MODEL, STANDIN_IMAGE, Cluster, S3Settings
 from testbed.operator import SERVING_SECRET, create_s3_secret, install_in_cluster
 from testbed.poll import eventually
@@ -105,34 +107,23 @@ class _Run:
 
 def _pod(name: str, profile: str | None) -> dict[str, Any]:
     labels = {"tunefleet.io/profile": profile} if profile else {}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": {"bench": "oci", **labels}},
-        "spec": {
-            "restartPolicy": "Never",
-            "nodeSelector": {KEY: REAL_NODE_GPU_MODEL},
-            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
-            "containers": [
-                {
-                    "name": "server",
-                    "image": STANDIN_IMAGE,
-                    "imagePullPolicy": "Never",
-                    "command": ["standin-server", "--once"],
-                }
-            ],
-        },
-    }
+    pod = (
+        make_pod(name, "")
+        .labels({"bench": "oci", **labels})
+        .spec(
+            restartPolicy="Never",
+            nodeSelector={KEY: REAL_NODE_GPU_MODEL},
+            tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists"}],
+        )
+    )
+    command = ["standin-server", "--once"]
+    return pod.container("server", STANDIN_IMAGE, imagePullPolicy="Never", command=command).obj()
 
 
 def _burst(r: _Run, arm: str, round_: int, pods: int, metrics_url: str) -> dict[str, Any]:
     before = _registry_counts(metrics_url)
     names = [f"{arm.replace('_', '-')}-{round_}-{i}" for i in range(pods)]
-    doc = {
-        "apiVersion": "v1",
-        "kind": "List",
-        "items": [_pod(n, PROFILE_OF.get(arm)) for n in names],
-    }
+    doc = object_list([_pod(n, PROFILE_OF.get(arm)) for n in names])
     t0 = time.time()
     r.cluster.kubectl("create", "-n", r.ns, "-f", "-", input=yaml.safe_dump(doc))
 

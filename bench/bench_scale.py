@@ -51,6 +51,7 @@ from typing import Any
 import kubernetes
 
 from bench.scrape import scrape
+from testbed.builders.objects import bench_profile, manifest, object_list
 
 ROOT = Path(__file__).resolve().parents[1]
 HOOK = ROOT / "bench" / "tracemalloc_hook"
@@ -64,17 +65,7 @@ META_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 def profile(name: str, i: int) -> dict[str, Any]:
     """One-model profile; each one's shapes differ, so nothing can be shared between them
     (real fleets' profiles differ) and each makes its own revision."""
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "TuningProfile",
-        "metadata": {"name": name},
-        "spec": {
-            "image": "registry.example.com/serve:1",
-            "gpu": {"vendor": "nvidia", "models": ["NVIDIA-H200"]},
-            "workload": {"shapes": [{"mnk": [64 + i % 4096, 64 + i // 4096, 64]}]},
-            "storage": {"uri": "s3://tunefleet/bench"},
-        },
-    }
+    return bench_profile(name, mnk=(64 + i % 4096, 64 + i // 4096, 64))
 
 
 # --- the API server, as cheaply as this process can reach it ------------------------------
@@ -109,7 +100,7 @@ class Api:
             raise RuntimeError(f"create in {ns}: {resp.status} {resp.data[:300]!r}")
 
     def namespace(self, ns: str) -> None:
-        body = json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        body = json.dumps(manifest("v1", "Namespace", ns))
         resp = self.request("POST", "/api/v1/namespaces", body.encode())
         if resp.status not in (201, 409):
             raise RuntimeError(f"namespace {ns}: {resp.status} {resp.data[:300]!r}")
@@ -291,7 +282,7 @@ def kubectl_create(cluster: Any, items: list[tuple[str, bytes]]) -> tuple[float,
         item = json.loads(body)
         item["metadata"]["namespace"] = ns  # the REST path names it in the URL instead
         profiles.append(item)
-    listed = {"apiVersion": "v1", "kind": "List", "items": profiles}
+    listed = object_list(profiles)
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="bench-scale-") as f:
         json.dump(listed, f)
         f.flush()

@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 from bench.realnode import ARMS, Run, arm_pods, epoch, in_namespace, medians, tuned
+from testbed.builders.wrappers import make_pod
 from testbed.cluster import Cluster, S3Settings, ensure_vllm_image
 from testbed.poll import eventually
 from testbed.vllm import (
@@ -59,12 +60,7 @@ def server_pod(name: str, image: str, arm: str) -> dict[str, Any]:
         server["command"] = [*server["command"], "--enforce-eager"]
     server["readinessProbe"]["periodSeconds"] = 1
     spec["restartPolicy"] = "Never"
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": template["metadata"]["labels"]},
-        "spec": spec,
-    }
+    return make_pod(name, "").labels(template["metadata"]["labels"]).set("spec", value=spec).obj()
 
 
 class _Run(Run):

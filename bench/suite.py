@@ -30,26 +30,13 @@ sys.path.insert(0, str(ROOT))
 
 from bench.results import load, progress, stamped, write  # noqa: E402
 from bench.routines import ROUTINES  # noqa: E402
+from testbed.builders.objects import bench_profile  # noqa: E402
 from testbed.cluster import Cluster, S3Settings, ensure_cluster, ensure_s3  # noqa: E402
 from testbed.operator import Operator, carry_out_publish, install  # noqa: E402
 from testbed.poll import eventually  # noqa: E402
 
 # Namespaces this run made; removed at the end so a bench leaves the cluster as it found it.
 CREATED: list[str] = []
-
-
-def profile(name: str, model: str = "NVIDIA-H200") -> dict[str, Any]:
-    return {
-        "apiVersion": "tunefleet.io/v1alpha1",
-        "kind": "TuningProfile",
-        "metadata": {"name": name},
-        "spec": {
-            "image": "registry.example.com/serve:1",
-            "gpu": {"vendor": "nvidia", "models": [model]},
-            "workload": {"shapes": [{"mnk": [64, 64, 64]}]},
-            "storage": {"uri": "s3://tunefleet/bench"},
-        },
-    }
 
 
 def count_jobs(cluster: Cluster, ns: str) -> int:
@@ -97,7 +84,7 @@ def ready_profile(cluster: Cluster, env: dict[str, str], prefix: str) -> str:
     cluster.kubectl("create", "namespace", ns)
     CREATED.append(ns)
     # H100, because the scale runs fill the H200 node's 8 GPUs with pending tuning pods.
-    serve = profile("serve", "NVIDIA-H100-80GB-HBM3")
+    serve = bench_profile("serve", "NVIDIA-H100-80GB-HBM3")
     cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(serve))
     pod = eventually(
         lambda: json.loads(
@@ -215,7 +202,7 @@ def churn(cluster: Cluster, operator: Operator, n: int = 1000, cycles: int = 5) 
     """Issue 16's lifecycle goal: create and delete `n` profiles `cycles` times; the operator's
     memory after the last cycle within 10% of after the first (every map pruned with what it
     describes)."""
-    docs = "\n---\n".join(yaml.safe_dump(profile(f"c{i:04d}")) for i in range(n))
+    docs = "\n---\n".join(yaml.safe_dump(bench_profile(f"c{i:04d}")) for i in range(n))
     after: list[float] = []
     for cycle in range(cycles):
         ns = f"bench-churn-{int(time.time())}-{cycle}"
@@ -282,7 +269,7 @@ def kill_storm(cluster: Cluster, operator: Operator, kills: int = 100) -> dict[s
 
     def create() -> None:
         for i in range(20):
-            doc = profile(f"storm-{i:02d}")
+            doc = bench_profile(f"storm-{i:02d}")
             doc["spec"]["gpu"] = {"vendor": "amd", "models": models}
             cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(doc))
             time.sleep(rng.uniform(0.05, 0.4))

@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
+from testbed.builders.objects import manifest
+
 if TYPE_CHECKING:
     import kubernetes.client
     from mypy_boto3_s3 import S3Client
@@ -658,19 +660,13 @@ def real_node_volume(
     cluster has no provisioner), bound to that claim by claimRef, of storage class
     tunefleet-e2e."""
     on_real_node = {"key": "kubernetes.io/hostname", "operator": "In", "values": [REAL_NODE]}
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": name},
-        "spec": {
-            "capacity": {"storage": "1Gi"},
-            "accessModes": access_modes,
-            "persistentVolumeReclaimPolicy": "Retain",
-            "storageClassName": "tunefleet-e2e",
-            "hostPath": {"path": str(path), "type": "Directory"},
-            "claimRef": {"namespace": namespace, "name": claim},
-            "nodeAffinity": {
-                "required": {"nodeSelectorTerms": [{"matchExpressions": [on_real_node]}]}
-            },
-        },
+    spec = {
+        "capacity": {"storage": "1Gi"},
+        "accessModes": access_modes,
+        "persistentVolumeReclaimPolicy": "Retain",
+        "storageClassName": "tunefleet-e2e",
+        "hostPath": {"path": str(path), "type": "Directory"},
+        "claimRef": {"namespace": namespace, "name": claim},
+        "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [on_real_node]}]}},
     }
+    return manifest("v1", "PersistentVolume", name, spec=spec)

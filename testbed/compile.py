@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from testbed.builders.wrappers import make_profile
+from testbed.builders.wrappers import make_config_map, make_pod, make_profile
 from testbed.cluster import REAL_NODE_GPU_MODEL
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,12 +27,7 @@ INDUCTOR_ENV = [{"name": "TORCHINDUCTOR_VEC_ISA_OK", "value": "1"}]
 
 
 def workload_config_map() -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": WORKLOAD_CM},
-        "data": {"serve.py": SERVE.read_text()},
-    }
+    return make_config_map(WORKLOAD_CM, "").data(**{"serve.py": SERVE.read_text()}).obj()
 
 
 def command(
@@ -88,29 +83,24 @@ def compile_pod(
     """A model pod on the real node running the workload once (or serving, with serve); with
     a profile, tunefleet's webhook injects its caches."""
     labels = {"tunefleet.io/profile": profile} if profile else {"app": "compile-reference"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {
-            "restartPolicy": "Never",
-            "nodeSelector": {KEY: REAL_NODE_GPU_MODEL},
-            "volumes": [{"name": "workload", "configMap": {"name": WORKLOAD_CM}}],
-            "containers": [
-                {
-                    "name": "server",
-                    "image": image,
-                    "imagePullPolicy": "Never",
-                    "command": command(mode, iterations=20, serve=serve, precompile=precompile),
-                    "env": list(INDUCTOR_ENV),
-                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                    "volumeMounts": [
-                        {"name": "workload", "mountPath": WORKLOAD_DIR, "readOnly": True}
-                    ],
-                }
-            ],
-        },
-    }
+    pod = (
+        make_pod(name, "")
+        .labels(labels)
+        .spec(
+            restartPolicy="Never",
+            nodeSelector={KEY: REAL_NODE_GPU_MODEL},
+            volumes=[{"name": "workload", "configMap": {"name": WORKLOAD_CM}}],
+        )
+    )
+    return pod.container(
+        "server",
+        image,
+        gpus=1,
+        env=list(INDUCTOR_ENV),
+        imagePullPolicy="Never",
+        command=command(mode, iterations=20, serve=serve, precompile=precompile),
+        volumeMounts=[{"name": "workload", "mountPath": WORKLOAD_DIR, "readOnly": True}],
+    ).obj()
 
 
 def result_of(log: str) -> dict[str, Any] | None:

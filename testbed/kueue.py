@@ -34,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from testbed.builders.objects import document, manifest, token_kubeconfig
 from testbed.cluster import BUILD_TOOLS, ROOT, Cluster, wait_for
 from testbed.operator import free_port
 from testbed.poll import eventually
@@ -89,30 +90,21 @@ def _rbac(module: Path) -> list[dict[str, Any]]:
     secrets_role["metadata"] = {"name": SECRETS_ROLE, "namespace": NAMESPACE}
     subject = [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}]
     ref = {"apiGroup": "rbac.authorization.k8s.io"}
+    rbac_v1 = "rbac.authorization.k8s.io/v1"
     return [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
-        {
-            "apiVersion": "v1",
-            "kind": "ServiceAccount",
-            "metadata": {"name": SERVICE_ACCOUNT, "namespace": NAMESPACE},
-        },
+        manifest("v1", "Namespace", NAMESPACE),
+        manifest("v1", "ServiceAccount", SERVICE_ACCOUNT, NAMESPACE),
         role,
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": CLUSTER_ROLE},
-            "roleRef": {**ref, "kind": "ClusterRole", "name": CLUSTER_ROLE},
-            "subjects": subject,
-        },
+        manifest(
+            rbac_v1, "ClusterRoleBinding", CLUSTER_ROLE,
+            roleRef={**ref, "kind": "ClusterRole", "name": CLUSTER_ROLE}, subjects=subject,
+        ),
         secrets_role,
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": {"name": SECRETS_ROLE, "namespace": NAMESPACE},
-            "roleRef": {**ref, "kind": "Role", "name": SECRETS_ROLE},
-            "subjects": subject,
-        },
-    ]
+        manifest(
+            rbac_v1, "RoleBinding", SECRETS_ROLE, NAMESPACE,
+            roleRef={**ref, "kind": "Role", "name": SECRETS_ROLE}, subjects=subject,
+        ),
+    ]  # fmt: skip
 
 
 def _kubeconfig(cluster: Cluster, path: Path) -> Path:
@@ -120,14 +112,7 @@ def _kubeconfig(cluster: Cluster, path: Path) -> Path:
         "create", "token", SERVICE_ACCOUNT, "-n", NAMESPACE, "--duration", "6h"
     ).stdout.strip()
     admin = yaml.safe_load(Path(cluster.kubeconfig).read_text())
-    cfg = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "local", "cluster": admin["clusters"][0]["cluster"]}],
-        "users": [{"name": "kueue", "user": {"token": token}}],
-        "contexts": [{"name": "kueue", "context": {"cluster": "local", "user": "kueue"}}],
-        "current-context": "kueue",
-    }
+    cfg = token_kubeconfig(admin["clusters"][0]["cluster"], "kueue", token)
     path.write_text(yaml.safe_dump(cfg))
     return path
 
@@ -162,42 +147,20 @@ class Kueue:
             rf_spec["nodeLabels"] = node_labels
         if tolerations:
             rf_spec["tolerations"] = tolerations
+        quota = [
+            {"name": "cpu", "nominalQuota": "1000"},
+            {"name": "memory", "nominalQuota": "4Ti"},
+            {"name": resource, "nominalQuota": str(gpus)},
+        ]
+        group = {
+            "coveredResources": ["cpu", "memory", resource],
+            "flavors": [{"name": flavor, "resources": quota}],
+        }
+        cq_spec = {"namespaceSelector": {}, "resourceGroups": [group]}
         docs = [
-            {
-                "apiVersion": f"{GROUP}/v1beta2",
-                "kind": "ResourceFlavor",
-                "metadata": {"name": flavor},
-                "spec": rf_spec,
-            },
-            {
-                "apiVersion": f"{GROUP}/v1beta2",
-                "kind": "ClusterQueue",
-                "metadata": {"name": cq},
-                "spec": {
-                    "namespaceSelector": {},
-                    "resourceGroups": [
-                        {
-                            "coveredResources": ["cpu", "memory", resource],
-                            "flavors": [
-                                {
-                                    "name": flavor,
-                                    "resources": [
-                                        {"name": "cpu", "nominalQuota": "1000"},
-                                        {"name": "memory", "nominalQuota": "4Ti"},
-                                        {"name": resource, "nominalQuota": str(gpus)},
-                                    ],
-                                }
-                            ],
-                        }
-                    ],
-                },
-            },
-            {
-                "apiVersion": f"{GROUP}/v1beta2",
-                "kind": "LocalQueue",
-                "metadata": {"name": lq, "namespace": namespace},
-                "spec": {"clusterQueue": cq},
-            },
+            manifest(f"{GROUP}/v1beta2", "ResourceFlavor", flavor, spec=rf_spec),
+            manifest(f"{GROUP}/v1beta2", "ClusterQueue", cq, spec=cq_spec),
+            manifest(f"{GROUP}/v1beta2", "LocalQueue", lq, namespace, spec={"clusterQueue": cq}),
         ]
         self.made += [
             ("localqueue", namespace, lq),
@@ -267,18 +230,18 @@ def start_kueue(cluster: Cluster) -> Kueue:
 
     _, cert, key = tls.generate(work / "certs", ["127.0.0.1"])
     health = free_port()
-    config = {
-        "apiVersion": "config.kueue.x-k8s.io/v1beta2",
-        "kind": "Configuration",
-        "namespace": NAMESPACE,
-        "health": {"healthProbeBindAddress": f"127.0.0.1:{health}"},
-        "metrics": {"bindAddress": f"127.0.0.1:{free_port()}"},
-        "webhook": {"host": "127.0.0.1", "port": free_port(), "certDir": str(work / "certs")},
-        "leaderElection": {"leaderElect": False},
-        "internalCertManagement": {"enable": False},
-        "manageJobsWithoutQueueName": False,
-        "integrations": {"frameworks": ["batch/job"]},
-    }
+    config = document(
+        "config.kueue.x-k8s.io/v1beta2",
+        "Configuration",
+        namespace=NAMESPACE,
+        health={"healthProbeBindAddress": f"127.0.0.1:{health}"},
+        metrics={"bindAddress": f"127.0.0.1:{free_port()}"},
+        webhook={"host": "127.0.0.1", "port": free_port(), "certDir": str(work / "certs")},
+        leaderElection={"leaderElect": False},
+        internalCertManagement={"enable": False},
+        manageJobsWithoutQueueName=False,
+        integrations={"frameworks": ["batch/job"]},
+    )
     (work / "config.yaml").write_text(yaml.safe_dump(config))
     for d in ("up", "work"):
         (work / "etc" / d).mkdir(parents=True)

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import yaml
 
+from testbed.builders.objects import token_kubeconfig
 from testbed.cluster import (
     LOCAL_CLUSTER_VALUES,
     TUNEFLEET_IMAGE,
@@ -115,15 +116,7 @@ def sa_kubeconfig(kubectl: Kubectl, admin_kubeconfig: str, path: Path) -> Path:
     token = kubectl("create", "token", SA, "-n", SYSTEM_NS, "--duration", "6h").stdout.strip()
     admin = yaml.safe_load(Path(admin_kubeconfig).read_text())
     cluster = admin["clusters"][0]["cluster"]
-    cfg = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "local", "cluster": cluster}],
-        "users": [{"name": SA, "user": {"token": token}}],
-        "contexts": [{"name": SA, "context": {"cluster": "local", "user": SA}}],
-        "current-context": SA,
-    }
-    path.write_text(yaml.safe_dump(cfg))
+    path.write_text(yaml.safe_dump(token_kubeconfig(cluster, SA, token)))
     return path
 
 

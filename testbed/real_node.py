@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from testbed.builders.wrappers import make_profile
+from testbed.builders.wrappers import make_pod, make_profile
 from testbed.cluster import REAL_NODE_GPU_MODEL, STANDIN_IMAGE
 
 KEY = "nvidia.com/gpu.product"
@@ -45,24 +45,13 @@ def real_profile(
 
 
 def model_pod(name: str, profile: str, gpus: int = 2, **labels: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": {"tunefleet.io/profile": profile, **labels}},
-        "spec": {
-            "restartPolicy": "Never",
-            "nodeSelector": {KEY: REAL_NODE_GPU_MODEL},
-            "containers": [
-                {
-                    "name": "server",
-                    "image": STANDIN_IMAGE,
-                    "imagePullPolicy": "Never",
-                    "command": ["standin-server", "--once"],
-                    "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
-                }
-            ],
-        },
-    }
+    pod = make_pod(name, "").labels({"tunefleet.io/profile": profile, **labels})
+    pod = pod.spec(restartPolicy="Never", nodeSelector={KEY: REAL_NODE_GPU_MODEL})
+    command = ["standin-server", "--once"]
+    server = pod.container(
+        "server", STANDIN_IMAGE, gpus=gpus, imagePullPolicy="Never", command=command
+    )
+    return server.obj()
 
 
 def fleet_profile(

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from testbed.builders.objects import manifest
 from testbed.cluster import ROOT, state_dir
 
 
@@ -42,16 +43,11 @@ class Registry:
 
     def secret(self, name: str, who: Path) -> dict[str, Any]:
         """A kubernetes.io/dockerconfigjson Secret of an identity, with the registry's CA."""
-        return {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": name},
-            "type": "kubernetes.io/dockerconfigjson",
-            "data": {
-                ".dockerconfigjson": _b64((who / ".dockerconfigjson").read_bytes()),
-                "ca.crt": _b64(self.ca.read_bytes()),
-            },
+        data = {
+            ".dockerconfigjson": _b64((who / ".dockerconfigjson").read_bytes()),
+            "ca.crt": _b64(self.ca.read_bytes()),
         }
+        return manifest("v1", "Secret", name, type="kubernetes.io/dockerconfigjson", data=data)
 
     def blob_path(self, digest: str) -> Path:
         hexdigest = digest.split(":", 1)[1]

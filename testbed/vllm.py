@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from testbed.builders.wrappers import make_profile
+from testbed.builders.wrappers import make_config_map, make_deployment, make_pod, make_profile
 from testbed.cluster import REAL_NODE_GPU_MODEL, Cluster
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,12 +42,7 @@ def server_args(max_model_len: int = 512) -> list[str]:
 
 
 def workload_config_map() -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": WORKLOAD_CM},
-        "data": {"warmup.py": WARMUP.read_text()},
-    }
+    return make_config_map(WORKLOAD_CM, "").data(**{"warmup.py": WARMUP.read_text()}).obj()
 
 
 def vllm_profile(name: str, image: str, s3: Any, secret: str, **over: Any) -> dict[str, Any]:
@@ -98,54 +93,30 @@ def vllm_deployment(
 ) -> dict[str, Any]:
     """The vLLM server as users deploy it: one replica, a readiness probe on /health, on the
     real node (its fake GPU); with a profile, tunefleet's webhook serves the bundle."""
-    labels = {"app": name, **({"tunefleet.io/profile": profile} if profile else {})}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "labels": {"app": name}},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "nodeSelector": {KEY: REAL_NODE_GPU_MODEL},
-                    # vLLM needs more /dev/shm than a container's 64 MiB, as users give it.
-                    "volumes": [
-                        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM}}
-                    ],
-                    "terminationGracePeriodSeconds": 5,
-                    "containers": [
-                        {
-                            "name": "server",
-                            "image": image,
-                            "imagePullPolicy": "Never",
-                            "command": [
-                                "python3",
-                                "-m",
-                                "vllm.entrypoints.openai.api_server",
-                                "--port",
-                                str(PORT),
-                                *server_args(max_model_len),
-                            ],
-                            "env": list(ENV),
-                            "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
-                            "ports": [{"containerPort": PORT, "name": "http"}],
-                            "readinessProbe": {
-                                "httpGet": {"path": "/health", "port": PORT},
-                                "periodSeconds": 2,
-                                "failureThreshold": 600,
-                            },
-                            "resources": {
-                                "limits": {"nvidia.com/gpu": "1"},
-                                "requests": {"memory": "2Gi"},
-                            },
-                        }
-                    ],
-                },
-            },
+    pod = make_pod(name, "").labels({"tunefleet.io/profile": profile} if profile else {})
+    pod = pod.spec(
+        nodeSelector={KEY: REAL_NODE_GPU_MODEL},
+        # vLLM needs more /dev/shm than a container's 64 MiB, as users give it.
+        volumes=[{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM}}],
+        terminationGracePeriodSeconds=5,
+    )
+    command = ["python3", "-m", "vllm.entrypoints.openai.api_server", "--port", str(PORT)]
+    pod = pod.container(
+        "server",
+        image,
+        env=list(ENV),
+        imagePullPolicy="Never",
+        command=[*command, *server_args(max_model_len)],
+        volumeMounts=[{"name": "dshm", "mountPath": "/dev/shm"}],
+        ports=[{"containerPort": PORT, "name": "http"}],
+        readinessProbe={
+            "httpGet": {"path": "/health", "port": PORT},
+            "periodSeconds": 2,
+            "failureThreshold": 600,
         },
-    }
+        resources={"limits": {"nvidia.com/gpu": "1"}, "requests": {"memory": "2Gi"}},
+    )
+    return make_deployment(name, pod).label("app", name).obj()
 
 
 # Run in the server's container: one completion (temperature 0) from the server it serves.

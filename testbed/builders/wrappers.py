@@ -18,6 +18,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Self
 
+from testbed.builders.objects import GROUP_VERSION, document, manifest
 from testbed.library_pod import JobSpec, shapes
 from tunefleet.api import TuningProfileSpec
 from tunefleet.contracts.artifact_record import ArtifactRecord
@@ -33,16 +34,7 @@ from tunefleet.naming import (
 )
 from tunefleet.reconciler.observe import JobObservation
 
-GROUP_VERSION = "tunefleet.io/v1alpha1"
 DELETED_AT = "2026-01-01T00:00:00Z"
-
-
-def _manifest(
-    api_version: str, kind: str, name: str, ns: str = "", **fields: Any
-) -> dict[str, Any]:
-    """An object's head (namespaced when ns is given) and its other top-level fields."""
-    meta = {"name": name, "namespace": ns} if ns else {"name": name}
-    return {"apiVersion": api_version, "kind": kind, "metadata": meta, **fields}
 
 
 class _Wrapper:
@@ -253,7 +245,7 @@ def make_profile(name: str = "p", ns: str = "ml") -> ProfileWrapper:
         "workload": {"shapes": [{"mnk": [8, 8, 8]}]},
         "storage": {"uri": "s3://bkt/p"},
     }
-    return ProfileWrapper(_manifest(GROUP_VERSION, "TuningProfile", name, ns, spec=spec))
+    return ProfileWrapper(manifest(GROUP_VERSION, "TuningProfile", name, ns, spec=spec))
 
 
 class JobWrapper(_Wrapper):
@@ -294,7 +286,7 @@ class JobWrapper(_Wrapper):
 
 
 def make_job(name: str = "tune-x", ns: str = "ml") -> JobWrapper:
-    return JobWrapper(_manifest("batch/v1", "Job", name, ns, spec={}, status={}))
+    return JobWrapper(manifest("batch/v1", "Job", name, ns, spec={}, status={}))
 
 
 class PodWrapper(_Wrapper):
@@ -389,7 +381,7 @@ class PodWrapper(_Wrapper):
 
 
 def make_pod(name: str = "m", ns: str = "ml") -> PodWrapper:
-    return PodWrapper(_manifest("v1", "Pod", name, ns, spec={"containers": []}))
+    return PodWrapper(manifest("v1", "Pod", name, ns, spec={"containers": []}))
 
 
 def make_model_pod(
@@ -405,7 +397,7 @@ class NodeWrapper(_Wrapper):
 
 
 def make_node(name: str) -> NodeWrapper:
-    return NodeWrapper(_manifest("v1", "Node", name))
+    return NodeWrapper(manifest("v1", "Node", name))
 
 
 class WorkloadWrapper(_Wrapper):
@@ -419,7 +411,7 @@ class WorkloadWrapper(_Wrapper):
 
 
 def make_workload(name: str = "job-x-1", ns: str = "ml") -> WorkloadWrapper:
-    return WorkloadWrapper(_manifest("kueue.x-k8s.io/v1beta1", "Workload", name, ns))
+    return WorkloadWrapper(manifest("kueue.x-k8s.io/v1beta1", "Workload", name, ns))
 
 
 class ConfigMapWrapper(_Wrapper):
@@ -431,7 +423,7 @@ class ConfigMapWrapper(_Wrapper):
 
 
 def make_config_map(name: str, ns: str = "ml") -> ConfigMapWrapper:
-    return ConfigMapWrapper(_manifest("v1", "ConfigMap", name, ns))
+    return ConfigMapWrapper(manifest("v1", "ConfigMap", name, ns))
 
 
 class ArtifactWrapper(_Wrapper):
@@ -548,8 +540,8 @@ class ObjectWrapper(_Wrapper):
 def make_object(api_version: str, kind: str, name: str = "", ns: str = "") -> ObjectWrapper:
     """An object of any kind; without a name it has no metadata (an AdmissionReview)."""
     if not name:
-        return ObjectWrapper({"apiVersion": api_version, "kind": kind})
-    return ObjectWrapper(_manifest(api_version, kind, name, ns))
+        return ObjectWrapper(document(api_version, kind))
+    return ObjectWrapper(manifest(api_version, kind, name, ns))
 
 
 def make_pvc(

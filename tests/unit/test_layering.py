@@ -29,6 +29,8 @@
   travel together and want a value object's name (tuner_job's ArtifactId, RunFacts);
 - the benchmarks (bench/) keep the same two rules: they run for an hour against a live
   cluster, so they are read far more often than they are run (bench_scale's Options).
+- bench/ and the testbed build their Kubernetes objects with testbed/builders/ too: no function of
+  theirs outside it returns or builds an apiVersion/kind literal.
 """
 
 from __future__ import annotations
@@ -962,6 +964,75 @@ def test_no_bench_function_takes_more_than_6_parameters() -> None:
     note = "give the parameters that travel together a value object:\n"
     assert not found, note + "\n".join(found)
     assert over(bench_paths(), parameters, 5)
+
+
+# The benchmarks and the testbed build their Kubernetes objects as the tests do, with
+# testbed/builders/: an object literal (an apiVersion, or a kind beside metadata) is written there
+# alone. A kind without metadata is a reference's or a cache entry's (roleRef, subjects,
+# spec.artifacts.caches), not an object.
+TESTBED = ROOT / "testbed"
+
+
+def _object_literal(node: ast.AST) -> bool:
+    if isinstance(node, ast.Dict):
+        keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
+    elif isinstance(node, ast.Call) and getattr(node.func, "id", "") == "dict":
+        keys = {k.arg for k in node.keywords}
+    else:
+        return False
+    return "apiVersion" in keys or {"kind", "metadata"} <= keys
+
+
+def object_literals(roots: list[Path], home: Path) -> list[str]:
+    """Functions (nested ones and lambdas too) of the modules under `roots`, those under `home`
+    aside, that return or build an object literal, as folder/path:line name."""
+    out = []
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            if path.is_relative_to(home):
+                continue
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            parents = {c: n for n in ast.walk(tree) for c in ast.iter_child_nodes(n)}
+            for node in (n for n in ast.walk(tree) if _object_literal(n)):
+                fn: ast.AST = node
+                while fn in parents and not isinstance(fn, Function | ast.Lambda):
+                    fn = parents[fn]
+                if isinstance(fn, Function | ast.Lambda):
+                    name = getattr(fn, "name", "lambda")
+                    out.append(f"{path.relative_to(root.parent)}:{node.lineno} {name}")
+    return sorted(out)
+
+
+def test_no_bench_or_testbed_function_builds_an_object_literal() -> None:
+    found = object_literals([BENCH, TESTBED], TESTBED / "build")
+    note = "build it with testbed/builders/ (wrappers.py, objects.py):\n"
+    assert not found, note + "\n".join(found)
+    # The rule can fail: the home it leaves aside holds such literals.
+    assert object_literals([TESTBED], ROOT / "nowhere")
+
+
+def test_the_object_literal_rule_catches_one(tmp_path: Path) -> None:
+    for folder in ("bench", "testbed/builders"):
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "bench" / "b.py").write_text(
+        "def ns(name):\n    return {'apiVersion': 'v1', 'kind': 'Namespace'}\n"
+        "def run():\n    def pod():\n        doc = {'kind': 'Pod', 'metadata': {}}\n"
+        "        return doc\n    return pod\n"
+        "f = lambda: dict(apiVersion='v1')\n"
+        "def fine():\n    return make_pod('x').obj()\n"
+    )
+    (tmp_path / "testbed" / "t.py").write_text(
+        "def spec():\n    return {'caches': [{'kind': 'vllm'}], 'roleRef': {'kind': 'Role'}}\n"
+        "class R:\n    def secret(self):\n        return {'apiVersion': 'v1', 'kind': 'Secret'}\n"
+    )
+    (tmp_path / "testbed" / "build" / "objects.py").write_text(
+        "def manifest():\n    return {'apiVersion': 'v1'}\n"
+    )
+    roots = [tmp_path / "bench", tmp_path / "testbed"]
+    found = [
+        f.split(":")[0] + " " + f.split(" ")[1] for f in object_literals(roots, roots[1] / "build")
+    ]
+    assert found == ["bench/b.py ns", "bench/b.py pod", "bench/b.py lambda", "testbed/t.py secret"]
 
 
 # The two-cluster e2e tests take one fixture object (TwoClusters) and what is theirs alone, not
