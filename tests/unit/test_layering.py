@@ -1004,7 +1004,7 @@ def object_literals(roots: list[Path], home: Path) -> list[str]:
 
 
 def test_no_bench_or_testbed_function_builds_an_object_literal() -> None:
-    found = object_literals([BENCH, TESTBED], TESTBED / "build")
+    found = object_literals([BENCH, TESTBED], TESTBED / "builders")
     note = "build it with testbed/builders/ (wrappers.py, objects.py):\n"
     assert not found, note + "\n".join(found)
     # The rule can fail: the home it leaves aside holds such literals.
@@ -1025,12 +1025,13 @@ def test_the_object_literal_rule_catches_one(tmp_path: Path) -> None:
         "def spec():\n    return {'caches': [{'kind': 'vllm'}], 'roleRef': {'kind': 'Role'}}\n"
         "class R:\n    def secret(self):\n        return {'apiVersion': 'v1', 'kind': 'Secret'}\n"
     )
-    (tmp_path / "testbed" / "build" / "objects.py").write_text(
+    (tmp_path / "testbed" / "builders" / "objects.py").write_text(
         "def manifest():\n    return {'apiVersion': 'v1'}\n"
     )
     roots = [tmp_path / "bench", tmp_path / "testbed"]
     found = [
-        f.split(":")[0] + " " + f.split(" ")[1] for f in object_literals(roots, roots[1] / "build")
+        f.split(":")[0] + " " + f.split(" ")[1]
+        for f in object_literals(roots, roots[1] / "builders")
     ]
     assert found == ["bench/b.py ns", "bench/b.py pod", "bench/b.py lambda", "testbed/t.py secret"]
 
