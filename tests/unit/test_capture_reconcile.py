@@ -75,7 +75,7 @@ def test_a_threshold_starts_one_retune_job_and_later_reconciles_keep_its_revisio
     memory = Memory()
     status = sync_profile(
         p, old_jobs, [], CFG, memory, Around(api, captures=source(S2, api))
-    ).status
+    ).status.to_status()
     (entry,) = status["capture"]
     retune = entry["retune"]
     rev = retune["revision"]
@@ -90,7 +90,9 @@ def test_a_threshold_starts_one_retune_job_and_later_reconciles_keep_its_revisio
     # The next reconcile, from what was written (a restart reads the same): nothing more.
     p["status"] = status
     api2 = FakeKube(writers=RECONCILE_WRITERS, existing={n for _, n in api.created})
-    again = sync_profile(p, [], [], CFG, Memory(), Around(api2, captures=source(S2, api2))).status
+    again = sync_profile(
+        p, [], [], CFG, Memory(), Around(api2, captures=source(S2, api2))
+    ).status.to_status()
     assert again["capture"][0]["retune"]["revision"] == rev
     assert api2.created == [] and not [r for r, _ in api2.events if r == "RetuneStarted"]
 
@@ -123,7 +125,7 @@ def test_the_published_retune_is_current_and_counts_as_full_coverage(
     api = FakeKube(writers=RECONCILE_WRITERS)
     first = sync_profile(
         p, jobs_for(p, [MODEL]), [], CFG, Memory(), Around(api, captures=source(S2, api))
-    ).status
+    ).status.to_status()
     rev = first["capture"][0]["retune"]["revision"]
     p["status"] = {
         **first,
@@ -136,7 +138,9 @@ def test_the_published_retune_is_current_and_counts_as_full_coverage(
         ],
     }
     api = FakeKube(writers=RECONCILE_WRITERS)
-    status = sync_profile(p, [], [], CFG, Memory(), Around(api, captures=source(S2, api))).status
+    status = sync_profile(
+        p, [], [], CFG, Memory(), Around(api, captures=source(S2, api))
+    ).status.to_status()
     (entry,) = status["capture"]
     assert (entry["seen"], entry["tuned"], entry["coverage"]) == (2, 2, 100)
     assert entry["retune"]["state"] == "Published"
@@ -150,7 +154,7 @@ def test_a_profile_without_capture_shows_none_and_keeps_its_spec_revision(
     p = profile(gpu={"vendor": "amd", "models": [MODEL]})
     api = FakeKube(writers=RECONCILE_WRITERS)
     empty = CaptureSource(CaptureCache(), Keys({}))  # type: ignore[arg-type]
-    status = sync_profile(p, [], [], CFG, Memory(), Around(api, captures=empty)).status
+    status = sync_profile(p, [], [], CFG, Memory(), Around(api, captures=empty)).status.to_status()
     assert "capture" not in status and "coverage" not in status
     assert status["revision"] == naming.revision(TuningProfileSpec.model_validate(p["spec"]))
 
@@ -249,7 +253,7 @@ def test_retune_sets_no_status_names_are_removed(monkeypatch: pytest.MonkeyPatch
     old = build_retune_config_map(RetuneSet("ml", "p", "uid-1", MODEL, "oldrev0000", (S2[0],)))
     old["metadata"]["uid"] = "old-set-uid"
     src.cache.follow("ADDED", old)
-    status = sync_profile(p, [], [], CFG, Memory(), Around(api, captures=src)).status
+    status = sync_profile(p, [], [], CFG, Memory(), Around(api, captures=src)).status.to_status()
     kept = status["capture"][0]["retune"]["configMap"]
     assert ("ConfigMap", old["metadata"]["name"]) in api.deleted
     assert ("ConfigMap", kept) not in api.deleted

@@ -10,6 +10,7 @@ from testbed.builders.wrappers import make_profile
 from tests.support.fake_kube import FakeKube
 from tunefleet import kube
 from tunefleet.api.conditions import Reason
+from tunefleet.api.profile_status import TuningProfileStatus
 from tunefleet.config import Config
 from tunefleet.reconciler.controller import Controller, Indexes
 from tunefleet.reconciler.decide import REDELIVER_AFTER_S
@@ -33,10 +34,10 @@ def make(
     def sync(*_: Any, **__: Any) -> Outcome:
         # As sync_profile: the project's errors come back in the Outcome, a bug raises.
         if isinstance(outcome, ENDS):
-            return Outcome({}, after, outcome)
+            return Outcome(TuningProfileStatus.from_status({}), after, outcome)
         if outcome is not None:
             raise outcome
-        return Outcome({}, after)
+        return Outcome(TuningProfileStatus.from_status({}), after)
 
     # Handed its reconcile, as the operator hands it sync_profile: nothing to patch.
     return Controller(client or FakeKube(), Config(), indexes, sync, workers=1)
@@ -76,15 +77,31 @@ def test_the_engine_requeues_after_the_delay_the_reconcile_asked_for() -> None:
 
 
 def test_requeue_after_is_decided_from_status_alone() -> None:
-    queued = {"jobs": [{"name": "j", "reason": Reason.QUEUED}]}
-    lost = {"conditions": [{"type": "Degraded", "status": "True", "reason": "DeliveryFailed"}]}
-    untuned = {
-        "conditions": [{"type": "Degraded", "status": "True", "reason": "PodsStartedUntuned"}]
-    }
-    assert requeue_after(queued) == QUEUED_TTL
-    assert requeue_after(lost) == REDELIVER_AFTER_S
-    assert requeue_after(untuned) is None  # pods' events bring the next change
-    assert requeue_after({"phase": "Ready", "jobs": [{"name": "j", "reason": "Completed"}]}) is None
+    def job(reason: str) -> dict[str, Any]:
+        return {
+            "gpuModel": "H100",
+            "name": "j",
+            "state": "Pending",
+            "message": "",
+            "reason": reason,
+        }
+
+    def degraded(reason: str) -> dict[str, Any]:
+        return {
+            "conditions": [
+                {"type": "Degraded", "status": "True", "reason": reason, "message": "m",
+                 "lastTransitionTime": "2026-01-01T00:00:00Z"}
+            ]
+        }  # fmt: skip
+
+    def read(raw: dict[str, Any]) -> TuningProfileStatus:
+        return TuningProfileStatus.from_status(raw)
+
+    assert requeue_after(read({"jobs": [job(Reason.QUEUED)]})) == QUEUED_TTL
+    assert requeue_after(read(degraded("DeliveryFailed"))) == REDELIVER_AFTER_S
+    # Pods' events bring the next change.
+    assert requeue_after(read(degraded("PodsStartedUntuned"))) is None
+    assert requeue_after(read({"phase": "Ready", "jobs": [job("Completed")]})) is None
 
 
 def test_a_deleted_profile_is_forgotten() -> None:

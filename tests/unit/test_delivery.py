@@ -202,7 +202,7 @@ def test_the_operator_delivers_a_fresh_artifact_and_status_says_how_pods_get_it(
     uri = f"s3://bkt/p/ml/p/{MODELS[0]}/{SHA}"
     status = sync_profile(
         p, [job], [published_pod(job, uri)], SERVING, Memory(), Around(api)
-    ).status
+    ).status.to_status()
     (art,) = status["artifacts"]
     assert art["delivery"] == "ConfigMap" and art["configMap"]["name"].startswith(
         "tunefleet-artifact-" + SHA
@@ -212,16 +212,18 @@ def test_the_operator_delivers_a_fresh_artifact_and_status_says_how_pods_get_it(
     # (and a ConfigMap replaced meanwhile is not taken up by its new uid).
     again = sync_profile(
         {**p, "status": status}, [job], [published_pod(job, uri)], SERVING, Memory(), Around(api)
-    ).status
+    ).status.to_status()
     assert again["artifacts"][0]["configMap"] == art["configMap"] and calls == [uri]
     # Without a read identity for the operator: the store path, and why.
-    plain = sync_profile(p, [job], [published_pod(job, uri)], CFG, Memory(), Around(api)).status
+    plain = sync_profile(
+        p, [job], [published_pod(job, uri)], CFG, Memory(), Around(api)
+    ).status.to_status()
     assert plain["artifacts"][0]["delivery"].startswith("Store: the operator has no read identity")
     # Asked for: the store path, said so (status always says how pods get an artifact).
     asked = {**p, "spec": {**p["spec"], "serving": {"delivery": "Store"}}}
     store = sync_profile(
         asked, [job], [published_pod(job, uri)], SERVING, Memory(), Around(api)
-    ).status
+    ).status.to_status()
     assert store["artifacts"][0]["delivery"] == "Store (spec.serving.delivery)"
     assert "configMap" not in store["artifacts"][0] and calls == [uri]
 
@@ -241,7 +243,7 @@ def test_a_failed_delivery_is_said_and_not_tried_again_at_once(
     monkeypatch.setattr(delivery, "download_verified", failing)
     memory = Memory()
     pods = [published_pod(job, f"s3://bkt/p/ml/p/{MODELS[0]}/{SHA}")]
-    first = sync_profile(p, [job], pods, SERVING, memory, Around(api)).status
+    first = sync_profile(p, [job], pods, SERVING, memory, Around(api)).status.to_status()
     assert "HTTP 500" in first["artifacts"][0]["delivery"]
     sync_profile({**p, "status": first}, [job], pods, SERVING, memory, Around(api))
     assert len(tries) == 1

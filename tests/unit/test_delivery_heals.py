@@ -136,7 +136,7 @@ class World:
         p = {**self.p, "status": status} if status else self.p
         around = Around(self.api, config_map_uid=lambda ns, name: self.watched.get(name, ""), **kw)
         pods = [published_pod(self.job, self.uri)]
-        return sync_profile(p, [self.job], pods, SERVING, self.memory, around).status
+        return sync_profile(p, [self.job], pods, SERVING, self.memory, around).status.to_status()
 
 
 def config_map_of(status: dict[str, Any]) -> dict[str, str]:

@@ -73,7 +73,7 @@ def sync(
 ) -> tuple[dict[str, Any], FakeKube]:
     api = FakeKube(writers=RECONCILE_WRITERS, existing=existing)
     out = sync_profile(p, list(jobs), [], config, memory, Around(api, open_store=opener(tmp_path)))
-    return out.status, api
+    return out.status.to_status(), api
 
 
 def identity(p: dict[str, Any], model: str = MODEL) -> str:
@@ -591,7 +591,10 @@ def test_a_claim_taken_just_after_its_holder_published_and_released_is_given_bac
     api = FakeKube(writers=RECONCILE_WRITERS)
     out = sync_profile(q, [], [], FLEET_B, Memory(), Around(api, open_store=lambda *_: store))
     assert [k for k, _ in api.created if k == "Job"] == []
-    assert out.status["phase"] == "Ready" and out.status["artifacts"][0]["source"]
+    assert (
+        out.status.to_status()["phase"] == "Ready"
+        and out.status.to_status()["artifacts"][0]["source"]
+    )
     given_back = claim_of(tmp_path, q)
     assert given_back is not None and given_back.holder.profile == "q"
     assert given_back.expires <= time.time()

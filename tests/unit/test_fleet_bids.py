@@ -388,26 +388,34 @@ def test_on_a_board_one_profile_bids_settles_and_tunes_the_other_waits_then_adop
         return out, api
 
     first, api = sync(p, "cluster-a", mem_p)  # p bids: no Job while its bid stands
-    assert [k for k, _ in api.created if k == "Job"] == [] and first.status["phase"] == "Queued"
-    assert "bids to tune this identity" in json.dumps(first.status["conditions"])
+    assert [k for k, _ in api.created if k == "Job"] == [] and first.status.to_status()[
+        "phase"
+    ] == "Queued"
+    assert "bids to tune this identity" in json.dumps(first.status.to_status()["conditions"])
     assert first.requeue_after is not None and first.requeue_after <= 0.2
     waiting, api = sync(q, "cluster-b", mem_q)  # q sees p's bid: waits, bids nothing
-    assert [k for k, _ in api.created if k == "Job"] == [] and waiting.status["phase"] == "Queued"
-    assert "ml/p in cluster cluster-a" in json.dumps(waiting.status["conditions"])
+    assert [k for k, _ in api.created if k == "Job"] == [] and waiting.status.to_status()[
+        "phase"
+    ] == "Queued"
+    assert "ml/p in cluster cluster-a" in json.dumps(waiting.status.to_status()["conditions"])
     assert len(board.notes(next(iter(_groups(board))), 1 << 14)) == 1
 
     time.sleep(0.25)
-    tuned, api = sync({**p, "status": first.status}, "cluster-a", mem_p)  # settled: tunes
+    tuned, api = sync(
+        {**p, "status": first.status.to_status()}, "cluster-a", mem_p
+    )  # settled: tunes
     assert [k for k, _ in api.created if k == "Job"] == ["Job"]
     assert MODEL in mem_p.of("uid-p").claims
 
     # p's artifact served: published as the identity's entry, and p's bid taken down.
-    done = _served({**p, "status": tuned.status}, board, tmp_path)
+    done = _served({**p, "status": tuned.status.to_status()}, board, tmp_path)
     sync(done, "cluster-a", mem_p)
     assert all(not board.notes(g, 1 << 14) for g in _groups(board))
-    adopted, api = sync({**q, "status": waiting.status}, "cluster-b", mem_q)
-    assert [k for k, _ in api.created if k == "Job"] == [] and adopted.status["phase"] == "Ready"
-    art = adopted.status["artifacts"][0]
+    adopted, api = sync({**q, "status": waiting.status.to_status()}, "cluster-b", mem_q)
+    assert [k for k, _ in api.created if k == "Job"] == [] and adopted.status.to_status()[
+        "phase"
+    ] == "Ready"
+    art = adopted.status.to_status()["artifacts"][0]
     assert art["sha256"] == done["status"]["artifacts"][0]["sha256"]
     assert art["source"]["cluster"] == "cluster-a"
 
@@ -441,11 +449,11 @@ def test_a_bid_standing_when_the_entry_is_published_is_taken_down_as_the_profile
     memory = Memory()
     around = Around(FakeKube(writers=RECONCILE_WRITERS), open_store=lambda loc, opts: board)
     first = sync_profile(q, [], [], config, memory, around)
-    assert first.status["phase"] == "Queued" and any(
+    assert first.status.to_status()["phase"] == "Queued" and any(
         board.notes(g, 1 << 14) for g in _groups(board)
     )
 
-    served = _served({**q, "status": first.status}, board, tmp_path)
+    served = _served({**q, "status": first.status.to_status()}, board, tmp_path)
     record = ArtifactRecord.from_status(served["status"]["artifacts"][0])
     assert record is not None
     spec = make_profile().spec_is(q["spec"]).spec_model()
@@ -456,8 +464,8 @@ def test_a_bid_standing_when_the_entry_is_published_is_taken_down_as_the_profile
     assert apply.publish_entry(board, published_key(LOCATION, MODEL, ident), entry, spec, ())  # type: ignore[arg-type]
 
     around = Around(FakeKube(writers=RECONCILE_WRITERS), open_store=lambda loc, opts: board)
-    again = sync_profile({**q, "status": first.status}, [], [], config, memory, around)
-    assert again.status["phase"] == "Ready", again.status
+    again = sync_profile({**q, "status": first.status.to_status()}, [], [], config, memory, around)
+    assert again.status.to_status()["phase"] == "Ready", again.status
     assert all(not board.notes(g, 1 << 14) for g in _groups(board))
 
 

@@ -157,7 +157,7 @@ def test_a_job_made_while_our_jobs_hold_every_gpu_waits_suspended_and_says_why()
     full, _ = gate_of(capacity=1)
     full.follow_job("ADDED", job(1))  # another profile's Job holds the one GPU
     api = FakeKube(writers=RECONCILE_WRITERS)
-    status = sync_profile(p, [], [], CFG, Memory(), Around(api, gate=full)).status
+    status = sync_profile(p, [], [], CFG, Memory(), Around(api, gate=full)).status.to_status()
     made = [c[2] for c in api.calls if c[0] == "Job" and c[1] == "create"]
     assert len(made) == 1 and made[0]["spec"]["suspend"] is True
     assert made[0]["metadata"]["annotations"][naming.GPU_GATE_ANNOTATION] == "true"
@@ -182,7 +182,7 @@ def test_a_job_the_gate_let_go_is_started_by_its_profiles_reconcile() -> None:
     assert not [c for c in api.calls if c[1] == "patch"]  # not let go: it waits
     gate.follow_job("ADDED", waiting)
     assert gate.tick() == [("ml", "p")]  # the one GPU is free: let go
-    status = sync_profile(p, [view], [], CFG, Memory(), Around(api, gate=gate)).status
+    status = sync_profile(p, [view], [], CFG, Memory(), Around(api, gate=gate)).status.to_status()
     writes = [(c[0], c[1]) for c in api.calls if c[1] in ("create", "patch") and c[0] != "events"]
     # Its ConfigMap first (the gate made it without one), then the start.
     assert writes == [("ConfigMap", "create"), ("Job", "patch")]
@@ -238,7 +238,7 @@ def test_jobs_the_gate_held_start_once_the_gate_is_turned_off() -> None:
     waiting = held_for_gpu(build_tuning_job(Child(SPEC, "ml", "p", "uid-1", MODEL, CFG)))
     waiting["metadata"]["uid"] = "juid-w"
     api = FakeKube(writers=RECONCILE_WRITERS)
-    status = sync_profile(p, [job_view(waiting)], [], CFG, Memory(), Around(api)).status
+    status = sync_profile(p, [job_view(waiting)], [], CFG, Memory(), Around(api)).status.to_status()
     assert ("Job", "patch", {"spec": {"suspend": False}}) in api.calls
     assert ("ConfigMap", waiting["metadata"]["name"]) in api.created
     assert status["jobs"][0].get("reason") != "WaitingForGPU"

@@ -136,12 +136,12 @@ def test_a_queued_job_reads_its_workload_now_and_then(monkeypatch: pytest.Monkey
     job = suspended_job()
     memory = Memory()
     for _ in range(2):  # no Workload yet (Kueue makes it moments after the Job): asked again
-        status = sync_profile(p, [job], [], CFG, memory, Around(api)).status
+        status = sync_profile(p, [job], [], CFG, memory, Around(api)).status.to_status()
     assert len(calls) == 2 and "no Workload" in status["jobs"][0]["message"]
     owned = WORKLOAD.owner(job["metadata"]["uid"], job["metadata"]["name"], "Job", "batch/v1")
     found.append(owned.condition("QuotaReserved", "False", "insufficient unused quota").obj())
     for _ in range(3):
-        status = sync_profile(p, [job], [], CFG, memory, Around(api)).status
+        status = sync_profile(p, [job], [], CFG, memory, Around(api)).status.to_status()
     assert len(calls) == 3  # Kueue's answer: cached for QUEUED_TTL
     assert status["jobs"][0]["reason"] == Reason.QUEUED
     assert "insufficient unused quota" in status["jobs"][0]["message"]

@@ -627,7 +627,7 @@ def test_reconcile_reads_a_podless_jobs_events_once_a_minute(
         {"reason": "FailedCreate", "message": 'serviceaccount "missing" not found'}
     ]
     memory = Memory()
-    status = sync_profile(p, [job_view(job)], [], CFG, memory, Around(api)).status
+    status = sync_profile(p, [job_view(job)], [], CFG, memory, Around(api)).status.to_status()
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert "serviceaccount" in ready["message"] and "serviceAccountName" in ready["message"]
     progressing = next(c for c in status["conditions"] if c["type"] == "Progressing")

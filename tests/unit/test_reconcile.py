@@ -40,7 +40,7 @@ def test_an_existing_job_the_index_has_not_seen_yet_is_success(
     api = FakeKube(writers=RECONCILE_WRITERS, existing=names)
     status = sync_profile(
         p, [], [], CFG, Memory(), Around(api)
-    ).status  # no exception: 409 means done
+    ).status.to_status()  # no exception: 409 means done
     assert api.created == []  # both 409: nothing made twice, and no error
     assert status["phase"] == "Pending"
 
@@ -118,7 +118,7 @@ def test_unadmitted_pods_are_counted_and_announced_once(monkeypatch: pytest.Monk
     api = FakeKube(writers=RECONCILE_WRITERS)
     memory = Memory()
     memory.unadmitted[("ml", "p")] = ["model-a", "model-b"]
-    status = sync_profile(p, jobs, [], CFG, memory, Around(api)).status
+    status = sync_profile(p, jobs, [], CFG, memory, Around(api)).status.to_status()
     assert status["unadmittedPods"] == 2
     (event,) = [m for r, m in api.events if r == "PodsNotAdmitted"]
     assert "model-a" in event and "!tunefleet.io/admission" in event
@@ -205,7 +205,7 @@ def test_parallelism_beyond_the_nodes_of_a_model_starts_nothing_and_says_why(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     p, api = sharded(monkeypatch, nodes=1)
-    status = sync_profile(p, [], [], CFG, Memory(), Around(api)).status
+    status = sync_profile(p, [], [], CFG, Memory(), Around(api)).status.to_status()
     assert api.created == []
     ready = status["conditions"][0]
     assert ready["reason"] == "ParallelismTooHigh"
@@ -227,7 +227,7 @@ def test_shares_done_bring_a_merge_job_and_progress_says_so(
         "status": {"completedIndexes": "1", "conditions": []},
     }
     memory = Memory()
-    status = sync_profile(p, [tune], [], CFG, memory, Around(api)).status
+    status = sync_profile(p, [tune], [], CFG, memory, Around(api)).status.to_status()
     assert status["jobs"][0]["shards"] == "1/2"
     assert status["progress"] == f"{MODELS[0]}: 1/2 shards"
     done = {
@@ -237,7 +237,9 @@ def test_shares_done_bring_a_merge_job_and_progress_says_so(
             "conditions": [{"type": "Complete", "status": "True"}],
         },
     }
-    status = sync_profile({**p, "status": status}, [done], [], CFG, memory, Around(api)).status
+    status = sync_profile(
+        {**p, "status": status}, [done], [], CFG, memory, Around(api)
+    ).status.to_status()
     merges = [n for k, n in api.created if k == "Job" and n.startswith("merge-")]
     assert len(merges) == 1 and status["progress"] == f"{MODELS[0]}: merging"
     assert status["phase"] != "Failed"  # no artifact record from shares is expected

@@ -295,3 +295,47 @@ def test_a_merge_jobs_record_is_the_artifact() -> None:
     msg = json.dumps(RESULTS["d"].fields(shards=2).obj())
     obs = observe_job(merge, [ENDED.terminated("merge", 0, msg).obj()])
     assert obs.state == "Succeeded" and obs.role == "merge" and obs.record is not None
+
+
+# --- the read side: a status as the API server holds it, typed ------------------------------
+
+
+def test_a_status_the_model_wrote_reads_back_as_itself() -> None:
+    from tunefleet.api.profile_status import TuningProfileStatus
+
+    jobs = [
+        make_observation(f"j{i}", m, REV, "Succeeded").record(RESULTS[str(i)]).obj()
+        for i, m in enumerate(MODELS)
+    ]
+    ready = compute_status(Observed(generation=3, spec=SPEC, jobs=jobs), "2026-11-29T11:00:00Z")
+    tuning = compute_status(
+        Observed(generation=4, spec=SPEC, jobs=[make_observation("j", MODELS[0], REV).obj()]),
+        "2026-11-29T11:00:00Z",
+    )
+    invalid = compute_status(
+        Observed(generation=1, spec=None, problems=["spec.gpu: x"]), "2026-11-29T11:00:00Z"
+    )
+    for status in (ready, tuning, invalid):
+        written = status.to_status()
+        assert TuningProfileStatus.from_status(written).to_status() == written
+
+
+def test_a_status_of_any_shape_reads_without_raising_and_trusts_nothing_odd() -> None:
+    from tunefleet.api.conditions import Phase
+    from tunefleet.api.profile_status import TuningProfileStatus
+
+    odd = {
+        "observedGeneration": "3",
+        "phase": "Exploded",
+        "conditions": [{"type": "Ready"}, "x", None],
+        "jobs": [{"name": 1}],
+        "artifacts": [{"gpuModel": "H100"}, 7],
+        "unadmittedPods": "9",
+        "gemms": True,
+        "capture": [{"nope": 1}],
+    }
+    for raw in (odd, {}, None, [], "status"):
+        read = TuningProfileStatus.from_status(raw)
+        assert read.phase == Phase.PENDING and read.conditions == [] and read.jobs == []
+        assert read.artifacts == [] and read.unadmitted_pods == 0 and read.capture is None
+        assert read.observed_generation == 0 and read.summary.gemms is None

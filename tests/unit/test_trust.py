@@ -95,7 +95,7 @@ def test_a_forged_record_never_reaches_status_and_is_reported_once(
     p = profile(gpu={"vendor": "amd", "models": MODELS[:1]})
     status = sync_profile(
         p, [], [], CFG, memory, Around(api, untrusted=cache.untrusted("uid-1"))
-    ).status
+    ).status.to_status()
     assert status["artifacts"] == [] and status["phase"] == "Pending"
     assert [k for k, _ in api.created] == ["ConfigMap", "Job"]  # the real Job is made
     untrusted = [m for r, m in api.events if r == "UntrustedObject"]
@@ -136,7 +136,9 @@ def test_a_record_read_from_a_pod_is_kept_on_its_job_and_outlives_the_pods(
     job = completed(p)
     uri = f"s3://bkt/p/ml/p/{MODELS[0]}/{SHA}"
     api = FakeKube(writers=RECONCILE_WRITERS)
-    status = sync_profile(p, [job], [published_pod(job, uri)], CFG, Memory(), Around(api)).status
+    status = sync_profile(
+        p, [job], [published_pod(job, uri)], CFG, Memory(), Around(api)
+    ).status.to_status()
     assert status["phase"] == "Ready"
     (kind, name, patch), *_ = api.owned_patches
     assert (kind, name) == ("Job", job["metadata"]["name"])
@@ -145,7 +147,7 @@ def test_a_record_read_from_a_pod_is_kept_on_its_job_and_outlives_the_pods(
     for annotated, previous in ((completed(p, kept), {}), (completed(p), status)):
         again = sync_profile(
             {**p, "status": previous}, [annotated], [], CFG, Memory(), Around(api)
-        ).status
+        ).status.to_status()
         assert again["phase"] == "Ready" and again["artifacts"][0]["uri"] == uri
         assert not [r for r, _ in api.events if r == "TuningFailed"]
 
@@ -163,7 +165,7 @@ def test_status_is_written_over_the_version_read_and_an_invalid_profile_keeps_no
     p["metadata"]["resourceVersion"] = "7"
     ready = sync_profile(
         p, [job], [published_pod(job, f"s3://bkt/x/{SHA}")], CFG, Memory(), Around(api)
-    ).status
+    ).status.to_status()
     assert seen == ["7"] and ready["tunedGemms"] and ready["revision"]
     broken = profile(gpu={"vendor": "amd", "models": ["MI300X OAM"]})
     broken["metadata"]["resourceVersion"] = "9"
@@ -245,7 +247,7 @@ def test_a_failed_attempt_of_a_retrying_job_shows_with_its_cause_once(
 
     api = FakeKube(writers=RECONCILE_WRITERS)
     memory = Memory()
-    status = sync_profile(p, [job], [pod_view(failed)], CFG, memory, Around(api)).status
+    status = sync_profile(p, [job], [pod_view(failed)], CFG, memory, Around(api)).status.to_status()
     progressing = status["conditions"][1]
     assert (
         progressing["reason"] == "AttemptFailed"

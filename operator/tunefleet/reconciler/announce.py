@@ -9,7 +9,8 @@ import logging
 from typing import Any
 
 from tunefleet import metrics, naming
-from tunefleet.api.conditions import BLOCKED, EventReason, Phase, Reason, Type, find
+from tunefleet.api.conditions import BLOCKED, EventReason, Phase, Reason, Type
+from tunefleet.api.profile_status import TuningProfileStatus
 from tunefleet.contracts.admission_record import ADMISSION_LABEL
 
 log = logging.getLogger(__name__)
@@ -21,73 +22,72 @@ Event = tuple[str, str, str]
 
 
 def announce(
-    profile: dict[str, Any], before: dict[str, Any], after: dict[str, Any], unadmitted: list[str]
+    profile: dict[str, Any],
+    before: TuningProfileStatus,
+    after: TuningProfileStatus,
+    unadmitted: list[str],
 ) -> list[Event]:
     """The Events of a status change, on transitions only, so a resync never repeats them.
     Pure but for the published-artifact metrics."""
     out: list[Event] = []
     meta = profile["metadata"]
-    was, now_ = find(before, Type.FAILED), find(after, Type.FAILED)
-    if now_.get("status") == "True" and (
-        was.get("status") != "True" or was.get("message") != now_.get("message")
+    was, now_ = before.condition(Type.FAILED), after.condition(Type.FAILED)
+    if now_ is not None and now_.status == "True" and (
+        was is None or was.status != "True" or was.message != now_.message
     ):
-        reason = now_.get("reason", Reason.TUNING_FAILED)
+        reason = now_.reason or Reason.TUNING_FAILED
         log.info(f"TuningProfile {meta['namespace']}/{meta['name']}: {reason}")
-        out.append(("Warning", reason, now_["message"]))
-    was_p, now_p = find(before, Type.PROGRESSING), find(after, Type.PROGRESSING)
-    blocked = now_p.get("status") == "True" and now_p.get("reason") in BLOCKED
-    if blocked and (was_p.get("reason"), was_p.get("message")) != (
-        now_p.get("reason"),
-        now_p.get("message"),
+        out.append(("Warning", reason, now_.message))
+    was_p, now_p = before.condition(Type.PROGRESSING), after.condition(Type.PROGRESSING)
+    blocked = now_p is not None and now_p.status == "True" and now_p.reason in BLOCKED
+    if blocked and now_p is not None and (
+        was_p is None or (was_p.reason, was_p.message) != (now_p.reason, now_p.message)
     ):
-        out.append(("Warning", now_p["reason"], now_p["message"]))
+        out.append(("Warning", now_p.reason, now_p.message))
     _announce_artifacts(out, before, after)
-    if after.get("phase") == Phase.READY and before.get("phase") not in (
-        Phase.READY,
-        Phase.DEGRADED,
-    ):
-        arts = ", ".join(
-            f"{a['gpuModel']}@{a['sha256'][:12]}" for a in after.get("artifacts") or []
-        )
+    if after.phase == Phase.READY and before.phase not in (Phase.READY, Phase.DEGRADED):
+        arts = ", ".join(f"{a.gpu_model}@{a.sha256[:12]}" for a in after.artifacts)
         out.append(("Normal", EventReason.READY, f"Artifacts published: {arts}"))
     _announce_failed_attempts(out, before, after)
     _announce_unadmitted(out, meta, before, after, unadmitted)
     return out
 
 
-def _announce_artifacts(out: list[Event], before: dict[str, Any], after: dict[str, Any]) -> None:
-    old_shas = {a.get("gpuModel"): a.get("sha256") for a in before.get("artifacts") or []}
-    for art in after.get("artifacts") or []:
-        if old_shas.get(art.get("gpuModel")) == art.get("sha256"):
+def _announce_artifacts(
+    out: list[Event], before: TuningProfileStatus, after: TuningProfileStatus
+) -> None:
+    old_shas = {a.gpu_model: a.sha256 for a in before.artifacts}
+    for art in after.artifacts:
+        if old_shas.get(art.gpu_model) == art.sha256:
             continue
         metrics.ARTIFACTS_PUBLISHED.inc()
-        if art.get("librarySkipped"):
+        if art.library_skipped:
             out.append(
                 (
                     "Warning",
                     EventReason.LIBRARY_ENTRY_SKIPPED,
-                    f"{art['gpuModel']}: {art['librarySkipped']} library entr(y/ies) failed "
-                    f"verification and were not used: {art.get('librarySkippedReason', '')}",
+                    f"{art.gpu_model}: {art.library_skipped} library entr(y/ies) failed "
+                    f"verification and were not used: {art.library_skipped_reason}",
                 )
             )
-        if isinstance(art.get("tuningSeconds"), int | float):
-            metrics.TUNING_SECONDS.observe(float(art["tuningSeconds"]))
+        if art.tuning_seconds is not None:
+            metrics.TUNING_SECONDS.observe(float(art.tuning_seconds))
 
 
 def _announce_failed_attempts(
-    out: list[Event], before: dict[str, Any], after: dict[str, Any]
+    out: list[Event], before: TuningProfileStatus, after: TuningProfileStatus
 ) -> None:
     """One Event per distinct cause of a failed attempt (the Job retries; status says so)."""
-    said = {j.get("name"): j.get("lastFailure") for j in before.get("jobs") or []}
-    for job in after.get("jobs") or []:
-        cause = job.get("lastFailure")
-        if cause and said.get(job.get("name")) != cause:
+    said = {j.name: j.last_failure for j in before.jobs}
+    for job in after.jobs:
+        cause = job.last_failure
+        if cause and said.get(job.name) != cause:
             out.append(
                 (
                     "Warning",
                     Reason.ATTEMPT_FAILED,
-                    f"{job['gpuModel']}: an attempt of Job {job['name']} failed ({cause}); "
-                    f"{job.get('failedAttempts', 1)} so far, the Job retries",
+                    f"{job.gpu_model}: an attempt of Job {job.name} failed ({cause}); "
+                    f"{job.failed_attempts or 1} so far, the Job retries",
                 )
             )
 
@@ -95,11 +95,11 @@ def _announce_failed_attempts(
 def _announce_unadmitted(
     out: list[Event],
     meta: dict[str, Any],
-    before: dict[str, Any],
-    after: dict[str, Any],
+    before: TuningProfileStatus,
+    after: TuningProfileStatus,
     names: list[str],
 ) -> None:
-    count, before_count = after.get("unadmittedPods") or 0, before.get("unadmittedPods") or 0
+    count, before_count = after.unadmitted_pods, before.unadmitted_pods
     if count <= before_count:
         return
     shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")

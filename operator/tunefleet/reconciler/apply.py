@@ -657,14 +657,14 @@ def _recount(p: _Pass, acts: Second) -> None:
 
 def write_status(
     inputs: Inputs, typed: TuningProfileStatus, capture: capture_step.Outcome
-) -> tuple[dict[str, Any], list[Event]]:
-    """Write status (the model's one serialisation, returned) only when it changed, over the
-    version it was computed from; then what the change announces (Events, capture's Events,
-    retune metrics)."""
+) -> list[Event]:
+    """Write status (the model's one serialisation) only when it changed, over the version
+    it was computed from; then what the change announces (Events, capture's Events, retune
+    metrics)."""
     status = typed.to_status()
     previous = inputs.previous
     if not status_changed(previous, status):
-        return status, []
+        return []
     meta = inputs.meta
     rv = str(meta.get("resourceVersion") or "")
     written = inputs.around.client.replace_profile_status(
@@ -672,10 +672,11 @@ def write_status(
     )
     inputs.memory.written_rv = written
     inputs.around.on_written(written, status)
-    said = announce(inputs.profile, previous, status, list(inputs.unadmitted))
+    before = TuningProfileStatus.from_status(previous)
+    said = announce(inputs.profile, before, typed, list(inputs.unadmitted))
     for reason in capture.retunes:
         metrics.RETUNES.labels(reason).inc()
-    return status, [*said, *capture.events]
+    return [*said, *capture.events]
 
 
 def report(inputs: Inputs) -> list[Event]:

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunefleet import kube
-from tunefleet.api.conditions import Reason, Type, find, truncate
+from tunefleet.api.conditions import Reason, Type, truncate
+from tunefleet.api.profile_status import TuningProfileStatus
 from tunefleet.config import Config
 from tunefleet.reconciler import apply, decide, gather
 from tunefleet.reconciler.acts import Event, sooner
@@ -33,7 +34,7 @@ class Outcome:
     again when no event will say so (None: at its next change or resync). The engine acts on
     the delay only (controller-runtime's Result{RequeueAfter}); why is the domain's business."""
 
-    status: dict[str, Any]
+    status: TuningProfileStatus
     requeue_after: float | None = None
     # The project's error the reconcile ended on, after reporting what it could in status:
     # kube.Permanent (terminal: nothing to retry until the spec changes), kube.Temporary
@@ -51,13 +52,14 @@ class Outcome:
 ENDS = (kube.Temporary, kube.Permanent, kube.Gone, kube.Conflict, kube.NotLeading)
 
 
-def requeue_after(status: dict[str, Any]) -> float | None:
+def requeue_after(status: TuningProfileStatus) -> float | None:
     """How soon a profile with this status must be looked at again without an event: a
     queued Job's reason changes in Kueue's Workload, which nothing here watches; a delivery
     that could not be made again (the store down) comes back only when tried again."""
-    if any(j.get("reason") == Reason.QUEUED for j in status.get("jobs") or []):
+    if any(j.reason == Reason.QUEUED for j in status.jobs):
         return QUEUED_TTL
-    if find(status, Type.DEGRADED).get("reason") == Reason.DELIVERY_FAILED:
+    degraded = status.condition(Type.DEGRADED)
+    if degraded is not None and degraded.reason == Reason.DELIVERY_FAILED:
         return decide.REDELIVER_AFTER_S
     return None
 
@@ -87,7 +89,7 @@ def sync_profile(
             inputs = gather.gather(View(profile, jobs, pods), around, memory, config)
             return _steps(inputs, events)
         except ENDS as e:
-            return Outcome(profile.get("status") or {}, error=e)
+            return Outcome(TuningProfileStatus.from_status(profile.get("status")), error=e)
         finally:
             if inputs is not None:
                 apply.post_events(inputs, events)
@@ -103,12 +105,12 @@ def _steps(inputs: Inputs, events: list[Event]) -> Outcome:
     applied = first + apply.carry_out(inputs, second, events)
     events += apply.report_delivery(inputs, applied)
     extra = decide.extra(inputs, plan.first, first, second.capture)
-    written, said = apply.write_status(inputs, compute(inputs, extra, applied), second.capture)
-    events += said
+    status = compute(inputs, extra, applied)
+    events += apply.write_status(inputs, status, second.capture)
     apply.forget(inputs, [f.uid for f in applied.foreign])
     error: Exception | None = applied.create_error
     problems = [*inputs.problems, *applied.problems]
     if problems or inputs.spec is None or inputs.refused:
         why = problems or list(inputs.refused)
         error = kube.Permanent(truncate("; ".join(why) or "invalid spec"))
-    return Outcome(written, sooner(requeue_after(written), applied.requeue), error)
+    return Outcome(status, sooner(requeue_after(status), applied.requeue), error)
