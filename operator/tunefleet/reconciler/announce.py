@@ -32,16 +32,20 @@ def announce(
     out: list[Event] = []
     meta = profile["metadata"]
     was, now_ = before.condition(Type.FAILED), after.condition(Type.FAILED)
-    if now_ is not None and now_.status == "True" and (
-        was is None or was.status != "True" or was.message != now_.message
+    if (
+        now_ is not None
+        and now_.status == "True"
+        and (was is None or was.status != "True" or was.message != now_.message)
     ):
         reason = now_.reason or Reason.TUNING_FAILED
         log.info(f"TuningProfile {meta['namespace']}/{meta['name']}: {reason}")
         out.append(("Warning", reason, now_.message))
     was_p, now_p = before.condition(Type.PROGRESSING), after.condition(Type.PROGRESSING)
     blocked = now_p is not None and now_p.status == "True" and now_p.reason in BLOCKED
-    if blocked and now_p is not None and (
-        was_p is None or (was_p.reason, was_p.message) != (now_p.reason, now_p.message)
+    if (
+        blocked
+        and now_p is not None
+        and (was_p is None or (was_p.reason, was_p.message) != (now_p.reason, now_p.message))
     ):
         out.append(("Warning", now_p.reason, now_p.message))
     _announce_artifacts(out, before, after)
