@@ -495,16 +495,7 @@ def operator_globals(source: str, where: str) -> list[str]:
     import), `global OPERATOR`, and imports or module attribute reads of an OPERATOR."""
     found = []
     tree = ast.parse(source)
-    for node in tree.body:
-        targets: list[ast.expr] = []
-        value: ast.expr | None = None
-        if isinstance(node, ast.Assign):
-            targets, value = node.targets, node.value
-        elif isinstance(node, ast.AnnAssign):
-            targets, value = [node.target], node.value
-        names = [t.id for t in targets if isinstance(t, ast.Name)]
-        fn = value.func if isinstance(value, ast.Call) else None
-        made = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+    for names, made in module_assignments(tree):
         found += [f"{where}: {n} = {OWNER}(...)" for n in names if made == OWNER]
         found += [f"{where}: {n}" for n in names if n == "OPERATOR" and made != OWNER]
     for node in ast.walk(tree):
@@ -599,10 +590,9 @@ CLIENT_TYPES = {"Kube", "Client", "ApiClient", "WatchApi", "_Poster"}
 CLIENT_NAMES = {"_api", "_fence", "_events", "_poster", "_client", "_kube"}
 
 
-def client_globals(source: str, where: str) -> list[str]:
-    """Module-level clients, fences and Event posters, and `global` statements over them."""
-    found = []
-    tree = ast.parse(source)
+def module_assignments(tree: ast.Module) -> Iterator[tuple[list[str], str]]:
+    """Each module-level assignment: the names it binds, and what it calls to make the value
+    (the called name's last part, "" when the value is not a call)."""
     for node in tree.body:
         targets: list[ast.expr] = []
         value: ast.expr | None = None
@@ -610,11 +600,16 @@ def client_globals(source: str, where: str) -> list[str]:
             targets, value = node.targets, node.value
         elif isinstance(node, ast.AnnAssign):
             targets, value = [node.target], node.value
-        names = [t.id for t in targets if isinstance(t, ast.Name)]
-        made = ""
-        if isinstance(value, ast.Call):
-            fn = value.func
-            made = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+        fn = value.func if isinstance(value, ast.Call) else None
+        made = fn.attr if isinstance(fn, ast.Attribute) else str(getattr(fn, "id", ""))
+        yield [t.id for t in targets if isinstance(t, ast.Name)], made
+
+
+def client_globals(source: str, where: str) -> list[str]:
+    """Module-level clients, fences and Event posters, and `global` statements over them."""
+    found = []
+    tree = ast.parse(source)
+    for names, made in module_assignments(tree):
         if made in CLIENT_TYPES or made.endswith("V1Api") or made == "CustomObjectsApi":
             found += [f"{where}: {n} = {made}(...)" for n in names]
         found += [f"{where}: {n}" for n in names if n in CLIENT_NAMES]
