@@ -374,7 +374,7 @@ def test_only_artifact_config_maps_no_status_or_running_pod_names_are_retired() 
         .admitted(Admission("injected", uri="s3://b/x", sha256=SHA, config_map="ended"))
         .obj(),
     ]
-    assert delivery.retirable(cms, "uid-1", status, pods) == [
+    assert delivery.retirable(cms, "uid-1", delivery.referenced_names(status), pods) == [
         ("ended", "cm-ended"),
         ("unused", "cm-unused"),
     ]

@@ -58,10 +58,9 @@ class Delivery:
     lost: str = ""
     there: dict[str, Any] | None = None
     memo: str = ""
-    # Found deleted or replaced this pass: what happened, and the uid of what replaced it.
+    # Found deleted or replaced this pass: what happened, and what replaced it (never used).
     found_lost: str = ""
-    replaced_by: str = ""
-    made_uid: str = ""
+    replaced_by: delivery.Foreign | None = None
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ from tunefleet.reconciler.acts import (
 )
 from tunefleet.reconciler.announce import announce
 from tunefleet.reconciler.decide import WAIT_POLL_S, child
-from tunefleet.reconciler.inputs import FleetFacts, Inputs, Where
+from tunefleet.reconciler.inputs import FleetFacts, Inputs, Where, iso
 from tunefleet.reconciler.status import delivered_key, status_changed
 from tunefleet.serving import delivery
 from tunefleet.storage.store import (
@@ -418,7 +418,7 @@ def _publish(p: _Pass, publishes: tuple[Publish, ...]) -> None:
     spec = p.inputs.spec
     for pub in publishes:
         record, w = pub.record, pub.where
-        entry = adopt.entry_for(record, w.identity, w.holder, _iso(time.time()))
+        entry = adopt.entry_for(record, w.identity, w.holder, iso(time.time()))
         try:
             assert spec is not None
             if publish_entry(w.store, pub.key, entry, spec, p.inputs.config.stand_in_models):
@@ -441,10 +441,6 @@ def _release(p: _Pass, acts: Second) -> None:
             p.again(WAIT_POLL_S)
             continue
         p.inputs.memory.claims.pop(model, None)
-
-
-def _iso(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
 # --- delivery --------------------------------------------------------------------------------
@@ -487,13 +483,8 @@ def _found_lost(p: _Pass, d: Delivery) -> None:
     """A ConfigMap status named, found deleted or replaced: remembered (Degraded until made
     again), the replacement reported as foreign, tried again now whatever failed before."""
     mem, sha = p.inputs.memory, d.record.sha256
-    if d.replaced_by:
-        p.foreign.append(
-            delivery.Foreign(
-                d.found_lost.split(" ")[0], d.replaced_by,
-                f"it replaced the ConfigMap made ({d.made_uid})",
-            )
-        )  # fmt: skip
+    if d.replaced_by is not None:
+        p.foreign.append(d.replaced_by)
     mem.lost[sha] = mem.lost.get(sha) or d.found_lost
     mem.deliveries.pop(sha, None)
     log.warning(f"{p.inputs.name}: ConfigMap {d.found_lost}; delivering again")
@@ -622,11 +613,9 @@ def _retire(p: _Pass, kept: frozenset[str]) -> None:
     inputs, mem = p.inputs, p.inputs.memory
     mem.retired_at = time.monotonic()
     keep = kept | {r.config_map for r in p.delivered.values() if r.config_map}
-    # As status names them (delivery.referenced_names reads a status).
-    serving = {"artifacts": [{"configMap": {"name": n}} for n in sorted(keep)]}
     ns = inputs.meta["namespace"]
     try:
-        unused, mounted = delivery.to_retire(p.client, ProfileRef.of(inputs.profile), serving)
+        unused, mounted = delivery.to_retire(p.client, ProfileRef.of(inputs.profile), set(keep))
         for name, uid in unused:
             p.client.delete_owned("ConfigMap", ns, name, uid)
             log.info(f"removed artifact ConfigMap {ns}/{name}: no status or pod names it")

@@ -8,7 +8,6 @@ the Plan out).
 from __future__ import annotations
 
 import copy
-import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -34,7 +33,7 @@ from tunefleet.reconciler.acts import (
     Stop,
     sooner,
 )
-from tunefleet.reconciler.inputs import Inputs
+from tunefleet.reconciler.inputs import Inputs, iso
 from tunefleet.reconciler.observe import JobObservation
 from tunefleet.serving import delivery
 
@@ -111,7 +110,7 @@ def _legacy(inputs: Inputs) -> bool:
 
 def _adoption(inputs: Inputs, model: str, entry: Published, w: Any) -> Adoption:
     """An identity's published artifact adopted (checked in gather.read_entry)."""
-    record = adopt.adopted(entry, inputs.revision()(model), _iso(inputs.wall))
+    record = adopt.adopted(entry, inputs.revision()(model), iso(inputs.wall))
     said = truncate(
         f"{model}: adopted artifact {record.sha256[:12]}, tuned by "
         f"{entry.holder.describe()} at {record.tuned_at or entry.published_at}, after "
@@ -331,8 +330,11 @@ def _delivery(inputs: Inputs, record: ArtifactRecord, why_not: str) -> Delivery:
         found = Delivery(
             replace(record, config_map="", config_map_uid="", delivery=""),
             found_lost=f"{record.config_map} {what}",
-            replaced_by=fact.uid if fact.there is not None else "",
-            made_uid=made,
+            replaced_by=delivery.Foreign(
+                record.config_map, fact.uid, f"it replaced the ConfigMap made ({made})"
+            )
+            if fact.there is not None
+            else None,
         )
         # Tried again now, whatever failed before.
         return _to_place(inputs, found, why_not, found.found_lost)
@@ -471,7 +473,3 @@ def _fleet_events(inputs: Inputs, first: First, answered: Applied) -> list[Event
             out.append(("Normal", EventReason.ADOPTED,
                         _adoption(inputs, model, facts.entry, facts.where).said))  # fmt: skip
     return out
-
-
-def _iso(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))

@@ -5,7 +5,7 @@ whole; nothing here reads or writes.
 
 from __future__ import annotations
 
-import datetime
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -212,6 +212,11 @@ class Inputs:
         return observe(jobs, self.view.pods, self.hints, by_job, self.gathered)
 
 
+def iso(t: float) -> str:
+    """An epoch time as status's (and the fleet's) timestamps read."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
 def now_iso() -> str:
     """Now, as status's timestamps read."""
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return iso(time.time())

@@ -270,14 +270,15 @@ def referenced_names(status: dict[str, Any]) -> set[str]:
 def retirable(
     config_maps: Iterable[dict[str, Any]],
     profile_uid: str,
-    status: dict[str, Any],
+    serves: set[str],
     pods: Iterable[dict[str, Any]],
 ) -> list[tuple[str, str]]:
-    """(name, uid) of the profile's artifact ConfigMaps that neither its status nor any model
-    pod not yet ended names: a pod mounts its ConfigMap by name for its whole life (a
-    restarted container, an init container run again), so one stays while a pod was pinned
-    to it, however old. Only ConfigMaps the profile controls count (labels are not identity)."""
-    keep = referenced_names(status)
+    """(name, uid) of the profile's artifact ConfigMaps that neither its status (`serves`:
+    the names it serves or keeps in history) nor any model pod not yet ended names: a pod
+    mounts its ConfigMap by name for its whole life (a restarted container, an init container
+    run again), so one stays while a pod was pinned to it, however old. Only ConfigMaps the
+    profile controls count (labels are not identity)."""
+    keep = set(serves)
     for pod in pods:
         phase = (pod.get("status") or {}).get("phase")
         admitted = Admission.read(pod)
@@ -307,7 +308,7 @@ def holds_what_it_claims(config_map: dict[str, Any], profile_uid: str) -> bool:
 
 
 def to_retire(
-    client: Kube, owner: ProfileRef, status: dict[str, Any]
+    client: Kube, owner: ProfileRef, serves: set[str]
 ) -> tuple[list[tuple[str, str]], list[str]]:
     """(name, uid) of the profile's artifact ConfigMaps nothing uses any more (see
     retirable), for reconciler/apply.py to delete; and the names of those still mounted by a
@@ -315,9 +316,9 @@ def to_retire(
     namespace, profile, profile_uid = owner
     selector = f"{naming.PROFILE_UID_LABEL}={profile_uid},{naming.ROLE_LABEL}=artifact"
     config_maps = list(client.list_all("configmaps", selector, namespace))
-    candidates = retirable(config_maps, profile_uid, status, ())
+    candidates = retirable(config_maps, profile_uid, serves, ())
     if not candidates:
         return [], []
     pods = client.list_all("pods", f"{naming.PROFILE_LABEL}={profile}", namespace)
-    unused = retirable(config_maps, profile_uid, status, pods)
+    unused = retirable(config_maps, profile_uid, serves, pods)
     return unused, sorted({name for name, _ in candidates} - {name for name, _ in unused})
