@@ -540,20 +540,66 @@ def _zstd_reader(f: Any) -> Any:
     return zstd.ZstdFile(f, "rb")
 
 
+# What a tar holds besides its members' bytes, which _checked counts: each member's header
+# and padding (a pax header with a long path beside it), at most this much per member on
+# average, and the end-of-archive blocks; so the decompressed stream as a whole has a bound.
+HEADER_ROOM = 2048
+# One pax or GNU long-name header is read whole by tarfile: no path or attribute needs more.
+MAX_HEADER_BYTES = 1 << 20
+
+
+def stream_bound(max_bytes: int) -> int:
+    """The most an archive of at most max_bytes in its files decompresses to."""
+    return max_bytes + MAX_MEMBERS * HEADER_ROOM + 20 * 512
+
+
+class _Bounded:
+    """The decompressed stream, refused past `limit` bytes as it is read: a small archive
+    that expands without end (a bomb, or headers with no members) stops at the bound."""
+
+    def __init__(self, raw: Any, limit: int, where: str) -> None:
+        self.raw, self.left, self.limit, self.where = raw, limit, limit, where
+
+    def read(self, size: int = -1) -> bytes:
+        want = self.left + 1 if size is None or size < 0 else min(size, self.left + 1)
+        data = self.raw.read(want)
+        self.left -= len(data)
+        if self.left < 0:
+            raise CacheError(f"{self.where} unpacks to more than {self.limit} bytes: refused")
+        return bytes(data)
+
+
+class _HeaderBound(tarfile.TarInfo):
+    """A member whose pax or GNU long-name header is bigger than MAX_HEADER_BYTES is refused
+    before tarfile reads that header whole into memory. (_proc_member is tarfile's own hook,
+    the same from 3.10 to 3.14; were it renamed, only this early refusal would be lost: the
+    stream's bound still holds.)"""
+
+    _LONG = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE,
+             tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)  # fmt: skip
+
+    def _proc_member(self, tarfile: Any) -> Any:
+        if self.type in self._LONG and self.size > MAX_HEADER_BYTES:
+            raise CacheError(f"a {self.size}-byte tar header: more than {MAX_HEADER_BYTES}")
+        return super()._proc_member(tarfile)  # type: ignore[misc]
+
+
 @contextlib.contextmanager
-def members(f: Any, where: str) -> Iterator[tarfile.TarFile]:
-    """The archive read as a stream (never seeking back, never held whole), gzip or zstd."""
+def members(f: Any, where: str, max_bytes: int = DEFAULT_MAX_BYTES) -> Iterator[tarfile.TarFile]:
+    """The archive read as a stream (never seeking back, never held whole), gzip or zstd,
+    decompressed to at most stream_bound(max_bytes) bytes."""
     head = f.read(4)
     f.seek(0)
     if not head.startswith((_GZIP_MAGIC, _ZSTD_MAGIC)):
         raise CacheError(f"{where} is not a gzipped tar (nor a zstd one)")
-    gz = head.startswith(_GZIP_MAGIC)
     try:
-        with (
-            tarfile.open(fileobj=f, mode="r|gz")
-            if gz
-            else tarfile.open(fileobj=_zstd_reader(f), mode="r|")
-        ) as tar:
+        raw = (
+            gzip.GzipFile(fileobj=f, mode="rb")
+            if head.startswith(_GZIP_MAGIC)
+            else (_zstd_reader(f))
+        )
+        plain: Any = _Bounded(raw, stream_bound(max_bytes), where)
+        with tarfile.open(fileobj=plain, mode="r|", tarinfo=_HeaderBound) as tar:
             yield tar
     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
         raise CacheError(
@@ -583,7 +629,7 @@ def check_stream(f: Any, max_bytes: int = DEFAULT_MAX_BYTES, source: str = "") -
     where = source or "cache archive"
     counts = [0, 0, 0]
     names: list[str] = []
-    with members(f, where) as tar:
+    with members(f, where, max_bytes) as tar:
         for info in tar:
             _checked(info, where, counts, max_bytes)
             names.append(info.name)
@@ -645,7 +691,7 @@ def unpack_stream(
     names: list[str] = []
     written = _Written()
     try:
-        with members(f, where) as tar:
+        with members(f, where, max_bytes) as tar:
             for info in tar:
                 _checked(info, where, counts, max_bytes)
                 names.append(info.name)

@@ -418,6 +418,13 @@ class ConfigMapWrapper(_Wrapper):
     def data(self, **files: str) -> ConfigMapWrapper:
         return self._merge(("data",), files)
 
+    def binary(self, **files: str) -> ConfigMapWrapper:
+        """binaryData, each value base64 as the API server keeps it."""
+        return self._merge(("binaryData",), files)
+
+    def uid(self, uid: str) -> ConfigMapWrapper:
+        return self._with(("metadata", "uid"), uid)
+
     def immutable(self, value: bool = True) -> ConfigMapWrapper:
         return self._with(("immutable",), value)
 

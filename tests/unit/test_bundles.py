@@ -254,3 +254,41 @@ def test_capture_counts_no_gemm_in_a_caches_only_artifact_and_never_reads_it() -
     api = FakeKube()
     assert ArtifactKeys(api, Config()).get(record, "ml") == frozenset()
     assert not api.calls  # nothing read: caches alone have no GEMM
+
+
+def test_capture_refuses_a_gzip_bomb_in_a_config_map_as_it_unpacks(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The ConfigMap capture reads an artifact's GEMMs from is named by status (name and uid),
+    and status is anyone's who can write it: packed results that unpack past the bound are
+    refused as they unpack, never held whole, and the artifact counts as unread."""
+    import base64
+    import tracemalloc
+    import zlib
+
+    from testbed.builders.wrappers import make_config_map
+    from tests.support.fake_kube import FakeKube
+    from tunefleet.builders.artifact import PACKED_NAME
+    from tunefleet.capture import keys
+    from tunefleet.config import Config
+
+    monkeypatch.setattr(keys, "MAX_RESULTS_BYTES", 1 << 20)
+    z = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    zero = bytes(1 << 20)
+    bomb = b"".join(z.compress(zero) for _ in range(64)) + z.flush()  # 64 MiB unpacked
+    assert len(bomb) < 128 << 10
+    cm = make_config_map("art").uid("u1").binary(**{PACKED_NAME: base64.b64encode(bomb).decode()})
+    api = FakeKube(intercept={"read": lambda *_: cm.obj()})
+    record = ArtifactRecord(
+        uri="s3://b/p/ml/llama/M/" + "ab" * 32, sha256="ab" * 32, config_map="art",
+        config_map_uid="u1",
+    )  # fmt: skip
+    caplog.set_level("INFO", logger=keys.__name__)
+    tracemalloc.start()
+    try:
+        assert keys.ArtifactKeys(api, Config()).get(record, "ml") is None
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, peak  # never the 64 MiB
+    assert "unpacks to more than 1048576 bytes" in caplog.text

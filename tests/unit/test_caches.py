@@ -182,6 +182,41 @@ def test_not_a_tar_and_over_the_bound_are_refused(tmp_path: Path) -> None:
         cc.check_archive(_archive(_member("a")), max_bytes=0)
 
 
+def _pax_archive(comment_bytes: int) -> bytes:
+    """A gzipped tar of one small file whose pax header carries a comment this long: small
+    compressed (the comment is one repeated byte), read whole by tarfile as a header."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("a")
+        info.size = 1
+        info.pax_headers = {"comment": "x" * comment_bytes}
+        tar.addfile(info, io.BytesIO(b"a"))
+    return raw.getvalue()
+
+
+def test_a_huge_tar_header_is_refused_before_it_is_read_whole(tmp_path: Path) -> None:
+    """tarfile reads a pax header into memory in one piece: one bigger than any path or
+    attribute needs is refused by its size, as the header is met."""
+    bomb = _pax_archive(cc.MAX_HEADER_BYTES + 1)
+    assert len(bomb) < 64 << 10
+    with pytest.raises(cc.CacheError, match="tar header"):
+        cc.check_archive(bomb)
+    with pytest.raises(cc.CacheError, match="tar header"):
+        cc.unpack(bomb, tmp_path / "dest")
+    assert cc.check_archive(_pax_archive(1000)).files == 1
+
+
+def test_the_decompressed_stream_as_a_whole_stops_at_its_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Headers are not members' bytes (_checked counts those): the stream itself has a bound,
+    max_bytes and room per member, so headers cannot grow it past that either."""
+    monkeypatch.setattr(cc, "HEADER_ROOM", 0)  # the bound: max_bytes and the end blocks
+    with pytest.raises(cc.CacheError, match=r"unpacks to more than \d+ bytes: refused"):
+        cc.check_archive(_pax_archive(200_000), max_bytes=1000)
+    assert cc.check_archive(_pax_archive(200_000), max_bytes=300_000).files == 1
+
+
 def test_unpack_writes_a_writable_copy_and_refuses_a_non_empty_dest(tmp_path: Path) -> None:
     _fill(tmp_path / "c", FILES)
     got = cc.pack(cc.spec("torchCompile", "c"), tmp_path, tmp_path / "out")

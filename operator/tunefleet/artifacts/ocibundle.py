@@ -242,18 +242,21 @@ def volume_layer(manifest_bytes: bytes, payload_name: str, payload: bytes, resul
     return _gzip_tar(add)
 
 
-def cache_layer_file(name: str, archive: Path, target: Path) -> str:
+def cache_layer_file(
+    name: str, archive: Path, target: Path, max_bytes: int = cc.DEFAULT_MAX_BYTES
+) -> str:
     """One cache's archive (checked and deterministic: tuner_job/caches.py) as a layer under
     .tunefleet/caches/<name>/, written to `target` a member at a time: its members in their
-    order, read-only (fetch copies them into the pod's writable directory). Returns the
-    layer's diff_id (the SHA-256 of its tar, hashed as it is written)."""
+    order, read-only (fetch copies them into the pod's writable directory), read to no more
+    than its files' max_bytes (the manifest's word) allow. Returns the layer's diff_id (the
+    SHA-256 of its tar, hashed as it is written)."""
     with open(target, "wb") as raw:
         packed = HashingWriter(raw)
         with gzip.GzipFile(fileobj=packed, mode="wb", compresslevel=6, mtime=0) as gz:
             plain: Any = HashingWriter(gz)  # a writer, as tarfile takes one
             with tarfile.open(fileobj=plain, mode="w", format=tarfile.PAX_FORMAT) as tar:
                 tar.addfile(_entry(f"{CACHES_DIR}/{name}", tarfile.DIRTYPE, 0o555))
-                with open(archive, "rb") as f, cc.members(f, f"cache {name}") as src:
+                with open(archive, "rb") as f, cc.members(f, f"cache {name}", max_bytes) as src:
                     for member in src:
                         path = f"{CACHES_DIR}/{name}/{member.name}"
                         if member.isdir():
@@ -340,13 +343,21 @@ def push_volume(
 
     kind = kinds.of(manifest)
     first = volume_layer(manifest_bytes, kind.PAYLOAD, payload, manifest.kind == kinds.DEFAULT)
-    diff_ids = ["sha256:" + hashlib.sha256(gzip.decompress(first)).hexdigest()]
+    # Our own layer, but read with the bound check_volume reads it with: one it would refuse
+    # is refused here, before it is pushed.
+    try:
+        diff_ids = [
+            "sha256:"
+            + hashlib.sha256(gz.gunzip(first, MAX_VOLUME_UNPACKED, "the volume layer")).hexdigest()
+        ]
+    except ValueError as exc:
+        raise VolumeError(str(exc)) from None
     layers = [{"mediaType": LAYER, "digest": store.push_blob(first), "size": len(first)}]
     for c in manifest.caches:
         archive = archives[c.name]
         with tempfile.TemporaryDirectory(prefix=".layer-", dir=archive.parent) as tmp:
             target = Path(tmp) / "layer"
-            diff_ids.append(cache_layer_file(c.name, archive, target))
+            diff_ids.append(cache_layer_file(c.name, archive, target, c.bytes))
             digest, size = store.push_blob_file(target)
         layers.append({"mediaType": LAYER, "digest": digest, "size": size})
     config = json.dumps(

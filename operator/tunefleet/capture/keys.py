@@ -9,7 +9,6 @@ counts what the artifact's retune froze as tuned.
 from __future__ import annotations
 
 import base64
-import gzip
 import hashlib
 import logging
 import threading
@@ -17,8 +16,8 @@ import time
 from collections import OrderedDict
 
 from tunefleet import kube
-from tunefleet.artifacts import kinds
-from tunefleet.artifacts.fetch import FetchError, Pinned, download_verified
+from tunefleet.artifacts import gz, kinds
+from tunefleet.artifacts.fetch import MAX_RESULTS_BYTES, FetchError, Pinned, download_verified
 from tunefleet.builders.artifact import PACKED_NAME
 from tunefleet.config import Config
 from tunefleet.contracts.artifact_record import ArtifactRecord
@@ -59,7 +58,9 @@ class ArtifactKeys:
         if RESULTS_NAME in data:
             return str(data[RESULTS_NAME]).encode("utf-8")
         if PACKED_NAME in binary:
-            return gzip.decompress(base64.b64decode(binary[PACKED_NAME]))
+            # Bounded as it unpacks: the record is status's word (name and uid), and whoever
+            # can write status can name a ConfigMap of their own; its SHA-256 is checked after.
+            return gz.gunzip(base64.b64decode(binary[PACKED_NAME]), MAX_RESULTS_BYTES, PACKED_NAME)
         return None
 
     def _from_store(self, record: ArtifactRecord, endpoint: str, region: str) -> bytes | None:
