@@ -35,7 +35,7 @@ from tunefleet.capture.retune_sets import (
 from tunefleet.capture.sidecar import Settings, Sidecar
 from tunefleet.contracts import capture_upload as contract
 from tunefleet.contracts.capture_upload import BodyError, CacheLoad, Reply, Upload
-from tunefleet.contracts.retune import RetuneRequest
+from tunefleet.contracts.retune import RetuneRequest, Retunes
 from tunefleet.plugin.why_cmd import _cache_load_of
 from tuner_job import caches as cc
 
@@ -265,7 +265,7 @@ def _plan(
     previous: list[dict[str, Any]] | None = None,
     *,
     keys: tuple[str, ...] = (KEY,),
-    request: RetuneRequest | None = None,
+    request: Retunes | None = None,
     capture: CaptureSpec | None = None,
     revision: str = "base000001",
     retunes: list[RetuneSet] | None = None,
@@ -401,7 +401,7 @@ def test_a_retune_asked_for_freezes_the_missed_pods_variant_and_its_key_then_cou
     None
 ):
     view = _loads(StoreView(SKEY), "longer", "missed", OTHER, "found nothing", LONGER)
-    plan = _plan([view], request=RetuneRequest("n1"))
+    plan = _plan([view], request=Retunes((RetuneRequest("n1"),)))
     (frozen,) = plan.freezes
     assert frozen.variants == (LONGER,) and frozen.rows == ()
     assert any(e[1] == "RetuneStarted" and "--max-model-len=256" in e[2] for e in plan.events)
@@ -416,7 +416,7 @@ def test_a_retune_asked_for_freezes_the_missed_pods_variant_and_its_key_then_cou
     assert RetuneSet("ml", "p", "u", "m", "b", ("a,b",)).digest == digest_of(("a,b",))
     # Once the artifact holds the key, the pod's miss is covered: nothing more to retune, and
     # status names no missed key.
-    after = _plan([view], request=RetuneRequest("n2"), keys=(KEY, OTHER))
+    after = _plan([view], request=Retunes((RetuneRequest("n2"),)), keys=(KEY, OTHER))
     assert after.freezes == []
     assert "missedKeys" not in after.entries[0]["caches"][0]
 

@@ -26,7 +26,7 @@ from tunefleet.capture.retune_sets import (
     parse_retune,
     parse_store,
 )
-from tunefleet.contracts.retune import ANNOTATION, RetuneRequest
+from tunefleet.contracts.retune import ANNOTATION, RetuneRequest, Retunes
 
 BASE = "base000001"
 MODEL = "NVIDIA-H100"
@@ -63,7 +63,7 @@ def run(
     stores: list[StoreView],
     keys: frozenset[str] | None = frozenset(S1),
     retunes: list[RetuneSet] | None = None,
-    request: RetuneRequest | None = None,
+    request: Retunes | None = None,
     now: float = NOW,
     base: str = BASE,
 ) -> loop.Plan:
@@ -202,7 +202,7 @@ def test_nothing_is_frozen_while_the_model_tunes() -> None:
 
 
 def test_a_manual_request_retunes_once_whatever_the_thresholds() -> None:
-    request = RetuneRequest("n1")
+    request = Retunes((RetuneRequest("n1"),))
     plan = run(ON, status(SERVED), [store(S2[:1])], request=request)
     (frozen,) = plan.freezes
     (entry,) = plan.entries
@@ -215,16 +215,18 @@ def test_a_manual_request_retunes_once_whatever_the_thresholds() -> None:
     assert not again.freezes  # the same nonce: acted on already
     other = run(
         ON, status(published, plan.entries), [store(S2)], keys=frozenset(S1 + S2[:1]),
-        retunes=[frozen], request=RetuneRequest("n2", "another-model"),
+        retunes=[frozen], request=Retunes((RetuneRequest("n2", "another-model"),)),
     )  # fmt: skip
     assert not other.freezes  # for another model
-    nothing = run(ON, status(SERVED), [store([])], request=RetuneRequest("n3"))
+    nothing = run(ON, status(SERVED), [store([])], request=Retunes((RetuneRequest("n3"),)))
     assert not nothing.freezes
     assert "every captured shape is in the artifact" in nothing.entries[0]["message"]
 
 
 def test_a_manual_request_waits_for_the_running_tuning() -> None:
-    plan = run(ON, status(SERVED.revision("older")), [store(S2)], request=RetuneRequest("n"))
+    plan = run(
+        ON, status(SERVED.revision("older")), [store(S2)], request=Retunes((RetuneRequest("n"),))
+    )
     assert not plan.freezes and "handledNonce" not in plan.entries[0]
     assert "waits for the current tuning" in plan.entries[0]["message"]
 
@@ -304,12 +306,45 @@ def test_a_retune_set_is_named_by_its_rows_and_refused_once_changed() -> None:
 
 
 def test_the_retune_request_contract_reads_what_it_writes() -> None:
-    req = RetuneRequest.new("NVIDIA-H100")
-    profile = req.patch()
-    assert RetuneRequest.read(profile) == req
-    assert RetuneRequest.read({"metadata": {"annotations": {ANNOTATION: "bad nonce!"}}}) is None
-    assert RetuneRequest.read({"metadata": {}}) is None
-    assert RetuneRequest("n").applies_to("any") and not req.applies_to("other")
+    asked = Retunes().asking("n1", ["NVIDIA-H100"], ["NVIDIA-H100", "NVIDIA-H200"])
+    assert asked == Retunes((RetuneRequest("n1", "NVIDIA-H100"),))
+    assert Retunes.read(asked.patch()) == asked
+    assert asked.nonce_for("NVIDIA-H100") == "n1" and asked.nonce_for("NVIDIA-H200") == ""
+    for bad in ("bad nonce!", "{not json", "[]", '{"M": 3, "": "n"}'):
+        assert Retunes.read({"metadata": {"annotations": {ANNOTATION: bad}}}) == Retunes()
+    assert Retunes.read({"metadata": {}}) == Retunes()
+    assert RetuneRequest("n").applies_to("any") and not RetuneRequest("n", "M").applies_to("o")
+    # Entry by entry: a malformed one is dropped, the others kept.
+    mixed = {"metadata": {"annotations": {ANNOTATION: '{"A": "n1", "B": "bad nonce!"}'}}}
+    assert Retunes.read(mixed) == Retunes((RetuneRequest("n1", "A"),))
+
+
+def test_two_retunes_of_different_models_are_both_kept() -> None:
+    """Each writer adds its model's nonce to what it read: the second, reading after the
+    first landed (the plugin's write is fenced by resourceVersion), keeps the first's."""
+    models = ["A", "B"]
+    first = Retunes.read({}).asking("n1", ["A"], models)
+    second = Retunes.read(first.patch()).asking("n2", ["B"], models)
+    assert (second.nonce_for("A"), second.nonce_for("B")) == ("n1", "n2")
+    again = Retunes.read(second.patch()).asking("n3", ["A"], models)
+    assert (again.nonce_for("A"), again.nonce_for("B")) == ("n3", "n2")
+    every = Retunes.read(again.patch()).asking("n4", models, models)
+    assert (every.nonce_for("A"), every.nonce_for("B")) == ("n4", "n4")
+    assert Retunes.read(every.patch()).asking("n5", ["A"], ["A"]).nonce_for("B") == ""
+
+
+def test_the_value_before_one_request_is_still_honoured() -> None:
+    """``<nonce>[;<gpu model>]``, as a plugin before per-model entries wrote it."""
+
+    def of(value: str) -> Retunes:
+        return Retunes.read({"metadata": {"annotations": {ANNOTATION: value}}})
+
+    assert (of("n1").nonce_for("A"), of("n1").nonce_for("B")) == ("n1", "n1")
+    assert (of("n1;A").nonce_for("A"), of("n1;A").nonce_for("B")) == ("n1", "")
+    # A retune of one model written over it keeps the other models' request of all.
+    merged = of("n1").asking("n2", ["A"], ["A", "B"])
+    assert (merged.nonce_for("A"), merged.nonce_for("B")) == ("n2", "n1")
+    assert merged.value() == '{"A":"n2","B":"n1"}'
 
 
 @pytest.mark.parametrize("bad", [{}, {"minIntervalSeconds": 60}])

@@ -1259,12 +1259,36 @@ def test_retune_asks_once_by_annotation_and_says_what_it_will_find(
     code, out, _ = run_main(capsys, "retune", "llm", "-n", "ml")
     assert code == 0
     (patch,) = patches
-    nonce = patch["metadata"]["annotations"][ANNOTATION]
+    nonce = json.loads(patch["metadata"]["annotations"][ANNOTATION])[H200]
     assert f"(request {nonce})" in out
     assert f"{H200}: 2 of 3 captured shape(s) untuned" in out
     assert "spec.capture.enabled is false" in out
     code, out, err = run_main(capsys, "retune", "llm", "-n", "ml", "--gpu-model", "Other")
     assert code == 1 and "does not tune Other" in err
+
+
+def test_two_retunes_of_different_models_at_once_both_land(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Another user's retune of H100 lands between this one's read and its write: the write,
+    fenced by the resourceVersion it read, is refused, read again and merged, so the profile
+    asks both (one value held one, and the later write dropped the other)."""
+    from tests.support.fake_cluster import FencedCluster
+    from tunefleet.contracts.retune import ANNOTATION, RetuneRequest, Retunes
+
+    h100 = "NVIDIA-H100-80GB-HBM3"
+    other = Retunes((RetuneRequest("other-1", h100),)).patch()
+    fake = FencedCluster(
+        LLM.gpu("nvidia", H200, h100).obj(),
+        race=lambda c: c.patch_profile("ml", "llm", other),
+    )
+    use(monkeypatch, fake)
+    code, out, err = run_main(capsys, "retune", "llm", "-n", "ml", "--gpu-model", H200)
+    assert (code, err) == (0, "") and fake.conflicts == 1
+    asked = Retunes.read(fake.prof)
+    assert asked.nonce_for(h100) == "other-1"
+    assert f"(request {asked.nonce_for(H200)})" in out
+    assert json.loads(fake.prof["metadata"]["annotations"][ANNOTATION]).keys() == {H200, h100}
 
 
 # --- version -------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from tunefleet.api import CaptureSpec, RetuneSpec
 from tunefleet.capture.retune_sets import MAX_BYTES, RetuneSet, StoreView, now_iso
 from tunefleet.contracts.artifact_record import ArtifactRecord
 from tunefleet.contracts.capture_upload import LOADED, MISSED, RECOMPILED
-from tunefleet.contracts.retune import RetuneRequest
+from tunefleet.contracts.retune import Retunes
 from tuner_job import caches as cc
 
 THRESHOLD, MANUAL = "Threshold", "Manual"
@@ -366,7 +366,7 @@ class Moment:
     took a new artifact)."""
 
     now: float
-    request: RetuneRequest | None = None
+    request: Retunes | None = None
     decide: bool = True
 
 
@@ -390,7 +390,7 @@ def _decide(
     request, now, decide = moment.request, moment.now, moment.decide
     previous = inp.previous or {}
     handled = str(previous.get("handledNonce") or "")
-    nonce = request.nonce if request is not None and request.applies_to(inp.model) else ""
+    nonce = request.nonce_for(inp.model) if request is not None else ""
     asked = bool(nonce) and nonce != handled
     settled = inp.artifact is not None and inp.artifact.revision == inp.revision
     if not decide:

@@ -18,7 +18,7 @@ from tunefleet.capture.keys import ArtifactKeys
 from tunefleet.capture.retune_sets import RetuneSet
 from tunefleet.capture.retune_sets_cache import CaptureCache
 from tunefleet.contracts.artifact_record import ArtifactRecord
-from tunefleet.contracts.retune import RetuneRequest
+from tunefleet.contracts.retune import Retunes
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ def planned(
         spec.gpu.models,
         status,
         loop.Seen(source.cache.stores(uid), source.cache.retunes(uid), keys_of),
-        loop.Moment(time.time() if now is None else now, RetuneRequest.read(profile), decide),
+        loop.Moment(time.time() if now is None else now, Retunes.read(profile), decide),
     )
     return Planned(plan, loop.previous_entries(status), base, f"{ns}/{meta['name']}", uid)
 

@@ -20,7 +20,6 @@ from typing import Any, NoReturn
 from tunefleet import __version__
 from tunefleet.artifacts.fetch import MAX_DEVICES
 from tunefleet.contracts import pin as pins
-from tunefleet.contracts.retune import RetuneRequest
 
 from . import cluster as cluster_mod
 from .artifacts import (
@@ -32,7 +31,7 @@ from .artifacts import (
 )
 from .diff_cmd import diff_results, format_diff, parse_ref, side_gain
 from .errors import PluginError
-from .retune_cmd import format_retune, retune_request
+from .retune_cmd import format_retune, retune_patch, retune_request
 from .rollback_cmd import (
     choose,
     format_rollback,
@@ -328,7 +327,7 @@ def _update(
 def _retune(args: argparse.Namespace) -> int:
     def change(profile: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
         report = retune_request(profile, args.gpu_model)
-        return report, RetuneRequest(report["nonce"], args.gpu_model).patch()
+        return report, retune_patch(profile, report)
 
     report = _update(args, change)
     _emit(args, report, format_retune(report))

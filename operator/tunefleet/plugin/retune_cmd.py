@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunefleet.contracts.retune import RetuneRequest
+from tunefleet.contracts.retune import Retunes, new_nonce
 
 from .errors import PluginError
 
@@ -29,7 +29,7 @@ def retune_request(profile: dict[str, Any], gpu_model: str = "") -> dict[str, An
     return {
         "namespace": meta.get("namespace", ""),
         "name": meta.get("name", ""),
-        "nonce": RetuneRequest.new(gpu_model).nonce,
+        "nonce": new_nonce(),
         "captureEnabled": bool(capture),
         "models": [
             {
@@ -40,6 +40,15 @@ def retune_request(profile: dict[str, Any], gpu_model: str = "") -> dict[str, An
             for m in asked
         ],
     }
+
+
+def retune_patch(profile: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+    """The annotation's merge patch: the report's nonce under each model it asks, every other
+    model's request as the profile holds it (contracts/retune.py), so a retune of another
+    model asked at the same time is kept."""
+    models = [str(m) for m in ((profile.get("spec") or {}).get("gpu") or {}).get("models") or []]
+    asked = [str(m["gpuModel"]) for m in report["models"]]
+    return Retunes.read(profile).asking(report["nonce"], asked, models).patch()
 
 
 def format_retune(report: dict[str, Any]) -> str:
