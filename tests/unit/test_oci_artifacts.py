@@ -1030,3 +1030,117 @@ def test_a_volume_pinned_to_a_malformed_sha256_is_refused_naming_the_volume(tmp_
     with pytest.raises(FetchError, match=r"^the image volume at .*: .*sha") as refused:
         from_volume(tmp_path, Pinned("oci://registry.example.com/p", "not-a-sha"), Serving(1))
     assert str(tmp_path) in str(refused.value)
+
+
+# --- admission's checks: single flight per digest, side by side, within the webhook's time ----
+
+THREE = ("NVIDIA-H100", "NVIDIA-H200", "AMD-MI300X")
+
+
+def _three_volumes() -> dict[str, Any]:
+    """A profile whose three GPU models each serve an image volume of their own."""
+    arts = [
+        make_artifact(m, sha)
+        .uri(f"oci://{HOST}/team/tf#ns/x/{m}/{sha}")
+        .fields(delivery="ImageVolume", bundle={**BUNDLE, "volume": f"sha256:{sha}"})
+        for m, sha in zip(THREE, ("a1" * 32, "b2" * 32, "c3" * 32), strict=True)
+    ]
+    return OCI_PROFILE.gpu("nvidia", *THREE).artifacts(*arts).obj()
+
+
+class _SlowRegistry:
+    """volumes.check against a registry that answers in `delay_s` (or when `release` is set):
+    how many checks of each digest ran, and the most at once."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.delay_s, self.release = delay_s, threading.Event()
+        self.lock = threading.Lock()
+        self.calls: dict[str, int] = {}
+        self.running = self.most = 0
+
+    def check(self, record: ArtifactRecord, key: str, required: bool, cfg: Config) -> Any:
+        with self.lock:
+            self.calls[record.volume] = self.calls.get(record.volume, 0) + 1
+            self.running += 1
+            self.most = max(self.most, self.running)
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        else:
+            self.release.wait(10)
+        with self.lock:
+            self.running -= 1
+        return VolumeVerdict(True, True)
+
+
+@pytest.fixture
+def slow(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Fresh verdicts and checks, each check by a _SlowRegistry: set its delay_s, or leave it
+    0 and set release."""
+    from tunefleet.artifacts import volumes
+
+    registry = _SlowRegistry()
+    monkeypatch.setattr(volumes, "VERDICTS", volumes.Verdicts())
+    monkeypatch.setattr(volumes, "CHECKS", volumes.Checks())
+    monkeypatch.setattr(volumes, "check", registry.check)
+    yield registry
+    registry.release.set()
+
+
+def _admit_all(pods: int, budget_s: float) -> list[tuple[float, dict[str, VolumeVerdict]]]:
+    """`pods` admissions at once of the three-model profile: each one's time and verdicts."""
+    import asyncio
+
+    from tunefleet.handlers import on_pod
+
+    entry, cfg = _three_volumes(), Config(image="tf:1", oci_config="/cfg")
+
+    async def one() -> tuple[float, dict[str, VolumeVerdict]]:
+        t = time.perf_counter()
+        got = await on_pod._volume_verdicts(entry, cfg, budget_s)
+        return time.perf_counter() - t, got
+
+    async def burst() -> list[tuple[float, dict[str, VolumeVerdict]]]:
+        return list(await asyncio.gather(*(one() for _ in range(pods))))
+
+    return asyncio.run(burst())
+
+
+def test_fifty_pods_needing_three_digests_cost_three_checks_run_side_by_side(slow: Any) -> None:
+    """Scaled down from a registry at 2 s a read against a 5 s webhook: each check takes
+    0.2 s, the budget 1 s. Before, each pod checked its digests one after another (0.6 s
+    each) and pods needing the same digest each checked it (150 checks)."""
+    slow.delay_s = 0.2
+    results = _admit_all(50, budget_s=1.0)
+    assert slow.calls == {f"sha256:{s}": 1 for s in ("a1" * 32, "b2" * 32, "c3" * 32)}
+    assert slow.most == 3  # the three digests side by side, never one after another
+    for took, got in results:
+        assert len(got) == 3 and all(v.mountable for v in got.values())
+        assert took < 1.0 + 0.5, took  # within the budget (a generous margin for CI)
+
+
+def test_a_check_past_the_budget_is_not_verified_now_and_never_started_twice(slow: Any) -> None:
+    """A registry that does not answer: every admission returns at its budget with no
+    verdict (the pod fetches and verifies the artifact itself), the one check per digest
+    runs on (no thread per pod), and its verdict, when it lands, serves the next pod."""
+    from tunefleet.artifacts import volumes
+
+    results = _admit_all(20, budget_s=0.1)
+    assert all(got == {} and took < 0.1 + 0.5 for took, got in results), results
+    assert sorted(slow.calls.values()) == [1, 1, 1] and volumes.CHECKS.in_flight() == 3
+    assert _admit_all(5, budget_s=0.0) == [(pytest.approx(0, abs=0.5), {})] * 5
+    slow.release.set()
+    deadline = time.monotonic() + 5
+    while volumes.CHECKS.in_flight() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    ((_, got),) = _admit_all(1, budget_s=0.0)  # from the verdicts kept: no wait
+    assert len(got) == 3 and sorted(slow.calls.values()) == [1, 1, 1]
+
+
+def test_the_checks_budget_is_inside_the_webhooks_timeout() -> None:
+    from tunefleet.handlers import on_pod
+
+    now = time.perf_counter()
+    assert on_pod.check_budget(Config(), now) == pytest.approx(on_pod.VOLUME_CHECK_S, abs=0.05)
+    short = Config(webhook_timeout_seconds=3)
+    assert on_pod.check_budget(short, now) == pytest.approx(3 - on_pod.ROOM_S, abs=0.05)
+    assert on_pod.check_budget(Config(), now - 4.5) == 0.0  # nothing left: verdicts kept only

@@ -19,6 +19,7 @@ import hashlib
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from tunefleet.artifacts.fetch import FetchError
@@ -28,6 +29,9 @@ from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import StoreError, StoreOptions
 
 TTL_S = 60.0
+# Checks run at once for admission: a burst of pods needing several digests checks them side by
+# side, never one after another; more distinct digests than this wait their turn.
+MAX_CHECKS = 8
 
 
 @dataclass(frozen=True)
@@ -115,3 +119,52 @@ def check(record: ArtifactRecord, public_key: str, required: bool, config: Confi
     except (FetchError, StoreError, signing.SigningError, OSError) as exc:
         return VolumeVerdict(False, False, f"volume image not checked: {exc}")
     return VolumeVerdict(True, signed, "" if signed else why)
+
+
+class Checks:
+    """Admission's checks in flight: at most one per (digest, key, policy), however many pods
+    need it at once (single flight), on a pool of MAX_CHECKS threads. The verdict is kept in
+    VERDICTS as it lands, whether or not an admission still waits for it: a check admission
+    gave up on (its time ran out) still serves the next pod, and is never started again while
+    it runs, so a slow registry costs one thread per digest, not one per pod."""
+
+    def __init__(self, workers: int = MAX_CHECKS) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="volume-check")
+        self._lock = threading.Lock()
+        self._flying: dict[tuple[str, str, bool], Future[VolumeVerdict]] = {}
+
+    def start(
+        self, record: ArtifactRecord, public_key: str, required: bool, config: Config
+    ) -> Future[VolumeVerdict]:
+        """The check of record.volume in flight: the one already running, else a new one."""
+        key = (record.volume, key_id(public_key), required)
+        with self._lock:
+            flying = self._flying.get(key)
+            if flying is None:
+                flying = self._pool.submit(self._run, key, record, public_key, required, config)
+                self._flying[key] = flying
+            return flying
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._flying)
+
+    def _run(
+        self,
+        key: tuple[str, str, bool],
+        record: ArtifactRecord,
+        public_key: str,
+        required: bool,
+        config: Config,
+    ) -> VolumeVerdict:
+        try:
+            verdict = check(record, public_key, required, config)
+            # Kept before the flight ends: a pod arriving in between finds one or the other.
+            VERDICTS.remember(record.volume, public_key, required, verdict)
+            return verdict
+        finally:
+            with self._lock:  # after start() put it there: start holds the lock to submit
+                self._flying.pop(key, None)
+
+
+CHECKS = Checks()

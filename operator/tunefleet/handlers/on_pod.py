@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from concurrent.futures import Future
 from typing import Any
 
 import kopf
@@ -80,7 +81,7 @@ async def admit_pod(
             operator.client, namespace, profile_name
         )
         config_maps = await _config_map_uids(operator, namespace, entry)
-        volumes = await _volume_verdicts(entry, config)
+        volumes = await _volume_verdicts(entry, config, check_budget(config, started))
         decision = admit(dict(body), profile_name, entry, config, config_maps, volumes)
     except Exception:
         # A bug here must not block pods: a handler error would reach the API server as a
@@ -168,13 +169,15 @@ async def _read_uid(client: Kube, namespace: str, name: str, watched: str) -> st
 
 
 async def _volume_verdicts(
-    entry: dict[str, Any] | None, config: Config
+    entry: dict[str, Any] | None, config: Config, budget_s: float
 ) -> dict[str, VolumeVerdict]:
     """The verdict on each volume image the profile's status says pods mount, for the key and
     policy its spec says now: a recent one (artifacts/volumes.py keeps them TTL_S seconds, the
-    leader's delivery fills them), else checked here, against the registry, within
-    VOLUME_CHECK_S. A digest without a verdict in time is not mounted (the pod fetches and
-    verifies it itself), so a forged or stale status mounts nothing unverified."""
+    leader's delivery fills them), else its check against the registry (volumes.CHECKS: one in
+    flight per digest, shared by every pod that needs it; several digests side by side),
+    waited for together for at most budget_s. A digest without a verdict in time is not
+    mounted (the pod fetches and verifies it itself), so a forged or stale status mounts
+    nothing unverified; its check runs on and keeps its verdict for the next pod."""
     spec = (entry or {}).get("spec") or {}
     storage = spec.get("storage") or {}
     if not str(storage.get("uri") or "").startswith("oci://"):
@@ -183,28 +186,61 @@ async def _volume_verdicts(
     key = str(signing.get("publicKey") or "")
     required = (signing.get("policy") or "Required") == "Required"
     got: dict[str, VolumeVerdict] = {}
+    flights: dict[str, Future[VolumeVerdict]] = {}
     for a in ((entry or {}).get("status") or {}).get("artifacts") or []:
         record = ArtifactRecord.from_status(a) if a.get("delivery") == IMAGE_VOLUME else None
-        if record is None or not record.volume or record.volume in got:
+        if record is None or not record.volume or record.volume in got or record.volume in flights:
             continue
         verdict = volumes.VERDICTS.get(record.volume, key, required)
-        if verdict is None:
-            try:
-                verdict = await asyncio.wait_for(
-                    asyncio.to_thread(volumes.check, record, key, required, config),
-                    timeout=VOLUME_CHECK_S,
-                )
-            except Exception as e:
-                log.info(f"admission: volume image {record.volume[:19]} not checked: {e}")
-                continue
-            volumes.VERDICTS.remember(record.volume, key, required, verdict)
-        got[record.volume] = verdict
+        if verdict is not None:
+            got[record.volume] = verdict
+        else:
+            flights[record.volume] = volumes.CHECKS.start(record, key, required, config)
+    if flights:
+        got.update(await _landed(flights, budget_s))
     return got
 
 
-# How long admission waits for a volume image's check (a few small registry reads): inside
-# the webhook's timeout, with room for the rest.
+async def _landed(
+    flights: dict[str, Future[VolumeVerdict]], budget_s: float
+) -> dict[str, VolumeVerdict]:
+    """The verdicts of the checks that land within budget_s, all waited for at once."""
+    waits = {digest: asyncio.wrap_future(f) for digest, f in flights.items()}
+    if budget_s > 0:
+        await asyncio.wait(waits.values(), timeout=budget_s)
+    got: dict[str, VolumeVerdict] = {}
+    for digest, wait in waits.items():
+        if not wait.done():
+            # Not cancelled: the check is shared, and its verdict serves the next pod.
+            wait.add_done_callback(_retrieved)
+            log.info(f"admission: volume image {digest[:19]} not checked in {budget_s:.1f} s")
+        elif wait.cancelled() or (error := wait.exception()) is not None:
+            why = "cancelled" if wait.cancelled() else error
+            log.info(f"admission: volume image {digest[:19]} not checked: {why}")
+        else:
+            got[digest] = wait.result()
+    return got
+
+
+def _retrieved(wait: asyncio.Future[VolumeVerdict]) -> None:
+    """A check's outcome nobody waits for any more, taken, so asyncio does not log it."""
+    if not wait.cancelled():
+        wait.exception()
+
+
+# How long admission waits for volume images' checks, all of them together (a few small
+# registry reads each, run side by side): inside the webhook's timeout, with room for the rest.
 VOLUME_CHECK_S = 3.0
+# What admission needs after the checks, within the webhook's timeout: the decision, the
+# patch, the answer's way back to the API server.
+ROOM_S = 1.0
+
+
+def check_budget(config: Config, started: float) -> float:
+    """How long the checks may take, admission having started at `started` (perf_counter):
+    VOLUME_CHECK_S at most, and never past the webhook's timeout less ROOM_S."""
+    spent = time.perf_counter() - started
+    return max(0.0, min(VOLUME_CHECK_S, config.webhook_timeout_seconds - ROOM_S - spent))
 
 
 def apply(body: kopf.Body, patch: kopf.Patch, decision: Decision) -> None:
