@@ -200,11 +200,19 @@ class FakeRegistry(oci.OciStore):
             self.tags[reference] = digest
         return digest
 
-    def manifest(self, reference: str) -> tuple[dict[str, Any], str] | None:
+    def manifest(
+        self, reference: str, accept: str = oci.MANIFEST_MEDIA_TYPE
+    ) -> tuple[dict[str, Any], str] | None:
         digest = reference if reference.startswith("sha256:") else self.tags.get(reference, "")
         if digest not in self.manifests:
             return None
         return json.loads(self.manifests[digest]), digest
+
+    def descriptor(self, digest: str) -> dict[str, Any]:
+        return {"mediaType": oci.MANIFEST_MEDIA_TYPE, "digest": digest, "size": 1}
+
+    def _referrers_api(self, digest: str) -> list[Any] | None:
+        return None  # as Distribution 3: bundles are found through the tag schema's index
 
 
 def _bundle(reg: FakeRegistry) -> str:

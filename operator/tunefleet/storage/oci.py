@@ -62,6 +62,7 @@ log = logging.getLogger(__name__)
 SCHEMES: tuple[str, ...] = ("oci",)
 
 MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
+INDEX_MEDIA_TYPE = "application/vnd.oci.image.index.v1+json"
 EMPTY_MEDIA_TYPE = "application/vnd.oci.empty.v1+json"
 EMPTY_DIGEST = "sha256:" + hashlib.sha256(b"{}").hexdigest()
 OBJECT_ARTIFACT_TYPE = "application/vnd.tunefleet.object.v1"
@@ -91,6 +92,12 @@ MAX_ATTEMPTS = 4
 # fit many times over; a registry whose Link loops, or one far larger than any tunefleet
 # store, is cut here with an error that says so, never read forever.
 MAX_TAGS = 100_000
+# The most bytes of one manifest or index read: Distribution itself refuses manifests over
+# 4 MiB, so anything larger is no manifest a registry should hold.
+MAX_MANIFEST = 4 << 20
+# The most referrers of one image looked at (referrers()): signatures, SBOMs, attestations;
+# more than this is someone filling the list, and what lies past it is not read.
+MAX_REFERRERS = 64
 
 
 def parse(uri: str, parsed: ParseResult) -> Location:
@@ -177,6 +184,18 @@ def layer_size(layer: Any) -> int | None:
     manifest's "big" or -1 is refused, never passed to int())."""
     size = layer.get("size") if isinstance(layer, dict) else None
     return size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else None
+
+
+def referrers_tag(digest: str) -> str:
+    """The OCI tag schema's fallback for registries without the referrers API: the index of
+    an image's referrers is tagged `sha256-<hex>` (cosign's legacy signature is that plus
+    `.sig`, a manifest of its own)."""
+    return digest.replace(":", "-", 1)
+
+
+def manifest_body(manifest: dict[str, Any]) -> bytes:
+    """A manifest's bytes as pushed (their SHA-256 is its digest)."""
+    return json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
 
 
 def digest_of(data: bytes) -> str:
@@ -296,17 +315,15 @@ class OciStore:
 
     # -- manifests and blobs -------------------------------------------------------------
 
-    def manifest(self, reference: str) -> tuple[dict[str, Any], str] | None:
-        """The manifest at a tag or digest and its digest; None when there is none. A digest
-        reference is checked against the bytes the registry returned."""
-        resp = self.client.do_request(
-            self._url("manifests", reference), "GET", headers={"Accept": MANIFEST_MEDIA_TYPE}
-        )
-        if resp.status_code == 404:
+    def manifest(
+        self, reference: str, accept: str = MANIFEST_MEDIA_TYPE
+    ) -> tuple[dict[str, Any], str] | None:
+        """The manifest (or, accepting INDEX_MEDIA_TYPE, the index) at a tag or digest and its
+        digest; None when there is none. Read up to MAX_MANIFEST bytes; a digest reference is
+        checked against the bytes the registry returned."""
+        body = self._manifest_body(reference, accept)
+        if body is None:
             return None
-        if resp.status_code != 200:
-            raise self._fail(f"reading the manifest {self._ref(reference)}", resp)
-        body = resp.content
         digest = digest_of(body)
         if reference.startswith("sha256:") and digest != reference:
             raise StoreError(
@@ -320,12 +337,27 @@ class OciStore:
             raise StoreError(f"{self._ref(reference)} is not a manifest")
         return doc, digest
 
-    def blob(self, digest: str, max_bytes: int, what: str) -> bytes:
-        resp = self.client.do_request(self._url("blobs", digest), "GET", stream=True)
+    def _manifest_body(self, reference: str, accept: str) -> bytes | None:
+        resp = self.client.do_request(
+            self._url("manifests", reference), "GET", headers={"Accept": accept}, stream=True
+        )
         if resp.status_code == 404:
-            raise NotFoundError(f"{what}: the registry has no blob {digest}")
+            return None
         if resp.status_code != 200:
-            raise self._fail(f"downloading {what}", resp)
+            raise self._fail(f"reading the manifest {self._ref(reference)}", resp)
+        return self._bounded(resp, MAX_MANIFEST, f"the manifest {self._ref(reference)}")
+
+    def descriptor(self, digest: str) -> dict[str, Any]:
+        """The OCI descriptor of the manifest at `digest` (what a referrer names as subject)."""
+        body = self._manifest_body(digest, f"{MANIFEST_MEDIA_TYPE}, {INDEX_MEDIA_TYPE}")
+        if body is None or digest_of(body) != digest:
+            raise NotFoundError(f"{self._ref(digest)}: no such manifest")
+        media_type = json.loads(body).get("mediaType") or MANIFEST_MEDIA_TYPE
+        return {"mediaType": media_type, "digest": digest, "size": len(body)}
+
+    @staticmethod
+    def _bounded(resp: requests.Response, max_bytes: int, what: str) -> bytes:
+        """A streamed answer's body, refused past max_bytes (never read further)."""
         data = bytearray()
         # No chunk larger than the bound: a 16 KiB note is never read a MiB at a time.
         for chunk in resp.iter_content(min(CHUNK, max_bytes + 1)):
@@ -333,9 +365,18 @@ class OciStore:
             if len(data) > max_bytes:
                 resp.close()
                 raise TooLargeError(f"{what} is more than {max_bytes} bytes")
-        if digest_of(bytes(data)) != digest:
-            raise StoreError(f"{what} does not match its digest {digest}: refused")
         return bytes(data)
+
+    def blob(self, digest: str, max_bytes: int, what: str) -> bytes:
+        resp = self.client.do_request(self._url("blobs", digest), "GET", stream=True)
+        if resp.status_code == 404:
+            raise NotFoundError(f"{what}: the registry has no blob {digest}")
+        if resp.status_code != 200:
+            raise self._fail(f"downloading {what}", resp)
+        data = self._bounded(resp, max_bytes, what)
+        if digest_of(data) != digest:
+            raise StoreError(f"{what} does not match its digest {digest}: refused")
+        return data
 
     def blob_to(self, digest: str, dest: BinaryIO, max_bytes: int, what: str) -> Received:
         """The blob streamed into dest, hashed as it arrives, refused when it is not its
@@ -392,13 +433,13 @@ class OciStore:
 
     def push_manifest(self, manifest: dict[str, Any], reference: str) -> str:
         """Put a manifest under a tag or (reference "") its own digest; its digest."""
-        body = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+        body = manifest_body(manifest)
         digest = digest_of(body)
         resp = self.client.do_request(
             self._url("manifests", reference or digest),
             "PUT",
             data=body,
-            headers={"Content-Type": MANIFEST_MEDIA_TYPE},
+            headers={"Content-Type": str(manifest.get("mediaType") or MANIFEST_MEDIA_TYPE)},
         )
         if resp.status_code not in (200, 201):
             raise self._fail(f"pushing a manifest to {self._ref(reference)}", resp)
@@ -411,6 +452,73 @@ class OciStore:
         resp = self.client.do_request(self._url("manifests", digest), "DELETE")
         if resp.status_code not in (200, 202, 404):
             raise self._fail(f"deleting {self._ref(digest)}", resp)
+
+    # -- referrers (OCI 1.1): the manifests that name an image as their subject -------------
+
+    def _referrers_api(self, digest: str) -> builtins.list[Any] | None:
+        """The referrers API's descriptors for `digest` (its first page); None where the
+        registry has no referrers API: the spec has those answer 404 (Distribution 3 does),
+        and some older registries answer 400 or 405 to a path they do not know."""
+        resp = self.client.do_request(
+            self._url("referrers", digest), "GET", headers={"Accept": INDEX_MEDIA_TYPE}, stream=True
+        )
+        if resp.status_code in (400, 404, 405):
+            return None
+        if resp.status_code != 200:
+            raise self._fail(f"listing the referrers of {self._ref(digest)}", resp)
+        body = self._bounded(resp, MAX_MANIFEST, f"the referrers of {self._ref(digest)}")
+        try:
+            found = json.loads(body).get("manifests")
+        except (ValueError, AttributeError):
+            raise StoreError(f"the referrers of {self._ref(digest)} are not an index") from None
+        return found if isinstance(found, builtins.list) else []
+
+    def _fallback_index(self, digest: str) -> builtins.list[Any]:
+        found = self.manifest(referrers_tag(digest), INDEX_MEDIA_TYPE)
+        if found is None or found[0].get("mediaType") != INDEX_MEDIA_TYPE:
+            return []
+        entries = found[0].get("manifests")
+        return entries if isinstance(entries, builtins.list) else []
+
+    def referrers(self, digest: str, artifact_type: str = "") -> builtins.list[dict[str, Any]]:
+        """Descriptors of the manifests whose subject is `digest` (of `artifact_type`, when
+        given): from the referrers API or, where the registry has none, from the tag schema's
+        index (referrers_tag), which pushers keep up to date. At most MAX_REFERRERS. Only
+        descriptors: the caller reads each manifest by digest and checks its subject."""
+        found = self._referrers_api(digest)
+        if found is None:
+            found = self._fallback_index(digest)
+        return [
+            d
+            for d in found
+            if isinstance(d, dict)
+            and isinstance(d.get("digest"), str)
+            and str(d["digest"]).startswith("sha256:")
+            and (not artifact_type or d.get("artifactType") == artifact_type)
+        ][:MAX_REFERRERS]
+
+    def push_referrer(self, manifest: dict[str, Any]) -> str:
+        """A manifest with a subject, pushed by its digest; where the registry has no referrers
+        API, also added to the subject's tag-schema index, every other entry kept (other
+        signers, SBOMs). Two writers of that index race and the last wins, as the spec says."""
+        digest = self.push_manifest(manifest, "")
+        subject = str(manifest["subject"]["digest"])
+        if self._referrers_api(subject) is not None:
+            return digest
+        entry = {
+            "mediaType": manifest.get("mediaType") or MANIFEST_MEDIA_TYPE,
+            "digest": digest,
+            "size": len(manifest_body(manifest)),
+            "artifactType": manifest.get("artifactType", ""),
+        }
+        kept = [e for e in self._fallback_index(subject) if isinstance(e, dict)]
+        index = {
+            "schemaVersion": 2,
+            "mediaType": INDEX_MEDIA_TYPE,
+            "manifests": [*(e for e in kept if e.get("digest") != digest), entry],
+        }
+        self.push_manifest(index, referrers_tag(subject))
+        return digest
 
     # -- the Store contract --------------------------------------------------------------
 
@@ -615,7 +723,9 @@ class OciStore:
     def _head(self, reference: str, what: str) -> str:
         """The digest of the manifest at a tag; "" when there is none."""
         resp = self.client.do_request(
-            self._url("manifests", reference), "HEAD", headers={"Accept": MANIFEST_MEDIA_TYPE}
+            self._url("manifests", reference),
+            "HEAD",
+            headers={"Accept": f"{MANIFEST_MEDIA_TYPE}, {INDEX_MEDIA_TYPE}"},
         )
         if resp.status_code == 404:
             return ""
@@ -633,13 +743,23 @@ class OciStore:
                 image = self._head(tag, f"{tag} of {self.uri(base)}")
                 if not image:
                     continue
-                signature = self._head(image.replace(":", "-", 1) + ".sig", f"{image}'s signature")
-                if signature:
-                    self.delete_manifest(signature)
+                self._delete_signatures(image)
                 self.delete_manifest(image)
         digest = self._head(tag_of(key), self.uri(key))
         if digest:
             self.delete_manifest(digest)
+
+    def _delete_signatures(self, image: str) -> None:
+        """An image's signatures, both cosign formats: the legacy `.sig` manifest, and its
+        referrers (Sigstore bundles among them) with their tag-schema index."""
+        signature = self._head(referrers_tag(image) + ".sig", f"{image}'s signature")
+        if signature:
+            self.delete_manifest(signature)
+        for referrer in self.referrers(image):
+            self.delete_manifest(str(referrer["digest"]))
+        index = self._head(referrers_tag(image), f"{image}'s referrers index")
+        if index:
+            self.delete_manifest(index)
 
     # -- the Board contract (store.Board): fleet claims on a registry ---------------------
 
