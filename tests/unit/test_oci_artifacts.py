@@ -234,7 +234,8 @@ def test_a_signature_verifies_with_its_key_only() -> None:
     reg = FakeRegistry()
     digest = _bundle(reg)
     assert signing.verify(reg, digest, _key().public_key()).reason.endswith(
-        f"is not signed (no {signing.signature_tag(digest)} in the registry)"
+        f"is not signed (no {signing.signature_tag(digest)} in the registry, "
+        "and no Sigstore bundle among its referrers)"
     )
     signing.sign(reg, digest, _key())
     assert signing.verify(reg, digest, _key().public_key()).ok
@@ -450,8 +451,17 @@ def test_gc_deletes_an_artifacts_bundle_and_its_signature_with_its_manifest() ->
     digest = reg.push_manifest({"layers": []}, oci.bundle_tag(base))
     signature = signing.sign(reg, digest, _key())
     obj = reg.push_manifest({"layers": []}, oci.tag_of(f"{base}/manifest.json"))
+    # Both formats: the legacy .sig, then the bundle referrer and the tag-schema index.
+    (bundle,) = reg.referrers(digest)
+    index = reg.tags[oci.referrers_tag(digest)]
     reg.delete(f"{base}/manifest.json")
-    assert calls == [("delete", signature), ("delete", digest), ("delete", obj)]
+    assert calls == [
+        ("delete", signature),
+        ("delete", bundle["digest"]),
+        ("delete", index),
+        ("delete", digest),
+        ("delete", obj),
+    ]
     assert hashlib.sha256(base.encode()).hexdigest() in oci.bundle_tag(base)
 
 

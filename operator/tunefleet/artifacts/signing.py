@@ -2,9 +2,12 @@
 (and admission policies built on it: Kyverno, the policy-controller) accept what tunefleet
 signed, and tunefleet accepts what cosign signed. This module owns the contract both ways.
 
-The format is cosign's "simple signing" one: a manifest tagged ``sha256-<hex>.sig`` beside the
-signed one, whose layers are payloads naming the signed manifest's digest, each with its
-base64 ECDSA signature in the ``dev.cosignproject.cosign/signature`` annotation. Keys are
+Both of cosign's formats are read and written; either one by the profile's key verifies. The
+legacy one is "simple signing": a manifest tagged ``sha256-<hex>.sig`` beside the signed one,
+whose layers are payloads naming the signed manifest's digest, each with its base64 ECDSA
+signature in the ``dev.cosignproject.cosign/signature`` annotation. cosign v3 signs by default
+in the other, a Sigstore bundle attached to the image as an OCI referrer (sigbundle.py), and
+has said it will drop the legacy one; policies built on cosign v2 read only that. Keys are
 cosign's: the private key as ``cosign generate-key-pair`` writes it (scrypt + NaCl secretbox,
 with its password), or a plain PEM PKCS#8 key; the public key as PEM.
 
@@ -30,6 +33,10 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from tunefleet.storage.store import StoreError
+
+from . import sigbundle
+
 # oras and requests cost fetch ~14 MiB it does not need for a blob signature (s3://, pvc://):
 # imported where a registry is signed or verified.
 if TYPE_CHECKING:
@@ -40,6 +47,9 @@ SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"
 PAYLOAD_TYPE = "cosign container image signature"
 CONFIG_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"
 MAX_PAYLOAD = 64 << 10
+# The most signatures of one image checked, per format: each is a blob read, and a manifest
+# (up to 4 MiB) could list thousands.
+MAX_SIGNATURES = 64
 
 # Object stores: the signature of an artifact's manifest.json, as the object beside it.
 BLOB_SIGNATURE_SUFFIX = ".sig"
@@ -157,8 +167,15 @@ def _manifest_media_type() -> str:
 
 
 def sign(store: OciStore, digest: str, key: ec.EllipticCurvePrivateKey) -> str:
-    """Sign the manifest at `digest` in the store's repository; the signature manifest's
-    digest."""
+    """Sign the manifest at `digest` in the store's repository in both of cosign's formats
+    (cosign v2 and the policies built on it read only the legacy one, cosign v3 writes the
+    bundle); the legacy signature manifest's digest."""
+    signed = _sign_legacy(store, digest, key)
+    sigbundle.sign(store, digest, key)
+    return signed
+
+
+def _sign_legacy(store: OciStore, digest: str, key: ec.EllipticCurvePrivateKey) -> str:
     body = payload(store.location.bucket, digest)
     signature = key.sign(body, ec.ECDSA(hashes.SHA256()))
     payload_digest = store.push_blob(body)
@@ -199,28 +216,47 @@ def sign(store: OciStore, digest: str, key: ec.EllipticCurvePrivateKey) -> str:
 
 
 def verify(store: OciStore, digest: str, key: ec.EllipticCurvePublicKey) -> Verdict:
-    """Whether a signature by `key` names `digest`: read only by the digest's own tag, each
-    payload checked against its digest, then its signature, then what it names."""
-    found = store.manifest(signature_tag(digest))
-    if found is None:
+    """Whether a signature by `key` names `digest`, in either format: the legacy one read
+    only by the digest's own tag, each payload checked against its digest, then its
+    signature, then what it names; else the Sigstore bundles attached to it (sigbundle.check).
+    The legacy tag is read first: where it verifies, the referrers are not asked for."""
+    legacy = _verify_legacy(store, digest, key)
+    if legacy == [""]:
+        return Verdict(True, "")
+    bundles = sigbundle.verify(store, digest, key)
+    if "" in bundles:
+        return Verdict(True, "")
+    if legacy is None and not bundles:
         return Verdict(
             False,
-            f"{store.location.bucket}@{digest} is not signed (no "
-            f"{signature_tag(digest)} in the registry)",
+            f"{store.location.bucket}@{digest} is not signed (no {signature_tag(digest)} "
+            "in the registry, and no Sigstore bundle among its referrers)",
         )
-    layers = found[0].get("layers")
-    if not isinstance(layers, list) or not layers:
-        return Verdict(False, f"the signature manifest of {digest} holds no signatures")
-    reasons: list[str] = []
-    for layer in layers:
-        reasons.append(_check_layer(store, digest, layer, key))
-        if not reasons[-1]:
-            return Verdict(True, "")
+    reasons = sorted(set((legacy or []) + bundles))
     return Verdict(
         False,
         f"{store.location.bucket}@{digest}: no valid signature by the "
-        f"configured key ({'; '.join(sorted(set(reasons)))})",
+        f"configured key ({'; '.join(reasons)})",
     )
+
+
+def _verify_legacy(
+    store: OciStore, digest: str, key: ec.EllipticCurvePublicKey
+) -> list[str] | None:
+    """Why each legacy signature of `digest` is not one by `key`; [""] when one is, None
+    when there is no `.sig` manifest."""
+    found = store.manifest(signature_tag(digest))
+    if found is None:
+        return None
+    layers = found[0].get("layers")
+    if not isinstance(layers, list) or not layers:
+        return [f"the signature manifest {signature_tag(digest)} holds no signatures"]
+    reasons: list[str] = []
+    for layer in layers[:MAX_SIGNATURES]:
+        reasons.append(_check_layer(store, digest, layer, key))
+        if not reasons[-1]:
+            return [""]
+    return reasons
 
 
 def _check_layer(store: OciStore, digest: str, layer: Any, key: ec.EllipticCurvePublicKey) -> str:
@@ -233,9 +269,12 @@ def _check_layer(store: OciStore, digest: str, layer: Any, key: ec.EllipticCurve
         return "a malformed signature"
     if int(layer.get("size", 0)) > MAX_PAYLOAD:
         return "an oversized payload"
-    body = store.blob(
-        str(layer.get("digest", "")), MAX_PAYLOAD, f"the signature payload of {digest}"
-    )
+    try:
+        body = store.blob(
+            str(layer.get("digest", "")), MAX_PAYLOAD, f"the signature payload of {digest}"
+        )
+    except StoreError as exc:  # one unreadable signature must not hide another's verdict
+        return f"an unreadable payload ({exc})"
     try:
         key.verify(signature, body, ec.ECDSA(hashes.SHA256()))
     except InvalidSignature:
