@@ -92,7 +92,8 @@ def _curl(reg: Registry, *args: str, url: str) -> subprocess.CompletedProcess[st
     return subprocess.run(
         [
             "curl", "-s", "--cacert", str(reg.ca), "-H", f"Authorization: Basic {auth}",
-            "-H", "Accept: application/vnd.oci.image.manifest.v1+json", *args,
+            "-H", "Accept: application/vnd.oci.image.manifest.v1+json, "
+            "application/vnd.oci.image.index.v1+json", *args,
             f"https://{reg.host}/v2/{url}",
         ],
         capture_output=True, text=True, timeout=30,
@@ -126,6 +127,21 @@ def delete_manifest(reg: Registry, repository: str, reference: str) -> None:
     assert digest is not None, reference
     done = _curl(reg, "-f", "-X", "DELETE", url=f"{repository}/manifests/{digest}")
     assert done.returncode == 0, done.stderr
+
+
+def delete_signatures(reg: Registry, repository: str, digest: str) -> None:
+    """Every cosign signature of the image at `digest`, in both formats: the legacy `.sig`
+    manifest, and the Sigstore bundles attached as referrers with their `sha256-<hex>` index
+    (Distribution has no referrers API, so the index lists them all)."""
+    tag = digest.replace(":", "-", 1)
+    if manifest_digest(reg, repository, tag + ".sig") is not None:
+        delete_manifest(reg, repository, tag + ".sig")
+    if manifest_digest(reg, repository, tag) is None:
+        return
+    for referrer in manifest_json(reg, repository, tag).get("manifests") or []:
+        if manifest_digest(reg, repository, referrer["digest"]) is not None:
+            delete_manifest(reg, repository, referrer["digest"])
+    delete_manifest(reg, repository, tag)
 
 
 def key_pair(where: Path, password: str) -> Path:

@@ -30,7 +30,7 @@ from testbed.registry import (
     Registry,
     cosign,
     cosign_binary,
-    delete_manifest,
+    delete_signatures,
     manifest_digest,
     manifest_json,
 )
@@ -159,8 +159,7 @@ def test_a_bundle_is_pushed_signed_verified_by_cosign_served_and_refused_when_fo
 
     # Signed by another key only: cosign refuses it, so does tunefleet, and the pod starts
     # untuned (failClosed is false), saying why.
-    sig_tag = digest.replace(":", "-") + ".sig"
-    delete_manifest(registry, repository, sig_tag)
+    delete_signatures(registry, repository, digest)  # tunefleet's, in both formats
     other, env = _other_key_pair(registry, tmp_path)
     signed = cosign(
         [
@@ -175,7 +174,7 @@ def test_a_bundle_is_pushed_signed_verified_by_cosign_served_and_refused_when_fo
     assert "bundle not served" in fetch and "signed by another key" in fetch, fetch
 
     # Unsigned: refused, named.
-    delete_manifest(registry, repository, sig_tag)
+    delete_signatures(registry, repository, digest)
     fetch, _ = _serve(cluster, namespace, "unsigned", "oci")
     assert "bundle not served" in fetch and "is not signed" in fetch, fetch
 
@@ -214,8 +213,10 @@ def test_a_bundle_is_pushed_signed_verified_by_cosign_served_and_refused_when_fo
     # The GEMM library's entry stays (it is the fleet's, compacted by its own rules).
     left = [o.key for o in store.list("", 100) if "/_library/" not in o.key]
     assert left == [], left
-    for ref in (digest, art["bundle"].get("volume") or digest, sig_tag):
-        assert manifest_digest(registry, repository, ref) is None, ref
+    for image in (digest, art["bundle"].get("volume") or digest):
+        tag = image.replace(":", "-", 1)  # its signatures: the .sig, the referrers' index
+        for ref in (image, tag + ".sig", tag):
+            assert manifest_digest(registry, repository, ref) is None, ref
 
 
 def _other_key_pair(reg: Registry, tmp_path: Any) -> tuple[Any, dict[str, str]]:
@@ -463,7 +464,7 @@ def test_admission_mounts_no_volume_image_on_the_status_word_and_follows_the_key
     back = {"spec": {"storage": {"signing": {"publicKey": public_key}}}}
     cluster.kubectl("patch", "tp", "-n", namespace, "guard", "--type", "merge", "-p",
                     json.dumps(back))  # fmt: skip
-    delete_manifest(registry, repository, volume.replace(":", "-") + ".sig")
+    delete_signatures(registry, repository, volume)
     start = time.monotonic()
     tries = iter(range(200))
     eventually(
