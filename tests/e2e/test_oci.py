@@ -178,6 +178,22 @@ def test_a_bundle_is_pushed_signed_verified_by_cosign_served_and_refused_when_fo
     fetch, _ = _serve(cluster, namespace, "unsigned", "oci")
     assert "bundle not served" in fetch and "is not signed" in fetch, fetch
 
+    # Signed by the right key with cosign v3's own defaults: a Sigstore bundle (a referrer,
+    # found through the referrers API or its sha256-<hex> tag fallback), no legacy .sig at
+    # all. Served (no Rekor here: the transparency log is off, the format is cosign's default).
+    bundle_only = cosign(
+        [
+            "sign", "--key", "k8s://" + namespace + "/signing", "--tlog-upload=false",
+            "--use-signing-config=false", "-y", reference,
+        ],
+        {**registry.tool_env(registry.writer), "COSIGN_PASSWORD": PASSWORD,
+         "KUBECONFIG": cluster.kubeconfig},
+    )  # fmt: skip
+    assert bundle_only.returncode == 0, bundle_only.stderr
+    fetch, _ = _serve(cluster, namespace, "v3-bundle", "oci")
+    assert "wrote 1 results file(s)" in fetch, fetch
+    delete_signatures(registry, repository, digest)
+
     # Signed again by the right key (cosign, this time), then a layer changed in the registry's
     # own storage: the bytes no longer match the digest the bundle names, and are refused.
     resigned = cosign(
