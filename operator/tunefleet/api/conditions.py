@@ -132,6 +132,9 @@ class EventReason(StrEnum):
     ADOPTED = "ArtifactAdopted"
     NOT_ADOPTED = "ArtifactNotAdopted"
     PUBLISHED = "ArtifactPublishedForFleet"
+    # The profile's store fails the probe of its conditional writes (fleet/probe.py): fleet
+    # mode does not coordinate through it, and the profile tunes its own (said once a verdict).
+    FLEET_STORE_REFUSED = "FleetStoreRefused"
 
 
 def truncate(message: str, limit: int = MESSAGE_LIMIT) -> str:

@@ -10,13 +10,15 @@ naming.fleet_identity, 64 hex):
   both win;
 * ``<prefix>/_fleet/<gpu-model>/<identity>/artifact.json``: written once (If-None-Match),
   the first complete artifact of the identity, replaced (If-Match) only when it is not an
-  adoptable entry.
+  adoptable entry;
+* ``<prefix>/_fleet/.probe/<random>``: the probe of the store's conditional writes
+  (fleet/probe.py), written and deleted within one reconcile.
 
-Both are small JSON documents. Anything under these keys that does not parse as what it should
-be (over MAX_BYTES, not JSON, another schema or identity) is not trusted: a claim that is not
-one counts as expired (it is taken over, never obeyed), an entry that is not one is not adopted
-and is replaced by the next publisher; either with the same conditional write as a valid one
-gets, and a log line saying what was there (`odd`).
+The first two are small JSON documents. Anything under their keys that does not parse as what
+it should be (over MAX_BYTES, not JSON, another schema or identity) is not trusted: a claim
+that is not one counts as expired (it is taken over, never obeyed), an entry that is not one is
+not adopted and is replaced by the next publisher; either with the same conditional write as a
+valid one gets, and a log line saying what was there (`odd`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from tunefleet.storage.store import Location
 FLEET_DIR = "_fleet"
 CLAIM = "claim.json"
 PUBLISHED = "artifact.json"
+PROBE_DIR = ".probe"
 MAX_BYTES = 16 << 10  # what either object may be: a claim is ~300 bytes, an entry ~5 KB
 # The longest a claim may run ahead (the chart's fleet.claimSeconds is at most this): one that
 # expires later is no cluster's, and is taken over (a swap) or not obeyed (a bid).
@@ -60,6 +63,13 @@ def claim_key(location: Location, gpu_model: str, identity: str) -> str:
 
 def published_key(location: Location, gpu_model: str, identity: str) -> str:
     return location.key(FLEET_DIR, gpu_model, check_identity(identity), PUBLISHED)
+
+
+def probe_key(location: Location, token: str) -> str:
+    """The probe object's key (fleet/probe.py); `token` is random, 32 hex."""
+    if not re.fullmatch(r"[0-9a-f]{32}", token):
+        raise ValueError(f"{token!r} is not a probe token (32 hex characters)")
+    return location.key(FLEET_DIR, PROBE_DIR, token)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from tunefleet.capture import step as capture_step
 from tunefleet.capture.retune_sets import RetuneSet
 from tunefleet.contracts.artifact_record import ArtifactRecord
 from tunefleet.fleet.claims import Standing
+from tunefleet.fleet.probe import Verdict
 from tunefleet.reconciler import children
 from tunefleet.reconciler.inputs import FleetFacts, Where
 from tunefleet.serving import delivery
@@ -90,6 +91,8 @@ class First:
     adoptions: tuple[Adoption, ...] = ()
     claims: Mapping[str, Where] = field(default_factory=dict)
     refused: Mapping[str, FleetFacts] = field(default_factory=dict)  # said once each
+    # The store fails conditional writes (fleet/probe.py): said once per verdict.
+    store_refused: Verdict | None = None
 
 
 @dataclass(frozen=True)

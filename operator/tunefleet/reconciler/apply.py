@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import uuid
 from dataclasses import replace
 from typing import Any
 
@@ -38,6 +39,7 @@ from tunefleet.contracts import fleet as contract
 from tunefleet.contracts.artifact_record import ArtifactRecord
 from tunefleet.contracts.fleet import Claim, Holder
 from tunefleet.fleet import adopt, bids, claims
+from tunefleet.fleet import probe as probing
 from tunefleet.fleet.claims import Standing
 from tunefleet.kube import Kube
 from tunefleet.placement import gate
@@ -64,6 +66,7 @@ from tunefleet.storage.store import (
     Store,
     StoreError,
     Swappable,
+    SwappableStore,
     board,
     swappable,
 )
@@ -79,6 +82,74 @@ def carry_out(inputs: Inputs, acts: First | Second, said: list[Event]) -> Applie
     if isinstance(acts, First):
         return _first(inputs, acts)
     return _second(inputs, acts, said)
+
+
+# --- before round one: the store's conditional writes ----------------------------------------
+
+
+def probe(inputs: Inputs) -> probing.Verdict | str | None:
+    """Probe the store gather found unprobed (fleet/probe.py) before any claim through it: its
+    verdict, kept for the process; the store's error (no verdict: probed again next pass); or
+    None when there is nothing to probe. Of the reconciles that find one store unprobed at
+    once, one probes and the others take its verdict."""
+    target = inputs.probe
+    if target is None:
+        return None
+    with inputs.probes.lock(target.key):
+        known = inputs.probes.verdict(target.key, time.monotonic())
+        if known is not None:
+            return known
+        swap = swappable(target.store)
+        assert swap is not None  # gather probes only a store that swaps
+        key = contract.probe_key(target.location, uuid.uuid4().hex)
+        try:
+            fault = probe_store(swap, key)
+        except StoreError as e:
+            log.warning(
+                f"{inputs.name}: fleet mode could not probe the conditional writes of "
+                f"{target.words} ({e}); no claim is taken through it until it can: trying again"
+            )
+            return truncate(str(e), 400)
+        verdict = probing.Verdict(target.words, fault, time.monotonic())
+        inputs.probes.record(target.key, verdict)
+    if verdict.honours:
+        log.info(f"fleet mode: {target.words} honours conditional writes; claims go through it")
+    else:
+        log.error(verdict.refusal())
+    return verdict
+
+
+def probe_store(store: SwappableStore, key: str) -> str:
+    """The probe's steps at `key` (fleet/probe.py), with the very calls claims make, then the
+    probe object deleted: "" when the store honoured each, else what it did wrong.
+    StoreError when the store fails (no verdict)."""
+    first = probing.VERSIONS[0]
+    if not store.create(key, first, probing.CONTENT_TYPE):
+        return probing.REFUSED_CREATE
+    try:
+        return _probe_steps(store, key)
+    finally:
+        try:
+            store.delete(key)
+        except StoreError as e:  # the verdict stands; the object is 11 bytes
+            log.warning(f"the fleet's probe object {store.uri(key)} stays: {e}")
+
+
+def _probe_steps(store: SwappableStore, key: str) -> str:
+    """Steps 2 to 4 of the probe, on the object step 1 created."""
+    first, second, third, fourth = probing.VERSIONS
+    if store.create(key, second, probing.CONTENT_TYPE):
+        return probing.IGNORED_IF_NONE_MATCH
+    tagged = store.read_tagged(key, contract.MAX_BYTES)
+    if tagged.data != first:
+        return probing.IGNORED_IF_NONE_MATCH
+    if not store.replace_if(key, third, probing.CONTENT_TYPE, tagged.tag):
+        return probing.REFUSED_IF_MATCH
+    if store.replace_if(key, fourth, probing.CONTENT_TYPE, tagged.tag):
+        return probing.IGNORED_IF_MATCH
+    if store.get(key, contract.MAX_BYTES) != third:
+        return probing.IGNORED_IF_MATCH
+    return ""
 
 
 # --- round one -------------------------------------------------------------------------------
@@ -103,6 +174,8 @@ def _first(inputs: Inputs, acts: First) -> Applied:
     _remove_retune_sets(client, acts)
     for facts in acts.refused.values():
         inputs.memory.refused_entries.add(facts.seen)  # said once (decide's Event)
+    if acts.store_refused is not None:
+        inputs.memory.said_refusal = acts.store_refused.mark  # said once (decide's Event)
     for adoption in acts.adoptions:
         w = adoption.take_down
         if w is not None and _give_back(inputs, adoption.model, w, "taking down our bid"):

@@ -20,6 +20,7 @@ from tunefleet.contracts import fleet as contract
 from tunefleet.contracts.artifact_record import ArtifactRecord
 from tunefleet.contracts.fleet import Published
 from tunefleet.fleet import adopt
+from tunefleet.fleet.probe import Verdict
 from tunefleet.reconciler import children, status
 from tunefleet.reconciler.acts import (
     Adoption,
@@ -78,12 +79,27 @@ class Plan:
         return _second(self.inputs, self.first, answered)
 
 
+def probed(inputs: Inputs, answer: Verdict | str | None) -> Inputs:
+    """The inputs once the store's conditional writes were probed (apply.probe, before round
+    one): a store that fails them is not coordinated through (the profile tunes its own); a
+    store error leaves no verdict, and nothing is adopted or claimed this pass."""
+    if answer is None:
+        return inputs
+    if isinstance(answer, str):
+        return replace(inputs, probe=None, unprobed=answer)
+    if answer.honours:
+        return replace(inputs, probe=None)
+    return replace(inputs, probe=None, wheres={}, fleet={}, refusal=answer)
+
+
 def plan(inputs: Inputs) -> Plan:
     """The reconcile's plan (see the module's docstring)."""
     if not inputs.acting:
         return Plan(inputs, First(drop_finalizer=_legacy(inputs)))
     adoptions, claims, refused = [], {}, {}
-    for model, facts in inputs.fleet.items():
+    # No verdict on the store's conditional writes (its probe failed): nothing through it.
+    fleet = {} if inputs.unprobed else inputs.fleet
+    for model, facts in fleet.items():
         if facts.entry is not None:
             adoptions.append(_adoption(inputs, model, facts.entry, facts.where))
         elif not facts.unread:
@@ -100,8 +116,17 @@ def plan(inputs: Inputs) -> Plan:
             adoptions=tuple(adoptions),
             claims=claims,
             refused=refused,
+            store_refused=_store_refused(inputs),
         ),
     )
+
+
+def _store_refused(inputs: Inputs) -> Verdict | None:
+    """The store's refusal, when this profile has not said it yet and tunes its own for it."""
+    said = inputs.refusal
+    if said is None or said.mark == inputs.memory.said_refusal or not wanted(inputs):
+        return None
+    return said
 
 
 def _legacy(inputs: Inputs) -> bool:
@@ -148,7 +173,14 @@ def waiting(inputs: Inputs, answered: Applied) -> tuple[dict[str, str], float | 
     """Models that wait for the fleet (with why), and how soon to look again."""
     out, again = {}, None
     for model, facts in inputs.fleet.items():
-        if facts.unread:
+        if inputs.unprobed:
+            out[model] = truncate(
+                "fleet mode could not check that the store honours conditional writes "
+                f"({inputs.unprobed}); nothing is claimed through it until then: trying again",
+                500,
+            )
+            again = sooner(again, WAIT_POLL_S)
+        elif facts.unread:
             out[model] = truncate(
                 f"the fleet's entry could not be read ({facts.unread}); reading again", 500
             )
@@ -462,6 +494,10 @@ def _settle(
 def _fleet_events(inputs: Inputs, first: First, answered: Applied) -> list[Event]:
     """What the fleet step says: entries refused (once each), artifacts adopted."""
     out: list[Event] = []
+    if first.store_refused is not None:
+        out.append(
+            ("Warning", EventReason.FLEET_STORE_REFUSED, truncate(first.store_refused.refusal()))
+        )
     for model, facts in first.refused.items():
         out.append(("Warning", EventReason.NOT_ADOPTED, truncate(
             f"{model}: not adopted: {facts.refused}; this profile claims the identity and "

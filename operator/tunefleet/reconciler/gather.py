@@ -25,7 +25,7 @@ from tunefleet.capture import step as capture_step
 from tunefleet.config import Config
 from tunefleet.contracts import fleet as contract
 from tunefleet.contracts.artifact_record import ArtifactRecord
-from tunefleet.fleet import adopt, coordinate
+from tunefleet.fleet import adopt, coordinate, probe
 from tunefleet.kube import Kube
 from tunefleet.reconciler import children, decide
 from tunefleet.reconciler.diagnose import Hints
@@ -34,6 +34,7 @@ from tunefleet.reconciler.inputs import (
     ConfigMapFact,
     FleetFacts,
     Inputs,
+    Probe,
     View,
     Where,
 )
@@ -41,7 +42,7 @@ from tunefleet.reconciler.memory import NODES_TTL, Memory
 from tunefleet.reconciler.observe import Gathered, observe_wanting
 from tunefleet.serving import delivery
 from tunefleet.storage.registry import parse_uri, shared_session
-from tunefleet.storage.store import Location, Store, StoreError, StoreOptions
+from tunefleet.storage.store import Location, Store, StoreError, StoreOptions, swappable
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,7 @@ def gather(view: View, around: Around, memory: Memory, config: Config) -> Inputs
         unadmitted=tuple(memory.unadmitted.get((meta["namespace"], meta["name"]), [])),
         hints=hints_for(spec, config), untrusted=tuple(around.untrusted),
         untuned_pods=tuple(around.untuned_pods), wall=time.time(), at=time.monotonic(),
+        probes=memory.probes,
     )  # fmt: skip
     if spec is None:
         return inputs
@@ -104,7 +106,7 @@ def gather(view: View, around: Around, memory: Memory, config: Config) -> Inputs
         inputs = replace(inputs, too_few=_too_few_nodes(around.client, spec, memory))
     inputs = replace(inputs, gathered=_observing(inputs), config_maps=_config_maps(inputs))
     if inputs.acting and config.fleet:
-        inputs = replace(inputs, wheres=_wheres(inputs))
+        inputs = _checked(_wheres(inputs))
         inputs = replace(inputs, fleet=_entries(inputs))
     return inputs
 
@@ -196,29 +198,51 @@ def read_config_map(client: Kube, ns: str, name: str) -> ConfigMapFact:
     return ConfigMapFact(str(((there or {}).get("metadata") or {}).get("uid") or ""), there)
 
 
-def _wheres(inputs: Inputs) -> dict[str, Where]:
-    """Where each model's identity's fleet objects are (opening a store reads nothing)."""
+def _wheres(inputs: Inputs) -> Inputs:
+    """Where each model's identity's fleet objects are (opening a store reads nothing), and
+    the store as its conditional writes are probed (a store that swaps: not a board)."""
     spec, config = inputs.spec, inputs.config
     if not config.fleet_cluster or spec is None:
-        return {}
+        return inputs
     opened = _open(inputs)
     if opened is None or not coordinate.coordinates(opened[0]):
-        return {}
+        return inputs
+    store, location, endpoint = opened
     m = inputs.meta
     holder = contract.Holder(config.fleet_cluster, m["namespace"], m["name"], m["uid"])
     out = {}
     for model in spec.gpu.models:
         identity = naming.fleet_identity(spec, model)
         if identity is not None:
-            out[model] = Where(identity, opened[0], opened[1], holder)
-    return out
+            out[model] = Where(identity, store, location, holder)
+    key = probe.store_key(location.scheme, location.bucket, endpoint)
+    words = probe.store_words(location.uri(), endpoint)
+    target = Probe(store, location, key, words) if swappable(store) is not None else None
+    return replace(inputs, wheres=out, probe=target)
 
 
-def _open(inputs: Inputs) -> tuple[Store, Location] | None:
+def _checked(inputs: Inputs) -> Inputs:
+    """The store's verdict on conditional writes, as this process knows it (fleet/probe.py):
+    a store that fails them is not coordinated through (no `wheres`: the profile tunes its
+    own); one with no fresh verdict is probed (apply.probe) before a model claims through it.
+    A profile with nothing to claim leaves it unprobed: publishing and renewing go on."""
+    target = inputs.probe
+    if target is None or not inputs.wheres:
+        return replace(inputs, probe=None)
+    known = inputs.probes.verdict(target.key, inputs.at)
+    if known is not None and not known.honours:
+        return replace(inputs, wheres={}, probe=None, refusal=known)
+    if known is not None or not any(m in inputs.wheres for m in decide.wanted(inputs)):
+        return replace(inputs, probe=None)
+    return inputs
+
+
+def _open(inputs: Inputs) -> tuple[Store, Location, str] | None:
     """The profile's store with the operator's store identity (not pvc://: the operator
-    mounts no PersistentVolumeClaim)."""
+    mounts no PersistentVolumeClaim), and its S3 endpoint ("": the default, or oci://)."""
     assert inputs.spec is not None
     storage, config = inputs.spec.storage, inputs.config
+    endpoint = ""
     try:
         location = parse_uri(storage.uri)
         if location.scheme == "oci":
@@ -229,12 +253,12 @@ def _open(inputs: Inputs) -> tuple[Store, Location] | None:
                 oci_config=config.fleet_oci_config or config.oci_config or None,
             )
         elif location.scheme == "s3":
-            options = delivery.store_options(
-                storage.endpoint or config.default_s3_endpoint, storage.region or "", config
-            )
+            endpoint = storage.endpoint or config.default_s3_endpoint
+            options = delivery.store_options(endpoint, storage.region or "", config)
         else:
             return None
-        return inputs.around.open_store(location, shared_session(location, options)), location
+        store = inputs.around.open_store(location, shared_session(location, options))
+        return store, location, endpoint
     except (ValueError, StoreError):
         return None
 

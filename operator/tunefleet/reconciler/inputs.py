@@ -18,6 +18,7 @@ from tunefleet.config import Config
 from tunefleet.contracts import fleet as contract
 from tunefleet.contracts.artifact_record import REJECTED, ArtifactRecord
 from tunefleet.contracts.fleet import Published
+from tunefleet.fleet.probe import Probes, Verdict
 from tunefleet.informers.view_cache import Untrusted
 from tunefleet.kube import Kube
 from tunefleet.placement.gate import Gate
@@ -85,6 +86,18 @@ class Where:
 
 
 @dataclass(frozen=True)
+class Probe:
+    """A store whose conditional writes fleet mode checks before its first claim through it
+    (fleet/probe.py, apply.probe): the store opened, where the probe object goes, the key its
+    verdict is kept under (endpoint and bucket) and the store in words."""
+
+    store: Store
+    location: Location
+    key: str
+    words: str
+
+
+@dataclass(frozen=True)
 class FleetFacts:
     """One model's fleet facts: where its identity's objects are, and the published entry as
     read and checked (adopt.read, adopt.verify): one to adopt, why not (refused, said once
@@ -124,6 +137,15 @@ class Inputs:
     # published entry of each model that needs a Job and may adopt.
     wheres: Mapping[str, Where] = field(default_factory=dict)
     fleet: Mapping[str, FleetFacts] = field(default_factory=dict)
+    # Fleet mode's check of the store's conditional writes (fleet/probe.py): the store to probe
+    # before any claim this pass (no fresh verdict, and a model may claim), the verdict that
+    # the store fails them (fleet mode does not coordinate through it: `wheres` is empty), or
+    # the probe's store error (no verdict: nothing is adopted or claimed this pass); and the
+    # process's verdicts, by store.
+    probe: Probe | None = None
+    refusal: Verdict | None = None
+    unprobed: str = ""
+    probes: Probes = field(default_factory=Probes)
     untrusted: tuple[Untrusted, ...] = ()
     untuned_pods: tuple[Untuned, ...] = ()
     wall: float = 0.0  # time.time() at the gather

@@ -15,6 +15,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from tunefleet import kube
+from tunefleet.fleet.probe import Probes
 from tunefleet.kube import Kube
 from tunefleet.reconciler import workloads
 from tunefleet.reconciler.observe import Gathered, Want
@@ -71,6 +72,8 @@ class ProfileMemory:
     bidding: set[str] = field(default_factory=set)
     # Published entries that failed adoption's checks (already said, not downloaded again).
     refused_entries: set[str] = field(default_factory=set)
+    # The verdict that the profile's store fails conditional writes, as last said (its mark).
+    said_refusal: str = ""
 
     def queued_of(self, job: dict[str, Any], client: Kube) -> str:
         """Kueue's word on a queued Job, read at most every QUEUED_TTL seconds."""
@@ -164,6 +167,8 @@ class Memory:
     unadmitted: dict[tuple[str, str], list[str]] = field(default_factory=dict)
     # Nodes per (label key, model): (read at, count), for parallelism checks.
     node_counts: dict[tuple[str, str], tuple[float, int]] = field(default_factory=dict)
+    # Fleet mode: whether each store honours conditional writes (fleet/probe.py), by store.
+    probes: Probes = field(default_factory=Probes)
     _guard: threading.Lock = field(default_factory=threading.Lock)
 
     def of(self, uid: str) -> ProfileMemory:

@@ -96,9 +96,13 @@ def sync_profile(
 
 
 def _steps(inputs: Inputs, events: list[Event]) -> Outcome:
-    """Gather is done: decide once, carry the plan out in at most two rounds (the second
-    decided from what the first answered), compute the status, write it, say what happened."""
+    """Gather is done: probe the fleet's store if due, decide once, carry the plan out in at
+    most two rounds (the second decided from what the first answered), compute the status,
+    write it, say what happened."""
     events += apply.report(inputs)
+    # Fleet mode: a store's conditional writes are probed before its first claim (and again
+    # after a while), and what the verdict means is decided before round one is.
+    inputs = decide.probed(inputs, apply.probe(inputs))
     plan = decide.plan(inputs)
     first = apply.carry_out(inputs, plan.first, events)
     second = plan.then(first)
