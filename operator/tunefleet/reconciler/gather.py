@@ -225,14 +225,15 @@ def _checked(inputs: Inputs) -> Inputs:
     """The store's verdict on conditional writes, as this process knows it (fleet/probe.py):
     a store that fails them is not coordinated through (no `wheres`: the profile tunes its
     own); one with no fresh verdict is probed (apply.probe) before a model claims through it.
-    A profile with nothing to claim leaves it unprobed: publishing and renewing go on."""
+    A profile with nothing to claim (every model served, adopt: Never, a retune) leaves it
+    unprobed: publishing and renewing go on."""
     target = inputs.probe
     if target is None or not inputs.wheres:
         return replace(inputs, probe=None)
     known = inputs.probes.verdict(target.key, inputs.at)
     if known is not None and not known.honours:
         return replace(inputs, wheres={}, probe=None, refusal=known)
-    if known is not None or not any(m in inputs.wheres for m in decide.wanted(inputs)):
+    if known is not None or all(inputs.fleet_where(m) is None for m in decide.wanted(inputs)):
         return replace(inputs, probe=None)
     return inputs
 
