@@ -135,6 +135,14 @@ class Operator:
             uid = await asyncio.to_thread(self.client.cluster_uid)
             config = replace(config, fleet_cluster=uid)
             logger.info(f"fleet mode: this cluster is {uid} (kube-system's uid)")
+            # The stores are the profiles' (spec.storage: a bucket, an endpoint or the
+            # default one): each is probed at its first claim (fleet/probe.py), which for every
+            # profile listed is its first reconcile, right after this start.
+            logger.info(
+                "fleet mode: each store's conditional writes (If-None-Match, If-Match) are "
+                "probed before the first claim through it; a store that ignores them is not "
+                "coordinated through (its profiles tune their own, and say why)"
+            )
         # The reconcile the engine runs is handed to it: the engine imports none.
         controller = Controller(
             self.client, config, self._indexes(config), sync_profile, workers=config.workers
