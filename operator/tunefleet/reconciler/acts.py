@@ -18,7 +18,7 @@ from tunefleet.contracts.artifact_record import ArtifactRecord
 from tunefleet.fleet.claims import Standing
 from tunefleet.fleet.probe import Verdict
 from tunefleet.reconciler import children
-from tunefleet.reconciler.inputs import FleetFacts, Where
+from tunefleet.reconciler.inputs import FleetFacts, Probe, Where
 from tunefleet.serving import delivery
 
 # An Event about the profile, (type, reason, message): every step's are posted in one place,
@@ -91,8 +91,9 @@ class First:
     adoptions: tuple[Adoption, ...] = ()
     claims: Mapping[str, Where] = field(default_factory=dict)
     refused: Mapping[str, FleetFacts] = field(default_factory=dict)  # said once each
-    # The store fails conditional writes (fleet/probe.py): said once per verdict.
-    store_refused: Verdict | None = None
+    # The store whose conditional writes are checked first, before any claim through it
+    # (fleet/probe.py): a claim is taken only through a store that honours them.
+    probe: Probe | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,8 @@ class Second:
     publishes: tuple[Publish, ...] = ()
     releases: Mapping[str, Where | None] = field(default_factory=dict)
     recount: bool = False  # status.capture counted again against new artifacts
+    # The store fails conditional writes (fleet/probe.py): said once per verdict.
+    store_refused: Verdict | None = None
     events: tuple[Event, ...] = ()
     requeue: float | None = None
 
@@ -126,6 +129,9 @@ class Applied:
     unfrozen: Mapping[str, str] = field(default_factory=dict)  # model -> why not made
     standings: Mapping[str, Standing | str] = field(default_factory=dict)  # str: the error
     published_meanwhile: Mapping[str, FleetFacts] = field(default_factory=dict)
+    # The store's verdict on conditional writes, probed this pass (a str: its error, no
+    # verdict; None: not probed).
+    probe: Verdict | str | None = None
     jobs: tuple[dict[str, Any], ...] | None = None  # the Jobs as this pass left them
     problems: tuple[str, ...] = ()
     create_error: kube.Temporary | None = None
@@ -143,6 +149,7 @@ class Applied:
             unfrozen={**self.unfrozen, **later.unfrozen},
             standings={**self.standings, **later.standings},
             published_meanwhile={**self.published_meanwhile, **later.published_meanwhile},
+            probe=later.probe if later.probe is not None else self.probe,
             jobs=later.jobs if later.jobs is not None else self.jobs,
             problems=self.problems + later.problems,
             create_error=later.create_error or self.create_error,

@@ -57,7 +57,7 @@ from tunefleet.reconciler.acts import (
 )
 from tunefleet.reconciler.announce import announce
 from tunefleet.reconciler.decide import WAIT_POLL_S, child
-from tunefleet.reconciler.inputs import FleetFacts, Inputs, Where, iso
+from tunefleet.reconciler.inputs import FleetFacts, Inputs, Probe, Where, iso
 from tunefleet.reconciler.status import delivered_key, status_changed
 from tunefleet.serving import delivery
 from tunefleet.storage.store import (
@@ -84,17 +84,14 @@ def carry_out(inputs: Inputs, acts: First | Second, said: list[Event]) -> Applie
     return _second(inputs, acts, said)
 
 
-# --- before round one: the store's conditional writes ----------------------------------------
+# --- round one, first of all: the store's conditional writes ---------------------------------
 
 
-def probe(inputs: Inputs) -> probing.Verdict | str | None:
+def probe(inputs: Inputs, target: Probe) -> probing.Verdict | str:
     """Probe the store gather found unprobed (fleet/probe.py) before any claim through it: its
-    verdict, kept for the process; the store's error (no verdict: probed again next pass); or
-    None when there is nothing to probe. Of the reconciles that find one store unprobed at
-    once, one probes and the others take its verdict."""
-    target = inputs.probe
-    if target is None:
-        return None
+    verdict, kept for the process; or the store's error (no verdict: probed again next pass).
+    Of the reconciles that find one store unprobed at once, one probes and the others take
+    its verdict."""
     with inputs.probes.lock(target.key):
         known = inputs.probes.verdict(target.key, time.monotonic())
         if known is not None:
@@ -174,16 +171,19 @@ def _first(inputs: Inputs, acts: First) -> Applied:
     _remove_retune_sets(client, acts)
     for facts in acts.refused.values():
         inputs.memory.refused_entries.add(facts.seen)  # said once (decide's Event)
-    if acts.store_refused is not None:
-        inputs.memory.said_refusal = acts.store_refused.mark  # said once (decide's Event)
+    probed = probe(inputs, acts.probe) if acts.probe is not None else None
+    if isinstance(probed, str) or (probed is not None and not probed.honours):
+        # Nothing through a store not known to honour conditional writes (decide.probed).
+        return Applied(made=tuple(made), unfrozen=unfrozen, probe=probed)
     for adoption in acts.adoptions:
         w = adoption.take_down
         if w is not None and _give_back(inputs, adoption.model, w, "taking down our bid"):
             inputs.memory.bidding.discard(adoption.model)
     standings, meanwhile = _claims(inputs, acts)
     return Applied(
-        made=tuple(made), unfrozen=unfrozen, standings=standings, published_meanwhile=meanwhile
-    )
+        made=tuple(made), unfrozen=unfrozen, standings=standings,
+        published_meanwhile=meanwhile, probe=probed,
+    )  # fmt: skip
 
 
 def _remove_retune_sets(client: Kube, acts: First) -> None:
@@ -277,6 +277,8 @@ class _Pass:
 def _second(inputs: Inputs, acts: Second, said: list[Event]) -> Applied:
     p = _Pass(inputs, said)
     p.events += acts.events
+    if acts.store_refused is not None:
+        inputs.memory.said_refusal = acts.store_refused.mark  # said once (decide's Event)
     if acts.requeue is not None:
         p.again(acts.requeue)
     _create_missing(p, acts)

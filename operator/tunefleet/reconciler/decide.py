@@ -74,15 +74,20 @@ class Plan:
     inputs: Inputs
     first: First
 
+    def after(self, answered: Applied) -> Inputs:
+        """The inputs as round one's answers leave them (the store's probe: probed)."""
+        return probed(self.inputs, answered.probe)
+
     def then(self, answered: Applied) -> Second:
         """Round two, decided from round one's answers (pure)."""
-        return _second(self.inputs, self.first, answered)
+        return _second(self.after(answered), self.first, answered)
 
 
 def probed(inputs: Inputs, answer: Verdict | str | None) -> Inputs:
-    """The inputs once the store's conditional writes were probed (apply.probe, before round
-    one): a store that fails them is not coordinated through (the profile tunes its own); a
-    store error leaves no verdict, and nothing is adopted or claimed this pass."""
+    """The inputs once round one probed the store's conditional writes (apply, before any
+    claim through it): a store that fails them is not coordinated through (the profile tunes
+    its own, nothing adopted through it); a store error leaves no verdict, and nothing is
+    adopted or claimed this pass."""
     if answer is None:
         return inputs
     if isinstance(answer, str):
@@ -97,9 +102,7 @@ def plan(inputs: Inputs) -> Plan:
     if not inputs.acting:
         return Plan(inputs, First(drop_finalizer=_legacy(inputs)))
     adoptions, claims, refused = [], {}, {}
-    # No verdict on the store's conditional writes (its probe failed): nothing through it.
-    fleet = {} if inputs.unprobed else inputs.fleet
-    for model, facts in fleet.items():
+    for model, facts in inputs.fleet.items():
         if facts.entry is not None:
             adoptions.append(_adoption(inputs, model, facts.entry, facts.where))
         elif not facts.unread:
@@ -116,7 +119,7 @@ def plan(inputs: Inputs) -> Plan:
             adoptions=tuple(adoptions),
             claims=claims,
             refused=refused,
-            store_refused=_store_refused(inputs),
+            probe=inputs.probe,
         ),
     )
 
@@ -162,6 +165,8 @@ def capture_after(inputs: Inputs, answered: Applied) -> capture_step.Outcome:
 def adopted(inputs: Inputs, first: First, answered: Applied) -> dict[str, ArtifactRecord]:
     """Artifacts adopted this pass, by model: read before the claim, or published while we
     claimed (its claim is then given back)."""
+    if inputs.unprobed or inputs.refusal is not None:
+        return {}  # nothing through a store not known to honour conditional writes
     out = {a.model: a.record for a in first.adoptions}
     for model, facts in answered.published_meanwhile.items():
         if facts.entry is not None:
@@ -235,6 +240,7 @@ def _second(inputs: Inputs, first: First, answered: Applied) -> Second:
         publishes=publishes,
         releases=releases,
         recount=_recount(inputs, now),
+        store_refused=_store_refused(inputs),
         events=tuple(_fleet_events(inputs, first, answered)),
         requeue=sooner(again, renew_again),
     )
@@ -494,10 +500,9 @@ def _settle(
 def _fleet_events(inputs: Inputs, first: First, answered: Applied) -> list[Event]:
     """What the fleet step says: entries refused (once each), artifacts adopted."""
     out: list[Event] = []
-    if first.store_refused is not None:
-        out.append(
-            ("Warning", EventReason.FLEET_STORE_REFUSED, truncate(first.store_refused.refusal()))
-        )
+    refused = _store_refused(inputs)
+    if refused is not None:
+        out.append(("Warning", EventReason.FLEET_STORE_REFUSED, truncate(refused.refusal())))
     for model, facts in first.refused.items():
         out.append(("Warning", EventReason.NOT_ADOPTED, truncate(
             f"{model}: not adopted: {facts.refused}; this profile claims the identity and "

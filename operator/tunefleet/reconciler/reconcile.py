@@ -96,19 +96,15 @@ def sync_profile(
 
 
 def _steps(inputs: Inputs, events: list[Event]) -> Outcome:
-    """Gather is done: probe the fleet's store if due, decide once, carry the plan out in at
-    most two rounds (the second decided from what the first answered), compute the status,
-    write it, say what happened."""
+    """Gather is done: decide once, carry the plan out in at most two rounds (the second
+    decided from what the first answered), compute the status, write it, say what happened."""
     events += apply.report(inputs)
-    # Fleet mode: a store's conditional writes are probed before its first claim (and again
-    # after a while), and what the verdict means is decided before round one is.
-    inputs = decide.probed(inputs, apply.probe(inputs))
     plan = decide.plan(inputs)
     first = apply.carry_out(inputs, plan.first, events)
     second = plan.then(first)
     applied = first + apply.carry_out(inputs, second, events)
     events += apply.report_delivery(inputs, applied)
-    extra = decide.extra(inputs, plan.first, first, second.capture)
+    extra = decide.extra(plan.after(first), plan.first, first, second.capture)
     status = compute(inputs, extra, applied)
     events += apply.write_status(inputs, status, second.capture)
     apply.forget(inputs, [f.uid for f in applied.foreign])
