@@ -135,13 +135,18 @@ def _simulate(
     reads: float = 4.0,
     windows: tuple[float, ...] = (SETTLE,),
     ghost: bool = False,
+    ghost_first: bool = False,
 ) -> tuple[int, bool]:
     """Contenders bid from random starts with clocks skewed by up to `skew`, writes taking up
     to `slow` (or 0.8 of their window, when windows differ) and listings up to `reads`
     seconds, each with a window drawn from `windows`; with `ghost`, a note taken at 0 and
-    expiring a day later is pushed once they all watch. The most that ever held at once, and
-    whether one ever held (none waited on a ghost till it expires)."""
+    expiring a day later is pushed once they all watch; with `ghost_first`, one is on the
+    board before anyone looks, claiming it was renewed then. The most that ever held at once,
+    and whether one ever held (none waited on a ghost till it expires)."""
     board = Board()
+    if ghost_first:
+        ghost_bid = replace(bid(GHOST, 0.0, EPOCH + 86400), renewed=EPOCH)
+        board.post(GROUP, bids.member(GHOST), ghost_bid.to_bytes())
     n = rng.randint(2, 4)
     who = [holder(f"p{i}", f"c{i}") for i in range(n)]
     offset = [rng.uniform(-skew / 2, skew / 2) for _ in who]
@@ -150,7 +155,10 @@ def _simulate(
     events = [(rng.uniform(0, 3.0), i) for i in range(n)]
     heapq.heapify(events)
     ghost_at = rng.uniform(5.0, 40.0) if ghost else None
-    horizon = 60.0 + 3 * max(window)
+    # A ghost there before anyone looked stands until LIVE_SECONDS after the post it claims;
+    # then slow writers (a third of posts are taken down) need minutes to settle among them.
+    horizon = 60.0 + 3 * max(window) + (bids.LIVE_SECONDS + 240.0 if ghost_first else 0.0)
+    poll = 20.0 if ghost_first else 2.0  # how often a waiter reads again (keeps the run short)
     held: dict[int, float] = {}  # contender -> real time its hold ends
     most = 0
     while events:
@@ -179,7 +187,7 @@ def _simulate(
             held[i] = t + TTL
         else:
             held.pop(i, None)
-            heapq.heappush(events, (board.now + (got.settling or 2.0), i))
+            heapq.heappush(events, (board.now + (got.settling or poll), i))
         most = max(most, sum(1 for end in held.values() if end > t))
     return most, bool(held)
 
@@ -210,6 +218,43 @@ def test_a_ghost_bid_taken_at_0_makes_nobody_wait_and_no_two_hold() -> None:
     assert all(held for _, held in runs)  # none waits on the ghost till it expires, a day on
 
 
+def test_a_ghost_there_before_anyone_looked_stands_minutes_not_its_day() -> None:
+    """`taken: 0`, a day's expiry, and a `renewed` as fresh as the first look: obeyed at
+    first (it might be a holder), but never renewed, so every contender stops waiting on it
+    LIVE_SECONDS after that post, and still no two hold, with windows of 60 s and 1 s too
+    (slow 60 s bids may keep one another off for a whole run there, so only `most` counts)."""
+    rng = random.Random(11)
+    runs = [_simulate(rng, SETTLE / 3, SETTLE * 0.8, ghost_first=True) for _ in range(400)]
+    assert max(most for most, _ in runs) == 1
+    assert all(held for _, held in runs)
+    mixed = [_simulate(rng, 0.0, 0.0, windows=(60.0, 1.0), ghost_first=True) for _ in range(400)]
+    assert max(most for most, _ in mixed) == 1
+
+
+def test_a_bid_not_posted_again_within_the_liveness_bound_is_no_claim() -> None:
+    # Renewed at 1000 with a day to run: stands until 1000 + LIVE_SECONDS, then not.
+    stale = replace(bid(B, 0.0, 86400.0), renewed=1000.0)
+    assert bids.decide([stale], A, 1000.0 + bids.LIVE_SECONDS - 1, TTL, SETTLE)[0] is Move.WAIT
+    assert bids.decide([stale], A, 1000.0 + bids.LIVE_SECONDS, TTL, SETTLE)[0] is Move.BID
+    # A bid of an earlier release (no `renewed`) counts from its `taken`.
+    assert bids.decide([bid(B, 0.0, 86400.0)], A, bids.LIVE_SECONDS, TTL, SETTLE)[0] is Move.BID
+    # A holder renews at least every RENEW_EVERY_SECONDS, whatever its claim's life.
+    day = 86400.0
+    mine = replace(bid(A, 0.0, day), renewed=0.0)
+    assert bids.decide([mine], A, 299.0, day, SETTLE)[0] is Move.HOLD
+    assert bids.decide([mine], A, 300.0, day, SETTLE)[0] is Move.RENEW
+
+
+def test_a_renewed_that_is_not_between_taken_and_expires_is_no_bid() -> None:
+    for renewed in (-1.0, 5.0, 700.0, "x"):
+        doc = json.loads(replace(bid(A, 10.0), renewed=20.0).to_bytes())
+        doc["renewed"] = renewed
+        assert Claim.from_bytes(json.dumps(doc).encode(), IDENTITY) is None
+    assert Claim.from_bytes(replace(bid(A, 10.0), renewed=20.0).to_bytes(), IDENTITY) == replace(
+        bid(A, 10.0), renewed=20.0
+    )
+
+
 def test_a_60s_bid_written_slowly_does_not_take_the_claim_a_1s_bid_settled() -> None:
     """At zero skew: the 60 s cluster's bid, taken at 0, takes 10 s to write (under its 30 s
     bound); the 1 s cluster's, taken at 2, settles at 3 before it shows. Queued by `taken`
@@ -235,19 +280,20 @@ def test_a_60s_bid_written_slowly_does_not_take_the_claim_a_1s_bid_settled() -> 
 
 def test_a_bid_already_standing_at_the_first_look_is_obeyed_but_jumps_no_later_bid() -> None:
     board = Board(now=0.0)
-    board.post(GROUP, bids.member(B), bid(B, 0.0, 7300.0).to_bytes())  # held two hours
+    held = replace(bid(B, 0.0, 7300.0), renewed=7000.0)  # held two hours, renewed since
+    board.post(GROUP, bids.member(B), held.to_bytes())
     board.now = 7200.0
     seen = bids.Sightings()
     waits = apply.bid(board, GROUP, IDENTITY, A, (7200.0, TTL, SETTLE), bids.Reader(seen=seen))
     assert not waits.held and waits.claim.holder == B
     # Seen first at 7200 with `taken` 0: it queues no earlier than 7200 - the bound, behind
     # a bid taken since (here C's, 10 s before our look).
-    found = [bid(B, 0.0, 7300.0), bid(C, 7190.0)]
+    found = [held, bid(C, 7190.0)]
     _, floor = seen.place(GROUP, found, 7200.0)
     assert floor[bids.member(B)] == 7200.0 - bids.SKEW_BOUND_SECONDS
     assert bids.decide(found, C, 7200.0, TTL, SETTLE, floor)[0] is Move.WAIT  # B: 7140
     # C's, seen since we watched, taken before B's floor: C's is first.
-    late = [bid(B, 0.0, 7300.0), bid(C, 7100.0)]
+    late = [held, bid(C, 7100.0)]
     only_b = {bids.member(B): floor[bids.member(B)]}
     assert bids.decide(late, C, 7200.0, TTL, SETTLE, only_b)[0] is Move.HOLD
 
@@ -295,7 +341,7 @@ def test_a_waiting_bidder_takes_its_bid_down_and_a_release_ends_the_claim() -> N
     assert "TuningProfile ml/a" in waits.waiting_words(6.5)
     board.now = 7.0
     notes = [Claim.from_bytes(n, IDENTITY) for n in board.notes(GROUP, 1 << 14)]
-    assert notes == [replace(bid(A, 0.0), settle=SETTLE)]
+    assert notes == [replace(bid(A, 0.0), settle=SETTLE, renewed=0.0)]
     apply.give_back(board, GROUP, IDENTITY, A, 8.0)  # type: ignore[arg-type]
     board.now = 9.0
     assert board.notes(GROUP, 1 << 14) == []

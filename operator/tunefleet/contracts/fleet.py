@@ -44,6 +44,11 @@ MAX_CLAIM_SECONDS = 86400.0
 # claim.json (an atomic swap, no window) carries none.
 DEFAULT_SETTLE_SECONDS = 5.0
 MAX_SETTLE_SECONDS = 60.0
+# A holder posts its bid again at least this often (and at half its claim's life, when that is
+# sooner), stamped with when (`renewed`): a reader obeys a bid only while it was renewed within
+# fleet/bids.py's liveness bound, so a note pushed once, before anyone looked, with a day's
+# expiry (a ghost no cluster renews) stops being obeyed within minutes, not at its expiry.
+RENEW_EVERY_SECONDS = 300.0
 # Unchanged by the optional "settle" field: a reader of the release before ignores it.
 VERSION = 1
 _IDENTITY_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -55,6 +60,12 @@ def check_identity(identity: str) -> str:
     if not _IDENTITY_RE.match(identity):
         raise ValueError(f"{identity!r} is not a fleet identity (64 hex characters)")
     return identity
+
+
+def renew_every(ttl: float) -> float:
+    """How often a holder writes its claim or bid again: at half its life, and at least every
+    RENEW_EVERY_SECONDS (a bid's readers count on that to tell a live holder)."""
+    return min(ttl / 2, RENEW_EVERY_SECONDS)
 
 
 def claim_key(location: Location, gpu_model: str, identity: str) -> str:
@@ -117,13 +128,15 @@ class Claim:
     """The right to tune an identity until `expires` (seconds since the epoch, the holder's
     clock): renewed while its Job runs, released (expired at once) when the Job ends. A bid on
     a board also carries the settle window its cluster stands it for (`settle`; None: a claim
-    swapped in place, which has none)."""
+    swapped in place, which has none), and when it was last posted (`renewed`, the holder's
+    clock; None: a claim.json, or a bid of an earlier release)."""
 
     identity: str
     holder: Holder
     taken: float
     expires: float
     settle: float | None = None
+    renewed: float | None = None
 
     @property
     def window(self) -> float:
@@ -140,6 +153,8 @@ class Claim:
         }
         if self.settle is not None:
             doc["settle"] = round(self.settle, 3)
+        if self.renewed is not None:
+            doc["renewed"] = round(self.renewed, 3)
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
@@ -152,15 +167,20 @@ class Claim:
         taken, expires = _seconds(doc.get("taken")), _seconds(doc.get("expires"))
         if holder is None or taken is None or expires is None:
             return None
-        settle = doc.get("settle")
+        settle, renewed = doc.get("settle"), doc.get("renewed")
+        when = None if renewed is None else _seconds(renewed)
+        # Posted again no earlier than it was taken and no later than it expires: anything
+        # else is no bid a holder wrote.
+        if renewed is not None and (when is None or not taken <= when <= expires):
+            return None
         if settle is None:
-            return cls(identity, holder, taken, expires)
+            return cls(identity, holder, taken, expires, None, when)
         # A window no cluster may set is not a bid: one of 0 would hold at once, ahead of
         # bids still in flight.
         within = _seconds(settle)
         if within is None or not 0 < within <= MAX_SETTLE_SECONDS:
             return None
-        return cls(identity, holder, taken, expires, within)
+        return cls(identity, holder, taken, expires, within, when)
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,13 @@ skew of the two clocks. A bid whose write took over half the window is taken dow
 posted again later (it might show only after a later bid settled), so the window covers any
 skew under its other half (NTP keeps clocks within milliseconds; the default window is 5 s).
 
-A holder renews by posting its bid again with the same `taken`, and releases it by taking it
-down. A bid past its expiry is no claim; a holder whose own bid expired bids afresh, since its
-old `taken` would jump a later bid that may have settled meanwhile. A bid that expires more
-than MAX_CLAIM_SECONDS ahead is none any cluster made, and is not obeyed.
+A holder renews by posting its bid again with the same `taken`, a later expiry and the time of
+the post (`renewed`), at half its claim's life and at least every RENEW_EVERY_SECONDS; it
+releases its bid by taking it down. A bid past its expiry is no claim; a holder whose own bid
+expired bids afresh, since its old `taken` would jump a later bid that may have settled
+meanwhile. A bid that expires more than MAX_CLAIM_SECONDS ahead is none any cluster made, and
+is not obeyed; nor is one not posted again within LIVE_SECONDS (11 minutes): its holder has
+stopped, or never was one. So a dead holder costs at most that, whatever its claim's expiry.
 
 Windows differ between clusters (fleet.settleSeconds is each operator's own), so each bid
 carries its own (`settle`; a bid of an earlier release, none: the default 5 s), and bids are
@@ -31,7 +34,12 @@ watching, with a `taken` over SKEW_BOUND_SECONDS before that earlier look, is no
 wrote then (a write plus skew is within that bound): a ghost, never obeyed, so a note pushed
 with `taken: 0` makes nobody wait. A bid already there at our first look may be a holder that
 has stood for hours (a profile made meanwhile, an operator restarted): obeyed, but queued no
-earlier than that first look minus the bound, so it jumps no bid taken since. What was seen
+earlier than that first look minus the bound, so it jumps no bid taken since, and only while
+it is renewed: a note pushed once before anyone looked, `taken: 0` and a day's expiry, stands
+until LIVE_SECONDS after the `renewed` it claims, never the day. (A bid of an earlier release
+carries no `renewed` and counts from its `taken`: during an upgrade, such a holder that has
+tuned for over LIVE_SECONDS is no longer obeyed, and a second cluster may tune the identity
+too; each result is complete and verified, one of them is published.) What was seen
 first, and when, is kept in memory (Sightings): a restart forgets and learns again, as a
 first look.
 """
@@ -49,8 +57,10 @@ from tunefleet.contracts.fleet import (
     MAX_BYTES,
     MAX_CLAIM_SECONDS,
     MAX_SETTLE_SECONDS,
+    RENEW_EVERY_SECONDS,
     Claim,
     Holder,
+    renew_every,
 )
 from tunefleet.storage.store import Board
 
@@ -58,6 +68,10 @@ from tunefleet.storage.store import Board
 # under half its window (MAX_SETTLE_SECONDS / 2 at most, or taken down) and clocks are kept
 # well within the rest; twice that leaves room for a registry's listing to lag.
 SKEW_BOUND_SECONDS = MAX_SETTLE_SECONDS
+# How long a bid stands after it was last posted (`renewed`; a bid of an earlier release: its
+# `taken`): a holder re-posts every RENEW_EVERY_SECONDS at the latest, so this allows one
+# missed renewal plus the skew of the two clocks.
+LIVE_SECONDS = 2 * RENEW_EVERY_SECONDS + SKEW_BOUND_SECONDS
 MAX_BOARDS = 10_000  # boards whose bids are remembered; one forgotten is a first look again
 
 
@@ -82,6 +96,14 @@ def key(bid: Claim, floor: Mapping[str, float] | None = None) -> tuple[float, fl
     return (max(own, floor[at]) if floor and at in floor else own, own, at)
 
 
+def live(bid: Claim, now: float) -> bool:
+    """Whether a bid read at `now` is a claim: not expired, not expiring further ahead than
+    any cluster may set, and posted again recently enough (a holder that stopped renewing, or
+    a note pushed once, stands no longer than LIVE_SECONDS after its last post)."""
+    heard = bid.taken if bid.renewed is None else bid.renewed
+    return now < bid.expires <= now + MAX_CLAIM_SECONDS and now < heard + LIVE_SECONDS
+
+
 def decide(
     bids: list[Claim],
     me: Holder,
@@ -93,18 +115,15 @@ def decide(
     """What to do about the bids read (pure), and the bid it is about: ours, or the earliest
     that we wait on (None for BID). `settle` is our window, for a bid we post; one read stood
     for the window it carries. `floor`: the earliest place each member's bid may queue at."""
-    live = sorted(
-        (b for b in bids if now < b.expires <= now + MAX_CLAIM_SECONDS),
-        key=lambda b: key(b, floor),
-    )
-    if not live:
+    standing = sorted((b for b in bids if live(b, now)), key=lambda b: key(b, floor))
+    if not standing:
         return Move.BID, None
-    first = live[0]
+    first = standing[0]
     if first.holder != me:
         return Move.WAIT, first
     if now - first.taken < first.window:
         return Move.SETTLE, first
-    if first.expires - now < ttl / 2:
+    if first.expires - now <= ttl - renew_every(ttl):
         return Move.RENEW, first
     return Move.HOLD, first
 

@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 from enum import StrEnum
 
-from tunefleet.contracts.fleet import MAX_BYTES, MAX_CLAIM_SECONDS, Claim, Holder
+from tunefleet.contracts.fleet import MAX_BYTES, MAX_CLAIM_SECONDS, Claim, Holder, renew_every
 from tunefleet.storage.store import NotFoundError, Swappable, Tagged
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ TRIES = 3  # conditional writes lost to another writer before giving up for this
 class Step(StrEnum):
     TAKE = "take"  # none there: create it
     TAKE_OVER = "take-over"  # expired (or not a claim): replace the version read
-    RENEW = "renew"  # ours, past half its time: push its expiry out
+    RENEW = "renew"  # ours, due (contracts/fleet.renew_every): push its expiry out
     HOLD = "hold"  # ours, fresh
     WAIT = "wait"  # another's, unexpired
 
@@ -41,7 +41,7 @@ def step(found: Claim | None, unreadable: bool, me: Holder, now: float, ttl: flo
     if found.expires > now + MAX_CLAIM_SECONDS:
         return Step.TAKE_OVER  # no cluster sets such a claim: never obeyed
     if found.holder == me:
-        return Step.RENEW if found.expires - now < ttl / 2 else Step.HOLD
+        return Step.RENEW if found.expires - now <= ttl - renew_every(ttl) else Step.HOLD
     if found.expires <= now:
         return Step.TAKE_OVER
     return Step.WAIT

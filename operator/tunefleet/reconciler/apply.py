@@ -917,11 +917,11 @@ def bid(
         return Standing(False, which, settling=which.window - (now - which.taken))
     if move is bids.Move.RENEW:
         assert which is not None
-        renewed = Claim(identity, me, which.taken, now + ttl, which.window)
+        renewed = Claim(identity, me, which.taken, now + ttl, which.window, now)
         board.post(group, bids.member(me), renewed.to_bytes())
         return Standing(True, renewed)
     taken = reader.clock()
-    mine = Claim(identity, me, taken, taken + ttl, settle)
+    mine = Claim(identity, me, taken, taken + ttl, settle, taken)
     board.post(group, bids.member(me), mine.to_bytes())
     took = reader.clock() - taken
     if took > settle / 2:

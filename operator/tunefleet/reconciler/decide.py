@@ -451,9 +451,12 @@ def _renewals(
     for model in _running(inputs, observations, inputs.revision(capture)) - set(claims):
         claims[model] = now - ttl
     out, again = [], None
+    # Claims and bids alike: a bid's readers stop obeying one not posted again for
+    # bids.LIVE_SECONDS, so a long claim is renewed more often than at half its life.
+    due = ttl - contract.renew_every(ttl)
     for model, expires in claims.items():
-        if expires - now >= ttl / 2:
-            again = sooner(again, expires - now - ttl / 2)
+        if expires - now > due:
+            again = sooner(again, expires - now - due)
             continue
         out.append(Renewal(model, inputs.fleet_where(model, capture)))
     return tuple(out), again
