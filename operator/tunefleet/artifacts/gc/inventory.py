@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from tunefleet.artifacts import signing
+from tunefleet.contracts.fleet import FLEET_DIR
 from tunefleet.artifacts.library import (
     CHECKPOINTS_DIR,
     LIBRARY_DIR,
@@ -149,6 +150,8 @@ def classify(location: Location, listed: Iterable[Listed]) -> Inventory:
         inv.listed += 1
         inv.listed_bytes += o.size
         parts = o.key[skip:].split("/")
+        if parts[0] == FLEET_DIR:
+            continue  # the fleet's objects: fleet_objects.py reads and judges them
         if not _place(inv, location, parts, o):
             inv.unknown.append(o)
     return inv
