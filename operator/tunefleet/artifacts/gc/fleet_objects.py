@@ -79,8 +79,9 @@ def read(store: Store, location: Location, now: float) -> FleetObjects:
     listed = listed[:MAX_FLEET_OBJECTS]
     out.listed = len(listed)
     with concurrent.futures.ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        for o, got in zip(listed, pool.map(lambda o: _get(store, location, o), listed)):
-            _judge(out, location, o, got, now)
+        got = list(pool.map(lambda o: _get(store, location, o), listed))
+    for o, data in zip(listed, got, strict=True):
+        _judge(out, location, o, data, now)
     return out
 
 
@@ -106,7 +107,9 @@ def _get(store: Store, location: Location, o: Listed) -> bytes | None:
         return None
 
 
-def _judge(out: FleetObjects, location: Location, o: Listed, data: bytes | None, now: float) -> None:
+def _judge(
+    out: FleetObjects, location: Location, o: Listed, data: bytes | None, now: float
+) -> None:
     parts = _place(location, o.key)
     uri = location.uri(o.key)
     if len(parts) == 4 and parts[0] == contract.REFS_DIR:
@@ -117,9 +120,7 @@ def _judge(out: FleetObjects, location: Location, o: Listed, data: bytes | None,
         _entry(out, parts, Found(o, data) if data is not None else None, uri)
 
 
-def _refs(
-    out: FleetObjects, parts: list[str], found: Found | None, uri: str, now: float
-) -> None:
+def _refs(out: FleetObjects, parts: list[str], found: Found | None, uri: str, now: float) -> None:
     """A refs doc keeps what it names until it expires; one that is not a doc, or that says
     another cluster or profile than its key (a forgery, or one copied), keeps nothing."""
     doc = contract.Refs.from_bytes(found.data) if found is not None else None

@@ -12,7 +12,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from tunefleet.artifacts import signing
-from tunefleet.contracts.fleet import FLEET_DIR
 from tunefleet.artifacts.library import (
     CHECKPOINTS_DIR,
     LIBRARY_DIR,
@@ -20,6 +19,7 @@ from tunefleet.artifacts.library import (
     check_revision,
     entry_sha256,
 )
+from tunefleet.contracts.fleet import FLEET_DIR
 from tunefleet.storage.store import Listed, Location, Store, check_key_parts
 from tuner_job import caches as cc
 from tuner_job.output import MANIFEST_NAME, RESULTS_NAME

@@ -30,7 +30,9 @@ KEPT_REFERENCED = "artifacts referenced by a profile's status"
 KEPT_PINNED = "artifacts a model pod still running was pinned to"
 KEPT_CURRENT = "scratch of a current revision not yet published"
 KEPT_UNKNOWN = "objects of no layout tunefleet writes (left alone)"
-KEPT_FLEET_REFS = "artifacts a profile of a cluster on this store references (an unexpired refs doc)"
+KEPT_FLEET_REFS = (
+    "artifacts a profile of a cluster on this store references (an unexpired refs doc)"
+)
 KEPT_FLEET_ENTRY = "artifacts a published fleet entry names (another cluster may adopt them)"
 KEPT_FLEET_UNLISTED = (
     f"artifacts not judged: the fleet's folder holds over {fleet_objects.MAX_FLEET_OBJECTS} "
