@@ -2,7 +2,8 @@
 decides (decide.plan) and carries the plan out here, in at most two rounds, in a fixed
 order: round one (retune sets, the fleet's adoptions and claims), round two (tuning
 ConfigMaps and Jobs, superseded and requeued Jobs, starts, the fleet's renewals, merges,
-tending, artifact ConfigMaps, retired ones, publishing and releases for the fleet), then the
+tending, artifact ConfigMaps, retired ones, publishing and releases for the fleet, the
+profile's refs doc), then the
 status, then the Events. API writes and store writes alike: nothing else on a reconcile's
 path writes (tests/unit/test_layering.py fails if it does). What the API server and the
 stores answered comes back as a value (acts.Applied); the process memory's bookkeeping of
