@@ -5,13 +5,15 @@ moment is tuned once and served in both, on S3 (a conditional write) and on an O
 (bids settled by time); a tuning cluster whose operator dies mid-Job holds the other back
 for one claim expiry, no longer; a changed image digest in one cluster tunes its own; an
 artifact whose SHA-256 or signature does not check is never adopted (cosign, knowing nothing
-of tunefleet, checks the signatures on either side)."""
+of tunefleet, checks the signatures on either side); one cluster's tunefleet-gc --apply leaves
+what the other adopted (its refs doc under _fleet/refs/), and the other's pods are served."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -31,6 +33,7 @@ from testbed.cluster import (
     pinned_image,
     wait_for_real_node_gpus,
 )
+from testbed.library_pod import tool_env
 from testbed.operator import (
     Operator,
     fleet_mode,
@@ -46,12 +49,17 @@ from tests.support.kube import apply, condition, create, ended, get_json, jobs_o
 from tests.support.kube import ready as wait_ready
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
+from tunefleet.artifacts import gc
 from tunefleet.contracts import fleet as contract
 from tunefleet.storage.oci import NOTE_PREFIX, OciStore
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.s3 import S3Store
+from tunefleet.storage.store import NotFoundError
 
 pytestmark = pytest.mark.e2e
+
+GC = Path(sys.executable).parent / "tunefleet-gc"
+GC_GRACE_S = 600  # the least --apply takes (artifacts/gc/command.py, MIN_APPLY_GRACE_S)
 
 CLAIM_SECONDS = 60
 SLOW_TUNING = {"name": "FAKE_TORCH_TUNE_SLEEP", "value": "4"}  # each GEMM's cost, seconds
@@ -285,6 +293,106 @@ def fleet_apart(
     """Both clusters, the test's namespace in the peer of another name than in the first."""
     peer_ns = peer_other_namespace
     return TwoClusters(cluster, peer, peer_operator, s3, namespace, peer_ns, s3_secret, prefix)
+
+
+def _retuned(cluster: Any, namespace: str, profile: dict[str, Any], seen: set[str]) -> str:
+    """The profile applied (a new revision) and Ready with an artifact not in `seen`: its URI."""
+    apply(cluster, namespace, profile)
+    done = eventually(
+        lambda: get_json(cluster, "tp", "-n", namespace, "llama"),
+        lambda p: (
+            (p.get("status") or {}).get("phase") == "Ready"
+            and (p["status"].get("artifacts") or [{}])[0].get("sha256") not in seen
+        ),
+        "the retune's artifact served",
+        timeout=400,
+    )
+    art = done["status"]["artifacts"][0]
+    seen.add(art["sha256"])
+    return str(art["uri"])
+
+
+def _gc(fleet: TwoClusters, *args: str) -> str:
+    """The first cluster's tunefleet-gc over the test's prefix (its kubeconfig, the S3 server's
+    keys): its output, once it exited 0 saying nothing on stderr."""
+    env = {**tool_env(fleet.s3.env()), "KUBECONFIG": fleet.first.kubeconfig}
+    uri = f"s3://{fleet.s3.bucket}/{fleet.prefix}"
+    done = subprocess.run(
+        [str(GC), "--uri", uri, "--keep", "3", "--grace", f"{GC_GRACE_S}s", *args],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    print(done.stdout + done.stderr)
+    assert (done.returncode, done.stderr) == (0, ""), done.stdout + done.stderr
+    return done.stdout
+
+
+def test_the_first_clusters_gc_after_four_retunes_leaves_what_the_peer_adopted(
+    fleet: TwoClusters,
+) -> None:
+    """Done-when (d) of fleet gc: the first cluster tunes, the peer adopts; the first retunes
+    four times and drops the profile, so nothing of its own keeps the adopted artifact. Its
+    gc --apply leaves it, for the peer's refs doc alone (without that doc, the same run
+    would delete it), and the peer's next model pod is served."""
+    cluster, peer, namespace = fleet.first, fleet.peer, fleet.namespace
+    wait_for_real_node_gpus(cluster, 1)
+    profile = fleet.profile()
+    entry = _tuned_and_published(fleet, profile)  # the peer finds it: it adopts, never tunes
+    adopted, store = entry.artifact, entry.store
+    taken = _ready(peer, namespace, profile)["status"]["artifacts"][0]
+    assert taken["sha256"] == adopted["sha256"] and "source" in taken, taken
+    refs = {
+        which: contract.refs_key(store.location, cluster_uid(c), namespace, "llama")
+        for which, c in (("first", cluster), ("peer", peer))
+    }
+
+    def peers_doc() -> contract.Refs | None:
+        try:
+            return contract.Refs.from_bytes(store.get(refs["peer"], contract.MAX_REFS_BYTES))
+        except NotFoundError:
+            return None
+
+    doc = eventually(
+        peers_doc,
+        lambda d: d is not None and contract.artifact_id(taken["uri"]) in d.ids(),
+        "the peer's refs doc naming the artifact it adopted",
+        timeout=60,
+    )
+    assert doc is not None and doc.expires > time.time() + 86400
+
+    seen = {adopted["sha256"]}
+    for i in range(4):  # four retunes in the first cluster: each a new revision, tuned there
+        _retuned(cluster, namespace, fleet.profile(E2E_RETUNE=str(i + 1)), seen)
+    # The first cluster's profile goes: its status (and history) no longer keeps anything, and
+    # the adopted artifact is not among its newest 3. Its published entry goes too (an entry
+    # that would keep it: here only the peer's refs doc may).
+    cluster.kubectl("delete", "tp", "-n", namespace, "llama", "--wait=true")
+    store.delete(entry.key)
+    base = parse_uri(adopted["uri"]).prefix
+    objects = {o.key for o in store.list(base, 100)}
+    assert {f"{base}/results.csv", f"{base}/manifest.json"} <= objects, objects
+    # Past the grace period --apply needs at least: the artifact is judged by the rules alone.
+    written = max(o.modified for o in store.list(base, 100))
+    time.sleep(max(0.0, written + GC_GRACE_S + 15 - time.time()))
+
+    # Both refs docs aside (the first cluster's deleted profile left its own, which keeps its
+    # artifacts until it expires): a dry run would delete the adopted artifact.
+    kept = {which: store.get(key, contract.MAX_REFS_BYTES) for which, key in refs.items()}
+    for key in refs.values():
+        store.delete(key)
+    try:
+        dry = _gc(fleet)
+        assert f"would delete artifact {adopted['uri']} " in dry, dry
+    finally:
+        store.put(refs["peer"], kept["peer"], "application/json")
+
+    applied = _gc(fleet, "--apply", "--unused-store-ok")
+    assert gc.KEPT_FLEET_REFS in applied, applied
+    assert adopted["uri"] not in applied, applied  # neither deleted nor planned
+    assert {o.key for o in store.list(base, 100)} == objects
+
+    create(peer, namespace, model_pod("server", "llama", gpus=1))
+    log = fleet.served(peer, "peer")
+    assert "PYTORCH_TUNABLEOP_ENABLED=1" in log and "PYTORCH_TUNABLEOP_TUNING=0" in log, log
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,11 @@ naming.fleet_identity, 64 hex):
   the first complete artifact of the identity, replaced (If-Match) only when it is not an
   adoptable entry;
 * ``<prefix>/_fleet/.probe/<random>``: the probe of the store's conditional writes
-  (fleet/probe.py), written and deleted within one reconcile.
+  (fleet/probe.py), written and deleted within one reconcile;
+* ``<prefix>/_fleet/refs/<cluster>/<namespace>/<profile>.json``: what one profile of one
+  cluster references (`Refs`), replaced plainly by that cluster's operator (one writer per
+  key) and renewed before it expires; every cluster's tunefleet-gc keeps what an unexpired
+  one names, and deletes it once expired.
 
 The first two are small JSON documents. Anything under their keys that does not parse as what
 it should be (over MAX_BYTES, not JSON, another schema or identity) is not trusted: a claim
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +40,8 @@ FLEET_DIR = "_fleet"
 CLAIM = "claim.json"
 PUBLISHED = "artifact.json"
 PROBE_DIR = ".probe"
+REFS_DIR = "refs"
+REFS_SUFFIX = ".json"
 MAX_BYTES = 16 << 10  # what either object may be: a claim is ~300 bytes, an entry ~5 KB
 # The longest a claim may run ahead (the chart's fleet.claimSeconds is at most this): one that
 # expires later is no cluster's, and is taken over (a swap) or not obeyed (a bid).
@@ -54,6 +61,20 @@ VERSION = 1
 _IDENTITY_RE = re.compile(r"^[0-9a-f]{64}$")
 _UID_RE = re.compile(r"^[0-9a-zA-Z-]{1,64}$")
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+# A refs doc's life unless renewed: its owner renews it when under half is left (at least every
+# 36 h, each profile being reconciled every 10 minutes at the latest), so a cluster whose
+# operator is gone for longer than that stops keeping other clusters' gc from its artifacts.
+REFS_TTL_SECONDS = 3 * 86400.0
+# A profile references its served artifacts (one per GPU model, at most 16) and its history
+# (at most 20): twice that in both readings is far more than one needs; a doc that names more,
+# or is larger, is no profile's and is not trusted.
+MAX_REFS = 128
+MAX_REF_URI = 1024
+MAX_REFS_BYTES = 160 << 10
+
+# (namespace, profile, GPU model, sha256) of an artifact's folder in a store.
+ArtifactId = tuple[str, str, str, str]
 
 
 def check_identity(identity: str) -> str:
@@ -81,6 +102,56 @@ def probe_key(location: Location, token: str) -> str:
     if not re.fullmatch(r"[0-9a-f]{32}", token):
         raise ValueError(f"{token!r} is not a probe token (32 hex characters)")
     return location.key(FLEET_DIR, PROBE_DIR, token)
+
+
+def refs_dir(location: Location) -> str:
+    """Where every cluster's refs docs are (what tunefleet-gc lists)."""
+    return location.key(FLEET_DIR, REFS_DIR)
+
+
+def refs_key(location: Location, cluster: str, namespace: str, profile: str) -> str:
+    """One profile's refs doc: under its cluster, so each key has one writer."""
+    if not (_UID_RE.match(cluster) and _NAME_RE.match(namespace) and _NAME_RE.match(profile)):
+        raise ValueError(f"no refs doc for {cluster}/{namespace}/{profile}: not valid names")
+    return location.key(FLEET_DIR, REFS_DIR, cluster, namespace, profile + REFS_SUFFIX)
+
+
+def artifact_id(uri: str) -> ArtifactId | None:
+    """The artifact a URI names, by its last four segments (`<ns>/<profile>/<model>/<sha256>`),
+    wherever the store's prefix ends; None when it names none."""
+    tail = uri.rstrip("/").split("/")[-4:]
+    if len(tail) == 4 and _SHA_RE.match(tail[3]):
+        return (tail[0], tail[1], tail[2], tail[3])
+    return None
+
+
+def status_records(status: Any) -> list[ArtifactRecord]:
+    """The artifacts a profile's status names: served (status.artifacts) and kept
+    (status.history), what a pin may roll back to; entries that do not parse are skipped."""
+    out: list[ArtifactRecord] = []
+    if not isinstance(status, dict):
+        return out
+    for where in ("artifacts", "history"):
+        for entry in status.get(where) or []:
+            record = ArtifactRecord.from_status(entry) if isinstance(entry, dict) else None
+            if record is not None:
+                out.append(record)
+    return out
+
+
+def referenced(records: Iterable[ArtifactRecord], namespace: str, name: str) -> set[ArtifactId]:
+    """What a profile's status entries reference, in both readings of each: its URI's last
+    four segments, and the profile's own names with the entry's model and SHA-256. Either one
+    keeps the artifact: tunefleet-gc keeps exactly these for a profile of its own cluster, and
+    a refs doc names exactly these for other clusters' gc."""
+    ids: set[ArtifactId] = set()
+    for record in records:
+        found = artifact_id(record.uri)
+        if found is not None:
+            ids.add(found)
+        if record.gpu_model and _SHA_RE.match(record.sha256):
+            ids.add((namespace, name, record.gpu_model, record.sha256))
+    return ids
 
 
 @dataclass(frozen=True)
@@ -224,6 +295,61 @@ class Published:
         if bare is None:
             return None
         return cls(identity, gpu_model, bare, holder, at)
+
+
+@dataclass(frozen=True)
+class Refs:
+    """What one profile of one cluster references (`referenced`), as artifact URIs of the
+    store, until `expires` (seconds since the epoch, its cluster's clock): tunefleet-gc, in any
+    cluster on the store, deletes none of them before then."""
+
+    cluster: str
+    namespace: str
+    profile: str
+    uid: str
+    artifacts: tuple[str, ...]  # sorted
+    expires: float
+
+    def key(self, location: Location) -> str:
+        return refs_key(location, self.cluster, self.namespace, self.profile)
+
+    def ids(self) -> set[ArtifactId]:
+        return {i for i in map(artifact_id, self.artifacts) if i is not None}
+
+    def to_bytes(self) -> bytes:
+        doc = {
+            "version": VERSION,
+            "cluster": self.cluster,
+            "namespace": self.namespace,
+            "profile": self.profile,
+            "uid": self.uid,
+            "artifacts": list(self.artifacts),
+            "expires": round(self.expires, 3),
+        }
+        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Refs | None:
+        """The doc, or None when the bytes are not one (too large, not JSON, another schema or
+        version, names that are not valid, more artifacts than a profile has)."""
+        if len(data) > MAX_REFS_BYTES:
+            return None
+        doc = _json(data)
+        if doc is None or doc.get("version") != VERSION:
+            return None
+        holder = Holder.from_dict(doc)
+        expires = _seconds(doc.get("expires"))
+        uris = doc.get("artifacts")
+        if holder is None or expires is None or not isinstance(uris, list):
+            return None
+        if len(uris) > MAX_REFS or not all(
+            isinstance(u, str) and 0 < len(u) <= MAX_REF_URI for u in uris
+        ):
+            return None
+        return cls(
+            holder.cluster, holder.namespace, holder.profile, holder.uid,
+            tuple(sorted(set(uris))), expires,
+        )  # fmt: skip
 
 
 def odd(data: bytes, oversize: int, what: str) -> str:

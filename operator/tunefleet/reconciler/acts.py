@@ -15,10 +15,11 @@ from tunefleet.builders.job import Child
 from tunefleet.capture import step as capture_step
 from tunefleet.capture.retune_sets import RetuneSet
 from tunefleet.contracts.artifact_record import ArtifactRecord
+from tunefleet.contracts.fleet import Refs
 from tunefleet.fleet.claims import Standing
 from tunefleet.fleet.probe import Verdict
 from tunefleet.reconciler import children
-from tunefleet.reconciler.inputs import FleetFacts, Probe, Where
+from tunefleet.reconciler.inputs import FleetFacts, Probe, RefsPlace, Where
 from tunefleet.serving import delivery
 
 # An Event about the profile, (type, reason, message): every step's are posted in one place,
@@ -82,6 +83,15 @@ class Publish:
 
 
 @dataclass(frozen=True)
+class RefsWrite:
+    """The profile's refs doc, written (replaced) where `at` says: what it references for the
+    other clusters' gc, with a new expiry."""
+
+    at: RefsPlace
+    refs: Refs
+
+
+@dataclass(frozen=True)
 class First:
     """Round one: what later decisions turn on."""
 
@@ -98,7 +108,8 @@ class First:
 
 @dataclass(frozen=True)
 class Second:
-    """Round two: children, deliveries, the fleet's renewals, publishing and releases."""
+    """Round two: children, deliveries, the fleet's renewals, publishing and releases, and
+    the profile's refs doc."""
 
     capture: capture_step.Outcome
     creates: tuple[Child, ...] = ()
@@ -114,6 +125,7 @@ class Second:
     retire: frozenset[str] | None = None
     publishes: tuple[Publish, ...] = ()
     releases: Mapping[str, Where | None] = field(default_factory=dict)
+    refs: RefsWrite | None = None  # the refs doc, when what it names changed or it is due
     recount: bool = False  # status.capture counted again against new artifacts
     # The store fails conditional writes (fleet/probe.py): said once per verdict.
     store_refused: Verdict | None = None

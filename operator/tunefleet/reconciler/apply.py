@@ -2,7 +2,8 @@
 decides (decide.plan) and carries the plan out here, in at most two rounds, in a fixed
 order: round one (retune sets, the fleet's adoptions and claims), round two (tuning
 ConfigMaps and Jobs, superseded and requeued Jobs, starts, the fleet's renewals, merges,
-tending, artifact ConfigMaps, retired ones, publishing and releases for the fleet), then the
+tending, artifact ConfigMaps, retired ones, publishing and releases for the fleet, the
+profile's refs doc), then the
 status, then the Events. API writes and store writes alike: nothing else on a reconcile's
 path writes (tests/unit/test_layering.py fails if it does). What the API server and the
 stores answered comes back as a value (acts.Applied); the process memory's bookkeeping of
@@ -50,6 +51,7 @@ from tunefleet.reconciler.acts import (
     Event,
     First,
     Publish,
+    RefsWrite,
     Renewal,
     Second,
     Stop,
@@ -298,6 +300,7 @@ def _second(inputs: Inputs, acts: Second, said: list[Event]) -> Applied:
         _retire(p, acts.retire)
     _publish(p, acts.publishes)
     _release(p, acts)
+    _write_refs(p, acts.refs)
     if acts.recount:
         _recount(p, acts)
     return p.applied()
@@ -516,6 +519,22 @@ def _release(p: _Pass, acts: Second) -> None:
             p.again(WAIT_POLL_S)
             continue
         p.inputs.memory.claims.pop(model, None)
+
+
+def _write_refs(p: _Pass, due: RefsWrite | None) -> None:
+    """Write the profile's refs doc (one writer per key: this cluster's leader), remembered
+    once written; a store that fails is tried again at the profile's next reconcile (it
+    was renewed with half its life left)."""
+    if due is None:
+        return
+    refs, at = due.refs, due.at
+    key = refs.key(at.location)
+    try:
+        at.store.put(key, refs.to_bytes(), adopt.CONTENT_TYPE)
+    except StoreError as e:
+        log.warning(f"{p.inputs.name}: writing the fleet's refs doc {at.store.uri(key)}: {e}")
+        return
+    p.inputs.memory.refs = (refs.artifacts, refs.expires)
 
 
 # --- delivery --------------------------------------------------------------------------------

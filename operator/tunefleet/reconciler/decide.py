@@ -29,6 +29,7 @@ from tunefleet.reconciler.acts import (
     Event,
     First,
     Publish,
+    RefsWrite,
     Renewal,
     Second,
     Stop,
@@ -216,8 +217,9 @@ def _second(inputs: Inputs, first: First, answered: Applied) -> Second:
     capture = capture_after(inputs, answered)
     now = preliminary(inputs, first, answered, capture)
     delivered = tuple(deliveries(inputs, now.artifacts))
+    refs = refs_due(inputs, now)
     if not inputs.acting:
-        return Second(capture, tends=_tends(inputs, capture), deliveries=delivered)
+        return Second(capture, tends=_tends(inputs, capture), deliveries=delivered, refs=refs)
     rev = inputs.revision(capture)
     observations = inputs.observe(inputs.view.jobs, capture)
     waits, again = waiting(inputs, answered)
@@ -239,6 +241,7 @@ def _second(inputs: Inputs, first: First, answered: Applied) -> Second:
         retire=_retire_due(inputs, now),
         publishes=publishes,
         releases=releases,
+        refs=refs,
         recount=_recount(inputs, now),
         store_refused=_store_refused(inputs),
         events=tuple(_fleet_events(inputs, first, answered)),
@@ -415,6 +418,32 @@ def _retire_due(inputs: Inputs, said: TuningProfileStatus) -> frozenset[str] | N
     waiting_ = bool(mem.retiring) and inputs.at - mem.retired_at >= delivery.RETIRE_EVERY_S
     due = dropped or waiting_ or (first and said.history)
     return frozenset(serves) if due else None
+
+
+def refs_due(inputs: Inputs, said: TuningProfileStatus) -> RefsWrite | None:
+    """The profile's refs doc, when it must be written: what it references changed since this
+    replica last wrote it, under half its life is left, or this replica has written none yet
+    (a restart, a new leader: once, then remembered). It names what status references as held
+    and as this pass computes it (both: until the status write lands, the API server may hold
+    either), exactly as tunefleet-gc reads its own cluster's profiles (contracts/fleet.py).
+    Nothing is written for a profile that references nothing and wrote no doc. No requeue is
+    needed for the renewal: every profile is reconciled at least every resync."""
+    at = inputs.refs_at
+    if at is None:
+        return None
+    m = inputs.meta
+    records = [*contract.status_records(inputs.previous), *said.artifacts, *said.history]
+    ids = contract.referenced(records, m["namespace"], m["name"])
+    uris = tuple(sorted(at.location.uri(at.location.key(*i)) for i in ids))
+    last = inputs.memory.refs
+    if last is None and not uris:
+        return None
+    fresh = last is not None and last[1] - inputs.wall > contract.REFS_TTL_SECONDS / 2
+    if last is not None and last[0] == uris and fresh:
+        return None
+    expires = inputs.wall + contract.REFS_TTL_SECONDS
+    refs = contract.Refs(at.cluster, m["namespace"], m["name"], m["uid"], uris, expires)
+    return RefsWrite(at, refs)
 
 
 def _recount(inputs: Inputs, said: TuningProfileStatus) -> bool:

@@ -35,6 +35,7 @@ from tunefleet.reconciler.inputs import (
     FleetFacts,
     Inputs,
     Probe,
+    RefsPlace,
     View,
     Where,
 )
@@ -105,10 +106,22 @@ def gather(view: View, around: Around, memory: Memory, config: Config) -> Inputs
     if inputs.acting and spec.gpu.parallelism > 1:
         inputs = replace(inputs, too_few=_too_few_nodes(around.client, spec, memory))
     inputs = replace(inputs, gathered=_observing(inputs), config_maps=_config_maps(inputs))
+    if config.fleet and config.fleet_cluster:
+        inputs = replace(inputs, refs_at=_refs_at(inputs))
     if inputs.acting and config.fleet:
         inputs = _checked(_wheres(inputs))
         inputs = replace(inputs, fleet=_entries(inputs))
     return inputs
+
+
+def _refs_at(inputs: Inputs) -> RefsPlace | None:
+    """Where the profile's refs doc goes: its store, when fleet mode writes there (s3://; an
+    oci:// registry is not collected by tunefleet-gc, and pvc:// is not the operator's to
+    open). Opening a store reads nothing."""
+    opened = _open(inputs)
+    if opened is None or opened[1].scheme != "s3":
+        return None
+    return RefsPlace(opened[0], opened[1], inputs.config.fleet_cluster)
 
 
 def _capture(inputs: Inputs) -> Inputs:

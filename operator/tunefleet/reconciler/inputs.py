@@ -86,6 +86,16 @@ class Where:
 
 
 @dataclass(frozen=True)
+class RefsPlace:
+    """Where this profile's refs doc goes (contracts/fleet.Refs): the store fleet mode claims
+    and publishes through, and this cluster's name in it."""
+
+    store: Store
+    location: Location
+    cluster: str
+
+
+@dataclass(frozen=True)
 class Probe:
     """A store whose conditional writes fleet mode checks before its first claim through it
     (fleet/probe.py, apply.probe): the store opened, where the probe object goes, the key its
@@ -146,6 +156,8 @@ class Inputs:
     refusal: Verdict | None = None
     unprobed: str = ""
     probes: Probes = field(default_factory=Probes)
+    # Fleet mode: where the profile's refs doc goes (an s3:// store; None: no doc).
+    refs_at: RefsPlace | None = None
     untrusted: tuple[Untrusted, ...] = ()
     untuned_pods: tuple[Untuned, ...] = ()
     wall: float = 0.0  # time.time() at the gather

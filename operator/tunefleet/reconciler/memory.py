@@ -74,6 +74,10 @@ class ProfileMemory:
     refused_entries: set[str] = field(default_factory=set)
     # The verdict that the profile's store fails conditional writes, as last said (its mark).
     said_refusal: str = ""
+    # The refs doc this replica last wrote for the profile (contracts/fleet.Refs): the
+    # artifact URIs it named and when it expires. None: none written since this replica
+    # started or took the Lease, so the first reconcile writes it (once) whatever is there.
+    refs: tuple[tuple[str, ...], float] | None = None
 
     def queued_of(self, job: dict[str, Any], client: Kube) -> str:
         """Kueue's word on a queued Job, read at most every QUEUED_TTL seconds."""

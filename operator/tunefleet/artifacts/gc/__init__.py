@@ -19,6 +19,14 @@ repeat the rows they reused. What is kept and what goes (docs/gc.md says the sam
   than the grace period, with a row the merge prefers or ties: a reader that listed the library
   before that entry existed has been reading for longer than the grace, so no reader in flight
   loses a row, and what readers merge is the same before and after.
+* **Other clusters' artifacts** (fleet mode, docs/fleet.md): the store may be shared by clusters
+  that adopt each other's artifacts. Every artifact an unexpired refs doc names
+  (``<prefix>/_fleet/refs/<cluster>/<ns>/<profile>.json``, each cluster's operator writes and
+  renews one per profile) or a published entry names (``_fleet/<model>/<identity>/artifact.json``)
+  is kept. The fleet's objects past their use go: claims expired over an hour ago, expired
+  refs docs, and entries whose artifact is gone (whole-store runs only). Fleet objects that do
+  not parse keep nothing and are left alone; past 100,000 objects under ``_fleet/`` no
+  artifact is deleted at all.
 * Nothing younger than the grace period (``--grace``) is deleted, whatever the rules say:
   artifacts being published right now (not yet in any status), scratch being written, entries
   just added. Objects of no layout tunefleet writes are left alone.
@@ -29,8 +37,9 @@ read or a bad URI end it with one line and exit 1 (2 for bad arguments), nothing
 run (the default) writes and deletes nothing and reports what would go and why; ``--apply``
 writes the compacted entries, then deletes.
 
-The parts, one job each: inventory (what the store holds, by layout), fleet (what the profiles
-and the pods running say, read from the API server), rules (what is kept and what goes, and
+The parts, one job each: inventory (what the store holds, by layout), fleet_state (what the
+profiles and the pods running say, read from the API server), fleet_objects (what the other
+clusters on the store say, read from its _fleet/ folder), rules (what is kept and what goes, and
 `collect`, which decides), compaction (a library's entries verified, merged and superseded),
 apply_plan (the writes, then the deletions), report (the text), cli (the command); plan holds
 what a run decides, common what they all share.
@@ -49,7 +58,18 @@ from .fleet_state import read_profiles
 from .inventory import ARTIFACT, CHECKPOINTS, ENTRIES, SHARDS
 from .plan import Plan, Rules, kept_young
 from .report import age_text, report_lines
-from .rules import KEPT_CURRENT, KEPT_PINNED, KEPT_REFERENCED, KEPT_UNKNOWN, collect, kept_newest
+from .rules import (
+    KEPT_CURRENT,
+    KEPT_FLEET,
+    KEPT_FLEET_ENTRY,
+    KEPT_FLEET_REFS,
+    KEPT_FLEET_UNLISTED,
+    KEPT_PINNED,
+    KEPT_REFERENCED,
+    KEPT_UNKNOWN,
+    collect,
+    kept_newest,
+)
 
 __all__ = [
     "ARTIFACT",
@@ -57,6 +77,10 @@ __all__ = [
     "COMPACTED_REVISION",
     "ENTRIES",
     "KEPT_CURRENT",
+    "KEPT_FLEET",
+    "KEPT_FLEET_ENTRY",
+    "KEPT_FLEET_REFS",
+    "KEPT_FLEET_UNLISTED",
     "KEPT_FOREIGN",
     "KEPT_PINNED",
     "KEPT_REFERENCED",

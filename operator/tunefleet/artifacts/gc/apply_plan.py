@@ -7,11 +7,11 @@ from __future__ import annotations
 import concurrent.futures
 from collections.abc import Callable
 
-from tunefleet.storage.store import Store
+from tunefleet.storage.store import NotFoundError, Store, StoreError
 
 from .common import WORKERS
 from .plan import Delete, Plan
-from .report import delete_line, write_line
+from .report import delete_line, left_line, write_line
 
 
 def apply(plan: Plan, store: Store, report: Callable[[str], None]) -> None:
@@ -22,9 +22,12 @@ def apply(plan: Plan, store: Store, report: Callable[[str], None]) -> None:
         store.put_if_absent(w.key, w.data, "application/json")
         report(write_line(w, applied=True))
 
-    def delete(d: Delete) -> None:
+    def delete(d: Delete) -> bool:
+        if not all(_still(store, key, data) for key, data in d.unchanged):
+            return False
         for key in d.keys:  # in order: a manifest never outlives its results
             store.delete(key)
+        return True
 
     failed: list[BaseException] = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=WORKERS) as pool:
@@ -33,11 +36,26 @@ def apply(plan: Plan, store: Store, report: Callable[[str], None]) -> None:
             if future.cancelled():
                 continue
             exc = future.exception()
-            if exc is None:
+            if exc is None and future.result():
                 report(delete_line(futures[future], plan.rules, applied=True))
+            elif exc is None:
+                report(left_line(futures[future]))
             elif not failed:
                 failed.append(exc)
                 for pending in futures:
                     pending.cancel()  # those not started yet; the running ones finish
     if failed:
         raise failed[0]
+
+
+def _still(store: Store, key: str, data: bytes) -> bool:
+    """Whether the object still holds what gc read. Read again just before deleting, so a
+    fleet object its owner wrote again meanwhile (a refs doc renewed, a claim taken over) is
+    left; the window left is one request long, and the worst it does to a claim is what its
+    absence does: the next taker creates one."""
+    try:
+        return store.get(key, len(data) + 1) == data
+    except NotFoundError:
+        return False  # already gone
+    except StoreError:
+        return False  # not known now: left for the next run

@@ -18,20 +18,21 @@ from pydantic import ValidationError
 
 from tunefleet import GROUP, PLURAL, VERSION, naming
 from tunefleet.api import TuningProfileSpec
+from tunefleet.contracts import fleet as contract
 from tunefleet.contracts.admission_record import Admission
-from tunefleet.contracts.artifact_record import ArtifactRecord
 from tunefleet.runtime.client import pages
 from tunefleet.runtime.kubeconfig import Connection, KubeconfigError, connect
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import Location
 
-from .common import SHA_RE, GcError
+from .common import GcError
 
 PROFILE_PAGE = 500
 REQUEST_TIMEOUT = (5, 60)  # (connect, read) seconds per API request
 
-# (namespace, profile, GPU model, sha256) of an artifact directory.
-ArtifactId = tuple[str, str, str, str]
+# (namespace, profile, GPU model, sha256) of an artifact directory (contracts/fleet.py's: the
+# refs docs other clusters write name artifacts the same way).
+ArtifactId = contract.ArtifactId
 
 
 @dataclass(frozen=True)
@@ -49,18 +50,6 @@ class Fleet:
     referenced: set[ArtifactId] = field(default_factory=set)
     pinned: set[ArtifactId] = field(default_factory=set)  # by model pods that still run
     using_store: int = 0  # profiles whose spec.storage.uri is this store
-
-
-def _artifact_ids(record: ArtifactRecord, namespace: str, name: str) -> set[ArtifactId]:
-    """Both readings of a status entry: its URI's last four segments, and the profile's own
-    names with the entry's model and SHA-256. Either one keeps the artifact."""
-    ids: set[ArtifactId] = set()
-    tail = record.uri.rstrip("/").split("/")[-4:]
-    if len(tail) == 4 and SHA_RE.match(tail[3]):
-        ids.add((tail[0], tail[1], tail[2], tail[3]))
-    if record.gpu_model and SHA_RE.match(record.sha256):
-        ids.add((namespace, name, record.gpu_model, record.sha256))
-    return ids
 
 
 def _spec_facts(spec: Any) -> tuple[str | None, frozenset[str] | None]:
@@ -89,14 +78,11 @@ def add_profile(fleet: Fleet, doc: dict[str, Any], location: Location) -> None:
     status: dict[str, Any] = raw if isinstance(raw, dict) else {}
     spec_revision, models = _spec_facts(doc.get("spec"))
     revisions = {r for r in (status.get("revision"), spec_revision) if isinstance(r, str) and r}
-    published: set[tuple[str, str]] = set()
-    for where in ("artifacts", "history"):
-        for entry in status.get(where) or []:
-            record = ArtifactRecord.from_status(entry) if isinstance(entry, dict) else None
-            if record is None:
-                continue
-            published.add((record.gpu_model, record.revision))
-            fleet.referenced |= _artifact_ids(record, namespace, name)
+    # The one notion of "referenced" that the operator's refs docs use too (contracts/fleet.py):
+    # what a cluster's refs name is what its own gc keeps for its profiles.
+    records = contract.status_records(status)
+    published = {(r.gpu_model, r.revision) for r in records}
+    fleet.referenced |= contract.referenced(records, namespace, name)
     fleet.profiles[(namespace, name)] = ProfileFacts(
         namespace, name, frozenset(revisions), models, frozenset(published)
     )
@@ -106,12 +92,7 @@ def add_profile(fleet: Fleet, doc: dict[str, Any], location: Location) -> None:
 def pinned_ids(uris: Iterable[str]) -> set[ArtifactId]:
     """The artifacts model pods were pinned to at admission, by their URIs' last four
     segments (`<ns>/<profile>/<model>/<sha256>`)."""
-    ids: set[ArtifactId] = set()
-    for uri in uris:
-        tail = uri.rstrip("/").split("/")[-4:]
-        if len(tail) == 4 and SHA_RE.match(tail[3]):
-            ids.add((tail[0], tail[1], tail[2], tail[3]))
-    return ids
+    return {i for i in map(contract.artifact_id, uris) if i is not None}
 
 
 def fleet_of(

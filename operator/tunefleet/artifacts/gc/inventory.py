@@ -19,6 +19,7 @@ from tunefleet.artifacts.library import (
     check_revision,
     entry_sha256,
 )
+from tunefleet.contracts.fleet import FLEET_DIR
 from tunefleet.storage.store import Listed, Location, Store, check_key_parts
 from tuner_job import caches as cc
 from tuner_job.output import MANIFEST_NAME, RESULTS_NAME
@@ -149,6 +150,8 @@ def classify(location: Location, listed: Iterable[Listed]) -> Inventory:
         inv.listed += 1
         inv.listed_bytes += o.size
         parts = o.key[skip:].split("/")
+        if parts[0] == FLEET_DIR:
+            continue  # the fleet's objects: fleet_objects.py reads and judges them
         if not _place(inv, location, parts, o):
             inv.unknown.append(o)
     return inv

@@ -36,6 +36,9 @@ class Delete:
     size: int
     newest: float
     reason: str
+    # Objects that must still hold these bytes when the deletion runs, else it is left (a
+    # fleet object its owner wrote again since gc read it: a renewed refs doc, a claim taken).
+    unchanged: tuple[tuple[str, bytes], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ class Plan:
     listed_bytes: int = 0
     profiles: int = 0
     using_store: int = 0
+    fleet_listed: int = 0  # objects under _fleet/ (claims, entries, refs docs, the probe's)
 
     def keep(self, why: str, objects: int) -> None:
         self.kept[why] += objects

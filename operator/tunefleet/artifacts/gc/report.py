@@ -39,6 +39,10 @@ def delete_line(d: Delete, rules: Rules, *, applied: bool) -> str:
     )
 
 
+def left_line(d: Delete) -> str:
+    return f"left {d.kind} {d.where}: written again since gc read it, so no longer {d.reason}"
+
+
 def write_line(w: Write, *, applied: bool) -> str:
     verb = "wrote" if applied else "would write"
     return f"{verb} compacted library entry {w.where}/{w.key.rsplit('/', 1)[-1]} ({w.gemms} GEMMs)"
@@ -69,7 +73,7 @@ def totals_lines(plan: Plan, *, applied: bool) -> Iterator[str]:
     yield (
         f"total: listed {counted(plan.listed, 'object')} ({size_text(plan.listed_bytes)}) under "
         f"{store_uri(plan.location)}; read {counted(plan.profiles, 'profile')}, "
-        f"{plan.using_store} naming this store"
+        f"{plan.using_store} naming this store; read {counted(plan.fleet_listed, 'fleet object')}"
     )
     yield (
         f"total: {verb} {counted(objects, 'object')} ({size_text(size)})"
