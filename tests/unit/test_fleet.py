@@ -16,9 +16,10 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from testbed.builders.wrappers import make_job, make_profile
-from tests.support.artifacts import tuner_output
+from tests.support.artifacts import KEYED, signing_dir, tuner_output
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
 from tunefleet import naming
+from tunefleet.api import TuningProfileSpec
 from tunefleet.artifacts import signing
 from tunefleet.artifacts.publish import sign_manifest, upload_artifact
 from tunefleet.config import Config
@@ -34,6 +35,7 @@ from tunefleet.storage.filesystem import DirStore
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import Location, NotFoundError, Store, StoreOptions, swappable
 from tunefleet.watched.views import profile_view
+from tuner_job.gain import Gain
 from tuner_job.manifest import ImageRef
 
 MODEL = "AMD_Instinct_MI300X_OAM"
@@ -43,10 +45,13 @@ CLUSTER_A = "11111111-aaaa-4aaa-8aaa-111111111111"
 CLUSTER_B = "22222222-bbbb-4bbb-8bbb-222222222222"
 FLEET_A = Config(image="tunefleet:1", fleet=True, fleet_cluster=CLUSTER_A)
 FLEET_B = replace(FLEET_A, fleet_cluster=CLUSTER_B)
-BASE = (
+# Fleet adoption needs the adopter's key (a signature by it, whatever the policy): every
+# profile that shares here signs and verifies with the one pair (KEYED).
+UNKEYED = (
     make_profile("p", "ml").uid("uid-p").generation(1)
     .image(IMAGE).gpu("amd", MODEL).storage("s3://bkt/fleet")
 )  # fmt: skip
+BASE = UNKEYED.storage("s3://bkt/fleet", signing=KEYED)
 LOCATION = parse_uri("s3://bkt/fleet")
 
 
@@ -76,6 +81,9 @@ def sync(
     return out.status.to_status(), api
 
 
+signing_secret = signing_dir
+
+
 def identity(p: dict[str, Any], model: str = MODEL) -> str:
     found = naming.fleet_identity(make_profile().spec_is(p["spec"]).spec_model(), model)
     assert found is not None
@@ -88,14 +96,35 @@ def claim_of(tmp_path: Path, p: dict[str, Any]) -> contract.Claim | None:
     return contract.Claim.from_bytes(store.get(key, 1 << 14), identity(p))
 
 
+def spec_of(p: dict[str, Any]) -> TuningProfileSpec:
+    return make_profile().spec_is(p["spec"]).spec_model()
+
+
+SAME: Any = object()  # served_by_p's identity: the document p's own spec makes
+
+
 def served_by_p(
-    tmp_path: Path, p: dict[str, Any], image: str = IMAGE, signing_key: Path | None = None
+    tmp_path: Path,
+    p: dict[str, Any],
+    image: str = IMAGE,
+    signing_key: Path | Any | None = SAME,
+    identity: dict[str, Any] | Any | None = SAME,
+    gain: Gain | None = None,
 ) -> dict[str, Any]:
     """p's status once its tuning Job published: the artifact uploaded to the bucket (its
-    manifest signed with the key pair in `signing_key`, if given), and served (the record its
-    Job reported, as the operator keeps it)."""
+    manifest holding `identity`, by default what p's spec makes, as publish writes it from the
+    tuning ConfigMap; signed with the key pair in `signing_key`, by default the fleet's
+    (None: unsigned)), and served (the record its Job reported, as the operator keeps it)."""
+    if identity is SAME:
+        identity = naming.identity_document(spec_of(p), MODEL)
+    if signing_key is SAME:
+        signing_key = signing_secret(tmp_path)
     manifest = tuner_output(
-        tmp_path / "out", gpu_model=MODEL, image=ImageRef(reference=image, id="")
+        tmp_path / "out",
+        gpu_model=MODEL,
+        image=ImageRef(reference=image, id=""),
+        fleet_identity=identity,
+        gain=gain,
     )
     results = (tmp_path / "out" / "results.csv").read_bytes()
     pub = upload_artifact(dir_store(tmp_path), LOCATION, results, manifest)
@@ -397,20 +426,7 @@ def test_an_entry_whose_artifact_does_not_check_is_not_adopted_and_the_profile_t
     assert [k for k, _ in api_q.created if k == "Job"] == ["Job"]  # tunes its own
 
 
-COSIGN = Path(__file__).parent / "data" / "cosign"  # a pair `cosign generate-key-pair` made
-SIGNED = BASE.storage(
-    "s3://bkt/fleet",
-    signing={"secret": {"name": "signing"}, "publicKey": (COSIGN / "cosign.pub").read_text()},
-)
-
-
-def signing_secret(tmp_path: Path) -> Path:
-    """The signing Secret as a tuning Job mounts it."""
-    d = tmp_path / "signing"
-    d.mkdir()
-    (d / signing.PRIVATE_KEY).write_bytes((COSIGN / "cosign.key").read_bytes())
-    (d / signing.PASSWORD).write_bytes(b"tunefleet-test")
-    return d
+SIGNED = BASE
 
 
 @pytest.mark.parametrize("forgery", ["none", "another key", "missing"])
