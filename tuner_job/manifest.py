@@ -169,6 +169,12 @@ class Manifest:
     caches_skipped: tuple[Skipped, ...] = ()
     # What the artifact buys, measured after tuning (tuner_job/gain.py); None when not measured.
     gain: Gain | None = None
+    # What it was tuned for, as the operator's naming.identity_document says (written by
+    # publish or merge from the tuning ConfigMap): in the manifest, so the artifact's signature
+    # covers it and fleet adoption compares it with the adopter's own. Opaque here; None in
+    # manifests from before it, of retunes, and of images by tag (they serve their own profile
+    # as always; no fleet adopts them).
+    fleet_identity: dict[str, Any] | None = None
 
     @property
     def artifact_id(self) -> ArtifactId:
@@ -203,6 +209,8 @@ class Manifest:
             doc["cachesSkipped"] = [c.to_dict() for c in self.caches_skipped]
         if self.gain is not None:
             doc["gain"] = self.gain.to_dict()
+        if self.fleet_identity is not None:
+            doc["fleetIdentity"] = self.fleet_identity
         return doc
 
     def to_json(self) -> bytes:
@@ -407,7 +415,17 @@ def from_dict(doc: Any) -> Manifest:
         caches=tuple(caches),
         caches_skipped=tuple(skipped),
         gain=Gain.from_dict(doc.get("gain")),
+        fleet_identity=_fleet_identity(doc),
     )
+
+
+def _fleet_identity(doc: dict[str, Any]) -> dict[str, Any] | None:
+    value = doc.get("fleetIdentity")
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ManifestError(f"manifest field 'fleetIdentity' must be an object, got {value!r:.80}")
+    return value
 
 
 def loads(data: bytes | str) -> Manifest:

@@ -172,6 +172,10 @@ def fleet_identity(spec: TuningProfileSpec, model: str) -> str | None:
 
 
 def _shaping(spec: TuningProfileSpec, image: str | None = None) -> bytes:
+    return json.dumps(_shaping_doc(spec, image), sort_keys=True, separators=(",", ":")).encode()
+
+
+def _shaping_doc(spec: TuningProfileSpec, image: str | None = None) -> dict[str, Any]:
     workload = spec.workload.model_dump(by_alias=True, exclude_defaults=True)
     workload["shapes"] = [{**_SHAPE_BASELINE, **s} for s in workload.get("shapes") or []]
     if not workload["shapes"]:
@@ -206,7 +210,70 @@ def _shaping(spec: TuningProfileSpec, image: str | None = None) -> bytes:
     artifacts = spec.artifacts.model_dump(by_alias=True, exclude_defaults=True, exclude_none=True)
     if artifacts:
         shaping["artifacts"] = artifacts
-    return json.dumps(shaping, sort_keys=True, separators=(",", ":")).encode()
+    return shaping
+
+
+# The identity document's own version: an adopter compares documents of the same version only.
+IDENTITY_VERSION = 1
+
+
+def identity_document(spec: TuningProfileSpec, model: str) -> dict[str, Any] | None:
+    """What a tuning of `model` under this spec was for, as a document that travels in the
+    artifact's signed manifest (tuner_job/manifest.py's fleetIdentity), so that fleet adoption
+    (fleet/adopt.py) compares it field by field with its own: the image by digest, the GPU
+    model and vendor, every field fleet_identity hashes, and what decides what the artifact's
+    "measured" means (spec.promotion) and how it was tuned (gpu.parallelism: a sharded run
+    measures nothing). fleet_identity's hash leaves the last two out, so claims and entries
+    keep their keys; an entry is still refused when they differ. None where fleet_identity is
+    None (an image by tag)."""
+    digest = images.parse(spec.image).digest
+    if not digest:
+        return None
+    doc = _shaping_doc(spec, image=digest.lower())
+    doc["gpu"] = {**doc["gpu"], "model": model, "parallelism": spec.gpu.parallelism}
+    doc["promotion"] = spec.promotion.model_dump(by_alias=True)
+    doc["version"] = IDENTITY_VERSION
+    # As JSON reads it back (tuples become lists): what the adopter compares is what a
+    # manifest can hold.
+    loaded: dict[str, Any] = json.loads(json.dumps(doc, sort_keys=True))
+    return loaded
+
+
+def identity_difference(ours: Any, theirs: Any, path: str = "") -> tuple[str, Any, Any] | None:
+    """The first field (by sorted path) where two identity documents differ: its dotted path
+    and both values (MISSING where one side has none); None when they are the same. Types
+    count (false is not 0), numbers compare by value (0 and 0.0 are one minGain)."""
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        for key in sorted(set(ours) | set(theirs)):
+            at = f"{path}.{key}" if path else str(key)
+            if key not in ours or key not in theirs:
+                return at, ours.get(key, MISSING), theirs.get(key, MISSING)
+            found = identity_difference(ours[key], theirs[key], at)
+            if found is not None:
+                return found
+        return None
+    if isinstance(ours, list) and isinstance(theirs, list):
+        for i, (a, b) in enumerate(zip(ours, theirs, strict=False)):
+            found = identity_difference(a, b, f"{path}[{i}]")
+            if found is not None:
+                return found
+        if len(ours) != len(theirs):
+            return f"{path} (length)", len(ours), len(theirs)
+        return None
+    if _kind(ours) != _kind(theirs) or ours != theirs:
+        return path, ours, theirs
+    return None
+
+
+MISSING = "(absent)"
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return "number"
+    return type(value).__name__
 
 
 def retune_revision(base: str, digest: str) -> str:

@@ -30,6 +30,8 @@ from testbed.operator import (
 )
 from testbed.poll import eventually
 from testbed.real_node import fleet_profile, model_pod
+from testbed.registry import signing_secret
+from tests.support.artifacts import COSIGN, PUBLIC_KEY
 from tests.support.kube import (
     apply,
     condition,
@@ -47,6 +49,19 @@ from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.s3 import S3Store
 
 pytestmark = pytest.mark.e2e
+
+# The fleet's key pair (`cosign generate-key-pair` made it, password "tunefleet-test").
+FLEET_KEYS_PASSWORD = "tunefleet-test"
+
+
+def _signed(cluster: Any, namespace: str, profile: dict[str, Any]) -> dict[str, Any]:
+    """`profile` signing with the fleet's key pair and verifying with its public half, its
+    Secret `signing` in `namespace`: fleet mode adopts, claims and publishes only for a profile
+    with a key to verify another's signature with (docs/fleet.md)."""
+    if cluster.kubectl("get", "secret", "signing", "-n", namespace, check=False).returncode:
+        signing_secret(cluster, namespace, COSIGN, FLEET_KEYS_PASSWORD)
+    profile["spec"]["storage"]["signing"] = {"secret": {"name": "signing"}, "publicKey": PUBLIC_KEY}
+    return profile
 
 
 @pytest.fixture
@@ -77,11 +92,13 @@ def test_two_profiles_of_one_identity_tune_once_and_both_serve_it(
     wait_for_real_node_gpus(cluster, 2)
     image = pinned_image(STANDIN_IMAGE)
     where = {namespace: "llama", other_namespace: "llama"}
-    applied = [
-        threading.Thread(
-            target=apply, args=(cluster, ns, fleet_profile(s3, s3_secret, prefix, image, name))
-        )
+    profiles = {
+        ns: _signed(cluster, ns, fleet_profile(s3, s3_secret, prefix, image, name))
         for ns, name in where.items()
+    }
+    applied = [
+        threading.Thread(target=apply, args=(cluster, ns, profile))
+        for ns, profile in profiles.items()
     ]  # the same moment, as near as two kubectl calls get
     for t in applied:
         t.start()
@@ -122,7 +139,7 @@ def test_a_claim_left_by_a_dead_cluster_is_taken_over_once_it_expires(
 ) -> None:
     wait_for_real_node_gpus(cluster, 1)
     image = pinned_image(STANDIN_IMAGE)
-    profile = fleet_profile(s3, s3_secret, prefix, image)
+    profile = _signed(cluster, namespace, fleet_profile(s3, s3_secret, prefix, image))
     spec = TuningProfileSpec.model_validate(profile["spec"])
     model = spec.gpu.models[0]
     ident = naming.fleet_identity(spec, model)
@@ -170,7 +187,9 @@ def test_another_image_digest_tunes_its_own_while_the_first_is_claimed(
     s3_secret: str,
     prefix: str,
 ) -> None:
-    first = fleet_profile(s3, s3_secret, prefix, pinned_image(STANDIN_IMAGE))
+    first = _signed(
+        cluster, namespace, fleet_profile(s3, s3_secret, prefix, pinned_image(STANDIN_IMAGE))
+    )
     spec = TuningProfileSpec.model_validate(first["spec"])
     model = spec.gpu.models[0]
     ident = naming.fleet_identity(spec, model)
@@ -180,11 +199,8 @@ def test_another_image_digest_tunes_its_own_while_the_first_is_claimed(
     claim = contract.Claim(ident, alive, time.time(), time.time() + 3600)
     assert store.create(contract.claim_key(store.location, model, ident), claim.to_bytes(), "")
     apply(cluster, namespace, first)
-    apply(
-        cluster,
-        other_namespace,
-        fleet_profile(s3, s3_secret, prefix, pinned_image(STANDIN_NOGPU_IMAGE)),
-    )
+    other = fleet_profile(s3, s3_secret, prefix, pinned_image(STANDIN_NOGPU_IMAGE))
+    apply(cluster, other_namespace, _signed(cluster, other_namespace, other))
     eventually(
         lambda: jobs_of(cluster, other_namespace, "llama"),
         lambda jobs: len(jobs) == 1,

@@ -5,11 +5,16 @@ moment is tuned once and served in both, on S3 (a conditional write) and on an O
 (bids settled by time); a tuning cluster whose operator dies mid-Job holds the other back
 for one claim expiry, no longer; a changed image digest in one cluster tunes its own; an
 artifact whose SHA-256 or signature does not check is never adopted (cosign, knowing nothing
-of tunefleet, checks the signatures on either side); one cluster's tunefleet-gc --apply leaves
-what the other adopted (its refs doc under _fleet/refs/), and the other's pods are served."""
+of tunefleet, checks the signatures on either side). Adoption needs a signature by the
+adopter's key, so every profile that shares signs with the fleet's key pair (`signed`): an
+artifact and entry forged with the fleet's credential alone, an entry pointed at another spec's
+signed artifact, or an unmeasured artifact for an adopter asking for a gain are never adopted.
+One cluster's tunefleet-gc --apply leaves what the other adopted (its refs doc under
+_fleet/refs/), and the other's pods are served."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -18,7 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +50,7 @@ from testbed.operator import (
 from testbed.poll import eventually
 from testbed.real_node import fleet_profile, model_pod
 from testbed.registry import Registry, cosign, cosign_binary, key_pair, signing_secret
+from tests.support.artifacts import COSIGN, PUBLIC_KEY
 from tests.support.kube import apply, condition, create, ended, get_json, jobs_of, statuses
 from tests.support.kube import ready as wait_ready
 from tunefleet import naming
@@ -62,6 +68,11 @@ GC = Path(sys.executable).parent / "tunefleet-gc"
 GC_GRACE_S = 600  # the least --apply takes (artifacts/gc/command.py, MIN_APPLY_GRACE_S)
 
 CLAIM_SECONDS = 60
+# The fleet's key pair (`cosign generate-key-pair` made it, password "tunefleet-test"): every
+# profile that shares across the clusters signs with it and verifies with its public half, as
+# fleet adoption requires (docs/trust.md).
+FLEET_KEYS = COSIGN
+FLEET_KEYS_PASSWORD = "tunefleet-test"
 SLOW_TUNING = {"name": "FAKE_TORCH_TUNE_SLEEP", "value": "4"}  # each GEMM's cost, seconds
 
 
@@ -120,6 +131,19 @@ class TwoClusters:
     def profile(self, image: str = STANDIN_IMAGE, **env: str) -> dict[str, Any]:
         """The fleet profile "llama" of `image` (pinned by digest) under the test's prefix."""
         return fleet_profile(self.s3, self.s3_secret, self.prefix, pinned_image(image), **env)
+
+    def signed(self, profile: dict[str, Any], policy: str | None = None) -> dict[str, Any]:
+        """`profile` signing with the fleet's key pair and verifying with its public half (fleet
+        adoption requires a signature by the adopter's key), under `policy` (None: the
+        default, Required); the Secret `signing` in the test's namespace of each cluster."""
+        for c, ns in ((self.first, self.namespace), (self.peer, self.peer_namespace)):
+            if c.kubectl("get", "secret", "signing", "-n", ns, check=False).returncode != 0:
+                signing_secret(c, ns, FLEET_KEYS, FLEET_KEYS_PASSWORD)
+        signing: dict[str, Any] = {"secret": {"name": "signing"}, "publicKey": PUBLIC_KEY}
+        if policy is not None:
+            signing["policy"] = policy
+        profile["spec"]["storage"]["signing"] = signing
+        return profile
 
     def phase(self, cluster: Any, phase: str, what: str, timeout: float) -> dict[str, Any]:
         """The profile in `cluster` once its phase is `phase`."""
@@ -218,7 +242,7 @@ def test_one_identity_applied_in_two_clusters_at_once_is_tuned_once_and_served_i
 ) -> None:
     namespace = fleet.namespace
     wait_for_real_node_gpus(fleet.first, 1)
-    profile = fleet.profile()
+    profile = fleet.signed(fleet.profile())
     both = fleet.both()
     tuner, adopter, _, taken = _tuned_once(fleet, profile)
     assert taken["source"]["cluster"] == cluster_uid(both[tuner]) != cluster_uid(both[adopter])
@@ -239,7 +263,7 @@ def test_a_tuning_cluster_killed_mid_job_holds_the_other_back_one_expiry_only(
     cluster, peer, namespace = fleet.first, fleet.peer, fleet.namespace
     peer_operator = fleet.peer_operator
     wait_for_real_node_gpus(cluster, 1)
-    slow = fleet.profile(FAKE_TORCH_TUNE_SLEEP="4")
+    slow = fleet.signed(fleet.profile(FAKE_TORCH_TUNE_SLEEP="4"))
     apply(peer, namespace, slow)  # the peer claims first and tunes, slowly
     fleet.phase(peer, "Tuning", "the peer's Job to run", timeout=120)
     apply(cluster, namespace, slow)
@@ -263,8 +287,8 @@ def test_a_tuning_cluster_killed_mid_job_holds_the_other_back_one_expiry_only(
 
 def test_a_changed_image_digest_in_one_cluster_tunes_its_own(fleet: TwoClusters) -> None:
     cluster, peer, namespace = fleet.first, fleet.peer, fleet.namespace
-    first = fleet.profile(FAKE_TORCH_TUNE_SLEEP="2")
-    other = fleet.profile(STANDIN_NOGPU_IMAGE)
+    first = fleet.signed(fleet.profile(FAKE_TORCH_TUNE_SLEEP="2"))
+    other = fleet.signed(fleet.profile(STANDIN_NOGPU_IMAGE))
     at_once(lambda: apply(cluster, namespace, first), lambda: apply(peer, namespace, other))
     for c, what in ((cluster, "the first cluster's"), (peer, "the peer's")):
         eventually(
@@ -457,7 +481,7 @@ def test_an_artifact_tampered_with_in_the_store_is_not_adopted_and_its_entry_is_
 ) -> None:
     fleet, s3 = fleet_apart, fleet_apart.s3
     wait_for_real_node_gpus(fleet.first, 1)
-    profile = fleet.profile()
+    profile = fleet.signed(fleet.profile())
     entry = _tuned_and_published(fleet, profile)
     # Someone with write access to the bucket changes the artifact's results under its name.
     results_key = f"{parse_uri(entry.artifact['uri']).prefix}/results.csv"
@@ -611,3 +635,99 @@ def test_a_bundle_on_the_registry_signed_by_another_key_is_not_adopted_and_its_e
         timeout=60,
     )
     assert entry is not None and entry.holder.cluster == cluster_uid(peer)
+
+
+# --- what an adopter trusts: its own key, its own identity (issue 54) -------------------------
+
+
+def _put(fleet: TwoClusters, key: str, body: bytes) -> None:
+    """A write with the fleet's credential alone: it may write under `<prefix>/_fleet/` only
+    (docs/fleet.md, "Credentials"), which is all these forgeries use."""
+    assert key.startswith(f"{fleet.prefix}/{contract.FLEET_DIR}/"), key
+    fleet.s3.client().put_object(Bucket=fleet.s3.bucket, Key=key, Body=body)
+
+
+def _forge_under_fleet(fleet: TwoClusters, entry: Entry) -> str:
+    """What the fleet's credential can forge: a copy of the genuine artifact under `_fleet/`,
+    its manifest changed (so no signature of the fleet's key covers it) and unsigned, and the
+    identity's entry pointed at it. The forged artifact's URI."""
+    genuine = parse_uri(entry.artifact["uri"]).prefix  # <prefix>/<ns>/llama/<model>/<sha256>
+    forged = (
+        f"{fleet.prefix}/{contract.FLEET_DIR}/forged/{genuine.removeprefix(fleet.prefix + '/')}"
+    )
+    manifest = json.loads(entry.store.get(f"{genuine}/manifest.json", 1 << 20))
+    manifest["tuningSeconds"] = 1.0  # any change of the forger's
+    body = (json.dumps(manifest, indent=2) + "\n").encode()
+    _put(fleet, f"{forged}/results.csv", entry.store.get(f"{genuine}/results.csv", 1 << 22))
+    _put(fleet, f"{forged}/manifest.json", body)
+    published = entry.now()
+    assert published is not None
+    uri = f"s3://{fleet.s3.bucket}/{forged}"
+    record = replace(published.record, uri=uri, manifest_sha256=hashlib.sha256(body).hexdigest())
+    _put(fleet, entry.key, replace(published, record=record).to_bytes())
+    return uri
+
+
+def test_with_only_the_fleet_credential_a_forged_artifact_and_entry_are_never_adopted(
+    fleet_apart: TwoClusters,
+) -> None:
+    """Done when (a): someone who can write under `_fleet/` and nowhere else puts an unsigned
+    artifact there and points the identity's entry at it. The peer's profile signs under
+    policy Optional, which before adopted an artifact whose .sig was missing: fleet adoption
+    requires a signature by its key, whatever the policy."""
+    fleet = fleet_apart
+    wait_for_real_node_gpus(fleet.first, 1)
+    entry = _tuned_and_published(fleet, fleet.signed(fleet.profile()))
+    forged = _forge_under_fleet(fleet, entry)
+
+    optional = fleet.signed(fleet.profile(), policy="Optional")
+    mine, said = _tunes_its_own(fleet.peer, fleet.peer_namespace, optional)
+    assert forged in said and "manifest.json.sig is missing" in said, said
+    # The forged entry gave way to the peer's own signed artifact.
+    now = entry.now()
+    assert now is not None and now.record.uri == mine["uri"], now
+    assert now.holder.cluster == cluster_uid(fleet.peer)
+
+
+def test_an_entry_pointed_at_another_specs_signed_artifact_is_refused_naming_the_field(
+    fleet_apart: TwoClusters,
+) -> None:
+    """Done when (b): the first cluster's artifact is tuned without numericalCheck and signed
+    with the fleet's key. A `_fleet/` writer points the identity of a profile that asks for
+    numericalCheck at it: the signature verifies, but the identity its signed manifest binds
+    differs, and the Event names the field."""
+    fleet = fleet_apart
+    wait_for_real_node_gpus(fleet.first, 1)
+    entry = _tuned_and_published(fleet, fleet.signed(fleet.profile()))
+    checked = fleet.signed(fleet.profile())
+    checked["spec"]["tuning"]["numericalCheck"] = True
+    key, ident, _ = _entry_key(entry.store, checked)
+    assert ident != entry.identity  # numericalCheck shapes tuning: another identity
+    theirs = entry.now()
+    assert theirs is not None
+    _put(fleet, key, replace(theirs, identity=ident).to_bytes())
+
+    _, said = _tunes_its_own(fleet.peer, fleet.peer_namespace, checked)
+    assert (
+        "its identity differs at tuning.numericalCheck: true here, false in the artifact" in said
+    ), said
+
+
+def test_an_adopter_asking_for_a_gain_never_serves_an_unmeasured_artifact(
+    fleet_apart: TwoClusters,
+) -> None:
+    """Done when (c): both profiles ask spec.promotion.minGain 0.5, and the first cluster's
+    artifact is not measured (measure: false), which its own gate passes (unmeasured passes
+    every gate) and publishes. The peer refuses it, saying so, and serves nothing adopted."""
+    fleet = fleet_apart
+    wait_for_real_node_gpus(fleet.first, 1)
+    picky = fleet.signed(fleet.profile())
+    picky["spec"]["promotion"] = {"measure": False, "minGain": 0.5}
+    entry = _tuned_and_published(fleet, picky)
+    assert not (entry.artifact.get("gain") or {}).get("figures"), entry.artifact
+
+    _, said = _tunes_its_own(fleet.peer, fleet.peer_namespace, picky)
+    assert "was not measured" in said and "minGain 0.5" in said, said
+    served = get_json(fleet.peer, "tp", "-n", fleet.peer_namespace, "llama")["status"]
+    assert all("source" not in a for a in served.get("artifacts") or []), served
+    assert all("source" not in a for a in served.get("history") or []), served

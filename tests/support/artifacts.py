@@ -37,3 +37,22 @@ def tuner_output(out: Path, results: Path = DATA / "rocm_results.csv", **over: o
     manifest = Manifest(**fields)  # type: ignore[arg-type]
     (out / "manifest.json").write_bytes(manifest.to_json())
     return manifest
+
+
+# A key pair `cosign generate-key-pair` made (password "tunefleet-test"): the fleet's, in the
+# unit tests of fleet adoption, which needs a signature by the adopter's key.
+COSIGN = DATA / "cosign"
+PUBLIC_KEY = (COSIGN / "cosign.pub").read_text()
+# spec.storage.signing of a profile that signs with that pair and verifies with its public half.
+KEYED = {"secret": {"name": "signing"}, "publicKey": PUBLIC_KEY}
+
+
+def signing_dir(root: Path) -> Path:
+    """The signing Secret as a tuning Job's publish step mounts it, under `root`."""
+    from tunefleet.artifacts import signing
+
+    d = root / "signing"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / signing.PRIVATE_KEY).write_bytes((COSIGN / "cosign.key").read_bytes())
+    (d / signing.PASSWORD).write_bytes(b"tunefleet-test")
+    return d

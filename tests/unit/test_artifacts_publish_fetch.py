@@ -508,3 +508,41 @@ def test_fetch_with_its_credentials_present_goes_on_to_the_store(
     assert "lacks AWS_SECRET_ACCESS_KEY" in credentials_problem(args, {"AWS_ACCESS_KEY_ID": "k"})
     none = argparse.Namespace(credentials_secret="", from_volume=None, oci_config=None)
     assert credentials_problem(none, {}) == ""
+
+
+def test_publish_writes_the_identity_document_into_the_manifest_it_signs(tmp_path: Path) -> None:
+    """The operator's identity document (from the tuning ConfigMap) is in the stored manifest
+    before it is signed: the signature binds what the artifact was tuned for (fleet adoption
+    compares it). One that is not there leaves the manifest without it, and publishes."""
+    from tests.support.artifacts import signing_dir
+    from tunefleet.artifacts import signing
+
+    store, tl = tmp_path / "store", tmp_path / "tl"
+    tuner_output(tmp_path / "out")
+    doc = {"version": 1, "image": "sha256:" + "a" * 64, "tuning": {"numericalCheck": True}}
+    (tmp_path / "identity.json").write_text(json.dumps(doc))
+    args = publish_args(tmp_path / "out", store, tl)
+    signed = [*args, "--signing-key-dir", str(signing_dir(tmp_path))]
+    done = cli(
+        "tunefleet.artifacts.publish", *signed, "--identity-file", str(tmp_path / "identity.json")
+    )
+    assert done.returncode == 0, done.stderr
+    manifest = next(store.rglob("manifest.json"))
+    assert json.loads(manifest.read_bytes())["fleetIdentity"] == doc
+    sig = manifest.with_name("manifest.json" + signing.BLOB_SIGNATURE_SUFFIX).read_bytes()
+    key = signing.load_public_key((DATA / "cosign" / "cosign.pub").read_bytes())
+    assert signing.verify_blob(manifest.read_bytes(), sig, key).ok
+
+    other = tmp_path / "other"
+    tuner_output(other / "out")
+    missing = cli(
+        "tunefleet.artifacts.publish",
+        *publish_args(other / "out", other / "store", other / "tl"),
+        "--identity-file",
+        str(other / "absent.json"),
+    )
+    assert missing.returncode == 0, missing.stderr
+    assert "no fleet adopts this artifact" in missing.stderr
+    assert "fleetIdentity" not in json.loads(
+        next((other / "store").rglob("manifest.json")).read_bytes()
+    )

@@ -16,9 +16,10 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from testbed.builders.wrappers import make_job, make_profile
-from tests.support.artifacts import tuner_output
+from tests.support.artifacts import KEYED, signing_dir, tuner_output
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
 from tunefleet import naming
+from tunefleet.api import TuningProfileSpec
 from tunefleet.artifacts import signing
 from tunefleet.artifacts.publish import sign_manifest, upload_artifact
 from tunefleet.config import Config
@@ -34,6 +35,7 @@ from tunefleet.storage.filesystem import DirStore
 from tunefleet.storage.registry import parse_uri
 from tunefleet.storage.store import Location, NotFoundError, Store, StoreOptions, swappable
 from tunefleet.watched.views import profile_view
+from tuner_job.gain import Figure, Gain
 from tuner_job.manifest import ImageRef
 
 MODEL = "AMD_Instinct_MI300X_OAM"
@@ -43,10 +45,13 @@ CLUSTER_A = "11111111-aaaa-4aaa-8aaa-111111111111"
 CLUSTER_B = "22222222-bbbb-4bbb-8bbb-222222222222"
 FLEET_A = Config(image="tunefleet:1", fleet=True, fleet_cluster=CLUSTER_A)
 FLEET_B = replace(FLEET_A, fleet_cluster=CLUSTER_B)
-BASE = (
+# Fleet adoption needs the adopter's key (a signature by it, whatever the policy): every
+# profile that shares here signs and verifies with the one pair (KEYED).
+UNKEYED = (
     make_profile("p", "ml").uid("uid-p").generation(1)
     .image(IMAGE).gpu("amd", MODEL).storage("s3://bkt/fleet")
 )  # fmt: skip
+BASE = UNKEYED.storage("s3://bkt/fleet", signing=KEYED)
 LOCATION = parse_uri("s3://bkt/fleet")
 
 
@@ -76,6 +81,9 @@ def sync(
     return out.status.to_status(), api
 
 
+signing_secret = signing_dir
+
+
 def identity(p: dict[str, Any], model: str = MODEL) -> str:
     found = naming.fleet_identity(make_profile().spec_is(p["spec"]).spec_model(), model)
     assert found is not None
@@ -88,14 +96,35 @@ def claim_of(tmp_path: Path, p: dict[str, Any]) -> contract.Claim | None:
     return contract.Claim.from_bytes(store.get(key, 1 << 14), identity(p))
 
 
+def spec_of(p: dict[str, Any]) -> TuningProfileSpec:
+    return make_profile().spec_is(p["spec"]).spec_model()
+
+
+SAME: Any = object()  # served_by_p's identity: the document p's own spec makes
+
+
 def served_by_p(
-    tmp_path: Path, p: dict[str, Any], image: str = IMAGE, signing_key: Path | None = None
+    tmp_path: Path,
+    p: dict[str, Any],
+    image: str = IMAGE,
+    signing_key: Path | Any | None = SAME,
+    identity: dict[str, Any] | Any | None = SAME,
+    gain: Gain | None = None,
 ) -> dict[str, Any]:
     """p's status once its tuning Job published: the artifact uploaded to the bucket (its
-    manifest signed with the key pair in `signing_key`, if given), and served (the record its
-    Job reported, as the operator keeps it)."""
+    manifest holding `identity`, by default what p's spec makes, as publish writes it from the
+    tuning ConfigMap; signed with the key pair in `signing_key`, by default the fleet's
+    (None: unsigned)), and served (the record its Job reported, as the operator keeps it)."""
+    if identity is SAME:
+        identity = naming.identity_document(spec_of(p), MODEL)
+    if signing_key is SAME:
+        signing_key = signing_secret(tmp_path)
     manifest = tuner_output(
-        tmp_path / "out", gpu_model=MODEL, image=ImageRef(reference=image, id="")
+        tmp_path / "out",
+        gpu_model=MODEL,
+        image=ImageRef(reference=image, id=""),
+        fleet_identity=identity,
+        gain=gain,
     )
     results = (tmp_path / "out" / "results.csv").read_bytes()
     pub = upload_artifact(dir_store(tmp_path), LOCATION, results, manifest)
@@ -397,20 +426,7 @@ def test_an_entry_whose_artifact_does_not_check_is_not_adopted_and_the_profile_t
     assert [k for k, _ in api_q.created if k == "Job"] == ["Job"]  # tunes its own
 
 
-COSIGN = Path(__file__).parent / "data" / "cosign"  # a pair `cosign generate-key-pair` made
-SIGNED = BASE.storage(
-    "s3://bkt/fleet",
-    signing={"secret": {"name": "signing"}, "publicKey": (COSIGN / "cosign.pub").read_text()},
-)
-
-
-def signing_secret(tmp_path: Path) -> Path:
-    """The signing Secret as a tuning Job mounts it."""
-    d = tmp_path / "signing"
-    d.mkdir()
-    (d / signing.PRIVATE_KEY).write_bytes((COSIGN / "cosign.key").read_bytes())
-    (d / signing.PASSWORD).write_bytes(b"tunefleet-test")
-    return d
+SIGNED = BASE
 
 
 @pytest.mark.parametrize("forgery", ["none", "another key", "missing"])
@@ -710,3 +726,215 @@ def test_s3_gives_an_oversized_objects_etag_from_its_get_without_reading_it() ->
     got = store.read_tagged("fleet/k/claim.json", contract.MAX_BYTES)
     assert (got.data, got.tag, got.oversize) == (b"", '"v1"', ODD)
     assert not Body.read
+
+
+# --- what an adopter trusts: its own key, its own identity (issue 54) -------------------------
+
+
+def _forge_entry(tmp_path: Path, p: dict[str, Any], status: dict[str, Any], **served: Any) -> str:
+    """What someone with the fleet's credential alone can do: put an artifact in p's folder
+    (as served_by_p makes it, with `served`'s changes) and an entry for p's identity naming
+    it, under _fleet/. Returns the artifact's SHA-256."""
+    done = served_by_p(tmp_path, {**p, "status": status}, **served)
+    record = ArtifactRecord.from_status(done["status"]["artifacts"][0])
+    assert record is not None
+    key = contract.published_key(LOCATION, MODEL, identity(p))
+    entry = contract.Published(identity(p), MODEL, record, THEM, "2026-12-05T00:00:00Z")
+    assert dir_store(tmp_path).create(key, entry.to_bytes(), "application/json")
+    return record.sha256
+
+
+def _refused(api: FakeKube) -> list[str]:
+    return [m for r, m in api.events if r == "ArtifactNotAdopted"]
+
+
+@pytest.mark.parametrize("policy", ["no signing", "Optional", "Required"])
+def test_an_unsigned_artifact_and_entry_forged_under_fleet_are_never_adopted(
+    tmp_path: Path, policy: str
+) -> None:
+    """What the fleet's credential alone can do: an unsigned artifact in the profile's folder
+    and an entry naming it. Before, a profile without storage.signing (S3's default) or with
+    policy Optional adopted it on the SHA-256s the entry itself gave."""
+    if policy == "no signing":
+        adopter = UNKEYED
+    else:
+        adopter = BASE.storage("s3://bkt/fleet", signing={**KEYED, "policy": policy})
+    q = profile_view(adopter.obj())
+    # Even with the very identity document q's spec makes: only q's key vouches for it.
+    _forge_entry(tmp_path, q, {"revision": naming.revision(spec_of(q))}, signing_key=None)
+    status, api = sync(q, tmp_path, FLEET_B, Memory())
+    assert not status.get("artifacts")
+    assert [k for k, _ in api.created if k == "Job"] == ["Job"]  # tunes its own
+    if policy == "no signing":  # no key to verify with: it reads no entry at all
+        assert not _refused(api)
+        assert [c["reason"] for c in status["conditions"] if c["type"] == "FleetAdoption"] == [
+            "AdoptionNeedsPublicKey"
+        ]
+        return
+    (said,) = _refused(api)
+    assert "manifest.json.sig is missing" in said, said
+
+
+def test_under_optional_signing_an_entry_whose_signature_was_deleted_is_refused(
+    tmp_path: Path,
+) -> None:
+    optional = BASE.storage("s3://bkt/fleet", signing={**KEYED, "policy": "Optional"})
+    p, q = profile_view(optional.obj()), profile_view(optional.name("q").uid("uid-q").obj())
+    mem_p = Memory()
+    status_p, _ = sync(p, tmp_path, FLEET_A, mem_p)
+    sync(served_by_p(tmp_path, {**p, "status": status_p}), tmp_path, FLEET_A, mem_p)
+    # Honest and signed: q would adopt it. Then someone deletes the .sig.
+    next((tmp_path / "bkt").rglob(f"*{signing.BLOB_SIGNATURE_SUFFIX}")).unlink()
+    status_q, api_q = sync(q, tmp_path, FLEET_B, Memory())
+    assert not status_q.get("artifacts")
+    assert any("manifest.json.sig is missing" in m for m in _refused(api_q)), api_q.events
+    assert [k for k, _ in api_q.created if k == "Job"] == ["Job"]
+
+
+@pytest.mark.parametrize(
+    ("theirs", "path", "here", "there"),
+    [
+        (BASE.tuning(numericalCheck=True), "tuning.numericalCheck", "false", "true"),
+        (BASE.spec(promotion={"minGain": 0.05}), "promotion.minGain", "0.0", "0.05"),
+        (BASE.gpu("amd", MODEL, parallelism=2), "gpu.parallelism", "1", "2"),
+        (BASE.shapes((16, 16, 16)), "workload.shapes[0].mnk[0]", "8", "16"),
+    ],
+    ids=["numericalCheck", "minGain", "parallelism", "shapes"],
+)
+def test_an_entry_pointed_at_another_specs_signed_artifact_is_refused_naming_the_field(
+    tmp_path: Path, theirs: Any, path: str, here: str, there: str
+) -> None:
+    """A `_fleet/` writer points q's identity at an artifact signed with the fleet's key but
+    tuned for another spec: its signed manifest says what for, and q compares."""
+    q = profile_view(BASE.name("q").uid("uid-q").obj())
+    other = naming.identity_document(theirs.spec_model(), MODEL)
+    _forge_entry(tmp_path, q, {"revision": naming.revision(spec_of(q))}, identity=other)
+    status, api = sync(q, tmp_path, FLEET_B, Memory())
+    assert not status.get("artifacts")
+    (said,) = _refused(api)
+    assert f"its identity differs at {path}: {here} here, {there} in the artifact" in said, said
+    assert [k for k, _ in api.created if k == "Job"] == ["Job"]
+
+
+def test_an_artifact_whose_manifest_binds_no_identity_is_not_adopted(tmp_path: Path) -> None:
+    q = profile_view(BASE.name("q").uid("uid-q").obj())
+    _forge_entry(tmp_path, q, {"revision": naming.revision(spec_of(q))}, identity=None)
+    _, api = sync(q, tmp_path, FLEET_B, Memory())
+    (said,) = _refused(api)
+    assert "its manifest names no identity" in said
+
+
+MEASURED = Gain((Figure("gemms", 2.0, 1.0, 2.0, 1.9, 2.1, 5),))
+
+
+@pytest.mark.parametrize("gain", [None, Gain(note="no GPU to time on")], ids=["none", "noted"])
+def test_an_adopter_that_asks_for_a_gain_never_adopts_an_unmeasured_artifact(
+    tmp_path: Path, gain: Gain | None
+) -> None:
+    picky = BASE.spec(promotion={"minGain": 0.5})
+    p, q = profile_view(picky.obj()), profile_view(picky.name("q").uid("uid-q").obj())
+    mem_p = Memory()
+    status_p, _ = sync(p, tmp_path, FLEET_A, mem_p)
+    # p's own gate passed it (unmeasured passes every gate), so p serves and publishes it.
+    sync(served_by_p(tmp_path, {**p, "status": status_p}, gain=gain), tmp_path, FLEET_A, mem_p)
+    assert list(tmp_path.rglob("artifact.json"))
+    status_q, api_q = sync(q, tmp_path, FLEET_B, Memory())
+    assert not status_q.get("artifacts")
+    (said,) = _refused(api_q)
+    assert "was not measured" in said and "minGain 0.5" in said, said
+    assert [k for k, _ in api_q.created if k == "Job"] == ["Job"]
+
+
+def test_a_measured_artifact_is_adopted_with_the_signed_manifests_figures_not_the_entrys(
+    tmp_path: Path,
+) -> None:
+    picky = BASE.spec(promotion={"minGain": 0.5})
+    q = profile_view(picky.name("q").uid("uid-q").obj())
+    status = {"revision": naming.revision(spec_of(q))}
+    done = served_by_p(tmp_path, {**q, "status": status}, gain=MEASURED)
+    record = ArtifactRecord.from_status(done["status"]["artifacts"][0])
+    assert record is not None and record.gain == MEASURED
+    # The entry's copy of the figures says 9x; the signed manifest says 2x.
+    boasted = Gain((Figure("gemms", 9.0, 1.0, 9.0, 8.9, 9.1, 5),))
+    key = contract.published_key(LOCATION, MODEL, identity(q))
+    entry = contract.Published(
+        identity(q), MODEL, replace(record, gain=boasted), THEM, "2026-12-05T00:00:00Z"
+    )
+    assert dir_store(tmp_path).create(key, entry.to_bytes(), "application/json")
+    status_q, api_q = sync(q, tmp_path, FLEET_B, Memory())
+    (taken,) = status_q["artifacts"]
+    assert taken["source"]["cluster"] == CLUSTER_B and not _refused(api_q)
+    assert taken["gain"]["figures"][0]["speedup"] == 2.0
+
+
+def test_an_honest_signed_entry_of_the_same_identity_is_adopted_from_another_cluster(
+    tmp_path: Path,
+) -> None:
+    p = profile_view(BASE.obj())
+    q = profile_view(BASE.name("q").namespace("serve").uid("uid-q").obj())
+    mem_p = Memory()
+    status_p, _ = sync(p, tmp_path, FLEET_A, mem_p)
+    sync(served_by_p(tmp_path, {**p, "status": status_p}), tmp_path, FLEET_A, mem_p)
+    manifest = json.loads(next((tmp_path / "bkt").rglob("manifest.json")).read_bytes())
+    assert manifest["fleetIdentity"] == naming.identity_document(spec_of(q), MODEL)
+    status_q, api_q = sync(q, tmp_path, FLEET_B, Memory())
+    assert status_q["phase"] == "Ready" and not _refused(api_q)
+    assert status_q["artifacts"][0]["source"]["cluster"] == CLUSTER_A
+
+
+def test_a_fleet_profile_with_no_public_key_tunes_its_own_and_says_why_once(
+    tmp_path: Path,
+) -> None:
+    p = profile_view(BASE.obj())
+    mem_p = Memory()
+    status_p, _ = sync(p, tmp_path, FLEET_A, mem_p)
+    sync(served_by_p(tmp_path, {**p, "status": status_p}), tmp_path, FLEET_A, mem_p)
+    # The same identity, and signing asked for, but no key to verify with.
+    unkeyed = (
+        UNKEYED.name("q")
+        .uid("uid-q")
+        .storage("s3://bkt/fleet", signing={"secret": {"name": "signing"}, "policy": "Optional"})
+    )
+    q = profile_view(unkeyed.obj())
+    memory = Memory()
+    status_q, api_q = sync(q, tmp_path, FLEET_B, memory)
+    assert [k for k, _ in api_q.created if k == "Job"] == ["Job"]
+    assert not status_q.get("artifacts") and not _refused(api_q)
+    held = claim_of(tmp_path, q)  # one identity: p's released claim, not taken by q
+    assert held is not None and held.holder.profile == "p"
+    (cond,) = [c for c in status_q["conditions"] if c["type"] == "FleetAdoption"]
+    assert cond["status"] == "False" and cond["reason"] == "AdoptionNeedsPublicKey"
+    assert "spec.storage.signing.publicKey" in cond["message"]
+    said = [m for r, m in api_q.events if r == "AdoptionNeedsPublicKey"]
+    assert len(said) == 1 and said[0] == cond["message"]
+    # Said once: the next pass (its status as written) says nothing again.
+    again, api_q = sync({**q, "status": status_q}, tmp_path, FLEET_B, memory)
+    assert not [m for r, m in api_q.events if r == "AdoptionNeedsPublicKey"]
+    assert [c for c in again["conditions"] if c["type"] == "FleetAdoption"] == [cond]
+    # With the key set, the condition is gone.
+    keyed = profile_view(BASE.name("q").uid("uid-q").obj())
+    fixed, _ = sync({**keyed, "status": again}, tmp_path, FLEET_B, memory)
+    assert not [c for c in fixed["conditions"] if c["type"] == "FleetAdoption"]
+
+
+def test_the_identity_document_is_what_the_identity_hashes_plus_promotion_and_parallelism() -> None:
+    spec = BASE.spec_model()
+    doc = naming.identity_document(spec, MODEL)
+    assert doc is not None
+    assert doc["image"] == DIGEST and doc["gpu"]["model"] == MODEL
+    assert doc["gpu"]["vendor"] == "amd" and doc["gpu"]["parallelism"] == 1
+    assert doc["tuning"]["numericalCheck"] is False and doc["promotion"]["minGain"] == 0.0
+    # promotion and parallelism are in the document, not in the hash: claims keep their keys.
+    for other in (BASE.spec(promotion={"minGain": 0.5}), BASE.gpu("amd", MODEL, parallelism=2)):
+        assert naming.fleet_identity(other.spec_model(), MODEL) == naming.fleet_identity(
+            spec, MODEL
+        )
+        assert naming.identity_document(other.spec_model(), MODEL) != doc
+    assert (
+        naming.identity_document(BASE.image("registry.example.com/serve:1").spec_model(), MODEL)
+        is None
+    )
+    assert naming.identity_difference(doc, doc) is None
+    assert naming.identity_difference({"a": False}, {"a": 0}) == ("a", False, 0)  # types count
+    assert naming.identity_difference({"a": 0}, {"a": 0.0}) is None
+    assert naming.identity_difference({"a": 1}, {}) == ("a", 1, naming.MISSING)

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from testbed.builders.wrappers import make_profile
-from tests.support.artifacts import tuner_output
+from tests.support.artifacts import KEYED, signing_dir, tuner_output
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
 from tunefleet import naming
-from tunefleet.artifacts.publish import upload_artifact
+from tunefleet.artifacts.publish import sign_manifest, upload_artifact
 from tunefleet.config import Config
 from tunefleet.contracts.artifact_record import ArtifactRecord
 from tunefleet.contracts.fleet import (
@@ -420,7 +420,7 @@ def test_on_a_board_one_profile_bids_settles_and_tunes_the_other_waits_then_adop
     fleet = Config(image="tunefleet:1", fleet=True, fleet_settle_seconds=0.2)
     base = (
         make_profile("p", "ml").uid("uid-p").generation(1)
-        .image(IMAGE).gpu("amd", MODEL).storage("s3://bkt/fleet")
+        .image(IMAGE).gpu("amd", MODEL).storage("s3://bkt/fleet", signing=KEYED)
     )  # fmt: skip
     p = profile_view(base.obj())
     q = profile_view(base.name("q").namespace("serve").uid("uid-q").obj())
@@ -471,12 +471,18 @@ def _groups(board: BoardDir) -> list[str]:
 
 
 def _served(p: dict[str, Any], board: BoardDir, tmp_path: Path) -> dict[str, Any]:
-    """p once its Job published: the artifact in the store, and served."""
+    """p once its Job published: the artifact in the store (its manifest binding p's identity,
+    signed with the fleet's key), and served."""
+    spec = make_profile().spec_is(p["spec"]).spec_model()
     manifest = tuner_output(
-        tmp_path / "out", gpu_model=MODEL, image=ImageRef(reference=IMAGE, id="")
+        tmp_path / "out",
+        gpu_model=MODEL,
+        image=ImageRef(reference=IMAGE, id=""),
+        fleet_identity=naming.identity_document(spec, MODEL),
     )
     results = (tmp_path / "out" / "results.csv").read_bytes()
     pub = upload_artifact(board.objects, LOCATION, results, manifest)
+    pub = sign_manifest(board.objects, LOCATION, pub, signing_dir(tmp_path))
     record = ArtifactRecord.from_manifest(
         pub.manifest, uri=pub.uri, manifest_sha256=pub.manifest_sha256
     ).for_job(gpu_model=MODEL, revision=p["status"]["revision"], job="tune-p-1", image_id="")
@@ -491,7 +497,7 @@ def test_a_bid_standing_when_the_entry_is_published_is_taken_down_as_the_profile
     board = BoardDir(tmp_path)
     config = Config(image="tunefleet:1", fleet=True, fleet_cluster="cluster-b")
     prof = make_profile("q", "serve").uid("uid-q").generation(1).image(IMAGE)
-    q = profile_view(prof.gpu("amd", MODEL).storage("s3://bkt/fleet").obj())
+    q = profile_view(prof.gpu("amd", MODEL).storage("s3://bkt/fleet", signing=KEYED).obj())
     memory = Memory()
     around = Around(FakeKube(writers=RECONCILE_WRITERS), open_store=lambda loc, opts: board)
     first = sync_profile(q, [], [], config, memory, around)

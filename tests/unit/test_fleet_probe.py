@@ -19,6 +19,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from testbed.builders.wrappers import make_profile
+from tests.support.artifacts import KEYED
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
 from tunefleet.config import Config
 from tunefleet.contracts import fleet as contract
@@ -38,7 +39,7 @@ CLUSTER = "11111111-aaaa-4aaa-8aaa-111111111111"
 FLEET = Config(image="tunefleet:1", fleet=True, fleet_cluster=CLUSTER)
 BASE = (
     make_profile("p", "ml").uid("uid-p").generation(1)
-    .image(IMAGE).gpu("amd", MODEL).storage("s3://bkt/fleet")
+    .image(IMAGE).gpu("amd", MODEL).storage("s3://bkt/fleet", signing=KEYED)
 )  # fmt: skip
 LOCATION = parse_uri("s3://bkt/fleet")
 
@@ -171,7 +172,7 @@ def test_a_verdict_is_kept_for_the_process_and_asked_again_after_a_while(
     sync(profile_view(BASE.obj()), tmp_path, memory, Counted)
     assert Counted.probes == 2  # one probe: its create, and the create it must refuse
     # Another profile on the same store (bucket and endpoint), another prefix: no probe.
-    q = BASE.name("q").uid("uid-q").storage("s3://bkt/other").obj()
+    q = BASE.name("q").uid("uid-q").storage("s3://bkt/other", signing=KEYED).obj()
     _, api = sync(profile_view(q), tmp_path, memory, Counted)
     assert Counted.probes == 2 and len(jobs(api)) == 1
     # Later it is probed again (HONOURED_TTL_S). it is probed again.
@@ -179,7 +180,7 @@ def test_a_verdict_is_kept_for_the_process_and_asked_again_after_a_while(
     old = memory.probes.verdict(key, time.monotonic())
     assert old is not None
     memory.probes.record(key, replace(old, at=old.at - probe.HONOURED_TTL_S - 1))
-    r = BASE.name("r").uid("uid-r").storage("s3://bkt/third").obj()
+    r = BASE.name("r").uid("uid-r").storage("s3://bkt/third", signing=KEYED).obj()
     sync(profile_view(r), tmp_path, memory, Counted)
     assert Counted.probes == 4
 
@@ -192,7 +193,9 @@ def test_of_reconciles_finding_one_store_unprobed_at_once_one_probes(tmp_path: P
 
     Counted.probes = 0
     memory = Memory()
-    profiles = [BASE.name(n).uid(f"uid-{n}").storage(f"s3://bkt/{n}").obj() for n in "pq"]
+    profiles = [
+        BASE.name(n).uid(f"uid-{n}").storage(f"s3://bkt/{n}", signing=KEYED).obj() for n in "pq"
+    ]
     threads = [
         threading.Thread(target=sync, args=(profile_view(p), tmp_path, memory, Slow))
         for p in profiles

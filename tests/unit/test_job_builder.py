@@ -246,3 +246,48 @@ def test_the_tune_step_needs_no_shell_and_leaves_pythonpath_alone() -> None:
     names = [e["name"] for e in tune["env"]]
     assert names.count("PYTHONPATH") == 1  # the user's, as given
     assert {e["name"]: e.get("value") for e in tune["env"]}["PYTHONPATH"] == "/app"
+
+
+DIGEST_IMAGE = "registry.example.com/serve@sha256:" + "a" * 64
+
+
+def test_the_identity_document_travels_in_the_tuning_config_map_to_publish_and_merge() -> None:
+    """What the artifact is tuned for reaches publish (the tuning ConfigMap, mounted) and the
+    merge Job (that ConfigMap's one key), which write it into the manifest they sign."""
+    spec = BASE.image(DIGEST_IMAGE).gpu("amd", MI300X, parallelism=2).spec_model()
+    c = replace(CHILD, spec=spec)
+    cm = build_tuning_config_map(c)
+    assert json.loads(cm["data"]["fleet-identity.json"]) == naming.identity_document(spec, MI300X)
+    publish = step(build_tuning_job(c)["spec"]["template"]["spec"], "publish")
+    at = publish["command"].index("--identity-file")
+    assert publish["command"][at + 1] == "/tunefleet/config/fleet-identity.json"
+    merge_pod = build_merge_job(c)["spec"]["template"]["spec"]
+    (merge,) = merge_pod["containers"]
+    assert merge["command"][merge["command"].index("--identity-file") + 1] == (
+        "/tunefleet/config/fleet-identity.json"
+    )
+    (config,) = [v for v in merge_pod["volumes"] if v["name"] == "config"]
+    assert config["configMap"] == {
+        "name": c.name(),
+        "optional": True,
+        "items": [{"key": "fleet-identity.json", "path": "fleet-identity.json"}],
+    }
+    assert {"name": "config", "mountPath": "/tunefleet/config", "readOnly": True} in merge[
+        "volumeMounts"
+    ]
+
+
+@pytest.mark.parametrize("retune", [False, True], ids=["image-by-tag", "retune"])
+def test_no_identity_document_for_an_image_by_tag_or_a_retune(retune: bool) -> None:
+    c = CHILD
+    if retune:
+        c = replace(
+            CHILD, spec=BASE.image(DIGEST_IMAGE).spec_model(), revision_override="abcdef0123"
+        )
+    assert "fleet-identity.json" not in build_tuning_config_map(c)["data"]
+    publish = step(build_tuning_job(c)["spec"]["template"]["spec"], "publish")
+    assert "--identity-file" not in publish["command"]
+    assert (
+        "--identity-file"
+        not in build_merge_job(c)["spec"]["template"]["spec"]["containers"][0]["command"]
+    )

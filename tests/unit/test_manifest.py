@@ -95,3 +95,16 @@ def test_outcomes_round_trip_and_schema_stays_v1() -> None:
     m = loads(manifest(gemms=5, outcomes=Outcomes(tuned=0, default=5)).to_json())
     assert m.outcomes == Outcomes(tuned=0, default=5) and m.outcomes.gemms == 5
     assert m.to_dict()["schema"] == "tunefleet.io/manifest/v1"
+
+
+def test_the_fleet_identity_round_trips_and_a_manifest_without_it_keeps_its_bytes() -> None:
+    doc = {"version": 1, "image": "sha256:" + "a" * 64, "tuning": {"numericalCheck": True}}
+    m = manifest(fleet_identity=doc)
+    assert json.loads(m.to_json())["fleetIdentity"] == doc
+    assert loads(m.to_json()) == m
+    # Manifests from before it (and of retunes, images by tag) neither have nor gain it.
+    assert "fleetIdentity" not in json.loads(manifest().to_json())
+    assert loads(manifest().to_json()).fleet_identity is None
+    bad = {**json.loads(manifest().to_json()), "fleetIdentity": ["not", "an", "object"]}
+    with pytest.raises(ManifestError, match="fleetIdentity"):
+        from_dict(bad)

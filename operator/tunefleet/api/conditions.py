@@ -26,9 +26,15 @@ class Type(StrEnum):
     # True: model pods run without the artifact for a cause tunefleet can fix or must report
     # (its delivery is gone, a pod's fetch failed), or a delivery could not be made again.
     DEGRADED = "Degraded"
+    # Fleet mode (docs/fleet.md), only where it would apply and does not: False, with why,
+    # while this profile adopts nothing from the fleet (no key to verify a signature with).
+    FLEET_ADOPTION = "FleetAdoption"
 
 
-TYPES = (Type.READY, Type.PROGRESSING, Type.FAILED, Type.DEGRADED)
+TYPES = (Type.READY, Type.PROGRESSING, Type.FAILED, Type.DEGRADED, Type.FLEET_ADOPTION)
+# Shown only where a status has them (Degraded came with 0.2.0; FleetAdoption is there only
+# while it says something).
+OPTIONAL_TYPES = frozenset({Type.DEGRADED, Type.FLEET_ADOPTION})
 
 
 class Phase(StrEnum):
@@ -88,6 +94,10 @@ class Reason(StrEnum):
     PODS_SERVED = "PodsServed"  # False: no model pod runs untuned for a cause of ours
     PODS_UNTUNED = "PodsStartedUntuned"  # True: the count and each cause in the message
     DELIVERY_FAILED = "DeliveryFailed"  # True: a delivered artifact is gone and not made again
+    # FleetAdoption (False), also the Warning Event's reason when it appears: fleet mode adopts
+    # only artifacts signed by the profile's key, and it gives none
+    # (spec.storage.signing.publicKey): it neither adopts, claims nor publishes; it tunes its own.
+    ADOPTION_NEEDS_KEY = "AdoptionNeedsPublicKey"
 
 
 # What a tuning pod stuck before it ran is waiting on: the Job is not failing (yet).

@@ -4,8 +4,11 @@ termination log, and the one way they end (a JSON line, or one error line)."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from tunefleet.storage import cli_flags as storage_cli
 from tunefleet.storage.store import StoreError
@@ -47,6 +50,35 @@ def target(args: argparse.Namespace) -> fit.Target:
     if not stand_in and not args.gpu_vendor:
         stand_in = None
     return fit.Target(args.gpu_model, args.gpu_vendor or "", stand_in)
+
+
+def add_identity(p: argparse.ArgumentParser) -> None:
+    """What the artifact is tuned for (naming.identity_document): the operator writes it into
+    the tuning ConfigMap, publish and merge into the manifest, where the signature covers it."""
+    p.add_argument(
+        "--identity-file",
+        type=Path,
+        help="JSON document of what the artifact is tuned for (into the manifest's fleetIdentity)",
+    )
+
+
+def identity(path: Path | None, prog: str) -> dict[str, Any] | None:
+    """The identity document at `path`; None (said on stderr) when it is not there or not a
+    JSON object: the artifact then serves its own profile as always, and no fleet adopts it
+    (failing the Job would leave the profile unserved for a document only adoption reads)."""
+    if path is None:
+        return None
+    try:
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        print(f"{prog}: warning: no identity document ({exc}): no fleet adopts this artifact",
+              file=sys.stderr)  # fmt: skip
+        return None
+    if not isinstance(doc, dict):
+        print(f"{prog}: warning: {path} is not a JSON object: no fleet adopts this artifact",
+              file=sys.stderr)  # fmt: skip
+        return None
+    return doc
 
 
 def add_common(p: argparse.ArgumentParser, *, timeout_s: float) -> None:

@@ -17,6 +17,7 @@ import dataclasses
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tunefleet.storage import cli_flags as storage_cli
 from tunefleet.storage.registry import open_store, parse_uri
@@ -80,6 +81,9 @@ class MergeJob:
     library_scope: str = "namespace"
     image_reference: str = ""
     target: fit.Target | None = None
+    # What the artifact is tuned for (naming.identity_document, from the tuning ConfigMap):
+    # into the manifest. None: an older Job's command, or a retune's.
+    identity: dict[str, Any] | None = None
 
 
 def read_shard(store: Store, location: Location, job: MergeJob, shard: int) -> Shard:
@@ -259,6 +263,8 @@ def merge(
         found = kind.refusals(kind.parse(data, "<results>", require_rows=False), manifest, target)
         if found:
             raise MergeError(fit.summary(found, target))
+    if job.identity is not None:
+        manifest = dataclasses.replace(manifest, fleet_identity=job.identity)
     pub = upload_artifact(store, location, data, manifest)
     return add_to_library(store, location, library_scope, pub, data, PROG)
 
@@ -271,6 +277,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--shards", required=True, type=int)
     p.add_argument("--library-scope", choices=SCOPES, default="namespace")
     p.add_argument("--image-reference", default="", help="the image the shards were tuned in")
+    cli.add_identity(p)
     cli.add_common(p, timeout_s=300.0)
     return p
 
@@ -287,6 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 library_scope=args.library_scope,
                 image_reference=args.image_reference,
                 target=cli.target(args),
+                identity=cli.identity(args.identity_file, PROG),
             ),
             options=storage_cli.options(args),
         )

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -200,6 +201,9 @@ class Output:
     # The model's vendor and whether it is a stand-in (the Job's --gpu-vendor, --stand-in-model):
     # what the output must fit. None: an older Job's command, which says neither.
     target: fit.Target | None = None
+    # What the artifact is tuned for (the operator's naming.identity_document, from the tuning
+    # ConfigMap): into the manifest. None: an older Job's command, a retune, an image by tag.
+    identity: dict[str, Any] | None = None
 
     def checked(
         self, *, require_rows: bool, check: Callable[[], object] = lambda: None
@@ -258,6 +262,9 @@ def publish(
     library_scope: str = "namespace",
     signing_key: Path | None = None,
 ) -> Published:
+    """Upload the tuner's output as the profile's artifact; its manifest gets the tune step's
+    image and the output's identity (what it was tuned for) before it is signed, so the
+    signature binds both."""
     directory = out.directory
     location, results, manifest = out.checked(
         require_rows=True, check=lambda: check_scope(library_scope)
@@ -277,7 +284,8 @@ def publish(
 
     def with_image(m: Manifest) -> Manifest:
         ref = image.ref()
-        return replace(m, image=ref) if ref is not None else m
+        m = replace(m, image=ref) if ref is not None else m
+        return replace(m, fleet_identity=out.identity) if out.identity is not None else m
 
     pub = upload_artifact(store, location, results, manifest, with_image, archives)
     pub = sign_manifest(store, location, pub, signing_key)
@@ -541,6 +549,7 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         help="a directory with cosign.key (and cosign.password) to sign the artifact with",
     )
+    cli.add_identity(p)
     return p
 
 
@@ -556,7 +565,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = storage_cli.options(args)
     image = TuneImage(args.image_reference, args.image_id_file, args.image_id_timeout_seconds)
     out = Output(
-        Path(args.dir), args.uri, args.namespace, args.profile, args.gpu_model, cli.target(args)
+        Path(args.dir),
+        args.uri,
+        args.namespace,
+        args.profile,
+        args.gpu_model,
+        cli.target(args),
+        cli.identity(args.identity_file, PROG),
     )
 
     def run() -> str:

@@ -31,6 +31,9 @@ CONFIG_KEY = "config.json"
 # The operator adds this key to the Job's ConfigMap once the tune step has ended: the kubelet's
 # imageID of the tune container, which publish records in the manifest.
 IMAGE_ID_KEY = "tune-image-id"
+# What the artifact is tuned for (naming.identity_document), which publish (or the merge Job)
+# writes into its manifest, so the manifest's signature binds it (fleet adoption compares it).
+IDENTITY_KEY = "fleet-identity.json"
 # Shared by sync (the sidecar), tune and publish: library, checkpoints, progress (see
 # tuner_job/exchange.py). No '.' and no '0' in the path: mgpu_tune_gemm_in_file's quirks.
 EXCHANGE_DIR = "/tunefleet/exchange"
@@ -81,6 +84,20 @@ class Child:
     @property
     def revision(self) -> str:
         return self.revision_override or naming.revision(self.spec)
+
+    def identity(self) -> dict[str, Any] | None:
+        """What this model's artifact is tuned for (naming.identity_document); None for a
+        retune (the profile's own captured shapes: no fleet identity's artifact) and for an
+        image by tag."""
+        if self.revision_override:
+            return None
+        return naming.identity_document(self.spec, self.model)
+
+    def identity_args(self) -> list[str]:
+        """Where publish and merge read the identity document, when there is one."""
+        if self.identity() is None:
+            return []
+        return ["--identity-file", f"{CONFIG_DIR}/{IDENTITY_KEY}"]
 
     def name(self, step: str = "tune") -> str:
         return naming.job_name(self.profile, self.model, self.revision, self.uid, step)
@@ -182,12 +199,16 @@ def build_tuning_config_map(c: Child) -> dict[str, Any]:
         separators=(",", ":"),
         sort_keys=True,
     )
-    return {
+    out: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": c.metadata(c.name(), c.labels()),
         "data": {CONFIG_KEY: data},
     }
+    identity = c.identity()
+    if identity is not None:
+        out["data"][IDENTITY_KEY] = json.dumps(identity, separators=(",", ":"), sort_keys=True)
+    return out
 
 
 def _pod_spec(
@@ -285,7 +306,7 @@ def _publish_container(c: Child, storage: PodStorage) -> dict[str, Any]:
         "tunefleet-publish", "--dir", OUT_DIR, *c.where(), *_fit_args(c),
         "--image-reference", c.spec.image, "--image-id-file", f"{CONFIG_DIR}/{IMAGE_ID_KEY}",
         "--library-scope", c.config.library_scope,
-        *(["--shards", str(shards)] if shards > 1 else []),
+        *(["--shards", str(shards)] if shards > 1 else []), *c.identity_args(),
     ]  # fmt: skip
     mounts: list[dict[str, Any]] = [
         {"name": "out", "mountPath": OUT_DIR, "readOnly": True},
@@ -381,10 +402,28 @@ def build_merge_job(c: Child) -> dict[str, Any]:
     command = [
         "tunefleet-merge", *c.where(), *_fit_args(c), "--revision", c.revision,
         "--shards", str(spec.gpu.parallelism), "--library-scope", config.library_scope,
-        "--image-reference", spec.image,
+        "--image-reference", spec.image, *c.identity_args(),
     ]  # fmt: skip
-    merge = with_storage(c.step("merge", command, [{"name": "tmp", "mountPath": "/tmp"}]), storage)
-    pod = _pod_spec([merge], [{"name": "tmp", "emptyDir": {}}], storage)
+    mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
+    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}]
+    if c.identity_args():
+        # The identity document alone, from the tuning Job's ConfigMap (this revision's, which
+        # lives as long as the tuning Job). Optional: a ConfigMap deleted meanwhile costs the
+        # manifest its identity (the artifact serves its profile; no fleet adopts it), not
+        # the merge.
+        mounts.append({"name": "config", "mountPath": CONFIG_DIR, "readOnly": True})
+        volumes.append(
+            {
+                "name": "config",
+                "configMap": {
+                    "name": c.name(),
+                    "optional": True,
+                    "items": [{"key": IDENTITY_KEY, "path": IDENTITY_KEY}],
+                },
+            }
+        )
+    merge = with_storage(c.step("merge", command, mounts), storage)
+    pod = _pod_spec([merge], volumes, storage)
     labels = c.labels(role="merge")
     job = _job(c, c.name("merge"), labels, pod, backoffLimit=2, activeDeadlineSeconds=1800)
     return apply_to_merge_job(job, spec)

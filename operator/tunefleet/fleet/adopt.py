@@ -3,19 +3,23 @@ sharing the store.
 
 A profile's own artifact is published once it serves it (the gate passed it); an entry found
 for a profile with no artifact of its identity is adopted only after the checks its own
-artifact gets and more: it lies in the profile's own store location, its SHA-256s, manifest
-and signature check out as the profile's storage.signing asks (download_verified: what fetch
-and delivery check), it fits the profile's GPU model, and its manifest says it was tuned in
-the image the profile pins, by digest. Whatever fails is reported and not adopted; the profile
-then tunes its own.
-"""
+artifact gets and more: it lies in the profile's own store location; its SHA-256s and manifest
+check out and its signature verifies with the profile's own spec.storage.signing.publicKey,
+whatever the signing policy (download_verified: what fetch and delivery check; no key, no
+adoption); it fits the profile's GPU model; its signed manifest says it was tuned in the image
+the profile pins, by digest, for exactly the identity document the profile's spec makes
+(naming.identity_document: what shapes tuning, promotion, parallelism); and, where the
+profile's promotion asks for a gain, it was measured. Whatever fails is reported and not
+adopted; the profile then tunes its own."""
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import replace
+from typing import Any
 
-from tunefleet import images
+from tunefleet import images, naming
 from tunefleet.api import StorageSpec, TuningProfileSpec
 from tunefleet.artifacts import fit, ocibundle, signing
 from tunefleet.artifacts.fetch import FetchError, Pinned, Signature, download_verified
@@ -30,6 +34,8 @@ from tunefleet.storage.store import (
     StoreError,
     TooLargeError,
 )
+from tuner_job.gain import Gain
+from tuner_job.manifest import Manifest
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +68,14 @@ def verify(
     spec: TuningProfileSpec,
     stand_in_models: tuple[str, ...],
     store: Store,
-) -> None:
-    """NotAdoptable unless the entry's artifact is one this profile may serve as its own."""
+) -> Published:
+    """The entry as this profile may serve it, its record's gain the signed manifest's; else
+    NotAdoptable, saying which check failed. Another cluster's word is trusted for nothing:
+    the artifact must be signed by this profile's key (whatever its signing policy: a
+    `_fleet/` writer could publish an unsigned artifact of its own, or delete a .sig), and its
+    signed manifest must say it was tuned for exactly what this profile would tune
+    (naming.identity_document: a `_fleet/` writer could point the entry at another spec's
+    signed artifact)."""
     record, model, storage = entry.record, entry.gpu_model, spec.storage
     if not _inside(record.uri, storage.uri):
         raise NotAdoptable(
@@ -71,6 +83,8 @@ def verify(
         )
     if not record.manifest_sha256:
         raise NotAdoptable(f"its artifact {record.uri} names no manifest SHA-256")
+    if not storage.public_key:
+        raise NotAdoptable(NO_KEY)
     if isinstance(store, OciStore):
         store = _signed_bundle(record, storage, store)
     try:
@@ -83,11 +97,24 @@ def verify(
                 fit.Target(model, spec.gpu.vendor, fit.is_stand_in_model(model, stand_in_models)),
             ),
             store=store,
-            signature=Signature.asked(storage.public_key, storage.signing_policy),
+            # Required, whatever spec.storage.signing's policy: Optional lets this profile's
+            # own unsigned artifacts serve it, never another's.
+            signature=Signature(required=True, key_pem=storage.public_key.encode()),
         )
     except (FetchError, ValueError) as e:
         raise NotAdoptable(f"its artifact {record.uri} does not check: {e}") from None
-    ran = verified.parsed.image if verified.parsed is not None else None
+    if verified.parsed is None:
+        raise NotAdoptable(f"its artifact {record.uri} has no manifest to read")
+    gain = _bound(verified.parsed, spec, model)
+    # The gate judges the signed manifest's figures, never the entry's copy of them.
+    return replace(entry, record=replace(record, gain=gain))
+
+
+def _bound(manifest: Manifest, spec: TuningProfileSpec, model: str) -> Gain | None:
+    """What the verified (signed) manifest binds, against this profile: the image by digest,
+    the identity document, and a measured gain where the profile's promotion asks for one.
+    Its gain, once every check passed."""
+    ran = manifest.image
     want = images.parse(spec.image).digest
     got = _digest(ran.reference) if ran is not None else None
     if want is None or got is None or got.lower() != want.lower():
@@ -95,6 +122,47 @@ def verify(
             f"its artifact was tuned in {ran.reference if ran else 'an unnamed image'}, not in "
             f"this profile's image {spec.image}"
         )
+    _same_identity(manifest.fleet_identity, naming.identity_document(spec, model))
+    gain = manifest.gain
+    if spec.promotion.min_gain > 0 and (gain is None or not gain.figures):
+        why = f" ({gain.note})" if gain is not None and gain.note else ""
+        raise NotAdoptable(
+            f"its artifact was not measured{why}, and this profile's spec.promotion.minGain "
+            f"{spec.promotion.min_gain:g} asks for a measured gain: an unmeasured artifact is "
+            "never adopted where a gain is asked for"
+        )
+    return gain
+
+
+NO_KEY = (
+    "this profile gives no key to verify another cluster's artifact with, and fleet adoption "
+    "requires a signature by it: set spec.storage.signing.publicKey (the PEM of cosign.pub)"
+)
+
+
+def _same_identity(theirs: dict[str, Any] | None, ours: dict[str, Any] | None) -> None:
+    """NotAdoptable unless the artifact's signed identity document is this profile's, naming
+    the first field that differs and both values."""
+    if theirs is None:
+        raise NotAdoptable(
+            "its manifest names no identity (published by a tunefleet before identities were "
+            "signed, a retune, or by hand), so what it was tuned for is unknown"
+        )
+    if ours is None:  # an image by tag has no identity: gather never reads an entry for it
+        raise NotAdoptable("this profile's image is not pinned by digest")
+    found = naming.identity_difference(ours, theirs)
+    if found is not None:
+        path, here, there = found
+        raise NotAdoptable(
+            f"its identity differs at {path}: {_shown(here)} here, {_shown(there)} in the artifact"
+        )
+
+
+def _shown(value: Any) -> str:
+    if value is naming.MISSING:
+        return "absent"
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _inside(uri: str, root: str) -> bool:

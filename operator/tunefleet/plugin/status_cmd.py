@@ -6,7 +6,7 @@ import datetime
 from typing import Any
 
 from tunefleet import naming
-from tunefleet.api.conditions import TYPES, Phase, Type
+from tunefleet.api.conditions import OPTIONAL_TYPES, TYPES, Phase
 from tunefleet.capture.loop import model_revision
 from tunefleet.contracts import pin as pins
 from tunefleet.contracts.admission_record import ADMISSION_LABEL
@@ -70,8 +70,9 @@ def status_report(profile: dict[str, Any], events: list[dict[str, Any]]) -> dict
                 "lastTransitionTime": conditions.get(t, {}).get("lastTransitionTime"),
             }
             for t in CONDITIONS
-            # Degraded came with 0.2.0: a status an older operator wrote has none to show.
-            if t in conditions or t != Type.DEGRADED
+            # Degraded came with 0.2.0: a status an older operator wrote has none to show;
+            # FleetAdoption is there only while it says something.
+            if t in conditions or t not in OPTIONAL_TYPES
         ],
         "models": [
             {

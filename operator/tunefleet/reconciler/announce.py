@@ -48,6 +48,10 @@ def announce(
         and (was_p is None or (was_p.reason, was_p.message) != (now_p.reason, now_p.message))
     ):
         out.append(("Warning", now_p.reason, now_p.message))
+    was_f, now_f = before.condition(Type.FLEET_ADOPTION), after.condition(Type.FLEET_ADOPTION)
+    if now_f is not None and (was_f is None or was_f.message != now_f.message):
+        # Once per change: the condition is in status, so a resync or a restart repeats nothing.
+        out.append(("Warning", now_f.reason, now_f.message))
     _announce_artifacts(out, before, after)
     if after.phase == Phase.READY and before.phase not in (Phase.READY, Phase.DEGRADED):
         arts = ", ".join(f"{a.gpu_model}@{a.sha256[:12]}" for a in after.artifacts)

@@ -324,7 +324,7 @@ def extra(
 ) -> status.Extra:
     """What the decision adds to the Jobs observed, for status."""
     waits, _ = waiting(inputs, answered)
-    return status.Extra(capture, adopted(inputs, first, answered), waits)
+    return status.Extra(capture, adopted(inputs, first, answered), waits, inputs.unkeyed)
 
 
 def deliveries(inputs: Inputs, artifacts: list[ArtifactRecord]) -> list[Delivery]:

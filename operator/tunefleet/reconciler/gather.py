@@ -303,7 +303,7 @@ def read_entry(inputs: Inputs, model: str, w: Where) -> FleetFacts:
         seen = f"{key}#{record.sha256}/{record.manifest_sha256}/{record.uri}"
         if seen in inputs.memory.refused_entries:
             return FleetFacts(w, refused="refused before", seen=seen)
-        adopt.verify(entry, inputs.spec, inputs.config.stand_in_models, w.store)
+        entry = adopt.verify(entry, inputs.spec, inputs.config.stand_in_models, w.store)
     except adopt.NotAdoptable as e:
         return FleetFacts(w, refused=str(e) or "refused", seen=seen)
     except StoreError as e:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tunefleet import naming
+from tunefleet import images, naming
 from tunefleet.api import TuningProfileSpec
 from tunefleet.capture import step as capture_step
 from tunefleet.capture.retune_sets import RetuneSet
@@ -226,13 +226,43 @@ class Inputs:
     ) -> Where | None:
         """Where the fleet's objects for this model's identity are, or None when fleet mode
         does not apply to it now: a retune of captured misses (its shapes are this
-        profile's), spec.tuning.adopt Never (such a profile still publishes what it tuned)."""
+        profile's), spec.tuning.adopt Never (such a profile still publishes what it tuned), a
+        profile with no spec.storage.signing.publicKey (it can verify no one's artifact, so it
+        neither adopts, claims nor publishes: publishing replaces an entry the publisher
+        cannot verify, and it could verify none; `unkeyed` says why)."""
         w = self.wheres.get(model)
-        if w is None or self.spec is None:
+        if w is None or self.spec is None or self.unkeyed:
             return None
         if self.revision(capture)(model) != naming.revision(self.spec):
             return None
         return w if publishing or self.spec.tuning.adopt != "Never" else None
+
+    @property
+    def unkeyed(self) -> str:
+        """Why fleet mode adopts nothing for this profile though it would apply (fleet mode on,
+        a store it coordinates through, an image by digest, adopt not Never): it gives no key
+        to verify another cluster's signature with. "" otherwise. From the spec and the
+        configuration alone, so the condition that says it does not flap with the store."""
+        spec = self.spec
+        if spec is None or not self.config.fleet or not self.config.fleet_cluster:
+            return ""
+        if spec.storage.public_key or spec.tuning.adopt == "Never":
+            return ""
+        try:
+            scheme = registry.parse_uri(spec.storage.uri).scheme
+        except ValueError:
+            return ""
+        if scheme not in ("s3", "oci"):
+            return ""  # pvc:// and file:// stores: fleet mode leaves them out (gather._open)
+        if images.parse(spec.image).digest is None:
+            return ""  # no identity: tuning proceeds as before
+        return (
+            "fleet mode adopts only artifacts signed by this profile's key, and "
+            "spec.storage.signing.publicKey is not set: this profile adopts nothing, takes no "
+            "claim and publishes nothing for the fleet; it tunes its own. Set publicKey (the "
+            "PEM of cosign.pub the fleet signs with) to share, or spec.tuning.adopt: Never to "
+            "say this is meant."
+        )
 
     @property
     def name(self) -> str:

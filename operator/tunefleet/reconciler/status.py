@@ -56,6 +56,9 @@ class Observed:
     # that wait for another profile or cluster tuning their identity, with who and until when.
     adopted: dict[str, ArtifactRecord] = field(default_factory=dict)
     waiting: dict[str, str] = field(default_factory=dict)
+    # Why fleet mode adopts nothing for this profile though it would apply (Inputs.unkeyed):
+    # the FleetAdoption condition says it; "" leaves the condition out.
+    unkeyed: str = ""
 
 
 @dataclass
@@ -488,7 +491,12 @@ def compute_status(obs: Observed, now: str) -> TuningProfileStatus:
         phase=_phase(p),
         revision=rev,
         summary=_summary(ordered, models),
-        conditions=[_ready_condition(p), _progressing_condition(p), _failed_condition(p)],
+        conditions=[
+            _ready_condition(p),
+            _progressing_condition(p),
+            _failed_condition(p),
+            *_fleet_condition(p),
+        ],
         jobs=_job_lines(p),
         progress=_progress(p),
         artifacts=artifacts,
@@ -497,6 +505,13 @@ def compute_status(obs: Observed, now: str) -> TuningProfileStatus:
         capture=obs.capture or None,
         coverage=obs.coverage or None,
     )
+
+
+def _fleet_condition(p: _Picture) -> list[Condition]:
+    """FleetAdoption, only while fleet mode would apply and adopts nothing (Inputs.unkeyed)."""
+    if not p.obs.unkeyed:
+        return []
+    return [p.cond(Type.FLEET_ADOPTION, False, Reason.ADOPTION_NEEDS_KEY, p.obs.unkeyed)]
 
 
 def effective(jobs: list[JobObservation]) -> JobObservation | None:
@@ -582,6 +597,7 @@ class Extra:
     capture: capture_step.Outcome
     adopted: dict[str, ArtifactRecord] = field(default_factory=dict)
     waiting: dict[str, str] = field(default_factory=dict)
+    unkeyed: str = ""
 
 
 def capture_status(entries: list[dict[str, Any]] | None) -> list[CaptureStatus] | None:
@@ -615,6 +631,7 @@ def computed(
             pins=pin.read(meta.get("annotations")),
             adopted=extra.adopted,
             waiting=extra.waiting,
+            unkeyed=extra.unkeyed,
         ),
         now_iso(),
     )
