@@ -359,14 +359,14 @@ def test_the_first_clusters_gc_after_four_retunes_leaves_what_the_peer_adopted(
     would delete it), and the peer's next model pod is served."""
     cluster, peer, namespace = fleet.first, fleet.peer, fleet.namespace
     wait_for_real_node_gpus(cluster, 1)
-    profile = fleet.profile()
+    profile = fleet.signed(fleet.profile())
     entry = _tuned_and_published(fleet, profile)  # the peer finds it: it adopts, never tunes
     adopted, store = entry.artifact, entry.store
     taken = _ready(peer, namespace, profile)["status"]["artifacts"][0]
     assert taken["sha256"] == adopted["sha256"] and "source" in taken, taken
     refs = {
-        which: contract.refs_key(store.location, cluster_uid(c), namespace, "llama")
-        for which, c in (("first", cluster), ("peer", peer))
+        which: contract.refs_key(store.location, cluster_uid(c), ns, "llama")
+        for which, c, ns in (("first", cluster, namespace), ("peer", peer, fleet.peer_namespace))
     }
 
     def peers_doc() -> contract.Refs | None:
@@ -385,7 +385,7 @@ def test_the_first_clusters_gc_after_four_retunes_leaves_what_the_peer_adopted(
 
     seen = {adopted["sha256"]}
     for i in range(4):  # four retunes in the first cluster: each a new revision, tuned there
-        _retuned(cluster, namespace, fleet.profile(E2E_RETUNE=str(i + 1)), seen)
+        _retuned(cluster, namespace, fleet.signed(fleet.profile(E2E_RETUNE=str(i + 1))), seen)
     # The first cluster's profile goes: its status (and history) no longer keeps anything, and
     # the adopted artifact is not among its newest 3. Its published entry goes too (an entry
     # that would keep it: here only the peer's refs doc may).
