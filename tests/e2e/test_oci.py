@@ -17,6 +17,7 @@ import re
 import subprocess
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,10 @@ from testbed.registry import (
     manifest_digest,
     manifest_json,
 )
+from testbed.slow_registry import SlowRegistry
 from tests.support.kube import apply, create, ended, get_json, ready, statuses
 from tunefleet.artifacts import gc
+from tunefleet.contracts.admission_record import DECISION_ANNOTATION
 from tunefleet.storage.oci import OciStore, note_tag
 from tunefleet.storage.registry import open_store, parse_uri
 from tunefleet.storage.store import StoreOptions
@@ -548,3 +551,120 @@ def test_a_board_lists_one_group_by_tag_pages_and_skips_notes_moved_onto_its_tag
     store.unpost("g1", "m1")  # already gone: fine
     assert sorted(store.notes("g1", 100)) == [b"m2 again", b"m3"]
     assert store.notes("g2", 100) == [b"another group's"]
+
+
+def _burst(cluster: Any, namespace: str, names: list[str], profiles: list[str]) -> float:
+    """Create the model pods `names` (each on the profile at its index, modulo), five kubectl
+    calls side by side; they are never scheduled (admission is the subject): the seconds the
+    burst took."""
+    pods = []
+    for i, name in enumerate(names):
+        pod = model_pod(name, profiles[i % len(profiles)], gpus=1)
+        pod["spec"]["schedulerName"] = "tunefleet-e2e-never"
+        pods.append(pod)
+
+    def create_some(share: list[dict[str, Any]]) -> None:
+        docs = "\n---\n".join(json.dumps(p) for p in share)
+        cluster.kubectl("create", "-n", namespace, "-f", "-", input=docs, timeout=600)
+
+    start = time.monotonic()
+    with ThreadPoolExecutor(5) as pool:
+        list(pool.map(create_some, [pods[i::5] for i in range(5) if pods[i::5]]))
+    return time.monotonic() - start
+
+
+def _webhook_timeout(cluster: Any) -> int:
+    configs = get_json(cluster, "mutatingwebhookconfigurations")["items"]
+    hooks = [h for c in configs for h in c.get("webhooks") or [] if "tunefleet" in h["name"]]
+    return min(int(h.get("timeoutSeconds", 10)) for h in hooks)
+
+
+def test_admission_of_50_pods_on_3_volume_models_behind_a_registry_at_2s_a_request(
+    cluster: Any,
+    in_cluster: InCluster,
+    s3: Any,
+    namespace: str,
+    registry: Registry,
+    tmp_path: Any,
+) -> None:
+    """Issue 54: admission checked volume images one after another, per digest, with no
+    single-flight: N models cost N x 3 s against a 5 s webhook. Three profiles whose volume
+    images sit behind a registry answering every request 2 s late, replicas restarted so that
+    no verdict is remembered, then 50 pods at once: every pod is admitted by the webhook (its
+    decision written, no timeout let it through untouched), the registry sees a handful of
+    checks per digest, not one per pod, and pods admitted once the checks are in mount the
+    volumes."""
+    with SlowRegistry(registry, tmp_path / "slow") as slow:
+        names = ["m1", "m2", "m3"]
+        wait_for_real_node_gpus(cluster, 1)
+        _secrets(cluster, namespace, slow.registry)
+        public_key = _public_key(cluster, namespace, tmp_path / "cosign.pub").read_text()
+        repositories = {n: f"e2e/{namespace}-{n}-{uuid.uuid4().hex[:6]}" for n in names}
+        for name in names:
+            apply(
+                cluster,
+                namespace,
+                _volume_profile(name, s3, slow.registry, repositories[name], public_key),
+            )
+        volumes = {}
+        for name in names:
+            st = ready(cluster, namespace, name, timeout=400)["status"]
+            assert st["phase"] == "Ready", json.dumps(st, indent=2)[:4000]
+            art = _delivery(cluster, namespace, name, "ImageVolume")
+            volumes[name] = f"{slow.registry.host}/{repositories[name]}@{art['bundle']['volume']}"
+        slow.delay = 2.0
+        replicas = len(in_cluster.pods())
+        cluster.kubectl("delete", "pods", "-n", in_cluster.namespace, "-l", in_cluster.selector)
+        eventually(
+            lambda: [p for p in in_cluster.pods() if _ready_pod(p)],
+            lambda ready: len(ready) == replicas,
+            "the operator's replicas back, their verdicts forgotten",
+            timeout=180,
+        )
+        timeout = _webhook_timeout(cluster)
+        since = time.monotonic()
+        pods = [f"burst-{i}" for i in range(50)]
+        took = _burst(cluster, namespace, pods, names)
+        got = get_json(cluster, "pods", "-n", namespace, "-l", "tunefleet.io/profile")["items"]
+        burst = {p["metadata"]["name"]: p for p in got if p["metadata"]["name"] in pods}
+        assert len(burst) == 50, sorted(burst)
+        # The webhook answered every one (failurePolicy Ignore admits a pod untouched on a
+        # timeout, with no decision on it).
+        undecided = [
+            n
+            for n, p in burst.items()
+            if DECISION_ANNOTATION not in (p["metadata"].get("annotations") or {})
+        ]
+        assert not undecided, (undecided, took)
+        checks = {
+            name: sum(1 for _, _, path in slow.seen(since) if ref.rsplit(":", 1)[1] in path)
+            for name, ref in volumes.items()
+        }
+        # One check in flight per digest and replica, each a few requests, not 50 pods' worth.
+        assert all(n <= 12 * replicas for n in checks.values()), checks
+        # The checks ran on past the pods they were too slow for; pods admitted now mount.
+        time.sleep(3 * slow.delay * 4)  # a check's few requests, each 2 s late
+        _burst(cluster, namespace, [f"late-{i}" for i in range(3)], names)
+        late = {
+            p["metadata"]["labels"]["tunefleet.io/profile"]: _mounted(p)
+            for p in get_json(cluster, "pods", "-n", namespace, "-l", "tunefleet.io/profile")[
+                "items"
+            ]
+            if p["metadata"]["name"].startswith("late-")
+        }
+        mounted = sum(1 for p in burst.values() if _mounted(p))
+        print(
+            f"50 pods, 3 volume models, registry at {slow.delay:g}s a request: burst {took:.1f}s "
+            f"(webhook timeout {timeout}s), {mounted} mounted at once, checks {checks}"
+        )
+        cluster.kubectl(
+            "delete", "pods", "-n", namespace, "-l", "tunefleet.io/profile", "--wait=false"
+        )
+        assert late == {name: [volumes[name]] for name in names}, late
+
+
+def _ready_pod(pod: dict[str, Any]) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    ) and not pod["metadata"].get("deletionTimestamp")
