@@ -142,7 +142,8 @@ def trial(
             got = apply.bid(
                 board, GROUP, IDENTITY, who[i], times, bids.Reader(ticks.__next__, sight[i])
             )
-        except StoreError:
+        except StoreError:  # its own bid, posted too slowly, taken down: it waits on no ghost
+            waits.saw(i, t, False)
             heapq.heappush(events, (board.now + 1.0, i))
             continue
         waits.saw(i, t, not got.held and got.claim.holder == GHOST)
