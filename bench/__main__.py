@@ -7,8 +7,9 @@ bench/results.md (each figure group with the commit and date of the run that mad
     python -m bench scale --profiles 10000 --namespaces 100    one size of the scale routine
     python -m bench --list               the routines
 
-The routines need the local control plane (started if needed). Progress lines
-go to stderr. This module imports nothing heavy before the arguments are read.
+The routines need the local control plane (started if needed), but those listed as "no
+cluster" (nodemap, metrics, bids), which start none when run alone. Progress lines go to
+stderr. This module imports nothing heavy before the arguments are read.
 """
 
 from __future__ import annotations
@@ -54,6 +55,23 @@ def _add_options(p: argparse.ArgumentParser, routine: str | None) -> None:
     if every or routine == "oci":
         p.add_argument("--oci-pods", type=int, default=20, help="oci: pods per burst (%(default)s)")
         p.add_argument("--oci-rounds", type=int, default=2, help="oci: rounds (%(default)s)")
+    if every or routine == "bids":
+        p.add_argument(
+            "--bid-trials", type=int, default=400, help="bids: trials per case (%(default)s)"
+        )
+    if every or routine == "trust":
+        p.add_argument(
+            "--pin-writers",
+            type=int,
+            default=100,
+            help="trust: concurrent pin writers (%(default)s)",
+        )
+        p.add_argument(
+            "--trust-pods",
+            type=int,
+            default=50,
+            help="trust: pods at once on the slowed registry's volume models (%(default)s)",
+        )
     if every or routine == "capture":
         p.add_argument(
             "--no-loop",
@@ -111,6 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     defaults = {
         "kills": 100, "churn_profiles": 1000, "cycles": 5, "runs": 7, "nodes": 10_000,
         "bundle_pods": 5, "vllm_pods": 5, "large_pods": 3, "large_volume_pods": 10, "oci_pods": 20, "oci_rounds": 2,
+        "bid_trials": 400, "pin_writers": 100, "trust_pods": 50,
     }  # fmt: skip
     options = {**defaults, "loop": True, **vars(args)}
 

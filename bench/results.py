@@ -131,6 +131,30 @@ WEBHOOK_RUN: dict[str, Any] = {
 # One codec's figures on the 1 GiB corpus (bench_large.codecs).
 LARGE_CODEC = ("pack_s", "unpack_s", "tar_x_s", "size", "unpack_over_tar_x")
 
+# One simulated case of the fleet's bids (bench_bids.CASES): its settings and outcome.
+BID_CASE = dict.fromkeys(
+    (
+        "trials",
+        "seed",
+        "skew_s",
+        "slowest_write_s",
+        "slowest_listing_s",
+        "windows_s",
+        "ghost",
+        "max_holders_at_once",
+        "trials_where_one_held",
+        "longest_ghost_wait_s",
+    )
+)
+BID_CASES = (
+    "five_s_windows",
+    "skew_beyond_the_window",
+    "windows_60s_and_1s",
+    "ghost_while_watching",
+    "ghost_before_anyone_looked",
+    "ghost_before_anyone_looked_60s_and_1s",
+)
+
 GROUPS: dict[str, Any] = {
     "kill_storm": {
         "kills": None,
@@ -426,6 +450,37 @@ GROUPS: dict[str, Any] = {
         "rss_after_each_cycle_mib": None,
         "last_over_first": None,
         "goal": None,
+        "provenance": None,
+    },
+    "fleet_bids_simulated": {
+        "live_seconds": None,
+        "ghost_expiry_s": None,
+        **dict.fromkeys(BID_CASES, BID_CASE),
+        "provenance": None,
+    },
+    "pins_concurrent": {
+        "writers": None,
+        "pins_kept": None,
+        "seconds": None,
+        "stale_writes_redone": None,
+        "most_rounds_one_writer": None,
+        "two_at_once_rounds": None,
+        "two_at_once_pins_lost": None,
+        "note": None,
+        "provenance": None,
+    },
+    "admission_slow_registry": {
+        "profiles": None,
+        "pods": None,
+        "registry_delay_s": None,
+        "operator_replicas": None,
+        "admitted_with_a_decision": None,
+        "burst_s": None,
+        "mounted_at_once": None,
+        "registry_requests_per_digest": {"*": None},
+        "webhook_timeout_s": None,
+        "later_pods_mounted": None,
+        "note": None,
         "provenance": None,
     },
     "scale_rest": {"*": SIZE},

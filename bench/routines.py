@@ -15,10 +15,12 @@ ROUTINES = {
     "real": "real node: tuning Job and model pod start-up, bursts, the store unreachable",
     "nodemap": "the node map at 10,000 nodes (no cluster)",
     "metrics": "the /metrics scrape at 10,000 profiles in the operator's cache (no cluster)",
+    "bids": "fleet bids on a registry, simulated: skew, slow writes, ghosts (no cluster)",
     "capture": "the capture sidecar and loop",
     "bundles": "real node, real torch: a torchCompile bundle's start-up saving (eager, cold, bundle)",
     "vllm": "real node, real vLLM: a vllm bundle's server start-up saving (eager, cold, bundle)",
     "large": "a 1 GiB bundle: gzip against zstd, and tune, publish and fetch on the real node (S3)",
     "oci": "real node: 20-pod bursts served an OCI volume image, OCI fetch, S3 ConfigMap, S3 fetch",
     "fleet": "two clusters on one store in fleet mode: Jobs per identity, adoption, takeover",
+    "trust": "100 concurrent pin writers; 50 pods on 3 volume models behind a 2 s/request registry",
 }

@@ -685,16 +685,16 @@ def _real(b: _Bench) -> None:
     b.results["real_node"] = stamped(real_node(b.cluster, b.s3))
 
 
-def _nodemap(b: _Bench) -> None:
+def _nodemap(options: dict[str, Any], results: dict[str, Any]) -> None:
     from bench import bench_nodemap
 
-    b.results["node_map_10000_nodes"] = stamped(bench_nodemap.run(b.options["nodes"]))
+    results["node_map_10000_nodes"] = stamped(bench_nodemap.run(options["nodes"]))
 
 
-def _metrics(b: _Bench) -> None:
+def _metrics(options: dict[str, Any], results: dict[str, Any]) -> None:
     from bench import bench_metrics
 
-    b.results["metrics_scrape_10000_profiles"] = stamped(bench_metrics.run())
+    results["metrics_scrape_10000_profiles"] = stamped(bench_metrics.run())
 
 
 def _capture(b: _Bench) -> None:
@@ -731,6 +731,20 @@ def _fleet(b: _Bench) -> None:
     b.results["fleet_two_clusters"] = stamped(bench_fleet.run(b.cluster, b.s3))
 
 
+def _trust(b: _Bench) -> None:
+    from bench import bench_trust
+
+    groups = bench_trust.run(b.cluster, b.s3, b.options["pin_writers"], b.options["trust_pods"])
+    for name, figures in groups.items():
+        b.results[name] = stamped(figures)
+
+
+def _bids(options: dict[str, Any], results: dict[str, Any]) -> None:
+    from bench import bench_bids
+
+    results["fleet_bids_simulated"] = stamped(bench_bids.run(options["bid_trials"]))
+
+
 def _oci(b: _Bench) -> None:
     from bench import bench_oci
 
@@ -738,16 +752,20 @@ def _oci(b: _Bench) -> None:
     b.results["oci_delivery"] = stamped(figures)
 
 
-# Each part's runner, in the order a run takes them: the operator's parts first (it is
-# stopped after them), then the rest. The order is the one run_parts has always taken (fleet
-# before oci, unlike ROUTINES), so the progress lines' numbering is what it was.
+# Each part's runner, in the order a run takes them: those that need no cluster first
+# (WITHOUT_CLUSTER, below: alone, they start none), then the operator's parts (it is stopped
+# after them), then the rest (fleet before oci, unlike ROUTINES, as run_parts always took them).
 WITH_OPERATOR: dict[str, Callable[[_Bench], None]] = {
     "scale": _scale, "storm": _storm, "churn": _churn, "webhook": _webhook,
 }  # fmt: skip
 WITHOUT_OPERATOR: dict[str, Callable[[_Bench], None]] = {
     "library": _library, "artifacts": _artifacts, "gc": _gc, "real": _real,
-    "nodemap": _nodemap, "metrics": _metrics, "capture": _capture, "bundles": _bundles,
-    "vllm": _vllm, "large": _large, "fleet": _fleet, "oci": _oci,
+    "capture": _capture, "bundles": _bundles,
+    "vllm": _vllm, "large": _large, "fleet": _fleet, "oci": _oci, "trust": _trust,
+}  # fmt: skip
+# The parts that need no cluster at all: run first, and alone they start none.
+WITHOUT_CLUSTER: dict[str, Callable[[dict[str, Any], dict[str, Any]], None]] = {
+    "nodemap": _nodemap, "metrics": _metrics, "bids": _bids,
 }  # fmt: skip
 
 
@@ -761,12 +779,12 @@ def _each(
             steps.done(part, t)
 
 
-def run_parts(only: list[str], options: dict[str, Any]) -> None:
-    """Run the parts in order, merge their stamped figures into results.json, write both."""
+def _with_cluster(
+    only: list[str], options: dict[str, Any], results: dict[str, Any], steps: _Steps
+) -> None:
+    """The parts that need the local control plane (started if needed)."""
     cluster, s3 = ensure_cluster(), ensure_s3()
     env = s3.env()
-    results = load()
-    steps = _Steps(len(only))
     operator = None
     if any(p in OPERATOR_PARTS for p in only):
         progress("bench", "installing the operator (a process here, the chart's identity)")
@@ -783,4 +801,17 @@ def run_parts(only: list[str], options: dict[str, Any]) -> None:
     finally:
         for ns in CREATED:
             cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def run_parts(only: list[str], options: dict[str, Any]) -> None:
+    """Run the parts in order, merge their stamped figures into results.json, write both."""
+    results = load()
+    steps = _Steps(len(only))
+    for part, runner in WITHOUT_CLUSTER.items():
+        if part in only:
+            t = steps.begin(part)
+            runner(options, results)
+            steps.done(part, t)
+    if any(p not in WITHOUT_CLUSTER for p in only):
+        _with_cluster(only, options, results, steps)
     write(results)

@@ -10,20 +10,23 @@ in the registry's storage, and removed by gc with its bundle and signature.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import re
 import subprocess
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from testbed.cluster import wait_for_real_node_gpus
+from testbed.oci_volumes import PASSWORD, admit_behind_slow_registry
+from testbed.oci_volumes import delivery as _delivery
+from testbed.oci_volumes import mounted as _mounted
+from testbed.oci_volumes import public_key as _public_key
+from testbed.oci_volumes import secrets as _secrets
+from testbed.oci_volumes import volume_profile as _volume_profile
 from testbed.operator import InCluster
 from testbed.poll import eventually
 from testbed.real_node import SHAPES, model_pod, real_profile
@@ -35,10 +38,8 @@ from testbed.registry import (
     manifest_digest,
     manifest_json,
 )
-from testbed.slow_registry import SlowRegistry
 from tests.support.kube import apply, create, ended, get_json, ready, statuses
 from tunefleet.artifacts import gc
-from tunefleet.contracts.admission_record import DECISION_ANNOTATION
 from tunefleet.storage.oci import OciStore, note_tag
 from tunefleet.storage.registry import open_store, parse_uri
 from tunefleet.storage.store import StoreOptions
@@ -47,31 +48,10 @@ FETCH = "tunefleet-fetch"
 
 pytestmark = pytest.mark.e2e
 
-PASSWORD = "e2e-signing-password"
-
 
 @pytest.fixture
 def registry() -> Registry:
     return Registry.from_state()
-
-
-def _secrets(cluster: Any, namespace: str, reg: Registry) -> None:
-    apply(cluster, namespace, reg.secret("registry-writer", reg.writer))
-    apply(cluster, namespace, reg.secret("registry-reader", reg.reader))
-    # The key pair, as the docs say to make it: cosign writes the Secret itself.
-    env = {"COSIGN_PASSWORD": PASSWORD, "KUBECONFIG": cluster.kubeconfig}
-    made = cosign(
-        ["generate-key-pair", f"k8s://{namespace}/signing"], {**reg.tool_env(reg.reader), **env}
-    )
-    assert made.returncode == 0, made.stderr
-    # cosign also writes cosign.pub where it runs: in its own temporary directory, never here.
-    assert not (Path(__file__).resolve().parents[2] / "cosign.pub").exists()
-
-
-def _public_key(cluster: Any, namespace: str, path: Any) -> Any:
-    raw = cluster.kubectl_json("get", "secret", "-n", namespace, "signing", "-o", "json")
-    path.write_bytes(base64.b64decode(raw["data"]["cosign.pub"]))
-    return path
 
 
 def _cosign_sign(
@@ -272,35 +252,6 @@ STACK_SERVES = (
 )
 
 
-def _volume_profile(
-    name: str, s3: Any, reg: Registry, repository: str, public_key: str, **over: Any
-) -> Any:
-    spec: dict[str, Any] = {
-        "workload": {"shapes": SHAPES, "env": [{"name": "FAKE_TORCH_BACKEND", "value": "rocm"}]},
-        "storage": {
-            "uri": f"oci://{reg.host}/{repository}",
-            "credentialsSecret": {"name": "registry-writer"},
-            "signing": {"secret": {"name": "signing"}, "publicKey": public_key},
-        },
-        "serving": {"credentialsSecret": {"name": "registry-reader"}},
-    }
-    return real_profile(name, s3, "", **{**spec, **over})
-
-
-def _delivery(cluster: Any, namespace: str, name: str, prefix: str) -> dict[str, Any]:
-    got = eventually(
-        lambda: get_json(cluster, "tp", "-n", namespace, name),
-        lambda p: str(
-            ((p.get("status") or {}).get("artifacts") or [{}])[0].get("delivery", "")
-        ).startswith(prefix),
-        f"{name}'s delivery to start with {prefix!r}",
-        timeout=120,
-        interval=1,
-    )
-    art: dict[str, Any] = got["status"]["artifacts"][0]
-    return art
-
-
 def _volume_ready(
     cluster: Any,
     namespace: str,
@@ -421,10 +372,6 @@ def _admitted(cluster: Any, namespace: str, name: str, profile: str) -> dict[str
     pod: dict[str, Any] = get_json(cluster, "pod", "-n", namespace, name)
     cluster.kubectl("delete", "pod", "-n", namespace, name, "--wait=false")
     return pod
-
-
-def _mounted(pod: dict[str, Any]) -> list[str]:
-    return [v["image"]["reference"] for v in pod["spec"].get("volumes") or [] if "image" in v]
 
 
 def test_admission_mounts_no_volume_image_on_the_status_word_and_follows_the_key(
@@ -555,32 +502,6 @@ def test_a_board_lists_one_group_by_tag_pages_and_skips_notes_moved_onto_its_tag
     assert store.notes("g2", 100) == [b"another group's"]
 
 
-def _burst(cluster: Any, namespace: str, names: list[str], profiles: list[str]) -> float:
-    """Create the model pods `names` (each on the profile at its index, modulo), five kubectl
-    calls side by side; they are never scheduled (admission is the subject): the seconds the
-    burst took."""
-    pods = []
-    for i, name in enumerate(names):
-        pod = model_pod(name, profiles[i % len(profiles)], gpus=1)
-        pod["spec"]["schedulerName"] = "tunefleet-e2e-never"
-        pods.append(pod)
-
-    def create_some(share: list[dict[str, Any]]) -> None:
-        docs = "\n---\n".join(json.dumps(p) for p in share)
-        cluster.kubectl("create", "-n", namespace, "-f", "-", input=docs, timeout=600)
-
-    start = time.monotonic()
-    with ThreadPoolExecutor(5) as pool:
-        list(pool.map(create_some, [pods[i::5] for i in range(5) if pods[i::5]]))
-    return time.monotonic() - start
-
-
-def _webhook_timeout(cluster: Any) -> int:
-    configs = get_json(cluster, "mutatingwebhookconfigurations")["items"]
-    hooks = [h for c in configs for h in c.get("webhooks") or [] if "tunefleet" in h["name"]]
-    return min(int(h.get("timeoutSeconds", 10)) for h in hooks)
-
-
 def test_admission_of_50_pods_on_3_volume_models_behind_a_registry_at_2s_a_request(
     cluster: Any,
     in_cluster: InCluster,
@@ -596,77 +517,17 @@ def test_admission_of_50_pods_on_3_volume_models_behind_a_registry_at_2s_a_reque
     decision written, no timeout let it through untouched), the registry sees a handful of
     checks per digest, not one per pod, and pods admitted once the checks are in mount the
     volumes."""
-    with SlowRegistry(registry, tmp_path / "slow") as slow:
-        names = ["m1", "m2", "m3"]
-        wait_for_real_node_gpus(cluster, 1)
-        _secrets(cluster, namespace, slow.registry)
-        public_key = _public_key(cluster, namespace, tmp_path / "cosign.pub").read_text()
-        repositories = {n: f"e2e/{namespace}-{n}-{uuid.uuid4().hex[:6]}" for n in names}
-        for name in names:
-            apply(
-                cluster,
-                namespace,
-                _volume_profile(name, s3, slow.registry, repositories[name], public_key),
-            )
-        volumes = {}
-        for name in names:
-            st = ready(cluster, namespace, name, timeout=400)["status"]
-            assert st["phase"] == "Ready", json.dumps(st, indent=2)[:4000]
-            art = _delivery(cluster, namespace, name, "ImageVolume")
-            volumes[name] = f"{slow.registry.host}/{repositories[name]}@{art['bundle']['volume']}"
-        slow.delay = 2.0
-        replicas = len(in_cluster.pods())
-        cluster.kubectl("delete", "pods", "-n", in_cluster.namespace, "-l", in_cluster.selector)
-        eventually(
-            lambda: [p for p in in_cluster.pods() if _ready_pod(p)],
-            lambda ready: len(ready) == replicas,
-            "the operator's replicas back, their verdicts forgotten",
-            timeout=180,
-        )
-        timeout = _webhook_timeout(cluster)
-        since = time.monotonic()
-        pods = [f"burst-{i}" for i in range(50)]
-        took = _burst(cluster, namespace, pods, names)
-        got = get_json(cluster, "pods", "-n", namespace, "-l", "tunefleet.io/profile")["items"]
-        burst = {p["metadata"]["name"]: p for p in got if p["metadata"]["name"] in pods}
-        assert len(burst) == 50, sorted(burst)
-        # The webhook answered every one (failurePolicy Ignore admits a pod untouched on a
-        # timeout, with no decision on it).
-        undecided = [
-            n
-            for n, p in burst.items()
-            if DECISION_ANNOTATION not in (p["metadata"].get("annotations") or {})
-        ]
-        assert not undecided, (undecided, took)
-        checks = {
-            name: sum(1 for _, _, path in slow.seen(since) if ref.rsplit(":", 1)[1] in path)
-            for name, ref in volumes.items()
-        }
-        # One check in flight per digest and replica, each a few requests, not 50 pods' worth.
-        assert all(n <= 12 * replicas for n in checks.values()), checks
-        # The checks ran on past the pods they were too slow for; pods admitted now mount.
-        time.sleep(3 * slow.delay * 4)  # a check's few requests, each 2 s late
-        _burst(cluster, namespace, [f"late-{i}" for i in range(3)], names)
-        late = {
-            p["metadata"]["labels"]["tunefleet.io/profile"]: _mounted(p)
-            for p in get_json(cluster, "pods", "-n", namespace, "-l", "tunefleet.io/profile")[
-                "items"
-            ]
-            if p["metadata"]["name"].startswith("late-")
-        }
-        mounted = sum(1 for p in burst.values() if _mounted(p))
-        print(
-            f"50 pods, 3 volume models, registry at {slow.delay:g}s a request: burst {took:.1f}s "
-            f"(webhook timeout {timeout}s), {mounted} mounted at once, checks {checks}"
-        )
-        cluster.kubectl(
-            "delete", "pods", "-n", namespace, "-l", "tunefleet.io/profile", "--wait=false"
-        )
-        assert late == {name: [volumes[name]] for name in names}, late
-
-
-def _ready_pod(pod: dict[str, Any]) -> bool:
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions") or []
-    ) and not pod["metadata"].get("deletionTimestamp")
+    got = admit_behind_slow_registry(cluster, (in_cluster, s3, registry), namespace, tmp_path)
+    assert len(got.pods) == 50, sorted(got.pods)
+    # The webhook answered every one (failurePolicy Ignore admits a pod untouched on a
+    # timeout, with no decision on it).
+    assert not got.undecided(), (got.undecided(), got.took)
+    # One check in flight per digest and replica, each a few requests, not 50 pods' worth.
+    assert all(n <= 12 * got.replicas for n in got.checks.values()), got.checks
+    print(
+        f"50 pods, 3 volume models, registry at 2s a request: burst {got.took:.1f}s "
+        f"(webhook timeout {got.timeout}s), {got.mounted_at_once()} mounted at once, "
+        f"checks {got.checks}"
+    )
+    # The checks ran on past the pods they were too slow for; pods admitted since mount.
+    assert got.late == {name: [ref] for name, ref in got.volumes.items()}, got.late

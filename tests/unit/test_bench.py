@@ -266,3 +266,126 @@ def test_the_large_bundle_figures_quoted_in_the_docs_are_those_of_results_json()
     vol = large["image_volume"]
     assert vol["all_same_bytes"] and vol["all_linked"]
     assert vol["registry_bytes_over_bundle"] <= 1.1  # the issue's goal: one pull per node
+
+
+# --- docs/trust.md and docs/fleet.md: issue 54's cases, every figure from code ---------------
+
+TRUST_DOCS = ("trust.md", "fleet.md")
+
+
+def _doc(name: str) -> str:
+    return " ".join((R.ROOT / "docs" / name).read_text().split())
+
+
+def _bids_quotes(d: dict[str, Any]) -> list[str]:
+    """What docs/trust.md and docs/fleet.md quote of the `bids` routine's simulation."""
+    five, c = d["five_s_windows"], d["skew_beyond_the_window"]
+    w, g = d["windows_60s_and_1s"], d["ghost_while_watching"]
+    f, f2 = d["ghost_before_anyone_looked"], d["ghost_before_anyone_looked_60s_and_1s"]
+    return [
+        f"5 s windows, clocks up to {five['skew_s']:.1f} s apart, writes up to "
+        f"{five['slowest_write_s']:.0f} s: at most {five['max_holders_at_once']} holder at once "
+        f"in {five['trials']} trials",
+        f"windows of 60 s and 1 s: at most {w['max_holders_at_once']} holder at once in "
+        f"{w['trials']} trials",
+        f"a ghost posted while they watch: at most {g['max_holders_at_once']} holder, "
+        f"{g['trials_where_one_held']} of {g['trials']} trials ending with one holding, "
+        f"{g['longest_ghost_wait_s']:.0f} s waited on it",
+        f"a ghost there before anyone looked: at most {f['max_holders_at_once']} holder, waited "
+        f"on for at most {f['longest_ghost_wait_s']:.0f} s "
+        f"({f2['longest_ghost_wait_s']:.0f} s with windows of 60 s and 1 s), never its "
+        f"{d['ghost_expiry_s'] // 3600} h",
+        f"clocks up to {c['skew_s']:.0f} s apart, past the window, let "
+        f"{c['max_holders_at_once']} hold",
+    ]
+
+
+def test_the_bids_figures_and_constants_quoted_in_the_trust_docs_are_those_of_the_code() -> None:
+    """docs/trust.md and docs/fleet.md quote the `bids` routine's simulation (never two
+    holders, never a day's wait on a ghost) and constants of the code by name: a rerun or a
+    changed constant fails here until the docs follow."""
+    from tunefleet.artifacts import volumes
+    from tunefleet.contracts.fleet import MAX_BYTES
+    from tunefleet.fleet import bids
+
+    d = json.loads(R.JSON_OUT.read_text())["fleet_bids_simulated"]
+    for name in TRUST_DOCS:
+        docs = _doc(name)
+        for quoted in _bids_quotes(d):
+            assert quoted in docs, (name, quoted)
+        assert f"`fleet/bids.LIVE_SECONDS` ({bids.LIVE_SECONDS / 60:.0f} minutes)" in docs, name
+        assert f"over {MAX_BYTES >> 10} KiB, `contracts/fleet.MAX_BYTES`" in docs, name
+        # The odd objects of the unit tests (tests/unit/test_fleet.py's ODD): a KiB over.
+        assert f"{(MAX_BYTES >> 10) + 1} KiB `claim.json`" in docs, name
+    trust = _doc("trust.md")
+    assert f"within {volumes.TTL_S:.0f} s (`artifacts/volumes.TTL_S`)" in trust
+    assert "(`artifacts/volumes.MAX_CHECKS` at once)" in trust and volumes.MAX_CHECKS > 1
+    # What the quotes say, the simulation did: the control shows the check can fail.
+    assert d["live_seconds"] == bids.LIVE_SECONDS
+    for case in ("five_s_windows", "windows_60s_and_1s", "ghost_while_watching"):
+        assert d[case]["max_holders_at_once"] == 1, case
+    assert d["skew_beyond_the_window"]["max_holders_at_once"] >= 2
+    for case in ("ghost_before_anyone_looked", "ghost_before_anyone_looked_60s_and_1s"):
+        assert d[case]["max_holders_at_once"] == 1, case
+        assert 0 < d[case]["longest_ghost_wait_s"] <= bids.LIVE_SECONDS + 60, case
+    assert d["ghost_while_watching"]["trials_where_one_held"] == d["ghost_while_watching"]["trials"]
+
+
+def _trust_group(name: str) -> dict[str, Any]:
+    results = R.load()
+    if name not in results:
+        pytest.skip(f"bench/results.json has no `{name}` yet: run `python -m bench trust`")
+    group: dict[str, Any] = results[name]
+    return group
+
+
+def _pins_quote(p: dict[str, Any]) -> str:
+    return (
+        f"{p['pins_kept']} of {p['writers']} pins kept in {p['seconds']:.1f} s "
+        f"({p['stale_writes_redone']} stale writes redone, at most "
+        f"{p['most_rounds_one_writer']} rounds for one writer); {p['two_at_once_rounds']} rounds "
+        f"of two at once, {p['two_at_once_pins_lost']} writes lost"
+    )
+
+
+def _admission_quote(a: dict[str, Any]) -> str:
+    per_digest = ", ".join(str(n) for n in a["registry_requests_per_digest"].values())
+    return (
+        f"{a['admitted_with_a_decision']} of {a['pods']} pods admitted with a decision in "
+        f"{a['burst_s']:.1f} s (webhook timeout {a['webhook_timeout_s']} s), "
+        f"{a['mounted_at_once']} mounting the volume at once; registry requests per digest "
+        f"during the burst: {per_digest}; {a['later_pods_mounted']} of {a['profiles']} pods "
+        "admitted after the checks mounted it"
+    )
+
+
+def test_the_pins_figures_quoted_in_docs_trust_are_those_of_results_json() -> None:
+    p = _trust_group("pins_concurrent")
+    trust = _doc("trust.md")
+    assert _pins_quote(p) in trust, _pins_quote(p)
+    assert p["pins_kept"] == p["writers"] and p["two_at_once_pins_lost"] == 0
+
+
+def test_the_slow_registry_admission_figures_quoted_in_docs_trust_are_those_of_results_json() -> (
+    None
+):
+    a = _trust_group("admission_slow_registry")
+    trust = _doc("trust.md")
+    assert _admission_quote(a) in trust, _admission_quote(a)
+    assert a["admitted_with_a_decision"] == a["pods"]
+
+
+# `file.py::test_name` as the tables name a test: an e2e test by its file alone, a unit test
+# by its path from the root.
+NAMED_TEST = re.compile(r"`((?:tests/unit/)?test_\w+\.py)::(test_\w+)`")
+
+
+def test_every_test_the_trust_tables_name_exists() -> None:
+    named = []
+    for name in TRUST_DOCS:
+        for path, test in NAMED_TEST.findall((R.ROOT / "docs" / name).read_text()):
+            where = R.ROOT / path if "/" in path else R.ROOT / "tests" / "e2e" / path
+            assert where.exists(), (name, path)
+            assert re.search(rf"^def {test}\(", where.read_text(), re.M), (name, path, test)
+            named.append(test)
+    assert len(named) > 20  # the rule can fail: it read the tables

@@ -3,20 +3,22 @@
 The decision is pure and tested as a table; the protocol is tested by simulation: contenders
 with skewed clocks and slow writes bid on one board, whose notes show only once written, and
 at no moment do two of them hold the claim. The same simulation with skew beyond the window
-does let two hold: the window is what keeps them apart (a test that can fail)."""
+does let two hold: the window is what keeps them apart (a test that can fail). The simulator is
+testbed/bids_sim.py, which the `bids` benchmark runs too (the docs quote its figures)."""
 
 from __future__ import annotations
 
-import heapq
 import json
 import random
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from testbed.bids_sim import GROUP, IDENTITY, SETTLE, TTL, Board, bid, holder
+from testbed.bids_sim import simulate as _simulate
 from testbed.builders.wrappers import make_profile
 from tests.support.artifacts import KEYED, signing_dir, tuner_output
 from tests.support.fake_kube import RECONCILE_WRITERS, FakeKube
@@ -43,20 +45,7 @@ from tunefleet.storage.store import Listed, StoreError, swappable
 from tunefleet.watched.views import profile_view
 from tuner_job.manifest import ImageRef
 
-IDENTITY = "a" * 64
-GROUP = "p/_fleet/M/" + IDENTITY + "/claim.json"
-TTL, SETTLE = 600.0, 5.0
-
-
-def holder(name: str, cluster: str = "c1") -> Holder:
-    return Holder(cluster, "ml", name, f"uid-{name}")
-
-
 A, B, C = holder("a"), holder("b"), holder("c", "c2")
-
-
-def bid(who: Holder, taken: float, expires: float | None = None) -> Claim:
-    return Claim(IDENTITY, who, taken, taken + TTL if expires is None else expires)
 
 
 @pytest.mark.parametrize(
@@ -94,102 +83,6 @@ def test_a_tie_in_time_goes_to_the_same_holder_whoever_reads() -> None:
         Move.WAIT,
         found[0 if first == A else 1],
     )
-
-
-@dataclass
-class Board:
-    """An in-memory board whose notes show once their write completes: `now` is the real
-    time of the call, a listing takes `read_delay` and a write `latency`, one after another
-    (as a caller's requests are)."""
-
-    now: float = 0.0
-    latency: float = 0.0
-    read_delay: float = 0.0
-    notes_at: dict[str, list[tuple[float, bytes | None]]] = field(default_factory=dict)
-
-    def post(self, group: str, member: str, data: bytes | None) -> None:
-        self.now += self.latency
-        self.notes_at.setdefault(member, []).append((self.now, data))
-
-    def unpost(self, group: str, member: str) -> None:
-        self.post(group, member, None)
-
-    def notes(self, group: str, max_bytes: int) -> list[bytes]:
-        out = []
-        for history in self.notes_at.values():
-            shown = [d for t, d in sorted(history, key=lambda h: h[0]) if t <= self.now]
-            if shown and shown[-1] is not None:
-                out.append(shown[-1])
-        self.now += self.read_delay
-        return out
-
-
-GHOST = holder("ghost", "cg")
-EPOCH = 1.7e9  # the contenders' clocks read real epoch seconds: a ghost's `taken: 0` is 1970
-
-
-def _simulate(
-    rng: random.Random,
-    skew: float,
-    slow: float,
-    reads: float = 4.0,
-    windows: tuple[float, ...] = (SETTLE,),
-    ghost: bool = False,
-    ghost_first: bool = False,
-) -> tuple[int, bool]:
-    """Contenders bid from random starts with clocks skewed by up to `skew`, writes taking up
-    to `slow` (or 0.8 of their window, when windows differ) and listings up to `reads`
-    seconds, each with a window drawn from `windows`; with `ghost`, a note taken at 0 and
-    expiring a day later is pushed once they all watch; with `ghost_first`, one is on the
-    board before anyone looks, claiming it was renewed then. The most that ever held at once,
-    and whether one ever held (none waited on a ghost till it expires)."""
-    board = Board()
-    if ghost_first:
-        ghost_bid = replace(bid(GHOST, 0.0, EPOCH + 86400), renewed=EPOCH)
-        board.post(GROUP, bids.member(GHOST), ghost_bid.to_bytes())
-    n = rng.randint(2, 4)
-    who = [holder(f"p{i}", f"c{i}") for i in range(n)]
-    offset = [rng.uniform(-skew / 2, skew / 2) for _ in who]
-    window = [rng.choice(windows) for _ in who]
-    sight = [bids.Sightings() for _ in who]  # each cluster's operator reads for itself
-    events = [(rng.uniform(0, 3.0), i) for i in range(n)]
-    heapq.heapify(events)
-    ghost_at = rng.uniform(5.0, 40.0) if ghost else None
-    # A ghost there before anyone looked stands until LIVE_SECONDS after the post it claims;
-    # then slow writers (a third of posts are taken down) need minutes to settle among them.
-    horizon = 60.0 + 3 * max(window) + (bids.LIVE_SECONDS + 240.0 if ghost_first else 0.0)
-    poll = 20.0 if ghost_first else 2.0  # how often a waiter reads again (keeps the run short)
-    held: dict[int, float] = {}  # contender -> real time its hold ends
-    most = 0
-    while events:
-        t, i = heapq.heappop(events)
-        if t > horizon:
-            break
-        if ghost_at is not None and t >= ghost_at:
-            board.now, board.latency = ghost_at, 0.0
-            late = EPOCH + ghost_at + 86000
-            board.post(GROUP, bids.member(GHOST), bid(GHOST, 0.0, late).to_bytes())
-            ghost_at = None
-        write = slow if len(windows) == 1 else window[i] * 0.8
-        latency, read = rng.uniform(0, write), rng.uniform(0, reads)
-        board.now, board.latency, board.read_delay = t, latency, read
-        clock = EPOCH + t + offset[i]
-        ticks = iter((clock + read, clock + read + latency))
-        times = (clock, TTL, window[i])
-        try:
-            got = apply.bid(
-                board, GROUP, IDENTITY, who[i], times, bids.Reader(ticks.__next__, sight[i])
-            )
-        except StoreError:
-            heapq.heappush(events, (board.now + 1.0, i))
-            continue
-        if got.held:
-            held[i] = t + TTL
-        else:
-            held.pop(i, None)
-            heapq.heappush(events, (board.now + (got.settling or poll), i))
-        most = max(most, sum(1 for end in held.values() if end > t))
-    return most, bool(held)
 
 
 def test_no_two_contenders_ever_hold_when_skew_and_writes_fit_the_window() -> None:
