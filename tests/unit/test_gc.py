@@ -24,6 +24,7 @@ from tests.support.results import VALIDATORS, rows
 from tunefleet import naming
 from tunefleet.artifacts import gc
 from tunefleet.artifacts import publish as publish_mod
+from tunefleet.artifacts.gc import command
 from tunefleet.artifacts.library import (
     Library,
     checkpoint_key,
@@ -645,6 +646,19 @@ def test_bad_arguments_are_one_line_and_exit_2(
     code, out, err = cli(monkeypatch, capsys, *argv)
     assert code == 2 and out == ""
     assert words in one_error_line(err)
+
+
+def test_a_short_grace_applies_only_when_no_publish_is_said_to_be_in_flight() -> None:
+    """--apply under 10m races uploads in flight; --no-publish-in-flight (tuning paused in
+    every cluster on the store) lifts that floor, and nothing else does."""
+    parser = command._parser()
+    args = parser.parse_args(["--uri", "file:///tmp", "--apply", "--grace", "0s"])
+    with pytest.raises(command.UsageError, match="--no-publish-in-flight"):
+        command.check_args(args)
+    args = parser.parse_args(
+        ["--uri", "file:///tmp", "--apply", "--grace", "0s", "--no-publish-in-flight"]
+    )
+    assert command.check_args(args).rules.grace_s == 0.0
 
 
 def test_a_profile_list_it_cannot_read_is_one_line_exit_1_nothing_deleted(

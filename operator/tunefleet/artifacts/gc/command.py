@@ -54,6 +54,10 @@ _HELP = {
     "wrong --context or --uri would make everything here look unreferenced, so --apply "
     "refuses that by default)",
     "verbose": "list every object to delete",
+    "no-publish-in-flight": "allow --apply with a --grace under "
+    f"{duration_text(MIN_APPLY_GRACE_S)}: only while no tuning Job, merge Job or library "
+    "reader runs against this store in any cluster that shares it (tuning paused, a "
+    "maintenance window), since a shorter grace would race their uploads",
 }
 
 
@@ -75,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kubeconfig", metavar="FILE", help=h["kubeconfig"])
     p.add_argument("--context", metavar="NAME", help=h["context"])
     p.add_argument("--unused-store-ok", action="store_true", help=h["unused-store-ok"])
+    p.add_argument("--no-publish-in-flight", action="store_true", help=h["no-publish-in-flight"])
     p.add_argument("-v", "--verbose", action="store_true", help=h["verbose"])
     storage_cli.add_arguments(p, timeout_s=3600.0)
     return p
@@ -99,11 +104,12 @@ def check_args(args: argparse.Namespace) -> Args:
         raise UsageError(f"{e}: fix the argument") from None
     if args.keep < 0:
         raise UsageError(f"--keep {args.keep} is negative: give 0 or more")
-    if args.apply and grace < MIN_APPLY_GRACE_S:
+    if args.apply and grace < MIN_APPLY_GRACE_S and not args.no_publish_in_flight:
         raise UsageError(
             f"--grace {args.grace} is under {duration_text(MIN_APPLY_GRACE_S)}: with --apply it "
             "would race publishes in flight (up to ~4 minutes between their two uploads) and "
-            "library readers (240 s); give a longer --grace"
+            "library readers (240 s); give a longer --grace, or say --no-publish-in-flight "
+            "when none runs against this store in any cluster"
         )
     rules = Rules(keep=args.keep, grace_s=grace)
     return Args(location, rules, args.namespaces, storage_cli.options(args))
