@@ -231,7 +231,10 @@ def identity_document(spec: TuningProfileSpec, model: str) -> dict[str, Any] | N
         return None
     doc = _shaping_doc(spec, image=digest.lower())
     doc["gpu"] = {**doc["gpu"], "model": model, "parallelism": spec.gpu.parallelism}
-    doc["promotion"] = spec.promotion.model_dump(by_alias=True)
+    # Only what is set away from its default: a later release that adds a promotion field
+    # (with a default) still matches what this one signed. A release that changes a default
+    # bumps IDENTITY_VERSION, so documents from before it differ at `version`.
+    doc["promotion"] = spec.promotion.model_dump(by_alias=True, exclude_defaults=True)
     doc["version"] = IDENTITY_VERSION
     # As JSON reads it back (tuples become lists): what the adopter compares is what a
     # manifest can hold.

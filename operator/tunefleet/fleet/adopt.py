@@ -160,7 +160,8 @@ def _same_identity(theirs: dict[str, Any] | None, ours: dict[str, Any] | None) -
 
 def _shown(value: Any) -> str:
     if value is naming.MISSING:
-        return "absent"
+        # The document leaves out what is at its default (naming.identity_document).
+        return "unset (the default)"
     text = json.dumps(value, sort_keys=True)
     return text if len(text) <= 120 else text[:117] + "..."
 
