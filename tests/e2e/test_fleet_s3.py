@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from testbed.builders.wrappers import make_profile
-from tests.support.artifacts import tuner_output
+from tests.support.artifacts import KEYED, signing_dir, tuner_output
 from tunefleet import naming
-from tunefleet.artifacts.publish import upload_artifact
+from tunefleet.artifacts.publish import sign_manifest, upload_artifact
 from tunefleet.contracts import fleet as contract
 from tunefleet.contracts.artifact_record import ArtifactRecord
 from tunefleet.fleet import adopt
@@ -97,15 +97,26 @@ def test_an_entry_in_s3_is_verified_before_adoption_and_refused_once_tampered(
 ) -> None:
     store = store_at(s3, prefix)
     location = store.location
+    # Signed with the fleet's key pair, its manifest binding what the spec tunes: fleet
+    # adoption takes nothing less (fleet/adopt.py).
     spec = (
-        make_profile().image(IMAGE).gpu("amd", MODEL).storage(f"s3://{s3.bucket}/{prefix}")
+        make_profile()
+        .image(IMAGE)
+        .gpu("amd", MODEL)
+        .storage(f"s3://{s3.bucket}/{prefix}", signing=KEYED)
     ).spec_model()
     ident = naming.fleet_identity(spec, MODEL)
     assert ident is not None
-    manifest = tuner_output(tmp_path / "out", gpu_model=MODEL, image=ImageRef(reference=IMAGE))
+    manifest = tuner_output(
+        tmp_path / "out",
+        gpu_model=MODEL,
+        image=ImageRef(reference=IMAGE),
+        fleet_identity=naming.identity_document(spec, MODEL),
+    )
     pub = upload_artifact(
         store, location, (tmp_path / "out" / "results.csv").read_bytes(), manifest
     )
+    pub = sign_manifest(store, location, pub, signing_dir(tmp_path))
     record = ArtifactRecord.from_manifest(
         pub.manifest, uri=pub.uri, manifest_sha256=pub.manifest_sha256
     ).for_job(gpu_model=MODEL, revision=naming.revision(spec), job="tune-1", image_id="")
