@@ -75,26 +75,32 @@ class Oci:
         return {
             "uri": f"oci://{self.registry.host}/bench/{ns}",
             "credentialsSecret": {"name": "registry-writer"},
-            "signing": {
-                "secret": {"name": "signing"},
-                "publicKey": (self.keys / "cosign.pub").read_text(),
-            },
+            "signing": _signing(self.keys),
         }
 
 
-def _namespace(c: Cluster, s3: S3Settings, ns: str, oci: Oci | None) -> str:
+def _namespace(c: Cluster, s3: S3Settings, ns: str, keys: Path, oci: Oci | None) -> str:
+    """The namespace's store Secrets and the fleet's signing key pair (fleet adoption needs a
+    signature by the adopter's key, on S3 as on a registry)."""
     secret = namespace_with_secrets(c, s3, ns)
     if oci is not None:
         oci.secrets(c, ns)
+    else:
+        signing_secret(c, ns, keys, PASSWORD)
     return secret
 
 
+def _signing(keys: Path) -> dict[str, Any]:
+    return {"secret": {"name": "signing"}, "publicKey": (keys / "cosign.pub").read_text()}
+
+
 def _profile(
-    s3: S3Settings, secret: str, prefix: str, sleep: str = "0", oci: Oci | None = None
+    s3: S3Settings, secret: str, prefix: str, keys: Path, sleep: str = "0", oci: Oci | None = None
 ) -> str:
     doc = fleet_profile(
         s3, secret, prefix, pinned_image(STANDIN_IMAGE), FAKE_TORCH_TUNE_SLEEP=sleep
     )
+    doc["spec"]["storage"]["signing"] = _signing(keys)
     if oci is not None:
         doc["spec"]["storage"] = oci.storage(prefix.rsplit("/", 1)[-1])
         doc["spec"]["serving"] = {"credentialsSecret": {"name": "registry-reader"}}
@@ -129,11 +135,11 @@ def _until(what: str, ok: Callable[[], bool], timeout: float) -> float:
 
 
 def _round(
-    clusters: dict[str, Cluster], s3: S3Settings, i: int, oci: Oci | None = None
+    clusters: dict[str, Cluster], s3: S3Settings, i: int, keys: Path, oci: Oci | None = None
 ) -> dict[str, Any]:
     ns = f"fleet-bench-{i}-{uuid.uuid4().hex[:6]}"
     prefix = f"bench-fleet/{ns}"
-    secrets = {k: _namespace(c, s3, ns, oci) for k, c in clusters.items()}
+    secrets = {k: _namespace(c, s3, ns, keys, oci) for k, c in clusters.items()}
     ready_at: dict[str, float] = {}
     start = time.monotonic()
     try:
@@ -141,7 +147,7 @@ def _round(
             threading.Thread(
                 target=c.kubectl,
                 args=("apply", "-n", ns, "-f", "-"),
-                kwargs={"input": _profile(s3, secrets[k], prefix, oci=oci)},
+                kwargs={"input": _profile(s3, secrets[k], prefix, keys, oci=oci)},
             )
             for k, c in clusters.items()
         ]
@@ -175,15 +181,19 @@ def _round(
 
 
 def _takeover(
-    clusters: dict[str, Cluster], s3: S3Settings, peer_operator: Any, oci: Oci | None = None
+    clusters: dict[str, Cluster],
+    s3: S3Settings,
+    peer_operator: Any,
+    keys: Path,
+    oci: Oci | None = None,
 ) -> dict[str, Any]:
     first, peer = clusters["first"], clusters["peer"]
     ns = f"fleet-takeover-{uuid.uuid4().hex[:6]}"
     prefix = f"bench-fleet/{ns}"
-    secrets = {k: _namespace(c, s3, ns, oci) for k, c in clusters.items()}
+    secrets = {k: _namespace(c, s3, ns, keys, oci) for k, c in clusters.items()}
     dead = False
     try:
-        slow = {k: _profile(s3, secrets[k], prefix, "4", oci) for k in clusters}
+        slow = {k: _profile(s3, secrets[k], prefix, keys, "4", oci) for k in clusters}
         peer.kubectl("apply", "-n", ns, "-f", "-", input=slow["peer"])
         _until("the peer tuning", lambda: _phase(peer, ns) == "Tuning", 120)
         first.kubectl("apply", "-n", ns, "-f", "-", input=slow["first"])
@@ -212,19 +222,20 @@ def run(cluster: Cluster, s3: S3Settings, rounds: int = 3) -> dict[str, Any]:
         progress("fleet", f"installing the {k} cluster's operator in fleet mode")
         operators[k] = fleet_mode(c, install(c, s3.endpoint), s3, CLAIM_SECONDS)
     try:
-        each = []
-        for i in range(rounds):
-            each.append(_round(clusters, s3, i))
-            progress("fleet", f"round {i + 1}/{rounds}: {each[-1]}")
-        takeover = _takeover(clusters, s3, operators["peer"])
-        progress("fleet", f"takeover: {takeover}")
         with tempfile.TemporaryDirectory(prefix="bench-fleet-") as scratch:
-            oci = Oci(Registry.from_state(), key_pair(Path(scratch) / "keys", PASSWORD))
+            keys = key_pair(Path(scratch) / "keys", PASSWORD)
+            each = []
+            for i in range(rounds):
+                each.append(_round(clusters, s3, i, keys))
+                progress("fleet", f"round {i + 1}/{rounds}: {each[-1]}")
+            takeover = _takeover(clusters, s3, operators["peer"], keys)
+            progress("fleet", f"takeover: {takeover}")
+            oci = Oci(Registry.from_state(), keys)
             on_registry = []
             for i in range(rounds):
-                on_registry.append(_round(clusters, s3, i, oci))
+                on_registry.append(_round(clusters, s3, i, keys, oci))
                 progress("fleet", f"registry round {i + 1}/{rounds}: {on_registry[-1]}")
-            registry_takeover = _takeover(clusters, s3, operators["peer"], oci)
+            registry_takeover = _takeover(clusters, s3, operators["peer"], keys, oci)
             progress("fleet", f"registry takeover: {registry_takeover}")
     finally:
         for op in operators.values():
