@@ -60,7 +60,7 @@ from testbed.operator import (
 from testbed.poll import eventually
 from tests.support.kube import apply, get_json, jobs_of, tuning_pods
 from tunefleet import __version__, naming
-from tunefleet.api.conditions import TYPES
+from tunefleet.api.conditions import TYPES, Type
 from tunefleet.contracts.admission_record import (
     ADMISSION_LABEL,
     ARTIFACT_SHA_ANNOTATION,
@@ -476,7 +476,9 @@ def test_helm_upgrade_from_the_previous_release_retunes_nothing_and_admits_every
         eventually(
             lambda: {n: get_json(cluster, "tp", "-n", namespace, n) for n in PROFILES},
             lambda ps: all(
-                {c["type"] for c in (p.get("status") or {}).get("conditions") or []} >= set(TYPES)
+                {c["type"] for c in (p.get("status") or {}).get("conditions") or []}
+                # FleetAdoption shows only on a fleet-mode profile with no public key.
+                >= set(TYPES) - {Type.FLEET_ADOPTION}
                 for p in ps.values()
             ),
             f"every profile's status written by {__version__} (conditions {list(TYPES)})",
