@@ -385,7 +385,11 @@ def test_the_first_clusters_gc_after_four_retunes_leaves_what_the_peer_adopted(
 
     seen = {adopted["sha256"]}
     for i in range(4):  # four retunes in the first cluster: each a new revision, tuned there
-        _retuned(cluster, namespace, fleet.signed(fleet.profile(E2E_RETUNE=str(i + 1))), seen)
+        # Another shape each time: the stand-in's results depend on the shapes alone (an env
+        # change alone gives the same results, so the same artifact).
+        retune = fleet.signed(fleet.profile())
+        retune["spec"]["workload"]["shapes"].append({"mnk": [64, 64, 64 * (i + 1)]})
+        _retuned(cluster, namespace, retune, seen)
     # The first cluster's profile goes: its status (and history) no longer keeps anything, and
     # the adopted artifact is not among its newest 3. Its published entry goes too (an entry
     # that would keep it: here only the peer's refs doc may).
