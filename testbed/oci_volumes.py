@@ -9,9 +9,11 @@ operator's replicas restarted so that no verdict is remembered, then a burst of 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +22,7 @@ from typing import Any
 import yaml
 
 from testbed.cluster import wait_for_real_node_gpus
-from testbed.operator import InCluster
+from testbed.operator import OCI_DELIVERY_SECRET, InCluster
 from testbed.poll import eventually
 from testbed.real_node import SHAPES, model_pod, real_profile
 from testbed.registry import Registry, cosign
@@ -71,16 +73,15 @@ def volume_profile(
 
 
 def delivery(cluster: Any, namespace: str, name: str, prefix: str) -> dict[str, Any]:
+    # The status alone is polled: on a timeout, its artifacts and conditions say why.
     got = eventually(
-        lambda: cluster.kubectl_json("get", "tp", "-n", namespace, name),
-        lambda p: str(
-            ((p.get("status") or {}).get("artifacts") or [{}])[0].get("delivery", "")
-        ).startswith(prefix),
+        lambda: cluster.kubectl_json("get", "tp", "-n", namespace, name).get("status") or {},
+        lambda st: str((st.get("artifacts") or [{}])[0].get("delivery", "")).startswith(prefix),
         f"{name}'s delivery to start with {prefix!r}",
         timeout=120,
         interval=1,
     )
-    art: dict[str, Any] = got["status"]["artifacts"][0]
+    art: dict[str, Any] = got["artifacts"][0]
     return art
 
 
@@ -160,6 +161,29 @@ def restart_replicas(cluster: Any, in_cluster: InCluster) -> int:
     return replicas
 
 
+@contextlib.contextmanager
+def _operator_knows(cluster: Any, in_cluster: InCluster, host: str, alias: str) -> Iterator[None]:
+    """The operator's registry read identity (OCI_DELIVERY_SECRET) given for `alias` too, the
+    replicas restarted to read it, for the length of the block; then as it was. A
+    dockerconfigjson's `auths` are keyed by host:port, and the slow proxy is another port."""
+    ns = in_cluster.namespace
+    was = cluster.kubectl_json("get", "secret", "-n", ns, OCI_DELIVERY_SECRET)
+    config = json.loads(base64.b64decode(was["data"][".dockerconfigjson"]))
+    config["auths"][alias] = config["auths"][host]
+    data = {**was["data"], ".dockerconfigjson": base64.b64encode(json.dumps(config).encode())}
+    _put_secret(cluster, ns, {k: v if isinstance(v, str) else v.decode() for k, v in data.items()})
+    restart_replicas(cluster, in_cluster)
+    try:
+        yield
+    finally:
+        _put_secret(cluster, ns, was["data"])
+
+
+def _put_secret(cluster: Any, namespace: str, data: dict[str, str]) -> None:
+    patch = json.dumps({"data": data})
+    cluster.kubectl("patch", "secret", "-n", namespace, OCI_DELIVERY_SECRET, "-p", patch)
+
+
 @dataclass(frozen=True)
 class SlowAdmission:
     """What admit_behind_slow_registry saw: the burst's pods as admitted (by name), the seconds
@@ -204,7 +228,10 @@ def admit_behind_slow_registry(
     the chart's operator, the S3 settings, the registry), replicas restarted, then `pods`
     pods at once; then, once the checks had time, three more, one per model."""
     in_cluster, s3, registry = deployed
-    with SlowRegistry(registry, where / "slow") as slow:
+    with (
+        SlowRegistry(registry, where / "slow") as slow,
+        _operator_knows(cluster, in_cluster, registry.host, slow.registry.host),
+    ):
         names = ["m1", "m2", "m3"]
         volumes = _volume_models(cluster, namespace, s3, slow.registry, where, names)
         slow.delay = delay
