@@ -71,6 +71,22 @@ def _public_key(cluster: Any, namespace: str, path: Any) -> Any:
     return path
 
 
+def _cosign_sign(
+    cluster: Any, namespace: str, registry: Registry, reference: str, legacy: bool
+) -> subprocess.CompletedProcess[str]:
+    """`cosign sign` with the namespace's key pair, no transparency log: cosign v3's default
+    format (a Sigstore bundle, a referrer), or the legacy `.sig` tag."""
+    return cosign(
+        [
+            "sign", "--key", "k8s://" + namespace + "/signing", "--tlog-upload=false",
+            *(["--new-bundle-format=false"] if legacy else []),
+            "--use-signing-config=false", "-y", reference,
+        ],
+        {**registry.tool_env(registry.writer), "COSIGN_PASSWORD": PASSWORD,
+         "KUBECONFIG": cluster.kubeconfig},
+    )  # fmt: skip
+
+
 def _serve(cluster: Any, namespace: str, name: str, profile: str) -> tuple[str, str]:
     """A model pod's fetch outcome and its server's log."""
     create(cluster, namespace, model_pod(name, profile, gpus=1))
@@ -181,14 +197,7 @@ def test_a_bundle_is_pushed_signed_verified_by_cosign_served_and_refused_when_fo
     # Signed by the right key with cosign v3's own defaults: a Sigstore bundle (a referrer,
     # found through the referrers API or its sha256-<hex> tag fallback), no legacy .sig at
     # all. Served (no Rekor here: the transparency log is off, the format is cosign's default).
-    bundle_only = cosign(
-        [
-            "sign", "--key", "k8s://" + namespace + "/signing", "--tlog-upload=false",
-            "--use-signing-config=false", "-y", reference,
-        ],
-        {**registry.tool_env(registry.writer), "COSIGN_PASSWORD": PASSWORD,
-         "KUBECONFIG": cluster.kubeconfig},
-    )  # fmt: skip
+    bundle_only = _cosign_sign(cluster, namespace, registry, reference, legacy=False)
     assert bundle_only.returncode == 0, bundle_only.stderr
     fetch, _ = _serve(cluster, namespace, "v3-bundle", "oci")
     assert "wrote 1 results file(s)" in fetch, fetch
@@ -196,14 +205,7 @@ def test_a_bundle_is_pushed_signed_verified_by_cosign_served_and_refused_when_fo
 
     # Signed again by the right key (cosign, this time), then a layer changed in the registry's
     # own storage: the bytes no longer match the digest the bundle names, and are refused.
-    resigned = cosign(
-        [
-            "sign", "--key", "k8s://" + namespace + "/signing", "--tlog-upload=false",
-            "--new-bundle-format=false", "--use-signing-config=false", "-y", reference,
-        ],
-        {**registry.tool_env(registry.writer), "COSIGN_PASSWORD": PASSWORD,
-         "KUBECONFIG": cluster.kubeconfig},
-    )  # fmt: skip
+    resigned = _cosign_sign(cluster, namespace, registry, reference, legacy=True)
     assert resigned.returncode == 0, resigned.stderr
     fetch, _ = _serve(cluster, namespace, "resigned", "oci")
     assert "wrote 1 results file(s)" in fetch, fetch
