@@ -94,6 +94,10 @@ class Config:
     gpu_gate: bool = True
     fleet_claim_seconds: float = 600.0
     fleet_cluster: str = ""
+    # Signing by the operator (signer/, the chart's signing.secret): the directory of its
+    # cosign key pair, mounted from a Secret in its own namespace ("": tuning Jobs sign with
+    # the profile's signing Secret, as before). Its endpoint is capture's server.
+    signing_key_dir: str = ""
     # oci:// stores in fleet mode: how long a bid stands before it holds (fleet/bids.py; long
     # against a push's time plus clock skew), and the registry identity that may push the
     # claims and entries (a mounted dockerconfigjson Secret; "": oci_config's).
@@ -151,4 +155,5 @@ class Config:
                 60.0, max(1.0, float(env("TUNEFLEET_FLEET_SETTLE_SECONDS", "5")))
             ),
             fleet_oci_config=env("TUNEFLEET_FLEET_OCI_CONFIG", ""),
+            signing_key_dir=env("TUNEFLEET_SIGNING_KEY_DIR", ""),
         )

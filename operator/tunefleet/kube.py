@@ -375,6 +375,21 @@ class Kube(Client):
             raise Permanent("namespace kube-system has no uid")
         return uid
 
+    def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """One Job as a plain dict, or None when it does not exist."""
+        batch = self.batch()
+        resp, missing = call_or(
+            f"reading Job {namespace}/{name}",
+            lambda: batch.read_namespaced_job(
+                name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+            ),
+            (404,),
+        )
+        if missing:
+            return None
+        job: dict[str, Any] = _json(resp)
+        return job
+
     def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """One pod as a plain dict, or None when it does not exist."""
         core = self.core()

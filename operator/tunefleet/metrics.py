@@ -140,6 +140,14 @@ CAPTURE_ROWS = Counter(
     ["kind"],
     registry=REGISTRY,
 )
+SIGNING_REQUESTS = Counter(
+    "tunefleet_signing_requests_total",
+    "Signing requests from tuning and merge Jobs' publish steps, by outcome: signed, "
+    "unauthenticated (no or a bad token), forbidden (not a step of a Job the operator made, or "
+    "a manifest it cannot vouch for), bad_request, too_large, rate_limited, unavailable.",
+    ["outcome"],
+    registry=REGISTRY,
+)
 CAPTURE_SECONDS = Histogram(
     "tunefleet_capture_duration_seconds",
     "Time the capture endpoint took per upload (token review, pod read, store write).",

@@ -242,6 +242,15 @@ def identity_document(spec: TuningProfileSpec, model: str) -> dict[str, Any] | N
     return loaded
 
 
+def shown(value: Any) -> str:
+    """One side of an identity_difference as messages show it."""
+    if value is MISSING:
+        # The document leaves out what is at its default (identity_document).
+        return "unset (the default)"
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
 def identity_difference(ours: Any, theirs: Any, path: str = "") -> tuple[str, Any, Any] | None:
     """The first field (by sorted path) where two identity documents differ: its dotted path
     and both values (MISSING where one side has none); None when they are the same. Types

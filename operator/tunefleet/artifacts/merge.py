@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tunefleet.artifacts.remote_sign import RemoteSigner
 from tunefleet.storage import cli_flags as storage_cli
 from tunefleet.storage.registry import open_store, parse_uri
 from tunefleet.storage.store import Location, NotFoundError, Store, StoreOptions, check_key_parts
@@ -41,8 +42,11 @@ from .publish import (
     Published,
     PublishError,
     Whose,
+    add_remote_signing,
     add_to_library,
     check_artifact,
+    remote_signer,
+    sign_manifest,
     termination_message,
     upload_artifact,
 )
@@ -240,7 +244,11 @@ def merge_shards(
 
 
 def merge(
-    job: MergeJob, *, store: Store | None = None, options: StoreOptions | None = None
+    job: MergeJob,
+    *,
+    store: Store | None = None,
+    options: StoreOptions | None = None,
+    remote: RemoteSigner | None = None,
 ) -> Published:
     a, shards, library_scope, target = job.artifact, job.shards, job.library_scope, job.target
     try:
@@ -266,6 +274,9 @@ def merge(
     if job.identity is not None:
         manifest = dataclasses.replace(manifest, fleet_identity=job.identity)
     pub = upload_artifact(store, location, data, manifest)
+    # Signed by the operator when it signs (the merge Job holds no key): the sharded
+    # profile's artifact is then adoptable like any other.
+    pub = sign_manifest(store, location, pub, None, remote)
     return add_to_library(store, location, library_scope, pub, data, PROG)
 
 
@@ -278,6 +289,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--library-scope", choices=SCOPES, default="namespace")
     p.add_argument("--image-reference", default="", help="the image the shards were tuned in")
     cli.add_identity(p)
+    add_remote_signing(p)
     cli.add_common(p, timeout_s=300.0)
     return p
 
@@ -297,6 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 identity=cli.identity(args.identity_file, PROG),
             ),
             options=storage_cli.options(args),
+            remote=remote_signer(args),
         )
         if not pub.created:
             print(f"{PROG}: {pub.uri} was already published: nothing uploaded", file=sys.stderr)

@@ -17,6 +17,7 @@ describes the shard.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -28,7 +29,9 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from tunefleet.artifacts.remote_sign import RemoteSigner, RemoteSignError
 from tunefleet.contracts.artifact_record import ArtifactRecord, ShardRecord
+from tunefleet.contracts.sign_request import ATTESTATION_SUFFIX
 from tunefleet.storage import cli_flags as storage_cli
 from tunefleet.storage.registry import open_store, parse_uri
 from tunefleet.storage.store import (
@@ -253,6 +256,15 @@ class TuneImage:
         return open_store(location, replace(options, timeout_s=options.timeout_s + self.waits))
 
 
+@dataclass(frozen=True)
+class Signing:
+    """How publish signs: by the operator (`remote`), else with a mounted key pair
+    (`key_dir`), else not at all."""
+
+    key_dir: Path | None = None
+    remote: RemoteSigner | None = None
+
+
 def publish(
     out: Output,
     *,
@@ -260,7 +272,7 @@ def publish(
     options: StoreOptions | None = None,
     image: TuneImage | None = None,
     library_scope: str = "namespace",
-    signing_key: Path | None = None,
+    signing: Signing | None = None,
 ) -> Published:
     """Upload the tuner's output as the profile's artifact; its manifest gets the tune step's
     image and the output's identity (what it was tuned for) before it is signed, so the
@@ -288,8 +300,9 @@ def publish(
         return replace(m, fleet_identity=out.identity) if out.identity is not None else m
 
     pub = upload_artifact(store, location, results, manifest, with_image, archives)
-    pub = sign_manifest(store, location, pub, signing_key)
-    pub = push_bundle(store, location, pub, signing_key)
+    signing = signing or Signing()
+    pub = sign_manifest(store, location, pub, signing.key_dir, signing.remote)
+    pub = push_bundle(store, location, pub, signing.key_dir)
     if manifest.kind != kinds.DEFAULT:
         return pub  # the GEMM library holds TunableOp rows; caches are per identity already
     return add_to_library(store, location, library_scope, pub, results)
@@ -361,22 +374,42 @@ def _stored_manifest(store: Store, location: Location, pub: Published) -> tuple[
 
 
 def sign_manifest(
-    store: Store, location: Location, pub: Published, signing_key: Path | None
+    store: Store,
+    location: Location,
+    pub: Published,
+    signing_key: Path | None,
+    remote: RemoteSigner | None = None,
 ) -> Published:
-    """Stores of objects (s3://, pvc://): sign the artifact's stored manifest with the key pair
-    in `signing_key` (a mounted Secret) when given (signing.sign_blob), as manifest.json.sig
-    beside it. Its manifest settled first (this run's, or the one kept for identical results),
-    so the signature is of the bytes readers get; one already there that this key made of
-    them is kept. A failure here fails the Job: no record names the artifact yet."""
-    if location.scheme == "oci" or signing_key is None:
+    """Stores of objects (s3://, pvc://): sign the artifact's stored manifest, as
+    manifest.json.sig beside it (signing.sign_blob's form): by the operator when `remote` is
+    given (the key stays in its namespace; its attestation goes beside, manifest.json.att),
+    else with the key pair in `signing_key` (a mounted Secret) when given. Its manifest settled
+    first (this run's, or the one kept for identical results), so the signature is of the bytes
+    readers get; one already there that this key made of them is kept. A failure here fails
+    the Job: no record names the artifact yet."""
+    if location.scheme == "oci" or (signing_key is None and remote is None):
         return pub
     from . import signing
 
-    key = _signing_key(signing_key, "the manifest")
     base, manifest_bytes = _stored_manifest(store, location, pub)
     if sha256_hex(manifest_bytes) != pub.manifest_sha256:
         raise PublishError(f"the manifest at {location.uri(base)} changed while publishing")
     where = f"{base}/{MANIFEST_NAME}{signing.BLOB_SIGNATURE_SUFFIX}"
+    if remote is not None:
+        try:
+            signed = remote.sign(manifest_bytes)
+        except RemoteSignError as e:
+            raise PublishError(f"cannot sign the manifest: {e}") from None
+        # The attestation first: a signature is never stored without what it attests.
+        attestation = json.dumps(signed.attestation, sort_keys=True).encode()
+        store.put(f"{base}/{MANIFEST_NAME}{ATTESTATION_SUFFIX}", attestation, "application/json")
+        store.put(where, signed.signature, "text/plain")
+        print(
+            f"{PROG}: {location.uri(base)}/{MANIFEST_NAME} signed by the operator", file=sys.stderr
+        )
+        return replace(pub, signed=True)
+    key = _signing_key(signing_key, "the manifest") if signing_key is not None else None
+    assert key is not None
     try:
         there: bytes | None = store.get(where, signing.MAX_BLOB_SIGNATURE)
     except NotFoundError:
@@ -549,8 +582,41 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         help="a directory with cosign.key (and cosign.password) to sign the artifact with",
     )
+    add_remote_signing(p)
     cli.add_identity(p)
     return p
+
+
+def add_remote_signing(p: argparse.ArgumentParser) -> None:
+    """Signing by the operator (artifacts/remote_sign.py): where it listens and the token."""
+    p.add_argument("--sign-url", default="", help="the operator's endpoint that signs manifests")
+    p.add_argument("--sign-token-file", type=Path, help="the projected token for --sign-url")
+    p.add_argument("--sign-address", default="", help="where to connect if its host won't resolve")
+    p.add_argument(
+        "--sign-ca-env", default="", help="environment variable with the endpoint's CA (PEM)"
+    )
+    p.add_argument(
+        "--sign-public-key-env",
+        default="",
+        help="environment variable with the profile's public key: the operator's answers are "
+        "checked with it",
+    )
+
+
+def remote_signer(args: argparse.Namespace) -> RemoteSigner | None:
+    if not args.sign_url:
+        return None
+    if args.sign_token_file is None:
+        raise PublishError("--sign-url needs --sign-token-file")
+    return RemoteSigner(
+        args.sign_url,
+        args.sign_token_file,
+        ca_pem=os.environ.get(args.sign_ca_env, "") if args.sign_ca_env else "",
+        address=args.sign_address,
+        public_key=(
+            os.environ.get(args.sign_public_key_env, "") if args.sign_public_key_env else ""
+        ),
+    )
 
 
 def shard_index() -> int:
@@ -583,7 +649,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             options=options,
             image=image,
             library_scope=args.library_scope,
-            signing_key=args.signing_key_dir,
+            signing=Signing(args.signing_key_dir, remote_signer(args)),
         )
         if not pub.created:
             print(f"{PROG}: {pub.uri} was already published: nothing uploaded", file=sys.stderr)

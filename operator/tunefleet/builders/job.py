@@ -18,7 +18,13 @@ from tunefleet.api import TuningProfileSpec
 from tunefleet.artifacts import fit
 from tunefleet.builders.kueue import under_queue
 from tunefleet.builders.security import SMALL_RESOURCES, hardened, tunefleet_container
-from tunefleet.builders.storage import pod_storage, signing_storage, with_storage
+from tunefleet.builders.storage import (
+    operator_signs,
+    pod_storage,
+    remote_signing,
+    signing_storage,
+    with_storage,
+)
 from tunefleet.builders.template import apply_to_merge_job, apply_to_tuning_job
 from tunefleet.config import Config
 from tunefleet.storage.store import PodStorage
@@ -314,7 +320,7 @@ def _publish_container(c: Child, storage: PodStorage) -> dict[str, Any]:
         {"name": "tmp", "mountPath": "/tmp"},
     ]
     publish = with_storage(c.step("publish", command, mounts), storage)
-    return with_storage(publish, signing_storage(c.spec, serving=False))
+    return with_storage(publish, signing_storage(c.spec, serving=False, config=c.config))
 
 
 def _out_limit(spec: TuningProfileSpec) -> str:
@@ -350,7 +356,7 @@ def build_tuning_job(c: Child) -> dict[str, Any]:
         # A retune's missed cache keys: the workload runs again with each pod's key flags
         # (tuner_job/caches.py's variants; the file is there only when the set has some).
         tune["env"].append({"name": cc.VARIANTS_ENV, "value": f"{CAPTURED_DIR}/{cc.VARIANTS_KEY}"})
-    volumes += signing_storage(spec, serving=False).volumes
+    volumes += signing_storage(spec, serving=False, config=c.config).volumes
     pod = _pod_spec([_publish_container(c, storage)], volumes, storage)
     pod["initContainers"] = [bootstrap, _sync_container(c, storage), tune]
     pod["nodeSelector"] = {naming.label_key(spec): model}
@@ -423,6 +429,11 @@ def build_merge_job(c: Child) -> dict[str, Any]:
             }
         )
     merge = with_storage(c.step("merge", command, mounts), storage)
+    if operator_signs(spec, config):
+        # Only where the operator signs: the merge Job never mounts a key pair.
+        signs = remote_signing(spec, config)
+        merge = with_storage(merge, signs)
+        volumes += signs.volumes
     pod = _pod_spec([merge], volumes, storage)
     labels = c.labels(role="merge")
     job = _job(c, c.name("merge"), labels, pod, backoffLimit=2, activeDeadlineSeconds=1800)

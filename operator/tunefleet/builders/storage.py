@@ -10,6 +10,7 @@ from typing import Any
 from tunefleet.api import TuningProfileSpec
 from tunefleet.artifacts import signing
 from tunefleet.config import Config
+from tunefleet.contracts import sign_request as sr
 from tunefleet.storage import registry
 from tunefleet.storage.store import PodStorage
 
@@ -55,11 +56,63 @@ SIGNING_DIR = "/tunefleet/signing"
 VERIFY_KEY_ENV = "TUNEFLEET_VERIFY_KEY"
 
 
-def signing_storage(spec: TuningProfileSpec, *, serving: bool) -> PodStorage:
-    """oci:// stores' signing: model pods' fetch gets the public key from the spec (by value:
-    it is public) and whether a signature is required; the tuning Job's publish step the
-    signing Secret's key pair, to sign with. Empty where nothing is signed."""
+# The operator's endpoint CA, for the publish step that asks it for a signature (by value).
+SIGN_CA_ENV = "TUNEFLEET_SIGN_CA"
+# The signing token's lifetime: the kubelet renews it at 80% of it; the API server's floor is
+# 10 minutes.
+SIGN_TOKEN_SECONDS = 3600
+
+
+def operator_signs(spec: TuningProfileSpec, config: Config) -> bool:
+    """Whether the operator signs this profile's artifacts (its key in the operator's
+    namespace, the chart's signing.secret) rather than a key pair mounted in the Job: for
+    stores of objects that sign, when the operator holds a key and pods can reach it."""
+    return (
+        bool(config.signing_key_dir and config.capture_url)
+        and not spec.storage.is_oci
+        and spec.storage.signing_policy is not None
+    )
+
+
+def remote_signing(spec: TuningProfileSpec, config: Config) -> PodStorage:
+    """The publish (merge) step's way to the operator's signature: the endpoint, its CA and the
+    profile's public key (to check the answer) by value, and a projected token of the signing
+    audience, mounted in that step alone (contracts/sign_request.py)."""
+    args = [
+        "--sign-url", config.capture_url,
+        "--sign-token-file", f"{sr.TOKEN_DIR}/{sr.TOKEN_FILE}",
+        *(["--sign-address", config.capture_address] if config.capture_address else []),
+    ]  # fmt: skip
+    env = []
+    if config.capture_ca:
+        args += ["--sign-ca-env", SIGN_CA_ENV]
+        env.append({"name": SIGN_CA_ENV, "value": config.capture_ca})
+    if spec.storage.public_key:
+        args += ["--sign-public-key-env", VERIFY_KEY_ENV]
+        env.append({"name": VERIFY_KEY_ENV, "value": spec.storage.public_key})
+    token = {
+        "audience": sr.AUDIENCE,
+        "expirationSeconds": SIGN_TOKEN_SECONDS,
+        "path": sr.TOKEN_FILE,
+    }
+    volume = {
+        "name": sr.TOKEN_VOLUME,
+        "projected": {"defaultMode": 0o444, "sources": [{"serviceAccountToken": token}]},
+    }
+    mount = {"name": sr.TOKEN_VOLUME, "mountPath": sr.TOKEN_DIR, "readOnly": True}
+    return PodStorage(args=args, env=env, volumes=[volume], mounts=[mount])
+
+
+def signing_storage(
+    spec: TuningProfileSpec, *, serving: bool, config: Config | None = None
+) -> PodStorage:
+    """Signing: model pods' fetch gets the public key from the spec (by value: it is public)
+    and whether a signature is required; the tuning Job's publish step the way to the
+    operator's signature where the operator signs (`config`), else the signing Secret's key
+    pair, to sign with. Empty where nothing is signed."""
     policy, secret = spec.storage.signing_policy, spec.storage.signing_secret
+    if not serving and config is not None and operator_signs(spec, config):
+        return remote_signing(spec, config)
     if serving:
         if policy is None:
             return PodStorage()

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import ssl
@@ -60,54 +59,20 @@ from tunefleet.contracts.capture_upload import (
     Upload,
 )
 from tunefleet.kube import Kube
+from tunefleet.runtime import pod_tokens
+from tunefleet.runtime.pod_tokens import Caller, Denied
 from tuner_job import caches as cc
 
 log = logging.getLogger(__name__)
 
-POD_NAME_CLAIM = "authentication.kubernetes.io/pod-name"
-POD_UID_CLAIM = "authentication.kubernetes.io/pod-uid"
-SA_PREFIX = "system:serviceaccount:"
-REVIEW_TTL_S = 60.0  # a reviewed token is trusted this long (a refused one 10 s)
-POD_TTL_S = 10.0
 CACHE_ENTRIES = 4096
 BURST = 6  # uploads a pod may make at once; then one per (its upload interval / 4)
 
 
-class Denied(Exception):
-    def __init__(self, status: int, outcome: str, message: str, retry_after: float | None = None):
-        super().__init__(message)
-        self.status = status
-        self.outcome = outcome
-        self.retry_after = retry_after
-
-
-@dataclass(frozen=True)
-class Caller:
-    namespace: str
-    service_account: str
-    pod_name: str
-    pod_uid: str
-
-
 def caller_of(review_status: dict[str, Any]) -> Caller:
     """Who a TokenReview's status says the token belongs to; Denied unless it is a pod-bound
-    ServiceAccount token of our audience."""
-    if not review_status.get("authenticated"):
-        why = review_status.get("error") or "not authenticated"
-        raise Denied(401, "unauthenticated", f"the token was refused: {why}")
-    if AUDIENCE not in (review_status.get("audiences") or []):
-        raise Denied(401, "unauthenticated", f"the token is not for audience {AUDIENCE}")
-    user = review_status.get("user") or {}
-    name = str(user.get("username") or "")
-    if not name.startswith(SA_PREFIX) or name.count(":") != 3:
-        raise Denied(403, "forbidden", f"{name or 'the caller'} is not a ServiceAccount")
-    namespace, sa = name[len(SA_PREFIX) :].split(":")
-    extra = user.get("extra") or {}
-    pod_name = (extra.get(POD_NAME_CLAIM) or [""])[0]
-    pod_uid = (extra.get(POD_UID_CLAIM) or [""])[0]
-    if not (pod_name and pod_uid):
-        raise Denied(403, "forbidden", "the token is not bound to a pod (use the projected token)")
-    return Caller(namespace, sa, pod_name, pod_uid)
+    ServiceAccount token of the capture audience."""
+    return pod_tokens.caller_of(review_status, AUDIENCE)
 
 
 @dataclass(frozen=True)
@@ -129,19 +94,8 @@ def _admitted(caller: Caller, pod: dict[str, Any] | None) -> tuple[str, Admissio
     running as its ServiceAccount, injected with an artifact for a GPU model): its profile's
     name and its admission; Denied with the reason otherwise."""
     where = f"pod {caller.namespace}/{caller.pod_name}"
-    meta = (pod or {}).get("metadata") or {}
-    if pod is None or meta.get("uid") != caller.pod_uid:
-        raise Denied(
-            403,
-            "forbidden",
-            f"{where} (uid {caller.pod_uid}) no longer exists: its token is not accepted, "
-            "whatever pod has its name now",
-        )
-    if meta.get("namespace") != caller.namespace:
-        raise Denied(403, "forbidden", f"{where} is not in the token's namespace")
-    sa = ((pod.get("spec") or {}).get("serviceAccountName")) or "default"
-    if sa != caller.service_account:
-        raise Denied(403, "forbidden", f"{where} does not run as {caller.service_account}")
+    pod = pod_tokens.the_callers_pod(caller, pod)
+    meta = pod.get("metadata") or {}
     profile_name = (meta.get("labels") or {}).get(naming.PROFILE_LABEL)
     if not profile_name:
         raise Denied(403, "forbidden", f"{where} has no {naming.PROFILE_LABEL} label")
@@ -234,25 +188,6 @@ class RateLimiter:
         return None
 
 
-class _Ttl:
-    def __init__(self, entries: int = CACHE_ENTRIES) -> None:
-        self.entries = entries
-        self._data: OrderedDict[str, tuple[float, Any]] = OrderedDict()
-
-    def get(self, key: str, now: float) -> tuple[bool, Any]:
-        found = self._data.get(key)
-        if found is None or found[0] < now:
-            self._data.pop(key, None)
-            return False, None
-        return True, found[1]
-
-    def put(self, key: str, value: Any, until: float) -> None:
-        self._data.pop(key, None)
-        self._data[key] = (until, value)
-        while len(self._data) > self.entries:
-            self._data.popitem(last=False)
-
-
 @dataclass
 class Deps:
     """What the endpoint asks of the cluster (the real ones below; tests give their own)."""
@@ -270,48 +205,8 @@ class Endpoint:
         self.deps = deps
         self.clock = clock
         self.limiter = RateLimiter()
-        self._reviews = _Ttl()
-        self._pods = _Ttl()
+        self.tokens = pod_tokens.PodTokens(AUDIENCE, deps.review, deps.read_pod, clock)
         self._busy = asyncio.Semaphore(concurrency)
-
-    async def _caller(self, token: str) -> Caller:
-        key = hashlib.sha256(token.encode()).hexdigest()
-        now = self.clock()
-        hit, cached = self._reviews.get(key, now)
-        if not hit:
-            try:
-                status = await asyncio.wait_for(self.deps.review(token), timeout=5.0)
-            except Exception as e:
-                raise Denied(
-                    503, "unavailable", f"the token could not be reviewed now: {e}", 10
-                ) from None
-            try:
-                cached = caller_of(status)
-                self._reviews.put(key, cached, now + REVIEW_TTL_S)
-            except Denied as d:
-                cached = d
-                self._reviews.put(key, d, now + 10.0)  # a flood of bad tokens costs little
-        if isinstance(cached, Denied):
-            raise cached
-        caller: Caller = cached
-        return caller
-
-    async def _pod(self, caller: Caller) -> dict[str, Any] | None:
-        key = f"{caller.namespace}/{caller.pod_name}"
-        now = self.clock()
-        hit, pod = self._pods.get(key, now)
-        if not hit or ((pod or {}).get("metadata") or {}).get("uid") != caller.pod_uid:
-            try:
-                pod = await asyncio.wait_for(
-                    self.deps.read_pod(caller.namespace, caller.pod_name), timeout=5.0
-                )
-            except Exception as e:
-                raise Denied(
-                    503, "unavailable", f"the pod could not be read now: {e}", 10
-                ) from None
-            self._pods.put(key, pod, now + POD_TTL_S)
-        result: dict[str, Any] | None = pod
-        return result
 
     async def handle(self, request: web.Request) -> web.Response:
         started = time.perf_counter()
@@ -332,11 +227,10 @@ class Endpoint:
         length = request.content_length
         if length is not None and length > MAX_BODY_BYTES:
             raise Denied(413, "too_large", f"an upload is at most {MAX_BODY_BYTES} bytes")
-        auth = request.headers.get("Authorization", "")
-        if not auth.startswith("Bearer ") or len(auth) > 16384:
-            raise Denied(401, "unauthenticated", "no bearer token")
-        caller = await self._caller(auth[len("Bearer ") :].strip())
-        pod = await self._pod(caller)
+        caller = await self.tokens.caller(
+            pod_tokens.bearer(request.headers.get("Authorization", ""))
+        )
+        pod = await self.tokens.pod(caller)
         profile_name = (
             ((pod or {}).get("metadata") or {}).get("labels", {}).get(naming.PROFILE_LABEL, "")
         )
@@ -448,8 +342,17 @@ class Server:
     """The endpoint on its own TLS port; the certificate is read again when its files change
     (cert-manager renews it in place)."""
 
-    def __init__(self, endpoint: Endpoint, addr: str, port: int, certfile: str, keyfile: str):
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        addr: str,
+        port: int,
+        certfile: str,
+        keyfile: str,
+        more: list[web.RouteDef] | None = None,
+    ):
         self.endpoint = endpoint
+        self.more = more or []  # other routes on this server (signer/route.py's)
         self.addr, self.port = addr, port
         self.certfile, self.keyfile = certfile, keyfile
         self._runner: web.AppRunner | None = None
@@ -465,7 +368,9 @@ class Server:
     async def start(self) -> None:
         self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self._load()
-        self._runner = web.AppRunner(self.endpoint.app(), handle_signals=False, access_log=None)
+        app = self.endpoint.app()
+        app.add_routes(self.more)
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.addr, self.port, ssl_context=self.context)
         await site.start()

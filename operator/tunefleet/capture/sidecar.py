@@ -25,16 +25,15 @@ import os
 import random
 import shutil
 import signal
-import socket
 import ssl
 import sys
 import time
-import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tunefleet import pod_https
 from tunefleet.capture import hook
 from tunefleet.contracts.capture_upload import (
     MAX_BODY_BYTES,
@@ -168,27 +167,6 @@ class Collector:
                 self.sent.add(line)
 
 
-class _Connection(http.client.HTTPSConnection):
-    """HTTPS to the endpoint's name, checked against its certificate by that name; where the
-    name does not resolve (a cluster without DNS for pods), to `address` instead."""
-
-    def __init__(
-        self, host: str, port: int | None, address: str, tls: ssl.SSLContext, timeout: float
-    ) -> None:
-        super().__init__(host, port, timeout=timeout, context=tls)
-        self._address = address
-        self._tls = tls
-
-    def connect(self) -> None:
-        try:
-            sock = socket.create_connection((self.host, self.port), self.timeout)
-        except socket.gaierror:
-            if not self._address:
-                raise
-            sock = socket.create_connection((self._address, self.port), self.timeout)
-        self.sock = self._tls.wrap_socket(sock, server_hostname=self.host)
-
-
 class SendError(Exception):
     def __init__(self, message: str, retry_after: float | None = None, drop: bool = False):
         super().__init__(message)
@@ -205,13 +183,9 @@ class Sender:
     timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
-        parsed = urllib.parse.urlsplit(self.url)
-        if parsed.scheme not in ("https", "http") or not parsed.hostname:
-            raise ValueError(f"--url must be https://host[:port], not {self.url!r}")
-        self._parsed = parsed
-        self._context: ssl.SSLContext | None = None
-        if parsed.scheme == "https":
-            self._context = ssl.create_default_context(cadata=self.ca_pem or None)
+        self._endpoint = pod_https.Endpoint(
+            self.url, self.ca_pem, self.address, self.timeout_s
+        )  # ValueError: not https://host[:port]
 
     def send(self, upload: Upload) -> Reply:
         body = upload.encode()
@@ -219,42 +193,21 @@ class Sender:
             token = self.token_file.read_text().strip()  # the kubelet rotates it: read each time
         except OSError as e:
             raise SendError(f"cannot read the token {self.token_file}: {e}") from None
-        p = self._parsed
-        conn: http.client.HTTPConnection
-        if self._context is not None:
-            conn = _Connection(
-                p.hostname or "", p.port, self.address, self._context, self.timeout_s
-            )
-        else:
-            conn = http.client.HTTPConnection(p.hostname or "", p.port, timeout=self.timeout_s)
         try:
-            conn.request(
-                "POST",
-                (p.path.rstrip("/") or "") + PATH,
-                body=body,
-                headers={
-                    "Authorization": f"Bearer {token}",
-                    "Content-Type": "application/json",
-                },
-            )
-            resp = conn.getresponse()
-            data = resp.read(64 * 1024)
+            got = self._endpoint.post(PATH, body, token, 64 * 1024)
         except (OSError, http.client.HTTPException) as e:
             raise SendError(f"cannot reach {self.url}: {e}") from None
-        finally:
-            conn.close()
-        reply = Reply.decode(data)
-        if resp.status == 200:
+        reply = Reply.decode(got.body)
+        if got.status == 200:
             return reply
         retry = reply.retry_after
-        header = resp.getheader("Retry-After")
-        if retry is None and header and header.isdigit():
-            retry = float(header)
-        why = f"{resp.status} {reply.message or resp.reason}"
+        if retry is None and got.retry_after.isdigit():
+            retry = float(got.retry_after)
+        why = f"{got.status} {reply.message or got.reason}"
         # 400/413: these rows will never be taken; 401/403: this pod is not (yet) accepted,
         # retried slowly (a token not yet valid, a profile whose capture is off for now).
-        drop = resp.status in (400, 413)
-        if resp.status in (401, 403) and retry is None:
+        drop = got.status in (400, 413)
+        if got.status in (401, 403) and retry is None:
             retry = BACKOFF_MAX_S
         raise SendError(why, retry_after=retry, drop=drop)
 

@@ -14,7 +14,6 @@ adopted; the profile then tunes its own."""
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import replace
 from typing import Any
@@ -154,16 +153,9 @@ def _same_identity(theirs: dict[str, Any] | None, ours: dict[str, Any] | None) -
     if found is not None:
         path, here, there = found
         raise NotAdoptable(
-            f"its identity differs at {path}: {_shown(here)} here, {_shown(there)} in the artifact"
+            f"its identity differs at {path}: {naming.shown(here)} here, "
+            f"{naming.shown(there)} in the artifact"
         )
-
-
-def _shown(value: Any) -> str:
-    if value is naming.MISSING:
-        # The document leaves out what is at its default (naming.identity_document).
-        return "unset (the default)"
-    text = json.dumps(value, sort_keys=True)
-    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _inside(uri: str, root: str) -> bool:

@@ -129,12 +129,13 @@ class Operator:
         # startup. Events are posted by us, on purpose.
         settings.posting.level = logging.WARNING
         self.client.login(pool_size=config.workers + 6)
-        if config.fleet:
-            # Claims and published entries name this cluster (fleet/): learnt once, before any
-            # reconcile could claim under an empty name.
+        if config.fleet or config.signing_key_dir:
+            # Claims and published entries name this cluster (fleet/), and so do the
+            # operator's attestations (signer/): learnt once, before any reconcile could claim
+            # under an empty name.
             uid = await asyncio.to_thread(self.client.cluster_uid)
             config = replace(config, fleet_cluster=uid)
-            logger.info(f"fleet mode: this cluster is {uid} (kube-system's uid)")
+            logger.info(f"this cluster is {uid} (kube-system's uid)")
             # The stores are the profiles' (spec.storage: a bucket, an endpoint or the
             # default one): each is probed at its first claim (fleet/probe.py), which for every
             # profile listed is its first reconcile, right after this start.
@@ -364,6 +365,17 @@ class Operator:
         ip = str(svc.spec.cluster_ip or "")
         return "" if ip == "None" else ip
 
+    def _signer_routes(self, config: Config) -> list[Any]:
+        """The signing endpoint's routes, where the operator signs (signer/)."""
+        if not config.signing_key_dir:
+            return []
+        from tunefleet.signer import route as signer_route
+
+        cache = self.cache
+        deps = signer_route.real_deps(self.client, lambda ns, name: cache.profile((ns, name)))
+        signer = signer_route.Signer(_signing_key(config), config.image, config.fleet_cluster)
+        return signer_route.Endpoint(deps, signer).routes()
+
     async def _start_capture(
         self, config: Config, server: kopf.WebhookServer, logger: kopf.Logger
     ) -> Config:
@@ -384,6 +396,7 @@ class Operator:
             config.capture_port,
             str(server.certfile),
             str(server.pkeyfile),
+            more=self._signer_routes(config),
         )
         try:
             await endpoint.start()
@@ -405,6 +418,19 @@ class Operator:
             logger.info(f"capture endpoint for model pods: {url}{where}")
         ca = _ca_bundle(server)
         return replace(config, capture_url=url, capture_address=address, capture_ca=ca)
+
+
+def _signing_key(config: Config) -> Any:
+    """The operator's signing key (the chart's signing.secret); a key that cannot be read stops
+    the start with what to fix, rather than failing every tuning Job's publish later."""
+    from tunefleet.artifacts import signing
+
+    try:
+        return signing.read_key_dir(Path(config.signing_key_dir))
+    except signing.SigningError as e:
+        raise SystemExit(
+            f"the chart's signing.secret (mounted at {config.signing_key_dir}): {e}"
+        ) from None
 
 
 def _ca_bundle(server: kopf.WebhookServer) -> str:

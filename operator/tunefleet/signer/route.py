@@ -1,0 +1,172 @@
+"""The operator's signing endpoint: a route beside capture's on the operator's HTTPS server,
+on every replica (contracts/sign_request.py is the protocol).
+
+A publishing pod's projected token is reviewed for the signing audience, its pod and the pod's
+Job are read from the API server, the profile from the cache (else the API server); signer/judge.py
+decides; the manifest's bytes and the attestation are signed with the key the operator holds
+(the chart's signing.secret, in its own namespace). Each API call is bounded; a hung one is a
+503 the publish step retries. A pod asks a few times per artifact; more is throttled per pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from aiohttp import web
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from tunefleet import metrics, naming
+from tunefleet.artifacts import signing
+from tunefleet.contracts.sign_request import (
+    ATTESTATION_TYPE,
+    AUDIENCE,
+    MAX_BODY_BYTES,
+    PATH,
+    BodyError,
+    Reply,
+    Request,
+    envelope,
+    pae,
+)
+from tunefleet.kube import Kube
+from tunefleet.runtime import pod_tokens
+from tunefleet.runtime.pod_tokens import Denied
+from tunefleet.signer.judge import Seen, job_of, judge
+
+log = logging.getLogger(__name__)
+
+BURST = 6  # requests a pod may make at once; then one per REFILL_S
+REFILL_S = 10.0
+
+
+@dataclass
+class Deps:
+    """What the endpoint asks of the cluster (real_deps below; tests give their own)."""
+
+    review: Callable[[str], Awaitable[dict[str, Any]]]  # TokenReview status
+    read_pod: Callable[[str, str], Awaitable[dict[str, Any] | None]]
+    read_job: Callable[[str, str], Awaitable[dict[str, Any] | None]]
+    read_profile: Callable[[str, str], Awaitable[dict[str, Any] | None]]
+
+
+@dataclass(frozen=True)
+class Signer:
+    """The key and what the operator knows of itself: its image and its cluster."""
+
+    key: ec.EllipticCurvePrivateKey
+    image: str
+    cluster: str
+
+
+class Endpoint:
+    def __init__(
+        self,
+        deps: Deps,
+        signer: Signer,
+        clock: Callable[[], float] = time.monotonic,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.deps, self.signer, self.clock, self.now = deps, signer, clock, now
+        self.tokens = pod_tokens.PodTokens(AUDIENCE, deps.review, deps.read_pod, clock)
+        self._buckets = pod_tokens.Ttl()
+
+    def _throttle(self, uid: str) -> None:
+        now = self.clock()
+        hit, got = self._buckets.get(uid, now)
+        tokens, at = got if hit else (float(BURST), now)
+        tokens = min(float(BURST), tokens + (now - at) / REFILL_S)
+        if tokens < 1.0:
+            self._buckets.put(uid, (tokens, now), now + BURST * REFILL_S)
+            wait = round((1.0 - tokens) * REFILL_S, 1)
+            raise Denied(429, "rate_limited", "too many signing requests from this pod", wait)
+        self._buckets.put(uid, (tokens - 1.0, now), now + BURST * REFILL_S)
+
+    async def _read(self, what: Awaitable[dict[str, Any] | None], name: str) -> Any:
+        try:
+            return await asyncio.wait_for(what, timeout=pod_tokens.CALL_TIMEOUT_S)
+        except Exception as e:
+            raise Denied(503, "unavailable", f"{name} could not be read now: {e}", 10) from None
+
+    async def handle(self, request: web.Request) -> web.Response:
+        try:
+            reply = await self._handle(request)
+            outcome, status, retry = "signed", 200, None
+        except Denied as d:
+            reply = Reply(message=str(d), retry_after=d.retry_after)
+            outcome, status, retry = d.outcome, d.status, d.retry_after
+        metrics.SIGNING_REQUESTS.labels(outcome).inc()
+        headers = {"Retry-After": str(int(retry + 0.999))} if retry is not None else {}
+        return web.Response(
+            body=reply.encode(), status=status, content_type="application/json", headers=headers
+        )
+
+    async def _handle(self, request: web.Request) -> Reply:
+        length = request.content_length
+        if length is not None and length > MAX_BODY_BYTES:
+            raise Denied(413, "too_large", f"a request is at most {MAX_BODY_BYTES} bytes")
+        token = pod_tokens.bearer(request.headers.get("Authorization", ""))
+        caller = await self.tokens.caller(token)
+        self._throttle(caller.pod_uid)
+        pod = pod_tokens.the_callers_pod(caller, await self.tokens.pod(caller))
+        job_name, _ = job_of(pod)
+        job = await self._read(self.deps.read_job(caller.namespace, job_name), "the Job")
+        labels = ((job or {}).get("metadata") or {}).get("labels") or {}
+        profile_name = str(labels.get(naming.TUNING_PROFILE_LABEL) or "")
+        profile = (
+            await self._read(self.deps.read_profile(caller.namespace, profile_name), "the profile")
+            if profile_name
+            else None
+        )
+        try:
+            body = await request.read()
+            req = Request.decode(body)
+        except web.HTTPRequestEntityTooLarge:
+            raise Denied(413, "too_large", f"a request is at most {MAX_BODY_BYTES} bytes") from None
+        except BodyError as e:
+            raise Denied(400, "bad_request", str(e)) from None
+        except (TimeoutError, OSError) as e:
+            raise Denied(400, "bad_request", f"the body could not be read: {e}") from None
+        s = self.signer
+        seen = Seen(caller, pod, job, profile)
+        attestation = judge(seen, req.manifest, s.image, s.cluster, self.now())
+        payload = attestation.to_json()
+        signed_payload = signing.sign_blob(pae(ATTESTATION_TYPE, payload), s.key)
+        log.info(
+            f"signed the manifest {attestation.manifest_sha256[:12]} of TuningProfile "
+            f"{caller.namespace}/{attestation.profile} ({attestation.gpu_model}) for Job "
+            f"{attestation.job}"
+        )
+        return Reply(
+            signature=signing.sign_blob(req.manifest, s.key),
+            attestation=envelope(payload, signed_payload),
+        )
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.post(PATH, self.handle)]
+
+
+def real_deps(
+    client: Kube, profile_from_cache: Callable[[str, str], dict[str, Any] | None]
+) -> Deps:
+    async def review(token: str) -> dict[str, Any]:
+        return await asyncio.to_thread(client.review_token, token, AUDIENCE)
+
+    async def read_pod(namespace: str, name: str) -> dict[str, Any] | None:
+        return await asyncio.to_thread(client.read_pod, namespace, name)
+
+    async def read_job(namespace: str, name: str) -> dict[str, Any] | None:
+        return await asyncio.to_thread(client.read_job, namespace, name)
+
+    async def read_profile(namespace: str, name: str) -> dict[str, Any] | None:
+        found = profile_from_cache(namespace, name)
+        if found is not None:
+            return found
+        return await asyncio.to_thread(client.get_profile, namespace, name, 2.0)
+
+    return Deps(review, read_pod, read_job, read_profile)
