@@ -1,0 +1,201 @@
+"""Signing by the operator on the real node (issue 54, docs/trust.md): the chart's
+signing.secret holds the key pair in the operator's namespace; an s3:// profile that signs
+gets its manifest signed through the operator's endpoint, and no tuning pod holds a key.
+
+What is checked, each against real parts: the tuning pod's volumes, env and projected tokens
+(no Secret with a private key; one token, of the signing audience, mounted by publish alone);
+the stored signature with cosign itself (`cosign verify-blob`); the attestation's Job uid and
+cluster against the API server's; the artifact delivered (the operator verifies it with the
+profile's public key first) and served; and a pod of anyone's making, with a token of the
+signing audience, asking the real endpoint (real TokenReview) for a signature: refused.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from testbed.cluster import wait_for_real_node_gpus
+from testbed.operator import SYSTEM_NS, InCluster, install_in_cluster
+from testbed.real_node import model_pod, real_profile
+from testbed.registry import Registry, cosign
+from tests.support.kube import apply, create, ended, get_json, jobs_of, ready
+from tunefleet.contracts import sign_request as sr
+
+pytestmark = pytest.mark.e2e
+
+KEY_SECRET = "tunefleet-e2e-operator-signing"
+PASSWORD = "e2e-operator-password"
+
+
+@contextlib.contextmanager
+def operator_signing(cluster: Any, s3: Any) -> Iterator[str]:
+    """The release upgraded with signing.secret (a key pair cosign made in the operator's
+    namespace) for the block: the public key's PEM; then the release as it was."""
+    cluster.kubectl("delete", "secret", "-n", SYSTEM_NS, KEY_SECRET, check=False)
+    env = {**Registry.from_state().tool_env(Registry.from_state().reader)}
+    env |= {"COSIGN_PASSWORD": PASSWORD, "KUBECONFIG": cluster.kubeconfig}
+    made = cosign(["generate-key-pair", f"k8s://{SYSTEM_NS}/{KEY_SECRET}"], env)
+    assert made.returncode == 0, made.stderr
+    raw = get_json(cluster, "secret", "-n", SYSTEM_NS, KEY_SECRET)
+    public = base64.b64decode(raw["data"]["cosign.pub"]).decode()
+    install_in_cluster(cluster, s3, extra=("--set", f"signing.secret={KEY_SECRET}"))
+    try:
+        yield public
+    finally:
+        install_in_cluster(cluster, s3)
+        cluster.kubectl("delete", "secret", "-n", SYSTEM_NS, KEY_SECRET, check=False)
+
+
+def secrets_with_a_private_key(cluster: Any, namespace: str, pod: dict[str, Any]) -> list[str]:
+    """Every Secret the pod reads (volumes, projected sources, env, envFrom) that holds a
+    private key (a key named like cosign's, or a PEM private key in its values)."""
+    spec = pod["spec"]
+    names = set()
+    for v in spec.get("volumes") or []:
+        if "secret" in v:
+            names.add(v["secret"]["secretName"])
+        for s in (v.get("projected") or {}).get("sources") or []:
+            if "secret" in s:
+                names.add(s["secret"]["name"])
+    for c in (spec.get("initContainers") or []) + spec["containers"]:
+        for e in c.get("env") or []:
+            ref = (e.get("valueFrom") or {}).get("secretKeyRef")
+            if ref:
+                names.add(ref["name"])
+        for e in c.get("envFrom") or []:
+            if "secretRef" in e:
+                names.add(e["secretRef"]["name"])
+    holding = []
+    for name in sorted(names):
+        data = get_json(cluster, "secret", "-n", namespace, name).get("data") or {}
+        text = " ".join(base64.b64decode(v).decode("latin-1") for v in data.values())
+        if "cosign.key" in data or "PRIVATE KEY" in text:
+            holding.append(name)
+    return holding
+
+
+def ask_as_anyone(cluster: Any, namespace: str, publish: dict[str, Any]) -> str:
+    """A pod of the test's making (tunefleet's image, a projected token of the signing
+    audience, no Job) asks the operator's endpoint for a signature, as publish would: what
+    the endpoint answered."""
+    command = publish["command"]
+    url = command[command.index("--sign-url") + 1]
+    address = command[command.index("--sign-address") + 1] if "--sign-address" in command else ""
+    ca = next(e["value"] for e in publish["env"] if e["name"] == "TUNEFLEET_SIGN_CA")
+    script = (
+        "import json,os;from tunefleet import pod_https;from tunefleet.contracts import "
+        "sign_request as sr;e=pod_https.Endpoint(os.environ['URL'],os.environ['CA'],"
+        "os.environ['ADDRESS']);t=open('/t/token').read().strip();"
+        "a=e.post(sr.PATH,sr.Request(b'{}').encode(),t,65536);"
+        "print(a.status,sr.Reply.decode(a.body).message)"
+    )
+    token = {"audience": sr.AUDIENCE, "expirationSeconds": 600, "path": "token"}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "asks-anyway"},
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "containers": [
+                {
+                    "name": "ask",
+                    "image": publish["image"],
+                    "imagePullPolicy": "Never",
+                    "command": ["python3", "-c", script],
+                    "env": [
+                        {"name": "URL", "value": url},
+                        {"name": "CA", "value": ca},
+                        {"name": "ADDRESS", "value": address},
+                    ],
+                    "volumeMounts": [{"name": "t", "mountPath": "/t"}],
+                }
+            ],
+            "volumes": [{"name": "t", "projected": {"sources": [{"serviceAccountToken": token}]}}],
+        },
+    }
+    create(cluster, namespace, pod)
+    done = ended(cluster, namespace, "asks-anyway", "the pod that asks anyway to run")
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    return str(cluster.kubectl("logs", "-n", namespace, "asks-anyway").stdout)
+
+
+def test_the_operator_signs_what_its_own_job_tuned_and_no_tuning_pod_holds_a_key(
+    cluster: Any, in_cluster: InCluster, s3: Any, namespace: str, s3_secret: str, tmp_path: Path
+) -> None:
+    wait_for_real_node_gpus(cluster, 3)
+    with operator_signing(cluster, s3) as public:
+        signing = {"policy": "Required", "publicKey": public}
+        profile = real_profile("signed", s3, s3_secret)
+        profile["spec"]["storage"]["signing"] = signing
+        apply(cluster, namespace, profile)
+        prof = ready(cluster, namespace, "signed")
+        assert prof["status"]["phase"] == "Ready", json.dumps(prof["status"], indent=2)[:4000]
+        (job,) = jobs_of(cluster, namespace, "signed")
+        (pod,) = get_json(
+            cluster, "pods", "-n", namespace, "-l",
+            f"batch.kubernetes.io/job-name={job['metadata']['name']}",
+        )["items"]  # fmt: skip
+
+        # The tuning pod: no Secret with a private key, in any volume or env; one projected
+        # token, of the signing audience, mounted by the publish step alone.
+        assert secrets_with_a_private_key(cluster, namespace, pod) == []
+        tokens = [
+            (v["name"], s["serviceAccountToken"]["audience"])
+            for v in pod["spec"]["volumes"]
+            for s in (v.get("projected") or {}).get("sources") or []
+            if "serviceAccountToken" in s
+        ]
+        assert tokens == [(sr.TOKEN_VOLUME, sr.AUDIENCE)], tokens
+        steps = pod["spec"]["initContainers"] + pod["spec"]["containers"]
+        holders = [
+            c["name"]
+            for c in steps
+            if any(m["name"] == sr.TOKEN_VOLUME for m in c.get("volumeMounts") or [])
+        ]
+        assert holders == ["publish"]
+        assert pod["spec"]["automountServiceAccountToken"] is False
+
+        # The stored signature verifies with cosign itself; the attestation names this Job.
+        (art,) = prof["status"]["artifacts"]
+        bucket, key = art["uri"][len("s3://") :].split("/", 1)
+        client = s3.client()
+
+        def body(name: str) -> bytes:
+            got: bytes = client.get_object(Bucket=bucket, Key=f"{key}/{name}")["Body"].read()
+            return got
+
+        (tmp_path / "manifest.json").write_bytes(body("manifest.json"))
+        (tmp_path / "manifest.json.sig").write_bytes(body("manifest.json.sig"))
+        (tmp_path / "cosign.pub").write_text(public)
+        checked = cosign(
+            ["verify-blob", "--key", str(tmp_path / "cosign.pub"), "--signature",
+             str(tmp_path / "manifest.json.sig"), "--insecure-ignore-tlog=true",
+             str(tmp_path / "manifest.json")],
+            {**Registry.from_state().tool_env(Registry.from_state().reader)},
+        )  # fmt: skip
+        assert checked.returncode == 0, checked.stderr
+        attestation = sr.payload_of(json.loads(body("manifest.json" + sr.ATTESTATION_SUFFIX)))
+        cluster_uid = get_json(cluster, "namespace", "kube-system")["metadata"]["uid"]
+        assert attestation.job_uid == job["metadata"]["uid"]
+        assert attestation.cluster == cluster_uid
+        assert (attestation.namespace, attestation.profile) == (namespace, "signed")
+
+        # Delivered (the operator verified the signature with the profile's key) and served.
+        assert art["delivery"] == "ConfigMap", art
+        create(cluster, namespace, model_pod("model", "signed", gpus=2))
+        done = ended(cluster, namespace, "model", "the model pod to run")
+        assert done["status"]["phase"] == "Succeeded", done["status"]
+
+        # Anyone else's pod with a token of the signing audience is refused, by the real
+        # TokenReview and the real pod read back.
+        publish = next(c for c in steps if c["name"] == "publish")
+        said = ask_as_anyone(cluster, namespace, publish)
+        assert said.startswith("403 ") and "not controlled by a Job" in said, said
