@@ -83,16 +83,16 @@ def secrets_with_a_private_key(cluster: Any, namespace: str, pod: dict[str, Any]
 
 def ask_as_anyone(cluster: Any, namespace: str, publish: dict[str, Any]) -> str:
     """A pod of the test's making (tunefleet's image, a projected token of the signing
-    audience, no Job) asks the operator's endpoint for a signature, as publish would: what
+    audience in a volume named as publish's, no Job) asks the operator's endpoint for a signature, as publish would: what
     the endpoint answered."""
     command = publish["command"]
     url = command[command.index("--sign-url") + 1]
     address = command[command.index("--sign-address") + 1] if "--sign-address" in command else ""
     ca = next(e["value"] for e in publish["env"] if e["name"] == "TUNEFLEET_SIGN_CA")
     script = (
-        "import json,os;from tunefleet import pod_https;from tunefleet.contracts import "
+        "import os;from tunefleet import pod_https;from tunefleet.contracts import "
         "sign_request as sr;e=pod_https.Endpoint(os.environ['URL'],os.environ['CA'],"
-        "os.environ['ADDRESS']);t=open('/t/token').read().strip();"
+        "os.environ['ADDRESS']);t=open(sr.TOKEN_DIR+'/token').read().strip();"
         "a=e.post(sr.PATH,sr.Request(b'{}').encode(),t,65536);"
         "print(a.status,sr.Reply.decode(a.body).message)"
     )
@@ -115,7 +115,7 @@ def ask_as_anyone(cluster: Any, namespace: str, publish: dict[str, Any]) -> str:
                         {"name": "CA", "value": ca},
                         {"name": "ADDRESS", "value": address},
                     ],
-                    "volumeMounts": [{"name": "t", "mountPath": "/t"}],
+                    "volumeMounts": [{"name": sr.TOKEN_VOLUME, "mountPath": sr.TOKEN_DIR}],
                 }
             ],
             "volumes": [{"name": "t", "projected": {"sources": [{"serviceAccountToken": token}]}}],
@@ -198,4 +198,5 @@ def test_the_operator_signs_what_its_own_job_tuned_and_no_tuning_pod_holds_a_key
         # TokenReview and the real pod read back.
         publish = next(c for c in steps if c["name"] == "publish")
         said = ask_as_anyone(cluster, namespace, publish)
-        assert said.startswith("403 ") and "not controlled by a Job" in said, said
+        # Past the real TokenReview (a 401 otherwise): the pod read back is not a step of ours.
+        assert said.startswith("403 ") and "container ask is not tunefleet's publish" in said, said
