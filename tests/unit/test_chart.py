@@ -306,3 +306,33 @@ def test_fleet_mode_on_a_registry_mounts_its_push_identity_and_says_the_settle_w
     assert env["TUNEFLEET_FLEET_SETTLE_SECONDS"] == "5"
     refused = template("fleet.settleSeconds=0")
     assert refused.returncode != 0 and "settleSeconds" in refused.stderr
+
+
+def test_the_operators_signing_key_is_mounted_in_the_operator_alone_and_needs_capture() -> None:
+    def operator(*sets: str) -> dict[str, Any]:
+        dep = next(d for d in rendered(*sets) if d["kind"] == "Deployment")
+        pod: dict[str, Any] = dep["spec"]["template"]["spec"]
+        return pod
+
+    plain = operator()
+    assert "TUNEFLEET_SIGNING_KEY_DIR" not in {e["name"] for e in plain["containers"][0]["env"]}
+    assert all(v["name"] != "signing" for v in plain["volumes"])
+    signs = operator("signing.secret=operator-signing")
+    env = {e["name"]: e.get("value") for e in signs["containers"][0]["env"]}
+    assert env["TUNEFLEET_SIGNING_KEY_DIR"] == "/etc/tunefleet/signing"
+    (vol,) = [v for v in signs["volumes"] if v["name"] == "signing"]
+    # The key pair alone, readable by the operator's group only.
+    assert vol["secret"]["secretName"] == "operator-signing"
+    assert [i["key"] for i in vol["secret"]["items"]] == ["cosign.key", "cosign.password"]
+    assert vol["secret"]["defaultMode"] == 0o440
+    # No other object of the release mounts it.
+    others = [
+        d
+        for d in rendered("signing.secret=operator-signing", "gc.enabled=true", "gc.uri=s3://b/p")
+        if d["kind"] != "Deployment" and "operator-signing" in json.dumps(d)
+    ]
+    assert others == []
+    # `helm upgrade --reuse-values` from a release without signing still renders.
+    assert operator("signing=null")["containers"]
+    refused = template("signing.secret=operator-signing", "capture.enabled=false")
+    assert refused.returncode != 0 and "signing.secret needs capture.enabled" in refused.stderr
