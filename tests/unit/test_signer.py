@@ -377,6 +377,10 @@ def test_publish_stores_the_operators_signature_and_attestation_that_fetch_then_
     try:
         remote = RemoteSigner(op.url, token, public_key=PUBLIC, timeout_s=5)
         signed = sign_manifest(store, location, pub, None, remote)
+        # The same results published again keep that manifest, signed already: not asked.
+        op.answer = lambda body: (403, sr.Reply(message="another revision").encode())
+        assert sign_manifest(store, location, pub, None, remote).signed
+        assert len(op.seen) == 1
     finally:
         op.server.shutdown()
     assert signed.signed

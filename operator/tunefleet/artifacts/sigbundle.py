@@ -34,6 +34,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from tunefleet.contracts.sign_request import pae  # DSSE's, one definition
 from tunefleet.storage.store import StoreError
 
 if TYPE_CHECKING:
@@ -47,12 +48,6 @@ CONTENT_ANNOTATION = "dev.sigstore.bundle.content"
 PREDICATE_ANNOTATION = "dev.sigstore.bundle.predicateType"
 # A key-signed bundle is under 1 KiB; one with a certificate chain and a Rekor entry a few.
 MAX_BUNDLE = 64 << 10
-
-
-def pae(payload_type: str, payload: bytes) -> bytes:
-    """DSSE's pre-authentication encoding: what an envelope's signature signs."""
-    kind = payload_type.encode()
-    return b"DSSEv1 %d %s %d %s" % (len(kind), kind, len(payload), payload)
 
 
 def key_hint(key: ec.EllipticCurvePublicKey) -> str:
