@@ -332,6 +332,17 @@ def test_the_operators_signing_key_is_mounted_in_the_operator_alone_and_needs_ca
         if d["kind"] != "Deployment" and "operator-signing" in json.dumps(d)
     ]
     assert others == []
+    # The attestation names the cluster: kube-system's uid, read at start.
+    rules = [
+        r
+        for d in rendered("signing.secret=operator-signing")
+        if d["kind"] == "ClusterRole"
+        for r in d.get("rules") or []
+    ]
+    assert any(
+        r["resources"] == ["namespaces"] and r.get("resourceNames") == ["kube-system"]
+        for r in rules
+    )
     # `helm upgrade --reuse-values` from a release without signing still renders.
     assert operator("signing=null")["containers"]
     refused = template("signing.secret=operator-signing", "capture.enabled=false")
