@@ -329,8 +329,10 @@ def is_qualified_name(value: str) -> bool:
     return len(name) <= 63 and len(prefix) <= 253 and bool(_QUALIFIED_NAME.match(value))
 
 
-def spec_problems(spec: TuningProfileSpec) -> list[str]:
-    """What the schema cannot judge but Kubernetes will refuse later, each with the fix."""
+def spec_problems(spec: TuningProfileSpec, operator_signs: bool = False) -> list[str]:
+    """What the schema cannot judge but Kubernetes will refuse later, each with the fix.
+    `operator_signs`: the operator signs this profile's artifacts (builders/storage.py), so it
+    needs no signing Secret of its own, and its merge Job signs too."""
     problems = []
     for model in spec.gpu.models:
         if not is_label_value(model):
@@ -349,7 +351,7 @@ def spec_problems(spec: TuningProfileSpec) -> list[str]:
         registry.parse_uri(spec.storage.uri)
     except ValueError as exc:
         problems.append(f"storage.uri: {exc}")
-    problems += signing_problems(spec)
+    problems += signing_problems(spec, operator_signs)
     if not is_qualified_name(resource_name(spec)):
         problems.append(
             f"gpu.resourceName: {resource_name(spec)!r} is not a valid extended resource "
@@ -358,9 +360,14 @@ def spec_problems(spec: TuningProfileSpec) -> list[str]:
     return problems
 
 
-def signing_problems(spec: TuningProfileSpec) -> list[str]:
+def signing_problems(spec: TuningProfileSpec, operator_signs: bool = False) -> list[str]:
     storage = spec.storage
-    if storage.signing is not None and not storage.is_oci and spec.gpu.parallelism > 1:
+    if (
+        storage.signing is not None
+        and not storage.is_oci
+        and spec.gpu.parallelism > 1
+        and not operator_signs
+    ):
         return [
             "gpu.parallelism: sharded tuning publishes through a merge Job, which does not sign "
             "yet: use parallelism 1 with storage.signing, or remove storage.signing"
@@ -376,12 +383,14 @@ def signing_problems(spec: TuningProfileSpec) -> list[str]:
             "gpu.parallelism: sharded tuning publishes through a merge Job, which does not push "
             "OCI bundles yet: use parallelism 1 with an oci:// store, or an s3:// one"
         ]
-    if storage.signing_policy == "Required" and not storage.signing_secret:
+    if storage.signing_policy == "Required" and not storage.signing_secret and not operator_signs:
         return [
             "storage.signing.secret: the store signs every artifact and serves only signed "
             "ones (policy Required, the default): name a Secret in this namespace holding "
             "cosign.key, cosign.password and cosign.pub (`cosign generate-key-pair "
-            "k8s://<namespace>/<name>` makes one), or set storage.signing.policy: Optional"
+            "k8s://<namespace>/<name>` makes one), or set storage.signing.policy: Optional "
+            "(on s3:// and pvc:// stores, the chart's signing.secret has the operator sign "
+            "instead)"
         ]
     return []
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from testbed.builders.wrappers import make_pod
 from testbed.cluster import wait_for_real_node_gpus
 from testbed.operator import SYSTEM_NS, InCluster, install_in_cluster
 from testbed.real_node import model_pod, real_profile
@@ -97,30 +98,30 @@ def ask_as_anyone(cluster: Any, namespace: str, publish: dict[str, Any]) -> str:
         "print(a.status,sr.Reply.decode(a.body).message)"
     )
     token = {"audience": sr.AUDIENCE, "expirationSeconds": 600, "path": "token"}
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "asks-anyway"},
-        "spec": {
-            "restartPolicy": "Never",
-            "automountServiceAccountToken": False,
-            "containers": [
+    env = [{"name": "URL", "value": url}, {"name": "CA", "value": ca}]
+    env.append({"name": "ADDRESS", "value": address})
+    pod = (
+        make_pod("asks-anyway", "")
+        .spec(
+            restartPolicy="Never",
+            automountServiceAccountToken=False,
+            volumes=[
                 {
-                    "name": "ask",
-                    "image": publish["image"],
-                    "imagePullPolicy": "Never",
-                    "command": ["python3", "-c", script],
-                    "env": [
-                        {"name": "URL", "value": url},
-                        {"name": "CA", "value": ca},
-                        {"name": "ADDRESS", "value": address},
-                    ],
-                    "volumeMounts": [{"name": sr.TOKEN_VOLUME, "mountPath": sr.TOKEN_DIR}],
+                    "name": sr.TOKEN_VOLUME,
+                    "projected": {"sources": [{"serviceAccountToken": token}]},
                 }
             ],
-            "volumes": [{"name": "t", "projected": {"sources": [{"serviceAccountToken": token}]}}],
-        },
-    }
+        )
+        .container(
+            "ask",
+            publish["image"],
+            env=env,
+            imagePullPolicy="Never",
+            command=["python3", "-c", script],
+            volumeMounts=[{"name": sr.TOKEN_VOLUME, "mountPath": sr.TOKEN_DIR}],
+        )
+        .obj()
+    )
     create(cluster, namespace, pod)
     done = ended(cluster, namespace, "asks-anyway", "the pod that asks anyway to run")
     assert done["status"]["phase"] == "Succeeded", done["status"]
@@ -136,8 +137,16 @@ def test_the_operator_signs_what_its_own_job_tuned_and_no_tuning_pod_holds_a_key
         profile = real_profile("signed", s3, s3_secret)
         profile["spec"]["storage"]["signing"] = signing
         apply(cluster, namespace, profile)
-        prof = ready(cluster, namespace, "signed")
-        assert prof["status"]["phase"] == "Ready", json.dumps(prof["status"], indent=2)[:4000]
+        try:
+            prof = ready(cluster, namespace, "signed", timeout=240)
+        except AssertionError:
+            prof = get_json(cluster, "tp", "-n", namespace, "signed")
+        if prof.get("status", {}).get("phase") != "Ready":
+            logs = cluster.kubectl(
+                "logs", "-n", namespace, "-l", "tunefleet.io/tuning-profile=signed",
+                "-c", "publish", "--tail=30", check=False,
+            ).stdout  # fmt: skip
+            raise AssertionError(json.dumps(prof.get("status"), indent=2)[:3000] + "\n" + logs)
         (job,) = jobs_of(cluster, namespace, "signed")
         (pod,) = get_json(
             cluster, "pods", "-n", namespace, "-l",
@@ -176,11 +185,17 @@ def test_the_operator_signs_what_its_own_job_tuned_and_no_tuning_pod_holds_a_key
         (tmp_path / "manifest.json.sig").write_bytes(body("manifest.json.sig"))
         (tmp_path / "cosign.pub").write_text(public)
         checked = cosign(
-            ["verify-blob", "--key", str(tmp_path / "cosign.pub"), "--signature",
-             str(tmp_path / "manifest.json.sig"), "--insecure-ignore-tlog=true",
-             str(tmp_path / "manifest.json")],
+            [
+                "verify-blob",
+                "--key",
+                str(tmp_path / "cosign.pub"),
+                "--signature",
+                str(tmp_path / "manifest.json.sig"),
+                "--insecure-ignore-tlog=true",
+                str(tmp_path / "manifest.json"),
+            ],
             {**Registry.from_state().tool_env(Registry.from_state().reader)},
-        )  # fmt: skip
+        )
         assert checked.returncode == 0, checked.stderr
         attestation = sr.payload_of(json.loads(body("manifest.json" + sr.ATTESTATION_SUFFIX)))
         cluster_uid = get_json(cluster, "namespace", "kube-system")["metadata"]["uid"]

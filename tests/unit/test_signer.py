@@ -25,11 +25,13 @@ from testbed.builders.signing import job_and_pod as built_job_and_pod
 from testbed.builders.signing import profile_object
 from testbed.builders.wrappers import make_profile
 from tunefleet import naming
+from tunefleet.api import TuningProfileSpec
 from tunefleet.artifacts import signing
 from tunefleet.artifacts.remote_sign import RemoteSigner, RemoteSignError
 from tunefleet.builders.job import Child, build_merge_job, build_tuning_job
 from tunefleet.config import Config
 from tunefleet.contracts import sign_request as sr
+from tunefleet.reconciler.gather import parse_spec
 from tunefleet.runtime.pod_tokens import POD_NAME_CLAIM, POD_UID_CLAIM, Caller, Denied
 from tunefleet.signer.judge import Seen, judge
 from tunefleet.signer.route import Deps, Endpoint, Signer
@@ -396,3 +398,17 @@ def test_publish_stores_the_operators_signature_and_attestation_that_fetch_then_
         pinned, store=store, signature=Signature(key_pem=PUBLIC.encode(), required=True)
     )
     assert got is not None
+
+
+def test_a_profile_the_operator_signs_for_needs_no_signing_secret_and_may_shard() -> None:
+    doc = SPEC.model_dump(by_alias=True, exclude_none=True)
+    doc["storage"]["signing"].pop("secret")
+    keyless = TuningProfileSpec.model_validate(doc)
+    sharded = TuningProfileSpec.model_validate({**doc, "gpu": {**doc["gpu"], "parallelism": 2}})
+    assert naming.spec_problems(keyless, operator_signs=True) == []
+    assert naming.spec_problems(sharded, operator_signs=True) == []
+    # Without the operator's key, the publish step would have nothing to sign with.
+    (problem,) = naming.spec_problems(keyless)
+    assert problem.startswith("storage.signing.secret:") and "signing.secret" in problem
+    assert parse_spec(doc, CONFIG)[1] == []
+    assert parse_spec(doc, replace(CONFIG, signing_key_dir=""))[1] == [problem]

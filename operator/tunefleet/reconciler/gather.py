@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from tunefleet import kube, naming
 from tunefleet.api import TuningProfileSpec, policy
 from tunefleet.api.conditions import truncate
-from tunefleet.builders.storage import pod_storage
+from tunefleet.builders.storage import operator_signs, pod_storage
 from tunefleet.capture import step as capture_step
 from tunefleet.config import Config
 from tunefleet.contracts import fleet as contract
@@ -56,12 +56,15 @@ def validation_message(err: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def parse_spec(raw: dict[str, Any]) -> tuple[TuningProfileSpec | None, list[str]]:
+def parse_spec(
+    raw: dict[str, Any], config: Config | None = None
+) -> tuple[TuningProfileSpec | None, list[str]]:
     try:
         spec = TuningProfileSpec.model_validate(raw)
     except ValidationError as e:
         return None, [validation_message(e)]
-    return spec, naming.spec_problems(spec)
+    signs = config is not None and operator_signs(spec, config)
+    return spec, naming.spec_problems(spec, operator_signs=signs)
 
 
 def hints_for(spec: TuningProfileSpec | None, config: Config) -> Hints:
@@ -91,7 +94,7 @@ def gather(view: View, around: Around, memory: Memory, config: Config) -> Inputs
     """Every read one reconcile makes, in one value. A settled profile reads nothing beyond
     the cache: each read below is for something that changes or is due."""
     meta = view.profile["metadata"]
-    spec, problems = parse_spec(view.profile.get("spec") or {})
+    spec, problems = parse_spec(view.profile.get("spec") or {}, config)
     refused = policy.refusals(spec, config.profile_policy) if spec and not problems else []
     inputs = Inputs(
         view, config, memory.of(meta["uid"]), around, spec, tuple(problems), tuple(refused),
