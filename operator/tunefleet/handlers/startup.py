@@ -156,6 +156,10 @@ class Operator:
             # a profile the cache does not hold yet (handlers/on_pod.py, capture/endpoint.py), so a
             # restart beside 10,000 profiles takes admissions in seconds, not after every list.
             config = await self._serve_webhook(settings, config, controller, logger)
+            # What the endpoint's start learnt (its URL, address, CA) reaches the reconcile
+            # before it starts: tuning Jobs of profiles the operator signs for are pointed at
+            # it (builders/storage.operator_signs).
+            controller.config = config
         # kopf starts the webhook server once startup returns; the rest waits for the lists.
         self.started = asyncio.create_task(
             self._start_when_listed(listing, config, controller, logger)
