@@ -82,10 +82,12 @@ def secrets_with_a_private_key(cluster: Any, namespace: str, pod: dict[str, Any]
     return holding
 
 
-def ask_as_anyone(cluster: Any, namespace: str, publish: dict[str, Any]) -> str:
+def ask_as_anyone(cluster: Any, namespace: str, tuning_pod: dict[str, Any]) -> str:
     """A pod of the test's making (tunefleet's image, a projected token of the signing
     audience in a volume named as publish's, no Job) asks the operator's endpoint for a signature, as publish would: what
     the endpoint answered."""
+    steps = tuning_pod["spec"]["initContainers"] + tuning_pod["spec"]["containers"]
+    publish = next(c for c in steps if c["name"] == "publish")
     command = publish["command"]
     url = command[command.index("--sign-url") + 1]
     address = command[command.index("--sign-address") + 1] if "--sign-address" in command else ""
@@ -105,6 +107,9 @@ def ask_as_anyone(cluster: Any, namespace: str, publish: dict[str, Any]) -> str:
         .spec(
             restartPolicy="Never",
             automountServiceAccountToken=False,
+            # Where the tuning pod ran (the real node), as it was let: a real container.
+            nodeSelector=tuning_pod["spec"]["nodeSelector"],
+            tolerations=tuning_pod["spec"].get("tolerations") or [],
             volumes=[
                 {
                     "name": sr.TOKEN_VOLUME,
@@ -211,7 +216,6 @@ def test_the_operator_signs_what_its_own_job_tuned_and_no_tuning_pod_holds_a_key
 
         # Anyone else's pod with a token of the signing audience is refused, by the real
         # TokenReview and the real pod read back.
-        publish = next(c for c in steps if c["name"] == "publish")
-        said = ask_as_anyone(cluster, namespace, publish)
-        # Past the real TokenReview (a 401 otherwise): the pod read back is not a step of ours.
-        assert said.startswith("403 ") and "container ask is not tunefleet's publish" in said, said
+        said = ask_as_anyone(cluster, namespace, pod)
+        # Past the real TokenReview (a 401 otherwise): the pod read back is no Job's.
+        assert said.startswith("403 ") and "not controlled by a Job" in said, said
