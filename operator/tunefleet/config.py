@@ -98,6 +98,10 @@ class Config:
     # cosign key pair, mounted from a Secret in its own namespace ("": tuning Jobs sign with
     # the profile's signing Secret, as before). Its endpoint is capture's server.
     signing_key_dir: str = ""
+    # The store broker (signer/store_route.py, the chart's signing.storeCredentialsSecret): the
+    # operator holds a publish identity for s3:// stores, and tuning pods of the profiles it
+    # signs for reach the store through it, holding no credential of the store.
+    store_broker: bool = False
     # oci:// stores in fleet mode: how long a bid stands before it holds (fleet/bids.py; long
     # against a push's time plus clock skew), and the registry identity that may push the
     # claims and entries (a mounted dockerconfigjson Secret; "": oci_config's).
@@ -156,4 +160,5 @@ class Config:
             ),
             fleet_oci_config=env("TUNEFLEET_FLEET_OCI_CONFIG", ""),
             signing_key_dir=env("TUNEFLEET_SIGNING_KEY_DIR", ""),
+            store_broker=_env_bool("TUNEFLEET_STORE_BROKER", False),
         )

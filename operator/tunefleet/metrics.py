@@ -148,6 +148,15 @@ SIGNING_REQUESTS = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+STORE_BROKER_REQUESTS = Counter(
+    "tunefleet_store_broker_requests_total",
+    "Store broker requests from tuning pods' sync and publish steps, by outcome: presigned, "
+    "unauthenticated, forbidden (not a step of a Job the operator made, or a key outside its "
+    "own), conflict (the profile's store is not s3://), bad_request, too_large, rate_limited, "
+    "unavailable.",
+    ["outcome"],
+    registry=REGISTRY,
+)
 CAPTURE_SECONDS = Histogram(
     "tunefleet_capture_duration_seconds",
     "Time the capture endpoint took per upload (token review, pod read, store write).",

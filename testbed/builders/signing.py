@@ -1,10 +1,14 @@
-"""Objects as the API server returns them to the operator's signing endpoint
-(tests/unit/test_signer.py): a profile, and a Job the builders made with one of its pods."""
+"""Objects as the API server returns them to the operator's signing endpoint and store broker
+(tests/unit/test_signer.py, test_store_broker.py): a profile, a Job the builders made with one
+of its pods, and the endpoint's view of the API server holding them."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+from tunefleet.runtime.pod_tokens import POD_NAME_CLAIM, POD_UID_CLAIM
+from tunefleet.signer.route import Deps
 
 
 def profile_object(spec: Any, namespace: str, name: str, uid: str) -> dict[str, Any]:
@@ -13,6 +17,15 @@ def profile_object(spec: Any, namespace: str, name: str, uid: str) -> dict[str, 
         "metadata": {"name": name, "namespace": namespace, "uid": uid},
         "spec": spec.model_dump(by_alias=True, exclude_none=True),
     }
+
+
+def tuning_job(
+    spec: Any, namespace: str, name: str, uid: str, model: str, config: Any
+) -> dict[str, Any]:
+    """The tuning Job the operator builds for the profile's `model` under `config`."""
+    from tunefleet.builders.job import Child, build_tuning_job
+
+    return build_tuning_job(Child(spec, namespace, name, uid, model, config))
 
 
 def job_and_pod(
@@ -42,3 +55,29 @@ def job_and_pod(
         "spec": json.loads(json.dumps(template["spec"])),
     }
     return job, pod
+
+
+def api_server_deps(
+    pod: dict[str, Any], job: dict[str, Any], prof: dict[str, Any], audience: str
+) -> Deps:
+    """The API server as an endpoint sees it: the token "good" is `pod`'s, for `audience`;
+    the pod, its Job and the profile are read back by name."""
+    namespace = pod["metadata"]["namespace"]
+
+    async def review(token: str) -> dict[str, Any]:
+        if token != "good":
+            return {"authenticated": False, "error": "bad token"}
+        extra = {POD_NAME_CLAIM: [pod["metadata"]["name"]], POD_UID_CLAIM: [pod["metadata"]["uid"]]}
+        user = {"username": f"system:serviceaccount:{namespace}:default", "extra": extra}
+        return {"authenticated": True, "audiences": [audience], "user": user}
+
+    async def read_pod(ns: str, name: str) -> dict[str, Any] | None:
+        return pod if name == pod["metadata"]["name"] else None
+
+    async def read_job(ns: str, name: str) -> dict[str, Any] | None:
+        return job if name == job["metadata"]["name"] else None
+
+    async def read_profile(ns: str, name: str) -> dict[str, Any] | None:
+        return prof if name == prof["metadata"]["name"] else None
+
+    return Deps(review, read_pod, read_job, read_profile)

@@ -1,13 +1,17 @@
-"""Signing by the operator on the real node (issue 54, docs/trust.md): the chart's
-signing.secret holds the key pair in the operator's namespace; an s3:// profile that signs
-gets its manifest signed through the operator's endpoint, and no tuning pod holds a key.
+"""Signing and the store broker by the operator on the real node (issue 54, docs/trust.md):
+the chart's signing.secret holds the key pair, and signing.storeCredentialsSecret the store's
+publish identity, both in the operator's namespace; an s3:// profile that signs gets its
+manifest signed through the operator's endpoint, and its tuning pod reaches the store through
+URLs the operator presigns for the Job's own keys: no tuning pod holds a key or a credential.
 
 What is checked, each against real parts: the tuning pod's volumes, env and projected tokens
-(no Secret with a private key; one token, of the signing audience, mounted by publish alone);
+(no Secret at all, though the profile names its publish Secret; the signing token mounted by
+publish alone, the store token by sync and publish);
 the stored signature with cosign itself (`cosign verify-blob`); the attestation's Job uid and
 cluster against the API server's; the artifact delivered (the operator verifies it with the
 profile's public key first) and served; and a pod of anyone's making, with a token of the
-signing audience, asking the real endpoint (real TokenReview) for a signature: refused.
+signing and store audiences, asking the real endpoint (real TokenReview) for a signature and
+a presigned URL: refused.
 """
 
 from __future__ import annotations
@@ -23,15 +27,17 @@ import pytest
 
 from testbed.builders.wrappers import make_pod
 from testbed.cluster import wait_for_real_node_gpus
-from testbed.operator import SYSTEM_NS, InCluster, install_in_cluster
+from testbed.operator import SYSTEM_NS, InCluster, create_s3_secret, install_in_cluster
 from testbed.real_node import model_pod, real_profile
 from testbed.registry import Registry, cosign
 from tests.support.kube import apply, create, ended, get_json, jobs_of, ready
 from tunefleet.contracts import sign_request as sr
+from tunefleet.contracts import store_broker as sb
 
 pytestmark = pytest.mark.e2e
 
 KEY_SECRET = "tunefleet-e2e-operator-signing"
+PUBLISHER_SECRET = "tunefleet-e2e-store-publisher"
 PASSWORD = "e2e-operator-password"
 
 
@@ -46,17 +52,21 @@ def operator_signing(cluster: Any, s3: Any) -> Iterator[str]:
     assert made.returncode == 0, made.stderr
     raw = get_json(cluster, "secret", "-n", SYSTEM_NS, KEY_SECRET)
     public = base64.b64decode(raw["data"]["cosign.pub"]).decode()
-    install_in_cluster(cluster, s3, extra=("--set", f"signing.secret={KEY_SECRET}"))
+    # The store's publish identity: the writer's keys, in the operator's namespace alone.
+    create_s3_secret(cluster.kubectl, SYSTEM_NS, s3.access_key, s3.secret_key, PUBLISHER_SECRET)
+    extra = ("--set", f"signing.secret={KEY_SECRET}")
+    extra += ("--set", f"signing.storeCredentialsSecret={PUBLISHER_SECRET}")
+    install_in_cluster(cluster, s3, extra=extra)
     try:
         yield public
     finally:
         install_in_cluster(cluster, s3)
-        cluster.kubectl("delete", "secret", "-n", SYSTEM_NS, KEY_SECRET, check=False)
+        for name in (KEY_SECRET, PUBLISHER_SECRET):
+            cluster.kubectl("delete", "secret", "-n", SYSTEM_NS, name, check=False)
 
 
-def secrets_with_a_private_key(cluster: Any, namespace: str, pod: dict[str, Any]) -> list[str]:
-    """Every Secret the pod reads (volumes, projected sources, env, envFrom) that holds a
-    private key (a key named like cosign's, or a PEM private key in its values)."""
+def secrets_read(pod: dict[str, Any]) -> list[str]:
+    """Every Secret the pod reads: volumes, projected sources, env, envFrom."""
     spec = pod["spec"]
     names = set()
     for v in spec.get("volumes") or []:
@@ -73,6 +83,13 @@ def secrets_with_a_private_key(cluster: Any, namespace: str, pod: dict[str, Any]
         for e in c.get("envFrom") or []:
             if "secretRef" in e:
                 names.add(e["secretRef"]["name"])
+    return sorted(names)
+
+
+def secrets_with_a_private_key(cluster: Any, namespace: str, pod: dict[str, Any]) -> list[str]:
+    """Every Secret the pod reads that holds a private key (a key named like cosign's, or a
+    PEM private key in its values)."""
+    names = secrets_read(pod)
     holding = []
     for name in sorted(names):
         data = get_json(cluster, "secret", "-n", namespace, name).get("data") or {}
@@ -82,10 +99,16 @@ def secrets_with_a_private_key(cluster: Any, namespace: str, pod: dict[str, Any]
     return holding
 
 
-def ask_as_anyone(cluster: Any, namespace: str, tuning_pod: dict[str, Any]) -> str:
-    """A pod of the test's making (tunefleet's image, a projected token of the signing
-    audience in a volume named as publish's, no Job) asks the operator's endpoint for a signature, as publish would: what
-    the endpoint answered."""
+def _token_volume(name: str, audience: str) -> dict[str, Any]:
+    token = {"audience": audience, "expirationSeconds": 600, "path": "token"}
+    return {"name": name, "projected": {"sources": [{"serviceAccountToken": token}]}}
+
+
+def ask_as_anyone(cluster: Any, namespace: str, tuning_pod: dict[str, Any], key: str) -> str:
+    """A pod of the test's making (tunefleet's image, projected tokens of the signing and store
+    audiences in volumes named as the tuning pod's, no Job) asks the operator's endpoint for a
+    signature and for a URL to read `key`, as publish would: what the endpoint answered, a
+    line each."""
     steps = tuning_pod["spec"]["initContainers"] + tuning_pod["spec"]["containers"]
     publish = next(c for c in steps if c["name"] == "publish")
     command = publish["command"]
@@ -94,14 +117,16 @@ def ask_as_anyone(cluster: Any, namespace: str, tuning_pod: dict[str, Any]) -> s
     ca = next(e["value"] for e in publish["env"] if e["name"] == "TUNEFLEET_SIGN_CA")
     script = (
         "import os;from tunefleet import pod_https;from tunefleet.contracts import "
-        "sign_request as sr;e=pod_https.Endpoint(os.environ['URL'],os.environ['CA'],"
-        "os.environ['ADDRESS']);t=open(sr.TOKEN_DIR+'/token').read().strip();"
+        "sign_request as sr, store_broker as sb;e=pod_https.Endpoint(os.environ['URL'],"
+        "os.environ['CA'],os.environ['ADDRESS']);t=open(sr.TOKEN_DIR+'/token').read().strip();"
         "a=e.post(sr.PATH,sr.Request(b'{}').encode(),t,65536);"
-        "print(a.status,sr.Reply.decode(a.body).message)"
+        "print(a.status,sr.Reply.decode(a.body).message);"
+        "t=open(sb.TOKEN_DIR+'/token').read().strip();"
+        "a=e.post(sb.PATH,sb.Request('get',os.environ['KEY']).encode(),t,65536);"
+        "print(a.status,sb.Reply.decode(a.body).message)"
     )
-    token = {"audience": sr.AUDIENCE, "expirationSeconds": 600, "path": "token"}
     env = [{"name": "URL", "value": url}, {"name": "CA", "value": ca}]
-    env.append({"name": "ADDRESS", "value": address})
+    env += [{"name": "ADDRESS", "value": address}, {"name": "KEY", "value": key}]
     pod = (
         make_pod("asks-anyway", "")
         .spec(
@@ -111,10 +136,8 @@ def ask_as_anyone(cluster: Any, namespace: str, tuning_pod: dict[str, Any]) -> s
             nodeSelector=tuning_pod["spec"]["nodeSelector"],
             tolerations=tuning_pod["spec"].get("tolerations") or [],
             volumes=[
-                {
-                    "name": sr.TOKEN_VOLUME,
-                    "projected": {"sources": [{"serviceAccountToken": token}]},
-                }
+                _token_volume(sr.TOKEN_VOLUME, sr.AUDIENCE),
+                _token_volume(sb.TOKEN_VOLUME, sb.AUDIENCE),
             ],
         )
         .container(
@@ -123,7 +146,10 @@ def ask_as_anyone(cluster: Any, namespace: str, tuning_pod: dict[str, Any]) -> s
             env=env,
             imagePullPolicy="Never",
             command=["python3", "-c", script],
-            volumeMounts=[{"name": sr.TOKEN_VOLUME, "mountPath": sr.TOKEN_DIR}],
+            volumeMounts=[
+                {"name": sr.TOKEN_VOLUME, "mountPath": sr.TOKEN_DIR},
+                {"name": sb.TOKEN_VOLUME, "mountPath": sb.TOKEN_DIR},
+            ],
         )
         .obj()
     )
@@ -158,24 +184,32 @@ def test_the_operator_signs_what_its_own_job_tuned_and_no_tuning_pod_holds_a_key
             f"batch.kubernetes.io/job-name={job['metadata']['name']}",
         )["items"]  # fmt: skip
 
-        # The tuning pod: no Secret with a private key, in any volume or env; one projected
-        # token, of the signing audience, mounted by the publish step alone.
+        # The tuning pod: no Secret at all (the profile names its publish Secret: brokered, it
+        # is not mounted), so no private key and no credential of the store; two projected
+        # tokens, the signing one mounted by publish alone, the store one by sync and publish.
+        assert secrets_read(pod) == [] and s3_secret in json.dumps(profile)
         assert secrets_with_a_private_key(cluster, namespace, pod) == []
-        tokens = [
+        tokens = sorted(
             (v["name"], s["serviceAccountToken"]["audience"])
             for v in pod["spec"]["volumes"]
             for s in (v.get("projected") or {}).get("sources") or []
             if "serviceAccountToken" in s
-        ]
-        assert tokens == [(sr.TOKEN_VOLUME, sr.AUDIENCE)], tokens
+        )
+        assert tokens == [(sr.TOKEN_VOLUME, sr.AUDIENCE), (sb.TOKEN_VOLUME, sb.AUDIENCE)], tokens
         steps = pod["spec"]["initContainers"] + pod["spec"]["containers"]
-        holders = [
-            c["name"]
-            for c in steps
-            if any(m["name"] == sr.TOKEN_VOLUME for m in c.get("volumeMounts") or [])
-        ]
-        assert holders == ["publish"]
+
+        def holders(volume: str) -> list[str]:
+            return [
+                c["name"]
+                for c in steps
+                if any(m["name"] == volume for m in c.get("volumeMounts") or [])
+            ]
+
+        assert holders(sr.TOKEN_VOLUME) == ["publish"]
+        assert holders(sb.TOKEN_VOLUME) == ["sync", "publish"]
         assert pod["spec"]["automountServiceAccountToken"] is False
+        env = [e for c in steps for e in c.get("env") or []]
+        assert not [e["name"] for e in env if e["name"].startswith("AWS_SECRET")], env
 
         # The stored signature verifies with cosign itself; the attestation names this Job.
         (art,) = prof["status"]["artifacts"]
@@ -214,8 +248,17 @@ def test_the_operator_signs_what_its_own_job_tuned_and_no_tuning_pod_holds_a_key
         done = ended(cluster, namespace, "model", "the model pod to run")
         assert done["status"]["phase"] == "Succeeded", done["status"]
 
-        # Anyone else's pod with a token of the signing audience is refused, by the real
-        # TokenReview and the real pod read back.
-        said = ask_as_anyone(cluster, namespace, pod)
+        # The tuning pod's sync and publish wrote through the broker: the artifact and its
+        # library entry (the publish step's log says so).
+        published = cluster.kubectl(
+            "logs", "-n", namespace, pod["metadata"]["name"], "-c", "publish"
+        ).stdout
+        assert "the GEMM library" in published and "warning" not in published, published
+
+        # Anyone else's pod with tokens of the signing and store audiences is refused, by the
+        # real TokenReview and the real pod read back.
+        said = ask_as_anyone(cluster, namespace, pod, f"{key}/manifest.json").splitlines()
         # Past the real TokenReview (a 401 otherwise): the pod read back is no Job's.
-        assert said.startswith("403 ") and "not controlled by a Job" in said, said
+        assert len(said) == 2, said
+        for line in said:
+            assert line.startswith("403 ") and "not controlled by a Job" in line, said

@@ -347,3 +347,31 @@ def test_the_operators_signing_key_is_mounted_in_the_operator_alone_and_needs_ca
     assert operator("signing=null")["containers"]
     refused = template("signing.secret=operator-signing", "capture.enabled=false")
     assert refused.returncode != 0 and "signing.secret needs capture.enabled" in refused.stderr
+
+
+def test_the_store_brokers_publish_identity_is_in_the_operator_alone_and_needs_signing() -> None:
+    def operator_env(*sets: str) -> dict[str, Any]:
+        dep = next(d for d in rendered(*sets) if d["kind"] == "Deployment")
+        return {e["name"]: e for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+    assert "TUNEFLEET_STORE_BROKER" not in operator_env("signing.secret=operator-signing")
+    env = operator_env("signing.secret=operator-signing", "signing.storeCredentialsSecret=pub")
+    assert env["TUNEFLEET_STORE_BROKER"]["value"] == "true"
+    for name, key in (
+        ("TUNEFLEET_STORE_ACCESS_KEY_ID", "AWS_ACCESS_KEY_ID"),
+        ("TUNEFLEET_STORE_SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY"),
+    ):
+        assert env[name]["valueFrom"]["secretKeyRef"] == {"name": "pub", "key": key}
+    # Not the AWS_* names: those stay the operator's read identity's.
+    assert "pub" not in json.dumps([env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")])
+    others = [
+        d
+        for d in rendered(
+            "signing.secret=s", "signing.storeCredentialsSecret=pub", "gc.enabled=true",
+            "gc.uri=s3://b/p",
+        )
+        if d["kind"] != "Deployment" and '"pub"' in json.dumps(d)
+    ]  # fmt: skip
+    assert others == []
+    refused = template("signing.storeCredentialsSecret=pub")
+    assert refused.returncode != 0 and "needs signing.secret" in refused.stderr

@@ -21,8 +21,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from testbed.builders.signing import api_server_deps, profile_object
 from testbed.builders.signing import job_and_pod as built_job_and_pod
-from testbed.builders.signing import profile_object
 from testbed.builders.wrappers import make_profile
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
@@ -32,7 +32,7 @@ from tunefleet.builders.job import Child, build_merge_job, build_tuning_job
 from tunefleet.config import Config
 from tunefleet.contracts import sign_request as sr
 from tunefleet.reconciler.gather import parse_spec
-from tunefleet.runtime.pod_tokens import POD_NAME_CLAIM, POD_UID_CLAIM, Caller, Denied
+from tunefleet.runtime.pod_tokens import Caller, Denied
 from tunefleet.signer.judge import Seen, judge
 from tunefleet.signer.route import Deps, Endpoint, Signer
 from tuner_job.manifest import Manifest
@@ -174,7 +174,9 @@ def test_a_pod_where_another_container_mounts_the_token_is_refused() -> None:
     job, pod = job_and_pod()
     tune = next(c for c in pod["spec"]["initContainers"] if c["name"] == "tune")
     tune["volumeMounts"].append({"name": sr.TOKEN_VOLUME, "mountPath": "/stolen"})
-    assert "mounted by one step (got: tune, publish)" in _refused(pod, job, profile(), manifest())
+    assert "mounted by at most 1 of tunefleet's steps (got: tune, publish)" in _refused(
+        pod, job, profile(), manifest()
+    )
 
 
 def test_a_pod_that_shares_its_processes_or_mounts_its_service_account_token_is_refused() -> None:
@@ -249,31 +251,7 @@ def test_a_profile_changed_since_the_job_was_made_gets_no_signature_for_the_old_
 
 
 def _deps(pod: dict[str, Any], job: dict[str, Any], prof: dict[str, Any]) -> Deps:
-    async def review(token: str) -> dict[str, Any]:
-        if token != "good":
-            return {"authenticated": False, "error": "bad token"}
-        return {
-            "authenticated": True,
-            "audiences": [sr.AUDIENCE],
-            "user": {
-                "username": f"system:serviceaccount:{NS}:default",
-                "extra": {
-                    POD_NAME_CLAIM: [pod["metadata"]["name"]],
-                    POD_UID_CLAIM: [pod["metadata"]["uid"]],
-                },
-            },
-        }
-
-    async def read_pod(ns: str, name: str) -> dict[str, Any] | None:
-        return pod if name == pod["metadata"]["name"] else None
-
-    async def read_job(ns: str, name: str) -> dict[str, Any] | None:
-        return job if name == job["metadata"]["name"] else None
-
-    async def read_profile(ns: str, name: str) -> dict[str, Any] | None:
-        return prof if name == NAME else None
-
-    return Deps(review, read_pod, read_job, read_profile)
+    return api_server_deps(pod, job, prof, sr.AUDIENCE)
 
 
 async def _post(endpoint: Endpoint, body: bytes, token: str) -> tuple[int, sr.Reply]:

@@ -229,6 +229,10 @@ class StorageSpec(_Model):
         return self.uri.startswith("oci://")
 
     @property
+    def is_s3(self) -> bool:
+        return self.uri.startswith("s3://")
+
+    @property
     def signing_policy(self) -> SigningPolicy | None:
         """Required or Optional (Required unless said) for an oci:// store, and for another
         that sets storage.signing; None for one that does not: its artifacts are unsigned."""

@@ -29,6 +29,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from tunefleet.artifacts.brokered import with_broker
 from tunefleet.artifacts.remote_sign import RemoteSigner, RemoteSignError
 from tunefleet.contracts.artifact_record import ArtifactRecord, ShardRecord
 from tunefleet.contracts.sign_request import ATTESTATION_SUFFIX
@@ -646,7 +647,7 @@ def shard_index() -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    options = storage_cli.options(args)
+    options = with_broker(args, storage_cli.options(args))
     image = TuneImage(args.image_reference, args.image_id_file, args.image_id_timeout_seconds)
     out = Output(
         Path(args.dir),

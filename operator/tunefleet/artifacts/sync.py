@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
+from tunefleet.artifacts.brokered import with_broker
 from tunefleet.storage import cli_flags as storage_cli
 from tunefleet.storage.registry import open_store, parse_uri, session
 from tunefleet.storage.store import (
@@ -490,7 +491,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         every_seconds=args.checkpoint_every_seconds,
         min_interval_s=max(args.min_upload_interval_seconds, 0.0),
         poll_s=max(args.poll_seconds, 0.05),
-        options=storage_cli.options(args),
+        options=with_broker(args, storage_cli.options(args)),
     )
 
 

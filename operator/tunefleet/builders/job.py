@@ -19,6 +19,8 @@ from tunefleet.artifacts import fit
 from tunefleet.builders.kueue import under_queue
 from tunefleet.builders.security import SMALL_RESOURCES, hardened, tunefleet_container
 from tunefleet.builders.storage import (
+    broker_storage,
+    brokers,
     operator_signs,
     pod_storage,
     remote_signing,
@@ -328,10 +330,18 @@ def _out_limit(spec: TuningProfileSpec) -> str:
     return "1Gi" if not caches else str((1 << 30) + caches)
 
 
+def _tuning_storage(c: Child) -> PodStorage:
+    """Brokered where the operator can: no credential of the store in a pod that runs the
+    user's image."""
+    if brokers(c.spec, c.config):
+        return broker_storage(c.config)
+    return pod_storage(c.spec, c.config)
+
+
 def build_tuning_job(c: Child) -> dict[str, Any]:
     """One Indexed Job per GPU model: spec.gpu.parallelism pods, each tuning its share."""
     spec, model = c.spec, c.model
-    storage = pod_storage(spec, c.config)
+    storage = _tuning_storage(c)
     labels = c.labels()
     bootstrap = c.step(
         "bootstrap",

@@ -11,6 +11,7 @@ from tunefleet.api import TuningProfileSpec
 from tunefleet.artifacts import signing
 from tunefleet.config import Config
 from tunefleet.contracts import sign_request as sr
+from tunefleet.contracts import store_broker as sb
 from tunefleet.storage import registry
 from tunefleet.storage.store import PodStorage
 
@@ -72,6 +73,44 @@ def operator_signs(spec: TuningProfileSpec, config: Config) -> bool:
         and not spec.storage.is_oci
         and spec.storage.signing_policy is not None
     )
+
+
+# The broker's CA, for the sync and publish steps (by value; apart from SIGN_CA_ENV, which
+# publish gets too).
+BROKER_CA_ENV = "TUNEFLEET_BROKER_CA"
+
+
+def brokers(spec: TuningProfileSpec, config: Config) -> bool:
+    """Whether the tuning Job reaches the store through the operator's broker, holding no
+    credential of it: s3:// stores of profiles the operator signs for, when it holds a publish
+    identity (the chart's signing.storeCredentialsSecret)."""
+    return config.store_broker and operator_signs(spec, config) and spec.storage.is_s3
+
+
+def broker_storage(config: Config) -> PodStorage:
+    """The tuning pod's way to its store with no credential (contracts/store_broker.py): the
+    broker's URL and CA by value, and a projected token of the store audience, mounted by the
+    sync and publish steps."""
+    args = [
+        "--broker-url", config.capture_url,
+        "--broker-token-file", f"{sb.TOKEN_DIR}/{sb.TOKEN_FILE}",
+        *(["--broker-address", config.capture_address] if config.capture_address else []),
+    ]  # fmt: skip
+    env = []
+    if config.capture_ca:
+        args += ["--broker-ca-env", BROKER_CA_ENV]
+        env.append({"name": BROKER_CA_ENV, "value": config.capture_ca})
+    token = {
+        "audience": sb.AUDIENCE,
+        "expirationSeconds": SIGN_TOKEN_SECONDS,
+        "path": sb.TOKEN_FILE,
+    }
+    volume = {
+        "name": sb.TOKEN_VOLUME,
+        "projected": {"defaultMode": 0o444, "sources": [{"serviceAccountToken": token}]},
+    }
+    mount = {"name": sb.TOKEN_VOLUME, "mountPath": sb.TOKEN_DIR, "readOnly": True}
+    return PodStorage(args=args, env=env, volumes=[volume], mounts=[mount])
 
 
 def remote_signing(spec: TuningProfileSpec, config: Config) -> PodStorage:

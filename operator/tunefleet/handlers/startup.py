@@ -378,7 +378,22 @@ class Operator:
         cache = self.cache
         deps = signer_route.real_deps(self.client, lambda ns, name: cache.profile((ns, name)))
         signer = signer_route.Signer(_signing_key(config), config.image, config.fleet_cluster)
-        return signer_route.Endpoint(deps, signer).routes()
+        routes = signer_route.Endpoint(deps, signer).routes()
+        if config.store_broker:
+            from tunefleet.contracts import store_broker
+            from tunefleet.signer import store_route
+
+            store_deps = signer_route.real_deps(
+                self.client, lambda ns, name: cache.profile((ns, name)), store_broker.AUDIENCE
+            )
+            presigner = store_route.Presigner.from_env(
+                config.default_s3_endpoint, config.delivery_timeout_s
+            )
+            broker = store_route.StoreEndpoint(
+                store_deps, presigner, config.image, config.library_scope
+            )
+            routes += broker.routes()
+        return routes
 
     async def _start_capture(
         self, config: Config, server: kopf.WebhookServer, logger: kopf.Logger

@@ -39,9 +39,30 @@ from tunefleet.contracts.sign_request import (
 from tunefleet.runtime.pod_tokens import Caller, Denied, the_callers_pod
 from tuner_job.manifest import Manifest, ManifestError, loads
 
+
+@dataclass(frozen=True)
+class TokenRule:
+    """Who in a pod may hold one of the operator's tokens: its volume and audience, the
+    steps (container name: its command's first word) that may mount it, in tunefleet's image,
+    at most `most` of them, and per Job role the steps it may be."""
+
+    what: str  # in messages: "signing", "store"
+    volume: str
+    audience: str
+    steps: dict[str, str]
+    most: int
+    roles: dict[str, frozenset[str]]
+
+
 # The steps that may hold the signing token, and the command each runs (builders/job.py).
-SIGNING_STEPS = {"publish": "tunefleet-publish", "merge": "tunefleet-merge"}
-ROLE_STEPS = {"tune": "publish", "merge": "merge"}
+SIGNING = TokenRule(
+    what="signing",
+    volume=TOKEN_VOLUME,
+    audience=AUDIENCE,
+    steps={"publish": "tunefleet-publish", "merge": "tunefleet-merge"},
+    most=1,
+    roles={"tune": frozenset({"publish"}), "merge": frozenset({"merge"})},
+)
 
 
 def _refuse(message: str) -> Denied:
@@ -57,41 +78,54 @@ def _containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def signing_step(pod: dict[str, Any], image: str) -> str:
-    """The one container of `pod` that mounts the signing token (its name), when it is
-    tunefleet's publish or merge step in tunefleet's `image`; Denied otherwise."""
+def token_holders(pod: dict[str, Any], image: str, rule: TokenRule) -> frozenset[str]:
+    """The containers of `pod` that mount the rule's token (their names), when each is one of
+    its steps in tunefleet's `image`, and no container can reach another's files; Denied
+    otherwise."""
     spec = pod.get("spec") or {}
     where = f"pod {(pod.get('metadata') or {}).get('name', '')}"
     if spec.get("shareProcessNamespace") or spec.get("hostPID"):
         raise _refuse(f"{where} shares its processes: another container could read the token")
     if spec.get("automountServiceAccountToken") is not False:
         # Its ServiceAccount's token in every container: user code could ask the API server
-        # for a token of the signing audience, wherever RBAC lets it.
+        # for a token of the operator's audience, wherever RBAC lets it.
         raise _refuse(f"{where} mounts its ServiceAccount's token")
     for volume in spec.get("volumes") or []:
         sources = ((volume or {}).get("projected") or {}).get("sources") or []
-        ours = any(((s or {}).get("serviceAccountToken") or {}).get("audience") == AUDIENCE
+        ours = any(((s or {}).get("serviceAccountToken") or {}).get("audience") == rule.audience
                    for s in sources)  # fmt: skip
-        if ours and volume.get("name") != TOKEN_VOLUME:
-            raise _refuse(f"{where}: volume {volume.get('name')} holds a signing token too")
+        if ours and volume.get("name") != rule.volume:
+            raise _refuse(f"{where}: volume {volume.get('name')} holds a {rule.what} token too")
     holders = [
         c
         for c in _containers(spec)
-        if any(m.get("name") == TOKEN_VOLUME for m in c.get("volumeMounts") or [])
+        if any(m.get("name") == rule.volume for m in c.get("volumeMounts") or [])
     ]
-    if len(holders) != 1:
+    if not 1 <= len(holders) <= rule.most:
         names = ", ".join(str(c.get("name")) for c in holders) or "none"
-        raise _refuse(f"{where}: the signing token must be mounted by one step (got: {names})")
-    step = holders[0]
-    name = str(step.get("name") or "")
-    command = step.get("command") or []
-    if name not in SIGNING_STEPS or not command or command[0] != SIGNING_STEPS[name]:
-        raise _refuse(f"{where}: container {name} is not tunefleet's publish or merge step")
-    if step.get("image") != image:
         raise _refuse(
-            f"{where}: container {name} runs {step.get('image')}, not tunefleet's image {image}"
+            f"{where}: the {rule.what} token must be mounted by at most {rule.most} of "
+            f"tunefleet's steps (got: {names})"
         )
-    return name
+    for step in holders:
+        name = str(step.get("name") or "")
+        command = step.get("command") or []
+        if name not in rule.steps or not command or command[0] != rule.steps[name]:
+            raise _refuse(
+                f"{where}: container {name} mounts the {rule.what} token and is not "
+                f"tunefleet's {' or '.join(rule.steps)} step"
+            )
+        if step.get("image") != image:
+            raise _refuse(
+                f"{where}: container {name} runs {step.get('image')}, not tunefleet's image {image}"
+            )
+    return frozenset(str(c.get("name")) for c in holders)
+
+
+def signing_step(pod: dict[str, Any], image: str) -> str:
+    """The one container of `pod` that mounts the signing token (its name), when it is
+    tunefleet's publish or merge step in tunefleet's `image`; Denied otherwise."""
+    return next(iter(token_holders(pod, image, SIGNING)))
 
 
 def _controller(meta: dict[str, Any], kind: str) -> dict[str, Any] | None:
@@ -133,12 +167,13 @@ class Vouched:
     job_uid: str
 
 
-def _the_job(seen: Seen, image: str) -> Vouched:
-    """The caller's Job, when it is one the operator made for the profile and the caller is
-    its signing step; Denied with what is wrong otherwise."""
+def the_job(seen: Seen, image: str, rule: TokenRule = SIGNING) -> Vouched:
+    """The caller's Job, when it is one the operator made for the profile and the token's
+    holders are steps that the rule lets a Job of its role have; Denied with what is wrong
+    otherwise."""
     caller = seen.caller
     pod = the_callers_pod(caller, seen.pod)
-    step = signing_step(pod, image)
+    steps = token_holders(pod, image, rule)
     job_name, job_uid = job_of(pod)
     jmeta = (seen.job or {}).get("metadata") or {}
     if jmeta.get("uid") != job_uid or jmeta.get("namespace") != caller.namespace:
@@ -149,8 +184,9 @@ def _the_job(seen: Seen, image: str) -> Vouched:
     model = str(labels.get(naming.MODEL_LABEL) or "")
     revision = str(labels.get(naming.REVISION_LABEL) or "")
     role = str(labels.get(naming.ROLE_LABEL) or "")
-    if ROLE_STEPS.get(role) != step:
-        raise _refuse(f"Job {job_name} is not a tuning or merge Job whose {step} step signs")
+    if not steps <= rule.roles.get(role, frozenset()):
+        said = " and ".join(sorted(steps))
+        raise _refuse(f"Job {job_name} (role {role or 'none'}) has no {said} step that may hold it")
     pmeta = (seen.profile or {}).get("metadata") or {}
     if pmeta.get("uid") != profile_uid or pmeta.get("name") != name:
         raise _refuse(f"Job {job_name} names no TuningProfile that exists ({name}, {profile_uid})")
@@ -200,7 +236,7 @@ def judge(seen: Seen, manifest: bytes, image: str, cluster: str, now: datetime) 
     """What the operator attests when it signs `manifest` for this caller (`image`: its own,
     `cluster`: this cluster's uid); Denied with what is wrong (the publish step fails with
     it)."""
-    v = _the_job(seen, image)
+    v = the_job(seen, image)
     try:
         m = loads(manifest)
     except ManifestError as e:

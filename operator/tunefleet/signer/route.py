@@ -64,28 +64,33 @@ class Signer:
     cluster: str
 
 
-class Endpoint:
+class Calls:
+    """What the operator's pod-facing routes share: the token reviewed for one audience, the
+    caller's pod, its Job and the profile that Job names, read with bounds; a per-pod
+    throttle of `burst` requests, then one per `refill_s`."""
+
     def __init__(
         self,
         deps: Deps,
-        signer: Signer,
+        audience: str,
         clock: Callable[[], float] = time.monotonic,
-        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        burst: int = BURST,
+        refill_s: float = REFILL_S,
     ) -> None:
-        self.deps, self.signer, self.clock, self.now = deps, signer, clock, now
-        self.tokens = pod_tokens.PodTokens(AUDIENCE, deps.review, deps.read_pod, clock)
+        self.deps, self.clock, self.burst, self.refill_s = deps, clock, burst, refill_s
+        self.tokens = pod_tokens.PodTokens(audience, deps.review, deps.read_pod, clock)
         self._buckets = pod_tokens.Ttl()
 
     def _throttle(self, uid: str) -> None:
-        now = self.clock()
+        now, burst, refill = self.clock(), float(self.burst), self.refill_s
         hit, got = self._buckets.get(uid, now)
-        tokens, at = got if hit else (float(BURST), now)
-        tokens = min(float(BURST), tokens + (now - at) / REFILL_S)
+        tokens, at = got if hit else (burst, now)
+        tokens = min(burst, tokens + (now - at) / refill)
         if tokens < 1.0:
-            self._buckets.put(uid, (tokens, now), now + BURST * REFILL_S)
-            wait = round((1.0 - tokens) * REFILL_S, 1)
-            raise Denied(429, "rate_limited", "too many signing requests from this pod", wait)
-        self._buckets.put(uid, (tokens - 1.0, now), now + BURST * REFILL_S)
+            self._buckets.put(uid, (tokens, now), now + burst * refill)
+            wait = round((1.0 - tokens) * refill, 1)
+            raise Denied(429, "rate_limited", "too many requests from this pod", wait)
+        self._buckets.put(uid, (tokens - 1.0, now), now + burst * refill)
 
     async def _read(self, what: Awaitable[dict[str, Any] | None], name: str) -> Any:
         try:
@@ -93,23 +98,11 @@ class Endpoint:
         except Exception as e:
             raise Denied(503, "unavailable", f"{name} could not be read now: {e}", 10) from None
 
-    async def handle(self, request: web.Request) -> web.Response:
-        try:
-            reply = await self._handle(request)
-            outcome, status, retry = "signed", 200, None
-        except Denied as d:
-            reply = Reply(message=str(d), retry_after=d.retry_after)
-            outcome, status, retry = d.outcome, d.status, d.retry_after
-        metrics.SIGNING_REQUESTS.labels(outcome).inc()
-        headers = {"Retry-After": str(int(retry + 0.999))} if retry is not None else {}
-        return web.Response(
-            body=reply.encode(), status=status, content_type="application/json", headers=headers
-        )
-
-    async def _handle(self, request: web.Request) -> Reply:
+    async def seen(self, request: web.Request, max_body: int) -> tuple[Seen, bytes]:
+        """Who calls, as the API server says, and the request's body (at most max_body)."""
         length = request.content_length
-        if length is not None and length > MAX_BODY_BYTES:
-            raise Denied(413, "too_large", f"a request is at most {MAX_BODY_BYTES} bytes")
+        if length is not None and length > max_body:
+            raise Denied(413, "too_large", f"a request is at most {max_body} bytes")
         token = pod_tokens.bearer(request.headers.get("Authorization", ""))
         caller = await self.tokens.caller(token)
         self._throttle(caller.pod_uid)
@@ -125,15 +118,48 @@ class Endpoint:
         )
         try:
             body = await request.read()
-            req = Request.decode(body)
         except web.HTTPRequestEntityTooLarge:
-            raise Denied(413, "too_large", f"a request is at most {MAX_BODY_BYTES} bytes") from None
-        except BodyError as e:
-            raise Denied(400, "bad_request", str(e)) from None
+            raise Denied(413, "too_large", f"a request is at most {max_body} bytes") from None
         except (TimeoutError, OSError) as e:
             raise Denied(400, "bad_request", f"the body could not be read: {e}") from None
-        s = self.signer
-        seen = Seen(caller, pod, job, profile)
+        if len(body) > max_body:
+            raise Denied(413, "too_large", f"a request is at most {max_body} bytes")
+        return Seen(caller, pod, job, profile), body
+
+
+def respond(body: bytes, status: int, retry: float | None) -> web.Response:
+    headers = {"Retry-After": str(int(retry + 0.999))} if retry is not None else {}
+    return web.Response(body=body, status=status, content_type="application/json", headers=headers)
+
+
+class Endpoint:
+    def __init__(
+        self,
+        deps: Deps,
+        signer: Signer,
+        clock: Callable[[], float] = time.monotonic,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.signer, self.now = signer, now
+        self.calls = Calls(deps, AUDIENCE, clock)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        try:
+            reply = await self._handle(request)
+            outcome, status, retry = "signed", 200, None
+        except Denied as d:
+            reply = Reply(message=str(d), retry_after=d.retry_after)
+            outcome, status, retry = d.outcome, d.status, d.retry_after
+        metrics.SIGNING_REQUESTS.labels(outcome).inc()
+        return respond(reply.encode(), status, retry)
+
+    async def _handle(self, request: web.Request) -> Reply:
+        seen, body = await self.calls.seen(request, MAX_BODY_BYTES)
+        try:
+            req = Request.decode(body)
+        except BodyError as e:
+            raise Denied(400, "bad_request", str(e)) from None
+        s, caller = self.signer, seen.caller
         attestation = judge(seen, req.manifest, s.image, s.cluster, self.now())
         payload = attestation.to_json()
         signed_payload = signing.sign_blob(pae(ATTESTATION_TYPE, payload), s.key)
@@ -152,10 +178,12 @@ class Endpoint:
 
 
 def real_deps(
-    client: Kube, profile_from_cache: Callable[[str, str], dict[str, Any] | None]
+    client: Kube,
+    profile_from_cache: Callable[[str, str], dict[str, Any] | None],
+    audience: str = AUDIENCE,
 ) -> Deps:
     async def review(token: str) -> dict[str, Any]:
-        return await asyncio.to_thread(client.review_token, token, AUDIENCE)
+        return await asyncio.to_thread(client.review_token, token, audience)
 
     async def read_pod(namespace: str, name: str) -> dict[str, Any] | None:
         return await asyncio.to_thread(client.read_pod, namespace, name)

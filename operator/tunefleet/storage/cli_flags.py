@@ -22,6 +22,15 @@ def add_arguments(p: argparse.ArgumentParser, *, timeout_s: float) -> None:
         "and optionally ca.crt (default: $TUNEFLEET_OCI_CONFIG, else $DOCKER_CONFIG)",
     )
     p.add_argument(
+        "--broker-url",
+        help="s3:// stores: the operator's store broker; every operation on a URL it presigns, "
+        "with no credential here (contracts/store_broker.py; the CLIs that take it: "
+        "artifacts/brokered.with_broker)",
+    )
+    p.add_argument("--broker-token-file", help="the projected token the broker takes")
+    p.add_argument("--broker-ca-env", help="an env var holding the broker's CA (PEM)")
+    p.add_argument("--broker-address", help="the broker's address where its name won't resolve")
+    p.add_argument(
         "--timeout-seconds",
         type=float,
         default=timeout_s,

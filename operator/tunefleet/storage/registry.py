@@ -58,12 +58,18 @@ def parse_uri(uri: str) -> Location:
 
 
 def open_store(location: Location, options: StoreOptions | None = None) -> Store:
-    return backend(location.scheme).open_store(location, options or StoreOptions())
+    options = options or StoreOptions()
+    if options.broker is not None:
+        opened: Store = options.broker.open(location, options.timeout_s)
+        return opened
+    return backend(location.scheme).open_store(location, options)
 
 
 def session(location: Location, options: StoreOptions) -> StoreOptions:
     """Options for a long-running process that opens a store per operation (each with its own
     deadline): what can be reused between them (an S3 connection pool) is made once here."""
+    if options.broker is not None:
+        return options  # no client of its own: each operation asks the broker
     return backend(location.scheme).session(options)
 
 

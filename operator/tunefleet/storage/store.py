@@ -238,6 +238,10 @@ class StoreOptions:
     # oci: a directory holding the docker config (.dockerconfigjson) and optionally ca.crt
     # (the registry's CA), as a dockerconfigjson Secret is mounted; else $TUNEFLEET_OCI_CONFIG.
     oci_config: str | None = None
+    # The operator's store broker (artifacts/brokered.Broker: `open(location, timeout_s)`):
+    # every operation on a URL it presigns, with no credential here (tuning pods of profiles
+    # the operator brokers for).
+    broker: Any = None
 
 
 @dataclass(frozen=True)

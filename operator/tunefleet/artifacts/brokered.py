@@ -1,0 +1,225 @@
+"""An s3:// store reached with no credential: each operation on a URL the operator presigned
+for it (contracts/store_broker.py). What tuning pods' sync and publish steps open when the
+operator brokers their profile's store (builders/storage.broker_storage: their --broker-*
+flags); every caller sees the plain `Store` and `Streams` contract (storage/registry.py opens
+it through StoreOptions.broker).
+
+Writes are checksummed: the body's SHA-256 is signed into the URL, so the store refuses a body
+that is not the one asked for. A GB archive is hashed from disk, then streamed in one PUT (S3
+takes up to 5 GiB in one; bundle.MAX_ARCHIVE_BYTES is 4 GiB), in bounded memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import http.client
+import io
+import os
+import random
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from tunefleet import pod_https
+from tunefleet.contracts import store_broker as sb
+from tunefleet.storage.store import (
+    ConflictError,
+    Listed,
+    Location,
+    NotFoundError,
+    Received,
+    StoreError,
+    StoreOptions,
+    TooLargeError,
+    write_hashed,
+)
+from tuner_job.files import file_sha256
+
+
+@dataclass(frozen=True)
+class Broker:
+    """Where the operator's broker is: its URL, the projected token's file, its CA (PEM) and
+    the Service's address for clusters without pod DNS. StoreOptions.broker's opener."""
+
+    url: str
+    token_file: str
+    ca_pem: str = ""
+    address: str = ""
+
+    def open(self, location: Location, timeout_s: float) -> BrokeredStore:
+        if location.scheme != "s3":
+            raise StoreError(f"the operator's broker serves s3:// stores, not {location.uri()}")
+        return BrokeredStore(location, self, timeout_s)
+
+
+def with_broker(args: argparse.Namespace, options: StoreOptions) -> StoreOptions:
+    """The CLIs' options with the broker their --broker-* flags name (storage/cli_flags.py),
+    where they name one."""
+    if not getattr(args, "broker_url", None):
+        return options
+    ca_env = args.broker_ca_env
+    broker = Broker(
+        args.broker_url,
+        args.broker_token_file or "",
+        os.environ.get(ca_env, "") if ca_env else "",
+        args.broker_address or "",
+    )
+    return replace(options, broker=broker)
+
+
+class BrokeredStore:
+    def __init__(self, location: Location, broker: Broker, timeout_s: float = 60.0) -> None:
+        import urllib3
+
+        self.location, self.broker, self.timeout_s = location, broker, timeout_s
+        self.deadline = time.monotonic() + timeout_s
+        self._endpoint = pod_https.Endpoint(broker.url, broker.ca_pem, broker.address, 20.0)
+        self._http = urllib3.PoolManager(
+            retries=False,
+            timeout=urllib3.Timeout(connect=10.0, read=120.0),
+            ca_certs=os.environ.get("AWS_CA_BUNDLE") or None,
+        )
+
+    def uri(self, key: str) -> str:
+        return self.location.uri(key)
+
+    # -- the broker --------------------------------------------------------------------------
+
+    def _ask(self, req: sb.Request) -> sb.Reply:
+        """The operator's answer; retried while it says to (429, 503) or is unreachable,
+        within the deadline; StoreError with its words when it refuses."""
+        body, attempt, last = req.encode(), 0, ""
+        while True:
+            try:
+                token = Path(self.broker.token_file).read_text().strip()  # the kubelet rotates it
+            except OSError as e:
+                raise StoreError(
+                    f"cannot read the store token {self.broker.token_file}: {e}"
+                ) from None
+            retry: float | None = None
+            try:
+                got = self._endpoint.post(sb.PATH, body, token, sb.MAX_REPLY_BYTES)
+                reply = sb.Reply.decode(got.body)
+                if got.status == 200:
+                    return reply
+                last = f"{got.status} {reply.message or got.reason}"
+                if got.status not in (429, 503):
+                    raise StoreError(
+                        f"the operator refused to {req.op} {self.uri(req.key)}: {last}"
+                    )
+                retry = reply.retry_after
+            except (OSError, http.client.HTTPException) as e:
+                last = f"cannot reach the operator at {self.broker.url}: {e}"
+            except sb.BodyError as e:
+                last = f"the operator's answer does not read: {e}"
+            attempt += 1
+            wait = (
+                retry
+                if retry is not None
+                else min(10.0, 0.5 * 2.0**attempt) * random.uniform(0.5, 1)
+            )
+            if time.monotonic() + wait > self.deadline:
+                raise StoreError(f"gave up on {req.op} {self.uri(req.key)}: {last}")
+            time.sleep(wait)
+
+    def _send(self, method: str, reply: sb.Reply, body: Any = None, size: int = 0) -> Any:
+        headers = dict(reply.headers)
+        if method == "PUT":
+            headers["Content-Length"] = str(size)
+        if time.monotonic() > self.deadline:
+            raise StoreError(f"gave up: over the {self.timeout_s:.0f}s time limit")
+        try:
+            return self._http.request(
+                method, reply.url, body=body, headers=headers, preload_content=False
+            )
+        except Exception as e:  # urllib3's errors: the store is unreachable
+            raise StoreError(f"the store could not be reached: {e}") from None
+
+    def _put(self, op: str, key: str, body: Any, size: int, sha256: bytes, ctype: str) -> int:
+        reply = self._ask(sb.Request(op, key, ctype, sb.checksum_of(sha256)))
+        resp = self._send("PUT", reply, body, size)
+        try:
+            status = int(resp.status)
+            if status in (200, 201, 204, 412):
+                return status
+            detail = resp.read(2048).decode("utf-8", "replace")
+            raise StoreError(f"uploading {self.uri(key)} failed: HTTP {status} {detail}")
+        finally:
+            resp.release_conn()
+
+    # -- Store -------------------------------------------------------------------------------
+
+    def put_if_absent(self, key: str, data: bytes, content_type: str) -> bool:
+        digest = hashlib.sha256(data).digest()
+        if self._put("create", key, data, len(data), digest, content_type) != 412:
+            return True
+        if self._same(key, len(data), digest.hex()):
+            return False
+        raise ConflictError(f"a different object already exists at {self.uri(key)}")
+
+    def put(self, key: str, data: bytes, content_type: str) -> None:
+        digest = hashlib.sha256(data).digest()
+        if self._put("put", key, data, len(data), digest, content_type) == 412:
+            raise StoreError(f"uploading {self.uri(key)} failed: the store refused it (412)")
+
+    def get(self, key: str, max_bytes: int) -> bytes:
+        buf = io.BytesIO()
+        self.get_file(key, buf, max_bytes)
+        return buf.getvalue()
+
+    def list(self, prefix: str, limit: int) -> list[Listed]:
+        reply = self._ask(sb.Request("list", prefix, limit=min(limit, sb.LIST_CAP)))
+        return [Listed(o.key, o.size, o.modified) for o in reply.listed or ()][:limit]
+
+    def delete(self, key: str) -> None:
+        raise StoreError(f"a tuning pod deletes nothing ({self.uri(key)})")
+
+    # -- Streams -----------------------------------------------------------------------------
+
+    def get_file(self, key: str, dest: BinaryIO, max_bytes: int) -> Received:
+        resp = self._send("GET", self._ask(sb.Request("get", key)))
+        try:
+            status = int(resp.status)
+            if status == 404:
+                raise NotFoundError(f"no object at {self.uri(key)}")
+            if status != 200:
+                detail = resp.read(2048).decode("utf-8", "replace")
+                raise StoreError(f"downloading {self.uri(key)} failed: HTTP {status} {detail}")
+            size = int(resp.headers.get("Content-Length") or 0)
+            if size > max_bytes:
+                raise TooLargeError(
+                    f"{self.uri(key)} is {size} bytes, over the {max_bytes}-byte limit",
+                    size,
+                    str(resp.headers.get("ETag") or ""),
+                )
+            return write_hashed(resp.stream(1 << 20), dest, max_bytes, self.uri(key))
+        finally:
+            resp.release_conn()
+
+    def put_file_if_absent(self, key: str, path: Path, content_type: str) -> bool:
+        size, sha = file_sha256(path)
+        with open(path, "rb") as f:
+            status = self._put("create", key, f, size, bytes.fromhex(sha), content_type)
+        if status != 412:
+            return True
+        if self._same(key, size, sha):
+            return False
+        raise ConflictError(f"a different object already exists at {self.uri(key)}")
+
+    def _same(self, key: str, size: int, sha: str) -> bool:
+        """Whether the object at key has this size and SHA-256 (streamed, not kept)."""
+
+        class _Null(io.RawIOBase):
+            def writable(self) -> bool:
+                return True
+
+            def write(self, data: Any) -> int:
+                return len(data)
+
+        try:
+            there = self.get_file(key, _Null(), size)  # type: ignore[arg-type]
+        except TooLargeError:
+            return False
+        return there.size == size and there.sha256 == sha

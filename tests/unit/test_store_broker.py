@@ -1,0 +1,339 @@
+"""The store broker (contracts/store_broker.py, signer/store_rules.py, signer/store_route.py,
+artifacts/brokered.py): a tuning pod holds no credential of its store; its sync and publish
+steps ask the operator for a URL presigned for one operation on one of the Job's own keys.
+
+The rules are pure; the round trips run the operator's real route, with the API server's
+answers given, against the real local S3 server (tests/conftest.py's `s3`), so what the store
+does with a presigned URL (a missing If-None-Match, another body) is the store's own answer."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.error import HTTPError
+
+import pytest
+from aiohttp import web
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from testbed.builders.signing import api_server_deps, profile_object
+from testbed.builders.signing import job_and_pod as built_job_and_pod
+from testbed.builders.signing import tuning_job as built_tuning_job
+from testbed.builders.wrappers import make_profile
+from testbed.cluster import S3Settings
+from tunefleet import naming
+from tunefleet.artifacts.brokered import Broker, BrokeredStore
+from tunefleet.config import Config
+from tunefleet.contracts import store_broker as sb
+from tunefleet.runtime.pod_tokens import Denied
+from tunefleet.signer.judge import Seen, Vouched, the_job
+from tunefleet.signer.store_route import Presigner, StoreEndpoint
+from tunefleet.signer.store_rules import STORE, Scope, allowed, scope_of
+from tunefleet.storage.registry import parse_uri
+from tunefleet.storage.store import ConflictError, NotFoundError, StoreError
+
+IMAGE = "ghcr.io/tunefleet/tunefleet:test"
+MODEL = "NVIDIA-H100"
+NS, NAME, PUID = "ml", "llama", "uid-profile-1"
+SHA = "ab" * 32
+PUBLIC = (
+    ec.generate_private_key(ec.SECP256R1())
+    .public_key()
+    .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    .decode()
+)
+CONFIG = Config(
+    image=IMAGE,
+    signing_key_dir="/etc/tunefleet/signing",
+    store_broker=True,
+    capture_url="https://tunefleet-webhook.tunefleet-system.svc:8443",
+    capture_ca="-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+)
+
+
+def spec(uri: str = "s3://bucket/prefix") -> Any:
+    return (
+        make_profile(NAME)
+        .image("registry.example.com/serve:1")
+        .gpu("nvidia", MODEL)
+        .command("python3", "serve.py")
+        .storage(uri, credentialsSecret={"name": "s3"}, signing={"publicKey": PUBLIC})
+        .spec_model()
+    )
+
+
+def tuning_job(uri: str = "s3://bucket/prefix", config: Config = CONFIG) -> dict[str, Any]:
+    return built_tuning_job(spec(uri), NS, NAME, PUID, MODEL, config)
+
+
+SCOPE = Scope(
+    own=f"prefix/{NS}/{NAME}/{MODEL}", library=f"prefix/{NS}/_library/{MODEL}", revision="r1"
+)
+
+
+# --- the rules --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("op", "key"),
+    [
+        ("get", f"{SCOPE.own}/{SHA}/manifest.json"),
+        ("get", f"{SCOPE.library}/k1/{SHA}.json"),
+        ("list", SCOPE.library),
+        ("list", f"{SCOPE.library}/k1"),
+        ("create", f"{SCOPE.own}/{SHA}/results.csv"),
+        ("create", f"{SCOPE.own}/{SHA}/caches/{SHA}.tar.zst"),
+        ("create", f"{SCOPE.library}/k1/{SHA}.json"),
+        ("put", f"{SCOPE.own}/_checkpoints/r1/0-of-1.json"),
+        ("put", f"{SCOPE.own}/_shards/r1/0-of-2/results.csv"),
+        ("put", f"{SCOPE.own}/{SHA}/manifest.json.sig"),
+        ("put", f"{SCOPE.own}/{SHA}/manifest.json.att"),
+    ],
+)
+def test_a_job_may_touch_its_own_keys(op: str, key: str) -> None:
+    allowed(op, key, SCOPE)
+
+
+@pytest.mark.parametrize(
+    ("op", "key"),
+    [
+        # Another profile's, another namespace's, the cluster library, the fleet's records.
+        ("get", f"prefix/{NS}/other/{MODEL}/{SHA}/manifest.json"),
+        ("get", f"prefix/other-ns/{NAME}/{MODEL}/{SHA}/manifest.json"),
+        ("list", f"prefix/_library/{MODEL}"),
+        ("create", f"prefix/_fleet/published/{SHA}.json"),
+        ("create", f"prefix/other-ns/_library/{MODEL}/k1/{SHA}.json"),
+        # Its own folder, but not an artifact's object (no SHA-256 folder) or a prefix trick.
+        ("create", f"{SCOPE.own}/notasha/results.csv"),
+        ("create", f"{SCOPE.own}x/{SHA}/results.csv"),
+        ("create", f"{SCOPE.own}/{SHA}"),
+        # Replacing an artifact's objects, or another revision's scratch.
+        ("put", f"{SCOPE.own}/{SHA}/results.csv"),
+        ("put", f"{SCOPE.own}/{SHA}/manifest.json"),
+        ("put", f"{SCOPE.own}/_checkpoints/r0/0-of-1.json"),
+        ("put", f"{SCOPE.library}/k1/{SHA}.json"),
+    ],
+)
+def test_a_job_may_not_touch_anything_else(op: str, key: str) -> None:
+    with pytest.raises(Denied) as e:
+        allowed(op, key, SCOPE)
+    assert e.value.status == 403 and f"may not {op} {key}" in str(e.value)
+
+
+def test_the_cluster_scope_library_is_the_jobs_library_there() -> None:
+    v = Vouched(spec(), NAME, PUID, MODEL, "r1", "tune-x", "uid-job")
+    there = scope_of(v, NS, parse_uri("s3://bucket/prefix"), "cluster")
+    assert there.library == f"prefix/_library/{MODEL}" and there.own == SCOPE.own
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ({"version": 2, "op": "get", "key": "a/b"}, "version must be 1"),
+        ({"version": 1, "op": "delete", "key": "a/b"}, "op must be one of"),
+        ({"version": 1, "op": "get", "key": "a/../b"}, "is not a store key"),
+        ({"version": 1, "op": "get", "key": "/a/b"}, "is not a store key"),
+        ({"version": 1, "op": "create", "key": "a/b"}, "names its body's checksumSha256"),
+        ({"version": 1, "op": "list", "key": "a", "limit": 100000}, "limit must be"),
+    ],
+)
+def test_a_bad_request_says_what_to_fix(body: dict[str, Any], said: str) -> None:
+    with pytest.raises(sb.BodyError) as e:
+        sb.Request.decode(json.dumps(body).encode())
+    assert said in str(e.value)
+
+
+# --- the tuning pod ---------------------------------------------------------------------------
+
+
+def _credential_refs(pod: dict[str, Any]) -> list[str]:
+    """Every way a pod could hold a credential: Secret env, envFrom, Secret volumes (also
+    projected), and projected tokens with their audiences."""
+    found = []
+    spec_ = pod["template"]["spec"] if "template" in pod else pod
+    for c in [*spec_.get("initContainers", []), *spec_["containers"]]:
+        for e in c.get("env") or []:
+            if "secretKeyRef" in (e.get("valueFrom") or {}):
+                found.append(f"{c['name']}: env {e['name']} from a Secret")
+        for e in c.get("envFrom") or []:
+            if "secretRef" in e:
+                found.append(f"{c['name']}: envFrom a Secret")
+    for v in spec_.get("volumes") or []:
+        if "secret" in v:
+            found.append(f"volume {v['name']}: a Secret")
+        for src in (v.get("projected") or {}).get("sources") or []:
+            if "secret" in src:
+                found.append(f"volume {v['name']}: a Secret")
+            if "serviceAccountToken" in src:
+                found.append(f"volume {v['name']}: token {src['serviceAccountToken']['audience']}")
+    return found
+
+
+def test_a_brokered_tuning_pod_holds_no_credential_and_only_sync_and_publish_the_store_token() -> (
+    None
+):
+    pod = tuning_job()["spec"]["template"]["spec"]
+    # Nothing but the two operator tokens, each good only for asking the operator.
+    assert sorted(_credential_refs(pod)) == [
+        "volume tunefleet-sign-token: token tunefleet.io/sign",
+        f"volume {sb.TOKEN_VOLUME}: token {sb.AUDIENCE}",
+    ]
+    holders = {
+        c["name"]
+        for c in [*pod["initContainers"], *pod["containers"]]
+        if any(m["name"] == sb.TOKEN_VOLUME for m in c.get("volumeMounts") or [])
+    }
+    assert holders == {"sync", "publish"}
+    sync = next(c for c in pod["initContainers"] if c["name"] == "sync")
+    assert "--broker-url" in sync["command"] and "--endpoint-url" not in sync["command"]
+    # Unbrokered (no publish identity in the operator), the profile's Secret is there as before.
+    plain = tuning_job(config=Config(**{**CONFIG.__dict__, "store_broker": False}))
+    assert any("from a Secret" in r for r in _credential_refs(plain["spec"]["template"]["spec"]))
+    # pvc:// is the tenant's own volume: not brokered.
+    assert "--broker-url" not in json.dumps(tuning_job("pvc://claim/prefix"))
+
+
+def _seen(pod: dict[str, Any], job: dict[str, Any]) -> Seen:
+    from tunefleet.runtime.pod_tokens import Caller
+
+    caller = Caller(NS, "default", pod["metadata"]["name"], pod["metadata"]["uid"])
+    return Seen(caller, pod, job, profile_object(spec(), NS, NAME, PUID))
+
+
+def test_a_pod_whose_user_container_mounts_the_store_token_is_refused() -> None:
+    job, pod = built_job_and_pod(tuning_job())
+    the_job(_seen(pod, job), IMAGE, STORE)  # as built: vouched for
+    tune = next(c for c in pod["spec"]["initContainers"] if c["name"] == "tune")
+    tune["volumeMounts"].append({"name": sb.TOKEN_VOLUME, "mountPath": "/stolen"})
+    with pytest.raises(Denied) as e:
+        the_job(_seen(pod, job), IMAGE, STORE)
+    assert "store token must be mounted by at most 2 of tunefleet's steps" in str(e.value)
+    job, pod = built_job_and_pod(tuning_job())
+    publish = pod["spec"]["containers"][0]
+    publish["command"] = ["sh", "-c", "cat /var/run/secrets/tunefleet.io/store/token"]
+    with pytest.raises(Denied) as e:
+        the_job(_seen(pod, job), IMAGE, STORE)
+    assert "is not tunefleet's sync or publish step" in str(e.value)
+
+
+# --- round trips through the real route, against the real S3 server ----------------------------
+
+
+class _Operator:
+    """The operator's broker route on a loopback port, in a thread of its own."""
+
+    def __init__(self, endpoint: StoreEndpoint) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.endpoint, self.url = endpoint, ""
+        ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
+        self.thread.start()
+        assert ready.wait(10)
+
+    def _run(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        app = web.Application(client_max_size=sb.MAX_BODY_BYTES)
+        app.add_routes(self.endpoint.routes())
+        self.runner = web.AppRunner(app)
+        self.loop.run_until_complete(self.runner.setup())
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        self.loop.run_until_complete(site.start())
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+        ready.set()
+        self.loop.run_forever()
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture
+def brokered(s3: S3Settings, tmp_path: Path) -> Iterator[tuple[BrokeredStore, str]]:
+    prefix = f"broker-{os.urandom(4).hex()}"
+    uri = f"s3://{s3.bucket}/{prefix}"
+    s = spec(uri)  # no endpoint: the operator's default (the presigner's), as in the chart
+    job, pod = built_job_and_pod(tuning_job(uri))
+    deps = api_server_deps(pod, job, profile_object(s, NS, NAME, PUID), sb.AUDIENCE)
+    presigner = Presigner(s3.access_key, s3.secret_key, s3.endpoint, 30.0)
+    operator = _Operator(StoreEndpoint(deps, presigner, IMAGE, "namespace"))
+    token = tmp_path / "token"
+    token.write_text("good")
+    store = BrokeredStore(parse_uri(uri), Broker(operator.url, str(token)), timeout_s=60)
+    try:
+        yield store, prefix
+    finally:
+        operator.stop()
+
+
+def test_a_brokered_pod_adds_its_artifact_once_and_replaces_nothing(
+    brokered: tuple[BrokeredStore, str], tmp_path: Path
+) -> None:
+    store, prefix = brokered
+    own = f"{prefix}/{NS}/{NAME}/{MODEL}"
+    assert store.put_if_absent(f"{own}/{SHA}/results.csv", b"rows\n", "text/csv") is True
+    assert store.put_if_absent(f"{own}/{SHA}/results.csv", b"rows\n", "text/csv") is False
+    with pytest.raises(ConflictError):
+        store.put_if_absent(f"{own}/{SHA}/results.csv", b"other\n", "text/csv")
+    assert store.get(f"{own}/{SHA}/results.csv", 100) == b"rows\n"
+    # Replacing an artifact's object, or writing another profile's, is refused by the operator.
+    with pytest.raises(StoreError, match=r"refused to put .* 403 this Job may not put"):
+        store.put(f"{own}/{SHA}/results.csv", b"other\n", "text/csv")
+    with pytest.raises(StoreError, match="403 this Job may not create"):
+        store.put_if_absent(f"{prefix}/{NS}/other/{MODEL}/{SHA}/results.csv", b"x", "text/csv")
+    with pytest.raises(NotFoundError):
+        store.get(f"{own}/{SHA}/manifest.json", 100)
+    # Scratch is replaced; the library lists.
+    checkpoint = f"{own}/_checkpoints/{naming.revision(spec(store.uri(prefix)))}/0-of-1.json"
+    store.put(checkpoint, b"{}", "application/json")
+    store.put(checkpoint, b"{ }", "application/json")
+    assert store.get(checkpoint, 10) == b"{ }"
+    library = f"{prefix}/{NS}/_library/{MODEL}"
+    store.put_if_absent(f"{library}/k1/{SHA}.json", b"{}", "application/json")
+    assert [o.key for o in store.list(library, 10)] == [f"{library}/k1/{SHA}.json"]
+    # A file streams up and back: 24 MiB, hashed from disk, one PUT.
+    big = tmp_path / "big"
+    big.write_bytes(os.urandom(24 << 20))
+    key = f"{own}/{SHA}/caches/{SHA}.tar.zst"
+    assert store.put_file_if_absent(key, big, "application/zstd") is True
+    assert store.put_file_if_absent(key, big, "application/zstd") is False
+    with open(tmp_path / "back", "wb") as f:
+        got = store.get_file(key, f, 32 << 20)
+    assert got.sha256 == hashlib.sha256(big.read_bytes()).hexdigest()
+
+
+def test_a_presigned_create_is_bound_to_its_body_and_to_writing_where_nothing_is(
+    brokered: tuple[BrokeredStore, str],
+) -> None:
+    """What the URL itself allows, asked of the store with the URL alone: a pod that drops
+    If-None-Match (to replace) or sends another body than the one named is refused by S3."""
+    store, prefix = brokered
+    key = f"{prefix}/{NS}/{NAME}/{MODEL}/{SHA}/manifest.json"
+    body = b'{"a": 1}'
+    reply = store._ask(
+        sb.Request("create", key, "application/json", sb.checksum_of(hashlib.sha256(body).digest()))
+    )
+
+    def put(data: bytes, headers: dict[str, str]) -> int:
+        req = urllib.request.Request(reply.url, data=data, method="PUT", headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return int(resp.status)
+        except HTTPError as e:
+            return int(e.code)
+
+    without = {k: v for k, v in reply.headers.items() if k != "If-None-Match"}
+    assert put(body, without) == 403
+    assert put(b'{"a": 2}', reply.headers) in (400, 403)
+    assert put(body, reply.headers) == 200
+    assert put(body, reply.headers) == 412  # there now: the same URL replaces nothing
+    assert store.get(key, 100) == body
