@@ -35,6 +35,7 @@ import yaml
 from testbed.builders.objects import token_kubeconfig
 from testbed.cluster import (
     LOCAL_CLUSTER_VALUES,
+    REAL_NODE_IP,
     TUNEFLEET_IMAGE,
     create_namespace,
     delete_namespace,
@@ -230,6 +231,35 @@ def fleet_mode(cluster: Any, op: Operator, s3: Any, claim_seconds: int = 60) -> 
     return fleet
 
 
+def operator_signs_mode(op: Operator, s3: Any, keys: Path, password: str) -> Operator:
+    """`op` stopped and the same operator started as the chart's signing.secret and
+    signing.storeCredentialsSecret make it (docs/trust.md): it signs with the key pair in
+    `keys` (cosign.key, with `password`) and presigns tuning pods' store operations with the
+    store's publish identity; the real node's pods reach its endpoint on REAL_NODE_IP. Start
+    `op` again to leave it."""
+    op.stop()
+    key_dir = Path(tempfile.mkdtemp(prefix="tunefleet-e2e-signing-"))
+    (key_dir / "cosign.key").write_bytes((keys / "cosign.key").read_bytes())
+    (key_dir / "cosign.password").write_text(password)
+    port = free_port()
+    signs = replace(
+        op,
+        env={
+            **op.env,
+            "TUNEFLEET_WEBHOOK_ADDR": "0.0.0.0",
+            "TUNEFLEET_CAPTURE_PORT": str(port),
+            "TUNEFLEET_CAPTURE_URL": f"https://{REAL_NODE_IP}:{port}",
+            "TUNEFLEET_SIGNING_KEY_DIR": str(key_dir),
+            "TUNEFLEET_STORE_BROKER": "true",
+            "TUNEFLEET_STORE_ACCESS_KEY_ID": s3.access_key,
+            "TUNEFLEET_STORE_SECRET_ACCESS_KEY": s3.secret_key,
+        },
+        proc=None,
+    )
+    signs.start()
+    return signs
+
+
 def leave_fleet_mode(cluster: Any, fleet: Operator, op: Operator) -> None:
     fleet.stop()
     upgrade_release(cluster, "--reuse-values", "--set", "fleet.enabled=false", "--wait")
@@ -241,7 +271,9 @@ def install(cluster: Any, s3_endpoint: str) -> Operator:
     from tunefleet.webhook import tls
 
     work = Path(tempfile.mkdtemp(prefix="tunefleet-e2e-"))
-    ca, cert, key = tls.generate(work / "webhook", ["127.0.0.1"])
+    # The real node's pods reach this process on REAL_NODE_IP (the capture endpoint, and the
+    # signing and store broker routes beside it: operator_signs_mode).
+    ca, cert, key = tls.generate(work / "webhook", ["127.0.0.1", REAL_NODE_IP])
     port = free_port()
     upgrade_release(
         cluster,

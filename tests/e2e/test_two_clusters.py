@@ -10,7 +10,9 @@ adopter's key, so every profile that shares signs with the fleet's key pair (`si
 artifact and entry forged with the fleet's credential alone, an entry pointed at another spec's
 signed artifact, or an unmeasured artifact for an adopter asking for a gain are never adopted.
 One cluster's tunefleet-gc --apply leaves what the other adopted (its refs doc under
-_fleet/refs/), and the other's pods are served."""
+_fleet/refs/), and the other's pods are served. Where each operator holds the fleet's key
+and the store's publish identity (signing.secret, signing.storeCredentialsSecret), the
+tuning pod holds neither: no Secret, only two tokens good for asking its operator."""
 
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ from testbed.operator import (
     fleet_mode,
     install,
     leave_fleet_mode,
+    operator_signs_mode,
     uninstall_release,
     user_namespace,
 )
@@ -732,3 +735,80 @@ def test_an_adopter_asking_for_a_gain_never_serves_an_unmeasured_artifact(
     served = get_json(fleet.peer, "tp", "-n", fleet.peer_namespace, "llama")["status"]
     assert all("source" not in a for a in served.get("artifacts") or []), served
     assert all("source" not in a for a in served.get("history") or []), served
+
+
+@pytest.fixture
+def fleet_signing_operators(fleet: TwoClusters, first_operator: Operator) -> Iterator[TwoClusters]:
+    """`fleet` with both operators holding the fleet's key pair and the store's publish
+    identity, as the chart's signing.secret and signing.storeCredentialsSecret make them."""
+    ops = (first_operator, fleet.peer_operator)
+    signing = [operator_signs_mode(op, fleet.s3, FLEET_KEYS, FLEET_KEYS_PASSWORD) for op in ops]
+    try:
+        yield replace(fleet, peer_operator=signing[1])
+    finally:
+        for signs, op in zip(signing, ops, strict=True):
+            signs.stop()
+            op.start()
+
+
+def _secret_refs_and_tokens(pod: dict[str, Any]) -> tuple[list[str], dict[str, list[str]]]:
+    """What in `pod` reads a Secret (env, envFrom, volumes, projected sources), and each
+    projected ServiceAccount token's audience with the containers that mount it."""
+    spec = pod["spec"]
+    steps = spec.get("initContainers", []) + spec["containers"]
+    refs = [
+        f"{c['name']}: env {e['name']}"
+        for c in steps
+        for e in c.get("env") or []
+        if "secretKeyRef" in (e.get("valueFrom") or {})
+    ]
+    refs += [
+        f"{c['name']}: envFrom" for c in steps for e in c.get("envFrom") or [] if "secretRef" in e
+    ]
+    tokens: dict[str, list[str]] = {}
+    for v in spec.get("volumes") or []:
+        refs += [f"volume {v['name']}"] if "secret" in v else []
+        for src in (v.get("projected") or {}).get("sources") or []:
+            refs += [f"volume {v['name']}: projected"] if "secret" in src else []
+            if "serviceAccountToken" in src:
+                holders = [
+                    c["name"]
+                    for c in steps
+                    if any(m["name"] == v["name"] for m in c.get("volumeMounts") or [])
+                ]
+                tokens[src["serviceAccountToken"]["audience"]] = holders
+    return refs, tokens
+
+
+def test_tuning_pods_hold_no_key_and_no_store_credential_when_the_operators_do(
+    fleet_signing_operators: TwoClusters,
+) -> None:
+    """Done when (e): one identity applied in both clusters is tuned once; the tuning pod's
+    env, volumes and projected tokens hold no private key and no credential of the store (the
+    profile names its publish Secret and a signing Secret: neither is mounted), only a signing
+    token that publish alone mounts and a store token for sync and publish, good for the
+    Job's own keys (tests/unit/test_store_broker.py holds the keys to that). The artifact,
+    signed by the tuning cluster's operator, is adopted by the other (it verifies with the
+    fleet's public key) and served in both."""
+    fleet = fleet_signing_operators
+    wait_for_real_node_gpus(fleet.first, 1)
+    profile = fleet.signed(fleet.profile())
+    both = fleet.both()
+    tuner, _, _, _ = _tuned_once(fleet, profile)
+    (job,) = jobs_of(both[tuner], fleet.namespace, "llama")
+    (pod,) = get_json(
+        both[tuner], "pods", "-n", fleet.namespace, "-l",
+        f"batch.kubernetes.io/job-name={job['metadata']['name']}",
+    )["items"]  # fmt: skip
+    refs, tokens = _secret_refs_and_tokens(pod)
+    assert refs == [], refs
+    assert tokens == {
+        "tunefleet.io/sign": ["publish"],
+        "tunefleet.io/store": ["sync", "publish"],
+    }, tokens
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    assert fleet.s3_secret in json.dumps(profile) and '"signing"' in json.dumps(profile)
+    for c in both.values():
+        create(c, fleet.namespace, model_pod("server", "llama", gpus=1))
+    for k, c in both.items():
+        fleet.served(c, k)
