@@ -72,6 +72,10 @@ def _add_options(p: argparse.ArgumentParser, routine: str | None) -> None:
             default=50,
             help="trust: pods at once on the slowed registry's volume models (%(default)s)",
         )
+    if every or routine == "broker":
+        p.add_argument(
+            "--broker-rounds", type=int, default=2, help="broker: rounds per arm (%(default)s)"
+        )
     if every or routine == "capture":
         p.add_argument(
             "--no-loop",

@@ -739,6 +739,13 @@ def _trust(b: _Bench) -> None:
         b.results[name] = stamped(figures)
 
 
+def _broker(b: _Bench) -> None:
+    from bench import bench_broker
+
+    figures = bench_broker.run(b.cluster, b.s3, b.options["broker_rounds"])
+    b.results["store_broker_large"] = stamped(figures)
+
+
 def _bids(options: dict[str, Any], results: dict[str, Any]) -> None:
     from bench import bench_bids
 
@@ -762,6 +769,7 @@ WITHOUT_OPERATOR: dict[str, Callable[[_Bench], None]] = {
     "library": _library, "artifacts": _artifacts, "gc": _gc, "real": _real,
     "capture": _capture, "bundles": _bundles,
     "vllm": _vllm, "large": _large, "fleet": _fleet, "oci": _oci, "trust": _trust,
+    "broker": _broker,
 }  # fmt: skip
 # The parts that need no cluster at all: run first, and alone they start none.
 WITHOUT_CLUSTER: dict[str, Callable[[dict[str, Any], dict[str, Any]], None]] = {

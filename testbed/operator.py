@@ -16,6 +16,7 @@ server, and the pod's status gets the termination message the real step would ha
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -53,6 +54,39 @@ STARTED = "tunefleet operator started"
 
 class Kubectl(Protocol):
     def __call__(self, *args: str, check: bool = ..., input: str | None = ...) -> Any: ...
+
+
+OPERATOR_KEY_SECRET = "tunefleet-e2e-operator-signing"
+PUBLISHER_SECRET = "tunefleet-e2e-store-publisher"
+
+
+@contextlib.contextmanager
+def operator_signing(cluster: Any, s3: Any) -> Iterator[str]:
+    """The in-cluster release upgraded, for the block, with signing.secret (a key pair cosign
+    made in the operator's namespace) and signing.storeCredentialsSecret (the store's writer,
+    there too): the public key's PEM; then the release as it was (install_in_cluster's)."""
+    from testbed.registry import Registry, cosign
+
+    cluster.kubectl("delete", "secret", "-n", SYSTEM_NS, OPERATOR_KEY_SECRET, check=False)
+    reg = Registry.from_state()
+    env = {**reg.tool_env(reg.reader), "COSIGN_PASSWORD": "e2e-operator-password"}
+    env["KUBECONFIG"] = cluster.kubeconfig
+    made = cosign(["generate-key-pair", f"k8s://{SYSTEM_NS}/{OPERATOR_KEY_SECRET}"], env)
+    assert made.returncode == 0, made.stderr
+    raw = json.loads(
+        cluster.kubectl("get", "secret", "-n", SYSTEM_NS, OPERATOR_KEY_SECRET, "-o", "json").stdout
+    )
+    public = base64.b64decode(raw["data"]["cosign.pub"]).decode()
+    create_s3_secret(cluster.kubectl, SYSTEM_NS, s3.access_key, s3.secret_key, PUBLISHER_SECRET)
+    extra = ("--set", f"signing.secret={OPERATOR_KEY_SECRET}")
+    extra += ("--set", f"signing.storeCredentialsSecret={PUBLISHER_SECRET}")
+    install_in_cluster(cluster, s3, extra=extra)
+    try:
+        yield public
+    finally:
+        install_in_cluster(cluster, s3)
+        for name in (OPERATOR_KEY_SECRET, PUBLISHER_SECRET):
+            cluster.kubectl("delete", "secret", "-n", SYSTEM_NS, name, check=False)
 
 
 def free_port() -> int:

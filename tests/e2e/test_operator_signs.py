@@ -17,9 +17,7 @@ a presigned URL: refused.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +25,7 @@ import pytest
 
 from testbed.builders.wrappers import make_pod
 from testbed.cluster import wait_for_real_node_gpus
-from testbed.operator import SYSTEM_NS, InCluster, create_s3_secret, install_in_cluster
+from testbed.operator import InCluster, operator_signing
 from testbed.real_node import model_pod, real_profile
 from testbed.registry import Registry, cosign
 from tests.support.kube import apply, create, ended, get_json, jobs_of, ready
@@ -35,34 +33,6 @@ from tunefleet.contracts import sign_request as sr
 from tunefleet.contracts import store_broker as sb
 
 pytestmark = pytest.mark.e2e
-
-KEY_SECRET = "tunefleet-e2e-operator-signing"
-PUBLISHER_SECRET = "tunefleet-e2e-store-publisher"
-PASSWORD = "e2e-operator-password"
-
-
-@contextlib.contextmanager
-def operator_signing(cluster: Any, s3: Any) -> Iterator[str]:
-    """The release upgraded with signing.secret (a key pair cosign made in the operator's
-    namespace) for the block: the public key's PEM; then the release as it was."""
-    cluster.kubectl("delete", "secret", "-n", SYSTEM_NS, KEY_SECRET, check=False)
-    env = {**Registry.from_state().tool_env(Registry.from_state().reader)}
-    env |= {"COSIGN_PASSWORD": PASSWORD, "KUBECONFIG": cluster.kubeconfig}
-    made = cosign(["generate-key-pair", f"k8s://{SYSTEM_NS}/{KEY_SECRET}"], env)
-    assert made.returncode == 0, made.stderr
-    raw = get_json(cluster, "secret", "-n", SYSTEM_NS, KEY_SECRET)
-    public = base64.b64decode(raw["data"]["cosign.pub"]).decode()
-    # The store's publish identity: the writer's keys, in the operator's namespace alone.
-    create_s3_secret(cluster.kubectl, SYSTEM_NS, s3.access_key, s3.secret_key, PUBLISHER_SECRET)
-    extra = ("--set", f"signing.secret={KEY_SECRET}")
-    extra += ("--set", f"signing.storeCredentialsSecret={PUBLISHER_SECRET}")
-    install_in_cluster(cluster, s3, extra=extra)
-    try:
-        yield public
-    finally:
-        install_in_cluster(cluster, s3)
-        for name in (KEY_SECRET, PUBLISHER_SECRET):
-            cluster.kubectl("delete", "secret", "-n", SYSTEM_NS, name, check=False)
 
 
 def secrets_read(pod: dict[str, Any]) -> list[str]:

@@ -375,6 +375,23 @@ def test_the_slow_registry_admission_figures_quoted_in_docs_trust_are_those_of_r
     assert a["admitted_with_a_decision"] == a["pods"]
 
 
+def _broker_quote(b: dict[str, Any]) -> str:
+    s, k = b["secret"], b["broker"]
+    return (
+        f"a {b['bundle_mib']} MiB cache archive uploaded in {k['upload_s']:.2f} s through the "
+        f"broker ({k['mib_per_s']:.1f} MiB/s) against {s['upload_s']:.2f} s with the profile's "
+        f"Secret ({s['mib_per_s']:.1f} MiB/s), medians of {k['rounds']} and {s['rounds']} "
+        f"rounds, within publish's {b['publish_memory_limit']} memory limit; "
+        f"{k['pods_reading_a_secret']} of {k['rounds']} brokered tuning pods read a Secret"
+    )
+
+
+def test_the_broker_figures_quoted_in_docs_trust_are_those_of_results_json() -> None:
+    b = _trust_group("store_broker_large")
+    assert _broker_quote(b) in _doc("trust.md"), _broker_quote(b)
+    assert b["broker"]["pods_reading_a_secret"] == 0 and b["secret"]["pods_reading_a_secret"] > 0
+
+
 # `file.py::test_name` as the tables name a test: an e2e test by its file alone, a unit test
 # by its path from the root.
 NAMED_TEST = re.compile(r"`((?:tests/unit/)?test_\w+\.py)::(test_\w+)`")

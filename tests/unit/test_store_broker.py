@@ -21,6 +21,7 @@ from urllib.error import HTTPError
 
 import pytest
 from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -59,13 +60,13 @@ CONFIG = Config(
 )
 
 
-def spec(uri: str = "s3://bucket/prefix") -> Any:
+def spec(uri: str = "s3://bucket/prefix", **storage: Any) -> Any:
     return (
         make_profile(NAME)
         .image("registry.example.com/serve:1")
         .gpu("nvidia", MODEL)
         .command("python3", "serve.py")
-        .storage(uri, credentialsSecret={"name": "s3"}, signing={"publicKey": PUBLIC})
+        .storage(uri, credentialsSecret={"name": "s3"}, signing={"publicKey": PUBLIC}, **storage)
         .spec_model()
     )
 
@@ -199,6 +200,29 @@ def test_a_brokered_tuning_pod_holds_no_credential_and_only_sync_and_publish_the
     assert any("from a Secret" in r for r in _credential_refs(plain["spec"]["template"]["spec"]))
     # pvc:// is the tenant's own volume: not brokered.
     assert "--broker-url" not in json.dumps(tuning_job("pvc://claim/prefix"))
+
+
+def test_a_profile_naming_another_endpoint_is_not_brokered_and_the_broker_refuses_it() -> None:
+    """The publish identity is for the operator's endpoint: the operator never presigns for a
+    host a profile chose. Such a profile's Job keeps its Secret; a request for it is a 409."""
+    elsewhere = spec(endpoint="https://s3.elsewhere.example")
+    job = built_tuning_job(elsewhere, NS, NAME, PUID, MODEL, CONFIG)
+    assert "--broker-url" not in json.dumps(job) and "secretKeyRef" in json.dumps(job)
+    job, pod = built_job_and_pod(tuning_job())
+    deps = api_server_deps(pod, job, profile_object(elsewhere, NS, NAME, PUID), sb.AUDIENCE)
+    endpoint = StoreEndpoint(deps, Presigner("a", "b"), IMAGE, "namespace")
+    body = sb.Request("get", f"prefix/{NS}/{NAME}/{MODEL}/{SHA}/manifest.json").encode()
+
+    async def ask() -> tuple[int, sb.Reply]:
+        app = web.Application()
+        app.add_routes(endpoint.routes())
+        async with TestClient(TestServer(app)) as client:
+            resp = await client.post(sb.PATH, data=body, headers={"Authorization": "Bearer good"})
+            return resp.status, sb.Reply.decode(await resp.read())
+
+    status, reply = asyncio.run(ask())
+    assert status == 409, reply
+    assert "names https://s3.elsewhere.example" in reply.message
 
 
 def _seen(pod: dict[str, Any], job: dict[str, Any]) -> Seen:

@@ -140,8 +140,13 @@ class StoreEndpoint:
             raise Denied(409, "conflict", f"the profile's storage.uri: {e}") from None
         if location.scheme != "s3":
             raise Denied(409, "conflict", f"the broker serves s3:// stores, not {storage.uri}")
+        default = self.presigner.default_endpoint
+        if (storage.endpoint or default) != default:
+            ours = default or "the default S3 endpoint"
+            why = f"the broker presigns for {ours}, and the profile names {storage.endpoint}"
+            raise Denied(409, "conflict", why)
         allowed(req.op, req.key, scope_of(v, seen.caller.namespace, location, self.library_scope))
-        client = self.presigner.client(storage.endpoint or "", storage.region or "")
+        client = self.presigner.client("", storage.region or "")
         try:
             reply = await asyncio.to_thread(self.presigner.answer, req, location, client)
         except StoreError as e:
