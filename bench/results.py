@@ -155,6 +155,15 @@ BID_CASES = (
     "ghost_before_anyone_looked_60s_and_1s",
 )
 
+# One arm of the broker routine (bench/bench_broker.py): medians of its rounds.
+BROKER_ARM = {
+    "rounds": None,
+    "upload_s": None,
+    "apply_to_ready_s": None,
+    "mib_per_s": None,
+    "pods_reading_a_secret": None,
+}
+
 GROUPS: dict[str, Any] = {
     "kill_storm": {
         "kills": None,
@@ -481,6 +490,24 @@ GROUPS: dict[str, Any] = {
         "webhook_timeout_s": None,
         "later_pods_mounted": None,
         "note": None,
+        "provenance": None,
+    },
+    "store_broker_large": {
+        "bundle_mib": None,
+        "publish_memory_limit": None,
+        "secret": BROKER_ARM,
+        "broker": BROKER_ARM,
+        "broker_over_secret_upload": None,
+        "rows": [
+            {
+                "arm": None,
+                "bytes": None,
+                "upload_s": None,
+                "apply_to_ready_s": None,
+                "pod_reads_a_secret": None,
+            }
+        ],
+        "seconds": None,
         "provenance": None,
     },
     "scale_rest": {"*": SIZE},

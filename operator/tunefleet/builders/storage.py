@@ -100,59 +100,46 @@ def broker_endpoint(spec: TuningProfileSpec, config: Config) -> str | None:
     return named if named == config.default_s3_endpoint else None
 
 
-def broker_storage(config: Config) -> PodStorage:
-    """The tuning pod's way to its store with no credential (contracts/store_broker.py): the
-    broker's URL and CA by value, and a projected token of the store audience, mounted by the
-    sync and publish steps."""
+def _to_the_operator(
+    config: Config, flag: str, ca_env: str, volume: str, token_path: str, audience: str
+) -> PodStorage:
+    """A step's way to one of the operator's routes: its URL (`--<flag>-url`), address and CA
+    by value, and a projected token of `audience` at `token_path`, in volume `volume` (each
+    route has its own audience: a token is good for that route alone)."""
     args = [
-        "--broker-url", config.capture_url,
-        "--broker-token-file", f"{sb.TOKEN_DIR}/{sb.TOKEN_FILE}",
-        *(["--broker-address", config.capture_address] if config.capture_address else []),
+        f"--{flag}-url", config.capture_url, f"--{flag}-token-file", token_path,
+        *([f"--{flag}-address", config.capture_address] if config.capture_address else []),
     ]  # fmt: skip
     env = []
     if config.capture_ca:
-        args += ["--broker-ca-env", BROKER_CA_ENV]
-        env.append({"name": BROKER_CA_ENV, "value": config.capture_ca})
-    token = {
-        "audience": sb.AUDIENCE,
-        "expirationSeconds": SIGN_TOKEN_SECONDS,
-        "path": sb.TOKEN_FILE,
-    }
-    volume = {
-        "name": sb.TOKEN_VOLUME,
-        "projected": {"defaultMode": 0o444, "sources": [{"serviceAccountToken": token}]},
-    }
-    mount = {"name": sb.TOKEN_VOLUME, "mountPath": sb.TOKEN_DIR, "readOnly": True}
-    return PodStorage(args=args, env=env, volumes=[volume], mounts=[mount])
+        args += [f"--{flag}-ca-env", ca_env]
+        env.append({"name": ca_env, "value": config.capture_ca})
+    directory, _, name = token_path.rpartition("/")
+    token = {"audience": audience, "expirationSeconds": SIGN_TOKEN_SECONDS, "path": name}
+    projected = {"defaultMode": 0o444, "sources": [{"serviceAccountToken": token}]}
+    mount = {"name": volume, "mountPath": directory, "readOnly": True}
+    return PodStorage(
+        args=args, env=env, volumes=[{"name": volume, "projected": projected}], mounts=[mount]
+    )
+
+
+def broker_storage(config: Config) -> PodStorage:
+    """The tuning pod's way to its store with no credential (contracts/store_broker.py),
+    mounted by the sync and publish steps."""
+    token = f"{sb.TOKEN_DIR}/{sb.TOKEN_FILE}"
+    return _to_the_operator(config, "broker", BROKER_CA_ENV, sb.TOKEN_VOLUME, token, sb.AUDIENCE)
 
 
 def remote_signing(spec: TuningProfileSpec, config: Config) -> PodStorage:
-    """The publish (merge) step's way to the operator's signature: the endpoint, its CA and the
-    profile's public key (to check the answer) by value, and a projected token of the signing
-    audience, mounted in that step alone (contracts/sign_request.py)."""
-    args = [
-        "--sign-url", config.capture_url,
-        "--sign-token-file", f"{sr.TOKEN_DIR}/{sr.TOKEN_FILE}",
-        *(["--sign-address", config.capture_address] if config.capture_address else []),
-    ]  # fmt: skip
-    env = []
-    if config.capture_ca:
-        args += ["--sign-ca-env", SIGN_CA_ENV]
-        env.append({"name": SIGN_CA_ENV, "value": config.capture_ca})
-    if spec.storage.public_key:
-        args += ["--sign-public-key-env", VERIFY_KEY_ENV]
-        env.append({"name": VERIFY_KEY_ENV, "value": spec.storage.public_key})
-    token = {
-        "audience": sr.AUDIENCE,
-        "expirationSeconds": SIGN_TOKEN_SECONDS,
-        "path": sr.TOKEN_FILE,
-    }
-    volume = {
-        "name": sr.TOKEN_VOLUME,
-        "projected": {"defaultMode": 0o444, "sources": [{"serviceAccountToken": token}]},
-    }
-    mount = {"name": sr.TOKEN_VOLUME, "mountPath": sr.TOKEN_DIR, "readOnly": True}
-    return PodStorage(args=args, env=env, volumes=[volume], mounts=[mount])
+    """The publish (merge) step's way to the operator's signature (contracts/sign_request.py),
+    mounted in that step alone, and the profile's public key by value, to check the answer."""
+    token = f"{sr.TOKEN_DIR}/{sr.TOKEN_FILE}"
+    to = _to_the_operator(config, "sign", SIGN_CA_ENV, sr.TOKEN_VOLUME, token, sr.AUDIENCE)
+    if not spec.storage.public_key:
+        return to
+    args = [*to.args, "--sign-public-key-env", VERIFY_KEY_ENV]
+    env = [*to.env, {"name": VERIFY_KEY_ENV, "value": spec.storage.public_key}]
+    return replace(to, args=args, env=env)
 
 
 def signing_storage(
