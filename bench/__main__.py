@@ -55,6 +55,19 @@ def _add_options(p: argparse.ArgumentParser, routine: str | None) -> None:
     if every or routine == "oci":
         p.add_argument("--oci-pods", type=int, default=20, help="oci: pods per burst (%(default)s)")
         p.add_argument("--oci-rounds", type=int, default=2, help="oci: rounds (%(default)s)")
+    _add_fleet_trust_options(p, routine)
+    if every or routine == "capture":
+        p.add_argument(
+            "--no-loop",
+            dest="loop",
+            action="store_false",
+            help="capture: the sidecar's figures only, not the loop on the real node",
+        )
+
+
+def _add_fleet_trust_options(p: argparse.ArgumentParser, routine: str | None) -> None:
+    """The options of the fleet's and trust's routines (issue 54's figures)."""
+    every = routine is None
     if every or routine == "bids":
         p.add_argument(
             "--bid-trials", type=int, default=400, help="bids: trials per case (%(default)s)"
@@ -75,13 +88,6 @@ def _add_options(p: argparse.ArgumentParser, routine: str | None) -> None:
     if every or routine == "broker":
         p.add_argument(
             "--broker-rounds", type=int, default=2, help="broker: rounds per arm (%(default)s)"
-        )
-    if every or routine == "capture":
-        p.add_argument(
-            "--no-loop",
-            dest="loop",
-            action="store_false",
-            help="capture: the sidecar's figures only, not the loop on the real node",
         )
 
 
