@@ -144,6 +144,7 @@ def test_the_cluster_scope_library_is_the_jobs_library_there() -> None:
         ({"version": 1, "op": "get", "key": "/a/b"}, "is not a store key"),
         ({"version": 1, "op": "create", "key": "a/b"}, "names its body's checksumSha256"),
         ({"version": 1, "op": "list", "key": "a", "limit": 100000}, "limit must be"),
+        ({"version": 1, "op": "list", "key": "a/b", "after": "a/c/d"}, "after must be a key"),
     ],
 )
 def test_a_bad_request_says_what_to_fix(body: dict[str, Any], said: str) -> None:
@@ -281,6 +282,20 @@ class _Operator:
         self.thread.join(10)
 
 
+class _Counted:
+    """The API server's answers, counting the Job reads."""
+
+    def __init__(self, deps: Any) -> None:
+        self.deps, self.job_reads = deps, 0
+        read_job = deps.read_job
+
+        async def counted(ns: str, name: str) -> Any:
+            self.job_reads += 1
+            return await read_job(ns, name)
+
+        deps.read_job = counted
+
+
 @pytest.fixture
 def brokered(s3: S3Settings, tmp_path: Path) -> Iterator[tuple[BrokeredStore, str]]:
     prefix = f"broker-{os.urandom(4).hex()}"
@@ -288,11 +303,13 @@ def brokered(s3: S3Settings, tmp_path: Path) -> Iterator[tuple[BrokeredStore, st
     s = spec(uri)  # no endpoint: the operator's default (the presigner's), as in the chart
     job, pod = built_job_and_pod(tuning_job(uri))
     deps = api_server_deps(pod, job, profile_object(s, NS, NAME, PUID), sb.AUDIENCE)
+    counted = _Counted(deps)
     presigner = Presigner(s3.access_key, s3.secret_key, s3.endpoint, 30.0)
     operator = _Operator(StoreEndpoint(deps, presigner, IMAGE, "namespace"))
     token = tmp_path / "token"
     token.write_text("good")
     store = BrokeredStore(parse_uri(uri), Broker(operator.url, str(token)), timeout_s=60)
+    store.counted = counted  # type: ignore[attr-defined]
     try:
         yield store, prefix
     finally:
@@ -361,3 +378,23 @@ def test_a_presigned_create_is_bound_to_its_body_and_to_writing_where_nothing_is
     assert put(body, reply.headers) == 200
     assert put(body, reply.headers) == 412  # there now: the same URL replaces nothing
     assert store.get(key, 100) == body
+
+
+def test_a_long_listing_comes_in_pages_in_key_order_and_a_job_is_read_once_for_them(
+    brokered: tuple[BrokeredStore, str], s3: S3Settings
+) -> None:
+    """A library of more entries than a page (the broker's LIST_CAP, 2 here) lists whole, in
+    key order, page after page; the Job behind the many requests is read from the API server
+    once (signer/route.JOB_TTL_S), not per request."""
+    store, prefix = brokered
+    library = f"{prefix}/{NS}/_library/{MODEL}/k1"
+    keys = [f"{library}/{i:064x}.json" for i in range(5)]
+    client = s3.client()
+    for key in reversed(keys):
+        client.put_object(Bucket=s3.bucket, Key=key, Body=b"{}")
+    store.page_size = 2
+    assert [o.key for o in store.list(library, 100)] == keys
+    assert [o.key for o in store.list(library, 3)] == keys[:3]
+    for key in keys:
+        assert store.get(key, 10) == b"{}"
+    assert store.counted.job_reads == 1  # type: ignore[attr-defined]

@@ -70,6 +70,8 @@ def with_broker(args: argparse.Namespace, options: StoreOptions) -> StoreOptions
 
 
 class BrokeredStore:
+    page_size = sb.LIST_CAP  # keys a list asks for at once
+
     def __init__(self, location: Location, broker: Broker, timeout_s: float = 60.0) -> None:
         import urllib3
 
@@ -170,8 +172,18 @@ class BrokeredStore:
         return buf.getvalue()
 
     def list(self, prefix: str, limit: int) -> list[Listed]:
-        reply = self._ask(sb.Request("list", prefix, limit=min(limit, sb.LIST_CAP)))
-        return [Listed(o.key, o.size, o.modified) for o in reply.listed or ()][:limit]
+        """In key order, a page (the broker's LIST_CAP) per request, up to `limit`."""
+        out: list[Listed] = []
+        after = ""
+        while len(out) < limit:
+            page = min(limit - len(out), self.page_size)
+            reply = self._ask(sb.Request("list", prefix, limit=page, after=after))
+            got = [Listed(o.key, o.size, o.modified) for o in reply.listed or ()]
+            out += got
+            if not reply.capped or not got:
+                break
+            after = got[-1].key
+        return out[:limit]
 
     def delete(self, key: str) -> None:
         raise StoreError(f"a tuning pod deletes nothing ({self.uri(key)})")

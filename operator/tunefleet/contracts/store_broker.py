@@ -13,7 +13,7 @@ The request: ``POST https://<operator>/store/v1/presign`` with ``Authorization: 
 steps only) and a JSON body:
 
     {"version": 1, "op": "get" | "create" | "put" | "list", "key": "<full key>",
-     "contentType": "...", "checksumSha256": "<base64>", "limit": N}
+     "contentType": "...", "checksumSha256": "<base64>", "limit": N, "after": "<key>"}
 
 - ``get``: a presigned GET of the object;
 - ``create``: a presigned PUT that writes only where nothing is: ``If-None-Match: *``,
@@ -21,10 +21,12 @@ steps only) and a JSON body:
   there once and replaces nothing;
 - ``put``: a presigned PUT that replaces (the Job's scratch keys and its signature files),
   of that body (its SHA-256 signed in);
-- ``list``: no URL: the operator lists ``key + "/"`` itself, at most ``limit`` (LIST_CAP).
+- ``list``: no URL: the operator lists ``key + "/"`` itself, at most ``limit`` (LIST_CAP)
+  keys, in key order, those after ``after`` when it names one (the next page).
 
 The reply (200): ``{"url": "...", "headers": {...}}`` (send exactly these headers), or
-``{"listed": [{"key", "size", "modified"}...], "capped": bool}``. Any other status:
+``{"listed": [{"key", "size", "modified"}...], "capped": bool}`` (capped: more follow the
+last). Any other status:
 ``{"message": "..."}``, what to fix; 429 and 503 carry ``Retry-After``.
 Standard library only.
 """
@@ -82,13 +84,14 @@ class Request:
     op: str
     key: str
     content_type: str = ""
-    checksum_sha256: str = ""  # base64 of the body's SHA-256 (create: required)
+    checksum_sha256: str = ""  # base64 of the body's SHA-256 (create, put: required)
     limit: int = LIST_CAP
+    after: str = ""  # list: the last key of the page before
 
     def encode(self) -> bytes:
         doc = {
             "version": VERSION, "op": self.op, "key": self.key, "contentType": self.content_type,
-            "checksumSha256": self.checksum_sha256, "limit": self.limit,
+            "checksumSha256": self.checksum_sha256, "limit": self.limit, "after": self.after,
         }  # fmt: skip
         return json.dumps(doc, separators=(",", ":")).encode()
 
@@ -112,7 +115,12 @@ class Request:
             raise BodyError(f"a {op} names its body's checksumSha256")
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= LIST_CAP:
             raise BodyError(f"limit must be an integer from 1 to {LIST_CAP}")
-        return cls(str(op), check_key(key), ctype, checksum, limit)
+        after = doc.get("after", "")
+        if not isinstance(after, str) or (after and not after.startswith(key + "/")):
+            raise BodyError("after must be a key under the listed one")
+        return cls(
+            str(op), check_key(key), ctype, checksum, limit, check_key(after) if after else ""
+        )
 
 
 def checksum_of(digest: bytes) -> str:

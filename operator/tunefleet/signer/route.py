@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 BURST = 6  # requests a pod may make at once; then one per REFILL_S
 REFILL_S = 10.0
+JOB_TTL_S = 10.0  # a Job read is trusted this long (as a pod read: pod_tokens.POD_TTL_S)
 
 
 @dataclass
@@ -80,6 +81,20 @@ class Calls:
         self.deps, self.clock, self.burst, self.refill_s = deps, clock, burst, refill_s
         self.tokens = pod_tokens.PodTokens(audience, deps.review, deps.read_pod, clock)
         self._buckets = pod_tokens.Ttl()
+        self._jobs = pod_tokens.Ttl()
+
+    async def _job(self, namespace: str, name: str, uid: str) -> dict[str, Any] | None:
+        """The pod's Job, remembered JOB_TTL_S by its uid (a sync step asks for each library
+        entry: a read each would cost the API server one per request). One of another uid
+        is never remembered: the caller is then refused, and asks again."""
+        key, now = f"{namespace}/{name}/{uid}", self.clock()
+        hit, job = self._jobs.get(key, now)
+        if hit:
+            return dict(job)
+        job = await self._read(self.deps.read_job(namespace, name), "the Job")
+        if job and ((job.get("metadata") or {}).get("uid")) == uid:
+            self._jobs.put(key, job, now + JOB_TTL_S)
+        return job  # type: ignore[no-any-return]
 
     def _throttle(self, uid: str) -> None:
         now, burst, refill = self.clock(), float(self.burst), self.refill_s
@@ -107,8 +122,7 @@ class Calls:
         caller = await self.tokens.caller(token)
         self._throttle(caller.pod_uid)
         pod = pod_tokens.the_callers_pod(caller, await self.tokens.pod(caller))
-        job_name, _ = job_of(pod)
-        job = await self._read(self.deps.read_job(caller.namespace, job_name), "the Job")
+        job = await self._job(caller.namespace, *job_of(pod))
         labels = ((job or {}).get("metadata") or {}).get("labels") or {}
         profile_name = str(labels.get(naming.TUNING_PROFILE_LABEL) or "")
         profile = (

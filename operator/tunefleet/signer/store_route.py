@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from botocore.exceptions import BotoCoreError, ClientError
 
 from tunefleet import metrics
 from tunefleet.contracts import store_broker as sb
@@ -35,8 +36,9 @@ log = logging.getLogger(__name__)
 # signing.storeCredentialsSecret (never the AWS_* names, which are its read identity's).
 ACCESS_KEY_ENV = "TUNEFLEET_STORE_ACCESS_KEY_ID"
 SECRET_KEY_ENV = "TUNEFLEET_STORE_SECRET_ACCESS_KEY"
-# A publish step asks for each object (a GB cache is one); sync for each checkpoint.
-BURST, REFILL_S = 60, 0.5
+# A publish step asks for each object (a GB cache is one); sync for each checkpoint and, at
+# its start, each GEMM library entry (up to artifacts/library.MAX_ENTRIES: 500).
+BURST, REFILL_S = 200, 0.05
 
 
 @dataclass
@@ -82,12 +84,7 @@ class Presigner:
 
     def answer(self, req: sb.Request, location: Location, client: Any) -> sb.Reply:
         if req.op == "list":
-            from tunefleet.storage.s3 import S3Store
-
-            store = S3Store(location, client=client, timeout_s=self.timeout_s)
-            got = store.list(req.key, req.limit + 1)
-            listed = tuple(sb.Listed(o.key, o.size, o.modified) for o in got[: req.limit])
-            return sb.Reply(listed=listed, capped=len(got) > req.limit)
+            return self._list(req, location, client)
         params: dict[str, Any] = {"Bucket": location.bucket, "Key": req.key}
         headers: dict[str, str] = {}
         method = "get_object"
@@ -102,6 +99,26 @@ class Presigner:
                 params["IfNoneMatch"] = headers["If-None-Match"] = "*"
         url = client.generate_presigned_url(method, Params=params, ExpiresIn=sb.URL_SECONDS)
         return sb.Reply(url=str(url), headers=headers)
+
+    def _list(self, req: sb.Request, location: Location, client: Any) -> sb.Reply:
+        """One page of the listing, in key order, after `req.after`; StoreError when the store
+        fails."""
+        args: dict[str, Any] = {
+            "Bucket": location.bucket,
+            "Prefix": req.key + "/",
+            "MaxKeys": req.limit,
+        }
+        if req.after:
+            args["StartAfter"] = req.after
+        try:
+            resp = client.list_objects_v2(**args)
+        except (ClientError, BotoCoreError) as e:
+            raise StoreError(f"listing {location.uri(req.key)}/ failed: {e}") from None
+        listed = tuple(
+            sb.Listed(o["Key"], int(o["Size"]), o["LastModified"].timestamp())
+            for o in resp.get("Contents", [])[: req.limit]
+        )
+        return sb.Reply(listed=listed, capped=bool(resp.get("IsTruncated")))
 
 
 class StoreEndpoint:
