@@ -15,8 +15,9 @@ import os
 import threading
 import urllib.request
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from urllib.error import HTTPError
 
 import pytest
@@ -398,3 +399,57 @@ def test_a_long_listing_comes_in_pages_in_key_order_and_a_job_is_read_once_for_t
     for key in keys:
         assert store.get(key, 10) == b"{}"
     assert store.counted.job_reads == 1  # type: ignore[attr-defined]
+
+
+class _Flaky(BaseHTTPRequestHandler):
+    """A store that answers each method's first request 503, then as a store would."""
+
+    seen: ClassVar[dict[str, int]] = {}
+    bodies: ClassVar[list[bytes]] = []
+
+    def _first(self) -> bool:
+        n = self.seen.get(self.command, 0)
+        self.seen[self.command] = n + 1
+        if n == 0:
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return True
+        return False
+
+    def do_PUT(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if not self._first():
+            self.bodies.append(body)
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    def do_GET(self) -> None:
+        if not self._first():
+            self.send_response(200)
+            self.send_header("Content-Length", "4")
+            self.end_headers()
+            self.wfile.write(b"rows")
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_store_that_fails_once_is_tried_again_with_the_file_read_from_its_start(
+    tmp_path: Path,
+) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/bucket/key"
+        store = BrokeredStore(parse_uri("s3://bucket"), Broker("http://unused", "unused"), 30)
+        store._ask = lambda req: sb.Reply(url=url)  # type: ignore[method-assign]
+        f = tmp_path / "archive"
+        f.write_bytes(b"x" * 100_000)
+        assert store.put_file_if_absent("key", f, "application/zstd") is True
+        assert _Flaky.bodies == [b"x" * 100_000]  # whole, once it was answered
+        assert store.get("key", 10) == b"rows"
+        assert _Flaky.seen == {"PUT": 2, "GET": 2}
+    finally:
+        server.shutdown()

@@ -69,6 +69,10 @@ def with_broker(args: argparse.Namespace, options: StoreOptions) -> StoreOptions
     return replace(options, broker=broker)
 
 
+# Tries of one presigned request (the URL is good for all of them: URL_SECONDS).
+TRIES = 3
+
+
 class BrokeredStore:
     page_size = sb.LIST_CAP  # keys a list asks for at once
 
@@ -127,17 +131,31 @@ class BrokeredStore:
             time.sleep(wait)
 
     def _send(self, method: str, reply: sb.Reply, body: Any = None, size: int = 0) -> Any:
+        """The store's answer to the presigned request, retried (TRIES in all, within the
+        deadline) while it fails to answer or answers 5xx: a file body is read again from its
+        start. A create whose answer was lost finds its object there (412) and compares it."""
         headers = dict(reply.headers)
         if method == "PUT":
             headers["Content-Length"] = str(size)
-        if time.monotonic() > self.deadline:
-            raise StoreError(f"gave up: over the {self.timeout_s:.0f}s time limit")
-        try:
-            return self._http.request(
-                method, reply.url, body=body, headers=headers, preload_content=False
-            )
-        except Exception as e:  # urllib3's errors: the store is unreachable
-            raise StoreError(f"the store could not be reached: {e}") from None
+        last = ""
+        for attempt in range(TRIES):
+            if time.monotonic() > self.deadline:
+                break
+            if hasattr(body, "seek"):
+                body.seek(0)
+            try:
+                resp = self._http.request(
+                    method, reply.url, body=body, headers=headers, preload_content=False
+                )
+            except Exception as e:  # urllib3's errors: the store is unreachable
+                last = f"the store could not be reached: {e}"
+            else:
+                if int(resp.status) < 500:
+                    return resp
+                last = f"the store answered HTTP {resp.status}"
+                resp.release_conn()
+            time.sleep(min(0.5 * 2**attempt, max(0.0, self.deadline - time.monotonic())))
+        raise StoreError(f"gave up after {attempt + 1} tries: {last or 'over the time limit'}")
 
     def _put(self, op: str, key: str, body: Any, size: int, sha256: bytes, ctype: str) -> int:
         reply = self._ask(sb.Request(op, key, ctype, sb.checksum_of(sha256)))
