@@ -250,7 +250,8 @@ def test_fetch_serves_a_bundle_signed_in_the_new_format_only(tmp_path: Path) -> 
     pem = (DATA / "cosign.pub").read_bytes()
     with pytest.raises(FetchError, match=r"is not signed .*no Sigstore bundle among its referrers"):
         serving_store(reg.store(), Signature(image, key_pem=pem, required=True))
-    sigbundle.sign(reg.store(), image, _key())
+    key = _key()
+    sigbundle.attach(reg.store(), image, sigbundle.make(image, key), key.public_key())
     view = serving_store(reg.store(), Signature(image, key_pem=pem, required=True))
     assert isinstance(view, ocibundle.BundleView)
     assert view.get("ml/llm/M/abc/results.csv", 1000).startswith(b"Validator")

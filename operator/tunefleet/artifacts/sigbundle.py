@@ -100,14 +100,15 @@ def referrer(store: OciStore, subject: dict[str, Any], bundle: bytes) -> dict[st
     }
 
 
-def sign(store: OciStore, digest: str, key: ec.EllipticCurvePrivateKey) -> str:
-    """Attach a bundle by `key` to the image at `digest`, unless one that verifies is there
-    already (a referrer cannot be replaced, only added: publishing again adds none). Other
-    signers' bundles and other referrers are left as they are. The referrer's digest."""
+def attach(store: OciStore, digest: str, bundle: bytes, key: ec.EllipticCurvePublicKey) -> str:
+    """Attach `bundle` (made by the private half of `key`) to the image at `digest`, unless
+    one by `key` that verifies is there already (a referrer cannot be replaced, only added:
+    publishing again adds none). Other signers' bundles and other referrers are left as they
+    are. The referrer's digest."""
     for descriptor in store.referrers(digest, BUNDLE_MEDIA_TYPE):
-        if check(store, digest, descriptor, key.public_key()) == "":
+        if check(store, digest, descriptor, key) == "":
             return str(descriptor["digest"])
-    return store.push_referrer(referrer(store, store.descriptor(digest), make(digest, key)))
+    return store.push_referrer(referrer(store, store.descriptor(digest), bundle))
 
 
 def verify(store: OciStore, digest: str, key: ec.EllipticCurvePublicKey) -> list[str]:

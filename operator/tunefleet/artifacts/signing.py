@@ -166,18 +166,43 @@ def _manifest_media_type() -> str:
     return MANIFEST_MEDIA_TYPE
 
 
+@dataclass(frozen=True)
+class OciSignatures:
+    """One image's signatures in both of cosign's formats, made where the key is (a mounted
+    key pair, or the operator: signer/route.py): the legacy one over `payload`, and the
+    Sigstore bundle (sigbundle.make)."""
+
+    digest: str
+    legacy: bytes  # the DER signature of payload(repository, digest)
+    bundle: bytes  # the bundle's JSON
+
+
+def signatures(repository: str, digest: str, key: ec.EllipticCurvePrivateKey) -> OciSignatures:
+    body = payload(repository, digest)
+    return OciSignatures(
+        digest, key.sign(body, ec.ECDSA(hashes.SHA256())), sigbundle.make(digest, key)
+    )
+
+
 def sign(store: OciStore, digest: str, key: ec.EllipticCurvePrivateKey) -> str:
     """Sign the manifest at `digest` in the store's repository in both of cosign's formats
     (cosign v2 and the policies built on it read only the legacy one, cosign v3 writes the
     bundle); the legacy signature manifest's digest."""
-    signed = _sign_legacy(store, digest, key)
-    sigbundle.sign(store, digest, key)
-    return signed
+    return attach(store, signatures(store.location.bucket, digest, key), key.public_key())
 
 
-def _sign_legacy(store: OciStore, digest: str, key: ec.EllipticCurvePrivateKey) -> str:
+def attach(store: OciStore, signed: OciSignatures, key: ec.EllipticCurvePublicKey) -> str:
+    """Push both signatures of `signed.digest` (made by the private half of `key`): the
+    legacy signature manifest's digest."""
+    pushed = _attach_legacy(store, signed.digest, signed.legacy, key)
+    sigbundle.attach(store, signed.digest, signed.bundle, key)
+    return pushed
+
+
+def _attach_legacy(
+    store: OciStore, digest: str, signature: bytes, key: ec.EllipticCurvePublicKey
+) -> str:
     body = payload(store.location.bucket, digest)
-    signature = key.sign(body, ec.ECDSA(hashes.SHA256()))
     payload_digest = store.push_blob(body)
     ours = {
         "mediaType": PAYLOAD_MEDIA_TYPE,
@@ -192,7 +217,7 @@ def _sign_legacy(store: OciStore, digest: str, key: ec.EllipticCurvePrivateKey) 
     kept = [
         layer
         for layer in ((found[0].get("layers") if found else None) or [])
-        if isinstance(layer, dict) and _check_layer(store, digest, layer, key.public_key()) != ""
+        if isinstance(layer, dict) and _check_layer(store, digest, layer, key) != ""
     ]
     layers = [*kept, ours]
     config = json.dumps(
