@@ -268,3 +268,22 @@ def test_gc_deletes_an_images_bundles_and_their_index_with_it() -> None:
     assert image not in reg.manifests
     assert not any("subject" in json.loads(body) for body, _ in reg.manifests.values())
     assert not any(t.startswith("sha256-") for t in reg.tags)
+
+
+def test_the_operator_knows_a_bundle_by_the_manifest_it_holds_before_it_signs_it() -> None:
+    reg = MemoryRegistry()
+    store = reg.store()
+    manifest = b'{"schema": "tunefleet.io/manifest/v1"}\n'
+    layer = {
+        "mediaType": ocibundle.MANIFEST_LAYER,
+        "digest": store.push_blob(manifest),
+        "size": len(manifest),
+    }
+    bundle = store.push_manifest(store._artifact(ocibundle.ARTIFACT_TYPE, [layer], {}), "b-y")
+    assert ocibundle.names_manifest(store, bundle, manifest) == ""
+    said = ocibundle.names_manifest(store, bundle, manifest + b" ")
+    assert "is a bundle of another manifest" in said
+    other = _image(reg)  # a bundle with no manifest layer at all
+    assert "another manifest" in ocibundle.names_manifest(store, other, manifest)
+    missing = "sha256:" + "0" * 64
+    assert "no such image" in ocibundle.names_manifest(store, missing, manifest)

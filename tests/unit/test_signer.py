@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from testbed.builders.signing import api_server_deps, profile_object
@@ -26,7 +26,7 @@ from testbed.builders.signing import job_and_pod as built_job_and_pod
 from testbed.builders.wrappers import make_profile
 from tunefleet import naming
 from tunefleet.api import TuningProfileSpec
-from tunefleet.artifacts import signing
+from tunefleet.artifacts import sigbundle, signing
 from tunefleet.artifacts.remote_sign import RemoteSigner, RemoteSignError
 from tunefleet.builders.job import Child, build_merge_job, build_tuning_job
 from tunefleet.config import Config
@@ -390,3 +390,67 @@ def test_a_profile_the_operator_signs_for_needs_no_signing_secret_and_may_shard(
     assert problem.startswith("storage.signing.secret:") and "signing.secret" in problem
     assert parse_spec(doc, CONFIG)[1] == []
     assert parse_spec(doc, replace(CONFIG, signing_key_dir=""))[1] == [problem]
+
+
+# --- oci:// artifacts: the operator signs the images it has read ------------------------------
+
+OCI_SPEC = (
+    make_profile(NAME)
+    .image(f"registry.example.com/serve@{DIGEST}")
+    .gpu("nvidia", MODEL)
+    .command("python3", "serve.py")
+    .storage("oci://registry.example.com/ml/tunefleet", signing={"publicKey": PUBLIC})
+    .spec_model()
+)
+OCI_CHILD = Child(OCI_SPEC, NS, NAME, PUID, MODEL, replace(CONFIG, oci_config="/etc/oci"))
+OCI_ALONE = Child(OCI_SPEC, NS, NAME, PUID, MODEL, CONFIG)
+IMAGES = ("sha256:" + "11" * 32, "sha256:" + "22" * 32)
+
+
+def _oci_endpoint(data: bytes, seen: list[str]) -> Endpoint:
+    job, pod = job_and_pod(OCI_CHILD)
+
+    async def check_oci(uri: str, digest: str, manifest_bytes: bytes) -> str:
+        seen.append(f"{uri}@{digest}")
+        ours = digest in IMAGES and manifest_bytes == data
+        return "" if ours else f"{digest} is a bundle of another manifest"
+
+    deps = replace(_deps(pod, job, profile(OCI_SPEC)), check_oci=check_oci)
+    return Endpoint(deps, Signer(KEY, IMAGE, "cluster-a"), now=lambda: NOW)
+
+
+def test_the_operator_signs_an_oci_artifacts_images_once_it_has_read_them_as_its_own() -> None:
+    """An oci:// tuning pod holds no key either (the operator holds a registry read identity):
+    publish asks for its bundle's and volume image's signatures; the operator reads each
+    image as the artifact of the very manifest it vouches for, then signs both of cosign's
+    formats, which verify with the profile's key. An image of another manifest is refused."""
+    data = manifest(
+        revision=naming.revision(OCI_SPEC),
+        fleet_identity=naming.identity_document(OCI_SPEC, MODEL),
+    )
+    seen: list[str] = []
+    endpoint = _oci_endpoint(data, seen)
+    status, reply = asyncio.run(_post(endpoint, sr.Request(data, IMAGES).encode(), "good"))
+    assert status == 200, reply.message
+    assert seen == [f"oci://registry.example.com/ml/tunefleet@{d}" for d in IMAGES]
+    assert [o.digest for o in reply.oci] == list(IMAGES)
+    for o in reply.oci:
+        body = signing.payload("registry.example.com/ml/tunefleet", o.digest)
+        KEY.public_key().verify(o.legacy, body, ec.ECDSA(hashes.SHA256()))
+        assert sigbundle.check_bundle(o.bundle, o.digest, KEY.public_key()) == ""
+    other = ("sha256:" + "33" * 32,)
+    status, reply = asyncio.run(_post(endpoint, sr.Request(data, other).encode(), "good"))
+    assert status == 403 and "not this artifact's image" in reply.message, reply.message
+    # An s3:// profile's Job asks for images: there are none to sign.
+    job, pod = job_and_pod()
+    plain = Endpoint(_deps(pod, job, profile()), Signer(KEY, IMAGE, "cluster-a"), now=lambda: NOW)
+    status, reply = asyncio.run(_post(plain, sr.Request(manifest(), IMAGES).encode(), "good"))
+    assert status == 409
+
+
+def test_an_oci_tuning_pod_mounts_no_key_where_the_operator_can_read_the_registry() -> None:
+    job, _ = job_and_pod(OCI_CHILD)
+    assert "signing" not in json.dumps(job["spec"]["template"]["spec"]["volumes"])
+    assert "--sign-url" in json.dumps(job)
+    # Without a registry read identity the operator cannot check what it signs: as before.
+    assert "--sign-url" not in json.dumps(build_tuning_job(OCI_ALONE))

@@ -503,3 +503,30 @@ def copy_caches(
         except OSError as exc:
             raise VolumeError(f"cannot copy cache {entry.name} to {target}: {exc}") from None
     return Copied(tuple(c.name for c in manifest.caches), copied, linked)
+
+
+def names_manifest(store: OciStore, digest: str, manifest_bytes: bytes) -> str:
+    """Why the image at `digest` is neither the bundle nor the volume image of the artifact
+    whose stored manifest is `manifest_bytes`; "" when it is one. What the operator checks
+    before it signs an image for a tuning pod: the bundle by its manifest layer (the very
+    bytes, by digest), the volume image as delivery checks it (check_volume)."""
+    from tuner_job.manifest import ManifestError, loads
+
+    found = store.manifest(digest)
+    if found is None:
+        return f"{store.location.bucket}@{digest}: no such image in the registry"
+    doc, sha = found[0], hashlib.sha256(manifest_bytes).hexdigest()
+    if doc.get("artifactType") == ARTIFACT_TYPE:
+        ours = {"mediaType": MANIFEST_LAYER, "digest": f"sha256:{sha}"}
+        for layer in doc.get("layers") or []:
+            if isinstance(layer, dict) and all(layer.get(k) == v for k, v in ours.items()):
+                return ""
+        return f"{store.location.bucket}@{digest} is a bundle of another manifest"
+    if doc.get("artifactType") == VOLUME_ARTIFACT_TYPE:
+        try:
+            m = loads(manifest_bytes)
+            check_volume(store, digest, m.results_sha256, sha, m.kind, len(m.caches))
+        except (ManifestError, VolumeError, StoreError) as e:
+            return str(e)
+        return ""
+    return f"{store.location.bucket}@{digest} is neither a tunefleet bundle nor a volume image"

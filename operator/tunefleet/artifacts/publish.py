@@ -303,7 +303,7 @@ def publish(
     pub = upload_artifact(store, location, results, manifest, with_image, archives)
     signing = signing or Signing()
     pub = sign_manifest(store, location, pub, signing.key_dir, signing.remote)
-    pub = push_bundle(store, location, pub, signing.key_dir)
+    pub = push_bundle(store, location, pub, signing.key_dir, signing.remote)
     if manifest.kind != kinds.DEFAULT:
         return pub  # the GEMM library holds TunableOp rows; caches are per identity already
     return add_to_library(store, location, library_scope, pub, results)
@@ -442,11 +442,16 @@ def sign_manifest(
 
 
 def push_bundle(
-    store: Store, location: Location, pub: Published, signing_key: Path | None
+    store: Store,
+    location: Location,
+    pub: Published,
+    signing_key: Path | None,
+    remote: RemoteSigner | None = None,
 ) -> Published:
-    """oci:// stores: the artifact as one bundle, then signed with the key pair in
-    `signing_key` (a mounted Secret) when given. A failure here fails the Job: the objects
-    pushed so far are never served, since no record names them."""
+    """oci:// stores: the artifact as one bundle, then signed by the operator (`remote`: the
+    key stays in its namespace) or with the key pair in `signing_key` (a mounted Secret) when
+    given. A failure here fails the Job: the objects pushed so far are never served, since no
+    record names them."""
     if location.scheme != "oci":
         return pub
     from tunefleet.storage.oci import OciStore
@@ -468,14 +473,33 @@ def push_bundle(
             with open(archives[c.name], "wb") as f:
                 get_file(store, bundle.key(base, c), f, bundle.MAX_ARCHIVE_BYTES)
         volume = ocibundle.push_volume(store, base, manifest_bytes, stored, payload, archives)
-    if key is not None:
-        for signed in filter(None, (digest, volume)):
+    images = tuple(filter(None, (digest, volume)))
+    if remote is not None:
+        _attach_operators(store, location, manifest_bytes, images, remote)
+    elif key is not None:
+        for signed in images:
             signing.sign(store, signed, key)
-    said = " signed" if key is not None else ""
+    said = " signed" if key is not None or remote is not None else ""
     print(f"{PROG}: bundle {location.bucket}@{digest}{said}", file=sys.stderr)
     if volume:
         print(f"{PROG}: volume image {location.bucket}@{volume}{said}", file=sys.stderr)
-    return replace(pub, bundle=digest, signed=key is not None, volume=volume)
+    return replace(pub, bundle=digest, signed=bool(said), volume=volume)
+
+
+def _attach_operators(
+    store: Any, location: Location, manifest: bytes, images: tuple[str, ...], remote: RemoteSigner
+) -> None:
+    """The operator's signatures of the images, pushed in both of cosign's formats (the
+    tuning pod holds no key: its operator read each image before it signed)."""
+    from . import signing
+
+    try:
+        signed = remote.sign(manifest, images, location.bucket)
+        key = signing.load_public_key(remote.public_key.encode())
+    except (RemoteSignError, signing.SigningError) as e:
+        raise PublishError(f"cannot sign the bundle: {e}") from None
+    for image in signed.images:
+        signing.attach(store, image, key)
 
 
 def add_to_library(

@@ -10,12 +10,16 @@ import hashlib
 import http.client
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+
 from tunefleet import pod_https
-from tunefleet.artifacts import signing
+from tunefleet.artifacts import sigbundle, signing
 from tunefleet.contracts.sign_request import (
     MAX_REPLY_BYTES,
     PATH,
@@ -35,6 +39,7 @@ class RemoteSignError(Exception):
 class Signed:
     signature: bytes  # sign_blob's form, of the manifest
     attestation: dict[str, Any]  # the DSSE envelope
+    images: tuple[signing.OciSignatures, ...] = ()  # oci:// stores: each image's, as asked
 
 
 @dataclass(frozen=True)
@@ -46,10 +51,12 @@ class RemoteSigner:
     public_key: str = ""  # the profile's (spec.storage.signing.publicKey): replies checked
     timeout_s: float = 120.0
 
-    def sign(self, manifest: bytes) -> Signed:
+    def sign(self, manifest: bytes, images: tuple[str, ...] = (), repository: str = "") -> Signed:
+        """The manifest signed and attested; with `images` (digests in `repository`, an
+        oci:// store's), each of them signed too."""
         endpoint = pod_https.Endpoint(self.url, self.ca_pem, self.address, timeout_s=20.0)
         deadline = time.monotonic() + self.timeout_s
-        body, attempt, last = Request(manifest).encode(), 0, ""
+        body, attempt, last = Request(manifest, images).encode(), 0, ""
         while True:
             try:
                 token = self.token_file.read_text().strip()  # rotated by the kubelet
@@ -61,7 +68,8 @@ class RemoteSigner:
                 got = endpoint.post(PATH, body, token, MAX_REPLY_BYTES)
                 reply = Reply.decode(got.body)
                 if got.status == 200:
-                    return self._checked(manifest, reply)
+                    signed = self._checked(manifest, reply)
+                    return self._images(signed, reply, images, repository)
                 last = f"{got.status} {reply.message or got.reason}"
                 if got.status not in (429, 503):
                     raise RemoteSignError(f"the operator refused to sign: {last}")
@@ -102,3 +110,32 @@ class RemoteSigner:
                         "another key pair than the profile names"
                     )
         return Signed(reply.signature, reply.attestation)
+
+    def _images(
+        self, signed: Signed, reply: Reply, asked: tuple[str, ...], repository: str
+    ) -> Signed:
+        """The images' signatures of the reply, each checked with the profile's public key
+        before anything is pushed: one per image asked for, both formats."""
+        got = {o.digest: o for o in reply.oci}
+        if set(got) != set(asked):
+            raise RemoteSignError("the operator signed other images than those asked for")
+        if not asked:
+            return signed
+        if not self.public_key:
+            raise RemoteSignError("an image is signed only for a profile with a publicKey")
+        key = signing.load_public_key(self.public_key.encode())
+        out = []
+        for digest in asked:
+            o = got[digest]
+            try:
+                key.verify(o.legacy, signing.payload(repository, digest), ec.ECDSA(hashes.SHA256()))
+            except InvalidSignature:
+                raise RemoteSignError(
+                    f"the operator's signature of {digest} does not verify with "
+                    "spec.storage.signing.publicKey"
+                ) from None
+            why = sigbundle.check_bundle(o.bundle, digest, key)
+            if why:
+                raise RemoteSignError(f"the operator's Sigstore bundle of {digest}: {why}")
+            out.append(signing.OciSignatures(digest, o.legacy, o.bundle))
+        return replace(signed, images=tuple(out))

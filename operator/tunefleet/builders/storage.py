@@ -67,10 +67,12 @@ SIGN_TOKEN_SECONDS = 3600
 def operator_signs(spec: TuningProfileSpec, config: Config) -> bool:
     """Whether the operator signs this profile's artifacts (its key in the operator's
     namespace, the chart's signing.secret) rather than a key pair mounted in the Job: for
-    stores of objects that sign, when the operator holds a key and pods can reach it."""
+    stores that sign, when the operator holds a key and pods can reach it; on oci://, when
+    it can also read the registry (delivery.oci.credentialsSecret), to check each image it
+    signs."""
     return (
         bool(config.signing_key_dir and config.capture_url)
-        and not spec.storage.is_oci
+        and (not spec.storage.is_oci or bool(config.oci_config))
         and spec.storage.signing_policy is not None
     )
 

@@ -35,7 +35,8 @@ import base64
 import binascii
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+import re
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 VERSION = 1
@@ -54,6 +55,8 @@ MAX_BODY_BYTES = MAX_MANIFEST_BYTES * 4 // 3 + 4096
 MAX_REPLY_BYTES = 64 << 10
 ATTESTATION_TYPE = "application/vnd.tunefleet.attestation.v1+json"
 ATTESTATION_SUFFIX = ".att"
+MAX_OCI_DIGESTS = 2  # an artifact's bundle and its volume image
+_DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
 class BodyError(ValueError):
@@ -63,11 +66,18 @@ class BodyError(ValueError):
 @dataclass(frozen=True)
 class Request:
     manifest: bytes
+    # oci:// stores: the images to sign, the artifact's bundle and volume image, by digest.
+    oci_digests: tuple[str, ...] = ()
 
     def encode(self) -> bytes:
         if len(self.manifest) > MAX_MANIFEST_BYTES:
             raise BodyError(f"a manifest is at most {MAX_MANIFEST_BYTES} bytes")
-        doc = {"version": VERSION, "manifest": base64.b64encode(self.manifest).decode()}
+        doc: dict[str, Any] = {
+            "version": VERSION,
+            "manifest": base64.b64encode(self.manifest).decode(),
+        }
+        if self.oci_digests:
+            doc["ociDigests"] = list(self.oci_digests)
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
@@ -84,7 +94,14 @@ class Request:
             raise BodyError("manifest is not valid base64") from None
         if len(manifest) > MAX_MANIFEST_BYTES:
             raise BodyError(f"a manifest is at most {MAX_MANIFEST_BYTES} bytes")
-        return cls(manifest)
+        digests = doc.get("ociDigests", [])
+        if (
+            not isinstance(digests, list)
+            or len(digests) > MAX_OCI_DIGESTS
+            or not all(isinstance(d, str) and _DIGEST_RE.match(d) for d in digests)
+        ):
+            raise BodyError(f"ociDigests is a list of at most {MAX_OCI_DIGESTS} sha256: digests")
+        return cls(manifest, tuple(digests))
 
 
 @dataclass(frozen=True)
@@ -176,11 +193,21 @@ def payload_of(doc: Any) -> Attestation:
 
 
 @dataclass(frozen=True)
+class OciSigned:
+    """One image's signatures (artifacts/signing.OciSignatures' fields, in base64)."""
+
+    digest: str
+    legacy: bytes
+    bundle: bytes
+
+
+@dataclass(frozen=True)
 class Reply:
     signature: bytes = b""  # sign_blob's form
     attestation: dict[str, Any] | None = None  # the DSSE envelope
     message: str = ""
     retry_after: float | None = None
+    oci: tuple[OciSigned, ...] = ()
 
     def encode(self) -> bytes:
         doc: dict[str, Any] = {}
@@ -192,11 +219,37 @@ class Reply:
             doc["message"] = self.message[:2000]
         if self.retry_after is not None:
             doc["retryAfter"] = self.retry_after
+        if self.oci:
+            doc["oci"] = [
+                {
+                    "digest": o.digest,
+                    "legacy": base64.b64encode(o.legacy).decode(),
+                    "bundle": base64.b64encode(o.bundle).decode(),
+                }
+                for o in self.oci
+            ]
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, body: bytes) -> Reply:
         doc = _object(body, MAX_REPLY_BYTES)
+        reply = cls._decode(doc)
+        raw = doc.get("oci", [])
+        try:
+            oci = tuple(
+                OciSigned(
+                    str(o["digest"]),
+                    base64.b64decode(o["legacy"], validate=True),
+                    base64.b64decode(o["bundle"], validate=True),
+                )
+                for o in raw
+            )
+        except (TypeError, KeyError, binascii.Error, ValueError):
+            raise BodyError("oci holds {digest, legacy, bundle} objects, in base64") from None
+        return replace(reply, oci=oci)
+
+    @classmethod
+    def _decode(cls, doc: dict[str, Any]) -> Reply:
         sig, att = doc.get("signature", ""), doc.get("attestation")
         message, retry = doc.get("message", ""), doc.get("retryAfter")
         if not isinstance(sig, str) or not isinstance(message, str):

@@ -376,7 +376,11 @@ class Operator:
         from tunefleet.signer import route as signer_route
 
         cache = self.cache
-        deps = signer_route.real_deps(self.client, lambda ns, name: cache.profile((ns, name)))
+        deps = signer_route.real_deps(
+            self.client,
+            lambda ns, name: cache.profile((ns, name)),
+            oci_config=config.oci_config,
+        )
         signer = signer_route.Signer(_signing_key(config), config.image, config.fleet_cluster)
         routes = signer_route.Endpoint(deps, signer).routes()
         if config.store_broker:

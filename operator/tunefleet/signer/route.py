@@ -29,6 +29,7 @@ from tunefleet.contracts.sign_request import (
     MAX_BODY_BYTES,
     PATH,
     BodyError,
+    OciSigned,
     Reply,
     Request,
     envelope,
@@ -38,6 +39,8 @@ from tunefleet.kube import Kube
 from tunefleet.runtime import pod_tokens
 from tunefleet.runtime.pod_tokens import Denied
 from tunefleet.signer.judge import Seen, job_of, judge
+from tunefleet.storage.registry import parse_uri
+from tunefleet.storage.store import StoreOptions
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,9 @@ class Deps:
     read_pod: Callable[[str, str], Awaitable[dict[str, Any] | None]]
     read_job: Callable[[str, str], Awaitable[dict[str, Any] | None]]
     read_profile: Callable[[str, str], Awaitable[dict[str, Any] | None]]
+    # oci:// stores: why the image (store URI, digest) is not the artifact of the manifest
+    # ("" when it is), read with the operator's registry identity; None: none is signed.
+    check_oci: Callable[[str, str, bytes], Awaitable[str]] | None = None
 
 
 @dataclass(frozen=True)
@@ -175,6 +181,7 @@ class Endpoint:
             raise Denied(400, "bad_request", str(e)) from None
         s, caller = self.signer, seen.caller
         attestation = judge(seen, req.manifest, s.image, s.cluster, self.now())
+        oci = await self._oci(seen, req)
         payload = attestation.to_json()
         signed_payload = signing.sign_blob(pae(ATTESTATION_TYPE, payload), s.key)
         log.info(
@@ -185,7 +192,26 @@ class Endpoint:
         return Reply(
             signature=signing.sign_blob(req.manifest, s.key),
             attestation=envelope(payload, signed_payload),
+            oci=oci,
         )
+
+    async def _oci(self, seen: Seen, req: Request) -> tuple[OciSigned, ...]:
+        """The images of an oci:// artifact signed, each once the operator has read it from
+        the registry as the bundle or volume image of this very manifest (the judge vouched
+        for the manifest); Denied otherwise."""
+        if not req.oci_digests:
+            return ()
+        uri = str((((seen.profile or {}).get("spec") or {}).get("storage") or {}).get("uri", ""))
+        check = self.calls.deps.check_oci
+        if check is None or not uri.startswith("oci://"):
+            raise Denied(409, "conflict", "this operator signs no images for this profile")
+        for digest in req.oci_digests:
+            why = await self.calls._read(check(uri, digest, req.manifest), "the image")  # type: ignore[arg-type]
+            if why:
+                raise Denied(403, "forbidden", f"not this artifact's image: {why}")
+        repository = parse_uri(uri).bucket
+        made = [signing.signatures(repository, d, self.signer.key) for d in req.oci_digests]
+        return tuple(OciSigned(m.digest, m.legacy, m.bundle) for m in made)
 
     def routes(self) -> list[web.RouteDef]:
         return [web.post(PATH, self.handle)]
@@ -195,6 +221,7 @@ def real_deps(
     client: Kube,
     profile_from_cache: Callable[[str, str], dict[str, Any] | None],
     audience: str = AUDIENCE,
+    oci_config: str = "",
 ) -> Deps:
     async def review(token: str) -> dict[str, Any]:
         return await asyncio.to_thread(client.review_token, token, audience)
@@ -211,4 +238,19 @@ def real_deps(
             return found
         return await asyncio.to_thread(client.get_profile, namespace, name, 2.0)
 
-    return Deps(review, read_pod, read_job, read_profile)
+    async def check_oci(uri: str, digest: str, manifest: bytes) -> str:
+        def read() -> str:
+            from tunefleet.artifacts import ocibundle
+            from tunefleet.storage.oci import OciStore
+            from tunefleet.storage.registry import open_store
+
+            options = StoreOptions(
+                oci_config=oci_config or None, timeout_s=pod_tokens.CALL_TIMEOUT_S
+            )
+            store = open_store(parse_uri(uri), options)
+            assert isinstance(store, OciStore)
+            return ocibundle.names_manifest(store, digest, manifest)
+
+        return await asyncio.to_thread(read)
+
+    return Deps(review, read_pod, read_job, read_profile, check_oci)
