@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,8 @@ import pytest
 
 from testbed.builders.wrappers import make_pod
 from testbed.cluster import wait_for_real_node_gpus
+from testbed.oci_volumes import delivery, volume_profile
+from testbed.oci_volumes import secrets as oci_secrets
 from testbed.operator import InCluster, operator_signing
 from testbed.real_node import model_pod, real_profile
 from testbed.registry import Registry, cosign
@@ -232,3 +235,47 @@ def test_the_operator_signs_what_its_own_job_tuned_and_no_tuning_pod_holds_a_key
         assert len(said) == 2, said
         for line in said:
             assert line.startswith("403 ") and "not controlled by a Job" in line, said
+
+
+def test_an_oci_profiles_tuning_pod_holds_no_key_and_the_operator_signs_its_images(
+    cluster: Any, in_cluster: InCluster, s3: Any, namespace: str, tmp_path: Path
+) -> None:
+    """oci:// with the operator signing (it reads the registry with delivery.oci's identity):
+    the tuning pod mounts no key pair (the profile names a `signing` Secret: not mounted);
+    publish asks the operator, which reads the bundle and the volume image as this manifest's
+    and signs both formats; cosign verifies both images with the operator's public key, and
+    the volume is mounted by a model pod. (The registry push credential is still in the pod.)"""
+    registry = Registry.from_state()
+    wait_for_real_node_gpus(cluster, 1)
+    oci_secrets(cluster, namespace, registry)
+    repository = f"e2e/{namespace}-{uuid.uuid4().hex[:6]}"
+    with operator_signing(cluster, s3) as public:
+        apply(cluster, namespace, volume_profile("ocisigned", s3, registry, repository, public))
+        try:
+            prof = ready(cluster, namespace, "ocisigned", timeout=300)
+        except AssertionError:
+            prof = get_json(cluster, "tp", "-n", namespace, "ocisigned")
+        st = prof.get("status") or {}
+        assert st.get("phase") == "Ready", json.dumps(st, indent=2)[:3000]
+        (job,) = jobs_of(cluster, namespace, "ocisigned")
+        (pod,) = get_json(
+            cluster, "pods", "-n", namespace, "-l",
+            f"batch.kubernetes.io/job-name={job['metadata']['name']}",
+        )["items"]  # fmt: skip
+        assert secrets_with_a_private_key(cluster, namespace, pod) == []
+        assert "signing" not in secrets_read(pod), secrets_read(pod)
+        (art,) = st["artifacts"]
+        assert art["bundle"]["signed"] is True, art
+        (tmp_path / "operator.pub").write_text(public)
+        for digest in (art["bundle"]["digest"], art["bundle"]["volume"]):
+            check = [
+                "verify", "--key", str(tmp_path / "operator.pub"), "--insecure-ignore-tlog=true",
+                f"{registry.host}/{repository}@{digest}",
+            ]  # fmt: skip
+            done = cosign(check, registry.tool_env(registry.reader))
+            assert done.returncode == 0, done.stderr
+        delivered = delivery(cluster, namespace, "ocisigned", "ImageVolume")
+        assert delivered["bundle"]["volume"] == art["bundle"]["volume"]
+        create(cluster, namespace, model_pod("mounted", "ocisigned", gpus=1))
+        done_pod = ended(cluster, namespace, "mounted", "the image-volume pod to finish")
+        assert done_pod["status"]["phase"] == "Succeeded", done_pod["status"]
