@@ -81,12 +81,41 @@ def operator_signing(cluster: Any, s3: Any) -> Iterator[str]:
     extra = ("--set", f"signing.secret={OPERATOR_KEY_SECRET}")
     extra += ("--set", f"signing.storeCredentialsSecret={PUBLISHER_SECRET}")
     install_in_cluster(cluster, s3, extra=extra)
+    _only_replicas_with(cluster, "TUNEFLEET_SIGNING_KEY_DIR")
     try:
         yield public
     finally:
         install_in_cluster(cluster, s3)
         for name in (OPERATOR_KEY_SECRET, PUBLISHER_SECRET):
             cluster.kubectl("delete", "secret", "-n", SYSTEM_NS, name, check=False)
+
+
+def _only_replicas_with(cluster: Any, variable: str, timeout: float = 120) -> None:
+    """Until every operator pod of the release (terminating ones too) has `variable`: helm's
+    --wait sees the new replicas Ready while an old one may still lead, and reconcile what a
+    test applies next with the old configuration."""
+
+    def pods() -> list[dict[str, Any]]:
+        out = cluster.kubectl(
+            "get", "pods", "-n", SYSTEM_NS, "-l", f"app.kubernetes.io/instance={RELEASE}",
+            "-o", "json",
+        ).stdout  # fmt: skip
+        items = json.loads(out)["items"]
+        owned = [
+            p for p in items
+            if any(o.get("kind") == "ReplicaSet" for o in p["metadata"].get("ownerReferences") or [])
+        ]  # fmt: skip
+        return owned
+
+    def configured(items: list[dict[str, Any]]) -> bool:
+        return bool(items) and all(
+            any(e.get("name") == variable for e in p["spec"]["containers"][0].get("env") or [])
+            for p in items
+        )
+
+    wait_for(
+        lambda: configured(pods()), timeout, describe=f"every operator replica with {variable}"
+    )
 
 
 def free_port() -> int:
