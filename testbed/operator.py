@@ -63,35 +63,36 @@ PUBLISHER_SECRET = "tunefleet-e2e-store-publisher"
 @contextlib.contextmanager
 def operator_signing(cluster: Any, s3: Any) -> Iterator[str]:
     """The in-cluster release upgraded, for the block, with signing.secret (a key pair cosign
-    made in the operator's namespace) and signing.storeCredentialsSecret (the store's writer,
-    there too): the public key's PEM; then the release as it was (install_in_cluster's)."""
+    made in the operator's namespace, under a name of its own each time: a replica of an
+    earlier block still terminating holds that block's key) and signing.storeCredentialsSecret
+    (the store's writer, there too): the public key's PEM; then the release as it was."""
     from testbed.registry import Registry, cosign
 
-    cluster.kubectl("delete", "secret", "-n", SYSTEM_NS, OPERATOR_KEY_SECRET, check=False)
+    key_secret = f"{OPERATOR_KEY_SECRET}-{os.urandom(3).hex()}"
     reg = Registry.from_state()
     env = {**reg.tool_env(reg.reader), "COSIGN_PASSWORD": "e2e-operator-password"}
     env["KUBECONFIG"] = cluster.kubeconfig
-    made = cosign(["generate-key-pair", f"k8s://{SYSTEM_NS}/{OPERATOR_KEY_SECRET}"], env)
+    made = cosign(["generate-key-pair", f"k8s://{SYSTEM_NS}/{key_secret}"], env)
     assert made.returncode == 0, made.stderr
     raw = json.loads(
-        cluster.kubectl("get", "secret", "-n", SYSTEM_NS, OPERATOR_KEY_SECRET, "-o", "json").stdout
+        cluster.kubectl("get", "secret", "-n", SYSTEM_NS, key_secret, "-o", "json").stdout
     )
     public = base64.b64decode(raw["data"]["cosign.pub"]).decode()
     create_s3_secret(cluster.kubectl, SYSTEM_NS, s3.access_key, s3.secret_key, PUBLISHER_SECRET)
-    extra = ("--set", f"signing.secret={OPERATOR_KEY_SECRET}")
+    extra = ("--set", f"signing.secret={key_secret}")
     extra += ("--set", f"signing.storeCredentialsSecret={PUBLISHER_SECRET}")
     install_in_cluster(cluster, s3, extra=extra)
-    _only_replicas_with(cluster, "TUNEFLEET_SIGNING_KEY_DIR")
+    _only_replicas_with(cluster, key_secret)
     try:
         yield public
     finally:
         install_in_cluster(cluster, s3)
-        for name in (OPERATOR_KEY_SECRET, PUBLISHER_SECRET):
+        for name in (key_secret, PUBLISHER_SECRET):
             cluster.kubectl("delete", "secret", "-n", SYSTEM_NS, name, check=False)
 
 
-def _only_replicas_with(cluster: Any, variable: str, timeout: float = 120) -> None:
-    """Until every operator pod of the release (terminating ones too) has `variable`: helm's
+def _only_replicas_with(cluster: Any, secret: str, timeout: float = 120) -> None:
+    """Until every operator pod of the release (terminating ones too) mounts `secret`: helm's
     --wait sees the new replicas Ready while an old one may still lead, and reconcile what a
     test applies next with the old configuration."""
 
@@ -109,13 +110,11 @@ def _only_replicas_with(cluster: Any, variable: str, timeout: float = 120) -> No
 
     def configured(items: list[dict[str, Any]]) -> bool:
         return bool(items) and all(
-            any(e.get("name") == variable for e in p["spec"]["containers"][0].get("env") or [])
+            any((v.get("secret") or {}).get("secretName") == secret for v in p["spec"]["volumes"])
             for p in items
         )
 
-    wait_for(
-        lambda: configured(pods()), timeout, describe=f"every operator replica with {variable}"
-    )
+    wait_for(lambda: configured(pods()), timeout, describe=f"every operator replica with {secret}")
 
 
 def free_port() -> int:
