@@ -479,11 +479,12 @@ def push_bundle(
     elif key is not None:
         for signed in images:
             signing.sign(store, signed, key)
-    said = " signed" if key is not None or remote is not None else ""
+    signs = key is not None or remote is not None
+    said = " signed" if signs else ""
     print(f"{PROG}: bundle {location.bucket}@{digest}{said}", file=sys.stderr)
     if volume:
         print(f"{PROG}: volume image {location.bucket}@{volume}{said}", file=sys.stderr)
-    return replace(pub, bundle=digest, signed=bool(said), volume=volume)
+    return replace(pub, bundle=digest, signed=signs, volume=volume)
 
 
 def _attach_operators(

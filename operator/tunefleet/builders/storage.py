@@ -85,21 +85,14 @@ BROKER_CA_ENV = "TUNEFLEET_BROKER_CA"
 def brokers(spec: TuningProfileSpec, config: Config) -> bool:
     """Whether the tuning Job reaches the store through the operator's broker, holding no
     credential of it: s3:// stores of profiles the operator signs for, when it holds a publish
-    identity (the chart's signing.storeCredentialsSecret), for the profile's endpoint."""
+    identity (the chart's signing.storeCredentialsSecret) for the profile's endpoint: a profile
+    that names another keeps its Secret."""
     return (
         config.store_broker
         and operator_signs(spec, config)
         and spec.storage.is_s3
-        and broker_endpoint(spec, config) is not None
+        and sb.presigns_for(spec.storage.endpoint, config.default_s3_endpoint)
     )
-
-
-def broker_endpoint(spec: TuningProfileSpec, config: Config) -> str | None:
-    """The endpoint the broker presigns for: the operator's default, which its publish identity
-    is for. None for a profile that names another (its Job keeps the profile's Secret): the
-    operator never signs a request for a host a profile chose."""
-    named = spec.storage.endpoint or config.default_s3_endpoint
-    return named if named == config.default_s3_endpoint else None
 
 
 def _to_the_operator(

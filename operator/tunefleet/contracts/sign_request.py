@@ -82,7 +82,7 @@ class Request:
 
     @classmethod
     def decode(cls, body: bytes) -> Request:
-        doc = _object(body, MAX_BODY_BYTES)
+        doc = json_object(body, MAX_BODY_BYTES)
         if doc.get("version") != VERSION:
             raise BodyError(f"version must be {VERSION} (got {doc.get('version')!r})")
         raw = doc.get("manifest")
@@ -128,7 +128,7 @@ class Attestation:
 
     @classmethod
     def from_json(cls, data: bytes) -> Attestation:
-        doc = _object(data, MAX_REPLY_BYTES)
+        doc = json_object(data, MAX_REPLY_BYTES)
         names = {v: k for k, v in JSON_NAMES.items()}
         if set(doc) != set(names) or not all(isinstance(v, str) for v in doc.values()):
             raise BodyError(f"an attestation has exactly the string fields {sorted(names)}")
@@ -232,7 +232,7 @@ class Reply:
 
     @classmethod
     def decode(cls, body: bytes) -> Reply:
-        doc = _object(body, MAX_REPLY_BYTES)
+        doc = json_object(body, MAX_REPLY_BYTES)
         reply = cls._decode(doc)
         raw = doc.get("oci", [])
         try:
@@ -261,7 +261,9 @@ class Reply:
         return cls(sig.encode(), att, message, float(retry) if retry is not None else None)
 
 
-def _object(body: bytes, limit: int) -> dict[str, Any]:
+def json_object(body: bytes, limit: int) -> dict[str, Any]:
+    """A request's or reply's body as a JSON object of at most `limit` bytes; BodyError
+    otherwise (contracts/store_broker.py reads its bodies with it too)."""
     if len(body) > limit:
         raise BodyError(f"a body is at most {limit} bytes (got {len(body)})")
     try:

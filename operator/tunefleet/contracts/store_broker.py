@@ -39,6 +39,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+# The endpoint's requests share their body errors and reader (a body that is not one of this
+# version: the message says what to fix).
+from tunefleet.contracts.sign_request import BodyError as BodyError
+from tunefleet.contracts.sign_request import json_object
+
 VERSION = 1
 PATH = "/store/v1/presign"
 # Its own audience, apart from signing's: the store token is held by sync and publish, the
@@ -54,22 +59,6 @@ LIST_CAP = 1000  # objects one list answers with; a larger one says `capped`
 URL_SECONDS = 900  # a presigned URL's lifetime: one operation, retried a few times
 _KEY_RE = re.compile(r"^[A-Za-z0-9._=/-]{1,1024}$")
 _CHECKSUM_RE = re.compile(r"^[A-Za-z0-9+/]{43}=$")
-
-
-class BodyError(ValueError):
-    """Not a request (or reply) of this version; the message says what to fix."""
-
-
-def _object(body: bytes, limit: int) -> dict[str, Any]:
-    if len(body) > limit:
-        raise BodyError(f"a body is at most {limit} bytes")
-    try:
-        doc = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise BodyError(f"the body is not JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise BodyError("the body must be a JSON object")
-    return doc
 
 
 def check_key(key: str) -> str:
@@ -97,7 +86,7 @@ class Request:
 
     @classmethod
     def decode(cls, body: bytes) -> Request:
-        doc = _object(body, MAX_BODY_BYTES)
+        doc = json_object(body, MAX_BODY_BYTES)
         if doc.get("version") != VERSION:
             raise BodyError(f"version must be {VERSION} (got {doc.get('version')!r})")
         op, key = doc.get("op"), doc.get("key")
@@ -160,7 +149,7 @@ class Reply:
 
     @classmethod
     def decode(cls, body: bytes) -> Reply:
-        doc = _object(body, MAX_REPLY_BYTES)
+        doc = json_object(body, MAX_REPLY_BYTES)
         url, headers, raw = doc.get("url", ""), doc.get("headers") or {}, doc.get("listed")
         if not isinstance(url, str) or not isinstance(headers, dict):
             raise BodyError("url must be a string and headers an object")
@@ -184,3 +173,10 @@ class Reply:
             message=message if isinstance(message, str) else "",
             retry_after=float(retry) if isinstance(retry, int | float) else None,
         )
+
+
+def presigns_for(named: str | None, default: str) -> bool:
+    """Whether the broker presigns for a profile that names the S3 endpoint `named` (None or
+    "": the operator's): only for the operator's own, `default`, which its publish identity is
+    for; it never signs a request for a host a profile chose."""
+    return (named or default) == default

@@ -97,7 +97,7 @@ class Calls:
         hit, job = self._jobs.get(key, now)
         if hit:
             return dict(job)
-        job = await self._read(self.deps.read_job(namespace, name), "the Job")
+        job = await self.read(self.deps.read_job(namespace, name), "the Job")
         if job and ((job.get("metadata") or {}).get("uid")) == uid:
             self._jobs.put(key, job, now + JOB_TTL_S)
         return job  # type: ignore[no-any-return]
@@ -113,7 +113,8 @@ class Calls:
             raise Denied(429, "rate_limited", "too many requests from this pod", wait)
         self._buckets.put(uid, (tokens - 1.0, now), now + burst * refill)
 
-    async def _read(self, what: Awaitable[dict[str, Any] | None], name: str) -> Any:
+    async def read(self, what: Awaitable[Any], name: str) -> Any:
+        """`what`, awaited within CALL_TIMEOUT_S; Denied (503, to retry) when it fails or hangs."""
         try:
             return await asyncio.wait_for(what, timeout=pod_tokens.CALL_TIMEOUT_S)
         except Exception as e:
@@ -132,7 +133,7 @@ class Calls:
         labels = ((job or {}).get("metadata") or {}).get("labels") or {}
         profile_name = str(labels.get(naming.TUNING_PROFILE_LABEL) or "")
         profile = (
-            await self._read(self.deps.read_profile(caller.namespace, profile_name), "the profile")
+            await self.read(self.deps.read_profile(caller.namespace, profile_name), "the profile")
             if profile_name
             else None
         )
@@ -206,7 +207,7 @@ class Endpoint:
         if check is None or not uri.startswith("oci://"):
             raise Denied(409, "conflict", "this operator signs no images for this profile")
         for digest in req.oci_digests:
-            why = await self.calls._read(check(uri, digest, req.manifest), "the image")  # type: ignore[arg-type]
+            why = await self.calls.read(check(uri, digest, req.manifest), "the image")
             if why:
                 raise Denied(403, "forbidden", f"not this artifact's image: {why}")
         repository = parse_uri(uri).bucket

@@ -158,7 +158,7 @@ class StoreEndpoint:
         if location.scheme != "s3":
             raise Denied(409, "conflict", f"the broker serves s3:// stores, not {storage.uri}")
         default = self.presigner.default_endpoint
-        if (storage.endpoint or default) != default:
+        if not sb.presigns_for(storage.endpoint, default):
             ours = default or "the default S3 endpoint"
             why = f"the broker presigns for {ours}, and the profile names {storage.endpoint}"
             raise Denied(409, "conflict", why)
