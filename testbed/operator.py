@@ -58,14 +58,16 @@ class Kubectl(Protocol):
 
 OPERATOR_KEY_SECRET = "tunefleet-e2e-operator-signing"
 PUBLISHER_SECRET = "tunefleet-e2e-store-publisher"
+REGISTRY_PUSHER_SECRET = "tunefleet-e2e-registry-pusher"
 
 
 @contextlib.contextmanager
 def operator_signing(cluster: Any, s3: Any) -> Iterator[str]:
     """The in-cluster release upgraded, for the block, with signing.secret (a key pair cosign
     made in the operator's namespace, under a name of its own each time: a replica of an
-    earlier block still terminating holds that block's key) and signing.storeCredentialsSecret
-    (the store's writer, there too): the public key's PEM; then the release as it was."""
+    earlier block still terminating holds that block's key), signing.storeCredentialsSecret
+    (the store's writer, there too) and signing.registryCredentialsSecret (the registry's
+    writer): the public key's PEM; then the release as it was."""
     from testbed.registry import Registry, cosign
 
     key_secret = f"{OPERATOR_KEY_SECRET}-{os.urandom(3).hex()}"
@@ -79,15 +81,18 @@ def operator_signing(cluster: Any, s3: Any) -> Iterator[str]:
     )
     public = base64.b64decode(raw["data"]["cosign.pub"]).decode()
     create_s3_secret(cluster.kubectl, SYSTEM_NS, s3.access_key, s3.secret_key, PUBLISHER_SECRET)
+    pusher = reg.secret(REGISTRY_PUSHER_SECRET, reg.writer)
+    cluster.kubectl("apply", "-n", SYSTEM_NS, "-f", "-", input=json.dumps(pusher))
     extra = ("--set", f"signing.secret={key_secret}")
     extra += ("--set", f"signing.storeCredentialsSecret={PUBLISHER_SECRET}")
+    extra += ("--set", f"signing.registryCredentialsSecret={REGISTRY_PUSHER_SECRET}")
     install_in_cluster(cluster, s3, extra=extra)
     _only_replicas_with(cluster, key_secret)
     try:
         yield public
     finally:
         install_in_cluster(cluster, s3)
-        for name in (key_secret, PUBLISHER_SECRET):
+        for name in (key_secret, PUBLISHER_SECRET, REGISTRY_PUSHER_SECRET):
             cluster.kubectl("delete", "secret", "-n", SYSTEM_NS, name, check=False)
 
 

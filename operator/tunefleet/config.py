@@ -16,6 +16,21 @@ def _env_bool(name: str, default: bool) -> bool:
     return raw.strip().lower() in ("1", "true", "yes", "on")
 
 
+def _registry_hosts(directory: str) -> tuple[str, ...]:
+    """The hosts a docker config directory holds credentials for; () when it names none or
+    cannot be read (the proxy's start then says why: signer/registry_route.Identity.load)."""
+    if not directory:
+        return ()
+    from pathlib import Path
+
+    from tunefleet.storage.oci import auth_headers
+
+    try:
+        return tuple(sorted(auth_headers(Path(directory))))
+    except ValueError:
+        return ()
+
+
 @dataclass(frozen=True)
 class Config:
     # The tunefleet image: runs bootstrap and publish in tuning Jobs, fetch in model pods.
@@ -102,6 +117,12 @@ class Config:
     # operator holds a publish identity for s3:// stores, and tuning pods of the profiles it
     # signs for reach the store through it, holding no credential of the store.
     store_broker: bool = False
+    # The registry proxy (signer/registry_route.py, the chart's signing.registryCredentialsSecret):
+    # the directory of a docker config that may push to the oci:// stores, and the registry
+    # hosts it names; tuning pods of the oci:// profiles the operator signs for, on those
+    # hosts, reach their registry through it and hold no credential of it.
+    registry_broker_config: str = ""
+    registry_broker_hosts: tuple[str, ...] = ()
     # oci:// stores in fleet mode: how long a bid stands before it holds (fleet/bids.py; long
     # against a push's time plus clock skew), and the registry identity that may push the
     # claims and entries (a mounted dockerconfigjson Secret; "": oci_config's).
@@ -161,4 +182,6 @@ class Config:
             fleet_oci_config=env("TUNEFLEET_FLEET_OCI_CONFIG", ""),
             signing_key_dir=env("TUNEFLEET_SIGNING_KEY_DIR", ""),
             store_broker=_env_bool("TUNEFLEET_STORE_BROKER", False),
+            registry_broker_config=env("TUNEFLEET_REGISTRY_BROKER_CONFIG", ""),
+            registry_broker_hosts=_registry_hosts(env("TUNEFLEET_REGISTRY_BROKER_CONFIG", "")),
         )

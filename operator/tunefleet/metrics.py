@@ -150,7 +150,8 @@ SIGNING_REQUESTS = Counter(
 )
 STORE_BROKER_REQUESTS = Counter(
     "tunefleet_store_broker_requests_total",
-    "Store broker requests from tuning pods' sync and publish steps, by outcome: presigned, "
+    "Store broker and registry proxy requests from tuning pods' sync and publish steps, by "
+    "outcome: presigned, proxied, "
     "unauthenticated, forbidden (not a step of a Job the operator made, or a key outside its "
     "own), conflict (the profile's store is not s3://), bad_request, too_large, rate_limited, "
     "unavailable.",

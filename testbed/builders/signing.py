@@ -81,3 +81,26 @@ def api_server_deps(
         return prof if name == prof["metadata"]["name"] else None
 
     return Deps(review, read_pod, read_job, read_profile)
+
+
+def credential_refs(pod: dict[str, Any]) -> list[str]:
+    """Every way a pod could hold a credential: Secret env, envFrom, Secret volumes (also
+    projected), and projected tokens with their audiences."""
+    found = []
+    spec_ = pod["template"]["spec"] if "template" in pod else pod
+    for c in [*spec_.get("initContainers", []), *spec_["containers"]]:
+        for e in c.get("env") or []:
+            if "secretKeyRef" in (e.get("valueFrom") or {}):
+                found.append(f"{c['name']}: env {e['name']} from a Secret")
+        for e in c.get("envFrom") or []:
+            if "secretRef" in e:
+                found.append(f"{c['name']}: envFrom a Secret")
+    for v in spec_.get("volumes") or []:
+        if "secret" in v:
+            found.append(f"volume {v['name']}: a Secret")
+        for src in (v.get("projected") or {}).get("sources") or []:
+            if "secret" in src:
+                found.append(f"volume {v['name']}: a Secret")
+            if "serviceAccountToken" in src:
+                found.append(f"volume {v['name']}: token {src['serviceAccountToken']['audience']}")
+    return found

@@ -2,7 +2,9 @@
 the chart's signing.secret holds the key pair, and signing.storeCredentialsSecret the store's
 publish identity, both in the operator's namespace; an s3:// profile that signs gets its
 manifest signed through the operator's endpoint, and its tuning pod reaches the store through
-URLs the operator presigns for the Job's own keys: no tuning pod holds a key or a credential.
+URLs the operator presigns for the Job's own keys; an oci:// one's pushes and reads through
+the operator's registry proxy (signing.registryCredentialsSecret): no tuning pod holds a key
+or a credential.
 
 What is checked, each against real parts: the tuning pod's volumes, env and projected tokens
 (no Secret at all, though the profile names its publish Secret; the signing token mounted by
@@ -24,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from testbed.builders.signing import credential_refs
 from testbed.builders.wrappers import make_pod
 from testbed.cluster import wait_for_real_node_gpus
 from testbed.oci_volumes import delivery, volume_profile
@@ -244,7 +247,8 @@ def test_an_oci_profiles_tuning_pod_holds_no_key_and_the_operator_signs_its_imag
     the tuning pod mounts no key pair (the profile names a `signing` Secret: not mounted);
     publish asks the operator, which reads the bundle and the volume image as this manifest's
     and signs both formats; cosign verifies both images with the operator's public key, and
-    the volume is mounted by a model pod. (The registry push credential is still in the pod.)"""
+    the volume is mounted by a model pod. The pod mounts no Secret at all: sync and publish
+    push and read through the operator's registry proxy, which holds the push identity."""
     registry = Registry.from_state()
     wait_for_real_node_gpus(cluster, 1)
     oci_secrets(cluster, namespace, registry)
@@ -263,7 +267,11 @@ def test_an_oci_profiles_tuning_pod_holds_no_key_and_the_operator_signs_its_imag
             f"batch.kubernetes.io/job-name={job['metadata']['name']}",
         )["items"]  # fmt: skip
         assert secrets_with_a_private_key(cluster, namespace, pod) == []
-        assert "signing" not in secrets_read(pod), secrets_read(pod)
+        assert secrets_read(pod) == [], secrets_read(pod)
+        assert sorted(credential_refs(pod["spec"])) == [
+            f"volume {sr.TOKEN_VOLUME}: token {sr.AUDIENCE}",
+            f"volume {sb.TOKEN_VOLUME}: token {sb.AUDIENCE}",
+        ]
         (art,) = st["artifacts"]
         assert art["bundle"]["signed"] is True, art
         (tmp_path / "operator.pub").write_text(public)

@@ -375,3 +375,25 @@ def test_the_store_brokers_publish_identity_is_in_the_operator_alone_and_needs_s
     assert others == []
     refused = template("signing.storeCredentialsSecret=pub")
     assert refused.returncode != 0 and "needs signing.secret" in refused.stderr
+
+
+def test_the_registry_proxys_push_identity_is_mounted_in_the_operator_alone() -> None:
+    sets = (
+        "signing.secret=s", "delivery.oci.credentialsSecret=reader",
+        "signing.registryCredentialsSecret=pusher", "gc.enabled=true", "gc.uri=s3://b/p",
+    )  # fmt: skip
+    docs = rendered(*sets)
+    dep = next(d for d in docs if d["kind"] == "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["TUNEFLEET_REGISTRY_BROKER_CONFIG"] == "/etc/tunefleet/registry-broker"
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "registry-broker"]
+    assert volume["secret"]["secretName"] == "pusher"
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["registry-broker"]["mountPath"] == "/etc/tunefleet/registry-broker"
+    others = [d for d in docs if d["kind"] != "Deployment" and '"pusher"' in json.dumps(d)]
+    assert others == []
+    for missing in (sets[0], sets[1]):
+        refused = template(*[x for x in sets if x != missing])
+        assert refused.returncode != 0, missing
+        assert "registryCredentialsSecret needs signing.secret and delivery.oci" in refused.stderr

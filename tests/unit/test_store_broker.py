@@ -26,11 +26,12 @@ from aiohttp.test_utils import TestClient, TestServer
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from testbed.builders.signing import api_server_deps, profile_object
+from testbed.builders.signing import api_server_deps, credential_refs, profile_object
 from testbed.builders.signing import job_and_pod as built_job_and_pod
 from testbed.builders.signing import tuning_job as built_tuning_job
 from testbed.builders.wrappers import make_profile
 from testbed.cluster import S3Settings
+from tests.support.routes import RouteThread
 from tunefleet import naming
 from tunefleet.artifacts.brokered import Broker, BrokeredStore
 from tunefleet.config import Config
@@ -157,35 +158,12 @@ def test_a_bad_request_says_what_to_fix(body: dict[str, Any], said: str) -> None
 # --- the tuning pod ---------------------------------------------------------------------------
 
 
-def _credential_refs(pod: dict[str, Any]) -> list[str]:
-    """Every way a pod could hold a credential: Secret env, envFrom, Secret volumes (also
-    projected), and projected tokens with their audiences."""
-    found = []
-    spec_ = pod["template"]["spec"] if "template" in pod else pod
-    for c in [*spec_.get("initContainers", []), *spec_["containers"]]:
-        for e in c.get("env") or []:
-            if "secretKeyRef" in (e.get("valueFrom") or {}):
-                found.append(f"{c['name']}: env {e['name']} from a Secret")
-        for e in c.get("envFrom") or []:
-            if "secretRef" in e:
-                found.append(f"{c['name']}: envFrom a Secret")
-    for v in spec_.get("volumes") or []:
-        if "secret" in v:
-            found.append(f"volume {v['name']}: a Secret")
-        for src in (v.get("projected") or {}).get("sources") or []:
-            if "secret" in src:
-                found.append(f"volume {v['name']}: a Secret")
-            if "serviceAccountToken" in src:
-                found.append(f"volume {v['name']}: token {src['serviceAccountToken']['audience']}")
-    return found
-
-
 def test_a_brokered_tuning_pod_holds_no_credential_and_only_sync_and_publish_the_store_token() -> (
     None
 ):
     pod = tuning_job()["spec"]["template"]["spec"]
     # Nothing but the two operator tokens, each good only for asking the operator.
-    assert sorted(_credential_refs(pod)) == [
+    assert sorted(credential_refs(pod)) == [
         "volume tunefleet-sign-token: token tunefleet.io/sign",
         f"volume {sb.TOKEN_VOLUME}: token {sb.AUDIENCE}",
     ]
@@ -199,7 +177,7 @@ def test_a_brokered_tuning_pod_holds_no_credential_and_only_sync_and_publish_the
     assert "--broker-url" in sync["command"] and "--endpoint-url" not in sync["command"]
     # Unbrokered (no publish identity in the operator), the profile's Secret is there as before.
     plain = tuning_job(config=Config(**{**CONFIG.__dict__, "store_broker": False}))
-    assert any("from a Secret" in r for r in _credential_refs(plain["spec"]["template"]["spec"]))
+    assert any("from a Secret" in r for r in credential_refs(plain["spec"]["template"]["spec"]))
     # pvc:// is the tenant's own volume: not brokered.
     assert "--broker-url" not in json.dumps(tuning_job("pvc://claim/prefix"))
 
@@ -253,36 +231,6 @@ def test_a_pod_whose_user_container_mounts_the_store_token_is_refused() -> None:
 # --- round trips through the real route, against the real S3 server ----------------------------
 
 
-class _Operator:
-    """The operator's broker route on a loopback port, in a thread of its own."""
-
-    def __init__(self, endpoint: StoreEndpoint) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.endpoint, self.url = endpoint, ""
-        ready = threading.Event()
-        self.thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
-        self.thread.start()
-        assert ready.wait(10)
-
-    def _run(self, ready: threading.Event) -> None:
-        asyncio.set_event_loop(self.loop)
-        app = web.Application(client_max_size=sb.MAX_BODY_BYTES)
-        app.add_routes(self.endpoint.routes())
-        self.runner = web.AppRunner(app)
-        self.loop.run_until_complete(self.runner.setup())
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        self.loop.run_until_complete(site.start())
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
-        ready.set()
-        self.loop.run_forever()
-
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-
-
 class _Counted:
     """The API server's answers, counting the Job reads."""
 
@@ -306,7 +254,9 @@ def brokered(s3: S3Settings, tmp_path: Path) -> Iterator[tuple[BrokeredStore, st
     deps = api_server_deps(pod, job, profile_object(s, NS, NAME, PUID), sb.AUDIENCE)
     counted = _Counted(deps)
     presigner = Presigner(s3.access_key, s3.secret_key, s3.endpoint, 30.0)
-    operator = _Operator(StoreEndpoint(deps, presigner, IMAGE, "namespace"))
+    operator = RouteThread(
+        StoreEndpoint(deps, presigner, IMAGE, "namespace").routes(), sb.MAX_BODY_BYTES
+    )
     token = tmp_path / "token"
     token.write_text("good")
     store = BrokeredStore(parse_uri(uri), Broker(operator.url, str(token)), timeout_s=60)

@@ -1,5 +1,6 @@
 """An s3:// store reached with no credential: each operation on a URL the operator presigned
-for it (contracts/store_broker.py). What tuning pods' sync and publish steps open when the
+for it (contracts/store_broker.py); an oci:// one is the registry client pointed at the
+operator's proxy (Broker.open). What tuning pods' sync and publish steps open when the
 operator brokers their profile's store (builders/storage.broker_storage: their --broker-*
 flags); every caller sees the plain `Store` and `Streams` contract (storage/registry.py opens
 it through StoreOptions.broker).
@@ -17,7 +18,9 @@ import http.client
 import io
 import os
 import random
+import tempfile
 import time
+import urllib.parse
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -48,10 +51,32 @@ class Broker:
     ca_pem: str = ""
     address: str = ""
 
-    def open(self, location: Location, timeout_s: float) -> BrokeredStore:
+    def open(self, location: Location, timeout_s: float) -> Any:
+        if location.scheme == "oci":
+            # The registry client itself, pointed at the operator (contracts/store_broker.py).
+            from tunefleet.storage.oci import OciStore, Via
+
+            parts = urllib.parse.urlsplit(self.url)
+            base = f"{parts.scheme}://{parts.netloc}"  # the distribution API is at the root
+            via = Via(base, self._ca_file(), self.token_file, self.address)
+            return OciStore(location, timeout_s=timeout_s, via=via)
         if location.scheme != "s3":
-            raise StoreError(f"the operator's broker serves s3:// stores, not {location.uri()}")
+            raise StoreError(
+                f"the operator's broker serves s3:// and oci:// stores, not {location.uri()}"
+            )
         return BrokeredStore(location, self, timeout_s)
+
+    def _ca_file(self) -> str:
+        """The CA as a file (what the registry client takes), written once per content."""
+        if not self.ca_pem:
+            return ""
+        digest = hashlib.sha256(self.ca_pem.encode()).hexdigest()[:16]
+        path = Path(tempfile.gettempdir()) / f"tunefleet-broker-ca-{digest}.pem"
+        if not path.is_file():
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(self.ca_pem)
+            tmp.replace(path)
+        return str(path)
 
 
 def with_broker(args: argparse.Namespace, options: StoreOptions) -> StoreOptions:

@@ -84,12 +84,17 @@ BROKER_CA_ENV = "TUNEFLEET_BROKER_CA"
 
 def brokers(spec: TuningProfileSpec, config: Config) -> bool:
     """Whether the tuning Job reaches the store through the operator's broker, holding no
-    credential of it: s3:// stores of profiles the operator signs for, when it holds a publish
-    identity (the chart's signing.storeCredentialsSecret) for the profile's endpoint: a profile
-    that names another keeps its Secret."""
+    credential of it: stores of profiles the operator signs for, when it holds a publish
+    identity for the profile's store: s3:// for its endpoint (the chart's
+    signing.storeCredentialsSecret), oci:// for its registry host (signing.registryCredentialsSecret).
+    A profile that names another keeps its Secret."""
+    if not operator_signs(spec, config):
+        return False
+    if spec.storage.is_oci:
+        host = spec.storage.uri[len("oci://") :].split("/", 1)[0]
+        return host in config.registry_broker_hosts
     return (
         config.store_broker
-        and operator_signs(spec, config)
         and spec.storage.is_s3
         and sb.presigns_for(spec.storage.endpoint, config.default_s3_endpoint)
     )

@@ -28,6 +28,13 @@ The reply (200): ``{"url": "...", "headers": {...}}`` (send exactly these header
 ``{"listed": [{"key", "size", "modified"}...], "capped": bool}`` (capped: more follow the
 last). Any other status:
 ``{"message": "..."}``, what to fix; 429 and 503 carry ``Retry-After``.
+
+oci:// stores (a registry has no presigned URLs): the same token, and the distribution API
+itself under REGISTRY_PATH on the operator, which forwards each request it allows to the
+profile's registry with its own push identity (the chart's signing.registryCredentialsSecret;
+signer/registry_route.py, its rules signer/registry_rules.py). The pod's side is the plain
+registry client pointed there (storage/oci.Via); a refusal is the distribution spec's error
+body, ``{"errors": [{"code": "DENIED", "message": "..."}]}``.
 Standard library only.
 """
 
@@ -46,6 +53,7 @@ from tunefleet.contracts.sign_request import json_object
 
 VERSION = 1
 PATH = "/store/v1/presign"
+REGISTRY_PATH = "/v2/"  # oci:// stores: the distribution API, proxied
 # Its own audience, apart from signing's: the store token is held by sync and publish, the
 # signing token by publish alone, and neither is good for the API server.
 AUDIENCE = "tunefleet.io/store"

@@ -397,6 +397,19 @@ class Operator:
                 store_deps, presigner, config.image, config.library_scope
             )
             routes += broker.routes()
+        if config.registry_broker_config:
+            from tunefleet.contracts import store_broker
+            from tunefleet.signer import registry_route
+
+            proxy_deps = signer_route.real_deps(
+                self.client, lambda ns, name: cache.profile((ns, name)), store_broker.AUDIENCE
+            )
+            # A docker config that cannot be read stops the start, saying which.
+            identity = registry_route.Identity.load(config.registry_broker_config)
+            proxy = registry_route.RegistryProxy(
+                proxy_deps, identity, config.image, config.library_scope
+            )
+            routes += proxy.routes()
         return routes
 
     async def _start_capture(

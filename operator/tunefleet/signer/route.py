@@ -125,6 +125,11 @@ class Calls:
         length = request.content_length
         if length is not None and length > max_body:
             raise Denied(413, "too_large", f"a request is at most {max_body} bytes")
+        seen = await self.vouch(request)
+        return seen, await self.body(request, max_body)
+
+    async def vouch(self, request: web.Request) -> Seen:
+        """Who calls, as the API server says: its pod, Job and profile (the body unread)."""
         token = pod_tokens.bearer(request.headers.get("Authorization", ""))
         caller = await self.tokens.caller(token)
         self._throttle(caller.pod_uid)
@@ -137,15 +142,25 @@ class Calls:
             if profile_name
             else None
         )
+        return Seen(caller, pod, job, profile)
+
+    @staticmethod
+    async def body(request: web.Request, max_body: int) -> bytes:
+        """The request's body, refused past max_body."""
+        body = bytearray()
         try:
-            body = await request.read()
+            while len(body) <= max_body:
+                chunk = await request.content.read(max_body + 1 - len(body))
+                if not chunk:
+                    break
+                body += chunk
         except web.HTTPRequestEntityTooLarge:
             raise Denied(413, "too_large", f"a request is at most {max_body} bytes") from None
         except (TimeoutError, OSError) as e:
             raise Denied(400, "bad_request", f"the body could not be read: {e}") from None
         if len(body) > max_body:
             raise Denied(413, "too_large", f"a request is at most {max_body} bytes")
-        return Seen(caller, pod, job, profile), body
+        return bytes(body)
 
 
 def respond(body: bytes, status: int, retry: float | None) -> web.Response:

@@ -31,15 +31,17 @@ import json
 import logging
 import os
 import re
+import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, cast
-from urllib.parse import ParseResult
+from urllib.parse import ParseResult, urlsplit
 
 import oras.provider
 import requests
+import requests.adapters
 
 from tuner_job.files import CHUNK, DroppingReader, file_sha256
 
@@ -129,6 +131,37 @@ def config_dir(options: StoreOptions) -> Path | None:
     return Path(value) if value else None
 
 
+def auth_headers(config: Path) -> dict[str, str]:
+    """The Authorization header for each registry host of a docker config directory (as
+    mounted from a dockerconfigjson Secret): the basic credentials its ``auths`` hold, by
+    host[:port] (a "https://host/v1/" key is taken as its host). ValueError when it cannot be
+    read."""
+    import base64
+
+    for name in (DOCKER_CONFIG_KEY, "config.json"):
+        path = config / name
+        if path.is_file():
+            break
+    else:
+        raise ValueError(f"{config} holds no {DOCKER_CONFIG_KEY}")
+    try:
+        auths = json.loads(path.read_text()).get("auths") or {}
+    except (OSError, ValueError, AttributeError) as e:
+        raise ValueError(f"{path} is not a docker config: {e}") from None
+    out: dict[str, str] = {}
+    for key, entry in auths.items() if isinstance(auths, dict) else ():
+        if not isinstance(entry, dict):
+            continue
+        host = urlsplit(key if "://" in key else f"https://{key}").netloc
+        token = entry.get("auth")
+        if not token and entry.get("username"):
+            pair = f"{entry['username']}:{entry.get('password', '')}"
+            token = base64.b64encode(pair.encode()).decode()
+        if host and isinstance(token, str) and token:
+            out[host] = f"Basic {token}"
+    return out
+
+
 def open_store(location: Location, options: StoreOptions) -> OciStore:
     return OciStore(location, timeout_s=options.timeout_s, config=config_dir(options))
 
@@ -211,16 +244,72 @@ class Part:
     annotations: dict[str, str]
 
 
+@dataclass(frozen=True)
+class Via:
+    """The operator's registry broker (signer/registry_route.py), in place of the registry:
+    its https://host[:port] (http:// in tests), the CA file to check it with, the projected
+    token it takes (sent to that host alone, read at each request: the kubelet rotates it) and
+    the Service's address, for a pod whose cluster does not resolve the name."""
+
+    url: str
+    ca_file: str
+    token_file: str
+    address: str = ""
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.url).netloc
+
+
+class _AddressAdapter(requests.adapters.HTTPAdapter):
+    """Connects to `address` for `name`, checking the certificate (and SNI) against `name`."""
+
+    def __init__(self, name: str, address: str) -> None:
+        self.name, self.address = name, address
+        super().__init__()
+
+    def build_connection_pool_key_attributes(
+        self, request: requests.PreparedRequest, verify: bool | str, cert: Any = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        host, pool = super().build_connection_pool_key_attributes(request, verify, cert)
+        if host.get("host") == self.name:
+            host = {**host, "host": self.address}
+            pool = {**pool, "server_hostname": self.name, "assert_hostname": self.name}
+        return host, pool
+
+
+def _resolves(name: str) -> bool:
+    try:
+        socket.getaddrinfo(name, None)
+        return True
+    except OSError:
+        return False
+
+
 class _Registry(oras.provider.Registry):  # type: ignore[misc]
     """oras-py's registry client with a bound on every call: oras retries without timeouts
     (a hung registry would hang the caller), so each request here has a timeout and the
-    retries end at the operation's deadline."""
+    retries end at the operation's deadline. Through the broker (`via`), each request to it
+    carries the pod's token instead of a credential of the registry."""
 
-    def __init__(self, hostname: str, tls_verify: bool | str, deadline: float) -> None:
+    def __init__(
+        self, hostname: str, tls_verify: bool | str, deadline: float, via: Via | None = None
+    ) -> None:
         super().__init__(
             hostname=hostname, insecure=False, tls_verify=tls_verify, auth_backend="basic"
         )
-        self.deadline = deadline
+        self.deadline, self.via = deadline, via
+        if via is not None and via.address:
+            name = urlsplit(via.url).hostname or ""
+            if not _resolves(name):
+                self.session.mount(f"https://{via.host}/", _AddressAdapter(name, via.address))
+
+    def _token(self) -> str:
+        assert self.via is not None
+        try:
+            return Path(self.via.token_file).read_text().strip()
+        except OSError as e:
+            raise StoreError(f"cannot read the store token {self.via.token_file}: {e}") from None
 
     def do_request(
         self,
@@ -232,7 +321,11 @@ class _Registry(oras.provider.Registry):  # type: ignore[misc]
         stream: bool = False,
     ) -> requests.Response:
         headers = dict(headers or {})
-        if getattr(self.auth, "_basic_auth", None):
+        if self.via is not None:
+            # The token goes to the broker alone, never to a host a Location or Link names.
+            if urlsplit(url).netloc == self.via.host:
+                headers["Authorization"] = f"Bearer {self._token()}"
+        elif getattr(self.auth, "_basic_auth", None):
             headers.update(self.auth.get_auth_header())
         for attempt in range(MAX_ATTEMPTS):
             left = self.deadline - time.monotonic()
@@ -266,11 +359,23 @@ class _Registry(oras.provider.Registry):  # type: ignore[misc]
 class OciStore:
     page_size = 1000
 
-    def __init__(self, location: Location, *, timeout_s: float = 60.0, config: Path | None = None):
+    def __init__(
+        self,
+        location: Location,
+        *,
+        timeout_s: float = 60.0,
+        config: Path | None = None,
+        via: Via | None = None,
+    ):
         self.location = location
         self.host, _, self.repository = location.bucket.partition("/")
         self.timeout_s = timeout_s
         deadline = time.monotonic() + timeout_s
+        # Where requests go: the registry, or the operator's broker in its place (same paths).
+        self.base = via.url.rstrip("/") if via is not None else f"https://{self.host}"
+        if via is not None:
+            self.client = _Registry(via.host, via.ca_file or True, deadline, via)
+            return
         ca = config / CA_KEY if config is not None and (config / CA_KEY).is_file() else None
         self.client = _Registry(self.host, str(ca) if ca else True, deadline)
         self._login(config)
@@ -294,7 +399,7 @@ class OciStore:
         return f"{self.location.bucket}{sep + reference if reference else ''}"
 
     def _url(self, kind: str, reference: str) -> str:
-        return f"https://{self.host}/v2/{self.repository}/{kind}/{reference}"
+        return f"{self.base}/v2/{self.repository}/{kind}/{reference}"
 
     def uri(self, key: str) -> str:
         return self.location.uri(key)
@@ -413,13 +518,14 @@ class OciStore:
         if head.status_code == 200:
             return digest
         start = self.client.do_request(
-            f"https://{self.host}/v2/{self.repository}/blobs/uploads/",
+            f"{self.base}/v2/{self.repository}/blobs/uploads/",
             "POST",
             headers={"Content-Type": "application/octet-stream"},
         )
         if start.status_code not in (200, 202):
             raise self._fail(f"starting an upload to {self._ref()}", start)
-        location = self.client._get_location(start, self.client.get_container(self._ref()))
+        location = start.headers.get("Location", "")
+        location = f"{self.base}{location}" if location.startswith("/") else location
         sep = "&" if "?" in location else "?"
         put = self.client.do_request(
             f"{location}{sep}digest={digest}",
@@ -655,7 +761,7 @@ class OciStore:
         sending short or empty pages) with more to come: the listing was cut, and a caller
         deciding on it (bids, gc) must not take it for the whole."""
         out: list[str] = []
-        url = f"https://{self.host}/v2/{self.repository}/tags/list?n={self.page_size}"
+        url = f"{self.base}/v2/{self.repository}/tags/list?n={self.page_size}"
         if prefix:
             url += f"&last={prefix}"
         read, pages = 0, 0
@@ -679,7 +785,7 @@ class OciStore:
             link = resp.headers.get("Link", "")
             match = re.match(r"<([^>]+)>", link)
             url = (
-                f"https://{self.host}{match.group(1)}"
+                f"{self.base}{match.group(1)}"
                 if match and match.group(1).startswith("/")
                 else (match.group(1) if match else "")
             )
