@@ -86,8 +86,8 @@ def brokers(spec: TuningProfileSpec, config: Config) -> bool:
     """Whether the tuning Job reaches the store through the operator's broker, holding no
     credential of it: stores of profiles the operator signs for, when it holds a publish
     identity for the profile's store: s3:// for its endpoint (the chart's
-    signing.storeCredentialsSecret), oci:// for its registry host (signing.registryCredentialsSecret).
-    A profile that names another keeps its Secret."""
+    signing.storeCredentialsSecret), oci:// for its registry host (the chart's
+    signing.registryCredentialsSecret). A profile that names another keeps its Secret."""
     if not operator_signs(spec, config):
         return False
     if spec.storage.is_oci:

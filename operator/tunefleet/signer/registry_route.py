@@ -30,9 +30,8 @@ from tunefleet import metrics
 from tunefleet.contracts import store_broker as sb
 from tunefleet.runtime.pod_tokens import Denied
 from tunefleet.signer import registry_rules as rules
-from tunefleet.signer.judge import the_job
+from tunefleet.signer.judge import Seen, the_job
 from tunefleet.signer.route import Calls, Deps
-from tunefleet.signer.store_route import BURST, REFILL_S
 from tunefleet.signer.store_rules import STORE, Scope, scope_of
 from tunefleet.storage import oci
 from tunefleet.storage.registry import parse_uri
@@ -43,6 +42,11 @@ CHUNK = 1 << 20  # bytes held per request in flight, each way
 # Requests forwarded at once: each holds a thread while its body streams (a GB layer for
 # minutes), so they have a pool of their own, apart from the one the other routes share.
 WORKERS = 16
+# A registry read is two requests (manifest, blob) where the store broker's is one URL: a sync
+# step reading 500 library entries asks ~1,000 times. Then 50 a second.
+BURST, REFILL_S = 1200, 0.02
+# Requests of one pod in flight at once (publish makes one at a time): no pod holds the pool.
+PER_POD = 4
 CONNECT_S, READ_S = 10.0, 120.0
 # Request headers the registry needs; every other (the pod's token first) stays here.
 _UP = ("Accept", "Content-Type", "Content-Length", "Content-Range", "Range")
@@ -128,6 +132,7 @@ class RegistryProxy:
         self.calls = Calls(deps, sb.AUDIENCE, clock, burst=BURST, refill_s=REFILL_S)
         self.pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="registry-proxy")
         self.session = requests.Session()
+        self.in_flight: dict[str, int] = {}
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -140,6 +145,18 @@ class RegistryProxy:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         seen = await self.calls.vouch(request)
+        uid = seen.caller.pod_uid
+        if self.in_flight.get(uid, 0) >= PER_POD:
+            raise Denied(429, "rate_limited", f"at most {PER_POD} requests of a pod at once", 1)
+        self.in_flight[uid] = self.in_flight.get(uid, 0) + 1
+        try:
+            return await self._proxied(request, seen)
+        finally:
+            self.in_flight[uid] -= 1
+            if not self.in_flight[uid]:
+                del self.in_flight[uid]
+
+    async def _proxied(self, request: web.Request, seen: Seen) -> web.StreamResponse:
         v = the_job(seen, self.image, STORE)
         try:
             location = parse_uri(v.spec.storage.uri)

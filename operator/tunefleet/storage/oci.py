@@ -286,6 +286,13 @@ def _resolves(name: str) -> bool:
         return False
 
 
+def _retry_after(value: str, default: float) -> float:
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return default
+
+
 class _Registry(oras.provider.Registry):  # type: ignore[misc]
     """oras-py's registry client with a bound on every call: oras retries without timeouts
     (a hung registry would hang the caller), so each request here has a timeout and the
@@ -351,6 +358,11 @@ class _Registry(oras.provider.Registry):  # type: ignore[misc]
                 continue
             if resp.status_code >= 500 and attempt + 1 < MAX_ATTEMPTS:
                 time.sleep(min(0.5 * 2**attempt, max(0.0, self.deadline - time.monotonic())))
+                continue
+            if resp.status_code == 429 and attempt + 1 < MAX_ATTEMPTS:
+                # A registry's (or the operator's proxy's) throttle: wait as it says, in bounds.
+                wait = _retry_after(resp.headers.get("Retry-After", ""), 0.5 * 2**attempt)
+                time.sleep(min(wait, 30.0, max(0.0, self.deadline - time.monotonic())))
                 continue
             return cast(requests.Response, resp)
         raise AssertionError("unreachable")
