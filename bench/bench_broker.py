@@ -1,5 +1,6 @@
 """`python -m bench broker`: a real-size bundle (1 GiB) published through the operator's store
-broker, against the same published with the profile's Secret (docs/trust.md).
+broker, against the same published with the profile's Secret (docs/trust.md); and the same on
+an oci:// store, through the operator's registry proxy against the profile's registry Secret.
 
 Real node, S3, the operator as the chart's Deployment. Arm `secret`: the release as the other
 benchmarks have it, the tuning pod's sync and publish writing with the profile's
@@ -11,6 +12,12 @@ and reads publish's own line for the caches' upload seconds; apply to Ready is t
 uploads run in the publish step's 256 MiB memory limit (builders/security.SMALL_RESOURCES): a
 finished round is an upload in bounded memory. Whether the tuning pod read any Secret is
 checked in each round. Medians per arm.
+
+The oci:// pair (group registry_proxy_large): the stand-in's 1 GiB cache on the local registry
+(testbed/large.volume_profile), its publish pushing the cache archive, the bundle and the
+volume image (a second GiB layer); arm `secret` with the profile's registry Secret and signing
+key pair, arm `proxy` through the operator (signing.registryCredentialsSecret), which streams
+every byte. The publish step's own seconds (its container's start to end) are the figure.
 """
 
 from __future__ import annotations
@@ -19,26 +26,43 @@ import contextlib
 import statistics
 import time
 import uuid
+from datetime import datetime
 from typing import Any
 
-from bench.bench_large import MIB, _fresh_seed, _logs, _seconds
+from bench.bench_large import MIB, _fresh_seed, _logs, _registry_for, _seconds
 from bench.realnode import Run, in_namespace, tuned
 from bench.results import progress
 from testbed.builders.wrappers import make_config_map
 from testbed.cluster import STANDIN_IMAGE, Cluster, S3Settings
-from testbed.large import large_profile
+from testbed.large import large_profile, volume_profile
 from testbed.operator import operator_signing
+from tunefleet import naming
 
 
 class _Run(Run):
     public_key: str = ""
+    store: str = "s3"
 
 
-def _tuning_pod(r: Run) -> dict[str, Any]:
-    pods = r.cluster.kubectl_json("get", "pods", "-n", r.ns, "-l", "batch.kubernetes.io/job-name")[
-        "items"
-    ]
+def _tuning_pod(r: Run, profile: str = "") -> dict[str, Any]:
+    selector = "batch.kubernetes.io/job-name"
+    if profile:
+        selector += f",{naming.TUNING_PROFILE_LABEL}={profile}"
+    pods = r.cluster.kubectl_json("get", "pods", "-n", r.ns, "-l", selector)["items"]
     return dict(pods[0])
+
+
+def _publish_s(pod: dict[str, Any]) -> float | None:
+    """The publish step's own seconds: its container's start to end (the API's seconds)."""
+    for st in (pod.get("status") or {}).get("containerStatuses") or []:
+        done = (st.get("state") or {}).get("terminated") or {}
+        if st.get("name") == "publish" and done.get("startedAt") and done.get("finishedAt"):
+            start, end = (
+                datetime.fromisoformat(done[k].replace("Z", "+00:00"))
+                for k in ("startedAt", "finishedAt")
+            )
+            return (end - start).total_seconds()
+    return None
 
 
 def _reads_a_secret(pod: dict[str, Any]) -> bool:
@@ -82,6 +106,41 @@ def _round(r: _Run, s3: S3Settings, arm: str, i: int) -> dict[str, Any]:
             s3.delete_prefix(prefix + "/")
 
 
+def _oci_round(r: _Run, s3: S3Settings, repository: str, public: str, i: int) -> dict[str, Any]:
+    arm = "proxy" if r.public_key else "secret"
+    name, seed = f"vol-{arm}-{i}", _fresh_seed()
+    marker = make_config_map("bench-large", "").obj()
+    prof, ready_s = tuned(
+        r, s3, marker, lambda _s: volume_profile(name, s3, MIB, repository, public, seed), name
+    )
+    pod = _tuning_pod(r, name)
+    upload = _seconds(
+        r"caches uploaded, \d+ bytes in ([\d.]+) s", _logs(r, pod["metadata"]["name"], "publish")
+    )
+    (art,) = prof["status"]["artifacts"]
+    r.cluster.kubectl("delete", "tp", "-n", r.ns, name, "--wait=true")
+    return {
+        "arm": arm,
+        "bytes": art["caches"][0]["size"],
+        "upload_s": upload,
+        "publish_s": _publish_s(pod),
+        "apply_to_ready_s": round(ready_s, 1),
+        "pod_reads_a_secret": _reads_a_secret(pod),
+    }
+
+
+def _oci_arm(r: _Run, s3: S3Settings, rounds: int) -> list[dict[str, Any]]:
+    """The rounds on the local registry: the profile's own key pair signs in the `secret`
+    arm, the operator's (r.public_key) in the `proxy` arm."""
+    _, repository, keys = _registry_for(r)
+    public = r.public_key or keys["cosign.pub"]
+    rows = []
+    for i in range(rounds):
+        progress("broker", f"oci {'proxy' if r.public_key else 'secret'}: round {i + 1}/{rounds}")
+        rows.append(_oci_round(r, s3, repository, public, i))
+    return rows
+
+
 def _arm(r: _Run, s3: S3Settings, rounds: int) -> list[dict[str, Any]]:
     arm = "broker" if r.public_key else "secret"
     rows = []
@@ -106,30 +165,62 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def run(cluster: Cluster, s3: S3Settings, rounds: int = 2) -> dict[str, Any]:
-    started = time.monotonic()
-    plain = _Run(cluster, "", STANDIN_IMAGE)
-    secret_rows = in_namespace(
-        cluster, s3, "bench-broker", plain, lambda r, s, n: {"rows": _arm(r, s, n)}, rounds
-    )["rows"]
-    with operator_signing(cluster, s3) as public:
-        brokered = _Run(cluster, "", STANDIN_IMAGE)
-        brokered.public_key = public
-        brokered.ns = f"bench-broker-b-{int(time.time())}"
-        cluster.kubectl("create", "namespace", brokered.ns)
-        try:
-            broker_rows = _arm(brokered, s3, rounds)
-        finally:
-            cluster.kubectl("delete", "namespace", brokered.ns, "--wait=false", check=False)
+def _both(r: _Run, s3: S3Settings, rounds: int) -> dict[str, Any]:
+    return {"s3": _arm(r, s3, rounds), "oci": _oci_arm(r, s3, rounds)}
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 2) if a and b else None
+
+
+def _s3_group(secret_rows: list[Any], broker_rows: list[Any], seconds: int) -> dict[str, Any]:
     secret, broker = _summary(secret_rows), _summary(broker_rows)
     return {
         "bundle_mib": 1024,
         "publish_memory_limit": "256Mi",
         "secret": secret,
         "broker": broker,
-        "broker_over_secret_upload": round(broker["upload_s"] / secret["upload_s"], 2)
-        if secret["upload_s"]
-        else None,
+        "broker_over_secret_upload": _ratio(broker["upload_s"], secret["upload_s"]),
         "rows": secret_rows + broker_rows,
-        "seconds": round(time.monotonic() - started),
+        "seconds": seconds,
+    }
+
+
+def _oci_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    out = _summary(rows)
+    out["publish_s"] = round(statistics.median(x["publish_s"] or 0 for x in rows), 1)
+    return out
+
+
+def _oci_group(secret_rows: list[Any], proxy_rows: list[Any], seconds: int) -> dict[str, Any]:
+    secret, proxy = _oci_summary(secret_rows), _oci_summary(proxy_rows)
+    return {
+        "bundle_mib": 1024,
+        "publish_memory_limit": "256Mi",
+        "secret": secret,
+        "proxy": proxy,
+        "proxy_over_secret_publish": _ratio(proxy["publish_s"], secret["publish_s"]),
+        "rows": secret_rows + proxy_rows,
+        "seconds": seconds,
+    }
+
+
+def run(cluster: Cluster, s3: S3Settings, rounds: int = 2) -> dict[str, dict[str, Any]]:
+    """Both groups: store_broker_large (s3://) and registry_proxy_large (oci://)."""
+    started = time.monotonic()
+    plain = _Run(cluster, "", STANDIN_IMAGE)
+    unsigned = in_namespace(cluster, s3, "bench-broker", plain, _both, rounds)
+    with operator_signing(cluster, s3) as public:
+        brokered = _Run(cluster, "", STANDIN_IMAGE)
+        brokered.public_key = public
+        brokered.ns = f"bench-broker-b-{int(time.time())}"
+        cluster.kubectl("create", "namespace", brokered.ns)
+        try:
+            signed = _both(brokered, s3, rounds)
+        finally:
+            cluster.kubectl("delete", "namespace", brokered.ns, "--wait=false", check=False)
+    seconds = round(time.monotonic() - started)
+    return {
+        "store_broker_large": _s3_group(unsigned["s3"], signed["s3"], seconds),
+        "registry_proxy_large": _oci_group(unsigned["oci"], signed["oci"], seconds),
     }

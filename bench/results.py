@@ -492,6 +492,25 @@ GROUPS: dict[str, Any] = {
         "note": None,
         "provenance": None,
     },
+    "registry_proxy_large": {
+        "bundle_mib": None,
+        "publish_memory_limit": None,
+        "secret": {**BROKER_ARM, "publish_s": None},
+        "proxy": {**BROKER_ARM, "publish_s": None},
+        "proxy_over_secret_publish": None,
+        "rows": [
+            {
+                "arm": None,
+                "bytes": None,
+                "upload_s": None,
+                "publish_s": None,
+                "apply_to_ready_s": None,
+                "pod_reads_a_secret": None,
+            }
+        ],
+        "seconds": None,
+        "provenance": None,
+    },
     "store_broker_large": {
         "bundle_mib": None,
         "publish_memory_limit": None,

@@ -23,5 +23,6 @@ ROUTINES = {
     "oci": "real node: 20-pod bursts served an OCI volume image, OCI fetch, S3 ConfigMap, S3 fetch",
     "fleet": "two clusters on one store in fleet mode: Jobs per identity, adoption, takeover",
     "trust": "100 concurrent pin writers; 50 pods on 3 volume models behind a 2 s/request registry",
-    "broker": "real node, S3: a 1 GiB bundle published through the store broker and with a Secret",
+    "broker": "real node: a 1 GiB bundle published through the store broker (S3) and the "
+    "registry proxy (OCI), and with a Secret",
 }

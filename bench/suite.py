@@ -742,8 +742,9 @@ def _trust(b: _Bench) -> None:
 def _broker(b: _Bench) -> None:
     from bench import bench_broker
 
-    figures = bench_broker.run(b.cluster, b.s3, b.options["broker_rounds"])
-    b.results["store_broker_large"] = stamped(figures)
+    groups = bench_broker.run(b.cluster, b.s3, b.options["broker_rounds"])
+    for name, figures in groups.items():
+        b.results[name] = stamped(figures)
 
 
 def _bids(options: dict[str, Any], results: dict[str, Any]) -> None:

@@ -83,7 +83,7 @@ def operator_signing(cluster: Any, s3: Any) -> Iterator[str]:
     create_s3_secret(cluster.kubectl, SYSTEM_NS, s3.access_key, s3.secret_key, PUBLISHER_SECRET)
     pusher = reg.secret(REGISTRY_PUSHER_SECRET, reg.writer)
     cluster.kubectl("apply", "-n", SYSTEM_NS, "-f", "-", input=json.dumps(pusher))
-    extra = ("--set", f"signing.secret={key_secret}")
+    extra: tuple[str, ...] = ("--set", f"signing.secret={key_secret}")
     extra += ("--set", f"signing.storeCredentialsSecret={PUBLISHER_SECRET}")
     extra += ("--set", f"signing.registryCredentialsSecret={REGISTRY_PUSHER_SECRET}")
     install_in_cluster(cluster, s3, extra=extra)

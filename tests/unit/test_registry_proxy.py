@@ -8,12 +8,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -30,7 +32,7 @@ from tunefleet.config import Config
 from tunefleet.contracts import store_broker as sb
 from tunefleet.runtime.pod_tokens import Denied
 from tunefleet.signer import registry_rules as rules
-from tunefleet.signer.registry_route import Identity, RegistryProxy
+from tunefleet.signer.registry_route import Identity, RegistryProxy, _relative
 from tunefleet.signer.store_rules import Scope
 from tunefleet.storage import oci
 from tunefleet.storage.registry import parse_uri
@@ -352,3 +354,49 @@ def test_a_proxied_pod_signs_only_its_own_images(proxied: Proxied) -> None:
     with pytest.raises(StoreError, match="not an image of this Job's own artifacts"):
         signing.sign(store, theirs, key)
     assert direct.manifest(signing.signature_tag(theirs)) is None
+
+
+def _answer(status: int, **headers: str) -> requests.Response:
+    resp = requests.Response()
+    resp.status_code = status
+    resp.headers.update(headers)
+    return resp
+
+
+def test_a_throttled_request_is_tried_again_after_its_retry_after(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    client = oci._Registry("broker.example:8443", True, time.monotonic() + 30)
+    answers = [_answer(429, **{"Retry-After": "0"}), _answer(200)]
+    monkeypatch.setattr(client.session, "request", lambda *a, **k: answers.pop(0))
+    assert client.do_request("https://broker.example:8443/v2/x/tags/list").status_code == 200
+    assert answers == []
+
+
+def test_the_pods_token_goes_to_the_broker_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("tok\n")
+    via = oci.Via("https://broker.example:8443", "", str(token))
+    client = oci._Registry(via.host, True, time.monotonic() + 30, via)
+    sent: list[dict[str, str]] = []
+    monkeypatch.setattr(
+        client.session, "request", lambda *a, **k: (sent.append(k["headers"]), _answer(200))[1]
+    )
+    client.do_request("https://broker.example:8443/v2/x/blobs/uploads/", "POST")
+    client.do_request("https://blobs.elsewhere.example/upload/1", "PUT")
+    assert sent[0]["Authorization"] == "Bearer tok" and "Authorization" not in sent[1]
+
+
+def test_the_registrys_own_addresses_come_back_as_the_proxys_paths() -> None:
+    host = "10.0.0.1:5000"
+    assert _relative(f"https://{host}/v2/r/blobs/uploads/u?_state=s", host) == (
+        "/v2/r/blobs/uploads/u?_state=s"
+    )
+    assert _relative(f'<https://{host}/v2/r/tags/list?n=2&last=b>; rel="next"', host) == (
+        '</v2/r/tags/list?n=2&last=b>; rel="next"'
+    )
+    assert _relative("https://storage.example/blob?sig=x", host) == (
+        "https://storage.example/blob?sig=x"
+    )
