@@ -173,34 +173,29 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 2) if a and b else None
 
 
-def _s3_group(secret_rows: list[Any], broker_rows: list[Any], seconds: int) -> dict[str, Any]:
-    secret, broker = _summary(secret_rows), _summary(broker_rows)
-    return {
-        "bundle_mib": 1024,
-        "publish_memory_limit": "256Mi",
-        "secret": secret,
-        "broker": broker,
-        "broker_over_secret_upload": _ratio(broker["upload_s"], secret["upload_s"]),
-        "rows": secret_rows + broker_rows,
-        "seconds": seconds,
-    }
-
-
 def _oci_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out = _summary(rows)
     out["publish_s"] = round(statistics.median(x["publish_s"] or 0 for x in rows), 1)
     return out
 
 
-def _oci_group(secret_rows: list[Any], proxy_rows: list[Any], seconds: int) -> dict[str, Any]:
-    secret, proxy = _oci_summary(secret_rows), _oci_summary(proxy_rows)
+def _group(
+    secret_rows: list[Any],
+    other: tuple[str, list[Any]],
+    ratio: tuple[str, str],
+    seconds: int,
+    summary: Any = _summary,
+) -> dict[str, Any]:
+    """One group: the `secret` arm, the `other` (name, rows), and `ratio` (its key, the field
+    compared: other's over secret's)."""
+    secret, theirs = summary(secret_rows), summary(other[1])
     return {
         "bundle_mib": 1024,
         "publish_memory_limit": "256Mi",
         "secret": secret,
-        "proxy": proxy,
-        "proxy_over_secret_publish": _ratio(proxy["publish_s"], secret["publish_s"]),
-        "rows": secret_rows + proxy_rows,
+        other[0]: theirs,
+        ratio[0]: _ratio(theirs[ratio[1]], secret[ratio[1]]),
+        "rows": secret_rows + other[1],
         "seconds": seconds,
     }
 
@@ -221,6 +216,17 @@ def run(cluster: Cluster, s3: S3Settings, rounds: int = 2) -> dict[str, dict[str
             cluster.kubectl("delete", "namespace", brokered.ns, "--wait=false", check=False)
     seconds = round(time.monotonic() - started)
     return {
-        "store_broker_large": _s3_group(unsigned["s3"], signed["s3"], seconds),
-        "registry_proxy_large": _oci_group(unsigned["oci"], signed["oci"], seconds),
+        "store_broker_large": _group(
+            unsigned["s3"],
+            ("broker", signed["s3"]),
+            ("broker_over_secret_upload", "upload_s"),
+            seconds,
+        ),
+        "registry_proxy_large": _group(
+            unsigned["oci"],
+            ("proxy", signed["oci"]),
+            ("proxy_over_secret_publish", "publish_s"),
+            seconds,
+            _oci_summary,
+        ),
     }
