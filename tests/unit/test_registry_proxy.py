@@ -5,6 +5,7 @@ test bed's real registry (Distribution, with its TLS and htpasswd)."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -16,6 +17,8 @@ from typing import Any
 
 import pytest
 import requests
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -400,3 +403,37 @@ def test_the_registrys_own_addresses_come_back_as_the_proxys_paths() -> None:
     assert _relative("https://storage.example/blob?sig=x", host) == (
         "https://storage.example/blob?sig=x"
     )
+
+
+def _ask(proxy: RegistryProxy, path: str, token: str = "good") -> tuple[int, str]:
+    """`GET path` of the proxy's route, as a pod with `token`: the status and the message."""
+
+    async def go() -> tuple[int, str]:
+        app = web.Application()
+        app.add_routes(proxy.routes())
+        async with TestClient(TestServer(app)) as client:
+            resp = await client.get(path, headers={"Authorization": f"Bearer {token}"})
+            body = await resp.json()
+            return resp.status, str(body["errors"][0]["message"])
+
+    return asyncio.run(go())
+
+
+def test_the_proxy_refuses_a_stranger_a_bad_token_and_a_registry_it_holds_no_identity_for() -> None:
+    job, pod = built_job_and_pod(built_tuning_job(spec(), NS, NAME, PUID, MODEL, config(HOST)))
+    prof = profile_object(spec(), NS, NAME, PUID)
+    tags = f"/v2/{REPO}/tags/list"
+    stranger = json.loads(json.dumps(pod))
+    stranger["metadata"]["ownerReferences"] = []
+    deps = api_server_deps(stranger, job, prof, sb.AUDIENCE)
+    status, said = _ask(RegistryProxy(deps, Identity({HOST: "Basic x"}), IMAGE, "namespace"), tags)
+    assert status == 403 and "not controlled by a Job" in said, said
+    deps = api_server_deps(pod, job, prof, sb.AUDIENCE)
+    proxy = RegistryProxy(deps, Identity({HOST: "Basic x"}), IMAGE, "namespace")
+    status, said = _ask(proxy, tags, token="stolen")
+    assert status == 401, said
+    other = RegistryProxy(deps, Identity({"other.example:5000": "Basic x"}), IMAGE, "namespace")
+    status, said = _ask(other, tags)
+    assert status == 409 and f"pushes to other.example:5000, and the profile names {HOST}" in said
+    status, said = _ask(proxy, "/v2/team/other/tags/list")
+    assert status == 403 and "repository team/tf only" in said
