@@ -392,6 +392,24 @@ def test_the_broker_figures_quoted_in_docs_trust_are_those_of_results_json() -> 
     assert b["broker"]["pods_reading_a_secret"] == 0 and b["secret"]["pods_reading_a_secret"] > 0
 
 
+def _proxy_quote(b: dict[str, Any]) -> str:
+    s, p = b["secret"], b["proxy"]
+    return (
+        f"a {b['bundle_mib']} MiB cache published in {p['publish_s']:.1f} s through the proxy "
+        f"against {s['publish_s']:.1f} s with the profile's Secret (publish's own seconds: the "
+        f"cache archive and the volume image's layer of it, both pushed), medians of "
+        f"{p['rounds']} and {s['rounds']} rounds, within publish's "
+        f"{b['publish_memory_limit']} memory limit; {p['pods_reading_a_secret']} of "
+        f"{p['rounds']} proxied tuning pods read a Secret"
+    )
+
+
+def test_the_registry_proxy_figures_quoted_in_docs_trust_are_those_of_results_json() -> None:
+    b = _trust_group("registry_proxy_large")
+    assert _proxy_quote(b) in _doc("trust.md"), _proxy_quote(b)
+    assert b["proxy"]["pods_reading_a_secret"] == 0 and b["secret"]["pods_reading_a_secret"] > 0
+
+
 # `file.py::test_name` as the tables name a test: an e2e test by its file alone, a unit test
 # by its path from the root.
 NAMED_TEST = re.compile(r"`((?:tests/unit/)?test_\w+\.py)::(test_\w+)`")

@@ -404,8 +404,19 @@ class Operator:
             proxy_deps = signer_route.real_deps(
                 self.client, lambda ns, name: cache.profile((ns, name)), store_broker.AUDIENCE
             )
-            # A docker config that cannot be read stops the start, saying which.
-            identity = registry_route.Identity.load(config.registry_broker_config)
+            # A docker config that cannot be read stops the start, saying what to fix.
+            try:
+                identity = registry_route.Identity.load(config.registry_broker_config)
+            except ValueError as e:
+                raise RuntimeError(
+                    f"signing.registryCredentialsSecret: {e} (give a kubernetes.io/"
+                    "dockerconfigjson Secret whose auths name the oci:// stores' registries)"
+                ) from None
+            if not identity.auths:
+                logging.getLogger(__name__).warning(
+                    "signing.registryCredentialsSecret names no registry credentials: oci:// "
+                    "tuning pods keep their profile's Secret"
+                )
             proxy = registry_route.RegistryProxy(
                 proxy_deps, identity, config.image, config.library_scope
             )
