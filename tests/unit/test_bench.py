@@ -400,7 +400,9 @@ def _proxy_quote(b: dict[str, Any]) -> str:
         f"cache archive and the volume image's layer of it, both pushed), medians of "
         f"{p['rounds']} and {s['rounds']} rounds, within publish's "
         f"{b['publish_memory_limit']} memory limit; {p['pods_reading_a_secret']} of "
-        f"{p['rounds']} proxied tuning pods read a Secret"
+        f"{p['rounds']} proxied tuning pods read a Secret; the cache archive alone went up at "
+        f"{p['mib_per_s']:.1f} MiB/s through the proxy against {s['mib_per_s']:.1f} MiB/s "
+        "straight to the registry"
     )
 
 
