@@ -92,14 +92,19 @@ def operator_signing(cluster: Any, s3: Any) -> Iterator[str]:
         yield public
     finally:
         install_in_cluster(cluster, s3)
+        # Until no replica of the block's configuration is left: one still leading would build
+        # the next test's Jobs for the signer and the proxies the new replicas no longer serve.
+        _only_replicas_with(cluster, key_secret, without=True)
         for name in (key_secret, PUBLISHER_SECRET, REGISTRY_PUSHER_SECRET):
             cluster.kubectl("delete", "secret", "-n", SYSTEM_NS, name, check=False)
 
 
-def _only_replicas_with(cluster: Any, secret: str, timeout: float = 120) -> None:
-    """Until every operator pod of the release (terminating ones too) mounts `secret`: helm's
-    --wait sees the new replicas Ready while an old one may still lead, and reconcile what a
-    test applies next with the old configuration."""
+def _only_replicas_with(
+    cluster: Any, secret: str, timeout: float = 120, without: bool = False
+) -> None:
+    """Until every operator pod of the release (terminating ones too) mounts `secret` (with
+    `without`: none does): helm's --wait sees the new replicas Ready while an old one may still
+    lead, and reconcile what a test applies next with the old configuration."""
 
     def pods() -> list[dict[str, Any]]:
         out = cluster.kubectl(
@@ -115,11 +120,17 @@ def _only_replicas_with(cluster: Any, secret: str, timeout: float = 120) -> None
 
     def configured(items: list[dict[str, Any]]) -> bool:
         return bool(items) and all(
-            any((v.get("secret") or {}).get("secretName") == secret for v in p["spec"]["volumes"])
+            without
+            != any(
+                (v.get("secret") or {}).get("secretName") == secret for v in p["spec"]["volumes"]
+            )
             for p in items
         )
 
-    wait_for(lambda: configured(pods()), timeout, describe=f"every operator replica with {secret}")
+    which = "without" if without else "with"
+    wait_for(
+        lambda: configured(pods()), timeout, describe=f"every operator replica {which} {secret}"
+    )
 
 
 def free_port() -> int:

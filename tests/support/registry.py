@@ -55,7 +55,6 @@ class MemoryRegistry:
         store = oci.OciStore.__new__(oci.OciStore)
         store.location = Location("oci", f"{HOST}/{REPOSITORY}", "", separator="#")
         store.host, store.repository, store.timeout_s = HOST, REPOSITORY, 5.0
-        store.base = f"https://{HOST}"
         store.client = self
         return store
 

@@ -383,14 +383,21 @@ class OciStore:
         self.host, _, self.repository = location.bucket.partition("/")
         self.timeout_s = timeout_s
         deadline = time.monotonic() + timeout_s
-        # Where requests go: the registry, or the operator's broker in its place (same paths).
-        self.base = via.url.rstrip("/") if via is not None else f"https://{self.host}"
+        self.via = via
         if via is not None:
             self.client = _Registry(via.host, via.ca_file or True, deadline, via)
             return
         ca = config / CA_KEY if config is not None and (config / CA_KEY).is_file() else None
         self.client = _Registry(self.host, str(ca) if ca else True, deadline)
         self._login(config)
+
+    @property
+    def base(self) -> str:
+        """Where requests go: the registry, or the operator's broker in its place (the same
+        paths). Read, not set, so that a store made without __init__ (a test's double of the
+        registry) is the registry's."""
+        via: Via | None = getattr(self, "via", None)
+        return via.url.rstrip("/") if via is not None else f"https://{self.host}"
 
     def _login(self, config: Path | None) -> None:
         files: list[str] = []
