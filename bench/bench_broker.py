@@ -129,25 +129,27 @@ def _oci_round(r: _Run, s3: S3Settings, repository: str, public: str, i: int) ->
     }
 
 
+def _rounds(label: str, rounds: int, one: Any) -> list[dict[str, Any]]:
+    """`one(i)` for each round, each announced."""
+    rows = []
+    for i in range(rounds):
+        progress("broker", f"{label}: round {i + 1}/{rounds}")
+        rows.append(one(i))
+    return rows
+
+
 def _oci_arm(r: _Run, s3: S3Settings, rounds: int) -> list[dict[str, Any]]:
     """The rounds on the local registry: the profile's own key pair signs in the `secret`
     arm, the operator's (r.public_key) in the `proxy` arm."""
     _, repository, keys = _registry_for(r)
     public = r.public_key or keys["cosign.pub"]
-    rows = []
-    for i in range(rounds):
-        progress("broker", f"oci {'proxy' if r.public_key else 'secret'}: round {i + 1}/{rounds}")
-        rows.append(_oci_round(r, s3, repository, public, i))
-    return rows
+    label = f"oci {'proxy' if r.public_key else 'secret'}"
+    return _rounds(label, rounds, lambda i: _oci_round(r, s3, repository, public, i))
 
 
 def _arm(r: _Run, s3: S3Settings, rounds: int) -> list[dict[str, Any]]:
     arm = "broker" if r.public_key else "secret"
-    rows = []
-    for i in range(rounds):
-        progress("broker", f"{arm}: round {i + 1}/{rounds}")
-        rows.append(_round(r, s3, arm, i))
-    return rows
+    return _rounds(arm, rounds, lambda i: _round(r, s3, arm, i))
 
 
 def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -381,7 +381,7 @@ def test_the_pods_token_goes_to_the_broker_alone(
 ) -> None:
     token = tmp_path / "token"
     token.write_text("tok\n")
-    via = oci.Via("https://broker.example:8443", "", str(token))
+    via = oci.Via("https://broker.example:8443", "", Broker("", str(token)).token)
     client = oci._Registry(via.host, True, time.monotonic() + 30, via)
     sent: list[dict[str, str]] = []
     monkeypatch.setattr(

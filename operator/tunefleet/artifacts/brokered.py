@@ -58,13 +58,20 @@ class Broker:
 
             parts = urllib.parse.urlsplit(self.url)
             base = f"{parts.scheme}://{parts.netloc}"  # the distribution API is at the root
-            via = Via(base, self._ca_file(), self.token_file, self.address)
+            via = Via(base, self._ca_file(), self.token, self.address)
             return OciStore(location, timeout_s=timeout_s, via=via)
         if location.scheme != "s3":
             raise StoreError(
                 f"the operator's broker serves s3:// and oci:// stores, not {location.uri()}"
             )
         return BrokeredStore(location, self, timeout_s)
+
+    def token(self) -> str:
+        """The projected token, read at each request (the kubelet rotates it)."""
+        try:
+            return Path(self.token_file).read_text().strip()
+        except OSError as e:
+            raise StoreError(f"cannot read the store token {self.token_file}: {e}") from None
 
     def _ca_file(self) -> str:
         """The CA as a file (what the registry client takes), written once per content."""
@@ -123,12 +130,7 @@ class BrokeredStore:
         within the deadline; StoreError with its words when it refuses."""
         body, attempt, last = req.encode(), 0, ""
         while True:
-            try:
-                token = Path(self.broker.token_file).read_text().strip()  # the kubelet rotates it
-            except OSError as e:
-                raise StoreError(
-                    f"cannot read the store token {self.broker.token_file}: {e}"
-                ) from None
+            token = self.broker.token()
             retry: float | None = None
             try:
                 got = self._endpoint.post(sb.PATH, body, token, sb.MAX_REPLY_BYTES)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from tunefleet.api import TuningProfileSpec
 from tunefleet.artifacts import signing
@@ -91,8 +92,7 @@ def brokers(spec: TuningProfileSpec, config: Config) -> bool:
     if not operator_signs(spec, config):
         return False
     if spec.storage.is_oci:
-        host = spec.storage.uri[len("oci://") :].split("/", 1)[0]
-        return host in config.registry_broker_hosts
+        return urlsplit(spec.storage.uri).netloc in config.registry_broker_hosts
     return (
         config.store_broker
         and spec.storage.is_s3

@@ -206,6 +206,7 @@ class RegistryProxy:
     def _upstream(
         self, method: str, host: str, path: str, headers: dict[str, str], **kw: Any
     ) -> requests.Response:
+        # Bytes as stored, never compressed on the way: Content-Length and digests hold.
         headers = {"Accept-Encoding": "identity", **headers}
         try:
             return self.session.request(
@@ -250,8 +251,6 @@ class RegistryProxy:
         self, request: web.Request, host: str, path: str, body: bytes | None
     ) -> web.StreamResponse:
         headers = {k: request.headers[k] for k in _UP if k in request.headers}
-        # Bytes as stored, never compressed on the way: Content-Length and digests hold.
-        headers["Accept-Encoding"] = "identity"
         data: Any = body
         if body is None and request.can_read_body:
             size = request.content_length or 0

@@ -47,6 +47,7 @@ _DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 _SIGNATURE_TAG_RE = re.compile(r"^sha256-([0-9a-f]{64})(\.sig)?$")
 _UPLOAD_RE = re.compile(r"^blobs/uploads/[A-Za-z0-9._=-]{1,256}$")
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+_TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")  # the distribution spec's tag
 READS = ("GET", "HEAD")
 
 
@@ -87,9 +88,7 @@ def step(method: str, tail: str, query: dict[str, str], repository: str) -> Step
         return Step("blob")
     if rest.startswith("manifests/") and method in (*READS, "PUT"):
         reference = rest[len("manifests/") :]
-        if _DIGEST_RE.match(reference) or re.match(
-            r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$", reference
-        ):
+        if _DIGEST_RE.match(reference) or _TAG_RE.match(reference):
             return Step("manifest", reference)
     if rest == "tags/list" and method == "GET":
         return Step("tags")

@@ -33,7 +33,7 @@ import os
 import re
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, cast
@@ -248,12 +248,13 @@ class Part:
 class Via:
     """The operator's registry broker (signer/registry_route.py), in place of the registry:
     its https://host[:port] (http:// in tests), the CA file to check it with, the projected
-    token it takes (sent to that host alone, read at each request: the kubelet rotates it) and
-    the Service's address, for a pod whose cluster does not resolve the name."""
+    token it takes (`token()`, called at each request and sent to that host alone:
+    artifacts/brokered.Broker.token) and the Service's address, for a pod whose cluster does
+    not resolve the name."""
 
     url: str
     ca_file: str
-    token_file: str
+    token: Callable[[], str]
     address: str = ""
 
     @property
@@ -311,13 +312,6 @@ class _Registry(oras.provider.Registry):  # type: ignore[misc]
             if not _resolves(name):
                 self.session.mount(f"https://{via.host}/", _AddressAdapter(name, via.address))
 
-    def _token(self) -> str:
-        assert self.via is not None
-        try:
-            return Path(self.via.token_file).read_text().strip()
-        except OSError as e:
-            raise StoreError(f"cannot read the store token {self.via.token_file}: {e}") from None
-
     def do_request(
         self,
         url: str,
@@ -331,7 +325,7 @@ class _Registry(oras.provider.Registry):  # type: ignore[misc]
         if self.via is not None:
             # The token goes to the broker alone, never to a host a Location or Link names.
             if urlsplit(url).netloc == self.via.host:
-                headers["Authorization"] = f"Bearer {self._token()}"
+                headers["Authorization"] = f"Bearer {self.via.token()}"
         elif getattr(self.auth, "_basic_auth", None):
             headers.update(self.auth.get_auth_header())
         for attempt in range(MAX_ATTEMPTS):
