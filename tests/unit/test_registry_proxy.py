@@ -437,3 +437,28 @@ def test_the_proxy_refuses_a_stranger_a_bad_token_and_a_registry_it_holds_no_ide
     assert status == 409 and f"pushes to other.example:5000, and the profile names {HOST}" in said
     status, said = _ask(proxy, "/v2/team/other/tags/list")
     assert status == 403 and "repository team/tf only" in said
+
+
+def test_a_look_the_registry_fails_is_never_taken_for_an_empty_tag(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A create is forwarded only where the tag holds nothing: a HEAD that errs (a 500, a 401)
+    must refuse it (503, to retry), never let it replace what is there."""
+    job, pod = built_job_and_pod(built_tuning_job(spec(), NS, NAME, PUID, MODEL, config(HOST)))
+    deps = api_server_deps(pod, job, profile_object(spec(), NS, NAME, PUID), sb.AUDIENCE)
+    proxy = RegistryProxy(deps, Identity({HOST: "Basic x"}), IMAGE, "namespace")
+    answers = {
+        "k-absent": _answer(404),
+        "k-there": _answer(200, **{"Docker-Content-Digest": f"sha256:{SHA}"}),
+        "k-broken": _answer(500),
+        "k-refused": _answer(401),
+    }
+    monkeypatch.setattr(
+        proxy, "_upstream", lambda m, h, path, hd, **kw: answers[path.rsplit("/", 1)[1]]
+    )
+    assert proxy._head(HOST, REPO, "k-absent") == ""
+    assert proxy._head(HOST, REPO, "k-there") == f"sha256:{SHA}"
+    for tag in ("k-broken", "k-refused"):
+        with pytest.raises(Denied) as e:
+            proxy._head(HOST, REPO, tag)
+        assert e.value.status == 503 and f"a look at {tag}" in str(e.value)

@@ -92,7 +92,11 @@ class _Body:
     def read(self, n: int = -1) -> bytes:
         if not self.buffer:
             future = asyncio.run_coroutine_threadsafe(self.request.content.read(CHUNK), self.loop)
-            self.buffer = future.result(timeout=READ_S)
+            try:
+                self.buffer = future.result(timeout=READ_S)
+            except TimeoutError:
+                future.cancel()  # a pod that stopped sending: no read left pending on the loop
+                raise
         n = len(self.buffer) if n is None or n < 0 else n
         out, self.buffer = self.buffer[:n], self.buffer[n:]
         return out
@@ -226,7 +230,14 @@ class RegistryProxy:
     def _head(self, host: str, repo: str, reference: str) -> str:
         accept = f"{oci.MANIFEST_MEDIA_TYPE}, {oci.INDEX_MEDIA_TYPE}"
         resp = self._upstream("HEAD", host, f"/v2/{repo}/manifests/{reference}", {"Accept": accept})
-        return resp.headers.get("Docker-Content-Digest", "") if resp.status_code == 200 else ""
+        if resp.status_code == 404:
+            return ""
+        digest = resp.headers.get("Docker-Content-Digest", "")
+        if resp.status_code != 200 or not digest:
+            # Never taken for "nothing there": a create would then replace what is.
+            why = f"the registry answered {resp.status_code} to a look at {reference}"
+            raise Denied(503, "unavailable", why, 5)
+        return digest
 
     def _manifest(self, host: str, repo: str, digest: str) -> dict[str, Any] | None:
         accept = {"Accept": oci.MANIFEST_MEDIA_TYPE}
