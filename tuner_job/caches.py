@@ -462,11 +462,35 @@ VLLM_KEY_FLAGS = (
 )
 MAX_VARIANTS = 8
 _VALUE_RE = re.compile(r"^[A-Za-z0-9._-]{1,32}$")
+# The values each key flag may take (vLLM 0.32.0's arguments: vllm/engine/arg_utils.py,
+# vllm/config/cache.py): a retune starts vLLM with them, so a value vLLM would refuse, or one
+# that asks a retune for a 10-million-token context, is not a variant.
+_INT_RANGES = {
+    "--max-model-len": (1, 1 << 21),
+    "--max-num-seqs": (1, 1 << 16),
+    "--max-num-batched-tokens": (1, 1 << 21),
+    "--block-size": (1, 1 << 12),
+}
+_CHOICES = {
+    "--dtype": ("auto", "half", "float16", "bfloat16", "float", "float32"),
+    "--kv-cache-dtype": (
+        "auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
+    ),
+}  # fmt: skip
+
+
+def _in_range(flag: str, value: str) -> bool:
+    if flag in _CHOICES:
+        return value in _CHOICES[flag]
+    low, high = _INT_RANGES[flag]
+    # vLLM also takes "1k"-style lengths; a variant keeps the plain number.
+    return value.isdigit() and low <= int(value) <= high
 
 
 def vllm_variant(argv: Sequence[str]) -> tuple[str, ...]:
     """The key flags a vLLM command line sets, as sorted "--flag=value" (the last one of a
-    flag wins, as in argparse); values that are not plain tokens are left out."""
+    flag wins, as in argparse); values that are not plain tokens in the flag's range are
+    left out."""
     found: dict[str, str] = {}
     items = list(argv)
     for i, item in enumerate(items):
@@ -475,9 +499,21 @@ def vllm_variant(argv: Sequence[str]) -> tuple[str, ...]:
             continue
         if not eq:
             value = items[i + 1] if i + 1 < len(items) else ""
-        if _VALUE_RE.match(value):
+        if _VALUE_RE.match(value) and _in_range(flag, value):
             found[flag] = value
     return tuple(sorted(f"{f}={v}" for f, v in found.items()))
+
+
+def flag_changes(tuned: Sequence[str], pod: Sequence[str]) -> str:
+    """The key flags a pod set otherwise than the tuning run (two variants), in words:
+    "--max-model-len 512 -> 256; --dtype (unset) -> half"; "" when none differ."""
+    a = dict(v.split("=", 1) for v in tuned)
+    b = dict(v.split("=", 1) for v in pod)
+    return "; ".join(
+        f"{f} {a.get(f, '(unset)')} -> {b.get(f, '(unset)')}"
+        for f in VLLM_KEY_FLAGS
+        if a.get(f) != b.get(f)
+    )
 
 
 def encode_variants(variants: Iterable[Sequence[str]]) -> str:

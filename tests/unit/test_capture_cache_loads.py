@@ -60,7 +60,7 @@ def rec(*msgs: str) -> list[dict[str, Any]]:
 
 
 def test_the_paths_are_named_alike_in_the_hook_and_the_contract() -> None:
-    assert (hook.LOADED, hook.RECOMPILED, hook.MISSED) == contract.CACHE_PATHS
+    assert (hook.LOADED, hook.RECOMPILED, hook.MISSED, hook.EMPTY) == contract.CACHE_PATHS
     assert (hook.CACHE_LOG_ENV, hook.CACHE_LOG_NAME) == (
         contract.CACHE_LOG_ENV,
         contract.CACHE_LOG_NAME,
@@ -478,3 +478,134 @@ def test_a_vllm_bundle_records_what_made_its_keys(monkeypatch: pytest.MonkeyPatc
         doc = {**packed.to_dict(), "stack": bad}
         with pytest.raises(cc.CacheError, match="stack"):
             cc.manifest_entries({"caches": [doc], "cachesSkipped": []})
+
+
+# --- loaded but empty, and the factor that made a miss ----------------------------------------
+
+# vLLM 0.32.0's words (vllm/compilation/caching.py) while an AOT artifact loads, before its
+# "Directly load" line.
+HELD_NOTHING = (
+    "reconstructed serializable fn from standalone compile artifacts. num_artifacts=0 num_submods=0"
+)
+HELD_SOME = HELD_NOTHING.replace("num_artifacts=0 num_submods=0", "num_artifacts=56 num_submods=29")
+
+
+def test_an_aot_artifact_that_loads_empty_is_told_apart_from_a_load() -> None:
+    records = [
+        {"msg": HELD_NOTHING, "logger": "vllm.compilation.caching"},
+        *rec(LOADED),
+    ]
+    verdict = hook.cache_verdict(records)
+    assert verdict is not None and verdict["path"] == hook.EMPTY == "empty"
+    assert verdict["key"] == KEY
+    assert "0 compiled artifact(s) and 0 submodule(s)" in verdict["reason"]
+    assert "runs eager" in verdict["reason"]
+    # One that held code is a load; a held line alone decides nothing.
+    full = [{"msg": HELD_SOME, "logger": "vllm.compilation.caching"}, *rec(LOADED)]
+    assert hook.cache_verdict(full) == {"path": "loaded", "key": KEY, "reason": ""}
+    assert hook.cache_verdict([{"msg": HELD_NOTHING}]) is None
+    assert "vllm.compilation.caching" in hook.VLLM_LOGGERS  # where caching.py logs it
+    # The status counts it and warns once.
+    view = _loads(StoreView(SKEY), "eager-for-life", "empty", KEY, verdict["reason"])
+    plan = _plan([view])
+    (loads,) = plan.entries[0]["caches"]
+    CaptureStatus.model_validate(plan.entries[0])
+    assert loads["empty"] == 1 and loads["loaded"] == 0
+    assert [e[1] for e in plan.events] == ["CacheLoadedEmpty"]
+    assert _plan([view], plan.entries).events == []
+
+
+def _factors(**env: object) -> dict[str, Any]:
+    """A factors file as vLLM 0.32.0 writes it (vllm/compilation/backends.py): the env factors
+    raw (normalize_value: booleans stay booleans), then its three hashes."""
+    return {
+        "env": {"VLLM_USE_AOT_COMPILE": True, "VLLM_USE_MEGA_AOT_ARTIFACT": False,
+                "VLLM_CPU_OMP_THREADS_BIND": "auto", **env},
+        "config_hash": "c0ffee" * 10,
+        "code_hash": "d00d" * 16,
+        "compiler_hash": "beef" * 16,
+    }  # fmt: skip
+
+
+VLLM_MISSING = """
+import json, logging, logging.config, os, sys
+logging.config.dictConfig({
+    "version": 1, "disable_existing_loggers": False,
+    "formatters": {"vllm": {"format": "%(levelname)s %(message)s"}},
+    "handlers": {"vllm": {"class": "logging.StreamHandler", "formatter": "vllm",
+                          "stream": "ext://sys.stdout"}},
+    "loggers": {"vllm": {"handlers": ["vllm"], "level": "INFO", "propagate": False}},
+})
+backends = logging.getLogger("vllm.compilation.backends")
+here, factors = sys.argv[1], sys.argv[2]
+# What backends.py does on a miss: name the new directory, then write its factors file there.
+os.makedirs(here)
+backends.info("Using cache directory: %s for vLLM's torch.compile", here)
+with open(os.path.join(here, "cache_key_factors.json"), "w") as f:
+    f.write(factors)
+backends.info("Compiling a graph for dynamic shape takes 12.31 s")
+logging.getLogger("vllm.compilation.decorators").info("saved AOT compiled function to %s", here)
+"""
+
+
+def test_a_miss_names_the_one_factor_that_differs_from_the_bundles(tmp_path: Path) -> None:
+    root = tmp_path / "vllm" / "torch_compile_cache"
+    for key, factors in (("0a1b2c3d4e", _factors()), ("5f6a7b8c9d", _factors(
+            VLLM_USE_AOT_COMPILE=False, VLLM_CPU_OMP_THREADS_BIND="0-1"))):  # fmt: skip
+        made = root / key / "rank_0_0" / "backbone"
+        made.mkdir(parents=True)
+        (made / hook.FACTORS_FILE).write_text(json.dumps(factors, indent=2, sort_keys=True))
+    pod_dir = root / "77aa88bb99" / "rank_0_0" / "backbone"
+    log = tmp_path / hook.CACHE_LOG_NAME
+    where = tmp_path / "hook"
+    sidecar.install_hook(where)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTORCH_", "TUNEFLEET_"))}
+    env.update(PYTHONPATH=str(where), **{hook.CACHE_LOG_ENV: str(log)})
+    pod = json.dumps(_factors(VLLM_USE_AOT_COMPILE=False), indent=2, sort_keys=True)
+    done = subprocess.run(
+        [sys.executable, "-c", VLLM_MISSING, str(pod_dir), pod], env=env, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    records = hook.read_cache_log(log.read_text())
+    (factors,) = [r["factors"] for r in records if r["msg"] == hook.FACTORS_MSG]
+    # The nearest of the bundle's is the one with one difference, not two.
+    assert factors["nearest"] == "0a1b2c3d4e"
+    assert factors["differ"] == [["VLLM_USE_AOT_COMPILE", "true", "false"]]
+    verdict = hook.cache_verdict(records)
+    assert verdict is not None and verdict["path"] == "missed"
+    assert verdict["reason"].endswith("(bundle's -> pod's): VLLM_USE_AOT_COMPILE true -> false")
+
+
+def test_a_miss_by_vllms_config_says_so_and_the_endpoint_names_the_flag() -> None:
+    theirs, mine = _factors(), {**_factors(), "config_hash": "aa" * 32}
+    differ = hook.factor_differences(theirs, mine)
+    assert differ == [["config_hash", ("c0ffee" * 10)[:16], ("aa" * 32)[:16]]]
+    assert hook.differences_said(differ).startswith("vLLM's config (the model, max-model-len")
+    assert hook.factor_differences(theirs, theirs) == []
+    # The endpoint adds the key flags the pod as admitted set otherwise than the profile's
+    # workload (both trusted; the body's reason is kept in front).
+    from tunefleet.capture.endpoint import _with_variants
+
+    server = ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m"]
+    pod = {"spec": {"containers": [{
+        "name": "server", "command": [*server, "--max-model-len", "256", "--dtype", "half"],
+        "env": [{"name": hook.CACHE_LOG_ENV, "value": "/x"}]}]}}  # fmt: skip
+    spec = make_profile().spec(workload={"command": [
+        "python3", "warmup.py", "--", *server, "--max-model-len=2048"]}).spec_model()  # fmt: skip
+    upload = Upload((), caches=(CacheLoad("vllm", "missed", OTHER, "vLLM found nothing"),
+                                CacheLoad("vllm", "loaded", KEY)))  # fmt: skip
+    missed, loaded = _with_variants(upload, pod, spec)
+    assert missed.reason == (
+        "vLLM found nothing; key flags the pod set otherwise than the tuning run: "
+        "--max-model-len 2048 -> 256; --dtype (unset) -> half"
+    )
+    assert missed.args == '["--dtype=half","--max-model-len=256"]'
+    assert loaded.reason == "" and loaded.args == ""
+
+
+def test_key_flag_values_outside_what_vllm_takes_are_no_variant() -> None:
+    argv = ["--max-model-len", "99999999999", "--dtype", "int4", "--block-size", "16",
+            "--max-num-seqs", "0", "--kv-cache-dtype", "fp8"]  # fmt: skip
+    assert cc.vllm_variant(argv) == ("--block-size=16", "--kv-cache-dtype=fp8")
+    assert cc.flag_changes(("--block-size=16",), ("--block-size=16",)) == ""

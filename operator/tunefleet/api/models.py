@@ -408,6 +408,7 @@ class CacheLoads(_Model):
     loaded: int | None = None
     recompiled: int | None = None
     missed: int | None = None
+    empty: int | None = None
     missed_keys: list[str] | None = Field(default=None, max_length=8)
     message: str | None = None
     pods: list[PodCacheLoad] | None = Field(default=None, max_length=16)

@@ -51,6 +51,7 @@ from tunefleet.contracts.capture_upload import (
     AUDIENCE,
     CACHE_LOG_ENV,
     MAX_BODY_BYTES,
+    MAX_REASON_CHARS,
     MISSED,
     PATH,
     BodyError,
@@ -79,6 +80,7 @@ def caller_of(review_status: dict[str, Any]) -> Caller:
 class Attribution:
     key: StoreKey
     capture: CaptureSpec
+    spec: TuningProfileSpec
 
 
 def _record_for(status: dict[str, Any], sha: str) -> ArtifactRecord | None:
@@ -147,14 +149,28 @@ def attribute(
         identity=identity,
         apart=apart,
     )
-    return Attribution(key, spec.capture)
+    return Attribution(key, spec.capture, spec)
 
 
-def _with_variants(upload: Upload, pod: dict[str, Any] | None) -> tuple[CacheLoad, ...]:
-    """The upload's cache loads, each miss with the pod's own key flags (never the body's)."""
-    return tuple(
-        replace(c, args=_variant_of(pod) if c.path == MISSED else "") for c in upload.caches
-    )
+def _with_variants(
+    upload: Upload, pod: dict[str, Any] | None, spec: TuningProfileSpec
+) -> tuple[CacheLoad, ...]:
+    """The upload's cache loads, each miss with the pod's own key flags (never the body's),
+    and its reason with the key flags the pod set otherwise than the tuning run."""
+    variant = _variant_of(pod)
+    workload = spec.workload
+    tuned = cc.vllm_variant([*(workload.command or []), *(workload.args or [])] if workload else [])
+    changes = cc.flag_changes(tuned, json.loads(variant) if variant else [])
+    out = []
+    for c in upload.caches:
+        if c.path != MISSED:
+            out.append(replace(c, args=""))
+            continue
+        said = f"; key flags the pod set otherwise than the tuning run: {changes}"
+        said = said if changes else ""
+        reason = c.reason[: MAX_REASON_CHARS - len(said)] + said
+        out.append(replace(c, args=variant, reason=reason))
+    return tuple(out)
 
 
 def _variant_of(pod: dict[str, Any] | None) -> str:
@@ -255,7 +271,8 @@ class Endpoint:
         except BodyError as e:
             raise Denied(400, "bad_request", str(e)) from None
         rows = upload.rows[: where.capture.limits.max_rows_per_upload]
-        upload = Upload(rows, upload.not_loaded, upload.dropped, _with_variants(upload, pod))
+        loads = _with_variants(upload, pod, where.spec)
+        upload = Upload(rows, upload.not_loaded, upload.dropped, loads)
         if self._busy.locked():
             raise Denied(503, "unavailable", "the endpoint is busy", 5)
         async with self._busy:

@@ -23,7 +23,10 @@ again after a failed load and why, or compiled from zero): a filter on vLLM's co
 appends those records, and nothing else, to that file as JSON lines, which the capture
 sidecar reads (cache_verdict, below, is the one reader) and reports. It lets every record
 through, so the container's own log is unchanged; a vLLM configured above INFO does not emit
-the lines, and the pod is then reported as unknown, not as a hit.
+the lines, and the pod is then reported as unknown, not as a hit. Two more verdicts: a model
+that loads from an artifact holding no compiled code is "empty" (it runs eager, vllm#56879);
+and on a miss, the hook diffs the factors file vLLM writes in its new cache directory against
+the bundle's nearest (compare_factors), so the verdict names the factor that broke the key.
 
 An image's own ``sitecustomize`` (which this one shadows) is found further down sys.path and
 run after this one.
@@ -47,8 +50,13 @@ LOADER_NAME = "_tunefleet_load_results"  # the queued call's name (tests look fo
 CACHE_LOG_ENV = "TUNEFLEET_CACHE_LOG"
 CACHE_LOG_NAME = "tunefleet-cache-log.jsonl"  # in the capture directory, beside the untuned files
 # vLLM's loggers that say which path its compiled model took (vllm/compilation/decorators.py
-# in AOT mode, the default on 0.32.0; vllm/compilation/backends.py without it).
-VLLM_LOGGERS = ("vllm.compilation.decorators", "vllm.compilation.backends")
+# in AOT mode, the default on 0.32.0; vllm/compilation/backends.py without it; what a loaded
+# AOT artifact held, vllm/compilation/caching.py).
+VLLM_LOGGERS = (
+    "vllm.compilation.decorators",
+    "vllm.compilation.backends",
+    "vllm.compilation.caching",
+)
 # vLLM 0.32.0's words. A vLLM that rewords them is reported as unknown, never as a hit.
 AOT_LOADED = re.compile(r"Directly load AOT compilation from path (\S+)")
 AOT_RELOADED = re.compile(r"Compiling model again due to a load failure from (\S+), reason: (.*)")
@@ -57,7 +65,25 @@ GRAPH_DIR = re.compile(r"Using cache directory: (\S+) for vLLM's torch.compile")
 GRAPH_LOADED = re.compile(r"Directly load the compiled graph\(s\) for .* from the cache")
 GRAPH_COMPILED = re.compile(r"Compiling a graph for .* takes")
 CACHE_OFF = re.compile(r"vLLM's torch.compile cache is disabled")
-_KEPT = (AOT_LOADED, AOT_RELOADED, AOT_SAVED, GRAPH_DIR, GRAPH_LOADED, GRAPH_COMPILED, CACHE_OFF)
+# What a loaded AOT artifact held (vllm/compilation/caching.py, logged while it loads, before
+# "Directly load"): zero artifacts or submodules is a model that "loads" and then runs eager
+# for the life of the server (vllm#56879).
+AOT_HELD = re.compile(
+    r"reconstructed serializable fn from standalone compile artifacts\. "
+    r"num_artifacts=(\d+) num_submods=(\d+)"
+)
+_KEPT = (
+    AOT_LOADED, AOT_RELOADED, AOT_SAVED, AOT_HELD, GRAPH_DIR, GRAPH_LOADED, GRAPH_COMPILED,
+    CACHE_OFF,
+)  # fmt: skip
+# vLLM's record of what its key hashed (vllm/compilation/backends.py writes it in each new
+# cache directory: the env factors raw, the config, code and compiler hashes). The bundle
+# carries the tuning run's; a pod that misses writes its own beside them. The hook diffs the
+# two (factor_differences) and writes the difference as one record of its own.
+FACTORS_FILE = "cache_key_factors.json"
+FACTORS_MSG = "tunefleet: vLLM's cache key factors against the bundle's nearest"
+MAX_FACTOR_FILES = 32
+MAX_DIFFERENCES = 8
 _KEY = re.compile(r"/torch_compile_cache/(?:torch_aot_compile/)?([0-9a-f]{8,128})(?:/|$)")
 MAX_RECORD_CHARS = 2000
 MAX_RECORDS = 256  # per process: a start logs a handful
@@ -65,6 +91,7 @@ MAX_RECORDS = 256  # per process: a start logs a handful
 LOADED = "loaded"  # vLLM loaded the compiled model from the cache
 RECOMPILED = "recompiled"  # it found the entry for its key, could not load it, compiled again
 MISSED = "missed"  # it found nothing for its key (or its cache is off): compiled from zero
+EMPTY = "empty"  # it loaded the entry for its key, which held nothing: it runs eager
 
 
 def _say(message: str) -> None:
@@ -214,6 +241,8 @@ class _CacheLog:
 
         self.path = path
         self.written = 0
+        self.factors_of = ""  # a new cache directory vLLM named, whose factors are to compare
+        self.factors_done = False
         for name in VLLM_LOGGERS:
             logging.getLogger(name).addFilter(self)
 
@@ -222,7 +251,7 @@ class _CacheLog:
             message = record.getMessage()
             if self.written >= MAX_RECORDS or not any(p.search(message) for p in _KEPT):
                 return True
-            line = json.dumps(
+            self.write(
                 {
                     "t": round(record.created, 3),
                     "pid": record.process,
@@ -231,15 +260,91 @@ class _CacheLog:
                     "msg": message[:MAX_RECORD_CHARS],
                 }
             )
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
-            try:
-                os.write(fd, (line + "\n").encode("utf-8", "replace"))
-            finally:
-                os.close(fd)
-            self.written += 1
+            # vLLM writes the directory's factors file just after it names the directory: by
+            # its next record it is there.
+            if self.factors_of:
+                self.write_factors(self.factors_of, record)
+                self.factors_of = ""
+            found = GRAPH_DIR.search(message)
+            if found and not self.factors_done:
+                self.factors_of = found.group(1)
         except Exception:
             pass  # never the serving process's problem
         return True
+
+    def write(self, doc: dict[str, Any]) -> None:
+        line = json.dumps(doc)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            os.write(fd, (line + "\n").encode("utf-8", "replace"))
+        finally:
+            os.close(fd)
+        self.written += 1
+
+    def write_factors(self, directory: str, record: Any) -> None:
+        self.factors_done = True
+        found = compare_factors(directory)
+        if found is not None:
+            doc = {"t": round(record.created, 3), "pid": record.process, "logger": "tunefleet"}
+            self.write({**doc, "level": "INFO", "msg": FACTORS_MSG, "factors": found})
+
+
+def _read_factors(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.loads(f.read(1 << 20))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _shown(value: Any) -> str:
+    return (value if isinstance(value, str) else json.dumps(value, sort_keys=True))[:80]
+
+
+def factor_differences(bundle: dict[str, Any], pod: dict[str, Any]) -> list[list[str]]:
+    """What differs between two of vLLM's factors files: [name, bundle's, pod's] for each env
+    factor (vLLM's own variable names) and each hash (config_hash, code_hash, compiler_hash),
+    the env factors first, sorted; a factor one side lacks shows as "(unset)"."""
+    out: list[list[str]] = []
+    env_b, env_p = bundle.get("env"), pod.get("env")
+    env_b = env_b if isinstance(env_b, dict) else {}
+    env_p = env_p if isinstance(env_p, dict) else {}
+    for name in sorted(set(env_b) | set(env_p)):
+        if env_b.get(name, _UNSET) != env_p.get(name, _UNSET):
+            b, p = (_shown(e[name]) if name in e else "(unset)" for e in (env_b, env_p))
+            out.append([str(name)[:80], b, p])
+    for name in ("config_hash", "code_hash", "compiler_hash"):
+        if bundle.get(name) != pod.get(name):
+            out.append([name, _shown(bundle.get(name))[:16], _shown(pod.get(name))[:16]])
+    return out
+
+
+_UNSET = object()
+
+
+def compare_factors(directory: str) -> dict[str, Any] | None:
+    """The pod's factors (in the cache directory vLLM named) against the nearest of the
+    others for the same rank and part of the model (the bundle's): {"dir", "nearest",
+    "differ"}; None when either side is missing or they are the same (the key was there)."""
+    here = os.path.normpath(directory)
+    prefix, rank = os.path.basename(here), os.path.basename(os.path.dirname(here))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(here)))
+    mine = _read_factors(os.path.join(here, FACTORS_FILE))
+    if mine is None or not os.path.isdir(root):
+        return None
+    best: tuple[int, str, list[list[str]]] | None = None
+    for key in sorted(os.listdir(root))[: 4 * MAX_FACTOR_FILES]:
+        other = os.path.join(root, key, rank, prefix)
+        theirs = None if other == here else _read_factors(os.path.join(other, FACTORS_FILE))
+        if theirs is None:
+            continue
+        differ = factor_differences(theirs, mine)
+        if best is None or len(differ) < best[0]:
+            best = (len(differ), key, differ)
+    if best is None or not best[2]:
+        return None
+    return {"dir": here[-300:], "nearest": best[1][:128], "differ": best[2][:MAX_DIFFERENCES]}
 
 
 def install_cache_log() -> bool:
@@ -270,12 +375,34 @@ def key_of(path: str) -> str:
     return found.group(1) if found else ""
 
 
+# How a verdict names the hashes vLLM's key is made of (vllm/compilation/backends.py).
+_HASH_WORDS = {
+    "config_hash": "vLLM's config (the model, max-model-len, dtype and every other setting it "
+    "hashes)",
+    "code_hash": "the model code vLLM traced (another vLLM or model)",
+    "compiler_hash": "the compiler's (another torch, or other Inductor settings)",
+}
+
+
+def differences_said(differ: list[Any]) -> str:
+    """A factors record's differences in words, bundle's -> pod's."""
+    said = []
+    for d in differ[:MAX_DIFFERENCES]:
+        if not (isinstance(d, list) and len(d) == 3 and all(isinstance(x, str) for x in d)):
+            continue
+        name, was, now = d
+        said.append(f"{_HASH_WORDS.get(name, name)} {was} -> {now}")
+    return "; ".join(said)
+
+
 def cache_verdict(records: list[dict[str, Any]]) -> dict[str, str] | None:
     """Which path vLLM's compiled model took, from its records: {"path", "key", "reason"};
     None while it has said nothing that decides it (still starting, or not vLLM)."""
     key = ""
     reloaded: tuple[str, str] | None = None
     loaded = saved = compiled = off = False
+    held: tuple[int, int] | None = None
+    differ: list[Any] = []
     for r in records:
         msg = str(r.get("msg") or "")
         for pattern in (AOT_LOADED, AOT_SAVED, GRAPH_DIR):
@@ -285,6 +412,11 @@ def cache_verdict(records: list[dict[str, Any]]) -> dict[str, str] | None:
         m = AOT_RELOADED.search(msg)
         if m:
             reloaded = (key_of(m.group(1)), m.group(2).strip())
+        m = AOT_HELD.search(msg)
+        if m:
+            held = (int(m.group(1)), int(m.group(2)))
+        if msg == FACTORS_MSG and isinstance(r.get("factors"), dict):
+            differ = r["factors"].get("differ") or []
         loaded = loaded or bool(AOT_LOADED.search(msg) or GRAPH_LOADED.search(msg))
         saved = saved or bool(AOT_SAVED.search(msg))
         compiled = compiled or bool(GRAPH_COMPILED.search(msg))
@@ -298,11 +430,24 @@ def cache_verdict(records: list[dict[str, Any]]) -> dict[str, str] | None:
     if off:
         return {"path": MISSED, "key": key, "reason": "vLLM's torch.compile cache is disabled"}
     if compiled or (saved and not loaded):
+        said = differences_said(differ) if isinstance(differ, list) else ""
         return {
             "path": MISSED,
             "key": key,
-            "reason": f"vLLM found nothing for its key {key[:16] or '(unknown)'} in its cache "
-            "and compiled from zero",
+            "reason": (
+                f"vLLM found nothing for its key {key[:16] or '(unknown)'} in its cache "
+                "and compiled from zero"
+                + (f"; its key's factors differ from the bundle's (bundle's -> pod's): {said}"
+                   if said else "")
+            )[:500],
+        }  # fmt: skip
+    if loaded and held is not None and min(held) == 0:
+        return {
+            "path": EMPTY,
+            "key": key,
+            "reason": f"vLLM loaded its compiled model for key {key[:16] or '(unknown)'}, which "
+            f"held {held[0]} compiled artifact(s) and {held[1]} submodule(s): it runs eager "
+            "(vllm#56879); retune to replace the bundle",
         }
     if loaded:
         return {"path": LOADED, "key": key, "reason": ""}

@@ -31,7 +31,7 @@ from tunefleet import naming
 from tunefleet.api import CaptureSpec, RetuneSpec
 from tunefleet.capture.retune_sets import MAX_BYTES, RetuneSet, StoreView, now_iso
 from tunefleet.contracts.artifact_record import ArtifactRecord
-from tunefleet.contracts.capture_upload import LOADED, MISSED, RECOMPILED
+from tunefleet.contracts.capture_upload import EMPTY, LOADED, MISSED, RECOMPILED
 from tunefleet.contracts.retune import Retunes
 from tuner_job import caches as cc
 
@@ -311,12 +311,17 @@ def _cache_loads(
     events: list[_Event] = []
     for kind, pods in sorted(by_kind.items()):
         counts = {path: sorted(p for p, d in pods.items() if d.get("path") == path) for path in (
-            LOADED, RECOMPILED, MISSED)}  # fmt: skip
-        entry: dict[str, Any] = {"kind": kind, **{p: len(v) for p, v in counts.items()}}
+            LOADED, RECOMPILED, MISSED, EMPTY)}  # fmt: skip
+        entry: dict[str, Any] = {
+            "kind": kind,
+            **{p: len(v) for p, v in counts.items() if v or p != EMPTY},
+        }
         missed_keys = sorted({pods[p].get("key") or "" for p in counts[MISSED]} - {""} - covered)
         if missed_keys:
             entry["missedKeys"] = missed_keys[:8]
-        reasons = [pods[p].get("reason") or "" for p in counts[RECOMPILED] + counts[MISSED]]
+        reasons = [
+            pods[p].get("reason") or "" for p in counts[RECOMPILED] + counts[MISSED] + counts[EMPTY]
+        ]
         if reasons and reasons[-1]:
             entry["message"] = reasons[-1][:500]
         # The newest pods, each with its path (kubectl tunefleet why <pod> shows its own).
@@ -332,6 +337,8 @@ def _cache_loads(
              "from zero (another max-model-len, model or ISA than the tuning run's?)"),
             (RECOMPILED, "CacheNotLoaded", "found the bundle's entry for their key, could not "
              "load it and compiled again"),
+            (EMPTY, "CacheLoadedEmpty", "loaded the bundle's entry for their key, which held no "
+             "compiled code: they run eager"),
         ):  # fmt: skip
             if len(counts[path]) > int(was.get(path) or 0):
                 keys = f" (keys {', '.join(k[:12] for k in missed_keys[:3])})" if (

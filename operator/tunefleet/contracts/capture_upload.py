@@ -22,8 +22,10 @@ admitted.
 
 ``caches`` (optional): which path each served cache took at the pod's start, in the stack's
 own words (capture/hook.py writes them down, the sidecar judges them with
-``hook.cache_verdict``): ``loaded``, ``recompiled`` (the entry for its key was there and did
-not load; ``reason`` is the stack's) or ``missed`` (nothing for its key: compiled from zero);
+``hook.cache_verdict``): ``loaded``; ``recompiled`` (the entry for its key was there and did
+not load; ``reason`` is the stack's); ``missed`` (nothing for its key: compiled from zero;
+``reason`` names the key's factors that differ from the bundle's, where vLLM wrote them); or
+``empty`` (the entry for its key loaded and held no compiled code: it runs eager, vllm#56879).
 ``key`` the stack's cache key (vLLM's hash directory). At most MAX_CACHES entries, one per kind.
 
 The reply (any status): ``{"accepted": n, "new": n, "message": "..."}``; 429 and 503 carry
@@ -49,8 +51,8 @@ MAX_ROW_CHARS = 1024
 MAX_CACHES = 4
 # The paths a served cache takes at a pod's start. capture/hook.py, a file copied alone into
 # model pods, names them too (a unit test holds the two equal).
-LOADED, RECOMPILED, MISSED = "loaded", "recompiled", "missed"
-CACHE_PATHS = (LOADED, RECOMPILED, MISSED)
+LOADED, RECOMPILED, MISSED, EMPTY = "loaded", "recompiled", "missed", "empty"
+CACHE_PATHS = (LOADED, RECOMPILED, MISSED, EMPTY)
 MAX_REASON_CHARS = 500
 # Where the hook writes down vLLM's records of its compile path (a pod served a compile cache):
 # the builders set CACHE_LOG_ENV in the serving containers to a file named CACHE_LOG_NAME in

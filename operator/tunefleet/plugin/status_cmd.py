@@ -252,10 +252,12 @@ def _cache_rows(art: dict[str, Any]) -> list[list[str]]:
 
 
 def _cache_load_rows(caches: list[dict[str, Any]]) -> list[list[str]]:
-    """status.capture[].caches: how many pods loaded, recompiled, missed each served cache."""
+    """status.capture[].caches: how many pods loaded, recompiled, missed each served cache (and
+    loaded it empty)."""
     rows = []
     for c in caches:
         said = ", ".join(f"{c.get(p) or 0} {p}" for p in ("loaded", "recompiled", "missed"))
+        said += f", {c['empty']} loaded empty" if c.get("empty") else ""
         keys = ", ".join(k[:16] for k in c.get("missedKeys") or [])
         rows.append(
             [
