@@ -18,6 +18,7 @@ The format layer (stdlib only, public, the contracts both images read and write)
   caches    the caches a workload fills: kinds, variables, deterministic packing, archive
             checks, the caches-only index
   gain      what an artifact buys: its figures, their statistics, and the promotion gate
+  serving   the serving report a model-serving workload writes while measured (KV cache, decode)
 
 Only in the user's image (they may import torch, and start the workload):
   cli       `python -m tuner_job {record,tune,identify,run}`
@@ -39,5 +40,5 @@ __version__ = "0.2.0"
 # The modules the tunefleet image may import (see above); tests/unit/test_layering.py checks.
 FORMAT_LAYER = (
     "results", "manifest", "output", "library", "exchange", "config", "files", "caches",
-    "gain",
+    "gain", "serving",
 )  # fmt: skip

@@ -3,6 +3,8 @@
 Written and read here only: the tuner measures (tuner_job/measure.py) and writes a `Gain` into
 the manifest's "gain" field; publish carries it into the artifact record; the operator judges it
 against spec.promotion with `judge` before it serves the artifact; scripts/gpu_check.py prints it.
+A workload that serves a model also reports its KV cache and decode speed (tuner_job/serving.py):
+the gate rejects an artifact that costs either beyond the run's own noise, whatever it saves.
 
 The statistics, and why:
 - Runs alternate, baseline then tuned, then tuned then baseline (ABBA): a machine that warms
@@ -24,8 +26,10 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+from .serving import Report
 
 # What each figure times: "gemms", the recorded GEMMs (each as often as the workload ran it,
 # where that is known) with the results loaded against TunableOp off; "workload", the profile's
@@ -107,6 +111,142 @@ class Failure:
 
 
 @dataclass(frozen=True)
+class Serving:
+    """What a served model gets with the artifact against without, from the workload's serving
+    reports (tuner_job/serving.py) of the same runs the workload figure times: the medians of
+    each arm's ready seconds and KV cache tokens, how much the KV cache of the runs without it
+    varied (the run's own noise), and decode speed as the paired ratio with/without (above 1:
+    faster with it) with its interval."""
+
+    pairs: int
+    ready_s: tuple[float, float] | None = None  # (without, with)
+    kv_tokens: tuple[int, int] | None = None
+    kv_spread: float = 0.0  # (max - min) / median of the runs without it
+    decode_tps: tuple[float, float] | None = None
+    decode: tuple[float, float, float] | None = None  # ratio, low, high
+
+    def to_dict(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"pairs": self.pairs}
+        if self.ready_s:
+            doc["readySeconds"] = {"baseline": _round(self.ready_s[0]),
+                                   "tuned": _round(self.ready_s[1])}  # fmt: skip
+        if self.kv_tokens:
+            doc["kvCacheTokens"] = {"baseline": self.kv_tokens[0], "tuned": self.kv_tokens[1],
+                                    "baselineSpread": _round(self.kv_spread)}  # fmt: skip
+        if self.decode_tps and self.decode:
+            doc["decodeTokensPerSecond"] = {
+                "baseline": _round(self.decode_tps[0]), "tuned": _round(self.decode_tps[1]),
+                "ratio": _round(self.decode[0]), "low": _round(self.decode[1]),
+                "high": _round(self.decode[2]),
+            }  # fmt: skip
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> Serving | None:
+        """None for anything malformed: like a figure, trusted only whole."""
+        if not isinstance(doc, dict) or not _count(doc.get("pairs")):
+            return None
+        ready, kv, tps = (doc.get(k) for k in ("readySeconds", "kvCacheTokens",
+                                               "decodeTokensPerSecond"))  # fmt: skip
+        out = cls(int(doc["pairs"]))
+        if ready is not None:
+            pair = _pair(ready, ("baseline", "tuned"))
+            if pair is None:
+                return None
+            out = replace(out, ready_s=pair)
+        if kv is not None:
+            pair = _pair(kv, ("baseline", "tuned"))
+            spread: Any = kv.get("baselineSpread", 0) if isinstance(kv, dict) else None
+            if pair is None or not _finite(spread) or not all(v.is_integer() for v in pair):
+                return None
+            out = replace(out, kv_tokens=(int(pair[0]), int(pair[1])), kv_spread=float(spread))
+        if tps is not None:
+            pair, ratio = _pair(tps, ("baseline", "tuned")), _pair(tps, ("ratio", "low", "high"))
+            if pair is None or ratio is None or not ratio[1] <= ratio[0] <= ratio[2]:
+                return None
+            out = replace(out, decode_tps=pair, decode=(ratio[0], ratio[1], ratio[2]))
+        return out
+
+    def kv_loss(self, noise_floor: float = NOISE_FLOOR) -> str:
+        """Why the artifact costs KV cache beyond the run's noise, or ""."""
+        if not self.kv_tokens:
+            return ""
+        without, with_it = self.kv_tokens
+        allowed = max(self.kv_spread, noise_floor)
+        if with_it >= without * (1 - allowed):
+            return ""
+        return (
+            f"the KV cache holds {with_it:,} tokens with the artifact against {without:,} "
+            f"without ({(with_it / without - 1) * 100:.1f}%, beyond the {allowed * 100:.1f}% "
+            f"the runs without it vary by, over {self.pairs} pairs)"
+        )
+
+    def decode_loss(self, noise_floor: float = NOISE_FLOOR) -> str:
+        """Why the artifact slows decoding beyond the interval's noise, or ""."""
+        if not self.decode or not self.decode_tps:
+            return ""
+        ratio, low, high = self.decode
+        if high >= 1 - noise_floor:
+            return ""
+        return (
+            f"decoding runs at {self.decode_tps[1]:.4g} tokens/s with the artifact against "
+            f"{self.decode_tps[0]:.4g} without: {ratio:.2f}x ({low:.2f}-{high:.2f} over "
+            f"{self.pairs} pairs)"
+        )
+
+    def describe(self) -> str:
+        parts = []
+        if self.kv_tokens:
+            parts.append(f"KV cache {self.kv_tokens[0]:,} -> {self.kv_tokens[1]:,} tokens")
+        if self.decode and self.decode_tps:
+            parts.append(
+                f"decode {self.decode_tps[0]:.4g} -> {self.decode_tps[1]:.4g} tokens/s "
+                f"({self.decode[0]:.2f}x, {self.decode[1]:.2f}-{self.decode[2]:.2f})"
+            )
+        if self.ready_s:
+            parts.append(f"ready {self.ready_s[0]:.4g}s -> {self.ready_s[1]:.4g}s")
+        return ", ".join(parts)
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _pair(doc: Any, keys: tuple[str, ...]) -> Any:
+    if not isinstance(doc, dict) or not all(_finite(doc.get(k)) for k in keys):
+        return None
+    values = tuple(float(doc[k]) for k in keys)
+    return values if min(values) > 0 else None
+
+
+def serving(pairs: Sequence[tuple[Report, Report]]) -> Serving | None:
+    """The Serving of the measured pairs (without, with); None when no run reported."""
+    if not pairs:
+        return None
+    base, tuned = [b for b, _ in pairs], [t for _, t in pairs]
+    out = Serving(len(pairs))
+
+    def medians(values: list[float | None], others: list[float | None]) -> Any:
+        a, b = [v for v in values if v], [v for v in others if v]
+        return (statistics.median(a), statistics.median(b)) if a and b else None
+
+    ready = medians([r.ready_s for r in base], [r.ready_s for r in tuned])
+    kv = medians([r.kv_cache_tokens for r in base], [r.kv_cache_tokens for r in tuned])
+    if ready:
+        out = replace(out, ready_s=ready)
+    if kv:
+        kvs = [float(r.kv_cache_tokens) for r in base if r.kv_cache_tokens]
+        spread = (max(kvs) - min(kvs)) / kv[0]
+        out = replace(out, kv_tokens=(round(kv[0]), round(kv[1])), kv_spread=spread)
+    ratios = [t.decode_tps / b.decode_tps for b, t in pairs if b.decode_tps and t.decode_tps]
+    tps = medians([r.decode_tps for r in base], [r.decode_tps for r in tuned])
+    if ratios and tps:
+        low, high = median_interval(ratios)
+        out = replace(out, decode_tps=tps, decode=(statistics.median(ratios), low, high))
+    return out if out.ready_s or out.kv_tokens or out.decode else None
+
+
+@dataclass(frozen=True)
 class Gain:
     """An artifact's figures. stand_in: measured on the stand-in torch, whose timings are a
     knob's (FAKE_TORCH_GEMM_SLEEP, FAKE_TORCH_TUNED_SPEEDUP), never a real gain."""
@@ -116,6 +256,8 @@ class Gain:
     mode: str = "Eager"
     note: str = ""  # why a figure is missing (no GPU, the budget ended, ...)
     failed: Failure | None = None  # an arm with the artifact failed: rejected, whatever else
+    # A served model's capacity and speed with and without it (workloads that report them).
+    serving: Serving | None = None
 
     def figure(self, name: str) -> Figure | None:
         return next((f for f in self.figures if f.name == name), None)
@@ -132,6 +274,8 @@ class Gain:
             doc["note"] = self.note
         if self.failed is not None:
             doc["failed"] = self.failed.to_dict()
+        if self.serving is not None:
+            doc["serving"] = self.serving.to_dict()
         return doc
 
     @classmethod
@@ -146,7 +290,8 @@ class Gain:
         failed = Failure.from_dict(doc.get("failed")) if "failed" in doc else None
         if "failed" in doc and failed is None:
             failed = Failure("workload", "an unreadable failure record")
-        return cls(figures, doc.get("standIn") is True, str(mode), note, failed)
+        served = Serving.from_dict(doc.get("serving"))
+        return cls(figures, doc.get("standIn") is True, str(mode), note, failed, served)
 
 
 def _finite(v: Any) -> bool:
@@ -264,6 +409,10 @@ def judge(gain: Gain | None, min_gain: float = 0.0, noise_floor: float = NOISE_F
             f"{gain.failed.figure} failed with the artifact: {gain.failed.cause}{label}",
             gain.failed.figure,
         )
+    lost = (gain.serving.kv_loss() or gain.serving.decode_loss()) if (
+        gain is not None and gain.serving is not None) else ""  # fmt: skip
+    if lost:
+        return Verdict(False, lost, "serving")
     if gain is None or not gain.figures:
         why = f": {gain.note}" if gain is not None and gain.note else ""
         return Verdict(True, f"not measured{why}")
@@ -279,4 +428,5 @@ def judge(gain: Gain | None, min_gain: float = 0.0, noise_floor: float = NOISE_F
                 f"pairs) is {loss:.1f}% below the {need:.2f}x spec.promotion asks{label}",
                 f.name,
             )
-    return Verdict(True, f"passed: {shown}{label}")
+    served = f"; {gain.serving.describe()}" if gain.serving is not None else ""
+    return Verdict(True, f"passed: {shown}{served}{label}")

@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from . import caches as cc
+from . import serving as sv
 from .config import Shape, TuningConfig
-from .gain import Failure, Figure, Gain, Measurement
+from .gain import Failure, Figure, Gain, Measurement, serving
 from .gpu import TunerError
 from .output import RESULTS_NAME
 from .record import WorkloadExited, WorkloadTimedOut, run_workload, shape_gemm
@@ -79,6 +80,7 @@ def measure(
     figures: list[Figure] = []
     notes: list[str] = []
     failed: Failure | None = None
+    served = None
     work = Path(tempfile.mkdtemp(prefix="tunefleet-measure-"))
     try:
         if results is not None and cfg.shapes:
@@ -89,15 +91,20 @@ def measure(
             failed = got if isinstance(got, Failure) else None
         if cfg.command and failed is None:
             left = deadline - time.monotonic()
-            got = _workload(_Arms(cfg, results, packed, out), work, left, log)
+            arms = _Arms(cfg, results, packed, out)
+            got = _workload(arms, work, left, log)
             figures += [got] if isinstance(got, Figure) else []
             notes += [got] if isinstance(got, str) else []
             failed = got if isinstance(got, Failure) else None
+            failed = failed or _loaded_empty(arms.reports)
+            served = serving(arms.pairs())
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    gain = Gain(tuple(figures), stand_in, p.mode, "; ".join(notes), failed)
+    gain = Gain(tuple(figures), stand_in, p.mode, "; ".join(notes), failed, served)
     for f in figures:
         log(f"measured {f.describe()}" + (" [stand-in timings]" if stand_in else ""))
+    if served is not None:
+        log(f"served with and without the artifact: {served.describe()}")
     if failed is not None:
         log(f"{failed.figure} failed with the artifact: {failed.cause} (the gate rejects it)")
     return gain
@@ -127,11 +134,29 @@ class _Arms:
     ) -> None:
         self.cfg, self.results, self.packed, self.out = cfg, results, packed, out
         self.runs = 0
+        # Each finished run's serving report (tuner_job/serving.py), by arm, in run order.
+        self.reports: dict[bool, list[sv.Report]] = {False: [], True: []}
+
+    def report_path(self, work: Path) -> Path:
+        return work / f"report{self.runs}.json"
+
+    def take_report(self, work: Path, tuned: bool) -> None:
+        """The serving report the run just finished wrote, if it wrote one."""
+        try:
+            got = sv.parse(self.report_path(work).read_text(errors="replace"))
+        except OSError:
+            return
+        if got is not None:
+            self.reports[tuned].append(got)
+
+    def pairs(self) -> list[tuple[sv.Report, sv.Report]]:
+        """Reports of runs without and with the artifact, paired in the order they ran."""
+        return list(zip(self.reports[False], self.reports[True], strict=False))
 
     def env(self, work: Path, tuned: bool) -> dict[str, str]:
         self.runs += 1
         root = work / f"run{self.runs}"
-        env: dict[str, str] = {}
+        env: dict[str, str] = {sv.REPORT_ENV: str(self.report_path(work))}
         if self.results is not None:
             if tuned:
                 env.update(_results_env(self.results, self.cfg.gpus, root / "results"))
@@ -185,6 +210,7 @@ def _workload(arms: _Arms, work: Path, budget_s: float, log: Log) -> Figure | Fa
             finally:
                 shutil.rmtree(work / f"run{arms.runs}", ignore_errors=True)
             took = time.monotonic() - started
+            arms.take_report(work, tuned)
             if not tuned:
                 baseline_s.append(took)
             return took
@@ -204,6 +230,15 @@ def _workload(arms: _Arms, work: Path, budget_s: float, log: Log) -> Figure | Fa
         log(f"workload: measuring stopped ({exc}); the pairs run before it are the figure")
         figure = measurement.figure()
     return figure if figure is not None else "workload: the budget ended before one pair ran"
+
+
+def _loaded_empty(reports: dict[bool, list[sv.Report]]) -> Failure | None:
+    """A run with the artifact whose server loaded a compiled model with nothing in it: it
+    serves eager for life (vllm#56879), so the artifact is refused whatever it timed."""
+    said = next((r.empty_artifact for r in reports[True] if r.empty_artifact), "")
+    if not said:
+        return None
+    return Failure("workload", f"the server loaded an empty compiled model from it: {said}"[:300])
 
 
 def _timed_out(tuned: bool, allowed_s: float, baseline_s: Sequence[float]) -> Exception:

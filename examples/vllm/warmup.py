@@ -15,8 +15,12 @@ compilation config, max-model-len, ...): the very arguments the model pods serve
 they are part of vLLM's cache key. It waits for /health, sends the completions (temperature
 0), stops the server with SIGINT (vLLM's own shutdown: it saves what it compiled first), and
 prints one line: ``TUNEFLEET_RESULT {json}`` with the seconds from start to ready and to the
-first completion, vLLM's engine-init seconds, the compile-cache lines vLLM logged, and the
-token ids of the first completion (the same prompt gives the same ids in every arm).
+first completion, vLLM's engine-init seconds, its KV cache in tokens, decode tokens per second
+(64 tokens against 1, the same prompt), the compile-cache lines vLLM logged, and the token ids
+of the first completion (the same prompt gives the same ids in every arm). While tunefleet
+measures what the bundle buys, it also writes those figures to $TUNEFLEET_SERVING_REPORT
+(tunefleet's tuner_job/serving.py): its gate rejects a bundle that costs KV cache or decode
+speed, or whose compiled model loads empty.
 Exits non-zero when the server never got ready or a request failed: the Job then says so.
 
 A retune of missed cache keys (a pod that ran another max-model-len, say) names a file in
@@ -46,6 +50,15 @@ RESULT = "TUNEFLEET_RESULT "
 # vLLM's own words about its compile cache (vllm/compilation/decorators.py) and its engine's
 # start (vllm/v1/engine/core.py), as 0.32.0 logs them.
 INIT_RE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s")
+KV_RE = re.compile(r"KV cache size: ([0-9,]+) tokens")  # vllm/v1/core/kv_cache_utils.py
+# A compiled model that loaded with nothing in it (vllm/compilation/caching.py): it runs eager.
+EMPTY_RE = re.compile(
+    r"reconstructed serializable fn from standalone compile artifacts\. "
+    r"num_artifacts=0 num_submods=\d+|num_artifacts=\d+ num_submods=0"
+)
+# The serving report tunefleet asks for while it measures (tuner_job/serving.py owns it).
+REPORT_ENV = "TUNEFLEET_SERVING_REPORT"
+DECODE_TOKENS = 64  # tokens generated to time decoding, after the first
 CACHE_LINES = (
     "Directly load AOT compilation",
     "Compiling model again due to a load failure",
@@ -62,10 +75,10 @@ def _get(url: str, timeout: float) -> int:
         return 0
 
 
-def complete(port: int, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+def complete(port: int, model: str, prompt: str, max_tokens: int, **more: Any) -> dict[str, Any]:
     body = json.dumps(
         {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-         "return_token_ids": True}
+         "return_token_ids": True, **more}
     ).encode()  # fmt: skip
     req = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"}
@@ -172,6 +185,7 @@ def serve_once(server_args: list[str], opts: argparse.Namespace) -> int:
             firstCompletionSeconds=round(answered - started, 3),
             tokenIds=choice.get("token_ids"),
             text=choice.get("text"),
+            decodeTokensPerSecond=decode_speed(opts.port, model, opts.prompt),
         )
         return 0
     except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
@@ -182,10 +196,50 @@ def serve_once(server_args: list[str], opts: argparse.Namespace) -> int:
         reader.join(timeout=10)
         init = [float(m[1]) for m in map(INIT_RE.search, lines) if m]
         result["engineInitSeconds"] = init[0] if init else None
+        kv = [int(m[1].replace(",", "")) for m in map(KV_RE.search, lines) if m]
+        result["kvCacheTokens"] = kv[0] if kv else None
+        result["emptyArtifact"] = next((ln for ln in lines if EMPTY_RE.search(ln)), "")[-300:]
+        report(result)
         result["cacheLines"] = [ln for ln in lines if any(k in ln for k in CACHE_LINES)]
         result["vllmCacheRoot"] = os.environ.get("VLLM_CACHE_ROOT", "")
         result["serverArgs"] = server_args
         print(RESULT + json.dumps(result, sort_keys=True), flush=True)
+
+
+def decode_speed(port: int, model: str, prompt: str) -> float | None:
+    """Tokens per second after the first: DECODE_TOKENS + 1 tokens against 1, the same
+    prompt (the difference is decoding alone); None when the server stopped early (EOS)."""
+    body = {"ignore_eos": True}
+    times, counts = [], []
+    for n in (1, DECODE_TOKENS + 1):
+        t = time.monotonic()
+        doc = complete(port, model, prompt, n, **body)
+        times.append(time.monotonic() - t)
+        counts.append(int((doc.get("usage") or {}).get("completion_tokens") or 0))
+    made, took = counts[1] - counts[0], times[1] - times[0]
+    return round(made / took, 3) if made > 0 and took > 0 else None
+
+
+_reported = False
+
+
+def report(result: dict[str, Any]) -> None:
+    """The first start's serving report, where tunefleet asked for one (only while it
+    measures what the bundle buys: the format is tunefleet's tuner_job/serving.py)."""
+    global _reported
+    path = os.environ.get(REPORT_ENV, "")
+    if not path or _reported or not result.get("ok"):
+        return
+    _reported = True
+    doc = {
+        "version": 1,
+        "readySeconds": result.get("readySeconds"),
+        "kvCacheTokens": result.get("kvCacheTokens"),
+        "decodeTokensPerSecond": result.get("decodeTokensPerSecond"),
+        "emptyArtifact": result.get("emptyArtifact") or "",
+    }
+    with open(path, "w") as f:
+        json.dump(doc, f)
 
 
 def _stop(server: subprocess.Popen[str]) -> None:

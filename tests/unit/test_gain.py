@@ -451,3 +451,120 @@ def test_a_run_with_the_artifact_cut_short_by_the_budget_is_not_blamed_on_it(
     assert gain is not None and gain.failed is None and gain.figures == (), done.stderr[-2000:]
     assert "the budget ended" in gain.note, gain.note
     assert judge(gain).passed
+
+
+# --- a served model's capacity and speed: what a cache may not cost ---------------------------
+
+# A workload that serves a model and reports like examples/vllm/warmup.py (tuner_job/
+# serving.py's contract): with the cache warm it is ready sooner, but its server's KV cache
+# holds 5% fewer tokens (vllm#54383: a compiled model's profiling leaves it less memory) or, in
+# the second case, decoding is slower.
+_SERVER = (
+    "import json, os, pathlib, time\n"
+    "d = pathlib.Path(os.environ['TORCHINDUCTOR_CACHE_DIR'])\n"
+    "warm = any(d.iterdir())\n"
+    "if not warm:\n"
+    "    time.sleep(0.3)\n"
+    "    (d / 'kernel.so').write_text('compiled')\n"
+    "kv, tps = {kv}, {tps}\n"
+    "report = {{'version': 1, 'readySeconds': 0.05 if warm else 0.35,\n"
+    "          'kvCacheTokens': kv if warm else 100000,\n"
+    "          'decodeTokensPerSecond': tps if warm else 40.0, 'emptyArtifact': {empty}}}\n"
+    "if 'TUNEFLEET_SERVING_REPORT' in os.environ:  # set while measuring only\n"
+    "    pathlib.Path(os.environ['TUNEFLEET_SERVING_REPORT']).write_text(json.dumps(report))\n"
+)
+
+
+def test_a_cache_that_costs_kv_cache_capacity_is_rejected_with_the_figure(tmp_path: Path) -> None:
+    _, gain = _tune_workload(tmp_path, _SERVER.format(kv=95000, tps=40.0, empty="''"))
+    assert gain is not None and gain.serving is not None, gain
+    f = gain.figure("workload")
+    assert f is not None and f.speedup > 1.5  # faster to start...
+    assert gain.serving.kv_tokens == (100000, 95000) and gain.serving.kv_spread == 0
+    verdict = judge(gain)  # ...and rejected all the same
+    assert not verdict.passed and verdict.failed == "serving"
+    assert verdict.message.startswith(
+        "the KV cache holds 95,000 tokens with the artifact against 100,000 without (-5.0%"
+    ), verdict.message
+    # status and `kubectl tunefleet why` carry the figures: they round-trip.
+    again = Gain.from_dict(json.loads(json.dumps(gain.to_dict())))
+    assert again is not None and again.serving == gain.serving
+    assert not judge(again).passed
+
+
+def test_a_cache_that_slows_decoding_is_rejected_and_one_within_noise_passes(
+    tmp_path: Path,
+) -> None:
+    for arm in ("slow", "same"):
+        (tmp_path / arm).mkdir()
+    _, slow = _tune_workload(tmp_path / "slow", _SERVER.format(kv=100000, tps=30.0, empty="''"))
+    assert slow is not None and slow.serving is not None
+    verdict = judge(slow)
+    assert not verdict.passed and verdict.failed == "serving"
+    assert "decoding runs at 30 tokens/s with the artifact against 40 without: 0.75x" in (
+        verdict.message
+    )
+    _, same = _tune_workload(tmp_path / "same", _SERVER.format(kv=99500, tps=39.8, empty="''"))
+    assert same is not None and same.serving is not None
+    verdict = judge(same)
+    assert verdict.passed, verdict.message
+    assert "KV cache 100,000 -> 99,500 tokens" in verdict.message
+
+
+def test_a_cache_whose_compiled_model_loads_empty_is_refused(tmp_path: Path) -> None:
+    said = "reconstructed serializable fn from standalone compile artifacts. num_artifacts=0"
+    _, gain = _tune_workload(tmp_path, _SERVER.format(kv=100000, tps=40.0, empty=repr(said)))
+    assert gain is not None and gain.failed is not None
+    assert gain.failed.cause.startswith("the server loaded an empty compiled model from it")
+    assert not judge(gain).passed
+
+
+def test_serving_figures_that_do_not_parse_are_dropped_whole() -> None:
+    good = {"pairs": 5, "kvCacheTokens": {"baseline": 100, "tuned": 90, "baselineSpread": 0.0}}
+    assert Gain.from_dict({"figures": [], "serving": good}).serving is not None  # type: ignore[union-attr]
+    for bad in (
+        {**good, "pairs": 0},
+        {**good, "kvCacheTokens": {"baseline": 100.5, "tuned": 90, "baselineSpread": 0}},
+        {"pairs": 5, "decodeTokensPerSecond": {"baseline": 4, "tuned": 5, "ratio": 2,
+                                               "low": 2.5, "high": 3}},
+        "nope",
+    ):  # fmt: skip
+        assert Gain.from_dict({"figures": [], "serving": bad}).serving is None  # type: ignore[union-attr]
+
+
+_FAKE_VLLM = Path(__file__).parent / "data" / "fake_vllm"
+_WARMUP = Path(__file__).resolve().parents[2] / "examples" / "vllm" / "warmup.py"
+
+
+@pytest.mark.parametrize("empty", [False, True])
+def test_the_vllm_workload_writes_the_report_the_tuner_reads(tmp_path: Path, empty: bool) -> None:
+    """examples/vllm/warmup.py against a stand-in server speaking vLLM's lines: its report is
+    what tuner_job/serving.py parses (the contract's two ends), the figures from the log and
+    from timing decoding."""
+    import socket
+
+    from tuner_job import serving as sv
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    report = tmp_path / "report.json"
+    env = {"PYTHONPATH": str(_FAKE_VLLM), "PATH": "/usr/bin:/bin", sv.REPORT_ENV: str(report),
+           "FAKE_VLLM_TOKEN_S": "0.005", "FAKE_VLLM_KV": "12,345",
+           **({"FAKE_VLLM_EMPTY": "1"} if empty else {})}  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(_WARMUP), "--port", str(port), "--", "--model", "/m"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = sv.parse(report.read_text())
+    assert got is not None
+    assert got.kv_cache_tokens == 12345
+    assert got.ready_s is not None and got.ready_s > 0
+    # 64 tokens after the first, at 5 ms each: about 200 tokens/s (HTTP round trips cancel).
+    assert got.decode_tps is not None and 100 < got.decode_tps < 210, got
+    assert bool(got.empty_artifact) is empty
+    if empty:
+        assert "num_artifacts=0" in got.empty_artifact
+    result = json.loads(done.stdout.split("TUNEFLEET_RESULT ", 1)[1].splitlines()[0])
+    assert result["kvCacheTokens"] == 12345 and result["decodeTokensPerSecond"] == got.decode_tps

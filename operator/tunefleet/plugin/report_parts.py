@@ -132,6 +132,8 @@ def gain_lines(gain: Gain) -> list[str]:
     if not gain.figures:
         return failed or ["not measured" + (f": {gain.note}" if gain.note else "")]
     lines = failed + [figure_text(f, gain.stand_in) for f in gain.figures]
+    if gain.serving is not None:
+        lines.append(f"served with/without it: {gain.serving.describe()}")
     if gain.mode != "Eager":
         lines.append(f"GEMMs timed as run under {gain.mode}")
     if gain.note:
