@@ -21,6 +21,7 @@ from __future__ import annotations
 import calendar
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -161,7 +162,12 @@ def test_a_vllm_compile_cache_is_tuned_once_and_a_deployment_starts_from_it(
     told = _told(cluster, namespace, warm_pod["metadata"]["name"])
     assert told["path"] == path and told["key"] == bundle_key[:16], told
     if path == "recompiled":
-        assert "finalize_loading" in told["reason"] or told["reason"], told
+        # vLLM's own reason, word for word as its log has it.
+        said = re.search(r"Compiling model again due to a load failure from \S+, reason: (.*)", log)
+        assert said is not None, log[-3000:]
+        assert told["reason"].endswith(said.group(1).strip()[:150]) or (
+            said.group(1).strip()[:150] in told["reason"]
+        ), (told, said.group(1))
     apply(cluster, namespace, _scaled_to_zero("warm", vllm_image, "served"))
 
     # Another max-model-len: another key, which the bundle lacks. vLLM compiles from zero,
@@ -170,8 +176,25 @@ def test_a_vllm_compile_cache_is_tuned_once_and_a_deployment_starts_from_it(
     other_pod = _serving(cluster, namespace, "longer")
     other_log = _log(cluster, namespace, other_pod)
     assert SAVED in other_log and RELOADED not in other_log, other_log[-3000:]
+    longer_cold = completion(cluster, namespace, other_pod["metadata"]["name"])
     told = _told(cluster, namespace, other_pod["metadata"]["name"])
     assert told["path"] == "missed" and told["key"] and told["key"] != bundle_key[:16], told
+    missed_key = told["key"]
+    # The factor that differs, named: the flag, from the pod as admitted against the profile's
+    # workload, and vLLM's own factors file against the bundle's (its config hash, which
+    # max-model-len is part of).
+    assert "--max-model-len 512 -> 256" in told["reason"], told
+    assert "vLLM's config hash" in told["reason"], told
+    # ...and as an Event on the profile.
+    eventually(
+        lambda: get_json(
+            cluster, "events", "-n", namespace, "--field-selector",
+            "involvedObject.name=served,reason=CacheMissed",
+        )["items"],
+        lambda items: any("--max-model-len 512 -> 256" in e["message"] for e in items),
+        "a CacheMissed Event naming the flag that differs",
+        timeout=60,
+    )  # fmt: skip
     entry = _cache_entry(cluster, namespace)
     assert entry["missed"] >= 1 and entry["missedKeys"] and bundle_key not in entry["missedKeys"]
     assert entry[path] >= 1, entry
@@ -213,9 +236,15 @@ def test_a_vllm_compile_cache_is_tuned_once_and_a_deployment_starts_from_it(
     assert not [c for c in now.get("caches") or [] if c.get("missedKeys")], now
     apply(cluster, namespace, vllm_deployment("longer2", vllm_image, "served", max_model_len=256))
     again = _serving(cluster, namespace, "longer2")
+    _, again_fetched = _fetch_ended(again)
     told = _told(cluster, namespace, again["metadata"]["name"])
-    assert told["path"] in ("loaded", "recompiled") and told["key"] != bundle_key[:16], told
-    assert completion(cluster, namespace, again["metadata"]["name"])["token_ids"], told
+    # Exactly the key it missed before, found; no kernel compiled anew; the same tokens as the
+    # server of that length that compiled cold.
+    assert told["path"] in ("loaded", "recompiled") and told["key"] == missed_key, told
+    kernels = new_kernels(cluster, namespace, again["metadata"]["name"], again_fetched + 1)
+    assert kernels["all"] > 0 and kernels["new"] == [], kernels
+    answer = completion(cluster, namespace, again["metadata"]["name"])
+    assert answer["token_ids"] == longer_cold["token_ids"], (answer, longer_cold)
     apply(cluster, namespace, _scaled_to_zero("longer2", vllm_image, "served", 256))
 
     # Tampered in the store: never unpacked; the pod compiles cold and answers the same.

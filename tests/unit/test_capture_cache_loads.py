@@ -581,7 +581,7 @@ def test_a_miss_by_vllms_config_says_so_and_the_endpoint_names_the_flag() -> Non
     theirs, mine = _factors(), {**_factors(), "config_hash": "aa" * 32}
     differ = hook.factor_differences(theirs, mine)
     assert differ == [["config_hash", ("c0ffee" * 10)[:16], ("aa" * 32)[:16]]]
-    assert hook.differences_said(differ).startswith("vLLM's config (the model, max-model-len")
+    assert hook.differences_said(differ).startswith("vLLM's config hash (model, max-model-len")
     assert hook.factor_differences(theirs, theirs) == []
     # The endpoint adds the key flags the pod as admitted set otherwise than the profile's
     # workload (both trusted; the body's reason is kept in front).

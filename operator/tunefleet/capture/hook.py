@@ -377,10 +377,9 @@ def key_of(path: str) -> str:
 
 # How a verdict names the hashes vLLM's key is made of (vllm/compilation/backends.py).
 _HASH_WORDS = {
-    "config_hash": "vLLM's config (the model, max-model-len, dtype and every other setting it "
-    "hashes)",
-    "code_hash": "the model code vLLM traced (another vLLM or model)",
-    "compiler_hash": "the compiler's (another torch, or other Inductor settings)",
+    "config_hash": "vLLM's config hash (model, max-model-len, dtype, ...)",
+    "code_hash": "the hash of the code vLLM traced (another vLLM or model)",
+    "compiler_hash": "the compiler's hash (another torch, or Inductor settings)",
 }
 
 

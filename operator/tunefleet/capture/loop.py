@@ -294,6 +294,8 @@ def _figures(
 
 
 MAX_POD_LOADS = 16
+# A pod's reason as status keeps it: room for vLLM's words, the factor and the flag that differ.
+MAX_POD_REASON = 400
 
 
 def _cache_loads(
@@ -327,7 +329,7 @@ def _cache_loads(
         # The newest pods, each with its path (kubectl tunefleet why <pod> shows its own).
         entry["pods"] = [
             {"name": p, "path": d.get("path") or "", "key": (d.get("key") or "")[:16]}
-            | ({"reason": (d.get("reason") or "")[:200]} if d.get("reason") else {})
+            | ({"reason": (d.get("reason") or "")[:MAX_POD_REASON]} if d.get("reason") else {})
             for p, d in list(pods.items())[-MAX_POD_LOADS:]
         ]
         out.append(entry)
