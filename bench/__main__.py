@@ -42,6 +42,12 @@ def _add_options(p: argparse.ArgumentParser, routine: str | None) -> None:
         p.add_argument(
             "--vllm-pods", type=int, default=5, help="vllm: server pods per arm (%(default)s)"
         )
+        p.add_argument(
+            "--vllm-model",
+            choices=("real", "tiny"),
+            default="real",
+            help="vllm: Qwen3-0.6B's architecture, or the image's 2-layer Llama (%(default)s)",
+        )
     if every or routine == "large":
         p.add_argument(
             "--large-pods", type=int, default=3, help="large: fetching pods (%(default)s)"
@@ -138,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
         only = list(ROUTINES)
     defaults = {
         "kills": 100, "churn_profiles": 1000, "cycles": 5, "runs": 7, "nodes": 10_000,
-        "bundle_pods": 5, "vllm_pods": 5, "large_pods": 3, "large_volume_pods": 10, "oci_pods": 20, "oci_rounds": 2,
+        "bundle_pods": 5, "vllm_pods": 5, "vllm_model": "real", "large_pods": 3, "large_volume_pods": 10, "oci_pods": 20, "oci_rounds": 2,
         "bid_trials": 400, "pin_writers": 100, "trust_pods": 50,
     }  # fmt: skip
     options = {**defaults, "loop": True, **vars(args)}

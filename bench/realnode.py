@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -66,14 +67,21 @@ class Run:
         raise NotImplementedError
 
 
-def arm_pods(r: Run, routine: str, pods: int) -> list[dict[str, Any]]:
+def arm_pods(
+    r: Run, routine: str, pods: int, shuffle: random.Random | None = None
+) -> list[dict[str, Any]]:
     """`pods` start-ups of every arm, interleaved (eager, cold, bundle, eager, ...), so that
-    the node's drift falls on every arm alike."""
+    the node's drift falls on every arm alike; with `shuffle`, each round's arm order is
+    drawn anew (a fixed order would give one arm the node's after-effects of another: page
+    cache, a previous server's last writes). Each row says its round and place."""
     rows = []
     for i in range(pods):
-        for arm in ARMS:
+        order = list(ARMS)
+        if shuffle is not None:
+            shuffle.shuffle(order)
+        for place, arm in enumerate(order):
             progress(routine, f"pod {i + 1}/{pods}, {arm}")
-            rows.append(r.pod(f"{arm}-{i}", arm))
+            rows.append({**r.pod(f"{arm}-{i}", arm), "round": i, "place": place})
     return rows
 
 

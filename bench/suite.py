@@ -713,7 +713,9 @@ def _bundles(b: _Bench) -> None:
 def _vllm(b: _Bench) -> None:
     from bench import bench_vllm
 
-    figures = bench_vllm.run(b.cluster, b.s3, b.options["vllm_pods"])
+    figures = bench_vllm.run(
+        b.cluster, b.s3, b.options["vllm_pods"], b.options.get("vllm_model", "real")
+    )
     b.results["bundles_vllm"] = stamped(figures)
 
 

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from testbed.builders.objects import manifest
 from testbed.builders.wrappers import make_config_map, make_deployment, make_pod, make_profile
 from testbed.cluster import REAL_NODE_GPU_MODEL, Cluster
 
@@ -35,18 +36,106 @@ RELOADED = "Compiling model again due to a load failure"
 SAVED = "saved AOT compiled function"
 
 
-def server_args(max_model_len: int = 512) -> list[str]:
+def server_args(max_model_len: int = 512, model: str = MODEL) -> list[str]:
     """The server's arguments; mode 3 is vLLM's own compile (on CPU vLLM runs it as mode 2,
     Dynamo traced once and Inductor: vllm/platforms/cpu.py)."""
-    return ["--model", MODEL, "-cc", '{"mode": 3}', "--max-model-len", str(max_model_len)]
+    return ["--model", model, "-cc", '{"mode": 3}', "--max-model-len", str(max_model_len)]
+
+
+# --- the real architecture (testbed/vllm_qwen3.py): made once on the real node --------------
+# It lives on this machine (the real node's host) under .tunefleet/models, offered to pods as
+# a PersistentVolume of that directory and a claim in their namespace, mounted read-only: as
+# users keep model weights, on a volume, not in the image.
+REAL_MODELS_MOUNT = "/models/real"
+REAL_MODEL = f"{REAL_MODELS_MOUNT}/qwen3-0.6b"
+REAL_MODELS_CLAIM = "vllm-models"
+_QWEN3 = ROOT / "testbed" / "vllm_qwen3.py"
+
+
+def real_models_host() -> Path:
+    return ROOT / ".tunefleet" / "models"
+
+
+def real_models_volume() -> dict[str, Any]:
+    return {
+        "name": "models",
+        "persistentVolumeClaim": {"claimName": REAL_MODELS_CLAIM, "readOnly": True},
+    }
+
+
+def real_models_mount() -> dict[str, Any]:
+    return {"name": "models", "mountPath": REAL_MODELS_MOUNT, "readOnly": True}
+
+
+def real_models_claim(cluster: Cluster, namespace: str) -> None:
+    """The host directory as a PersistentVolume bound to a claim in `namespace` (one per
+    namespace: a volume binds one claim)."""
+    host = real_models_host()
+    host.mkdir(parents=True, exist_ok=True)
+    pv = f"tunefleet-models-{namespace}"
+    volume = manifest("v1", "PersistentVolume", pv, spec=dict(
+        capacity={"storage": "8Gi"}, accessModes=["ReadWriteOnce"],
+        persistentVolumeReclaimPolicy="Retain", storageClassName="",
+        hostPath={"path": str(host), "type": "Directory"},
+        claimRef={"namespace": namespace, "name": REAL_MODELS_CLAIM},
+    ))  # fmt: skip
+    claim = manifest("v1", "PersistentVolumeClaim", REAL_MODELS_CLAIM, namespace, spec=dict(
+        accessModes=["ReadWriteOnce"], storageClassName="", volumeName=pv,
+        resources={"requests": {"storage": "8Gi"}},
+    ))  # fmt: skip
+    docs = [volume, claim]
+    cluster.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(d) for d in docs))
+
+
+def ensure_real_model(cluster: Cluster, namespace: str, image: str) -> None:
+    """The Qwen3-0.6B-shaped model under the host directory, made by testbed/vllm_qwen3.py in
+    the vLLM image (a pod on the real node) unless it is there already."""
+    real_models_claim(cluster, namespace)
+    if (real_models_host() / "qwen3-0.6b" / "model.safetensors").is_file():
+        return
+    cm = make_config_map("vllm-qwen3", "").data(**{"vllm_qwen3.py": _QWEN3.read_text()}).obj()
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(cm))
+    pod = make_pod("make-qwen3", "").spec(
+        nodeSelector={KEY: REAL_NODE_GPU_MODEL},
+        restartPolicy="Never",
+        volumes=[
+            {"name": "models", "persistentVolumeClaim": {"claimName": REAL_MODELS_CLAIM}},
+            {"name": "script", "configMap": {"name": "vllm-qwen3"}},
+        ],
+    )
+    made = pod.container(
+        "make", image, imagePullPolicy="Never",
+        command=["python3", "/script/vllm_qwen3.py", f"{REAL_MODELS_MOUNT}/qwen3-0.6b"],
+        volumeMounts=[{"name": "models", "mountPath": REAL_MODELS_MOUNT},
+                      {"name": "script", "mountPath": "/script", "readOnly": True}],
+        resources={"limits": {"nvidia.com/gpu": "1"}, "requests": {"memory": "4Gi"}},
+    ).obj()  # fmt: skip
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(made))
+    from testbed.poll import eventually
+
+    done = eventually(
+        lambda: json.loads(
+            cluster.kubectl("get", "pod", "-n", namespace, "make-qwen3", "-o", "json").stdout
+        ),
+        lambda p: (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"),
+        "the Qwen3-0.6B-shaped model made",
+        timeout=900,
+        interval=2,
+    )
+    if done["status"]["phase"] != "Succeeded":
+        logs = cluster.kubectl("logs", "-n", namespace, "make-qwen3", check=False).stdout
+        raise AssertionError(f"testbed/vllm_qwen3.py failed: {logs[-3000:]}")
 
 
 def workload_config_map() -> dict[str, Any]:
     return make_config_map(WORKLOAD_CM, "").data(**{"warmup.py": WARMUP.read_text()}).obj()
 
 
-def vllm_profile(name: str, image: str, s3: Any, secret: str, **over: Any) -> dict[str, Any]:
+def vllm_profile(
+    name: str, image: str, s3: Any, secret: str, model: str = MODEL, **over: Any
+) -> dict[str, Any]:
     """vLLM's compile cache alone (no TunableOp: no GPU), made by starting the real server."""
+    real = model == REAL_MODEL
     spec: dict[str, Any] = {
         "image": image,
         "imagePullPolicy": "Never",
@@ -58,7 +147,7 @@ def vllm_profile(name: str, image: str, s3: Any, secret: str, **over: Any) -> di
                 "--port",
                 str(PORT),
                 "--",
-                *server_args(),
+                *server_args(model=model),
             ],
             "env": ENV,
         },
@@ -74,10 +163,18 @@ def vllm_profile(name: str, image: str, s3: Any, secret: str, **over: Any) -> di
             "credentialsSecret": {"name": secret},
         },
         "template": {
-            "spec": {"volumes": [{"name": "workload", "configMap": {"name": WORKLOAD_CM}}]},
+            "spec": {
+                "volumes": [
+                    {"name": "workload", "configMap": {"name": WORKLOAD_CM}},
+                    *([real_models_volume()] if real else []),
+                ]
+            },
             "tune": {
-                "volumeMounts": [{"name": "workload", "mountPath": WORKLOAD_DIR, "readOnly": True}],
-                "resources": {"requests": {"memory": "2Gi"}},
+                "volumeMounts": [
+                    {"name": "workload", "mountPath": WORKLOAD_DIR, "readOnly": True},
+                    *([real_models_mount()] if real else []),
+                ],
+                "resources": {"requests": {"memory": "4Gi" if real else "2Gi"}},
             },
             # vLLM's engine and API server share tensors through /dev/shm (160 MiB for the
             # tiny model; a container's own is 64 MiB).
@@ -89,15 +186,19 @@ def vllm_profile(name: str, image: str, s3: Any, secret: str, **over: Any) -> di
 
 
 def vllm_deployment(
-    name: str, image: str, profile: str | None, max_model_len: int = 512
+    name: str, image: str, profile: str | None, max_model_len: int = 512, model: str = MODEL
 ) -> dict[str, Any]:
     """The vLLM server as users deploy it: one replica, a readiness probe on /health, on the
     real node (its fake GPU); with a profile, tunefleet's webhook serves the bundle."""
+    real = model == REAL_MODEL
     pod = make_pod(name, "").labels({"tunefleet.io/profile": profile} if profile else {})
     pod = pod.spec(
         nodeSelector={KEY: REAL_NODE_GPU_MODEL},
         # vLLM needs more /dev/shm than a container's 64 MiB, as users give it.
-        volumes=[{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM}}],
+        volumes=[
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM}},
+            *([real_models_volume()] if real else []),
+        ],
         terminationGracePeriodSeconds=5,
     )
     command = ["python3", "-m", "vllm.entrypoints.openai.api_server", "--port", str(PORT)]
@@ -106,15 +207,21 @@ def vllm_deployment(
         image,
         env=list(ENV),
         imagePullPolicy="Never",
-        command=[*command, *server_args(max_model_len)],
-        volumeMounts=[{"name": "dshm", "mountPath": "/dev/shm"}],
+        command=[*command, *server_args(max_model_len, model)],
+        volumeMounts=[
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            *([real_models_mount()] if real else []),
+        ],
         ports=[{"containerPort": PORT, "name": "http"}],
         readinessProbe={
             "httpGet": {"path": "/health", "port": PORT},
             "periodSeconds": 2,
             "failureThreshold": 600,
         },
-        resources={"limits": {"nvidia.com/gpu": "1"}, "requests": {"memory": "2Gi"}},
+        resources={
+            "limits": {"nvidia.com/gpu": "1"},
+            "requests": {"memory": "4Gi" if real else "2Gi"},
+        },
     )
     return make_deployment(name, pod).label("app", name).obj()
 
@@ -128,6 +235,35 @@ req = urllib.request.Request("http://127.0.0.1:%s/v1/completions" % sys.argv[3],
                              {"Content-Type": "application/json"})
 print(json.dumps(json.loads(urllib.request.urlopen(req, timeout=120).read())["choices"][0]))
 """
+
+# Run in the server's container: decode tokens per second, 65 tokens against 1 on the same
+# prompt (their difference is decoding alone; EOS ignored), three times, the median.
+DECODE_TOKENS = 64
+_DECODE = """
+import json, statistics, sys, time, urllib.request
+def ask(n):
+    body = json.dumps({"model": sys.argv[1], "prompt": sys.argv[2], "max_tokens": n,
+                       "temperature": 0, "ignore_eos": True}).encode()
+    req = urllib.request.Request("http://127.0.0.1:%s/v1/completions" % sys.argv[3], body,
+                                 {"Content-Type": "application/json"})
+    t = time.monotonic()
+    doc = json.loads(urllib.request.urlopen(req, timeout=300).read())
+    return time.monotonic() - t, doc["usage"]["completion_tokens"]
+runs = []
+for _ in range(3):
+    (t1, n1), (tn, nn) = ask(1), ask(int(sys.argv[4]) + 1)
+    runs.append((nn - n1) / (tn - t1))
+print(json.dumps({"decode_tokens_per_s": round(statistics.median(runs), 3)}))
+"""
+
+
+def decode_speed(cluster: Cluster, namespace: str, pod: str, model: str = MODEL) -> float:
+    done = cluster.kubectl(
+        "exec", "-n", namespace, pod, "-c", "server", "--",
+        "python3", "-c", _DECODE, model, PROMPT, str(PORT), str(DECODE_TOKENS), timeout=600,
+    )  # fmt: skip
+    return float(json.loads(done.stdout.strip().splitlines()[-1])["decode_tokens_per_s"])
+
 
 # Run in the server's container: the compiled kernels (*.so) under VLLM_CACHE_ROOT written
 # after a given epoch time (the fetch init container's end): what this start compiled anew.
@@ -151,10 +287,10 @@ def reported(profile: dict[str, Any], pod: str) -> dict[str, Any] | None:
     return None
 
 
-def completion(cluster: Cluster, namespace: str, pod: str) -> dict[str, Any]:
+def completion(cluster: Cluster, namespace: str, pod: str, model: str = MODEL) -> dict[str, Any]:
     done = cluster.kubectl(
         "exec", "-n", namespace, pod, "-c", "server", "--",
-        "python3", "-c", _COMPLETE, MODEL, PROMPT, str(PORT),
+        "python3", "-c", _COMPLETE, model, PROMPT, str(PORT),
     )  # fmt: skip
     doc: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return doc
