@@ -602,6 +602,16 @@ def test_a_miss_by_vllms_config_says_so_and_the_endpoint_names_the_flag() -> Non
     )
     assert missed.args == '["--dtype=half","--max-model-len=256"]'
     assert loaded.reason == "" and loaded.args == ""
+    # A pod whose key flags are the tuning run's missed for another reason (an env factor, say):
+    # a retune could not add its key, so no variant is frozen, and the reason says why.
+    same = {"spec": {"containers": [{
+        "name": "server", "command": [*server, "--max-model-len=2048"],
+        "env": [{"name": hook.CACHE_LOG_ENV, "value": "/x"}]}]}}  # fmt: skip
+    said = "vLLM found nothing; ... (bundle's -> pod's): VLLM_USE_AOT_COMPILE true -> false"
+    (other,) = _with_variants(Upload((), caches=(CacheLoad("vllm", "missed", OTHER, said),)),
+                              same, spec)  # fmt: skip
+    assert other.args == ""
+    assert other.reason.startswith(said + "; a retune cannot add this key"), other.reason
 
 
 def test_key_flag_values_outside_what_vllm_takes_are_no_variant() -> None:

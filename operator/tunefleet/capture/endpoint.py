@@ -166,10 +166,18 @@ def _with_variants(
         if c.path != MISSED:
             out.append(replace(c, args=""))
             continue
-        said = f"; key flags the pod set otherwise than the tuning run: {changes}"
-        said = said if changes else ""
+        # A retune runs the workload again with the pod's key flags: where they are the tuning
+        # run's own, it would make the same key again, never the pod's. No variant then, and
+        # the reason says where the difference is instead.
+        said = (
+            f"; key flags the pod set otherwise than the tuning run: {changes}"
+            if changes
+            else "; a retune cannot add this key: the pod sets vLLM's key flags as the tuning "
+            "run does, so what differs is elsewhere (the factors above): set it alike in the "
+            "profile's workload"
+        )
         reason = c.reason[: MAX_REASON_CHARS - len(said)] + said
-        out.append(replace(c, args=variant, reason=reason))
+        out.append(replace(c, args=variant if changes else "", reason=reason))
     return tuple(out)
 
 
