@@ -516,6 +516,41 @@ def flag_changes(tuned: Sequence[str], pod: Sequence[str]) -> str:
     )
 
 
+# vLLM variables that are part of its compile key (vllm/envs.py compile_factors hashes every
+# variable it knows but an ignore list) and whose values say nothing secret: shown with their
+# values where a pod sets them otherwise than the tuning run. Any other VLLM_ variable is named
+# alone (it may hold a credential); those vLLM leaves out of its key are not named at all.
+VLLM_SHOWN_ENV = (
+    "VLLM_USE_AOT_COMPILE", "VLLM_USE_MEGA_AOT_ARTIFACT", "VLLM_DISABLE_COMPILE_CACHE",
+    "VLLM_USE_BYTECODE_HOOK", "VLLM_USE_STANDALONE_COMPILE", "VLLM_ATTENTION_BACKEND",
+    "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_SGL_KERNEL", "VLLM_USE_V2_MODEL_RUNNER",
+)  # fmt: skip
+VLLM_UNKEYED_ENV = (
+    "VLLM_CACHE_ROOT", "VLLM_PORT", "VLLM_HOST_IP", "VLLM_API_KEY", "VLLM_LOGGING_LEVEL",
+    "VLLM_LOGGING_PREFIX", "VLLM_LOGGING_CONFIG_PATH", "VLLM_CONFIG_ROOT", "VLLM_NO_USAGE_STATS",
+    "VLLM_DO_NOT_TRACK", "VLLM_CPU_KVCACHE_SPACE", "VLLM_FORCE_AOT_LOAD", "VLLM_RPC_BASE_PATH",
+    "VLLM_WORKER_MULTIPROC_METHOD", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_SERVER_DEV_MODE",
+    "VLLM_USAGE_STATS_SERVER", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "VLLM_LOG_STATS_INTERVAL",
+)  # fmt: skip
+
+
+def env_changes(tuned: Mapping[str, str], pod: Mapping[str, str]) -> str:
+    """The vLLM variables of its compile key a pod sets otherwise than the tuning run, in
+    words: "VLLM_USE_AOT_COMPILE (unset) -> 0; VLLM_SECRET_THING differs"; "" when none."""
+    out = []
+    for name in sorted(set(tuned) | set(pod)):
+        if not name.startswith("VLLM_") or name in VLLM_UNKEYED_ENV:
+            continue
+        if tuned.get(name) == pod.get(name):
+            continue
+        if name in VLLM_SHOWN_ENV:
+            was, now = (str(e.get(name, "(unset)"))[:32] for e in (tuned, pod))
+            out.append(f"{name} {was} -> {now}")
+        else:
+            out.append(f"{name} differs")
+    return "; ".join(out[:6])
+
+
 def encode_variants(variants: Iterable[Sequence[str]]) -> str:
     """The retune set's variants file (canonical: sorted, distinct, compact)."""
     unique = sorted({tuple(v) for v in variants if v})

@@ -181,10 +181,9 @@ def test_a_vllm_compile_cache_is_tuned_once_and_a_deployment_starts_from_it(
     assert told["path"] == "missed" and told["key"] and told["key"] != bundle_key[:16], told
     missed_key = told["key"]
     # The factor that differs, named: the flag, from the pod as admitted against the profile's
-    # workload, and vLLM's own factors file against the bundle's (its config hash, which
-    # max-model-len is part of).
+    # workload. (vLLM's own factors file is written by its VllmBackend, which vLLM's CPU
+    # platform does not use: plain Inductor there. The unit tests feed it.)
     assert "--max-model-len 512 -> 256" in told["reason"], told
-    assert "vLLM's config hash" in told["reason"], told
     # ...and as an Event on the profile.
     eventually(
         lambda: get_json(

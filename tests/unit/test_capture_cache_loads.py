@@ -612,6 +612,23 @@ def test_a_miss_by_vllms_config_says_so_and_the_endpoint_names_the_flag() -> Non
                               same, spec)  # fmt: skip
     assert other.args == ""
     assert other.reason.startswith(said + "; a retune cannot add this key"), other.reason
+    # vLLM's own variables, from the pod as admitted against the profile's workload: a
+    # compile switch shown with its values, any other named alone (it may be a credential),
+    # those vLLM leaves out of its key not at all.
+    env_pod = {"spec": {"containers": [{
+        "name": "server", "command": [*server, "--max-model-len=2048"],
+        "env": [{"name": hook.CACHE_LOG_ENV, "value": "/x"},
+                {"name": "VLLM_USE_AOT_COMPILE", "value": "0"},
+                {"name": "VLLM_MY_TOKEN", "value": "s3cr3t"},
+                {"name": "VLLM_CACHE_ROOT", "value": "/elsewhere"}]}]}}  # fmt: skip
+    (by_env,) = _with_variants(Upload((), caches=(CacheLoad("vllm", "missed", OTHER, "x"),)),
+                               env_pod, spec)  # fmt: skip
+    assert by_env.args == ""
+    assert by_env.reason == (
+        "x; vLLM variables the pod set otherwise than the tuning run: "
+        "VLLM_MY_TOKEN differs; VLLM_USE_AOT_COMPILE (unset) -> 0"
+    )
+    assert "s3cr3t" not in by_env.reason
 
 
 def test_key_flag_values_outside_what_vllm_takes_are_no_variant() -> None:

@@ -161,10 +161,16 @@ def _with_variants(
     workload = spec.workload
     tuned = cc.vllm_variant([*(workload.command or []), *(workload.args or [])] if workload else [])
     changes = cc.flag_changes(tuned, json.loads(variant) if variant else [])
+    tuned_env = {e.name: e.value for e in (workload.env or []) if workload and e.value is not None}
+    env = cc.env_changes(tuned_env, _literal_env_of(pod))
     out = []
     for c in upload.caches:
         if c.path != MISSED:
             out.append(replace(c, args=""))
+            continue
+        if env:  # vLLM's key hashes them: a retune with the pod's flags would not add it
+            said = f"; vLLM variables the pod set otherwise than the tuning run: {env}"
+            out.append(replace(c, reason=c.reason[: MAX_REASON_CHARS - len(said)] + said))
             continue
         # A retune runs the workload again with the pod's key flags: where they are the tuning
         # run's own, it would make the same key again, never the pod's. No variant then, and
@@ -179,6 +185,16 @@ def _with_variants(
         reason = c.reason[: MAX_REASON_CHARS - len(said)] + said
         out.append(replace(c, args=variant if changes else "", reason=reason))
     return tuple(out)
+
+
+def _literal_env_of(pod: dict[str, Any] | None) -> dict[str, str]:
+    """The serving container's environment as admitted, its literal values (valueFrom ones
+    are not known here)."""
+    for c in ((pod or {}).get("spec") or {}).get("containers") or []:
+        env = c.get("env") or []
+        if any(e.get("name") == CACHE_LOG_ENV for e in env):
+            return {str(e["name"]): str(e["value"]) for e in env if "value" in e and "name" in e}
+    return {}
 
 
 def _variant_of(pod: dict[str, Any] | None) -> str:
