@@ -105,10 +105,10 @@ def test_a_disabled_cache_is_a_miss_that_says_so_and_nothing_decisive_is_none() 
 
 # --- the hook in a process, with vLLM's logging config's shape --------------------------------
 
-VLLM_LIKE = """
-import logging, logging.config, sys
 # The shape of vLLM's own config (vllm/logger.py): its 'vllm' logger, propagate off, existing
 # loggers kept.
+VLLM_LOGGING = """
+import json, logging, logging.config, os, sys
 logging.config.dictConfig({
     "version": 1, "disable_existing_loggers": False,
     "formatters": {"vllm": {"format": "%(levelname)s %(message)s"}},
@@ -116,12 +116,17 @@ logging.config.dictConfig({
                           "stream": "ext://sys.stdout"}},
     "loggers": {"vllm": {"handlers": ["vllm"], "level": "INFO", "propagate": False}},
 })
+"""
+VLLM_LIKE = (
+    VLLM_LOGGING
+    + """
 decorators = logging.getLogger("vllm.compilation.decorators")
 decorators.info("Dynamo bytecode transform time: 3.1 s")
 for line in sys.argv[1:]:
     (decorators.warning if line.startswith("Compiling") else decorators.info)("%s", line)
 logging.getLogger("vllm.other").info("saved AOT compiled function to /elsewhere")
 """
+)
 
 
 def _serve(tmp_path: Path, log: str, *lines: str) -> subprocess.CompletedProcess[str]:
@@ -527,15 +532,9 @@ def _factors(**env: object) -> dict[str, Any]:
     }  # fmt: skip
 
 
-VLLM_MISSING = """
-import json, logging, logging.config, os, sys
-logging.config.dictConfig({
-    "version": 1, "disable_existing_loggers": False,
-    "formatters": {"vllm": {"format": "%(levelname)s %(message)s"}},
-    "handlers": {"vllm": {"class": "logging.StreamHandler", "formatter": "vllm",
-                          "stream": "ext://sys.stdout"}},
-    "loggers": {"vllm": {"handlers": ["vllm"], "level": "INFO", "propagate": False}},
-})
+VLLM_MISSING = (
+    VLLM_LOGGING
+    + """
 backends = logging.getLogger("vllm.compilation.backends")
 here, factors = sys.argv[1], sys.argv[2]
 # What backends.py does on a miss: name the new directory, then write its factors file there.
@@ -546,6 +545,7 @@ with open(os.path.join(here, "cache_key_factors.json"), "w") as f:
 backends.info("Compiling a graph for dynamic shape takes 12.31 s")
 logging.getLogger("vllm.compilation.decorators").info("saved AOT compiled function to %s", here)
 """
+)
 
 
 def test_a_miss_names_the_one_factor_that_differs_from_the_bundles(tmp_path: Path) -> None:
