@@ -198,6 +198,18 @@ def environment(specs: Iterable[CacheSpec], root: Path | str) -> dict[str, str]:
     return {k: v.removesuffix(_FILE_MARK) for k, v in env.items()}
 
 
+def kind_directories(kind: str, target: Path) -> None:
+    """The directories a kind's variables point at, made (writable by any user, as unpacked
+    directories are) where a served cache lacks them: one packed before its kind set the
+    variable, or whose stack wrote nothing there. A variable never names a missing directory
+    (a TMPDIR that does not exist fails every mkstemp outside Python)."""
+    for _var, rel in KINDS.get(kind, ()):
+        where = target / rel
+        if not where.is_dir():
+            where.mkdir(parents=True, exist_ok=True)
+            os.chmod(where, 0o777)
+
+
 def prepare(specs: Iterable[CacheSpec], root: Path) -> dict[str, str]:
     """Empty directories for each cache under `root` (a stale cache would be packed as this
     run's), and the environment that points the stack at them."""

@@ -292,3 +292,28 @@ def test_capture_refuses_a_gzip_bomb_in_a_config_map_as_it_unpacks(
         tracemalloc.stop()
     assert peak < 8 << 20, peak  # never the 64 MiB
     assert "unpacks to more than 1048576 bytes" in caplog.text
+
+
+def test_a_vllm_bundle_packed_before_tmpdir_was_its_gets_the_directory_its_variable_names(
+    tmp_path: Path,
+) -> None:
+    """A vllm bundle made before the kind set TMPDIR has no tmp/: fetch makes it, writable,
+    so the pod's TMPDIR never names a missing directory."""
+    import stat
+
+    out, root = tmp_path / "out", tmp_path / "caches"
+    (root / "vllm" / "vllm" / "modelinfos").mkdir(parents=True)
+    (root / "vllm" / "vllm" / "modelinfos" / "m.json").write_text("{}")
+    packed = cc.pack(cc.spec("vllm"), root, out)
+    assert isinstance(packed, cc.Packed)
+    write_caches_output(
+        out, [packed], [],
+        ArtifactId(namespace="ml", profile="llama", revision="r1", gpu_model=MODEL),
+        RunFacts(identity={"torch": "2.13.0"}, seconds=3.0),
+    )  # fmt: skip
+    got = _fetch(_publish(out, tmp_path / "store"), tmp_path)
+    assert got.caches == ("vllm",)
+    served = tmp_path / "caches-dest" / "vllm"
+    assert (served / "vllm" / "modelinfos" / "m.json").read_text() == "{}"
+    tmpdir = served / "tmp"
+    assert tmpdir.is_dir() and stat.S_IMODE(tmpdir.stat().st_mode) == 0o777

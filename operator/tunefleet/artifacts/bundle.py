@@ -202,6 +202,7 @@ def _fetch_one(
         if problem:
             cc.remove_tree(target)
             raise BundleError(problem)
+        cc.kind_directories(entry.kind, target)
         return target
     finally:
         Path(tmp).unlink(missing_ok=True)

@@ -500,6 +500,7 @@ def copy_caches(
                     continue
                 copied += copy_file(path, out)
                 os.chmod(out, 0o777 if path.stat().st_mode & 0o111 else 0o666)
+            cc.kind_directories(entry.kind, target)
         except OSError as exc:
             raise VolumeError(f"cannot copy cache {entry.name} to {target}: {exc}") from None
     return Copied(tuple(c.name for c in manifest.caches), copied, linked)
