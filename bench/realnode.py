@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import json
 import random
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -26,12 +27,16 @@ ARMS = ("eager", "cold", "bundle")
 
 
 def epoch(stamp: str) -> float:
-    """A Kubernetes timestamp (whole seconds, UTC) as epoch seconds."""
-    return (
-        datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")
-        .replace(tzinfo=datetime.UTC)
-        .timestamp()
-    )
+    """An RFC 3339 time as the API server (whole seconds) and the kubelet's log stamps
+    (nanoseconds) write it, as epoch seconds."""
+    s = stamp.strip().replace("Z", "+00:00")
+    main, _, rest = s.partition(".")
+    if not rest:
+        return datetime.datetime.fromisoformat(s).timestamp()
+    digits = re.match(r"\d+", rest)
+    frac = digits.group(0) if digits else ""
+    zone = rest[len(frac) :]
+    return datetime.datetime.fromisoformat(main + zone).timestamp() + float(f"0.{frac or 0}")
 
 
 class Run:

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from datetime import datetime
 from typing import Any
+
+from bench.realnode import epoch
 
 PHASES = (
     "delivery", "imports", "inspection", "engine_start", "weights", "compile", "warmup",
@@ -47,18 +48,6 @@ _SAVED_OR_DONE = re.compile(r"saved AOT compiled function to |Directly load AOT 
 _KV = re.compile(r"KV cache size: ([0-9,]+) tokens")
 _ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s")
 _VLLM_LINE = re.compile(r"(?:^|\) )(?:INFO|WARNING|DEBUG|ERROR) \d\d-\d\d ")
-
-
-def epoch(stamp: str) -> float:
-    """An RFC 3339 time as the kubelet and the API server write it, nanoseconds and all."""
-    s = stamp.strip().replace("Z", "+00:00")
-    main, _, rest = s.partition(".")
-    if rest:
-        digits = re.match(r"\d+", rest)
-        frac = digits.group(0) if digits else ""
-        zone = rest[len(frac) :]
-        return datetime.fromisoformat(main + zone).timestamp() + float(f"0.{frac or 0}")
-    return datetime.fromisoformat(s).timestamp()
 
 
 def stamped(log: str) -> list[tuple[float, str]]:

@@ -63,17 +63,3 @@ def parse(text: str) -> Report | None:
         _number(doc.get("decodeTokensPerSecond")),
         empty[:300] if isinstance(empty, str) else "",
     )
-
-
-def encode(report: Report) -> str:
-    """The report as a workload writes it (tests, and workloads that import tunefleet)."""
-    return json.dumps(
-        {
-            "version": VERSION,
-            "readySeconds": report.ready_s,
-            "kvCacheTokens": report.kv_cache_tokens,
-            "decodeTokensPerSecond": report.decode_tps,
-            "emptyArtifact": report.empty_artifact,
-        },
-        sort_keys=True,
-    )

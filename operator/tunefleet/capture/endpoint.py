@@ -156,55 +156,52 @@ def _with_variants(
     upload: Upload, pod: dict[str, Any] | None, spec: TuningProfileSpec
 ) -> tuple[CacheLoad, ...]:
     """The upload's cache loads, each miss with the pod's own key flags (never the body's),
-    and its reason with the key flags the pod set otherwise than the tuning run."""
-    variant = _variant_of(pod)
+    and its reason with what the pod as admitted sets otherwise than the tuning run."""
+    server = _serving_container(pod)
+    variant = cc.vllm_variant([*(server.get("command") or []), *(server.get("args") or [])])
     workload = spec.workload
-    tuned = cc.vllm_variant([*(workload.command or []), *(workload.args or [])] if workload else [])
-    changes = cc.flag_changes(tuned, json.loads(variant) if variant else [])
-    tuned_env = {e.name: e.value for e in (workload.env or []) if workload and e.value is not None}
-    env = cc.env_changes(tuned_env, _literal_env_of(pod))
-    out = []
-    for c in upload.caches:
-        if c.path != MISSED:
-            out.append(replace(c, args=""))
-            continue
-        if env:  # vLLM's key hashes them: a retune with the pod's flags would not add it
-            said = f"; vLLM variables the pod set otherwise than the tuning run: {env}"
-            out.append(replace(c, reason=c.reason[: MAX_REASON_CHARS - len(said)] + said))
-            continue
-        # A retune runs the workload again with the pod's key flags: where they are the tuning
-        # run's own, it would make the same key again, never the pod's. No variant then, and
-        # the reason says where the difference is instead.
+    tuned = cc.vllm_variant([*(workload.command or []), *(workload.args or [])])
+    changes = cc.flag_changes(tuned, variant)
+    tuned_env = {e.name: e.value for e in workload.env or [] if e.value is not None}
+    literal = {str(e["name"]): str(e["value"]) for e in server.get("env") or [] if "value" in e}
+    env = cc.env_changes(tuned_env, literal)
+    # A retune runs the workload again with the pod's key flags. Where a vLLM variable of the
+    # key differs, or the flags are the tuning run's own, it would make the same key again,
+    # never the pod's: no variant then, and the reason says where the difference is instead.
+    if env:
+        said, args = f"; vLLM variables the pod set otherwise than the tuning run: {env}", ""
+    elif changes:
+        said = f"; key flags the pod set otherwise than the tuning run: {changes}"
+        args = _variant_of(pod)
+    else:
         said = (
-            f"; key flags the pod set otherwise than the tuning run: {changes}"
-            if changes
-            else "; a retune cannot add this key: the pod sets vLLM's key flags as the tuning "
-            "run does, so what differs is elsewhere (the factors above): set it alike in the "
+            "; a retune cannot add this key: the pod sets vLLM's key flags as the tuning run "
+            "does, so what differs is elsewhere (the factors above): set it alike in the "
             "profile's workload"
         )
-        reason = c.reason[: MAX_REASON_CHARS - len(said)] + said
-        out.append(replace(c, args=variant if changes else "", reason=reason))
-    return tuple(out)
+        args = ""
+    return tuple(
+        replace(c, args=args, reason=c.reason[: MAX_REASON_CHARS - len(said)] + said)
+        if c.path == MISSED
+        else replace(c, args="")
+        for c in upload.caches
+    )
 
 
-def _literal_env_of(pod: dict[str, Any] | None) -> dict[str, str]:
-    """The serving container's environment as admitted, its literal values (valueFrom ones
-    are not known here)."""
+def _serving_container(pod: dict[str, Any] | None) -> dict[str, Any]:
+    """The serving container as admitted that tunefleet's hook reports for ({} if none)."""
     for c in ((pod or {}).get("spec") or {}).get("containers") or []:
-        env = c.get("env") or []
-        if any(e.get("name") == CACHE_LOG_ENV for e in env):
-            return {str(e["name"]): str(e["value"]) for e in env if "value" in e and "name" in e}
+        if any(e.get("name") == CACHE_LOG_ENV for e in c.get("env") or []):
+            return dict(c)
     return {}
 
 
 def _variant_of(pod: dict[str, Any] | None) -> str:
     """A missed pod's values of vLLM's key flags, from its serving container as admitted (the
     one tunefleet's hook reports for): what a retune runs the workload with to add its key."""
-    for c in ((pod or {}).get("spec") or {}).get("containers") or []:
-        if any(e.get("name") == CACHE_LOG_ENV for e in c.get("env") or []):
-            variant = cc.vllm_variant([*(c.get("command") or []), *(c.get("args") or [])])
-            return json.dumps(list(variant), separators=(",", ":")) if variant else ""
-    return ""
+    c = _serving_container(pod)
+    variant = cc.vllm_variant([*(c.get("command") or []), *(c.get("args") or [])])
+    return json.dumps(list(variant), separators=(",", ":")) if variant else ""
 
 
 class RateLimiter:

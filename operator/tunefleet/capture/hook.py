@@ -82,7 +82,7 @@ _KEPT = (
 # two (factor_differences) and writes the difference as one record of its own.
 FACTORS_FILE = "cache_key_factors.json"
 FACTORS_MSG = "tunefleet: vLLM's cache key factors against the bundle's nearest"
-MAX_FACTOR_FILES = 32
+MAX_FACTOR_DIRS = 128  # cache directories looked at for the bundle's factors
 MAX_DIFFERENCES = 8
 _KEY = re.compile(r"/torch_compile_cache/(?:torch_aot_compile/)?([0-9a-f]{8,128})(?:/|$)")
 MAX_RECORD_CHARS = 2000
@@ -334,7 +334,7 @@ def compare_factors(directory: str) -> dict[str, Any] | None:
     if mine is None or not os.path.isdir(root):
         return None
     best: tuple[int, str, list[list[str]]] | None = None
-    for key in sorted(os.listdir(root))[: 4 * MAX_FACTOR_FILES]:
+    for key in sorted(os.listdir(root))[:MAX_FACTOR_DIRS]:
         other = os.path.join(root, key, rank, prefix)
         theirs = None if other == here else _read_factors(os.path.join(other, FACTORS_FILE))
         if theirs is None:
