@@ -42,7 +42,10 @@ _INSPECTED = re.compile(r"Resolved architecture: ")
 _WEIGHTS = re.compile(r"Loading weights took ([0-9.]+) seconds")
 _COMPILED = re.compile(
     r"saved AOT compiled function to |Directly load AOT compilation from path |"
-    r"torch\.compile took [0-9.]+ s in total|Compiling model again due to a load failure"
+    r"torch\.compile took [0-9.]+ s in total|Compiling model again due to a load failure|"
+    # With AOT off on its CPU platform vLLM says nothing of the compile: it ends with the
+    # warm-up it runs in (cpu_model_runner.py), which then counts in this phase.
+    r"Warming up done\."
 )
 _SAVED_OR_DONE = re.compile(r"saved AOT compiled function to |Directly load AOT compilation ")
 _KV = re.compile(r"KV cache size: ([0-9,]+) tokens")

@@ -10,6 +10,7 @@ and the pods: vLLM keys its cache by them (max-model-len among them)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -132,9 +133,16 @@ def workload_config_map() -> dict[str, Any]:
 
 
 def vllm_profile(
-    name: str, image: str, s3: Any, secret: str, model: str = MODEL, **over: Any
+    name: str,
+    image: str,
+    s3: Any,
+    secret: str,
+    model: str = MODEL,
+    env: Sequence[dict[str, str]] = (),
+    **over: Any,
 ) -> dict[str, Any]:
-    """vLLM's compile cache alone (no TunableOp: no GPU), made by starting the real server."""
+    """vLLM's compile cache alone (no TunableOp: no GPU), made by starting the real server;
+    `env`: the workload's variables beside ENV."""
     real = model == REAL_MODEL
     spec: dict[str, Any] = {
         "image": image,
@@ -149,7 +157,7 @@ def vllm_profile(
                 "--",
                 *server_args(model=model),
             ],
-            "env": ENV,
+            "env": [*ENV, *env],
         },
         "artifacts": {"tunableop": False, "caches": [{"kind": "vllm"}]},
         # Capture on: each pod's sidecar reports which path vLLM's compiled model took.
@@ -186,7 +194,12 @@ def vllm_profile(
 
 
 def vllm_deployment(
-    name: str, image: str, profile: str | None, max_model_len: int = 512, model: str = MODEL
+    name: str,
+    image: str,
+    profile: str | None,
+    max_model_len: int = 512,
+    model: str = MODEL,
+    env: Sequence[dict[str, str]] = (),
 ) -> dict[str, Any]:
     """The vLLM server as users deploy it: one replica, a readiness probe on /health, on the
     real node (its fake GPU); with a profile, tunefleet's webhook serves the bundle."""
@@ -205,7 +218,7 @@ def vllm_deployment(
     pod = pod.container(
         "server",
         image,
-        env=list(ENV),
+        env=[*ENV, *env],
         imagePullPolicy="Never",
         command=[*command, *server_args(max_model_len, model)],
         volumeMounts=[

