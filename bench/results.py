@@ -398,6 +398,7 @@ GROUPS: dict[str, Any] = {
         "phases_add_up": None,
         "goal": None,
         "bundle_paths": None,
+        "bundle_reported": None,
         "reported_as_vllm_said": None,
         "tokens_identical": None,
         "runs": None,
