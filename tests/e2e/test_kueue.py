@@ -89,9 +89,12 @@ def test_the_second_model_waits_queued_with_kueues_reason_and_runs_when_quota_fr
         lambda: get_json(cluster, "tp", "-n", namespace, "queued"),
         # Queued at once; Kueue's reason once it has made the Workload (read again each
         # reconcile until then).
+        # The phase is Tuning once the first Job is seen running (the Job controller's word
+        # may come after Kueue's on the second).
         lambda p: (
             job_lines(p).get(second_model, {}).get("reason") == "Queued"
             and "insufficient unused quota" in job_lines(p)[second_model].get("message", "")
+            and (p.get("status") or {}).get("phase") == "Tuning"
         ),
         "the second model Queued with Kueue's reason",
         timeout=60,

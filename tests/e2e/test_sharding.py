@@ -133,7 +133,9 @@ def test_a_pod_lost_mid_tuning_resumes_from_its_checkpoint(
     )
     again = carry_out_tuning_pod(cluster.kubectl, retry, s3.env(), slow)
     twice = set(lost.tuned) & set(again.tuned)
-    assert len(twice) <= 5, f"{len(twice)} GEMMs tuned twice, checkpoint interval is 5"
+    # At most a checkpoint interval's worth (5), and the GEMM in flight when the pod died
+    # (its log names it; its result never reached a checkpoint).
+    assert len(twice) <= 5 + 1, f"{len(twice)} GEMMs tuned twice, checkpoint interval is 5"
     assert len(set(lost.tuned) | set(again.tuned)) == 40
     prof = eventually(
         lambda: get_json(cluster, "tp", "-n", namespace, "resume"),
