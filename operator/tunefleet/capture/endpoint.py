@@ -180,7 +180,7 @@ def _with_variants(
         said, args = f"; vLLM variables the pod set otherwise than the tuning run: {env}", ""
     elif changes:
         said = f"; key flags the pod set otherwise than the tuning run: {changes}"
-        args = _variant_of(pod)
+        args = _encoded(variant)
     else:
         said = (
             "; a retune cannot add this key: the pod sets vLLM's key flags as the tuning run "
@@ -208,7 +208,11 @@ def _variant_of(pod: dict[str, Any] | None) -> str:
     """A missed pod's values of vLLM's key flags, from its serving container as admitted (the
     one tunefleet's hook reports for): what a retune runs the workload with to add its key."""
     c = _serving_container(pod)
-    variant = cc.vllm_variant([*(c.get("command") or []), *(c.get("args") or [])])
+    return _encoded(cc.vllm_variant([*(c.get("command") or []), *(c.get("args") or [])]))
+
+
+def _encoded(variant: tuple[str, ...]) -> str:
+    """A variant as the retune set's entry carries it ("" for none)."""
     return json.dumps(list(variant), separators=(",", ":")) if variant else ""
 
 

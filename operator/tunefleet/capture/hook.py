@@ -302,7 +302,7 @@ class _CacheLog:
         self.written += 1
 
     def write_counts(self, record: Any) -> None:
-        if self.counted or os.getpid() != record.process:
+        if self.counted:
             return
         self.counted = True
         counts = inductor_counts()
